@@ -1,0 +1,61 @@
+#include "core/shape.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace aspen {
+namespace {
+
+TEST(Shape, Basics) {
+  Shape s{2, 3, 4};
+  EXPECT_EQ(s.rank(), 3);
+  EXPECT_EQ(s.numel(), 24);
+  EXPECT_EQ(s[-1], 4);
+  EXPECT_EQ(s.stride(0), 12);
+  EXPECT_EQ(s.stride(2), 1);
+  EXPECT_EQ(s.to_string(), "[2, 3, 4]");
+  EXPECT_EQ(Shape().numel(), 1);
+  EXPECT_EQ(Shape({0, 5}).numel(), 0);
+  EXPECT_EQ(s, (Shape{2, 3, 4}));
+  EXPECT_NE(s, (Shape{2, 3}));
+}
+
+TEST(Shape, MakeRejectsBadInput) {
+  int64_t neg[] = {2, -1};
+  Result<Shape> r = Shape::make(neg, 2);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().message(), "shape: expected non-negative extents, found extent -1 at dimension 1");
+  int64_t huge[] = {int64_t(1) << 40, int64_t(1) << 40};
+  EXPECT_EQ(Shape::make(huge, 2).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Shape::make(neg, 9).status().message(), "shape: expected rank 0..8, found rank 9");
+}
+
+TEST(Tensor, AlignedZeroedTyped) {
+  Tensor t(DType::f32, Shape{3, 5});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % 64, 0u);
+  EXPECT_EQ(t.nbytes(), 60u);
+  for (float v : t.span<float>()) EXPECT_EQ(v, 0.0f);
+  t.data<float>()[4] = 2.5f;
+  Tensor c = t.clone();
+  EXPECT_EQ(c.data<float>()[4], 2.5f);
+  Tensor e(DType::bf16, Shape{0});
+  EXPECT_EQ(e.nbytes(), 0u);
+}
+
+TEST(Tensor, MakeReportsOverflow) {
+  int64_t dims[] = {int64_t(1) << 31, int64_t(1) << 30};
+  Result<Tensor> r = Tensor::make(DType::i64, *Shape::make(dims, 2));
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().message(), "tensor [2147483648, 1073741824]: expected a size that fits in memory, found an overflow");
+}
+
+TEST(TensorDeathTest, WrongTypedAccessAborts) {
+  Tensor t(DType::bf16, Shape{2});
+  EXPECT_DEATH((void)t.data<float>(), "data<f32> of a bf16 tensor");
+}
+
+}  // namespace
+}  // namespace aspen

@@ -1,0 +1,46 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace aspen {
+
+void* aligned_alloc_zeroed(size_t bytes) {
+  size_t rounded = (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+  if (rounded == 0) rounded = kTensorAlignment;
+  void* p = std::aligned_alloc(kTensorAlignment, rounded);
+  if (p) std::memset(p, 0, rounded);
+  return p;
+}
+
+void aligned_free(void* p) { std::free(p); }
+
+void Tensor::Free::operator()(void* p) const { aligned_free(p); }
+
+Result<Tensor> Tensor::make(DType dtype, Shape shape) {
+  int64_t n = shape.numel();
+  if (n < 0 || uint64_t(n) > (uint64_t(1) << 60) / uint64_t(dtype_size(dtype)))
+    return Status::invalid_argument("tensor " + shape.to_string(), "a size that fits in memory", "an overflow");
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = shape;
+  t.data_.reset(aligned_alloc_zeroed(size_t(n) * dtype_size(dtype)));
+  if (!t.data_)
+    return Status::error(Code::kFailedPrecondition, "tensor " + shape.to_string() + " " + std::string(dtype_name(dtype)),
+                         std::to_string(size_t(n) * dtype_size(dtype)) + " bytes of memory", "the allocation refused");
+  return t;
+}
+
+Tensor::Tensor(DType dtype, Shape shape) {
+  Result<Tensor> r = make(dtype, shape);
+  ASPEN_CHECK(r.is_ok()) << r.status().to_string();
+  *this = std::move(r).value();
+}
+
+Tensor Tensor::clone() const {
+  Tensor t(dtype_, shape_);
+  if (nbytes()) std::memcpy(t.raw(), raw(), nbytes());
+  return t;
+}
+
+}  // namespace aspen

@@ -1,0 +1,89 @@
+#include "core/thread_team.h"
+
+#include <omp.h>
+#include <pthread.h>
+
+#include <algorithm>
+
+namespace aspen {
+
+CoreBudget& CoreBudget::global() {
+  static CoreBudget budget(std::max(1u, std::thread::hardware_concurrency()));
+  return budget;
+}
+
+int CoreBudget::available() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return free_;
+}
+
+Status CoreBudget::reserve(const std::string& who, int cores) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cores < 1)
+    return Status::invalid_argument(who, "a team of at least 1 thread", std::to_string(cores) + " threads");
+  if (cores > free_)
+    return Status::error(Code::kFailedPrecondition, who,
+                         std::to_string(cores) + " free cores", std::to_string(free_) + " of " + std::to_string(total_) + " free",
+                         "fewer threads per device, or fewer devices per process");
+  free_ -= cores;
+  return Status();
+}
+
+void CoreBudget::release(int cores) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_ = std::min(total_, free_ + cores);
+}
+
+Result<std::unique_ptr<ThreadTeam>> ThreadTeam::create(std::string name, int size, CoreBudget& budget) {
+  ASPEN_RETURN_IF_ERROR(budget.reserve("thread team '" + name + "'", size));
+  return std::unique_ptr<ThreadTeam>(new ThreadTeam(std::move(name), size, budget));
+}
+
+ThreadTeam::ThreadTeam(std::string name, int size, CoreBudget& budget)
+    : name_(std::move(name)), size_(size), budget_(budget) {
+  leader_ = std::thread([this] { loop(); });
+}
+
+ThreadTeam::~ThreadTeam() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  leader_.join();
+  budget_.release(size_);
+}
+
+std::future<void> ThreadTeam::submit(std::function<void()> fn) {
+  std::packaged_task<void()> task(std::move(fn));
+  std::future<void> done = task.get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+  return done;
+}
+
+void ThreadTeam::loop() {
+  pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
+  omp_set_num_threads(size_);  // per-thread ICV: governs regions this thread opens
+  for (;;) {
+    std::packaged_task<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping and drained
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+  }
+}
+
+ScopedOmpThreads::ScopedOmpThreads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(std::max(1, n)); }
+ScopedOmpThreads::~ScopedOmpThreads() { omp_set_num_threads(saved_); }
+
+int current_team_size() { return omp_get_max_threads(); }
+
+}  // namespace aspen
