@@ -1,0 +1,67 @@
+// kernels/cpu.h: CPU features, kernel dispatch, and the reference switch.
+//
+// Every kernel has a reference version (its definition, plain loops) and a
+// fast version. The fast version may exist in several instruction-set
+// variants; each variant is a function compiled with ASPEN_TARGET_* so the
+// rest of the binary stays baseline x86-64 and runs anywhere. Which variant
+// runs is decided per call from active_isa():
+//   - the best ISA this CPU has (detected once),
+//   - lowered by set_isa_cap() (tests and benchmarks use this to run every
+//     variant on one machine),
+//   - and reference_mode() routes every kernel to its reference version.
+//
+// Thread-safety: the switches are atomics; flipping them while kernels run
+// on other threads is allowed but each call sees one value.
+#pragma once
+
+#include <string>
+
+namespace aspen::kernels {
+
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3 };
+const char* isa_name(Isa isa);
+
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512_bf16 = false, amx_bf16 = false;
+  Isa best = Isa::scalar;
+  std::string to_string() const;  // "avx2 fma avx512f ... (best: avx512_bf16)"
+};
+const CpuFeatures& cpu_features();
+
+// The ISA kernels use now: min(cpu_features().best, cap).
+Isa active_isa();
+// Caps the ISA (Isa::avx512_bf16 = no cap). Returns the previous cap.
+Isa set_isa_cap(Isa cap);
+
+bool reference_mode();
+// Routes every kernel to its reference version. Returns the previous value.
+bool set_reference_mode(bool on);
+
+// RAII forms, for tests and benchmarks.
+class ScopedReferenceMode {
+ public:
+  explicit ScopedReferenceMode(bool on) : saved_(set_reference_mode(on)) {}
+  ~ScopedReferenceMode() { set_reference_mode(saved_); }
+
+ private:
+  bool saved_;
+};
+class ScopedIsaCap {
+ public:
+  explicit ScopedIsaCap(Isa cap) : saved_(set_isa_cap(cap)) {}
+  ~ScopedIsaCap() { set_isa_cap(saved_); }
+
+ private:
+  Isa saved_;
+};
+
+}  // namespace aspen::kernels
+
+// Function attributes for ISA variants. Only call a function so marked after
+// checking active_isa().
+#define ASPEN_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define ASPEN_TARGET_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define ASPEN_TARGET_AVX512_BF16 \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
