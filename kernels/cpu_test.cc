@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "kernels/testing.h"
 
 namespace aspen::kernels {
