@@ -1,0 +1,90 @@
+// kernels/matmul.h: matrix products, f32 and bf16 inputs, f32 accumulation.
+//
+//   C[b] = beta·C[b] + op(A[b]) · op(B[b]) + bias        b in [0, batch)
+//
+// op(A) is [M, K]: A is stored [batch, M, K], or [batch, K, M] when trans_a.
+// op(B) is [K, N]: B is stored [batch, K, N], or [batch, N, K] when trans_b
+// (a PyTorch Linear weight [out, in] is B with trans_b). With broadcast_b one
+// B serves every batch entry (weights shared by a batch of activations).
+// bias is [N] or empty; C is [batch, M, N] f32. beta is 0 (overwrite) or 1
+// (accumulate, e.g. gradients over micro-batches).
+//
+// The fast path is oneDNN (see docs/decisions.md: it measured faster than
+// OpenBLAS here, and has AMX/AVX512-BF16 bf16 kernels). A MatmulPlan holds a
+// oneDNN primitive made once for one shape, dtype and team size: creating a
+// primitive costs far more than running a small one, so the compiler makes
+// plans at compile time and execution only binds pointers. The free functions
+// keep a per-thread cache of plans for callers without a compiler.
+//
+// Thread-safety: a MatmulPlan may be run by one thread at a time (it binds
+// buffers into memory objects it owns). The free functions are safe from any
+// thread: each thread has its own plan cache. A plan parallelizes over the
+// OpenMP team of the thread that runs it; the team size is part of the plan.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace aspen::kernels {
+
+struct MatmulShape {
+  int64_t batch = 1, M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+  bool broadcast_b = false;  // one B for all batch entries
+  bool has_bias = false;
+  float beta = 0.0f;         // 0 or 1
+  DType input = DType::f32;  // f32 or bf16 (A and B); C and bias are f32
+
+  int64_t a_elements() const { return batch * M * K; }
+  int64_t b_elements() const { return (broadcast_b ? 1 : batch) * K * N; }
+  int64_t c_elements() const { return batch * M * N; }
+  double flops() const { return 2.0 * double(batch) * double(M) * double(N) * double(K); }
+  std::string to_string() const;  // "[4] 128x768x3072 f32 b^T +bias"
+  bool operator==(const MatmulShape&) const = default;
+};
+
+class MatmulPlan {
+ public:
+  // Validates the shape and prepares the oneDNN primitive for the calling
+  // thread's current OpenMP team size.
+  static Result<MatmulPlan> create(const MatmulShape& shape);
+  MatmulPlan(MatmulPlan&&) noexcept;
+  MatmulPlan& operator=(MatmulPlan&&) noexcept;
+  ~MatmulPlan();
+
+  const MatmulShape& shape() const { return shape_; }
+  int team_size() const { return team_size_; }
+  // Raw run: buffers are trusted to match shape() (the compiler's path).
+  // a/b point to f32 or bf16 elements as shape().input says.
+  void run(const void* a, const void* b, const float* bias, float* c);
+
+ private:
+  MatmulPlan() = default;
+  struct Impl;
+  MatmulShape shape_;
+  int team_size_ = 1;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Checked entry points. They validate every buffer against the shape, then run
+// a cached plan (or the reference in reference mode).
+[[nodiscard]] Status matmul(std::span<const float> a, std::span<const float> b, std::span<const float> bias,
+                            std::span<float> c, const MatmulShape& shape);
+[[nodiscard]] Status matmul(std::span<const bf16> a, std::span<const bf16> b, std::span<const float> bias,
+                            std::span<float> c, const MatmulShape& shape);
+
+// Number of plans in the calling thread's cache (tests use it to see reuse).
+size_t matmul_cache_size();
+
+namespace ref {
+// The definition: triple loop, accumulation in Acc. In is float, double or bf16.
+template <class In, class Acc>
+void matmul(const In* a, const In* b, const Acc* bias, Acc* c, const MatmulShape& shape);
+}  // namespace ref
+
+}  // namespace aspen::kernels
