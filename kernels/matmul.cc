@@ -12,8 +12,9 @@
 namespace aspen::kernels {
 
 std::string MatmulShape::to_string() const {
-  std::string s = "[" + std::to_string(batch) + "] " + std::to_string(M) + "x" + std::to_string(K) + "x" +
-                  std::to_string(N) + " " + std::string(dtype_name(input));
+  std::string s;
+  s.append("[").append(std::to_string(batch)).append("] ").append(std::to_string(M)).append("x");
+  s.append(std::to_string(K)).append("x").append(std::to_string(N)).append(" ").append(dtype_name(input));
   if (trans_a) s += " a^T";
   if (trans_b) s += " b^T";
   if (broadcast_b) s += " shared-b";

@@ -1,0 +1,196 @@
+#include "bench/common.h"
+
+#include <immintrin.h>
+#include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/cpu.h"
+
+namespace aspen::bench {
+
+namespace {
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+double best_seconds(const std::function<void()>& fn, int min_reps, double min_seconds) {
+  fn();
+  double best = 1e30, start = now();
+  for (int r = 0; r < min_reps || now() - start < min_seconds; ++r) {
+    double t0 = now();
+    fn();
+    best = std::min(best, now() - t0);
+    if (r > 1000) break;
+  }
+  return best;
+}
+
+std::pair<double, double> best_seconds_interleaved(const std::function<void()>& a, const std::function<void()>& b,
+                                                   int rounds, double min_seconds) {
+  a();
+  b();
+  double ba = 1e30, bb = 1e30, start = now();
+  for (int r = 0; r < rounds || now() - start < min_seconds; ++r) {
+    double t0 = now();
+    a();
+    double t1 = now();
+    b();
+    double t2 = now();
+    ba = std::min(ba, t1 - t0);
+    bb = std::min(bb, t2 - t1);
+    if (r > 1000) break;
+  }
+  return {ba, bb};
+}
+
+namespace {
+
+constexpr int64_t kPeakIters = 30'000'000;  // about 0.1 s per thread
+
+// Keeps the accumulators alive so the loop is not optimized away.
+ASPEN_TARGET_AVX512 void store_sink(__m512 s) {
+  alignas(64) float out[16];
+  _mm512_store_ps(out, s);
+  volatile float sink = out[0];
+  (void)sink;
+}
+
+// 16 independent accumulator chains hide the FMA latency (4 cycles × 2 ports
+// needs at least 8). Returns flops done.
+ASPEN_TARGET_AVX512 double fma_loop_avx512() {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(float(i) * 1e-3f);
+  const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < kPeakIters; ++it)
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
+  __m512 s = acc[0];
+  for (int i = 1; i < 16; ++i) s = _mm512_add_ps(s, acc[i]);
+  store_sink(s);
+  return double(kPeakIters) * 16 * 16 * 2;
+}
+
+ASPEN_TARGET_AVX2 double fma_loop_avx2() {
+  __m256 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm256_set1_ps(float(i) * 1e-3f);
+  const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < kPeakIters; ++it)
+    for (int i = 0; i < 16; ++i) acc[i] = _mm256_fmadd_ps(acc[i], x, y);
+  float out[8];
+  __m256 s = acc[0];
+  for (int i = 1; i < 16; ++i) s = _mm256_add_ps(s, acc[i]);
+  _mm256_storeu_ps(out, s);
+  volatile float sink = out[0];
+  (void)sink;
+  return double(kPeakIters) * 16 * 8 * 2;
+}
+
+ASPEN_TARGET_AVX512_BF16 double dpbf16_loop() {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3380);
+  for (int64_t it = 0; it < kPeakIters; ++it)
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
+  __m512 s = acc[0];
+  for (int i = 1; i < 16; ++i) s = _mm512_add_ps(s, acc[i]);
+  store_sink(s);
+  return double(kPeakIters) * 16 * 32 * 2;  // 32 bf16 pairs per instruction
+}
+
+// AMX: each TDPBF16PS multiplies a 16x32 bf16 tile by a 32x16 one into a
+// 16x16 f32 tile: 16·16·32·2 flops. Four independent accumulators.
+struct TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} __attribute__((packed));
+
+constexpr int64_t kAmxIters = 4'000'000;
+
+__attribute__((target("amx-tile,amx-bf16"))) double amx_loop() {
+  // Linux hands out the AMX tile state only on request, per process.
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return 0;
+  TileConfig cfg{};
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  alignas(64) static thread_local uint16_t src[16 * 32];
+  for (int i = 0; i < 16 * 32; ++i) src[i] = 0x3f80;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, src, 64);
+  _tile_loadd(5, src, 64);
+  _tile_loadd(6, src, 64);
+  _tile_loadd(7, src, 64);
+  for (int64_t it = 0; it < kAmxIters; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) static thread_local float out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+  volatile float sink = out[0];
+  (void)sink;
+  return double(kAmxIters) * 4 * 16 * 16 * 32 * 2;
+}
+
+double parallel_rate(int threads, double (*loop)()) {
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    double flops = 0, t0 = now();
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+    flops += loop();
+    best = std::max(best, flops / (now() - t0));
+  }
+  return best / 1e9;
+}
+
+}  // namespace
+
+double measure_f32_fma_peak(int threads) {
+  using kernels::Isa;
+  const Isa best = kernels::cpu_features().best;
+  if (best >= Isa::avx512) return parallel_rate(threads, fma_loop_avx512);
+  if (best >= Isa::avx2) return parallel_rate(threads, fma_loop_avx2);
+  return 0;
+}
+
+BfPeak measure_bf16_peak(int threads) {
+  if (kernels::cpu_features().amx_bf16) {
+    double amx = parallel_rate(threads, amx_loop);
+    if (amx > 0) return {amx, "amx_bf16"};
+  }
+  if (kernels::cpu_features().best < kernels::Isa::avx512_bf16) return {0, "none"};
+  return {parallel_rate(threads, dpbf16_loop), "avx512_bf16_dot"};
+}
+
+double measure_copy_bandwidth(size_t bytes) {
+  const int64_t n = int64_t(bytes / sizeof(float));
+  Tensor a(DType::f32, Shape{n}), b(DType::f32, Shape{n});
+  float* pa = a.data<float>();
+  float* pb = b.data<float>();
+  double t = best_seconds([&] {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) pb[i] = pa[i];
+  }, 5, 0.3);
+  return 2.0 * double(n) * sizeof(float) / t;
+}
+
+}  // namespace aspen::bench

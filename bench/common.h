@@ -1,0 +1,37 @@
+// bench/common.h: what every benchmark shares: timing, the machine's measured
+// ceilings, and output.
+//
+// The host is shared and noisy, so benchmarks never quote a number alone: each
+// measures its peer (oneDNN called directly, OpenBLAS, a STREAM-style copy) in
+// the same run, interleaved with aspen's own measurement, and reports ratios.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace aspen::bench {
+
+// Runs fn once to warm up, then repeats it until `min_seconds` have passed and
+// at least `min_reps` runs were made; returns the fastest run in seconds.
+double best_seconds(const std::function<void()>& fn, int min_reps = 3, double min_seconds = 0.2);
+
+// Interleaves two candidates (a, b, a, b, ...) so drift in the machine's speed
+// hits both alike; returns the best time of each.
+std::pair<double, double> best_seconds_interleaved(const std::function<void()>& a, const std::function<void()>& b,
+                                                   int rounds = 5, double min_seconds = 0.3);
+
+// Peak arithmetic rates in GFLOP/s, measured on `threads` threads (OpenMP).
+double measure_f32_fma_peak(int threads);   // FMA on the widest vectors this CPU runs
+// bf16 products: AMX tiles where the CPU and kernel allow them, else
+// AVX512-BF16 dot products; {0, "none"} without either.
+struct BfPeak {
+  double gflops;
+  const char* kind;
+};
+BfPeak measure_bf16_peak(int threads);
+
+// Memory bandwidth in bytes/s of a STREAM-style copy (read n + write n floats)
+// over `bytes` per array, on the calling thread's OpenMP team.
+double measure_copy_bandwidth(size_t bytes);
+
+}  // namespace aspen::bench

@@ -1,0 +1,133 @@
+#include "bench/gemm_bench.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <dnnl.hpp>
+#include <nlohmann/json.hpp>
+
+#include "bench/common.h"
+#include "core/philox.h"
+#include "core/tensor.h"
+#include "core/thread_team.h"
+#include "kernels/matmul.h"
+
+namespace aspen::bench {
+
+std::vector<GemmCase> standard_gemm_cases() {
+  return {
+      {512, 512, 512},    {1024, 1024, 1024}, {2048, 2048, 2048},                      // square
+      {1024, 3072, 768},  {1024, 768, 3072},  {1024, 2304, 768}, {1024, 50257, 768},   // GPT-2, M = 1024
+      {1, 3072, 768},     {1, 768, 3072},                                              // decode, M = 1
+  };
+}
+
+namespace {
+
+// oneDNN driven directly, as a user of the library would: one primitive and
+// its memory objects made up front, then executed. Row-major A [M, K] times
+// B [K, N], the same layout aspen's plan gets.
+class DirectOneDnn {
+ public:
+  DirectOneDnn(const GemmCase& c, bool bf16, void* a, void* b, float* out)
+      : eng_(dnnl::engine::kind::cpu, 0), stream_(eng_) {
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    dt in = bf16 ? dt::bf16 : dt::f32;
+    dnnl::memory::desc a_md({c.m, c.k}, in, tag::ab), b_md({c.k, c.n}, in, tag::ab), c_md({c.m, c.n}, dt::f32, tag::ab);
+    prim_ = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), eng_));
+    args_ = {{DNNL_ARG_SRC, dnnl::memory(a_md, eng_, a)},
+             {DNNL_ARG_WEIGHTS, dnnl::memory(b_md, eng_, b)},
+             {DNNL_ARG_DST, dnnl::memory(c_md, eng_, out)}};
+  }
+  void run() {
+    prim_.execute(stream_, args_);
+    stream_.wait();
+  }
+
+ private:
+  dnnl::engine eng_;
+  dnnl::stream stream_;
+  dnnl::matmul prim_;
+  std::unordered_map<int, dnnl::memory> args_;
+};
+
+}  // namespace
+
+Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
+  const std::vector<GemmCase> cases = opt.cases.empty() ? standard_gemm_cases() : opt.cases;
+  const int rounds = opt.quick ? 1 : 5;
+  const double min_s = opt.quick ? 0.0 : 0.3;
+  if (!opt.json)
+    out << fmt::format("{:>5} {:>6} {:>5} {:>5} {:>3} | {:>8} {:>8} {:>8} | {:>7} {:>6} {:>8}\n", "M", "N", "K",
+                       "dtype", "thr", "aspen", "oneDNN", "OpenBLAS", "vs dnnl", "peak", "bf16/f32");
+  for (int threads : opt.threads) {
+    ScopedOmpThreads team(threads);
+    openblas_set_num_threads(threads);
+    const double f32_peak = measure_f32_fma_peak(threads);
+    const BfPeak bf_peak = measure_bf16_peak(threads);
+    const double bf16_peak = bf_peak.gflops;
+    if (!opt.json)
+      out << fmt::format("# {} thread(s): measured peak f32 FMA {:.1f} GFLOP/s, bf16 ({}) {:.1f} GFLOP/s\n",
+                         threads, f32_peak, bf_peak.kind, bf16_peak);
+    for (const GemmCase& c : cases) {
+      Tensor a(DType::f32, Shape{c.m, c.k}), b(DType::f32, Shape{c.k, c.n}), y(DType::f32, Shape{c.m, c.n});
+      philox_fill_uniform(a.span<float>(), 1, 0, 0, -1, 1);
+      philox_fill_uniform(b.span<float>(), 2, 0, 0, -1, 1);
+      const double flops = 2.0 * double(c.m) * double(c.n) * double(c.k);
+      double f32_gflops = 0;  // aspen's f32 rate on this case, for the bf16 row's ratio
+      for (DType dt : {DType::f32, DType::bf16}) {
+        if ((dt == DType::f32 && !opt.f32) || (dt == DType::bf16 && !opt.bf16)) continue;
+        const bool is_bf16 = dt == DType::bf16;
+        Tensor ab(DType::bf16, Shape{c.m, c.k}), bb(DType::bf16, Shape{c.k, c.n});
+        if (is_bf16) {
+          for (int64_t i = 0; i < a.numel(); ++i) ab.data<bf16>()[i] = f32_to_bf16(a.data<float>()[i]);
+          for (int64_t i = 0; i < b.numel(); ++i) bb.data<bf16>()[i] = f32_to_bf16(b.data<float>()[i]);
+        }
+        kernels::MatmulShape shape{.M = c.m, .N = c.n, .K = c.k, .input = dt};
+        Status st;
+        auto ours = [&] {
+          st = is_bf16 ? kernels::matmul(ab.span<bf16>(), bb.span<bf16>(), {}, y.span<float>(), shape)
+                       : kernels::matmul(a.span<float>(), b.span<float>(), {}, y.span<float>(), shape);
+        };
+        DirectOneDnn direct(c, is_bf16, is_bf16 ? ab.raw() : a.raw(), is_bf16 ? bb.raw() : b.raw(),
+                            y.data<float>());
+        auto [t_ours, t_dnnl] = best_seconds_interleaved(ours, [&] { direct.run(); }, rounds, min_s);
+        ASPEN_RETURN_IF_ERROR(st);
+        double t_blas = 0;
+        if (!is_bf16) {
+          // Debian's OpenBLAS has no bf16 GEMM (sbgemm); the f32 one is the peer.
+          t_blas = best_seconds([&] {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(c.m), int(c.n), int(c.k), 1.0f,
+                        a.data<float>(), int(c.k), b.data<float>(), int(c.n), 0.0f, y.data<float>(), int(c.n));
+          }, rounds, min_s);
+        }
+        const double g = flops / t_ours / 1e9, gd = flops / t_dnnl / 1e9, gb = t_blas > 0 ? flops / t_blas / 1e9 : 0;
+        const double peak = is_bf16 ? bf16_peak : f32_peak;
+        const double frac = peak > 0 ? g / peak : 0;
+        if (!is_bf16) f32_gflops = g;
+        const double vs_f32 = is_bf16 && f32_gflops > 0 ? g / f32_gflops : 0;
+        if (opt.json) {
+          nlohmann::ordered_json row = {{"bench", "gemm"}, {"m", c.m}, {"n", c.n}, {"k", c.k},
+                                {"dtype", std::string(dtype_name(dt))}, {"threads", threads},
+                                {"gflops", g}, {"onednn_gflops", gd},
+                                {"openblas_gflops", t_blas > 0 ? nlohmann::ordered_json(gb) : nlohmann::ordered_json(nullptr)},
+                                {"ratio_vs_onednn", g / gd}, {"peak_fraction", frac},
+                                {"peak_gflops", peak},
+                                {"ratio_vs_f32", vs_f32 > 0 ? nlohmann::ordered_json(vs_f32) : nlohmann::ordered_json(nullptr)}, {"peak_kind", is_bf16 ? bf_peak.kind : "f32_fma"}};
+          out << row.dump() << "\n";
+        } else {
+          out << fmt::format("{:>5} {:>6} {:>5} {:>5} {:>3} | {:>8.1f} {:>8.1f} {:>8} | {:>6.3f}x {:>5.0f}% {:>8}\n",
+                             c.m, c.n, c.k, dtype_name(dt), threads, g, gd,
+                             t_blas > 0 ? fmt::format("{:.1f}", gb) : "-", g / gd, 100 * frac,
+                             vs_f32 > 0 ? fmt::format("{:.2f}x", vs_f32) : "-");
+        }
+        out.flush();
+      }
+    }
+  }
+  return Status();
+}
+
+}  // namespace aspen::bench
