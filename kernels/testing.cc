@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/philox.h"
+#include "core/thread_team.h"
 
 namespace aspen::kernels::testing {
 
@@ -17,6 +18,9 @@ double nmse_threshold(DType t) {
 }
 
 void fill_uniform(std::span<float> out, uint64_t seed, float lo, float hi) {
+  // One thread: test inputs are small, and opening a parallel region per call
+  // costs more than it saves on a loaded 2-core machine.
+  ScopedOmpThreads one(1);
   philox_fill_uniform(out, seed, /*stream=*/0x7e57, 0, lo, hi);
 }
 

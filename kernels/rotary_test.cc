@@ -1,0 +1,200 @@
+#include "kernels/rotary.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/thread_team.h"
+#include "kernels/cpu.h"
+#include "kernels/testing.h"
+
+namespace aspen::kernels {
+namespace {
+
+using testing::Guarded;
+
+// Test data on one thread: testing::random_vector opens a parallel region per
+// call, which costs far more than these small kernels on a loaded machine.
+std::vector<float> random_data(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  ScopedOmpThreads one(1);
+  return testing::random_vector(n, seed, lo, hi);
+}
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> v;
+  for (int i = 0; i <= int(cpu_features().best); ++i) v.push_back(Isa(i));
+  return v;
+}
+
+std::vector<int32_t> random_positions(int64_t n, uint64_t seed, int32_t max_pos) {
+  std::vector<float> r = random_data(size_t(n), seed, 0.0f, float(max_pos));
+  std::vector<int32_t> p(n);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t(r[i]);
+  return p;
+}
+
+const char* layout_name(RotaryLayout l) { return l == RotaryLayout::interleaved ? "interleaved" : "half_split"; }
+
+struct Dims {
+  int64_t D, rd;
+};
+constexpr Dims kDims[] = {{8, 8}, {64, 64}, {64, 32}, {7, 6}, {129, 34}};
+constexpr RotaryLayout kLayouts[] = {RotaryLayout::interleaved, RotaryLayout::half_split};
+
+TEST(Rotary, FastMatchesReference) {
+  struct BH {
+    int64_t B, H, max_T;
+  };
+  const BH bhs[] = {{1, 1, 129}, {2, 3, 17}};
+  for (Isa isa : available_isas()) {
+    ScopedIsaCap cap(isa);
+    for (RotaryLayout layout : kLayouts)
+      for (const BH& bh : bhs)
+        for (int64_t T : testing::kOddSizes) {
+          if (T > bh.max_T) continue;
+          for (const Dims& d : kDims) {
+            SCOPED_TRACE(std::string(isa_name(isa)) + " " + layout_name(layout) + " B=" + std::to_string(bh.B) +
+                         " T=" + std::to_string(T) + " H=" + std::to_string(bh.H) + " D=" + std::to_string(d.D) +
+                         " rd=" + std::to_string(d.rd));
+            const int64_t n = bh.B * T * bh.H * d.D;
+            const std::vector<float> x = random_data(size_t(n), uint64_t(n + d.rd));
+            const std::vector<int32_t> pos = random_positions(bh.B * T, uint64_t(T), 4096);
+            std::vector<float> want(n), want_back(n);
+            ref::rotary_forward<float>(x.data(), pos.data(), want.data(), bh.B, T, bh.H, d.D, d.rd, layout, 10000.0f);
+            ref::rotary_backward<float>(x.data(), pos.data(), want_back.data(), bh.B, T, bh.H, d.D, d.rd, layout,
+                                        10000.0f);
+
+            Guarded<float> y(n), dx(n), inplace(n);
+            ASSERT_TRUE(rotary_forward(x, pos, y.span(), bh.B, T, bh.H, d.D, d.rd, layout).is_ok());
+            EXPECT_TRUE(testing::close_nmse(y.cspan(), want, testing::nmse_threshold(DType::f32)));
+            ASSERT_TRUE(rotary_backward(x, pos, dx.span(), bh.B, T, bh.H, d.D, d.rd, layout).is_ok());
+            EXPECT_TRUE(testing::close_nmse(dx.cspan(), want_back, testing::nmse_threshold(DType::f32)));
+            for (int64_t i = 0; i < n; ++i) inplace[size_t(i)] = x[size_t(i)];
+            ASSERT_TRUE(rotary_forward(inplace.cspan(), pos, inplace.span(), bh.B, T, bh.H, d.D, d.rd, layout).is_ok());
+            EXPECT_TRUE(testing::close_nmse(inplace.cspan(), want, testing::nmse_threshold(DType::f32)));
+            EXPECT_GUARDS(y);
+            EXPECT_GUARDS(dx);
+            EXPECT_GUARDS(inplace);
+          }
+        }
+  }
+}
+
+TEST(Rotary, ReferenceModeRoutesToReference) {
+  const int64_t B = 1, T = 5, H = 2, D = 12, rd = 8, n = B * T * H * D;
+  const std::vector<float> x = random_data(n, 3);
+  const std::vector<int32_t> pos = {0, 1, 2, 700, 9};
+  std::vector<float> want(n), got(n);
+  ref::rotary_forward<float>(x.data(), pos.data(), want.data(), B, T, H, D, rd, RotaryLayout::half_split, 500.0f);
+  ScopedReferenceMode on(true);
+  ASSERT_TRUE(rotary_forward(x, pos, got, B, T, H, D, rd, RotaryLayout::half_split, 500.0f).is_ok());
+  EXPECT_EQ(got, want);
+}
+
+// Pins both pair layouts and the inverse frequencies against hand-computed values.
+TEST(Rotary, KnownValues) {
+  EXPECT_EQ(rotary_inv_freq(0, 4, 10000.0f), 1.0f);
+  EXPECT_EQ(rotary_inv_freq(1, 4, 10000.0f), 0.01f);
+  const std::vector<float> x = {1, 2, 3, 4};
+  const std::vector<int32_t> pos = {1};
+  const double c1 = std::cos(1.0), s1 = std::sin(1.0), c2 = std::cos(0.01), s2 = std::sin(0.01);
+  for (Isa isa : available_isas()) {
+    ScopedIsaCap cap(isa);
+    std::vector<float> y(4);
+    ASSERT_TRUE(rotary_forward(x, pos, y, 1, 1, 1, 4, 4, RotaryLayout::interleaved).is_ok());
+    EXPECT_NEAR(y[0], 1 * c1 - 2 * s1, 1e-6);  // pair (0, 1), angle 1
+    EXPECT_NEAR(y[1], 2 * c1 + 1 * s1, 1e-6);
+    EXPECT_NEAR(y[2], 3 * c2 - 4 * s2, 1e-6);  // pair (2, 3), angle 0.01
+    EXPECT_NEAR(y[3], 4 * c2 + 3 * s2, 1e-6);
+    ASSERT_TRUE(rotary_forward(x, pos, y, 1, 1, 1, 4, 4, RotaryLayout::half_split).is_ok());
+    EXPECT_NEAR(y[0], 1 * c1 - 3 * s1, 1e-6);  // pair (0, 2), angle 1
+    EXPECT_NEAR(y[2], 3 * c1 + 1 * s1, 1e-6);
+    EXPECT_NEAR(y[1], 2 * c2 - 4 * s2, 1e-6);  // pair (1, 3), angle 0.01
+    EXPECT_NEAR(y[3], 4 * c2 + 2 * s2, 1e-6);
+  }
+}
+
+// loss = sum(w · forward(x)) in f64; its gradient in x is backward(w).
+TEST(Rotary, BackwardMatchesFiniteDifferences) {
+  const int64_t B = 1, T = 3, H = 2, D = 8, rd = 6, n = B * T * H * D;
+  const std::vector<int32_t> pos = {0, 5, 1000};
+  const std::vector<float> x = random_data(n, 11);
+  const std::vector<float> w = random_data(n, 12);
+  for (RotaryLayout layout : kLayouts) {
+    auto loss = [&](const std::vector<double>& xd) {
+      std::vector<double> y(xd.size());
+      ref::rotary_forward<double>(xd.data(), pos.data(), y.data(), B, T, H, D, rd, layout, 10000.0f);
+      double l = 0;
+      for (size_t i = 0; i < y.size(); ++i) l += double(w[i]) * y[i];
+      return l;
+    };
+    const std::vector<double> num = testing::numeric_grad(loss, testing::to_f64(x));
+    for (Isa isa : available_isas()) {
+      SCOPED_TRACE(std::string(isa_name(isa)) + " " + layout_name(layout));
+      ScopedIsaCap cap(isa);
+      Guarded<float> dx(n);
+      ASSERT_TRUE(rotary_backward(w, pos, dx.span(), B, T, H, D, rd, layout).is_ok());
+      EXPECT_TRUE(testing::close_nmse(dx.cspan(), num, testing::kGradNmse));
+      EXPECT_GUARDS(dx);
+    }
+  }
+}
+
+TEST(Rotary, BackwardUndoesForward) {
+  const int64_t B = 2, T = 7, H = 3, D = 20, rd = 16, n = B * T * H * D;
+  const std::vector<float> x = random_data(n, 21);
+  const std::vector<int32_t> pos = random_positions(B * T, 22, 100000);
+  for (RotaryLayout layout : kLayouts) {
+    std::vector<float> y(n), back(n);
+    ASSERT_TRUE(rotary_forward(x, pos, y, B, T, H, D, rd, layout).is_ok());
+    ASSERT_TRUE(rotary_backward(y, pos, back, B, T, H, D, rd, layout).is_ok());
+    EXPECT_TRUE(testing::close_nmse(back, x, 1e-12));
+  }
+}
+
+TEST(Rotary, SameForOneAndTwoThreads) {
+  const int64_t B = 2, T = 33, H = 4, D = 64, rd = 64, n = B * T * H * D;  // above the parallel threshold
+  const std::vector<float> x = random_data(n, 31);
+  const std::vector<int32_t> pos = random_positions(B * T, 32, 8192);
+  for (RotaryLayout layout : kLayouts) {
+    std::vector<float> one(n), two(n);
+    {
+      ScopedOmpThreads t(1);
+      ASSERT_TRUE(rotary_forward(x, pos, one, B, T, H, D, rd, layout).is_ok());
+    }
+    {
+      ScopedOmpThreads t(2);
+      ASSERT_TRUE(rotary_forward(x, pos, two, B, T, H, D, rd, layout).is_ok());
+    }
+    EXPECT_EQ(one, two);
+  }
+}
+
+TEST(Rotary, BadArguments) {
+  std::vector<float> x(7 * 2), y(7 * 2);
+  std::vector<int32_t> pos = {0, 1};
+  Status s = rotary_forward(x, pos, y, 1, 2, 1, 7, 7, RotaryLayout::interleaved);
+  EXPECT_EQ(s.message(), "rotary_forward: argument 'rotary_dim': expected an even number, found 7");
+  s = rotary_forward(x, pos, y, 1, 2, 1, 7, 8, RotaryLayout::half_split);
+  EXPECT_EQ(s.message(), "rotary_forward: argument 'rotary_dim': expected at most D = 7, found 8");
+  s = rotary_forward(x, pos, y, 1, 2, 1, 7, 6, RotaryLayout::half_split, 0.0f);
+  EXPECT_EQ(s.message(), "rotary_forward: argument 'base': expected a finite number > 0, found 0.000000");
+  std::vector<float> big(48), short_x(47);
+  s = rotary_forward(short_x, pos, big, 1, 2, 3, 8, 8, RotaryLayout::interleaved);
+  EXPECT_EQ(s.message(), "rotary_forward: argument 'x': expected at least 48 elements, found 47");
+  s = rotary_backward(big, std::span<const int32_t>(pos.data(), 1), big, 1, 2, 3, 8, 8, RotaryLayout::interleaved);
+  EXPECT_EQ(s.message(), "rotary_backward: argument 'pos': expected at least 2 elements, found 1");
+  s = rotary_backward(big, pos, short_x, 1, 2, 3, 8, 8, RotaryLayout::interleaved);
+  EXPECT_EQ(s.message(), "rotary_backward: argument 'dx': expected at least 48 elements, found 47");
+  EXPECT_TRUE(rotary_forward({}, {}, {}, 0, 5, 2, 8, 8, RotaryLayout::interleaved).is_ok());
+  EXPECT_TRUE(rotary_backward({}, pos, {}, 1, 2, 0, 8, 8, RotaryLayout::half_split).is_ok());
+  s = rotary_forward(x, pos, y, -1, 2, 1, 7, 6, RotaryLayout::interleaved);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  s = rotary_forward(x, pos, y, int64_t(1) << 40, int64_t(1) << 40, 1, 8, 8, RotaryLayout::interleaved);
+  EXPECT_EQ(s.subject(), "rotary_forward: shape");
+}
+
+}  // namespace
+}  // namespace aspen::kernels
