@@ -1,0 +1,96 @@
+// kernels/activation.h: elementwise activations and arithmetic, forward and backward.
+//
+// All f32, contiguous. Elementwise kernels take N (element count); the fused
+// bias + GELU kernels take a row-major [R, C] tensor and a bias [C].
+//
+// Backward kernels overwrite their gradient outputs (they never accumulate).
+// An output may be the very same buffer as an input of the same kernel (in
+// place, e.g. y = x), but must not partially overlap one.
+//
+// GELU comes in two forms:
+//   GeluKind::tanh  0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (HF "gelu_new", GPT-2)
+//   GeluKind::erf   0.5 x (1 + erf(x / sqrt 2))                       (exact; BERT)
+// The fast tanh form is computed as x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3),
+// which is the same function without the cancellation 1 + tanh(u) suffers for x << 0.
+//
+// Determinism: every output element is a fixed expression of its inputs, and
+// dbias (a sum over rows) is reduced over fixed row blocks combined in a fixed
+// order, so results do not depend on the number of OpenMP threads.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/status.h"
+
+namespace aspen::kernels {
+
+enum class GeluKind : int { tanh = 0, erf = 1 };
+
+// y = a + b.
+[[nodiscard]] Status add_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N);
+// Of y = a + b: da = dy, db = dy.
+[[nodiscard]] Status add_backward(std::span<const float> dy, std::span<float> da, std::span<float> db, int64_t N);
+
+// y = a * b (elementwise).
+[[nodiscard]] Status mul_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N);
+// Of y = a * b: da = dy * b, db = dy * a.
+[[nodiscard]] Status mul_backward(std::span<const float> a, std::span<const float> b, std::span<const float> dy,
+                                  std::span<float> da, std::span<float> db, int64_t N);
+
+// y = alpha * x.
+[[nodiscard]] Status scale_forward(std::span<const float> x, std::span<float> y, int64_t N, float alpha);
+// Of y = alpha * x: dx = alpha * dy.
+[[nodiscard]] Status scale_backward(std::span<const float> dy, std::span<float> dx, int64_t N, float alpha);
+
+// y = gelu(x), in the form `kind` (see above).
+[[nodiscard]] Status gelu_forward(std::span<const float> x, std::span<float> y, int64_t N, GeluKind kind);
+// Of y = gelu(x): dx = gelu'(x) * dy.
+[[nodiscard]] Status gelu_backward(std::span<const float> x, std::span<const float> dy, std::span<float> dx, int64_t N,
+                                   GeluKind kind);
+
+// y = x * sigmoid(x) (SiLU, swish).
+[[nodiscard]] Status silu_forward(std::span<const float> x, std::span<float> y, int64_t N);
+// Of y = x sigmoid(x): dx = dy * s (1 + x (1 - s)), s = sigmoid(x).
+[[nodiscard]] Status silu_backward(std::span<const float> x, std::span<const float> dy, std::span<float> dx, int64_t N);
+
+// x, y: [R, C]; bias: [C].  y[r, c] = gelu(x[r, c] + bias[c]).
+[[nodiscard]] Status bias_gelu_forward(std::span<const float> x, std::span<const float> bias, std::span<float> y,
+                                       int64_t R, int64_t C, GeluKind kind);
+// Of y[r, c] = gelu(x[r, c] + bias[c]):
+//   dx[r, c] = gelu'(x[r, c] + bias[c]) dy[r, c];  dbias[c] = sum over r of dx[r, c].
+// x, dy, dx: [R, C]; bias, dbias: [C]. dx may be dy (in place).
+[[nodiscard]] Status bias_gelu_backward(std::span<const float> x, std::span<const float> bias,
+                                        std::span<const float> dy, std::span<float> dx, std::span<float> dbias,
+                                        int64_t R, int64_t C, GeluKind kind);
+
+// The reference: the definitions, in plain loops (no checks, no threads).
+// GeluKind::tanh is evaluated literally as 0.5 x (1 + tanh(u)).
+namespace ref {
+template <class T>
+void add_forward(const T* a, const T* b, T* y, int64_t N);
+template <class T>
+void add_backward(const T* dy, T* da, T* db, int64_t N);
+template <class T>
+void mul_forward(const T* a, const T* b, T* y, int64_t N);
+template <class T>
+void mul_backward(const T* a, const T* b, const T* dy, T* da, T* db, int64_t N);
+template <class T>
+void scale_forward(const T* x, T* y, int64_t N, T alpha);
+template <class T>
+void scale_backward(const T* dy, T* dx, int64_t N, T alpha);
+template <class T>
+void gelu_forward(const T* x, T* y, int64_t N, GeluKind kind);
+template <class T>
+void gelu_backward(const T* x, const T* dy, T* dx, int64_t N, GeluKind kind);
+template <class T>
+void silu_forward(const T* x, T* y, int64_t N);
+template <class T>
+void silu_backward(const T* x, const T* dy, T* dx, int64_t N);
+template <class T>
+void bias_gelu_forward(const T* x, const T* bias, T* y, int64_t R, int64_t C, GeluKind kind);
+template <class T>
+void bias_gelu_backward(const T* x, const T* bias, const T* dy, T* dx, T* dbias, int64_t R, int64_t C, GeluKind kind);
+}  // namespace ref
+
+}  // namespace aspen::kernels
