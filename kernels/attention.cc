@@ -1,0 +1,754 @@
+#include "kernels/attention.h"
+
+// GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsic
+// headers as maybe-uninitialized; the warning is silenced for those lines only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/check_args.h"
+#include "kernels/cpu.h"
+
+namespace aspen::kernels {
+
+namespace {
+
+using Kind = AttentionMask::Kind;
+
+constexpr int64_t kBq = 64;  // query rows per block
+constexpr int64_t kBk = 64;  // keys per block
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// 2^f on [-1/2, 1/2]: degree-6 interpolation at Chebyshev nodes (fitted for
+// this file in long double, rounded to float); relative error < 8e-8 when
+// evaluated in float with FMA.
+constexpr float kP0 = 1.0f, kP1 = 6.931471825e-01f, kP2 = 2.402265072e-01f, kP3 = 5.550327152e-02f,
+                kP4 = 9.618056938e-03f, kP5 = 1.340042800e-03f, kP6 = 1.546144485e-04f;
+
+// 2^x for x <= 127, vectorizable under `#pragma omp simd`: x = n + f with
+// n = round(x), 2^f by the polynomial, 2^n added into the exponent bits.
+// Results below 2^-126 (x < -126, including -inf) flush to +0.
+inline __attribute__((always_inline)) float exp2_fast(float x) {
+  float xc = x < -126.0f ? -126.0f : x;
+  xc = xc > 127.0f ? 127.0f : xc;
+  const float shifted = xc + 12582912.0f;  // 1.5 * 2^23: rounds to an integer in the low mantissa bits
+  const uint32_t n = std::bit_cast<uint32_t>(shifted) - 0x4B400000u;
+  const float f = xc - (shifted - 12582912.0f);
+  float p = kP6;
+  p = p * f + kP5;
+  p = p * f + kP4;
+  p = p * f + kP3;
+  p = p * f + kP2;
+  p = p * f + kP1;
+  p = p * f + kP0;
+  const float y = std::bit_cast<float>(std::bit_cast<uint32_t>(p) + (n << 23));
+  return x < -126.0f ? 0.0f : y;
+}
+
+// Key range [lo, hi) that the positional mask allows query row i, within [0, S].
+struct Geometry {
+  Kind kind;
+  int64_t window, offset, S;
+  void range(int64_t i, int64_t* lo, int64_t* hi) const {
+    if (kind == Kind::none) {
+      *lo = 0;
+      *hi = S;
+      return;
+    }
+    const int64_t pos = offset + i;  // validated: cannot overflow
+    *hi = pos < S ? pos + 1 : S;
+    *lo = kind == Kind::local ? std::clamp<int64_t>(pos - window + 1, 0, *hi) : 0;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Block operations. Each ISA provides:
+//   gemm:         C[i, j] (+)= sum_k A(i, k) B[k, j] with A(i, k) = a[i * ars + k * aks]
+//                 (so A may be read transposed), B and C row-major; vectorized over j.
+//   transpose:    dst[d * kBk + c] = src[c * D + d] for a block of cols <= kBk keys, so
+//                 that dot products with the block vectorize across keys.
+//   softmax_tile: one online-softmax step of the forward (see forward_fast).
+//   grad_tile:    s -> p = exp2(cs * s - lse2), dp -> ds = p * (dp - di).
+// Tiles are [rows, cols] with leading dimension kBk; row r may use columns
+// [lo[r], hi[r]) whose kv[c] != 0.
+
+// The softmax steps are written once, as plain loops that vectorize under
+// `#pragma omp simd`; forced inline, they compile at the ISA of each caller.
+#define ASPEN_ATTN_INLINE inline __attribute__((always_inline))
+
+// One online-softmax step of the forward: masks s (exp2-domain scores),
+// updates each row's running max m and sum l, replaces s by
+// p = exp2(s - m_new) and scales the row of o by alpha = exp2(m_old - m_new).
+// A row with nothing allowed yet takes 0 as its reference max, so that its p
+// and alpha come out 0 without a branch.
+ASPEN_ATTN_INLINE void softmax_tile_impl(float* s, int64_t rows, int64_t cols, const int* lo, const int* hi,
+                                         const float* kv, float* m, float* l, float* o, int64_t D) {
+  // Row reductions run in 16 lanes (columns c0 + lane), then a tree; the tiles
+  // have kBk columns of storage, so lanes past `cols` stay in bounds.
+  constexpr int kLanes = 16;
+  float ref[kBq], alpha[kBq], sum[kBq];
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * kBk;
+    const int a = lo[r], e = hi[r], n = int(cols);
+    float part[kLanes];
+    for (int j = 0; j < kLanes; ++j) part[j] = kNegInf;
+    for (int c0 = 0; c0 < n; c0 += kLanes) {
+#pragma omp simd
+      for (int j = 0; j < kLanes; ++j) {
+        const int c = c0 + j;
+        const float x = (c < n && c >= a && c < e && kv[c] != 0.0f) ? sr[c] : kNegInf;
+        sr[c] = x;
+        part[j] = part[j] > x ? part[j] : x;
+      }
+    }
+#pragma GCC unroll 4
+    for (int w = kLanes / 2; w > 0; w /= 2)
+#pragma GCC unroll 8
+      for (int j = 0; j < w; ++j) part[j] = part[j] > part[j + w] ? part[j] : part[j + w];
+    ref[r] = part[0];
+  }
+#pragma omp simd
+  for (int64_t r = 0; r < rows; ++r) {
+    const float m_new = m[r] > ref[r] ? m[r] : ref[r];
+    ref[r] = m_new == kNegInf ? 0.0f : m_new;
+    alpha[r] = exp2_fast(m[r] - ref[r]);
+    m[r] = m_new;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * kBk;
+    const float mr = ref[r];
+    float part[kLanes] = {};
+    for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
+#pragma omp simd
+      for (int j = 0; j < kLanes; ++j) {
+        const float p = exp2_fast(sr[c0 + j] - mr);  // -inf past cols: p = 0
+        sr[c0 + j] = p;
+        part[j] += p;
+      }
+    }
+#pragma GCC unroll 4
+    for (int w = kLanes / 2; w > 0; w /= 2)
+#pragma GCC unroll 8
+      for (int j = 0; j < w; ++j) part[j] += part[j + w];
+    sum[r] = part[0];
+  }
+#pragma omp simd
+  for (int64_t r = 0; r < rows; ++r) l[r] = l[r] * alpha[r] + sum[r];
+  for (int64_t r = 0; r < rows; ++r) {
+    if (alpha[r] == 1.0f) continue;
+    float* orow = o + r * D;
+    const float ar = alpha[r];
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) orow[d] *= ar;
+  }
+}
+
+// The backward's tile step: s -> p = exp2(cs * s - lse2), dp -> ds = p * (dp - di).
+ASPEN_ATTN_INLINE void grad_tile_impl(float* s, float* dp, int64_t rows, int64_t cols, const int* lo, const int* hi,
+                                      const float* kv, const float* lse2, const float* di, float cs) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * kBk;
+    float* dr = dp + r * kBk;
+    const int64_t a = lo[r], e = hi[r];
+    const float l2 = lse2[r], dir = di[r];
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+      const bool ok = c >= a && c < e && kv[c] != 0.0f;
+      const float p = ok ? exp2_fast(cs * sr[c] - l2) : 0.0f;
+      sr[c] = p;
+      dr[c] = p * (dr[c] - dir);
+    }
+  }
+}
+
+struct Portable {
+  // Four rows of C per pass over B, sharing each load of B.
+  static void gemm(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, float* c, int64_t ldc,
+                   int64_t m, int64_t n, int64_t kk, bool accumulate) {
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      float *c0 = c + i * ldc, *c1 = c0 + ldc, *c2 = c1 + ldc, *c3 = c2 + ldc;
+      if (!accumulate)
+        for (int64_t j = 0; j < n; ++j) c0[j] = c1[j] = c2[j] = c3[j] = 0.0f;
+      for (int64_t k = 0; k < kk; ++k) {
+        const float* ak = a + i * ars + k * aks;
+        const float a0 = ak[0], a1 = ak[ars], a2 = ak[2 * ars], a3 = ak[3 * ars];
+        const float* bk = b + k * ldb;
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) {
+          c0[j] += a0 * bk[j];
+          c1[j] += a1 * bk[j];
+          c2[j] += a2 * bk[j];
+          c3[j] += a3 * bk[j];
+        }
+      }
+    }
+    for (; i < m; ++i) {
+      float* c0 = c + i * ldc;
+      if (!accumulate) std::fill(c0, c0 + n, 0.0f);
+      for (int64_t k = 0; k < kk; ++k) {
+        const float a0 = a[i * ars + k * aks];
+        const float* bk = b + k * ldb;
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) c0[j] += a0 * bk[j];
+      }
+    }
+  }
+
+  static void transpose(const float* src, int64_t cols, int64_t D, float* dst) {
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t d = 0; d < D; ++d) dst[d * kBk + c] = src[c * D + d];
+  }
+
+  static void softmax_tile(float* s, int64_t rows, int64_t cols, const int* lo, const int* hi, const float* kv,
+                           float* m, float* l, float* o, int64_t D) {
+    softmax_tile_impl(s, rows, cols, lo, hi, kv, m, l, o, D);
+  }
+  static void grad_tile(float* s, float* dp, int64_t rows, int64_t cols, const int* lo, const int* hi,
+                        const float* kv, const float* lse2, const float* di, float cs) {
+    grad_tile_impl(s, dp, rows, cols, lo, hi, kv, lse2, di, cs);
+  }
+};
+
+ASPEN_TARGET_AVX512 inline __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
+}
+
+// MR rows x 64 columns of C (four vectors; mk masks each), accumulated in
+// registers over k. A fully masked vector costs FMAs but touches no memory.
+template <int MR>
+ASPEN_TARGET_AVX512 void gemm_tile_512(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb,
+                                       float* c, int64_t ldc, int64_t kk, const __mmask16* mk, bool accumulate) {
+  __m512 acc[MR][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v)
+      acc[r][v] = accumulate ? _mm512_maskz_loadu_ps(mk[v], c + r * ldc + 16 * v) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < kk; ++k) {
+    const float* bk = b + k * ldb;
+    const __m512 bv[4] = {_mm512_maskz_loadu_ps(mk[0], bk), _mm512_maskz_loadu_ps(mk[1], bk + 16),
+                          _mm512_maskz_loadu_ps(mk[2], bk + 32), _mm512_maskz_loadu_ps(mk[3], bk + 48)};
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const __m512 ar = _mm512_set1_ps(a[r * ars + k * aks]);
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(c + r * ldc + 16 * v, mk[v], acc[r][v]);
+}
+
+using GemmTile512 = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t,
+                             const __mmask16*, bool);
+constexpr GemmTile512 kGemmTiles512[4] = {gemm_tile_512<1>, gemm_tile_512<2>, gemm_tile_512<3>, gemm_tile_512<4>};
+
+struct Avx512 {
+  ASPEN_TARGET_AVX512 static void gemm(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb,
+                                       float* c, int64_t ldc, int64_t m, int64_t n, int64_t kk, bool accumulate) {
+    for (int64_t j = 0; j < n; j += 64) {  // a 64-column panel of B stays in L1 across the rows
+      __mmask16 mk[4];
+      for (int v = 0; v < 4; ++v) mk[v] = tail_mask(std::max<int64_t>(0, n - j - 16 * v));
+      for (int64_t i = 0; i < m; i += 4)
+        kGemmTiles512[std::min<int64_t>(4, m - i) - 1](a + i * ars, ars, aks, b + j, ldb, c + i * ldc + j, ldc, kk,
+                                                       mk, accumulate);
+    }
+  }
+
+  // In-register transpose of 16 rows of 16: unpack pairs of 32-bit and 64-bit
+  // elements, then regroup 128-bit lanes; r[j] becomes column j.
+  ASPEN_TARGET_AVX512 static void transpose16(__m512 r[16]) {
+    __m512 u[16];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {  // rows 4g .. 4g + 3
+      const __m512 t0 = _mm512_unpacklo_ps(r[4 * g], r[4 * g + 1]), t1 = _mm512_unpackhi_ps(r[4 * g], r[4 * g + 1]);
+      const __m512 t2 = _mm512_unpacklo_ps(r[4 * g + 2], r[4 * g + 3]);
+      const __m512 t3 = _mm512_unpackhi_ps(r[4 * g + 2], r[4 * g + 3]);
+      // u[4g + k], lane L: column 4L + k of rows 4g .. 4g + 3
+      u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+      u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+      u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+      u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m512 x0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44), x1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xEE);
+      const __m512 y0 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44);
+      const __m512 y1 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xEE);
+      r[k] = _mm512_shuffle_f32x4(x0, y0, 0x88);
+      r[4 + k] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
+      r[8 + k] = _mm512_shuffle_f32x4(x1, y1, 0x88);
+      r[12 + k] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
+    }
+  }
+
+  ASPEN_TARGET_AVX512 static void transpose(const float* src, int64_t cols, int64_t D, float* dst) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int64_t nc = std::min<int64_t>(16, cols - c0);
+      for (int64_t d0 = 0; d0 < D; d0 += 16) {
+        const int64_t nd = std::min<int64_t>(16, D - d0);
+        const __mmask16 md = tail_mask(nd), mc = tail_mask(nc);
+        __m512 r[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i)
+          r[i] = _mm512_maskz_loadu_ps(i < nc ? md : __mmask16(0), src + (c0 + std::min<int64_t>(i, nc - 1)) * D + d0);
+        transpose16(r);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j)
+          if (j < nd) _mm512_mask_storeu_ps(dst + (d0 + j) * kBk + c0, mc, r[j]);
+      }
+    }
+  }
+
+  ASPEN_TARGET_AVX512 static void softmax_tile(float* s, int64_t rows, int64_t cols, const int* lo, const int* hi,
+                                               const float* kv, float* m, float* l, float* o, int64_t D) {
+    softmax_tile_impl(s, rows, cols, lo, hi, kv, m, l, o, D);
+  }
+  ASPEN_TARGET_AVX512 static void grad_tile(float* s, float* dp, int64_t rows, int64_t cols, const int* lo,
+                                            const int* hi, const float* kv, const float* lse2, const float* di,
+                                            float cs) {
+    grad_tile_impl(s, dp, rows, cols, lo, hi, kv, lse2, di, cs);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Drivers, shared by the ISAs.
+
+struct Problem {
+  const float* q;
+  const float* k;
+  const float* v;
+  int64_t B, H, T, S, D;
+  float scale;
+  Geometry geo;
+  const uint8_t* key_valid;  // [B, S] or null
+};
+
+// kv[c] = 1 where key j0 + c is not padding, else 0; returns whether any is.
+bool fill_key_valid(const Problem& pb, int64_t b, int64_t j0, int64_t cols, float* kv) {
+  bool any = false;
+  for (int64_t c = 0; c < cols; ++c) {
+    const bool ok = pb.key_valid == nullptr || pb.key_valid[b * pb.S + j0 + c] != 0;
+    kv[c] = ok ? 1.0f : 0.0f;
+    any |= ok;
+  }
+  return any;
+}
+
+// Per-row allowed columns of the tile (query rows i0.., keys j0..j0+cols).
+void tile_ranges(const Problem& pb, int64_t i0, int64_t rows, int64_t j0, int64_t cols, int* lo, int* hi) {
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t a, e;
+    pb.geo.range(i0 + r, &a, &e);
+    lo[r] = int(std::clamp<int64_t>(a - j0, 0, cols));
+    hi[r] = int(std::clamp<int64_t>(e - j0, 0, cols));
+  }
+}
+
+// Keys [first, last) that some row of the query block [i0, i0 + rows) may use.
+void block_key_span(const Problem& pb, int64_t i0, int64_t rows, int64_t* first, int64_t* last) {
+  int64_t unused;
+  pb.geo.range(i0, first, &unused);
+  pb.geo.range(i0 + rows - 1, &unused, last);
+}
+
+int64_t forward_scratch_floats(int64_t D) { return 2 * kBq * D + D * kBk + kBq * kBk + 2 * kBq + kBk; }
+
+// FlashAttention-2 forward. Per (b, h, query block): scores for one key block
+// at a time, s = (q * scale * log2 e) k^T in the exp2 domain; running max m and
+// sum l per row; o = o * 2^(m_old - m_new) + p v; at the end out = o / l and
+// lse = (m + log2 l) ln 2.
+template <class Ops>
+void forward_fast(const Problem& pb, float* out, float* lse) {
+  const int64_t D = pb.D, T = pb.T, S = pb.S;
+  const int nt = omp_get_max_threads();
+  const int64_t per = forward_scratch_floats(D);
+  std::vector<float> scratch(size_t(per * nt));
+  const int64_t nqb = (T + kBq - 1) / kBq, tasks = pb.B * pb.H * nqb;
+  const float cs = pb.scale * kLog2e;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t t = 0; t < tasks; ++t) {
+    float* qs = scratch.data() + per * omp_get_thread_num();
+    float* o = qs + kBq * D;
+    float* kt = o + kBq * D;
+    float* s = kt + D * kBk;
+    float* m = s + kBq * kBk;
+    float* l = m + kBq;
+    float* kv = l + kBq;
+    int lo[kBq], hi[kBq];
+    const int64_t bh = t / nqb, i0 = (t % nqb) * kBq, rows = std::min(kBq, T - i0), b = bh / pb.H;
+    const float* kh = pb.k + bh * S * D;
+    const float* vh = pb.v + bh * S * D;
+    const float* qb = pb.q + (bh * T + i0) * D;
+    for (int64_t x = 0; x < rows * D; ++x) {
+      qs[x] = qb[x] * cs;
+      o[x] = 0.0f;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      m[r] = kNegInf;
+      l[r] = 0.0f;
+    }
+    int64_t first, last;
+    block_key_span(pb, i0, rows, &first, &last);
+    for (int64_t j0 = first / kBk * kBk; j0 < last; j0 += kBk) {  // blocks outside [first, last) are masked out
+      const int64_t cols = std::min(kBk, S - j0);
+      if (!fill_key_valid(pb, b, j0, cols, kv)) continue;
+      tile_ranges(pb, i0, rows, j0, cols, lo, hi);
+      Ops::transpose(kh + j0 * D, cols, D, kt);
+      Ops::gemm(qs, D, 1, kt, kBk, s, kBk, rows, cols, D, false);
+      Ops::softmax_tile(s, rows, cols, lo, hi, kv, m, l, o, D);
+      Ops::gemm(s, kBk, 1, vh + j0 * D, D, o, D, rows, D, cols, true);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float* orow = out + (bh * T + i0 + r) * D;
+      const bool any = l[r] > 0.0f;
+      const float inv = any ? 1.0f / l[r] : 0.0f;
+      for (int64_t d = 0; d < D; ++d) orow[d] = o[r * D + d] * inv;
+      lse[bh * T + i0 + r] = any ? m[r] / kLog2e + std::log(l[r]) : kNegInf;
+    }
+  }
+}
+
+int64_t backward_scratch_floats(int64_t D) { return 2 * D * kBk + 2 * kBq * kBk + kBk + 2 * kBq; }
+
+// FlashAttention-2 backward, in two passes so that every output element is
+// summed by one thread in a fixed order: pass 1 owns a key block (dk, dv) and
+// walks the query blocks; pass 2 owns a query block (dq) and walks the key
+// blocks. Both recompute p = exp2(cs * q.k - lse log2 e) and ds per tile.
+template <class Ops>
+void backward_fast(const Problem& pb, const float* out, const float* lse, const float* dout, float* dq, float* dk,
+                   float* dv) {
+  const int64_t D = pb.D, T = pb.T, S = pb.S, BH = pb.B * pb.H;
+  const int nt = omp_get_max_threads();
+  const int64_t per = backward_scratch_floats(D);
+  std::vector<float> scratch(size_t(per * nt));
+  const float cs = pb.scale * kLog2e;
+
+  // di = rowsum(dout * out): the p-weighted mean of dp, per query row.
+  std::vector<float> di(size_t(BH * T));
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t row = 0; row < BH * T; ++row) {
+    float acc = 0.0f;
+    for (int64_t d = 0; d < D; ++d) acc += dout[row * D + d] * out[row * D + d];
+    di[size_t(row)] = acc;
+  }
+
+  struct Tile {
+    float *kt, *vt, *s, *dp, *kv, *lse2, *dib;
+    int lo[kBq], hi[kBq];
+  };
+  auto carve = [&](Tile& w) {
+    w.kt = scratch.data() + per * omp_get_thread_num();
+    w.vt = w.kt + D * kBk;
+    w.s = w.vt + D * kBk;
+    w.dp = w.s + kBq * kBk;
+    w.kv = w.dp + kBq * kBk;
+    w.lse2 = w.kv + kBk;
+    w.dib = w.lse2 + kBq;
+  };
+  // p into w.s and ds into w.dp for query rows [i0, i0 + rows) and keys
+  // [j0, j0 + cols) of head bh; w.kt, w.vt and w.kv hold the key block.
+  auto tile = [&](Tile& w, int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+    tile_ranges(pb, i0, rows, j0, cols, w.lo, w.hi);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float lr = lse[bh * T + i0 + r];
+      if (lr == kNegInf) w.lo[r] = w.hi[r] = 0;  // a row with no allowed key has no gradient
+      w.lse2[r] = lr * kLog2e;
+      w.dib[r] = di[size_t(bh * T + i0 + r)];
+    }
+    const float* qb = pb.q + (bh * T + i0) * D;
+    const float* gb = dout + (bh * T + i0) * D;
+    Ops::gemm(qb, D, 1, w.kt, kBk, w.s, kBk, rows, cols, D, false);   // s = q k^T
+    Ops::gemm(gb, D, 1, w.vt, kBk, w.dp, kBk, rows, cols, D, false);  // dp = dout v^T
+    Ops::grad_tile(w.s, w.dp, rows, cols, w.lo, w.hi, w.kv, w.lse2, w.dib, cs);
+  };
+  auto load_keys = [&](Tile& w, int64_t bh, int64_t j0, int64_t cols) {
+    if (!fill_key_valid(pb, bh / pb.H, j0, cols, w.kv)) return false;
+    Ops::transpose(pb.k + (bh * S + j0) * D, cols, D, w.kt);
+    Ops::transpose(pb.v + (bh * S + j0) * D, cols, D, w.vt);
+    return true;
+  };
+
+  const int64_t nqb = (T + kBq - 1) / kBq, nkb = (S + kBk - 1) / kBk;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t t = 0; t < BH * nkb; ++t) {
+    Tile w;
+    carve(w);
+    const int64_t bh = t / nkb, j0 = (t % nkb) * kBk, cols = std::min(kBk, S - j0);
+    float* dkb = dk + (bh * S + j0) * D;
+    float* dvb = dv + (bh * S + j0) * D;
+    std::fill(dkb, dkb + cols * D, 0.0f);
+    std::fill(dvb, dvb + cols * D, 0.0f);
+    if (!load_keys(w, bh, j0, cols)) continue;
+    for (int64_t i0 = 0; i0 < T; i0 += kBq) {
+      const int64_t rows = std::min(kBq, T - i0);
+      int64_t first, last;
+      block_key_span(pb, i0, rows, &first, &last);
+      if (first >= j0 + cols || last <= j0) continue;
+      tile(w, bh, i0, rows, j0, cols);
+      const float* qb = pb.q + (bh * T + i0) * D;
+      const float* gb = dout + (bh * T + i0) * D;
+      Ops::gemm(w.s, 1, kBk, gb, D, dvb, D, cols, D, rows, true);   // dv += p^T dout
+      Ops::gemm(w.dp, 1, kBk, qb, D, dkb, D, cols, D, rows, true);  // dk += ds^T q
+    }
+    for (int64_t x = 0; x < cols * D; ++x) dkb[x] *= pb.scale;
+  }
+
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t t = 0; t < BH * nqb; ++t) {
+    Tile w;
+    carve(w);
+    const int64_t bh = t / nqb, i0 = (t % nqb) * kBq, rows = std::min(kBq, T - i0);
+    float* dqb = dq + (bh * T + i0) * D;
+    std::fill(dqb, dqb + rows * D, 0.0f);
+    int64_t first, last;
+    block_key_span(pb, i0, rows, &first, &last);
+    for (int64_t j0 = first / kBk * kBk; j0 < last; j0 += kBk) {
+      const int64_t cols = std::min(kBk, S - j0);
+      if (!load_keys(w, bh, j0, cols)) continue;
+      tile(w, bh, i0, rows, j0, cols);
+      Ops::gemm(w.dp, kBk, 1, pb.k + (bh * S + j0) * D, D, dqb, D, rows, D, cols, true);  // dq += ds k
+    }
+    for (int64_t x = 0; x < rows * D; ++x) dqb[x] *= pb.scale;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Argument checks.
+
+std::string i64(int64_t x) { return std::to_string(x); }
+
+Status check_shape(const char* kernel, int64_t B, int64_t H, int64_t T, int64_t S, int64_t D, float scale,
+                   const AttentionMask& mask, int64_t* n_q, int64_t* n_k, int64_t* n_l) {
+  ASPEN_RETURN_IF_ERROR(check_extent(kernel, "B", B));
+  ASPEN_RETURN_IF_ERROR(check_extent(kernel, "H", H));
+  ASPEN_RETURN_IF_ERROR(check_extent(kernel, "T", T));
+  ASPEN_RETURN_IF_ERROR(check_extent(kernel, "S", S));
+  ASPEN_RETURN_IF_ERROR(check_extent(kernel, "D", D));
+  int64_t bh, bs;
+  if (__builtin_mul_overflow(B, H, &bh) || __builtin_mul_overflow(bh, T, n_l) ||
+      __builtin_mul_overflow(*n_l, D, n_q) || __builtin_mul_overflow(bh, S, n_k) ||
+      __builtin_mul_overflow(*n_k, D, n_k) || __builtin_mul_overflow(B, S, &bs))
+    return Status::invalid_argument(std::string(kernel) + ": extents", "B*H*T*D and B*H*S*D within int64",
+                                    "B=" + i64(B) + " H=" + i64(H) + " T=" + i64(T) + " S=" + i64(S) + " D=" + i64(D));
+  if (!std::isfinite(scale))
+    return Status::invalid_argument(std::string(kernel) + ": scale", "a finite number", std::to_string(scale));
+  if (mask.kind != Kind::none && mask.kind != Kind::causal && mask.kind != Kind::local)
+    return Status::invalid_argument(std::string(kernel) + ": mask.kind", "none, causal or local",
+                                    i64(int(mask.kind)));
+  if (mask.kind == Kind::local) ASPEN_RETURN_IF_ERROR(check_extent(kernel, "mask.window", mask.window, 1));
+  ASPEN_RETURN_IF_ERROR(check_extent(kernel, "mask.kv_offset", mask.kv_offset, 0));
+  if (mask.kv_offset > std::numeric_limits<int64_t>::max() - T)
+    return Status::invalid_argument(std::string(kernel) + ": mask.kv_offset",
+                                    "kv_offset + T within int64", i64(mask.kv_offset));
+  if (!mask.key_valid.empty() && int64_t(mask.key_valid.size()) != bs)
+    return Status::invalid_argument(std::string(kernel) + ": argument 'mask.key_valid'",
+                                    "empty (all keys valid) or exactly " + i64(bs) + " elements ([B, S])",
+                                    i64(int64_t(mask.key_valid.size())));
+  return Status();
+}
+
+using NamedBuffer = std::tuple<const char*, std::span<const float>, int64_t>;
+
+Status check_buffers(const char* kernel, std::initializer_list<NamedBuffer> buffers) {
+  for (const auto& [name, buf, n] : buffers) ASPEN_RETURN_IF_ERROR(check_buffer(kernel, name, buf, n));
+  return Status();
+}
+
+Problem make_problem(const float* q, const float* k, const float* v, int64_t B, int64_t H, int64_t T, int64_t S,
+                     int64_t D, float scale, const AttentionMask& mask) {
+  return Problem{q, k, v, B, H, T, S, D, scale, Geometry{mask.kind, mask.window, mask.kv_offset, S},
+                 mask.key_valid.empty() ? nullptr : mask.key_valid.data()};
+}
+
+}  // namespace
+
+int64_t attention_forward_scratch_bytes(int64_t D, int threads) {
+  return forward_scratch_floats(D) * int64_t(std::max(threads, 1)) * int64_t(sizeof(float));
+}
+
+Status attention_forward(std::span<const float> q, std::span<const float> k, std::span<const float> v,
+                         std::span<float> out, std::span<float> lse, int64_t B, int64_t H, int64_t T, int64_t S,
+                         int64_t D, float scale, const AttentionMask& mask) {
+  constexpr const char* kName = "attention_forward";
+  int64_t nq, nk, nl;
+  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, T, S, D, scale, mask, &nq, &nk, &nl));
+  ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"q", q, nq}, {"k", k, nk}, {"v", v, nk}, {"out", out, nq},
+                                              {"lse", lse, nl}}));
+  if (nl == 0) return Status();
+  if (reference_mode()) {
+    ref::attention_forward<float>(q.data(), k.data(), v.data(), out.data(), lse.data(), B, H, T, S, D, scale, mask);
+    return Status();
+  }
+  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, T, S, D, scale, mask);
+  if (active_isa() >= Isa::avx512)
+    forward_fast<Avx512>(pb, out.data(), lse.data());
+  else
+    forward_fast<Portable>(pb, out.data(), lse.data());
+  return Status();
+}
+
+Status attention_backward(std::span<const float> q, std::span<const float> k, std::span<const float> v,
+                          std::span<const float> out, std::span<const float> lse, std::span<const float> dout,
+                          std::span<float> dq, std::span<float> dk, std::span<float> dv, int64_t B, int64_t H,
+                          int64_t T, int64_t S, int64_t D, float scale, const AttentionMask& mask) {
+  constexpr const char* kName = "attention_backward";
+  int64_t nq, nk, nl;
+  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, T, S, D, scale, mask, &nq, &nk, &nl));
+  ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"q", q, nq}, {"k", k, nk}, {"v", v, nk}, {"out", out, nq},
+                                              {"lse", lse, nl}, {"dout", dout, nq}, {"dq", dq, nq},
+                                              {"dk", dk, nk}, {"dv", dv, nk}}));
+  if (reference_mode()) {
+    ref::attention_backward<float>(q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
+                                   dk.data(), dv.data(), B, H, T, S, D, scale, mask);
+    return Status();
+  }
+  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, T, S, D, scale, mask);
+  if (active_isa() >= Isa::avx512)
+    backward_fast<Avx512>(pb, out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
+  else
+    backward_fast<Portable>(pb, out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
+  return Status();
+}
+
+// ---------------------------------------------------------------------------
+// Reference.
+
+namespace ref {
+namespace {
+
+// The mask, literally: may query row i of batch b attend key j?
+bool allowed(const AttentionMask& mask, int64_t S, int64_t b, int64_t i, int64_t j) {
+  if (!mask.key_valid.empty() && mask.key_valid[size_t(b * S + j)] == 0) return false;
+  const int64_t pos = mask.kv_offset + i;
+  switch (mask.kind) {
+    case Kind::none: return true;
+    case Kind::causal: return j <= pos;
+    case Kind::local: return j <= pos && j > pos - mask.window;
+  }
+  return false;
+}
+
+// p [T, S] = softmax over allowed keys of scale * q k^T for one (b, h); rows
+// with no allowed key are 0. Writes lse when non-null.
+template <class F>
+void probs(const F* qh, const F* kh, int64_t b, int64_t T, int64_t S, int64_t D, F scale, const AttentionMask& mask,
+           F* p, F* lse) {
+  const F neg_inf = -std::numeric_limits<F>::infinity();
+  for (int64_t i = 0; i < T; ++i) {
+    F* pi = p + i * S;
+    F mx = neg_inf;
+    for (int64_t j = 0; j < S; ++j) {
+      F s = neg_inf;
+      if (allowed(mask, S, b, i, j)) {
+        s = 0;
+        for (int64_t d = 0; d < D; ++d) s += qh[i * D + d] * kh[j * D + d];
+        s *= scale;
+      }
+      pi[j] = s;
+      mx = std::max(mx, s);
+    }
+    if (mx == neg_inf) {
+      for (int64_t j = 0; j < S; ++j) pi[j] = 0;
+      if (lse) lse[i] = neg_inf;
+      continue;
+    }
+    F sum = 0;
+    for (int64_t j = 0; j < S; ++j) sum += std::exp(pi[j] - mx);
+    for (int64_t j = 0; j < S; ++j) pi[j] = std::exp(pi[j] - mx) / sum;
+    if (lse) lse[i] = mx + std::log(sum);
+  }
+}
+
+}  // namespace
+
+template <class F>
+void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64_t B, int64_t H, int64_t T,
+                       int64_t S, int64_t D, F scale, const AttentionMask& mask) {
+  std::vector<F> p(size_t(T * S));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t bh = b * H + h;
+      probs(q + bh * T * D, k + bh * S * D, b, T, S, D, scale, mask, p.data(), lse + bh * T);
+      const F* vh = v + bh * S * D;
+      for (int64_t i = 0; i < T; ++i) {
+        F* o = out + (bh * T + i) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] = 0;
+        for (int64_t j = 0; j < S; ++j)
+          for (int64_t d = 0; d < D; ++d) o[d] += p[size_t(i * S + j)] * vh[j * D + d];
+      }
+    }
+}
+
+template <class F>
+void attention_backward(const F* q, const F* k, const F* v, const F* out, const F* lse, const F* dout, F* dq,
+                        F* dk, F* dv, int64_t B, int64_t H, int64_t T, int64_t S, int64_t D, F scale,
+                        const AttentionMask& mask) {
+  std::vector<F> p(size_t(T * S)), ds(size_t(T * S));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t bh = b * H + h;
+      const F* qh = q + bh * T * D;
+      const F* kh = k + bh * S * D;
+      const F* vh = v + bh * S * D;
+      const F* gh = dout + bh * T * D;
+      F* dqh = dq + bh * T * D;
+      F* dkh = dk + bh * S * D;
+      F* dvh = dv + bh * S * D;
+      probs(qh, kh, b, T, S, D, scale, mask, p.data(), static_cast<F*>(nullptr));
+      // dp = dout v^T, then ds = p * (dp - rowsum(p * dp)).
+      for (int64_t i = 0; i < T; ++i) {
+        F rowsum = 0;
+        for (int64_t j = 0; j < S; ++j) {
+          F dp = 0;
+          for (int64_t d = 0; d < D; ++d) dp += gh[i * D + d] * vh[j * D + d];
+          ds[size_t(i * S + j)] = dp;
+          rowsum += p[size_t(i * S + j)] * dp;
+        }
+        for (int64_t j = 0; j < S; ++j) ds[size_t(i * S + j)] = p[size_t(i * S + j)] * (ds[size_t(i * S + j)] - rowsum);
+      }
+      for (int64_t x = 0; x < S * D; ++x) dkh[x] = dvh[x] = 0;
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t d = 0; d < D; ++d) {
+          F acc = 0;
+          for (int64_t j = 0; j < S; ++j) acc += ds[size_t(i * S + j)] * kh[j * D + d];
+          dqh[i * D + d] = scale * acc;
+        }
+      for (int64_t j = 0; j < S; ++j)
+        for (int64_t i = 0; i < T; ++i) {
+          const F pij = p[size_t(i * S + j)], dsij = ds[size_t(i * S + j)];
+          for (int64_t d = 0; d < D; ++d) {
+            dvh[j * D + d] += pij * gh[i * D + d];
+            dkh[j * D + d] += scale * dsij * qh[i * D + d];
+          }
+        }
+    }
+}
+
+#define ASPEN_ATTENTION_INSTANTIATE(F)                                                                            \
+  template void attention_forward<F>(const F*, const F*, const F*, F*, F*, int64_t, int64_t, int64_t, int64_t,   \
+                                     int64_t, F, const AttentionMask&);                                          \
+  template void attention_backward<F>(const F*, const F*, const F*, const F*, const F*, const F*, F*, F*, F*,     \
+                                      int64_t, int64_t, int64_t, int64_t, int64_t, F, const AttentionMask&);
+ASPEN_ATTENTION_INSTANTIATE(float)
+ASPEN_ATTENTION_INSTANTIATE(double)
+#undef ASPEN_ATTENTION_INSTANTIATE
+
+}  // namespace ref
+
+}  // namespace aspen::kernels

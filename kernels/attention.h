@@ -1,0 +1,80 @@
+// kernels/attention.h: scaled dot-product attention, forward and backward,
+// without materializing the [T, S] score matrix.
+//
+// Per batch b and head h, with q [T, D], k and v [S, D]:
+//   s[i, j]  = scale * q[i] . k[j]           if the mask allows (i, j), else -inf
+//   lse[i]   = log sum_j exp(s[i, j])        (natural log; -inf when no key is allowed)
+//   p[i, j]  = exp(s[i, j] - lse[i])
+//   out[i]   = sum_j p[i, j] v[j]            (0 when no key is allowed)
+//
+// Layout, all f32, row-major and contiguous:
+//   q, out, dq, dout  [B, H, T, D]     k, v, dk, dv  [B, H, S, D]     lse  [B, H, T]
+//
+// The fast path is FlashAttention-2 (Dao, 2023): blocks of queries against
+// blocks of keys with an online softmax, parallel over (b, h, query block);
+// blocks the mask removes entirely are skipped. The backward recomputes the
+// probabilities blockwise from the saved lse. Results do not depend on the
+// thread count (each output element is reduced by one thread in a fixed order).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/status.h"
+
+namespace aspen::kernels {
+
+// Which keys a query may attend. Query row i sits at absolute position
+// kv_offset + i, key j at position j (decoding with a KV cache: T new queries
+// after kv_offset cached keys, usually S = kv_offset + T).
+//   none:   every key
+//   causal: j <= kv_offset + i
+//   local:  kv_offset + i - window < j <= kv_offset + i  (causal sliding window)
+// key_valid, when non-empty, holds [B, S] flags (1 = attend, 0 = padding) and
+// applies on top of the kind. A query with no allowed key gets out = 0,
+// lse = -inf and zero gradients.
+struct AttentionMask {
+  enum class Kind { none, causal, local };
+  Kind kind = Kind::none;
+  int64_t window = 0;     // local only; >= 1
+  int64_t kv_offset = 0;  // >= 0
+  std::span<const uint8_t> key_valid = {};
+};
+
+// Writes out [B, H, T, D] and lse [B, H, T].
+[[nodiscard]] Status attention_forward(std::span<const float> q, std::span<const float> k, std::span<const float> v,
+                                       std::span<float> out, std::span<float> lse, int64_t B, int64_t H, int64_t T,
+                                       int64_t S, int64_t D, float scale, const AttentionMask& mask = {});
+
+// Gradients of a loss L given dout = dL/dout; overwrites dq, dk, dv. Needs the
+// forward's out and lse. Differentiates, per (b, h):
+//   s = scale * q k^T (masked),  p = exp(s - lse),  out = p v
+// as
+//   dv = p^T dout,  dp = dout v^T,  ds = p * (dp - rowsum(dout * out)),
+//   dq = scale * ds k,  dk = scale * ds^T q.
+[[nodiscard]] Status attention_backward(std::span<const float> q, std::span<const float> k, std::span<const float> v,
+                                        std::span<const float> out, std::span<const float> lse,
+                                        std::span<const float> dout, std::span<float> dq, std::span<float> dk,
+                                        std::span<float> dv, int64_t B, int64_t H, int64_t T, int64_t S, int64_t D,
+                                        float scale, const AttentionMask& mask = {});
+
+// Bytes of scratch attention_forward's fast path allocates for one call on a
+// team of `threads` (its only memory beyond the arguments; independent of T and S).
+int64_t attention_forward_scratch_bytes(int64_t D, int threads);
+
+namespace ref {
+// F is float or double. The definition: for each (b, h), materializes the [T, S] scores, softmax,
+// then a matmul. Scratch: one [T, S] matrix of F (reused across (b, h)).
+template <class F>
+void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64_t B, int64_t H, int64_t T,
+                       int64_t S, int64_t D, F scale, const AttentionMask& mask);
+// Materialized backward: recomputes p from q and k (it does not read out or
+// lse), then dv = p^T dout, dp = dout v^T, ds = p * (dp - rowsum(p * dp)),
+// dq = scale * ds k, dk = scale * ds^T q.
+template <class F>
+void attention_backward(const F* q, const F* k, const F* v, const F* out, const F* lse, const F* dout, F* dq,
+                        F* dk, F* dv, int64_t B, int64_t H, int64_t T, int64_t S, int64_t D, F scale,
+                        const AttentionMask& mask);
+}  // namespace ref
+
+}  // namespace aspen::kernels

@@ -1,0 +1,347 @@
+#include "kernels/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/thread_team.h"
+#include "kernels/cpu.h"
+#include "kernels/testing.h"
+
+namespace aspen::kernels {
+namespace {
+
+using testing::close_nmse;
+using testing::Guarded;
+using testing::kGradNmse;
+using testing::nmse_threshold;
+using testing::random_vector;
+using testing::to_f64;
+using Kind = AttentionMask::Kind;
+
+// The fast path's exp2 has relative error < 1e-7 and its sums run in a
+// different order than the reference's, which still leaves NMSE far below
+// the f32 threshold (1e-9): no looser threshold is needed.
+const double kNmse = nmse_threshold(DType::f32);
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Case {
+  int64_t B, H, T, S, D, offset, window;
+};
+
+// A spread over kOddSizes (not the product), T != S with offsets (decoding),
+// D = 64, and blocks crossed (T, S > 64 and 128).
+const std::vector<Case> kCases = {
+    {1, 1, 1, 1, 1, 0, 1},       {2, 2, 3, 7, 3, 4, 2},      {2, 1, 7, 7, 17, 0, 3},
+    {1, 2, 17, 3, 7, 0, 2},      {2, 1, 1, 129, 64, 128, 17}, {1, 1, 129, 129, 64, 0, 65},
+    {2, 1, 17, 129, 7, 112, 40}, {1, 2, 129, 17, 3, 0, 5},    {2, 1, 7, 17, 129, 10, 7},
+    {1, 1, 3, 3, 129, 0, 1},     {2, 2, 17, 17, 1, 0, 9},     {1, 1, 129, 200, 64, 71, 100},
+    {2, 1, 200, 200, 64, 0, 130}, {1, 1, 200, 200, 17, 0, 64}, {2, 1, 3, 1, 7, 0, 1},
+    {1, 2, 5, 3, 3, 9, 4},  // offset past S: every local row is empty
+};
+
+std::vector<Isa> isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
+    if (int(isa) <= int(cpu_features().best)) out.push_back(isa);
+  return out;
+}
+
+struct Inputs {
+  std::vector<float> q, k, v, dout;
+  std::vector<uint8_t> valid;  // [B, S]; empty when unpadded
+};
+
+// q is drawn wider than k so that scaled scores spread over about [-3, 3].
+Inputs make_inputs(const Case& c, bool padded, uint64_t seed) {
+  Inputs in;
+  const size_t nq = size_t(c.B * c.H * c.T * c.D), nk = size_t(c.B * c.H * c.S * c.D);
+  in.q = random_vector(nq, seed, -3.0f, 3.0f);
+  in.k = random_vector(nk, seed + 1);
+  in.v = random_vector(nk, seed + 2);
+  in.dout = random_vector(nq, seed + 3);
+  if (padded) {
+    // About a third of the keys padded; with B >= 2 the last batch row is all padding.
+    std::vector<float> u = random_vector(size_t(c.B * c.S), seed + 4, 0.0f, 1.0f);
+    in.valid.resize(u.size());
+    for (size_t i = 0; i < u.size(); ++i) in.valid[i] = u[i] > 0.33f;
+    if (c.B >= 2)
+      for (int64_t j = 0; j < c.S; ++j) in.valid[size_t((c.B - 1) * c.S + j)] = 0;
+  }
+  return in;
+}
+
+AttentionMask make_mask(Kind kind, const Case& c, const Inputs& in) {
+  AttentionMask m;
+  m.kind = kind;
+  m.window = c.window;
+  m.kv_offset = kind == Kind::none ? 0 : c.offset;
+  m.key_valid = in.valid;
+  return m;
+}
+
+std::string describe(const Case& c, Kind kind, bool padded) {
+  const char* names[] = {"none", "causal", "local"};
+  return "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " T=" + std::to_string(c.T) +
+         " S=" + std::to_string(c.S) + " D=" + std::to_string(c.D) + " mask=" + names[int(kind)] +
+         " offset=" + std::to_string(c.offset) + " window=" + std::to_string(c.window) +
+         (padded ? " padded" : "");
+}
+
+// lse: -inf exactly where the reference has -inf (rows with no allowed key),
+// close by NMSE elsewhere.
+::testing::AssertionResult lse_close(std::span<const float> got, std::span<const double> want) {
+  std::vector<float> g;
+  std::vector<double> w;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isinf(want[i])) {
+      if (got[i] != kNegInf) return ::testing::AssertionFailure() << "lse[" << i << "] = " << got[i] << ", want -inf";
+    } else {
+      g.push_back(got[i]);
+      w.push_back(want[i]);
+    }
+  }
+  return close_nmse(g, w, kNmse);
+}
+
+const Kind kKinds[] = {Kind::none, Kind::causal, Kind::local};
+
+TEST(Attention, ForwardMatchesReference) {
+  uint64_t seed = 100;
+  for (const Case& c : kCases)
+    for (Kind kind : kKinds)
+      for (bool padded : {false, true}) {
+        SCOPED_TRACE(describe(c, kind, padded));
+        const Inputs in = make_inputs(c, padded, seed += 10);
+        const AttentionMask mask = make_mask(kind, c, in);
+        const size_t nq = in.q.size(), nl = size_t(c.B * c.H * c.T);
+        const float scale = 1.0f / std::sqrt(float(c.D));
+        std::vector<double> want_out(nq), want_lse(nl);
+        ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
+                                       want_out.data(), want_lse.data(), c.B, c.H, c.T, c.S, c.D, double(scale),
+                                       mask);
+        for (Isa isa : isas()) {
+          SCOPED_TRACE(isa_name(isa));
+          ScopedIsaCap cap(isa);
+          Guarded<float> out(nq, NAN), lse(nl, NAN);
+          ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.T, c.S, c.D, scale,
+                                        mask)
+                          .is_ok());
+          EXPECT_GUARDS(out);
+          EXPECT_GUARDS(lse);
+          EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
+          EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
+        }
+      }
+}
+
+TEST(Attention, BackwardMatchesReference) {
+  uint64_t seed = 900;
+  for (const Case& c : kCases)
+    for (Kind kind : kKinds)
+      for (bool padded : {false, true}) {
+        SCOPED_TRACE(describe(c, kind, padded));
+        const Inputs in = make_inputs(c, padded, seed += 10);
+        const AttentionMask mask = make_mask(kind, c, in);
+        const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
+        const float scale = 1.0f / std::sqrt(float(c.D));
+        std::vector<float> out(nq), lse(nl);
+        ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), c.B, c.H, c.T,
+                                      c.S, c.D, scale, mask);
+        std::vector<double> dq(nq), dk(nk), dv(nk);
+        ref::attention_backward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
+                                        to_f64(out).data(), to_f64(lse).data(), to_f64(in.dout).data(), dq.data(),
+                                        dk.data(), dv.data(), c.B, c.H, c.T, c.S, c.D, double(scale), mask);
+        for (Isa isa : isas()) {
+          SCOPED_TRACE(isa_name(isa));
+          ScopedIsaCap cap(isa);
+          Guarded<float> gq(nq, NAN), gk(nk, NAN), gv(nk, NAN);
+          ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out, lse, in.dout, gq.span(), gk.span(), gv.span(), c.B,
+                                         c.H, c.T, c.S, c.D, scale, mask)
+                          .is_ok());
+          EXPECT_GUARDS(gq);
+          EXPECT_GUARDS(gk);
+          EXPECT_GUARDS(gv);
+          EXPECT_TRUE(close_nmse(gq.cspan(), std::span<const double>(dq), kNmse)) << "dq";
+          EXPECT_TRUE(close_nmse(gk.cspan(), std::span<const double>(dk), kNmse)) << "dk";
+          EXPECT_TRUE(close_nmse(gv.cspan(), std::span<const double>(dv), kNmse)) << "dv";
+        }
+      }
+}
+
+// Both backwards against central differences of L = sum(dout * out), with out
+// from the f64 reference forward, over q, k and v together.
+TEST(Attention, BackwardMatchesFiniteDifferences) {
+  const Case c{1, 2, 5, 7, 3, 2, 3};
+  const std::vector<uint8_t> pad = {1, 0, 1, 1, 0, 1, 1};
+  const std::vector<uint8_t> pad_first = {0, 1, 1, 1, 1, 1, 1};  // with causal, offset 0: row 0 has no key
+  struct Variant {
+    Kind kind;
+    int64_t offset, window;
+    const std::vector<uint8_t>* valid;
+  };
+  const Variant variants[] = {{Kind::causal, 2, 0, nullptr},
+                              {Kind::local, 2, 3, nullptr},
+                              {Kind::none, 0, 0, &pad},
+                              {Kind::causal, 0, 0, &pad_first}};
+  uint64_t seed = 5000;
+  for (const Variant& var : variants) {
+    AttentionMask mask;
+    mask.kind = var.kind;
+    mask.kv_offset = var.offset;
+    mask.window = var.window;
+    if (var.valid) mask.key_valid = *var.valid;
+    SCOPED_TRACE(describe(Case{c.B, c.H, c.T, c.S, c.D, var.offset, var.window}, var.kind, var.valid != nullptr));
+    const Inputs in = make_inputs(c, false, seed += 10);
+    const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
+    const float scale = 0.7f;
+    std::vector<double> x = to_f64(in.q), dout = to_f64(in.dout);
+    for (float f : in.k) x.push_back(f);
+    for (float f : in.v) x.push_back(f);
+    auto loss = [&](const std::vector<double>& p) {
+      std::vector<double> out(nq), lse(nl);
+      ref::attention_forward<double>(p.data(), p.data() + nq, p.data() + nq + nk, out.data(), lse.data(), c.B, c.H,
+                                     c.T, c.S, c.D, double(scale), mask);
+      double l = 0;
+      for (size_t i = 0; i < nq; ++i) l += dout[i] * out[i];
+      return l;
+    };
+    const std::vector<double> numeric = testing::numeric_grad(loss, x);
+
+    std::vector<double> rq(nq), rk(nk), rv(nk), rout(nq), rlse(nl);
+    ref::attention_forward<double>(x.data(), x.data() + nq, x.data() + nq + nk, rout.data(), rlse.data(), c.B, c.H,
+                                   c.T, c.S, c.D, double(scale), mask);
+    ref::attention_backward<double>(x.data(), x.data() + nq, x.data() + nq + nk, rout.data(), rlse.data(),
+                                    dout.data(), rq.data(), rk.data(), rv.data(), c.B, c.H, c.T, c.S, c.D,
+                                    double(scale), mask);
+    std::vector<float> ref_grad;
+    for (const auto* g : {&rq, &rk, &rv})
+      for (double d : *g) ref_grad.push_back(float(d));
+    EXPECT_TRUE(close_nmse(ref_grad, std::span<const double>(numeric), kGradNmse)) << "reference";
+
+    std::vector<float> out(nq), lse(nl), gq(nq), gk(nk), gv(nk);
+    ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.T, c.S, c.D, scale, mask).is_ok());
+    ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out, lse, in.dout, gq, gk, gv, c.B, c.H, c.T, c.S, c.D, scale,
+                                   mask)
+                    .is_ok());
+    std::vector<float> fast_grad = gq;
+    fast_grad.insert(fast_grad.end(), gk.begin(), gk.end());
+    fast_grad.insert(fast_grad.end(), gv.begin(), gv.end());
+    EXPECT_TRUE(close_nmse(fast_grad, std::span<const double>(numeric), kGradNmse)) << "fast";
+  }
+}
+
+// The mask as documented: each output row is plain attention over exactly the
+// keys the description allows, gathered by hand.
+TEST(Attention, MaskSemantics) {
+  const Case c{2, 1, 6, 12, 5, 6, 3};
+  const Inputs in = make_inputs(c, true, 77);  // batch 1 fully padded
+  for (Kind kind : kKinds) {
+    SCOPED_TRACE(describe(c, kind, true));
+    const AttentionMask mask = make_mask(kind, c, in);
+    const float scale = 0.5f;
+    std::vector<float> out(in.q.size()), lse(size_t(c.B * c.T));
+    ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.T, c.S, c.D, scale, mask).is_ok());
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t i = 0; i < c.T; ++i) {
+        const int64_t pos = mask.kv_offset + i;
+        std::vector<float> ks, vs;
+        for (int64_t j = 0; j < c.S; ++j) {
+          bool ok = in.valid[size_t(b * c.S + j)] != 0;
+          if (kind == Kind::causal) ok = ok && j <= pos;
+          if (kind == Kind::local) ok = ok && j <= pos && j > pos - c.window;
+          if (!ok) continue;
+          ks.insert(ks.end(), in.k.begin() + (b * c.S + j) * c.D, in.k.begin() + (b * c.S + j + 1) * c.D);
+          vs.insert(vs.end(), in.v.begin() + (b * c.S + j) * c.D, in.v.begin() + (b * c.S + j + 1) * c.D);
+        }
+        const int64_t n = int64_t(ks.size()) / c.D;
+        const std::span<const float> got(out.data() + (b * c.T + i) * c.D, size_t(c.D));
+        if (n == 0) {
+          for (float g : got) EXPECT_EQ(g, 0.0f);
+          EXPECT_EQ(lse[size_t(b * c.T + i)], kNegInf);
+          continue;
+        }
+        std::vector<double> want(size_t(c.D)), want_lse(1);
+        ref::attention_forward<double>(to_f64(std::span<const float>(in.q.data() + (b * c.T + i) * c.D, size_t(c.D))).data(),
+                                       to_f64(ks).data(), to_f64(vs).data(), want.data(), want_lse.data(), 1, 1, 1, n,
+                                       c.D, double(scale), AttentionMask{});
+        EXPECT_TRUE(close_nmse(got, std::span<const double>(want), kNmse)) << "b=" << b << " i=" << i;
+      }
+  }
+}
+
+TEST(Attention, BitwiseIdenticalForOneAndTwoThreads) {
+  const Case c{2, 2, 150, 200, 64, 50, 0};
+  const Inputs in = make_inputs(c, true, 31);
+  const AttentionMask mask = make_mask(Kind::causal, c, in);
+  const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
+  for (Isa isa : {Isa::scalar, cpu_features().best}) {
+    SCOPED_TRACE(isa_name(isa));
+    ScopedIsaCap cap(isa);
+    std::vector<float> results[2];
+    for (int threads : {1, 2}) {
+      ScopedOmpThreads team(threads);
+      std::vector<float> out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
+      ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.T, c.S, c.D, 0.125f, mask).is_ok());
+      ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out, lse, in.dout, dq, dk, dv, c.B, c.H, c.T, c.S, c.D,
+                                     0.125f, mask)
+                      .is_ok());
+      std::vector<float>& all = results[threads - 1];
+      for (const auto* part : {&out, &lse, &dq, &dk, &dv}) all.insert(all.end(), part->begin(), part->end());
+    }
+    ASSERT_EQ(results[0].size(), results[1].size());
+    EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)), 0);
+  }
+}
+
+TEST(Attention, ReferenceModeRunsTheReference) {
+  const Case c{1, 2, 9, 11, 5, 2, 0};
+  const Inputs in = make_inputs(c, false, 41);
+  const AttentionMask mask = make_mask(Kind::causal, c, in);
+  std::vector<float> out(in.q.size()), lse(18), want_out(in.q.size()), want_lse(18);
+  ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), want_out.data(), want_lse.data(), c.B, c.H,
+                                c.T, c.S, c.D, 0.3f, mask);
+  ScopedReferenceMode on(true);
+  ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.T, c.S, c.D, 0.3f, mask).is_ok());
+  EXPECT_EQ(out, want_out);
+  EXPECT_EQ(lse, want_lse);
+}
+
+TEST(Attention, BadArguments) {
+  const int64_t B = 1, H = 2, T = 3, S = 4, D = 5;
+  std::vector<float> q(B * H * T * D), k(B * H * S * D), v(k.size()), out(q.size()), lse(B * H * T);
+  std::vector<float> dq(q.size()), dk(k.size()), dv(k.size());
+  std::vector<float> short_q(q.size() - 1);
+  EXPECT_EQ(attention_forward(short_q, k, v, out, lse, B, H, T, S, D, 1.0f).message(),
+            "attention_forward: argument 'q': expected at least 30 elements, found 29");
+  EXPECT_EQ(attention_backward(q, k, v, out, lse, q, dq, std::span<float>(dk).first(39), dv, B, H, T, S, D, 1.0f)
+                .message(),
+            "attention_backward: argument 'dk': expected at least 40 elements, found 39");
+  AttentionMask local;
+  local.kind = Kind::local;
+  local.window = 0;
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, T, S, D, 1.0f, local).message(),
+            "attention_forward: mask.window: expected >= 1, found 0");
+  AttentionMask behind;
+  behind.kind = Kind::causal;
+  behind.kv_offset = -1;
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, T, S, D, 1.0f, behind).message(),
+            "attention_forward: mask.kv_offset: expected >= 0, found -1");
+  const std::vector<uint8_t> valid(3, 1);
+  AttentionMask padded;
+  padded.key_valid = valid;
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, T, S, D, 1.0f, padded).message(),
+            "attention_forward: argument 'mask.key_valid': expected empty (all keys valid) or exactly 4 elements "
+            "([B, S]), found 3");
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, -1, S, D, 1.0f).message(),
+            "attention_forward: T: expected >= 0, found -1");
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, T, S, D, INFINITY).message(),
+            "attention_forward: scale: expected a finite number, found inf");
+}
+
+}  // namespace
+}  // namespace aspen::kernels

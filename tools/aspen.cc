@@ -1,0 +1,110 @@
+// tools/aspen.cc: the `aspen` command line.
+//
+//   aspen bench gemm [--json] [--threads 1,2] [--dtype f32|bf16|all] [--quick]
+//   aspen bench attention [--json] [--t 256,1024,4096]
+//   aspen bench kernels [--json]
+//   aspen info
+//
+// The library never prints or exits; this file does both.
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "bench/attention_bench.h"
+#include "bench/gemm_bench.h"
+#include "bench/kernels_bench.h"
+#include "core/log.h"
+#include "kernels/cpu.h"
+
+namespace {
+
+// Idle OpenMP workers should sleep, not spin against the other device's
+// threads (docs/threading.md). libgomp reads OMP_WAIT_POLICY once, when it
+// loads, so the CLI re-executes itself with the variable set unless the user
+// set it. ASPEN_NO_REEXEC guards against a loop.
+void ensure_passive_wait_policy(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("ASPEN_NO_REEXEC")) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  setenv("ASPEN_NO_REEXEC", "1", 1);
+  execv("/proc/self/exe", argv);
+  // execv failed: carry on with the default policy.
+}
+
+int report(const aspen::Status& s) {
+  if (s.is_ok()) return 0;
+  std::cerr << "aspen: error: " << s.to_string() << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ensure_passive_wait_policy(argv);
+  CLI::App app{"aspen: compile Transformer models into static programs and run them"};
+  app.require_subcommand(1);
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose, "log informational messages");
+
+  CLI::App* info = app.add_subcommand("info", "show the CPU features and the kernel ISA in use");
+
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks that report ratios against peers measured in the same run");
+  bench->require_subcommand(1);
+
+  aspen::bench::GemmBenchOptions gemm;
+  std::string gemm_dtype = "all";
+  CLI::App* gemm_cmd = bench->add_subcommand("gemm", "matmul vs oneDNN called directly and OpenBLAS");
+  gemm_cmd->footer("Example: aspen bench gemm --json --threads 2 --dtype bf16");
+  gemm_cmd->add_flag("--json", gemm.json, "one JSON object per line");
+  gemm_cmd->add_option("--threads", gemm.threads, "thread counts to run")->delimiter(',');
+  gemm_cmd->add_option("--dtype", gemm_dtype, "f32, bf16 or all")->check(CLI::IsMember({"f32", "bf16", "all"}));
+  gemm_cmd->add_flag("--quick", gemm.quick, "one repetition per measurement (a smoke test, not a measurement)");
+  std::vector<std::string> gemm_cases;
+  gemm_cmd->add_option("--case", gemm_cases, "MxNxK shapes instead of the standard list, e.g. --case 1x768x3072")
+      ->delimiter(',');
+
+  aspen::bench::AttentionBenchOptions attn;
+  CLI::App* attn_cmd = bench->add_subcommand("attention", "memory-efficient attention vs the naive definition");
+  attn_cmd->footer("Example: aspen bench attention --json --t 256,1024");
+  attn_cmd->add_flag("--json", attn.json, "one JSON object per line");
+  attn_cmd->add_option("--t", attn.t, "sequence lengths")->delimiter(',');
+  attn_cmd->add_option("--heads", attn.heads, "heads");
+  attn_cmd->add_option("--threads", attn.threads, "threads");
+
+  aspen::bench::KernelsBenchOptions kb;
+  CLI::App* kern_cmd = bench->add_subcommand("kernels", "bandwidth-bound kernels vs a STREAM-style copy");
+  kern_cmd->footer("Example: aspen bench kernels --json");
+  kern_cmd->add_flag("--json", kb.json, "one JSON object per line");
+  kern_cmd->add_option("--threads", kb.threads, "threads");
+  kern_cmd->add_flag("--quick", kb.quick, "small sizes, one repetition (a smoke test)");
+
+  CLI11_PARSE(app, argc, argv);
+  if (verbose) aspen::set_log_level(aspen::LogLevel::info);
+
+  if (info->parsed()) {
+    const auto& f = aspen::kernels::cpu_features();
+    std::cout << "cpu: " << f.to_string() << "\nkernel isa: " << aspen::kernels::isa_name(aspen::kernels::active_isa())
+              << "\n";
+    return 0;
+  }
+  if (gemm_cmd->parsed()) {
+    for (const std::string& c : gemm_cases) {
+      aspen::bench::GemmCase g{};
+      char x1 = 0, x2 = 0;
+      if (std::sscanf(c.c_str(), "%ld%c%ld%c%ld", &g.m, &x1, &g.n, &x2, &g.k) != 5 || x1 != 'x' || x2 != 'x' ||
+          g.m < 1 || g.n < 1 || g.k < 1) {
+        std::cerr << "aspen: error: --case '" << c << "': expected MxNxK with positive extents, e.g. 1024x768x3072\n";
+        return 2;
+      }
+      gemm.cases.push_back(g);
+    }
+    gemm.f32 = gemm_dtype != "bf16";
+    gemm.bf16 = gemm_dtype != "f32";
+    return report(aspen::bench::run_gemm_bench(gemm, std::cout));
+  }
+  if (attn_cmd->parsed()) return report(aspen::bench::run_attention_bench(attn, std::cout));
+  if (kern_cmd->parsed()) return report(aspen::bench::run_kernels_bench(kb, std::cout));
+  return 0;
+}
