@@ -63,12 +63,20 @@ Result<MatmulPlan> MatmulPlan::create(const MatmulShape& s) {
   using dt = dnnl::memory::data_type;
   const dt in = s.input == DType::bf16 ? dt::bf16 : dt::f32;
   const int64_t B = s.batch, M = s.M, N = s.N, K = s.K;
-  // Logical shapes are [batch, rows, cols]; transposition is expressed by strides.
-  dnnl::memory::desc a_md({B, M, K}, in, s.trans_a ? dims{M * K, 1, M} : dims{M * K, K, 1});
+  // Logical shapes are [batch, rows, cols]; transposition is expressed by
+  // strides. A single product uses 2-D descriptors: oneDNN picks different
+  // (for M = 1, faster) kernels for them than for a batch of one.
   const int64_t bb = s.broadcast_b ? 1 : B;
-  dnnl::memory::desc b_md({bb, K, N}, in, s.trans_b ? dims{K * N, 1, K} : dims{K * N, N, 1});
-  dnnl::memory::desc c_md({B, M, N}, dt::f32, dims{M * N, N, 1});
-  dnnl::memory::desc bias_md({1, 1, N}, dt::f32, dims{N, N, 1});
+  const bool flat = B == 1;
+  auto md = [&](int64_t batch, int64_t rows, int64_t cols, dt type, bool transposed) {
+    dims strides = transposed ? dims{rows * cols, 1, rows} : dims{rows * cols, cols, 1};
+    if (flat) return dnnl::memory::desc({rows, cols}, type, dims{strides[1], strides[2]});
+    return dnnl::memory::desc({batch, rows, cols}, type, strides);
+  };
+  dnnl::memory::desc a_md = md(B, M, K, in, s.trans_a);
+  dnnl::memory::desc b_md = md(bb, K, N, in, s.trans_b);
+  dnnl::memory::desc c_md = md(B, M, N, dt::f32, false);
+  dnnl::memory::desc bias_md = md(1, 1, N, dt::f32, false);
   dnnl::primitive_attr attr;
   if (s.beta == 1.0f) {
     dnnl::post_ops ops;
