@@ -4,6 +4,7 @@
 //   aspen bench attention [--json] [--t 256,1024,4096]
 //   aspen bench kernels [--json]
 //   aspen info
+//   global: --isa scalar|avx2|avx512|avx512_bf16, --reference-kernels, -v
 //
 // The library never prints or exits; this file does both.
 #include <CLI/CLI.hpp>
@@ -45,10 +46,16 @@ int main(int argc, char** argv) {
   ensure_passive_wait_policy(argv);
   CLI::App app{"aspen: compile Transformer models into static programs and run them"};
   app.require_subcommand(1);
-  bool verbose = false;
+  bool verbose = false, reference = false;
+  std::string isa_cap;
   app.add_flag("-v,--verbose", verbose, "log informational messages");
+  app.add_flag("--reference-kernels", reference, "run every kernel's reference version (slow; for checking)");
+  app.add_option("--isa", isa_cap, "highest instruction set kernels may use")
+      ->check(CLI::IsMember({"scalar", "avx2", "avx512", "avx512_bf16"}));
+  app.footer("Example: aspen bench gemm --threads 2\n         aspen --isa avx2 bench kernels");
 
   CLI::App* info = app.add_subcommand("info", "show the CPU features and the kernel ISA in use");
+  info->footer("Example: aspen --isa avx2 info");
 
   CLI::App* bench = app.add_subcommand("bench", "benchmarks that report ratios against peers measured in the same run");
   bench->require_subcommand(1);
@@ -82,11 +89,15 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (verbose) aspen::set_log_level(aspen::LogLevel::info);
+  aspen::kernels::set_reference_mode(reference);
+  for (auto isa : {aspen::kernels::Isa::scalar, aspen::kernels::Isa::avx2, aspen::kernels::Isa::avx512,
+                   aspen::kernels::Isa::avx512_bf16})
+    if (isa_cap == aspen::kernels::isa_name(isa)) aspen::kernels::set_isa_cap(isa);
 
   if (info->parsed()) {
     const auto& f = aspen::kernels::cpu_features();
     std::cout << "cpu: " << f.to_string() << "\nkernel isa: " << aspen::kernels::isa_name(aspen::kernels::active_isa())
-              << "\n";
+              << (aspen::kernels::reference_mode() ? " (reference kernels forced)" : "") << "\n";
     return 0;
   }
   if (gemm_cmd->parsed()) {
