@@ -23,7 +23,12 @@ Result<Shape> Shape::make(const int64_t* dims, int rank) {
     s.dims_[i] = dims[i];
   }
   s.rank_ = rank;
-  if (s.numel() < 0)
+  // The product of the non-zero extents must fit too: strides are computed from them.
+  int64_t product = 1;
+  bool overflow = false;
+  for (int i = 0; i < rank; ++i)
+    if (dims[i] != 0) overflow = overflow || __builtin_mul_overflow(product, dims[i], &product);
+  if (overflow)
     return Status::invalid_argument("shape", "an element count that fits in 63 bits", "an overflow");
   return s;
 }

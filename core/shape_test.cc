@@ -31,6 +31,9 @@ TEST(Shape, MakeRejectsBadInput) {
   int64_t huge[] = {int64_t(1) << 40, int64_t(1) << 40};
   EXPECT_EQ(Shape::make(huge, 2).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(Shape::make(neg, 9).status().message(), "shape: expected rank 0..8, found rank 9");
+  int64_t zero_first[] = {0, int64_t(1) << 40, int64_t(1) << 40};  // no elements, but strides overflow
+  EXPECT_EQ(Shape::make(zero_first, 3).status().message(),
+            "shape: expected an element count that fits in 63 bits, found an overflow");
 }
 
 TEST(Tensor, AlignedZeroedTyped) {

@@ -92,26 +92,33 @@ int64_t reduce_grain(int64_t R, int64_t C) {
 
 ASPEN_VM_INLINE float gelu_tanh_f(float x) {
   const float u = float(kSqrt2OverPi) * (x + float(kGeluCubic) * x * x * x);
-  return x / (1.0f + vm::exp(-2.0f * u));  // 0.5 (1 + tanh u) = sigmoid(2u)
+  return x * vm::detail::sigmoid_neg_nonan(-2.0f * u);  // 0.5 (1 + tanh u) = sigmoid(2u); x carries NaN
+}
+// s = sigmoid(-z), s (1 - s) = s (e s) with e = e^z. NaN z gives unspecified
+// values: the callers multiply by x, which carries the NaN on.
+ASPEN_VM_INLINE float sigmoid_and_slope(float z, float* slope) {
+  z = vm::select(z < vm::detail::kExpLo, vm::detail::kExpLo, z);
+  z = vm::select(z > 80.0f, 80.0f, z);  // keeps e * s finite and s normal
+  const float e = vm::detail::exp_in_range(z), s = vm::detail::recip(1.0f + e);
+  *slope = s * (e * s);
+  return s;
 }
 ASPEN_VM_INLINE float gelu_tanh_grad_f(float x) {
   const float u = float(kSqrt2OverPi) * (x + float(kGeluCubic) * x * x * x);
-  float z = -2.0f * u;
-  z = vm::select(z > 80.0f, 80.0f, z);  // keeps e * s finite and s normal
-  const float e = vm::exp(z), s = 1.0f / (1.0f + e);
+  float slope;
+  const float s = sigmoid_and_slope(-2.0f * u, &slope);
   const float du = float(kSqrt2OverPi) * (1.0f + float(3 * kGeluCubic) * x * x);
-  return s + (x * (s * (e * s))) * (2.0f * du);  // s (1 - s) = s (e s)
+  return s + (x * slope) * (2.0f * du);
 }
 ASPEN_VM_INLINE float gelu_erf_f(float x) { return 0.5f * x * (1.0f + vm::erf(x * float(kInvSqrt2))); }
 ASPEN_VM_INLINE float gelu_erf_grad_f(float x) {
   return 0.5f * (1.0f + vm::erf(x * float(kInvSqrt2))) + x * float(kInvSqrt2Pi) * vm::exp(-0.5f * x * x);
 }
-ASPEN_VM_INLINE float silu_f(float x) { return x / (1.0f + vm::exp(-x)); }
+ASPEN_VM_INLINE float silu_f(float x) { return x * vm::detail::sigmoid_neg_nonan(-x); }  // x carries NaN
 ASPEN_VM_INLINE float silu_grad_f(float x) {
-  float z = -x;
-  z = vm::select(z > 80.0f, 80.0f, z);
-  const float e = vm::exp(z), s = 1.0f / (1.0f + e);
-  return s + x * (s * (e * s));
+  float slope;
+  const float s = sigmoid_and_slope(-x, &slope);
+  return s + x * slope;
 }
 
 // ---- elementwise bodies ----------------------------------------------------

@@ -89,17 +89,11 @@ int64_t row_grain(int64_t C) { return std::max<int64_t>(1, kGrain / C); }
 // ---- row primitives ----------------------------------------------------------
 
 ASPEN_VM_INLINE float row_max(const float* x, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t c = 0; c < n; ++c) m = x[c] > m ? x[c] : m;
-  return m;
+  return vm::max_of(n, [x](int64_t c) ASPEN_VM_LAMBDA { return x[c]; });
 }
 
 ASPEN_VM_INLINE float row_sum_exp(const float* x, int64_t n, float shift) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t c = 0; c < n; ++c) s += vm::exp(x[c] - shift);
-  return s;
+  return vm::sum_of(n, [x, shift](int64_t c) ASPEN_VM_LAMBDA { return vm::exp(x[c] - shift); });
 }
 
 // ---- softmax -----------------------------------------------------------------
@@ -116,13 +110,12 @@ ASPEN_VM_INLINE void softmax_fwd(const Sm& a, int64_t r0, int64_t r1) {
     const float* x = a.x + r * C;
     float* y = a.out + r * C;
     const float m = row_max(x, C);
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; ++c) {
+    // e^(x - m) goes to y (in L1 for the scaling below) as it is summed.
+    const float s = vm::sum_of(C, [x, y, m](int64_t c) ASPEN_VM_LAMBDA {
       const float e = vm::exp(x[c] - m);
       y[c] = e;
-      s += e;
-    }
+      return e;
+    });
     const float inv = 1.0f / s;
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) y[c] *= inv;
@@ -134,9 +127,7 @@ ASPEN_VM_INLINE void softmax_bwd(const Sm& a, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const float *y = a.y + r * C, *dy = a.dy + r * C;
     float* dx = a.out + r * C;
-    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t c = 0; c < C; ++c) dot += dy[c] * y[c];
+    const float dot = vm::sum_of(C, [y, dy](int64_t c) ASPEN_VM_LAMBDA { return dy[c] * y[c]; });
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) dx[c] = y[c] * (dy[c] - dot);
   }
