@@ -1,0 +1,58 @@
+// compiler/executable.h: what compile() returns and a session runs.
+//
+// A Program is the device's instruction stream: one instruction per graph
+// node that computes something, each bound at compile time to a
+// PreparedKernel for its exact types. Execution only resolves slot pointers
+// and calls run(): no planning, no allocation (DESIGN.md, "Lowering").
+//
+// Nodes without a fast kernel run their reference kernel through an adapter
+// that converts to and from f64 (marked `reference` in the program listing
+// and in traces): always correct, slow; the listing shows where.
+//
+// Thread-safety: an Executable is immutable once built, except that its
+// prepared kernels carry per-run state: one session at a time may run it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compiler/memory_plan.h"
+#include "compiler/pass.h"
+#include "graph/graph.h"
+
+namespace aspen::compiler {
+
+struct Instruction {
+  int32_t node = -1;             // the graph node it computes
+  bool reference = false;        // runs the reference kernel (no fast one yet)
+  std::vector<int32_t> inputs;   // value indices (slots in the memory plan)
+  std::vector<int32_t> outputs;
+  std::unique_ptr<graph::PreparedKernel> kernel;
+};
+
+struct Program {
+  std::vector<Instruction> code;
+};
+
+struct Binding {
+  std::string name;
+  int32_t value = -1;
+  graph::TensorType type;
+};
+
+struct Executable {
+  graph::Graph graph;   // the graph after passes (what the program computes)
+  Program program;
+  MemoryPlan plan;
+  std::vector<Binding> inputs, parameters, outputs;
+  std::vector<std::shared_ptr<const Tensor>> constants;  // by Slot::offset
+  CompileOptions options;
+
+  std::string listing() const;  // the program, one instruction per line
+};
+
+// The whole pipeline: verify, passes, memory plan, lowering.
+Result<std::unique_ptr<Executable>> compile(const graph::Graph& graph, const CompileOptions& options = {});
+
+}  // namespace aspen::compiler

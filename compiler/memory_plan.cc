@@ -1,0 +1,168 @@
+#include "compiler/memory_plan.h"
+
+#include <algorithm>
+#include <map>
+
+namespace aspen::compiler {
+
+using graph::Graph;
+using graph::Node;
+using graph::OpKind;
+
+namespace {
+
+int64_t align(int64_t b) { return (b + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
+
+// Ops whose output element i depends only on input element i, so the output
+// may overwrite an input of the same size that dies here.
+bool elementwise(OpKind op) {
+  switch (op) {
+    case OpKind::add: case OpKind::sub: case OpKind::mul: case OpKind::scale: case OpKind::neg:
+    case OpKind::exp: case OpKind::gelu: case OpKind::silu: case OpKind::gelu_grad: case OpKind::silu_grad:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Free arena ranges, by offset; merged on release.
+class FreeList {
+ public:
+  // Best fit: the smallest gap that holds `bytes`; else the end of the arena.
+  int64_t take(int64_t bytes) {
+    auto best = gaps_.end();
+    for (auto it = gaps_.begin(); it != gaps_.end(); ++it)
+      if (it->second >= bytes && (best == gaps_.end() || it->second < best->second)) best = it;
+    if (best == gaps_.end()) {
+      // Grow, reusing a gap that touches the end.
+      int64_t start = end_;
+      if (!gaps_.empty()) {
+        auto last = std::prev(gaps_.end());
+        if (last->first + last->second == end_) {
+          start = last->first;
+          gaps_.erase(last);
+        }
+      }
+      end_ = start + bytes;
+      return start;
+    }
+    const int64_t off = best->first, size = best->second;
+    gaps_.erase(best);
+    if (size > bytes) gaps_[off + bytes] = size - bytes;
+    return off;
+  }
+  void give(int64_t off, int64_t bytes) {
+    auto [it, inserted] = gaps_.emplace(off, bytes);
+    (void)inserted;
+    auto next = std::next(it);
+    if (next != gaps_.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      gaps_.erase(next);
+    }
+    if (it != gaps_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second == it->first) {
+        prev->second += it->second;
+        gaps_.erase(it);
+      }
+    }
+  }
+  int64_t end() const { return end_; }
+
+ private:
+  std::map<int64_t, int64_t> gaps_;
+  int64_t end_ = 0;
+};
+
+}  // namespace
+
+Result<MemoryPlan> plan_memory(const Graph& g) {
+  MemoryPlan plan;
+  const int32_t nv = g.num_values();
+  plan.slots.resize(size_t(nv));
+  std::vector<int32_t> last_use(size_t(nv), -1);
+  const int32_t end = int32_t(g.nodes().size());
+  for (int32_t i = 0; i < end; ++i)
+    for (graph::ValueId v : g.node(i).inputs) last_use[size_t(v.index)] = i;
+  for (const auto& [name, v] : g.outputs()) last_use[size_t(v.index)] = end;  // read after the run
+
+  int64_t parameters = 0, constants = 0;
+  FreeList free;
+  int64_t in_use = 0;
+  std::vector<std::vector<int32_t>> dies_at(size_t(end) + 1);
+  std::vector<int32_t> live;
+  for (int32_t i = 0; i < end; ++i) {
+    const Node& n = g.node(i);
+    for (graph::ValueId v : n.outputs) {
+      Slot& s = plan.slots[size_t(v.index)];
+      s.bytes = g.type(v).bytes();
+      if (n.op == OpKind::parameter) {
+        s.storage = Storage::parameter;
+        s.offset = parameters++;
+        continue;
+      }
+      if (n.op == OpKind::constant) {
+        s.storage = Storage::constant;
+        s.offset = constants++;
+        continue;
+      }
+      s.storage = Storage::arena;
+      plan.naive_bytes += align(s.bytes);
+      // In place: an elementwise op over an arena input of equal size that dies here.
+      bool placed = false;
+      if (elementwise(n.op) && last_use[size_t(v.index)] >= 0) {
+        for (graph::ValueId in : n.inputs) {
+          const Slot& is = plan.slots[size_t(in.index)];
+          if (is.storage == Storage::arena && is.bytes == s.bytes && last_use[size_t(in.index)] == i) {
+            auto& d = dies_at[size_t(i)];
+            auto it = std::find(d.begin(), d.end(), in.index);
+            if (it == d.end()) continue;  // already handed to another output
+            d.erase(it);
+            s.offset = is.offset;
+            // The input's bytes now belong to this value; it dies when this value dies.
+            placed = true;
+            ++plan.in_place;
+            live.erase(std::find(live.begin(), live.end(), in.index));
+            break;
+          }
+        }
+      }
+      if (!placed) {
+        s.offset = free.take(align(std::max<int64_t>(s.bytes, 1)));
+        in_use += align(std::max<int64_t>(s.bytes, 1));
+      }
+      live.push_back(v.index);
+      // A value nobody reads dies right after its node.
+      const int32_t dies = last_use[size_t(v.index)] < 0 ? i : last_use[size_t(v.index)];
+      dies_at[size_t(dies)].push_back(v.index);
+    }
+    if (free.end() > plan.arena_bytes || plan.peak_node < 0) {
+      if (free.end() > plan.arena_bytes) {
+        plan.arena_bytes = free.end();
+        plan.peak_node = i;
+        plan.live_at_peak = live;
+      }
+    }
+    for (int32_t v : dies_at[size_t(i)]) {
+      const Slot& s = plan.slots[size_t(v)];
+      free.give(s.offset, align(std::max<int64_t>(s.bytes, 1)));
+      in_use -= align(std::max<int64_t>(s.bytes, 1));
+      live.erase(std::find(live.begin(), live.end(), v));
+    }
+  }
+  plan.arena_bytes = std::max(plan.arena_bytes, free.end());
+  return plan;
+}
+
+std::string MemoryPlan::report(const Graph& g) const {
+  std::string s = "memory plan: arena " + std::to_string(arena_bytes) + " bytes (naive sum " +
+                  std::to_string(naive_bytes) + "), " + std::to_string(in_place) + " outputs in place";
+  if (peak_node >= 0) {
+    s += "\npeak at node " + std::to_string(peak_node) + " (" + graph::op_name(g.node(peak_node).op) + "), live:";
+    for (int32_t v : live_at_peak)
+      s += " %" + std::to_string(v) + " " + g.type(graph::ValueId{v}).to_string();
+  }
+  return s;
+}
+
+}  // namespace aspen::compiler

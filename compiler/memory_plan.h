@@ -1,0 +1,48 @@
+// compiler/memory_plan.h: where every value of a device's program lives.
+//
+// State (parameters, constants) lives outside the arena, owned by the session
+// and the executable. Every other value is transient: it gets a fixed offset
+// in the device's one arena, assigned by liveness over the schedule (the node
+// order): a value is live from the node that makes it to its last reader
+// (outputs stay live to the end). Offsets are chosen best-fit among the gaps
+// free during the whole lifetime, 64-byte aligned. An elementwise node may
+// write its output over an input whose life ends at that node (in place).
+//
+// The plan reports its peak (the arena size) beside the naive sum (every
+// transient in its own buffer) and what is live at the peak.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "graph/graph.h"
+
+namespace aspen::compiler {
+
+enum class Storage : uint8_t { none, arena, parameter, constant };
+
+struct Slot {
+  Storage storage = Storage::none;
+  int64_t offset = 0;  // arena: byte offset; parameter/constant: index into the executable's lists
+  int64_t bytes = 0;
+};
+
+struct MemoryPlan {
+  std::vector<Slot> slots;  // by ValueId::index
+  int64_t arena_bytes = 0;  // the planned peak
+  int64_t naive_bytes = 0;  // sum of all transient values
+  int32_t peak_node = -1;   // the node at which the arena is fullest
+  std::vector<int32_t> live_at_peak;  // values live there
+  int64_t in_place = 0;     // outputs that reuse an input's bytes
+  std::string report(const graph::Graph& g) const;  // a few lines for humans
+};
+
+inline constexpr int64_t kArenaAlignment = 64;
+
+// Plans memory for `g` executed in node order. `parameters` and `constants`
+// give the storage index of each parameter / constant node's value.
+Result<MemoryPlan> plan_memory(const graph::Graph& g);
+
+}  // namespace aspen::compiler

@@ -1,0 +1,54 @@
+// compiler/pass.h: the pass interface and the pipeline.
+//
+// A pass is small: Status run(Graph&, const CompileContext&). It may replace
+// the graph wholesale (graphs are append-only, so rewriting passes build a
+// new one). The verifier runs after every pass when
+// CompileOptions::verify_each_pass is set (tests and debug builds).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "graph/graph.h"
+
+namespace aspen::compiler {
+
+// O0: no fusion or folding (the graph as built, cleaned of dead code);
+// O1: + common subexpressions and constant folding; O2: + fusion.
+enum class OptLevel : int { O0 = 0, O1 = 1, O2 = 2 };
+
+struct CompileOptions {
+  OptLevel opt_level = OptLevel::O2;
+#ifdef NDEBUG
+  bool verify_each_pass = false;
+#else
+  bool verify_each_pass = true;
+#endif
+  // Largest constant (elements) that folding may create.
+  int64_t max_folded_elements = int64_t(1) << 20;
+};
+
+struct CompileContext {
+  CompileOptions options;
+};
+
+class Pass {
+ public:
+  virtual ~Pass() = default;
+  virtual const char* name() const = 0;
+  virtual Status run(graph::Graph& graph, const CompileContext& context) = 0;
+};
+
+std::unique_ptr<Pass> make_dead_code_elimination();
+std::unique_ptr<Pass> make_common_subexpression_elimination();
+std::unique_ptr<Pass> make_constant_folding();
+
+// The passes the options ask for, in pipeline order.
+std::vector<std::unique_ptr<Pass>> default_pipeline(const CompileOptions& options);
+
+// Runs passes in order, verifying after each when asked. A failure names the pass.
+Status run_passes(graph::Graph& graph, const std::vector<std::unique_ptr<Pass>>& passes, const CompileContext& context);
+
+}  // namespace aspen::compiler

@@ -1,0 +1,189 @@
+// compiler/passes.cc: graph clean-up passes.
+//
+//   dead-code elimination: drops nodes no output depends on (inputs and
+//       parameters stay: they are the executable's interface).
+//   common-subexpression elimination: one node per (op, inputs, attributes);
+//       constants are merged when their data are equal.
+//   constant folding: a node whose inputs are all constants becomes a
+//       constant, computed by the op's reference kernel and rounded to its
+//       dtype (exactly what the interpreter with rounding would produce).
+#include <cstring>
+#include <map>
+
+#include "compiler/pass.h"
+#include "graph/interpreter.h"
+#include "graph/verify.h"
+
+namespace aspen::compiler {
+
+using graph::Graph;
+using graph::Node;
+using graph::OpKind;
+using graph::ValueId;
+
+namespace {
+
+// Copies the nodes `keep` selects into a new graph, following `alias` (value
+// -> replacement value in the old graph) for inputs and outputs.
+Graph rebuild(const Graph& g, const std::vector<char>& keep, const std::vector<ValueId>& alias) {
+  Graph out;
+  std::vector<ValueId> remap(size_t(g.num_values()));
+  auto resolve = [&](ValueId v) {
+    while (alias[size_t(v.index)] != v) v = alias[size_t(v.index)];
+    return remap[size_t(v.index)];
+  };
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    if (!keep[i]) continue;
+    Node n = g.nodes()[i];
+    std::vector<graph::TensorType> types;
+    for (ValueId v : n.outputs) types.push_back(g.type(v));
+    for (ValueId& v : n.inputs) v = resolve(v);
+    const Node& added = out.node(out.add_node(n, types));
+    for (size_t k = 0; k < n.outputs.size(); ++k) remap[size_t(n.outputs[k].index)] = added.outputs[k];
+  }
+  for (const auto& [name, v] : g.outputs()) out.add_output(name, resolve(v));
+  return out;
+}
+
+std::vector<ValueId> identity_alias(const Graph& g) {
+  std::vector<ValueId> a(size_t(g.num_values()));
+  for (int32_t i = 0; i < g.num_values(); ++i) a[size_t(i)] = ValueId{i};
+  return a;
+}
+
+class DeadCodeElimination : public Pass {
+ public:
+  const char* name() const override { return "dead-code-elimination"; }
+  Status run(Graph& g, const CompileContext&) override {
+    std::vector<char> live_value(size_t(g.num_values()), 0), keep(g.nodes().size(), 0);
+    for (const auto& [name, v] : g.outputs()) live_value[size_t(v.index)] = 1;
+    for (size_t i = g.nodes().size(); i-- > 0;) {
+      const Node& n = g.nodes()[i];
+      bool live = n.op == OpKind::input || n.op == OpKind::parameter || n.op == OpKind::send;
+      for (ValueId v : n.outputs) live = live || live_value[size_t(v.index)];
+      if (!live) continue;
+      keep[i] = 1;
+      for (ValueId v : n.inputs) live_value[size_t(v.index)] = 1;
+    }
+    g = rebuild(g, keep, identity_alias(g));
+    return Status();
+  }
+};
+
+bool same_constant(const Node& a, const Node& b) {
+  if (!a.constant || !b.constant) return false;
+  if (a.constant->dtype() != b.constant->dtype() || a.constant->shape() != b.constant->shape()) return false;
+  return std::memcmp(a.constant->raw(), b.constant->raw(), a.constant->nbytes()) == 0;
+}
+
+class CommonSubexpressionElimination : public Pass {
+ public:
+  const char* name() const override { return "common-subexpression-elimination"; }
+  Status run(Graph& g, const CompileContext&) override {
+    std::vector<ValueId> alias = identity_alias(g);
+    std::vector<char> keep(g.nodes().size(), 1);
+    // Key: op and resolved inputs; candidates are then compared attribute by attribute.
+    std::map<std::pair<int, std::vector<int32_t>>, std::vector<size_t>> seen;
+    auto resolve = [&](ValueId v) {
+      while (alias[size_t(v.index)] != v) v = alias[size_t(v.index)];
+      return v.index;
+    };
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      const Node& n = g.nodes()[i];
+      if (n.op == OpKind::input || n.op == OpKind::parameter || n.op == OpKind::send || n.op == OpKind::recv ||
+          n.outputs.empty())
+        continue;
+      std::vector<int32_t> ins;
+      for (ValueId v : n.inputs) ins.push_back(resolve(v));
+      auto& bucket = seen[{int(n.op), ins}];
+      bool merged = false;
+      for (size_t j : bucket) {
+        const Node& m = g.nodes()[j];
+        if (m.attrs != n.attrs || m.stage != n.stage) continue;
+        if (n.op == OpKind::constant && !same_constant(m, n)) continue;
+        for (size_t k = 0; k < n.outputs.size(); ++k) alias[size_t(n.outputs[k].index)] = m.outputs[k];
+        keep[i] = 0;
+        merged = true;
+        break;
+      }
+      if (!merged) bucket.push_back(i);
+    }
+    g = rebuild(g, keep, alias);
+    return Status();
+  }
+};
+
+class ConstantFolding : public Pass {
+ public:
+  const char* name() const override { return "constant-folding"; }
+  Status run(Graph& g, const CompileContext& ctx) override {
+    Graph out;
+    std::vector<ValueId> remap(size_t(g.num_values()));
+    for (const Node& original : g.nodes()) {
+      Node n = original;
+      for (ValueId& v : n.inputs) v = remap[size_t(v.index)];
+      bool foldable = !n.inputs.empty() && !n.outputs.empty() && n.op != OpKind::send && n.op != OpKind::recv &&
+                      n.op != OpKind::all_reduce && n.op != OpKind::all_gather && n.op != OpKind::reduce_scatter;
+      int64_t elements = 0;
+      for (ValueId v : original.outputs) elements += g.type(v).shape.numel();
+      foldable = foldable && elements <= ctx.options.max_folded_elements;
+      for (ValueId v : n.inputs) foldable = foldable && out.producer(v).op == OpKind::constant;
+      std::vector<graph::TensorType> types;
+      for (ValueId v : original.outputs) types.push_back(g.type(v));
+      if (!foldable) {
+        const Node& added = out.node(out.add_node(n, types));
+        for (size_t k = 0; k < added.outputs.size(); ++k) remap[size_t(original.outputs[k].index)] = added.outputs[k];
+        continue;
+      }
+      std::vector<graph::HostArray> in_arrays;
+      for (ValueId v : n.inputs) in_arrays.push_back(graph::HostArray::from_tensor(*out.producer(v).constant));
+      std::vector<const graph::HostArray*> in_ptrs;
+      for (const auto& a : in_arrays) in_ptrs.push_back(&a);
+      std::vector<graph::HostArray> results;
+      for (const auto& t : types) results.emplace_back(t);
+      Status s = graph::op_info(n.op).eval(n, in_ptrs, results);
+      if (!s.is_ok()) return std::move(s).with_context(std::string("constant folding ") + graph::op_name(n.op));
+      for (size_t k = 0; k < results.size(); ++k) {
+        Node c;
+        c.op = OpKind::constant;
+        c.stage = n.stage;
+        c.constant = std::make_shared<const Tensor>(results[k].to_tensor());
+        const Node& added = out.node(out.add_node(std::move(c), {types[k]}));
+        remap[size_t(original.outputs[k].index)] = added.outputs[0];
+      }
+    }
+    for (const auto& [name, v] : g.outputs()) out.add_output(name, remap[size_t(v.index)]);
+    g = std::move(out);
+    return Status();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_dead_code_elimination() { return std::make_unique<DeadCodeElimination>(); }
+std::unique_ptr<Pass> make_common_subexpression_elimination() {
+  return std::make_unique<CommonSubexpressionElimination>();
+}
+std::unique_ptr<Pass> make_constant_folding() { return std::make_unique<ConstantFolding>(); }
+
+std::vector<std::unique_ptr<Pass>> default_pipeline(const CompileOptions& options) {
+  std::vector<std::unique_ptr<Pass>> passes;
+  if (options.opt_level >= OptLevel::O1) {
+    passes.push_back(make_constant_folding());
+    passes.push_back(make_common_subexpression_elimination());
+  }
+  passes.push_back(make_dead_code_elimination());
+  return passes;
+}
+
+Status run_passes(Graph& g, const std::vector<std::unique_ptr<Pass>>& passes, const CompileContext& ctx) {
+  if (ctx.options.verify_each_pass) ASPEN_RETURN_IF_ERROR(Status(graph::verify(g)).with_context("before passes"));
+  for (const auto& p : passes) {
+    ASPEN_RETURN_IF_ERROR(p->run(g, ctx).with_context(std::string("pass ") + p->name()));
+    if (ctx.options.verify_each_pass)
+      ASPEN_RETURN_IF_ERROR(Status(graph::verify(g)).with_context(std::string("after pass ") + p->name()));
+  }
+  return Status();
+}
+
+}  // namespace aspen::compiler

@@ -1,0 +1,98 @@
+#include "graph/builder.h"
+
+#include "graph/verify.h"
+
+namespace aspen::graph {
+
+ValueId Builder::source(OpKind kind, std::string name, TensorType type, std::shared_ptr<const Tensor> data) {
+  if (!status_.is_ok()) return {};
+  Node n;
+  n.op = kind;
+  n.name = std::move(name);
+  n.constant = std::move(data);
+  n.stage = stage_;
+  Attrs attrs;
+  if (kind != OpKind::constant) {
+    attrs.set("dtype", int64_t(type.dtype));
+    attrs.set("shape", std::vector<int64_t>(type.shape.begin(), type.shape.end()));
+  }
+  n.attrs = std::move(attrs);
+  auto types = check_node(g_, n);
+  if (!types.is_ok()) {
+    status_ = types.status();
+    return {};
+  }
+  return g_.nodes()[size_t(g_.add_node(std::move(n), *types))].outputs[0];
+}
+
+ValueId Builder::input(std::string name, DType dtype, Shape shape) {
+  if (g_.find_input(name)) {
+    if (status_.is_ok()) status_ = Status::invalid_argument("input '" + name + "'", "a unique name", "it twice");
+    return {};
+  }
+  return source(OpKind::input, std::move(name), TensorType{dtype, shape}, nullptr);
+}
+
+ValueId Builder::parameter(std::string name, DType dtype, Shape shape) {
+  if (g_.find_parameter(name)) {
+    if (status_.is_ok()) status_ = Status::invalid_argument("parameter '" + name + "'", "a unique name", "it twice");
+    return {};
+  }
+  return source(OpKind::parameter, std::move(name), TensorType{dtype, shape}, nullptr);
+}
+
+ValueId Builder::constant(Tensor value) {
+  TensorType t{value.dtype(), value.shape()};
+  return source(OpKind::constant, "", t, std::make_shared<const Tensor>(std::move(value)));
+}
+
+ValueId Builder::scalar(float value, DType dtype) {
+  Tensor t(DType::f32, Shape{});
+  t.data<float>()[0] = value;
+  ValueId c = constant(std::move(t));
+  return dtype == DType::f32 ? c : cast(c, dtype);
+}
+
+void Builder::output(std::string name, ValueId v) {
+  if (!status_.is_ok()) return;
+  if (!v.valid() || v.index >= g_.num_values()) {
+    status_ = Status::invalid_argument("output '" + name + "'", "a value of this graph", "an invalid id");
+    return;
+  }
+  if (g_.find_output(name)) {
+    status_ = Status::invalid_argument("output '" + name + "'", "a unique name", "it twice");
+    return;
+  }
+  g_.add_output(std::move(name), v);
+}
+
+std::vector<ValueId> Builder::op(OpKind kind, std::vector<ValueId> inputs, Attrs attrs) {
+  if (!status_.is_ok()) return {};
+  for (ValueId v : inputs)
+    if (!v.valid()) {
+      status_ = Status::invalid_argument(std::string(op_name(kind)), "valid inputs", "an invalid ValueId");
+      return {};
+    }
+  Node n;
+  n.op = kind;
+  n.inputs = std::move(inputs);
+  n.attrs = std::move(attrs);
+  n.stage = stage_;
+  auto types = check_node(g_, n);
+  if (!types.is_ok()) {
+    status_ = types.status();
+    return {};
+  }
+  return g_.nodes()[size_t(g_.add_node(std::move(n), *types))].outputs;
+}
+
+ValueId Builder::op1(OpKind kind, std::vector<ValueId> inputs, Attrs attrs) {
+  std::vector<ValueId> out = op(kind, std::move(inputs), std::move(attrs));
+  return out.empty() ? ValueId{} : out[0];
+}
+
+void Builder::checkpoint(ValueId v) {
+  if (status_.is_ok() && v.valid()) g_.mutable_node(g_.value(v).producer).checkpoint = true;
+}
+
+}  // namespace aspen::graph

@@ -1,0 +1,93 @@
+// graph/builder.h: records ops into a Graph; computes nothing.
+//
+//   Graph g;
+//   Builder b(g);
+//   ValueId x = b.input("x", DType::f32, {4, 8});
+//   ValueId w = b.parameter("fc.weight", DType::f32, {16, 8});
+//   ValueId y = b.gelu(b.matmul(x, w, /*trans_a=*/false, /*trans_b=*/true));
+//   b.output("y", y);
+//   ASPEN_RETURN_IF_ERROR(b.status());
+//
+// Errors are sticky: the first op whose types do not fit its rule sets
+// status() (with the node and the rule, as the verifier words it) and every
+// later op returns an invalid ValueId without recording anything. Model code
+// stays free of checks after every call and still reports the first mistake.
+//
+// Stage and checkpoint annotations (`set_stage`, `checkpoint`) mark nodes for
+// pipeline placement and recomputation; they do not change meaning.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace aspen::graph {
+
+class Builder {
+ public:
+  explicit Builder(Graph& graph) : g_(graph) {}
+
+  const Status& status() const { return status_; }
+  Graph& graph() { return g_; }
+  // The reference is valid until the next op is recorded (recording may move
+  // the value table): copy it when building more ops with it.
+  const TensorType& type(ValueId v) const { return g_.type(v); }
+
+  // Sources.
+  ValueId input(std::string name, DType dtype, Shape shape);
+  ValueId parameter(std::string name, DType dtype, Shape shape);
+  ValueId constant(Tensor value);
+  ValueId scalar(float value, DType dtype = DType::f32);  // a rank-0 constant
+  void output(std::string name, ValueId v);
+
+  // Any op, by kind: the general form every helper below uses.
+  std::vector<ValueId> op(OpKind kind, std::vector<ValueId> inputs, Attrs attrs = {});
+  ValueId op1(OpKind kind, std::vector<ValueId> inputs, Attrs attrs = {});
+
+  // Elementwise (same shapes; use broadcast() to expand).
+  ValueId add(ValueId a, ValueId b) { return op1(OpKind::add, {a, b}); }
+  ValueId sub(ValueId a, ValueId b) { return op1(OpKind::sub, {a, b}); }
+  ValueId mul(ValueId a, ValueId b) { return op1(OpKind::mul, {a, b}); }
+  ValueId scale(ValueId x, double alpha) { return op1(OpKind::scale, {x}, {{"alpha", alpha}}); }
+  ValueId neg(ValueId x) { return op1(OpKind::neg, {x}); }
+  ValueId exp(ValueId x) { return op1(OpKind::exp, {x}); }
+  ValueId gelu(ValueId x, bool tanh_form = true) { return op1(OpKind::gelu, {x}, {{"tanh", int64_t(tanh_form)}}); }
+  ValueId silu(ValueId x) { return op1(OpKind::silu, {x}); }
+  ValueId where(ValueId cond, ValueId a, ValueId b) { return op1(OpKind::where, {cond, a, b}); }
+  ValueId cast(ValueId x, DType to) { return op1(OpKind::cast, {x}, {{"dtype", int64_t(to)}}); }
+
+  // Shape.
+  ValueId reshape(ValueId x, std::vector<int64_t> shape) { return op1(OpKind::reshape, {x}, {{"shape", shape}}); }
+  ValueId transpose(ValueId x, std::vector<int64_t> perm) { return op1(OpKind::transpose, {x}, {{"perm", perm}}); }
+  ValueId slice(ValueId x, int64_t axis, int64_t begin, int64_t end) {
+    return op1(OpKind::slice, {x}, {{"axis", axis}, {"begin", begin}, {"end", end}});
+  }
+  ValueId concat(std::vector<ValueId> xs, int64_t axis) { return op1(OpKind::concat, std::move(xs), {{"axis", axis}}); }
+  // Numpy-style: x's dimensions align with the trailing ones of `shape`; each is equal or 1.
+  ValueId broadcast(ValueId x, std::vector<int64_t> shape) { return op1(OpKind::broadcast, {x}, {{"shape", shape}}); }
+  ValueId reduce_sum(ValueId x, std::vector<int64_t> axes, bool keepdims = false) {
+    return op1(OpKind::reduce_sum, {x}, {{"axes", axes}, {"keepdims", int64_t(keepdims)}});
+  }
+  ValueId reduce_max(ValueId x, std::vector<int64_t> axes, bool keepdims = false) {
+    return op1(OpKind::reduce_max, {x}, {{"axes", axes}, {"keepdims", int64_t(keepdims)}});
+  }
+  // table [V, C], ids (i32) [...] -> [..., C].
+  ValueId gather(ValueId table, ValueId ids) { return op1(OpKind::gather, {table, ids}); }
+
+  // Annotations.
+  void set_stage(int32_t stage) { stage_ = stage; }
+  int32_t stage() const { return stage_; }
+  // Marks the producer of v as the end of a recomputation segment.
+  void checkpoint(ValueId v);
+
+ private:
+  ValueId source(OpKind kind, std::string name, TensorType type, std::shared_ptr<const Tensor> data);
+
+  Graph& g_;
+  Status status_;
+  int32_t stage_ = -1;
+};
+
+}  // namespace aspen::graph

@@ -1,0 +1,250 @@
+// Tests of the IR machinery: builder, verifier, interpreter, autodiff, and the
+// elementwise, reduce and collective op groups.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "graph/autodiff.h"
+#include "graph/builder.h"
+#include "graph/grad_check.h"
+#include "graph/interpreter.h"
+#include "graph/verify.h"
+
+namespace aspen::graph {
+namespace {
+
+HostArray arr(DType t, Shape s, std::vector<double> d) { return HostArray(TensorType{t, s}, std::move(d)); }
+
+TEST(OpTable, EveryOpHasAnEntry) {
+  for (int i = 0; i < kNumOps; ++i) {
+    const OpInfo& info = op_info(OpKind(i));
+    EXPECT_STREQ(info.name, op_name(OpKind(i)));
+    EXPECT_EQ(op_from_name(info.name), OpKind(i));
+  }
+  EXPECT_FALSE(op_from_name("conv2d").has_value());
+}
+
+TEST(Builder, RecordsAndInterprets) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {2, 3});
+  ValueId w = b.parameter("w", DType::f32, {2, 3});
+  ValueId y = b.add(b.mul(x, w), b.scale(x, 0.5));
+  b.output("y", y);
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  EXPECT_TRUE(verify(g).is_ok());
+  EXPECT_EQ(g.type(y).to_string(), "f32[2, 3]");
+  auto out = interpret(g, {{"x", arr(DType::f32, {2, 3}, {1, 2, 3, 4, 5, 6})},
+                           {"w", arr(DType::f32, {2, 3}, {2, 2, 2, -1, -1, -1})}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(out->at("y").data, (std::vector<double>{2.5, 5, 7.5, -2, -2.5, -3}));
+  EXPECT_NE(g.to_string().find("= mul(%0, %1) : f32[2, 3]"), std::string::npos) << g.to_string();
+}
+
+TEST(Builder, FirstErrorIsStickyAndNamesTheNode) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {2, 3});
+  ValueId y = b.input("y", DType::f32, {3, 2});
+  ValueId bad = b.add(x, y);
+  EXPECT_FALSE(bad.valid());
+  EXPECT_EQ(b.status().message(),
+            "node 2 (add) with inputs (f32[2, 3], f32[3, 2]): add: inputs 0 and 1: expected equal types, found "
+            "f32[2, 3] and f32[3, 2]");
+  const size_t nodes = g.nodes().size();
+  EXPECT_FALSE(b.gelu(x).valid());  // later ops record nothing
+  EXPECT_EQ(g.nodes().size(), nodes);
+}
+
+TEST(Builder, DuplicateNamesAndBadAttributes) {
+  Graph g;
+  Builder b(g);
+  b.parameter("w", DType::f32, {2});
+  b.parameter("w", DType::f32, {2});
+  EXPECT_EQ(b.status().message(), "parameter 'w': expected a unique name, found it twice");
+  Graph g2;
+  Builder b2(g2);
+  ValueId x = b2.input("x", DType::f32, {2});
+  b2.op1(OpKind::scale, {x}, {{"alpha", 2.0}, {"beta", int64_t(1)}});
+  EXPECT_EQ(b2.status().message(),
+            "node 1 (scale) with inputs (f32[2]): scale: attribute 'beta': expected one of {alpha}, found an unknown "
+            "attribute");
+  Graph g3;
+  Builder b3(g3);
+  ValueId z = b3.input("z", DType::f32, {2});
+  b3.op1(OpKind::scale, {z});
+  EXPECT_EQ(b3.status().message(),
+            "node 1 (scale) with inputs (f32[2]): scale: attribute 'alpha': expected present (a float), found none");
+  Graph g4;
+  Builder b4(g4);
+  ValueId i = b4.input("i", DType::i32, {2});
+  b4.gelu(i);
+  EXPECT_EQ(b4.status().message(),
+            "node 1 (gelu) with inputs (i32[2]): gelu: input: expected a float type (f32, bf16, f16), found i32[2]");
+}
+
+TEST(Verifier, RejectsMalformedGraphs) {
+  // A node that refers to a value defined after it (a cycle), built by hand.
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {2});
+  ValueId y = b.neg(x);
+  ASSERT_TRUE(b.status().is_ok());
+  g.mutable_node(1).inputs[0] = y;  // neg now reads its own output
+  Status s = verify(g);
+  EXPECT_EQ(s.message(),
+            "node 1 (neg) with inputs (%1?): neg: input %1: expected a value defined earlier in the graph, found a "
+            "later or missing value (a cycle?)");
+  // A recorded output type that disagrees with the rule.
+  Graph h;
+  Builder c(h);
+  ValueId u = c.input("u", DType::f32, {2});
+  c.exp(u);
+  Node n = h.node(1);
+  Graph h2;
+  Builder c2(h2);
+  c2.input("u", DType::f32, {2});
+  h2.add_node(n, {TensorType{DType::f32, Shape{3}}});
+  EXPECT_EQ(verify(h2).message(), "node 1 (exp) with inputs (f32[2]): output 0: expected f32[2], found f32[3] recorded");
+}
+
+TEST(Interpreter, MissingAndMistypedFeeds) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {2});
+  b.output("y", b.neg(x));
+  EXPECT_EQ(interpret(g, {}).status().message(), "input 'x': expected a value fed by name, found none");
+  EXPECT_EQ(interpret(g, {{"x", arr(DType::f32, {3}, {1, 2, 3})}}).status().message(),
+            "input 'x': expected f32[2], found f32[3]");
+}
+
+TEST(Interpreter, RoundsToDtypeWhenAsked) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::bf16, {1});
+  b.output("y", b.scale(x, 1.0 / 3.0));
+  auto exact = interpret(g, {{"x", arr(DType::bf16, {1}, {1.0})}});
+  auto rounded = interpret(g, {{"x", arr(DType::bf16, {1}, {1.0})}}, {.round_to_dtype = true});
+  EXPECT_DOUBLE_EQ(exact->at("y").data[0], 1.0 / 3.0);
+  EXPECT_EQ(rounded->at("y").data[0], double(bf16_to_f32(f32_to_bf16(1.0f / 3.0f))));
+}
+
+TEST(ReduceOps, BroadcastAndReduceValues) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {2, 1});
+  ValueId y = b.broadcast(x, {3, 2, 4});
+  b.output("y", y);
+  b.output("s", b.reduce_sum(y, {0, 2}));
+  b.output("m", b.reduce_max(b.input("z", DType::f32, {2, 3}), {-1}, true));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  auto out = interpret(g, {{"x", arr(DType::f32, {2, 1}, {1, 2})}, {"z", arr(DType::f32, {2, 3}, {1, 5, 2, -1, -3, -2})}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(out->at("y").type.to_string(), "f32[3, 2, 4]");
+  EXPECT_EQ(out->at("y").data[5], 2.0);
+  EXPECT_EQ(out->at("s").data, (std::vector<double>{12, 24}));
+  EXPECT_EQ(out->at("m").type.to_string(), "f32[2, 1]");
+  EXPECT_EQ(out->at("m").data, (std::vector<double>{5, -1}));
+  Graph g2;
+  Builder b2(g2);
+  b2.broadcast(b2.input("x", DType::f32, {3}), {2, 4});
+  EXPECT_EQ(b2.status().message(),
+            "node 1 (broadcast) with inputs (f32[3]): broadcast: dimension 1: expected 3 or a 1 in the input to "
+            "broadcast from, found input [3] against [2, 4]");
+}
+
+// d/dx of a small composite, against finite differences of the interpreter.
+TEST(Autodiff, ElementwiseAndReduceGradients) {
+  for (bool tanh_form : {true, false}) {
+    Graph g;
+    Builder b(g);
+    ValueId x = b.input("x", DType::f32, {3, 5});
+    ValueId w = b.parameter("w", DType::f32, {5});
+    ValueId c = b.input("c", DType::boolean, {3, 5});
+    ValueId wb = b.broadcast(w, {3, 5});
+    ValueId h = b.add(b.mul(x, wb), b.sub(b.exp(b.scale(x, 0.3)), wb));
+    ValueId y = b.where(c, b.gelu(h, tanh_form), b.silu(b.neg(h)));
+    ValueId loss = testing::weighted_loss(b, b.reduce_sum(y, {0}, true), 5);
+    ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+    auto feeds = testing::random_feeds(g, 11, -1.0, 1.0, 2);
+    EXPECT_TRUE(testing::check_gradients(g, loss, feeds));
+  }
+}
+
+// cast rounds, so finite differences need a step far above the rounding
+// error; the function is linear, so a large step is exact.
+TEST(Autodiff, CastGradient) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {7});
+  ValueId y = b.cast(b.cast(x, DType::bf16), DType::f32);
+  ValueId loss = testing::weighted_loss(b, y, 2);
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  EXPECT_TRUE(testing::check_gradients(g, loss, testing::random_feeds(g, 3), 1e-5, 0.25));
+}
+
+TEST(Autodiff, UnusedWrtGetsZerosAndBadLossIsRejected) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {2});
+  ValueId unused = b.parameter("u", DType::f32, {4});
+  ValueId loss = b.reduce_sum(b.mul(x, x), {0});
+  ASSERT_TRUE(b.status().is_ok());
+  std::vector<ValueId> wrt = {x, unused};
+  auto grads = append_gradients(g, loss, wrt);
+  ASSERT_TRUE(grads.is_ok()) << grads.status().to_string();
+  g.add_output("dx", (*grads)[0]);
+  g.add_output("du", (*grads)[1]);
+  auto out = interpret(g, {{"x", arr(DType::f32, {2}, {3, -1})}, {"u", arr(DType::f32, {4}, {1, 1, 1, 1})}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(out->at("dx").data, (std::vector<double>{6, -2}));
+  EXPECT_EQ(out->at("du").data, (std::vector<double>{0, 0, 0, 0}));
+  EXPECT_EQ(append_gradients(g, x, wrt).status().message(),
+            "autodiff: loss: expected a float value with one element, found f32[2]");
+}
+
+TEST(Autodiff, MissingGradientRuleIsAStatus) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {2, 3});
+  ValueId loss = b.reduce_sum(b.reduce_max(x, {1}), {0});
+  ASSERT_TRUE(b.status().is_ok());
+  std::vector<ValueId> wrt = {x};
+  EXPECT_EQ(append_gradients(g, loss, wrt).status().message(),
+            "autodiff: node 1 (reduce_max): expected a gradient rule, found none, and an input needs a gradient");
+}
+
+TEST(CollectiveOps, TypesGradientsAndOneDeviceMeaning) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {4, 3});
+  Attrs one{{"group", std::string("data")}, {"group_size", int64_t(1)}};
+  Attrs ar = one;
+  ar.set("reduce", std::string("sum"));
+  ValueId y = b.op1(OpKind::all_reduce, {x}, ar);
+  ValueId z = b.op1(OpKind::all_gather, {b.op1(OpKind::reduce_scatter, {y}, one)}, one);
+  ValueId loss = testing::weighted_loss(b, z, 3);
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  EXPECT_TRUE(testing::check_gradients(g, loss, testing::random_feeds(g, 2)));
+
+  Graph g2;
+  Builder b2(g2);
+  ValueId x2 = b2.input("x", DType::f32, {5, 3});
+  ValueId rs = b2.op1(OpKind::reduce_scatter, {x2}, {{"group", std::string("data")}, {"group_size", int64_t(2)}});
+  EXPECT_FALSE(rs.valid());
+  EXPECT_EQ(b2.status().message(),
+            "node 1 (reduce_scatter) with inputs (f32[5, 3]): reduce_scatter: dimension 0: expected a multiple of "
+            "group_size 2, found 5");
+  Graph g3;
+  Builder b3(g3);
+  ValueId x3 = b3.input("x", DType::f32, {4});
+  b3.output("y", b3.op1(OpKind::all_gather, {x3}, {{"group", std::string("tensor")}, {"group_size", int64_t(2)}}));
+  ASSERT_TRUE(b3.status().is_ok());
+  EXPECT_EQ(b3.type(g3.outputs()[0].second).to_string(), "f32[8]");
+  EXPECT_EQ(interpret(g3, {{"x", arr(DType::f32, {4}, {1, 2, 3, 4})}}).status().message(),
+            "node 1 (all_gather): all_gather over group 'tensor': expected a supported group size for the one-device "
+            "reference interpreter (1), found an unsupported one");
+}
+
+}  // namespace
+}  // namespace aspen::graph

@@ -1,0 +1,60 @@
+#include "graph/op.h"
+
+#include <array>
+
+#include "core/check.h"
+#include "graph/ops_registry.h"
+
+namespace aspen::graph {
+
+namespace {
+
+std::array<OpInfo, kNumOps> build_table() {
+  std::array<OpInfo, kNumOps> table;
+  OpTable t(table.data());
+  register_source_ops(t);
+  register_elementwise_ops(t);
+  register_shape_ops(t);
+  register_reduce_ops(t);
+  register_nn_ops(t);
+  register_collective_ops(t);
+  // Every op of ASPEN_OPS must have an entry: a missing one is a bug found at start-up.
+  for (int i = 0; i < kNumOps; ++i) {
+    ASPEN_CHECK(table[i].name != nullptr && table[i].infer != nullptr && table[i].eval != nullptr)
+        << "op #" << i << " (" << op_name(OpKind(i)) << ") has no complete table entry";
+  }
+  return table;
+}
+
+const char* const kNames[] = {
+#define ASPEN_OP_NAME(name) #name,
+    ASPEN_OPS(ASPEN_OP_NAME)
+#undef ASPEN_OP_NAME
+};
+
+}  // namespace
+
+void OpTable::define(OpKind op, OpInfo info) {
+  OpInfo& slot = table_[int(op)];
+  ASPEN_CHECK(slot.name == nullptr) << "op " << op_name(op) << " defined twice";
+  info.name = op_name(op);
+  slot = std::move(info);
+}
+
+const OpInfo& op_info(OpKind op) {
+  static const std::array<OpInfo, kNumOps> table = build_table();
+  return table.at(size_t(op));
+}
+
+const char* op_name(OpKind op) {
+  ASPEN_CHECK(int(op) < kNumOps) << "op #" << int(op);
+  return kNames[int(op)];
+}
+
+std::optional<OpKind> op_from_name(std::string_view name) {
+  for (int i = 0; i < kNumOps; ++i)
+    if (name == kNames[i]) return OpKind(i);
+  return std::nullopt;
+}
+
+}  // namespace aspen::graph

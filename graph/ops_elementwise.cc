@@ -1,0 +1,257 @@
+// graph/ops_elementwise.cc: elementwise ops. Inputs of a binary op have equal
+// types (broadcast explicitly); the output has that type.
+//
+// Gradient rules, one line of meaning each:
+//   add:   da = g, db = g              sub:  da = g, db = -g
+//   mul:   da = g b, db = g a          scale: dx = alpha g        neg: dx = -g
+//   exp:   dx = g y                    gelu: dx = gelu_grad(x, g) silu: dx = silu_grad(x, g)
+//   where: da = where(c, g, 0), db = where(c, 0, g), no gradient to c
+//   cast:  dx = cast(g, x's dtype) between float types; none from or to integers
+#include <cmath>
+
+#include "graph/ops_registry.h"
+#include "graph/ops_util.h"
+#include "kernels/activation.h"
+
+namespace aspen::graph {
+
+namespace {
+using namespace opsutil;
+using Grads = Result<std::vector<std::optional<ValueId>>>;
+using OutGrads = std::span<const std::optional<ValueId>>;
+
+Status infer_binary(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(expect_same(n, in, 0, 1));
+  out = {in[0]};
+  return Status();
+}
+
+Status infer_unary_float(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(expect_float(n, "input", in[0]));
+  out = {in[0]};
+  return Status();
+}
+
+Status infer_unary_grad(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(expect_float(n, "x", in[0]));
+  ASPEN_RETURN_IF_ERROR(expect_same(n, in, 0, 1));
+  out = {in[0]};
+  return Status();
+}
+
+template <class F>
+Status map1(std::span<const HostArray* const> in, std::span<HostArray> out, F f) {
+  const std::vector<double>& x = in[0]->data;
+  for (size_t i = 0; i < x.size(); ++i) out[0].data[i] = f(x[i]);
+  return Status();
+}
+template <class F>
+Status map2(std::span<const HostArray* const> in, std::span<HostArray> out, F f) {
+  const std::vector<double>&a = in[0]->data, &b = in[1]->data;
+  for (size_t i = 0; i < a.size(); ++i) out[0].data[i] = f(a[i], b[i]);
+  return Status();
+}
+
+kernels::GeluKind gelu_kind(const Node& n) {
+  return n.attrs.i_or("tanh", 1) ? kernels::GeluKind::tanh : kernels::GeluKind::erf;
+}
+
+// Gradient rules.
+Grads grad_add(Builder&, const Node&, OutGrads g) { return std::vector<std::optional<ValueId>>{g[0], g[0]}; }
+Grads grad_sub(Builder& b, const Node&, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{g[0], b.neg(*g[0])};
+}
+Grads grad_mul(Builder& b, const Node& n, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{b.mul(*g[0], n.inputs[1]), b.mul(*g[0], n.inputs[0])};
+}
+Grads grad_scale(Builder& b, const Node& n, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{b.scale(*g[0], n.attrs.f("alpha"))};
+}
+Grads grad_neg(Builder& b, const Node&, OutGrads g) { return std::vector<std::optional<ValueId>>{b.neg(*g[0])}; }
+Grads grad_exp(Builder& b, const Node& n, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{b.mul(*g[0], n.outputs[0])};
+}
+Grads grad_gelu(Builder& b, const Node& n, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{
+      b.op1(OpKind::gelu_grad, {n.inputs[0], *g[0]}, {{"tanh", n.attrs.i_or("tanh", 1)}})};
+}
+Grads grad_silu(Builder& b, const Node& n, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{b.op1(OpKind::silu_grad, {n.inputs[0], *g[0]})};
+}
+Grads grad_where(Builder& b, const Node& n, OutGrads g) {
+  ValueId zero = zeros_like(b, *g[0]);
+  return std::vector<std::optional<ValueId>>{std::nullopt, b.where(n.inputs[0], *g[0], zero),
+                                             b.where(n.inputs[0], zero, *g[0])};
+}
+Grads grad_cast(Builder& b, const Node& n, OutGrads g) {
+  const DType from = b.type(n.inputs[0]).dtype;
+  if (!is_float(from) || !is_float(b.type(n.outputs[0]).dtype)) return std::vector<std::optional<ValueId>>{std::nullopt};
+  return std::vector<std::optional<ValueId>>{b.cast(*g[0], from)};
+}
+
+Status infer_where(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  if (in[0].dtype != DType::boolean && in[0].dtype != DType::u8)
+    return rule_error(n, "condition", "bool or u8", in[0].to_string());
+  if (in[0].shape != in[1].shape)
+    return rule_error(n, "condition shape", in[1].shape.to_string() + " (the values' shape)", in[0].shape.to_string());
+  ASPEN_RETURN_IF_ERROR(expect_same(n, in, 1, 2));
+  out = {in[1]};
+  return Status();
+}
+
+Status infer_cast(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  const int64_t dt = n.attrs.i("dtype");
+  if (dt < 0 || dt >= kNumDTypes) return rule_error(n, "dtype", "a dtype id in [0, 7)", std::to_string(dt));
+  out = {TensorType{DType(dt), in[0].shape}};
+  return Status();
+}
+
+// Fast kernels (f32; other dtypes fall back to the reference for now).
+using Prepared = Result<std::unique_ptr<PreparedKernel>>;
+using In = std::span<const void* const>;
+using Out = std::span<void* const>;
+
+bool all_f32(std::span<const TensorType> in, std::span<const TensorType> out) {
+  for (const auto& t : in)
+    if (t.dtype != DType::f32) return false;
+  for (const auto& t : out)
+    if (t.dtype != DType::f32) return false;
+  return true;
+}
+
+template <Status (*K)(std::span<const float>, std::span<const float>, std::span<float>, int64_t)>
+Prepared prepare_binary(const Node&, std::span<const TensorType> in, std::span<const TensorType> out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const int64_t n = out[0].shape.numel();
+  return make_kernel([n](In i, Out o) {
+    return K(in_span<float>(i, 0, n), in_span<float>(i, 1, n), out_span<float>(o, 0, n), n);
+  });
+}
+
+Prepared prepare_sub(const Node&, std::span<const TensorType> in, std::span<const TensorType> out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const int64_t n = out[0].shape.numel();
+  return make_kernel([n](In i, Out o) {
+    const float* a = static_cast<const float*>(i[0]);
+    const float* b = static_cast<const float*>(i[1]);
+    float* y = static_cast<float*>(o[0]);
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t k = 0; k < n; ++k) y[k] = a[k] - b[k];
+    return Status();
+  });
+}
+
+Prepared prepare_scale(const Node& node, std::span<const TensorType> in, std::span<const TensorType> out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const int64_t n = out[0].shape.numel();
+  const float alpha = float(node.attrs.f("alpha"));
+  return make_kernel([n, alpha](In i, Out o) {
+    return kernels::scale_forward(in_span<float>(i, 0, n), out_span<float>(o, 0, n), n, alpha);
+  });
+}
+
+Prepared prepare_neg(const Node&, std::span<const TensorType> in, std::span<const TensorType> out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const int64_t n = out[0].shape.numel();
+  return make_kernel([n](In i, Out o) {
+    return kernels::scale_forward(in_span<float>(i, 0, n), out_span<float>(o, 0, n), n, -1.0f);
+  });
+}
+
+Prepared prepare_gelu(const Node& node, std::span<const TensorType> in, std::span<const TensorType> out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const int64_t n = out[0].shape.numel();
+  const kernels::GeluKind kind = gelu_kind(node);
+  if (node.op == OpKind::gelu)
+    return make_kernel([n, kind](In i, Out o) {
+      return kernels::gelu_forward(in_span<float>(i, 0, n), out_span<float>(o, 0, n), n, kind);
+    });
+  return make_kernel([n, kind](In i, Out o) {
+    return kernels::gelu_backward(in_span<float>(i, 0, n), in_span<float>(i, 1, n), out_span<float>(o, 0, n), n, kind);
+  });
+}
+
+Prepared prepare_silu(const Node& node, std::span<const TensorType> in, std::span<const TensorType> out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const int64_t n = out[0].shape.numel();
+  if (node.op == OpKind::silu)
+    return make_kernel([n](In i, Out o) {
+      return kernels::silu_forward(in_span<float>(i, 0, n), out_span<float>(o, 0, n), n);
+    });
+  return make_kernel([n](In i, Out o) {
+    return kernels::silu_backward(in_span<float>(i, 0, n), in_span<float>(i, 1, n), out_span<float>(o, 0, n), n);
+  });
+}
+
+}  // namespace
+
+void register_elementwise_ops(OpTable& t) {
+  t.define(OpKind::add, {.min_inputs = 2, .max_inputs = 2, .infer = infer_binary, .grad = grad_add,
+                         .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::plus<double>()); },
+                         .prepare = prepare_binary<kernels::add_forward>});
+  t.define(OpKind::sub, {.min_inputs = 2, .max_inputs = 2, .infer = infer_binary, .grad = grad_sub,
+                         .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::minus<double>()); },
+                         .prepare = prepare_sub});
+  t.define(OpKind::mul,
+           {.min_inputs = 2, .max_inputs = 2, .infer = infer_binary, .grad = grad_mul,
+            .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::multiplies<double>()); },
+            .prepare = prepare_binary<kernels::mul_forward>});
+  t.define(OpKind::scale, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"alpha", AttrKind::f64, true}},
+                           .infer = infer_unary_float, .grad = grad_scale,
+                           .eval = [](const Node& n, auto in, auto out) {
+                             const double a = n.attrs.f("alpha");
+                             return map1(in, out, [a](double x) { return a * x; });
+                           },
+                           .prepare = prepare_scale});
+  t.define(OpKind::neg, {.min_inputs = 1, .max_inputs = 1, .infer = infer_unary_float, .grad = grad_neg,
+                         .eval = [](const Node&, auto in, auto out) { return map1(in, out, std::negate<double>()); },
+                         .prepare = prepare_neg});
+  t.define(OpKind::exp, {.min_inputs = 1, .max_inputs = 1, .infer = infer_unary_float, .grad = grad_exp,
+                         .eval = [](const Node&, auto in, auto out) {
+                           return map1(in, out, [](double x) { return std::exp(x); });
+                         }});
+  t.define(OpKind::gelu, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"tanh", AttrKind::i64, false}},
+                          .infer = infer_unary_float, .grad = grad_gelu,
+                          .eval = [](const Node& n, auto in, auto out) {
+                            kernels::ref::gelu_forward<double>(in[0]->data.data(), out[0].data.data(), in[0]->numel(),
+                                                               gelu_kind(n));
+                            return Status();
+                          },
+                          .prepare = prepare_gelu});
+  t.define(OpKind::silu, {.min_inputs = 1, .max_inputs = 1, .infer = infer_unary_float, .grad = grad_silu,
+                          .eval = [](const Node&, auto in, auto out) {
+                            kernels::ref::silu_forward<double>(in[0]->data.data(), out[0].data.data(), in[0]->numel());
+                            return Status();
+                          },
+                          .prepare = prepare_silu});
+  t.define(OpKind::where, {.min_inputs = 3, .max_inputs = 3, .infer = infer_where, .grad = grad_where,
+                           .eval = [](const Node&, auto in, auto out) {
+                             for (size_t i = 0; i < out[0].data.size(); ++i)
+                               out[0].data[i] = in[0]->data[i] != 0 ? in[1]->data[i] : in[2]->data[i];
+                             return Status();
+                           }});
+  t.define(OpKind::cast, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"dtype", AttrKind::i64, true}},
+                          .infer = infer_cast, .grad = grad_cast,
+                          .eval = [](const Node&, auto in, auto out) {
+                            for (size_t i = 0; i < out[0].data.size(); ++i)
+                              out[0].data[i] = round_to(out[0].type.dtype, in[0]->data[i]);
+                            return Status();
+                          }});
+  t.define(OpKind::gelu_grad, {.min_inputs = 2, .max_inputs = 2, .attrs = {{"tanh", AttrKind::i64, false}},
+                               .infer = infer_unary_grad,
+                               .eval = [](const Node& n, auto in, auto out) {
+                                 kernels::ref::gelu_backward<double>(in[0]->data.data(), in[1]->data.data(),
+                                                                     out[0].data.data(), in[0]->numel(), gelu_kind(n));
+                                 return Status();
+                               },
+                               .prepare = prepare_gelu});
+  t.define(OpKind::silu_grad, {.min_inputs = 2, .max_inputs = 2, .infer = infer_unary_grad,
+                               .eval = [](const Node&, auto in, auto out) {
+                                 kernels::ref::silu_backward<double>(in[0]->data.data(), in[1]->data.data(),
+                                                                     out[0].data.data(), in[0]->numel());
+                                 return Status();
+                               },
+                               .prepare = prepare_silu});
+}
+
+}  // namespace aspen::graph

@@ -1,0 +1,623 @@
+// graph/ops_nn.cc: neural-network blocks, each the graph form of a kernel of
+// kernels/ (its reference template, in f64, is the op's meaning).
+//
+//   matmul(a, b[, bias]) {trans_a, trans_b}: a [..., M, K] ([..., K, M] with trans_a), b [K, N] ([N, K] with
+//       trans_b) shared by the batch or with a's batch dimensions, bias [N]; out [..., M, N] (kernels/matmul.h)
+//   layernorm(x, gamma, beta) {eps}: over the last axis C; outputs y (x's type), mean, rstd (f32, x's shape
+//       without the last dimension)                                                  (kernels/norm.h)
+//   rmsnorm(x, gamma) {eps}: outputs y, rstd (f32 [R...])                           (kernels/norm.h)
+//   softmax(x): over the last axis                                                   (kernels/softmax.h)
+//   cross_entropy(logits [R, V], targets i32/i64 [R]) {ignore_index = -100}: outputs the mean loss over
+//       non-ignored rows (rank 0), loss per row [R] (logits' dtype), lse [R] (f32)    (kernels/softmax.h)
+//   rotary(x [B, T, H, D], positions i32 [B, T]) {rotary_dim, layout: "interleaved" | "half_split",
+//       base = 10000, inverse = 0}: rotates by +angle, or by -angle with inverse     (kernels/rotary.h)
+//   attention(q [B, H, T, D], k, v [B, H, S, D][, key_valid u8/bool [B, S]]) {scale, mask: "none" | "causal" |
+//       "local", window, kv_offset}: outputs out [B, H, T, D], lse (f32 [B, H, T])   (kernels/attention.h)
+// Saved statistics (mean, rstd, lse) are f32 whatever the input's float type,
+// as the kernels keep them; every other input of an op shares one dtype.
+//
+// Gradient rules (only the first output is differentiated; a gradient
+// reaching a statistic or per-row loss is Unimplemented):
+//   matmul:        da = g op(b)^T, db = op(a)^T g (transposes folded into trans flags; a shared b sums over
+//                  the batch by one matmul of a and g reshaped to [batch*M, .]), dbias = reduce_sum(g, all but last)
+//   layernorm:     (dx, dgamma, dbeta) = layernorm_grad(x, gamma, mean, rstd, g)
+//   rmsnorm:       (dx, dgamma) = rmsnorm_grad(x, gamma, rstd, g)
+//   softmax:       dx = softmax_grad(y, g)
+//   cross_entropy: dlogits = cross_entropy_grad(logits, targets, lse, g) {ignore_index}; none to targets
+//   rotary:        dx = rotary(g, positions) {inverse = !inverse} (the rotation is orthogonal); none to positions
+//   attention:     (dq, dk, dv) = attention_grad(q, k, v, out, lse, g[, key_valid]) {same attributes}
+//   *_grad ops:    not differentiated again.
+#include <cmath>
+#include <limits>
+
+#include "graph/ops_registry.h"
+#include "graph/ops_util.h"
+#include "kernels/attention.h"
+#include "kernels/matmul.h"
+#include "kernels/norm.h"
+#include "kernels/rotary.h"
+#include "kernels/softmax.h"
+
+namespace aspen::graph {
+
+namespace {
+using namespace opsutil;
+using Grads = Result<std::vector<std::optional<ValueId>>>;
+using OutGrads = std::span<const std::optional<ValueId>>;
+using Ins = std::span<const HostArray* const>;
+using Outs = std::span<HostArray>;
+
+// The dtype of saved statistics (mean, rstd, lse).
+constexpr DType kStat = DType::f32;
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+Status expect_type(const Node& n, const std::string& what, const TensorType& t, const TensorType& want,
+                   const std::string& why) {
+  if (t == want) return Status();
+  return rule_error(n, what, want.to_string() + " (" + why + ")", t.to_string());
+}
+
+Status expect_dtype(const Node& n, const char* what, const TensorType& t, DType want, const char* whose) {
+  if (t.dtype == want) return Status();
+  return rule_error(n, what, std::string(dtype_name(want)) + " (" + whose + " dtype)", t.to_string());
+}
+
+Result<bool> flag(const Node& n, const char* name) {
+  const int64_t v = n.attrs.i_or(name, 0);
+  if (v != 0 && v != 1) return rule_error(n, name, "0 or 1", str(v));
+  return v == 1;
+}
+
+Shape drop_last(const Shape& s) { return *Shape::make(s.begin(), s.rank() - 1); }
+
+// x [..., C], float, C >= 1. Returns C.
+Result<int64_t> last_axis(const Node& n, const char* what, const TensorType& x) {
+  ASPEN_RETURN_IF_ERROR(expect_float(n, what, x));
+  ASPEN_RETURN_IF_ERROR(expect_rank(n, what, x, 1));
+  if (x.shape[-1] < 1) return rule_error(n, std::string(what) + ": last dimension", ">= 1", x.to_string());
+  return x.shape[-1];
+}
+
+int64_t rows_of(const Shape& s) { return s[-1] == 0 ? 0 : s.numel() / s[-1]; }
+
+Status expect_eps(const Node& n) {
+  const double eps = n.attrs.f("eps");
+  if (!std::isfinite(eps) || eps < 0) return rule_error(n, "eps", "a finite number >= 0", std::to_string(eps));
+  return Status();
+}
+
+// Gradients reaching any output but the first are not supported.
+Status first_output_only(const Node& n, OutGrads g, std::initializer_list<const char*> names) {
+  const char* const* name = names.begin();
+  for (size_t i = 1; i < g.size(); ++i)
+    if (g[i])
+      return Status::error(Code::kUnimplemented,
+                           std::string(op_name(n.op)) + ": gradient of output " + std::to_string(i) + " (" +
+                               name[i] + ")",
+                           std::string("none (only output 0, ") + name[0] + ", is differentiated)", "one");
+  return Status();
+}
+
+std::vector<std::optional<ValueId>> no_grads(const Node& n) {
+  return std::vector<std::optional<ValueId>>(n.inputs.size());
+}
+
+// ---- matmul -------------------------------------------------------------------
+
+struct MatmulDims {
+  kernels::MatmulShape shape;
+  std::vector<int64_t> out;  // [..., M, N]
+};
+
+Result<MatmulDims> matmul_dims(const Node& n, std::span<const TensorType> in) {
+  const TensorType &ta_type = in[0], &tb_type = in[1];
+  ASPEN_RETURN_IF_ERROR(expect_float(n, "a", ta_type));
+  ASPEN_RETURN_IF_ERROR(expect_rank(n, "a", ta_type, 2));
+  ASPEN_RETURN_IF_ERROR(expect_dtype(n, "b", tb_type, ta_type.dtype, "a's"));
+  ASPEN_RETURN_IF_ERROR(expect_rank(n, "b", tb_type, 2));
+  ASPEN_ASSIGN_OR_RETURN(const bool trans_a, flag(n, "trans_a"));
+  ASPEN_ASSIGN_OR_RETURN(const bool trans_b, flag(n, "trans_b"));
+  const Shape &a = ta_type.shape, &b = tb_type.shape;
+  const int ra = a.rank(), rb = b.rank();
+  if (rb != 2 && rb != ra)
+    return rule_error(n, "b", "rank 2 (shared across the batch) or rank " + str(ra) + " (a's)", tb_type.to_string());
+  for (int i = 0; i < rb - 2; ++i)
+    if (b[i] != a[i]) return rule_error(n, "batch dimension " + str(i), str(a[i]) + " (a's)", str(b[i]));
+  MatmulDims d;
+  kernels::MatmulShape& s = d.shape;
+  s.M = trans_a ? a[-1] : a[-2];
+  s.K = trans_a ? a[-2] : a[-1];
+  s.N = trans_b ? b[-2] : b[-1];
+  const int64_t bk = trans_b ? b[-1] : b[-2];
+  if (bk != s.K)
+    return rule_error(n, "K", str(s.K) + (trans_a ? " (a's second-to-last dimension)" : " (a's last dimension)"),
+                      str(bk));
+  if (in.size() > 2)
+    ASPEN_RETURN_IF_ERROR(expect_type(n, "bias", in[2], TensorType{ta_type.dtype, Shape{s.N}}, "[N] in a's dtype"));
+  s.batch = 1;
+  for (int i = 0; i < ra - 2; ++i) {
+    s.batch *= a[i];
+    d.out.push_back(a[i]);
+  }
+  s.trans_a = trans_a;
+  s.trans_b = trans_b;
+  s.broadcast_b = rb == 2;
+  s.has_bias = in.size() > 2;
+  d.out.push_back(s.M);
+  d.out.push_back(s.N);
+  return d;
+}
+
+Status infer_matmul(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_ASSIGN_OR_RETURN(MatmulDims d, matmul_dims(n, in));
+  ASPEN_ASSIGN_OR_RETURN(Shape s, to_shape(n, "output shape", d.out));
+  out = {TensorType{in[0].dtype, s}};
+  return Status();
+}
+
+Status eval_matmul(const Node& n, Ins in, Outs out) {
+  std::vector<TensorType> types;
+  for (const HostArray* a : in) types.push_back(a->type);
+  ASPEN_ASSIGN_OR_RETURN(MatmulDims d, matmul_dims(n, types));
+  kernels::ref::matmul<double, double>(in[0]->data.data(), in[1]->data.data(),
+                                       in.size() > 2 ? in[2]->data.data() : nullptr, out[0].data.data(), d.shape);
+  return Status();
+}
+
+ValueId mm(Builder& b, ValueId x, ValueId y, bool trans_a, bool trans_b) {
+  Attrs a;
+  if (trans_a) a.set("trans_a", int64_t(1));
+  if (trans_b) a.set("trans_b", int64_t(1));
+  return b.op1(OpKind::matmul, {x, y}, std::move(a));
+}
+
+// Swaps the last two axes of a rank-r value.
+std::vector<int64_t> swap_last_two(int r) {
+  std::vector<int64_t> p;
+  for (int i = 0; i < r; ++i) p.push_back(i);
+  std::swap(p[size_t(r - 2)], p[size_t(r - 1)]);
+  return p;
+}
+
+// With op(x) = x or x^T as the flags say and C = op(A) op(B):
+//   dop(A) = G op(B)^T, dop(B) = op(A)^T G; each transpose folds into a trans flag.
+Grads grad_matmul(Builder& b, const Node& n, OutGrads g) {
+  const ValueId A = n.inputs[0], B = n.inputs[1], G = *g[0];
+  const bool ta = n.attrs.i_or("trans_a", 0) != 0, tb = n.attrs.i_or("trans_b", 0) != 0;
+  const Shape as = b.type(A).shape;
+  const int ra = as.rank();
+  const bool fold = b.type(B).shape.rank() == 2 && ra > 2;  // b shared by a batch
+  ValueId da, db;
+  if (!ta) da = mm(b, G, B, false, !tb);                                       // [.., M, K] = G op(B)^T
+  else if (!fold) da = mm(b, B, G, tb, true);                                  // [.., K, M] = op(B) G^T
+  else da = b.transpose(mm(b, G, B, false, !tb), swap_last_two(ra));           // (G op(B)^T)^T per entry
+  if (!fold) {
+    db = tb ? mm(b, G, A, true, ta)   // [.., N, K] = G^T op(A)
+            : mm(b, A, G, !ta, false);  // [.., K, N] = op(A)^T G
+  } else {
+    const Shape gs = b.type(G).shape;
+    const int64_t rows = gs.numel() / gs[-1];
+    ValueId a2 = b.reshape(ta ? b.transpose(A, swap_last_two(ra)) : A, {rows, ta ? as[-2] : as[-1]});
+    ValueId g2 = b.reshape(G, {rows, gs[-1]});
+    db = tb ? mm(b, g2, a2, true, false) : mm(b, a2, g2, true, false);
+  }
+  std::vector<std::optional<ValueId>> r{da, db};
+  if (n.inputs.size() > 2) {
+    std::vector<int64_t> axes;
+    for (int i = 0; i < ra - 1; ++i) axes.push_back(i);
+    r.push_back(b.reduce_sum(G, axes));
+  }
+  return r;
+}
+
+// ---- layernorm / rmsnorm --------------------------------------------------------
+
+Status infer_layernorm(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t C, last_axis(n, "x", in[0]));
+  const TensorType row{in[0].dtype, Shape{C}};
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "gamma", in[1], row, "x's last dimension and dtype"));
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "beta", in[2], row, "x's last dimension and dtype"));
+  ASPEN_RETURN_IF_ERROR(expect_eps(n));
+  const TensorType stat{kStat, drop_last(in[0].shape)};
+  out = {in[0], stat, stat};
+  return Status();
+}
+
+Status infer_rmsnorm(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t C, last_axis(n, "x", in[0]));
+  ASPEN_RETURN_IF_ERROR(
+      expect_type(n, "gamma", in[1], TensorType{in[0].dtype, Shape{C}}, "x's last dimension and dtype"));
+  ASPEN_RETURN_IF_ERROR(expect_eps(n));
+  out = {in[0], TensorType{kStat, drop_last(in[0].shape)}};
+  return Status();
+}
+
+// layernorm_grad(x, gamma, mean, rstd, g) and rmsnorm_grad(x, gamma, rstd, g).
+Status infer_norm_grad(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t C, last_axis(n, "x", in[0]));
+  const TensorType row{in[0].dtype, Shape{C}};
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "gamma", in[1], row, "x's last dimension and dtype"));
+  const TensorType stat{kStat, drop_last(in[0].shape)};
+  const bool ln = n.op == OpKind::layernorm_grad;
+  if (ln) ASPEN_RETURN_IF_ERROR(expect_type(n, "mean", in[2], stat, "the forward's saved statistic"));
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "rstd", in[ln ? 3 : 2], stat, "the forward's saved statistic"));
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "g", in[ln ? 4 : 3], in[0], "x's type"));
+  out = ln ? std::vector<TensorType>{in[0], row, row} : std::vector<TensorType>{in[0], row};
+  return Status();
+}
+
+Status eval_layernorm(const Node& n, Ins in, Outs out) {
+  const Shape& s = in[0]->type.shape;
+  kernels::ref::layernorm_forward<double>(in[0]->data.data(), in[1]->data.data(), in[2]->data.data(),
+                                          out[0].data.data(), out[1].data.data(), out[2].data.data(), rows_of(s),
+                                          s[-1], n.attrs.f("eps"));
+  return Status();
+}
+
+Status eval_layernorm_grad(const Node&, Ins in, Outs out) {
+  const Shape& s = in[0]->type.shape;
+  kernels::ref::layernorm_backward<double>(in[0]->data.data(), in[1]->data.data(), in[2]->data.data(),
+                                           in[3]->data.data(), in[4]->data.data(), out[0].data.data(),
+                                           out[1].data.data(), out[2].data.data(), rows_of(s), s[-1]);
+  return Status();
+}
+
+Status eval_rmsnorm(const Node& n, Ins in, Outs out) {
+  const Shape& s = in[0]->type.shape;
+  kernels::ref::rmsnorm_forward<double>(in[0]->data.data(), in[1]->data.data(), out[0].data.data(),
+                                        out[1].data.data(), rows_of(s), s[-1], n.attrs.f("eps"));
+  return Status();
+}
+
+Status eval_rmsnorm_grad(const Node&, Ins in, Outs out) {
+  const Shape& s = in[0]->type.shape;
+  kernels::ref::rmsnorm_backward<double>(in[0]->data.data(), in[1]->data.data(), in[2]->data.data(),
+                                         in[3]->data.data(), out[0].data.data(), out[1].data.data(), rows_of(s),
+                                         s[-1]);
+  return Status();
+}
+
+Grads grad_layernorm(Builder& b, const Node& n, OutGrads g) {
+  ASPEN_RETURN_IF_ERROR(first_output_only(n, g, {"y", "mean", "rstd"}));
+  if (!g[0]) return no_grads(n);
+  std::vector<ValueId> d = b.op(OpKind::layernorm_grad, {n.inputs[0], n.inputs[1], n.outputs[1], n.outputs[2], *g[0]});
+  if (d.size() != 3) return no_grads(n);  // the builder's status holds the error
+  return std::vector<std::optional<ValueId>>{d[0], d[1], d[2]};
+}
+
+Grads grad_rmsnorm(Builder& b, const Node& n, OutGrads g) {
+  ASPEN_RETURN_IF_ERROR(first_output_only(n, g, {"y", "rstd"}));
+  if (!g[0]) return no_grads(n);
+  std::vector<ValueId> d = b.op(OpKind::rmsnorm_grad, {n.inputs[0], n.inputs[1], n.outputs[1], *g[0]});
+  if (d.size() != 2) return no_grads(n);
+  return std::vector<std::optional<ValueId>>{d[0], d[1]};
+}
+
+// ---- softmax ------------------------------------------------------------------------
+
+Status infer_softmax(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(last_axis(n, "x", in[0]).status());
+  out = {in[0]};
+  return Status();
+}
+
+// softmax_grad(y, g).
+Status infer_softmax_grad(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(last_axis(n, "y", in[0]).status());
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "g", in[1], in[0], "y's type"));
+  out = {in[0]};
+  return Status();
+}
+
+Status eval_softmax(const Node&, Ins in, Outs out) {
+  const Shape& s = in[0]->type.shape;
+  kernels::ref::softmax_forward<double>(in[0]->data.data(), out[0].data.data(), rows_of(s), s[-1]);
+  return Status();
+}
+
+Status eval_softmax_grad(const Node&, Ins in, Outs out) {
+  const Shape& s = in[0]->type.shape;
+  kernels::ref::softmax_backward<double>(in[0]->data.data(), in[1]->data.data(), out[0].data.data(), rows_of(s),
+                                         s[-1]);
+  return Status();
+}
+
+Grads grad_softmax(Builder& b, const Node& n, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{b.op1(OpKind::softmax_grad, {n.outputs[0], *g[0]})};
+}
+
+// ---- cross_entropy --------------------------------------------------------------------
+
+Result<int32_t> ignore_index_of(const Node& n) {
+  const int64_t v = n.attrs.i_or("ignore_index", kernels::kIgnoreIndex);
+  if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max())
+    return rule_error(n, "ignore_index", "a value in the int32 range", str(v));
+  return int32_t(v);
+}
+
+// logits [R, V] float with V >= 1, targets i32/i64 [R]. Returns R.
+Result<int64_t> check_logits_targets(const Node& n, const TensorType& logits, const TensorType& targets) {
+  ASPEN_RETURN_IF_ERROR(expect_float(n, "logits", logits));
+  ASPEN_RETURN_IF_ERROR(expect_rank(n, "logits", logits, 2, 2));
+  if (logits.shape[1] < 1) return rule_error(n, "logits: dimension 1 (V)", ">= 1", logits.to_string());
+  ASPEN_RETURN_IF_ERROR(expect_int(n, "targets", targets));
+  const int64_t R = logits.shape[0];
+  if (targets.shape != Shape{R})
+    return rule_error(n, "targets", Shape{R}.to_string() + " (one per row of logits)", targets.to_string());
+  ASPEN_RETURN_IF_ERROR(ignore_index_of(n).status());
+  return R;
+}
+
+Status infer_cross_entropy(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t R, check_logits_targets(n, in[0], in[1]));
+  out = {TensorType{in[0].dtype, Shape{}}, TensorType{in[0].dtype, Shape{R}}, TensorType{kStat, Shape{R}}};
+  return Status();
+}
+
+// cross_entropy_grad(logits, targets, lse, g).
+Status infer_cross_entropy_grad(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t R, check_logits_targets(n, in[0], in[1]));
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "lse", in[2], TensorType{kStat, Shape{R}}, "the forward's saved statistic"));
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "g", in[3], TensorType{in[0].dtype, Shape{}}, "the mean loss's type"));
+  out = {in[0]};
+  return Status();
+}
+
+std::string int_string(double v) {
+  return std::fabs(v) < 9e18 && v == std::trunc(v) ? str(int64_t(v)) : std::to_string(v);
+}
+
+// The targets as int32, each a class in [0, V) or ignore_index.
+Result<std::vector<int32_t>> targets_of(const Node& n, const HostArray& t, int64_t V, int32_t ignore) {
+  std::vector<int32_t> r(t.data.size());
+  for (size_t i = 0; i < r.size(); ++i) {
+    const double v = t.data[i];
+    if (v != double(ignore) && !(v >= 0 && v < double(V)))
+      return Status::error(Code::kOutOfRange, std::string(op_name(n.op)) + ": targets row " + std::to_string(i),
+                           "a class index in [0, " + str(V) + ") or ignore_index " + str(ignore), int_string(v));
+    r[i] = int32_t(v);
+  }
+  return r;
+}
+
+Status eval_cross_entropy(const Node& n, Ins in, Outs out) {
+  const int64_t R = in[0]->type.shape[0], V = in[0]->type.shape[1];
+  ASPEN_ASSIGN_OR_RETURN(const int32_t ignore, ignore_index_of(n));
+  ASPEN_ASSIGN_OR_RETURN(std::vector<int32_t> t, targets_of(n, *in[1], V, ignore));
+  kernels::ref::cross_entropy_forward<double>(in[0]->data.data(), t.data(), out[1].data.data(), out[2].data.data(),
+                                              out[0].data.data(), R, V, ignore);
+  return Status();
+}
+
+Status eval_cross_entropy_grad(const Node& n, Ins in, Outs out) {
+  const int64_t R = in[0]->type.shape[0], V = in[0]->type.shape[1];
+  ASPEN_ASSIGN_OR_RETURN(const int32_t ignore, ignore_index_of(n));
+  ASPEN_ASSIGN_OR_RETURN(std::vector<int32_t> t, targets_of(n, *in[1], V, ignore));
+  kernels::ref::cross_entropy_backward<double>(in[0]->data.data(), t.data(), in[2]->data.data(), out[0].data.data(),
+                                               R, V, in[3]->data[0], ignore);
+  return Status();
+}
+
+Grads grad_cross_entropy(Builder& b, const Node& n, OutGrads g) {
+  ASPEN_RETURN_IF_ERROR(first_output_only(n, g, {"mean loss", "loss", "lse"}));
+  if (!g[0]) return no_grads(n);
+  Attrs a;
+  if (n.attrs.has("ignore_index")) a.set("ignore_index", n.attrs.i("ignore_index"));
+  ValueId d = b.op1(OpKind::cross_entropy_grad, {n.inputs[0], n.inputs[1], n.outputs[2], *g[0]}, std::move(a));
+  return std::vector<std::optional<ValueId>>{d, std::nullopt};
+}
+
+// ---- rotary ------------------------------------------------------------------------------
+
+struct RotaryArgs {
+  int64_t rotary_dim = 0;
+  kernels::RotaryLayout layout = kernels::RotaryLayout::interleaved;
+  float base = 10000.0f;
+  bool inverse = false;
+};
+
+Result<RotaryArgs> rotary_args(const Node& n, int64_t D) {
+  RotaryArgs r;
+  r.rotary_dim = n.attrs.i("rotary_dim");
+  if (r.rotary_dim < 0 || r.rotary_dim > D || r.rotary_dim % 2 != 0)
+    return rule_error(n, "rotary_dim", "an even number in [0, " + str(D) + "] (D = x's last dimension)",
+                      str(r.rotary_dim));
+  const std::string& layout = n.attrs.s("layout");
+  if (layout == "interleaved") r.layout = kernels::RotaryLayout::interleaved;
+  else if (layout == "half_split") r.layout = kernels::RotaryLayout::half_split;
+  else return rule_error(n, "layout", "\"interleaved\" or \"half_split\"", "\"" + layout + "\"");
+  const double base = n.attrs.f_or("base", 10000.0);
+  r.base = float(base);
+  if (!(base > 0) || !std::isfinite(r.base) || !(r.base > 0))
+    return rule_error(n, "base", "a number > 0, finite in f32", std::to_string(base));
+  ASPEN_ASSIGN_OR_RETURN(r.inverse, flag(n, "inverse"));
+  return r;
+}
+
+Status infer_rotary(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(expect_float(n, "x", in[0]));
+  ASPEN_RETURN_IF_ERROR(expect_rank(n, "x", in[0], 4, 4));
+  const Shape& x = in[0].shape;
+  ASPEN_RETURN_IF_ERROR(
+      expect_type(n, "positions", in[1], TensorType{DType::i32, Shape{x[0], x[1]}}, "i32 [B, T] of x [B, T, H, D]"));
+  ASPEN_RETURN_IF_ERROR(rotary_args(n, x[3]).status());
+  out = {in[0]};
+  return Status();
+}
+
+Status eval_rotary(const Node& n, Ins in, Outs out) {
+  const Shape& x = in[0]->type.shape;
+  ASPEN_ASSIGN_OR_RETURN(const RotaryArgs r, rotary_args(n, x[3]));
+  std::vector<int32_t> pos(in[1]->data.size());
+  for (size_t i = 0; i < pos.size(); ++i) {
+    const double v = in[1]->data[i];
+    if (!(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max()))
+      return Status::error(Code::kOutOfRange, "rotary: positions element " + std::to_string(i), "an int32 value",
+                           int_string(v));
+    pos[i] = int32_t(v);
+  }
+  auto* f = r.inverse ? &kernels::ref::rotary_backward<double> : &kernels::ref::rotary_forward<double>;
+  f(in[0]->data.data(), pos.data(), out[0].data.data(), x[0], x[1], x[2], x[3], r.rotary_dim, r.layout, r.base);
+  return Status();
+}
+
+Grads grad_rotary(Builder& b, const Node& n, OutGrads g) {
+  Attrs a = n.attrs;
+  a.set("inverse", int64_t(n.attrs.i_or("inverse", 0) == 0 ? 1 : 0));
+  return std::vector<std::optional<ValueId>>{b.op1(OpKind::rotary, {*g[0], n.inputs[1]}, std::move(a)),
+                                             std::nullopt};
+}
+
+// ---- attention ------------------------------------------------------------------------------
+
+// The mask of the attributes (key_valid is bound at evaluation).
+Result<kernels::AttentionMask> mask_of(const Node& n) {
+  using Kind = kernels::AttentionMask::Kind;
+  kernels::AttentionMask m;
+  const std::string& kind = n.attrs.s("mask");
+  if (kind == "none") m.kind = Kind::none;
+  else if (kind == "causal") m.kind = Kind::causal;
+  else if (kind == "local") m.kind = Kind::local;
+  else return rule_error(n, "mask", "\"none\", \"causal\" or \"local\"", "\"" + kind + "\"");
+  if (m.kind == Kind::local) {
+    if (!n.attrs.has("window")) return rule_error(n, "window", "present with mask \"local\"", "none");
+    m.window = n.attrs.i("window");
+    if (m.window < 1) return rule_error(n, "window", ">= 1", str(m.window));
+  } else if (n.attrs.has("window")) {
+    return rule_error(n, "window", "none (it applies to mask \"local\" only)", str(n.attrs.i("window")));
+  }
+  m.kv_offset = n.attrs.i_or("kv_offset", 0);
+  if (m.kv_offset < 0 || m.kv_offset > (int64_t(1) << 53))
+    return rule_error(n, "kv_offset", "a number in [0, 2^53]", str(m.kv_offset));
+  return m;
+}
+
+// q [B, H, T, D], k and v [B, H, S, D], key_valid [B, S] at in[kv_index] when present.
+Status check_attention(const Node& n, std::span<const TensorType> in, size_t kv_index) {
+  const TensorType &q = in[0], &k = in[1];
+  ASPEN_RETURN_IF_ERROR(expect_float(n, "q", q));
+  ASPEN_RETURN_IF_ERROR(expect_rank(n, "q", q, 4, 4));
+  ASPEN_RETURN_IF_ERROR(expect_dtype(n, "k", k, q.dtype, "q's"));
+  ASPEN_RETURN_IF_ERROR(expect_rank(n, "k", k, 4, 4));
+  static const char* const kDim[] = {"0 (B)", "1 (H)", "2 (S)", "3 (D)"};
+  for (int d : {0, 1, 3})
+    if (k.shape[d] != q.shape[d])
+      return rule_error(n, std::string("k: dimension ") + kDim[d], str(q.shape[d]) + " (q's)", str(k.shape[d]));
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "v", in[2], k, "k's type"));
+  if (in.size() > kv_index) {
+    const TensorType& kv = in[kv_index];
+    const Shape want{q.shape[0], k.shape[2]};
+    if ((kv.dtype != DType::u8 && kv.dtype != DType::boolean) || kv.shape != want)
+      return rule_error(n, "key_valid", "u8 or bool " + want.to_string() + " ([B, S])", kv.to_string());
+  }
+  const double scale = n.attrs.f("scale");
+  if (!std::isfinite(scale)) return rule_error(n, "scale", "a finite number", std::to_string(scale));
+  return mask_of(n).status();
+}
+
+TensorType lse_type(const TensorType& q) { return TensorType{kStat, Shape{q.shape[0], q.shape[1], q.shape[2]}}; }
+
+Status infer_attention(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(check_attention(n, in, 3));
+  out = {in[0], lse_type(in[0])};
+  return Status();
+}
+
+// attention_grad(q, k, v, out, lse, g[, key_valid]).
+Status infer_attention_grad(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(check_attention(n, in, 6));
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "out", in[3], in[0], "q's type"));
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "lse", in[4], lse_type(in[0]), "the forward's saved statistic"));
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "g", in[5], in[0], "q's type"));
+  out = {in[0], in[1], in[1]};
+  return Status();
+}
+
+struct AttentionCall {
+  kernels::AttentionMask mask;
+  std::vector<uint8_t> key_valid;
+  int64_t B, H, T, S, D;
+  double scale;
+};
+
+Result<AttentionCall> attention_call(const Node& n, Ins in, size_t kv_index) {
+  AttentionCall c;
+  ASPEN_ASSIGN_OR_RETURN(c.mask, mask_of(n));
+  const Shape &q = in[0]->type.shape, &k = in[1]->type.shape;
+  c.B = q[0], c.H = q[1], c.T = q[2], c.S = k[2], c.D = q[3];
+  c.scale = n.attrs.f("scale");
+  if (in.size() > kv_index) {
+    for (double v : in[kv_index]->data) c.key_valid.push_back(v != 0 ? 1 : 0);
+    c.mask.key_valid = c.key_valid;
+  }
+  return c;
+}
+
+Status eval_attention(const Node& n, Ins in, Outs out) {
+  ASPEN_ASSIGN_OR_RETURN(const AttentionCall c, attention_call(n, in, 3));
+  kernels::ref::attention_forward<double>(in[0]->data.data(), in[1]->data.data(), in[2]->data.data(),
+                                          out[0].data.data(), out[1].data.data(), c.B, c.H, c.T, c.S, c.D, c.scale,
+                                          c.mask);
+  return Status();
+}
+
+Status eval_attention_grad(const Node& n, Ins in, Outs out) {
+  ASPEN_ASSIGN_OR_RETURN(const AttentionCall c, attention_call(n, in, 6));
+  kernels::ref::attention_backward<double>(in[0]->data.data(), in[1]->data.data(), in[2]->data.data(),
+                                           in[3]->data.data(), in[4]->data.data(), in[5]->data.data(),
+                                           out[0].data.data(), out[1].data.data(), out[2].data.data(), c.B, c.H, c.T,
+                                           c.S, c.D, c.scale, c.mask);
+  return Status();
+}
+
+Grads grad_attention(Builder& b, const Node& n, OutGrads g) {
+  ASPEN_RETURN_IF_ERROR(first_output_only(n, g, {"out", "lse"}));
+  if (!g[0]) return no_grads(n);
+  std::vector<ValueId> ins{n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1], *g[0]};
+  if (n.inputs.size() > 3) ins.push_back(n.inputs[3]);
+  std::vector<ValueId> d = b.op(OpKind::attention_grad, std::move(ins), n.attrs);
+  if (d.size() != 3) return no_grads(n);
+  std::vector<std::optional<ValueId>> r{d[0], d[1], d[2]};
+  if (n.inputs.size() > 3) r.push_back(std::nullopt);
+  return r;
+}
+
+}  // namespace
+
+void register_nn_ops(OpTable& t) {
+  const AttrSpec eps{"eps", AttrKind::f64, true};
+  t.define(OpKind::matmul, {.min_inputs = 2, .max_inputs = 3,
+                            .attrs = {{"trans_a", AttrKind::i64, false}, {"trans_b", AttrKind::i64, false}},
+                            .infer = infer_matmul, .grad = grad_matmul, .eval = eval_matmul});
+  t.define(OpKind::layernorm, {.min_inputs = 3, .max_inputs = 3, .attrs = {eps}, .infer = infer_layernorm,
+                               .grad = grad_layernorm, .eval = eval_layernorm});
+  t.define(OpKind::rmsnorm, {.min_inputs = 2, .max_inputs = 2, .attrs = {eps}, .infer = infer_rmsnorm,
+                             .grad = grad_rmsnorm, .eval = eval_rmsnorm});
+  t.define(OpKind::softmax, {.min_inputs = 1, .max_inputs = 1, .infer = infer_softmax, .grad = grad_softmax,
+                             .eval = eval_softmax});
+  const AttrSpec ignore{"ignore_index", AttrKind::i64, false};
+  t.define(OpKind::cross_entropy, {.min_inputs = 2, .max_inputs = 2, .attrs = {ignore}, .infer = infer_cross_entropy,
+                                   .grad = grad_cross_entropy, .eval = eval_cross_entropy});
+  t.define(OpKind::rotary, {.min_inputs = 2, .max_inputs = 2,
+                            .attrs = {{"rotary_dim", AttrKind::i64, true}, {"layout", AttrKind::str, true},
+                                      {"base", AttrKind::f64, false}, {"inverse", AttrKind::i64, false}},
+                            .infer = infer_rotary, .grad = grad_rotary, .eval = eval_rotary});
+  const std::vector<AttrSpec> attention_attrs = {{"scale", AttrKind::f64, true}, {"mask", AttrKind::str, true},
+                                                 {"window", AttrKind::i64, false},
+                                                 {"kv_offset", AttrKind::i64, false}};
+  t.define(OpKind::attention, {.min_inputs = 3, .max_inputs = 4, .attrs = attention_attrs, .infer = infer_attention,
+                               .grad = grad_attention, .eval = eval_attention});
+  t.define(OpKind::layernorm_grad, {.min_inputs = 5, .max_inputs = 5, .infer = infer_norm_grad,
+                                    .eval = eval_layernorm_grad});
+  t.define(OpKind::rmsnorm_grad, {.min_inputs = 4, .max_inputs = 4, .infer = infer_norm_grad,
+                                  .eval = eval_rmsnorm_grad});
+  t.define(OpKind::softmax_grad, {.min_inputs = 2, .max_inputs = 2, .infer = infer_softmax_grad,
+                                  .eval = eval_softmax_grad});
+  t.define(OpKind::cross_entropy_grad, {.min_inputs = 4, .max_inputs = 4, .attrs = {ignore},
+                                        .infer = infer_cross_entropy_grad, .eval = eval_cross_entropy_grad});
+  t.define(OpKind::attention_grad, {.min_inputs = 6, .max_inputs = 7, .attrs = attention_attrs,
+                                    .infer = infer_attention_grad, .eval = eval_attention_grad});
+}
+
+}  // namespace aspen::graph

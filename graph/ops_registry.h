@@ -1,0 +1,26 @@
+// graph/ops_registry.h: how the ops_<group>.cc files fill the op table
+// (private to graph/).
+#pragma once
+
+#include "graph/op.h"
+
+namespace aspen::graph {
+
+class OpTable {
+ public:
+  explicit OpTable(OpInfo* table) : table_(table) {}
+  // Sets the entry for `op`; its name comes from ASPEN_OPS.
+  void define(OpKind op, OpInfo info);
+
+ private:
+  OpInfo* table_;
+};
+
+void register_source_ops(OpTable& t);
+void register_elementwise_ops(OpTable& t);
+void register_shape_ops(OpTable& t);
+void register_reduce_ops(OpTable& t);
+void register_nn_ops(OpTable& t);
+void register_collective_ops(OpTable& t);
+
+}  // namespace aspen::graph

@@ -1,0 +1,332 @@
+// graph/ops_shape.cc: ops that move data without changing values, and
+// indexing.
+//
+//   reshape(x) {shape}: same elements in the same row-major order, new shape
+//       (explicit extents, no -1; the element counts must match).
+//   transpose(x) {perm}: out dimension i is x's dimension perm[i]; perm is a
+//       permutation of [0, rank).
+//   slice(x) {axis, begin, end}: x[..., begin:end, ...] on `axis` (negative
+//       counts from the back); 0 <= begin <= end <= that dimension.
+//   concat(x0, x1, ...) {axis}: joined along `axis`; equal dtypes, equal
+//       dimensions off the axis.
+//   gather(table, ids): table [V, C] float, ids i32/i64 [...] -> [..., C];
+//       out[..., :] = table[ids[...], :]. An id outside [0, V) is an eval error.
+//   gather_grad(ids, g) {vocab}: ids [...], g [..., C] -> [vocab, C];
+//       scatter-add of g's rows into the rows named by ids (embedding backward).
+// Gradient rules:
+//   reshape:     dx = reshape(g, x's shape)
+//   transpose:   dx = transpose(g, inverse of perm)
+//   slice:       dx = concat(zeros before, g, zeros after) on the axis (empty pieces left out)
+//   concat:      dx_k = slice(g, axis, offset_k, offset_k + x_k's size on the axis)
+//   gather:      dtable = gather_grad(ids, g) {vocab: V}; no gradient to ids
+//   gather_grad: none (backward-only)
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "graph/ops_registry.h"
+#include "graph/ops_util.h"
+#include "kernels/embedding.h"
+
+namespace aspen::graph {
+
+namespace {
+using namespace opsutil;
+using Grads = Result<std::vector<std::optional<ValueId>>>;
+using OutGrads = std::span<const std::optional<ValueId>>;
+
+std::string list_string(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// ---------------------------------------------------------------------------
+// reshape
+
+Status infer_reshape(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_ASSIGN_OR_RETURN(Shape to, to_shape(n, "shape", n.attrs.ints("shape")));
+  const Shape& from = in[0].shape;
+  if (to.numel() != from.numel())
+    return rule_error(n, "shape", std::to_string(from.numel()) + " elements (the input's " + from.to_string() + ")",
+                      to.to_string() + " with " + std::to_string(to.numel()) + " elements");
+  out = {TensorType{in[0].dtype, to}};
+  return Status();
+}
+
+Status eval_reshape(const Node&, std::span<const HostArray* const> in, std::span<HostArray> out) {
+  out[0].data = in[0]->data;
+  return Status();
+}
+
+Grads grad_reshape(Builder& b, const Node& n, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{b.reshape(*g[0], dims(b.type(n.inputs[0]).shape))};
+}
+
+// ---------------------------------------------------------------------------
+// transpose
+
+Status infer_transpose(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  const std::vector<int64_t>& perm = n.attrs.ints("perm");
+  const Shape& s = in[0].shape;
+  std::vector<char> seen(size_t(s.rank()), 0);
+  bool ok = int(perm.size()) == s.rank();
+  for (size_t i = 0; ok && i < perm.size(); ++i) {
+    ok = perm[i] >= 0 && perm[i] < s.rank() && !seen[size_t(perm[i])];
+    if (ok) seen[size_t(perm[i])] = 1;
+  }
+  if (!ok)
+    return rule_error(n, "perm", "a permutation of [0, " + std::to_string(s.rank()) + ") (the input's rank)",
+                      list_string(perm));
+  std::vector<int64_t> d;
+  for (int64_t p : perm) d.push_back(s[int(p)]);
+  out = {TensorType{in[0].dtype, *Shape::make(d.data(), int(d.size()))}};
+  return Status();
+}
+
+Status eval_transpose(const Node& n, std::span<const HostArray* const> in, std::span<HostArray> out) {
+  const std::vector<int64_t>& perm = n.attrs.ints("perm");
+  const Shape& from = in[0]->type.shape;
+  const Shape& to = out[0].type.shape;
+  const int rank = to.rank();
+  // Walk the output in order, keeping the flat input offset of its coordinate.
+  std::vector<int64_t> step(static_cast<size_t>(rank)), coord(static_cast<size_t>(rank), 0);
+  for (int i = 0; i < rank; ++i) step[size_t(i)] = from.stride(int(perm[size_t(i)]));
+  int64_t src = 0;
+  for (int64_t flat = 0; flat < to.numel(); ++flat) {
+    out[0].data[size_t(flat)] = in[0]->data[size_t(src)];
+    for (int d = rank - 1; d >= 0; --d) {
+      src += step[size_t(d)];
+      if (++coord[size_t(d)] < to[d]) break;
+      src -= coord[size_t(d)] * step[size_t(d)];
+      coord[size_t(d)] = 0;
+    }
+  }
+  return Status();
+}
+
+Grads grad_transpose(Builder& b, const Node& n, OutGrads g) {
+  const std::vector<int64_t>& perm = n.attrs.ints("perm");
+  std::vector<int64_t> inverse(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inverse[size_t(perm[i])] = int64_t(i);
+  return std::vector<std::optional<ValueId>>{b.transpose(*g[0], inverse)};
+}
+
+// ---------------------------------------------------------------------------
+// slice
+
+Status infer_slice(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  const Shape& s = in[0].shape;
+  ASPEN_ASSIGN_OR_RETURN(int axis, axis_of(n, "axis", n.attrs.i("axis"), s.rank()));
+  const int64_t begin = n.attrs.i("begin"), end = n.attrs.i("end"), dim = s[axis];
+  if (begin < 0 || begin > end || end > dim)
+    return rule_error(n, "range",
+                      "0 <= begin <= end <= " + std::to_string(dim) + " (dimension " + std::to_string(axis) +
+                          " of " + s.to_string() + ")",
+                      "begin " + std::to_string(begin) + ", end " + std::to_string(end));
+  std::vector<int64_t> d = dims(s);
+  d[size_t(axis)] = end - begin;
+  out = {TensorType{in[0].dtype, *Shape::make(d.data(), int(d.size()))}};
+  return Status();
+}
+
+// Elements before the axis (outer) and after it (inner) of shape s.
+void split_at(const Shape& s, int axis, int64_t& outer, int64_t& inner) {
+  outer = 1;
+  inner = 1;
+  for (int i = 0; i < axis; ++i) outer *= s[i];
+  for (int i = axis + 1; i < s.rank(); ++i) inner *= s[i];
+}
+
+Status eval_slice(const Node& n, std::span<const HostArray* const> in, std::span<HostArray> out) {
+  const Shape& s = in[0]->type.shape;
+  const int axis = *axis_of(n, "axis", n.attrs.i("axis"), s.rank());
+  const int64_t begin = n.attrs.i("begin"), end = n.attrs.i("end");
+  int64_t outer = 0, inner = 0;
+  split_at(s, axis, outer, inner);
+  const int64_t src_row = s[axis] * inner, dst_row = (end - begin) * inner;
+  for (int64_t o = 0; o < outer; ++o)
+    std::copy_n(in[0]->data.begin() + o * src_row + begin * inner, dst_row, out[0].data.begin() + o * dst_row);
+  return Status();
+}
+
+Grads grad_slice(Builder& b, const Node& n, OutGrads g) {
+  const TensorType t = b.type(n.inputs[0]);  // a copy: the builder's appends move the value table
+  const int axis = *axis_of(n, "axis", n.attrs.i("axis"), t.shape.rank());
+  const int64_t begin = n.attrs.i("begin"), end = n.attrs.i("end"), dim = t.shape[axis];
+  auto zeros = [&](int64_t extent) {
+    std::vector<int64_t> d = dims(t.shape);
+    d[size_t(axis)] = extent;
+    return b.broadcast(b.scalar(0.0f, t.dtype), d);
+  };
+  std::vector<ValueId> pieces;
+  if (begin > 0) pieces.push_back(zeros(begin));
+  if (end > begin) pieces.push_back(*g[0]);
+  if (dim > end) pieces.push_back(zeros(dim - end));
+  if (pieces.empty()) return std::vector<std::optional<ValueId>>{zeros(0)};  // x has no elements
+  if (pieces.size() == 1) return std::vector<std::optional<ValueId>>{pieces[0]};
+  return std::vector<std::optional<ValueId>>{b.concat(pieces, axis)};
+}
+
+// ---------------------------------------------------------------------------
+// concat
+
+Status infer_concat(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  const TensorType& first = in[0];
+  ASPEN_ASSIGN_OR_RETURN(int axis, axis_of(n, "axis", n.attrs.i("axis"), first.shape.rank()));
+  // in[0]'s type with "*" on the axis: what every input must look like.
+  std::string pattern = std::string(dtype_name(first.dtype)) + "[";
+  for (int i = 0; i < first.shape.rank(); ++i)
+    pattern += (i ? ", " : "") + (i == axis ? std::string("*") : std::to_string(first.shape[i]));
+  pattern += "]";
+  int64_t total = 0;
+  for (size_t k = 0; k < in.size(); ++k) {
+    bool ok = in[k].dtype == first.dtype && in[k].shape.rank() == first.shape.rank();
+    for (int i = 0; ok && i < first.shape.rank(); ++i) ok = i == axis || in[k].shape[i] == first.shape[i];
+    if (!ok)
+      return rule_error(n, "input " + std::to_string(k),
+                        pattern + " (input 0's type, any size on axis " + std::to_string(axis) + ")",
+                        in[k].to_string());
+    total += in[k].shape[axis];
+  }
+  std::vector<int64_t> d = dims(first.shape);
+  d[size_t(axis)] = total;
+  ASPEN_ASSIGN_OR_RETURN(Shape s, to_shape(n, "output shape", d));
+  out = {TensorType{first.dtype, s}};
+  return Status();
+}
+
+Status eval_concat(const Node& n, std::span<const HostArray* const> in, std::span<HostArray> out) {
+  const Shape& s = out[0].type.shape;
+  const int axis = *axis_of(n, "axis", n.attrs.i("axis"), s.rank());
+  int64_t outer = 0, inner = 0;
+  split_at(s, axis, outer, inner);
+  auto dst = out[0].data.begin();
+  for (int64_t o = 0; o < outer; ++o)
+    for (const HostArray* x : in) {
+      const int64_t row = x->type.shape[axis] * inner;
+      dst = std::copy_n(x->data.begin() + o * row, row, dst);
+    }
+  return Status();
+}
+
+Grads grad_concat(Builder& b, const Node& n, OutGrads g) {
+  const int axis = *axis_of(n, "axis", n.attrs.i("axis"), b.type(n.outputs[0]).shape.rank());
+  std::vector<std::optional<ValueId>> r;
+  int64_t offset = 0;
+  for (ValueId x : n.inputs) {
+    const int64_t size = b.type(x).shape[axis];
+    r.push_back(b.slice(*g[0], axis, offset, offset + size));
+    offset += size;
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// gather and gather_grad
+
+Status infer_gather(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(expect_float(n, "table", in[0]));
+  ASPEN_RETURN_IF_ERROR(expect_rank(n, "table", in[0], 2, 2));
+  ASPEN_RETURN_IF_ERROR(expect_int(n, "ids", in[1]));
+  ASPEN_RETURN_IF_ERROR(expect_rank(n, "ids", in[1], 0, Shape::kMaxRank - 1));
+  std::vector<int64_t> d = dims(in[1].shape);
+  d.push_back(in[0].shape[1]);
+  ASPEN_ASSIGN_OR_RETURN(Shape s, to_shape(n, "output shape", d));
+  out = {TensorType{in[0].dtype, s}};
+  return Status();
+}
+
+Status infer_gather_grad(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(expect_int(n, "ids", in[0]));
+  ASPEN_RETURN_IF_ERROR(expect_float(n, "g", in[1]));
+  const Shape& ids = in[0].shape;
+  const Shape& g = in[1].shape;
+  bool ok = g.rank() == ids.rank() + 1;
+  for (int i = 0; ok && i < ids.rank(); ++i) ok = g[i] == ids[i];
+  if (!ok) return rule_error(n, "g", "shape " + ids.to_string() + " + [C] (the ids' shape, then C)", g.to_string());
+  const int64_t vocab = n.attrs.i("vocab");
+  if (vocab < 0) return rule_error(n, "vocab", ">= 0", std::to_string(vocab));
+  std::vector<int64_t> d = {vocab, g[-1]};
+  ASPEN_ASSIGN_OR_RETURN(Shape s, to_shape(n, "output shape", d));
+  out = {TensorType{in[1].dtype, s}};
+  return Status();
+}
+
+// "ids[1, 0] = 7": the id at flat position `flat` of an ids array shaped s.
+std::string id_at(const Shape& s, int64_t flat, double value) {
+  std::vector<int64_t> coord(size_t(s.rank()));
+  for (int d = s.rank() - 1; d >= 0; --d) {
+    coord[size_t(d)] = s[d] == 0 ? 0 : flat % s[d];
+    flat = s[d] == 0 ? 0 : flat / s[d];
+  }
+  std::string v = std::isfinite(value) && value == std::trunc(value) && std::fabs(value) < 9.0e18
+                      ? std::to_string(int64_t(value))
+                      : std::to_string(value);
+  return "ids" + (s.rank() == 0 ? std::string() : list_string(coord)) + " = " + v;
+}
+
+// Checks every id against [0, vocab) and converts them to the kernels' int32.
+Status ids_to_i32(const Node& n, const HostArray& ids, int64_t vocab, std::vector<int32_t>& out) {
+  out.resize(ids.data.size());
+  for (size_t i = 0; i < ids.data.size(); ++i) {
+    const double v = ids.data[i];
+    if (!(v >= 0 && v < double(vocab)))
+      return Status::error(Code::kOutOfRange, std::string(op_name(n.op)) + ": ids",
+                           "every id in [0, V) = [0, " + std::to_string(vocab) + ")",
+                           id_at(ids.type.shape, int64_t(i), v));
+    if (v > double(std::numeric_limits<int32_t>::max()))
+      return Status::error(Code::kUnimplemented, std::string(op_name(n.op)) + ": ids",
+                           "ids below 2^31 (the reference kernel takes int32 ids)", id_at(ids.type.shape, int64_t(i), v));
+    out[i] = int32_t(v);
+  }
+  return Status();
+}
+
+Status eval_gather(const Node& n, std::span<const HostArray* const> in, std::span<HostArray> out) {
+  const int64_t V = in[0]->type.shape[0], C = in[0]->type.shape[1];
+  std::vector<int32_t> ids;
+  ASPEN_RETURN_IF_ERROR(ids_to_i32(n, *in[1], V, ids));
+  kernels::ref::embedding_forward<double>(ids.data(), in[0]->data.data(), out[0].data.data(), int64_t(ids.size()), V,
+                                          C);
+  return Status();
+}
+
+Status eval_gather_grad(const Node& n, std::span<const HostArray* const> in, std::span<HostArray> out) {
+  const int64_t V = out[0].type.shape[0], C = out[0].type.shape[1];
+  std::vector<int32_t> ids;
+  ASPEN_RETURN_IF_ERROR(ids_to_i32(n, *in[0], V, ids));
+  std::fill(out[0].data.begin(), out[0].data.end(), 0.0);
+  kernels::ref::embedding_backward<double>(ids.data(), in[1]->data.data(), out[0].data.data(), int64_t(ids.size()), V,
+                                           C);
+  return Status();
+}
+
+Grads grad_gather(Builder& b, const Node& n, OutGrads g) {
+  const int64_t vocab = b.type(n.inputs[0]).shape[0];
+  return std::vector<std::optional<ValueId>>{b.op1(OpKind::gather_grad, {n.inputs[1], *g[0]}, {{"vocab", vocab}}),
+                                             std::nullopt};
+}
+
+}  // namespace
+
+void register_shape_ops(OpTable& t) {
+  t.define(OpKind::reshape, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"shape", AttrKind::ints, true}},
+                             .infer = infer_reshape, .grad = grad_reshape, .eval = eval_reshape});
+  t.define(OpKind::transpose, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"perm", AttrKind::ints, true}},
+                               .infer = infer_transpose, .grad = grad_transpose, .eval = eval_transpose});
+  t.define(OpKind::slice, {.min_inputs = 1, .max_inputs = 1,
+                           .attrs = {{"axis", AttrKind::i64, true}, {"begin", AttrKind::i64, true},
+                                     {"end", AttrKind::i64, true}},
+                           .infer = infer_slice, .grad = grad_slice, .eval = eval_slice});
+  t.define(OpKind::concat, {.min_inputs = 1, .max_inputs = -1, .attrs = {{"axis", AttrKind::i64, true}},
+                            .infer = infer_concat, .grad = grad_concat, .eval = eval_concat});
+  t.define(OpKind::gather, {.min_inputs = 2, .max_inputs = 2, .infer = infer_gather, .grad = grad_gather,
+                            .eval = eval_gather});
+  // gather_grad is backward-only: not differentiated again.
+  t.define(OpKind::gather_grad, {.min_inputs = 2, .max_inputs = 2, .attrs = {{"vocab", AttrKind::i64, true}},
+                                 .infer = infer_gather_grad, .eval = eval_gather_grad});
+}
+
+}  // namespace aspen::graph

@@ -1,0 +1,54 @@
+// runtime/session.h: loads an Executable onto a device and runs it.
+//
+//   auto exe = compiler::compile(graph);
+//   auto session = Session::create(std::move(*exe));
+//   session->set_parameter("fc.weight", w);
+//   auto outputs = session->run({{"x", &x}});
+//
+// Parameters are state owned by the session (zeros until set); inputs are
+// copied into the arena before the program runs and named outputs copied out
+// after. A wrong input name, type or shape is a Status naming it.
+//
+// Thread-safety: one run at a time per session (calls serialize on the
+// device's team).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "compiler/executable.h"
+#include "core/tensor.h"
+#include "runtime/device.h"
+
+namespace aspen::runtime {
+
+struct SessionOptions {
+  int threads = 0;  // 0: every free core
+  std::string device_name = "cpu0";
+};
+
+class Session {
+ public:
+  static Result<std::unique_ptr<Session>> create(std::unique_ptr<compiler::Executable> exe,
+                                                 const SessionOptions& options = {});
+
+  const compiler::Executable& executable() const { return *exe_; }
+  CpuDevice& device() { return *device_; }
+
+  Status set_parameter(const std::string& name, const Tensor& value);
+  Result<Tensor> get_parameter(const std::string& name) const;
+  // Runs the program once. Every input must be given, with its exact type.
+  Result<std::map<std::string, Tensor>> run(const std::map<std::string, const Tensor*>& inputs);
+
+ private:
+  Session() = default;
+  const void* resolve(int32_t value) const;
+  void* resolve_mut(int32_t value);
+
+  std::unique_ptr<compiler::Executable> exe_;
+  std::unique_ptr<CpuDevice> device_;
+  std::vector<Tensor> parameters_;  // by Slot::offset
+};
+
+}  // namespace aspen::runtime

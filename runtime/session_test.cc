@@ -1,0 +1,93 @@
+#include "runtime/session.h"
+
+#include <gtest/gtest.h>
+
+#include "core/philox.h"
+#include "graph/builder.h"
+#include "graph/grad_check.h"
+#include "graph/interpreter.h"
+
+namespace aspen::runtime {
+namespace {
+
+using graph::Builder;
+using graph::Graph;
+using graph::ValueId;
+
+Tensor random_tensor(Shape s, uint64_t seed) {
+  Tensor t(DType::f32, s);
+  philox_fill_uniform(t.span<float>(), seed, 0, 0, -1, 1);
+  return t;
+}
+
+// The compiled program must equal the reference interpreter (with rounding
+// to each dtype) on the same feeds, at every optimization level.
+void expect_matches_interpreter(const Graph& g, const std::map<std::string, Tensor>& inputs,
+                                const std::map<std::string, Tensor>& params) {
+  std::map<std::string, graph::HostArray> feeds;
+  for (auto& [k, v] : inputs) feeds[k] = graph::HostArray::from_tensor(v);
+  for (auto& [k, v] : params) feeds[k] = graph::HostArray::from_tensor(v);
+  auto want = graph::interpret(g, feeds, {.round_to_dtype = true});
+  ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+  for (auto level : {compiler::OptLevel::O0, compiler::OptLevel::O1, compiler::OptLevel::O2}) {
+    auto exe = compiler::compile(g, {.opt_level = level, .verify_each_pass = true});
+    ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+    auto session = Session::create(std::move(exe).value(), {.threads = 1});
+    ASSERT_TRUE(session.is_ok()) << session.status().to_string();
+    for (auto& [k, v] : params) ASSERT_TRUE((*session)->set_parameter(k, v).is_ok());
+    std::map<std::string, const Tensor*> in;
+    for (auto& [k, v] : inputs) in[k] = &v;
+    auto got = (*session)->run(in);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    for (auto& [name, w] : *want) {
+      const Tensor& t = got->at(name);
+      auto h = graph::HostArray::from_tensor(t);
+      ASSERT_EQ(h.type, w.type) << name;
+      for (size_t i = 0; i < h.data.size(); ++i)
+        ASSERT_NEAR(h.data[i], w.data[i], 1e-5 * (1 + std::abs(w.data[i]))) << name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(Session, CompiledEqualsInterpreter) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {3, 5});
+  ValueId w = b.parameter("w", DType::f32, {5});
+  ValueId h = b.add(b.mul(x, b.broadcast(w, {3, 5})), b.exp(b.scale(x, 0.5)));
+  b.output("y", b.gelu(h));
+  b.output("s", b.reduce_sum(h, {1}));
+  b.output("k", b.exp(b.scalar(2.0f)));  // folds at O1 and O2
+  ASSERT_TRUE(b.status().is_ok());
+  std::map<std::string, Tensor> inputs, params;
+  inputs.emplace("x", random_tensor({3, 5}, 1));
+  params.emplace("w", random_tensor({5}, 2));
+  expect_matches_interpreter(g, inputs, params);
+}
+
+TEST(Session, BadInputsAreStatuses) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {2, 2});
+  b.parameter("p", DType::f32, {2});
+  b.output("y", b.neg(x));
+  auto exe = compiler::compile(g);
+  ASSERT_TRUE(exe.is_ok());
+  auto session = Session::create(std::move(exe).value(), {.threads = 1});
+  ASSERT_TRUE(session.is_ok());
+  Session& s = **session;
+  Tensor wrong(DType::f32, Shape{4});
+  EXPECT_EQ(s.run({{"x", &wrong}}).status().message(), "input 'x': expected f32[2, 2], found f32[4]");
+  EXPECT_EQ(s.run({}).status().message(), "input 'x': expected a tensor f32[2, 2], found none given");
+  Tensor ok(DType::f32, Shape{2, 2});
+  EXPECT_EQ(s.run({{"x", &ok}, {"z", &ok}}).status().message(), "input 'z': expected an input of the program, found none");
+  EXPECT_EQ(s.set_parameter("p", wrong).message(), "parameter 'p': expected f32[2], found f32[4]");
+  EXPECT_EQ(s.set_parameter("q", wrong).code(), Code::kNotFound);
+  Tensor p(DType::f32, Shape{2});
+  p.data<float>()[1] = 3;
+  ASSERT_TRUE(s.set_parameter("p", p).is_ok());
+  EXPECT_EQ(s.get_parameter("p")->data<float>()[1], 3.0f);
+}
+
+}  // namespace
+}  // namespace aspen::runtime
