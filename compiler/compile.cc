@@ -122,4 +122,13 @@ Result<std::unique_ptr<Executable>> compile(const Graph& graph_in, const Compile
   return exe;
 }
 
+Result<std::unique_ptr<Executable>> lower_optimized(Graph optimized, const CompileOptions& options) {
+  auto exe = std::make_unique<Executable>();
+  exe->options = options;
+  exe->graph = std::move(optimized);
+  ASPEN_ASSIGN_OR_RETURN(exe->plan, plan_memory(exe->graph));
+  ASPEN_RETURN_IF_ERROR(lower(*exe));
+  return exe;
+}
+
 }  // namespace aspen::compiler

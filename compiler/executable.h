@@ -54,5 +54,8 @@ struct Executable {
 
 // The whole pipeline: verify, passes, memory plan, lowering.
 Result<std::unique_ptr<Executable>> compile(const graph::Graph& graph, const CompileOptions& options = {});
+// Memory planning and lowering only, for a graph that already went through
+// the passes (an executable cache entry).
+Result<std::unique_ptr<Executable>> lower_optimized(graph::Graph optimized, const CompileOptions& options);
 
 }  // namespace aspen::compiler

@@ -38,11 +38,16 @@ class LogMessage {
   LogLevel level_;
   std::ostringstream os_;
 };
+struct LogVoidify {
+  void operator&(const LogMessage&) {}
+};
 }  // namespace detail
 
 }  // namespace aspen
 
-#define ASPEN_LOG(level)                                              \
-  if (::aspen::LogLevel::level < ::aspen::log_level()) {              \
-  } else                                                              \
-    ::aspen::detail::LogMessage(::aspen::LogLevel::level, __FILE__, __LINE__)
+// An expression, not an if-statement, so it nests safely inside an unbraced if.
+#define ASPEN_LOG(level)                                  \
+  (::aspen::LogLevel::level < ::aspen::log_level())       \
+      ? (void)0                                           \
+      : ::aspen::detail::LogVoidify() &                   \
+            ::aspen::detail::LogMessage(::aspen::LogLevel::level, __FILE__, __LINE__)

@@ -1,0 +1,160 @@
+#include "compiler/cache.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "compiler/serialize.h"
+#include "core/log.h"
+#include "graph/verify.h"
+
+namespace aspen::compiler {
+
+namespace {
+
+constexpr char kMagic[8] = {'A', 'S', 'P', 'N', 'E', 'X', 'E', 'C'};
+constexpr size_t kHeaderBytes = 8 + 4 + 8 + 8 + 8;
+
+std::string encode_options(const CompileOptions& o) {
+  std::string s;
+  s += char(o.opt_level);
+  s.append(reinterpret_cast<const char*>(&o.max_folded_elements), sizeof(o.max_folded_elements));
+  return s;
+}
+
+template <class T>
+void put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <class T>
+T get(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+Status write_atomically(const std::string& path, const std::string& bytes) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::error(Code::kIoError, tmp, "a writable file", std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      Status s = Status::error(Code::kIoError, tmp, "all bytes written", std::strerror(errno));
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    done += size_t(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    return Status::error(Code::kIoError, tmp, "fsync and close", std::strerror(errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    Status s = Status::error(Code::kIoError, path, "rename from " + tmp, std::strerror(errno));
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  return Status();
+}
+
+// Reads and checks an entry; the graph it holds, or why it cannot be used.
+Result<graph::Graph> read_entry(const std::string& path, uint64_t key, const std::string& options) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status::error(Code::kNotFound, path, "a cache entry", "none");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string data = ss.str();
+  if (data.size() < kHeaderBytes)
+    return Status::error(Code::kCorrupt, path, "at least " + std::to_string(kHeaderBytes) + " bytes",
+                         std::to_string(data.size()) + " (truncated)");
+  if (std::memcmp(data.data(), kMagic, 8) != 0)
+    return Status::error(Code::kCorrupt, path, "an aspen executable (magic ASPNEXEC)", "other bytes");
+  const uint32_t version = get<uint32_t>(data.data() + 8);
+  if (version != kExecutableFormatVersion)
+    return Status::error(Code::kCorrupt, path, "format version " + std::to_string(kExecutableFormatVersion),
+                         "version " + std::to_string(version));
+  if (get<uint64_t>(data.data() + 12) != key)
+    return Status::error(Code::kCorrupt, path, "the key of its name", "another key");
+  const uint64_t payload = get<uint64_t>(data.data() + 20);
+  if (payload != data.size() - kHeaderBytes)
+    return Status::error(Code::kCorrupt, path, std::to_string(payload) + " payload bytes",
+                         std::to_string(data.size() - kHeaderBytes) + " (truncated or padded)");
+  const std::string_view body(data.data() + kHeaderBytes, size_t(payload));
+  if (fnv1a64(body) != get<uint64_t>(data.data() + 28))
+    return Status::error(Code::kCorrupt, path, "a payload matching its checksum", "a mismatch");
+  if (body.substr(0, options.size()) != options)
+    return Status::error(Code::kCorrupt, path, "the compile options of its key", "other options");
+  ASPEN_ASSIGN_OR_RETURN(graph::Graph g, decode_graph(body.substr(options.size())));
+  ASPEN_RETURN_IF_ERROR(graph::verify(g));
+  return g;
+}
+
+}  // namespace
+
+std::string default_cache_dir() {
+  if (const char* d = std::getenv("ASPEN_CACHE_DIR"); d && *d) return d;
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::string(d) + "/aspen";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/aspen";
+  return ".aspen-cache";
+}
+
+uint64_t ExecutableCache::key(const graph::Graph& g, const CompileOptions& options) {
+  uint64_t h = fnv1a64(encode_graph(g));
+  h = fnv1a64(encode_options(options), h);
+  const uint32_t v = kExecutableFormatVersion;
+  return fnv1a64(std::string_view(reinterpret_cast<const char*>(&v), sizeof(v)), h);
+}
+
+std::string ExecutableCache::entry_path(uint64_t key) const {
+  char name[32];
+  std::snprintf(name, sizeof(name), "%016llx.aspenexe", static_cast<unsigned long long>(key));
+  return dir_ + "/" + name;
+}
+
+Result<std::unique_ptr<Executable>> ExecutableCache::compile(const graph::Graph& g, const CompileOptions& options,
+                                                             bool* hit) {
+  if (hit) *hit = false;
+  const uint64_t k = key(g, options);
+  const std::string path = entry_path(k);
+  const std::string opts = encode_options(options);
+  auto cached = read_entry(path, k, opts);
+  if (cached.is_ok()) {
+    auto exe = lower_optimized(std::move(cached).value(), options);
+    if (exe.is_ok()) {
+      if (hit) *hit = true;
+      return exe;
+    }
+    ASPEN_LOG(warning) << "executable cache: " << path << " could not be loaded (" << exe.status().message()
+                       << "); rebuilding it";
+  } else if (cached.status().code() != Code::kNotFound) {
+    ASPEN_LOG(warning) << "executable cache: ignoring " << cached.status().message() << "; rebuilding it";
+  }
+  ASPEN_ASSIGN_OR_RETURN(std::unique_ptr<Executable> exe, compiler::compile(g, options));
+  std::string bytes(kMagic, 8);
+  put<uint32_t>(bytes, kExecutableFormatVersion);
+  put<uint64_t>(bytes, k);
+  const std::string body = opts + encode_graph(exe->graph);
+  put<uint64_t>(bytes, body.size());
+  put<uint64_t>(bytes, fnv1a64(body));
+  bytes += body;
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  Status w = ec ? Status::error(Code::kIoError, dir_, "a cache directory", ec.message()) : write_atomically(path, bytes);
+  if (!w.is_ok()) ASPEN_LOG(warning) << "executable cache: not stored: " << w.message();
+  return exe;
+}
+
+}  // namespace aspen::compiler

@@ -1,0 +1,50 @@
+// compiler/cache.h: the on-disk executable cache.
+//
+// compile_cached() looks up an entry keyed by hash(graph encoding, options,
+// format version). An entry holds the graph after passes; loading it skips
+// the passes and re-runs only memory planning and lowering (prepared kernels
+// are process-local: a oneDNN primitive cannot be saved). Entries are checked
+// before use: magic, format version, key, length and checksum. A corrupt,
+// truncated or foreign entry is rebuilt with a warning, never used. Entries
+// are written to a temporary file in the same directory, fsynced and renamed,
+// so concurrent writers of one key cannot leave a torn file (the last rename
+// wins, and both wrote the same bytes).
+//
+// Layout of an entry file (pinned; docs/formats.md):
+//   "ASPNEXEC" | u32 format version | u64 key | u64 payload bytes | u64 FNV-1a of payload | payload
+// payload = encoded options | encoded graph (compiler/serialize.h).
+//
+// Thread-safety: an ExecutableCache may be used from several threads.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "compiler/executable.h"
+
+namespace aspen::compiler {
+
+inline constexpr uint32_t kExecutableFormatVersion = 1;
+
+// $ASPEN_CACHE_DIR if set, else $XDG_CACHE_HOME/aspen, else ~/.cache/aspen.
+std::string default_cache_dir();
+
+class ExecutableCache {
+ public:
+  explicit ExecutableCache(std::string dir) : dir_(std::move(dir)) {}
+  const std::string& dir() const { return dir_; }
+
+  // The cache key of (graph, options).
+  static uint64_t key(const graph::Graph& graph, const CompileOptions& options);
+  std::string entry_path(uint64_t key) const;
+
+  // Loads the entry for (graph, options) or compiles and stores it. *hit says
+  // which happened. Failing to write the entry is a warning, not an error.
+  Result<std::unique_ptr<Executable>> compile(const graph::Graph& graph, const CompileOptions& options,
+                                              bool* hit = nullptr);
+
+ private:
+  std::string dir_;
+};
+
+}  // namespace aspen::compiler

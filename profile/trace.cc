@@ -1,0 +1,420 @@
+#include "profile/trace.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <system_error>
+#include <unordered_map>
+
+namespace aspen::profile {
+
+// ---------------------------------------------------------------- recorder
+
+TraceRecorder::TraceRecorder(bool enabled) : origin_(std::chrono::steady_clock::now()), enabled_(enabled) {}
+
+std::vector<TraceEvent>& TraceRecorder::Shard::tail() {
+  if (chunks.empty() || chunks.back().size() == chunks.back().capacity()) {
+    chunks.emplace_back();
+    chunks.back().reserve(kChunkEvents);
+  }
+  return chunks.back();
+}
+
+TraceRecorder::Shard& TraceRecorder::shard_for_this_thread() {
+  // Each thread takes the next slot once; threads of one process rarely
+  // share a shard until there are more than kShards of them.
+  static std::atomic<unsigned> next_slot{0};
+  thread_local const unsigned slot = next_slot.fetch_add(1, std::memory_order_relaxed);
+  return shards_[slot % kShards];
+}
+
+void TraceRecorder::record(const TraceEvent& event) {
+  Shard& s = shard_for_this_thread();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.tail().push_back(event);
+}
+
+void TraceRecorder::record(TraceEvent&& event) {
+  Shard& s = shard_for_this_thread();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.tail().push_back(std::move(event));
+}
+
+std::vector<TraceEvent> TraceRecorder::events() const {
+  std::vector<TraceEvent> out;
+  out.reserve(size());
+  for (const Shard& s : shards_) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (const auto& chunk : s.chunks) out.insert(out.end(), chunk.begin(), chunk.end());
+  }
+  // Ties beyond start and length are broken by device and name so that the
+  // order does not depend on which shard a thread happened to use.
+  std::stable_sort(out.begin(), out.end(), [](const TraceEvent& a, const TraceEvent& b) {
+    if (a.start_ns != b.start_ns) return a.start_ns < b.start_ns;
+    if (a.end_ns != b.end_ns) return a.end_ns > b.end_ns;
+    if (a.device != b.device) return a.device < b.device;
+    return a.name < b.name;
+  });
+  return out;
+}
+
+size_t TraceRecorder::size() const {
+  size_t n = 0;
+  for (const Shard& s : shards_) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (const auto& chunk : s.chunks) n += chunk.size();
+  }
+  return n;
+}
+
+void TraceRecorder::clear() {
+  for (Shard& s : shards_) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.chunks.clear();
+  }
+}
+
+void TraceScope::begin(std::string_view device, std::string_view name, std::string_view cat, int64_t bytes) {
+  event_.device.assign(device);
+  event_.name.assign(name);
+  event_.category.assign(cat);
+  event_.bytes = bytes;
+  event_.start_ns = recorder_->now_ns();
+}
+
+void TraceScope::end() {
+  event_.end_ns = recorder_->now_ns();
+  recorder_->record(std::move(event_));
+}
+
+// ---------------------------------------------------------------- chrome trace
+
+namespace {
+
+// A JSON string literal; invalid UTF-8 becomes U+FFFD rather than an error.
+void append_json_string(std::string& out, const std::string& s) {
+  bool plain = true;
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == '"' || c == '\\' || c >= 0x80) {
+      plain = false;
+      break;
+    }
+  }
+  if (plain) {  // the common case: no escaping needed
+    out += '"';
+    out += s;
+    out += '"';
+    return;
+  }
+  out += nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// Nanoseconds as microseconds with up to three decimals, exactly.
+void append_us(std::string& out, int64_t ns) {
+  uint64_t u = static_cast<uint64_t>(ns);
+  if (ns < 0) {
+    out += '-';
+    u = ~u + 1;  // magnitude, also for INT64_MIN
+  }
+  out += std::to_string(u / 1000);
+  unsigned frac = static_cast<unsigned>(u % 1000);
+  if (frac != 0) {
+    char buf[5];
+    std::snprintf(buf, sizeof buf, ".%03u", frac);
+    size_t len = 4;
+    while (buf[len - 1] == '0') --len;
+    out.append(buf, len);
+  }
+}
+
+void append_metadata(std::string& out, const char* what, int tid, const std::string& arg_key,
+                     const std::string* str_value, int int_value) {
+  out += "{\"name\":\"";
+  out += what;
+  out += "\",\"ph\":\"M\",\"pid\":1,\"tid\":";
+  out += std::to_string(tid);
+  out += ",\"args\":{\"";
+  out += arg_key;
+  out += "\":";
+  if (str_value != nullptr) {
+    append_json_string(out, *str_value);
+  } else {
+    out += std::to_string(int_value);
+  }
+  out += "}},\n";
+}
+
+std::string os_error(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+Status io_error(const std::string& path, const std::string& what, int err) {
+  return Status::error(Code::kIoError, "chrome trace '" + path + "'", "", what + ": " + os_error(err));
+}
+
+// Writes all of `data` to `fd`, retrying short writes and EINTR.
+int write_all(int fd, const std::string& data) {
+  const char* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string chrome_trace_json(const std::vector<TraceEvent>& events) {
+  std::unordered_map<std::string, int> tids;
+  std::vector<const std::string*> devices;
+  for (const TraceEvent& e : events) {
+    if (tids.emplace(e.device, static_cast<int>(devices.size()) + 1).second) {
+      devices.push_back(&e.device);
+    }
+  }
+
+  std::string out;
+  out.reserve(64 + devices.size() * 160 + events.size() * 160);
+  out += "{\"traceEvents\":[\n";
+  const std::string process = "aspen";
+  append_metadata(out, "process_name", 0, "name", &process, 0);
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const int tid = static_cast<int>(i) + 1;
+    append_metadata(out, "thread_name", tid, "name", devices[i], 0);
+    append_metadata(out, "thread_sort_index", tid, "sort_index", nullptr, tid);
+  }
+
+  // Keys of one event's args, with the value's JSON text; a later duplicate
+  // key replaces an earlier one.
+  std::vector<std::pair<const std::string*, std::string>> args;
+  const std::string bytes_key = "bytes";
+  bool first = true;
+  for (const TraceEvent& e : events) {
+    if (!first) out += ",\n";
+    first = false;
+    out += "{\"name\":";
+    append_json_string(out, e.name);
+    out += ",\"cat\":";
+    append_json_string(out, e.category);
+    out += ",\"ph\":\"X\",\"ts\":";
+    append_us(out, e.start_ns);
+    out += ",\"dur\":";
+    append_us(out, std::max<int64_t>(0, e.end_ns - e.start_ns));
+    out += ",\"pid\":1,\"tid\":";
+    out += std::to_string(tids.at(e.device));
+
+    args.clear();
+    if (e.bytes > 0) args.emplace_back(&bytes_key, std::to_string(e.bytes));
+    for (const auto& [key, value] : e.args) {
+      std::string text;
+      append_json_string(text, value);
+      auto same = std::find_if(args.begin(), args.end(), [&key = key](const auto& a) { return *a.first == key; });
+      if (same != args.end()) {
+        same->second = std::move(text);
+      } else {
+        args.emplace_back(&key, std::move(text));
+      }
+    }
+    if (!args.empty()) {
+      out += ",\"args\":{";
+      for (size_t i = 0; i < args.size(); ++i) {
+        if (i > 0) out += ',';
+        append_json_string(out, *args[i].first);
+        out += ':';
+        out += args[i].second;
+      }
+      out += '}';
+    }
+    out += '}';
+  }
+  if (!first) out += '\n';
+  // Drop the trailing ",\n" of the metadata when there are no events.
+  if (first && out.size() >= 2 && out.compare(out.size() - 2, 2, ",\n") == 0) {
+    out.resize(out.size() - 2);
+    out += '\n';
+  }
+  out += "]}\n";
+  return out;
+}
+
+Status write_chrome_trace(const std::vector<TraceEvent>& events, const std::string& path) {
+  const std::string text = chrome_trace_json(events);
+
+  // The temporary file sits beside `path` so that rename() replaces it
+  // atomically (same file system).
+  std::string tmp = path + ".tmp.XXXXXX";
+  int fd = ::mkstemp(tmp.data());
+  if (fd < 0) return io_error(path, "cannot create a temporary file beside it", errno);
+
+  auto fail = [&](const std::string& what, int err) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    return io_error(path, what + " '" + tmp + "'", err);
+  };
+  if (::fchmod(fd, 0644) != 0) return fail("cannot set permissions of", errno);
+  if (int err = write_all(fd, text); err != 0) return fail("cannot write", err);
+  if (::fsync(fd) != 0) return fail("cannot fsync", errno);
+  int closed = ::close(fd);
+  fd = -1;
+  if (closed != 0) return fail("cannot close", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("cannot rename onto it", errno);
+
+  // Make the rename itself durable; a directory that cannot be opened or
+  // synced (some file systems) leaves the file written all the same.
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- summary
+
+namespace {
+
+struct OpStats {
+  std::string category, name;
+  int64_t count = 0;
+  int64_t total_ns = 0;
+  int64_t bytes = 0;
+  int64_t bytes_ns = 0;  // time of the events that report bytes
+};
+
+struct DeviceStats {
+  std::string name;
+  std::vector<std::pair<int64_t, int64_t>> intervals;
+  std::map<std::pair<std::string, std::string>, OpStats> ops;  // by (category, name)
+};
+
+// Control characters (a newline in an op name) would break the table.
+std::string printable(const std::string& s, size_t width) {
+  std::string out;
+  out.reserve(s.size());
+  for (unsigned char c : s) out += (c < 0x20 || c == 0x7f) ? ' ' : static_cast<char>(c);
+  if (out.size() > width) out = out.substr(0, width - 3) + "...";
+  return out;
+}
+
+int64_t union_ns(std::vector<std::pair<int64_t, int64_t>>& iv) {
+  std::sort(iv.begin(), iv.end());
+  int64_t total = 0;
+  int64_t lo = 0, hi = 0;
+  bool open = false;
+  for (const auto& [s, e] : iv) {
+    if (e <= s) continue;
+    if (!open || s > hi) {
+      if (open) total += hi - lo;
+      lo = s;
+      hi = e;
+      open = true;
+    } else {
+      hi = std::max(hi, e);
+    }
+  }
+  if (open) total += hi - lo;
+  return total;
+}
+
+void appendf(std::string& out, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+void appendf(std::string& out, const char* fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (n > 0) out.append(buf, std::min<size_t>(static_cast<size_t>(n), sizeof buf - 1));
+}
+
+}  // namespace
+
+std::string summary(const std::vector<TraceEvent>& events, int top_n) {
+  std::vector<DeviceStats> devices;
+  std::unordered_map<std::string, size_t> index;
+  for (const TraceEvent& e : events) {
+    auto [it, added] = index.emplace(e.device, devices.size());
+    if (added) devices.push_back(DeviceStats{e.device, {}, {}});
+    DeviceStats& d = devices[it->second];
+    const int64_t dur = std::max<int64_t>(0, e.end_ns - e.start_ns);
+    d.intervals.emplace_back(e.start_ns, e.end_ns);
+    OpStats& op = d.ops[{e.category, e.name}];
+    if (op.count == 0) {
+      op.category = e.category;
+      op.name = e.name;
+    }
+    ++op.count;
+    op.total_ns += dur;
+    if (e.bytes > 0) {
+      op.bytes += e.bytes;
+      op.bytes_ns += dur;
+    }
+  }
+  if (devices.empty()) return "no trace events\n";
+
+  constexpr size_t kMaxName = 40;
+  std::string out;
+  for (DeviceStats& d : devices) {
+    int64_t first = INT64_MAX, last = INT64_MIN;
+    for (const auto& [s, e] : d.intervals) {
+      first = std::min(first, s);
+      last = std::max(last, e);
+    }
+    const int64_t span = std::max<int64_t>(0, last - first);
+    const int64_t busy = union_ns(d.intervals);
+    appendf(out, "device %s: busy %.3f ms of %.3f ms (%.1f%%), %zu events\n", printable(d.name, kMaxName).c_str(),
+            busy / 1e6, span / 1e6, span > 0 ? 100.0 * busy / span : 0.0, d.intervals.size());
+
+    std::vector<const OpStats*> ops;
+    ops.reserve(d.ops.size());
+    for (const auto& [key, op] : d.ops) ops.push_back(&op);
+    std::stable_sort(ops.begin(), ops.end(),
+                     [](const OpStats* a, const OpStats* b) { return a->total_ns > b->total_ns; });
+    const size_t shown = top_n <= 0 ? ops.size() : std::min(ops.size(), static_cast<size_t>(top_n));
+
+    size_t name_w = 2, cat_w = 8;
+    for (size_t i = 0; i < shown; ++i) {
+      name_w = std::max(name_w, printable(ops[i]->name, kMaxName).size());
+      cat_w = std::max(cat_w, printable(ops[i]->category, kMaxName).size());
+    }
+    const int nw = static_cast<int>(name_w), cw = static_cast<int>(cat_w);
+    appendf(out, "  %-*s  %-*s  %8s  %10s  %10s  %6s  %8s\n", nw, "op", cw, "category", "count", "total ms", "mean us",
+            "share", "GB/s");
+    for (size_t i = 0; i < shown; ++i) {
+      const OpStats& op = *ops[i];
+      appendf(out, "  %-*s  %-*s  %8" PRId64 "  %10.3f  %10.1f  %5.1f%%  ", nw, printable(op.name, kMaxName).c_str(),
+              cw, printable(op.category, kMaxName).c_str(), op.count, op.total_ns / 1e6,
+              op.total_ns / 1e3 / static_cast<double>(op.count), busy > 0 ? 100.0 * op.total_ns / busy : 0.0);
+      if (op.bytes > 0 && op.bytes_ns > 0) {
+        const double gbps = static_cast<double>(op.bytes) / op.bytes_ns;  // bytes/ns = GB/s
+        appendf(out, gbps >= 100 ? "%8.0f\n" : gbps >= 1 ? "%8.2f\n" : "%8.4f\n", gbps);
+      } else {
+        appendf(out, "%8s\n", "-");
+      }
+    }
+    if (shown < ops.size()) {
+      int64_t rest_ns = 0, rest_count = 0;
+      for (size_t i = shown; i < ops.size(); ++i) {
+        rest_ns += ops[i]->total_ns;
+        rest_count += ops[i]->count;
+      }
+      appendf(out, "  (%zu more ops, %" PRId64 " events, %.3f ms)\n", ops.size() - shown, rest_count, rest_ns / 1e6);
+    }
+  }
+  return out;
+}
+
+}  // namespace aspen::profile
