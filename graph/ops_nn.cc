@@ -583,41 +583,220 @@ Grads grad_attention(Builder& b, const Node& n, OutGrads g) {
   return r;
 }
 
+// ---- fast kernels ---------------------------------------------------------------------------
+// f32 only: a node with any bf16 or f16 value gets no fast kernel, and lowering runs the reference.
+// Index inputs are adapted, not refused: i64 targets are narrowed to the kernels' int32 into a scratch
+// buffer the kernel owns (sized at prepare: run() does not allocate); bool and u8 key_valid are both one
+// byte per flag, nonzero meaning "attend", which is how the attention kernels read a uint8 mask.
+
+using Prepared = Result<std::unique_ptr<PreparedKernel>>;
+using In = std::span<const void* const>;
+using Out = std::span<void* const>;
+using Types = std::span<const TensorType>;
+
+// Every float value (in or out) is f32; integer and mask inputs are checked by each prepare.
+bool floats_are_f32(Types in, Types out) {
+  for (const auto& t : in)
+    if (is_float(t.dtype) && t.dtype != DType::f32) return false;
+  for (const auto& t : out)
+    if (is_float(t.dtype) && t.dtype != DType::f32) return false;
+  return true;
+}
+
+const float* f32_in(In i, size_t k) { return static_cast<const float*>(i[k]); }
+
+// A plan made once here (oneDNN primitive creation is the expensive part); run() binds pointers. The plan
+// is made for the preparing thread's OpenMP team size. Empty extents (which oneDNN refuses) fall back.
+Prepared prepare_matmul(const Node& n, Types in, Types out) {
+  if (!floats_are_f32(in, out)) return no_fast_kernel();
+  ASPEN_ASSIGN_OR_RETURN(const MatmulDims d, matmul_dims(n, in));
+  const kernels::MatmulShape& s = d.shape;
+  if (s.batch < 1 || s.M < 1 || s.N < 1 || s.K < 1) return no_fast_kernel();
+  ASPEN_ASSIGN_OR_RETURN(kernels::MatmulPlan made, kernels::MatmulPlan::create(s));
+  auto plan = std::make_shared<kernels::MatmulPlan>(std::move(made));
+  const bool bias = s.has_bias;
+  return make_kernel([plan, bias](In i, Out o) {
+    plan->run(i[0], i[1], bias ? f32_in(i, 2) : nullptr, static_cast<float*>(o[0]));
+    return Status();
+  });
+}
+
+// layernorm(x, gamma, beta) -> (y, mean, rstd); layernorm_grad(x, gamma, mean, rstd, g) -> (dx, dgamma, dbeta).
+Prepared prepare_layernorm(const Node& n, Types in, Types out) {
+  if (!floats_are_f32(in, out)) return no_fast_kernel();
+  const Shape& s = in[0].shape;
+  const int64_t R = rows_of(s), C = s[-1], N = s.numel();
+  if (n.op == OpKind::layernorm) {
+    const float eps = float(n.attrs.f("eps"));
+    return make_kernel([R, C, N, eps](In i, Out o) {
+      return kernels::layernorm_forward(in_span<float>(i, 0, N), in_span<float>(i, 1, C), in_span<float>(i, 2, C),
+                                        out_span<float>(o, 0, N), out_span<float>(o, 1, R), out_span<float>(o, 2, R),
+                                        R, C, eps);
+    });
+  }
+  return make_kernel([R, C, N](In i, Out o) {
+    return kernels::layernorm_backward(in_span<float>(i, 0, N), in_span<float>(i, 1, C), in_span<float>(i, 2, R),
+                                       in_span<float>(i, 3, R), in_span<float>(i, 4, N), out_span<float>(o, 0, N),
+                                       out_span<float>(o, 1, C), out_span<float>(o, 2, C), R, C);
+  });
+}
+
+// rmsnorm(x, gamma) -> (y, rstd); rmsnorm_grad(x, gamma, rstd, g) -> (dx, dgamma).
+Prepared prepare_rmsnorm(const Node& n, Types in, Types out) {
+  if (!floats_are_f32(in, out)) return no_fast_kernel();
+  const Shape& s = in[0].shape;
+  const int64_t R = rows_of(s), C = s[-1], N = s.numel();
+  if (n.op == OpKind::rmsnorm) {
+    const float eps = float(n.attrs.f("eps"));
+    return make_kernel([R, C, N, eps](In i, Out o) {
+      return kernels::rmsnorm_forward(in_span<float>(i, 0, N), in_span<float>(i, 1, C), out_span<float>(o, 0, N),
+                                      out_span<float>(o, 1, R), R, C, eps);
+    });
+  }
+  return make_kernel([R, C, N](In i, Out o) {
+    return kernels::rmsnorm_backward(in_span<float>(i, 0, N), in_span<float>(i, 1, C), in_span<float>(i, 2, R),
+                                     in_span<float>(i, 3, N), out_span<float>(o, 0, N), out_span<float>(o, 1, C), R,
+                                     C);
+  });
+}
+
+// softmax(x) -> y; softmax_grad(y, g) -> dx.
+Prepared prepare_softmax(const Node& n, Types in, Types out) {
+  if (!floats_are_f32(in, out)) return no_fast_kernel();
+  const Shape& s = in[0].shape;
+  const int64_t R = rows_of(s), C = s[-1], N = s.numel();
+  if (n.op == OpKind::softmax)
+    return make_kernel([R, C, N](In i, Out o) {
+      return kernels::softmax_forward(in_span<float>(i, 0, N), out_span<float>(o, 0, N), R, C);
+    });
+  return make_kernel([R, C, N](In i, Out o) {
+    return kernels::softmax_backward(in_span<float>(i, 0, N), in_span<float>(i, 1, N), out_span<float>(o, 0, N), R,
+                                     C);
+  });
+}
+
+// The targets as the kernels' int32: i32 ones as they are, i64 ones narrowed into `scratch` (R elements,
+// allocated at prepare). A value outside int32 is never a class (V is checked by the kernel) nor
+// ignore_index (an int32): it is the OutOfRange error the reference reports.
+Result<std::span<const int32_t>> targets_i32(const void* p, bool wide, int64_t R, int64_t V, int32_t ignore,
+                                              std::vector<int32_t>& scratch, const char* op) {
+  if (!wide) return std::span<const int32_t>(static_cast<const int32_t*>(p), size_t(R));
+  const int64_t* t = static_cast<const int64_t*>(p);
+  for (int64_t r = 0; r < R; ++r) {
+    if (t[r] < std::numeric_limits<int32_t>::min() || t[r] > std::numeric_limits<int32_t>::max())
+      return Status::error(Code::kOutOfRange, std::string(op) + ": targets row " + str(r),
+                           "a class index in [0, " + str(V) + ") or ignore_index " + str(ignore), str(t[r]));
+    scratch[size_t(r)] = int32_t(t[r]);
+  }
+  return std::span<const int32_t>(scratch);
+}
+
+// cross_entropy(logits, targets) -> (mean loss, loss, lse), the kernel's mean_loss being output 0;
+// cross_entropy_grad(logits, targets, lse, g) -> dlogits, with g (the mean loss's gradient) as dloss_scale.
+Prepared prepare_cross_entropy(const Node& n, Types in, Types out) {
+  if (!floats_are_f32(in, out)) return no_fast_kernel();
+  const int64_t R = in[0].shape[0], V = in[0].shape[1], N = R * V;
+  ASPEN_ASSIGN_OR_RETURN(const int32_t ignore, ignore_index_of(n));
+  const bool wide = in[1].dtype == DType::i64;
+  std::vector<int32_t> scratch(wide ? size_t(R) : 0);
+  const char* op = op_name(n.op);
+  if (n.op == OpKind::cross_entropy)
+    return make_kernel([R, V, N, ignore, wide, scratch = std::move(scratch), op](In i, Out o) mutable {
+      ASPEN_ASSIGN_OR_RETURN(const auto targets, targets_i32(i[1], wide, R, V, ignore, scratch, op));
+      return kernels::cross_entropy_forward(in_span<float>(i, 0, N), targets, out_span<float>(o, 1, R),
+                                            out_span<float>(o, 2, R), out_span<float>(o, 0, 1), R, V, ignore);
+    });
+  return make_kernel([R, V, N, ignore, wide, scratch = std::move(scratch), op](In i, Out o) mutable {
+    ASPEN_ASSIGN_OR_RETURN(const auto targets, targets_i32(i[1], wide, R, V, ignore, scratch, op));
+    return kernels::cross_entropy_backward(in_span<float>(i, 0, N), targets, in_span<float>(i, 2, R),
+                                           out_span<float>(o, 0, N), R, V, *f32_in(i, 3), ignore);
+  });
+}
+
+// rotary(x, positions): the forward kernel, or with inverse the backward one (rotation by -angle).
+Prepared prepare_rotary(const Node& n, Types in, Types out) {
+  if (!floats_are_f32(in, out)) return no_fast_kernel();
+  const Shape& x = in[0].shape;
+  ASPEN_ASSIGN_OR_RETURN(const RotaryArgs r, rotary_args(n, x[3]));
+  const int64_t B = x[0], T = x[1], H = x[2], D = x[3], N = x.numel();
+  auto* f = r.inverse ? &kernels::rotary_backward : &kernels::rotary_forward;
+  return make_kernel([f, r, B, T, H, D, N](In i, Out o) {
+    return f(in_span<float>(i, 0, N), in_span<int32_t>(i, 1, B * T), out_span<float>(o, 0, N), B, T, H, D,
+             r.rotary_dim, r.layout, r.base);
+  });
+}
+
+// attention(q, k, v[, key_valid]) -> (out, lse); attention_grad(q, k, v, out, lse, g[, key_valid]) ->
+// (dq, dk, dv). The mask is decided here; key_valid (u8 or bool) is bound to it at each run.
+Prepared prepare_attention(const Node& n, Types in, Types out) {
+  if (!floats_are_f32(in, out)) return no_fast_kernel();
+  ASPEN_ASSIGN_OR_RETURN(const kernels::AttentionMask mask, mask_of(n));
+  const Shape &q = in[0].shape, &k = in[1].shape;
+  const int64_t B = q[0], H = q[1], T = q[2], S = k[2], D = q[3];
+  const int64_t nq = q.numel(), nk = k.numel(), nl = B * H * T;
+  const float scale = float(n.attrs.f("scale"));
+  const bool forward = n.op == OpKind::attention;
+  const size_t kv = forward ? 3 : 6;
+  const bool has_kv = in.size() > kv;
+  if (forward)
+    return make_kernel([=](In i, Out o) {
+      kernels::AttentionMask m = mask;
+      if (has_kv) m.key_valid = in_span<uint8_t>(i, kv, B * S);
+      return kernels::attention_forward(in_span<float>(i, 0, nq), in_span<float>(i, 1, nk), in_span<float>(i, 2, nk),
+                                        out_span<float>(o, 0, nq), out_span<float>(o, 1, nl), B, H, T, S, D, scale,
+                                        m);
+    });
+  return make_kernel([=](In i, Out o) {
+    kernels::AttentionMask m = mask;
+    if (has_kv) m.key_valid = in_span<uint8_t>(i, kv, B * S);
+    return kernels::attention_backward(in_span<float>(i, 0, nq), in_span<float>(i, 1, nk), in_span<float>(i, 2, nk),
+                                       in_span<float>(i, 3, nq), in_span<float>(i, 4, nl), in_span<float>(i, 5, nq),
+                                       out_span<float>(o, 0, nq), out_span<float>(o, 1, nk),
+                                       out_span<float>(o, 2, nk), B, H, T, S, D, scale, m);
+  });
+}
+
 }  // namespace
 
 void register_nn_ops(OpTable& t) {
   const AttrSpec eps{"eps", AttrKind::f64, true};
   t.define(OpKind::matmul, {.min_inputs = 2, .max_inputs = 3,
                             .attrs = {{"trans_a", AttrKind::i64, false}, {"trans_b", AttrKind::i64, false}},
-                            .infer = infer_matmul, .grad = grad_matmul, .eval = eval_matmul});
+                            .infer = infer_matmul, .grad = grad_matmul, .eval = eval_matmul,
+                            .prepare = prepare_matmul});
   t.define(OpKind::layernorm, {.min_inputs = 3, .max_inputs = 3, .attrs = {eps}, .infer = infer_layernorm,
-                               .grad = grad_layernorm, .eval = eval_layernorm});
+                               .grad = grad_layernorm, .eval = eval_layernorm, .prepare = prepare_layernorm});
   t.define(OpKind::rmsnorm, {.min_inputs = 2, .max_inputs = 2, .attrs = {eps}, .infer = infer_rmsnorm,
-                             .grad = grad_rmsnorm, .eval = eval_rmsnorm});
+                             .grad = grad_rmsnorm, .eval = eval_rmsnorm, .prepare = prepare_rmsnorm});
   t.define(OpKind::softmax, {.min_inputs = 1, .max_inputs = 1, .infer = infer_softmax, .grad = grad_softmax,
-                             .eval = eval_softmax});
+                             .eval = eval_softmax, .prepare = prepare_softmax});
   const AttrSpec ignore{"ignore_index", AttrKind::i64, false};
   t.define(OpKind::cross_entropy, {.min_inputs = 2, .max_inputs = 2, .attrs = {ignore}, .infer = infer_cross_entropy,
-                                   .grad = grad_cross_entropy, .eval = eval_cross_entropy});
+                                   .grad = grad_cross_entropy, .eval = eval_cross_entropy,
+                                   .prepare = prepare_cross_entropy});
   t.define(OpKind::rotary, {.min_inputs = 2, .max_inputs = 2,
                             .attrs = {{"rotary_dim", AttrKind::i64, true}, {"layout", AttrKind::str, true},
                                       {"base", AttrKind::f64, false}, {"inverse", AttrKind::i64, false}},
-                            .infer = infer_rotary, .grad = grad_rotary, .eval = eval_rotary});
+                            .infer = infer_rotary, .grad = grad_rotary, .eval = eval_rotary,
+                            .prepare = prepare_rotary});
   const std::vector<AttrSpec> attention_attrs = {{"scale", AttrKind::f64, true}, {"mask", AttrKind::str, true},
                                                  {"window", AttrKind::i64, false},
                                                  {"kv_offset", AttrKind::i64, false}};
   t.define(OpKind::attention, {.min_inputs = 3, .max_inputs = 4, .attrs = attention_attrs, .infer = infer_attention,
-                               .grad = grad_attention, .eval = eval_attention});
+                               .grad = grad_attention, .eval = eval_attention,
+                               .prepare = prepare_attention});
   t.define(OpKind::layernorm_grad, {.min_inputs = 5, .max_inputs = 5, .infer = infer_norm_grad,
-                                    .eval = eval_layernorm_grad});
+                                    .eval = eval_layernorm_grad, .prepare = prepare_layernorm});
   t.define(OpKind::rmsnorm_grad, {.min_inputs = 4, .max_inputs = 4, .infer = infer_norm_grad,
-                                  .eval = eval_rmsnorm_grad});
+                                  .eval = eval_rmsnorm_grad, .prepare = prepare_rmsnorm});
   t.define(OpKind::softmax_grad, {.min_inputs = 2, .max_inputs = 2, .infer = infer_softmax_grad,
-                                  .eval = eval_softmax_grad});
+                                  .eval = eval_softmax_grad, .prepare = prepare_softmax});
   t.define(OpKind::cross_entropy_grad, {.min_inputs = 4, .max_inputs = 4, .attrs = {ignore},
-                                        .infer = infer_cross_entropy_grad, .eval = eval_cross_entropy_grad});
+                                        .infer = infer_cross_entropy_grad, .eval = eval_cross_entropy_grad,
+                                        .prepare = prepare_cross_entropy});
   t.define(OpKind::attention_grad, {.min_inputs = 6, .max_inputs = 7, .attrs = attention_attrs,
-                                    .infer = infer_attention_grad, .eval = eval_attention_grad});
+                                    .infer = infer_attention_grad, .eval = eval_attention_grad,
+                                    .prepare = prepare_attention});
 }
 
 }  // namespace aspen::graph

@@ -8,6 +8,7 @@
 //   reduce_sum: dx = broadcast(g with the reduced axes kept as 1, x's shape)
 //   reduce_max: none (nothing in the models differentiates through it)
 #include <algorithm>
+#include <array>
 #include <limits>
 
 #include "graph/ops_registry.h"
@@ -140,14 +141,187 @@ Grads grad_reduce_sum(Builder& b, const Node& n, OutGrads g) {
   return std::vector<std::optional<ValueId>>{b.broadcast(kept, dims(s))};
 }
 
+// ---- fast kernels (f32; other dtypes fall back to the reference) ---------------
+
+using Prepared = Result<std::unique_ptr<PreparedKernel>>;
+using In = std::span<const void* const>;
+using Out = std::span<void* const>;
+using Types = std::span<const TensorType>;
+using Dims = std::array<int64_t, Shape::kMaxRank>;
+
+constexpr int64_t kParallelElements = 1 << 15;  // below this, a kernel runs on the calling thread
+
+bool all_f32(Types in, Types out) {
+  return in[0].dtype == DType::f32 && out[0].dtype == DType::f32;
+}
+
+// broadcast: walks the output row by row (its last dimension); a broadcast dimension has input stride 0,
+// so each row is a copy or a fill.
+Prepared prepare_broadcast(const Node&, Types in, Types out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const Shape &from = in[0].shape, &to = out[0].shape;
+  const int rank = to.rank(), lead = to.rank() - from.rank();
+  const int64_t total = to.numel();
+  Dims dim{}, step{};  // output extents; input stride of each output dimension
+  for (int d = 0; d < rank; ++d) {
+    dim[size_t(d)] = to[d];
+    step[size_t(d)] = d < lead || from[d - lead] == 1 ? 0 : from.stride(d - lead);
+  }
+  const int64_t inner = rank ? to[-1] : 1, inner_step = rank ? step[size_t(rank - 1)] : 1;
+  const int64_t rows = inner ? total / inner : 0;
+  return make_kernel([=](In i, Out o) {
+    const float* x = static_cast<const float*>(i[0]);
+    float* y = static_cast<float*>(o[0]);
+#pragma omp parallel for schedule(static) if (total > kParallelElements)
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t src = 0, rem = r;
+      for (int d = rank - 2; d >= 0; --d) {
+        src += (rem % dim[size_t(d)]) * step[size_t(d)];
+        rem /= dim[size_t(d)];
+      }
+      float* yr = y + r * inner;
+      if (inner_step == 0) std::fill_n(yr, inner, x[src]);
+      else std::copy_n(x + src, inner, yr);  // inner_step is 1: the last dimension is not broadcast
+    }
+    return Status();
+  });
+}
+
+// reduce_sum, in a canonical form: dimensions of extent 1 dropped, neighbours of the same kind (kept or
+// reduced) merged. The last remaining dimension is the innermost run, contiguous in the input: a run of
+// output elements (kept) or a run summed into one (reduced). Each output element is summed by one
+// thread, in f64, over its reduced coordinates in row-major order, whatever the thread count: the
+// result is deterministic and thread-count independent.
+struct ReducePlan {
+  int nk = 0, nr = 0;   // kept dimensions before the run; reduced dimensions (the run excluded)
+  Dims kdim{}, kstep{}; // their extents and input strides
+  Dims rdim{}, rstep{};
+  int64_t outer = 1;    // product of kdim: output elements (kept run) or rows of them
+  int64_t count = 1;    // product of rdim
+  int64_t run = 1;      // the innermost run's extent
+  bool run_kept = true;
+  int64_t out_elements = 0, in_elements = 0;
+};
+
+ReducePlan reduce_plan(const Node& n, const Shape& s) {
+  const std::vector<char> axes = *reduced_axes(n, s);
+  ReducePlan p;
+  p.in_elements = s.numel();
+  p.out_elements = reduced_shape(s, axes, false).numel();
+  struct Dim {
+    int64_t extent, stride;
+    bool reduced;
+  };
+  std::vector<Dim> d;
+  for (int i = 0; i < s.rank(); ++i) {
+    if (s[i] == 1) continue;
+    const bool red = axes[size_t(i)] != 0;
+    if (!d.empty() && d.back().reduced == red) {  // row-major: the merged stride is the inner one's
+      d.back().extent *= s[i];
+      d.back().stride = s.stride(i);
+    } else {
+      d.push_back({s[i], s.stride(i), red});
+    }
+  }
+  if (d.empty()) return p;  // one element, copied
+  p.run = d.back().extent;
+  p.run_kept = !d.back().reduced;
+  for (size_t i = 0; i + 1 < d.size(); ++i) {
+    if (d[i].reduced) {
+      p.rdim[size_t(p.nr)] = d[i].extent;
+      p.rstep[size_t(p.nr++)] = d[i].stride;
+      p.count *= d[i].extent;
+    } else {
+      p.kdim[size_t(p.nk)] = d[i].extent;
+      p.kstep[size_t(p.nk++)] = d[i].stride;
+      p.outer *= d[i].extent;
+    }
+  }
+  return p;
+}
+
+// Input offset of the o-th coordinate of the kept dimensions.
+int64_t kept_offset(const ReducePlan& p, int64_t o) {
+  int64_t off = 0;
+  for (int d = p.nk - 1; d >= 0; --d) {
+    off += (o % p.kdim[size_t(d)]) * p.kstep[size_t(d)];
+    o /= p.kdim[size_t(d)];
+  }
+  return off;
+}
+
+// Advances the reduced coordinates `idx` (row-major) and their input offset.
+inline void next_reduced(const ReducePlan& p, Dims& idx, int64_t& off) {
+  for (int d = p.nr - 1; d >= 0; --d) {
+    off += p.rstep[size_t(d)];
+    if (++idx[size_t(d)] < p.rdim[size_t(d)]) return;
+    off -= idx[size_t(d)] * p.rstep[size_t(d)];
+    idx[size_t(d)] = 0;
+  }
+}
+
+constexpr int64_t kReduceBlock = 64;  // output columns one task sums together (kept run)
+
+Status run_reduce_sum(const ReducePlan& p, const float* x, float* y) {
+  if (p.in_elements == 0) {  // sums over nothing are 0
+    std::fill_n(y, p.out_elements, 0.0f);
+    return Status();
+  }
+  if (p.run_kept) {
+    // Task t: kept coordinate t / blocks, output columns [c0, c1) of the run.
+    const int64_t blocks = (p.run + kReduceBlock - 1) / kReduceBlock, tasks = p.outer * blocks;
+#pragma omp parallel for schedule(static) if (p.in_elements > kParallelElements)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t o = t / blocks, c0 = (t % blocks) * kReduceBlock, c1 = std::min(p.run, c0 + kReduceBlock);
+      const float* base = x + kept_offset(p, o) + c0;
+      double acc[kReduceBlock] = {};
+      Dims idx{};
+      int64_t off = 0;
+      for (int64_t r = 0; r < p.count; ++r) {
+        const float* src = base + off;
+        for (int64_t c = 0; c < c1 - c0; ++c) acc[c] += double(src[c]);
+        next_reduced(p, idx, off);
+      }
+      float* dst = y + o * p.run + c0;
+      for (int64_t c = 0; c < c1 - c0; ++c) dst[c] = float(acc[c]);
+    }
+    return Status();
+  }
+  // A reduced run: output element o sums its reduced rows, each a contiguous run.
+#pragma omp parallel for schedule(static) if (p.in_elements > kParallelElements)
+  for (int64_t o = 0; o < p.outer; ++o) {
+    const float* base = x + kept_offset(p, o);
+    double acc = 0;
+    Dims idx{};
+    int64_t off = 0;
+    for (int64_t r = 0; r < p.count; ++r) {
+      const float* src = base + off;
+      for (int64_t c = 0; c < p.run; ++c) acc += double(src[c]);
+      next_reduced(p, idx, off);
+    }
+    y[o] = float(acc);
+  }
+  return Status();
+}
+
+Prepared prepare_reduce_sum(const Node& n, Types in, Types out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const ReducePlan p = reduce_plan(n, in[0].shape);
+  return make_kernel([p](In i, Out o) {
+    return run_reduce_sum(p, static_cast<const float*>(i[0]), static_cast<float*>(o[0]));
+  });
+}
+
 }  // namespace
 
 void register_reduce_ops(OpTable& t) {
   t.define(OpKind::broadcast, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"shape", AttrKind::ints, true}},
-                               .infer = infer_broadcast, .grad = grad_broadcast, .eval = eval_broadcast});
+                               .infer = infer_broadcast, .grad = grad_broadcast, .eval = eval_broadcast,
+                               .prepare = prepare_broadcast});
   const std::vector<AttrSpec> reduce_attrs = {{"axes", AttrKind::ints, true}, {"keepdims", AttrKind::i64, false}};
   t.define(OpKind::reduce_sum, {.min_inputs = 1, .max_inputs = 1, .attrs = reduce_attrs, .infer = infer_reduce,
-                                .grad = grad_reduce_sum, .eval = eval_reduce_sum});
+                                .grad = grad_reduce_sum, .eval = eval_reduce_sum,
+                                .prepare = prepare_reduce_sum});
   // reduce_max has no gradient rule yet: nothing in the models differentiates through it
   // (softmax and cross-entropy carry their own stable forms).
   t.define(OpKind::reduce_max,

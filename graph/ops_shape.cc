@@ -21,8 +21,10 @@
 //   gather:      dtable = gather_grad(ids, g) {vocab: V}; no gradient to ids
 //   gather_grad: none (backward-only)
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "graph/ops_registry.h"
@@ -309,24 +311,188 @@ Grads grad_gather(Builder& b, const Node& n, OutGrads g) {
                                              std::nullopt};
 }
 
+// ---------------------------------------------------------------------------
+// Fast kernels: f32 data only (a bf16 or f16 node falls back to the reference). ids may be i32 (passed to
+// the embedding kernels as they are) or i64 (narrowed into an int32 scratch buffer the kernel owns, sized
+// at prepare: run() does not allocate). Copies run in parallel over rows when there is enough work.
+
+using Prepared = Result<std::unique_ptr<PreparedKernel>>;
+using In = std::span<const void* const>;
+using Out = std::span<void* const>;
+using Types = std::span<const TensorType>;
+
+constexpr int64_t kParallelElements = 1 << 15;  // below this, a copy runs on the calling thread
+
+bool all_f32(Types in, Types out) {
+  for (const auto& t : in)
+    if (t.dtype != DType::f32) return false;
+  for (const auto& t : out)
+    if (t.dtype != DType::f32) return false;
+  return true;
+}
+
+const float* f32_in(In i, size_t k) { return static_cast<const float*>(i[k]); }
+float* f32_out(Out o, size_t k) { return static_cast<float*>(o[k]); }
+
+Prepared prepare_reshape(const Node&, Types in, Types out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const size_t bytes = size_t(out[0].shape.numel()) * sizeof(float);
+  return make_kernel([bytes](In i, Out o) {
+    if (bytes && o[0] != i[0]) std::memcpy(o[0], i[0], bytes);
+    return Status();
+  });
+}
+
+// Walks the output row by row (its last dimension); each row reads the input at a fixed stride.
+Prepared prepare_transpose(const Node& n, Types in, Types out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const std::vector<int64_t>& perm = n.attrs.ints("perm");
+  const Shape &from = in[0].shape, &to = out[0].shape;
+  const int rank = to.rank();
+  const int64_t total = to.numel();
+  std::array<int64_t, Shape::kMaxRank> dim{}, step{};  // output extents; input stride of each output dimension
+  for (int d = 0; d < rank; ++d) {
+    dim[size_t(d)] = to[d];
+    step[size_t(d)] = from.stride(int(perm[size_t(d)]));
+  }
+  const int64_t inner = rank ? to[-1] : 1, inner_step = rank ? step[size_t(rank - 1)] : 1;
+  const int64_t rows = inner ? total / inner : 0;
+  return make_kernel([=](In i, Out o) {
+    const float* x = f32_in(i, 0);
+    float* y = f32_out(o, 0);
+#pragma omp parallel for schedule(static) if (total > kParallelElements)
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t src = 0, rem = r;
+      for (int d = rank - 2; d >= 0; --d) {
+        src += (rem % dim[size_t(d)]) * step[size_t(d)];
+        rem /= dim[size_t(d)];
+      }
+      const float* xr = x + src;
+      float* yr = y + r * inner;
+      for (int64_t j = 0; j < inner; ++j) yr[j] = xr[j * inner_step];
+    }
+    return Status();
+  });
+}
+
+Prepared prepare_slice(const Node& n, Types in, Types out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const Shape& s = in[0].shape;
+  const int axis = *axis_of(n, "axis", n.attrs.i("axis"), s.rank());
+  int64_t outer = 0, inner = 0;
+  split_at(s, axis, outer, inner);
+  const int64_t src_row = s[axis] * inner, dst_row = (n.attrs.i("end") - n.attrs.i("begin")) * inner;
+  const int64_t first = n.attrs.i("begin") * inner, total = outer * dst_row;
+  return make_kernel([=](In i, Out o) {
+    if (total == 0) return Status();
+    const float* x = f32_in(i, 0);
+    float* y = f32_out(o, 0);
+#pragma omp parallel for schedule(static) if (total > kParallelElements)
+    for (int64_t r = 0; r < outer; ++r)
+      std::memcpy(y + r * dst_row, x + r * src_row + first, size_t(dst_row) * sizeof(float));
+    return Status();
+  });
+}
+
+// Output row r (of the dimensions before the axis) is input 0's row r, then input 1's, ...
+Prepared prepare_concat(const Node& n, Types in, Types out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const Shape& s = out[0].shape;
+  const int axis = *axis_of(n, "axis", n.attrs.i("axis"), s.rank());
+  int64_t outer = 0, inner = 0;
+  split_at(s, axis, outer, inner);
+  std::vector<int64_t> row(in.size()), at(in.size());  // each input's row length and offset in the output row
+  int64_t out_row = 0;
+  for (size_t k = 0; k < in.size(); ++k) {
+    row[k] = in[k].shape[axis] * inner;
+    at[k] = out_row;
+    out_row += row[k];
+  }
+  const int64_t total = outer * out_row;
+  return make_kernel([outer, out_row, total, row = std::move(row), at = std::move(at)](In i, Out o) {
+    if (total == 0) return Status();
+    float* y = f32_out(o, 0);
+#pragma omp parallel for schedule(static) if (total > kParallelElements)
+    for (int64_t r = 0; r < outer; ++r)
+      for (size_t k = 0; k < row.size(); ++k)
+        if (row[k]) std::memcpy(y + r * out_row + at[k], f32_in(i, k) + r * row[k], size_t(row[k]) * sizeof(float));
+    return Status();
+  });
+}
+
+// ids as the embedding kernels' int32: i32 ones as they are, i64 ones narrowed into `scratch` (N
+// elements, allocated at prepare). An i64 id outside [0, V) is the kernels' OutOfRange error, worded as
+// theirs; one in [0, V) but above int32 (V > 2^31) is Unimplemented, as in the reference.
+Result<std::span<const int32_t>> ids_i32(const void* p, bool wide, int64_t N, int64_t V, std::vector<int32_t>& scratch,
+                                         const char* op) {
+  if (!wide) return std::span<const int32_t>(static_cast<const int32_t*>(p), size_t(N));
+  const int64_t* ids = static_cast<const int64_t*>(p);
+  for (int64_t k = 0; k < N; ++k) {
+    const int64_t v = ids[k];
+    if (v < 0 || v >= V)
+      return Status::error(Code::kOutOfRange, std::string(op) + ": argument 'ids'",
+                           "every id in [0, V) = [0, " + std::to_string(V) + ")",
+                           "ids[" + std::to_string(k) + "] = " + std::to_string(v));
+    if (v > std::numeric_limits<int32_t>::max())
+      return Status::error(Code::kUnimplemented, std::string(op) + ": ids", "ids below 2^31 (int32 kernels)",
+                           "ids[" + std::to_string(k) + "] = " + std::to_string(v));
+    scratch[size_t(k)] = int32_t(v);
+  }
+  return std::span<const int32_t>(scratch);
+}
+
+// gather(table [V, C], ids) -> [..., C]: kernels::embedding_forward.
+Prepared prepare_gather(const Node& n, Types in, Types out) {
+  if (in[0].dtype != DType::f32 || out[0].dtype != DType::f32) return no_fast_kernel();
+  const int64_t V = in[0].shape[0], C = in[0].shape[1], N = in[1].shape.numel();
+  const bool wide = in[1].dtype == DType::i64;
+  std::vector<int32_t> scratch(wide ? size_t(N) : 0);
+  const char* op = op_name(n.op);
+  return make_kernel([V, C, N, wide, scratch = std::move(scratch), op](In i, Out o) mutable {
+    ASPEN_ASSIGN_OR_RETURN(const auto ids, ids_i32(i[1], wide, N, V, scratch, op));
+    return kernels::embedding_forward(ids, in_span<float>(i, 0, V * C), out_span<float>(o, 0, N * C), N, V, C);
+  });
+}
+
+// gather_grad(ids, g) -> [vocab, C]: zeros, then kernels::embedding_backward's ordered scatter-add.
+Prepared prepare_gather_grad(const Node& n, Types in, Types out) {
+  if (in[1].dtype != DType::f32 || out[0].dtype != DType::f32) return no_fast_kernel();
+  const int64_t V = out[0].shape[0], C = out[0].shape[1], N = in[0].shape.numel();
+  const bool wide = in[0].dtype == DType::i64;
+  std::vector<int32_t> scratch(wide ? size_t(N) : 0);
+  const char* op = op_name(n.op);
+  return make_kernel([V, C, N, wide, scratch = std::move(scratch), op](In i, Out o) mutable {
+    ASPEN_ASSIGN_OR_RETURN(const auto ids, ids_i32(i[0], wide, N, V, scratch, op));
+    float* dtable = f32_out(o, 0);
+    const int64_t total = V * C;
+#pragma omp parallel for simd schedule(static) if (total > kParallelElements)
+    for (int64_t k = 0; k < total; ++k) dtable[k] = 0.0f;
+    return kernels::embedding_backward(ids, in_span<float>(i, 1, N * C), out_span<float>(o, 0, total), N, V, C);
+  });
+}
+
 }  // namespace
 
 void register_shape_ops(OpTable& t) {
   t.define(OpKind::reshape, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"shape", AttrKind::ints, true}},
-                             .infer = infer_reshape, .grad = grad_reshape, .eval = eval_reshape});
+                             .infer = infer_reshape, .grad = grad_reshape, .eval = eval_reshape,
+                             .prepare = prepare_reshape});
   t.define(OpKind::transpose, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"perm", AttrKind::ints, true}},
-                               .infer = infer_transpose, .grad = grad_transpose, .eval = eval_transpose});
+                               .infer = infer_transpose, .grad = grad_transpose, .eval = eval_transpose,
+                               .prepare = prepare_transpose});
   t.define(OpKind::slice, {.min_inputs = 1, .max_inputs = 1,
                            .attrs = {{"axis", AttrKind::i64, true}, {"begin", AttrKind::i64, true},
                                      {"end", AttrKind::i64, true}},
-                           .infer = infer_slice, .grad = grad_slice, .eval = eval_slice});
+                           .infer = infer_slice, .grad = grad_slice, .eval = eval_slice, .prepare = prepare_slice});
   t.define(OpKind::concat, {.min_inputs = 1, .max_inputs = -1, .attrs = {{"axis", AttrKind::i64, true}},
-                            .infer = infer_concat, .grad = grad_concat, .eval = eval_concat});
+                            .infer = infer_concat, .grad = grad_concat, .eval = eval_concat,
+                            .prepare = prepare_concat});
   t.define(OpKind::gather, {.min_inputs = 2, .max_inputs = 2, .infer = infer_gather, .grad = grad_gather,
-                            .eval = eval_gather});
+                            .eval = eval_gather, .prepare = prepare_gather});
   // gather_grad is backward-only: not differentiated again.
   t.define(OpKind::gather_grad, {.min_inputs = 2, .max_inputs = 2, .attrs = {{"vocab", AttrKind::i64, true}},
-                                 .infer = infer_gather_grad, .eval = eval_gather_grad});
+                                 .infer = infer_gather_grad, .eval = eval_gather_grad,
+                                 .prepare = prepare_gather_grad});
 }
 
 }  // namespace aspen::graph

@@ -19,6 +19,7 @@
 
 #include "compiler/executable.h"
 #include "core/tensor.h"
+#include "profile/trace.h"
 #include "runtime/device.h"
 
 namespace aspen::runtime {
@@ -26,7 +27,22 @@ namespace aspen::runtime {
 struct SessionOptions {
   int threads = 0;  // 0: every free core
   std::string device_name = "cpu0";
+  profile::TraceRecorder* trace = nullptr;  // when set, every instruction is recorded
 };
+
+// How outputs of several iterations in one call come back (PopTorch's OutputMode).
+enum class OutputMode { all, final, sum, every_n };
+
+struct RunOptions {
+  // Steps run per call without returning to the host. Each input then carries
+  // a leading dimension of this size (one slice per step).
+  int64_t iterations = 1;
+  OutputMode output_mode = OutputMode::final;
+  int64_t every_n = 1;  // with OutputMode::every_n: steps every_n, 2·every_n, ...
+};
+
+// The leading dimension an output gets for these options (0: none, as one step).
+int64_t returned_steps(const RunOptions& options);
 
 class Session {
  public:
@@ -40,11 +56,22 @@ class Session {
   Result<Tensor> get_parameter(const std::string& name) const;
   // Runs the program once. Every input must be given, with its exact type.
   Result<std::map<std::string, Tensor>> run(const std::map<std::string, const Tensor*>& inputs);
+  // Runs options.iterations steps in one call; see RunOptions. Inputs carry
+  // a leading [iterations] dimension when iterations > 1; outputs come back
+  // as the output mode says (all: [iterations, ...]; every_n: [iterations /
+  // every_n, ...]; final and sum: the output's own shape, sum in f32 for
+  // float outputs).
+  Result<std::map<std::string, Tensor>> run(const std::map<std::string, const Tensor*>& inputs,
+                                            const RunOptions& options);
 
  private:
   Session() = default;
   const void* resolve(int32_t value) const;
   void* resolve_mut(int32_t value);
+  Status execute_program();
+
+  profile::TraceRecorder* trace_ = nullptr;
+  std::vector<int64_t> instruction_bytes_;  // bytes each instruction touches, for traces
 
   std::unique_ptr<compiler::Executable> exe_;
   std::unique_ptr<CpuDevice> device_;

@@ -89,5 +89,61 @@ TEST(Session, BadInputsAreStatuses) {
   EXPECT_EQ(s.get_parameter("p")->data<float>()[1], 3.0f);
 }
 
+std::unique_ptr<Session> doubling_session(profile::TraceRecorder* trace = nullptr) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {2});
+  b.output("y", b.scale(b.exp(b.scale(x, 0.0)), 2.0));  // 2 whatever x is
+  b.output("z", b.scale(x, 2.0));
+  EXPECT_TRUE(b.status().is_ok());
+  auto exe = compiler::compile(g, {.opt_level = compiler::OptLevel::O0});
+  EXPECT_TRUE(exe.is_ok());
+  auto s = Session::create(std::move(exe).value(), {.threads = 1, .trace = trace});
+  EXPECT_TRUE(s.is_ok());
+  return std::move(s).value();
+}
+
+TEST(Session, DeviceIterationsAndOutputModes) {
+  auto s = doubling_session();
+  Tensor x(DType::f32, Shape{4, 2});
+  for (int i = 0; i < 8; ++i) x.data<float>()[i] = float(i + 1);
+  auto values = [](const Tensor& t) { return std::vector<float>(t.data<float>(), t.data<float>() + t.numel()); };
+  auto all = s->run({{"x", &x}}, {.iterations = 4, .output_mode = OutputMode::all});
+  ASSERT_TRUE(all.is_ok()) << all.status().to_string();
+  EXPECT_EQ(all->at("z").shape(), (Shape{4, 2}));
+  EXPECT_EQ(values(all->at("z")), (std::vector<float>{2, 4, 6, 8, 10, 12, 14, 16}));
+  auto last = s->run({{"x", &x}}, {.iterations = 4, .output_mode = OutputMode::final});
+  ASSERT_TRUE(last.is_ok());
+  EXPECT_EQ(values(last->at("z")), (std::vector<float>{14, 16}));
+  auto sum = s->run({{"x", &x}}, {.iterations = 4, .output_mode = OutputMode::sum});
+  ASSERT_TRUE(sum.is_ok());
+  EXPECT_EQ(values(sum->at("z")), (std::vector<float>{32, 40}));
+  EXPECT_EQ(values(sum->at("y")), (std::vector<float>{8, 8}));
+  auto every = s->run({{"x", &x}}, {.iterations = 4, .output_mode = OutputMode::every_n, .every_n = 2});
+  ASSERT_TRUE(every.is_ok());
+  EXPECT_EQ(values(every->at("z")), (std::vector<float>{6, 8, 14, 16}));
+  EXPECT_EQ(s->run({{"x", &x}}, {.iterations = 4, .output_mode = OutputMode::every_n, .every_n = 3}).status().message(),
+            "run: every_n: expected a divisor of iterations 4, found 3");
+  Tensor one(DType::f32, Shape{2});
+  EXPECT_EQ(s->run({{"x", &one}}, {.iterations = 4}).status().message(),
+            "input 'x': expected f32[4, 2] (4 iterations of f32[2]), found f32[2]");
+}
+
+TEST(Session, TracesEveryInstruction) {
+  profile::TraceRecorder trace;
+  auto s = doubling_session(&trace);
+  Tensor x(DType::f32, Shape{2});
+  ASSERT_TRUE(s->run({{"x", &x}}).is_ok());
+  auto events = trace.events();
+  ASSERT_EQ(events.size(), s->executable().program.code.size());
+  for (const auto& e : events) {
+    EXPECT_EQ(e.device, "cpu0");
+    EXPECT_EQ(e.category, "kernel");
+    EXPECT_GE(e.end_ns, e.start_ns);
+    EXPECT_EQ(e.bytes, 16);  // one f32[2] in, one out
+  }
+  EXPECT_NE(profile::summary(events).find("scale"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace aspen::runtime

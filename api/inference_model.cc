@@ -1,0 +1,81 @@
+#include "api/inference_model.h"
+
+#include "compiler/cache.h"
+
+namespace aspen::api {
+
+Status Options::validate() const {
+  auto positive = [](const char* name, int64_t v) {
+    return v >= 1 ? Status() : Status::invalid_argument(std::string("options.") + name, ">= 1", std::to_string(v));
+  };
+  ASPEN_RETURN_IF_ERROR(positive("device_iterations", device_iterations_));
+  ASPEN_RETURN_IF_ERROR(positive("replication_factor", replication_factor_));
+  ASPEN_RETURN_IF_ERROR(positive("gradient_accumulation", gradient_accumulation_));
+  if (replication_factor_ != 1)
+    return Status::unimplemented("options.replication_factor = " + std::to_string(replication_factor_),
+                                 "value in this build (1; replicas arrive with the parallel runtime)");
+  if (gradient_accumulation_ != 1)
+    return Status::unimplemented("options.gradient_accumulation = " + std::to_string(gradient_accumulation_),
+                                 "value for an inference model (1)");
+  if (precision_ != DType::f32 || partials_type_ != DType::f32)
+    return Status::unimplemented("options.precision", "precision in this build (f32 compute and partials)");
+  if (recompute_) return Status::unimplemented("options.recompute", "setting for an inference model (off)");
+  if (output_mode_ == OutputMode::every_n && (output_every_n_ < 1 || device_iterations_ % output_every_n_ != 0))
+    return Status::invalid_argument("options.output_mode every_n",
+                                    "a divisor of device_iterations " + std::to_string(device_iterations_),
+                                    std::to_string(output_every_n_));
+  if (threads_ < 0) return Status::invalid_argument("options.threads", ">= 0 (0: all free cores)", std::to_string(threads_));
+  return Status();
+}
+
+Result<std::unique_ptr<InferenceModel>> InferenceModel::create(const graph::Graph& graph, const Options& options) {
+  ASPEN_RETURN_IF_ERROR(options.validate());
+  std::unique_ptr<InferenceModel> m(new InferenceModel());
+  m->options_ = options;
+  compiler::CompileOptions copts;
+  copts.opt_level = options.opt_level_;
+  std::unique_ptr<compiler::Executable> exe;
+  if (!options.executable_cache_.empty()) {
+    compiler::ExecutableCache cache(options.executable_cache_);
+    ASPEN_ASSIGN_OR_RETURN(exe, cache.compile(graph, copts, &m->cache_hit_));
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(exe, compiler::compile(graph, copts));
+  }
+  if (!options.profile_.empty()) m->trace_ = std::make_unique<profile::TraceRecorder>();
+  runtime::SessionOptions sopts;
+  sopts.threads = options.threads_;
+  sopts.trace = m->trace_.get();
+  ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exe), sopts));
+  return m;
+}
+
+Status InferenceModel::copy_weights_to_device(const std::map<std::string, const Tensor*>& weights) {
+  for (const auto& [name, t] : weights) {
+    if (!t) return Status::invalid_argument("weight '" + name + "'", "a tensor", "a null pointer");
+    ASPEN_RETURN_IF_ERROR(session_->set_parameter(name, *t));
+  }
+  return Status();
+}
+
+Result<std::map<std::string, Tensor>> InferenceModel::copy_weights_to_host() const {
+  std::map<std::string, Tensor> out;
+  for (const compiler::Binding& b : session_->executable().parameters) {
+    ASPEN_ASSIGN_OR_RETURN(Tensor t, session_->get_parameter(b.name));
+    out.emplace(b.name, std::move(t));
+  }
+  return out;
+}
+
+Result<std::map<std::string, Tensor>> InferenceModel::run(const std::map<std::string, const Tensor*>& inputs) {
+  runtime::RunOptions r;
+  r.iterations = options_.device_iterations_;
+  r.output_mode = options_.output_mode_;
+  r.every_n = options_.output_every_n_;
+  ASPEN_ASSIGN_OR_RETURN(auto out, session_->run(inputs, r));
+  if (trace_) ASPEN_RETURN_IF_ERROR(profile::write_chrome_trace(trace_->events(), options_.profile_));
+  return out;
+}
+
+std::string InferenceModel::profile_summary() const { return trace_ ? profile::summary(trace_->events()) : ""; }
+
+}  // namespace aspen::api

@@ -1,0 +1,49 @@
+// api/inference_model.h: a compiled graph on a device, ready to run.
+//
+//   InferenceModel model = *InferenceModel::create(graph, opts);
+//   model.copy_weights_to_device(weights);
+//   auto out = model.run({{"input_ids", &ids}});
+//
+// create() compiles once (through the executable cache when the options name
+// one); run() executes device_iterations steps per call and returns outputs
+// by the output mode. With a profile path, every call's instructions are
+// traced and the Chrome trace rewritten after the call.
+//
+// Thread-safety: one call at a time.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "api/options.h"
+#include "graph/graph.h"
+#include "profile/trace.h"
+#include "runtime/session.h"
+
+namespace aspen::api {
+
+class InferenceModel {
+ public:
+  static Result<std::unique_ptr<InferenceModel>> create(const graph::Graph& graph, const Options& options = {});
+
+  const Options& options() const { return options_; }
+  bool cache_hit() const { return cache_hit_; }
+  const compiler::Executable& executable() const { return session_->executable(); }
+
+  Status copy_weights_to_device(const std::map<std::string, const Tensor*>& weights);
+  Result<std::map<std::string, Tensor>> copy_weights_to_host() const;
+  Result<std::map<std::string, Tensor>> run(const std::map<std::string, const Tensor*>& inputs);
+
+  // The per-op summary of everything traced so far (empty without a profile path).
+  std::string profile_summary() const;
+
+ private:
+  InferenceModel() = default;
+  Options options_;
+  bool cache_hit_ = false;
+  std::unique_ptr<profile::TraceRecorder> trace_;
+  std::unique_ptr<runtime::Session> session_;
+};
+
+}  // namespace aspen::api

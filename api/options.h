@@ -1,0 +1,60 @@
+// api/options.h: the user-facing options, named as in PopTorch where that
+// helps people move over (DESIGN.md, "Names for people coming from PopTorch").
+//
+//   Options opts;
+//   opts.device_iterations(8).output_mode(OutputMode::all).profile("run.trace.json");
+//   InferenceModel model(graph, opts);
+//
+// Options not yet implemented by this build are rejected when a model is
+// made, with a Status naming the option and what is supported (never
+// silently ignored).
+#pragma once
+
+#include <string>
+
+#include "compiler/pass.h"
+#include "core/dtype.h"
+#include "runtime/session.h"
+
+namespace aspen::api {
+
+using runtime::OutputMode;
+
+struct Options {
+  // Steps run per call without returning to the host (poptorch deviceIterations).
+  int64_t device_iterations_ = 1;
+  // Data-parallel replicas (poptorch replicationFactor). W1.5.
+  int64_t replication_factor_ = 1;
+  // Micro-batches per optimizer step (poptorch Training.gradientAccumulation). W1.4.
+  int64_t gradient_accumulation_ = 1;
+  OutputMode output_mode_ = OutputMode::final;
+  int64_t output_every_n_ = 1;
+  // Compute precision and partials (accumulation) type (poptorch Precision). Only f32 now.
+  DType precision_ = DType::f32;
+  DType partials_type_ = DType::f32;
+  bool recompute_ = false;  // recomputation checkpoints (poptorch recomputationCheckpoint)
+  // On-disk executable cache directory; empty: off (poptorch enableExecutableCaching).
+  std::string executable_cache_;
+  uint64_t random_seed_ = 0;
+  // Chrome trace written here after each call; empty: off (poptorch enableProfiling).
+  std::string profile_;
+  compiler::OptLevel opt_level_ = compiler::OptLevel::O2;
+  int threads_ = 0;  // 0: every free core
+
+  Options& device_iterations(int64_t n) { device_iterations_ = n; return *this; }
+  Options& replication_factor(int64_t n) { replication_factor_ = n; return *this; }
+  Options& gradient_accumulation(int64_t n) { gradient_accumulation_ = n; return *this; }
+  Options& output_mode(OutputMode m, int64_t every_n = 1) { output_mode_ = m; output_every_n_ = every_n; return *this; }
+  Options& precision(DType compute, DType partials = DType::f32) { precision_ = compute; partials_type_ = partials; return *this; }
+  Options& recompute(bool on) { recompute_ = on; return *this; }
+  Options& executable_cache(std::string dir) { executable_cache_ = std::move(dir); return *this; }
+  Options& random_seed(uint64_t s) { random_seed_ = s; return *this; }
+  Options& profile(std::string path) { profile_ = std::move(path); return *this; }
+  Options& opt_level(compiler::OptLevel l) { opt_level_ = l; return *this; }
+  Options& threads(int n) { threads_ = n; return *this; }
+
+  // Checks every option against what this build supports.
+  Status validate() const;
+};
+
+}  // namespace aspen::api
