@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "compiler/executable.h"
 #include "compiler/memory_plan.h"
@@ -119,6 +120,62 @@ TEST(MemoryPlan, LiveValuesNeverOverlap) {
       bool overlap_bytes = sa.offset < sc.offset + sc.bytes && sc.offset < sa.offset + sa.bytes;
       EXPECT_FALSE(overlap_time && overlap_bytes) << "%" << a << " and %" << c;
     }
+}
+
+// The transformer patterns of fusion.cc, in one graph.
+Graph fusable_graph() {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {4, 6});
+  ValueId r = b.input("r", DType::f32, {4, 6});
+  ValueId h = b.add(x, r);  // residual stream
+  ValueId y = b.op(OpKind::layernorm, {h, b.parameter("ln.weight", DType::f32, {6}),
+                                       b.parameter("ln.bias", DType::f32, {6})},
+                   {{"eps", 1e-5}})[0];
+  ValueId mm = b.op1(OpKind::matmul, {y, b.parameter("fc.weight", DType::f32, {8, 6})}, {{"trans_b", int64_t(1)}});
+  ValueId fc = b.gelu(b.add(mm, b.broadcast(b.parameter("fc.bias", DType::f32, {8}), {4, 8})));
+  ValueId act = b.gelu(b.add(b.exp(fc), b.broadcast(b.parameter("act.bias", DType::f32, {8}), {4, 8})));
+  b.output("act", act);
+  b.output("h2", b.add(h, y));  // a later user of the residual stream
+  EXPECT_TRUE(b.status().is_ok()) << b.status().to_string();
+  return g;
+}
+
+TEST(Passes, FusionAtO2Only) {
+  Graph g = fusable_graph();
+  CompileContext o2{{.opt_level = OptLevel::O2, .verify_each_pass = true}};
+  ASSERT_TRUE(run_passes(g, default_pipeline(o2.options), o2).is_ok());
+  EXPECT_EQ(count(g, OpKind::add_layernorm), 1);
+  EXPECT_EQ(count(g, OpKind::layernorm), 0);
+  EXPECT_EQ(count(g, OpKind::bias_gelu), 1);
+  EXPECT_EQ(count(g, OpKind::add), 1);  // only the later residual add h + y remains
+  int biased = 0;
+  for (const auto& node : g.nodes()) biased += node.op == OpKind::matmul && node.inputs.size() == 3;
+  EXPECT_EQ(biased, 1);
+  Graph g1 = fusable_graph();
+  CompileContext o1{{.opt_level = OptLevel::O1, .verify_each_pass = true}};
+  ASSERT_TRUE(run_passes(g1, default_pipeline(o1.options), o1).is_ok());
+  EXPECT_EQ(count(g1, OpKind::add_layernorm) + count(g1, OpKind::bias_gelu), 0);
+}
+
+TEST(Passes, FusionKeepsTheMeaning) {
+  Graph g = fusable_graph();
+  Graph fused = g;
+  CompileContext o2{{.opt_level = OptLevel::O2, .verify_each_pass = true}};
+  ASSERT_TRUE(run_passes(fused, default_pipeline(o2.options), o2).is_ok());
+  std::map<std::string, graph::HostArray> feeds;
+  uint64_t seed = 1;
+  for (const auto& node : g.nodes()) {
+    if (node.op != OpKind::input && node.op != OpKind::parameter) continue;
+    graph::HostArray a(g.type(node.outputs[0]));
+    for (size_t i = 0; i < a.data.size(); ++i) a.data[i] = std::sin(double(++seed) * 0.37);
+    feeds[node.name] = a;
+  }
+  auto want = graph::interpret(g, feeds);
+  auto got = graph::interpret(fused, feeds);
+  ASSERT_TRUE(want.is_ok() && got.is_ok());
+  for (const auto& [name, w] : *want)
+    for (size_t i = 0; i < w.data.size(); ++i) ASSERT_NEAR(got->at(name).data[i], w.data[i], 1e-12) << name;
 }
 
 TEST(Compile, RejectsInvalidGraphsNamingTheNode) {

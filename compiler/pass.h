@@ -44,6 +44,7 @@ class Pass {
 std::unique_ptr<Pass> make_dead_code_elimination();
 std::unique_ptr<Pass> make_common_subexpression_elimination();
 std::unique_ptr<Pass> make_constant_folding();
+std::unique_ptr<Pass> make_fusion();  // compiler/fusion.cc
 
 // The passes the options ask for, in pipeline order.
 std::vector<std::unique_ptr<Pass>> default_pipeline(const CompileOptions& options);

@@ -22,5 +22,6 @@ void register_shape_ops(OpTable& t);
 void register_reduce_ops(OpTable& t);
 void register_nn_ops(OpTable& t);
 void register_collective_ops(OpTable& t);
+void register_fused_ops(OpTable& t);
 
 }  // namespace aspen::graph

@@ -65,6 +65,33 @@ TEST(Session, CompiledEqualsInterpreter) {
   expect_matches_interpreter(g, inputs, params);
 }
 
+// Fused kernels (O2) against the unfused reference meaning.
+TEST(Session, FusedProgramEqualsInterpreter) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {5, 6});
+  ValueId r = b.input("r", DType::f32, {5, 6});
+  ValueId h = b.add(x, r);
+  ValueId y = b.op(graph::OpKind::layernorm,
+                   {h, b.parameter("ln.weight", DType::f32, {6}), b.parameter("ln.bias", DType::f32, {6})},
+                   {{"eps", 1e-5}})[0];
+  ValueId mm = b.op1(graph::OpKind::matmul, {y, b.parameter("fc.weight", DType::f32, {8, 6})},
+                     {{"trans_b", int64_t(1)}});
+  ValueId fc = b.add(mm, b.broadcast(b.parameter("fc.bias", DType::f32, {8}), {5, 8}));
+  b.output("act", b.gelu(b.add(b.exp(b.scale(fc, 0.1)), b.broadcast(b.parameter("act.bias", DType::f32, {8}), {5, 8}))));
+  b.output("h2", b.add(h, y));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  std::map<std::string, Tensor> inputs, params;
+  inputs.emplace("x", random_tensor({5, 6}, 1));
+  inputs.emplace("r", random_tensor({5, 6}, 2));
+  params.emplace("ln.weight", random_tensor({6}, 3));
+  params.emplace("ln.bias", random_tensor({6}, 4));
+  params.emplace("fc.weight", random_tensor({8, 6}, 5));
+  params.emplace("fc.bias", random_tensor({8}, 6));
+  params.emplace("act.bias", random_tensor({8}, 7));
+  expect_matches_interpreter(g, inputs, params);
+}
+
 TEST(Session, BadInputsAreStatuses) {
   Graph g;
   Builder b(g);

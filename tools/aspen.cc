@@ -3,6 +3,7 @@
 //   aspen bench gemm [--json] [--threads 1,2] [--dtype f32|bf16|all] [--quick]
 //   aspen bench attention [--json] [--t 256,1024,4096]
 //   aspen bench kernels [--json]
+//   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
 //   aspen info
 //   global: --isa scalar|avx2|avx512|avx512_bf16, --reference-kernels, -v
 //
@@ -15,6 +16,7 @@
 #include <iostream>
 
 #include "bench/attention_bench.h"
+#include "bench/compile_bench.h"
 #include "bench/gemm_bench.h"
 #include "bench/kernels_bench.h"
 #include "core/log.h"
@@ -87,6 +89,14 @@ int main(int argc, char** argv) {
   kern_cmd->add_option("--threads", kb.threads, "threads");
   kern_cmd->add_flag("--quick", kb.quick, "small sizes, one repetition (a smoke test)");
 
+  aspen::bench::CompileBenchOptions cb;
+  CLI::App* comp_cmd = bench->add_subcommand("compile", "build and compile GPT-J-6B-shaped graphs; cache hits");
+  comp_cmd->footer("Example: aspen bench compile --json");
+  comp_cmd->add_flag("--json", cb.json, "one JSON object per line");
+  comp_cmd->add_option("--cache-dir", cb.cache_dir, "executable cache directory (default: a fresh temporary one)");
+  comp_cmd->add_option("--seq", cb.seq, "sequence length");
+  comp_cmd->add_option("--batch", cb.batch, "batch size");
+
   CLI11_PARSE(app, argc, argv);
   if (verbose) aspen::set_log_level(aspen::LogLevel::info);
   aspen::kernels::set_reference_mode(reference);
@@ -117,5 +127,6 @@ int main(int argc, char** argv) {
   }
   if (attn_cmd->parsed()) return report(aspen::bench::run_attention_bench(attn, std::cout));
   if (kern_cmd->parsed()) return report(aspen::bench::run_kernels_bench(kb, std::cout));
+  if (comp_cmd->parsed()) return report(aspen::bench::run_compile_bench(cb, std::cout));
   return 0;
 }
