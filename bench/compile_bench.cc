@@ -18,6 +18,7 @@
 #include "graph/autodiff.h"
 #include "graph/builder.h"
 #include "models/gptj.h"
+#include "runtime/session.h"
 
 namespace aspen::bench {
 
@@ -137,6 +138,45 @@ std::string bytes_string(int64_t b) {
 
 }  // namespace
 
+// Executor overhead: a chain of 10,000 tiny elementwise ops (16 floats each),
+// compiled at O0 and run on one thread; the best of several runs divided by
+// the instruction count. The kernels themselves take a few nanoseconds, so
+// this is the runtime's own cost per instruction.
+Status measure_executor_overhead(bool json, std::ostream& out) {
+  constexpr int kChain = 10000;
+  graph::Graph g;
+  graph::Builder b(g);
+  graph::ValueId v = b.input("x", DType::f32, {16});
+  for (int i = 0; i < kChain; ++i) v = b.scale(v, i % 2 ? 0.5 : 2.0);
+  b.output("y", v);
+  ASPEN_RETURN_IF_ERROR(b.status());
+  compiler::CompileOptions copts;
+  copts.opt_level = compiler::OptLevel::O0;
+  copts.verify_each_pass = false;
+  ASPEN_ASSIGN_OR_RETURN(auto exe, compiler::compile(g, copts));
+  const size_t instructions = exe->program.code.size();
+  runtime::SessionOptions sopts;
+  sopts.threads = 1;
+  ASPEN_ASSIGN_OR_RETURN(auto session, runtime::Session::create(std::move(exe), sopts));
+  Tensor x(DType::f32, Shape{16});
+  double best = 1e30;
+  for (int rep = 0; rep < 7; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ASPEN_ASSIGN_OR_RETURN(auto y, session->run({{"x", &x}}));
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  const double us = best / double(instructions) * 1e6;
+  if (json) {
+    nlohmann::ordered_json row = {{"bench", "compile"}, {"graph", "chain10k"}, {"instructions", instructions},
+                                  {"run_s", best}, {"us_per_instruction", us}};
+    out << row.dump() << "\n";
+  } else {
+    out << fmt::format("executor: {} instructions of 16 floats in {:.3f} ms: {:.3f} us per instruction\n",
+                       instructions, best * 1e3, us);
+  }
+  return Status();
+}
+
 Status run_compile_bench(const CompileBenchOptions& opt, std::ostream& out) {
   if (opt.batch < 1 || opt.seq < 1)
     return Status::invalid_argument("compile bench: batch and seq", "numbers > 0",
@@ -181,7 +221,7 @@ Status run_compile_bench(const CompileBenchOptions& opt, std::ostream& out) {
     }
     out.flush();
   }
-  return Status();
+  return measure_executor_overhead(opt.json, out);
 }
 
 }  // namespace aspen::bench
