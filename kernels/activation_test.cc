@@ -24,17 +24,10 @@ using testing::numeric_grad;
 using testing::random_vector;
 using testing::to_f64;
 
-std::vector<Isa> isas() {
-  std::vector<Isa> v = {Isa::scalar};
-  if (cpu_features().best >= Isa::avx2) v.push_back(Isa::avx2);
-  if (cpu_features().best >= Isa::avx512) v.push_back(Isa::avx512);
-  return v;
-}
-
 // Shapes big enough to run on the whole OpenMP team are swept at the best ISA
 // only: the split into chunks does not depend on the ISA, and fork/joins are
 // the slow part of these tests on a loaded machine.
-bool skip_big(int64_t elements, Isa isa) { return elements >= (1 << 16) && isa != isas().back(); }
+bool skip_big(int64_t elements, Isa isa) { return elements >= (1 << 16) && isa != testing::available_isas(Isa::avx512).back(); }
 
 std::vector<int64_t> elementwise_sizes() {
   std::vector<int64_t> n = kOddSizes;
@@ -77,7 +70,7 @@ std::vector<Unary> unary_ops() {
 }
 
 TEST(Activation, UnaryMatchesReference) {
-  for (Isa isa : isas()) {
+  for (Isa isa : testing::available_isas(Isa::avx512)) {
     ScopedIsaCap cap(isa);
     for (const Unary& op : unary_ops()) {
       for (int64_t n : elementwise_sizes()) {
@@ -122,7 +115,7 @@ TEST(Activation, ExtremeInputsSaturate) {
   const std::vector<float> x = {-1e30f, -1e4f, -100.0f, -20.0f, 0.0f, 20.0f, 100.0f, 1e4f};
   const int64_t n = int64_t(x.size());
   const std::vector<float> ones(n, 1.0f);
-  for (Isa isa : isas()) {
+  for (Isa isa : testing::available_isas(Isa::avx512)) {
     ScopedIsaCap cap(isa);
     for (const Unary& op : unary_ops()) {
       if (op.name == "scale") continue;
@@ -142,7 +135,7 @@ TEST(Activation, ExtremeInputsSaturate) {
 }
 
 TEST(Activation, BinaryMatchesReference) {
-  for (Isa isa : isas()) {
+  for (Isa isa : testing::available_isas(Isa::avx512)) {
     ScopedIsaCap cap(isa);
     for (int64_t n : elementwise_sizes()) {
       if (skip_big(n, isa)) continue;
@@ -230,7 +223,7 @@ TEST(BiasGelu, MatchesReference) {
     for (int64_t c : kOddSizes) shapes.push_back({r, c});
   shapes.push_back({5, 768});
   shapes.push_back({521, 129});  // several dbias row blocks, on the whole team
-  for (Isa isa : isas()) {
+  for (Isa isa : testing::available_isas(Isa::avx512)) {
     ScopedIsaCap cap(isa);
     for (GeluKind kind : {GeluKind::tanh, GeluKind::erf}) {
       for (auto [R, C] : shapes) {

@@ -15,19 +15,6 @@ namespace {
 
 using testing::Guarded;
 
-// Test data on one thread: testing::random_vector opens a parallel region per
-// call, which costs far more than these small kernels on a loaded machine.
-std::vector<float> random_data(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  ScopedOmpThreads one(1);
-  return testing::random_vector(n, seed, lo, hi);
-}
-
-std::vector<Isa> available_isas() {
-  std::vector<Isa> v;
-  for (int i = 0; i <= int(cpu_features().best); ++i) v.push_back(Isa(i));
-  return v;
-}
-
 std::vector<AdamWConfig> configs() {
   AdamWConfig a;  // PyTorch defaults, first step
   AdamWConfig b;
@@ -41,15 +28,15 @@ struct State {
   std::vector<float> param, grad, m, v;
 };
 State random_state(int64_t n, uint64_t seed) {
-  return {random_data(n, seed, -2.0f, 2.0f), random_data(n, seed + 1, -1.0f, 1.0f),
-          random_data(n, seed + 2, -0.1f, 0.1f), random_data(n, seed + 3, 0.0f, 0.01f)};
+  return {testing::random_vector(n, seed, -2.0f, 2.0f), testing::random_vector(n, seed + 1, -1.0f, 1.0f),
+          testing::random_vector(n, seed + 2, -0.1f, 0.1f), testing::random_vector(n, seed + 3, 0.0f, 0.01f)};
 }
 
 TEST(AdamW, FastMatchesReference) {
   std::vector<int64_t> sizes = testing::kOddSizes;
   sizes.push_back(3 * 4096 + 5);  // several chunks
   sizes.push_back(40000);         // parallel
-  for (Isa isa : available_isas()) {
+  for (Isa isa : testing::available_isas()) {
     ScopedIsaCap cap(isa);
     int ci = 0;
     for (const AdamWConfig& cfg : configs()) {
@@ -87,7 +74,7 @@ TEST(AdamW, HandComputedStep) {
   const double bc1 = 1 - b1 * b1 * b1, bc2 = 1 - b2 * b2 * b2;
   AdamWConfig cfg;
   cfg.lr = lr, cfg.beta1 = b1, cfg.beta2 = b2, cfg.eps = eps, cfg.weight_decay = wd, cfg.step = step;
-  for (Isa isa : available_isas()) {
+  for (Isa isa : testing::available_isas()) {
     SCOPED_TRACE(isa_name(isa));
     ScopedIsaCap cap(isa);
     std::vector<float> p(p0.begin(), p0.end()), g(g0.begin(), g0.end()), m(m0.begin(), m0.end()),

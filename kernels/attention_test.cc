@@ -44,13 +44,6 @@ const std::vector<Case> kCases = {
     {1, 2, 5, 3, 3, 9, 4},  // offset past S: every local row is empty
 };
 
-std::vector<Isa> isas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
-    if (int(isa) <= int(cpu_features().best)) out.push_back(isa);
-  return out;
-}
-
 struct Inputs {
   std::vector<float> q, k, v, dout;
   std::vector<uint8_t> valid;  // [B, S]; empty when unpadded
@@ -124,7 +117,7 @@ TEST(Attention, ForwardMatchesReference) {
         ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
                                        want_out.data(), want_lse.data(), c.B, c.H, c.T, c.S, c.D, double(scale),
                                        mask);
-        for (Isa isa : isas()) {
+        for (Isa isa : testing::available_isas(Isa::avx512)) {
           SCOPED_TRACE(isa_name(isa));
           ScopedIsaCap cap(isa);
           Guarded<float> out(nq, NAN), lse(nl, NAN);
@@ -156,7 +149,7 @@ TEST(Attention, BackwardMatchesReference) {
         ref::attention_backward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
                                         to_f64(out).data(), to_f64(lse).data(), to_f64(in.dout).data(), dq.data(),
                                         dk.data(), dv.data(), c.B, c.H, c.T, c.S, c.D, double(scale), mask);
-        for (Isa isa : isas()) {
+        for (Isa isa : testing::available_isas(Isa::avx512)) {
           SCOPED_TRACE(isa_name(isa));
           ScopedIsaCap cap(isa);
           Guarded<float> gq(nq, NAN), gk(nk, NAN), gv(nk, NAN);

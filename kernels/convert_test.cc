@@ -18,19 +18,6 @@ namespace {
 
 using testing::Guarded;
 
-// Test data on one thread: testing::random_vector opens a parallel region per
-// call, which costs far more than these small kernels on a loaded machine.
-std::vector<float> random_data(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  ScopedOmpThreads one(1);
-  return testing::random_vector(n, seed, lo, hi);
-}
-
-std::vector<Isa> available_isas() {
-  std::vector<Isa> v;
-  for (int i = 0; i <= int(cpu_features().best); ++i) v.push_back(Isa(i));
-  return v;
-}
-
 uint32_t bits_of(float f) { return std::bit_cast<uint32_t>(f); }
 float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
 bool is_nan_bf16(uint16_t h) { return (h & 0x7fff) > 0x7f80; }
@@ -68,7 +55,7 @@ TEST(Convert, Bf16AndF16ToF32Exhaustive) {
   std::vector<float> want_b(65536), want_h(65536);
   ref::convert_bf16_to_f32(b.data(), want_b.data(), 65536);
   ref::convert_f16_to_f32(h.data(), want_h.data(), 65536);
-  for (Isa isa : available_isas()) {
+  for (Isa isa : testing::available_isas()) {
     SCOPED_TRACE(isa_name(isa));
     ScopedIsaCap cap(isa);
     Guarded<float> out_b(65536), out_h(65536);
@@ -92,7 +79,7 @@ TEST(Convert, RoundTripExhaustive) {
   std::vector<f16> h(65536), h2(65536);
   for (uint32_t i = 0; i < 65536; ++i) b[i].bits = h[i].bits = uint16_t(i);
   std::vector<float> f(65536);
-  for (Isa isa : available_isas()) {
+  for (Isa isa : testing::available_isas()) {
     SCOPED_TRACE(isa_name(isa));
     ScopedIsaCap cap(isa);
     ASSERT_TRUE(convert_bf16_to_f32(b, f, 65536).is_ok());
@@ -113,7 +100,7 @@ TEST(Convert, F32ToBf16AndF16MatchReferenceBitwise) {
   const std::vector<float> x = test_floats();
   std::vector<size_t> sizes(testing::kOddSizes.begin(), testing::kOddSizes.end());
   sizes.push_back(x.size());
-  for (Isa isa : available_isas()) {
+  for (Isa isa : testing::available_isas()) {
     ScopedIsaCap cap(isa);
     for (size_t n : sizes) {
       SCOPED_TRACE(std::string(isa_name(isa)) + " N=" + std::to_string(n));
@@ -144,7 +131,7 @@ TEST(Convert, StochasticMatchesReferenceBitwise) {
   // Offsets off a Philox block boundary, and one whose block counter's low word wraps mid-vector.
   const uint64_t offsets[] = {0, 1, 3, 6, (uint64_t(1) << 34) - 37};
   const int64_t sizes[] = {1, 3, 7, 17, 129, 1000, int64_t(x.size())};
-  for (Isa isa : available_isas()) {
+  for (Isa isa : testing::available_isas()) {
     ScopedIsaCap cap(isa);
     for (uint64_t offset : offsets)
       for (int64_t n : sizes) {
@@ -205,7 +192,7 @@ TEST(Convert, StochasticIsUnbiased) {
 
 TEST(Convert, StochasticSameForOneAndTwoThreadsAndSplitCalls) {
   const int64_t n = 100003;
-  const std::vector<float> x = random_data(n, 8, -100.0f, 100.0f);
+  const std::vector<float> x = testing::random_vector(n, 8, -100.0f, 100.0f);
   std::vector<bf16> one(n), two(n), split(n), want(n);
   {
     ScopedOmpThreads t(1);

@@ -15,35 +15,22 @@ namespace {
 
 using testing::Guarded;
 
-// Test data on one thread: testing::random_vector opens a parallel region per
-// call, which costs far more than these small kernels on a loaded machine.
-std::vector<float> random_data(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  ScopedOmpThreads one(1);
-  return testing::random_vector(n, seed, lo, hi);
-}
-
-std::vector<Isa> available_isas() {
-  std::vector<Isa> v;
-  for (int i = 0; i <= int(cpu_features().best); ++i) v.push_back(Isa(i));
-  return v;
-}
-
 std::vector<int32_t> random_ids(int64_t n, int64_t V, uint64_t seed) {
-  const std::vector<float> r = random_data(n, seed, 0.0f, float(V));
+  const std::vector<float> r = testing::random_vector(n, seed, 0.0f, float(V));
   std::vector<int32_t> ids(n);
   for (int64_t i = 0; i < n; ++i) ids[i] = std::min(int32_t(V - 1), int32_t(r[i]));
   return ids;
 }
 
 TEST(Embedding, ForwardMatchesReference) {
-  for (Isa isa : available_isas()) {
+  for (Isa isa : testing::available_isas()) {
     ScopedIsaCap cap(isa);
     for (int64_t N : testing::kOddSizes)
       for (int64_t C : testing::kOddSizes) {
         const int64_t V = 11;
         SCOPED_TRACE(std::string(isa_name(isa)) + " N=" + std::to_string(N) + " C=" + std::to_string(C));
         const std::vector<int32_t> ids = random_ids(N, V, uint64_t(N * 1000 + C));
-        const std::vector<float> table = random_data(V * C, uint64_t(C));
+        const std::vector<float> table = testing::random_vector(V * C, uint64_t(C));
         std::vector<float> want(N * C);
         ref::embedding_forward<float>(ids.data(), table.data(), want.data(), N, V, C);
         Guarded<float> out(N * C);
@@ -56,7 +43,7 @@ TEST(Embedding, ForwardMatchesReference) {
 
 // dtable starts non-zero (the backward accumulates); few distinct ids make many repeats.
 TEST(Embedding, BackwardMatchesReferenceAndSum) {
-  for (Isa isa : available_isas()) {
+  for (Isa isa : testing::available_isas()) {
     ScopedIsaCap cap(isa);
     for (int64_t V : {int64_t(3), int64_t(200)})
       for (int64_t N : testing::kOddSizes)
@@ -64,8 +51,8 @@ TEST(Embedding, BackwardMatchesReferenceAndSum) {
           SCOPED_TRACE(std::string(isa_name(isa)) + " V=" + std::to_string(V) + " N=" + std::to_string(N) +
                        " C=" + std::to_string(C));
           const std::vector<int32_t> ids = random_ids(N, V, uint64_t(N * 7 + C + V));
-          const std::vector<float> dout = random_data(N * C, uint64_t(N + C));
-          const std::vector<float> init = random_data(V * C, uint64_t(V + C));
+          const std::vector<float> dout = testing::random_vector(N * C, uint64_t(N + C));
+          const std::vector<float> init = testing::random_vector(V * C, uint64_t(V + C));
           std::vector<float> want = init;
           ref::embedding_backward<float>(ids.data(), dout.data(), want.data(), N, V, C);
           std::vector<double> sum(init.begin(), init.end());
@@ -89,7 +76,7 @@ TEST(Embedding, BackwardSameForOneAndTwoThreads) {
   // Above the parallel threshold; the second splits only two column groups.
   for (const Case& k : {Case{300, 7, 257}, Case{3000, 5, 20}}) {
     const std::vector<int32_t> ids = random_ids(k.N, k.V, 41);
-    const std::vector<float> dout = random_data(k.N * k.C, 42);
+    const std::vector<float> dout = testing::random_vector(k.N * k.C, 42);
     std::vector<float> one(k.V * k.C, 0.0f), two(k.V * k.C, 0.0f), want(k.V * k.C, 0.0f);
     {
       ScopedOmpThreads t(1);
@@ -108,8 +95,8 @@ TEST(Embedding, BackwardSameForOneAndTwoThreads) {
 TEST(Embedding, BackwardMatchesFiniteDifferences) {
   const int64_t N = 5, V = 3, C = 4;
   const std::vector<int32_t> ids = {2, 0, 2, 2, 1};
-  const std::vector<float> table = random_data(V * C, 51);
-  const std::vector<float> w = random_data(N * C, 52);
+  const std::vector<float> table = testing::random_vector(V * C, 51);
+  const std::vector<float> w = testing::random_vector(N * C, 52);
   auto loss = [&](const std::vector<double>& t) {
     std::vector<double> out(N * C);
     ref::embedding_forward<double>(ids.data(), t.data(), out.data(), N, V, C);

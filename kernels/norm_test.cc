@@ -27,17 +27,10 @@ using testing::to_f64;
 
 constexpr float kEps = 1e-5f;
 
-std::vector<Isa> isas() {
-  std::vector<Isa> v = {Isa::scalar};
-  if (cpu_features().best >= Isa::avx2) v.push_back(Isa::avx2);
-  if (cpu_features().best >= Isa::avx512) v.push_back(Isa::avx512);
-  return v;
-}
-
 // Shapes big enough to run on the whole OpenMP team are swept at the best ISA
 // only: the split into chunks does not depend on the ISA, and fork/joins are
 // the slow part of these tests on a loaded machine.
-bool skip_big(int64_t elements, Isa isa) { return elements >= (1 << 16) && isa != isas().back(); }
+bool skip_big(int64_t elements, Isa isa) { return elements >= (1 << 16) && isa != testing::available_isas(Isa::avx512).back(); }
 
 std::vector<std::pair<int64_t, int64_t>> shapes() {
   std::vector<std::pair<int64_t, int64_t>> s;
@@ -76,7 +69,7 @@ void expect_dx_close(std::span<const float> got, const std::vector<double>& want
 
 TEST(LayerNorm, MatchesReference) {
   const double tol = nmse_threshold(DType::f32);
-  for (Isa isa : isas()) {
+  for (Isa isa : testing::available_isas(Isa::avx512)) {
     ScopedIsaCap cap(isa);
     for (auto [R, C] : shapes()) {
       if (skip_big(R * C, isa)) continue;
@@ -129,7 +122,7 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
 
 TEST(LayerNorm, FusedResidualAddMatchesReference) {
   const double tol = nmse_threshold(DType::f32);
-  for (Isa isa : isas()) {
+  for (Isa isa : testing::available_isas(Isa::avx512)) {
     ScopedIsaCap cap(isa);
     for (auto [R, C] : shapes()) {
       if (skip_big(R * C, isa)) continue;
@@ -165,7 +158,7 @@ TEST(LayerNorm, FusedResidualAddMatchesReference) {
 
 TEST(RmsNorm, MatchesReference) {
   const double tol = nmse_threshold(DType::f32);
-  for (Isa isa : isas()) {
+  for (Isa isa : testing::available_isas(Isa::avx512)) {
     ScopedIsaCap cap(isa);
     for (auto [R, C] : shapes()) {
       if (skip_big(R * C, isa)) continue;

@@ -15,21 +15,8 @@ namespace {
 
 using testing::Guarded;
 
-// Test data on one thread: testing::random_vector opens a parallel region per
-// call, which costs far more than these small kernels on a loaded machine.
-std::vector<float> random_data(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  ScopedOmpThreads one(1);
-  return testing::random_vector(n, seed, lo, hi);
-}
-
-std::vector<Isa> available_isas() {
-  std::vector<Isa> v;
-  for (int i = 0; i <= int(cpu_features().best); ++i) v.push_back(Isa(i));
-  return v;
-}
-
 std::vector<int32_t> random_positions(int64_t n, uint64_t seed, int32_t max_pos) {
-  std::vector<float> r = random_data(size_t(n), seed, 0.0f, float(max_pos));
+  std::vector<float> r = testing::random_vector(size_t(n), seed, 0.0f, float(max_pos));
   std::vector<int32_t> p(n);
   for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t(r[i]);
   return p;
@@ -48,7 +35,7 @@ TEST(Rotary, FastMatchesReference) {
     int64_t B, H, max_T;
   };
   const BH bhs[] = {{1, 1, 129}, {2, 3, 17}};
-  for (Isa isa : available_isas()) {
+  for (Isa isa : testing::available_isas()) {
     ScopedIsaCap cap(isa);
     for (RotaryLayout layout : kLayouts)
       for (const BH& bh : bhs)
@@ -59,7 +46,7 @@ TEST(Rotary, FastMatchesReference) {
                          " T=" + std::to_string(T) + " H=" + std::to_string(bh.H) + " D=" + std::to_string(d.D) +
                          " rd=" + std::to_string(d.rd));
             const int64_t n = bh.B * T * bh.H * d.D;
-            const std::vector<float> x = random_data(size_t(n), uint64_t(n + d.rd));
+            const std::vector<float> x = testing::random_vector(size_t(n), uint64_t(n + d.rd));
             const std::vector<int32_t> pos = random_positions(bh.B * T, uint64_t(T), 4096);
             std::vector<float> want(n), want_back(n);
             ref::rotary_forward<float>(x.data(), pos.data(), want.data(), bh.B, T, bh.H, d.D, d.rd, layout, 10000.0f);
@@ -84,7 +71,7 @@ TEST(Rotary, FastMatchesReference) {
 
 TEST(Rotary, ReferenceModeRoutesToReference) {
   const int64_t B = 1, T = 5, H = 2, D = 12, rd = 8, n = B * T * H * D;
-  const std::vector<float> x = random_data(n, 3);
+  const std::vector<float> x = testing::random_vector(n, 3);
   const std::vector<int32_t> pos = {0, 1, 2, 700, 9};
   std::vector<float> want(n), got(n);
   ref::rotary_forward<float>(x.data(), pos.data(), want.data(), B, T, H, D, rd, RotaryLayout::half_split, 500.0f);
@@ -100,7 +87,7 @@ TEST(Rotary, KnownValues) {
   const std::vector<float> x = {1, 2, 3, 4};
   const std::vector<int32_t> pos = {1};
   const double c1 = std::cos(1.0), s1 = std::sin(1.0), c2 = std::cos(0.01), s2 = std::sin(0.01);
-  for (Isa isa : available_isas()) {
+  for (Isa isa : testing::available_isas()) {
     ScopedIsaCap cap(isa);
     std::vector<float> y(4);
     ASSERT_TRUE(rotary_forward(x, pos, y, 1, 1, 1, 4, 4, RotaryLayout::interleaved).is_ok());
@@ -120,8 +107,8 @@ TEST(Rotary, KnownValues) {
 TEST(Rotary, BackwardMatchesFiniteDifferences) {
   const int64_t B = 1, T = 3, H = 2, D = 8, rd = 6, n = B * T * H * D;
   const std::vector<int32_t> pos = {0, 5, 1000};
-  const std::vector<float> x = random_data(n, 11);
-  const std::vector<float> w = random_data(n, 12);
+  const std::vector<float> x = testing::random_vector(n, 11);
+  const std::vector<float> w = testing::random_vector(n, 12);
   for (RotaryLayout layout : kLayouts) {
     auto loss = [&](const std::vector<double>& xd) {
       std::vector<double> y(xd.size());
@@ -131,7 +118,7 @@ TEST(Rotary, BackwardMatchesFiniteDifferences) {
       return l;
     };
     const std::vector<double> num = testing::numeric_grad(loss, testing::to_f64(x));
-    for (Isa isa : available_isas()) {
+    for (Isa isa : testing::available_isas()) {
       SCOPED_TRACE(std::string(isa_name(isa)) + " " + layout_name(layout));
       ScopedIsaCap cap(isa);
       Guarded<float> dx(n);
@@ -144,7 +131,7 @@ TEST(Rotary, BackwardMatchesFiniteDifferences) {
 
 TEST(Rotary, BackwardUndoesForward) {
   const int64_t B = 2, T = 7, H = 3, D = 20, rd = 16, n = B * T * H * D;
-  const std::vector<float> x = random_data(n, 21);
+  const std::vector<float> x = testing::random_vector(n, 21);
   const std::vector<int32_t> pos = random_positions(B * T, 22, 100000);
   for (RotaryLayout layout : kLayouts) {
     std::vector<float> y(n), back(n);
@@ -156,7 +143,7 @@ TEST(Rotary, BackwardUndoesForward) {
 
 TEST(Rotary, SameForOneAndTwoThreads) {
   const int64_t B = 2, T = 33, H = 4, D = 64, rd = 64, n = B * T * H * D;  // above the parallel threshold
-  const std::vector<float> x = random_data(n, 31);
+  const std::vector<float> x = testing::random_vector(n, 31);
   const std::vector<int32_t> pos = random_positions(B * T, 32, 8192);
   for (RotaryLayout layout : kLayouts) {
     std::vector<float> one(n), two(n);

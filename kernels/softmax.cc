@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/check_args.h"
+#include "kernels/chunks.h"
 #include "kernels/cpu.h"
 #include "kernels/vec_math.h"
 
@@ -43,45 +44,6 @@ Status check_targets(const char* kernel, const int32_t* targets, int64_t R, int6
   return Status();
 }
 
-// ---- dispatch machinery ----------------------------------------------------
-// A body handles rows [begin, end). It is stamped out three times (AVX-512,
-// AVX2, portable); the variant for active_isa() runs over fixed-size row chunks
-// spread over the OpenMP team.
-
-template <class A>
-using RangeFn = void (*)(const A&, int64_t, int64_t);
-
-template <class A>
-RangeFn<A> pick(RangeFn<A> avx512, RangeFn<A> avx2, RangeFn<A> portable) {
-  const Isa isa = active_isa();
-  if (isa >= Isa::avx512) return avx512;
-  if (isa == Isa::avx2) return avx2;
-  return portable;
-}
-
-// Below this many elements in all, a fork/join costs more than it saves.
-constexpr int64_t kParallelMin = 1 << 16;
-
-// Runs fn over [0, n) in chunks of `grain` items of `item` elements each; the
-// chunks are the same whether they run on one thread or many.
-template <class A>
-void run_chunks(RangeFn<A> fn, const A& a, int64_t n, int64_t grain, int64_t item) {
-  const int64_t chunks = (n + grain - 1) / grain;
-  if (chunks <= 1 || n * item < kParallelMin) {
-    for (int64_t k = 0; k < chunks; ++k) fn(a, k * grain, std::min(n, (k + 1) * grain));
-    return;
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t k = 0; k < chunks; ++k) fn(a, k * grain, std::min(n, (k + 1) * grain));
-}
-
-#define ASPEN_STAMP_VARIANTS(body, A)                                                         \
-  ASPEN_TARGET_AVX512 void body##_avx512(const A& a, int64_t b, int64_t e) { body(a, b, e); } \
-  ASPEN_TARGET_AVX2 void body##_avx2(const A& a, int64_t b, int64_t e) { body(a, b, e); }     \
-  void body##_portable(const A& a, int64_t b, int64_t e) { body(a, b, e); }                   \
-  void body##_run(const A& a, int64_t n, int64_t grain, int64_t item) {                       \
-    run_chunks(pick<A>(body##_avx512, body##_avx2, body##_portable), a, n, grain, item);      \
-  }
 
 constexpr int64_t kGrain = 1 << 14;  // elements per chunk
 int64_t row_grain(int64_t C) { return std::max<int64_t>(1, kGrain / C); }

@@ -1,5 +1,6 @@
 #include "kernels/testing.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -22,6 +23,13 @@ void fill_uniform(std::span<float> out, uint64_t seed, float lo, float hi) {
   // costs more than it saves on a loaded 2-core machine.
   ScopedOmpThreads one(1);
   philox_fill_uniform(out, seed, /*stream=*/0x7e57, 0, lo, hi);
+}
+
+std::vector<Isa> available_isas(Isa up_to) {
+  std::vector<Isa> v;
+  const int last = std::min(int(cpu_features().best), int(up_to));
+  for (int i = 0; i <= last; ++i) v.push_back(Isa(i));
+  return v;
 }
 
 std::vector<float> random_vector(size_t n, uint64_t seed, float lo, float hi) {

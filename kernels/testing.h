@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/cpu.h"
 
 namespace aspen::kernels::testing {
 
@@ -67,7 +68,12 @@ class Guarded {
   std::unique_ptr<unsigned char, Del> mem_;
 };
 
-// Deterministic uniform fill in [lo, hi) (Philox stream `seed`).
+// Every ISA from scalar up to min(this CPU's best, up_to): tests run each
+// kernel variant under ScopedIsaCap for each.
+std::vector<Isa> available_isas(Isa up_to = Isa::avx512_bf16);
+
+// Deterministic uniform fill in [lo, hi) (Philox stream `seed`), on one
+// thread (test inputs are small; a parallel region per call costs more).
 void fill_uniform(std::span<float> out, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 std::vector<float> random_vector(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 std::vector<double> to_f64(std::span<const float> x);
