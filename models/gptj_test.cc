@@ -8,10 +8,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "compiler/executable.h"
+#include "graph/autodiff.h"
 #include "graph/grad_check.h"
 #include "graph/interpreter.h"
 #include "graph/verify.h"
 #include "kernels/rotary.h"
+#include "runtime/session.h"
 
 namespace aspen::models {
 namespace {
@@ -222,6 +225,58 @@ std::string config_error(GptjConfig c, int64_t batch = 1, int64_t seq = 4) {
   Graph g;
   graph::Builder b(g);
   return build_gptj(b, c, batch, seq, false).status().message();
+}
+
+// The compiled program (fast kernels, fusion at O2) computes what the graph
+// means: logits, loss and every parameter gradient against the interpreter
+// (with rounding to f32) at O0 and O2.
+TEST(Gptj, CompiledTrainingGraphEqualsInterpreter) {
+  const GptjConfig c = GptjConfig::tiny();
+  const int64_t batch = 2, seq = 5;
+  Graph g;
+  graph::Builder b(g);
+  auto m = build_gptj(b, c, batch, seq, /*with_loss=*/true);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  std::vector<graph::ValueId> params;
+  std::vector<std::string> names;
+  for (int32_t i : g.parameter_nodes()) {
+    params.push_back(g.node(i).outputs[0]);
+    names.push_back(g.node(i).name);
+  }
+  auto grads = graph::append_gradients(g, m->loss, params);
+  ASSERT_TRUE(grads.is_ok()) << grads.status().to_string();
+  for (size_t i = 0; i < params.size(); ++i) g.add_output("grad:" + names[i], (*grads)[i]);
+  auto feeds = feeds_for(g, c, batch, seq, 0.3, 17);
+  auto want = graph::interpret(g, feeds, {.round_to_dtype = true});
+  ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+  for (auto level : {compiler::OptLevel::O0, compiler::OptLevel::O2}) {
+    auto exe = compiler::compile(g, {.opt_level = level, .verify_each_pass = true});
+    ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+    for (const auto& ins : (*exe)->program.code) EXPECT_FALSE(ins.reference) << "a reference fallback in f32";
+    auto session = runtime::Session::create(std::move(exe).value(), {.threads = 1});
+    ASSERT_TRUE(session.is_ok()) << session.status().to_string();
+    std::map<std::string, Tensor> inputs;
+    for (const auto& [name, a] : feeds) {
+      if (g.find_parameter(name)) {
+        ASSERT_TRUE((*session)->set_parameter(name, a.to_tensor()).is_ok()) << name;
+      } else {
+        inputs.emplace(name, a.to_tensor());
+      }
+    }
+    std::map<std::string, const Tensor*> in;
+    for (const auto& [name, t] : inputs) in[name] = &t;
+    auto got = (*session)->run(in);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    for (const auto& [name, w] : *want) {
+      const HostArray h = HostArray::from_tensor(got->at(name));
+      double err = 0, ref = 0;
+      for (size_t i = 0; i < w.data.size(); ++i) {
+        err += (h.data[i] - w.data[i]) * (h.data[i] - w.data[i]);
+        ref += w.data[i] * w.data[i];
+      }
+      EXPECT_LE(err, 1e-10 * std::max(ref, 1e-30)) << name << " at O" << int(level);
+    }
+  }
 }
 
 TEST(Gptj, BadConfigsAreNamed) {
