@@ -222,22 +222,8 @@ ASPEN_STAMP_VARIANTS(bias_gelu_erf_fwd, BiasRows)
 ASPEN_STAMP_VARIANTS(bias_gelu_tanh_bwd, BiasRows)
 ASPEN_STAMP_VARIANTS(bias_gelu_erf_bwd, BiasRows)
 
-// out[c] = sum over blocks k, in order, of partial[k, c]; columns [c0, c1).
-struct ColSum {
-  const float* partial;
-  float* out;
-  int64_t blocks, C;
-};
-ASPEN_VM_INLINE void col_sum(const ColSum& a, int64_t c0, int64_t c1) {
-  float* out = a.out;
-#pragma omp simd
-  for (int64_t c = c0; c < c1; ++c) out[c] = a.partial[c];
-  for (int64_t k = 1; k < a.blocks; ++k) {
-    const float* p = a.partial + k * a.C;
-#pragma omp simd
-    for (int64_t c = c0; c < c1; ++c) out[c] += p[c];
-  }
-}
+using chunks::col_sum;
+using chunks::ColSum;
 ASPEN_STAMP_VARIANTS(col_sum, ColSum)
 
 #undef ASPEN_STAMP_VARIANTS

@@ -43,6 +43,25 @@ void run_chunks(RangeFn<A> fn, const A& a, int64_t n, int64_t grain, int64_t ite
   for (int64_t k = 0; k < chunks; ++k) fn(a, k * grain, std::min(n, (k + 1) * grain));
 }
 
+// A deterministic column reduction: per-chunk partial sums [blocks, C] are
+// added in block order. out[c] = sum over blocks k of partial[k, c]; this body
+// handles columns [c0, c1) (stamp it with ASPEN_STAMP_VARIANTS).
+struct ColSum {
+  const float* partial;
+  float* out;
+  int64_t blocks, C;
+};
+inline __attribute__((always_inline)) void col_sum(const ColSum& a, int64_t c0, int64_t c1) {
+  float* out = a.out;
+#pragma omp simd
+  for (int64_t c = c0; c < c1; ++c) out[c] = a.partial[c];
+  for (int64_t k = 1; k < a.blocks; ++k) {
+    const float* p = a.partial + k * a.C;
+#pragma omp simd
+    for (int64_t c = c0; c < c1; ++c) out[c] += p[c];
+  }
+}
+
 }  // namespace aspen::kernels::chunks
 
 #define ASPEN_STAMP_VARIANTS(body, A)                                                         \

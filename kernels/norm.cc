@@ -211,22 +211,8 @@ ASPEN_VM_INLINE void rms_bwd(const Bwd& a, int64_t r0, int64_t r1) {
 ASPEN_STAMP_VARIANTS(ln_bwd, Bwd)
 ASPEN_STAMP_VARIANTS(rms_bwd, Bwd)
 
-// out[c] = sum over blocks k, in order, of partial[k, c]; columns [c0, c1).
-struct ColSum {
-  const float* partial;
-  float* out;
-  int64_t blocks, C;
-};
-ASPEN_VM_INLINE void col_sum(const ColSum& a, int64_t c0, int64_t c1) {
-  float* out = a.out;
-#pragma omp simd
-  for (int64_t c = c0; c < c1; ++c) out[c] = a.partial[c];
-  for (int64_t k = 1; k < a.blocks; ++k) {
-    const float* p = a.partial + k * a.C;
-#pragma omp simd
-    for (int64_t c = c0; c < c1; ++c) out[c] += p[c];
-  }
-}
+using chunks::col_sum;
+using chunks::ColSum;
 ASPEN_STAMP_VARIANTS(col_sum, ColSum)
 
 #undef ASPEN_STAMP_VARIANTS

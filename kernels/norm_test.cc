@@ -23,14 +23,10 @@ using testing::kOddSizes;
 using testing::nmse_threshold;
 using testing::numeric_grad;
 using testing::random_vector;
+using testing::skip_big;
 using testing::to_f64;
 
 constexpr float kEps = 1e-5f;
-
-// Shapes big enough to run on the whole OpenMP team are swept at the best ISA
-// only: the split into chunks does not depend on the ISA, and fork/joins are
-// the slow part of these tests on a loaded machine.
-bool skip_big(int64_t elements, Isa isa) { return elements >= (1 << 16) && isa != testing::available_isas(Isa::avx512).back(); }
 
 std::vector<std::pair<int64_t, int64_t>> shapes() {
   std::vector<std::pair<int64_t, int64_t>> s;

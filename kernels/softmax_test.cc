@@ -22,12 +22,8 @@ using testing::kOddSizes;
 using testing::nmse_threshold;
 using testing::numeric_grad;
 using testing::random_vector;
+using testing::skip_big;
 using testing::to_f64;
-
-// Shapes big enough to run on the whole OpenMP team are swept at the best ISA
-// only: the split into chunks does not depend on the ISA, and fork/joins are
-// the slow part of these tests on a loaded machine.
-bool skip_big(int64_t elements, Isa isa) { return elements >= (1 << 16) && isa != testing::available_isas(Isa::avx512).back(); }
 
 std::string shape_name(int64_t R, int64_t C, float range, Isa isa) {
   return "R=" + std::to_string(R) + " C=" + std::to_string(C) + " range=" + std::to_string(range) +

@@ -72,6 +72,13 @@ class Guarded {
 // kernel variant under ScopedIsaCap for each.
 std::vector<Isa> available_isas(Isa up_to = Isa::avx512_bf16);
 
+// Shapes big enough to run on the whole OpenMP team are swept at the best ISA
+// only: the split into chunks does not depend on the ISA, and fork/joins are
+// the slow part of these tests on a loaded machine.
+inline bool skip_big(int64_t elements, Isa isa) {
+  return elements >= (1 << 16) && isa != available_isas(Isa::avx512).back();
+}
+
 // Deterministic uniform fill in [lo, hi) (Philox stream `seed`), on one
 // thread (test inputs are small; a parallel region per call costs more).
 void fill_uniform(std::span<float> out, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
