@@ -26,6 +26,7 @@ constexpr size_t kHeaderBytes = 8 + 4 + 8 + 8 + 8;
 std::string encode_options(const CompileOptions& o) {
   std::string s;
   s += char(o.opt_level);
+  s += char(o.recompute ? 1 : 0);
   s.append(reinterpret_cast<const char*>(&o.max_folded_elements), sizeof(o.max_folded_elements));
   return s;
 }

@@ -6,6 +6,7 @@
 #include "compiler/executable.h"
 #include "compiler/memory_plan.h"
 #include "compiler/pass.h"
+#include "graph/autodiff.h"
 #include "graph/builder.h"
 #include "graph/interpreter.h"
 #include "graph/verify.h"
@@ -176,6 +177,48 @@ TEST(Passes, FusionKeepsTheMeaning) {
   ASSERT_TRUE(want.is_ok() && got.is_ok());
   for (const auto& [name, w] : *want)
     for (size_t i = 0; i < w.data.size(); ++i) ASSERT_NEAR(got->at(name).data[i], w.data[i], 1e-12) << name;
+}
+
+// A deep elementwise chain with a checkpoint every 4 layers: recomputation
+// keeps the meaning and shrinks the planned peak.
+TEST(Passes, RecomputationKeepsMeaningAndSavesMemory) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {32, 64});
+  ValueId w = b.parameter("w", DType::f32, {64});
+  ValueId v = x;
+  for (int i = 0; i < 12; ++i) {
+    v = b.gelu(b.add(v, b.broadcast(w, {32, 64})));
+    if (i % 4 == 3) b.checkpoint(v);
+  }
+  ValueId loss = b.reduce_sum(b.mul(v, v), {0, 1});
+  b.output("loss", loss);
+  ASSERT_TRUE(b.status().is_ok());
+  std::vector<ValueId> wrt = {w, x};
+  auto grads = graph::append_gradients(g, loss, wrt);
+  ASSERT_TRUE(grads.is_ok()) << grads.status().to_string();
+  g.add_output("dw", (*grads)[0]);
+  g.add_output("dx", (*grads)[1]);
+
+  CompileOptions keep{.opt_level = OptLevel::O1, .verify_each_pass = true};
+  CompileOptions recompute = keep;
+  recompute.recompute = true;
+  auto a = compile(g, keep), r = compile(g, recompute);
+  ASSERT_TRUE(a.is_ok() && r.is_ok()) << r.status().to_string();
+  EXPECT_GT((*r)->graph.nodes().size(), (*a)->graph.nodes().size());  // the recomputed clones
+  EXPECT_LT((*r)->plan.arena_bytes, (*a)->plan.arena_bytes * 3 / 4)
+      << (*a)->plan.report((*a)->graph) << "\n" << (*r)->plan.report((*r)->graph);
+  std::map<std::string, graph::HostArray> feeds;
+  graph::HostArray xa(g.type(x)), wa(g.type(w));
+  for (size_t i = 0; i < xa.data.size(); ++i) xa.data[i] = std::sin(0.1 * double(i));
+  for (size_t i = 0; i < wa.data.size(); ++i) wa.data[i] = 0.01 * double(i % 7);
+  feeds["x"] = xa;
+  feeds["w"] = wa;
+  auto want = graph::interpret((*a)->graph, feeds);
+  auto got = graph::interpret((*r)->graph, feeds);
+  ASSERT_TRUE(want.is_ok() && got.is_ok());
+  for (const auto& [name, wv] : *want)
+    for (size_t i = 0; i < wv.data.size(); ++i) ASSERT_EQ(got->at(name).data[i], wv.data[i]) << name;
 }
 
 TEST(Compile, RejectsInvalidGraphsNamingTheNode) {

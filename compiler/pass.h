@@ -26,6 +26,9 @@ struct CompileOptions {
 #else
   bool verify_each_pass = true;
 #endif
+  // Recompute forward values the backward reads, except at checkpoints
+  // (Builder::checkpoint); off: keep every activation.
+  bool recompute = false;
   // Largest constant (elements) that folding may create.
   int64_t max_folded_elements = int64_t(1) << 20;
 };
@@ -44,7 +47,8 @@ class Pass {
 std::unique_ptr<Pass> make_dead_code_elimination();
 std::unique_ptr<Pass> make_common_subexpression_elimination();
 std::unique_ptr<Pass> make_constant_folding();
-std::unique_ptr<Pass> make_fusion();  // compiler/fusion.cc
+std::unique_ptr<Pass> make_fusion();         // compiler/fusion.cc
+std::unique_ptr<Pass> make_recomputation();  // compiler/recompute.cc
 
 // The passes the options ask for, in pipeline order.
 std::vector<std::unique_ptr<Pass>> default_pipeline(const CompileOptions& options);

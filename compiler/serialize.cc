@@ -112,7 +112,7 @@ std::string encode_graph(const Graph& g) {
     w.pod<uint16_t>(uint16_t(n.op));
     w.str(n.name);
     w.pod<int32_t>(n.stage);
-    w.pod<uint8_t>(n.checkpoint ? 1 : 0);
+    w.pod<uint8_t>(uint8_t((n.checkpoint ? 1 : 0) | (n.backward ? 2 : 0)));  // flags
     w.pod<uint64_t>(n.inputs.size());
     for (ValueId v : n.inputs) w.pod<int32_t>(v.index);
     w.pod<uint64_t>(n.outputs.size());
@@ -161,7 +161,9 @@ Result<Graph> decode_graph(std::string_view bytes) {
     ASPEN_RETURN_IF_ERROR(r.pod(n.stage));
     uint8_t ck = 0;
     ASPEN_RETURN_IF_ERROR(r.pod(ck));
-    n.checkpoint = ck != 0;
+    if (ck > 3) return r.fail("node flags 0..3, not " + std::to_string(ck));
+    n.checkpoint = (ck & 1) != 0;
+    n.backward = (ck & 2) != 0;
     uint64_t k = 0;
     ASPEN_RETURN_IF_ERROR(r.count(k, 4));
     for (uint64_t i = 0; i < k; ++i) {

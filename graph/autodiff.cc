@@ -30,6 +30,7 @@ Result<std::vector<ValueId>> append_gradients(Graph& g, ValueId loss, std::span<
   }
 
   Builder b(g);
+  b.set_backward(true);
   std::vector<std::optional<ValueId>> grad(size_t(g.num_values()));
   grad[size_t(loss.index)] = b.broadcast(b.scalar(1.0f, loss_type.dtype), opsutil::dims(loss_type.shape));
 

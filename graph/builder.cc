@@ -11,6 +11,7 @@ ValueId Builder::source(OpKind kind, std::string name, TensorType type, std::sha
   n.name = std::move(name);
   n.constant = std::move(data);
   n.stage = stage_;
+  n.backward = backward_;
   Attrs attrs;
   if (kind != OpKind::constant) {
     attrs.set("dtype", int64_t(type.dtype));
@@ -78,6 +79,7 @@ std::vector<ValueId> Builder::op(OpKind kind, std::vector<ValueId> inputs, Attrs
   n.inputs = std::move(inputs);
   n.attrs = std::move(attrs);
   n.stage = stage_;
+  n.backward = backward_;
   auto types = check_node(g_, n);
   if (!types.is_ok()) {
     status_ = types.status();

@@ -78,6 +78,8 @@ class Builder {
 
   // Annotations.
   void set_stage(int32_t stage) { stage_ = stage; }
+  // Nodes recorded while set mark themselves as backward (autodiff sets it).
+  void set_backward(bool on) { backward_ = on; }
   int32_t stage() const { return stage_; }
   // Marks the producer of v as the end of a recomputation segment.
   void checkpoint(ValueId v);
@@ -88,6 +90,7 @@ class Builder {
   Graph& g_;
   Status status_;
   int32_t stage_ = -1;
+  bool backward_ = false;
 };
 
 }  // namespace aspen::graph

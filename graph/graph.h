@@ -63,7 +63,8 @@ struct Node {
   std::string name;                         // inputs and parameters: their public name
   std::shared_ptr<const Tensor> constant;   // constant nodes only
   int32_t stage = -1;                       // pipeline stage tag (W1.5); -1: untagged
-  bool checkpoint = false;                  // end of a recomputation segment
+  bool checkpoint = false;                  // its outputs are kept for backward, not recomputed
+  bool backward = false;                    // made by autodiff (graph/autodiff.h)
 };
 
 struct ValueInfo {
