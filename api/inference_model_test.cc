@@ -66,7 +66,7 @@ TEST(InferenceModel, UnsupportedOptionsAreRejectedByName) {
             "parallel runtime), found an unsupported one");
   EXPECT_EQ(InferenceModel::create(linear_graph(), Options().device_iterations(0)).status().message(),
             "options.device_iterations: expected >= 1, found 0");
-  EXPECT_EQ(InferenceModel::create(linear_graph(), Options().precision(DType::bf16)).status().code(),
+  EXPECT_EQ(InferenceModel::create(linear_graph(), Options().precision(DType::f16)).status().code(),
             Code::kUnimplemented);
 }
 

@@ -29,7 +29,8 @@ struct Options {
   int64_t gradient_accumulation_ = 1;
   OutputMode output_mode_ = OutputMode::final;
   int64_t output_every_n_ = 1;
-  // Compute precision and partials (accumulation) type (poptorch Precision). Only f32 now.
+  // Compute precision and partials (accumulation) type (poptorch Precision):
+  // f32, or bf16 matmuls with f32 partials (weights stay f32, like autocast).
   DType precision_ = DType::f32;
   DType partials_type_ = DType::f32;
   bool recompute_ = false;  // recomputation checkpoints (poptorch recomputationCheckpoint)

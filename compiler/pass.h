@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 #include "graph/graph.h"
 
@@ -31,6 +32,9 @@ struct CompileOptions {
   bool recompute = false;
   // Largest constant (elements) that folding may create.
   int64_t max_folded_elements = int64_t(1) << 20;
+  // Matmul compute type: f32, or bf16 (inputs cast to bf16, f32 accumulation
+  // and output; everything else stays f32). compiler/precision.cc.
+  DType compute = DType::f32;
 };
 
 struct CompileContext {
@@ -49,6 +53,7 @@ std::unique_ptr<Pass> make_common_subexpression_elimination();
 std::unique_ptr<Pass> make_constant_folding();
 std::unique_ptr<Pass> make_fusion();         // compiler/fusion.cc
 std::unique_ptr<Pass> make_recomputation();  // compiler/recompute.cc
+std::unique_ptr<Pass> make_precision();      // compiler/precision.cc
 
 // The passes the options ask for, in pipeline order.
 std::vector<std::unique_ptr<Pass>> default_pipeline(const CompileOptions& options);

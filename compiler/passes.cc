@@ -174,6 +174,7 @@ std::vector<std::unique_ptr<Pass>> default_pipeline(const CompileOptions& option
   }
   passes.push_back(make_dead_code_elimination());
   if (options.recompute) passes.push_back(make_recomputation());  // after CSE, which would undo it
+  if (options.compute != DType::f32) passes.push_back(make_precision());  // before fusion (bias epilogue)
   if (options.opt_level >= OptLevel::O2) {
     passes.push_back(make_fusion());
     passes.push_back(make_dead_code_elimination());

@@ -7,11 +7,14 @@
 //   exp:   dx = g y                    gelu: dx = gelu_grad(x, g) silu: dx = silu_grad(x, g)
 //   where: da = where(c, g, 0), db = where(c, 0, g), no gradient to c
 //   cast:  dx = cast(g, x's dtype) between float types; none from or to integers
+// Fast kernels: f32 ops; cast f32 <-> bf16 (kernels/convert.h) and f32 -> f32.
 #include <cmath>
+#include <cstring>
 
 #include "graph/ops_registry.h"
 #include "graph/ops_util.h"
 #include "kernels/activation.h"
+#include "kernels/convert.h"
 
 namespace aspen::graph {
 
@@ -183,6 +186,26 @@ Prepared prepare_silu(const Node& node, std::span<const TensorType> in, std::spa
   });
 }
 
+// cast: f32 <-> bf16 through kernels/convert.h, f32 -> f32 a copy; other pairs use the reference.
+Prepared prepare_cast(const Node&, std::span<const TensorType> in, std::span<const TensorType> out) {
+  const DType from = in[0].dtype, to = out[0].dtype;
+  const int64_t n = out[0].shape.numel();
+  if (from == DType::f32 && to == DType::bf16)
+    return make_kernel([n](In i, Out o) {
+      return kernels::convert_f32_to_bf16(in_span<float>(i, 0, n), out_span<bf16>(o, 0, n), n);
+    });
+  if (from == DType::bf16 && to == DType::f32)
+    return make_kernel([n](In i, Out o) {
+      return kernels::convert_bf16_to_f32(in_span<bf16>(i, 0, n), out_span<float>(o, 0, n), n);
+    });
+  if (from == DType::f32 && to == DType::f32)
+    return make_kernel([n](In i, Out o) {
+      if (n > 0 && i[0] != o[0]) std::memcpy(o[0], i[0], size_t(n) * sizeof(float));
+      return Status();
+    });
+  return no_fast_kernel();
+}
+
 }  // namespace
 
 void register_elementwise_ops(OpTable& t) {
@@ -236,7 +259,8 @@ void register_elementwise_ops(OpTable& t) {
                             for (size_t i = 0; i < out[0].data.size(); ++i)
                               out[0].data[i] = round_to(out[0].type.dtype, in[0]->data[i]);
                             return Status();
-                          }});
+                          },
+                          .prepare = prepare_cast});
   t.define(OpKind::gelu_grad, {.min_inputs = 2, .max_inputs = 2, .attrs = {{"tanh", AttrKind::i64, false}},
                                .infer = infer_unary_grad,
                                .eval = [](const Node& n, auto in, auto out) {

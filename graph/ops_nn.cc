@@ -3,6 +3,7 @@
 //
 //   matmul(a, b[, bias]) {trans_a, trans_b}: a [..., M, K] ([..., K, M] with trans_a), b [K, N] ([N, K] with
 //       trans_b) shared by the batch or with a's batch dimensions, bias [N]; out [..., M, N] (kernels/matmul.h)
+//       {out_dtype}: a and b bf16 (or f16), accumulation, bias and out in out_dtype (f32 only)
 //   layernorm(x, gamma, beta) {eps}: over the last axis C; outputs y (x's type), mean, rstd (f32, x's shape
 //       without the last dimension)                                                  (kernels/norm.h)
 //   rmsnorm(x, gamma) {eps}: outputs y, rstd (f32 [R...])                           (kernels/norm.h)
@@ -19,7 +20,8 @@
 // Gradient rules (only the first output is differentiated; a gradient
 // reaching a statistic or per-row loss is Unimplemented):
 //   matmul:        da = g op(b)^T, db = op(a)^T g (transposes folded into trans flags; a shared b sums over
-//                  the batch by one matmul of a and g reshaped to [batch*M, .]), dbias = reduce_sum(g, all but last)
+//                  the batch by one matmul of a and g reshaped to [batch*M, .]), dbias = reduce_sum(g, all but last);
+//                  none with out_dtype (Unimplemented: precision runs after autodiff)
 //   layernorm:     (dx, dgamma, dbeta) = layernorm_grad(x, gamma, mean, rstd, g)
 //   rmsnorm:       (dx, dgamma) = rmsnorm_grad(x, gamma, rstd, g)
 //   softmax:       dx = softmax_grad(y, g)
@@ -108,11 +110,24 @@ std::vector<std::optional<ValueId>> no_grads(const Node& n) {
 struct MatmulDims {
   kernels::MatmulShape shape;
   std::vector<int64_t> out;  // [..., M, N]
+  DType out_dtype = DType::f32;
 };
+
+// The output dtype: a's, or the out_dtype attribute (f32, with bf16 or f16 a and b).
+Result<DType> matmul_out_dtype(const Node& n, const TensorType& a) {
+  if (!n.attrs.has("out_dtype")) return a.dtype;
+  const int64_t od = n.attrs.i("out_dtype");
+  if (od != int64_t(DType::f32))
+    return rule_error(n, "out_dtype", "f32 (" + str(int64_t(DType::f32)) + ")", str(od));
+  if (a.dtype != DType::bf16 && a.dtype != DType::f16)
+    return rule_error(n, "a", "bf16 or f16 (with out_dtype)", a.to_string());
+  return DType::f32;
+}
 
 Result<MatmulDims> matmul_dims(const Node& n, std::span<const TensorType> in) {
   const TensorType &ta_type = in[0], &tb_type = in[1];
   ASPEN_RETURN_IF_ERROR(expect_float(n, "a", ta_type));
+  ASPEN_ASSIGN_OR_RETURN(const DType out_dtype, matmul_out_dtype(n, ta_type));
   ASPEN_RETURN_IF_ERROR(expect_rank(n, "a", ta_type, 2));
   ASPEN_RETURN_IF_ERROR(expect_dtype(n, "b", tb_type, ta_type.dtype, "a's"));
   ASPEN_RETURN_IF_ERROR(expect_rank(n, "b", tb_type, 2));
@@ -134,7 +149,8 @@ Result<MatmulDims> matmul_dims(const Node& n, std::span<const TensorType> in) {
     return rule_error(n, "K", str(s.K) + (trans_a ? " (a's second-to-last dimension)" : " (a's last dimension)"),
                       str(bk));
   if (in.size() > 2)
-    ASPEN_RETURN_IF_ERROR(expect_type(n, "bias", in[2], TensorType{ta_type.dtype, Shape{s.N}}, "[N] in a's dtype"));
+    ASPEN_RETURN_IF_ERROR(expect_type(n, "bias", in[2], TensorType{out_dtype, Shape{s.N}},
+                                      n.attrs.has("out_dtype") ? "[N] in out_dtype" : "[N] in a's dtype"));
   s.batch = 1;
   for (int i = 0; i < ra - 2; ++i) {
     s.batch *= a[i];
@@ -144,6 +160,8 @@ Result<MatmulDims> matmul_dims(const Node& n, std::span<const TensorType> in) {
   s.trans_b = trans_b;
   s.broadcast_b = rb == 2;
   s.has_bias = in.size() > 2;
+  s.input = ta_type.dtype;
+  d.out_dtype = out_dtype;
   d.out.push_back(s.M);
   d.out.push_back(s.N);
   return d;
@@ -152,7 +170,7 @@ Result<MatmulDims> matmul_dims(const Node& n, std::span<const TensorType> in) {
 Status infer_matmul(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
   ASPEN_ASSIGN_OR_RETURN(MatmulDims d, matmul_dims(n, in));
   ASPEN_ASSIGN_OR_RETURN(Shape s, to_shape(n, "output shape", d.out));
-  out = {TensorType{in[0].dtype, s}};
+  out = {TensorType{d.out_dtype, s}};
   return Status();
 }
 
@@ -183,6 +201,9 @@ std::vector<int64_t> swap_last_two(int r) {
 // With op(x) = x or x^T as the flags say and C = op(A) op(B):
 //   dop(A) = G op(B)^T, dop(B) = op(A)^T G; each transpose folds into a trans flag.
 Grads grad_matmul(Builder& b, const Node& n, OutGrads g) {
+  if (n.attrs.has("out_dtype"))
+    return Status::error(Code::kUnimplemented, "matmul: gradient with out_dtype",
+                         "a matmul without out_dtype (precision runs after autodiff)", "out_dtype");
   const ValueId A = n.inputs[0], B = n.inputs[1], G = *g[0];
   const bool ta = n.attrs.i_or("trans_a", 0) != 0, tb = n.attrs.i_or("trans_b", 0) != 0;
   const Shape as = b.type(A).shape;
@@ -607,8 +628,10 @@ const float* f32_in(In i, size_t k) { return static_cast<const float*>(i[k]); }
 
 // A plan made once here (oneDNN primitive creation is the expensive part); run() binds pointers. The plan
 // is made for the preparing thread's OpenMP team size. Empty extents (which oneDNN refuses) fall back.
+// bf16 a and b with f32 out (out_dtype) use the plan's bf16 input; f16 falls back.
 Prepared prepare_matmul(const Node& n, Types in, Types out) {
-  if (!floats_are_f32(in, out)) return no_fast_kernel();
+  const bool mixed = in[0].dtype == DType::bf16 && out[0].dtype == DType::f32;
+  if (!mixed && !floats_are_f32(in, out)) return no_fast_kernel();
   ASPEN_ASSIGN_OR_RETURN(const MatmulDims d, matmul_dims(n, in));
   const kernels::MatmulShape& s = d.shape;
   if (s.batch < 1 || s.M < 1 || s.N < 1 || s.K < 1) return no_fast_kernel();
@@ -761,7 +784,8 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
 void register_nn_ops(OpTable& t) {
   const AttrSpec eps{"eps", AttrKind::f64, true};
   t.define(OpKind::matmul, {.min_inputs = 2, .max_inputs = 3,
-                            .attrs = {{"trans_a", AttrKind::i64, false}, {"trans_b", AttrKind::i64, false}},
+                            .attrs = {{"trans_a", AttrKind::i64, false}, {"trans_b", AttrKind::i64, false},
+                                      {"out_dtype", AttrKind::i64, false}},
                             .infer = infer_matmul, .grad = grad_matmul, .eval = eval_matmul,
                             .prepare = prepare_matmul});
   t.define(OpKind::layernorm, {.min_inputs = 3, .max_inputs = 3, .attrs = {eps}, .infer = infer_layernorm,

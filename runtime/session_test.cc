@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/philox.h"
+#include "graph/autodiff.h"
 #include "graph/builder.h"
 #include "graph/grad_check.h"
 #include "graph/interpreter.h"
@@ -90,6 +91,83 @@ TEST(Session, FusedProgramEqualsInterpreter) {
   params.emplace("fc.bias", random_tensor({8}, 6));
   params.emplace("act.bias", random_tensor({8}, 7));
   expect_matches_interpreter(g, inputs, params);
+}
+
+// compute = bf16 (compiler/precision.cc): an MLP and its gradients, compiled with bf16 matmuls, matches
+// the interpreter on the transformed graph closely and the f32 program within bf16 tolerance.
+TEST(Session, Bf16ComputeMatchesItsGraphAndF32) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {8, 24});
+  ValueId w1 = b.parameter("fc1.weight", DType::f32, {32, 24});
+  ValueId b1 = b.parameter("fc1.bias", DType::f32, {32});
+  ValueId w2 = b.parameter("fc2.weight", DType::f32, {16, 32});
+  ValueId h = b.add(b.op1(graph::OpKind::matmul, {x, w1}, {{"trans_b", int64_t(1)}}), b.broadcast(b1, {8, 32}));
+  ValueId y = b.op1(graph::OpKind::matmul, {b.gelu(h), w2}, {{"trans_b", int64_t(1)}});
+  ValueId loss = b.scale(b.reduce_sum(b.mul(y, y), {0, 1}), 1.0 / 128);
+  b.output("loss", loss);
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  const std::vector<ValueId> wrt{w1, b1, w2, x};
+  auto grads = graph::append_gradients(g, loss, wrt);
+  ASSERT_TRUE(grads.is_ok()) << grads.status().to_string();
+  const std::vector<std::string> grad_names{"grad.fc1.weight", "grad.fc1.bias", "grad.fc2.weight", "grad.x"};
+  for (size_t i = 0; i < wrt.size(); ++i) g.add_output(grad_names[i], (*grads)[i]);
+
+  std::map<std::string, Tensor> inputs, params;
+  inputs.emplace("x", random_tensor({8, 24}, 1));
+  params.emplace("fc1.weight", random_tensor({32, 24}, 2));
+  params.emplace("fc1.bias", random_tensor({32}, 3));
+  params.emplace("fc2.weight", random_tensor({16, 32}, 4));
+  std::map<std::string, const Tensor*> in;
+  for (auto& [k, v] : inputs) in[k] = &v;
+  auto run = [&](std::unique_ptr<compiler::Executable> exe) {
+    auto session = Session::create(std::move(exe), {.threads = 1});
+    EXPECT_TRUE(session.is_ok()) << session.status().to_string();
+    for (auto& [k, v] : params) EXPECT_TRUE((*session)->set_parameter(k, v).is_ok());
+    auto got = (*session)->run(in);
+    EXPECT_TRUE(got.is_ok()) << got.status().to_string();
+    std::map<std::string, graph::HostArray> out;
+    for (auto& [k, v] : *got) out[k] = graph::HostArray::from_tensor(v);
+    return out;
+  };
+
+  auto exe = compiler::compile(g, {.verify_each_pass = true, .compute = DType::bf16});
+  ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+  int matmuls = 0;
+  for (const auto& n : (*exe)->graph.nodes()) {
+    if (n.op != graph::OpKind::matmul) continue;
+    ++matmuls;
+    EXPECT_EQ((*exe)->graph.type(n.inputs[0]).dtype, DType::bf16);
+    EXPECT_EQ(n.attrs.i_or("out_dtype", -1), int64_t(DType::f32));
+  }
+  EXPECT_GE(matmuls, 5);
+  std::map<std::string, graph::HostArray> feeds;
+  for (auto& [k, v] : inputs) feeds[k] = graph::HostArray::from_tensor(v);
+  for (auto& [k, v] : params) feeds[k] = graph::HostArray::from_tensor(v);
+  auto meaning = graph::interpret((*exe)->graph, feeds, {.round_to_dtype = true});
+  ASSERT_TRUE(meaning.is_ok()) << meaning.status().to_string();
+  const auto bf = run(std::move(exe).value());
+  auto exe32 = compiler::compile(g, {.verify_each_pass = true});
+  ASSERT_TRUE(exe32.is_ok()) << exe32.status().to_string();
+  const auto f32 = run(std::move(exe32).value());
+
+  for (auto& [name, w] : *meaning) {
+    const graph::HostArray& got = bf.at(name);
+    ASSERT_EQ(got.type, w.type) << name;
+    for (size_t i = 0; i < got.data.size(); ++i)
+      ASSERT_NEAR(got.data[i], w.data[i], 1e-5 * (1 + std::abs(w.data[i]))) << name << "[" << i << "]";
+  }
+  const double l32 = f32.at("loss").data[0];
+  EXPECT_LE(std::abs(bf.at("loss").data[0] - l32), 1e-2 * std::abs(l32));
+  for (const std::string& name : grad_names) {
+    const graph::HostArray &got = bf.at(name), &want = f32.at(name);
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < want.data.size(); ++i) {
+      err += (got.data[i] - want.data[i]) * (got.data[i] - want.data[i]);
+      ref += want.data[i] * want.data[i];
+    }
+    EXPECT_LE(err / ref, 1e-3) << name;
+  }
 }
 
 TEST(Session, BadInputsAreStatuses) {

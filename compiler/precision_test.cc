@@ -1,0 +1,178 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "compiler/executable.h"
+#include "compiler/pass.h"
+#include "core/philox.h"
+#include "graph/autodiff.h"
+#include "graph/builder.h"
+#include "graph/interpreter.h"
+#include "graph/verify.h"
+
+namespace aspen::compiler {
+namespace {
+
+using graph::Builder;
+using graph::Graph;
+using graph::HostArray;
+using graph::OpKind;
+using graph::ValueId;
+
+// x [8, 24] -> linear(w1 [32, 24], b1) -> gelu -> linear(w2 [16, 32]) -> mean of squares, with the
+// gradients of w1, b1, w2 and x as outputs.
+Graph mlp() {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {8, 24});
+  ValueId w1 = b.parameter("fc1.weight", DType::f32, {32, 24});
+  ValueId b1 = b.parameter("fc1.bias", DType::f32, {32});
+  ValueId w2 = b.parameter("fc2.weight", DType::f32, {16, 32});
+  ValueId h = b.add(b.op1(OpKind::matmul, {x, w1}, {{"trans_b", int64_t(1)}}), b.broadcast(b1, {8, 32}));
+  ValueId y = b.op1(OpKind::matmul, {b.gelu(h), w2}, {{"trans_b", int64_t(1)}});
+  ValueId loss = b.scale(b.reduce_sum(b.mul(y, y), {0, 1}), 1.0 / 128);
+  b.output("loss", loss);
+  EXPECT_TRUE(b.status().is_ok()) << b.status().to_string();
+  const std::vector<ValueId> wrt{w1, b1, w2, x};
+  auto grads = graph::append_gradients(g, loss, wrt);
+  EXPECT_TRUE(grads.is_ok()) << grads.status().to_string();
+  const char* names[] = {"grad.fc1.weight", "grad.fc1.bias", "grad.fc2.weight", "grad.x"};
+  for (size_t i = 0; i < wrt.size(); ++i) g.add_output(names[i], (*grads)[i]);
+  return g;
+}
+
+std::map<std::string, HostArray> mlp_feeds() {
+  std::map<std::string, HostArray> feeds;
+  const std::map<std::string, Shape> shapes = {
+      {"x", Shape{8, 24}}, {"fc1.weight", Shape{32, 24}}, {"fc1.bias", Shape{32}}, {"fc2.weight", Shape{16, 32}}};
+  uint64_t seed = 1;
+  for (const auto& [name, s] : shapes) {
+    Tensor t(DType::f32, s);
+    philox_fill_uniform(t.span<float>(), seed++, 0, 0, -1, 1);
+    feeds[name] = HostArray::from_tensor(t);
+  }
+  return feeds;
+}
+
+double nmse(const HostArray& got, const HostArray& want) {
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < want.data.size(); ++i) {
+    err += (got.data[i] - want.data[i]) * (got.data[i] - want.data[i]);
+    ref += want.data[i] * want.data[i];
+  }
+  return err / ref;
+}
+
+TEST(Precision, EveryMatmulTakesBf16AndFusionStillApplies) {
+  const Graph g = mlp();
+  auto exe = compile(g, {.verify_each_pass = true, .compute = DType::bf16});
+  ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+  const Graph& out = (*exe)->graph;
+  int matmuls = 0, with_bias = 0;
+  std::set<int32_t> cast_sources;
+  for (const auto& n : out.nodes()) {
+    if (n.op == OpKind::cast) {
+      EXPECT_TRUE(cast_sources.insert(n.inputs[0].index).second) << "one cast per value";
+    }
+    if (n.op != OpKind::matmul) continue;
+    ++matmuls;
+    with_bias += n.inputs.size() == 3;
+    EXPECT_EQ(n.attrs.i_or("out_dtype", -1), int64_t(DType::f32));
+    EXPECT_EQ(out.type(n.inputs[0]).dtype, DType::bf16);
+    EXPECT_EQ(out.type(n.inputs[1]).dtype, DType::bf16);
+    EXPECT_EQ(out.type(n.outputs[0]).dtype, DType::f32);
+  }
+  EXPECT_GE(matmuls, 5);    // 2 forward, dw1, dw2 and the data gradients
+  EXPECT_EQ(with_bias, 1);  // fc1's bias fused as the epilogue of the new matmul
+  for (const auto& ins : (*exe)->program.code) {
+    const OpKind op = out.node(ins.node).op;
+    if (op == OpKind::matmul || op == OpKind::cast) {
+      EXPECT_FALSE(ins.reference) << (*exe)->listing();
+    }
+  }
+  // The f32 compile is untouched.
+  auto plain = compile(g, {.verify_each_pass = true});
+  ASSERT_TRUE(plain.is_ok());
+  for (const auto& n : (*plain)->graph.nodes()) {
+    EXPECT_NE(n.op, OpKind::cast);
+    if (n.op == OpKind::matmul) {
+      EXPECT_FALSE(n.attrs.has("out_dtype"));
+    }
+  }
+}
+
+// The transformed graph's meaning (interpreter, rounding to each dtype) is the f32 graph's within bf16
+// tolerance.
+TEST(Precision, MeaningIsWithinBf16OfF32) {
+  const Graph g = mlp();
+  auto exe = compile(g, {.verify_each_pass = true, .compute = DType::bf16});
+  ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+  const auto feeds = mlp_feeds();
+  auto want = graph::interpret(g, feeds, {.round_to_dtype = true});
+  auto got = graph::interpret((*exe)->graph, feeds, {.round_to_dtype = true});
+  ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  const double loss = want->at("loss").data[0];
+  EXPECT_LE(std::abs(got->at("loss").data[0] - loss), 1e-2 * std::abs(loss));
+  for (const char* name : {"grad.fc1.weight", "grad.fc1.bias", "grad.fc2.weight", "grad.x"})
+    EXPECT_LE(nmse(got->at(name), want->at(name)), 1e-3) << name;
+}
+
+TEST(Precision, PassRewritesOnlyF32Matmuls) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {4, 6});
+  ValueId w = b.parameter("w", DType::f32, {6, 5});
+  ValueId y = b.op1(OpKind::matmul, {x, w});
+  b.output("y", b.op1(OpKind::matmul, {b.exp(y), b.parameter("v", DType::f32, {5, 3})}));
+  b.output("z", b.op1(OpKind::matmul, {x, w}, {{"trans_a", int64_t(0)}}));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  CompileContext ctx;
+  ctx.options.compute = DType::bf16;
+  ASSERT_TRUE(make_precision()->run(g, ctx).is_ok());
+  ASSERT_TRUE(graph::verify(g).is_ok()) << graph::verify(g).to_string();
+  int casts = 0;
+  for (const auto& n : g.nodes()) casts += n.op == OpKind::cast;
+  EXPECT_EQ(casts, 4);  // x and w once each (shared by both of their matmuls), exp(y), v
+  ctx.options.compute = DType::i32;
+  EXPECT_EQ(make_precision()->run(g, ctx).message(),
+            "compile options: compute: expected f32, bf16 or f16, found i32");
+}
+
+TEST(Precision, OutDtypeBadInputs) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {8, 24});
+  ValueId w = b.parameter("w", DType::f32, {32, 24});
+  b.op1(OpKind::matmul, {x, w}, {{"trans_b", int64_t(1)}, {"out_dtype", int64_t(DType::f32)}});
+  EXPECT_EQ(b.status().message(),
+            "node 2 (matmul) with inputs (f32[8, 24], f32[32, 24]): matmul: a: expected bf16 or f16 (with "
+            "out_dtype), found f32[8, 24]");
+
+  Graph g2;
+  Builder b2(g2);
+  ValueId xb = b2.input("x", DType::bf16, {8, 24});
+  ValueId wb = b2.parameter("w", DType::bf16, {32, 24});
+  b2.op1(OpKind::matmul, {xb, wb}, {{"trans_b", int64_t(1)}, {"out_dtype", int64_t(DType::bf16)}});
+  EXPECT_EQ(b2.status().message(),
+            "node 2 (matmul) with inputs (bf16[8, 24], bf16[32, 24]): matmul: out_dtype: expected f32 (0), found 1");
+
+  // No gradient through an out_dtype matmul: the pass runs after autodiff.
+  Graph g3;
+  Builder b3(g3);
+  ValueId w3 = b3.parameter("w", DType::bf16, {32, 24});
+  ValueId y = b3.op1(OpKind::matmul, {b3.input("x", DType::bf16, {8, 24}), w3},
+                     {{"trans_b", int64_t(1)}, {"out_dtype", int64_t(DType::f32)}});
+  ValueId loss = b3.reduce_sum(y, {0, 1});
+  ASSERT_TRUE(b3.status().is_ok()) << b3.status().to_string();
+  const std::vector<ValueId> wrt{w3};
+  auto grads = graph::append_gradients(g3, loss, wrt);
+  ASSERT_FALSE(grads.is_ok());
+  EXPECT_EQ(grads.status().code(), Code::kUnimplemented);
+  EXPECT_NE(grads.status().message().find("out_dtype"), std::string::npos) << grads.status().message();
+}
+
+}  // namespace
+}  // namespace aspen::compiler
