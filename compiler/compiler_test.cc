@@ -221,6 +221,31 @@ TEST(Passes, RecomputationKeepsMeaningAndSavesMemory) {
     for (size_t i = 0; i < wv.data.size(); ++i) ASSERT_EQ(got->at(name).data[i], wv.data[i]) << name;
 }
 
+// Eight branches built first and summed afterwards: in build order all eight
+// are live at once; the depth-first schedule computes each just before its add.
+TEST(Passes, MemoryScheduleLowersThePeakAndKeepsTheMeaning) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {64, 64});
+  std::vector<ValueId> branches;
+  for (int i = 0; i < 8; ++i) branches.push_back(b.exp(b.scale(x, 0.01 * (i + 1))));
+  ValueId y = branches[0];
+  for (int i = 1; i < 8; ++i) y = b.add(y, branches[size_t(i)]);
+  b.output("y", y);
+  ASSERT_TRUE(b.status().is_ok());
+  auto o1 = compile(g, {.opt_level = OptLevel::O1, .verify_each_pass = true});
+  auto o2 = compile(g, {.opt_level = OptLevel::O2, .verify_each_pass = true});
+  ASSERT_TRUE(o1.is_ok() && o2.is_ok()) << o2.status().to_string();
+  EXPECT_LE((*o2)->plan.arena_bytes * 2, (*o1)->plan.arena_bytes)
+      << (*o1)->plan.report((*o1)->graph) << "\n" << (*o2)->plan.report((*o2)->graph);
+  graph::HostArray xa(g.type(x));
+  for (size_t i = 0; i < xa.data.size(); ++i) xa.data[i] = std::cos(0.01 * double(i));
+  auto want = graph::interpret((*o1)->graph, {{"x", xa}});
+  auto got = graph::interpret((*o2)->graph, {{"x", xa}});
+  ASSERT_TRUE(want.is_ok() && got.is_ok());
+  EXPECT_EQ(got->at("y").data, want->at("y").data);
+}
+
 TEST(Compile, RejectsInvalidGraphsNamingTheNode) {
   Graph g;
   Builder b(g);

@@ -53,6 +53,7 @@ std::unique_ptr<Pass> make_common_subexpression_elimination();
 std::unique_ptr<Pass> make_constant_folding();
 std::unique_ptr<Pass> make_fusion();         // compiler/fusion.cc
 std::unique_ptr<Pass> make_recomputation();  // compiler/recompute.cc
+std::unique_ptr<Pass> make_memory_schedule();  // compiler/schedule.cc
 std::unique_ptr<Pass> make_precision();      // compiler/precision.cc
 
 // The passes the options ask for, in pipeline order.

@@ -178,6 +178,7 @@ std::vector<std::unique_ptr<Pass>> default_pipeline(const CompileOptions& option
   if (options.opt_level >= OptLevel::O2) {
     passes.push_back(make_fusion());
     passes.push_back(make_dead_code_elimination());
+    passes.push_back(make_memory_schedule());  // last: it judges orders by the memory plan
   }
   return passes;
 }

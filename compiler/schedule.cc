@@ -1,0 +1,98 @@
+// compiler/schedule.cc: the scheduling pass (O2).
+//
+// The node order is the schedule, and the memory plan follows liveness over
+// it. Graphs arrive in build order: every forward node, then every backward
+// node, with each value made wherever the builder happened to record it. This
+// pass tries a depth-first order from the outputs (each node emitted right
+// after the last of its inputs is ready, producers as late as their first
+// consumer allows) and keeps whichever order gives the lower planned peak:
+// the choice is made on the plan, so it never makes memory worse, and it is
+// deterministic. Graphs with point-to-point or collective ops keep their order
+// (their schedule is the parallel runtime's business, W1.5).
+#include "compiler/memory_plan.h"
+#include "compiler/pass.h"
+
+namespace aspen::compiler {
+
+using graph::Graph;
+using graph::Node;
+using graph::OpKind;
+using graph::ValueId;
+
+namespace {
+
+bool fixed_order(OpKind op) {
+  return op == OpKind::send || op == OpKind::recv || op == OpKind::all_reduce || op == OpKind::reduce_scatter ||
+         op == OpKind::all_gather;
+}
+
+// Nodes in depth-first post-order from the outputs (inputs visited in
+// order), then every node not reached (in the original order).
+std::vector<int32_t> depth_first_order(const Graph& g) {
+  const int32_t n = int32_t(g.nodes().size());
+  std::vector<char> state(size_t(n), 0);  // 0 new, 1 on the stack, 2 emitted
+  std::vector<int32_t> order;
+  order.reserve(size_t(n));
+  std::vector<std::pair<int32_t, size_t>> stack;  // node, next input to visit
+  auto visit = [&](int32_t root) {
+    if (state[size_t(root)]) return;
+    stack.push_back({root, 0});
+    state[size_t(root)] = 1;
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      const Node& nd = g.node(node);
+      if (next < nd.inputs.size()) {
+        const int32_t p = g.value(nd.inputs[next++]).producer;
+        if (!state[size_t(p)]) {
+          state[size_t(p)] = 1;
+          stack.push_back({p, 0});
+        }
+        continue;
+      }
+      state[size_t(node)] = 2;
+      order.push_back(node);
+      stack.pop_back();
+    }
+  };
+  // Sources first, in their original order, so the interface keeps its order.
+  for (int32_t i = 0; i < n; ++i)
+    if (g.node(i).inputs.empty() && g.node(i).op != OpKind::recv) visit(i);
+  for (const auto& [name, v] : g.outputs()) visit(g.value(v).producer);
+  for (int32_t i = 0; i < n; ++i) visit(i);
+  return order;
+}
+
+Graph reorder(const Graph& g, const std::vector<int32_t>& order) {
+  Graph out;
+  std::vector<ValueId> remap(size_t(g.num_values()));
+  for (int32_t i : order) {
+    Node node = g.node(i);
+    for (ValueId& v : node.inputs) v = remap[size_t(v.index)];
+    std::vector<graph::TensorType> types;
+    for (ValueId v : g.node(i).outputs) types.push_back(g.type(v));
+    const Node& added = out.node(out.add_node(std::move(node), types));
+    for (size_t k = 0; k < added.outputs.size(); ++k) remap[size_t(g.node(i).outputs[k].index)] = added.outputs[k];
+  }
+  for (const auto& [name, v] : g.outputs()) out.add_output(name, remap[size_t(v.index)]);
+  return out;
+}
+
+class MemorySchedule : public Pass {
+ public:
+  const char* name() const override { return "memory-schedule"; }
+  Status run(Graph& g, const CompileContext&) override {
+    for (const Node& n : g.nodes())
+      if (fixed_order(n.op)) return Status();
+    Graph candidate = reorder(g, depth_first_order(g));
+    ASPEN_ASSIGN_OR_RETURN(MemoryPlan now, plan_memory(g));
+    ASPEN_ASSIGN_OR_RETURN(MemoryPlan then, plan_memory(candidate));
+    if (then.arena_bytes < now.arena_bytes) g = std::move(candidate);
+    return Status();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_memory_schedule() { return std::make_unique<MemorySchedule>(); }
+
+}  // namespace aspen::compiler

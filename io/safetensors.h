@@ -1,0 +1,112 @@
+// io/safetensors.h: reading and writing safetensors checkpoints.
+//
+// A safetensors file is: an 8-byte little-endian u64 N, then N bytes of UTF-8
+// JSON mapping tensor names to {"dtype", "shape", "data_offsets": [begin, end]}
+// (offsets relative to the first byte after the header) plus an optional
+// "__metadata__" object of string -> string, then the data.
+//
+// SafetensorsFile memory-maps a file read-only and validates the whole header
+// before open() returns, so every accessor afterwards is safe: each tensor's
+// byte range lies inside the file and matches its dtype and shape, and no two
+// ranges overlap. Every error names the file and, where there is one, the tensor.
+//
+// SafetensorsIndex reads a sharded checkpoint through its
+// model.safetensors.index.json. write_safetensors writes a file atomically
+// (temp file in the same directory, fsync, rename), laid out as Hugging Face
+// does: header padded with spaces to a multiple of 8, data contiguous from 0.
+//
+// Thread-safety: an opened file or index is immutable; const methods may be
+// called from many threads at once.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/shape.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace aspen::io {
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  size_t offset = 0;  // from the start of the data section
+  size_t bytes = 0;
+};
+
+class SafetensorsFile {
+ public:
+  // Maps `path` and validates it; a failed Status names the file and the tensor.
+  static Result<SafetensorsFile> open(const std::string& path);
+
+  SafetensorsFile(SafetensorsFile&& other) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  ~SafetensorsFile();
+
+  const std::string& path() const { return path_; }
+  // Tensor names, sorted.
+  std::vector<std::string> names() const;
+  size_t size() const { return tensors_.size(); }
+  // nullptr when there is no tensor of that name.
+  const TensorInfo* find(const std::string& name) const;
+  // The tensor's bytes inside the mapping (valid while this object lives).
+  std::span<const std::byte> data(const TensorInfo& info) const;
+  // A copy of the tensor; NotFound naming the tensor and the file.
+  Result<Tensor> read(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  SafetensorsFile() = default;
+  void unmap();
+
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  const std::byte* data_ = nullptr;  // first byte after the header
+  size_t data_size_ = 0;
+  std::map<std::string, TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+class SafetensorsIndex {
+ public:
+  // Reads the index JSON, opens each shard (relative to the index's
+  // directory) once and checks each mapped tensor exists in its shard.
+  static Result<SafetensorsIndex> open(const std::string& index_path);
+
+  const std::string& path() const { return path_; }
+  std::vector<std::string> names() const;  // sorted
+  // (shard, tensor) or (nullptr, nullptr) when the name is not in the index.
+  std::pair<const SafetensorsFile*, const TensorInfo*> find(const std::string& name) const;
+  Result<Tensor> read(const std::string& name) const;
+  // The index's "metadata"; non-string values (e.g. total_size) as their JSON text.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  size_t num_shards() const { return shards_.size(); }
+
+ private:
+  SafetensorsIndex() = default;
+
+  std::string path_;
+  std::vector<std::unique_ptr<SafetensorsFile>> shards_;  // stable addresses
+  std::map<std::string, size_t> shard_of_;                // tensor name -> index into shards_
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes `tensors` (names unique, sorted in the header, data in that order) and
+// `metadata` to `path` atomically. Duplicate or reserved names and null tensors
+// are InvalidArgument; OS failures are IoError naming the path and strerror.
+Status write_safetensors(const std::string& path,
+                         const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+                         const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace aspen::io
