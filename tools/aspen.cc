@@ -4,6 +4,7 @@
 //   aspen bench attention [--json] [--t 256,1024,4096]
 //   aspen bench kernels [--json]
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
+//   aspen inspect FILE
 //   aspen info
 //   global: --isa scalar|avx2|avx512|avx512_bf16, --reference-kernels, -v
 //
@@ -20,6 +21,7 @@
 #include "bench/gemm_bench.h"
 #include "bench/kernels_bench.h"
 #include "core/log.h"
+#include "io/safetensors.h"
 #include "kernels/cpu.h"
 
 namespace {
@@ -97,6 +99,11 @@ int main(int argc, char** argv) {
   comp_cmd->add_option("--seq", cb.seq, "sequence length");
   comp_cmd->add_option("--batch", cb.batch, "batch size");
 
+  std::string inspect_path;
+  CLI::App* inspect_cmd = app.add_subcommand("inspect", "list the tensors of a safetensors file (name, dtype, shape, bytes)");
+  inspect_cmd->footer("Example: aspen inspect model.safetensors");
+  inspect_cmd->add_option("FILE", inspect_path, "a .safetensors file")->required();
+
   CLI11_PARSE(app, argc, argv);
   if (verbose) aspen::set_log_level(aspen::LogLevel::info);
   aspen::kernels::set_reference_mode(reference);
@@ -104,6 +111,20 @@ int main(int argc, char** argv) {
                    aspen::kernels::Isa::avx512_bf16})
     if (isa_cap == aspen::kernels::isa_name(isa)) aspen::kernels::set_isa_cap(isa);
 
+  if (inspect_cmd->parsed()) {
+    auto file = aspen::io::SafetensorsFile::open(inspect_path);
+    if (!file.is_ok()) return report(file.status());
+    int64_t total = 0;
+    for (const std::string& name : file->names()) {
+      const aspen::io::TensorInfo* t = file->find(name);
+      std::cout << name << "\t" << aspen::dtype_name(t->dtype) << "\t" << t->shape.to_string() << "\t" << t->bytes
+                << "\n";
+      total += int64_t(t->bytes);
+    }
+    std::cout << file->names().size() << " tensors, " << total << " bytes\n";
+    for (const auto& [k, v] : file->metadata()) std::cout << "metadata\t" << k << "\t" << v << "\n";
+    return 0;
+  }
   if (info->parsed()) {
     const auto& f = aspen::kernels::cpu_features();
     std::cout << "cpu: " << f.to_string() << "\nkernel isa: " << aspen::kernels::isa_name(aspen::kernels::active_isa())
