@@ -11,9 +11,6 @@ Status Options::validate() const {
   ASPEN_RETURN_IF_ERROR(positive("device_iterations", device_iterations_));
   ASPEN_RETURN_IF_ERROR(positive("replication_factor", replication_factor_));
   ASPEN_RETURN_IF_ERROR(positive("gradient_accumulation", gradient_accumulation_));
-  if (replication_factor_ != 1)
-    return Status::unimplemented("options.replication_factor = " + std::to_string(replication_factor_),
-                                 "value in this build (1; replicas arrive with the parallel runtime)");
   if (gradient_accumulation_ != 1)
     return Status::unimplemented("options.gradient_accumulation = " + std::to_string(gradient_accumulation_),
                                  "value for an inference model (1)");
@@ -46,6 +43,7 @@ Result<std::unique_ptr<InferenceModel>> InferenceModel::create(const graph::Grap
   if (!options.profile_.empty()) m->trace_ = std::make_unique<profile::TraceRecorder>();
   runtime::SessionOptions sopts;
   sopts.threads = options.threads_;
+  sopts.replicas = int(options.replication_factor_);
   sopts.trace = m->trace_.get();
   ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exe), sopts));
   return m;

@@ -61,9 +61,9 @@ TEST(InferenceModel, RunsWithIterationsCacheAndProfile) {
 }
 
 TEST(InferenceModel, UnsupportedOptionsAreRejectedByName) {
-  EXPECT_EQ(InferenceModel::create(linear_graph(), Options().replication_factor(2)).status().message(),
-            "options.replication_factor = 2: expected a supported value in this build (1; replicas arrive with the "
-            "parallel runtime), found an unsupported one");
+  EXPECT_EQ(InferenceModel::create(linear_graph(), Options().gradient_accumulation(2)).status().message(),
+            "options.gradient_accumulation = 2: expected a supported value for an inference model (1), found an "
+            "unsupported one");
   EXPECT_EQ(InferenceModel::create(linear_graph(), Options().device_iterations(0)).status().message(),
             "options.device_iterations: expected >= 1, found 0");
   EXPECT_EQ(InferenceModel::create(linear_graph(), Options().precision(DType::f16)).status().code(),

@@ -23,7 +23,9 @@ using runtime::OutputMode;
 struct Options {
   // Steps run per call without returning to the host (poptorch deviceIterations).
   int64_t device_iterations_ = 1;
-  // Data-parallel replicas (poptorch replicationFactor). W1.5.
+  // Replicas (poptorch replicationFactor): devices of this process running the
+  // same program on their own slice of each input (inference today; training
+  // replicas reduce gradients with W1.5).
   int64_t replication_factor_ = 1;
   // Micro-batches per optimizer step (poptorch Training.gradientAccumulation). W1.4.
   int64_t gradient_accumulation_ = 1;

@@ -1,66 +1,93 @@
 #include "runtime/session.h"
 
 #include <cstring>
+#include <future>
 
 namespace aspen::runtime {
 
 using compiler::Storage;
 
-Result<std::unique_ptr<Session>> Session::create(std::unique_ptr<compiler::Executable> exe,
-                                                 const SessionOptions& options) {
-  std::unique_ptr<Session> s(new Session());
-  ASPEN_ASSIGN_OR_RETURN(s->device_, CpuDevice::create(options.device_name, options.threads));
-  ASPEN_RETURN_IF_ERROR(s->device_->reserve_arena(std::max<int64_t>(exe->plan.arena_bytes, 64)));
-  for (const compiler::Binding& p : exe->parameters) {
-    ASPEN_ASSIGN_OR_RETURN(Tensor t, Tensor::make(p.type.dtype, p.type.shape));
-    s->parameters_.push_back(std::move(t));
-  }
-  s->exe_ = std::move(exe);
-  s->trace_ = options.trace;
-  for (const compiler::Instruction& ins : s->exe_->program.code) {
-    int64_t bytes = 0;
-    for (int32_t v : ins.inputs) bytes += s->exe_->plan.slots[size_t(v)].bytes;
-    for (int32_t v : ins.outputs) bytes += s->exe_->plan.slots[size_t(v)].bytes;
-    s->instruction_bytes_.push_back(bytes);
-  }
-  return s;
-}
+namespace {
 
-static const compiler::Binding* find(const std::vector<compiler::Binding>& list, const std::string& name) {
+const compiler::Binding* find(const std::vector<compiler::Binding>& list, const std::string& name) {
   for (const auto& b : list)
     if (b.name == name) return &b;
   return nullptr;
 }
 
+Shape with_leading(std::vector<int64_t> lead, const Shape& s) {
+  lead.insert(lead.end(), s.begin(), s.end());
+  return *Shape::make(lead.data(), int(lead.size()));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Session>> Session::create(std::unique_ptr<compiler::Executable> exe,
+                                                 const SessionOptions& options) {
+  if (options.replicas < 1)
+    return Status::invalid_argument("session: replicas", ">= 1", std::to_string(options.replicas));
+  int threads = options.threads;
+  if (threads == 0) threads = std::max(1, CoreBudget::global().available() / options.replicas);
+  std::unique_ptr<Session> s(new Session());
+  for (const compiler::Binding& p : exe->parameters) {
+    ASPEN_ASSIGN_OR_RETURN(Tensor t, Tensor::make(p.type.dtype, p.type.shape));
+    s->parameters_.push_back(std::move(t));
+  }
+  for (const compiler::Instruction& ins : exe->program.code) {
+    int64_t bytes = 0;
+    for (int32_t v : ins.inputs) bytes += exe->plan.slots[size_t(v)].bytes;
+    for (int32_t v : ins.outputs) bytes += exe->plan.slots[size_t(v)].bytes;
+    s->instruction_bytes_.push_back(bytes);
+  }
+  for (int r = 0; r < options.replicas; ++r) {
+    Replica rep;
+    ASPEN_ASSIGN_OR_RETURN(rep.device, CpuDevice::create(options.device_name + std::to_string(r), threads));
+    if (r == 0) {
+      rep.exe = std::move(exe);
+    } else {
+      // Prepared kernels are made on the device's own team: a oneDNN plan is
+      // made for the team size it will run with.
+      Result<std::unique_ptr<compiler::Executable>> copy = Status();
+      const compiler::Executable& first = *s->replicas_.front().exe;
+      rep.device->team().run([&] { copy = compiler::lower_optimized(first.graph, first.options); });
+      ASPEN_ASSIGN_OR_RETURN(rep.exe, std::move(copy));
+    }
+    ASPEN_RETURN_IF_ERROR(rep.device->reserve_arena(std::max<int64_t>(rep.exe->plan.arena_bytes, 64)));
+    s->replicas_.push_back(std::move(rep));
+  }
+  s->trace_ = options.trace;
+  return s;
+}
+
 Status Session::set_parameter(const std::string& name, const Tensor& value) {
-  const compiler::Binding* b = find(exe_->parameters, name);
+  const compiler::Executable& exe = executable();
+  const compiler::Binding* b = find(exe.parameters, name);
   if (!b) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
   if (value.dtype() != b->type.dtype || value.shape() != b->type.shape)
     return Status::invalid_argument("parameter '" + name + "'", b->type.to_string(),
                                     std::string(dtype_name(value.dtype())) + value.shape().to_string());
-  Tensor& dst = parameters_[size_t(exe_->plan.slots[size_t(b->value)].offset)];
+  Tensor& dst = parameters_[size_t(exe.plan.slots[size_t(b->value)].offset)];
   if (dst.nbytes()) std::memcpy(dst.raw(), value.raw(), dst.nbytes());
   return Status();
 }
 
 Result<Tensor> Session::get_parameter(const std::string& name) const {
-  const compiler::Binding* b = find(exe_->parameters, name);
+  const compiler::Executable& exe = executable();
+  const compiler::Binding* b = find(exe.parameters, name);
   if (!b) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
-  return parameters_[size_t(exe_->plan.slots[size_t(b->value)].offset)].clone();
+  return parameters_[size_t(exe.plan.slots[size_t(b->value)].offset)].clone();
 }
 
-const void* Session::resolve(int32_t value) const {
-  const compiler::Slot& s = exe_->plan.slots[size_t(value)];
+const void* Session::resolve(const Replica& r, int32_t value) const {
+  const compiler::Slot& s = r.exe->plan.slots[size_t(value)];
   switch (s.storage) {
-    case Storage::arena: return device_->arena() + s.offset;
+    case Storage::arena: return r.device->arena() + s.offset;
     case Storage::parameter: return parameters_[size_t(s.offset)].raw();
-    case Storage::constant: return exe_->constants[size_t(s.offset)]->raw();
+    case Storage::constant: return r.exe->constants[size_t(s.offset)]->raw();
     case Storage::none: break;
   }
   return nullptr;
 }
-
-void* Session::resolve_mut(int32_t value) { return const_cast<void*>(resolve(value)); }
 
 int64_t returned_steps(const RunOptions& o) {
   switch (o.output_mode) {
@@ -72,17 +99,17 @@ int64_t returned_steps(const RunOptions& o) {
   return 0;
 }
 
-Status Session::execute_program() {
+Status Session::execute_program(Replica& r) {
   std::vector<const void*> in;
   std::vector<void*> out;
-  const std::string& device = device_->name();
-  for (size_t k = 0; k < exe_->program.code.size(); ++k) {
-    compiler::Instruction& ins = exe_->program.code[k];
+  const std::string& device = r.device->name();
+  for (size_t k = 0; k < r.exe->program.code.size(); ++k) {
+    compiler::Instruction& ins = r.exe->program.code[k];
     in.clear();
     out.clear();
-    for (int32_t v : ins.inputs) in.push_back(resolve(v));
-    for (int32_t v : ins.outputs) out.push_back(resolve_mut(v));
-    profile::TraceScope scope(trace_, device, graph::op_name(exe_->graph.node(ins.node).op),
+    for (int32_t v : ins.inputs) in.push_back(resolve(r, v));
+    for (int32_t v : ins.outputs) out.push_back(const_cast<void*>(resolve(r, v)));
+    profile::TraceScope scope(trace_, device, graph::op_name(r.exe->graph.node(ins.node).op),
                               profile::category::kKernel, instruction_bytes_[k]);
     if (scope.active()) {
       scope.add_arg("node", std::to_string(ins.node));
@@ -91,7 +118,7 @@ Status Session::execute_program() {
     Status status = ins.kernel->run(in, out);
     if (!status.is_ok())
       return std::move(status).with_context("instruction for node " + std::to_string(ins.node) + " (" +
-                                            graph::op_name(exe_->graph.node(ins.node).op) + ")");
+                                            graph::op_name(r.exe->graph.node(ins.node).op) + ")");
   }
   return Status();
 }
@@ -100,35 +127,30 @@ Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, c
   return run(inputs, RunOptions{});
 }
 
-namespace {
-
-std::vector<int64_t> with_leading(int64_t n, const Shape& s) {
-  std::vector<int64_t> d = {n};
-  d.insert(d.end(), s.begin(), s.end());
-  return d;
-}
-
-}  // namespace
-
 Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, const Tensor*>& inputs,
                                                    const RunOptions& options) {
+  const compiler::Executable& exe = executable();
   const int64_t steps = options.iterations;
+  const int64_t R = int64_t(replicas_.size());
   if (steps < 1) return Status::invalid_argument("run: iterations", ">= 1", std::to_string(steps));
   if (options.output_mode == OutputMode::every_n && (options.every_n < 1 || steps % options.every_n != 0))
     return Status::invalid_argument("run: every_n", "a divisor of iterations " + std::to_string(steps),
                                     std::to_string(options.every_n));
   for (const auto& [name, t] : inputs)
-    if (!find(exe_->inputs, name))
+    if (!find(exe.inputs, name))
       return Status::error(Code::kNotFound, "input '" + name + "'", "an input of the program", "none");
-  for (const compiler::Binding& b : exe_->inputs) {
+  std::vector<int64_t> lead;
+  if (steps > 1) lead.push_back(steps);
+  if (R > 1) lead.push_back(R);
+  for (const compiler::Binding& b : exe.inputs) {
     auto it = inputs.find(b.name);
+    const Shape shape = with_leading(lead, b.type.shape);
     std::string want = b.type.to_string();
-    Shape shape = b.type.shape;
-    if (steps > 1) {
-      auto d = with_leading(steps, b.type.shape);
-      shape = *Shape::make(d.data(), int(d.size()));
-      want = std::string(dtype_name(b.type.dtype)) + shape.to_string() + " (" + std::to_string(steps) +
-             " iterations of " + b.type.to_string() + ")";
+    if (!lead.empty()) {
+      want = std::string(dtype_name(b.type.dtype)) + shape.to_string() + " (";
+      if (steps > 1) want += std::to_string(steps) + " iterations" + (R > 1 ? " × " : "");
+      if (R > 1) want += std::to_string(R) + " replicas";
+      want += " of " + b.type.to_string() + ")";
     }
     if (it == inputs.end() || it->second == nullptr)
       return Status::invalid_argument("input '" + b.name + "'", "a tensor " + want, "none given");
@@ -137,61 +159,66 @@ Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, c
       return Status::invalid_argument("input '" + b.name + "'", want,
                                       std::string(dtype_name(t.dtype())) + t.shape().to_string());
   }
-  // Output buffers, made before the run so the device loop never allocates.
-  const int64_t kept = returned_steps(options);
-  std::map<std::string, Tensor> result;
-  for (const compiler::Binding& b : exe_->outputs) {
-    Shape shape = b.type.shape;
-    if (kept > 0) {
-      auto d = with_leading(kept, b.type.shape);
-      shape = *Shape::make(d.data(), int(d.size()));
-    }
-    ASPEN_ASSIGN_OR_RETURN(Tensor t, Tensor::make(b.type.dtype, shape));
-    result.emplace(b.name, std::move(t));
-  }
-  const bool summing = options.output_mode == OutputMode::sum;
-  for (const compiler::Binding& b : exe_->outputs)
-    if (summing && b.type.dtype != DType::f32)
+  for (const compiler::Binding& b : exe.outputs)
+    if (options.output_mode == OutputMode::sum && b.type.dtype != DType::f32)
       return Status::unimplemented("run: OutputMode::sum of output '" + b.name + "' (" + b.type.to_string() + ")",
                                    "dtype for summing (f32)");
-  Status status;
-  device_->team().run([&] {
-    for (int64_t step = 0; step < steps && status.is_ok(); ++step) {
-      for (const compiler::Binding& b : exe_->inputs) {
-        const size_t bytes = size_t(b.type.bytes());
-        if (bytes) std::memcpy(resolve_mut(b.value), static_cast<const char*>(inputs.at(b.name)->raw()) + step * bytes, bytes);
-      }
-      status = execute_program();
-      if (!status.is_ok()) {
-        if (steps > 1) status = std::move(status).with_context("iteration " + std::to_string(step));
-        return;
-      }
-      for (const compiler::Binding& b : exe_->outputs) {
-        Tensor& dst = result.at(b.name);
-        const size_t bytes = size_t(b.type.bytes());
-        const void* src = resolve(b.value);
-        switch (options.output_mode) {
-          case OutputMode::final:
-            if (step == steps - 1 && bytes) std::memcpy(dst.raw(), src, bytes);
-            break;
-          case OutputMode::all:
-            if (bytes) std::memcpy(static_cast<char*>(dst.raw()) + step * bytes, src, bytes);
-            break;
-          case OutputMode::every_n:
-            if ((step + 1) % options.every_n == 0 && bytes)
-              std::memcpy(static_cast<char*>(dst.raw()) + ((step + 1) / options.every_n - 1) * bytes, src, bytes);
-            break;
-          case OutputMode::sum: {
-            float* d = dst.data<float>();
-            const float* s = static_cast<const float*>(src);
-            for (int64_t i = 0; i < b.type.shape.numel(); ++i) d[i] += s[i];
-            break;
+  // Output buffers, made before the run so the device loops never allocate.
+  const int64_t kept = returned_steps(options);
+  std::vector<int64_t> out_lead;
+  if (kept > 0) out_lead.push_back(kept);
+  if (R > 1) out_lead.push_back(R);
+  std::map<std::string, Tensor> result;
+  for (const compiler::Binding& b : exe.outputs) {
+    ASPEN_ASSIGN_OR_RETURN(Tensor t, Tensor::make(b.type.dtype, with_leading(out_lead, b.type.shape)));
+    result.emplace(b.name, std::move(t));
+  }
+
+  // Replica r, step s: its slice is number (s * R + r) of the input's slices.
+  std::vector<Status> status(static_cast<size_t>(R));
+  std::vector<std::future<void>> done;
+  for (int64_t r = 0; r < R; ++r) {
+    Replica& rep = replicas_[size_t(r)];
+    done.push_back(rep.device->team().submit([&, r] {
+      Status& st = status[size_t(r)];
+      for (int64_t step = 0; step < steps; ++step) {
+        for (const compiler::Binding& b : rep.exe->inputs) {
+          const size_t bytes = size_t(b.type.bytes());
+          const char* src = static_cast<const char*>(inputs.at(b.name)->raw()) + (step * R + r) * bytes;
+          if (bytes) std::memcpy(const_cast<void*>(resolve(rep, b.value)), src, bytes);
+        }
+        st = execute_program(rep);
+        if (!st.is_ok()) {
+          if (steps > 1) st = std::move(st).with_context("iteration " + std::to_string(step));
+          if (R > 1) st = std::move(st).with_context("replica " + std::to_string(r));
+          return;
+        }
+        for (const compiler::Binding& b : rep.exe->outputs) {
+          char* dst = static_cast<char*>(result.at(b.name).raw());
+          const size_t bytes = size_t(b.type.bytes());
+          const void* src = resolve(rep, b.value);
+          int64_t slot = -1;  // which output slice this step writes, if any
+          switch (options.output_mode) {
+            case OutputMode::final: slot = step == steps - 1 ? r : -1; break;
+            case OutputMode::all: slot = step * R + r; break;
+            case OutputMode::every_n:
+              slot = (step + 1) % options.every_n == 0 ? ((step + 1) / options.every_n - 1) * R + r : -1;
+              break;
+            case OutputMode::sum: {
+              float* d = reinterpret_cast<float*>(dst) + r * b.type.shape.numel();
+              const float* s = static_cast<const float*>(src);
+              for (int64_t i = 0; i < b.type.shape.numel(); ++i) d[i] += s[i];
+              break;
+            }
           }
+          if (slot >= 0 && bytes) std::memcpy(dst + slot * bytes, src, bytes);
         }
       }
-    }
-  });
-  if (!status.is_ok()) return status;
+    }));
+  }
+  for (auto& f : done) f.get();
+  for (Status& s : status)
+    if (!s.is_ok()) return s;
   return result;
 }
 

@@ -234,6 +234,41 @@ TEST(Session, DeviceIterationsAndOutputModes) {
             "input 'x': expected f32[4, 2] (4 iterations of f32[2]), found f32[2]");
 }
 
+// Two devices in this process, each with its own team, arena and kernels:
+// every replica computes its own slice, and the [iterations, replicas]
+// layout of inputs and outputs holds.
+TEST(Session, ReplicasRunTheirSlicesSideBySide) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {3, 4});
+  ValueId w = b.parameter("w", DType::f32, {5, 4});
+  b.output("y", b.op1(graph::OpKind::matmul, {x, w}, {{"trans_b", int64_t(1)}}));
+  ASSERT_TRUE(b.status().is_ok());
+  auto exe = compiler::compile(g);
+  ASSERT_TRUE(exe.is_ok());
+  auto s = Session::create(std::move(exe).value(), {.threads = 1, .replicas = 2});
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ((*s)->replicas(), 2);
+  EXPECT_EQ((*s)->device(1).name(), "cpu1");
+  Tensor wt = random_tensor({5, 4}, 9);
+  ASSERT_TRUE((*s)->set_parameter("w", wt).is_ok());
+  Tensor xs = random_tensor({3, 2, 3, 4}, 10);  // 3 iterations × 2 replicas
+  auto out = (*s)->run({{"x", &xs}}, {.iterations = 3, .output_mode = OutputMode::all});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  const Tensor& y = out->at("y");
+  ASSERT_EQ(y.shape(), (Shape{3, 2, 3, 5}));
+  for (int64_t slice = 0; slice < 6; ++slice)
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t j = 0; j < 5; ++j) {
+        double want = 0;
+        for (int64_t k = 0; k < 4; ++k) want += double(xs.data<float>()[slice * 12 + i * 4 + k]) * wt.data<float>()[j * 4 + k];
+        ASSERT_NEAR(y.data<float>()[slice * 15 + i * 5 + j], want, 1e-5) << "slice " << slice;
+      }
+  Tensor one = random_tensor({3, 4}, 11);
+  EXPECT_EQ((*s)->run({{"x", &one}}).status().message(),
+            "input 'x': expected f32[2, 3, 4] (2 replicas of f32[3, 4]), found f32[3, 4]");
+}
+
 TEST(Session, TracesEveryInstruction) {
   profile::TraceRecorder trace;
   auto s = doubling_session(&trace);
