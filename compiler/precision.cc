@@ -13,6 +13,7 @@
 #include <map>
 
 #include "compiler/pass.h"
+#include "compiler/rewrite.h"
 #include "graph/verify.h"
 
 namespace aspen::compiler {
@@ -35,9 +36,9 @@ class Precision : public Pass {
       return Status::invalid_argument("compile options: compute", "f32, bf16 or f16",
                                       std::string(dtype_name(compute)));
 
-    Graph out;
-    std::vector<ValueId> remap(size_t(g.num_values()));  // old value -> new value
-    std::map<int32_t, ValueId> cast_of;                  // new value -> its cast to `compute`
+    Rewrite rw(g);
+    Graph& out = rw.out();
+    std::map<int32_t, ValueId> cast_of;  // new value -> its cast to `compute`
     // The shared cast of new value v, made before node `user` on first request.
     auto cast = [&](ValueId v, const Node& user) -> Result<ValueId> {
       auto it = cast_of.find(v.index);
@@ -56,7 +57,7 @@ class Precision : public Pass {
 
     for (int32_t i = 0; i < int32_t(g.nodes().size()); ++i) {
       Node n = g.node(i);
-      for (ValueId& in : n.inputs) in = remap[size_t(in.index)];
+      for (ValueId& in : n.inputs) in = rw.map(in);
       std::vector<graph::TensorType> types;
       for (ValueId v : g.node(i).outputs) types.push_back(g.type(v));
       const bool convert = n.op == OpKind::matmul && !n.attrs.has("out_dtype") &&
@@ -70,11 +71,9 @@ class Precision : public Pass {
         if (!checked.is_ok()) return checked.status().with_context("matmul node " + std::to_string(i));
         types = *checked;
       }
-      const Node& added = out.node(out.add_node(std::move(n), types));
-      for (size_t k = 0; k < added.outputs.size(); ++k) remap[size_t(g.node(i).outputs[k].index)] = added.outputs[k];
+      rw.emit(std::move(n), types, g.node(i).outputs);
     }
-    for (const auto& [name, v] : g.outputs()) out.add_output(name, remap[size_t(v.index)]);
-    g = std::move(out);
+    g = std::move(rw).finish();
     return Status();
   }
 };

@@ -16,6 +16,7 @@
 #include <map>
 
 #include "compiler/pass.h"
+#include "compiler/rewrite.h"
 #include "graph/verify.h"
 
 namespace aspen::compiler {
@@ -50,16 +51,15 @@ class Recompute : public Pass {
     }
     if (!any_checkpoint || !any_backward) return Status();  // nothing marked: keep everything
 
-    Graph out;
-    std::vector<ValueId> remap(size_t(g.num_values()));  // old value -> new value (the original)
-    std::map<int32_t, ValueId> clone_of;                 // old value -> its recomputed copy
+    Rewrite rw(g);                        // old value -> new value (the original)
+    std::map<int32_t, ValueId> clone_of;  // old value -> its recomputed copy
     auto kept = [&](ValueId v) {
       const Node& p = g.producer(v);
       return p.backward || p.checkpoint || !clonable(p.op);
     };
     // Emits the recomputation of old value v (and what it needs) into `out`.
     std::function<Result<ValueId>(ValueId)> recompute = [&](ValueId v) -> Result<ValueId> {
-      if (kept(v)) return remap[size_t(v.index)];
+      if (kept(v)) return rw.map(v);
       auto it = clone_of.find(v.index);
       if (it != clone_of.end()) return it->second;
       const int32_t pi = g.value(v).producer;
@@ -68,9 +68,9 @@ class Recompute : public Pass {
         ASPEN_ASSIGN_OR_RETURN(in, recompute(in));
       }
       n.backward = true;  // it runs in the backward section now
-      auto types = graph::check_node(out, n);
+      auto types = graph::check_node(rw.out(), n);
       if (!types.is_ok()) return types.status().with_context("recomputing node " + std::to_string(pi));
-      const Node& added = out.node(out.add_node(std::move(n), *types));
+      const Node& added = rw.out().node(rw.out().add_node(std::move(n), *types));
       const Node& orig = g.node(pi);
       for (size_t k = 0; k < orig.outputs.size(); ++k) clone_of[orig.outputs[k].index] = added.outputs[k];
       return clone_of.at(v.index);
@@ -82,16 +82,12 @@ class Recompute : public Pass {
         if (n.backward) {
           ASPEN_ASSIGN_OR_RETURN(in, recompute(in));
         } else {
-          in = remap[size_t(in.index)];
+          in = rw.map(in);
         }
       }
-      std::vector<graph::TensorType> types;
-      for (ValueId v : g.node(i).outputs) types.push_back(g.type(v));
-      const Node& added = out.node(out.add_node(std::move(n), types));
-      for (size_t k = 0; k < added.outputs.size(); ++k) remap[size_t(g.node(i).outputs[k].index)] = added.outputs[k];
+      rw.emit(std::move(n), i);
     }
-    for (const auto& [name, v] : g.outputs()) out.add_output(name, remap[size_t(v.index)]);
-    g = std::move(out);
+    g = std::move(rw).finish();
     return Status();
   }
 };

@@ -11,6 +11,7 @@
 // (their schedule is the parallel runtime's business, W1.5).
 #include "compiler/memory_plan.h"
 #include "compiler/pass.h"
+#include "compiler/rewrite.h"
 
 namespace aspen::compiler {
 
@@ -63,18 +64,9 @@ std::vector<int32_t> depth_first_order(const Graph& g) {
 }
 
 Graph reorder(const Graph& g, const std::vector<int32_t>& order) {
-  Graph out;
-  std::vector<ValueId> remap(size_t(g.num_values()));
-  for (int32_t i : order) {
-    Node node = g.node(i);
-    for (ValueId& v : node.inputs) v = remap[size_t(v.index)];
-    std::vector<graph::TensorType> types;
-    for (ValueId v : g.node(i).outputs) types.push_back(g.type(v));
-    const Node& added = out.node(out.add_node(std::move(node), types));
-    for (size_t k = 0; k < added.outputs.size(); ++k) remap[size_t(g.node(i).outputs[k].index)] = added.outputs[k];
-  }
-  for (const auto& [name, v] : g.outputs()) out.add_output(name, remap[size_t(v.index)]);
-  return out;
+  Rewrite rw(g);
+  for (int32_t i : order) rw.copy(i);
+  return std::move(rw).finish();
 }
 
 class MemorySchedule : public Pass {
