@@ -5,18 +5,15 @@
 //   bias_gelu(x, bias) {tanh}: gelu(x + broadcast(bias)); x [..., C], bias [C]
 //   add_layernorm(x, residual, gamma, beta) {eps}: h = x + residual, then
 //       layernorm(h): outputs h, y, mean, rstd (mean and rstd f32, like layernorm)
+#include "graph/ops_nn_util.h"
 #include "graph/ops_registry.h"
-#include "graph/ops_util.h"
 #include "kernels/activation.h"
 #include "kernels/norm.h"
 
 namespace aspen::graph {
 
 namespace {
-using namespace opsutil;
-using Prepared = Result<std::unique_ptr<PreparedKernel>>;
-using In = std::span<const void* const>;
-using Out = std::span<void* const>;
+using namespace nnutil;
 
 int64_t last_dim(const TensorType& t) { return t.shape.rank() ? t.shape[-1] : 1; }
 
@@ -50,12 +47,6 @@ Prepared prepare_bias_gelu(const Node& n, std::span<const TensorType> in, std::s
   });
 }
 
-Shape drop_last(const Shape& s) {
-  std::vector<int64_t> d = dims(s);
-  if (!d.empty()) d.pop_back();
-  return *Shape::make(d.data(), int(d.size()));
-}
-
 Status infer_add_layernorm(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
   ASPEN_RETURN_IF_ERROR(expect_float(n, "x", in[0]));
   ASPEN_RETURN_IF_ERROR(expect_rank(n, "x", in[0], 1));
@@ -63,7 +54,7 @@ Status infer_add_layernorm(const Node& n, std::span<const TensorType> in, std::v
   const TensorType vec{in[0].dtype, Shape{last_dim(in[0])}};
   if (in[2] != vec) return rule_error(n, "gamma", vec.to_string(), in[2].to_string());
   if (in[3] != vec) return rule_error(n, "beta", vec.to_string(), in[3].to_string());
-  const TensorType stat{DType::f32, drop_last(in[0].shape)};
+  const TensorType stat{kStat, drop_last(in[0].shape)};
   out = {in[0], in[0], stat, stat};
   return Status();
 }

@@ -13,7 +13,7 @@
 //   rotary(x [B, T, H, D], positions i32 [B, T]) {rotary_dim, layout: "interleaved" | "half_split",
 //       base = 10000, inverse = 0}: rotates by +angle, or by -angle with inverse     (kernels/rotary.h)
 //   attention(q [B, H, T, D], k, v [B, H, S, D][, key_valid u8/bool [B, S]]) {scale, mask: "none" | "causal" |
-//       "local", window, kv_offset}: outputs out [B, H, T, D], lse (f32 [B, H, T])   (kernels/attention.h)
+//       "local", window, kv_offset}: outputs out [B, H, T, D], lse (f32 [B, H, T])   (ops_attention.cc)
 // Saved statistics (mean, rstd, lse) are f32 whatever the input's float type,
 // as the kernels keep them; every other input of an op shares one dtype.
 //
@@ -33,8 +33,8 @@
 #include <limits>
 
 #include "graph/ops_registry.h"
+#include "graph/ops_nn_util.h"
 #include "graph/ops_util.h"
-#include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/rotary.h"
@@ -44,66 +44,7 @@ namespace aspen::graph {
 
 namespace {
 using namespace opsutil;
-using Grads = Result<std::vector<std::optional<ValueId>>>;
-using OutGrads = std::span<const std::optional<ValueId>>;
-using Ins = std::span<const HostArray* const>;
-using Outs = std::span<HostArray>;
-
-// The dtype of saved statistics (mean, rstd, lse).
-constexpr DType kStat = DType::f32;
-
-std::string str(int64_t v) { return std::to_string(v); }
-
-Status expect_type(const Node& n, const std::string& what, const TensorType& t, const TensorType& want,
-                   const std::string& why) {
-  if (t == want) return Status();
-  return rule_error(n, what, want.to_string() + " (" + why + ")", t.to_string());
-}
-
-Status expect_dtype(const Node& n, const char* what, const TensorType& t, DType want, const char* whose) {
-  if (t.dtype == want) return Status();
-  return rule_error(n, what, std::string(dtype_name(want)) + " (" + whose + " dtype)", t.to_string());
-}
-
-Result<bool> flag(const Node& n, const char* name) {
-  const int64_t v = n.attrs.i_or(name, 0);
-  if (v != 0 && v != 1) return rule_error(n, name, "0 or 1", str(v));
-  return v == 1;
-}
-
-Shape drop_last(const Shape& s) { return *Shape::make(s.begin(), s.rank() - 1); }
-
-// x [..., C], float, C >= 1. Returns C.
-Result<int64_t> last_axis(const Node& n, const char* what, const TensorType& x) {
-  ASPEN_RETURN_IF_ERROR(expect_float(n, what, x));
-  ASPEN_RETURN_IF_ERROR(expect_rank(n, what, x, 1));
-  if (x.shape[-1] < 1) return rule_error(n, std::string(what) + ": last dimension", ">= 1", x.to_string());
-  return x.shape[-1];
-}
-
-int64_t rows_of(const Shape& s) { return s[-1] == 0 ? 0 : s.numel() / s[-1]; }
-
-Status expect_eps(const Node& n) {
-  const double eps = n.attrs.f("eps");
-  if (!std::isfinite(eps) || eps < 0) return rule_error(n, "eps", "a finite number >= 0", std::to_string(eps));
-  return Status();
-}
-
-// Gradients reaching any output but the first are not supported.
-Status first_output_only(const Node& n, OutGrads g, std::initializer_list<const char*> names) {
-  const char* const* name = names.begin();
-  for (size_t i = 1; i < g.size(); ++i)
-    if (g[i])
-      return Status::error(Code::kUnimplemented,
-                           std::string(op_name(n.op)) + ": gradient of output " + std::to_string(i) + " (" +
-                               name[i] + ")",
-                           std::string("none (only output 0, ") + name[0] + ", is differentiated)", "one");
-  return Status();
-}
-
-std::vector<std::optional<ValueId>> no_grads(const Node& n) {
-  return std::vector<std::optional<ValueId>>(n.inputs.size());
-}
+using namespace nnutil;
 
 // ---- matmul -------------------------------------------------------------------
 
@@ -490,141 +431,12 @@ Grads grad_rotary(Builder& b, const Node& n, OutGrads g) {
                                              std::nullopt};
 }
 
-// ---- attention ------------------------------------------------------------------------------
-
-// The mask of the attributes (key_valid is bound at evaluation).
-Result<kernels::AttentionMask> mask_of(const Node& n) {
-  using Kind = kernels::AttentionMask::Kind;
-  kernels::AttentionMask m;
-  const std::string& kind = n.attrs.s("mask");
-  if (kind == "none") m.kind = Kind::none;
-  else if (kind == "causal") m.kind = Kind::causal;
-  else if (kind == "local") m.kind = Kind::local;
-  else return rule_error(n, "mask", "\"none\", \"causal\" or \"local\"", "\"" + kind + "\"");
-  if (m.kind == Kind::local) {
-    if (!n.attrs.has("window")) return rule_error(n, "window", "present with mask \"local\"", "none");
-    m.window = n.attrs.i("window");
-    if (m.window < 1) return rule_error(n, "window", ">= 1", str(m.window));
-  } else if (n.attrs.has("window")) {
-    return rule_error(n, "window", "none (it applies to mask \"local\" only)", str(n.attrs.i("window")));
-  }
-  m.kv_offset = n.attrs.i_or("kv_offset", 0);
-  if (m.kv_offset < 0 || m.kv_offset > (int64_t(1) << 53))
-    return rule_error(n, "kv_offset", "a number in [0, 2^53]", str(m.kv_offset));
-  return m;
-}
-
-// q [B, H, T, D], k and v [B, H, S, D], key_valid [B, S] at in[kv_index] when present.
-Status check_attention(const Node& n, std::span<const TensorType> in, size_t kv_index) {
-  const TensorType &q = in[0], &k = in[1];
-  ASPEN_RETURN_IF_ERROR(expect_float(n, "q", q));
-  ASPEN_RETURN_IF_ERROR(expect_rank(n, "q", q, 4, 4));
-  ASPEN_RETURN_IF_ERROR(expect_dtype(n, "k", k, q.dtype, "q's"));
-  ASPEN_RETURN_IF_ERROR(expect_rank(n, "k", k, 4, 4));
-  static const char* const kDim[] = {"0 (B)", "1 (H)", "2 (S)", "3 (D)"};
-  for (int d : {0, 1, 3})
-    if (k.shape[d] != q.shape[d])
-      return rule_error(n, std::string("k: dimension ") + kDim[d], str(q.shape[d]) + " (q's)", str(k.shape[d]));
-  ASPEN_RETURN_IF_ERROR(expect_type(n, "v", in[2], k, "k's type"));
-  if (in.size() > kv_index) {
-    const TensorType& kv = in[kv_index];
-    const Shape want{q.shape[0], k.shape[2]};
-    if ((kv.dtype != DType::u8 && kv.dtype != DType::boolean) || kv.shape != want)
-      return rule_error(n, "key_valid", "u8 or bool " + want.to_string() + " ([B, S])", kv.to_string());
-  }
-  const double scale = n.attrs.f("scale");
-  if (!std::isfinite(scale)) return rule_error(n, "scale", "a finite number", std::to_string(scale));
-  return mask_of(n).status();
-}
-
-TensorType lse_type(const TensorType& q) { return TensorType{kStat, Shape{q.shape[0], q.shape[1], q.shape[2]}}; }
-
-Status infer_attention(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
-  ASPEN_RETURN_IF_ERROR(check_attention(n, in, 3));
-  out = {in[0], lse_type(in[0])};
-  return Status();
-}
-
-// attention_grad(q, k, v, out, lse, g[, key_valid]).
-Status infer_attention_grad(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
-  ASPEN_RETURN_IF_ERROR(check_attention(n, in, 6));
-  ASPEN_RETURN_IF_ERROR(expect_type(n, "out", in[3], in[0], "q's type"));
-  ASPEN_RETURN_IF_ERROR(expect_type(n, "lse", in[4], lse_type(in[0]), "the forward's saved statistic"));
-  ASPEN_RETURN_IF_ERROR(expect_type(n, "g", in[5], in[0], "q's type"));
-  out = {in[0], in[1], in[1]};
-  return Status();
-}
-
-struct AttentionCall {
-  kernels::AttentionMask mask;
-  std::vector<uint8_t> key_valid;
-  int64_t B, H, T, S, D;
-  double scale;
-};
-
-Result<AttentionCall> attention_call(const Node& n, Ins in, size_t kv_index) {
-  AttentionCall c;
-  ASPEN_ASSIGN_OR_RETURN(c.mask, mask_of(n));
-  const Shape &q = in[0]->type.shape, &k = in[1]->type.shape;
-  c.B = q[0], c.H = q[1], c.T = q[2], c.S = k[2], c.D = q[3];
-  c.scale = n.attrs.f("scale");
-  if (in.size() > kv_index) {
-    for (double v : in[kv_index]->data) c.key_valid.push_back(v != 0 ? 1 : 0);
-    c.mask.key_valid = c.key_valid;
-  }
-  return c;
-}
-
-Status eval_attention(const Node& n, Ins in, Outs out) {
-  ASPEN_ASSIGN_OR_RETURN(const AttentionCall c, attention_call(n, in, 3));
-  kernels::ref::attention_forward<double>(in[0]->data.data(), in[1]->data.data(), in[2]->data.data(),
-                                          out[0].data.data(), out[1].data.data(), c.B, c.H, c.T, c.S, c.D, c.scale,
-                                          c.mask);
-  return Status();
-}
-
-Status eval_attention_grad(const Node& n, Ins in, Outs out) {
-  ASPEN_ASSIGN_OR_RETURN(const AttentionCall c, attention_call(n, in, 6));
-  kernels::ref::attention_backward<double>(in[0]->data.data(), in[1]->data.data(), in[2]->data.data(),
-                                           in[3]->data.data(), in[4]->data.data(), in[5]->data.data(),
-                                           out[0].data.data(), out[1].data.data(), out[2].data.data(), c.B, c.H, c.T,
-                                           c.S, c.D, c.scale, c.mask);
-  return Status();
-}
-
-Grads grad_attention(Builder& b, const Node& n, OutGrads g) {
-  ASPEN_RETURN_IF_ERROR(first_output_only(n, g, {"out", "lse"}));
-  if (!g[0]) return no_grads(n);
-  std::vector<ValueId> ins{n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1], *g[0]};
-  if (n.inputs.size() > 3) ins.push_back(n.inputs[3]);
-  std::vector<ValueId> d = b.op(OpKind::attention_grad, std::move(ins), n.attrs);
-  if (d.size() != 3) return no_grads(n);
-  std::vector<std::optional<ValueId>> r{d[0], d[1], d[2]};
-  if (n.inputs.size() > 3) r.push_back(std::nullopt);
-  return r;
-}
-
 // ---- fast kernels ---------------------------------------------------------------------------
 // f32 only: a node with any bf16 or f16 value gets no fast kernel, and lowering runs the reference.
 // Index inputs are adapted, not refused: i64 targets are narrowed to the kernels' int32 into a scratch
 // buffer the kernel owns (sized at prepare: run() does not allocate); bool and u8 key_valid are both one
 // byte per flag, nonzero meaning "attend", which is how the attention kernels read a uint8 mask.
 
-using Prepared = Result<std::unique_ptr<PreparedKernel>>;
-using In = std::span<const void* const>;
-using Out = std::span<void* const>;
-using Types = std::span<const TensorType>;
-
-// Every float value (in or out) is f32; integer and mask inputs are checked by each prepare.
-bool floats_are_f32(Types in, Types out) {
-  for (const auto& t : in)
-    if (is_float(t.dtype) && t.dtype != DType::f32) return false;
-  for (const auto& t : out)
-    if (is_float(t.dtype) && t.dtype != DType::f32) return false;
-  return true;
-}
-
-const float* f32_in(In i, size_t k) { return static_cast<const float*>(i[k]); }
 
 // A plan made once here (oneDNN primitive creation is the expensive part); run() binds pointers. The plan
 // is made for the preparing thread's OpenMP team size. Empty extents (which oneDNN refuses) fall back.
@@ -749,36 +561,6 @@ Prepared prepare_rotary(const Node& n, Types in, Types out) {
   });
 }
 
-// attention(q, k, v[, key_valid]) -> (out, lse); attention_grad(q, k, v, out, lse, g[, key_valid]) ->
-// (dq, dk, dv). The mask is decided here; key_valid (u8 or bool) is bound to it at each run.
-Prepared prepare_attention(const Node& n, Types in, Types out) {
-  if (!floats_are_f32(in, out)) return no_fast_kernel();
-  ASPEN_ASSIGN_OR_RETURN(const kernels::AttentionMask mask, mask_of(n));
-  const Shape &q = in[0].shape, &k = in[1].shape;
-  const int64_t B = q[0], H = q[1], T = q[2], S = k[2], D = q[3];
-  const int64_t nq = q.numel(), nk = k.numel(), nl = B * H * T;
-  const float scale = float(n.attrs.f("scale"));
-  const bool forward = n.op == OpKind::attention;
-  const size_t kv = forward ? 3 : 6;
-  const bool has_kv = in.size() > kv;
-  if (forward)
-    return make_kernel([=](In i, Out o) {
-      kernels::AttentionMask m = mask;
-      if (has_kv) m.key_valid = in_span<uint8_t>(i, kv, B * S);
-      return kernels::attention_forward(in_span<float>(i, 0, nq), in_span<float>(i, 1, nk), in_span<float>(i, 2, nk),
-                                        out_span<float>(o, 0, nq), out_span<float>(o, 1, nl), B, H, T, S, D, scale,
-                                        m);
-    });
-  return make_kernel([=](In i, Out o) {
-    kernels::AttentionMask m = mask;
-    if (has_kv) m.key_valid = in_span<uint8_t>(i, kv, B * S);
-    return kernels::attention_backward(in_span<float>(i, 0, nq), in_span<float>(i, 1, nk), in_span<float>(i, 2, nk),
-                                       in_span<float>(i, 3, nq), in_span<float>(i, 4, nl), in_span<float>(i, 5, nq),
-                                       out_span<float>(o, 0, nq), out_span<float>(o, 1, nk),
-                                       out_span<float>(o, 2, nk), B, H, T, S, D, scale, m);
-  });
-}
-
 }  // namespace
 
 void register_nn_ops(OpTable& t) {
@@ -803,12 +585,6 @@ void register_nn_ops(OpTable& t) {
                                       {"base", AttrKind::f64, false}, {"inverse", AttrKind::i64, false}},
                             .infer = infer_rotary, .grad = grad_rotary, .eval = eval_rotary,
                             .prepare = prepare_rotary});
-  const std::vector<AttrSpec> attention_attrs = {{"scale", AttrKind::f64, true}, {"mask", AttrKind::str, true},
-                                                 {"window", AttrKind::i64, false},
-                                                 {"kv_offset", AttrKind::i64, false}};
-  t.define(OpKind::attention, {.min_inputs = 3, .max_inputs = 4, .attrs = attention_attrs, .infer = infer_attention,
-                               .grad = grad_attention, .eval = eval_attention,
-                               .prepare = prepare_attention});
   t.define(OpKind::layernorm_grad, {.min_inputs = 5, .max_inputs = 5, .infer = infer_norm_grad,
                                     .eval = eval_layernorm_grad, .prepare = prepare_layernorm});
   t.define(OpKind::rmsnorm_grad, {.min_inputs = 4, .max_inputs = 4, .infer = infer_norm_grad,
@@ -818,9 +594,6 @@ void register_nn_ops(OpTable& t) {
   t.define(OpKind::cross_entropy_grad, {.min_inputs = 4, .max_inputs = 4, .attrs = {ignore},
                                         .infer = infer_cross_entropy_grad, .eval = eval_cross_entropy_grad,
                                         .prepare = prepare_cross_entropy});
-  t.define(OpKind::attention_grad, {.min_inputs = 6, .max_inputs = 7, .attrs = attention_attrs,
-                                    .infer = infer_attention_grad, .eval = eval_attention_grad,
-                                    .prepare = prepare_attention});
 }
 
 }  // namespace aspen::graph

@@ -21,6 +21,7 @@ void register_elementwise_ops(OpTable& t);
 void register_shape_ops(OpTable& t);
 void register_reduce_ops(OpTable& t);
 void register_nn_ops(OpTable& t);
+void register_attention_ops(OpTable& t);
 void register_collective_ops(OpTable& t);
 void register_fused_ops(OpTable& t);
 

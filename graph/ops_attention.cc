@@ -1,0 +1,187 @@
+// graph/ops_attention.cc: scaled dot-product attention and its gradient,
+// the graph form of kernels/attention.h (see ops_nn.cc's header for the
+// meaning of every NN op and its gradient rule).
+//
+//   attention(q [B, H, T, D], k, v [B, H, S, D][, key_valid u8/bool [B, S]]) {scale, mask: "none" | "causal" |
+//       "local", window, kv_offset}: outputs out [B, H, T, D], lse (f32 [B, H, T])
+//   gradient: (dq, dk, dv) = attention_grad(q, k, v, out, lse, g[, key_valid]) {same attributes}; a gradient
+//       reaching lse is Unimplemented; attention_grad is not differentiated again.
+#include "graph/ops_nn_util.h"
+#include "graph/ops_registry.h"
+#include "kernels/attention.h"
+
+namespace aspen::graph {
+
+namespace {
+using namespace nnutil;
+
+// ---- attention ------------------------------------------------------------------------------
+
+// The mask of the attributes (key_valid is bound at evaluation).
+Result<kernels::AttentionMask> mask_of(const Node& n) {
+  using Kind = kernels::AttentionMask::Kind;
+  kernels::AttentionMask m;
+  const std::string& kind = n.attrs.s("mask");
+  if (kind == "none")
+    m.kind = Kind::none;
+  else if (kind == "causal")
+    m.kind = Kind::causal;
+  else if (kind == "local")
+    m.kind = Kind::local;
+  else
+    return rule_error(n, "mask", "\"none\", \"causal\" or \"local\"", "\"" + kind + "\"");
+  if (m.kind == Kind::local) {
+    if (!n.attrs.has("window")) return rule_error(n, "window", "present with mask \"local\"", "none");
+    m.window = n.attrs.i("window");
+    if (m.window < 1) return rule_error(n, "window", ">= 1", str(m.window));
+  } else if (n.attrs.has("window")) {
+    return rule_error(n, "window", "none (it applies to mask \"local\" only)", str(n.attrs.i("window")));
+  }
+  m.kv_offset = n.attrs.i_or("kv_offset", 0);
+  if (m.kv_offset < 0 || m.kv_offset > (int64_t(1) << 53))
+    return rule_error(n, "kv_offset", "a number in [0, 2^53]", str(m.kv_offset));
+  return m;
+}
+
+// q [B, H, T, D], k and v [B, H, S, D], key_valid [B, S] at in[kv_index] when present.
+Status check_attention(const Node& n, std::span<const TensorType> in, size_t kv_index) {
+  const TensorType &q = in[0], &k = in[1];
+  ASPEN_RETURN_IF_ERROR(expect_float(n, "q", q));
+  ASPEN_RETURN_IF_ERROR(expect_rank(n, "q", q, 4, 4));
+  ASPEN_RETURN_IF_ERROR(expect_dtype(n, "k", k, q.dtype, "q's"));
+  ASPEN_RETURN_IF_ERROR(expect_rank(n, "k", k, 4, 4));
+  static const char* const kDim[] = {"0 (B)", "1 (H)", "2 (S)", "3 (D)"};
+  for (int d : {0, 1, 3})
+    if (k.shape[d] != q.shape[d])
+      return rule_error(n, std::string("k: dimension ") + kDim[d], str(q.shape[d]) + " (q's)", str(k.shape[d]));
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "v", in[2], k, "k's type"));
+  if (in.size() > kv_index) {
+    const TensorType& kv = in[kv_index];
+    const Shape want{q.shape[0], k.shape[2]};
+    if ((kv.dtype != DType::u8 && kv.dtype != DType::boolean) || kv.shape != want)
+      return rule_error(n, "key_valid", "u8 or bool " + want.to_string() + " ([B, S])", kv.to_string());
+  }
+  const double scale = n.attrs.f("scale");
+  if (!std::isfinite(scale)) return rule_error(n, "scale", "a finite number", std::to_string(scale));
+  return mask_of(n).status();
+}
+
+TensorType lse_type(const TensorType& q) { return TensorType{kStat, Shape{q.shape[0], q.shape[1], q.shape[2]}}; }
+
+Status infer_attention(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(check_attention(n, in, 3));
+  out = {in[0], lse_type(in[0])};
+  return Status();
+}
+
+// attention_grad(q, k, v, out, lse, g[, key_valid]).
+Status infer_attention_grad(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(check_attention(n, in, 6));
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "out", in[3], in[0], "q's type"));
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "lse", in[4], lse_type(in[0]), "the forward's saved statistic"));
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "g", in[5], in[0], "q's type"));
+  out = {in[0], in[1], in[1]};
+  return Status();
+}
+
+struct AttentionCall {
+  kernels::AttentionMask mask;
+  std::vector<uint8_t> key_valid;
+  int64_t B, H, T, S, D;
+  double scale;
+};
+
+Result<AttentionCall> attention_call(const Node& n, Ins in, size_t kv_index) {
+  AttentionCall c;
+  ASPEN_ASSIGN_OR_RETURN(c.mask, mask_of(n));
+  const Shape &q = in[0]->type.shape, &k = in[1]->type.shape;
+  c.B = q[0], c.H = q[1], c.T = q[2], c.S = k[2], c.D = q[3];
+  c.scale = n.attrs.f("scale");
+  if (in.size() > kv_index) {
+    for (double v : in[kv_index]->data) c.key_valid.push_back(v != 0 ? 1 : 0);
+    c.mask.key_valid = c.key_valid;
+  }
+  return c;
+}
+
+Status eval_attention(const Node& n, Ins in, Outs out) {
+  ASPEN_ASSIGN_OR_RETURN(const AttentionCall c, attention_call(n, in, 3));
+  kernels::ref::attention_forward<double>(in[0]->data.data(), in[1]->data.data(), in[2]->data.data(),
+                                          out[0].data.data(), out[1].data.data(), c.B, c.H, c.T, c.S, c.D, c.scale,
+                                          c.mask);
+  return Status();
+}
+
+Status eval_attention_grad(const Node& n, Ins in, Outs out) {
+  ASPEN_ASSIGN_OR_RETURN(const AttentionCall c, attention_call(n, in, 6));
+  kernels::ref::attention_backward<double>(in[0]->data.data(), in[1]->data.data(), in[2]->data.data(),
+                                           in[3]->data.data(), in[4]->data.data(), in[5]->data.data(),
+                                           out[0].data.data(), out[1].data.data(), out[2].data.data(), c.B, c.H, c.T,
+                                           c.S, c.D, c.scale, c.mask);
+  return Status();
+}
+
+Grads grad_attention(Builder& b, const Node& n, OutGrads g) {
+  ASPEN_RETURN_IF_ERROR(first_output_only(n, g, {"out", "lse"}));
+  if (!g[0]) return no_grads(n);
+  std::vector<ValueId> ins{n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1], *g[0]};
+  if (n.inputs.size() > 3) ins.push_back(n.inputs[3]);
+  std::vector<ValueId> d = b.op(OpKind::attention_grad, std::move(ins), n.attrs);
+  if (d.size() != 3) return no_grads(n);
+  std::vector<std::optional<ValueId>> r{d[0], d[1], d[2]};
+  if (n.inputs.size() > 3) r.push_back(std::nullopt);
+  return r;
+}
+
+// attention(q, k, v[, key_valid]) -> (out, lse); attention_grad(q, k, v, out, lse, g[, key_valid]) ->
+// (dq, dk, dv). The mask is decided here; key_valid (u8 or bool) is bound to it at each run.
+Prepared prepare_attention(const Node& n, Types in, Types out) {
+  if (!floats_are_f32(in, out)) return no_fast_kernel();
+  ASPEN_ASSIGN_OR_RETURN(const kernels::AttentionMask mask, mask_of(n));
+  const Shape &q = in[0].shape, &k = in[1].shape;
+  const int64_t B = q[0], H = q[1], T = q[2], S = k[2], D = q[3];
+  const int64_t nq = q.numel(), nk = k.numel(), nl = B * H * T;
+  const float scale = float(n.attrs.f("scale"));
+  const bool forward = n.op == OpKind::attention;
+  const size_t kv = forward ? 3 : 6;
+  const bool has_kv = in.size() > kv;
+  if (forward)
+    return make_kernel([=](In i, Out o) {
+      kernels::AttentionMask m = mask;
+      if (has_kv) m.key_valid = in_span<uint8_t>(i, kv, B * S);
+      return kernels::attention_forward(in_span<float>(i, 0, nq), in_span<float>(i, 1, nk), in_span<float>(i, 2, nk),
+                                        out_span<float>(o, 0, nq), out_span<float>(o, 1, nl), B, H, T, S, D, scale, m);
+    });
+  return make_kernel([=](In i, Out o) {
+    kernels::AttentionMask m = mask;
+    if (has_kv) m.key_valid = in_span<uint8_t>(i, kv, B * S);
+    return kernels::attention_backward(in_span<float>(i, 0, nq), in_span<float>(i, 1, nk), in_span<float>(i, 2, nk),
+                                       in_span<float>(i, 3, nq), in_span<float>(i, 4, nl), in_span<float>(i, 5, nq),
+                                       out_span<float>(o, 0, nq), out_span<float>(o, 1, nk), out_span<float>(o, 2, nk),
+                                       B, H, T, S, D, scale, m);
+  });
+}
+
+}  // namespace
+
+void register_attention_ops(OpTable& t) {
+  const std::vector<AttrSpec> attention_attrs = {{"scale", AttrKind::f64, true},
+                                                 {"mask", AttrKind::str, true},
+                                                 {"window", AttrKind::i64, false},
+                                                 {"kv_offset", AttrKind::i64, false}};
+  t.define(OpKind::attention, {.min_inputs = 3,
+                               .max_inputs = 4,
+                               .attrs = attention_attrs,
+                               .infer = infer_attention,
+                               .grad = grad_attention,
+                               .eval = eval_attention,
+                               .prepare = prepare_attention});
+  t.define(OpKind::attention_grad, {.min_inputs = 6,
+                                    .max_inputs = 7,
+                                    .attrs = attention_attrs,
+                                    .infer = infer_attention_grad,
+                                    .eval = eval_attention_grad,
+                                    .prepare = prepare_attention});
+}
+
+}  // namespace aspen::graph
