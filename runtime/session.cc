@@ -39,19 +39,22 @@ Result<std::unique_ptr<Session>> Session::create(std::unique_ptr<compiler::Execu
     for (int32_t v : ins.outputs) bytes += exe->plan.slots[size_t(v)].bytes;
     s->instruction_bytes_.push_back(bytes);
   }
+  // Every replica gets its kernels prepared on its own team: a oneDNN plan is
+  // made for the team size that runs it (compile() prepared `exe`'s on the
+  // compiling thread, whose team may differ).
   for (int r = 0; r < options.replicas; ++r) {
     Replica rep;
     ASPEN_ASSIGN_OR_RETURN(rep.device, CpuDevice::create(options.device_name + std::to_string(r), threads));
-    if (r == 0) {
-      rep.exe = std::move(exe);
-    } else {
-      // Prepared kernels are made on the device's own team: a oneDNN plan is
-      // made for the team size it will run with.
-      Result<std::unique_ptr<compiler::Executable>> copy = Status();
-      const compiler::Executable& first = *s->replicas_.front().exe;
-      rep.device->team().run([&] { copy = compiler::lower_optimized(first.graph, first.options); });
-      ASPEN_ASSIGN_OR_RETURN(rep.exe, std::move(copy));
-    }
+    Status lowered;
+    rep.device->team().run([&] {
+      auto e = compiler::lower_optimized(exe->graph, exe->options);
+      if (e.is_ok()) {
+        rep.exe = std::move(e).value();
+      } else {
+        lowered = e.status();
+      }
+    });
+    ASPEN_RETURN_IF_ERROR(lowered);
     ASPEN_RETURN_IF_ERROR(rep.device->reserve_arena(std::max<int64_t>(rep.exe->plan.arena_bytes, 64)));
     s->replicas_.push_back(std::move(rep));
   }
@@ -175,6 +178,8 @@ Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, c
   }
 
   // Replica r, step s: its slice is number (s * R + r) of the input's slices.
+  std::vector<const char*> input_data;  // by position in exe.inputs (the same in every replica)
+  for (const compiler::Binding& b : exe.inputs) input_data.push_back(static_cast<const char*>(inputs.at(b.name)->raw()));
   std::vector<Status> status(static_cast<size_t>(R));
   std::vector<std::future<void>> done;
   for (int64_t r = 0; r < R; ++r) {
@@ -182,10 +187,10 @@ Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, c
     done.push_back(rep.device->team().submit([&, r] {
       Status& st = status[size_t(r)];
       for (int64_t step = 0; step < steps; ++step) {
-        for (const compiler::Binding& b : rep.exe->inputs) {
+        for (size_t k = 0; k < rep.exe->inputs.size(); ++k) {
+          const compiler::Binding& b = rep.exe->inputs[k];
           const size_t bytes = size_t(b.type.bytes());
-          const char* src = static_cast<const char*>(inputs.at(b.name)->raw()) + (step * R + r) * bytes;
-          if (bytes) std::memcpy(const_cast<void*>(resolve(rep, b.value)), src, bytes);
+          if (bytes) std::memcpy(const_cast<void*>(resolve(rep, b.value)), input_data[k] + (step * R + r) * bytes, bytes);
         }
         st = execute_program(rep);
         if (!st.is_ok()) {
