@@ -3,12 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "bench/common.h"
 #include "core/philox.h"
 #include "core/thread_team.h"
 #include "kernels/attention.h"
@@ -18,20 +18,6 @@
 namespace aspen::bench {
 
 namespace {
-
-double seconds_of(const std::function<void()>& fn) {
-  const auto start = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// Fastest of `runs` runs, after an untimed warm-up run if asked.
-double best_of(int runs, bool warm_up, const std::function<void()>& fn) {
-  if (warm_up) fn();
-  double best = seconds_of(fn);
-  for (int r = 1; r < runs; ++r) best = std::min(best, seconds_of(fn));
-  return best;
-}
 
 // The materialized path a framework's eager attention takes (PyTorch's "math"
 // scaled_dot_product_attention): scores = q k^T for all heads by oneDNN, scale
@@ -90,15 +76,15 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
     philox_fill_uniform(v, 1, 3, 0, -1.0f, 1.0f);
 
     Status status;
-    const double fast = best_of(opt.repeats, true, [&] {
+    const double fast = best_seconds([&] {
       if (status.is_ok()) status = kernels::attention_forward(q, k, v, o, lse, B, H, T, S, D, scale, mask);
-    });
+    }, opt.repeats, 0.0);
     ASPEN_RETURN_IF_ERROR(status);
     std::vector<float> scores(size_t(B * H * T * S)), o_mat(o.size());
     Status mat_status;
-    const double mat = best_of(opt.repeats, true, [&] {
+    const double mat = best_seconds([&] {
       if (mat_status.is_ok()) mat_status = materialized_attention(q, k, v, o_mat, scores, B * H, T, S, D, scale);
-    });
+    }, opt.repeats, 0.0);
     ASPEN_RETURN_IF_ERROR(mat_status);
     scores = {};
     // Both compute the same function: a bench that times a wrong answer is worse than none.
@@ -110,10 +96,10 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
                            "a max difference of " + std::to_string(max_diff));
     // The reference is quadratic in time and memory: one run once it takes seconds.
     const int naive_runs = T >= 2048 ? 1 : opt.repeats;
-    const double naive = best_of(naive_runs, naive_runs > 1, [&] {
+    const double naive = best_seconds([&] {
       kernels::ref::attention_forward<float>(q.data(), k.data(), v.data(), o.data(), lse.data(), B, H, T, S, D, scale,
                                              mask);
-    });
+    }, naive_runs, 0.0, /*warm_up=*/naive_runs > 1);
 
     // Peak memory is accounted, not sampled: the fast forward's only allocation
     // is its per-thread tile scratch, attention_forward_scratch_bytes(D, threads);

@@ -21,8 +21,8 @@ double now() {
 }
 }  // namespace
 
-double best_seconds(const std::function<void()>& fn, int min_reps, double min_seconds) {
-  fn();
+double best_seconds(const std::function<void()>& fn, int min_reps, double min_seconds, bool warm_up) {
+  if (warm_up) fn();
   double best = 1e30, start = now();
   for (int r = 0; r < min_reps || now() - start < min_seconds; ++r) {
     double t0 = now();

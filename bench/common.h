@@ -11,9 +11,11 @@
 
 namespace aspen::bench {
 
-// Runs fn once to warm up, then repeats it until `min_seconds` have passed and
-// at least `min_reps` runs were made; returns the fastest run in seconds.
-double best_seconds(const std::function<void()>& fn, int min_reps = 3, double min_seconds = 0.2);
+// Runs fn once to warm up (unless warm_up is false), then repeats it until
+// `min_seconds` have passed and at least `min_reps` runs were made; returns
+// the fastest run in seconds.
+double best_seconds(const std::function<void()>& fn, int min_reps = 3, double min_seconds = 0.2,
+                    bool warm_up = true);
 
 // Interleaves two candidates (a, b, a, b, ...) so drift in the machine's speed
 // hits both alike; returns the best time of each.
