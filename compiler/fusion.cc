@@ -13,6 +13,7 @@
 #include <map>
 
 #include "compiler/pass.h"
+#include "compiler/rewrite.h"
 #include "graph/verify.h"
 
 namespace aspen::compiler {
@@ -108,21 +109,18 @@ class Fusion : public Pass {
     }
     if (emit.empty()) return Status();
 
-    Graph out;
-    std::vector<ValueId> remap(size_t(g.num_values()));
+    Rewrite rw(g);
     for (int32_t i = 0; i < n; ++i) {
       auto e = emit.find(i);
       if (skip[size_t(i)] && e == emit.end()) continue;
       Node node = e != emit.end() ? e->second.node : g.node(i);
       const std::vector<ValueId> old_outputs = e != emit.end() ? e->second.old_outputs : g.node(i).outputs;
-      for (ValueId& v : node.inputs) v = remap[size_t(v.index)];
-      auto types = graph::check_node(out, node);
+      for (ValueId& v : node.inputs) v = rw.map(v);
+      auto types = graph::check_node(rw.out(), node);
       if (!types.is_ok()) return types.status().with_context("fusing at node " + std::to_string(i));
-      const Node& added = out.node(out.add_node(std::move(node), *types));
-      for (size_t k = 0; k < old_outputs.size(); ++k) remap[size_t(old_outputs[k].index)] = added.outputs[k];
+      rw.emit(std::move(node), *types, old_outputs);
     }
-    for (const auto& [name, v] : g.outputs()) out.add_output(name, remap[size_t(v.index)]);
-    g = std::move(out);
+    g = std::move(rw).finish();
     return Status();
   }
 };

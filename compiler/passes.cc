@@ -11,6 +11,7 @@
 #include <map>
 
 #include "compiler/pass.h"
+#include "compiler/rewrite.h"
 #include "graph/interpreter.h"
 #include "graph/verify.h"
 
@@ -26,23 +27,20 @@ namespace {
 // Copies the nodes `keep` selects into a new graph, following `alias` (value
 // -> replacement value in the old graph) for inputs and outputs.
 Graph rebuild(const Graph& g, const std::vector<char>& keep, const std::vector<ValueId>& alias) {
-  Graph out;
-  std::vector<ValueId> remap(size_t(g.num_values()));
-  auto resolve = [&](ValueId v) {
+  auto target = [&](ValueId v) {
     while (alias[size_t(v.index)] != v) v = alias[size_t(v.index)];
-    return remap[size_t(v.index)];
+    return v;
   };
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    if (!keep[i]) continue;
-    Node n = g.nodes()[i];
-    std::vector<graph::TensorType> types;
-    for (ValueId v : n.outputs) types.push_back(g.type(v));
-    for (ValueId& v : n.inputs) v = resolve(v);
-    const Node& added = out.node(out.add_node(n, types));
-    for (size_t k = 0; k < n.outputs.size(); ++k) remap[size_t(n.outputs[k].index)] = added.outputs[k];
+  Rewrite rw(g);
+  for (int32_t i = 0; i < int32_t(g.nodes().size()); ++i) {
+    if (!keep[size_t(i)]) continue;
+    Node n = g.node(i);
+    for (ValueId& v : n.inputs) v = rw.map(target(v));
+    rw.emit(std::move(n), i);
   }
-  for (const auto& [name, v] : g.outputs()) out.add_output(name, resolve(v));
-  return out;
+  for (int32_t v = 0; v < g.num_values(); ++v)  // merged values stand for their survivors
+    if (target(ValueId{v}) != ValueId{v}) rw.set(ValueId{v}, rw.map(target(ValueId{v})));
+  return std::move(rw).finish();
 }
 
 std::vector<ValueId> identity_alias(const Graph& g) {
@@ -117,11 +115,11 @@ class ConstantFolding : public Pass {
  public:
   const char* name() const override { return "constant-folding"; }
   Status run(Graph& g, const CompileContext& ctx) override {
-    Graph out;
-    std::vector<ValueId> remap(size_t(g.num_values()));
+    Rewrite rw(g);
+    const Graph& out = rw.out();
     for (const Node& original : g.nodes()) {
       Node n = original;
-      for (ValueId& v : n.inputs) v = remap[size_t(v.index)];
+      for (ValueId& v : n.inputs) v = rw.map(v);
       bool foldable = !n.inputs.empty() && !n.outputs.empty() && n.op != OpKind::send && n.op != OpKind::recv &&
                       n.op != OpKind::all_reduce && n.op != OpKind::all_gather && n.op != OpKind::reduce_scatter;
       int64_t elements = 0;
@@ -131,8 +129,7 @@ class ConstantFolding : public Pass {
       std::vector<graph::TensorType> types;
       for (ValueId v : original.outputs) types.push_back(g.type(v));
       if (!foldable) {
-        const Node& added = out.node(out.add_node(n, types));
-        for (size_t k = 0; k < added.outputs.size(); ++k) remap[size_t(original.outputs[k].index)] = added.outputs[k];
+        rw.emit(std::move(n), types, original.outputs);
         continue;
       }
       std::vector<graph::HostArray> in_arrays;
@@ -148,12 +145,10 @@ class ConstantFolding : public Pass {
         c.op = OpKind::constant;
         c.stage = n.stage;
         c.constant = std::make_shared<const Tensor>(results[k].to_tensor());
-        const Node& added = out.node(out.add_node(std::move(c), {types[k]}));
-        remap[size_t(original.outputs[k].index)] = added.outputs[0];
+        rw.emit(std::move(c), {types[k]}, {original.outputs[k]});
       }
     }
-    for (const auto& [name, v] : g.outputs()) out.add_output(name, remap[size_t(v.index)]);
-    g = std::move(out);
+    g = std::move(rw).finish();
     return Status();
   }
 };
