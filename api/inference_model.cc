@@ -14,9 +14,12 @@ Status Options::validate() const {
   if (gradient_accumulation_ != 1)
     return Status::unimplemented("options.gradient_accumulation = " + std::to_string(gradient_accumulation_),
                                  "value for an inference model (1)");
-  if ((precision_ != DType::f32 && precision_ != DType::bf16) || partials_type_ != DType::f32)
-    return Status::unimplemented("options.precision",
-                                 "precision in this build (f32 or bf16 compute, f32 partials)");
+  if (precision_ != DType::f32 && precision_ != DType::bf16 && precision_ != DType::f16)
+    return Status::invalid_argument("options.precision", "f32, bf16 or f16", std::string(dtype_name(precision_)));
+  if (partials_type_ != DType::f32 && partials_type_ != precision_)
+    return Status::invalid_argument("options.precision partials type",
+                                    "f32 or the compute type (" + std::string(dtype_name(precision_)) + ")",
+                                    std::string(dtype_name(partials_type_)));
   if (recompute_) return Status::unimplemented("options.recompute", "setting for an inference model (off)");
   if (output_mode_ == OutputMode::every_n && (output_every_n_ < 1 || device_iterations_ % output_every_n_ != 0))
     return Status::invalid_argument("options.output_mode every_n",
@@ -32,7 +35,8 @@ Result<std::unique_ptr<InferenceModel>> InferenceModel::create(const graph::Grap
   m->options_ = options;
   compiler::CompileOptions copts;
   copts.opt_level = options.opt_level_;
-  copts.compute = options.precision_;  // bf16: matmuls in bf16, f32 accumulation (compiler/precision.cc)
+  copts.compute = options.precision_;  // bf16/f16: matmuls read narrow casts, f32 accumulation (compiler/precision.cc)
+  copts.partials = options.partials_type_;
   std::unique_ptr<compiler::Executable> exe;
   if (!options.executable_cache_.empty()) {
     compiler::ExecutableCache cache(options.executable_cache_);

@@ -66,8 +66,12 @@ TEST(InferenceModel, UnsupportedOptionsAreRejectedByName) {
             "unsupported one");
   EXPECT_EQ(InferenceModel::create(linear_graph(), Options().device_iterations(0)).status().message(),
             "options.device_iterations: expected >= 1, found 0");
-  EXPECT_EQ(InferenceModel::create(linear_graph(), Options().precision(DType::f16)).status().code(),
-            Code::kUnimplemented);
+  EXPECT_TRUE(InferenceModel::create(linear_graph(), Options().precision(DType::f16)).is_ok());
+  EXPECT_TRUE(InferenceModel::create(linear_graph(), Options().precision(DType::bf16, DType::bf16)).is_ok());
+  EXPECT_EQ(InferenceModel::create(linear_graph(), Options().precision(DType::f16, DType::bf16)).status().message(),
+            "options.precision partials type: expected f32 or the compute type (f16), found bf16");
+  EXPECT_EQ(InferenceModel::create(linear_graph(), Options().precision(DType::i32)).status().message(),
+            "options.precision: expected f32, bf16 or f16, found i32");
 }
 
 }  // namespace

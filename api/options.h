@@ -31,8 +31,10 @@ struct Options {
   int64_t gradient_accumulation_ = 1;
   OutputMode output_mode_ = OutputMode::final;
   int64_t output_every_n_ = 1;
-  // Compute precision and partials (accumulation) type (poptorch Precision):
-  // f32, or bf16 matmuls with f32 partials (weights stay f32, like autocast).
+  // Compute precision and partials type (poptorch Precision): f32, or bf16 /
+  // f16 matmuls (weights stay f32 and are cast, like autocast) whose partials
+  // are f32 or the compute type (compiler/precision.cc). f16 has no f16
+  // arithmetic on these CPUs: f16-rounded operands, f32 products and sums.
   DType precision_ = DType::f32;
   DType partials_type_ = DType::f32;
   bool recompute_ = false;  // recomputation checkpoints (poptorch recomputationCheckpoint)

@@ -35,6 +35,10 @@ struct CompileOptions {
   // Matmul compute type: f32, or bf16 (inputs cast to bf16, f32 accumulation
   // and output; everything else stays f32). compiler/precision.cc.
   DType compute = DType::f32;
+  // Matmul partials type with a narrow compute type: f32 (the default), or
+  // the compute type itself (each matmul's result is rounded to it, then read
+  // back as f32: half the bytes between matmul and cast, f32 accuracy lost).
+  DType partials = DType::f32;
 };
 
 struct CompileContext {

@@ -10,6 +10,10 @@
 // and recomputation (clones are f32 values, cast where a matmul reads them)
 // and before fusion, whose matmul + bias pattern then fuses the new matmuls
 // (the bias stays f32, the output's dtype).
+//
+// With partials = the compute type, each converted matmul writes its result
+// in that type (out_dtype = bf16/f16; a bias is cast too) and a cast back to
+// f32 stands for the old output: the rest of the graph is unchanged.
 #include <map>
 
 #include "compiler/pass.h"
@@ -35,6 +39,11 @@ class Precision : public Pass {
     if (compute != DType::bf16 && compute != DType::f16)
       return Status::invalid_argument("compile options: compute", "f32, bf16 or f16",
                                       std::string(dtype_name(compute)));
+    const DType partials = ctx.options.partials;
+    if (partials != DType::f32 && partials != compute)
+      return Status::invalid_argument("compile options: partials",
+                                      "f32 or the compute type (" + std::string(dtype_name(compute)) + ")",
+                                      std::string(dtype_name(partials)));
 
     Rewrite rw(g);
     Graph& out = rw.out();
@@ -63,12 +72,24 @@ class Precision : public Pass {
       const bool convert = n.op == OpKind::matmul && !n.attrs.has("out_dtype") &&
                            out.type(n.inputs[0]).dtype == DType::f32 && out.type(n.inputs[1]).dtype == DType::f32;
       if (convert) {
-        for (size_t k = 0; k < 2; ++k) {
+        const size_t narrow = partials == DType::f32 ? 2 : n.inputs.size();  // a, b (and the bias)
+        for (size_t k = 0; k < narrow; ++k) {
           ASPEN_ASSIGN_OR_RETURN(n.inputs[k], cast(n.inputs[k], n));
         }
-        n.attrs.set("out_dtype", int64_t(DType::f32));
+        n.attrs.set("out_dtype", int64_t(partials));
         auto checked = graph::check_node(out, n);
         if (!checked.is_ok()) return checked.status().with_context("matmul node " + std::to_string(i));
+        if (partials != DType::f32) {
+          const graph::ValueId narrow_out = out.node(out.add_node(n, *checked)).outputs[0];
+          Node back;
+          back.op = OpKind::cast;
+          back.inputs = {narrow_out};
+          back.attrs.set("dtype", int64_t(DType::f32));
+          back.stage = n.stage;
+          back.backward = n.backward;
+          rw.emit(std::move(back), types, g.node(i).outputs);
+          continue;
+        }
         types = *checked;
       }
       rw.emit(std::move(n), types, g.node(i).outputs);

@@ -121,6 +121,36 @@ TEST(Precision, MeaningIsWithinBf16OfF32) {
     EXPECT_LE(nmse(got->at(name), want->at(name)), 1e-3) << name;
 }
 
+// f16 compute and narrow partials: the compiled program (fast kernels only,
+// no reference fallback) equals the transformed graph's meaning, which is the
+// f32 graph's within the narrow type's tolerance.
+TEST(Precision, F16ComputeAndNarrowPartials) {
+  const Graph g = mlp();
+  const auto feeds = mlp_feeds();
+  auto want = graph::interpret(g, feeds, {.round_to_dtype = true});
+  ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+  const std::pair<DType, DType> cases[] = {
+      {DType::f16, DType::f32}, {DType::f16, DType::f16}, {DType::bf16, DType::bf16}};
+  for (const auto& [compute, partials] : cases) {
+    SCOPED_TRACE(std::string(dtype_name(compute)) + " compute, " + std::string(dtype_name(partials)) + " partials");
+    auto exe = compile(g, {.verify_each_pass = true, .compute = compute, .partials = partials});
+    ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+    for (const auto& ins : (*exe)->program.code) EXPECT_FALSE(ins.reference) << (*exe)->listing();
+    int narrow_out = 0;
+    for (const auto& n : (*exe)->graph.nodes())
+      if (n.op == OpKind::matmul) narrow_out += n.attrs.i_or("out_dtype", -1) == int64_t(partials);
+    EXPECT_GE(narrow_out, 5);
+    auto meaning = graph::interpret((*exe)->graph, feeds, {.round_to_dtype = true});
+    ASSERT_TRUE(meaning.is_ok()) << meaning.status().to_string();
+    const double tol = compute == DType::f16 ? (partials == DType::f32 ? 1e-6 : 1e-5) : 1e-3;
+    for (const char* name : {"grad.fc1.weight", "grad.fc1.bias", "grad.fc2.weight", "grad.x"})
+      EXPECT_LE(nmse(meaning->at(name), want->at(name)), tol) << name;
+  }
+  CompileOptions bad{.compute = DType::f16, .partials = DType::bf16};
+  EXPECT_EQ(compile(g, bad).status().message(),
+            "pass precision: compile options: partials: expected f32 or the compute type (f16), found bf16");
+}
+
 TEST(Precision, PassRewritesOnlyF32Matmuls) {
   Graph g;
   Builder b(g);
@@ -156,9 +186,10 @@ TEST(Precision, OutDtypeBadInputs) {
   Builder b2(g2);
   ValueId xb = b2.input("x", DType::bf16, {8, 24});
   ValueId wb = b2.parameter("w", DType::bf16, {32, 24});
-  b2.op1(OpKind::matmul, {xb, wb}, {{"trans_b", int64_t(1)}, {"out_dtype", int64_t(DType::bf16)}});
+  b2.op1(OpKind::matmul, {xb, wb}, {{"trans_b", int64_t(1)}, {"out_dtype", int64_t(DType::f16)}});
   EXPECT_EQ(b2.status().message(),
-            "node 2 (matmul) with inputs (bf16[8, 24], bf16[32, 24]): matmul: out_dtype: expected f32 (0), found 1");
+            "node 2 (matmul) with inputs (bf16[8, 24], bf16[32, 24]): matmul: out_dtype: expected f32 (0) or a's "
+            "dtype (1), found 2");
 
   // No gradient through an out_dtype matmul: the pass runs after autodiff.
   Graph g3;

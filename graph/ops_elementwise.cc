@@ -7,7 +7,7 @@
 //   exp:   dx = g y                    gelu: dx = gelu_grad(x, g) silu: dx = silu_grad(x, g)
 //   where: da = where(c, g, 0), db = where(c, 0, g), no gradient to c
 //   cast:  dx = cast(g, x's dtype) between float types; none from or to integers
-// Fast kernels: f32 ops; cast f32 <-> bf16 (kernels/convert.h) and f32 -> f32.
+// Fast kernels: f32 ops; cast f32 <-> bf16, f32 <-> f16 (kernels/convert.h) and f32 -> f32.
 #include <cmath>
 #include <cstring>
 
@@ -197,6 +197,14 @@ Prepared prepare_cast(const Node&, std::span<const TensorType> in, std::span<con
   if (from == DType::bf16 && to == DType::f32)
     return make_kernel([n](In i, Out o) {
       return kernels::convert_bf16_to_f32(in_span<bf16>(i, 0, n), out_span<float>(o, 0, n), n);
+    });
+  if (from == DType::f32 && to == DType::f16)
+    return make_kernel([n](In i, Out o) {
+      return kernels::convert_f32_to_f16(in_span<float>(i, 0, n), out_span<f16>(o, 0, n), n);
+    });
+  if (from == DType::f16 && to == DType::f32)
+    return make_kernel([n](In i, Out o) {
+      return kernels::convert_f16_to_f32(in_span<f16>(i, 0, n), out_span<float>(o, 0, n), n);
     });
   if (from == DType::f32 && to == DType::f32)
     return make_kernel([n](In i, Out o) {

@@ -3,7 +3,7 @@
 //
 //   matmul(a, b[, bias]) {trans_a, trans_b}: a [..., M, K] ([..., K, M] with trans_a), b [K, N] ([N, K] with
 //       trans_b) shared by the batch or with a's batch dimensions, bias [N]; out [..., M, N] (kernels/matmul.h)
-//       {out_dtype}: a and b bf16 (or f16), accumulation, bias and out in out_dtype (f32 only)
+//       {out_dtype}: a and b bf16 (or f16), bias and out in out_dtype: f32, or a's dtype (narrow partials)
 //   layernorm(x, gamma, beta) {eps}: over the last axis C; outputs y (x's type), mean, rstd (f32, x's shape
 //       without the last dimension)                                                  (kernels/norm.h)
 //   rmsnorm(x, gamma) {eps}: outputs y, rstd (f32 [R...])                           (kernels/norm.h)
@@ -35,6 +35,7 @@
 #include "graph/ops_registry.h"
 #include "graph/ops_nn_util.h"
 #include "graph/ops_util.h"
+#include "kernels/convert.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/rotary.h"
@@ -54,15 +55,17 @@ struct MatmulDims {
   DType out_dtype = DType::f32;
 };
 
-// The output dtype: a's, or the out_dtype attribute (f32, with bf16 or f16 a and b).
+// The output dtype: a's, or the out_dtype attribute (f32 or a's dtype, with
+// bf16 or f16 a and b: the partials type of compiler/precision.cc).
 Result<DType> matmul_out_dtype(const Node& n, const TensorType& a) {
   if (!n.attrs.has("out_dtype")) return a.dtype;
   const int64_t od = n.attrs.i("out_dtype");
-  if (od != int64_t(DType::f32))
-    return rule_error(n, "out_dtype", "f32 (" + str(int64_t(DType::f32)) + ")", str(od));
   if (a.dtype != DType::bf16 && a.dtype != DType::f16)
     return rule_error(n, "a", "bf16 or f16 (with out_dtype)", a.to_string());
-  return DType::f32;
+  if (od != int64_t(DType::f32) && od != int64_t(a.dtype))
+    return rule_error(n, "out_dtype",
+                      "f32 (" + str(int64_t(DType::f32)) + ") or a's dtype (" + str(int64_t(a.dtype)) + ")", str(od));
+  return DType(od);
 }
 
 Result<MatmulDims> matmul_dims(const Node& n, std::span<const TensorType> in) {
@@ -440,18 +443,58 @@ Grads grad_rotary(Builder& b, const Node& n, OutGrads g) {
 
 // A plan made once here (oneDNN primitive creation is the expensive part); run() binds pointers. The plan
 // is made for the preparing thread's OpenMP team size. Empty extents (which oneDNN refuses) fall back.
-// bf16 a and b with f32 out (out_dtype) use the plan's bf16 input; f16 falls back.
+// bf16 a and b with f32 out (out_dtype) use the plan's bf16 input.
+// The rest of the mixed-precision family, for which oneDNN 2.6 has no CPU
+// primitive (f16 matmul) or we keep one plan shape (narrow partials):
+//   f16 a, b:         widened to f32 in scratch, then the f32 plan. Products of
+//                     f16 values are exact in f32, so this is an f16 matmul with
+//                     f32 accumulation, at f32 speed (no f16 arithmetic here).
+//   out bf16 / f16:   the f32 result rounded (RNE) to the partials type; the
+//                     accumulation itself is f32 inside oneDNN either way.
+// Scratch is per leader thread and grows once (the first run), so steady
+// state allocates nothing. A bias in a narrow out_dtype falls back.
+float* matmul_scratch(int which, int64_t n) {
+  thread_local std::vector<float> buffers[3];
+  std::vector<float>& b = buffers[which];
+  if (int64_t(b.size()) < n) b.resize(size_t(n));
+  return b.data();
+}
+
 Prepared prepare_matmul(const Node& n, Types in, Types out) {
-  const bool mixed = in[0].dtype == DType::bf16 && out[0].dtype == DType::f32;
-  if (!mixed && !floats_are_f32(in, out)) return no_fast_kernel();
+  const DType in_t = in[0].dtype, out_t = out[0].dtype;
+  const bool plain = floats_are_f32(in, out);
+  const bool bf16_in = in_t == DType::bf16 && (out_t == DType::f32 || out_t == DType::bf16);
+  const bool f16_in = in_t == DType::f16 && (out_t == DType::f32 || out_t == DType::f16);
+  if (!plain && !bf16_in && !f16_in) return no_fast_kernel();
   ASPEN_ASSIGN_OR_RETURN(const MatmulDims d, matmul_dims(n, in));
-  const kernels::MatmulShape& s = d.shape;
+  kernels::MatmulShape s = d.shape;
   if (s.batch < 1 || s.M < 1 || s.N < 1 || s.K < 1) return no_fast_kernel();
+  if (s.has_bias && out_t != DType::f32) return no_fast_kernel();
+  if (f16_in) s.input = DType::f32;
   ASPEN_ASSIGN_OR_RETURN(kernels::MatmulPlan made, kernels::MatmulPlan::create(s));
   auto plan = std::make_shared<kernels::MatmulPlan>(std::move(made));
   const bool bias = s.has_bias;
-  return make_kernel([plan, bias](In i, Out o) {
-    plan->run(i[0], i[1], bias ? f32_in(i, 2) : nullptr, static_cast<float*>(o[0]));
+  if (plain || (bf16_in && out_t == DType::f32))
+    return make_kernel([plan, bias](In i, Out o) {
+      plan->run(i[0], i[1], bias ? f32_in(i, 2) : nullptr, static_cast<float*>(o[0]));
+      return Status();
+    });
+  const int64_t na = in[0].shape.numel(), nb = in[1].shape.numel(), nc = out[0].shape.numel();
+  return make_kernel([plan, bias, f16_in, out_t, na, nb, nc](In i, Out o) {
+    const void *a = i[0], *b = i[1];
+    if (f16_in) {
+      float* wa = matmul_scratch(0, na);
+      float* wb = matmul_scratch(1, nb);
+      ASPEN_RETURN_IF_ERROR(kernels::convert_f16_to_f32(in_span<f16>(i, 0, na), {wa, size_t(na)}, na));
+      ASPEN_RETURN_IF_ERROR(kernels::convert_f16_to_f32(in_span<f16>(i, 1, nb), {wb, size_t(nb)}, nb));
+      a = wa;
+      b = wb;
+    }
+    float* c = out_t == DType::f32 ? static_cast<float*>(o[0]) : matmul_scratch(2, nc);
+    plan->run(a, b, bias ? f32_in(i, 2) : nullptr, c);
+    const std::span<const float> cs(c, size_t(nc));
+    if (out_t == DType::bf16) return kernels::convert_f32_to_bf16(cs, out_span<bf16>(o, 0, nc), nc);
+    if (out_t == DType::f16) return kernels::convert_f32_to_f16(cs, out_span<f16>(o, 0, nc), nc);
     return Status();
   });
 }

@@ -300,6 +300,40 @@ TEST(Session, TracesEveryInstruction) {
 namespace aspen::runtime {
 namespace {
 
+// Mixed precision runs on fast kernels and equals the meaning of the graph
+// the precision pass made (f16 and bf16 compute, f32 and narrow partials).
+TEST(Session, MixedPrecisionMatchesItsGraph) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {5, 7});
+  ValueId w = b.parameter("w", DType::f32, {6, 7});
+  b.output("y", b.gelu(b.op1(graph::OpKind::matmul, {x, w}, {{"trans_b", int64_t(1)}})));
+  ASSERT_TRUE(b.status().is_ok());
+  const Tensor xv = random_tensor({5, 7}, 21), wv = random_tensor({6, 7}, 22);
+  const std::pair<DType, DType> cases[] = {
+      {DType::f16, DType::f32}, {DType::f16, DType::f16}, {DType::bf16, DType::f32}, {DType::bf16, DType::bf16}};
+  for (const auto& [compute, partials] : cases) {
+    SCOPED_TRACE(std::string(dtype_name(compute)) + "/" + std::string(dtype_name(partials)));
+    auto exe = compiler::compile(g, {.compute = compute, .partials = partials});
+    ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+    for (const auto& ins : (*exe)->program.code) EXPECT_FALSE(ins.reference) << (*exe)->listing();
+    auto meaning = graph::interpret((*exe)->graph, {{"x", graph::HostArray::from_tensor(xv)},
+                                                    {"w", graph::HostArray::from_tensor(wv)}},
+                                     {.round_to_dtype = true});
+    ASSERT_TRUE(meaning.is_ok()) << meaning.status().to_string();
+    auto s = Session::create(std::move(exe).value(), {.threads = 2});
+    ASSERT_TRUE(s.is_ok());
+    ASSERT_TRUE((*s)->set_parameter("w", wv).is_ok());
+    auto out = (*s)->run({{"x", &xv}});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    const double tol = partials == DType::f32 ? 1e-5 : (partials == DType::f16 ? 2e-3 : 1.6e-2);
+    for (int i = 0; i < 30; ++i) {
+      const double want = meaning->at("y").data[size_t(i)];
+      EXPECT_NEAR(out->at("y").data<float>()[i], want, tol * (1 + std::abs(want))) << i;
+    }
+  }
+}
+
 // Collectives are their own instructions: a group of one is the identity; a
 // larger group needs W1.5's communicators and says so when run.
 TEST(Session, CollectiveInstructions) {
