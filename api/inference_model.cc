@@ -63,7 +63,7 @@ Status InferenceModel::copy_weights_to_device(const std::map<std::string, const 
 
 Result<std::map<std::string, Tensor>> InferenceModel::copy_weights_to_host() const {
   std::map<std::string, Tensor> out;
-  for (const compiler::Binding& b : session_->executable().parameters) {
+  for (const compiler::Binding& b : session_->parameters()) {
     ASPEN_ASSIGN_OR_RETURN(Tensor t, session_->get_parameter(b.name));
     out.emplace(b.name, std::move(t));
   }

@@ -1,6 +1,7 @@
 #include "runtime/session.h"
 
 #include <cstring>
+#include <map>
 #include <future>
 
 namespace aspen::runtime {
@@ -24,43 +25,72 @@ Shape with_leading(std::vector<int64_t> lead, const Shape& s) {
 
 Result<std::unique_ptr<Session>> Session::create(std::unique_ptr<compiler::Executable> exe,
                                                  const SessionOptions& options) {
+  std::vector<std::unique_ptr<compiler::Executable>> programs;
+  programs.push_back(std::move(exe));
+  return create(std::move(programs), options);
+}
+
+Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<compiler::Executable>> programs,
+                                                 const SessionOptions& options) {
   if (options.replicas < 1)
     return Status::invalid_argument("session: replicas", ">= 1", std::to_string(options.replicas));
+  if (programs.empty()) return Status::invalid_argument("session: programs", "at least one", "none");
   int threads = options.threads;
   if (threads == 0) threads = std::max(1, CoreBudget::global().available() / options.replicas);
   std::unique_ptr<Session> s(new Session());
-  for (const compiler::Binding& p : exe->parameters) {
-    ASPEN_ASSIGN_OR_RETURN(Tensor t, Tensor::make(p.type.dtype, p.type.shape));
-    s->parameters_.push_back(std::move(t));
-  }
-  if (!exe->updates.empty() && options.replicas > 1)
-    return Status::error(Code::kUnimplemented, "session: replicas " + std::to_string(options.replicas) + " of a program that updates " +
-                                     std::to_string(exe->updates.size()) + " parameters",
-                                 "one replica (training replicas reduce gradients through W1.5's communicators)",
-                                 "several");
-  for (const compiler::Instruction& ins : exe->program.code) {
-    int64_t bytes = 0;
-    for (int32_t v : ins.inputs) bytes += exe->plan.slots[size_t(v)].bytes;
-    for (int32_t v : ins.outputs) bytes += exe->plan.slots[size_t(v)].bytes;
-    s->instruction_bytes_.push_back(bytes);
+  std::map<std::string, size_t> by_name;
+  int64_t arena = 64;
+  for (size_t p = 0; p < programs.size(); ++p) {
+    const compiler::Executable& exe = *programs[p];
+    if (!exe.updates.empty() && options.replicas > 1)
+      return Status::error(Code::kUnimplemented,
+                           "session: replicas " + std::to_string(options.replicas) + " of a program that updates " +
+                               std::to_string(exe.updates.size()) + " parameters",
+                           "one replica (training replicas reduce gradients through W1.5's communicators)",
+                           "several");
+    ProgramInfo info;
+    for (const compiler::Binding& b : exe.parameters) {
+      auto [it, added] = by_name.emplace(b.name, s->parameters_.size());
+      if (added) {
+        ASPEN_ASSIGN_OR_RETURN(Tensor t, Tensor::make(b.type.dtype, b.type.shape));
+        s->parameters_.push_back(std::move(t));
+        s->parameter_list_.push_back({b.name, -1, b.type});
+      } else if (s->parameter_list_[it->second].type != b.type) {
+        return Status::invalid_argument("session: parameter '" + b.name + "' of program " + std::to_string(p),
+                                        s->parameter_list_[it->second].type.to_string() +
+                                            " (as an earlier program has it)",
+                                        b.type.to_string());
+      }
+      info.parameter_index.push_back(it->second);
+    }
+    for (const compiler::Instruction& ins : exe.program.code) {
+      int64_t bytes = 0;
+      for (int32_t v : ins.inputs) bytes += exe.plan.slots[size_t(v)].bytes;
+      for (int32_t v : ins.outputs) bytes += exe.plan.slots[size_t(v)].bytes;
+      info.instruction_bytes.push_back(bytes);
+    }
+    s->programs_.push_back(std::move(info));
   }
   // Every replica gets its kernels prepared on its own team: a oneDNN plan is
-  // made for the team size that runs it (compile() prepared `exe`'s on the
-  // compiling thread, whose team may differ).
+  // made for the team size that runs it (compile() prepared the given
+  // executables on the compiling thread, whose team may differ).
   for (int r = 0; r < options.replicas; ++r) {
     Replica rep;
     ASPEN_ASSIGN_OR_RETURN(rep.device, CpuDevice::create(options.device_name + std::to_string(r), threads));
-    Status lowered;
-    rep.device->team().run([&] {
-      auto e = compiler::lower_optimized(exe->graph, exe->options);
-      if (e.is_ok()) {
-        rep.exe = std::move(e).value();
-      } else {
-        lowered = e.status();
-      }
-    });
-    ASPEN_RETURN_IF_ERROR(lowered);
-    ASPEN_RETURN_IF_ERROR(rep.device->reserve_arena(std::max<int64_t>(rep.exe->plan.arena_bytes, 64)));
+    for (const auto& exe : programs) {
+      Status lowered;
+      rep.device->team().run([&] {
+        auto e = compiler::lower_optimized(exe->graph, exe->options);
+        if (e.is_ok()) {
+          rep.exes.push_back(std::move(e).value());
+        } else {
+          lowered = e.status();
+        }
+      });
+      ASPEN_RETURN_IF_ERROR(lowered);
+      arena = std::max(arena, rep.exes.back()->plan.arena_bytes);
+    }
+    ASPEN_RETURN_IF_ERROR(rep.device->reserve_arena(arena));
     s->replicas_.push_back(std::move(rep));
   }
   s->trace_ = options.trace;
@@ -68,30 +98,29 @@ Result<std::unique_ptr<Session>> Session::create(std::unique_ptr<compiler::Execu
 }
 
 Status Session::set_parameter(const std::string& name, const Tensor& value) {
-  const compiler::Executable& exe = executable();
-  const compiler::Binding* b = find(exe.parameters, name);
+  const compiler::Binding* b = find(parameter_list_, name);
   if (!b) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
   if (value.dtype() != b->type.dtype || value.shape() != b->type.shape)
     return Status::invalid_argument("parameter '" + name + "'", b->type.to_string(),
                                     std::string(dtype_name(value.dtype())) + value.shape().to_string());
-  Tensor& dst = parameters_[size_t(exe.plan.slots[size_t(b->value)].offset)];
+  Tensor& dst = parameters_[size_t(b - parameter_list_.data())];
   if (dst.nbytes()) std::memcpy(dst.raw(), value.raw(), dst.nbytes());
   return Status();
 }
 
 Result<Tensor> Session::get_parameter(const std::string& name) const {
-  const compiler::Executable& exe = executable();
-  const compiler::Binding* b = find(exe.parameters, name);
+  const compiler::Binding* b = find(parameter_list_, name);
   if (!b) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
-  return parameters_[size_t(exe.plan.slots[size_t(b->value)].offset)].clone();
+  return parameters_[size_t(b - parameter_list_.data())].clone();
 }
 
-const void* Session::resolve(const Replica& r, int32_t value) const {
-  const compiler::Slot& s = r.exe->plan.slots[size_t(value)];
+const void* Session::resolve(const Replica& r, int program, int32_t value) const {
+  const compiler::Executable& exe = *r.exes[size_t(program)];
+  const compiler::Slot& s = exe.plan.slots[size_t(value)];
   switch (s.storage) {
     case Storage::arena: return r.device->arena() + s.offset;
-    case Storage::parameter: return parameters_[size_t(s.offset)].raw();
-    case Storage::constant: return r.exe->constants[size_t(s.offset)]->raw();
+    case Storage::parameter: return parameters_[programs_[size_t(program)].parameter_index[size_t(s.offset)]].raw();
+    case Storage::constant: return exe.constants[size_t(s.offset)]->raw();
     case Storage::none: break;
   }
   return nullptr;
@@ -135,25 +164,26 @@ const char* trace_category(compiler::InstrKind kind) {
 
 }  // namespace
 
-Status Session::execute_program(Replica& r, const StepIO& io) {
+Status Session::execute_program(Replica& r, int program, const StepIO& io) {
   using compiler::InstrKind;
   std::vector<const void*> in;
   std::vector<void*> out;
   const std::string& device = r.device->name();
-  const compiler::Executable& exe = *r.exe;
+  compiler::Executable& exe = *r.exes[size_t(program)];
+  const std::vector<int64_t>& instruction_bytes = programs_[size_t(program)].instruction_bytes;
   for (size_t k = 0; k < exe.program.code.size(); ++k) {
-    compiler::Instruction& ins = r.exe->program.code[k];
+    compiler::Instruction& ins = exe.program.code[k];
     in.clear();
     out.clear();
-    for (int32_t v : ins.inputs) in.push_back(resolve(r, v));
-    for (int32_t v : ins.outputs) out.push_back(const_cast<void*>(resolve(r, v)));
+    for (int32_t v : ins.inputs) in.push_back(resolve(r, program, v));
+    for (int32_t v : ins.outputs) out.push_back(const_cast<void*>(resolve(r, program, v)));
     const char* what = ins.node >= 0 ? graph::op_name(exe.graph.node(ins.node).op) : compiler::instr_kind_name(ins.kind);
     std::string label = what;
     if (trace_) {
       if (ins.kind == InstrKind::host_write) label += " " + exe.inputs[size_t(ins.binding)].name;
       if (ins.kind == InstrKind::host_read) label += " " + exe.outputs[size_t(ins.binding)].name;
     }
-    profile::TraceScope scope(trace_, device, label, trace_category(ins.kind), instruction_bytes_[k]);
+    profile::TraceScope scope(trace_, device, label, trace_category(ins.kind), instruction_bytes[k]);
     if (scope.active()) {
       if (ins.node >= 0) scope.add_arg("node", std::to_string(ins.node));
       if (ins.reference) scope.add_arg("kernel", "reference");
@@ -205,8 +235,11 @@ Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, c
 }
 
 Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, const Tensor*>& inputs,
-                                                   const RunOptions& options) {
-  const compiler::Executable& exe = executable();
+                                                   const RunOptions& options, int program) {
+  if (program < 0 || program >= int(programs_.size()))
+    return Status::invalid_argument("run: program", "an index below " + std::to_string(programs_.size()),
+                                    std::to_string(program));
+  const compiler::Executable& exe = executable(program);
   const int64_t steps = options.iterations;
   const int64_t R = int64_t(replicas_.size());
   if (steps < 1) return Status::invalid_argument("run: iterations", ">= 1", std::to_string(steps));
@@ -263,11 +296,11 @@ Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, c
       for (int64_t step = 0; step < steps; ++step) {
         StepIO io;
         io.sum = options.output_mode == OutputMode::sum;
-        for (size_t k = 0; k < rep.exe->inputs.size(); ++k) {
-          const size_t bytes = size_t(rep.exe->inputs[k].type.bytes());
+        for (size_t k = 0; k < exe.inputs.size(); ++k) {
+          const size_t bytes = size_t(exe.inputs[k].type.bytes());
           io.inputs.push_back(input_data[k] + (step * R + r) * bytes);
         }
-        for (const compiler::Binding& b : rep.exe->outputs) {
+        for (const compiler::Binding& b : exe.outputs) {
           char* dst = static_cast<char*>(result.at(b.name).raw());
           const size_t bytes = size_t(b.type.bytes());
           int64_t slot = -1;  // which output slice this step writes, if any
@@ -281,7 +314,7 @@ Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, c
           }
           io.outputs.push_back(slot >= 0 ? dst + size_t(slot) * bytes : nullptr);
         }
-        st = execute_program(rep, io);
+        st = execute_program(rep, program, io);
         if (!st.is_ok()) {
           if (steps > 1) st = std::move(st).with_context("iteration " + std::to_string(step));
           if (R > 1) st = std::move(st).with_context("replica " + std::to_string(r));

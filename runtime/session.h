@@ -19,6 +19,13 @@
 // inference replication (PopTorch's replicationFactor without gradients);
 // training replicas reduce gradients through W1.5's communicators.
 //
+// Programs: a session may hold several executables on the same devices
+// (Session::create with a list), sharing parameters by name: generation's
+// prefill and decode programs share the weights and the KV cache, a training
+// and an evaluation program share the weights. A parameter that two programs
+// declare with different types is an error at create(). run() picks the
+// program by index (the order given); arenas are sized for the largest.
+//
 // Thread-safety: one run at a time per session.
 #pragma once
 
@@ -59,13 +66,19 @@ class Session {
  public:
   static Result<std::unique_ptr<Session>> create(std::unique_ptr<compiler::Executable> exe,
                                                  const SessionOptions& options = {});
-
-  const compiler::Executable& executable() const { return *replicas_.front().exe; }
+  static Result<std::unique_ptr<Session>> create(std::vector<std::unique_ptr<compiler::Executable>> programs,
+                                                 const SessionOptions& options = {});
+  int programs() const { return int(programs_.size()); }
+  const compiler::Executable& executable(int program = 0) const {
+    return *replicas_.front().exes.at(size_t(program));
+  }
   int replicas() const { return int(replicas_.size()); }
   CpuDevice& device(int replica = 0) { return *replicas_.at(size_t(replica)).device; }
 
   Status set_parameter(const std::string& name, const Tensor& value);
   Result<Tensor> get_parameter(const std::string& name) const;
+  // Every parameter of every program: name and type, in first-declared order.
+  const std::vector<compiler::Binding>& parameters() const { return parameter_list_; }
   // Runs the program once. Every input must be given, with its exact type.
   Result<std::map<std::string, Tensor>> run(const std::map<std::string, const Tensor*>& inputs);
   // Runs options.iterations steps in one call; see RunOptions. Inputs carry
@@ -74,12 +87,16 @@ class Session {
   // [iterations, ...]; every_n: [iterations / every_n, ...]; final and sum:
   // no step dimension; sum in f32 for float outputs), then [replicas].
   Result<std::map<std::string, Tensor>> run(const std::map<std::string, const Tensor*>& inputs,
-                                            const RunOptions& options);
+                                            const RunOptions& options, int program = 0);
 
  private:
   struct Replica {
-    std::unique_ptr<compiler::Executable> exe;
+    std::vector<std::unique_ptr<compiler::Executable>> exes;  // by program
     std::unique_ptr<CpuDevice> device;
+  };
+  struct ProgramInfo {
+    std::vector<int64_t> instruction_bytes;  // bytes each instruction touches, for traces
+    std::vector<size_t> parameter_index;     // the program's parameter k -> parameters_ index
   };
   Session() = default;
   // Where one step's inputs come from and outputs go (nullptr: not returned
@@ -89,13 +106,14 @@ class Session {
     std::vector<void*> outputs;
     bool sum = false;
   };
-  const void* resolve(const Replica& r, int32_t value) const;
-  Status execute_program(Replica& r, const StepIO& io);
+  const void* resolve(const Replica& r, int program, int32_t value) const;
+  Status execute_program(Replica& r, int program, const StepIO& io);
 
   std::vector<Replica> replicas_;
   profile::TraceRecorder* trace_ = nullptr;
-  std::vector<int64_t> instruction_bytes_;  // bytes each instruction touches, for traces
-  std::vector<Tensor> parameters_;          // by Slot::offset, shared by the replicas
+  std::vector<ProgramInfo> programs_;
+  std::vector<Tensor> parameters_;  // shared by the programs and the replicas
+  std::vector<compiler::Binding> parameter_list_;  // name and type of each (value: -1)
 };
 
 }  // namespace aspen::runtime

@@ -365,3 +365,53 @@ TEST(Session, CollectiveInstructions) {
 
 }  // namespace
 }  // namespace aspen::runtime
+
+namespace aspen::runtime {
+namespace {
+
+// Two programs share parameters by name: one writes state the other reads
+// (the shape of generation's prefill and decode).
+TEST(Session, ProgramsShareParameters) {
+  Graph g1;
+  Builder b1(g1);
+  ValueId s1 = b1.parameter("state", DType::f32, {3});
+  ValueId x = b1.input("x", DType::f32, {3});
+  b1.update(s1, x);  // set
+  b1.output("w_times_x", b1.mul(b1.parameter("w", DType::f32, {3}), x));
+  Graph g2;
+  Builder b2(g2);
+  ValueId s2 = b2.parameter("state", DType::f32, {3});
+  ValueId next = b2.scale(s2, 2.0);
+  b2.update(s2, next);  // double
+  b2.output("y", next);
+  ASSERT_TRUE(b1.status().is_ok() && b2.status().is_ok());
+  std::vector<std::unique_ptr<compiler::Executable>> programs;
+  programs.push_back(std::move(compiler::compile(g1)).value());
+  programs.push_back(std::move(compiler::compile(g2)).value());
+  auto s = Session::create(std::move(programs), {.threads = 1});
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ((*s)->programs(), 2);
+  ASSERT_EQ((*s)->parameters().size(), 2u);  // state, w
+  Tensor w = random_tensor({3}, 1), xv = random_tensor({3}, 2);
+  ASSERT_TRUE((*s)->set_parameter("w", w).is_ok());
+  ASSERT_TRUE((*s)->run({{"x", &xv}}, {}, 0).is_ok());
+  for (int k = 1; k <= 3; ++k) {
+    auto y = (*s)->run({}, {}, 1);
+    ASSERT_TRUE(y.is_ok()) << y.status().to_string();
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(y->at("y").data<float>()[i], xv.data<float>()[i] * float(1 << k));
+  }
+  EXPECT_EQ((*s)->run({}, {}, 2).status().message(), "run: program: expected an index below 2, found 2");
+
+  // The same name with another type is refused at create().
+  Graph g3;
+  Builder b3(g3);
+  b3.output("y", b3.parameter("state", DType::f32, {4}));
+  std::vector<std::unique_ptr<compiler::Executable>> clash;
+  clash.push_back(std::move(compiler::compile(g1)).value());
+  clash.push_back(std::move(compiler::compile(g3)).value());
+  EXPECT_EQ(Session::create(std::move(clash), {.threads = 1}).status().message(),
+            "session: parameter 'state' of program 1: expected f32[3] (as an earlier program has it), found f32[4]");
+}
+
+}  // namespace
+}  // namespace aspen::runtime
