@@ -616,7 +616,15 @@ Status read_post_processor(const JsonAt& at, const json& root, Config* cfg) {
   return Status::ok();
 }
 
-Result<std::unique_ptr<Tokenizer>> finish(Config cfg) {
+// Ids index a table, so a huge id in a small vocabulary would allocate without bound.
+Result<std::unique_ptr<Tokenizer>> finish(const std::string& path, Config cfg) {
+  int64_t max_id = -1;
+  for (const auto& [tok, id] : cfg.vocab) max_id = std::max<int64_t>(max_id, id);
+  for (const AddedToken& a : cfg.added) max_id = std::max<int64_t>(max_id, a.id);
+  const int64_t count = int64_t(cfg.vocab.size() + cfg.added.size());
+  if (max_id >= 2 * count + 1024)
+    return corrupt(path, "token ids below 2 * (number of tokens) + 1024 = " + std::to_string(2 * count + 1024),
+                   "id " + std::to_string(max_id));
   return std::unique_ptr<Tokenizer>(new HfTokenizer(std::move(cfg)));
 }
 
@@ -718,7 +726,7 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer_json(const std::string& path) 
   if (root.contains("padding") && root["padding"].is_object()) {
     ASPEN_ASSIGN_OR_RETURN(cfg.pad_token, opt_string(at, root["padding"], "padding.", "pad_token", "[PAD]"));
   }
-  return finish(std::move(cfg));
+  return finish(path, std::move(cfg));
 }
 
 Result<std::unique_ptr<Tokenizer>> load_bpe_files(const std::string& vocab_json_path,
@@ -755,7 +763,7 @@ Result<std::unique_ptr<Tokenizer>> load_bpe_files(const std::string& vocab_json_
     a.special = true;
     cfg.added.push_back(std::move(a));
   }
-  return finish(std::move(cfg));
+  return finish(vocab_json_path, std::move(cfg));
 }
 
 Result<std::unique_ptr<Tokenizer>> load_wordpiece_vocab(const std::string& vocab_txt_path) {
@@ -787,7 +795,7 @@ Result<std::unique_ptr<Tokenizer>> load_wordpiece_vocab(const std::string& vocab
     cfg.post_prefix = {cfg.vocab["[CLS]"]};
     cfg.post_suffix = {cfg.vocab["[SEP]"]};
   }
-  return finish(std::move(cfg));
+  return finish(vocab_txt_path, std::move(cfg));
 }
 
 Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir) {

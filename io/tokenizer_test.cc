@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "io/tokenizer_unicode.h"
 
@@ -192,6 +193,23 @@ TEST(BpeTokenizer, SpecialIdsAndRoundTrip) {
   EXPECT_EQ(padded.status().code(), Code::kFailedPrecondition);
 }
 
+TEST(BpeTokenizer, ConcurrentEncodesAgree) {
+  auto tok = load_ok(kTestdata + "/bpe1k");
+  ASSERT_TRUE(tok);
+  const auto cases = split_lines(read_bytes(kTestdata + "/tokenizer_hard_cases.txt"));
+  std::vector<std::vector<TokenId>> want;
+  for (size_t i = 0; i < cases.size(); ++i) want.push_back(ids_of(golden()["bpe"]["cases"][i]["ids"]));
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 20; ++rep)
+        for (size_t i = 0; i < cases.size(); ++i) mismatches[size_t(t)] += tok->encode(cases[i], false) != want[i];
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
+}
+
 // --- WordPiece --------------------------------------------------------------
 
 TEST(WordPieceTokenizer, MiniLmHardCasesMatchHuggingFace) {
@@ -334,6 +352,16 @@ TEST(TokenizerErrors, CorruptTokenizerJsonNamesFileAndKey) {
       "pre_tokenizer": {"type": "Whitespace"}})");
   EXPECT_EQ(s.code(), Code::kUnimplemented);
   EXPECT_EQ(s.message(), dir + "f.json: pre_tokenizer.type: expected 'ByteLevel' for model 'BPE', found 'Whitespace'");
+}
+
+TEST(TokenizerErrors, HugeIdIsRejectedNotAllocated) {
+  const std::string dir = temp_dir("huge_id");
+  write_bytes(dir + "vocab.json", R"({"a": 0, "b": 1073741824})");
+  write_bytes(dir + "merges.txt", "");
+  auto r = load_tokenizer(dir);
+  EXPECT_EQ(r.status().code(), Code::kCorrupt);
+  EXPECT_EQ(r.status().message(), dir + "vocab.json: expected token ids below 2 * (number of tokens) + 1024 = 1028, "
+                                        "found id 1073741824");
 }
 
 TEST(TokenizerErrors, BadMergesLineNamesFileAndLine) {
