@@ -147,18 +147,18 @@ def write_json(path, obj):
     path.write_text(to_json(obj) + "\n", encoding="utf-8")
 
 
-def write_golden(d, tensors, meta):
-    """golden.safetensors (tensors in sorted-name order) + golden.json."""
+def write_golden(d, tensors, meta, stem="golden"):
+    """<stem>.safetensors (tensors in sorted-name order) + <stem>.json; meta["tensors"] has a dict per tensor."""
     # one metadata key only: safetensors writes the metadata map in hash order, so two keys can swap between runs
-    st_meta = {"golden": json.dumps({"made_by": COMMAND, "versions": meta["versions"]}, sort_keys=True)}
+    st_meta = {"golden": json.dumps({"made_by": meta["made_by"], "versions": meta["versions"]}, sort_keys=True)}
     safetensors.torch.save_file(
-        {k: tensors[k].contiguous() for k in sorted(tensors)}, str(d / "golden.safetensors"), metadata=st_meta
+        {k: tensors[k].contiguous() for k in sorted(tensors)}, str(d / f"{stem}.safetensors"), metadata=st_meta
     )
     meta["tensors"] = {
         k: {"dtype": str(tensors[k].dtype).replace("torch.", ""), "shape": list(tensors[k].shape), **meta["tensors"][k]}
         for k in sorted(tensors)
     }
-    write_json(d / "golden.json", meta)
+    write_json(d / f"{stem}.json", meta)
 
 
 def save_checkpoint(model, d):
