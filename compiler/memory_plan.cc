@@ -27,7 +27,7 @@ bool elementwise(OpKind op) {
 
 // Ops that may write an output over a same-shaped input element by element
 // (the parameter they update, for an in-place update).
-bool writes_in_place(OpKind op) { return elementwise(op) || op == OpKind::adamw; }
+bool writes_in_place(OpKind op) { return elementwise(op) || op == OpKind::adamw || op == OpKind::write_slice; }
 
 // Free arena ranges, by offset; merged on release.
 class FreeList {

@@ -44,7 +44,9 @@
   /* fused: made by the compiler's fusion pass after autodiff (not differentiated) */     \
   X(bias_gelu) X(add_layernorm)                                                           \
   /* optimizer steps (graph/ops_optim.cc): outputs feed Builder::update, not differentiated */ \
-  X(adamw)
+  X(adamw)                                                                                \
+  /* state writes at run-time positions (graph/ops_state.cc): KV caches, generation state */ \
+  X(write_slice)
 // clang-format on
 
 namespace aspen::graph {

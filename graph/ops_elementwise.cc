@@ -7,7 +7,7 @@
 //   exp:   dx = g y                    gelu: dx = gelu_grad(x, g) silu: dx = silu_grad(x, g)
 //   where: da = where(c, g, 0), db = where(c, 0, g), no gradient to c
 //   cast:  dx = cast(g, x's dtype) between float types; none from or to integers
-// Fast kernels: f32 ops; cast f32 <-> bf16, f32 <-> f16 (kernels/convert.h) and f32 -> f32.
+// Fast kernels: f32 ops (add also i32); cast f32 <-> bf16, f32 <-> f16 (kernels/convert.h) and f32 -> f32.
 #include <cmath>
 #include <cstring>
 
@@ -131,6 +131,21 @@ Prepared prepare_binary(const Node&, std::span<const TensorType> in, std::span<c
   });
 }
 
+// add also runs on i32 (counters and positions of generation state).
+Prepared prepare_add(const Node& n, std::span<const TensorType> in, std::span<const TensorType> out) {
+  if (in[0].dtype == DType::i32) {
+    const int64_t count = out[0].shape.numel();
+    return make_kernel([count](In i, Out o) {
+      const int32_t* a = static_cast<const int32_t*>(i[0]);
+      const int32_t* b = static_cast<const int32_t*>(i[1]);
+      int32_t* y = static_cast<int32_t*>(o[0]);
+      for (int64_t k = 0; k < count; ++k) y[k] = int32_t(uint32_t(a[k]) + uint32_t(b[k]));  // wraps, never UB
+      return Status();
+    });
+  }
+  return prepare_binary<kernels::add_forward>(n, in, out);
+}
+
 Prepared prepare_sub(const Node&, std::span<const TensorType> in, std::span<const TensorType> out) {
   if (!all_f32(in, out)) return no_fast_kernel();
   const int64_t n = out[0].shape.numel();
@@ -219,7 +234,7 @@ Prepared prepare_cast(const Node&, std::span<const TensorType> in, std::span<con
 void register_elementwise_ops(OpTable& t) {
   t.define(OpKind::add, {.min_inputs = 2, .max_inputs = 2, .infer = infer_binary, .grad = grad_add,
                          .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::plus<double>()); },
-                         .prepare = prepare_binary<kernels::add_forward>});
+                         .prepare = prepare_add});
   t.define(OpKind::sub, {.min_inputs = 2, .max_inputs = 2, .infer = infer_binary, .grad = grad_sub,
                          .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::minus<double>()); },
                          .prepare = prepare_sub});

@@ -420,3 +420,72 @@ TEST(FastKernels, Bf16FallsBackToTheReference) {
 
 }  // namespace
 }  // namespace aspen::graph
+
+namespace aspen::graph {
+namespace {
+
+// write_slice: the fast kernel (copying or in place) equals the reference;
+// a bad run-time index is a Status from both.
+TEST(FastKernels, WriteSliceMatchesReference) {
+  for (int64_t axis : {0, 1, 2}) {
+    Graph g;
+    Builder b(g);
+    const std::vector<int64_t> dst_dims = {3, 7, 5};
+    std::vector<int64_t> src_dims = dst_dims;
+    src_dims[size_t(axis)] = 2;
+    ValueId dst = b.input("dst", DType::f32, *Shape::make(dst_dims.data(), 3));
+    ValueId src = b.input("src", DType::f32, *Shape::make(src_dims.data(), 3));
+    ValueId idx = b.input("index", DType::i32, Shape{});
+    b.output("y", b.op1(OpKind::write_slice, {dst, src, idx}, {{"axis", axis}}));
+    ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+    const Node& n = g.node(3);
+    std::vector<TensorType> in = {g.type(dst), g.type(src), g.type(idx)}, out = {g.type(n.outputs[0])};
+    auto k = op_info(OpKind::write_slice).prepare(n, in, out);
+    ASSERT_TRUE(k.is_ok() && *k);
+    for (int32_t index : {0, 1, int32_t(dst_dims[size_t(axis)] - 2), int32_t(dst_dims[size_t(axis)] - 1), -1}) {
+      HostArray hd(in[0]), hs(in[1]), hi(in[2]);
+      for (size_t i = 0; i < hd.data.size(); ++i) hd.data[i] = double(i);
+      for (size_t i = 0; i < hs.data.size(); ++i) hs.data[i] = -1.0 - double(i);
+      hi.data[0] = index;
+      std::vector<HostArray> want = {HostArray(out[0])};
+      const std::vector<const HostArray*> ptrs = {&hd, &hs, &hi};
+      Status ref = op_info(OpKind::write_slice).eval(n, ptrs, want);
+      Tensor td = hd.to_tensor(), ts = hs.to_tensor(), ti = hi.to_tensor(), ty(DType::f32, out[0].shape);
+      for (bool in_place : {false, true}) {
+        Tensor tdc = td.clone();
+        const void* ins[] = {tdc.raw(), ts.raw(), ti.raw()};
+        void* outs[] = {in_place ? tdc.raw() : ty.raw()};
+        Status fast = (*k)->run(ins, outs);
+        ASSERT_EQ(fast.is_ok(), ref.is_ok()) << fast.to_string();
+        if (!ref.is_ok()) {
+          EXPECT_EQ(fast.message(), ref.message());
+          EXPECT_EQ(fast.message(), "write_slice: index: expected in [0, " +
+                                        std::to_string(dst_dims[size_t(axis)] - 2) + "], found " +
+                                        std::to_string(index));
+          continue;
+        }
+        const float* y = static_cast<const float*>(outs[0]);
+        for (size_t i = 0; i < want[0].data.size(); ++i) ASSERT_EQ(y[i], want[0].data[i]) << axis << " " << index;
+      }
+    }
+  }
+}
+
+TEST(FastKernels, AddOnI32) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::i32, Shape{5});
+  b.output("y", b.add(x, x));
+  const Node& n = g.node(1);
+  std::vector<TensorType> t = {g.type(x), g.type(x)}, o = {g.type(x)};
+  auto k = op_info(OpKind::add).prepare(n, t, o);
+  ASSERT_TRUE(k.is_ok() && *k);
+  int32_t a[5] = {1, -2, 3, 1 << 29, -7}, y[5] = {};
+  const void* ins[] = {a, a};
+  void* outs[] = {y};
+  ASSERT_TRUE((*k)->run(ins, outs).is_ok());
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(y[i], 2 * a[i]);
+}
+
+}  // namespace
+}  // namespace aspen::graph

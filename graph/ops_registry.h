@@ -25,5 +25,6 @@ void register_attention_ops(OpTable& t);
 void register_collective_ops(OpTable& t);
 void register_fused_ops(OpTable& t);
 void register_optim_ops(OpTable& t);
+void register_state_ops(OpTable& t);
 
 }  // namespace aspen::graph
