@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -175,35 +176,36 @@ template void sample_tokens<double>(const double*, const int32_t*, const double*
 
 namespace {
 
-constexpr int64_t kBlock = 256;  // elements per block of the full-row inverse-CDF walk
+constexpr int64_t kBlock = 256;    // elements per block of the full-row inverse-CDF walk
+constexpr int64_t kSortMax = 1024;  // more top-p candidates than this: bisection instead of a sort
 
 int64_t round64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
-// One slot's arrays, each 64-byte aligned: z and e (f32 [V]), idx and ord (i32 [V]), block sums (f64).
+// One slot's arrays, each 64-byte aligned: z, e (f32 [V]), idx, ord (i32 [V]), cv, cw (f32 [V]), block
+// sums (f64).
 struct Slot {
-  float* z = nullptr;    // the processed logits
-  float* e = nullptr;    // exp(z - max), or the top-k heap
+  float* z = nullptr;      // the processed logits
+  float* e = nullptr;      // exp(z - max), or the top-k heap
   int32_t* idx = nullptr;  // candidates, ascending
   int32_t* ord = nullptr;  // candidates, by z descending
+  float* cv = nullptr;     // candidates' z, gathered
+  float* cw = nullptr;     // candidates' e, gathered
   double* blocks = nullptr;
 };
 
-int64_t slot_bytes(int64_t V) {
-  return 2 * round64(V * 4) + 2 * round64(V * 4) + round64((V + kBlock - 1) / kBlock * 8);
-}
+int64_t slot_bytes(int64_t V) { return 6 * round64(V * 4) + round64((V + kBlock - 1) / kBlock * 8); }
 
 Slot slot_at(std::byte* base, int64_t V, int64_t s) {
   std::byte* p = base + s * slot_bytes(V);
+  const int64_t a = round64(V * 4);
   Slot r;
   r.z = reinterpret_cast<float*>(p);
-  p += round64(V * 4);
-  r.e = reinterpret_cast<float*>(p);
-  p += round64(V * 4);
-  r.idx = reinterpret_cast<int32_t*>(p);
-  p += round64(V * 4);
-  r.ord = reinterpret_cast<int32_t*>(p);
-  p += round64(V * 4);
-  r.blocks = reinterpret_cast<double*>(p);
+  r.e = reinterpret_cast<float*>(p + a);
+  r.idx = reinterpret_cast<int32_t*>(p + 2 * a);
+  r.ord = reinterpret_cast<int32_t*>(p + 3 * a);
+  r.cv = reinterpret_cast<float*>(p + 4 * a);
+  r.cw = reinterpret_cast<float*>(p + 5 * a);
+  r.blocks = reinterpret_cast<double*>(p + 6 * a);
   return r;
 }
 
@@ -300,21 +302,22 @@ ASPEN_VM_INLINE int64_t collect_ge(const float* z, int64_t V, float c, int32_t* 
   else return collect_ge_portable(z, V, c, idx);
 }
 
-// The inverse-CDF walk over the candidates idx[0, n) with z >= cut, in ascending index order, with
-// weights exp(z - m) in f64: the reference's formula exactly.
-int32_t draw_from_list(const float* z, const int32_t* idx, int64_t n, float cut, float m, double u) {
-  double W = 0;
+// The inverse-CDF walk over the candidates idx[0, n) with z >= cut, in ascending index order, summing
+// weights w(v) = exp(z[v] - m) in f64 (computed in f64 as the reference does, or read from e).
+template <class W>
+int32_t draw_from_list(const float* z, const int32_t* idx, int64_t n, float cut, double u, W w) {
+  double total = 0;
   for (int64_t i = 0; i < n; ++i)
-    if (z[idx[i]] >= cut) W += std::exp(double(z[idx[i]]) - double(m));
-  const double target = u * W;
+    if (z[idx[i]] >= cut) total += w(idx[i]);
+  const double target = u * total;
   double acc = 0;
   int32_t last = -1;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t v = idx[i];
     if (!(z[v] >= cut)) continue;
-    const double w = std::exp(double(z[v]) - double(m));
-    if (w > 0) {
-      acc += w;
+    const double wv = w(v);
+    if (wv > 0) {
+      acc += wv;
       last = v;
       if (acc > target) break;
     }
@@ -322,22 +325,49 @@ int32_t draw_from_list(const float* z, const int32_t* idx, int64_t n, float cut,
   return last;
 }
 
-// Sorts the candidates by z descending (index ascending among ties) into ord and walks the tie groups:
-// returns true and the top-p cut when the groups' mass reaches q within the candidates (every group after
-// the last kept one is then dropped), false when the candidates run out first. w(v) is P(v) * S.
+// The top-p cut among candidates idx[0, n) that hold the nucleus: sorts them by z descending (index
+// ascending among ties) into ord and walks the tie groups as the reference does. w(v) is P(v) * S.
 template <class W>
-bool nucleus_cut(const float* z, const int32_t* idx, int32_t* ord, int64_t n, double S, float q, W w,
-                 float* cut) {
+float nucleus_cut_sorted(const float* z, const int32_t* idx, int32_t* ord, int64_t n, double S, float q, W w) {
   std::copy(idx, idx + n, ord);
   std::sort(ord, ord + n, [z](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
   double above = 0;
-  int64_t i = 0;
-  while (i < n && above < double(q)) {
+  float cut = kNegInf;
+  for (int64_t i = 0; i < n && above < double(q);) {
     const float g = z[ord[i]];
-    *cut = g;
+    cut = g;
     for (; i < n && z[ord[i]] == g; ++i) above += w(ord[i]) / S;
   }
-  return above >= double(q);
+  return cut;
+}
+
+// Floats in order as integers: a < b iff key(a) < key(b) (not NaN; -0 and +0 share 0).
+inline int64_t order_key(float f) {
+  const int32_t i = std::bit_cast<int32_t>(f);
+  return i >= 0 ? int64_t(i) : int64_t(INT32_MIN) - int64_t(i);
+}
+inline float from_key(int64_t k) {
+  return k >= 0 ? std::bit_cast<float>(int32_t(k)) : std::bit_cast<float>(uint32_t(0x80000000u) | uint32_t(-k));
+}
+
+// The mass of the gathered candidates with value > c, f32.
+ASPEN_VM_INLINE float mass_above(const float* cv, const float* cw, int64_t n, float c) {
+  return vm::sum_of(n, [cv, cw, c](int64_t i) ASPEN_VM_LAMBDA { return vm::select(cv[i] > c, cw[i], 0.0f); });
+}
+
+// The same cut without sorting, for many candidates (cv, cw gathered, lowest value lo, mass >= q S): the
+// kept groups are those with mass above < q S, and mass_above(c) only changes at candidate values, so the
+// smallest float c with mass_above(c) < q S is the smallest kept value. Bisection over the floats in order:
+// at most 32 masked sums of the candidates.
+ASPEN_VM_INLINE float nucleus_cut_bisect(const float* cv, const float* cw, int64_t n, float lo, float m, float qS) {
+  // lo: every candidate is >= lo (-inf when all tokens are candidates).
+  int64_t bad = order_key(lo) - 1, good = order_key(m);  // mass_above(bad) >= qS > mass_above(good)
+  while (good - bad > 1) {
+    const int64_t mid = bad + (good - bad) / 2;
+    if (mass_above(cv, cw, n, from_key(mid)) < qS) good = mid;
+    else bad = mid;
+  }
+  return from_key(good);
 }
 
 template <Isa I>
@@ -378,36 +408,46 @@ ASPEN_VM_INLINE int32_t fast_row(const Job& j, int64_t b, const Slot& s) {
     cut = kth_largest<I>(z, V, k, e);
     n = collect_ge<I>(z, V, cut, s.idx);
   }
-  if (q < 1.0f) {
-    if (n >= 0) {  // top-k then top-p: the candidates are few, weights in f64 as the reference
-      double S = 0;
-      for (int64_t i = 0; i < n; ++i) S += std::exp(double(z[s.idx[i]]) - double(m));
-      nucleus_cut(z, s.idx, s.ord, n, S, q, [z, m](int32_t v) { return std::exp(double(z[v]) - double(m)); },
-                  &cut);
-    } else {
-      // Candidates are the tokens with probability >= level (z >= cz); level falls until they hold the
-      // nucleus (checked by the walk itself; at the end every token is a candidate).
-      const float S = vm::sum_of(V, [z, e, m](int64_t v) ASPEN_VM_LAMBDA {
-        const float w = vm::exp(z[v] - m);
-        e[v] = w;
-        return w;
-      });
-      const auto w = [e](int32_t v) { return double(e[v]); };
-      for (double level = 1.0 / 1024;; level *= 1.0 / 64) {
-        const double lc = level * double(S);
-        const float cz = level < 1e-40 ? kNegInf : float(double(m) + std::log(lc));
-        if (cz > kNegInf) {
-          const float mass = vm::sum_of(V, [z, e, cz](int64_t v) ASPEN_VM_LAMBDA {
-            return vm::select(z[v] >= cz, e[v], 0.0f);
-          });
-          if (double(mass) < double(q) * double(S)) continue;  // too few: nucleus_cut would run out
-        }
-        n = collect_ge<I>(z, V, cz, s.idx);
-        if (nucleus_cut(z, s.idx, s.ord, n, double(S), q, w, &cut) || cz == kNegInf) break;
+  const auto exact_w = [z, m](int32_t v) { return std::exp(double(z[v]) - double(m)); };
+  const auto e_w = [e](int32_t v) { return double(e[v]); };
+  if (q < 1.0f && n >= 0) {  // top-k then top-p: the candidates are few, weights in f64 as the reference
+    double S = 0;
+    for (int64_t i = 0; i < n; ++i) S += exact_w(s.idx[i]);
+    cut = nucleus_cut_sorted(z, s.idx, s.ord, n, S, q, exact_w);
+  } else if (q < 1.0f) {
+    // Candidates are the tokens with probability >= level (z >= cz); level falls until they hold the
+    // nucleus (at the end every token is a candidate).
+    const float S = vm::sum_of(V, [z, e, m](int64_t v) ASPEN_VM_LAMBDA {
+      const float w = vm::exp(z[v] - m);
+      e[v] = w;
+      return w;
+    });
+    const float qS = q * S;
+    for (double level = 1.0 / 1024;; level *= 1.0 / 64) {
+      const float cz = level < 1e-40 ? kNegInf : float(double(m) + std::log(level * double(S)));
+      if (cz > kNegInf) {
+        const float mass = vm::sum_of(V, [z, e, cz](int64_t v) ASPEN_VM_LAMBDA {
+          return vm::select(z[v] >= cz, e[v], 0.0f);
+        });
+        if (mass < qS) continue;
       }
+      n = collect_ge<I>(z, V, cz, s.idx);
+      if (n <= kSortMax) {
+        cut = nucleus_cut_sorted(z, s.idx, s.ord, n, double(S), q, e_w);
+      } else {
+        const int32_t* idx = s.idx;
+        float *cv = s.cv, *cw = s.cw;
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) {
+          cv[i] = z[idx[i]];
+          cw[i] = e[idx[i]];
+        }
+        cut = nucleus_cut_bisect(cv, cw, n, cz, m, qS);
+      }
+      return draw_from_list(z, s.idx, n, cut, u, e_w);
     }
   }
-  if (n >= 0) return draw_from_list(z, s.idx, n, cut, m, u);
+  if (n >= 0) return draw_from_list(z, s.idx, n, cut, u, exact_w);
 
   // Every token kept: e = exp(z - m) in f32, summed per block in f64; the walk finds the block, then the token.
   const int64_t nb = (V + kBlock - 1) / kBlock;
