@@ -46,7 +46,9 @@
   /* optimizer steps (graph/ops_optim.cc): outputs feed Builder::update, not differentiated */ \
   X(adamw)                                                                                \
   /* state writes at run-time positions (graph/ops_state.cc): KV caches, generation state */ \
-  X(write_slice)
+  X(write_slice)                                                                          \
+  /* generation: draws token ids inside the program (graph/ops_sampling.cc; not differentiated) */ \
+  X(sample)
 // clang-format on
 
 namespace aspen::graph {

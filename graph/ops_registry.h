@@ -26,5 +26,6 @@ void register_collective_ops(OpTable& t);
 void register_fused_ops(OpTable& t);
 void register_optim_ops(OpTable& t);
 void register_state_ops(OpTable& t);
+void register_sampling_ops(OpTable& t);
 
 }  // namespace aspen::graph

@@ -294,6 +294,67 @@ TEST(Session, TracesEveryInstruction) {
   EXPECT_NE(profile::summary(events).find("scale"), std::string::npos);
 }
 
+// Sampling inside the program: the compiled sample op (fast kernel) draws the ids the interpreter (f64
+// reference) draws, and one executable serves every setting: temperature, top-k, top-p, penalty, seed and
+// step are inputs, so changing them reruns the same session.
+TEST(Session, SampleMatchesInterpreterWithoutRecompiling) {
+  constexpr int64_t B = 3, V = 257, L = 4;
+  Graph g;
+  Builder b(g);
+  ValueId h = b.input("h", DType::f32, {B, 16});
+  // NOTE: every input is declared before the first computing node: the session copies all inputs in
+  // before the program runs, and the memory plan lets a later-declared input reuse a dead value's slot.
+  std::vector<ValueId> settings{b.input("temperature", DType::f32, {B}), b.input("top_k", DType::i32, {B}),
+                                b.input("top_p", DType::f32, {B}),       b.input("repetition_penalty", DType::f32, {B}),
+                                b.input("seed", DType::i64, {}),         b.input("step", DType::i64, {}),
+                                b.input("history", DType::i32, {B, L})};
+  ValueId logits =
+      b.op1(graph::OpKind::matmul, {h, b.parameter("wte", DType::f32, {V, 16})}, {{"trans_b", int64_t(1)}});
+  settings.insert(settings.begin(), logits);
+  b.output("ids", b.op1(graph::OpKind::sample, settings));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  auto exe = compiler::compile(g, {.opt_level = compiler::OptLevel::O2, .verify_each_pass = true});
+  ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+  auto session = Session::create(std::move(exe).value(), {.threads = 1});
+  ASSERT_TRUE(session.is_ok()) << session.status().to_string();
+  Tensor wte = random_tensor({V, 16}, 3);
+  for (float& w : wte.span<float>()) w *= 4.0f;  // logits with clear gaps
+  ASSERT_TRUE((*session)->set_parameter("wte", wte).is_ok());
+  Tensor hin = random_tensor({B, 16}, 4), history(DType::i32, {B, L});
+  for (int64_t i = 0; i < B * L; ++i) history.span<int32_t>()[size_t(i)] = i % 4 == 3 ? -1 : int32_t((i * 37) % V);
+  struct Setting {
+    float t;
+    int32_t k;
+    float p, pen;
+  };
+  for (const Setting& st : {Setting{0.0f, 0, 1.0f, 1.0f}, Setting{0.9f, 0, 1.0f, 1.0f}, Setting{1.0f, 20, 1.0f, 1.2f},
+                            Setting{0.8f, 0, 0.9f, 1.0f}, Setting{1.1f, 40, 0.8f, 1.5f}})
+    for (int64_t step = 0; step < 3; ++step) {
+      SCOPED_TRACE("t=" + std::to_string(st.t) + " k=" + std::to_string(st.k) + " p=" + std::to_string(st.p) +
+                   " step=" + std::to_string(step));
+      Tensor t(DType::f32, {B}), k(DType::i32, {B}), p(DType::f32, {B}), pen(DType::f32, {B});
+      for (int64_t r = 0; r < B; ++r) {
+        t.span<float>()[size_t(r)] = st.t;
+        k.span<int32_t>()[size_t(r)] = st.k;
+        p.span<float>()[size_t(r)] = st.p;
+        pen.span<float>()[size_t(r)] = st.pen;
+      }
+      Tensor seed(DType::i64, {}), stp(DType::i64, {});
+      seed.span<int64_t>()[0] = 1234;
+      stp.span<int64_t>()[0] = step;
+      const std::map<std::string, const Tensor*> in{{"h", &hin},        {"temperature", &t}, {"top_k", &k},
+                                                    {"top_p", &p},      {"repetition_penalty", &pen},
+                                                    {"seed", &seed},    {"step", &stp},      {"history", &history}};
+      std::map<std::string, graph::HostArray> feeds{{"wte", graph::HostArray::from_tensor(wte)}};
+      for (auto& [name, tensor] : in) feeds[name] = graph::HostArray::from_tensor(*tensor);
+      auto want = graph::interpret(g, feeds, {.round_to_dtype = true});
+      ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+      auto got = (*session)->run(in);
+      ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+      EXPECT_EQ(graph::HostArray::from_tensor(got->at("ids")).data, want->at("ids").data);
+    }
+}
+
 }  // namespace
 }  // namespace aspen::runtime
 
