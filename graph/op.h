@@ -42,7 +42,9 @@
   /* collectives: placeholders that W1.5 lowers onto a communicator */                    \
   X(all_reduce) X(reduce_scatter) X(all_gather) X(send) X(recv)                          \
   /* fused: made by the compiler's fusion pass after autodiff (not differentiated) */     \
-  X(bias_gelu) X(add_layernorm)
+  X(bias_gelu) X(add_layernorm)                                                           \
+  /* elementwise, appended later (same shapes in and out; ops_elementwise.cc) */          \
+  X(tanh) X(sqrt) X(div)
 // clang-format on
 
 namespace aspen::graph {
