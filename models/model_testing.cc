@@ -146,7 +146,9 @@ void expect_compiled_matches(graph::Graph& g, const Feeds& feeds, graph::ValueId
         err += (h.data[i] - w.data[i]) * (h.data[i] - w.data[i]);
         ref += w.data[i] * w.data[i];
       }
-      EXPECT_LE(err, 1e-10 * std::max(ref, 1e-30)) << name << " at O" << int(level);
+      // An RMS floor of 1e-2 for gradients that are zero in exact arithmetic (a key bias: softmax ignores a
+      // shift shared by all keys), where f32 leaves only rounding noise.
+      EXPECT_LE(err, 1e-10 * std::max(ref, 1e-4 * double(w.data.size()))) << name << " at O" << int(level);
     }
   }
 }
