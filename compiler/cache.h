@@ -24,7 +24,7 @@
 
 namespace aspen::compiler {
 
-inline constexpr uint32_t kExecutableFormatVersion = 1;
+inline constexpr uint32_t kExecutableFormatVersion = 2;  // 2: graph updates
 
 // $ASPEN_CACHE_DIR if set, else $XDG_CACHE_HOME/aspen, else ~/.cache/aspen.
 std::string default_cache_dir();

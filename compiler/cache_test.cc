@@ -28,6 +28,7 @@ Graph sample_graph() {
   ValueId s = b.reduce_sum(b.gelu(h, false), {0, 1}, false);
   b.output("loss", b.add(s, b.scalar(0.25f)));
   b.output("h", b.scale(h, -1.5));
+  b.update(w, b.scale(w, 0.5));
   EXPECT_TRUE(b.status().is_ok()) << b.status().to_string();
   return g;
 }
@@ -46,6 +47,8 @@ TEST(Serialize, RoundTripsEveryField) {
   EXPECT_EQ(encode_graph(*back), encode_graph(g));
   EXPECT_EQ(back->node(3).stage, 1);
   EXPECT_TRUE(back->node(3).checkpoint);
+  ASSERT_EQ(back->updates().size(), 1u);
+  EXPECT_EQ(back->updates()[0].first, "layer.0.weight");
 }
 
 TEST(Serialize, TruncationAndCorruptionAreStatusesNotCrashes) {

@@ -46,13 +46,26 @@ class ReferenceKernel : public graph::PreparedKernel {
   std::vector<graph::TensorType> in_types_, out_types_;
 };
 
+bool is_collective(OpKind op) {
+  return op == OpKind::all_reduce || op == OpKind::reduce_scatter || op == OpKind::all_gather ||
+         op == OpKind::send || op == OpKind::recv;
+}
+
 Status lower(Executable& exe) {
   const Graph& g = exe.graph;
+  for (int32_t i : g.input_nodes()) {
+    const Node& n = g.node(i);
+    Instruction ins;
+    ins.kind = InstrKind::host_write;
+    ins.binding = int32_t(exe.inputs.size());
+    ins.outputs = {n.outputs[0].index};
+    exe.inputs.push_back({n.name, n.outputs[0].index, g.type(n.outputs[0])});
+    exe.program.code.push_back(std::move(ins));
+  }
   for (int32_t i = 0; i < int32_t(g.nodes().size()); ++i) {
     const Node& n = g.node(i);
     switch (n.op) {
       case OpKind::input:
-        exe.inputs.push_back({n.name, n.outputs[0].index, g.type(n.outputs[0])});
         continue;
       case OpKind::parameter:
         exe.parameters.push_back({n.name, n.outputs[0].index, g.type(n.outputs[0])});
@@ -75,6 +88,11 @@ Status lower(Executable& exe) {
       out_types.push_back(g.type(v));
     }
     const graph::OpInfo& info = graph::op_info(n.op);
+    if (is_collective(n.op)) {
+      ins.kind = InstrKind::collective;
+      exe.program.code.push_back(std::move(ins));
+      continue;
+    }
     if (info.prepare) {
       auto k = info.prepare(n, in_types, out_types);
       if (!k.is_ok())
@@ -87,24 +105,72 @@ Status lower(Executable& exe) {
     }
     exe.program.code.push_back(std::move(ins));
   }
-  for (const auto& [name, v] : g.outputs()) exe.outputs.push_back({name, v.index, g.type(v)});
+  // Updates not planned in place: copies after every kernel. A copy must not
+  // read a parameter that this step also updates (it would see the new value).
+  for (const auto& [name, v] : g.updates()) {
+    const graph::ValueId p = *g.find_parameter(name);
+    exe.updates.push_back({name, v.index, g.type(v)});
+    const Slot &src = exe.plan.slots[size_t(v.index)], &dst = exe.plan.slots[size_t(p.index)];
+    if (src.storage == dst.storage && src.offset == dst.offset) continue;  // in place
+    if (src.storage == Storage::parameter)
+      for (const auto& [other, ov] : g.updates())
+        if (exe.plan.slots[size_t(g.find_parameter(other)->index)].offset == src.offset)
+          return Status::error(Code::kUnimplemented, "update of parameter '" + name + "'",
+                                       "a value that does not read parameter '" + other +
+                                           "', which this step also updates",
+                                       "%" + std::to_string(v.index));
+    Instruction ins;
+    ins.kind = InstrKind::copy;
+    ins.inputs = {v.index};
+    ins.outputs = {p.index};
+    exe.program.code.push_back(std::move(ins));
+  }
+  for (const auto& [name, v] : g.outputs()) {
+    Instruction ins;
+    ins.kind = InstrKind::host_read;
+    ins.binding = int32_t(exe.outputs.size());
+    ins.inputs = {v.index};
+    exe.outputs.push_back({name, v.index, g.type(v)});
+    exe.program.code.push_back(std::move(ins));
+  }
   return Status();
 }
 
 }  // namespace
 
+const char* instr_kind_name(InstrKind kind) {
+  switch (kind) {
+    case InstrKind::host_write: return "host_write";
+    case InstrKind::kernel: return "kernel";
+    case InstrKind::collective: return "collective";
+    case InstrKind::copy: return "copy";
+    case InstrKind::host_read: return "host_read";
+  }
+  return "?";
+}
+
 std::string Executable::listing() const {
+  auto slot = [&](int32_t v) {
+    const Slot& sl = plan.slots[size_t(v)];
+    std::string where = sl.storage == Storage::arena       ? std::to_string(sl.offset)
+                        : sl.storage == Storage::parameter ? "param:" + parameters[size_t(sl.offset)].name
+                                                           : "const";
+    return "%" + std::to_string(v) + "@" + where;
+  };
   std::string s;
   for (const Instruction& ins : program.code) {
-    const Node& n = graph.node(ins.node);
-    s += std::string(graph::op_name(n.op)) + (ins.reference ? " [reference]" : "") + " (";
-    for (size_t i = 0; i < ins.inputs.size(); ++i) {
-      const Slot& sl = plan.slots[size_t(ins.inputs[i])];
-      s += (i ? ", %" : "%") + std::to_string(ins.inputs[i]) + "@" +
-           (sl.storage == Storage::arena ? std::to_string(sl.offset) : sl.storage == Storage::parameter ? "param" : "const");
+    if (ins.kind == InstrKind::kernel || ins.kind == InstrKind::collective) {
+      s += std::string(ins.kind == InstrKind::collective ? "collective " : "") + graph::op_name(graph.node(ins.node).op) +
+           (ins.reference ? " [reference]" : "");
+    } else {
+      s += instr_kind_name(ins.kind);
+      if (ins.kind == InstrKind::host_write) s += " \"" + inputs[size_t(ins.binding)].name + "\"";
+      if (ins.kind == InstrKind::host_read) s += " \"" + outputs[size_t(ins.binding)].name + "\"";
     }
+    s += " (";
+    for (size_t i = 0; i < ins.inputs.size(); ++i) s += (i ? ", " : "") + slot(ins.inputs[i]);
     s += ") ->";
-    for (int32_t o : ins.outputs) s += " %" + std::to_string(o) + "@" + std::to_string(plan.slots[size_t(o)].offset);
+    for (int32_t o : ins.outputs) s += " " + slot(o);
     s += "\n";
   }
   return s;

@@ -1,9 +1,17 @@
 // compiler/executable.h: what compile() returns and a session runs.
 //
-// A Program is the device's instruction stream: one instruction per graph
-// node that computes something, each bound at compile time to a
-// PreparedKernel for its exact types. Execution only resolves slot pointers
-// and calls run(): no planning, no allocation (DESIGN.md, "Lowering").
+// A Program is the device's instruction stream, in order:
+//   host_write  one per input: the step's slice of the input, host -> its slot
+//   kernel      one per graph node that computes something, bound at compile
+//               time to a PreparedKernel for its exact types
+//   collective  one per collective node (all_reduce, reduce_scatter,
+//               all_gather, send, recv): a group of one is the identity; a
+//               larger group runs on the device's communicator (W1.5)
+//   copy        one per parameter update not done in place: value -> the
+//               parameter's storage, after every reader of the old value
+//   host_read   one per output: its slot -> the host, as the output mode says
+// Execution only resolves slot pointers and runs: no planning, no allocation
+// (DESIGN.md, "Lowering").
 //
 // Nodes without a fast kernel run their reference kernel through an adapter
 // that converts to and from f64 (marked `reference` in the program listing
@@ -23,12 +31,17 @@
 
 namespace aspen::compiler {
 
+enum class InstrKind : uint8_t { host_write, kernel, collective, copy, host_read };
+const char* instr_kind_name(InstrKind kind);
+
 struct Instruction {
-  int32_t node = -1;             // the graph node it computes
+  InstrKind kind = InstrKind::kernel;
+  int32_t node = -1;             // the graph node it computes (kernel, collective)
+  int32_t binding = -1;          // host_write: index into inputs; host_read: into outputs
   bool reference = false;        // runs the reference kernel (no fast one yet)
   std::vector<int32_t> inputs;   // value indices (slots in the memory plan)
   std::vector<int32_t> outputs;
-  std::unique_ptr<graph::PreparedKernel> kernel;
+  std::unique_ptr<graph::PreparedKernel> kernel;  // kernel instructions
 };
 
 struct Program {
@@ -46,6 +59,7 @@ struct Executable {
   Program program;
   MemoryPlan plan;
   std::vector<Binding> inputs, parameters, outputs;
+  std::vector<Binding> updates;  // name: the parameter; value: its new value
   std::vector<std::shared_ptr<const Tensor>> constants;  // by Slot::offset
   CompileOptions options;
 

@@ -35,7 +35,7 @@ class Fusion : public Pass {
     for (int32_t i = 0; i < n; ++i)
       for (ValueId v : g.node(i).inputs) users[size_t(v.index)].push_back(i);
     std::vector<int32_t> is_output(size_t(g.num_values()), 0);
-    for (const auto& [name, v] : g.outputs()) is_output[size_t(v.index)] = 1;
+    for (ValueId v : g.roots()) is_output[size_t(v.index)] = 1;
     auto sole_user = [&](ValueId v) { return users[size_t(v.index)].size() == 1 && !is_output[size_t(v.index)]; };
     // A broadcast of a vector [last dim of `like`]: its source, else invalid.
     auto bias_of = [&](ValueId v, ValueId like) -> ValueId {

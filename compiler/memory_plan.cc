@@ -25,6 +25,10 @@ bool elementwise(OpKind op) {
   }
 }
 
+// Ops that may write an output over a same-shaped input element by element
+// (the parameter they update, for an in-place update).
+bool writes_in_place(OpKind op) { return elementwise(op) || op == OpKind::adamw; }
+
 // Free arena ranges, by offset; merged on release.
 class FreeList {
  public:
@@ -84,14 +88,34 @@ Result<MemoryPlan> plan_memory(const Graph& g) {
   const int32_t end = int32_t(g.nodes().size());
   for (int32_t i = 0; i < end; ++i)
     for (graph::ValueId v : g.node(i).inputs) last_use[size_t(v.index)] = i;
-  for (const auto& [name, v] : g.outputs()) last_use[size_t(v.index)] = end;  // read after the run
+  for (graph::ValueId v : g.roots()) last_use[size_t(v.index)] = end;  // read after the run
+
+  // Updates written in place: value index -> the parameter value it lands on.
+  std::vector<int32_t> lands_on(size_t(nv), -1);
+  for (const auto& [name, v] : g.updates()) {
+    const std::optional<graph::ValueId> p = g.find_parameter(name);
+    const int32_t x = g.value(v).producer;
+    const Node& xn = g.node(x);
+    if (!p || !writes_in_place(xn.op) || lands_on[size_t(v.index)] >= 0) continue;
+    bool last_reader = true;
+    for (int32_t i = x + 1; i < end && last_reader; ++i)
+      for (graph::ValueId in : g.node(i).inputs) last_reader = last_reader && in != *p;
+    if (last_reader) lands_on[size_t(v.index)] = p->index;
+  }
 
   int64_t parameters = 0, constants = 0;
   FreeList free;
   int64_t in_use = 0;
   std::vector<std::vector<int32_t>> dies_at(size_t(end) + 1);
   std::vector<int32_t> live;
-  for (int32_t i = 0; i < end; ++i) {
+  // Inputs are written by the host before the first instruction, wherever
+  // their nodes sit: they are live from the start.
+  std::vector<int32_t> order;
+  for (int32_t i = 0; i < end; ++i)
+    if (g.node(i).op == OpKind::input) order.push_back(i);
+  for (int32_t i = 0; i < end; ++i)
+    if (g.node(i).op != OpKind::input) order.push_back(i);
+  for (int32_t i : order) {
     const Node& n = g.node(i);
     for (graph::ValueId v : n.outputs) {
       Slot& s = plan.slots[size_t(v.index)];
@@ -104,6 +128,11 @@ Result<MemoryPlan> plan_memory(const Graph& g) {
       if (n.op == OpKind::constant) {
         s.storage = Storage::constant;
         s.offset = constants++;
+        continue;
+      }
+      if (lands_on[size_t(v.index)] >= 0) {
+        s = plan.slots[size_t(lands_on[size_t(v.index)])];
+        ++plan.updates_in_place;
         continue;
       }
       s.storage = Storage::arena;

@@ -8,6 +8,12 @@
 // free during the whole lifetime, 64-byte aligned. An elementwise node may
 // write its output over an input whose life ends at that node (in place).
 //
+// Updates: a parameter's new value is planned into the parameter's own
+// storage (no copy at the end of the step) when the node making it may write
+// there: it is elementwise over the parameter (or an optimizer step), and no
+// other node reads the parameter after it. Otherwise the program copies the
+// value in after the last kernel.
+//
 // The plan reports its peak (the arena size) beside the naive sum (every
 // transient in its own buffer) and what is live at the peak.
 #pragma once
@@ -36,6 +42,7 @@ struct MemoryPlan {
   int32_t peak_node = -1;   // the node at which the arena is fullest
   std::vector<int32_t> live_at_peak;  // values live there
   int64_t in_place = 0;     // outputs that reuse an input's bytes
+  int64_t updates_in_place = 0;  // parameter updates written into the parameter
   std::string report(const graph::Graph& g) const;  // a few lines for humans
 };
 

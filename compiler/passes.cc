@@ -54,7 +54,7 @@ class DeadCodeElimination : public Pass {
   const char* name() const override { return "dead-code-elimination"; }
   Status run(Graph& g, const CompileContext&) override {
     std::vector<char> live_value(size_t(g.num_values()), 0), keep(g.nodes().size(), 0);
-    for (const auto& [name, v] : g.outputs()) live_value[size_t(v.index)] = 1;
+    for (ValueId v : g.roots()) live_value[size_t(v.index)] = 1;
     for (size_t i = g.nodes().size(); i-- > 0;) {
       const Node& n = g.nodes()[i];
       bool live = n.op == OpKind::input || n.op == OpKind::parameter || n.op == OpKind::send;

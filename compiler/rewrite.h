@@ -37,9 +37,10 @@ class Rewrite {
     for (graph::ValueId& v : n.inputs) v = map(v);
     return emit(std::move(n), old_index);
   }
-  // The new graph, with the old graph's named outputs mapped.
+  // The new graph, with the old graph's named outputs and updates mapped.
   graph::Graph finish() && {
     for (const auto& [name, v] : old_.outputs()) out_.add_output(name, map(v));
+    for (const auto& [name, v] : old_.updates()) out_.add_update(name, map(v));
     return std::move(out_);
   }
 

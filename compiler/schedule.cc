@@ -9,6 +9,15 @@
 // the choice is made on the plan, so it never makes memory worse, and it is
 // deterministic. Graphs with point-to-point or collective ops keep their order
 // (their schedule is the parallel runtime's business, W1.5).
+//
+// NOTE [updates last]: a node that makes a parameter's update from the
+// parameter itself (an optimizer step reading the weight) is moved after the
+// last other reader of that parameter, in either order, so the memory plan
+// can write the update into the parameter's own storage (no copy); see
+// plan_memory. Depth-first would otherwise emit a layer's optimizer step
+// before the backward matmul that still reads the old weight.
+#include <algorithm>
+
 #include "compiler/memory_plan.h"
 #include "compiler/pass.h"
 #include "compiler/rewrite.h"
@@ -58,8 +67,41 @@ std::vector<int32_t> depth_first_order(const Graph& g) {
   // Sources first, in their original order, so the interface keeps its order.
   for (int32_t i = 0; i < n; ++i)
     if (g.node(i).inputs.empty() && g.node(i).op != OpKind::recv) visit(i);
-  for (const auto& [name, v] : g.outputs()) visit(g.value(v).producer);
+  for (ValueId v : g.roots()) visit(g.value(v).producer);
   for (int32_t i = 0; i < n; ++i) visit(i);
+  return order;
+}
+
+// NOTE [updates last]: order with every in-place-able update producer moved
+// right after the last other reader of its parameter (when it was before).
+std::vector<int32_t> delay_updates(const Graph& g, std::vector<int32_t> order) {
+  std::vector<int32_t> readers_of_value_count(size_t(g.num_values()), 0);
+  for (const Node& n : g.nodes())
+    for (ValueId v : n.inputs) ++readers_of_value_count[size_t(v.index)];
+  std::vector<char> root(size_t(g.num_values()), 0);
+  for (ValueId v : g.roots()) root[size_t(v.index)] = 1;
+  for (const auto& [name, value] : g.updates()) {
+    const std::optional<ValueId> param = g.find_parameter(name);
+    const int32_t x = g.value(value).producer;
+    const Node& xn = g.node(x);
+    if (!param || std::find(xn.inputs.begin(), xn.inputs.end(), *param) == xn.inputs.end()) continue;
+    // Only a node whose outputs nobody else reads can move later freely.
+    bool free_outputs = true;
+    for (ValueId o : xn.outputs) free_outputs = free_outputs && readers_of_value_count[size_t(o.index)] == 0;
+    if (!free_outputs) continue;
+    std::vector<int32_t> position(g.nodes().size());
+    for (size_t k = 0; k < order.size(); ++k) position[size_t(order[k])] = int32_t(k);
+    int32_t last = -1;
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      if (int32_t(i) == x) continue;
+      const Node& n = g.node(int32_t(i));
+      if (std::find(n.inputs.begin(), n.inputs.end(), *param) != n.inputs.end())
+        last = std::max(last, position[i]);
+    }
+    if (last < position[size_t(x)]) continue;
+    order.erase(order.begin() + position[size_t(x)]);
+    order.insert(order.begin() + last, x);  // `last` shifted down by one: right after that reader
+  }
   return order;
 }
 
@@ -75,7 +117,10 @@ class MemorySchedule : public Pass {
   Status run(Graph& g, const CompileContext&) override {
     for (const Node& n : g.nodes())
       if (fixed_order(n.op)) return Status();
-    Graph candidate = reorder(g, depth_first_order(g));
+    std::vector<int32_t> build_order(g.nodes().size());
+    for (size_t i = 0; i < build_order.size(); ++i) build_order[i] = int32_t(i);
+    if (!g.updates().empty()) g = reorder(g, delay_updates(g, std::move(build_order)));
+    Graph candidate = reorder(g, delay_updates(g, depth_first_order(g)));
     ASPEN_ASSIGN_OR_RETURN(MemoryPlan now, plan_memory(g));
     ASPEN_ASSIGN_OR_RETURN(MemoryPlan then, plan_memory(candidate));
     if (then.arena_bytes < now.arena_bytes) g = std::move(candidate);

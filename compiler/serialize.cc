@@ -140,6 +140,11 @@ std::string encode_graph(const Graph& g) {
     w.str(name);
     w.pod<int32_t>(v.index);
   }
+  w.pod<uint64_t>(g.updates().size());
+  for (const auto& [name, v] : g.updates()) {
+    w.str(name);
+    w.pod<int32_t>(v.index);
+  }
   return w.take();
 }
 
@@ -231,6 +236,16 @@ Result<Graph> decode_graph(std::string_view bytes) {
     ASPEN_RETURN_IF_ERROR(r.pod(v));
     if (v < 0 || v >= g.num_values()) return r.fail("an output naming a value, not %" + std::to_string(v));
     g.add_output(std::move(name), ValueId{v});
+  }
+  uint64_t updates = 0;
+  ASPEN_RETURN_IF_ERROR(r.count(updates, 12));
+  for (uint64_t i = 0; i < updates; ++i) {
+    std::string name;
+    int32_t v = 0;
+    ASPEN_RETURN_IF_ERROR(r.str(name));
+    ASPEN_RETURN_IF_ERROR(r.pod(v));
+    if (v < 0 || v >= g.num_values()) return r.fail("an update naming a value, not %" + std::to_string(v));
+    g.add_update(std::move(name), ValueId{v});
   }
   if (!r.done()) return r.fail("the end of the encoding");
   return g;

@@ -67,6 +67,30 @@ void Builder::output(std::string name, ValueId v) {
   g_.add_output(std::move(name), v);
 }
 
+void Builder::update(ValueId param, ValueId value) {
+  if (!status_.is_ok()) return;
+  if (!param.valid() || param.index >= g_.num_values() || !value.valid() || value.index >= g_.num_values()) {
+    status_ = Status::invalid_argument("update", "values of this graph", "an invalid id");
+    return;
+  }
+  const Node& p = g_.producer(param);
+  if (p.op != OpKind::parameter) {
+    status_ = Status::invalid_argument("update of %" + std::to_string(param.index), "a parameter",
+                                       "a value made by " + std::string(op_name(p.op)));
+    return;
+  }
+  if (g_.type(param) != g_.type(value)) {
+    status_ = Status::invalid_argument("update of parameter '" + p.name + "'", g_.type(param).to_string(),
+                                       g_.type(value).to_string());
+    return;
+  }
+  if (g_.find_update(p.name)) {
+    status_ = Status::invalid_argument("update of parameter '" + p.name + "'", "one update per step", "a second one");
+    return;
+  }
+  g_.add_update(p.name, value);
+}
+
 std::vector<ValueId> Builder::op(OpKind kind, std::vector<ValueId> inputs, Attrs attrs) {
   if (!status_.is_ok()) return {};
   for (ValueId v : inputs)

@@ -41,6 +41,9 @@ class Builder {
   ValueId constant(Tensor value);
   ValueId scalar(float value, DType dtype = DType::f32);  // a rank-0 constant
   void output(std::string name, ValueId v);
+  // After each step, the parameter `param` (a value made by parameter())
+  // holds `value`, of the same type (Graph::add_update).
+  void update(ValueId param, ValueId value);
 
   // Any op, by kind: the general form every helper below uses.
   std::vector<ValueId> op(OpKind kind, std::vector<ValueId> inputs, Attrs attrs = {});

@@ -86,6 +86,24 @@ std::optional<ValueId> Graph::find_output(std::string_view name) const {
   return std::nullopt;
 }
 
+void Graph::add_update(std::string name, ValueId v) {
+  ASPEN_CHECK(v.index >= 0 && v.index < num_values()) << "update of '" << name << "' names no value";
+  updates_.emplace_back(std::move(name), v);
+}
+
+std::optional<ValueId> Graph::find_update(std::string_view name) const {
+  for (const auto& [n, v] : updates_)
+    if (n == name) return v;
+  return std::nullopt;
+}
+
+std::vector<ValueId> Graph::roots() const {
+  std::vector<ValueId> r;
+  for (const auto& [n, v] : outputs_) r.push_back(v);
+  for (const auto& [n, v] : updates_) r.push_back(v);
+  return r;
+}
+
 std::vector<int32_t> Graph::input_nodes() const {
   std::vector<int32_t> r;
   for (size_t i = 0; i < nodes_.size(); ++i)
@@ -125,6 +143,7 @@ std::string Graph::to_string() const {
     s += "\n";
   }
   for (const auto& [name, v] : outputs_) s += "output \"" + name + "\" = %" + std::to_string(v.index) + "\n";
+  for (const auto& [name, v] : updates_) s += "update \"" + name + "\" = %" + std::to_string(v.index) + "\n";
   return s;
 }
 

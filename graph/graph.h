@@ -11,6 +11,11 @@
 // and `constant` nodes (a tensor held by the graph). Named outputs are what a
 // session returns.
 //
+// Updates are how a program changes its state: update(p, v) says that after
+// a step, parameter p holds v (same type). An optimizer step is the graph's
+// updates of its weights and its optimizer state; a KV cache is a parameter
+// that decode updates. Within the step every reader of p sees the old value.
+//
 // Thread-safety: a Graph is a value; concurrent reads are fine, writes need
 // exclusive access.
 #pragma once
@@ -91,6 +96,13 @@ class Graph {
   const std::vector<std::pair<std::string, ValueId>>& outputs() const { return outputs_; }
   std::optional<ValueId> find_output(std::string_view name) const;
 
+  // Parameter `name` holds `v` after each step (see the header comment).
+  void add_update(std::string name, ValueId v);
+  const std::vector<std::pair<std::string, ValueId>>& updates() const { return updates_; }
+  std::optional<ValueId> find_update(std::string_view name) const;
+  // Values that must survive to the end of a step: outputs, then updates.
+  std::vector<ValueId> roots() const;
+
   // Node indices of inputs and parameters, in creation order.
   std::vector<int32_t> input_nodes() const;
   std::vector<int32_t> parameter_nodes() const;
@@ -104,6 +116,7 @@ class Graph {
   std::vector<Node> nodes_;
   std::vector<ValueInfo> values_;
   std::vector<std::pair<std::string, ValueId>> outputs_;
+  std::vector<std::pair<std::string, ValueId>> updates_;
 };
 
 }  // namespace aspen::graph

@@ -97,4 +97,13 @@ Result<std::map<std::string, HostArray>> interpret(const Graph& g, const std::ma
   return result;
 }
 
+Result<StepResult> interpret_step(const Graph& g, const std::map<std::string, HostArray>& feeds,
+                                  const InterpretOptions& options) {
+  ASPEN_ASSIGN_OR_RETURN(std::vector<HostArray> values, interpret_all(g, feeds, options));
+  StepResult r;
+  for (const auto& [name, v] : g.outputs()) r.outputs[name] = values[size_t(v.index)];
+  for (const auto& [name, v] : g.updates()) r.updates[name] = values[size_t(v.index)];
+  return r;
+}
+
 }  // namespace aspen::graph

@@ -46,6 +46,14 @@ struct InterpretOptions {
 Result<std::map<std::string, HostArray>> interpret(const Graph& graph, const std::map<std::string, HostArray>& feeds,
                                                    const InterpretOptions& options = {});
 
+// One step of a graph with updates: its outputs, and each updated parameter's
+// new value by name (what a session's parameter holds after the step).
+struct StepResult {
+  std::map<std::string, HostArray> outputs, updates;
+};
+Result<StepResult> interpret_step(const Graph& graph, const std::map<std::string, HostArray>& feeds,
+                                  const InterpretOptions& options = {});
+
 // As interpret(), returning every value (indexed by ValueId::index).
 Result<std::vector<HostArray>> interpret_all(const Graph& graph, const std::map<std::string, HostArray>& feeds,
                                              const InterpretOptions& options = {});

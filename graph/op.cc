@@ -20,6 +20,7 @@ std::array<OpInfo, kNumOps> build_table() {
   register_attention_ops(t);
   register_collective_ops(t);
   register_fused_ops(t);
+  register_optim_ops(t);
   // Every op of ASPEN_OPS must have an entry: a missing one is a bug found at start-up.
   for (int i = 0; i < kNumOps; ++i) {
     ASPEN_CHECK(table[i].name != nullptr && table[i].infer != nullptr && table[i].eval != nullptr)

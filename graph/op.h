@@ -43,6 +43,8 @@
   X(all_reduce) X(reduce_scatter) X(all_gather) X(send) X(recv)                          \
   /* fused: made by the compiler's fusion pass after autodiff (not differentiated) */     \
   X(bias_gelu) X(add_layernorm)                                                           \
+  /* optimizer steps (graph/ops_optim.cc): outputs feed Builder::update, not differentiated */ \
+  X(adamw)                                                                                \
   /* elementwise, appended later (same shapes in and out; ops_elementwise.cc) */          \
   X(tanh) X(sqrt) X(div)
 // clang-format on

@@ -24,5 +24,6 @@ void register_nn_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
 void register_collective_ops(OpTable& t);
 void register_fused_ops(OpTable& t);
+void register_optim_ops(OpTable& t);
 
 }  // namespace aspen::graph

@@ -130,6 +130,18 @@ Status verify(const Graph& g) {
       return Status::invalid_argument("graph output '" + name + "'", "an existing value",
                                       "%" + std::to_string(v.index));
   }
+  std::set<std::string> updated;
+  for (const auto& [name, v] : g.updates()) {
+    const auto param = g.find_parameter(name);
+    if (!param) return Status::invalid_argument("update '" + name + "'", "a parameter of the graph", "none");
+    if (!updated.insert(name).second)
+      return Status::invalid_argument("update '" + name + "'", "one update per parameter", "two");
+    if (v.index < 0 || v.index >= g.num_values())
+      return Status::invalid_argument("update '" + name + "'", "an existing value", "%" + std::to_string(v.index));
+    if (g.type(v) != g.type(*param))
+      return Status::invalid_argument("update '" + name + "'", g.type(*param).to_string(),
+                                      g.type(v).to_string() + " (%" + std::to_string(v.index) + ")");
+  }
   return Status();
 }
 

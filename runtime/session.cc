@@ -33,6 +33,11 @@ Result<std::unique_ptr<Session>> Session::create(std::unique_ptr<compiler::Execu
     ASPEN_ASSIGN_OR_RETURN(Tensor t, Tensor::make(p.type.dtype, p.type.shape));
     s->parameters_.push_back(std::move(t));
   }
+  if (!exe->updates.empty() && options.replicas > 1)
+    return Status::error(Code::kUnimplemented, "session: replicas " + std::to_string(options.replicas) + " of a program that updates " +
+                                     std::to_string(exe->updates.size()) + " parameters",
+                                 "one replica (training replicas reduce gradients through W1.5's communicators)",
+                                 "several");
   for (const compiler::Instruction& ins : exe->program.code) {
     int64_t bytes = 0;
     for (int32_t v : ins.inputs) bytes += exe->plan.slots[size_t(v)].bytes;
@@ -102,26 +107,95 @@ int64_t returned_steps(const RunOptions& o) {
   return 0;
 }
 
-Status Session::execute_program(Replica& r) {
+namespace {
+
+// A collective on one device: a group of one is the identity; anything larger
+// needs the communicators of W1.5.
+Status run_collective(const graph::Node& n, const void* in, void* out, int64_t bytes) {
+  const int64_t group = n.attrs.i_or("group_size", 1);
+  if ((n.op == graph::OpKind::send || n.op == graph::OpKind::recv) || group != 1)
+    return Status::error(Code::kUnimplemented, std::string("collective ") + graph::op_name(n.op) + " over a group of " +
+                                     std::to_string(group),
+                                 "a group of one (communicators between devices arrive with W1.5)",
+                                 "a program that needs one");
+  if (in != out && bytes) std::memcpy(out, in, size_t(bytes));
+  return Status();
+}
+
+const char* trace_category(compiler::InstrKind kind) {
+  switch (kind) {
+    case compiler::InstrKind::kernel: return profile::category::kKernel;
+    case compiler::InstrKind::collective: return profile::category::kCollective;
+    case compiler::InstrKind::copy: return profile::category::kCopy;
+    case compiler::InstrKind::host_write:
+    case compiler::InstrKind::host_read: return profile::category::kHost;
+  }
+  return profile::category::kKernel;
+}
+
+}  // namespace
+
+Status Session::execute_program(Replica& r, const StepIO& io) {
+  using compiler::InstrKind;
   std::vector<const void*> in;
   std::vector<void*> out;
   const std::string& device = r.device->name();
-  for (size_t k = 0; k < r.exe->program.code.size(); ++k) {
+  const compiler::Executable& exe = *r.exe;
+  for (size_t k = 0; k < exe.program.code.size(); ++k) {
     compiler::Instruction& ins = r.exe->program.code[k];
     in.clear();
     out.clear();
     for (int32_t v : ins.inputs) in.push_back(resolve(r, v));
     for (int32_t v : ins.outputs) out.push_back(const_cast<void*>(resolve(r, v)));
-    profile::TraceScope scope(trace_, device, graph::op_name(r.exe->graph.node(ins.node).op),
-                              profile::category::kKernel, instruction_bytes_[k]);
+    const char* what = ins.node >= 0 ? graph::op_name(exe.graph.node(ins.node).op) : compiler::instr_kind_name(ins.kind);
+    std::string label = what;
+    if (trace_) {
+      if (ins.kind == InstrKind::host_write) label += " " + exe.inputs[size_t(ins.binding)].name;
+      if (ins.kind == InstrKind::host_read) label += " " + exe.outputs[size_t(ins.binding)].name;
+    }
+    profile::TraceScope scope(trace_, device, label, trace_category(ins.kind), instruction_bytes_[k]);
     if (scope.active()) {
-      scope.add_arg("node", std::to_string(ins.node));
+      if (ins.node >= 0) scope.add_arg("node", std::to_string(ins.node));
       if (ins.reference) scope.add_arg("kernel", "reference");
     }
-    Status status = ins.kernel->run(in, out);
-    if (!status.is_ok())
-      return std::move(status).with_context("instruction for node " + std::to_string(ins.node) + " (" +
-                                            graph::op_name(r.exe->graph.node(ins.node).op) + ")");
+    Status status;
+    switch (ins.kind) {
+      case InstrKind::kernel: status = ins.kernel->run(in, out); break;
+      case InstrKind::collective: {
+        const int64_t bytes = ins.outputs.empty() ? 0 : exe.plan.slots[size_t(ins.outputs[0])].bytes;
+        status = run_collective(exe.graph.node(ins.node), in.empty() ? nullptr : in[0],
+                                out.empty() ? nullptr : out[0], bytes);
+        break;
+      }
+      case InstrKind::copy: {
+        const int64_t bytes = exe.plan.slots[size_t(ins.outputs[0])].bytes;
+        if (bytes) std::memcpy(out[0], in[0], size_t(bytes));
+        break;
+      }
+      case InstrKind::host_write: {
+        const int64_t bytes = exe.inputs[size_t(ins.binding)].type.bytes();
+        if (bytes) std::memcpy(out[0], io.inputs[size_t(ins.binding)], size_t(bytes));
+        break;
+      }
+      case InstrKind::host_read: {
+        const compiler::Binding& b = exe.outputs[size_t(ins.binding)];
+        void* dst = io.outputs[size_t(ins.binding)];
+        if (!dst) break;  // not returned this step
+        if (io.sum) {
+          float* d = static_cast<float*>(dst);
+          const float* src = static_cast<const float*>(in[0]);
+          for (int64_t i = 0; i < b.type.shape.numel(); ++i) d[i] += src[i];
+        } else if (b.type.bytes()) {
+          std::memcpy(dst, in[0], size_t(b.type.bytes()));
+        }
+        break;
+      }
+    }
+    if (!status.is_ok()) {
+      if (ins.node >= 0)
+        return std::move(status).with_context("instruction for node " + std::to_string(ins.node) + " (" + what + ")");
+      return status;
+    }
   }
   return Status();
 }
@@ -187,21 +261,15 @@ Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, c
     done.push_back(rep.device->team().submit([&, r] {
       Status& st = status[size_t(r)];
       for (int64_t step = 0; step < steps; ++step) {
+        StepIO io;
+        io.sum = options.output_mode == OutputMode::sum;
         for (size_t k = 0; k < rep.exe->inputs.size(); ++k) {
-          const compiler::Binding& b = rep.exe->inputs[k];
-          const size_t bytes = size_t(b.type.bytes());
-          if (bytes) std::memcpy(const_cast<void*>(resolve(rep, b.value)), input_data[k] + (step * R + r) * bytes, bytes);
-        }
-        st = execute_program(rep);
-        if (!st.is_ok()) {
-          if (steps > 1) st = std::move(st).with_context("iteration " + std::to_string(step));
-          if (R > 1) st = std::move(st).with_context("replica " + std::to_string(r));
-          return;
+          const size_t bytes = size_t(rep.exe->inputs[k].type.bytes());
+          io.inputs.push_back(input_data[k] + (step * R + r) * bytes);
         }
         for (const compiler::Binding& b : rep.exe->outputs) {
           char* dst = static_cast<char*>(result.at(b.name).raw());
           const size_t bytes = size_t(b.type.bytes());
-          const void* src = resolve(rep, b.value);
           int64_t slot = -1;  // which output slice this step writes, if any
           switch (options.output_mode) {
             case OutputMode::final: slot = step == steps - 1 ? r : -1; break;
@@ -209,14 +277,15 @@ Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, c
             case OutputMode::every_n:
               slot = (step + 1) % options.every_n == 0 ? ((step + 1) / options.every_n - 1) * R + r : -1;
               break;
-            case OutputMode::sum: {
-              float* d = reinterpret_cast<float*>(dst) + r * b.type.shape.numel();
-              const float* s = static_cast<const float*>(src);
-              for (int64_t i = 0; i < b.type.shape.numel(); ++i) d[i] += s[i];
-              break;
-            }
+            case OutputMode::sum: slot = r; break;
           }
-          if (slot >= 0 && bytes) std::memcpy(dst + slot * bytes, src, bytes);
+          io.outputs.push_back(slot >= 0 ? dst + size_t(slot) * bytes : nullptr);
+        }
+        st = execute_program(rep, io);
+        if (!st.is_ok()) {
+          if (steps > 1) st = std::move(st).with_context("iteration " + std::to_string(step));
+          if (R > 1) st = std::move(st).with_context("replica " + std::to_string(r));
+          return;
         }
       }
     }));

@@ -82,8 +82,15 @@ class Session {
     std::unique_ptr<CpuDevice> device;
   };
   Session() = default;
+  // Where one step's inputs come from and outputs go (nullptr: not returned
+  // this step), by binding index; sum: accumulate f32 outputs.
+  struct StepIO {
+    std::vector<const void*> inputs;
+    std::vector<void*> outputs;
+    bool sum = false;
+  };
   const void* resolve(const Replica& r, int32_t value) const;
-  Status execute_program(Replica& r);
+  Status execute_program(Replica& r, const StepIO& io);
 
   std::vector<Replica> replicas_;
   profile::TraceRecorder* trace_ = nullptr;

@@ -276,13 +276,57 @@ TEST(Session, TracesEveryInstruction) {
   ASSERT_TRUE(s->run({{"x", &x}}).is_ok());
   auto events = trace.events();
   ASSERT_EQ(events.size(), s->executable().program.code.size());
-  for (const auto& e : events) {
+  // host_write "x", four kernels, host_read of "y" and "z": each moves f32[2]s
+  // (a kernel: one in, one out).
+  ASSERT_EQ(events.size(), 7u);
+  const char* categories[] = {"host", "kernel", "kernel", "kernel", "kernel", "host", "host"};
+  const int64_t bytes[] = {8, 16, 16, 16, 16, 8, 8};
+  for (size_t i = 0; i < events.size(); ++i) {
+    const auto& e = events[i];
     EXPECT_EQ(e.device, "cpu0");
-    EXPECT_EQ(e.category, "kernel");
+    EXPECT_EQ(e.category, categories[i]) << i;
     EXPECT_GE(e.end_ns, e.start_ns);
-    EXPECT_EQ(e.bytes, 16);  // one f32[2] in, one out
+    EXPECT_EQ(e.bytes, bytes[i]) << i;
   }
+  EXPECT_EQ(events[0].name, "host_write x");
+  EXPECT_EQ(events[5].name, "host_read y");
+  EXPECT_EQ(events[6].name, "host_read z");
   EXPECT_NE(profile::summary(events).find("scale"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace aspen::runtime
+
+namespace aspen::runtime {
+namespace {
+
+// Collectives are their own instructions: a group of one is the identity; a
+// larger group needs W1.5's communicators and says so when run.
+TEST(Session, CollectiveInstructions) {
+  for (int64_t group : {1, 2}) {
+    Graph g;
+    Builder b(g);
+    ValueId x = b.input("x", DType::f32, {3});
+    ValueId r = b.op1(graph::OpKind::all_reduce, {x},
+                      {{"group", std::string("data")}, {"group_size", group}, {"reduce", std::string("sum")}});
+    b.output("y", b.scale(r, 2.0));
+    ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+    auto exe = compiler::compile(g);
+    ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+    EXPECT_NE((*exe)->listing().find("collective all_reduce"), std::string::npos) << (*exe)->listing();
+    auto s = Session::create(std::move(exe).value(), {.threads = 1});
+    ASSERT_TRUE(s.is_ok());
+    Tensor in = random_tensor({3}, 5);
+    auto out = (*s)->run({{"x", &in}});
+    if (group == 1) {
+      ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(out->at("y").data<float>()[i], 2 * in.data<float>()[i]);
+    } else {
+      ASSERT_FALSE(out.is_ok());
+      EXPECT_NE(out.status().message().find("collective all_reduce over a group of 2"), std::string::npos)
+          << out.status().message();
+    }
+  }
 }
 
 }  // namespace
