@@ -78,6 +78,8 @@ struct CausalLmOptions {
   int64_t batch = 1, seq = 1;
   bool with_loss = false;       // input "targets" i32 [batch*seq], output "loss" (rank 0)
   bool attention_mask = false;  // input "attention_mask" u8 [batch, seq]: 1 = token, 0 = padding (a key never attended)
+  bool last_hidden_state = false;  // output "last_hidden_state" [batch, seq, d_model]: ln_f's output (HF's last
+                                   // hidden_states entry)
 };
 
 // batch >= 1 and seq in [1, max_positions]: errors "<family>: batch" and

@@ -63,6 +63,7 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
     x = b.add(x, f);  // HF: residual + feed_forward_hidden_states
   }
   x = layer_norm(b, x, "transformer.ln_f", C, c.layer_norm_eps, dt);
+  if (o.last_hidden_state) b.output("last_hidden_state", x);
   if (c.tie_word_embeddings)
     m.logits = b.op1(OpKind::matmul, {x, wte}, {{"trans_b", int64_t(1)}});  // [B, T, V]: ln_f(x) wte^T
   else

@@ -68,7 +68,7 @@ struct Gpt2Graph {
 // Records the GPT-2 forward graph for fixed [batch, seq]:
 //   inputs  "input_ids" i32 [batch, seq], "positions" i32 [batch, seq] (each < n_positions)
 //           (with_loss: "targets" i32 [batch*seq]; attention_mask: "attention_mask" u8 [batch, seq]),
-//   outputs "logits" [batch, seq, vocab] (with_loss: "loss", rank 0).
+//   outputs "logits" [batch, seq, vocab] (with_loss: "loss", rank 0; last_hidden_state: "last_hidden_state").
 // A bad config or shape is a Status; so is the builder's first error.
 Result<Gpt2Graph> build_gpt2(graph::Builder& b, const Gpt2Config& c, const CausalLmOptions& options);
 

@@ -69,6 +69,7 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
     x = b.add(b.add(a, f), x);  // HF: attn_output + feed_forward_hidden_states + residual
   }
   x = layer_norm(b, x, "transformer.ln_f", C, c.layer_norm_eps, dt);
+  if (o.last_hidden_state) b.output("last_hidden_state", x);
   m.logits = linear(b, x, "lm_head", C, c.vocab, /*bias=*/true, dt);  // [B, T, V]
   b.output("logits", m.logits);
   if (o.with_loss) {

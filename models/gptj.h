@@ -76,7 +76,7 @@ struct GptjGraph {
 //   inputs  "input_ids" i32 [batch, seq], "positions" i32 [batch, seq]
 //           (with_loss: "targets" i32 [batch*seq]; attention_mask:
 //           "attention_mask" u8 [batch, seq], 0 marks padding keys),
-//   outputs "logits" [batch, seq, vocab] (with_loss: "loss", rank 0).
+//   outputs "logits" [batch, seq, vocab] (with_loss: "loss", rank 0; last_hidden_state: "last_hidden_state").
 // A bad config or shape is a Status; so is the builder's first error.
 Result<GptjGraph> build_gptj(graph::Builder& b, const GptjConfig& c, const CausalLmOptions& options);
 inline Result<GptjGraph> build_gptj(graph::Builder& b, const GptjConfig& c, int64_t batch, int64_t seq,
