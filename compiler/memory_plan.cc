@@ -19,6 +19,7 @@ bool elementwise(OpKind op) {
   switch (op) {
     case OpKind::add: case OpKind::sub: case OpKind::mul: case OpKind::scale: case OpKind::neg:
     case OpKind::exp: case OpKind::gelu: case OpKind::silu: case OpKind::gelu_grad: case OpKind::silu_grad:
+    case OpKind::tanh: case OpKind::sqrt: case OpKind::div:
       return true;
     default:
       return false;

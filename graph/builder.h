@@ -56,6 +56,9 @@ class Builder {
   ValueId scale(ValueId x, double alpha) { return op1(OpKind::scale, {x}, {{"alpha", alpha}}); }
   ValueId neg(ValueId x) { return op1(OpKind::neg, {x}); }
   ValueId exp(ValueId x) { return op1(OpKind::exp, {x}); }
+  ValueId tanh(ValueId x) { return op1(OpKind::tanh, {x}); }
+  ValueId sqrt(ValueId x) { return op1(OpKind::sqrt, {x}); }
+  ValueId div(ValueId a, ValueId b) { return op1(OpKind::div, {a, b}); }
   ValueId gelu(ValueId x, bool tanh_form = true) { return op1(OpKind::gelu, {x}, {{"tanh", int64_t(tanh_form)}}); }
   ValueId silu(ValueId x) { return op1(OpKind::silu, {x}); }
   ValueId where(ValueId cond, ValueId a, ValueId b) { return op1(OpKind::where, {cond, a, b}); }

@@ -171,6 +171,46 @@ TEST(Autodiff, ElementwiseAndReduceGradients) {
   }
 }
 
+// tanh, sqrt and div: values by hand, gradients against finite differences
+// (inputs of sqrt and denominators of div kept away from 0).
+TEST(Autodiff, TanhSqrtDivValuesAndGradients) {
+  {
+    Graph g;
+    Builder b(g);
+    ValueId x = b.input("x", DType::f32, {3});
+    ValueId y = b.input("y", DType::f32, {3});
+    b.output("tanh", b.tanh(x));
+    b.output("sqrt", b.sqrt(y));
+    b.output("div", b.div(x, y));
+    ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+    auto out = interpret(g, {{"x", arr(DType::f32, {3}, {0.5, -2, 6})}, {"y", arr(DType::f32, {3}, {4, 0.25, 9})}});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    EXPECT_EQ(out->at("tanh").data, (std::vector<double>{std::tanh(0.5), std::tanh(-2.0), std::tanh(6.0)}));
+    EXPECT_EQ(out->at("sqrt").data, (std::vector<double>{2, 0.5, 3}));
+    EXPECT_EQ(out->at("div").data, (std::vector<double>{0.125, -8, 6.0 / 9}));
+  }
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {3, 5});
+  ValueId p = b.input("p", DType::f32, {3, 5});  // fed in [0.5, 2)
+  ValueId y = b.div(b.tanh(b.mul(x, p)), b.sqrt(p));
+  ValueId loss = testing::weighted_loss(b, b.add(y, b.div(p, b.sqrt(b.mul(p, p)))), 6);
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  auto feeds = testing::random_feeds(g, 13, -1.0, 1.0);
+  feeds.at("p") = testing::random_feeds(g, 14, 0.5, 2.0).at("p");
+  EXPECT_TRUE(testing::check_gradients(g, loss, feeds));
+}
+
+TEST(Builder, DivOfIntegersIsRejected) {
+  Graph g;
+  Builder b(g);
+  ValueId i = b.input("i", DType::i32, {2});
+  b.div(i, i);
+  EXPECT_EQ(b.status().message(),
+            "node 1 (div) with inputs (i32[2], i32[2]): div: input 0: expected a float type (f32, bf16, f16), found "
+            "i32[2]");
+}
+
 // cast rounds, so finite differences need a step far above the rounding
 // error; the function is linear, so a large step is exact.
 TEST(Autodiff, CastGradient) {

@@ -48,7 +48,9 @@
   /* state writes at run-time positions (graph/ops_state.cc): KV caches, generation state */ \
   X(write_slice)                                                                          \
   /* generation: draws token ids inside the program (graph/ops_sampling.cc; not differentiated) */ \
-  X(sample)
+  X(sample)                                                                               \
+  /* elementwise, appended later (same shapes in and out; ops_elementwise.cc) */          \
+  X(tanh) X(sqrt) X(div)
 // clang-format on
 
 namespace aspen::graph {

@@ -5,9 +5,12 @@
 //   add:   da = g, db = g              sub:  da = g, db = -g
 //   mul:   da = g b, db = g a          scale: dx = alpha g        neg: dx = -g
 //   exp:   dx = g y                    gelu: dx = gelu_grad(x, g) silu: dx = silu_grad(x, g)
+//   tanh:  dx = g (1 - y^2)            sqrt: dx = g / (2 y)
+//   div:   da = g / b, db = -(g y) / b   (y = a / b)
 //   where: da = where(c, g, 0), db = where(c, 0, g), no gradient to c
 //   cast:  dx = cast(g, x's dtype) between float types; none from or to integers
-// Fast kernels: f32 ops (add also i32); cast f32 <-> bf16, f32 <-> f16 (kernels/convert.h) and f32 -> f32.
+// Fast kernels: f32 ops (add also i32); cast f32 <-> bf16, f32 <-> f16 (kernels/convert.h), f32 -> f32 and
+// u8/bool -> f32 (masks).
 #include <cmath>
 #include <cstring>
 
@@ -27,6 +30,11 @@ Status infer_binary(const Node& n, std::span<const TensorType> in, std::vector<T
   ASPEN_RETURN_IF_ERROR(expect_same(n, in, 0, 1));
   out = {in[0]};
   return Status();
+}
+
+Status infer_binary_float(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(expect_float(n, "input 0", in[0]));
+  return infer_binary(n, in, out);
 }
 
 Status infer_unary_float(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
@@ -80,6 +88,19 @@ Grads grad_gelu(Builder& b, const Node& n, OutGrads g) {
 }
 Grads grad_silu(Builder& b, const Node& n, OutGrads g) {
   return std::vector<std::optional<ValueId>>{b.op1(OpKind::silu_grad, {n.inputs[0], *g[0]})};
+}
+Grads grad_tanh(Builder& b, const Node& n, OutGrads g) {
+  const ValueId y = n.outputs[0];
+  const TensorType t = b.type(y);  // a copy: b.scalar() may move the value table
+  const ValueId one = b.broadcast(b.scalar(1.0f, t.dtype), dims(t.shape));
+  return std::vector<std::optional<ValueId>>{b.mul(*g[0], b.sub(one, b.mul(y, y)))};
+}
+Grads grad_sqrt(Builder& b, const Node& n, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{b.div(*g[0], b.scale(n.outputs[0], 2.0))};
+}
+Grads grad_div(Builder& b, const Node& n, OutGrads g) {
+  const ValueId den = n.inputs[1];
+  return std::vector<std::optional<ValueId>>{b.div(*g[0], den), b.neg(b.div(b.mul(*g[0], n.outputs[0]), den))};
 }
 Grads grad_where(Builder& b, const Node& n, OutGrads g) {
   ValueId zero = zeros_like(b, *g[0]);
@@ -159,6 +180,35 @@ Prepared prepare_sub(const Node&, std::span<const TensorType> in, std::span<cons
   });
 }
 
+// y[k] = f(x[k]) (unary) or f(a[k], b[k]) (binary) on f32, in parallel above 64K elements.
+template <float (*F)(float)>
+Prepared prepare_map1(const Node&, std::span<const TensorType> in, std::span<const TensorType> out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const int64_t n = out[0].shape.numel();
+  return make_kernel([n](In i, Out o) {
+    const float* x = static_cast<const float*>(i[0]);
+    float* y = static_cast<float*>(o[0]);
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t k = 0; k < n; ++k) y[k] = F(x[k]);
+    return Status();
+  });
+}
+float tanh_f32(float x) { return std::tanh(x); }
+float sqrt_f32(float x) { return std::sqrt(x); }
+
+Prepared prepare_div(const Node&, std::span<const TensorType> in, std::span<const TensorType> out) {
+  if (!all_f32(in, out)) return no_fast_kernel();
+  const int64_t n = out[0].shape.numel();
+  return make_kernel([n](In i, Out o) {
+    const float* a = static_cast<const float*>(i[0]);
+    const float* b = static_cast<const float*>(i[1]);
+    float* y = static_cast<float*>(o[0]);
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t k = 0; k < n; ++k) y[k] = a[k] / b[k];
+    return Status();
+  });
+}
+
 Prepared prepare_scale(const Node& node, std::span<const TensorType> in, std::span<const TensorType> out) {
   if (!all_f32(in, out)) return no_fast_kernel();
   const int64_t n = out[0].shape.numel();
@@ -226,6 +276,13 @@ Prepared prepare_cast(const Node&, std::span<const TensorType> in, std::span<con
       if (n > 0 && i[0] != o[0]) std::memcpy(o[0], i[0], size_t(n) * sizeof(float));
       return Status();
     });
+  if ((from == DType::u8 || from == DType::boolean) && to == DType::f32)  // masks into arithmetic: 0 or the byte's value
+    return make_kernel([n](In i, Out o) {
+      const uint8_t* x = static_cast<const uint8_t*>(i[0]);
+      float* y = static_cast<float*>(o[0]);
+      for (int64_t k = 0; k < n; ++k) y[k] = float(x[k]);
+      return Status();
+    });
   return no_fast_kernel();
 }
 
@@ -256,6 +313,19 @@ void register_elementwise_ops(OpTable& t) {
                          .eval = [](const Node&, auto in, auto out) {
                            return map1(in, out, [](double x) { return std::exp(x); });
                          }});
+  t.define(OpKind::tanh, {.min_inputs = 1, .max_inputs = 1, .infer = infer_unary_float, .grad = grad_tanh,
+                          .eval = [](const Node&, auto in, auto out) {
+                            return map1(in, out, [](double x) { return std::tanh(x); });
+                          },
+                          .prepare = prepare_map1<tanh_f32>});
+  t.define(OpKind::sqrt, {.min_inputs = 1, .max_inputs = 1, .infer = infer_unary_float, .grad = grad_sqrt,
+                          .eval = [](const Node&, auto in, auto out) {
+                            return map1(in, out, [](double x) { return std::sqrt(x); });
+                          },
+                          .prepare = prepare_map1<sqrt_f32>});
+  t.define(OpKind::div, {.min_inputs = 2, .max_inputs = 2, .infer = infer_binary_float, .grad = grad_div,
+                         .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::divides<double>()); },
+                         .prepare = prepare_div});
   t.define(OpKind::gelu, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"tanh", AttrKind::i64, false}},
                           .infer = infer_unary_float, .grad = grad_gelu,
                           .eval = [](const Node& n, auto in, auto out) {

@@ -256,6 +256,37 @@ TEST(FastKernels, AttentionMasksForwardAndBackward) {
     }
 }
 
+// ---- elementwise ops --------------------------------------------------------------------------
+
+TEST(FastKernels, TanhSqrtDivAndMaskCast) {
+  {
+    Graph g;
+    Builder b(g);
+    b.tanh(b.input("x", DType::f32, Shape{3, 5, 7}));
+    expect_fast_matches(g, random_feeds(g, 8, -4.0, 4.0));
+  }
+  {
+    Graph g;
+    Builder b(g);
+    b.sqrt(b.input("x", DType::f32, Shape{3, 5, 7}));
+    expect_fast_matches(g, random_feeds(g, 9, 0.0, 9.0));
+  }
+  {
+    Graph g;
+    Builder b(g);
+    b.div(b.input("a", DType::f32, Shape{5, 7}), b.input("b", DType::f32, Shape{5, 7}));
+    Feeds feeds = random_feeds(g, 10);
+    feeds.at("b") = random_feeds(g, 11, 0.5, 3.0).at("b");
+    expect_fast_matches(g, feeds);
+  }
+  for (DType from : {DType::u8, DType::boolean}) {
+    Graph g;
+    Builder b(g);
+    b.cast(b.input("m", from, Shape{3, 7}), DType::f32);
+    expect_fast_matches(g, random_feeds(g, 12, 0.0, 1.0, 2));
+  }
+}
+
 // ---- shape ops ---------------------------------------------------------------------------------
 
 TEST(FastKernels, ReshapeTransposeSliceConcat) {

@@ -1,0 +1,84 @@
+#include "models/bert.h"
+
+#include <cmath>
+#include <string>
+
+namespace aspen::models {
+
+using graph::Builder;
+using graph::ValueId;
+
+Status BertConfig::validate() const {
+  const std::pair<const char*, int64_t> positive[] = {
+      {"vocab", vocab},     {"type_vocab", type_vocab}, {"max_positions", max_positions}, {"d_model", d_model},
+      {"n_layer", n_layer}, {"n_head", n_head},         {"d_ff", d_ff}};
+  for (const auto& [key, v] : positive)
+    if (v <= 0) return config_key_error("bert", key, "a number > 0", std::to_string(v));
+  if (d_model % n_head != 0)
+    return config_key_error("bert", "d_model", "a multiple of n_head (" + std::to_string(n_head) + ")",
+                            std::to_string(d_model));
+  if (!std::isfinite(layer_norm_eps) || layer_norm_eps < 0)
+    return config_key_error("bert", "layer_norm_eps", "a finite number >= 0", std::to_string(layer_norm_eps));
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+    return config_key_error("bert", "dtype", "f32, bf16 or f16", std::string(dtype_name(dtype)));
+  return Status();
+}
+
+Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions& o) {
+  ASPEN_RETURN_IF_ERROR(c.validate());
+  ASPEN_RETURN_IF_ERROR(check_batch_seq("bert", o.batch, o.seq, "max_positions", c.max_positions));
+  const DType dt = c.dtype;
+  const int64_t B = o.batch, T = o.seq, C = c.d_model;
+  const double eps = c.layer_norm_eps;
+  BertGraph m;
+  m.input_ids = b.input("input_ids", DType::i32, Shape{B, T});
+  m.token_type_ids = b.input("token_type_ids", DType::i32, Shape{B, T});
+  m.attention_mask = b.input("attention_mask", DType::u8, Shape{B, T});
+
+  // Embeddings: (word + token_type) + position, then LayerNorm (HF's order of additions).
+  ValueId x = b.add(b.gather(b.parameter("embeddings.word_embeddings.weight", dt, Shape{c.vocab, C}), m.input_ids),
+                    b.gather(b.parameter("embeddings.token_type_embeddings.weight", dt, Shape{c.type_vocab, C}),
+                             m.token_type_ids));
+  ValueId pos = b.slice(b.parameter("embeddings.position_embeddings.weight", dt, Shape{c.max_positions, C}), 0, 0, T);
+  x = layer_norm(b, b.add(x, b.broadcast(pos, {B, T, C})), "embeddings.LayerNorm", C, eps, dt);
+
+  const AttentionSpec attn{.n_head = c.n_head, .head_dim = c.head_dim(), .mask = "none"};
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string p = "encoder.layer." + std::to_string(i) + ".";
+    ValueId q = linear(b, x, p + "attention.self.query", C, C, /*bias=*/true, dt);
+    ValueId k = linear(b, x, p + "attention.self.key", C, C, true, dt);
+    ValueId v = linear(b, x, p + "attention.self.value", C, C, true, dt);
+    ValueId a = linear(b, attention_core(b, q, k, v, attn, std::nullopt, m.attention_mask),
+                       p + "attention.output.dense", C, C, true, dt);
+    x = layer_norm(b, b.add(a, x), p + "attention.output.LayerNorm", C, eps, dt);
+    ValueId f = mlp(b, x,
+                    {.fc_in = p + "intermediate.dense",
+                     .fc_out = p + "output.dense",
+                     .d_model = C,
+                     .d_ff = c.d_ff,
+                     .activation = c.activation});
+    x = layer_norm(b, b.add(f, x), p + "output.LayerNorm", C, eps, dt);
+  }
+  m.last_hidden_state = x;
+  b.output("last_hidden_state", x);
+
+  if (o.pooler) {
+    ValueId cls = b.reshape(b.slice(x, 1, 0, 1), {B, C});  // [B, C]: the first token of each row
+    m.pooler_output = b.tanh(linear(b, cls, "pooler.dense", C, C, true, dt));
+    b.output("pooler_output", m.pooler_output);
+  }
+  if (o.sentence_embedding) {
+    // sentence-transformers: mean over the tokens the mask keeps, then x / ||x||_2.
+    ValueId mask = b.cast(m.attention_mask, dt);                                   // [B, T]
+    ValueId kept = b.mul(x, b.broadcast(b.reshape(mask, {B, T, 1}), {B, T, C}));  // [B, T, C]
+    ValueId count = b.broadcast(b.reduce_sum(mask, {1}, /*keepdims=*/true), {B, C});
+    ValueId mean = b.div(b.reduce_sum(kept, {1}), count);  // [B, C]
+    ValueId norm = b.sqrt(b.reduce_sum(b.mul(mean, mean), {1}, /*keepdims=*/true));
+    m.sentence_embedding = b.div(mean, b.broadcast(norm, {B, C}));
+    b.output("sentence_embedding", m.sentence_embedding);
+  }
+  ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context("bert"));
+  return m;
+}
+
+}  // namespace aspen::models

@@ -1,0 +1,87 @@
+// models/bert.h: the BERT encoder graph (Hugging Face BertModel), its pooler,
+// and the sentence embedding of sentence-transformers models (mean pooling,
+// then L2 normalization), built from the blocks of models/blocks.h.
+//
+//   graph::Graph g;
+//   graph::Builder b(g);
+//   ASPEN_ASSIGN_OR_RETURN(BertGraph m, build_bert(b, BertConfig::minilm_l6(),
+//                                                  {.batch = 8, .seq = 128, .sentence_embedding = true}));
+//
+// The graph, as Hugging Face's modeling_bert computes it (eval mode, dropout off):
+//   x = LayerNorm(word[input_ids] + token_type[token_type_ids] + position[t])   (absolute positions 0..T-1)
+//   per layer i (post-LN):
+//     q, k, v = x Wq^T + bq, x Wk^T + bk, x Wv^T + bv       (nn.Linear, biased)
+//     attention without a causal mask, scale 1/sqrt(D), keys with attention_mask 0 never attended
+//     x = LayerNorm(dense(heads merged) + x)                (attention.output)
+//     x = LayerNorm(dense(act(dense(x))) + x)               (intermediate, output; act: erf GELU for "gelu")
+//   last_hidden_state = x
+//   pooler_output = tanh(pooler.dense(x[:, 0]))             (the [CLS] token)
+//   sentence_embedding = normalize(sum_t mask[t] x[t] / sum_t mask[t])   (L2; a row needs one token at least)
+//
+// Parameter names are Hugging Face BertModel's (a BertForX checkpoint adds a
+// "bert." prefix, which models/weights.h maps when loading):
+//   embeddings.{word,position,token_type}_embeddings.weight      [vocab | max_positions | type_vocab, d_model]
+//   embeddings.LayerNorm.{weight,bias}                           [d_model]
+//   encoder.layer.{i}.attention.self.{query,key,value}.{weight,bias}   [d_model, d_model], [d_model]
+//   encoder.layer.{i}.attention.output.dense.{weight,bias}       [d_model, d_model], [d_model]
+//   encoder.layer.{i}.attention.output.LayerNorm.{weight,bias}   [d_model]
+//   encoder.layer.{i}.intermediate.dense.{weight,bias}           [d_ff, d_model], [d_ff]
+//   encoder.layer.{i}.output.dense.{weight,bias}                 [d_model, d_ff], [d_model]
+//   encoder.layer.{i}.output.LayerNorm.{weight,bias}             [d_model]
+//   pooler.dense.{weight,bias}                                   [d_model, d_model], [d_model]   (with the pooler)
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "graph/builder.h"
+#include "models/blocks.h"
+
+namespace aspen::models {
+
+struct BertConfig {
+  int64_t vocab = 30522, type_vocab = 2, max_positions = 512, d_model = 768, n_layer = 12, n_head = 12,
+          d_ff = 3072;
+  double layer_norm_eps = 1e-12;
+  Activation activation = Activation::gelu_erf;
+  DType dtype = DType::f32;
+
+  // google-bert/bert-base-uncased (the defaults above).
+  static BertConfig bert_base() { return BertConfig{}; }
+  // sentence-transformers/all-MiniLM-L6-v2.
+  static BertConfig minilm_l6() { return BertConfig{.d_model = 384, .n_layer = 6, .n_head = 12, .d_ff = 1536}; }
+  // A tiny random configuration for tests: every dimension distinct.
+  static BertConfig tiny() {
+    return BertConfig{
+        .vocab = 29, .type_vocab = 3, .max_positions = 13, .d_model = 20, .n_layer = 2, .n_head = 4, .d_ff = 26};
+  }
+
+  int64_t head_dim() const { return n_head > 0 ? d_model / n_head : 0; }
+  // Every key in range: a Status naming the key ("bert config: n_head"),
+  // what was expected and what was found.
+  Status validate() const;
+};
+
+struct BertOptions {
+  int64_t batch = 1, seq = 1;
+  bool pooler = false;              // output "pooler_output" [batch, d_model]
+  bool sentence_embedding = false;  // output "sentence_embedding" [batch, d_model]
+};
+
+struct BertGraph {
+  graph::ValueId input_ids, token_type_ids, attention_mask;
+  graph::ValueId last_hidden_state;
+  graph::ValueId pooler_output;       // invalid unless built with options.pooler
+  graph::ValueId sentence_embedding;  // invalid unless built with options.sentence_embedding
+};
+
+// Records the BERT encoder for fixed [batch, seq]:
+//   inputs  "input_ids" i32 [batch, seq], "token_type_ids" i32 [batch, seq],
+//           "attention_mask" u8 [batch, seq] (1 = token, 0 = padding),
+//   outputs "last_hidden_state" [batch, seq, d_model], and as asked
+//           "pooler_output" and "sentence_embedding" [batch, d_model].
+// A bad config or shape is a Status; so is the builder's first error.
+Result<BertGraph> build_bert(graph::Builder& b, const BertConfig& c, const BertOptions& options);
+
+}  // namespace aspen::models

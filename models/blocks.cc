@@ -1,0 +1,85 @@
+#include "models/blocks.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/check.h"
+
+namespace aspen::models {
+
+using graph::Builder;
+using graph::OpKind;
+using graph::ValueId;
+
+ValueId linear(Builder& b, ValueId x, const std::string& name, int64_t in, int64_t out, bool bias, DType dtype,
+               WeightLayout layout) {
+  const bool out_in = layout == WeightLayout::out_in;
+  ValueId w = b.parameter(name + ".weight", dtype, out_in ? Shape{out, in} : Shape{in, out});
+  std::vector<ValueId> args{x, w};
+  if (bias) args.push_back(b.parameter(name + ".bias", dtype, Shape{out}));
+  graph::Attrs attrs;
+  if (out_in) attrs.set("trans_b", int64_t(1));
+  return b.op1(OpKind::matmul, std::move(args), std::move(attrs));
+}
+
+ValueId layer_norm(Builder& b, ValueId x, const std::string& name, int64_t C, double eps, DType dtype) {
+  ValueId gamma = b.parameter(name + ".weight", dtype, Shape{C});
+  ValueId beta = b.parameter(name + ".bias", dtype, Shape{C});
+  std::vector<ValueId> outs = b.op(OpKind::layernorm, {x, gamma, beta}, {{"eps", eps}});
+  return outs.empty() ? ValueId{} : outs[0];
+}
+
+ValueId mlp(Builder& b, ValueId x, const MlpSpec& s) {
+  if (!b.status().is_ok()) return ValueId{};
+  const DType dtype = b.type(x).dtype;
+  ValueId h = linear(b, x, s.fc_in, s.d_model, s.d_ff, s.bias, dtype, s.layout);
+  h = b.gelu(h, /*tanh_form=*/s.activation == Activation::gelu_tanh);
+  return linear(b, h, s.fc_out, s.d_ff, s.d_model, s.bias, dtype, s.layout);
+}
+
+ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const AttentionSpec& s,
+                       std::optional<ValueId> positions, std::optional<ValueId> key_valid) {
+  if (!b.status().is_ok()) return ValueId{};
+  const Shape qs = b.type(q).shape;  // [B, T, H*D]
+  const int64_t B = qs[0], T = qs[1], H = s.n_head, D = s.head_dim;
+  const std::vector<int64_t> bthd{B, T, H, D}, to_bhtd{0, 2, 1, 3};
+  const bool rotate = s.rotary_dim > 0;
+  ASPEN_CHECK(!rotate || positions.has_value());  // a caller's bug, not input: rotary needs positions
+  auto heads = [&](ValueId x, bool rot) {
+    ValueId r = b.reshape(x, bthd);
+    if (rot)  // [B, T, H, D] is the rotary op's layout: one position row serves every head
+      r = b.op1(OpKind::rotary, {r, *positions},
+                {{"rotary_dim", s.rotary_dim}, {"layout", s.rotary_layout}, {"base", s.rotary_base}});
+    return b.transpose(r, to_bhtd);  // [B, H, T, D]
+  };
+  std::vector<ValueId> args{heads(q, rotate), heads(k, rotate), heads(v, false)};
+  if (key_valid) args.push_back(*key_valid);
+  std::vector<ValueId> outs =
+      b.op(OpKind::attention, std::move(args), {{"scale", 1.0 / std::sqrt(double(D))}, {"mask", s.mask}});
+  if (outs.empty()) return ValueId{};
+  return b.reshape(b.transpose(outs[0], to_bhtd), {B, T, H * D});  // merge heads: [B, T, H*D]
+}
+
+ValueId lm_loss(Builder& b, ValueId logits, ValueId targets) {
+  if (!b.status().is_ok()) return ValueId{};
+  const Shape s = b.type(logits).shape;  // [B, T, V]
+  std::vector<ValueId> ce = b.op(OpKind::cross_entropy, {b.reshape(logits, {s[0] * s[1], s[2]}), targets});
+  return ce.empty() ? ValueId{} : ce[0];  // the mean over rows; per-row losses and lse stay for the backward
+}
+
+Status check_batch_seq(const std::string& family, int64_t batch, int64_t seq, const std::string& positions_key,
+                       int64_t max_positions) {
+  if (batch < 1) return Status::invalid_argument(family + ": batch", "a number > 0", std::to_string(batch));
+  if (seq < 1 || seq > max_positions)
+    return Status::invalid_argument(family + ": seq",
+                                    "a number in [1, " + positions_key + " = " + std::to_string(max_positions) + "]",
+                                    std::to_string(seq));
+  return Status();
+}
+
+Status config_key_error(const std::string& family, const std::string& key, const std::string& expected,
+                        const std::string& found) {
+  return Status::invalid_argument(family + " config: " + key, expected, found);
+}
+
+}  // namespace aspen::models

@@ -1,0 +1,94 @@
+// models/blocks.h: the small graph builders every model family is made of.
+//
+// Each block records its parameters under the Hugging Face names it is given
+// and relies on the Builder's sticky errors: model code calls blocks one after
+// another and checks b.status() once at the end. The families (gpt2.h,
+// gptj.h, bert.h) differ only in how they wire these blocks:
+//   GPT-2: Conv1D weights (WeightLayout::in_out), fused c_attn sliced into
+//          q, k, v, gelu_new, pre-LN, learned positions;
+//   GPT-J: nn.Linear weights, rotary on q and k, parallel residual;
+//   BERT:  nn.Linear weights with biases, erf GELU, no causal mask, post-LN.
+//
+// Thread-safety: builders record into the caller's Graph; one thread per Builder.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "graph/builder.h"
+
+namespace aspen::models {
+
+// How a checkpoint stores a projection's weight.
+enum class WeightLayout {
+  out_in,  // [out, in]: torch.nn.Linear (GPT-J, BERT); read with trans_b
+  in_out,  // [in, out]: GPT-2's Conv1D
+};
+
+// y = x W (+ bias) over x's last axis: x [..., in] -> [..., out]. Parameters
+// "<name>.weight" and, with bias, "<name>.bias" [out].
+graph::ValueId linear(graph::Builder& b, graph::ValueId x, const std::string& name, int64_t in, int64_t out, bool bias,
+                      DType dtype, WeightLayout layout = WeightLayout::out_in);
+
+// LayerNorm over the last axis (C) with "<name>.weight" and "<name>.bias" [C].
+// Returns y (the saved statistics stay in the graph for the backward pass).
+graph::ValueId layer_norm(graph::Builder& b, graph::ValueId x, const std::string& name, int64_t C, double eps,
+                          DType dtype);
+
+enum class Activation {
+  gelu_tanh,  // HF "gelu_new" (GPT-2, GPT-J)
+  gelu_erf,   // HF "gelu" (BERT)
+};
+
+struct MlpSpec {
+  std::string fc_in, fc_out;  // parameter name prefixes, e.g. "transformer.h.0.mlp.fc_in"
+  int64_t d_model = 0, d_ff = 0;
+  Activation activation = Activation::gelu_tanh;
+  bool bias = true;
+  WeightLayout layout = WeightLayout::out_in;
+};
+// fc_out(act(fc_in(x))): x [..., d_model] -> [..., d_model].
+graph::ValueId mlp(graph::Builder& b, graph::ValueId x, const MlpSpec& spec);
+
+struct AttentionSpec {
+  int64_t n_head = 0, head_dim = 0;
+  std::string mask = "causal";                // "causal" (decoders) or "none" (encoders)
+  int64_t rotary_dim = 0;                     // 0: no rotary embedding
+  std::string rotary_layout = "interleaved";  // "interleaved" (GPT-J) or "half_split" (NeoX, Llama)
+  double rotary_base = 10000.0;
+};
+// Multi-head attention on projected q, k, v, each [B, T, H*D]: splits heads,
+// applies rotary to q and k when spec.rotary_dim > 0 (positions i32 [B, T]
+// required then), attends with scale 1/sqrt(D) and the spec's mask (key_valid
+// u8/bool [B, T] optional: padding), and merges heads back to [B, T, H*D]. The
+// output projection is the caller's (it is a linear()).
+graph::ValueId attention_core(graph::Builder& b, graph::ValueId q, graph::ValueId k, graph::ValueId v,
+                              const AttentionSpec& spec, std::optional<graph::ValueId> positions = std::nullopt,
+                              std::optional<graph::ValueId> key_valid = std::nullopt);
+
+// The mean cross-entropy of logits [B, T, V] against targets i32 [B*T] (no
+// shift: targets[b*T + t] is the id to predict at (b, t)). Rank 0.
+graph::ValueId lm_loss(graph::Builder& b, graph::ValueId logits, graph::ValueId targets);
+
+// What a causal language model's graph is built for (GPT-2, GPT-J).
+struct CausalLmOptions {
+  int64_t batch = 1, seq = 1;
+  bool with_loss = false;       // input "targets" i32 [batch*seq], output "loss" (rank 0)
+  bool attention_mask = false;  // input "attention_mask" u8 [batch, seq]: 1 = token, 0 = padding (a key never attended)
+  bool last_hidden_state = false;  // output "last_hidden_state" [batch, seq, d_model]: ln_f's output (HF's last
+                                   // hidden_states entry)
+};
+
+// batch >= 1 and seq in [1, max_positions]: errors "<family>: batch" and
+// "<family>: seq" (naming the config key that bounds seq).
+Status check_batch_seq(const std::string& family, int64_t batch, int64_t seq, const std::string& positions_key,
+                       int64_t max_positions);
+
+// "<family> config: <key>: expected <expected>, found <found>".
+Status config_key_error(const std::string& family, const std::string& key, const std::string& expected,
+                        const std::string& found);
+
+}  // namespace aspen::models

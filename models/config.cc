@@ -1,0 +1,257 @@
+#include "models/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/log.h"
+
+namespace aspen::models {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Keys every Hugging Face config may carry that do not change an eval-mode
+// forward pass: PretrainedConfig's own attributes, generation settings older
+// configs keep inline, training-only settings (dropout, init, checkpointing).
+const std::set<std::string>& harmless_keys() {
+  static const std::set<std::string> keys = {
+      "_name_or_path", "architectures", "model_type", "torch_dtype", "dtype", "transformers_version",
+      "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+      "initializer_range", "use_cache", "task_specific_params", "id2label", "label2id", "num_labels",
+      "problem_type", "finetuning_task", "tokenizer_class", "prefix", "output_hidden_states",
+      "output_attentions", "return_dict", "torchscript", "use_bfloat16", "pruned_heads", "is_decoder",
+      "is_encoder_decoder", "add_cross_attention", "cross_attention_hidden_size", "tie_encoder_decoder",
+      "chunk_size_feed_forward", "gradient_checkpointing", "tf_legacy_loss", "_attn_implementation",
+      "attn_implementation", "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+      "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
+      "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+      "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate",
+      "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+      "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+      // dropout and GPT-2's sequence-summary head (GPT2DoubleHeadsModel), unused in eval mode
+      "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob",
+      "classifier_dropout", "summary_type", "summary_use_proj", "summary_activation", "summary_first_dropout",
+      "summary_proj_to_labels", "reorder_and_upcast_attn" /* numerics of f16 training only */};
+  return keys;
+}
+
+// Reads keys of one config object; the first error sticks (later reads
+// return defaults), as the Builder's errors do.
+class Keys {
+ public:
+  Keys(const json& j, std::string path) : j_(j), path_(std::move(path)) {}
+
+  const Status& status() const { return status_; }
+
+  // Absent or null: nullopt.
+  const json* find(const std::string& key) {
+    used_.insert(key);
+    auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+  int64_t required_int(const std::string& key) {
+    const json* v = find(key);
+    if (!v) {
+      fail(Code::kNotFound, key, "present (it sizes the model)", "none");
+      return 0;
+    }
+    return as_int(key, *v);
+  }
+  int64_t int_or(const std::string& key, int64_t fallback) {
+    const json* v = find(key);
+    return v ? as_int(key, *v) : fallback;
+  }
+  std::optional<int64_t> optional_int(const std::string& key) {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    return as_int(key, *v);
+  }
+  double number_or(const std::string& key, double fallback) {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_number()) {
+      fail(Code::kInvalidArgument, key, "a number", v->dump());
+      return fallback;
+    }
+    return v->get<double>();
+  }
+  bool bool_or(const std::string& key, bool fallback) {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) {
+      fail(Code::kInvalidArgument, key, "true or false", v->dump());
+      return fallback;
+    }
+    return v->get<bool>();
+  }
+  // A string among `allowed` (the first is the default when absent).
+  std::string choice(const std::string& key, const std::vector<std::string>& allowed) {
+    const json* v = find(key);
+    if (!v) return allowed.front();
+    if (v->is_string() && std::find(allowed.begin(), allowed.end(), v->get<std::string>()) != allowed.end())
+      return v->get<std::string>();
+    std::string want;
+    for (const std::string& a : allowed) want += (want.empty() ? "" : " or ") + ("\"" + a + "\"");
+    fail(Code::kUnimplemented, key, want + " (what the graph computes)", v->dump());
+    return allowed.front();
+  }
+  // A boolean that must have `want` (the graph has no other behaviour).
+  void require_bool(const std::string& key, bool want) {
+    if (bool_or(key, want) != want)
+      fail(Code::kUnimplemented, key, std::string(want ? "true" : "false") + " (what the graph computes)",
+           want ? "false" : "true");
+  }
+  // eos_token_id: one id or a list.
+  std::vector<int64_t> ids(const std::string& key) {
+    const json* v = find(key);
+    std::vector<int64_t> out;
+    if (!v) return out;
+    if (v->is_array()) {
+      for (const json& e : *v) out.push_back(as_int(key, e));
+    } else {
+      out.push_back(as_int(key, *v));
+    }
+    return out;
+  }
+  // Keys neither read nor harmless, sorted.
+  std::vector<std::string> unknown() const {
+    std::vector<std::string> out;
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!used_.count(it.key()) && !harmless_keys().count(it.key())) out.push_back(it.key());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  void fail(Code code, const std::string& key, const std::string& expected, const std::string& found) {
+    if (status_.is_ok()) status_ = Status::error(code, path_ + ": key '" + key + "'", expected, found);
+  }
+
+ private:
+  int64_t as_int(const std::string& key, const json& v) {
+    if (v.is_number_integer()) return v.get<int64_t>();
+    fail(Code::kInvalidArgument, key, "an integer", v.dump());
+    return 0;
+  }
+
+  const json& j_;
+  std::string path_;
+  std::set<std::string> used_;
+  Status status_;
+};
+
+Gpt2Config read_gpt2(Keys& k) {
+  Gpt2Config c;
+  c.vocab = k.required_int("vocab_size");
+  c.n_positions = k.required_int("n_positions");
+  c.d_model = k.required_int("n_embd");
+  c.n_layer = k.required_int("n_layer");
+  c.n_head = k.required_int("n_head");
+  c.d_ff = k.int_or("n_inner", 0);  // null: 4 * n_embd
+  c.layer_norm_eps = k.number_or("layer_norm_epsilon", 1e-5);
+  c.tie_word_embeddings = k.bool_or("tie_word_embeddings", true);
+  k.choice("activation_function", {"gelu_new"});
+  k.require_bool("scale_attn_weights", true);
+  k.require_bool("scale_attn_by_inverse_layer_idx", false);
+  if (const json* n_ctx = k.find("n_ctx"); n_ctx && *n_ctx != json(c.n_positions))  // old configs repeat n_positions
+    k.fail(Code::kUnimplemented, "n_ctx", "n_positions (" + std::to_string(c.n_positions) + ")", n_ctx->dump());
+  return c;
+}
+
+GptjConfig read_gptj(Keys& k) {
+  GptjConfig c;
+  c.vocab = k.required_int("vocab_size");
+  c.n_positions = k.required_int("n_positions");
+  c.d_model = k.required_int("n_embd");
+  c.n_layer = k.required_int("n_layer");
+  c.n_head = k.required_int("n_head");
+  c.rotary_dim = k.int_or("rotary_dim", c.n_head > 0 ? c.d_model / c.n_head : 0);  // null: the whole head
+  c.d_ff = k.int_or("n_inner", 0);
+  c.layer_norm_eps = k.number_or("layer_norm_epsilon", 1e-5);
+  k.choice("activation_function", {"gelu_new"});
+  k.require_bool("tie_word_embeddings", false);  // the graph has its own lm_head (with a bias)
+  k.bool_or("rotary", true);                      // GPT-J 6B's config says so; rotary is always on
+  k.require_bool("scale_attn_weights", true);
+  return c;
+}
+
+BertConfig read_bert(Keys& k) {
+  BertConfig c;
+  c.vocab = k.required_int("vocab_size");
+  c.d_model = k.required_int("hidden_size");
+  c.n_layer = k.required_int("num_hidden_layers");
+  c.n_head = k.required_int("num_attention_heads");
+  c.d_ff = k.required_int("intermediate_size");
+  c.max_positions = k.required_int("max_position_embeddings");
+  c.type_vocab = k.int_or("type_vocab_size", 2);
+  c.layer_norm_eps = k.number_or("layer_norm_eps", 1e-12);
+  c.activation = k.choice("hidden_act", {"gelu", "gelu_new"}) == "gelu" ? Activation::gelu_erf : Activation::gelu_tanh;
+  k.choice("position_embedding_type", {"absolute"});
+  k.bool_or("tie_word_embeddings", true);  // BertModel has no head to tie
+  return c;
+}
+
+Status io_error(const std::string& path, const std::string& expected) {
+  return Status::error(Code::kIoError, path, expected, std::strerror(errno));
+}
+
+}  // namespace
+
+const std::vector<std::string>& supported_model_types() {
+  static const std::vector<std::string> types = {"gpt2", "gptj", "bert"};
+  return types;
+}
+
+Result<ModelConfig> parse_config(const std::string& text, const std::string& path) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::error(Code::kCorrupt, path, "well-formed JSON", "a parse error");
+  if (!j.is_object()) return Status::error(Code::kCorrupt, path, "a JSON object", std::string(j.type_name()));
+  ModelConfig c;
+  c.path = path;
+  Keys k(j, path);
+  const json* type = k.find("model_type");
+  if (!type) return Status::error(Code::kNotFound, path + ": key 'model_type'", "present", "none");
+  std::string types;
+  for (const std::string& t : supported_model_types()) types += (types.empty() ? "" : ", ") + t;
+  c.model_type = type->is_string() ? type->get<std::string>() : type->dump();
+  if (c.model_type == "gpt2") {
+    c.family = read_gpt2(k);
+  } else if (c.model_type == "gptj") {
+    c.family = read_gptj(k);
+  } else if (c.model_type == "bert") {
+    c.family = read_bert(k);
+  } else {
+    return Status::error(Code::kUnimplemented, path + ": model_type", "one of " + types, "\"" + c.model_type + "\"");
+  }
+  c.bos_token_id = k.optional_int("bos_token_id");
+  c.pad_token_id = k.optional_int("pad_token_id");
+  c.eos_token_ids = k.ids("eos_token_id");
+  ASPEN_RETURN_IF_ERROR(k.status());
+  Status valid = std::visit([](const auto& f) { return f.validate(); }, c.family);
+  ASPEN_RETURN_IF_ERROR(std::move(valid).with_context(path));
+  c.unknown_keys = k.unknown();
+  if (!c.unknown_keys.empty()) {
+    std::string list;
+    for (const std::string& key : c.unknown_keys) list += (list.empty() ? "" : ", ") + key;
+    ASPEN_LOG(warning) << path << ": unknown " << c.model_type << " config keys ignored: " << list;
+  }
+  return c;
+}
+
+Result<ModelConfig> load_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return io_error(path, "a readable config.json");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return io_error(path, "a readable config.json");
+  return parse_config(text.str(), path);
+}
+
+}  // namespace aspen::models

@@ -1,0 +1,56 @@
+// models/config.h: a model's configuration from a Hugging Face config.json.
+//
+//   ASPEN_ASSIGN_OR_RETURN(ModelConfig c, load_config("gpt2/config.json"));
+//   if (const Gpt2Config* g = c.gpt2()) ...
+//
+// load_config dispatches on "model_type" ("gpt2", "gptj", "bert") and maps
+// Hugging Face's key names onto the family's config (gpt2: n_embd -> d_model,
+// n_inner -> d_ff, ...; bert: hidden_size -> d_model, ...; see config.cc's
+// tables). The keys that size the model are required; the others take
+// Hugging Face's defaults. Keys that do not change the forward pass in eval
+// mode (dropout probabilities, architectures, dtype, transformers_version,
+// initializer_range, generation settings, ...) are accepted silently; any
+// other key is reported in unknown_keys and logged as a warning, since it may
+// ask for behaviour this graph lacks. A setting the graphs cannot honour (an
+// activation other than the family's GELU, relative position embeddings,
+// GPT-2's scale_attn_by_inverse_layer_idx) is an error naming the key.
+//
+// Errors name the file, the key, what was expected and what was found.
+// The graph dtype stays f32 (a caller choice, not the checkpoint's).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/status.h"
+#include "models/bert.h"
+#include "models/gpt2.h"
+#include "models/gptj.h"
+
+namespace aspen::models {
+
+struct ModelConfig {
+  std::string path;        // the config.json it was read from
+  std::string model_type;  // "gpt2", "gptj" or "bert"
+  std::variant<Gpt2Config, GptjConfig, BertConfig> family;
+  std::optional<int64_t> bos_token_id, pad_token_id;
+  std::vector<int64_t> eos_token_ids;     // HF allows one id or a list
+  std::vector<std::string> unknown_keys;  // sorted; logged as a warning when loaded
+
+  const Gpt2Config* gpt2() const { return std::get_if<Gpt2Config>(&family); }
+  const GptjConfig* gptj() const { return std::get_if<GptjConfig>(&family); }
+  const BertConfig* bert() const { return std::get_if<BertConfig>(&family); }
+};
+
+// The model types load_config understands, in the order error messages list them.
+const std::vector<std::string>& supported_model_types();
+
+// Reads and parses `path`.
+Result<ModelConfig> load_config(const std::string& path);
+// Parses config.json text; `path` names it in errors and warnings.
+Result<ModelConfig> parse_config(const std::string& json_text, const std::string& path);
+
+}  // namespace aspen::models

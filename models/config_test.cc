@@ -1,0 +1,129 @@
+// Tests of models/config.cc: the tiny checkpoints' config.json files, and
+// every error worded exactly.
+#include "models/config.h"
+
+#include <gtest/gtest.h>
+
+#include "core/log.h"
+
+namespace aspen::models {
+namespace {
+
+const std::string kTestdata = ASPEN_MODELS_TESTDATA;
+
+// A minimal valid config of `type` with `extra` keys appended (a JSON fragment starting with a comma).
+std::string json_of(const std::string& type, const std::string& extra = "") {
+  if (type == "gpt2" || type == "gptj")
+    return R"({"model_type": ")" + type + R"(", "vocab_size": 50, "n_positions": 16, "n_embd": 12, "n_layer": 2,
+              "n_head": 3)" + extra + "}";
+  return R"({"model_type": "bert", "vocab_size": 50, "hidden_size": 12, "num_hidden_layers": 2,
+            "num_attention_heads": 3, "intermediate_size": 20, "max_position_embeddings": 16)" + extra + "}";
+}
+
+std::string error_of(const std::string& text) { return parse_config(text, "c.json").status().message(); }
+
+TEST(Config, LoadsTheTinyCheckpointsConfigs) {
+  auto gpt2 = load_config(kTestdata + "/gpt2-tiny/config.json");
+  ASSERT_TRUE(gpt2.is_ok()) << gpt2.status().to_string();
+  ASSERT_NE(gpt2->gpt2(), nullptr);
+  EXPECT_EQ(gpt2->model_type, "gpt2");
+  const Gpt2Config& g = *gpt2->gpt2();
+  EXPECT_EQ(g.vocab, 1000);
+  EXPECT_EQ(g.d_model, 48);
+  EXPECT_EQ(g.n_head, 3);
+  EXPECT_EQ(g.n_layer, 3);
+  EXPECT_EQ(g.n_positions, 64);
+  EXPECT_EQ(g.ff_dim(), 192);  // n_inner null
+  EXPECT_EQ(g.layer_norm_eps, 1e-5);
+  EXPECT_TRUE(g.tie_word_embeddings);
+  EXPECT_EQ(gpt2->bos_token_id, 999);
+  EXPECT_EQ(gpt2->pad_token_id, 999);
+  EXPECT_EQ(gpt2->eos_token_ids, std::vector<int64_t>{999});
+  EXPECT_TRUE(gpt2->unknown_keys.empty());
+
+  auto gptj = load_config(kTestdata + "/gptj-tiny/config.json");
+  ASSERT_TRUE(gptj.is_ok()) << gptj.status().to_string();
+  ASSERT_NE(gptj->gptj(), nullptr);
+  EXPECT_EQ(gptj->gptj()->rotary_dim, 8);
+  EXPECT_EQ(gptj->gptj()->d_model, 48);
+  EXPECT_TRUE(gptj->unknown_keys.empty());
+
+  auto bert = load_config(kTestdata + "/bert-tiny/config.json");
+  ASSERT_TRUE(bert.is_ok()) << bert.status().to_string();
+  ASSERT_NE(bert->bert(), nullptr);
+  const BertConfig& b = *bert->bert();
+  EXPECT_EQ(b.d_model, 48);
+  EXPECT_EQ(b.d_ff, 100);
+  EXPECT_EQ(b.type_vocab, 2);
+  EXPECT_EQ(b.max_positions, 64);
+  EXPECT_EQ(b.layer_norm_eps, 1e-12);
+  EXPECT_EQ(b.activation, Activation::gelu_erf);
+  EXPECT_EQ(bert->pad_token_id, 0);
+  EXPECT_FALSE(bert->bos_token_id.has_value());  // null
+  EXPECT_TRUE(bert->eos_token_ids.empty());
+  EXPECT_TRUE(bert->unknown_keys.empty());
+}
+
+TEST(Config, DefaultsNullsAndLists) {
+  auto c = parse_config(json_of("gptj", R"(, "rotary_dim": null, "eos_token_id": [7, 9])"), "c.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->gptj()->rotary_dim, 4);  // null: the whole head
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int64_t>{7, 9}));
+  auto b = parse_config(json_of("bert", R"(, "hidden_act": "gelu_new")"), "c.json");
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  EXPECT_EQ(b->bert()->activation, Activation::gelu_tanh);
+  EXPECT_EQ(b->bert()->layer_norm_eps, 1e-12);
+}
+
+TEST(Config, UnknownKeysAreAWarningListingThem) {
+  std::vector<std::string> logged;
+  LogSink old = set_log_sink([&](LogLevel level, const std::string& m) {
+    if (level == LogLevel::warning) logged.push_back(m);
+  });
+  auto c = parse_config(json_of("gpt2", R"(, "zeta": 1, "alpha_thing": true, "resid_pdrop": 0.1, "dtype": "float32")"),
+                        "c.json");
+  set_log_sink(old);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->unknown_keys, (std::vector<std::string>{"alpha_thing", "zeta"}));
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_NE(logged[0].find("c.json: unknown gpt2 config keys ignored: alpha_thing, zeta"), std::string::npos)
+      << logged[0];
+}
+
+TEST(Config, ErrorsNameTheFileTheKeyAndWhatWasFound) {
+  EXPECT_EQ(error_of(R"({"model_type": "llama"})"),
+            "c.json: model_type: expected one of gpt2, gptj, bert, found \"llama\"");
+  EXPECT_EQ(error_of(R"({"n_embd": 4})"), "c.json: key 'model_type': expected present, found none");
+  EXPECT_EQ(error_of(R"({"model_type": "gpt2", "vocab_size": 50, "n_positions": 16, "n_layer": 2, "n_head": 3})"),
+            "c.json: key 'n_embd': expected present (it sizes the model), found none");
+  EXPECT_EQ(error_of(json_of("bert").substr(0, 40) + "}"), "c.json: expected well-formed JSON, found a parse error");
+  EXPECT_EQ(error_of("[1, 2]"), "c.json: expected a JSON object, found array");
+  EXPECT_EQ(error_of(json_of("gpt2", R"(, "n_inner": "big")")),
+            "c.json: key 'n_inner': expected an integer, found \"big\"");
+  EXPECT_EQ(error_of(json_of("gpt2", R"(, "activation_function": "relu")")),
+            "c.json: key 'activation_function': expected \"gelu_new\" (what the graph computes), found \"relu\"");
+  EXPECT_EQ(error_of(json_of("gpt2", R"(, "scale_attn_by_inverse_layer_idx": true)")),
+            "c.json: key 'scale_attn_by_inverse_layer_idx': expected false (what the graph computes), found true");
+  EXPECT_EQ(error_of(json_of("gptj", R"(, "tie_word_embeddings": true)")),
+            "c.json: key 'tie_word_embeddings': expected false (what the graph computes), found true");
+  EXPECT_EQ(error_of(json_of("bert", R"(, "hidden_act": "relu")")),
+            "c.json: key 'hidden_act': expected \"gelu\" or \"gelu_new\" (what the graph computes), found \"relu\"");
+  EXPECT_EQ(error_of(json_of("bert", R"(, "position_embedding_type": "relative_key")")),
+            "c.json: key 'position_embedding_type': expected \"absolute\" (what the graph computes), found "
+            "\"relative_key\"");
+  EXPECT_EQ(error_of(json_of("gpt2", R"(, "layer_norm_epsilon": "small")")),
+            "c.json: key 'layer_norm_epsilon': expected a number, found \"small\"");
+  // The family's own validation, in the graph's names, prefixed with the file.
+  EXPECT_EQ(error_of(R"({"model_type": "gpt2", "vocab_size": 50, "n_positions": 16, "n_embd": 13, "n_layer": 2,
+                        "n_head": 3})"),
+            "c.json: gpt2 config: d_model: expected a multiple of n_head (3), found 13");
+  EXPECT_EQ(error_of(json_of("gptj", R"(, "rotary_dim": 3)")),
+            "c.json: gptj config: rotary_dim: expected an even number, found 3");
+  auto missing = load_config("/nonexistent/config.json");
+  EXPECT_EQ(missing.status().code(), Code::kIoError);
+  EXPECT_EQ(missing.status().message(),
+            "/nonexistent/config.json: expected a readable config.json, found No such file or directory");
+}
+
+}  // namespace
+}  // namespace aspen::models

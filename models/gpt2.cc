@@ -1,0 +1,80 @@
+#include "models/gpt2.h"
+
+#include <cmath>
+#include <optional>
+#include <string>
+
+namespace aspen::models {
+
+using graph::Builder;
+using graph::OpKind;
+using graph::ValueId;
+
+Status Gpt2Config::validate() const {
+  const std::pair<const char*, int64_t> positive[] = {{"vocab", vocab},     {"n_positions", n_positions},
+                                                      {"d_model", d_model}, {"n_layer", n_layer},
+                                                      {"n_head", n_head}};
+  for (const auto& [key, v] : positive)
+    if (v <= 0) return config_key_error("gpt2", key, "a number > 0", std::to_string(v));
+  if (d_ff < 0) return config_key_error("gpt2", "d_ff", "a number > 0, or 0 for 4*d_model", std::to_string(d_ff));
+  if (d_model % n_head != 0)
+    return config_key_error("gpt2", "d_model", "a multiple of n_head (" + std::to_string(n_head) + ")",
+                            std::to_string(d_model));
+  if (!std::isfinite(layer_norm_eps) || layer_norm_eps < 0)
+    return config_key_error("gpt2", "layer_norm_eps", "a finite number >= 0", std::to_string(layer_norm_eps));
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+    return config_key_error("gpt2", "dtype", "f32, bf16 or f16", std::string(dtype_name(dtype)));
+  return Status();
+}
+
+Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOptions& o) {
+  ASPEN_RETURN_IF_ERROR(c.validate());
+  ASPEN_RETURN_IF_ERROR(check_batch_seq("gpt2", o.batch, o.seq, "n_positions", c.n_positions));
+  const DType dt = c.dtype;
+  const int64_t C = c.d_model;
+  const WeightLayout conv1d = WeightLayout::in_out;
+  Gpt2Graph m;
+  m.input_ids = b.input("input_ids", DType::i32, Shape{o.batch, o.seq});
+  m.positions = b.input("positions", DType::i32, Shape{o.batch, o.seq});
+  std::optional<ValueId> key_valid;
+  if (o.attention_mask) key_valid = m.attention_mask = b.input("attention_mask", DType::u8, Shape{o.batch, o.seq});
+  if (o.with_loss) m.targets = b.input("targets", DType::i32, Shape{o.batch * o.seq});
+
+  const ValueId wte = b.parameter("transformer.wte.weight", dt, Shape{c.vocab, C});
+  const ValueId wpe = b.parameter("transformer.wpe.weight", dt, Shape{c.n_positions, C});
+  ValueId x = b.add(b.gather(wte, m.input_ids), b.gather(wpe, m.positions));  // [B, T, C]
+  const AttentionSpec attn{.n_head = c.n_head, .head_dim = c.head_dim(), .mask = "causal"};
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string p = "transformer.h." + std::to_string(i) + ".";
+    ValueId h = layer_norm(b, x, p + "ln_1", C, c.layer_norm_eps, dt);
+    ValueId qkv = linear(b, h, p + "attn.c_attn", C, 3 * C, /*bias=*/true, dt, conv1d);  // [B, T, 3C]: q | k | v
+    ValueId q = b.slice(qkv, -1, 0, C), k = b.slice(qkv, -1, C, 2 * C), v = b.slice(qkv, -1, 2 * C, 3 * C);
+    ValueId a = linear(b, attention_core(b, q, k, v, attn, std::nullopt, key_valid), p + "attn.c_proj", C, C, true,
+                       dt, conv1d);
+    x = b.add(a, x);  // HF: attn_output + residual
+    h = layer_norm(b, x, p + "ln_2", C, c.layer_norm_eps, dt);
+    ValueId f = mlp(b, h,
+                    {.fc_in = p + "mlp.c_fc",
+                     .fc_out = p + "mlp.c_proj",
+                     .d_model = C,
+                     .d_ff = c.ff_dim(),
+                     .activation = Activation::gelu_tanh,
+                     .layout = conv1d});
+    x = b.add(x, f);  // HF: residual + feed_forward_hidden_states
+  }
+  x = layer_norm(b, x, "transformer.ln_f", C, c.layer_norm_eps, dt);
+  if (o.last_hidden_state) b.output("last_hidden_state", x);
+  if (c.tie_word_embeddings)
+    m.logits = b.op1(OpKind::matmul, {x, wte}, {{"trans_b", int64_t(1)}});  // [B, T, V]: ln_f(x) wte^T
+  else
+    m.logits = linear(b, x, "lm_head", C, c.vocab, /*bias=*/false, dt);
+  b.output("logits", m.logits);
+  if (o.with_loss) {
+    m.loss = lm_loss(b, m.logits, m.targets);
+    b.output("loss", m.loss);
+  }
+  ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context("gpt2"));
+  return m;
+}
+
+}  // namespace aspen::models

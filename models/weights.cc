@@ -1,0 +1,193 @@
+#include "models/weights.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "core/log.h"
+#include "kernels/convert.h"
+
+namespace aspen::models {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+bool ends_with(const std::string& s, const std::string& p) {
+  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
+
+// The checkpoint names that may hold the graph's parameter `name`, most likely first.
+std::vector<std::string> candidates(const std::string& model_type, const std::string& name) {
+  std::vector<std::string> out{name};
+  if (model_type == "gpt2" || model_type == "gptj") {
+    if (starts_with(name, "transformer.")) out.push_back(name.substr(std::strlen("transformer.")));
+  } else if (model_type == "bert") {
+    out.push_back("bert." + name);
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{".LayerNorm.weight", ".LayerNorm.gamma"},
+                                   {".LayerNorm.bias", ".LayerNorm.beta"}})
+      if (ends_with(name, from)) {
+        const std::string old = name.substr(0, name.size() - from.size()) + to;
+        out.push_back(old);
+        out.push_back("bert." + old);
+      }
+  }
+  return out;
+}
+
+// Checkpoint tensors a graph leaves unread on purpose: buffers, a tied head,
+// BERT's pooler when the graph has none.
+bool ignorable(const std::string& model_type, const std::string& tensor, const graph::Graph& g) {
+  if (model_type == "gpt2" || model_type == "gptj")
+    return ends_with(tensor, ".attn.bias") || ends_with(tensor, ".attn.masked_bias") ||
+           (tensor == "lm_head.weight" && !g.find_parameter("lm_head.weight"));
+  if (model_type == "bert")
+    return ends_with(tensor, "embeddings.position_ids") ||
+           ((starts_with(tensor, "pooler.") || starts_with(tensor, "bert.pooler.")) &&
+            !g.find_parameter("pooler.dense.weight"));
+  return false;
+}
+
+bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+}  // namespace
+
+Result<Checkpoint> Checkpoint::open(const std::string& dir) {
+  Checkpoint c;
+  c.dir_ = dir;
+  ASPEN_ASSIGN_OR_RETURN(c.config_, load_config((fs::path(dir) / "config.json").string()));
+  const std::string single = (fs::path(dir) / "model.safetensors").string();
+  const std::string index = (fs::path(dir) / "model.safetensors.index.json").string();
+  std::error_code ec;
+  if (fs::exists(single, ec)) {
+    c.weights_path_ = single;
+    ASPEN_ASSIGN_OR_RETURN(io::SafetensorsFile f, io::SafetensorsFile::open(single));
+    c.file_ = std::make_unique<io::SafetensorsFile>(std::move(f));
+  } else if (fs::exists(index, ec)) {
+    c.weights_path_ = index;
+    ASPEN_ASSIGN_OR_RETURN(io::SafetensorsIndex i, io::SafetensorsIndex::open(index));
+    c.index_ = std::make_unique<io::SafetensorsIndex>(std::move(i));
+  } else {
+    return Status::error(Code::kNotFound, dir, "model.safetensors or model.safetensors.index.json", "neither");
+  }
+  return c;
+}
+
+std::vector<std::string> Checkpoint::tensor_names() const { return file_ ? file_->names() : index_->names(); }
+
+std::pair<const io::SafetensorsFile*, const io::TensorInfo*> Checkpoint::find(const std::string& name) const {
+  if (index_) return index_->find(name);
+  const io::TensorInfo* info = file_->find(name);
+  return {info ? file_.get() : nullptr, info};
+}
+
+Result<WeightPlan> plan_weights(const graph::Graph& g, const Checkpoint& ckpt) {
+  const std::string& type = ckpt.config().model_type;
+  const std::string& path = ckpt.weights_path();
+  WeightPlan plan;
+  std::set<std::string> used;
+  for (int32_t i : g.parameter_nodes()) {
+    const graph::Node& n = g.node(i);
+    WeightBinding w{.parameter = n.name, .tensor = {}, .type = g.type(n.outputs[0])};
+    const std::vector<std::string> names = candidates(type, n.name);
+    for (const std::string& c : names) {
+      std::tie(w.file, w.info) = ckpt.find(c);
+      if (w.info) {
+        w.tensor = c;
+        break;
+      }
+    }
+    if (!w.info) {
+      std::string also;
+      for (size_t k = 1; k < names.size(); ++k) also += (also.empty() ? "" : ", ") + ("'" + names[k] + "'");
+      return Status::error(Code::kNotFound, path + ": tensor '" + n.name + "'",
+                           "present (a parameter of the " + type + " graph, " + w.type.to_string() + ")", "none",
+                           also.empty() ? "" : "also looked for " + also);
+    }
+    if (w.info->shape != w.type.shape)
+      return Status::invalid_argument(path + ": tensor '" + w.tensor + "'",
+                                      "shape " + w.type.shape.to_string() + " (the graph's parameter '" + n.name +
+                                          "', from " + ckpt.config().path + ")",
+                                      w.info->shape.to_string());
+    if (!is_float(w.info->dtype))
+      return Status::invalid_argument(path + ": tensor '" + w.tensor + "'", "F32, BF16 or F16",
+                                      std::string(dtype_safetensors_name(w.info->dtype)));
+    used.insert(w.tensor);
+    plan.bindings.push_back(std::move(w));
+  }
+  for (const std::string& t : ckpt.tensor_names())
+    if (!used.count(t) && !ignorable(type, t, g)) plan.unused.push_back(t);
+  if (!plan.unused.empty()) {
+    std::string list;
+    for (size_t k = 0; k < plan.unused.size() && k < 8; ++k) list += (k ? ", " : "") + plan.unused[k];
+    if (plan.unused.size() > 8) list += " and " + std::to_string(plan.unused.size() - 8) + " more";
+    ASPEN_LOG(warning) << path << ": " << plan.unused.size() << " tensors not used by the " << type
+                       << " graph: " << list;
+  }
+  return plan;
+}
+
+Result<Tensor> read_weight(const WeightBinding& w) {
+  ASPEN_CHECK(w.file != nullptr && w.info != nullptr) << "an unbound WeightBinding for " << w.parameter;
+  const std::span<const std::byte> bytes = w.file->data(*w.info);
+  const DType from = w.info->dtype, to = w.type.dtype;
+  const int64_t n = w.type.shape.numel();
+  ASPEN_ASSIGN_OR_RETURN(Tensor out, Tensor::make(to, w.type.shape));
+  if (from == to) {
+    if (!bytes.empty()) std::memcpy(out.raw(), bytes.data(), bytes.size());
+    return out;
+  }
+  // The mapping is read in place when aligned for its dtype; otherwise copied once to an aligned buffer.
+  Tensor staged;
+  const void* src = bytes.data();
+  if (reinterpret_cast<uintptr_t>(src) % dtype_size(from) != 0) {
+    ASPEN_ASSIGN_OR_RETURN(staged, Tensor::make(from, w.type.shape));
+    std::memcpy(staged.raw(), bytes.data(), bytes.size());
+    src = staged.raw();
+  }
+  const size_t count = size_t(n);
+  auto as = [&](auto* tag) { return std::span(static_cast<const std::remove_pointer_t<decltype(tag)>*>(src), count); };
+  Tensor wide;  // f16 <-> bf16 goes through f32
+  std::span<const float> f32_src;
+  if (from == DType::f32) {
+    f32_src = as(static_cast<float*>(nullptr));
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(wide, Tensor::make(DType::f32, w.type.shape));
+    if (from == DType::bf16)
+      ASPEN_RETURN_IF_ERROR(kernels::convert_bf16_to_f32(as(static_cast<bf16*>(nullptr)), wide.span<float>(), n));
+    else
+      ASPEN_RETURN_IF_ERROR(kernels::convert_f16_to_f32(as(static_cast<f16*>(nullptr)), wide.span<float>(), n));
+    if (to == DType::f32) return wide;
+    f32_src = wide.span<float>();
+  }
+  if (to == DType::bf16) {
+    ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_bf16(f32_src, out.span<bf16>(), n));
+  } else if (to == DType::f16) {
+    ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_f16(f32_src, out.span<f16>(), n));
+  } else {
+    std::memcpy(out.raw(), f32_src.data(), out.nbytes());
+  }
+  return out;
+}
+
+Status load_weights(const WeightPlan& plan, const std::function<Status(const std::string&, const Tensor&)>& sink) {
+  for (const WeightBinding& w : plan.bindings) {
+    ASPEN_ASSIGN_OR_RETURN(Tensor t, read_weight(w));
+    ASPEN_RETURN_IF_ERROR(sink(w.parameter, t));
+  }
+  return Status();
+}
+
+Result<std::map<std::string, Tensor>> read_weights(const graph::Graph& g, const Checkpoint& ckpt) {
+  ASPEN_ASSIGN_OR_RETURN(WeightPlan plan, plan_weights(g, ckpt));
+  std::map<std::string, Tensor> out;
+  for (const WeightBinding& w : plan.bindings) {
+    ASPEN_ASSIGN_OR_RETURN(Tensor t, read_weight(w));
+    out.emplace(w.parameter, std::move(t));
+  }
+  return out;
+}
+
+}  // namespace aspen::models

@@ -1,0 +1,98 @@
+// models/weights.h: a Hugging Face model directory (config.json and
+// safetensors weights) and the tensors it gives a graph's parameters.
+//
+//   ASPEN_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open("models/gpt2"));
+//   ... build the graph from ckpt.config() ...
+//   ASPEN_ASSIGN_OR_RETURN(WeightPlan plan, plan_weights(graph, ckpt));
+//   ASPEN_RETURN_IF_ERROR(load_weights(plan, [&](const std::string& name, const Tensor& t) {
+//     return session->set_parameter(name, t);
+//   }));
+//
+// A directory holds config.json and either model.safetensors or a sharded
+// model.safetensors.index.json (read through io::SafetensorsIndex).
+//
+// plan_weights binds every parameter of the graph to one checkpoint tensor
+// before anything is read, so a bad checkpoint fails before a session is half
+// loaded. The graph uses the family's own names (gpt2.h, gptj.h, bert.h); a
+// checkpoint may also carry them as
+//   gpt2, gptj: without "transformer." (GPT2Model / GPTJModel checkpoints),
+//   bert:       with "bert." (BertForX checkpoints), and LayerNorm
+//               ".gamma"/".beta" for ".weight"/".bias" (old conversions).
+// Tied embeddings need nothing: the GPT-2 graph reads transformer.wte.weight
+// for its head. Every parameter must be present with the exact shape, in f32,
+// bf16 or f16 (converted to the parameter's dtype when read). Checkpoint
+// tensors the graph does not use are listed in WeightPlan::unused and logged
+// as a warning, except buffers and heads known to be unused on purpose
+// (GPT-2/GPT-J attn.bias and attn.masked_bias, BERT's position_ids, a tied
+// lm_head.weight, BERT's pooler when the graph has none).
+//
+// Reading converts straight from the memory-mapped file into the tensor
+// handed on: load_weights streams one tensor at a time, so loading never holds
+// a second copy of the model.
+//
+// Thread-safety: a Checkpoint is immutable once opened; a WeightPlan points
+// into it and is valid while it lives.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "graph/graph.h"
+#include "io/safetensors.h"
+#include "models/config.h"
+
+namespace aspen::models {
+
+class Checkpoint {
+ public:
+  // Reads <dir>/config.json and opens the weights; errors name the file.
+  static Result<Checkpoint> open(const std::string& dir);
+
+  const ModelConfig& config() const { return config_; }
+  const std::string& dir() const { return dir_; }
+  // model.safetensors or model.safetensors.index.json.
+  const std::string& weights_path() const { return weights_path_; }
+  std::vector<std::string> tensor_names() const;  // sorted
+  // (shard, tensor), or (nullptr, nullptr) when absent.
+  std::pair<const io::SafetensorsFile*, const io::TensorInfo*> find(const std::string& name) const;
+
+ private:
+  Checkpoint() = default;
+  std::string dir_, weights_path_;
+  ModelConfig config_;
+  std::unique_ptr<io::SafetensorsFile> file_;    // one file, or
+  std::unique_ptr<io::SafetensorsIndex> index_;  // a sharded checkpoint
+};
+
+// One parameter bound to the checkpoint tensor that fills it.
+struct WeightBinding {
+  std::string parameter;   // the graph's name
+  std::string tensor;      // the checkpoint's name
+  graph::TensorType type;  // the parameter's dtype and shape
+  const io::SafetensorsFile* file = nullptr;
+  const io::TensorInfo* info = nullptr;
+};
+
+struct WeightPlan {
+  std::vector<WeightBinding> bindings;  // in the graph's parameter order
+  std::vector<std::string> unused;      // checkpoint tensors no parameter reads (sorted; ignorable ones left out)
+};
+
+// Binds every parameter of `g` (see the header comment for names, shapes and dtypes).
+Result<WeightPlan> plan_weights(const graph::Graph& g, const Checkpoint& ckpt);
+
+// The bound tensor, converted to the parameter's dtype.
+Result<Tensor> read_weight(const WeightBinding& w);
+
+// Reads each bound tensor in turn and hands it to `sink` (then frees it).
+Status load_weights(const WeightPlan& plan, const std::function<Status(const std::string&, const Tensor&)>& sink);
+
+// Every parameter's tensor by name (holds the whole model: for tests and small models).
+Result<std::map<std::string, Tensor>> read_weights(const graph::Graph& g, const Checkpoint& ckpt);
+
+}  // namespace aspen::models
