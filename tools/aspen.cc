@@ -23,6 +23,7 @@
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "kernels/cpu.h"
+#include "tools/commands.h"
 
 namespace {
 
@@ -38,11 +39,7 @@ void ensure_passive_wait_policy(char** argv) {
   // execv failed: carry on with the default policy.
 }
 
-int report(const aspen::Status& s) {
-  if (s.is_ok()) return 0;
-  std::cerr << "aspen: error: " << s.to_string() << "\n";
-  return 1;
-}
+using aspen::tools::report;
 
 }  // namespace
 
@@ -104,6 +101,9 @@ int main(int argc, char** argv) {
   inspect_cmd->footer("Example: aspen inspect model.safetensors");
   inspect_cmd->add_option("FILE", inspect_path, "a .safetensors file")->required();
 
+  // Commands in their own files (tools/commands.h).
+  std::vector<aspen::tools::Command> commands;
+
   CLI11_PARSE(app, argc, argv);
   if (verbose) aspen::set_log_level(aspen::LogLevel::info);
   aspen::kernels::set_reference_mode(reference);
@@ -111,6 +111,8 @@ int main(int argc, char** argv) {
                    aspen::kernels::Isa::avx512_bf16})
     if (isa_cap == aspen::kernels::isa_name(isa)) aspen::kernels::set_isa_cap(isa);
 
+  for (const aspen::tools::Command& c : commands)
+    if (c.app->parsed()) return c.run();
   if (inspect_cmd->parsed()) {
     auto file = aspen::io::SafetensorsFile::open(inspect_path);
     if (!file.is_ok()) return report(file.status());

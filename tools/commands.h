@@ -1,0 +1,31 @@
+// tools/commands.h: how the `aspen` commands that live in their own files
+// plug into the command line (private to tools/).
+//
+// Each add_*_command registers its subcommand on `app` (options bound to
+// state the returned `run` owns) and returns the subcommand and what to run
+// when it was given. run() prints and returns the process exit code (0 ok,
+// 1 an error it printed as "aspen: error: ...", 2 bad usage).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <iostream>
+
+#include "core/status.h"
+
+namespace aspen::tools {
+
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+// Prints a failed Status the way every command does; returns the exit code.
+inline int report(const Status& s) {
+  if (s.is_ok()) return 0;
+  std::cerr << "aspen: error: " << s.to_string() << "\n";
+  return 1;
+}
+
+}  // namespace aspen::tools
