@@ -38,7 +38,7 @@ ValueId mlp(Builder& b, ValueId x, const MlpSpec& s) {
 }
 
 ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const AttentionSpec& s,
-                       std::optional<ValueId> positions, std::optional<ValueId> key_valid) {
+                       std::optional<ValueId> positions, std::optional<ValueId> key_valid, const KvCacheSpec* cache) {
   if (!b.status().is_ok()) return ValueId{};
   const Shape qs = b.type(q).shape;  // [B, T, H*D]
   const int64_t B = qs[0], T = qs[1], H = s.n_head, D = s.head_dim;
@@ -53,11 +53,42 @@ ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const Attent
     return b.transpose(r, to_bhtd);  // [B, H, T, D]
   };
   std::vector<ValueId> args{heads(q, rotate), heads(k, rotate), heads(v, false)};
+  std::string mask = s.mask;
+  if (cache) {
+    ASPEN_CHECK(key_valid.has_value());  // a caller's bug: a cache is read through key_valid
+    const DType dt = b.type(q).dtype;
+    for (size_t i : {size_t(1), size_t(2)}) {
+      const ValueId state = b.parameter(i == 1 ? cache->key : cache->value, dt, Shape{B, H, cache->len, D});
+      const ValueId written = b.op1(OpKind::write_slice, {state, args[i], cache->index}, {{"axis", int64_t(2)}});
+      b.update(state, written);
+      args[i] = written;
+    }
+    if (T == 1) mask = "none";  // key_valid alone says which cached positions exist
+  }
   if (key_valid) args.push_back(*key_valid);
   std::vector<ValueId> outs =
-      b.op(OpKind::attention, std::move(args), {{"scale", 1.0 / std::sqrt(double(D))}, {"mask", s.mask}});
+      b.op(OpKind::attention, std::move(args), {{"scale", 1.0 / std::sqrt(double(D))}, {"mask", mask}});
   if (outs.empty()) return ValueId{};
   return b.reshape(b.transpose(outs[0], to_bhtd), {B, T, H * D});  // merge heads: [B, T, H*D]
+}
+
+KvCacheInputs kv_cache_inputs(Builder& b, const CausalLmOptions& o) {
+  KvCacheInputs in;
+  if (o.kv_cache_len <= 0) return in;
+  in.index = b.input("cache_index", DType::i32, Shape{});
+  in.key_valid = b.input("key_valid", DType::u8, Shape{o.batch, o.kv_cache_len});
+  return in;
+}
+
+KvCacheSpec layer_cache(const KvCacheInputs& in, const CausalLmOptions& o, int64_t layer) {
+  const std::string p = std::string(kStatePrefix) + "cache." + std::to_string(layer);
+  return KvCacheSpec{.key = p + ".key", .value = p + ".value", .len = o.kv_cache_len, .index = in.index};
+}
+
+ValueId logits_input(Builder& b, ValueId x, const CausalLmOptions& o) {
+  if (!o.last_logits_only || !b.status().is_ok()) return x;
+  const int64_t T = b.type(x).shape[1];
+  return b.slice(x, 1, T - 1, T);
 }
 
 ValueId lm_loss(Builder& b, ValueId logits, ValueId targets) {
@@ -74,6 +105,20 @@ Status check_batch_seq(const std::string& family, int64_t batch, int64_t seq, co
     return Status::invalid_argument(family + ": seq",
                                     "a number in [1, " + positions_key + " = " + std::to_string(max_positions) + "]",
                                     std::to_string(seq));
+  return Status();
+}
+
+Status check_kv_cache(const std::string& family, const CausalLmOptions& o, const std::string& positions_key,
+                      int64_t max_positions) {
+  if (o.kv_cache_len == 0) return Status();
+  if (o.kv_cache_len < o.seq || o.kv_cache_len > max_positions)
+    return Status::invalid_argument(family + ": kv_cache_len",
+                                    "a number in [seq = " + std::to_string(o.seq) + ", " + positions_key + " = " +
+                                        std::to_string(max_positions) + "]",
+                                    std::to_string(o.kv_cache_len));
+  if (o.attention_mask || o.with_loss)
+    return Status::invalid_argument(family + ": kv_cache_len", "0 with attention_mask or with_loss (key_valid "
+                                    "replaces the mask; a cache is for generation)", std::to_string(o.kv_cache_len));
   return Status();
 }
 

@@ -65,9 +65,26 @@ struct AttentionSpec {
 // required then), attends with scale 1/sqrt(D) and the spec's mask (key_valid
 // u8/bool [B, T] optional: padding), and merges heads back to [B, T, H*D]. The
 // output projection is the caller's (it is a linear()).
+//
+// With a KV cache (generation): the new keys and values [B, H, T, D] are
+// written into the cache parameters (`cache->key`, `cache->value`,
+// [B, H, len, D]) at the run-time position `cache->index` (i32[]), the cache
+// is updated (in place), and the queries attend the whole cache, masked by
+// key_valid [B, len] (required then): mask "none" for one new position,
+// causal for several (which must then be written at index 0: a prefill).
+struct KvCacheSpec {
+  std::string key, value;  // parameter names ("state." + ...: not weights, see kStatePrefix)
+  int64_t len = 0;
+  graph::ValueId index;
+};
 graph::ValueId attention_core(graph::Builder& b, graph::ValueId q, graph::ValueId k, graph::ValueId v,
                               const AttentionSpec& spec, std::optional<graph::ValueId> positions = std::nullopt,
-                              std::optional<graph::ValueId> key_valid = std::nullopt);
+                              std::optional<graph::ValueId> key_valid = std::nullopt,
+                              const KvCacheSpec* cache = nullptr);
+
+// Parameters named with this prefix are a program's state (KV caches), not
+// weights: checkpoints neither hold nor fill them; they start at zero.
+inline constexpr const char* kStatePrefix = "state.";
 
 // The mean cross-entropy of logits [B, T, V] against targets i32 [B*T] (no
 // shift: targets[b*T + t] is the id to predict at (b, t)). Rank 0.
@@ -80,13 +97,36 @@ struct CausalLmOptions {
   bool attention_mask = false;  // input "attention_mask" u8 [batch, seq]: 1 = token, 0 = padding (a key never attended)
   bool last_hidden_state = false;  // output "last_hidden_state" [batch, seq, d_model]: ln_f's output (HF's last
                                    // hidden_states entry)
+  // Generation (models/generate.h). kv_cache_len > 0: a KV cache of that many
+  // positions per layer, parameters "state.cache.<layer>.key" / ".value"
+  // [batch, n_head, kv_cache_len, head_dim]; inputs "cache_index" i32[] (where
+  // the seq new positions go) and "key_valid" u8 [batch, kv_cache_len] (1 = a
+  // written, non-padding position, the new ones included) replace
+  // attention_mask. See KvCacheSpec for the masking.
+  int64_t kv_cache_len = 0;
+  // Logits of the last position only: "logits" [batch, 1, vocab] (with left
+  // padding that is every row's newest token).
+  bool last_logits_only = false;
 };
+// The inputs a causal LM's kv-cache options add (invalid without them).
+struct KvCacheInputs {
+  graph::ValueId index, key_valid;
+};
+// Records "cache_index" and "key_valid" when options ask for a cache.
+KvCacheInputs kv_cache_inputs(graph::Builder& b, const CausalLmOptions& options);
+// Layer i's cache spec ("state.cache.<i>.key" / ".value").
+KvCacheSpec layer_cache(const KvCacheInputs& in, const CausalLmOptions& options, int64_t layer);
+// x [B, T, C] -> [B, 1, C] (its last position) when options.last_logits_only; else x.
+graph::ValueId logits_input(graph::Builder& b, graph::ValueId x, const CausalLmOptions& options);
 
 // batch >= 1 and seq in [1, max_positions]: errors "<family>: batch" and
 // "<family>: seq" (naming the config key that bounds seq).
 Status check_batch_seq(const std::string& family, int64_t batch, int64_t seq, const std::string& positions_key,
                        int64_t max_positions);
 
+// kv_cache_len is 0, or in [seq, max_positions] without attention_mask or loss.
+Status check_kv_cache(const std::string& family, const CausalLmOptions& options, const std::string& positions_key,
+                      int64_t max_positions);
 // "<family> config: <key>: expected <expected>, found <found>".
 Status config_key_error(const std::string& family, const std::string& key, const std::string& expected,
                         const std::string& found);

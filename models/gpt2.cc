@@ -30,6 +30,7 @@ Status Gpt2Config::validate() const {
 Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOptions& o) {
   ASPEN_RETURN_IF_ERROR(c.validate());
   ASPEN_RETURN_IF_ERROR(check_batch_seq("gpt2", o.batch, o.seq, "n_positions", c.n_positions));
+  ASPEN_RETURN_IF_ERROR(check_kv_cache("gpt2", o, "n_positions", c.n_positions));
   const DType dt = c.dtype;
   const int64_t C = c.d_model;
   const WeightLayout conv1d = WeightLayout::in_out;
@@ -39,6 +40,8 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
   std::optional<ValueId> key_valid;
   if (o.attention_mask) key_valid = m.attention_mask = b.input("attention_mask", DType::u8, Shape{o.batch, o.seq});
   if (o.with_loss) m.targets = b.input("targets", DType::i32, Shape{o.batch * o.seq});
+  const KvCacheInputs kv = kv_cache_inputs(b, o);
+  if (o.kv_cache_len > 0) key_valid = kv.key_valid;
 
   const ValueId wte = b.parameter("transformer.wte.weight", dt, Shape{c.vocab, C});
   const ValueId wpe = b.parameter("transformer.wpe.weight", dt, Shape{c.n_positions, C});
@@ -49,8 +52,9 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
     ValueId h = layer_norm(b, x, p + "ln_1", C, c.layer_norm_eps, dt);
     ValueId qkv = linear(b, h, p + "attn.c_attn", C, 3 * C, /*bias=*/true, dt, conv1d);  // [B, T, 3C]: q | k | v
     ValueId q = b.slice(qkv, -1, 0, C), k = b.slice(qkv, -1, C, 2 * C), v = b.slice(qkv, -1, 2 * C, 3 * C);
-    ValueId a = linear(b, attention_core(b, q, k, v, attn, std::nullopt, key_valid), p + "attn.c_proj", C, C, true,
-                       dt, conv1d);
+    const KvCacheSpec cache = layer_cache(kv, o, i);
+    ValueId a = linear(b, attention_core(b, q, k, v, attn, std::nullopt, key_valid, o.kv_cache_len ? &cache : nullptr),
+                       p + "attn.c_proj", C, C, true, dt, conv1d);
     x = b.add(a, x);  // HF: attn_output + residual
     h = layer_norm(b, x, p + "ln_2", C, c.layer_norm_eps, dt);
     ValueId f = mlp(b, h,
@@ -64,6 +68,7 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
   }
   x = layer_norm(b, x, "transformer.ln_f", C, c.layer_norm_eps, dt);
   if (o.last_hidden_state) b.output("last_hidden_state", x);
+  x = logits_input(b, x, o);
   if (c.tie_word_embeddings)
     m.logits = b.op1(OpKind::matmul, {x, wte}, {{"trans_b", int64_t(1)}});  // [B, T, V]: ln_f(x) wte^T
   else

@@ -42,6 +42,7 @@ Status GptjConfig::validate() const {
 Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOptions& o) {
   ASPEN_RETURN_IF_ERROR(c.validate());
   ASPEN_RETURN_IF_ERROR(check_batch_seq("gptj", o.batch, o.seq, "n_positions", c.n_positions));
+  ASPEN_RETURN_IF_ERROR(check_kv_cache("gptj", o, "n_positions", c.n_positions));
   const DType dt = c.dtype;
   const int64_t C = c.d_model;
   GptjGraph m;
@@ -51,6 +52,8 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   if (o.with_loss) m.targets = b.input("targets", DType::i32, Shape{o.batch * o.seq});
   std::optional<ValueId> key_valid;
   if (o.attention_mask) key_valid = m.attention_mask;
+  const KvCacheInputs kv = kv_cache_inputs(b, o);
+  if (o.kv_cache_len > 0) key_valid = kv.key_valid;
 
   ValueId x = b.gather(b.parameter("transformer.wte.weight", dt, Shape{c.vocab, C}), m.input_ids);  // [B, T, C]
   const AttentionSpec attn{.n_head = c.n_head,
@@ -64,12 +67,15 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
     ValueId q = linear(b, h, p + "attn.q_proj", C, C, /*bias=*/false, dt);
     ValueId k = linear(b, h, p + "attn.k_proj", C, C, false, dt);
     ValueId v = linear(b, h, p + "attn.v_proj", C, C, false, dt);
-    ValueId a = linear(b, attention_core(b, q, k, v, attn, m.positions, key_valid), p + "attn.out_proj", C, C, false, dt);
+    const KvCacheSpec cache = layer_cache(kv, o, i);
+    ValueId a = linear(b, attention_core(b, q, k, v, attn, m.positions, key_valid, o.kv_cache_len ? &cache : nullptr),
+                       p + "attn.out_proj", C, C, false, dt);
     ValueId f = mlp(b, h, {.fc_in = p + "mlp.fc_in", .fc_out = p + "mlp.fc_out", .d_model = C, .d_ff = c.ff_dim()});
     x = b.add(b.add(a, f), x);  // HF: attn_output + feed_forward_hidden_states + residual
   }
   x = layer_norm(b, x, "transformer.ln_f", C, c.layer_norm_eps, dt);
   if (o.last_hidden_state) b.output("last_hidden_state", x);
+  x = logits_input(b, x, o);
   m.logits = linear(b, x, "lm_head", C, c.vocab, /*bias=*/true, dt);  // [B, T, V]
   b.output("logits", m.logits);
   if (o.with_loss) {

@@ -90,6 +90,7 @@ Result<WeightPlan> plan_weights(const graph::Graph& g, const Checkpoint& ckpt) {
   std::set<std::string> used;
   for (int32_t i : g.parameter_nodes()) {
     const graph::Node& n = g.node(i);
+    if (n.name.rfind(kStatePrefix, 0) == 0) continue;  // a program's state (KV cache), not a weight
     WeightBinding w{.parameter = n.name, .tensor = {}, .type = g.type(n.outputs[0])};
     const std::vector<std::string> names = candidates(type, n.name);
     for (const std::string& c : names) {

@@ -1,0 +1,203 @@
+#include "models/generate.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "compiler/executable.h"
+#include "graph/builder.h"
+#include "models/weights.h"
+
+namespace aspen::models {
+
+using graph::Builder;
+using graph::OpKind;
+using graph::ValueId;
+
+namespace {
+
+// The family's causal-LM graph for [batch, seq] with the cache, then the
+// sampler on its last logits: output "next" i32 [batch].
+Status build_step(graph::Graph& g, const ModelConfig& config, const CausalLmOptions& o, DType dtype) {
+  Builder b(g);
+  if (const Gpt2Config* c2 = config.gpt2()) {
+    Gpt2Config cc = *c2;
+    cc.dtype = dtype;
+    ASPEN_RETURN_IF_ERROR(build_gpt2(b, cc, o).status());
+  } else if (const GptjConfig* cj = config.gptj()) {
+    GptjConfig cc = *cj;
+    cc.dtype = dtype;
+    ASPEN_RETURN_IF_ERROR(build_gptj(b, cc, o).status());
+  } else {
+    return Status::invalid_argument(config.path + ": model_type", "a causal language model (gpt2, gptj)",
+                                    "'" + config.model_type + "'");
+  }
+  const ValueId logits = *g.find_output("logits");
+  const Shape ls = g.type(logits).shape;  // [B, 1, V]
+  ValueId flat = b.reshape(logits, {ls[0], ls[2]});
+  if (dtype != DType::f32) flat = b.cast(flat, DType::f32);
+  const int64_t B = o.batch;
+  ValueId next = b.op1(OpKind::sample,
+                       {flat, b.input("temperature", DType::f32, Shape{B}), b.input("top_k", DType::i32, Shape{B}),
+                        b.input("top_p", DType::f32, Shape{B}), b.input("repetition_penalty", DType::f32, Shape{B}),
+                        b.input("seed", DType::i64, Shape{}), b.input("step", DType::i64, Shape{}),
+                        b.input("history", DType::i32, Shape{B, o.kv_cache_len})});
+  b.output("next", next);
+  return b.status();
+}
+
+template <class T>
+Tensor filled(DType dtype, Shape s, T value) {
+  Tensor t(dtype, s);
+  std::fill_n(static_cast<T*>(t.raw()), s.numel(), value);
+  return t;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const GeneratorOptions& options) {
+  ASPEN_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
+  std::unique_ptr<Generator> gen(new Generator());
+  gen->config_ = ckpt.config();
+  if (const Gpt2Config* c2 = gen->config_.gpt2()) {
+    gen->vocab_ = c2->vocab;
+    gen->n_positions_ = c2->n_positions;
+  } else if (const GptjConfig* cj = gen->config_.gptj()) {
+    gen->vocab_ = cj->vocab;
+    gen->n_positions_ = cj->n_positions;
+  } else {
+    return Status::invalid_argument(gen->config_.path + ": model_type", "a causal language model (gpt2, gptj)",
+                                    "'" + gen->config_.model_type + "'");
+  }
+  GeneratorOptions o = options;
+  if (o.max_length == 0) o.max_length = gen->n_positions_;
+  if (o.max_prompt == 0) o.max_prompt = std::max<int64_t>(1, o.max_length / 2);
+  if (o.max_batch < 1)
+    return Status::invalid_argument("generator: max_batch", "a number > 0", std::to_string(o.max_batch));
+  if (o.max_length < 2 || o.max_length > gen->n_positions_)
+    return Status::invalid_argument("generator: max_length",
+                                    "a number in [2, n_positions = " + std::to_string(gen->n_positions_) + "]",
+                                    std::to_string(o.max_length));
+  if (o.max_prompt < 1 || o.max_prompt >= o.max_length)
+    return Status::invalid_argument("generator: max_prompt",
+                                    "a number in [1, max_length - 1 = " + std::to_string(o.max_length - 1) + "]",
+                                    std::to_string(o.max_prompt));
+  gen->options_ = o;
+
+  std::vector<std::unique_ptr<compiler::Executable>> programs;
+  graph::Graph prefill;
+  for (int64_t seq : {o.max_prompt, int64_t(1)}) {
+    graph::Graph g;
+    const CausalLmOptions lm{
+        .batch = o.max_batch, .seq = seq, .kv_cache_len = o.max_length, .last_logits_only = true};
+    ASPEN_RETURN_IF_ERROR(build_step(g, gen->config_, lm, o.dtype));
+    ASPEN_ASSIGN_OR_RETURN(auto exe, compiler::compile(g, o.compile));
+    programs.push_back(std::move(exe));
+    if (seq == o.max_prompt) prefill = std::move(g);
+  }
+  runtime::SessionOptions so;
+  so.threads = o.threads;
+  ASPEN_ASSIGN_OR_RETURN(gen->session_, runtime::Session::create(std::move(programs), so));
+  ASPEN_ASSIGN_OR_RETURN(WeightPlan plan, plan_weights(prefill, ckpt));
+  runtime::Session& s = *gen->session_;
+  ASPEN_RETURN_IF_ERROR(load_weights(plan, [&s](const std::string& name, const Tensor& t) {
+    return s.set_parameter(name, t);
+  }));
+  return gen;
+}
+
+Result<std::vector<std::vector<int32_t>>> Generator::generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                              const SamplingOptions& sp) {
+  const int64_t B = options_.max_batch, P = options_.max_prompt, L = options_.max_length;
+  const int64_t n = int64_t(prompts.size());
+  if (n < 1 || n > B)
+    return Status::invalid_argument("generate: prompts", "1 to max_batch = " + std::to_string(B), std::to_string(n));
+  for (int64_t r = 0; r < n; ++r) {
+    const auto& p = prompts[size_t(r)];
+    const std::string what = "generate: prompt " + std::to_string(r);
+    if (p.empty()) return Status::invalid_argument(what, "at least one token", "none");
+    if (int64_t(p.size()) > P)
+      return Status::invalid_argument(what, "at most max_prompt = " + std::to_string(P) + " tokens",
+                                      std::to_string(p.size()) + " tokens");
+    for (int32_t id : p)
+      if (id < 0 || id >= vocab_)
+        return Status::invalid_argument(what, "ids in [0, " + std::to_string(vocab_) + ")", std::to_string(id));
+  }
+  if (sp.max_new_tokens < 1 || sp.max_new_tokens > L - P + 1)
+    return Status::invalid_argument("generate: max_new_tokens",
+                                    "a number in [1, max_length - max_prompt + 1 = " + std::to_string(L - P + 1) + "]",
+                                    std::to_string(sp.max_new_tokens));
+  if (!(sp.temperature >= 0.0f))
+    return Status::invalid_argument("generate: temperature", ">= 0 (0: greedy)", std::to_string(sp.temperature));
+  if (sp.top_k < 0) return Status::invalid_argument("generate: top_k", ">= 0 (0: off)", std::to_string(sp.top_k));
+  if (!(sp.top_p > 0.0f && sp.top_p <= 1.0f))
+    return Status::invalid_argument("generate: top_p", "in (0, 1] (1: off)", std::to_string(sp.top_p));
+  if (!(sp.repetition_penalty > 0.0f))
+    return Status::invalid_argument("generate: repetition_penalty", "> 0 (1: off)",
+                                    std::to_string(sp.repetition_penalty));
+
+  // Left padding to P; rows past the prompts carry one token (never returned).
+  Tensor ids = filled<int32_t>(DType::i32, Shape{B, P}, 0);
+  Tensor positions = filled<int32_t>(DType::i32, Shape{B, P}, 0);
+  Tensor key_valid = filled<uint8_t>(DType::u8, Shape{B, L}, 0);
+  Tensor history = filled<int32_t>(DType::i32, Shape{B, L}, -1);
+  std::vector<int32_t> next_position(static_cast<size_t>(B)), history_len(static_cast<size_t>(B));
+  for (int64_t r = 0; r < B; ++r) {
+    static const std::vector<int32_t> kFiller = {0};
+    const auto& p = r < n ? prompts[size_t(r)] : kFiller;
+    const int64_t len = int64_t(p.size()), pad = P - len;
+    for (int64_t t = 0; t < len; ++t) {
+      ids.data<int32_t>()[r * P + pad + t] = p[size_t(t)];
+      positions.data<int32_t>()[r * P + pad + t] = int32_t(t);
+      key_valid.data<uint8_t>()[r * L + pad + t] = 1;
+      history.data<int32_t>()[r * L + t] = p[size_t(t)];
+    }
+    next_position[size_t(r)] = int32_t(len);
+    history_len[size_t(r)] = int32_t(len);
+  }
+  Tensor temperature = filled<float>(DType::f32, Shape{B}, sp.temperature);
+  Tensor top_k = filled<int32_t>(DType::i32, Shape{B}, sp.top_k);
+  Tensor top_p = filled<float>(DType::f32, Shape{B}, sp.top_p);
+  Tensor penalty = filled<float>(DType::f32, Shape{B}, sp.repetition_penalty);
+  Tensor seed = filled<int64_t>(DType::i64, Shape{}, int64_t(sp.seed));
+  Tensor step = filled<int64_t>(DType::i64, Shape{}, 0);
+  Tensor index = filled<int32_t>(DType::i32, Shape{}, 0);
+  std::map<std::string, const Tensor*> in = {
+      {"input_ids", &ids},     {"positions", &positions}, {"cache_index", &index},
+      {"key_valid", &key_valid}, {"history", &history},   {"temperature", &temperature},
+      {"top_k", &top_k},       {"top_p", &top_p},         {"repetition_penalty", &penalty},
+      {"seed", &seed},         {"step", &step}};
+  ASPEN_ASSIGN_OR_RETURN(auto out, session_->run(in, {}, /*program=*/0));
+
+  std::vector<std::vector<int32_t>> result(static_cast<size_t>(n));
+  std::vector<char> done(static_cast<size_t>(n), 0);
+  Tensor ids1(DType::i32, Shape{B, 1}), positions1(DType::i32, Shape{B, 1});
+  in["input_ids"] = &ids1;
+  in["positions"] = &positions1;
+  for (int64_t t = 0;; ++t) {
+    const int32_t* next = out.at("next").data<int32_t>();
+    bool keep_going = true, all_done = true;
+    for (int64_t r = 0; r < n; ++r) {
+      if (done[size_t(r)]) continue;
+      const int32_t token = next[r];
+      result[size_t(r)].push_back(token);
+      if (sp.on_token && !sp.on_token(r, token)) keep_going = false;
+      const bool stop = std::find(sp.stop_tokens.begin(), sp.stop_tokens.end(), token) != sp.stop_tokens.end();
+      if (stop || int64_t(result[size_t(r)].size()) >= sp.max_new_tokens) done[size_t(r)] = 1;
+      all_done = all_done && done[size_t(r)];
+    }
+    if (all_done || !keep_going) break;
+    // The drawn tokens go in at cache index P + t, one position past each row's last.
+    for (int64_t r = 0; r < B; ++r) {
+      ids1.data<int32_t>()[r] = next[r];
+      positions1.data<int32_t>()[r] = next_position[size_t(r)]++;
+      key_valid.data<uint8_t>()[r * L + P + t] = 1;
+      history.data<int32_t>()[r * L + history_len[size_t(r)]++] = next[r];
+    }
+    index.data<int32_t>()[0] = int32_t(P + t);
+    step.data<int64_t>()[0] = t + 1;
+    ASPEN_ASSIGN_OR_RETURN(out, session_->run(in, {}, /*program=*/1));
+  }
+  return result;
+}
+
+}  // namespace aspen::models
