@@ -4,6 +4,7 @@
 //   aspen bench attention [--json] [--t 256,1024,4096]
 //   aspen bench kernels [--json]
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
+//   aspen generate --model DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
 //   aspen inspect FILE
 //   aspen info
 //   global: --isa scalar|avx2|avx512|avx512_bf16, --reference-kernels, -v
@@ -103,6 +104,7 @@ int main(int argc, char** argv) {
 
   // Commands in their own files (tools/commands.h).
   std::vector<aspen::tools::Command> commands;
+  commands.push_back(aspen::tools::add_generate_command(app));
 
   CLI11_PARSE(app, argc, argv);
   if (verbose) aspen::set_log_level(aspen::LogLevel::info);

@@ -28,4 +28,6 @@ inline int report(const Status& s) {
   return 1;
 }
 
+Command add_generate_command(CLI::App& app);  // tools/generate_command.cc
+
 }  // namespace aspen::tools

@@ -1,0 +1,111 @@
+// tools/generate_command.cc: `aspen generate`, text in, streamed text out.
+//
+//   aspen generate --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
+//                  [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]
+//                  [--max-length L] [--threads N] [--echo]
+//
+// DIR holds config.json, the weights and the tokenizer (tokenizer.json, or
+// vocab.json + merges.txt). The new text goes to stdout as it is drawn: each
+// step prints what decoding all new tokens adds, holding back a trailing
+// incomplete UTF-8 sequence (shown as U+FFFD by the decoder) until the next
+// token completes it, so the printed text is exactly the decode of the whole
+// continuation. Stops at the config's eos ids or after --max-new-tokens.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "io/tokenizer.h"
+#include "models/generate.h"
+#include "tools/commands.h"
+
+namespace aspen::tools {
+
+namespace {
+
+struct GenerateArgs {
+  std::string model, prompt;
+  int64_t max_new_tokens = 32, max_length = 0;
+  float temperature = 1.0f, top_p = 1.0f, repetition_penalty = 1.0f;
+  int32_t top_k = 50;
+  uint64_t seed = 0;
+  int threads = 0;
+  bool echo = false;
+};
+
+// The length of `text` without a trailing run of U+FFFD (an incomplete UTF-8
+// sequence the next token may complete).
+size_t stable_prefix(const std::string& text) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";
+  size_t end = text.size();
+  while (end >= 3 && text.compare(end - 3, 3, kReplacement) == 0) end -= 3;
+  return end;
+}
+
+int run_generate(const GenerateArgs& a) {
+  auto tokenizer = io::load_tokenizer(a.model);
+  if (!tokenizer.is_ok()) return report(tokenizer.status());
+  const std::vector<io::TokenId> prompt = (*tokenizer)->encode(a.prompt, /*add_special_tokens=*/false);
+  if (prompt.empty()) return report(Status::invalid_argument("--prompt", "text that encodes to at least one token", "none"));
+  models::GeneratorOptions go;
+  go.max_length = a.max_length;
+  go.threads = a.threads;
+  // Compiled once for this prompt's length: the prefill is padded to it.
+  go.max_prompt = int64_t(prompt.size());
+  auto gen = models::Generator::open(a.model, go);
+  if (!gen.is_ok()) return report(gen.status());
+  models::SamplingOptions s;
+  s.max_new_tokens = a.max_new_tokens;
+  s.temperature = a.temperature;
+  s.top_k = a.top_k;
+  s.top_p = a.top_p;
+  s.repetition_penalty = a.repetition_penalty;
+  s.seed = a.seed;
+  for (int64_t id : (*gen)->config().eos_token_ids) s.stop_tokens.push_back(int32_t(id));
+  if (a.echo) std::cout << a.prompt << std::flush;
+  std::vector<io::TokenId> generated;
+  size_t printed = 0;
+  s.on_token = [&](int64_t, int32_t token) {
+    generated.push_back(token);
+    const std::string text = (*tokenizer)->decode(generated);
+    const size_t stable = stable_prefix(text);
+    if (stable > printed) {
+      std::cout << text.substr(printed, stable - printed) << std::flush;
+      printed = stable;
+    }
+    return true;
+  };
+  auto out = (*gen)->generate({prompt}, s);
+  if (!out.is_ok()) {
+    std::cout << "\n";
+    return report(out.status());
+  }
+  const std::string text = (*tokenizer)->decode(generated);
+  std::cout << text.substr(std::min(printed, text.size())) << "\n" << std::flush;
+  return 0;
+}
+
+}  // namespace
+
+Command add_generate_command(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "generate text from a GPT-2 or GPT-J model directory (streamed)");
+  cmd->footer(
+      "Example: aspen generate --model models/testdata/gptj-tiny --prompt \"ROMEO:\" --max-new-tokens 32 "
+      "--temperature 0\n(--temperature 0 is greedy; otherwise top-k, top-p and the seed apply; the same seed gives "
+      "the same text)");
+  cmd->add_option("--model", args->model, "model directory: config.json, weights, tokenizer")->required();
+  cmd->add_option("--prompt", args->prompt, "the text to continue")->required();
+  cmd->add_option("--max-new-tokens", args->max_new_tokens, "new tokens at most (default 32)");
+  cmd->add_option("--temperature", args->temperature, "0: greedy; default 1");
+  cmd->add_option("--top-k", args->top_k, "keep the k likeliest tokens (0: off; default 50)");
+  cmd->add_option("--top-p", args->top_p, "nucleus: the likeliest tokens holding this much probability (1: off)");
+  cmd->add_option("--repetition-penalty", args->repetition_penalty, "HF repetition penalty (1: off)");
+  cmd->add_option("--seed", args->seed, "random seed (default 0)");
+  cmd->add_option("--max-length", args->max_length, "KV-cache positions, prompt included (0: the model's maximum)");
+  cmd->add_option("--threads", args->threads, "threads (0: the free cores)");
+  cmd->add_flag("--echo", args->echo, "print the prompt before the continuation");
+  return Command{cmd, [args] { return run_generate(*args); }};
+}
+
+}  // namespace aspen::tools
