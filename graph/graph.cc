@@ -80,6 +80,10 @@ void Graph::add_output(std::string name, ValueId v) {
   outputs_.emplace_back(std::move(name), v);
 }
 
+void Graph::remove_output(std::string_view name) {
+  std::erase_if(outputs_, [&](const auto& o) { return o.first == name; });
+}
+
 std::optional<ValueId> Graph::find_output(std::string_view name) const {
   for (const auto& [n, v] : outputs_)
     if (n == name) return v;

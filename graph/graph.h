@@ -95,6 +95,8 @@ class Graph {
   void add_output(std::string name, ValueId v);
   const std::vector<std::pair<std::string, ValueId>>& outputs() const { return outputs_; }
   std::optional<ValueId> find_output(std::string_view name) const;
+  // Drops a named output (the value stays; dead-code elimination may remove it).
+  void remove_output(std::string_view name);
 
   // Parameter `name` holds `v` after each step (see the header comment).
   void add_update(std::string name, ValueId v);

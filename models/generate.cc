@@ -42,6 +42,7 @@ Status build_step(graph::Graph& g, const ModelConfig& config, const CausalLmOpti
                         b.input("seed", DType::i64, Shape{}), b.input("step", DType::i64, Shape{}),
                         b.input("history", DType::i32, Shape{B, o.kv_cache_len})});
   b.output("next", next);
+  g.remove_output("logits");  // the host reads the drawn ids only
   return b.status();
 }
 
@@ -96,6 +97,7 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
   }
   runtime::SessionOptions so;
   so.threads = o.threads;
+  so.trace = o.trace;
   ASPEN_ASSIGN_OR_RETURN(gen->session_, runtime::Session::create(std::move(programs), so));
   ASPEN_ASSIGN_OR_RETURN(WeightPlan plan, plan_weights(prefill, ckpt));
   runtime::Session& s = *gen->session_;

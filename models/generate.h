@@ -48,6 +48,7 @@ struct GeneratorOptions {
   int threads = 0;         // 0: the free cores
   DType dtype = DType::f32;  // the weights' and activations' type
   compiler::CompileOptions compile = {};
+  profile::TraceRecorder* trace = nullptr;  // when set, every instruction of every step is recorded
 };
 
 struct SamplingOptions {
@@ -71,6 +72,8 @@ class Generator {
   const ModelConfig& config() const { return config_; }
   const GeneratorOptions& options() const { return options_; }
   int64_t vocab() const { return vocab_; }
+  // Program 0: the prefill; 1: the decode step.
+  const runtime::Session& session() const { return *session_; }
 
   // One continuation per prompt (the new tokens only). Errors: no prompts or
   // more than max_batch, an empty prompt, a prompt longer than max_prompt, an

@@ -28,6 +28,10 @@ TEST_P(GreedyParity, MatchesHuggingFaceGenerate) {
   {
     auto gen = Generator::open(kTestdata + "/" + GetParam(), {.max_batch = 1, .max_length = 48, .max_prompt = 16});
     ASSERT_TRUE(gen.is_ok()) << gen.status().to_string();
+    // Both programs run on fast kernels only.
+    for (int p = 0; p < 2; ++p)
+      for (const auto& ins : (*gen)->session().executable(p).program.code)
+        EXPECT_FALSE(ins.reference) << (*gen)->session().executable(p).listing();
     auto out = (*gen)->generate(ids_of(j.at("generate_prompt")), greedy);
     ASSERT_TRUE(out.is_ok()) << out.status().to_string();
     EXPECT_EQ(*out, ids_of(j.at("generate_ids")));

@@ -4,6 +4,7 @@
 //   aspen bench attention [--json] [--t 256,1024,4096]
 //   aspen bench kernels [--json]
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
+//   aspen bench generate [--json] [--threads N] [--new-tokens N] [--python PATH]
 //   aspen generate --model DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
 //   aspen inspect FILE
 //   aspen info
@@ -20,6 +21,7 @@
 #include "bench/attention_bench.h"
 #include "bench/compile_bench.h"
 #include "bench/gemm_bench.h"
+#include "bench/generate_bench.h"
 #include "bench/kernels_bench.h"
 #include "core/log.h"
 #include "io/safetensors.h"
@@ -97,6 +99,17 @@ int main(int argc, char** argv) {
   comp_cmd->add_option("--seq", cb.seq, "sequence length");
   comp_cmd->add_option("--batch", cb.batch, "batch size");
 
+  aspen::bench::GenerateBenchOptions gb;
+  CLI::App* gen_cmd = bench->add_subcommand(
+      "generate", "GPT-2-124M decode and prefill tokens/s beside the memory-bandwidth bound and PyTorch");
+  gen_cmd->footer("Example: aspen bench generate --json\n         aspen bench generate --python ~/venv/bin/python");
+  gen_cmd->add_flag("--json", gb.json, "one JSON object per line");
+  gen_cmd->add_option("--threads", gb.threads, "threads (0: the free cores)");
+  gen_cmd->add_option("--new-tokens", gb.new_tokens, "decode steps per timed run (default 32)");
+  gen_cmd->add_option("--python", gb.python, "interpreter with torch for the PyTorch peer (\"none\": skip)");
+  gen_cmd->add_flag("--quick", gb.quick, "a 2-layer model, few tokens, no peer (a smoke test)");
+  gen_cmd->add_flag("--profile", gb.profile, "print where decode time goes (per op)");
+
   std::string inspect_path;
   CLI::App* inspect_cmd = app.add_subcommand("inspect", "list the tensors of a safetensors file (name, dtype, shape, bytes)");
   inspect_cmd->footer("Example: aspen inspect model.safetensors");
@@ -153,5 +166,6 @@ int main(int argc, char** argv) {
   if (attn_cmd->parsed()) return report(aspen::bench::run_attention_bench(attn, std::cout));
   if (kern_cmd->parsed()) return report(aspen::bench::run_kernels_bench(kb, std::cout));
   if (comp_cmd->parsed()) return report(aspen::bench::run_compile_bench(cb, std::cout));
+  if (gen_cmd->parsed()) return report(aspen::bench::run_generate_bench(gb, std::cout));
   return 0;
 }

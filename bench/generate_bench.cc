@@ -1,0 +1,233 @@
+#include "bench/generate_bench.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "bench/common.h"
+#include "core/philox.h"
+#include "core/thread_team.h"
+#include "core/tensor.h"
+#include "io/safetensors.h"
+#include "models/generate.h"
+
+namespace aspen::bench {
+
+namespace {
+
+struct Shape124M {
+  int64_t vocab = 50257, n_positions = 1024, d = 768, layers = 12, heads = 12;
+};
+
+// Writes config.json and model.safetensors (N(0, 0.02) weights, LayerNorm at
+// 1 and 0) for a GPT-2 of shape `s` into `dir`; returns the weight bytes.
+Result<int64_t> write_model(const std::string& dir, const Shape124M& s) {
+  std::filesystem::create_directories(dir);
+  std::map<std::string, Tensor> w;
+  uint64_t stream = 0;
+  auto add = [&](const std::string& name, Shape shape, float lo, float hi) {
+    Tensor t(DType::f32, shape);
+    philox_fill_uniform(t.span<float>(), 42, stream++, 0, lo, hi);
+    w.emplace(name, std::move(t));
+  };
+  const int64_t C = s.d;
+  add("transformer.wte.weight", Shape{s.vocab, C}, -0.035f, 0.035f);
+  add("transformer.wpe.weight", Shape{s.n_positions, C}, -0.035f, 0.035f);
+  for (int64_t i = 0; i < s.layers; ++i) {
+    const std::string p = "transformer.h." + std::to_string(i) + ".";
+    add(p + "ln_1.weight", Shape{C}, 0.9f, 1.1f);
+    add(p + "ln_1.bias", Shape{C}, -0.01f, 0.01f);
+    add(p + "attn.c_attn.weight", Shape{C, 3 * C}, -0.035f, 0.035f);
+    add(p + "attn.c_attn.bias", Shape{3 * C}, -0.01f, 0.01f);
+    add(p + "attn.c_proj.weight", Shape{C, C}, -0.035f, 0.035f);
+    add(p + "attn.c_proj.bias", Shape{C}, -0.01f, 0.01f);
+    add(p + "ln_2.weight", Shape{C}, 0.9f, 1.1f);
+    add(p + "ln_2.bias", Shape{C}, -0.01f, 0.01f);
+    add(p + "mlp.c_fc.weight", Shape{C, 4 * C}, -0.035f, 0.035f);
+    add(p + "mlp.c_fc.bias", Shape{4 * C}, -0.01f, 0.01f);
+    add(p + "mlp.c_proj.weight", Shape{4 * C, C}, -0.035f, 0.035f);
+    add(p + "mlp.c_proj.bias", Shape{C}, -0.01f, 0.01f);
+  }
+  add("transformer.ln_f.weight", Shape{C}, 0.9f, 1.1f);
+  add("transformer.ln_f.bias", Shape{C}, -0.01f, 0.01f);
+  std::vector<std::pair<std::string, const Tensor*>> list;
+  int64_t streamed = 0;  // what one decode step's matmuls read: every matrix, and wte as the tied head
+  for (const auto& [name, t] : w) {
+    list.emplace_back(name, &t);
+    if (t.shape().rank() == 2 && name != "transformer.wpe.weight") streamed += int64_t(t.nbytes());
+  }
+  ASPEN_RETURN_IF_ERROR(io::write_safetensors(dir + "/model.safetensors", list, {{"format", "pt"}}));
+  const nlohmann::ordered_json config = {
+      {"model_type", "gpt2"},     {"architectures", {"GPT2LMHeadModel"}},
+      {"vocab_size", s.vocab},    {"n_positions", s.n_positions},
+      {"n_embd", C},              {"n_layer", s.layers},
+      {"n_head", s.heads},        {"activation_function", "gelu_new"},
+      {"layer_norm_epsilon", 1e-5}, {"bos_token_id", 50256},
+      {"eos_token_id", 50256},    {"tie_word_embeddings", true}};
+  std::ofstream(dir + "/config.json") << config.dump(2) << "\n";
+  return streamed;
+}
+
+double seconds(const std::function<Status()>& fn, Status& status) {
+  const auto t0 = std::chrono::steady_clock::now();
+  status = fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct Row {
+  std::string phase = {}, dtype = {};
+  int64_t batch = 0;
+  double tokens_per_s = 0, bound = 0;
+  double peer = 0;  // PyTorch tokens/s, 0: none
+  std::string peer_mode = {};
+};
+
+}  // namespace
+
+Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
+  for (const std::string& d : opt.dtypes)
+    if (d != "f32")
+      return Status::unimplemented("bench generate: --dtype " + d,
+                                   "dtype (f32 today; bf16 weights arrive with the mixed f32 x bf16 matmul)");
+  Shape124M s;
+  if (opt.quick) {
+    s.layers = 2;
+    s.vocab = 2048;
+  }
+  const int64_t new_tokens = opt.quick ? std::min<int64_t>(opt.new_tokens, 6) : opt.new_tokens;
+  const int64_t prefill_T = opt.quick ? std::min<int64_t>(opt.prefill_tokens, 32) : opt.prefill_tokens;
+  if (new_tokens < 2) return Status::invalid_argument("bench generate: new tokens", ">= 2", std::to_string(new_tokens));
+
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("aspen_bench_generate_" + std::to_string(::getpid()))).string();
+  struct Cleanup {
+    std::string d;
+    ~Cleanup() { std::filesystem::remove_all(d); }
+  } cleanup{dir};
+  ASPEN_ASSIGN_OR_RETURN(const int64_t weight_bytes, write_model(dir, s));
+
+  // The machine's read bandwidth, on the team the generator will use.
+  const int threads = opt.threads > 0 ? opt.threads : std::max(1, CoreBudget::global().available());
+  double read_bw = 0;
+  {
+    ScopedOmpThreads scope(threads);
+    read_bw = measure_read_bandwidth(size_t(weight_bytes));
+  }
+  if (!opt.json)
+    out << fmt::format("# GPT-2-124M shape ({} layers), random weights, {} threads; read-only sweep {:.1f} GB/s over "
+                       "{:.0f} MB; decode: {} new tokens after an 8-token prompt\n",
+                       s.layers, threads, read_bw / 1e9, double(weight_bytes) / 1e6, new_tokens);
+
+  std::vector<Row> rows;
+  const std::vector<int32_t> prompt8 = {464, 2068, 7586, 21831, 18045, 625, 262, 16931};
+  for (const std::string& dtype : opt.dtypes) {
+    for (int64_t B : opt.batches) {
+      models::GeneratorOptions go{.max_batch = B, .max_length = 8 + new_tokens, .max_prompt = 8, .threads = threads};
+      profile::TraceRecorder trace;
+      if (opt.profile) go.trace = &trace;
+      ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(dir, go));
+      const std::vector<std::vector<int32_t>> prompts(size_t(B), prompt8);
+      Status st;
+      auto run = [&](int64_t n) {
+        return [&, n] {
+          return gen->generate(prompts, {.max_new_tokens = n, .temperature = 0.0f}).status();
+        };
+      };
+      seconds(run(2), st);  // warm-up
+      ASPEN_RETURN_IF_ERROR(st);
+      double t1 = 1e30, tn = 1e30;
+      for (int rep = 0; rep < 3; ++rep) {
+        t1 = std::min(t1, seconds(run(1), st));
+        ASPEN_RETURN_IF_ERROR(st);
+        tn = std::min(tn, seconds(run(new_tokens), st));
+        ASPEN_RETURN_IF_ERROR(st);
+      }
+      if (opt.profile && !opt.json)
+        out << "# decode, batch " << B << ": every instruction of the runs above\n" << profile::summary(trace.events());
+      Row r{.phase = "decode", .dtype = dtype, .batch = B};
+      r.tokens_per_s = double(B * (new_tokens - 1)) / std::max(tn - t1, 1e-9);
+      // Bytes per step: the weights once, plus the cache the attention reads
+      // (keys and values of every layer, all max_length positions: the
+      // kernel reads the whole cache and masks).
+      const int64_t kv = 2 * s.layers * B * (8 + new_tokens) * s.d * 4;
+      r.bound = double(B) * read_bw / double(weight_bytes + kv);
+      rows.push_back(r);
+    }
+    {
+      models::GeneratorOptions go{.max_batch = 1, .max_length = prefill_T + 1, .max_prompt = prefill_T,
+                                  .threads = threads};
+      ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(dir, go));
+      std::vector<int32_t> prompt(static_cast<size_t>(prefill_T));
+      for (int64_t i = 0; i < prefill_T; ++i) prompt[size_t(i)] = int32_t((i * 7919) % s.vocab);
+      Status st;
+      auto once = [&] { return gen->generate({prompt}, {.max_new_tokens = 1, .temperature = 0.0f}).status(); };
+      seconds(once, st);
+      ASPEN_RETURN_IF_ERROR(st);
+      double best = 1e30;
+      for (int rep = 0; rep < 3; ++rep) {
+        best = std::min(best, seconds(once, st));
+        ASPEN_RETURN_IF_ERROR(st);
+      }
+      rows.push_back(Row{.phase = "prefill", .dtype = dtype, .batch = 1, .tokens_per_s = double(prefill_T) / best});
+    }
+  }
+
+  // The PyTorch peer on the same directory.
+  std::string peer_note;
+  if (!opt.python.empty() && opt.python != "none" && !opt.quick) {
+    const std::string script = std::string(ASPEN_SOURCE_DIR) + "/bench/torch_generate.py";
+    const std::string cmd = opt.python + " -c 'import torch' 2>/dev/null && " + opt.python + " " + script +
+                            " --json --model " + dir + " --threads " + std::to_string(threads) + " --new-tokens " +
+                            std::to_string(new_tokens) + " 2>/dev/null";
+    if (FILE* p = ::popen(cmd.c_str(), "r")) {
+      char line[4096];
+      while (std::fgets(line, sizeof line, p)) {
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.contains("phase")) continue;
+        for (Row& r : rows)
+          if (r.phase == j.value("phase", "") && r.batch == j.value("batch", int64_t(0)) &&
+              r.dtype == j.value("dtype", "")) {
+            r.peer = j.value("tokens_per_s", 0.0);
+            r.peer_mode = j.value("mode", "");
+          }
+      }
+      if (::pclose(p) != 0) peer_note = "PyTorch peer: not run (no torch for '" + opt.python + "'; --python PATH)";
+    }
+  }
+
+  if (!opt.json)
+    out << fmt::format("{:<8} {:>5} {:>5} | {:>10} {:>10} {:>9} | {:>10} {:>8}\n", "phase", "batch", "dtype",
+                       "tokens/s", "bound", "fraction", "pytorch", "ratio");
+  for (const Row& r : rows) {
+    if (opt.json) {
+      nlohmann::ordered_json j = {{"bench", "generate"}, {"phase", r.phase}, {"batch", r.batch},
+                                  {"dtype", r.dtype},    {"tokens_per_s", r.tokens_per_s}};
+      if (r.bound > 0) {
+        j["bound_tokens_per_s"] = r.bound;
+        j["fraction_of_bound"] = r.tokens_per_s / r.bound;
+      }
+      if (r.peer > 0) {
+        j["pytorch_tokens_per_s"] = r.peer;
+        j["ratio_vs_pytorch"] = r.tokens_per_s / r.peer;
+      }
+      out << j.dump() << "\n";
+    } else {
+      out << fmt::format("{:<8} {:>5} {:>5} | {:>10.1f} {:>10} {:>9} | {:>10} {:>8}\n", r.phase, r.batch, r.dtype,
+                         r.tokens_per_s, r.bound > 0 ? fmt::format("{:.1f}", r.bound) : "-",
+                         r.bound > 0 ? fmt::format("{:.2f}", r.tokens_per_s / r.bound) : "-",
+                         r.peer > 0 ? fmt::format("{:.1f}", r.peer) : "-",
+                         r.peer > 0 ? fmt::format("{:.2f}", r.tokens_per_s / r.peer) : "-");
+    }
+  }
+  if (!peer_note.empty() && !opt.json) out << "# " << peer_note << "\n";
+  return Status();
+}
+
+}  // namespace aspen::bench

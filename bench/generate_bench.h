@@ -1,0 +1,45 @@
+// bench/generate_bench.h: `aspen bench generate`.
+//
+// GPT-2-124M-shaped (12 layers, d_model 768, 12 heads, vocab 50257) with
+// random weights, written as a model directory (config.json +
+// model.safetensors, Hugging Face names) in a temporary folder so the PyTorch
+// peer loads the very same weights. Rows:
+//   decode  batch 1 and 8: tokens/s of single-token steps with the KV cache
+//           (greedy, sampling in the program), prompt of 8 tokens not timed:
+//           (batch * (N - 1)) / (time(N new tokens) - time(1 new token)).
+//   prefill batch 1, T = 256: 256 / time of one prefill (cache filled, last
+//           logits, one token drawn).
+// Beside each decode row, the memory-bandwidth bound: the bytes a step must
+// read (every weight a matmul streams, plus the KV cache the attention reads)
+// divided by the machine's read bandwidth, measured in the same run as the
+// best of several read-only sweeps (all threads, vector loads) over a buffer
+// as large as the weights; fraction_of_bound = tokens_per_s / bound.
+// The PyTorch peer (bench/torch_generate.py, same model directory) runs when
+// `python3 -c "import torch"` works (or --python names an interpreter that
+// has it): its rows and aspen ÷ PyTorch are printed.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace aspen::bench {
+
+struct GenerateBenchOptions {
+  bool json = false;
+  int threads = 0;             // 0: the free cores
+  int64_t new_tokens = 32;     // decode steps timed per row (+1 for the prefill)
+  int64_t prefill_tokens = 256;
+  std::vector<int64_t> batches = {1, 8};
+  std::vector<std::string> dtypes = {"f32"};
+  std::string python = "python3";  // runs bench/torch_generate.py; "" or "none": no peer
+  bool quick = false;          // a 2-layer model and few tokens (smoke tests)
+  bool profile = false;        // print the per-op summary of the decode rows' instructions
+};
+
+Status run_generate_bench(const GenerateBenchOptions& options, std::ostream& out);
+
+}  // namespace aspen::bench
