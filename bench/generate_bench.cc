@@ -133,7 +133,9 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
       profile::TraceRecorder trace;
       if (opt.profile) go.trace = &trace;
       ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(dir, go));
-      const std::vector<std::vector<int32_t>> prompts(size_t(B), prompt8);
+      std::vector<int32_t> prompt = prompt8;
+      for (int32_t& id : prompt) id %= int32_t(s.vocab);
+      const std::vector<std::vector<int32_t>> prompts(size_t(B), prompt);
       Status st;
       auto run = [&](int64_t n) {
         return [&, n] {
