@@ -14,6 +14,8 @@
 #include <set>
 #include <sstream>
 
+#include "io/json_brief.h"
+
 namespace aspen::io {
 namespace {
 
@@ -101,7 +103,7 @@ Status parse_entry(const std::string& subject, const json& e, size_t data_size, 
   for (size_t i = 0; i < js.size(); ++i) {
     const json& d = js[i];
     if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT64_MAX))
-      return corrupt(subject + ": shape", "non-negative integer extents", d.dump() + " at dimension " + std::to_string(i));
+      return corrupt(subject + ": shape", "non-negative integer extents", json_brief(d) + " at dimension " + std::to_string(i));
     dims[i] = int64_t(d.get<uint64_t>());
     overflow = overflow || __builtin_mul_overflow(bytes, uint64_t(dims[i]), &bytes);
   }
@@ -112,7 +114,7 @@ Status parse_entry(const std::string& subject, const json& e, size_t data_size, 
 
   const json& jo = e["data_offsets"];
   if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() || !jo[1].is_number_unsigned())
-    return corrupt(subject + ": data_offsets", "two non-negative integers [begin, end]", jo.dump());
+    return corrupt(subject + ": data_offsets", "two non-negative integers [begin, end]", json_brief(jo));
   uint64_t begin = jo[0].get<uint64_t>(), end = jo[1].get<uint64_t>();
   if (begin > end)
     return corrupt(subject + ": data_offsets", "begin <= end",
@@ -152,6 +154,7 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
     : path_(std::move(o.path_)),
       map_(std::exchange(o.map_, nullptr)),
       map_size_(std::exchange(o.map_size_, 0)),
+      owned_(std::move(o.owned_)),
       data_(std::exchange(o.data_, nullptr)),
       data_size_(std::exchange(o.data_size_, 0)),
       tensors_(std::move(o.tensors_)),
@@ -163,6 +166,7 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
     path_ = std::move(o.path_);
     map_ = std::exchange(o.map_, nullptr);
     map_size_ = std::exchange(o.map_size_, 0);
+    owned_ = std::move(o.owned_);
     data_ = std::exchange(o.data_, nullptr);
     data_size_ = std::exchange(o.data_size_, 0);
     tensors_ = std::move(o.tensors_);
@@ -177,6 +181,7 @@ void SafetensorsFile::unmap() {
   if (map_) munmap(map_, map_size_);
   map_ = nullptr;
   map_size_ = 0;
+  owned_.reset();
   data_ = nullptr;
   data_size_ = 0;
 }
@@ -195,20 +200,37 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     return Status::invalid_argument(path, "a regular file", "another kind of file");
   }
   const uint64_t file_size = uint64_t(st.st_size);
-  if (file_size < 8) {
-    ::close(fd);
-    return corrupt(path, "at least 8 bytes (the header length)", std::to_string(file_size) + " bytes");
-  }
   SafetensorsFile f;
   f.path_ = path;
+  if (file_size < 8) {  // too short to map usefully (and mmap rejects 0 bytes): parse() reports it
+    ::close(fd);
+    return f.parse(nullptr, file_size);
+  }
   void* m = mmap(nullptr, size_t(file_size), PROT_READ, MAP_PRIVATE, fd, 0);
   int map_err = errno;
   ::close(fd);
   if (m == MAP_FAILED) return io_error(path, "a file that can be memory-mapped", map_err);
   f.map_ = m;
   f.map_size_ = size_t(file_size);
-  const auto* base = static_cast<const unsigned char*>(m);
+  ASPEN_RETURN_IF_ERROR(f.parse(static_cast<const unsigned char*>(m), file_size));
+  return f;
+}
 
+Result<SafetensorsFile> SafetensorsFile::from_bytes(std::span<const std::byte> bytes, const std::string& name) {
+  SafetensorsFile f;
+  f.path_ = name;
+  if (bytes.size() >= 8) {  // smaller inputs fail in parse() before any access
+    f.owned_ = std::make_unique_for_overwrite<std::byte[]>(bytes.size());
+    std::memcpy(f.owned_.get(), bytes.data(), bytes.size());
+  }
+  ASPEN_RETURN_IF_ERROR(f.parse(reinterpret_cast<const unsigned char*>(f.owned_.get()), bytes.size()));
+  return f;
+}
+
+Status SafetensorsFile::parse(const unsigned char* base, uint64_t file_size) {
+  const std::string& path = path_;
+  if (file_size < 8)
+    return corrupt(path, "at least 8 bytes (the header length)", std::to_string(file_size) + " bytes");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | base[i];
   if (n > kMaxHeaderBytes)
@@ -219,8 +241,8 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
                    "at most " + std::to_string(file_size - 8) + " bytes (file size " + std::to_string(file_size) +
                        " - 8)",
                    std::to_string(n));
-  f.data_ = reinterpret_cast<const std::byte*>(base + 8 + n);
-  f.data_size_ = size_t(file_size - 8 - n);
+  data_ = reinterpret_cast<const std::byte*>(base + 8 + n);
+  data_size_ = size_t(file_size - 8 - n);
 
   json header;
   const char* hb = reinterpret_cast<const char*>(base + 8);
@@ -239,14 +261,14 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
         if (!m_it.value().is_string())
           return corrupt(path + ": __metadata__ " + sq(m_it.key()), "a string value",
                          std::string("a JSON ") + m_it.value().type_name());
-        f.metadata_[m_it.key()] = m_it.value().get<std::string>();
+        metadata_[m_it.key()] = m_it.value().get<std::string>();
       }
       continue;
     }
     TensorInfo info;
     info.name = key;
-    ASPEN_RETURN_IF_ERROR(parse_entry(path + ": tensor " + sq(key), it.value(), f.data_size_, &info));
-    auto [pos, inserted] = f.tensors_.emplace(key, std::move(info));
+    ASPEN_RETURN_IF_ERROR(parse_entry(path + ": tensor " + sq(key), it.value(), data_size_, &info));
+    auto [pos, inserted] = tensors_.emplace(key, std::move(info));
     (void)inserted;  // keys of a parsed object are unique (duplicates rejected above)
     by_offset.push_back(&pos->second);
   }
@@ -265,7 +287,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
                      "[" + std::to_string(t->offset) + ", " + std::to_string(t->offset + t->bytes) + ")");
     if (!last || t->offset + t->bytes > last->offset + last->bytes) last = t;
   }
-  return f;
+  return Status::ok();
 }
 
 std::vector<std::string> SafetensorsFile::names() const {
@@ -319,7 +341,7 @@ Result<SafetensorsIndex> SafetensorsIndex::open(const std::string& index_path) {
     if (!md.is_object())
       return corrupt(index_path + ": metadata", "an object", std::string("a JSON ") + md.type_name());
     for (auto it = md.begin(); it != md.end(); ++it)
-      idx.metadata_[it.key()] = it.value().is_string() ? it.value().get<std::string>() : it.value().dump();
+      idx.metadata_[it.key()] = it.value().is_string() ? it.value().get<std::string>() : json_brief(it.value());
   }
 
   const std::string dir = dirname_of(index_path);

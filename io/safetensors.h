@@ -9,6 +9,8 @@
 // before open() returns, so every accessor afterwards is safe: each tensor's
 // byte range lies inside the file and matches its dtype and shape, and no two
 // ranges overlap. Every error names the file and, where there is one, the tensor.
+// from_bytes() runs the same validation over a copy of bytes in memory (tests,
+// fuzzing, files fetched over the network).
 //
 // SafetensorsIndex reads a sharded checkpoint through its
 // model.safetensors.index.json. write_safetensors writes a file atomically
@@ -20,6 +22,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <span>
@@ -46,6 +49,9 @@ class SafetensorsFile {
  public:
   // Maps `path` and validates it; a failed Status names the file and the tensor.
   static Result<SafetensorsFile> open(const std::string& path);
+  // Copies `bytes` and validates them exactly as open() validates a file;
+  // `name` stands in for the path in errors and path().
+  static Result<SafetensorsFile> from_bytes(std::span<const std::byte> bytes, const std::string& name = "<memory>");
 
   SafetensorsFile(SafetensorsFile&& other) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
@@ -68,10 +74,14 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
   void unmap();
+  // Validates the whole file [base, base + size) and fills data_, tensors_ and
+  // metadata_; shared by open() and from_bytes(). The bytes must outlive *this.
+  Status parse(const unsigned char* base, uint64_t size);
 
   std::string path_;
-  void* map_ = nullptr;
+  void* map_ = nullptr;  // open(): the mapping
   size_t map_size_ = 0;
+  std::unique_ptr<std::byte[]> owned_;  // from_bytes(): the copy
   const std::byte* data_ = nullptr;  // first byte after the header
   size_t data_size_ = 0;
   std::map<std::string, TensorInfo> tensors_;

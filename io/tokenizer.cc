@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "io/json_brief.h"
 #include "io/tokenizer_unicode.h"
 
 namespace aspen::io {
@@ -453,7 +454,7 @@ class HfTokenizer final : public Tokenizer {
 // Loading.
 
 // Reads JSON with exceptions contained here; the message names the file and byte.
-Status parse_json(const std::string& path, const std::string& text, json* out) {
+Status parse_json(const std::string& path, std::string_view text, json* out) {
   try {
     *out = json::parse(text);
   } catch (const json::parse_error& e) {
@@ -491,7 +492,7 @@ Status read_vocab(const JsonAt& at, const json& v, const std::string& key, Confi
   for (auto it = v.begin(); it != v.end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
         it.value().get<int64_t>() > int64_t(1) << 30)
-      return corrupt(at.path + ": " + key + "." + it.key(), "an id in [0, 2^30]", it.value().dump());
+      return corrupt(at.path + ": " + key + "." + it.key(), "an id in [0, 2^30]", json_brief(it.value()));
     cfg->vocab[it.key()] = TokenId(it.value().get<int64_t>());
   }
   return Status::ok();
@@ -525,7 +526,7 @@ Status read_merges(const JsonAt& at, const json& merges, Config* cfg) {
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       left = m[0].get<std::string>(), right = m[1].get<std::string>();
     } else {
-      return corrupt(where, "\"left right\" or [left, right]", m.dump());
+      return corrupt(where, "\"left right\" or [left, right]", json_brief(m));
     }
     ASPEN_RETURN_IF_ERROR(add_merge(where, left, right, int32_t(i), cfg));
   }
@@ -542,7 +543,7 @@ Status read_added_tokens(const JsonAt& at, const json& root, bool has_normalizer
     if (!e.is_object()) return at.wrong(key, "an object", e);
     if (!e.contains("id") || !e["id"].is_number_integer() || e["id"].get<int64_t>() < 0 ||
         e["id"].get<int64_t>() > int64_t(1) << 30)
-      return corrupt(at.path + ": " + key + ".id", "an id in [0, 2^30]", e.contains("id") ? e["id"].dump() : "none");
+      return corrupt(at.path + ": " + key + ".id", "an id in [0, 2^30]", e.contains("id") ? json_brief(e["id"]) : "none");
     if (!e.contains("content") || !e["content"].is_string()) return at.missing(key + ".content", "a string");
     AddedToken a;
     a.id = TokenId(e["id"].get<int64_t>());
@@ -569,6 +570,14 @@ Result<TokenId> special_id(const JsonAt& at, const std::string& key, const std::
   return corrupt(at.path + ": " + key, "a token of the vocabulary", sq(token));
 }
 
+// A post-processor id (an integer); finish() checks it names a token.
+Result<TokenId> post_processor_id(const JsonAt& at, const json& v) {
+  const int64_t id = v.get<int64_t>();  // a u64 above INT64_MAX wraps negative
+  if (id < 0 || id > INT32_MAX)
+    return corrupt(at.path + ": post_processor", "ids of vocabulary tokens", "id " + v.dump());
+  return TokenId(id);
+}
+
 Status read_post_processor(const JsonAt& at, const json& root, Config* cfg) {
   if (!root.contains("post_processor") || root["post_processor"].is_null()) return Status::ok();
   const json& p = root["post_processor"];
@@ -581,7 +590,8 @@ Status read_post_processor(const JsonAt& at, const json& root, Config* cfg) {
       const std::string key = std::string("post_processor.") + k;
       if (!p.contains(k) || !p[k].is_array() || p[k].size() != 2 || !p[k][1].is_number_integer())
         return at.missing(key, "[token, id]");
-      (std::string(k) == "cls" ? cfg->post_prefix : cfg->post_suffix).push_back(p[k][1].get<TokenId>());
+      ASPEN_ASSIGN_OR_RETURN(TokenId id, post_processor_id(at, p[k][1]));
+      (std::string(k) == "cls" ? cfg->post_prefix : cfg->post_suffix).push_back(id);
     }
     return Status::ok();
   }
@@ -601,7 +611,8 @@ Status read_post_processor(const JsonAt& at, const json& root, Config* cfg) {
           p["special_tokens"][name].contains("ids") && p["special_tokens"][name]["ids"].is_array()) {
         for (const json& id : p["special_tokens"][name]["ids"]) {
           if (!id.is_number_integer()) return at.wrong("post_processor.special_tokens." + name, "integer ids", id);
-          tids.push_back(id.get<TokenId>());
+          ASPEN_ASSIGN_OR_RETURN(TokenId tid, post_processor_id(at, id));
+          tids.push_back(tid);
         }
       } else {
         ASPEN_ASSIGN_OR_RETURN(TokenId id, special_id(at, "post_processor.single", name, *cfg));
@@ -610,7 +621,7 @@ Status read_post_processor(const JsonAt& at, const json& root, Config* cfg) {
       auto& dst = seen_sequence ? cfg->post_suffix : cfg->post_prefix;
       dst.insert(dst.end(), tids.begin(), tids.end());
     } else {
-      return corrupt(at.path + ": post_processor.single", "Sequence or SpecialToken items", item.dump());
+      return corrupt(at.path + ": post_processor.single", "Sequence or SpecialToken items", json_brief(item));
     }
   }
   return Status::ok();
@@ -625,6 +636,15 @@ Result<std::unique_ptr<Tokenizer>> finish(const std::string& path, Config cfg) {
   if (max_id >= 2 * count + 1024)
     return corrupt(path, "token ids below 2 * (number of tokens) + 1024 = " + std::to_string(2 * count + 1024),
                    "id " + std::to_string(max_id));
+  // encode() emits the post-processor's ids as they are; one outside the
+  // vocabulary would index past a model's embedding table.
+  std::unordered_set<int64_t> known;
+  for (const auto& [tok, id] : cfg.vocab) known.insert(id);
+  for (const AddedToken& a : cfg.added) known.insert(a.id);
+  for (const auto* ids : {&cfg.post_prefix, &cfg.post_suffix})
+    for (int64_t id : *ids)
+      if (!known.count(id))
+        return corrupt(path + ": post_processor", "ids of vocabulary tokens", "id " + std::to_string(id));
   return std::unique_ptr<Tokenizer>(new HfTokenizer(std::move(cfg)));
 }
 
@@ -632,6 +652,10 @@ Result<std::unique_ptr<Tokenizer>> finish(const std::string& path, Config cfg) {
 
 Result<std::unique_ptr<Tokenizer>> load_tokenizer_json(const std::string& path) {
   ASPEN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  return load_tokenizer_json_from_string(text, path);
+}
+
+Result<std::unique_ptr<Tokenizer>> load_tokenizer_json_from_string(std::string_view text, const std::string& path) {
   json root;
   ASPEN_RETURN_IF_ERROR(parse_json(path, text, &root));
   const JsonAt at{path};

