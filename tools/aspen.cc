@@ -5,6 +5,7 @@
 //   aspen bench kernels [--json]
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
 //   aspen inspect FILE
+//   aspen embed --model DIR [--batch N] [--max-length L] [--threads T]   (stdin lines -> JSON lines)
 //   aspen info
 //   global: --isa scalar|avx2|avx512|avx512_bf16, --reference-kernels, -v
 //
@@ -103,6 +104,7 @@ int main(int argc, char** argv) {
 
   // Commands in their own files (tools/commands.h).
   std::vector<aspen::tools::Command> commands;
+  commands.push_back(aspen::tools::add_embed_command(app));
 
   CLI11_PARSE(app, argc, argv);
   if (verbose) aspen::set_log_level(aspen::LogLevel::info);

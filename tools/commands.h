@@ -28,4 +28,7 @@ inline int report(const Status& s) {
   return 1;
 }
 
+// The commands, one file each (tools/<name>_command.cc).
+Command add_embed_command(CLI::App& app);  // aspen embed: sentence embeddings of stdin lines
+
 }  // namespace aspen::tools
