@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <sstream>
 
@@ -52,6 +53,9 @@ Result<int64_t> choose_max_length(const std::string& dir, int64_t requested, int
   return max_positions;
 }
 
+// The shortest compiled length (NOTE [embedder buckets]).
+constexpr int64_t kSmallestBucket = 16;
+
 }  // namespace
 
 Embedder::~Embedder() = default;
@@ -90,16 +94,26 @@ Result<std::unique_ptr<Embedder>> Embedder::open(const std::string& dir, const E
                                     "at most vocab_size = " + std::to_string(bert->vocab) + " ids (config.json)",
                                     std::to_string(e->tokenizer_->vocab_size()));
 
-  graph::Graph g;
-  graph::Builder b(g);
-  const BertOptions shape{.batch = e->max_batch_, .seq = e->max_length_, .sentence_embedding = true};
-  ASPEN_RETURN_IF_ERROR(build_bert(b, *bert, shape).status());
-  ASPEN_ASSIGN_OR_RETURN(WeightPlan plan, plan_weights(g, ckpt));
-  ASPEN_ASSIGN_OR_RETURN(auto exe, compiler::compile(g, {.opt_level = compiler::OptLevel::O2}));
-  ASPEN_ASSIGN_OR_RETURN(e->session_, runtime::Session::create(std::move(exe), {.threads = options.threads}));
+  // NOTE [embedder buckets] in embedder.h: one program per length, sharing the weights.
+  for (int64_t t = kSmallestBucket; t < e->max_length_; t *= 2) e->lengths_.push_back(t);
+  e->lengths_.push_back(e->max_length_);
+  std::vector<std::unique_ptr<compiler::Executable>> programs;
+  std::optional<WeightPlan> plan;
+  for (int64_t t : e->lengths_) {
+    graph::Graph g;
+    graph::Builder b(g);
+    const BertOptions shape{.batch = e->max_batch_, .seq = t, .sentence_embedding = true};
+    ASPEN_RETURN_IF_ERROR(build_bert(b, *bert, shape).status());
+    if (t == e->max_length_) {
+      ASPEN_ASSIGN_OR_RETURN(plan, plan_weights(g, ckpt));
+    }
+    ASPEN_ASSIGN_OR_RETURN(auto exe, compiler::compile(g, {.opt_level = compiler::OptLevel::O2}));
+    programs.push_back(std::move(exe));
+  }
+  ASPEN_ASSIGN_OR_RETURN(e->session_, runtime::Session::create(std::move(programs), {.threads = options.threads}));
   runtime::Session& s = *e->session_;
   ASPEN_RETURN_IF_ERROR(
-      load_weights(plan, [&s](const std::string& name, const Tensor& t) { return s.set_parameter(name, t); }));
+      load_weights(*plan, [&s](const std::string& name, const Tensor& t) { return s.set_parameter(name, t); }));
   return e;
 }
 
@@ -112,32 +126,44 @@ std::vector<io::TokenId> Embedder::token_ids(const std::string& text) const {
 }
 
 Result<std::vector<std::vector<float>>> Embedder::embed(const std::vector<std::string>& texts) {
-  const int64_t B = max_batch_, T = max_length_, C = config_.d_model;
-  std::vector<std::vector<float>> out;
-  out.reserve(texts.size());
-  Tensor ids(DType::i32, Shape{B, T}), types(DType::i32, Shape{B, T}), mask(DType::u8, Shape{B, T});
-  std::fill_n(types.data<int32_t>(), B * T, 0);
+  const int64_t B = max_batch_, C = config_.d_model;
+  std::vector<std::vector<io::TokenId>> tokens;
+  tokens.reserve(texts.size());
+  for (const std::string& text : texts) tokens.push_back(token_ids(text));
+  // Longest first, as sentence-transformers batches, so that each batch runs
+  // at the shortest length its rows allow; results go back in input order.
+  std::vector<size_t> order(texts.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tokens[a].size() > tokens[b].size(); });
+  std::vector<std::vector<float>> out(texts.size());
   // Rows past the last text hold [CLS] [SEP] (an empty text) so that every
   // row has a token to average; their outputs are dropped.
   const std::vector<io::TokenId> filler = token_ids("");
   for (size_t start = 0; start < texts.size(); start += size_t(B)) {
     const size_t rows = std::min(texts.size() - start, size_t(B));
+    const size_t longest = tokens[order[start]].size();
+    const int program = int(std::lower_bound(lengths_.begin(), lengths_.end(), int64_t(longest)) - lengths_.begin());
+    ASPEN_CHECK(size_t(program) < lengths_.size());
+    const int64_t T = lengths_[size_t(program)];
+    Tensor ids(DType::i32, Shape{B, T}), types(DType::i32, Shape{B, T}), mask(DType::u8, Shape{B, T});
     std::fill_n(ids.data<int32_t>(), B * T, *tokenizer_->special_ids().pad);
+    std::fill_n(types.data<int32_t>(), B * T, 0);
     std::fill_n(mask.data<uint8_t>(), B * T, uint8_t(0));
     for (int64_t r = 0; r < B; ++r) {
-      const std::vector<io::TokenId> tok = size_t(r) < rows ? token_ids(texts[start + size_t(r)]) : filler;
+      const std::vector<io::TokenId>& tok = size_t(r) < rows ? tokens[order[start + size_t(r)]] : filler;
       for (size_t t = 0; t < tok.size(); ++t) {
         ids.data<int32_t>()[r * T + int64_t(t)] = tok[t];
         mask.data<uint8_t>()[r * T + int64_t(t)] = 1;
       }
     }
     ASPEN_ASSIGN_OR_RETURN(auto result,
-                           session_->run({{"input_ids", &ids}, {"token_type_ids", &types}, {"attention_mask", &mask}}));
+                           session_->run({{"input_ids", &ids}, {"token_type_ids", &types}, {"attention_mask", &mask}},
+                                         runtime::RunOptions{}, program));
     const Tensor& e = result.at("sentence_embedding");
     ASPEN_CHECK(e.shape() == (Shape{B, C}));
     for (size_t r = 0; r < rows; ++r) {
       const float* row = e.data<float>() + int64_t(r) * C;
-      out.emplace_back(row, row + C);
+      out[order[start + r]].assign(row, row + C);
     }
   }
   return out;

@@ -8,11 +8,19 @@
 // open() reads <dir>/config.json (model_type must be "bert"), the tokenizer
 // (tokenizer.json or vocab.txt, io/tokenizer.h) and the safetensors weights
 // (models/weights.h), builds the BERT graph with its sentence-embedding output
-// for the fixed shape [max_batch, max_length], compiles it once (O2) and
-// loads the weights into a runtime::Session. embed() tokenizes each text,
-// fills batches of max_batch rows (a partial last batch is padded with rows
-// whose outputs are dropped) and returns one unit-length vector of d_model
-// floats per text, in order.
+// for [max_batch, T] at a few lengths T (NOTE [embedder buckets]), compiles
+// each once (O2) into one runtime::Session sharing the weights, and loads the
+// weights. embed() tokenizes each text, sorts the texts longest first (as
+// sentence-transformers does), fills batches of max_batch rows (a partial
+// last batch is padded with rows whose outputs are dropped), runs each batch
+// at the shortest compiled length that holds its longest row, and returns
+// one unit-length vector of d_model floats per text, in input order.
+//
+// NOTE [embedder buckets] The compiled lengths are 16, 32, 64, ... below
+// max_length, then max_length itself: a batch of short texts does not pay for
+// max_length (padding changes no result: padded keys are never attended and
+// mean pooling skips them). All programs share one set of weights and one
+// arena (sized for the largest); compiling the extra ones costs little.
 //
 // NOTE [embedder max length] The sequence length, special tokens included:
 //   1. options.max_length when > 0;
@@ -76,12 +84,15 @@ class Embedder {
   int64_t dim() const { return config_.d_model; }
   int64_t max_batch() const { return max_batch_; }
   int64_t max_length() const { return max_length_; }
+  // The compiled sequence lengths, ascending (the last is max_length()).
+  const std::vector<int64_t>& compiled_lengths() const { return lengths_; }
   const io::Tokenizer& tokenizer() const { return *tokenizer_; }
 
  private:
   Embedder() = default;
   BertConfig config_;
   int64_t max_batch_ = 0, max_length_ = 0;
+  std::vector<int64_t> lengths_;  // compiled lengths, ascending; program i runs lengths_[i]
   std::unique_ptr<io::Tokenizer> tokenizer_;
   std::unique_ptr<runtime::Session> session_;
 };

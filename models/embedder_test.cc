@@ -1,6 +1,7 @@
 // Embedder: the all-MiniLM-L6-v2 golden sentences (testdata/minilm/golden.json)
 // go through the real tokenizer and the compiled graph in batches of 8 (27
-// sentences: three full batches and a partial one) and match the goldens:
+// sentences: three full batches and a partial one; lengths 3 to 163 tokens, so
+// the batches run at several compiled lengths) and match the goldens:
 // token ids exactly, embeddings to cosine >= 0.9999. Then truncation,
 // empty text, and each error of open(). The MiniLM directory is found as
 // parity_test.cc finds it; without it the tests fail and say how to install it.
@@ -50,6 +51,7 @@ TEST(Embedder, MiniLmGoldenSentencesInBatches) {
   ASSERT_TRUE(e.is_ok()) << e.status().to_string();
   EXPECT_EQ((*e)->max_length(), 256);  // sentence_bert_config.json, not tokenizer.json's 128
   EXPECT_EQ((*e)->dim(), 384);
+  EXPECT_EQ((*e)->compiled_lengths(), (std::vector<int64_t>{16, 32, 64, 128, 256}));
 
   std::ifstream in(kTestdata + "/minilm/golden.json");
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
@@ -96,6 +98,7 @@ TEST(Embedder, MaxLengthOverrideTruncatesLikeSentenceTransformers) {
   ASSERT_FALSE(dir.empty()) << kInstall;
   auto e = Embedder::open(dir, {.max_batch = 2, .max_length = 16, .threads = 2});
   ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  EXPECT_EQ((*e)->compiled_lengths(), (std::vector<int64_t>{16}));
   std::ifstream in(kTestdata + "/minilm/golden.json");
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
   ASSERT_FALSE(j.is_discarded());

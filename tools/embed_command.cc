@@ -6,8 +6,10 @@
 // Each line of stdin (UTF-8; a trailing "\r" is dropped) is one text; each
 // gives one JSON object on stdout, in order: {"text": the line, "embedding":
 // [d_model floats]}, the L2-normalized mean-pooled BERT output of
-// models/embedder.h. Lines are read and written max_batch at a time, so
-// output streams and memory stays bounded. An empty line is embedded as the
+// models/embedder.h. Lines are read and written kBatchesPerChunk batches at
+// a time (the embedder sorts each chunk by length, so batches of similar
+// lengths run at short compiled lengths), so output streams and memory stays
+// bounded. An empty line is embedded as the
 // empty text ([CLS] [SEP]), as sentence-transformers does. Invalid UTF-8 is
 // tokenized as the tokenizer does (lossily decoded) and written as U+FFFD.
 // Floats are written in the shortest form that reads back to the same f32
@@ -26,6 +28,8 @@
 
 namespace aspen::tools {
 namespace {
+
+constexpr int64_t kBatchesPerChunk = 16;
 
 struct EmbedArgs {
   std::string model;
@@ -52,7 +56,7 @@ Status run_embed(const EmbedArgs& args) {
   bool done = false;
   while (!done) {
     lines.clear();
-    while (int64_t(lines.size()) < e->max_batch()) {
+    while (int64_t(lines.size()) < kBatchesPerChunk * e->max_batch()) {
       if (!std::getline(std::cin, line)) {
         done = true;
         break;
