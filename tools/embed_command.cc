@@ -86,14 +86,14 @@ Command add_embed_command(CLI::App& app) {
       "DIR holds config.json (model_type bert), model.safetensors (or sharded) and tokenizer.json or vocab.txt.\n");
   cmd->add_option("--model", args->model, "Hugging Face model directory")->required();
   cmd->add_option("--batch", args->options.max_batch, "texts per run (the compiled batch)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 16))
       ->capture_default_str();
   cmd->add_option("--max-length", args->options.max_length,
                   "tokens per text, [CLS]/[SEP] included (default: sentence_bert_config.json's max_seq_length, "
                   "else min(tokenizer model_max_length, max_position_embeddings))")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   cmd->add_option("--threads", args->options.threads, "threads (default: the free cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1024));
   return Command{cmd, [args] { return report(run_embed(*args)); }};
 }
 
