@@ -7,6 +7,7 @@
 //   aspen bench generate [--json] [--threads N] [--new-tokens N] [--python PATH]
 //   aspen generate --model DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
 //   aspen inspect FILE
+//   aspen embed --model DIR [--batch N] [--max-length L] [--threads T]   (stdin lines -> JSON lines)
 //   aspen info
 //   global: --isa scalar|avx2|avx512|avx512_bf16, --reference-kernels, -v
 //
@@ -118,6 +119,7 @@ int main(int argc, char** argv) {
   // Commands in their own files (tools/commands.h).
   std::vector<aspen::tools::Command> commands;
   commands.push_back(aspen::tools::add_generate_command(app));
+  commands.push_back(aspen::tools::add_embed_command(app));
 
   CLI11_PARSE(app, argc, argv);
   if (verbose) aspen::set_log_level(aspen::LogLevel::info);

@@ -28,6 +28,8 @@ inline int report(const Status& s) {
   return 1;
 }
 
-Command add_generate_command(CLI::App& app);  // tools/generate_command.cc
+// The commands, one file each (tools/<name>_command.cc).
+Command add_embed_command(CLI::App& app);     // aspen embed: sentence embeddings of stdin lines
+Command add_generate_command(CLI::App& app);  // aspen generate: streamed text from a causal LM
 
 }  // namespace aspen::tools
