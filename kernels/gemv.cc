@@ -1,0 +1,442 @@
+// kernels/gemv.cc: checks, the reference, and the fast GEMV variants
+// (AVX-512, AVX2, portable) for both weight layouts. See gemv.h for the
+// contract and docs/kernels.md ("GEMV") for the design and measurements.
+#include "kernels/gemv.h"
+
+// GCC 12 reports -Wmaybe-uninitialized inside AVX-512 intrinsics built on
+// _mm512_undefined_*() (GCC bug 105593; see kernels/convert.cc).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/check_args.h"
+#include "kernels/cpu.h"
+
+namespace aspen::kernels {
+
+std::string GemvShape::to_string() const {
+  std::string s = "gemv " + std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N);
+  s.append(" w:").append(dtype_name(weight)).append(trans_b ? " [N,K]" : " [K,N]");
+  if (has_bias) s += " +bias";
+  return s;
+}
+
+Status gemv_validate(const GemvShape& s) {
+  const char* k = "gemv";
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "M", s.M, 1));
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", s.N, 1));
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "K", s.K, 1));
+  if (s.weight != DType::f32 && s.weight != DType::bf16)
+    return Status::error(Code::kUnimplemented, "gemv: weight dtype", "f32 or bf16", std::string(dtype_name(s.weight)));
+  return Status();
+}
+
+namespace {
+
+// ---- shared pieces --------------------------------------------------------------------------------
+
+// Everything one thread needs: it computes y[:, n0:n1).
+struct Job {
+  const float* x;
+  const void* w;
+  const float* bias;
+  float* y;
+  int64_t M, N, K;
+};
+using RangeFn = void (*)(const Job&, int64_t n0, int64_t n1);
+
+// The [K, N] kernels accumulate into y in panels of columns: all M rows of a
+// panel (M·P floats) stay in L1 while K rows of weights stream past. Wider
+// panels make longer contiguous weight runs; 16 KiB of accumulators leaves
+// most of L1 for the streams.
+int64_t kn_panel(int64_t M) { return std::clamp<int64_t>((4096 / M) / 16 * 16, 64, 4096); }
+
+inline float widen(float v) { return v; }
+inline double widen(double v) { return v; }
+inline float widen(bf16 v) { return bf16_to_f32(v); }
+
+// ---- portable ------------------------------------------------------------------------------------
+
+template <class W>
+void nk_portable(const Job& j, int64_t n0, int64_t n1) {
+  const W* w = static_cast<const W*>(j.w);
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < j.M; ++m) {
+      float acc = 0;
+      const float* x = j.x + m * j.K;
+      const W* wr = w + n * j.K;
+      for (int64_t k = 0; k < j.K; ++k) acc += x[k] * widen(wr[k]);
+      j.y[m * j.N + n] = acc + (j.bias ? j.bias[n] : 0.0f);
+    }
+}
+
+template <class W>
+void kn_portable(const Job& j, int64_t n0, int64_t n1) {
+  const W* w = static_cast<const W*>(j.w);
+  for (int64_t m = 0; m < j.M; ++m)
+    for (int64_t n = n0; n < n1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
+  for (int64_t k = 0; k < j.K; ++k) {
+    const W* wr = w + k * j.N;
+    for (int64_t m = 0; m < j.M; ++m) {
+      const float xv = j.x[m * j.K + k];
+      float* y = j.y + m * j.N;
+      for (int64_t n = n0; n < n1; ++n) y[n] += xv * widen(wr[n]);
+    }
+  }
+}
+
+// ---- AVX-512 -------------------------------------------------------------------------------------
+
+ASPEN_TARGET_AVX512 inline __m512 ld16(const float* p) { return _mm512_loadu_ps(p); }
+ASPEN_TARGET_AVX512 inline __m512 ld16(const bf16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+ASPEN_TARGET_AVX512 inline __m512 ld16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+ASPEN_TARGET_AVX512 inline __m512 ld16(const bf16* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+// Horizontal sum in a fixed order (not _mm512_reduce_add_ps: GCC 12 warns on it).
+ASPEN_TARGET_AVX512 inline float hsum16(__m512 v) {
+  __m512 s = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, _MM_SHUFFLE(2, 3, 0, 1)));
+  __m128 b = _mm512_castps512_ps128(s);
+  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_add_ss(b, _mm_movehdup_ps(b));
+  return _mm_cvtss_f32(b);
+}
+
+// Distance of the software prefetch ahead of the loads, in bytes per stream.
+inline constexpr int64_t kPrefetchBytes = 1024;
+
+// [N, K]: R rows of w (from n) against MB rows of x (from m0); one vector
+// accumulator per (row of x, row of w), each summing 16-lane partials over k
+// in order, then a fixed horizontal sum. Each w row is its own stream.
+template <class W, int MB, int R>
+ASPEN_TARGET_AVX512 void nk_tile_avx512(const Job& j, int64_t m0, int64_t n) {
+  const int64_t K = j.K;
+  const W* w = static_cast<const W*>(j.w) + n * K;
+  const float* x = j.x + m0 * K;
+  constexpr int64_t ahead = kPrefetchBytes / int64_t(sizeof(W));
+  __m512 acc[MB][R];
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k + ahead), _MM_HINT_T0);
+      wv[r] = ld16(w + r * K + k);
+    }
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xv = _mm512_loadu_ps(x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 mask = __mmask16((1u << (K - k)) - 1);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = ld16(w + r * K + k, mask);
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r)
+      j.y[(m0 + m) * j.N + n + r] = hsum16(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
+}
+
+using NkTile = void (*)(const Job&, int64_t, int64_t);
+
+// Rows of x are taken 4 at a time (16 accumulators); the first block streams
+// the R weight rows from memory, the next blocks find them in L1/L2.
+template <class W, int R>
+ASPEN_TARGET_AVX512 void nk_rows_avx512(const Job& j, int64_t n) {
+  static constexpr NkTile tiles[4] = {nk_tile_avx512<W, 1, R>, nk_tile_avx512<W, 2, R>, nk_tile_avx512<W, 3, R>,
+                                      nk_tile_avx512<W, 4, R>};
+  for (int64_t m0 = 0; m0 < j.M; m0 += 4) tiles[std::min<int64_t>(4, j.M - m0) - 1](j, m0, n);
+}
+
+template <class W>
+ASPEN_TARGET_AVX512 void nk_avx512(const Job& j, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) nk_rows_avx512<W, 4>(j, n);
+  for (; n < n1; ++n) nk_rows_avx512<W, 1>(j, n);
+}
+
+// [K, N]: y[m, p0:p1) accumulates KB weight rows at a time; each weight vector
+// is loaded once and applied to all MB rows of x (broadcasts hoisted out of the
+// column loop). y[m, n] gets its k terms in order whatever KB and MB are, so
+// the blocking changes speed, not results.
+template <class W, int MB, int KB>
+ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t m0, int64_t k, int64_t p0, int64_t p1) {
+  const int64_t N = j.N, K = j.K;
+  const W* w = static_cast<const W*>(j.w) + k * N;
+  __m512 xb[MB][KB];
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < KB; ++i) xb[m][i] = _mm512_set1_ps(j.x[(m0 + m) * K + k + i]);
+  float* y = j.y + m0 * N;
+  constexpr int64_t ahead = kPrefetchBytes / int64_t(sizeof(W));
+  int64_t c = p0;
+  for (; c + 16 <= p1; c += 16) {
+    __m512 wv[KB];
+    for (int i = 0; i < KB; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + i * N + c + ahead), _MM_HINT_T0);
+      wv[i] = ld16(w + i * N + c);
+    }
+    for (int m = 0; m < MB; ++m) {
+      __m512 a = _mm512_loadu_ps(y + m * N + c);
+      for (int i = 0; i < KB; ++i) a = _mm512_fmadd_ps(xb[m][i], wv[i], a);
+      _mm512_storeu_ps(y + m * N + c, a);
+    }
+  }
+  if (c < p1) {
+    const __mmask16 mask = __mmask16((1u << (p1 - c)) - 1);
+    __m512 wv[KB];
+    for (int i = 0; i < KB; ++i) wv[i] = ld16(w + i * N + c, mask);
+    for (int m = 0; m < MB; ++m) {
+      __m512 a = _mm512_maskz_loadu_ps(mask, y + m * N + c);
+      for (int i = 0; i < KB; ++i) a = _mm512_fmadd_ps(xb[m][i], wv[i], a);
+      _mm512_mask_storeu_ps(y + m * N + c, mask, a);
+    }
+  }
+}
+
+using KnBlock = void (*)(const Job&, int64_t, int64_t, int64_t, int64_t);
+
+template <class W>
+ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
+  // Up to 4 rows of x: 4 weight rows at once; 5..8 rows: 2 (16 broadcasts either way).
+  static constexpr KnBlock by4[4] = {kn_block_avx512<W, 1, 4>, kn_block_avx512<W, 2, 4>, kn_block_avx512<W, 3, 4>,
+                                     kn_block_avx512<W, 4, 4>};
+  static constexpr KnBlock by2[8] = {kn_block_avx512<W, 1, 2>, kn_block_avx512<W, 2, 2>, kn_block_avx512<W, 3, 2>,
+                                     kn_block_avx512<W, 4, 2>, kn_block_avx512<W, 5, 2>, kn_block_avx512<W, 6, 2>,
+                                     kn_block_avx512<W, 7, 2>, kn_block_avx512<W, 8, 2>};
+  static constexpr KnBlock by1[8] = {kn_block_avx512<W, 1, 1>, kn_block_avx512<W, 2, 1>, kn_block_avx512<W, 3, 1>,
+                                     kn_block_avx512<W, 4, 1>, kn_block_avx512<W, 5, 1>, kn_block_avx512<W, 6, 1>,
+                                     kn_block_avx512<W, 7, 1>, kn_block_avx512<W, 8, 1>};
+  const int64_t M = j.M, K = j.K, P = kn_panel(M);
+  const int64_t kb = M <= 4 ? 4 : 2;
+  for (int64_t p0 = n0; p0 < n1; p0 += P) {
+    const int64_t p1 = std::min(n1, p0 + P);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = p0; n < p1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
+    int64_t k = 0;
+    for (; k + kb <= K; k += kb)
+      for (int64_t m0 = 0; m0 < M; m0 += 8) {
+        const int64_t mb = std::min<int64_t>(8, M - m0);
+        if (kb == 4) by4[mb - 1](j, m0, k, p0, p1);
+        else by2[mb - 1](j, m0, k, p0, p1);
+      }
+    for (; k < K; ++k)
+      for (int64_t m0 = 0; m0 < M; m0 += 8) by1[std::min<int64_t>(8, M - m0) - 1](j, m0, k, p0, p1);
+  }
+}
+
+// ---- AVX2 -----------------------------------------------------------------------------------------
+
+ASPEN_TARGET_AVX2 inline __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
+ASPEN_TARGET_AVX2 inline __m256 ld8(const bf16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+// The first n (< 8) elements, zero-filled to 8.
+template <class W>
+ASPEN_TARGET_AVX2 inline __m256 ld8(const W* p, int64_t n) {
+  W buf[8] = {};
+  std::memcpy(buf, p, size_t(n) * sizeof(W));
+  return ld8(buf);
+}
+ASPEN_TARGET_AVX2 inline float hsum8(__m256 v) {
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_add_ss(b, _mm_movehdup_ps(b));
+  return _mm_cvtss_f32(b);
+}
+
+template <class W, int MB, int R>
+ASPEN_TARGET_AVX2 void nk_tile_avx2(const Job& j, int64_t m0, int64_t n) {
+  const int64_t K = j.K;
+  const W* w = static_cast<const W*>(j.w) + n * K;
+  const float* x = j.x + m0 * K;
+  __m256 acc[MB][R];
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = ld8(w + r * K + k);
+    for (int m = 0; m < MB; ++m) {
+      const __m256 xv = _mm256_loadu_ps(x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm256_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  if (k < K) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = ld8(w + r * K + k, K - k);
+    for (int m = 0; m < MB; ++m) {
+      const __m256 xv = ld8(x + m * K + k, K - k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm256_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r)
+      j.y[(m0 + m) * j.N + n + r] = hsum8(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
+}
+
+template <class W, int R>
+ASPEN_TARGET_AVX2 void nk_rows_avx2(const Job& j, int64_t n) {
+  static constexpr NkTile tiles[3] = {nk_tile_avx2<W, 1, R>, nk_tile_avx2<W, 2, R>, nk_tile_avx2<W, 3, R>};
+  for (int64_t m0 = 0; m0 < j.M; m0 += 3) tiles[std::min<int64_t>(3, j.M - m0) - 1](j, m0, n);
+}
+
+template <class W>
+ASPEN_TARGET_AVX2 void nk_avx2(const Job& j, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) nk_rows_avx2<W, 4>(j, n);
+  for (; n < n1; ++n) nk_rows_avx2<W, 1>(j, n);
+}
+
+template <class W, int KB>
+ASPEN_TARGET_AVX2 void kn_block_avx2(const Job& j, int64_t m, int64_t k, int64_t p0, int64_t p1) {
+  const int64_t N = j.N, K = j.K;
+  const W* w = static_cast<const W*>(j.w) + k * N;
+  __m256 xb[KB];
+  for (int i = 0; i < KB; ++i) xb[i] = _mm256_set1_ps(j.x[m * K + k + i]);
+  float* y = j.y + m * N;
+  int64_t c = p0;
+  for (; c + 8 <= p1; c += 8) {
+    __m256 a = _mm256_loadu_ps(y + c);
+    for (int i = 0; i < KB; ++i) a = _mm256_fmadd_ps(xb[i], ld8(w + i * N + c), a);
+    _mm256_storeu_ps(y + c, a);
+  }
+  for (; c < p1; ++c) {  // scalar tail: fmaf keeps the vector lanes' rounding
+    float a = y[c];
+    for (int i = 0; i < KB; ++i) a = __builtin_fmaf(j.x[m * K + k + i], widen(w[i * N + c]), a);
+    y[c] = a;
+  }
+}
+
+template <class W>
+ASPEN_TARGET_AVX2 void kn_avx2(const Job& j, int64_t n0, int64_t n1) {
+  const int64_t M = j.M, K = j.K, P = kn_panel(M);
+  for (int64_t p0 = n0; p0 < n1; p0 += P) {
+    const int64_t p1 = std::min(n1, p0 + P);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = p0; n < p1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
+    int64_t k = 0;
+    for (; k + 4 <= K; k += 4)
+      for (int64_t m = 0; m < M; ++m) kn_block_avx2<W, 4>(j, m, k, p0, p1);
+    for (; k < K; ++k)
+      for (int64_t m = 0; m < M; ++m) kn_block_avx2<W, 1>(j, m, k, p0, p1);
+  }
+}
+
+// ---- dispatch ------------------------------------------------------------------------------------
+
+RangeFn pick(const GemvShape& s) {
+  const Isa isa = active_isa();
+  const bool b16 = s.weight == DType::bf16;
+  if (isa >= Isa::avx512) {
+    if (s.trans_b) return b16 ? nk_avx512<bf16> : nk_avx512<float>;
+    return b16 ? kn_avx512<bf16> : kn_avx512<float>;
+  }
+  if (isa == Isa::avx2) {
+    if (s.trans_b) return b16 ? nk_avx2<bf16> : nk_avx2<float>;
+    return b16 ? kn_avx2<bf16> : kn_avx2<float>;
+  }
+  if (s.trans_b) return b16 ? nk_portable<bf16> : nk_portable<float>;
+  return b16 ? kn_portable<bf16> : kn_portable<float>;
+}
+
+// Below this many weight bytes a fork/join costs more than a second stream saves.
+inline constexpr int64_t kParallelMinBytes = 256 << 10;
+
+// NOTE [gemv split]: N is cut into one contiguous piece per thread, aligned
+// to 4 rows ([N, K]) or 16 columns, a 64-byte line of f32 ([K, N]). Each
+// output's arithmetic does not depend on where the cuts fall, so results are
+// the same for any team size.
+void run_split(const GemvShape& s, const Job& job) {
+  const RangeFn fn = pick(s);
+  const int64_t align = s.trans_b ? 4 : 16;
+  const int64_t pieces = (s.N + align - 1) / align;
+  int64_t threads = s.weight_bytes() < kParallelMinBytes ? 1 : std::min<int64_t>(omp_get_max_threads(), pieces);
+  if (threads <= 1) {
+    fn(job, 0, s.N);
+    return;
+  }
+  const int64_t per = (pieces + threads - 1) / threads * align;
+#pragma omp parallel num_threads(int(threads))
+  {
+    const int64_t t = omp_get_thread_num();
+    const int64_t n0 = std::min(s.N, t * per), n1 = std::min(s.N, n0 + per);
+    if (n0 < n1) fn(job, n0, n1);
+  }
+}
+
+template <class Wt>
+Status checked_gemv(std::span<const float> x, std::span<const Wt> w, std::span<const float> bias, std::span<float> y,
+                    const GemvShape& s) {
+  ASPEN_RETURN_IF_ERROR(gemv_validate(s));
+  if (s.weight != dtype_of<Wt>())
+    return Status::invalid_argument("gemv: shape.weight", std::string(dtype_name(dtype_of<Wt>())) + " (w's type)",
+                                    std::string(dtype_name(s.weight)));
+  ASPEN_RETURN_IF_ERROR(check_buffer("gemv", "x", x, s.x_elements()));
+  ASPEN_RETURN_IF_ERROR(check_buffer("gemv", "w", w, s.w_elements()));
+  ASPEN_RETURN_IF_ERROR(check_buffer("gemv", "y", y, s.y_elements()));
+  if (s.has_bias) ASPEN_RETURN_IF_ERROR(check_buffer("gemv", "bias", bias, s.N));
+  const float* b = s.has_bias ? bias.data() : nullptr;
+  if (reference_mode()) {
+    ref::gemv<float, Wt>(x.data(), w.data(), b, y.data(), s);
+    return Status();
+  }
+  gemv_run(s, x.data(), w.data(), b, y.data());
+  return Status();
+}
+
+}  // namespace
+
+void gemv_run(const GemvShape& s, const float* x, const void* w, const float* bias, float* y) {
+  const Job job{x, w, s.has_bias ? bias : nullptr, y, s.M, s.N, s.K};
+  run_split(s, job);
+}
+
+Status gemv(std::span<const float> x, std::span<const float> w, std::span<const float> bias, std::span<float> y,
+            const GemvShape& shape) {
+  return checked_gemv<float>(x, w, bias, y, shape);
+}
+
+Status gemv(std::span<const float> x, std::span<const bf16> w, std::span<const float> bias, std::span<float> y,
+            const GemvShape& shape) {
+  return checked_gemv<bf16>(x, w, bias, y, shape);
+}
+
+namespace ref {
+
+template <class T, class Wt>
+void gemv(const T* x, const Wt* w, const T* bias, T* y, const GemvShape& s) {
+  const int64_t M = s.M, N = s.N, K = s.K;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      T acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * T(widen(s.trans_b ? w[n * K + k] : w[k * N + n]));
+      y[m * N + n] = acc + (bias ? bias[n] : T(0));
+    }
+}
+
+template void gemv<float, float>(const float*, const float*, const float*, float*, const GemvShape&);
+template void gemv<double, double>(const double*, const double*, const double*, double*, const GemvShape&);
+template void gemv<float, bf16>(const float*, const bf16*, const float*, float*, const GemvShape&);
+template void gemv<double, bf16>(const double*, const bf16*, const double*, double*, const GemvShape&);
+
+}  // namespace ref
+
+}  // namespace aspen::kernels
