@@ -71,7 +71,7 @@ class OneDnnPeer {
 }  // namespace
 
 Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
-  const size_t pool_bytes = size_t(opt.quick ? 64 : 1024) << 20;
+  const size_t pool_bytes = size_t(opt.quick ? 64 : std::max<int64_t>(1, opt.pool_mib)) << 20;
   const int rounds = opt.quick ? 1 : 7;
   // Every 16-bit half is a normal bf16 (0x3Fxx: 0.5..1), so the pool reads as
   // normal f32 and normal bf16 alike (no denormal or NaN slow paths).
@@ -95,11 +95,13 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
         if ((wt == DType::f32 && !opt.f32) || (wt == DType::bf16 && !opt.bf16)) continue;
         const bool b16 = wt == DType::bf16;
         for (const Layer& l : kLayers) {
+          if (!opt.layers.empty() && std::find(opt.layers.begin(), opt.layers.end(), l.name) == opt.layers.end())
+            continue;
           const kernels::GemvShape shape{.M = M, .N = l.n, .K = l.k, .trans_b = l.trans_b, .weight = wt};
           const int64_t bytes = shape.weight_bytes();
           const int64_t stride = (bytes + 4095) / 4096 * 4096;
           const int64_t slots = std::max<int64_t>(1, int64_t(pool_bytes) / stride);
-          if (stride > int64_t(pool_bytes)) continue;
+          if (stride > int64_t(pool_bytes)) continue;  // the pool holds no replica of this layer
           std::vector<float> x(static_cast<size_t>(M * l.k)), y(static_cast<size_t>(M * l.n));
           philox_fill_uniform(x, 1, 0, 0, -1, 1);
           std::vector<bf16> xb(x.size());

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -24,9 +25,11 @@ namespace aspen::bench {
 struct DecodeBenchOptions {
   std::vector<int> threads = {1, 2};
   std::vector<int64_t> rows = {1, 8};  // M
+  std::vector<std::string> layers;     // names to run (empty: all)
   bool f32 = true, bf16 = true;
   bool json = false;
   bool quick = false;  // small pool, one round (a smoke test)
+  int64_t pool_mib = 1024;  // replicas' pool; a small one (e.g. 8) measures in-cache speed instead
 };
 
 Status run_decode_bench(const DecodeBenchOptions& options, std::ostream& out);

@@ -113,8 +113,15 @@ ASPEN_TARGET_AVX512 inline float hsum16(__m512 v) {
   return _mm_cvtss_f32(b);
 }
 
+// From this many rows of x, [K, N] uses register tiles rather than panels.
+inline constexpr int64_t kKnTileMinRows = 2;
+
 // Distance of the software prefetch ahead of the loads, in bytes per stream.
 inline constexpr int64_t kPrefetchBytes = 1024;
+// [K, N] panels prefetch the same columns this many rows ahead: a thread's
+// share of a row is a short run (N / threads columns), too short for the
+// hardware's stream detection, and the rows it needs next are known.
+inline constexpr int64_t kKnPrefetchRows = 8;
 
 // [N, K]: R rows of w (from n) against MB rows of x (from m0); one vector
 // accumulator per (row of x, row of w), each summing 16-lane partials over k
@@ -184,12 +191,11 @@ ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t m0, int64_t k, in
   for (int m = 0; m < MB; ++m)
     for (int i = 0; i < KB; ++i) xb[m][i] = _mm512_set1_ps(j.x[(m0 + m) * K + k + i]);
   float* y = j.y + m0 * N;
-  constexpr int64_t ahead = kPrefetchBytes / int64_t(sizeof(W));
   int64_t c = p0;
   for (; c + 16 <= p1; c += 16) {
     __m512 wv[KB];
     for (int i = 0; i < KB; ++i) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + i * N + c + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
       wv[i] = ld16(w + i * N + c);
     }
     for (int m = 0; m < MB; ++m) {
@@ -212,9 +218,78 @@ ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t m0, int64_t k, in
 
 using KnBlock = void (*)(const Job&, int64_t, int64_t, int64_t, int64_t);
 
+// [K, N] with several rows of x: a register tile of MB rows x C vectors of
+// columns walks down all of K (no accumulator traffic through memory), each
+// output starting from its bias and adding its k terms in order, exactly as
+// the panel path does. `last` masks the tile's last vector (a column tail).
+template <class W, int MB, int C>
+ASPEN_TARGET_AVX512 void kn_tile_avx512(const Job& j, int64_t m0, int64_t c0, __mmask16 last) {
+  const int64_t N = j.N, K = j.K;
+  const W* w = static_cast<const W*>(j.w) + c0;
+  const float* x = j.x + m0 * K;
+  __m512 acc[MB][C];
+  for (int c = 0; c < C; ++c) {
+    const __mmask16 mk = c == C - 1 ? last : __mmask16(0xffff);
+    const __m512 b = j.bias ? _mm512_maskz_loadu_ps(mk, j.bias + c0 + 16 * c) : _mm512_setzero_ps();
+    for (int m = 0; m < MB; ++m) acc[m][c] = b;
+  }
+  constexpr int64_t ahead_rows = 8;
+  for (int64_t k = 0; k < K; ++k) {
+    const W* wr = w + k * N;
+    __m512 wv[C];
+    for (int c = 0; c < C; ++c) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr + ahead_rows * N + 16 * c), _MM_HINT_T0);
+      wv[c] = c == C - 1 ? ld16(wr + 16 * c, last) : ld16(wr + 16 * c);
+    }
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xb = _mm512_set1_ps(x[m * K + k]);
+      for (int c = 0; c < C; ++c) acc[m][c] = _mm512_fmadd_ps(xb, wv[c], acc[m][c]);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int c = 0; c < C; ++c)
+      _mm512_mask_storeu_ps(j.y + (m0 + m) * N + c0 + 16 * c, c == C - 1 ? last : __mmask16(0xffff), acc[m][c]);
+}
+
+using KnTile = void (*)(const Job&, int64_t, int64_t, __mmask16);
+
+// Rows of x in blocks of up to 8 (3 vectors of columns: 24 accumulators) or 4
+// (6 vectors); the first block streams the tile's weights from memory, later
+// blocks find them in L2.
+template <class W>
+ASPEN_TARGET_AVX512 void kn_tiles_avx512(const Job& j, int64_t n0, int64_t n1) {
+  static constexpr KnTile wide[8] = {kn_tile_avx512<W, 1, 6>, kn_tile_avx512<W, 2, 6>, kn_tile_avx512<W, 3, 6>,
+                                     kn_tile_avx512<W, 4, 6>, kn_tile_avx512<W, 5, 3>, kn_tile_avx512<W, 6, 3>,
+                                     kn_tile_avx512<W, 7, 3>, kn_tile_avx512<W, 8, 3>};
+  static constexpr KnTile one[8] = {kn_tile_avx512<W, 1, 1>, kn_tile_avx512<W, 2, 1>, kn_tile_avx512<W, 3, 1>,
+                                    kn_tile_avx512<W, 4, 1>, kn_tile_avx512<W, 5, 1>, kn_tile_avx512<W, 6, 1>,
+                                    kn_tile_avx512<W, 7, 1>, kn_tile_avx512<W, 8, 1>};
+  const int64_t M = j.M;
+  int64_t c = n0;
+  const int64_t cols = M > 4 ? 48 : 96;
+  for (; c + cols <= n1; c += cols)
+    for (int64_t m0 = 0; m0 < M; m0 += 8) {
+      const int64_t mb = std::min<int64_t>(8, M - m0);
+      if (mb > 4 || cols == 96) wide[mb - 1](j, m0, c, 0xffff);
+      else {  // a last block of <= 4 rows under 48-column tiles
+        one[mb - 1](j, m0, c, 0xffff);
+        one[mb - 1](j, m0, c + 16, 0xffff);
+        one[mb - 1](j, m0, c + 32, 0xffff);
+      }
+    }
+  for (; c < n1; c += 16) {
+    const __mmask16 mask = n1 - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n1 - c)) - 1);
+    for (int64_t m0 = 0; m0 < M; m0 += 8) one[std::min<int64_t>(8, M - m0) - 1](j, m0, c, mask);
+  }
+}
+
 template <class W>
 ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
-  // Up to 4 rows of x: 4 weight rows at once; 5..8 rows: 2 (16 broadcasts either way).
+  if (j.M >= kKnTileMinRows) {
+    kn_tiles_avx512<W>(j, n0, n1);
+    return;
+  }
+  // One row of x: 8 weight rows at once; up to 4: 4; 5..8 rows: 2 (at most 16 broadcasts).
   static constexpr KnBlock by4[4] = {kn_block_avx512<W, 1, 4>, kn_block_avx512<W, 2, 4>, kn_block_avx512<W, 3, 4>,
                                      kn_block_avx512<W, 4, 4>};
   static constexpr KnBlock by2[8] = {kn_block_avx512<W, 1, 2>, kn_block_avx512<W, 2, 2>, kn_block_avx512<W, 3, 2>,
@@ -224,7 +299,7 @@ ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
                                      kn_block_avx512<W, 4, 1>, kn_block_avx512<W, 5, 1>, kn_block_avx512<W, 6, 1>,
                                      kn_block_avx512<W, 7, 1>, kn_block_avx512<W, 8, 1>};
   const int64_t M = j.M, K = j.K, P = kn_panel(M);
-  const int64_t kb = M <= 4 ? 4 : 2;
+  const int64_t kb = M == 1 ? 8 : M <= 4 ? 4 : 2;
   for (int64_t p0 = n0; p0 < n1; p0 += P) {
     const int64_t p1 = std::min(n1, p0 + P);
     for (int64_t m = 0; m < M; ++m)
@@ -233,7 +308,8 @@ ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
     for (; k + kb <= K; k += kb)
       for (int64_t m0 = 0; m0 < M; m0 += 8) {
         const int64_t mb = std::min<int64_t>(8, M - m0);
-        if (kb == 4) by4[mb - 1](j, m0, k, p0, p1);
+        if (kb == 8) kn_block_avx512<W, 1, 8>(j, m0, k, p0, p1);
+        else if (kb == 4) by4[mb - 1](j, m0, k, p0, p1);
         else by2[mb - 1](j, m0, k, p0, p1);
       }
     for (; k < K; ++k)

@@ -83,6 +83,11 @@ int main(int argc, char** argv) {
   dec_cmd->add_option("--threads", dec.threads, "thread counts to run")->delimiter(',');
   dec_cmd->add_option("--rows", dec.rows, "activation rows M to run")->delimiter(',')->check(CLI::Range(1, 64));
   dec_cmd->add_option("--dtype", dec_dtype, "weights: f32, bf16 or all")->check(CLI::IsMember({"f32", "bf16", "all"}));
+  dec_cmd->add_option("--layers", dec.layers, "layers to run, e.g. lm_head,mlp.c_proj (default: all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head"}));
+  dec_cmd->add_option("--pool-mib", dec.pool_mib, "MiB of weight replicas (default 1024, beyond the LLC; 8: in-cache speed)")
+      ->check(CLI::Range(1, 16384));
   dec_cmd->add_flag("--quick", dec.quick, "a 64 MiB pool, one round (a smoke test, not a measurement)");
 
   aspen::bench::AttentionBenchOptions attn;
