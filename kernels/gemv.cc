@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/check_args.h"
@@ -336,11 +337,59 @@ ASPEN_TARGET_AVX512 void kn_tiles_avx512(const Job& j, int64_t n0, int64_t n1) {
   }
 }
 
+// One row of x against bf16 [K, N] (NOTE [bf16 pairs]): 32 columns per load,
+// the even columns' sums and the odd columns' kept apart in a panel of
+// accumulators (per 32 columns: 16 even, then 16 odd) and put back in order
+// at the end. Each column still starts from its bias and adds its k terms in
+// order, as every [K, N] path does.
+template <int KB>
+ASPEN_TARGET_AVX512 void kn_bf16_block_avx512(const Job& j, int64_t k, int64_t p0, int64_t p1, float* acc) {
+  const int64_t N = j.N;
+  const bf16* w = static_cast<const bf16*>(j.w) + k * N;
+  const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
+  __m512 xb[KB];
+  for (int i = 0; i < KB; ++i) xb[i] = _mm512_set1_ps(j.x[k + i]);
+  for (int64_t c = p0; c < p1; c += 32, acc += 32) {
+    const __mmask32 mask = p1 - c >= 32 ? ~__mmask32(0) : __mmask32((1u << (p1 - c)) - 1);
+    __m512 e = _mm512_load_ps(acc), o = _mm512_load_ps(acc + 16);
+    for (int i = 0; i < KB; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
+      const __m512i v = _mm512_maskz_loadu_epi16(mask, w + i * N + c);
+      e = _mm512_fmadd_ps(xb[i], _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), e);
+      o = _mm512_fmadd_ps(xb[i], _mm512_castsi512_ps(_mm512_and_si512(v, high)), o);
+    }
+    _mm512_store_ps(acc, e);
+    _mm512_store_ps(acc + 16, o);
+  }
+}
+
+ASPEN_TARGET_AVX512 void kn_bf16_row_avx512(const Job& j, int64_t n0, int64_t n1) {
+  constexpr int64_t P = 4096;  // kn_panel(1)
+  alignas(64) float acc[P];
+  // Column c of the panel sits at slot(c - p0).
+  auto slot = [](int64_t off) { return off / 32 * 32 + (off % 2) * 16 + off % 32 / 2; };
+  for (int64_t p0 = n0; p0 < n1; p0 += P) {
+    const int64_t p1 = std::min(n1, p0 + P);
+    std::fill(acc + (p1 - p0 - 1) / 32 * 32, acc + (p1 - p0 + 31) / 32 * 32, 0.0f);  // the last chunk's spare lanes
+    for (int64_t c = p0; c < p1; ++c) acc[slot(c - p0)] = j.bias ? j.bias[c] : 0.0f;
+    int64_t k = 0;
+    for (; k + 8 <= j.K; k += 8) kn_bf16_block_avx512<8>(j, k, p0, p1, acc);
+    for (; k < j.K; ++k) kn_bf16_block_avx512<1>(j, k, p0, p1, acc);
+    for (int64_t c = p0; c < p1; ++c) j.y[c] = acc[slot(c - p0)];
+  }
+}
+
 template <class W>
 ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
   if (j.M >= kKnTileMinRows) {
     kn_tiles_avx512<W>(j, n0, n1);
     return;
+  }
+  if constexpr (std::is_same_v<W, bf16>) {
+    if (j.M == 1) {
+      kn_bf16_row_avx512(j, n0, n1);
+      return;
+    }
   }
   // One row of x: 8 weight rows at once; up to 4: 4; 5..8 rows: 2 (at most 16 broadcasts).
   static constexpr KnBlock by4[4] = {kn_block_avx512<W, 1, 4>, kn_block_avx512<W, 2, 4>, kn_block_avx512<W, 3, 4>,
