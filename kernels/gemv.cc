@@ -120,9 +120,6 @@ ASPEN_TARGET_AVX512 inline float hsum16(__m512 v) {
   return _mm_cvtss_f32(b);
 }
 
-// From this many rows of x, [K, N] uses register tiles rather than panels.
-inline constexpr int64_t kKnTileMinRows = 2;
-
 // Distance of the software prefetch ahead of the loads, in bytes per stream.
 inline constexpr int64_t kPrefetchBytes = 1024;
 // [K, N] panels prefetch the same columns this many rows ahead: a thread's
@@ -272,71 +269,6 @@ ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t m0, int64_t k, in
 
 using KnBlock = void (*)(const Job&, int64_t, int64_t, int64_t, int64_t);
 
-// [K, N] with several rows of x: a register tile of MB rows x C vectors of
-// columns walks down all of K (no accumulator traffic through memory), each
-// output starting from its bias and adding its k terms in order, exactly as
-// the panel path does. `last` masks the tile's last vector (a column tail).
-template <class W, int MB, int C>
-ASPEN_TARGET_AVX512 void kn_tile_avx512(const Job& j, int64_t m0, int64_t c0, __mmask16 last) {
-  const int64_t N = j.N, K = j.K;
-  const W* w = static_cast<const W*>(j.w) + c0;
-  const float* x = j.x + m0 * K;
-  __m512 acc[MB][C];
-  for (int c = 0; c < C; ++c) {
-    const __mmask16 mk = c == C - 1 ? last : __mmask16(0xffff);
-    const __m512 b = j.bias ? _mm512_maskz_loadu_ps(mk, j.bias + c0 + 16 * c) : _mm512_setzero_ps();
-    for (int m = 0; m < MB; ++m) acc[m][c] = b;
-  }
-  constexpr int64_t ahead_rows = 8;
-  for (int64_t k = 0; k < K; ++k) {
-    const W* wr = w + k * N;
-    __m512 wv[C];
-    for (int c = 0; c < C; ++c) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr + ahead_rows * N + 16 * c), _MM_HINT_T0);
-      wv[c] = c == C - 1 ? ld16(wr + 16 * c, last) : ld16(wr + 16 * c);
-    }
-    for (int m = 0; m < MB; ++m) {
-      const __m512 xb = _mm512_set1_ps(x[m * K + k]);
-      for (int c = 0; c < C; ++c) acc[m][c] = _mm512_fmadd_ps(xb, wv[c], acc[m][c]);
-    }
-  }
-  for (int m = 0; m < MB; ++m)
-    for (int c = 0; c < C; ++c)
-      _mm512_mask_storeu_ps(j.y + (m0 + m) * N + c0 + 16 * c, c == C - 1 ? last : __mmask16(0xffff), acc[m][c]);
-}
-
-using KnTile = void (*)(const Job&, int64_t, int64_t, __mmask16);
-
-// Rows of x in blocks of up to 8 (3 vectors of columns: 24 accumulators) or 4
-// (6 vectors); the first block streams the tile's weights from memory, later
-// blocks find them in L2.
-template <class W>
-ASPEN_TARGET_AVX512 void kn_tiles_avx512(const Job& j, int64_t n0, int64_t n1) {
-  static constexpr KnTile wide[8] = {kn_tile_avx512<W, 1, 6>, kn_tile_avx512<W, 2, 6>, kn_tile_avx512<W, 3, 6>,
-                                     kn_tile_avx512<W, 4, 6>, kn_tile_avx512<W, 5, 3>, kn_tile_avx512<W, 6, 3>,
-                                     kn_tile_avx512<W, 7, 3>, kn_tile_avx512<W, 8, 3>};
-  static constexpr KnTile one[8] = {kn_tile_avx512<W, 1, 1>, kn_tile_avx512<W, 2, 1>, kn_tile_avx512<W, 3, 1>,
-                                    kn_tile_avx512<W, 4, 1>, kn_tile_avx512<W, 5, 1>, kn_tile_avx512<W, 6, 1>,
-                                    kn_tile_avx512<W, 7, 1>, kn_tile_avx512<W, 8, 1>};
-  const int64_t M = j.M;
-  int64_t c = n0;
-  const int64_t cols = M > 4 ? 48 : 96;
-  for (; c + cols <= n1; c += cols)
-    for (int64_t m0 = 0; m0 < M; m0 += 8) {
-      const int64_t mb = std::min<int64_t>(8, M - m0);
-      if (mb > 4 || cols == 96) wide[mb - 1](j, m0, c, 0xffff);
-      else {  // a last block of <= 4 rows under 48-column tiles
-        one[mb - 1](j, m0, c, 0xffff);
-        one[mb - 1](j, m0, c + 16, 0xffff);
-        one[mb - 1](j, m0, c + 32, 0xffff);
-      }
-    }
-  for (; c < n1; c += 16) {
-    const __mmask16 mask = n1 - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n1 - c)) - 1);
-    for (int64_t m0 = 0; m0 < M; m0 += 8) one[std::min<int64_t>(8, M - m0) - 1](j, m0, c, mask);
-  }
-}
-
 // One row of x against bf16 [K, N] (NOTE [bf16 pairs]): 32 columns per load,
 // the even columns' sums and the odd columns' kept apart in a panel of
 // accumulators (per 32 columns: 16 even, then 16 odd) and put back in order
@@ -381,10 +313,6 @@ ASPEN_TARGET_AVX512 void kn_bf16_row_avx512(const Job& j, int64_t n0, int64_t n1
 
 template <class W>
 ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
-  if (j.M >= kKnTileMinRows) {
-    kn_tiles_avx512<W>(j, n0, n1);
-    return;
-  }
   if constexpr (std::is_same_v<W, bf16>) {
     if (j.M == 1) {
       kn_bf16_row_avx512(j, n0, n1);
