@@ -50,6 +50,7 @@ struct Job {
   const float* bias;
   float* y;
   int64_t M, N, K;
+  int64_t ldx = 0;  // x's row stride: K, or the whole K when this job is one slice of it ([K, N])
   // bf16 [N, K] at AVX-512 only: x with each 32-element chunk split into its
   // even then its odd elements, rows of Kp = K rounded up to 32, zero-padded
   // (NOTE [bf16 pairs]).
@@ -91,7 +92,7 @@ void kn_portable(const Job& j, int64_t n0, int64_t n1) {
   for (int64_t k = 0; k < j.K; ++k) {
     const W* wr = w + k * j.N;
     for (int64_t m = 0; m < j.M; ++m) {
-      const float xv = j.x[m * j.K + k];
+      const float xv = j.x[m * j.ldx + k];
       float* y = j.y + m * j.N;
       for (int64_t n = n0; n < n1; ++n) y[n] += xv * widen(wr[n]);
     }
@@ -236,11 +237,11 @@ ASPEN_TARGET_AVX512 void nk_avx512(const Job& j, int64_t n0, int64_t n1) {
 // the blocking changes speed, not results.
 template <class W, int MB, int KB>
 ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t m0, int64_t k, int64_t p0, int64_t p1) {
-  const int64_t N = j.N, K = j.K;
+  const int64_t N = j.N;
   const W* w = static_cast<const W*>(j.w) + k * N;
   __m512 xb[MB][KB];
   for (int m = 0; m < MB; ++m)
-    for (int i = 0; i < KB; ++i) xb[m][i] = _mm512_set1_ps(j.x[(m0 + m) * K + k + i]);
+    for (int i = 0; i < KB; ++i) xb[m][i] = _mm512_set1_ps(j.x[(m0 + m) * j.ldx + k + i]);
   float* y = j.y + m0 * N;
   int64_t c = p0;
   for (; c + 16 <= p1; c += 16) {
@@ -413,10 +414,10 @@ ASPEN_TARGET_AVX2 void nk_avx2(const Job& j, int64_t n0, int64_t n1) {
 
 template <class W, int KB>
 ASPEN_TARGET_AVX2 void kn_block_avx2(const Job& j, int64_t m, int64_t k, int64_t p0, int64_t p1) {
-  const int64_t N = j.N, K = j.K;
+  const int64_t N = j.N;
   const W* w = static_cast<const W*>(j.w) + k * N;
   __m256 xb[KB];
-  for (int i = 0; i < KB; ++i) xb[i] = _mm256_set1_ps(j.x[m * K + k + i]);
+  for (int i = 0; i < KB; ++i) xb[i] = _mm256_set1_ps(j.x[m * j.ldx + k + i]);
   float* y = j.y + m * N;
   int64_t c = p0;
   for (; c + 8 <= p1; c += 8) {
@@ -426,7 +427,7 @@ ASPEN_TARGET_AVX2 void kn_block_avx2(const Job& j, int64_t m, int64_t k, int64_t
   }
   for (; c < p1; ++c) {  // scalar tail: fmaf keeps the vector lanes' rounding
     float a = y[c];
-    for (int i = 0; i < KB; ++i) a = __builtin_fmaf(j.x[m * K + k + i], widen(w[i * N + c]), a);
+    for (int i = 0; i < KB; ++i) a = __builtin_fmaf(j.x[m * j.ldx + k + i], widen(w[i * N + c]), a);
     y[c] = a;
   }
 }
@@ -466,25 +467,57 @@ RangeFn pick(const GemvShape& s) {
 // Below this many weight bytes a fork/join costs more than a second stream saves.
 inline constexpr int64_t kParallelMinBytes = 256 << 10;
 
-// NOTE [gemv split]: N is cut into one contiguous piece per thread, aligned
-// to 4 rows ([N, K]) or 16 columns, a 64-byte line of f32 ([K, N]). Each
-// output's arithmetic does not depend on where the cuts fall, so results are
+// NOTE [gemv split]: N is cut into contiguous pieces, aligned to 4 rows
+// ([N, K]) or 16 columns, a 64-byte line of f32 ([K, N]); [K, N] weights
+// above kParallelMinBytes are also cut along K into kKnSlices slices of whole
+// rows (NOTE [gemv slices]). The slices depend on the shape alone and an
+// output's arithmetic does not depend on where the N cuts fall, so results are
 // the same for any team size.
+//
+// NOTE [gemv slices]: a thread's share of a [K, N] row is a short run (N /
+// threads columns); split by K instead, a thread streams one contiguous block
+// of whole rows. Slice 0 accumulates onto the bias in y, slice i > 0 into
+// `partial` from zero, and y += partial[i] in slice order at the end.
+inline constexpr int64_t kKnSlices = 2;
+
 void run_split(const GemvShape& s, const Job& job) {
   const RangeFn fn = pick(s);
+  const bool big = s.weight_bytes() >= kParallelMinBytes;
+  const int64_t slices = !s.trans_b && big && s.K >= 2 * 8 ? kKnSlices : 1;
   const int64_t align = s.trans_b ? 4 : 16;
   const int64_t pieces = (s.N + align - 1) / align;
-  int64_t threads = s.weight_bytes() < kParallelMinBytes ? 1 : std::min<int64_t>(omp_get_max_threads(), pieces);
-  if (threads <= 1) {
-    fn(job, 0, s.N);
-    return;
+  const int64_t threads = big ? std::min<int64_t>(omp_get_max_threads(), slices * pieces) : 1;
+  thread_local std::vector<float> partial;  // per calling thread, grown once
+  Job jobs[kKnSlices];
+  jobs[0] = job;
+  if (slices > 1) {
+    partial.resize(static_cast<size_t>((slices - 1) * s.M * s.N));
+    const int64_t rows = s.K / slices / 8 * 8;  // whole 8-row blocks in all but the last slice
+    const size_t row_bytes = size_t(s.N) * size_t(dtype_size(s.weight));
+    for (int64_t i = 0; i < slices; ++i) {
+      const int64_t k0 = i * rows, k1 = i == slices - 1 ? s.K : k0 + rows;
+      Job& j = jobs[i];
+      j = job;
+      j.x = job.x + k0;
+      j.w = static_cast<const char*>(job.w) + size_t(k0) * row_bytes;
+      j.K = k1 - k0;
+      if (i > 0) {
+        j.bias = nullptr;
+        j.y = partial.data() + (i - 1) * s.M * s.N;
+      }
+    }
   }
-  const int64_t per = (pieces + threads - 1) / threads * align;
-#pragma omp parallel num_threads(int(threads))
-  {
-    const int64_t t = omp_get_thread_num();
-    const int64_t n0 = std::min(s.N, t * per), n1 = std::min(s.N, n0 + per);
-    if (n0 < n1) fn(job, n0, n1);
+  const int64_t cuts = (threads + slices - 1) / slices;  // N pieces per slice
+  const int64_t per = (pieces + cuts - 1) / cuts * align;
+  const int64_t tasks = slices * cuts;
+#pragma omp parallel for schedule(static) num_threads(int(threads)) if (threads > 1)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t n0 = std::min(s.N, t % cuts * per), n1 = std::min(s.N, n0 + per);
+    if (n0 < n1) fn(jobs[t / cuts], n0, n1);
+  }
+  for (int64_t i = 1; i < slices; ++i) {
+    const float* p = partial.data() + (i - 1) * s.M * s.N;
+    for (int64_t e = 0; e < s.M * s.N; ++e) job.y[e] += p[e];
   }
 }
 
@@ -511,7 +544,7 @@ Status checked_gemv(std::span<const float> x, std::span<const Wt> w, std::span<c
 }  // namespace
 
 void gemv_run(const GemvShape& s, const float* x, const void* w, const float* bias, float* y) {
-  Job job{x, w, s.has_bias ? bias : nullptr, y, s.M, s.N, s.K};
+  Job job{x, w, s.has_bias ? bias : nullptr, y, s.M, s.N, s.K, s.K};
   if (s.trans_b && s.weight == DType::bf16 && active_isa() >= Isa::avx512) {
     // NOTE [bf16 pairs]. Per calling thread, grown once: steady state allocates nothing.
     thread_local std::vector<float> xp;
