@@ -71,7 +71,7 @@ class OneDnnPeer {
 }  // namespace
 
 Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
-  const size_t pool_bytes = size_t(opt.quick ? 64 : std::max<int64_t>(1, opt.pool_mib)) << 20;
+  const size_t pool_bytes = size_t(opt.quick ? 256 : std::max<int64_t>(1, opt.pool_mib)) << 20;
   const int rounds = opt.quick ? 1 : 7;
   // Every 16-bit half is a normal bf16 (0x3Fxx: 0.5..1), so the pool reads as
   // normal f32 and normal bf16 alike (no denormal or NaN slow paths).

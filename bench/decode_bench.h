@@ -9,8 +9,9 @@
 // weights with the ratios aspen/sweep and aspen/oneDNN.
 //
 // The weights are replicas spread over a pool larger than the last-level
-// cache (1 GiB; --quick: 64 MiB); each timed pass visits every replica once,
-// so every byte comes from memory, as in a real decode over 12 layers.
+// cache (1 GiB; --quick: 256 MiB, one replica of each layer at least); each
+// timed pass visits every replica once, so every byte comes from memory, as
+// in a real decode over 12 layers.
 #pragma once
 
 #include <cstdint>

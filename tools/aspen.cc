@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head"}));
   dec_cmd->add_option("--pool-mib", dec.pool_mib, "MiB of weight replicas (default 1024, beyond the LLC; 8: in-cache speed)")
       ->check(CLI::Range(1, 16384));
-  dec_cmd->add_flag("--quick", dec.quick, "a 64 MiB pool, one round (a smoke test, not a measurement)");
+  dec_cmd->add_flag("--quick", dec.quick, "a 256 MiB pool, one round (a smoke test, not a measurement)");
 
   aspen::bench::AttentionBenchOptions attn;
   CLI::App* attn_cmd = bench->add_subcommand("attention", "memory-efficient attention vs the naive definition");
