@@ -40,4 +40,11 @@ double measure_copy_bandwidth(size_t bytes);
 // OpenMP team. The ceiling of a decode step, which streams its weights.
 double measure_read_bandwidth(size_t bytes);
 
+// One read-only pass over [data, data + bytes) on the calling thread's OpenMP
+// team: each thread sweeps a contiguous share with vector loads (AVX-512 where
+// the CPU has it) and nothing is written. Returns the seconds it took. This is
+// the ceiling of anything that streams weights (decode): best of several
+// passes over a buffer larger than the last-level cache.
+double read_sweep_seconds(const void* data, size_t bytes);
+
 }  // namespace aspen::bench

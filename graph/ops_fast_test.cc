@@ -104,6 +104,43 @@ TEST(FastKernels, MatmulTransposesBatchesAndBias) {
       }
 }
 
+// NOTE [gemv route]: decode-shaped matmuls (a few rows, shared weights, f32 or bf16 b) run the GEMV
+// kernel; more rows (and the mixed case's fallback: b widened, the f32 plan) run oneDNN.
+TEST(FastKernels, MatmulDecodeShapesAndBf16Weights) {
+  constexpr int64_t K = 37, N = 19;
+  const std::vector<std::vector<int64_t>> a_shapes = {{1, K}, {5, K}, {2, 4, K}, {9, K}, {3, 3, K}};
+  for (DType wt : {DType::f32, DType::bf16})
+    for (bool tb : {false, true})
+      for (const auto& as : a_shapes)
+        for (bool bias : {false, true}) {
+          SCOPED_TRACE(std::string(dtype_name(wt)) + " tb " + std::to_string(tb) + " rows " +
+                       std::to_string(shape(as).numel() / K) + " bias " + std::to_string(bias));
+          Graph g;
+          Builder b(g);
+          std::vector<ValueId> in{b.input("a", DType::f32, shape(as)),
+                                  b.input("b", wt, tb ? Shape{N, K} : Shape{K, N})};
+          if (bias) in.push_back(b.input("bias", DType::f32, Shape{N}));
+          ValueId y = b.op1(OpKind::matmul, in, {{"trans_b", int64_t(tb)}});
+          ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+          EXPECT_EQ(g.type(y).dtype, DType::f32);
+          expect_fast_matches(g);
+        }
+}
+
+TEST(FastKernels, MixedMatmulRules) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, Shape{2, 4});
+  ValueId w = b.input("w", DType::bf16, Shape{4, 3});
+  b.op1(OpKind::matmul, {x, w}, {{"out_dtype", int64_t(DType::f32)}});  // out_dtype wants bf16 a
+  EXPECT_FALSE(b.status().is_ok());
+  Graph g2;
+  Builder b2(g2);
+  b2.op1(OpKind::matmul, {b2.input("x", DType::bf16, Shape{2, 4}), b2.input("w", DType::f32, Shape{4, 3})});
+  EXPECT_FALSE(b2.status().is_ok());  // only a f32 with b bf16 mixes
+  EXPECT_NE(b2.status().message().find("a's"), std::string::npos) << b2.status().message();
+}
+
 // ---- norms, softmax, cross-entropy -------------------------------------------------------
 
 TEST(FastKernels, LayerNormForwardAndBackward) {

@@ -4,6 +4,8 @@
 //   matmul(a, b[, bias]) {trans_a, trans_b}: a [..., M, K] ([..., K, M] with trans_a), b [K, N] ([N, K] with
 //       trans_b) shared by the batch or with a's batch dimensions, bias [N]; out [..., M, N] (kernels/matmul.h)
 //       {out_dtype}: a and b bf16 (or f16), bias and out in out_dtype: f32, or a's dtype (narrow partials)
+//       a and b share a dtype, with one exception: a f32, b bf16 (no out_dtype) -> bias and out f32, the
+//       product of a with b's (exact) values; bf16 weights under f32 activations (NOTE [mixed matmul])
 //   layernorm(x, gamma, beta) {eps}: over the last axis C; outputs y (x's type), mean, rstd (f32, x's shape
 //       without the last dimension)                                                  (kernels/norm.h)
 //   rmsnorm(x, gamma) {eps}: outputs y, rstd (f32 [R...])                           (kernels/norm.h)
@@ -21,7 +23,7 @@
 // reaching a statistic or per-row loss is Unimplemented):
 //   matmul:        da = g op(b)^T, db = op(a)^T g (transposes folded into trans flags; a shared b sums over
 //                  the batch by one matmul of a and g reshaped to [batch*M, .]), dbias = reduce_sum(g, all but last);
-//                  none with out_dtype (Unimplemented: precision runs after autodiff)
+//                  none with out_dtype (Unimplemented: precision runs after autodiff) or mixed dtypes
 //   layernorm:     (dx, dgamma, dbeta) = layernorm_grad(x, gamma, mean, rstd, g)
 //   rmsnorm:       (dx, dgamma) = rmsnorm_grad(x, gamma, rstd, g)
 //   softmax:       dx = softmax_grad(y, g)
@@ -36,6 +38,7 @@
 #include "graph/ops_nn_util.h"
 #include "graph/ops_util.h"
 #include "kernels/convert.h"
+#include "kernels/gemv.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/rotary.h"
@@ -53,6 +56,7 @@ struct MatmulDims {
   kernels::MatmulShape shape;
   std::vector<int64_t> out;  // [..., M, N]
   DType out_dtype = DType::f32;
+  DType b_dtype = DType::f32;  // a's, or bf16 in the mixed case (NOTE [mixed matmul])
 };
 
 // The output dtype: a's, or the out_dtype attribute (f32 or a's dtype, with
@@ -68,12 +72,19 @@ Result<DType> matmul_out_dtype(const Node& n, const TensorType& a) {
   return DType(od);
 }
 
+bool is_mixed_matmul(const Node& n, const TensorType& a, const TensorType& b) {
+  return a.dtype == DType::f32 && b.dtype == DType::bf16 && !n.attrs.has("out_dtype");
+}
+
 Result<MatmulDims> matmul_dims(const Node& n, std::span<const TensorType> in) {
   const TensorType &ta_type = in[0], &tb_type = in[1];
   ASPEN_RETURN_IF_ERROR(expect_float(n, "a", ta_type));
   ASPEN_ASSIGN_OR_RETURN(const DType out_dtype, matmul_out_dtype(n, ta_type));
   ASPEN_RETURN_IF_ERROR(expect_rank(n, "a", ta_type, 2));
-  ASPEN_RETURN_IF_ERROR(expect_dtype(n, "b", tb_type, ta_type.dtype, "a's"));
+  // NOTE [mixed matmul]: a f32 with b bf16 (weights kept in bf16, activations in f32) is the one mixed
+  // case; the product is f32 (the bf16 values are exact in f32), with no out_dtype.
+  const bool mixed = is_mixed_matmul(n, ta_type, tb_type);
+  if (!mixed) ASPEN_RETURN_IF_ERROR(expect_dtype(n, "b", tb_type, ta_type.dtype, "a's"));
   ASPEN_RETURN_IF_ERROR(expect_rank(n, "b", tb_type, 2));
   ASPEN_ASSIGN_OR_RETURN(const bool trans_a, flag(n, "trans_a"));
   ASPEN_ASSIGN_OR_RETURN(const bool trans_b, flag(n, "trans_b"));
@@ -105,6 +116,7 @@ Result<MatmulDims> matmul_dims(const Node& n, std::span<const TensorType> in) {
   s.broadcast_b = rb == 2;
   s.has_bias = in.size() > 2;
   s.input = ta_type.dtype;
+  d.b_dtype = tb_type.dtype;
   d.out_dtype = out_dtype;
   d.out.push_back(s.M);
   d.out.push_back(s.N);
@@ -148,6 +160,10 @@ Grads grad_matmul(Builder& b, const Node& n, OutGrads g) {
   if (n.attrs.has("out_dtype"))
     return Status::error(Code::kUnimplemented, "matmul: gradient with out_dtype",
                          "a matmul without out_dtype (precision runs after autodiff)", "out_dtype");
+  if (b.type(n.inputs[0]).dtype != b.type(n.inputs[1]).dtype)
+    return Status::error(Code::kUnimplemented, "matmul: gradient with a " + b.type(n.inputs[0]).to_string() +
+                         " and b " + b.type(n.inputs[1]).to_string(),
+                         "a and b of one dtype (bf16 weights with f32 activations are for inference)", "mixed dtypes");
   const ValueId A = n.inputs[0], B = n.inputs[1], G = *g[0];
   const bool ta = n.attrs.i_or("trans_a", 0) != 0, tb = n.attrs.i_or("trans_b", 0) != 0;
   const Shape as = b.type(A).shape;
@@ -460,16 +476,33 @@ float* matmul_scratch(int which, int64_t n) {
   return b.data();
 }
 
+// NOTE [gemv route]: a decode step's matmuls (f32 activations, a few rows, one weight matrix shared by
+// the batch, no trans_a) go to kernels/gemv.h: they are bound by weight bytes per second, and the GEMV
+// kernel streams them near the memory's read rate where oneDNN's M = 1 path reaches about half of it.
+// The batch folds into M (a is [batch, M, K] contiguous and b is shared), up to kGemvMaxRows rows.
+// Mixed matmuls (a f32, b bf16) of other shapes widen b into scratch and run the f32 plan.
+constexpr int64_t kGemvMaxRows = 8;
+
 Prepared prepare_matmul(const Node& n, Types in, Types out) {
   const DType in_t = in[0].dtype, out_t = out[0].dtype;
   const bool plain = floats_are_f32(in, out);
   const bool bf16_in = in_t == DType::bf16 && (out_t == DType::f32 || out_t == DType::bf16);
   const bool f16_in = in_t == DType::f16 && (out_t == DType::f32 || out_t == DType::f16);
-  if (!plain && !bf16_in && !f16_in) return no_fast_kernel();
+  const bool mixed = in_t == DType::f32 && in[1].dtype == DType::bf16 && out_t == DType::f32;
+  if (!plain && !bf16_in && !f16_in && !mixed) return no_fast_kernel();
   ASPEN_ASSIGN_OR_RETURN(const MatmulDims d, matmul_dims(n, in));
   kernels::MatmulShape s = d.shape;
   if (s.batch < 1 || s.M < 1 || s.N < 1 || s.K < 1) return no_fast_kernel();
   if (s.has_bias && out_t != DType::f32) return no_fast_kernel();
+  if ((plain || mixed) && !s.trans_a && s.broadcast_b && s.batch * s.M <= kGemvMaxRows) {
+    const kernels::GemvShape g{.M = s.batch * s.M, .N = s.N, .K = s.K, .trans_b = s.trans_b,
+                               .has_bias = s.has_bias, .weight = d.b_dtype};
+    ASPEN_RETURN_IF_ERROR(kernels::gemv_validate(g));
+    return make_kernel([g](In i, Out o) {
+      kernels::gemv_run(g, f32_in(i, 0), i[1], g.has_bias ? f32_in(i, 2) : nullptr, static_cast<float*>(o[0]));
+      return Status();
+    });
+  }
   if (f16_in) s.input = DType::f32;
   ASPEN_ASSIGN_OR_RETURN(kernels::MatmulPlan made, kernels::MatmulPlan::create(s));
   auto plan = std::make_shared<kernels::MatmulPlan>(std::move(made));
@@ -480,8 +513,13 @@ Prepared prepare_matmul(const Node& n, Types in, Types out) {
       return Status();
     });
   const int64_t na = in[0].shape.numel(), nb = in[1].shape.numel(), nc = out[0].shape.numel();
-  return make_kernel([plan, bias, f16_in, out_t, na, nb, nc](In i, Out o) {
+  return make_kernel([plan, bias, f16_in, mixed, out_t, na, nb, nc](In i, Out o) {
     const void *a = i[0], *b = i[1];
+    if (mixed) {
+      float* wb = matmul_scratch(1, nb);
+      ASPEN_RETURN_IF_ERROR(kernels::convert_bf16_to_f32(in_span<bf16>(i, 1, nb), {wb, size_t(nb)}, nb));
+      b = wb;
+    }
     if (f16_in) {
       float* wa = matmul_scratch(0, na);
       float* wb = matmul_scratch(1, nb);

@@ -1,6 +1,7 @@
 // tools/aspen.cc: the `aspen` command line.
 //
 //   aspen bench gemm [--json] [--threads 1,2] [--dtype f32|bf16|all] [--quick]
+//   aspen bench decode [--json] [--threads 1,2] [--rows 1,8] [--dtype f32|bf16|all] [--quick]
 //   aspen bench attention [--json] [--t 256,1024,4096]
 //   aspen bench kernels [--json]
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
@@ -21,6 +22,7 @@
 
 #include "bench/attention_bench.h"
 #include "bench/compile_bench.h"
+#include "bench/decode_bench.h"
 #include "bench/gemm_bench.h"
 #include "bench/generate_bench.h"
 #include "bench/kernels_bench.h"
@@ -76,6 +78,21 @@ int main(int argc, char** argv) {
   std::vector<std::string> gemm_cases;
   gemm_cmd->add_option("--case", gemm_cases, "MxNxK shapes instead of the standard list, e.g. --case 1x768x3072")
       ->delimiter(',');
+
+  aspen::bench::DecodeBenchOptions dec;
+  std::string dec_dtype = "all";
+  CLI::App* dec_cmd = bench->add_subcommand("decode", "GPT-2 decode GEMV: weight GB/s vs oneDNN and a read sweep");
+  dec_cmd->footer("Example: aspen bench decode --threads 2 --rows 1");
+  dec_cmd->add_flag("--json", dec.json, "one JSON object per line");
+  dec_cmd->add_option("--threads", dec.threads, "thread counts to run")->delimiter(',');
+  dec_cmd->add_option("--rows", dec.rows, "activation rows M to run")->delimiter(',')->check(CLI::Range(1, 64));
+  dec_cmd->add_option("--dtype", dec_dtype, "weights: f32, bf16 or all")->check(CLI::IsMember({"f32", "bf16", "all"}));
+  dec_cmd->add_option("--layers", dec.layers, "layers to run, e.g. lm_head,mlp.c_proj (default: all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head"}));
+  dec_cmd->add_option("--pool-mib", dec.pool_mib, "MiB of weight replicas (default 1024, beyond the LLC; 8: in-cache speed)")
+      ->check(CLI::Range(1, 16384));
+  dec_cmd->add_flag("--quick", dec.quick, "a 256 MiB pool, one round (a smoke test, not a measurement)");
 
   aspen::bench::AttentionBenchOptions attn;
   CLI::App* attn_cmd = bench->add_subcommand("attention", "memory-efficient attention vs the naive definition");
@@ -164,6 +181,11 @@ int main(int argc, char** argv) {
     gemm.f32 = gemm_dtype != "bf16";
     gemm.bf16 = gemm_dtype != "f32";
     return report(aspen::bench::run_gemm_bench(gemm, std::cout));
+  }
+  if (dec_cmd->parsed()) {
+    dec.f32 = dec_dtype != "bf16";
+    dec.bf16 = dec_dtype != "f32";
+    return report(aspen::bench::run_decode_bench(dec, std::cout));
   }
   if (attn_cmd->parsed()) return report(aspen::bench::run_attention_bench(attn, std::cout));
   if (kern_cmd->parsed()) return report(aspen::bench::run_kernels_bench(kb, std::cout));

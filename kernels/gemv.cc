@@ -1,0 +1,593 @@
+// kernels/gemv.cc: checks, the reference, and the fast GEMV variants
+// (AVX-512, AVX2, portable) for both weight layouts. See gemv.h for the
+// contract and docs/kernels.md ("GEMV") for the design and measurements.
+#include "kernels/gemv.h"
+
+// GCC 12 reports -Wmaybe-uninitialized inside AVX-512 intrinsics built on
+// _mm512_undefined_*() (GCC bug 105593; see kernels/convert.cc).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/check_args.h"
+#include "kernels/cpu.h"
+
+namespace aspen::kernels {
+
+std::string GemvShape::to_string() const {
+  std::string s = "gemv " + std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N);
+  s.append(" w:").append(dtype_name(weight)).append(trans_b ? " [N,K]" : " [K,N]");
+  if (has_bias) s += " +bias";
+  return s;
+}
+
+Status gemv_validate(const GemvShape& s) {
+  const char* k = "gemv";
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "M", s.M, 1));
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", s.N, 1));
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "K", s.K, 1));
+  if (s.weight != DType::f32 && s.weight != DType::bf16)
+    return Status::error(Code::kUnimplemented, "gemv: weight dtype", "f32 or bf16", std::string(dtype_name(s.weight)));
+  return Status();
+}
+
+namespace {
+
+// ---- shared pieces --------------------------------------------------------------------------------
+
+// Everything one thread needs: it computes y[:, n0:n1).
+struct Job {
+  const float* x;
+  const void* w;
+  const float* bias;
+  float* y;
+  int64_t M, N, K;
+  int64_t ldx = 0;  // x's row stride: K, or the whole K when this job is one slice of it ([K, N])
+  // bf16 [N, K] at AVX-512 only: x with each 32-element chunk split into its
+  // even then its odd elements, rows of Kp = K rounded up to 32, zero-padded
+  // (NOTE [bf16 pairs]).
+  const float* xp = nullptr;
+  int64_t Kp = 0;
+};
+using RangeFn = void (*)(const Job&, int64_t n0, int64_t n1);
+
+// The [K, N] kernels accumulate into y in panels of columns: all M rows of a
+// panel (M·P floats) stay in L1 while K rows of weights stream past. Wider
+// panels make longer contiguous weight runs; 16 KiB of accumulators leaves
+// most of L1 for the streams.
+int64_t kn_panel(int64_t M) { return std::clamp<int64_t>((4096 / M) / 16 * 16, 64, 4096); }
+
+inline float widen(float v) { return v; }
+inline double widen(double v) { return v; }
+inline float widen(bf16 v) { return bf16_to_f32(v); }
+
+// ---- portable ------------------------------------------------------------------------------------
+
+template <class W>
+void nk_portable(const Job& j, int64_t n0, int64_t n1) {
+  const W* w = static_cast<const W*>(j.w);
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < j.M; ++m) {
+      float acc = 0;
+      const float* x = j.x + m * j.K;
+      const W* wr = w + n * j.K;
+      for (int64_t k = 0; k < j.K; ++k) acc += x[k] * widen(wr[k]);
+      j.y[m * j.N + n] = acc + (j.bias ? j.bias[n] : 0.0f);
+    }
+}
+
+template <class W>
+void kn_portable(const Job& j, int64_t n0, int64_t n1) {
+  const W* w = static_cast<const W*>(j.w);
+  for (int64_t m = 0; m < j.M; ++m)
+    for (int64_t n = n0; n < n1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
+  for (int64_t k = 0; k < j.K; ++k) {
+    const W* wr = w + k * j.N;
+    for (int64_t m = 0; m < j.M; ++m) {
+      const float xv = j.x[m * j.ldx + k];
+      float* y = j.y + m * j.N;
+      for (int64_t n = n0; n < n1; ++n) y[n] += xv * widen(wr[n]);
+    }
+  }
+}
+
+// ---- AVX-512 -------------------------------------------------------------------------------------
+
+ASPEN_TARGET_AVX512 inline __m512 ld16(const float* p) { return _mm512_loadu_ps(p); }
+ASPEN_TARGET_AVX512 inline __m512 ld16(const bf16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+ASPEN_TARGET_AVX512 inline __m512 ld16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+ASPEN_TARGET_AVX512 inline __m512 ld16(const bf16* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+// Horizontal sum in a fixed order (not _mm512_reduce_add_ps: GCC 12 warns on it).
+ASPEN_TARGET_AVX512 inline float hsum16(__m512 v) {
+  __m512 s = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, _MM_SHUFFLE(2, 3, 0, 1)));
+  __m128 b = _mm512_castps512_ps128(s);
+  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_add_ss(b, _mm_movehdup_ps(b));
+  return _mm_cvtss_f32(b);
+}
+
+// Distance of the software prefetch ahead of the loads, in bytes per stream.
+inline constexpr int64_t kPrefetchBytes = 1024;
+// [K, N] panels prefetch the same columns this many rows ahead: a thread's
+// share of a row is a short run (N / threads columns), too short for the
+// hardware's stream detection, and the rows it needs next are known.
+inline constexpr int64_t kKnPrefetchRows = 8;
+
+// [N, K]: R rows of w (from n) against MB rows of x (from m0); one vector
+// accumulator per (row of x, row of w), each summing 16-lane partials over k
+// in order, then a fixed horizontal sum. Each w row is its own stream.
+template <class W, int MB, int R>
+ASPEN_TARGET_AVX512 void nk_tile_avx512(const Job& j, int64_t m0, int64_t n) {
+  const int64_t K = j.K;
+  const W* w = static_cast<const W*>(j.w) + n * K;
+  const float* x = j.x + m0 * K;
+  constexpr int64_t ahead = kPrefetchBytes / int64_t(sizeof(W));
+  __m512 acc[MB][R];
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k + ahead), _MM_HINT_T0);
+      wv[r] = ld16(w + r * K + k);
+    }
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xv = _mm512_loadu_ps(x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 mask = __mmask16((1u << (K - k)) - 1);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = ld16(w + r * K + k, mask);
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r)
+      j.y[(m0 + m) * j.N + n + r] = hsum16(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
+}
+
+using NkTile = void (*)(const Job&, int64_t, int64_t);
+
+// NOTE [bf16 pairs]: a 64-byte load holds 32 bf16 weights; shifting each
+// 32-bit lane left by 16 gives the even elements as exact f32, masking off the
+// low half gives the odd ones. Against x split the same way (Job::xp) that is
+// one load and two single-cycle ops per two FMAs, instead of two loads, two
+// widening shuffles and two shifts (the f32 path's conversion of 16 at a time).
+template <int MB, int R>
+ASPEN_TARGET_AVX512 void nk_tile_bf16_avx512(const Job& j, int64_t m0, int64_t n) {
+  const int64_t K = j.K, Kp = j.Kp;
+  const bf16* w = static_cast<const bf16*>(j.w) + n * K;
+  const float* x = j.xp + m0 * Kp;
+  constexpr int64_t ahead = kPrefetchBytes / int64_t(sizeof(bf16));
+  const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
+  __m512 acc[MB][R];
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : __mmask32((1u << (K - k)) - 1);
+    __m512 lo[R], hi[R];
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k + ahead), _MM_HINT_T0);
+      const __m512i v = _mm512_maskz_loadu_epi16(mask, w + r * K + k);
+      lo[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      hi[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+    }
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xe = _mm512_loadu_ps(x + m * Kp + k), xo = _mm512_loadu_ps(x + m * Kp + k + 16);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xo, hi[r], _mm512_fmadd_ps(xe, lo[r], acc[m][r]));
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r)
+      j.y[(m0 + m) * j.N + n + r] = hsum16(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
+}
+
+template <int R>
+ASPEN_TARGET_AVX512 void nk_rows_bf16_avx512(const Job& j, int64_t n) {
+  static constexpr NkTile tiles[4] = {nk_tile_bf16_avx512<1, R>, nk_tile_bf16_avx512<2, R>,
+                                      nk_tile_bf16_avx512<3, R>, nk_tile_bf16_avx512<4, R>};
+  for (int64_t m0 = 0; m0 < j.M; m0 += 4) tiles[std::min<int64_t>(4, j.M - m0) - 1](j, m0, n);
+}
+
+ASPEN_TARGET_AVX512 void nk_bf16_avx512(const Job& j, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) nk_rows_bf16_avx512<4>(j, n);
+  for (; n < n1; ++n) nk_rows_bf16_avx512<1>(j, n);
+}
+
+// Rows of x are taken 4 at a time (16 accumulators); the first block streams
+// the R weight rows from memory, the next blocks find them in L1/L2.
+template <class W, int R>
+ASPEN_TARGET_AVX512 void nk_rows_avx512(const Job& j, int64_t n) {
+  static constexpr NkTile tiles[4] = {nk_tile_avx512<W, 1, R>, nk_tile_avx512<W, 2, R>, nk_tile_avx512<W, 3, R>,
+                                      nk_tile_avx512<W, 4, R>};
+  for (int64_t m0 = 0; m0 < j.M; m0 += 4) tiles[std::min<int64_t>(4, j.M - m0) - 1](j, m0, n);
+}
+
+template <class W>
+ASPEN_TARGET_AVX512 void nk_avx512(const Job& j, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) nk_rows_avx512<W, 4>(j, n);
+  for (; n < n1; ++n) nk_rows_avx512<W, 1>(j, n);
+}
+
+// [K, N]: y[m, p0:p1) accumulates KB weight rows at a time; each weight vector
+// is loaded once and applied to all MB rows of x (broadcasts hoisted out of the
+// column loop). y[m, n] gets its k terms in order whatever KB and MB are, so
+// the blocking changes speed, not results.
+template <class W, int MB, int KB>
+ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t m0, int64_t k, int64_t p0, int64_t p1) {
+  const int64_t N = j.N;
+  const W* w = static_cast<const W*>(j.w) + k * N;
+  __m512 xb[MB][KB];
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < KB; ++i) xb[m][i] = _mm512_set1_ps(j.x[(m0 + m) * j.ldx + k + i]);
+  float* y = j.y + m0 * N;
+  int64_t c = p0;
+  for (; c + 16 <= p1; c += 16) {
+    __m512 wv[KB];
+    for (int i = 0; i < KB; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
+      wv[i] = ld16(w + i * N + c);
+    }
+    for (int m = 0; m < MB; ++m) {
+      __m512 a = _mm512_loadu_ps(y + m * N + c);
+      for (int i = 0; i < KB; ++i) a = _mm512_fmadd_ps(xb[m][i], wv[i], a);
+      _mm512_storeu_ps(y + m * N + c, a);
+    }
+  }
+  if (c < p1) {
+    const __mmask16 mask = __mmask16((1u << (p1 - c)) - 1);
+    __m512 wv[KB];
+    for (int i = 0; i < KB; ++i) wv[i] = ld16(w + i * N + c, mask);
+    for (int m = 0; m < MB; ++m) {
+      __m512 a = _mm512_maskz_loadu_ps(mask, y + m * N + c);
+      for (int i = 0; i < KB; ++i) a = _mm512_fmadd_ps(xb[m][i], wv[i], a);
+      _mm512_mask_storeu_ps(y + m * N + c, mask, a);
+    }
+  }
+}
+
+using KnBlock = void (*)(const Job&, int64_t, int64_t, int64_t, int64_t);
+
+// One row of x against bf16 [K, N] (NOTE [bf16 pairs]): 32 columns per load,
+// the even columns' sums and the odd columns' kept apart in a panel of
+// accumulators (per 32 columns: 16 even, then 16 odd) and put back in order
+// at the end. Each column still starts from its bias and adds its k terms in
+// order, as every [K, N] path does.
+template <int KB>
+ASPEN_TARGET_AVX512 void kn_bf16_block_avx512(const Job& j, int64_t k, int64_t p0, int64_t p1, float* acc) {
+  const int64_t N = j.N;
+  const bf16* w = static_cast<const bf16*>(j.w) + k * N;
+  const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
+  __m512 xb[KB];
+  for (int i = 0; i < KB; ++i) xb[i] = _mm512_set1_ps(j.x[k + i]);
+  for (int64_t c = p0; c < p1; c += 32, acc += 32) {
+    const __mmask32 mask = p1 - c >= 32 ? ~__mmask32(0) : __mmask32((1u << (p1 - c)) - 1);
+    __m512 e = _mm512_load_ps(acc), o = _mm512_load_ps(acc + 16);
+    for (int i = 0; i < KB; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
+      const __m512i v = _mm512_maskz_loadu_epi16(mask, w + i * N + c);
+      e = _mm512_fmadd_ps(xb[i], _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), e);
+      o = _mm512_fmadd_ps(xb[i], _mm512_castsi512_ps(_mm512_and_si512(v, high)), o);
+    }
+    _mm512_store_ps(acc, e);
+    _mm512_store_ps(acc + 16, o);
+  }
+}
+
+ASPEN_TARGET_AVX512 void kn_bf16_row_avx512(const Job& j, int64_t n0, int64_t n1) {
+  constexpr int64_t P = 4096;  // kn_panel(1)
+  alignas(64) float acc[P];
+  // Column c of the panel sits at slot(c - p0).
+  auto slot = [](int64_t off) { return off / 32 * 32 + (off % 2) * 16 + off % 32 / 2; };
+  for (int64_t p0 = n0; p0 < n1; p0 += P) {
+    const int64_t p1 = std::min(n1, p0 + P);
+    std::fill(acc + (p1 - p0 - 1) / 32 * 32, acc + (p1 - p0 + 31) / 32 * 32, 0.0f);  // the last chunk's spare lanes
+    for (int64_t c = p0; c < p1; ++c) acc[slot(c - p0)] = j.bias ? j.bias[c] : 0.0f;
+    int64_t k = 0;
+    for (; k + 8 <= j.K; k += 8) kn_bf16_block_avx512<8>(j, k, p0, p1, acc);
+    for (; k < j.K; ++k) kn_bf16_block_avx512<1>(j, k, p0, p1, acc);
+    for (int64_t c = p0; c < p1; ++c) j.y[c] = acc[slot(c - p0)];
+  }
+}
+
+template <class W>
+ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
+  if constexpr (std::is_same_v<W, bf16>) {
+    if (j.M == 1) {
+      kn_bf16_row_avx512(j, n0, n1);
+      return;
+    }
+  }
+  // One row of x: 8 weight rows at once; up to 4: 4; 5..8 rows: 2 (at most 16 broadcasts).
+  static constexpr KnBlock by4[4] = {kn_block_avx512<W, 1, 4>, kn_block_avx512<W, 2, 4>, kn_block_avx512<W, 3, 4>,
+                                     kn_block_avx512<W, 4, 4>};
+  static constexpr KnBlock by2[8] = {kn_block_avx512<W, 1, 2>, kn_block_avx512<W, 2, 2>, kn_block_avx512<W, 3, 2>,
+                                     kn_block_avx512<W, 4, 2>, kn_block_avx512<W, 5, 2>, kn_block_avx512<W, 6, 2>,
+                                     kn_block_avx512<W, 7, 2>, kn_block_avx512<W, 8, 2>};
+  static constexpr KnBlock by1[8] = {kn_block_avx512<W, 1, 1>, kn_block_avx512<W, 2, 1>, kn_block_avx512<W, 3, 1>,
+                                     kn_block_avx512<W, 4, 1>, kn_block_avx512<W, 5, 1>, kn_block_avx512<W, 6, 1>,
+                                     kn_block_avx512<W, 7, 1>, kn_block_avx512<W, 8, 1>};
+  const int64_t M = j.M, K = j.K, P = kn_panel(M);
+  const int64_t kb = M == 1 ? 8 : M <= 4 ? 4 : 2;
+  for (int64_t p0 = n0; p0 < n1; p0 += P) {
+    const int64_t p1 = std::min(n1, p0 + P);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = p0; n < p1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
+    int64_t k = 0;
+    for (; k + kb <= K; k += kb)
+      for (int64_t m0 = 0; m0 < M; m0 += 8) {
+        const int64_t mb = std::min<int64_t>(8, M - m0);
+        if (kb == 8) kn_block_avx512<W, 1, 8>(j, m0, k, p0, p1);
+        else if (kb == 4) by4[mb - 1](j, m0, k, p0, p1);
+        else by2[mb - 1](j, m0, k, p0, p1);
+      }
+    for (; k < K; ++k)
+      for (int64_t m0 = 0; m0 < M; m0 += 8) by1[std::min<int64_t>(8, M - m0) - 1](j, m0, k, p0, p1);
+  }
+}
+
+// ---- AVX2 -----------------------------------------------------------------------------------------
+
+ASPEN_TARGET_AVX2 inline __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
+ASPEN_TARGET_AVX2 inline __m256 ld8(const bf16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+// The first n (< 8) elements, zero-filled to 8.
+template <class W>
+ASPEN_TARGET_AVX2 inline __m256 ld8(const W* p, int64_t n) {
+  W buf[8] = {};
+  std::memcpy(buf, p, size_t(n) * sizeof(W));
+  return ld8(buf);
+}
+ASPEN_TARGET_AVX2 inline float hsum8(__m256 v) {
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_add_ss(b, _mm_movehdup_ps(b));
+  return _mm_cvtss_f32(b);
+}
+
+template <class W, int MB, int R>
+ASPEN_TARGET_AVX2 void nk_tile_avx2(const Job& j, int64_t m0, int64_t n) {
+  const int64_t K = j.K;
+  const W* w = static_cast<const W*>(j.w) + n * K;
+  const float* x = j.x + m0 * K;
+  __m256 acc[MB][R];
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = ld8(w + r * K + k);
+    for (int m = 0; m < MB; ++m) {
+      const __m256 xv = _mm256_loadu_ps(x + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm256_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  if (k < K) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = ld8(w + r * K + k, K - k);
+    for (int m = 0; m < MB; ++m) {
+      const __m256 xv = ld8(x + m * K + k, K - k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm256_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r)
+      j.y[(m0 + m) * j.N + n + r] = hsum8(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
+}
+
+template <class W, int R>
+ASPEN_TARGET_AVX2 void nk_rows_avx2(const Job& j, int64_t n) {
+  static constexpr NkTile tiles[3] = {nk_tile_avx2<W, 1, R>, nk_tile_avx2<W, 2, R>, nk_tile_avx2<W, 3, R>};
+  for (int64_t m0 = 0; m0 < j.M; m0 += 3) tiles[std::min<int64_t>(3, j.M - m0) - 1](j, m0, n);
+}
+
+template <class W>
+ASPEN_TARGET_AVX2 void nk_avx2(const Job& j, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) nk_rows_avx2<W, 4>(j, n);
+  for (; n < n1; ++n) nk_rows_avx2<W, 1>(j, n);
+}
+
+template <class W, int KB>
+ASPEN_TARGET_AVX2 void kn_block_avx2(const Job& j, int64_t m, int64_t k, int64_t p0, int64_t p1) {
+  const int64_t N = j.N;
+  const W* w = static_cast<const W*>(j.w) + k * N;
+  __m256 xb[KB];
+  for (int i = 0; i < KB; ++i) xb[i] = _mm256_set1_ps(j.x[m * j.ldx + k + i]);
+  float* y = j.y + m * N;
+  int64_t c = p0;
+  for (; c + 8 <= p1; c += 8) {
+    __m256 a = _mm256_loadu_ps(y + c);
+    for (int i = 0; i < KB; ++i) a = _mm256_fmadd_ps(xb[i], ld8(w + i * N + c), a);
+    _mm256_storeu_ps(y + c, a);
+  }
+  for (; c < p1; ++c) {  // scalar tail: fmaf keeps the vector lanes' rounding
+    float a = y[c];
+    for (int i = 0; i < KB; ++i) a = __builtin_fmaf(j.x[m * j.ldx + k + i], widen(w[i * N + c]), a);
+    y[c] = a;
+  }
+}
+
+template <class W>
+ASPEN_TARGET_AVX2 void kn_avx2(const Job& j, int64_t n0, int64_t n1) {
+  const int64_t M = j.M, K = j.K, P = kn_panel(M);
+  for (int64_t p0 = n0; p0 < n1; p0 += P) {
+    const int64_t p1 = std::min(n1, p0 + P);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = p0; n < p1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
+    int64_t k = 0;
+    for (; k + 4 <= K; k += 4)
+      for (int64_t m = 0; m < M; ++m) kn_block_avx2<W, 4>(j, m, k, p0, p1);
+    for (; k < K; ++k)
+      for (int64_t m = 0; m < M; ++m) kn_block_avx2<W, 1>(j, m, k, p0, p1);
+  }
+}
+
+// ---- dispatch ------------------------------------------------------------------------------------
+
+RangeFn pick(const GemvShape& s) {
+  const Isa isa = active_isa();
+  const bool b16 = s.weight == DType::bf16;
+  if (isa >= Isa::avx512) {
+    if (s.trans_b) return b16 ? nk_bf16_avx512 : nk_avx512<float>;
+    return b16 ? kn_avx512<bf16> : kn_avx512<float>;
+  }
+  if (isa == Isa::avx2) {
+    if (s.trans_b) return b16 ? nk_avx2<bf16> : nk_avx2<float>;
+    return b16 ? kn_avx2<bf16> : kn_avx2<float>;
+  }
+  if (s.trans_b) return b16 ? nk_portable<bf16> : nk_portable<float>;
+  return b16 ? kn_portable<bf16> : kn_portable<float>;
+}
+
+// Below this many weight bytes a fork/join costs more than a second stream saves.
+inline constexpr int64_t kParallelMinBytes = 256 << 10;
+
+// NOTE [gemv split]: N is cut into contiguous pieces, aligned to 4 rows
+// ([N, K]) or 16 columns, a 64-byte line of f32 ([K, N]); [K, N] weights
+// above kParallelMinBytes are also cut along K into kKnSlices slices of whole
+// rows (NOTE [gemv slices]). The slices depend on the shape alone and an
+// output's arithmetic does not depend on where the N cuts fall, so results are
+// the same for any team size.
+//
+// NOTE [gemv slices]: a thread's share of a [K, N] row is a short run (N /
+// threads columns); split by K instead, a thread streams one contiguous block
+// of whole rows. Slice 0 accumulates onto the bias in y, slice i > 0 into
+// `partial` from zero, and y += partial[i] in slice order at the end.
+inline constexpr int64_t kKnSlices = 2;
+
+void run_split(const GemvShape& s, const Job& job) {
+  const RangeFn fn = pick(s);
+  const bool big = s.weight_bytes() >= kParallelMinBytes;
+  const int64_t slices = !s.trans_b && big && s.K >= 2 * 8 ? kKnSlices : 1;
+  const int64_t align = s.trans_b ? 4 : 16;
+  const int64_t pieces = (s.N + align - 1) / align;
+  const int64_t threads = big ? std::min<int64_t>(omp_get_max_threads(), slices * pieces) : 1;
+  thread_local std::vector<float> partial;  // per calling thread, grown once
+  Job jobs[kKnSlices];
+  jobs[0] = job;
+  if (slices > 1) {
+    partial.resize(static_cast<size_t>((slices - 1) * s.M * s.N));
+    const int64_t rows = s.K / slices / 8 * 8;  // whole 8-row blocks in all but the last slice
+    const size_t row_bytes = size_t(s.N) * size_t(dtype_size(s.weight));
+    for (int64_t i = 0; i < slices; ++i) {
+      const int64_t k0 = i * rows, k1 = i == slices - 1 ? s.K : k0 + rows;
+      Job& j = jobs[i];
+      j = job;
+      j.x = job.x + k0;
+      j.w = static_cast<const char*>(job.w) + size_t(k0) * row_bytes;
+      j.K = k1 - k0;
+      if (i > 0) {
+        j.bias = nullptr;
+        j.y = partial.data() + (i - 1) * s.M * s.N;
+      }
+    }
+  }
+  const int64_t cuts = (threads + slices - 1) / slices;  // N pieces per slice
+  const int64_t per = (pieces + cuts - 1) / cuts * align;
+  const int64_t tasks = slices * cuts;
+#pragma omp parallel for schedule(static) num_threads(int(threads)) if (threads > 1)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t n0 = std::min(s.N, t % cuts * per), n1 = std::min(s.N, n0 + per);
+    if (n0 < n1) fn(jobs[t / cuts], n0, n1);
+  }
+  for (int64_t i = 1; i < slices; ++i) {
+    const float* p = partial.data() + (i - 1) * s.M * s.N;
+    for (int64_t e = 0; e < s.M * s.N; ++e) job.y[e] += p[e];
+  }
+}
+
+template <class Wt>
+Status checked_gemv(std::span<const float> x, std::span<const Wt> w, std::span<const float> bias, std::span<float> y,
+                    const GemvShape& s) {
+  ASPEN_RETURN_IF_ERROR(gemv_validate(s));
+  if (s.weight != dtype_of<Wt>())
+    return Status::invalid_argument("gemv: shape.weight", std::string(dtype_name(dtype_of<Wt>())) + " (w's type)",
+                                    std::string(dtype_name(s.weight)));
+  ASPEN_RETURN_IF_ERROR(check_buffer("gemv", "x", x, s.x_elements()));
+  ASPEN_RETURN_IF_ERROR(check_buffer("gemv", "w", w, s.w_elements()));
+  ASPEN_RETURN_IF_ERROR(check_buffer("gemv", "y", y, s.y_elements()));
+  if (s.has_bias) ASPEN_RETURN_IF_ERROR(check_buffer("gemv", "bias", bias, s.N));
+  const float* b = s.has_bias ? bias.data() : nullptr;
+  if (reference_mode()) {
+    ref::gemv<float, Wt>(x.data(), w.data(), b, y.data(), s);
+    return Status();
+  }
+  gemv_run(s, x.data(), w.data(), b, y.data());
+  return Status();
+}
+
+}  // namespace
+
+void gemv_run(const GemvShape& s, const float* x, const void* w, const float* bias, float* y) {
+  Job job{x, w, s.has_bias ? bias : nullptr, y, s.M, s.N, s.K, s.K};
+  if (s.trans_b && s.weight == DType::bf16 && active_isa() >= Isa::avx512) {
+    // NOTE [bf16 pairs]. Per calling thread, grown once: steady state allocates nothing.
+    thread_local std::vector<float> xp;
+    job.Kp = (s.K + 31) / 32 * 32;
+    xp.assign(static_cast<size_t>(s.M * job.Kp), 0.0f);
+    for (int64_t m = 0; m < s.M; ++m)
+      for (int64_t k = 0; k < s.K; ++k) {
+        const int64_t c = k / 32 * 32, i = k % 32;
+        xp[size_t(m * job.Kp + c + (i % 2) * 16 + i / 2)] = x[m * s.K + k];
+      }
+    job.xp = xp.data();
+  }
+  run_split(s, job);
+}
+
+Status gemv(std::span<const float> x, std::span<const float> w, std::span<const float> bias, std::span<float> y,
+            const GemvShape& shape) {
+  return checked_gemv<float>(x, w, bias, y, shape);
+}
+
+Status gemv(std::span<const float> x, std::span<const bf16> w, std::span<const float> bias, std::span<float> y,
+            const GemvShape& shape) {
+  return checked_gemv<bf16>(x, w, bias, y, shape);
+}
+
+namespace ref {
+
+template <class T, class Wt>
+void gemv(const T* x, const Wt* w, const T* bias, T* y, const GemvShape& s) {
+  const int64_t M = s.M, N = s.N, K = s.K;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      T acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * T(widen(s.trans_b ? w[n * K + k] : w[k * N + n]));
+      y[m * N + n] = acc + (bias ? bias[n] : T(0));
+    }
+}
+
+template void gemv<float, float>(const float*, const float*, const float*, float*, const GemvShape&);
+template void gemv<double, double>(const double*, const double*, const double*, double*, const GemvShape&);
+template void gemv<float, bf16>(const float*, const bf16*, const float*, float*, const GemvShape&);
+template void gemv<double, bf16>(const double*, const bf16*, const double*, double*, const GemvShape&);
+
+}  // namespace ref
+
+}  // namespace aspen::kernels

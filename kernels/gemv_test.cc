@@ -1,0 +1,153 @@
+#include "kernels/gemv.h"
+
+#include <gtest/gtest.h>
+
+#include "core/thread_team.h"
+#include "kernels/cpu.h"
+#include "kernels/testing.h"
+
+namespace aspen::kernels {
+namespace {
+
+using testing::Guarded;
+
+struct Inputs {
+  std::vector<float> x, w, bias;
+  std::vector<bf16> wb;  // w rounded to bf16 (what a bf16 case multiplies)
+};
+
+Inputs make_inputs(const GemvShape& s, uint64_t seed) {
+  Inputs in{testing::random_vector(size_t(s.x_elements()), seed), testing::random_vector(size_t(s.w_elements()), seed + 1),
+            testing::random_vector(size_t(s.N), seed + 2), {}};
+  if (s.weight == DType::bf16) {
+    in.wb.resize(in.w.size());
+    for (size_t i = 0; i < in.w.size(); ++i) {
+      in.wb[i] = f32_to_bf16(in.w[i]);
+      in.w[i] = bf16_to_f32(in.wb[i]);
+    }
+  }
+  return in;
+}
+
+// The fast path's y (between guard bytes) at the current ISA and team size.
+std::vector<float> run_fast(const GemvShape& s, const Inputs& in) {
+  Guarded<float> y(size_t(s.y_elements()), std::numeric_limits<float>::quiet_NaN());
+  Guarded<float> x(in.x.size()), bias(in.bias.size());
+  std::copy(in.x.begin(), in.x.end(), x.data());
+  std::copy(in.bias.begin(), in.bias.end(), bias.data());
+  const std::span<const float> b = s.has_bias ? bias.cspan() : std::span<const float>();
+  Status st;
+  if (s.weight == DType::f32) {
+    Guarded<float> w(in.w.size());
+    std::copy(in.w.begin(), in.w.end(), w.data());
+    st = gemv(x.cspan(), w.cspan(), b, y.span(), s);
+  } else {
+    Guarded<bf16> w(in.wb.size());
+    std::copy(in.wb.begin(), in.wb.end(), w.data());
+    st = gemv(x.cspan(), w.cspan(), b, y.span(), s);
+  }
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  EXPECT_GUARDS(y);
+  return y.vec();
+}
+
+// Fast at every ISA vs the f64 reference on the same (bf16-exact) values.
+void check_case(const GemvShape& s, uint64_t seed) {
+  SCOPED_TRACE(s.to_string());
+  const Inputs in = make_inputs(s, seed);
+  std::vector<double> want(size_t(s.y_elements()));
+  const std::vector<double> x = testing::to_f64(in.x), w = testing::to_f64(in.w), bias = testing::to_f64(in.bias);
+  ref::gemv<double, double>(x.data(), w.data(), s.has_bias ? bias.data() : nullptr, want.data(), s);
+  for (Isa isa : testing::available_isas()) {
+    if (testing::skip_big(s.w_elements(), isa)) continue;
+    SCOPED_TRACE(isa_name(isa));
+    ScopedIsaCap cap(isa);
+    const std::vector<float> got = run_fast(s, in);
+    EXPECT_TRUE(testing::close_nmse(got, want, testing::nmse_threshold(DType::f32)));
+  }
+}
+
+TEST(Gemv, MatchesReferenceOverOddShapes) {
+  uint64_t seed = 1;
+  for (DType wt : {DType::f32, DType::bf16})
+    for (bool tb : {false, true})
+      for (int64_t m : {1, 2, 3, 5, 8})
+        for (int64_t n : testing::kOddSizes)
+          for (int64_t k : testing::kOddSizes)
+            for (bool bias : {false, true})
+              check_case({.M = m, .N = n, .K = k, .trans_b = tb, .has_bias = bias, .weight = wt}, seed++);
+}
+
+TEST(Gemv, MatchesReferenceOnModelShapes) {
+  uint64_t seed = 1000;
+  const std::vector<std::pair<int64_t, int64_t>> nk = {{768, 2304}, {2304, 768}, {768, 17}, {129, 768}, {3, 2304}};
+  for (DType wt : {DType::f32, DType::bf16})
+    for (bool tb : {false, true})
+      for (int64_t m : {1, 3, 8, 16})
+        for (auto [n, k] : nk)
+          check_case({.M = m, .N = n, .K = k, .trans_b = tb, .has_bias = (seed % 2) == 0, .weight = wt}, seed++);
+}
+
+// NOTE [gemv split]: the team size moves the cuts in N, never an output's arithmetic.
+TEST(Gemv, SameBitsOnOneAndTwoThreads) {
+  uint64_t seed = 2000;
+  for (DType wt : {DType::f32, DType::bf16})
+    for (bool tb : {false, true})
+      for (int64_t m : {1, 5}) {
+        const GemvShape s{.M = m, .N = 2304 + 7, .K = 768 + 3, .trans_b = tb, .has_bias = true, .weight = wt};
+        SCOPED_TRACE(s.to_string());
+        const Inputs in = make_inputs(s, seed++);
+        for (Isa isa : testing::available_isas()) {
+          SCOPED_TRACE(isa_name(isa));
+          ScopedIsaCap cap(isa);
+          std::vector<float> one, two;
+          {
+            ScopedOmpThreads t(1);
+            one = run_fast(s, in);
+          }
+          {
+            ScopedOmpThreads t(2);
+            two = run_fast(s, in);
+          }
+          ASSERT_EQ(one.size(), two.size());
+          EXPECT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * sizeof(float)));
+        }
+      }
+}
+
+TEST(Gemv, ReferenceModeRunsTheReference) {
+  const GemvShape s{.M = 2, .N = 5, .K = 7, .trans_b = true, .weight = DType::bf16};
+  const Inputs in = make_inputs(s, 7);
+  std::vector<float> got(10), want(10);
+  {
+    ScopedReferenceMode r(true);
+    ASSERT_TRUE(gemv(in.x, in.wb, {}, got, s).is_ok());
+  }
+  ref::gemv<float, bf16>(in.x.data(), in.wb.data(), nullptr, want.data(), s);
+  EXPECT_EQ(got, want);
+}
+
+TEST(Gemv, BadArgumentsAreStatuses) {
+  GemvShape s{.M = 2, .N = 3, .K = 4};
+  std::vector<float> x(8), w(12), y(6), y_short(5);
+  Status st = gemv(x, w, {}, y_short, s);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_EQ(st.message(), "gemv: argument 'y': expected at least 6 elements, found 5");
+  EXPECT_EQ(gemv(x, std::span<const float>(w.data(), 11), {}, y, s).message(),
+            "gemv: argument 'w': expected at least 12 elements, found 11");
+  s.has_bias = true;
+  EXPECT_EQ(gemv(x, w, {}, y, s).message(), "gemv: argument 'bias': expected a buffer of 3 elements, found a null pointer");
+  s.has_bias = false;
+  s.M = 0;
+  EXPECT_EQ(gemv(x, w, {}, y, s).message(), "gemv: M: expected >= 1, found 0");
+  s.M = 2;
+  s.weight = DType::bf16;
+  EXPECT_EQ(gemv(x, w, {}, y, s).message(), "gemv: shape.weight: expected f32 (w's type), found bf16");
+  s.weight = DType::f16;
+  st = gemv_validate(s);
+  EXPECT_EQ(st.code(), Code::kUnimplemented);
+  EXPECT_EQ(st.message(), "gemv: weight dtype: expected f32 or bf16, found f16");
+}
+
+}  // namespace
+}  // namespace aspen::kernels
