@@ -6,6 +6,7 @@
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
 //   aspen bench generate [--json] [--threads N] [--new-tokens N] [--python PATH]
 //   aspen generate --model DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
+//   aspen prepare-data --tokenizer DIR --input FILE... --output DIR [--shard-tokens N] [--split-lines]
 //   aspen inspect FILE
 //   aspen info
 //   global: --isa scalar|avx2|avx512|avx512_bf16, --reference-kernels, -v
@@ -118,6 +119,7 @@ int main(int argc, char** argv) {
   // Commands in their own files (tools/commands.h).
   std::vector<aspen::tools::Command> commands;
   commands.push_back(aspen::tools::add_generate_command(app));
+  commands.push_back(aspen::tools::add_prepare_data_command(app));
 
   CLI11_PARSE(app, argc, argv);
   if (verbose) aspen::set_log_level(aspen::LogLevel::info);

@@ -29,5 +29,6 @@ inline int report(const Status& s) {
 }
 
 Command add_generate_command(CLI::App& app);  // tools/generate_command.cc
+Command add_prepare_data_command(CLI::App& app);  // tools/prepare_data_command.cc
 
 }  // namespace aspen::tools
