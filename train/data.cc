@@ -175,19 +175,22 @@ Result<TokenShardWriter> TokenShardWriter::create(const std::string& dir, TokenS
 }
 
 Status TokenShardWriter::add_document(std::span<const io::TokenId> ids) {
+  // Checked first, so a rejected document leaves the writer as it was.
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || int64_t(ids[i]) >= index_.vocab_size)
+      return Status::invalid_argument("document " + std::to_string(index_.documents) + ": token " + std::to_string(i),
+                                      "an id in [0, " + std::to_string(index_.vocab_size) + ")",
+                                      std::to_string(ids[i]));
   const size_t width = size_t(index_.dtype);
   for (size_t i = 0; i <= ids.size(); ++i) {
-    const int64_t id = i < ids.size() ? int64_t(ids[i]) : int64_t(index_.eos_id);
-    if (id < 0 || id >= index_.vocab_size)
-      return Status::invalid_argument("document " + std::to_string(index_.documents) + ": token " + std::to_string(i),
-                                      "an id in [0, " + std::to_string(index_.vocab_size) + ")", std::to_string(id));
+    const uint32_t id = uint32_t(i < ids.size() ? ids[i] : index_.eos_id);
     if (buffer_.empty()) buffer_.reserve(size_t(std::min<int64_t>(shard_tokens_, int64_t(1) << 20)) * width);
     const size_t at = buffer_.size();
     buffer_.resize(at + width);
     if (width == 2)
       put_le<uint16_t>(buffer_.data() + at, uint16_t(id));
     else
-      put_le<uint32_t>(buffer_.data() + at, uint32_t(id));
+      put_le<uint32_t>(buffer_.data() + at, id);
     ++buffered_;
     ++index_.total_tokens;
     if (buffered_ == shard_tokens_) ASPEN_RETURN_IF_ERROR(flush());

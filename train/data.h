@@ -114,7 +114,8 @@ class TokenShardWriter {
 
   // Appends one document's ids, then eos; full shards are written as they
   // fill. InvalidArgument naming the document and the id for an id outside
-  // [0, vocab_size).
+  // [0, vocab_size) (nothing of the document is written). After an IoError
+  // the writer is unusable.
   Status add_document(std::span<const io::TokenId> ids);
   // Records an input file in the index.
   void add_input(InputInfo input) { index_.inputs.push_back(std::move(input)); }

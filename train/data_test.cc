@@ -220,6 +220,9 @@ TEST(TokenShards, WriterRejectsBadInput) {
   const std::vector<io::TokenId> bad = {1, 2, 12};
   Status s = w->add_document(bad);
   EXPECT_EQ(s.message(), "document 0: token 2: expected an id in [0, 10), found 12");
+  EXPECT_EQ(w->tokens(), 0);  // a rejected document leaves nothing behind
+  ASSERT_TRUE(w->add_document(std::vector<io::TokenId>{1, 2}).is_ok());
+  EXPECT_EQ(w->tokens(), 3);
 
   // A tokenizer without an end-of-text token cannot separate documents.
   auto wp = io::load_tokenizer(std::string(ASPEN_BPE1K_DIR) + "/../wordpiece_tiny");
