@@ -7,6 +7,7 @@
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
 //   aspen bench generate [--json] [--threads N] [--new-tokens N] [--python PATH]
 //   aspen generate --model DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
+//   aspen prepare-data --tokenizer DIR --input FILE... --output DIR [--shard-tokens N] [--split-lines]
 //   aspen inspect FILE
 //   aspen embed --model DIR [--batch N] [--max-length L] [--threads T]   (stdin lines -> JSON lines)
 //   aspen info
@@ -137,6 +138,7 @@ int main(int argc, char** argv) {
   std::vector<aspen::tools::Command> commands;
   commands.push_back(aspen::tools::add_generate_command(app));
   commands.push_back(aspen::tools::add_embed_command(app));
+  commands.push_back(aspen::tools::add_prepare_data_command(app));
 
   CLI11_PARSE(app, argc, argv);
   if (verbose) aspen::set_log_level(aspen::LogLevel::info);

@@ -29,7 +29,8 @@ inline int report(const Status& s) {
 }
 
 // The commands, one file each (tools/<name>_command.cc).
-Command add_embed_command(CLI::App& app);     // aspen embed: sentence embeddings of stdin lines
-Command add_generate_command(CLI::App& app);  // aspen generate: streamed text from a causal LM
+Command add_embed_command(CLI::App& app);         // aspen embed: sentence embeddings of stdin lines
+Command add_generate_command(CLI::App& app);      // aspen generate: streamed text from a causal LM
+Command add_prepare_data_command(CLI::App& app);  // aspen prepare-data: token shards for training
 
 }  // namespace aspen::tools
