@@ -93,9 +93,8 @@ struct Row {
 
 Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
   for (const std::string& d : opt.dtypes)
-    if (d != "f32")
-      return Status::unimplemented("bench generate: --dtype " + d,
-                                   "dtype (f32 today; bf16 weights arrive with the mixed f32 x bf16 matmul)");
+    if (d != "f32" && d != "bf16")
+      return Status::invalid_argument("bench generate: dtype", "f32 or bf16 (the weights' type)", d);
   Shape124M s;
   if (opt.quick) {
     s.layers = 2;
@@ -128,8 +127,11 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
   std::vector<Row> rows;
   const std::vector<int32_t> prompt8 = {464, 2068, 7586, 21831, 18045, 625, 262, 16931};
   for (const std::string& dtype : opt.dtypes) {
+    const DType weights = dtype == "bf16" ? DType::bf16 : DType::f32;
+    const int64_t step_bytes = weights == DType::bf16 ? weight_bytes / 2 : weight_bytes;
     for (int64_t B : opt.batches) {
-      models::GeneratorOptions go{.max_batch = B, .max_length = 8 + new_tokens, .max_prompt = 8, .threads = threads};
+      models::GeneratorOptions go{
+          .max_batch = B, .max_length = 8 + new_tokens, .max_prompt = 8, .threads = threads, .weights = weights};
       profile::TraceRecorder trace;
       if (opt.profile) go.trace = &trace;
       ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(dir, go));
@@ -159,12 +161,12 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
       // (keys and values of every layer, all max_length positions: the
       // kernel reads the whole cache and masks).
       const int64_t kv = 2 * s.layers * B * (8 + new_tokens) * s.d * 4;
-      r.bound = double(B) * read_bw / double(weight_bytes + kv);
+      r.bound = double(B) * read_bw / double(step_bytes + kv);
       rows.push_back(r);
     }
     {
       models::GeneratorOptions go{.max_batch = 1, .max_length = prefill_T + 1, .max_prompt = prefill_T,
-                                  .threads = threads};
+                                  .threads = threads, .weights = weights};
       ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(dir, go));
       std::vector<int32_t> prompt(static_cast<size_t>(prefill_T));
       for (int64_t i = 0; i < prefill_T; ++i) prompt[size_t(i)] = int32_t((i * 7919) % s.vocab);

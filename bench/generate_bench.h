@@ -34,7 +34,7 @@ struct GenerateBenchOptions {
   int64_t new_tokens = 32;     // decode steps timed per row (+1 for the prefill)
   int64_t prefill_tokens = 256;
   std::vector<int64_t> batches = {1, 8};
-  std::vector<std::string> dtypes = {"f32"};
+  std::vector<std::string> dtypes = {"f32", "bf16"};  // the weights' type
   std::string python = "python3";  // runs bench/torch_generate.py; "" or "none": no peer
   bool quick = false;          // a 2-layer model and few tokens (smoke tests)
   bool profile = false;        // print the per-op summary of the decode rows' instructions

@@ -443,11 +443,21 @@ Result<std::span<const int32_t>> ids_i32(const void* p, bool wide, int64_t N, in
 
 // gather(table [V, C], ids) -> [..., C]: kernels::embedding_forward.
 Prepared prepare_gather(const Node& n, Types in, Types out) {
-  if (in[0].dtype != DType::f32 || out[0].dtype != DType::f32) return no_fast_kernel();
   const int64_t V = in[0].shape[0], C = in[0].shape[1], N = in[1].shape.numel();
   const bool wide = in[1].dtype == DType::i64;
   std::vector<int32_t> scratch(wide ? size_t(N) : 0);
   const char* op = op_name(n.op);
+  if (in[0].dtype == DType::bf16 || in[0].dtype == DType::f16) {  // rows copied as they are (bf16 weight tables)
+    const size_t row = size_t(C) * 2;
+    return make_kernel([V, N, row, wide, scratch = std::move(scratch), op](In i, Out o) mutable -> Status {
+      ASPEN_ASSIGN_OR_RETURN(const auto ids, ids_i32(i[1], wide, N, V, scratch, op));
+      const char* table = static_cast<const char*>(i[0]);
+      char* y = static_cast<char*>(o[0]);
+      for (int64_t k = 0; k < N; ++k) std::memcpy(y + size_t(k) * row, table + size_t(ids[size_t(k)]) * row, row);
+      return Status();
+    });
+  }
+  if (in[0].dtype != DType::f32 || out[0].dtype != DType::f32) return no_fast_kernel();
   return make_kernel([V, C, N, wide, scratch = std::move(scratch), op](In i, Out o) mutable {
     ASPEN_ASSIGN_OR_RETURN(const auto ids, ids_i32(i[1], wide, N, V, scratch, op));
     return kernels::embedding_forward(ids, in_span<float>(i, 0, V * C), out_span<float>(o, 0, N * C), N, V, C);

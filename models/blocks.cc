@@ -16,7 +16,7 @@ ValueId linear(Builder& b, ValueId x, const std::string& name, int64_t in, int64
   const bool out_in = layout == WeightLayout::out_in;
   ValueId w = b.parameter(name + ".weight", dtype, out_in ? Shape{out, in} : Shape{in, out});
   std::vector<ValueId> args{x, w};
-  if (bias) args.push_back(b.parameter(name + ".bias", dtype, Shape{out}));
+  if (bias) args.push_back(b.parameter(name + ".bias", b.type(x).dtype, Shape{out}));
   graph::Attrs attrs;
   if (out_in) attrs.set("trans_b", int64_t(1));
   return b.op1(OpKind::matmul, std::move(args), std::move(attrs));
@@ -31,7 +31,7 @@ ValueId layer_norm(Builder& b, ValueId x, const std::string& name, int64_t C, do
 
 ValueId mlp(Builder& b, ValueId x, const MlpSpec& s) {
   if (!b.status().is_ok()) return ValueId{};
-  const DType dtype = b.type(x).dtype;
+  const DType dtype = s.weight_dtype.value_or(b.type(x).dtype);
   ValueId h = linear(b, x, s.fc_in, s.d_model, s.d_ff, s.bias, dtype, s.layout);
   h = b.gelu(h, /*tanh_form=*/s.activation == Activation::gelu_tanh);
   return linear(b, h, s.fc_out, s.d_ff, s.d_model, s.bias, dtype, s.layout);
@@ -83,6 +83,12 @@ KvCacheInputs kv_cache_inputs(Builder& b, const CausalLmOptions& o) {
 KvCacheSpec layer_cache(const KvCacheInputs& in, const CausalLmOptions& o, int64_t layer) {
   const std::string p = std::string(kStatePrefix) + "cache." + std::to_string(layer);
   return KvCacheSpec{.key = p + ".key", .value = p + ".value", .len = o.kv_cache_len, .index = in.index};
+}
+
+ValueId embed(Builder& b, ValueId table, ValueId ids, DType dtype) {
+  ValueId rows = b.gather(table, ids);
+  if (!b.status().is_ok() || b.type(rows).dtype == dtype) return rows;
+  return b.cast(rows, dtype);
 }
 
 ValueId logits_input(Builder& b, ValueId x, const CausalLmOptions& o) {

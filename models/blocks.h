@@ -29,7 +29,8 @@ enum class WeightLayout {
 };
 
 // y = x W (+ bias) over x's last axis: x [..., in] -> [..., out]. Parameters
-// "<name>.weight" and, with bias, "<name>.bias" [out].
+// "<name>.weight" (in `dtype`) and, with bias, "<name>.bias" [out] (in x's
+// dtype: bf16 weights under f32 activations keep f32 biases).
 graph::ValueId linear(graph::Builder& b, graph::ValueId x, const std::string& name, int64_t in, int64_t out, bool bias,
                       DType dtype, WeightLayout layout = WeightLayout::out_in);
 
@@ -49,6 +50,7 @@ struct MlpSpec {
   Activation activation = Activation::gelu_tanh;
   bool bias = true;
   WeightLayout layout = WeightLayout::out_in;
+  std::optional<DType> weight_dtype = {};  // the matrices' dtype; unset: x's
 };
 // fc_out(act(fc_in(x))): x [..., d_model] -> [..., d_model].
 graph::ValueId mlp(graph::Builder& b, graph::ValueId x, const MlpSpec& spec);
@@ -107,6 +109,11 @@ struct CausalLmOptions {
   // Logits of the last position only: "logits" [batch, 1, vocab] (with left
   // padding that is every row's newest token).
   bool last_logits_only = false;
+  // The dtype of the matrices (projections, embedding tables, the LM head);
+  // unset: the config's. bf16 under an f32 config: bf16 weights read by f32
+  // activations (half the bytes a decode step streams; norms and biases stay
+  // f32; NOTE [mixed matmul] in graph/ops_nn.cc).
+  std::optional<DType> weight_dtype = {};
 };
 // The inputs a causal LM's kv-cache options add (invalid without them).
 struct KvCacheInputs {
@@ -116,6 +123,8 @@ struct KvCacheInputs {
 KvCacheInputs kv_cache_inputs(graph::Builder& b, const CausalLmOptions& options);
 // Layer i's cache spec ("state.cache.<i>.key" / ".value").
 KvCacheSpec layer_cache(const KvCacheInputs& in, const CausalLmOptions& options, int64_t layer);
+// Rows of an embedding table (any float dtype) as `dtype`: gather, then a cast when they differ.
+graph::ValueId embed(graph::Builder& b, graph::ValueId table, graph::ValueId ids, DType dtype);
 // x [B, T, C] -> [B, 1, C] (its last position) when options.last_logits_only; else x.
 graph::ValueId logits_input(graph::Builder& b, graph::ValueId x, const CausalLmOptions& options);
 

@@ -17,7 +17,8 @@ namespace {
 
 // The family's causal-LM graph for [batch, seq] with the cache, then the
 // sampler on its last logits: output "next" i32 [batch].
-Status build_step(graph::Graph& g, const ModelConfig& config, const CausalLmOptions& o, DType dtype) {
+Status build_step(graph::Graph& g, const ModelConfig& config, const CausalLmOptions& o) {
+  const DType dtype = DType::f32;
   Builder b(g);
   if (const Gpt2Config* c2 = config.gpt2()) {
     Gpt2Config cc = *c2;
@@ -88,9 +89,9 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
   graph::Graph prefill;
   for (int64_t seq : {o.max_prompt, int64_t(1)}) {
     graph::Graph g;
-    const CausalLmOptions lm{
-        .batch = o.max_batch, .seq = seq, .kv_cache_len = o.max_length, .last_logits_only = true};
-    ASPEN_RETURN_IF_ERROR(build_step(g, gen->config_, lm, o.dtype));
+    CausalLmOptions lm{.batch = o.max_batch, .seq = seq, .kv_cache_len = o.max_length, .last_logits_only = true};
+    if (o.weights != DType::f32) lm.weight_dtype = o.weights;
+    ASPEN_RETURN_IF_ERROR(build_step(g, gen->config_, lm));
     ASPEN_ASSIGN_OR_RETURN(auto exe, compiler::compile(g, o.compile));
     programs.push_back(std::move(exe));
     if (seq == o.max_prompt) prefill = std::move(g);

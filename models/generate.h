@@ -46,7 +46,7 @@ struct GeneratorOptions {
   int64_t max_length = 0;  // cache positions: prompt + new tokens; 0: the model's n_positions
   int64_t max_prompt = 0;  // the prefill's length (longest prompt); 0: half of max_length
   int threads = 0;         // 0: the free cores
-  DType dtype = DType::f32;  // the weights' and activations' type
+  DType weights = DType::f32;  // f32, or bf16: matrices in bf16 under f32 activations (half the bytes per step)
   compiler::CompileOptions compile = {};
   profile::TraceRecorder* trace = nullptr;  // when set, every instruction of every step is recorded
 };

@@ -93,6 +93,25 @@ TEST(Generate, SeedStreamingAndStopTokens) {
   EXPECT_EQ((*e)[0].size(), 3u);
 }
 
+// bf16 weights under f32 activations: every instruction on a fast kernel
+// (mixed matmuls, bf16 embedding rows), and a deterministic continuation.
+TEST(Generate, Bf16Weights) {
+  for (const char* model : {"gpt2-tiny", "gptj-tiny"}) {
+    auto gen = Generator::open(kTestdata + "/" + model,
+                               {.max_batch = 2, .max_length = 24, .max_prompt = 8, .weights = DType::bf16});
+    ASSERT_TRUE(gen.is_ok()) << gen.status().to_string();
+    for (int p = 0; p < 2; ++p)
+      for (const auto& ins : (*gen)->session().executable(p).program.code)
+        EXPECT_FALSE(ins.reference) << (*gen)->session().executable(p).listing();
+    SamplingOptions s{.max_new_tokens = 12, .temperature = 0.0f};
+    auto a = (*gen)->generate({{1, 2, 3}, {4, 5, 6, 7, 8}}, s);
+    auto b = (*gen)->generate({{1, 2, 3}, {4, 5, 6, 7, 8}}, s);
+    ASSERT_TRUE(a.is_ok() && b.is_ok()) << a.status().to_string();
+    EXPECT_EQ(*a, *b);
+    EXPECT_EQ((*a)[1].size(), 12u);
+  }
+}
+
 TEST(Generate, BadInputIsNamed) {
   auto gen = Generator::open(kTestdata + "/gpt2-tiny", {.max_batch = 2, .max_length = 16, .max_prompt = 4});
   ASSERT_TRUE(gen.is_ok()) << gen.status().to_string();

@@ -43,18 +43,19 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
   const KvCacheInputs kv = kv_cache_inputs(b, o);
   if (o.kv_cache_len > 0) key_valid = kv.key_valid;
 
-  const ValueId wte = b.parameter("transformer.wte.weight", dt, Shape{c.vocab, C});
-  const ValueId wpe = b.parameter("transformer.wpe.weight", dt, Shape{c.n_positions, C});
-  ValueId x = b.add(b.gather(wte, m.input_ids), b.gather(wpe, m.positions));  // [B, T, C]
+  const DType wdt = o.weight_dtype.value_or(dt);
+  const ValueId wte = b.parameter("transformer.wte.weight", wdt, Shape{c.vocab, C});
+  const ValueId wpe = b.parameter("transformer.wpe.weight", wdt, Shape{c.n_positions, C});
+  ValueId x = b.add(embed(b, wte, m.input_ids, dt), embed(b, wpe, m.positions, dt));  // [B, T, C]
   const AttentionSpec attn{.n_head = c.n_head, .head_dim = c.head_dim(), .mask = "causal"};
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "transformer.h." + std::to_string(i) + ".";
     ValueId h = layer_norm(b, x, p + "ln_1", C, c.layer_norm_eps, dt);
-    ValueId qkv = linear(b, h, p + "attn.c_attn", C, 3 * C, /*bias=*/true, dt, conv1d);  // [B, T, 3C]: q | k | v
+    ValueId qkv = linear(b, h, p + "attn.c_attn", C, 3 * C, /*bias=*/true, wdt, conv1d);  // [B, T, 3C]: q | k | v
     ValueId q = b.slice(qkv, -1, 0, C), k = b.slice(qkv, -1, C, 2 * C), v = b.slice(qkv, -1, 2 * C, 3 * C);
     const KvCacheSpec cache = layer_cache(kv, o, i);
     ValueId a = linear(b, attention_core(b, q, k, v, attn, std::nullopt, key_valid, o.kv_cache_len ? &cache : nullptr),
-                       p + "attn.c_proj", C, C, true, dt, conv1d);
+                       p + "attn.c_proj", C, C, true, wdt, conv1d);
     x = b.add(a, x);  // HF: attn_output + residual
     h = layer_norm(b, x, p + "ln_2", C, c.layer_norm_eps, dt);
     ValueId f = mlp(b, h,
@@ -63,7 +64,8 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
                      .d_model = C,
                      .d_ff = c.ff_dim(),
                      .activation = Activation::gelu_tanh,
-                     .layout = conv1d});
+                     .layout = conv1d,
+                     .weight_dtype = wdt});
     x = b.add(x, f);  // HF: residual + feed_forward_hidden_states
   }
   x = layer_norm(b, x, "transformer.ln_f", C, c.layer_norm_eps, dt);
@@ -72,7 +74,7 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
   if (c.tie_word_embeddings)
     m.logits = b.op1(OpKind::matmul, {x, wte}, {{"trans_b", int64_t(1)}});  // [B, T, V]: ln_f(x) wte^T
   else
-    m.logits = linear(b, x, "lm_head", C, c.vocab, /*bias=*/false, dt);
+    m.logits = linear(b, x, "lm_head", C, c.vocab, /*bias=*/false, wdt);
   b.output("logits", m.logits);
   if (o.with_loss) {
     m.loss = lm_loss(b, m.logits, m.targets);

@@ -55,7 +55,8 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   const KvCacheInputs kv = kv_cache_inputs(b, o);
   if (o.kv_cache_len > 0) key_valid = kv.key_valid;
 
-  ValueId x = b.gather(b.parameter("transformer.wte.weight", dt, Shape{c.vocab, C}), m.input_ids);  // [B, T, C]
+  const DType wdt = o.weight_dtype.value_or(dt);
+  ValueId x = embed(b, b.parameter("transformer.wte.weight", wdt, Shape{c.vocab, C}), m.input_ids, dt);  // [B, T, C]
   const AttentionSpec attn{.n_head = c.n_head,
                            .head_dim = c.head_dim(),
                            .mask = "causal",
@@ -64,19 +65,20 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "transformer.h." + std::to_string(i) + ".";
     ValueId h = layer_norm(b, x, p + "ln_1", C, c.layer_norm_eps, dt);
-    ValueId q = linear(b, h, p + "attn.q_proj", C, C, /*bias=*/false, dt);
-    ValueId k = linear(b, h, p + "attn.k_proj", C, C, false, dt);
-    ValueId v = linear(b, h, p + "attn.v_proj", C, C, false, dt);
+    ValueId q = linear(b, h, p + "attn.q_proj", C, C, /*bias=*/false, wdt);
+    ValueId k = linear(b, h, p + "attn.k_proj", C, C, false, wdt);
+    ValueId v = linear(b, h, p + "attn.v_proj", C, C, false, wdt);
     const KvCacheSpec cache = layer_cache(kv, o, i);
     ValueId a = linear(b, attention_core(b, q, k, v, attn, m.positions, key_valid, o.kv_cache_len ? &cache : nullptr),
-                       p + "attn.out_proj", C, C, false, dt);
-    ValueId f = mlp(b, h, {.fc_in = p + "mlp.fc_in", .fc_out = p + "mlp.fc_out", .d_model = C, .d_ff = c.ff_dim()});
+                       p + "attn.out_proj", C, C, false, wdt);
+    ValueId f = mlp(b, h, {.fc_in = p + "mlp.fc_in", .fc_out = p + "mlp.fc_out", .d_model = C, .d_ff = c.ff_dim(),
+                           .weight_dtype = wdt});
     x = b.add(b.add(a, f), x);  // HF: attn_output + feed_forward_hidden_states + residual
   }
   x = layer_norm(b, x, "transformer.ln_f", C, c.layer_norm_eps, dt);
   if (o.last_hidden_state) b.output("last_hidden_state", x);
   x = logits_input(b, x, o);
-  m.logits = linear(b, x, "lm_head", C, c.vocab, /*bias=*/true, dt);  // [B, T, V]
+  m.logits = linear(b, x, "lm_head", C, c.vocab, /*bias=*/true, wdt);  // [B, T, V]
   b.output("logits", m.logits);
   if (o.with_loss) {
     m.loss = lm_loss(b, m.logits, m.targets);
