@@ -185,14 +185,21 @@ namespace {
 
 // OR of every 64-byte line, 8 independent accumulators (one-cycle ops, so the
 // loads are the only limit). The result is kept so the loads stay.
-ASPEN_TARGET_AVX512 uint64_t sweep_avx512(const char* p, int64_t lines) {
+// One stream, or (`interleaved`) the range cut into 8 parts read in lockstep,
+// one line of each per step: on this host (a VM with long memory latency) the
+// hardware prefetchers keep more lines in flight for several streams than for
+// one, and the kernels read several rows at once, so a ceiling must too.
+ASPEN_TARGET_AVX512 uint64_t sweep_avx512(const char* p, int64_t lines, bool interleaved) {
   __m512i a[8];
   for (__m512i& v : a) v = _mm512_setzero_si512();
-  int64_t i = 0;
-  for (; i + 8 <= lines; i += 8)
+  const int64_t part = interleaved ? lines / 8 : 1;  // line distance between the 8 loads of a step
+  const int64_t steps = interleaved ? part : lines / 8;
+  const int64_t step = interleaved ? 1 : 8;
+  for (int64_t i = 0; i < steps; ++i)
     for (int u = 0; u < 8; ++u)
-      a[u] = _mm512_or_si512(a[u], _mm512_loadu_si512(reinterpret_cast<const void*>(p + (i + u) * 64)));
-  for (; i < lines; ++i) a[0] = _mm512_or_si512(a[0], _mm512_loadu_si512(reinterpret_cast<const void*>(p + i * 64)));
+      a[u] = _mm512_or_si512(a[u], _mm512_loadu_si512(reinterpret_cast<const void*>(p + (i * step + u * part) * 64)));
+  for (int64_t i = steps * 8; i < lines; ++i)
+    a[0] = _mm512_or_si512(a[0], _mm512_loadu_si512(reinterpret_cast<const void*>(p + i * 64)));
   for (int u = 1; u < 8; ++u) a[0] = _mm512_or_si512(a[0], a[u]);
   alignas(64) uint64_t out[8];
   _mm512_store_si512(reinterpret_cast<void*>(out), a[0]);
@@ -214,7 +221,7 @@ volatile uint64_t g_sweep_sink = 0;
 
 }  // namespace
 
-double read_sweep_seconds(const void* data, size_t bytes) {
+double read_sweep_seconds(const void* data, size_t bytes, bool interleaved) {
   const char* p = static_cast<const char*>(data);
   const int64_t lines = int64_t(bytes / 64);
   const bool wide = kernels::cpu_features().avx512f;
@@ -224,7 +231,7 @@ double read_sweep_seconds(const void* data, size_t bytes) {
   {
     const int64_t T = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t per = (lines + T - 1) / T, b = std::min(lines, t * per), e = std::min(lines, b + per);
-    if (b < e) sink |= wide ? sweep_avx512(p + b * 64, e - b) : sweep_portable(p + b * 64, e - b);
+    if (b < e) sink |= wide ? sweep_avx512(p + b * 64, e - b, interleaved) : sweep_portable(p + b * 64, e - b);
   }
   const double t = now() - t0;
   g_sweep_sink = g_sweep_sink | sink;

@@ -44,7 +44,9 @@ double measure_read_bandwidth(size_t bytes);
 // team: each thread sweeps a contiguous share with vector loads (AVX-512 where
 // the CPU has it) and nothing is written. Returns the seconds it took. This is
 // the ceiling of anything that streams weights (decode): best of several
-// passes over a buffer larger than the last-level cache.
-double read_sweep_seconds(const void* data, size_t bytes);
+// passes over a buffer larger than the last-level cache. With `interleaved`,
+// each thread reads its share as 8 streams in lockstep (take the better of
+// both: which wins depends on the host).
+double read_sweep_seconds(const void* data, size_t bytes, bool interleaved = false);
 
 }  // namespace aspen::bench

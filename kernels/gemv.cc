@@ -121,8 +121,9 @@ ASPEN_TARGET_AVX512 inline float hsum16(__m512 v) {
   return _mm_cvtss_f32(b);
 }
 
-// Distance of the software prefetch ahead of the loads, in bytes per stream.
-inline constexpr int64_t kPrefetchBytes = 1024;
+// [N, K] tiles prefetch the next tile's rows (R rows on) at the same k: a
+// row is only 1.5-6 KiB, so a fixed distance along the row would mostly
+// fetch the row after, which is already being read.
 // [K, N] panels prefetch the same columns this many rows ahead: a thread's
 // share of a row is a short run (N / threads columns), too short for the
 // hardware's stream detection, and the rows it needs next are known.
@@ -136,7 +137,6 @@ ASPEN_TARGET_AVX512 void nk_tile_avx512(const Job& j, int64_t m0, int64_t n) {
   const int64_t K = j.K;
   const W* w = static_cast<const W*>(j.w) + n * K;
   const float* x = j.x + m0 * K;
-  constexpr int64_t ahead = kPrefetchBytes / int64_t(sizeof(W));
   __m512 acc[MB][R];
   for (int m = 0; m < MB; ++m)
     for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
@@ -144,7 +144,7 @@ ASPEN_TARGET_AVX512 void nk_tile_avx512(const Job& j, int64_t m0, int64_t n) {
   for (; k + 16 <= K; k += 16) {
     __m512 wv[R];
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
       wv[r] = ld16(w + r * K + k);
     }
     for (int m = 0; m < MB; ++m) {
@@ -178,7 +178,6 @@ ASPEN_TARGET_AVX512 void nk_tile_bf16_avx512(const Job& j, int64_t m0, int64_t n
   const int64_t K = j.K, Kp = j.Kp;
   const bf16* w = static_cast<const bf16*>(j.w) + n * K;
   const float* x = j.xp + m0 * Kp;
-  constexpr int64_t ahead = kPrefetchBytes / int64_t(sizeof(bf16));
   const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
   __m512 acc[MB][R];
   for (int m = 0; m < MB; ++m)
@@ -187,7 +186,7 @@ ASPEN_TARGET_AVX512 void nk_tile_bf16_avx512(const Job& j, int64_t m0, int64_t n
     const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : __mmask32((1u << (K - k)) - 1);
     __m512 lo[R], hi[R];
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
       const __m512i v = _mm512_maskz_loadu_epi16(mask, w + r * K + k);
       lo[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
       hi[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
@@ -211,6 +210,8 @@ ASPEN_TARGET_AVX512 void nk_rows_bf16_avx512(const Job& j, int64_t n) {
 
 ASPEN_TARGET_AVX512 void nk_bf16_avx512(const Job& j, int64_t n0, int64_t n1) {
   int64_t n = n0;
+  if (j.M == 1)
+    for (; n + 8 <= n1; n += 8) nk_rows_bf16_avx512<8>(j, n);
   for (; n + 4 <= n1; n += 4) nk_rows_bf16_avx512<4>(j, n);
   for (; n < n1; ++n) nk_rows_bf16_avx512<1>(j, n);
 }
@@ -227,6 +228,8 @@ ASPEN_TARGET_AVX512 void nk_rows_avx512(const Job& j, int64_t n) {
 template <class W>
 ASPEN_TARGET_AVX512 void nk_avx512(const Job& j, int64_t n0, int64_t n1) {
   int64_t n = n0;
+  if (j.M == 1)  // 8 weight rows in flight: more streams keep more lines in flight (bench/common.h's sweep)
+    for (; n + 8 <= n1; n += 8) nk_rows_avx512<W, 8>(j, n);
   for (; n + 4 <= n1; n += 4) nk_rows_avx512<W, 4>(j, n);
   for (; n < n1; ++n) nk_rows_avx512<W, 1>(j, n);
 }
