@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "compiler/serialize.h"
+#include "core/atomic_file.h"
 #include "core/log.h"
 #include "graph/verify.h"
 
@@ -44,34 +45,6 @@ T get(const char* p) {
   return v;
 }
 
-Status write_atomically(const std::string& path, const std::string& bytes) {
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::error(Code::kIoError, tmp, "a writable file", std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      Status s = Status::error(Code::kIoError, tmp, "all bytes written", std::strerror(errno));
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return s;
-    }
-    done += size_t(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    return Status::error(Code::kIoError, tmp, "fsync and close", std::strerror(errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    Status s = Status::error(Code::kIoError, path, "rename from " + tmp, std::strerror(errno));
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  return Status();
-}
 
 // Reads and checks an entry; the graph it holds, or why it cannot be used.
 Result<graph::Graph> read_entry(const std::string& path, uint64_t key, const std::string& options) {
@@ -155,7 +128,7 @@ Result<std::unique_ptr<Executable>> ExecutableCache::compile(const graph::Graph&
   bytes += body;
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
-  Status w = ec ? Status::error(Code::kIoError, dir_, "a cache directory", ec.message()) : write_atomically(path, bytes);
+  Status w = ec ? Status::error(Code::kIoError, dir_, "a cache directory", ec.message()) : write_file_atomic(path, bytes);
   if (!w.is_ok()) ASPEN_LOG(warning) << "executable cache: not stored: " << w.message();
   return exe;
 }

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "io/json_brief.h"
 
 namespace aspen::io {
@@ -437,41 +438,9 @@ Status write_safetensors(const std::string& path,
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
 
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error(path, "a writable temporary file " + sq(tmp), errno);
-  auto write_all = [fd](const void* p, size_t n) -> int {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      ssize_t w = ::write(fd, c, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return errno;
-      }
-      c += w;
-      n -= size_t(w);
-    }
-    return 0;
-  };
-  int err = write_all(len, 8);
-  if (!err) err = write_all(text.data(), text.size());
-  for (size_t i = 0; !err && i < sorted.size(); ++i) err = write_all(sorted[i].second->raw(), sorted[i].second->nbytes());
-  const char* step = "writing";
-  if (!err && ::fsync(fd) != 0) err = errno, step = "fsync";
-  if (::close(fd) != 0 && !err) err = errno, step = "close";
-  if (!err && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno, step = "rename";
-  if (err) {
-    ::unlink(tmp.c_str());
-    return io_error(path, std::string(step) + " to succeed", err);
-  }
-  // Make the rename durable; a failure here does not undo a complete file.
-  std::string dir = dirname_of(path);
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return Status::ok();
+  std::vector<std::string_view> parts = {std::string_view(reinterpret_cast<const char*>(len), 8), text};
+  for (const auto& [name, t] : sorted) parts.emplace_back(static_cast<const char*>(t->raw()), t->nbytes());
+  return write_file_atomic(path, parts);
 }
 
 }  // namespace aspen::io

@@ -1,5 +1,7 @@
 #include "profile/trace.h"
 
+#include "core/atomic_file.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -152,28 +154,6 @@ void append_metadata(std::string& out, const char* what, int tid, const std::str
   out += "}},\n";
 }
 
-std::string os_error(int err) { return std::error_code(err, std::generic_category()).message(); }
-
-Status io_error(const std::string& path, const std::string& what, int err) {
-  return Status::error(Code::kIoError, "chrome trace '" + path + "'", "", what + ": " + os_error(err));
-}
-
-// Writes all of `data` to `fd`, retrying short writes and EINTR.
-int write_all(int fd, const std::string& data) {
-  const char* p = data.data();
-  size_t left = data.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  return 0;
-}
-
 }  // namespace
 
 std::string chrome_trace_json(const std::vector<TraceEvent>& events) {
@@ -250,37 +230,7 @@ std::string chrome_trace_json(const std::vector<TraceEvent>& events) {
 }
 
 Status write_chrome_trace(const std::vector<TraceEvent>& events, const std::string& path) {
-  const std::string text = chrome_trace_json(events);
-
-  // The temporary file sits beside `path` so that rename() replaces it
-  // atomically (same file system).
-  std::string tmp = path + ".tmp.XXXXXX";
-  int fd = ::mkstemp(tmp.data());
-  if (fd < 0) return io_error(path, "cannot create a temporary file beside it", errno);
-
-  auto fail = [&](const std::string& what, int err) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    return io_error(path, what + " '" + tmp + "'", err);
-  };
-  if (::fchmod(fd, 0644) != 0) return fail("cannot set permissions of", errno);
-  if (int err = write_all(fd, text); err != 0) return fail("cannot write", err);
-  if (::fsync(fd) != 0) return fail("cannot fsync", errno);
-  int closed = ::close(fd);
-  fd = -1;
-  if (closed != 0) return fail("cannot close", errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("cannot rename onto it", errno);
-
-  // Make the rename itself durable; a directory that cannot be opened or
-  // synced (some file systems) leaves the file written all the same.
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    (void)::fsync(dfd);
-    ::close(dfd);
-  }
-  return Status::ok();
+  return write_file_atomic(path, chrome_trace_json(events));
 }
 
 // ---------------------------------------------------------------- summary

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/philox.h"
 
@@ -38,46 +39,7 @@ std::string join_path(const std::string& dir, const std::string& name) {
   return dir.back() == '/' ? dir + name : dir + "/" + name;
 }
 
-// Writes `parts` to `path` atomically: a temporary file in the same
-// directory, fsync, rename, then fsync of the directory (as write_safetensors).
-Status write_file_atomic(const std::string& path, std::initializer_list<std::span<const unsigned char>> parts) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error(path, "a writable temporary file " + sq(tmp), errno);
-  int err = 0;
-  for (std::span<const unsigned char> part : parts) {
-    const unsigned char* p = part.data();
-    size_t n = part.size();
-    while (!err && n > 0) {
-      ssize_t w = ::write(fd, p, n);
-      if (w < 0) {
-        if (errno != EINTR) err = errno;
-        continue;
-      }
-      p += w;
-      n -= size_t(w);
-    }
-  }
-  const char* step = "writing";
-  if (!err && ::fsync(fd) != 0) err = errno, step = "fsync";
-  if (::close(fd) != 0 && !err) err = errno, step = "close";
-  if (!err && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno, step = "rename";
-  if (err) {
-    ::unlink(tmp.c_str());
-    return io_error(path, std::string(step) + " to succeed", err);
-  }
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return Status::ok();
-}
 
-std::span<const unsigned char> as_bytes(std::string_view s) {
-  return {reinterpret_cast<const unsigned char*>(s.data()), s.size()};
-}
 
 template <class T>
 void put_le(unsigned char* p, T v) {
@@ -207,7 +169,9 @@ Status TokenShardWriter::flush() {
   put_le<uint32_t>(header + 12, uint32_t(index_.dtype));
   put_le<uint64_t>(header + 16, uint64_t(buffered_));
   const std::string name = shard_name(index_.shards.size());
-  ASPEN_RETURN_IF_ERROR(write_file_atomic(join_path(dir_, name), {std::span<const unsigned char>(header), buffer_}));
+  const std::string_view parts[] = {std::string_view(reinterpret_cast<const char*>(header), sizeof header),
+                                    std::string_view(reinterpret_cast<const char*>(buffer_.data()), buffer_.size())};
+  ASPEN_RETURN_IF_ERROR(write_file_atomic(join_path(dir_, name), parts));
   index_.shards.push_back({name, buffered_});
   buffer_.clear();
   buffered_ = 0;
@@ -238,7 +202,7 @@ Result<TokenIndex> TokenShardWriter::finish() {
   } catch (const nlohmann::json::exception& e) {
     return Status::invalid_argument(join_path(dir_, kIndexName), "paths in valid UTF-8", e.what());
   }
-  ASPEN_RETURN_IF_ERROR(write_file_atomic(join_path(dir_, kIndexName), {as_bytes(text)}));
+  ASPEN_RETURN_IF_ERROR(write_file_atomic(join_path(dir_, kIndexName), text));
   return index_;
 }
 
