@@ -2,9 +2,9 @@
 //
 // How long aspen takes to turn GPT-J-6B into a program, for two graphs:
 //   gptj6b_inference  the forward pass, output "logits"
-//   gptj6b_training   forward + loss + the gradient of every parameter
-//                     (outputs "grad:<name>"); the optimizer step is not in
-//                     the graph yet (W1.4 adds it as graph ops)
+//   gptj6b_training   forward + loss + the gradient of every parameter + the
+//                     AdamW step (train/optimizer.h) that consumes them and
+//                     updates weights and optimizer state in place
 // Per graph: building it (build_s; for training, autodiff included), compile()
 // at O2 (compile_s: verify, passes, memory plan, lowering), and a load from the
 // executable cache (cache_hit_s: read, check and decode the entry, re-plan and
