@@ -35,9 +35,9 @@ BfPeak measure_bf16_peak(int threads);
 // Memory bandwidth in bytes/s of a STREAM-style copy (read n + write n floats)
 // over `bytes` per array, on the calling thread's OpenMP team.
 double measure_copy_bandwidth(size_t bytes);
-// Read bandwidth in bytes/s: the best of several read-only sweeps (vector
-// loads summed, so nothing is written) over `bytes`, on the calling thread's
-// OpenMP team. The ceiling of a decode step, which streams its weights.
+// Read bandwidth in bytes/s: the best of several read_sweep_seconds passes
+// (both kinds) over a buffer of `bytes`, on the calling thread's OpenMP team.
+// The ceiling of a decode step, which streams its weights.
 double measure_read_bandwidth(size_t bytes);
 
 // One read-only pass over [data, data + bytes) on the calling thread's OpenMP
