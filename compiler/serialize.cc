@@ -135,15 +135,12 @@ std::string encode_graph(const Graph& g) {
       w.str(std::string_view(static_cast<const char*>(n.constant->raw()), n.constant->nbytes()));
     }
   }
-  w.pod<uint64_t>(g.outputs().size());
-  for (const auto& [name, v] : g.outputs()) {
-    w.str(name);
-    w.pod<int32_t>(v.index);
-  }
-  w.pod<uint64_t>(g.updates().size());
-  for (const auto& [name, v] : g.updates()) {
-    w.str(name);
-    w.pod<int32_t>(v.index);
+  for (const auto* named : {&g.outputs(), &g.updates()}) {
+    w.pod<uint64_t>(named->size());
+    for (const auto& [name, v] : *named) {
+      w.str(name);
+      w.pod<int32_t>(v.index);
+    }
   }
   return w.take();
 }
@@ -227,25 +224,22 @@ Result<Graph> decode_graph(std::string_view bytes) {
     }
     g.add_node(std::move(n), types);
   }
-  uint64_t outputs = 0;
-  ASPEN_RETURN_IF_ERROR(r.count(outputs, 12));
-  for (uint64_t i = 0; i < outputs; ++i) {
-    std::string name;
-    int32_t v = 0;
-    ASPEN_RETURN_IF_ERROR(r.str(name));
-    ASPEN_RETURN_IF_ERROR(r.pod(v));
-    if (v < 0 || v >= g.num_values()) return r.fail("an output naming a value, not %" + std::to_string(v));
-    g.add_output(std::move(name), ValueId{v});
-  }
-  uint64_t updates = 0;
-  ASPEN_RETURN_IF_ERROR(r.count(updates, 12));
-  for (uint64_t i = 0; i < updates; ++i) {
-    std::string name;
-    int32_t v = 0;
-    ASPEN_RETURN_IF_ERROR(r.str(name));
-    ASPEN_RETURN_IF_ERROR(r.pod(v));
-    if (v < 0 || v >= g.num_values()) return r.fail("an update naming a value, not %" + std::to_string(v));
-    g.add_update(std::move(name), ValueId{v});
+  // Named outputs, then updates: a count, then (name, value index) pairs.
+  for (const bool updates : {false, true}) {
+    uint64_t count = 0;
+    ASPEN_RETURN_IF_ERROR(r.count(count, 12));
+    for (uint64_t i = 0; i < count; ++i) {
+      std::string name;
+      int32_t v = 0;
+      ASPEN_RETURN_IF_ERROR(r.str(name));
+      ASPEN_RETURN_IF_ERROR(r.pod(v));
+      if (v < 0 || v >= g.num_values())
+        return r.fail(std::string(updates ? "an update" : "an output") + " naming a value, not %" + std::to_string(v));
+      if (updates)
+        g.add_update(std::move(name), ValueId{v});
+      else
+        g.add_output(std::move(name), ValueId{v});
+    }
   }
   if (!r.done()) return r.fail("the end of the encoding");
   return g;
