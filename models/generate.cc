@@ -17,25 +17,16 @@ namespace {
 
 // The family's causal-LM graph for [batch, seq] with the cache, then the
 // sampler on its last logits: output "next" i32 [batch].
+// (Generator::open has checked that the config is a causal LM.)
 Status build_step(graph::Graph& g, const ModelConfig& config, const CausalLmOptions& o) {
-  const DType dtype = DType::f32;
   Builder b(g);
-  if (const Gpt2Config* c2 = config.gpt2()) {
-    Gpt2Config cc = *c2;
-    cc.dtype = dtype;
-    ASPEN_RETURN_IF_ERROR(build_gpt2(b, cc, o).status());
-  } else if (const GptjConfig* cj = config.gptj()) {
-    GptjConfig cc = *cj;
-    cc.dtype = dtype;
-    ASPEN_RETURN_IF_ERROR(build_gptj(b, cc, o).status());
-  } else {
-    return Status::invalid_argument(config.path + ": model_type", "a causal language model (gpt2, gptj)",
-                                    "'" + config.model_type + "'");
-  }
+  if (const Gpt2Config* c2 = config.gpt2())
+    ASPEN_RETURN_IF_ERROR(build_gpt2(b, *c2, o).status());
+  else
+    ASPEN_RETURN_IF_ERROR(build_gptj(b, *config.gptj(), o).status());
   const ValueId logits = *g.find_output("logits");
   const Shape ls = g.type(logits).shape;  // [B, 1, V]
-  ValueId flat = b.reshape(logits, {ls[0], ls[2]});
-  if (dtype != DType::f32) flat = b.cast(flat, DType::f32);
+  const ValueId flat = b.reshape(logits, {ls[0], ls[2]});
   const int64_t B = o.batch;
   ValueId next = b.op1(OpKind::sample,
                        {flat, b.input("temperature", DType::f32, Shape{B}), b.input("top_k", DType::i32, Shape{B}),
