@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 
+#include "io/test_files.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
 
@@ -61,12 +62,7 @@ std::map<std::string, std::string> read_manifests(std::set<std::string> manifest
   return out;
 }
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test_files::read_bytes;
 
 TEST(CorruptFiles, ManifestMatchesDirectory) {
   const std::set<std::string> files = list_files();

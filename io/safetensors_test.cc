@@ -1,4 +1,5 @@
 #include "io/safetensors.h"
+#include "io/test_files.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -20,20 +21,9 @@ std::string test_dir() {
   return dir;
 }
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test_files::read_bytes;
+using test_files::write_bytes;
 
-// Unlinks first: truncating a file in place makes ext4 flush it on close (auto_da_alloc),
-// which turns the corruption loops from milliseconds into seconds.
-void write_bytes(const std::string& path, const std::string& bytes) {
-  ::unlink(path.c_str());
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), std::streamsize(bytes.size()));
-}
 
 uint64_t header_len(const std::string& bytes) {
   uint64_t n = 0;

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "io/tokenizer_unicode.h"
+#include "io/test_files.h"
 
 namespace aspen::io {
 namespace {
@@ -22,18 +23,9 @@ using json = nlohmann::json;
 
 const std::string kTestdata = ASPEN_IO_TESTDATA;
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test_files::read_bytes;
+using test_files::write_bytes;
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  ::unlink(path.c_str());
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), std::streamsize(bytes.size()));
-}
 
 std::string temp_dir(const std::string& name) {
   std::string d = ::testing::TempDir() + "aspen_tok_" + std::to_string(::getpid()) + "_" + name + "/";
