@@ -4,14 +4,14 @@
 
 namespace aspen::api {
 
-Status Options::validate() const {
+Status Options::validate(bool training) const {
   auto positive = [](const char* name, int64_t v) {
     return v >= 1 ? Status() : Status::invalid_argument(std::string("options.") + name, ">= 1", std::to_string(v));
   };
   ASPEN_RETURN_IF_ERROR(positive("device_iterations", device_iterations_));
   ASPEN_RETURN_IF_ERROR(positive("replication_factor", replication_factor_));
   ASPEN_RETURN_IF_ERROR(positive("gradient_accumulation", gradient_accumulation_));
-  if (gradient_accumulation_ != 1)
+  if (!training && gradient_accumulation_ != 1)
     return Status::unimplemented("options.gradient_accumulation = " + std::to_string(gradient_accumulation_),
                                  "value for an inference model (1)");
   if (precision_ != DType::f32 && precision_ != DType::bf16 && precision_ != DType::f16)
@@ -20,11 +20,14 @@ Status Options::validate() const {
     return Status::invalid_argument("options.precision partials type",
                                     "f32 or the compute type (" + std::string(dtype_name(precision_)) + ")",
                                     std::string(dtype_name(partials_type_)));
-  if (recompute_) return Status::unimplemented("options.recompute", "setting for an inference model (off)");
+  if (!training && recompute_) return Status::unimplemented("options.recompute", "setting for an inference model (off)");
   if (output_mode_ == OutputMode::every_n && (output_every_n_ < 1 || device_iterations_ % output_every_n_ != 0))
     return Status::invalid_argument("options.output_mode every_n",
                                     "a divisor of device_iterations " + std::to_string(device_iterations_),
                                     std::to_string(output_every_n_));
+  if (training && replication_factor_ != 1)
+    return Status::unimplemented("options.replication_factor = " + std::to_string(replication_factor_),
+                                 "value for a training model in this build (1; data-parallel replicas arrive with W1.5)");
   if (threads_ < 0) return Status::invalid_argument("options.threads", ">= 0 (0: all free cores)", std::to_string(threads_));
   return Status();
 }

@@ -27,7 +27,7 @@ struct Options {
   // same program on their own slice of each input (inference today; training
   // replicas reduce gradients with W1.5).
   int64_t replication_factor_ = 1;
-  // Micro-batches per optimizer step (poptorch Training.gradientAccumulation). W1.4.
+  // Micro-batches per optimizer step (poptorch Training.gradientAccumulation; training only).
   int64_t gradient_accumulation_ = 1;
   OutputMode output_mode_ = OutputMode::final;
   int64_t output_every_n_ = 1;
@@ -58,8 +58,9 @@ struct Options {
   Options& opt_level(compiler::OptLevel l) { opt_level_ = l; return *this; }
   Options& threads(int n) { threads_ = n; return *this; }
 
-  // Checks every option against what this build supports.
-  Status validate() const;
+  // Checks every option against what this build supports, for an inference
+  // or a training model.
+  Status validate(bool training = false) const;
 };
 
 }  // namespace aspen::api

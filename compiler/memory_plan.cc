@@ -27,8 +27,12 @@ bool elementwise(OpKind op) {
 }
 
 // Ops that may write an output over a same-shaped input element by element
-// (the parameter they update, for an in-place update).
-bool writes_in_place(OpKind op) { return elementwise(op) || op == OpKind::adamw || op == OpKind::write_slice; }
+// (the parameter they update, for an in-place update). The optimizer steps
+// copy their inputs into the outputs first when the two differ.
+bool writes_in_place(OpKind op) {
+  return elementwise(op) || op == OpKind::adamw || op == OpKind::sgd || op == OpKind::lamb ||
+         op == OpKind::write_slice;
+}
 
 // Free arena ranges, by offset; merged on release.
 class FreeList {

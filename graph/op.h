@@ -50,7 +50,9 @@
   /* generation: draws token ids inside the program (graph/ops_sampling.cc; not differentiated) */ \
   X(sample)                                                                               \
   /* elementwise, appended later (same shapes in and out; ops_elementwise.cc) */          \
-  X(tanh) X(sqrt) X(div)
+  X(tanh) X(sqrt) X(div)                                                                  \
+  /* optimizers appended later (ops_optim.cc), and the sum of squares clipping reads */    \
+  X(sgd) X(lamb) X(sum_squares)
 // clang-format on
 
 namespace aspen::graph {

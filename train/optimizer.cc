@@ -7,50 +7,99 @@ using graph::ValueId;
 
 std::string exp_avg_name(const std::string& name) { return "optimizer.exp_avg." + name; }
 std::string exp_avg_sq_name(const std::string& name) { return "optimizer.exp_avg_sq." + name; }
+std::string momentum_buffer_name(const std::string& name) { return "optimizer.momentum_buffer." + name; }
 
-Result<OptimizerGraph> append_adamw(graph::Builder& b, std::span<const ValueId> params,
-                                    std::span<const ValueId> grads, const AdamWOptions& options) {
+const char* optimizer_kind_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::adamw: return "adamw";
+    case OptimizerKind::sgd: return "sgd";
+    case OptimizerKind::lamb: return "lamb";
+  }
+  return "?";
+}
+
+Result<OptimizerKind> parse_optimizer_kind(std::string_view name) {
+  for (OptimizerKind k : {OptimizerKind::adamw, OptimizerKind::sgd, OptimizerKind::lamb})
+    if (name == optimizer_kind_name(k)) return k;
+  return Status::invalid_argument("optimizer", "adamw, sgd or lamb", "'" + std::string(name) + "'");
+}
+
+Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const ValueId> params,
+                                        std::span<const ValueId> grads, const OptimizerOptions& options) {
   ASPEN_RETURN_IF_ERROR(b.status());
+  const char* who = optimizer_kind_name(options.kind);
+  const std::string fn = std::string("append_") + who;
   if (params.size() != grads.size())
-    return Status::invalid_argument("append_adamw: grads", std::to_string(params.size()) + " (one per parameter)",
+    return Status::invalid_argument(fn + ": grads", std::to_string(params.size()) + " (one per parameter)",
                                     std::to_string(grads.size()));
   const graph::Graph& g = b.graph();
   OptimizerGraph out;
   out.lr = b.input(kLrName, DType::f32, Shape{});
+  if (options.grad_scale_input) out.grad_scale = b.input(kGradScaleName, DType::f32, Shape{});
   const ValueId step_state = b.parameter(kStepName, DType::f32, Shape{});
   out.step = b.add(step_state, b.scalar(1.0f));
   b.update(step_state, out.step);
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].valid() || params[i].index >= g.num_values() || g.producer(params[i]).op != OpKind::parameter)
-      return Status::invalid_argument("append_adamw: params[" + std::to_string(i) + "]", "a parameter value",
+      return Status::invalid_argument(fn + ": params[" + std::to_string(i) + "]", "a parameter value",
                                       "something else");
     const std::string name = g.producer(params[i]).name;  // a copy: recording moves the node table
     const graph::TensorType type = g.type(params[i]);
     if (type.dtype != DType::f32)
-      return Status::invalid_argument("append_adamw: parameter '" + name + "'", "f32 (master weights)",
-                                      type.to_string());
+      return Status::invalid_argument(fn + ": parameter '" + name + "'", "f32 (master weights)", type.to_string());
     if (!grads[i].valid() || grads[i].index >= g.num_values() || g.type(grads[i]) != type)
-      return Status::invalid_argument("append_adamw: gradient of '" + name + "'", type.to_string(),
+      return Status::invalid_argument(fn + ": gradient of '" + name + "'", type.to_string(),
                                       grads[i].valid() && grads[i].index < g.num_values()
                                           ? g.type(grads[i]).to_string()
                                           : std::string("an invalid value"));
     double decay = options.weight_decay;
     for (const std::string& pattern : options.no_decay)
       if (name.find(pattern) != std::string::npos) decay = 0.0;
+    std::vector<ValueId> scale;
+    if (out.grad_scale.valid()) scale.push_back(out.grad_scale);
+    if (options.kind == OptimizerKind::sgd) {
+      std::vector<ValueId> in = {params[i], grads[i]};
+      ValueId buf;
+      if (options.momentum != 0.0) {
+        buf = b.parameter(momentum_buffer_name(name), type.dtype, type.shape);
+        in.push_back(buf);
+      }
+      in.push_back(out.lr);
+      in.insert(in.end(), scale.begin(), scale.end());
+      std::vector<ValueId> r = b.op(OpKind::sgd, std::move(in),
+                                    {{"momentum", options.momentum},
+                                     {"weight_decay", decay},
+                                     {"nesterov", int64_t(options.nesterov)}});
+      ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context(fn + ": parameter '" + name + "'"));
+      b.update(params[i], r[0]);
+      if (buf.valid()) b.update(buf, r[1]);
+      continue;
+    }
     const ValueId m = b.parameter(exp_avg_name(name), type.dtype, type.shape);
     const ValueId v = b.parameter(exp_avg_sq_name(name), type.dtype, type.shape);
-    std::vector<ValueId> r = b.op(OpKind::adamw, {params[i], grads[i], m, v, out.lr, out.step},
+    std::vector<ValueId> in = {params[i], grads[i], m, v, out.lr, out.step};
+    in.insert(in.end(), scale.begin(), scale.end());
+    std::vector<ValueId> r = b.op(options.kind == OptimizerKind::lamb ? OpKind::lamb : OpKind::adamw, std::move(in),
                                   {{"beta1", options.beta1},
                                    {"beta2", options.beta2},
                                    {"eps", options.eps},
                                    {"weight_decay", decay}});
-    ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context("append_adamw: parameter '" + name + "'"));
+    ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context(fn + ": parameter '" + name + "'"));
     b.update(params[i], r[0]);
     b.update(m, r[1]);
     b.update(v, r[2]);
   }
   ASPEN_RETURN_IF_ERROR(b.status());
   return out;
+}
+
+Result<OptimizerGraph> append_adamw(graph::Builder& b, std::span<const ValueId> params,
+                                    std::span<const ValueId> grads, const AdamWOptions& options) {
+  OptimizerOptions o;
+  o.kind = OptimizerKind::adamw;
+  o.beta1 = options.beta1, o.beta2 = options.beta2, o.eps = options.eps, o.weight_decay = options.weight_decay;
+  o.no_decay = options.no_decay;
+  return append_optimizer(b, params, grads, o);
 }
 
 }  // namespace aspen::train

@@ -1,6 +1,8 @@
 // train/optimizer.h: optimizer steps recorded into the training graph, so one
-// compiled program runs forward, backward and the update (W1.4 adds SGD,
-// LAMB, clipping, schedules and loss scaling on the same pattern).
+// compiled program runs forward, backward and the update: AdamW, SGD
+// (momentum, Nesterov) and LAMB, each one fused op per parameter
+// (graph/ops_optim.cc). Clipping, schedules and loss scaling feed the runtime
+// scalars "optimizer.lr" and "optimizer.grad_scale" (train/program.h).
 //
 //   graph::Builder b(g);
 //   ... forward, loss; grads = graph::append_gradients(g, loss, params) ...
@@ -8,8 +10,9 @@
 //
 // State lives in the program as parameters, updated in place every step:
 //   "optimizer.step"                 f32[]   updates done so far (PyTorch's state['step'])
-//   "optimizer.exp_avg.<param>"      like the parameter (m), zeros at the start
-//   "optimizer.exp_avg_sq.<param>"   like the parameter (v), zeros at the start
+//   "optimizer.exp_avg.<param>"      like the parameter (m), zeros at the start (AdamW, LAMB)
+//   "optimizer.exp_avg_sq.<param>"   like the parameter (v), zeros at the start (AdamW, LAMB)
+//   "optimizer.momentum_buffer.<param>"  SGD with momentum > 0 (PyTorch's name)
 // and the learning rate is an input, "optimizer.lr" f32[], so a schedule is a
 // stream of values (one per device iteration), never a recompile.
 //
@@ -33,10 +36,34 @@ struct AdamWOptions {
   std::vector<std::string> no_decay = {};
 };
 
-struct OptimizerGraph {
-  graph::ValueId lr;    // the input "optimizer.lr"
-  graph::ValueId step;  // this update's number (the state plus one)
+enum class OptimizerKind { adamw, sgd, lamb };
+// "adamw", "sgd", "lamb"; parse_optimizer_kind is the inverse (InvalidArgument listing them).
+const char* optimizer_kind_name(OptimizerKind k);
+Result<OptimizerKind> parse_optimizer_kind(std::string_view name);
+
+// Every optimizer's hyper-parameters (each kind reads its own).
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::adamw;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // AdamW, LAMB
+  double weight_decay = 1e-2;                      // decoupled (AdamW, LAMB); L2 in the gradient (SGD)
+  double momentum = 0.0;                           // SGD
+  bool nesterov = false;                           // SGD (needs momentum)
+  std::vector<std::string> no_decay = {};          // name patterns without weight decay
+  // Record the input "optimizer.grad_scale" f32[] that multiplies every
+  // gradient first (1/loss_scale times the clipping factor); else 1.
+  bool grad_scale_input = false;
 };
+
+struct OptimizerGraph {
+  graph::ValueId lr;          // the input "optimizer.lr"
+  graph::ValueId step;        // this update's number (the state plus one)
+  graph::ValueId grad_scale;  // the input "optimizer.grad_scale" (invalid unless asked for)
+};
+
+// Records one update of every parameter by the options' optimizer (see
+// append_adamw for the contract).
+Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const graph::ValueId> params,
+                                        std::span<const graph::ValueId> grads, const OptimizerOptions& options);
 
 // Records one AdamW update of every parameter in `params` (values made by
 // Builder::parameter, f32) from its gradient `grads[i]`, and the updates of
@@ -48,7 +75,10 @@ Result<OptimizerGraph> append_adamw(graph::Builder& b, std::span<const graph::Va
 // The names of the optimizer state of parameter `name`.
 std::string exp_avg_name(const std::string& name);
 std::string exp_avg_sq_name(const std::string& name);
+std::string momentum_buffer_name(const std::string& name);
 inline constexpr const char* kStepName = "optimizer.step";
 inline constexpr const char* kLrName = "optimizer.lr";
+inline constexpr const char* kGradScaleName = "optimizer.grad_scale";
+inline constexpr const char* kOptimizerPrefix = "optimizer.";
 
 }  // namespace aspen::train

@@ -28,7 +28,7 @@ Tensor random_tensor(Shape s, uint64_t seed, float lo = -1, float hi = 1) {
 
 // A two-layer regression: loss = mean((gelu(x W1^T + b1) W2^T - y)^2), with
 // weight decay off for biases. Returns the parameter names.
-std::vector<std::string> build_regression(Graph& g, const AdamWOptions& opt) {
+std::vector<std::string> build_regression(Graph& g, const OptimizerOptions& opt) {
   Builder b(g);
   const int64_t B = 5, I = 7, H = 6, O = 3;
   ValueId x = b.input("x", DType::f32, {B, I});
@@ -43,9 +43,93 @@ std::vector<std::string> build_regression(Graph& g, const AdamWOptions& opt) {
   std::vector<ValueId> params = {w1, b1, w2};
   auto grads = graph::append_gradients(g, loss, params);
   EXPECT_TRUE(grads.is_ok()) << grads.status().to_string();
-  auto o = append_adamw(b, params, *grads, opt);
+  auto o = append_optimizer(b, params, *grads, opt);
   EXPECT_TRUE(o.is_ok()) << o.status().to_string();
   return {"fc1.weight", "fc1.bias", "fc2.weight"};
+}
+std::vector<std::string> build_regression(Graph& g, const AdamWOptions& a) {
+  OptimizerOptions o;
+  o.beta1 = a.beta1, o.beta2 = a.beta2, o.eps = a.eps, o.weight_decay = a.weight_decay, o.no_decay = a.no_decay;
+  return build_regression(g, o);
+}
+
+// SGD (plain, momentum, Nesterov) and LAMB, with a gradient scale: three
+// compiled steps in one call equal three interpreted ones, updated in place.
+TEST(Optimizers, SgdAndLambCompiledMatchInterpreter) {
+  std::vector<std::pair<std::string, OptimizerOptions>> cases;
+  OptimizerOptions sgd;
+  sgd.kind = OptimizerKind::sgd, sgd.weight_decay = 0.01;
+  cases.emplace_back("sgd", sgd);
+  sgd.momentum = 0.9;
+  cases.emplace_back("sgd momentum", sgd);
+  sgd.nesterov = true, sgd.no_decay = {"bias"};
+  cases.emplace_back("sgd nesterov", sgd);
+  OptimizerOptions lamb;
+  lamb.kind = OptimizerKind::lamb, lamb.eps = 1e-6, lamb.weight_decay = 0.05, lamb.no_decay = {"bias"};
+  cases.emplace_back("lamb", lamb);
+  for (auto [label, opt] : cases) {
+    SCOPED_TRACE(label);
+    opt.grad_scale_input = true;
+    Graph g;
+    build_regression(g, opt);
+    ASSERT_TRUE(graph::verify(g).is_ok());
+    std::map<std::string, HostArray> feeds;
+    std::map<std::string, Tensor> init;
+    init.emplace("fc1.weight", random_tensor({6, 7}, 1));
+    init.emplace("fc1.bias", random_tensor({6}, 2));
+    init.emplace("fc2.weight", random_tensor({3, 6}, 3));
+    int64_t params = 0;
+    for (int32_t i : g.parameter_nodes()) {
+      const graph::Node& n = g.node(i);
+      ++params;
+      feeds[n.name] = init.count(n.name) ? HostArray::from_tensor(init.at(n.name)) : HostArray(g.type(n.outputs[0]));
+    }
+    const Tensor x = random_tensor({5, 7}, 4), y = random_tensor({5, 3}, 5);
+    Tensor lr(DType::f32, Shape{}), gs(DType::f32, Shape{});
+    lr.span<float>()[0] = 0.05f;
+    gs.span<float>()[0] = 0.5f;
+    feeds["x"] = HostArray::from_tensor(x);
+    feeds["y"] = HostArray::from_tensor(y);
+    feeds[kLrName] = HostArray::from_tensor(lr);
+    feeds[kGradScaleName] = HostArray::from_tensor(gs);
+    std::vector<double> want_loss;
+    for (int step = 0; step < 3; ++step) {
+      auto r = graph::interpret_step(g, feeds, {.round_to_dtype = true});
+      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      want_loss.push_back(r->outputs.at("loss").data[0]);
+      ASSERT_EQ(int64_t(r->updates.size()), params);
+      for (auto& [k, v] : r->updates) feeds[k] = v;
+    }
+    EXPECT_LT(want_loss[2], want_loss[0]);  // it learns
+    auto exe = compiler::compile(g, {.opt_level = compiler::OptLevel::O2, .verify_each_pass = true});
+    ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+    EXPECT_EQ((*exe)->plan.updates_in_place, params) << (*exe)->listing();
+    auto session = runtime::Session::create(std::move(exe).value(), {.threads = 2});
+    ASSERT_TRUE(session.is_ok()) << session.status().to_string();
+    for (const auto& [k, v] : init) ASSERT_TRUE((*session)->set_parameter(k, v).is_ok());
+    Tensor x3(DType::f32, {3, 5, 7}), y3(DType::f32, {3, 5, 3}), lr3(DType::f32, {3}), gs3(DType::f32, {3});
+    for (int st = 0; st < 3; ++st) {
+      std::copy(x.span<float>().begin(), x.span<float>().end(), x3.span<float>().begin() + st * 35);
+      std::copy(y.span<float>().begin(), y.span<float>().end(), y3.span<float>().begin() + st * 15);
+      lr3.span<float>()[st] = 0.05f;
+      gs3.span<float>()[st] = 0.5f;
+    }
+    auto out = (*session)->run({{"x", &x3}, {"y", &y3}, {kLrName, &lr3}, {kGradScaleName, &gs3}},
+                               {.iterations = 3, .output_mode = runtime::OutputMode::all});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    for (int st = 0; st < 3; ++st)
+      EXPECT_NEAR(out->at("loss").span<float>()[st], want_loss[size_t(st)],
+                  1e-5 * (1 + std::abs(want_loss[size_t(st)])));
+    for (int32_t i : g.parameter_nodes()) {
+      const std::string& k = g.node(i).name;
+      auto got = (*session)->get_parameter(k);
+      ASSERT_TRUE(got.is_ok()) << k;
+      const HostArray h = HostArray::from_tensor(*got);
+      const HostArray& ref = feeds.at(k);
+      for (size_t e = 0; e < h.data.size(); ++e)
+        ASSERT_NEAR(h.data[e], ref.data[e], 2e-5 * (1 + std::abs(ref.data[e]))) << k << "[" << e << "]";
+    }
+  }
 }
 
 TEST(AdamW, CompiledStepsMatchInterpreterAndUpdateInPlace) {

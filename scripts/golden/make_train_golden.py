@@ -171,8 +171,8 @@ def make(name, out):
     Tn["loss_f32"] = torch.tensor(L32, dtype=torch.float32)
     M["loss_f32"] = {"meaning": "loss at each step (before that step's update), float32 model, HF's own loss "
                      "(model(ids, labels=ids).loss)"}
-    Tn["loss_f64"] = torch.tensor(L64, dtype=torch.float64)
-    M["loss_f64"] = {"meaning": "loss at each step, float64 model and loss (stored float64); the reference"}
+    # The float64 losses live in the JSON only (loss_f64): safetensors readers that take
+    # model dtypes (aspen's among them) need not read F64.
     for n, g in G64.items():
         Tn["grad." + n] = mmg.f32(g)
         M["grad." + n] = {"meaning": "gradient at step 1 (initial weights, batch input_ids[0]), float64 run",
@@ -190,8 +190,6 @@ def make(name, out):
                            "f32_run_max_abs_diff": float(f"{wdiff[n]:.3g}")}
     Tn["nodecay.loss_f32"] = torch.tensor(V32, dtype=torch.float32)
     M["nodecay.loss_f32"] = {"meaning": "as loss_f32, for the variant with no decay on biases and LayerNorm weights"}
-    Tn["nodecay.loss_f64"] = torch.tensor(V64, dtype=torch.float64)
-    M["nodecay.loss_f64"] = {"meaning": "as loss_f64, for the no-decay variant (stored float64)"}
     for n in VARIANT_KEEP[name]:
         Tn["nodecay.final." + n] = mmg.f32(VW64[n])
         M["nodecay.final." + n] = {"meaning": "weights after 10 steps of the no-decay variant, float64 run",

@@ -1,0 +1,348 @@
+#include "api/training_model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "compiler/cache.h"
+
+namespace aspen::api {
+
+namespace {
+
+bool has_prefix(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+bool is_weight(const std::string& name) {
+  return !has_prefix(name, train::kOptimizerPrefix) && !has_prefix(name, train::kTrainPrefix) &&
+         !has_prefix(name, "state.");
+}
+
+Tensor scalar_f32(float v) {
+  Tensor t(DType::f32, Shape{});
+  t.data<float>()[0] = v;
+  return t;
+}
+
+// Rows [first, first + count) of `t` seen as [N, ...per]; shape [count, ...per],
+// or per itself when count is 1 and squeeze.
+Shape shape_of(const std::vector<int64_t>& dims) { return Shape::make(dims.data(), int(dims.size())).value(); }
+
+// [lead, ...per]
+Shape prepend(int64_t lead, const Shape& per) {
+  std::vector<int64_t> dims = {lead};
+  dims.insert(dims.end(), per.begin(), per.end());
+  return shape_of(dims);
+}
+
+Tensor rows(const Tensor& t, const Shape& per, int64_t first, int64_t count, bool squeeze) {
+  Tensor out(t.dtype(), squeeze && count == 1 ? per : prepend(count, per));
+  const size_t row = size_t(per.numel()) * dtype_size(t.dtype());
+  if (out.nbytes()) std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + size_t(first) * row, size_t(count) * row);
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph& forward, const Options& options,
+                                                             const TrainingOptions& training) {
+  ASPEN_RETURN_IF_ERROR(options.validate(/*training=*/true));
+  ASPEN_RETURN_IF_ERROR(training.schedule.validate());
+  ASPEN_RETURN_IF_ERROR(training.loss_scaling.validate());
+  if (!(training.clip_grad_norm >= 0.0) || !std::isfinite(training.clip_grad_norm))
+    return Status::invalid_argument("training: clip_grad_norm", "a finite value >= 0 (0: off)",
+                                    std::to_string(training.clip_grad_norm));
+  std::unique_ptr<TrainingModel> m(new TrainingModel());
+  m->options_ = options;
+  m->training_ = training;
+  m->scaler_ = train::LossScaler(training.loss_scaling);
+  train::ProgramOptions po;
+  po.optimizer = training.optimizer;
+  po.gradient_accumulation = options.gradient_accumulation_;
+  po.clip = training.clip_grad_norm > 0.0;
+  po.dynamic_loss_scale = training.loss_scaling.mode == train::LossScaling::dynamic;
+  po.loss_scale_input = training.loss_scaling.mode != train::LossScaling::none;
+  po.loss = training.loss;
+  ASPEN_ASSIGN_OR_RETURN(m->programs_, train::build_training_programs(forward, po));
+  for (int32_t i : forward.input_nodes()) m->input_names_.push_back(forward.node(i).name);
+
+  compiler::CompileOptions copts;
+  copts.opt_level = options.opt_level_;
+  copts.compute = options.precision_;
+  copts.partials = options.partials_type_;
+  copts.recompute = options.recompute_;
+  std::vector<std::unique_ptr<compiler::Executable>> exes;
+  for (const graph::Graph& g : m->programs_.graphs) {
+    std::unique_ptr<compiler::Executable> exe;
+    if (!options.executable_cache_.empty()) {
+      compiler::ExecutableCache cache(options.executable_cache_);
+      bool hit = false;
+      ASPEN_ASSIGN_OR_RETURN(exe, cache.compile(g, copts, &hit));
+      m->cache_hit_ = (exes.empty() || m->cache_hit_) && hit;
+    } else {
+      ASPEN_ASSIGN_OR_RETURN(exe, compiler::compile(g, copts));
+    }
+    exes.push_back(std::move(exe));
+  }
+  if (!options.profile_.empty()) m->trace_ = std::make_unique<profile::TraceRecorder>();
+  runtime::SessionOptions sopts;
+  sopts.threads = options.threads_;
+  sopts.trace = m->trace_.get();
+  ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exes), sopts));
+  return m;
+}
+
+Status TrainingModel::copy_weights_to_device(const std::map<std::string, const Tensor*>& weights) {
+  for (const auto& [name, t] : weights) {
+    if (!t) return Status::invalid_argument("weight '" + name + "'", "a tensor", "a null pointer");
+    if (!is_weight(name))
+      return Status::invalid_argument("weight '" + name + "'", "a model weight", "an optimizer or program state name");
+    ASPEN_RETURN_IF_ERROR(session_->set_parameter(name, *t));
+  }
+  return Status();
+}
+
+Status TrainingModel::copy_optimizer_state_to_device(const std::map<std::string, const Tensor*>& state) {
+  for (const auto& [name, t] : state) {
+    if (!t) return Status::invalid_argument("optimizer state '" + name + "'", "a tensor", "a null pointer");
+    if (!has_prefix(name, train::kOptimizerPrefix))
+      return Status::invalid_argument("optimizer state '" + name + "'", "a name starting 'optimizer.'", "another name");
+    ASPEN_RETURN_IF_ERROR(session_->set_parameter(name, *t));
+  }
+  return Status();
+}
+
+Result<std::map<std::string, Tensor>> TrainingModel::copy_weights_to_host() const {
+  std::map<std::string, Tensor> out;
+  for (const compiler::Binding& b : session_->parameters()) {
+    if (!is_weight(b.name)) continue;
+    ASPEN_ASSIGN_OR_RETURN(Tensor t, session_->get_parameter(b.name));
+    out.emplace(b.name, std::move(t));
+  }
+  return out;
+}
+
+Result<std::map<std::string, Tensor>> TrainingModel::copy_optimizer_state_to_host() const {
+  std::map<std::string, Tensor> out;
+  for (const compiler::Binding& b : session_->parameters()) {
+    if (!has_prefix(b.name, train::kOptimizerPrefix)) continue;
+    ASPEN_ASSIGN_OR_RETURN(Tensor t, session_->get_parameter(b.name));
+    out.emplace(b.name, std::move(t));
+  }
+  return out;
+}
+
+std::map<std::string, std::pair<DType, Shape>> TrainingModel::weight_types() const {
+  std::map<std::string, std::pair<DType, Shape>> out;
+  for (const compiler::Binding& b : session_->parameters())
+    if (is_weight(b.name)) out.emplace(b.name, std::make_pair(b.type.dtype, b.type.shape));
+  return out;
+}
+
+std::map<std::string, std::pair<DType, Shape>> TrainingModel::optimizer_state_types() const {
+  std::map<std::string, std::pair<DType, Shape>> out;
+  for (const compiler::Binding& b : session_->parameters())
+    if (has_prefix(b.name, train::kOptimizerPrefix)) out.emplace(b.name, std::make_pair(b.type.dtype, b.type.shape));
+  return out;
+}
+
+Result<std::string> TrainingModel::first_non_finite(const std::string& prefix) const {
+  for (const compiler::Binding& b : session_->parameters()) {
+    if (!has_prefix(b.name, prefix.c_str()) || b.type.dtype != DType::f32) continue;
+    if (prefix.empty() && !is_weight(b.name)) continue;
+    ASPEN_ASSIGN_OR_RETURN(Tensor t, session_->get_parameter(b.name));
+    for (float x : t.span<float>())
+      if (!std::isfinite(x)) return b.name;
+  }
+  return std::string();
+}
+
+Status TrainingModel::check_finite_weights(int64_t step, float loss) const {
+  ASPEN_ASSIGN_OR_RETURN(const std::string bad, first_non_finite(""));
+  return Status::error(Code::kFailedPrecondition, "training step " + std::to_string(step),
+                       "a finite loss", "loss " + std::to_string(loss) + "; " +
+                           (bad.empty() ? std::string("the weights are still finite")
+                                        : "first non-finite tensor after the update: weight '" + bad + "'"));
+}
+
+Result<std::map<std::string, Tensor>> TrainingModel::losses_by_mode(const std::vector<float>& losses) const {
+  std::map<std::string, Tensor> out;
+  const int64_t n = int64_t(losses.size());
+  switch (options_.output_mode_) {
+    case OutputMode::all: {
+      Tensor t(DType::f32, Shape{n});
+      std::copy(losses.begin(), losses.end(), t.data<float>());
+      out.emplace("loss", std::move(t));
+      break;
+    }
+    case OutputMode::every_n: {
+      const int64_t every = options_.output_every_n_;
+      Tensor t(DType::f32, Shape{n / every});
+      for (int64_t i = 0; i < n / every; ++i) t.data<float>()[i] = losses[size_t((i + 1) * every - 1)];
+      out.emplace("loss", std::move(t));
+      break;
+    }
+    case OutputMode::final:
+      out.emplace("loss", scalar_f32(losses.back()));
+      break;
+    case OutputMode::sum: {
+      float s = 0.0f;
+      for (float x : losses) s += x;
+      out.emplace("loss", scalar_f32(s));
+      break;
+    }
+  }
+  return out;
+}
+
+Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::string, const Tensor*>& inputs) {
+  for (const auto& [name, t] : inputs) {
+    if (std::find(input_names_.begin(), input_names_.end(), name) == input_names_.end())
+      return Status::invalid_argument("training input '" + name + "'", "an input of the forward graph",
+                                      "no input of that name");
+    if (!t) return Status::invalid_argument("training input '" + name + "'", "a tensor", "a null pointer");
+  }
+  last_.clear();
+  Result<std::map<std::string, Tensor>> out = programs_.split() ? run_split(inputs) : run_fused(inputs);
+  if (trace_) ASPEN_RETURN_IF_ERROR(profile::write_chrome_trace(trace_->events(), options_.profile_));
+  return out;
+}
+
+namespace {
+
+// Each forward input as `count` micro-batches (checked), from the caller's tensors.
+struct Feeds {
+  std::map<std::string, Shape> per;  // the graph's own shape of each input
+  const std::map<std::string, const Tensor*>* given = nullptr;
+};
+
+Status check_feed(const std::string& name, const Tensor& t, const Shape& per, DType dtype, int64_t count) {
+  const Shape want = prepend(count, per);
+  const bool stacked = t.shape() == want;
+  bool merged = false;
+  if (per.rank() >= 1) {
+    std::vector<int64_t> m(per.begin(), per.end());
+    m[0] *= count;
+    merged = t.shape() == shape_of(m);
+  }
+  if (t.dtype() != dtype || !(stacked || merged || (count == 1 && t.shape() == per)))
+    return Status::invalid_argument("training input '" + name + "'",
+                                    std::string(dtype_name(dtype)) + want.to_string() +
+                                        " (device_iterations x gradient_accumulation micro-batches of " +
+                                        per.to_string() + ")",
+                                    std::string(dtype_name(t.dtype())) + t.shape().to_string());
+  return Status();
+}
+
+}  // namespace
+
+Result<std::map<std::string, Tensor>> TrainingModel::run_fused(const std::map<std::string, const Tensor*>& inputs) {
+  const int64_t iters = options_.device_iterations_;
+  const int prog = programs_.fused;
+  const compiler::Executable& exe = session_->executable(prog);
+  std::map<std::string, Tensor> owned;
+  for (const compiler::Binding& b : exe.inputs) {
+    if (b.name == train::kLrName || b.name == train::kGradScaleName || b.name == train::kLossScaleName) continue;
+    auto it = inputs.find(b.name);
+    if (it == inputs.end())
+      return Status::invalid_argument("training input '" + b.name + "'", "given", "missing");
+    ASPEN_RETURN_IF_ERROR(check_feed(b.name, *it->second, b.type.shape, b.type.dtype, iters));
+    owned.emplace(b.name, rows(*it->second, b.type.shape, 0, iters, /*squeeze=*/true));
+  }
+  const double ls = scaler_.scale();
+  std::vector<double> lrs;
+  Tensor lr(DType::f32, iters > 1 ? Shape{iters} : Shape{}), gs(DType::f32, iters > 1 ? Shape{iters} : Shape{}),
+      lst(DType::f32, iters > 1 ? Shape{iters} : Shape{});
+  for (int64_t i = 0; i < iters; ++i) {
+    lrs.push_back(training_.schedule.at(steps_done_ + 1 + i));
+    lr.data<float>()[i] = float(lrs.back());
+    gs.data<float>()[i] = float(1.0 / ls);
+    lst.data<float>()[i] = float(ls);
+  }
+  std::map<std::string, const Tensor*> feeds;
+  for (const auto& [name, t] : owned) feeds.emplace(name, &t);
+  for (const compiler::Binding& b : exe.inputs) {
+    if (b.name == train::kLrName) feeds.emplace(b.name, &lr);
+    if (b.name == train::kGradScaleName) feeds.emplace(b.name, &gs);
+    if (b.name == train::kLossScaleName) feeds.emplace(b.name, &lst);
+  }
+  runtime::RunOptions r;
+  r.iterations = iters;
+  r.output_mode = OutputMode::all;
+  ASPEN_ASSIGN_OR_RETURN(auto out, session_->run(feeds, r, prog));
+  const Tensor& loss = out.at(training_.loss);
+  std::vector<float> losses(loss.span<float>().begin(), loss.span<float>().end());
+  for (int64_t i = 0; i < iters; ++i) {
+    StepStats s;
+    s.step = ++steps_done_;
+    s.loss = losses[size_t(i)];
+    s.lr = lrs[size_t(i)];
+    s.loss_scale = ls;
+    last_.push_back(s);
+    if (!std::isfinite(s.loss)) return check_finite_weights(s.step, s.loss);
+  }
+  return losses_by_mode(losses);
+}
+
+Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<std::string, const Tensor*>& inputs) {
+  const int64_t iters = options_.device_iterations_, acc = options_.gradient_accumulation_;
+  const compiler::Executable& micro = session_->executable(programs_.micro_first);
+  std::vector<std::pair<std::string, Shape>> data_inputs;
+  for (const compiler::Binding& b : micro.inputs) {
+    if (b.name == train::kLossScaleName) continue;
+    auto it = inputs.find(b.name);
+    if (it == inputs.end())
+      return Status::invalid_argument("training input '" + b.name + "'", "given", "missing");
+    ASPEN_RETURN_IF_ERROR(check_feed(b.name, *it->second, b.type.shape, b.type.dtype, iters * acc));
+    data_inputs.emplace_back(b.name, b.type.shape);
+  }
+  std::vector<float> losses;
+  for (int64_t it = 0; it < iters; ++it) {
+    StepStats s;
+    s.step = steps_done_ + 1;
+    s.lr = training_.schedule.at(s.step);
+    s.loss_scale = scaler_.scale();
+    const Tensor ls = scalar_f32(float(s.loss_scale));
+    double loss_sum = 0.0;
+    for (int64_t a = 0; a < acc; ++a) {
+      std::map<std::string, Tensor> owned;
+      for (const auto& [name, per] : data_inputs)
+        owned.emplace(name, rows(*inputs.at(name), per, it * acc + a, 1, /*squeeze=*/true));
+      std::map<std::string, const Tensor*> feeds;
+      for (const auto& [name, t] : owned) feeds.emplace(name, &t);
+      if (training_.loss_scaling.mode != train::LossScaling::none) feeds.emplace(train::kLossScaleName, &ls);
+      ASPEN_ASSIGN_OR_RETURN(auto out,
+                             session_->run(feeds, {}, a == 0 ? programs_.micro_first : programs_.micro_next));
+      loss_sum += double(out.at(training_.loss).data<float>()[0]);
+    }
+    s.loss = float(loss_sum / double(acc));
+    ASPEN_ASSIGN_OR_RETURN(auto norm_out, session_->run({}, {}, programs_.norm));
+    const double sq = double(norm_out.at(train::kGradSqNormName).data<float>()[0]);
+    const bool finite = std::isfinite(sq) && std::isfinite(s.loss);
+    const double denom = s.loss_scale * double(acc);
+    s.grad_norm = std::sqrt(sq) / denom;
+    if (!finite && training_.loss_scaling.mode != train::LossScaling::dynamic) {
+      ASPEN_ASSIGN_OR_RETURN(const std::string bad, first_non_finite(train::grad_accumulator_name("")));
+      steps_done_ = s.step;
+      last_.push_back(s);
+      return Status::error(Code::kFailedPrecondition, "training step " + std::to_string(s.step),
+                           "a finite loss and gradients",
+                           "loss " + std::to_string(s.loss) + ", gradient norm " + std::to_string(s.grad_norm) +
+                               (bad.empty() ? std::string()
+                                            : "; first non-finite tensor: the gradient of '" +
+                                                  bad.substr(std::strlen("train.grad.")) + "'") +
+                               " (the update was not applied)");
+    }
+    s.skipped = !scaler_.update(finite);
+    if (!s.skipped) {
+      double clip = 1.0;
+      if (training_.clip_grad_norm > 0.0) clip = std::min(1.0, training_.clip_grad_norm / (s.grad_norm + 1e-6));
+      const Tensor lr = scalar_f32(float(s.lr)), gs = scalar_f32(float(clip / denom));
+      ASPEN_RETURN_IF_ERROR(
+          session_->run({{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, {}, programs_.step).status());
+    }
+    steps_done_ = s.step;
+    last_.push_back(s);
+    losses.push_back(s.loss);
+  }
+  return losses_by_mode(losses);
+}
+
+}  // namespace aspen::api

@@ -1,0 +1,126 @@
+// api/training_model.h: a forward graph with a scalar loss, compiled with its
+// backward pass and optimizer into programs on a device (PopTorch's
+// trainingModel).
+//
+//   api::Options opts;
+//   opts.device_iterations(4).gradient_accumulation(2).precision(DType::bf16);
+//   api::TrainingOptions t;
+//   t.optimizer.kind = train::OptimizerKind::adamw;
+//   t.schedule = {.kind = train::ScheduleKind::cosine, .lr = 3e-4, .warmup_steps = 100, .total_steps = 5000};
+//   auto model = *api::TrainingModel::create(forward_graph, opts, t);
+//   model->copy_weights_to_device(weights);
+//   auto out = model->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &targets}});
+//
+// One run() makes device_iterations optimizer steps, each of
+// gradient_accumulation micro-batches: every input carries a leading
+// dimension of device_iterations × gradient_accumulation micro-batches in
+// front of the forward graph's own shape (or the same bytes with the first
+// two dimensions merged, PopTorch's combined batch). The micro-batches of one
+// step are consecutive. Output "loss" is each step's loss (the mean of its
+// micro-batches' losses) by the output mode: all → [device_iterations],
+// final → the last step's, sum → their sum.
+//
+// What runs is train/program.h's fused or split step. The host decides, per
+// step, the learning rate (the schedule at the step about to be made), the
+// loss scale, the clipping factor and whether an overflowing step is skipped;
+// none of these recompiles.
+//
+// Non-finite numbers: with dynamic loss scaling an overflowing step is
+// skipped and counted. Otherwise a non-finite loss or gradient stops the run
+// with a FailedPrecondition naming the step and the first non-finite tensor;
+// the model is then unusable and must be reloaded from a checkpoint (with the
+// fused step the update has already been applied).
+//
+// Thread-safety: one call at a time.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/options.h"
+#include "graph/graph.h"
+#include "profile/trace.h"
+#include "runtime/session.h"
+#include "train/optimizer.h"
+#include "train/program.h"
+#include "train/schedule.h"
+
+namespace aspen::api {
+
+struct TrainingOptions {
+  train::OptimizerOptions optimizer;
+  train::LrSchedule schedule;       // its lr is the base learning rate
+  double clip_grad_norm = 0.0;      // > 0: clip the global gradient norm to this (torch.nn.utils.clip_grad_norm_)
+  train::LossScaleOptions loss_scaling;
+  std::string loss = "loss";        // the forward graph's output to minimise
+};
+
+// What the last run() did, step by step.
+struct StepStats {
+  int64_t step = 0;         // the optimizer step this was (1-based), counting skipped ones
+  float loss = 0.0f;        // mean over the micro-batches
+  double lr = 0.0;
+  double grad_norm = -1.0;  // the global norm of the (unscaled, averaged) gradient; -1: not measured (fused step)
+  double loss_scale = 1.0;
+  bool skipped = false;     // an overflow under dynamic loss scaling
+};
+
+class TrainingModel {
+ public:
+  static Result<std::unique_ptr<TrainingModel>> create(const graph::Graph& forward, const Options& options,
+                                                       const TrainingOptions& training);
+
+  const Options& options() const { return options_; }
+  const TrainingOptions& training_options() const { return training_; }
+  const train::TrainingPrograms& programs() const { return programs_; }
+  const runtime::Session& session() const { return *session_; }
+  bool cache_hit() const { return cache_hit_; }
+
+  // Model weights by name (f32 master weights; not "optimizer.*", "train.*" or "state.*").
+  Status copy_weights_to_device(const std::map<std::string, const Tensor*>& weights);
+  Result<std::map<std::string, Tensor>> copy_weights_to_host() const;
+  // The optimizer state ("optimizer.*": moments, momentum buffers, the step count).
+  Status copy_optimizer_state_to_device(const std::map<std::string, const Tensor*>& state);
+  Result<std::map<std::string, Tensor>> copy_optimizer_state_to_host() const;
+  // Name → type of the weights and of the optimizer state (what a checkpoint must match).
+  std::map<std::string, std::pair<DType, Shape>> weight_types() const;
+  std::map<std::string, std::pair<DType, Shape>> optimizer_state_types() const;
+
+  // PopTorch's setOptimizer: a new base learning rate (the schedule keeps its shape).
+  void set_learning_rate(double lr) { training_.schedule.lr = lr; }
+
+  Result<std::map<std::string, Tensor>> run(const std::map<std::string, const Tensor*>& inputs);
+  const std::vector<StepStats>& last_steps() const { return last_; }
+
+  // Optimizer steps made so far (skipped ones included), and the loss scaler;
+  // both are host state a checkpoint keeps.
+  int64_t steps_done() const { return steps_done_; }
+  void set_steps_done(int64_t n) { steps_done_ = n; }
+  const train::LossScaler& loss_scaler() const { return scaler_; }
+  train::LossScaler& loss_scaler() { return scaler_; }
+
+  std::string profile_summary() const { return trace_ ? profile::summary(trace_->events()) : ""; }
+
+ private:
+  TrainingModel() = default;
+  Result<std::map<std::string, Tensor>> run_fused(const std::map<std::string, const Tensor*>& inputs);
+  Result<std::map<std::string, Tensor>> run_split(const std::map<std::string, const Tensor*>& inputs);
+  Result<std::map<std::string, Tensor>> losses_by_mode(const std::vector<float>& losses) const;
+  Status check_finite_weights(int64_t step, float loss) const;
+  Result<std::string> first_non_finite(const std::string& prefix) const;
+
+  Options options_;
+  TrainingOptions training_;
+  train::TrainingPrograms programs_;
+  bool cache_hit_ = false;
+  std::unique_ptr<profile::TraceRecorder> trace_;
+  std::unique_ptr<runtime::Session> session_;
+  train::LossScaler scaler_;
+  int64_t steps_done_ = 0;
+  std::vector<StepStats> last_;
+  std::vector<std::string> input_names_;  // the forward graph's inputs
+};
+
+}  // namespace aspen::api

@@ -1,0 +1,151 @@
+#include "train/program.h"
+
+#include "graph/autodiff.h"
+#include "graph/builder.h"
+
+namespace aspen::train {
+
+using graph::Builder;
+using graph::Graph;
+using graph::OpKind;
+using graph::ValueId;
+
+std::string grad_accumulator_name(const std::string& param) { return "train.grad." + param; }
+
+namespace {
+
+bool trainable(const graph::Node& n, const graph::TensorType& t) {
+  return n.name.rfind("state.", 0) != 0 && n.name.rfind(kOptimizerPrefix, 0) != 0 &&
+         n.name.rfind(kTrainPrefix, 0) != 0 && t.dtype == DType::f32;
+}
+
+// The forward graph with only the loss as an output, its trained parameters
+// and their gradients of loss (· train.loss_scale when asked).
+struct Differentiated {
+  Graph g;
+  std::vector<ValueId> params, grads;
+};
+
+Result<Differentiated> differentiate(const Graph& forward, const ProgramOptions& o) {
+  Differentiated d{forward, {}, {}};
+  const std::optional<ValueId> loss = forward.find_output(o.loss);
+  if (!loss)
+    return Status::invalid_argument("training graph: output '" + o.loss + "'", "the scalar loss to minimise",
+                                    "no output of that name");
+  const graph::TensorType lt = forward.type(*loss);
+  if (lt.dtype != DType::f32 || lt.shape.numel() != 1)
+    return Status::invalid_argument("training graph: output '" + o.loss + "'", "f32 with one element",
+                                    lt.to_string());
+  std::vector<std::string> others;
+  for (const auto& [name, v] : forward.outputs())
+    if (name != o.loss) others.push_back(name);
+  for (const std::string& name : others) d.g.remove_output(name);
+  for (int32_t i : forward.parameter_nodes()) {
+    const graph::Node& n = forward.node(i);
+    if (trainable(n, forward.type(n.outputs[0]))) d.params.push_back(n.outputs[0]);
+  }
+  if (d.params.empty())
+    return Status::invalid_argument("training graph", "at least one f32 parameter to train", "none");
+  ValueId objective = *loss;
+  if (o.loss_scale_input) {
+    Builder b(d.g);
+    objective = b.mul(objective, b.input(kLossScaleName, DType::f32, Shape{}));
+    ASPEN_RETURN_IF_ERROR(b.status());
+  }
+  ASPEN_ASSIGN_OR_RETURN(d.grads, graph::append_gradients(d.g, objective, d.params));
+  return d;
+}
+
+std::vector<std::string> names_of(const Graph& g, const std::vector<ValueId>& params) {
+  std::vector<std::string> out;
+  for (ValueId p : params) out.push_back(g.producer(p).name);
+  return out;
+}
+
+// Adds the accumulators and their updates: acc = g (first) or acc + g.
+Status accumulate(Differentiated& d, bool first) {
+  Builder b(d.g);
+  Tensor zero_index(DType::i32, Shape{});
+  zero_index.data<int32_t>()[0] = 0;
+  const ValueId zero = b.constant(std::move(zero_index));
+  for (size_t i = 0; i < d.params.size(); ++i) {
+    const std::string name = d.g.producer(d.params[i]).name;
+    const graph::TensorType t = d.g.type(d.params[i]);
+    const ValueId acc = b.parameter(grad_accumulator_name(name), t.dtype, t.shape);
+    ValueId value;
+    if (!first) {
+      value = b.add(acc, d.grads[i]);
+    } else if (t.shape.rank() == 0) {  // write_slice needs an axis; a scalar is copied in
+      value = d.grads[i];
+    } else {
+      value = b.op1(OpKind::write_slice, {acc, d.grads[i], zero}, {{"axis", int64_t(0)}});
+    }
+    b.update(acc, value);
+  }
+  return b.status();
+}
+
+}  // namespace
+
+Result<TrainingPrograms> build_training_programs(const Graph& forward, const ProgramOptions& o) {
+  if (o.gradient_accumulation < 1)
+    return Status::invalid_argument("training: gradient_accumulation", ">= 1", std::to_string(o.gradient_accumulation));
+  TrainingPrograms out;
+  const bool split = o.gradient_accumulation > 1 || o.clip || o.dynamic_loss_scale;
+  OptimizerOptions opt = o.optimizer;
+  opt.grad_scale_input = true;
+  if (!split) {
+    ASPEN_ASSIGN_OR_RETURN(Differentiated d, differentiate(forward, o));
+    Builder b(d.g);
+    ASPEN_RETURN_IF_ERROR(append_optimizer(b, d.params, d.grads, opt).status());
+    out.params = names_of(d.g, d.params);
+    out.fused = 0;
+    out.graphs.push_back(std::move(d.g));
+    return out;
+  }
+  {
+    ASPEN_ASSIGN_OR_RETURN(Differentiated d, differentiate(forward, o));
+    ASPEN_RETURN_IF_ERROR(accumulate(d, /*first=*/true));
+    out.params = names_of(d.g, d.params);
+    out.micro_first = int(out.graphs.size());
+    out.graphs.push_back(std::move(d.g));
+  }
+  if (o.gradient_accumulation > 1) {
+    ASPEN_ASSIGN_OR_RETURN(Differentiated d, differentiate(forward, o));
+    ASPEN_RETURN_IF_ERROR(accumulate(d, /*first=*/false));
+    out.micro_next = int(out.graphs.size());
+    out.graphs.push_back(std::move(d.g));
+  }
+  // The accumulators' types, from the forward graph.
+  std::vector<graph::TensorType> types;
+  for (const std::string& name : out.params) types.push_back(forward.type(*forward.find_parameter(name)));
+  {
+    Graph g;
+    Builder b(g);
+    ValueId total;
+    for (size_t i = 0; i < out.params.size(); ++i) {
+      const ValueId acc = b.parameter(grad_accumulator_name(out.params[i]), types[i].dtype, types[i].shape);
+      const ValueId s = b.op1(OpKind::sum_squares, {acc});
+      total = total.valid() ? b.add(total, s) : s;
+    }
+    b.output(kGradSqNormName, total);
+    ASPEN_RETURN_IF_ERROR(b.status());
+    out.norm = int(out.graphs.size());
+    out.graphs.push_back(std::move(g));
+  }
+  {
+    Graph g;
+    Builder b(g);
+    std::vector<ValueId> params, grads;
+    for (size_t i = 0; i < out.params.size(); ++i) {
+      params.push_back(b.parameter(out.params[i], types[i].dtype, types[i].shape));
+      grads.push_back(b.parameter(grad_accumulator_name(out.params[i]), types[i].dtype, types[i].shape));
+    }
+    ASPEN_RETURN_IF_ERROR(append_optimizer(b, params, grads, opt).status());
+    out.step = int(out.graphs.size());
+    out.graphs.push_back(std::move(g));
+  }
+  return out;
+}
+
+}  // namespace aspen::train
