@@ -63,21 +63,32 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   ASPEN_ASSIGN_OR_RETURN(m->programs_, train::build_training_programs(forward, po));
   for (int32_t i : forward.input_nodes()) m->input_names_.push_back(forward.node(i).name);
 
+  // The evaluation program: the forward graph with only the loss as an output.
+  graph::Graph eval = forward;
+  std::vector<std::string> other_outputs;
+  for (const auto& [name, v] : forward.outputs())
+    if (name != training.loss) other_outputs.push_back(name);
+  for (const std::string& name : other_outputs) eval.remove_output(name);
+  std::vector<const graph::Graph*> graphs;
+  for (const graph::Graph& g : m->programs_.graphs) graphs.push_back(&g);
+  m->eval_program_ = int(graphs.size());
+  graphs.push_back(&eval);
+
   compiler::CompileOptions copts;
   copts.opt_level = options.opt_level_;
   copts.compute = options.precision_;
   copts.partials = options.partials_type_;
   copts.recompute = options.recompute_;
   std::vector<std::unique_ptr<compiler::Executable>> exes;
-  for (const graph::Graph& g : m->programs_.graphs) {
+  for (const graph::Graph* g : graphs) {
     std::unique_ptr<compiler::Executable> exe;
     if (!options.executable_cache_.empty()) {
       compiler::ExecutableCache cache(options.executable_cache_);
       bool hit = false;
-      ASPEN_ASSIGN_OR_RETURN(exe, cache.compile(g, copts, &hit));
+      ASPEN_ASSIGN_OR_RETURN(exe, cache.compile(*g, copts, &hit));
       m->cache_hit_ = (exes.empty() || m->cache_hit_) && hit;
     } else {
-      ASPEN_ASSIGN_OR_RETURN(exe, compiler::compile(g, copts));
+      ASPEN_ASSIGN_OR_RETURN(exe, compiler::compile(*g, copts));
     }
     exes.push_back(std::move(exe));
   }
@@ -205,13 +216,12 @@ Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::str
   return out;
 }
 
-namespace {
+Result<float> TrainingModel::evaluate(const std::map<std::string, const Tensor*>& inputs) {
+  ASPEN_ASSIGN_OR_RETURN(auto out, session_->run(inputs, {}, eval_program_));
+  return out.at(training_.loss).data<float>()[0];
+}
 
-// Each forward input as `count` micro-batches (checked), from the caller's tensors.
-struct Feeds {
-  std::map<std::string, Shape> per;  // the graph's own shape of each input
-  const std::map<std::string, const Tensor*>* given = nullptr;
-};
+namespace {
 
 Status check_feed(const std::string& name, const Tensor& t, const Shape& per, DType dtype, int64_t count) {
   const Shape want = prepend(count, per);

@@ -94,6 +94,11 @@ class TrainingModel {
   Result<std::map<std::string, Tensor>> run(const std::map<std::string, const Tensor*>& inputs);
   const std::vector<StepStats>& last_steps() const { return last_; }
 
+  // The loss of one micro-batch (inputs in the forward graph's own shapes)
+  // with the current weights, changing nothing: validation. A program of the
+  // same session, so the weights are not copied.
+  Result<float> evaluate(const std::map<std::string, const Tensor*>& inputs);
+
   // Optimizer steps made so far (skipped ones included), and the loss scaler;
   // both are host state a checkpoint keeps.
   int64_t steps_done() const { return steps_done_; }
@@ -121,6 +126,7 @@ class TrainingModel {
   int64_t steps_done_ = 0;
   std::vector<StepStats> last_;
   std::vector<std::string> input_names_;  // the forward graph's inputs
+  int eval_program_ = -1;
 };
 
 }  // namespace aspen::api

@@ -131,6 +131,19 @@ void expect_golden_training(const std::string& model, int64_t d_model, bool no_d
     ASSERT_EQ(loss.numel(), gold.steps);
     for (int64_t k = 0; k < gold.steps; ++k)
       EXPECT_NEAR(loss.data<float>()[k], want[size_t(k)], 1e-4 * want[size_t(k)]) << "fused step " << k + 1;
+    // Validation on batch 0 with the trained weights (the eval program shares them).
+    {
+      const int64_t S = gold.T - 1;
+      Tensor ids(DType::i32, {gold.B, S}), pos(DType::i32, {gold.B, S}), tgt(DType::i32, {gold.B * S});
+      std::copy_n(all.input_ids.data<int32_t>(), gold.B * S, ids.data<int32_t>());
+      std::copy_n(all.positions.data<int32_t>(), gold.B * S, pos.data<int32_t>());
+      std::copy_n(all.targets.data<int32_t>(), gold.B * S, tgt.data<int32_t>());
+      auto v = (*m)->evaluate({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}});
+      ASSERT_TRUE(v.is_ok()) << v.status().to_string();
+      const double after = j.at(no_decay ? "nodecay_loss_after_10_steps_on_batch_0_f64"
+                                         : "loss_after_10_steps_on_batch_0_f64").get<double>();
+      EXPECT_NEAR(*v, after, 1e-4 * after);
+    }
     if (no_decay) return;
     // The final weights against the float64 run.
     auto w = (*m)->copy_weights_to_host();
