@@ -603,7 +603,12 @@ Status TrainConfig::validate() const {
 Result<TrainConfig> parse_train_config(std::string_view yaml_text, const std::string& origin) {
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(yaml_text));
+    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml_text));
+    if (docs.size() > 1) {  // a second document ("---") would be ignored: surely a mistake
+      return Status::invalid_argument(origin + ":" + std::to_string(line_of(docs[1])), "one YAML document",
+                                      std::to_string(docs.size()) + " documents");
+    }
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::ParserException& e) {
     return Status::invalid_argument(origin + ":" + std::to_string(e.mark.line + 1), "valid YAML", e.msg);
   } catch (const YAML::Exception& e) {

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 namespace aspen::train {
 namespace {
@@ -295,6 +297,9 @@ TEST(TrainConfigErrors, BadYamlAndMissingFile) {
   EXPECT_EQ(s.expected(), "valid YAML");
   EXPECT_FALSE(s.found().empty());
 
+  s = parse_error("name: a\n---\nname: b\n");
+  EXPECT_EQ(s.message(), "cfg.yaml:3: expected one YAML document, found 2 documents");
+
   auto r = load_train_config("/nonexistent/train.yaml");
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), Code::kNotFound);
@@ -373,6 +378,43 @@ TEST(TrainConfigExamples, EveryFileInConfigsParsesAndValidates) {
     }
   }
   EXPECT_GE(count, 3);
+}
+
+std::string training_md() {
+  std::ifstream f(ASPEN_TRAINING_MD);
+  EXPECT_TRUE(f) << ASPEN_TRAINING_MD;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The YAML examples of docs/training.md are configs that parse.
+TEST(TrainConfigExamples, DocsExamplesParse) {
+  const std::string doc = training_md();
+  int count = 0;
+  for (size_t at = doc.find("```yaml\n"); at != std::string::npos; at = doc.find("```yaml\n", at + 1)) {
+    const size_t begin = at + 8, end = doc.find("```", begin);
+    ASSERT_NE(end, std::string::npos);
+    auto r = parse_train_config(doc.substr(begin, end - begin), "docs/training.md");
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    ++count;
+  }
+  EXPECT_GE(count, 1);
+}
+
+// docs/training.md documents every key: each key that to_yaml writes
+// ("  key: value" lines) appears there as `key`.
+TEST(TrainConfigExamples, DocsListEveryKey) {
+  const std::string doc = training_md();
+  std::istringstream yaml(to_yaml(TrainConfig{}));
+  int keys = 0;
+  for (std::string line; std::getline(yaml, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const std::string key = line.substr(line.find_first_not_of(' '), line.find(':') - line.find_first_not_of(' '));
+    EXPECT_NE(doc.find("`" + key + "`"), std::string::npos) << key;
+    ++keys;
+  }
+  EXPECT_EQ(keys, 68);  // 57 keys + 11 section headers
 }
 
 }  // namespace

@@ -33,6 +33,12 @@
 
 namespace aspen::train {
 
+// Pinned: the files of a run directory (log.run_dir, by default runs/<name>)
+// that docs/training.md ("What a run writes") describes.
+inline constexpr char kRunConfigFile[] = "config.yaml";  // to_yaml() of the config as run (overrides applied)
+inline constexpr char kMetricsFile[] = "metrics.jsonl";  // the MetricsLog
+inline constexpr char kLossSvgFile[] = "loss.svg";       // write_loss_svg() of "loss" and "val_loss"
+
 // ---- the terminal ---------------------------------------------------------------------
 
 enum class ProgressMode { kAuto, kBar, kLines, kOff };
