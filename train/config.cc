@@ -5,9 +5,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
-#include <cctype>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -157,7 +157,8 @@ size_t edit_distance(std::string_view a, std::string_view b) {
     for (size_t j = 1; j <= b.size(); ++j) {
       size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
   }
   return d[a.size()][b.size()];
@@ -313,9 +314,7 @@ std::string describe(const YAML::Node& n) {
 }
 
 // A plain (unquoted) scalar's text, or nullopt for anything else.
-const std::string* plain_scalar(const YAML::Node& n) {
-  return n.IsScalar() && !is_quoted(n) ? &n.Scalar() : nullptr;
-}
+const std::string* plain_scalar(const YAML::Node& n) { return n.IsScalar() && !is_quoted(n) ? &n.Scalar() : nullptr; }
 
 template <class Int>
 bool parse_int(std::string_view s, Int& out) {
@@ -328,8 +327,7 @@ bool parse_int(std::string_view s, Int& out) {
 // Reads `n` into `out` when it has the type; false (and `out` unchanged) when
 // it does not. Lists report a bad element themselves (its own line).
 template <class T>
-Status read_value(const YAML::Node& n, T& out, const std::string& path, int line, const Source& src,
-                  const Rule& rule) {
+Status read_value(const YAML::Node& n, T& out, const std::string& path, int line, const Source& src, const Rule& rule) {
   auto mismatch = [&] {
     return Status::invalid_argument(src.where(line) + ": " + path, expected_text<T>(rule), describe(n));
   };
@@ -351,9 +349,9 @@ Status read_value(const YAML::Node& n, T& out, const std::string& path, int line
     for (size_t i = 0; i < n.size(); ++i) {
       const YAML::Node e = n[i];
       if (!e.IsScalar()) {
-        return Status::invalid_argument(src.where(src.has_lines ? line_of(e) : line) + ": " + path + "[" +
-                                            std::to_string(i) + "]",
-                                        "a string", describe(e));
+        return Status::invalid_argument(
+            src.where(src.has_lines ? line_of(e) : line) + ": " + path + "[" + std::to_string(i) + "]", "a string",
+            describe(e));
       }
       items.push_back(e.Scalar());
     }
@@ -397,8 +395,8 @@ Status read_value(const YAML::Node& n, T& out, const std::string& path, int line
 Status read_map(TrainConfig& c, std::string_view section, const YAML::Node& map, Source& src);
 
 // One `key: value` of `section` ("" : the top level). `line` is the key's.
-Status read_entry(TrainConfig& c, std::string_view section, const std::string& key, int line,
-                  const YAML::Node& value, Source& src) {
+Status read_entry(TrainConfig& c, std::string_view section, const std::string& key, int line, const YAML::Node& value,
+                  Source& src) {
   const std::string path = path_of(section, key);
   if (section.empty() && is_section(key)) {
     if (value.IsNull()) return Status::ok();  // "model:" with nothing under it: the defaults
@@ -432,7 +430,7 @@ Status read_entry(TrainConfig& c, std::string_view section, const std::string& k
 
 Status read_map(TrainConfig& c, std::string_view section, const YAML::Node& map, Source& src) {
   std::map<std::string, int> seen;  // key -> line, to refuse a key given twice
-  for (const auto& kv : map) {  // by value: yaml-cpp's it->first points into a temporary
+  for (const auto& kv : map) {      // by value: yaml-cpp's it->first points into a temporary
     const YAML::Node& k = kv.first;
     const int line = src.has_lines ? line_of(k) : 1;
     if (!k.IsScalar()) {
@@ -474,8 +472,7 @@ Result<std::string> read_file(const std::string& path) {
 bool plain_safe(std::string_view s) {
   if (s.empty() || s == "null" || s == "Null" || s == "NULL") return false;
   const auto ok_first = [](char ch) {
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
-           ch == '/';
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '/';
   };
   if (!ok_first(s[0])) return false;
   return std::all_of(s.begin(), s.end(), [&](char ch) { return ok_first(ch) || ch == '.' || ch == '-' || ch == '+'; });
@@ -486,11 +483,21 @@ std::string yaml_string(std::string_view s) {
   std::string out = "\"";
   for (unsigned char ch : s) {
     switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (ch < 0x20 || ch == 0x7f) {
           char buf[8];
@@ -529,10 +536,10 @@ Status TrainConfig::validate() const {
   ASPEN_RETURN_IF_ERROR(first);
 
   // `name` names the run directory runs/<name>.
-  const bool name_ok = !name.empty() && name != "." && name != ".." &&
-                       std::all_of(name.begin(), name.end(), [](char ch) {
-                         return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
-                       });
+  const bool name_ok =
+      !name.empty() && name != "." && name != ".." && std::all_of(name.begin(), name.end(), [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
+      });
   if (!name_ok) {
     return Status::invalid_argument("name", "letters, digits, '.', '_' or '-' (it names the directory runs/<name>)",
                                     value_text(name));
@@ -586,10 +593,9 @@ Status TrainConfig::validate() const {
       }
       const int64_t rotary = model.rotary_dim == 0 ? head_dim : model.rotary_dim;
       if (rotary % 2 != 0) {
-        return Status::invalid_argument("model.rotary_dim",
-                                        model.rotary_dim == 0 ? "an even head_dim (0 means head_dim)" : "an even number",
-                                        model.rotary_dim == 0 ? "head_dim = " + std::to_string(head_dim)
-                                                              : std::to_string(model.rotary_dim));
+        return Status::invalid_argument(
+            "model.rotary_dim", model.rotary_dim == 0 ? "an even head_dim (0 means head_dim)" : "an even number",
+            model.rotary_dim == 0 ? "head_dim = " + std::to_string(head_dim) : std::to_string(model.rotary_dim));
       }
     }
     if (data.seq > model.n_positions) {
@@ -618,8 +624,8 @@ Result<TrainConfig> parse_train_config(std::string_view yaml_text, const std::st
   Source src{.origin = origin};
   if (root.IsNull()) return c;  // an empty file (or only comments): the defaults
   if (!root.IsMap()) {
-    return Status::invalid_argument(src.where(line_of(root)), "a map of top-level keys (" + join(keys_of(""), ", ") + ")",
-                                    describe(root));
+    return Status::invalid_argument(src.where(line_of(root)),
+                                    "a map of top-level keys (" + join(keys_of(""), ", ") + ")", describe(root));
   }
   ASPEN_RETURN_IF_ERROR(read_map(c, "", root, src));
   ASPEN_RETURN_IF_ERROR(validate_at(c, src));

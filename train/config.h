@@ -36,12 +36,13 @@
 namespace aspen::train {
 
 struct ModelSection {
-  std::string from;             // a Hugging Face directory (config.json + model.safetensors) to fine-tune; empty: from scratch
+  // A Hugging Face directory (config.json + model.safetensors) to fine-tune; empty: from scratch.
+  std::string from;
   std::string family = "gpt2";  // from scratch: "gpt2" or "gptj"
   int64_t n_layer = 4, n_head = 4, d_model = 128, n_positions = 256;
-  int64_t d_ff = 0;             // 0: 4 * d_model
-  int64_t rotary_dim = 0;       // gptj only; 0: head_dim
-  int64_t vocab = 0;            // 0: the tokenizer's / data index's vocabulary size
+  int64_t d_ff = 0;        // 0: 4 * d_model
+  int64_t rotary_dim = 0;  // gptj only; 0: head_dim
+  int64_t vocab = 0;       // 0: the tokenizer's / data index's vocabulary size
   double init_std = 0.02;
   bool operator==(const ModelSection&) const = default;
 };
@@ -59,12 +60,13 @@ struct OptimizerSection {
   double lr = 3e-4, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01, momentum = 0.0;
   bool nesterov = false;
   std::vector<std::string> no_decay = {"bias", "ln_", "norm"};  // parameters whose name contains one: no weight decay
-  double clip_grad_norm = 0.0;  // 0: off
+  double clip_grad_norm = 0.0;                                  // 0: off
   bool operator==(const OptimizerSection&) const = default;
 };
 
 struct ScheduleSection {
-  std::string name = "constant";  // constant | cosine | linear (decay after warm-up, to min_lr_ratio * lr at the last step)
+  // constant | cosine | linear (decay after warm-up, to min_lr_ratio * lr at the last step)
+  std::string name = "constant";
   int64_t warmup_steps = 0;
   double min_lr_ratio = 0.0;
   bool operator==(const ScheduleSection&) const = default;
@@ -80,7 +82,8 @@ struct PrecisionSection {
 
 struct BatchSection {
   int64_t micro = 4, accumulation = 1, replicas = 1;
-  int64_t global = 0;  // 0: micro*accumulation*replicas; otherwise must equal that product (DeepSpeed's train_batch_size)
+  // 0: micro*accumulation*replicas; otherwise must equal that product (DeepSpeed's train_batch_size)
+  int64_t global = 0;
   bool operator==(const BatchSection&) const = default;
 };
 
@@ -106,7 +109,7 @@ struct EvalSection {
 };
 
 struct LogSection {
-  std::string run_dir;            // empty: runs/<name>
+  std::string run_dir;  // empty: runs/<name>
   int64_t interval = 10;
   std::string progress = "auto";  // auto | bar | lines | off
   bool operator==(const LogSection&) const = default;

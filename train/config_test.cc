@@ -129,7 +129,7 @@ TEST(TrainConfig, ToYamlRoundTrips) {
   c.model.from = "models/my gpt2";  // a space: quoted
   c.model.init_std = 1.0 / 3.0;     // no short decimal form: shortest exact digits
   c.data.train = "";
-  c.data.tokenizer = "null";        // would read as null unquoted
+  c.data.tokenizer = "null";  // would read as null unquoted
   c.data.val_fraction = 0.1;
   c.optimizer.lr = 3e-4;
   c.optimizer.eps = 1e-8;
@@ -140,8 +140,9 @@ TEST(TrainConfig, ToYamlRoundTrips) {
   c.train.threads = 7;
   c.checkpoint.dir = "~";
   c.log.run_dir = "-dash";
-  c.sample.prompts = {"", "a, b", "[x]", "it's \"quoted\"", "tab\there", "line\nbreak", "#hash", "héllo wörld",
-                      "true", "12", "key: value", "back\\slash", "bell\x07"};
+  c.sample.prompts = {
+      "",     "a, b", "[x]",        "it's \"quoted\"", "tab\there", "line\nbreak", "#hash", "héllo wörld",
+      "true", "12",   "key: value", "back\\slash",     "bell\x07"};
   ASSERT_TRUE(c.validate().is_ok()) << c.validate().to_string();
   const std::string yaml = to_yaml(c);
   const TrainConfig back = parse_ok(yaml);
@@ -199,10 +200,12 @@ TEST(TrainConfigErrors, WrongTypes) {
   };
   const Case cases[] = {
       {"optimizer:\n  lr: fast\n", "cfg.yaml:2: optimizer.lr: expected a number >= 0, found 'fast'"},
-      {"optimizer:\n  lr: \"0.1\"\n", "cfg.yaml:2: optimizer.lr: expected a number >= 0, found the quoted string '0.1'"},
+      {"optimizer:\n  lr: \"0.1\"\n",
+       "cfg.yaml:2: optimizer.lr: expected a number >= 0, found the quoted string '0.1'"},
       {"optimizer:\n  lr: .inf\n", "cfg.yaml:2: optimizer.lr: expected a number >= 0, found '.inf'"},
       {"optimizer:\n  lr:\n", "cfg.yaml:2: optimizer.lr: expected a number >= 0, found no value"},
-      {"optimizer:\n  no_decay: {bias: 1}\n", "cfg.yaml:2: optimizer.no_decay: expected a list of strings, found a map"},
+      {"optimizer:\n  no_decay: {bias: 1}\n",
+       "cfg.yaml:2: optimizer.no_decay: expected a list of strings, found a map"},
       {"optimizer:\n  no_decay: bias\n", "cfg.yaml:2: optimizer.no_decay: expected a list of strings, found 'bias'"},
       {"optimizer:\n  nesterov: yes\n", "cfg.yaml:2: optimizer.nesterov: expected true or false, found 'yes'"},
       {"model:\n  n_layer: 2.5\n", "cfg.yaml:2: model.n_layer: expected an integer >= 1, found 2.5"},
@@ -242,10 +245,12 @@ TEST(TrainConfigErrors, OutOfRangeAndUnknownChoices) {
       {"optimizer:\n  eps: 0\n", "cfg.yaml:2: optimizer.eps: expected a number > 0, found 0"},
       {"sample:\n  top_p: 0\n", "cfg.yaml:2: sample.top_p: expected a number in (0, 1], found 0"},
       {"optimizer:\n  name: adam\n",
-       "cfg.yaml:2: optimizer.name: expected one of 'adamw', 'sgd', 'lamb', found 'adam' (hint: did you mean 'adamw'?)"},
+       "cfg.yaml:2: optimizer.name: expected one of 'adamw', 'sgd', 'lamb', found 'adam' (hint: did you mean "
+       "'adamw'?)"},
       {"precision:\n  compute: fp16\n",
        "cfg.yaml:2: precision.compute: expected one of 'f32', 'bf16', 'f16', found 'fp16' (hint: did you mean 'f16'?)"},
-      {"log:\n  progress: tqdm\n", "cfg.yaml:2: log.progress: expected one of 'auto', 'bar', 'lines', 'off', found 'tqdm'"},
+      {"log:\n  progress: tqdm\n",
+       "cfg.yaml:2: log.progress: expected one of 'auto', 'bar', 'lines', 'off', found 'tqdm'"},
   };
   for (const Case& c : cases) {
     Status s = parse_error(c.yaml);
@@ -264,7 +269,8 @@ TEST(TrainConfigErrors, KeysThatDisagree) {
        "cfg.yaml:4: batch.global: expected 0 or micro * accumulation * replicas = 4 * 2 * 1 = 8, found 16"},
       {"precision:\n  compute: bf16\n  partials: f16\n",
        "cfg.yaml:3: precision.partials: expected 'f32' or the compute type 'bf16', found 'f16'"},
-      {"model:\n  d_model: 128\n  n_head: 5\n", "cfg.yaml:3: model.n_head: expected a divisor of model.d_model = 128, found 5"},
+      {"model:\n  d_model: 128\n  n_head: 5\n",
+       "cfg.yaml:3: model.n_head: expected a divisor of model.d_model = 128, found 5"},
       {"model:\n  rotary_dim: 8\n",
        "cfg.yaml:2: model.rotary_dim: expected 0 for family 'gpt2' (it has no rotary embeddings), found 8"},
       {"model:\n  family: gptj\n  rotary_dim: 64\n",
@@ -345,7 +351,8 @@ TEST(TrainConfigOverride, SameChecksAsTheFile) {
       {"optimiser.lr=1",
        "override 'optimiser.lr=1': optimiser: expected a section (name, model, data, optimizer, schedule, precision, "
        "batch, train, checkpoint, eval, log, sample), found an unknown key (hint: did you mean 'optimizer'?)"},
-      {"sample.prompts={a: b}", "override 'sample.prompts={a: b}': sample.prompts: expected a list of strings, found a map"},
+      {"sample.prompts={a: b}",
+       "override 'sample.prompts={a: b}': sample.prompts: expected a list of strings, found a map"},
       {"model={n_layer: 0}", "override 'model={n_layer: 0}': model.n_layer: expected an integer >= 1, found 0"},
       {"optimizer.lr", "override 'optimizer.lr': expected key.path=value (e.g. optimizer.lr=1e-3), found no '='"},
       {"=3", "override '=3': expected key.path=value (e.g. optimizer.lr=1e-3), found no key before '='"},

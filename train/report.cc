@@ -3,8 +3,6 @@
 
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -13,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/atomic_file.h"
@@ -50,7 +49,8 @@ Result<ProgressMode> parse_progress_mode(std::string_view name) {
   if (name == "bar") return ProgressMode::kBar;
   if (name == "lines") return ProgressMode::kLines;
   if (name == "off") return ProgressMode::kOff;
-  return Status::invalid_argument("progress mode", "one of 'auto', 'bar', 'lines', 'off'", "'" + std::string(name) + "'");
+  return Status::invalid_argument("progress mode", "one of 'auto', 'bar', 'lines', 'off'",
+                                  "'" + std::string(name) + "'");
 }
 
 std::string format_duration(double seconds) {
@@ -103,19 +103,20 @@ std::string Progress::format_line(int64_t step, double loss, double tokens_per_s
 
   const double elapsed = clock_() - t0_;
   const int64_t done = step - start_step_;
-  const double eta = step >= total_                 ? 0
-                     : done > 0 && elapsed > 0 ? static_cast<double>(total_ - step) * elapsed / static_cast<double>(done)
-                                               : -1;  // "--"
+  const double eta = step >= total_ ? 0
+                     : done > 0 && elapsed > 0
+                         ? static_cast<double>(total_ - step) * elapsed / static_cast<double>(done)
+                         : -1;  // "--"
   std::string tail = step_text + "/" + total + "  loss " + to_text("%.3f", loss) + "  " +
-                     (tokens_per_s >= 0 ? format_si(tokens_per_s) : "--") + " tok/s  ETA " +
-                     format_duration(eta);
+                     (tokens_per_s >= 0 ? format_si(tokens_per_s) : "--") + " tok/s  ETA " + format_duration(eta);
   if (!extra.empty()) tail += "  " + std::string(extra);
 
   std::string line;
   if (mode_ == ProgressMode::kBar) {
     const size_t room = kMaxLine > tail.size() + 3 ? kMaxLine - tail.size() - 3 : 0;  // "[" bar "] "
     const size_t width = std::clamp(room, kMinBar, kMaxBar);
-    const double frac = total_ > 0 ? std::clamp(static_cast<double>(step) / static_cast<double>(total_), 0.0, 1.0) : 1.0;
+    const double frac =
+        total_ > 0 ? std::clamp(static_cast<double>(step) / static_cast<double>(total_), 0.0, 1.0) : 1.0;
     const auto filled = static_cast<size_t>(frac * static_cast<double>(width));
     line = "[" + std::string(filled, '#') + std::string(width - filled, '-') + "] " + tail;
   } else {
@@ -327,11 +328,20 @@ std::string xml_escape(std::string_view s) {
   std::string out;
   for (char ch : s) {
     switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += ch;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += ch;
     }
   }
   return out;
@@ -373,8 +383,10 @@ std::string loss_svg(const std::vector<std::pair<int64_t, double>>& train_in,
   auto py = [&](double y) { return top + (ay.hi - y) / (ay.hi - ay.lo) * ph; };
 
   std::string o;
-  appendf(o, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
-             "font-family=\"sans-serif\" font-size=\"12\">\n", W, H, W, H);
+  appendf(o,
+          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
+          "font-family=\"sans-serif\" font-size=\"12\">\n",
+          W, H, W, H);
   o += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   appendf(o, "<text x=\"%.1f\" y=\"26\" text-anchor=\"middle\" font-size=\"15\">", W / 2);
   o += xml_escape(title) + "</text>\n";
@@ -422,8 +434,8 @@ std::string loss_svg(const std::vector<std::pair<int64_t, double>>& train_in,
     }
   }
   if (!any) {
-    appendf(o, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#808080\">no data</text>\n",
-            left + pw / 2, top + ph / 2);
+    appendf(o, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#808080\">no data</text>\n", left + pw / 2,
+            top + ph / 2);
   }
 
   // The legend, top right, for the series that have points.

@@ -89,7 +89,7 @@ class Progress {
   std::ostream& out_;
   Clock clock_;
   double t0_, last_draw_ = -1e300;
-  size_t drawn_ = 0;     // characters of the bar now on the terminal's line; 0: none
+  size_t drawn_ = 0;  // characters of the bar now on the terminal's line; 0: none
   bool have_state_ = false, dirty_ = false, finished_ = false;  // dirty_: the state has not been drawn
   int64_t step_ = 0;
   double loss_ = 0, rate_ = 0;

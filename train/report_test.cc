@@ -160,7 +160,8 @@ TEST(Progress, LinesPrintEveryUpdate) {
 TEST(Progress, EtaCountsOnlyTheStepsOfThisRun) {
   double now = 0;
   std::ostringstream out;
-  Progress p(1000, ProgressMode::kLines, out, [&] { return now; }, /*start_step=*/500);
+  Progress p(
+      1000, ProgressMode::kLines, out, [&] { return now; }, /*start_step=*/500);
   now = 10;
   p.update(600, 1, 100);  // 100 steps in 10 s, 400 left
   EXPECT_EQ(out.str(), "step  600/1000  loss 1.000  100 tok/s  ETA 40s\n");
@@ -220,7 +221,8 @@ TEST(MetricsLog, ResumeDropsLaterStepsAndATornLine) {
   {
     auto log = MetricsLog::resume(path, 20);
     ASSERT_TRUE(log.is_ok()) << log.status().to_string();
-    EXPECT_EQ(read_bytes(path), "{\"step\":10,\"loss\":3}\n{\"step\":20,\"loss\":2.5}\n{\"step\":20,\"val_loss\":2.75}\n");
+    EXPECT_EQ(read_bytes(path),
+              "{\"step\":10,\"loss\":3}\n{\"step\":20,\"loss\":2.5}\n{\"step\":20,\"val_loss\":2.75}\n");
     ASSERT_TRUE(log->append(30, {{"loss", 2.25}}).is_ok());
   }
   EXPECT_EQ(read_bytes(path),
