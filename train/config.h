@@ -1,0 +1,167 @@
+// train/config.h: the training job's config file (YAML) as a TrainConfig.
+//
+// A config file is a map of sections (model, data, optimizer, schedule,
+// precision, batch, train, checkpoint, eval, log, sample) plus the top-level
+// `name`. Every key is optional; a missing key keeps the default written
+// below, and an empty file is the all-defaults config. docs/training.md ("The
+// config file") documents every key.
+//
+// Reading is strict, because a mistyped key that is silently ignored costs a
+// whole run:
+//   * an unknown key at any level is an error naming the file, the line, the
+//     key path and, when one is close, the known key meant ("did you mean
+//     'warmup_steps'?");
+//   * a value of the wrong type (a string where a number goes, a map where a
+//     list goes, a float for an integer, a key given twice) is an error with
+//     file:line, key path, what was expected and what was found;
+//   * a value out of range or an unknown choice (optimizer.name: adam) is an
+//     error from validate(), located at the key's line, that lists the range
+//     or the choices.
+// Errors are InvalidArgument with the subject "<origin>:<line>: <key path>"
+// (NotFound / IoError for an unreadable file).
+//
+// to_yaml() writes every key; parse_train_config(to_yaml(c)) == c for every
+// valid c (doubles are written in their shortest exact form).
+//
+// Thread-safety: plain values and free functions; no shared state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace aspen::train {
+
+struct ModelSection {
+  // A Hugging Face directory (config.json + model.safetensors) to fine-tune; empty: from scratch.
+  std::string from;
+  std::string family = "gpt2";  // from scratch: "gpt2" or "gptj"
+  int64_t n_layer = 4, n_head = 4, d_model = 128, n_positions = 256;
+  int64_t d_ff = 0;        // 0: 4 * d_model
+  int64_t rotary_dim = 0;  // gptj only; 0: head_dim
+  int64_t vocab = 0;       // 0: the tokenizer's / data index's vocabulary size
+  double init_std = 0.02;
+  bool operator==(const ModelSection&) const = default;
+};
+
+struct DataSection {
+  std::string train;      // a token-shard directory written by `aspen prepare-data`
+  std::string tokenizer;  // for samples; empty: the model directory, else the shard index's tokenizer_dir
+  int64_t seq = 128;
+  double val_fraction = 0.05;
+  bool operator==(const DataSection&) const = default;
+};
+
+struct OptimizerSection {
+  std::string name = "adamw";  // adamw | sgd | lamb
+  double lr = 3e-4, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01, momentum = 0.0;
+  bool nesterov = false;
+  std::vector<std::string> no_decay = {"bias", "ln_", "norm"};  // parameters whose name contains one: no weight decay
+  double clip_grad_norm = 0.0;                                  // 0: off
+  bool operator==(const OptimizerSection&) const = default;
+};
+
+struct ScheduleSection {
+  // constant | cosine | linear (decay after warm-up, to min_lr_ratio * lr at the last step)
+  std::string name = "constant";
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.0;
+  bool operator==(const ScheduleSection&) const = default;
+};
+
+struct PrecisionSection {
+  std::string compute = "f32", partials = "f32";  // f32 | bf16 | f16; partials f32 or the compute type
+  std::string loss_scaling = "none";              // none | static | dynamic
+  double loss_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
+  int64_t growth_interval = 2000, hysteresis = 2;
+  bool operator==(const PrecisionSection&) const = default;
+};
+
+struct BatchSection {
+  int64_t micro = 4, accumulation = 1, replicas = 1;
+  // 0: micro*accumulation*replicas; otherwise must equal that product (DeepSpeed's train_batch_size)
+  int64_t global = 0;
+  bool operator==(const BatchSection&) const = default;
+};
+
+struct TrainSection {
+  int64_t steps = 1000;
+  uint64_t seed = 0;
+  int threads = 0;  // 0: all cores the process may use
+  int64_t device_iterations = 1;
+  bool operator==(const TrainSection&) const = default;
+};
+
+struct CheckpointSection {
+  std::string dir;       // empty: <run_dir>/checkpoints
+  int64_t interval = 0;  // 0: at the end only
+  int64_t keep = 2;      // the newest `keep` checkpoints stay on disk
+  bool operator==(const CheckpointSection&) const = default;
+};
+
+struct EvalSection {
+  int64_t interval = 0;  // 0: off
+  int64_t batches = 8;
+  bool operator==(const EvalSection&) const = default;
+};
+
+struct LogSection {
+  std::string run_dir;  // empty: runs/<name>
+  int64_t interval = 10;
+  std::string progress = "auto";  // auto | bar | lines | off
+  bool operator==(const LogSection&) const = default;
+};
+
+struct SampleSection {
+  std::vector<std::string> prompts;
+  int64_t max_new_tokens = 64;
+  double temperature = 0.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: off
+  double top_p = 1.0;        // 1: off
+  bool operator==(const SampleSection&) const = default;
+};
+
+struct TrainConfig {
+  std::string name = "run";
+  ModelSection model = {};
+  DataSection data = {};
+  OptimizerSection optimizer = {};
+  ScheduleSection schedule = {};
+  PrecisionSection precision = {};
+  BatchSection batch = {};
+  TrainSection train = {};
+  CheckpointSection checkpoint = {};
+  EvalSection eval = {};
+  LogSection log = {};
+  SampleSection sample = {};
+
+  // Every value in range, every choice known, and the keys consistent with
+  // each other (batch.global, precision.partials, heads dividing d_model, ...).
+  // An error's subject is the key path ("optimizer.lr"); it says what was
+  // expected and what was found. Keys that need files (data.train,
+  // model.from) are checked by whoever opens them, not here.
+  [[nodiscard]] Status validate() const;
+  int64_t global_batch() const;  // micro * accumulation * replicas
+  bool operator==(const TrainConfig&) const = default;
+};
+
+// Parses and validates a config. `origin` names the text in errors (the file
+// path). Empty text (or only comments) gives the defaults.
+Result<TrainConfig> parse_train_config(std::string_view yaml_text, const std::string& origin);
+// Reads `path` and parses it; NotFound / IoError name the path.
+Result<TrainConfig> load_train_config(const std::string& path);
+
+// Applies one "key.path=value" assignment (the value is YAML: "1e-3",
+// "[a, b]", "{n_layer: 2}" for a whole section) with the same checks as the
+// file: known key, type, range, choice. Keys that must agree with others
+// (batch.global, ...) are checked by validate(), which the caller runs after
+// the last override. On error `c` is unchanged.
+[[nodiscard]] Status apply_override(TrainConfig& c, std::string_view assignment);
+
+// The config as YAML with every key, in the order of the structs above.
+std::string to_yaml(const TrainConfig& c);
+
+}  // namespace aspen::train
