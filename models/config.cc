@@ -245,6 +245,63 @@ Result<ModelConfig> parse_config(const std::string& text, const std::string& pat
   return c;
 }
 
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+ordered_json id_or_null(const std::optional<int64_t>& id) { return id ? ordered_json(*id) : ordered_json(nullptr); }
+
+// The keys GPT-2 and GPT-J share, in the order transformers writes them.
+void write_decoder_keys(ordered_json& j, int64_t vocab, int64_t n_positions, int64_t d_model, int64_t n_layer,
+                        int64_t n_head, int64_t d_ff, double layer_norm_eps) {
+  j["vocab_size"] = vocab;
+  j["n_positions"] = n_positions;
+  j["n_embd"] = d_model;
+  j["n_layer"] = n_layer;
+  j["n_head"] = n_head;
+  j["n_inner"] = d_ff > 0 ? ordered_json(d_ff) : ordered_json(nullptr);  // null: 4 * n_embd
+  j["layer_norm_epsilon"] = layer_norm_eps;
+  j["activation_function"] = "gelu_new";
+  j["scale_attn_weights"] = true;
+}
+
+}  // namespace
+
+Result<std::string> to_hf_config_json(const ModelConfig& config) {
+  Status valid = std::visit([](const auto& f) { return f.validate(); }, config.family);
+  ASPEN_RETURN_IF_ERROR(std::move(valid).with_context("to_hf_config_json"));
+  ordered_json j = ordered_json::object();
+  if (const Gpt2Config* g = config.gpt2()) {
+    j["model_type"] = "gpt2";
+    j["architectures"] = {"GPT2LMHeadModel"};
+    write_decoder_keys(j, g->vocab, g->n_positions, g->d_model, g->n_layer, g->n_head, g->d_ff, g->layer_norm_eps);
+    j["scale_attn_by_inverse_layer_idx"] = false;
+    j["tie_word_embeddings"] = g->tie_word_embeddings;
+  } else if (const GptjConfig* gj = config.gptj()) {
+    j["model_type"] = "gptj";
+    j["architectures"] = {"GPTJForCausalLM"};
+    write_decoder_keys(j, gj->vocab, gj->n_positions, gj->d_model, gj->n_layer, gj->n_head, gj->d_ff,
+                       gj->layer_norm_eps);
+    j["rotary_dim"] = gj->rotary_dim;
+    j["tie_word_embeddings"] = false;
+  } else {
+    return Status::error(Code::kUnimplemented, "to_hf_config_json: model_type", "gpt2 or gptj (a causal LM to export)",
+                         "\"bert\"");
+  }
+  j["bos_token_id"] = id_or_null(config.bos_token_id);
+  if (config.eos_token_ids.size() == 1) {
+    j["eos_token_id"] = config.eos_token_ids[0];
+  } else if (config.eos_token_ids.empty()) {
+    j["eos_token_id"] = nullptr;
+  } else {
+    j["eos_token_id"] = config.eos_token_ids;
+  }
+  j["pad_token_id"] = id_or_null(config.pad_token_id);
+  j["torch_dtype"] = "float32";  // the master weights; newer transformers read it as "dtype"
+  j["use_cache"] = true;
+  return j.dump(2) + "\n";
+}
+
 Result<ModelConfig> load_config(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return io_error(path, "a readable config.json");

@@ -17,6 +17,11 @@
 //
 // Errors name the file, the key, what was expected and what was found.
 // The graph dtype stays f32 (a caller choice, not the checkpoint's).
+//
+// to_hf_config_json is the inverse, for exporting a model: the config.json
+// Hugging Face's transformers writes for the family (its key names, the
+// architectures entry, torch_dtype float32), which parse_config reads back to
+// the same family config and token ids.
 #pragma once
 
 #include <cstdint>
@@ -52,5 +57,10 @@ const std::vector<std::string>& supported_model_types();
 Result<ModelConfig> load_config(const std::string& path);
 // Parses config.json text; `path` names it in errors and warnings.
 Result<ModelConfig> parse_config(const std::string& json_text, const std::string& path);
+
+// config.json text for gpt2 and gptj (GPT2LMHeadModel, GPTJForCausalLM);
+// Unimplemented for bert (no exported head). An absent bos, eos or pad id is
+// written as null, not left to Hugging Face's family default (50256).
+Result<std::string> to_hf_config_json(const ModelConfig& config);
 
 }  // namespace aspen::models

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "core/log.h"
 
 namespace aspen::models {
@@ -123,6 +125,84 @@ TEST(Config, ErrorsNameTheFileTheKeyAndWhatWasFound) {
   EXPECT_EQ(missing.status().code(), Code::kIoError);
   EXPECT_EQ(missing.status().message(),
             "/nonexistent/config.json: expected a readable config.json, found No such file or directory");
+}
+
+// The config written for export reads back to the same family config and ids.
+void expect_round_trip(const ModelConfig& c) {
+  auto text = to_hf_config_json(c);
+  ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+  auto back = parse_config(*text, "exported.json");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string() << "\n" << *text;
+  EXPECT_EQ(back->model_type, c.model_type);
+  EXPECT_TRUE(back->unknown_keys.empty()) << *text;
+  EXPECT_EQ(back->bos_token_id, c.bos_token_id);
+  EXPECT_EQ(back->pad_token_id, c.pad_token_id);
+  EXPECT_EQ(back->eos_token_ids, c.eos_token_ids);
+  if (const Gpt2Config* a = c.gpt2()) {
+    const Gpt2Config* b = back->gpt2();
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(std::tie(a->vocab, a->n_positions, a->d_model, a->n_layer, a->n_head, a->d_ff, a->layer_norm_eps,
+                       a->tie_word_embeddings),
+              std::tie(b->vocab, b->n_positions, b->d_model, b->n_layer, b->n_head, b->d_ff, b->layer_norm_eps,
+                       b->tie_word_embeddings));
+  } else {
+    const GptjConfig* a2 = c.gptj();
+    const GptjConfig* b = back->gptj();
+    ASSERT_NE(a2, nullptr);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(std::tie(a2->vocab, a2->n_positions, a2->d_model, a2->n_layer, a2->n_head, a2->rotary_dim, a2->d_ff,
+                       a2->layer_norm_eps),
+              std::tie(b->vocab, b->n_positions, b->d_model, b->n_layer, b->n_head, b->rotary_dim, b->d_ff,
+                       b->layer_norm_eps));
+  }
+}
+
+TEST(Config, HfConfigJsonRoundTripsThroughParseConfig) {
+  for (const char* name : {"gpt2-tiny", "gptj-tiny"}) {
+    SCOPED_TRACE(name);
+    auto c = load_config(kTestdata + "/" + name + "/config.json");
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    expect_round_trip(*c);
+  }
+  // Untied head, explicit n_inner, an odd epsilon, an eos list and no bos or pad.
+  auto c = parse_config(json_of("gpt2", R"(, "tie_word_embeddings": false, "n_inner": 17,
+                                           "layer_norm_epsilon": 1.2345678901234567e-7, "eos_token_id": [3, 4])"),
+                        "c.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  expect_round_trip(*c);
+  auto j = parse_config(json_of("gptj", R"(, "rotary_dim": 2, "bos_token_id": 1, "pad_token_id": 0)"), "c.json");
+  ASSERT_TRUE(j.is_ok()) << j.status().to_string();
+  expect_round_trip(*j);
+}
+
+TEST(Config, HfConfigJsonHasTransformersKeys) {
+  auto c = load_config(kTestdata + "/gpt2-tiny/config.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  auto text = to_hf_config_json(*c);
+  ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+  for (const char* key : {R"("model_type": "gpt2")", R"("architectures": [)", R"("GPT2LMHeadModel")",
+                          R"("n_inner": null)", R"("torch_dtype": "float32")", R"("tie_word_embeddings": true)",
+                          R"("bos_token_id": 999)", R"("eos_token_id": 999)"})
+    EXPECT_NE(text->find(key), std::string::npos) << key << " not in\n" << *text;
+  auto none = parse_config(json_of("gpt2"), "c.json");
+  ASSERT_TRUE(none.is_ok());
+  auto t2 = to_hf_config_json(*none);
+  ASSERT_TRUE(t2.is_ok());
+  EXPECT_NE(t2->find(R"("bos_token_id": null)"), std::string::npos) << *t2;  // not HF's default 50256
+}
+
+TEST(Config, HfConfigJsonErrors) {
+  auto bert = load_config(kTestdata + "/bert-tiny/config.json");
+  ASSERT_TRUE(bert.is_ok()) << bert.status().to_string();
+  auto b = to_hf_config_json(*bert);
+  EXPECT_EQ(b.status().code(), Code::kUnimplemented);
+  EXPECT_EQ(b.status().message(),
+            "to_hf_config_json: model_type: expected gpt2 or gptj (a causal LM to export), found \"bert\"");
+  ModelConfig bad;
+  bad.model_type = "gpt2";
+  bad.family = Gpt2Config{.vocab = 10, .n_positions = 4, .d_model = 13, .n_layer = 1, .n_head = 3};
+  EXPECT_EQ(to_hf_config_json(bad).status().message(),
+            "to_hf_config_json: gpt2 config: d_model: expected a multiple of n_head (3), found 13");
 }
 
 }  // namespace

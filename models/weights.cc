@@ -1,10 +1,14 @@
 #include "models/weights.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/log.h"
 #include "kernels/convert.h"
 
@@ -189,6 +193,61 @@ Result<std::map<std::string, Tensor>> read_weights(const graph::Graph& g, const 
     out.emplace(w.parameter, std::move(t));
   }
   return out;
+}
+
+namespace {
+
+// The tokenizer files transformers' AutoTokenizer reads, for export.
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "vocab.json", "merges.txt", "vocab.txt",
+                                           "tokenizer_config.json", "special_tokens_map.json"};
+
+Result<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::error(Code::kIoError, path, "a readable file", std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::error(Code::kIoError, path, "a readable file", std::strerror(errno));
+  return ss.str();
+}
+
+}  // namespace
+
+Status export_hf_model(const std::string& dir, const ModelConfig& config, const std::map<std::string, Tensor>& weights,
+                       const std::string& tokenizer_dir) {
+  const std::string subject = "export_hf_model " + dir;
+  Result<std::string> config_json = to_hf_config_json(config);
+  if (!config_json.is_ok()) return config_json.status().with_context(subject);
+  if (weights.empty()) return Status::invalid_argument(subject, "the model's weights", "none");
+  const bool drop_head = config.gpt2() && config.gpt2()->tie_word_embeddings;
+  std::vector<std::pair<std::string, const Tensor*>> tensors;
+  for (const auto& [name, t] : weights)
+    if (!(drop_head && name == "lm_head.weight")) tensors.emplace_back(name, &t);
+
+  // Read the tokenizer files before writing anything, so a bad tokenizer_dir leaves `dir` as it was.
+  std::vector<std::pair<std::string, std::string>> tokenizer;  // (file name, bytes)
+  if (!tokenizer_dir.empty()) {
+    std::error_code ec;
+    for (const char* name : kTokenizerFiles) {
+      const fs::path from = fs::path(tokenizer_dir) / name;
+      if (!fs::exists(from, ec)) continue;
+      ASPEN_ASSIGN_OR_RETURN(std::string bytes, read_file(from.string()));
+      tokenizer.emplace_back(name, std::move(bytes));
+    }
+    if (tokenizer.empty()) {
+      std::string names;
+      for (const char* name : kTokenizerFiles) names += (names.empty() ? "" : ", ") + std::string(name);
+      return Status::error(Code::kNotFound, tokenizer_dir, "tokenizer files (any of " + names + ")", "none");
+    }
+  }
+
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::error(Code::kIoError, dir, "a directory that can be created", ec.message());
+  ASPEN_RETURN_IF_ERROR(
+      io::write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}}));
+  for (const auto& [name, bytes] : tokenizer)
+    ASPEN_RETURN_IF_ERROR(write_file_atomic((fs::path(dir) / name).string(), bytes));
+  return write_file_atomic((fs::path(dir) / "config.json").string(), *config_json);
 }
 
 }  // namespace aspen::models

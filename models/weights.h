@@ -26,6 +26,9 @@
 // (GPT-2/GPT-J attn.bias and attn.masked_bias, BERT's position_ids, a tied
 // lm_head.weight, BERT's pooler when the graph has none).
 //
+// export_hf_model is the other direction: it writes a directory that
+// transformers' from_pretrained (and Checkpoint::open) loads unchanged.
+//
 // Reading converts straight from the memory-mapped file into the tensor
 // handed on: load_weights streams one tensor at a time, so loading never holds
 // a second copy of the model.
@@ -94,5 +97,21 @@ Status load_weights(const WeightPlan& plan, const std::function<Status(const std
 
 // Every parameter's tensor by name (holds the whole model: for tests and small models).
 Result<std::map<std::string, Tensor>> read_weights(const graph::Graph& g, const Checkpoint& ckpt);
+
+// Writes a Hugging Face model directory (created if missing) that
+// transformers.AutoModelForCausalLM.from_pretrained loads unchanged:
+//   config.json        to_hf_config_json(config) (gpt2, gptj; bert is Unimplemented),
+//   model.safetensors  `weights` by name and dtype as given, metadata format=pt;
+//                      lm_head.weight is left out when the config ties it to
+//                      transformer.wte.weight (transformers re-ties it),
+//   tokenizer files    copied from `tokenizer_dir` when given: whichever of
+//                      tokenizer.json, vocab.json, merges.txt, vocab.txt,
+//                      tokenizer_config.json, special_tokens_map.json exist
+//                      (NotFound when none does).
+// Each file is written atomically; config.json goes last, so a directory with
+// a config.json from this call has all of its files. Other files in `dir` are
+// left alone. Errors name the file.
+Status export_hf_model(const std::string& dir, const ModelConfig& config, const std::map<std::string, Tensor>& weights,
+                       const std::string& tokenizer_dir = "");
 
 }  // namespace aspen::models

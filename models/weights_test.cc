@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/log.h"
 #include "graph/builder.h"
@@ -187,6 +189,100 @@ TEST_F(WeightsTest, MissingTensorWrongShapeBadDtypeAndTruncatedFileAreNamed) {
   ASSERT_FALSE(truncated.is_ok());
   EXPECT_EQ(truncated.status().code(), Code::kCorrupt) << truncated.status().to_string();
   EXPECT_EQ(truncated.status().message().rfind(file, 0), 0u) << truncated.status().message();
+}
+
+// Every tensor of a safetensors file, by name.
+std::map<std::string, Tensor> read_all(const std::string& path) {
+  std::map<std::string, Tensor> out;
+  auto f = io::SafetensorsFile::open(path);
+  EXPECT_TRUE(f.is_ok()) << f.status().to_string();
+  if (!f.is_ok()) return out;
+  for (const std::string& name : f->names()) out.emplace(name, std::move(f->read(name)).value());
+  return out;
+}
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void expect_same_tensors(const std::map<std::string, Tensor>& got, const std::map<std::string, Tensor>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, t] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    const Tensor& g = got.at(name);
+    ASSERT_EQ(g.dtype(), t.dtype()) << name;
+    ASSERT_EQ(g.shape(), t.shape()) << name;
+    EXPECT_EQ(std::memcmp(g.raw(), t.raw(), t.nbytes()), 0) << name;
+  }
+}
+
+TEST_F(WeightsTest, ExportHfModelWritesWhatTransformersAndCheckpointOpenRead) {
+  const std::string testdata = ASPEN_MODELS_TESTDATA;
+  for (const std::string name : {"gpt2-tiny", "gptj-tiny"}) {
+    SCOPED_TRACE(name);
+    const std::string src = testdata + "/" + name;
+    auto cfg = load_config(src + "/config.json");
+    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+    std::map<std::string, Tensor> weights = read_all(src + "/model.safetensors");
+    std::map<std::string, Tensor> want;
+    for (const auto& [n, t] : weights) want.emplace(n, t.clone());
+    if (name == "gpt2-tiny")  // a trainer's copy of the tied head is dropped again
+      weights.emplace("lm_head.weight", weights.at("transformer.wte.weight").clone());
+    const std::string out = dir() + "/" + name + "/export";  // created, parents too
+    ASSERT_TRUE(export_hf_model(out, *cfg, weights, src).is_ok());
+
+    auto back = load_config(out + "/config.json");
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    EXPECT_TRUE(back->unknown_keys.empty());
+    EXPECT_EQ(back->model_type, cfg->model_type);
+    EXPECT_EQ(back->eos_token_ids, cfg->eos_token_ids);
+    if (cfg->gpt2()) {
+      EXPECT_EQ(back->gpt2()->d_model, cfg->gpt2()->d_model);
+      EXPECT_EQ(back->gpt2()->ff_dim(), cfg->gpt2()->ff_dim());
+      EXPECT_TRUE(back->gpt2()->tie_word_embeddings);
+    } else {
+      EXPECT_EQ(back->gptj()->rotary_dim, cfg->gptj()->rotary_dim);
+      EXPECT_EQ(back->gptj()->n_layer, cfg->gptj()->n_layer);
+    }
+    expect_same_tensors(read_all(out + "/model.safetensors"), want);
+    auto st = io::SafetensorsFile::open(out + "/model.safetensors");
+    ASSERT_TRUE(st.is_ok());
+    EXPECT_EQ(st->metadata().at("format"), "pt");  // older transformers refuse a file without it
+    for (const char* f : {"tokenizer.json", "vocab.json", "merges.txt"})
+      EXPECT_EQ(file_bytes(fs::path(out) / f), file_bytes(fs::path(src) / f)) << f;
+    EXPECT_FALSE(fs::exists(fs::path(out) / "vocab.txt"));
+    auto opened = Checkpoint::open(out);
+    ASSERT_TRUE(opened.is_ok()) << opened.status().to_string();
+  }
+}
+
+TEST_F(WeightsTest, ExportHfModelErrors) {
+  const std::string testdata = ASPEN_MODELS_TESTDATA;
+  auto gpt2 = load_config(testdata + "/gpt2-tiny/config.json");
+  ASSERT_TRUE(gpt2.is_ok());
+  std::map<std::string, Tensor> one;
+  one.emplace("transformer.wte.weight", Tensor(DType::f32, Shape{2, 3}));
+  const std::string out = dir() + "/out";
+  EXPECT_EQ(export_hf_model(out, *gpt2, {}).message(), "export_hf_model " + out + ": expected the model's weights, found none");
+  auto bert = load_config(testdata + "/bert-tiny/config.json");
+  ASSERT_TRUE(bert.is_ok());
+  Status s = export_hf_model(out, *bert, one);
+  EXPECT_EQ(s.code(), Code::kUnimplemented);
+  EXPECT_EQ(s.message(), "export_hf_model " + out + ": to_hf_config_json: model_type: expected gpt2 or gptj (a causal "
+                         "LM to export), found \"bert\"");
+  s = export_hf_model(out, *gpt2, one, dir());  // dir() holds no tokenizer files
+  EXPECT_EQ(s.code(), Code::kNotFound);
+  EXPECT_EQ(s.message(), dir() + ": expected tokenizer files (any of tokenizer.json, vocab.json, merges.txt, vocab.txt, "
+                                 "tokenizer_config.json, special_tokens_map.json), found none");
+  EXPECT_FALSE(fs::exists(out));  // nothing written before the inputs were checked
+  std::ofstream(dir() + "/file") << "x";
+  s = export_hf_model(dir() + "/file/sub", *gpt2, one);
+  EXPECT_EQ(s.code(), Code::kIoError);
+  EXPECT_EQ(s.message().rfind(dir() + "/file/sub: expected a directory that can be created, found ", 0), 0u)
+      << s.message();
 }
 
 }  // namespace
