@@ -140,6 +140,7 @@ int main(int argc, char** argv) {
   commands.push_back(aspen::tools::add_generate_command(app));
   commands.push_back(aspen::tools::add_embed_command(app));
   commands.push_back(aspen::tools::add_prepare_data_command(app));
+  commands.push_back(aspen::tools::add_train_command(app));
 
   CLI11_PARSE(app, argc, argv);
   if (verbose) aspen::set_log_level(aspen::LogLevel::info);

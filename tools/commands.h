@@ -32,5 +32,6 @@ inline int report(const Status& s) {
 Command add_embed_command(CLI::App& app);         // aspen embed: sentence embeddings of stdin lines
 Command add_generate_command(CLI::App& app);      // aspen generate: streamed text from a causal LM
 Command add_prepare_data_command(CLI::App& app);  // aspen prepare-data: token shards for training
+Command add_train_command(CLI::App& app);         // aspen train: the training job
 
 }  // namespace aspen::tools

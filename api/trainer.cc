@@ -1,0 +1,406 @@
+#include "api/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/atomic_file.h"
+#include "io/tokenizer.h"
+#include "models/generate.h"
+#include "models/gpt2.h"
+#include "models/gptj.h"
+#include "models/init.h"
+#include "models/weights.h"
+#include "train/checkpoint.h"
+#include "train/report.h"
+
+namespace aspen::api {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+Status config_error(const std::string& key, const std::string& expected, const std::string& found) {
+  return Status::invalid_argument("config: " + key, expected, found);
+}
+
+Result<DType> dtype_of(const std::string& key, const std::string& name) {
+  if (name == "f32") return DType::f32;
+  if (name == "bf16") return DType::bf16;
+  if (name == "f16") return DType::f16;
+  return config_error(key, "f32, bf16 or f16", "'" + name + "'");
+}
+
+std::string lr_text(double lr) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "lr %.2e", lr);
+  return buf;
+}
+
+// The forward graph of `mc` for [batch, seq] with a loss.
+Status build_forward(graph::Graph& g, const models::ModelConfig& mc, int64_t batch, int64_t seq) {
+  graph::Builder b(g);
+  const models::CausalLmOptions o{.batch = batch, .seq = seq, .with_loss = true};
+  if (const models::Gpt2Config* c = mc.gpt2()) return build_gpt2(b, *c, o).status();
+  if (const models::GptjConfig* c = mc.gptj()) return build_gptj(b, *c, o).status();
+  return Status::unimplemented("training a '" + mc.model_type + "' model",
+                               "causal language models in this build (gpt2, gptj)");
+}
+
+int64_t n_positions_of(const models::ModelConfig& mc) {
+  if (const models::Gpt2Config* c = mc.gpt2()) return c->n_positions;
+  if (const models::GptjConfig* c = mc.gptj()) return c->n_positions;
+  return 0;
+}
+
+}  // namespace
+
+Trainer::~Trainer() = default;
+
+std::ostream& Trainer::out() const { return options_.out ? *options_.out : std::cerr; }
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& config, const TrainerOptions& options) {
+  ASPEN_RETURN_IF_ERROR(config.validate());
+  std::unique_ptr<Trainer> t(new Trainer());
+  t->config_ = config;
+  t->options_ = options;
+  const train::TrainConfig& c = t->config_;
+  const int64_t iters = c.train.device_iterations;
+  if (c.train.steps % iters != 0)
+    return config_error("train.steps", "a multiple of train.device_iterations (" + std::to_string(iters) + ")",
+                        std::to_string(c.train.steps));
+  if (c.checkpoint.interval % iters != 0)
+    return config_error("checkpoint.interval", "a multiple of train.device_iterations (" + std::to_string(iters) + ")",
+                        std::to_string(c.checkpoint.interval));
+  if (c.eval.interval % iters != 0)
+    return config_error("eval.interval", "a multiple of train.device_iterations (" + std::to_string(iters) + ")",
+                        std::to_string(c.eval.interval));
+  if (c.batch.replicas != 1)
+    return Status::unimplemented("config: batch.replicas = " + std::to_string(c.batch.replicas),
+                                 "value in this build (1; data-parallel replicas arrive with W1.5)");
+  if (c.data.train.empty())
+    return config_error("data.train", "a token-shard directory (aspen prepare-data --output DIR)", "nothing");
+
+  t->run_dir_ = c.log.run_dir.empty() ? "runs/" + c.name : c.log.run_dir;
+  t->checkpoint_dir_ = c.checkpoint.dir.empty() ? t->run_dir_ + "/checkpoints" : c.checkpoint.dir;
+  std::error_code ec;
+  fs::create_directories(t->run_dir_, ec);
+  if (ec) return Status::error(Code::kIoError, "run directory '" + t->run_dir_ + "'", "a directory", ec.message());
+
+  // Data.
+  t->batch_ = c.batch.micro;
+  t->seq_ = c.data.seq;
+  ASPEN_ASSIGN_OR_RETURN(const train::TokenIndex index, train::read_token_index(c.data.train));
+  train::DataLoaderOptions lo;
+  lo.seq = c.data.seq;
+  lo.micro_batch = c.batch.micro;
+  lo.accumulation = c.batch.accumulation;
+  lo.val_fraction = c.data.val_fraction;
+  lo.seed = c.train.seed;
+  ASPEN_ASSIGN_OR_RETURN(train::DataLoader loader, train::DataLoader::open(c.data.train, lo));
+  t->loader_ = std::make_unique<train::DataLoader>(std::move(loader));
+
+  // The model: a Hugging Face directory, or a fresh one.
+  graph::Graph forward;
+  std::map<std::string, Tensor> weights;
+  if (!c.model.from.empty()) {
+    ASPEN_ASSIGN_OR_RETURN(models::Checkpoint ckpt, models::Checkpoint::open(c.model.from));
+    t->model_config_ = ckpt.config();
+    ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c.batch.micro, c.data.seq));
+    ASPEN_ASSIGN_OR_RETURN(weights, models::read_weights(forward, ckpt));
+  } else {
+    const int64_t vocab = c.model.vocab > 0 ? c.model.vocab : index.vocab_size;
+    if (vocab < index.vocab_size)
+      return config_error("model.vocab", ">= the data's vocabulary (" + std::to_string(index.vocab_size) + ")",
+                          std::to_string(vocab));
+    models::ModelConfig mc;
+    mc.model_type = c.model.family;
+    if (c.model.family == "gpt2") {
+      mc.family = models::Gpt2Config{.vocab = vocab, .n_positions = c.model.n_positions, .d_model = c.model.d_model,
+                                     .n_layer = c.model.n_layer, .n_head = c.model.n_head, .d_ff = c.model.d_ff};
+    } else {
+      const int64_t head_dim = c.model.d_model / c.model.n_head;
+      mc.family = models::GptjConfig{.vocab = vocab, .n_positions = c.model.n_positions, .d_model = c.model.d_model,
+                                     .n_layer = c.model.n_layer, .n_head = c.model.n_head,
+                                     .rotary_dim = c.model.rotary_dim > 0 ? c.model.rotary_dim : head_dim,
+                                     .d_ff = c.model.d_ff};
+    }
+    mc.bos_token_id = index.eos_id;
+    mc.eos_token_ids = {index.eos_id};
+    t->model_config_ = mc;
+    ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c.batch.micro, c.data.seq));
+    ASPEN_ASSIGN_OR_RETURN(weights, models::init_weights(forward, {.seed = c.train.seed,
+                                                                   .std = c.model.init_std,
+                                                                   .n_layer = c.model.n_layer,
+                                                                   .scaled_residual = c.model.family == "gpt2"}));
+  }
+  t->tokenizer_dir_ = !c.data.tokenizer.empty() ? c.data.tokenizer
+                      : !c.model.from.empty()  ? c.model.from
+                                               : index.tokenizer_dir;
+
+  // The programs.
+  Options o;
+  o.device_iterations(iters).gradient_accumulation(c.batch.accumulation).output_mode(OutputMode::all);
+  ASPEN_ASSIGN_OR_RETURN(const DType compute, dtype_of("precision.compute", c.precision.compute));
+  ASPEN_ASSIGN_OR_RETURN(const DType partials, dtype_of("precision.partials", c.precision.partials));
+  o.precision(compute, partials).threads(c.train.threads).random_seed(c.train.seed);
+  TrainingOptions to;
+  ASPEN_ASSIGN_OR_RETURN(to.optimizer.kind, train::parse_optimizer_kind(c.optimizer.name));
+  to.optimizer.beta1 = c.optimizer.beta1, to.optimizer.beta2 = c.optimizer.beta2, to.optimizer.eps = c.optimizer.eps;
+  to.optimizer.weight_decay = c.optimizer.weight_decay;
+  to.optimizer.momentum = c.optimizer.momentum, to.optimizer.nesterov = c.optimizer.nesterov;
+  to.optimizer.no_decay = c.optimizer.no_decay;
+  ASPEN_ASSIGN_OR_RETURN(to.schedule.kind, train::parse_schedule_kind(c.schedule.name));
+  to.schedule.lr = c.optimizer.lr;
+  to.schedule.warmup_steps = c.schedule.warmup_steps;
+  to.schedule.total_steps = c.train.steps;
+  to.schedule.min_lr_ratio = c.schedule.min_lr_ratio;
+  to.clip_grad_norm = c.optimizer.clip_grad_norm;
+  ASPEN_ASSIGN_OR_RETURN(to.loss_scaling.mode, train::parse_loss_scaling(c.precision.loss_scaling));
+  to.loss_scaling.initial_scale = c.precision.loss_scale;
+  to.loss_scaling.growth_factor = c.precision.growth_factor;
+  to.loss_scaling.backoff_factor = c.precision.backoff_factor;
+  to.loss_scaling.growth_interval = c.precision.growth_interval;
+  to.loss_scaling.hysteresis = c.precision.hysteresis;
+  ASPEN_ASSIGN_OR_RETURN(t->model_, TrainingModel::create(forward, o, to));
+  std::map<std::string, const Tensor*> w;
+  for (const auto& [name, tensor] : weights) w.emplace(name, &tensor);
+  ASPEN_RETURN_IF_ERROR(t->model_->copy_weights_to_device(w));
+
+  ASPEN_RETURN_IF_ERROR(write_file_atomic(t->run_dir_ + "/config.yaml", train::to_yaml(c)));
+  if (options.resume) ASPEN_RETURN_IF_ERROR(t->restore());
+  return t;
+}
+
+std::string Trainer::trainer_json() const {
+  nlohmann::json j;
+  j["step"] = model_->steps_done();
+  j["seed"] = config_.train.seed;
+  const train::Position p = loader_->position();
+  j["data_position"] = {{"epoch", p.epoch}, {"step_in_epoch", p.step_in_epoch}};
+  const train::LossScaler::State s = model_->loss_scaler().state();
+  j["loss_scaler"] = {{"scale", s.scale},
+                      {"good_steps", s.good_steps},
+                      {"hysteresis_left", s.hysteresis_left},
+                      {"skipped", s.skipped}};
+  j["config"] = train::to_yaml(config_);
+  return j.dump();
+}
+
+Status Trainer::save() {
+  if (!model_) return Status::error(Code::kFailedPrecondition, "Trainer", "a trainer that has not run", "one that finished");
+  train::Checkpoint ck;
+  ASPEN_ASSIGN_OR_RETURN(ck.weights, model_->copy_weights_to_host());
+  ASPEN_ASSIGN_OR_RETURN(ck.optimizer, model_->copy_optimizer_state_to_host());
+  ck.trainer_json = trainer_json();
+  ck.step = model_->steps_done();
+  return train::save_checkpoint(checkpoint_dir_, ck, config_.checkpoint.keep);
+}
+
+Status Trainer::restore() {
+  ASPEN_ASSIGN_OR_RETURN(train::Checkpoint ck, train::load_checkpoint(checkpoint_dir_));
+  ASPEN_RETURN_IF_ERROR(
+      train::check_compatible(ck, model_->weight_types(), model_->optimizer_state_types(), checkpoint_dir_));
+  std::map<std::string, const Tensor*> w, s;
+  for (const auto& [name, t] : ck.weights) w.emplace(name, &t);
+  for (const auto& [name, t] : ck.optimizer) s.emplace(name, &t);
+  ASPEN_RETURN_IF_ERROR(model_->copy_weights_to_device(w));
+  ASPEN_RETURN_IF_ERROR(model_->copy_optimizer_state_to_device(s));
+  const std::string where = checkpoint_dir_ + ": trainer.json";
+  try {
+    const nlohmann::json j = nlohmann::json::parse(ck.trainer_json);
+    const int64_t step = j.at("step").get<int64_t>();
+    if (step != ck.step) return Status::error(Code::kCorrupt, where + ": step", std::to_string(ck.step), std::to_string(step));
+    if (step > config_.train.steps)
+      return Status::invalid_argument("resume: checkpoint step " + std::to_string(step),
+                                      "at most train.steps (" + std::to_string(config_.train.steps) + ")",
+                                      "a later step");
+    if (step % config_.train.device_iterations != 0)
+      return Status::invalid_argument("resume: checkpoint step " + std::to_string(step),
+                                      "a multiple of train.device_iterations", std::to_string(step));
+    train::Position p;
+    p.epoch = j.at("data_position").at("epoch").get<int64_t>();
+    p.step_in_epoch = j.at("data_position").at("step_in_epoch").get<int64_t>();
+    ASPEN_RETURN_IF_ERROR(loader_->restore(p));
+    train::LossScaler::State s2;
+    const nlohmann::json& ls = j.at("loss_scaler");
+    s2.scale = ls.at("scale").get<double>();
+    s2.good_steps = ls.at("good_steps").get<int64_t>();
+    s2.hysteresis_left = ls.at("hysteresis_left").get<int64_t>();
+    s2.skipped = ls.at("skipped").get<int64_t>();
+    model_->loss_scaler().restore(s2);
+    model_->set_steps_done(step);
+    if (j.contains("config") && j.at("config").get<std::string>() != train::to_yaml(config_))
+      out() << "aspen: warning: resuming " << checkpoint_dir_ << " with a config that differs from the checkpoint's\n";
+  } catch (const nlohmann::json::exception& e) {
+    return Status::error(Code::kCorrupt, where, "the trainer state (step, data_position, loss_scaler)", e.what());
+  }
+  return Status();
+}
+
+Result<double> Trainer::validate() {
+  if (!model_) return Status::error(Code::kFailedPrecondition, "Trainer", "a trainer that has not run", "one that finished");
+  const int64_t n = std::min(config_.eval.batches, loader_->val_steps());
+  if (n < 1)
+    return Status::error(Code::kFailedPrecondition, "validation", "validation examples (data.val_fraction > 0)", "none");
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASPEN_ASSIGN_OR_RETURN(train::Batch b, loader_->val_batch(i));
+    Tensor pos(DType::i32, b.inputs.shape()), tgt(DType::i32, Shape{b.targets.numel()});
+    for (int64_t r = 0; r < batch_; ++r)
+      for (int64_t k = 0; k < seq_; ++k) pos.data<int32_t>()[r * seq_ + k] = int32_t(k);
+    std::copy_n(b.targets.data<int32_t>(), b.targets.numel(), tgt.data<int32_t>());
+    ASPEN_ASSIGN_OR_RETURN(const float loss,
+                           model_->evaluate({{"input_ids", &b.inputs}, {"positions", &pos}, {"targets", &tgt}}));
+    sum += loss;
+  }
+  return sum / double(n);
+}
+
+Status Trainer::export_model(const std::string& dir) {
+  ASPEN_ASSIGN_OR_RETURN(auto weights, model_->copy_weights_to_host());
+  return models::export_hf_model(dir, model_config_, weights, tokenizer_dir_);
+}
+
+Status Trainer::print_samples(const std::string& dir) {
+  const train::SampleSection& s = config_.sample;
+  if (s.prompts.empty()) return Status();
+  ASPEN_ASSIGN_OR_RETURN(auto tok, io::load_tokenizer(dir));
+  std::vector<std::vector<int32_t>> prompts;
+  int64_t longest = 1;
+  for (const std::string& p : s.prompts) {
+    prompts.push_back((*tok).encode(p, false));
+    if (prompts.back().empty()) return config_error("sample.prompts", "prompts of at least one token", "an empty prompt");
+    longest = std::max<int64_t>(longest, int64_t(prompts.back().size()));
+  }
+  const int64_t positions = n_positions_of(model_config_);
+  const int64_t new_tokens = std::min<int64_t>(s.max_new_tokens, positions - longest);
+  if (new_tokens < 1)
+    return config_error("sample.prompts", "prompts shorter than the model's positions (" + std::to_string(positions) + ")",
+                        std::to_string(longest) + " tokens");
+  models::GeneratorOptions go;
+  go.max_batch = int64_t(prompts.size());
+  go.max_prompt = longest;
+  go.max_length = longest + new_tokens;
+  go.threads = config_.train.threads;
+  ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(dir, go));
+  models::SamplingOptions so;
+  so.max_new_tokens = new_tokens;
+  so.temperature = float(s.temperature);
+  so.top_k = int32_t(s.top_k);
+  so.top_p = float(s.top_p);
+  so.seed = config_.train.seed;
+  for (int64_t id : model_config_.eos_token_ids) so.stop_tokens.push_back(int32_t(id));
+  ASPEN_ASSIGN_OR_RETURN(auto outs, gen->generate(prompts, so));
+  out() << "samples (" << (s.temperature == 0.0 ? std::string("greedy") : "temperature " + std::to_string(s.temperature))
+        << "):\n";
+  for (size_t i = 0; i < outs.size(); ++i) {
+    std::vector<int32_t> ids = outs[i];
+    while (!ids.empty() && std::find(so.stop_tokens.begin(), so.stop_tokens.end(), ids.back()) != so.stop_tokens.end())
+      ids.pop_back();
+    out() << "  " << s.prompts[i] << "|" << (*tok).decode(ids, true) << "\n";
+  }
+  return Status();
+}
+
+Result<TrainResult> Trainer::run() {
+  if (!model_)
+    return Status::error(Code::kFailedPrecondition, "Trainer::run", "a trainer that has not run", "one that finished");
+  const train::TrainConfig& c = config_;
+  const int64_t iters = c.train.device_iterations, acc = c.batch.accumulation, micro = iters * acc;
+  const int64_t start = model_->steps_done(), total = c.train.steps;
+  const std::string metrics_path = run_dir_ + "/" + train::kMetricsFile;
+  std::optional<train::MetricsLog> metrics;
+  if (start > 0) {
+    ASPEN_ASSIGN_OR_RETURN(metrics, train::MetricsLog::resume(metrics_path, start));
+    if (auto r = train::read_metric(metrics_path, "loss"); r.is_ok()) train_curve_ = *r;
+    if (auto r = train::read_metric(metrics_path, "val_loss"); r.is_ok()) val_curve_ = *r;
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(metrics, train::MetricsLog::create(metrics_path));
+  }
+  ASPEN_ASSIGN_OR_RETURN(const train::ProgressMode mode, train::parse_progress_mode(c.log.progress));
+  train::Progress progress(total, mode, out(), train::Progress::steady_seconds, start);
+  const bool can_validate = loader_->val_steps() > 0;
+  if (c.eval.interval > 0 && !can_validate)
+    progress.message("note: no validation examples (data.val_fraction is 0 or the data is small); eval.interval ignored");
+
+  TrainResult result;
+  Tensor ids(DType::i32, {micro * batch_, seq_}), pos(DType::i32, {micro * batch_, seq_}),
+      tgt(DType::i32, {micro * batch_ * seq_});
+  for (int64_t r = 0; r < micro * batch_; ++r)
+    for (int64_t k = 0; k < seq_; ++k) pos.data<int32_t>()[r * seq_ + k] = int32_t(k);
+  const double tokens_per_call = double(micro * batch_ * seq_);
+  double seconds = 0.0;
+  int64_t last_saved = start > 0 ? start : -1;
+  bool first = true;
+  const std::string svg = run_dir_ + "/" + train::kLossSvgFile;
+  while (model_->steps_done() < total) {
+    for (int64_t m = 0; m < micro; ++m) {
+      ASPEN_ASSIGN_OR_RETURN(train::Batch b, loader_->next());
+      const int64_t n = batch_ * seq_;
+      std::copy_n(b.inputs.data<int32_t>(), n, ids.data<int32_t>() + m * n);
+      std::copy_n(b.targets.data<int32_t>(), n, tgt.data<int32_t>() + m * n);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto run = model_->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}});
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!run.is_ok()) {
+      progress.finish();
+      const std::string kept = last_saved >= 0 ? "the checkpoint of step " + std::to_string(last_saved) + " in " +
+                                                     checkpoint_dir_ + " is intact"
+                                               : "no checkpoint was written";
+      return Status(run.status()).with_context("training stopped (" + kept + ")");
+    }
+    seconds += dt;
+    const double rate = tokens_per_call / dt;
+    for (const StepStats& s : model_->last_steps()) {
+      std::vector<std::pair<std::string, double>> nums = {
+          {"loss", s.loss}, {"lr", s.lr}, {"loss_scale", s.loss_scale}, {"tokens_per_s", rate}};
+      if (s.grad_norm >= 0) nums.emplace_back("grad_norm", s.grad_norm);
+      if (s.skipped) nums.emplace_back("skipped", 1.0);
+      ASPEN_RETURN_IF_ERROR(metrics->append(s.step, nums));
+      train_curve_.emplace_back(s.step, s.loss);
+      if (first) result.first_loss = s.loss, first = false;
+      result.last_loss = s.loss;
+      result.skipped_steps += s.skipped;
+    }
+    const StepStats& last = model_->last_steps().back();
+    const int64_t step = last.step;
+    if (step % c.log.interval == 0 || step == total || step - iters < start + 1)
+      progress.update(step, last.loss, rate, lr_text(last.lr));
+    if (c.eval.interval > 0 && can_validate && (step % c.eval.interval == 0 || step == total)) {
+      ASPEN_ASSIGN_OR_RETURN(const double v, validate());
+      ASPEN_RETURN_IF_ERROR(metrics->append(step, {{"val_loss", v}}));
+      val_curve_.emplace_back(step, v);
+      result.last_val_loss = v;
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "step %lld: val_loss %.4f", static_cast<long long>(step), v);
+      progress.message(buf);
+      ASPEN_RETURN_IF_ERROR(train::write_loss_svg(svg, train_curve_, val_curve_, c.name));
+    }
+    if (c.checkpoint.interval > 0 && step % c.checkpoint.interval == 0) {
+      ASPEN_RETURN_IF_ERROR(save());
+      last_saved = step;
+      progress.message("step " + std::to_string(step) + ": checkpoint saved in " + checkpoint_dir_);
+    }
+  }
+  progress.finish();
+  result.steps = model_->steps_done();
+  result.tokens_per_s = seconds > 0 ? tokens_per_call * double(result.steps - start) / double(iters) / seconds : 0.0;
+  if (last_saved != result.steps) ASPEN_RETURN_IF_ERROR(save());
+  ASPEN_RETURN_IF_ERROR(train::write_loss_svg(svg, train_curve_, val_curve_, c.name));
+  result.model_dir = run_dir_ + "/model";
+  ASPEN_RETURN_IF_ERROR(export_model(result.model_dir));
+  final_step_ = result.steps;
+  model_.reset();  // frees the training programs' memory and cores
+  out() << "trained to step " << result.steps << "; model: " << result.model_dir << ", metrics: " << metrics_path
+        << ", loss curve: " << svg << "\n";
+  ASPEN_RETURN_IF_ERROR(print_samples(result.model_dir));
+  return result;
+}
+
+}  // namespace aspen::api

@@ -1,0 +1,106 @@
+// api/trainer.h: the training job behind `aspen train CONFIG.yaml`: a model
+// (from scratch or a Hugging Face directory), token shards, an optimizer and
+// schedule, precision and batch sizes from a train::TrainConfig, run to the
+// configured number of steps with validation, checkpoints, reports and
+// samples.
+//
+//   ASPEN_ASSIGN_OR_RETURN(auto t, api::Trainer::create(config, {.resume = true}));
+//   ASPEN_RETURN_IF_ERROR(t->run());
+//
+// The run directory (log.run_dir, default runs/<name>) receives:
+//   config.yaml     the config as run (every key)
+//   metrics.jsonl   one line per step: loss, lr, grad_norm, loss_scale, tokens/s, skipped; val_loss lines
+//   loss.svg        the loss curves, rewritten at every validation and at the end
+//   checkpoints/    train::save_checkpoint's layout (checkpoint.dir overrides)
+//   model/          the final weights as a Hugging Face directory (with the tokenizer), which
+//                   transformers and `aspen generate` load
+//
+// Batches: each optimizer step takes micro × accumulation examples of
+// data.seq tokens (DeepSpeed's global batch with one replica); one call of
+// the compiled program makes train.device_iterations steps, so train.steps,
+// checkpoint.interval and eval.interval must be multiples of it.
+//
+// Resuming (`--resume`) loads the latest checkpoint of the run: weights,
+// optimizer state, the step, the data position and the loss scaler, so the
+// run continues exactly as if it had not stopped (bitwise: the same programs
+// and batches give the same bits). A checkpoint of a different model is an
+// error naming the first differences.
+//
+// A non-finite loss without dynamic loss scaling stops the run with an error
+// naming the step and tensor; the last checkpoint on disk is untouched.
+//
+// Thread-safety: one run at a time.
+#pragma once
+
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/training_model.h"
+#include "core/status.h"
+#include "models/config.h"
+#include "train/config.h"
+#include "train/data.h"
+
+namespace aspen::api {
+
+struct TrainerOptions {
+  bool resume = false;
+  std::ostream* out = nullptr;  // progress and messages; nullptr: std::cerr
+};
+
+struct TrainResult {
+  int64_t steps = 0;                // the step the run ended at
+  double first_loss = 0, last_loss = 0;  // of this invocation
+  double last_val_loss = -1;        // -1: no validation ran
+  double tokens_per_s = 0;          // training tokens per second over this invocation
+  int64_t skipped_steps = 0;
+  std::string model_dir;            // the exported Hugging Face directory
+};
+
+class Trainer {
+ public:
+  static Result<std::unique_ptr<Trainer>> create(const train::TrainConfig& config, const TrainerOptions& options = {});
+  ~Trainer();
+
+  // Trains from the current step to train.steps; then checkpoints, exports
+  // the model, releases the training programs and their cores (so that the
+  // exported model can be run in this process), and prints the samples.
+  // Once only: a second call is FailedPrecondition.
+  Result<TrainResult> run();
+
+  // The mean loss over eval.batches validation micro-batches (all when fewer).
+  Result<double> validate();
+
+  const train::TrainConfig& config() const { return config_; }
+  const std::string& run_dir() const { return run_dir_; }
+  const std::string& checkpoint_dir() const { return checkpoint_dir_; }
+  int64_t step() const { return model_ ? model_->steps_done() : final_step_; }
+  TrainingModel* model() { return model_.get(); }  // nullptr after run()
+  const models::ModelConfig& model_config() const { return model_config_; }
+  const std::string& tokenizer_dir() const { return tokenizer_dir_; }
+
+  // Writes a checkpoint of the current step now.
+  Status save();
+
+ private:
+  Trainer() = default;
+  Status restore();
+  std::string trainer_json() const;
+  Status export_model(const std::string& dir);
+  Status print_samples(const std::string& dir);
+  std::ostream& out() const;
+
+  train::TrainConfig config_;
+  TrainerOptions options_;
+  std::string run_dir_, checkpoint_dir_, tokenizer_dir_;
+  models::ModelConfig model_config_;
+  std::unique_ptr<train::DataLoader> loader_;
+  std::unique_ptr<TrainingModel> model_;
+  int64_t batch_ = 0, seq_ = 0, final_step_ = 0;
+  std::vector<std::pair<int64_t, double>> train_curve_, val_curve_;
+};
+
+}  // namespace aspen::api

@@ -1,0 +1,192 @@
+// tools/train_command.cc: `aspen train`, the training job (api/trainer.h).
+//
+//   aspen train CONFIG.yaml [--resume] [--set KEY=VALUE]...
+//   aspen train --demo [--steps N] [--run-dir DIR] [--threads N] [--set KEY=VALUE]...
+//
+// --demo needs no files: it writes a byte-level tokenizer and a two-digit
+// addition corpus (train/demo.h) into the run directory, trains a small
+// GPT-2 from scratch on it, then asks the trained model the 1,000 held-out
+// problems it never saw and prints its accuracy and some of its answers.
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/trainer.h"
+#include "models/generate.h"
+#include "tools/commands.h"
+#include "train/config.h"
+#include "train/demo.h"
+
+namespace aspen::tools {
+
+namespace {
+
+struct TrainArgs {
+  std::string config;
+  bool demo = false, resume = false;
+  int64_t steps = 0;  // 0: the config's (the demo's default)
+  int threads = 0;
+  std::string run_dir;
+  std::vector<std::string> overrides;
+};
+
+// The demo's config: a 4-layer GPT-2 (about 0.8M parameters plus embeddings)
+// on 64-token windows of the addition corpus.
+train::TrainConfig demo_config(const std::string& run_dir) {
+  train::TrainConfig c;
+  c.name = "demo";
+  c.model.family = "gpt2";
+  c.model.n_layer = 4, c.model.n_head = 4, c.model.d_model = 128, c.model.n_positions = 64;
+  c.data.train = run_dir + "/data";
+  c.data.tokenizer = run_dir + "/tokenizer";
+  c.data.seq = 64;
+  c.data.val_fraction = 0.02;
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 2e-3;
+  c.optimizer.weight_decay = 0.1;
+  c.optimizer.clip_grad_norm = 1.0;
+  c.schedule.name = "cosine";
+  c.schedule.warmup_steps = 50;
+  c.schedule.min_lr_ratio = 0.1;
+  c.batch.micro = 16;
+  c.train.steps = 1500;
+  c.checkpoint.interval = 500;
+  c.eval.interval = 250;
+  c.eval.batches = 8;
+  c.log.run_dir = run_dir;
+  c.log.interval = 10;
+  return c;
+}
+
+// Greedy answers of the trained model to the held-out problems.
+Status report_addition(const std::string& model_dir, const train::AdditionTask& task, int threads) {
+  constexpr int64_t kBatch = 100;
+  models::GeneratorOptions go;
+  go.max_batch = kBatch;
+  go.max_prompt = 6;   // "99+99="
+  go.max_length = 12;  // + "198" + eos, with room
+  go.threads = threads;
+  ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(model_dir, go));
+  models::SamplingOptions so;
+  so.max_new_tokens = 4;
+  so.temperature = 0.0f;
+  so.stop_tokens = {train::kByteEosId};
+  int64_t right = 0;
+  std::vector<std::string> shown;
+  for (size_t first = 0; first < task.test.size(); first += kBatch) {
+    const size_t n = std::min<size_t>(kBatch, task.test.size() - first);
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string p = train::addition_prompt(task.test[first + i].first, task.test[first + i].second);
+      prompts.emplace_back(p.begin(), p.end());
+    }
+    ASPEN_ASSIGN_OR_RETURN(auto outs, gen->generate(prompts, so));
+    for (size_t i = 0; i < n; ++i) {
+      const auto [a, b] = task.test[first + i];
+      std::string answer;
+      for (int32_t id : outs[i])
+        if (id != train::kByteEosId && id < 256) answer += char(id);
+      const bool ok = answer == train::addition_answer(a, b);
+      right += ok;
+      if (shown.size() < 12)
+        shown.push_back(train::addition_prompt(a, b) + answer + (ok ? "   right" : "   wrong (" +
+                                                                     train::addition_answer(a, b) + ")"));
+    }
+  }
+  std::cout << "held-out problems (never seen in training), greedy answers:\n";
+  for (const std::string& s : shown) std::cout << "  " << s << "\n";
+  std::cout << std::fixed << std::setprecision(1) << "held-out accuracy: "
+            << 100.0 * double(right) / double(task.test.size()) << "% (" << right << " of " << task.test.size()
+            << ")\n";
+  return Status();
+}
+
+int run_train(const TrainArgs& a) {
+  if (a.demo == !a.config.empty()) {
+    std::cerr << "aspen: error: give a CONFIG.yaml or --demo (one of them)\n";
+    return 2;
+  }
+  train::TrainConfig c;
+  train::AdditionTask task;
+  if (a.demo) {
+    const std::string dir = a.run_dir.empty() ? "runs/demo" : a.run_dir;
+    c = demo_config(dir);
+    if (!a.resume) {
+      std::cout << "demo: two-digit addition; writing the tokenizer and corpus into " << dir << "\n";
+      if (Status s = train::write_byte_tokenizer(c.data.tokenizer); !s.is_ok()) return report(s);
+    }
+    task = train::make_addition_task(c.train.seed);
+    if (!a.resume) {
+      auto idx = train::write_addition_shards(task, 8, c.data.train, c.data.tokenizer);
+      if (!idx.is_ok()) return report(idx.status());
+      std::cout << "corpus: " << task.train.size() << " training problems x 8 shuffled passes = " << idx->total_tokens
+                << " tokens; " << task.test.size() << " problems held out\n";
+    }
+  } else {
+    auto loaded = train::load_train_config(a.config);
+    if (!loaded.is_ok()) return report(loaded.status());
+    c = std::move(loaded).value();
+    if (!a.run_dir.empty()) c.log.run_dir = a.run_dir;
+  }
+  if (a.steps > 0) {
+    c.train.steps = a.steps;
+    if (a.demo) {  // a shorter demo keeps its proportions
+      c.checkpoint.interval = 0;
+      c.eval.interval = std::max<int64_t>(1, a.steps / 4);
+      c.schedule.warmup_steps = std::min<int64_t>(c.schedule.warmup_steps, a.steps / 10);
+    }
+  }
+  if (a.threads > 0) c.train.threads = a.threads;
+  for (const std::string& o : a.overrides)
+    if (Status s = train::apply_override(c, o); !s.is_ok()) return report(s);
+  if (a.demo) {
+    c.sample.prompts = {};
+    for (size_t i = 0; i < 3 && i < task.test.size(); ++i)
+      c.sample.prompts.push_back(train::addition_prompt(task.test[i].first, task.test[i].second));
+    c.sample.max_new_tokens = 4;
+  }
+  if (Status s = c.validate(); !s.is_ok()) return report(s);
+  api::TrainerOptions to;
+  to.resume = a.resume;
+  auto trainer = api::Trainer::create(c, to);
+  if (!trainer.is_ok()) return report(trainer.status());
+  std::cout << "training " << c.name << ": " << c.model.family << (c.model.from.empty() ? " from scratch" : " from " + c.model.from)
+            << ", " << c.optimizer.name << " lr " << c.optimizer.lr << ", batch " << c.global_batch() << " x "
+            << c.data.seq << " tokens, " << c.train.steps << " steps"
+            << ((*trainer)->step() > 0 ? ", resuming at step " + std::to_string((*trainer)->step()) : std::string())
+            << "; run directory " << (*trainer)->run_dir() << "\n";
+  auto r = (*trainer)->run();
+  if (!r.is_ok()) return report(r.status());
+  std::cout << std::setprecision(4) << "loss: " << r->first_loss << " at the first step of this run, " << r->last_loss
+            << " at step " << r->steps;
+  if (r->last_val_loss >= 0) std::cout << "; validation loss " << r->last_val_loss;
+  std::cout << std::setprecision(0) << std::fixed << "; " << r->tokens_per_s << " tokens/s";
+  if (r->skipped_steps) std::cout << "; " << r->skipped_steps << " steps skipped (loss-scale overflow)";
+  std::cout << "\n";
+  if (a.demo) return report(report_addition(r->model_dir, task, c.train.threads));
+  return 0;
+}
+
+}  // namespace
+
+Command add_train_command(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  CLI::App* cmd = app.add_subcommand("train", "train or fine-tune a GPT-2 / GPT-J model (the training job)");
+  cmd->footer(
+      "Examples: aspen train --demo\n"
+      "          aspen train configs/gpt2-tinyshakespeare.yaml --set optimizer.lr=1e-3\n"
+      "          aspen train configs/gpt2-tinyshakespeare.yaml --resume\n"
+      "The config keys are in docs/training.md.");
+  cmd->add_option("CONFIG", args->config, "the run's YAML config");
+  cmd->add_flag("--demo", args->demo, "the built-in task: a small GPT learns two-digit addition (no files needed)");
+  cmd->add_flag("--resume", args->resume, "continue from the run's latest checkpoint");
+  cmd->add_option("--set", args->overrides, "override a config key, e.g. --set optimizer.lr=1e-3 (repeatable)");
+  cmd->add_option("--steps", args->steps, "train this many steps (overrides train.steps)");
+  cmd->add_option("--threads", args->threads, "threads (overrides train.threads; 0: the free cores)");
+  cmd->add_option("--run-dir", args->run_dir, "the run directory (overrides log.run_dir)");
+  return {cmd, [args] { return run_train(*args); }};
+}
+
+}  // namespace aspen::tools
