@@ -6,6 +6,7 @@
 //   aspen bench kernels [--json]
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
 //   aspen bench generate [--json] [--threads N] [--new-tokens N] [--python PATH]
+//   aspen bench train [--json] [--threads N] [--steps N] [--dtype f32|bf16|both] [--python PATH] [--quick]
 //   aspen generate --model DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
 //   aspen prepare-data --tokenizer DIR --input FILE... --output DIR [--shard-tokens N] [--split-lines]
 //   aspen inspect FILE
@@ -27,6 +28,7 @@
 #include "bench/gemm_bench.h"
 #include "bench/generate_bench.h"
 #include "bench/kernels_bench.h"
+#include "bench/train_bench.h"
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "kernels/cpu.h"
@@ -130,6 +132,21 @@ int main(int argc, char** argv) {
   gen_cmd->add_flag("--quick", gb.quick, "a 2-layer model, few tokens, no peer (a smoke test)");
   gen_cmd->add_flag("--profile", gb.profile, "print where decode time goes (per op)");
 
+  aspen::bench::TrainBenchOptions tb;
+  std::string train_dtype = "both";
+  CLI::App* train_cmd = bench->add_subcommand(
+      "train", "GPT-2-124M training steps (batch 4 x 256, AdamW): tokens/s, MFU and peak RSS beside PyTorch");
+  train_cmd->footer("Example: aspen bench train --json --dtype bf16\n         aspen bench train --python ~/venv/bin/python");
+  train_cmd->add_flag("--json", tb.json, "one JSON object per line");
+  train_cmd->add_option("--threads", tb.threads, "threads (default 2)")->check(CLI::Range(1, 1024));
+  train_cmd->add_option("--steps", tb.steps, "timed steps per dtype after one warm-up step (default 5)")
+      ->check(CLI::Range(int64_t(1), int64_t(1000)));
+  train_cmd->add_option("--dtype", train_dtype, "matmul compute type: f32, bf16 or both")
+      ->check(CLI::IsMember({"f32", "bf16", "both"}));
+  train_cmd->add_option("--python", tb.python, "interpreter with torch and transformers: runs the PyTorch peer");
+  train_cmd->add_flag("--quick", tb.quick, "a tiny GPT-2, one timed step (a smoke test, not a measurement)");
+  train_cmd->add_flag("--profile", tb.profile, "print where the timed steps' time goes (per op)");
+
   std::string inspect_path;
   CLI::App* inspect_cmd = app.add_subcommand("inspect", "list the tensors of a safetensors file (name, dtype, shape, bytes)");
   inspect_cmd->footer("Example: aspen inspect model.safetensors");
@@ -195,5 +212,9 @@ int main(int argc, char** argv) {
   if (kern_cmd->parsed()) return report(aspen::bench::run_kernels_bench(kb, std::cout));
   if (comp_cmd->parsed()) return report(aspen::bench::run_compile_bench(cb, std::cout));
   if (gen_cmd->parsed()) return report(aspen::bench::run_generate_bench(gb, std::cout));
+  if (train_cmd->parsed()) {
+    if (train_dtype != "both") tb.dtypes = {train_dtype};
+    return report(aspen::bench::run_train_bench(tb, std::cout));
+  }
   return 0;
 }

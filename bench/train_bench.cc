@@ -1,0 +1,479 @@
+#include "bench/train_bench.h"
+
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "bench/common.h"
+#include "compiler/executable.h"
+#include "core/philox.h"
+#include "core/tensor.h"
+#include "core/thread_team.h"
+#include "graph/autodiff.h"
+#include "graph/builder.h"
+#include "models/gpt2.h"
+#include "profile/trace.h"
+#include "runtime/session.h"
+#include "train/optimizer.h"
+
+namespace aspen::bench {
+
+namespace {
+
+struct TrainShape {
+  models::Gpt2Config config;
+  int64_t batch = 4, seq = 256;
+};
+
+TrainShape bench_shape(bool quick) {
+  TrainShape s{.config = models::Gpt2Config::gpt2_small()};
+  if (quick) {
+    s.config.vocab = 512;
+    s.config.n_positions = 64;
+    s.config.d_model = 64;
+    s.config.n_layer = 2;
+    s.config.n_head = 2;
+    s.batch = 2;
+    s.seq = 32;
+  }
+  return s;
+}
+
+// Every parameter a matmul multiplies by (the tied lm_head counted once, as
+// the matmul it is), and the FLOPs one token costs to train on.
+int64_t matmul_parameters(const models::Gpt2Config& c) {
+  const int64_t C = c.d_model, F = c.ff_dim();
+  const int64_t per_layer = C * 3 * C + C * C + C * F + F * C;  // c_attn, attn.c_proj, c_fc, mlp.c_proj
+  return c.n_layer * per_layer + c.vocab * C;
+}
+double flops_per_token(const TrainShape& s) {
+  const double attention = 12.0 * double(s.config.n_layer * s.seq * s.config.d_model);  // causal counted in full
+  return 6.0 * double(matmul_parameters(s.config)) + attention;
+}
+
+// One dtype's figures, as the child process sends them to the parent.
+struct Row {
+  std::string dtype = {};
+  double step_s = 0, best_step_s = 0, tokens_per_s = 0, tokens_per_s_best = 0;
+  double peak_gflops = 0;  // the machine's peak for this dtype, measured by the child
+  std::string peak_kind = {};
+  double compile_s = 0, loss = 0;
+  int64_t planned_peak_bytes = 0, arena_bytes = 0, state_bytes = 0, peak_rss_bytes = 0;
+  int64_t instructions = 0, reference_instructions = 0;
+  std::string profile = {};  // profile::summary of the timed steps, with --profile
+  // The PyTorch peer (0: not run).
+  double peer_tokens_per_s = 0;
+  int64_t peer_peak_rss_bytes = 0;
+  std::string peer_mode = {};
+};
+
+nlohmann::json to_json(const Row& r) {
+  return {{"dtype", r.dtype},
+          {"step_s", r.step_s},
+          {"best_step_s", r.best_step_s},
+          {"tokens_per_s", r.tokens_per_s},
+          {"tokens_per_s_best", r.tokens_per_s_best},
+          {"peak_gflops", r.peak_gflops},
+          {"peak_kind", r.peak_kind},
+          {"compile_s", r.compile_s},
+          {"loss", r.loss},
+          {"planned_peak_bytes", r.planned_peak_bytes},
+          {"arena_bytes", r.arena_bytes},
+          {"state_bytes", r.state_bytes},
+          {"peak_rss_bytes", r.peak_rss_bytes},
+          {"instructions", r.instructions},
+          {"reference_instructions", r.reference_instructions},
+          {"profile", r.profile}};
+}
+
+Row from_json(const nlohmann::json& j) {
+  Row r;
+  r.dtype = j.value("dtype", "");
+  r.step_s = j.value("step_s", 0.0);
+  r.best_step_s = j.value("best_step_s", 0.0);
+  r.tokens_per_s = j.value("tokens_per_s", 0.0);
+  r.tokens_per_s_best = j.value("tokens_per_s_best", 0.0);
+  r.peak_gflops = j.value("peak_gflops", 0.0);
+  r.peak_kind = j.value("peak_kind", "");
+  r.compile_s = j.value("compile_s", 0.0);
+  r.loss = j.value("loss", 0.0);
+  r.planned_peak_bytes = j.value("planned_peak_bytes", int64_t(0));
+  r.arena_bytes = j.value("arena_bytes", int64_t(0));
+  r.state_bytes = j.value("state_bytes", int64_t(0));
+  r.peak_rss_bytes = j.value("peak_rss_bytes", int64_t(0));
+  r.instructions = j.value("instructions", int64_t(0));
+  r.reference_instructions = j.value("reference_instructions", int64_t(0));
+  r.profile = j.value("profile", "");
+  return r;
+}
+
+// The high-water RSS of this process's address space (VmHWM): unlike
+// getrusage's ru_maxrss it is not inherited across fork or exec.
+int64_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:  123456 kB"
+  return 0;
+}
+
+// The training step as the trainer records it: forward with the loss, every
+// parameter's gradient, AdamW. Only the loss is an output (the host never
+// reads the logits of a training step).
+Status build_training_graph(graph::Graph& g, const TrainShape& s) {
+  graph::Builder b(g);
+  ASPEN_ASSIGN_OR_RETURN(models::Gpt2Graph m,
+                         models::build_gpt2(b, s.config, {.batch = s.batch, .seq = s.seq, .with_loss = true}));
+  g.remove_output("logits");
+  std::vector<graph::ValueId> params;
+  for (int32_t i : g.parameter_nodes()) params.push_back(g.node(i).outputs[0]);
+  ASPEN_ASSIGN_OR_RETURN(std::vector<graph::ValueId> grads, graph::append_gradients(g, m.loss, params));
+  return train::append_adamw(b, params, grads, {.weight_decay = 0.1, .no_decay = {"bias", "ln_"}}).status();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The matmul events of a trace grouped by their operands' types and
+// attributes: count, time and GFLOP/s (2 * M * N * K per product), costliest
+// first. The matmuls are most of a training step; this says which shapes.
+std::string matmul_summary(const std::vector<profile::TraceEvent>& events, const runtime::Session& session) {
+  const graph::Graph& g = session.executable().graph;
+  struct Group {
+    int64_t count = 0;
+    double ms = 0, flops = 0;
+  };
+  std::map<std::string, Group> groups;
+  for (const profile::TraceEvent& e : events) {
+    if (e.name != "matmul") continue;
+    int32_t node = -1;
+    for (const auto& [k, v] : e.args)
+      if (k == "node") node = std::stoi(v);
+    if (node < 0) continue;
+    const graph::Node& n = g.node(node);
+    const graph::TensorType& a = g.type(n.inputs[0]);
+    const graph::TensorType& w = g.type(n.inputs[1]);
+    const int64_t k = n.attrs.i_or("trans_a", 0) ? a.shape[-2] : a.shape[-1];
+    Group& grp = groups[a.to_string() + " x " + w.to_string() + " {" + n.attrs.to_string() + "}"];
+    ++grp.count;
+    grp.ms += double(e.duration_ns()) * 1e-6;
+    grp.flops += 2.0 * double(g.type(n.outputs[0]).shape.numel()) * double(k);
+  }
+  std::vector<std::pair<std::string, Group>> sorted(groups.begin(), groups.end());
+  std::sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+  std::string s = "  matmul by operands                                          count    total ms   GFLOP/s\n";
+  for (const auto& [key, grp] : sorted)
+    s += fmt::format("  {:<60} {:>5} {:>11.1f} {:>9.1f}\n", key, grp.count, grp.ms, grp.flops / (grp.ms * 1e6));
+  return s;
+}
+
+// Compiles and times one dtype; runs in the child process.
+Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBenchOptions& opt) {
+  Row r;
+  r.dtype = dtype;
+  const DType compute = dtype == "bf16" ? DType::bf16 : DType::f32;
+  {
+    ScopedOmpThreads team(opt.threads);
+    if (compute == DType::bf16) {
+      const BfPeak p = measure_bf16_peak(opt.threads);
+      r.peak_gflops = p.gflops;
+      r.peak_kind = p.kind;
+    } else {
+      r.peak_gflops = measure_f32_fma_peak(opt.threads);
+      r.peak_kind = "f32_fma";
+    }
+  }
+
+  graph::Graph g;
+  ASPEN_RETURN_IF_ERROR(build_training_graph(g, s));
+  compiler::CompileOptions copt;
+  copt.compute = compute;
+  copt.verify_each_pass = false;  // a test aid; off whatever the build type
+  const auto t0 = std::chrono::steady_clock::now();
+  ASPEN_ASSIGN_OR_RETURN(std::unique_ptr<compiler::Executable> exe, compiler::compile(g, copt));
+  r.compile_s = seconds_since(t0);
+  r.arena_bytes = exe->plan.arena_bytes;
+  for (const compiler::Binding& p : exe->parameters) r.state_bytes += p.type.bytes();
+  for (const auto& c : exe->constants)
+    if (c) r.state_bytes += int64_t(c->nbytes());
+  r.planned_peak_bytes = r.arena_bytes + r.state_bytes;
+  r.instructions = int64_t(exe->program.code.size());
+  for (const compiler::Instruction& ins : exe->program.code) r.reference_instructions += ins.reference ? 1 : 0;
+
+  profile::TraceRecorder trace(/*enabled=*/false);
+  runtime::SessionOptions sopt;
+  sopt.threads = opt.threads;
+  if (opt.profile) sopt.trace = &trace;
+  ASPEN_ASSIGN_OR_RETURN(auto session, runtime::Session::create(std::move(exe), sopt));
+
+  // Weights N(0, 0.02), LayerNorms 1 and 0, biases 0; optimizer state stays zero.
+  uint64_t stream = 0;
+  for (const compiler::Binding& p : session->parameters()) {
+    const std::string& name = p.name;
+    auto ends_with = [&](const char* suffix) {
+      const size_t n = std::strlen(suffix);
+      return name.size() >= n && name.compare(name.size() - n, n, suffix) == 0;
+    };
+    if (name.rfind("optimizer.", 0) == 0 || ends_with(".bias")) continue;
+    Tensor t(p.type.dtype, p.type.shape);
+    if (name.find("ln_") != std::string::npos)
+      std::fill(t.span<float>().begin(), t.span<float>().end(), 1.0f);
+    else
+      philox_fill_normal(t.span<float>(), 1234, stream++, 0, 0.0f, 0.02f);
+    ASPEN_RETURN_IF_ERROR(session->set_parameter(name, t));
+  }
+
+  const int64_t BT = s.batch * s.seq;
+  Tensor ids(DType::i32, {s.batch, s.seq}), pos(DType::i32, {s.batch, s.seq}), targets(DType::i32, {BT});
+  Tensor lr(DType::f32, Shape{});
+  for (int64_t i = 0; i < BT; ++i) {
+    ids.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 0, uint64_t(i)) % uint32_t(s.config.vocab));
+    targets.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 1, uint64_t(i)) % uint32_t(s.config.vocab));
+    pos.span<int32_t>()[size_t(i)] = int32_t(i % s.seq);
+  }
+  lr.span<float>()[0] = 1e-4f;
+  const std::map<std::string, const Tensor*> inputs = {
+      {"input_ids", &ids}, {"positions", &pos}, {"targets", &targets}, {train::kLrName, &lr}};
+
+  auto step = [&]() -> Result<double> {
+    const auto start = std::chrono::steady_clock::now();
+    ASPEN_ASSIGN_OR_RETURN(auto out, session->run(inputs));
+    const double dt = seconds_since(start);
+    r.loss = double(out.at("loss").span<float>()[0]);
+    return dt;
+  };
+  ASPEN_RETURN_IF_ERROR(step().status());  // warm-up: first touch of the arena, oneDNN's caches
+  trace.set_enabled(true);
+  std::vector<double> times;
+  for (int64_t i = 0; i < opt.steps; ++i) {
+    ASPEN_ASSIGN_OR_RETURN(double dt, step());
+    times.push_back(dt);
+  }
+  if (!std::isfinite(r.loss))
+    return Status::error(Code::kInternal, "bench train: " + dtype + " loss", "a finite number", std::to_string(r.loss));
+  std::sort(times.begin(), times.end());
+  const size_t n = times.size();
+  r.step_s = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+  r.best_step_s = times.front();
+  r.tokens_per_s = double(BT) / r.step_s;
+  r.tokens_per_s_best = double(BT) / r.best_step_s;
+  if (opt.profile) r.profile = profile::summary(trace.events(), 15) + matmul_summary(trace.events(), *session);
+  r.peak_rss_bytes = peak_rss_bytes();
+  return r;
+}
+
+// Runs measure() in a child process and returns what it sent.
+Result<Row> measure_in_child(const TrainShape& s, const std::string& dtype, const TrainBenchOptions& opt) {
+  int fds[2];
+  if (::pipe(fds) != 0)
+    return Status::error(Code::kIoError, "bench train: pipe", "a pipe to the child", std::strerror(errno));
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return Status::error(Code::kIoError, "bench train: fork", "a child process", std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    nlohmann::json j;
+    Result<Row> r = measure(s, dtype, opt);
+    if (r.is_ok()) {
+      j = to_json(*r);
+    } else {
+      const Status& st = r.status();
+      j = {{"error_code", int(st.code())},
+           {"subject", st.subject()},
+           {"expected", st.expected()},
+           {"found", st.found()},
+           {"hint", st.hint()}};
+    }
+    const std::string text = j.dump() + "\n";
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t w = ::write(fds[1], text.data() + done, text.size() - done);
+      if (w <= 0) break;
+      done += size_t(w);
+    }
+    ::_exit(r.is_ok() ? 0 : 1);  // no atexit handlers or destructors of the parent's copies
+  }
+  ::close(fds[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    text.append(buf, size_t(n));
+  }
+  ::close(fds[0]);
+  int wstatus = 0;
+  while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    const std::string how = WIFSIGNALED(wstatus) ? "killed by signal " + std::to_string(WTERMSIG(wstatus))
+                                                 : "exit status " + std::to_string(WEXITSTATUS(wstatus));
+    return Status::error(Code::kInternal, "bench train: the " + dtype + " child process", "a JSON report",
+                         how + " without one");
+  }
+  if (j.contains("error_code"))
+    return Status::error(Code(j.value("error_code", int(Code::kInternal))), j.value("subject", ""),
+                         j.value("expected", ""), j.value("found", ""), j.value("hint", ""));
+  return from_json(j);
+}
+
+// bench/torch_train.py for one dtype; fills the peer fields of `r` (left 0
+// when the peer cannot run). Returns a note when it did not run.
+std::string run_peer(const TrainShape& s, const TrainBenchOptions& opt, Row& r) {
+  const std::string script = std::string(ASPEN_SOURCE_DIR) + "/bench/torch_train.py";
+  const std::string cmd =
+      "OMP_WAIT_POLICY=passive " + opt.python + " " + script + " --json --dtypes " + r.dtype + " --threads " +
+      std::to_string(opt.threads) + " --steps " + std::to_string(opt.steps) +
+      fmt::format(" --batch {} --seq {} --vocab {} --n-positions {} --d-model {} --layers {} --heads {}", s.batch,
+                  s.seq, s.config.vocab, s.config.n_positions, s.config.d_model, s.config.n_layer, s.config.n_head) +
+      " 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return "PyTorch peer: cannot start '" + opt.python + "'";
+  char line[4096];
+  while (std::fgets(line, sizeof line, p)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || j.value("dtype", "") != r.dtype) continue;
+    r.peer_tokens_per_s = j.value("tokens_per_s", 0.0);
+    r.peer_peak_rss_bytes = j.value("peak_rss_bytes", int64_t(0));
+    r.peer_mode = j.value("mode", "");
+  }
+  const int rc = ::pclose(p);
+  if (r.peer_tokens_per_s > 0) return "";
+  return fmt::format("PyTorch peer ({}): no result (exit status {}; run {} {} --dtypes {} to see why)", r.dtype,
+                     WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, opt.python, script, r.dtype);
+}
+
+std::string gib(int64_t b) { return fmt::format("{:.2f} GiB", double(b) / double(int64_t(1) << 30)); }
+
+}  // namespace
+
+Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
+  for (const std::string& d : opt.dtypes)
+    if (d != "f32" && d != "bf16")
+      return Status::invalid_argument("bench train: dtype", "f32 or bf16 (the matmuls' compute type)", d);
+  if (opt.threads < 1) return Status::invalid_argument("bench train: threads", ">= 1", std::to_string(opt.threads));
+  TrainBenchOptions o = opt;
+  if (o.quick) o.steps = 1;
+  if (o.steps < 1) return Status::invalid_argument("bench train: steps", ">= 1", std::to_string(o.steps));
+  const TrainShape s = bench_shape(o.quick);
+  const double fpt = flops_per_token(s);
+  const bool peer = !o.python.empty() && o.python != "none";
+
+  // Issue W1.4's goals: aspen / PyTorch.
+  const std::map<std::string, double> speed_goal = {{"f32", 1.6}, {"bf16", 2.2}};
+  constexpr double kRssGoal = 0.8;
+
+  if (!o.json) {
+    out << fmt::format(
+        "# GPT-2 {}: {} layers, d_model {}, vocab {}; batch {} x seq {}, AdamW, {} threads; median of {} steps after "
+        "1 warm-up, each dtype in its own process\n",
+        o.quick ? "tiny (--quick)" : "124M", s.config.n_layer, s.config.d_model, s.config.vocab, s.batch, s.seq,
+        o.threads, o.steps);
+    out << fmt::format(
+        "# FLOPs per token: {:.1f} M = 6 x {:.2f} M matmul parameters (tied lm_head included) + {:.1f} M attention "
+        "(QK^T and AV, fwd + bwd, causal counted in full)\n",
+        fpt / 1e6, double(matmul_parameters(s.config)) / 1e6,
+        12.0 * double(s.config.n_layer * s.seq * s.config.d_model) / 1e6);
+    if (!peer) out << "# PyTorch peer: not run (--python PATH names an interpreter with torch and transformers)\n";
+    out.flush();
+  }
+
+  std::vector<Row> rows;
+  std::vector<std::string> notes;
+  for (const std::string& dtype : o.dtypes) {
+    out.flush();  // the child must not inherit unwritten output
+    ASPEN_ASSIGN_OR_RETURN(Row r, measure_in_child(s, dtype, o));
+    if (peer) {
+      std::string note = run_peer(s, o, r);
+      if (!note.empty()) notes.push_back(std::move(note));
+    }
+    rows.push_back(std::move(r));
+  }
+
+  auto mfu = [&](double tokens_per_s, double peak_gflops) {
+    return peak_gflops > 0 ? tokens_per_s * fpt / (peak_gflops * 1e9) : 0.0;
+  };
+  if (!o.json)
+    out << fmt::format("{:<5} | {:>9} {:>6} {:>8} | {:>9} {:>6} | {:>6} {:>6} | {:>10} {:>10} {:>10} {:>6} {:>6}\n",
+                       "dtype", "tokens/s", "MFU", "peak GF", "pytorch", "MFU", "ratio", "goal", "planned", "peak RSS",
+                       "pytorch", "ratio", "goal");
+  for (const Row& r : rows) {
+    const double m = mfu(r.tokens_per_s, r.peak_gflops);
+    const bool has_peer = r.peer_tokens_per_s > 0;
+    const double speed_ratio = has_peer ? r.tokens_per_s / r.peer_tokens_per_s : 0;
+    const double rss_ratio = r.peer_peak_rss_bytes > 0 ? double(r.peak_rss_bytes) / double(r.peer_peak_rss_bytes) : 0;
+    if (o.json) {
+      nlohmann::ordered_json j = {{"bench", "train"},
+                                  {"dtype", r.dtype},
+                                  {"tokens_per_s", r.tokens_per_s},
+                                  {"mfu", m},
+                                  {"peak_rss_bytes", r.peak_rss_bytes},
+                                  {"planned_peak_bytes", r.planned_peak_bytes},
+                                  {"tokens_per_s_best", r.tokens_per_s_best},
+                                  {"step_s", r.step_s},
+                                  {"peak_gflops", r.peak_gflops},
+                                  {"peak_kind", r.peak_kind},
+                                  {"flops_per_token", fpt},
+                                  {"threads", o.threads},
+                                  {"batch", s.batch},
+                                  {"seq", s.seq},
+                                  {"compile_s", r.compile_s},
+                                  {"loss", r.loss},
+                                  {"reference_instructions", r.reference_instructions}};
+      if (has_peer) {
+        j["pytorch_tokens_per_s"] = r.peer_tokens_per_s;
+        j["pytorch_mfu"] = mfu(r.peer_tokens_per_s, r.peak_gflops);
+        j["pytorch_mode"] = r.peer_mode;
+        j["ratio_vs_pytorch"] = speed_ratio;
+        j["goal_ratio_vs_pytorch"] = speed_goal.at(r.dtype);
+      }
+      if (rss_ratio > 0) {
+        j["pytorch_peak_rss_bytes"] = r.peer_peak_rss_bytes;
+        j["rss_ratio_vs_pytorch"] = rss_ratio;
+        j["goal_rss_ratio_vs_pytorch"] = kRssGoal;
+      }
+      out << j.dump() << "\n";
+    } else {
+      auto or_dash = [](bool has, const std::string& s_) { return has ? s_ : std::string("-"); };
+      out << fmt::format(
+          "{:<5} | {:>9.1f} {:>5.1f}% {:>8.0f} | {:>9} {:>6} | {:>6} {:>6} | {:>10} {:>10} {:>10} {:>6} {:>6}\n",
+          r.dtype, r.tokens_per_s, 100 * m, r.peak_gflops,
+          or_dash(has_peer, fmt::format("{:.1f}", r.peer_tokens_per_s)),
+          or_dash(has_peer, fmt::format("{:.1f}%", 100 * mfu(r.peer_tokens_per_s, r.peak_gflops))),
+          or_dash(has_peer, fmt::format("{:.2f}", speed_ratio)), fmt::format(">={:.1f}", speed_goal.at(r.dtype)),
+          gib(r.planned_peak_bytes), gib(r.peak_rss_bytes), or_dash(rss_ratio > 0, gib(r.peer_peak_rss_bytes)),
+          or_dash(rss_ratio > 0, fmt::format("{:.2f}", rss_ratio)), fmt::format("<={:.1f}", kRssGoal));
+    }
+  }
+  if (!o.json) {
+    for (const Row& r : rows) {
+      out << fmt::format(
+          "# {}: step {:.3f} s median, {:.3f} s best; compile {:.1f} s; loss {:.3f}; planned = arena {} + state {} "
+          "(weights, AdamW moments); {} instructions, {} on reference kernels{}\n",
+          r.dtype, r.step_s, r.best_step_s, r.compile_s, r.loss, gib(r.arena_bytes), gib(r.state_bytes), r.instructions,
+          r.reference_instructions, r.peer_mode.empty() ? "" : "; PyTorch: " + r.peer_mode);
+      if (!r.profile.empty()) out << "# " << r.dtype << ": every instruction of the timed steps\n" << r.profile;
+    }
+    for (const std::string& n : notes) out << "# " << n << "\n";
+  }
+  return Status();
+}
+
+}  // namespace aspen::bench

@@ -1,0 +1,57 @@
+// bench/train_bench.h: `aspen bench train`.
+//
+// One training step of GPT-2 124M (12 layers, d_model 768, 12 heads, vocab
+// 50257, lm_head tied to wte), micro-batch 4 x sequence 256, compiled as the
+// trainer compiles it: models::build_gpt2 with the loss, graph::append_gradients
+// for every parameter, train::append_adamw (weight decay 0.1, none on biases
+// and LayerNorms), compiler::compile with matmuls in f32 or bf16 (f32 master
+// weights, optimizer state and partials), a runtime::Session on `threads`
+// threads. Weights random, N(0, 0.02) (LayerNorms 1 and 0); tokens and targets
+// random. Per dtype:
+//   tokens_per_s   batch * seq / the median step time over `steps` timed
+//                  steps, after one warm-up step (tokens_per_s_best: the
+//                  fastest step)
+//   mfu            tokens_per_s * FLOPs per token / the peak the bench
+//                  measures in the same process (f32: an FMA loop; bf16:
+//                  VDPBF16PS or AMX; bench/common.h). FLOPs per token =
+//                  6 * N_matmul (every matmul parameter, the tied lm_head
+//                  included) + 12 * n_layer * seq * d_model (QK^T and AV,
+//                  forward and backward, the causal mask counted in full, as
+//                  PaLM's and nanoGPT's MFU do)
+//   planned_peak_bytes  the memory plan's arena + parameters + optimizer
+//                  state + constants
+//   peak_rss_bytes the process's high-water RSS (VmHWM) at the end
+// Each dtype runs in a forked child process (so f32 and bf16 never share a
+// heap or an RSS high-water mark), which reports back through a pipe. The
+// parent does nothing else before forking: call it from a process that has not
+// yet started OpenMP or other threads (the `aspen` command line).
+//
+// The PyTorch peer (bench/torch_train.py: transformers' GPT2LMHeadModel,
+// dropout 0, torch.optim.AdamW, 2 threads, OMP_WAIT_POLICY=passive; f32 eager
+// and bf16 autocast, each in its own process) runs only when `python` names an
+// interpreter; it runs right after aspen's row of the same dtype, and the table
+// prints aspen / PyTorch beside the goals of issue W1.4.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace aspen::bench {
+
+struct TrainBenchOptions {
+  bool json = false;
+  int threads = 2;
+  int64_t steps = 5;                                  // timed steps per dtype, after one warm-up step
+  std::vector<std::string> dtypes = {"f32", "bf16"};  // matmul compute type
+  std::string python;    // interpreter with torch and transformers; empty or "none": no peer
+  bool quick = false;    // a tiny GPT-2 (2 layers, d_model 64, vocab 512), batch 2 x 32, 1 timed step
+  bool profile = false;  // print the per-op summary of the timed steps
+};
+
+Status run_train_bench(const TrainBenchOptions& options, std::ostream& out);
+
+}  // namespace aspen::bench
