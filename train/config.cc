@@ -313,7 +313,7 @@ std::string describe(const YAML::Node& n) {
   return "'" + shorten(s) + "'";
 }
 
-// A plain (unquoted) scalar's text, or nullopt for anything else.
+// A plain (unquoted) scalar's text, or nullptr for anything else.
 const std::string* plain_scalar(const YAML::Node& n) { return n.IsScalar() && !is_quoted(n) ? &n.Scalar() : nullptr; }
 
 template <class Int>
@@ -324,8 +324,8 @@ bool parse_int(std::string_view s, Int& out) {
   return r.ec == std::errc() && r.ptr == s.data() + s.size();
 }
 
-// Reads `n` into `out` when it has the type; false (and `out` unchanged) when
-// it does not. Lists report a bad element themselves (its own line).
+// Reads `n` into `out` when it has the type T; otherwise an error naming the
+// key path at `line` (a bad list element: at its own line), `out` unchanged.
 template <class T>
 Status read_value(const YAML::Node& n, T& out, const std::string& path, int line, const Source& src, const Rule& rule) {
   auto mismatch = [&] {
@@ -440,8 +440,9 @@ Status read_map(TrainConfig& c, std::string_view section, const YAML::Node& map,
     const std::string key = k.Scalar();
     auto [prev, fresh] = seen.emplace(key, line);
     if (!fresh) {
-      return Status::invalid_argument(src.where(line) + ": " + path_of(section, key), "each key once",
-                                      "it again (first on line " + std::to_string(prev->second) + ")");
+      return Status::invalid_argument(
+          src.where(line) + ": " + path_of(section, key), "each key once",
+          src.has_lines ? "it again (first on line " + std::to_string(prev->second) + ")" : "it again");
     }
     ASPEN_RETURN_IF_ERROR(read_entry(c, section, key, line, kv.second, src));
   }

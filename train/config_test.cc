@@ -320,6 +320,11 @@ TEST(TrainConfigOverride, SetsKeysSectionsAndLists) {
   EXPECT_EQ(c.optimizer.lr, 1e-3);
   ASSERT_TRUE(apply_override(c, "sample.prompts=[a, b c]").is_ok());
   EXPECT_EQ(c.sample.prompts, (std::vector<std::string>{"a", "b c"}));
+  ASSERT_TRUE(apply_override(c, "sample.prompts=[\"ROMEO:\", \"JULIET:\"]").is_ok());
+  EXPECT_EQ(c.sample.prompts, (std::vector<std::string>{"ROMEO:", "JULIET:"}));
+  // Unquoted, "ROMEO:" followed by ',' is a one-key map in YAML: refused, not misread.
+  EXPECT_EQ(apply_override(c, "sample.prompts=[ROMEO:, JULIET:]").message(),
+            "override 'sample.prompts=[ROMEO:, JULIET:]': sample.prompts[0]: expected a string, found a map");
   ASSERT_TRUE(apply_override(c, "name=second").is_ok());
   EXPECT_EQ(c.name, "second");
   ASSERT_TRUE(apply_override(c, "model={n_layer: 2, n_head: 2}").is_ok());
@@ -365,6 +370,8 @@ TEST(TrainConfigOverride, SameChecksAsTheFile) {
   }
   // A whole-section override that fails part-way changes nothing either.
   EXPECT_FALSE(apply_override(c, "model={n_layer: 2, n_head: -1}").is_ok());
+  EXPECT_EQ(apply_override(c, "model={n_layer: 2, n_layer: 3}").message(),
+            "override 'model={n_layer: 2, n_layer: 3}': model.n_layer: expected each key once, found it again");
   EXPECT_EQ(c, before);
   Status s = apply_override(c, "optimizer.lr=[1, 2");
   EXPECT_EQ(s.subject(), "override 'optimizer.lr=[1, 2': optimizer.lr");
