@@ -338,7 +338,8 @@ Result<TrainResult> Trainer::run() {
   int64_t last_saved = start > 0 ? start : -1;
   bool first = true;
   const std::string svg = run_dir_ + "/" + train::kLossSvgFile;
-  while (model_->steps_done() < total) {
+  const int64_t stop = options_.stop_at > 0 ? std::min(options_.stop_at, total) : total;
+  while (model_->steps_done() < stop) {
     for (int64_t m = 0; m < micro; ++m) {
       ASPEN_ASSIGN_OR_RETURN(train::Batch b, loader_->next());
       const int64_t n = batch_ * seq_;
@@ -370,7 +371,7 @@ Result<TrainResult> Trainer::run() {
     }
     const StepStats& last = model_->last_steps().back();
     const int64_t step = last.step;
-    if (step % c.log.interval == 0 || step == total || step - iters < start + 1)
+    if (step % c.log.interval == 0 || step == stop || step - iters < start + 1)
       progress.update(step, last.loss, rate, lr_text(last.lr));
     if (c.eval.interval > 0 && can_validate && (step % c.eval.interval == 0 || step == total)) {
       ASPEN_ASSIGN_OR_RETURN(const double v, validate());
@@ -392,6 +393,11 @@ Result<TrainResult> Trainer::run() {
   result.steps = model_->steps_done();
   result.tokens_per_s = seconds > 0 ? tokens_per_call * double(result.steps - start) / double(iters) / seconds : 0.0;
   if (last_saved != result.steps) ASPEN_RETURN_IF_ERROR(save());
+  if (result.steps < total) {  // stopped early: resumable, nothing else
+    out() << "stopped at step " << result.steps << " of " << total << "; resume with --resume (checkpoint in "
+          << checkpoint_dir_ << ")\n";
+    return result;
+  }
   ASPEN_RETURN_IF_ERROR(train::write_loss_svg(svg, train_curve_, val_curve_, c.name));
   result.model_dir = run_dir_ + "/model";
   ASPEN_RETURN_IF_ERROR(export_model(result.model_dir));

@@ -49,6 +49,10 @@ namespace aspen::api {
 struct TrainerOptions {
   bool resume = false;
   std::ostream* out = nullptr;  // progress and messages; nullptr: std::cerr
+  // > 0: stop after this step as if interrupted (a checkpoint is written; no
+  // export, no samples); resuming later continues exactly. For time-limited
+  // jobs and for the resume tests.
+  int64_t stop_at = 0;
 };
 
 struct TrainResult {

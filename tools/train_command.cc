@@ -65,8 +65,8 @@ Status report_addition(const std::string& model_dir, const train::AdditionTask& 
   constexpr int64_t kBatch = 100;
   models::GeneratorOptions go;
   go.max_batch = kBatch;
-  go.max_prompt = 6;   // "99+99="
-  go.max_length = 12;  // + "198" + eos, with room
+  go.max_prompt = 6;   // "07+45="
+  go.max_length = 12;  // + "052" + eos, with room
   go.threads = threads;
   ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(model_dir, go));
   models::SamplingOptions so;

@@ -1,0 +1,211 @@
+// The training job end to end on a tiny GPT-2 and the addition corpus:
+// resuming is bitwise identical to not stopping, a checkpoint of another
+// model is refused, a non-finite loss stops the run and leaves the last
+// checkpoint intact, and fine-tuning starts from a Hugging Face directory.
+#include "api/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "models/weights.h"
+#include "train/checkpoint.h"
+#include "train/demo.h"
+#include "train/report.h"
+
+namespace aspen::api {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kTestdata = ASPEN_MODELS_TESTDATA;
+
+struct TempDir {
+  std::string path;
+  explicit TempDir(const std::string& name)
+      : path(fs::temp_directory_path() / ("aspen_trainer_test_" + name + "_" + std::to_string(getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// The addition corpus and byte tokenizer, once per test binary.
+const std::string& corpus() {
+  static TempDir dir("corpus");
+  static bool made = [] {
+    EXPECT_TRUE(train::write_byte_tokenizer(dir.path + "/tok").is_ok());
+    EXPECT_TRUE(train::write_addition_shards(train::make_addition_task(0), 1, dir.path + "/data", dir.path + "/tok")
+                    .is_ok());
+    return true;
+  }();
+  (void)made;
+  return dir.path;
+}
+
+train::TrainConfig tiny_config(const std::string& run_dir) {
+  train::TrainConfig c;
+  c.name = "tiny";
+  c.model.n_layer = 2, c.model.n_head = 2, c.model.d_model = 32, c.model.n_positions = 32;
+  c.data.train = corpus() + "/data";
+  c.data.tokenizer = corpus() + "/tok";
+  c.data.seq = 16;
+  c.data.val_fraction = 0.05;
+  c.optimizer.lr = 3e-3;
+  c.schedule.name = "cosine";
+  c.schedule.warmup_steps = 3;
+  c.batch.micro = 4;
+  c.train.steps = 20;
+  c.train.threads = 2;
+  c.checkpoint.interval = 0;
+  c.eval.interval = 5;
+  c.eval.batches = 2;
+  c.log.run_dir = run_dir;
+  c.log.progress = "off";
+  return c;
+}
+
+Result<TrainResult> train(const train::TrainConfig& c, bool resume = false, int64_t stop_at = 0) {
+  std::ostringstream sink;
+  ASPEN_ASSIGN_OR_RETURN(auto t, Trainer::create(c, {.resume = resume, .out = &sink, .stop_at = stop_at}));
+  return t->run();
+}
+
+void expect_same_bits(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b,
+                      const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (const auto& [name, t] : a) {
+    const Tensor& u = b.at(name);
+    ASSERT_EQ(t.nbytes(), u.nbytes()) << what << " " << name;
+    EXPECT_EQ(std::memcmp(t.raw(), u.raw(), t.nbytes()), 0) << what << " " << name << " differs";
+  }
+}
+
+// 20 steps straight against 10 + resume + 10: the weights and the optimizer
+// state bit for bit, for the fused step and for the split one (accumulation,
+// clipping, dynamic loss scaling: loader position, accumulators and scaler).
+TEST(Trainer, ResumeIsBitwiseIdenticalToNotStopping) {
+  for (bool split : {false, true}) {
+    SCOPED_TRACE(split ? "split" : "fused");
+    TempDir straight("straight"), stopped("stopped");
+    train::TrainConfig a = tiny_config(straight.path), b = tiny_config(stopped.path);
+    for (train::TrainConfig* c : {&a, &b}) {
+      if (!split) continue;
+      c->batch.micro = 2, c->batch.accumulation = 2;
+      c->optimizer.clip_grad_norm = 0.5;
+      c->precision.loss_scaling = "dynamic";
+      c->precision.loss_scale = 1024;
+    }
+    auto ra = train(a);
+    ASSERT_TRUE(ra.is_ok()) << ra.status().to_string();
+    EXPECT_EQ(ra->steps, 20);
+    EXPECT_LT(ra->last_loss, ra->first_loss);  // it learns
+    auto rb1 = train(b, false, 10);
+    ASSERT_TRUE(rb1.is_ok()) << rb1.status().to_string();
+    EXPECT_EQ(rb1->steps, 10);
+    EXPECT_FALSE(fs::exists(stopped.path + "/model"));  // stopped: no export yet
+    auto rb2 = train(b, /*resume=*/true);
+    ASSERT_TRUE(rb2.is_ok()) << rb2.status().to_string();
+    EXPECT_EQ(rb2->steps, 20);
+    auto ca = train::load_checkpoint(straight.path + "/checkpoints");
+    auto cb = train::load_checkpoint(stopped.path + "/checkpoints");
+    ASSERT_TRUE(ca.is_ok() && cb.is_ok());
+    EXPECT_EQ(ca->step, 20);
+    EXPECT_EQ(cb->step, 20);
+    expect_same_bits(ca->weights, cb->weights, "weights");
+    expect_same_bits(ca->optimizer, cb->optimizer, "optimizer state");
+    EXPECT_EQ(ra->last_loss, rb2->last_loss);
+    EXPECT_EQ(ra->last_val_loss, rb2->last_val_loss);
+    // The metrics of the resumed run continue the first part's lines.
+    auto la = train::read_metric(straight.path + "/metrics.jsonl", "loss");
+    auto lb = train::read_metric(stopped.path + "/metrics.jsonl", "loss");
+    ASSERT_TRUE(la.is_ok() && lb.is_ok());
+    EXPECT_EQ(*la, *lb);
+    // The exported model loads.
+    auto m = models::Checkpoint::open(stopped.path + "/model");
+    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+  }
+}
+
+TEST(Trainer, RefusesTheCheckpointOfAnotherModel) {
+  TempDir run("other");
+  train::TrainConfig c = tiny_config(run.path);
+  c.train.steps = 2;
+  c.schedule.warmup_steps = 0;
+  c.eval.interval = 0;
+  ASSERT_TRUE(train(c).is_ok());
+  c.model.d_model = 48;
+  c.train.steps = 4;
+  auto r = train(c, /*resume=*/true);
+  ASSERT_FALSE(r.is_ok());
+  const std::string msg = r.status().to_string();
+  EXPECT_NE(msg.find(run.path + "/checkpoints"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("f32[32]"), std::string::npos) << msg;  // what the checkpoint has
+  EXPECT_NE(msg.find("f32[48]"), std::string::npos) << msg;  // what this model expects
+}
+
+// Weights pushed to infinity by an absurd learning rate: the run stops at the
+// first non-finite loss, naming the step, and the checkpoint of step 4 stays
+// whole and loadable.
+TEST(Trainer, NonFiniteLossStopsAndKeepsTheLastCheckpoint) {
+  TempDir run("nan");
+  train::TrainConfig c = tiny_config(run.path);
+  c.train.steps = 4;
+  c.eval.interval = 0;
+  ASSERT_TRUE(train(c).is_ok());
+  c.train.steps = 12;
+  c.optimizer.lr = 1e30;
+  c.schedule.name = "constant";
+  c.schedule.warmup_steps = 0;
+  auto r = train(c, /*resume=*/true);
+  ASSERT_FALSE(r.is_ok());
+  const std::string msg = r.status().to_string();
+  EXPECT_NE(msg.find("training step "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("first non-finite tensor"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the checkpoint of step 4"), std::string::npos) << msg;
+  auto ck = train::load_checkpoint(run.path + "/checkpoints");
+  ASSERT_TRUE(ck.is_ok()) << ck.status().to_string();
+  EXPECT_EQ(ck->step, 4);
+}
+
+// Fine-tuning: the tiny Hugging Face GPT-2 (vocabulary 1000 >= the corpus's 257).
+TEST(Trainer, FineTunesAHuggingFaceDirectory) {
+  TempDir run("finetune");
+  train::TrainConfig c = tiny_config(run.path);
+  c.model.from = kTestdata + "/gpt2-tiny";
+  c.train.steps = 4;
+  c.eval.interval = 2;
+  auto r = train(c);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->steps, 4);
+  EXPECT_GT(r->last_val_loss, 0.0);
+  auto m = models::Checkpoint::open(run.path + "/model");
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_EQ(m->config().model_type, "gpt2");
+  ASSERT_NE(m->config().gpt2(), nullptr);
+  EXPECT_EQ(m->config().gpt2()->vocab, 1000);
+  EXPECT_TRUE(fs::exists(run.path + "/loss.svg"));
+  EXPECT_TRUE(fs::exists(run.path + "/config.yaml"));
+}
+
+TEST(Trainer, BadConfigsNameTheKey) {
+  TempDir run("bad");
+  train::TrainConfig c = tiny_config(run.path);
+  c.train.device_iterations = 3;  // 20 is not a multiple
+  auto r = Trainer::create(c);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().subject(), "config: train.steps") << r.status().to_string();
+  c = tiny_config(run.path);
+  c.data.train = run.path + "/nothing";
+  r = Trainer::create(c);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().to_string().find(run.path + "/nothing"), std::string::npos) << r.status().to_string();
+  c = tiny_config(run.path);
+  c.batch.replicas = 2;
+  EXPECT_EQ(Trainer::create(c).status().code(), Code::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace aspen::api
