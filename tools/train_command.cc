@@ -41,7 +41,7 @@ train::TrainConfig demo_config(const std::string& run_dir) {
   c.model.n_layer = 4, c.model.n_head = 4, c.model.d_model = 128, c.model.n_positions = 64;
   c.data.train = run_dir + "/data";
   c.data.tokenizer = run_dir + "/tokenizer";
-  c.data.seq = 64;
+  c.data.seq = 55;  // five problems of 11 tokens: every window starts at a problem, columns at fixed positions
   c.data.val_fraction = 0.02;
   c.optimizer.name = "adamw";
   c.optimizer.lr = 2e-3;
