@@ -114,7 +114,8 @@ Result<std::string> read_file(const std::string& path) {
   }
   if (uint64_t(st.st_size) > kMaxSmallFileBytes) {
     ::close(fd);
-    return corrupt(path, "at most " + std::to_string(kMaxSmallFileBytes) + " bytes", std::to_string(st.st_size) + " bytes");
+    return corrupt(path, "at most " + std::to_string(kMaxSmallFileBytes) + " bytes",
+                   std::to_string(st.st_size) + " bytes");
   }
   std::string out(static_cast<size_t>(st.st_size), '\0');
   size_t done = 0;
@@ -184,8 +185,8 @@ std::string latest_name_or_empty(const std::string& root) {
 Status check_tensors(const char* what, const std::map<std::string, Tensor>& tensors) {
   for (const auto& [name, t] : tensors)
     if (t.raw() == nullptr && t.nbytes() > 0)
-      return Status::invalid_argument(std::string("save_checkpoint: ") + what + " " + sq(name),
-                                      "a tensor with storage", "an empty (default or moved-from) Tensor");
+      return Status::invalid_argument(std::string("save_checkpoint: ") + what + " " + sq(name), "a tensor with storage",
+                                      "an empty (default or moved-from) Tensor");
   return Status::ok();
 }
 
@@ -311,8 +312,13 @@ void prune(const std::string& root, int64_t keep) {
     // Renamed first, so a crash while deleting leaves a temporary, never half a step directory.
     Result<std::string> doomed = make_temp_dir(root, "delete-" + name);
     std::string target = join(root, name);
-    if (doomed.is_ok() && ::rename(target.c_str(), doomed->c_str()) == 0) target = *doomed;
-    else if (doomed.is_ok()) remove_quietly(*doomed);
+    if (doomed.is_ok()) {
+      if (::rename(target.c_str(), doomed->c_str()) == 0) {
+        target = *doomed;
+      } else {
+        remove_quietly(*doomed);
+      }
+    }
     fs::remove_all(target, ec);
     if (ec) ASPEN_LOG(warning) << target << ": old checkpoint not deleted: " << ec.message();
   }
@@ -356,8 +362,7 @@ Result<Checkpoint> read_step_dir(const std::string& dir) {
   if (!format || *format != kCheckpointFormat)
     return corrupt(path + ": format", std::string("\"") + kCheckpointFormat + "\"", found(format));
   const ordered_json* version = field("version");
-  if (!version || !version->is_number_integer())
-    return corrupt(path + ": version", "an integer", found(version));
+  if (!version || !version->is_number_integer()) return corrupt(path + ": version", "an integer", found(version));
   if (*version != kCheckpointVersion)
     return Status::error(Code::kUnimplemented, path + ": version",
                          std::to_string(kCheckpointVersion) + " (what this build reads)", version->dump());
@@ -365,7 +370,8 @@ Result<Checkpoint> read_step_dir(const std::string& dir) {
   if (!step || !step->is_number_integer() || step->get<int64_t>() < 0)
     return corrupt(path + ": step", "an integer >= 0", found(step));
   const ordered_json* trainer = field("trainer");
-  if (!trainer || !trainer->is_object()) return corrupt(path + ": trainer", "the trainer's JSON object", found(trainer));
+  if (!trainer || !trainer->is_object())
+    return corrupt(path + ": trainer", "the trainer's JSON object", found(trainer));
 
   Checkpoint c;
   c.step = step->get<int64_t>();
@@ -468,10 +474,10 @@ Result<Checkpoint> load_checkpoint(const std::string& path) {
   std::string hint;
   if (Result<std::vector<std::string>> steps = list_checkpoints(path); steps.is_ok() && !steps->empty())
     hint = "load a step directory, e.g. the newest: " + steps->back();
-  return Status::error(Code::kNotFound, latest,
-                       "a file naming the checkpoint to load (or, for a step directory, " + join(path, kTrainerFile) +
-                           ")",
-                       "neither", hint);
+  return Status::error(
+      Code::kNotFound, latest,
+      "a file naming the checkpoint to load (or, for a step directory, " + join(path, kTrainerFile) + ")", "neither",
+      hint);
 }
 
 Result<std::vector<std::string>> list_checkpoints(const std::string& root) {
@@ -490,8 +496,8 @@ Result<std::vector<std::string>> list_checkpoints(const std::string& root) {
   return out;
 }
 
-Status check_compatible(const Checkpoint& c, const TensorTypes& expected_weights,
-                        const TensorTypes& expected_optimizer, const std::string& path) {
+Status check_compatible(const Checkpoint& c, const TensorTypes& expected_weights, const TensorTypes& expected_optimizer,
+                        const std::string& path) {
   std::vector<Difference> diffs;
   compare("parameter", c.weights, expected_weights, &diffs);
   compare("optimizer state", c.optimizer, expected_optimizer, &diffs);

@@ -196,7 +196,8 @@ TEST(Checkpoint, BadArgumentsAreNamed) {
   TempDir d;
   const std::string root = d / "run";
   auto error = [&](const Checkpoint& c, int64_t keep = 2) { return save_checkpoint(root, c, keep).message(); };
-  EXPECT_EQ(error(step_checkpoint(1), 0), "save_checkpoint: keep: expected at least 1 (the checkpoint just saved), found 0");
+  EXPECT_EQ(error(step_checkpoint(1), 0),
+            "save_checkpoint: keep: expected at least 1 (the checkpoint just saved), found 0");
   EXPECT_EQ(error(step_checkpoint(-1)), "save_checkpoint: step: expected an integer >= 0, found -1");
   Checkpoint c = step_checkpoint(1);
   c.trainer_json = "[1, 2]";
@@ -205,8 +206,9 @@ TEST(Checkpoint, BadArgumentsAreNamed) {
   EXPECT_EQ(error(c), "save_checkpoint: trainer_json: expected a JSON object, found a parse error");
   c = step_checkpoint(1);
   Tensor gone = std::move(c.optimizer.at("optimizer.step"));
-  EXPECT_EQ(error(c), "save_checkpoint: optimizer state 'optimizer.step': expected a tensor with storage, found an "
-                      "empty (default or moved-from) Tensor");
+  EXPECT_EQ(error(c),
+            "save_checkpoint: optimizer state 'optimizer.step': expected a tensor with storage, found an "
+            "empty (default or moved-from) Tensor");
   EXPECT_FALSE(fs::exists(root + "/latest"));
   write_bytes(d / "file", "x");
   Status s = save_checkpoint(d / "file", step_checkpoint(1));
@@ -234,14 +236,18 @@ TEST(Checkpoint, DamagedFilesAreErrorsNamingTheFile) {
   }
   write_bytes(dir + "/model.safetensors", model.substr(0, model.size() / 2));
   EXPECT_EQ(error().message().rfind(dir + "/model.safetensors: tensor 'transformer.wte.weight': data_offsets: expected "
-                                          "an end within the data section (", 0), 0u)
+                                          "an end within the data section (",
+                                    0),
+            0u)
       << error().message();
   restore();
   write_bytes(dir + "/optimizer.safetensors", read_bytes(root + "/step-00000001/optimizer.safetensors"));
-  EXPECT_EQ(error().message(), dir + "/optimizer.safetensors: metadata 'aspen.step': expected \"2\" (trainer.json's "
-                                     "step), found \"1\"");
+  EXPECT_EQ(error().message(), dir +
+                                   "/optimizer.safetensors: metadata 'aspen.step': expected \"2\" (trainer.json's "
+                                   "step), found \"1\"");
   fs::remove(dir + "/optimizer.safetensors");
-  EXPECT_EQ(error().message(), dir + "/optimizer.safetensors: expected a readable file, found No such file or directory");
+  EXPECT_EQ(error().message(),
+            dir + "/optimizer.safetensors: expected a readable file, found No such file or directory");
 
   // trainer.json: truncated at every length, then each field wrong.
   restore();
@@ -259,7 +265,8 @@ TEST(Checkpoint, DamagedFilesAreErrorsNamingTheFile) {
   const std::string t = dir + "/trainer.json";
   EXPECT_EQ(trainer_error("{not json"), t + ": expected well-formed JSON, found a parse error");
   EXPECT_EQ(trainer_error("[]"), t + ": expected a JSON object, found a JSON array");
-  EXPECT_EQ(trainer_error(R"({"format": "other"})"), t + ": format: expected \"aspen-train-checkpoint\", found \"other\"");
+  EXPECT_EQ(trainer_error(R"({"format": "other"})"),
+            t + ": format: expected \"aspen-train-checkpoint\", found \"other\"");
   EXPECT_EQ(trainer_error(R"({"format": "aspen-train-checkpoint", "version": 2})"),
             t + ": version: expected 1 (what this build reads), found 2");
   EXPECT_EQ(trainer_error(R"({"format": "aspen-train-checkpoint", "version": 1, "step": -2})"),
@@ -274,21 +281,25 @@ TEST(Checkpoint, DamagedFilesAreErrorsNamingTheFile) {
   write_bytes(root + "/latest", "step-00000099\n");
   Status s = error();
   EXPECT_EQ(s.code(), Code::kNotFound);
-  EXPECT_EQ(s.message(), root + "/latest: expected the name of a checkpoint directory beside it, found "
-                                "'step-00000099', and there is no directory " + root + "/step-00000099");
+  EXPECT_EQ(s.message(), root +
+                             "/latest: expected the name of a checkpoint directory beside it, found "
+                             "'step-00000099', and there is no directory " +
+                             root + "/step-00000099");
   write_bytes(root + "/latest", "../elsewhere\n");
-  EXPECT_EQ(error().message(), root + "/latest: expected one line naming a checkpoint directory beside it (like "
-                                      "step-00001200), found \"../elsewhere\\x0a\"");
+  EXPECT_EQ(error().message(), root +
+                                   "/latest: expected one line naming a checkpoint directory beside it (like "
+                                   "step-00001200), found \"../elsewhere\\x0a\"");
   fs::remove(root + "/latest");
   s = error();
   EXPECT_EQ(s.code(), Code::kNotFound);
-  EXPECT_EQ(s.message(), root + "/latest: expected a file naming the checkpoint to load (or, for a step directory, " +
-                             root + "/trainer.json), found neither (hint: load a step directory, e.g. the newest: " +
-                             dir + ")");
+  EXPECT_EQ(s.message(),
+            root + "/latest: expected a file naming the checkpoint to load (or, for a step directory, " + root +
+                "/trainer.json), found neither (hint: load a step directory, e.g. the newest: " + dir + ")");
   expect_same(*load_checkpoint(dir), step_checkpoint(2));  // the step directory itself still loads
   s = load_checkpoint(d / "nowhere").status();
   EXPECT_EQ(s.code(), Code::kIoError);
-  EXPECT_EQ(s.message(), d / "nowhere" + ": expected a checkpoint root or step directory, found No such file or directory");
+  EXPECT_EQ(s.message(),
+            d / "nowhere" + ": expected a checkpoint root or step directory, found No such file or directory");
   EXPECT_EQ(list_checkpoints(d / "nowhere").status().code(), Code::kIoError);
 }
 
@@ -303,7 +314,8 @@ TEST(Checkpoint, CheckCompatibleListsTheDifferences) {
   w["transformer.wte.weight"].second = Shape{16, 255};
   Status s = check_compatible(c, w, optimizer, "runs/a");
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
-  EXPECT_EQ(s.message(), "checkpoint runs/a: parameter 'transformer.wte.weight': expected f32[16, 255], found f32[16, 256]");
+  EXPECT_EQ(s.message(),
+            "checkpoint runs/a: parameter 'transformer.wte.weight': expected f32[16, 255], found f32[16, 256]");
   w = weights;
   w["transformer.ln_f.weight"].first = DType::f32;
   EXPECT_EQ(check_compatible(c, w, optimizer, "runs/a").message(),
