@@ -374,6 +374,55 @@ TEST(TrainingModel, NonFiniteLossStopsNamingTheStepAndTensor) {
   }
 }
 
+// Mixed precision: bf16 or f16 matmuls over f32 master weights, gradients and
+// optimizer state. The losses of 10 AdamW steps stay within the narrow type's
+// reach of PyTorch's float64 run (f16 with static loss scaling, and with
+// dynamic scaling from a scale that overflows first).
+TEST(TrainingModel, Bf16AndF16ComputeTrackTheF32Losses) {
+  const Golden gold = read_golden("gpt2-tiny");
+  const std::vector<double> want = golden_json("gpt2-tiny").at("loss_f64").get<std::vector<double>>();
+  const Batches all = shifted(gold, gold.steps);
+  struct Case {
+    const char* label;
+    DType compute;
+    train::LossScaling scaling;
+    double tol;
+  };
+  for (const Case& k : {Case{"bf16", DType::bf16, train::LossScaling::none, 2e-2},
+                        Case{"f16 static", DType::f16, train::LossScaling::static_scale, 5e-3},
+                        Case{"f16 dynamic", DType::f16, train::LossScaling::dynamic, 5e-3}}) {
+    SCOPED_TRACE(k.label);
+    Forward f = forward("gpt2-tiny", gold.B, gold.T - 1);
+    TrainingOptions t = golden_adamw();
+    t.loss_scaling.mode = k.scaling;
+    t.loss_scaling.initial_scale = k.scaling == train::LossScaling::dynamic ? std::ldexp(1.0, 24) : 1024.0;
+    t.loss_scaling.hysteresis = 1;
+    Options o;
+    o.precision(k.compute).threads(2);
+    auto m = TrainingModel::create(f.g, o, t);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    ASSERT_TRUE((*m)->copy_weights_to_device(ptrs(f.weights)).is_ok());
+    const int64_t S = gold.T - 1;
+    int64_t applied = 0;
+    for (int64_t k2 = 0; applied < gold.steps && k2 < 3 * gold.steps; ++k2) {
+      const int64_t b = applied;  // a skipped step's batch is taken again, so step i sees batch i
+      Tensor ids(DType::i32, {gold.B, S}), pos(DType::i32, {gold.B, S}), tgt(DType::i32, {gold.B * S});
+      std::copy_n(all.input_ids.data<int32_t>() + b * gold.B * S, gold.B * S, ids.data<int32_t>());
+      std::copy_n(all.positions.data<int32_t>() + b * gold.B * S, gold.B * S, pos.data<int32_t>());
+      std::copy_n(all.targets.data<int32_t>() + b * gold.B * S, gold.B * S, tgt.data<int32_t>());
+      auto out = (*m)->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}});
+      ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+      if ((*m)->last_steps()[0].skipped) continue;
+      EXPECT_NEAR(out->at("loss").data<float>()[0], want[size_t(b)], k.tol * want[size_t(b)]) << "step " << b + 1;
+      ++applied;
+    }
+    EXPECT_EQ(applied, gold.steps);
+    if (k.scaling == train::LossScaling::dynamic) {
+      EXPECT_GT((*m)->loss_scaler().skipped(), 0);
+    }
+  }
+}
+
 TEST(TrainingModel, BadInputsNameThemselves) {
   Forward f = forward("gpt2-tiny", 2, 15);
   Options o;
