@@ -41,17 +41,17 @@ train::TrainConfig demo_config(const std::string& run_dir) {
   c.model.n_layer = 4, c.model.n_head = 4, c.model.d_model = 128, c.model.n_positions = 64;
   c.data.train = run_dir + "/data";
   c.data.tokenizer = run_dir + "/tokenizer";
-  c.data.seq = 55;  // five problems of 11 tokens: every window starts at a problem, columns at fixed positions
+  c.data.seq = 64;
   c.data.val_fraction = 0.02;
   c.optimizer.name = "adamw";
-  c.optimizer.lr = 2e-3;
+  c.optimizer.lr = 3e-3;
   c.optimizer.weight_decay = 0.1;
   c.optimizer.clip_grad_norm = 1.0;
   c.schedule.name = "cosine";
-  c.schedule.warmup_steps = 50;
+  c.schedule.warmup_steps = 100;
   c.schedule.min_lr_ratio = 0.1;
   c.batch.micro = 16;
-  c.train.steps = 1500;
+  c.train.steps = 2000;
   c.checkpoint.interval = 500;
   c.eval.interval = 250;
   c.eval.batches = 8;
@@ -65,8 +65,8 @@ Status report_addition(const std::string& model_dir, const train::AdditionTask& 
   constexpr int64_t kBatch = 100;
   models::GeneratorOptions go;
   go.max_batch = kBatch;
-  go.max_prompt = 6;   // "07+45="
-  go.max_length = 12;  // + "052" + eos, with room
+  go.max_prompt = 6;   // "99+99="
+  go.max_length = 12;  // + "198" + eos, with room
   go.threads = threads;
   ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(model_dir, go));
   models::SamplingOptions so;

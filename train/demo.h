@@ -1,8 +1,8 @@
 // train/demo.h: the built-in task of `aspen train --demo`: two-digit
-// addition in fixed-width columns, as on paper ("07+45=052": every digit of
-// every problem at the same place, which is what lets a small model line the
-// columns up), one problem per document, with a byte-level tokenizer (one
-// token per character).
+// addition written the way people write it ("7+45=52"), one problem per
+// document, with a byte-level tokenizer (one token per character).
+// (Fixed-width columns, "07+45=052", and sums written units first were both
+// tried: at this model size and step budget each learned more slowly.)
 //
 // The 100 × 100 problems a+b (0 <= a, b <= 99) are split once, by a Philox
 // shuffle of the seed, into training and held-out test problems; the
@@ -42,8 +42,8 @@ struct AdditionTask {
 };
 AdditionTask make_addition_task(uint64_t seed, double test_fraction = 0.1);
 
-std::string addition_prompt(int a, int b);  // "07+45=": two digits each
-std::string addition_answer(int a, int b);  // "052": three digits
+std::string addition_prompt(int a, int b);  // "7+45="
+std::string addition_answer(int a, int b);  // "52"
 
 // Token shards of `repeats` shuffled passes over task.train into `dir` (with
 // index.json); the index names `tokenizer_dir`.

@@ -40,8 +40,8 @@ TEST(Demo, AdditionSplitIsDisjointAndDeterministic) {
   for (const auto& p : t.test) EXPECT_EQ(train.count(p), 0u);
   EXPECT_EQ(make_addition_task(3).test, t.test);
   EXPECT_NE(make_addition_task(4).test, t.test);
-  EXPECT_EQ(addition_prompt(7, 45), "07+45=");
-  EXPECT_EQ(addition_answer(7, 45), "052");
+  EXPECT_EQ(addition_prompt(7, 45), "7+45=");
+  EXPECT_EQ(addition_answer(7, 45), "52");
   EXPECT_EQ(addition_answer(99, 99), "198");
 }
 
