@@ -6,8 +6,9 @@
 // same counts and dtype (the threads backend checks this and reports a
 // mismatch; MPI trusts it). Backends: `threads` (devices of one process,
 // shared memory; threads/threads_communicator.h), `mpi` (one device per
-// process, OpenMPI; mpi/mpi_communicator.h) and their composition
-// (hierarchical.h). docs/parallel.md describes the algorithms.
+// process, OpenMPI; mpi/mpi_communicator.h); their hierarchical composition
+// is next (docs/parallel.md, "Not yet"). docs/parallel.md describes the
+// algorithms.
 //
 // The contract:
 //  - Element types: f32 and bf16. Reductions accumulate in f32 and a bf16
