@@ -126,7 +126,7 @@ TEST(MpiCommunicator, TimeoutNamesTheCollectiveAndTheMissingRank) {
   auto comm = MpiCommunicator::world(o).value();
   std::vector<float> x(10, 1.0f);
   if (comm->rank() == 1) {
-    // Rank 1 skips all_reduce #1 until rank 0 has given up, then joins it so no message is left behind.
+    // Rank 1 never joins all_reduce #1 (rank 0 gives up on it); rank 0's small sends stay unreceived.
     std::this_thread::sleep_for(std::chrono::milliseconds(900));
   } else if (comm->rank() == 0) {
     Status s = comm->all_reduce(x);
