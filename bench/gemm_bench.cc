@@ -117,7 +117,7 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
           for (int64_t i = 0; i < b.numel(); ++i) bb.data<bf16>()[i] = f32_to_bf16(b.data<float>()[i]);
         }
         kernels::MatmulShape shape{.M = c.m, .N = c.n, .K = c.k, .trans_a = c.trans_a, .trans_b = c.trans_b, .input = dt};
-        const char* backend = kernels::matmul_backend_name(kernels::matmul_backend_for(shape));
+        const char* backend = kernels::matmul_backend_name(kernels::matmul_backend_for(shape, threads));
         Status st;
         auto ours = [&] {
           st = is_bf16 ? kernels::matmul(ab.span<bf16>(), bb.span<bf16>(), {}, y.span<float>(), shape)

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "core/check.h"
@@ -41,20 +42,25 @@ Status validate(const MatmulShape& s) {
 
 }  // namespace
 
-// NOTE [matmul backends]: which library runs a product. A pure function of
-// the shape (and of which OpenBLAS build is loaded), never of a timing: the
-// same program always runs the same code, so the same bits. Measured on the
-// Sapphire Rapids host with `aspen bench gemm` (docs/kernels.md has the table):
+// NOTE [matmul backends]: which library runs a product. A function of the
+// shape, the team size and which OpenBLAS build is loaded, never of a timing:
+// the same program on the same team always runs the same code, so the same
+// bits. Measured on the Sapphire Rapids host with `aspen bench gemm`
+// (docs/kernels.md has the table):
 //   - bf16: oneDNN. Its AMX / AVX512-BF16 kernels; Debian's OpenBLAS has no
 //     bf16 GEMM.
-//   - f32: OpenBLAS, 1.2-2.5x oneDNN 2.6.3 on GPT-2's products forward and
-//     backward, except products too small to cut into tiles for a team
-//     (fewer than kMinOpenBlasFlops per tile on average), where oneDNN's
-//     lighter calls win or tie.
+//   - f32: OpenBLAS when the product cuts into at least as many tiles as the
+//     team has threads, and at least 2 (NOTE [openblas tiles]), of at least
+//     kMinTileFlops each on average. On GPT-2's products OpenBLAS ran at 1.0-3x
+//     oneDNN 2.6.3 (c_fc forward and its weight gradient, the LM head's
+//     gradients: 1.5-3x; the b^T data gradients: about even). A product of
+//     one tile (M <= 512 and N <= 1536: small M, where oneDNN is as fast or
+//     faster) or of fewer tiles than threads (a thread would idle) stays on
+//     oneDNN.
 //   - OpenBLAS only when its OpenMP build is the one loaded: the pthread build
 //     keeps a pool of its own beside the team's (docs/decisions.md).
 namespace {
-constexpr double kMinOpenBlasFlops = 1 << 24;  // per tile, on average
+constexpr double kMinTileFlops = 1 << 24;  // ~0.15 ms of work: far above a call's cost
 }  // namespace
 
 const char* matmul_backend_name(MatmulBackend backend) {
@@ -67,10 +73,11 @@ const char* matmul_backend_name(MatmulBackend backend) {
   return "?";
 }
 
-MatmulBackend matmul_backend_for(const MatmulShape& s) {
+MatmulBackend matmul_backend_for(const MatmulShape& s, int team_size) {
   if (s.input != DType::f32 || !openblas_is_openmp_build()) return MatmulBackend::onednn;
   const OpenBlasTiling t = openblas_tiling(s);
-  if (s.flops() / double(t.tiles()) < kMinOpenBlasFlops) return MatmulBackend::onednn;
+  if (t.tiles() < std::max(2, team_size) || s.flops() / double(t.tiles()) < kMinTileFlops)
+    return MatmulBackend::onednn;
   return MatmulBackend::openblas;
 }
 
@@ -80,7 +87,7 @@ MatmulPlan::~MatmulPlan() = default;
 
 Result<MatmulPlan> MatmulPlan::create(const MatmulShape& s) {
   ASPEN_RETURN_IF_ERROR(validate(s));
-  return create(s, matmul_backend_for(s));
+  return create(s, matmul_backend_for(s, omp_get_max_threads()));
 }
 
 Result<MatmulPlan> MatmulPlan::create(const MatmulShape& s, MatmulBackend backend) {

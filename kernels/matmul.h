@@ -10,11 +10,11 @@
 // (accumulate, e.g. gradients over micro-batches).
 //
 // Two backends run the products (NOTE [matmul backends] in matmul.cc; why in
-// docs/decisions.md): oneDNN for bf16 (AMX / AVX512-BF16 kernels) and for f32
-// shapes too small to split, OpenBLAS for the other f32 products, which it
-// runs at about twice oneDNN 2.6's rate on this project's machines. Which one
-// a shape gets is a pure function of the shape (matmul_backend_for), never of
-// a timing, so a program compiles to the same backend, and the same bits,
+// docs/decisions.md): oneDNN for bf16 (AMX / AVX512-BF16 kernels) and for
+// small f32 products, OpenBLAS for f32 products that split into a tile per
+// thread, where it runs up to 3x oneDNN 2.6's rate on this project's machines.
+// Which one a plan gets is a function of the shape and the team size, never
+// of a timing, so a program compiles to the same backends, and the same bits,
 // every time.
 //
 // A MatmulPlan is made once per shape, dtype and team size: creating a oneDNN
@@ -22,10 +22,10 @@
 // plans at compile time and execution only binds pointers. The free functions
 // keep a per-thread cache of plans for callers without a compiler.
 //
-// Determinism: a plan gives the same bits on every run. The OpenBLAS backend's
-// bits also do not depend on the team size (the split into tiles is fixed by
-// the shape); oneDNN's may (it chooses its blocking, and for some shapes a
-// split of K, per thread count).
+// Determinism: a plan gives the same bits on every run. An OpenBLAS plan's
+// bits also do not depend on the team size (its split into tiles is fixed by
+// the shape); a oneDNN plan's may (oneDNN chooses its blocking, and for some
+// shapes a split of K, per thread count), and so may the choice of backend.
 //
 // Thread-safety: a MatmulPlan may be run by one thread at a time (it binds
 // buffers into memory objects it owns). The free functions are safe from any
@@ -63,10 +63,11 @@ struct MatmulShape {
 enum class MatmulBackend : uint8_t { onednn, openblas };
 const char* matmul_backend_name(MatmulBackend backend);  // "oneDNN", "OpenBLAS"
 
-// The backend MatmulPlan::create(shape) picks: OpenBLAS for f32 products big
-// enough to split into tiles, when the OpenBLAS aspen loaded is its OpenMP
-// build; oneDNN otherwise.
-MatmulBackend matmul_backend_for(const MatmulShape& shape);
+// The backend MatmulPlan::create(shape) picks on a team of `team_size`
+// threads: OpenBLAS for f32 products that split into at least max(2,
+// team_size) tiles of enough work, when the OpenBLAS aspen loaded is its
+// OpenMP build; oneDNN otherwise.
+MatmulBackend matmul_backend_for(const MatmulShape& shape, int team_size);
 
 // The OpenBLAS aspen runs on: "OpenBLAS 0.3.21 (OpenMP) SkylakeX", and whether
 // its threading is OpenMP (the only build the backend uses: a pthread build

@@ -34,12 +34,15 @@ namespace aspen::kernels {
 
 namespace {
 
-// Tile extents (NOTE [openblas tiles]); measured on GPT-2's products, see
-// docs/kernels.md. Tiles are at most kRowTile x kColTile, as equal as
-// multiples of 16 (OpenBLAS's SkylakeX kernel is 16 rows by 4 columns)
-// allow.
-constexpr int64_t kRowTile = 256;
-constexpr int64_t kColTile = 1024;
+// Tile extents (NOTE [openblas tiles]). Each tile is a separate call that
+// packs its own panels of A and B, so fewer, larger tiles waste less: on one
+// thread, GPT-2's products ran 1-7 % below a single call with tiles of 512 rows
+// and 5-15 % below it with 256 (docs/kernels.md). 512 x 1536 cuts each of
+// GPT-2's products (1024 or 768 rows; 768, 2304 or 3072 columns) into an even
+// number of equal tiles, so a team of 2 splits them evenly. Tiles are as equal
+// as multiples of 16 (OpenBLAS's SkylakeX kernel is 16 rows by 4 columns) allow.
+constexpr int64_t kRowTile = 512;
+constexpr int64_t kColTile = 1536;
 constexpr int64_t kAlign = 16;
 
 // n cut into parts of at most `most`, as equal as multiples of kAlign allow.

@@ -101,8 +101,8 @@ TEST(Matmul, OpenBlasMatchesReferenceInEveryTransposeCase) {
   uint64_t seed = 1000;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
-      for (int64_t m : {int64_t(1), int64_t(3), int64_t(17), int64_t(129), int64_t(300)})
-        for (int64_t n : {int64_t(1), int64_t(7), int64_t(129), int64_t(1100)})
+      for (int64_t m : {int64_t(1), int64_t(3), int64_t(17), int64_t(129), int64_t(600)})
+        for (int64_t n : {int64_t(1), int64_t(7), int64_t(129), int64_t(1600)})
           for (int64_t k : {int64_t(1), int64_t(17), int64_t(129)}) {
             MatmulShape s{.M = m, .N = n, .K = k, .trans_a = ta, .trans_b = tb};
             check_case(s, seed++, MatmulBackend::openblas);
@@ -110,7 +110,7 @@ TEST(Matmul, OpenBlasMatchesReferenceInEveryTransposeCase) {
 }
 
 // Batches (shared b folds into rows; with trans_a it cannot), bias and
-// accumulation, on a shape of 2 x 2 tiles per product with short last tiles.
+// accumulation, on a shape of 2 x 2 tiles per product (3 x 2 when folded).
 TEST(Matmul, OpenBlasBatchesBiasAndAccumulateAcrossTiles) {
   uint64_t seed = 5000;
   for (bool ta : {false, true})
@@ -118,7 +118,7 @@ TEST(Matmul, OpenBlasBatchesBiasAndAccumulateAcrossTiles) {
       for (bool bcast : {false, true})
         for (bool bias : {false, true})
           for (float beta : {0.0f, 1.0f}) {
-            MatmulShape s{.batch = 3, .M = 300, .N = 1100, .K = 5, .trans_a = ta, .trans_b = tb,
+            MatmulShape s{.batch = 2, .M = 520, .N = 1540, .K = 5, .trans_a = ta, .trans_b = tb,
                           .broadcast_b = bcast, .has_bias = bias, .beta = beta};
             check_case(s, seed++, MatmulBackend::openblas);
           }
@@ -149,7 +149,7 @@ TEST(Matmul, OpenBlasTilesCoverTheProductInAlignedPieces) {
 // call whatever the team, so 1 and 2 threads, and every run, give the same bits.
 TEST(Matmul, OpenBlasBitsDoNotDependOnTheTeamOrTheRun) {
   for (MatmulShape s : {MatmulShape{.batch = 2, .M = 300, .N = 1100, .K = 129, .broadcast_b = true, .has_bias = true},
-                        MatmulShape{.M = 129, .N = 1500, .K = 700, .trans_a = true, .trans_b = true}}) {
+                        MatmulShape{.M = 129, .N = 3100, .K = 700, .trans_a = true, .trans_b = true}}) {
     SCOPED_TRACE(s.to_string());
     auto a = testing::random_vector(s.a_elements(), 7), b = testing::random_vector(s.b_elements(), 8);
     auto bias = testing::random_vector(s.N, 9);
@@ -167,19 +167,24 @@ TEST(Matmul, OpenBlasBitsDoNotDependOnTheTeamOrTheRun) {
   }
 }
 
-// NOTE [matmul backends]: the rule is a function of the shape.
+// NOTE [matmul backends]: the rule is a function of the shape and the team size.
 TEST(Matmul, BackendRule) {
   const MatmulShape fc{.batch = 4, .M = 256, .N = 3072, .K = 768, .broadcast_b = true, .has_bias = true};
   const MatmulBackend f32_large = openblas_is_openmp_build() ? MatmulBackend::openblas : MatmulBackend::onednn;
-  EXPECT_EQ(matmul_backend_for(fc), f32_large);
-  EXPECT_EQ(matmul_backend_for({.M = 768, .N = 3072, .K = 1024, .trans_a = true}), f32_large);  // its weight gradient
+  for (int team : {1, 2, 4}) EXPECT_EQ(matmul_backend_for(fc, team), f32_large) << team;  // 2 x 2 tiles
+  EXPECT_EQ(matmul_backend_for(fc, 5), MatmulBackend::onednn);  // a thread would idle
+  EXPECT_EQ(matmul_backend_for({.M = 768, .N = 3072, .K = 1024, .trans_a = true}, 2), f32_large);  // its weight gradient
   MatmulShape bf = fc;
   bf.input = DType::bf16;
-  EXPECT_EQ(matmul_backend_for(bf), MatmulBackend::onednn);
-  EXPECT_EQ(matmul_backend_for({.M = 5, .N = 6, .K = 7}), MatmulBackend::onednn);  // too small to split
-  auto plan = MatmulPlan::create(fc);
-  ASSERT_TRUE(plan.is_ok());
-  EXPECT_EQ(plan->backend(), f32_large);
+  EXPECT_EQ(matmul_backend_for(bf, 2), MatmulBackend::onednn);
+  EXPECT_EQ(matmul_backend_for({.M = 128, .N = 768, .K = 768}, 2), MatmulBackend::onednn);  // one tile
+  EXPECT_EQ(matmul_backend_for({.M = 1024, .N = 64, .K = 64}, 1), MatmulBackend::onednn);   // little work per tile
+  {
+    ScopedOmpThreads team(2);
+    auto plan = MatmulPlan::create(fc);
+    ASSERT_TRUE(plan.is_ok());
+    EXPECT_EQ(plan->backend(), f32_large);
+  }
   EXPECT_STREQ(matmul_backend_name(MatmulBackend::openblas), "OpenBLAS");
   EXPECT_NE(openblas_description().find("OpenBLAS"), std::string::npos) << openblas_description();
 }
