@@ -45,21 +45,23 @@ Status validate(const MatmulShape& s) {
 // NOTE [matmul backends]: which library runs a product. A function of the
 // shape, the team size and which OpenBLAS build is loaded, never of a timing:
 // the same program on the same team always runs the same code, so the same
-// bits. Measured on the Sapphire Rapids host with `aspen bench gemm`
-// (docs/kernels.md has the table):
+// bits. Measured on the Sapphire Rapids host (`aspen bench gemm`; the table
+// is in docs/kernels.md):
 //   - bf16: oneDNN. Its AMX / AVX512-BF16 kernels; Debian's OpenBLAS has no
 //     bf16 GEMM.
-//   - f32: OpenBLAS when the product cuts into at least as many tiles as the
-//     team has threads, and at least 2 (NOTE [openblas tiles]), of at least
-//     kMinTileFlops each on average. On GPT-2's products OpenBLAS ran at 1.0-3x
-//     oneDNN 2.6.3 (c_fc forward and its weight gradient, the LM head's
-//     gradients: 1.5-3x; the b^T data gradients: about even). A product of
-//     one tile (M <= 512 and N <= 1536: small M, where oneDNN is as fast or
-//     faster) or of fewer tiles than threads (a thread would idle) stays on
-//     oneDNN.
+//   - f32 with at least kMinRows rows of C (after a shared-b batch folds into
+//     rows): OpenBLAS, in tiles (NOTE [openblas tiles]). On GPT-2's training
+//     products it ran at 1.0-2.2x oneDNN 2.6.3: c_fc's forward and weight
+//     gradient about 2x (oneDNN is slow at N = 3072 here), the LM head's
+//     gradients 1.2-1.4x, c_attn's forward 1.05x, the rest even.
+//   - f32 with fewer rows: oneDNN, as fast or faster there (M = 16-128, N =
+//     768: 1.05-1.6x OpenBLAS), except at N = 3072, where OpenBLAS is 2x.
+//   - f32 that cuts into fewer tiles than the team has threads (a thread would
+//     idle), or into tiles of little work: oneDNN.
 //   - OpenBLAS only when its OpenMP build is the one loaded: the pthread build
 //     keeps a pool of its own beside the team's (docs/decisions.md).
 namespace {
+constexpr int64_t kMinRows = 256;
 constexpr double kMinTileFlops = 1 << 24;  // ~0.15 ms of work: far above a call's cost
 }  // namespace
 
@@ -76,7 +78,7 @@ const char* matmul_backend_name(MatmulBackend backend) {
 MatmulBackend matmul_backend_for(const MatmulShape& s, int team_size) {
   if (s.input != DType::f32 || !openblas_is_openmp_build()) return MatmulBackend::onednn;
   const OpenBlasTiling t = openblas_tiling(s);
-  if (t.tiles() < std::max(2, team_size) || s.flops() / double(t.tiles()) < kMinTileFlops)
+  if (t.rows < kMinRows || t.tiles() < std::max(2, team_size) || s.flops() / double(t.tiles()) < kMinTileFlops)
     return MatmulBackend::onednn;
   return MatmulBackend::openblas;
 }

@@ -34,23 +34,25 @@ namespace aspen::kernels {
 
 namespace {
 
-// Tile extents (NOTE [openblas tiles]). Each tile is a separate call that
-// packs its own panels of A and B, so fewer, larger tiles waste less: on one
-// thread, GPT-2's products ran 1-7 % below a single call with tiles of 512 rows
-// and 5-15 % below it with 256 (docs/kernels.md). 512 x 1536 cuts each of
-// GPT-2's products (1024 or 768 rows; 768, 2304 or 3072 columns) into an even
-// number of equal tiles, so a team of 2 splits them evenly. Tiles are as equal
-// as multiples of 16 (OpenBLAS's SkylakeX kernel is 16 rows by 4 columns) allow.
-constexpr int64_t kRowTile = 512;
-constexpr int64_t kColTile = 1536;
+// NOTE [openblas tiles], the split. Each tile is a separate call that packs
+// its own panels of A and B, so fewer, larger tiles waste less; measured on
+// one thread against a single call on GPT-2's products (docs/kernels.md): 2
+// tiles along the longer axis of C cost 0-4 %, tiles of 512 rows 1-10 %, of
+// 256 rows 5-15 %, and splitting the shorter axis costs more than the longer.
+// So C is cut along its longer axis only (rows, or columns when N is larger)
+// into tiles of at most kMaxTile, equal up to multiples of 16 (OpenBLAS's
+// SkylakeX kernel is 16 rows by 4 columns): an even count for a single
+// product, so a team of 2 gets equal shares, and at least 2 for a team to
+// share; a batch of products that do not fold gives one tile per product and
+// more only past kMaxTile.
+constexpr int64_t kMaxTile = 4096;
 constexpr int64_t kAlign = 16;
 
-// n cut into parts of at most `most`, as equal as multiples of kAlign allow.
-std::pair<int64_t, int64_t> cut(int64_t n, int64_t most) {
-  const int64_t parts = (n + most - 1) / most;
-  int64_t each = (n + parts - 1) / parts;
-  each = std::min(n, (each + kAlign - 1) / kAlign * kAlign);
-  return {each, (n + each - 1) / each};
+// Tiles of `extent` with `count` wanted: {tile extent, tiles}.
+std::pair<int64_t, int64_t> cut(int64_t extent, int64_t count) {
+  int64_t each = (extent + count - 1) / count;
+  each = std::min(extent, (each + kAlign - 1) / kAlign * kAlign);
+  return {each, (extent + each - 1) / each};
 }
 
 bool fits_int(int64_t v) { return v <= INT_MAX; }
@@ -121,8 +123,15 @@ OpenBlasTiling openblas_tiling(const MatmulShape& s) {
   const bool fold = s.broadcast_b && !s.trans_a;
   t.entries = fold ? 1 : s.batch;
   t.rows = fold ? s.batch * s.M : s.M;
-  std::tie(t.row_tile, t.row_tiles) = cut(t.rows, kRowTile);
-  std::tie(t.col_tile, t.col_tiles) = cut(s.N, kColTile);
+  const bool by_rows = t.rows >= s.N;
+  const int64_t extent = by_rows ? t.rows : s.N;
+  int64_t count = (extent + kMaxTile - 1) / kMaxTile;
+  if (t.entries == 1 && extent >= 2 * kAlign) count += count % 2;  // even, so at least 2
+  const auto [tile, tiles] = cut(extent, count);
+  t.row_tile = by_rows ? tile : t.rows;
+  t.row_tiles = by_rows ? tiles : 1;
+  t.col_tile = by_rows ? s.N : tile;
+  t.col_tiles = by_rows ? 1 : tiles;
   return t;
 }
 

@@ -110,37 +110,52 @@ TEST(Matmul, OpenBlasMatchesReferenceInEveryTransposeCase) {
 }
 
 // Batches (shared b folds into rows; with trans_a it cannot), bias and
-// accumulation, on a shape of 2 x 2 tiles per product (3 x 2 when folded).
+// accumulation, on products cut along their rows and along their columns.
 TEST(Matmul, OpenBlasBatchesBiasAndAccumulateAcrossTiles) {
   uint64_t seed = 5000;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
       for (bool bcast : {false, true})
         for (bool bias : {false, true})
-          for (float beta : {0.0f, 1.0f}) {
-            MatmulShape s{.batch = 2, .M = 520, .N = 1540, .K = 5, .trans_a = ta, .trans_b = tb,
-                          .broadcast_b = bcast, .has_bias = bias, .beta = beta};
-            check_case(s, seed++, MatmulBackend::openblas);
-          }
+          for (float beta : {0.0f, 1.0f})
+            for (auto [m, n] : {std::pair<int64_t, int64_t>{300, 1100}, {1100, 300}}) {
+              MatmulShape s{.batch = 2, .M = m, .N = n, .K = 5, .trans_a = ta, .trans_b = tb,
+                            .broadcast_b = bcast, .has_bias = bias, .beta = beta};
+              check_case(s, seed++, MatmulBackend::openblas);
+            }
 }
 
 TEST(Matmul, OpenBlasTilesCoverTheProductInAlignedPieces) {
-  // GPT-2's c_fc forward: a [4, 256, 768] with one shared weight: the batch folds into 1024 rows.
+  // GPT-2's c_fc forward: a [4, 256, 768] with one shared weight: the batch folds into 1024 rows, and C
+  // [1024, 3072] is cut along its columns into 2 tiles.
   OpenBlasTiling t = openblas_tiling({.batch = 4, .M = 256, .N = 3072, .K = 768, .broadcast_b = true});
   EXPECT_EQ(t.entries, 1);
   EXPECT_EQ(t.rows, 1024);
-  // With trans_a the batch entries are not rows of one matrix.
+  EXPECT_EQ(t.row_tiles, 1);
+  EXPECT_EQ(t.col_tiles, 2);
+  EXPECT_EQ(t.col_tile, 1536);
+  // With trans_a the batch entries are not rows of one matrix: one tile each.
   t = openblas_tiling({.batch = 4, .M = 256, .N = 3072, .K = 768, .trans_a = true, .broadcast_b = true});
   EXPECT_EQ(t.entries, 4);
   EXPECT_EQ(t.rows, 256);
-  for (int64_t rows : {1, 15, 16, 17, 255, 256, 257, 300, 1024, 50257})
-    for (int64_t n : {1, 7, 768, 1100, 3072, 50257}) {
+  EXPECT_EQ(t.tiles(), 4);
+  // The LM head's weight gradient [50257, 768]: an even number of row tiles of at most 4096.
+  t = openblas_tiling({.M = 50257, .N = 768, .K = 1024, .trans_a = true});
+  EXPECT_EQ(t.row_tiles, 14);
+  EXPECT_EQ(t.col_tiles, 1);
+  for (int64_t rows : {1, 15, 16, 17, 31, 32, 33, 255, 256, 257, 300, 1024, 4097, 8200, 50257})
+    for (int64_t n : {1, 7, 33, 768, 1100, 3072, 50257}) {
       t = openblas_tiling({.M = rows, .N = n, .K = 8});
       SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(n));
+      EXPECT_TRUE(t.row_tiles == 1 || t.col_tiles == 1);  // one axis is cut, the longer
+      EXPECT_EQ(t.row_tiles > 1, rows >= n && rows >= 32);
+      EXPECT_EQ(t.col_tiles > 1, n > rows && n >= 32);
+      EXPECT_EQ(t.tiles() % 2, std::max(rows, n) >= 32 ? 0 : 1);  // even: a team of 2 shares equally
       for (auto [extent, tile, tiles] : {std::tuple{rows, t.row_tile, t.row_tiles}, std::tuple{n, t.col_tile, t.col_tiles}}) {
         EXPECT_GE(tile * tiles, extent);              // covered
         EXPECT_LT(tile * (tiles - 1), extent);        // no empty tile
         EXPECT_TRUE(tile % 16 == 0 || tiles == 1);   // aligned cuts
+        EXPECT_LE(tile, std::max<int64_t>(4096, tiles == 1 ? extent : 0));
       }
     }
 }
@@ -171,13 +186,13 @@ TEST(Matmul, OpenBlasBitsDoNotDependOnTheTeamOrTheRun) {
 TEST(Matmul, BackendRule) {
   const MatmulShape fc{.batch = 4, .M = 256, .N = 3072, .K = 768, .broadcast_b = true, .has_bias = true};
   const MatmulBackend f32_large = openblas_is_openmp_build() ? MatmulBackend::openblas : MatmulBackend::onednn;
-  for (int team : {1, 2, 4}) EXPECT_EQ(matmul_backend_for(fc, team), f32_large) << team;  // 2 x 2 tiles
-  EXPECT_EQ(matmul_backend_for(fc, 5), MatmulBackend::onednn);  // a thread would idle
+  for (int team : {1, 2}) EXPECT_EQ(matmul_backend_for(fc, team), f32_large) << team;  // 2 tiles
+  EXPECT_EQ(matmul_backend_for(fc, 3), MatmulBackend::onednn);  // a thread would idle
   EXPECT_EQ(matmul_backend_for({.M = 768, .N = 3072, .K = 1024, .trans_a = true}, 2), f32_large);  // its weight gradient
   MatmulShape bf = fc;
   bf.input = DType::bf16;
   EXPECT_EQ(matmul_backend_for(bf, 2), MatmulBackend::onednn);
-  EXPECT_EQ(matmul_backend_for({.M = 128, .N = 768, .K = 768}, 2), MatmulBackend::onednn);  // one tile
+  EXPECT_EQ(matmul_backend_for({.M = 128, .N = 768, .K = 768}, 2), MatmulBackend::onednn);  // few rows
   EXPECT_EQ(matmul_backend_for({.M = 1024, .N = 64, .K = 64}, 1), MatmulBackend::onednn);   // little work per tile
   {
     ScopedOmpThreads team(2);
