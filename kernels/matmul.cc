@@ -45,24 +45,31 @@ Status validate(const MatmulShape& s) {
 // NOTE [matmul backends]: which library runs a product. A function of the
 // shape, the team size and which OpenBLAS build is loaded, never of a timing:
 // the same program on the same team always runs the same code, so the same
-// bits. Measured on the Sapphire Rapids host (`aspen bench gemm`; the table
-// is in docs/kernels.md):
-//   - bf16: oneDNN. Its AMX / AVX512-BF16 kernels; Debian's OpenBLAS has no
-//     bf16 GEMM.
-//   - f32 with at least kMinRows rows of C (after a shared-b batch folds into
-//     rows): OpenBLAS, in tiles (NOTE [openblas tiles]). On GPT-2's training
-//     products it ran at 1.0-2.2x oneDNN 2.6.3: c_fc's forward and weight
-//     gradient about 2x (oneDNN is slow at N = 3072 here), the LM head's
-//     gradients 1.2-1.4x, c_attn's forward 1.05x, the rest even.
-//   - f32 with fewer rows: oneDNN, as fast or faster there (M = 16-128, N =
-//     768: 1.05-1.6x OpenBLAS), except at N = 3072, where OpenBLAS is 2x.
-//   - f32 that cuts into fewer tiles than the team has threads (a thread would
-//     idle), or into tiles of little work: oneDNN.
-//   - OpenBLAS only when its OpenMP build is the one loaded: the pthread build
-//     keeps a pool of its own beside the team's (docs/decisions.md).
+// bits. Measured on the Sapphire Rapids host (`aspen bench gemm`, the
+// GPT-2 rows; the table is in docs/kernels.md), f32, aspen's tiled OpenBLAS
+// against oneDNN 2.6.3:
+//   - where oneDNN is weak, OpenBLAS wins: N or K of 2048 and more (c_fc's
+//     forward and weight gradient 2.0-2.3x, c_attn's 1.05-1.1x, mlp.c_proj's
+//     forward 1.05-1.1x, the LM head's data gradient, K = 50257, 1.3-1.4x) and
+//     outputs of 2^24 elements or more (the LM head's weight gradient,
+//     50257 x 768: 1.3-1.4x);
+//   - b^T (the data gradients dX = G W^T, the LM head's forward): oneDNN is
+//     even or 5-15 % ahead (OpenBLAS's own single call is no faster there);
+//   - smaller products (N, K <= 1024: attn.c_proj, square 1024): oneDNN is
+//     2-5 % ahead of the tiles;
+//   - fewer than kMinRows rows (after a shared-b batch folds into rows):
+//     oneDNN is as fast or faster at N = 768 (M = 16-128: 1.05-1.6x); at
+//     N = 3072 OpenBLAS would be 2x, left for later;
+//   - a product that cuts into fewer tiles than the team has threads (one
+//     would idle), or into tiles of little work: oneDNN.
+// bf16 is always oneDNN (AMX / AVX512-BF16; Debian's OpenBLAS has no bf16
+// GEMM), and OpenBLAS runs only when its OpenMP build is the one loaded: the
+// pthread build keeps a pool of its own beside the team's (docs/decisions.md).
 namespace {
 constexpr int64_t kMinRows = 256;
-constexpr double kMinTileFlops = 1 << 24;  // ~0.15 ms of work: far above a call's cost
+constexpr int64_t kLargeExtent = 2048;              // N or K from which oneDNN 2.6.3 falls behind
+constexpr double kLargeOutput = double(1 << 24);    // elements of C per product
+constexpr double kMinTileFlops = double(1 << 24);   // ~0.15 ms of work: far above a call's cost
 }  // namespace
 
 const char* matmul_backend_name(MatmulBackend backend) {
@@ -76,9 +83,11 @@ const char* matmul_backend_name(MatmulBackend backend) {
 }
 
 MatmulBackend matmul_backend_for(const MatmulShape& s, int team_size) {
-  if (s.input != DType::f32 || !openblas_is_openmp_build()) return MatmulBackend::onednn;
+  if (s.input != DType::f32 || s.trans_b || !openblas_is_openmp_build()) return MatmulBackend::onednn;
   const OpenBlasTiling t = openblas_tiling(s);
-  if (t.rows < kMinRows || t.tiles() < std::max(2, team_size) || s.flops() / double(t.tiles()) < kMinTileFlops)
+  const bool large = std::max(s.N, s.K) >= kLargeExtent || double(t.rows) * double(s.N) >= kLargeOutput;
+  if (!large || t.rows < kMinRows || t.tiles() < std::max(2, team_size) ||
+      s.flops() / double(t.tiles()) < kMinTileFlops)
     return MatmulBackend::onednn;
   return MatmulBackend::openblas;
 }

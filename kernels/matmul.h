@@ -10,9 +10,9 @@
 // (accumulate, e.g. gradients over micro-batches).
 //
 // Two backends run the products (NOTE [matmul backends] in matmul.cc; why in
-// docs/decisions.md): oneDNN for bf16 (AMX / AVX512-BF16 kernels) and for
-// small f32 products, OpenBLAS for large f32 products, which it runs at up to
-// 2x oneDNN 2.6's rate on this project's machines.
+// docs/decisions.md): oneDNN for bf16 (AMX / AVX512-BF16 kernels) and most
+// f32 products, OpenBLAS for the large f32 products where oneDNN 2.6 is weak
+// (up to 2.3x faster on this project's machines).
 // Which one a plan gets is a function of the shape and the team size, never
 // of a timing, so a program compiles to the same backends, and the same bits,
 // every time.
@@ -64,9 +64,10 @@ enum class MatmulBackend : uint8_t { onednn, openblas };
 const char* matmul_backend_name(MatmulBackend backend);  // "oneDNN", "OpenBLAS"
 
 // The backend MatmulPlan::create(shape) picks on a team of `team_size`
-// threads: OpenBLAS for f32 products of at least 256 rows that cut into at
-// least max(2, team_size) tiles of enough work, when the OpenBLAS aspen
-// loaded is its OpenMP build; oneDNN otherwise.
+// threads (NOTE [matmul backends]): OpenBLAS for large f32 products without
+// b^T (N or K >= 2048, or C of 2^24+ elements; 256+ rows; at least max(2,
+// team_size) tiles), when the OpenBLAS aspen loaded is its OpenMP build;
+// oneDNN otherwise.
 MatmulBackend matmul_backend_for(const MatmulShape& shape, int team_size);
 
 // The OpenBLAS aspen runs on: "OpenBLAS 0.3.21 (OpenMP) SkylakeX", and whether

@@ -184,21 +184,28 @@ TEST(Matmul, OpenBlasBitsDoNotDependOnTheTeamOrTheRun) {
 
 // NOTE [matmul backends]: the rule is a function of the shape and the team size.
 TEST(Matmul, BackendRule) {
+  const MatmulBackend blas = openblas_is_openmp_build() ? MatmulBackend::openblas : MatmulBackend::onednn;
+  const MatmulBackend dnnl = MatmulBackend::onednn;
+  // GPT-2's c_fc: forward [4, 256, 768] x [768, 3072] (2 tiles), data gradient (b^T), weight gradient (a^T).
   const MatmulShape fc{.batch = 4, .M = 256, .N = 3072, .K = 768, .broadcast_b = true, .has_bias = true};
-  const MatmulBackend f32_large = openblas_is_openmp_build() ? MatmulBackend::openblas : MatmulBackend::onednn;
-  for (int team : {1, 2}) EXPECT_EQ(matmul_backend_for(fc, team), f32_large) << team;  // 2 tiles
-  EXPECT_EQ(matmul_backend_for(fc, 3), MatmulBackend::onednn);  // a thread would idle
-  EXPECT_EQ(matmul_backend_for({.M = 768, .N = 3072, .K = 1024, .trans_a = true}, 2), f32_large);  // its weight gradient
+  for (int team : {1, 2}) EXPECT_EQ(matmul_backend_for(fc, team), blas) << team;
+  EXPECT_EQ(matmul_backend_for(fc, 3), dnnl);  // a thread would idle
+  EXPECT_EQ(matmul_backend_for({.batch = 4, .M = 256, .N = 768, .K = 3072, .trans_b = true, .broadcast_b = true}, 2), dnnl);
+  EXPECT_EQ(matmul_backend_for({.M = 768, .N = 3072, .K = 1024, .trans_a = true}, 2), blas);
+  // The LM head's gradients: K = 50257, and an output of 50257 x 768.
+  EXPECT_EQ(matmul_backend_for({.M = 1024, .N = 768, .K = 50257}, 2), blas);
+  EXPECT_EQ(matmul_backend_for({.M = 50257, .N = 768, .K = 1024, .trans_a = true}, 2), blas);
+  EXPECT_EQ(matmul_backend_for({.M = 1024, .N = 768, .K = 768}, 2), dnnl);   // attn.c_proj: small
+  EXPECT_EQ(matmul_backend_for({.M = 128, .N = 3072, .K = 768}, 2), dnnl);   // few rows
+  EXPECT_EQ(matmul_backend_for({.M = 2048, .N = 2048, .K = 1}, 2), dnnl);    // little work per tile
   MatmulShape bf = fc;
   bf.input = DType::bf16;
-  EXPECT_EQ(matmul_backend_for(bf, 2), MatmulBackend::onednn);
-  EXPECT_EQ(matmul_backend_for({.M = 128, .N = 768, .K = 768}, 2), MatmulBackend::onednn);  // few rows
-  EXPECT_EQ(matmul_backend_for({.M = 1024, .N = 64, .K = 64}, 1), MatmulBackend::onednn);   // little work per tile
+  EXPECT_EQ(matmul_backend_for(bf, 2), dnnl);
   {
     ScopedOmpThreads team(2);
     auto plan = MatmulPlan::create(fc);
     ASSERT_TRUE(plan.is_ok());
-    EXPECT_EQ(plan->backend(), f32_large);
+    EXPECT_EQ(plan->backend(), blas);
   }
   EXPECT_STREQ(matmul_backend_name(MatmulBackend::openblas), "OpenBLAS");
   EXPECT_NE(openblas_description().find("OpenBLAS"), std::string::npos) << openblas_description();
