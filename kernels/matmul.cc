@@ -49,10 +49,10 @@ Status validate(const MatmulShape& s) {
 // GPT-2 rows; the table is in docs/kernels.md), f32, aspen's tiled OpenBLAS
 // against oneDNN 2.6.3:
 //   - where oneDNN is weak, OpenBLAS wins: N or K of 2048 and more (c_fc's
-//     forward and weight gradient 2.0-2.3x, c_attn's 1.05-1.1x, mlp.c_proj's
-//     forward 1.05-1.1x, the LM head's data gradient, K = 50257, 1.3-1.4x) and
-//     outputs of 2^24 elements or more (the LM head's weight gradient,
-//     50257 x 768: 1.3-1.4x);
+//     forward and weight gradient 2.0-2.4x, c_attn's 1.05-1.1x, mlp.c_proj's
+//     forward 1.2x, the LM head's data gradient, K = 50257, 1.4x) and outputs
+//     of 2^24 elements or more (the LM head's weight gradient, 50257 x 768:
+//     1.3-1.4x);
 //   - b^T (the data gradients dX = G W^T, the LM head's forward): oneDNN is
 //     even or 5-15 % ahead (OpenBLAS's own single call is no faster there);
 //   - smaller products (N, K <= 1024: attn.c_proj, square 1024): oneDNN is
