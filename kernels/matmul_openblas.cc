@@ -27,7 +27,6 @@
 #include <climits>
 #include <mutex>
 
-#include "core/check.h"
 #include "kernels/matmul_backend.h"
 
 namespace aspen::kernels {
@@ -37,7 +36,7 @@ namespace {
 // NOTE [openblas tiles], the split. Each tile is a separate call that packs
 // its own panels of A and B, so fewer, larger tiles waste less; measured on
 // one thread against a single call on GPT-2's products (docs/kernels.md): 2
-// tiles along the longer axis of C cost 0-4 %, tiles of 512 rows 1-10 %, of
+// tiles along the longer axis of C cost 0-9 %, tiles of 512 rows 1-10 %, of
 // 256 rows 5-15 %, and splitting the shorter axis costs more than the longer.
 // So C is cut along its longer axis only (rows, or columns when N is larger)
 // into tiles of at most kMaxTile, equal up to multiples of 16 (OpenBLAS's
