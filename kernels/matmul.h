@@ -24,8 +24,10 @@
 //
 // Determinism: a plan gives the same bits on every run. An OpenBLAS plan's
 // bits also do not depend on the team size (its split into tiles is fixed by
-// the shape); a oneDNN plan's may (oneDNN chooses its blocking, and for some
-// shapes a split of K, per thread count), and so may the choice of backend.
+// the shape). A oneDNN plan's are reproducible for a fixed thread count
+// (oneDNN promises no more; on GPT-2's shapes 1 and 2 threads measured equal).
+// The backend itself can depend on the team size (a product with fewer tiles
+// than threads goes to oneDNN), and the two backends' bits differ.
 //
 // Thread-safety: a MatmulPlan may be run by one thread at a time (it binds
 // buffers into memory objects it owns). The free functions are safe from any
