@@ -12,7 +12,7 @@
 // Two backends run the products (NOTE [matmul backends] in matmul.cc; why in
 // docs/decisions.md): oneDNN for bf16 (AMX / AVX512-BF16 kernels) and most
 // f32 products, OpenBLAS for the large f32 products where oneDNN 2.6 is weak
-// (up to 2.3x faster on this project's machines).
+// (up to 2.4x faster on this project's machines).
 // Which one a plan gets is a function of the shape and the team size, never
 // of a timing, so a program compiles to the same backends, and the same bits,
 // every time.
@@ -72,17 +72,19 @@ const char* matmul_backend_name(MatmulBackend backend);  // "oneDNN", "OpenBLAS"
 // oneDNN otherwise.
 MatmulBackend matmul_backend_for(const MatmulShape& shape, int team_size);
 
-// The OpenBLAS aspen runs on: "OpenBLAS 0.3.21 (OpenMP) SkylakeX", and whether
-// its threading is OpenMP (the only build the backend uses: a pthread build
-// keeps a thread pool of its own beside the team's).
+// The OpenBLAS aspen loaded: its configuration, threading and kernels, e.g.
+// "OpenBLAS 0.3.21 ... USE_OPENMP SkylakeX MAX_THREADS=64 (OpenMP build,
+// kernels for SkylakeX)"; and whether it is the OpenMP build (the only one the
+// backend uses: a pthread build keeps a thread pool of its own beside the
+// team's).
 std::string openblas_description();
 bool openblas_is_openmp_build();
 
 class MatmulPlan {
  public:
-  // Validates the shape and prepares the backend matmul_backend_for(shape)
-  // names (or `backend`: tests and benchmarks force one) for the calling
-  // thread's current OpenMP team size. OpenBLAS takes f32 only.
+  // Validates the shape and prepares the backend matmul_backend_for(shape,
+  // team size) names (or `backend`: tests and benchmarks force one) for the
+  // calling thread's current OpenMP team size. OpenBLAS takes f32 only.
   static Result<MatmulPlan> create(const MatmulShape& shape);
   static Result<MatmulPlan> create(const MatmulShape& shape, MatmulBackend backend);
   // A backend's prepared product (kernels/matmul_backend.h); opaque here.

@@ -34,8 +34,8 @@ Result<std::unique_ptr<MatmulPlan::Impl>> make_openblas_plan(const MatmulShape& 
 // each one single-threaded cblas_sgemm call. Fixed by the shape alone, so the
 // bits do not depend on the team size. Exposed for the rule and the tests.
 struct OpenBlasTiling {
-  int64_t entries = 1;  // products (the batch, or 1 when the batch folds into rows)
-  int64_t rows = 0;     // rows of op(A) and C per product
+  int64_t entries = 1;                 // products (the batch, or 1 when the batch folds into rows)
+  int64_t rows = 0;                    // rows of op(A) and C per product
   int64_t row_tile = 0, col_tile = 0;  // tile extents (the last tile of each may be short)
   int64_t row_tiles = 0, col_tiles = 0;
   int64_t tiles() const { return entries * row_tiles * col_tiles; }

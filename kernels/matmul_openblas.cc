@@ -104,8 +104,8 @@ class OpenBlasPlan final : public MatmulPlan::Impl {
       }
       beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, s_.trans_a ? CblasTrans : CblasNoTrans, s_.trans_b ? CblasTrans : CblasNoTrans,
-                int(m), int(n), int(K), 1.0f, s_.trans_a ? ap + i0 : ap + i0 * K, int(s_.trans_a ? rows : K),
+    cblas_sgemm(CblasRowMajor, s_.trans_a ? CblasTrans : CblasNoTrans, s_.trans_b ? CblasTrans : CblasNoTrans, int(m),
+                int(n), int(K), 1.0f, s_.trans_a ? ap + i0 : ap + i0 * K, int(s_.trans_a ? rows : K),
                 s_.trans_b ? bp + j0 * K : bp + j0, int(s_.trans_b ? K : N), beta, cp, int(N));
   }
 
@@ -139,8 +139,10 @@ bool openblas_is_openmp_build() { return openblas_get_parallel() == 2; }
 std::string openblas_description() {
   const int parallel = openblas_get_parallel();
   return std::string(openblas_get_config()) + " (" +
-         (parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "sequential") + " build, kernels for " +
-         openblas_get_corename() + ")";
+         (parallel == 2   ? "OpenMP"
+          : parallel == 1 ? "pthreads"
+                          : "sequential") +
+         " build, kernels for " + openblas_get_corename() + ")";
 }
 
 Result<std::unique_ptr<MatmulPlan::Impl>> make_openblas_plan(const MatmulShape& s) {
