@@ -16,18 +16,45 @@
 namespace aspen::bench {
 
 std::vector<GemmCase> standard_gemm_cases() {
+  const bool ta = true, tb = true;
   return {
-      {512, 512, 512},    {1024, 1024, 1024}, {2048, 2048, 2048},                      // square
-      {1024, 3072, 768},  {1024, 768, 3072},  {1024, 2304, 768}, {1024, 50257, 768},   // GPT-2, M = 1024
-      {1, 3072, 768},     {1, 768, 3072},                                              // decode, M = 1
+      {512, 512, 512},    {1024, 1024, 1024}, {2048, 2048, 2048},  // square
+      // GPT-2 training, 1024 tokens: forward (attn.c_proj, c_attn, c_fc, mlp.c_proj, lm_head as stored
+      // untransposed), then each layer's backward: dX = G W^T (b^T) and dW = X^T G (a^T).
+      {1024, 768, 768},   {1024, 2304, 768},  {1024, 3072, 768},  {1024, 768, 3072}, {1024, 50257, 768},
+      {1024, 768, 768, false, tb},  {768, 768, 1024, ta},     // attn.c_proj
+      {1024, 768, 2304, false, tb}, {768, 2304, 1024, ta},    // c_attn
+      {1024, 768, 3072, false, tb}, {768, 3072, 1024, ta},    // c_fc
+      {1024, 3072, 768, false, tb}, {3072, 768, 1024, ta},    // mlp.c_proj
+      {1024, 50257, 768, false, tb}, {1024, 768, 50257}, {50257, 768, 1024, ta},  // lm_head (tied): fwd, dX, dW
+      {1, 3072, 768},     {1, 768, 3072},                      // decode, M = 1
   };
+}
+
+Result<GemmCase> parse_gemm_case(const std::string& text) {
+  GemmCase g;
+  char x1 = 0, x2 = 0;
+  int used = 0;
+  const std::string subject = "--case '" + text + "'";
+  const char* expected = "MxNxK with positive extents, e.g. 1024x768x3072";
+  const char* hint = "transposed operands: append :ta, :tb or :tatb";
+  if (std::sscanf(text.c_str(), "%ld%c%ld%c%ld%n", &g.m, &x1, &g.n, &x2, &g.k, &used) != 5 || x1 != 'x' || x2 != 'x')
+    return Status::invalid_argument(subject, expected, "no three extents", hint);
+  if (g.m < 1 || g.n < 1 || g.k < 1) return Status::invalid_argument(subject, expected, "an extent below 1", hint);
+  const std::string rest = text.substr(size_t(used));
+  if (rest != "" && rest != ":ta" && rest != ":tb" && rest != ":tatb")
+    return Status::invalid_argument(subject, expected, "the suffix '" + rest + "'", hint);
+  g.trans_a = rest == ":ta" || rest == ":tatb";
+  g.trans_b = rest == ":tb" || rest == ":tatb";
+  return g;
 }
 
 namespace {
 
 // oneDNN driven directly, as a user of the library would: one primitive and
-// its memory objects made up front, then executed. Row-major A [M, K] times
-// B [K, N], the same layout aspen's plan gets.
+// its memory objects made up front, then executed. Row-major op(A) [M, K]
+// times op(B) [K, N] (a transposed operand is the format tag `ba`), the same
+// layout aspen's plan gets.
 class DirectOneDnn {
  public:
   DirectOneDnn(const GemmCase& c, bool bf16, void* a, void* b, float* out)
@@ -35,7 +62,8 @@ class DirectOneDnn {
     using dt = dnnl::memory::data_type;
     using tag = dnnl::memory::format_tag;
     dt in = bf16 ? dt::bf16 : dt::f32;
-    dnnl::memory::desc a_md({c.m, c.k}, in, tag::ab), b_md({c.k, c.n}, in, tag::ab), c_md({c.m, c.n}, dt::f32, tag::ab);
+    dnnl::memory::desc a_md({c.m, c.k}, in, c.trans_a ? tag::ba : tag::ab),
+        b_md({c.k, c.n}, in, c.trans_b ? tag::ba : tag::ab), c_md({c.m, c.n}, dt::f32, tag::ab);
     prim_ = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), eng_));
     args_ = {{DNNL_ARG_SRC, dnnl::memory(a_md, eng_, a)},
              {DNNL_ARG_WEIGHTS, dnnl::memory(b_md, eng_, b)},
@@ -60,11 +88,11 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
   const int rounds = opt.quick ? 1 : 5;
   const double min_s = opt.quick ? 0.0 : 0.3;
   if (!opt.json)
-    out << fmt::format("{:>5} {:>6} {:>5} {:>5} {:>3} | {:>8} {:>8} {:>8} | {:>7} {:>6} {:>8}\n", "M", "N", "K",
-                       "dtype", "thr", "aspen", "oneDNN", "OpenBLAS", "vs dnnl", "peak", "bf16/f32");
+    out << fmt::format("{:>5} {:>6} {:>5} {:>4} {:>5} {:>3} | {:>8} {:>8} | {:>8} {:>8} | {:>7} {:>6} {:>8}\n", "M",
+                       "N", "K", "op", "dtype", "thr", "aspen", "backend", "oneDNN", "OpenBLAS", "vs dnnl", "peak",
+                       "bf16/f32");
   for (int threads : opt.threads) {
     ScopedOmpThreads team(threads);
-    openblas_set_num_threads(threads);
     const double f32_peak = measure_f32_fma_peak(threads);
     const BfPeak bf_peak = measure_bf16_peak(threads);
     const double bf16_peak = bf_peak.gflops;
@@ -72,7 +100,10 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
       out << fmt::format("# {} thread(s): measured peak f32 FMA {:.1f} GFLOP/s, bf16 ({}) {:.1f} GFLOP/s\n",
                          threads, f32_peak, bf_peak.kind, bf16_peak);
     for (const GemmCase& c : cases) {
-      Tensor a(DType::f32, Shape{c.m, c.k}), b(DType::f32, Shape{c.k, c.n}), y(DType::f32, Shape{c.m, c.n});
+      // Stored shapes; a transposed operand holds the same elements.
+      Tensor a(DType::f32, c.trans_a ? Shape{c.k, c.m} : Shape{c.m, c.k});
+      Tensor b(DType::f32, c.trans_b ? Shape{c.n, c.k} : Shape{c.k, c.n});
+      Tensor y(DType::f32, Shape{c.m, c.n});
       philox_fill_uniform(a.span<float>(), 1, 0, 0, -1, 1);
       philox_fill_uniform(b.span<float>(), 2, 0, 0, -1, 1);
       const double flops = 2.0 * double(c.m) * double(c.n) * double(c.k);
@@ -80,12 +111,13 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
       for (DType dt : {DType::f32, DType::bf16}) {
         if ((dt == DType::f32 && !opt.f32) || (dt == DType::bf16 && !opt.bf16)) continue;
         const bool is_bf16 = dt == DType::bf16;
-        Tensor ab(DType::bf16, Shape{c.m, c.k}), bb(DType::bf16, Shape{c.k, c.n});
+        Tensor ab(DType::bf16, a.shape()), bb(DType::bf16, b.shape());
         if (is_bf16) {
           for (int64_t i = 0; i < a.numel(); ++i) ab.data<bf16>()[i] = f32_to_bf16(a.data<float>()[i]);
           for (int64_t i = 0; i < b.numel(); ++i) bb.data<bf16>()[i] = f32_to_bf16(b.data<float>()[i]);
         }
-        kernels::MatmulShape shape{.M = c.m, .N = c.n, .K = c.k, .input = dt};
+        kernels::MatmulShape shape{.M = c.m, .N = c.n, .K = c.k, .trans_a = c.trans_a, .trans_b = c.trans_b, .input = dt};
+        const char* backend = kernels::matmul_backend_name(kernels::matmul_backend_for(shape, threads));
         Status st;
         auto ours = [&] {
           st = is_bf16 ? kernels::matmul(ab.span<bf16>(), bb.span<bf16>(), {}, y.span<float>(), shape)
@@ -97,11 +129,16 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
         ASPEN_RETURN_IF_ERROR(st);
         double t_blas = 0;
         if (!is_bf16) {
-          // Debian's OpenBLAS has no bf16 GEMM (sbgemm); the f32 one is the peer.
+          // Debian's OpenBLAS has no bf16 GEMM (sbgemm); the f32 one is the peer, called as a user
+          // would: one call on OpenBLAS's own threading (its OpenMP build: this team's size). Aspen's
+          // plans set its count back to 1 when they next run (NOTE [openblas tiles]).
+          openblas_set_num_threads(threads);
           t_blas = best_seconds([&] {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(c.m), int(c.n), int(c.k), 1.0f,
-                        a.data<float>(), int(c.k), b.data<float>(), int(c.n), 0.0f, y.data<float>(), int(c.n));
+            cblas_sgemm(CblasRowMajor, c.trans_a ? CblasTrans : CblasNoTrans, c.trans_b ? CblasTrans : CblasNoTrans,
+                        int(c.m), int(c.n), int(c.k), 1.0f, a.data<float>(), int(c.trans_a ? c.m : c.k),
+                        b.data<float>(), int(c.trans_b ? c.k : c.n), 0.0f, y.data<float>(), int(c.n));
           }, rounds, min_s);
+          omp_set_num_threads(threads);  // OpenBLAS's OpenMP build set the team's size; keep it ours
         }
         const double g = flops / t_ours / 1e9, gd = flops / t_dnnl / 1e9, gb = t_blas > 0 ? flops / t_blas / 1e9 : 0;
         const double peak = is_bf16 ? bf16_peak : f32_peak;
@@ -110,16 +147,18 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
         const double vs_f32 = is_bf16 && f32_gflops > 0 ? g / f32_gflops : 0;
         if (opt.json) {
           nlohmann::ordered_json row = {{"bench", "gemm"}, {"m", c.m}, {"n", c.n}, {"k", c.k},
+                                {"trans_a", c.trans_a}, {"trans_b", c.trans_b},
                                 {"dtype", std::string(dtype_name(dt))}, {"threads", threads},
-                                {"gflops", g}, {"onednn_gflops", gd},
+                                {"gflops", g}, {"backend", backend}, {"onednn_gflops", gd},
                                 {"openblas_gflops", t_blas > 0 ? nlohmann::ordered_json(gb) : nlohmann::ordered_json(nullptr)},
                                 {"ratio_vs_onednn", g / gd}, {"peak_fraction", frac},
                                 {"peak_gflops", peak},
                                 {"ratio_vs_f32", vs_f32 > 0 ? nlohmann::ordered_json(vs_f32) : nlohmann::ordered_json(nullptr)}, {"peak_kind", is_bf16 ? bf_peak.kind : "f32_fma"}};
           out << row.dump() << "\n";
         } else {
-          out << fmt::format("{:>5} {:>6} {:>5} {:>5} {:>3} | {:>8.1f} {:>8.1f} {:>8} | {:>6.3f}x {:>5.0f}% {:>8}\n",
-                             c.m, c.n, c.k, dtype_name(dt), threads, g, gd,
+          const char* op = c.trans_a && c.trans_b ? "aTbT" : c.trans_a ? "a^T" : c.trans_b ? "b^T" : "-";
+          out << fmt::format("{:>5} {:>6} {:>5} {:>4} {:>5} {:>3} | {:>8.1f} {:>8} | {:>8.1f} {:>8} | {:>6.3f}x {:>5.0f}% {:>8}\n",
+                             c.m, c.n, c.k, op, dtype_name(dt), threads, g, backend, gd,
                              t_blas > 0 ? fmt::format("{:.1f}", gb) : "-", g / gd, 100 * frac,
                              vs_f32 > 0 ? fmt::format("{:.2f}x", vs_f32) : "-");
         }

@@ -2,6 +2,7 @@
 // each op's kernel, prepared for one node's exact types, must reproduce the reference interpreter with
 // outputs rounded to their dtype. Odd shapes throughout, so no dimension hides another.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <limits>
@@ -10,6 +11,7 @@
 #include "graph/builder.h"
 #include "graph/grad_check.h"
 #include "graph/interpreter.h"
+#include "kernels/matmul.h"
 
 namespace aspen::graph {
 namespace {
@@ -102,6 +104,29 @@ TEST(FastKernels, MatmulTransposesBatchesAndBias) {
         ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
         expect_fast_matches(g);
       }
+}
+
+// NOTE [matmul backends]: products big enough for the OpenBLAS backend (N >= 2048, 256+ rows once the
+// batch folds, no b^T) run it through the same prepared kernel; the rest of the fast path is oneDNN's.
+TEST(FastKernels, MatmulLargeF32OnOpenBlas) {
+  constexpr int64_t K = 33, N = 2100;
+  for (bool ta : {false, true}) {
+    SCOPED_TRACE("ta " + std::to_string(ta));
+    Graph g;
+    Builder b(g);
+    // No trans_a: a [2, 130, K] with b shared folds into 260 rows; trans_a: a [K, 300].
+    ValueId a = b.input("a", DType::f32, ta ? Shape{K, 300} : Shape{2, 130, K});
+    std::vector<ValueId> in{a, b.input("b", DType::f32, Shape{K, N}), b.input("bias", DType::f32, Shape{N})};
+    b.op(OpKind::matmul, in, {{"trans_a", int64_t(ta)}});
+    ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+    const kernels::MatmulShape s = ta ? kernels::MatmulShape{.M = 300, .N = N, .K = K, .trans_a = true, .has_bias = true}
+                                      : kernels::MatmulShape{.batch = 2, .M = 130, .N = N, .K = K,
+                                                             .broadcast_b = true, .has_bias = true};
+    if (kernels::openblas_is_openmp_build()) {
+      EXPECT_EQ(kernels::matmul_backend_for(s, omp_get_max_threads()), kernels::MatmulBackend::openblas);
+    }
+    expect_fast_matches(g);
+  }
 }
 
 // NOTE [gemv route]: decode-shaped matmuls (a few rows, shared weights, f32 or bf16 b) run the GEMV

@@ -2,12 +2,13 @@
 
 #include <omp.h>
 
-#include <dnnl.hpp>
+#include <algorithm>
 #include <unordered_map>
 
 #include "core/check.h"
 #include "kernels/check_args.h"
 #include "kernels/cpu.h"
+#include "kernels/matmul_backend.h"
 
 namespace aspen::kernels {
 
@@ -39,19 +40,57 @@ Status validate(const MatmulShape& s) {
   return Status();
 }
 
-dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
-
 }  // namespace
 
-struct MatmulPlan::Impl {
-  dnnl::matmul prim;
-  dnnl::stream stream;
-  dnnl::memory a, b, bias, c;
-  std::unordered_map<int, dnnl::memory> args;  // the same handles, bound once
-};
+// NOTE [matmul backends]: which library runs a product. A function of the
+// shape, the team size and which OpenBLAS build is loaded, never of a timing:
+// the same program on the same team always runs the same code, so the same
+// bits. Measured on the Sapphire Rapids host (`aspen bench gemm`, the
+// GPT-2 rows; the table is in docs/kernels.md), f32, aspen's tiled OpenBLAS
+// against oneDNN 2.6.3:
+//   - where oneDNN is weak, OpenBLAS wins: N or K of 2048 and more (c_fc's
+//     forward and weight gradient 2.0-2.4x, c_attn's 1.05-1.1x, mlp.c_proj's
+//     forward 1.2x, the LM head's data gradient, K = 50257, 1.4x) and outputs
+//     of 2^24 elements or more (the LM head's weight gradient, 50257 x 768:
+//     1.3-1.4x);
+//   - b^T (the data gradients dX = G W^T, the LM head's forward): oneDNN is
+//     even or 5-15 % ahead (OpenBLAS's own single call is no faster there);
+//   - smaller products (N, K <= 1024: attn.c_proj, square 1024): oneDNN is
+//     2-5 % ahead of the tiles;
+//   - fewer than kMinRows rows (after a shared-b batch folds into rows):
+//     oneDNN is as fast or faster at N = 768 (M = 16-128: 1.05-1.6x); at
+//     N = 3072 OpenBLAS would be 2x, left for later;
+//   - a product that cuts into fewer tiles than the team has threads (one
+//     would idle), or into tiles of little work: oneDNN.
+// bf16 is always oneDNN (AMX / AVX512-BF16; Debian's OpenBLAS has no bf16
+// GEMM), and OpenBLAS runs only when its OpenMP build is the one loaded: the
+// pthread build keeps a pool of its own beside the team's (docs/decisions.md).
+namespace {
+constexpr int64_t kMinRows = 256;
+constexpr int64_t kLargeExtent = 2048;              // N or K from which oneDNN 2.6.3 falls behind
+constexpr double kLargeOutput = double(1 << 24);    // elements of C per product
+constexpr double kMinTileFlops = double(1 << 24);   // ~0.15 ms of work: far above a call's cost
+}  // namespace
+
+const char* matmul_backend_name(MatmulBackend backend) {
+  switch (backend) {
+    case MatmulBackend::onednn:
+      return "oneDNN";
+    case MatmulBackend::openblas:
+      return "OpenBLAS";
+  }
+  return "?";
+}
+
+MatmulBackend matmul_backend_for(const MatmulShape& s, int team_size) {
+  if (s.input != DType::f32 || s.trans_b || !openblas_is_openmp_build()) return MatmulBackend::onednn;
+  const OpenBlasTiling t = openblas_tiling(s);
+  const bool large = std::max(s.N, s.K) >= kLargeExtent || double(t.rows) * double(s.N) >= kLargeOutput;
+  if (!large || t.rows < kMinRows || t.tiles() < std::max(2, team_size) ||
+      s.flops() / double(t.tiles()) < kMinTileFlops)
+    return MatmulBackend::onednn;
+  return MatmulBackend::openblas;
+}
 
 MatmulPlan::MatmulPlan(MatmulPlan&&) noexcept = default;
 MatmulPlan& MatmulPlan::operator=(MatmulPlan&&) noexcept = default;
@@ -59,62 +98,25 @@ MatmulPlan::~MatmulPlan() = default;
 
 Result<MatmulPlan> MatmulPlan::create(const MatmulShape& s) {
   ASPEN_RETURN_IF_ERROR(validate(s));
-  using dims = dnnl::memory::dims;
-  using dt = dnnl::memory::data_type;
-  const dt in = s.input == DType::bf16 ? dt::bf16 : dt::f32;
-  const int64_t B = s.batch, M = s.M, N = s.N, K = s.K;
-  // Logical shapes are [batch, rows, cols]; transposition is expressed by
-  // strides. A single product uses 2-D descriptors: oneDNN picks different
-  // (for M = 1, faster) kernels for them than for a batch of one.
-  const int64_t bb = s.broadcast_b ? 1 : B;
-  const bool flat = B == 1;
-  auto md = [&](int64_t batch, int64_t rows, int64_t cols, dt type, bool transposed) {
-    dims strides = transposed ? dims{rows * cols, 1, rows} : dims{rows * cols, cols, 1};
-    if (flat) return dnnl::memory::desc({rows, cols}, type, dims{strides[1], strides[2]});
-    return dnnl::memory::desc({batch, rows, cols}, type, strides);
-  };
-  dnnl::memory::desc a_md = md(B, M, K, in, s.trans_a);
-  dnnl::memory::desc b_md = md(bb, K, N, in, s.trans_b);
-  dnnl::memory::desc c_md = md(B, M, N, dt::f32, false);
-  dnnl::memory::desc bias_md = md(1, 1, N, dt::f32, false);
-  dnnl::primitive_attr attr;
-  if (s.beta == 1.0f) {
-    dnnl::post_ops ops;
-    ops.append_sum(1.0f);
-    attr.set_post_ops(ops);
-  }
+  return create(s, matmul_backend_for(s, omp_get_max_threads()));
+}
+
+Result<MatmulPlan> MatmulPlan::create(const MatmulShape& s, MatmulBackend backend) {
+  ASPEN_RETURN_IF_ERROR(validate(s));
   MatmulPlan plan;
   plan.shape_ = s;
   plan.team_size_ = omp_get_max_threads();
-  plan.impl_ = std::make_unique<Impl>();
-  try {
-    auto desc = s.has_bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md);
-    dnnl::matmul::primitive_desc pd(desc, attr, engine());
-    plan.impl_->prim = dnnl::matmul(pd);
-    plan.impl_->stream = dnnl::stream(engine());
-    plan.impl_->a = dnnl::memory(a_md, engine(), DNNL_MEMORY_NONE);
-    plan.impl_->b = dnnl::memory(b_md, engine(), DNNL_MEMORY_NONE);
-    plan.impl_->c = dnnl::memory(c_md, engine(), DNNL_MEMORY_NONE);
-    plan.impl_->args = {{DNNL_ARG_SRC, plan.impl_->a}, {DNNL_ARG_WEIGHTS, plan.impl_->b}, {DNNL_ARG_DST, plan.impl_->c}};
-    if (s.has_bias) {
-      plan.impl_->bias = dnnl::memory(bias_md, engine(), DNNL_MEMORY_NONE);
-      plan.impl_->args.emplace(DNNL_ARG_BIAS, plan.impl_->bias);
-    }
-  } catch (const dnnl::error& e) {
-    return Status::error(Code::kUnimplemented, "matmul " + s.to_string(), "a shape oneDNN can run",
-                         std::string("oneDNN refused it: ") + e.what());
+  plan.backend_ = backend;
+  if (backend == MatmulBackend::openblas) {
+    ASPEN_ASSIGN_OR_RETURN(plan.impl_, make_openblas_plan(s));
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(plan.impl_, make_onednn_plan(s));
   }
   return plan;
 }
 
 void MatmulPlan::run(const void* a, const void* b, const float* bias, float* c) {
-  Impl& p = *impl_;
-  p.a.set_data_handle(const_cast<void*>(a));
-  p.b.set_data_handle(const_cast<void*>(b));
-  p.c.set_data_handle(c);
-  if (shape_.has_bias) p.bias.set_data_handle(const_cast<float*>(bias));
-  p.prim.execute(p.stream, p.args);
-  p.stream.wait();
+  impl_->run(a, b, shape_.has_bias ? bias : nullptr, c);
 }
 
 namespace {

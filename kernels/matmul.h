@@ -9,12 +9,25 @@
 // bias is [N] or empty; C is [batch, M, N] f32. beta is 0 (overwrite) or 1
 // (accumulate, e.g. gradients over micro-batches).
 //
-// The fast path is oneDNN (see docs/decisions.md: it measured faster than
-// OpenBLAS here, and has AMX/AVX512-BF16 bf16 kernels). A MatmulPlan holds a
-// oneDNN primitive made once for one shape, dtype and team size: creating a
+// Two backends run the products (NOTE [matmul backends] in matmul.cc; why in
+// docs/decisions.md): oneDNN for bf16 (AMX / AVX512-BF16 kernels) and most
+// f32 products, OpenBLAS for the large f32 products where oneDNN 2.6 is weak
+// (up to 2.4x faster on this project's machines).
+// Which one a plan gets is a function of the shape and the team size, never
+// of a timing, so a program compiles to the same backends, and the same bits,
+// every time.
+//
+// A MatmulPlan is made once per shape, dtype and team size: creating a oneDNN
 // primitive costs far more than running a small one, so the compiler makes
 // plans at compile time and execution only binds pointers. The free functions
 // keep a per-thread cache of plans for callers without a compiler.
+//
+// Determinism: a plan gives the same bits on every run. An OpenBLAS plan's
+// bits also do not depend on the team size (its split into tiles is fixed by
+// the shape). A oneDNN plan's are reproducible for a fixed thread count
+// (oneDNN promises no more; on GPT-2's shapes 1 and 2 threads measured equal).
+// The backend itself can depend on the team size (a product with fewer tiles
+// than threads goes to oneDNN), and the two backends' bits differ.
 //
 // Thread-safety: a MatmulPlan may be run by one thread at a time (it binds
 // buffers into memory objects it owns). The free functions are safe from any
@@ -48,26 +61,51 @@ struct MatmulShape {
   bool operator==(const MatmulShape&) const = default;
 };
 
+// The libraries a plan can run on. NOTE [matmul backends] in matmul.cc.
+enum class MatmulBackend : uint8_t { onednn, openblas };
+const char* matmul_backend_name(MatmulBackend backend);  // "oneDNN", "OpenBLAS"
+
+// The backend MatmulPlan::create(shape) picks on a team of `team_size`
+// threads (NOTE [matmul backends]): OpenBLAS for large f32 products without
+// b^T (N or K >= 2048, or C of 2^24+ elements; 256+ rows; at least max(2,
+// team_size) tiles), when the OpenBLAS aspen loaded is its OpenMP build;
+// oneDNN otherwise.
+MatmulBackend matmul_backend_for(const MatmulShape& shape, int team_size);
+
+// The OpenBLAS aspen loaded: its configuration, threading and kernels, e.g.
+// "OpenBLAS 0.3.21 ... USE_OPENMP SkylakeX MAX_THREADS=64 (OpenMP build,
+// kernels for SkylakeX)"; and whether it is the OpenMP build (the only one the
+// backend uses: a pthread build keeps a thread pool of its own beside the
+// team's).
+std::string openblas_description();
+bool openblas_is_openmp_build();
+
 class MatmulPlan {
  public:
-  // Validates the shape and prepares the oneDNN primitive for the calling
-  // thread's current OpenMP team size.
+  // Validates the shape and prepares the backend matmul_backend_for(shape,
+  // team size) names (or `backend`: tests and benchmarks force one) for the
+  // calling thread's current OpenMP team size. OpenBLAS takes f32 only.
   static Result<MatmulPlan> create(const MatmulShape& shape);
+  static Result<MatmulPlan> create(const MatmulShape& shape, MatmulBackend backend);
+  // A backend's prepared product (kernels/matmul_backend.h); opaque here.
+  struct Impl;
+
   MatmulPlan(MatmulPlan&&) noexcept;
   MatmulPlan& operator=(MatmulPlan&&) noexcept;
   ~MatmulPlan();
 
   const MatmulShape& shape() const { return shape_; }
   int team_size() const { return team_size_; }
+  MatmulBackend backend() const { return backend_; }
   // Raw run: buffers are trusted to match shape() (the compiler's path).
   // a/b point to f32 or bf16 elements as shape().input says.
   void run(const void* a, const void* b, const float* bias, float* c);
 
  private:
   MatmulPlan() = default;
-  struct Impl;
   MatmulShape shape_;
   int team_size_ = 1;
+  MatmulBackend backend_ = MatmulBackend::onednn;
   std::unique_ptr<Impl> impl_;
 };
 

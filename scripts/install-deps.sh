@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache
   libdnnl-dev        # oneDNN: matrix products
-  libopenblas-dev    # OpenBLAS: a benchmark peer only
+  libopenblas-openmp-dev  # OpenBLAS, its OpenMP build: large f32 matrix products (docs/decisions.md)
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
   libopenmpi-dev openmpi-bin  # parallel/: the mpi backend, its tests under mpirun, the collectives bench

@@ -1,6 +1,6 @@
 // tools/aspen.cc: the `aspen` command line.
 //
-//   aspen bench gemm [--json] [--threads 1,2] [--dtype f32|bf16|all] [--quick]
+//   aspen bench gemm [--json] [--threads 1,2] [--dtype f32|bf16|all] [--quick] [--case MxNxK[:ta|:tb|:tatb],...]
 //   aspen bench decode [--json] [--threads 1,2] [--rows 1,8] [--dtype f32|bf16|all] [--quick]
 //   aspen bench attention [--json] [--t 256,1024,4096]
 //   aspen bench kernels [--json]
@@ -34,6 +34,7 @@
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "kernels/cpu.h"
+#include "kernels/matmul.h"
 #include "tools/commands.h"
 
 namespace {
@@ -81,7 +82,8 @@ int main(int argc, char** argv) {
   gemm_cmd->add_option("--dtype", gemm_dtype, "f32, bf16 or all")->check(CLI::IsMember({"f32", "bf16", "all"}));
   gemm_cmd->add_flag("--quick", gemm.quick, "one repetition per measurement (a smoke test, not a measurement)");
   std::vector<std::string> gemm_cases;
-  gemm_cmd->add_option("--case", gemm_cases, "MxNxK shapes instead of the standard list, e.g. --case 1x768x3072")
+  gemm_cmd->add_option("--case", gemm_cases, "MxNxK shapes instead of the standard list, e.g. --case 1x768x3072,768x3072x1024:ta "
+                 "(:ta, :tb, :tatb: a or b stored transposed)")
       ->delimiter(',');
 
   aspen::bench::DecodeBenchOptions dec;
@@ -204,18 +206,22 @@ int main(int argc, char** argv) {
     const auto& f = aspen::kernels::cpu_features();
     std::cout << "cpu: " << f.to_string() << "\nkernel isa: " << aspen::kernels::isa_name(aspen::kernels::active_isa())
               << (aspen::kernels::reference_mode() ? " (reference kernels forced)" : "") << "\n";
+    // NOTE [matmul backends] in kernels/matmul.cc.
+    std::cout << "openblas: " << aspen::kernels::openblas_description() << "\nmatmul: "
+              << (aspen::kernels::openblas_is_openmp_build()
+                      ? "f32 on OpenBLAS (products big enough to tile; smaller ones on oneDNN), bf16 on oneDNN"
+                      : "f32 and bf16 on oneDNN (this OpenBLAS is not its OpenMP build)")
+              << "\n";
     return 0;
   }
   if (gemm_cmd->parsed()) {
     for (const std::string& c : gemm_cases) {
-      aspen::bench::GemmCase g{};
-      char x1 = 0, x2 = 0;
-      if (std::sscanf(c.c_str(), "%ld%c%ld%c%ld", &g.m, &x1, &g.n, &x2, &g.k) != 5 || x1 != 'x' || x2 != 'x' ||
-          g.m < 1 || g.n < 1 || g.k < 1) {
-        std::cerr << "aspen: error: --case '" << c << "': expected MxNxK with positive extents, e.g. 1024x768x3072\n";
+      auto g = aspen::bench::parse_gemm_case(c);
+      if (!g.is_ok()) {
+        std::cerr << "aspen: error: " << g.status().message() << "\n";
         return 2;
       }
-      gemm.cases.push_back(g);
+      gemm.cases.push_back(*g);
     }
     gemm.f32 = gemm_dtype != "bf16";
     gemm.bf16 = gemm_dtype != "f32";

@@ -1,0 +1,45 @@
+// kernels/matmul_backend.h: what a matmul backend provides (private to
+// kernels/matmul*.cc).
+//
+// A backend prepares one shape once (oneDNN: a primitive; OpenBLAS: the split
+// into tiles) and then runs it any number of times on buffers the caller has
+// checked against that shape. Adding a backend: a MatmulBackend value and its
+// name (matmul.h, matmul.cc), a make_*_plan below in its own matmul_<name>.cc,
+// and its place in matmul_backend_for's rule (NOTE [matmul backends]).
+//
+// Thread-safety: as MatmulPlan (one thread runs a plan at a time; it
+// parallelizes over that thread's OpenMP team).
+#pragma once
+
+#include <memory>
+
+#include "core/status.h"
+#include "kernels/matmul.h"
+
+namespace aspen::kernels {
+
+struct MatmulPlan::Impl {
+  virtual ~Impl() = default;
+  // a, b: f32 or bf16 elements as the shape's input says; bias [N] or null.
+  virtual void run(const void* a, const void* b, const float* bias, float* c) = 0;
+};
+
+// Each validates that it can run `shape` (an error Status says why not) and
+// prepares it for the calling thread's OpenMP team. The shape itself has been
+// validated by MatmulPlan::create.
+Result<std::unique_ptr<MatmulPlan::Impl>> make_onednn_plan(const MatmulShape& shape);
+Result<std::unique_ptr<MatmulPlan::Impl>> make_openblas_plan(const MatmulShape& shape);
+
+// NOTE [openblas tiles]: the OpenBLAS backend's split of a product into tiles,
+// each one single-threaded cblas_sgemm call. Fixed by the shape alone, so the
+// bits do not depend on the team size. Exposed for the rule and the tests.
+struct OpenBlasTiling {
+  int64_t entries = 1;                 // products (the batch, or 1 when the batch folds into rows)
+  int64_t rows = 0;                    // rows of op(A) and C per product
+  int64_t row_tile = 0, col_tile = 0;  // tile extents (the last tile of each may be short)
+  int64_t row_tiles = 0, col_tiles = 0;
+  int64_t tiles() const { return entries * row_tiles * col_tiles; }
+};
+OpenBlasTiling openblas_tiling(const MatmulShape& shape);
+
+}  // namespace aspen::kernels
