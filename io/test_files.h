@@ -1,7 +1,11 @@
-// io/test_files.h: file helpers the io tests share (test-only).
+// io/test_files.h: file helpers the io and train tests share (test-only).
 #pragma once
 
+#include <stdlib.h>
 #include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
 
 #include <fstream>
 #include <sstream>
@@ -23,5 +27,27 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), std::streamsize(bytes.size()));
 }
+
+// A fresh directory (mkdtemp under the system's temporary directory), removed
+// with everything in it when the object goes.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "aspen_test") {
+    std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
+    if (mkdtemp(tmpl.data()) == nullptr) std::abort();
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
 
 }  // namespace aspen::io::test_files

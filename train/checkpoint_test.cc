@@ -20,40 +20,17 @@
 #include <sstream>
 #include <thread>
 
+#include "io/test_files.h"
+
 namespace aspen::train {
 namespace {
 
 namespace fs = std::filesystem;
+using io::test_files::read_bytes;
+using io::test_files::TempDir;
+using io::test_files::write_bytes;
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-void write_bytes(const std::string& path, const std::string& bytes) {
-  ::unlink(path.c_str());  // not truncated in place: see io/test_files.h
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << bytes;
-}
 
-// A fresh directory, removed with everything in it at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "aspen_checkpoint_test_XXXXXX").string();
-    ASPEN_CHECK(mkdtemp(tmpl.data()) != nullptr) << "mkdtemp";
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // A tensor whose every byte is a function of (seed, index), NaN payloads and all.
 Tensor patterned(DType dtype, Shape shape, uint64_t seed) {

@@ -13,40 +13,17 @@
 #include <set>
 #include <sstream>
 
+#include "io/test_files.h"
+
 namespace aspen::train {
 namespace {
 
 namespace fs = std::filesystem;
+using io::test_files::read_bytes;
+using io::test_files::TempDir;
+using io::test_files::write_bytes;
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << bytes;
-}
 
-// A fresh directory, removed with everything in it at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "aspen_data_test_XXXXXX").string();
-    ASPEN_CHECK(mkdtemp(tmpl.data()) != nullptr) << "mkdtemp";
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 std::unique_ptr<io::Tokenizer> bpe1k() {
   auto t = io::load_tokenizer(ASPEN_BPE1K_DIR);

@@ -19,27 +19,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using io::test_files::read_bytes;
+using io::test_files::TempDir;
 using io::test_files::write_bytes;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// A fresh directory, removed with everything in it at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "aspen_report_test_XXXXXX").string();
-    ASPEN_CHECK(mkdtemp(tmpl.data()) != nullptr) << "mkdtemp";
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 TEST(ReportFormat, Duration) {
   EXPECT_EQ(format_duration(0), "0s");
