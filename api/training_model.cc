@@ -10,10 +10,7 @@ namespace aspen::api {
 namespace {
 
 bool has_prefix(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
-bool is_weight(const std::string& name) {
-  return !has_prefix(name, train::kOptimizerPrefix) && !has_prefix(name, train::kTrainPrefix) &&
-         !has_prefix(name, "state.");
-}
+bool is_weight(const std::string& name) { return !train::is_state_name(name); }
 
 Tensor scalar_f32(float v) {
   Tensor t(DType::f32, Shape{});
@@ -64,11 +61,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   for (int32_t i : forward.input_nodes()) m->input_names_.push_back(forward.node(i).name);
 
   // The evaluation program: the forward graph with only the loss as an output.
-  graph::Graph eval = forward;
-  std::vector<std::string> other_outputs;
-  for (const auto& [name, v] : forward.outputs())
-    if (name != training.loss) other_outputs.push_back(name);
-  for (const std::string& name : other_outputs) eval.remove_output(name);
+  const graph::Graph eval = train::loss_only(forward, training.loss);
   std::vector<const graph::Graph*> graphs;
   for (const graph::Graph& g : m->programs_.graphs) graphs.push_back(&g);
   m->eval_program_ = int(graphs.size());

@@ -12,12 +12,20 @@ using graph::ValueId;
 
 std::string grad_accumulator_name(const std::string& param) { return "train.grad." + param; }
 
+bool is_state_name(std::string_view name) {
+  return name.starts_with("state.") || name.starts_with(kOptimizerPrefix) || name.starts_with(kTrainPrefix);
+}
+
+Graph loss_only(const Graph& forward, const std::string& loss) {
+  Graph g = forward;
+  for (const auto& [name, v] : forward.outputs())
+    if (name != loss) g.remove_output(name);
+  return g;
+}
+
 namespace {
 
-bool trainable(const graph::Node& n, const graph::TensorType& t) {
-  return n.name.rfind("state.", 0) != 0 && n.name.rfind(kOptimizerPrefix, 0) != 0 &&
-         n.name.rfind(kTrainPrefix, 0) != 0 && t.dtype == DType::f32;
-}
+bool trainable(const graph::Node& n, const graph::TensorType& t) { return !is_state_name(n.name) && t.dtype == DType::f32; }
 
 // The forward graph with only the loss as an output, its trained parameters
 // and their gradients of loss (· train.loss_scale when asked).
@@ -27,7 +35,7 @@ struct Differentiated {
 };
 
 Result<Differentiated> differentiate(const Graph& forward, const ProgramOptions& o) {
-  Differentiated d{forward, {}, {}};
+  Differentiated d{loss_only(forward, o.loss), {}, {}};
   const std::optional<ValueId> loss = forward.find_output(o.loss);
   if (!loss)
     return Status::invalid_argument("training graph: output '" + o.loss + "'", "the scalar loss to minimise",
@@ -36,10 +44,6 @@ Result<Differentiated> differentiate(const Graph& forward, const ProgramOptions&
   if (lt.dtype != DType::f32 || lt.shape.numel() != 1)
     return Status::invalid_argument("training graph: output '" + o.loss + "'", "f32 with one element",
                                     lt.to_string());
-  std::vector<std::string> others;
-  for (const auto& [name, v] : forward.outputs())
-    if (name != o.loss) others.push_back(name);
-  for (const std::string& name : others) d.g.remove_output(name);
   for (int32_t i : forward.parameter_nodes()) {
     const graph::Node& n = forward.node(i);
     if (trainable(n, forward.type(n.outputs[0]))) d.params.push_back(n.outputs[0]);

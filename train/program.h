@@ -36,6 +36,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -48,6 +49,13 @@ inline constexpr const char* kLossScaleName = "train.loss_scale";
 inline constexpr const char* kGradSqNormName = "train.grad_sq_norm";
 inline constexpr const char* kTrainPrefix = "train.";
 std::string grad_accumulator_name(const std::string& param);  // "train.grad.<param>"
+
+// Whether a parameter name is program state rather than a model weight:
+// "state.*" (KV caches), "optimizer.*", "train.*" (gradient accumulators).
+bool is_state_name(std::string_view name);
+// `forward` with output `loss` its only output (the others dropped; dead-code
+// elimination removes what only they needed).
+graph::Graph loss_only(const graph::Graph& forward, const std::string& loss);
 
 struct ProgramOptions {
   OptimizerOptions optimizer;
