@@ -3,7 +3,6 @@
 #include <filesystem>
 
 #include "core/atomic_file.h"
-#include "core/philox.h"
 
 namespace aspen::train {
 
@@ -39,13 +38,13 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
-// Fisher-Yates with Philox(seed, stream).
+// v in the order of philox_permutation (train/data.h: the loader's shuffle).
 template <class T>
 void shuffle(std::vector<T>& v, uint64_t seed, uint64_t stream) {
-  for (size_t i = v.size(); i > 1; --i) {
-    const uint64_t j = philox_bits(seed, stream, i) % i;
-    std::swap(v[i - 1], v[j]);
-  }
+  std::vector<T> out;
+  out.reserve(v.size());
+  for (int64_t i : philox_permutation(int64_t(v.size()), seed, stream)) out.push_back(v[size_t(i)]);
+  v = std::move(out);
 }
 
 constexpr uint64_t kSplitStream = 0x41444431;  // "ADD1"
