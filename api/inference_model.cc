@@ -25,9 +25,7 @@ Status Options::validate(bool training) const {
     return Status::invalid_argument("options.output_mode every_n",
                                     "a divisor of device_iterations " + std::to_string(device_iterations_),
                                     std::to_string(output_every_n_));
-  if (training && replication_factor_ != 1)
-    return Status::unimplemented("options.replication_factor = " + std::to_string(replication_factor_),
-                                 "value for a training model in this build (1; data-parallel replicas arrive with W1.5)");
+  if (!training && mpi_) return Status::unimplemented("options.mpi", "setting for an inference model (off)");
   if (threads_ < 0) return Status::invalid_argument("options.threads", ">= 0 (0: all free cores)", std::to_string(threads_));
   return Status();
 }

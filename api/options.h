@@ -24,9 +24,14 @@ struct Options {
   // Steps run per call without returning to the host (poptorch deviceIterations).
   int64_t device_iterations_ = 1;
   // Replicas (poptorch replicationFactor): devices of this process running the
-  // same program on their own slice of each input (inference today; training
-  // replicas reduce gradients with W1.5).
+  // same program on their own slice of each input. A training model's
+  // replicas are data parallel (api/training_model.h).
   int64_t replication_factor_ = 1;
+  // Training: the replicas of every process of this MPI job (started by
+  // mpirun) form one data-parallel group, replication_factor_ per process
+  // (poprun's instances × replicas). Every process must create the model with
+  // the same options, in the same order.
+  bool mpi_ = false;
   // Micro-batches per optimizer step (poptorch Training.gradientAccumulation; training only).
   int64_t gradient_accumulation_ = 1;
   OutputMode output_mode_ = OutputMode::final;
@@ -48,6 +53,7 @@ struct Options {
 
   Options& device_iterations(int64_t n) { device_iterations_ = n; return *this; }
   Options& replication_factor(int64_t n) { replication_factor_ = n; return *this; }
+  Options& mpi(bool on) { mpi_ = on; return *this; }
   Options& gradient_accumulation(int64_t n) { gradient_accumulation_ = n; return *this; }
   Options& output_mode(OutputMode m, int64_t every_n = 1) { output_mode_ = m; output_every_n_ = every_n; return *this; }
   Options& precision(DType compute, DType partials = DType::f32) { precision_ = compute; partials_type_ = partials; return *this; }

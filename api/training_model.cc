@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "compiler/cache.h"
+#include "core/check.h"
 
 namespace aspen::api {
 
@@ -57,6 +58,10 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   po.dynamic_loss_scale = training.loss_scaling.mode == train::LossScaling::dynamic;
   po.loss_scale_input = training.loss_scaling.mode != train::LossScaling::none;
   po.loss = training.loss;
+  const int local = int(options.replication_factor_);
+  const bool data_parallel = local > 1 || options.mpi_;
+  po.split = data_parallel;
+  po.shards = local;
   ASPEN_ASSIGN_OR_RETURN(m->programs_, train::build_training_programs(forward, po));
   for (int32_t i : forward.input_nodes()) m->input_names_.push_back(forward.node(i).name);
 
@@ -85,11 +90,48 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     }
     exes.push_back(std::move(exe));
   }
+  if (data_parallel) {
+    parallel::DataParallelOptions dpo = training.data_parallel;
+    dpo.local = local;
+    dpo.mpi = options.mpi_;
+    ASPEN_ASSIGN_OR_RETURN(m->dp_, parallel::DataParallelGroup::create(dpo));
+    // Every process must run the same programs with the same host decisions.
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    for (const graph::Graph* g : graphs) mix(compiler::ExecutableCache::key(*g, copts));
+    const std::string host = std::to_string(int(training.schedule.kind)) + " " + std::to_string(training.schedule.lr) +
+                             " " + std::to_string(training.schedule.warmup_steps) + " " +
+                             std::to_string(training.schedule.total_steps) + " " +
+                             std::to_string(training.schedule.min_lr_ratio) + " " +
+                             std::to_string(training.clip_grad_norm) + " " +
+                             std::to_string(int(training.loss_scaling.mode)) + " " +
+                             std::to_string(training.loss_scaling.initial_scale) + " " +
+                             std::to_string(options.device_iterations_) + " " + std::to_string(int(training.reduction)) +
+                             " " + std::to_string(dpo.bucket_bytes) + " " + std::to_string(int(dpo.compression));
+    for (char c : host) mix(uint64_t(uint8_t(c)));
+    ASPEN_RETURN_IF_ERROR(m->dp_->check_same(0, h, "training model (programs, options and schedule)"));
+  }
   if (!options.profile_.empty()) m->trace_ = std::make_unique<profile::TraceRecorder>();
   runtime::SessionOptions sopts;
   sopts.threads = options.threads_;
   sopts.trace = m->trace_.get();
+  sopts.replicas = local;
+  sopts.replica_local = {train::grad_accumulator_name("")};
   ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exes), sopts));
+  if (m->programs_.split()) {
+    const auto& params = m->programs_.params;
+    m->owner_.assign(params.size(), 0);
+    for (size_t k = 0; k < m->programs_.shards.size(); ++k)
+      for (size_t i = m->programs_.shards[k].begin; i < m->programs_.shards[k].end; ++i) m->owner_[i] = int(k);
+    m->grads_.resize(size_t(local));
+    for (const std::string& p : params) {
+      const Tensor* t = m->session_->parameter_of(0, train::grad_accumulator_name(p));
+      ASPEN_CHECK(t != nullptr);
+      m->grad_counts_.push_back(t->numel());
+      for (int l = 0; l < local; ++l)
+        m->grads_[size_t(l)].push_back(m->session_->parameter_of(l, train::grad_accumulator_name(p))->data<float>());
+    }
+  }
   return m;
 }
 
@@ -158,6 +200,15 @@ Result<std::string> TrainingModel::first_non_finite(const std::string& prefix) c
   return std::string();
 }
 
+Result<std::string> TrainingModel::first_non_finite_gradient() const {
+  for (size_t i = 0; i < programs_.params.size(); ++i) {
+    const float* g = grads_[size_t(owner_[i])][i];
+    for (int64_t k = 0; k < grad_counts_[i]; ++k)
+      if (!std::isfinite(g[k])) return programs_.params[i];
+  }
+  return std::string();
+}
+
 Status TrainingModel::check_finite_weights(int64_t step, float loss) const {
   ASPEN_ASSIGN_OR_RETURN(const std::string bad, first_non_finite(""));
   return Status::error(Code::kFailedPrecondition, "training step " + std::to_string(step),
@@ -203,6 +254,10 @@ Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::str
                                       "no input of that name");
     if (!t) return Status::invalid_argument("training input '" + name + "'", "a tensor", "a null pointer");
   }
+  if (broken_)
+    return Status::error(Code::kFailedPrecondition, "training model", "a model whose replicas are working",
+                         "a data-parallel step failed earlier and aborted the group",
+                         "create the model again (and reload a checkpoint)");
   last_.clear();
   Result<std::map<std::string, Tensor>> out = programs_.split() ? run_split(inputs) : run_fused(inputs);
   if (trace_) ASPEN_RETURN_IF_ERROR(profile::write_chrome_trace(trace_->events(), options_.profile_));
@@ -216,19 +271,28 @@ Result<float> TrainingModel::evaluate(const std::map<std::string, const Tensor*>
 
 namespace {
 
-Status check_feed(const std::string& name, const Tensor& t, const Shape& per, DType dtype, int64_t count) {
+// A feed of `count` micro-batches of shape `per`: [count, ...per], [count /
+// replicas, replicas, ...per], or the leading dimensions merged into per's
+// first (PopTorch's combined batch); per itself when count is 1.
+Status check_feed(const std::string& name, const Tensor& t, const Shape& per, DType dtype, int64_t count,
+                  int64_t replicas) {
   const Shape want = prepend(count, per);
-  const bool stacked = t.shape() == want;
-  bool merged = false;
-  if (per.rank() >= 1) {
+  bool ok = t.shape() == want || (count == 1 && t.shape() == per);
+  if (!ok && replicas > 1) {
+    std::vector<int64_t> d = {count / replicas, replicas};
+    d.insert(d.end(), per.begin(), per.end());
+    ok = t.shape() == shape_of(d);
+  }
+  if (!ok && per.rank() >= 1) {
     std::vector<int64_t> m(per.begin(), per.end());
     m[0] *= count;
-    merged = t.shape() == shape_of(m);
+    ok = t.shape() == shape_of(m);
   }
-  if (t.dtype() != dtype || !(stacked || merged || (count == 1 && t.shape() == per)))
+  if (t.dtype() != dtype || !ok)
     return Status::invalid_argument("training input '" + name + "'",
                                     std::string(dtype_name(dtype)) + want.to_string() +
-                                        " (device_iterations x gradient_accumulation micro-batches of " +
+                                        " (device_iterations x gradient_accumulation" +
+                                        (replicas > 1 ? " x replicas" : "") + " micro-batches of " +
                                         per.to_string() + ")",
                                     std::string(dtype_name(t.dtype())) + t.shape().to_string());
   return Status();
@@ -246,7 +310,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_fused(const std::map<st
     auto it = inputs.find(b.name);
     if (it == inputs.end())
       return Status::invalid_argument("training input '" + b.name + "'", "given", "missing");
-    ASPEN_RETURN_IF_ERROR(check_feed(b.name, *it->second, b.type.shape, b.type.dtype, iters));
+    ASPEN_RETURN_IF_ERROR(check_feed(b.name, *it->second, b.type.shape, b.type.dtype, iters, 1));
     owned.emplace(b.name, rows(*it->second, b.type.shape, 0, iters, /*squeeze=*/true));
   }
   const double ls = scaler_.scale();
@@ -284,8 +348,35 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_fused(const std::map<st
   return losses_by_mode(losses);
 }
 
+Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<std::string, const Tensor*>& inputs,
+                                            const std::vector<std::pair<std::string, Shape>>& data_inputs,
+                                            const Tensor& loss_scale, ReplicaStep& out) {
+  const int64_t acc = options_.gradient_accumulation_, L = session_->replicas();
+  out.losses.clear();
+  for (int64_t a = 0; a < acc; ++a) {
+    std::map<std::string, Tensor> owned;
+    for (const auto& [name, per] : data_inputs)
+      owned.emplace(name, rows(*inputs.at(name), per, (it * acc + a) * L + l, 1, /*squeeze=*/true));
+    std::map<std::string, const Tensor*> feeds;
+    for (const auto& [name, t] : owned) feeds.emplace(name, &t);
+    if (training_.loss_scaling.mode != train::LossScaling::none) feeds.emplace(train::kLossScaleName, &loss_scale);
+    ASPEN_ASSIGN_OR_RETURN(auto o, session_->run_replica(l, feeds, a == 0 ? programs_.micro_first : programs_.micro_next));
+    out.losses.push_back(o.at(training_.loss).data<float>()[0]);
+  }
+  out.sq.clear();
+  const int norm = size_t(l) < programs_.shards.size() ? programs_.shards[size_t(l)].norm : -1;
+  if (dp_) ASPEN_RETURN_IF_ERROR(dp_->reduce_to_owners(l, grads_[size_t(l)], grad_counts_, owner_));
+  if (norm >= 0) {  // every process holds every reduced tensor: the local shards' sums are the total's terms
+    ASPEN_ASSIGN_OR_RETURN(auto o, session_->run_replica(l, {}, norm));
+    const Tensor& t = o.at(train::kGradSqNormName);
+    out.sq.assign(t.data<float>(), t.data<float>() + t.numel());
+  }
+  return Status();
+}
+
 Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<std::string, const Tensor*>& inputs) {
   const int64_t iters = options_.device_iterations_, acc = options_.gradient_accumulation_;
+  const int L = session_->replicas();
   const compiler::Executable& micro = session_->executable(programs_.micro_first);
   std::vector<std::pair<std::string, Shape>> data_inputs;
   for (const compiler::Binding& b : micro.inputs) {
@@ -293,44 +384,61 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     auto it = inputs.find(b.name);
     if (it == inputs.end())
       return Status::invalid_argument("training input '" + b.name + "'", "given", "missing");
-    ASPEN_RETURN_IF_ERROR(check_feed(b.name, *it->second, b.type.shape, b.type.dtype, iters * acc));
+    ASPEN_RETURN_IF_ERROR(check_feed(b.name, *it->second, b.type.shape, b.type.dtype, iters * acc * L, L));
     data_inputs.emplace_back(b.name, b.type.shape);
   }
+  // Runs fn on every local replica; a failure aborts the data-parallel group.
+  auto on_replicas = [&](const std::function<Status(int)>& fn) -> Status {
+    Status st = session_->for_each_replica([&](int l) {
+      Status r = fn(l);
+      if (!r.is_ok() && dp_) dp_->abort(l, r.message());
+      return r;
+    });
+    if (!st.is_ok() && dp_) broken_ = true;
+    return st;
+  };
   std::vector<float> losses;
+  std::vector<ReplicaStep> rs(static_cast<size_t>(L));
   for (int64_t it = 0; it < iters; ++it) {
     StepStats s;
     s.step = steps_done_ + 1;
     s.lr = training_.schedule.at(s.step);
     s.loss_scale = scaler_.scale();
     const Tensor ls = scalar_f32(float(s.loss_scale));
-    double loss_sum = 0.0;
-    for (int64_t a = 0; a < acc; ++a) {
-      std::map<std::string, Tensor> owned;
-      for (const auto& [name, per] : data_inputs)
-        owned.emplace(name, rows(*inputs.at(name), per, it * acc + a, 1, /*squeeze=*/true));
-      std::map<std::string, const Tensor*> feeds;
-      for (const auto& [name, t] : owned) feeds.emplace(name, &t);
-      if (training_.loss_scaling.mode != train::LossScaling::none) feeds.emplace(train::kLossScaleName, &ls);
-      ASPEN_ASSIGN_OR_RETURN(auto out,
-                             session_->run(feeds, {}, a == 0 ? programs_.micro_first : programs_.micro_next));
-      loss_sum += double(out.at(training_.loss).data<float>()[0]);
+    ASPEN_RETURN_IF_ERROR(on_replicas(
+        [&](int l) { return replica_micro_batches(l, it, inputs, data_inputs, ls, rs[size_t(l)]); }));
+    // The loss: the mean over every micro-batch of the step, added in double
+    // in the order of their index in the global batch (micro-batch a of
+    // replica g is number a·R + g), the same bits for every layout.
+    std::vector<float> local_losses;  // [acc][L]
+    for (int64_t a = 0; a < acc; ++a)
+      for (int l = 0; l < L; ++l) local_losses.push_back(rs[size_t(l)].losses[size_t(a)]);
+    std::vector<float> all_losses = local_losses;  // [P][acc][L]
+    if (dp_) {
+      ASPEN_ASSIGN_OR_RETURN(all_losses, dp_->gather_processes(local_losses));
     }
-    s.loss = float(loss_sum / double(acc));
-    ASPEN_ASSIGN_OR_RETURN(auto norm_out, session_->run({}, {}, programs_.norm));
-    const double sq = double(norm_out.at(train::kGradSqNormName).data<float>()[0]);
+    const int64_t P = int64_t(all_losses.size()) / (acc * L);
+    double loss_sum = 0.0;
+    for (int64_t a = 0; a < acc; ++a)
+      for (int64_t p = 0; p < P; ++p)
+        for (int l = 0; l < L; ++l) loss_sum += double(all_losses[size_t((p * acc + a) * L + l)]);
+    s.loss = float(loss_sum / double(acc * P * L));
+    float sq_f32 = 0.0f;  // Σ over parameters in order, in f32: the same bits for every layout
+    for (const ReplicaStep& r : rs)
+      for (float x : r.sq) sq_f32 += x;
+    const double sq = double(sq_f32);
     const bool finite = std::isfinite(sq) && std::isfinite(s.loss);
-    const double denom = s.loss_scale * double(acc);
+    const double denom =
+        s.loss_scale * (training_.reduction == Reduction::mean ? double(acc) * double(replicas()) : 1.0);
     s.grad_norm = std::sqrt(sq) / denom;
     if (!finite && training_.loss_scaling.mode != train::LossScaling::dynamic) {
-      ASPEN_ASSIGN_OR_RETURN(const std::string bad, first_non_finite(train::grad_accumulator_name("")));
+      ASPEN_ASSIGN_OR_RETURN(const std::string bad, first_non_finite_gradient());
       steps_done_ = s.step;
       last_.push_back(s);
       return Status::error(Code::kFailedPrecondition, "training step " + std::to_string(s.step),
                            "a finite loss and gradients",
                            "loss " + std::to_string(s.loss) + ", gradient norm " + std::to_string(s.grad_norm) +
-                               (bad.empty() ? std::string()
-                                            : "; first non-finite tensor: the gradient of '" +
-                                                  bad.substr(std::strlen("train.grad.")) + "'") +
+                               (bad.empty() ? std::string() : "; first non-finite tensor: the gradient of '" + bad + "'") +
                                " (the update was not applied)");
     }
     s.skipped = !scaler_.update(finite);
@@ -338,8 +446,16 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
       double clip = 1.0;
       if (training_.clip_grad_norm > 0.0) clip = std::min(1.0, training_.clip_grad_norm / (s.grad_norm + 1e-6));
       const Tensor lr = scalar_f32(float(s.lr)), gs = scalar_f32(float(clip / denom));
-      ASPEN_RETURN_IF_ERROR(
-          session_->run({{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, {}, programs_.step).status());
+      ASPEN_RETURN_IF_ERROR(on_replicas([&](int l) -> Status {
+        const int step = size_t(l) < programs_.shards.size() ? programs_.shards[size_t(l)].step : -1;
+        if (step < 0) return Status();
+        return session_->run_replica(l, {{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, step).status();
+      }));
+      if (programs_.shards.size() > 1) {  // the shards read the count; it advances once (train/program.h)
+        Tensor* count = session_->parameter_of(0, train::kStepName);
+        ASPEN_CHECK(count != nullptr);
+        count->data<float>()[0] += 1.0f;
+      }
     }
     steps_done_ = s.step;
     last_.push_back(s);

@@ -31,6 +31,20 @@
 // the model is then unusable and must be reloaded from a checkpoint (with the
 // fused step the update has already been applied).
 //
+// Data parallel (Options::replication_factor R per process, times the
+// processes of an MPI job with Options::mpi): every replica runs the
+// micro-batches of its own slice of each step, its gradients are reduced
+// over all replicas (parallel/data_parallel.h: inside the process to the
+// replica that owns each tensor, then across processes), and each local
+// replica's optimizer step updates its shard of the parameters, which the
+// process's replicas share. Inputs then carry device_iterations ×
+// gradient_accumulation × R micro-batches (replica fastest: slice
+// (step·accumulation + micro)·R + r is replica r's), or the same bytes with
+// the leading dimensions merged. Losses are the mean over every replica.
+// With the mean reduction, R replicas equal one device with R times the
+// gradient accumulation on the same data (up to the order of additions).
+// After a failed step the group is aborted and the model unusable.
+//
 // Thread-safety: one call at a time.
 #pragma once
 
@@ -41,6 +55,7 @@
 
 #include "api/options.h"
 #include "graph/graph.h"
+#include "parallel/data_parallel.h"
 #include "profile/trace.h"
 #include "runtime/session.h"
 #include "train/optimizer.h"
@@ -49,12 +64,27 @@
 
 namespace aspen::api {
 
+// How the gradients of a step's micro-batches and replicas combine (poptorch
+// accumulationAndReplicationReductionType): their mean (the loss of the whole
+// batch) or their sum.
+enum class Reduction { mean, sum };
+
 struct TrainingOptions {
   train::OptimizerOptions optimizer;
   train::LrSchedule schedule;       // its lr is the base learning rate
   double clip_grad_norm = 0.0;      // > 0: clip the global gradient norm to this (torch.nn.utils.clip_grad_norm_)
   train::LossScaleOptions loss_scaling;
   std::string loss = "loss";        // the forward graph's output to minimise
+  Reduction reduction = Reduction::mean;
+  // Data parallel: buckets and compression of the cross-process all-reduce,
+  // and the collectives' timeout (local and mpi are taken from Options).
+  parallel::DataParallelOptions data_parallel = default_data_parallel();
+  static parallel::DataParallelOptions default_data_parallel() {
+    parallel::DataParallelOptions o;
+    o.comm.timeout = std::chrono::minutes(5);  // a peer may be a whole micro-batch behind
+    o.comm.name = "data";
+    return o;
+  }
 };
 
 // What the last run() did, step by step.
@@ -77,6 +107,11 @@ class TrainingModel {
   const train::TrainingPrograms& programs() const { return programs_; }
   const runtime::Session& session() const { return *session_; }
   bool cache_hit() const { return cache_hit_; }
+  // Data-parallel replicas in the whole job (local × processes), and this
+  // process's index among the processes (0 without MPI).
+  int replicas() const { return dp_ ? dp_->replicas() : 1; }
+  int process() const { return dp_ ? dp_->process() : 0; }
+  int processes() const { return dp_ ? dp_->processes() : 1; }
 
   // Model weights by name (f32 master weights; not "optimizer.*", "train.*" or "state.*").
   Status copy_weights_to_device(const std::map<std::string, const Tensor*>& weights);
@@ -115,6 +150,15 @@ class TrainingModel {
   Result<std::map<std::string, Tensor>> losses_by_mode(const std::vector<float>& losses) const;
   Status check_finite_weights(int64_t step, float loss) const;
   Result<std::string> first_non_finite(const std::string& prefix) const;
+  Result<std::string> first_non_finite_gradient() const;
+  // The micro-batches, gradient reduction, loss and norm of one step on local replica l.
+  struct ReplicaStep {
+    std::vector<float> losses;  // of this replica's micro-batches
+    std::vector<float> sq;  // Σ g² of each reduced (scaled) gradient this replica owns, in parameter order
+  };
+  Status replica_micro_batches(int l, int64_t iteration, const std::map<std::string, const Tensor*>& inputs,
+                               const std::vector<std::pair<std::string, Shape>>& data_inputs, const Tensor& loss_scale,
+                               ReplicaStep& out);
 
   Options options_;
   TrainingOptions training_;
@@ -127,6 +171,11 @@ class TrainingModel {
   std::vector<StepStats> last_;
   std::vector<std::string> input_names_;  // the forward graph's inputs
   int eval_program_ = -1;
+  std::unique_ptr<parallel::DataParallelGroup> dp_;  // null: one replica, no MPI
+  std::vector<int> owner_;                  // by trained parameter: the local replica whose step updates it
+  std::vector<std::vector<float*>> grads_;  // by local replica: its accumulators, in parameter order
+  std::vector<int64_t> grad_counts_;        // by trained parameter: elements
+  bool broken_ = false;                     // a data-parallel step failed: the group is aborted
 };
 
 }  // namespace aspen::api

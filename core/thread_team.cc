@@ -4,11 +4,23 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace aspen {
 
+// The online CPUs, or the environment's ASPEN_CORES (a positive integer):
+// more than the CPUs lets one process oversubscribe on purpose (tests of many
+// replicas on a small machine), fewer leaves cores to other processes.
 CoreBudget& CoreBudget::global() {
-  static CoreBudget budget(std::max(1u, std::thread::hardware_concurrency()));
+  static CoreBudget budget([] {
+    int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    if (const char* e = std::getenv("ASPEN_CORES")) {
+      char* end = nullptr;
+      const long v = std::strtol(e, &end, 10);
+      if (end != e && *end == '\0' && v >= 1 && v <= 4096) cores = int(v);
+    }
+    return cores;
+  }());
   return budget;
 }
 

@@ -40,20 +40,26 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
   std::unique_ptr<Session> s(new Session());
   std::map<std::string, size_t> by_name;
   int64_t arena = 64;
+  auto is_local = [&](const std::string& name) {
+    for (const std::string& prefix : options.replica_local)
+      if (name.starts_with(prefix)) return true;
+    return false;
+  };
   for (size_t p = 0; p < programs.size(); ++p) {
     const compiler::Executable& exe = *programs[p];
-    if (!exe.updates.empty() && options.replicas > 1)
-      return Status::error(Code::kUnimplemented,
-                           "session: replicas " + std::to_string(options.replicas) + " of a program that updates " +
-                               std::to_string(exe.updates.size()) + " parameters",
-                           "one replica (training replicas reduce gradients through W1.5's communicators)",
-                           "several");
     ProgramInfo info;
+    for (const compiler::Binding& b : exe.updates)
+      if (info.updates_shared.empty() && !is_local(b.name)) info.updates_shared = b.name;
     for (const compiler::Binding& b : exe.parameters) {
       auto [it, added] = by_name.emplace(b.name, s->parameters_.size());
       if (added) {
-        ASPEN_ASSIGN_OR_RETURN(Tensor t, Tensor::make(b.type.dtype, b.type.shape));
+        const bool local = is_local(b.name);
+        Tensor t;
+        if (!local) {
+          ASPEN_ASSIGN_OR_RETURN(t, Tensor::make(b.type.dtype, b.type.shape));
+        }
         s->parameters_.push_back(std::move(t));
+        s->local_.push_back(local);
         s->parameter_list_.push_back({b.name, -1, b.type});
       } else if (s->parameter_list_[it->second].type != b.type) {
         return Status::invalid_argument("session: parameter '" + b.name + "' of program " + std::to_string(p),
@@ -91,6 +97,12 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
       arena = std::max(arena, rep.exes.back()->plan.arena_bytes);
     }
     ASPEN_RETURN_IF_ERROR(rep.device->reserve_arena(arena));
+    rep.own.resize(s->parameters_.size());
+    for (size_t i = 0; i < s->parameters_.size(); ++i)
+      if (s->local_[i]) {
+        const graph::TensorType& t = s->parameter_list_[i].type;
+        ASPEN_ASSIGN_OR_RETURN(rep.own[i], Tensor::make(t.dtype, t.shape));
+      }
     s->replicas_.push_back(std::move(rep));
   }
   s->trace_ = options.trace;
@@ -103,15 +115,28 @@ Status Session::set_parameter(const std::string& name, const Tensor& value) {
   if (value.dtype() != b->type.dtype || value.shape() != b->type.shape)
     return Status::invalid_argument("parameter '" + name + "'", b->type.to_string(),
                                     std::string(dtype_name(value.dtype())) + value.shape().to_string());
-  Tensor& dst = parameters_[size_t(b - parameter_list_.data())];
-  if (dst.nbytes()) std::memcpy(dst.raw(), value.raw(), dst.nbytes());
+  const size_t i = size_t(b - parameter_list_.data());
+  if (local_[i]) {
+    for (Replica& r : replicas_)
+      if (r.own[i].nbytes()) std::memcpy(r.own[i].raw(), value.raw(), r.own[i].nbytes());
+  } else if (parameters_[i].nbytes()) {
+    std::memcpy(parameters_[i].raw(), value.raw(), parameters_[i].nbytes());
+  }
   return Status();
+}
+
+Tensor* Session::parameter_of(int replica, const std::string& name) {
+  const compiler::Binding* b = find(parameter_list_, name);
+  if (!b || replica < 0 || replica >= int(replicas_.size())) return nullptr;
+  const size_t i = size_t(b - parameter_list_.data());
+  return local_[i] ? &replicas_[size_t(replica)].own[i] : &parameters_[i];
 }
 
 Result<Tensor> Session::get_parameter(const std::string& name) const {
   const compiler::Binding* b = find(parameter_list_, name);
   if (!b) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
-  return parameters_[size_t(b - parameter_list_.data())].clone();
+  const size_t i = size_t(b - parameter_list_.data());
+  return (local_[i] ? replicas_.front().own[i] : parameters_[i]).clone();
 }
 
 const void* Session::resolve(const Replica& r, int program, int32_t value) const {
@@ -119,7 +144,10 @@ const void* Session::resolve(const Replica& r, int program, int32_t value) const
   const compiler::Slot& s = exe.plan.slots[size_t(value)];
   switch (s.storage) {
     case Storage::arena: return r.device->arena() + s.offset;
-    case Storage::parameter: return parameters_[programs_[size_t(program)].parameter_index[size_t(s.offset)]].raw();
+    case Storage::parameter: {
+      const size_t i = programs_[size_t(program)].parameter_index[size_t(s.offset)];
+      return local_[i] ? r.own[i].raw() : parameters_[i].raw();
+    }
     case Storage::constant: return exe.constants[size_t(s.offset)]->raw();
     case Storage::none: break;
   }
@@ -230,22 +258,8 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
   return Status();
 }
 
-Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, const Tensor*>& inputs) {
-  return run(inputs, RunOptions{});
-}
-
-Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, const Tensor*>& inputs,
-                                                   const RunOptions& options, int program) {
-  if (program < 0 || program >= int(programs_.size()))
-    return Status::invalid_argument("run: program", "an index below " + std::to_string(programs_.size()),
-                                    std::to_string(program));
-  const compiler::Executable& exe = executable(program);
-  const int64_t steps = options.iterations;
-  const int64_t R = int64_t(replicas_.size());
-  if (steps < 1) return Status::invalid_argument("run: iterations", ">= 1", std::to_string(steps));
-  if (options.output_mode == OutputMode::every_n && (options.every_n < 1 || steps % options.every_n != 0))
-    return Status::invalid_argument("run: every_n", "a divisor of iterations " + std::to_string(steps),
-                                    std::to_string(options.every_n));
+Status Session::check_inputs(const compiler::Executable& exe, const std::map<std::string, const Tensor*>& inputs,
+                             int64_t steps, int64_t R) const {
   for (const auto& [name, t] : inputs)
     if (!find(exe.inputs, name))
       return Status::error(Code::kNotFound, "input '" + name + "'", "an input of the program", "none");
@@ -269,6 +283,101 @@ Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, c
       return Status::invalid_argument("input '" + b.name + "'", want,
                                       std::string(dtype_name(t.dtype())) + t.shape().to_string());
   }
+  return Status();
+}
+
+Result<std::map<std::string, Tensor>> Session::make_outputs(const compiler::Executable& exe,
+                                                            const std::vector<int64_t>& lead) const {
+  std::map<std::string, Tensor> result;
+  for (const compiler::Binding& b : exe.outputs) {
+    ASPEN_ASSIGN_OR_RETURN(Tensor t, Tensor::make(b.type.dtype, with_leading(lead, b.type.shape)));
+    result.emplace(b.name, std::move(t));
+  }
+  return result;
+}
+
+namespace {
+// The replica whose for_each_replica function this thread is running (-1: none).
+thread_local const Session* tl_session = nullptr;
+thread_local int tl_replica = -1;
+}  // namespace
+
+Status Session::for_each_replica(const std::function<Status(int)>& fn) {
+  const int R = int(replicas_.size());
+  std::vector<Status> status(static_cast<size_t>(R));
+  std::vector<std::future<void>> done;
+  for (int r = 0; r < R; ++r)
+    done.push_back(replicas_[size_t(r)].device->team().submit([&, r] {
+      tl_session = this;
+      tl_replica = r;
+      status[size_t(r)] = fn(r);
+      tl_session = nullptr;
+      tl_replica = -1;
+    }));
+  for (auto& f : done) f.get();
+  for (Status& s : status)
+    if (!s.is_ok() && s.code() != Code::kAborted) return s;
+  for (Status& s : status)
+    if (!s.is_ok()) return s;
+  return Status();
+}
+
+Result<std::map<std::string, Tensor>> Session::run_replica(int replica, const std::map<std::string, const Tensor*>& inputs,
+                                                           int program) {
+  if (replica < 0 || replica >= int(replicas_.size()))
+    return Status::invalid_argument("run_replica: replica", "an index below " + std::to_string(replicas_.size()),
+                                    std::to_string(replica));
+  if (program < 0 || program >= int(programs_.size()))
+    return Status::invalid_argument("run_replica: program", "an index below " + std::to_string(programs_.size()),
+                                    std::to_string(program));
+  if (tl_session != this || tl_replica != replica) {
+    Result<std::map<std::string, Tensor>> out = Status::error(Code::kInternal, "run_replica", "a result", "none");
+    replicas_[size_t(replica)].device->team().run([&] {
+      tl_session = this;
+      tl_replica = replica;
+      out = run_replica(replica, inputs, program);
+      tl_session = nullptr;
+      tl_replica = -1;
+    });
+    return out;
+  }
+  Replica& rep = replicas_[size_t(replica)];
+  const compiler::Executable& exe = *rep.exes[size_t(program)];
+  ASPEN_RETURN_IF_ERROR(check_inputs(exe, inputs, 1, 1));
+  auto made = make_outputs(exe, {});
+  ASPEN_RETURN_IF_ERROR(made.status());
+  std::map<std::string, Tensor> result = std::move(made).value();
+  StepIO io;
+  for (const compiler::Binding& b : exe.inputs) io.inputs.push_back(inputs.at(b.name)->raw());
+  for (const compiler::Binding& b : exe.outputs) io.outputs.push_back(result.at(b.name).raw());
+  ASPEN_RETURN_IF_ERROR(execute_program(rep, program, io));
+  return result;
+}
+
+Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, const Tensor*>& inputs) {
+  return run(inputs, RunOptions{});
+}
+
+Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, const Tensor*>& inputs,
+                                                   const RunOptions& options, int program) {
+  if (program < 0 || program >= int(programs_.size()))
+    return Status::invalid_argument("run: program", "an index below " + std::to_string(programs_.size()),
+                                    std::to_string(program));
+  const compiler::Executable& exe = executable(program);
+  const int64_t steps = options.iterations;
+  const int64_t R = int64_t(replicas_.size());
+  if (steps < 1) return Status::invalid_argument("run: iterations", ">= 1", std::to_string(steps));
+  if (options.output_mode == OutputMode::every_n && (options.every_n < 1 || steps % options.every_n != 0))
+    return Status::invalid_argument("run: every_n", "a divisor of iterations " + std::to_string(steps),
+                                    std::to_string(options.every_n));
+  ASPEN_RETURN_IF_ERROR(check_inputs(exe, inputs, steps, R));
+  if (R > 1 && !programs_[size_t(program)].updates_shared.empty())
+    return Status::error(Code::kFailedPrecondition,
+                         "run: program " + std::to_string(program) + " on " + std::to_string(R) + " replicas",
+                         "a program that updates only replica-local parameters",
+                         "one that updates shared parameter '" + programs_[size_t(program)].updates_shared +
+                             "' (the replicas would race)",
+                         "run it on one replica at a time (run_replica)");
   for (const compiler::Binding& b : exe.outputs)
     if (options.output_mode == OutputMode::sum && b.type.dtype != DType::f32)
       return Status::unimplemented("run: OutputMode::sum of output '" + b.name + "' (" + b.type.to_string() + ")",
@@ -278,11 +387,9 @@ Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, c
   std::vector<int64_t> out_lead;
   if (kept > 0) out_lead.push_back(kept);
   if (R > 1) out_lead.push_back(R);
-  std::map<std::string, Tensor> result;
-  for (const compiler::Binding& b : exe.outputs) {
-    ASPEN_ASSIGN_OR_RETURN(Tensor t, Tensor::make(b.type.dtype, with_leading(out_lead, b.type.shape)));
-    result.emplace(b.name, std::move(t));
-  }
+  auto made = make_outputs(exe, out_lead);
+  ASPEN_RETURN_IF_ERROR(made.status());
+  std::map<std::string, Tensor> result = std::move(made).value();
 
   // Replica r, step s: its slice is number (s * R + r) of the input's slices.
   std::vector<const char*> input_data;  // by position in exe.inputs (the same in every replica)

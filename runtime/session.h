@@ -16,8 +16,16 @@
 // (lowered again from the same optimized graph). Each input then carries a
 // [R] dimension (after the [iterations] one, when there is one) holding each
 // replica's slice, and outputs come back with the same [R] dimension. This is
-// inference replication (PopTorch's replicationFactor without gradients);
-// training replicas reduce gradients through W1.5's communicators.
+// inference replication (PopTorch's replicationFactor without gradients).
+//
+// Training replicas (data parallel, api/training_model.cc) drive each replica
+// themselves: for_each_replica() runs a function on every replica's team at
+// once, and inside it run_replica() runs one program on that replica alone,
+// between collectives of the function's own. Parameters whose names start
+// with one of SessionOptions::replica_local are held once per replica (the
+// gradient accumulators); every other parameter is shared, so a program that
+// updates one may run on one replica at a time only (run() refuses it with
+// replicas > 1), or on several when they update disjoint parameters.
 //
 // Programs: a session may hold several executables on the same devices
 // (Session::create with a list), sharing parameters by name: generation's
@@ -29,6 +37,7 @@
 // Thread-safety: one run at a time per session.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,6 +55,8 @@ struct SessionOptions {
   std::string device_name = "cpu";  // devices are named <device_name><index>
   profile::TraceRecorder* trace = nullptr;  // when set, every instruction is recorded
   int replicas = 1;
+  // Parameter name prefixes that every replica holds its own copy of.
+  std::vector<std::string> replica_local = {};
 };
 
 // How outputs of several iterations in one call come back (PopTorch's OutputMode).
@@ -89,14 +100,30 @@ class Session {
   Result<std::map<std::string, Tensor>> run(const std::map<std::string, const Tensor*>& inputs,
                                             const RunOptions& options, int program = 0);
 
+  // Runs fn(r) for every replica r at once, each on its own device's team,
+  // and waits for all. Returns the first failure, preferring one that is not
+  // kAborted (the cause rather than the peers it stopped).
+  Status for_each_replica(const std::function<Status(int replica)>& fn);
+  // Runs `program` once on replica r alone: on the calling thread inside
+  // for_each_replica's fn(r), else on r's team. Inputs have the program's own
+  // shapes (no iterations or replica dimension); outputs likewise.
+  Result<std::map<std::string, Tensor>> run_replica(int replica, const std::map<std::string, const Tensor*>& inputs,
+                                                    int program);
+  // The parameter replica r computes with (its own copy when replica-local,
+  // else the shared one), for work in place between runs; nullptr when there
+  // is no such parameter.
+  Tensor* parameter_of(int replica, const std::string& name);
+
  private:
   struct Replica {
     std::vector<std::unique_ptr<compiler::Executable>> exes;  // by program
     std::unique_ptr<CpuDevice> device;
+    std::vector<Tensor> own;  // by parameters_ index: this replica's copy of a replica-local one (else empty)
   };
   struct ProgramInfo {
     std::vector<int64_t> instruction_bytes;  // bytes each instruction touches, for traces
     std::vector<size_t> parameter_index;     // the program's parameter k -> parameters_ index
+    std::string updates_shared;              // a shared parameter the program updates ("": none)
   };
   Session() = default;
   // Where one step's inputs come from and outputs go (nullptr: not returned
@@ -112,7 +139,12 @@ class Session {
   std::vector<Replica> replicas_;
   profile::TraceRecorder* trace_ = nullptr;
   std::vector<ProgramInfo> programs_;
-  std::vector<Tensor> parameters_;  // shared by the programs and the replicas
+  Result<std::map<std::string, Tensor>> make_outputs(const compiler::Executable& exe, const std::vector<int64_t>& lead) const;
+  Status check_inputs(const compiler::Executable& exe, const std::map<std::string, const Tensor*>& inputs,
+                      int64_t steps, int64_t replicas) const;
+
+  std::vector<Tensor> parameters_;  // shared by the programs and the replicas (empty for a replica-local one)
+  std::vector<char> local_;         // by parameters_ index: held per replica
   std::vector<compiler::Binding> parameter_list_;  // name and type of each (value: -1)
 };
 

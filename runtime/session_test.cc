@@ -476,3 +476,58 @@ TEST(Session, ProgramsShareParameters) {
 
 }  // namespace
 }  // namespace aspen::runtime
+
+namespace aspen::runtime {
+namespace {
+
+// Data-parallel training's shape: each replica accumulates into its own copy
+// of "acc.*" (replica-local) from its own input, then one replica at a time
+// updates the shared weight; run() refuses a program that updates a shared
+// parameter on several replicas at once.
+TEST(Session, ReplicaLocalParametersAndPerReplicaRuns) {
+  Graph g1;  // acc += x * w
+  Builder b1(g1);
+  ValueId acc = b1.parameter("acc.w", DType::f32, {3});
+  ValueId w = b1.parameter("w", DType::f32, {3});
+  b1.update(acc, b1.add(acc, b1.mul(b1.input("x", DType::f32, {3}), w)));
+  Graph g2;  // w -= acc
+  Builder b2(g2);
+  ValueId w2 = b2.parameter("w", DType::f32, {3});
+  b2.update(w2, b2.sub(w2, b2.parameter("acc.w", DType::f32, {3})));
+  ASSERT_TRUE(b1.status().is_ok() && b2.status().is_ok());
+  std::vector<std::unique_ptr<compiler::Executable>> programs;
+  programs.push_back(std::move(compiler::compile(g1)).value());
+  programs.push_back(std::move(compiler::compile(g2)).value());
+  auto made = Session::create(std::move(programs), {.threads = 1, .replicas = 2, .replica_local = {"acc."}});
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  Session& s = **made;
+  Tensor wv = random_tensor({3}, 3), x0 = random_tensor({3}, 4), x1 = random_tensor({3}, 5);
+  ASSERT_TRUE(s.set_parameter("w", wv).is_ok());
+  ASSERT_TRUE(s.set_parameter("acc.w", Tensor(DType::f32, {3})).is_ok());  // zeros on every replica
+  const Tensor* xs[2] = {&x0, &x1};
+  ASSERT_TRUE(s.for_each_replica([&](int r) { return s.run_replica(r, {{"x", xs[r]}}, 0).status(); }).is_ok());
+  for (int r = 0; r < 2; ++r)
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(s.parameter_of(r, "acc.w")->data<float>()[i], xs[r]->data<float>()[i] * wv.data<float>()[i]);
+  EXPECT_EQ(s.parameter_of(0, "w"), s.parameter_of(1, "w"));  // shared
+  EXPECT_NE(s.parameter_of(0, "acc.w"), s.parameter_of(1, "acc.w"));
+  EXPECT_EQ(s.parameter_of(0, "nope"), nullptr);
+  // Replica 1's update, from outside for_each_replica (it runs on its team).
+  ASSERT_TRUE(s.run_replica(1, {}, 1).is_ok());
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(s.get_parameter("w")->data<float>()[i],
+              wv.data<float>()[i] - x1.data<float>()[i] * wv.data<float>()[i]);
+  // The whole-session run of the shared update is refused; the local one is fine.
+  EXPECT_EQ(s.run({}, {}, 1).status().code(), Code::kFailedPrecondition);
+  Tensor both(DType::f32, {2, 3});
+  EXPECT_TRUE(s.run({{"x", &both}}, {}, 0).is_ok());
+  // The first real failure wins over the peers' aborts.
+  const Status st = s.for_each_replica([](int r) {
+    return r == 1 ? Status::invalid_argument("replica 1", "x", "y")
+                  : Status::error(Code::kAborted, "replica 0", "a working group", "aborted");
+  });
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace aspen::runtime

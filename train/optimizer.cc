@@ -38,7 +38,7 @@ Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const Value
   if (options.grad_scale_input) out.grad_scale = b.input(kGradScaleName, DType::f32, Shape{});
   const ValueId step_state = b.parameter(kStepName, DType::f32, Shape{});
   out.step = b.add(step_state, b.scalar(1.0f));
-  b.update(step_state, out.step);
+  if (options.update_step) b.update(step_state, out.step);
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].valid() || params[i].index >= g.num_values() || g.producer(params[i]).op != OpKind::parameter)
       return Status::invalid_argument(fn + ": params[" + std::to_string(i) + "]", "a parameter value",

@@ -52,6 +52,10 @@ struct OptimizerOptions {
   // Record the input "optimizer.grad_scale" f32[] that multiplies every
   // gradient first (1/loss_scale times the clipping factor); else 1.
   bool grad_scale_input = false;
+  // Advance "optimizer.step" in the program. Off for the shards of a
+  // data-parallel step, which run at once: each reads the count, and the
+  // host advances it once after them all.
+  bool update_step = true;
 };
 
 struct OptimizerGraph {

@@ -89,13 +89,40 @@ Status accumulate(Differentiated& d, bool first) {
   return b.status();
 }
 
+// Contiguous groups [begin, end) of the parameters, `n` of them, cut where the
+// running element count first reaches k/n of the total (each non-empty while
+// there are parameters left for it).
+std::vector<std::pair<size_t, size_t>> shard_ranges(const std::vector<graph::TensorType>& types, int n) {
+  int64_t total = 0;
+  for (const graph::TensorType& t : types) total += t.shape.numel();
+  std::vector<std::pair<size_t, size_t>> out;
+  size_t begin = 0;
+  int64_t running = 0;
+  for (int k = 0; k < n; ++k) {
+    size_t end = begin;
+    const size_t keep = size_t(n - k - 1);  // parameters to leave for the shards after this one
+    while (end < types.size()) {
+      if (end > begin && (running * n >= total * (k + 1) || types.size() - end <= keep)) break;
+      running += types[end].shape.numel();
+      ++end;
+    }
+    if (k == n - 1) {
+      for (; end < types.size(); ++end) running += types[end].shape.numel();
+    }
+    out.emplace_back(begin, end);
+    begin = end;
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<TrainingPrograms> build_training_programs(const Graph& forward, const ProgramOptions& o) {
   if (o.gradient_accumulation < 1)
     return Status::invalid_argument("training: gradient_accumulation", ">= 1", std::to_string(o.gradient_accumulation));
   TrainingPrograms out;
-  const bool split = o.gradient_accumulation > 1 || o.clip || o.dynamic_loss_scale;
+  if (o.shards < 1) return Status::invalid_argument("training: shards", ">= 1", std::to_string(o.shards));
+  const bool split = o.split || o.shards > 1 || o.gradient_accumulation > 1 || o.clip || o.dynamic_loss_scale;
   OptimizerOptions opt = o.optimizer;
   opt.grad_scale_input = true;
   if (!split) {
@@ -123,32 +150,43 @@ Result<TrainingPrograms> build_training_programs(const Graph& forward, const Pro
   // The accumulators' types, from the forward graph.
   std::vector<graph::TensorType> types;
   for (const std::string& name : out.params) types.push_back(forward.type(*forward.find_parameter(name)));
-  {
-    Graph g;
-    Builder b(g);
-    ValueId total;
-    for (size_t i = 0; i < out.params.size(); ++i) {
-      const ValueId acc = b.parameter(grad_accumulator_name(out.params[i]), types[i].dtype, types[i].shape);
-      const ValueId s = b.op1(OpKind::sum_squares, {acc});
-      total = total.valid() ? b.add(total, s) : s;
+  for (const auto& [begin, end] : shard_ranges(types, o.shards)) {
+    TrainingPrograms::Shard shard{begin, end, -1, -1};
+    if (begin == end) {
+      out.shards.push_back(shard);
+      continue;
     }
-    b.output(kGradSqNormName, total);
-    ASPEN_RETURN_IF_ERROR(b.status());
-    out.norm = int(out.graphs.size());
-    out.graphs.push_back(std::move(g));
-  }
-  {
-    Graph g;
-    Builder b(g);
-    std::vector<ValueId> params, grads;
-    for (size_t i = 0; i < out.params.size(); ++i) {
-      params.push_back(b.parameter(out.params[i], types[i].dtype, types[i].shape));
-      grads.push_back(b.parameter(grad_accumulator_name(out.params[i]), types[i].dtype, types[i].shape));
+    {
+      Graph g;
+      Builder b(g);
+      std::vector<ValueId> sums;
+      for (size_t i = begin; i < end; ++i) {
+        const ValueId acc = b.parameter(grad_accumulator_name(out.params[i]), types[i].dtype, types[i].shape);
+        sums.push_back(b.reshape(b.op1(OpKind::sum_squares, {acc}), {1}));
+      }
+      b.output(kGradSqNormName, sums.size() == 1 ? sums[0] : b.concat(sums, 0));
+      ASPEN_RETURN_IF_ERROR(b.status());
+      shard.norm = int(out.graphs.size());
+      out.graphs.push_back(std::move(g));
     }
-    ASPEN_RETURN_IF_ERROR(append_optimizer(b, params, grads, opt).status());
-    out.step = int(out.graphs.size());
-    out.graphs.push_back(std::move(g));
+    {
+      Graph g;
+      Builder b(g);
+      std::vector<ValueId> params, grads;
+      for (size_t i = begin; i < end; ++i) {
+        params.push_back(b.parameter(out.params[i], types[i].dtype, types[i].shape));
+        grads.push_back(b.parameter(grad_accumulator_name(out.params[i]), types[i].dtype, types[i].shape));
+      }
+      OptimizerOptions sharded = opt;
+      sharded.update_step = o.shards == 1;
+      ASPEN_RETURN_IF_ERROR(append_optimizer(b, params, grads, sharded).status());
+      shard.step = int(out.graphs.size());
+      out.graphs.push_back(std::move(g));
+    }
+    out.shards.push_back(shard);
   }
+  out.norm = out.shards.front().norm;
+  out.step = out.shards.front().step;
   return out;
 }
 

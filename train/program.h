@@ -15,12 +15,16 @@
 //      micro_first  forward + backward, acc = g         (write_slice: planned in place)
 //      micro_next   forward + backward, acc = acc + g   (in place)
 //    then
-//      norm         "train.grad_sq_norm" = Σ over parameters of Σ acc²
-//                   (a fixed order: the same bits for any thread count)
+//      norm         "train.grad_sq_norm" f32[n]: Σ acc² of each parameter
+//                   (the same bits for any thread count), which the host
+//                   adds in parameter order (the same bits for any sharding)
 //    lets the host see the global gradient norm, detect Inf/NaN (a skipped
 //    step under dynamic loss scaling) and compute the clipping factor, and
 //      step         the optimizer, reading the accumulators
-//    applies the update. micro_first overwrites the accumulators, so nothing
+//    applies the update. With ProgramOptions::shards > 1 there is one norm
+//    and one step program per shard of the parameters; the shards' step
+//    programs read "optimizer.step" without advancing it (they run at once),
+//    and the caller adds one to it after them. micro_first overwrites the accumulators, so nothing
 //    needs zeroing after a skipped step.
 //
 // Every program that differentiates multiplies the loss by the input
@@ -64,6 +68,11 @@ struct ProgramOptions {
   bool dynamic_loss_scale = false;  // the host skips overflowing steps (needs the norm program)
   bool loss_scale_input = false;    // record "train.loss_scale" (static or dynamic loss scaling)
   std::string loss = "loss";        // the forward graph's output to minimise
+  bool split = false;               // the split step even when the fused one would do (data parallel)
+  // The split step's norm and step programs in this many shards: contiguous
+  // groups of the parameters (graph order) of about equal size, so that
+  // data-parallel replicas each update one (ZeRO-1's division of the work).
+  int shards = 1;
 };
 
 struct TrainingPrograms {
@@ -71,6 +80,14 @@ struct TrainingPrograms {
   int fused = -1;                    // >= 0: the one-program step
   int micro_first = -1, micro_next = -1, norm = -1, step = -1;  // the split step (micro_next only with accumulation)
   std::vector<std::string> params;   // the trained parameters, in graph order
+  // Split step: shard k's norm program ("train.grad_sq_norm" of params
+  // [begin, end)) and step program; -1 for an empty shard (more shards than
+  // parameters). norm and step above are shard 0's.
+  struct Shard {
+    size_t begin = 0, end = 0;
+    int norm = -1, step = -1;
+  };
+  std::vector<Shard> shards;
   bool split() const { return fused < 0; }
 };
 

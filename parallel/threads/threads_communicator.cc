@@ -307,6 +307,34 @@ Status ThreadsCommunicator::reduce_f32(const void* data, int64_t count, DType dt
   return barrier(o, "exit");
 }
 
+Status ThreadsCommunicator::reduce(void* data, int64_t count, DType dtype, ReduceOp op, int root) {
+  ThreadsGroup& g = *group_;
+  if (root < 0 || root >= g.n)
+    return Status::invalid_argument("reduce (threads)", "root in [0, " + std::to_string(g.n) + ")", std::to_string(root));
+  if (dtype != DType::f32 && dtype != DType::bf16)
+    return Status::invalid_argument("reduce (threads)", "dtype f32 or bf16", std::string(dtype_name(dtype)));
+  if (count < 0) return Status::invalid_argument("reduce (threads): count", ">= 0", std::to_string(count));
+  Op o{Collective::reduce, count, dtype, op, root, data, data, ++seq_};
+  ASPEN_RETURN_IF_ERROR(enter(o));
+  const float divisor = op == ReduceOp::mean ? float(g.n) : 1.0f;
+  const int64_t small = g.options.small_bytes >= 0 ? g.options.small_bytes : kDefaultSmallBytes;
+  const bool direct = g.options.algorithm == Algorithm::direct ||
+                      (g.options.algorithm == Algorithm::automatic && count * dtype_size(dtype) <= small);
+  std::vector<const void*> in(static_cast<size_t>(g.n));
+  void* out = g.slots[root].dst;
+  if (direct) {
+    if (rank_ == root) {
+      for (int k = 0; k < g.n; ++k) in[k] = g.slots[k].dst;
+      detail::reduce_rows(in, dtype, count, out, dtype, divisor);
+    }
+  } else {
+    const detail::Range mine = detail::chunk_range(count, g.n, rank_);
+    for (int k = 0; k < g.n; ++k) in[k] = detail::at(g.slots[k].dst, dtype, mine.begin);
+    detail::reduce_rows(in, dtype, mine.size(), detail::at(out, dtype, mine.begin), dtype, divisor);
+  }
+  return barrier(o, "exit");  // root's buffer is complete; peers' are no longer read
+}
+
 Status ThreadsCommunicator::do_send(const void* data, int64_t count, DType dtype, int peer) {
   ThreadsGroup& g = *group_;
   detail::Mailbox& m = g.mail[size_t(rank_) * g.n + peer];

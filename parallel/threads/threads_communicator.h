@@ -52,6 +52,14 @@ class ThreadsCommunicator final : public Communicator {
   // division. The first step of a hierarchical all-reduce.
   Status reduce_f32(const void* data, int64_t count, DType dtype, float* out, int root);
 
+  // In place on `root`: root's data[i] = op over ranks of data[i], added in
+  // rank order (the naive loop's bits); the other ranks' buffers are only
+  // read. Small messages: root sums alone. Large ones: rank r sums chunk r of
+  // every buffer into root's (the reduce-scatter half of the chunked
+  // all-reduce, writing to one buffer). Two barriers. Data-parallel training
+  // in one process reduces each gradient to the replica that updates it.
+  Status reduce(void* data, int64_t count, DType dtype, ReduceOp op, int root);
+
   // Messages of at most this many bytes take the direct path by default.
   static constexpr int64_t kDefaultSmallBytes = 64 << 10;
 

@@ -63,6 +63,24 @@ TEST(ThreadsCommunicator, AllReduceEqualsNaiveLoopBitwise) {
       }
 }
 
+TEST(ThreadsCommunicator, ReduceToRootEqualsNaiveLoopBitwiseAndLeavesPeersAlone) {
+  for (const Case& c : cases())
+    for (Algorithm alg : {Algorithm::automatic, Algorithm::direct, Algorithm::chunked})
+      for (int root : {0, c.n - 1}) {
+        SCOPED_TRACE(name(c) + " " + algorithm_name(alg) + " root " + std::to_string(root));
+        Buffers in;
+        for (int r = 0; r < c.n; ++r) in.push_back(random_buffer(c.count, c.dtype, uint64_t(r + 11 * c.n)));
+        Buffers io = in;
+        CommOptions o;
+        o.algorithm = alg;
+        expect_all_ok(run_group(c.n, o, [&](int r, ThreadsCommunicator& comm) {
+          return comm.reduce(io[r].data(), c.count, c.dtype, ReduceOp::sum, root);
+        }));
+        for (int r = 0; r < c.n; ++r)
+          EXPECT_TRUE(io[r] == (r == root ? naive_reduce(in, c.dtype, 0, c.count, ReduceOp::sum) : in[r])) << "rank " << r;
+      }
+}
+
 TEST(ThreadsCommunicator, ReduceScatterEqualsNaiveLoopBitwise) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(name(c));

@@ -1,0 +1,171 @@
+#include "parallel/data_parallel.h"
+
+#include <cstring>
+
+#include "parallel/reduce.h"
+
+#ifdef ASPEN_HAVE_MPI
+#include "parallel/mpi/mpi_communicator.h"
+#endif
+
+namespace aspen::parallel {
+
+const char* compression_name(Compression c) {
+  switch (c) {
+    case Compression::none: return "none";
+    case Compression::bf16: return "bf16";
+  }
+  return "?";
+}
+
+namespace {
+
+// A u64 as the bits of two f32 elements: all_gather only copies, so any bit
+// pattern travels unchanged.
+void pack(uint64_t h, float* out) { std::memcpy(out, &h, sizeof h); }
+uint64_t unpack(const float* in) {
+  uint64_t h;
+  std::memcpy(&h, in, sizeof h);
+  return h;
+}
+
+// All-gathers `value` over `comm` and names the first rank whose value differs from ours.
+Status same_everywhere(Communicator& comm, uint64_t value, const std::string& what, const std::string& shown) {
+  std::vector<float> mine(2), all(size_t(2 * comm.size()));
+  pack(value, mine.data());
+  ASPEN_RETURN_IF_ERROR(comm.all_gather(mine.data(), all.data(), 2, DType::f32));
+  for (int r = 0; r < comm.size(); ++r)
+    if (unpack(all.data() + 2 * r) != value)
+      return Status::invalid_argument(
+          what + " on process " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()),
+          "the same on every process (" + shown + " here)",
+          "process " + std::to_string(r) + " differs" +
+              (shown.empty() ? std::string() : " (" + std::to_string(unpack(all.data() + 2 * r)) + ")"),
+          "start every rank with the same config, options and model");
+  return Status();
+}
+
+}  // namespace
+
+DataParallelGroup::~DataParallelGroup() = default;
+
+Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::create(const DataParallelOptions& options) {
+  if (options.local < 1)
+    return Status::invalid_argument("data parallel: local replicas", ">= 1", std::to_string(options.local));
+  if (options.bucket_bytes < 4)
+    return Status::invalid_argument("data parallel: bucket_bytes", ">= 4", std::to_string(options.bucket_bytes));
+  std::unique_ptr<DataParallelGroup> g(new DataParallelGroup());
+  g->options_ = options;
+  CommOptions local = options.comm;
+  local.name = options.comm.name + " (threads)";
+  ASPEN_ASSIGN_OR_RETURN(g->local_, make_threads_group(options.local, local));
+  if (options.mpi) {
+#ifdef ASPEN_HAVE_MPI
+    ASPEN_RETURN_IF_ERROR(mpi_init(nullptr, nullptr));
+    g->processes_ = mpi_world_size();
+    g->process_ = mpi_world_rank();
+    if (g->processes_ > 1) {
+      CommOptions cross = options.comm;
+      cross.name = options.comm.name + " (mpi)";
+      // The first communicator checks the layout before the others are made
+      // (MPI_Comm_dup is collective: a process with another replica count
+      // would wait in it forever).
+      ASPEN_ASSIGN_OR_RETURN(auto first, MpiCommunicator::world(cross));
+      g->cross_.push_back(std::move(first));
+      ASPEN_RETURN_IF_ERROR(same_everywhere(*g->cross_[0], uint64_t(options.local),
+                                            "data parallel: replicas per process", std::to_string(options.local)));
+      for (int l = 1; l < options.local; ++l) {
+        ASPEN_ASSIGN_OR_RETURN(auto c, MpiCommunicator::world(cross));
+        g->cross_.push_back(std::move(c));
+      }
+    }
+#else
+    return Status::unimplemented("data parallel over MPI", "build (this one was built without MPI; install OpenMPI "
+                                 "with scripts/install-deps.sh and rebuild)");
+#endif
+  }
+  g->bucket_.resize(size_t(options.local));
+  g->bucket16_.resize(size_t(options.local));
+  return g;
+}
+
+Status DataParallelGroup::reduce_to_owners(int l, std::span<float* const> tensors, std::span<const int64_t> counts,
+                                           std::span<const int> owner) {
+  if (local() > 1)
+    for (size_t i = 0; i < tensors.size(); ++i)
+      ASPEN_RETURN_IF_ERROR(local_[size_t(l)]->reduce(tensors[i], counts[i], DType::f32, ReduceOp::sum, owner[i]));
+  if (cross_.empty()) return Status();
+  std::vector<float*> mine;
+  std::vector<int64_t> mine_counts;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (owner[i] == l) mine.push_back(tensors[i]), mine_counts.push_back(counts[i]);
+  return all_reduce_cross(l, mine, mine_counts);
+}
+
+Status DataParallelGroup::all_reduce_cross(int l, std::span<float* const> tensors, std::span<const int64_t> counts) {
+  Communicator& comm = *cross_[size_t(l)];
+  std::vector<float>& bucket = bucket_[size_t(l)];
+  std::vector<bf16>& bucket16 = bucket16_[size_t(l)];
+  const bool compress = options_.compression == Compression::bf16;
+  const int64_t cap = std::max<int64_t>(1, options_.bucket_bytes / 4);
+  size_t first = 0;  // the bucket holds tensors [first, i)
+  int64_t filled = 0;
+  auto flush = [&](size_t end) -> Status {
+    if (filled == 0) return Status();
+    bucket.resize(size_t(filled));
+    int64_t at = 0;
+    for (size_t k = first; k < end; ++k) {
+      std::memcpy(bucket.data() + at, tensors[k], size_t(counts[k]) * 4);
+      at += counts[k];
+    }
+    if (compress) {
+      bucket16.resize(size_t(filled));
+      detail::convert(bucket.data(), DType::f32, filled, bucket16.data(), DType::bf16);
+      ASPEN_RETURN_IF_ERROR(comm.all_reduce(bucket16.data(), filled, DType::bf16, ReduceOp::sum));
+      detail::convert(bucket16.data(), DType::bf16, filled, bucket.data(), DType::f32);
+    } else {
+      ASPEN_RETURN_IF_ERROR(comm.all_reduce(bucket.data(), filled, DType::f32, ReduceOp::sum));
+    }
+    at = 0;
+    for (size_t k = first; k < end; ++k) {
+      std::memcpy(tensors[k], bucket.data() + at, size_t(counts[k]) * 4);
+      at += counts[k];
+    }
+    filled = 0;
+    return Status();
+  };
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!compress && counts[i] >= cap) {  // a bucket of its own, reduced in place
+      ASPEN_RETURN_IF_ERROR(flush(i));
+      ASPEN_RETURN_IF_ERROR(comm.all_reduce(tensors[i], counts[i], DType::f32, ReduceOp::sum));
+      first = i + 1;
+      continue;
+    }
+    if (filled > 0 && filled + counts[i] > cap) {
+      ASPEN_RETURN_IF_ERROR(flush(i));
+      first = i;
+    }
+    if (filled == 0) first = i;
+    filled += counts[i];
+  }
+  return flush(tensors.size());
+}
+
+Result<std::vector<float>> DataParallelGroup::gather_processes(std::span<const float> mine) {
+  if (cross_.empty()) return std::vector<float>(mine.begin(), mine.end());
+  std::vector<float> all(mine.size() * size_t(processes_));
+  ASPEN_RETURN_IF_ERROR(cross_[0]->all_gather(mine.data(), all.data(), int64_t(mine.size()), DType::f32));
+  return all;
+}
+
+Status DataParallelGroup::check_same(int l, uint64_t hash, const std::string& what) {
+  if (cross_.empty() || l != 0) return Status();
+  return same_everywhere(*cross_[0], hash, what, "");
+}
+
+void DataParallelGroup::abort(int l, const std::string& reason) {
+  local_[size_t(l)]->abort(reason);
+  if (!cross_.empty()) cross_[size_t(l)]->abort(reason);
+}
+
+}  // namespace aspen::parallel

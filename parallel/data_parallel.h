@@ -1,0 +1,92 @@
+// parallel/data_parallel.h: the communication of data-parallel training.
+//
+// A DataParallelGroup is every replica of one data-parallel job: `local()`
+// replicas in this process (devices on their own threads) times
+// `processes()` processes of an MPI job (one when not launched by mpirun).
+// Replica l of process p is global replica p·local() + l.
+//
+// Gradients are reduced hierarchically (DESIGN.md, "Data parallel"):
+//  1. inside the process, each tensor is summed over the local replicas into
+//     the copy of the local replica that owns it (ThreadsCommunicator::reduce:
+//     every replica sums one chunk, in rank order, straight from its peers'
+//     buffers);
+//  2. across processes, each owner all-reduces its tensors with the owners of
+//     the same local index in the other processes (MPI), in buckets of
+//     `bucket_bytes`, optionally sent as bf16 (compression);
+//  3. there is no broadcast back: weights and optimizer state are shared by
+//     the replicas of a process, and each owner's optimizer step updates its
+//     own tensors (ZeRO-1's division of the work, with one copy per process).
+// Every sum runs in an order fixed by the group's shape, so a rerun of the
+// same layout gives the same bits. Ownership is the caller's (contiguous
+// shards of the parameter list, train/program.h).
+//
+// Failures: a replica whose step fails calls abort(), and its peers' next
+// collective returns kAborted instead of waiting (in this process at once;
+// other processes by their timeout, or when mpirun ends the job).
+//
+// Thread-safety: the calls for local replica l are made on l's thread; the
+// local replicas' calls run concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.h"
+#include "parallel/threads/threads_communicator.h"
+
+namespace aspen::parallel {
+
+enum class Compression { none, bf16 };
+const char* compression_name(Compression c);
+
+struct DataParallelOptions {
+  int local = 1;        // replicas in this process
+  bool mpi = false;     // join the processes of this MPI job (mpi_init first; needs ASPEN_HAVE_MPI)
+  int64_t bucket_bytes = int64_t(25) << 20;  // cross-process all-reduce buckets (DDP's bucket_cap_mb)
+  Compression compression = Compression::none;  // of the cross-process all-reduce
+  CommOptions comm;     // timeout and names
+};
+
+class DataParallelGroup {
+ public:
+  static Result<std::unique_ptr<DataParallelGroup>> create(const DataParallelOptions& options);
+  ~DataParallelGroup();
+
+  int local() const { return options_.local; }
+  int processes() const { return processes_; }
+  int process() const { return process_; }
+  int replicas() const { return options_.local * processes_; }
+  int global_replica(int l) const { return process_ * options_.local + l; }
+  const DataParallelOptions& options() const { return options_; }
+
+  // On local replica l: tensors[i] (counts[i] f32 elements, this replica's
+  // copy) summed over every replica of the job into the copy of local
+  // replica owner[i] (the same owners in every process). Other copies keep
+  // their own values.
+  Status reduce_to_owners(int l, std::span<float* const> tensors, std::span<const int64_t> counts,
+                          std::span<const int> owner);
+  // Every process's `mine` (the same length everywhere), process-major.
+  // Between the replicas' calls (it uses local replica 0's communicator).
+  Result<std::vector<float>> gather_processes(std::span<const float> mine);
+  // On local replica l: fails unless every process passes the same `hash`;
+  // the error names `what`, this process and the first that differs.
+  Status check_same(int l, uint64_t hash, const std::string& what);
+  // Fails the group for every replica (see the file comment).
+  void abort(int l, const std::string& reason);
+
+ private:
+  DataParallelGroup() = default;
+  Status all_reduce_cross(int l, std::span<float* const> tensors, std::span<const int64_t> counts);
+
+  DataParallelOptions options_;
+  int processes_ = 1, process_ = 0;
+  std::vector<std::unique_ptr<ThreadsCommunicator>> local_;
+  std::vector<std::unique_ptr<Communicator>> cross_;  // by local index; empty with one process
+  std::vector<std::vector<float>> bucket_;            // by local index: the cross-process bucket
+  std::vector<std::vector<bf16>> bucket16_;           // by local index: its bf16 form
+};
+
+}  // namespace aspen::parallel
