@@ -14,96 +14,17 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/safetensors.h"
-#include "models/gpt2.h"
-#include "models/gptj.h"
-#include "models/weights.h"
+#include "api/training_testing.h"
 
 namespace aspen::api {
 namespace {
 
-const std::string kTestdata = ASPEN_MODELS_TESTDATA;
-
-struct Golden {
-  std::shared_ptr<io::SafetensorsFile> file;
-  Tensor input_ids;  // i32 [steps, B, T]
-  int64_t steps = 0, B = 0, T = 0;
-};
-
-Golden read_golden(const std::string& model) {
-  Golden g;
-  auto f = io::SafetensorsFile::open(kTestdata + "/" + model + "/train_golden.safetensors");
-  EXPECT_TRUE(f.is_ok()) << f.status().to_string();
-  g.file = std::make_shared<io::SafetensorsFile>(std::move(f).value());
-  auto ids = g.file->read("input_ids");
-  EXPECT_TRUE(ids.is_ok()) << ids.status().to_string();
-  g.steps = ids->shape()[0], g.B = ids->shape()[1], g.T = ids->shape()[2];
-  g.input_ids = Tensor(DType::i32, ids->shape());
-  for (int64_t i = 0; i < ids->numel(); ++i) g.input_ids.data<int32_t>()[i] = int32_t(ids->data<int64_t>()[i]);
-  return g;
-}
-
-// HF's shifted loss over [B, T] ids is ours over inputs ids[:, :T-1] and targets ids[:, 1:].
-struct Batches {
-  Tensor input_ids, positions, targets;  // [steps*B, T-1] each (the combined batch), targets [steps*B*(T-1)]
-};
-Batches shifted(const Golden& g, int64_t steps) {
-  const int64_t S = g.T - 1;
-  Batches b{Tensor(DType::i32, {steps * g.B, S}), Tensor(DType::i32, {steps * g.B, S}),
-            Tensor(DType::i32, {steps * g.B * S})};
-  for (int64_t r = 0; r < steps * g.B; ++r)
-    for (int64_t t = 0; t < S; ++t) {
-      b.input_ids.data<int32_t>()[r * S + t] = g.input_ids.data<int32_t>()[r * g.T + t];
-      b.positions.data<int32_t>()[r * S + t] = int32_t(t);
-      b.targets.data<int32_t>()[r * S + t] = g.input_ids.data<int32_t>()[r * g.T + t + 1];
-    }
-  return b;
-}
-
-// The model's forward graph with a loss, for [batch, seq], and its checkpoint's weights.
-struct Forward {
-  graph::Graph g;
-  std::map<std::string, Tensor> weights;
-};
-Forward forward(const std::string& model, int64_t batch, int64_t seq) {
-  Forward f;
-  auto ckpt = models::Checkpoint::open(kTestdata + "/" + model);
-  EXPECT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
-  graph::Builder b(f.g);
-  const models::CausalLmOptions o{.batch = batch, .seq = seq, .with_loss = true};
-  Status s = ckpt->config().gpt2() ? build_gpt2(b, *ckpt->config().gpt2(), o).status()
-                                   : build_gptj(b, *ckpt->config().gptj(), o).status();
-  EXPECT_TRUE(s.is_ok()) << s.to_string();
-  auto w = models::read_weights(f.g, *ckpt);
-  EXPECT_TRUE(w.is_ok()) << w.status().to_string();
-  f.weights = std::move(w).value();
-  return f;
-}
-
-std::map<std::string, const Tensor*> ptrs(const std::map<std::string, Tensor>& m) {
-  std::map<std::string, const Tensor*> out;
-  for (const auto& [k, v] : m) out.emplace(k, &v);
-  return out;
-}
-
-TrainingOptions golden_adamw() {
-  TrainingOptions t;
-  t.optimizer.kind = train::OptimizerKind::adamw;
-  t.optimizer.weight_decay = 0.1;
-  t.schedule.lr = 1e-2;
-  return t;
-}
+using namespace testing;  // NOLINT: the helpers of this test
 
 nlohmann::json golden_json(const std::string& model) {
   std::ifstream in(kTestdata + "/" + model + "/train_golden.json");
   EXPECT_TRUE(in.good()) << model;
   return nlohmann::json::parse(in);
-}
-
-// GPT-2's c_attn key bias has a true gradient of 0 (testdata/README.md): f32
-// noise there is amplified by Adam, so those entries are not compared.
-bool key_bias_entry(const std::string& name, int64_t i, int64_t d_model) {
-  return name.find("attn.c_attn.bias") != std::string::npos && i >= d_model && i < 2 * d_model;
 }
 
 // Ten AdamW steps, fused (one call of 10 device iterations) and split (one
@@ -209,49 +130,6 @@ void expect_golden_training(const std::string& model, int64_t d_model, bool no_d
 TEST(TrainingParity, Gpt2TinyAdamWMatchesPyTorch) { expect_golden_training("gpt2-tiny", 48, false); }
 TEST(TrainingParity, GptjTinyAdamWMatchesPyTorch) { expect_golden_training("gptj-tiny", 48, false); }
 TEST(TrainingParity, Gpt2TinyNoDecayPatterns) { expect_golden_training("gpt2-tiny", 48, true); }
-
-// Weights after `steps` steps of a model made by `options` on the golden batches.
-std::map<std::string, Tensor> train_weights(const Options& options, const TrainingOptions& t, int64_t batch,
-                                            int64_t steps, std::vector<StepStats>* stats = nullptr) {
-  const Golden gold = read_golden("gpt2-tiny");
-  const Batches all = shifted(gold, gold.steps);
-  const int64_t micro = batch / (options.gradient_accumulation_ * options.replication_factor_);
-  Forward f = forward("gpt2-tiny", micro, gold.T - 1);
-  auto m = TrainingModel::create(f.g, options, t);
-  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
-  if (!m.is_ok()) return {};
-  EXPECT_TRUE((*m)->copy_weights_to_device(ptrs(f.weights)).is_ok());
-  const int64_t S = gold.T - 1, per_call = options.device_iterations_ * batch;
-  for (int64_t done = 0; done < steps; done += options.device_iterations_) {
-    Tensor ids(DType::i32, {per_call, S}), pos(DType::i32, {per_call, S}), tgt(DType::i32, {per_call * S});
-    // Rows of the combined batch cycle through the golden's 20 rows.
-    for (int64_t r = 0; r < per_call; ++r) {
-      const int64_t src = (done * batch + r) % (gold.steps * gold.B);
-      std::copy_n(all.input_ids.data<int32_t>() + src * S, S, ids.data<int32_t>() + r * S);
-      std::copy_n(all.positions.data<int32_t>() + src * S, S, pos.data<int32_t>() + r * S);
-      std::copy_n(all.targets.data<int32_t>() + src * S, S, tgt.data<int32_t>() + r * S);
-    }
-    auto out = (*m)->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}});
-    EXPECT_TRUE(out.is_ok()) << out.status().to_string();
-    if (!out.is_ok()) return {};
-    if (stats) stats->insert(stats->end(), (*m)->last_steps().begin(), (*m)->last_steps().end());
-  }
-  return std::move((*m)->copy_weights_to_host()).value();
-}
-
-double max_rel_diff(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0.0;
-  for (const auto& [name, t] : a) {
-    const Tensor& u = b.at(name);
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      const double x = t.data<float>()[i], y = u.data<float>()[i];
-      if (key_bias_entry(name, i, 48)) continue;
-      worst = std::max(worst, std::abs(x - y) / (1.0 + std::abs(y)));
-    }
-  }
-  return worst;
-}
 
 // Accumulating two micro-batches of 2 equals one batch of 4 (the loss is a
 // mean over equal-sized micro-batches, so the mean of their gradients is the
@@ -452,6 +330,8 @@ TEST(TrainingModel, BadInputsNameThemselves) {
 namespace aspen::api {
 namespace {
 
+using namespace testing;  // NOLINT: the helpers of this test
+
 // Four replicas of one thread in one process need four cores from the budget;
 // CI machines have two, so this binary oversubscribes on purpose (before any
 // team reserves its cores: the budget is sized at its first use).
@@ -461,13 +341,6 @@ TrainingOptions dp_adamw() {
   TrainingOptions t = golden_adamw();
   t.clip_grad_norm = 0.5;  // the norm of the reduced gradient decides
   return t;
-}
-
-bool bitwise_equal(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (const auto& [name, t] : a)
-    if (!b.count(name) || std::memcmp(t.raw(), b.at(name).raw(), t.nbytes()) != 0) return false;
-  return true;
 }
 
 // R data-parallel replicas of micro-batch m with accumulation A take the same

@@ -1,0 +1,131 @@
+// Data-parallel training over MPI, run under `mpirun -np 2` and `-np 4`
+// (CTest label `mpi`): four replicas in all, 4 / np per process, so -np 2 is
+// the hierarchical layout (threads inside each process, MPI across) and -np 4
+// plain MPI. Every rank also trains one device with accumulation 4 on the same
+// micro-batches, in-process, as the reference.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "api/training_testing.h"
+#include "parallel/mpi/mpi_communicator.h"
+
+namespace aspen::api {
+namespace {
+
+using namespace testing;  // NOLINT: the helpers of this test
+
+constexpr int kReplicas = 4;
+
+int local_replicas() { return kReplicas / parallel::mpi_world_size(); }
+
+// Every rank's weights are the same bits: FNV-1a of all of them, all-gathered.
+void expect_same_on_every_rank(const std::map<std::string, Tensor>& w) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& [name, t] : w) {
+    const auto* p = static_cast<const uint8_t*>(t.raw());
+    for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+  auto comm = parallel::MpiCommunicator::world();
+  ASSERT_TRUE(comm.is_ok()) << comm.status().to_string();
+  std::vector<float> mine(2), all(size_t(2 * (*comm)->size()));
+  std::memcpy(mine.data(), &h, 8);
+  ASSERT_TRUE((*comm)->all_gather(mine.data(), all.data(), 2, DType::f32).is_ok());
+  for (int r = 0; r < (*comm)->size(); ++r) EXPECT_EQ(0, std::memcmp(all.data() + 2 * r, &h, 8)) << "rank " << r;
+}
+
+TrainingOptions sgd() {
+  TrainingOptions t = golden_adamw();
+  t.optimizer.kind = train::OptimizerKind::sgd;
+  t.optimizer.momentum = 0.9;
+  t.schedule.lr = 0.1;
+  return t;
+}
+
+TrainingOptions clipped_adamw() {
+  TrainingOptions t = golden_adamw();
+  t.clip_grad_norm = 0.5;
+  return t;
+}
+
+// Five steps of 4 replicas (micro-batch 1) against one device accumulating the
+// same 4 micro-batches: within 1e-5 with SGD; AdamW amplifies the rounding of
+// the other addition order where gradients are tiny (see training_model_test).
+TEST(DataParallelMpi, ReplicasEqualOneDevice) {
+  for (bool adam : {false, true}) {
+    SCOPED_TRACE(adam ? "adamw, clipped" : "sgd");
+    const TrainingOptions t = adam ? clipped_adamw() : sgd();
+    Options one;
+    one.threads(1).gradient_accumulation(kReplicas);
+    std::vector<StepStats> s1, sd;
+    const auto w1 = train_weights(one, t, kReplicas, 5, &s1);
+    Options dp;
+    dp.threads(1).replication_factor(local_replicas()).mpi(true);
+    const auto wd = train_weights(dp, t, kReplicas, 5, &sd, parallel::mpi_world_size());
+    ASSERT_FALSE(w1.empty() || wd.empty());
+    EXPECT_LT(max_rel_diff(wd, w1), adam ? 1e-4 : 1e-5);
+    ASSERT_EQ(sd.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) {
+      if (i == 0) {  // the same weights, and the losses gathered and added in the same order
+        EXPECT_EQ(sd[i].loss, s1[i].loss);
+      } else {
+        EXPECT_NEAR(sd[i].loss, s1[i].loss, 1e-6 * s1[i].loss) << "step " << i + 1;
+      }
+      EXPECT_NEAR(sd[i].grad_norm, s1[i].grad_norm, 1e-5 * s1[i].grad_norm) << "step " << i + 1;
+    }
+    expect_same_on_every_rank(wd);
+  }
+}
+
+// Gradients sent as bf16 across processes: every rank still ends with the same
+// bits, and the weights stay near the f32 run's.
+TEST(DataParallelMpi, Bf16CompressionKeepsRanksIdentical) {
+  TrainingOptions t = sgd();
+  Options dp;
+  dp.threads(1).replication_factor(local_replicas()).mpi(true);
+  const auto plain = train_weights(dp, t, kReplicas, 3, nullptr, parallel::mpi_world_size());
+  t.data_parallel.compression = parallel::Compression::bf16;
+  t.data_parallel.bucket_bytes = 4096;  // many buckets
+  const auto packed = train_weights(dp, t, kReplicas, 3, nullptr, parallel::mpi_world_size());
+  ASSERT_FALSE(plain.empty() || packed.empty());
+  const double d = max_rel_diff(packed, plain);
+  EXPECT_GT(d, 0.0);   // compression did something
+  EXPECT_LT(d, 1e-2);  // bf16 keeps 8 bits of each gradient
+  expect_same_on_every_rank(packed);
+}
+
+// A process started with other options is caught when the model is made,
+// before any compute, on every rank.
+TEST(DataParallelMpi, MismatchedOptionsAreCaughtAtStartUp) {
+  Forward f = forward("gpt2-tiny", 1, 7);
+  TrainingOptions t = sgd();
+  if (parallel::mpi_world_rank() == 1) t.schedule.lr = 0.2;
+  Options dp;
+  dp.threads(1).replication_factor(local_replicas()).mpi(true);
+  auto m = TrainingModel::create(f.g, dp, t);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().to_string().find("training model (programs, options and schedule)"), std::string::npos)
+      << m.status().to_string();
+  EXPECT_NE(m.status().to_string().find("differs"), std::string::npos) << m.status().to_string();
+}
+
+}  // namespace
+}  // namespace aspen::api
+
+int main(int argc, char** argv) {
+  setenv("ASPEN_CORES", "4", 0);  // up to four replicas of one thread in a process of a 2-core machine
+  aspen::Status init = aspen::parallel::mpi_init(&argc, &argv);
+  if (!init.is_ok()) {
+    std::cerr << init.to_string() << "\n";
+    return 1;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  if (aspen::parallel::mpi_world_rank() != 0)  // one rank's report is enough; failures still set the exit code
+    delete ::testing::UnitTest::GetInstance()->listeners().Release(
+        ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
+  int rc = RUN_ALL_TESTS();
+  if (rc != 0) std::cerr << "rank " << aspen::parallel::mpi_world_rank() << ": tests failed\n";
+  aspen::parallel::mpi_finalize();
+  return rc;
+}
