@@ -3,18 +3,23 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/atomic_file.h"
+#include "core/thread_team.h"
 #include "io/tokenizer.h"
 #include "models/generate.h"
 #include "models/gpt2.h"
 #include "models/gptj.h"
 #include "models/init.h"
 #include "models/weights.h"
+#ifdef ASPEN_HAVE_MPI
+#include "parallel/mpi/mpi_communicator.h"
+#endif
 #include "train/checkpoint.h"
 #include "train/report.h"
 
@@ -61,7 +66,11 @@ int64_t n_positions_of(const models::ModelConfig& mc) {
 
 Trainer::~Trainer() = default;
 
-std::ostream& Trainer::out() const { return options_.out ? *options_.out : std::cerr; }
+std::ostream& Trainer::out() const {
+  static thread_local std::ostream quiet(nullptr);  // processes other than 0 print nothing
+  if (!writer_) return quiet;
+  return options_.out ? *options_.out : std::cerr;
+}
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& config, const TrainerOptions& options) {
   ASPEN_RETURN_IF_ERROR(config.validate());
@@ -79,16 +88,30 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   if (c.eval.interval % iters != 0)
     return config_error("eval.interval", "a multiple of train.device_iterations (" + std::to_string(iters) + ")",
                         std::to_string(c.eval.interval));
-  if (c.batch.replicas != 1)
-    return Status::unimplemented("config: batch.replicas = " + std::to_string(c.batch.replicas),
-                                 "value in this build (1; data-parallel replicas arrive with W1.5)");
+  int processes = 1, process = 0;
+  if (options.mpi) {
+#ifdef ASPEN_HAVE_MPI
+    ASPEN_RETURN_IF_ERROR(parallel::mpi_init(nullptr, nullptr));
+    processes = parallel::mpi_world_size();
+    process = parallel::mpi_world_rank();
+#else
+    return Status::unimplemented("training under MPI", "build (this one was built without MPI)");
+#endif
+  }
+  if (c.batch.replicas % processes != 0)
+    return Status::invalid_argument("config: batch.replicas", "a multiple of the " + std::to_string(processes) +
+                                    " processes of this MPI job", std::to_string(c.batch.replicas),
+                                    "--replicas " + std::to_string(processes) + " (or --set batch.replicas=" +
+                                        std::to_string(processes) + ")");
+  const int64_t local = c.batch.replicas / processes;
+  t->writer_ = process == 0;
   if (c.data.train.empty())
     return config_error("data.train", "a token-shard directory (aspen prepare-data --output DIR)", "nothing");
 
   t->run_dir_ = c.log.run_dir.empty() ? "runs/" + c.name : c.log.run_dir;
   t->checkpoint_dir_ = c.checkpoint.dir.empty() ? t->run_dir_ + "/checkpoints" : c.checkpoint.dir;
   std::error_code ec;
-  fs::create_directories(t->run_dir_, ec);
+  if (t->writer_) fs::create_directories(t->run_dir_, ec);
   if (ec) return Status::error(Code::kIoError, "run directory '" + t->run_dir_ + "'", "a directory", ec.message());
 
   // Data.
@@ -101,8 +124,17 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   lo.accumulation = c.batch.accumulation;
   lo.val_fraction = c.data.val_fraction;
   lo.seed = c.train.seed;
-  ASPEN_ASSIGN_OR_RETURN(train::DataLoader loader, train::DataLoader::open(c.data.train, lo));
-  t->loader_ = std::make_unique<train::DataLoader>(std::move(loader));
+  lo.replicas = c.batch.replicas;
+  for (int64_t l = 0; l < local; ++l) {
+    lo.replica = process * local + l;
+    ASPEN_ASSIGN_OR_RETURN(train::DataLoader loader, train::DataLoader::open(c.data.train, lo));
+    t->loaders_.push_back(std::make_unique<train::DataLoader>(std::move(loader)));
+  }
+  lo.replicas = 1;  // validation: the whole split on one replica (the same loss for every layout)
+  lo.replica = 0;
+  lo.accumulation = 1;
+  ASPEN_ASSIGN_OR_RETURN(train::DataLoader val, train::DataLoader::open(c.data.train, lo));
+  t->val_loader_ = std::make_unique<train::DataLoader>(std::move(val));
 
   // The model: a Hugging Face directory, or a fresh one.
   graph::Graph forward;
@@ -148,6 +180,13 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   ASPEN_ASSIGN_OR_RETURN(const DType compute, dtype_of("precision.compute", c.precision.compute));
   ASPEN_ASSIGN_OR_RETURN(const DType partials, dtype_of("precision.partials", c.precision.partials));
   o.precision(compute, partials).threads(c.train.threads).random_seed(c.train.seed);
+  o.replication_factor(local).mpi(options.mpi);
+  if (c.train.threads == 0 && options.mpi) {
+    // Processes of one machine share its cores (OpenMPI says how many there are).
+    const char* e = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const int on_node = e ? std::max(1, std::atoi(e)) : 1;
+    o.threads(std::max(1, CoreBudget::global().available() / on_node / int(local)));
+  }
   TrainingOptions to;
   ASPEN_ASSIGN_OR_RETURN(to.optimizer.kind, train::parse_optimizer_kind(c.optimizer.name));
   to.optimizer.beta1 = c.optimizer.beta1, to.optimizer.beta2 = c.optimizer.beta2, to.optimizer.eps = c.optimizer.eps;
@@ -166,12 +205,17 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   to.loss_scaling.backoff_factor = c.precision.backoff_factor;
   to.loss_scaling.growth_interval = c.precision.growth_interval;
   to.loss_scaling.hysteresis = c.precision.hysteresis;
+  to.reduction = c.parallel.reduction == "sum" ? Reduction::sum : Reduction::mean;
+  to.data_parallel.bucket_bytes = c.parallel.bucket_mb << 20;
+  to.data_parallel.compression =
+      c.parallel.compression == "bf16" ? parallel::Compression::bf16 : parallel::Compression::none;
+  to.data_parallel.comm.timeout = std::chrono::seconds(c.parallel.timeout_s);
   ASPEN_ASSIGN_OR_RETURN(t->model_, TrainingModel::create(forward, o, to));
   std::map<std::string, const Tensor*> w;
   for (const auto& [name, tensor] : weights) w.emplace(name, &tensor);
   ASPEN_RETURN_IF_ERROR(t->model_->copy_weights_to_device(w));
 
-  ASPEN_RETURN_IF_ERROR(write_file_atomic(t->run_dir_ + "/config.yaml", train::to_yaml(c)));
+  if (t->writer_) ASPEN_RETURN_IF_ERROR(write_file_atomic(t->run_dir_ + "/config.yaml", train::to_yaml(c)));
   if (options.resume) ASPEN_RETURN_IF_ERROR(t->restore());
   return t;
 }
@@ -180,8 +224,12 @@ std::string Trainer::trainer_json() const {
   nlohmann::json j;
   j["step"] = model_->steps_done();
   j["seed"] = config_.train.seed;
-  const train::Position p = loader_->position();
-  j["data_position"] = {{"epoch", p.epoch}, {"step_in_epoch", p.step_in_epoch}};
+  const train::Position p = loaders_.front()->position();
+  // examples_in_epoch: the whole job's, so that another layout (replicas,
+  // micro-batch) can resume at the same place.
+  j["data_position"] = {{"epoch", p.epoch},
+                        {"step_in_epoch", p.step_in_epoch},
+                        {"examples_in_epoch", p.step_in_epoch * config_.batch.micro * config_.batch.replicas}};
   const train::LossScaler::State s = model_->loss_scaler().state();
   j["loss_scaler"] = {{"scale", s.scale},
                       {"good_steps", s.good_steps},
@@ -193,6 +241,7 @@ std::string Trainer::trainer_json() const {
 
 Status Trainer::save() {
   if (!model_) return Status::error(Code::kFailedPrecondition, "Trainer", "a trainer that has not run", "one that finished");
+  if (!writer_) return Status();  // every process holds the same weights: process 0 writes them
   train::Checkpoint ck;
   ASPEN_ASSIGN_OR_RETURN(ck.weights, model_->copy_weights_to_host());
   ASPEN_ASSIGN_OR_RETURN(ck.optimizer, model_->copy_optimizer_state_to_host());
@@ -225,7 +274,19 @@ Status Trainer::restore() {
     train::Position p;
     p.epoch = j.at("data_position").at("epoch").get<int64_t>();
     p.step_in_epoch = j.at("data_position").at("step_in_epoch").get<int64_t>();
-    ASPEN_RETURN_IF_ERROR(loader_->restore(p));
+    if (j.at("data_position").contains("examples_in_epoch")) {
+      const int64_t examples = j.at("data_position").at("examples_in_epoch").get<int64_t>();
+      const int64_t per = config_.batch.micro * config_.batch.replicas;  // examples per micro-batch of every replica
+      if (examples % per != 0)
+        return Status::invalid_argument(
+            "resume: the checkpoint's data position (" + std::to_string(examples) + " examples into epoch " +
+                std::to_string(p.epoch) + ")",
+            "a multiple of batch.micro x batch.replicas = " + std::to_string(per), "a remainder of " +
+                std::to_string(examples % per),
+            "resume with a layout whose micro-batches of all replicas divide it");
+      p.step_in_epoch = examples / per;
+    }
+    for (auto& loader : loaders_) ASPEN_RETURN_IF_ERROR(loader->restore(p));
     train::LossScaler::State s2;
     const nlohmann::json& ls = j.at("loss_scaler");
     s2.scale = ls.at("scale").get<double>();
@@ -234,7 +295,7 @@ Status Trainer::restore() {
     s2.skipped = ls.at("skipped").get<int64_t>();
     model_->loss_scaler().restore(s2);
     model_->set_steps_done(step);
-    if (j.contains("config") && j.at("config").get<std::string>() != train::to_yaml(config_))
+    if (writer_ && j.contains("config") && j.at("config").get<std::string>() != train::to_yaml(config_))
       out() << "aspen: warning: resuming " << checkpoint_dir_ << " with a config that differs from the checkpoint's\n";
   } catch (const nlohmann::json::exception& e) {
     return Status::error(Code::kCorrupt, where, "the trainer state (step, data_position, loss_scaler)", e.what());
@@ -244,12 +305,12 @@ Status Trainer::restore() {
 
 Result<double> Trainer::validate() {
   if (!model_) return Status::error(Code::kFailedPrecondition, "Trainer", "a trainer that has not run", "one that finished");
-  const int64_t n = std::min(config_.eval.batches, loader_->val_steps());
+  const int64_t n = std::min(config_.eval.batches, val_loader_->val_steps());
   if (n < 1)
     return Status::error(Code::kFailedPrecondition, "validation", "validation examples (data.val_fraction > 0)", "none");
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    ASPEN_ASSIGN_OR_RETURN(train::Batch b, loader_->val_batch(i));
+    ASPEN_ASSIGN_OR_RETURN(train::Batch b, val_loader_->val_batch(i));
     Tensor pos(DType::i32, b.inputs.shape()), tgt(DType::i32, Shape{b.targets.numel()});
     for (int64_t r = 0; r < batch_; ++r)
       for (int64_t k = 0; k < seq_; ++k) pos.data<int32_t>()[r * seq_ + k] = int32_t(k);
@@ -315,37 +376,42 @@ Result<TrainResult> Trainer::run() {
   const int64_t start = model_->steps_done(), total = c.train.steps;
   const std::string metrics_path = run_dir_ + "/" + train::kMetricsFile;
   std::optional<train::MetricsLog> metrics;
-  if (start > 0) {
+  if (!writer_) {  // only process 0 writes; the others train and stay quiet
+  } else if (start > 0) {
     ASPEN_ASSIGN_OR_RETURN(metrics, train::MetricsLog::resume(metrics_path, start));
     if (auto r = train::read_metric(metrics_path, "loss"); r.is_ok()) train_curve_ = *r;
     if (auto r = train::read_metric(metrics_path, "val_loss"); r.is_ok()) val_curve_ = *r;
   } else {
     ASPEN_ASSIGN_OR_RETURN(metrics, train::MetricsLog::create(metrics_path));
   }
-  ASPEN_ASSIGN_OR_RETURN(const train::ProgressMode mode, train::parse_progress_mode(c.log.progress));
+  ASPEN_ASSIGN_OR_RETURN(train::ProgressMode mode, train::parse_progress_mode(c.log.progress));
   train::Progress progress(total, mode, out(), train::Progress::steady_seconds, start);
-  const bool can_validate = loader_->val_steps() > 0;
+  const bool can_validate = val_loader_->val_steps() > 0;
   if (c.eval.interval > 0 && !can_validate)
     progress.message("note: no validation examples (data.val_fraction is 0 or the data is small); eval.interval ignored");
 
   TrainResult result;
-  Tensor ids(DType::i32, {micro * batch_, seq_}), pos(DType::i32, {micro * batch_, seq_}),
-      tgt(DType::i32, {micro * batch_ * seq_});
-  for (int64_t r = 0; r < micro * batch_; ++r)
+  // This process's micro-batches of one call: slot (step·acc + a)·L + l is
+  // local replica l's micro-batch a (TrainingModel's order).
+  const int64_t L = int64_t(loaders_.size()), slots = micro * L;
+  Tensor ids(DType::i32, {slots * batch_, seq_}), pos(DType::i32, {slots * batch_, seq_}),
+      tgt(DType::i32, {slots * batch_ * seq_});
+  for (int64_t r = 0; r < slots * batch_; ++r)
     for (int64_t k = 0; k < seq_; ++k) pos.data<int32_t>()[r * seq_ + k] = int32_t(k);
-  const double tokens_per_call = double(micro * batch_ * seq_);
+  const double tokens_per_call = double(micro * batch_ * seq_ * c.batch.replicas);  // the whole job's
   double seconds = 0.0;
   int64_t last_saved = start > 0 ? start : -1;
   bool first = true;
   const std::string svg = run_dir_ + "/" + train::kLossSvgFile;
   const int64_t stop = options_.stop_at > 0 ? std::min(options_.stop_at, total) : total;
   while (model_->steps_done() < stop) {
-    for (int64_t m = 0; m < micro; ++m) {
-      ASPEN_ASSIGN_OR_RETURN(train::Batch b, loader_->next());
-      const int64_t n = batch_ * seq_;
-      std::copy_n(b.inputs.data<int32_t>(), n, ids.data<int32_t>() + m * n);
-      std::copy_n(b.targets.data<int32_t>(), n, tgt.data<int32_t>() + m * n);
-    }
+    for (int64_t m = 0; m < micro; ++m)
+      for (int64_t l = 0; l < L; ++l) {
+        ASPEN_ASSIGN_OR_RETURN(train::Batch b, loaders_[size_t(l)]->next());
+        const int64_t n = batch_ * seq_, slot = m * L + l;
+        std::copy_n(b.inputs.data<int32_t>(), n, ids.data<int32_t>() + slot * n);
+        std::copy_n(b.targets.data<int32_t>(), n, tgt.data<int32_t>() + slot * n);
+      }
     const auto t0 = std::chrono::steady_clock::now();
     auto run = model_->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}});
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -363,7 +429,7 @@ Result<TrainResult> Trainer::run() {
           {"loss", s.loss}, {"lr", s.lr}, {"loss_scale", s.loss_scale}, {"tokens_per_s", rate}};
       if (s.grad_norm >= 0) nums.emplace_back("grad_norm", s.grad_norm);
       if (s.skipped) nums.emplace_back("skipped", 1.0);
-      ASPEN_RETURN_IF_ERROR(metrics->append(s.step, nums));
+      if (metrics) ASPEN_RETURN_IF_ERROR(metrics->append(s.step, nums));
       train_curve_.emplace_back(s.step, s.loss);
       if (first) result.first_loss = s.loss, first = false;
       result.last_loss = s.loss;
@@ -375,13 +441,13 @@ Result<TrainResult> Trainer::run() {
       progress.update(step, last.loss, rate, lr_text(last.lr));
     if (c.eval.interval > 0 && can_validate && (step % c.eval.interval == 0 || step == total)) {
       ASPEN_ASSIGN_OR_RETURN(const double v, validate());
-      ASPEN_RETURN_IF_ERROR(metrics->append(step, {{"val_loss", v}}));
+      if (metrics) ASPEN_RETURN_IF_ERROR(metrics->append(step, {{"val_loss", v}}));
       val_curve_.emplace_back(step, v);
       result.last_val_loss = v;
       char buf[96];
       std::snprintf(buf, sizeof buf, "step %lld: val_loss %.4f", static_cast<long long>(step), v);
       progress.message(buf);
-      ASPEN_RETURN_IF_ERROR(train::write_loss_svg(svg, train_curve_, val_curve_, c.name));
+      if (writer_) ASPEN_RETURN_IF_ERROR(train::write_loss_svg(svg, train_curve_, val_curve_, c.name));
     }
     if (c.checkpoint.interval > 0 && step % c.checkpoint.interval == 0) {
       ASPEN_RETURN_IF_ERROR(save());
@@ -393,6 +459,11 @@ Result<TrainResult> Trainer::run() {
   result.steps = model_->steps_done();
   result.tokens_per_s = seconds > 0 ? tokens_per_call * double(result.steps - start) / double(iters) / seconds : 0.0;
   if (last_saved != result.steps) ASPEN_RETURN_IF_ERROR(save());
+  if (!writer_) {  // process 0 writes the model and prints the samples
+    final_step_ = result.steps;
+    model_.reset();
+    return result;
+  }
   if (result.steps < total) {  // stopped early: resumable, nothing else
     out() << "stopped at step " << result.steps << " of " << total << "; resume with --resume (checkpoint in "
           << checkpoint_dir_ << ")\n";

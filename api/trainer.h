@@ -29,6 +29,14 @@
 // A non-finite loss without dynamic loss scaling stops the run with an error
 // naming the step and tensor; the last checkpoint on disk is untouched.
 //
+// Data parallel (batch.replicas R): R / P replicas in each of the P processes
+// (P = 1 without MPI), replica g = p·(R/P) + l drawing its slice of every
+// global batch from its own DataLoader (train/data.h); the devices of one
+// process get train.threads threads each (0: the free cores shared out).
+// Validation runs the whole validation split on one replica of each process.
+// Checkpoints hold the full weights and optimizer state, the same for every
+// layout, so a run may resume with other replicas.
+//
 // Thread-safety: one run at a time.
 #pragma once
 
@@ -53,6 +61,11 @@ struct TrainerOptions {
   // export, no samples); resuming later continues exactly. For time-limited
   // jobs and for the resume tests.
   int64_t stop_at = 0;
+  // Join the MPI job this process was started in (mpirun; the CLI sets this
+  // after parallel::mpi_init): batch.replicas are then spread over its
+  // processes, and only process 0 writes the run directory, checkpoints and
+  // messages.
+  bool mpi = false;
 };
 
 struct TrainResult {
@@ -101,7 +114,9 @@ class Trainer {
   TrainerOptions options_;
   std::string run_dir_, checkpoint_dir_, tokenizer_dir_;
   models::ModelConfig model_config_;
-  std::unique_ptr<train::DataLoader> loader_;
+  std::vector<std::unique_ptr<train::DataLoader>> loaders_;  // one per local replica, in lockstep
+  std::unique_ptr<train::DataLoader> val_loader_;            // the validation split, unreplicated
+  bool writer_ = true;  // this process writes files and messages (process 0)
   std::unique_ptr<TrainingModel> model_;
   int64_t batch_ = 0, seq_ = 0, final_step_ = 0;
   std::vector<std::pair<int64_t, double>> train_curve_, val_curve_;

@@ -202,9 +202,47 @@ TEST(Trainer, BadConfigsNameTheKey) {
   r = Trainer::create(c);
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().to_string().find(run.path + "/nothing"), std::string::npos) << r.status().to_string();
-  c = tiny_config(run.path);
-  c.batch.replicas = 2;
-  EXPECT_EQ(Trainer::create(c).status().code(), Code::kUnimplemented);
+}
+
+// Two data-parallel replicas of micro-batch 2 take the micro-batches one
+// device accumulating two of them takes, and add their gradients in the same
+// order: the same bits. A checkpoint of one layout resumes under the other
+// at the same place in the data (the position is kept in examples).
+TEST(Trainer, DataParallelEqualsAccumulationAndResumesAcrossLayouts) {
+  TempDir one("one"), two("two"), mixed("mixed");
+  auto layout = [](const std::string& dir, int64_t replicas) {
+    train::TrainConfig c = tiny_config(dir);
+    c.batch.micro = 2;
+    c.batch.replicas = replicas;
+    c.batch.accumulation = 2 / replicas;
+    c.train.threads = 1;
+    return c;
+  };
+  auto r1 = train(layout(one.path, 1));
+  ASSERT_TRUE(r1.is_ok()) << r1.status().to_string();
+  auto r2 = train(layout(two.path, 2));
+  ASSERT_TRUE(r2.is_ok()) << r2.status().to_string();
+  EXPECT_EQ(r1->last_loss, r2->last_loss);
+  EXPECT_EQ(r1->last_val_loss, r2->last_val_loss);
+  auto c1 = train::load_checkpoint(one.path + "/checkpoints");
+  auto c2 = train::load_checkpoint(two.path + "/checkpoints");
+  ASSERT_TRUE(c1.is_ok() && c2.is_ok());
+  expect_same_bits(c1->weights, c2->weights, "weights");
+  expect_same_bits(c1->optimizer, c2->optimizer, "optimizer state");
+  // 10 steps on one device, then 10 more on two replicas.
+  auto m1 = train(layout(mixed.path, 1), false, 10);
+  ASSERT_TRUE(m1.is_ok()) << m1.status().to_string();
+  auto m2 = train(layout(mixed.path, 2), /*resume=*/true);
+  ASSERT_TRUE(m2.is_ok()) << m2.status().to_string();
+  auto cm = train::load_checkpoint(mixed.path + "/checkpoints");
+  ASSERT_TRUE(cm.is_ok());
+  expect_same_bits(c1->weights, cm->weights, "weights after a layout change");
+  // A layout that cannot express the position is refused, naming it.
+  train::TrainConfig odd = layout(mixed.path, 1);
+  odd.batch.micro = 3, odd.batch.accumulation = 1, odd.train.steps = 30;
+  auto bad = Trainer::create(odd, {.resume = true});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("data position"), std::string::npos) << bad.status().to_string();
 }
 
 }  // namespace

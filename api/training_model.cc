@@ -265,7 +265,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::str
 }
 
 Result<float> TrainingModel::evaluate(const std::map<std::string, const Tensor*>& inputs) {
-  ASPEN_ASSIGN_OR_RETURN(auto out, session_->run(inputs, {}, eval_program_));
+  ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(0, inputs, eval_program_));
   return out.at(training_.loss).data<float>()[0];
 }
 

@@ -130,7 +130,8 @@ class TrainingModel {
   const std::vector<StepStats>& last_steps() const { return last_; }
 
   // The loss of one micro-batch (inputs in the forward graph's own shapes)
-  // with the current weights, changing nothing: validation. A program of the
+  // with the current weights, changing nothing: validation (on the first
+  // replica, inputs of one micro-batch). A program of the
   // same session, so the weights are not copied.
   Result<float> evaluate(const std::map<std::string, const Tensor*>& inputs);
 

@@ -1,7 +1,14 @@
 // tools/train_command.cc: `aspen train`, the training job (api/trainer.h).
 //
-//   aspen train CONFIG.yaml [--resume] [--set KEY=VALUE]...
-//   aspen train --demo [--steps N] [--run-dir DIR] [--threads N] [--set KEY=VALUE]...
+//   aspen train CONFIG.yaml [--resume] [--replicas N] [--set KEY=VALUE]...
+//   aspen train --demo [--steps N] [--run-dir DIR] [--threads N] [--replicas N] [--set KEY=VALUE]...
+//   mpirun -np P aspen train ...   (data parallel over P processes)
+//
+// --replicas N trains N data-parallel replicas (batch.replicas): devices of
+// this process, or under mpirun N / P in each process. The demo keeps its
+// global batch of 16 and gives each replica 16 / N examples; under mpirun it
+// uses one replica per process unless told otherwise. Under mpirun only
+// process 0 prints and writes files.
 //
 // --demo needs no files: it writes a byte-level tokenizer and a two-digit
 // addition corpus (train/demo.h) into the run directory, trains a small
@@ -10,10 +17,14 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "api/trainer.h"
+#ifdef ASPEN_HAVE_MPI
+#include "parallel/mpi/mpi_communicator.h"
+#endif
 #include "models/generate.h"
 #include "tools/commands.h"
 #include "train/config.h"
@@ -28,6 +39,7 @@ struct TrainArgs {
   bool demo = false, resume = false;
   int64_t steps = 0;  // 0: the config's (the demo's default)
   int threads = 0;
+  int64_t replicas = 0;  // 0: the config's (the demo: one per process)
   std::string run_dir;
   std::vector<std::string> overrides;
 };
@@ -103,27 +115,45 @@ Status report_addition(const std::string& model_dir, const train::AdditionTask& 
   return Status();
 }
 
-int run_train(const TrainArgs& a) {
-  if (a.demo == !a.config.empty()) {
-    std::cerr << "aspen: error: give a CONFIG.yaml or --demo (one of them)\n";
-    return 2;
-  }
+// Under mpirun: every process waits here until all have arrived (process 0
+// has written what the others read).
+Status barrier(bool mpi) {
+#ifdef ASPEN_HAVE_MPI
+  if (!mpi) return Status();
+  ASPEN_ASSIGN_OR_RETURN(auto world, parallel::MpiCommunicator::world());
+  float one = 1.0f;
+  return world->all_reduce(std::span<float>(&one, 1));
+#else
+  (void)mpi;
+  return Status();
+#endif
+}
+
+int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
+  std::ostream null_stream(nullptr);
+  std::ostream& say = writer ? std::cout : null_stream;
   train::TrainConfig c;
   train::AdditionTask task;
   if (a.demo) {
     const std::string dir = a.run_dir.empty() ? "runs/demo" : a.run_dir;
     c = demo_config(dir);
-    if (!a.resume) {
-      std::cout << "demo: two-digit addition; writing the tokenizer and corpus into " << dir << "\n";
-      if (Status s = train::write_byte_tokenizer(c.data.tokenizer); !s.is_ok()) return report(s);
-    }
     task = train::make_addition_task(c.train.seed);
-    if (!a.resume) {
+    if (!a.resume && writer) {
+      say << "demo: two-digit addition; writing the tokenizer and corpus into " << dir << "\n";
+      if (Status s = train::write_byte_tokenizer(c.data.tokenizer); !s.is_ok()) return report(s);
       auto idx = train::write_addition_shards(task, 8, c.data.train, c.data.tokenizer);
       if (!idx.is_ok()) return report(idx.status());
-      std::cout << "corpus: " << task.train.size() << " training problems x 8 shuffled passes = " << idx->total_tokens
-                << " tokens; " << task.test.size() << " problems held out\n";
+      say << "corpus: " << task.train.size() << " training problems x 8 shuffled passes = " << idx->total_tokens
+          << " tokens; " << task.test.size() << " problems held out\n";
     }
+    if (Status s = barrier(mpi); !s.is_ok()) return report(s);
+    const int64_t replicas = a.replicas > 0 ? a.replicas : processes;
+    if (c.batch.micro % replicas != 0) {
+      return report(Status::invalid_argument("--replicas", "a divisor of the demo's global batch (16)",
+                                             std::to_string(replicas)));
+    }
+    c.batch.micro /= replicas;  // the same global batch, shared out
+    c.batch.replicas = replicas;
   } else {
     auto loaded = train::load_train_config(a.config);
     if (!loaded.is_ok()) return report(loaded.status());
@@ -139,6 +169,7 @@ int run_train(const TrainArgs& a) {
     }
   }
   if (a.threads > 0) c.train.threads = a.threads;
+  if (a.replicas > 0 && !a.demo) c.batch.replicas = a.replicas;
   for (const std::string& o : a.overrides)
     if (Status s = train::apply_override(c, o); !s.is_ok()) return report(s);
   if (a.demo) {
@@ -150,15 +181,22 @@ int run_train(const TrainArgs& a) {
   if (Status s = c.validate(); !s.is_ok()) return report(s);
   api::TrainerOptions to;
   to.resume = a.resume;
+  to.mpi = mpi;
   auto trainer = api::Trainer::create(c, to);
   if (!trainer.is_ok()) return report(trainer.status());
-  std::cout << "training " << c.name << ": " << c.model.family << (c.model.from.empty() ? " from scratch" : " from " + c.model.from)
+  std::string layout;
+  if (c.batch.replicas > 1 || processes > 1)
+    layout = ", " + std::to_string(c.batch.replicas) + " replicas (" + std::to_string(processes) + " process" +
+             (processes > 1 ? "es" : "") + " x " + std::to_string(c.batch.replicas / processes) + ")";
+  say << "training " << c.name << ": " << c.model.family << (c.model.from.empty() ? " from scratch" : " from " + c.model.from)
             << ", " << c.optimizer.name << " lr " << c.optimizer.lr << ", batch " << c.global_batch() << " x "
-            << c.data.seq << " tokens, " << c.train.steps << " steps"
+            << c.data.seq << " tokens" << layout << ", " << c.train.steps << " steps"
             << ((*trainer)->step() > 0 ? ", resuming at step " + std::to_string((*trainer)->step()) : std::string())
             << "; run directory " << (*trainer)->run_dir() << "\n";
   auto r = (*trainer)->run();
   if (!r.is_ok()) return report(r.status());
+  trainer->reset();  // its communicators go before MPI does
+  if (!writer) return 0;
   std::cout << std::setprecision(4) << "loss: " << r->first_loss << " at the first step of this run, " << r->last_loss
             << " at step " << r->steps;
   if (r->last_val_loss >= 0) std::cout << "; validation loss " << r->last_val_loss;
@@ -167,6 +205,28 @@ int run_train(const TrainArgs& a) {
   std::cout << "\n";
   if (a.demo) return report(report_addition(r->model_dir, task, c.train.threads));
   return 0;
+}
+
+int run_train(const TrainArgs& a) {
+  if (a.demo == !a.config.empty()) {
+    std::cerr << "aspen: error: give a CONFIG.yaml or --demo (one of them)\n";
+    return 2;
+  }
+  if (a.replicas < 0) return report(Status::invalid_argument("--replicas", ">= 1", std::to_string(a.replicas)));
+#ifdef ASPEN_HAVE_MPI
+  if (parallel::mpi_launched()) {
+    if (Status s = parallel::mpi_init(nullptr, nullptr); !s.is_ok()) return report(s);
+    const int rank = parallel::mpi_world_rank();
+    const int rc = train_job(a, true, parallel::mpi_world_size(), rank == 0);
+    if (rc != 0) {
+      std::cerr << "aspen: process " << rank << " of the MPI job failed\n";
+      return rc;  // mpirun ends the others
+    }
+    parallel::mpi_finalize();
+    return 0;
+  }
+#endif
+  return train_job(a, false, 1, true);
 }
 
 }  // namespace
@@ -178,6 +238,8 @@ Command add_train_command(CLI::App& app) {
       "Examples: aspen train --demo\n"
       "          aspen train configs/gpt2-tinyshakespeare.yaml --set optimizer.lr=1e-3\n"
       "          aspen train configs/gpt2-tinyshakespeare.yaml --resume\n"
+      "          aspen train --demo --replicas 2\n"
+      "          mpirun -np 2 aspen train --demo\n"
       "The config keys are in docs/training.md.");
   cmd->add_option("CONFIG", args->config, "the run's YAML config");
   cmd->add_flag("--demo", args->demo, "the built-in task: a small GPT learns two-digit addition (no files needed)");
@@ -186,6 +248,8 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--steps", args->steps, "train this many steps (overrides train.steps)");
   cmd->add_option("--threads", args->threads, "threads (overrides train.threads; 0: the free cores)");
   cmd->add_option("--run-dir", args->run_dir, "the run directory (overrides log.run_dir)");
+  cmd->add_option("--replicas", args->replicas,
+                  "data-parallel replicas (overrides batch.replicas; the demo keeps its global batch of 16)");
   return {cmd, [args] { return run_train(*args); }};
 }
 

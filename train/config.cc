@@ -90,6 +90,11 @@ void for_each_key(Config& c, Visit&& v) {
   v("batch", "replicas", c.batch.replicas, at_least(1));
   v("batch", "global", c.batch.global, at_least(0));
 
+  v("parallel", "reduction", c.parallel.reduction, one_of({"mean", "sum"}));
+  v("parallel", "bucket_mb", c.parallel.bucket_mb, at_least(1));
+  v("parallel", "compression", c.parallel.compression, one_of({"none", "bf16"}));
+  v("parallel", "timeout_s", c.parallel.timeout_s, at_least(1));
+
   v("train", "steps", c.train.steps, at_least(1));
   v("train", "seed", c.train.seed, any());
   v("train", "threads", c.train.threads, at_least(0));

@@ -1,7 +1,7 @@
 // train/config.h: the training job's config file (YAML) as a TrainConfig.
 //
 // A config file is a map of sections (model, data, optimizer, schedule,
-// precision, batch, train, checkpoint, eval, log, sample) plus the top-level
+// precision, batch, parallel, train, checkpoint, eval, log, sample) plus the top-level
 // `name`. Every key is optional; a missing key keeps the default written
 // below, and an empty file is the all-defaults config. docs/training.md ("The
 // config file") documents every key.
@@ -87,6 +87,15 @@ struct BatchSection {
   bool operator==(const BatchSection&) const = default;
 };
 
+struct ParallelSection {
+  // How the gradients of a step's micro-batches and replicas combine: mean
+  // (the whole batch's loss) or sum (PopTorch's accumulationAndReplicationReductionType).
+  std::string reduction = "mean";
+  int64_t bucket_mb = 25;             // cross-process all-reduce buckets, MiB (DDP's bucket_cap_mb)
+  std::string compression = "none";   // none | bf16: the cross-process gradients' wire type
+  int64_t timeout_s = 300;            // the longest a replica waits for its peers in a collective
+  bool operator==(const ParallelSection&) const = default;
+};
 struct TrainSection {
   int64_t steps = 1000;
   uint64_t seed = 0;
@@ -132,6 +141,7 @@ struct TrainConfig {
   ScheduleSection schedule = {};
   PrecisionSection precision = {};
   BatchSection batch = {};
+  ParallelSection parallel = {};
   TrainSection train = {};
   CheckpointSection checkpoint = {};
   EvalSection eval = {};
