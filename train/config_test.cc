@@ -172,7 +172,7 @@ TEST(TrainConfigErrors, UnknownKeySuggestsTheClosestKnownOne) {
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
   EXPECT_EQ(s.message(),
             "cfg.yaml:2: optimiser: expected a top-level key (name, model, data, optimizer, schedule, precision, "
-            "batch, train, checkpoint, eval, log, sample), found an unknown key (hint: did you mean 'optimizer'?)");
+            "batch, parallel, train, checkpoint, eval, log, sample), found an unknown key (hint: did you mean 'optimizer'?)");
 
   s = parse_error("schedule:\n  name: cosine\n  warmup_step: 10\n");
   EXPECT_EQ(s.message(),
@@ -220,7 +220,7 @@ TEST(TrainConfigErrors, WrongTypes) {
        "n_positions, d_ff, rotary_dim, vocab, init_std), found 3"},
       {"- a\n- b\n",
        "cfg.yaml:1: expected a map of top-level keys (name, model, data, optimizer, schedule, precision, batch, "
-       "train, checkpoint, eval, log, sample), found a list"},
+       "parallel, train, checkpoint, eval, log, sample), found a list"},
       {"optimizer:\n  lr: 0.1\n  eps: 1e-6\n  lr: 0.2\n",
        "cfg.yaml:4: optimizer.lr: expected each key once, found it again (first on line 2)"},
   };
@@ -355,7 +355,7 @@ TEST(TrainConfigOverride, SameChecksAsTheFile) {
        "min_lr_ratio), found an unknown key (hint: did you mean 'warmup_steps'?)"},
       {"optimiser.lr=1",
        "override 'optimiser.lr=1': optimiser: expected a section (name, model, data, optimizer, schedule, precision, "
-       "batch, train, checkpoint, eval, log, sample), found an unknown key (hint: did you mean 'optimizer'?)"},
+       "batch, parallel, train, checkpoint, eval, log, sample), found an unknown key (hint: did you mean 'optimizer'?)"},
       {"sample.prompts={a: b}",
        "override 'sample.prompts={a: b}': sample.prompts: expected a list of strings, found a map"},
       {"model={n_layer: 0}", "override 'model={n_layer: 0}': model.n_layer: expected an integer >= 1, found 0"},
@@ -428,7 +428,7 @@ TEST(TrainConfigExamples, DocsListEveryKey) {
     EXPECT_NE(doc.find("`" + key + "`"), std::string::npos) << key;
     ++keys;
   }
-  EXPECT_EQ(keys, 68);  // 57 keys + 11 section headers
+  EXPECT_EQ(keys, 73);  // 61 keys + 12 section headers
 }
 
 }  // namespace
