@@ -72,7 +72,9 @@ TEST(DataParallelMpi, ReplicasEqualOneDevice) {
       } else {
         EXPECT_NEAR(sd[i].loss, s1[i].loss, 1e-6 * s1[i].loss) << "step " << i + 1;
       }
-      EXPECT_NEAR(sd[i].grad_norm, s1[i].grad_norm, 1e-5 * s1[i].grad_norm) << "step " << i + 1;
+      if (adam) {  // measured when clipping
+        EXPECT_NEAR(sd[i].grad_norm, s1[i].grad_norm, 1e-5 * s1[i].grad_norm) << "step " << i + 1;
+      }
     }
     expect_same_on_every_rank(wd);
   }

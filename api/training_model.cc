@@ -364,7 +364,7 @@ Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<st
     out.losses.push_back(o.at(training_.loss).data<float>()[0]);
   }
   out.sq.clear();
-  const int norm = size_t(l) < programs_.shards.size() ? programs_.shards[size_t(l)].norm : -1;
+  const int norm = needs_norm() && size_t(l) < programs_.shards.size() ? programs_.shards[size_t(l)].norm : -1;
   if (dp_) ASPEN_RETURN_IF_ERROR(dp_->reduce_to_owners(l, grads_[size_t(l)], grad_counts_, owner_));
   if (norm >= 0) {  // every process holds every reduced tensor: the local shards' sums are the total's terms
     ASPEN_ASSIGN_OR_RETURN(auto o, session_->run_replica(l, {}, norm));
@@ -430,7 +430,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     const bool finite = std::isfinite(sq) && std::isfinite(s.loss);
     const double denom =
         s.loss_scale * (training_.reduction == Reduction::mean ? double(acc) * double(replicas()) : 1.0);
-    s.grad_norm = std::sqrt(sq) / denom;
+    s.grad_norm = needs_norm() ? std::sqrt(sq) / denom : -1.0;
     if (!finite && training_.loss_scaling.mode != train::LossScaling::dynamic) {
       ASPEN_ASSIGN_OR_RETURN(const std::string bad, first_non_finite_gradient());
       steps_done_ = s.step;

@@ -152,6 +152,15 @@ class TrainingModel {
   Status check_finite_weights(int64_t step, float loss) const;
   Result<std::string> first_non_finite(const std::string& prefix) const;
   Result<std::string> first_non_finite_gradient() const;
+  // The split step measures the gradient norm when the host needs it
+  // (clipping, dynamic loss scaling) or when there is one device (where the
+  // split step exists because of accumulation, and the norm is cheap beside
+  // it). Data-parallel steps otherwise skip that pass over the gradients, as
+  // the fused step does; a non-finite gradient then shows as a non-finite loss.
+  bool needs_norm() const {
+    return training_.clip_grad_norm > 0.0 || training_.loss_scaling.mode == train::LossScaling::dynamic ||
+           (!dp_ && session_->replicas() == 1);
+  }
   // The micro-batches, gradient reduction, loss and norm of one step on local replica l.
   struct ReplicaStep {
     std::vector<float> losses;  // of this replica's micro-batches

@@ -385,9 +385,13 @@ TEST(DataParallel, ReplicasEqualOneDeviceWithAccumulation) {
     ASSERT_EQ(s4.size(), 5u);
     for (size_t i = 0; i < 5; ++i) {
       EXPECT_EQ(s4[i].loss, s1[i].loss) << "step " << i + 1;
-      EXPECT_EQ(s4[i].grad_norm, s1[i].grad_norm) << "step " << i + 1;
+      if (adam) {  // measured when clipping; data parallel without clipping skips the norm
+        EXPECT_EQ(s4[i].grad_norm, s1[i].grad_norm) << "step " << i + 1;
+        EXPECT_NEAR(s2[i].grad_norm, s1[i].grad_norm, 1e-4 * s1[i].grad_norm) << "step " << i + 1;
+      } else {
+        EXPECT_EQ(s4[i].grad_norm, -1.0);
+      }
       EXPECT_NEAR(s2[i].loss, s1[i].loss, 1e-6 * s1[i].loss) << "step " << i + 1;
-      EXPECT_NEAR(s2[i].grad_norm, s1[i].grad_norm, 1e-4 * s1[i].grad_norm) << "step " << i + 1;
     }
   }
 }

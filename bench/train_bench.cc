@@ -11,11 +11,13 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "api/training_model.h"
 #include "bench/common.h"
 #include "compiler/executable.h"
 #include "core/philox.h"
@@ -24,6 +26,7 @@
 #include "graph/autodiff.h"
 #include "graph/builder.h"
 #include "models/gpt2.h"
+#include "models/init.h"
 #include "profile/trace.h"
 #include "runtime/session.h"
 #include "train/optimizer.h"
@@ -275,8 +278,8 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
   return r;
 }
 
-// Runs measure() in a child process and returns what it sent.
-Result<Row> measure_in_child(const TrainShape& s, const std::string& dtype, const TrainBenchOptions& opt) {
+// Runs fn() in a child process and returns what it sent.
+Result<Row> in_child(const std::string& what, const std::function<Result<Row>()>& fn) {
   int fds[2];
   if (::pipe(fds) != 0)
     return Status::error(Code::kIoError, "bench train: pipe", "a pipe to the child", std::strerror(errno));
@@ -289,7 +292,7 @@ Result<Row> measure_in_child(const TrainShape& s, const std::string& dtype, cons
   if (pid == 0) {
     ::close(fds[0]);
     nlohmann::json j;
-    Result<Row> r = measure(s, dtype, opt);
+    Result<Row> r = fn();
     if (r.is_ok()) {
       j = to_json(*r);
     } else {
@@ -325,13 +328,71 @@ Result<Row> measure_in_child(const TrainShape& s, const std::string& dtype, cons
   if (j.is_discarded() || !j.is_object()) {
     const std::string how = WIFSIGNALED(wstatus) ? "killed by signal " + std::to_string(WTERMSIG(wstatus))
                                                  : "exit status " + std::to_string(WEXITSTATUS(wstatus));
-    return Status::error(Code::kInternal, "bench train: the " + dtype + " child process", "a JSON report",
+    return Status::error(Code::kInternal, "bench train: the child process of " + what, "a JSON report",
                          how + " without one");
   }
   if (j.contains("error_code"))
     return Status::error(Code(j.value("error_code", int(Code::kInternal))), j.value("subject", ""),
                          j.value("expected", ""), j.value("found", ""), j.value("hint", ""));
   return from_json(j);
+}
+
+// One step as `aspen train` runs it, through api::TrainingModel: one device
+// of opt.threads threads (replicas 1: the fused step), or `replicas`
+// data-parallel replicas of one thread, on the same global batch.
+Result<Row> measure_model(const TrainShape& s, const std::string& dtype, const TrainBenchOptions& opt, int replicas) {
+  Row r;
+  r.dtype = dtype;
+  const int64_t micro = s.batch / replicas;
+  graph::Graph g;
+  {
+    graph::Builder b(g);
+    ASPEN_RETURN_IF_ERROR(models::build_gpt2(b, s.config, {.batch = micro, .seq = s.seq, .with_loss = true}).status());
+  }
+  api::Options o;
+  o.precision(dtype == "bf16" ? DType::bf16 : DType::f32).threads(replicas > 1 ? 1 : opt.threads);
+  o.replication_factor(replicas);
+  api::TrainingOptions t;
+  t.optimizer.weight_decay = 0.1;
+  t.optimizer.no_decay = {"bias", "ln_"};
+  t.schedule.lr = 1e-4;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASPEN_ASSIGN_OR_RETURN(auto model, api::TrainingModel::create(g, o, t));
+  r.compile_s = seconds_since(t0);
+  ASPEN_ASSIGN_OR_RETURN(auto weights, models::init_weights(g, {.seed = 1234, .std = 0.02,
+                                                                .n_layer = s.config.n_layer, .scaled_residual = true}));
+  std::map<std::string, const Tensor*> w;
+  for (const auto& [name, tensor] : weights) w.emplace(name, &tensor);
+  ASPEN_RETURN_IF_ERROR(model->copy_weights_to_device(w));
+  const int64_t BT = s.batch * s.seq;
+  Tensor ids(DType::i32, {s.batch, s.seq}), pos(DType::i32, {s.batch, s.seq}), targets(DType::i32, {BT});
+  for (int64_t i = 0; i < BT; ++i) {
+    ids.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 0, uint64_t(i)) % uint32_t(s.config.vocab));
+    targets.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 1, uint64_t(i)) % uint32_t(s.config.vocab));
+    pos.span<int32_t>()[size_t(i)] = int32_t(i % s.seq);
+  }
+  const std::map<std::string, const Tensor*> inputs = {{"input_ids", &ids}, {"positions", &pos}, {"targets", &targets}};
+  auto step = [&]() -> Result<double> {
+    const auto start = std::chrono::steady_clock::now();
+    ASPEN_ASSIGN_OR_RETURN(auto out, model->run(inputs));
+    const double dt = seconds_since(start);
+    r.loss = double(out.at("loss").span<float>()[0]);
+    return dt;
+  };
+  ASPEN_RETURN_IF_ERROR(step().status());  // warm-up
+  std::vector<double> times;
+  for (int64_t i = 0; i < opt.steps; ++i) {
+    ASPEN_ASSIGN_OR_RETURN(double dt, step());
+    times.push_back(dt);
+  }
+  std::sort(times.begin(), times.end());
+  const size_t n = times.size();
+  r.step_s = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+  r.best_step_s = times.front();
+  r.tokens_per_s = double(BT) / r.step_s;
+  r.tokens_per_s_best = double(BT) / r.best_step_s;
+  r.peak_rss_bytes = peak_rss_bytes();
+  return r;
 }
 
 // bench/torch_train.py for one dtype; fills the peer fields of `r` (left 0
@@ -362,6 +423,51 @@ std::string run_peer(const TrainShape& s, const TrainBenchOptions& opt, Row& r) 
 
 std::string gib(int64_t b) { return fmt::format("{:.2f} GiB", double(b) / double(int64_t(1) << 30)); }
 
+// --replicas: one device against R replicas, per dtype, interleaved.
+Status run_replicas_bench(const TrainShape& s, const TrainBenchOptions& o, std::ostream& out) {
+  constexpr double kGoal = 0.95;  // issue W1.5
+  if (s.batch % o.replicas != 0)
+    return Status::invalid_argument("bench train: --replicas", "a divisor of the batch (" + std::to_string(s.batch) + ")",
+                                    std::to_string(o.replicas));
+  if (!o.json) {
+    out << fmt::format(
+        "# GPT-2 {}: batch {} x seq {}, AdamW, through api::TrainingModel; one device of {} threads (fused step) "
+        "against {} replicas of 1 thread (micro-batch {} each); median of {} steps after 1 warm-up, each in its own "
+        "process\n",
+        o.quick ? "tiny (--quick)" : "124M", s.batch, s.seq, o.threads, o.replicas, s.batch / o.replicas, o.steps);
+    out << fmt::format("{:<5} | {:>12} {:>12} | {:>6} {:>6} | {:>10} {:>10}\n", "dtype", "one device", "replicas",
+                       "ratio", "goal", "RSS one", "RSS repl.");
+    out.flush();
+  }
+  for (const std::string& dtype : o.dtypes) {
+    out.flush();
+    ASPEN_ASSIGN_OR_RETURN(Row one, in_child(dtype + " on one device", [&] { return measure_model(s, dtype, o, 1); }));
+    ASPEN_ASSIGN_OR_RETURN(Row dp, in_child(dtype + " on " + std::to_string(o.replicas) + " replicas",
+                                            [&] { return measure_model(s, dtype, o, o.replicas); }));
+    const double ratio = dp.tokens_per_s / one.tokens_per_s;
+    if (o.json) {
+      nlohmann::ordered_json j = {{"bench", "train_replicas"},
+                                  {"dtype", dtype},
+                                  {"replicas", o.replicas},
+                                  {"threads_one_device", o.threads},
+                                  {"tokens_per_s", dp.tokens_per_s},
+                                  {"one_device_tokens_per_s", one.tokens_per_s},
+                                  {"ratio", ratio},
+                                  {"goal_ratio", kGoal},
+                                  {"peak_rss_bytes", dp.peak_rss_bytes},
+                                  {"one_device_peak_rss_bytes", one.peak_rss_bytes},
+                                  {"loss", dp.loss},
+                                  {"one_device_loss", one.loss}};
+      out << j.dump() << "\n";
+    } else {
+      out << fmt::format("{:<5} | {:>12.1f} {:>12.1f} | {:>6.2f} {:>6} | {:>10} {:>10}\n", dtype, one.tokens_per_s,
+                         dp.tokens_per_s, ratio, fmt::format(">={:.2f}", kGoal), gib(one.peak_rss_bytes),
+                         gib(dp.peak_rss_bytes));
+    }
+  }
+  return Status();
+}
+
 }  // namespace
 
 Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
@@ -373,6 +479,7 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
   if (o.quick) o.steps = 1;
   if (o.steps < 1) return Status::invalid_argument("bench train: steps", ">= 1", std::to_string(o.steps));
   const TrainShape s = bench_shape(o.quick);
+  if (o.replicas > 1) return run_replicas_bench(s, o, out);
   const double fpt = flops_per_token(s);
   const bool peer = !o.python.empty() && o.python != "none";
 
@@ -399,7 +506,7 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
   std::vector<std::string> notes;
   for (const std::string& dtype : o.dtypes) {
     out.flush();  // the child must not inherit unwritten output
-    ASPEN_ASSIGN_OR_RETURN(Row r, measure_in_child(s, dtype, o));
+    ASPEN_ASSIGN_OR_RETURN(Row r, in_child(dtype, [&] { return measure(s, dtype, o); }));
     if (peer) {
       std::string note = run_peer(s, o, r);
       if (!note.empty()) notes.push_back(std::move(note));

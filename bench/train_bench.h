@@ -31,6 +31,11 @@
 // and bf16 autocast, each in its own process) runs only when `python` names an
 // interpreter; it runs right after aspen's row of the same dtype, and the table
 // prints aspen / PyTorch beside the goals of issue W1.4.
+//
+// --replicas R: one device (the fused step, `threads` threads) against R
+// data-parallel replicas of one thread (micro-batch batch / R each, gradients
+// reduced to their shard's replica, sharded AdamW), both api::TrainingModel,
+// each in its own child process; tokens/s of the median step and their ratio.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +55,11 @@ struct TrainBenchOptions {
   std::string python;    // interpreter with torch and transformers; empty or "none": no peer
   bool quick = false;    // a tiny GPT-2 (2 layers, d_model 64, vocab 512), batch 2 x 32, 1 timed step
   bool profile = false;  // print the per-op summary of the timed steps
+  // > 1: instead of the table above, data parallel: `replicas` replicas of
+  // one thread each against one device of `threads` threads, on the same
+  // global batch, both through api::TrainingModel as `aspen train` runs them
+  // (issue W1.5's goal: tokens/s ratio >= 0.95).
+  int replicas = 0;
 };
 
 Status run_train_bench(const TrainBenchOptions& options, std::ostream& out);

@@ -140,7 +140,9 @@ int main(int argc, char** argv) {
   std::string train_dtype = "both";
   CLI::App* train_cmd = bench->add_subcommand(
       "train", "GPT-2-124M training steps (batch 4 x 256, AdamW): tokens/s, MFU and peak RSS beside PyTorch");
-  train_cmd->footer("Example: aspen bench train --json --dtype bf16\n         aspen bench train --python ~/venv/bin/python");
+  train_cmd->footer(
+      "Example: aspen bench train --json --dtype bf16\n         aspen bench train --python ~/venv/bin/python\n"
+      "         aspen bench train --replicas 2");
   train_cmd->add_flag("--json", tb.json, "one JSON object per line");
   train_cmd->add_option("--threads", tb.threads, "threads (default 2)")->check(CLI::Range(1, 1024));
   train_cmd->add_option("--steps", tb.steps, "timed steps per dtype after one warm-up step (default 5)")
@@ -150,6 +152,9 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--python", tb.python, "interpreter with torch and transformers: runs the PyTorch peer");
   train_cmd->add_flag("--quick", tb.quick, "a tiny GPT-2, one timed step (a smoke test, not a measurement)");
   train_cmd->add_flag("--profile", tb.profile, "print where the timed steps' time goes (per op)");
+  train_cmd->add_option("--replicas", tb.replicas,
+                        "data parallel: this many replicas of 1 thread against one device of --threads threads")
+      ->check(CLI::Range(2, 64));
 
   aspen::bench::CollectivesBenchOptions cbo;
   bool coll_no_mpi = false;
