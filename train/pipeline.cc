@@ -1,0 +1,392 @@
+#include "train/pipeline.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "graph/autodiff.h"
+#include "graph/builder.h"
+
+namespace aspen::train {
+
+using graph::Builder;
+using graph::Graph;
+using graph::OpKind;
+using graph::ValueId;
+
+const char* pipeline_schedule_name(PipelineSchedule s) {
+  switch (s) {
+    case PipelineSchedule::gpipe: return "gpipe";
+    case PipelineSchedule::one_f_one_b: return "1f1b";
+  }
+  return "?";
+}
+
+Result<PipelineSchedule> parse_pipeline_schedule(std::string_view name) {
+  if (name == "gpipe") return PipelineSchedule::gpipe;
+  if (name == "1f1b") return PipelineSchedule::one_f_one_b;
+  return Status::invalid_argument("pipeline schedule", "gpipe or 1f1b", "'" + std::string(name) + "'");
+}
+
+std::vector<std::vector<PipeStep>> pipeline_order(PipelineSchedule schedule, int stages, int micro) {
+  std::vector<std::vector<PipeStep>> out(static_cast<size_t>(stages));
+  for (int s = 0; s < stages; ++s) {
+    std::vector<PipeStep>& o = out[size_t(s)];
+    if (schedule == PipelineSchedule::gpipe) {
+      for (int m = 0; m < micro; ++m) o.push_back({true, m});
+      for (int m = 0; m < micro; ++m) o.push_back({false, m});
+      continue;
+    }
+    const int warmup = std::min(micro, stages - s - 1);
+    int f = 0, b = 0;
+    for (; f < warmup; ++f) o.push_back({true, f});
+    while (f < micro) {  // steady state: one forward, one backward
+      o.push_back({true, f++});
+      o.push_back({false, b++});
+    }
+    while (b < micro) o.push_back({false, b++});  // cool-down
+  }
+  return out;
+}
+
+double pipeline_bubble_theory(int stages, int micro) { return double(stages - 1) / double(micro + stages - 1); }
+
+namespace {
+
+bool is_source(OpKind op) { return op == OpKind::input || op == OpKind::parameter || op == OpKind::constant; }
+
+// A rough cost of a node: multiply-adds for products, elements otherwise.
+double node_cost(const Graph& g, const graph::Node& n) {
+  if (n.outputs.empty()) return 0.0;
+  const double out = double(g.type(n.outputs[0]).shape.numel());
+  if (n.op == OpKind::matmul && !n.inputs.empty()) {
+    const Shape& a = g.type(n.inputs[0]).shape;
+    const int64_t k = n.attrs.i_or("trans_a", 0) ? a[-2] : a[-1];
+    return 2.0 * out * double(k);
+  }
+  return out;
+}
+
+std::string edge_name(size_t e) { return "pipe." + std::to_string(e); }
+
+}  // namespace
+
+Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::string& loss) {
+  if (stages < 1) return Status::invalid_argument("pipeline: stages", ">= 1", std::to_string(stages));
+  const std::optional<ValueId> loss_v = fwd.find_output(loss);
+  if (!loss_v)
+    return Status::invalid_argument("pipeline: output '" + loss + "'", "the scalar loss", "no output of that name");
+  std::vector<int32_t> compute;  // node indices in order
+  for (int32_t i = 0; i < int32_t(fwd.nodes().size()); ++i)
+    if (!is_source(fwd.node(i).op)) compute.push_back(i);
+  const int n = int(compute.size());
+  if (n < stages)
+    return Status::invalid_argument("pipeline: stages", "at most the forward graph's " + std::to_string(n) +
+                                                            " compute nodes",
+                                    std::to_string(stages));
+  std::vector<int> pos(fwd.nodes().size(), -1);  // node -> position in `compute`
+  for (int k = 0; k < n; ++k) pos[size_t(compute[size_t(k)])] = k;
+  std::vector<int> stage_of(fwd.nodes().size(), -1);
+
+  bool tagged = false;
+  for (int32_t i : compute) tagged = tagged || fwd.node(i).stage >= 0;
+  if (tagged) {
+    for (int32_t i : compute) {
+      const graph::Node& node = fwd.node(i);
+      int s = node.stage;
+      if (s >= stages)
+        return Status::invalid_argument("pipeline: node " + std::to_string(i) + " (" + graph::op_name(node.op) + ")",
+                                        "a stage tag below the " + std::to_string(stages) + " stages",
+                                        "stage " + std::to_string(s));
+      int inherited = 0;  // untagged: the latest stage of its inputs
+      for (ValueId v : node.inputs) inherited = std::max(inherited, stage_of[size_t(fwd.value(v).producer)]);
+      if (s < 0) s = inherited;
+      stage_of[size_t(i)] = s;
+    }
+  } else {
+    // Cost before each cut, and how many values cross it.
+    std::vector<double> prefix(size_t(n) + 1, 0.0);
+    for (int k = 0; k < n; ++k) prefix[size_t(k) + 1] = prefix[size_t(k)] + node_cost(fwd, fwd.node(compute[size_t(k)]));
+    std::vector<int> last_use(size_t(fwd.num_values()), -1);
+    for (int k = 0; k < n; ++k)
+      for (ValueId v : fwd.node(compute[size_t(k)]).inputs) last_use[size_t(v.index)] = k;
+    std::vector<int> delta(size_t(n) + 1, 0);  // crossing(cut after k) = Σ delta[0..k]
+    for (int k = 0; k < n; ++k)
+      for (ValueId v : fwd.node(compute[size_t(k)]).outputs)
+        if (last_use[size_t(v.index)] > k) {
+          ++delta[size_t(k)];
+          --delta[size_t(last_use[size_t(v.index)])];
+        }
+    std::vector<int> crossing(size_t(n), 0);
+    int running = 0, fewest = std::numeric_limits<int>::max();
+    for (int k = 0; k + 1 < n; ++k) {
+      running += delta[size_t(k)];
+      crossing[size_t(k)] = running;
+      if (running > 0) fewest = std::min(fewest, running);
+    }
+    std::vector<int> cuts;  // stage k+1 starts after position cuts[k]
+    int after = -1;
+    for (int k = 1; k < stages; ++k) {
+      const double target = prefix[size_t(n)] * double(k) / double(stages);
+      int best = -1;
+      for (int c = after + 1; c + (stages - k) < n; ++c) {  // leave a node for every later stage
+        if (crossing[size_t(c)] != fewest) continue;
+        if (best < 0 || std::abs(prefix[size_t(c) + 1] - target) < std::abs(prefix[size_t(best) + 1] - target)) best = c;
+      }
+      if (best < 0)
+        return Status::invalid_argument("pipeline: stages", "at most as many as the graph has narrow cut points",
+                                        std::to_string(stages), "tag the stages in the model (Builder::set_stage)");
+      cuts.push_back(best);
+      after = best;
+    }
+    int s = 0;
+    for (int k = 0; k < n; ++k) {
+      stage_of[size_t(compute[size_t(k)])] = s;
+      if (s < int(cuts.size()) && k == cuts[size_t(s)]) ++s;
+    }
+  }
+
+  // Values only flow forward; every stage has work; the loss is on the last.
+  std::vector<int> count(size_t(stages), 0);
+  for (int32_t i : compute) {
+    ++count[size_t(stage_of[size_t(i)])];
+    for (ValueId v : fwd.node(i).inputs) {
+      const int32_t p = fwd.value(v).producer;
+      if (stage_of[size_t(p)] > stage_of[size_t(i)])
+        return Status::invalid_argument("pipeline: node " + std::to_string(i) + " (" + graph::op_name(fwd.node(i).op) +
+                                            ") on stage " + std::to_string(stage_of[size_t(i)]),
+                                        "inputs from its own or earlier stages",
+                                        "an input from node " + std::to_string(p) + " on stage " +
+                                            std::to_string(stage_of[size_t(p)]));
+    }
+  }
+  for (int s = 0; s < stages; ++s)
+    if (count[size_t(s)] == 0)
+      return Status::invalid_argument("pipeline: stage " + std::to_string(s), "at least one node", "none");
+  const int loss_stage = stage_of[size_t(fwd.value(*loss_v).producer)];
+  if (loss_stage != stages - 1)
+    return Status::invalid_argument("pipeline: the loss", "on the last stage (" + std::to_string(stages - 1) + ")",
+                                    "stage " + std::to_string(loss_stage));
+
+  // The stage graphs, node by node in the forward graph's order.
+  PipelineSplit split;
+  split.stages.resize(size_t(stages));
+  std::vector<std::map<int32_t, ValueId>> mapped(static_cast<size_t>(stages));  // value index -> the stage's value
+  std::map<std::pair<int32_t, int>, int> edge_of;                   // (value, to-stage) -> edge
+  for (int32_t i : compute) {
+    const int s = stage_of[size_t(i)];
+    PipelineStage& st = split.stages[size_t(s)];
+    Graph& g = st.forward;
+    graph::Node copy = fwd.node(i);
+    for (ValueId& v : copy.inputs) {
+      auto it = mapped[size_t(s)].find(v.index);
+      if (it != mapped[size_t(s)].end()) {
+        v = it->second;
+        continue;
+      }
+      const graph::Node& p = fwd.producer(v);
+      ValueId nv;
+      if (is_source(p.op)) {  // copied into every stage that uses it
+        graph::Node src = p;
+        src.inputs.clear();
+        src.outputs.clear();
+        const int32_t k = g.add_node(std::move(src), {fwd.type(v)});
+        nv = g.node(k).outputs[0];
+        if (p.op == OpKind::input) st.inputs.push_back(p.name);
+      } else {  // an edge from an earlier stage
+        const int from = stage_of[size_t(fwd.value(v).producer)];
+        const int e = int(split.edges.size());
+        const DType dt = fwd.type(v).dtype;
+        PipelineEdge edge{edge_name(size_t(e)), from, s, fwd.type(v), dt == DType::f32 || dt == DType::bf16 || dt == DType::f16};
+        split.edges.push_back(edge);
+        edge_of[{v.index, s}] = e;
+        st.in_edges.push_back(e);
+        graph::Node in;
+        in.op = OpKind::input;
+        in.name = edge.name;
+        const int32_t k = g.add_node(std::move(in), {edge.type});
+        nv = g.node(k).outputs[0];
+      }
+      mapped[size_t(s)][v.index] = nv;
+      v = nv;
+    }
+    std::vector<graph::TensorType> types;
+    for (ValueId v : fwd.node(i).outputs) types.push_back(fwd.type(v));
+    const std::vector<ValueId> old_out = fwd.node(i).outputs;
+    copy.outputs.clear();
+    const int32_t k = g.add_node(std::move(copy), types);
+    for (size_t o = 0; o < old_out.size(); ++o) mapped[size_t(s)][old_out[o].index] = g.node(k).outputs[o];
+  }
+  // Each edge is an output of its producing stage.
+  for (size_t e = 0; e < split.edges.size(); ++e) {
+    const PipelineEdge& edge = split.edges[e];
+    PipelineStage& from = split.stages[size_t(edge.from)];
+    from.out_edges.push_back(int(e));
+  }
+  for (const auto& [key, e] : edge_of) {
+    const PipelineEdge& edge = split.edges[size_t(e)];
+    split.stages[size_t(edge.from)].forward.add_output(edge.name, mapped[size_t(edge.from)].at(key.first));
+  }
+  split.stages.back().forward.add_output(loss, mapped.back().at(loss_v->index));
+  return split;
+}
+
+namespace {
+
+bool trainable(const std::string& name, DType t) { return !is_state_name(name) && t == DType::f32; }
+
+std::string stage_accumulator(const std::string& param, int stage, int owner) {
+  return stage == owner ? grad_accumulator_name(param) : grad_accumulator_name(param) + "@" + std::to_string(stage);
+}
+
+// Stage s's backward program: recompute its forward, then the gradients of
+// Σ out_e · grad_e (+ loss · scale on the last stage) into the accumulators
+// and the input edges' gradient outputs.
+Result<Graph> stage_backward(const PipelineSplit& split, int s, const std::vector<std::string>& params,
+                             const std::map<std::string, int>& owner, const ProgramOptions& o, bool first) {
+  const PipelineStage& st = split.stages[size_t(s)];
+  Graph g = st.forward;
+  const bool last = s + 1 == int(split.stages.size());
+  Builder b(g);
+  ValueId objective;
+  auto add = [&](ValueId term) { objective = objective.valid() ? b.add(objective, term) : term; };
+  if (last) {
+    ValueId l = *g.find_output(o.loss);
+    if (o.loss_scale_input) l = b.mul(l, b.input(kLossScaleName, DType::f32, Shape{}));
+    add(l);
+  }
+  for (int e : st.out_edges) {
+    const PipelineEdge& edge = split.edges[size_t(e)];
+    if (!edge.differentiable) continue;
+    const ValueId out = *g.find_output(edge.name);
+    const ValueId grad = b.input(kPipeGradPrefix + std::to_string(e), edge.type.dtype, edge.type.shape);
+    std::vector<int64_t> axes;
+    for (int d = 0; d < edge.type.shape.rank(); ++d) axes.push_back(d);
+    ValueId prod = b.mul(out, grad);
+    add(axes.empty() ? prod : b.reduce_sum(prod, axes));
+  }
+  ASPEN_RETURN_IF_ERROR(b.status());
+  if (!objective.valid())
+    return Status::invalid_argument("pipeline: stage " + std::to_string(s), "a differentiable output or the loss",
+                                    "none (its outputs are all integers)");
+  std::vector<ValueId> wrt;
+  std::vector<std::string> wrt_params;
+  for (const std::string& p : params)
+    if (auto v = g.find_parameter(p)) {
+      wrt.push_back(*v);
+      wrt_params.push_back(p);
+    }
+  std::vector<int> wrt_edges;
+  for (int e : st.in_edges)
+    if (split.edges[size_t(e)].differentiable) {
+      wrt.push_back(*g.find_input(split.edges[size_t(e)].name));
+      wrt_edges.push_back(e);
+    }
+  ASPEN_ASSIGN_OR_RETURN(std::vector<ValueId> grads, graph::append_gradients(g, objective, wrt));
+  Tensor zero_index(DType::i32, Shape{});
+  zero_index.data<int32_t>()[0] = 0;
+  const ValueId zero = b.constant(std::move(zero_index));
+  for (size_t i = 0; i < wrt_params.size(); ++i) {
+    const graph::TensorType t = g.type(wrt[i]);
+    const ValueId acc = b.parameter(stage_accumulator(wrt_params[i], s, owner.at(wrt_params[i])), t.dtype, t.shape);
+    ValueId value;
+    if (!first) {
+      value = b.add(acc, grads[i]);
+    } else if (t.shape.rank() == 0) {
+      value = grads[i];
+    } else {
+      value = b.op1(OpKind::write_slice, {acc, grads[i], zero}, {{"axis", int64_t(0)}});
+    }
+    b.update(acc, value);
+  }
+  for (const auto& [name, v] : st.forward.outputs())
+    if (!(last && name == o.loss)) g.remove_output(name);
+  for (size_t k = 0; k < wrt_edges.size(); ++k)
+    b.output(kPipeGradPrefix + std::to_string(wrt_edges[k]), grads[wrt_params.size() + k]);
+  ASPEN_RETURN_IF_ERROR(b.status());
+  return g;
+}
+
+}  // namespace
+
+Result<PipelinePrograms> build_pipeline_programs(const Graph& forward, int stages, const ProgramOptions& o) {
+  if (o.gradient_accumulation < 1)
+    return Status::invalid_argument("training: gradient_accumulation", ">= 1", std::to_string(o.gradient_accumulation));
+  PipelinePrograms out;
+  ASPEN_ASSIGN_OR_RETURN(out.split, split_pipeline(loss_only(forward, o.loss), stages, o.loss));
+  for (int32_t i : forward.parameter_nodes()) {
+    const graph::Node& n = forward.node(i);
+    if (trainable(n.name, forward.type(n.outputs[0]).dtype)) out.params.push_back(n.name);
+  }
+  // Owners: the first stage that uses each parameter.
+  std::map<std::string, int> owner;
+  std::vector<std::vector<int>> users(out.params.size());
+  for (int s = 0; s < stages; ++s)
+    for (size_t i = 0; i < out.params.size(); ++i)
+      if (out.split.stages[size_t(s)].forward.find_parameter(out.params[i])) {
+        users[i].push_back(s);
+        owner.emplace(out.params[i], s);
+      }
+  for (size_t i = 0; i < out.params.size(); ++i) {
+    if (users[i].empty()) owner.emplace(out.params[i], 0);  // unused: stage 0 keeps (and steps) it
+    if (users[i].size() > 1) {
+      PipelinePrograms::Shared sh{i, {}};
+      for (size_t u = 1; u < users[i].size(); ++u)
+        sh.extra.push_back(stage_accumulator(out.params[i], users[i][u], users[i][0]));
+      out.shared.push_back(std::move(sh));
+    }
+  }
+  OptimizerOptions opt = o.optimizer;
+  opt.grad_scale_input = true;
+  opt.update_step = stages == 1;
+  out.stages.resize(size_t(stages));
+  for (int s = 0; s < stages; ++s) {
+    PipelinePrograms::Stage& st = out.stages[size_t(s)];
+    if (s + 1 < stages) {
+      st.forward = int(out.graphs.size());
+      out.graphs.push_back(out.split.stages[size_t(s)].forward);
+    }
+    ASPEN_ASSIGN_OR_RETURN(Graph first, stage_backward(out.split, s, out.params, owner, o, true));
+    st.backward_first = int(out.graphs.size());
+    out.graphs.push_back(std::move(first));
+    if (o.gradient_accumulation > 1) {
+      ASPEN_ASSIGN_OR_RETURN(Graph next, stage_backward(out.split, s, out.params, owner, o, false));
+      st.backward_next = int(out.graphs.size());
+      out.graphs.push_back(std::move(next));
+    }
+    for (size_t i = 0; i < out.params.size(); ++i)
+      if (owner.at(out.params[i]) == s) st.owned.push_back(i);
+    if (st.owned.empty()) continue;
+    std::vector<graph::TensorType> types;
+    for (size_t i : st.owned) types.push_back(forward.type(*forward.find_parameter(out.params[i])));
+    {
+      Graph g;
+      Builder b(g);
+      std::vector<ValueId> sums;
+      for (size_t k = 0; k < st.owned.size(); ++k) {
+        const ValueId acc = b.parameter(grad_accumulator_name(out.params[st.owned[k]]), types[k].dtype, types[k].shape);
+        sums.push_back(b.reshape(b.op1(OpKind::sum_squares, {acc}), {1}));
+      }
+      b.output(kGradSqNormName, sums.size() == 1 ? sums[0] : b.concat(sums, 0));
+      ASPEN_RETURN_IF_ERROR(b.status());
+      st.norm = int(out.graphs.size());
+      out.graphs.push_back(std::move(g));
+    }
+    {
+      Graph g;
+      Builder b(g);
+      std::vector<ValueId> params, grads;
+      for (size_t k = 0; k < st.owned.size(); ++k) {
+        const std::string& p = out.params[st.owned[k]];
+        params.push_back(b.parameter(p, types[k].dtype, types[k].shape));
+        grads.push_back(b.parameter(grad_accumulator_name(p), types[k].dtype, types[k].shape));
+      }
+      ASPEN_RETURN_IF_ERROR(append_optimizer(b, params, grads, opt).status());
+      st.step = int(out.graphs.size());
+      out.graphs.push_back(std::move(g));
+    }
+  }
+  return out;
+}
+
+}  // namespace aspen::train

@@ -1,0 +1,111 @@
+// train/pipeline.h: pipeline parallelism's programs and schedules.
+//
+// A forward graph with a scalar loss is cut into `stages` consecutive parts,
+// one per device. The cut comes from the nodes' stage tags when the model has
+// them (graph::Builder::set_stage, PopTorch's BeginBlock) and is otherwise
+// balanced automatically: only where few values cross (between transformer
+// blocks, one), at the points whose estimated cost before them is nearest to
+// k/stages of the whole.
+//
+// Values that cross from stage t to a later stage s are edges: stage t's
+// forward program outputs "pipe.<e>", stage s's programs take it as an input,
+// and stage s's backward program outputs its gradient "pipe.grad.<e>", which
+// stage t's backward program takes. Inputs, parameters and constants are
+// copied into every stage that uses them. Each stage has
+//   forward          its part of the forward pass (the last stage needs none:
+//                    its backward computes the loss)
+//   backward_first   recomputes its forward from the inputs it was given
+//   backward_next    (activation recomputation per stage), then accumulates
+//                    its parameters' gradients as train/program.h's micro
+//                    programs do (= g, then += g) and outputs the gradients
+//                    of its input edges; the last stage also outputs the loss
+//   norm, step       over the parameters the stage owns (the first stage that
+//                    uses each), like train/program.h's shards
+// A parameter several stages use (GPT-2's tied wte: the embedding and the
+// lm_head) has one accumulator per stage; the later ones are named
+// "train.grad.<p>@<s>" and the host adds them into the owner's before the
+// norm and the step.
+//
+// Schedules (pipeline_order): GPipe runs every micro-batch forward, then every
+// backward; 1F1B runs stages - s - 1 forwards first on stage s, then
+// alternates one forward and one backward, so at most `stages` micro-batches
+// are in flight. Both have the ideal bubble (p - 1) / (m + p - 1).
+//
+// Thread-safety: pure functions of their arguments.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "graph/graph.h"
+#include "train/program.h"
+
+namespace aspen::train {
+
+enum class PipelineSchedule { gpipe, one_f_one_b };
+const char* pipeline_schedule_name(PipelineSchedule s);  // "gpipe", "1f1b"
+Result<PipelineSchedule> parse_pipeline_schedule(std::string_view name);
+
+struct PipeStep {
+  bool forward = true;
+  int micro = 0;
+  bool operator==(const PipeStep&) const = default;
+};
+// Each stage's passes in order, for `micro` micro-batches.
+std::vector<std::vector<PipeStep>> pipeline_order(PipelineSchedule schedule, int stages, int micro);
+// (p - 1) / (m + p - 1): the idle fraction of a balanced pipeline.
+double pipeline_bubble_theory(int stages, int micro);
+
+struct PipelineEdge {
+  std::string name;  // "pipe.<index>"; its gradient is "pipe.grad.<index>"
+  int from = 0, to = 0;
+  graph::TensorType type;
+  bool differentiable = false;  // a float value (integer edges carry no gradient)
+};
+
+struct PipelineStage {
+  graph::Graph forward;            // inputs: what it uses of the forward graph's inputs, and its in-edges
+  std::vector<int> in_edges, out_edges;  // indices into PipelineSplit::edges
+  std::vector<std::string> inputs;       // the forward graph's inputs it takes (not edges)
+};
+
+struct PipelineSplit {
+  std::vector<PipelineStage> stages;
+  std::vector<PipelineEdge> edges;
+};
+
+// The cut of `forward` (output `loss`) into `stages` stages. Errors
+// (InvalidArgument naming the numbers): fewer compute nodes than stages, a
+// tagged stage outside [0, stages), a value flowing from a later stage to an
+// earlier one, a stage left empty, a loss not on the last stage.
+Result<PipelineSplit> split_pipeline(const graph::Graph& forward, int stages, const std::string& loss);
+
+inline constexpr const char* kPipeGradPrefix = "pipe.grad.";
+
+struct PipelinePrograms {
+  std::vector<graph::Graph> graphs;
+  struct Stage {
+    int forward = -1;  // -1 on the last stage
+    int backward_first = -1, backward_next = -1;  // backward_next only with accumulation
+    int norm = -1, step = -1;                     // -1 when the stage owns no parameter
+    std::vector<size_t> owned;                    // indices into params, in order
+  };
+  std::vector<Stage> stages;
+  std::vector<std::string> params;  // every trained parameter, in forward-graph order
+  // A parameter used by several stages: its accumulators on the later stages,
+  // which the host adds into the owner's ("train.grad.<p>") in stage order.
+  struct Shared {
+    size_t param = 0;
+    std::vector<std::string> extra;
+  };
+  std::vector<Shared> shared;
+  PipelineSplit split;
+};
+
+// The programs of every stage; options as for build_training_programs (the
+// step is always split: options.split and shards are ignored).
+Result<PipelinePrograms> build_pipeline_programs(const graph::Graph& forward, int stages, const ProgramOptions& options);
+
+}  // namespace aspen::train
