@@ -62,13 +62,25 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   const bool data_parallel = local > 1 || options.mpi_;
   po.split = data_parallel;
   po.shards = local;
-  ASPEN_ASSIGN_OR_RETURN(m->programs_, train::build_training_programs(forward, po));
+  const int stages = training.pipeline.stages;
+  if (stages < 1) return Status::invalid_argument("training: pipeline stages", ">= 1", std::to_string(stages));
+  if (stages > 1 && data_parallel)
+    return Status::unimplemented("training: " + std::to_string(stages) + " pipeline stages with data-parallel replicas",
+                                 "layout in this build (pipeline stages, or replicas; not both yet)");
+  std::vector<const graph::Graph*> graphs;
+  if (stages > 1) {
+    ASPEN_ASSIGN_OR_RETURN(train::PipelinePrograms pp, train::build_pipeline_programs(forward, stages, po));
+    m->pipe_ = std::make_unique<train::PipelinePrograms>(std::move(pp));
+    m->programs_.params = m->pipe_->params;
+    for (const graph::Graph& g : m->pipe_->graphs) graphs.push_back(&g);
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(m->programs_, train::build_training_programs(forward, po));
+    for (const graph::Graph& g : m->programs_.graphs) graphs.push_back(&g);
+  }
   for (int32_t i : forward.input_nodes()) m->input_names_.push_back(forward.node(i).name);
 
   // The evaluation program: the forward graph with only the loss as an output.
   const graph::Graph eval = train::loss_only(forward, training.loss);
-  std::vector<const graph::Graph*> graphs;
-  for (const graph::Graph& g : m->programs_.graphs) graphs.push_back(&g);
   m->eval_program_ = int(graphs.size());
   graphs.push_back(&eval);
 
@@ -115,10 +127,19 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   runtime::SessionOptions sopts;
   sopts.threads = options.threads_;
   sopts.trace = m->trace_.get();
-  sopts.replicas = local;
-  sopts.replica_local = {train::grad_accumulator_name("")};
+  sopts.replicas = stages > 1 ? stages : local;
+  if (data_parallel) sopts.replica_local = {train::grad_accumulator_name("")};
   ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exes), sopts));
-  if (m->programs_.split()) {
+  if (m->pipe_) {  // one accumulator per parameter, shared by the stages (each writes its own)
+    m->owner_.assign(m->programs_.params.size(), 0);
+    m->grads_.resize(1);
+    for (const std::string& p : m->programs_.params) {
+      Tensor* t = m->session_->parameter_of(0, train::grad_accumulator_name(p));
+      ASPEN_CHECK(t != nullptr);
+      m->grad_counts_.push_back(t->numel());
+      m->grads_[0].push_back(t->data<float>());
+    }
+  } else if (m->programs_.split()) {
     const auto& params = m->programs_.params;
     m->owner_.assign(params.size(), 0);
     for (size_t k = 0; k < m->programs_.shards.size(); ++k)
@@ -259,7 +280,8 @@ Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::str
                          "a data-parallel step failed earlier and aborted the group",
                          "create the model again (and reload a checkpoint)");
   last_.clear();
-  Result<std::map<std::string, Tensor>> out = programs_.split() ? run_split(inputs) : run_fused(inputs);
+  Result<std::map<std::string, Tensor>> out =
+      pipe_ ? run_pipeline(inputs) : programs_.split() ? run_split(inputs) : run_fused(inputs);
   if (trace_) ASPEN_RETURN_IF_ERROR(profile::write_chrome_trace(trace_->events(), options_.profile_));
   return out;
 }
@@ -427,41 +449,53 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     for (const ReplicaStep& r : rs)
       for (float x : r.sq) sq_f32 += x;
     const double sq = double(sq_f32);
-    const bool finite = std::isfinite(sq) && std::isfinite(s.loss);
-    const double denom =
-        s.loss_scale * (training_.reduction == Reduction::mean ? double(acc) * double(replicas()) : 1.0);
-    s.grad_norm = needs_norm() ? std::sqrt(sq) / denom : -1.0;
-    if (!finite && training_.loss_scaling.mode != train::LossScaling::dynamic) {
-      ASPEN_ASSIGN_OR_RETURN(const std::string bad, first_non_finite_gradient());
-      steps_done_ = s.step;
-      last_.push_back(s);
-      return Status::error(Code::kFailedPrecondition, "training step " + std::to_string(s.step),
-                           "a finite loss and gradients",
-                           "loss " + std::to_string(s.loss) + ", gradient norm " + std::to_string(s.grad_norm) +
-                               (bad.empty() ? std::string() : "; first non-finite tensor: the gradient of '" + bad + "'") +
-                               " (the update was not applied)");
-    }
-    s.skipped = !scaler_.update(finite);
-    if (!s.skipped) {
-      double clip = 1.0;
-      if (training_.clip_grad_norm > 0.0) clip = std::min(1.0, training_.clip_grad_norm / (s.grad_norm + 1e-6));
-      const Tensor lr = scalar_f32(float(s.lr)), gs = scalar_f32(float(clip / denom));
-      ASPEN_RETURN_IF_ERROR(on_replicas([&](int l) -> Status {
+    auto apply = [&](const Tensor& lr, const Tensor& gs) -> Status {
+      Status st = on_replicas([&](int l) -> Status {
         const int step = size_t(l) < programs_.shards.size() ? programs_.shards[size_t(l)].step : -1;
         if (step < 0) return Status();
         return session_->run_replica(l, {{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, step).status();
-      }));
-      if (programs_.shards.size() > 1) {  // the shards read the count; it advances once (train/program.h)
-        Tensor* count = session_->parameter_of(0, train::kStepName);
-        ASPEN_CHECK(count != nullptr);
-        count->data<float>()[0] += 1.0f;
-      }
-    }
-    steps_done_ = s.step;
-    last_.push_back(s);
+      });
+      if (st.is_ok() && programs_.shards.size() > 1) advance_step_count();
+      return st;
+    };
+    ASPEN_RETURN_IF_ERROR(finish_step(s, sq, apply));
     losses.push_back(s.loss);
   }
   return losses_by_mode(losses);
+}
+
+void TrainingModel::advance_step_count() {  // the shards read the count; it advances once (train/program.h)
+  Tensor* count = session_->parameter_of(0, train::kStepName);
+  ASPEN_CHECK(count != nullptr);
+  count->data<float>()[0] += 1.0f;
+}
+
+Status TrainingModel::finish_step(StepStats& s, double sq,
+                                  const std::function<Status(const Tensor& lr, const Tensor& grad_scale)>& apply) {
+  const int64_t acc = options_.gradient_accumulation_;
+  const bool finite = std::isfinite(sq) && std::isfinite(s.loss);
+  const double denom = s.loss_scale * (training_.reduction == Reduction::mean ? double(acc) * double(replicas()) : 1.0);
+  s.grad_norm = needs_norm() ? std::sqrt(sq) / denom : -1.0;
+  if (!finite && training_.loss_scaling.mode != train::LossScaling::dynamic) {
+    ASPEN_ASSIGN_OR_RETURN(const std::string bad, first_non_finite_gradient());
+    steps_done_ = s.step;
+    last_.push_back(s);
+    return Status::error(Code::kFailedPrecondition, "training step " + std::to_string(s.step),
+                         "a finite loss and gradients",
+                         "loss " + std::to_string(s.loss) + ", gradient norm " + std::to_string(s.grad_norm) +
+                             (bad.empty() ? std::string() : "; first non-finite tensor: the gradient of '" + bad + "'") +
+                             " (the update was not applied)");
+  }
+  s.skipped = !scaler_.update(finite);
+  if (!s.skipped) {
+    double clip = 1.0;
+    if (training_.clip_grad_norm > 0.0) clip = std::min(1.0, training_.clip_grad_norm / (s.grad_norm + 1e-6));
+    const Tensor lr = scalar_f32(float(s.lr)), gs = scalar_f32(float(clip / denom));
+    ASPEN_RETURN_IF_ERROR(apply(lr, gs));
+  }
+  steps_done_ = s.step;
+  last_.push_back(s);
+  return Status();
 }
 
 }  // namespace aspen::api

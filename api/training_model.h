@@ -48,6 +48,7 @@
 // Thread-safety: one call at a time.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -59,6 +60,7 @@
 #include "profile/trace.h"
 #include "runtime/session.h"
 #include "train/optimizer.h"
+#include "train/pipeline.h"
 #include "train/program.h"
 #include "train/schedule.h"
 
@@ -76,6 +78,15 @@ struct TrainingOptions {
   train::LossScaleOptions loss_scaling;
   std::string loss = "loss";        // the forward graph's output to minimise
   Reduction reduction = Reduction::mean;
+  // Pipeline parallel: the forward graph cut into `stages` stages, one device
+  // each (train/pipeline.h: from the model's stage tags, or balanced); the
+  // gradient_accumulation micro-batches of a step flow through them in the
+  // schedule's order. Not yet with replicas.
+  struct Pipeline {
+    int stages = 1;
+    train::PipelineSchedule schedule = train::PipelineSchedule::one_f_one_b;
+  };
+  Pipeline pipeline = {};
   // Data parallel: buckets and compression of the cross-process all-reduce,
   // and the collectives' timeout (local and mpi are taken from Options).
   parallel::DataParallelOptions data_parallel = default_data_parallel();
@@ -85,6 +96,15 @@ struct TrainingOptions {
     o.comm.name = "data";
     return o;
   }
+};
+
+// Where the time of the last pipelined step went: each stage's seconds in
+// its programs, and the step's wall time (micro-batches only, not the
+// optimizer). The bubble is 1 - mean(busy) / wall.
+struct PipelineStats {
+  std::vector<double> busy_s;
+  double wall_s = 0.0;
+  double bubble() const;
 };
 
 // What the last run() did, step by step.
@@ -128,6 +148,8 @@ class TrainingModel {
 
   Result<std::map<std::string, Tensor>> run(const std::map<std::string, const Tensor*>& inputs);
   const std::vector<StepStats>& last_steps() const { return last_; }
+  const PipelineStats& last_pipeline_stats() const { return pipe_stats_; }
+  int pipeline_stages() const { return pipe_ ? int(pipe_->stages.size()) : 1; }
 
   // The loss of one micro-batch (inputs in the forward graph's own shapes)
   // with the current weights, changing nothing: validation (on the first
@@ -152,6 +174,14 @@ class TrainingModel {
   Status check_finite_weights(int64_t step, float loss) const;
   Result<std::string> first_non_finite(const std::string& prefix) const;
   Result<std::string> first_non_finite_gradient() const;
+  // After a step's micro-batches: the norm, the non-finite check, the loss
+  // scaler and clipping, then apply(lr, grad_scale) runs the optimizer;
+  // records the step.
+  Status finish_step(StepStats& s, double sq,
+                     const std::function<Status(const Tensor& lr, const Tensor& grad_scale)>& apply);
+  void advance_step_count();
+  // Pipeline stages (api/training_pipeline.cc).
+  Result<std::map<std::string, Tensor>> run_pipeline(const std::map<std::string, const Tensor*>& inputs);
   // The split step measures the gradient norm when the host needs it
   // (clipping, dynamic loss scaling) or when there is one device (where the
   // split step exists because of accumulation, and the norm is cheap beside
@@ -186,6 +216,8 @@ class TrainingModel {
   std::vector<std::vector<float*>> grads_;  // by local replica: its accumulators, in parameter order
   std::vector<int64_t> grad_counts_;        // by trained parameter: elements
   bool broken_ = false;                     // a data-parallel step failed: the group is aborted
+  std::unique_ptr<train::PipelinePrograms> pipe_;  // pipeline stages (null: none)
+  PipelineStats pipe_stats_;
 };
 
 }  // namespace aspen::api

@@ -458,3 +458,105 @@ TEST(DataParallel, AFailingReplicaStopsTheGroupWithItsError) {
 
 }  // namespace
 }  // namespace aspen::api
+
+namespace aspen::api {
+namespace {
+
+using namespace testing;  // NOLINT: the helpers of this test
+
+// Pipeline stages (cut automatically between blocks; GPT-2's tied wte used by
+// the first and the last stage) equal one device accumulating the same
+// micro-batches, for both schedules: each stage recomputes its forward in its
+// backward pass and the stages' gradient contributions to a shared weight are
+// added in another order, so f32 rounding, not bits.
+TEST(Pipeline, StagesEqualOneDeviceWithAccumulation) {
+  ASSERT_TRUE(kCores);
+  TrainingOptions sgd = golden_adamw();
+  sgd.optimizer.kind = train::OptimizerKind::sgd;
+  sgd.optimizer.momentum = 0.9;
+  sgd.schedule.lr = 0.1;
+  for (const TrainingOptions& base : {sgd, dp_adamw()}) {
+    const bool adam = base.optimizer.kind == train::OptimizerKind::adamw;
+    Options one;
+    one.threads(1).gradient_accumulation(4);
+    std::vector<StepStats> s1;
+    const auto w1 = train_weights(one, base, 4, 5, &s1);
+    for (int stages : {2, 3})
+      for (train::PipelineSchedule schedule : {train::PipelineSchedule::gpipe, train::PipelineSchedule::one_f_one_b}) {
+        SCOPED_TRACE(std::string(adam ? "adamw, clipped" : "sgd") + ", " + std::to_string(stages) + " stages, " +
+                     train::pipeline_schedule_name(schedule));
+        TrainingOptions t = base;
+        t.pipeline = {stages, schedule};
+        std::vector<StepStats> sp;
+        const auto wp = train_weights(one, t, 4, 5, &sp);
+        ASSERT_FALSE(wp.empty());
+        EXPECT_LT(max_rel_diff(wp, w1), adam ? 1e-4 : 1e-5);
+        ASSERT_EQ(sp.size(), 5u);
+        for (size_t i = 0; i < 5; ++i) {
+          EXPECT_NEAR(sp[i].loss, s1[i].loss, 1e-5 * s1[i].loss) << "step " << i + 1;
+          if (adam) {
+            EXPECT_NEAR(sp[i].grad_norm, s1[i].grad_norm, 1e-4 * s1[i].grad_norm) << "step " << i + 1;
+          }
+        }
+      }
+  }
+}
+
+}  // namespace
+}  // namespace aspen::api
+
+namespace aspen::api {
+namespace {
+
+using namespace testing;  // NOLINT: the helpers of this test
+
+// The cut of gpt2-tiny: balanced stages joined by one activation each (the
+// residual stream), the tied wte shared by the first and the last stage.
+TEST(Pipeline, SplitsGpt2AtBlockBoundaries) {
+  Forward f = forward("gpt2-tiny", 2, 7);
+  for (int stages : {2, 3}) {
+    auto pp = train::build_pipeline_programs(f.g, stages, {});
+    ASSERT_TRUE(pp.is_ok()) << pp.status().to_string();
+    EXPECT_EQ(int(pp->stages.size()), stages);
+    EXPECT_EQ(int(pp->split.edges.size()), stages - 1);
+    for (const train::PipelineEdge& e : pp->split.edges) {
+      EXPECT_EQ(e.to, e.from + 1);
+      EXPECT_EQ(e.type.shape.to_string(), "[2, 7, 48]");  // [B, T, C]
+    }
+    ASSERT_EQ(pp->shared.size(), 1u);
+      EXPECT_EQ(pp->params[pp->shared[0].param], "transformer.wte.weight");
+    EXPECT_EQ(pp->stages.back().forward, -1);  // the last stage's backward computes its forward
+  }
+  EXPECT_EQ(train::build_pipeline_programs(f.g, 100000, {}).status().subject(), "pipeline: stages");
+}
+
+// A model with stage tags is cut where the tags say; a tag that sends a value
+// back to an earlier stage is refused, naming the nodes.
+TEST(Pipeline, StageTagsDecideTheCut) {
+  graph::Graph g;
+  graph::Builder b(g);
+  b.set_stage(0);
+  const graph::ValueId x = b.input("x", DType::f32, {3, 4});
+  const graph::ValueId h = b.tanh(b.op1(graph::OpKind::matmul, {x, b.parameter("w0", DType::f32, {4, 4})}));
+  b.set_stage(1);
+  const graph::ValueId y = b.tanh(b.op1(graph::OpKind::matmul, {h, b.parameter("w1", DType::f32, {4, 4})}));
+  b.output("loss", b.reduce_sum(b.mul(y, y), {0, 1}));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  auto split = train::split_pipeline(g, 2, "loss");
+  ASSERT_TRUE(split.is_ok()) << split.status().to_string();
+  ASSERT_EQ(split->edges.size(), 1u);
+  EXPECT_TRUE(split->stages[0].forward.find_parameter("w0").has_value());
+  EXPECT_FALSE(split->stages[0].forward.find_parameter("w1").has_value());
+  EXPECT_TRUE(split->stages[1].forward.find_parameter("w1").has_value());
+  g.mutable_node(g.value(h).producer).stage = 1;  // tanh on stage 1, its input on 0: fine
+  EXPECT_TRUE(train::split_pipeline(g, 2, "loss").is_ok());
+  g.mutable_node(g.value(y).producer).stage = 0;  // y's tanh back on stage 0, its matmul on 1
+  auto bad = train::split_pipeline(g, 2, "loss");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("inputs from its own or earlier stages"), std::string::npos)
+      << bad.status().to_string();
+  EXPECT_EQ(train::split_pipeline(g, 3, "loss").status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace aspen::api

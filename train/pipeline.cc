@@ -201,11 +201,9 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
         split.edges.push_back(edge);
         edge_of[{v.index, s}] = e;
         st.in_edges.push_back(e);
-        graph::Node in;
-        in.op = OpKind::input;
-        in.name = edge.name;
-        const int32_t k = g.add_node(std::move(in), {edge.type});
-        nv = g.node(k).outputs[0];
+        Builder b(g);
+        nv = b.input(edge.name, edge.type.dtype, edge.type.shape);
+        ASPEN_RETURN_IF_ERROR(b.status());
       }
       mapped[size_t(s)][v.index] = nv;
       v = nv;

@@ -1,0 +1,240 @@
+// TrainingModel's pipelined step (TrainingOptions::pipeline): each stage is a
+// device of the session, running its passes in the schedule's order
+// (train/pipeline.h) on its own team; activations and their gradients move
+// between stages through in-process channels.
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <tuple>
+
+#include "api/training_model.h"
+#include "core/check.h"
+
+namespace aspen::api {
+
+double PipelineStats::bubble() const {
+  if (busy_s.empty() || wall_s <= 0.0) return 0.0;
+  double sum = 0.0;
+  for (double b : busy_s) sum += b;
+  return 1.0 - sum / double(busy_s.size()) / wall_s;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Tensors in flight between stages, by (edge, micro-batch, gradient?). A put
+// never waits (the buffer holds what a schedule has in flight, at most
+// stages micro-batches per edge with 1F1B); a take waits for its tensor, for
+// the group's failure, or for the timeout.
+class Channels {
+ public:
+  explicit Channels(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+
+  void put(int edge, int micro, bool grad, Tensor t) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      box_[{edge, micro, grad}] = std::move(t);
+    }
+    cv_.notify_all();
+  }
+
+  Result<Tensor> take(int edge, int micro, bool grad, const std::string& who) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto key = std::make_tuple(edge, micro, grad);
+    const bool ready = cv_.wait_for(lock, timeout_, [&] { return failed_ || box_.count(key) > 0; });
+    if (failed_)
+      return Status::error(Code::kAborted, who, "a working pipeline", "another stage failed: " + why_,
+                           "the first error (on another stage) is the cause");
+    if (!ready) {
+      failed_ = true;
+      why_ = who + " waited longer than " + std::to_string(timeout_.count()) + " ms";
+      cv_.notify_all();
+      return Status::error(Code::kDeadlineExceeded, who, "the tensor within " + std::to_string(timeout_.count()) + " ms",
+                           "nothing", "a stage stopped or hangs");
+    }
+    auto it = box_.find(key);
+    Tensor t = std::move(it->second);
+    box_.erase(it);
+    return t;
+  }
+
+  void fail(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failed_) {
+        failed_ = true;
+        why_ = why;
+      }
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::tuple<int, int, bool>, Tensor> box_;
+  bool failed_ = false;
+  std::string why_;
+};
+
+Tensor scalar(float v) {
+  Tensor t(DType::f32, Shape{});
+  t.data<float>()[0] = v;
+  return t;
+}
+
+// Micro-batch `index` of a feed of [n, ...per] (or the same bytes merged).
+Tensor micro_batch(const Tensor& t, const Shape& per, int64_t index) {
+  Tensor out(t.dtype(), per);
+  const size_t bytes = out.nbytes();
+  if (bytes) std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + size_t(index) * bytes, bytes);
+  return out;
+}
+
+}  // namespace
+
+Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map<std::string, const Tensor*>& inputs) {
+  const train::PipelinePrograms& pp = *pipe_;
+  const int S = int(pp.stages.size());
+  const int64_t iters = options_.device_iterations_, acc = options_.gradient_accumulation_;
+  // The forward graph's inputs each stage takes, and their per-micro-batch types.
+  std::map<std::string, Shape> per;
+  for (int s = 0; s < S; ++s) {
+    const compiler::Executable& exe = session_->executable(pp.stages[size_t(s)].backward_first);
+    for (const compiler::Binding& b : exe.inputs) {
+      if (b.name.starts_with("pipe.") || b.name == train::kLossScaleName) continue;
+      auto it = inputs.find(b.name);
+      if (it == inputs.end()) return Status::invalid_argument("training input '" + b.name + "'", "given", "missing");
+      const Tensor& t = *it->second;
+      if (t.dtype() != b.type.dtype || t.numel() != b.type.shape.numel() * iters * acc)
+        return Status::invalid_argument(
+            "training input '" + b.name + "'",
+            std::string(dtype_name(b.type.dtype)) + " with " + std::to_string(iters * acc) +
+                " micro-batches of " + b.type.shape.to_string() + " (device_iterations x gradient_accumulation)",
+            std::string(dtype_name(t.dtype())) + t.shape().to_string());
+      per.emplace(b.name, b.type.shape);
+    }
+  }
+  const std::vector<std::vector<train::PipeStep>> order = train::pipeline_order(training_.pipeline.schedule, S, int(acc));
+  std::vector<float> losses;
+  for (int64_t it = 0; it < iters; ++it) {
+    StepStats s;
+    s.step = steps_done_ + 1;
+    s.lr = training_.schedule.at(s.step);
+    s.loss_scale = scaler_.scale();
+    const Tensor ls = scalar(float(s.loss_scale));
+    Channels channels(training_.data_parallel.comm.timeout);
+    std::vector<float> micro_losses(static_cast<size_t>(acc), 0.0f);
+    pipe_stats_.busy_s.assign(size_t(S), 0.0);
+    const auto t0 = Clock::now();
+    auto stage_work = [&](int st) -> Status {
+      const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
+      const train::PipelineStage& split = pp.split.stages[size_t(st)];
+      const bool last = st + 1 == S;
+      std::map<int, std::map<std::string, Tensor>> stash;  // micro-batch -> its in-edge tensors
+      bool first_backward = true;
+      for (const train::PipeStep& step : order[size_t(st)]) {
+        const int m = step.micro;
+        const std::string where = "pipeline stage " + std::to_string(st) + ", " +
+                                  (step.forward ? "forward" : "backward") + " of micro-batch " + std::to_string(m);
+        std::map<std::string, Tensor> owned;
+        for (const std::string& name : split.inputs)
+          owned.emplace(name, micro_batch(*inputs.at(name), per.at(name), it * acc + m));
+        if (step.forward) {
+          for (int e : split.in_edges) {
+            const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
+            ASPEN_ASSIGN_OR_RETURN(Tensor t, channels.take(e, m, false, where + ": waiting for " + edge.name +
+                                                                           " from stage " + std::to_string(edge.from)));
+            stash[m].emplace(edge.name, std::move(t));
+          }
+          if (last) continue;  // the last stage's backward computes its forward
+          std::map<std::string, const Tensor*> feeds;
+          for (const auto& [name, t] : owned) feeds.emplace(name, &t);
+          for (const auto& [name, t] : stash[m]) feeds.emplace(name, &t);
+          const auto b0 = Clock::now();
+          ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(st, feeds, prog.forward));
+          pipe_stats_.busy_s[size_t(st)] += std::chrono::duration<double>(Clock::now() - b0).count();
+          for (int e : split.out_edges) channels.put(e, m, false, std::move(out.at(pp.split.edges[size_t(e)].name)));
+          continue;
+        }
+        std::map<std::string, Tensor> grads;
+        for (int e : split.out_edges) {
+          const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
+          if (!edge.differentiable) continue;
+          ASPEN_ASSIGN_OR_RETURN(Tensor g, channels.take(e, m, true, where + ": waiting for the gradient of " +
+                                                                         edge.name + " from stage " +
+                                                                         std::to_string(edge.to)));
+          grads.emplace(train::kPipeGradPrefix + std::to_string(e), std::move(g));
+        }
+        std::map<std::string, const Tensor*> feeds;
+        for (const auto& [name, t] : owned) feeds.emplace(name, &t);
+        for (const auto& [name, t] : stash[m]) feeds.emplace(name, &t);
+        for (const auto& [name, t] : grads) feeds.emplace(name, &t);
+        if (last && training_.loss_scaling.mode != train::LossScaling::none) feeds.emplace(train::kLossScaleName, &ls);
+        const int program = first_backward || prog.backward_next < 0 ? prog.backward_first : prog.backward_next;
+        first_backward = false;
+        const auto b0 = Clock::now();
+        ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(st, feeds, program));
+        pipe_stats_.busy_s[size_t(st)] += std::chrono::duration<double>(Clock::now() - b0).count();
+        for (int e : split.in_edges) {
+          const std::string name = train::kPipeGradPrefix + std::to_string(e);
+          if (auto g = out.find(name); g != out.end()) channels.put(e, m, true, std::move(g->second));
+        }
+        if (last) micro_losses[size_t(m)] = out.at(training_.loss).data<float>()[0];
+        stash.erase(m);
+      }
+      return Status();
+    };
+    ASPEN_RETURN_IF_ERROR(session_->for_each_replica([&](int st) {
+      Status r = stage_work(st);
+      if (!r.is_ok()) channels.fail("stage " + std::to_string(st) + ": " + r.message());
+      return r;
+    }));
+    pipe_stats_.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    // A parameter several stages use: its later stages' gradients into the owner's, in stage order.
+    for (const train::PipelinePrograms::Shared& sh : pp.shared) {
+      float* into = grads_[0][sh.param];
+      for (const std::string& name : sh.extra) {
+        const Tensor* t = session_->parameter_of(0, name);
+        ASPEN_CHECK(t != nullptr);
+        const float* from = t->data<float>();
+        for (int64_t k = 0; k < grad_counts_[sh.param]; ++k) into[k] += from[k];
+      }
+    }
+    double loss_sum = 0.0;
+    for (float l : micro_losses) loss_sum += double(l);
+    s.loss = float(loss_sum / double(acc));
+    // Σg², added in parameter order (the same bits as one device's norm of the same gradients).
+    std::vector<float> sums(pp.params.size(), 0.0f);
+    if (needs_norm()) {
+      ASPEN_RETURN_IF_ERROR(session_->for_each_replica([&](int st) -> Status {
+        const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
+        if (prog.norm < 0) return Status();
+        ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(st, {}, prog.norm));
+        const Tensor& t = out.at(train::kGradSqNormName);
+        for (size_t k = 0; k < prog.owned.size(); ++k) sums[prog.owned[k]] = t.data<float>()[k];
+        return Status();
+      }));
+    }
+    float sq = 0.0f;
+    for (float x : sums) sq += x;
+    auto apply = [&](const Tensor& lr, const Tensor& gs) -> Status {
+      Status st = session_->for_each_replica([&](int stage) -> Status {
+        const int program = pp.stages[size_t(stage)].step;
+        if (program < 0) return Status();
+        return session_->run_replica(stage, {{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, program).status();
+      });
+      if (st.is_ok()) advance_step_count();
+      return st;
+    };
+    ASPEN_RETURN_IF_ERROR(finish_step(s, double(sq), apply));
+    losses.push_back(s.loss);
+  }
+  return losses_by_mode(losses);
+}
+
+}  // namespace aspen::api
