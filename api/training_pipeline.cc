@@ -151,7 +151,6 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
                                                                            " from stage " + std::to_string(edge.from)));
             stash[m].emplace(edge.name, std::move(t));
           }
-          if (last) continue;  // the last stage's backward computes its forward
           std::map<std::string, const Tensor*> feeds;
           for (const auto& [name, t] : owned) feeds.emplace(name, &t);
           for (const auto& [name, t] : stash[m]) feeds.emplace(name, &t);
@@ -159,6 +158,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
           ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(st, feeds, prog.forward));
           pipe_stats_.busy_s[size_t(st)] += std::chrono::duration<double>(Clock::now() - b0).count();
           for (int e : split.out_edges) channels.put(e, m, false, std::move(out.at(pp.split.edges[size_t(e)].name)));
+          if (last) micro_losses[size_t(m)] = out.at(training_.loss).data<float>()[0];
           continue;
         }
         std::map<std::string, Tensor> grads;
@@ -184,7 +184,6 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
           const std::string name = train::kPipeGradPrefix + std::to_string(e);
           if (auto g = out.find(name); g != out.end()) channels.put(e, m, true, std::move(g->second));
         }
-        if (last) micro_losses[size_t(m)] = out.at(training_.loss).data<float>()[0];
         stash.erase(m);
       }
       return Status();

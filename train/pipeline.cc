@@ -340,10 +340,8 @@ Result<PipelinePrograms> build_pipeline_programs(const Graph& forward, int stage
   out.stages.resize(size_t(stages));
   for (int s = 0; s < stages; ++s) {
     PipelinePrograms::Stage& st = out.stages[size_t(s)];
-    if (s + 1 < stages) {
-      st.forward = int(out.graphs.size());
-      out.graphs.push_back(out.split.stages[size_t(s)].forward);
-    }
+    st.forward = int(out.graphs.size());
+    out.graphs.push_back(out.split.stages[size_t(s)].forward);
     ASPEN_ASSIGN_OR_RETURN(Graph first, stage_backward(out.split, s, out.params, owner, o, true));
     st.backward_first = int(out.graphs.size());
     out.graphs.push_back(std::move(first));

@@ -12,8 +12,9 @@
 // and stage s's backward program outputs its gradient "pipe.grad.<e>", which
 // stage t's backward program takes. Inputs, parameters and constants are
 // copied into every stage that uses them. Each stage has
-//   forward          its part of the forward pass (the last stage needs none:
-//                    its backward computes the loss)
+//   forward          its part of the forward pass (the last stage's outputs
+//                    the loss; running it keeps the stages' work equal, since
+//                    every backward recomputes its stage's forward)
 //   backward_first   recomputes its forward from the inputs it was given
 //   backward_next    (activation recomputation per stage), then accumulates
 //                    its parameters' gradients as train/program.h's micro
@@ -87,7 +88,7 @@ inline constexpr const char* kPipeGradPrefix = "pipe.grad.";
 struct PipelinePrograms {
   std::vector<graph::Graph> graphs;
   struct Stage {
-    int forward = -1;  // -1 on the last stage
+    int forward = -1;
     int backward_first = -1, backward_next = -1;  // backward_next only with accumulation
     int norm = -1, step = -1;                     // -1 when the stage owns no parameter
     std::vector<size_t> owned;                    // indices into params, in order
