@@ -6,6 +6,7 @@
 //   aspen bench kernels [--json]
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
 //   aspen bench generate [--json] [--threads N] [--new-tokens N] [--python PATH]
+//   aspen bench pipeline [--json] [--stages 2,4] [--micro 4,8] [--width N] [--steps N] [--quick]
 //   aspen bench collectives [--json] [--devices 2,4] [--mib 1,16,64] [--no-mpi] [--mpirun PATH] [--quick]
 //   aspen bench train [--json] [--threads N] [--steps N] [--dtype f32|bf16|both] [--python PATH] [--quick]
 //   aspen generate --model DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
@@ -26,6 +27,7 @@
 #include "bench/attention_bench.h"
 #include "bench/collectives_bench.h"
 #include "bench/compile_bench.h"
+#include "bench/pipeline_bench.h"
 #include "bench/decode_bench.h"
 #include "bench/gemm_bench.h"
 #include "bench/generate_bench.h"
@@ -156,6 +158,20 @@ int main(int argc, char** argv) {
                         "data parallel: this many replicas of 1 thread against one device of --threads threads")
       ->check(CLI::Range(2, 64));
 
+  aspen::bench::PipelineBenchOptions pbo;
+  CLI::App* pipe_cmd = bench->add_subcommand(
+      "pipeline", "the measured pipeline bubble beside (p-1)/(m+p-1), GPipe and 1F1B, on balanced stages");
+  pipe_cmd->footer("Example: aspen bench pipeline --json\n         aspen bench pipeline --stages 2 --micro 4,8,16");
+  pipe_cmd->add_flag("--json", pbo.json, "one JSON object per line");
+  pipe_cmd->add_option("--stages", pbo.stages, "stage counts (default 2,4)")->delimiter(',')->check(CLI::Range(2, 64));
+  pipe_cmd->add_option("--micro", pbo.micro, "micro-batches per step (default 4,8)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1024));
+  pipe_cmd->add_option("--width", pbo.width, "block width (default 1024)")->check(CLI::Range(int64_t(8), int64_t(8192)));
+  pipe_cmd->add_option("--steps", pbo.steps, "timed steps after one warm-up (default 3)")
+      ->check(CLI::Range(int64_t(1), int64_t(1000)));
+  pipe_cmd->add_flag("--quick", pbo.quick, "tiny blocks, one step (a smoke test, not a measurement)");
+
   aspen::bench::CollectivesBenchOptions cbo;
   bool coll_no_mpi = false;
   CLI::App* coll_cmd = bench->add_subcommand(
@@ -241,6 +257,7 @@ int main(int argc, char** argv) {
   if (kern_cmd->parsed()) return report(aspen::bench::run_kernels_bench(kb, std::cout));
   if (comp_cmd->parsed()) return report(aspen::bench::run_compile_bench(cb, std::cout));
   if (gen_cmd->parsed()) return report(aspen::bench::run_generate_bench(gb, std::cout));
+  if (pipe_cmd->parsed()) return report(aspen::bench::run_pipeline_bench(pbo, std::cout));
   if (coll_cmd->parsed()) {
     cbo.mpi = !coll_no_mpi;
     return report(aspen::bench::run_collectives_bench(cbo, std::cout));

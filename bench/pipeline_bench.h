@@ -1,0 +1,37 @@
+// bench/pipeline_bench.h: `aspen bench pipeline`.
+//
+// The pipeline bubble measured on real programs beside the ideal
+// (p - 1) / (m + p - 1), for p stages and m micro-batches per step, with the
+// GPipe and 1F1B schedules. The model is `stages` x `blocks` identical blocks
+// (h = h + tanh(h · W), W [width, width]) on a batch of rows, tagged so every
+// stage gets the same number, and a sum-of-squares loss: balanced stages, as
+// the formula assumes. Each stage is a device of one thread
+// (api::TrainingModel with TrainingOptions::pipeline, SGD). A step's bubble
+// is 1 - mean over stages of (seconds in programs) / (the step's wall time
+// through the micro-batches); the median over `steps` steps after one
+// warm-up is reported.
+//
+// With more stages than cores the stages share cores and the measurement
+// says more about the scheduler than about the pipeline; the table says so.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <vector>
+
+#include "core/status.h"
+
+namespace aspen::bench {
+
+struct PipelineBenchOptions {
+  bool json = false;
+  std::vector<int> stages = {2, 4};
+  std::vector<int> micro = {4, 8};
+  int64_t width = 1024, rows = 128, blocks = 4;  // per stage: blocks of [rows, width] x [width, width]
+  int64_t steps = 3;
+  bool quick = false;  // width 64, rows 8, 1 block, 1 step: a smoke test
+};
+
+Status run_pipeline_bench(const PipelineBenchOptions& options, std::ostream& out);
+
+}  // namespace aspen::bench
