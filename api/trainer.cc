@@ -210,6 +210,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   to.data_parallel.compression =
       c.parallel.compression == "bf16" ? parallel::Compression::bf16 : parallel::Compression::none;
   to.data_parallel.comm.timeout = std::chrono::seconds(c.parallel.timeout_s);
+  to.pipeline.stages = int(c.parallel.pipeline_stages);
+  ASPEN_ASSIGN_OR_RETURN(to.pipeline.schedule, train::parse_pipeline_schedule(c.parallel.schedule));
   ASPEN_ASSIGN_OR_RETURN(t->model_, TrainingModel::create(forward, o, to));
   std::map<std::string, const Tensor*> w;
   for (const auto& [name, tensor] : weights) w.emplace(name, &tensor);

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -243,6 +244,47 @@ TEST(Trainer, DataParallelEqualsAccumulationAndResumesAcrossLayouts) {
   auto bad = Trainer::create(odd, {.resume = true});
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().to_string().find("data position"), std::string::npos) << bad.status().to_string();
+}
+
+// A checkpoint moves between layouts: 8 steps as 2 pipeline stages, 6 more as
+// 2 data-parallel replicas, the last 6 on one device, against 20 steps on one
+// device. Pipeline stages recompute and add a tied weight's gradients in
+// another order, so the weights agree to f32 rounding, not to the bit.
+TEST(Trainer, CheckpointsMoveBetweenLayouts) {
+  TempDir straight("relayout_straight"), moved("relayout_moved");
+  auto layout = [](const std::string& dir, int64_t replicas, int64_t stages) {
+    train::TrainConfig c = tiny_config(dir);
+    c.optimizer.name = "sgd";
+    c.optimizer.lr = 0.05;
+    c.optimizer.momentum = 0.9;
+    c.batch.micro = 2;
+    c.batch.replicas = replicas;
+    c.batch.accumulation = 2 / replicas;
+    c.parallel.pipeline_stages = stages;
+    c.train.threads = 1;
+    return c;
+  };
+  auto ra = train(layout(straight.path, 1, 1));
+  ASSERT_TRUE(ra.is_ok()) << ra.status().to_string();
+  auto r1 = train(layout(moved.path, 1, 2), false, 8);
+  ASSERT_TRUE(r1.is_ok()) << r1.status().to_string();
+  auto r2 = train(layout(moved.path, 2, 1), true, 14);
+  ASSERT_TRUE(r2.is_ok()) << r2.status().to_string();
+  auto r3 = train(layout(moved.path, 1, 1), true);
+  ASSERT_TRUE(r3.is_ok()) << r3.status().to_string();
+  EXPECT_EQ(r3->steps, 20);
+  auto ca = train::load_checkpoint(straight.path + "/checkpoints");
+  auto cb = train::load_checkpoint(moved.path + "/checkpoints");
+  ASSERT_TRUE(ca.is_ok() && cb.is_ok());
+  double worst = 0.0;
+  for (const auto& [name, t] : ca->weights) {
+    const Tensor& u = cb->weights.at(name);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      worst = std::max(worst, double(std::abs(t.data<float>()[i] - u.data<float>()[i])) /
+                                  (1.0 + std::abs(double(t.data<float>()[i]))));
+  }
+  EXPECT_LT(worst, 1e-5);
+  EXPECT_NEAR(ra->last_loss, r3->last_loss, 1e-5 * ra->last_loss);
 }
 
 }  // namespace
