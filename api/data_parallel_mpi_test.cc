@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <unistd.h>
 #include <iostream>
 
 #include "api/training_testing.h"
@@ -97,6 +99,37 @@ TEST(DataParallelMpi, Bf16CompressionKeepsRanksIdentical) {
   expect_same_on_every_rank(packed);
 }
 
+// ZeRO-1 across processes: the same bits as keeping the whole state everywhere
+// (each tensor's update is the same op on the same reduced gradient, then
+// copied), the whole state gathered for a checkpoint, and each process keeping
+// only its shards' state.
+TEST(DataParallelMpi, ShardedOptimizerStateEqualsTheWholeState) {
+  const int P = parallel::mpi_world_size();
+  std::map<std::string, Tensor> w[2], state[2];
+  size_t kept[2] = {0, 0};
+  for (int zero = 0; zero < 2; ++zero) {
+    TrainingOptions t = clipped_adamw();
+    t.data_parallel.shard_optimizer_state = zero == 1;
+    t.data_parallel.bucket_bytes = 8192;
+    Options dp;
+    dp.threads(1).replication_factor(local_replicas()).mpi(true);
+    std::unique_ptr<TrainingModel> model;
+    w[zero] = train_weights(dp, t, kReplicas, 3, nullptr, P, &model);
+    ASSERT_TRUE(model);
+    EXPECT_EQ(model->optimizer_state_sharded(), zero == 1);
+    auto st = model->copy_optimizer_state_to_host();  // collective with ZeRO-1
+    ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+    state[zero] = std::move(st).value();
+    for (const compiler::Binding& b : model->session().parameters()) kept[zero] += b.name.starts_with("optimizer.");
+    EXPECT_EQ(model->optimizer_state_types().size(), state[zero].size());
+  }
+  ASSERT_FALSE(w[0].empty() || w[1].empty());
+  EXPECT_TRUE(bitwise_equal(w[1], w[0]));
+  EXPECT_TRUE(bitwise_equal(state[1], state[0]));
+  EXPECT_LT(kept[1], kept[0]);  // this process keeps its shards only
+  expect_same_on_every_rank(w[1]);
+}
+
 // A process started with other options is caught when the model is made,
 // before any compute, on every rank.
 TEST(DataParallelMpi, MismatchedOptionsAreCaughtAtStartUp) {
@@ -115,12 +148,57 @@ TEST(DataParallelMpi, MismatchedOptionsAreCaughtAtStartUp) {
 }  // namespace
 }  // namespace aspen::api
 
+namespace {
+// Data-parallel training where rank 1 dies before step `die_at`: the others
+// must not hang (run_training_death.cmake checks how the job ends).
+int die_scenario(int die_at) {
+  using namespace aspen;
+  using namespace aspen::api;
+  using namespace aspen::api::testing;
+  const Golden gold = read_golden("gpt2-tiny");
+  const Batches all = shifted(gold, gold.steps);
+  Forward f = forward("gpt2-tiny", gold.B, gold.T - 1);
+  TrainingOptions t = golden_adamw();
+  t.data_parallel.comm.timeout = std::chrono::seconds(5);
+  Options dp;
+  dp.threads(1).mpi(true);
+  auto m = TrainingModel::create(f.g, dp, t);
+  if (!m.is_ok()) {
+    std::cerr << m.status().to_string() << "\n";
+    return 1;
+  }
+  if (Status s = (*m)->copy_weights_to_device(ptrs(f.weights)); !s.is_ok()) return 1;
+  const int64_t S = gold.T - 1;
+  Tensor ids(DType::i32, {gold.B, S}), pos(DType::i32, {gold.B, S}), tgt(DType::i32, {gold.B * S});
+  std::copy_n(all.input_ids.data<int32_t>(), gold.B * S, ids.data<int32_t>());
+  std::copy_n(all.positions.data<int32_t>(), gold.B * S, pos.data<int32_t>());
+  std::copy_n(all.targets.data<int32_t>(), gold.B * S, tgt.data<int32_t>());
+  for (int step = 1; step <= die_at + 1; ++step) {
+    if (step == die_at && parallel::mpi_world_rank() == 1) {
+      std::cerr << "rank 1: exiting at training step " << step << "\n";
+      _exit(3);
+    }
+    auto r = (*m)->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}});
+    if (!r.is_ok()) {
+      std::cerr << "aspen: rank " << parallel::mpi_world_rank() << ": " << r.status().to_string() << "\n";
+      return 1;
+    }
+  }
+  return 0;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   setenv("ASPEN_CORES", "4", 0);  // up to four replicas of one thread in a process of a 2-core machine
   aspen::Status init = aspen::parallel::mpi_init(&argc, &argv);
   if (!init.is_ok()) {
     std::cerr << init.to_string() << "\n";
     return 1;
+  }
+  if (argc == 3 && std::strcmp(argv[1], "--die-at-step") == 0) {
+    const int rc = die_scenario(std::atoi(argv[2]));
+    aspen::parallel::mpi_finalize();
+    return rc;
   }
   ::testing::InitGoogleTest(&argc, argv);
   if (aspen::parallel::mpi_world_rank() != 0)  // one rank's report is enough; failures still set the exit code

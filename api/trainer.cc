@@ -210,6 +210,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   to.data_parallel.compression =
       c.parallel.compression == "bf16" ? parallel::Compression::bf16 : parallel::Compression::none;
   to.data_parallel.comm.timeout = std::chrono::seconds(c.parallel.timeout_s);
+  to.data_parallel.shard_optimizer_state = c.parallel.shard_optimizer_state;
   to.pipeline.stages = int(c.parallel.pipeline_stages);
   ASPEN_ASSIGN_OR_RETURN(to.pipeline.schedule, train::parse_pipeline_schedule(c.parallel.schedule));
   ASPEN_ASSIGN_OR_RETURN(t->model_, TrainingModel::create(forward, o, to));
@@ -243,7 +244,11 @@ std::string Trainer::trainer_json() const {
 
 Status Trainer::save() {
   if (!model_) return Status::error(Code::kFailedPrecondition, "Trainer", "a trainer that has not run", "one that finished");
-  if (!writer_) return Status();  // every process holds the same weights: process 0 writes them
+  if (!writer_) {  // every process holds the same weights: process 0 writes them
+    // ZeRO-1: the gathering of the optimizer state is collective.
+    if (model_->optimizer_state_sharded()) return model_->copy_optimizer_state_to_host().status();
+    return Status();
+  }
   train::Checkpoint ck;
   ASPEN_ASSIGN_OR_RETURN(ck.weights, model_->copy_weights_to_host());
   ASPEN_ASSIGN_OR_RETURN(ck.optimizer, model_->copy_optimizer_state_to_host());

@@ -62,6 +62,16 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   const bool data_parallel = local > 1 || options.mpi_;
   po.split = data_parallel;
   po.shards = local;
+  if (data_parallel) {
+    parallel::DataParallelOptions dpo = training.data_parallel;
+    dpo.local = local;
+    dpo.mpi = options.mpi_;
+    ASPEN_ASSIGN_OR_RETURN(m->dp_, parallel::DataParallelGroup::create(dpo));
+    // ZeRO-1 across processes: one shard per replica of the job (inside a
+    // process the replicas share the state already).
+    m->zero_ = dpo.shard_optimizer_state && m->dp_->processes() > 1;
+    if (m->zero_) po.shards = m->dp_->replicas();
+  }
   const int stages = training.pipeline.stages;
   if (stages < 1) return Status::invalid_argument("training: pipeline stages", ">= 1", std::to_string(stages));
   if (stages > 1 && data_parallel)
@@ -83,6 +93,30 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   const graph::Graph eval = train::loss_only(forward, training.loss);
   m->eval_program_ = int(graphs.size());
   graphs.push_back(&eval);
+  const std::vector<const graph::Graph*> all_graphs = graphs;  // what every process agrees on
+  for (const train::TrainingPrograms::Shard& sh : m->programs_.shards) {  // the full optimizer state's types
+    if (sh.step < 0) continue;
+    const graph::Graph& g = m->programs_.graphs[size_t(sh.step)];
+    std::vector<std::string> names;
+    for (int32_t i : g.parameter_nodes()) {
+      const graph::Node& n = g.node(i);
+      if (!has_prefix(n.name, train::kOptimizerPrefix)) continue;
+      m->state_types_.emplace(n.name, std::make_pair(g.type(n.outputs[0]).dtype, g.type(n.outputs[0]).shape));
+      if (n.name != train::kStepName) names.push_back(n.name);
+    }
+    m->shard_state_.push_back(std::move(names));
+  }
+  // ZeRO-1: another process's shard is stepped there; this process compiles
+  // a placeholder in its place, so it never holds that shard's state.
+  graph::Graph placeholder;
+  {
+    graph::Builder b(placeholder);
+    b.output("placeholder", b.scalar(0.0f));
+  }
+  if (m->zero_)
+    for (size_t k = 0; k < m->programs_.shards.size(); ++k)
+      if (m->programs_.shards[k].step >= 0 && int(k) / local != m->dp_->process())
+        graphs[size_t(m->programs_.shards[k].step)] = &placeholder;
 
   compiler::CompileOptions copts;
   copts.opt_level = options.opt_level_;
@@ -103,14 +137,11 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     exes.push_back(std::move(exe));
   }
   if (data_parallel) {
-    parallel::DataParallelOptions dpo = training.data_parallel;
-    dpo.local = local;
-    dpo.mpi = options.mpi_;
-    ASPEN_ASSIGN_OR_RETURN(m->dp_, parallel::DataParallelGroup::create(dpo));
+    const parallel::DataParallelOptions& dpo = m->dp_->options();
     // Every process must run the same programs with the same host decisions.
     uint64_t h = 1469598103934665603ull;
     auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    for (const graph::Graph* g : graphs) mix(compiler::ExecutableCache::key(*g, copts));
+    for (const graph::Graph* g : all_graphs) mix(compiler::ExecutableCache::key(*g, copts));
     const std::string host = std::to_string(int(training.schedule.kind)) + " " + std::to_string(training.schedule.lr) +
                              " " + std::to_string(training.schedule.warmup_steps) + " " +
                              std::to_string(training.schedule.total_steps) + " " +
@@ -119,7 +150,8 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
                              std::to_string(int(training.loss_scaling.mode)) + " " +
                              std::to_string(training.loss_scaling.initial_scale) + " " +
                              std::to_string(options.device_iterations_) + " " + std::to_string(int(training.reduction)) +
-                             " " + std::to_string(dpo.bucket_bytes) + " " + std::to_string(int(dpo.compression));
+                             " " + std::to_string(dpo.bucket_bytes) + " " + std::to_string(int(dpo.compression)) +
+                             " " + std::to_string(int(dpo.shard_optimizer_state));
     for (char c : host) mix(uint64_t(uint8_t(c)));
     ASPEN_RETURN_IF_ERROR(m->dp_->check_same(0, h, "training model (programs, options and schedule)"));
   }
@@ -142,8 +174,9 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   } else if (m->programs_.split()) {
     const auto& params = m->programs_.params;
     m->owner_.assign(params.size(), 0);
-    for (size_t k = 0; k < m->programs_.shards.size(); ++k)
-      for (size_t i = m->programs_.shards[k].begin; i < m->programs_.shards[k].end; ++i) m->owner_[i] = int(k);
+    for (size_t k = 0; k < m->programs_.shards.size(); ++k)  // ZeRO-1: shard p·L + l reduces to local replica l
+      for (size_t i = m->programs_.shards[k].begin; i < m->programs_.shards[k].end; ++i)
+        m->owner_[i] = int(k) % local;
     m->grads_.resize(size_t(local));
     for (const std::string& p : params) {
       const Tensor* t = m->session_->parameter_of(0, train::grad_accumulator_name(p));
@@ -171,6 +204,8 @@ Status TrainingModel::copy_optimizer_state_to_device(const std::map<std::string,
     if (!t) return Status::invalid_argument("optimizer state '" + name + "'", "a tensor", "a null pointer");
     if (!has_prefix(name, train::kOptimizerPrefix))
       return Status::invalid_argument("optimizer state '" + name + "'", "a name starting 'optimizer.'", "another name");
+    // ZeRO-1: another process's shard is not kept here.
+    if (zero_ && state_types_.count(name) && !session_->parameter_of(0, name)) continue;
     ASPEN_RETURN_IF_ERROR(session_->set_parameter(name, *t));
   }
   return Status();
@@ -193,6 +228,26 @@ Result<std::map<std::string, Tensor>> TrainingModel::copy_optimizer_state_to_hos
     ASPEN_ASSIGN_OR_RETURN(Tensor t, session_->get_parameter(b.name));
     out.emplace(b.name, std::move(t));
   }
+  if (!zero_) return out;
+  // ZeRO-1: every shard's state from the process that keeps it (a collective:
+  // every process calls this, in the same order).
+  const int L = session_->replicas();
+  for (size_t k = 0; k < shard_state_.size(); ++k) {
+    const int root = int(k) / L;
+    std::vector<float*> ptrs;
+    std::vector<int64_t> counts;
+    for (const std::string& name : shard_state_[k]) {
+      auto it = out.find(name);
+      if (it == out.end()) {
+        const auto& [dtype, shape] = state_types_.at(name);
+        ASPEN_ASSIGN_OR_RETURN(Tensor t, Tensor::make(dtype, shape));
+        it = out.emplace(name, std::move(t)).first;
+      }
+      ptrs.push_back(it->second.data<float>());
+      counts.push_back(it->second.numel());
+    }
+    ASPEN_RETURN_IF_ERROR(dp_->broadcast_from(int(k) % L, ptrs, counts, root));
+  }
   return out;
 }
 
@@ -204,6 +259,7 @@ std::map<std::string, std::pair<DType, Shape>> TrainingModel::weight_types() con
 }
 
 std::map<std::string, std::pair<DType, Shape>> TrainingModel::optimizer_state_types() const {
+  if (zero_) return state_types_;  // every shard's, also those kept by other processes
   std::map<std::string, std::pair<DType, Shape>> out;
   for (const compiler::Binding& b : session_->parameters())
     if (has_prefix(b.name, train::kOptimizerPrefix)) out.emplace(b.name, std::make_pair(b.type.dtype, b.type.shape));
@@ -385,13 +441,17 @@ Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<st
     ASPEN_ASSIGN_OR_RETURN(auto o, session_->run_replica(l, feeds, a == 0 ? programs_.micro_first : programs_.micro_next));
     out.losses.push_back(o.at(training_.loss).data<float>()[0]);
   }
-  out.sq.clear();
-  const int norm = needs_norm() && size_t(l) < programs_.shards.size() ? programs_.shards[size_t(l)].norm : -1;
+  out.sq.assign(programs_.params.size(), 0.0f);
   if (dp_) ASPEN_RETURN_IF_ERROR(dp_->reduce_to_owners(l, grads_[size_t(l)], grad_counts_, owner_));
-  if (norm >= 0) {  // every process holds every reduced tensor: the local shards' sums are the total's terms
-    ASPEN_ASSIGN_OR_RETURN(auto o, session_->run_replica(l, {}, norm));
+  if (!needs_norm()) return Status();
+  // Every process holds every reduced tensor: this replica measures the
+  // shards reduced into its copies (train/program.h: Σg² of each tensor).
+  for (int k : held_shards(l)) {
+    const train::TrainingPrograms::Shard& sh = programs_.shards[size_t(k)];
+    if (sh.norm < 0) continue;
+    ASPEN_ASSIGN_OR_RETURN(auto o, session_->run_replica(l, {}, sh.norm));
     const Tensor& t = o.at(train::kGradSqNormName);
-    out.sq.assign(t.data<float>(), t.data<float>() + t.numel());
+    for (size_t i = sh.begin; i < sh.end; ++i) out.sq[i] = t.data<float>()[i - sh.begin];
   }
   return Status();
 }
@@ -446,14 +506,16 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
         for (int l = 0; l < L; ++l) loss_sum += double(all_losses[size_t((p * acc + a) * L + l)]);
     s.loss = float(loss_sum / double(acc * P * L));
     float sq_f32 = 0.0f;  // Σ over parameters in order, in f32: the same bits for every layout
-    for (const ReplicaStep& r : rs)
-      for (float x : r.sq) sq_f32 += x;
+    for (size_t i = 0; i < programs_.params.size(); ++i) sq_f32 += rs[size_t(owner_[i])].sq[i];
     const double sq = double(sq_f32);
     auto apply = [&](const Tensor& lr, const Tensor& gs) -> Status {
       Status st = on_replicas([&](int l) -> Status {
-        const int step = size_t(l) < programs_.shards.size() ? programs_.shards[size_t(l)].step : -1;
-        if (step < 0) return Status();
-        return session_->run_replica(l, {{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, step).status();
+        const int k = stepped_shard(l);
+        const int step = k < int(programs_.shards.size()) ? programs_.shards[size_t(k)].step : -1;
+        if (step >= 0)
+          ASPEN_RETURN_IF_ERROR(
+              session_->run_replica(l, {{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, step).status());
+        return zero_ ? broadcast_shard_weights(l) : Status();
       });
       if (st.is_ok() && programs_.shards.size() > 1) advance_step_count();
       return st;
@@ -462,6 +524,32 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     losses.push_back(s.loss);
   }
   return losses_by_mode(losses);
+}
+
+std::vector<int> TrainingModel::held_shards(int l) const {
+  const int L = session_->replicas();
+  if (!zero_) return {l};
+  std::vector<int> out;
+  for (int p = 0; p < dp_->processes(); ++p) out.push_back(p * L + l);
+  return out;
+}
+
+int TrainingModel::stepped_shard(int l) const { return zero_ ? dp_->process() * session_->replicas() + l : l; }
+
+Status TrainingModel::broadcast_shard_weights(int l) {
+  for (int k : held_shards(l)) {  // shard p·L + l was stepped by process p
+    const train::TrainingPrograms::Shard& sh = programs_.shards[size_t(k)];
+    std::vector<float*> w;
+    std::vector<int64_t> counts;
+    for (size_t i = sh.begin; i < sh.end; ++i) {
+      Tensor* t = session_->parameter_of(l, programs_.params[i]);
+      ASPEN_CHECK(t != nullptr);
+      w.push_back(t->data<float>());
+      counts.push_back(t->numel());
+    }
+    ASPEN_RETURN_IF_ERROR(dp_->broadcast_from(l, w, counts, k / session_->replicas()));
+  }
+  return Status();
 }
 
 void TrainingModel::advance_step_count() {  // the shards read the count; it advances once (train/program.h)

@@ -132,11 +132,17 @@ class TrainingModel {
   int replicas() const { return dp_ ? dp_->replicas() : 1; }
   int process() const { return dp_ ? dp_->process() : 0; }
   int processes() const { return dp_ ? dp_->processes() : 1; }
+  // ZeRO-1 across processes is on: this process keeps only its shards' optimizer state.
+  bool optimizer_state_sharded() const { return zero_; }
 
   // Model weights by name (f32 master weights; not "optimizer.*", "train.*" or "state.*").
   Status copy_weights_to_device(const std::map<std::string, const Tensor*>& weights);
   Result<std::map<std::string, Tensor>> copy_weights_to_host() const;
-  // The optimizer state ("optimizer.*": moments, momentum buffers, the step count).
+  // The optimizer state ("optimizer.*": moments, momentum buffers, the step
+  // count). With ZeRO-1 across processes (DataParallelOptions::
+  // shard_optimizer_state) each process keeps its shards only: copying to the
+  // host is then a collective that every process calls (it gathers the whole
+  // state), and copying to the device keeps this process's part.
   Status copy_optimizer_state_to_device(const std::map<std::string, const Tensor*>& state);
   Result<std::map<std::string, Tensor>> copy_optimizer_state_to_host() const;
   // Name → type of the weights and of the optimizer state (what a checkpoint must match).
@@ -180,6 +186,12 @@ class TrainingModel {
   Status finish_step(StepStats& s, double sq,
                      const std::function<Status(const Tensor& lr, const Tensor& grad_scale)>& apply);
   void advance_step_count();
+  // Data parallel: the shards whose reduced gradients local replica l holds
+  // (its own; with ZeRO-1 across processes, p·L + l of every process p), the
+  // one it steps, and ZeRO-1's broadcast of its held shards' new weights.
+  std::vector<int> held_shards(int l) const;
+  int stepped_shard(int l) const;
+  Status broadcast_shard_weights(int l);
   // Pipeline stages (api/training_pipeline.cc).
   Result<std::map<std::string, Tensor>> run_pipeline(const std::map<std::string, const Tensor*>& inputs);
   // The split step measures the gradient norm when the host needs it
@@ -194,7 +206,7 @@ class TrainingModel {
   // The micro-batches, gradient reduction, loss and norm of one step on local replica l.
   struct ReplicaStep {
     std::vector<float> losses;  // of this replica's micro-batches
-    std::vector<float> sq;  // Σ g² of each reduced (scaled) gradient this replica owns, in parameter order
+    std::vector<float> sq;  // by parameter: Σ g² of the reduced (scaled) gradients this replica holds (else 0)
   };
   Status replica_micro_batches(int l, int64_t iteration, const std::map<std::string, const Tensor*>& inputs,
                                const std::vector<std::pair<std::string, Shape>>& data_inputs, const Tensor& loss_scale,
@@ -217,6 +229,9 @@ class TrainingModel {
   std::vector<int64_t> grad_counts_;        // by trained parameter: elements
   bool broken_ = false;                     // a data-parallel step failed: the group is aborted
   std::unique_ptr<train::PipelinePrograms> pipe_;  // pipeline stages (null: none)
+  bool zero_ = false;  // ZeRO-1 across processes (DataParallelOptions::shard_optimizer_state)
+  std::map<std::string, std::pair<DType, Shape>> state_types_;  // the whole optimizer state (every shard)
+  std::vector<std::vector<std::string>> shard_state_;           // by shard: its state's names (not the step count)
   PipelineStats pipe_stats_;
 };
 

@@ -103,10 +103,11 @@ inline bool key_bias_entry(const std::string& name, int64_t i, int64_t d_model) 
 // processes of an MPI job) on the golden batches: global batches of `batch`
 // rows cycling through the golden's 20, each cut into micro-batches; this
 // process feeds its replicas' ones (micro-batch a of global replica g is
-// number a·R + g of the step, TrainingModel's order).
+// number a·R + g of the step, TrainingModel's order). `keep` receives the model.
 inline std::map<std::string, Tensor> train_weights(const Options& options, const TrainingOptions& t, int64_t batch,
                                                    int64_t steps, std::vector<StepStats>* stats = nullptr,
-                                                   int processes = 1) {
+                                                   int processes = 1,
+                                                   std::unique_ptr<TrainingModel>* keep = nullptr) {
   const Golden gold = read_golden("gpt2-tiny");
   const Batches all = shifted(gold, gold.steps);
   const int64_t acc = options.gradient_accumulation_, L = options.replication_factor_, R = L * processes;
@@ -136,7 +137,9 @@ inline std::map<std::string, Tensor> train_weights(const Options& options, const
     if (!out.is_ok()) return {};
     if (stats) stats->insert(stats->end(), (*m)->last_steps().begin(), (*m)->last_steps().end());
   }
-  return std::move((*m)->copy_weights_to_host()).value();
+  auto weights = std::move((*m)->copy_weights_to_host()).value();
+  if (keep) *keep = std::move(m).value();
+  return weights;
 }
 
 inline double max_rel_diff(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {

@@ -151,6 +151,48 @@ Status DataParallelGroup::all_reduce_cross(int l, std::span<float* const> tensor
   return flush(tensors.size());
 }
 
+Status DataParallelGroup::broadcast_from(int l, std::span<float* const> tensors, std::span<const int64_t> counts,
+                                         int root) {
+  if (cross_.empty()) return Status();
+  Communicator& comm = *cross_[size_t(l)];
+  std::vector<float>& bucket = bucket_[size_t(l)];
+  const int64_t cap = std::max<int64_t>(1, options_.bucket_bytes / 4);
+  size_t first = 0;
+  int64_t filled = 0;
+  auto flush = [&](size_t end) -> Status {
+    if (filled == 0) return Status();
+    bucket.resize(size_t(filled));
+    int64_t at = 0;
+    for (size_t k = first; k < end; ++k) {
+      std::memcpy(bucket.data() + at, tensors[k], size_t(counts[k]) * 4);
+      at += counts[k];
+    }
+    ASPEN_RETURN_IF_ERROR(comm.broadcast(bucket.data(), filled, DType::f32, root));
+    at = 0;
+    for (size_t k = first; k < end; ++k) {
+      std::memcpy(tensors[k], bucket.data() + at, size_t(counts[k]) * 4);
+      at += counts[k];
+    }
+    filled = 0;
+    return Status();
+  };
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (counts[i] >= cap) {  // alone, in place
+      ASPEN_RETURN_IF_ERROR(flush(i));
+      ASPEN_RETURN_IF_ERROR(comm.broadcast(tensors[i], counts[i], DType::f32, root));
+      first = i + 1;
+      continue;
+    }
+    if (filled > 0 && filled + counts[i] > cap) {
+      ASPEN_RETURN_IF_ERROR(flush(i));
+      first = i;
+    }
+    if (filled == 0) first = i;
+    filled += counts[i];
+  }
+  return flush(tensors.size());
+}
+
 Result<std::vector<float>> DataParallelGroup::gather_processes(std::span<const float> mine) {
   if (cross_.empty()) return std::vector<float>(mine.begin(), mine.end());
   std::vector<float> all(mine.size() * size_t(processes_));

@@ -47,6 +47,11 @@ struct DataParallelOptions {
   bool mpi = false;     // join the processes of this MPI job (mpi_init first; needs ASPEN_HAVE_MPI)
   int64_t bucket_bytes = int64_t(25) << 20;  // cross-process all-reduce buckets (DDP's bucket_cap_mb)
   Compression compression = Compression::none;  // of the cross-process all-reduce
+  // ZeRO-1 (PopTorch's replicated tensor sharding) across processes: each
+  // process keeps and updates the optimizer state of its own shards only and
+  // broadcasts their new weights. Inside a process the replicas already share
+  // one copy of the state and split the update (api/training_model.h).
+  bool shard_optimizer_state = false;
   CommOptions comm;     // timeout and names
 };
 
@@ -68,6 +73,11 @@ class DataParallelGroup {
   // their own values.
   Status reduce_to_owners(int l, std::span<float* const> tensors, std::span<const int64_t> counts,
                           std::span<const int> owner);
+  // Local replica l's `tensors` (f32) made equal to process `root`'s copies,
+  // over the communicator of local index l, in buckets of bucket_bytes (the
+  // weights of an optimizer-state shard after its owner's step, ZeRO-1). On
+  // l's thread, or on any one thread between the replicas' calls.
+  Status broadcast_from(int l, std::span<float* const> tensors, std::span<const int64_t> counts, int root);
   // Every process's `mine` (the same length everywhere), process-major.
   // Between the replicas' calls (it uses local replica 0's communicator).
   Result<std::vector<float>> gather_processes(std::span<const float> mine);

@@ -94,6 +94,7 @@ struct ParallelSection {
   int64_t bucket_mb = 25;             // cross-process all-reduce buckets, MiB (DDP's bucket_cap_mb)
   std::string compression = "none";   // none | bf16: the cross-process gradients' wire type
   int64_t timeout_s = 300;            // the longest a replica waits for its peers in a collective
+  bool shard_optimizer_state = false;  // ZeRO-1 across processes: each keeps and updates its shard's state
   int64_t pipeline_stages = 1;        // > 1: the model cut into this many stages (train/pipeline.h)
   std::string schedule = "1f1b";      // 1f1b | gpipe: the pipeline's order of micro-batches
   bool operator==(const ParallelSection&) const = default;
