@@ -130,6 +130,30 @@ TEST(DataParallelMpi, ShardedOptimizerStateEqualsTheWholeState) {
   expect_same_on_every_rank(w[1]);
 }
 
+// Top-k with error feedback: sending every entry (ratio 1) is the plain sum up
+// to the order of additions; sending 5% still leaves every rank with the same
+// bits, and what was held back is not lost (it trains on).
+TEST(DataParallelMpi, TopkCompressionWithErrorFeedback) {
+  const int P = parallel::mpi_world_size();
+  TrainingOptions t = sgd();
+  t.data_parallel.bucket_bytes = 16384;
+  Options dp;
+  dp.threads(1).replication_factor(local_replicas()).mpi(true);
+  std::vector<StepStats> s_plain, s_all, s_few;
+  const auto plain = train_weights(dp, t, kReplicas, 4, &s_plain, P);
+  t.data_parallel.compression = parallel::Compression::topk;
+  t.data_parallel.topk_ratio = 1.0;
+  const auto all = train_weights(dp, t, kReplicas, 4, &s_all, P);
+  t.data_parallel.topk_ratio = 0.05;
+  const auto few = train_weights(dp, t, kReplicas, 4, &s_few, P);
+  ASSERT_FALSE(plain.empty() || all.empty() || few.empty());
+  EXPECT_LT(max_rel_diff(all, plain), 1e-6);
+  EXPECT_GT(max_rel_diff(few, plain), 1e-6);
+  expect_same_on_every_rank(few);
+  ASSERT_EQ(s_few.size(), 4u);
+  EXPECT_LT(s_few.back().loss, s_few.front().loss);  // it still learns
+}
+
 // A process started with other options is caught when the model is made,
 // before any compute, on every rank.
 TEST(DataParallelMpi, MismatchedOptionsAreCaughtAtStartUp) {

@@ -207,8 +207,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   to.loss_scaling.hysteresis = c.precision.hysteresis;
   to.reduction = c.parallel.reduction == "sum" ? Reduction::sum : Reduction::mean;
   to.data_parallel.bucket_bytes = c.parallel.bucket_mb << 20;
-  to.data_parallel.compression =
-      c.parallel.compression == "bf16" ? parallel::Compression::bf16 : parallel::Compression::none;
+  to.data_parallel.compression = c.parallel.compression == "bf16"   ? parallel::Compression::bf16
+                                 : c.parallel.compression == "topk" ? parallel::Compression::topk
+                                                                    : parallel::Compression::none;
+  to.data_parallel.topk_ratio = c.parallel.topk_ratio;
   to.data_parallel.comm.timeout = std::chrono::seconds(c.parallel.timeout_s);
   to.data_parallel.shard_optimizer_state = c.parallel.shard_optimizer_state;
   to.pipeline.stages = int(c.parallel.pipeline_stages);

@@ -151,7 +151,8 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
                              std::to_string(training.loss_scaling.initial_scale) + " " +
                              std::to_string(options.device_iterations_) + " " + std::to_string(int(training.reduction)) +
                              " " + std::to_string(dpo.bucket_bytes) + " " + std::to_string(int(dpo.compression)) +
-                             " " + std::to_string(int(dpo.shard_optimizer_state));
+                             " " + std::to_string(int(dpo.shard_optimizer_state)) + " " +
+                             std::to_string(dpo.topk_ratio);
     for (char c : host) mix(uint64_t(uint8_t(c)));
     ASPEN_RETURN_IF_ERROR(m->dp_->check_same(0, h, "training model (programs, options and schedule)"));
   }

@@ -1,5 +1,7 @@
 #include "parallel/data_parallel.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "parallel/reduce.h"
@@ -14,6 +16,7 @@ const char* compression_name(Compression c) {
   switch (c) {
     case Compression::none: return "none";
     case Compression::bf16: return "bf16";
+    case Compression::topk: return "topk";
   }
   return "?";
 }
@@ -54,6 +57,8 @@ Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::create(const DataP
     return Status::invalid_argument("data parallel: local replicas", ">= 1", std::to_string(options.local));
   if (options.bucket_bytes < 4)
     return Status::invalid_argument("data parallel: bucket_bytes", ">= 4", std::to_string(options.bucket_bytes));
+  if (options.compression == Compression::topk && !(options.topk_ratio > 0.0 && options.topk_ratio <= 1.0))
+    return Status::invalid_argument("data parallel: topk_ratio", "in (0, 1]", std::to_string(options.topk_ratio));
   std::unique_ptr<DataParallelGroup> g(new DataParallelGroup());
   g->options_ = options;
   CommOptions local = options.comm;
@@ -86,6 +91,7 @@ Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::create(const DataP
   }
   g->bucket_.resize(size_t(options.local));
   g->bucket16_.resize(size_t(options.local));
+  g->residual_.resize(size_t(options.local));
   return g;
 }
 
@@ -106,10 +112,11 @@ Status DataParallelGroup::all_reduce_cross(int l, std::span<float* const> tensor
   Communicator& comm = *cross_[size_t(l)];
   std::vector<float>& bucket = bucket_[size_t(l)];
   std::vector<bf16>& bucket16 = bucket16_[size_t(l)];
-  const bool compress = options_.compression == Compression::bf16;
+  const bool compress = options_.compression != Compression::none;
   const int64_t cap = std::max<int64_t>(1, options_.bucket_bytes / 4);
   size_t first = 0;  // the bucket holds tensors [first, i)
   int64_t filled = 0;
+  size_t bucket_index = 0;
   auto flush = [&](size_t end) -> Status {
     if (filled == 0) return Status();
     bucket.resize(size_t(filled));
@@ -118,7 +125,9 @@ Status DataParallelGroup::all_reduce_cross(int l, std::span<float* const> tensor
       std::memcpy(bucket.data() + at, tensors[k], size_t(counts[k]) * 4);
       at += counts[k];
     }
-    if (compress) {
+    if (options_.compression == Compression::topk) {
+      ASPEN_RETURN_IF_ERROR(all_reduce_topk(l, bucket_index++, bucket));
+    } else if (compress) {
       bucket16.resize(size_t(filled));
       detail::convert(bucket.data(), DType::f32, filled, bucket16.data(), DType::bf16);
       ASPEN_RETURN_IF_ERROR(comm.all_reduce(bucket16.data(), filled, DType::bf16, ReduceOp::sum));
@@ -149,6 +158,48 @@ Status DataParallelGroup::all_reduce_cross(int l, std::span<float* const> tensor
     filled += counts[i];
   }
   return flush(tensors.size());
+}
+
+// Top-k with error feedback, on one bucket of local replica l: v = values +
+// residual; the k entries of largest |v| (ties to the lower index: the same
+// choice on every run) travel as (index, value) pairs, all-gathered; every
+// process adds the pairs in process order into zeros, so all get the same
+// bits; the residual keeps what was not sent.
+Status DataParallelGroup::all_reduce_topk(int l, size_t bucket, std::vector<float>& values) {
+  std::vector<std::vector<float>>& res = residual_[size_t(l)];
+  if (res.size() <= bucket) res.resize(bucket + 1);
+  std::vector<float>& r = res[bucket];
+  const size_t n = values.size();
+  if (r.size() != n) r.assign(n, 0.0f);
+  for (size_t i = 0; i < n; ++i) r[i] += values[i];  // r = v
+  const size_t k = std::clamp<size_t>(size_t(std::ceil(options_.topk_ratio * double(n))), 1, n);
+  std::vector<uint32_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = uint32_t(i);
+  auto larger = [&](uint32_t a, uint32_t b) {
+    const float x = std::abs(r[a]), y = std::abs(r[b]);
+    return x > y || (x == y && a < b);
+  };
+  std::nth_element(order.begin(), order.begin() + std::ptrdiff_t(k - 1), order.end(), larger);
+  std::sort(order.begin(), order.begin() + std::ptrdiff_t(k));  // by index
+  std::vector<float> mine(2 * k);
+  for (size_t j = 0; j < k; ++j) {
+    const uint32_t i = order[j];
+    std::memcpy(&mine[2 * j], &i, 4);  // the index's bits: all_gather only copies
+    mine[2 * j + 1] = r[i];
+    r[i] = 0.0f;  // sent: no longer owed
+  }
+  std::vector<float> all(mine.size() * size_t(processes_));
+  ASPEN_RETURN_IF_ERROR(cross_[size_t(l)]->all_gather(mine.data(), all.data(), int64_t(mine.size()), DType::f32));
+  std::fill(values.begin(), values.end(), 0.0f);
+  for (int p = 0; p < processes_; ++p)
+    for (size_t j = 0; j < k; ++j) {
+      uint32_t i;
+      std::memcpy(&i, &all[(size_t(p) * k + j) * 2], 4);
+      if (i >= n) return Status::error(Code::kCorrupt, "top-k all-gather", "indices below " + std::to_string(n),
+                                       std::to_string(i) + " from process " + std::to_string(p));
+      values[i] += all[(size_t(p) * k + j) * 2 + 1];
+    }
+  return Status();
 }
 
 Status DataParallelGroup::broadcast_from(int l, std::span<float* const> tensors, std::span<const int64_t> counts,

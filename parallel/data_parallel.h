@@ -12,7 +12,9 @@
 //     buffers);
 //  2. across processes, each owner all-reduces its tensors with the owners of
 //     the same local index in the other processes (MPI), in buckets of
-//     `bucket_bytes`, optionally sent as bf16 (compression);
+//     `bucket_bytes`, optionally compressed: sent as bf16, or as the top-k
+//     entries of each bucket by magnitude with error feedback (what is not
+//     sent is added to the next step's gradient, Stich et al. 2018);
 //  3. there is no broadcast back: weights and optimizer state are shared by
 //     the replicas of a process, and each owner's optimizer step updates its
 //     own tensors (ZeRO-1's division of the work, with one copy per process).
@@ -39,7 +41,7 @@
 
 namespace aspen::parallel {
 
-enum class Compression { none, bf16 };
+enum class Compression { none, bf16, topk };
 const char* compression_name(Compression c);
 
 struct DataParallelOptions {
@@ -47,6 +49,8 @@ struct DataParallelOptions {
   bool mpi = false;     // join the processes of this MPI job (mpi_init first; needs ASPEN_HAVE_MPI)
   int64_t bucket_bytes = int64_t(25) << 20;  // cross-process all-reduce buckets (DDP's bucket_cap_mb)
   Compression compression = Compression::none;  // of the cross-process all-reduce
+  // topk: the fraction of each bucket's entries sent (at least one), in (0, 1].
+  double topk_ratio = 0.01;
   // ZeRO-1 (PopTorch's replicated tensor sharding) across processes: each
   // process keeps and updates the optimizer state of its own shards only and
   // broadcasts their new weights. Inside a process the replicas already share
@@ -97,6 +101,10 @@ class DataParallelGroup {
   std::vector<std::unique_ptr<Communicator>> cross_;  // by local index; empty with one process
   std::vector<std::vector<float>> bucket_;            // by local index: the cross-process bucket
   std::vector<std::vector<bf16>> bucket16_;           // by local index: its bf16 form
+  // topk: by local index, the error feedback of each bucket of its tensors
+  // (what was not sent), in the order the buckets are reduced.
+  std::vector<std::vector<std::vector<float>>> residual_;
+  Status all_reduce_topk(int l, size_t bucket, std::vector<float>& values);
 };
 
 }  // namespace aspen::parallel

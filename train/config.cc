@@ -92,7 +92,8 @@ void for_each_key(Config& c, Visit&& v) {
 
   v("parallel", "reduction", c.parallel.reduction, one_of({"mean", "sum"}));
   v("parallel", "bucket_mb", c.parallel.bucket_mb, at_least(1));
-  v("parallel", "compression", c.parallel.compression, one_of({"none", "bf16"}));
+  v("parallel", "compression", c.parallel.compression, one_of({"none", "bf16", "topk"}));
+  v("parallel", "topk_ratio", c.parallel.topk_ratio, interval(0, 1, true, false));
   v("parallel", "timeout_s", c.parallel.timeout_s, at_least(1));
   v("parallel", "shard_optimizer_state", c.parallel.shard_optimizer_state, any());
   v("parallel", "pipeline_stages", c.parallel.pipeline_stages, at_least(1));

@@ -92,7 +92,8 @@ struct ParallelSection {
   // (the whole batch's loss) or sum (PopTorch's accumulationAndReplicationReductionType).
   std::string reduction = "mean";
   int64_t bucket_mb = 25;             // cross-process all-reduce buckets, MiB (DDP's bucket_cap_mb)
-  std::string compression = "none";   // none | bf16: the cross-process gradients' wire type
+  std::string compression = "none";   // none | bf16 | topk: the cross-process gradients' wire form
+  double topk_ratio = 0.01;           // topk: the fraction of each bucket sent, in (0, 1]
   int64_t timeout_s = 300;            // the longest a replica waits for its peers in a collective
   bool shard_optimizer_state = false;  // ZeRO-1 across processes: each keeps and updates its shard's state
   int64_t pipeline_stages = 1;        // > 1: the model cut into this many stages (train/pipeline.h)
