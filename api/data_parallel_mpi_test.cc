@@ -82,6 +82,25 @@ TEST(DataParallelMpi, ReplicasEqualOneDevice) {
   }
 }
 
+// Replicas of a 2-stage pipeline over MPI (each stage's gradients reduced over
+// its replicas in-process and across processes) against one device.
+TEST(DataParallelMpi, PipelineStagesWithReplicasEqualOneDevice) {
+  for (bool adam : {false, true}) {
+    SCOPED_TRACE(adam ? "adamw, clipped" : "sgd");
+    TrainingOptions t = adam ? clipped_adamw() : sgd();
+    Options one;
+    one.threads(1).gradient_accumulation(kReplicas);
+    const auto w1 = train_weights(one, t, kReplicas, 4);
+    t.pipeline = {2, train::PipelineSchedule::one_f_one_b};
+    Options dp;
+    dp.threads(1).replication_factor(local_replicas()).mpi(true);
+    const auto wd = train_weights(dp, t, kReplicas, 4, nullptr, parallel::mpi_world_size());
+    ASSERT_FALSE(w1.empty() || wd.empty());
+    EXPECT_LT(max_rel_diff(wd, w1), adam ? 1e-4 : 1e-5);
+    expect_same_on_every_rank(wd);
+  }
+}
+
 // Gradients sent as bf16 across processes: every rank still ends with the same
 // bits, and the weights stay near the f32 run's.
 TEST(DataParallelMpi, Bf16CompressionKeepsRanksIdentical) {

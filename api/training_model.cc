@@ -74,9 +74,19 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   }
   const int stages = training.pipeline.stages;
   if (stages < 1) return Status::invalid_argument("training: pipeline stages", ">= 1", std::to_string(stages));
-  if (stages > 1 && data_parallel)
-    return Status::unimplemented("training: " + std::to_string(stages) + " pipeline stages with data-parallel replicas",
-                                 "layout in this build (pipeline stages, or replicas; not both yet)");
+  if (stages > 1 && m->zero_)
+    return Status::unimplemented("training: " + std::to_string(stages) + " pipeline stages with sharded optimizer state",
+                                 "layout in this build (pipeline stages with replicas keep the whole state)");
+  if (stages > 1 && data_parallel) {  // one data-parallel group per stage; dp_ is stage 0's
+    parallel::DataParallelOptions dpo = training.data_parallel;
+    dpo.local = local;
+    dpo.mpi = options.mpi_;
+    for (int st = 1; st < stages; ++st) {
+      dpo.comm.name = training.data_parallel.comm.name + " stage " + std::to_string(st);
+      ASPEN_ASSIGN_OR_RETURN(auto g, parallel::DataParallelGroup::create(dpo));
+      m->stage_dp_.push_back(std::move(g));
+    }
+  }
   std::vector<const graph::Graph*> graphs;
   if (stages > 1) {
     ASPEN_ASSIGN_OR_RETURN(train::PipelinePrograms pp, train::build_pipeline_programs(forward, stages, po));
@@ -160,17 +170,23 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   runtime::SessionOptions sopts;
   sopts.threads = options.threads_;
   sopts.trace = m->trace_.get();
-  sopts.replicas = stages > 1 ? stages : local;
+  sopts.replicas = stages * local;  // pipeline x data parallel: device r·stages + s
   if (data_parallel) sopts.replica_local = {train::grad_accumulator_name("")};
   ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exes), sopts));
-  if (m->pipe_) {  // one accumulator per parameter, shared by the stages (each writes its own)
-    m->owner_.assign(m->programs_.params.size(), 0);
-    m->grads_.resize(1);
-    for (const std::string& p : m->programs_.params) {
-      Tensor* t = m->session_->parameter_of(0, train::grad_accumulator_name(p));
+  if (m->pipe_) {
+    // Each parameter's gradient ends on replica 0 of the stage that owns it
+    // (device s); with replicas every device has its own accumulators.
+    const auto& params = m->programs_.params;
+    m->owner_.assign(params.size(), 0);
+    for (int st = 0; st < stages; ++st)
+      for (size_t i : m->pipe_->stages[size_t(st)].owned) m->owner_[i] = st;
+    m->grads_.resize(size_t(stages * local));
+    for (const std::string& p : params) {
+      const Tensor* t = m->session_->parameter_of(0, train::grad_accumulator_name(p));
       ASPEN_CHECK(t != nullptr);
       m->grad_counts_.push_back(t->numel());
-      m->grads_[0].push_back(t->data<float>());
+      for (int d = 0; d < stages * local; ++d)
+        m->grads_[size_t(d)].push_back(m->session_->parameter_of(d, train::grad_accumulator_name(p))->data<float>());
     }
   } else if (m->programs_.split()) {
     const auto& params = m->programs_.params;

@@ -81,7 +81,10 @@ struct TrainingOptions {
   // Pipeline parallel: the forward graph cut into `stages` stages, one device
   // each (train/pipeline.h: from the model's stage tags, or balanced); the
   // gradient_accumulation micro-batches of a step flow through them in the
-  // schedule's order. Not yet with replicas.
+  // schedule's order. With replicas (R per process) there are R x stages
+  // devices, device r·stages + s running stage s of replica r, and each
+  // stage's gradients are reduced over its replicas (in-process and across
+  // processes) before replica 0 of the stage steps it.
   struct Pipeline {
     int stages = 1;
     train::PipelineSchedule schedule = train::PipelineSchedule::one_f_one_b;
@@ -230,6 +233,11 @@ class TrainingModel {
   bool broken_ = false;                     // a data-parallel step failed: the group is aborted
   std::unique_ptr<train::PipelinePrograms> pipe_;  // pipeline stages (null: none)
   bool zero_ = false;  // ZeRO-1 across processes (DataParallelOptions::shard_optimizer_state)
+  // Pipeline x data parallel: the data-parallel groups of stages 1.. (stage 0's is dp_).
+  std::vector<std::unique_ptr<parallel::DataParallelGroup>> stage_dp_;
+  parallel::DataParallelGroup* stage_group(int stage) {
+    return stage == 0 ? dp_.get() : stage_dp_[size_t(stage - 1)].get();
+  }
   std::map<std::string, std::pair<DType, Shape>> state_types_;  // the whole optimizer state (every shard)
   std::vector<std::vector<std::string>> shard_state_;           // by shard: its state's names (not the step count)
   PipelineStats pipe_stats_;

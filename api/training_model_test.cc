@@ -510,6 +510,33 @@ namespace {
 
 using namespace testing;  // NOLINT: the helpers of this test
 
+// Data parallel x pipeline: 2 replicas of 2 stages (4 devices) with 2
+// micro-batches each take the micro-batches one device accumulating 4 takes.
+TEST(Pipeline, ReplicasOfAPipelineEqualOneDevice) {
+  ASSERT_TRUE(kCores);
+  TrainingOptions sgd = golden_adamw();
+  sgd.optimizer.kind = train::OptimizerKind::sgd;
+  sgd.optimizer.momentum = 0.9;
+  sgd.schedule.lr = 0.1;
+  for (const TrainingOptions& base : {sgd, dp_adamw()}) {
+    const bool adam = base.optimizer.kind == train::OptimizerKind::adamw;
+    SCOPED_TRACE(adam ? "adamw, clipped" : "sgd");
+    Options one;
+    one.threads(1).gradient_accumulation(4);
+    std::vector<StepStats> s1, s2;
+    const auto w1 = train_weights(one, base, 4, 5, &s1);
+    TrainingOptions t = base;
+    t.pipeline = {2, train::PipelineSchedule::one_f_one_b};
+    Options dp;
+    dp.threads(1).replication_factor(2).gradient_accumulation(2);
+    const auto w2 = train_weights(dp, t, 4, 5, &s2);
+    ASSERT_FALSE(w1.empty() || w2.empty());
+    EXPECT_LT(max_rel_diff(w2, w1), adam ? 1e-4 : 1e-5);
+    ASSERT_EQ(s2.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(s2[i].loss, s1[i].loss, 1e-5 * s1[i].loss) << "step " << i + 1;
+  }
+}
+
 // The cut of gpt2-tiny: balanced stages joined by one activation each (the
 // residual stream), the tied wte shared by the first and the last stage.
 TEST(Pipeline, SplitsGpt2AtBlockBoundaries) {

@@ -100,6 +100,7 @@ Tensor micro_batch(const Tensor& t, const Shape& per, int64_t index) {
 Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map<std::string, const Tensor*>& inputs) {
   const train::PipelinePrograms& pp = *pipe_;
   const int S = int(pp.stages.size());
+  const int L = session_->replicas() / S;  // data-parallel replicas in this process
   const int64_t iters = options_.device_iterations_, acc = options_.gradient_accumulation_;
   // The forward graph's inputs each stage takes, and their per-micro-batch types.
   std::map<std::string, Shape> per;
@@ -110,14 +111,22 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       auto it = inputs.find(b.name);
       if (it == inputs.end()) return Status::invalid_argument("training input '" + b.name + "'", "given", "missing");
       const Tensor& t = *it->second;
-      if (t.dtype() != b.type.dtype || t.numel() != b.type.shape.numel() * iters * acc)
+      if (t.dtype() != b.type.dtype || t.numel() != b.type.shape.numel() * iters * acc * L)
         return Status::invalid_argument(
             "training input '" + b.name + "'",
-            std::string(dtype_name(b.type.dtype)) + " with " + std::to_string(iters * acc) +
-                " micro-batches of " + b.type.shape.to_string() + " (device_iterations x gradient_accumulation)",
+            std::string(dtype_name(b.type.dtype)) + " with " + std::to_string(iters * acc * L) +
+                " micro-batches of " + b.type.shape.to_string() + " (device_iterations x gradient_accumulation" +
+                (L > 1 ? " x replicas)" : ")"),
             std::string(dtype_name(t.dtype())) + t.shape().to_string());
       per.emplace(b.name, b.type.shape);
     }
+  }
+  // The accumulators each stage writes (its owned parameters' and its extra
+  // ones for shared parameters), by device: what its replicas reduce.
+  std::vector<std::vector<std::string>> stage_accumulators(static_cast<size_t>(S));
+  for (int st = 0; st < S; ++st) {
+    for (const compiler::Binding& b : session_->executable(pp.stages[size_t(st)].backward_first).parameters)
+      if (b.name.starts_with(train::grad_accumulator_name(""))) stage_accumulators[size_t(st)].push_back(b.name);
   }
   const std::vector<std::vector<train::PipeStep>> order = train::pipeline_order(training_.pipeline.schedule, S, int(acc));
   std::vector<float> losses;
@@ -127,11 +136,14 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     s.lr = training_.schedule.at(s.step);
     s.loss_scale = scaler_.scale();
     const Tensor ls = scalar(float(s.loss_scale));
-    Channels channels(training_.data_parallel.comm.timeout);
-    std::vector<float> micro_losses(static_cast<size_t>(acc), 0.0f);
-    pipe_stats_.busy_s.assign(size_t(S), 0.0);
+    std::vector<std::unique_ptr<Channels>> channels;  // by replica
+    for (int r = 0; r < L; ++r) channels.push_back(std::make_unique<Channels>(training_.data_parallel.comm.timeout));
+    std::vector<std::vector<float>> micro_losses(static_cast<size_t>(L), std::vector<float>(size_t(acc), 0.0f));
+    pipe_stats_.busy_s.assign(size_t(S * L), 0.0);
     const auto t0 = Clock::now();
-    auto stage_work = [&](int st) -> Status {
+    auto stage_work = [&](int d) -> Status {
+      const int r = d / S, st = d % S;
+      Channels& ch = *channels[size_t(r)];
       const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
       const train::PipelineStage& split = pp.split.stages[size_t(st)];
       const bool last = st + 1 == S;
@@ -139,35 +151,34 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       bool first_backward = true;
       for (const train::PipeStep& step : order[size_t(st)]) {
         const int m = step.micro;
-        const std::string where = "pipeline stage " + std::to_string(st) + ", " +
-                                  (step.forward ? "forward" : "backward") + " of micro-batch " + std::to_string(m);
+        const std::string where = "pipeline stage " + std::to_string(st) + (L > 1 ? " of replica " + std::to_string(r) : "") +
+                                  ", " + (step.forward ? "forward" : "backward") + " of micro-batch " + std::to_string(m);
         std::map<std::string, Tensor> owned;
         for (const std::string& name : split.inputs)
-          owned.emplace(name, micro_batch(*inputs.at(name), per.at(name), it * acc + m));
+          owned.emplace(name, micro_batch(*inputs.at(name), per.at(name), (it * acc + m) * L + r));
         if (step.forward) {
           for (int e : split.in_edges) {
             const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
-            ASPEN_ASSIGN_OR_RETURN(Tensor t, channels.take(e, m, false, where + ": waiting for " + edge.name +
-                                                                           " from stage " + std::to_string(edge.from)));
+            ASPEN_ASSIGN_OR_RETURN(Tensor t, ch.take(e, m, false, where + ": waiting for " + edge.name + " from stage " +
+                                                                     std::to_string(edge.from)));
             stash[m].emplace(edge.name, std::move(t));
           }
           std::map<std::string, const Tensor*> feeds;
           for (const auto& [name, t] : owned) feeds.emplace(name, &t);
           for (const auto& [name, t] : stash[m]) feeds.emplace(name, &t);
           const auto b0 = Clock::now();
-          ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(st, feeds, prog.forward));
-          pipe_stats_.busy_s[size_t(st)] += std::chrono::duration<double>(Clock::now() - b0).count();
-          for (int e : split.out_edges) channels.put(e, m, false, std::move(out.at(pp.split.edges[size_t(e)].name)));
-          if (last) micro_losses[size_t(m)] = out.at(training_.loss).data<float>()[0];
+          ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(d, feeds, prog.forward));
+          pipe_stats_.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
+          for (int e : split.out_edges) ch.put(e, m, false, std::move(out.at(pp.split.edges[size_t(e)].name)));
+          if (last) micro_losses[size_t(r)][size_t(m)] = out.at(training_.loss).data<float>()[0];
           continue;
         }
         std::map<std::string, Tensor> grads;
         for (int e : split.out_edges) {
           const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
           if (!edge.differentiable) continue;
-          ASPEN_ASSIGN_OR_RETURN(Tensor g, channels.take(e, m, true, where + ": waiting for the gradient of " +
-                                                                         edge.name + " from stage " +
-                                                                         std::to_string(edge.to)));
+          ASPEN_ASSIGN_OR_RETURN(Tensor g, ch.take(e, m, true, where + ": waiting for the gradient of " + edge.name +
+                                                                   " from stage " + std::to_string(edge.to)));
           grads.emplace(train::kPipeGradPrefix + std::to_string(e), std::move(g));
         }
         std::map<std::string, const Tensor*> feeds;
@@ -178,42 +189,72 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
         const int program = first_backward || prog.backward_next < 0 ? prog.backward_first : prog.backward_next;
         first_backward = false;
         const auto b0 = Clock::now();
-        ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(st, feeds, program));
-        pipe_stats_.busy_s[size_t(st)] += std::chrono::duration<double>(Clock::now() - b0).count();
+        ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(d, feeds, program));
+        pipe_stats_.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
         for (int e : split.in_edges) {
           const std::string name = train::kPipeGradPrefix + std::to_string(e);
-          if (auto g = out.find(name); g != out.end()) channels.put(e, m, true, std::move(g->second));
+          if (auto g = out.find(name); g != out.end()) ch.put(e, m, true, std::move(g->second));
         }
         stash.erase(m);
       }
-      return Status();
+      if (!dp_) return Status();
+      // The stage's gradients over its replicas, into replica 0's copies.
+      std::vector<float*> tensors;
+      std::vector<int64_t> counts;
+      for (const std::string& name : stage_accumulators[size_t(st)]) {
+        Tensor* t = session_->parameter_of(d, name);
+        ASPEN_CHECK(t != nullptr);
+        tensors.push_back(t->data<float>());
+        counts.push_back(t->numel());
+      }
+      const std::vector<int> owners(tensors.size(), 0);
+      return stage_group(st)->reduce_to_owners(r, tensors, counts, owners);
     };
-    ASPEN_RETURN_IF_ERROR(session_->for_each_replica([&](int st) {
-      Status r = stage_work(st);
-      if (!r.is_ok()) channels.fail("stage " + std::to_string(st) + ": " + r.message());
+    Status work = session_->for_each_replica([&](int d) {
+      Status r = stage_work(d);
+      if (!r.is_ok()) {
+        for (auto& ch : channels) ch->fail("device " + std::to_string(d) + ": " + r.message());
+        if (dp_) stage_group(d % S)->abort(d / S, r.message());
+      }
       return r;
-    }));
+    });
+    if (!work.is_ok()) {
+      if (dp_) broken_ = true;
+      return work;
+    }
     pipe_stats_.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    // A parameter several stages use: its later stages' gradients into the owner's, in stage order.
+    // A parameter several stages use: its later stages' gradients into the owner's, in stage order (replica 0's).
     for (const train::PipelinePrograms::Shared& sh : pp.shared) {
-      float* into = grads_[0][sh.param];
+      float* into = grads_[size_t(owner_[sh.param])][sh.param];
       for (const std::string& name : sh.extra) {
-        const Tensor* t = session_->parameter_of(0, name);
+        const int stage = std::stoi(name.substr(name.rfind('@') + 1));
+        const Tensor* t = session_->parameter_of(stage, name);
         ASPEN_CHECK(t != nullptr);
         const float* from = t->data<float>();
         for (int64_t k = 0; k < grad_counts_[sh.param]; ++k) into[k] += from[k];
       }
     }
+    // The loss: every micro-batch's, in the order of its place in the global batch (micro-batch a of replica g is a·R + g).
+    std::vector<float> local_losses;  // [acc][L]
+    for (int64_t a = 0; a < acc; ++a)
+      for (int r = 0; r < L; ++r) local_losses.push_back(micro_losses[size_t(r)][size_t(a)]);
+    std::vector<float> all_losses = local_losses;
+    if (dp_) {
+      ASPEN_ASSIGN_OR_RETURN(all_losses, dp_->gather_processes(local_losses));
+    }
+    const int64_t P = int64_t(all_losses.size()) / (acc * L);
     double loss_sum = 0.0;
-    for (float l : micro_losses) loss_sum += double(l);
-    s.loss = float(loss_sum / double(acc));
+    for (int64_t a = 0; a < acc; ++a)
+      for (int64_t p = 0; p < P; ++p)
+        for (int r = 0; r < L; ++r) loss_sum += double(all_losses[size_t((p * acc + a) * L + r)]);
+    s.loss = float(loss_sum / double(acc * P * L));
     // Σg², added in parameter order (the same bits as one device's norm of the same gradients).
     std::vector<float> sums(pp.params.size(), 0.0f);
     if (needs_norm()) {
-      ASPEN_RETURN_IF_ERROR(session_->for_each_replica([&](int st) -> Status {
-        const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
-        if (prog.norm < 0) return Status();
-        ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(st, {}, prog.norm));
+      ASPEN_RETURN_IF_ERROR(session_->for_each_replica([&](int d) -> Status {
+        const train::PipelinePrograms::Stage& prog = pp.stages[size_t(d % S)];
+        if (d >= S || prog.norm < 0) return Status();  // replica 0 of each stage
+        ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(d, {}, prog.norm));
         const Tensor& t = out.at(train::kGradSqNormName);
         for (size_t k = 0; k < prog.owned.size(); ++k) sums[prog.owned[k]] = t.data<float>()[k];
         return Status();
@@ -222,10 +263,10 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     float sq = 0.0f;
     for (float x : sums) sq += x;
     auto apply = [&](const Tensor& lr, const Tensor& gs) -> Status {
-      Status st = session_->for_each_replica([&](int stage) -> Status {
-        const int program = pp.stages[size_t(stage)].step;
-        if (program < 0) return Status();
-        return session_->run_replica(stage, {{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, program).status();
+      Status st = session_->for_each_replica([&](int d) -> Status {
+        const int program = pp.stages[size_t(d % S)].step;
+        if (d >= S || program < 0) return Status();  // replica 0 of each stage updates the shared weights
+        return session_->run_replica(d, {{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, program).status();
       });
       if (st.is_ok()) advance_step_count();
       return st;
