@@ -64,6 +64,17 @@ void reduce_rows(std::span<const void* const> in, DType in_dtype, int64_t count,
   }
 }
 
+void reduce_rows_to_all(std::span<const void* const> in, DType in_dtype, int64_t count, std::span<void* const> outs,
+                        DType out_dtype, float divisor) {
+  alignas(64) float acc[kBlock];
+  for (int64_t b = 0; b < count; b += kBlock) {
+    const int64_t n = std::min(kBlock, count - b);
+    load(at(in[0], in_dtype, b), in_dtype, n, acc);
+    for (size_t k = 1; k < in.size(); ++k) add(at(in[k], in_dtype, b), in_dtype, n, acc);
+    for (void* out : outs) store(acc, n, at(out, out_dtype, b), out_dtype, divisor);
+  }
+}
+
 void convert(const void* in, DType in_dtype, int64_t count, void* out, DType out_dtype, float divisor) {
   if (in_dtype == out_dtype && divisor == 1.0f) {
     if (in != out) std::memmove(out, in, static_cast<size_t>(count) * dtype_size(in_dtype));

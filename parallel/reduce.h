@@ -36,6 +36,12 @@ inline const void* at(const void* p, DType t, int64_t i) { return static_cast<co
 void reduce_rows(std::span<const void* const> in, DType in_dtype, int64_t count, void* out, DType out_dtype,
                  float divisor);
 
+// reduce_rows writing the same result to every buffer of `outs` (each may
+// alias an input): one pass that reads each input once and writes each output
+// once (the threads backend's all-reduce, each rank its own chunk).
+void reduce_rows_to_all(std::span<const void* const> in, DType in_dtype, int64_t count, std::span<void* const> outs,
+                        DType out_dtype, float divisor);
+
 // out[i] = in[i] / divisor converted from in_dtype to out_dtype (f32 <-> bf16, rounding to nearest even).
 void convert(const void* in, DType in_dtype, int64_t count, void* out, DType out_dtype, float divisor = 1.0f);
 

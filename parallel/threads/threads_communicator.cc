@@ -248,19 +248,17 @@ Status ThreadsCommunicator::do_all_reduce(void* data, int64_t count, DType dtype
     std::memcpy(data, scratch_.data(), static_cast<size_t>(bytes));
     return Status();
   }
-  // Reduce-scatter in place: chunk rank_ of every buffer, into ours.
+  // Chunk rank_ of every buffer: summed block by block and the sum written
+  // back into that chunk of every buffer (no rank touches another's chunk, so
+  // one pass reads each byte once and writes it once).
   const detail::Range mine = detail::chunk_range(count, n, rank_);
-  for (int k = 0; k < n; ++k) in[k] = detail::at(g.slots[k].dst, dtype, mine.begin);
-  detail::reduce_rows(in, dtype, mine.size(), detail::at(data, dtype, mine.begin), dtype, divisor);
-  ASPEN_RETURN_IF_ERROR(barrier(o, "reduce-scatter"));
-  // All-gather: chunk c from its owner.
-  for (int c = 0; c < n; ++c) {
-    if (c == rank_) continue;
-    const detail::Range r = detail::chunk_range(count, n, c);
-    std::memcpy(detail::at(data, dtype, r.begin), detail::at(g.slots[c].dst, dtype, r.begin),
-                static_cast<size_t>(r.size() * dtype_size(dtype)));
+  std::vector<void*> out(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) {
+    in[k] = detail::at(g.slots[k].dst, dtype, mine.begin);
+    out[k] = detail::at(g.slots[k].dst, dtype, mine.begin);
   }
-  return barrier(o, "all-gather");  // peers may still be reading our chunk
+  detail::reduce_rows_to_all(in, dtype, mine.size(), out, dtype, divisor);
+  return barrier(o, "reduce");  // every chunk of every buffer is final
 }
 
 Status ThreadsCommunicator::do_reduce_scatter(const void* send_buf, void* recv_buf, int64_t recv_count, DType dtype,
