@@ -1,5 +1,6 @@
-// graph/ops_collective.cc: collective placeholders. The compiler's placement
-// inserts them and W1.5 lowers them onto a Communicator; here they have types,
+// graph/ops_collective.cc: collective ops. The compiler's placement
+// inserts them and the runtime runs them on the communicator each device was
+// given for the group (runtime::Session::set_communicator); here they have types,
 // gradients and a single-device meaning.
 //
 //   all_reduce(x) {group, group_size, reduce: "sum" | "mean"}: same type

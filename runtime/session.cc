@@ -125,6 +125,16 @@ Status Session::set_parameter(const std::string& name, const Tensor& value) {
   return Status();
 }
 
+Status Session::set_communicator(int replica, const std::string& group, parallel::Communicator* comm) {
+  if (replica < 0 || replica >= int(replicas_.size()))
+    return Status::invalid_argument("set_communicator: replica", "an index below " + std::to_string(replicas_.size()),
+                                    std::to_string(replica));
+  replicas_[size_t(replica)].comms[group] = comm;
+  return Status();
+}
+
+int Session::replica_index(const Replica& r) const { return int(&r - replicas_.data()); }
+
 Tensor* Session::parameter_of(int replica, const std::string& name) {
   const compiler::Binding* b = find(parameter_list_, name);
   if (!b || replica < 0 || replica >= int(replicas_.size())) return nullptr;
@@ -166,17 +176,58 @@ int64_t returned_steps(const RunOptions& o) {
 
 namespace {
 
-// A collective on one device: a group of one is the identity; anything larger
-// needs the communicators of W1.5.
-Status run_collective(const graph::Node& n, const void* in, void* out, int64_t bytes) {
-  const int64_t group = n.attrs.i_or("group_size", 1);
-  if ((n.op == graph::OpKind::send || n.op == graph::OpKind::recv) || group != 1)
-    return Status::error(Code::kUnimplemented, std::string("collective ") + graph::op_name(n.op) + " over a group of " +
-                                     std::to_string(group),
-                                 "a group of one (communicators between devices arrive with W1.5)",
-                                 "a program that needs one");
-  if (in != out && bytes) std::memcpy(out, in, size_t(bytes));
-  return Status();
+// A collective instruction: a group of one is the identity; a larger group
+// runs on the communicator the replica was given for the node's group
+// (send and recv: group "pipe").
+Status run_collective(const graph::Graph& g, const graph::Node& n, const void* in, void* out,
+                      const std::map<std::string, parallel::Communicator*>& comms, int replica) {
+  using graph::OpKind;
+  const int64_t size = n.attrs.i_or("group_size", 1);
+  const bool p2p = n.op == OpKind::send || n.op == OpKind::recv;
+  const std::string group = p2p ? "pipe" : n.attrs.s("group");
+  if (!p2p && size == 1) {
+    const int64_t bytes = g.type(n.outputs[0]).bytes();
+    if (in != out && bytes) std::memcpy(out, in, size_t(bytes));
+    return Status();
+  }
+  auto it = comms.find(group);
+  if (it == comms.end() || !it->second)
+    return Status::error(Code::kFailedPrecondition,
+                         std::string("collective ") + graph::op_name(n.op) + " over group '" + group + "' on replica " +
+                             std::to_string(replica),
+                         "a communicator for the group (Session::set_communicator)", "none");
+  parallel::Communicator& c = *it->second;
+  if (!p2p && c.size() != size)
+    return Status::error(Code::kFailedPrecondition,
+                         std::string("collective ") + graph::op_name(n.op) + " over group '" + group + "'",
+                         "a communicator of " + std::to_string(size) + " devices (the node's group_size)",
+                         std::to_string(c.size()));
+  switch (n.op) {
+    case OpKind::all_reduce: {
+      const graph::TensorType& t = g.type(n.outputs[0]);
+      if (in != out && t.bytes()) std::memcpy(out, in, size_t(t.bytes()));
+      return c.all_reduce(out, t.shape.numel(), t.dtype,
+                          n.attrs.s("reduce") == "mean" ? parallel::ReduceOp::mean : parallel::ReduceOp::sum);
+    }
+    case OpKind::reduce_scatter: {
+      const graph::TensorType& t = g.type(n.outputs[0]);
+      return c.reduce_scatter(in, out, t.shape.numel(), t.dtype, parallel::ReduceOp::sum);
+    }
+    case OpKind::all_gather: {
+      const graph::TensorType& t = g.type(n.inputs[0]);
+      return c.all_gather(in, out, t.shape.numel(), t.dtype);
+    }
+    case OpKind::send: {
+      const graph::TensorType& t = g.type(n.inputs[0]);
+      return c.send(in, t.shape.numel(), t.dtype, int(n.attrs.i("peer")));
+    }
+    case OpKind::recv: {
+      const graph::TensorType& t = g.type(n.outputs[0]);
+      return c.recv(out, t.shape.numel(), t.dtype, int(n.attrs.i("peer")));
+    }
+    default: break;
+  }
+  return Status::error(Code::kInternal, "collective instruction", "a collective op", graph::op_name(n.op));
 }
 
 const char* trace_category(compiler::InstrKind kind) {
@@ -219,12 +270,10 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
     Status status;
     switch (ins.kind) {
       case InstrKind::kernel: status = ins.kernel->run(in, out); break;
-      case InstrKind::collective: {
-        const int64_t bytes = ins.outputs.empty() ? 0 : exe.plan.slots[size_t(ins.outputs[0])].bytes;
-        status = run_collective(exe.graph.node(ins.node), in.empty() ? nullptr : in[0],
-                                out.empty() ? nullptr : out[0], bytes);
+      case InstrKind::collective:
+        status = run_collective(exe.graph, exe.graph.node(ins.node), in.empty() ? nullptr : in[0],
+                                out.empty() ? nullptr : out[0], r.comms, replica_index(r));
         break;
-      }
       case InstrKind::copy: {
         const int64_t bytes = exe.plan.slots[size_t(ins.outputs[0])].bytes;
         if (bytes) std::memcpy(out[0], in[0], size_t(bytes));

@@ -45,6 +45,7 @@
 
 #include "compiler/executable.h"
 #include "core/tensor.h"
+#include "parallel/communicator.h"
 #include "profile/trace.h"
 #include "runtime/device.h"
 
@@ -109,6 +110,11 @@ class Session {
   // shapes (no iterations or replica dimension); outputs likewise.
   Result<std::map<std::string, Tensor>> run_replica(int replica, const std::map<std::string, const Tensor*>& inputs,
                                                     int program);
+  // The communicator replica r's collective instructions of group `group`
+  // (the op's "group" attribute: "data", "tensor", ...; send and recv use
+  // "pipe") run on; a collective over more than one device without one is a
+  // FailedPrecondition naming the group. Not owned; it must outlive the runs.
+  Status set_communicator(int replica, const std::string& group, parallel::Communicator* comm);
   // The parameter replica r computes with (its own copy when replica-local,
   // else the shared one), for work in place between runs; nullptr when there
   // is no such parameter.
@@ -119,7 +125,9 @@ class Session {
     std::vector<std::unique_ptr<compiler::Executable>> exes;  // by program
     std::unique_ptr<CpuDevice> device;
     std::vector<Tensor> own;  // by parameters_ index: this replica's copy of a replica-local one (else empty)
+    std::map<std::string, parallel::Communicator*> comms;  // by group name
   };
+  int replica_index(const Replica& r) const;
   struct ProgramInfo {
     std::vector<int64_t> instruction_bytes;  // bytes each instruction touches, for traces
     std::vector<size_t> parameter_index;     // the program's parameter k -> parameters_ index

@@ -7,6 +7,7 @@
 #include "graph/builder.h"
 #include "graph/grad_check.h"
 #include "graph/interpreter.h"
+#include "parallel/threads/threads_communicator.h"
 
 namespace aspen::runtime {
 namespace {
@@ -396,7 +397,8 @@ TEST(Session, MixedPrecisionMatchesItsGraph) {
 }
 
 // Collectives are their own instructions: a group of one is the identity; a
-// larger group needs W1.5's communicators and says so when run.
+// larger group needs a communicator for its group and says so when run
+// without one (CollectivesRunOnTheReplicasCommunicators runs them).
 TEST(Session, CollectiveInstructions) {
   for (int64_t group : {1, 2}) {
     Graph g;
@@ -418,7 +420,9 @@ TEST(Session, CollectiveInstructions) {
       for (int i = 0; i < 3; ++i) EXPECT_EQ(out->at("y").data<float>()[i], 2 * in.data<float>()[i]);
     } else {
       ASSERT_FALSE(out.is_ok());
-      EXPECT_NE(out.status().message().find("collective all_reduce over a group of 2"), std::string::npos)
+      EXPECT_NE(out.status().message().find("collective all_reduce over group 'data' on replica 0: expected a "
+                                            "communicator for the group (Session::set_communicator), found none"),
+                std::string::npos)
           << out.status().message();
     }
   }
@@ -527,6 +531,75 @@ TEST(Session, ReplicaLocalParametersAndPerReplicaRuns) {
                   : Status::error(Code::kAborted, "replica 0", "a working group", "aborted");
   });
   EXPECT_EQ(st.code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace aspen::runtime
+
+namespace aspen::runtime {
+namespace {
+
+// Two replicas whose collective instructions run on a threads group:
+// all_reduce, all_gather, reduce_scatter, and a send/recv pair, against the
+// same arithmetic done here.
+TEST(Session, CollectivesRunOnTheReplicasCommunicators) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {4});
+  const graph::Attrs tensor = {{"group", std::string("tensor")}, {"group_size", int64_t(2)}};
+  graph::Attrs sum = tensor;
+  sum.set("reduce", std::string("sum"));
+  b.output("sum", b.op1(graph::OpKind::all_reduce, {x}, sum));
+  b.output("gathered", b.op1(graph::OpKind::all_gather, {x}, tensor));
+  b.output("scattered", b.op1(graph::OpKind::reduce_scatter, {x}, tensor));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  auto exe = compiler::compile(g);
+  ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+  {
+    auto made = Session::create(std::move(exe).value(), {.threads = 1, .replicas = 2});
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    Session& s = **made;
+    auto comms = parallel::make_threads_group(2).value();
+    for (int r = 0; r < 2; ++r) ASSERT_TRUE(s.set_communicator(r, "tensor", comms[size_t(r)].get()).is_ok());
+    Tensor in = random_tensor({2, 4}, 17);  // replica r's x is row r
+    auto out = s.run({{"x", &in}});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    const float* x0 = in.data<float>();
+    const float* x1 = x0 + 4;
+    for (int r = 0; r < 2; ++r) {
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ(out->at("sum").data<float>()[r * 4 + i], x0[i] + x1[i]);
+        EXPECT_EQ(out->at("gathered").data<float>()[r * 8 + i], x0[i]);
+        EXPECT_EQ(out->at("gathered").data<float>()[r * 8 + 4 + i], x1[i]);
+      }
+      for (int i = 0; i < 2; ++i) EXPECT_EQ(out->at("scattered").data<float>()[r * 2 + i], x0[2 * r + i] + x1[2 * r + i]);
+    }
+  }  // the session's cores go back to the budget
+
+  // send on replica 0, recv on replica 1 (group "pipe"), each its own program.
+  Graph gs, gr;
+  Builder bs(gs), br(gr);
+  bs.op(graph::OpKind::send, {bs.input("x", DType::f32, {3})}, {{"peer", int64_t(1)}});
+  bs.output("nothing", bs.scalar(0.0f));
+  br.output("y", br.op1(graph::OpKind::recv, {}, {{"peer", int64_t(0)}, {"dtype", int64_t(DType::f32)},
+                                                  {"shape", std::vector<int64_t>{3}}}));
+  ASSERT_TRUE(bs.status().is_ok() && br.status().is_ok()) << bs.status().to_string() << br.status().to_string();
+  std::vector<std::unique_ptr<compiler::Executable>> programs;
+  programs.push_back(std::move(compiler::compile(gs)).value());
+  programs.push_back(std::move(compiler::compile(gr)).value());
+  auto p2p = Session::create(std::move(programs), {.threads = 1, .replicas = 2});
+  ASSERT_TRUE(p2p.is_ok()) << p2p.status().to_string();
+  auto pipe = parallel::make_threads_group(2).value();
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE((*p2p)->set_communicator(r, "pipe", pipe[size_t(r)].get()).is_ok());
+  Tensor v = random_tensor({3}, 5), got;
+  Status st = (*p2p)->for_each_replica([&](int r) -> Status {
+    if (r == 0) return (*p2p)->run_replica(0, {{"x", &v}}, 0).status();
+    ASPEN_ASSIGN_OR_RETURN(auto o, (*p2p)->run_replica(1, {}, 1));
+    got = o.at("y").clone();
+    return Status();
+  });
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(got.data<float>()[i], v.data<float>()[i]);
 }
 
 }  // namespace
