@@ -114,6 +114,11 @@ struct CausalLmOptions {
   // activations (half the bytes a decode step streams; norms and biases stay
   // f32; NOTE [mixed matmul] in graph/ops_nn.cc).
   std::optional<DType> weight_dtype = {};
+  // > 1: the graph of one shard of a Megatron tensor-parallel layout over this
+  // many devices (models/tensor_parallel.h): attention heads and the MLP's
+  // hidden units split, all-reduces over group "tensor" after the row-parallel
+  // projections. Every shard's graph is the same; the weights differ.
+  int64_t tensor_parallel = 1;
 };
 // The inputs a causal LM's kv-cache options add (invalid without them).
 struct KvCacheInputs {

@@ -33,6 +33,28 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
   ASPEN_RETURN_IF_ERROR(check_kv_cache("gpt2", o, "n_positions", c.n_positions));
   const DType dt = c.dtype;
   const int64_t C = c.d_model;
+  const int64_t T = o.tensor_parallel;
+  if (T < 1) return Status::invalid_argument("gpt2: tensor_parallel", ">= 1", std::to_string(T));
+  if (c.n_head % T != 0)
+    return Status::invalid_argument("gpt2: tensor_parallel " + std::to_string(T),
+                                    "a divisor of n_head (" + std::to_string(c.n_head) + ")", std::to_string(T));
+  if (c.ff_dim() % T != 0)
+    return Status::invalid_argument("gpt2: tensor_parallel " + std::to_string(T),
+                                    "a divisor of the MLP width (" + std::to_string(c.ff_dim()) + ")",
+                                    std::to_string(T));
+  if (T > 1 && o.kv_cache_len > 0)
+    return Status::unimplemented("gpt2: tensor_parallel with a KV cache", "layout in this build (training only)");
+  const int64_t Cl = C / T, Fl = c.ff_dim() / T;  // this shard's attention width and MLP width
+  // Row-parallel: this shard's partial product, summed over the shards, then the bias once.
+  auto row_parallel = [&](ValueId x, const std::string& name, int64_t in) {
+    ValueId y = linear(b, x, name, in, C, /*bias=*/false, o.weight_dtype.value_or(dt), WeightLayout::in_out);
+    if (T > 1)
+      y = b.op1(OpKind::all_reduce, {y},
+                {{"group", std::string("tensor")}, {"group_size", T}, {"reduce", std::string("sum")}});
+    const ValueId bias = b.parameter(name + ".bias", dt, Shape{C});
+    const Shape ys = b.type(y).shape;
+    return b.add(y, b.broadcast(bias, std::vector<int64_t>(ys.begin(), ys.end())));
+  };
   const WeightLayout conv1d = WeightLayout::in_out;
   Gpt2Graph m;
   m.input_ids = b.input("input_ids", DType::i32, Shape{o.batch, o.seq});
@@ -47,17 +69,23 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
   const ValueId wte = b.parameter("transformer.wte.weight", wdt, Shape{c.vocab, C});
   const ValueId wpe = b.parameter("transformer.wpe.weight", wdt, Shape{c.n_positions, C});
   ValueId x = b.add(embed(b, wte, m.input_ids, dt), embed(b, wpe, m.positions, dt));  // [B, T, C]
-  const AttentionSpec attn{.n_head = c.n_head, .head_dim = c.head_dim(), .mask = "causal"};
+  const AttentionSpec attn{.n_head = c.n_head / T, .head_dim = c.head_dim(), .mask = "causal"};
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "transformer.h." + std::to_string(i) + ".";
     ValueId h = layer_norm(b, x, p + "ln_1", C, c.layer_norm_eps, dt);
-    ValueId qkv = linear(b, h, p + "attn.c_attn", C, 3 * C, /*bias=*/true, wdt, conv1d);  // [B, T, 3C]: q | k | v
-    ValueId q = b.slice(qkv, -1, 0, C), k = b.slice(qkv, -1, C, 2 * C), v = b.slice(qkv, -1, 2 * C, 3 * C);
+    // [B, T, 3C/T]: this shard's heads of q | k | v (column parallel)
+    ValueId qkv = linear(b, h, p + "attn.c_attn", C, 3 * Cl, /*bias=*/true, wdt, conv1d);
+    ValueId q = b.slice(qkv, -1, 0, Cl), k = b.slice(qkv, -1, Cl, 2 * Cl), v = b.slice(qkv, -1, 2 * Cl, 3 * Cl);
     const KvCacheSpec cache = layer_cache(kv, o, i);
-    ValueId a = linear(b, attention_core(b, q, k, v, attn, std::nullopt, key_valid, o.kv_cache_len ? &cache : nullptr),
-                       p + "attn.c_proj", C, C, true, wdt, conv1d);
+    const ValueId heads = attention_core(b, q, k, v, attn, std::nullopt, key_valid, o.kv_cache_len ? &cache : nullptr);
+    ValueId a = T > 1 ? row_parallel(heads, p + "attn.c_proj", Cl) : linear(b, heads, p + "attn.c_proj", C, C, true, wdt, conv1d);
     x = b.add(a, x);  // HF: attn_output + residual
     h = layer_norm(b, x, p + "ln_2", C, c.layer_norm_eps, dt);
+    if (T > 1) {  // c_fc column parallel, c_proj row parallel
+      ValueId u = b.gelu(linear(b, h, p + "mlp.c_fc", C, Fl, /*bias=*/true, wdt, conv1d), /*tanh_form=*/true);
+      x = b.add(x, row_parallel(u, p + "mlp.c_proj", Fl));
+      continue;
+    }
     ValueId f = mlp(b, h,
                     {.fc_in = p + "mlp.c_fc",
                      .fc_out = p + "mlp.c_proj",

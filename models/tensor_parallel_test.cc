@@ -1,0 +1,136 @@
+// Tensor parallel: a GPT-2 cut over 2 shards (two devices of one session, a
+// threads group "tensor") computes the logits and loss of the whole model;
+// shard and gather are inverse; sizes that do not divide are refused.
+#include "models/tensor_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include "compiler/executable.h"
+#include "core/philox.h"
+#include "graph/builder.h"
+#include "parallel/threads/threads_communicator.h"
+#include "runtime/session.h"
+
+namespace aspen::models {
+namespace {
+
+Gpt2Config config() {
+  return Gpt2Config{.vocab = 37, .n_positions = 16, .d_model = 32, .n_layer = 2, .n_head = 4, .d_ff = 40};
+}
+
+graph::Graph gpt2(const Gpt2Config& c, int64_t tp) {
+  graph::Graph g;
+  graph::Builder b(g);
+  auto m = build_gpt2(b, c, {.batch = 2, .seq = 5, .with_loss = true, .tensor_parallel = tp});
+  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+  return g;
+}
+
+TEST(TensorParallel, TwoShardsComputeTheWholeModel) {
+  const Gpt2Config c = config();
+  const graph::Graph whole = gpt2(c, 1), shard = gpt2(c, 2);
+  // Random weights, biases and norms included (non-zero, so misplaced ones show).
+  std::map<std::string, Tensor> w;
+  uint64_t stream = 0;
+  for (int32_t i : whole.parameter_nodes()) {
+    const graph::Node& n = whole.node(i);
+    Tensor t(DType::f32, whole.type(n.outputs[0]).shape);
+    philox_fill_normal(t.span<float>(), 5, stream++, 0, 0.0f, 0.2f);
+    w.emplace(n.name, std::move(t));
+  }
+  Tensor ids(DType::i32, {2, 5}), pos(DType::i32, {2, 5}), tgt(DType::i32, {10});
+  for (int i = 0; i < 10; ++i) {
+    ids.data<int32_t>()[i] = (7 * i + 3) % 37;
+    pos.data<int32_t>()[i] = i % 5;
+    tgt.data<int32_t>()[i] = (5 * i + 1) % 37;
+  }
+  std::map<std::string, Tensor> want;
+  {
+    auto s = runtime::Session::create(compiler::compile(whole).value(), {.threads = 1});
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    for (const auto& [name, t] : w) ASSERT_TRUE((*s)->set_parameter(name, t).is_ok()) << name;
+    auto out = (*s)->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    want = std::move(out).value();
+  }
+  auto exe = compiler::compile(shard);
+  ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+  auto s = runtime::Session::create(std::move(exe).value(), {.threads = 1, .replicas = 2, .replica_local = {""}});
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  auto comms = parallel::make_threads_group(2).value();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE((*s)->set_communicator(r, "tensor", comms[size_t(r)].get()).is_ok());
+    for (const compiler::Binding& p : (*s)->parameters()) {
+      auto part = shard_weight(p.name, w.at(p.name), r, 2);
+      ASSERT_TRUE(part.is_ok()) << part.status().to_string();
+      Tensor* dst = (*s)->parameter_of(r, p.name);
+      ASSERT_EQ(dst->shape(), part->shape()) << p.name;
+      std::memcpy(dst->raw(), part->raw(), part->nbytes());
+    }
+  }
+  auto stack = [](const Tensor& t) {  // the same input for both shards: [2, ...]
+    std::vector<int64_t> d = {2};
+    d.insert(d.end(), t.shape().begin(), t.shape().end());
+    Tensor out(t.dtype(), Shape::make(d.data(), int(d.size())).value());
+    std::memcpy(out.raw(), t.raw(), t.nbytes());
+    std::memcpy(static_cast<char*>(out.raw()) + t.nbytes(), t.raw(), t.nbytes());
+    return out;
+  };
+  const Tensor ids2 = stack(ids), pos2 = stack(pos), tgt2 = stack(tgt);
+  auto got = (*s)->run({{"input_ids", &ids2}, {"positions", &pos2}, {"targets", &tgt2}});
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  const Tensor& logits = got->at("logits");
+  const int64_t n = want.at("logits").numel();
+  for (int r = 0; r < 2; ++r) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float a = logits.data<float>()[r * n + i], e = want.at("logits").data<float>()[i];
+      ASSERT_NEAR(a, e, 1e-5f * (1.0f + std::abs(e))) << "shard " << r << " logit " << i;
+    }
+    EXPECT_NEAR(got->at("loss").data<float>()[r], want.at("loss").data<float>()[0], 1e-5f) << "shard " << r;
+  }
+}
+
+TEST(TensorParallel, ShardThenGatherIsTheIdentity) {
+  const Gpt2Config c = config();
+  const graph::Graph whole = gpt2(c, 1);
+  uint64_t stream = 0;
+  int sharded = 0;
+  for (int32_t i : whole.parameter_nodes()) {
+    const graph::Node& n = whole.node(i);
+    Tensor t(DType::f32, whole.type(n.outputs[0]).shape);
+    philox_fill_normal(t.span<float>(), 9, stream++, 0, 0.0f, 1.0f);
+    for (int shards : {2, 4}) {
+      std::vector<Tensor> parts;
+      for (int r = 0; r < shards; ++r) parts.push_back(shard_weight(n.name, t, r, shards).value());
+      std::vector<const Tensor*> ptrs;
+      for (const Tensor& p : parts) ptrs.push_back(&p);
+      auto back = gather_weight(n.name, ptrs);
+      ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+      ASSERT_EQ(back->shape(), t.shape()) << n.name;
+      EXPECT_EQ(0, std::memcmp(back->raw(), t.raw(), t.nbytes())) << n.name;
+      if (gpt2_shard_kind(n.name) != ShardKind::replicated) {
+        EXPECT_EQ(parts[0].numel() * shards, t.numel()) << n.name;
+        sharded += shards == 2;
+      }
+    }
+  }
+  EXPECT_EQ(sharded, 2 * 6);  // per layer: c_attn weight and bias, c_proj weight, c_fc weight and bias, mlp c_proj weight
+  // q | k | v keep their own heads: shard 1 of 2 of c_attn.bias [3C] is q[C/2:C], k[3C/2:2C], v[5C/2:3C].
+  Tensor bias(DType::f32, {12});
+  for (int i = 0; i < 12; ++i) bias.data<float>()[i] = float(i);
+  auto part = shard_weight("transformer.h.0.attn.c_attn.bias", bias, 1, 2).value();
+  const std::vector<float> expect = {2, 3, 6, 7, 10, 11};
+  EXPECT_EQ(std::vector<float>(part.data<float>(), part.data<float>() + 6), expect);
+}
+
+TEST(TensorParallel, ShardsThatDoNotDivideAreRefused) {
+  graph::Graph g;
+  graph::Builder b(g);
+  const Gpt2Config c = Gpt2Config::tiny();  // 3 heads, d_ff 22
+  auto m = build_gpt2(b, c, {.batch = 1, .seq = 4, .tensor_parallel = 2});
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_EQ(m.status().message(), "gpt2: tensor_parallel 2: expected a divisor of n_head (3), found 2");
+}
+
+}  // namespace
+}  // namespace aspen::models
