@@ -26,6 +26,9 @@ Status Options::validate(bool training) const {
                                     "a divisor of device_iterations " + std::to_string(device_iterations_),
                                     std::to_string(output_every_n_));
   if (!training && mpi_) return Status::unimplemented("options.mpi", "setting for an inference model (off)");
+  ASPEN_RETURN_IF_ERROR(positive("tensor_parallel", tensor_parallel_));
+  if (!training && tensor_parallel_ != 1)
+    return Status::unimplemented("options.tensor_parallel", "setting for an inference model (1)");
   if (threads_ < 0) return Status::invalid_argument("options.threads", ">= 0 (0: all free cores)", std::to_string(threads_));
   return Status();
 }

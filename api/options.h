@@ -32,6 +32,11 @@ struct Options {
   // (poprun's instances × replicas). Every process must create the model with
   // the same options, in the same order.
   bool mpi_ = false;
+  // Training: Megatron tensor parallelism over this many devices of the
+  // process (group "tensor"). The forward graph must be one shard's, built
+  // with CausalLmOptions::tensor_parallel equal to it (GPT-2 family); weights
+  // and optimizer state cross the API as full tensors (models/tensor_parallel.h).
+  int64_t tensor_parallel_ = 1;
   // Micro-batches per optimizer step (poptorch Training.gradientAccumulation; training only).
   int64_t gradient_accumulation_ = 1;
   OutputMode output_mode_ = OutputMode::final;
@@ -54,6 +59,7 @@ struct Options {
   Options& device_iterations(int64_t n) { device_iterations_ = n; return *this; }
   Options& replication_factor(int64_t n) { replication_factor_ = n; return *this; }
   Options& mpi(bool on) { mpi_ = on; return *this; }
+  Options& tensor_parallel(int64_t n) { tensor_parallel_ = n; return *this; }
   Options& gradient_accumulation(int64_t n) { gradient_accumulation_ = n; return *this; }
   Options& output_mode(OutputMode m, int64_t every_n = 1) { output_mode_ = m; output_every_n_ = every_n; return *this; }
   Options& precision(DType compute, DType partials = DType::f32) { precision_ = compute; partials_type_ = partials; return *this; }

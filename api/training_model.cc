@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "compiler/cache.h"
+#include "models/tensor_parallel.h"
 #include "core/check.h"
 
 namespace aspen::api {
@@ -60,7 +61,8 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   po.loss = training.loss;
   const int local = int(options.replication_factor_);
   const bool data_parallel = local > 1 || options.mpi_;
-  po.split = data_parallel;
+  const int tp = int(options.tensor_parallel_);
+  po.split = data_parallel || tp > 1;  // replicated weights' gradients are summed over the shards first
   po.shards = local;
   if (data_parallel) {
     parallel::DataParallelOptions dpo = training.data_parallel;
@@ -74,6 +76,9 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   }
   const int stages = training.pipeline.stages;
   if (stages < 1) return Status::invalid_argument("training: pipeline stages", ">= 1", std::to_string(stages));
+  if (tp > 1 && (data_parallel || stages > 1))
+    return Status::unimplemented("training: tensor_parallel " + std::to_string(tp) + " with replicas or pipeline stages",
+                                 "layout in this build (tensor shards alone)");
   if (stages > 1 && m->zero_)
     return Status::unimplemented("training: " + std::to_string(stages) + " pipeline stages with sharded optimizer state",
                                  "layout in this build (pipeline stages with replicas keep the whole state)");
@@ -170,8 +175,9 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   runtime::SessionOptions sopts;
   sopts.threads = options.threads_;
   sopts.trace = m->trace_.get();
-  sopts.replicas = stages * local;  // pipeline x data parallel: device r·stages + s
+  sopts.replicas = tp > 1 ? tp : stages * local;  // pipeline x data parallel: device r·stages + s
   if (data_parallel) sopts.replica_local = {train::grad_accumulator_name("")};
+  if (tp > 1) sopts.replica_local = {""};  // every shard its own weights, state and gradients
   ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exes), sopts));
   if (m->pipe_) {
     // Each parameter's gradient ends on replica 0 of the stage that owns it
@@ -187,6 +193,21 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
       m->grad_counts_.push_back(t->numel());
       for (int d = 0; d < stages * local; ++d)
         m->grads_[size_t(d)].push_back(m->session_->parameter_of(d, train::grad_accumulator_name(p))->data<float>());
+    }
+  } else if (tp > 1) {
+    parallel::CommOptions co = training.data_parallel.comm;
+    co.name = "tensor";
+    ASPEN_ASSIGN_OR_RETURN(m->tensor_comms_, parallel::make_threads_group(tp, co));
+    for (int r = 0; r < tp; ++r)
+      ASPEN_RETURN_IF_ERROR(m->session_->set_communicator(r, "tensor", m->tensor_comms_[size_t(r)].get()));
+    const auto& params = m->programs_.params;
+    m->owner_.assign(params.size(), 0);
+    m->grads_.resize(size_t(tp));
+    for (const std::string& p : params) {
+      m->grad_counts_.push_back(m->session_->parameter_of(0, train::grad_accumulator_name(p))->numel());
+      m->tp_replicated_.push_back(models::gpt2_shard_kind(p) == models::ShardKind::replicated);
+      for (int r = 0; r < tp; ++r)
+        m->grads_[size_t(r)].push_back(m->session_->parameter_of(r, train::grad_accumulator_name(p))->data<float>());
     }
   } else if (m->programs_.split()) {
     const auto& params = m->programs_.params;
@@ -211,9 +232,54 @@ Status TrainingModel::copy_weights_to_device(const std::map<std::string, const T
     if (!t) return Status::invalid_argument("weight '" + name + "'", "a tensor", "a null pointer");
     if (!is_weight(name))
       return Status::invalid_argument("weight '" + name + "'", "a model weight", "an optimizer or program state name");
-    ASPEN_RETURN_IF_ERROR(session_->set_parameter(name, *t));
+    ASPEN_RETURN_IF_ERROR(set_full(name, *t));
   }
   return Status();
+}
+
+int TrainingModel::tensor_shards() const { return int(options_.tensor_parallel_); }
+
+Status TrainingModel::set_full(const std::string& name, const Tensor& full) {
+  const int T = tensor_shards();
+  if (T == 1) return session_->set_parameter(name, full);
+  for (int r = 0; r < T; ++r) {
+    ASPEN_ASSIGN_OR_RETURN(Tensor part, models::shard_weight(name, full, r, T));
+    Tensor* dst = session_->parameter_of(r, name);
+    if (!dst) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
+    if (dst->dtype() != part.dtype() || dst->shape() != part.shape())
+      return Status::invalid_argument("parameter '" + name + "' (shard " + std::to_string(r) + " of " +
+                                          std::to_string(T) + ")",
+                                      std::string(dtype_name(dst->dtype())) + dst->shape().to_string(),
+                                      std::string(dtype_name(part.dtype())) + part.shape().to_string() +
+                                          " (cut from " + full.shape().to_string() + ")");
+    if (part.nbytes()) std::memcpy(dst->raw(), part.raw(), part.nbytes());
+  }
+  return Status();
+}
+
+Result<Tensor> TrainingModel::get_full(const std::string& name) const {
+  const int T = tensor_shards();
+  if (T == 1) return session_->get_parameter(name);
+  std::vector<const Tensor*> parts;
+  for (int r = 0; r < T; ++r) parts.push_back(const_cast<runtime::Session&>(*session_).parameter_of(r, name));
+  if (!parts[0]) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
+  return models::gather_weight(name, parts);
+}
+
+std::pair<DType, Shape> TrainingModel::full_type(const compiler::Binding& b) const {
+  const int T = tensor_shards();
+  Shape s = b.type.shape;
+  if (T > 1) {
+    std::vector<int64_t> d(s.begin(), s.end());
+    switch (models::gpt2_shard_kind(b.name)) {
+      case models::ShardKind::rows: d[0] *= T; break;
+      case models::ShardKind::columns:
+      case models::ShardKind::qkv_columns: d.back() *= T; break;
+      case models::ShardKind::replicated: break;
+    }
+    s = Shape::make(d.data(), int(d.size())).value();
+  }
+  return {b.type.dtype, s};
 }
 
 Status TrainingModel::copy_optimizer_state_to_device(const std::map<std::string, const Tensor*>& state) {
@@ -223,7 +289,7 @@ Status TrainingModel::copy_optimizer_state_to_device(const std::map<std::string,
       return Status::invalid_argument("optimizer state '" + name + "'", "a name starting 'optimizer.'", "another name");
     // ZeRO-1: another process's shard is not kept here.
     if (zero_ && state_types_.count(name) && !session_->parameter_of(0, name)) continue;
-    ASPEN_RETURN_IF_ERROR(session_->set_parameter(name, *t));
+    ASPEN_RETURN_IF_ERROR(set_full(name, *t));
   }
   return Status();
 }
@@ -232,7 +298,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::copy_weights_to_host() cons
   std::map<std::string, Tensor> out;
   for (const compiler::Binding& b : session_->parameters()) {
     if (!is_weight(b.name)) continue;
-    ASPEN_ASSIGN_OR_RETURN(Tensor t, session_->get_parameter(b.name));
+    ASPEN_ASSIGN_OR_RETURN(Tensor t, get_full(b.name));
     out.emplace(b.name, std::move(t));
   }
   return out;
@@ -242,7 +308,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::copy_optimizer_state_to_hos
   std::map<std::string, Tensor> out;
   for (const compiler::Binding& b : session_->parameters()) {
     if (!has_prefix(b.name, train::kOptimizerPrefix)) continue;
-    ASPEN_ASSIGN_OR_RETURN(Tensor t, session_->get_parameter(b.name));
+    ASPEN_ASSIGN_OR_RETURN(Tensor t, get_full(b.name));
     out.emplace(b.name, std::move(t));
   }
   if (!zero_) return out;
@@ -271,7 +337,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::copy_optimizer_state_to_hos
 std::map<std::string, std::pair<DType, Shape>> TrainingModel::weight_types() const {
   std::map<std::string, std::pair<DType, Shape>> out;
   for (const compiler::Binding& b : session_->parameters())
-    if (is_weight(b.name)) out.emplace(b.name, std::make_pair(b.type.dtype, b.type.shape));
+    if (is_weight(b.name)) out.emplace(b.name, full_type(b));
   return out;
 }
 
@@ -279,7 +345,7 @@ std::map<std::string, std::pair<DType, Shape>> TrainingModel::optimizer_state_ty
   if (zero_) return state_types_;  // every shard's, also those kept by other processes
   std::map<std::string, std::pair<DType, Shape>> out;
   for (const compiler::Binding& b : session_->parameters())
-    if (has_prefix(b.name, train::kOptimizerPrefix)) out.emplace(b.name, std::make_pair(b.type.dtype, b.type.shape));
+    if (has_prefix(b.name, train::kOptimizerPrefix)) out.emplace(b.name, full_type(b));
   return out;
 }
 
@@ -360,8 +426,21 @@ Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::str
 }
 
 Result<float> TrainingModel::evaluate(const std::map<std::string, const Tensor*>& inputs) {
-  ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(0, inputs, eval_program_));
-  return out.at(training_.loss).data<float>()[0];
+  if (tensor_shards() == 1) {
+    ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(0, inputs, eval_program_));
+    return out.at(training_.loss).data<float>()[0];
+  }
+  float loss = 0.0f;  // every shard takes part in the program's all-reduces; they agree on the loss
+  ASPEN_RETURN_IF_ERROR(session_->for_each_replica([&](int r) -> Status {
+    Result<std::map<std::string, Tensor>> out = session_->run_replica(r, inputs, eval_program_);
+    if (!out.is_ok()) {
+      tensor_comms_[size_t(r)]->abort(out.status().message());
+      return out.status();
+    }
+    if (r == 0) loss = out->at(training_.loss).data<float>()[0];
+    return Status();
+  }));
+  return loss;
 }
 
 namespace {
@@ -451,7 +530,8 @@ Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<st
   for (int64_t a = 0; a < acc; ++a) {
     std::map<std::string, Tensor> owned;
     for (const auto& [name, per] : data_inputs)
-      owned.emplace(name, rows(*inputs.at(name), per, (it * acc + a) * L + l, 1, /*squeeze=*/true));
+      owned.emplace(name, rows(*inputs.at(name), per, tensor_shards() > 1 ? it * acc + a : (it * acc + a) * L + l, 1,
+                               /*squeeze=*/true));
     std::map<std::string, const Tensor*> feeds;
     for (const auto& [name, t] : owned) feeds.emplace(name, &t);
     if (training_.loss_scaling.mode != train::LossScaling::none) feeds.emplace(train::kLossScaleName, &loss_scale);
@@ -460,6 +540,11 @@ Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<st
   }
   out.sq.assign(programs_.params.size(), 0.0f);
   if (dp_) ASPEN_RETURN_IF_ERROR(dp_->reduce_to_owners(l, grads_[size_t(l)], grad_counts_, owner_));
+  if (tensor_shards() > 1)  // a replicated weight's gradient: each shard has its part (the sharded ones are whole)
+    for (size_t i = 0; i < tp_replicated_.size(); ++i)
+      if (tp_replicated_[i])
+        ASPEN_RETURN_IF_ERROR(tensor_comms_[size_t(l)]->all_reduce(
+            std::span<float>(grads_[size_t(l)][i], size_t(grad_counts_[i]))));
   if (!needs_norm()) return Status();
   // Every process holds every reduced tensor: this replica measures the
   // shards reduced into its copies (train/program.h: Σg² of each tensor).
@@ -483,7 +568,8 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     auto it = inputs.find(b.name);
     if (it == inputs.end())
       return Status::invalid_argument("training input '" + b.name + "'", "given", "missing");
-    ASPEN_RETURN_IF_ERROR(check_feed(b.name, *it->second, b.type.shape, b.type.dtype, iters * acc * L, L));
+    const int64_t R = tensor_shards() > 1 ? 1 : L;  // tensor shards all take the same micro-batches
+    ASPEN_RETURN_IF_ERROR(check_feed(b.name, *it->second, b.type.shape, b.type.dtype, iters * acc * R, R));
     data_inputs.emplace_back(b.name, b.type.shape);
   }
   // Runs fn on every local replica; a failure aborts the data-parallel group.
@@ -491,9 +577,10 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     Status st = session_->for_each_replica([&](int l) {
       Status r = fn(l);
       if (!r.is_ok() && dp_) dp_->abort(l, r.message());
+      if (!r.is_ok() && !tensor_comms_.empty()) tensor_comms_[size_t(l)]->abort(r.message());
       return r;
     });
-    if (!st.is_ok() && dp_) broken_ = true;
+    if (!st.is_ok() && (dp_ || !tensor_comms_.empty())) broken_ = true;
     return st;
   };
   std::vector<float> losses;
@@ -509,21 +596,30 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     // The loss: the mean over every micro-batch of the step, added in double
     // in the order of their index in the global batch (micro-batch a of
     // replica g is number a·R + g), the same bits for every layout.
-    std::vector<float> local_losses;  // [acc][L]
+    const int Ld = tensor_shards() > 1 ? 1 : L;  // tensor shards agree on the loss: shard 0's
+    std::vector<float> local_losses;  // [acc][Ld]
     for (int64_t a = 0; a < acc; ++a)
-      for (int l = 0; l < L; ++l) local_losses.push_back(rs[size_t(l)].losses[size_t(a)]);
+      for (int l = 0; l < Ld; ++l) local_losses.push_back(rs[size_t(l)].losses[size_t(a)]);
     std::vector<float> all_losses = local_losses;  // [P][acc][L]
     if (dp_) {
       ASPEN_ASSIGN_OR_RETURN(all_losses, dp_->gather_processes(local_losses));
     }
-    const int64_t P = int64_t(all_losses.size()) / (acc * L);
+    const int64_t P = int64_t(all_losses.size()) / (acc * Ld);
     double loss_sum = 0.0;
     for (int64_t a = 0; a < acc; ++a)
       for (int64_t p = 0; p < P; ++p)
-        for (int l = 0; l < L; ++l) loss_sum += double(all_losses[size_t((p * acc + a) * L + l)]);
-    s.loss = float(loss_sum / double(acc * P * L));
+        for (int l = 0; l < Ld; ++l) loss_sum += double(all_losses[size_t((p * acc + a) * Ld + l)]);
+    s.loss = float(loss_sum / double(acc * P * Ld));
     float sq_f32 = 0.0f;  // Σ over parameters in order, in f32: the same bits for every layout
-    for (size_t i = 0; i < programs_.params.size(); ++i) sq_f32 += rs[size_t(owner_[i])].sq[i];
+    for (size_t i = 0; i < programs_.params.size(); ++i) {
+      if (tensor_shards() > 1 && !tp_replicated_[i]) {  // a sharded weight: its shards' parts, in rank order
+        float part = 0.0f;
+        for (int l = 0; l < L; ++l) part += rs[size_t(l)].sq[i];
+        sq_f32 += part;
+      } else {
+        sq_f32 += rs[size_t(owner_[i])].sq[i];
+      }
+    }
     const double sq = double(sq_f32);
     auto apply = [&](const Tensor& lr, const Tensor& gs) -> Status {
       Status st = on_replicas([&](int l) -> Status {
@@ -545,13 +641,17 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
 
 std::vector<int> TrainingModel::held_shards(int l) const {
   const int L = session_->replicas();
+  if (tensor_shards() > 1) return {0};  // every tensor shard holds (and steps) all of its weights
   if (!zero_) return {l};
   std::vector<int> out;
   for (int p = 0; p < dp_->processes(); ++p) out.push_back(p * L + l);
   return out;
 }
 
-int TrainingModel::stepped_shard(int l) const { return zero_ ? dp_->process() * session_->replicas() + l : l; }
+int TrainingModel::stepped_shard(int l) const {
+  if (tensor_shards() > 1) return 0;
+  return zero_ ? dp_->process() * session_->replicas() + l : l;
+}
 
 Status TrainingModel::broadcast_shard_weights(int l) {
   for (int k : held_shards(l)) {  // shard p·L + l was stepped by process p
@@ -579,7 +679,9 @@ Status TrainingModel::finish_step(StepStats& s, double sq,
                                   const std::function<Status(const Tensor& lr, const Tensor& grad_scale)>& apply) {
   const int64_t acc = options_.gradient_accumulation_;
   const bool finite = std::isfinite(sq) && std::isfinite(s.loss);
-  const double denom = s.loss_scale * (training_.reduction == Reduction::mean ? double(acc) * double(replicas()) : 1.0);
+  // Tensor shards each differentiate the whole loss (their sum is T times it).
+  const double denom = s.loss_scale * double(tensor_shards()) *
+                       (training_.reduction == Reduction::mean ? double(acc) * double(replicas()) : 1.0);
   s.grad_norm = needs_norm() ? std::sqrt(sq) / denom : -1.0;
   if (!finite && training_.loss_scaling.mode != train::LossScaling::dynamic) {
     ASPEN_ASSIGN_OR_RETURN(const std::string bad, first_non_finite_gradient());

@@ -233,6 +233,17 @@ class TrainingModel {
   bool broken_ = false;                     // a data-parallel step failed: the group is aborted
   std::unique_ptr<train::PipelinePrograms> pipe_;  // pipeline stages (null: none)
   bool zero_ = false;  // ZeRO-1 across processes (DataParallelOptions::shard_optimizer_state)
+  // Tensor parallel: the shards' communicators (group "tensor") and, by
+  // trained parameter, whether it is replicated (its gradient is summed over
+  // the shards) rather than cut.
+  std::vector<std::unique_ptr<parallel::ThreadsCommunicator>> tensor_comms_;
+  std::vector<bool> tp_replicated_;
+  int tensor_shards() const;
+  // A parameter as the API sees it (whole), cut into or gathered from the
+  // tensor shards' parts.
+  Status set_full(const std::string& name, const Tensor& full);
+  Result<Tensor> get_full(const std::string& name) const;
+  std::pair<DType, Shape> full_type(const compiler::Binding& b) const;
   // Pipeline x data parallel: the data-parallel groups of stages 1.. (stage 0's is dp_).
   std::vector<std::unique_ptr<parallel::DataParallelGroup>> stage_dp_;
   parallel::DataParallelGroup* stage_group(int stage) {

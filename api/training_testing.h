@@ -63,18 +63,27 @@ struct Forward {
   graph::Graph g;
   std::map<std::string, Tensor> weights;
 };
-inline Forward forward(const std::string& model, int64_t batch, int64_t seq) {
+inline Forward forward(const std::string& model, int64_t batch, int64_t seq, int64_t tensor_parallel = 1) {
   Forward f;
   auto ckpt = models::Checkpoint::open(kTestdata + "/" + model);
   EXPECT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
-  graph::Builder b(f.g);
-  const models::CausalLmOptions o{.batch = batch, .seq = seq, .with_loss = true};
-  Status s = ckpt->config().gpt2() ? build_gpt2(b, *ckpt->config().gpt2(), o).status()
-                                   : build_gptj(b, *ckpt->config().gptj(), o).status();
-  EXPECT_TRUE(s.is_ok()) << s.to_string();
-  auto w = models::read_weights(f.g, *ckpt);
+  auto build = [&](graph::Graph& g, int64_t tp) {
+    graph::Builder b(g);
+    const models::CausalLmOptions o{.batch = batch, .seq = seq, .with_loss = true, .tensor_parallel = tp};
+    Status s = ckpt->config().gpt2() ? build_gpt2(b, *ckpt->config().gpt2(), o).status()
+                                     : build_gptj(b, *ckpt->config().gptj(), o).status();
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+  };
+  graph::Graph whole;  // the checkpoint's full weights (a tensor-parallel graph holds one shard's)
+  build(whole, 1);
+  auto w = models::read_weights(whole, *ckpt);
   EXPECT_TRUE(w.is_ok()) << w.status().to_string();
   f.weights = std::move(w).value();
+  if (tensor_parallel > 1) {
+    build(f.g, tensor_parallel);
+  } else {
+    f.g = std::move(whole);
+  }
   return f;
 }
 
@@ -112,7 +121,7 @@ inline std::map<std::string, Tensor> train_weights(const Options& options, const
   const Batches all = shifted(gold, gold.steps);
   const int64_t acc = options.gradient_accumulation_, L = options.replication_factor_, R = L * processes;
   const int64_t micro = batch / (acc * R);
-  Forward f = forward("gpt2-tiny", micro, gold.T - 1);
+  Forward f = forward("gpt2-tiny", micro, gold.T - 1, options.tensor_parallel_);
   auto m = TrainingModel::create(f.g, options, t);
   EXPECT_TRUE(m.is_ok()) << m.status().to_string();
   if (!m.is_ok()) return {};

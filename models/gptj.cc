@@ -43,6 +43,9 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   ASPEN_RETURN_IF_ERROR(c.validate());
   ASPEN_RETURN_IF_ERROR(check_batch_seq("gptj", o.batch, o.seq, "n_positions", c.n_positions));
   ASPEN_RETURN_IF_ERROR(check_kv_cache("gptj", o, "n_positions", c.n_positions));
+  if (o.tensor_parallel != 1)
+    return Status::unimplemented("gptj: tensor_parallel " + std::to_string(o.tensor_parallel),
+                                 "layout in this build (1; tensor-parallel shards exist for gpt2)");
   const DType dt = c.dtype;
   const int64_t C = c.d_model;
   GptjGraph m;
