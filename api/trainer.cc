@@ -46,10 +46,10 @@ std::string lr_text(double lr) {
   return buf;
 }
 
-// The forward graph of `mc` for [batch, seq] with a loss.
-Status build_forward(graph::Graph& g, const models::ModelConfig& mc, int64_t batch, int64_t seq) {
+// The forward graph of `mc` for [batch, seq] with a loss (one tensor-parallel shard's when tp > 1).
+Status build_forward(graph::Graph& g, const models::ModelConfig& mc, int64_t batch, int64_t seq, int64_t tp = 1) {
   graph::Builder b(g);
-  const models::CausalLmOptions o{.batch = batch, .seq = seq, .with_loss = true};
+  const models::CausalLmOptions o{.batch = batch, .seq = seq, .with_loss = true, .tensor_parallel = tp};
   if (const models::Gpt2Config* c = mc.gpt2()) return build_gpt2(b, *c, o).status();
   if (const models::GptjConfig* c = mc.gptj()) return build_gptj(b, *c, o).status();
   return Status::unimplemented("training a '" + mc.model_type + "' model",
@@ -170,6 +170,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
                                                                    .n_layer = c.model.n_layer,
                                                                    .scaled_residual = c.model.family == "gpt2"}));
   }
+  if (c.parallel.tensor_parallel > 1) {  // the weights above are whole; the program is one shard's
+    forward = graph::Graph();
+    ASPEN_RETURN_IF_ERROR(
+        build_forward(forward, t->model_config_, c.batch.micro, c.data.seq, c.parallel.tensor_parallel));
+  }
   t->tokenizer_dir_ = !c.data.tokenizer.empty() ? c.data.tokenizer
                       : !c.model.from.empty()  ? c.model.from
                                                : index.tokenizer_dir;
@@ -180,7 +185,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   ASPEN_ASSIGN_OR_RETURN(const DType compute, dtype_of("precision.compute", c.precision.compute));
   ASPEN_ASSIGN_OR_RETURN(const DType partials, dtype_of("precision.partials", c.precision.partials));
   o.precision(compute, partials).threads(c.train.threads).random_seed(c.train.seed);
-  o.replication_factor(local).mpi(options.mpi);
+  o.replication_factor(local).mpi(options.mpi).tensor_parallel(c.parallel.tensor_parallel);
   if (c.train.threads == 0 && options.mpi) {
     // Processes of one machine share its cores (OpenMPI says how many there are).
     const char* e = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");

@@ -287,5 +287,46 @@ TEST(Trainer, CheckpointsMoveBetweenLayouts) {
   EXPECT_NEAR(ra->last_loss, r3->last_loss, 1e-5 * ra->last_loss);
 }
 
+// The re-layout chain: 2 replicas x 2 stages, then 2 tensor shards,
+// then one device (SGD, 6 + 7 + 7 steps), against 20 steps on one device.
+TEST(Trainer, CheckpointsMoveFromReplicasAndStagesToTensorShardsToOneDevice) {
+  TempDir straight("tp_straight"), moved("tp_moved");
+  auto layout = [](const std::string& dir, int64_t replicas, int64_t stages, int64_t tp) {
+    train::TrainConfig c = tiny_config(dir);
+    c.optimizer.name = "sgd";
+    c.optimizer.lr = 0.05;
+    c.optimizer.momentum = 0.9;
+    c.batch.micro = 1;
+    c.batch.replicas = replicas;
+    c.batch.accumulation = 4 / replicas;
+    c.parallel.pipeline_stages = stages;
+    c.parallel.tensor_parallel = tp;
+    c.train.threads = 1;
+    return c;
+  };
+  auto ra = train(layout(straight.path, 1, 1, 1));
+  ASSERT_TRUE(ra.is_ok()) << ra.status().to_string();
+  auto r1 = train(layout(moved.path, 2, 2, 1), false, 6);
+  ASSERT_TRUE(r1.is_ok()) << r1.status().to_string();
+  auto r2 = train(layout(moved.path, 1, 1, 2), true, 13);
+  ASSERT_TRUE(r2.is_ok()) << r2.status().to_string();
+  auto r3 = train(layout(moved.path, 1, 1, 1), true);
+  ASSERT_TRUE(r3.is_ok()) << r3.status().to_string();
+  EXPECT_EQ(r3->steps, 20);
+  auto ca = train::load_checkpoint(straight.path + "/checkpoints");
+  auto cb = train::load_checkpoint(moved.path + "/checkpoints");
+  ASSERT_TRUE(ca.is_ok() && cb.is_ok());
+  double worst = 0.0;
+  for (const auto& [name, t] : ca->weights) {
+    const Tensor& u = cb->weights.at(name);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      worst = std::max(worst, double(std::abs(t.data<float>()[i] - u.data<float>()[i])) /
+                                  (1.0 + std::abs(double(t.data<float>()[i]))));
+  }
+  EXPECT_LT(worst, 1e-5);
+  // The optimizer state crossed the layouts too (SGD's momentum buffers, whole).
+  for (const auto& [name, t] : ca->optimizer) EXPECT_EQ(cb->optimizer.at(name).shape(), t.shape()) << name;
+}
+
 }  // namespace
 }  // namespace aspen::api

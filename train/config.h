@@ -97,6 +97,7 @@ struct ParallelSection {
   int64_t timeout_s = 300;            // the longest a replica waits for its peers in a collective
   bool shard_optimizer_state = false;  // ZeRO-1 across processes: each keeps and updates its shard's state
   int64_t pipeline_stages = 1;        // > 1: the model cut into this many stages (train/pipeline.h)
+  int64_t tensor_parallel = 1;        // > 1: Megatron tensor shards over this many devices (gpt2)
   std::string schedule = "1f1b";      // 1f1b | gpipe: the pipeline's order of micro-batches
   bool operator==(const ParallelSection&) const = default;
 };
