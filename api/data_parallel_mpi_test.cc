@@ -101,6 +101,23 @@ TEST(DataParallelMpi, PipelineStagesWithReplicasEqualOneDevice) {
   }
 }
 
+// Tensor shards (3: gpt2-tiny's heads) in each process, replicas across the
+// processes: each shard's gradients all-reduced with the same shard of the
+// other processes.
+TEST(DataParallelMpi, TensorShardsWithReplicasAcrossProcessesEqualOneDevice) {
+  const int P = parallel::mpi_world_size();
+  TrainingOptions t = sgd();
+  Options one;
+  one.threads(1).gradient_accumulation(4);
+  const auto w1 = train_weights(one, t, 4, 3);
+  Options dp;
+  dp.threads(1).gradient_accumulation(4 / P).tensor_parallel(3).mpi(true);
+  const auto wd = train_weights(dp, t, 4, 3, nullptr, P);
+  ASSERT_FALSE(w1.empty() || wd.empty());
+  EXPECT_LT(max_rel_diff(wd, w1), 1e-5);
+  expect_same_on_every_rank(wd);
+}
+
 // Gradients sent as bf16 across processes: every rank still ends with the same
 // bits, and the weights stay near the f32 run's.
 TEST(DataParallelMpi, Bf16CompressionKeepsRanksIdentical) {

@@ -287,6 +287,41 @@ TEST(Trainer, CheckpointsMoveBetweenLayouts) {
   EXPECT_NEAR(ra->last_loss, r3->last_loss, 1e-5 * ra->last_loss);
 }
 
+// Data parallel over tensor shards: 2 replicas of 2 shards (4 devices) against
+// one device accumulating the same 2 micro-batches (SGD, 20 steps).
+TEST(Trainer, ReplicasOfTensorShardsEqualOneDevice) {
+  TempDir one("dptp_one"), grid("dptp_grid");
+  auto layout = [](const std::string& dir, int64_t replicas, int64_t tp) {
+    train::TrainConfig c = tiny_config(dir);
+    c.optimizer.name = "sgd";
+    c.optimizer.lr = 0.05;
+    c.optimizer.momentum = 0.9;
+    c.batch.micro = 2;
+    c.batch.replicas = replicas;
+    c.batch.accumulation = 2 / replicas;
+    c.parallel.tensor_parallel = tp;
+    c.train.threads = 1;
+    return c;
+  };
+  auto r1 = train(layout(one.path, 1, 1));
+  ASSERT_TRUE(r1.is_ok()) << r1.status().to_string();
+  auto r4 = train(layout(grid.path, 2, 2));
+  ASSERT_TRUE(r4.is_ok()) << r4.status().to_string();
+  auto ca = train::load_checkpoint(one.path + "/checkpoints");
+  auto cb = train::load_checkpoint(grid.path + "/checkpoints");
+  ASSERT_TRUE(ca.is_ok() && cb.is_ok());
+  double worst = 0.0;
+  for (const auto& [name, t] : ca->weights) {
+    const Tensor& u = cb->weights.at(name);
+    ASSERT_EQ(u.shape(), t.shape()) << name;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      worst = std::max(worst, double(std::abs(t.data<float>()[i] - u.data<float>()[i])) /
+                                  (1.0 + std::abs(double(t.data<float>()[i]))));
+  }
+  EXPECT_LT(worst, 1e-5);
+  EXPECT_NEAR(r1->last_loss, r4->last_loss, 1e-5 * r1->last_loss);
+}
+
 // The re-layout chain: 2 replicas x 2 stages, then 2 tensor shards,
 // then one device (SGD, 6 + 7 + 7 steps), against 20 steps on one device.
 TEST(Trainer, CheckpointsMoveFromReplicasAndStagesToTensorShardsToOneDevice) {

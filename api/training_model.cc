@@ -63,7 +63,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   const bool data_parallel = local > 1 || options.mpi_;
   const int tp = int(options.tensor_parallel_);
   po.split = data_parallel || tp > 1;  // replicated weights' gradients are summed over the shards first
-  po.shards = local;
+  po.shards = tp > 1 ? 1 : local;      // tensor shards (and their replicas) each step all their own weights
   if (data_parallel) {
     parallel::DataParallelOptions dpo = training.data_parallel;
     dpo.local = local;
@@ -76,9 +76,22 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   }
   const int stages = training.pipeline.stages;
   if (stages < 1) return Status::invalid_argument("training: pipeline stages", ">= 1", std::to_string(stages));
-  if (tp > 1 && (data_parallel || stages > 1))
-    return Status::unimplemented("training: tensor_parallel " + std::to_string(tp) + " with replicas or pipeline stages",
-                                 "layout in this build (tensor shards alone)");
+  if (tp > 1 && stages > 1)
+    return Status::unimplemented("training: tensor_parallel " + std::to_string(tp) + " with pipeline stages",
+                                 "layout in this build (tensor shards, with or without replicas)");
+  if (tp > 1 && m->zero_)
+    return Status::unimplemented("training: tensor_parallel with sharded optimizer state",
+                                 "layout in this build (each tensor shard keeps its part's state)");
+  if (tp > 1 && data_parallel) {  // one data-parallel group per tensor rank; dp_ is rank 0's
+    parallel::DataParallelOptions dpo = training.data_parallel;
+    dpo.local = local;
+    dpo.mpi = options.mpi_;
+    for (int t = 1; t < tp; ++t) {
+      dpo.comm.name = training.data_parallel.comm.name + " shard " + std::to_string(t);
+      ASPEN_ASSIGN_OR_RETURN(auto g, parallel::DataParallelGroup::create(dpo));
+      m->stage_dp_.push_back(std::move(g));
+    }
+  }
   if (stages > 1 && m->zero_)
     return Status::unimplemented("training: " + std::to_string(stages) + " pipeline stages with sharded optimizer state",
                                  "layout in this build (pipeline stages with replicas keep the whole state)");
@@ -175,7 +188,8 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   runtime::SessionOptions sopts;
   sopts.threads = options.threads_;
   sopts.trace = m->trace_.get();
-  sopts.replicas = tp > 1 ? tp : stages * local;  // pipeline x data parallel: device r·stages + s
+  // Devices: pipeline x data parallel, device r·stages + s; tensor x data parallel, device r·tp + t.
+  sopts.replicas = tp > 1 ? tp * local : stages * local;
   if (data_parallel) sopts.replica_local = {train::grad_accumulator_name("")};
   if (tp > 1) sopts.replica_local = {""};  // every shard its own weights, state and gradients
   ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exes), sopts));
@@ -197,17 +211,21 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   } else if (tp > 1) {
     parallel::CommOptions co = training.data_parallel.comm;
     co.name = "tensor";
-    ASPEN_ASSIGN_OR_RETURN(m->tensor_comms_, parallel::make_threads_group(tp, co));
-    for (int r = 0; r < tp; ++r)
-      ASPEN_RETURN_IF_ERROR(m->session_->set_communicator(r, "tensor", m->tensor_comms_[size_t(r)].get()));
+    for (int r = 0; r < local; ++r) {  // each replica's shards form a tensor group
+      ASPEN_ASSIGN_OR_RETURN(auto group, parallel::make_threads_group(tp, co));
+      for (int t = 0; t < tp; ++t) {
+        ASPEN_RETURN_IF_ERROR(m->session_->set_communicator(r * tp + t, "tensor", group[size_t(t)].get()));
+        m->tensor_comms_.push_back(std::move(group[size_t(t)]));
+      }
+    }
     const auto& params = m->programs_.params;
     m->owner_.assign(params.size(), 0);
-    m->grads_.resize(size_t(tp));
+    m->grads_.resize(size_t(tp * local));
     for (const std::string& p : params) {
       m->grad_counts_.push_back(m->session_->parameter_of(0, train::grad_accumulator_name(p))->numel());
       m->tp_replicated_.push_back(models::gpt2_shard_kind(p) == models::ShardKind::replicated);
-      for (int r = 0; r < tp; ++r)
-        m->grads_[size_t(r)].push_back(m->session_->parameter_of(r, train::grad_accumulator_name(p))->data<float>());
+      for (int d = 0; d < tp * local; ++d)
+        m->grads_[size_t(d)].push_back(m->session_->parameter_of(d, train::grad_accumulator_name(p))->data<float>());
     }
   } else if (m->programs_.split()) {
     const auto& params = m->programs_.params;
@@ -238,13 +256,16 @@ Status TrainingModel::copy_weights_to_device(const std::map<std::string, const T
 }
 
 int TrainingModel::tensor_shards() const { return int(options_.tensor_parallel_); }
+int TrainingModel::data_replicas() const { return session_->replicas() / (pipe_ ? int(pipe_->stages.size()) : tensor_shards()); }
+int TrainingModel::data_replica(int device) const { return device / tensor_shards(); }
 
 Status TrainingModel::set_full(const std::string& name, const Tensor& full) {
   const int T = tensor_shards();
   if (T == 1) return session_->set_parameter(name, full);
-  for (int r = 0; r < T; ++r) {
+  for (int d = 0; d < session_->replicas(); ++d) {  // device r·T + t holds shard t
+    const int r = d % T;
     ASPEN_ASSIGN_OR_RETURN(Tensor part, models::shard_weight(name, full, r, T));
-    Tensor* dst = session_->parameter_of(r, name);
+    Tensor* dst = session_->parameter_of(d, name);
     if (!dst) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
     if (dst->dtype() != part.dtype() || dst->shape() != part.shape())
       return Status::invalid_argument("parameter '" + name + "' (shard " + std::to_string(r) + " of " +
@@ -525,12 +546,12 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_fused(const std::map<st
 Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<std::string, const Tensor*>& inputs,
                                             const std::vector<std::pair<std::string, Shape>>& data_inputs,
                                             const Tensor& loss_scale, ReplicaStep& out) {
-  const int64_t acc = options_.gradient_accumulation_, L = session_->replicas();
+  const int64_t acc = options_.gradient_accumulation_;
   out.losses.clear();
   for (int64_t a = 0; a < acc; ++a) {
     std::map<std::string, Tensor> owned;
     for (const auto& [name, per] : data_inputs)
-      owned.emplace(name, rows(*inputs.at(name), per, tensor_shards() > 1 ? it * acc + a : (it * acc + a) * L + l, 1,
+      owned.emplace(name, rows(*inputs.at(name), per, (it * acc + a) * data_replicas() + data_replica(l), 1,
                                /*squeeze=*/true));
     std::map<std::string, const Tensor*> feeds;
     for (const auto& [name, t] : owned) feeds.emplace(name, &t);
@@ -539,12 +560,19 @@ Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<st
     out.losses.push_back(o.at(training_.loss).data<float>()[0]);
   }
   out.sq.assign(programs_.params.size(), 0.0f);
-  if (dp_) ASPEN_RETURN_IF_ERROR(dp_->reduce_to_owners(l, grads_[size_t(l)], grad_counts_, owner_));
-  if (tensor_shards() > 1)  // a replicated weight's gradient: each shard has its part (the sharded ones are whole)
+  if (tensor_shards() > 1) {
+    // A whole weight's gradient: each shard has its part (a cut weight's is whole).
     for (size_t i = 0; i < tp_replicated_.size(); ++i)
       if (tp_replicated_[i])
         ASPEN_RETURN_IF_ERROR(tensor_comms_[size_t(l)]->all_reduce(
             std::span<float>(grads_[size_t(l)][i], size_t(grad_counts_[i]))));
+    // Replicas of a shard: every copy gets the sum (each steps its own weights).
+    if (dp_)
+      ASPEN_RETURN_IF_ERROR(
+          tensor_group(l % tensor_shards())->all_reduce(data_replica(l), grads_[size_t(l)], grad_counts_));
+  } else if (dp_) {
+    ASPEN_RETURN_IF_ERROR(dp_->reduce_to_owners(l, grads_[size_t(l)], grad_counts_, owner_));
+  }
   if (!needs_norm()) return Status();
   // Every process holds every reduced tensor: this replica measures the
   // shards reduced into its copies (train/program.h: Σg² of each tensor).
@@ -568,7 +596,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     auto it = inputs.find(b.name);
     if (it == inputs.end())
       return Status::invalid_argument("training input '" + b.name + "'", "given", "missing");
-    const int64_t R = tensor_shards() > 1 ? 1 : L;  // tensor shards all take the same micro-batches
+    const int64_t R = data_replicas();  // the tensor shards of a replica all take its micro-batches
     ASPEN_RETURN_IF_ERROR(check_feed(b.name, *it->second, b.type.shape, b.type.dtype, iters * acc * R, R));
     data_inputs.emplace_back(b.name, b.type.shape);
   }
@@ -576,7 +604,13 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
   auto on_replicas = [&](const std::function<Status(int)>& fn) -> Status {
     Status st = session_->for_each_replica([&](int l) {
       Status r = fn(l);
-      if (!r.is_ok() && dp_) dp_->abort(l, r.message());
+      if (!r.is_ok() && dp_) {
+        if (tensor_shards() > 1) {
+          tensor_group(l % tensor_shards())->abort(data_replica(l), r.message());
+        } else {
+          dp_->abort(l, r.message());
+        }
+      }
       if (!r.is_ok() && !tensor_comms_.empty()) tensor_comms_[size_t(l)]->abort(r.message());
       return r;
     });
@@ -596,10 +630,10 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     // The loss: the mean over every micro-batch of the step, added in double
     // in the order of their index in the global batch (micro-batch a of
     // replica g is number a·R + g), the same bits for every layout.
-    const int Ld = tensor_shards() > 1 ? 1 : L;  // tensor shards agree on the loss: shard 0's
+    const int Ld = data_replicas(), T = tensor_shards();  // a replica's tensor shards agree on the loss: shard 0's
     std::vector<float> local_losses;  // [acc][Ld]
     for (int64_t a = 0; a < acc; ++a)
-      for (int l = 0; l < Ld; ++l) local_losses.push_back(rs[size_t(l)].losses[size_t(a)]);
+      for (int l = 0; l < Ld; ++l) local_losses.push_back(rs[size_t(l * T)].losses[size_t(a)]);
     std::vector<float> all_losses = local_losses;  // [P][acc][L]
     if (dp_) {
       ASPEN_ASSIGN_OR_RETURN(all_losses, dp_->gather_processes(local_losses));
@@ -612,9 +646,9 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     s.loss = float(loss_sum / double(acc * P * Ld));
     float sq_f32 = 0.0f;  // Σ over parameters in order, in f32: the same bits for every layout
     for (size_t i = 0; i < programs_.params.size(); ++i) {
-      if (tensor_shards() > 1 && !tp_replicated_[i]) {  // a sharded weight: its shards' parts, in rank order
+      if (T > 1 && !tp_replicated_[i]) {  // a cut weight: replica 0's shards' parts, in rank order
         float part = 0.0f;
-        for (int l = 0; l < L; ++l) part += rs[size_t(l)].sq[i];
+        for (int t = 0; t < T; ++t) part += rs[size_t(t)].sq[i];
         sq_f32 += part;
       } else {
         sq_f32 += rs[size_t(owner_[i])].sq[i];

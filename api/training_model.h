@@ -239,12 +239,16 @@ class TrainingModel {
   std::vector<std::unique_ptr<parallel::ThreadsCommunicator>> tensor_comms_;
   std::vector<bool> tp_replicated_;
   int tensor_shards() const;
+  int data_replicas() const;            // replicas in this process (of the whole model's devices)
+  int data_replica(int device) const;   // the replica a device belongs to (tensor parallel: device r·T + t)
+  parallel::DataParallelGroup* tensor_group(int t) { return t == 0 ? dp_.get() : stage_dp_[size_t(t - 1)].get(); }
   // A parameter as the API sees it (whole), cut into or gathered from the
   // tensor shards' parts.
   Status set_full(const std::string& name, const Tensor& full);
   Result<Tensor> get_full(const std::string& name) const;
   std::pair<DType, Shape> full_type(const compiler::Binding& b) const;
-  // Pipeline x data parallel: the data-parallel groups of stages 1.. (stage 0's is dp_).
+  // Pipeline x data parallel: the data-parallel groups of stages 1.. (stage 0's
+  // is dp_); tensor x data parallel: those of tensor ranks 1.. likewise.
   std::vector<std::unique_ptr<parallel::DataParallelGroup>> stage_dp_;
   parallel::DataParallelGroup* stage_group(int stage) {
     return stage == 0 ? dp_.get() : stage_dp_[size_t(stage - 1)].get();

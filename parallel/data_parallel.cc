@@ -108,6 +108,14 @@ Status DataParallelGroup::reduce_to_owners(int l, std::span<float* const> tensor
   return all_reduce_cross(l, mine, mine_counts);
 }
 
+Status DataParallelGroup::all_reduce(int l, std::span<float* const> tensors, std::span<const int64_t> counts) {
+  if (local() > 1)
+    for (size_t i = 0; i < tensors.size(); ++i)
+      ASPEN_RETURN_IF_ERROR(local_[size_t(l)]->all_reduce(std::span<float>(tensors[i], size_t(counts[i]))));
+  if (cross_.empty()) return Status();
+  return all_reduce_cross(l, tensors, counts);  // each local replica over its own communicator: the same sums
+}
+
 Status DataParallelGroup::all_reduce_cross(int l, std::span<float* const> tensors, std::span<const int64_t> counts) {
   Communicator& comm = *cross_[size_t(l)];
   std::vector<float>& bucket = bucket_[size_t(l)];

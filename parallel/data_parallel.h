@@ -77,6 +77,11 @@ class DataParallelGroup {
   // their own values.
   Status reduce_to_owners(int l, std::span<float* const> tensors, std::span<const int64_t> counts,
                           std::span<const int> owner);
+  // On local replica l: tensors[i] summed over every replica of the job into
+  // every replica's copy (inside the process, then across processes): for
+  // replicas that each update their own copy of the weights (data parallel
+  // over tensor shards).
+  Status all_reduce(int l, std::span<float* const> tensors, std::span<const int64_t> counts);
   // Local replica l's `tensors` (f32) made equal to process `root`'s copies,
   // over the communicator of local index l, in buckets of bucket_bytes (the
   // weights of an optimizer-state shard after its owner's step, ZeRO-1). On
