@@ -5,6 +5,7 @@
 
 #include "compiler/executable.h"
 #include "graph/builder.h"
+#include "models/tensor_parallel.h"
 #include "models/weights.h"
 
 namespace aspen::models {
@@ -76,27 +77,79 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
                                     std::to_string(o.max_prompt));
   gen->options_ = o;
 
+  const int T = int(o.tensor_parallel);
+  if (T < 1) return Status::invalid_argument("generator: tensor_parallel", ">= 1", std::to_string(T));
   std::vector<std::unique_ptr<compiler::Executable>> programs;
   graph::Graph prefill;
   for (int64_t seq : {o.max_prompt, int64_t(1)}) {
     graph::Graph g;
-    CausalLmOptions lm{.batch = o.max_batch, .seq = seq, .kv_cache_len = o.max_length, .last_logits_only = true};
+    CausalLmOptions lm{.batch = o.max_batch, .seq = seq, .kv_cache_len = o.max_length, .last_logits_only = true,
+                       .tensor_parallel = T};
     if (o.weights != DType::f32) lm.weight_dtype = o.weights;
     ASPEN_RETURN_IF_ERROR(build_step(g, gen->config_, lm));
     ASPEN_ASSIGN_OR_RETURN(auto exe, compiler::compile(g, o.compile));
     programs.push_back(std::move(exe));
-    if (seq == o.max_prompt) prefill = std::move(g);
+    if (seq != o.max_prompt) continue;
+    if (T == 1) {
+      prefill = std::move(g);
+    } else {  // the whole model's prefill plans the (whole) checkpoint tensors
+      lm.tensor_parallel = 1;
+      ASPEN_RETURN_IF_ERROR(build_step(prefill, gen->config_, lm));
+    }
   }
   runtime::SessionOptions so;
   so.threads = o.threads;
   so.trace = o.trace;
+  so.replicas = T;
+  if (T > 1) so.replica_local = {""};  // each shard its own weights and KV cache
   ASPEN_ASSIGN_OR_RETURN(gen->session_, runtime::Session::create(std::move(programs), so));
-  ASPEN_ASSIGN_OR_RETURN(WeightPlan plan, plan_weights(prefill, ckpt));
   runtime::Session& s = *gen->session_;
-  ASPEN_RETURN_IF_ERROR(load_weights(plan, [&s](const std::string& name, const Tensor& t) {
-    return s.set_parameter(name, t);
+  if (T > 1) {
+    ASPEN_ASSIGN_OR_RETURN(gen->tensor_comms_, parallel::make_threads_group(T, {.name = "tensor"}));
+    for (int r = 0; r < T; ++r) ASPEN_RETURN_IF_ERROR(s.set_communicator(r, "tensor", gen->tensor_comms_[size_t(r)].get()));
+  }
+  ASPEN_ASSIGN_OR_RETURN(WeightPlan plan, plan_weights(prefill, ckpt));
+  ASPEN_RETURN_IF_ERROR(load_weights(plan, [&s, T](const std::string& name, const Tensor& t) -> Status {
+    if (T == 1) return s.set_parameter(name, t);
+    for (int r = 0; r < T; ++r) {  // shard r's part of the whole tensor
+      ASPEN_ASSIGN_OR_RETURN(Tensor part, shard_weight(name, t, r, T));
+      Tensor* dst = s.parameter_of(r, name);
+      if (!dst) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
+      if (dst->shape() != part.shape() || dst->dtype() != part.dtype())
+        return Status::invalid_argument("parameter '" + name + "' (shard " + std::to_string(r) + ")",
+                                        dst->shape().to_string(), part.shape().to_string());
+      if (part.nbytes()) std::memcpy(dst->raw(), part.raw(), part.nbytes());
+    }
+    return Status();
   }));
   return gen;
+}
+
+Result<std::map<std::string, Tensor>> Generator::run_shards(const std::map<std::string, const Tensor*>& in,
+                                                            int program) {
+  const int T = session_->replicas();
+  if (T == 1) return session_->run(in, {}, program);
+  // Every shard takes the same inputs ([T, ...]); they agree on the outputs (the
+  // hidden states are all-reduced, the LM head whole): shard 0's come back.
+  std::map<std::string, Tensor> stacked;
+  std::map<std::string, const Tensor*> feeds;
+  for (const auto& [name, t] : in) {
+    std::vector<int64_t> d = {T};
+    d.insert(d.end(), t->shape().begin(), t->shape().end());
+    ASPEN_ASSIGN_OR_RETURN(Tensor st, Tensor::make(t->dtype(), Shape::make(d.data(), int(d.size())).value()));
+    for (int r = 0; r < T; ++r)
+      if (t->nbytes()) std::memcpy(static_cast<char*>(st.raw()) + size_t(r) * t->nbytes(), t->raw(), t->nbytes());
+    feeds.emplace(name, &stacked.emplace(name, std::move(st)).first->second);
+  }
+  ASPEN_ASSIGN_OR_RETURN(auto out, session_->run(feeds, {}, program));
+  std::map<std::string, Tensor> first;
+  for (auto& [name, t] : out) {
+    const Shape& s = t.shape();
+    ASPEN_ASSIGN_OR_RETURN(Tensor one, Tensor::make(t.dtype(), Shape::make(s.begin() + 1, s.rank() - 1).value()));
+    if (one.nbytes()) std::memcpy(one.raw(), t.raw(), one.nbytes());
+    first.emplace(name, std::move(one));
+  }
+  return first;
 }
 
 Result<std::vector<std::vector<int32_t>>> Generator::generate(const std::vector<std::vector<int32_t>>& prompts,
@@ -160,7 +213,7 @@ Result<std::vector<std::vector<int32_t>>> Generator::generate(const std::vector<
       {"key_valid", &key_valid}, {"history", &history},   {"temperature", &temperature},
       {"top_k", &top_k},       {"top_p", &top_p},         {"repetition_penalty", &penalty},
       {"seed", &seed},         {"step", &step}};
-  ASPEN_ASSIGN_OR_RETURN(auto out, session_->run(in, {}, /*program=*/0));
+  ASPEN_ASSIGN_OR_RETURN(auto out, run_shards(in, /*program=*/0));
 
   std::vector<std::vector<int32_t>> result(static_cast<size_t>(n));
   std::vector<char> done(static_cast<size_t>(n), 0);
@@ -189,7 +242,7 @@ Result<std::vector<std::vector<int32_t>>> Generator::generate(const std::vector<
     }
     index.data<int32_t>()[0] = int32_t(P + t);
     step.data<int64_t>()[0] = t + 1;
-    ASPEN_ASSIGN_OR_RETURN(out, session_->run(in, {}, /*program=*/1));
+    ASPEN_ASSIGN_OR_RETURN(out, run_shards(in, /*program=*/1));
   }
   return result;
 }

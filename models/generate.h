@@ -37,6 +37,7 @@
 #include "compiler/pass.h"
 #include "core/status.h"
 #include "models/config.h"
+#include "parallel/threads/threads_communicator.h"
 #include "runtime/session.h"
 
 namespace aspen::models {
@@ -49,6 +50,9 @@ struct GeneratorOptions {
   DType weights = DType::f32;  // f32, or bf16: matrices in bf16 under f32 activations (half the bytes per step)
   compiler::CompileOptions compile = {};
   profile::TraceRecorder* trace = nullptr;  // when set, every instruction of every step is recorded
+  // > 1: Megatron tensor shards over this many devices of the process (gpt2;
+  // models/tensor_parallel.h): each holds its heads' KV cache and weights.
+  int64_t tensor_parallel = 1;
 };
 
 struct SamplingOptions {
@@ -88,6 +92,9 @@ class Generator {
   ModelConfig config_;
   int64_t vocab_ = 0, n_positions_ = 0;
   std::unique_ptr<runtime::Session> session_;  // program 0: prefill, 1: decode
+  std::vector<std::unique_ptr<parallel::ThreadsCommunicator>> tensor_comms_;  // tensor shards' group
+  // Runs `program` on every tensor shard (the same inputs) and returns shard 0's outputs.
+  Result<std::map<std::string, Tensor>> run_shards(const std::map<std::string, const Tensor*>& in, int program);
 };
 
 }  // namespace aspen::models

@@ -42,8 +42,6 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
     return Status::invalid_argument("gpt2: tensor_parallel " + std::to_string(T),
                                     "a divisor of the MLP width (" + std::to_string(c.ff_dim()) + ")",
                                     std::to_string(T));
-  if (T > 1 && o.kv_cache_len > 0)
-    return Status::unimplemented("gpt2: tensor_parallel with a KV cache", "layout in this build (training only)");
   const int64_t Cl = C / T, Fl = c.ff_dim() / T;  // this shard's attention width and MLP width
   // Row-parallel: this shard's partial product, summed over the shards, then the bias once.
   auto row_parallel = [&](ValueId x, const std::string& name, int64_t in) {
