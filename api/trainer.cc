@@ -190,7 +190,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     // Processes of one machine share its cores (OpenMPI says how many there are).
     const char* e = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     const int on_node = e ? std::max(1, std::atoi(e)) : 1;
-    o.threads(std::max(1, CoreBudget::global().available() / on_node / int(local)));
+    const int devices = int(local * c.parallel.tensor_parallel * c.parallel.pipeline_stages);
+    o.threads(std::max(1, CoreBudget::global().available() / on_node / devices));
   }
   TrainingOptions to;
   ASPEN_ASSIGN_OR_RETURN(to.optimizer.kind, train::parse_optimizer_kind(c.optimizer.name));

@@ -1,5 +1,6 @@
 #include "api/training_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -69,6 +70,21 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     dpo.local = local;
     dpo.mpi = options.mpi_;
     ASPEN_ASSIGN_OR_RETURN(m->dp_, parallel::DataParallelGroup::create(dpo));
+    // The layout first, before any other group is made (making one is
+    // collective over the job: a process with another layout would wait in it).
+    const std::string layout =
+        "tensor_parallel " + std::to_string(options.tensor_parallel_) + ", pipeline stages " +
+        std::to_string(training.pipeline.stages) + ", gradient_accumulation " +
+        std::to_string(options.gradient_accumulation_) + ", device_iterations " +
+        std::to_string(options.device_iterations_) + ", shard_optimizer_state " +
+        std::to_string(int(dpo.shard_optimizer_state));
+    uint64_t lh = 1469598103934665603ull;
+    for (char ch : layout) lh = (lh ^ uint64_t(uint8_t(ch))) * 1099511628211ull;
+    ASPEN_RETURN_IF_ERROR(m->dp_->check_same(0, lh, "training layout (" + layout + ")"));
+    if (dpo.compression == parallel::Compression::topk && training.loss_scaling.mode == train::LossScaling::dynamic)
+      return Status::unimplemented("training: top-k gradient compression with dynamic loss scaling",
+                                   "combination in this build (the error feedback would carry gradients across "
+                                   "loss scales; use static scaling or bf16 compression)");
     // ZeRO-1 across processes: one shard per replica of the job (inside a
     // process the replicas share the state already).
     m->zero_ = dpo.shard_optimizer_state && m->dp_->processes() > 1;
@@ -177,6 +193,11 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
                              std::to_string(training.clip_grad_norm) + " " +
                              std::to_string(int(training.loss_scaling.mode)) + " " +
                              std::to_string(training.loss_scaling.initial_scale) + " " +
+                             std::to_string(training.loss_scaling.growth_factor) + " " +
+                             std::to_string(training.loss_scaling.backoff_factor) + " " +
+                             std::to_string(training.loss_scaling.growth_interval) + " " +
+                             std::to_string(training.loss_scaling.hysteresis) + " " +
+                             std::to_string(options.gradient_accumulation_) + " " +
                              std::to_string(options.device_iterations_) + " " + std::to_string(int(training.reduction)) +
                              " " + std::to_string(dpo.bucket_bytes) + " " + std::to_string(int(dpo.compression)) +
                              " " + std::to_string(int(dpo.shard_optimizer_state)) + " " +
@@ -451,11 +472,26 @@ Result<float> TrainingModel::evaluate(const std::map<std::string, const Tensor*>
     ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(0, inputs, eval_program_));
     return out.at(training_.loss).data<float>()[0];
   }
+  // Inputs checked once here: a failure inside would abort the shards' group for good.
+  const compiler::Executable& exe = session_->executable(eval_program_);
+  for (const auto& [name, t] : inputs)
+    if (std::none_of(exe.inputs.begin(), exe.inputs.end(), [&](const compiler::Binding& b) { return b.name == name; }))
+      return Status::error(Code::kNotFound, "input '" + name + "'", "an input of the evaluation program", "none");
+  for (const compiler::Binding& b : exe.inputs) {
+    auto it = inputs.find(b.name);
+    if (it == inputs.end() || !it->second || it->second->dtype() != b.type.dtype || it->second->shape() != b.type.shape)
+      return Status::invalid_argument("input '" + b.name + "'", b.type.to_string(),
+                                      it == inputs.end() || !it->second
+                                          ? std::string("none given")
+                                          : std::string(dtype_name(it->second->dtype())) +
+                                                it->second->shape().to_string());
+  }
   float loss = 0.0f;  // every shard takes part in the program's all-reduces; they agree on the loss
   ASPEN_RETURN_IF_ERROR(session_->for_each_replica([&](int r) -> Status {
     Result<std::map<std::string, Tensor>> out = session_->run_replica(r, inputs, eval_program_);
     if (!out.is_ok()) {
       tensor_comms_[size_t(r)]->abort(out.status().message());
+      broken_ = true;
       return out.status();
     }
     if (r == 0) loss = out->at(training_.loss).data<float>()[0];

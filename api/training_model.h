@@ -200,8 +200,9 @@ class TrainingModel {
   // The split step measures the gradient norm when the host needs it
   // (clipping, dynamic loss scaling) or when there is one device (where the
   // split step exists because of accumulation, and the norm is cheap beside
-  // it). Data-parallel steps otherwise skip that pass over the gradients, as
-  // the fused step does; a non-finite gradient then shows as a non-finite loss.
+  // it). Data-parallel, pipeline and tensor-parallel steps otherwise skip that
+  // pass over the gradients, as the fused step does; a non-finite gradient is
+  // then applied and shows as a non-finite loss in the next step.
   bool needs_norm() const {
     return training_.clip_grad_norm > 0.0 || training_.loss_scaling.mode == train::LossScaling::dynamic ||
            (!dp_ && session_->replicas() == 1);

@@ -454,6 +454,11 @@ TEST(DataParallel, AFailingReplicaStopsTheGroupWithItsError) {
   Tensor three(DType::i32, {3, 7});
   auto bad = (*m2)->run({{"input_ids", &three}, {"positions", &pos}, {"targets", &tgt}});
   EXPECT_NE(bad.status().expected().find("x replicas"), std::string::npos) << bad.status().to_string();
+  // Top-k's error feedback cannot follow a changing loss scale: refused when the model is made.
+  TrainingOptions topk = dp_adamw();
+  topk.data_parallel.compression = parallel::Compression::topk;
+  topk.loss_scaling.mode = train::LossScaling::dynamic;
+  EXPECT_EQ(TrainingModel::create(g.g, dp, topk).status().code(), Code::kUnimplemented);
 }
 
 }  // namespace

@@ -89,13 +89,13 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
     ASPEN_RETURN_IF_ERROR(build_step(g, gen->config_, lm));
     ASPEN_ASSIGN_OR_RETURN(auto exe, compiler::compile(g, o.compile));
     programs.push_back(std::move(exe));
-    if (seq != o.max_prompt) continue;
-    if (T == 1) {
-      prefill = std::move(g);
-    } else {  // the whole model's prefill plans the (whole) checkpoint tensors
-      lm.tensor_parallel = 1;
-      ASPEN_RETURN_IF_ERROR(build_step(prefill, gen->config_, lm));
-    }
+    if (seq == o.max_prompt && programs.size() == 1 && T == 1) prefill = std::move(g);
+  }
+  if (T > 1) {  // the whole model's prefill plans the (whole) checkpoint tensors
+    CausalLmOptions lm{.batch = o.max_batch, .seq = o.max_prompt, .kv_cache_len = o.max_length,
+                       .last_logits_only = true};
+    if (o.weights != DType::f32) lm.weight_dtype = o.weights;
+    ASPEN_RETURN_IF_ERROR(build_step(prefill, gen->config_, lm));
   }
   runtime::SessionOptions so;
   so.threads = o.threads;

@@ -149,6 +149,15 @@ TEST(TensorParallel, GenerationOnTwoShardsDrawsTheSameTokens) {
   ASSERT_TRUE(export_hf_model(dir, mc, w).is_ok());
   const std::vector<std::vector<int32_t>> prompts = {{3, 1, 4, 1, 5}, {9, 2}};
   std::vector<std::vector<int32_t>> got[2];
+  {  // a prefill of one position (its program is the decode's shape) opens too
+    GeneratorOptions o;
+    o.max_length = 3;
+    o.max_prompt = 1;
+    o.threads = 1;
+    o.tensor_parallel = 2;
+    auto gen = Generator::open(dir, o);
+    ASSERT_TRUE(gen.is_ok()) << gen.status().to_string();
+  }
   for (int tp : {1, 2})
     for (float temperature : {0.0f, 0.8f}) {
       GeneratorOptions o;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "parallel/reduce.h"
 
@@ -176,15 +177,24 @@ Status DataParallelGroup::all_reduce_cross(int l, std::span<float* const> tensor
 Status DataParallelGroup::all_reduce_topk(int l, size_t bucket, std::vector<float>& values) {
   std::vector<std::vector<float>>& res = residual_[size_t(l)];
   if (res.size() <= bucket) res.resize(bucket + 1);
-  std::vector<float>& r = res[bucket];
+  std::vector<float>& residual = res[bucket];
   const size_t n = values.size();
-  if (r.size() != n) r.assign(n, 0.0f);
-  for (size_t i = 0; i < n; ++i) r[i] += values[i];  // r = v
+  if (residual.size() != n) residual.assign(n, 0.0f);
+  std::vector<float> r(n);  // v = values + residual
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    r[i] = values[i] + residual[i];
+    finite = finite && std::isfinite(r[i]);
+  }
   const size_t k = std::clamp<size_t>(size_t(std::ceil(options_.topk_ratio * double(n))), 1, n);
   std::vector<uint32_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = uint32_t(i);
+  auto key = [&](uint32_t i) {  // NaN ranks first, as +inf: a strict weak order still
+    const float x = std::abs(r[i]);
+    return std::isnan(x) ? std::numeric_limits<float>::infinity() : x;
+  };
   auto larger = [&](uint32_t a, uint32_t b) {
-    const float x = std::abs(r[a]), y = std::abs(r[b]);
+    const float x = key(a), y = key(b);
     return x > y || (x == y && a < b);
   };
   std::nth_element(order.begin(), order.begin() + std::ptrdiff_t(k - 1), order.end(), larger);
@@ -196,6 +206,10 @@ Status DataParallelGroup::all_reduce_topk(int l, size_t bucket, std::vector<floa
     mine[2 * j + 1] = r[i];
     r[i] = 0.0f;  // sent: no longer owed
   }
+  // An overflowing step (non-finite gradients) is skipped by the caller: the
+  // residual stays as it was, and the non-finite entries travel so that every
+  // process sees the overflow.
+  if (finite) residual = std::move(r);
   std::vector<float> all(mine.size() * size_t(processes_));
   ASPEN_RETURN_IF_ERROR(cross_[size_t(l)]->all_gather(mine.data(), all.data(), int64_t(mine.size()), DType::f32));
   std::fill(values.begin(), values.end(), 0.0f);

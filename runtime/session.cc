@@ -472,6 +472,8 @@ Result<std::map<std::string, Tensor>> Session::run(const std::map<std::string, c
         }
         st = execute_program(rep, program, io);
         if (!st.is_ok()) {
+          for (auto& [group, comm] : rep.comms)  // peers in a collective stop now, not at their timeout
+            if (comm) comm->abort("replica " + std::to_string(r) + ": " + st.message());
           if (steps > 1) st = std::move(st).with_context("iteration " + std::to_string(step));
           if (R > 1) st = std::move(st).with_context("replica " + std::to_string(r));
           return;
