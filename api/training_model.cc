@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "compiler/cache.h"
 #include "models/tensor_parallel.h"
@@ -212,6 +213,20 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   // Devices: pipeline x data parallel, device r·stages + s; tensor x data parallel, device r·tp + t.
   sopts.replicas = tp > 1 ? tp * local : stages * local;
   if (data_parallel) sopts.replica_local = {train::grad_accumulator_name("")};
+  if (data_parallel && stages > 1) {
+    // A stage's devices hold only the gradients of the parameters their stage uses.
+    std::vector<std::set<std::string>> uses(static_cast<size_t>(stages));
+    for (int st = 0; st < stages; ++st) {
+      const train::PipelinePrograms::Stage& sp = m->pipe_->stages[size_t(st)];
+      for (int prog : {sp.forward, sp.backward_first, sp.backward_next, sp.norm, sp.step})
+        if (prog >= 0)
+          for (int32_t n : m->pipe_->graphs[size_t(prog)].parameter_nodes())
+            uses[size_t(st)].insert(m->pipe_->graphs[size_t(prog)].node(n).name);
+    }
+    sopts.replica_uses = [uses, stages](int device, const std::string& name) {
+      return uses[size_t(device % stages)].count(name) > 0;
+    };
+  }
   if (tp > 1) sopts.replica_local = {""};  // every shard its own weights, state and gradients
   ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exes), sopts));
   if (m->pipe_) {
@@ -222,12 +237,14 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     for (int st = 0; st < stages; ++st)
       for (size_t i : m->pipe_->stages[size_t(st)].owned) m->owner_[i] = st;
     m->grads_.resize(size_t(stages * local));
-    for (const std::string& p : params) {
-      const Tensor* t = m->session_->parameter_of(0, train::grad_accumulator_name(p));
-      ASPEN_CHECK(t != nullptr);
-      m->grad_counts_.push_back(t->numel());
-      for (int d = 0; d < stages * local; ++d)
-        m->grads_[size_t(d)].push_back(m->session_->parameter_of(d, train::grad_accumulator_name(p))->data<float>());
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::string acc = train::grad_accumulator_name(params[i]);
+      m->grad_counts_.push_back(
+          m->session_->parameter_of(m->owner_[i], acc)->numel());  // replica 0 of the owning stage holds it
+      for (int d = 0; d < stages * local; ++d) {
+        Tensor* t = m->session_->parameter_of(d, acc);  // null on devices of other stages
+        m->grads_[size_t(d)].push_back(t ? t->data<float>() : nullptr);
+      }
     }
   } else if (tp > 1) {
     parallel::CommOptions co = training.data_parallel.comm;

@@ -98,11 +98,23 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
     }
     ASPEN_RETURN_IF_ERROR(rep.device->reserve_arena(arena));
     rep.own.resize(s->parameters_.size());
+    std::vector<char> held(s->parameters_.size(), 1);
     for (size_t i = 0; i < s->parameters_.size(); ++i)
       if (s->local_[i]) {
+        if (options.replica_uses && !options.replica_uses(r, s->parameter_list_[i].name)) {
+          held[i] = 0;
+          continue;
+        }
         const graph::TensorType& t = s->parameter_list_[i].type;
         ASPEN_ASSIGN_OR_RETURN(rep.own[i], Tensor::make(t.dtype, t.shape));
       }
+    for (const ProgramInfo& info : s->programs_) {
+      std::string missing;
+      for (size_t i : info.parameter_index)
+        if (!held[i] && missing.empty()) missing = s->parameter_list_[i].name;
+      rep.missing.push_back(missing);
+    }
+    rep.held = std::move(held);
     s->replicas_.push_back(std::move(rep));
   }
   s->trace_ = options.trace;
@@ -117,7 +129,7 @@ Status Session::set_parameter(const std::string& name, const Tensor& value) {
                                     std::string(dtype_name(value.dtype())) + value.shape().to_string());
   const size_t i = size_t(b - parameter_list_.data());
   if (local_[i]) {
-    for (Replica& r : replicas_)
+    for (Replica& r : replicas_)  // those that hold a copy
       if (r.own[i].nbytes()) std::memcpy(r.own[i].raw(), value.raw(), r.own[i].nbytes());
   } else if (parameters_[i].nbytes()) {
     std::memcpy(parameters_[i].raw(), value.raw(), parameters_[i].nbytes());
@@ -139,14 +151,19 @@ Tensor* Session::parameter_of(int replica, const std::string& name) {
   const compiler::Binding* b = find(parameter_list_, name);
   if (!b || replica < 0 || replica >= int(replicas_.size())) return nullptr;
   const size_t i = size_t(b - parameter_list_.data());
-  return local_[i] ? &replicas_[size_t(replica)].own[i] : &parameters_[i];
+  if (!local_[i]) return &parameters_[i];
+  Replica& rep = replicas_[size_t(replica)];
+  return rep.held[i] ? &rep.own[i] : nullptr;  // nullptr: not held here
 }
 
 Result<Tensor> Session::get_parameter(const std::string& name) const {
   const compiler::Binding* b = find(parameter_list_, name);
   if (!b) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
   const size_t i = size_t(b - parameter_list_.data());
-  return (local_[i] ? replicas_.front().own[i] : parameters_[i]).clone();
+  if (!local_[i]) return parameters_[i].clone();
+  for (const Replica& r : replicas_)  // the first replica that holds a copy
+    if (r.held[i]) return r.own[i].clone();
+  return Status::error(Code::kNotFound, "parameter '" + name + "'", "a replica that holds it", "none");
 }
 
 const void* Session::resolve(const Replica& r, int program, int32_t value) const {
@@ -245,6 +262,11 @@ const char* trace_category(compiler::InstrKind kind) {
 
 Status Session::execute_program(Replica& r, int program, const StepIO& io) {
   using compiler::InstrKind;
+  if (!r.missing[size_t(program)].empty())
+    return Status::error(Code::kFailedPrecondition,
+                         "program " + std::to_string(program) + " on replica " + std::to_string(replica_index(r)),
+                         "a replica that holds its parameters",
+                         "one without its copy of '" + r.missing[size_t(program)] + "' (SessionOptions::replica_uses)");
   std::vector<const void*> in;
   std::vector<void*> out;
   const std::string& device = r.device->name();

@@ -58,6 +58,11 @@ struct SessionOptions {
   int replicas = 1;
   // Parameter name prefixes that every replica holds its own copy of.
   std::vector<std::string> replica_local = {};
+  // When set, replica r holds its copy of a replica-local parameter only if
+  // replica_uses(r, name) (pipeline stages: a stage's gradients only on its
+  // devices). A program that needs a copy its replica lacks is refused when
+  // run there, naming it.
+  std::function<bool(int replica, const std::string& name)> replica_uses = {};
 };
 
 // How outputs of several iterations in one call come back (PopTorch's OutputMode).
@@ -126,6 +131,8 @@ class Session {
     std::unique_ptr<CpuDevice> device;
     std::vector<Tensor> own;  // by parameters_ index: this replica's copy of a replica-local one (else empty)
     std::map<std::string, parallel::Communicator*> comms;  // by group name
+    std::vector<std::string> missing;  // by program: a replica-local parameter it needs that this replica lacks
+    std::vector<char> held;            // by parameters_ index: this replica holds its copy (or it is shared)
   };
   int replica_index(const Replica& r) const;
   struct ProgramInfo {

@@ -533,6 +533,33 @@ TEST(Session, ReplicaLocalParametersAndPerReplicaRuns) {
   EXPECT_EQ(st.code(), Code::kInvalidArgument);
 }
 
+// replica_uses: a replica holds only the local parameters it uses; a program
+// that needs one it lacks is refused there, naming it.
+TEST(Session, ReplicasHoldOnlyTheLocalParametersTheyUse) {
+  Graph g;
+  Builder b(g);
+  ValueId acc = b.parameter("acc.w", DType::f32, {3});
+  b.update(acc, b.add(acc, b.input("x", DType::f32, {3})));
+  ASSERT_TRUE(b.status().is_ok());
+  auto made = Session::create(compiler::compile(g).value(),
+                              {.threads = 1,
+                               .replicas = 2,
+                               .replica_local = {"acc."},
+                               .replica_uses = [](int r, const std::string&) { return r == 0; }});
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  Session& s = **made;
+  EXPECT_NE(s.parameter_of(0, "acc.w"), nullptr);
+  EXPECT_EQ(s.parameter_of(1, "acc.w"), nullptr);
+  Tensor x = random_tensor({3}, 8);
+  EXPECT_TRUE(s.run_replica(0, {{"x", &x}}, 0).is_ok());
+  const Status refused = s.run_replica(1, {{"x", &x}}, 0).status();
+  EXPECT_EQ(refused.code(), Code::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("'acc.w'"), std::string::npos) << refused.message();
+  auto got = s.get_parameter("acc.w");  // replica 0's copy
+  ASSERT_TRUE(got.is_ok());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(got->data<float>()[i], x.data<float>()[i]);
+}
+
 }  // namespace
 }  // namespace aspen::runtime
 
