@@ -1,7 +1,8 @@
 // tools/train_command.cc: `aspen train`, the training job (api/trainer.h).
 //
-//   aspen train CONFIG.yaml [--resume] [--replicas N] [--set KEY=VALUE]...
-//   aspen train --demo [--steps N] [--run-dir DIR] [--threads N] [--replicas N] [--set KEY=VALUE]...
+//   aspen train CONFIG.yaml [--resume] [--replicas N] [--stages N] [--tensor-parallel N] [--set KEY=VALUE]...
+//   aspen train --demo [--steps N] [--run-dir DIR] [--threads N] [--replicas N] [--stages N]
+//                      [--tensor-parallel N] [--set KEY=VALUE]...
 //   mpirun -np P aspen train ...   (data parallel over P processes)
 //
 // --replicas N trains N data-parallel replicas (batch.replicas): devices of
@@ -40,6 +41,7 @@ struct TrainArgs {
   int64_t steps = 0;  // 0: the config's (the demo's default)
   int threads = 0;
   int64_t replicas = 0;  // 0: the config's (the demo: one per process)
+  int64_t stages = 0, tensor_parallel = 0;  // 0: the config's
   std::string run_dir;
   std::vector<std::string> overrides;
 };
@@ -170,6 +172,8 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   }
   if (a.threads > 0) c.train.threads = a.threads;
   if (a.replicas > 0 && !a.demo) c.batch.replicas = a.replicas;
+  if (a.stages > 0) c.parallel.pipeline_stages = a.stages;
+  if (a.tensor_parallel > 0) c.parallel.tensor_parallel = a.tensor_parallel;
   for (const std::string& o : a.overrides)
     if (Status s = train::apply_override(c, o); !s.is_ok()) return report(s);
   if (a.demo) {
@@ -253,6 +257,9 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--run-dir", args->run_dir, "the run directory (overrides log.run_dir)");
   cmd->add_option("--replicas", args->replicas,
                   "data-parallel replicas (overrides batch.replicas; the demo keeps its global batch of 16)");
+  cmd->add_option("--stages", args->stages, "pipeline stages (overrides parallel.pipeline_stages)");
+  cmd->add_option("--tensor-parallel", args->tensor_parallel,
+                  "tensor shards (overrides parallel.tensor_parallel; gpt2: n_head must divide by it)");
   return {cmd, [args] { return run_train(*args); }};
 }
 
