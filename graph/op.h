@@ -39,7 +39,7 @@
   /* backward-only ops emitted by gradient rules (not differentiated again) */            \
   X(gelu_grad) X(silu_grad) X(gather_grad) X(layernorm_grad) X(rmsnorm_grad)              \
   X(softmax_grad) X(cross_entropy_grad) X(attention_grad)                                 \
-  /* collectives: placeholders that W1.5 lowers onto a communicator */                    \
+  /* collectives: run on the communicator of their group (runtime::Session) */           \
   X(all_reduce) X(reduce_scatter) X(all_gather) X(send) X(recv)                          \
   /* fused: made by the compiler's fusion pass after autodiff (not differentiated) */     \
   X(bias_gelu) X(add_layernorm)                                                           \

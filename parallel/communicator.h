@@ -6,8 +6,8 @@
 // same counts and dtype (the threads backend checks this and reports a
 // mismatch; MPI trusts it). Backends: `threads` (devices of one process,
 // shared memory; threads/threads_communicator.h), `mpi` (one device per
-// process, OpenMPI; mpi/mpi_communicator.h); their hierarchical composition
-// is next (docs/parallel.md, "Not yet"). docs/parallel.md describes the
+// process, OpenMPI; mpi/mpi_communicator.h); data-parallel training composes
+// them hierarchically (data_parallel.h). docs/parallel.md describes the
 // algorithms.
 //
 // The contract:
