@@ -205,6 +205,32 @@ TEST(Trainer, BadConfigsNameTheKey) {
   EXPECT_NE(r.status().to_string().find(run.path + "/nothing"), std::string::npos) << r.status().to_string();
 }
 
+// Layouts that do not fit the model or each other are refused before any
+// compute, naming the numbers.
+TEST(Trainer, BadLayoutsNameTheNumbers) {
+  TempDir run("bad_layout");
+  train::TrainConfig c = tiny_config(run.path);  // 2 heads, d_model 32
+  c.parallel.tensor_parallel = 3;
+  auto r = Trainer::create(c);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().to_string().find("tensor_parallel 3: expected a divisor of n_head (2), found 3"),
+            std::string::npos)
+      << r.status().to_string();
+  c = tiny_config(run.path);
+  c.parallel.pipeline_stages = 100000;
+  r = Trainer::create(c);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().to_string().find("pipeline: stages"), std::string::npos) << r.status().to_string();
+  c = tiny_config(run.path);
+  c.parallel.pipeline_stages = 2;
+  c.parallel.tensor_parallel = 2;
+  r = Trainer::create(c);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), Code::kUnimplemented) << r.status().to_string();
+  EXPECT_NE(r.status().to_string().find("tensor_parallel 2 with pipeline stages"), std::string::npos)
+      << r.status().to_string();
+}
+
 // Two data-parallel replicas of micro-batch 2 take the micro-batches one
 // device accumulating two of them takes, and add their gradients in the same
 // order: the same bits. A checkpoint of one layout resumes under the other
