@@ -37,13 +37,7 @@ void expect_same_on_every_rank(const std::map<std::string, Tensor>& w) {
   for (int r = 0; r < (*comm)->size(); ++r) EXPECT_EQ(0, std::memcmp(all.data() + 2 * r, &h, 8)) << "rank " << r;
 }
 
-TrainingOptions sgd() {
-  TrainingOptions t = golden_adamw();
-  t.optimizer.kind = train::OptimizerKind::sgd;
-  t.optimizer.momentum = 0.9;
-  t.schedule.lr = 0.1;
-  return t;
-}
+TrainingOptions sgd() { return sgd_momentum(); }
 
 TrainingOptions clipped_adamw() {
   TrainingOptions t = golden_adamw();

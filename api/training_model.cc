@@ -99,28 +99,20 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   if (tp > 1 && m->zero_)
     return Status::unimplemented("training: tensor_parallel with sharded optimizer state",
                                  "layout in this build (each tensor shard keeps its part's state)");
-  if (tp > 1 && data_parallel) {  // one data-parallel group per tensor rank; dp_ is rank 0's
-    parallel::DataParallelOptions dpo = training.data_parallel;
-    dpo.local = local;
-    dpo.mpi = options.mpi_;
-    for (int t = 1; t < tp; ++t) {
-      dpo.comm.name = training.data_parallel.comm.name + " shard " + std::to_string(t);
-      ASPEN_ASSIGN_OR_RETURN(auto g, parallel::DataParallelGroup::create(dpo));
-      m->stage_dp_.push_back(std::move(g));
-    }
-  }
   if (stages > 1 && m->zero_)
     return Status::unimplemented("training: " + std::to_string(stages) + " pipeline stages with sharded optimizer state",
                                  "layout in this build (pipeline stages with replicas keep the whole state)");
-  if (stages > 1 && data_parallel) {  // one data-parallel group per stage; dp_ is stage 0's
+  // With replicas, one data-parallel group per tensor rank or pipeline stage;
+  // dp_ is rank (stage) 0's, the others are made here in the same order on
+  // every process.
+  const int groups = data_parallel ? std::max(tp, stages) : 1;
+  for (int k = 1; k < groups; ++k) {
     parallel::DataParallelOptions dpo = training.data_parallel;
     dpo.local = local;
     dpo.mpi = options.mpi_;
-    for (int st = 1; st < stages; ++st) {
-      dpo.comm.name = training.data_parallel.comm.name + " stage " + std::to_string(st);
-      ASPEN_ASSIGN_OR_RETURN(auto g, parallel::DataParallelGroup::create(dpo));
-      m->stage_dp_.push_back(std::move(g));
-    }
+    dpo.comm.name = training.data_parallel.comm.name + (tp > 1 ? " shard " : " stage ") + std::to_string(k);
+    ASPEN_ASSIGN_OR_RETURN(auto g, parallel::DataParallelGroup::create(dpo));
+    m->more_dp_.push_back(std::move(g));
   }
   std::vector<const graph::Graph*> graphs;
   if (stages > 1) {
@@ -622,7 +614,7 @@ Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<st
     // Replicas of a shard: every copy gets the sum (each steps its own weights).
     if (dp_)
       ASPEN_RETURN_IF_ERROR(
-          tensor_group(l % tensor_shards())->all_reduce(data_replica(l), grads_[size_t(l)], grad_counts_));
+          dp_group(l % tensor_shards())->all_reduce(data_replica(l), grads_[size_t(l)], grad_counts_));
   } else if (dp_) {
     ASPEN_RETURN_IF_ERROR(dp_->reduce_to_owners(l, grads_[size_t(l)], grad_counts_, owner_));
   }
@@ -659,7 +651,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
       Status r = fn(l);
       if (!r.is_ok() && dp_) {
         if (tensor_shards() > 1) {
-          tensor_group(l % tensor_shards())->abort(data_replica(l), r.message());
+          dp_group(l % tensor_shards())->abort(data_replica(l), r.message());
         } else {
           dp_->abort(l, r.message());
         }

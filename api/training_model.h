@@ -242,18 +242,15 @@ class TrainingModel {
   int tensor_shards() const;
   int data_replicas() const;            // replicas in this process (of the whole model's devices)
   int data_replica(int device) const;   // the replica a device belongs to (tensor parallel: device r·T + t)
-  parallel::DataParallelGroup* tensor_group(int t) { return t == 0 ? dp_.get() : stage_dp_[size_t(t - 1)].get(); }
   // A parameter as the API sees it (whole), cut into or gathered from the
   // tensor shards' parts.
   Status set_full(const std::string& name, const Tensor& full);
   Result<Tensor> get_full(const std::string& name) const;
   std::pair<DType, Shape> full_type(const compiler::Binding& b) const;
-  // Pipeline x data parallel: the data-parallel groups of stages 1.. (stage 0's
-  // is dp_); tensor x data parallel: those of tensor ranks 1.. likewise.
-  std::vector<std::unique_ptr<parallel::DataParallelGroup>> stage_dp_;
-  parallel::DataParallelGroup* stage_group(int stage) {
-    return stage == 0 ? dp_.get() : stage_dp_[size_t(stage - 1)].get();
-  }
+  // With replicas of pipeline stages or tensor shards: the data-parallel
+  // group of stage (tensor rank) k, dp_ for k = 0 and more_dp_[k - 1] after.
+  std::vector<std::unique_ptr<parallel::DataParallelGroup>> more_dp_;
+  parallel::DataParallelGroup* dp_group(int k) { return k == 0 ? dp_.get() : more_dp_[size_t(k - 1)].get(); }
   std::map<std::string, std::pair<DType, Shape>> state_types_;  // the whole optimizer state (every shard)
   std::vector<std::vector<std::string>> shard_state_;           // by shard: its state's names (not the step count)
   PipelineStats pipe_stats_;

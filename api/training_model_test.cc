@@ -354,12 +354,7 @@ TrainingOptions dp_adamw() {
 TEST(DataParallel, ReplicasEqualOneDeviceWithAccumulation) {
   ASSERT_TRUE(kCores);
   for (bool adam : {false, true}) {
-    TrainingOptions t = adam ? dp_adamw() : golden_adamw();
-    if (!adam) {
-      t.optimizer.kind = train::OptimizerKind::sgd;
-      t.optimizer.momentum = 0.9;
-      t.schedule.lr = 0.1;
-    }
+    const TrainingOptions t = adam ? dp_adamw() : sgd_momentum();
     SCOPED_TRACE(adam ? "adamw, clipped" : "sgd");
     Options one4, one2;
     one4.threads(1).gradient_accumulation(4);
@@ -476,10 +471,7 @@ using namespace testing;  // NOLINT: the helpers of this test
 // added in another order, so f32 rounding, not bits.
 TEST(Pipeline, StagesEqualOneDeviceWithAccumulation) {
   ASSERT_TRUE(kCores);
-  TrainingOptions sgd = golden_adamw();
-  sgd.optimizer.kind = train::OptimizerKind::sgd;
-  sgd.optimizer.momentum = 0.9;
-  sgd.schedule.lr = 0.1;
+  const TrainingOptions sgd = sgd_momentum();
   for (const TrainingOptions& base : {sgd, dp_adamw()}) {
     const bool adam = base.optimizer.kind == train::OptimizerKind::adamw;
     Options one;
@@ -519,10 +511,7 @@ using namespace testing;  // NOLINT: the helpers of this test
 // micro-batches each take the micro-batches one device accumulating 4 takes.
 TEST(Pipeline, ReplicasOfAPipelineEqualOneDevice) {
   ASSERT_TRUE(kCores);
-  TrainingOptions sgd = golden_adamw();
-  sgd.optimizer.kind = train::OptimizerKind::sgd;
-  sgd.optimizer.momentum = 0.9;
-  sgd.schedule.lr = 0.1;
+  const TrainingOptions sgd = sgd_momentum();
   for (const TrainingOptions& base : {sgd, dp_adamw()}) {
     const bool adam = base.optimizer.kind == train::OptimizerKind::adamw;
     SCOPED_TRACE(adam ? "adamw, clipped" : "sgd");
@@ -604,10 +593,7 @@ using namespace testing;  // NOLINT: the helpers of this test
 // of the shards is the whole model's.
 TEST(TensorParallel, ShardsEqualOneDevice) {
   ASSERT_TRUE(kCores);
-  TrainingOptions sgd = golden_adamw();
-  sgd.optimizer.kind = train::OptimizerKind::sgd;
-  sgd.optimizer.momentum = 0.9;
-  sgd.schedule.lr = 0.1;
+  const TrainingOptions sgd = sgd_momentum();
   for (const TrainingOptions& t : {sgd, dp_adamw()}) {
     const bool adam = t.optimizer.kind == train::OptimizerKind::adamw;
     SCOPED_TRACE(adam ? "adamw, clipped" : "sgd");

@@ -208,13 +208,13 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
         counts.push_back(t->numel());
       }
       const std::vector<int> owners(tensors.size(), 0);
-      return stage_group(st)->reduce_to_owners(r, tensors, counts, owners);
+      return dp_group(st)->reduce_to_owners(r, tensors, counts, owners);
     };
     Status work = session_->for_each_replica([&](int d) {
       Status r = stage_work(d);
       if (!r.is_ok()) {
         for (auto& ch : channels) ch->fail("device " + std::to_string(d) + ": " + r.message());
-        if (dp_) stage_group(d % S)->abort(d / S, r.message());
+        if (dp_) dp_group(d % S)->abort(d / S, r.message());
       }
       return r;
     });

@@ -101,6 +101,16 @@ inline TrainingOptions golden_adamw() {
   return t;
 }
 
+// SGD with momentum 0.9, lr 0.1: no Adam normalisation to amplify rounding,
+// so layouts can be compared to 1e-5.
+inline TrainingOptions sgd_momentum() {
+  TrainingOptions t = golden_adamw();
+  t.optimizer.kind = train::OptimizerKind::sgd;
+  t.optimizer.momentum = 0.9;
+  t.schedule.lr = 0.1;
+  return t;
+}
+
 // GPT-2's c_attn key bias has a true gradient of 0 (testdata/README.md): f32
 // noise there is amplified by Adam, so those entries are not compared.
 inline bool key_bias_entry(const std::string& name, int64_t i, int64_t d_model) {

@@ -31,18 +31,23 @@ graph::Graph gpt2(const Gpt2Config& c, int64_t tp) {
   return g;
 }
 
+// Every parameter of `g`, normal(0, stddev) (biases and norms too, so misplaced ones show).
+std::map<std::string, Tensor> random_weights(const graph::Graph& g, uint64_t seed, float stddev) {
+  std::map<std::string, Tensor> w;
+  uint64_t stream = 0;
+  for (int32_t i : g.parameter_nodes()) {
+    const graph::Node& n = g.node(i);
+    Tensor t(DType::f32, g.type(n.outputs[0]).shape);
+    philox_fill_normal(t.span<float>(), seed, stream++, 0, 0.0f, stddev);
+    w.emplace(n.name, std::move(t));
+  }
+  return w;
+}
+
 TEST(TensorParallel, TwoShardsComputeTheWholeModel) {
   const Gpt2Config c = config();
   const graph::Graph whole = gpt2(c, 1), shard = gpt2(c, 2);
-  // Random weights, biases and norms included (non-zero, so misplaced ones show).
-  std::map<std::string, Tensor> w;
-  uint64_t stream = 0;
-  for (int32_t i : whole.parameter_nodes()) {
-    const graph::Node& n = whole.node(i);
-    Tensor t(DType::f32, whole.type(n.outputs[0]).shape);
-    philox_fill_normal(t.span<float>(), 5, stream++, 0, 0.0f, 0.2f);
-    w.emplace(n.name, std::move(t));
-  }
+  const std::map<std::string, Tensor> w = random_weights(whole, 5, 0.2f);
   Tensor ids(DType::i32, {2, 5}), pos(DType::i32, {2, 5}), tgt(DType::i32, {10});
   for (int i = 0; i < 10; ++i) {
     ids.data<int32_t>()[i] = (7 * i + 3) % 37;
@@ -134,14 +139,7 @@ TEST(TensorParallel, ShardThenGatherIsTheIdentity) {
 TEST(TensorParallel, GenerationOnTwoShardsDrawsTheSameTokens) {
   const Gpt2Config c = config();
   const graph::Graph whole = gpt2(c, 1);
-  std::map<std::string, Tensor> w;
-  uint64_t stream = 0;
-  for (int32_t i : whole.parameter_nodes()) {
-    const graph::Node& n = whole.node(i);
-    Tensor t(DType::f32, whole.type(n.outputs[0]).shape);
-    philox_fill_normal(t.span<float>(), 11, stream++, 0, 0.0f, 0.3f);
-    w.emplace(n.name, std::move(t));
-  }
+  const std::map<std::string, Tensor> w = random_weights(whole, 11, 0.3f);
   const std::string dir = ::testing::TempDir() + "aspen_tp_generate_" + std::to_string(getpid());
   ModelConfig mc;
   mc.model_type = "gpt2";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "parallel/reduce.h"
@@ -117,15 +118,12 @@ Status DataParallelGroup::all_reduce(int l, std::span<float* const> tensors, std
   return all_reduce_cross(l, tensors, counts);  // each local replica over its own communicator: the same sums
 }
 
-Status DataParallelGroup::all_reduce_cross(int l, std::span<float* const> tensors, std::span<const int64_t> counts) {
-  Communicator& comm = *cross_[size_t(l)];
+Status DataParallelGroup::for_each_bucket(int l, std::span<float* const> tensors, std::span<const int64_t> counts,
+                                          bool large_alone, const std::function<Status(float*, int64_t)>& fn) {
   std::vector<float>& bucket = bucket_[size_t(l)];
-  std::vector<bf16>& bucket16 = bucket16_[size_t(l)];
-  const bool compress = options_.compression != Compression::none;
   const int64_t cap = std::max<int64_t>(1, options_.bucket_bytes / 4);
   size_t first = 0;  // the bucket holds tensors [first, i)
   int64_t filled = 0;
-  size_t bucket_index = 0;
   auto flush = [&](size_t end) -> Status {
     if (filled == 0) return Status();
     bucket.resize(size_t(filled));
@@ -134,16 +132,7 @@ Status DataParallelGroup::all_reduce_cross(int l, std::span<float* const> tensor
       std::memcpy(bucket.data() + at, tensors[k], size_t(counts[k]) * 4);
       at += counts[k];
     }
-    if (options_.compression == Compression::topk) {
-      ASPEN_RETURN_IF_ERROR(all_reduce_topk(l, bucket_index++, bucket));
-    } else if (compress) {
-      bucket16.resize(size_t(filled));
-      detail::convert(bucket.data(), DType::f32, filled, bucket16.data(), DType::bf16);
-      ASPEN_RETURN_IF_ERROR(comm.all_reduce(bucket16.data(), filled, DType::bf16, ReduceOp::sum));
-      detail::convert(bucket16.data(), DType::bf16, filled, bucket.data(), DType::f32);
-    } else {
-      ASPEN_RETURN_IF_ERROR(comm.all_reduce(bucket.data(), filled, DType::f32, ReduceOp::sum));
-    }
+    ASPEN_RETURN_IF_ERROR(fn(bucket.data(), filled));
     at = 0;
     for (size_t k = first; k < end; ++k) {
       std::memcpy(tensors[k], bucket.data() + at, size_t(counts[k]) * 4);
@@ -153,9 +142,9 @@ Status DataParallelGroup::all_reduce_cross(int l, std::span<float* const> tensor
     return Status();
   };
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!compress && counts[i] >= cap) {  // a bucket of its own, reduced in place
+    if (large_alone && counts[i] >= cap) {  // a bucket of its own, in place
       ASPEN_RETURN_IF_ERROR(flush(i));
-      ASPEN_RETURN_IF_ERROR(comm.all_reduce(tensors[i], counts[i], DType::f32, ReduceOp::sum));
+      ASPEN_RETURN_IF_ERROR(fn(tensors[i], counts[i]));
       first = i + 1;
       continue;
     }
@@ -169,16 +158,35 @@ Status DataParallelGroup::all_reduce_cross(int l, std::span<float* const> tensor
   return flush(tensors.size());
 }
 
+Status DataParallelGroup::all_reduce_cross(int l, std::span<float* const> tensors, std::span<const int64_t> counts) {
+  Communicator& comm = *cross_[size_t(l)];
+  std::vector<bf16>& bucket16 = bucket16_[size_t(l)];
+  size_t bucket_index = 0;
+  return for_each_bucket(l, tensors, counts, /*large_alone=*/options_.compression == Compression::none,
+                         [&](float* data, int64_t n) -> Status {
+                           switch (options_.compression) {
+                             case Compression::none: return comm.all_reduce(data, n, DType::f32, ReduceOp::sum);
+                             case Compression::topk: return all_reduce_topk(l, bucket_index++, data, n);
+                             case Compression::bf16: break;
+                           }
+                           bucket16.resize(size_t(n));
+                           detail::convert(data, DType::f32, n, bucket16.data(), DType::bf16);
+                           ASPEN_RETURN_IF_ERROR(comm.all_reduce(bucket16.data(), n, DType::bf16, ReduceOp::sum));
+                           detail::convert(bucket16.data(), DType::bf16, n, data, DType::f32);
+                           return Status();
+                         });
+}
+
 // Top-k with error feedback, on one bucket of local replica l: v = values +
 // residual; the k entries of largest |v| (ties to the lower index: the same
 // choice on every run) travel as (index, value) pairs, all-gathered; every
 // process adds the pairs in process order into zeros, so all get the same
 // bits; the residual keeps what was not sent.
-Status DataParallelGroup::all_reduce_topk(int l, size_t bucket, std::vector<float>& values) {
+Status DataParallelGroup::all_reduce_topk(int l, size_t bucket, float* values, int64_t count) {
   std::vector<std::vector<float>>& res = residual_[size_t(l)];
   if (res.size() <= bucket) res.resize(bucket + 1);
   std::vector<float>& residual = res[bucket];
-  const size_t n = values.size();
+  const size_t n = size_t(count);
   if (residual.size() != n) residual.assign(n, 0.0f);
   std::vector<float> r(n);  // v = values + residual
   bool finite = true;
@@ -212,7 +220,7 @@ Status DataParallelGroup::all_reduce_topk(int l, size_t bucket, std::vector<floa
   if (finite) residual = std::move(r);
   std::vector<float> all(mine.size() * size_t(processes_));
   ASPEN_RETURN_IF_ERROR(cross_[size_t(l)]->all_gather(mine.data(), all.data(), int64_t(mine.size()), DType::f32));
-  std::fill(values.begin(), values.end(), 0.0f);
+  std::fill(values, values + n, 0.0f);
   for (int p = 0; p < processes_; ++p)
     for (size_t j = 0; j < k; ++j) {
       uint32_t i;
@@ -228,42 +236,8 @@ Status DataParallelGroup::broadcast_from(int l, std::span<float* const> tensors,
                                          int root) {
   if (cross_.empty()) return Status();
   Communicator& comm = *cross_[size_t(l)];
-  std::vector<float>& bucket = bucket_[size_t(l)];
-  const int64_t cap = std::max<int64_t>(1, options_.bucket_bytes / 4);
-  size_t first = 0;
-  int64_t filled = 0;
-  auto flush = [&](size_t end) -> Status {
-    if (filled == 0) return Status();
-    bucket.resize(size_t(filled));
-    int64_t at = 0;
-    for (size_t k = first; k < end; ++k) {
-      std::memcpy(bucket.data() + at, tensors[k], size_t(counts[k]) * 4);
-      at += counts[k];
-    }
-    ASPEN_RETURN_IF_ERROR(comm.broadcast(bucket.data(), filled, DType::f32, root));
-    at = 0;
-    for (size_t k = first; k < end; ++k) {
-      std::memcpy(tensors[k], bucket.data() + at, size_t(counts[k]) * 4);
-      at += counts[k];
-    }
-    filled = 0;
-    return Status();
-  };
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (counts[i] >= cap) {  // alone, in place
-      ASPEN_RETURN_IF_ERROR(flush(i));
-      ASPEN_RETURN_IF_ERROR(comm.broadcast(tensors[i], counts[i], DType::f32, root));
-      first = i + 1;
-      continue;
-    }
-    if (filled > 0 && filled + counts[i] > cap) {
-      ASPEN_RETURN_IF_ERROR(flush(i));
-      first = i;
-    }
-    if (filled == 0) first = i;
-    filled += counts[i];
-  }
-  return flush(tensors.size());
+  return for_each_bucket(l, tensors, counts, /*large_alone=*/true,
+                         [&](float* data, int64_t n) { return comm.broadcast(data, n, DType::f32, root); });
 }
 
 Result<std::vector<float>> DataParallelGroup::gather_processes(std::span<const float> mine) {

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -109,7 +110,12 @@ class DataParallelGroup {
   // topk: by local index, the error feedback of each bucket of its tensors
   // (what was not sent), in the order the buckets are reduced.
   std::vector<std::vector<std::vector<float>>> residual_;
-  Status all_reduce_topk(int l, size_t bucket, std::vector<float>& values);
+  Status all_reduce_topk(int l, size_t bucket, float* values, int64_t count);
+  // Packs `tensors` into buckets of bucket_bytes (a tensor at least that
+  // large alone and in place, when large_alone), runs fn on each bucket in
+  // order, and copies the buckets back.
+  Status for_each_bucket(int l, std::span<float* const> tensors, std::span<const int64_t> counts, bool large_alone,
+                         const std::function<Status(float* data, int64_t count)>& fn);
 };
 
 }  // namespace aspen::parallel
