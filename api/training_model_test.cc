@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -619,6 +621,57 @@ TEST(TensorParallel, ShardsEqualOneDevice) {
         EXPECT_NEAR(s3[i].grad_norm, s1[i].grad_norm, 1e-4 * s1[i].grad_norm) << "step " << i + 1;
       }
     }
+  }
+}
+
+}  // namespace
+}  // namespace aspen::api
+
+namespace aspen::api {
+namespace {
+
+using namespace testing;  // NOLINT: the helpers of this test
+
+// The profile shows each device's gradient exchange (data parallel) and its
+// waits for activations and gradients (pipeline) beside its programs.
+TEST(ParallelProfile, TracesShowTheExchanges) {
+  ASSERT_TRUE(kCores);
+  const Golden gold = read_golden("gpt2-tiny");
+  const Batches all = shifted(gold, 1);
+  const int64_t S = gold.T - 1;
+  for (bool pipeline : {false, true}) {
+    SCOPED_TRACE(pipeline ? "2 stages" : "2 replicas");
+    const std::string path = ::testing::TempDir() + "aspen_parallel_trace_" + std::to_string(getpid()) + ".json";
+    Forward f = forward("gpt2-tiny", gold.B / 2, S);  // 2 replicas or 2 micro-batches of half the batch
+    Options o;
+    o.threads(1).profile(path);
+    if (pipeline) {
+      o.gradient_accumulation(2);
+    } else {
+      o.replication_factor(2);
+    }
+    TrainingOptions t = sgd_momentum();
+    if (pipeline) t.pipeline = {2, train::PipelineSchedule::one_f_one_b};
+    auto m = TrainingModel::create(f.g, o, t);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    ASSERT_TRUE((*m)->copy_weights_to_device(ptrs(f.weights)).is_ok());
+    auto r = (*m)->run({{"input_ids", &all.input_ids}, {"positions", &all.positions}, {"targets", &all.targets}});
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    std::ifstream in(path);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(text.empty());
+    auto count = [&](const std::string& needle) {
+      size_t n = 0;
+      for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+      return n;
+    };
+    if (pipeline) {
+      EXPECT_EQ(count("\"recv pipe.0\""), 2u);       // stage 1 waits for each micro-batch's activation
+      EXPECT_EQ(count("\"recv grad pipe.0\""), 2u);  // stage 0 for each gradient
+    } else {
+      EXPECT_EQ(count("\"reduce gradients\""), 2u);  // one per replica
+    }
+    std::remove(path.c_str());
   }
 }
 

@@ -159,6 +159,8 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
         if (step.forward) {
           for (int e : split.in_edges) {
             const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
+            profile::TraceScope wait(trace_.get(), session_->device(d).name(), "recv " + edge.name,
+                                     profile::category::kCollective, edge.type.bytes());
             ASPEN_ASSIGN_OR_RETURN(Tensor t, ch.take(e, m, false, where + ": waiting for " + edge.name + " from stage " +
                                                                      std::to_string(edge.from)));
             stash[m].emplace(edge.name, std::move(t));
@@ -177,6 +179,8 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
         for (int e : split.out_edges) {
           const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
           if (!edge.differentiable) continue;
+          profile::TraceScope wait(trace_.get(), session_->device(d).name(), "recv grad " + edge.name,
+                                   profile::category::kCollective, edge.type.bytes());
           ASPEN_ASSIGN_OR_RETURN(Tensor g, ch.take(e, m, true, where + ": waiting for the gradient of " + edge.name +
                                                                    " from stage " + std::to_string(edge.to)));
           grads.emplace(train::kPipeGradPrefix + std::to_string(e), std::move(g));
@@ -208,6 +212,10 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
         counts.push_back(t->numel());
       }
       const std::vector<int> owners(tensors.size(), 0);
+      int64_t bytes = 0;
+      for (int64_t c : counts) bytes += 4 * c;
+      profile::TraceScope scope(trace_.get(), session_->device(d).name(), "reduce gradients",
+                                profile::category::kCollective, bytes);
       return dp_group(st)->reduce_to_owners(r, tensors, counts, owners);
     };
     Status work = session_->for_each_replica([&](int d) {
