@@ -459,6 +459,8 @@ Status parse_json(const std::string& path, std::string_view text, json* out) {
     *out = json::parse(text);
   } catch (const json::parse_error& e) {
     return corrupt(path, "well-formed JSON", "a parse error at byte " + std::to_string(e.byte));
+  } catch (const json::exception& e) {  // e.g. a number too large for any JSON number type (found by fuzzing)
+    return corrupt(path, "well-formed JSON with representable numbers", e.what());
   }
   return Status::ok();
 }

@@ -322,6 +322,13 @@ TEST(TokenizerErrors, CorruptTokenizerJsonNamesFileAndKey) {
   EXPECT_EQ(s.expected(), "well-formed JSON");
   EXPECT_EQ(s.found(), "a parse error at byte 11");
 
+  // A number no JSON number type holds (found by fuzzing): a Status, not a thrown exception.
+  s = load_json_text("n.json", "{\"version\": 11121e11111111111111111111112222222}");
+  EXPECT_EQ(s.code(), Code::kCorrupt);
+  EXPECT_EQ(s.subject(), dir + "n.json");
+  EXPECT_EQ(s.expected(), "well-formed JSON with representable numbers");
+  EXPECT_NE(s.found().find("number overflow"), std::string::npos) << s.found();
+
   s = load_json_text("b.json", "{\"version\": \"1.0\"}");
   EXPECT_EQ(s.code(), Code::kCorrupt);
   EXPECT_EQ(s.message(), dir + "b.json: model: expected an object, found none");
