@@ -68,6 +68,26 @@ train::TrainConfig tiny_config(const std::string& run_dir) {
   return c;
 }
 
+// tiny_config laid out over `replicas` x `stages` x `tp` devices of one
+// thread, each step a global batch of `batch` examples in micro-batches of
+// `micro` (accumulation fills the rest); SGD with momentum when `sgd`.
+train::TrainConfig layout_config(const std::string& dir, int64_t replicas, int64_t stages, int64_t tp, int64_t micro,
+                                 int64_t batch, bool sgd) {
+  train::TrainConfig c = tiny_config(dir);
+  if (sgd) {
+    c.optimizer.name = "sgd";
+    c.optimizer.lr = 0.05;
+    c.optimizer.momentum = 0.9;
+  }
+  c.batch.micro = micro;
+  c.batch.replicas = replicas;
+  c.batch.accumulation = batch / (micro * replicas);
+  c.parallel.pipeline_stages = stages;
+  c.parallel.tensor_parallel = tp;
+  c.train.threads = 1;
+  return c;
+}
+
 Result<TrainResult> train(const train::TrainConfig& c, bool resume = false, int64_t stop_at = 0) {
   std::ostringstream sink;
   ASPEN_ASSIGN_OR_RETURN(auto t, Trainer::create(c, {.resume = resume, .out = &sink, .stop_at = stop_at}));
@@ -252,12 +272,7 @@ TEST(Trainer, BadLayoutsNameTheNumbers) {
 TEST(Trainer, DataParallelEqualsAccumulationAndResumesAcrossLayouts) {
   TempDir one("one"), two("two"), mixed("mixed");
   auto layout = [](const std::string& dir, int64_t replicas) {
-    train::TrainConfig c = tiny_config(dir);
-    c.batch.micro = 2;
-    c.batch.replicas = replicas;
-    c.batch.accumulation = 2 / replicas;
-    c.train.threads = 1;
-    return c;
+    return layout_config(dir, replicas, 1, 1, /*micro=*/2, /*batch=*/4, false);
   };
   auto r1 = train(layout(one.path, 1));
   ASSERT_TRUE(r1.is_ok()) << r1.status().to_string();
@@ -293,16 +308,7 @@ TEST(Trainer, DataParallelEqualsAccumulationAndResumesAcrossLayouts) {
 TEST(Trainer, CheckpointsMoveBetweenLayouts) {
   TempDir straight("relayout_straight"), moved("relayout_moved");
   auto layout = [](const std::string& dir, int64_t replicas, int64_t stages) {
-    train::TrainConfig c = tiny_config(dir);
-    c.optimizer.name = "sgd";
-    c.optimizer.lr = 0.05;
-    c.optimizer.momentum = 0.9;
-    c.batch.micro = 2;
-    c.batch.replicas = replicas;
-    c.batch.accumulation = 2 / replicas;
-    c.parallel.pipeline_stages = stages;
-    c.train.threads = 1;
-    return c;
+    return layout_config(dir, replicas, stages, 1, /*micro=*/2, /*batch=*/4, true);
   };
   auto ra = train(layout(straight.path, 1, 1));
   ASSERT_TRUE(ra.is_ok()) << ra.status().to_string();
@@ -325,16 +331,7 @@ TEST(Trainer, CheckpointsMoveBetweenLayouts) {
 TEST(Trainer, ReplicasOfTensorShardsEqualOneDevice) {
   TempDir one("dptp_one"), grid("dptp_grid");
   auto layout = [](const std::string& dir, int64_t replicas, int64_t tp) {
-    train::TrainConfig c = tiny_config(dir);
-    c.optimizer.name = "sgd";
-    c.optimizer.lr = 0.05;
-    c.optimizer.momentum = 0.9;
-    c.batch.micro = 2;
-    c.batch.replicas = replicas;
-    c.batch.accumulation = 2 / replicas;
-    c.parallel.tensor_parallel = tp;
-    c.train.threads = 1;
-    return c;
+    return layout_config(dir, replicas, 1, tp, /*micro=*/2, /*batch=*/4, true);
   };
   auto r1 = train(layout(one.path, 1, 1));
   ASSERT_TRUE(r1.is_ok()) << r1.status().to_string();
@@ -352,17 +349,7 @@ TEST(Trainer, ReplicasOfTensorShardsEqualOneDevice) {
 TEST(Trainer, CheckpointsMoveFromReplicasAndStagesToTensorShardsToOneDevice) {
   TempDir straight("tp_straight"), moved("tp_moved");
   auto layout = [](const std::string& dir, int64_t replicas, int64_t stages, int64_t tp) {
-    train::TrainConfig c = tiny_config(dir);
-    c.optimizer.name = "sgd";
-    c.optimizer.lr = 0.05;
-    c.optimizer.momentum = 0.9;
-    c.batch.micro = 1;
-    c.batch.replicas = replicas;
-    c.batch.accumulation = 4 / replicas;
-    c.parallel.pipeline_stages = stages;
-    c.parallel.tensor_parallel = tp;
-    c.train.threads = 1;
-    return c;
+    return layout_config(dir, replicas, stages, tp, /*micro=*/1, /*batch=*/4, true);
   };
   auto ra = train(layout(straight.path, 1, 1, 1));
   ASSERT_TRUE(ra.is_ok()) << ra.status().to_string();

@@ -606,10 +606,13 @@ Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<st
   }
   out.sq.assign(programs_.params.size(), 0.0f);
   // The gradient exchange, one trace event per device (the profile shows it beside the programs).
-  int64_t grad_bytes = 0;
-  for (int64_t c : grad_counts_) grad_bytes += 4 * c;
   profile::TraceScope scope(dp_ || tensor_shards() > 1 ? trace_.get() : nullptr, session_->device(l).name(),
-                            "reduce gradients", profile::category::kCollective, grad_bytes);
+                            "reduce gradients", profile::category::kCollective);
+  if (scope.active()) {
+    int64_t grad_bytes = 0;
+    for (int64_t c : grad_counts_) grad_bytes += 4 * c;
+    scope.set_bytes(grad_bytes);
+  }
   if (tensor_shards() > 1) {
     // A whole weight's gradient: each shard has its part (a cut weight's is whole).
     for (size_t i = 0; i < tp_replicated_.size(); ++i)

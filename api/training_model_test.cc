@@ -326,13 +326,6 @@ TEST(TrainingModel, BadInputsNameThemselves) {
   EXPECT_EQ(bad.status().subject(), "training graph: output 'loss'");
 }
 
-}  // namespace
-}  // namespace aspen::api
-
-namespace aspen::api {
-namespace {
-
-using namespace testing;  // NOLINT: the helpers of this test
 
 // Four replicas of one thread in one process need four cores from the budget;
 // CI machines have two, so this binary oversubscribes on purpose (before any
@@ -458,13 +451,6 @@ TEST(DataParallel, AFailingReplicaStopsTheGroupWithItsError) {
   EXPECT_EQ(TrainingModel::create(g.g, dp, topk).status().code(), Code::kUnimplemented);
 }
 
-}  // namespace
-}  // namespace aspen::api
-
-namespace aspen::api {
-namespace {
-
-using namespace testing;  // NOLINT: the helpers of this test
 
 // Pipeline stages (cut automatically between blocks; GPT-2's tied wte used by
 // the first and the last stage) equal one device accumulating the same
@@ -490,24 +476,11 @@ TEST(Pipeline, StagesEqualOneDeviceWithAccumulation) {
         const auto wp = train_weights(one, t, 4, 5, &sp);
         ASSERT_FALSE(wp.empty());
         EXPECT_LT(max_rel_diff(wp, w1), adam ? 1e-4 : 1e-5);
-        ASSERT_EQ(sp.size(), 5u);
-        for (size_t i = 0; i < 5; ++i) {
-          EXPECT_NEAR(sp[i].loss, s1[i].loss, 1e-5 * s1[i].loss) << "step " << i + 1;
-          if (adam) {
-            EXPECT_NEAR(sp[i].grad_norm, s1[i].grad_norm, 1e-4 * s1[i].grad_norm) << "step " << i + 1;
-          }
-        }
+        expect_steps_near(sp, s1, 1e-5, adam ? 1e-4 : 0.0);
       }
   }
 }
 
-}  // namespace
-}  // namespace aspen::api
-
-namespace aspen::api {
-namespace {
-
-using namespace testing;  // NOLINT: the helpers of this test
 
 // Data parallel x pipeline: 2 replicas of 2 stages (4 devices) with 2
 // micro-batches each take the micro-batches one device accumulating 4 takes.
@@ -528,8 +501,7 @@ TEST(Pipeline, ReplicasOfAPipelineEqualOneDevice) {
     const auto w2 = train_weights(dp, t, 4, 5, &s2);
     ASSERT_FALSE(w1.empty() || w2.empty());
     EXPECT_LT(max_rel_diff(w2, w1), adam ? 1e-4 : 1e-5);
-    ASSERT_EQ(s2.size(), 5u);
-    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(s2[i].loss, s1[i].loss, 1e-5 * s1[i].loss) << "step " << i + 1;
+    expect_steps_near(s2, s1, 1e-5);
   }
 }
 
@@ -580,13 +552,6 @@ TEST(Pipeline, StageTagsDecideTheCut) {
   EXPECT_EQ(train::split_pipeline(g, 3, "loss").status().code(), Code::kInvalidArgument);
 }
 
-}  // namespace
-}  // namespace aspen::api
-
-namespace aspen::api {
-namespace {
-
-using namespace testing;  // NOLINT: the helpers of this test
 
 // Megatron tensor parallel over 3 shards (gpt2-tiny's 3 heads): each shard
 // holds its heads and MLP units, the row-parallel products are all-reduced,
@@ -614,23 +579,10 @@ TEST(TensorParallel, ShardsEqualOneDevice) {
     // divides by 3 (not exact in f32), and Adam normalises that noise to
     // full-size steps.
     EXPECT_LT(max_rel_diff(w3, w1), adam ? 2e-3 : 1e-5);
-    ASSERT_EQ(s3.size(), 5u);
-    for (size_t i = 0; i < 5; ++i) {
-      EXPECT_NEAR(s3[i].loss, s1[i].loss, 1e-5 * s1[i].loss) << "step " << i + 1;
-      if (adam) {
-        EXPECT_NEAR(s3[i].grad_norm, s1[i].grad_norm, 1e-4 * s1[i].grad_norm) << "step " << i + 1;
-      }
-    }
+    expect_steps_near(s3, s1, 1e-5, adam ? 1e-4 : 0.0);
   }
 }
 
-}  // namespace
-}  // namespace aspen::api
-
-namespace aspen::api {
-namespace {
-
-using namespace testing;  // NOLINT: the helpers of this test
 
 // The profile shows each device's gradient exchange (data parallel) and its
 // waits for activations and gradients (pipeline) beside its programs.

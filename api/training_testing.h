@@ -161,6 +161,19 @@ inline std::map<std::string, Tensor> train_weights(const Options& options, const
   return weights;
 }
 
+// Each step's loss within loss_tol relative of the reference's and, when
+// norm_tol > 0, its gradient norm within norm_tol relative.
+inline void expect_steps_near(const std::vector<StepStats>& got, const std::vector<StepStats>& want, double loss_tol,
+                              double norm_tol = 0.0) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i].loss, want[i].loss, loss_tol * want[i].loss) << "step " << i + 1;
+    if (norm_tol > 0) {
+      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, norm_tol * want[i].grad_norm) << "step " << i + 1;
+    }
+  }
+}
+
 inline double max_rel_diff(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
   EXPECT_EQ(a.size(), b.size());
   double worst = 0.0;

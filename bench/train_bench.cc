@@ -184,6 +184,38 @@ std::string matmul_summary(const std::vector<profile::TraceEvent>& events, const
 }
 
 // Compiles and times one dtype; runs in the child process.
+// A random batch of the shape's tokens and targets (the same for every run).
+struct RandomBatch {
+  Tensor ids, pos, targets;
+};
+RandomBatch random_batch(const TrainShape& s) {
+  const int64_t BT = s.batch * s.seq;
+  RandomBatch b{Tensor(DType::i32, {s.batch, s.seq}), Tensor(DType::i32, {s.batch, s.seq}), Tensor(DType::i32, {BT})};
+  for (int64_t i = 0; i < BT; ++i) {
+    b.ids.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 0, uint64_t(i)) % uint32_t(s.config.vocab));
+    b.targets.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 1, uint64_t(i)) % uint32_t(s.config.vocab));
+    b.pos.span<int32_t>()[size_t(i)] = int32_t(i % s.seq);
+  }
+  return b;
+}
+
+// Times `steps` calls of `step` (each returning its seconds) into r's
+// median and best step and their tokens/s for `tokens` per step.
+Status time_steps(int64_t steps, double tokens, const std::function<Result<double>()>& step, Row& r) {
+  std::vector<double> times;
+  for (int64_t i = 0; i < steps; ++i) {
+    ASPEN_ASSIGN_OR_RETURN(double dt, step());
+    times.push_back(dt);
+  }
+  std::sort(times.begin(), times.end());
+  const size_t n = times.size();
+  r.step_s = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+  r.best_step_s = times.front();
+  r.tokens_per_s = tokens / r.step_s;
+  r.tokens_per_s_best = tokens / r.best_step_s;
+  return Status();
+}
+
 Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBenchOptions& opt) {
   Row r;
   r.dtype = dtype;
@@ -239,17 +271,11 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
     ASPEN_RETURN_IF_ERROR(session->set_parameter(name, t));
   }
 
-  const int64_t BT = s.batch * s.seq;
-  Tensor ids(DType::i32, {s.batch, s.seq}), pos(DType::i32, {s.batch, s.seq}), targets(DType::i32, {BT});
+  const RandomBatch batch = random_batch(s);
   Tensor lr(DType::f32, Shape{});
-  for (int64_t i = 0; i < BT; ++i) {
-    ids.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 0, uint64_t(i)) % uint32_t(s.config.vocab));
-    targets.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 1, uint64_t(i)) % uint32_t(s.config.vocab));
-    pos.span<int32_t>()[size_t(i)] = int32_t(i % s.seq);
-  }
   lr.span<float>()[0] = 1e-4f;
   const std::map<std::string, const Tensor*> inputs = {
-      {"input_ids", &ids}, {"positions", &pos}, {"targets", &targets}, {train::kLrName, &lr}};
+      {"input_ids", &batch.ids}, {"positions", &batch.pos}, {"targets", &batch.targets}, {train::kLrName, &lr}};
 
   auto step = [&]() -> Result<double> {
     const auto start = std::chrono::steady_clock::now();
@@ -260,19 +286,9 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
   };
   ASPEN_RETURN_IF_ERROR(step().status());  // warm-up: first touch of the arena, oneDNN's caches
   trace.set_enabled(true);
-  std::vector<double> times;
-  for (int64_t i = 0; i < opt.steps; ++i) {
-    ASPEN_ASSIGN_OR_RETURN(double dt, step());
-    times.push_back(dt);
-  }
+  ASPEN_RETURN_IF_ERROR(time_steps(opt.steps, double(s.batch * s.seq), step, r));
   if (!std::isfinite(r.loss))
     return Status::error(Code::kInternal, "bench train: " + dtype + " loss", "a finite number", std::to_string(r.loss));
-  std::sort(times.begin(), times.end());
-  const size_t n = times.size();
-  r.step_s = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
-  r.best_step_s = times.front();
-  r.tokens_per_s = double(BT) / r.step_s;
-  r.tokens_per_s_best = double(BT) / r.best_step_s;
   if (opt.profile) r.profile = profile::summary(trace.events(), 15) + matmul_summary(trace.events(), *session);
   r.peak_rss_bytes = peak_rss_bytes();
   return r;
@@ -364,14 +380,9 @@ Result<Row> measure_model(const TrainShape& s, const std::string& dtype, const T
   std::map<std::string, const Tensor*> w;
   for (const auto& [name, tensor] : weights) w.emplace(name, &tensor);
   ASPEN_RETURN_IF_ERROR(model->copy_weights_to_device(w));
-  const int64_t BT = s.batch * s.seq;
-  Tensor ids(DType::i32, {s.batch, s.seq}), pos(DType::i32, {s.batch, s.seq}), targets(DType::i32, {BT});
-  for (int64_t i = 0; i < BT; ++i) {
-    ids.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 0, uint64_t(i)) % uint32_t(s.config.vocab));
-    targets.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 1, uint64_t(i)) % uint32_t(s.config.vocab));
-    pos.span<int32_t>()[size_t(i)] = int32_t(i % s.seq);
-  }
-  const std::map<std::string, const Tensor*> inputs = {{"input_ids", &ids}, {"positions", &pos}, {"targets", &targets}};
+  const RandomBatch batch = random_batch(s);
+  const std::map<std::string, const Tensor*> inputs = {
+      {"input_ids", &batch.ids}, {"positions", &batch.pos}, {"targets", &batch.targets}};
   auto step = [&]() -> Result<double> {
     const auto start = std::chrono::steady_clock::now();
     ASPEN_ASSIGN_OR_RETURN(auto out, model->run(inputs));
@@ -380,17 +391,7 @@ Result<Row> measure_model(const TrainShape& s, const std::string& dtype, const T
     return dt;
   };
   ASPEN_RETURN_IF_ERROR(step().status());  // warm-up
-  std::vector<double> times;
-  for (int64_t i = 0; i < opt.steps; ++i) {
-    ASPEN_ASSIGN_OR_RETURN(double dt, step());
-    times.push_back(dt);
-  }
-  std::sort(times.begin(), times.end());
-  const size_t n = times.size();
-  r.step_s = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
-  r.best_step_s = times.front();
-  r.tokens_per_s = double(BT) / r.step_s;
-  r.tokens_per_s_best = double(BT) / r.best_step_s;
+  ASPEN_RETURN_IF_ERROR(time_steps(opt.steps, double(s.batch * s.seq), step, r));
   r.peak_rss_bytes = peak_rss_bytes();
   return r;
 }

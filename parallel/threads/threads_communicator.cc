@@ -289,22 +289,6 @@ Status ThreadsCommunicator::do_broadcast(void* data, int64_t count, DType dtype,
   return barrier(o, "exit");
 }
 
-Status ThreadsCommunicator::reduce_f32(const void* data, int64_t count, DType dtype, float* out, int root) {
-  ThreadsGroup& g = *group_;
-  if (root < 0 || root >= g.n)
-    return Status::invalid_argument("reduce (threads)", "root in [0, " + std::to_string(g.n) + ")", std::to_string(root));
-  if (dtype != DType::f32 && dtype != DType::bf16)
-    return Status::invalid_argument("reduce (threads)", "dtype f32 or bf16", std::string(dtype_name(dtype)));
-  Op o{Collective::reduce, count, dtype, ReduceOp::sum, root, data, out, ++seq_};
-  ASPEN_RETURN_IF_ERROR(enter(o));
-  if (rank_ == root) {
-    std::vector<const void*> in(static_cast<size_t>(g.n));
-    for (int k = 0; k < g.n; ++k) in[k] = g.slots[k].src;
-    detail::reduce_rows(in, dtype, count, out, DType::f32, 1.0f);
-  }
-  return barrier(o, "exit");
-}
-
 Status ThreadsCommunicator::reduce(void* data, int64_t count, DType dtype, ReduceOp op, int root) {
   ThreadsGroup& g = *group_;
   if (root < 0 || root >= g.n)

@@ -47,11 +47,6 @@ class ThreadsCommunicator final : public Communicator {
   std::string_view backend() const override { return "threads"; }
   void abort(const std::string& reason) override;
 
-  // The f32 sum, in rank order, of every rank's `data` (dtype f32 or bf16),
-  // written to `out` on `root` only (others pass nullptr); no rounding, no
-  // division. The first step of a hierarchical all-reduce.
-  Status reduce_f32(const void* data, int64_t count, DType dtype, float* out, int root);
-
   // In place on `root`: root's data[i] = op over ranks of data[i], added in
   // rank order (the naive loop's bits); the other ranks' buffers are only
   // read. Small messages: root sums alone. Large ones: rank r sums chunk r of
