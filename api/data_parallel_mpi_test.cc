@@ -199,6 +199,138 @@ TEST(DataParallelMpi, MismatchedOptionsAreCaughtAtStartUp) {
   EXPECT_NE(m.status().to_string().find("differs"), std::string::npos) << m.status().to_string();
 }
 
+// --- A model across processes (Options::model_across_processes): one
+// pipeline stage or tensor shard per process. -np 2 and -np 4: 2 stages
+// (1 or 2 replicas); -np 3: 3 stages, and 3 tensor shards (gpt2-tiny's heads).
+
+// One micro-batch (the first of the golden data) as evaluate() takes it.
+struct EvalBatch {
+  Tensor ids, pos, tgt;
+  std::map<std::string, const Tensor*> feeds() const {
+    return {{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}};
+  }
+};
+EvalBatch eval_batch() {
+  const Golden gold = read_golden("gpt2-tiny");
+  const Batches all = shifted(gold, gold.steps);
+  const int64_t S = gold.T - 1;
+  EvalBatch e{Tensor(DType::i32, {1, S}), Tensor(DType::i32, {1, S}), Tensor(DType::i32, {S})};
+  std::copy_n(all.input_ids.data<int32_t>(), S, e.ids.data<int32_t>());
+  std::copy_n(all.positions.data<int32_t>(), S, e.pos.data<int32_t>());
+  std::copy_n(all.targets.data<int32_t>(), S, e.tgt.data<int32_t>());
+  return e;
+}
+
+// Each process runs one stage: the same programs and the same additions as
+// the stages on threads of one process, so the same bits (weights, losses,
+// norms, optimizer state, evaluation), and near one device.
+TEST(ModelAcrossProcesses, PipelineStagesEqualTheInProcessLayout) {
+  const int P = parallel::mpi_world_size(), S = P == 3 ? 3 : 2, R = P / S;
+  Options one;
+  one.threads(1).gradient_accumulation(4);
+  const auto w1 = train_weights(one, sgd(), 4, 4);
+  const EvalBatch eb = eval_batch();
+  for (bool adam : {false, true})
+    for (train::PipelineSchedule schedule : {train::PipelineSchedule::gpipe, train::PipelineSchedule::one_f_one_b}) {
+      SCOPED_TRACE(std::string(adam ? "adamw, clipped" : "sgd") + ", " + train::pipeline_schedule_name(schedule));
+      TrainingOptions t = adam ? clipped_adamw() : sgd();
+      t.pipeline = {S, schedule};
+      Options in;
+      in.threads(1).replication_factor(R).gradient_accumulation(4 / R);
+      std::vector<StepStats> s_in, s_across;
+      std::unique_ptr<TrainingModel> m_in, m_across;
+      const auto w_in = train_weights(in, t, 4, 4, &s_in, 1, &m_in);
+      ASSERT_TRUE(m_in);
+      auto st_in = m_in->copy_optimizer_state_to_host();
+      auto e_in = m_in->evaluate(eb.feeds());
+      ASSERT_TRUE(st_in.is_ok() && e_in.is_ok());
+      const auto wt_in = m_in->weight_types();
+      const auto ot_in = m_in->optimizer_state_types();
+      m_in.reset();  // its R x S devices' cores
+      Options across;
+      across.threads(1).gradient_accumulation(4 / R).mpi(true).model_across_processes(true);
+      const auto w_across = train_weights(across, t, 4, 4, &s_across, R, &m_across);
+      ASSERT_FALSE(w_in.empty() || w_across.empty());
+      ASSERT_TRUE(m_across->model_across_processes());
+      EXPECT_TRUE(bitwise_equal(w_across, w_in));
+      ASSERT_EQ(s_across.size(), s_in.size());
+      for (size_t i = 0; i < s_in.size(); ++i) {
+        EXPECT_EQ(s_across[i].loss, s_in[i].loss) << "step " << i + 1;
+        EXPECT_EQ(s_across[i].grad_norm, s_in[i].grad_norm) << "step " << i + 1;
+      }
+      auto st_across = m_across->copy_optimizer_state_to_host();  // collective: every stage's state
+      ASSERT_TRUE(st_across.is_ok()) << st_across.status().to_string();
+      EXPECT_TRUE(bitwise_equal(*st_across, *st_in));
+      EXPECT_EQ(m_across->weight_types(), wt_in);
+      EXPECT_EQ(m_across->optimizer_state_types(), ot_in);
+      auto e_across = m_across->evaluate(eb.feeds());
+      ASSERT_TRUE(e_across.is_ok()) << e_across.status().to_string();
+      EXPECT_EQ(*e_across, *e_in);
+      expect_same_on_every_rank(w_across);
+      if (!adam) {
+        EXPECT_LT(max_rel_diff(w_across, w1), 1e-5);
+      }
+    }
+}
+
+// Each process one tensor shard: near one device (SGD 1e-5, clipped AdamW
+// 2e-3: see TensorParallel in training_model_test), and every process
+// gathers the same whole weights; evaluation near the in-process shards'.
+TEST(ModelAcrossProcesses, TensorShardsEqualOneDevice) {
+  const int P = parallel::mpi_world_size(), T = 3;
+  ASSERT_EQ(P % T, 0) << "run under mpirun -np 3 (gpt2-tiny has 3 heads)";
+  const int R = P / T;
+  const EvalBatch eb = eval_batch();
+  for (bool adam : {false, true}) {
+    SCOPED_TRACE(adam ? "adamw, clipped" : "sgd");
+    const TrainingOptions t = adam ? clipped_adamw() : sgd();
+    Options one;
+    one.threads(1).gradient_accumulation(4);
+    std::vector<StepStats> s1, s_in, s_across;
+    const auto w1 = train_weights(one, t, 4, 3, &s1);
+    Options in;
+    in.threads(1).replication_factor(R).gradient_accumulation(4 / R).tensor_parallel(T);
+    std::unique_ptr<TrainingModel> m_in, m_across;
+    const auto w_in = train_weights(in, t, 4, 3, &s_in, 1, &m_in);
+    ASSERT_TRUE(m_in);
+    auto e_in = m_in->evaluate(eb.feeds());
+    ASSERT_TRUE(e_in.is_ok());
+    m_in.reset();  // its R x T devices' cores
+    Options across;
+    across.threads(1).gradient_accumulation(4 / R).tensor_parallel(T).mpi(true).model_across_processes(true);
+    const auto w_across = train_weights(across, t, 4, 3, &s_across, R, &m_across);
+    ASSERT_FALSE(w1.empty() || w_in.empty() || w_across.empty());
+    EXPECT_LT(max_rel_diff(w_across, w1), adam ? 2e-3 : 1e-5);
+    EXPECT_LT(max_rel_diff(w_across, w_in), adam ? 2e-3 : 1e-6);
+    expect_steps_near(s_across, s_in, 1e-6, adam ? 1e-5 : 0.0);
+    auto st = m_across->copy_optimizer_state_to_host();  // collective: the shards' parts gathered
+    ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+    EXPECT_EQ(st->size(), m_across->optimizer_state_types().size());
+    auto e_across = m_across->evaluate(eb.feeds());
+    ASSERT_TRUE(e_across.is_ok()) << e_across.status().to_string();
+    EXPECT_NEAR(*e_across, *e_in, 1e-5 * *e_in);
+    expect_same_on_every_rank(w_across);
+  }
+}
+
+// The layout is checked before any compute: processes that are no multiple of
+// stages x shards are refused on every rank, naming the numbers.
+TEST(ModelAcrossProcesses, ProcessesMustFillTheMesh) {
+  const int P = parallel::mpi_world_size();
+  Forward f = forward("gpt2-tiny", 1, 7);
+  TrainingOptions t = sgd();
+  t.pipeline = {P + 1, train::PipelineSchedule::one_f_one_b};
+  Options o;
+  o.threads(1).mpi(true).model_across_processes(true);
+  auto m = TrainingModel::create(f.g, o, t);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().to_string().find("a multiple of stages x shards (" + std::to_string(P + 1) + " x 1"),
+            std::string::npos)
+      << m.status().to_string();
+  o.replication_factor(2);
+  EXPECT_EQ(TrainingModel::create(f.g, o, t).status().code(), Code::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace aspen::api
 

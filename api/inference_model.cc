@@ -26,6 +26,13 @@ Status Options::validate(bool training) const {
                                     "a divisor of device_iterations " + std::to_string(device_iterations_),
                                     std::to_string(output_every_n_));
   if (!training && mpi_) return Status::unimplemented("options.mpi", "setting for an inference model (off)");
+  if (model_across_processes_ && !mpi_)
+    return Status::invalid_argument("options.model_across_processes", "options.mpi on (it spreads a model over the "
+                                    "processes of an MPI job)", "mpi off");
+  if (model_across_processes_ && replication_factor_ != 1)
+    return Status::invalid_argument("options.replication_factor with model_across_processes",
+                                    "1 (one device per process; the processes hold the replicas)",
+                                    std::to_string(replication_factor_));
   ASPEN_RETURN_IF_ERROR(positive("tensor_parallel", tensor_parallel_));
   if (!training && tensor_parallel_ != 1)
     return Status::unimplemented("options.tensor_parallel", "setting for an inference model (1)");

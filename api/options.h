@@ -37,6 +37,13 @@ struct Options {
   // with CausalLmOptions::tensor_parallel equal to it (GPT-2 family); weights
   // and optimizer state cross the API as full tensors (models/tensor_parallel.h).
   int64_t tensor_parallel_ = 1;
+  // Training under mpi: the model spans processes. The stages × shards
+  // devices of one replica are that many processes, one device each, and the
+  // job's P processes hold P / (stages × shards) replicas (the mesh of
+  // parallel/mesh.h over processes: process (d·stages + s)·shards + t runs
+  // stage s, shard t of replica d). replication_factor_ must be 1. Without
+  // it, every process holds whole replicas (all their stages and shards).
+  bool model_across_processes_ = false;
   // Micro-batches per optimizer step (poptorch Training.gradientAccumulation; training only).
   int64_t gradient_accumulation_ = 1;
   OutputMode output_mode_ = OutputMode::final;
@@ -60,6 +67,7 @@ struct Options {
   Options& replication_factor(int64_t n) { replication_factor_ = n; return *this; }
   Options& mpi(bool on) { mpi_ = on; return *this; }
   Options& tensor_parallel(int64_t n) { tensor_parallel_ = n; return *this; }
+  Options& model_across_processes(bool on) { model_across_processes_ = on; return *this; }
   Options& gradient_accumulation(int64_t n) { gradient_accumulation_ = n; return *this; }
   Options& output_mode(OutputMode m, int64_t every_n = 1) { output_mode_ = m; output_every_n_ = every_n; return *this; }
   Options& precision(DType compute, DType partials = DType::f32) { precision_ = compute; partials_type_ = partials; return *this; }

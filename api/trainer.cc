@@ -98,13 +98,26 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     return Status::unimplemented("training under MPI", "build (this one was built without MPI)");
 #endif
   }
-  if (c.batch.replicas % processes != 0)
-    return Status::invalid_argument("config: batch.replicas", "a multiple of the " + std::to_string(processes) +
-                                    " processes of this MPI job", std::to_string(c.batch.replicas),
-                                    "--replicas " + std::to_string(processes) + " (or --set batch.replicas=" +
-                                        std::to_string(processes) + ")");
-  const int64_t local = c.batch.replicas / processes;
+  // Each process holds whole replicas (batch.replicas a multiple of the
+  // processes), or the model spans processes: one stage or tensor shard each
+  // (replicas x stages x shards = processes).
+  const int64_t model_devices = c.parallel.pipeline_stages * c.parallel.tensor_parallel;
+  const bool across = processes > 1 && model_devices > 1 && c.batch.replicas * model_devices == processes;
+  if (!across && c.batch.replicas % processes != 0)
+    return Status::invalid_argument(
+        "config: batch.replicas", "a multiple of the " + std::to_string(processes) +
+                                      " processes of this MPI job, or with the model across processes, replicas x " +
+                                      "stages x shards (" + std::to_string(model_devices) + ") = " +
+                                      std::to_string(processes),
+        std::to_string(c.batch.replicas),
+        "--replicas " + std::to_string(processes) +
+            (model_devices > 1 && processes % model_devices == 0
+                 ? " (whole replicas per process) or --replicas " + std::to_string(processes / model_devices) +
+                       " (the model across processes)"
+                 : std::string()));
+  const int64_t local = across ? 1 : c.batch.replicas / processes;
   t->writer_ = process == 0;
+  t->across_ = across;
   if (c.data.train.empty())
     return config_error("data.train", "a token-shard directory (aspen prepare-data --output DIR)", "nothing");
 
@@ -126,7 +139,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   lo.seed = c.train.seed;
   lo.replicas = c.batch.replicas;
   for (int64_t l = 0; l < local; ++l) {
-    lo.replica = process * local + l;
+    lo.replica = across ? process / model_devices : process * local + l;
     ASPEN_ASSIGN_OR_RETURN(train::DataLoader loader, train::DataLoader::open(c.data.train, lo));
     t->loaders_.push_back(std::make_unique<train::DataLoader>(std::move(loader)));
   }
@@ -185,12 +198,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   ASPEN_ASSIGN_OR_RETURN(const DType compute, dtype_of("precision.compute", c.precision.compute));
   ASPEN_ASSIGN_OR_RETURN(const DType partials, dtype_of("precision.partials", c.precision.partials));
   o.precision(compute, partials).threads(c.train.threads).random_seed(c.train.seed);
-  o.replication_factor(local).mpi(options.mpi).tensor_parallel(c.parallel.tensor_parallel);
+  o.replication_factor(local).mpi(options.mpi).tensor_parallel(c.parallel.tensor_parallel).model_across_processes(across);
   if (c.train.threads == 0 && options.mpi) {
     // Processes of one machine share its cores (OpenMPI says how many there are).
     const char* e = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     const int on_node = e ? std::max(1, std::atoi(e)) : 1;
-    const int devices = int(local * c.parallel.tensor_parallel * c.parallel.pipeline_stages);
+    const int devices = across ? 1 : int(local * c.parallel.tensor_parallel * c.parallel.pipeline_stages);
     o.threads(std::max(1, CoreBudget::global().available() / on_node / devices));
   }
   TrainingOptions to;
@@ -253,8 +266,11 @@ std::string Trainer::trainer_json() const {
 Status Trainer::save() {
   if (!model_) return Status::error(Code::kFailedPrecondition, "Trainer", "a trainer that has not run", "one that finished");
   if (!writer_) {  // every process holds the same weights: process 0 writes them
-    // ZeRO-1: the gathering of the optimizer state is collective.
-    if (model_->optimizer_state_sharded()) return model_->copy_optimizer_state_to_host().status();
+    // The gathering is collective with the model across processes, and for
+    // the optimizer state with ZeRO-1.
+    if (model_->model_across_processes()) ASPEN_RETURN_IF_ERROR(model_->copy_weights_to_host().status());
+    if (model_->optimizer_state_sharded() || model_->model_across_processes())
+      return model_->copy_optimizer_state_to_host().status();
     return Status();
   }
   train::Checkpoint ck;
@@ -475,6 +491,7 @@ Result<TrainResult> Trainer::run() {
   result.tokens_per_s = seconds > 0 ? tokens_per_call * double(result.steps - start) / double(iters) / seconds : 0.0;
   if (last_saved != result.steps) ASPEN_RETURN_IF_ERROR(save());
   if (!writer_) {  // process 0 writes the model and prints the samples
+    if (across_ && result.steps >= total) ASPEN_RETURN_IF_ERROR(model_->copy_weights_to_host().status());  // collective
     final_step_ = result.steps;
     model_.reset();
     return result;

@@ -117,6 +117,7 @@ class Trainer {
   std::vector<std::unique_ptr<train::DataLoader>> loaders_;  // one per local replica, in lockstep
   std::unique_ptr<train::DataLoader> val_loader_;            // the validation split, unreplicated
   bool writer_ = true;  // this process writes files and messages (process 0)
+  bool across_ = false;  // the model spans processes (Options::model_across_processes)
   std::unique_ptr<TrainingModel> model_;
   int64_t batch_ = 0, seq_ = 0, final_step_ = 0;
   std::vector<std::pair<int64_t, double>> train_curve_, val_curve_;

@@ -8,6 +8,9 @@
 #include "compiler/cache.h"
 #include "models/tensor_parallel.h"
 #include "core/check.h"
+#ifdef ASPEN_HAVE_MPI
+#include "parallel/mpi/mpi_communicator.h"
+#endif
 
 namespace aspen::api {
 
@@ -64,24 +67,66 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   const int local = int(options.replication_factor_);
   const bool data_parallel = local > 1 || options.mpi_;
   const int tp = int(options.tensor_parallel_);
+  const int stages = training.pipeline.stages;
+  if (stages < 1) return Status::invalid_argument("training: pipeline stages", ">= 1", std::to_string(stages));
   po.split = data_parallel || tp > 1;  // replicated weights' gradients are summed over the shards first
   po.shards = tp > 1 ? 1 : local;      // tensor shards (and their replicas) each step all their own weights
+  if (options.mpi_) {
+#ifdef ASPEN_HAVE_MPI
+    ASPEN_RETURN_IF_ERROR(parallel::mpi_init(nullptr, nullptr));
+    parallel::CommOptions jo = training.data_parallel.comm;
+    jo.name = "job";
+    ASPEN_ASSIGN_OR_RETURN(m->job_, parallel::MpiCommunicator::world(jo));
+#else
+    return Status::unimplemented("training over MPI", "build (this one was built without MPI; install OpenMPI "
+                                 "with scripts/install-deps.sh and rebuild)");
+#endif
+    // The layout first, before any other group is made (making one is
+    // collective over the job: a process with another layout would wait in it).
+    const std::string layout =
+        "replicas per process " + std::to_string(local) + ", tensor_parallel " + std::to_string(tp) +
+        ", pipeline stages " + std::to_string(stages) + ", model across processes " +
+        std::to_string(int(options.model_across_processes_)) + ", gradient_accumulation " +
+        std::to_string(options.gradient_accumulation_) + ", device_iterations " +
+        std::to_string(options.device_iterations_) + ", shard_optimizer_state " +
+        std::to_string(int(training.data_parallel.shard_optimizer_state));
+    uint64_t lh = 1469598103934665603ull;
+    for (char ch : layout) lh = (lh ^ uint64_t(uint8_t(ch))) * 1099511628211ull;
+    ASPEN_RETURN_IF_ERROR(parallel::check_same_everywhere(*m->job_, lh, "training layout (" + layout + ")"));
+  }
+  if (tp > 1 && stages > 1)
+    return Status::unimplemented("training: tensor_parallel " + std::to_string(tp) + " with pipeline stages",
+                                 "layout in this build (tensor shards, with or without replicas)");
+  if (options.model_across_processes_) {
+    // The mesh over processes: process (d·stages + s)·tp + t.
+    const int M = stages * tp, P = m->job_->size();
+    if (M == 1)
+      return Status::invalid_argument("options.model_across_processes", "pipeline stages or tensor shards to spread",
+                                      "one stage and one shard");
+    if (P % M != 0)
+      return Status::invalid_argument("options.model_across_processes: the " + std::to_string(P) + " processes",
+                                      "a multiple of stages x shards (" + std::to_string(stages) + " x " +
+                                          std::to_string(tp) + " = " + std::to_string(M) + ")",
+                                      std::to_string(P) + " processes");
+    m->spread_rank_ = m->job_->rank() % M;
+#ifdef ASPEN_HAVE_MPI
+    parallel::CommOptions mo = training.data_parallel.comm;
+    mo.name = stages > 1 ? "pipe" : "tensor";
+    ASPEN_ASSIGN_OR_RETURN(auto group, parallel::MpiCommunicator::split(m->job_->rank() / M, m->spread_rank_, mo));
+    if (stages > 1) {
+      m->pipe_comm_ = group.get();
+      m->pipe_group_ = std::move(group);
+    } else {
+      m->tensor_comms_.push_back(std::move(group));
+    }
+#endif
+  }
   if (data_parallel) {
     parallel::DataParallelOptions dpo = training.data_parallel;
     dpo.local = local;
     dpo.mpi = options.mpi_;
+    dpo.mpi_color = m->spread_rank_;  // across processes: the replicas of this stage or shard
     ASPEN_ASSIGN_OR_RETURN(m->dp_, parallel::DataParallelGroup::create(dpo));
-    // The layout first, before any other group is made (making one is
-    // collective over the job: a process with another layout would wait in it).
-    const std::string layout =
-        "tensor_parallel " + std::to_string(options.tensor_parallel_) + ", pipeline stages " +
-        std::to_string(training.pipeline.stages) + ", gradient_accumulation " +
-        std::to_string(options.gradient_accumulation_) + ", device_iterations " +
-        std::to_string(options.device_iterations_) + ", shard_optimizer_state " +
-        std::to_string(int(dpo.shard_optimizer_state));
-    uint64_t lh = 1469598103934665603ull;
-    for (char ch : layout) lh = (lh ^ uint64_t(uint8_t(ch))) * 1099511628211ull;
-    ASPEN_RETURN_IF_ERROR(m->dp_->check_same(0, lh, "training layout (" + layout + ")"));
     if (dpo.compression == parallel::Compression::topk && training.loss_scaling.mode == train::LossScaling::dynamic)
       return Status::unimplemented("training: top-k gradient compression with dynamic loss scaling",
                                    "combination in this build (the error feedback would carry gradients across "
@@ -91,21 +136,16 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     m->zero_ = dpo.shard_optimizer_state && m->dp_->processes() > 1;
     if (m->zero_) po.shards = m->dp_->replicas();
   }
-  const int stages = training.pipeline.stages;
-  if (stages < 1) return Status::invalid_argument("training: pipeline stages", ">= 1", std::to_string(stages));
-  if (tp > 1 && stages > 1)
-    return Status::unimplemented("training: tensor_parallel " + std::to_string(tp) + " with pipeline stages",
-                                 "layout in this build (tensor shards, with or without replicas)");
   if (tp > 1 && m->zero_)
     return Status::unimplemented("training: tensor_parallel with sharded optimizer state",
                                  "layout in this build (each tensor shard keeps its part's state)");
   if (stages > 1 && m->zero_)
     return Status::unimplemented("training: " + std::to_string(stages) + " pipeline stages with sharded optimizer state",
                                  "layout in this build (pipeline stages with replicas keep the whole state)");
-  // With replicas, one data-parallel group per tensor rank or pipeline stage;
-  // dp_ is rank (stage) 0's, the others are made here in the same order on
-  // every process.
-  const int groups = data_parallel ? std::max(tp, stages) : 1;
+  // With replicas in a process, one data-parallel group per tensor rank or
+  // pipeline stage; dp_ is rank (stage) 0's, the others are made here in the
+  // same order on every process.
+  const int groups = data_parallel && !m->spread() ? std::max(tp, stages) : 1;
   for (int k = 1; k < groups; ++k) {
     parallel::DataParallelOptions dpo = training.data_parallel;
     dpo.local = local;
@@ -154,6 +194,35 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     for (size_t k = 0; k < m->programs_.shards.size(); ++k)
       if (m->programs_.shards[k].step >= 0 && int(k) / local != m->dp_->process())
         graphs[size_t(m->programs_.shards[k].step)] = &placeholder;
+  // Every weight's and optimizer state's type, and which names each stage uses.
+  for (const graph::Graph* g : all_graphs)
+    for (int32_t i : g->parameter_nodes()) {
+      const graph::Node& n = g->node(i);
+      if (!train::is_state_name(n.name) || has_prefix(n.name, train::kOptimizerPrefix))
+        m->all_types_.emplace(n.name, std::make_pair(g->type(n.outputs[0]).dtype, g->type(n.outputs[0]).shape));
+    }
+  if (m->pipe_) {
+    m->stage_uses_.resize(size_t(stages));
+    for (int st = 0; st < stages; ++st) {
+      const train::PipelinePrograms::Stage& sp = m->pipe_->stages[size_t(st)];
+      for (int prog : {sp.forward, sp.backward_first, sp.backward_next, sp.norm, sp.step})
+        if (prog >= 0)
+          for (int32_t n : m->pipe_->graphs[size_t(prog)].parameter_nodes())
+            m->stage_uses_[size_t(st)].insert(m->pipe_->graphs[size_t(prog)].node(n).name);
+    }
+  }
+  // Pipeline stages across processes: this process compiles its stage's
+  // programs only (placeholders keep the others' numbers), and evaluates
+  // through the stages' forward programs.
+  if (m->spread() && m->pipe_) {
+    for (int st = 0; st < stages; ++st) {
+      if (st == m->spread_rank_) continue;
+      const train::PipelinePrograms::Stage& sp = m->pipe_->stages[size_t(st)];
+      for (int prog : {sp.forward, sp.backward_first, sp.backward_next, sp.norm, sp.step})
+        if (prog >= 0) graphs[size_t(prog)] = &placeholder;
+    }
+    graphs[size_t(m->eval_program_)] = &placeholder;
+  }
 
   compiler::CompileOptions copts;
   copts.opt_level = options.opt_level_;
@@ -173,7 +242,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     }
     exes.push_back(std::move(exe));
   }
-  if (data_parallel) {
+  if (m->job_) {
     const parallel::DataParallelOptions& dpo = m->dp_->options();
     // Every process must run the same programs with the same host decisions.
     uint64_t h = 1469598103934665603ull;
@@ -196,32 +265,38 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
                              " " + std::to_string(int(dpo.shard_optimizer_state)) + " " +
                              std::to_string(dpo.topk_ratio);
     for (char c : host) mix(uint64_t(uint8_t(c)));
-    ASPEN_RETURN_IF_ERROR(m->dp_->check_same(0, h, "training model (programs, options and schedule)"));
+    ASPEN_RETURN_IF_ERROR(
+        parallel::check_same_everywhere(*m->job_, h, "training model (programs, options and schedule)"));
   }
   if (!options.profile_.empty()) m->trace_ = std::make_unique<profile::TraceRecorder>();
   runtime::SessionOptions sopts;
   sopts.threads = options.threads_;
   sopts.trace = m->trace_.get();
   // Devices: pipeline x data parallel, device r·stages + s; tensor x data parallel, device r·tp + t.
-  sopts.replicas = tp > 1 ? tp * local : stages * local;
+  sopts.replicas = m->spread() ? 1 : tp > 1 ? tp * local : stages * local;
   if (data_parallel) sopts.replica_local = {train::grad_accumulator_name("")};
-  if (data_parallel && stages > 1) {
+  if (data_parallel && stages > 1 && !m->spread()) {
     // A stage's devices hold only the gradients of the parameters their stage uses.
-    std::vector<std::set<std::string>> uses(static_cast<size_t>(stages));
-    for (int st = 0; st < stages; ++st) {
-      const train::PipelinePrograms::Stage& sp = m->pipe_->stages[size_t(st)];
-      for (int prog : {sp.forward, sp.backward_first, sp.backward_next, sp.norm, sp.step})
-        if (prog >= 0)
-          for (int32_t n : m->pipe_->graphs[size_t(prog)].parameter_nodes())
-            uses[size_t(st)].insert(m->pipe_->graphs[size_t(prog)].node(n).name);
-    }
-    sopts.replica_uses = [uses, stages](int device, const std::string& name) {
+    sopts.replica_uses = [uses = m->stage_uses_, stages](int device, const std::string& name) {
       return uses[size_t(device % stages)].count(name) > 0;
     };
   }
   if (tp > 1) sopts.replica_local = {""};  // every shard its own weights, state and gradients
   ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exes), sopts));
-  if (m->pipe_) {
+  if (m->pipe_ && m->spread()) {
+    // Each parameter's gradient ends on its owning stage's process; this
+    // process's device holds its stage's.
+    const auto& params = m->programs_.params;
+    m->owner_.assign(params.size(), 0);
+    for (int st = 0; st < stages; ++st)
+      for (size_t i : m->pipe_->stages[size_t(st)].owned) m->owner_[i] = st;
+    m->grads_.resize(1);
+    for (const std::string& p : params) {
+      m->grad_counts_.push_back(m->all_types_.at(p).second.numel());
+      Tensor* t = m->session_->parameter_of(0, train::grad_accumulator_name(p));
+      m->grads_[0].push_back(t ? t->data<float>() : nullptr);
+    }
+  } else if (m->pipe_) {
     // Each parameter's gradient ends on replica 0 of the stage that owns it
     // (device s); with replicas every device has its own accumulators.
     const auto& params = m->programs_.params;
@@ -241,7 +316,8 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   } else if (tp > 1) {
     parallel::CommOptions co = training.data_parallel.comm;
     co.name = "tensor";
-    for (int r = 0; r < local; ++r) {  // each replica's shards form a tensor group
+    if (m->spread()) ASPEN_RETURN_IF_ERROR(m->session_->set_communicator(0, "tensor", m->tensor_comms_[0].get()));
+    for (int r = 0; r < local && !m->spread(); ++r) {  // each replica's shards form a tensor group
       ASPEN_ASSIGN_OR_RETURN(auto group, parallel::make_threads_group(tp, co));
       for (int t = 0; t < tp; ++t) {
         ASPEN_RETURN_IF_ERROR(m->session_->set_communicator(r * tp + t, "tensor", group[size_t(t)].get()));
@@ -250,11 +326,11 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     }
     const auto& params = m->programs_.params;
     m->owner_.assign(params.size(), 0);
-    m->grads_.resize(size_t(tp * local));
+    m->grads_.resize(size_t(m->session_->replicas()));
     for (const std::string& p : params) {
       m->grad_counts_.push_back(m->session_->parameter_of(0, train::grad_accumulator_name(p))->numel());
       m->tp_replicated_.push_back(models::gpt2_shard_kind(p) == models::ShardKind::replicated);
-      for (int d = 0; d < tp * local; ++d)
+      for (int d = 0; d < m->session_->replicas(); ++d)
         m->grads_[size_t(d)].push_back(m->session_->parameter_of(d, train::grad_accumulator_name(p))->data<float>());
     }
   } else if (m->programs_.split()) {
@@ -286,14 +362,20 @@ Status TrainingModel::copy_weights_to_device(const std::map<std::string, const T
 }
 
 int TrainingModel::tensor_shards() const { return int(options_.tensor_parallel_); }
-int TrainingModel::data_replicas() const { return session_->replicas() / (pipe_ ? int(pipe_->stages.size()) : tensor_shards()); }
-int TrainingModel::data_replica(int device) const { return device / tensor_shards(); }
+int TrainingModel::data_replicas() const {
+  if (spread()) return 1;
+  return session_->replicas() / (pipe_ ? int(pipe_->stages.size()) : tensor_shards());
+}
+int TrainingModel::data_replica(int device) const { return spread() ? 0 : device / tensor_shards(); }
 
 Status TrainingModel::set_full(const std::string& name, const Tensor& full) {
   const int T = tensor_shards();
-  if (T == 1) return session_->set_parameter(name, full);
-  for (int d = 0; d < session_->replicas(); ++d) {  // device r·T + t holds shard t
-    const int r = d % T;
+  if (T == 1) {
+    if (spread() && !session_->parameter_of(0, name) && all_types_.count(name)) return Status();  // another stage's
+    return session_->set_parameter(name, full);
+  }
+  for (int d = 0; d < session_->replicas(); ++d) {  // device r·T + t holds shard t (across processes: one device)
+    const int r = spread() ? spread_rank_ : d % T;
     ASPEN_ASSIGN_OR_RETURN(Tensor part, models::shard_weight(name, full, r, T));
     Tensor* dst = session_->parameter_of(d, name);
     if (!dst) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
@@ -312,7 +394,24 @@ Result<Tensor> TrainingModel::get_full(const std::string& name) const {
   const int T = tensor_shards();
   if (T == 1) return session_->get_parameter(name);
   std::vector<const Tensor*> parts;
-  for (int r = 0; r < T; ++r) parts.push_back(const_cast<runtime::Session&>(*session_).parameter_of(r, name));
+  std::vector<Tensor> gathered;  // across processes: every shard's part, all-gathered
+  if (spread()) {
+    const Tensor* mine = const_cast<runtime::Session&>(*session_).parameter_of(0, name);
+    if (!mine) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
+    if (mine->dtype() != DType::f32)
+      return Status::invalid_argument("parameter '" + name + "'", "f32 (gathered over the tensor shards)",
+                                      std::string(dtype_name(mine->dtype())));
+    std::vector<float> all(size_t(mine->numel() * T));
+    ASPEN_RETURN_IF_ERROR(tensor_comms_[0]->all_gather(mine->raw(), all.data(), mine->numel(), DType::f32));
+    for (int r = 0; r < T; ++r) {
+      Tensor part(DType::f32, mine->shape());
+      std::copy_n(all.data() + size_t(r) * size_t(mine->numel()), mine->numel(), part.data<float>());
+      gathered.push_back(std::move(part));
+    }
+    for (const Tensor& t : gathered) parts.push_back(&t);
+  } else {
+    for (int r = 0; r < T; ++r) parts.push_back(const_cast<runtime::Session&>(*session_).parameter_of(r, name));
+  }
   if (!parts[0]) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
   return models::gather_weight(name, parts);
 }
@@ -346,6 +445,7 @@ Status TrainingModel::copy_optimizer_state_to_device(const std::map<std::string,
 }
 
 Result<std::map<std::string, Tensor>> TrainingModel::copy_weights_to_host() const {
+  if (spread() && pipe_) return gather_spread_pipeline(/*weights=*/true);
   std::map<std::string, Tensor> out;
   for (const compiler::Binding& b : session_->parameters()) {
     if (!is_weight(b.name)) continue;
@@ -356,6 +456,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::copy_weights_to_host() cons
 }
 
 Result<std::map<std::string, Tensor>> TrainingModel::copy_optimizer_state_to_host() const {
+  if (spread() && pipe_) return gather_spread_pipeline(/*weights=*/false);
   std::map<std::string, Tensor> out;
   for (const compiler::Binding& b : session_->parameters()) {
     if (!has_prefix(b.name, train::kOptimizerPrefix)) continue;
@@ -387,6 +488,11 @@ Result<std::map<std::string, Tensor>> TrainingModel::copy_optimizer_state_to_hos
 
 std::map<std::string, std::pair<DType, Shape>> TrainingModel::weight_types() const {
   std::map<std::string, std::pair<DType, Shape>> out;
+  if (spread() && pipe_) {  // every stage's, also those other processes keep
+    for (const auto& [name, type] : all_types_)
+      if (is_weight(name)) out.emplace(name, type);
+    return out;
+  }
   for (const compiler::Binding& b : session_->parameters())
     if (is_weight(b.name)) out.emplace(b.name, full_type(b));
   return out;
@@ -395,6 +501,11 @@ std::map<std::string, std::pair<DType, Shape>> TrainingModel::weight_types() con
 std::map<std::string, std::pair<DType, Shape>> TrainingModel::optimizer_state_types() const {
   if (zero_) return state_types_;  // every shard's, also those kept by other processes
   std::map<std::string, std::pair<DType, Shape>> out;
+  if (spread() && pipe_) {  // every stage's
+    for (const auto& [name, type] : all_types_)
+      if (has_prefix(name, train::kOptimizerPrefix)) out.emplace(name, type);
+    return out;
+  }
   for (const compiler::Binding& b : session_->parameters())
     if (has_prefix(b.name, train::kOptimizerPrefix)) out.emplace(b.name, full_type(b));
   return out;
@@ -413,7 +524,8 @@ Result<std::string> TrainingModel::first_non_finite(const std::string& prefix) c
 
 Result<std::string> TrainingModel::first_non_finite_gradient() const {
   for (size_t i = 0; i < programs_.params.size(); ++i) {
-    const float* g = grads_[size_t(owner_[i])][i];
+    const float* g = spread() ? grads_[0][i] : grads_[size_t(owner_[i])][i];
+    if (!g) continue;  // another process's stage
     for (int64_t k = 0; k < grad_counts_[i]; ++k)
       if (!std::isfinite(g[k])) return programs_.params[i];
   }
@@ -477,6 +589,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::str
 }
 
 Result<float> TrainingModel::evaluate(const std::map<std::string, const Tensor*>& inputs) {
+  if (spread() && pipe_) return evaluate_spread_pipeline(inputs);
   if (tensor_shards() == 1) {
     ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(0, inputs, eval_program_));
     return out.at(training_.loss).data<float>()[0];
@@ -697,11 +810,24 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
       for (int64_t p = 0; p < P; ++p)
         for (int l = 0; l < Ld; ++l) loss_sum += double(all_losses[size_t((p * acc + a) * Ld + l)]);
     s.loss = float(loss_sum / double(acc * P * Ld));
+    // Tensor shards: replica 0's shards' Σg² of their parts (across
+    // processes, all-gathered from the shards of this process's replica).
+    std::vector<std::vector<float>> shard_sq;
+    if (T > 1 && needs_norm()) {
+      const size_t n = programs_.params.size();
+      if (spread()) {
+        std::vector<float> all(n * size_t(T));
+        ASPEN_RETURN_IF_ERROR(tensor_comms_[0]->all_gather(rs[0].sq.data(), all.data(), int64_t(n), DType::f32));
+        for (int t = 0; t < T; ++t) shard_sq.emplace_back(all.begin() + t * n, all.begin() + (t + 1) * n);
+      } else {
+        for (int t = 0; t < T; ++t) shard_sq.push_back(rs[size_t(t)].sq);
+      }
+    }
     float sq_f32 = 0.0f;  // Σ over parameters in order, in f32: the same bits for every layout
     for (size_t i = 0; i < programs_.params.size(); ++i) {
-      if (T > 1 && !tp_replicated_[i]) {  // a cut weight: replica 0's shards' parts, in rank order
+      if (T > 1 && !tp_replicated_[i]) {  // a cut weight: the shards' parts, in rank order
         float part = 0.0f;
-        for (int t = 0; t < T; ++t) part += rs[size_t(t)].sq[i];
+        for (int t = 0; t < T && !shard_sq.empty(); ++t) part += shard_sq[size_t(t)][i];
         sq_f32 += part;
       } else {
         sq_f32 += rs[size_t(owner_[i])].sq[i];
@@ -758,6 +884,7 @@ Status TrainingModel::broadcast_shard_weights(int l) {
 
 void TrainingModel::advance_step_count() {  // the shards read the count; it advances once (train/program.h)
   Tensor* count = session_->parameter_of(0, train::kStepName);
+  if (!count && spread()) return;  // a stage (in its own process) that owns no parameters
   ASPEN_CHECK(count != nullptr);
   count->data<float>()[0] += 1.0f;
 }

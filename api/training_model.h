@@ -45,12 +45,21 @@
 // gradient accumulation on the same data (up to the order of additions).
 // After a failed step the group is aborted and the model unusable.
 //
+// A model across processes (Options::model_across_processes, under mpirun):
+// each process is one device, one pipeline stage or one tensor shard of a
+// replica (process (d·stages + s)·shards + t), and inputs are its replica's
+// micro-batches (device_iterations × gradient_accumulation). Every process
+// keeps only its stage's or shard's weights and state, so copying weights or
+// optimizer state to the host, evaluate() and run() are collectives: every
+// process of the job calls them, in the same order.
+//
 // Thread-safety: one call at a time.
 #pragma once
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -63,6 +72,10 @@
 #include "train/pipeline.h"
 #include "train/program.h"
 #include "train/schedule.h"
+
+namespace aspen::parallel {
+class MpiCommunicator;
+}
 
 namespace aspen::api {
 
@@ -137,6 +150,9 @@ class TrainingModel {
   int processes() const { return dp_ ? dp_->processes() : 1; }
   // ZeRO-1 across processes is on: this process keeps only its shards' optimizer state.
   bool optimizer_state_sharded() const { return zero_; }
+  // The model spans processes (Options::model_across_processes): copying
+  // weights and state to the host is collective.
+  bool model_across_processes() const { return spread_rank_ >= 0; }
 
   // Model weights by name (f32 master weights; not "optimizer.*", "train.*" or "state.*").
   Status copy_weights_to_device(const std::map<std::string, const Tensor*>& weights);
@@ -159,6 +175,10 @@ class TrainingModel {
   const std::vector<StepStats>& last_steps() const { return last_; }
   const PipelineStats& last_pipeline_stats() const { return pipe_stats_; }
   int pipeline_stages() const { return pipe_ ? int(pipe_->stages.size()) : 1; }
+  // The MPI tag of a message between pipeline stages in different processes
+  // (edge, micro-batch of `micros`, activation or its gradient); micro-batch
+  // `micros` is evaluation's.
+  static int pipe_tag(int edge, int micro, bool grad, int micros) { return (edge * (micros + 1) + micro) * 2 + int(grad); }
 
   // The loss of one micro-batch (inputs in the forward graph's own shapes)
   // with the current weights, changing nothing: validation (on the first
@@ -237,7 +257,7 @@ class TrainingModel {
   // Tensor parallel: the shards' communicators (group "tensor") and, by
   // trained parameter, whether it is replicated (its gradient is summed over
   // the shards) rather than cut.
-  std::vector<std::unique_ptr<parallel::ThreadsCommunicator>> tensor_comms_;
+  std::vector<std::unique_ptr<parallel::Communicator>> tensor_comms_;
   std::vector<bool> tp_replicated_;
   int tensor_shards() const;
   int data_replicas() const;            // replicas in this process (of the whole model's devices)
@@ -254,6 +274,27 @@ class TrainingModel {
   std::map<std::string, std::pair<DType, Shape>> state_types_;  // the whole optimizer state (every shard)
   std::vector<std::vector<std::string>> shard_state_;           // by shard: its state's names (not the step count)
   PipelineStats pipe_stats_;
+  // Options::mpi: every process of the job (the start-up checks).
+  std::unique_ptr<parallel::Communicator> job_;
+  // A model across processes (api/training_spread.cc): this process's stage
+  // or tensor rank in its replica (-1: the model is whole in each process),
+  // and for pipeline stages the replica's stages' group ("pipe").
+  int spread_rank_ = -1;
+  std::unique_ptr<parallel::Communicator> pipe_group_;
+  parallel::MpiCommunicator* pipe_comm_ = nullptr;  // pipe_group_, for its tagged messages
+  bool spread() const { return spread_rank_ >= 0; }
+  // Every weight and optimizer state of the whole model, by name, and with
+  // pipeline stages the names each stage's programs use.
+  std::map<std::string, std::pair<DType, Shape>> all_types_;
+  std::vector<std::set<std::string>> stage_uses_;
+  // The stage that holds a name's value (its owner for a trained parameter's).
+  int holding_stage(const std::string& name) const;
+  // Pipeline stages across processes: the tied parameters' gradients summed
+  // into their owner's, and their new values sent back to the other stages.
+  Status exchange_shared_gradients();
+  Status send_shared_weights();
+  Result<float> evaluate_spread_pipeline(const std::map<std::string, const Tensor*>& inputs);
+  Result<std::map<std::string, Tensor>> gather_spread_pipeline(bool weights) const;
 };
 
 }  // namespace aspen::api

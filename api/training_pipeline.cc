@@ -11,6 +11,9 @@
 
 #include "api/training_model.h"
 #include "core/check.h"
+#ifdef ASPEN_HAVE_MPI
+#include "parallel/mpi/mpi_communicator.h"
+#endif
 
 namespace aspen::api {
 
@@ -25,23 +28,38 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Tensors in flight between stages, by (edge, micro-batch, gradient?). A put
-// never waits (the buffer holds what a schedule has in flight, at most
-// stages micro-batches per edge with 1F1B); a take waits for its tensor, for
-// the group's failure, or for the timeout.
-class Channels {
+// Tensors in flight between the stages of one replica, by (edge,
+// micro-batch, gradient?). A put never waits (the buffer holds what a
+// schedule has in flight, at most stages micro-batches per edge with 1F1B);
+// a take waits for its tensor, for the group's failure, or for the timeout.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // From this stage to stage `to`; take() from stage `from` (a tensor of `type`).
+  virtual Status put(int edge, int micro, bool grad, int to, Tensor t) = 0;
+  virtual Result<Tensor> take(int edge, int micro, bool grad, int from, const graph::TensorType& type,
+                              const std::string& who) = 0;
+  virtual void fail(const std::string& why) = 0;
+  // After the step: every put has been taken.
+  virtual Status flush() { return Status(); }
+};
+
+// Stages of one process: a box under a mutex.
+class Channels final : public Transport {
  public:
   explicit Channels(std::chrono::milliseconds timeout) : timeout_(timeout) {}
 
-  void put(int edge, int micro, bool grad, Tensor t) {
+  Status put(int edge, int micro, bool grad, int /*to*/, Tensor t) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       box_[{edge, micro, grad}] = std::move(t);
     }
     cv_.notify_all();
+    return Status();
   }
 
-  Result<Tensor> take(int edge, int micro, bool grad, const std::string& who) {
+  Result<Tensor> take(int edge, int micro, bool grad, int /*from*/, const graph::TensorType& /*type*/,
+                      const std::string& who) override {
     std::unique_lock<std::mutex> lock(mu_);
     const auto key = std::make_tuple(edge, micro, grad);
     const bool ready = cv_.wait_for(lock, timeout_, [&] { return failed_ || box_.count(key) > 0; });
@@ -61,7 +79,7 @@ class Channels {
     return t;
   }
 
-  void fail(const std::string& why) {
+  void fail(const std::string& why) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!failed_) {
@@ -80,6 +98,35 @@ class Channels {
   bool failed_ = false;
   std::string why_;
 };
+
+#ifdef ASPEN_HAVE_MPI
+// Stages in different processes (Options::model_across_processes): tagged,
+// buffered MPI messages in the replica's "pipe" group, whose rank is the
+// stage, tagged by TrainingModel::pipe_tag.
+class MpiChannels final : public Transport {
+ public:
+  MpiChannels(parallel::MpiCommunicator& comm, int micros) : comm_(comm), micros_(micros) {}
+
+  static int tag(int edge, int micro, bool grad, int micros) { return TrainingModel::pipe_tag(edge, micro, grad, micros); }
+
+  Status put(int edge, int micro, bool grad, int to, Tensor t) override {
+    return comm_.post(t.raw(), int64_t(t.nbytes()), to, tag(edge, micro, grad, micros_));
+  }
+  Result<Tensor> take(int edge, int micro, bool grad, int from, const graph::TensorType& type,
+                      const std::string& who) override {
+    Tensor t(type.dtype, type.shape);
+    Status s = comm_.take(t.raw(), int64_t(t.nbytes()), from, tag(edge, micro, grad, micros_));
+    if (!s.is_ok()) return Status(s).with_context(who);
+    return t;
+  }
+  void fail(const std::string& why) override { comm_.abort(why); }
+  Status flush() override { return comm_.flush(); }
+
+ private:
+  parallel::MpiCommunicator& comm_;
+  int micros_;
+};
+#endif
 
 Tensor scalar(float v) {
   Tensor t(DType::f32, Shape{});
@@ -100,11 +147,17 @@ Tensor micro_batch(const Tensor& t, const Shape& per, int64_t index) {
 Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map<std::string, const Tensor*>& inputs) {
   const train::PipelinePrograms& pp = *pipe_;
   const int S = int(pp.stages.size());
-  const int L = session_->replicas() / S;  // data-parallel replicas in this process
+  const int L = data_replicas();  // data-parallel replicas in this process
+  // Device d runs stage stage_of(d) of local replica replica_of(d) (across
+  // processes: this process's one device runs its stage).
+  auto stage_of = [&](int d) { return spread() ? spread_rank_ : d % S; };
+  auto replica_of = [&](int d) { return spread() ? 0 : d / S; };
+  auto stage_group = [&](int st) { return spread() ? dp_.get() : dp_group(st); };
   const int64_t iters = options_.device_iterations_, acc = options_.gradient_accumulation_;
   // The forward graph's inputs each stage takes, and their per-micro-batch types.
   std::map<std::string, Shape> per;
   for (int s = 0; s < S; ++s) {
+    if (spread() && s != spread_rank_) continue;  // another process's stage (a placeholder here)
     const compiler::Executable& exe = session_->executable(pp.stages[size_t(s)].backward_first);
     for (const compiler::Binding& b : exe.inputs) {
       if (b.name.starts_with("pipe.") || b.name == train::kLossScaleName) continue;
@@ -125,9 +178,21 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
   // ones for shared parameters), by device: what its replicas reduce.
   std::vector<std::vector<std::string>> stage_accumulators(static_cast<size_t>(S));
   for (int st = 0; st < S; ++st) {
+    if (spread() && st != spread_rank_) continue;
     for (const compiler::Binding& b : session_->executable(pp.stages[size_t(st)].backward_first).parameters)
       if (b.name.starts_with(train::grad_accumulator_name(""))) stage_accumulators[size_t(st)].push_back(b.name);
   }
+#ifdef ASPEN_HAVE_MPI
+  if (spread()) {
+    const int top = MpiChannels::tag(int(pp.split.edges.size()), 0, false, int(acc));
+    if (top > pipe_comm_->max_tag())
+      return Status::error(Code::kUnimplemented,
+                           "pipeline across processes: " + std::to_string(pp.split.edges.size()) + " edges x " +
+                               std::to_string(acc) + " micro-batches",
+                           "message tags up to MPI_TAG_UB " + std::to_string(pipe_comm_->max_tag()),
+                           "tag " + std::to_string(top));
+  }
+#endif
   const std::vector<std::vector<train::PipeStep>> order = train::pipeline_order(training_.pipeline.schedule, S, int(acc));
   std::vector<float> losses;
   for (int64_t it = 0; it < iters; ++it) {
@@ -136,14 +201,18 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     s.lr = training_.schedule.at(s.step);
     s.loss_scale = scaler_.scale();
     const Tensor ls = scalar(float(s.loss_scale));
-    std::vector<std::unique_ptr<Channels>> channels;  // by replica
-    for (int r = 0; r < L; ++r) channels.push_back(std::make_unique<Channels>(training_.data_parallel.comm.timeout));
+    std::vector<std::unique_ptr<Transport>> channels;  // by local replica
+#ifdef ASPEN_HAVE_MPI
+    if (spread()) channels.push_back(std::make_unique<MpiChannels>(*pipe_comm_, int(acc)));
+#endif
+    for (int r = int(channels.size()); r < L; ++r)
+      channels.push_back(std::make_unique<Channels>(training_.data_parallel.comm.timeout));
     std::vector<std::vector<float>> micro_losses(static_cast<size_t>(L), std::vector<float>(size_t(acc), 0.0f));
-    pipe_stats_.busy_s.assign(size_t(S * L), 0.0);
+    pipe_stats_.busy_s.assign(size_t(session_->replicas()), 0.0);
     const auto t0 = Clock::now();
     auto stage_work = [&](int d) -> Status {
-      const int r = d / S, st = d % S;
-      Channels& ch = *channels[size_t(r)];
+      const int r = replica_of(d), st = stage_of(d);
+      Transport& ch = *channels[size_t(r)];
       const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
       const train::PipelineStage& split = pp.split.stages[size_t(st)];
       const bool last = st + 1 == S;
@@ -161,8 +230,9 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
             const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
             profile::TraceScope wait(trace_.get(), session_->device(d).name(), "recv " + edge.name,
                                      profile::category::kCollective, edge.type.bytes());
-            ASPEN_ASSIGN_OR_RETURN(Tensor t, ch.take(e, m, false, where + ": waiting for " + edge.name + " from stage " +
-                                                                     std::to_string(edge.from)));
+            ASPEN_ASSIGN_OR_RETURN(Tensor t, ch.take(e, m, false, edge.from, edge.type,
+                                                     where + ": waiting for " + edge.name + " from stage " +
+                                                         std::to_string(edge.from)));
             stash[m].emplace(edge.name, std::move(t));
           }
           std::map<std::string, const Tensor*> feeds;
@@ -171,7 +241,9 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
           const auto b0 = Clock::now();
           ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(d, feeds, prog.forward));
           pipe_stats_.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
-          for (int e : split.out_edges) ch.put(e, m, false, std::move(out.at(pp.split.edges[size_t(e)].name)));
+          for (int e : split.out_edges)
+            ASPEN_RETURN_IF_ERROR(ch.put(e, m, false, pp.split.edges[size_t(e)].to,
+                                         std::move(out.at(pp.split.edges[size_t(e)].name))));
           if (last) micro_losses[size_t(r)][size_t(m)] = out.at(training_.loss).data<float>()[0];
           continue;
         }
@@ -181,8 +253,9 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
           if (!edge.differentiable) continue;
           profile::TraceScope wait(trace_.get(), session_->device(d).name(), "recv grad " + edge.name,
                                    profile::category::kCollective, edge.type.bytes());
-          ASPEN_ASSIGN_OR_RETURN(Tensor g, ch.take(e, m, true, where + ": waiting for the gradient of " + edge.name +
-                                                                   " from stage " + std::to_string(edge.to)));
+          ASPEN_ASSIGN_OR_RETURN(Tensor g, ch.take(e, m, true, edge.to, edge.type,
+                                                   where + ": waiting for the gradient of " + edge.name +
+                                                       " from stage " + std::to_string(edge.to)));
           grads.emplace(train::kPipeGradPrefix + std::to_string(e), std::move(g));
         }
         std::map<std::string, const Tensor*> feeds;
@@ -197,10 +270,12 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
         pipe_stats_.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
         for (int e : split.in_edges) {
           const std::string name = train::kPipeGradPrefix + std::to_string(e);
-          if (auto g = out.find(name); g != out.end()) ch.put(e, m, true, std::move(g->second));
+          if (auto g = out.find(name); g != out.end())
+            ASPEN_RETURN_IF_ERROR(ch.put(e, m, true, pp.split.edges[size_t(e)].from, std::move(g->second)));
         }
         stash.erase(m);
       }
+      ASPEN_RETURN_IF_ERROR(ch.flush());
       if (!dp_) return Status();
       // The stage's gradients over its replicas, into replica 0's copies.
       std::vector<float*> tensors;
@@ -216,13 +291,13 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       for (int64_t c : counts) bytes += 4 * c;
       profile::TraceScope scope(trace_.get(), session_->device(d).name(), "reduce gradients",
                                 profile::category::kCollective, bytes);
-      return dp_group(st)->reduce_to_owners(r, tensors, counts, owners);
+      return stage_group(st)->reduce_to_owners(r, tensors, counts, owners);
     };
     Status work = session_->for_each_replica([&](int d) {
       Status r = stage_work(d);
       if (!r.is_ok()) {
         for (auto& ch : channels) ch->fail("device " + std::to_string(d) + ": " + r.message());
-        if (dp_) dp_group(d % S)->abort(d / S, r.message());
+        if (dp_) stage_group(stage_of(d))->abort(replica_of(d), r.message());
       }
       return r;
     });
@@ -232,16 +307,22 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     }
     pipe_stats_.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
     // A parameter several stages use: its later stages' gradients into the owner's, in stage order (replica 0's).
-    for (const train::PipelinePrograms::Shared& sh : pp.shared) {
-      float* into = grads_[size_t(owner_[sh.param])][sh.param];
-      for (const std::string& name : sh.extra) {
-        const int stage = std::stoi(name.substr(name.rfind('@') + 1));
-        const Tensor* t = session_->parameter_of(stage, name);
-        ASPEN_CHECK(t != nullptr);
-        const float* from = t->data<float>();
-        for (int64_t k = 0; k < grad_counts_[sh.param]; ++k) into[k] += from[k];
+    if (spread()) {
+      ASPEN_RETURN_IF_ERROR(exchange_shared_gradients());
+    } else {
+      for (const train::PipelinePrograms::Shared& sh : pp.shared) {
+        float* into = grads_[size_t(owner_[sh.param])][sh.param];
+        for (const std::string& name : sh.extra) {
+          const int stage = std::stoi(name.substr(name.rfind('@') + 1));
+          const Tensor* t = session_->parameter_of(stage, name);
+          ASPEN_CHECK(t != nullptr);
+          const float* from = t->data<float>();
+          for (int64_t k = 0; k < grad_counts_[sh.param]; ++k) into[k] += from[k];
+        }
       }
     }
+    // Across processes the last stage's losses go to the replica's other stages.
+    if (spread()) ASPEN_RETURN_IF_ERROR(pipe_group_->broadcast(micro_losses[0].data(), acc, DType::f32, S - 1));
     // The loss: every micro-batch's, in the order of its place in the global batch (micro-batch a of replica g is a·R + g).
     std::vector<float> local_losses;  // [acc][L]
     for (int64_t a = 0; a < acc; ++a)
@@ -260,23 +341,26 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     std::vector<float> sums(pp.params.size(), 0.0f);
     if (needs_norm()) {
       ASPEN_RETURN_IF_ERROR(session_->for_each_replica([&](int d) -> Status {
-        const train::PipelinePrograms::Stage& prog = pp.stages[size_t(d % S)];
-        if (d >= S || prog.norm < 0) return Status();  // replica 0 of each stage
+        const train::PipelinePrograms::Stage& prog = pp.stages[size_t(stage_of(d))];
+        if (replica_of(d) != 0 || prog.norm < 0) return Status();  // replica 0 of each stage
         ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(d, {}, prog.norm));
         const Tensor& t = out.at(train::kGradSqNormName);
         for (size_t k = 0; k < prog.owned.size(); ++k) sums[prog.owned[k]] = t.data<float>()[k];
         return Status();
       }));
+      // Across processes each stage has its own entries (the others are 0, so the sum is exact).
+      if (spread()) ASPEN_RETURN_IF_ERROR(pipe_group_->all_reduce(std::span<float>(sums)));
     }
     float sq = 0.0f;
     for (float x : sums) sq += x;
     auto apply = [&](const Tensor& lr, const Tensor& gs) -> Status {
       Status st = session_->for_each_replica([&](int d) -> Status {
-        const int program = pp.stages[size_t(d % S)].step;
-        if (d >= S || program < 0) return Status();  // replica 0 of each stage updates the shared weights
+        const int program = pp.stages[size_t(stage_of(d))].step;
+        if (replica_of(d) != 0 || program < 0) return Status();  // replica 0 of each stage updates the shared weights
         return session_->run_replica(d, {{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, program).status();
       });
       if (st.is_ok()) advance_step_count();
+      if (st.is_ok() && spread()) st = send_shared_weights();
       return st;
     };
     ASPEN_RETURN_IF_ERROR(finish_step(s, double(sq), apply));

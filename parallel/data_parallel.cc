@@ -34,8 +34,9 @@ uint64_t unpack(const float* in) {
   return h;
 }
 
-// All-gathers `value` over `comm` and names the first rank whose value differs from ours.
-Status same_everywhere(Communicator& comm, uint64_t value, const std::string& what, const std::string& shown) {
+}  // namespace
+
+Status check_same_everywhere(Communicator& comm, uint64_t value, const std::string& what, const std::string& shown) {
   std::vector<float> mine(2), all(size_t(2 * comm.size()));
   pack(value, mine.data());
   ASPEN_RETURN_IF_ERROR(comm.all_gather(mine.data(), all.data(), 2, DType::f32));
@@ -43,14 +44,12 @@ Status same_everywhere(Communicator& comm, uint64_t value, const std::string& wh
     if (unpack(all.data() + 2 * r) != value)
       return Status::invalid_argument(
           what + " on process " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()),
-          "the same on every process (" + shown + " here)",
+          shown.empty() ? std::string("the same on every process") : "the same on every process (" + shown + " here)",
           "process " + std::to_string(r) + " differs" +
               (shown.empty() ? std::string() : " (" + std::to_string(unpack(all.data() + 2 * r)) + ")"),
           "start every rank with the same config, options and model");
   return Status();
 }
-
-}  // namespace
 
 DataParallelGroup::~DataParallelGroup() = default;
 
@@ -69,23 +68,28 @@ Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::create(const DataP
   if (options.mpi) {
 #ifdef ASPEN_HAVE_MPI
     ASPEN_RETURN_IF_ERROR(mpi_init(nullptr, nullptr));
-    g->processes_ = mpi_world_size();
-    g->process_ = mpi_world_rank();
-    if (g->processes_ > 1) {
-      CommOptions cross = options.comm;
-      cross.name = options.comm.name + " (mpi)";
-      // The first communicator checks the layout before the others are made
-      // (MPI_Comm_dup is collective: a process with another replica count
-      // would wait in it forever).
-      ASPEN_ASSIGN_OR_RETURN(auto first, MpiCommunicator::world(cross));
-      g->cross_.push_back(std::move(first));
-      ASPEN_RETURN_IF_ERROR(same_everywhere(*g->cross_[0], uint64_t(options.local),
-                                            "data parallel: replicas per process", std::to_string(options.local)));
-      for (int l = 1; l < options.local; ++l) {
-        ASPEN_ASSIGN_OR_RETURN(auto c, MpiCommunicator::world(cross));
-        g->cross_.push_back(std::move(c));
-      }
+    CommOptions cross = options.comm;
+    cross.name = options.comm.name + " (mpi)";
+    // Making a communicator is collective over the job (MPI_Comm_dup or
+    // MPI_Comm_split), so every process makes them, also when its group has
+    // one process; the first checks the layout before the others are made (a
+    // process with another replica count would wait in them forever).
+    auto make = [&]() -> Result<std::unique_ptr<MpiCommunicator>> {
+      if (options.mpi_color < 0) return MpiCommunicator::world(cross);
+      return MpiCommunicator::split(options.mpi_color, mpi_world_rank(), cross);
+    };
+    ASPEN_ASSIGN_OR_RETURN(auto first, make());
+    g->processes_ = first->size();
+    g->process_ = first->rank();
+    if (g->processes_ > 1)
+      ASPEN_RETURN_IF_ERROR(check_same_everywhere(*first, uint64_t(options.local), "data parallel: replicas per process",
+                                                  std::to_string(options.local)));
+    g->cross_.push_back(std::move(first));
+    for (int l = 1; l < options.local; ++l) {
+      ASPEN_ASSIGN_OR_RETURN(auto c, make());
+      g->cross_.push_back(std::move(c));
     }
+    if (g->processes_ == 1) g->cross_.clear();
 #else
     return Status::unimplemented("data parallel over MPI", "build (this one was built without MPI; install OpenMPI "
                                  "with scripts/install-deps.sh and rebuild)");
@@ -249,7 +253,7 @@ Result<std::vector<float>> DataParallelGroup::gather_processes(std::span<const f
 
 Status DataParallelGroup::check_same(int l, uint64_t hash, const std::string& what) {
   if (cross_.empty() || l != 0) return Status();
-  return same_everywhere(*cross_[0], hash, what, "");
+  return check_same_everywhere(*cross_[0], hash, what, "");
 }
 
 void DataParallelGroup::abort(int l, const std::string& reason) {

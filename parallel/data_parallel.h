@@ -43,11 +43,21 @@
 namespace aspen::parallel {
 
 enum class Compression { none, bf16, topk };
+
+// Fails unless every rank of `comm` passes the same `value` (an all-gather);
+// the error names `what`, this rank and the first rank that differs, and
+// shows `shown` (this rank's value as the user knows it) when not empty.
+Status check_same_everywhere(Communicator& comm, uint64_t value, const std::string& what,
+                             const std::string& shown = "");
 const char* compression_name(Compression c);
 
 struct DataParallelOptions {
   int local = 1;        // replicas in this process
   bool mpi = false;     // join the processes of this MPI job (mpi_init first; needs ASPEN_HAVE_MPI)
+  // With mpi: >= 0 joins only the processes that pass the same color (their
+  // replicas of one pipeline stage or tensor shard when a model spans
+  // processes), ordered by world rank; -1: every process of the job.
+  int mpi_color = -1;
   int64_t bucket_bytes = int64_t(25) << 20;  // cross-process all-reduce buckets (DDP's bucket_cap_mb)
   Compression compression = Compression::none;  // of the cross-process all-reduce
   // topk: the fraction of each bucket's entries sent (at least one), in (0, 1].

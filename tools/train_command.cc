@@ -149,7 +149,13 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
           << " tokens; " << task.test.size() << " problems held out\n";
     }
     if (Status s = barrier(mpi); !s.is_ok()) return report(s);
-    const int64_t replicas = a.replicas > 0 ? a.replicas : processes;
+    // By default every process is a replica, or with stages or shards (one
+    // per process) the model spans the processes.
+    const int64_t model_devices = std::max<int64_t>(1, a.stages) * std::max<int64_t>(1, a.tensor_parallel);
+    const int64_t replicas = a.replicas > 0                                                  ? a.replicas
+                             : model_devices > 1 && processes % model_devices == 0 && processes > 1
+                                 ? processes / model_devices
+                                 : processes;
     if (c.batch.micro % replicas != 0) {
       return report(Status::invalid_argument("--replicas", "a divisor of the demo's global batch (16)",
                                              std::to_string(replicas)));
@@ -189,7 +195,13 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   auto trainer = api::Trainer::create(c, to);
   if (!trainer.is_ok()) return report(trainer.status());
   std::string layout;
-  if (c.batch.replicas > 1 || processes > 1)
+  const int64_t model_devices = c.parallel.pipeline_stages * c.parallel.tensor_parallel;
+  const bool across = processes > 1 && model_devices > 1 && c.batch.replicas * model_devices == processes;
+  if (across)
+    layout = ", " + std::to_string(c.batch.replicas) + " replica" + (c.batch.replicas > 1 ? "s" : "") + " across " +
+             std::to_string(processes) + " processes (one " +
+             (c.parallel.pipeline_stages > 1 ? "stage" : "tensor shard") + " each)";
+  else if (c.batch.replicas > 1 || processes > 1)
     layout = ", " + std::to_string(c.batch.replicas) + " replicas (" + std::to_string(processes) + " process" +
              (processes > 1 ? "es" : "") + " x " + std::to_string(c.batch.replicas / processes) + ")";
   if (c.parallel.tensor_parallel > 1) layout += ", " + std::to_string(c.parallel.tensor_parallel) + " tensor shards";

@@ -103,6 +103,16 @@ int mpi_world_size() {
 struct MpiCommunicator::Impl {
   MPI_Comm coll = MPI_COMM_NULL;  // collectives
   MPI_Comm p2p = MPI_COMM_NULL;   // send/recv
+  MPI_Comm tagged = MPI_COMM_NULL;  // post/take
+  int max_tag = 32767;              // MPI_TAG_UB (the standard's least)
+  // post(): messages on their way, each with its own copy of the bytes.
+  struct Posted {
+    std::vector<uint8_t> bytes;
+    MPI_Request req = MPI_REQUEST_NULL;
+    int peer = 0, tag = 0;
+  };
+  std::vector<Posted> posted;
+  uint64_t posts = 0, takes = 0;
   int rank = 0, size = 1;
   int world_rank = 0;
   CommOptions options;
@@ -204,8 +214,11 @@ MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && !impl_->failed) {
+    for (auto& p : impl_->posted)  // flushed, or the group failed (then the messages are moot)
+      if (p.req != MPI_REQUEST_NULL) MPI_Request_free(&p.req);
     MPI_Comm_free(&impl_->coll);
     MPI_Comm_free(&impl_->p2p);
+    MPI_Comm_free(&impl_->tagged);
   }
 }
 
@@ -217,10 +230,16 @@ Result<std::unique_ptr<MpiCommunicator::Impl>> make_impl(MPI_Comm base, CommOpti
                                     std::to_string(options.timeout.count()) + " ms");
   int rc = MPI_Comm_dup(base, &impl->coll);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(base, &impl->p2p);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(base, &impl->tagged);
   if (rc != MPI_SUCCESS)
     return Status::error(Code::kIoError, "mpi group '" + options.name + "'", "MPI_Comm_dup to succeed", mpi_error(rc));
   MPI_Comm_set_errhandler(impl->coll, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(impl->p2p, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(impl->tagged, MPI_ERRORS_RETURN);
+  void* ub = nullptr;
+  int has_ub = 0;
+  MPI_Comm_get_attr(impl->tagged, MPI_TAG_UB, &ub, &has_ub);
+  if (has_ub && ub) impl->max_tag = *static_cast<int*>(ub);
   MPI_Comm_rank(impl->coll, &impl->rank);
   MPI_Comm_size(impl->coll, &impl->size);
   MPI_Comm_rank(MPI_COMM_WORLD, &impl->world_rank);
@@ -391,6 +410,84 @@ Status MpiCommunicator::do_recv(void* data, int64_t count, DType dtype, int peer
   ASPEN_RETURN_IF_ERROR(m.check_failed(subj));
   ASPEN_RETURN_IF_ERROR(m.post(true, data, count * dtype_size(dtype), peer, 0, m.p2p, subj));
   return m.wait(subj, "the matching send from rank " + std::to_string(peer));
+}
+
+int MpiCommunicator::max_tag() const { return impl_->max_tag; }
+
+Status MpiCommunicator::post(const void* data, int64_t bytes, int peer, int tag) {
+  Impl& m = *impl_;
+  const std::string subj = "post #" + std::to_string(++m.posts) + " (tag " + std::to_string(tag) + ") to rank " +
+                           std::to_string(peer) + " (mpi group '" + m.options.name + "', rank " +
+                           std::to_string(m.rank) + " of " + std::to_string(m.size) + ")";
+  ASPEN_RETURN_IF_ERROR(m.check_failed(subj));
+  if (peer < 0 || peer >= m.size || peer == m.rank)
+    return Status::invalid_argument(subj, "a peer in [0, " + std::to_string(m.size) + ") other than this rank",
+                                    std::to_string(peer));
+  if (tag < 0 || tag > m.max_tag)
+    return Status::invalid_argument(subj, "a tag in [0, " + std::to_string(m.max_tag) + "]", std::to_string(tag));
+  if (bytes < 0 || bytes > INT_MAX)
+    return Status::error(Code::kUnimplemented, subj, "messages below 2 GiB", std::to_string(bytes) + " bytes");
+  // Free what has arrived, so a long schedule keeps only its messages in flight.
+  std::erase_if(m.posted, [](Impl::Posted& p) {
+    int done = 0;
+    MPI_Test(&p.req, &done, MPI_STATUS_IGNORE);
+    return done != 0;
+  });
+  Impl::Posted& p = m.posted.emplace_back();
+  p.bytes.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + bytes);
+  p.peer = peer;
+  p.tag = tag;
+  const int rc = MPI_Isend(p.bytes.data(), static_cast<int>(bytes), MPI_BYTE, peer, tag, m.tagged, &p.req);
+  if (rc != MPI_SUCCESS) {
+    m.posted.pop_back();
+    return m.fail(Status::error(Code::kIoError, subj, "MPI_Isend to succeed", mpi_error(rc)));
+  }
+  return Status();
+}
+
+Status MpiCommunicator::take(void* data, int64_t bytes, int peer, int tag) {
+  Impl& m = *impl_;
+  const std::string subj = "take #" + std::to_string(++m.takes) + " (tag " + std::to_string(tag) + ") from rank " +
+                           std::to_string(peer) + " (mpi group '" + m.options.name + "', rank " +
+                           std::to_string(m.rank) + " of " + std::to_string(m.size) + ")";
+  ASPEN_RETURN_IF_ERROR(m.check_failed(subj));
+  if (peer < 0 || peer >= m.size || peer == m.rank)
+    return Status::invalid_argument(subj, "a peer in [0, " + std::to_string(m.size) + ") other than this rank",
+                                    std::to_string(peer));
+  if (tag < 0 || tag > m.max_tag)
+    return Status::invalid_argument(subj, "a tag in [0, " + std::to_string(m.max_tag) + "]", std::to_string(tag));
+  ASPEN_RETURN_IF_ERROR(m.post(true, data, bytes, peer, tag, m.tagged, subj));
+  return m.wait(subj, "the message of tag " + std::to_string(tag) + " from rank " + std::to_string(peer));
+}
+
+Status MpiCommunicator::flush() {
+  Impl& m = *impl_;
+  const std::string subj = "flush of " + std::to_string(m.posted.size()) + " posted messages (mpi group '" +
+                           m.options.name + "', rank " + std::to_string(m.rank) + " of " + std::to_string(m.size) + ")";
+  ASPEN_RETURN_IF_ERROR(m.check_failed(subj));
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + m.options.timeout;
+  set_activity(m.world_rank, subj, "the receivers of posted messages");
+  for (int polls = 0; !m.posted.empty(); ++polls) {
+    std::erase_if(m.posted, [](Impl::Posted& p) {
+      int done = 0;
+      MPI_Test(&p.req, &done, MPI_STATUS_IGNORE);
+      return done != 0;
+    });
+    if (m.posted.empty()) break;
+    if (polls > 64) sched_yield();
+    if ((polls & 127) == 0 && Clock::now() >= deadline) {
+      std::string missing;
+      for (const Impl::Posted& p : m.posted)
+        missing += (missing.empty() ? "rank " : ", rank ") + std::to_string(p.peer) + " (tag " +
+                   std::to_string(p.tag) + ", " + std::to_string(p.bytes.size()) + " bytes)";
+      return m.fail(Status::error(Code::kDeadlineExceeded, subj,
+                                  "every message received within " + std::to_string(m.options.timeout.count()) + " ms",
+                                  "not yet received by " + missing,
+                                  "a rank died, hangs, or runs another schedule"));
+    }
+  }
+  return Status();
 }
 
 }  // namespace aspen::parallel

@@ -67,6 +67,19 @@ class MpiCommunicator final : public Communicator {
   // Messages of at most this many bytes take the direct path by default.
   static constexpr int64_t kDefaultSmallBytes = 64 << 10;
 
+  // Tagged, buffered point-to-point, for schedules whose sends must not wait
+  // for the receiver (pipeline stages in different processes: a stage sends
+  // an activation forward while its neighbour is sending a gradient back).
+  // post() copies the message and returns at once; take() waits, up to the
+  // timeout, for the message of `tag` from `peer` (messages of one tag and
+  // pair arrive in the order posted); flush() waits until every posted
+  // message has been received. Tags are in [0, max_tag()]. These use their
+  // own MPI communicator, apart from the collectives and send/recv.
+  Status post(const void* data, int64_t bytes, int peer, int tag);
+  Status take(void* data, int64_t bytes, int peer, int tag);
+  Status flush();
+  int max_tag() const;
+
   struct Impl;
 
  protected:

@@ -119,6 +119,46 @@ TEST(MpiCommunicator, SendRecvAroundARing) {
   EXPECT_TRUE(got == random_buffer(count, DType::f32, uint64_t(prev + 90)));
 }
 
+// Tagged messages: both neighbours post before they take (what would deadlock
+// with rendezvous sends), take in another order than posted, and every
+// message arrives whole; flush returns once all were received.
+TEST(MpiCommunicator, PostedMessagesArriveByTagInAnyOrder) {
+  auto comm = MpiCommunicator::world(opts()).value();
+  const int n = comm->size(), r = comm->rank();
+  EXPECT_GE(comm->max_tag(), 32767);
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  const int64_t counts[3] = {1, 777, 300001};
+  for (int tag = 0; tag < 3; ++tag) {
+    const auto mine = random_buffer(counts[tag], DType::f32, uint64_t(100 * r + tag));
+    ASSERT_TRUE(comm->post(mine.data(), int64_t(mine.size()), next, tag).is_ok());  // a copy: mine may go
+  }
+  for (int tag = 2; tag >= 0; --tag) {
+    std::vector<uint8_t> got(size_t(counts[tag]) * 4);
+    ASSERT_TRUE(comm->take(got.data(), int64_t(got.size()), prev, tag).is_ok());
+    EXPECT_TRUE(got == random_buffer(counts[tag], DType::f32, uint64_t(100 * prev + tag))) << "tag " << tag;
+  }
+  EXPECT_TRUE(comm->flush().is_ok());
+  std::vector<uint8_t> b(4);
+  EXPECT_EQ(comm->post(b.data(), 4, r, 0).code(), Code::kInvalidArgument);  // not to itself
+  EXPECT_EQ(comm->post(b.data(), 4, next, -1).code(), Code::kInvalidArgument);
+}
+
+// A take whose message never comes names the tag and the peer.
+TEST(MpiCommunicator, TakeTimesOutNamingTheTag) {
+  CommOptions o = opts();
+  o.timeout = std::chrono::milliseconds(300);
+  o.name = "pipe";
+  auto comm = MpiCommunicator::world(o).value();
+  if (comm->rank() == 0) {
+    std::vector<uint8_t> b(8);
+    Status s = comm->take(b.data(), 8, 1, 42);
+    EXPECT_EQ(s.code(), Code::kDeadlineExceeded);
+    EXPECT_NE(s.message().find("take #1 (tag 42) from rank 1 (mpi group 'pipe', rank 0"), std::string::npos)
+        << s.message();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST(MpiCommunicator, TimeoutNamesTheCollectiveAndTheMissingRank) {
   CommOptions o = opts();
   o.timeout = std::chrono::milliseconds(300);

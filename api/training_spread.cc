@@ -1,0 +1,154 @@
+// TrainingModel with its pipeline stages in different processes
+// (Options::model_across_processes): what crosses between the stages of one
+// replica besides the activations (api/training_pipeline.cc), all over the
+// replica's "pipe" group, whose rank is the stage:
+//  - tied parameters (GPT-2's wte, used by the first and the last stage): the
+//    gradients of the stages that use but do not own one are sent to its
+//    owner and added in stage order (the bits of the in-process layout), and
+//    after the owner's step its new value is sent back;
+//  - evaluation: one micro-batch through the stages' forward programs, the
+//    loss broadcast from the last stage;
+//  - checkpoints: every weight and optimizer tensor broadcast from the stage
+//    that holds it.
+// Every process of a replica calls these in the same order; the message
+// order is fixed by the parameter list, so nothing waits on timing.
+#include <algorithm>
+#include <cstring>
+
+#include "api/training_model.h"
+#include "core/check.h"
+#ifdef ASPEN_HAVE_MPI
+#include "parallel/mpi/mpi_communicator.h"
+#endif
+
+namespace aspen::api {
+
+int TrainingModel::holding_stage(const std::string& name) const {
+  const auto& params = programs_.params;
+  if (auto it = std::find(params.begin(), params.end(), name); it != params.end())
+    return owner_[size_t(it - params.begin())];
+  for (size_t s = 0; s < stage_uses_.size(); ++s)
+    if (stage_uses_[s].count(name)) return int(s);
+  return 0;
+}
+
+Status TrainingModel::exchange_shared_gradients() {
+  for (const train::PipelinePrograms::Shared& sh : pipe_->shared) {
+    const int owner = owner_[sh.param];
+    const int64_t n = grad_counts_[sh.param];
+    std::vector<float> part(static_cast<size_t>(n));
+    for (const std::string& name : sh.extra) {  // "train.grad.<p>@<stage>", in stage order
+      const int stage = std::stoi(name.substr(name.rfind('@') + 1));
+      if (spread_rank_ == stage) {
+        const Tensor* t = session_->parameter_of(0, name);
+        ASPEN_CHECK(t != nullptr);
+        ASPEN_RETURN_IF_ERROR(pipe_group_->send(t->raw(), n, DType::f32, owner));
+      } else if (spread_rank_ == owner) {
+        ASPEN_RETURN_IF_ERROR(pipe_group_->recv(part.data(), n, DType::f32, stage));
+        float* into = grads_[0][sh.param];
+        ASPEN_CHECK(into != nullptr);
+        for (int64_t k = 0; k < n; ++k) into[k] += part[size_t(k)];
+      }
+    }
+  }
+  return Status();
+}
+
+Status TrainingModel::send_shared_weights() {
+  for (const train::PipelinePrograms::Shared& sh : pipe_->shared) {
+    const std::string& name = programs_.params[sh.param];
+    const int owner = owner_[sh.param];
+    for (int s = 0; s < int(stage_uses_.size()); ++s) {
+      if (s == owner || !stage_uses_[size_t(s)].count(name)) continue;
+      if (spread_rank_ != owner && spread_rank_ != s) continue;
+      Tensor* w = session_->parameter_of(0, name);
+      ASPEN_CHECK(w != nullptr);
+      if (spread_rank_ == owner) {
+        ASPEN_RETURN_IF_ERROR(pipe_group_->send(w->raw(), w->numel(), DType::f32, s));
+      } else {
+        ASPEN_RETURN_IF_ERROR(pipe_group_->recv(w->raw(), w->numel(), DType::f32, owner));
+      }
+    }
+  }
+  return Status();
+}
+
+Result<std::map<std::string, Tensor>> TrainingModel::gather_spread_pipeline(bool weights) const {
+  std::map<std::string, Tensor> out;
+  runtime::Session& session = const_cast<runtime::Session&>(*session_);
+  for (const auto& [name, type] : weights ? weight_types() : optimizer_state_types()) {
+    if (type.first != DType::f32)
+      return Status::invalid_argument("'" + name + "' (gathered from its pipeline stage)", "f32",
+                                      std::string(dtype_name(type.first)));
+    Tensor t(type.first, type.second);
+    const int root = holding_stage(name);
+    if (spread_rank_ == root) {
+      const Tensor* mine = session.parameter_of(0, name);
+      ASPEN_CHECK(mine != nullptr && mine->nbytes() == t.nbytes());
+      if (t.nbytes()) std::memcpy(t.raw(), mine->raw(), t.nbytes());
+    }
+    ASPEN_RETURN_IF_ERROR(pipe_group_->broadcast(t.raw(), t.numel(), DType::f32, root));
+    out.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+Result<float> TrainingModel::evaluate_spread_pipeline(const std::map<std::string, const Tensor*>& inputs) {
+#ifdef ASPEN_HAVE_MPI
+  const train::PipelinePrograms& pp = *pipe_;
+  const int S = int(pp.stages.size()), st = spread_rank_;
+  const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
+  const train::PipelineStage& split = pp.split.stages[size_t(st)];
+  // Inputs checked first: a failure after the first message would leave the other stages waiting.
+  const compiler::Executable& exe = session_->executable(prog.forward);
+  std::map<std::string, const Tensor*> feeds;
+  for (const compiler::Binding& b : exe.inputs) {
+    if (b.name.starts_with("pipe.")) continue;
+    auto it = inputs.find(b.name);
+    if (it == inputs.end() || !it->second || it->second->dtype() != b.type.dtype || it->second->shape() != b.type.shape)
+      return Status::invalid_argument("evaluation input '" + b.name + "'", b.type.to_string(),
+                                      it == inputs.end() || !it->second
+                                          ? std::string("none given")
+                                          : std::string(dtype_name(it->second->dtype())) +
+                                                it->second->shape().to_string());
+    feeds.emplace(b.name, it->second);
+  }
+  if (broken_)
+    return Status::error(Code::kFailedPrecondition, "training model", "a model whose stages are working",
+                         "a step failed earlier and aborted the group", "create the model again");
+  const int micros = int(options_.gradient_accumulation_);
+  const int eval_micro = micros;  // the tag evaluation's messages use (training's are 0 .. micros - 1)
+  auto fail = [&](Status s) {
+    pipe_comm_->abort(s.message());
+    broken_ = true;
+    return s;
+  };
+  std::map<std::string, Tensor> received;
+  for (int e : split.in_edges) {
+    const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
+    Tensor t(edge.type.dtype, edge.type.shape);
+    const int tag = pipe_tag(e, eval_micro, false, micros);
+    Status s = pipe_comm_->take(t.raw(), int64_t(t.nbytes()), edge.from, tag);
+    if (!s.is_ok()) return fail(std::move(s).with_context("evaluation, stage " + std::to_string(st)));
+    received.emplace(edge.name, std::move(t));
+  }
+  for (const auto& [name, t] : received) feeds.emplace(name, &t);
+  Result<std::map<std::string, Tensor>> out = session_->run_replica(0, feeds, prog.forward);
+  if (!out.is_ok()) return fail(out.status());
+  for (int e : split.out_edges) {
+    const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
+    const Tensor& t = out->at(edge.name);
+    const int tag = pipe_tag(e, eval_micro, false, micros);
+    if (Status s = pipe_comm_->post(t.raw(), int64_t(t.nbytes()), edge.to, tag); !s.is_ok()) return fail(std::move(s));
+  }
+  if (Status s = pipe_comm_->flush(); !s.is_ok()) return fail(std::move(s));
+  float loss = st + 1 == S ? out->at(training_.loss).data<float>()[0] : 0.0f;
+  if (Status s = pipe_group_->broadcast(&loss, 1, DType::f32, S - 1); !s.is_ok()) return fail(std::move(s));
+  return loss;
+#else
+  (void)inputs;
+  return Status::unimplemented("pipeline stages across processes", "build (this one was built without MPI)");
+#endif
+}
+
+}  // namespace aspen::api
