@@ -234,6 +234,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   to.data_parallel.shard_optimizer_state = c.parallel.shard_optimizer_state;
   to.pipeline.stages = int(c.parallel.pipeline_stages);
   ASPEN_ASSIGN_OR_RETURN(to.pipeline.schedule, train::parse_pipeline_schedule(c.parallel.schedule));
+  to.pipeline.balance =
+      c.parallel.balance == "measured" ? TrainingOptions::Balance::measured : TrainingOptions::Balance::estimated;
   ASPEN_ASSIGN_OR_RETURN(t->model_, TrainingModel::create(forward, o, to));
   std::map<std::string, const Tensor*> w;
   for (const auto& [name, tensor] : weights) w.emplace(name, &tensor);

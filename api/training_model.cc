@@ -5,6 +5,7 @@
 #include <cstring>
 #include <set>
 
+#include "api/pipeline_balance.h"
 #include "compiler/cache.h"
 #include "models/tensor_parallel.h"
 #include "core/check.h"
@@ -155,8 +156,26 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     m->more_dp_.push_back(std::move(g));
   }
   std::vector<const graph::Graph*> graphs;
+  compiler::CompileOptions copts;
+  copts.opt_level = options.opt_level_;
+  copts.compute = options.precision_;
+  copts.partials = options.partials_type_;
+  copts.recompute = options.recompute_;
   if (stages > 1) {
-    ASPEN_ASSIGN_OR_RETURN(train::PipelinePrograms pp, train::build_pipeline_programs(forward, stages, po));
+    train::PipelineCut cut;
+    const bool tagged = std::any_of(forward.nodes().begin(), forward.nodes().end(),
+                                    [](const graph::Node& n) { return n.stage >= 0; });
+    if (training.pipeline.balance == TrainingOptions::Balance::measured && !tagged) {
+      // Process 0 measures (the others wait in the broadcast): one cut for the whole job.
+      std::vector<float> costs(forward.nodes().size(), 0.0f);
+      if (!m->job_ || m->job_->rank() == 0) {
+        ASPEN_ASSIGN_OR_RETURN(MeasuredCosts mc, measure_pipeline_costs(forward, po, copts, int(options.threads_)));
+        for (size_t i = 0; i < costs.size(); ++i) costs[i] = float(mc.node_costs[i]);
+      }
+      if (m->job_) ASPEN_RETURN_IF_ERROR(m->job_->broadcast(costs.data(), int64_t(costs.size()), DType::f32, 0));
+      cut.node_costs.assign(costs.begin(), costs.end());
+    }
+    ASPEN_ASSIGN_OR_RETURN(train::PipelinePrograms pp, train::build_pipeline_programs(forward, stages, po, cut));
     m->pipe_ = std::make_unique<train::PipelinePrograms>(std::move(pp));
     m->programs_.params = m->pipe_->params;
     for (const graph::Graph& g : m->pipe_->graphs) graphs.push_back(&g);
@@ -224,11 +243,6 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     graphs[size_t(m->eval_program_)] = &placeholder;
   }
 
-  compiler::CompileOptions copts;
-  copts.opt_level = options.opt_level_;
-  copts.compute = options.precision_;
-  copts.partials = options.partials_type_;
-  copts.recompute = options.recompute_;
   std::vector<std::unique_ptr<compiler::Executable>> exes;
   for (const graph::Graph* g : graphs) {
     std::unique_ptr<compiler::Executable> exe;

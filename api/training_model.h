@@ -98,9 +98,15 @@ struct TrainingOptions {
   // devices, device r·stages + s running stage s of replica r, and each
   // stage's gradients are reduced over its replicas (in-process and across
   // processes) before replica 0 of the stage steps it.
+  // An untagged model is cut where the stages' costs balance: `estimated`
+  // (multiply-adds and elements, train/pipeline.h) or `measured` (each piece
+  // of the finest cut compiled and timed on this machine first,
+  // api/pipeline_balance.h; under MPI process 0's measurement is used).
+  enum class Balance { estimated, measured };
   struct Pipeline {
     int stages = 1;
     train::PipelineSchedule schedule = train::PipelineSchedule::one_f_one_b;
+    Balance balance = Balance::estimated;
   };
   Pipeline pipeline = {};
   // Data parallel: buckets and compression of the cross-process all-reduce,
@@ -175,6 +181,8 @@ class TrainingModel {
   const std::vector<StepStats>& last_steps() const { return last_; }
   const PipelineStats& last_pipeline_stats() const { return pipe_stats_; }
   int pipeline_stages() const { return pipe_ ? int(pipe_->stages.size()) : 1; }
+  // The stage of each forward-graph node (-1: inputs, parameters, constants): where the cut fell.
+  std::vector<int> pipeline_stage_of() const { return pipe_ ? pipe_->split.stage_of : std::vector<int>{}; }
   // The MPI tag of a message between pipeline stages in different processes
   // (edge, micro-batch of `micros`, activation or its gradient); micro-batch
   // `micros` is evaluation's.

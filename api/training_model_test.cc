@@ -2,6 +2,7 @@
 // models/testdata), gradient accumulation, clipping, loss scaling and the
 // non-finite errors.
 #include "api/training_model.h"
+#include "api/pipeline_balance.h"
 
 #include <gtest/gtest.h>
 
@@ -522,6 +523,74 @@ TEST(Pipeline, SplitsGpt2AtBlockBoundaries) {
       EXPECT_EQ(pp->params[pp->shared[0].param], "transformer.wte.weight");
   }
   EXPECT_EQ(train::build_pipeline_programs(f.g, 100000, {}).status().subject(), "pipeline: stages");
+}
+
+// The cut follows the costs it is given: the finest cut has a piece per
+// narrow point (gpt2-tiny: between and inside its blocks); costs that make
+// the first piece dear move a 2-stage cut to its end; measured costs (every
+// piece compiled and timed) cut where a valid cut can fall, and the stages
+// still train as one device does.
+TEST(Pipeline, CutBalancesGivenAndMeasuredCosts) {
+  ASSERT_TRUE(kCores);
+  Forward f = forward("gpt2-tiny", 1, 7);
+  const int nodes = int(f.g.nodes().size());
+  auto finest = train::split_pipeline(f.g, 0, "loss", {.node_costs = {}, .every_narrow_point = true});
+  ASSERT_TRUE(finest.is_ok()) << finest.status().to_string();
+  const int pieces = int(finest->stages.size());
+  EXPECT_GE(pieces, 4);  // two blocks: at least attention | MLP | attention | MLP
+  for (int i = 1, last = 0; i < nodes; ++i) {  // pieces are runs of nodes in order
+    const int s = finest->stage_of[size_t(i)];
+    if (s < 0) continue;
+    EXPECT_GE(s, last) << "node " << i;
+    last = s;
+  }
+  auto estimated = train::split_pipeline(f.g, 2, "loss");
+  ASSERT_TRUE(estimated.is_ok());
+  std::vector<double> costs(size_t(nodes), 1e-6);
+  int first_piece_nodes = 0;
+  for (int i = 0; i < nodes; ++i)
+    if (finest->stage_of[size_t(i)] == 0) costs[size_t(i)] = 1.0, ++first_piece_nodes;
+  auto dear_first = train::split_pipeline(f.g, 2, "loss", {.node_costs = costs, .every_narrow_point = false});
+  ASSERT_TRUE(dear_first.is_ok()) << dear_first.status().to_string();
+  int on_stage0 = 0, estimated_stage0 = 0;
+  for (int i = 0; i < nodes; ++i) {
+    on_stage0 += dear_first->stage_of[size_t(i)] == 0;
+    estimated_stage0 += estimated->stage_of[size_t(i)] == 0;
+  }
+  EXPECT_EQ(on_stage0, first_piece_nodes);  // cut right after the dear piece
+  EXPECT_NE(on_stage0, estimated_stage0);
+  EXPECT_EQ(train::split_pipeline(f.g, 2, "loss", {.node_costs = {1.0}, .every_narrow_point = false}).status().code(),
+            Code::kInvalidArgument);
+  for (int i = 0; i < nodes; ++i)  // a compute node's (sources cost nothing)
+    if (finest->stage_of[size_t(i)] >= 0) {
+      costs[size_t(i)] = -1.0;
+      break;
+    }
+  EXPECT_EQ(train::split_pipeline(f.g, 2, "loss", {.node_costs = costs, .every_narrow_point = false}).status().code(),
+            Code::kInvalidArgument);
+
+  // Measured: a piece's time per piece, spread over its nodes.
+  train::ProgramOptions po;
+  auto measured = measure_pipeline_costs(f.g, po, {}, 1, 2);
+  ASSERT_TRUE(measured.is_ok()) << measured.status().to_string();
+  ASSERT_EQ(int(measured->piece_s.size()), pieces);
+  for (double t : measured->piece_s) EXPECT_GT(t, 0.0);
+  double spread = 0.0, total = 0.0;
+  for (double c : measured->node_costs) spread += c;
+  for (double t : measured->piece_s) total += t;
+  EXPECT_NEAR(spread, total, 1e-9 * total);
+  // Trained with the measured cut: as one device (any valid cut computes the same).
+  const TrainingOptions sgd = sgd_momentum();
+  Options one;
+  one.threads(1).gradient_accumulation(4);
+  const auto w1 = train_weights(one, sgd, 4, 3);
+  TrainingOptions t = sgd;
+  t.pipeline = {2, train::PipelineSchedule::one_f_one_b, TrainingOptions::Balance::measured};
+  std::unique_ptr<TrainingModel> m;
+  const auto wp = train_weights(one, t, 4, 3, nullptr, 1, &m);
+  ASSERT_FALSE(wp.empty());
+  EXPECT_LT(max_rel_diff(wp, w1), 1e-5);
+  EXPECT_EQ(int(m->pipeline_stage_of().size()), nodes);
 }
 
 // A model with stage tags is cut where the tags say; a tag that sends a value

@@ -71,11 +71,91 @@ Result<Measured> measure(int stages, int micro, train::PipelineSchedule schedule
   return Measured{bubbles[bubbles.size() / 2], walls[walls.size() / 2]};
 }
 
+// `attention_blocks` blocks h = h + attention(p, p, p), p = h · P (causal,
+// heads x head_dim = C) then as many h = h + tanh(h · W), P and W [C, C]; x
+// is [seq, C]; no stage tags. The estimate sees the same matmul in every
+// block and misses attention's T² work. Loss = mean of h².
+Result<graph::Graph> mixed_model(const PipelineBenchOptions& o) {
+  graph::Graph g;
+  graph::Builder b(g);
+  const int64_t T = o.seq, H = o.heads, D = o.head_dim, C = H * D;
+  graph::ValueId h = b.input("x", DType::f32, {T, C});
+  for (int64_t k = 0; k < o.attention_blocks; ++k) {
+    const graph::ValueId wp = b.parameter(fmt::format("att{}.proj", k), DType::f32, {C, C});
+    const graph::ValueId p = b.op1(graph::OpKind::matmul, {h, wp});                 // a projection, as q, k and v
+    const graph::ValueId q = b.transpose(b.reshape(p, {1, T, H, D}), {0, 2, 1, 3});  // [1, H, T, D]
+    graph::Attrs a;
+    a.set("scale", 1.0 / std::sqrt(double(D)));
+    a.set("mask", std::string("causal"));
+    const graph::ValueId att = b.op(graph::OpKind::attention, {q, q, q}, std::move(a))[0];
+    h = b.add(h, b.reshape(b.transpose(att, {0, 2, 1, 3}), {T, C}));
+  }
+  for (int64_t k = 0; k < o.attention_blocks; ++k) {
+    const graph::ValueId w = b.parameter(fmt::format("mm{}.weight", k), DType::f32, {C, C});
+    h = b.add(h, b.tanh(b.op1(graph::OpKind::matmul, {h, w})));
+  }
+  b.output("loss", b.scale(b.reduce_sum(b.mul(h, h), {0, 1}), 1.0 / double(T * C)));
+  ASPEN_RETURN_IF_ERROR(b.status());
+  return g;
+}
+
+struct Balanced {
+  std::vector<double> busy_s;
+  double step_s = 0, imbalance = 0;
+  int stage0_nodes = 0;
+};
+
+Result<Balanced> measure_balance(api::TrainingOptions::Balance balance, const PipelineBenchOptions& o) {
+  ASPEN_ASSIGN_OR_RETURN(const graph::Graph g, mixed_model(o));
+  const int micro = 4;
+  api::Options opts;
+  opts.threads(1).gradient_accumulation(micro);
+  api::TrainingOptions t;
+  t.optimizer.kind = train::OptimizerKind::sgd;
+  t.optimizer.weight_decay = 0.0;
+  t.schedule.lr = 1e-4;
+  t.pipeline = {2, train::PipelineSchedule::one_f_one_b, balance};
+  ASPEN_ASSIGN_OR_RETURN(auto model, api::TrainingModel::create(g, opts, t));
+  std::map<std::string, Tensor> weights;
+  uint64_t stream = 0;
+  const double C = double(o.heads * o.head_dim);
+  for (const auto& [name, type] : model->weight_types()) {
+    Tensor w(type.first, type.second);
+    philox_fill_normal(w.span<float>(), 99, stream++, 0, 0.0f, float(0.5 / std::sqrt(C)));
+    weights.emplace(name, std::move(w));
+  }
+  std::map<std::string, const Tensor*> ptrs;
+  for (const auto& [name, w] : weights) ptrs.emplace(name, &w);
+  ASPEN_RETURN_IF_ERROR(model->copy_weights_to_device(ptrs));
+  Tensor x(DType::f32, {int64_t(micro) * o.seq, o.heads * o.head_dim});
+  philox_fill_normal(x.span<float>(), 7, 0, 0, 0.0f, 1.0f);
+  std::vector<double> walls;
+  std::vector<std::vector<double>> busy;
+  for (int64_t i = 0; i <= o.steps; ++i) {
+    ASPEN_RETURN_IF_ERROR(model->run({{"x", &x}}).status());
+    if (i == 0) continue;
+    walls.push_back(model->last_pipeline_stats().wall_s);
+    busy.push_back(model->last_pipeline_stats().busy_s);
+  }
+  std::vector<size_t> order(walls.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t c) { return walls[a] < walls[c]; });
+  const size_t med = order[order.size() / 2];
+  Balanced r;
+  r.busy_s = busy[med];
+  r.step_s = walls[med];
+  double mx = 0, sum = 0;
+  for (double v : r.busy_s) mx = std::max(mx, v), sum += v;
+  r.imbalance = sum > 0 ? mx / (sum / double(r.busy_s.size())) : 0;
+  for (int st : model->pipeline_stage_of()) r.stage0_nodes += st == 0;
+  return r;
+}
+
 }  // namespace
 
 Status run_pipeline_bench(const PipelineBenchOptions& opt, std::ostream& out) {
   PipelineBenchOptions o = opt;
-  if (o.quick) o.width = 64, o.rows = 8, o.blocks = 1, o.steps = 1;
+  if (o.quick) o.width = 64, o.rows = 8, o.blocks = 1, o.steps = 1, o.seq = 32, o.heads = 2, o.head_dim = 8;
   if (o.steps < 1) return Status::invalid_argument("bench pipeline: steps", ">= 1", std::to_string(o.steps));
   // One thread per stage: a process needs as many cores in its budget as the
   // most stages measured. The budget is sized at first use, so oversubscribe
@@ -109,6 +189,36 @@ Status run_pipeline_bench(const PipelineBenchOptions& opt, std::ostream& out) {
         }
         out.flush();
       }
+  if (!o.balance) return Status();
+  if (!o.json)
+    out << fmt::format(
+        "\n# balance: {} causal attention blocks (T {}, {} heads x {}) then {} matmul blocks [{}, {}], no stage "
+        "tags, 2 stages, 1F1B, 4 micro-batches; busy = each stage's seconds in programs\n{:>10} | {:>10} {:>10} | "
+        "{:>9} | {:>8} | {:>11}\n",
+        o.attention_blocks, o.seq, o.heads, o.head_dim, o.attention_blocks, o.seq, o.heads * o.head_dim, "cut",
+        "stage 0 s", "stage 1 s", "max/mean", "step ms", "stage 0 ops");
+  double estimated_step = 0;
+  for (api::TrainingOptions::Balance bal : {api::TrainingOptions::Balance::estimated,
+                                            api::TrainingOptions::Balance::measured}) {
+    const char* name = bal == api::TrainingOptions::Balance::measured ? "measured" : "estimated";
+    ASPEN_ASSIGN_OR_RETURN(Balanced r, measure_balance(bal, o));
+    if (bal == api::TrainingOptions::Balance::estimated) estimated_step = r.step_s;
+    if (o.json) {
+      nlohmann::ordered_json j = {{"bench", "pipeline_balance"}, {"balance", name},
+                                  {"stages", 2},                 {"busy_s", r.busy_s},
+                                  {"max_over_mean", r.imbalance}, {"step_s", r.step_s},
+                                  {"stage0_nodes", r.stage0_nodes}};
+      if (bal == api::TrainingOptions::Balance::measured) j["speedup_vs_estimated"] = estimated_step / r.step_s;
+      out << j.dump() << "\n";
+    } else {
+      out << fmt::format("{:>10} | {:>10.4f} {:>10.4f} | {:>9.2f} | {:>8.1f} | {:>11}{}\n", name, r.busy_s[0],
+                         r.busy_s[1], r.imbalance, 1e3 * r.step_s, r.stage0_nodes,
+                         bal == api::TrainingOptions::Balance::measured
+                             ? fmt::format("   ({:.2f}x the estimated cut's speed)", estimated_step / r.step_s)
+                             : std::string());
+    }
+    out.flush();
+  }
   return Status();
 }
 

@@ -13,6 +13,14 @@
 //
 // With more stages than cores the stages share cores and the measurement
 // says more about the scheduler than about the pipeline; the table says so.
+//
+// Balance (`--balance`, on by default): an untagged model whose cost the
+// estimate misjudges, `attention_blocks` blocks of a [C, C] projection and
+// causal self-attention (O(T²) work for [T, C] outputs: the estimate counts
+// the outputs) then as many matmul blocks of the same projection's cost, cut into 2 stages by the estimated and by the measured
+// costs (TrainingOptions::pipeline.balance). Each row: the stages' busy
+// seconds, their max / mean (1 is balanced), and the step's wall time; the
+// ratio of the two walls is the measured cut's speed-up.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +38,8 @@ struct PipelineBenchOptions {
   int64_t width = 1024, rows = 128, blocks = 4;  // per stage: blocks of [rows, width] x [width, width]
   int64_t steps = 3;
   bool quick = false;  // width 64, rows 8, 1 block, 1 step: a smoke test
+  bool balance = true;  // also the estimated-against-measured cut (see above)
+  int64_t seq = 1024, heads = 4, head_dim = 64, attention_blocks = 4;
 };
 
 Status run_pipeline_bench(const PipelineBenchOptions& options, std::ostream& out);

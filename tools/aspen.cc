@@ -7,6 +7,7 @@
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
 //   aspen bench generate [--json] [--threads N] [--new-tokens N] [--python PATH]
 //   aspen bench pipeline [--json] [--stages 2,4] [--micro 4,8] [--width N] [--steps N] [--quick]
+//                        [--no-balance] [--seq N]
 //   aspen bench collectives [--json] [--devices 2,4] [--mib 1,16,64] [--no-mpi] [--mpirun PATH] [--quick]
 //   aspen bench train [--json] [--threads N] [--steps N] [--dtype f32|bf16|both] [--python PATH] [--quick]
 //   aspen generate --model DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
@@ -171,6 +172,9 @@ int main(int argc, char** argv) {
   pipe_cmd->add_option("--steps", pbo.steps, "timed steps after one warm-up (default 3)")
       ->check(CLI::Range(int64_t(1), int64_t(1000)));
   pipe_cmd->add_flag("--quick", pbo.quick, "tiny blocks, one step (a smoke test, not a measurement)");
+  pipe_cmd->add_flag("!--no-balance", pbo.balance, "skip the estimated-against-measured cut");
+  pipe_cmd->add_option("--seq", pbo.seq, "the balance model's sequence length (default 1024)")
+      ->check(CLI::Range(int64_t(8), int64_t(16384)));
 
   aspen::bench::CollectivesBenchOptions cbo;
   bool coll_no_mpi = false;

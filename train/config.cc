@@ -98,6 +98,7 @@ void for_each_key(Config& c, Visit&& v) {
   v("parallel", "shard_optimizer_state", c.parallel.shard_optimizer_state, any());
   v("parallel", "pipeline_stages", c.parallel.pipeline_stages, at_least(1));
   v("parallel", "schedule", c.parallel.schedule, one_of({"1f1b", "gpipe"}));
+  v("parallel", "balance", c.parallel.balance, one_of({"estimated", "measured"}));
   v("parallel", "tensor_parallel", c.parallel.tensor_parallel, at_least(1));
 
   v("train", "steps", c.train.steps, at_least(1));

@@ -99,6 +99,7 @@ struct ParallelSection {
   int64_t pipeline_stages = 1;        // > 1: the model cut into this many stages (train/pipeline.h)
   int64_t tensor_parallel = 1;        // > 1: Megatron tensor shards over this many devices (gpt2)
   std::string schedule = "1f1b";      // 1f1b | gpipe: the pipeline's order of micro-batches
+  std::string balance = "estimated";  // estimated | measured: what the automatic cut balances
   bool operator==(const ParallelSection&) const = default;
 };
 struct TrainSection {

@@ -251,6 +251,8 @@ TEST(TrainConfigErrors, OutOfRangeAndUnknownChoices) {
        "cfg.yaml:2: precision.compute: expected one of 'f32', 'bf16', 'f16', found 'fp16' (hint: did you mean 'f16'?)"},
       {"log:\n  progress: tqdm\n",
        "cfg.yaml:2: log.progress: expected one of 'auto', 'bar', 'lines', 'off', found 'tqdm'"},
+      {"parallel:\n  balance: timed\n",
+       "cfg.yaml:2: parallel.balance: expected one of 'estimated', 'measured', found 'timed'"},
   };
   for (const Case& c : cases) {
     Status s = parse_error(c.yaml);
@@ -428,7 +430,7 @@ TEST(TrainConfigExamples, DocsListEveryKey) {
     EXPECT_NE(doc.find("`" + key + "`"), std::string::npos) << key;
     ++keys;
   }
-  EXPECT_EQ(keys, 78);  // 66 keys + 12 section headers
+  EXPECT_EQ(keys, 79);  // 67 keys + 12 section headers
 }
 
 }  // namespace

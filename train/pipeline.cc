@@ -1,5 +1,6 @@
 #include "train/pipeline.h"
 
+#include <cmath>
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -55,8 +56,9 @@ namespace {
 
 bool is_source(OpKind op) { return op == OpKind::input || op == OpKind::parameter || op == OpKind::constant; }
 
-// A rough cost of a node: multiply-adds for products, elements otherwise.
-double node_cost(const Graph& g, const graph::Node& n) {
+}  // namespace
+
+double estimated_node_cost(const Graph& g, const graph::Node& n) {
   if (n.outputs.empty()) return 0.0;
   const double out = double(g.type(n.outputs[0]).shape.numel());
   if (n.op == OpKind::matmul && !n.inputs.empty()) {
@@ -67,12 +69,18 @@ double node_cost(const Graph& g, const graph::Node& n) {
   return out;
 }
 
+namespace {
+
 std::string edge_name(size_t e) { return "pipe." + std::to_string(e); }
 
 }  // namespace
 
-Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::string& loss) {
-  if (stages < 1) return Status::invalid_argument("pipeline: stages", ">= 1", std::to_string(stages));
+Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::string& loss, const PipelineCut& cut) {
+  if (stages < 1 && !cut.every_narrow_point)
+    return Status::invalid_argument("pipeline: stages", ">= 1", std::to_string(stages));
+  if (!cut.node_costs.empty() && cut.node_costs.size() != fwd.nodes().size())
+    return Status::invalid_argument("pipeline: node costs", std::to_string(fwd.nodes().size()) + " (one per node)",
+                                    std::to_string(cut.node_costs.size()));
   const std::optional<ValueId> loss_v = fwd.find_output(loss);
   if (!loss_v)
     return Status::invalid_argument("pipeline: output '" + loss + "'", "the scalar loss", "no output of that name");
@@ -80,7 +88,7 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
   for (int32_t i = 0; i < int32_t(fwd.nodes().size()); ++i)
     if (!is_source(fwd.node(i).op)) compute.push_back(i);
   const int n = int(compute.size());
-  if (n < stages)
+  if (n < stages && !cut.every_narrow_point)
     return Status::invalid_argument("pipeline: stages", "at most the forward graph's " + std::to_string(n) +
                                                             " compute nodes",
                                     std::to_string(stages));
@@ -90,6 +98,9 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
 
   bool tagged = false;
   for (int32_t i : compute) tagged = tagged || fwd.node(i).stage >= 0;
+  if (tagged && cut.every_narrow_point)
+    return Status::invalid_argument("pipeline: a cut at every narrow point", "a graph without stage tags",
+                                    "stage tags (they decide the cut)");
   if (tagged) {
     for (int32_t i : compute) {
       const graph::Node& node = fwd.node(i);
@@ -106,7 +117,14 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
   } else {
     // Cost before each cut, and how many values cross it.
     std::vector<double> prefix(size_t(n) + 1, 0.0);
-    for (int k = 0; k < n; ++k) prefix[size_t(k) + 1] = prefix[size_t(k)] + node_cost(fwd, fwd.node(compute[size_t(k)]));
+    for (int k = 0; k < n; ++k) {
+      const int32_t i = compute[size_t(k)];
+      const double c = cut.node_costs.empty() ? estimated_node_cost(fwd, fwd.node(i)) : cut.node_costs[size_t(i)];
+      if (!(c >= 0.0) || !std::isfinite(c))
+        return Status::invalid_argument("pipeline: the cost of node " + std::to_string(i), "a finite number >= 0",
+                                        std::to_string(c));
+      prefix[size_t(k) + 1] = prefix[size_t(k)] + c;
+    }
     std::vector<int> last_use(size_t(fwd.num_values()), -1);
     for (int k = 0; k < n; ++k)
       for (ValueId v : fwd.node(compute[size_t(k)]).inputs) last_use[size_t(v.index)] = k;
@@ -125,19 +143,54 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
       if (running > 0) fewest = std::min(fewest, running);
     }
     std::vector<int> cuts;  // stage k+1 starts after position cuts[k]
-    int after = -1;
-    for (int k = 1; k < stages; ++k) {
-      const double target = prefix[size_t(n)] * double(k) / double(stages);
-      int best = -1;
-      for (int c = after + 1; c + (stages - k) < n; ++c) {  // leave a node for every later stage
-        if (crossing[size_t(c)] != fewest) continue;
-        if (best < 0 || std::abs(prefix[size_t(c) + 1] - target) < std::abs(prefix[size_t(best) + 1] - target)) best = c;
-      }
-      if (best < 0)
-        return Status::invalid_argument("pipeline: stages", "at most as many as the graph has narrow cut points",
+    if (cut.every_narrow_point) {
+      for (int c = 0; c + 1 < n; ++c)
+        if (crossing[size_t(c)] == fewest) cuts.push_back(c);
+      stages = int(cuts.size()) + 1;
+    }
+    if (!cut.every_narrow_point && stages > 1) {
+      // The cuts among the narrow points that minimise the dearest stage
+      // (then the sum of squared stage costs, so the others balance too): a
+      // linear partition by dynamic programming over the candidates.
+      std::vector<int> cand;
+      for (int c = 0; c + 1 < n; ++c)
+        if (crossing[size_t(c)] == fewest) cand.push_back(c);
+      const int P = int(cand.size()), K = stages - 1;
+      if (P < K)
+        return Status::invalid_argument("pipeline: stages", "at most as many as the graph has narrow cut points (" +
+                                                                std::to_string(P + 1) + ")",
                                         std::to_string(stages), "tag the stages in the model (Builder::set_stage)");
-      cuts.push_back(best);
-      after = best;
+      struct Best {
+        double max = std::numeric_limits<double>::infinity(), sq = 0;
+        int from = -1;
+      };
+      auto better = [](double m1, double q1, const Best& b) {
+        if (!std::isfinite(b.max)) return true;  // nothing yet
+        const double tol = 1e-12 * std::max(1.0, std::abs(b.max));
+        return m1 < b.max - tol || (m1 <= b.max + tol && q1 < b.sq);
+      };
+      auto upto = [&](int j) { return prefix[size_t(cand[size_t(j)]) + 1]; };  // cost before the cut after cand j
+      // f[k][j]: the first k + 1 stages, the (k+1)-th cut after candidate j.
+      std::vector<std::vector<Best>> f(static_cast<size_t>(K), std::vector<Best>(static_cast<size_t>(P)));
+      for (int j = 0; j < P; ++j) f[0][size_t(j)] = {upto(j), upto(j) * upto(j), -1};
+      for (int k = 1; k < K; ++k)
+        for (int j = k; j < P; ++j)
+          for (int i = k - 1; i < j; ++i) {
+            const Best& prev = f[size_t(k - 1)][size_t(i)];
+            const double seg = upto(j) - upto(i);
+            const double m1 = std::max(prev.max, seg), q1 = prev.sq + seg * seg;
+            if (better(m1, q1, f[size_t(k)][size_t(j)])) f[size_t(k)][size_t(j)] = {m1, q1, i};
+          }
+      Best end;
+      int last = -1;
+      for (int j = K - 1; j < P; ++j) {
+        const Best& prev = f[size_t(K - 1)][size_t(j)];
+        const double seg = prefix[size_t(n)] - upto(j);
+        const double m1 = std::max(prev.max, seg), q1 = prev.sq + seg * seg;
+        if (better(m1, q1, end)) end = {m1, q1, j}, last = j;
+      }
+      cuts.assign(size_t(K), 0);
+      for (int k = K - 1, j = last; k >= 0; j = f[size_t(k)][size_t(j)].from, --k) cuts[size_t(k)] = cand[size_t(j)];
     }
     int s = 0;
     for (int k = 0; k < n; ++k) {
@@ -171,6 +224,7 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
   // The stage graphs, node by node in the forward graph's order.
   PipelineSplit split;
   split.stages.resize(size_t(stages));
+  split.stage_of = stage_of;
   std::vector<std::map<int32_t, ValueId>> mapped(static_cast<size_t>(stages));  // value index -> the stage's value
   std::map<std::pair<int32_t, int>, int> edge_of;                   // (value, to-stage) -> edge
   for (int32_t i : compute) {
@@ -307,11 +361,17 @@ Result<Graph> stage_backward(const PipelineSplit& split, int s, const std::vecto
 
 }  // namespace
 
-Result<PipelinePrograms> build_pipeline_programs(const Graph& forward, int stages, const ProgramOptions& o) {
+Result<PipelinePrograms> build_pipeline_programs(const Graph& forward, int stages, const ProgramOptions& o,
+                                                const PipelineCut& cut) {
   if (o.gradient_accumulation < 1)
     return Status::invalid_argument("training: gradient_accumulation", ">= 1", std::to_string(o.gradient_accumulation));
   PipelinePrograms out;
-  ASPEN_ASSIGN_OR_RETURN(out.split, split_pipeline(loss_only(forward, o.loss), stages, o.loss));
+  const Graph fwd = loss_only(forward, o.loss);
+  if (!cut.node_costs.empty() && cut.node_costs.size() != forward.nodes().size())
+    return Status::invalid_argument("pipeline: node costs", std::to_string(forward.nodes().size()) + " (one per node)",
+                                    std::to_string(cut.node_costs.size()));
+  ASPEN_ASSIGN_OR_RETURN(out.split, split_pipeline(fwd, stages, o.loss, cut));
+  stages = int(out.split.stages.size());
   for (int32_t i : forward.parameter_nodes()) {
     const graph::Node& n = forward.node(i);
     if (trainable(n.name, forward.type(n.outputs[0]).dtype)) out.params.push_back(n.name);

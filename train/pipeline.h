@@ -75,13 +75,29 @@ struct PipelineStage {
 struct PipelineSplit {
   std::vector<PipelineStage> stages;
   std::vector<PipelineEdge> edges;
+  std::vector<int> stage_of;  // by forward-graph node: its stage (-1: inputs, parameters, constants)
 };
+
+// How an untagged graph is cut. `node_costs` (by forward-graph node index;
+// empty: estimated_node_cost) is what the cut balances: measured times
+// (api/pipeline_balance.h) or the estimate. `every_narrow_point` cuts at
+// every narrow point instead (the finest automatic cut: the pieces whose
+// times a measurement takes); `stages` is then ignored.
+struct PipelineCut {
+  std::vector<double> node_costs;
+  bool every_narrow_point = false;
+};
+
+// A rough cost of a node: multiply-adds for products, elements otherwise.
+double estimated_node_cost(const graph::Graph& g, const graph::Node& n);
 
 // The cut of `forward` (output `loss`) into `stages` stages. Errors
 // (InvalidArgument naming the numbers): fewer compute nodes than stages, a
 // tagged stage outside [0, stages), a value flowing from a later stage to an
-// earlier one, a stage left empty, a loss not on the last stage.
-Result<PipelineSplit> split_pipeline(const graph::Graph& forward, int stages, const std::string& loss);
+// earlier one, a stage left empty, a loss not on the last stage, node_costs
+// of another length than the graph's nodes.
+Result<PipelineSplit> split_pipeline(const graph::Graph& forward, int stages, const std::string& loss,
+                                     const PipelineCut& cut = {});
 
 inline constexpr const char* kPipeGradPrefix = "pipe.grad.";
 
@@ -107,6 +123,7 @@ struct PipelinePrograms {
 
 // The programs of every stage; options as for build_training_programs (the
 // step is always split: options.split and shards are ignored).
-Result<PipelinePrograms> build_pipeline_programs(const graph::Graph& forward, int stages, const ProgramOptions& options);
+Result<PipelinePrograms> build_pipeline_programs(const graph::Graph& forward, int stages, const ProgramOptions& options,
+                                                const PipelineCut& cut = {});
 
 }  // namespace aspen::train
