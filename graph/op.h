@@ -52,7 +52,9 @@
   /* elementwise, appended later (same shapes in and out; ops_elementwise.cc) */          \
   X(tanh) X(sqrt) X(div)                                                                  \
   /* optimizers appended later (ops_optim.cc), and the sum of squares clipping reads */    \
-  X(sgd) X(lamb) X(sum_squares)
+  X(sgd) X(lamb) X(sum_squares)                                                          \
+  /* the vocab-parallel cross-entropy's pieces (ops_vocab.cc; tensor-parallel models) */  \
+  X(vocab_ce_stats) X(vocab_ce_loss) X(vocab_ce_grad)
 // clang-format on
 
 namespace aspen::graph {

@@ -457,6 +457,77 @@ TEST(FastKernels, GatherAndGatherGrad) {
   }
 }
 
+// A shard's rows [offset, offset + 7) of a vocabulary of 21: ids drawn from [0, 21), so most fall
+// outside (zero rows; no gradient), and repeated ids inside sum.
+TEST(FastKernels, ShardGatherAndGatherGrad) {
+  for (DType ids : {DType::i32, DType::i64})
+    for (double offset : {0.0, 7.0, 14.0}) {
+      SCOPED_TRACE(std::string(dtype_name(ids)) + " offset " + std::to_string(offset));
+      {
+        Graph g;
+        Builder b(g);
+        b.op1(OpKind::gather, {b.input("table", DType::f32, Shape{7, 5}), b.input("ids", ids, Shape{3, 5}),
+                               b.input("offset", ids, Shape{})});
+        ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+        Feeds f = random_feeds(g, 6, -1.0, 1.0, 21);
+        f["offset"].data = {offset};
+        expect_fast_matches(g, f);
+      }
+      {
+        Graph g;
+        Builder b(g);
+        b.op1(OpKind::gather_grad,
+              {b.input("ids", ids, Shape{4, 5}), b.input("g", DType::f32, Shape{4, 5, 3}), b.input("offset", ids, Shape{})},
+              {{"vocab", int64_t(7)}});
+        ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+        Feeds f = random_feeds(g, 7, -1.0, 1.0, 21);
+        f["offset"].data = {offset};
+        expect_fast_matches(g, f);
+      }
+    }
+}
+
+// The vocab-parallel cross-entropy's pieces (ops_vocab.cc), one shard of 3 (offset 11 of 33 classes),
+// odd shapes, ignored rows, i32 and i64 targets.
+TEST(FastKernels, VocabCrossEntropyPieces) {
+  for (DType tdt : {DType::i32, DType::i64}) {
+    SCOPED_TRACE(dtype_name(tdt));
+    const int64_t R = 9, Vl = 11;
+    const Attrs a = {{"group_size", int64_t(3)}};
+    auto feeds_for = [&](const Graph& g) {
+      Feeds f = random_feeds(g, 5, -3.0, 3.0, 33);
+      f["offset"].data = {11.0};
+      f["targets"].data[2] = -100;
+      for (const char* stat : {"M", "S", "Zt"})
+        if (f.count(stat))
+          for (double& v : f[stat].data) v = std::fabs(v) + 3.0;  // a maximum above z, positive sums
+      if (f.count("g")) f["g"].data = {0.75};
+      return f;
+    };
+    auto inputs = [&](Builder& b) {
+      return std::vector<ValueId>{b.input("z", DType::f32, Shape{R, Vl}), b.input("targets", tdt, Shape{R}),
+                                  b.input("offset", tdt, Shape{}), b.input("M", DType::f32, Shape{R})};
+    };
+    {
+      Graph g;
+      Builder b(g);
+      b.op(OpKind::vocab_ce_stats, inputs(b), a);
+      ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+      expect_fast_matches(g, feeds_for(g));
+    }
+    for (OpKind op : {OpKind::vocab_ce_loss, OpKind::vocab_ce_grad}) {
+      Graph g;
+      Builder b(g);
+      std::vector<ValueId> in = inputs(b);
+      in.push_back(b.input("S", DType::f32, Shape{R}));
+      in.push_back(op == OpKind::vocab_ce_loss ? b.input("Zt", DType::f32, Shape{R}) : b.input("g", DType::f32, Shape{}));
+      b.op(op, in, a);
+      ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+      expect_fast_matches(g, feeds_for(g));
+    }
+  }
+}
+
 TEST(FastKernels, GatherIdOutOfRangeIsAnError) {
   Graph g;
   Builder b(g);

@@ -9,16 +9,21 @@
 //       counts from the back); 0 <= begin <= end <= that dimension.
 //   concat(x0, x1, ...) {axis}: joined along `axis`; equal dtypes, equal
 //       dimensions off the axis.
-//   gather(table, ids): table [V, C] float, ids i32/i64 [...] -> [..., C];
+//   gather(table, ids[, offset]): table [V, C] float, ids i32/i64 [...] -> [..., C];
 //       out[..., :] = table[ids[...], :]. An id outside [0, V) is an eval error.
-//   gather_grad(ids, g) {vocab}: ids [...], g [..., C] -> [vocab, C];
-//       scatter-add of g's rows into the rows named by ids (embedding backward).
+//       With offset (an i32/i64 scalar, a run-time value) the table holds the
+//       rows [offset, offset + V) of a larger one (a vocab-parallel embedding's
+//       shard, models/tensor_parallel.h): out = table[id - offset] for the ids
+//       in that range and zeros for every other id.
+//   gather_grad(ids, g[, offset]) {vocab}: ids [...], g [..., C] -> [vocab, C];
+//       scatter-add of g's rows into the rows named by ids (embedding backward);
+//       with offset, into row id - offset of the ids in [offset, offset + vocab).
 // Gradient rules:
 //   reshape:     dx = reshape(g, x's shape)
 //   transpose:   dx = transpose(g, inverse of perm)
 //   slice:       dx = concat(zeros before, g, zeros after) on the axis (empty pieces left out)
 //   concat:      dx_k = slice(g, axis, offset_k, offset_k + x_k's size on the axis)
-//   gather:      dtable = gather_grad(ids, g) {vocab: V}; no gradient to ids
+//   gather:      dtable = gather_grad(ids, g[, offset]) {vocab: V}; no gradient to ids or offset
 //   gather_grad: none (backward-only)
 #include <algorithm>
 #include <array>
@@ -233,6 +238,10 @@ Status infer_gather(const Node& n, std::span<const TensorType> in, std::vector<T
   ASPEN_RETURN_IF_ERROR(expect_rank(n, "table", in[0], 2, 2));
   ASPEN_RETURN_IF_ERROR(expect_int(n, "ids", in[1]));
   ASPEN_RETURN_IF_ERROR(expect_rank(n, "ids", in[1], 0, Shape::kMaxRank - 1));
+  if (in.size() == 3) {
+    ASPEN_RETURN_IF_ERROR(expect_int(n, "offset", in[2]));
+    ASPEN_RETURN_IF_ERROR(expect_rank(n, "offset", in[2], 0, 0));
+  }
   std::vector<int64_t> d = dims(in[1].shape);
   d.push_back(in[0].shape[1]);
   ASPEN_ASSIGN_OR_RETURN(Shape s, to_shape(n, "output shape", d));
@@ -248,6 +257,10 @@ Status infer_gather_grad(const Node& n, std::span<const TensorType> in, std::vec
   bool ok = g.rank() == ids.rank() + 1;
   for (int i = 0; ok && i < ids.rank(); ++i) ok = g[i] == ids[i];
   if (!ok) return rule_error(n, "g", "shape " + ids.to_string() + " + [C] (the ids' shape, then C)", g.to_string());
+  if (in.size() == 3) {
+    ASPEN_RETURN_IF_ERROR(expect_int(n, "offset", in[2]));
+    ASPEN_RETURN_IF_ERROR(expect_rank(n, "offset", in[2], 0, 0));
+  }
   const int64_t vocab = n.attrs.i("vocab");
   if (vocab < 0) return rule_error(n, "vocab", ">= 0", std::to_string(vocab));
   std::vector<int64_t> d = {vocab, g[-1]};
@@ -288,6 +301,17 @@ Status ids_to_i32(const Node& n, const HostArray& ids, int64_t vocab, std::vecto
 
 Status eval_gather(const Node& n, std::span<const HostArray* const> in, std::span<HostArray> out) {
   const int64_t V = in[0]->type.shape[0], C = in[0]->type.shape[1];
+  if (in.size() == 3) {  // a shard's rows: other ids give zeros
+    const double offset = in[2]->data[0];
+    const size_t N = in[1]->data.size();
+    for (size_t k = 0; k < N; ++k) {
+      const double local = in[1]->data[k] - offset;
+      for (int64_t c = 0; c < C; ++c)
+        out[0].data[k * size_t(C) + size_t(c)] =
+            local >= 0 && local < double(V) ? in[0]->data[size_t(local) * size_t(C) + size_t(c)] : 0.0;
+    }
+    return Status();
+  }
   std::vector<int32_t> ids;
   ASPEN_RETURN_IF_ERROR(ids_to_i32(n, *in[1], V, ids));
   kernels::ref::embedding_forward<double>(ids.data(), in[0]->data.data(), out[0].data.data(), int64_t(ids.size()), V,
@@ -297,6 +321,17 @@ Status eval_gather(const Node& n, std::span<const HostArray* const> in, std::spa
 
 Status eval_gather_grad(const Node& n, std::span<const HostArray* const> in, std::span<HostArray> out) {
   const int64_t V = out[0].type.shape[0], C = out[0].type.shape[1];
+  if (in.size() == 3) {  // a shard's rows: other ids add nothing
+    std::fill(out[0].data.begin(), out[0].data.end(), 0.0);
+    const double offset = in[2]->data[0];
+    for (size_t k = 0; k < in[0]->data.size(); ++k) {
+      const double local = in[0]->data[k] - offset;
+      if (!(local >= 0 && local < double(V))) continue;
+      for (int64_t c = 0; c < C; ++c)
+        out[0].data[size_t(local) * size_t(C) + size_t(c)] += in[1]->data[k * size_t(C) + size_t(c)];
+    }
+    return Status();
+  }
   std::vector<int32_t> ids;
   ASPEN_RETURN_IF_ERROR(ids_to_i32(n, *in[0], V, ids));
   std::fill(out[0].data.begin(), out[0].data.end(), 0.0);
@@ -307,8 +342,11 @@ Status eval_gather_grad(const Node& n, std::span<const HostArray* const> in, std
 
 Grads grad_gather(Builder& b, const Node& n, OutGrads g) {
   const int64_t vocab = b.type(n.inputs[0]).shape[0];
-  return std::vector<std::optional<ValueId>>{b.op1(OpKind::gather_grad, {n.inputs[1], *g[0]}, {{"vocab", vocab}}),
-                                             std::nullopt};
+  std::vector<ValueId> in = {n.inputs[1], *g[0]};
+  if (n.inputs.size() == 3) in.push_back(n.inputs[2]);
+  std::vector<std::optional<ValueId>> out(n.inputs.size());
+  out[0] = b.op1(OpKind::gather_grad, std::move(in), {{"vocab", vocab}});
+  return out;
 }
 
 // ---------------------------------------------------------------------------
@@ -441,8 +479,52 @@ Result<std::span<const int32_t>> ids_i32(const void* p, bool wide, int64_t N, in
   return std::span<const int32_t>(scratch);
 }
 
+int64_t int_scalar(const void* p, DType t) {
+  return t == DType::i64 ? *static_cast<const int64_t*>(p) : int64_t(*static_cast<const int32_t*>(p));
+}
+int64_t int_at(const void* p, DType t, int64_t k) {
+  return t == DType::i64 ? static_cast<const int64_t*>(p)[k] : int64_t(static_cast<const int32_t*>(p)[k]);
+}
+
+// gather(table [V, C], ids, offset) and gather_grad(ids, g, offset): a shard's rows (f32).
+Prepared prepare_shard_gather(const Node& n, Types in, Types out) {
+  const bool grad = n.op == OpKind::gather_grad;
+  if (in[grad ? 1 : 0].dtype != DType::f32 || out[0].dtype != DType::f32) return no_fast_kernel();
+  const int64_t V = grad ? out[0].shape[0] : in[0].shape[0], C = grad ? out[0].shape[1] : in[0].shape[1];
+  const int64_t N = in[grad ? 0 : 1].shape.numel();
+  const DType id_t = in[grad ? 0 : 1].dtype, off_t = in[2].dtype;
+  return make_kernel([grad, V, C, N, id_t, off_t](In i, Out o) -> Status {
+    const int64_t offset = int_scalar(i[2], off_t);
+    float* y = f32_out(o, 0);
+    if (!grad) {
+      const float* table = f32_in(i, 0);
+#pragma omp parallel for schedule(static) if (N * C > kParallelElements)
+      for (int64_t k = 0; k < N; ++k) {
+        const int64_t local = int_at(i[1], id_t, k) - offset;
+        if (local >= 0 && local < V) {
+          std::memcpy(y + k * C, table + local * C, size_t(C) * sizeof(float));
+        } else {
+          std::fill_n(y + k * C, C, 0.0f);
+        }
+      }
+      return Status();
+    }
+    std::fill_n(y, V * C, 0.0f);
+    const float* g = f32_in(i, 1);
+    for (int64_t k = 0; k < N; ++k) {  // in order: the same sums as the reference's
+      const int64_t local = int_at(i[0], id_t, k) - offset;
+      if (local < 0 || local >= V) continue;
+      float* row = y + local * C;
+      const float* src = g + k * C;
+      for (int64_t c = 0; c < C; ++c) row[c] += src[c];
+    }
+    return Status();
+  });
+}
+
 // gather(table [V, C], ids) -> [..., C]: kernels::embedding_forward.
 Prepared prepare_gather(const Node& n, Types in, Types out) {
+  if (in.size() == 3) return prepare_shard_gather(n, in, out);
   const int64_t V = in[0].shape[0], C = in[0].shape[1], N = in[1].shape.numel();
   const bool wide = in[1].dtype == DType::i64;
   std::vector<int32_t> scratch(wide ? size_t(N) : 0);
@@ -466,6 +548,7 @@ Prepared prepare_gather(const Node& n, Types in, Types out) {
 
 // gather_grad(ids, g) -> [vocab, C]: zeros, then kernels::embedding_backward's ordered scatter-add.
 Prepared prepare_gather_grad(const Node& n, Types in, Types out) {
+  if (in.size() == 3) return prepare_shard_gather(n, in, out);
   if (in[1].dtype != DType::f32 || out[0].dtype != DType::f32) return no_fast_kernel();
   const int64_t V = out[0].shape[0], C = out[0].shape[1], N = in[0].shape.numel();
   const bool wide = in[0].dtype == DType::i64;
@@ -497,10 +580,10 @@ void register_shape_ops(OpTable& t) {
   t.define(OpKind::concat, {.min_inputs = 1, .max_inputs = -1, .attrs = {{"axis", AttrKind::i64, true}},
                             .infer = infer_concat, .grad = grad_concat, .eval = eval_concat,
                             .prepare = prepare_concat});
-  t.define(OpKind::gather, {.min_inputs = 2, .max_inputs = 2, .infer = infer_gather, .grad = grad_gather,
+  t.define(OpKind::gather, {.min_inputs = 2, .max_inputs = 3, .infer = infer_gather, .grad = grad_gather,
                             .eval = eval_gather, .prepare = prepare_gather});
   // gather_grad is backward-only: not differentiated again.
-  t.define(OpKind::gather_grad, {.min_inputs = 2, .max_inputs = 2, .attrs = {{"vocab", AttrKind::i64, true}},
+  t.define(OpKind::gather_grad, {.min_inputs = 2, .max_inputs = 3, .attrs = {{"vocab", AttrKind::i64, true}},
                                  .infer = infer_gather_grad, .eval = eval_gather_grad,
                                  .prepare = prepare_gather_grad});
 }
