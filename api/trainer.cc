@@ -47,9 +47,11 @@ std::string lr_text(double lr) {
 }
 
 // The forward graph of `mc` for [batch, seq] with a loss (one tensor-parallel shard's when tp > 1).
-Status build_forward(graph::Graph& g, const models::ModelConfig& mc, int64_t batch, int64_t seq, int64_t tp = 1) {
+Status build_forward(graph::Graph& g, const models::ModelConfig& mc, int64_t batch, int64_t seq, int64_t tp = 1,
+                     bool vocab_parallel = false) {
   graph::Builder b(g);
-  const models::CausalLmOptions o{.batch = batch, .seq = seq, .with_loss = true, .tensor_parallel = tp};
+  const models::CausalLmOptions o{
+      .batch = batch, .seq = seq, .with_loss = true, .tensor_parallel = tp, .vocab_parallel = vocab_parallel};
   if (const models::Gpt2Config* c = mc.gpt2()) return build_gpt2(b, *c, o).status();
   if (const models::GptjConfig* c = mc.gptj()) return build_gptj(b, *c, o).status();
   return Status::unimplemented("training a '" + mc.model_type + "' model",
@@ -185,8 +187,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   }
   if (c.parallel.tensor_parallel > 1) {  // the weights above are whole; the program is one shard's
     forward = graph::Graph();
+    // The vocabulary split too (parallel.vocab_parallel): "auto" when it divides.
+    const models::Gpt2Config* g2 = t->model_config_.gpt2();
+    const bool vp = c.parallel.vocab_parallel == "on" ||
+                    (c.parallel.vocab_parallel == "auto" && g2 && g2->vocab % c.parallel.tensor_parallel == 0);
     ASPEN_RETURN_IF_ERROR(
-        build_forward(forward, t->model_config_, c.batch.micro, c.data.seq, c.parallel.tensor_parallel));
+        build_forward(forward, t->model_config_, c.batch.micro, c.data.seq, c.parallel.tensor_parallel, vp));
   }
   t->tokenizer_dir_ = !c.data.tokenizer.empty() ? c.data.tokenizer
                       : !c.model.from.empty()  ? c.model.from

@@ -95,6 +95,8 @@ class Trainer {
   const std::string& run_dir() const { return run_dir_; }
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }
   int64_t step() const { return model_ ? model_->steps_done() : final_step_; }
+  // The tensor shards split the vocabulary too (parallel.vocab_parallel).
+  bool vocab_parallel() const { return model_ && model_->vocab_parallel(); }
   TrainingModel* model() { return model_.get(); }  // nullptr after run()
   const models::ModelConfig& model_config() const { return model_config_; }
   const std::string& tokenizer_dir() const { return tokenizer_dir_; }

@@ -184,6 +184,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     for (const graph::Graph& g : m->programs_.graphs) graphs.push_back(&g);
   }
   for (int32_t i : forward.input_nodes()) m->input_names_.push_back(forward.node(i).name);
+  m->vocab_parallel_ = tp > 1 && models::is_vocab_parallel(forward);
 
   // The evaluation program: the forward graph with only the loss as an output.
   const graph::Graph eval = train::loss_only(forward, training.loss);
@@ -331,6 +332,16 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     parallel::CommOptions co = training.data_parallel.comm;
     co.name = "tensor";
     if (m->spread()) ASPEN_RETURN_IF_ERROR(m->session_->set_communicator(0, "tensor", m->tensor_comms_[0].get()));
+    if (m->vocab_parallel_)  // each shard's first row of the vocabulary (models/tensor_parallel.h)
+      for (int d = 0; d < m->session_->replicas(); ++d) {
+        Tensor* off = m->session_->parameter_of(d, models::kVocabOffsetName);
+        const Tensor* wte = m->session_->parameter_of(d, "transformer.wte.weight");
+        if (!off || !wte)
+          return Status::error(Code::kInvalidArgument, "training: vocab-parallel shard graph",
+                               "the offset state and transformer.wte.weight", "a graph without them");
+        const int r = m->spread() ? m->spread_rank_ : d % tp;
+        off->data<int32_t>()[0] = int32_t(r * wte->shape()[0]);
+      }
     for (int r = 0; r < local && !m->spread(); ++r) {  // each replica's shards form a tensor group
       ASPEN_ASSIGN_OR_RETURN(auto group, parallel::make_threads_group(tp, co));
       for (int t = 0; t < tp; ++t) {
@@ -343,7 +354,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     m->grads_.resize(size_t(m->session_->replicas()));
     for (const std::string& p : params) {
       m->grad_counts_.push_back(m->session_->parameter_of(0, train::grad_accumulator_name(p))->numel());
-      m->tp_replicated_.push_back(models::gpt2_shard_kind(p) == models::ShardKind::replicated);
+      m->tp_replicated_.push_back(models::gpt2_shard_kind(p, m->vocab_parallel_) == models::ShardKind::replicated);
       for (int d = 0; d < m->session_->replicas(); ++d)
         m->grads_[size_t(d)].push_back(m->session_->parameter_of(d, train::grad_accumulator_name(p))->data<float>());
     }
@@ -390,7 +401,7 @@ Status TrainingModel::set_full(const std::string& name, const Tensor& full) {
   }
   for (int d = 0; d < session_->replicas(); ++d) {  // device r·T + t holds shard t (across processes: one device)
     const int r = spread() ? spread_rank_ : d % T;
-    ASPEN_ASSIGN_OR_RETURN(Tensor part, models::shard_weight(name, full, r, T));
+    ASPEN_ASSIGN_OR_RETURN(Tensor part, models::shard_weight(name, full, r, T, vocab_parallel_));
     Tensor* dst = session_->parameter_of(d, name);
     if (!dst) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
     if (dst->dtype() != part.dtype() || dst->shape() != part.shape())
@@ -427,7 +438,7 @@ Result<Tensor> TrainingModel::get_full(const std::string& name) const {
     for (int r = 0; r < T; ++r) parts.push_back(const_cast<runtime::Session&>(*session_).parameter_of(r, name));
   }
   if (!parts[0]) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
-  return models::gather_weight(name, parts);
+  return models::gather_weight(name, parts, vocab_parallel_);
 }
 
 std::pair<DType, Shape> TrainingModel::full_type(const compiler::Binding& b) const {
@@ -435,7 +446,7 @@ std::pair<DType, Shape> TrainingModel::full_type(const compiler::Binding& b) con
   Shape s = b.type.shape;
   if (T > 1) {
     std::vector<int64_t> d(s.begin(), s.end());
-    switch (models::gpt2_shard_kind(b.name)) {
+    switch (models::gpt2_shard_kind(b.name, vocab_parallel_)) {
       case models::ShardKind::rows: d[0] *= T; break;
       case models::ShardKind::columns:
       case models::ShardKind::qkv_columns: d.back() *= T; break;

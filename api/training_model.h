@@ -159,6 +159,8 @@ class TrainingModel {
   // The model spans processes (Options::model_across_processes): copying
   // weights and state to the host is collective.
   bool model_across_processes() const { return spread_rank_ >= 0; }
+  // Tensor shards that split the vocabulary too (models/tensor_parallel.h).
+  bool vocab_parallel() const { return vocab_parallel_; }
 
   // Model weights by name (f32 master weights; not "optimizer.*", "train.*" or "state.*").
   Status copy_weights_to_device(const std::map<std::string, const Tensor*>& weights);
@@ -267,6 +269,7 @@ class TrainingModel {
   // the shards) rather than cut.
   std::vector<std::unique_ptr<parallel::Communicator>> tensor_comms_;
   std::vector<bool> tp_replicated_;
+  bool vocab_parallel_ = false;  // the forward graph splits the vocabulary too (models/tensor_parallel.h)
   int tensor_shards() const;
   int data_replicas() const;            // replicas in this process (of the whole model's devices)
   int data_replica(int device) const;   // the replica a device belongs to (tensor parallel: device r·T + t)

@@ -119,6 +119,12 @@ struct CausalLmOptions {
   // hidden units split, all-reduces over group "tensor" after the row-parallel
   // projections. Every shard's graph is the same; the weights differ.
   int64_t tensor_parallel = 1;
+  // With tensor_parallel > 1: the vocabulary split too (Megatron's
+  // vocab-parallel embedding and cross-entropy, models/tensor_parallel.h):
+  // each shard holds vocab / T rows of the (tied) embedding, its logits are
+  // [.., vocab / T] and the loss is made from the shards' partial sums, so no
+  // shard holds a whole row of logits. The vocabulary must divide by T.
+  bool vocab_parallel = false;
 };
 // The inputs a causal LM's kv-cache options add (invalid without them).
 struct KvCacheInputs {

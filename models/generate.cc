@@ -84,7 +84,7 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
   for (int64_t seq : {o.max_prompt, int64_t(1)}) {
     graph::Graph g;
     CausalLmOptions lm{.batch = o.max_batch, .seq = seq, .kv_cache_len = o.max_length, .last_logits_only = true,
-                       .tensor_parallel = T};
+                       .tensor_parallel = T, .vocab_parallel = o.vocab_parallel};
     if (o.weights != DType::f32) lm.weight_dtype = o.weights;
     ASPEN_RETURN_IF_ERROR(build_step(g, gen->config_, lm));
     ASPEN_ASSIGN_OR_RETURN(auto exe, compiler::compile(g, o.compile));
@@ -109,10 +109,11 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
     for (int r = 0; r < T; ++r) ASPEN_RETURN_IF_ERROR(s.set_communicator(r, "tensor", gen->tensor_comms_[size_t(r)].get()));
   }
   ASPEN_ASSIGN_OR_RETURN(WeightPlan plan, plan_weights(prefill, ckpt));
-  ASPEN_RETURN_IF_ERROR(load_weights(plan, [&s, T](const std::string& name, const Tensor& t) -> Status {
+  const bool vp = T > 1 && o.vocab_parallel;
+  ASPEN_RETURN_IF_ERROR(load_weights(plan, [&s, T, vp](const std::string& name, const Tensor& t) -> Status {
     if (T == 1) return s.set_parameter(name, t);
     for (int r = 0; r < T; ++r) {  // shard r's part of the whole tensor
-      ASPEN_ASSIGN_OR_RETURN(Tensor part, shard_weight(name, t, r, T));
+      ASPEN_ASSIGN_OR_RETURN(Tensor part, shard_weight(name, t, r, T, vp));
       Tensor* dst = s.parameter_of(r, name);
       if (!dst) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
       if (dst->shape() != part.shape() || dst->dtype() != part.dtype())
@@ -122,6 +123,15 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
     }
     return Status();
   }));
+  if (vp)  // each shard's first row of the vocabulary
+    for (int r = 0; r < T; ++r) {
+      Tensor* off = s.parameter_of(r, kVocabOffsetName);
+      const Tensor* wte = s.parameter_of(r, "transformer.wte.weight");
+      if (!off || !wte)
+        return Status::error(Code::kInternal, "generator: vocab-parallel shard " + std::to_string(r),
+                             "its offset and wte", "a program without them");
+      off->data<int32_t>()[0] = int32_t(r * wte->shape()[0]);
+    }
   return gen;
 }
 

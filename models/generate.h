@@ -53,6 +53,9 @@ struct GeneratorOptions {
   // > 1: Megatron tensor shards over this many devices of the process (gpt2;
   // models/tensor_parallel.h): each holds its heads' KV cache and weights.
   int64_t tensor_parallel = 1;
+  // With tensor_parallel > 1: the vocabulary split over the shards too (the
+  // tied embedding and LM head; CausalLmOptions::vocab_parallel).
+  bool vocab_parallel = false;
 };
 
 struct SamplingOptions {

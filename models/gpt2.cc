@@ -4,6 +4,8 @@
 #include <optional>
 #include <string>
 
+#include "models/tensor_parallel.h"
+
 namespace aspen::models {
 
 using graph::Builder;
@@ -42,6 +44,16 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
     return Status::invalid_argument("gpt2: tensor_parallel " + std::to_string(T),
                                     "a divisor of the MLP width (" + std::to_string(c.ff_dim()) + ")",
                                     std::to_string(T));
+  const bool vp = T > 1 && o.vocab_parallel;
+  if (o.vocab_parallel && T == 1)
+    return Status::invalid_argument("gpt2: vocab_parallel", "tensor_parallel > 1 (it splits the vocabulary over the "
+                                    "tensor shards)", "tensor_parallel 1");
+  if (vp && c.vocab % T != 0)
+    return Status::invalid_argument("gpt2: vocab_parallel over " + std::to_string(T) + " shards",
+                                    "a vocabulary divisible by " + std::to_string(T), std::to_string(c.vocab),
+                                    "pad the vocabulary (model.vocab) or keep it whole on every shard");
+  if (vp && !c.tie_word_embeddings)
+    return Status::unimplemented("gpt2: vocab_parallel with an untied lm_head", "layout in this build (wte ties it)");
   const int64_t Cl = C / T, Fl = c.ff_dim() / T;  // this shard's attention width and MLP width
   // Row-parallel: this shard's partial product, summed over the shards, then the bias once.
   auto row_parallel = [&](ValueId x, const std::string& name, int64_t in) {
@@ -64,9 +76,11 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
   if (o.kv_cache_len > 0) key_valid = kv.key_valid;
 
   const DType wdt = o.weight_dtype.value_or(dt);
-  const ValueId wte = b.parameter("transformer.wte.weight", wdt, Shape{c.vocab, C});
+  const ValueId wte = b.parameter("transformer.wte.weight", wdt, Shape{vp ? c.vocab / T : c.vocab, C});
   const ValueId wpe = b.parameter("transformer.wpe.weight", wdt, Shape{c.n_positions, C});
-  ValueId x = b.add(embed(b, wte, m.input_ids, dt), embed(b, wpe, m.positions, dt));  // [B, T, C]
+  const ValueId offset = vp ? b.parameter(kVocabOffsetName, DType::i32, Shape{}) : ValueId{};
+  const ValueId tokens = vp ? vocab_parallel_embed(b, wte, m.input_ids, offset, dt, T) : embed(b, wte, m.input_ids, dt);
+  ValueId x = b.add(tokens, embed(b, wpe, m.positions, dt));  // [B, T, C]
   const AttentionSpec attn{.n_head = c.n_head / T, .head_dim = c.head_dim(), .mask = "causal"};
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "transformer.h." + std::to_string(i) + ".";
@@ -101,9 +115,11 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
     m.logits = b.op1(OpKind::matmul, {x, wte}, {{"trans_b", int64_t(1)}});  // [B, T, V]: ln_f(x) wte^T
   else
     m.logits = linear(b, x, "lm_head", C, c.vocab, /*bias=*/false, wdt);
-  b.output("logits", m.logits);
+  // Vocab parallel: the loss from this shard's columns; the whole logits only
+  // as an output (training programs drop it, and the gather with it).
+  b.output("logits", vp ? vocab_parallel_gather_logits(b, m.logits, T) : m.logits);
   if (o.with_loss) {
-    m.loss = lm_loss(b, m.logits, m.targets);
+    m.loss = vp ? vocab_parallel_loss(b, m.logits, m.targets, offset, T) : lm_loss(b, m.logits, m.targets);
     b.output("loss", m.loss);
   }
   ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context("gpt2"));

@@ -29,18 +29,19 @@ void copy_columns(const Tensor& src, int64_t src_cols, int64_t from, Tensor& dst
 
 }  // namespace
 
-ShardKind gpt2_shard_kind(const std::string& name) {
+ShardKind gpt2_shard_kind(const std::string& name, bool vocab_parallel) {
+  if (vocab_parallel && ends_with(name, "transformer.wte.weight")) return ShardKind::rows;
   if (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias")) return ShardKind::qkv_columns;
   if (ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias")) return ShardKind::columns;
   if (ends_with(name, "attn.c_proj.weight") || ends_with(name, "mlp.c_proj.weight")) return ShardKind::rows;
   return ShardKind::replicated;
 }
 
-Result<Tensor> shard_weight(const std::string& name, const Tensor& full, int rank, int shards) {
+Result<Tensor> shard_weight(const std::string& name, const Tensor& full, int rank, int shards, bool vocab_parallel) {
   if (shards < 1 || rank < 0 || rank >= shards)
     return Status::invalid_argument("tensor parallel: rank of '" + name + "'", "in [0, " + std::to_string(shards) + ")",
                                     std::to_string(rank));
-  const ShardKind kind = gpt2_shard_kind(name);
+  const ShardKind kind = gpt2_shard_kind(name, vocab_parallel);
   if (kind == ShardKind::replicated || shards == 1) return full.clone();
   const Shape& s = full.shape();
   const int64_t cols = s[-1], rows = full.numel() / cols;
@@ -64,10 +65,10 @@ Result<Tensor> shard_weight(const std::string& name, const Tensor& full, int ran
   return out;
 }
 
-Result<Tensor> gather_weight(const std::string& name, std::span<const Tensor* const> parts) {
+Result<Tensor> gather_weight(const std::string& name, std::span<const Tensor* const> parts, bool vocab_parallel) {
   const int shards = int(parts.size());
   if (shards < 1) return Status::invalid_argument("tensor parallel: gather '" + name + "'", "at least one part", "none");
-  const ShardKind kind = gpt2_shard_kind(name);
+  const ShardKind kind = gpt2_shard_kind(name, vocab_parallel);
   const Tensor& first = *parts[0];
   if (kind == ShardKind::replicated || shards == 1) return first.clone();
   const Shape& s = first.shape();
@@ -84,6 +85,54 @@ Result<Tensor> gather_weight(const std::string& name, std::span<const Tensor* co
     for (int64_t k = 0; k < blocks; ++k)
       copy_columns(*parts[size_t(r)], cols, k * n, out, cols * shards, k * block + r * n, n, rows);
   return out;
+}
+
+bool is_vocab_parallel(const graph::Graph& g) { return g.find_parameter(kVocabOffsetName).has_value(); }
+
+namespace {
+graph::Attrs group_attrs(int64_t shards) { return {{"group", std::string("tensor")}, {"group_size", shards}}; }
+graph::Attrs sum_attrs(int64_t shards) {
+  graph::Attrs a = group_attrs(shards);
+  a.set("reduce", std::string("sum"));
+  return a;
+}
+}  // namespace
+
+graph::ValueId vocab_parallel_embed(graph::Builder& b, graph::ValueId table, graph::ValueId ids, graph::ValueId offset,
+                                    DType dtype, int64_t shards) {
+  graph::ValueId rows = b.op1(graph::OpKind::gather, {table, ids, offset});
+  if (b.status().is_ok() && b.type(rows).dtype != dtype) rows = b.cast(rows, dtype);
+  return b.op1(graph::OpKind::all_reduce, {rows}, sum_attrs(shards));
+}
+
+graph::ValueId vocab_parallel_loss(graph::Builder& b, graph::ValueId logits, graph::ValueId targets,
+                                   graph::ValueId offset, int64_t shards) {
+  if (!b.status().is_ok()) return graph::ValueId{};
+  const Shape s = b.type(logits).shape;  // [.., V/T]
+  const int64_t Vl = s[-1], R = s.numel() / Vl;
+  const graph::ValueId z = b.reshape(logits, {R, Vl});
+  // The global row maxima: every shard's, gathered, then their maximum.
+  const graph::ValueId m = b.op1(graph::OpKind::reduce_max, {z}, {{"axes", std::vector<int64_t>{1}}});
+  const graph::ValueId all = b.op1(graph::OpKind::all_gather, {m}, group_attrs(shards));  // [T·R]
+  const graph::ValueId M = b.op1(graph::OpKind::reduce_max, {b.reshape(all, {shards, R})},
+                                 {{"axes", std::vector<int64_t>{0}}});
+  const graph::Attrs a = {{"group_size", shards}};
+  const std::vector<graph::ValueId> st = b.op(graph::OpKind::vocab_ce_stats, {z, targets, offset, M}, a);
+  if (st.size() != 2) return graph::ValueId{};
+  // One all-reduce for both sums: [2, R].
+  const graph::ValueId both = b.op1(graph::OpKind::all_reduce,
+                                    {b.concat({b.reshape(st[0], {1, R}), b.reshape(st[1], {1, R})}, 0)},
+                                    sum_attrs(shards));
+  const graph::ValueId S = b.reshape(b.slice(both, 0, 0, 1), {R}), Zt = b.reshape(b.slice(both, 0, 1, 2), {R});
+  return b.op1(graph::OpKind::vocab_ce_loss, {z, targets, offset, M, S, Zt}, a);
+}
+
+graph::ValueId vocab_parallel_gather_logits(graph::Builder& b, graph::ValueId logits, int64_t shards) {
+  if (!b.status().is_ok()) return graph::ValueId{};
+  const Shape s = b.type(logits).shape;  // [B, S, V/T]
+  const graph::ValueId all = b.op1(graph::OpKind::all_gather, {logits}, group_attrs(shards));  // [T·B, S, V/T]
+  const graph::ValueId parts = b.transpose(b.reshape(all, {shards, s[0], s[1], s[2]}), {1, 2, 0, 3});
+  return b.reshape(parts, {s[0], s[1], shards * s[2]});
 }
 
 }  // namespace aspen::models

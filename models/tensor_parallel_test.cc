@@ -23,10 +23,11 @@ Gpt2Config config() {
   return Gpt2Config{.vocab = 37, .n_positions = 16, .d_model = 32, .n_layer = 2, .n_head = 4, .d_ff = 40};
 }
 
-graph::Graph gpt2(const Gpt2Config& c, int64_t tp) {
+graph::Graph gpt2(const Gpt2Config& c, int64_t tp, bool vocab_parallel = false) {
   graph::Graph g;
   graph::Builder b(g);
-  auto m = build_gpt2(b, c, {.batch = 2, .seq = 5, .with_loss = true, .tensor_parallel = tp});
+  auto m = build_gpt2(b, c, {.batch = 2, .seq = 5, .with_loss = true, .tensor_parallel = tp,
+                             .vocab_parallel = vocab_parallel});
   EXPECT_TRUE(m.is_ok()) << m.status().to_string();
   return g;
 }
@@ -44,15 +45,21 @@ std::map<std::string, Tensor> random_weights(const graph::Graph& g, uint64_t see
   return w;
 }
 
+// Also with the vocabulary split (38 = 2 x 19 classes): the loss from the
+// shards' partial sums, the logits gathered.
 TEST(TensorParallel, TwoShardsComputeTheWholeModel) {
-  const Gpt2Config c = config();
-  const graph::Graph whole = gpt2(c, 1), shard = gpt2(c, 2);
+  for (bool vp : {false, true}) {
+  SCOPED_TRACE(vp ? "vocab parallel" : "vocabulary whole on each shard");
+  Gpt2Config c = config();
+  if (vp) c.vocab = 38;
+  const graph::Graph whole = gpt2(c, 1), shard = gpt2(c, 2, vp);
+  EXPECT_EQ(is_vocab_parallel(shard), vp);
   const std::map<std::string, Tensor> w = random_weights(whole, 5, 0.2f);
   Tensor ids(DType::i32, {2, 5}), pos(DType::i32, {2, 5}), tgt(DType::i32, {10});
   for (int i = 0; i < 10; ++i) {
-    ids.data<int32_t>()[i] = (7 * i + 3) % 37;
+    ids.data<int32_t>()[i] = int32_t((7 * i + 3) % c.vocab);
     pos.data<int32_t>()[i] = i % 5;
-    tgt.data<int32_t>()[i] = (5 * i + 1) % 37;
+    tgt.data<int32_t>()[i] = int32_t((5 * i + 1) % c.vocab);
   }
   std::map<std::string, Tensor> want;
   {
@@ -71,7 +78,11 @@ TEST(TensorParallel, TwoShardsComputeTheWholeModel) {
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE((*s)->set_communicator(r, "tensor", comms[size_t(r)].get()).is_ok());
     for (const compiler::Binding& p : (*s)->parameters()) {
-      auto part = shard_weight(p.name, w.at(p.name), r, 2);
+      if (p.name == kVocabOffsetName) {  // the shard's first class
+        (*s)->parameter_of(r, p.name)->data<int32_t>()[0] = int32_t(r * c.vocab / 2);
+        continue;
+      }
+      auto part = shard_weight(p.name, w.at(p.name), r, 2, vp);
       ASSERT_TRUE(part.is_ok()) << part.status().to_string();
       Tensor* dst = (*s)->parameter_of(r, p.name);
       ASSERT_EQ(dst->shape(), part->shape()) << p.name;
@@ -97,6 +108,7 @@ TEST(TensorParallel, TwoShardsComputeTheWholeModel) {
       ASSERT_NEAR(a, e, 1e-5f * (1.0f + std::abs(e))) << "shard " << r << " logit " << i;
     }
     EXPECT_NEAR(got->at("loss").data<float>()[r], want.at("loss").data<float>()[0], 1e-5f) << "shard " << r;
+  }
   }
 }
 
@@ -125,6 +137,15 @@ TEST(TensorParallel, ShardThenGatherIsTheIdentity) {
     }
   }
   EXPECT_EQ(sharded, 2 * 6);  // per layer: c_attn weight and bias, c_proj weight, c_fc weight and bias, mlp c_proj weight
+  // Vocab parallel: wte's rows, shard r the classes [r·V/T, (r+1)·V/T); a vocabulary that does not divide is refused.
+  Tensor wte(DType::f32, {6, 2});
+  for (int i = 0; i < 12; ++i) wte.data<float>()[i] = float(i);
+  auto rows = shard_weight("transformer.wte.weight", wte, 1, 3, /*vocab_parallel=*/true);
+  ASSERT_TRUE(rows.is_ok()) << rows.status().to_string();
+  EXPECT_EQ(std::vector<float>(rows->data<float>(), rows->data<float>() + 4), (std::vector<float>{4, 5, 6, 7}));
+  EXPECT_FALSE(shard_weight("transformer.wte.weight", wte, 1, 4, true).is_ok());
+  EXPECT_EQ(gpt2_shard_kind("optimizer.exp_avg.transformer.wte.weight", true), ShardKind::rows);
+  EXPECT_EQ(gpt2_shard_kind("transformer.wte.weight"), ShardKind::replicated);
   // q | k | v keep their own heads: shard 1 of 2 of c_attn.bias [3C] is q[C/2:C], k[3C/2:2C], v[5C/2:3C].
   Tensor bias(DType::f32, {12});
   for (int i = 0; i < 12; ++i) bias.data<float>()[i] = float(i);
@@ -137,7 +158,8 @@ TEST(TensorParallel, ShardThenGatherIsTheIdentity) {
 // as one device: greedy and sampled, from a random 4-head GPT-2 written as a
 // Hugging Face directory.
 TEST(TensorParallel, GenerationOnTwoShardsDrawsTheSameTokens) {
-  const Gpt2Config c = config();
+  Gpt2Config c = config();
+  c.vocab = 38;  // the vocab-parallel runs split it in two
   const graph::Graph whole = gpt2(c, 1);
   const std::map<std::string, Tensor> w = random_weights(whole, 11, 0.3f);
   const std::string dir = ::testing::TempDir() + "aspen_tp_generate_" + std::to_string(getpid());
@@ -146,7 +168,7 @@ TEST(TensorParallel, GenerationOnTwoShardsDrawsTheSameTokens) {
   mc.family = c;
   ASSERT_TRUE(export_hf_model(dir, mc, w).is_ok());
   const std::vector<std::vector<int32_t>> prompts = {{3, 1, 4, 1, 5}, {9, 2}};
-  std::vector<std::vector<int32_t>> got[2];
+  std::vector<std::vector<int32_t>> got[3];  // one device, 2 shards, 2 shards with the vocabulary split
   {  // a prefill of one position (its program is the decode's shape) opens too
     GeneratorOptions o;
     o.max_length = 3;
@@ -156,14 +178,15 @@ TEST(TensorParallel, GenerationOnTwoShardsDrawsTheSameTokens) {
     auto gen = Generator::open(dir, o);
     ASSERT_TRUE(gen.is_ok()) << gen.status().to_string();
   }
-  for (int tp : {1, 2})
+  for (int run = 0; run < 3; ++run)
     for (float temperature : {0.0f, 0.8f}) {
       GeneratorOptions o;
       o.max_batch = 2;
       o.max_length = 16;
       o.max_prompt = 5;
       o.threads = 1;
-      o.tensor_parallel = tp;
+      o.tensor_parallel = run == 0 ? 1 : 2;
+      o.vocab_parallel = run == 2;
       auto gen = Generator::open(dir, o);
       ASSERT_TRUE(gen.is_ok()) << gen.status().to_string();
       SamplingOptions so;
@@ -172,12 +195,13 @@ TEST(TensorParallel, GenerationOnTwoShardsDrawsTheSameTokens) {
       so.seed = 7;
       auto out = (*gen)->generate(prompts, so);
       ASSERT_TRUE(out.is_ok()) << out.status().to_string();
-      for (const auto& row : *out) got[tp - 1].push_back(row);
+      for (const auto& row : *out) got[run].push_back(row);
     }
   ASSERT_EQ(got[0].size(), 4u);  // 2 prompts, greedy and sampled
   for (const auto& row : got[0]) EXPECT_EQ(row.size(), 10u);
   EXPECT_NE(got[0][0], got[0][2]);  // sampling drew other tokens than greedy
   EXPECT_EQ(got[1], got[0]);
+  EXPECT_EQ(got[2], got[0]);
   std::filesystem::remove_all(dir);
 }
 
@@ -188,6 +212,13 @@ TEST(TensorParallel, ShardsThatDoNotDivideAreRefused) {
   auto m = build_gpt2(b, c, {.batch = 1, .seq = 4, .tensor_parallel = 2});
   ASSERT_FALSE(m.is_ok());
   EXPECT_EQ(m.status().message(), "gpt2: tensor_parallel 2: expected a divisor of n_head (3), found 2");
+  graph::Graph h;
+  graph::Builder hb(h);
+  auto v = build_gpt2(hb, config(), {.batch = 1, .seq = 4, .tensor_parallel = 2, .vocab_parallel = true});
+  ASSERT_FALSE(v.is_ok());
+  EXPECT_EQ(v.status().message(),
+            "gpt2: vocab_parallel over 2 shards: expected a vocabulary divisible by 2, found 37 (hint: pad the "
+            "vocabulary (model.vocab) or keep it whole on every shard)");
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 //
 //   aspen generate --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
 //                  [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]
-//                  [--max-length L] [--threads N] [--tensor-parallel N] [--echo]
+//                  [--max-length L] [--threads N] [--tensor-parallel N [--vocab-parallel]] [--echo]
 //
 // DIR holds config.json, the weights and the tokenizer (tokenizer.json, or
 // vocab.json + merges.txt). The new text goes to stdout as it is drawn: each
@@ -31,6 +31,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   int threads = 0;
   int64_t tensor_parallel = 1;
+  bool vocab_parallel = false;
   bool echo = false;
 };
 
@@ -52,6 +53,7 @@ int run_generate(const GenerateArgs& a) {
   go.max_length = a.max_length;
   go.threads = a.threads;
   go.tensor_parallel = a.tensor_parallel;
+  go.vocab_parallel = a.vocab_parallel;
   // Compiled once for this prompt's length: the prefill is padded to it.
   go.max_prompt = int64_t(prompt.size());
   auto gen = models::Generator::open(a.model, go);
@@ -109,6 +111,8 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--tensor-parallel", args->tensor_parallel,
                   "Megatron tensor shards over this many devices (gpt2; threads is then per shard)")
       ->check(CLI::Range(int64_t(1), int64_t(64)));
+  cmd->add_flag("--vocab-parallel", args->vocab_parallel,
+                "with --tensor-parallel: the vocabulary split over the shards too (it must divide)");
   cmd->add_flag("--echo", args->echo, "print the prompt before the continuation");
   return Command{cmd, [args] { return run_generate(*args); }};
 }

@@ -204,7 +204,9 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   else if (c.batch.replicas > 1 || processes > 1)
     layout = ", " + std::to_string(c.batch.replicas) + " replicas (" + std::to_string(processes) + " process" +
              (processes > 1 ? "es" : "") + " x " + std::to_string(c.batch.replicas / processes) + ")";
-  if (c.parallel.tensor_parallel > 1) layout += ", " + std::to_string(c.parallel.tensor_parallel) + " tensor shards";
+  if (c.parallel.tensor_parallel > 1)
+    layout += ", " + std::to_string(c.parallel.tensor_parallel) + " tensor shards" +
+              ((*trainer)->vocab_parallel() ? " (vocabulary split)" : "");
   if (c.parallel.pipeline_stages > 1)
     layout += ", " + std::to_string(c.parallel.pipeline_stages) + " pipeline stages (" + c.parallel.schedule + ")";
   say << "training " << c.name << ": " << c.model.family << (c.model.from.empty() ? " from scratch" : " from " + c.model.from)

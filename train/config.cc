@@ -99,6 +99,7 @@ void for_each_key(Config& c, Visit&& v) {
   v("parallel", "pipeline_stages", c.parallel.pipeline_stages, at_least(1));
   v("parallel", "schedule", c.parallel.schedule, one_of({"1f1b", "gpipe"}));
   v("parallel", "balance", c.parallel.balance, one_of({"estimated", "measured"}));
+  v("parallel", "vocab_parallel", c.parallel.vocab_parallel, one_of({"auto", "on", "off"}));
   v("parallel", "tensor_parallel", c.parallel.tensor_parallel, at_least(1));
 
   v("train", "steps", c.train.steps, at_least(1));
