@@ -238,6 +238,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   to.data_parallel.topk_ratio = c.parallel.topk_ratio;
   to.data_parallel.comm.timeout = std::chrono::seconds(c.parallel.timeout_s);
   to.data_parallel.shard_optimizer_state = c.parallel.shard_optimizer_state;
+  to.data_parallel.overlap = c.parallel.overlap;
   to.pipeline.stages = int(c.parallel.pipeline_stages);
   ASPEN_ASSIGN_OR_RETURN(to.pipeline.schedule, train::parse_pipeline_schedule(c.parallel.schedule));
   to.pipeline.balance =

@@ -259,6 +259,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   }
   if (m->job_) {
     const parallel::DataParallelOptions& dpo = m->dp_->options();
+    const std::string overlap = std::to_string(int(dpo.overlap));
     // Every process must run the same programs with the same host decisions.
     uint64_t h = 1469598103934665603ull;
     auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
@@ -278,7 +279,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
                              std::to_string(options.device_iterations_) + " " + std::to_string(int(training.reduction)) +
                              " " + std::to_string(dpo.bucket_bytes) + " " + std::to_string(int(dpo.compression)) +
                              " " + std::to_string(int(dpo.shard_optimizer_state)) + " " +
-                             std::to_string(dpo.topk_ratio);
+                             std::to_string(dpo.topk_ratio) + " " + overlap;
     for (char c : host) mix(uint64_t(uint8_t(c)));
     ASPEN_RETURN_IF_ERROR(
         parallel::check_same_everywhere(*m->job_, h, "training model (programs, options and schedule)"));
@@ -360,6 +361,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     }
   } else if (m->programs_.split()) {
     const auto& params = m->programs_.params;
+    m->map_updates_to_params();
     m->owner_.assign(params.size(), 0);
     for (size_t k = 0; k < m->programs_.shards.size(); ++k)  // ZeRO-1: shard p·L + l reduces to local replica l
       for (size_t i = m->programs_.shards[k].begin; i < m->programs_.shards[k].end; ++i)
@@ -739,10 +741,14 @@ Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<st
     std::map<std::string, const Tensor*> feeds;
     for (const auto& [name, t] : owned) feeds.emplace(name, &t);
     if (training_.loss_scaling.mode != train::LossScaling::none) feeds.emplace(train::kLossScaleName, &loss_scale);
-    ASPEN_ASSIGN_OR_RETURN(auto o, session_->run_replica(l, feeds, a == 0 ? programs_.micro_first : programs_.micro_next));
+    const int program = a == 0 ? programs_.micro_first : programs_.micro_next;
+    const bool exchange = a + 1 == acc && overlaps_exchange();
+    ASPEN_ASSIGN_OR_RETURN(auto o, exchange ? run_with_exchange(l, feeds, program)
+                                            : session_->run_replica(l, feeds, program));
     out.losses.push_back(o.at(training_.loss).data<float>()[0]);
   }
   out.sq.assign(programs_.params.size(), 0.0f);
+  if (overlaps_exchange()) return norms_held(l, out);
   // The gradient exchange, one trace event per device (the profile shows it beside the programs).
   profile::TraceScope scope(dp_ || tensor_shards() > 1 ? trace_.get() : nullptr, session_->device(l).name(),
                             "reduce gradients", profile::category::kCollective);
@@ -764,6 +770,10 @@ Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<st
   } else if (dp_) {
     ASPEN_RETURN_IF_ERROR(dp_->reduce_to_owners(l, grads_[size_t(l)], grad_counts_, owner_));
   }
+  return norms_held(l, out);
+}
+
+Status TrainingModel::norms_held(int l, ReplicaStep& out) {
   if (!needs_norm()) return Status();
   // Every process holds every reduced tensor: this replica measures the
   // shards reduced into its copies (train/program.h: Σg² of each tensor).

@@ -242,6 +242,18 @@ class TrainingModel {
     std::vector<float> losses;  // of this replica's micro-batches
     std::vector<float> sq;  // by parameter: Σ g² of the reduced (scaled) gradients this replica holds (else 0)
   };
+  // The gradient exchange overlapped with the last micro-batch's backward
+  // pass (api/training_overlap.cc): `program` on replica l with its
+  // accumulators reduced bucket by bucket as they become final.
+  bool overlaps_exchange() const {
+    return dp_ && dp_->options().overlap && tensor_shards() == 1 && !pipe_ && programs_.split();
+  }
+  // The norms of the reduced gradients replica l holds (when the host needs them).
+  Status norms_held(int l, ReplicaStep& out);
+  Result<std::map<std::string, Tensor>> run_with_exchange(int l, const std::map<std::string, const Tensor*>& feeds,
+                                                          int program);
+  void map_updates_to_params();
+  std::vector<std::vector<int>> update_param_;  // by program, by update: the trained parameter (-1: none)
   Status replica_micro_batches(int l, int64_t iteration, const std::map<std::string, const Tensor*>& inputs,
                                const std::vector<std::pair<std::string, Shape>>& data_inputs, const Tensor& loss_scale,
                                ReplicaStep& out);

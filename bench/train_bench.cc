@@ -356,7 +356,8 @@ Result<Row> in_child(const std::string& what, const std::function<Result<Row>()>
 // One step as `aspen train` runs it, through api::TrainingModel: one device
 // of opt.threads threads (replicas 1: the fused step), or `replicas`
 // data-parallel replicas of one thread, on the same global batch.
-Result<Row> measure_model(const TrainShape& s, const std::string& dtype, const TrainBenchOptions& opt, int replicas) {
+Result<Row> measure_model(const TrainShape& s, const std::string& dtype, const TrainBenchOptions& opt, int replicas,
+                          bool overlap = true) {
   Row r;
   r.dtype = dtype;
   const int64_t micro = s.batch / replicas;
@@ -372,6 +373,7 @@ Result<Row> measure_model(const TrainShape& s, const std::string& dtype, const T
   t.optimizer.weight_decay = 0.1;
   t.optimizer.no_decay = {"bias", "ln_"};
   t.schedule.lr = 1e-4;
+  t.data_parallel.overlap = overlap;
   const auto t0 = std::chrono::steady_clock::now();
   ASPEN_ASSIGN_OR_RETURN(auto model, api::TrainingModel::create(g, o, t));
   r.compile_s = seconds_since(t0);
@@ -436,8 +438,8 @@ Status run_replicas_bench(const TrainShape& s, const TrainBenchOptions& o, std::
         "against {} replicas of 1 thread (micro-batch {} each); median of {} steps after 1 warm-up, each in its own "
         "process\n",
         o.quick ? "tiny (--quick)" : "124M", s.batch, s.seq, o.threads, o.replicas, s.batch / o.replicas, o.steps);
-    out << fmt::format("{:<5} | {:>12} {:>12} | {:>6} {:>6} | {:>10} {:>10}\n", "dtype", "one device", "replicas",
-                       "ratio", "goal", "RSS one", "RSS repl.");
+    out << fmt::format("{:<5} | {:>12} {:>12} | {:>6} {:>6} | {:>12} {:>8} | {:>10} {:>10}\n", "dtype", "one device",
+                       "replicas", "ratio", "goal", "no overlap", "overlap", "RSS one", "RSS repl.");
     out.flush();
   }
   for (const std::string& dtype : o.dtypes) {
@@ -445,7 +447,10 @@ Status run_replicas_bench(const TrainShape& s, const TrainBenchOptions& o, std::
     ASPEN_ASSIGN_OR_RETURN(Row one, in_child(dtype + " on one device", [&] { return measure_model(s, dtype, o, 1); }));
     ASPEN_ASSIGN_OR_RETURN(Row dp, in_child(dtype + " on " + std::to_string(o.replicas) + " replicas",
                                             [&] { return measure_model(s, dtype, o, o.replicas); }));
-    const double ratio = dp.tokens_per_s / one.tokens_per_s;
+    // The same replicas with the gradient exchange after the backward pass (parallel.overlap: false).
+    ASPEN_ASSIGN_OR_RETURN(Row after, in_child(dtype + " on " + std::to_string(o.replicas) + " replicas, no overlap",
+                                               [&] { return measure_model(s, dtype, o, o.replicas, false); }));
+    const double ratio = dp.tokens_per_s / one.tokens_per_s, gain = dp.tokens_per_s / after.tokens_per_s;
     if (o.json) {
       nlohmann::ordered_json j = {{"bench", "train_replicas"},
                                   {"dtype", dtype},
@@ -455,15 +460,17 @@ Status run_replicas_bench(const TrainShape& s, const TrainBenchOptions& o, std::
                                   {"one_device_tokens_per_s", one.tokens_per_s},
                                   {"ratio", ratio},
                                   {"goal_ratio", kGoal},
+                                  {"no_overlap_tokens_per_s", after.tokens_per_s},
+                                  {"overlap_gain", gain},
                                   {"peak_rss_bytes", dp.peak_rss_bytes},
                                   {"one_device_peak_rss_bytes", one.peak_rss_bytes},
                                   {"loss", dp.loss},
                                   {"one_device_loss", one.loss}};
       out << j.dump() << "\n";
     } else {
-      out << fmt::format("{:<5} | {:>12.1f} {:>12.1f} | {:>6.2f} {:>6} | {:>10} {:>10}\n", dtype, one.tokens_per_s,
-                         dp.tokens_per_s, ratio, fmt::format(">={:.2f}", kGoal), gib(one.peak_rss_bytes),
-                         gib(dp.peak_rss_bytes));
+      out << fmt::format("{:<5} | {:>12.1f} {:>12.1f} | {:>6.2f} {:>6} | {:>12.1f} {:>7.2f}x | {:>10} {:>10}\n", dtype,
+                         one.tokens_per_s, dp.tokens_per_s, ratio, fmt::format(">={:.2f}", kGoal), after.tokens_per_s,
+                         gain, gib(one.peak_rss_bytes), gib(dp.peak_rss_bytes));
     }
   }
   return Status();

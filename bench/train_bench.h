@@ -35,7 +35,9 @@
 // --replicas R: one device (the fused step, `threads` threads) against R
 // data-parallel replicas of one thread (micro-batch batch / R each, gradients
 // reduced to their shard's replica, sharded AdamW), both api::TrainingModel,
-// each in its own child process; tokens/s of the median step and their ratio.
+// each in its own child process; tokens/s of the median step and their ratio;
+// and the replicas again with the gradient exchange after the backward pass
+// (DataParallelOptions::overlap off): the overlap's gain.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,5 @@
 // compiler/compile.cc: the pipeline and lowering.
+#include <algorithm>
 #include <cstring>
 
 #include "compiler/executable.h"
@@ -105,13 +106,26 @@ Status lower(Executable& exe) {
     }
     exe.program.code.push_back(std::move(ins));
   }
-  // Updates not planned in place: copies after every kernel. A copy must not
-  // read a parameter that this step also updates (it would see the new value).
+  // Updates not planned in place: a copy into the parameter as soon as both
+  // the new value exists and nothing later reads the old one (so the
+  // parameter is final early: Executable::update_ready, which lets a
+  // data-parallel step start reducing a gradient while the backward pass
+  // goes on). The value stays live to the end (it is a root), so copying
+  // early is safe. A copy must not read a parameter that this step also
+  // updates (it would see the new value).
+  std::vector<int32_t> writer(size_t(g.num_values()), -1);  // value -> the instruction that writes it
+  for (size_t k = 0; k < exe.program.code.size(); ++k)
+    for (int32_t o : exe.program.code[k].outputs) writer[size_t(o)] = int32_t(k);
+  std::vector<std::pair<int32_t, Instruction>> copies;  // (after instruction, copy), in update order
   for (const auto& [name, v] : g.updates()) {
     const graph::ValueId p = *g.find_parameter(name);
     exe.updates.push_back({name, v.index, g.type(v)});
     const Slot &src = exe.plan.slots[size_t(v.index)], &dst = exe.plan.slots[size_t(p.index)];
-    if (src.storage == dst.storage && src.offset == dst.offset) continue;  // in place
+    int32_t after = writer[size_t(v.index)];  // -1: a parameter or constant, there from the start
+    if (src.storage == dst.storage && src.offset == dst.offset) {  // in place: final once written
+      exe.update_ready.push_back(after);
+      continue;
+    }
     if (src.storage == Storage::parameter)
       for (const auto& [other, ov] : g.updates())
         if (exe.plan.slots[size_t(g.find_parameter(other)->index)].offset == src.offset)
@@ -119,12 +133,41 @@ Status lower(Executable& exe) {
                                        "a value that does not read parameter '" + other +
                                            "', which this step also updates",
                                        "%" + std::to_string(v.index));
+    for (size_t k = 0; k < exe.program.code.size(); ++k)  // the last reader of the old value
+      for (int32_t in : exe.program.code[k].inputs)
+        if (exe.plan.slots[size_t(in)].storage == dst.storage && exe.plan.slots[size_t(in)].offset == dst.offset)
+          after = std::max(after, int32_t(k));
     Instruction ins;
     ins.kind = InstrKind::copy;
     ins.inputs = {v.index};
     ins.outputs = {p.index};
-    exe.program.code.push_back(std::move(ins));
+    copies.emplace_back(after, std::move(ins));
+    exe.update_ready.push_back(-2 - int32_t(copies.size() - 1));  // resolved below: copy k's place
   }
+  // Splice the copies in after their instructions (stable: update order among equals).
+  std::vector<int32_t> copy_at(copies.size());
+  std::vector<Instruction> code;
+  code.reserve(exe.program.code.size() + copies.size());
+  std::vector<int32_t> moved(exe.program.code.size());
+  std::vector<size_t> order(copies.size());
+  for (size_t c = 0; c < copies.size(); ++c) order[c] = c;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return copies[a].first < copies[b].first; });
+  size_t next = 0;
+  auto emit_copies_after = [&](int32_t k) {
+    while (next < order.size() && copies[order[next]].first == k) {
+      copy_at[order[next]] = int32_t(code.size());
+      code.push_back(std::move(copies[order[next]].second));
+      ++next;
+    }
+  };
+  emit_copies_after(-1);
+  for (size_t k = 0; k < exe.program.code.size(); ++k) {
+    moved[k] = int32_t(code.size());
+    code.push_back(std::move(exe.program.code[k]));
+    emit_copies_after(int32_t(k));
+  }
+  exe.program.code = std::move(code);
+  for (int32_t& r : exe.update_ready) r = r <= -2 ? copy_at[size_t(-2 - r)] : r >= 0 ? moved[size_t(r)] : -1;
   for (const auto& [name, v] : g.outputs()) {
     Instruction ins;
     ins.kind = InstrKind::host_read;

@@ -60,6 +60,9 @@ struct Executable {
   MemoryPlan plan;
   std::vector<Binding> inputs, parameters, outputs;
   std::vector<Binding> updates;  // name: the parameter; value: its new value
+  // By update: the instruction after which the parameter holds its new value
+  // (-1: before the first; the program writes it no more after that).
+  std::vector<int32_t> update_ready;
   std::vector<std::shared_ptr<const Tensor>> constants;  // by Slot::offset
   CompileOptions options;
 

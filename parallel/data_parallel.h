@@ -67,6 +67,10 @@ struct DataParallelOptions {
   // broadcasts their new weights. Inside a process the replicas already share
   // one copy of the state and split the update (api/training_model.h).
   bool shard_optimizer_state = false;
+  // Reduce each bucket as soon as the step's last backward pass has finished
+  // its gradients, while the pass goes on (api/training_overlap.cc), rather
+  // than after it. The same sums either way.
+  bool overlap = true;
   CommOptions comm;     // timeout and names
 };
 

@@ -75,6 +75,9 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
       for (int32_t v : ins.outputs) bytes += exe.plan.slots[size_t(v)].bytes;
       info.instruction_bytes.push_back(bytes);
     }
+    info.ready_after.resize(exe.program.code.size());
+    for (size_t u = 0; u < exe.update_ready.size(); ++u)
+      if (exe.update_ready[u] >= 0) info.ready_after[size_t(exe.update_ready[u])].push_back(int(u));
     s->programs_.push_back(std::move(info));
   }
   // Every replica gets its kernels prepared on its own team: a oneDNN plan is
@@ -325,6 +328,8 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
         return std::move(status).with_context("instruction for node " + std::to_string(ins.node) + " (" + what + ")");
       return status;
     }
+    if (io.on_ready)
+      for (int u : programs_[size_t(program)].ready_after[k]) (*io.on_ready)(u);
   }
   return Status();
 }
@@ -395,6 +400,11 @@ Status Session::for_each_replica(const std::function<Status(int)>& fn) {
 
 Result<std::map<std::string, Tensor>> Session::run_replica(int replica, const std::map<std::string, const Tensor*>& inputs,
                                                            int program) {
+  return run_replica(replica, inputs, program, nullptr);
+}
+
+Result<std::map<std::string, Tensor>> Session::run_replica(int replica, const std::map<std::string, const Tensor*>& inputs,
+                                                           int program, const std::function<void(int update)>& on_ready) {
   if (replica < 0 || replica >= int(replicas_.size()))
     return Status::invalid_argument("run_replica: replica", "an index below " + std::to_string(replicas_.size()),
                                     std::to_string(replica));
@@ -406,7 +416,7 @@ Result<std::map<std::string, Tensor>> Session::run_replica(int replica, const st
     replicas_[size_t(replica)].device->team().run([&] {
       tl_session = this;
       tl_replica = replica;
-      out = run_replica(replica, inputs, program);
+      out = run_replica(replica, inputs, program, on_ready);
       tl_session = nullptr;
       tl_replica = -1;
     });
@@ -421,6 +431,7 @@ Result<std::map<std::string, Tensor>> Session::run_replica(int replica, const st
   StepIO io;
   for (const compiler::Binding& b : exe.inputs) io.inputs.push_back(inputs.at(b.name)->raw());
   for (const compiler::Binding& b : exe.outputs) io.outputs.push_back(result.at(b.name).raw());
+  if (on_ready) io.on_ready = &on_ready;
   ASPEN_RETURN_IF_ERROR(execute_program(rep, program, io));
   return result;
 }

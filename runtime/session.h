@@ -115,6 +115,13 @@ class Session {
   // shapes (no iterations or replica dimension); outputs likewise.
   Result<std::map<std::string, Tensor>> run_replica(int replica, const std::map<std::string, const Tensor*>& inputs,
                                                     int program);
+  // As above, and on_ready(u) is called on the running thread as soon as
+  // update u of the program (Executable::updates) has left its parameter
+  // final (Executable::update_ready), while the program goes on: a
+  // data-parallel step reduces each gradient as the backward pass finishes it.
+  // on_ready must not touch what later instructions use.
+  Result<std::map<std::string, Tensor>> run_replica(int replica, const std::map<std::string, const Tensor*>& inputs,
+                                                    int program, const std::function<void(int update)>& on_ready);
   // The communicator replica r's collective instructions of group `group`
   // (the op's "group" attribute: "data", "tensor", ...; send and recv use
   // "pipe") run on; a collective over more than one device without one is a
@@ -139,6 +146,7 @@ class Session {
     std::vector<int64_t> instruction_bytes;  // bytes each instruction touches, for traces
     std::vector<size_t> parameter_index;     // the program's parameter k -> parameters_ index
     std::string updates_shared;              // a shared parameter the program updates ("": none)
+    std::vector<std::vector<int>> ready_after;  // by instruction: the updates final after it
   };
   Session() = default;
   // Where one step's inputs come from and outputs go (nullptr: not returned
@@ -147,6 +155,7 @@ class Session {
     std::vector<const void*> inputs;
     std::vector<void*> outputs;
     bool sum = false;
+    const std::function<void(int)>* on_ready = nullptr;  // see run_replica
   };
   const void* resolve(const Replica& r, int program, int32_t value) const;
   Status execute_program(Replica& r, int program, const StepIO& io);

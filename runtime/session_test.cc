@@ -484,6 +484,67 @@ TEST(Session, ProgramsShareParameters) {
 namespace aspen::runtime {
 namespace {
 
+// Updates become final early (Executable::update_ready) and run_replica's
+// on_ready says so while the program goes on: "early" is set from a value
+// made at the start (a copy placed right after it, not at the end), "late"
+// from the last product; "read" is updated from an early value but read by
+// a later instruction, so its copy waits until after that read (which must
+// see the old value). At each callback the parameter already holds its new
+// value; every update is reported once; the results are those of the program
+// without the hook.
+TEST(Session, UpdatesAreReportedWhenFinal) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = b.input("x", DType::f32, {4, 4});
+  const ValueId early = b.parameter("early", DType::f32, {4, 4});
+  const ValueId late = b.parameter("late", DType::f32, {4, 4});
+  const ValueId read = b.parameter("read", DType::f32, {4, 4});
+  const ValueId w = b.parameter("w", DType::f32, {4, 4});
+  const ValueId first = b.op1(graph::OpKind::matmul, {x, w});  // made at the start
+  ValueId h = first;
+  for (int k = 0; k < 4; ++k) h = b.tanh(b.op1(graph::OpKind::matmul, {h, w}));
+  const ValueId uses_read = b.add(h, read);  // reads "read" late
+  b.update(early, first);
+  b.update(read, b.scale(first, 2.0));
+  b.update(late, b.op1(graph::OpKind::matmul, {uses_read, w}));
+  b.output("y", uses_read);
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  auto exe = compiler::compile(g, {.opt_level = compiler::OptLevel::O0});
+  ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+  const compiler::Executable& e = **exe;
+  ASSERT_EQ(e.updates.size(), 3u);
+  ASSERT_EQ(e.update_ready.size(), 3u);
+  std::map<std::string, int32_t> ready;
+  for (size_t u = 0; u < 3; ++u) ready[e.updates[u].name] = e.update_ready[u];
+  const int32_t end = int32_t(e.program.code.size());
+  EXPECT_LT(ready["early"], ready["late"]) << e.listing();
+  EXPECT_LT(ready["early"], end / 2) << e.listing();
+  EXPECT_GT(ready["read"], ready["early"]) << e.listing();
+  auto s = Session::create(std::move(exe).value(), {.threads = 1});
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  Tensor xv = random_tensor({4, 4}, 3), wv = random_tensor({4, 4}, 4), rv = random_tensor({4, 4}, 5);
+  ASSERT_TRUE((*s)->set_parameter("w", wv).is_ok());
+  ASSERT_TRUE((*s)->set_parameter("read", rv).is_ok());
+  auto plain = (*s)->run_replica(0, {{"x", &xv}}, 0);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
+  std::map<std::string, Tensor> want;
+  for (const char* p : {"early", "late", "read"}) want.emplace(p, (*s)->get_parameter(p).value());
+  // y = tanh(...) + the old "read": check that the late read saw it.
+  ASSERT_TRUE((*s)->set_parameter("read", rv).is_ok());
+  std::vector<std::string> order;
+  bool all_final = true;
+  auto hooked = (*s)->run_replica(0, {{"x", &xv}}, 0, [&](int u) {
+    const std::string& name = (*s)->executable().updates[size_t(u)].name;
+    order.push_back(name);
+    const Tensor* now = (*s)->parameter_of(0, name);
+    all_final = all_final && std::memcmp(now->raw(), want.at(name).raw(), now->nbytes()) == 0;
+  });
+  ASSERT_TRUE(hooked.is_ok()) << hooked.status().to_string();
+  EXPECT_TRUE(all_final);
+  EXPECT_EQ(order, (std::vector<std::string>{"early", "read", "late"}));
+  EXPECT_EQ(std::memcmp(hooked->at("y").raw(), plain->at("y").raw(), plain->at("y").nbytes()), 0);
+}
+
 // Data-parallel training's shape: each replica accumulates into its own copy
 // of "acc.*" (replica-local) from its own input, then one replica at a time
 // updates the shared weight; run() refuses a program that updates a shared

@@ -96,6 +96,7 @@ void for_each_key(Config& c, Visit&& v) {
   v("parallel", "topk_ratio", c.parallel.topk_ratio, interval(0, 1, true, false));
   v("parallel", "timeout_s", c.parallel.timeout_s, at_least(1));
   v("parallel", "shard_optimizer_state", c.parallel.shard_optimizer_state, any());
+  v("parallel", "overlap", c.parallel.overlap, any());
   v("parallel", "pipeline_stages", c.parallel.pipeline_stages, at_least(1));
   v("parallel", "schedule", c.parallel.schedule, one_of({"1f1b", "gpipe"}));
   v("parallel", "balance", c.parallel.balance, one_of({"estimated", "measured"}));

@@ -96,6 +96,7 @@ struct ParallelSection {
   double topk_ratio = 0.01;           // topk: the fraction of each bucket sent, in (0, 1]
   int64_t timeout_s = 300;            // the longest a replica waits for its peers in a collective
   bool shard_optimizer_state = false;  // ZeRO-1 across processes: each keeps and updates its shard's state
+  bool overlap = true;                 // reduce gradient buckets while the last backward pass runs
   int64_t pipeline_stages = 1;        // > 1: the model cut into this many stages (train/pipeline.h)
   int64_t tensor_parallel = 1;        // > 1: Megatron tensor shards over this many devices (gpt2)
   std::string schedule = "1f1b";      // 1f1b | gpipe: the pipeline's order of micro-batches
