@@ -189,8 +189,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     forward = graph::Graph();
     // The vocabulary split too (parallel.vocab_parallel): "auto" when it divides.
     const models::Gpt2Config* g2 = t->model_config_.gpt2();
+    const models::GptjConfig* gj = t->model_config_.gptj();
+    const int64_t vocab = g2 ? g2->vocab : gj ? gj->vocab : 0;
     const bool vp = c.parallel.vocab_parallel == "on" ||
-                    (c.parallel.vocab_parallel == "auto" && g2 && g2->vocab % c.parallel.tensor_parallel == 0);
+                    (c.parallel.vocab_parallel == "auto" && vocab > 0 && vocab % c.parallel.tensor_parallel == 0);
     ASPEN_RETURN_IF_ERROR(
         build_forward(forward, t->model_config_, c.batch.micro, c.data.seq, c.parallel.tensor_parallel, vp));
   }

@@ -355,7 +355,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     m->grads_.resize(size_t(m->session_->replicas()));
     for (const std::string& p : params) {
       m->grad_counts_.push_back(m->session_->parameter_of(0, train::grad_accumulator_name(p))->numel());
-      m->tp_replicated_.push_back(models::gpt2_shard_kind(p, m->vocab_parallel_) == models::ShardKind::replicated);
+      m->tp_replicated_.push_back(models::shard_kind(p, m->vocab_parallel_) == models::ShardKind::replicated);
       for (int d = 0; d < m->session_->replicas(); ++d)
         m->grads_[size_t(d)].push_back(m->session_->parameter_of(d, train::grad_accumulator_name(p))->data<float>());
     }
@@ -448,7 +448,7 @@ std::pair<DType, Shape> TrainingModel::full_type(const compiler::Binding& b) con
   Shape s = b.type.shape;
   if (T > 1) {
     std::vector<int64_t> d(s.begin(), s.end());
-    switch (models::gpt2_shard_kind(b.name, vocab_parallel_)) {
+    switch (models::shard_kind(b.name, vocab_parallel_)) {
       case models::ShardKind::rows: d[0] *= T; break;
       case models::ShardKind::columns:
       case models::ShardKind::qkv_columns: d.back() *= T; break;

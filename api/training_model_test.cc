@@ -4,6 +4,7 @@
 #include "api/training_model.h"
 #include "api/pipeline_balance.h"
 #include "models/gpt2.h"
+#include "models/gptj.h"
 #include "core/philox.h"
 
 #include <gtest/gtest.h>
@@ -655,55 +656,65 @@ TEST(TensorParallel, ShardsEqualOneDevice) {
 }
 
 
-// The vocabulary split too (a random 4-head GPT-2 with 38 = 2 x 19 classes):
-// two shards train as one device does (SGD, 5 steps, within 1e-5), and the
-// weights come back whole (wte [38, C]).
-TEST(TensorParallel, VocabParallelShardsEqualOneDevice) {
+// GPT-2 and GPT-J on two tensor shards, with the vocabulary whole and split
+// (a random 4-head model with 38 = 2 x 19 classes): each trains as one device
+// does (SGD, 5 steps, within 1e-5), and the weights come back whole.
+TEST(TensorParallel, BothFamiliesWithAndWithoutTheVocabularySplitEqualOneDevice) {
   ASSERT_TRUE(kCores);
-  const models::Gpt2Config c{.vocab = 38, .n_positions = 16, .d_model = 32, .n_layer = 2, .n_head = 4, .d_ff = 40};
   const int64_t B = 2, S = 6;
-  auto build = [&](int64_t tp) {
-    graph::Graph g;
-    graph::Builder b(g);
-    EXPECT_TRUE(models::build_gpt2(b, c, {.batch = B, .seq = S, .with_loss = true, .tensor_parallel = tp,
-                                          .vocab_parallel = tp > 1})
-                    .is_ok());
-    return g;
-  };
-  const graph::Graph whole = build(1), shard = build(2);
-  std::map<std::string, Tensor> w;
-  uint64_t stream = 0;
-  for (int32_t i : whole.parameter_nodes()) {
-    const graph::Node& n = whole.node(i);
-    Tensor t(DType::f32, whole.type(n.outputs[0]).shape);
-    philox_fill_normal(t.span<float>(), 21, stream++, 0, 0.0f, 0.2f);
-    w.emplace(n.name, std::move(t));
-  }
-  const TrainingOptions t = sgd_momentum();
-  std::map<std::string, Tensor> got[2];
-  std::vector<StepStats> steps[2];
-  for (int k = 0; k < 2; ++k) {
-    Options o;
-    o.threads(1).gradient_accumulation(2).tensor_parallel(k == 0 ? 1 : 2);
-    auto m = TrainingModel::create(k == 0 ? whole : shard, o, t);
-    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
-    ASSERT_TRUE((*m)->copy_weights_to_device(ptrs(w)).is_ok());
-    EXPECT_EQ((*m)->weight_types().at("transformer.wte.weight").second.to_string(), "[38, 32]");
-    for (int step = 0; step < 5; ++step) {
-      Tensor ids(DType::i32, {2 * B, S}), pos(DType::i32, {2 * B, S}), tgt(DType::i32, {2 * B * S});
-      for (int64_t i = 0; i < 2 * B * S; ++i) {
-        ids.data<int32_t>()[i] = int32_t((7 * i + 3 * step + 1) % 38);
-        pos.data<int32_t>()[i] = int32_t(i % S);
-        tgt.data<int32_t>()[i] = int32_t((5 * i + step) % 38);
+  for (const char* family : {"gpt2", "gptj"})
+    for (bool vp : {false, true}) {
+      SCOPED_TRACE(std::string(family) + (vp ? ", vocabulary split" : ", vocabulary whole"));
+      auto build = [&](int64_t tp) {
+        graph::Graph g;
+        graph::Builder b(g);
+        const models::CausalLmOptions o{
+            .batch = B, .seq = S, .with_loss = true, .tensor_parallel = tp, .vocab_parallel = tp > 1 && vp};
+        const Status st =
+            std::string(family) == "gpt2"
+                ? models::build_gpt2(b, {.vocab = 38, .n_positions = 16, .d_model = 32, .n_layer = 2, .n_head = 4,
+                                         .d_ff = 40}, o).status()
+                : models::build_gptj(b, {.vocab = 38, .n_positions = 16, .d_model = 32, .n_layer = 2, .n_head = 4,
+                                         .rotary_dim = 4, .d_ff = 40}, o).status();
+        EXPECT_TRUE(st.is_ok()) << st.to_string();
+        return g;
+      };
+      const graph::Graph whole = build(1), shard = build(2);
+      std::map<std::string, Tensor> w;
+      uint64_t stream = 0;
+      for (int32_t i : whole.parameter_nodes()) {
+        const graph::Node& n = whole.node(i);
+        Tensor t(DType::f32, whole.type(n.outputs[0]).shape);
+        philox_fill_normal(t.span<float>(), 21, stream++, 0, 0.0f, 0.2f);
+        w.emplace(n.name, std::move(t));
       }
-      auto r = (*m)->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}});
-      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-      steps[k].insert(steps[k].end(), (*m)->last_steps().begin(), (*m)->last_steps().end());
+      const TrainingOptions t = sgd_momentum();
+      std::map<std::string, Tensor> got[2];
+      std::vector<StepStats> steps[2];
+      for (int k = 0; k < 2; ++k) {
+        Options o;
+        o.threads(1).gradient_accumulation(2).tensor_parallel(k == 0 ? 1 : 2);
+        auto m = TrainingModel::create(k == 0 ? whole : shard, o, t);
+        ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+        EXPECT_EQ((*m)->vocab_parallel(), k == 1 && vp);
+        ASSERT_TRUE((*m)->copy_weights_to_device(ptrs(w)).is_ok());
+        EXPECT_EQ((*m)->weight_types().at("transformer.wte.weight").second.to_string(), "[38, 32]");
+        for (int step = 0; step < 5; ++step) {
+          Tensor ids(DType::i32, {2 * B, S}), pos(DType::i32, {2 * B, S}), tgt(DType::i32, {2 * B * S});
+          for (int64_t i = 0; i < 2 * B * S; ++i) {
+            ids.data<int32_t>()[i] = int32_t((7 * i + 3 * step + 1) % 38);
+            pos.data<int32_t>()[i] = int32_t(i % S);
+            tgt.data<int32_t>()[i] = int32_t((5 * i + step) % 38);
+          }
+          auto r = (*m)->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}});
+          ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+          steps[k].insert(steps[k].end(), (*m)->last_steps().begin(), (*m)->last_steps().end());
+        }
+        got[k] = std::move((*m)->copy_weights_to_host()).value();
+      }
+      EXPECT_LT(max_rel_diff(got[1], got[0]), 1e-5);
+      expect_steps_near(steps[1], steps[0], 1e-5);
     }
-    got[k] = std::move((*m)->copy_weights_to_host()).value();
-  }
-  EXPECT_LT(max_rel_diff(got[1], got[0]), 1e-5);
-  expect_steps_near(steps[1], steps[0], 1e-5);
 }
 
 // The exchange overlapped with the last backward pass (the default) gives

@@ -50,7 +50,7 @@ struct GeneratorOptions {
   DType weights = DType::f32;  // f32, or bf16: matrices in bf16 under f32 activations (half the bytes per step)
   compiler::CompileOptions compile = {};
   profile::TraceRecorder* trace = nullptr;  // when set, every instruction of every step is recorded
-  // > 1: Megatron tensor shards over this many devices of the process (gpt2;
+  // > 1: Megatron tensor shards over this many devices of the process (gpt2, gptj;
   // models/tensor_parallel.h): each holds its heads' KV cache and weights.
   int64_t tensor_parallel = 1;
   // With tensor_parallel > 1: the vocabulary split over the shards too (the

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "models/tensor_parallel.h"
 
 namespace aspen::models {
 
@@ -43,11 +44,27 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   ASPEN_RETURN_IF_ERROR(c.validate());
   ASPEN_RETURN_IF_ERROR(check_batch_seq("gptj", o.batch, o.seq, "n_positions", c.n_positions));
   ASPEN_RETURN_IF_ERROR(check_kv_cache("gptj", o, "n_positions", c.n_positions));
-  if (o.tensor_parallel != 1)
-    return Status::unimplemented("gptj: tensor_parallel " + std::to_string(o.tensor_parallel),
-                                 "layout in this build (1; tensor-parallel shards exist for gpt2)");
   const DType dt = c.dtype;
   const int64_t C = c.d_model;
+  // Tensor parallel (models/tensor_parallel.h): heads and MLP units split.
+  const int64_t T = o.tensor_parallel;
+  if (T < 1) return Status::invalid_argument("gptj: tensor_parallel", ">= 1", std::to_string(T));
+  if (c.n_head % T != 0)
+    return Status::invalid_argument("gptj: tensor_parallel " + std::to_string(T),
+                                    "a divisor of n_head (" + std::to_string(c.n_head) + ")", std::to_string(T));
+  if (c.ff_dim() % T != 0)
+    return Status::invalid_argument("gptj: tensor_parallel " + std::to_string(T),
+                                    "a divisor of the MLP width (" + std::to_string(c.ff_dim()) + ")",
+                                    std::to_string(T));
+  const bool vp = T > 1 && o.vocab_parallel;
+  if (o.vocab_parallel && T == 1)
+    return Status::invalid_argument("gptj: vocab_parallel", "tensor_parallel > 1 (it splits the vocabulary over the "
+                                    "tensor shards)", "tensor_parallel 1");
+  if (vp && c.vocab % T != 0)
+    return Status::invalid_argument("gptj: vocab_parallel over " + std::to_string(T) + " shards",
+                                    "a vocabulary divisible by " + std::to_string(T), std::to_string(c.vocab),
+                                    "pad the vocabulary (model.vocab) or keep it whole on every shard");
+  const int64_t Cl = C / T, Fl = c.ff_dim() / T, Vl = vp ? c.vocab / T : c.vocab;
   GptjGraph m;
   m.input_ids = b.input("input_ids", DType::i32, Shape{o.batch, o.seq});
   m.positions = b.input("positions", DType::i32, Shape{o.batch, o.seq});
@@ -59,8 +76,10 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   if (o.kv_cache_len > 0) key_valid = kv.key_valid;
 
   const DType wdt = o.weight_dtype.value_or(dt);
-  ValueId x = embed(b, b.parameter("transformer.wte.weight", wdt, Shape{c.vocab, C}), m.input_ids, dt);  // [B, T, C]
-  const AttentionSpec attn{.n_head = c.n_head,
+  const ValueId wte = b.parameter("transformer.wte.weight", wdt, Shape{Vl, C});
+  const ValueId offset = vp ? b.parameter(kVocabOffsetName, DType::i32, Shape{}) : ValueId{};
+  ValueId x = vp ? vocab_parallel_embed(b, wte, m.input_ids, offset, dt, T) : embed(b, wte, m.input_ids, dt);  // [B, T, C]
+  const AttentionSpec attn{.n_head = c.n_head / T,
                            .head_dim = c.head_dim(),
                            .mask = "causal",
                            .rotary_dim = c.rotary_dim,
@@ -68,12 +87,22 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "transformer.h." + std::to_string(i) + ".";
     ValueId h = layer_norm(b, x, p + "ln_1", C, c.layer_norm_eps, dt);
-    ValueId q = linear(b, h, p + "attn.q_proj", C, C, /*bias=*/false, wdt);
-    ValueId k = linear(b, h, p + "attn.k_proj", C, C, false, wdt);
-    ValueId v = linear(b, h, p + "attn.v_proj", C, C, false, wdt);
+    ValueId q = linear(b, h, p + "attn.q_proj", C, Cl, /*bias=*/false, wdt);
+    ValueId k = linear(b, h, p + "attn.k_proj", C, Cl, false, wdt);
+    ValueId v = linear(b, h, p + "attn.v_proj", C, Cl, false, wdt);
     const KvCacheSpec cache = layer_cache(kv, o, i);
     ValueId a = linear(b, attention_core(b, q, k, v, attn, m.positions, key_valid, o.kv_cache_len ? &cache : nullptr),
-                       p + "attn.out_proj", C, C, false, wdt);
+                       p + "attn.out_proj", Cl, C, false, wdt);
+    if (T > 1) {  // both row-parallel products summed by one all-reduce, then fc_out's bias once
+      ValueId u = b.gelu(linear(b, h, p + "mlp.fc_in", C, Fl, /*bias=*/true, wdt), /*tanh_form=*/true);
+      ValueId y = b.add(a, linear(b, u, p + "mlp.fc_out", Fl, C, /*bias=*/false, wdt));
+      y = b.op1(graph::OpKind::all_reduce, {y},
+                {{"group", std::string("tensor")}, {"group_size", T}, {"reduce", std::string("sum")}});
+      const ValueId bias = b.parameter(p + "mlp.fc_out.bias", dt, Shape{C});
+      const Shape ys = b.type(y).shape;
+      x = b.add(b.add(y, b.broadcast(bias, std::vector<int64_t>(ys.begin(), ys.end()))), x);
+      continue;
+    }
     ValueId f = mlp(b, h, {.fc_in = p + "mlp.fc_in", .fc_out = p + "mlp.fc_out", .d_model = C, .d_ff = c.ff_dim(),
                            .weight_dtype = wdt});
     x = b.add(b.add(a, f), x);  // HF: attn_output + feed_forward_hidden_states + residual
@@ -81,10 +110,10 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   x = layer_norm(b, x, "transformer.ln_f", C, c.layer_norm_eps, dt);
   if (o.last_hidden_state) b.output("last_hidden_state", x);
   x = logits_input(b, x, o);
-  m.logits = linear(b, x, "lm_head", C, c.vocab, /*bias=*/true, wdt);  // [B, T, V]
-  b.output("logits", m.logits);
+  m.logits = linear(b, x, "lm_head", C, Vl, /*bias=*/true, wdt);  // [B, T, V] (vocab parallel: the shard's V/T)
+  b.output("logits", vp ? vocab_parallel_gather_logits(b, m.logits, T) : m.logits);
   if (o.with_loss) {
-    m.loss = lm_loss(b, m.logits, m.targets);
+    m.loss = vp ? vocab_parallel_loss(b, m.logits, m.targets, offset, T) : lm_loss(b, m.logits, m.targets);
     b.output("loss", m.loss);
   }
   ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context("gptj"));

@@ -29,8 +29,19 @@ void copy_columns(const Tensor& src, int64_t src_cols, int64_t from, Tensor& dst
 
 }  // namespace
 
-ShardKind gpt2_shard_kind(const std::string& name, bool vocab_parallel) {
+ShardKind shard_kind(const std::string& name, bool vocab_parallel) {
   if (vocab_parallel && ends_with(name, "transformer.wte.weight")) return ShardKind::rows;
+  // GPT-J (torch.nn.Linear: [out, in]): a column-parallel projection's output
+  // channels are the weight's rows, a row-parallel one's input channels its columns.
+  if (ends_with(name, "attn.q_proj.weight") || ends_with(name, "attn.k_proj.weight") ||
+      ends_with(name, "attn.v_proj.weight") || ends_with(name, "mlp.fc_in.weight"))
+    return ShardKind::rows;
+  if (ends_with(name, "mlp.fc_in.bias") || ends_with(name, "attn.out_proj.weight") ||
+      ends_with(name, "mlp.fc_out.weight"))
+    return ShardKind::columns;
+  if (vocab_parallel && ends_with(name, "lm_head.weight")) return ShardKind::rows;
+  if (vocab_parallel && ends_with(name, "lm_head.bias")) return ShardKind::columns;
+  // GPT-2 (Conv1D: [in, out]).
   if (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias")) return ShardKind::qkv_columns;
   if (ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias")) return ShardKind::columns;
   if (ends_with(name, "attn.c_proj.weight") || ends_with(name, "mlp.c_proj.weight")) return ShardKind::rows;
@@ -41,7 +52,7 @@ Result<Tensor> shard_weight(const std::string& name, const Tensor& full, int ran
   if (shards < 1 || rank < 0 || rank >= shards)
     return Status::invalid_argument("tensor parallel: rank of '" + name + "'", "in [0, " + std::to_string(shards) + ")",
                                     std::to_string(rank));
-  const ShardKind kind = gpt2_shard_kind(name, vocab_parallel);
+  const ShardKind kind = shard_kind(name, vocab_parallel);
   if (kind == ShardKind::replicated || shards == 1) return full.clone();
   const Shape& s = full.shape();
   const int64_t cols = s[-1], rows = full.numel() / cols;
@@ -68,7 +79,7 @@ Result<Tensor> shard_weight(const std::string& name, const Tensor& full, int ran
 Result<Tensor> gather_weight(const std::string& name, std::span<const Tensor* const> parts, bool vocab_parallel) {
   const int shards = int(parts.size());
   if (shards < 1) return Status::invalid_argument("tensor parallel: gather '" + name + "'", "at least one part", "none");
-  const ShardKind kind = gpt2_shard_kind(name, vocab_parallel);
+  const ShardKind kind = shard_kind(name, vocab_parallel);
   const Tensor& first = *parts[0];
   if (kind == ShardKind::replicated || shards == 1) return first.clone();
   const Shape& s = first.shape();

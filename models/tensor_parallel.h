@@ -1,5 +1,6 @@
 // models/tensor_parallel.h: the Megatron tensor-parallel layout of the GPT-2
-// family's weights (CausalLmOptions::tensor_parallel builds the shard graph).
+// and GPT-J families' weights (CausalLmOptions::tensor_parallel builds the
+// shard graph).
 //
 // With T shards, shard r holds:
 //   attn.c_attn.weight [C, 3C/T], .bias [3C/T]   columns: its heads of q, of k, of v
@@ -17,7 +18,18 @@
 // all-reduced; the logits are the shard's [.., V/T] columns, gathered over the
 // group only when the graph outputs them; the loss is graph/ops_vocab.cc's
 // vocab-parallel cross-entropy (the global row maxima by an all-gather, the
-// exp-sums and target logits by all-reduces). The shard graph sums the row-parallel
+// exp-sums and target logits by all-reduces).
+//
+// GPT-J (torch.nn.Linear weights, [out, in]), shard r holds:
+//   attn.q_proj / k_proj / v_proj.weight [C/T, C]   rows: its heads (column parallel)
+//   attn.out_proj.weight [C, C/T]                   columns: the same heads (row parallel)
+//   mlp.fc_in.weight [F/T, C], .bias [F/T]          its hidden units
+//   mlp.fc_out.weight [C, F/T]                      columns (row parallel)
+// and every other weight whole (LayerNorms, fc_out's bias, wte and lm_head
+// unless the vocabulary is split: then wte's and lm_head's rows and
+// lm_head's bias). Attention and MLP run side by side from one LayerNorm
+// (GPT-J's parallel residual), so one all-reduce sums both row-parallel
+// products, then fc_out's bias is added once. The shard graph sums the row-parallel
 // products over group "tensor" (all_reduce), so every shard ends each block
 // with the same activations. Checkpoints hold the full tensors: shard_weight
 // cuts a full tensor for shard r and gather_weight puts the shards' back
@@ -37,9 +49,9 @@
 namespace aspen::models {
 
 enum class ShardKind { replicated, columns, qkv_columns, rows };
-// How the GPT-2 weight `name` is laid out across shards (wte: rows when the
-// vocabulary is split).
-ShardKind gpt2_shard_kind(const std::string& name, bool vocab_parallel = false);
+// How the weight `name` (GPT-2 or GPT-J) is laid out across shards (wte, and
+// GPT-J's lm_head: rows when the vocabulary is split).
+ShardKind shard_kind(const std::string& name, bool vocab_parallel = false);
 
 // Shard `rank` of `shards` of the full weight `name` (a copy; whole when replicated).
 Result<Tensor> shard_weight(const std::string& name, const Tensor& full, int rank, int shards,

@@ -32,6 +32,30 @@ graph::Graph gpt2(const Gpt2Config& c, int64_t tp, bool vocab_parallel = false) 
   return g;
 }
 
+// A 4-head model of either family with `vocab` classes (GPT-J: rotary over half of each head).
+ModelConfig model(const std::string& family, int64_t vocab) {
+  ModelConfig mc;
+  mc.model_type = family;
+  if (family == "gpt2") {
+    Gpt2Config c = config();
+    c.vocab = vocab;
+    mc.family = c;
+  } else {
+    mc.family = GptjConfig{.vocab = vocab, .n_positions = 16, .d_model = 32, .n_layer = 2, .n_head = 4,
+                           .rotary_dim = 4, .d_ff = 40};
+  }
+  return mc;
+}
+
+graph::Graph causal_lm(const ModelConfig& mc, int64_t tp, bool vocab_parallel) {
+  graph::Graph g;
+  graph::Builder b(g);
+  const CausalLmOptions o{.batch = 2, .seq = 5, .with_loss = true, .tensor_parallel = tp, .vocab_parallel = vocab_parallel};
+  const Status s = mc.gpt2() ? build_gpt2(b, *mc.gpt2(), o).status() : build_gptj(b, *mc.gptj(), o).status();
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  return g;
+}
+
 // Every parameter of `g`, normal(0, stddev) (biases and norms too, so misplaced ones show).
 std::map<std::string, Tensor> random_weights(const graph::Graph& g, uint64_t seed, float stddev) {
   std::map<std::string, Tensor> w;
@@ -45,21 +69,22 @@ std::map<std::string, Tensor> random_weights(const graph::Graph& g, uint64_t see
   return w;
 }
 
-// Also with the vocabulary split (38 = 2 x 19 classes): the loss from the
-// shards' partial sums, the logits gathered.
+// GPT-2 and GPT-J; also with the vocabulary split (38 = 2 x 19 classes): the
+// loss from the shards' partial sums, the logits gathered.
 TEST(TensorParallel, TwoShardsComputeTheWholeModel) {
+  for (const char* family : {"gpt2", "gptj"})
   for (bool vp : {false, true}) {
-  SCOPED_TRACE(vp ? "vocab parallel" : "vocabulary whole on each shard");
-  Gpt2Config c = config();
-  if (vp) c.vocab = 38;
-  const graph::Graph whole = gpt2(c, 1), shard = gpt2(c, 2, vp);
+  SCOPED_TRACE(std::string(family) + (vp ? ", vocab parallel" : ", vocabulary whole on each shard"));
+  const ModelConfig mc = model(family, vp ? 38 : 37);
+  const int64_t vocab = vp ? 38 : 37;
+  const graph::Graph whole = causal_lm(mc, 1, false), shard = causal_lm(mc, 2, vp);
   EXPECT_EQ(is_vocab_parallel(shard), vp);
   const std::map<std::string, Tensor> w = random_weights(whole, 5, 0.2f);
   Tensor ids(DType::i32, {2, 5}), pos(DType::i32, {2, 5}), tgt(DType::i32, {10});
   for (int i = 0; i < 10; ++i) {
-    ids.data<int32_t>()[i] = int32_t((7 * i + 3) % c.vocab);
+    ids.data<int32_t>()[i] = int32_t((7 * i + 3) % vocab);
     pos.data<int32_t>()[i] = i % 5;
-    tgt.data<int32_t>()[i] = int32_t((5 * i + 1) % c.vocab);
+    tgt.data<int32_t>()[i] = int32_t((5 * i + 1) % vocab);
   }
   std::map<std::string, Tensor> want;
   {
@@ -79,7 +104,7 @@ TEST(TensorParallel, TwoShardsComputeTheWholeModel) {
     ASSERT_TRUE((*s)->set_communicator(r, "tensor", comms[size_t(r)].get()).is_ok());
     for (const compiler::Binding& p : (*s)->parameters()) {
       if (p.name == kVocabOffsetName) {  // the shard's first class
-        (*s)->parameter_of(r, p.name)->data<int32_t>()[0] = int32_t(r * c.vocab / 2);
+        (*s)->parameter_of(r, p.name)->data<int32_t>()[0] = int32_t(r * vocab / 2);
         continue;
       }
       auto part = shard_weight(p.name, w.at(p.name), r, 2, vp);
@@ -130,13 +155,29 @@ TEST(TensorParallel, ShardThenGatherIsTheIdentity) {
       ASSERT_TRUE(back.is_ok()) << back.status().to_string();
       ASSERT_EQ(back->shape(), t.shape()) << n.name;
       EXPECT_EQ(0, std::memcmp(back->raw(), t.raw(), t.nbytes())) << n.name;
-      if (gpt2_shard_kind(n.name) != ShardKind::replicated) {
+      if (shard_kind(n.name) != ShardKind::replicated) {
         EXPECT_EQ(parts[0].numel() * shards, t.numel()) << n.name;
         sharded += shards == 2;
       }
     }
   }
   EXPECT_EQ(sharded, 2 * 6);  // per layer: c_attn weight and bias, c_proj weight, c_fc weight and bias, mlp c_proj weight
+  // GPT-J: q, k, v and out_proj, fc_in's weight and bias, fc_out's weight are cut, and come back whole.
+  const graph::Graph j = causal_lm(model("gptj", 37), 1, false);
+  int cut = 0;
+  for (int32_t i : j.parameter_nodes()) {
+    const graph::Node& n = j.node(i);
+    Tensor t(DType::f32, j.type(n.outputs[0]).shape);
+    philox_fill_normal(t.span<float>(), 10, uint64_t(i), 0, 0.0f, 1.0f);
+    std::vector<Tensor> parts;
+    for (int r = 0; r < 2; ++r) parts.push_back(shard_weight(n.name, t, r, 2).value());
+    const std::vector<const Tensor*> ptrs = {&parts[0], &parts[1]};
+    auto back = gather_weight(n.name, ptrs);
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    EXPECT_EQ(0, std::memcmp(back->raw(), t.raw(), t.nbytes())) << n.name;
+    cut += shard_kind(n.name) != ShardKind::replicated;
+  }
+  EXPECT_EQ(cut, 2 * 7);
   // Vocab parallel: wte's rows, shard r the classes [r·V/T, (r+1)·V/T); a vocabulary that does not divide is refused.
   Tensor wte(DType::f32, {6, 2});
   for (int i = 0; i < 12; ++i) wte.data<float>()[i] = float(i);
@@ -144,8 +185,8 @@ TEST(TensorParallel, ShardThenGatherIsTheIdentity) {
   ASSERT_TRUE(rows.is_ok()) << rows.status().to_string();
   EXPECT_EQ(std::vector<float>(rows->data<float>(), rows->data<float>() + 4), (std::vector<float>{4, 5, 6, 7}));
   EXPECT_FALSE(shard_weight("transformer.wte.weight", wte, 1, 4, true).is_ok());
-  EXPECT_EQ(gpt2_shard_kind("optimizer.exp_avg.transformer.wte.weight", true), ShardKind::rows);
-  EXPECT_EQ(gpt2_shard_kind("transformer.wte.weight"), ShardKind::replicated);
+  EXPECT_EQ(shard_kind("optimizer.exp_avg.transformer.wte.weight", true), ShardKind::rows);
+  EXPECT_EQ(shard_kind("transformer.wte.weight"), ShardKind::replicated);
   // q | k | v keep their own heads: shard 1 of 2 of c_attn.bias [3C] is q[C/2:C], k[3C/2:2C], v[5C/2:3C].
   Tensor bias(DType::f32, {12});
   for (int i = 0; i < 12; ++i) bias.data<float>()[i] = float(i);
@@ -158,14 +199,12 @@ TEST(TensorParallel, ShardThenGatherIsTheIdentity) {
 // as one device: greedy and sampled, from a random 4-head GPT-2 written as a
 // Hugging Face directory.
 TEST(TensorParallel, GenerationOnTwoShardsDrawsTheSameTokens) {
-  Gpt2Config c = config();
-  c.vocab = 38;  // the vocab-parallel runs split it in two
-  const graph::Graph whole = gpt2(c, 1);
+  for (const char* family : {"gpt2", "gptj"}) {
+  SCOPED_TRACE(family);
+  const ModelConfig mc = model(family, 38);  // the vocab-parallel runs split it in two
+  const graph::Graph whole = causal_lm(mc, 1, false);
   const std::map<std::string, Tensor> w = random_weights(whole, 11, 0.3f);
-  const std::string dir = ::testing::TempDir() + "aspen_tp_generate_" + std::to_string(getpid());
-  ModelConfig mc;
-  mc.model_type = "gpt2";
-  mc.family = c;
+  const std::string dir = ::testing::TempDir() + "aspen_tp_generate_" + family + std::to_string(getpid());
   ASSERT_TRUE(export_hf_model(dir, mc, w).is_ok());
   const std::vector<std::vector<int32_t>> prompts = {{3, 1, 4, 1, 5}, {9, 2}};
   std::vector<std::vector<int32_t>> got[3];  // one device, 2 shards, 2 shards with the vocabulary split
@@ -203,6 +242,7 @@ TEST(TensorParallel, GenerationOnTwoShardsDrawsTheSameTokens) {
   EXPECT_EQ(got[1], got[0]);
   EXPECT_EQ(got[2], got[0]);
   std::filesystem::remove_all(dir);
+  }
 }
 
 TEST(TensorParallel, ShardsThatDoNotDivideAreRefused) {
@@ -219,6 +259,11 @@ TEST(TensorParallel, ShardsThatDoNotDivideAreRefused) {
   EXPECT_EQ(v.status().message(),
             "gpt2: vocab_parallel over 2 shards: expected a vocabulary divisible by 2, found 37 (hint: pad the "
             "vocabulary (model.vocab) or keep it whole on every shard)");
+  graph::Graph j;
+  graph::Builder jb(j);
+  auto gj = build_gptj(jb, GptjConfig::tiny(), {.batch = 1, .seq = 4, .tensor_parallel = 2});  // 3 heads
+  ASSERT_FALSE(gj.is_ok());
+  EXPECT_EQ(gj.status().message(), "gptj: tensor_parallel 2: expected a divisor of n_head (3), found 2");
 }
 
 }  // namespace

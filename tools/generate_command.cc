@@ -109,7 +109,7 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--max-length", args->max_length, "KV-cache positions, prompt included (0: the model's maximum)");
   cmd->add_option("--threads", args->threads, "threads (0: the free cores)");
   cmd->add_option("--tensor-parallel", args->tensor_parallel,
-                  "Megatron tensor shards over this many devices (gpt2; threads is then per shard)")
+                  "Megatron tensor shards over this many devices (gpt2, gptj; threads is then per shard)")
       ->check(CLI::Range(int64_t(1), int64_t(64)));
   cmd->add_flag("--vocab-parallel", args->vocab_parallel,
                 "with --tensor-parallel: the vocabulary split over the shards too (it must divide)");
