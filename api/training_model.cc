@@ -95,9 +95,10 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     for (char ch : layout) lh = (lh ^ uint64_t(uint8_t(ch))) * 1099511628211ull;
     ASPEN_RETURN_IF_ERROR(parallel::check_same_everywhere(*m->job_, lh, "training layout (" + layout + ")"));
   }
-  if (tp > 1 && stages > 1)
-    return Status::unimplemented("training: tensor_parallel " + std::to_string(tp) + " with pipeline stages",
-                                 "layout in this build (tensor shards, with or without replicas)");
+  if (tp > 1 && stages > 1 && options.model_across_processes_)
+    return Status::unimplemented("training: tensor_parallel " + std::to_string(tp) + " with " + std::to_string(stages) +
+                                     " pipeline stages across processes",
+                                 "layout in this build (one of them across processes; both in each process)");
   if (options.model_across_processes_) {
     // The mesh over processes: process (d·stages + s)·tp + t.
     const int M = stages * tp, P = m->job_->size();
@@ -143,15 +144,16 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   if (stages > 1 && m->zero_)
     return Status::unimplemented("training: " + std::to_string(stages) + " pipeline stages with sharded optimizer state",
                                  "layout in this build (pipeline stages with replicas keep the whole state)");
-  // With replicas in a process, one data-parallel group per tensor rank or
-  // pipeline stage; dp_ is rank (stage) 0's, the others are made here in the
-  // same order on every process.
-  const int groups = data_parallel && !m->spread() ? std::max(tp, stages) : 1;
+  // With replicas in a process, one data-parallel group per (pipeline stage,
+  // tensor rank), k = stage·tp + rank; dp_ is k = 0's, the others are made
+  // here in the same order on every process.
+  const int groups = data_parallel && !m->spread() ? tp * stages : 1;
   for (int k = 1; k < groups; ++k) {
     parallel::DataParallelOptions dpo = training.data_parallel;
     dpo.local = local;
     dpo.mpi = options.mpi_;
-    dpo.comm.name = training.data_parallel.comm.name + (tp > 1 ? " shard " : " stage ") + std::to_string(k);
+    dpo.comm.name = training.data_parallel.comm.name + (stages > 1 ? " stage " + std::to_string(k / tp) : "") +
+                    (tp > 1 ? " shard " + std::to_string(k % tp) : "");
     ASPEN_ASSIGN_OR_RETURN(auto g, parallel::DataParallelGroup::create(dpo));
     m->more_dp_.push_back(std::move(g));
   }
@@ -231,6 +233,9 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
             m->stage_uses_[size_t(st)].insert(m->pipe_->graphs[size_t(prog)].node(n).name);
     }
   }
+  // Tensor shards of pipeline stages: no device holds every stage's weights,
+  // so evaluation runs through the stages' forward programs.
+  if (tp > 1 && m->pipe_) graphs[size_t(m->eval_program_)] = &placeholder;
   // Pipeline stages across processes: this process compiles its stage's
   // programs only (placeholders keep the others' numbers), and evaluates
   // through the stages' forward programs.
@@ -288,17 +293,49 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   runtime::SessionOptions sopts;
   sopts.threads = options.threads_;
   sopts.trace = m->trace_.get();
-  // Devices: pipeline x data parallel, device r·stages + s; tensor x data parallel, device r·tp + t.
-  sopts.replicas = m->spread() ? 1 : tp > 1 ? tp * local : stages * local;
+  // Devices: the mesh in this process, device (r·stages + s)·tp + t runs
+  // stage s, tensor shard t of local replica r (parallel/mesh.h's order).
+  sopts.replicas = m->spread() ? 1 : tp * stages * local;
   if (data_parallel) sopts.replica_local = {train::grad_accumulator_name("")};
-  if (data_parallel && stages > 1 && !m->spread()) {
-    // A stage's devices hold only the gradients of the parameters their stage uses.
-    sopts.replica_uses = [uses = m->stage_uses_, stages](int device, const std::string& name) {
-      return uses[size_t(device % stages)].count(name) > 0;
+  if (tp > 1) sopts.replica_local = {""};  // every shard its own weights, state and gradients
+  if (stages > 1 && !m->spread() && (data_parallel || tp > 1)) {
+    // A stage's devices hold only the replica-local parameters their stage uses.
+    sopts.replica_uses = [uses = m->stage_uses_, stages, tp](int device, const std::string& name) {
+      return uses[size_t((device / tp) % stages)].count(name) > 0;
     };
   }
-  if (tp > 1) sopts.replica_local = {""};  // every shard its own weights, state and gradients
   ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exes), sopts));
+  // Tensor shards: a "tensor" group per (replica, stage), each shard's first
+  // row of the vocabulary, and which parameters are whole on every shard.
+  auto setup_shards = [&]() -> Status {
+    parallel::CommOptions co = training.data_parallel.comm;
+    co.name = "tensor";
+    if (m->spread()) ASPEN_RETURN_IF_ERROR(m->session_->set_communicator(0, "tensor", m->tensor_comms_[0].get()));
+    if (m->vocab_parallel_)  // models/tensor_parallel.h
+      for (int d = 0; d < m->session_->replicas(); ++d) {
+        Tensor* off = m->session_->parameter_of(d, models::kVocabOffsetName);
+        if (!off) continue;  // a stage without the embedding or the LM head
+        // The shard's rows of the vocabulary: wte's, or (GPT-J's last stage) the untied lm_head's.
+        const Tensor* rows = m->session_->parameter_of(d, "transformer.wte.weight");
+        if (!rows) rows = m->session_->parameter_of(d, "lm_head.weight");
+        if (!rows)
+          return Status::error(Code::kInvalidArgument, "training: vocab-parallel shard graph",
+                               "transformer.wte.weight or lm_head.weight beside the vocabulary offset", "neither");
+        const int r = m->spread() ? m->spread_rank_ : d % tp;
+        off->data<int32_t>()[0] = int32_t(r * rows->shape()[0]);
+      }
+    for (int g = 0; g < local * stages && !m->spread(); ++g) {  // devices g·tp .. g·tp + tp - 1
+      ASPEN_ASSIGN_OR_RETURN(auto group, parallel::make_threads_group(tp, co));
+      for (int t = 0; t < tp; ++t) {
+        ASPEN_RETURN_IF_ERROR(m->session_->set_communicator(g * tp + t, "tensor", group[size_t(t)].get()));
+        m->tensor_comms_.push_back(std::move(group[size_t(t)]));
+      }
+    }
+    for (const std::string& p : m->programs_.params)
+      m->tp_replicated_.push_back(models::shard_kind(p, m->vocab_parallel_) == models::ShardKind::replicated);
+    return Status();
+  };
+  if (tp > 1) ASPEN_RETURN_IF_ERROR(setup_shards());
   if (m->pipe_ && m->spread()) {
     // Each parameter's gradient ends on its owning stage's process; this
     // process's device holds its stage's.
@@ -314,48 +351,27 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     }
   } else if (m->pipe_) {
     // Each parameter's gradient ends on replica 0 of the stage that owns it
-    // (device s); with replicas every device has its own accumulators.
+    // (device s·tp + t); with replicas every device has its own accumulators.
     const auto& params = m->programs_.params;
     m->owner_.assign(params.size(), 0);
     for (int st = 0; st < stages; ++st)
       for (size_t i : m->pipe_->stages[size_t(st)].owned) m->owner_[i] = st;
-    m->grads_.resize(size_t(stages * local));
+    m->grads_.resize(size_t(m->session_->replicas()));
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string acc = train::grad_accumulator_name(params[i]);
       m->grad_counts_.push_back(
-          m->session_->parameter_of(m->owner_[i], acc)->numel());  // replica 0 of the owning stage holds it
-      for (int d = 0; d < stages * local; ++d) {
+          m->session_->parameter_of(m->owner_[i] * tp, acc)->numel());  // replica 0 of the owning stage holds it
+      for (int d = 0; d < m->session_->replicas(); ++d) {
         Tensor* t = m->session_->parameter_of(d, acc);  // null on devices of other stages
         m->grads_[size_t(d)].push_back(t ? t->data<float>() : nullptr);
       }
     }
   } else if (tp > 1) {
-    parallel::CommOptions co = training.data_parallel.comm;
-    co.name = "tensor";
-    if (m->spread()) ASPEN_RETURN_IF_ERROR(m->session_->set_communicator(0, "tensor", m->tensor_comms_[0].get()));
-    if (m->vocab_parallel_)  // each shard's first row of the vocabulary (models/tensor_parallel.h)
-      for (int d = 0; d < m->session_->replicas(); ++d) {
-        Tensor* off = m->session_->parameter_of(d, models::kVocabOffsetName);
-        const Tensor* wte = m->session_->parameter_of(d, "transformer.wte.weight");
-        if (!off || !wte)
-          return Status::error(Code::kInvalidArgument, "training: vocab-parallel shard graph",
-                               "the offset state and transformer.wte.weight", "a graph without them");
-        const int r = m->spread() ? m->spread_rank_ : d % tp;
-        off->data<int32_t>()[0] = int32_t(r * wte->shape()[0]);
-      }
-    for (int r = 0; r < local && !m->spread(); ++r) {  // each replica's shards form a tensor group
-      ASPEN_ASSIGN_OR_RETURN(auto group, parallel::make_threads_group(tp, co));
-      for (int t = 0; t < tp; ++t) {
-        ASPEN_RETURN_IF_ERROR(m->session_->set_communicator(r * tp + t, "tensor", group[size_t(t)].get()));
-        m->tensor_comms_.push_back(std::move(group[size_t(t)]));
-      }
-    }
     const auto& params = m->programs_.params;
     m->owner_.assign(params.size(), 0);
     m->grads_.resize(size_t(m->session_->replicas()));
     for (const std::string& p : params) {
       m->grad_counts_.push_back(m->session_->parameter_of(0, train::grad_accumulator_name(p))->numel());
-      m->tp_replicated_.push_back(models::shard_kind(p, m->vocab_parallel_) == models::ShardKind::replicated);
       for (int d = 0; d < m->session_->replicas(); ++d)
         m->grads_[size_t(d)].push_back(m->session_->parameter_of(d, train::grad_accumulator_name(p))->data<float>());
     }
@@ -391,9 +407,11 @@ Status TrainingModel::copy_weights_to_device(const std::map<std::string, const T
 int TrainingModel::tensor_shards() const { return int(options_.tensor_parallel_); }
 int TrainingModel::data_replicas() const {
   if (spread()) return 1;
-  return session_->replicas() / (pipe_ ? int(pipe_->stages.size()) : tensor_shards());
+  return session_->replicas() / (pipeline_stages() * tensor_shards());
 }
-int TrainingModel::data_replica(int device) const { return spread() ? 0 : device / tensor_shards(); }
+int TrainingModel::data_replica(int device) const {
+  return spread() ? 0 : device / (pipeline_stages() * tensor_shards());
+}
 
 Status TrainingModel::set_full(const std::string& name, const Tensor& full) {
   const int T = tensor_shards();
@@ -401,11 +419,14 @@ Status TrainingModel::set_full(const std::string& name, const Tensor& full) {
     if (spread() && !session_->parameter_of(0, name) && all_types_.count(name)) return Status();  // another stage's
     return session_->set_parameter(name, full);
   }
-  for (int d = 0; d < session_->replicas(); ++d) {  // device r·T + t holds shard t (across processes: one device)
+  bool held = false;
+  for (int d = 0; d < session_->replicas(); ++d) {  // device .. + t holds shard t (across processes: one device)
     const int r = spread() ? spread_rank_ : d % T;
-    ASPEN_ASSIGN_OR_RETURN(Tensor part, models::shard_weight(name, full, r, T, vocab_parallel_));
     Tensor* dst = session_->parameter_of(d, name);
+    if (!dst && pipe_) continue;  // a device of a stage that does not use it
     if (!dst) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
+    held = true;
+    ASPEN_ASSIGN_OR_RETURN(Tensor part, models::shard_weight(name, full, r, T, vocab_parallel_));
     if (dst->dtype() != part.dtype() || dst->shape() != part.shape())
       return Status::invalid_argument("parameter '" + name + "' (shard " + std::to_string(r) + " of " +
                                           std::to_string(T) + ")",
@@ -414,6 +435,7 @@ Status TrainingModel::set_full(const std::string& name, const Tensor& full) {
                                           " (cut from " + full.shape().to_string() + ")");
     if (part.nbytes()) std::memcpy(dst->raw(), part.raw(), part.nbytes());
   }
+  if (!held) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
   return Status();
 }
 
@@ -437,7 +459,9 @@ Result<Tensor> TrainingModel::get_full(const std::string& name) const {
     }
     for (const Tensor& t : gathered) parts.push_back(&t);
   } else {
-    for (int r = 0; r < T; ++r) parts.push_back(const_cast<runtime::Session&>(*session_).parameter_of(r, name));
+    // Replica 0's shards of the stage that holds it (device stage·T + r).
+    const int first = pipe_ ? holding_stage(name) * T : 0;
+    for (int r = 0; r < T; ++r) parts.push_back(const_cast<runtime::Session&>(*session_).parameter_of(first + r, name));
   }
   if (!parts[0]) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
   return models::gather_weight(name, parts, vocab_parallel_);
@@ -551,7 +575,8 @@ Result<std::string> TrainingModel::first_non_finite(const std::string& prefix) c
 
 Result<std::string> TrainingModel::first_non_finite_gradient() const {
   for (size_t i = 0; i < programs_.params.size(); ++i) {
-    const float* g = spread() ? grads_[0][i] : grads_[size_t(owner_[i])][i];
+    const int device = pipe_ ? owner_[i] * tensor_shards() : owner_[i];  // replica 0's, shard 0
+    const float* g = spread() ? grads_[0][i] : grads_[size_t(device)][i];
     if (!g) continue;  // another process's stage
     for (int64_t k = 0; k < grad_counts_[i]; ++k)
       if (!std::isfinite(g[k])) return programs_.params[i];
@@ -617,6 +642,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::str
 
 Result<float> TrainingModel::evaluate(const std::map<std::string, const Tensor*>& inputs) {
   if (spread() && pipe_) return evaluate_spread_pipeline(inputs);
+  if (pipe_ && tensor_shards() > 1) return evaluate_local_pipeline(inputs);
   if (tensor_shards() == 1) {
     ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(0, inputs, eval_program_));
     return out.at(training_.loss).data<float>()[0];
@@ -918,10 +944,15 @@ Status TrainingModel::broadcast_shard_weights(int l) {
 }
 
 void TrainingModel::advance_step_count() {  // the shards read the count; it advances once (train/program.h)
-  Tensor* count = session_->parameter_of(0, train::kStepName);
-  if (!count && spread()) return;  // a stage (in its own process) that owns no parameters
-  ASPEN_CHECK(count != nullptr);
-  count->data<float>()[0] += 1.0f;
+  // Every copy once: one shared, or (tensor shards) each device's own.
+  std::vector<Tensor*> seen;
+  for (int d = 0; d < session_->replicas(); ++d) {
+    Tensor* count = session_->parameter_of(d, train::kStepName);
+    if (!count || std::find(seen.begin(), seen.end(), count) != seen.end()) continue;  // a stage that steps nothing
+    seen.push_back(count);
+    count->data<float>()[0] += 1.0f;
+  }
+  ASPEN_CHECK(!seen.empty() || spread());
 }
 
 Status TrainingModel::finish_step(StepStats& s, double sq,

@@ -317,6 +317,13 @@ class TrainingModel {
   Status exchange_shared_gradients();
   Status send_shared_weights();
   Result<float> evaluate_spread_pipeline(const std::map<std::string, const Tensor*>& inputs);
+  // Tensor shards of pipeline stages in this process (api/training_pipeline.cc):
+  // evaluation through the stages' forward programs; after a step, a tied
+  // weight's new value from its owner's shards into the other stages' copies;
+  // whether an accumulator's parameter is whole on every shard.
+  Result<float> evaluate_local_pipeline(const std::map<std::string, const Tensor*>& inputs);
+  void copy_shared_weights();
+  bool whole_on_shards(const std::string& accumulator) const;
   Result<std::map<std::string, Tensor>> gather_spread_pipeline(bool weights) const;
 };
 

@@ -11,6 +11,7 @@
 
 #include "api/training_model.h"
 #include "core/check.h"
+#include "models/tensor_parallel.h"
 #ifdef ASPEN_HAVE_MPI
 #include "parallel/mpi/mpi_communicator.h"
 #endif
@@ -146,13 +147,15 @@ Tensor micro_batch(const Tensor& t, const Shape& per, int64_t index) {
 
 Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map<std::string, const Tensor*>& inputs) {
   const train::PipelinePrograms& pp = *pipe_;
-  const int S = int(pp.stages.size());
+  const int S = int(pp.stages.size()), T = tensor_shards();
   const int L = data_replicas();  // data-parallel replicas in this process
-  // Device d runs stage stage_of(d) of local replica replica_of(d) (across
-  // processes: this process's one device runs its stage).
-  auto stage_of = [&](int d) { return spread() ? spread_rank_ : d % S; };
-  auto replica_of = [&](int d) { return spread() ? 0 : d / S; };
-  auto stage_group = [&](int st) { return spread() ? dp_.get() : dp_group(st); };
+  // Device d = (r·S + s)·T + t runs stage s, tensor shard t of local replica r
+  // (across processes: this process's one device runs its stage).
+  auto stage_of = [&](int d) { return spread() ? spread_rank_ : (d / T) % S; };
+  auto replica_of = [&](int d) { return spread() ? 0 : d / (S * T); };
+  auto shard_of = [&](int d) { return d % T; };
+  auto device_at = [&](int r, int st, int t) { return (r * S + st) * T + t; };
+  auto stage_group = [&](int st, int t) { return spread() ? dp_.get() : dp_group(st * T + t); };
   const int64_t iters = options_.device_iterations_, acc = options_.gradient_accumulation_;
   // The forward graph's inputs each stage takes, and their per-micro-batch types.
   std::map<std::string, Shape> per;
@@ -201,18 +204,18 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     s.lr = training_.schedule.at(s.step);
     s.loss_scale = scaler_.scale();
     const Tensor ls = scalar(float(s.loss_scale));
-    std::vector<std::unique_ptr<Transport>> channels;  // by local replica
+    std::vector<std::unique_ptr<Transport>> channels;  // by local replica and tensor shard: r·T + t
 #ifdef ASPEN_HAVE_MPI
     if (spread()) channels.push_back(std::make_unique<MpiChannels>(*pipe_comm_, int(acc)));
 #endif
-    for (int r = int(channels.size()); r < L; ++r)
+    for (int r = int(channels.size()); r < L * T; ++r)
       channels.push_back(std::make_unique<Channels>(training_.data_parallel.comm.timeout));
     std::vector<std::vector<float>> micro_losses(static_cast<size_t>(L), std::vector<float>(size_t(acc), 0.0f));
     pipe_stats_.busy_s.assign(size_t(session_->replicas()), 0.0);
     const auto t0 = Clock::now();
     auto stage_work = [&](int d) -> Status {
-      const int r = replica_of(d), st = stage_of(d);
-      Transport& ch = *channels[size_t(r)];
+      const int r = replica_of(d), st = stage_of(d), sh = shard_of(d);
+      Transport& ch = *channels[size_t(r * T + sh)];  // shard sh of each stage: the same activations
       const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
       const train::PipelineStage& split = pp.split.stages[size_t(st)];
       const bool last = st + 1 == S;
@@ -220,8 +223,9 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       bool first_backward = true;
       for (const train::PipeStep& step : order[size_t(st)]) {
         const int m = step.micro;
-        const std::string where = "pipeline stage " + std::to_string(st) + (L > 1 ? " of replica " + std::to_string(r) : "") +
-                                  ", " + (step.forward ? "forward" : "backward") + " of micro-batch " + std::to_string(m);
+        const std::string where = "pipeline stage " + std::to_string(st) + (T > 1 ? " shard " + std::to_string(sh) : "") +
+                                  (L > 1 ? " of replica " + std::to_string(r) : "") + ", " +
+                                  (step.forward ? "forward" : "backward") + " of micro-batch " + std::to_string(m);
         std::map<std::string, Tensor> owned;
         for (const std::string& name : split.inputs)
           owned.emplace(name, micro_batch(*inputs.at(name), per.at(name), (it * acc + m) * L + r));
@@ -244,7 +248,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
           for (int e : split.out_edges)
             ASPEN_RETURN_IF_ERROR(ch.put(e, m, false, pp.split.edges[size_t(e)].to,
                                          std::move(out.at(pp.split.edges[size_t(e)].name))));
-          if (last) micro_losses[size_t(r)][size_t(m)] = out.at(training_.loss).data<float>()[0];
+          if (last && sh == 0) micro_losses[size_t(r)][size_t(m)] = out.at(training_.loss).data<float>()[0];
           continue;
         }
         std::map<std::string, Tensor> grads;
@@ -276,8 +280,6 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
         stash.erase(m);
       }
       ASPEN_RETURN_IF_ERROR(ch.flush());
-      if (!dp_) return Status();
-      // The stage's gradients over its replicas, into replica 0's copies.
       std::vector<float*> tensors;
       std::vector<int64_t> counts;
       for (const std::string& name : stage_accumulators[size_t(st)]) {
@@ -285,19 +287,27 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
         ASPEN_CHECK(t != nullptr);
         tensors.push_back(t->data<float>());
         counts.push_back(t->numel());
+        // Tensor shards: a whole weight's gradient is split into the shards' parts.
+        if (T > 1 && whole_on_shards(name))
+          ASPEN_RETURN_IF_ERROR(tensor_comms_[size_t(d)]->all_reduce(std::span<float>(t->data<float>(), size_t(t->numel()))));
       }
-      const std::vector<int> owners(tensors.size(), 0);
+      if (!dp_) return Status();
       int64_t bytes = 0;
       for (int64_t c : counts) bytes += 4 * c;
       profile::TraceScope scope(trace_.get(), session_->device(d).name(), "reduce gradients",
                                 profile::category::kCollective, bytes);
-      return stage_group(st)->reduce_to_owners(r, tensors, counts, owners);
+      // The stage's gradients over its replicas: into replica 0's copies, or
+      // with tensor shards (each device steps its own weights) into every copy.
+      if (T > 1) return stage_group(st, sh)->all_reduce(r, tensors, counts);
+      const std::vector<int> owners(tensors.size(), 0);
+      return stage_group(st, sh)->reduce_to_owners(r, tensors, counts, owners);
     };
     Status work = session_->for_each_replica([&](int d) {
       Status r = stage_work(d);
       if (!r.is_ok()) {
         for (auto& ch : channels) ch->fail("device " + std::to_string(d) + ": " + r.message());
-        if (dp_) stage_group(stage_of(d))->abort(replica_of(d), r.message());
+        if (dp_) stage_group(stage_of(d), shard_of(d))->abort(replica_of(d), r.message());
+        if (T > 1 && !spread()) tensor_comms_[size_t(d)]->abort(r.message());
       }
       return r;
     });
@@ -310,16 +320,19 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     if (spread()) {
       ASPEN_RETURN_IF_ERROR(exchange_shared_gradients());
     } else {
-      for (const train::PipelinePrograms::Shared& sh : pp.shared) {
-        float* into = grads_[size_t(owner_[sh.param])][sh.param];
-        for (const std::string& name : sh.extra) {
-          const int stage = std::stoi(name.substr(name.rfind('@') + 1));
-          const Tensor* t = session_->parameter_of(stage, name);
-          ASPEN_CHECK(t != nullptr);
-          const float* from = t->data<float>();
-          for (int64_t k = 0; k < grad_counts_[sh.param]; ++k) into[k] += from[k];
-        }
-      }
+      // Replica 0's (with tensor shards: every replica's, as each steps its own weights), shard by shard.
+      for (int r = 0; r < (T > 1 ? L : 1); ++r)
+        for (int t = 0; t < T; ++t)
+          for (const train::PipelinePrograms::Shared& sh : pp.shared) {
+            float* into = grads_[size_t(device_at(r, owner_[sh.param], t))][sh.param];
+            for (const std::string& name : sh.extra) {
+              const int stage = std::stoi(name.substr(name.rfind('@') + 1));
+              const Tensor* from_t = session_->parameter_of(device_at(r, stage, t), name);
+              ASPEN_CHECK(from_t != nullptr && into != nullptr);
+              const float* from = from_t->data<float>();
+              for (int64_t k = 0; k < from_t->numel(); ++k) into[k] += from[k];
+            }
+          }
     }
     // Across processes the last stage's losses go to the replica's other stages.
     if (spread()) ASPEN_RETURN_IF_ERROR(pipe_group_->broadcast(micro_losses[0].data(), acc, DType::f32, S - 1));
@@ -340,14 +353,23 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     // Σg², added in parameter order (the same bits as one device's norm of the same gradients).
     std::vector<float> sums(pp.params.size(), 0.0f);
     if (needs_norm()) {
+      // By shard: replica 0's Σg² of each owned parameter (a cut one's parts add over the shards, in rank order).
+      std::vector<std::vector<float>> by_shard(static_cast<size_t>(T), std::vector<float>(pp.params.size(), 0.0f));
       ASPEN_RETURN_IF_ERROR(session_->for_each_replica([&](int d) -> Status {
         const train::PipelinePrograms::Stage& prog = pp.stages[size_t(stage_of(d))];
         if (replica_of(d) != 0 || prog.norm < 0) return Status();  // replica 0 of each stage
         ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(d, {}, prog.norm));
         const Tensor& t = out.at(train::kGradSqNormName);
-        for (size_t k = 0; k < prog.owned.size(); ++k) sums[prog.owned[k]] = t.data<float>()[k];
+        for (size_t k = 0; k < prog.owned.size(); ++k) by_shard[size_t(shard_of(d))][prog.owned[k]] = t.data<float>()[k];
         return Status();
       }));
+      for (size_t i = 0; i < pp.params.size(); ++i) {
+        if (T > 1 && !tp_replicated_[i]) {
+          for (int t = 0; t < T; ++t) sums[i] += by_shard[size_t(t)][i];
+        } else {
+          sums[i] = by_shard[0][i];
+        }
+      }
       // Across processes each stage has its own entries (the others are 0, so the sum is exact).
       if (spread()) ASPEN_RETURN_IF_ERROR(pipe_group_->all_reduce(std::span<float>(sums)));
     }
@@ -356,17 +378,96 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     auto apply = [&](const Tensor& lr, const Tensor& gs) -> Status {
       Status st = session_->for_each_replica([&](int d) -> Status {
         const int program = pp.stages[size_t(stage_of(d))].step;
-        if (replica_of(d) != 0 || program < 0) return Status();  // replica 0 of each stage updates the shared weights
+        // Replica 0 of each stage updates the shared weights; with tensor shards every device its own.
+        if ((replica_of(d) != 0 && T == 1) || program < 0) return Status();
         return session_->run_replica(d, {{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, program).status();
       });
       if (st.is_ok()) advance_step_count();
       if (st.is_ok() && spread()) st = send_shared_weights();
+      if (st.is_ok() && T > 1) copy_shared_weights();
       return st;
     };
     ASPEN_RETURN_IF_ERROR(finish_step(s, double(sq), apply));
     losses.push_back(s.loss);
   }
   return losses_by_mode(losses);
+}
+
+bool TrainingModel::whole_on_shards(const std::string& accumulator) const {
+  std::string p = accumulator.substr(train::grad_accumulator_name("").size());
+  if (const size_t at = p.rfind('@'); at != std::string::npos) p.resize(at);
+  return models::shard_kind(p, vocab_parallel_) == models::ShardKind::replicated;
+}
+
+void TrainingModel::copy_shared_weights() {
+  const int S = pipeline_stages(), T = tensor_shards(), L = data_replicas();
+  for (const train::PipelinePrograms::Shared& sh : pipe_->shared) {
+    const std::string& name = programs_.params[sh.param];
+    const int owner = owner_[sh.param];
+    for (int r = 0; r < L; ++r)
+      for (int t = 0; t < T; ++t) {
+        const Tensor* from = session_->parameter_of((r * S + owner) * T + t, name);
+        ASPEN_CHECK(from != nullptr);
+        for (int s = 0; s < S; ++s) {
+          Tensor* to = s == owner ? nullptr : session_->parameter_of((r * S + s) * T + t, name);
+          if (to && to != from) std::memcpy(to->raw(), from->raw(), from->nbytes());
+        }
+      }
+  }
+}
+
+Result<float> TrainingModel::evaluate_local_pipeline(const std::map<std::string, const Tensor*>& inputs) {
+  const train::PipelinePrograms& pp = *pipe_;
+  const int S = int(pp.stages.size()), T = tensor_shards();
+  // Inputs checked first: a failure inside would leave the other devices waiting.
+  for (int st = 0; st < S; ++st)
+    for (const compiler::Binding& b : session_->executable(pp.stages[size_t(st)].forward).inputs) {
+      if (b.name.starts_with("pipe.")) continue;
+      auto it = inputs.find(b.name);
+      if (it == inputs.end() || !it->second || it->second->dtype() != b.type.dtype || it->second->shape() != b.type.shape)
+        return Status::invalid_argument("evaluation input '" + b.name + "'", b.type.to_string(),
+                                        it == inputs.end() || !it->second
+                                            ? std::string("none given")
+                                            : std::string(dtype_name(it->second->dtype())) +
+                                                  it->second->shape().to_string());
+    }
+  std::vector<std::unique_ptr<Channels>> channels;  // by shard
+  for (int t = 0; t < T; ++t) channels.push_back(std::make_unique<Channels>(training_.data_parallel.comm.timeout));
+  float loss = 0.0f;
+  Status st = session_->for_each_replica([&](int d) -> Status {
+    if (d >= S * T) return Status();  // replica 0's devices
+    const int stage = d / T, t = d % T;
+    const train::PipelinePrograms::Stage& prog = pp.stages[size_t(stage)];
+    const train::PipelineStage& split = pp.split.stages[size_t(stage)];
+    Status s = [&]() -> Status {
+      std::map<std::string, Tensor> received;
+      for (int e : split.in_edges) {
+        const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
+        ASPEN_ASSIGN_OR_RETURN(Tensor x, channels[size_t(t)]->take(e, 0, false, edge.from, edge.type,
+                                                                   "evaluation, stage " + std::to_string(stage)));
+        received.emplace(edge.name, std::move(x));
+      }
+      std::map<std::string, const Tensor*> feeds;
+      for (const std::string& name : split.inputs) feeds.emplace(name, inputs.at(name));
+      for (const auto& [name, x] : received) feeds.emplace(name, &x);
+      ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(d, feeds, prog.forward));
+      for (int e : split.out_edges)
+        ASPEN_RETURN_IF_ERROR(channels[size_t(t)]->put(e, 0, false, pp.split.edges[size_t(e)].to,
+                                                       std::move(out.at(pp.split.edges[size_t(e)].name))));
+      if (stage + 1 == S && t == 0) loss = out.at(training_.loss).data<float>()[0];
+      return Status();
+    }();
+    if (!s.is_ok()) {
+      for (auto& ch : channels) ch->fail("device " + std::to_string(d) + ": " + s.message());
+      tensor_comms_[size_t(d)]->abort(s.message());
+    }
+    return s;
+  });
+  if (!st.is_ok()) {
+    broken_ = true;
+    return st;
+  }
+  return loss;
 }
 
 }  // namespace aspen::api
