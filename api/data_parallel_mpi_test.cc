@@ -313,6 +313,30 @@ TEST(ModelAcrossProcesses, TensorShardsEqualOneDevice) {
   }
 }
 
+// Two tensor shards as two processes (-np 2: one replica; -np 4: two), GPT-2
+// and GPT-J with the vocabulary split: as one device (SGD, 4 steps, within
+// 1e-5), every process with the same whole weights.
+TEST(ModelAcrossProcesses, TwoShardsAsProcessesEqualOneDevice) {
+  const int P = parallel::mpi_world_size();
+  ASSERT_EQ(P % 2, 0);
+  for (const char* family : {"gpt2", "gptj"}) {
+    SCOPED_TRACE(family);
+    Options one;
+    one.threads(1).gradient_accumulation(2);
+    const SmallRun a = train_small(family, true, one, sgd(), 4);
+    Options across;
+    across.threads(1).gradient_accumulation(2).tensor_parallel(2).mpi(true).model_across_processes(true);
+    const SmallRun b = train_small(family, true, across, sgd(), 4, P / 2);
+    ASSERT_FALSE(a.weights.empty() || b.weights.empty());
+    EXPECT_LT(max_rel_diff(b.weights, a.weights), 1e-5);
+    expect_steps_near(b.steps, a.steps, 1e-5);
+    if (P == 2) {  // one replica: the same evaluated micro-batch
+      EXPECT_NEAR(b.eval, a.eval, 1e-5 * std::abs(a.eval));
+    }
+    expect_same_on_every_rank(b.weights);
+  }
+}
+
 // The layout is checked before any compute: processes that are no multiple of
 // stages x shards are refused on every rank, naming the numbers.
 TEST(ModelAcrossProcesses, ProcessesMustFillTheMesh) {

@@ -640,6 +640,21 @@ Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::str
   return out;
 }
 
+Status TrainingModel::check_eval_inputs(const compiler::Executable& exe,
+                                        const std::map<std::string, const Tensor*>& inputs) {
+  for (const compiler::Binding& b : exe.inputs) {
+    if (b.name.starts_with("pipe.")) continue;  // a pipeline stage's edge, not the user's
+    auto it = inputs.find(b.name);
+    if (it == inputs.end() || !it->second || it->second->dtype() != b.type.dtype || it->second->shape() != b.type.shape)
+      return Status::invalid_argument("evaluation input '" + b.name + "'", b.type.to_string(),
+                                      it == inputs.end() || !it->second
+                                          ? std::string("none given")
+                                          : std::string(dtype_name(it->second->dtype())) +
+                                                it->second->shape().to_string());
+  }
+  return Status();
+}
+
 Result<float> TrainingModel::evaluate(const std::map<std::string, const Tensor*>& inputs) {
   if (spread() && pipe_) return evaluate_spread_pipeline(inputs);
   if (pipe_ && tensor_shards() > 1) return evaluate_local_pipeline(inputs);
@@ -652,15 +667,7 @@ Result<float> TrainingModel::evaluate(const std::map<std::string, const Tensor*>
   for (const auto& [name, t] : inputs)
     if (std::none_of(exe.inputs.begin(), exe.inputs.end(), [&](const compiler::Binding& b) { return b.name == name; }))
       return Status::error(Code::kNotFound, "input '" + name + "'", "an input of the evaluation program", "none");
-  for (const compiler::Binding& b : exe.inputs) {
-    auto it = inputs.find(b.name);
-    if (it == inputs.end() || !it->second || it->second->dtype() != b.type.dtype || it->second->shape() != b.type.shape)
-      return Status::invalid_argument("input '" + b.name + "'", b.type.to_string(),
-                                      it == inputs.end() || !it->second
-                                          ? std::string("none given")
-                                          : std::string(dtype_name(it->second->dtype())) +
-                                                it->second->shape().to_string());
-  }
+  ASPEN_RETURN_IF_ERROR(check_eval_inputs(exe, inputs));
   float loss = 0.0f;  // every shard takes part in the program's all-reduces; they agree on the loss
   ASPEN_RETURN_IF_ERROR(session_->for_each_replica([&](int r) -> Status {
     Result<std::map<std::string, Tensor>> out = session_->run_replica(r, inputs, eval_program_);

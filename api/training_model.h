@@ -322,6 +322,8 @@ class TrainingModel {
   // weight's new value from its owner's shards into the other stages' copies;
   // whether an accumulator's parameter is whole on every shard.
   Result<float> evaluate_local_pipeline(const std::map<std::string, const Tensor*>& inputs);
+  // Every input of `exe` (but pipeline edges) given with its exact type, before any device starts.
+  static Status check_eval_inputs(const compiler::Executable& exe, const std::map<std::string, const Tensor*>& inputs);
   void copy_shared_weights();
   bool whole_on_shards(const std::string& accumulator) const;
   Result<std::map<std::string, Tensor>> gather_spread_pipeline(bool weights) const;

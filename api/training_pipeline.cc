@@ -421,16 +421,7 @@ Result<float> TrainingModel::evaluate_local_pipeline(const std::map<std::string,
   const int S = int(pp.stages.size()), T = tensor_shards();
   // Inputs checked first: a failure inside would leave the other devices waiting.
   for (int st = 0; st < S; ++st)
-    for (const compiler::Binding& b : session_->executable(pp.stages[size_t(st)].forward).inputs) {
-      if (b.name.starts_with("pipe.")) continue;
-      auto it = inputs.find(b.name);
-      if (it == inputs.end() || !it->second || it->second->dtype() != b.type.dtype || it->second->shape() != b.type.shape)
-        return Status::invalid_argument("evaluation input '" + b.name + "'", b.type.to_string(),
-                                        it == inputs.end() || !it->second
-                                            ? std::string("none given")
-                                            : std::string(dtype_name(it->second->dtype())) +
-                                                  it->second->shape().to_string());
-    }
+    ASPEN_RETURN_IF_ERROR(check_eval_inputs(session_->executable(pp.stages[size_t(st)].forward), inputs));
   std::vector<std::unique_ptr<Channels>> channels;  // by shard
   for (int t = 0; t < T; ++t) channels.push_back(std::make_unique<Channels>(training_.data_parallel.comm.timeout));
   float loss = 0.0f;

@@ -101,18 +101,10 @@ Result<float> TrainingModel::evaluate_spread_pipeline(const std::map<std::string
   const train::PipelineStage& split = pp.split.stages[size_t(st)];
   // Inputs checked first: a failure after the first message would leave the other stages waiting.
   const compiler::Executable& exe = session_->executable(prog.forward);
+  ASPEN_RETURN_IF_ERROR(check_eval_inputs(exe, inputs));
   std::map<std::string, const Tensor*> feeds;
-  for (const compiler::Binding& b : exe.inputs) {
-    if (b.name.starts_with("pipe.")) continue;
-    auto it = inputs.find(b.name);
-    if (it == inputs.end() || !it->second || it->second->dtype() != b.type.dtype || it->second->shape() != b.type.shape)
-      return Status::invalid_argument("evaluation input '" + b.name + "'", b.type.to_string(),
-                                      it == inputs.end() || !it->second
-                                          ? std::string("none given")
-                                          : std::string(dtype_name(it->second->dtype())) +
-                                                it->second->shape().to_string());
-    feeds.emplace(b.name, it->second);
-  }
+  for (const compiler::Binding& b : exe.inputs)
+    if (!b.name.starts_with("pipe.")) feeds.emplace(b.name, inputs.at(b.name));
   if (broken_)
     return Status::error(Code::kFailedPrecondition, "training model", "a model whose stages are working",
                          "a step failed earlier and aborted the group", "create the model again");

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "api/training_model.h"
+#include "core/philox.h"
 #include "io/safetensors.h"
 #include "models/gpt2.h"
 #include "models/gptj.h"
@@ -193,6 +194,86 @@ inline bool bitwise_equal(const std::map<std::string, Tensor>& a, const std::map
   for (const auto& [name, t] : a)
     if (!b.count(name) || std::memcmp(t.raw(), b.at(name).raw(), t.nbytes()) != 0) return false;
   return true;
+}
+
+// A random 4-head model of `family` with 38 = 2 x 19 classes, built as one
+// shard of `tp` (the vocabulary split when vp), trained for `steps` steps of
+// 2 micro-batches of [2, 6] (replicas take their share) from the same
+// weights and batches whatever the layout; returns the whole weights and
+// optimizer state, and the loss of one evaluated micro-batch. Under MPI
+// (Options::mpi) each process feeds its replica's micro-batches.
+struct SmallRun {
+  std::map<std::string, Tensor> weights, state;
+  std::vector<StepStats> steps;
+  float eval = 0.0f;
+};
+inline SmallRun train_small(const std::string& family, bool vp, const Options& o, const TrainingOptions& t, int steps,
+                            int processes = 1) {
+  // Replicas in all: this process's, times the processes (with the model
+  // across processes, the processes per replica are stages x shards).
+  const int64_t B = 2, S = 6, tp = o.tensor_parallel_;
+  const int64_t R = o.model_across_processes_ ? processes : o.replication_factor_ * processes;
+  auto build = [&](int64_t shards, int64_t batch) {
+    graph::Graph g;
+    graph::Builder b(g);
+    const models::CausalLmOptions co{
+        .batch = batch, .seq = S, .with_loss = true, .tensor_parallel = shards, .vocab_parallel = shards > 1 && vp};
+    const Status st =
+        family == "gpt2"
+            ? models::build_gpt2(b, {.vocab = 38, .n_positions = 16, .d_model = 32, .n_layer = 2, .n_head = 4,
+                                     .d_ff = 40}, co).status()
+            : models::build_gptj(b, {.vocab = 38, .n_positions = 16, .d_model = 32, .n_layer = 2, .n_head = 4,
+                                     .rotary_dim = 4, .d_ff = 40}, co).status();
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    return g;
+  };
+  const graph::Graph whole = build(1, B), shard = build(tp, B / R);
+  std::map<std::string, Tensor> w;
+  uint64_t stream = 0;
+  for (int32_t i : whole.parameter_nodes()) {
+    const graph::Node& n = whole.node(i);
+    Tensor x(DType::f32, whole.type(n.outputs[0]).shape);
+    philox_fill_normal(x.span<float>(), 21, stream++, 0, 0.0f, 0.2f);
+    w.emplace(n.name, std::move(x));
+  }
+  SmallRun run;
+  auto m = TrainingModel::create(shard, o, t);
+  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+  if (!m.is_ok()) return run;
+  EXPECT_EQ((*m)->vocab_parallel(), tp > 1 && vp);
+  EXPECT_TRUE((*m)->copy_weights_to_device(ptrs(w)).is_ok());
+  EXPECT_EQ((*m)->weight_types().at("transformer.wte.weight").second.to_string(), "[38, 32]");
+  const int64_t acc = o.gradient_accumulation_;  // acc x R micro-batches of [B / R, S]: 2 of [B, S] in all
+  EXPECT_EQ(acc * R * (B / R), 2 * B);
+  const int64_t mb = B / R, L = R / processes, p = (*m)->process();
+  for (int step = 0; step < steps; ++step) {
+    // This process's micro-batches: slot a·L + l is the step's micro-batch a·R + p·L + l.
+    Tensor ids(DType::i32, {acc * L * mb, S}), pos(DType::i32, {acc * L * mb, S}), tgt(DType::i32, {acc * L * mb * S});
+    for (int64_t a = 0; a < acc; ++a)
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t k = 0; k < mb * S; ++k) {
+          const int64_t i = ((a * R + p * L + l) * mb) * S + k, slot = ((a * L + l) * mb) * S + k;
+          ids.data<int32_t>()[slot] = int32_t((7 * i + 3 * step + 1) % 38);
+          pos.data<int32_t>()[slot] = int32_t(i % S);
+          tgt.data<int32_t>()[slot] = int32_t((5 * i + step) % 38);
+        }
+    auto r = (*m)->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}});
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    if (!r.is_ok()) return run;
+    run.steps.insert(run.steps.end(), (*m)->last_steps().begin(), (*m)->last_steps().end());
+  }
+  run.weights = std::move((*m)->copy_weights_to_host()).value();
+  run.state = std::move((*m)->copy_optimizer_state_to_host()).value();
+  Tensor ids(DType::i32, {B / R, S}), pos(DType::i32, {B / R, S}), tgt(DType::i32, {B / R * S});
+  for (int64_t i = 0; i < B / R * S; ++i) {
+    ids.data<int32_t>()[i] = int32_t((3 * i + 2) % 38);
+    pos.data<int32_t>()[i] = int32_t(i % S);
+    tgt.data<int32_t>()[i] = int32_t((11 * i + 5) % 38);
+  }
+  auto e = (*m)->evaluate({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}});
+  EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+  if (e.is_ok()) run.eval = *e;
+  return run;
 }
 
 }  // namespace aspen::api::testing

@@ -33,6 +33,20 @@ graph::Graph uniform_model(int stages, const PipelineBenchOptions& o) {
   return g;
 }
 
+// Every weight normal(0, 0.5 / sqrt(fan_in)): activations stay of order 1 through the blocks.
+Status random_weights(api::TrainingModel& model, double fan_in) {
+  std::map<std::string, Tensor> weights;
+  uint64_t stream = 0;
+  for (const auto& [name, type] : model.weight_types()) {
+    Tensor w(type.first, type.second);
+    philox_fill_normal(w.span<float>(), 99, stream++, 0, 0.0f, float(0.5 / std::sqrt(fan_in)));
+    weights.emplace(name, std::move(w));
+  }
+  std::map<std::string, const Tensor*> ptrs;
+  for (const auto& [name, w] : weights) ptrs.emplace(name, &w);
+  return model.copy_weights_to_device(ptrs);
+}
+
 struct Measured {
   double bubble = 0, step_s = 0;
 };
@@ -47,16 +61,7 @@ Result<Measured> measure(int stages, int micro, train::PipelineSchedule schedule
   t.schedule.lr = 1e-3;
   t.pipeline = {stages, schedule};
   ASPEN_ASSIGN_OR_RETURN(auto model, api::TrainingModel::create(g, opts, t));
-  std::map<std::string, Tensor> weights;
-  uint64_t stream = 0;
-  for (const auto& [name, type] : model->weight_types()) {
-    Tensor w(type.first, type.second);
-    philox_fill_normal(w.span<float>(), 99, stream++, 0, 0.0f, float(0.5 / std::sqrt(double(o.width))));
-    weights.emplace(name, std::move(w));
-  }
-  std::map<std::string, const Tensor*> ptrs;
-  for (const auto& [name, w] : weights) ptrs.emplace(name, &w);
-  ASPEN_RETURN_IF_ERROR(model->copy_weights_to_device(ptrs));
+  ASPEN_RETURN_IF_ERROR(random_weights(*model, double(o.width)));
   Tensor x(DType::f32, {int64_t(micro) * o.rows, o.width});
   philox_fill_normal(x.span<float>(), 7, 0, 0, 0.0f, 1.0f);
   std::vector<double> bubbles, walls;
@@ -116,17 +121,7 @@ Result<Balanced> measure_balance(api::TrainingOptions::Balance balance, const Pi
   t.schedule.lr = 1e-4;
   t.pipeline = {2, train::PipelineSchedule::one_f_one_b, balance};
   ASPEN_ASSIGN_OR_RETURN(auto model, api::TrainingModel::create(g, opts, t));
-  std::map<std::string, Tensor> weights;
-  uint64_t stream = 0;
-  const double C = double(o.heads * o.head_dim);
-  for (const auto& [name, type] : model->weight_types()) {
-    Tensor w(type.first, type.second);
-    philox_fill_normal(w.span<float>(), 99, stream++, 0, 0.0f, float(0.5 / std::sqrt(C)));
-    weights.emplace(name, std::move(w));
-  }
-  std::map<std::string, const Tensor*> ptrs;
-  for (const auto& [name, w] : weights) ptrs.emplace(name, &w);
-  ASPEN_RETURN_IF_ERROR(model->copy_weights_to_device(ptrs));
+  ASPEN_RETURN_IF_ERROR(random_weights(*model, double(o.heads * o.head_dim)));
   Tensor x(DType::f32, {int64_t(micro) * o.seq, o.heads * o.head_dim});
   philox_fill_normal(x.span<float>(), 7, 0, 0, 0.0f, 1.0f);
   std::vector<double> walls;

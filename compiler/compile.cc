@@ -122,7 +122,13 @@ Status lower(Executable& exe) {
     exe.updates.push_back({name, v.index, g.type(v)});
     const Slot &src = exe.plan.slots[size_t(v.index)], &dst = exe.plan.slots[size_t(p.index)];
     int32_t after = writer[size_t(v.index)];  // -1: a parameter or constant, there from the start
-    if (src.storage == dst.storage && src.offset == dst.offset) {  // in place: final once written
+    // The last instruction that reads the parameter's bytes (its old value; in
+    // place, also a later reader of the new one): after it, nothing does.
+    for (size_t k = 0; k < exe.program.code.size(); ++k)
+      for (int32_t in : exe.program.code[k].inputs)
+        if (exe.plan.slots[size_t(in)].storage == dst.storage && exe.plan.slots[size_t(in)].offset == dst.offset)
+          after = std::max(after, int32_t(k));
+    if (src.storage == dst.storage && src.offset == dst.offset) {  // in place: final once written and read
       exe.update_ready.push_back(after);
       continue;
     }
@@ -133,10 +139,6 @@ Status lower(Executable& exe) {
                                        "a value that does not read parameter '" + other +
                                            "', which this step also updates",
                                        "%" + std::to_string(v.index));
-    for (size_t k = 0; k < exe.program.code.size(); ++k)  // the last reader of the old value
-      for (int32_t in : exe.program.code[k].inputs)
-        if (exe.plan.slots[size_t(in)].storage == dst.storage && exe.plan.slots[size_t(in)].offset == dst.offset)
-          after = std::max(after, int32_t(k));
     Instruction ins;
     ins.kind = InstrKind::copy;
     ins.inputs = {v.index};

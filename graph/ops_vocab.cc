@@ -189,21 +189,24 @@ int64_t int_at(const void* p, DType t, int64_t k) {
   return t == DType::i64 ? static_cast<const int64_t*>(p)[k] : int64_t(static_cast<const int32_t*>(p)[k]);
 }
 
-Result<Local> fast_local(const Node& n, const VocabArgs& a, In i, DType targets, DType offset) {
-  return local_classes(n, a, [&](int64_t r) { return int_at(i[1], targets, r); }, int_at(i[2], offset, 0));
-}
-
-Prepared prepare_vocab_ce_stats(const Node& n, Types in, Types out) {
+// A fast kernel for one of the ops (f32 z): the arguments checked at prepare,
+// the shard's classes found at each run, then body(a, l, i, o, targets dtype).
+template <class Body>
+Prepared vocab_kernel(const Node& n, Types in, Types out, Body body) {
   if (!floats_are_f32(in, out)) return no_fast_kernel();
   ASPEN_ASSIGN_OR_RETURN(const VocabArgs a, vocab_args(n, in));
   const DType tt = in[1].dtype, ot = in[2].dtype;
-  const Node node = n;
-  return make_kernel([a, tt, ot, node](In i, Out o) -> Status {
-    ASPEN_ASSIGN_OR_RETURN(const Local l, fast_local(node, a, i, tt, ot));
-    const float* z = f32_in(i, 0);
-    const float* M = f32_in(i, 3);
-    float* s = static_cast<float*>(o[0]);
-    float* zt = static_cast<float*>(o[1]);
+  return make_kernel([a, tt, ot, node = n, body](In i, Out o) -> Status {
+    ASPEN_ASSIGN_OR_RETURN(const Local l, local_classes(node, a, [&](int64_t r) { return int_at(i[1], tt, r); },
+                                                        int_at(i[2], ot, 0)));
+    return body(a, l, i, o, tt);
+  });
+}
+
+Prepared prepare_vocab_ce_stats(const Node& n, Types in, Types out) {
+  return vocab_kernel(n, in, out, [](const VocabArgs& a, const Local& l, In i, Out o, DType) -> Status {
+    const float *z = f32_in(i, 0), *M = f32_in(i, 3);
+    float *s = static_cast<float*>(o[0]), *zt = static_cast<float*>(o[1]);
 #pragma omp parallel for schedule(static) if (a.R * a.Vl > (1 << 15))
     for (int64_t r = 0; r < a.R; ++r) {
       const float* row = z + r * a.Vl;
@@ -217,12 +220,7 @@ Prepared prepare_vocab_ce_stats(const Node& n, Types in, Types out) {
 }
 
 Prepared prepare_vocab_ce_loss(const Node& n, Types in, Types out) {
-  if (!floats_are_f32(in, out)) return no_fast_kernel();
-  ASPEN_ASSIGN_OR_RETURN(const VocabArgs a, vocab_args(n, in));
-  const DType tt = in[1].dtype, ot = in[2].dtype;
-  const Node node = n;
-  return make_kernel([a, tt, ot, node](In i, Out o) -> Status {
-    ASPEN_ASSIGN_OR_RETURN(const Local l, fast_local(node, a, i, tt, ot));
+  return vocab_kernel(n, in, out, [](const VocabArgs& a, const Local& l, In i, Out o, DType tt) -> Status {
     const float *M = f32_in(i, 3), *S = f32_in(i, 4), *Zt = f32_in(i, 5);
     double sum = 0.0;
     for (int64_t r = 0; r < a.R; ++r)
@@ -233,12 +231,7 @@ Prepared prepare_vocab_ce_loss(const Node& n, Types in, Types out) {
 }
 
 Prepared prepare_vocab_ce_grad(const Node& n, Types in, Types out) {
-  if (!floats_are_f32(in, out)) return no_fast_kernel();
-  ASPEN_ASSIGN_OR_RETURN(const VocabArgs a, vocab_args(n, in));
-  const DType tt = in[1].dtype, ot = in[2].dtype;
-  const Node node = n;
-  return make_kernel([a, tt, ot, node](In i, Out o) -> Status {
-    ASPEN_ASSIGN_OR_RETURN(const Local l, fast_local(node, a, i, tt, ot));
+  return vocab_kernel(n, in, out, [](const VocabArgs& a, const Local& l, In i, Out o, DType tt) -> Status {
     const float *z = f32_in(i, 0), *M = f32_in(i, 3), *S = f32_in(i, 4);
     const float g = *f32_in(i, 5);
     const float scale = l.counted > 0 ? float(double(a.T) * double(g) / double(l.counted)) : 0.0f;

@@ -36,22 +36,8 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
   const DType dt = c.dtype;
   const int64_t C = c.d_model;
   const int64_t T = o.tensor_parallel;
-  if (T < 1) return Status::invalid_argument("gpt2: tensor_parallel", ">= 1", std::to_string(T));
-  if (c.n_head % T != 0)
-    return Status::invalid_argument("gpt2: tensor_parallel " + std::to_string(T),
-                                    "a divisor of n_head (" + std::to_string(c.n_head) + ")", std::to_string(T));
-  if (c.ff_dim() % T != 0)
-    return Status::invalid_argument("gpt2: tensor_parallel " + std::to_string(T),
-                                    "a divisor of the MLP width (" + std::to_string(c.ff_dim()) + ")",
-                                    std::to_string(T));
+  ASPEN_RETURN_IF_ERROR(check_tensor_parallel("gpt2", c.n_head, c.ff_dim(), c.vocab, o));
   const bool vp = T > 1 && o.vocab_parallel;
-  if (o.vocab_parallel && T == 1)
-    return Status::invalid_argument("gpt2: vocab_parallel", "tensor_parallel > 1 (it splits the vocabulary over the "
-                                    "tensor shards)", "tensor_parallel 1");
-  if (vp && c.vocab % T != 0)
-    return Status::invalid_argument("gpt2: vocab_parallel over " + std::to_string(T) + " shards",
-                                    "a vocabulary divisible by " + std::to_string(T), std::to_string(c.vocab),
-                                    "pad the vocabulary (model.vocab) or keep it whole on every shard");
   if (vp && !c.tie_word_embeddings)
     return Status::unimplemented("gpt2: vocab_parallel with an untied lm_head", "layout in this build (wte ties it)");
   const int64_t Cl = C / T, Fl = c.ff_dim() / T;  // this shard's attention width and MLP width

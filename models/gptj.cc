@@ -48,22 +48,8 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   const int64_t C = c.d_model;
   // Tensor parallel (models/tensor_parallel.h): heads and MLP units split.
   const int64_t T = o.tensor_parallel;
-  if (T < 1) return Status::invalid_argument("gptj: tensor_parallel", ">= 1", std::to_string(T));
-  if (c.n_head % T != 0)
-    return Status::invalid_argument("gptj: tensor_parallel " + std::to_string(T),
-                                    "a divisor of n_head (" + std::to_string(c.n_head) + ")", std::to_string(T));
-  if (c.ff_dim() % T != 0)
-    return Status::invalid_argument("gptj: tensor_parallel " + std::to_string(T),
-                                    "a divisor of the MLP width (" + std::to_string(c.ff_dim()) + ")",
-                                    std::to_string(T));
+  ASPEN_RETURN_IF_ERROR(check_tensor_parallel("gptj", c.n_head, c.ff_dim(), c.vocab, o));
   const bool vp = T > 1 && o.vocab_parallel;
-  if (o.vocab_parallel && T == 1)
-    return Status::invalid_argument("gptj: vocab_parallel", "tensor_parallel > 1 (it splits the vocabulary over the "
-                                    "tensor shards)", "tensor_parallel 1");
-  if (vp && c.vocab % T != 0)
-    return Status::invalid_argument("gptj: vocab_parallel over " + std::to_string(T) + " shards",
-                                    "a vocabulary divisible by " + std::to_string(T), std::to_string(c.vocab),
-                                    "pad the vocabulary (model.vocab) or keep it whole on every shard");
   const int64_t Cl = C / T, Fl = c.ff_dim() / T, Vl = vp ? c.vocab / T : c.vocab;
   GptjGraph m;
   m.input_ids = b.input("input_ids", DType::i32, Shape{o.batch, o.seq});

@@ -98,6 +98,26 @@ Result<Tensor> gather_weight(const std::string& name, std::span<const Tensor* co
   return out;
 }
 
+Status check_tensor_parallel(const std::string& family, int64_t n_head, int64_t ff, int64_t vocab,
+                             const CausalLmOptions& o) {
+  const int64_t T = o.tensor_parallel;
+  const std::string tp = family + ": tensor_parallel " + std::to_string(T);
+  if (T < 1) return Status::invalid_argument(family + ": tensor_parallel", ">= 1", std::to_string(T));
+  if (n_head % T != 0)
+    return Status::invalid_argument(tp, "a divisor of n_head (" + std::to_string(n_head) + ")", std::to_string(T));
+  if (ff % T != 0)
+    return Status::invalid_argument(tp, "a divisor of the MLP width (" + std::to_string(ff) + ")", std::to_string(T));
+  if (o.vocab_parallel && T == 1)
+    return Status::invalid_argument(family + ": vocab_parallel",
+                                    "tensor_parallel > 1 (it splits the vocabulary over the tensor shards)",
+                                    "tensor_parallel 1");
+  if (o.vocab_parallel && vocab % T != 0)
+    return Status::invalid_argument(family + ": vocab_parallel over " + std::to_string(T) + " shards",
+                                    "a vocabulary divisible by " + std::to_string(T), std::to_string(vocab),
+                                    "pad the vocabulary (model.vocab) or keep it whole on every shard");
+  return Status();
+}
+
 bool is_vocab_parallel(const graph::Graph& g) { return g.find_parameter(kVocabOffsetName).has_value(); }
 
 namespace {

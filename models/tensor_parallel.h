@@ -60,6 +60,12 @@ Result<Tensor> shard_weight(const std::string& name, const Tensor& full, int ran
 Result<Tensor> gather_weight(const std::string& name, std::span<const Tensor* const> parts,
                              bool vocab_parallel = false);
 
+// The layout options of a shard graph against the model's sizes: heads, MLP
+// units (and with vocab_parallel the vocabulary) divisible by the shards; the
+// error names `family` and the numbers.
+Status check_tensor_parallel(const std::string& family, int64_t n_head, int64_t ff, int64_t vocab,
+                             const CausalLmOptions& options);
+
 // The state naming a vocab-parallel shard's first row of the vocabulary (i32[]).
 inline constexpr const char* kVocabOffsetName = "state.tensor.vocab_offset";
 // True when `g` is a vocab-parallel shard graph (it has that state).

@@ -22,6 +22,7 @@ const char* algorithm_name(Algorithm a) {
     case Algorithm::automatic: return "automatic";
     case Algorithm::direct: return "direct";
     case Algorithm::chunked: return "chunked";
+    case Algorithm::tree: return "tree";
   }
   return "?";
 }

@@ -61,9 +61,14 @@ const char* collective_name(Collective c);
 // whole message and reduces all of it (few synchronizations: small
 // messages). `chunked`: a reduce-scatter (each rank reduces 1/n of the
 // message) then an all-gather; over MPI the chunks travel around a ring
-// (large messages). `automatic` picks by size (CommOptions::small_bytes); the
-// others force one path (tests, benchmarks, threshold measurements).
-enum class Algorithm { automatic, direct, chunked };
+// (large messages). `tree`: over MPI, partial sums travel up a binomial tree
+// to rank 0 and the result back down it (2·log2(n) steps where direct sends
+// n - 1 messages per rank: small messages among many ranks); the threads
+// backend, whose ranks share memory, takes the direct path for it.
+// `automatic` picks by size (CommOptions::small_bytes) and, over MPI, by
+// group size (the tree above kTreeRanks ranks); the others force one path
+// (tests, benchmarks, threshold measurements).
+enum class Algorithm { automatic, direct, chunked, tree };
 const char* algorithm_name(Algorithm a);
 
 struct CommOptions {

@@ -53,7 +53,8 @@ std::string mpi_error(int code) {
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
 // Tags on the collectives' communicator (messages of one pair never overtake).
-constexpr int kTagDirect = 1, kTagRingReduce = 2, kTagRingGather = 3, kTagExchange = 4, kTagBroadcast = 5;
+constexpr int kTagDirect = 1, kTagRingReduce = 2, kTagRingGather = 3, kTagExchange = 4, kTagBroadcast = 5,
+              kTagTreeUp = 6, kTagTreeDown = 7;
 
 }  // namespace
 
@@ -165,6 +166,19 @@ struct MpiCommunicator::Impl {
     reqs.push_back(r);
     pending.push_back({peer, is_recv, bytes});
     return Status();
+  }
+  // The subject of a tagged message, and its peer and tag checked.
+  Result<std::string> tagged_subject(const char* what, uint64_t n, const char* dir, int peer, int tag) {
+    const std::string subj = std::string(what) + " #" + std::to_string(n) + " (tag " + std::to_string(tag) + ") " +
+                             dir + " rank " + std::to_string(peer) + " (mpi group '" + options.name + "', rank " +
+                             std::to_string(rank) + " of " + std::to_string(size) + ")";
+    ASPEN_RETURN_IF_ERROR(check_failed(subj));
+    if (peer < 0 || peer >= size || peer == rank)
+      return Status::invalid_argument(subj, "a peer in [0, " + std::to_string(size) + ") other than this rank",
+                                      std::to_string(peer));
+    if (tag < 0 || tag > max_tag)
+      return Status::invalid_argument(subj, "a tag in [0, " + std::to_string(max_tag) + "]", std::to_string(tag));
+    return subj;
   }
   Status post_send(const void* buf, int64_t bytes, int peer, int tag, const std::string& subj) {
     return post(false, const_cast<void*>(buf), bytes, peer, tag, coll, subj);
@@ -295,8 +309,48 @@ Status MpiCommunicator::do_all_reduce(void* data, int64_t count, DType dtype, Re
   const int64_t esize = dtype_size(dtype), bytes = count * esize;
   if (n == 1 || count == 0) return Status();
   const int64_t small = m.options.small_bytes >= 0 ? m.options.small_bytes : kDefaultSmallBytes;
+  const bool tree = m.options.algorithm == Algorithm::tree ||
+                    (m.options.algorithm == Algorithm::automatic && bytes <= small && n > kTreeRanks);
   const bool direct =
-      m.options.algorithm == Algorithm::direct || (m.options.algorithm == Algorithm::automatic && bytes <= small);
+      !tree && (m.options.algorithm == Algorithm::direct || (m.options.algorithm == Algorithm::automatic && bytes <= small));
+  if (tree) {
+    // Up: at distance d, rank r (a multiple of 2d) adds r + d's partial sum
+    // after its own; r + d is then done with this half. Partials are f32.
+    float* work = static_cast<float*>(data);
+    if (dtype != DType::f32) {
+      m.work.resize(static_cast<size_t>(count));
+      detail::convert(data, dtype, count, m.work.data(), DType::f32);
+      work = m.work.data();
+    }
+    m.tmp.resize(static_cast<size_t>(count));
+    int top = 1;
+    while (top < n) top *= 2;
+    for (int d = 1; d < n; d *= 2) {
+      if (r % (2 * d) == d) {
+        ASPEN_RETURN_IF_ERROR(m.post_send(work, count * 4, r - d, kTagTreeUp, subj));
+        ASPEN_RETURN_IF_ERROR(m.wait(subj, "the tree's send to rank " + std::to_string(r - d)));
+        break;
+      }
+      if (r % (2 * d) == 0 && r + d < n) {
+        ASPEN_RETURN_IF_ERROR(m.post_recv(m.tmp.data(), count * 4, r + d, kTagTreeUp, subj));
+        ASPEN_RETURN_IF_ERROR(m.wait(subj, "the partial sum from rank " + std::to_string(r + d)));
+        const void* parts[2] = {work, m.tmp.data()};
+        detail::reduce_rows(parts, DType::f32, count, work, DType::f32, 1.0f);
+      }
+    }
+    if (r == 0) detail::convert(work, DType::f32, count, data, dtype, divisor);  // rounded once
+    // Down: the same tree from the top; a rank receives before it passes on.
+    for (int d = top / 2; d >= 1; d /= 2) {
+      if (r % (2 * d) == 0 && r + d < n) {
+        ASPEN_RETURN_IF_ERROR(m.post_send(data, bytes, r + d, kTagTreeDown, subj));
+        ASPEN_RETURN_IF_ERROR(m.wait(subj, "the tree's send to rank " + std::to_string(r + d)));
+      } else if (r % (2 * d) == d) {
+        ASPEN_RETURN_IF_ERROR(m.post_recv(data, bytes, r - d, kTagTreeDown, subj));
+        ASPEN_RETURN_IF_ERROR(m.wait(subj, "the result from rank " + std::to_string(r - d)));
+      }
+    }
+    return Status();
+  }
   if (direct) {
     m.blocks.resize(static_cast<size_t>(bytes * n));
     for (int k = 0; k < n; ++k) {
@@ -416,15 +470,7 @@ int MpiCommunicator::max_tag() const { return impl_->max_tag; }
 
 Status MpiCommunicator::post(const void* data, int64_t bytes, int peer, int tag) {
   Impl& m = *impl_;
-  const std::string subj = "post #" + std::to_string(++m.posts) + " (tag " + std::to_string(tag) + ") to rank " +
-                           std::to_string(peer) + " (mpi group '" + m.options.name + "', rank " +
-                           std::to_string(m.rank) + " of " + std::to_string(m.size) + ")";
-  ASPEN_RETURN_IF_ERROR(m.check_failed(subj));
-  if (peer < 0 || peer >= m.size || peer == m.rank)
-    return Status::invalid_argument(subj, "a peer in [0, " + std::to_string(m.size) + ") other than this rank",
-                                    std::to_string(peer));
-  if (tag < 0 || tag > m.max_tag)
-    return Status::invalid_argument(subj, "a tag in [0, " + std::to_string(m.max_tag) + "]", std::to_string(tag));
+  ASPEN_ASSIGN_OR_RETURN(const std::string subj, m.tagged_subject("post", ++m.posts, "to", peer, tag));
   if (bytes < 0 || bytes > INT_MAX)
     return Status::error(Code::kUnimplemented, subj, "messages below 2 GiB", std::to_string(bytes) + " bytes");
   // Free what has arrived, so a long schedule keeps only its messages in flight.
@@ -447,15 +493,7 @@ Status MpiCommunicator::post(const void* data, int64_t bytes, int peer, int tag)
 
 Status MpiCommunicator::take(void* data, int64_t bytes, int peer, int tag) {
   Impl& m = *impl_;
-  const std::string subj = "take #" + std::to_string(++m.takes) + " (tag " + std::to_string(tag) + ") from rank " +
-                           std::to_string(peer) + " (mpi group '" + m.options.name + "', rank " +
-                           std::to_string(m.rank) + " of " + std::to_string(m.size) + ")";
-  ASPEN_RETURN_IF_ERROR(m.check_failed(subj));
-  if (peer < 0 || peer >= m.size || peer == m.rank)
-    return Status::invalid_argument(subj, "a peer in [0, " + std::to_string(m.size) + ") other than this rank",
-                                    std::to_string(peer));
-  if (tag < 0 || tag > m.max_tag)
-    return Status::invalid_argument(subj, "a tag in [0, " + std::to_string(m.max_tag) + "]", std::to_string(tag));
+  ASPEN_ASSIGN_OR_RETURN(const std::string subj, m.tagged_subject("take", ++m.takes, "from", peer, tag));
   ASPEN_RETURN_IF_ERROR(m.post(true, data, bytes, peer, tag, m.tagged, subj));
   return m.wait(subj, "the message of tag " + std::to_string(tag) + " from rank " + std::to_string(peer));
 }

@@ -6,6 +6,11 @@
 // with MPI_Testall until CommOptions::timeout, never a blocking call):
 //  - all_reduce, small messages (direct): every rank sends its whole buffer
 //    to every other and sums all n in rank order (the naive loop's bits).
+//  - all_reduce, small messages among more than kTreeRanks ranks (tree): a
+//    binomial tree, partial sums (f32) up to rank 0, each parent adding its
+//    child's after its own ((x0 + x1) + (x2 + x3) for four ranks: a fixed
+//    order, not rank order), then the result (rounded once at rank 0) down
+//    the same tree.
 //  - all_reduce, large messages (chunked): a ring reduce-scatter then a ring
 //    all-gather, 2(n-1)/n of the message in and out of each rank, the
 //    bandwidth optimum. Partial sums travel as f32, also for bf16 (rounded
@@ -64,8 +69,10 @@ class MpiCommunicator final : public Communicator {
   std::string_view backend() const override { return "mpi"; }
   void abort(const std::string& reason) override;
 
-  // Messages of at most this many bytes take the direct path by default.
+  // Messages of at most this many bytes take the direct path by default, or
+  // the tree among more than kTreeRanks ranks.
   static constexpr int64_t kDefaultSmallBytes = 64 << 10;
+  static constexpr int kTreeRanks = 8;
 
   // Tagged, buffered point-to-point, for schedules whose sends must not wait
   // for the receiver (pipeline stages in different processes: a stage sends

@@ -32,7 +32,7 @@ CommOptions opts(Algorithm alg = Algorithm::automatic) {
 }
 
 TEST(MpiCommunicator, AllReduceMatchesNaiveLoop) {
-  for (Algorithm alg : {Algorithm::automatic, Algorithm::direct, Algorithm::chunked}) {
+  for (Algorithm alg : {Algorithm::automatic, Algorithm::direct, Algorithm::chunked, Algorithm::tree}) {
     auto comm = MpiCommunicator::world(opts(alg)).value();
     const int n = comm->size(), r = comm->rank();
     for (int64_t count : {int64_t(1), int64_t(3), int64_t(17), int64_t(1000003)})
@@ -48,7 +48,7 @@ TEST(MpiCommunicator, AllReduceMatchesNaiveLoop) {
           const bool rank_order = alg == Algorithm::direct || (alg == Algorithm::automatic && count * dtype_size(t) <=
                                                                                                  MpiCommunicator::kDefaultSmallBytes);
           if (rank_order || n == 2) {
-            EXPECT_TRUE(io == want);  // direct path, or a ring of 2 (x0 + x1 either way round)
+            EXPECT_TRUE(io == want);  // direct path, or a ring or tree of 2 (x0 + x1 either way round)
           } else {
             EXPECT_LT(testing::max_rel_diff(io, want, t), t == DType::f32 ? 1e-5 : 1e-2);
           }
@@ -61,7 +61,7 @@ TEST(MpiCommunicator, AllReduceMatchesNaiveLoop) {
 }
 
 TEST(MpiCommunicator, BitwiseDeterministicAcrossReruns) {
-  for (Algorithm alg : {Algorithm::direct, Algorithm::chunked}) {
+  for (Algorithm alg : {Algorithm::direct, Algorithm::chunked, Algorithm::tree}) {
     auto comm = MpiCommunicator::world(opts(alg)).value();
     const int64_t count = 1000003;
     for (DType t : {DType::f32, DType::bf16}) {

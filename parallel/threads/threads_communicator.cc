@@ -237,7 +237,7 @@ Status ThreadsCommunicator::do_all_reduce(void* data, int64_t count, DType dtype
   const float divisor = op == ReduceOp::mean ? float(n) : 1.0f;
   const int64_t bytes = count * dtype_size(dtype);
   const int64_t small = g.options.small_bytes >= 0 ? g.options.small_bytes : kDefaultSmallBytes;
-  const bool direct = g.options.algorithm == Algorithm::direct ||
+  const bool direct = g.options.algorithm == Algorithm::direct || g.options.algorithm == Algorithm::tree ||
                       (g.options.algorithm == Algorithm::automatic && bytes <= small);
   std::vector<const void*> in(static_cast<size_t>(n));
   if (direct) {
@@ -300,7 +300,7 @@ Status ThreadsCommunicator::reduce(void* data, int64_t count, DType dtype, Reduc
   ASPEN_RETURN_IF_ERROR(enter(o));
   const float divisor = op == ReduceOp::mean ? float(g.n) : 1.0f;
   const int64_t small = g.options.small_bytes >= 0 ? g.options.small_bytes : kDefaultSmallBytes;
-  const bool direct = g.options.algorithm == Algorithm::direct ||
+  const bool direct = g.options.algorithm == Algorithm::direct || g.options.algorithm == Algorithm::tree ||
                       (g.options.algorithm == Algorithm::automatic && count * dtype_size(dtype) <= small);
   std::vector<const void*> in(static_cast<size_t>(g.n));
   void* out = g.slots[root].dst;
