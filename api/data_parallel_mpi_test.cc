@@ -337,6 +337,37 @@ TEST(ModelAcrossProcesses, TwoShardsAsProcessesEqualOneDevice) {
   }
 }
 
+// Two stages of two tensor shards as four processes (one device each), GPT-2
+// and GPT-J with the vocabulary split: as one device (SGD and clipped AdamW,
+// 4 steps), every process with the same whole weights and optimizer state,
+// and the same evaluation.
+TEST(ModelAcrossProcesses, StagesOfShardsAsProcessesEqualOneDevice) {
+  const int P = parallel::mpi_world_size();
+  ASSERT_EQ(P % 4, 0) << "run under mpirun -np 4";
+  for (const char* family : {"gpt2", "gptj"})
+    for (bool adam : {false, true}) {
+      SCOPED_TRACE(std::string(family) + (adam ? ", adamw clipped" : ", sgd"));
+      TrainingOptions t = adam ? clipped_adamw() : sgd();
+      Options one;
+      one.threads(1).gradient_accumulation(2);
+      const SmallRun a = train_small(family, true, one, t, 4);
+      t.pipeline = {2, train::PipelineSchedule::one_f_one_b};
+      Options across;
+      across.threads(1).gradient_accumulation(2).tensor_parallel(2).mpi(true).model_across_processes(true);
+      const SmallRun b = train_small(family, true, across, t, 4, P / 4);
+      ASSERT_FALSE(a.weights.empty() || b.weights.empty());
+      EXPECT_LT(max_rel_diff(b.weights, a.weights), adam ? 2e-3 : 1e-5);  // AdamW: see TensorParallel.ShardsEqualOneDevice
+      expect_steps_near(b.steps, a.steps, 1e-5);
+      ASSERT_EQ(b.state.size(), a.state.size());
+      EXPECT_LT(max_rel_diff(b.state, a.state), adam ? 2e-3 : 1e-5);
+      if (P == 4) {
+        EXPECT_NEAR(b.eval, a.eval, 2e-5 * std::abs(a.eval));
+      }
+      expect_same_on_every_rank(b.weights);
+      expect_same_on_every_rank(b.state);
+    }
+}
+
 // The layout is checked before any compute: processes that are no multiple of
 // stages x shards are refused on every rank, naming the numbers.
 TEST(ModelAcrossProcesses, ProcessesMustFillTheMesh) {

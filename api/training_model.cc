@@ -95,10 +95,6 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     for (char ch : layout) lh = (lh ^ uint64_t(uint8_t(ch))) * 1099511628211ull;
     ASPEN_RETURN_IF_ERROR(parallel::check_same_everywhere(*m->job_, lh, "training layout (" + layout + ")"));
   }
-  if (tp > 1 && stages > 1 && options.model_across_processes_)
-    return Status::unimplemented("training: tensor_parallel " + std::to_string(tp) + " with " + std::to_string(stages) +
-                                     " pipeline stages across processes",
-                                 "layout in this build (one of them across processes; both in each process)");
   if (options.model_across_processes_) {
     // The mesh over processes: process (d·stages + s)·tp + t.
     const int M = stages * tp, P = m->job_->size();
@@ -110,17 +106,25 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
                                       "a multiple of stages x shards (" + std::to_string(stages) + " x " +
                                           std::to_string(tp) + " = " + std::to_string(M) + ")",
                                       std::to_string(P) + " processes");
+    const int d = m->job_->rank() / M;
     m->spread_rank_ = m->job_->rank() % M;
+    m->spread_stage_ = m->spread_rank_ / tp;
+    m->spread_shard_ = m->spread_rank_ % tp;
 #ifdef ASPEN_HAVE_MPI
+    // The replica's stages of this shard ("pipe", ranked by stage), then its
+    // shards of this stage ("tensor", ranked by shard); every process makes
+    // both (MPI_Comm_split is collective), also a group of one.
     parallel::CommOptions mo = training.data_parallel.comm;
-    mo.name = stages > 1 ? "pipe" : "tensor";
-    ASPEN_ASSIGN_OR_RETURN(auto group, parallel::MpiCommunicator::split(m->job_->rank() / M, m->spread_rank_, mo));
+    mo.name = "pipe";
+    ASPEN_ASSIGN_OR_RETURN(auto pipe, parallel::MpiCommunicator::split(d * tp + m->spread_shard_, m->spread_stage_, mo));
+    mo.name = "tensor";
+    ASPEN_ASSIGN_OR_RETURN(auto tensor,
+                           parallel::MpiCommunicator::split(d * stages + m->spread_stage_, m->spread_shard_, mo));
     if (stages > 1) {
-      m->pipe_comm_ = group.get();
-      m->pipe_group_ = std::move(group);
-    } else {
-      m->tensor_comms_.push_back(std::move(group));
+      m->pipe_comm_ = pipe.get();
+      m->pipe_group_ = std::move(pipe);
     }
+    if (tp > 1) m->tensor_comms_.push_back(std::move(tensor));
 #endif
   }
   if (data_parallel) {
@@ -241,7 +245,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   // through the stages' forward programs.
   if (m->spread() && m->pipe_) {
     for (int st = 0; st < stages; ++st) {
-      if (st == m->spread_rank_) continue;
+      if (st == m->spread_stage_) continue;
       const train::PipelinePrograms::Stage& sp = m->pipe_->stages[size_t(st)];
       for (int prog : {sp.forward, sp.backward_first, sp.backward_next, sp.norm, sp.step})
         if (prog >= 0) graphs[size_t(prog)] = &placeholder;
@@ -321,7 +325,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
         if (!rows)
           return Status::error(Code::kInvalidArgument, "training: vocab-parallel shard graph",
                                "transformer.wte.weight or lm_head.weight beside the vocabulary offset", "neither");
-        const int r = m->spread() ? m->spread_rank_ : d % tp;
+        const int r = m->spread() ? m->spread_shard_ : d % tp;
         off->data<int32_t>()[0] = int32_t(r * rows->shape()[0]);
       }
     for (int g = 0; g < local * stages && !m->spread(); ++g) {  // devices g·tp .. g·tp + tp - 1
@@ -421,7 +425,7 @@ Status TrainingModel::set_full(const std::string& name, const Tensor& full) {
   }
   bool held = false;
   for (int d = 0; d < session_->replicas(); ++d) {  // device .. + t holds shard t (across processes: one device)
-    const int r = spread() ? spread_rank_ : d % T;
+    const int r = spread() ? spread_shard_ : d % T;
     Tensor* dst = session_->parameter_of(d, name);
     if (!dst && pipe_) continue;  // a device of a stage that does not use it
     if (!dst) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
@@ -435,7 +439,8 @@ Status TrainingModel::set_full(const std::string& name, const Tensor& full) {
                                           " (cut from " + full.shape().to_string() + ")");
     if (part.nbytes()) std::memcpy(dst->raw(), part.raw(), part.nbytes());
   }
-  if (!held) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
+  if (!held && !(spread() && all_types_.count(name)))  // (across processes: another stage's)
+    return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
   return Status();
 }
 
@@ -468,11 +473,15 @@ Result<Tensor> TrainingModel::get_full(const std::string& name) const {
 }
 
 std::pair<DType, Shape> TrainingModel::full_type(const compiler::Binding& b) const {
+  return full_type(b.name, {b.type.dtype, b.type.shape});
+}
+
+std::pair<DType, Shape> TrainingModel::full_type(const std::string& name, const std::pair<DType, Shape>& shard) const {
   const int T = tensor_shards();
-  Shape s = b.type.shape;
+  Shape s = shard.second;
   if (T > 1) {
     std::vector<int64_t> d(s.begin(), s.end());
-    switch (models::shard_kind(b.name, vocab_parallel_)) {
+    switch (models::shard_kind(name, vocab_parallel_)) {
       case models::ShardKind::rows: d[0] *= T; break;
       case models::ShardKind::columns:
       case models::ShardKind::qkv_columns: d.back() *= T; break;
@@ -480,7 +489,7 @@ std::pair<DType, Shape> TrainingModel::full_type(const compiler::Binding& b) con
     }
     s = Shape::make(d.data(), int(d.size())).value();
   }
-  return {b.type.dtype, s};
+  return {shard.first, s};
 }
 
 Status TrainingModel::copy_optimizer_state_to_device(const std::map<std::string, const Tensor*>& state) {
@@ -541,7 +550,7 @@ std::map<std::string, std::pair<DType, Shape>> TrainingModel::weight_types() con
   std::map<std::string, std::pair<DType, Shape>> out;
   if (spread() && pipe_) {  // every stage's, also those other processes keep
     for (const auto& [name, type] : all_types_)
-      if (is_weight(name)) out.emplace(name, type);
+      if (is_weight(name)) out.emplace(name, full_type(name, type));
     return out;
   }
   for (const compiler::Binding& b : session_->parameters())
@@ -554,7 +563,7 @@ std::map<std::string, std::pair<DType, Shape>> TrainingModel::optimizer_state_ty
   std::map<std::string, std::pair<DType, Shape>> out;
   if (spread() && pipe_) {  // every stage's
     for (const auto& [name, type] : all_types_)
-      if (has_prefix(name, train::kOptimizerPrefix)) out.emplace(name, type);
+      if (has_prefix(name, train::kOptimizerPrefix)) out.emplace(name, full_type(name, type));
     return out;
   }
   for (const compiler::Binding& b : session_->parameters())

@@ -290,6 +290,7 @@ class TrainingModel {
   Status set_full(const std::string& name, const Tensor& full);
   Result<Tensor> get_full(const std::string& name) const;
   std::pair<DType, Shape> full_type(const compiler::Binding& b) const;
+  std::pair<DType, Shape> full_type(const std::string& name, const std::pair<DType, Shape>& shard) const;
   // With replicas of pipeline stages or tensor shards: the data-parallel
   // group of stage (tensor rank) k, dp_ for k = 0 and more_dp_[k - 1] after.
   std::vector<std::unique_ptr<parallel::DataParallelGroup>> more_dp_;
@@ -303,6 +304,7 @@ class TrainingModel {
   // or tensor rank in its replica (-1: the model is whole in each process),
   // and for pipeline stages the replica's stages' group ("pipe").
   int spread_rank_ = -1;
+  int spread_stage_ = 0, spread_shard_ = 0;  // the same as (stage, tensor rank): rank = stage·tp + shard
   std::unique_ptr<parallel::Communicator> pipe_group_;
   parallel::MpiCommunicator* pipe_comm_ = nullptr;  // pipe_group_, for its tagged messages
   bool spread() const { return spread_rank_ >= 0; }

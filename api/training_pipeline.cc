@@ -151,16 +151,16 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
   const int L = data_replicas();  // data-parallel replicas in this process
   // Device d = (r·S + s)·T + t runs stage s, tensor shard t of local replica r
   // (across processes: this process's one device runs its stage).
-  auto stage_of = [&](int d) { return spread() ? spread_rank_ : (d / T) % S; };
+  auto stage_of = [&](int d) { return spread() ? spread_stage_ : (d / T) % S; };
   auto replica_of = [&](int d) { return spread() ? 0 : d / (S * T); };
-  auto shard_of = [&](int d) { return d % T; };
+  auto shard_of = [&](int d) { return spread() ? spread_shard_ : d % T; };
   auto device_at = [&](int r, int st, int t) { return (r * S + st) * T + t; };
   auto stage_group = [&](int st, int t) { return spread() ? dp_.get() : dp_group(st * T + t); };
   const int64_t iters = options_.device_iterations_, acc = options_.gradient_accumulation_;
   // The forward graph's inputs each stage takes, and their per-micro-batch types.
   std::map<std::string, Shape> per;
   for (int s = 0; s < S; ++s) {
-    if (spread() && s != spread_rank_) continue;  // another process's stage (a placeholder here)
+    if (spread() && s != spread_stage_) continue;  // another process's stage (a placeholder here)
     const compiler::Executable& exe = session_->executable(pp.stages[size_t(s)].backward_first);
     for (const compiler::Binding& b : exe.inputs) {
       if (b.name.starts_with("pipe.") || b.name == train::kLossScaleName) continue;
@@ -181,7 +181,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
   // ones for shared parameters), by device: what its replicas reduce.
   std::vector<std::vector<std::string>> stage_accumulators(static_cast<size_t>(S));
   for (int st = 0; st < S; ++st) {
-    if (spread() && st != spread_rank_) continue;
+    if (spread() && st != spread_stage_) continue;
     for (const compiler::Binding& b : session_->executable(pp.stages[size_t(st)].backward_first).parameters)
       if (b.name.starts_with(train::grad_accumulator_name(""))) stage_accumulators[size_t(st)].push_back(b.name);
   }
@@ -215,7 +215,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     const auto t0 = Clock::now();
     auto stage_work = [&](int d) -> Status {
       const int r = replica_of(d), st = stage_of(d), sh = shard_of(d);
-      Transport& ch = *channels[size_t(r * T + sh)];  // shard sh of each stage: the same activations
+      Transport& ch = *channels[spread() ? 0 : size_t(r * T + sh)];  // shard sh of each stage: the same activations
       const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
       const train::PipelineStage& split = pp.split.stages[size_t(st)];
       const bool last = st + 1 == S;
@@ -248,7 +248,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
           for (int e : split.out_edges)
             ASPEN_RETURN_IF_ERROR(ch.put(e, m, false, pp.split.edges[size_t(e)].to,
                                          std::move(out.at(pp.split.edges[size_t(e)].name))));
-          if (last && sh == 0) micro_losses[size_t(r)][size_t(m)] = out.at(training_.loss).data<float>()[0];
+          if (last && (sh == 0 || spread())) micro_losses[size_t(r)][size_t(m)] = out.at(training_.loss).data<float>()[0];
           continue;
         }
         std::map<std::string, Tensor> grads;
@@ -289,7 +289,8 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
         counts.push_back(t->numel());
         // Tensor shards: a whole weight's gradient is split into the shards' parts.
         if (T > 1 && whole_on_shards(name))
-          ASPEN_RETURN_IF_ERROR(tensor_comms_[size_t(d)]->all_reduce(std::span<float>(t->data<float>(), size_t(t->numel()))));
+          ASPEN_RETURN_IF_ERROR(tensor_comms_[spread() ? 0 : size_t(d)]->all_reduce(
+              std::span<float>(t->data<float>(), size_t(t->numel()))));
       }
       if (!dp_) return Status();
       int64_t bytes = 0;
@@ -307,7 +308,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       if (!r.is_ok()) {
         for (auto& ch : channels) ch->fail("device " + std::to_string(d) + ": " + r.message());
         if (dp_) stage_group(stage_of(d), shard_of(d))->abort(replica_of(d), r.message());
-        if (T > 1 && !spread()) tensor_comms_[size_t(d)]->abort(r.message());
+        if (T > 1) tensor_comms_[spread() ? 0 : size_t(d)]->abort(r.message());
       }
       return r;
     });
@@ -363,6 +364,14 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
         for (size_t k = 0; k < prog.owned.size(); ++k) by_shard[size_t(shard_of(d))][prog.owned[k]] = t.data<float>()[k];
         return Status();
       }));
+      if (spread() && T > 1) {  // the other shards' vectors from this stage's tensor group
+        std::vector<float> all(pp.params.size() * size_t(T));
+        const std::vector<float> mine = by_shard[size_t(spread_shard_)];
+        ASPEN_RETURN_IF_ERROR(
+            tensor_comms_[0]->all_gather(mine.data(), all.data(), int64_t(mine.size()), DType::f32));
+        for (int t = 0; t < T; ++t)
+          by_shard[size_t(t)].assign(all.begin() + t * pp.params.size(), all.begin() + (t + 1) * pp.params.size());
+      }
       for (size_t i = 0; i < pp.params.size(); ++i) {
         if (T > 1 && !tp_replicated_[i]) {
           for (int t = 0; t < T; ++t) sums[i] += by_shard[size_t(t)][i];
@@ -384,7 +393,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       });
       if (st.is_ok()) advance_step_count();
       if (st.is_ok() && spread()) st = send_shared_weights();
-      if (st.is_ok() && T > 1) copy_shared_weights();
+      if (st.is_ok() && T > 1 && !spread()) copy_shared_weights();
       return st;
     };
     ASPEN_RETURN_IF_ERROR(finish_step(s, double(sq), apply));

@@ -39,11 +39,11 @@ Status TrainingModel::exchange_shared_gradients() {
     std::vector<float> part(static_cast<size_t>(n));
     for (const std::string& name : sh.extra) {  // "train.grad.<p>@<stage>", in stage order
       const int stage = std::stoi(name.substr(name.rfind('@') + 1));
-      if (spread_rank_ == stage) {
+      if (spread_stage_ == stage) {
         const Tensor* t = session_->parameter_of(0, name);
         ASPEN_CHECK(t != nullptr);
         ASPEN_RETURN_IF_ERROR(pipe_group_->send(t->raw(), n, DType::f32, owner));
-      } else if (spread_rank_ == owner) {
+      } else if (spread_stage_ == owner) {
         ASPEN_RETURN_IF_ERROR(pipe_group_->recv(part.data(), n, DType::f32, stage));
         float* into = grads_[0][sh.param];
         ASPEN_CHECK(into != nullptr);
@@ -60,10 +60,10 @@ Status TrainingModel::send_shared_weights() {
     const int owner = owner_[sh.param];
     for (int s = 0; s < int(stage_uses_.size()); ++s) {
       if (s == owner || !stage_uses_[size_t(s)].count(name)) continue;
-      if (spread_rank_ != owner && spread_rank_ != s) continue;
+      if (spread_stage_ != owner && spread_stage_ != s) continue;
       Tensor* w = session_->parameter_of(0, name);
       ASPEN_CHECK(w != nullptr);
-      if (spread_rank_ == owner) {
+      if (spread_stage_ == owner) {
         ASPEN_RETURN_IF_ERROR(pipe_group_->send(w->raw(), w->numel(), DType::f32, s));
       } else {
         ASPEN_RETURN_IF_ERROR(pipe_group_->recv(w->raw(), w->numel(), DType::f32, owner));
@@ -75,17 +75,16 @@ Status TrainingModel::send_shared_weights() {
 
 Result<std::map<std::string, Tensor>> TrainingModel::gather_spread_pipeline(bool weights) const {
   std::map<std::string, Tensor> out;
-  runtime::Session& session = const_cast<runtime::Session&>(*session_);
   for (const auto& [name, type] : weights ? weight_types() : optimizer_state_types()) {
     if (type.first != DType::f32)
       return Status::invalid_argument("'" + name + "' (gathered from its pipeline stage)", "f32",
                                       std::string(dtype_name(type.first)));
     Tensor t(type.first, type.second);
     const int root = holding_stage(name);
-    if (spread_rank_ == root) {
-      const Tensor* mine = session.parameter_of(0, name);
-      ASPEN_CHECK(mine != nullptr && mine->nbytes() == t.nbytes());
-      if (t.nbytes()) std::memcpy(t.raw(), mine->raw(), t.nbytes());
+    if (spread_stage_ == root) {  // (tensor shards: gathered from the stage's shards first)
+      ASPEN_ASSIGN_OR_RETURN(Tensor whole, get_full(name));
+      ASPEN_CHECK(whole.nbytes() == t.nbytes());
+      if (t.nbytes()) std::memcpy(t.raw(), whole.raw(), t.nbytes());
     }
     ASPEN_RETURN_IF_ERROR(pipe_group_->broadcast(t.raw(), t.numel(), DType::f32, root));
     out.emplace(name, std::move(t));
@@ -96,7 +95,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::gather_spread_pipeline(bool
 Result<float> TrainingModel::evaluate_spread_pipeline(const std::map<std::string, const Tensor*>& inputs) {
 #ifdef ASPEN_HAVE_MPI
   const train::PipelinePrograms& pp = *pipe_;
-  const int S = int(pp.stages.size()), st = spread_rank_;
+  const int S = int(pp.stages.size()), st = spread_stage_;
   const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
   const train::PipelineStage& split = pp.split.stages[size_t(st)];
   // Inputs checked first: a failure after the first message would leave the other stages waiting.

@@ -200,7 +200,10 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   if (across)
     layout = ", " + std::to_string(c.batch.replicas) + " replica" + (c.batch.replicas > 1 ? "s" : "") + " across " +
              std::to_string(processes) + " processes (one " +
-             (c.parallel.pipeline_stages > 1 ? "stage" : "tensor shard") + " each)";
+             (c.parallel.pipeline_stages > 1 && c.parallel.tensor_parallel > 1 ? "tensor shard of a stage"
+              : c.parallel.pipeline_stages > 1                                 ? "stage"
+                                                                               : "tensor shard") +
+             " each)";
   else if (c.batch.replicas > 1 || processes > 1)
     layout = ", " + std::to_string(c.batch.replicas) + " replicas (" + std::to_string(processes) + " process" +
              (processes > 1 ? "es" : "") + " x " + std::to_string(c.batch.replicas / processes) + ")";
