@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "api/training_model.h"
+#include "api/training_util.h"
 #include "core/check.h"
 #include "models/tensor_parallel.h"
 #ifdef ASPEN_HAVE_MPI
@@ -129,20 +130,6 @@ class MpiChannels final : public Transport {
 };
 #endif
 
-Tensor scalar(float v) {
-  Tensor t(DType::f32, Shape{});
-  t.data<float>()[0] = v;
-  return t;
-}
-
-// Micro-batch `index` of a feed of [n, ...per] (or the same bytes merged).
-Tensor micro_batch(const Tensor& t, const Shape& per, int64_t index) {
-  Tensor out(t.dtype(), per);
-  const size_t bytes = out.nbytes();
-  if (bytes) std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + size_t(index) * bytes, bytes);
-  return out;
-}
-
 }  // namespace
 
 Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map<std::string, const Tensor*>& inputs) {
@@ -203,7 +190,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     s.step = steps_done_ + 1;
     s.lr = training_.schedule.at(s.step);
     s.loss_scale = scaler_.scale();
-    const Tensor ls = scalar(float(s.loss_scale));
+    const Tensor ls = util::scalar_f32(float(s.loss_scale));
     std::vector<std::unique_ptr<Transport>> channels;  // by local replica and tensor shard: r·T + t
 #ifdef ASPEN_HAVE_MPI
     if (spread()) channels.push_back(std::make_unique<MpiChannels>(*pipe_comm_, int(acc)));
@@ -228,7 +215,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
                                   (step.forward ? "forward" : "backward") + " of micro-batch " + std::to_string(m);
         std::map<std::string, Tensor> owned;
         for (const std::string& name : split.inputs)
-          owned.emplace(name, micro_batch(*inputs.at(name), per.at(name), (it * acc + m) * L + r));
+          owned.emplace(name, util::rows(*inputs.at(name), per.at(name), (it * acc + m) * L + r, 1, /*squeeze=*/true));
         if (step.forward) {
           for (int e : split.in_edges) {
             const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
