@@ -252,6 +252,21 @@ class TrainingModel {
   Status norms_held(int l, ReplicaStep& out);
   Result<std::map<std::string, Tensor>> run_with_exchange(int l, const std::map<std::string, const Tensor*>& feeds,
                                                           int program);
+  // The machinery under both: `program` on `device`, each update's piece (by
+  // update index; data null: not exchanged) handed to a helper thread when
+  // final, `expected` of them in all, reduced by `exchange` in buckets of
+  // bucket_bytes; `abort` fails the groups when either side fails.
+  struct ExchangePiece {
+    float* data = nullptr;
+    int64_t count = 0;
+    int owner = 0;
+  };
+  using ExchangeFn =
+      std::function<Status(std::span<float* const>, std::span<const int64_t>, std::span<const int>)>;
+  Result<std::map<std::string, Tensor>> run_overlapped(int device, const std::map<std::string, const Tensor*>& feeds,
+                                                       int program, const std::vector<ExchangePiece>& pieces,
+                                                       size_t expected, const ExchangeFn& exchange,
+                                                       const std::function<void(const std::string&)>& abort);
   void map_updates_to_params();
   std::vector<std::vector<int>> update_param_;  // by program, by update: the trained parameter (-1: none)
   Status replica_micro_batches(int l, int64_t iteration, const std::map<std::string, const Tensor*>& inputs,

@@ -709,7 +709,8 @@ TEST(TensorParallel, ShardsOfPipelineStagesEqualOneDevice) {
 }
 
 // The exchange overlapped with the last backward pass (the default) gives
-// the same bits as the exchange after it. With small buckets the profile
+// the same bits as the exchange after it, for plain replicas and for
+// replicas of pipeline stages. With small buckets the profile
 // shows one exchange event per bucket (overlapped: each starts when the pass
 // has finished its gradients; when the helper thread gets a core is up to the
 // scheduler, so this test does not time it: runtime_test checks that
@@ -722,6 +723,18 @@ TEST(DataParallel, OverlappedExchangeEqualsTheExchangeAfterThePass) {
     TrainingOptions t = dp_adamw();
     t.data_parallel.overlap = overlap == 1;
     t.data_parallel.bucket_bytes = 4096;
+    Options dp;
+    dp.threads(1).replication_factor(2).gradient_accumulation(2);
+    w[overlap] = train_weights(dp, t, 4, 3);
+    ASSERT_FALSE(w[overlap].empty());
+  }
+  EXPECT_TRUE(bitwise_equal(w[1], w[0]));
+  // Replicas of pipeline stages: each stage's exchange overlaps its last backward pass.
+  for (int overlap = 0; overlap < 2; ++overlap) {
+    TrainingOptions t = dp_adamw();
+    t.data_parallel.overlap = overlap == 1;
+    t.data_parallel.bucket_bytes = 4096;
+    t.pipeline = {2, train::PipelineSchedule::one_f_one_b};
     Options dp;
     dp.threads(1).replication_factor(2).gradient_accumulation(2);
     w[overlap] = train_weights(dp, t, 4, 3);

@@ -13,6 +13,7 @@
 // same bits; across processes the buckets are cut elsewhere, which changes
 // only the MPI ring's chunking).
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -37,11 +38,26 @@ void TrainingModel::map_updates_to_params() {
 Result<std::map<std::string, Tensor>> TrainingModel::run_with_exchange(
     int l, const std::map<std::string, const Tensor*>& feeds, int program) {
   const std::vector<int>& param_of = update_param_.at(size_t(program));
-  const size_t n = programs_.params.size();
+  std::vector<ExchangePiece> pieces;  // by update (none: not a gradient)
+  for (int i : param_of)
+    pieces.push_back(i < 0 ? ExchangePiece{}
+                           : ExchangePiece{grads_[size_t(l)][size_t(i)], grad_counts_[size_t(i)], owner_[size_t(i)]});
+  return run_overlapped(
+      l, feeds, program, pieces, programs_.params.size(),
+      [&](std::span<float* const> t, std::span<const int64_t> c, std::span<const int> o) {
+        return dp_->reduce_to_owners(l, t, c, o);
+      },
+      [&](const std::string& why) { dp_->abort(l, why); });
+}
+
+Result<std::map<std::string, Tensor>> TrainingModel::run_overlapped(
+    int device, const std::map<std::string, const Tensor*>& feeds, int program,
+    const std::vector<ExchangePiece>& pieces, size_t expected, const ExchangeFn& exchange,
+    const std::function<void(const std::string&)>& abort) {
   struct Queue {
     std::mutex mu;
     std::condition_variable cv;
-    std::vector<int> ready;  // parameter indices, in the order they became final
+    std::vector<int> ready;  // update indices, in the order they became final
     bool stop = false;       // the program failed: no more will come
   } q;
   Status exchanged;
@@ -51,45 +67,45 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_with_exchange(
     std::vector<int64_t> counts;
     std::vector<int> owners;
     int64_t bytes = 0;
-    for (size_t taken = 0; taken < n;) {
-      int i = -1;
+    for (size_t taken = 0; taken < expected;) {
+      int u = -1;
       {
         std::unique_lock<std::mutex> lock(q.mu);
         q.cv.wait(lock, [&] { return q.stop || q.ready.size() > taken; });
         if (q.ready.size() <= taken) return;  // stopped
-        i = q.ready[taken];
+        u = q.ready[taken];
       }
       ++taken;
-      tensors.push_back(grads_[size_t(l)][size_t(i)]);
-      counts.push_back(grad_counts_[size_t(i)]);
-      owners.push_back(owner_[size_t(i)]);
-      bytes += 4 * grad_counts_[size_t(i)];
-      if (bytes < bucket && taken < n) continue;
-      profile::TraceScope scope(trace_.get(), session_->device(l).name(), "reduce gradients",
+      const ExchangePiece& p = pieces[size_t(u)];
+      tensors.push_back(p.data);
+      counts.push_back(p.count);
+      owners.push_back(p.owner);
+      bytes += 4 * p.count;
+      if (bytes < bucket && taken < expected) continue;
+      profile::TraceScope scope(trace_.get(), session_->device(device).name(), "reduce gradients",
                                 profile::category::kCollective, bytes);
-      exchanged = dp_->reduce_to_owners(l, tensors, counts, owners);
+      exchanged = exchange(tensors, counts, owners);
       if (!exchanged.is_ok()) {
-        dp_->abort(l, exchanged.message());
+        abort(exchanged.message());
         return;
       }
       tensors.clear(), counts.clear(), owners.clear();
       bytes = 0;
     }
   });
-  std::vector<char> seen(n, 0);
-  Result<std::map<std::string, Tensor>> out = session_->run_replica(l, feeds, program, [&](int u) {
-    const int i = param_of[size_t(u)];
-    if (i < 0 || seen[size_t(i)]) return;
-    seen[size_t(i)] = 1;
+  size_t handed = 0;
+  std::vector<char> seen(pieces.size(), 0);
+  Result<std::map<std::string, Tensor>> out = session_->run_replica(device, feeds, program, [&](int u) {
+    if (!pieces[size_t(u)].data || seen[size_t(u)]) return;
+    seen[size_t(u)] = 1;
+    ++handed;
     {
       std::lock_guard<std::mutex> lock(q.mu);
-      q.ready.push_back(i);
+      q.ready.push_back(u);
     }
     q.cv.notify_one();
   });
-  bool all = true;
-  for (char c : seen) all = all && c;
-  if (!out.is_ok() || !all) {
+  if (!out.is_ok() || handed != expected) {
     {
       std::lock_guard<std::mutex> lock(q.mu);
       q.stop = true;
@@ -97,8 +113,9 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_with_exchange(
     q.cv.notify_one();
     if (out.is_ok())
       out = Status::error(Code::kInternal, "training: overlapped gradient exchange",
-                          "every accumulator finished by the micro-batch program", "some never were");
-    dp_->abort(l, out.status().message());  // a helper inside a collective returns at once
+                          std::to_string(expected) + " gradients finished by the program",
+                          std::to_string(handed));
+    abort(out.status().message());  // a helper inside a collective returns at once
   }
   helper.join();
   if (!out.is_ok()) return out;

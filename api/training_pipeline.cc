@@ -2,6 +2,7 @@
 // device of the session, running its passes in the schedule's order
 // (train/pipeline.h) on its own team; activations and their gradients move
 // between stages through in-process channels.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -208,7 +209,15 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       const bool last = st + 1 == S;
       std::map<int, std::map<std::string, Tensor>> stash;  // micro-batch -> its in-edge tensors
       bool first_backward = true;
-      for (const train::PipeStep& step : order[size_t(st)]) {
+      // Replicas of a stage (no tensor shards, whose group the backward pass
+      // itself uses): the exchange overlaps the stage's last backward pass.
+      const bool overlap = dp_ && T == 1 && dp_->options().overlap;
+      size_t last_backward = 0;
+      for (size_t k = 0; k < order[size_t(st)].size(); ++k)
+        if (!order[size_t(st)][k].forward) last_backward = k;
+      bool exchanged = false;
+      for (size_t k = 0; k < order[size_t(st)].size(); ++k) {
+        const train::PipeStep& step = order[size_t(st)][k];
         const int m = step.micro;
         const std::string where = "pipeline stage " + std::to_string(st) + (T > 1 ? " shard " + std::to_string(sh) : "") +
                                   (L > 1 ? " of replica " + std::to_string(r) : "") + ", " +
@@ -257,7 +266,28 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
         const int program = first_backward || prog.backward_next < 0 ? prog.backward_first : prog.backward_next;
         first_backward = false;
         const auto b0 = Clock::now();
-        ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(d, feeds, program));
+        Result<std::map<std::string, Tensor>> ran = Status();
+        if (overlap && k == last_backward) {
+          // Each of the stage's accumulators, reduced over the stage's replicas as it becomes final.
+          std::vector<ExchangePiece> pieces;
+          for (const compiler::Binding& u : session_->executable(program).updates) {
+            const auto& mine = stage_accumulators[size_t(st)];
+            Tensor* t = std::find(mine.begin(), mine.end(), u.name) != mine.end() ? session_->parameter_of(d, u.name)
+                                                                                  : nullptr;
+            pieces.push_back(t ? ExchangePiece{t->data<float>(), t->numel(), 0} : ExchangePiece{});
+          }
+          parallel::DataParallelGroup* group = stage_group(st, sh);
+          ran = run_overlapped(
+              d, feeds, program, pieces, stage_accumulators[size_t(st)].size(),
+              [&](std::span<float* const> t, std::span<const int64_t> c, std::span<const int> o) {
+                return group->reduce_to_owners(r, t, c, o);
+              },
+              [&](const std::string& why) { group->abort(r, why); });
+          exchanged = true;
+        } else {
+          ran = session_->run_replica(d, feeds, program);
+        }
+        ASPEN_ASSIGN_OR_RETURN(auto out, std::move(ran));
         pipe_stats_.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
         for (int e : split.in_edges) {
           const std::string name = train::kPipeGradPrefix + std::to_string(e);
@@ -279,7 +309,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
           ASPEN_RETURN_IF_ERROR(tensor_comms_[spread() ? 0 : size_t(d)]->all_reduce(
               std::span<float>(t->data<float>(), size_t(t->numel()))));
       }
-      if (!dp_) return Status();
+      if (!dp_ || exchanged) return Status();
       int64_t bytes = 0;
       for (int64_t c : counts) bytes += 4 * c;
       profile::TraceScope scope(trace_.get(), session_->device(d).name(), "reduce gradients",
