@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include "api/pipeline_balance.h"
@@ -62,7 +63,8 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
         std::to_string(int(options.model_across_processes_)) + ", gradient_accumulation " +
         std::to_string(options.gradient_accumulation_) + ", device_iterations " +
         std::to_string(options.device_iterations_) + ", shard_optimizer_state " +
-        std::to_string(int(training.data_parallel.shard_optimizer_state));
+        std::to_string(int(training.data_parallel.shard_optimizer_state)) + ", pipeline balance " +
+        std::to_string(int(training.pipeline.balance));
     uint64_t lh = 1469598103934665603ull;
     for (char ch : layout) lh = (lh ^ uint64_t(uint8_t(ch))) * 1099511628211ull;
     ASPEN_RETURN_IF_ERROR(parallel::check_same_everywhere(*m->job_, lh, "training layout (" + layout + ")"));
@@ -145,12 +147,23 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
                                     [](const graph::Node& n) { return n.stage >= 0; });
     if (training.pipeline.balance == TrainingOptions::Balance::measured && !tagged) {
       // Process 0 measures (the others wait in the broadcast): one cut for the whole job.
+      // A failure on process 0 is broadcast too (costs of NaN), so the others stop at once.
       std::vector<float> costs(forward.nodes().size(), 0.0f);
+      Status measured;
       if (!m->job_ || m->job_->rank() == 0) {
-        ASPEN_ASSIGN_OR_RETURN(MeasuredCosts mc, measure_pipeline_costs(forward, po, copts, int(options.threads_)));
-        for (size_t i = 0; i < costs.size(); ++i) costs[i] = float(mc.node_costs[i]);
+        Result<MeasuredCosts> mc = measure_pipeline_costs(forward, po, copts, int(options.threads_));
+        if (mc.is_ok()) {
+          for (size_t i = 0; i < costs.size(); ++i) costs[i] = float(mc->node_costs[i]);
+        } else {
+          measured = mc.status();
+          costs.assign(costs.size(), std::numeric_limits<float>::quiet_NaN());
+        }
       }
       if (m->job_) ASPEN_RETURN_IF_ERROR(m->job_->broadcast(costs.data(), int64_t(costs.size()), DType::f32, 0));
+      ASPEN_RETURN_IF_ERROR(measured);
+      if (!costs.empty() && std::isnan(costs[0]))
+        return Status::error(Code::kAborted, "training: the pipeline's measured costs", "process 0's measurement",
+                             "a failure there (its error says why)");
       cut.node_costs.assign(costs.begin(), costs.end());
     }
     ASPEN_ASSIGN_OR_RETURN(train::PipelinePrograms pp, train::build_pipeline_programs(forward, stages, po, cut));

@@ -245,9 +245,12 @@ class TrainingModel {
   // The gradient exchange overlapped with the last micro-batch's backward
   // pass (api/training_overlap.cc): `program` on replica l with its
   // accumulators reduced bucket by bucket as they become final.
-  bool overlaps_exchange() const {
-    return dp_ && dp_->options().overlap && tensor_shards() == 1 && !pipe_ && programs_.split();
+  // (Not with top-k compression: its error feedback is kept per bucket of a
+  // step's whole exchange, which the overlap cuts differently.)
+  bool overlap_allowed() const {
+    return dp_ && dp_->options().overlap && dp_->options().compression != parallel::Compression::topk;
   }
+  bool overlaps_exchange() const { return overlap_allowed() && tensor_shards() == 1 && !pipe_ && programs_.split(); }
   // The norms of the reduced gradients replica l holds (when the host needs them).
   Status norms_held(int l, ReplicaStep& out);
   Result<std::map<std::string, Tensor>> run_with_exchange(int l, const std::map<std::string, const Tensor*>& feeds,

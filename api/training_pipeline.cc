@@ -175,7 +175,8 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
   }
 #ifdef ASPEN_HAVE_MPI
   if (spread()) {
-    const int top = MpiChannels::tag(int(pp.split.edges.size()), 0, false, int(acc));
+    // The largest tag, in 64 bits (checked before any narrowing).
+    const int64_t top = (int64_t(pp.split.edges.size()) * (acc + 1) + acc) * 2 + 1;
     if (top > pipe_comm_->max_tag())
       return Status::error(Code::kUnimplemented,
                            "pipeline across processes: " + std::to_string(pp.split.edges.size()) + " edges x " +
@@ -211,7 +212,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       bool first_backward = true;
       // Replicas of a stage (no tensor shards, whose group the backward pass
       // itself uses): the exchange overlaps the stage's last backward pass.
-      const bool overlap = dp_ && T == 1 && dp_->options().overlap;
+      const bool overlap = T == 1 && overlap_allowed();
       size_t last_backward = 0;
       for (size_t k = 0; k < order[size_t(st)].size(); ++k)
         if (!order[size_t(st)][k].forward) last_backward = k;

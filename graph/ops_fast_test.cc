@@ -467,7 +467,8 @@ TEST(FastKernels, ShardGatherAndGatherGrad) {
         Graph g;
         Builder b(g);
         b.op1(OpKind::gather, {b.input("table", DType::f32, Shape{7, 5}), b.input("ids", ids, Shape{3, 5}),
-                               b.input("offset", ids, Shape{})});
+                               b.input("offset", ids, Shape{})},
+              {{"vocab", int64_t(21)}});
         ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
         Feeds f = random_feeds(g, 6, -1.0, 1.0, 21);
         f["offset"].data = {offset};
@@ -542,6 +543,26 @@ TEST(FastKernels, GatherIdOutOfRangeIsAnError) {
   std::vector<void*> outs{y.data()};
   Status s = (*k)->run(ins, outs);
   EXPECT_EQ(s.code(), Code::kOutOfRange) << s.to_string();
+}
+
+// The shard form with the whole vocabulary given checks ids against it.
+TEST(FastKernels, ShardGatherIdOutsideTheVocabularyIsAnError) {
+  Graph g;
+  Builder b(g);
+  b.op1(OpKind::gather, {b.input("table", DType::f32, Shape{3, 2}), b.input("ids", DType::i32, Shape{2}),
+                         b.input("offset", DType::i32, Shape{})},
+        {{"vocab", int64_t(6)}});
+  const Node& n = g.nodes().back();
+  std::vector<TensorType> in{g.type(n.inputs[0]), g.type(n.inputs[1]), g.type(n.inputs[2])}, out{g.type(n.outputs[0])};
+  auto k = op_info(n.op).prepare(n, in, out);
+  ASSERT_TRUE(k.is_ok() && *k);
+  std::vector<float> table(6, 1.0f), y(4);
+  std::vector<int32_t> ids{2, 6}, offset{3};
+  std::vector<const void*> ins{table.data(), ids.data(), offset.data()};
+  std::vector<void*> outs{y.data()};
+  Status s = (*k)->run(ins, outs);
+  EXPECT_EQ(s.code(), Code::kOutOfRange) << s.to_string();
+  EXPECT_NE(s.message().find("ids[1] = 6"), std::string::npos) << s.message();
 }
 
 // ---- fallback -----------------------------------------------------------------------------------

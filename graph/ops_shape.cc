@@ -14,7 +14,8 @@
 //       With offset (an i32/i64 scalar, a run-time value) the table holds the
 //       rows [offset, offset + V) of a larger one (a vocab-parallel embedding's
 //       shard, models/tensor_parallel.h): out = table[id - offset] for the ids
-//       in that range and zeros for every other id.
+//       in that range and zeros for every other id; attribute vocab (the whole
+//       table's rows), when given, makes an id outside [0, vocab) an error.
 //   gather_grad(ids, g[, offset]) {vocab}: ids [...], g [..., C] -> [vocab, C];
 //       scatter-add of g's rows into the rows named by ids (embedding backward);
 //       with offset, into row id - offset of the ids in [offset, offset + vocab).
@@ -304,6 +305,10 @@ Status eval_gather(const Node& n, std::span<const HostArray* const> in, std::spa
   if (in.size() == 3) {  // a shard's rows: other ids give zeros
     const double offset = in[2]->data[0];
     const size_t N = in[1]->data.size();
+    if (n.attrs.has("vocab")) {
+      std::vector<int32_t> checked;
+      ASPEN_RETURN_IF_ERROR(ids_to_i32(n, *in[1], n.attrs.i("vocab"), checked));
+    }
     for (size_t k = 0; k < N; ++k) {
       const double local = in[1]->data[k] - offset;
       for (int64_t c = 0; c < C; ++c)
@@ -493,8 +498,17 @@ Prepared prepare_shard_gather(const Node& n, Types in, Types out) {
   const int64_t V = grad ? out[0].shape[0] : in[0].shape[0], C = grad ? out[0].shape[1] : in[0].shape[1];
   const int64_t N = in[grad ? 0 : 1].shape.numel();
   const DType id_t = in[grad ? 0 : 1].dtype, off_t = in[2].dtype;
-  return make_kernel([grad, V, C, N, id_t, off_t](In i, Out o) -> Status {
+  const int64_t whole = !grad && n.attrs.has("vocab") ? n.attrs.i("vocab") : -1;  // checked ids (see the file comment)
+  const char* op = op_name(n.op);
+  return make_kernel([grad, V, C, N, id_t, off_t, whole, op](In i, Out o) -> Status {
     const int64_t offset = int_scalar(i[2], off_t);
+    for (int64_t k = 0; k < N && whole >= 0; ++k) {
+      const int64_t id = int_at(i[1], id_t, k);
+      if (id < 0 || id >= whole)
+        return Status::error(Code::kOutOfRange, std::string(op) + ": argument 'ids'",
+                             "every id in [0, V) = [0, " + std::to_string(whole) + ")",
+                             "ids[" + std::to_string(k) + "] = " + std::to_string(id));
+    }
     float* y = f32_out(o, 0);
     if (!grad) {
       const float* table = f32_in(i, 0);
@@ -580,7 +594,8 @@ void register_shape_ops(OpTable& t) {
   t.define(OpKind::concat, {.min_inputs = 1, .max_inputs = -1, .attrs = {{"axis", AttrKind::i64, true}},
                             .infer = infer_concat, .grad = grad_concat, .eval = eval_concat,
                             .prepare = prepare_concat});
-  t.define(OpKind::gather, {.min_inputs = 2, .max_inputs = 3, .infer = infer_gather, .grad = grad_gather,
+  t.define(OpKind::gather, {.min_inputs = 2, .max_inputs = 3, .attrs = {{"vocab", AttrKind::i64, false}},
+                            .infer = infer_gather, .grad = grad_gather,
                             .eval = eval_gather, .prepare = prepare_gather});
   // gather_grad is backward-only: not differentiated again.
   t.define(OpKind::gather_grad, {.min_inputs = 2, .max_inputs = 3, .attrs = {{"vocab", AttrKind::i64, true}},

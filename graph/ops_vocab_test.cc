@@ -208,6 +208,19 @@ TEST(VocabOps, Errors) {
                                        "f32[4]"),
             std::string::npos)
       << hb.status().message();
+  // gather's shard form with the whole vocabulary given: an id outside it is an error, not a zero row.
+  Graph e;
+  Builder eb(e);
+  eb.output("y", eb.op1(OpKind::gather, {eb.input("table", DType::f32, Shape{4, 2}), eb.input("ids", DType::i32, Shape{3}),
+                                         eb.input("offset", DType::i32, Shape{})},
+                        {{"vocab", int64_t(8)}}));
+  ASSERT_TRUE(eb.status().is_ok()) << eb.status().to_string();
+  auto bad = interpret(e, {{"table", array(DType::f32, {4, 2}, std::vector<double>(8, 1.0))},
+                           {"ids", array(DType::i32, {3}, {1, 5, 8})},
+                           {"offset", array(DType::i32, {}, {4})}});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), Code::kOutOfRange);
+  EXPECT_NE(bad.status().message().find("ids[2] = 8"), std::string::npos) << bad.status().message();
   Graph k;
   Builder kb(k);
   kb.op(OpKind::vocab_ce_stats, {kb.input("z", DType::f32, Shape{3, 4}), kb.input("t", DType::i32, Shape{3}),

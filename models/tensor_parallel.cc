@@ -131,7 +131,8 @@ graph::Attrs sum_attrs(int64_t shards) {
 
 graph::ValueId vocab_parallel_embed(graph::Builder& b, graph::ValueId table, graph::ValueId ids, graph::ValueId offset,
                                     DType dtype, int64_t shards) {
-  graph::ValueId rows = b.op1(graph::OpKind::gather, {table, ids, offset});
+  const int64_t vocab = b.status().is_ok() ? b.type(table).shape[0] * shards : 0;  // an id outside it is an error
+  graph::ValueId rows = b.op1(graph::OpKind::gather, {table, ids, offset}, {{"vocab", vocab}});
   if (b.status().is_ok() && b.type(rows).dtype != dtype) rows = b.cast(rows, dtype);
   return b.op1(graph::OpKind::all_reduce, {rows}, sum_attrs(shards));
 }

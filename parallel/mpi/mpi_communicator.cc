@@ -227,9 +227,19 @@ MpiCommunicator::MpiCommunicator(std::unique_ptr<Impl> impl) : impl_(std::move(i
 MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
+  // Posted messages not yet received (the group failed before its flush):
+  // MPI may still read their bytes, so those buffers are kept, never freed,
+  // with their requests (a few messages, once, on a failure path).
+  static std::mutex kept_mu;
+  static auto* kept = new std::vector<Impl::Posted>();
+  for (auto& p : impl_->posted) {
+    int done = 1;
+    if (!finalized && p.req != MPI_REQUEST_NULL) MPI_Test(&p.req, &done, MPI_STATUS_IGNORE);
+    if (done) continue;
+    std::lock_guard<std::mutex> lock(kept_mu);
+    kept->push_back(std::move(p));
+  }
   if (!finalized && !impl_->failed) {
-    for (auto& p : impl_->posted)  // flushed, or the group failed (then the messages are moot)
-      if (p.req != MPI_REQUEST_NULL) MPI_Request_free(&p.req);
     MPI_Comm_free(&impl_->coll);
     MPI_Comm_free(&impl_->p2p);
     MPI_Comm_free(&impl_->tagged);
