@@ -19,6 +19,12 @@ namespace aspen::api {
 
 using namespace util;  // NOLINT: the file's helpers (api/training_util.h)
 
+namespace {
+Status not_a_parameter(const std::string& name) {
+  return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
+}
+}  // namespace
+
 Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph& forward, const Options& options,
                                                              const TrainingOptions& training) {
   ASPEN_RETURN_IF_ERROR(options.validate(/*training=*/true));
@@ -65,9 +71,8 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
         std::to_string(options.device_iterations_) + ", shard_optimizer_state " +
         std::to_string(int(training.data_parallel.shard_optimizer_state)) + ", pipeline balance " +
         std::to_string(int(training.pipeline.balance));
-    uint64_t lh = 1469598103934665603ull;
-    for (char ch : layout) lh = (lh ^ uint64_t(uint8_t(ch))) * 1099511628211ull;
-    ASPEN_RETURN_IF_ERROR(parallel::check_same_everywhere(*m->job_, lh, "training layout (" + layout + ")"));
+    ASPEN_RETURN_IF_ERROR(
+        parallel::check_same_everywhere(*m->job_, fnv1a(layout), "training layout (" + layout + ")"));
   }
   if (options.model_across_processes_) {
     // The mesh over processes: process (d·stages + s)·tp + t.
@@ -214,13 +219,11 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     }
   if (m->pipe_) {
     m->stage_uses_.resize(size_t(stages));
-    for (int st = 0; st < stages; ++st) {
-      const train::PipelinePrograms::Stage& sp = m->pipe_->stages[size_t(st)];
-      for (int prog : {sp.forward, sp.backward_first, sp.backward_next, sp.norm, sp.step})
+    for (int st = 0; st < stages; ++st)
+      for (int prog : m->pipe_->stages[size_t(st)].programs())
         if (prog >= 0)
           for (int32_t n : m->pipe_->graphs[size_t(prog)].parameter_nodes())
             m->stage_uses_[size_t(st)].insert(m->pipe_->graphs[size_t(prog)].node(n).name);
-    }
   }
   // Tensor shards of pipeline stages: no device holds every stage's weights,
   // so evaluation runs through the stages' forward programs.
@@ -229,12 +232,9 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   // programs only (placeholders keep the others' numbers), and evaluates
   // through the stages' forward programs.
   if (m->spread() && m->pipe_) {
-    for (int st = 0; st < stages; ++st) {
-      if (st == m->spread_stage_) continue;
-      const train::PipelinePrograms::Stage& sp = m->pipe_->stages[size_t(st)];
-      for (int prog : {sp.forward, sp.backward_first, sp.backward_next, sp.norm, sp.step})
-        if (prog >= 0) graphs[size_t(prog)] = &placeholder;
-    }
+    for (int st = 0; st < stages; ++st)
+      for (int prog : m->pipe_->stages[size_t(st)].programs())
+        if (st != m->spread_stage_ && prog >= 0) graphs[size_t(prog)] = &placeholder;
     graphs[size_t(m->eval_program_)] = &placeholder;
   }
 
@@ -255,9 +255,8 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     const parallel::DataParallelOptions& dpo = m->dp_->options();
     const std::string overlap = std::to_string(int(dpo.overlap));
     // Every process must run the same programs with the same host decisions.
-    uint64_t h = 1469598103934665603ull;
-    auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    for (const graph::Graph* g : all_graphs) mix(compiler::ExecutableCache::key(*g, copts));
+    uint64_t h = fnv1a("");
+    for (const graph::Graph* g : all_graphs) h = fnv1a_mix(h, compiler::ExecutableCache::key(*g, copts));
     const std::string host = std::to_string(int(training.schedule.kind)) + " " + std::to_string(training.schedule.lr) +
                              " " + std::to_string(training.schedule.warmup_steps) + " " +
                              std::to_string(training.schedule.total_steps) + " " +
@@ -274,7 +273,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
                              " " + std::to_string(dpo.bucket_bytes) + " " + std::to_string(int(dpo.compression)) +
                              " " + std::to_string(int(dpo.shard_optimizer_state)) + " " +
                              std::to_string(dpo.topk_ratio) + " " + overlap;
-    for (char c : host) mix(uint64_t(uint8_t(c)));
+    h = fnv1a(host, h);
     ASPEN_RETURN_IF_ERROR(
         parallel::check_same_everywhere(*m->job_, h, "training model (programs, options and schedule)"));
   }
@@ -325,13 +324,26 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     return Status();
   };
   if (tp > 1) ASPEN_RETURN_IF_ERROR(setup_shards());
-  if (m->pipe_ && m->spread()) {
-    // Each parameter's gradient ends on its owning stage's process; this
-    // process's device holds its stage's.
-    const auto& params = m->programs_.params;
-    m->owner_.assign(params.size(), 0);
+  if (m->pipe_) {  // each parameter's gradient ends on (replica 0 of) the stage that owns it
+    m->owner_.assign(m->programs_.params.size(), 0);
     for (int st = 0; st < stages; ++st)
       for (size_t i : m->pipe_->stages[size_t(st)].owned) m->owner_[i] = st;
+  }
+#ifdef ASPEN_HAVE_MPI
+  if (m->pipe_ && m->spread()) {  // every message tag must fit MPI's (the largest: the last edge's, evaluation's)
+    const int64_t acc = options.gradient_accumulation_, edges = int64_t(m->pipe_->split.edges.size());
+    const int64_t top = pipe_tag(edges - 1, acc, true, acc);
+    if (top > m->pipe_comm_->max_tag())
+      return Status::error(Code::kUnimplemented,
+                           "pipeline across processes: " + std::to_string(edges) + " edges x " + std::to_string(acc) +
+                               " micro-batches",
+                           "message tags up to MPI_TAG_UB " + std::to_string(m->pipe_comm_->max_tag()),
+                           "tag " + std::to_string(top));
+  }
+#endif
+  if (m->pipe_ && m->spread()) {
+    // This process's device holds its stage's.
+    const auto& params = m->programs_.params;
     m->grads_.resize(1);
     for (const std::string& p : params) {
       m->grad_counts_.push_back(m->all_types_.at(p).second.numel());
@@ -339,12 +351,9 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
       m->grads_[0].push_back(t ? t->data<float>() : nullptr);
     }
   } else if (m->pipe_) {
-    // Each parameter's gradient ends on replica 0 of the stage that owns it
-    // (device s·tp + t); with replicas every device has its own accumulators.
+    // Replica 0 of the owning stage is device owner·tp + t; with replicas
+    // every device has its own accumulators.
     const auto& params = m->programs_.params;
-    m->owner_.assign(params.size(), 0);
-    for (int st = 0; st < stages; ++st)
-      for (size_t i : m->pipe_->stages[size_t(st)].owned) m->owner_[i] = st;
     m->grads_.resize(size_t(m->session_->replicas()));
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string acc = train::grad_accumulator_name(params[i]);
@@ -413,7 +422,7 @@ Status TrainingModel::set_full(const std::string& name, const Tensor& full) {
     const int r = spread() ? spread_shard_ : d % T;
     Tensor* dst = session_->parameter_of(d, name);
     if (!dst && pipe_) continue;  // a device of a stage that does not use it
-    if (!dst) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
+    if (!dst) return not_a_parameter(name);
     held = true;
     ASPEN_ASSIGN_OR_RETURN(Tensor part, models::shard_weight(name, full, r, T, vocab_parallel_));
     if (dst->dtype() != part.dtype() || dst->shape() != part.shape())
@@ -425,7 +434,7 @@ Status TrainingModel::set_full(const std::string& name, const Tensor& full) {
     if (part.nbytes()) std::memcpy(dst->raw(), part.raw(), part.nbytes());
   }
   if (!held && !(spread() && all_types_.count(name)))  // (across processes: another stage's)
-    return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
+    return not_a_parameter(name);
   return Status();
 }
 
@@ -436,7 +445,7 @@ Result<Tensor> TrainingModel::get_full(const std::string& name) const {
   std::vector<Tensor> gathered;  // across processes: every shard's part, all-gathered
   if (spread()) {
     const Tensor* mine = const_cast<runtime::Session&>(*session_).parameter_of(0, name);
-    if (!mine) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
+    if (!mine) return not_a_parameter(name);
     if (mine->dtype() != DType::f32)
       return Status::invalid_argument("parameter '" + name + "'", "f32 (gathered over the tensor shards)",
                                       std::string(dtype_name(mine->dtype())));
@@ -453,7 +462,7 @@ Result<Tensor> TrainingModel::get_full(const std::string& name) const {
     const int first = pipe_ ? holding_stage(name) * T : 0;
     for (int r = 0; r < T; ++r) parts.push_back(const_cast<runtime::Session&>(*session_).parameter_of(first + r, name));
   }
-  if (!parts[0]) return Status::error(Code::kNotFound, "parameter '" + name + "'", "a parameter of the program", "none");
+  if (!parts[0]) return not_a_parameter(name);
   return models::gather_weight(name, parts, vocab_parallel_);
 }
 
@@ -531,29 +540,24 @@ Result<std::map<std::string, Tensor>> TrainingModel::copy_optimizer_state_to_hos
   return out;
 }
 
-std::map<std::string, std::pair<DType, Shape>> TrainingModel::weight_types() const {
+std::map<std::string, std::pair<DType, Shape>> TrainingModel::full_types(bool weights) const {
+  auto keep = [&](const std::string& name) { return weights ? is_weight(name) : has_prefix(name, train::kOptimizerPrefix); };
   std::map<std::string, std::pair<DType, Shape>> out;
   if (spread() && pipe_) {  // every stage's, also those other processes keep
     for (const auto& [name, type] : all_types_)
-      if (is_weight(name)) out.emplace(name, full_type(name, type));
+      if (keep(name)) out.emplace(name, full_type(name, type));
     return out;
   }
   for (const compiler::Binding& b : session_->parameters())
-    if (is_weight(b.name)) out.emplace(b.name, full_type(b));
+    if (keep(b.name)) out.emplace(b.name, full_type(b));
   return out;
 }
 
+std::map<std::string, std::pair<DType, Shape>> TrainingModel::weight_types() const { return full_types(true); }
+
 std::map<std::string, std::pair<DType, Shape>> TrainingModel::optimizer_state_types() const {
   if (zero_) return state_types_;  // every shard's, also those kept by other processes
-  std::map<std::string, std::pair<DType, Shape>> out;
-  if (spread() && pipe_) {  // every stage's
-    for (const auto& [name, type] : all_types_)
-      if (has_prefix(name, train::kOptimizerPrefix)) out.emplace(name, full_type(name, type));
-    return out;
-  }
-  for (const compiler::Binding& b : session_->parameters())
-    if (has_prefix(b.name, train::kOptimizerPrefix)) out.emplace(b.name, full_type(b));
-  return out;
+  return full_types(false);
 }
 
 Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::string, const Tensor*>& inputs) {

@@ -188,7 +188,10 @@ class TrainingModel {
   // The MPI tag of a message between pipeline stages in different processes
   // (edge, micro-batch of `micros`, activation or its gradient); micro-batch
   // `micros` is evaluation's.
-  static int pipe_tag(int edge, int micro, bool grad, int micros) { return (edge * (micros + 1) + micro) * 2 + int(grad); }
+  // In 64 bits: create() checks the largest against MPI_TAG_UB before any is used as an int.
+  static int64_t pipe_tag(int64_t edge, int64_t micro, bool grad, int64_t micros) {
+    return (edge * (micros + 1) + micro) * 2 + int64_t(grad);
+  }
 
   // The loss of one micro-batch (inputs in the forward graph's own shapes)
   // with the current weights, changing nothing: validation (on the first
@@ -251,6 +254,9 @@ class TrainingModel {
     return dp_ && dp_->options().overlap && dp_->options().compression != parallel::Compression::topk;
   }
   bool overlaps_exchange() const { return overlap_allowed() && tensor_shards() == 1 && !pipe_ && programs_.split(); }
+  // A step's loss from this process's micro-batch losses ([acc][local
+  // replicas]): the mean over every process's, in global batch order.
+  Result<float> step_loss(const std::vector<float>& local);
   // The norms of the reduced gradients replica l holds (when the host needs them).
   Status norms_held(int l, ReplicaStep& out);
   Result<std::map<std::string, Tensor>> run_with_exchange(int l, const std::map<std::string, const Tensor*>& feeds,
@@ -309,6 +315,8 @@ class TrainingModel {
   Result<Tensor> get_full(const std::string& name) const;
   std::pair<DType, Shape> full_type(const compiler::Binding& b) const;
   std::pair<DType, Shape> full_type(const std::string& name, const std::pair<DType, Shape>& shard) const;
+  // The whole model's weights (or optimizer state) by name and full type.
+  std::map<std::string, std::pair<DType, Shape>> full_types(bool weights) const;
   // With replicas of pipeline stages or tensor shards: the data-parallel
   // group of stage (tensor rank) k, dp_ for k = 0 and more_dp_[k - 1] after.
   std::vector<std::unique_ptr<parallel::DataParallelGroup>> more_dp_;

@@ -110,7 +110,9 @@ class MpiChannels final : public Transport {
  public:
   MpiChannels(parallel::MpiCommunicator& comm, int micros) : comm_(comm), micros_(micros) {}
 
-  static int tag(int edge, int micro, bool grad, int micros) { return TrainingModel::pipe_tag(edge, micro, grad, micros); }
+  static int tag(int edge, int micro, bool grad, int micros) {
+    return int(TrainingModel::pipe_tag(edge, micro, grad, micros));  // in range: checked by create()
+  }
 
   Status put(int edge, int micro, bool grad, int to, Tensor t) override {
     return comm_.post(t.raw(), int64_t(t.nbytes()), to, tag(edge, micro, grad, micros_));
@@ -173,18 +175,6 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     for (const compiler::Binding& b : session_->executable(pp.stages[size_t(st)].backward_first).parameters)
       if (b.name.starts_with(train::grad_accumulator_name(""))) stage_accumulators[size_t(st)].push_back(b.name);
   }
-#ifdef ASPEN_HAVE_MPI
-  if (spread()) {
-    // The largest tag, in 64 bits (checked before any narrowing).
-    const int64_t top = (int64_t(pp.split.edges.size()) * (acc + 1) + acc) * 2 + 1;
-    if (top > pipe_comm_->max_tag())
-      return Status::error(Code::kUnimplemented,
-                           "pipeline across processes: " + std::to_string(pp.split.edges.size()) + " edges x " +
-                               std::to_string(acc) + " micro-batches",
-                           "message tags up to MPI_TAG_UB " + std::to_string(pipe_comm_->max_tag()),
-                           "tag " + std::to_string(top));
-  }
-#endif
   const std::vector<std::vector<train::PipeStep>> order = train::pipeline_order(training_.pipeline.schedule, S, int(acc));
   std::vector<float> losses;
   for (int64_t it = 0; it < iters; ++it) {
@@ -355,20 +345,10 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     }
     // Across processes the last stage's losses go to the replica's other stages.
     if (spread()) ASPEN_RETURN_IF_ERROR(pipe_group_->broadcast(micro_losses[0].data(), acc, DType::f32, S - 1));
-    // The loss: every micro-batch's, in the order of its place in the global batch (micro-batch a of replica g is a·R + g).
     std::vector<float> local_losses;  // [acc][L]
     for (int64_t a = 0; a < acc; ++a)
       for (int r = 0; r < L; ++r) local_losses.push_back(micro_losses[size_t(r)][size_t(a)]);
-    std::vector<float> all_losses = local_losses;
-    if (dp_) {
-      ASPEN_ASSIGN_OR_RETURN(all_losses, dp_->gather_processes(local_losses));
-    }
-    const int64_t P = int64_t(all_losses.size()) / (acc * L);
-    double loss_sum = 0.0;
-    for (int64_t a = 0; a < acc; ++a)
-      for (int64_t p = 0; p < P; ++p)
-        for (int r = 0; r < L; ++r) loss_sum += double(all_losses[size_t((p * acc + a) * L + r)]);
-    s.loss = float(loss_sum / double(acc * P * L));
+    ASPEN_ASSIGN_OR_RETURN(s.loss, step_loss(local_losses));
     // Σg², added in parameter order (the same bits as one device's norm of the same gradients).
     std::vector<float> sums(pp.params.size(), 0.0f);
     if (needs_norm()) {

@@ -118,7 +118,7 @@ Result<float> TrainingModel::evaluate_spread_pipeline(const std::map<std::string
   for (int e : split.in_edges) {
     const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
     Tensor t(edge.type.dtype, edge.type.shape);
-    const int tag = pipe_tag(e, eval_micro, false, micros);
+    const int tag = int(pipe_tag(e, eval_micro, false, micros));
     Status s = pipe_comm_->take(t.raw(), int64_t(t.nbytes()), edge.from, tag);
     if (!s.is_ok()) return fail(std::move(s).with_context("evaluation, stage " + std::to_string(st)));
     received.emplace(edge.name, std::move(t));
@@ -129,7 +129,7 @@ Result<float> TrainingModel::evaluate_spread_pipeline(const std::map<std::string
   for (int e : split.out_edges) {
     const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
     const Tensor& t = out->at(edge.name);
-    const int tag = pipe_tag(e, eval_micro, false, micros);
+    const int tag = int(pipe_tag(e, eval_micro, false, micros));
     if (Status s = pipe_comm_->post(t.raw(), int64_t(t.nbytes()), edge.to, tag); !s.is_ok()) return fail(std::move(s));
   }
   if (Status s = pipe_comm_->flush(); !s.is_ok()) return fail(std::move(s));

@@ -212,6 +212,24 @@ Status TrainingModel::norms_held(int l, ReplicaStep& out) {
   return Status();
 }
 
+Result<float> TrainingModel::step_loss(const std::vector<float>& local) {
+  // local: [acc][L] this process's micro-batch losses. All of them from
+  // every process ([P][acc][L]), added in double in the order of their index
+  // in the global batch (micro-batch a of replica g is number a·R + g): the
+  // same bits for every layout.
+  const int64_t acc = options_.gradient_accumulation_, L = int64_t(local.size()) / acc;
+  std::vector<float> all = local;
+  if (dp_) {
+    ASPEN_ASSIGN_OR_RETURN(all, dp_->gather_processes(local));
+  }
+  const int64_t P = int64_t(all.size()) / (acc * L);
+  double sum = 0.0;
+  for (int64_t a = 0; a < acc; ++a)
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t l = 0; l < L; ++l) sum += double(all[size_t((p * acc + a) * L + l)]);
+  return float(sum / double(acc * P * L));
+}
+
 Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<std::string, const Tensor*>& inputs) {
   const int64_t iters = options_.device_iterations_, acc = options_.gradient_accumulation_;
   const int L = session_->replicas();
@@ -253,23 +271,12 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     const Tensor ls = scalar_f32(float(s.loss_scale));
     ASPEN_RETURN_IF_ERROR(on_replicas(
         [&](int l) { return replica_micro_batches(l, it, inputs, data_inputs, ls, rs[size_t(l)]); }));
-    // The loss: the mean over every micro-batch of the step, added in double
-    // in the order of their index in the global batch (micro-batch a of
-    // replica g is number a·R + g), the same bits for every layout.
+    // The loss: the mean over every micro-batch of the step (step_loss).
     const int Ld = data_replicas(), T = tensor_shards();  // a replica's tensor shards agree on the loss: shard 0's
     std::vector<float> local_losses;  // [acc][Ld]
     for (int64_t a = 0; a < acc; ++a)
       for (int l = 0; l < Ld; ++l) local_losses.push_back(rs[size_t(l * T)].losses[size_t(a)]);
-    std::vector<float> all_losses = local_losses;  // [P][acc][L]
-    if (dp_) {
-      ASPEN_ASSIGN_OR_RETURN(all_losses, dp_->gather_processes(local_losses));
-    }
-    const int64_t P = int64_t(all_losses.size()) / (acc * Ld);
-    double loss_sum = 0.0;
-    for (int64_t a = 0; a < acc; ++a)
-      for (int64_t p = 0; p < P; ++p)
-        for (int l = 0; l < Ld; ++l) loss_sum += double(all_losses[size_t((p * acc + a) * Ld + l)]);
-    s.loss = float(loss_sum / double(acc * P * Ld));
+    ASPEN_ASSIGN_OR_RETURN(s.loss, step_loss(local_losses));
     // Tensor shards: replica 0's shards' Σg² of their parts (across
     // processes, all-gathered from the shards of this process's replica).
     std::vector<std::vector<float>> shard_sq;

@@ -2,6 +2,7 @@
 // (training_model.cc, training_step.cc, training_pipeline.cc); private to api/.
 #pragma once
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -14,6 +15,13 @@ namespace aspen::api::util {
 inline bool has_prefix(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 // A model weight: not "optimizer.*", "train.*" or "state.*".
 inline bool is_weight(const std::string& name) { return !train::is_state_name(name); }
+
+// FNV-1a: the hashes processes exchange to find a mismatch at start-up.
+inline uint64_t fnv1a_mix(uint64_t h, uint64_t v) { return (h ^ v) * 1099511628211ull; }
+inline uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+  for (char c : s) h = fnv1a_mix(h, uint64_t(uint8_t(c)));
+  return h;
+}
 
 inline Tensor scalar_f32(float v) {
   Tensor t(DType::f32, Shape{});

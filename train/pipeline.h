@@ -35,6 +35,7 @@
 // Thread-safety: pure functions of their arguments.
 #pragma once
 
+#include <array>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -108,6 +109,8 @@ struct PipelinePrograms {
     int backward_first = -1, backward_next = -1;  // backward_next only with accumulation
     int norm = -1, step = -1;                     // -1 when the stage owns no parameter
     std::vector<size_t> owned;                    // indices into params, in order
+    // Every program of the stage (-1 for those it lacks).
+    std::array<int, 5> programs() const { return {forward, backward_first, backward_next, norm, step}; }
   };
   std::vector<Stage> stages;
   std::vector<std::string> params;  // every trained parameter, in forward-graph order
