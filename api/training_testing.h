@@ -112,6 +112,13 @@ inline TrainingOptions sgd_momentum() {
   return t;
 }
 
+// AdamW with clipping at 0.5: the norm of the reduced gradient decides the step.
+inline TrainingOptions dp_adamw() {
+  TrainingOptions t = golden_adamw();
+  t.clip_grad_norm = 0.5;
+  return t;
+}
+
 // GPT-2's c_attn key bias has a true gradient of 0 (testdata/README.md): f32
 // noise there is amplified by Adam, so those entries are not compared.
 inline bool key_bias_entry(const std::string& name, int64_t i, int64_t d_model) {
