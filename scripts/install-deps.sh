@@ -4,7 +4,9 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache
+  pkgconf            # pkg-config, which CMake's find modules look for at configure time
   libdnnl-dev        # oneDNN: matrix products
+  ocl-icd-opencl-dev # Debian's dnnl-config.cmake calls find_package(OpenCL); libdnnl-dev only recommends it
   libopenblas-openmp-dev  # OpenBLAS, its OpenMP build: large f32 matrix products (docs/decisions.md)
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
