@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <vector>
 
 #include "core/check.h"
 #include "kernels/check_args.h"
+#include "kernels/convert.h"
 #include "kernels/cpu.h"
 #include "kernels/matmul_backend.h"
 
@@ -92,6 +94,43 @@ MatmulBackend matmul_backend_for(const MatmulShape& s, int team_size) {
   return MatmulBackend::openblas;
 }
 
+namespace {
+
+// NOTE [bf16 without AVX-512]: oneDNN 2.6 runs bf16 products only on CPUs
+// with AVX-512 (its bf16 kernels need avx512_core at least); on an AVX2-only
+// CPU (some Zen parts) it refuses every bf16 primitive. There the plan widens
+// A and B to f32 (exact: a bf16 is an f32 with a shorter mantissa) into
+// buffers it owns and runs the f32 product, accumulating in f32 as oneDNN's
+// bf16 kernels do. The results agree with the bf16 kernels to f32 rounding;
+// only the speed of bf16 is lost, which such a CPU has no instructions for.
+struct WideningImpl : MatmulPlan::Impl {
+  MatmulShape shape;
+  std::vector<float> a, b;
+  std::unique_ptr<MatmulPlan> f32;
+  void run(const void* av, const void* bv, const float* bias, float* c) override {
+    const Status sa = convert_bf16_to_f32({static_cast<const bf16*>(av), a.size()}, a, int64_t(a.size()));
+    const Status sb = convert_bf16_to_f32({static_cast<const bf16*>(bv), b.size()}, b, int64_t(b.size()));
+    ASPEN_CHECK(sa.is_ok() && sb.is_ok()) << sa.to_string() << " " << sb.to_string();  // sized by the plan
+    f32->run(a.data(), b.data(), bias, c);
+  }
+};
+
+Result<std::unique_ptr<MatmulPlan::Impl>> make_widening_plan(const MatmulShape& s) {
+  auto impl = std::make_unique<WideningImpl>();
+  impl->shape = s;
+  MatmulShape wide = s;
+  wide.input = DType::f32;
+  ASPEN_ASSIGN_OR_RETURN(MatmulPlan plan, MatmulPlan::create(wide));
+  impl->f32 = std::make_unique<MatmulPlan>(std::move(plan));
+  impl->a.resize(size_t(s.a_elements()));
+  impl->b.resize(size_t(s.b_elements()));
+  return std::unique_ptr<MatmulPlan::Impl>(std::move(impl));
+}
+
+}  // namespace
+
+bool bf16_matmul_widens() { return !cpu_features().avx512f; }
+
 MatmulPlan::MatmulPlan(MatmulPlan&&) noexcept = default;
 MatmulPlan& MatmulPlan::operator=(MatmulPlan&&) noexcept = default;
 MatmulPlan::~MatmulPlan() = default;
@@ -109,6 +148,8 @@ Result<MatmulPlan> MatmulPlan::create(const MatmulShape& s, MatmulBackend backen
   plan.backend_ = backend;
   if (backend == MatmulBackend::openblas) {
     ASPEN_ASSIGN_OR_RETURN(plan.impl_, make_openblas_plan(s));
+  } else if (s.input == DType::bf16 && bf16_matmul_widens()) {  // NOTE [bf16 without AVX-512]
+    ASPEN_ASSIGN_OR_RETURN(plan.impl_, make_widening_plan(s));
   } else {
     ASPEN_ASSIGN_OR_RETURN(plan.impl_, make_onednn_plan(s));
   }

@@ -78,6 +78,10 @@ MatmulBackend matmul_backend_for(const MatmulShape& shape, int team_size);
 // backend uses: a pthread build keeps a thread pool of its own beside the
 // team's).
 std::string openblas_description();
+// True on a CPU without AVX-512, where oneDNN 2.6 has no bf16 kernels: bf16
+// plans then widen A and B to f32 and run the f32 product (NOTE [bf16 without
+// AVX-512] in matmul.cc), correct but without bf16's speed.
+bool bf16_matmul_widens();
 bool openblas_is_openmp_build();
 
 class MatmulPlan {
