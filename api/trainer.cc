@@ -10,13 +10,17 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
+#include "core/checksum.h"
 #include "core/thread_team.h"
+#include "api/training_util.h"
 #include "io/tokenizer.h"
 #include "models/generate.h"
 #include "models/gpt2.h"
 #include "models/gptj.h"
 #include "models/init.h"
 #include "models/weights.h"
+#include "parallel/communicator.h"
+#include "parallel/data_parallel.h"
 #ifdef ASPEN_HAVE_MPI
 #include "parallel/mpi/mpi_communicator.h"
 #endif
@@ -58,6 +62,20 @@ Status build_forward(graph::Graph& g, const models::ModelConfig& mc, int64_t bat
                                "causal language models in this build (gpt2, gptj)");
 }
 
+// Before a graph is built: the weights, their gradients and the optimizer's
+// state (AdamW and LAMB: two moments; SGD: momentum) must fit in memory.
+Status check_training_memory(const models::ModelConfig& mc, const train::TrainConfig& c) {
+  const double per = c.optimizer.name == "sgd" ? 12.0 : 16.0;  // f32 weight + gradient + state
+  return models::check_fits_memory("config: model", models::min_parameter_count(mc), per,
+                                   "training (f32 weights, gradients and " + c.optimizer.name + " state)");
+}
+
+int64_t vocab_of(const models::ModelConfig& mc) {
+  if (const models::Gpt2Config* c = mc.gpt2()) return c->vocab;
+  if (const models::GptjConfig* c = mc.gptj()) return c->vocab;
+  return 0;
+}
+
 int64_t n_positions_of(const models::ModelConfig& mc) {
   if (const models::Gpt2Config* c = mc.gpt2()) return c->n_positions;
   if (const models::GptjConfig* c = mc.gptj()) return c->n_positions;
@@ -67,6 +85,102 @@ int64_t n_positions_of(const models::ModelConfig& mc) {
 }  // namespace
 
 Trainer::~Trainer() = default;
+
+Result<std::shared_ptr<DirectoryLock>> lock_run_directory(const std::string& dir) {
+  ASPEN_ASSIGN_OR_RETURN(DirectoryLock lock, DirectoryLock::acquire(dir, "run directory"));
+  return std::make_shared<DirectoryLock>(std::move(lock));
+}
+
+namespace {
+
+// What of an earlier run `dir` holds ("" when nothing): a newcomer's rerun
+// must not replace it silently.
+std::string earlier_run(const std::string& run_dir, const std::string& checkpoint_dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  if (fs::exists(run_dir + "/" + train::kMetricsFile, ec)) found.push_back(train::kMetricsFile);
+  if (fs::exists(run_dir + "/model", ec)) found.push_back("an exported model");
+  if (auto steps = train::list_checkpoints(checkpoint_dir); steps.is_ok() && !steps->empty())
+    found.push_back(std::to_string(steps->size()) + " checkpoint" + (steps->size() > 1 ? "s" : "") + " (newest " +
+                    fs::path(steps->back()).filename().string() + ")");
+  std::string s;
+  for (size_t i = 0; i < found.size(); ++i) s += (i ? ", " : "") + found[i];
+  return s;
+}
+
+// Deletes what a run wrote (never other files a user keeps beside it).
+Status remove_earlier_run(const std::string& run_dir, const std::string& checkpoint_dir) {
+  std::error_code ec;
+  for (const char* f : {train::kMetricsFile, train::kLossSvgFile, "model", "config.yaml"}) {
+    fs::remove_all(run_dir + "/" + f, ec);
+    if (ec) return Status::error(Code::kIoError, run_dir + "/" + f, "an earlier run's file that can be removed", ec.message());
+  }
+  if (auto steps = train::list_checkpoints(checkpoint_dir); steps.is_ok())
+    for (const std::string& s : *steps) fs::remove_all(s, ec);
+  fs::remove(checkpoint_dir + "/latest", ec);
+  return Status::ok();
+}
+
+}  // namespace
+
+namespace {
+
+// The start-up agreement of an MPI job: one hash for the whole, then, only
+// when it differs, one per entry so that the error names the first that does.
+Status agree(parallel::Communicator& world, const std::vector<std::pair<std::string, std::string>>& entries,
+             const std::string& what) {
+  uint64_t all = 1469598103934665603ull;
+  for (const auto& [k, v] : entries) all = util::fnv1a(k + "=" + v + "\n", all);
+  if (parallel::check_same_everywhere(world, all, what).is_ok()) return Status::ok();
+  for (const auto& [k, v] : entries) {
+    Status s = parallel::check_same_everywhere(world, util::fnv1a(v), what + " '" + k + "'", "");
+    if (!s.is_ok())
+      return Status::invalid_argument(s.subject(), "the same on every process (" + escape_for_terminal(v) + " here)",
+                                      s.found(), "start every process with the same config, data and model");
+  }
+  return parallel::check_same_everywhere(world, all, what);  // differs, yet no entry does: the hash says so
+}
+
+std::string weights_digest(const std::map<std::string, Tensor>& weights) {
+  uint32_t crc = 0;
+  for (const auto& [name, t] : weights) {
+    crc = crc32c(name, crc);
+    crc = crc32c(std::string_view(static_cast<const char*>(t.raw()), t.nbytes()), crc);
+  }
+  return crc32c_hex(crc);
+}
+
+}  // namespace
+
+Status Trainer::claim_directories() {
+  if (options_.run_lock) {
+    run_lock_ = options_.run_lock;
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(run_lock_, lock_run_directory(run_dir_));
+  }
+  const fs::path run = fs::weakly_canonical(run_dir_), ckpt = fs::weakly_canonical(checkpoint_dir_);
+  const bool inside = std::mismatch(run.begin(), run.end(), ckpt.begin(), ckpt.end()).first == run.end();
+  if (!inside) {
+    ASPEN_ASSIGN_OR_RETURN(DirectoryLock lock, DirectoryLock::acquire(checkpoint_dir_, "checkpoint directory (checkpoint.dir)"));
+    checkpoint_lock_ = std::make_shared<DirectoryLock>(std::move(lock));
+  }
+  const bool resuming = options_.resume || !options_.resume_from.empty();
+  if (!resuming) {
+    if (const std::string held = earlier_run(run_dir_, checkpoint_dir_); !held.empty()) {
+      if (!options_.overwrite)
+        return Status::error(Code::kFailedPrecondition, "run directory '" + run_dir_ + "'",
+                             "a new or empty run directory", "an earlier run's files: " + held,
+                             "--resume continues that run, --overwrite deletes it and starts again, --run-dir DIR "
+                             "(or log.run_dir) starts elsewhere");
+      out() << "replacing the earlier run in " << run_dir_ << " (" << held << ")\n";
+      ASPEN_RETURN_IF_ERROR(remove_earlier_run(run_dir_, checkpoint_dir_));
+    }
+  }
+  // Every output directory before step 1, not at the first save.
+  ASPEN_RETURN_IF_ERROR(check_writable_directory(run_dir_, "run directory (log.run_dir)"));
+  ASPEN_RETURN_IF_ERROR(check_writable_directory(checkpoint_dir_, "checkpoint directory (checkpoint.dir)"));
+  return Status::ok();
+}
 
 std::ostream& Trainer::out() const {
   static thread_local std::ostream quiet(nullptr);  // processes other than 0 print nothing
@@ -118,6 +232,15 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
                        " (the model across processes)"
                  : std::string()));
   const int64_t local = across ? 1 : c.batch.replicas / processes;
+#ifdef ASPEN_HAVE_MPI
+  if (options.mpi) {
+    ASPEN_ASSIGN_OR_RETURN(t->world_, parallel::MpiCommunicator::world());
+    std::vector<std::pair<std::string, std::string>> keys;
+    for (auto& [k, v] : train::config_entries(c))  // only process 0 writes and prints; threads do not change results
+      if (k.rfind("log.", 0) != 0 && k != "checkpoint.dir" && k != "train.threads") keys.emplace_back(k, v);
+    ASPEN_RETURN_IF_ERROR(agree(*t->world_, keys, "config key"));
+  }
+#endif
   t->writer_ = process == 0;
   t->across_ = across;
   if (c.data.train.empty())
@@ -125,14 +248,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
 
   t->run_dir_ = c.log.run_dir.empty() ? "runs/" + c.name : c.log.run_dir;
   t->checkpoint_dir_ = c.checkpoint.dir.empty() ? t->run_dir_ + "/checkpoints" : c.checkpoint.dir;
-  std::error_code ec;
-  if (t->writer_) fs::create_directories(t->run_dir_, ec);
-  if (ec) return Status::error(Code::kIoError, "run directory '" + t->run_dir_ + "'", "a directory", ec.message());
+  if (t->writer_) ASPEN_RETURN_IF_ERROR(t->claim_directories());
 
   // Data.
   t->batch_ = c.batch.micro;
   t->seq_ = c.data.seq;
   ASPEN_ASSIGN_OR_RETURN(const train::TokenIndex index, train::read_token_index(c.data.train));
+  if (t->world_) {
+    std::vector<std::pair<std::string, std::string>> data = {
+        {"vocab_size", std::to_string(index.vocab_size)},
+        {"total_tokens", std::to_string(index.total_tokens)},
+        {"tokenizer_hash", index.tokenizer_hash}};
+    for (const train::ShardInfo& s : index.shards) data.emplace_back("shard " + s.name, std::to_string(s.tokens));
+    ASPEN_RETURN_IF_ERROR(agree(*t->world_, data, "token data (data.train's index.json)"));
+  }
   train::DataLoaderOptions lo;
   lo.seq = c.data.seq;
   lo.micro_batch = c.batch.micro;
@@ -157,6 +286,17 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   if (!c.model.from.empty()) {
     ASPEN_ASSIGN_OR_RETURN(models::Checkpoint ckpt, models::Checkpoint::open(c.model.from));
     t->model_config_ = ckpt.config();
+    // Token ids the model has no embedding for would fail inside a kernel at step 1.
+    if (const int64_t vocab = vocab_of(t->model_config_); vocab > 0 && index.vocab_size > vocab)
+      return Status::invalid_argument(
+          "data.train '" + c.data.train + "'",
+          "token ids the model knows (model.from " + c.model.from + " has a vocabulary of " + std::to_string(vocab) +
+              " tokens)",
+          "token shards of a " + std::to_string(index.vocab_size) + "-token vocabulary (tokenized with " +
+              (index.tokenizer_dir.empty() ? std::string("another tokenizer") : index.tokenizer_dir) + ")",
+          "prepare the data with the model's own tokenizer: aspen prepare-data --tokenizer " + c.model.from +
+              " --input FILE --output DIR");
+    ASPEN_RETURN_IF_ERROR(check_training_memory(t->model_config_, c));
     ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c.batch.micro, c.data.seq));
     ASPEN_ASSIGN_OR_RETURN(weights, models::read_weights(forward, ckpt));
   } else {
@@ -179,6 +319,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     mc.bos_token_id = index.eos_id;
     mc.eos_token_ids = {index.eos_id};
     t->model_config_ = mc;
+    ASPEN_RETURN_IF_ERROR(std::visit([](const auto& f) { return f.validate(); }, mc.family).with_context("config: model"));
+    ASPEN_RETURN_IF_ERROR(check_training_memory(t->model_config_, c));
     ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c.batch.micro, c.data.seq));
     ASPEN_ASSIGN_OR_RETURN(weights, models::init_weights(forward, {.seed = c.train.seed,
                                                                    .std = c.model.init_std,
@@ -188,9 +330,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   if (c.parallel.tensor_parallel > 1) {  // the weights above are whole; the program is one shard's
     forward = graph::Graph();
     // The vocabulary split too (parallel.vocab_parallel): "auto" when it divides.
-    const models::Gpt2Config* g2 = t->model_config_.gpt2();
-    const models::GptjConfig* gj = t->model_config_.gptj();
-    const int64_t vocab = g2 ? g2->vocab : gj ? gj->vocab : 0;
+    const int64_t vocab = vocab_of(t->model_config_);
     const bool vp = c.parallel.vocab_parallel == "on" ||
                     (c.parallel.vocab_parallel == "auto" && vocab > 0 && vocab % c.parallel.tensor_parallel == 0);
     ASPEN_RETURN_IF_ERROR(
@@ -246,12 +386,14 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   to.pipeline.balance =
       c.parallel.balance == "measured" ? TrainingOptions::Balance::measured : TrainingOptions::Balance::estimated;
   ASPEN_ASSIGN_OR_RETURN(t->model_, TrainingModel::create(forward, o, to));
+  if (t->world_)  // every process starts from the same bits (the same seed, or the same model.from files)
+    ASPEN_RETURN_IF_ERROR(agree(*t->world_, {{"crc32c", weights_digest(weights)}}, "initial weights"));
   std::map<std::string, const Tensor*> w;
   for (const auto& [name, tensor] : weights) w.emplace(name, &tensor);
   ASPEN_RETURN_IF_ERROR(t->model_->copy_weights_to_device(w));
 
   if (t->writer_) ASPEN_RETURN_IF_ERROR(write_file_atomic(t->run_dir_ + "/config.yaml", train::to_yaml(c)));
-  if (options.resume) ASPEN_RETURN_IF_ERROR(t->restore());
+  if (options.resume || !options.resume_from.empty()) ASPEN_RETURN_IF_ERROR(t->restore());
   return t;
 }
 
@@ -293,15 +435,32 @@ Status Trainer::save() {
 }
 
 Status Trainer::restore() {
-  ASPEN_ASSIGN_OR_RETURN(train::Checkpoint ck, train::load_checkpoint(checkpoint_dir_));
-  ASPEN_RETURN_IF_ERROR(
-      train::check_compatible(ck, model_->weight_types(), model_->optimizer_state_types(), checkpoint_dir_));
+  const std::string from = options_.resume_from.empty() ? checkpoint_dir_ : options_.resume_from;
+  Result<train::Checkpoint> loaded = train::load_checkpoint(from);
+  if (!loaded.is_ok() && loaded.status().code() == Code::kCorrupt) {
+    // Never fall back silently: say which earlier checkpoint the user may choose.
+    std::string earlier;
+    if (auto steps = train::list_checkpoints(checkpoint_dir_); steps.is_ok()) {
+      for (const std::string& s : *steps) {  // the newest before the damaged one
+        if (loaded.status().subject().rfind(s + "/", 0) == 0) break;
+        earlier = s;
+      }
+    }
+    Status s = loaded.status();
+    if (!earlier.empty())
+      return Status::error(s.code(), s.subject(), s.expected(), s.found(),
+                           "the checkpoint is damaged; to resume from the one before it: --resume-from " + earlier);
+    return s;
+  }
+  if (!loaded.is_ok()) return loaded.status();
+  train::Checkpoint ck = std::move(loaded).value();
+  ASPEN_RETURN_IF_ERROR(train::check_compatible(ck, model_->weight_types(), model_->optimizer_state_types(), from));
   std::map<std::string, const Tensor*> w, s;
   for (const auto& [name, t] : ck.weights) w.emplace(name, &t);
   for (const auto& [name, t] : ck.optimizer) s.emplace(name, &t);
   ASPEN_RETURN_IF_ERROR(model_->copy_weights_to_device(w));
   ASPEN_RETURN_IF_ERROR(model_->copy_optimizer_state_to_device(s));
-  const std::string where = checkpoint_dir_ + ": trainer.json";
+  const std::string where = from + ": trainer.json";
   try {
     const nlohmann::json j = nlohmann::json::parse(ck.trainer_json);
     const int64_t step = j.at("step").get<int64_t>();
@@ -313,11 +472,21 @@ Status Trainer::restore() {
     if (step % config_.train.device_iterations != 0)
       return Status::invalid_argument("resume: checkpoint step " + std::to_string(step),
                                       "a multiple of train.device_iterations", std::to_string(step));
+    if (const nlohmann::json& seed = j.at("seed"); !seed.is_number_unsigned() || seed.get<uint64_t>() != config_.train.seed)
+      out() << "aspen: warning: " << where << ": seed " << seed.dump() << " differs from train.seed ("
+            << config_.train.seed << "); from here the data order follows train.seed\n";
     train::Position p;
     p.epoch = j.at("data_position").at("epoch").get<int64_t>();
     p.step_in_epoch = j.at("data_position").at("step_in_epoch").get<int64_t>();
+    if (p.epoch < 0 || p.step_in_epoch < 0)
+      return Status::error(Code::kCorrupt, where + ": data_position",
+                           "a non-negative epoch and step_in_epoch",
+                           std::to_string(p.epoch) + " and " + std::to_string(p.step_in_epoch));
     if (j.at("data_position").contains("examples_in_epoch")) {
       const int64_t examples = j.at("data_position").at("examples_in_epoch").get<int64_t>();
+      if (examples < 0)
+        return Status::error(Code::kCorrupt, where + ": data_position.examples_in_epoch", "a count >= 0",
+                             std::to_string(examples));
       const int64_t per = config_.batch.micro * config_.batch.replicas;  // examples per micro-batch of every replica
       if (examples % per != 0)
         return Status::invalid_argument(
@@ -335,6 +504,8 @@ Status Trainer::restore() {
     s2.good_steps = ls.at("good_steps").get<int64_t>();
     s2.hysteresis_left = ls.at("hysteresis_left").get<int64_t>();
     s2.skipped = ls.at("skipped").get<int64_t>();
+    if (Status bad = model_->loss_scaler().check_state(s2, step); !bad.is_ok())
+      return std::move(bad).with_context(where + ": loss_scaler");
     model_->loss_scaler().restore(s2);
     model_->set_steps_done(step);
     if (writer_ && j.contains("config") && j.at("config").get<std::string>() != train::to_yaml(config_))
@@ -343,6 +514,14 @@ Status Trainer::restore() {
     return Status::error(Code::kCorrupt, where, "the trainer state (step, data_position, loss_scaler)", e.what());
   }
   return Status();
+}
+
+bool Trainer::stop_agreed() {
+  if (!options_.stop_requested) return false;
+  float stop = options_.stop_requested->load() ? 1.0f : 0.0f;
+  // Under MPI every process stops at the same step, or the collectives of the next would hang.
+  if (world_ && !world_->all_reduce(std::span<float>(&stop, 1)).is_ok()) return true;
+  return stop > 0.0f;
 }
 
 Result<double> Trainer::validate() {
@@ -446,10 +625,42 @@ Result<TrainResult> Trainer::run() {
   bool first = true;
   const std::string svg = run_dir_ + "/" + train::kLossSvgFile;
   const int64_t stop = options_.stop_at > 0 ? std::min(options_.stop_at, total) : total;
+  // A failure between steps (data, metrics, validation): the model holds a
+  // finished step, so it is saved before the error returns, where saving is
+  // this process's own business (not a collective of a model across processes).
+  auto stopped = [&](Status s) {
+    progress.finish();
+    const int64_t step = model_->steps_done();
+    std::string what;
+    if (step == last_saved) {
+      what = "the checkpoint of step " + std::to_string(step) + " in " + checkpoint_dir_ + " is intact";
+    } else if (writer_ && !model_->model_across_processes() && !model_->optimizer_state_sharded() && step > 0) {
+      const Status saved = save();
+      what = saved.is_ok() ? "a checkpoint of step " + std::to_string(step) + " was written to " + checkpoint_dir_
+                           : "the checkpoint of step " + std::to_string(step) + " could not be written: " +
+                                 saved.message();
+    } else {
+      what = last_saved >= 0 ? "the checkpoint of step " + std::to_string(last_saved) + " in " + checkpoint_dir_ +
+                                   " is intact"
+                             : "no checkpoint was written";
+    }
+    return std::move(s).with_context("training stopped at step " + std::to_string(step) + " (" + what + ")");
+  };
+#define ASPEN_OR_STOP(expr)                        \
+  do {                                             \
+    ::aspen::Status stop_status_ = (expr);         \
+    if (!stop_status_.is_ok()) return stopped(std::move(stop_status_)); \
+  } while (0)
   while (model_->steps_done() < stop) {
+    if (stop_agreed()) {
+      result.interrupted = true;
+      break;
+    }
     for (int64_t m = 0; m < micro; ++m)
       for (int64_t l = 0; l < L; ++l) {
-        ASPEN_ASSIGN_OR_RETURN(train::Batch b, loaders_[size_t(l)]->next());
+        Result<train::Batch> next = loaders_[size_t(l)]->next();
+        ASPEN_OR_STOP(next.status());
+        const train::Batch& b = *next;
         const int64_t n = batch_ * seq_, slot = m * L + l;
         std::copy_n(b.inputs.data<int32_t>(), n, ids.data<int32_t>() + slot * n);
         std::copy_n(b.targets.data<int32_t>(), n, tgt.data<int32_t>() + slot * n);
@@ -471,7 +682,7 @@ Result<TrainResult> Trainer::run() {
           {"loss", s.loss}, {"lr", s.lr}, {"loss_scale", s.loss_scale}, {"tokens_per_s", rate}};
       if (s.grad_norm >= 0) nums.emplace_back("grad_norm", s.grad_norm);
       if (s.skipped) nums.emplace_back("skipped", 1.0);
-      if (metrics) ASPEN_RETURN_IF_ERROR(metrics->append(s.step, nums));
+      if (metrics) ASPEN_OR_STOP(metrics->append(s.step, nums));
       train_curve_.emplace_back(s.step, s.loss);
       if (first) result.first_loss = s.loss, first = false;
       result.last_loss = s.loss;
@@ -482,21 +693,31 @@ Result<TrainResult> Trainer::run() {
     if (step % c.log.interval == 0 || step == stop || step - iters < start + 1)
       progress.update(step, last.loss, rate, lr_text(last.lr));
     if (c.eval.interval > 0 && can_validate && (step % c.eval.interval == 0 || step == total)) {
-      ASPEN_ASSIGN_OR_RETURN(const double v, validate());
-      if (metrics) ASPEN_RETURN_IF_ERROR(metrics->append(step, {{"val_loss", v}}));
+      Result<double> val = validate();
+      ASPEN_OR_STOP(val.status());
+      const double v = *val;
+      if (metrics) ASPEN_OR_STOP(metrics->append(step, {{"val_loss", v}}));
       val_curve_.emplace_back(step, v);
       result.last_val_loss = v;
       char buf[96];
       std::snprintf(buf, sizeof buf, "step %lld: val_loss %.4f", static_cast<long long>(step), v);
       progress.message(buf);
-      if (writer_) ASPEN_RETURN_IF_ERROR(train::write_loss_svg(svg, train_curve_, val_curve_, c.name));
+      if (writer_) ASPEN_OR_STOP(train::write_loss_svg(svg, train_curve_, val_curve_, c.name));
     }
     if (c.checkpoint.interval > 0 && step % c.checkpoint.interval == 0) {
-      ASPEN_RETURN_IF_ERROR(save());
+      if (Status s = save(); !s.is_ok()) {
+        progress.finish();
+        return std::move(s).with_context(
+            "training stopped at step " + std::to_string(step) + " (" +
+            (last_saved >= 0 ? "the checkpoint of step " + std::to_string(last_saved) + " is intact"
+                             : std::string("no checkpoint was written")) +
+            ")");
+      }
       last_saved = step;
       progress.message("step " + std::to_string(step) + ": checkpoint saved in " + checkpoint_dir_);
     }
   }
+#undef ASPEN_OR_STOP
   progress.finish();
   result.steps = model_->steps_done();
   result.tokens_per_s = seconds > 0 ? tokens_per_call * double(result.steps - start) / double(iters) / seconds : 0.0;
@@ -508,8 +729,8 @@ Result<TrainResult> Trainer::run() {
     return result;
   }
   if (result.steps < total) {  // stopped early: resumable, nothing else
-    out() << "stopped at step " << result.steps << " of " << total << "; resume with --resume (checkpoint in "
-          << checkpoint_dir_ << ")\n";
+    out() << (result.interrupted ? "interrupted" : "stopped") << " at step " << result.steps << " of " << total
+          << "; checkpoint of step " << result.steps << " in " << checkpoint_dir_ << " (resume with --resume)\n";
     return result;
   }
   ASPEN_RETURN_IF_ERROR(train::write_loss_svg(svg, train_curve_, val_curve_, c.name));

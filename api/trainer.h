@@ -20,6 +20,15 @@
 // the compiled program makes train.device_iterations steps, so train.steps,
 // checkpoint.interval and eval.interval must be multiples of it.
 //
+// The run directory (and a checkpoint.dir outside it) is locked for the life
+// of the trainer; a second job on it is refused naming the first one's pid.
+// Every output directory is checked writable before step 1. A run directory
+// that holds a run is refused unless resuming or overwriting.
+//
+// Failures after a step finished (a token shard truncated under the run, a
+// full disk writing metrics) still write a checkpoint of that step before the
+// error returns; the error says whether it was saved.
+//
 // Resuming (`--resume`) loads the latest checkpoint of the run: weights,
 // optimizer state, the step, the data position and the loss scaler, so the
 // run continues exactly as if it had not stopped (bitwise: the same programs
@@ -28,6 +37,11 @@
 //
 // A non-finite loss without dynamic loss scaling stops the run with an error
 // naming the step and tensor; the last checkpoint on disk is untouched.
+//
+// Under MPI the processes agree at start-up on every config key that changes
+// the result (all but log.*, checkpoint.dir and train.threads), on the token
+// data's index and on the initial weights' CRC-32C; a difference is an error
+// naming the key (or the data, or the weights) on every process.
 //
 // Data parallel (batch.replicas R): R / P replicas in each of the P processes
 // (P = 1 without MPI), replica g = p·(R/P) + l drawing its slice of every
@@ -40,6 +54,7 @@
 // Thread-safety: one run at a time.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <iosfwd>
 #include <memory>
@@ -47,14 +62,22 @@
 #include <vector>
 
 #include "api/training_model.h"
+#include "core/file.h"
 #include "core/status.h"
 #include "models/config.h"
 #include "train/config.h"
 #include "train/data.h"
 
+namespace aspen::parallel {
+class Communicator;
+}
+
 namespace aspen::api {
 
 struct TrainerOptions {
+  // Continue from the run's latest checkpoint (a damaged one is an error; it
+  // never falls back by itself), or from `resume_from` when that is set: a
+  // checkpoint root or one step directory (an earlier, good checkpoint).
   bool resume = false;
   std::ostream* out = nullptr;  // progress and messages; nullptr: std::cerr
   // > 0: stop after this step as if interrupted (a checkpoint is written; no
@@ -66,6 +89,19 @@ struct TrainerOptions {
   // processes, and only process 0 writes the run directory, checkpoints and
   // messages.
   bool mpi = false;
+  std::string resume_from = {};  // see `resume`
+  // A run directory that holds a run (metrics, checkpoints or an exported
+  // model) is refused unless resuming or `overwrite`: then that run's files
+  // (metrics, loss curve, model, config, checkpoints) are deleted first.
+  bool overwrite = false;
+  // Set (from a signal handler, say) to stop at the end of the current call
+  // of the program: the trainer writes a checkpoint of the last finished step
+  // and returns with TrainResult::interrupted. Under MPI the processes agree
+  // on it after every call, so all stop at the same step.
+  const std::atomic<bool>* stop_requested = nullptr;
+  // The run directory's lock when the caller took it already (the demo does,
+  // before writing its corpus there); else create() takes it.
+  std::shared_ptr<DirectoryLock> run_lock = {};
 };
 
 struct TrainResult {
@@ -74,8 +110,13 @@ struct TrainResult {
   double last_val_loss = -1;        // -1: no validation ran
   double tokens_per_s = 0;          // training tokens per second over this invocation
   int64_t skipped_steps = 0;
-  std::string model_dir;            // the exported Hugging Face directory
+  std::string model_dir;            // the exported Hugging Face directory ("" when stopped early)
+  bool interrupted = false;         // stopped by stop_requested (a checkpoint of `steps` was written)
 };
+
+// Takes the lock of a run directory (creating it): FailedPrecondition naming
+// the directory and the pid of the job that holds it.
+Result<std::shared_ptr<DirectoryLock>> lock_run_directory(const std::string& dir);
 
 class Trainer {
  public:
@@ -107,6 +148,8 @@ class Trainer {
  private:
   Trainer() = default;
   Status restore();
+  Status claim_directories();  // locks, the refusal of an old run, writability: before step 1
+  bool stop_agreed();          // stop_requested, agreed by every process
   std::string trainer_json() const;
   Status export_model(const std::string& dir);
   Status print_samples(const std::string& dir);
@@ -119,6 +162,8 @@ class Trainer {
   std::vector<std::unique_ptr<train::DataLoader>> loaders_;  // one per local replica, in lockstep
   std::unique_ptr<train::DataLoader> val_loader_;            // the validation split, unreplicated
   bool writer_ = true;  // this process writes files and messages (process 0)
+  std::shared_ptr<DirectoryLock> run_lock_, checkpoint_lock_;
+  std::unique_ptr<parallel::Communicator> world_;  // under MPI: the job's processes (start-up agreement, stop)
   bool across_ = false;  // the model spans processes (Options::model_across_processes)
   std::unique_ptr<TrainingModel> model_;
   int64_t batch_ = 0, seq_ = 0, final_step_ = 0;

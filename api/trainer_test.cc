@@ -9,10 +9,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <atomic>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "models/weights.h"
 #include "train/checkpoint.h"
+#include "train/data.h"
 #include "train/demo.h"
 #include "train/report.h"
 
@@ -223,6 +227,267 @@ TEST(Trainer, FineTunesAHuggingFaceDirectory) {
   EXPECT_EQ(m->config().gpt2()->vocab, 1000);
   EXPECT_TRUE(fs::exists(run.path + "/loss.svg"));
   EXPECT_TRUE(fs::exists(run.path + "/config.yaml"));
+}
+
+// ---- nothing a user had is lost ----------------------------------------------------------------
+
+// A second job on a run directory is refused while the first holds it, naming the holder.
+TEST(Trainer, TwoJobsInOneRunDirectory) {
+  TempDir run("two_jobs");
+  train::TrainConfig c = tiny_config(run.path);
+  std::ostringstream sink;
+  auto first = Trainer::create(c, {.out = &sink});
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  auto second = Trainer::create(c, {.out = &sink, .overwrite = true});
+  ASSERT_FALSE(second.is_ok());
+  EXPECT_EQ(second.status().code(), Code::kFailedPrecondition);
+  EXPECT_EQ(second.status().message(),
+            "run directory '" + run.path + "': expected no other job using it, found one running (pid " +
+                std::to_string(getpid()) + ", holding " + run.path + "/.lock) (hint: wait for it to finish, or give "
+                "this job another directory)");
+  // A checkpoint directory outside the run directory is locked too.
+  TempDir other("two_jobs_other");
+  train::TrainConfig d = tiny_config(other.path);
+  d.checkpoint.dir = run.path + "/../" + fs::path(run.path).filename().string() + "_ckpt";
+  auto third = Trainer::create(d, {.out = &sink});
+  ASSERT_TRUE(third.is_ok()) << third.status().to_string();
+  train::TrainConfig e = tiny_config(run.path + "_e");
+  e.checkpoint.dir = d.checkpoint.dir;
+  auto fourth = Trainer::create(e, {.out = &sink});
+  ASSERT_FALSE(fourth.is_ok());
+  EXPECT_EQ(fourth.status().subject(), "checkpoint directory (checkpoint.dir) '" + d.checkpoint.dir + "'");
+  first->reset();
+  third->reset();
+  fs::remove_all(d.checkpoint.dir);
+  fs::remove_all(run.path + "_e");
+}
+
+// Rerunning a config over a finished run is refused unless resuming or overwriting.
+TEST(Trainer, RefusesARunDirectoryThatHoldsARun) {
+  TempDir run("rerun");
+  train::TrainConfig c = tiny_config(run.path);
+  c.train.steps = 4;
+  c.eval.interval = 0;
+  ASSERT_TRUE(train(c).is_ok());
+  auto again = Trainer::create(c);
+  ASSERT_FALSE(again.is_ok());
+  EXPECT_EQ(again.status().code(), Code::kFailedPrecondition);
+  EXPECT_EQ(again.status().message(),
+            "run directory '" + run.path + "': expected a new or empty run directory, found an earlier run's files: "
+            "metrics.jsonl, an exported model, 1 checkpoint (newest step-00000004) (hint: --resume continues that "
+            "run, --overwrite deletes it and starts again, --run-dir DIR (or log.run_dir) starts elsewhere)");
+  // --overwrite: the old run's files go; the new run's metrics are its own.
+  std::ostringstream sink;
+  c.train.steps = 2;
+  c.schedule.warmup_steps = 0;
+  auto t = Trainer::create(c, {.out = &sink, .overwrite = true});
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  EXPECT_NE(sink.str().find("replacing the earlier run in " + run.path), std::string::npos) << sink.str();
+  EXPECT_FALSE(fs::exists(run.path + "/model"));
+  ASSERT_TRUE((*t)->run().is_ok());
+  auto steps = train::read_metric(run.path + "/metrics.jsonl", "loss");
+  ASSERT_TRUE(steps.is_ok());
+  EXPECT_EQ(steps->size(), 2u);
+  auto list = train::list_checkpoints(run.path + "/checkpoints");
+  ASSERT_TRUE(list.is_ok());
+  EXPECT_EQ(*list, std::vector<std::string>{run.path + "/checkpoints/step-00000002"});
+}
+
+// Every output directory is checked before step 1, not at the first save.
+TEST(Trainer, UnwritableOutputDirectoryFailsBeforeTraining) {
+  TempDir run("unwritable");
+  train::TrainConfig c = tiny_config(run.path + "/run");
+  { std::ofstream(run.path + "/file") << "x"; }
+  c.checkpoint.dir = run.path + "/file/checkpoints";
+  auto t = Trainer::create(c);
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_EQ(t.status().code(), Code::kIoError);
+  EXPECT_EQ(t.status().subject(), "checkpoint directory (checkpoint.dir) '" + run.path + "/file/checkpoints'");
+  EXPECT_EQ(t.status().expected(), "a directory that exists or can be created");
+}
+
+// A flipped byte in the latest checkpoint is an error naming the file; nothing
+// falls back silently, and the hint names the checkpoint before it, which
+// resume_from then loads.
+TEST(Trainer, DamagedCheckpointIsRefusedAndAnEarlierOneCanBeChosen) {
+  TempDir run("damaged");
+  train::TrainConfig c = tiny_config(run.path);
+  c.train.steps = 6;
+  c.eval.interval = 0;
+  c.checkpoint.interval = 2;
+  ASSERT_TRUE(train(c, false, 4).is_ok());
+  const std::string latest = run.path + "/checkpoints/step-00000004/model.safetensors";
+  std::string bytes;
+  {
+    std::ifstream in(latest, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bytes.back() ^= 0x40;
+  { std::ofstream(latest, std::ios::binary | std::ios::trunc) << bytes; }
+  auto r = Trainer::create(c, {.resume = true});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), Code::kCorrupt);
+  EXPECT_EQ(r.status().subject(), latest);
+  EXPECT_EQ(r.status().hint(), "the checkpoint is damaged; to resume from the one before it: --resume-from " +
+                                   run.path + "/checkpoints/step-00000002");
+  std::ostringstream sink;
+  auto from = Trainer::create(c, {.out = &sink, .resume_from = run.path + "/checkpoints/step-00000002"});
+  ASSERT_TRUE(from.is_ok()) << from.status().to_string();
+  EXPECT_EQ((*from)->step(), 2);
+  auto done = (*from)->run();
+  ASSERT_TRUE(done.is_ok()) << done.status().to_string();
+  EXPECT_EQ(done->steps, 6);
+}
+
+// Every field of trainer.json read back is checked (a version-1 checkpoint has no checksum to catch an edit).
+TEST(Trainer, TrainerStateFieldsAreValidated) {
+  TempDir run("trainer_state");
+  train::TrainConfig c = tiny_config(run.path);
+  c.train.steps = 4;
+  c.eval.interval = 0;
+  ASSERT_TRUE(train(c, false, 2).is_ok());
+  const std::string path = run.path + "/checkpoints/step-00000002/trainer.json";
+  std::string text;
+  {
+    std::ifstream in(path, std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto with = [&](const std::string& key, const std::string& value) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
+    j["version"] = 1;
+    j.erase("files");
+    j.erase("trainer_crc32c");
+    if (key == "scale") j["trainer"]["loss_scaler"]["scale"] = nlohmann::ordered_json::parse(value);
+    if (key == "skipped") j["trainer"]["loss_scaler"]["skipped"] = nlohmann::ordered_json::parse(value);
+    if (key == "epoch") j["trainer"]["data_position"]["epoch"] = nlohmann::ordered_json::parse(value);
+    { std::ofstream(path, std::ios::binary | std::ios::trunc) << j.dump(); }
+    std::ostringstream sink;
+    return Trainer::create(c, {.resume = true, .out = &sink}).status();
+  };
+  for (const char* bad : {"-1", "2", "1e300"}) {
+    const Status s = with("scale", bad);
+    EXPECT_EQ(s.code(), Code::kCorrupt) << bad;
+    EXPECT_EQ(s.subject(), run.path + "/checkpoints: trainer.json: loss_scaler: scale") << s.to_string();
+    EXPECT_EQ(s.expected(), "1 (precision.loss_scaling is none)") << bad;
+  }
+  EXPECT_EQ(with("skipped", "7").expected(), "in [0, 2] (the steps done)");
+  EXPECT_EQ(with("epoch", "-3").subject(), run.path + "/checkpoints: trainer.json: data_position");
+  EXPECT_TRUE(with("scale", "1").is_ok());
+}
+
+// A token shard truncated under a run: a Corrupt error naming the shard, not a SIGBUS.
+TEST(Trainer, TruncatedShardIsAnErrorNotACrash) {
+  TempDir run("truncated");
+  fs::copy(corpus() + "/data", run.path + "/data");
+  train::TrainConfig c = tiny_config(run.path + "/run");
+  c.data.train = run.path + "/data";
+  c.train.steps = 4;
+  c.eval.interval = 0;
+  c.checkpoint.interval = 1;
+  ASSERT_TRUE(train(c, false, 2).is_ok());
+  std::ostringstream sink;
+  auto t = Trainer::create(c, {.resume = true, .out = &sink});
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  std::string shard;
+  for (const auto& e : fs::directory_iterator(run.path + "/data"))
+    if (e.path().extension() == ".bin" || e.path().filename().string().rfind("shard", 0) == 0) shard = e.path();
+  ASSERT_FALSE(shard.empty());
+  fs::resize_file(shard, 64);
+  auto r = (*t)->run();
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), Code::kCorrupt);
+  EXPECT_NE(r.status().subject().find(shard), std::string::npos) << r.status().to_string();
+  EXPECT_NE(r.status().subject().find("training stopped at step 2 (the checkpoint of step 2 in " + run.path +
+                                      "/run/checkpoints is intact)"),
+            std::string::npos)
+      << r.status().to_string();
+  EXPECT_NE(r.status().found().find("truncated"), std::string::npos) << r.status().to_string();
+}
+
+// A stop request (Ctrl-C in the CLI) ends the run after the step in flight with a checkpoint of it.
+TEST(Trainer, StopRequestCheckpointsTheLastStep) {
+  TempDir run("stop");
+  train::TrainConfig c = tiny_config(run.path);
+  c.train.steps = 10;
+  c.eval.interval = 0;
+  c.log.progress = "lines";
+  c.log.interval = 1;
+  std::atomic<bool> stop{false};
+  // The progress line of step 3 asks to stop, as a signal handler would.
+  struct Trip : std::streambuf {
+    std::atomic<bool>* flag;
+    std::string seen;
+    int overflow(int ch) override {
+      seen.push_back(char(ch));
+      if (seen.find(" 3/10 ") != std::string::npos) flag->store(true);
+      return ch;
+    }
+  } trip;
+  trip.flag = &stop;
+  std::ostream out(&trip);
+  auto t = Trainer::create(c, {.out = &out, .stop_requested = &stop});
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  auto r = (*t)->run();
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(r->interrupted);
+  EXPECT_EQ(r->steps, 3);
+  EXPECT_NE(trip.seen.find("interrupted at step 3 of 10; checkpoint of step 3 in " + run.path + "/checkpoints"),
+            std::string::npos)
+      << trip.seen;
+  auto ck = train::load_checkpoint(run.path + "/checkpoints");
+  ASSERT_TRUE(ck.is_ok()) << ck.status().to_string();
+  EXPECT_EQ(ck->step, 3);
+  t->reset();
+  auto resumed = train(c, /*resume=*/true);
+  ASSERT_TRUE(resumed.is_ok()) << resumed.status().to_string();
+  EXPECT_EQ(resumed->steps, 10);
+}
+
+// Fine-tuning a 257-token model on shards of a 1000-token vocabulary is refused before step 1.
+TEST(Trainer, VocabularyMismatchIsRefusedInTheUsersTerms) {
+  TempDir run("vocab");
+  train::TrainConfig small = tiny_config(run.path + "/small");
+  small.train.steps = 1;
+  small.schedule.warmup_steps = 0;
+  small.eval.interval = 0;
+  ASSERT_TRUE(train(small).is_ok());  // a model of the corpus's 257 tokens
+  train::TokenShardWriterOptions wo;
+  wo.vocab_size = 1000, wo.eos_id = 999;
+  auto w = train::TokenShardWriter::create(run.path + "/wide", wo);
+  ASSERT_TRUE(w.is_ok());
+  std::vector<io::TokenId> ids(4000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = io::TokenId(i % 1000);
+  ASSERT_TRUE(w->add_document(ids).is_ok());
+  ASSERT_TRUE(w->finish().is_ok());
+  train::TrainConfig c = tiny_config(run.path + "/tune");
+  c.model.from = run.path + "/small/model";
+  c.data.train = run.path + "/wide";
+  auto t = Trainer::create(c);
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_EQ(t.status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(t.status().message(),
+            "data.train '" + run.path + "/wide': expected token ids the model knows (model.from " + run.path +
+                "/small/model has a vocabulary of 257 tokens), found token shards of a 1000-token vocabulary "
+                "(tokenized with another tokenizer) (hint: prepare the data with the model's own tokenizer: aspen "
+                "prepare-data --tokenizer " + run.path + "/small/model --input FILE --output DIR)");
+}
+
+// Dimensions beyond any real model, or beyond this machine's memory, are refused before a graph is built.
+TEST(Trainer, ModelDimensionsAreBoundedBeforeBuilding) {
+  TempDir run("dims");
+  train::TrainConfig c = tiny_config(run.path);
+  c.model.n_layer = 1000000000;
+  EXPECT_EQ(Trainer::create(c).status().message(),
+            "config: model: gpt2 config: n_layer: expected at most 4096 (larger than any real model), found 1000000000");
+  c = tiny_config(run.path);
+  c.model.n_positions = 1000000000;
+  EXPECT_EQ(Trainer::create(c).status().subject(), "config: model: gpt2 config: n_positions");
+  c = tiny_config(run.path);
+  c.model.n_layer = 4000, c.model.d_model = 8192, c.model.n_head = 8;
+  const Status big = Trainer::create(c).status();
+  EXPECT_EQ(big.code(), Code::kInvalidArgument);
+  EXPECT_EQ(big.subject(), "config: model");
+  EXPECT_EQ(big.expected().rfind("a model that fits in this machine's ", 0), 0u) << big.to_string();
 }
 
 TEST(Trainer, BadConfigsNameTheKey) {

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/file.h"
 #include "compiler/serialize.h"
 #include "core/atomic_file.h"
 #include "core/log.h"
@@ -46,13 +47,35 @@ T get(const char* p) {
 }
 
 
+// An entry holds a graph (constants included), never weights: anything larger is not ours.
+constexpr uint64_t kMaxEntryBytes = uint64_t(4) << 30;
+
+// What an entry records of the graph it was compiled from: the encoding's
+// length and a second hash of it (another seed than the key's), so an entry
+// is used only for the graph that made it, even under a colliding key.
+struct Request {
+  uint64_t bytes = 0, hash = 0;
+};
+constexpr uint64_t kRequestSeed = 0x6173706e72657131ull;  // "aspnreq1"
+Request request_of(const std::string& encoded_graph) { return {encoded_graph.size(), fnv1a64(encoded_graph, kRequestSeed)}; }
+
+// The checksum covers the version and key too: an entry copied under another
+// name, its key field edited, fails it.
+uint64_t entry_checksum(uint32_t version, uint64_t key, std::string_view body) {
+  std::string head;
+  put<uint32_t>(head, version);
+  put<uint64_t>(head, key);
+  return fnv1a64(body, fnv1a64(head));
+}
+
 // Reads and checks an entry; the graph it holds, or why it cannot be used.
-Result<graph::Graph> read_entry(const std::string& path, uint64_t key, const std::string& options) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status::error(Code::kNotFound, path, "a cache entry", "none");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string data = ss.str();
+Result<graph::Graph> read_entry(const std::string& path, uint64_t key, const std::string& options,
+                                const Request& request) {
+  Result<std::string> read = read_regular_file(path, kMaxEntryBytes);
+  if (!read.is_ok() && read.status().code() == Code::kNotFound)
+    return Status::error(Code::kNotFound, path, "a cache entry", "none");
+  if (!read.is_ok()) return read.status();
+  const std::string& data = *read;
   if (data.size() < kHeaderBytes)
     return Status::error(Code::kCorrupt, path, "at least " + std::to_string(kHeaderBytes) + " bytes",
                          std::to_string(data.size()) + " (truncated)");
@@ -69,11 +92,13 @@ Result<graph::Graph> read_entry(const std::string& path, uint64_t key, const std
     return Status::error(Code::kCorrupt, path, std::to_string(payload) + " payload bytes",
                          std::to_string(data.size() - kHeaderBytes) + " (truncated or padded)");
   const std::string_view body(data.data() + kHeaderBytes, size_t(payload));
-  if (fnv1a64(body) != get<uint64_t>(data.data() + 28))
-    return Status::error(Code::kCorrupt, path, "a payload matching its checksum", "a mismatch");
-  if (body.substr(0, options.size()) != options)
+  if (entry_checksum(version, key, body) != get<uint64_t>(data.data() + 28))
+    return Status::error(Code::kCorrupt, path, "a header and payload matching its checksum", "a mismatch");
+  if (body.size() < 16 || get<uint64_t>(body.data()) != request.bytes || get<uint64_t>(body.data() + 8) != request.hash)
+    return Status::error(Code::kCorrupt, path, "an entry compiled from the graph requested", "another graph's entry");
+  if (body.substr(16, options.size()) != options)
     return Status::error(Code::kCorrupt, path, "the compile options of its key", "other options");
-  ASPEN_ASSIGN_OR_RETURN(graph::Graph g, decode_graph(body.substr(options.size())));
+  ASPEN_ASSIGN_OR_RETURN(graph::Graph g, decode_graph(body.substr(16 + options.size())));
   ASPEN_RETURN_IF_ERROR(graph::verify(g));
   return g;
 }
@@ -88,7 +113,11 @@ std::string default_cache_dir() {
 }
 
 uint64_t ExecutableCache::key(const graph::Graph& g, const CompileOptions& options) {
-  uint64_t h = fnv1a64(encode_graph(g));
+  return key_of(encode_graph(g), options);
+}
+
+uint64_t ExecutableCache::key_of(const std::string& encoded_graph, const CompileOptions& options) {
+  uint64_t h = fnv1a64(encoded_graph);
   h = fnv1a64(encode_options(options), h);
   const uint32_t v = kExecutableFormatVersion;
   return fnv1a64(std::string_view(reinterpret_cast<const char*>(&v), sizeof(v)), h);
@@ -103,10 +132,12 @@ std::string ExecutableCache::entry_path(uint64_t key) const {
 Result<std::unique_ptr<Executable>> ExecutableCache::compile(const graph::Graph& g, const CompileOptions& options,
                                                              bool* hit) {
   if (hit) *hit = false;
-  const uint64_t k = key(g, options);
+  const std::string encoded = encode_graph(g);
+  const uint64_t k = key_of(encoded, options);
+  const Request request = request_of(encoded);
   const std::string path = entry_path(k);
   const std::string opts = encode_options(options);
-  auto cached = read_entry(path, k, opts);
+  auto cached = read_entry(path, k, opts, request);
   if (cached.is_ok()) {
     auto exe = lower_optimized(std::move(cached).value(), options);
     if (exe.is_ok()) {
@@ -122,9 +153,12 @@ Result<std::unique_ptr<Executable>> ExecutableCache::compile(const graph::Graph&
   std::string bytes(kMagic, 8);
   put<uint32_t>(bytes, kExecutableFormatVersion);
   put<uint64_t>(bytes, k);
-  const std::string body = opts + encode_graph(exe->graph);
+  std::string body;
+  put<uint64_t>(body, request.bytes);
+  put<uint64_t>(body, request.hash);
+  body += opts + encode_graph(exe->graph);
   put<uint64_t>(bytes, body.size());
-  put<uint64_t>(bytes, fnv1a64(body));
+  put<uint64_t>(bytes, entry_checksum(kExecutableFormatVersion, k, body));
   bytes += body;
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);

@@ -4,15 +4,18 @@
 // format version). An entry holds the graph after passes; loading it skips
 // the passes and re-runs only memory planning and lowering (prepared kernels
 // are process-local: a oneDNN primitive cannot be saved). Entries are checked
-// before use: magic, format version, key, length and checksum. A corrupt,
+// before use: magic, format version, key, length, checksum (over version, key
+// and payload) and the graph it was compiled from. A corrupt,
 // truncated or foreign entry is rebuilt with a warning, never used. Entries
 // are written to a temporary file in the same directory, fsynced and renamed,
 // so concurrent writers of one key cannot leave a torn file (the last rename
 // wins, and both wrote the same bytes).
 //
 // Layout of an entry file (pinned; docs/formats.md):
-//   "ASPNEXEC" | u32 format version | u64 key | u64 payload bytes | u64 FNV-1a of payload | payload
-// payload = encoded options | encoded graph (compiler/serialize.h).
+//   "ASPNEXEC" | u32 format version | u64 key | u64 payload bytes | u64 FNV-1a of (version, key, payload) | payload
+// payload = u64 request bytes | u64 request hash | encoded options | encoded graph after passes
+// (compiler/serialize.h); the request is the encoding of the graph asked for (its length and FNV-1a
+// under a second seed), compared on load.
 //
 // Thread-safety: an ExecutableCache may be used from several threads.
 #pragma once
@@ -24,7 +27,7 @@
 
 namespace aspen::compiler {
 
-inline constexpr uint32_t kExecutableFormatVersion = 2;  // 2: graph updates
+inline constexpr uint32_t kExecutableFormatVersion = 3;  // 2: graph updates; 3: checksum over key, request hash
 
 // $ASPEN_CACHE_DIR if set, else $XDG_CACHE_HOME/aspen, else ~/.cache/aspen.
 std::string default_cache_dir();
@@ -36,6 +39,7 @@ class ExecutableCache {
 
   // The cache key of (graph, options).
   static uint64_t key(const graph::Graph& graph, const CompileOptions& options);
+  static uint64_t key_of(const std::string& encoded_graph, const CompileOptions& options);
   std::string entry_path(uint64_t key) const;
 
   // Loads the entry for (graph, options) or compiles and stores it. *hit says

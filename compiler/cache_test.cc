@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -134,6 +135,53 @@ TEST(Cache, DamagedEntriesAreRebuilt) {
     std::string now((std::istreambuf_iterator<char>(f)), {});
     EXPECT_EQ(now, good) << d.what;
   }
+  set_log_sink(std::move(old));
+  std::filesystem::remove_all(dir);
+}
+
+// Another graph's entry, copied under this graph's key, is never served as a
+// hit: with only the key field edited the checksum fails; with the checksum
+// forged too, the recorded request does not match the graph asked for.
+TEST(Cache, ForeignEntryUnderAnotherKeyIsRebuilt) {
+  const std::string dir = temp_dir("foreign");
+  ExecutableCache cache(dir);
+  Graph a = sample_graph();
+  Graph b;
+  {
+    Builder bb(b);
+    ValueId x = bb.input("x", DType::f32, {3, 4});
+    bb.output("y", bb.scale(x, 2.0));
+  }
+  ASSERT_TRUE(cache.compile(a, {}).is_ok());
+  const uint64_t ka = ExecutableCache::key(a, {}), kb = ExecutableCache::key(b, {});
+  std::string entry;
+  {
+    std::ifstream f(cache.entry_path(ka), std::ios::binary);
+    entry.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  std::vector<std::string> warnings;
+  LogSink old = set_log_sink([&](LogLevel, const std::string& m) { warnings.push_back(m); });
+  auto serve = [&](const std::string& bytes) {
+    std::ofstream(cache.entry_path(kb), std::ios::binary | std::ios::trunc) << bytes;
+    warnings.clear();
+    bool hit = true;
+    auto exe = cache.compile(b, {}, &hit);
+    EXPECT_TRUE(exe.is_ok());
+    EXPECT_FALSE(hit);
+    EXPECT_EQ(warnings.size(), 1u);
+    return warnings.empty() ? std::string() : warnings[0];
+  };
+  std::string moved = entry;
+  std::memcpy(moved.data() + 12, &kb, 8);  // the key field
+  EXPECT_NE(serve(moved).find("matching its checksum"), std::string::npos);
+  // Forge the checksum as the writer computes it (version, key, payload).
+  std::string head(entry.data() + 8, 4);
+  head.append(reinterpret_cast<const char*>(&kb), 8);
+  const uint64_t forged = fnv1a64(std::string_view(moved).substr(36), fnv1a64(head));
+  std::memcpy(moved.data() + 28, &forged, 8);
+  EXPECT_NE(serve(moved).find("expected an entry compiled from the graph requested, found another graph's entry"),
+            std::string::npos)
+      << warnings[0];
   set_log_sink(std::move(old));
   std::filesystem::remove_all(dir);
 }

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/file.h"
 #include "core/atomic_file.h"
 #include "io/json_brief.h"
 
@@ -141,6 +142,18 @@ Result<Tensor> copy_tensor(const std::string& subject, const TensorInfo& info, s
   return t;
 }
 
+// Whether a relative path has a ".." component (it could name a file outside the model directory).
+bool escapes_directory(const std::string& rel) {
+  size_t begin = 0;
+  while (begin <= rel.size()) {
+    size_t end = rel.find('/', begin);
+    if (end == std::string::npos) end = rel.size();
+    if (rel.compare(begin, end - begin, "..") == 0) return true;
+    begin = end + 1;
+  }
+  return false;
+}
+
 std::string dirname_of(const std::string& path) {
   size_t slash = path.find_last_of('/');
   if (slash == std::string::npos) return "";
@@ -188,28 +201,13 @@ void SafetensorsFile::unmap() {
 }
 
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return io_error(path, "a readable file", errno);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return io_error(path, "a file whose size can be read", err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::invalid_argument(path, "a regular file", "another kind of file");
-  }
-  const uint64_t file_size = uint64_t(st.st_size);
+  ASPEN_ASSIGN_OR_RETURN(const InputFile in, InputFile::open(path, kMaxBinaryFileBytes));
+  const uint64_t file_size = in.size();
   SafetensorsFile f;
   f.path_ = path;
-  if (file_size < 8) {  // too short to map usefully (and mmap rejects 0 bytes): parse() reports it
-    ::close(fd);
-    return f.parse(nullptr, file_size);
-  }
-  void* m = mmap(nullptr, size_t(file_size), PROT_READ, MAP_PRIVATE, fd, 0);
-  int map_err = errno;
-  ::close(fd);
+  if (file_size < 8) return f.parse(nullptr, file_size);  // too short to map (mmap rejects 0 bytes): parse() says so
+  void* m = mmap(nullptr, size_t(file_size), PROT_READ, MAP_PRIVATE, in.fd(), 0);
+  const int map_err = errno;
   if (m == MAP_FAILED) return io_error(path, "a file that can be memory-mapped", map_err);
   f.map_ = m;
   f.map_size_ = size_t(file_size);
@@ -286,8 +284,21 @@ Status SafetensorsFile::parse(const unsigned char* base, uint64_t file_size) {
                      "a byte range not overlapping tensor " + sq(last->name) + " [" +
                          std::to_string(last->offset) + ", " + std::to_string(last->offset + last->bytes) + ")",
                      "[" + std::to_string(t->offset) + ", " + std::to_string(t->offset + t->bytes) + ")");
+    // The format forbids holes: the data section is exactly the tensors, back to back.
+    const size_t covered = last ? last->offset + last->bytes : 0;
+    if (t->offset > covered)
+      return corrupt(path + ": tensor " + sq(t->name),
+                     "data starting at byte " + std::to_string(covered) + " (right after " +
+                         (last ? "tensor " + sq(last->name) : std::string("the header")) +
+                         "; the format allows no gaps)",
+                     "data_offsets [" + std::to_string(t->offset) + ", " + std::to_string(t->offset + t->bytes) + ")");
     if (!last || t->offset + t->bytes > last->offset + last->bytes) last = t;
   }
+  const size_t covered = last ? last->offset + last->bytes : 0;
+  if (covered != data_size_)
+    return corrupt(path + ": data section",
+                   std::to_string(covered) + " bytes (the tensors' data; the format allows no unused bytes)",
+                   std::to_string(data_size_) + " bytes");
   return Status::ok();
 }
 
@@ -320,15 +331,7 @@ Result<Tensor> SafetensorsFile::read(const std::string& name) const {
 // ---------------------------------------------------------------- SafetensorsIndex
 
 Result<SafetensorsIndex> SafetensorsIndex::open(const std::string& index_path) {
-  std::ifstream in(index_path, std::ios::binary);
-  if (!in) return io_error(index_path, "a readable file", errno);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return io_error(index_path, "a readable file", errno);
-  const std::string text = ss.str();
-  if (text.size() > kMaxHeaderBytes)
-    return corrupt(index_path, "at most " + std::to_string(kMaxHeaderBytes) + " bytes",
-                   std::to_string(text.size()) + " bytes");
+  ASPEN_ASSIGN_OR_RETURN(const std::string text, read_regular_file(index_path, kMaxHeaderBytes));
   json j;
   ASPEN_RETURN_IF_ERROR(parse_json(text.data(), text.data() + text.size(), index_path, &j));
   if (!j.is_object()) return corrupt(index_path, "a JSON object", std::string("a JSON ") + j.type_name());
@@ -353,8 +356,8 @@ Result<SafetensorsIndex> SafetensorsIndex::open(const std::string& index_path) {
     if (!it.value().is_string())
       return corrupt(subject, "a shard file name", std::string("a JSON ") + it.value().type_name());
     const std::string& shard = it.value().get_ref<const std::string&>();
-    if (shard.empty() || shard[0] == '/')
-      return corrupt(subject, "a shard path relative to the index's directory", sq(shard));
+    if (shard.empty() || shard[0] == '/' || escapes_directory(shard))
+      return corrupt(subject, "a shard path inside the index's directory (no '/' first, no '..')", sq(shard));
     auto found = shard_index.find(shard);
     if (found == shard_index.end()) {
       Result<SafetensorsFile> f = SafetensorsFile::open(dir + shard);

@@ -220,6 +220,23 @@ TEST(Safetensors, SpecificMessages) {
   expect_error("ovf.safetensors",
                R"({"a":{"dtype":"I64","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0, Code::kCorrupt);
   expect_error("notobj.safetensors", "[1,2]", 0, Code::kCorrupt);
+  // The format forbids holes between tensors and unused bytes after them.
+  EXPECT_EQ(expect_error("gap.safetensors",
+                         R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                         R"("b":{"dtype":"U8","shape":[4],"data_offsets":[8,12]}})",
+                         12, Code::kCorrupt),
+            d + "gap.safetensors: tensor 'b': expected data starting at byte 4 (right after tensor 'a'; the format "
+                "allows no gaps), found data_offsets [8, 12)");
+  EXPECT_EQ(expect_error("lead.safetensors", R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})", 8,
+                         Code::kCorrupt),
+            d + "lead.safetensors: tensor 'a': expected data starting at byte 0 (right after the header; the format "
+                "allows no gaps), found data_offsets [4, 8)");
+  EXPECT_EQ(expect_error("tail.safetensors", R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", 9,
+                         Code::kCorrupt),
+            d + "tail.safetensors: data section: expected 4 bytes (the tensors' data; the format allows no unused "
+                "bytes), found 9 bytes");
+  EXPECT_EQ(expect_error("mdobj.safetensors", R"({"__metadata__":{"n":{"k":"v"}}})", 0, Code::kCorrupt),
+            d + "mdobj.safetensors: __metadata__ 'n': expected a string value, found a JSON object");
 
   // Empty tensors overlap nothing, even inside another tensor's range.
   const std::string path = d + "emptyin.safetensors";
@@ -240,10 +257,10 @@ TEST(Safetensors, ReadMissingTensor) {
   EXPECT_EQ(t.status().message(), path + ": tensor 'zz': expected a tensor of that name, found none among 3 tensors");
 }
 
-TEST(Safetensors, MissingFileIsIoError) {
+TEST(Safetensors, MissingFileIsNotFound) {
   Result<SafetensorsFile> f = SafetensorsFile::open(test_dir() + "absent.safetensors");
   ASSERT_FALSE(f.is_ok());
-  EXPECT_EQ(f.status().code(), Code::kIoError);
+  EXPECT_EQ(f.status().code(), Code::kNotFound);
   EXPECT_EQ(f.status().message(),
             test_dir() + "absent.safetensors: expected a readable file, found No such file or directory");
 }
@@ -297,9 +314,27 @@ TEST(Safetensors, ShardedIndex) {
                                                            "z": "gone.safetensors"}})");
   Result<SafetensorsIndex> missing = SafetensorsIndex::open(d + "missing.index.json");
   ASSERT_FALSE(missing.is_ok());
-  EXPECT_EQ(missing.status().code(), Code::kIoError);
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
   EXPECT_EQ(missing.status().message(), d + "missing.index.json: tensor 'z': shard 'gone.safetensors': " + d +
                                             "gone.safetensors: expected a readable file, found No such file or directory");
+
+  // A shard path that leaves the model directory is refused before anything is opened.
+  for (const char* bad : {"../../../x/model.safetensors", "sub/../../model.safetensors", ".."}) {
+    write_bytes(d + "escape.index.json", std::string(R"({"weight_map": {"a": ")") + bad + R"("}})");
+    Result<SafetensorsIndex> escape = SafetensorsIndex::open(d + "escape.index.json");
+    ASSERT_FALSE(escape.is_ok()) << bad;
+    EXPECT_EQ(escape.status().code(), Code::kCorrupt);
+    EXPECT_EQ(escape.status().message(), d + "escape.index.json: tensor 'a': expected a shard path inside the index's "
+                                             "directory (no '/' first, no '..'), found '" + bad + "'");
+  }
+  // A FIFO named as a shard is refused at once (opening it for reading would block forever).
+  ASSERT_EQ(::mkfifo((d + "fifo.safetensors").c_str(), 0600), 0);
+  write_bytes(d + "fifo.index.json", R"({"weight_map": {"a": "fifo.safetensors"}})");
+  Result<SafetensorsIndex> fifo = SafetensorsIndex::open(d + "fifo.index.json");
+  ASSERT_FALSE(fifo.is_ok());
+  EXPECT_EQ(fifo.status().message(), d + "fifo.index.json: tensor 'a': shard 'fifo.safetensors': " + d +
+                                         "fifo.safetensors: expected a regular file, found a FIFO (named pipe)");
+  ::unlink((d + "fifo.safetensors").c_str());
 
   // A tensor the index maps to a shard that lacks it.
   write_bytes(d + "absent.index.json", R"({"weight_map": {"c": "model-00001-of-00002.safetensors"}})");

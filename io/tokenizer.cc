@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/file.h"
 #include "io/json_brief.h"
 #include "io/tokenizer_unicode.h"
 
@@ -33,17 +34,7 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-Result<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    const int err = errno;
-    return Status::error(err == ENOENT ? Code::kNotFound : Code::kIoError, path, "a readable file",
-                         std::strerror(err));
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+Result<std::string> read_file(const std::string& path) { return read_regular_file(path, kMaxTextFileBytes); }
 
 // ---------------------------------------------------------------------------
 // Configuration: what a tokenizer.json (or the legacy files) describes.

@@ -106,13 +106,19 @@ int32_t sample_row(const T* x, const int32_t* hist, T t, int32_t k, T q, T pen, 
   std::vector<T> z(x, x + V);
   for (int64_t l = 0; l < L; ++l)
     if (hist[l] >= 0) z[size_t(hist[l])] = penalized(x[hist[l]], pen);
-  if (t == 0) {
+  auto greedy = [&] {
     int64_t best = 0;
     for (int64_t v = 1; v < V; ++v)
       if (z[size_t(v)] > z[size_t(best)]) best = v;
     return int32_t(best);
-  }
-  for (T& zv : z) zv = zv / t;
+  };
+  if (t == 0) return greedy();
+  std::vector<T> scaled = z;
+  for (T& zv : scaled) zv = zv / t;
+  // NOTE [tiny temperatures]: when logits / t overflows (t = 1e-45), the
+  // distribution is, to the precision of T, all on the largest logit: greedy.
+  if (!std::isfinite(*std::max_element(scaled.begin(), scaled.end()))) return greedy();
+  z = std::move(scaled);
   const T m = *std::max_element(z.begin(), z.end());
   T cut = -std::numeric_limits<T>::infinity();  // the kept set is {v : z[v] >= cut}
   if (k > 0 && k < V) {
@@ -382,7 +388,7 @@ ASPEN_VM_INLINE int32_t fast_row(const Job& j, int64_t b, const Slot& s) {
   float* z = s.z;
   float* e = s.e;
 
-  if (t == 0) {  // greedy: the first maximum
+  const auto greedy = [&] {  // the first maximum of the (penalized) logits
     const float* y = x;
     if (penalize) {
       std::memcpy(z, x, size_t(V) * sizeof(float));
@@ -392,7 +398,8 @@ ASPEN_VM_INLINE int32_t fast_row(const Job& j, int64_t b, const Slot& s) {
     }
     const float mx = vm::max_of(V, [y](int64_t v) ASPEN_VM_LAMBDA { return y[v]; });
     return int32_t(std::find(y, y + V, mx) - y);
-  }
+  };
+  if (t == 0) return greedy();
 
 #pragma omp simd
   for (int64_t v = 0; v < V; ++v) z[v] = x[v] / t;
@@ -400,6 +407,7 @@ ASPEN_VM_INLINE int32_t fast_row(const Job& j, int64_t b, const Slot& s) {
     for (int64_t l = 0; l < L; ++l)
       if (hist[l] >= 0) z[hist[l]] = penalized(x[hist[l]], pen) / t;
   const float m = vm::max_of(V, [z](int64_t v) ASPEN_VM_LAMBDA { return z[v]; });
+  if (!std::isfinite(m)) return greedy();  // NOTE [tiny temperatures] in ref::sample_row
   const double u = sample_uniform(p.seed, p.step, b);
 
   float cut = kNegInf;

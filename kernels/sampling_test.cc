@@ -183,6 +183,30 @@ TEST(SampleTokens, TopKOneIsGreedy) {
   }
 }
 
+// logits / t overflows at tiny positive temperatures (1e-45 is a float denormal): the draw is then the greedy
+// one, never -1 or an id from NaN weights; with every setting, on every ISA and in the reference.
+TEST(SampleTokens, TinyTemperaturesAreGreedy) {
+  const int64_t B = 9, V = 257;
+  Case c = make_case(B, V, lm_logits(B * V, 17), 0.0f);
+  const std::vector<int32_t> greedy = run_ref_f32(c);
+  for (float t : {1e-45f, 1e-38f, 1e-30f}) {
+    c.temperature.assign(size_t(B), t);
+    for (size_t r = 0; r < size_t(B); ++r) {  // top-k and top-p too
+      c.top_k[r] = r % 3 == 1 ? 40 : 0;
+      c.top_p[r] = r % 3 == 2 ? 0.9f : 1.0f;
+    }
+    for (uint64_t step = 0; step < 5; ++step) {
+      c.step = step;
+      EXPECT_EQ(run_ref_f32(c), greedy) << "t " << t;
+      EXPECT_EQ(run_ref_f64(c), greedy) << "t " << t;
+      for (Isa isa : testing::available_isas(Isa::avx512)) {
+        ScopedIsaCap cap(isa);
+        EXPECT_EQ(run_fast(c), greedy) << "t " << t << " " << isa_trace(isa);
+      }
+    }
+  }
+}
+
 // ---- the draw ------------------------------------------------------------------------
 
 // counts[i] of n draws against probabilities p: Pearson's chi-square.

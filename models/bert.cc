@@ -14,6 +14,12 @@ Status BertConfig::validate() const {
       {"n_layer", n_layer}, {"n_head", n_head},         {"d_ff", d_ff}};
   for (const auto& [key, v] : positive)
     if (v <= 0) return config_key_error("bert", key, "a number > 0", std::to_string(v));
+  ASPEN_RETURN_IF_ERROR(check_dim_limits("bert", {{"vocab", vocab, kMaxVocab},
+                                                  {"type_vocab", type_vocab, kMaxVocab},
+                                                  {"max_positions", max_positions, kMaxPositions},
+                                                  {"d_model", d_model, kMaxModelDim},
+                                                  {"n_layer", n_layer, kMaxLayers},
+                                                  {"d_ff", d_ff, kMaxFfDim}}));
   if (d_model % n_head != 0)
     return config_key_error("bert", "d_model", "a multiple of n_head (" + std::to_string(n_head) + ")",
                             std::to_string(d_model));

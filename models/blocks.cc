@@ -128,6 +128,14 @@ Status check_kv_cache(const std::string& family, const CausalLmOptions& o, const
   return Status();
 }
 
+Status check_dim_limits(const std::string& family, std::initializer_list<DimLimit> dims) {
+  for (const DimLimit& d : dims)
+    if (d.value > d.max)
+      return config_key_error(family, d.key, "at most " + std::to_string(d.max) + " (larger than any real model)",
+                              std::to_string(d.value));
+  return Status();
+}
+
 Status config_key_error(const std::string& family, const std::string& key, const std::string& expected,
                         const std::string& found) {
   return Status::invalid_argument(family + " config: " + key, expected, found);

@@ -148,6 +148,18 @@ Status check_batch_seq(const std::string& family, int64_t batch, int64_t seq, co
 Status check_kv_cache(const std::string& family, const CausalLmOptions& options, const std::string& positions_key,
                       int64_t max_positions);
 // "<family> config: <key>: expected <expected>, found <found>".
+// Ceilings on a model's dimensions: far beyond any released model, and low
+// enough that no shape, index or byte count of the graph overflows (token ids
+// are i32; V*C and T*T stay far below 2^63). Checked by each family's
+// validate() before anything is built or allocated.
+inline constexpr int64_t kMaxVocab = (int64_t(1) << 31) - 1, kMaxPositions = int64_t(1) << 24,
+                         kMaxModelDim = int64_t(1) << 17, kMaxFfDim = int64_t(1) << 20, kMaxLayers = 4096;
+struct DimLimit {
+  const char* key;
+  int64_t value, max;
+};
+Status check_dim_limits(const std::string& family, std::initializer_list<DimLimit> dims);
+
 Status config_key_error(const std::string& family, const std::string& key, const std::string& expected,
                         const std::string& found);
 

@@ -1,8 +1,11 @@
 #include "models/config.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -11,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/file.h"
 #include "core/log.h"
 
 namespace aspen::models {
@@ -198,11 +202,48 @@ BertConfig read_bert(Keys& k) {
   return c;
 }
 
-Status io_error(const std::string& path, const std::string& expected) {
-  return Status::error(Code::kIoError, path, expected, std::strerror(errno));
+}  // namespace
+
+double min_parameter_count(const ModelConfig& config) {
+  if (const Gpt2Config* g = config.gpt2()) {
+    const double C = double(g->d_model), F = double(g->ff_dim());
+    return double(g->vocab) * C + double(g->n_positions) * C + double(g->n_layer) * (4 * C * C + 2 * C * F);
+  }
+  if (const GptjConfig* g = config.gptj()) {
+    const double C = double(g->d_model), F = double(g->ff_dim());
+    return 2 * double(g->vocab) * C + double(g->n_layer) * (4 * C * C + 2 * C * F);  // wte and lm_head
+  }
+  if (const BertConfig* b = config.bert()) {
+    const double C = double(b->d_model), F = double(b->d_ff);
+    return (double(b->vocab) + double(b->max_positions) + double(b->type_vocab)) * C +
+           double(b->n_layer) * (4 * C * C + 2 * C * F);
+  }
+  return 0;
 }
 
-}  // namespace
+double physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;
+}
+
+Status check_fits_memory(const std::string& subject, double parameters, double bytes_per_parameter,
+                         const std::string& use) {
+  const double have = physical_memory_bytes(), need = parameters * bytes_per_parameter;
+  if (have <= 0 || need <= have) return Status();
+  auto gib = [](double b) {
+    char buf[48];
+    if (b >= 0x1p50) std::snprintf(buf, sizeof buf, "%.3g PiB", b / 0x1p50);
+    else if (b >= 0x1p40) std::snprintf(buf, sizeof buf, "%.3g TiB", b / 0x1p40);
+    else std::snprintf(buf, sizeof buf, "%.3g GiB", b / 0x1p30);
+    return std::string(buf);
+  };
+  char count[48];
+  std::snprintf(count, sizeof count, "%.3g", parameters);
+  return Status::invalid_argument(subject, "a model that fits in this machine's " + gib(have) + " of memory",
+                                  "at least " + std::string(count) + " parameters, " + gib(need) + " for " + use,
+                                  "check the model's dimensions (n_layer, n_embd / d_model, vocab_size, "
+                                  "n_positions, d_ff)");
+}
 
 const std::vector<std::string>& supported_model_types() {
   static const std::vector<std::string> types = {"gpt2", "gptj", "bert"};
@@ -303,12 +344,8 @@ Result<std::string> to_hf_config_json(const ModelConfig& config) {
 }
 
 Result<ModelConfig> load_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return io_error(path, "a readable config.json");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return io_error(path, "a readable config.json");
-  return parse_config(text.str(), path);
+  ASPEN_ASSIGN_OR_RETURN(const std::string text, read_regular_file(path, kMaxTextFileBytes));
+  return parse_config(text, path);
 }
 
 }  // namespace aspen::models

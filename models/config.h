@@ -50,6 +50,21 @@ struct ModelConfig {
   const BertConfig* bert() const { return std::get_if<BertConfig>(&family); }
 };
 
+// The number of parameters the config describes, as a lower bound (the
+// matrices and embeddings; biases and norms left out), in double so that no
+// config overflows it. Checked against the weights on disk and against the
+// machine's memory before a graph is built.
+double min_parameter_count(const ModelConfig& config);
+
+// InvalidArgument when `parameters` x `bytes_per_parameter` (the weights, and
+// for training their gradients and optimizer state) exceeds this machine's
+// physical memory: "<subject>: expected a model that fits in this machine's
+// 23.4 GiB, found about 1.2 TiB for ..." naming `use`.
+Status check_fits_memory(const std::string& subject, double parameters, double bytes_per_parameter,
+                         const std::string& use);
+// This machine's physical memory in bytes.
+double physical_memory_bytes();
+
 // The model types load_config understands, in the order error messages list them.
 const std::vector<std::string>& supported_model_types();
 

@@ -122,9 +122,12 @@ TEST(Config, ErrorsNameTheFileTheKeyAndWhatWasFound) {
   EXPECT_EQ(error_of(json_of("gptj", R"(, "rotary_dim": 3)")),
             "c.json: gptj config: rotary_dim: expected an even number, found 3");
   auto missing = load_config("/nonexistent/config.json");
-  EXPECT_EQ(missing.status().code(), Code::kIoError);
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
   EXPECT_EQ(missing.status().message(),
-            "/nonexistent/config.json: expected a readable config.json, found No such file or directory");
+            "/nonexistent/config.json: expected a readable file, found No such file or directory");
+  // A directory, a FIFO or /dev/zero where config.json belongs: refused at once, never read until memory runs out.
+  EXPECT_EQ(load_config("/dev/zero").status().message(), "/dev/zero: expected a regular file, found a character device");
+  EXPECT_EQ(load_config("/tmp").status().message(), "/tmp: expected a regular file, found a directory");
 }
 
 // The config written for export reads back to the same family config and ids.

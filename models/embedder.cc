@@ -10,6 +10,7 @@
 #include <optional>
 #include <sstream>
 
+#include "core/file.h"
 #include "compiler/executable.h"
 #include "core/check.h"
 #include "core/tensor.h"
@@ -28,11 +29,10 @@ bool is_directory(const std::string& path) {
 // An integer key of a small JSON file in the model directory: nullopt when
 // the file or the key is absent; a malformed file is an error naming it.
 Result<std::optional<int64_t>> json_int(const std::string& path, const std::string& key) {
-  std::ifstream in(path);
-  if (!in) return std::optional<int64_t>();
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+  Result<std::string> text = read_regular_file(path, kMaxTextFileBytes);
+  if (!text.is_ok() && text.status().code() == Code::kNotFound) return std::optional<int64_t>();
+  if (!text.is_ok()) return text.status();
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return Status::error(Code::kCorrupt, path, "a JSON object", "text that does not parse as one");
   auto it = j.find(key);

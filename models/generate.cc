@@ -50,6 +50,8 @@ Tensor filled(DType dtype, Shape s, T value) {
 
 Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const GeneratorOptions& options) {
   ASPEN_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
+  ASPEN_RETURN_IF_ERROR(check_fits_memory(ckpt.config().path, min_parameter_count(ckpt.config()),
+                                          options.weights == DType::bf16 ? 2.0 : 4.0, "its weights"));
   std::unique_ptr<Generator> gen(new Generator());
   gen->config_ = ckpt.config();
   if (const Gpt2Config* c2 = gen->config_.gpt2()) {

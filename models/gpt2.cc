@@ -19,6 +19,11 @@ Status Gpt2Config::validate() const {
   for (const auto& [key, v] : positive)
     if (v <= 0) return config_key_error("gpt2", key, "a number > 0", std::to_string(v));
   if (d_ff < 0) return config_key_error("gpt2", "d_ff", "a number > 0, or 0 for 4*d_model", std::to_string(d_ff));
+  ASPEN_RETURN_IF_ERROR(check_dim_limits("gpt2", {{"vocab", vocab, kMaxVocab},
+                                                  {"n_positions", n_positions, kMaxPositions},
+                                                  {"d_model", d_model, kMaxModelDim},
+                                                  {"n_layer", n_layer, kMaxLayers},
+                                                  {"d_ff", d_ff, kMaxFfDim}}));
   if (d_model % n_head != 0)
     return config_key_error("gpt2", "d_model", "a multiple of n_head (" + std::to_string(n_head) + ")",
                             std::to_string(d_model));

@@ -1,6 +1,7 @@
 #include "models/weights.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -8,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/file.h"
 #include "core/atomic_file.h"
 #include "core/log.h"
 #include "kernels/convert.h"
@@ -75,6 +77,22 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
     c.index_ = std::make_unique<io::SafetensorsIndex>(std::move(i));
   } else {
     return Status::error(Code::kNotFound, dir, "model.safetensors or model.safetensors.index.json", "neither");
+  }
+  // A config whose dimensions the weights cannot hold (n_layer 20000 beside a
+  // 2-layer file) is refused here, before a graph of its size is built.
+  double stored = 0;
+  for (const std::string& name : c.tensor_names()) {
+    const io::TensorInfo* info = c.find(name).second;
+    if (info) stored += double(info->shape.numel());
+  }
+  if (const double want = min_parameter_count(c.config_); want > stored) {
+    char w[32], h[32];
+    std::snprintf(w, sizeof w, "%.4g", want);
+    std::snprintf(h, sizeof h, "%.4g", stored);
+    return Status::invalid_argument(c.config_.path, "dimensions the weights in " + c.weights_path_ + " can hold (" +
+                                                        std::string(h) + " values stored)",
+                                    "a config of at least " + std::string(w) + " parameters",
+                                    "check n_layer, n_embd, vocab_size, n_positions and n_inner against the weights");
   }
   return c;
 }
@@ -201,14 +219,7 @@ namespace {
 constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "vocab.json", "merges.txt", "vocab.txt",
                                            "tokenizer_config.json", "special_tokens_map.json"};
 
-Result<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::error(Code::kIoError, path, "a readable file", std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::error(Code::kIoError, path, "a readable file", std::strerror(errno));
-  return ss.str();
-}
+Result<std::string> read_file(const std::string& path) { return read_regular_file(path, kMaxTextFileBytes); }
 
 }  // namespace
 

@@ -22,8 +22,11 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "bench/attention_bench.h"
 #include "bench/collectives_bench.h"
@@ -34,6 +37,7 @@
 #include "bench/generate_bench.h"
 #include "bench/kernels_bench.h"
 #include "bench/train_bench.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "kernels/cpu.h"
@@ -56,12 +60,84 @@ void ensure_passive_wait_policy(char** argv) {
 
 using aspen::tools::report;
 
+// Edit distance with adjacent transpositions (optimal string alignment).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// The deepest subcommand the command line selected.
+const CLI::App* selected(const CLI::App& app) {
+  const CLI::App* at = &app;
+  for (bool deeper = true; deeper;) {
+    deeper = false;
+    for (const CLI::App* s : at->get_subcommands())
+      if (s->parsed()) {
+        at = s;
+        deeper = true;
+        break;
+      }
+  }
+  return at;
+}
+
+// " (did you mean 'train'?)" for a word close to a subcommand or option of
+// the selected command (its parents' options too: they fall through).
+std::string suggestion(const CLI::App& app, const std::string& word) {
+  if (word.empty()) return {};
+  std::vector<std::string> names;
+  const CLI::App* at = selected(app);
+  if (word[0] == '-') {
+    for (const CLI::App* a = at; a; a = a->get_parent())
+      for (const CLI::Option* o : a->get_options()) {
+        for (const std::string& n : o->get_lnames()) names.push_back("--" + n);
+        for (const std::string& n : o->get_snames()) names.push_back("-" + n);
+      }
+  } else {
+    for (const CLI::App* s : at->get_subcommands({})) names.push_back(s->get_name());
+  }
+  std::string best;
+  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
+  for (const std::string& n : names)
+    if (const size_t d = edit_distance(word, n); d < best_d) best = n, best_d = d;
+  return best.empty() ? std::string() : " (did you mean '" + best + "'?)";
+}
+
+// A parse failure: help and --version print and exit 0; anything else is a
+// usage error, "aspen: error: ..." with a suggestion where one is close, exit 2.
+int parse_failure(CLI::App& app, const CLI::ParseError& e) {
+  if (e.get_exit_code() == 0) return app.exit(e);
+  std::string message = e.what(), hint;
+  // An argument nobody took is the likelier cause than what it left missing
+  // (`--promt x` leaves --prompt "required"): name it, with a suggestion.
+  const std::vector<std::string> extras = app.remaining(true);
+  if (!extras.empty()) {
+    message = "The following arguments were not expected:";
+    for (const std::string& x : extras) message += " " + x;
+    hint = suggestion(app, extras.front());
+  }
+  std::string path;
+  for (const CLI::App* a = selected(app); a; a = a->get_parent()) path.insert(0, (a->get_parent() ? " " : "") + a->get_name());
+  std::cerr << "aspen: error: " << aspen::escape_for_terminal(message) << hint << "\n"
+            << "Run '" << path << " --help' for the options.\n";
+  return aspen::tools::kExitUsage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   ensure_passive_wait_policy(argv);
-  CLI::App app{"aspen: compile Transformer models into static programs and run them"};
+  CLI::App app{"aspen: compile Transformer models into static programs and run them", "aspen"};
   app.require_subcommand(1);
+  app.fallthrough();  // global flags (-v, --isa, ...) after the subcommand too; set before adding subcommands
+  app.set_version_flag("--version", std::string("aspen ") + ASPEN_VERSION);
   bool verbose = false, reference = false;
   std::string isa_cap;
   app.add_flag("-v,--verbose", verbose, "log informational messages");
@@ -204,7 +280,11 @@ int main(int argc, char** argv) {
   commands.push_back(aspen::tools::add_prepare_data_command(app));
   commands.push_back(aspen::tools::add_train_command(app));
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return parse_failure(app, e);
+  }
   if (verbose) aspen::set_log_level(aspen::LogLevel::info);
   aspen::kernels::set_reference_mode(reference);
   for (auto isa : {aspen::kernels::Isa::scalar, aspen::kernels::Isa::avx2, aspen::kernels::Isa::avx512,
@@ -234,8 +314,11 @@ int main(int argc, char** argv) {
     // NOTE [matmul backends] in kernels/matmul.cc.
     std::cout << "openblas: " << aspen::kernels::openblas_description() << "\nmatmul: "
               << (aspen::kernels::openblas_is_openmp_build()
-                      ? "f32 on OpenBLAS (products big enough to tile; smaller ones on oneDNN), bf16 on oneDNN"
-                      : "f32 and bf16 on oneDNN (this OpenBLAS is not its OpenMP build)")
+                      ? "f32 on OpenBLAS (products big enough to tile; smaller ones on oneDNN), "
+                      : "f32 on oneDNN (this OpenBLAS is not its OpenMP build), ")
+              << (aspen::kernels::bf16_matmul_widens()
+                      ? "bf16 widened to f32 (no AVX-512: oneDNN has no bf16 kernels on this CPU)"
+                      : "bf16 on oneDNN")
               << "\n";
     return 0;
   }
@@ -243,8 +326,8 @@ int main(int argc, char** argv) {
     for (const std::string& c : gemm_cases) {
       auto g = aspen::bench::parse_gemm_case(c);
       if (!g.is_ok()) {
-        std::cerr << "aspen: error: " << g.status().message() << "\n";
-        return 2;
+        std::cerr << "aspen: error: " << aspen::escape_for_terminal(g.status().message()) << "\n";
+        return aspen::tools::kExitUsage;
       }
       gemm.cases.push_back(*g);
     }

@@ -12,6 +12,7 @@
 #include <functional>
 #include <iostream>
 
+#include "core/file.h"
 #include "core/status.h"
 
 namespace aspen::tools {
@@ -21,11 +22,28 @@ struct Command {
   std::function<int()> run;
 };
 
-// Prints a failed Status the way every command does; returns the exit code.
+// Prints a failed Status the way every command does (control bytes escaped:
+// a message may quote a hostile file); returns the exit code.
 inline int report(const Status& s) {
   if (s.is_ok()) return 0;
-  std::cerr << "aspen: error: " << s.to_string() << "\n";
+  std::cerr << "aspen: error: " << escape_for_terminal(s.to_string()) << "\n";
   return 1;
+}
+
+// Exit codes: 0 done, 1 a failure (printed), 2 bad usage, 130 stopped by Ctrl-C (128 + SIGINT).
+inline constexpr int kExitFailure = 1, kExitUsage = 2, kExitInterrupted = 130;
+
+// A CLI11 check that an integer option is at least `lo`, with our wording:
+// "--steps: expected an integer >= 1, found -5".
+inline CLI::Validator at_least(int64_t lo) {
+  return CLI::Validator(
+      [lo](std::string& text) -> std::string {
+        int64_t v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return "expected an integer, found '" + text + "'";
+        if (v < lo) return "expected an integer >= " + std::to_string(lo) + ", found " + text;
+        return {};
+      },
+      ">= " + std::to_string(lo));
 }
 
 // The commands, one file each (tools/<name>_command.cc).

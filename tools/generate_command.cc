@@ -3,6 +3,7 @@
 //   aspen generate --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
 //                  [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]
 //                  [--max-length L] [--threads N] [--tensor-parallel N [--vocab-parallel]] [--echo]
+//                  [--dtype f32|bf16] [--show-special]
 //
 // DIR holds config.json, the weights and the tokenizer (tokenizer.json, or
 // vocab.json + merges.txt). The new text goes to stdout as it is drawn: each
@@ -10,12 +11,18 @@
 // incomplete UTF-8 sequence (shown as U+FFFD by the decoder) until the next
 // token completes it, so the printed text is exactly the decode of the whole
 // continuation. Stops at the config's eos ids or after --max-new-tokens.
+// Special tokens (an eos, <|endoftext|>) are left out of the text unless
+// --show-special. Every sampling flag is checked before the model loads; a
+// timings line goes to stderr at the end, as llama.cpp prints one.
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <string>
 
 #include "io/tokenizer.h"
+#include "models/config.h"
 #include "models/generate.h"
 #include "tools/commands.h"
 
@@ -32,8 +39,31 @@ struct GenerateArgs {
   int threads = 0;
   int64_t tensor_parallel = 1;
   bool vocab_parallel = false;
-  bool echo = false;
+  bool echo = false, show_special = false;
+  std::string dtype = "f32";
 };
+
+// Every flag the sampler reads, before anything loads.
+Status check_sampling_flags(const GenerateArgs& a) {
+  if (!std::isfinite(a.temperature) || a.temperature < 0)
+    return Status::invalid_argument("--temperature", "a finite number >= 0 (0: greedy)", std::to_string(a.temperature));
+  if (a.top_k < 0) return Status::invalid_argument("--top-k", "an integer >= 0 (0: off)", std::to_string(a.top_k));
+  if (!(a.top_p > 0 && a.top_p <= 1))
+    return Status::invalid_argument("--top-p", "a number in (0, 1] (1: off)", std::to_string(a.top_p));
+  if (!std::isfinite(a.repetition_penalty) || a.repetition_penalty <= 0)
+    return Status::invalid_argument("--repetition-penalty", "a finite number > 0 (1: off)",
+                                    std::to_string(a.repetition_penalty));
+  if (a.max_new_tokens < 1)
+    return Status::invalid_argument("--max-new-tokens", "an integer >= 1", std::to_string(a.max_new_tokens));
+  if (a.max_length < 0) return Status::invalid_argument("--max-length", "an integer >= 0", std::to_string(a.max_length));
+  return Status();
+}
+
+int64_t context_of(const models::ModelConfig& c) {
+  if (const models::Gpt2Config* g = c.gpt2()) return g->n_positions;
+  if (const models::GptjConfig* g = c.gptj()) return g->n_positions;
+  return 0;
+}
 
 // The length of `text` without a trailing run of U+FFFD (an incomplete UTF-8
 // sequence the next token may complete).
@@ -45,11 +75,24 @@ size_t stable_prefix(const std::string& text) {
 }
 
 int run_generate(const GenerateArgs& a) {
+  if (Status s = check_sampling_flags(a); !s.is_ok()) {
+    report(s);
+    return kExitUsage;
+  }
+  auto config = models::load_config(a.model + "/config.json");
+  if (!config.is_ok()) return report(config.status());
   auto tokenizer = io::load_tokenizer(a.model);
   if (!tokenizer.is_ok()) return report(tokenizer.status());
   const std::vector<io::TokenId> prompt = (*tokenizer)->encode(a.prompt, /*add_special_tokens=*/false);
   if (prompt.empty()) return report(Status::invalid_argument("--prompt", "text that encodes to at least one token", "none"));
+  const int64_t context = a.max_length > 0 ? a.max_length : context_of(*config);
+  if (context > 0 && int64_t(prompt.size()) >= context)
+    return report(Status::invalid_argument(
+        "--prompt", "a prompt shorter than the context, to leave room for new tokens",
+        "your prompt is " + std::to_string(prompt.size()) + " tokens; this model's context is " +
+            std::to_string(context) + (a.max_length > 0 ? " (--max-length)" : "")));
   models::GeneratorOptions go;
+  go.weights = a.dtype == "bf16" ? DType::bf16 : DType::f32;
   go.max_length = a.max_length;
   go.threads = a.threads;
   go.tensor_parallel = a.tensor_parallel;
@@ -69,9 +112,15 @@ int run_generate(const GenerateArgs& a) {
   if (a.echo) std::cout << a.prompt << std::flush;
   std::vector<io::TokenId> generated;
   size_t printed = 0;
+  const bool skip_special = !a.show_special;
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  clock::time_point first, last;
   s.on_token = [&](int64_t, int32_t token) {
+    last = clock::now();
+    if (generated.empty()) first = last;
     generated.push_back(token);
-    const std::string text = (*tokenizer)->decode(generated);
+    const std::string text = (*tokenizer)->decode(generated, skip_special);
     const size_t stable = stable_prefix(text);
     if (stable > printed) {
       std::cout << text.substr(printed, stable - printed) << std::flush;
@@ -84,8 +133,17 @@ int run_generate(const GenerateArgs& a) {
     std::cout << "\n";
     return report(out.status());
   }
-  const std::string text = (*tokenizer)->decode(generated);
+  const std::string text = (*tokenizer)->decode(generated, skip_special);
   std::cout << text.substr(std::min(printed, text.size())) << "\n" << std::flush;
+  // The prefill ends with the first new token; the rest are decode steps.
+  const double prefill = std::chrono::duration<double>(first - start).count();
+  const double decode = std::chrono::duration<double>(last - first).count();
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "timings: prompt %zu tokens in %.3f s (%.1f tokens/s); generated %zu tokens in %.3f s (%.1f tokens/s)",
+                prompt.size(), prefill, prefill > 0 ? double(prompt.size()) / prefill : 0.0, generated.size(),
+                prefill + decode, generated.size() > 1 && decode > 0 ? double(generated.size() - 1) / decode : 0.0);
+  if (!generated.empty()) std::cerr << line << "\n";
   return 0;
 }
 
@@ -100,14 +158,18 @@ Command add_generate_command(CLI::App& app) {
       "the same text)");
   cmd->add_option("--model", args->model, "model directory: config.json, weights, tokenizer")->required();
   cmd->add_option("--prompt", args->prompt, "the text to continue")->required();
-  cmd->add_option("--max-new-tokens", args->max_new_tokens, "new tokens at most (default 32)");
+  cmd->add_option("--max-new-tokens", args->max_new_tokens, "new tokens at most (default 32)")->check(at_least(1));
   cmd->add_option("--temperature", args->temperature, "0: greedy; default 1");
   cmd->add_option("--top-k", args->top_k, "keep the k likeliest tokens (0: off; default 50)");
   cmd->add_option("--top-p", args->top_p, "nucleus: the likeliest tokens holding this much probability (1: off)");
   cmd->add_option("--repetition-penalty", args->repetition_penalty, "HF repetition penalty (1: off)");
-  cmd->add_option("--seed", args->seed, "random seed (default 0)");
-  cmd->add_option("--max-length", args->max_length, "KV-cache positions, prompt included (0: the model's maximum)");
-  cmd->add_option("--threads", args->threads, "threads (0: the free cores)");
+  cmd->add_option("--seed", args->seed, "random seed (default 0)")->check(at_least(0));
+  cmd->add_option("--max-length", args->max_length, "KV-cache positions, prompt included (0: the model's maximum)")
+      ->check(at_least(0));
+  cmd->add_option("--threads", args->threads, "threads (0: the free cores)")->check(at_least(0));
+  cmd->add_option("--dtype", args->dtype, "weights: f32, or bf16 (matrices in bf16: about half the bytes per step)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_flag("--show-special", args->show_special, "print special tokens (an eos, <|endoftext|>) in the text");
   cmd->add_option("--tensor-parallel", args->tensor_parallel,
                   "Megatron tensor shards over this many devices (gpt2, gptj; threads is then per shard)")
       ->check(CLI::Range(int64_t(1), int64_t(64)));

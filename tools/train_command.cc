@@ -1,6 +1,7 @@
 // tools/train_command.cc: `aspen train`, the training job (api/trainer.h).
 //
-//   aspen train CONFIG.yaml [--resume] [--replicas N] [--stages N] [--tensor-parallel N] [--set KEY=VALUE]...
+//   aspen train CONFIG.yaml [--resume | --resume-from CHECKPOINT | --overwrite] [--replicas N] [--stages N]
+//                           [--tensor-parallel N] [--steps N] [--seed S] [--set KEY=VALUE]...
 //   aspen train --demo [--steps N] [--run-dir DIR] [--threads N] [--replicas N] [--stages N]
 //                      [--tensor-parallel N] [--set KEY=VALUE]...
 //   mpirun -np P aspen train ...   (data parallel over P processes)
@@ -11,10 +12,21 @@
 // uses one replica per process unless told otherwise. Under mpirun only
 // process 0 prints and writes files.
 //
+// A run directory that holds a run is refused unless --resume (continue it),
+// --resume-from (continue from a given checkpoint, e.g. the one before a
+// damaged latest) or --overwrite (delete it and start again); the demo
+// replaces its own earlier run and says so. Ctrl-C (or SIGTERM) finishes the
+// step in flight, writes a checkpoint, prints how to resume and exits 130; a
+// second Ctrl-C exits at once.
+//
 // --demo needs no files: it writes a byte-level tokenizer and a two-digit
 // addition corpus (train/demo.h) into the run directory, trains a small
 // GPT-2 from scratch on it, then asks the trained model the 1,000 held-out
 // problems it never saw and prints its accuracy and some of its answers.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -36,10 +48,11 @@ namespace aspen::tools {
 namespace {
 
 struct TrainArgs {
-  std::string config;
-  bool demo = false, resume = false;
+  std::string config, resume_from;
+  bool demo = false, resume = false, overwrite = false;
   int64_t steps = 0;  // 0: the config's (the demo's default)
-  int threads = 0;
+  int64_t seed = -1;  // -1: the config's
+  int threads = -1;   // -1: the config's; 0: the free cores
   int64_t replicas = 0;  // 0: the config's (the demo: one per process)
   int64_t stages = 0, tensor_parallel = 0;  // 0: the config's
   std::string run_dir;
@@ -117,6 +130,30 @@ Status report_addition(const std::string& model_dir, const train::AdditionTask& 
   return Status();
 }
 
+// Ctrl-C and SIGTERM: the first asks the trainer to stop after the step in
+// flight (it checkpoints); the second ends the process at once.
+std::atomic<bool> g_stop{false};
+
+void on_stop_signal(int sig) {
+  if (g_stop.exchange(true)) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);  // the second: die as the signal would have killed us
+    return;
+  }
+  static const char kMsg[] =
+      "\naspen: stopping after the current step to write a checkpoint (Ctrl-C again to quit at once)\n";
+  (void)!::write(2, kMsg, sizeof kMsg - 1);
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
 // Under mpirun: every process waits here until all have arrived (process 0
 // has written what the others read).
 Status barrier(bool mpi) {
@@ -136,10 +173,17 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   std::ostream& say = writer ? std::cout : null_stream;
   train::TrainConfig c;
   train::AdditionTask task;
+  api::TrainerOptions to;
   if (a.demo) {
     const std::string dir = a.run_dir.empty() ? "runs/demo" : a.run_dir;
     c = demo_config(dir);
     task = train::make_addition_task(c.train.seed);
+    if (writer) {  // the lock before the corpus: a second demo in this directory must not rewrite it under us
+      auto lock = api::lock_run_directory(dir);
+      if (!lock.is_ok()) return report(lock.status());
+      to.run_lock = *lock;
+    }
+    to.overwrite = true;  // the demo replaces its own earlier run (the trainer says so)
     if (!a.resume && writer) {
       say << "demo: two-digit addition; writing the tokenizer and corpus into " << dir << "\n";
       if (Status s = train::write_byte_tokenizer(c.data.tokenizer); !s.is_ok()) return report(s);
@@ -176,7 +220,8 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
       c.schedule.warmup_steps = std::min<int64_t>(c.schedule.warmup_steps, a.steps / 10);
     }
   }
-  if (a.threads > 0) c.train.threads = a.threads;
+  if (a.threads >= 0) c.train.threads = a.threads;
+  if (a.seed >= 0) c.train.seed = uint64_t(a.seed);
   if (a.replicas > 0 && !a.demo) c.batch.replicas = a.replicas;
   if (a.stages > 0) c.parallel.pipeline_stages = a.stages;
   if (a.tensor_parallel > 0) c.parallel.tensor_parallel = a.tensor_parallel;
@@ -188,10 +233,18 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
       c.sample.prompts.push_back(train::addition_prompt(task.test[i].first, task.test[i].second));
     c.sample.max_new_tokens = 4;
   }
+  if (c.schedule.warmup_steps > c.train.steps) {
+    say << "aspen: warning: schedule.warmup_steps (" << c.schedule.warmup_steps << ") is more than train.steps ("
+        << c.train.steps << "); warming up over all " << c.train.steps
+        << " steps (set schedule.warmup_steps to choose)\n";
+    c.schedule.warmup_steps = c.train.steps;
+  }
   if (Status s = c.validate(); !s.is_ok()) return report(s);
-  api::TrainerOptions to;
   to.resume = a.resume;
+  to.resume_from = a.resume_from;
+  to.overwrite = to.overwrite || a.overwrite;
   to.mpi = mpi;
+  to.stop_requested = &g_stop;
   auto trainer = api::Trainer::create(c, to);
   if (!trainer.is_ok()) return report(trainer.status());
   std::string layout;
@@ -219,7 +272,15 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
             << "; run directory " << (*trainer)->run_dir() << "\n";
   auto r = (*trainer)->run();
   if (!r.is_ok()) return report(r.status());
+  const std::string checkpoints = (*trainer)->checkpoint_dir();
   trainer->reset();  // its communicators go before MPI does
+  if (r->interrupted) {
+    if (writer)
+      std::cerr << "aspen: interrupted at step " << r->steps << "; checkpoint in " << checkpoints
+                << "\nresume with: aspen train " << (a.demo ? std::string("--demo") : a.config)
+                << (a.run_dir.empty() ? "" : " --run-dir " + a.run_dir) << " --resume\n";
+    return kExitInterrupted;
+  }
   if (!writer) return 0;
   std::cout << std::setprecision(4) << "loss: " << r->first_loss << " at the first step of this run, " << r->last_loss
             << " at step " << r->steps;
@@ -234,20 +295,24 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
 int run_train(const TrainArgs& a) {
   if (a.demo == !a.config.empty()) {
     std::cerr << "aspen: error: give a CONFIG.yaml or --demo (one of them)\n";
-    return 2;
+    return kExitUsage;
   }
-  if (a.replicas < 0) return report(Status::invalid_argument("--replicas", ">= 1", std::to_string(a.replicas)));
+  if (int(a.resume) + int(!a.resume_from.empty()) + int(a.overwrite) > 1) {
+    std::cerr << "aspen: error: --resume, --resume-from and --overwrite exclude each other\n";
+    return kExitUsage;
+  }
+  install_stop_handlers();
 #ifdef ASPEN_HAVE_MPI
   if (parallel::mpi_launched()) {
     if (Status s = parallel::mpi_init(nullptr, nullptr); !s.is_ok()) return report(s);
     const int rank = parallel::mpi_world_rank();
     const int rc = train_job(a, true, parallel::mpi_world_size(), rank == 0);
-    if (rc != 0) {
+    if (rc != 0 && rc != kExitInterrupted) {
       std::cerr << "aspen: process " << rank << " of the MPI job failed\n";
       return rc;  // mpirun ends the others
     }
     parallel::mpi_finalize();
-    return 0;
+    return rc;
   }
 #endif
   return train_job(a, false, 1, true);
@@ -268,15 +333,27 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("CONFIG", args->config, "the run's YAML config");
   cmd->add_flag("--demo", args->demo, "the built-in task: a small GPT learns two-digit addition (no files needed)");
   cmd->add_flag("--resume", args->resume, "continue from the run's latest checkpoint");
-  cmd->add_option("--set", args->overrides, "override a config key, e.g. --set optimizer.lr=1e-3 (repeatable)");
-  cmd->add_option("--steps", args->steps, "train this many steps (overrides train.steps)");
-  cmd->add_option("--threads", args->threads, "threads (overrides train.threads; 0: the free cores)");
+  cmd->add_option("--resume-from", args->resume_from,
+                  "continue from this checkpoint (a step directory, e.g. the one before a damaged latest)");
+  cmd->add_flag("--overwrite", args->overwrite, "delete the run directory's earlier run and start again");
+  // One value per --set, so that `--set k=v CONFIG.yaml` leaves the config to the positional.
+  cmd->add_option("--set", args->overrides, "override a config key, e.g. --set optimizer.lr=1e-3 (repeatable)")
+      ->expected(1)
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--steps", args->steps, "train this many steps (overrides train.steps)")->check(at_least(1));
+  cmd->add_option("--seed", args->seed, "random seed (overrides train.seed)")->check(at_least(0));
+  cmd->add_option("--threads", args->threads, "threads (overrides train.threads; 0: the free cores)")
+      ->check(at_least(0));
   cmd->add_option("--run-dir", args->run_dir, "the run directory (overrides log.run_dir)");
   cmd->add_option("--replicas", args->replicas,
-                  "data-parallel replicas (overrides batch.replicas; the demo keeps its global batch of 16)");
-  cmd->add_option("--stages", args->stages, "pipeline stages (overrides parallel.pipeline_stages)");
+                  "data-parallel replicas (overrides batch.replicas; the demo keeps its global batch of 16)")
+      ->check(at_least(1));
+  cmd->add_option("--stages", args->stages, "pipeline stages (overrides parallel.pipeline_stages)")
+      ->check(at_least(1));
   cmd->add_option("--tensor-parallel", args->tensor_parallel,
-                  "tensor shards (overrides parallel.tensor_parallel; gpt2: n_head must divide by it)");
+                  "tensor shards (overrides parallel.tensor_parallel; gpt2: n_head must divide by it)")
+      ->check(at_least(1));
   return {cmd, [args] { return run_train(*args); }};
 }
 

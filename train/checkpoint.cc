@@ -14,6 +14,8 @@
 #include <optional>
 
 #include "core/atomic_file.h"
+#include "core/checksum.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "io/safetensors.h"
 
@@ -99,41 +101,7 @@ bool is_directory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-Result<std::string> read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return io_error(path, "a readable file", errno);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return io_error(path, "a file whose size can be read", err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::invalid_argument(path, "a regular file", "another kind of file");
-  }
-  if (uint64_t(st.st_size) > kMaxSmallFileBytes) {
-    ::close(fd);
-    return corrupt(path, "at most " + std::to_string(kMaxSmallFileBytes) + " bytes",
-                   std::to_string(st.st_size) + " bytes");
-  }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t r = ::read(fd, out.data() + done, out.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int err = errno;
-      ::close(fd);
-      return io_error(path, "a readable file", err);
-    }
-    if (r == 0) break;  // shrank while read: what is there is validated by the caller
-    done += size_t(r);
-  }
-  ::close(fd);
-  out.resize(done);
-  return out;
-}
+Result<std::string> read_file(const std::string& path) { return read_regular_file(path, kMaxSmallFileBytes); }
 
 Status fsync_dir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -197,8 +165,9 @@ Status write_tensors(const std::string& path, const std::map<std::string, Tensor
   return io::write_safetensors(path, list, {{kCheckpointStepMetadata, std::to_string(step)}});
 }
 
-// trainer.json: our envelope around the trainer's object.
-Result<std::string> trainer_file_text(const Checkpoint& c) {
+// trainer.json: our envelope around the trainer's object, with the size and
+// CRC-32C of each tensor file and of the trainer object's compact dump.
+Result<std::string> trainer_file_text(const Checkpoint& c, const std::string& dir) {
   ordered_json trainer = ordered_json::parse(c.trainer_json, nullptr, /*allow_exceptions=*/false);
   if (trainer.is_discarded())
     return Status::invalid_argument("save_checkpoint: trainer_json", "a JSON object", "a parse error");
@@ -209,8 +178,41 @@ Result<std::string> trainer_file_text(const Checkpoint& c) {
   j["format"] = kCheckpointFormat;
   j["version"] = kCheckpointVersion;
   j["step"] = c.step;
+  ordered_json files = ordered_json::object();
+  for (const char* f : {kModelFile, kOptimizerFile}) {
+    ASPEN_ASSIGN_OR_RETURN(const FileDigest d, digest_file(join(dir, f)));
+    files[f] = {{"bytes", d.bytes}, {"crc32c", crc32c_hex(d.crc32c)}};
+  }
+  j["files"] = std::move(files);
+  j["trainer_crc32c"] = crc32c_hex(crc32c(trainer.dump()));
   j["trainer"] = std::move(trainer);
   return j.dump(2) + "\n";
+}
+
+// The files of a version-2 checkpoint against the digests trainer.json (at
+// `path`) records for them.
+Status verify_files(const std::string& dir, const std::string& path, const ordered_json& j) {
+  const auto files = j.find("files");
+  if (files == j.end() || !files->is_object())
+    return corrupt(path + ": files", "the size and CRC-32C of each tensor file", "none");
+  for (const char* f : {kModelFile, kOptimizerFile}) {
+    const auto e = files->find(f);
+    if (e == files->end() || !e->is_object() || !e->contains("bytes") || !(*e)["bytes"].is_number_unsigned() ||
+        !e->contains("crc32c") || !(*e)["crc32c"].is_string())
+      return corrupt(path + ": files." + f, "{\"bytes\": N, \"crc32c\": \"8 hex digits\"}",
+                     e == files->end() ? "none" : brief(e->dump()));
+    const uint64_t bytes = (*e)["bytes"].get<uint64_t>();
+    const std::string want = (*e)["crc32c"].get<std::string>();
+    const std::string file = join(dir, f);
+    ASPEN_ASSIGN_OR_RETURN(const FileDigest d, digest_file(file));
+    if (d.bytes != bytes)
+      return corrupt(file, std::to_string(bytes) + " bytes (per trainer.json)",
+                     std::to_string(d.bytes) + " bytes (the file is damaged or was replaced)");
+    if (crc32c_hex(d.crc32c) != want)
+      return corrupt(file, "CRC-32C " + brief(want) + " (per trainer.json)",
+                     "\"" + crc32c_hex(d.crc32c) + "\" (the file is damaged)");
+  }
+  return Status::ok();
 }
 
 // NOTE [checkpoint crash safety]: `latest` must name a whole checkpoint after
@@ -363,15 +365,28 @@ Result<Checkpoint> read_step_dir(const std::string& dir) {
     return corrupt(path + ": format", std::string("\"") + kCheckpointFormat + "\"", found(format));
   const ordered_json* version = field("version");
   if (!version || !version->is_number_integer()) return corrupt(path + ": version", "an integer", found(version));
-  if (*version != kCheckpointVersion)
+  if (*version != kCheckpointVersion && *version != kCheckpointVersionWithoutChecksums)
     return Status::error(Code::kUnimplemented, path + ": version",
-                         std::to_string(kCheckpointVersion) + " (what this build reads)", version->dump());
+                         std::to_string(kCheckpointVersionWithoutChecksums) + " or " +
+                             std::to_string(kCheckpointVersion) + " (what this build reads)",
+                         version->dump());
   const ordered_json* step = field("step");
   if (!step || !step->is_number_integer() || step->get<int64_t>() < 0)
     return corrupt(path + ": step", "an integer >= 0", found(step));
   const ordered_json* trainer = field("trainer");
   if (!trainer || !trainer->is_object())
     return corrupt(path + ": trainer", "the trainer's JSON object", found(trainer));
+  if (*version == kCheckpointVersion) {
+    const ordered_json* sum = field("trainer_crc32c");
+    if (!sum || !sum->is_string()) return corrupt(path + ": trainer_crc32c", "8 hex digits", found(sum));
+    if (crc32c_hex(crc32c(trainer->dump())) != sum->get<std::string>())
+      return corrupt(path + ": trainer", "an object whose CRC-32C is " + found(sum) + " (trainer_crc32c)",
+                     "\"" + crc32c_hex(crc32c(trainer->dump())) + "\" (the file is damaged)");
+    ASPEN_RETURN_IF_ERROR(verify_files(dir, path, j));
+  } else {
+    ASPEN_LOG(warning) << path << ": a version " << kCheckpointVersionWithoutChecksums
+                       << " checkpoint has no checksums; its tensor data is not verified";
+  }
 
   Checkpoint c;
   c.step = step->get<int64_t>();
@@ -427,7 +442,13 @@ Status save_checkpoint(const std::string& root, const Checkpoint& c, int64_t kee
   if (c.step < 0) return Status::invalid_argument("save_checkpoint: step", "an integer >= 0", std::to_string(c.step));
   ASPEN_RETURN_IF_ERROR(check_tensors("weight", c.weights));
   ASPEN_RETURN_IF_ERROR(check_tensors("optimizer state", c.optimizer));
-  ASPEN_ASSIGN_OR_RETURN(const std::string trainer_text, trainer_file_text(c));
+  {  // trainer_json is checked before anything is written
+    const ordered_json t = ordered_json::parse(c.trainer_json, nullptr, /*allow_exceptions=*/false);
+    if (t.is_discarded())
+      return Status::invalid_argument("save_checkpoint: trainer_json", "a JSON object", "a parse error");
+    if (!t.is_object())
+      return Status::invalid_argument("save_checkpoint: trainer_json", "a JSON object", std::string("a JSON ") + t.type_name());
+  }
   const std::string name = checkpoint_dir_name(c.step);
   const std::string context = "save_checkpoint " + join(root, name);
 
@@ -443,7 +464,10 @@ Status save_checkpoint(const std::string& root, const Checkpoint& c, int64_t kee
 
   Status s = write_tensors(join(tmp, kModelFile), c.weights, c.step);
   if (s.is_ok()) s = write_tensors(join(tmp, kOptimizerFile), c.optimizer, c.step);
-  if (s.is_ok()) s = write_file_atomic(join(tmp, kTrainerFile), trainer_text);
+  if (s.is_ok()) {
+    Result<std::string> trainer_text = trainer_file_text(c, tmp);
+    s = trainer_text.is_ok() ? write_file_atomic(join(tmp, kTrainerFile), *trainer_text) : trainer_text.status();
+  }
   if (s.is_ok()) s = fsync_dir(tmp);
   if (s.is_ok()) s = install(root, name, tmp);
   if (!s.is_ok()) {

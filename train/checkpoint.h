@@ -51,7 +51,8 @@ struct Checkpoint {
 // Pinned (reaches disk): trainer.json's "format" and "version", the
 // safetensors metadata key holding the step, and the directory names.
 inline constexpr const char* kCheckpointFormat = "aspen-train-checkpoint";
-inline constexpr int kCheckpointVersion = 1;
+inline constexpr int kCheckpointVersion = 2;  // 2: trainer.json records each file's size and CRC-32C
+inline constexpr int kCheckpointVersionWithoutChecksums = 1;  // still read (with a warning)
 inline constexpr const char* kCheckpointStepMetadata = "aspen.step";
 
 // "step-00001200": at least 8 digits, so names sort by step up to 10^8.
@@ -68,9 +69,12 @@ std::string checkpoint_dir_name(int64_t step);
 [[nodiscard]] Status save_checkpoint(const std::string& root, const Checkpoint& c, int64_t keep = 2);
 
 // `path` is a root (the checkpoint `latest` names) or a step directory. Every
-// file is validated (the safetensors reader, trainer.json's format, version
-// and step, the step agreeing across the files and the directory's name);
-// errors name the file. A root without `latest` is NotFound naming it.
+// file is validated (each file's size and CRC-32C against those trainer.json
+// records, the trainer object's own CRC-32C, the safetensors reader,
+// trainer.json's format, version and step, the step agreeing across the files
+// and the directory's name); errors name the file. A damaged file is Corrupt:
+// nothing falls back to an older checkpoint by itself (load that one by its
+// step directory). A root without `latest` is NotFound naming it.
 Result<Checkpoint> load_checkpoint(const std::string& path);
 
 // The step directories under `root` (paths), oldest first.

@@ -18,6 +18,7 @@
 #include <functional>
 #include <random>
 #include <sstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "io/test_files.h"
@@ -29,6 +30,7 @@ namespace fs = std::filesystem;
 using io::test_files::read_bytes;
 using io::test_files::TempDir;
 using io::test_files::write_bytes;
+using ordered_json = nlohmann::ordered_json;
 
 
 
@@ -212,16 +214,49 @@ TEST(Checkpoint, DamagedFilesAreErrorsNamingTheFile) {
     ASSERT_EQ(s.message().rfind(dir + "/model.safetensors", 0), 0u) << s.message();
   }
   write_bytes(dir + "/model.safetensors", model.substr(0, model.size() / 2));
-  EXPECT_EQ(error().message().rfind(dir + "/model.safetensors: tensor 'transformer.wte.weight': data_offsets: expected "
-                                          "an end within the data section (",
-                                    0),
-            0u)
-      << error().message();
+  EXPECT_EQ(error().message(), dir + "/model.safetensors: expected " + std::to_string(model.size()) +
+                                   " bytes (per trainer.json), found " + std::to_string(model.size() / 2) +
+                                   " bytes (the file is damaged or was replaced)");
+  // One flipped bit in the tensor data (the last byte): the checksum names the file.
+  for (const char* f : {"/model.safetensors", "/optimizer.safetensors"}) {
+    restore();
+    std::string bytes = read_bytes(dir + f);
+    bytes.back() ^= 1;
+    write_bytes(dir + f, bytes);
+    const Status s = error();
+    EXPECT_EQ(s.code(), Code::kCorrupt);
+    EXPECT_EQ(s.message().rfind(dir + f + ": expected CRC-32C \"", 0), 0u) << s.message();
+    EXPECT_NE(s.message().find("(per trainer.json), found \""), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("(the file is damaged)"), std::string::npos) << s.message();
+  }
+  // Another step's file of the same size is caught too.
   restore();
   write_bytes(dir + "/optimizer.safetensors", read_bytes(root + "/step-00000001/optimizer.safetensors"));
-  EXPECT_EQ(error().message(), dir +
-                                   "/optimizer.safetensors: metadata 'aspen.step': expected \"2\" (trainer.json's "
-                                   "step), found \"1\"");
+  EXPECT_EQ(error().message().rfind(dir + "/optimizer.safetensors: expected CRC-32C", 0), 0u) << error().message();
+  // A digit changed inside the trainer object (a loss scale, a data position): its own checksum.
+  restore();
+  {
+    std::string text = read_bytes(dir + "/trainer.json");
+    const size_t at = text.find("0.00025");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 7, "0.00026");
+    write_bytes(dir + "/trainer.json", text);
+    EXPECT_EQ(error().message().rfind(dir + "/trainer.json: trainer: expected an object whose CRC-32C is \"", 0), 0u)
+        << error().message();
+  }
+  // A version-1 checkpoint (before checksums) still loads.
+  restore();
+  {
+    ordered_json j = ordered_json::parse(read_bytes(dir + "/trainer.json"));
+    j["version"] = 1;
+    j.erase("files");
+    j.erase("trainer_crc32c");
+    write_bytes(dir + "/trainer.json", j.dump());
+    Result<Checkpoint> old = load_checkpoint(root);
+    ASSERT_TRUE(old.is_ok()) << old.status().to_string();
+    EXPECT_EQ(old->step, 2);
+  }
+  restore();
   fs::remove(dir + "/optimizer.safetensors");
   EXPECT_EQ(error().message(),
             dir + "/optimizer.safetensors: expected a readable file, found No such file or directory");
@@ -244,8 +279,8 @@ TEST(Checkpoint, DamagedFilesAreErrorsNamingTheFile) {
   EXPECT_EQ(trainer_error("[]"), t + ": expected a JSON object, found a JSON array");
   EXPECT_EQ(trainer_error(R"({"format": "other"})"),
             t + ": format: expected \"aspen-train-checkpoint\", found \"other\"");
-  EXPECT_EQ(trainer_error(R"({"format": "aspen-train-checkpoint", "version": 2})"),
-            t + ": version: expected 1 (what this build reads), found 2");
+  EXPECT_EQ(trainer_error(R"({"format": "aspen-train-checkpoint", "version": 3})"),
+            t + ": version: expected 1 or 2 (what this build reads), found 3");
   EXPECT_EQ(trainer_error(R"({"format": "aspen-train-checkpoint", "version": 1, "step": -2})"),
             t + ": step: expected an integer >= 0, found -2");
   EXPECT_EQ(trainer_error(R"({"format": "aspen-train-checkpoint", "version": 1, "step": 2, "trainer": 5})"),

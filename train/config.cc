@@ -1,6 +1,7 @@
 // train/config.cc: the config schema (one list of keys), the YAML reader, the
 // overrides and the writer.
 #include "train/config.h"
+#include "core/file.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -470,14 +471,7 @@ Status validate_at(const TrainConfig& c, const Source& src) {
   return std::move(s).with_context(it != src.lines.end() ? src.where(it->second) : src.origin);
 }
 
-Result<std::string> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status::error(Code::kNotFound, path, "a readable file", std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) return Status::error(Code::kIoError, path, "a file that can be read to the end", "a read error");
-  return ss.str();
-}
+Result<std::string> read_file(const std::string& path) { return read_regular_file(path, kMaxTextFileBytes); }
 
 // ---- writing -----------------------------------------------------------------------
 
@@ -678,6 +672,14 @@ Status apply_override(TrainConfig& c, std::string_view assignment) {
   ASPEN_RETURN_IF_ERROR(read_entry(updated, section, key, 1, value, src));
   c = std::move(updated);
   return Status::ok();
+}
+
+std::vector<std::pair<std::string, std::string>> config_entries(const TrainConfig& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for_each_key(c, [&](std::string_view section, std::string_view key, const auto& v, const Rule&) {
+    out.emplace_back((section.empty() ? std::string() : std::string(section) + ".") + std::string(key), yaml_value(v));
+  });
+  return out;
 }
 
 std::string to_yaml(const TrainConfig& c) {

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -181,5 +182,8 @@ Result<TrainConfig> load_train_config(const std::string& path);
 
 // The config as YAML with every key, in the order of the structs above.
 std::string to_yaml(const TrainConfig& c);
+
+// Every key with its value as YAML text, in the same order: {"train.seed", "1"}.
+std::vector<std::pair<std::string, std::string>> config_entries(const TrainConfig& c);
 
 }  // namespace aspen::train

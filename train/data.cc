@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/file.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/philox.h"
@@ -27,9 +28,6 @@ using json = nlohmann::ordered_json;
 
 std::string sq(const std::string& s) { return "'" + s + "'"; }
 
-Status io_error(const std::string& subject, const std::string& expected, int err) {
-  return Status::error(Code::kIoError, subject, expected, std::strerror(err));
-}
 Status corrupt(const std::string& subject, const std::string& expected, const std::string& found) {
   return Status::error(Code::kCorrupt, subject, expected, found);
 }
@@ -52,13 +50,12 @@ T get_le(const unsigned char* p) {
   return static_cast<T>(v);
 }
 
-Result<std::string> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status::error(Code::kNotFound, path, "a readable file", std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) return Status::error(Code::kIoError, path, "a file that can be read to the end", "a read error");
-  return ss.str();
+// An input corpus is read whole into memory; beyond this, split it into several files.
+constexpr uint64_t kMaxInputBytes = uint64_t(16) << 30;
+
+// Index and tokenizer files are small; an input corpus may be large, but is read whole.
+Result<std::string> read_file(const std::string& path, uint64_t max_bytes = kMaxTextFileBytes) {
+  return read_regular_file(path, max_bytes);
 }
 
 uint64_t fnv1a64(std::string_view bytes, uint64_t h = 0xcbf29ce484222325ull) {
@@ -234,7 +231,7 @@ Result<PrepareStats> prepare_token_shards(const io::Tokenizer& tokenizer, const 
     return writer.add_document(ids);
   };
   for (const std::string& path : options.inputs) {
-    ASPEN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+    ASPEN_ASSIGN_OR_RETURN(std::string text, read_file(path, kMaxInputBytes));
     writer.add_input({path, int64_t(text.size()), fnv1a64_hex(text)});
     stats.input_bytes += int64_t(text.size());
     if (!options.split_lines) {
@@ -350,14 +347,15 @@ Result<TokenIndex> read_token_index(const std::string& dir) {
 
 // ---------------------------------------------------------------- dataset
 
+// NOTE [token shards are read, not mapped]: a mapped shard that is truncated
+// while training (another job rewriting the dataset, a full disk) kills the
+// process with SIGBUS at the next access, with no message and no checkpoint.
+// Shards are read with pread into each batch instead: a short read is a Corrupt
+// error naming the shard, and the trainer saves the last finished step. A
+// batch is a few thousand tokens; the copy costs nothing beside a step.
 struct TokenDataset::Mapping {
-  std::string path;
-  void* map = nullptr;
-  size_t size = 0;
-  const unsigned char* tokens = nullptr;  // first byte after the header
-  ~Mapping() {
-    if (map) munmap(map, size);
-  }
+  InputFile file;
+  const std::string& path() const { return file.path(); }
 };
 
 TokenDataset::TokenDataset() = default;
@@ -372,43 +370,29 @@ Result<TokenDataset> TokenDataset::open(const std::string& dir) {
   const size_t width = size_t(d.index_.dtype);
   int64_t start = 0;
   for (const ShardInfo& s : d.index_.shards) {
-    auto m = std::make_unique<Mapping>();
-    m->path = join_path(dir, s.name);
-    int fd = ::open(m->path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return io_error(m->path, "a readable shard named by index.json", errno);
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-      int err = errno;
-      ::close(fd);
-      return io_error(m->path, "a file whose size can be read", err);
-    }
-    const uint64_t size = uint64_t(st.st_size);
+    const std::string path = join_path(dir, s.name);
+    ASPEN_ASSIGN_OR_RETURN(InputFile file, InputFile::open(path, kMaxBinaryFileBytes));
+    auto m = std::make_unique<Mapping>(Mapping{std::move(file)});
+    const uint64_t size = m->file.size();
     const uint64_t want = kTokenShardHeaderBytes + uint64_t(s.tokens) * width;
     if (size != want) {
-      ::close(fd);
-      return corrupt(m->path,
+      return corrupt(path,
                      std::to_string(want) + " bytes (a " + std::to_string(kTokenShardHeaderBytes) + "-byte header + " +
                          std::to_string(s.tokens) + " " + token_dtype_name(d.index_.dtype) + " tokens, per index.json)",
                      std::to_string(size) + " bytes" + (size < want ? " (truncated?)" : ""));
     }
-    void* p = mmap(nullptr, size_t(size), PROT_READ, MAP_PRIVATE, fd, 0);
-    int map_err = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) return io_error(m->path, "a file that can be memory-mapped", map_err);
-    m->map = p;
-    m->size = size_t(size);
-    const auto* b = static_cast<const unsigned char*>(p);
+    unsigned char b[kTokenShardHeaderBytes];
+    ASPEN_RETURN_IF_ERROR(m->file.pread_exact(0, b, kTokenShardHeaderBytes));
     if (std::memcmp(b, kTokenShardMagic, 8) != 0)
-      return corrupt(m->path, "magic \"ASPNTOK1\"", "other bytes (not an aspen token shard)");
+      return corrupt(path, "magic \"ASPNTOK1\"", "other bytes (not an aspen token shard)");
     if (uint32_t v = get_le<uint32_t>(b + 8); v != kTokenShardVersion)
-      return corrupt(m->path, "shard version " + std::to_string(kTokenShardVersion), "version " + std::to_string(v));
+      return corrupt(path, "shard version " + std::to_string(kTokenShardVersion), "version " + std::to_string(v));
     if (uint32_t t = get_le<uint32_t>(b + 12); t != uint32_t(d.index_.dtype))
-      return corrupt(m->path,
+      return corrupt(path,
                      "token width " + std::to_string(width) + " (" + token_dtype_name(d.index_.dtype) + ", per index.json)",
                      "width " + std::to_string(t));
     if (uint64_t c = get_le<uint64_t>(b + 16); c != uint64_t(s.tokens))
-      return corrupt(m->path, std::to_string(s.tokens) + " tokens in the header (per index.json)", std::to_string(c));
-    m->tokens = b + kTokenShardHeaderBytes;
+      return corrupt(path, std::to_string(s.tokens) + " tokens in the header (per index.json)", std::to_string(c));
     d.starts_.push_back(start);
     start += s.tokens;
     d.maps_.push_back(std::move(m));
@@ -426,17 +410,22 @@ Status TokenDataset::read(int64_t begin, std::span<int32_t> out) const {
   // The shard holding `begin`: the last start <= begin among non-empty shards.
   size_t s = size_t(std::upper_bound(starts_.begin(), starts_.end() - 1, begin) - starts_.begin()) - 1;
   const bool wide = index_.dtype == TokenDType::u32;
+  const size_t width = wide ? 4 : 2;
+  thread_local std::vector<unsigned char> bytes;
   int64_t done = 0;
   while (done < n) {
     while (starts_[s + 1] <= begin + done) ++s;  // skip exhausted and empty shards
     const Mapping& m = *maps_[s];
     const int64_t off = begin + done - starts_[s];
     const int64_t take = std::min(n - done, starts_[s + 1] - starts_[s] - off);
+    bytes.resize(size_t(take) * width);
+    ASPEN_RETURN_IF_ERROR(
+        m.file.pread_exact(kTokenShardHeaderBytes + uint64_t(off) * width, bytes.data(), uint64_t(bytes.size())));
     for (int64_t i = 0; i < take; ++i) {
-      const unsigned char* p = m.tokens + size_t(off + i) * (wide ? 4 : 2);
+      const unsigned char* p = bytes.data() + size_t(i) * width;
       const uint32_t id = wide ? get_le<uint32_t>(p) : uint32_t(get_le<uint16_t>(p));
       if (id >= uint64_t(index_.vocab_size))
-        return corrupt(m.path + ": token " + std::to_string(off + i),
+        return corrupt(m.path() + ": token " + std::to_string(off + i),
                        "an id below vocab_size " + std::to_string(index_.vocab_size), std::to_string(id));
       out[size_t(done + i)] = int32_t(id);
     }

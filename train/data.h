@@ -10,8 +10,10 @@
 // last, so a directory with an index has all its shards. The byte format is in
 // docs/formats.md ("Token shards").
 //
-// Reading: TokenDataset memory-maps the shards named by an index and checks
-// each against it (header, dtype, count, file size) before open() returns.
+// Reading: TokenDataset opens the shards named by an index and checks each
+// against it (header, dtype, count, file size) before open() returns; it
+// reads them with pread, not a mapping, so a shard truncated while training
+// is a Corrupt error naming it, not a SIGBUS (NOTE in data.cc).
 // DataLoader treats the concatenated shards as one token stream and cuts
 // examples of seq + 1 tokens at stride seq (example i covers tokens
 // [i*seq, i*seq + seq]; inputs are the first seq, targets the last seq), with
@@ -161,7 +163,7 @@ Result<PrepareStats> prepare_token_shards(const io::Tokenizer& tokenizer, const 
 // Reads and validates `dir`/index.json (Corrupt naming the file and the key).
 Result<TokenIndex> read_token_index(const std::string& dir);
 
-// The shards of a dataset directory, memory-mapped, as one token stream.
+// The shards of a dataset directory, as one token stream.
 class TokenDataset {
  public:
   // Reads the index and maps every shard; a shard whose header, dtype, count

@@ -1,6 +1,8 @@
 // train/report.cc: the progress bar, the metrics log and the loss SVG.
 #include "train/report.h"
 
+#include <sys/ioctl.h>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,10 +12,12 @@
 #include <cstdarg>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/file.h"
 #include "core/atomic_file.h"
 
 namespace aspen::train {
@@ -21,7 +25,7 @@ namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
-constexpr size_t kMaxLine = 79;  // fits an 80-column terminal without wrapping
+constexpr size_t kDefaultColumns = 80;  // when the terminal does not say
 constexpr size_t kMaxBar = 30, kMinBar = 10;
 constexpr double kRedrawSeconds = 0.1;
 
@@ -91,7 +95,18 @@ double Progress::steady_seconds() {
 Progress::Progress(int64_t total_steps, ProgressMode mode, std::ostream& out, Clock clock, int64_t start_step)
     : total_(total_steps), start_step_(start_step), mode_(mode), out_(out), clock_(std::move(clock)) {
   if (mode_ == ProgressMode::kAuto) mode_ = ::isatty(2) ? ProgressMode::kBar : ProgressMode::kLines;
+  columns_ = &out == &std::cerr ? terminal_columns() : kDefaultColumns;  // a stream of a test: 80
   t0_ = clock_();
+}
+
+size_t Progress::terminal_columns() {
+  struct winsize ws {};
+  if (::ioctl(2, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  if (const char* c = std::getenv("COLUMNS")) {
+    const long n = std::strtol(c, nullptr, 10);
+    if (n > 0 && n < 100000) return size_t(n);
+  }
+  return kDefaultColumns;
 }
 
 Progress::~Progress() { finish(); }
@@ -109,20 +124,28 @@ std::string Progress::format_line(int64_t step, double loss, double tokens_per_s
                          : -1;  // "--"
   std::string tail = step_text + "/" + total + "  loss " + to_text("%.3f", loss) + "  " +
                      (tokens_per_s >= 0 ? format_si(tokens_per_s) : "--") + " tok/s  ETA " + format_duration(eta);
+  const size_t base = tail.size();  // without `extra`, which is cut first
   if (!extra.empty()) tail += "  " + std::string(extra);
 
+  // A bar line must stay shorter than the terminal: one that wraps is redrawn
+  // from its last row, and every redraw then adds rows.
+  const size_t max_line = std::max<size_t>(columns_, 2) - 1;
   std::string line;
   if (mode_ == ProgressMode::kBar) {
-    const size_t room = kMaxLine > tail.size() + 3 ? kMaxLine - tail.size() - 3 : 0;  // "[" bar "] "
-    const size_t width = std::clamp(room, kMinBar, kMaxBar);
-    const double frac =
-        total_ > 0 ? std::clamp(static_cast<double>(step) / static_cast<double>(total_), 0.0, 1.0) : 1.0;
-    const auto filled = static_cast<size_t>(frac * static_cast<double>(width));
-    line = "[" + std::string(filled, '#') + std::string(width - filled, '-') + "] " + tail;
+    const size_t room = max_line > tail.size() + 3 ? max_line - tail.size() - 3 : 0;  // "[" bar "] "
+    if (max_line >= base + 3 + kMinBar) {
+      const size_t width = std::clamp(room, kMinBar, kMaxBar);
+      const double frac =
+          total_ > 0 ? std::clamp(static_cast<double>(step) / static_cast<double>(total_), 0.0, 1.0) : 1.0;
+      const auto filled = static_cast<size_t>(frac * static_cast<double>(width));
+      line = "[" + std::string(filled, '#') + std::string(width - filled, '-') + "] " + tail;
+    } else {
+      line = tail;  // too narrow for a bar
+    }
+    if (line.size() > max_line) line.resize(max_line);
   } else {
-    line = "step " + tail;
+    line = "step " + tail;  // lines may wrap: each is printed once
   }
-  if (line.size() > kMaxLine) line.resize(kMaxLine);  // only a long `extra` gets here
   return line;
 }
 
@@ -185,14 +208,7 @@ void Progress::finish() {
 
 namespace {
 
-Result<std::string> read_whole(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status::error(Code::kNotFound, path, "a readable file", std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) return Status::error(Code::kIoError, path, "a file that can be read to the end", "a read error");
-  return ss.str();
-}
+Result<std::string> read_whole(const std::string& path) { return read_regular_file(path, kMaxBinaryFileBytes); }
 
 // One metrics line as read back, with the text it came from.
 struct Line {

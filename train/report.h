@@ -66,6 +66,10 @@ class Progress {
   ~Progress();  // finish()
 
   ProgressMode mode() const { return mode_; }  // never kAuto
+  // The terminal's width (stderr's, else $COLUMNS, else 80); a bar line is
+  // kept one shorter so that it never wraps. set_columns: tests, resizes.
+  static size_t terminal_columns();
+  void set_columns(size_t columns) { columns_ = columns; }
 
   // `step` steps are done; `loss` and `tokens_per_s` are the latest ones
   // (NaN, or a negative rate, is shown as "--"); `extra` ("lr 3.0e-04") goes
@@ -89,6 +93,7 @@ class Progress {
   std::ostream& out_;
   Clock clock_;
   double t0_, last_draw_ = -1e300;
+  size_t columns_ = 80;
   size_t drawn_ = 0;  // characters of the bar now on the terminal's line; 0: none
   bool have_state_ = false, dirty_ = false, finished_ = false;  // dirty_: the state has not been drawn
   int64_t step_ = 0;

@@ -124,6 +124,28 @@ TEST(Progress, BarAlwaysDrawsTheLastStepAndFitsEightyColumns) {
   EXPECT_EQ(line.substr(0, 12), "[##########]");
 }
 
+// A bar that wraps is redrawn from its last row, adding rows at every redraw
+// (a 60-column terminal once showed 42 lines): every line fits the width.
+TEST(Progress, BarFitsNarrowTerminals) {
+  double now = 0;
+  std::ostringstream out;
+  Progress p(100000, ProgressMode::kBar, out, [&] { return now; });
+  for (size_t columns : {size_t(120), size_t(80), size_t(60), size_t(40), size_t(20), size_t(1)}) {
+    p.set_columns(columns);
+    const std::string line = p.format_line(5000, 3.25, 12345, "lr 3.00e-04");
+    EXPECT_LE(line.size(), std::max<size_t>(columns, 2) - 1) << columns;
+    EXPECT_EQ(line.find('\n'), std::string::npos);
+  }
+  p.set_columns(60);
+  const std::string narrow = p.format_line(5000, 3.25, 12345, "lr 3.00e-04");
+  EXPECT_EQ(narrow.substr(0, 12), "[----------]");  // the bar at its narrowest; the extra cut
+  EXPECT_EQ(narrow.size(), 59u);
+  p.set_columns(40);
+  EXPECT_EQ(p.format_line(5000, 3.25, 12345, "lr 3.00e-04"), "  5000/100000  loss 3.250  12.3k tok/s ");  // no bar
+  p.set_columns(120);
+  EXPECT_EQ(p.format_line(5000, 3.25, 12345, "lr").substr(0, 33), "[#" + std::string(29, '-') + "] ");
+}
+
 TEST(Progress, LinesPrintEveryUpdate) {
   double now = 0;
   std::ostringstream out;

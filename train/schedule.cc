@@ -1,6 +1,8 @@
 #include "train/schedule.h"
 
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <numbers>
 
 namespace aspen::train {
@@ -64,6 +66,41 @@ Status LossScaleOptions::validate() const {
 LossScaler::LossScaler(const LossScaleOptions& o) : o_(o) {
   scale_ = o.mode == LossScaling::none ? 1.0 : o.initial_scale;
   hysteresis_left_ = o.hysteresis;
+}
+
+Status LossScaler::check_state(const State& s, int64_t step) const {
+  auto bad = [](const std::string& field, const std::string& expected, const std::string& found) {
+    return Status::error(Code::kCorrupt, field, expected, found,
+                         "the checkpoint is damaged, or was written with other precision.loss_scaling settings");
+  };
+  auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return std::string(buf);
+  };
+  switch (o_.mode) {
+    case LossScaling::none:
+      if (s.scale != 1.0) return bad("scale", "1 (precision.loss_scaling is none)", num(s.scale));
+      break;
+    case LossScaling::static_scale:
+      if (s.scale != o_.initial_scale)
+        return bad("scale", num(o_.initial_scale) + " (precision.loss_scaling static, precision.loss_scale)",
+                   num(s.scale));
+      break;
+    case LossScaling::dynamic:
+      if (!std::isfinite(s.scale) || s.scale < 1.0 / 65536.0 || s.scale > 0x1p64)
+        return bad("scale", "a finite scale in [2^-16, 2^64] (dynamic loss scaling)", num(s.scale));
+      if (s.good_steps < 0 || s.good_steps >= o_.growth_interval)
+        return bad("good_steps", "in [0, " + std::to_string(o_.growth_interval) + ") (precision.growth_interval)",
+                   std::to_string(s.good_steps));
+      if (s.hysteresis_left < 1 || s.hysteresis_left > o_.hysteresis)
+        return bad("hysteresis_left", "in [1, " + std::to_string(o_.hysteresis) + "] (precision.hysteresis)",
+                   std::to_string(s.hysteresis_left));
+      break;
+  }
+  if (s.skipped < 0 || s.skipped > step)
+    return bad("skipped", "in [0, " + std::to_string(step) + "] (the steps done)", std::to_string(s.skipped));
+  return Status::ok();
 }
 
 bool LossScaler::update(bool finite) {

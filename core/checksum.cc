@@ -1,0 +1,90 @@
+#include "core/checksum.h"
+
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "core/file.h"
+
+namespace aspen {
+
+namespace {
+
+constexpr uint32_t kPoly = 0x82f63b78u;  // CRC-32C, reflected
+
+constexpr std::array<uint32_t, 256> make_table() {
+  std::array<uint32_t, 256> t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (kPoly & (0u - (c & 1u)));
+    t[i] = c;
+  }
+  return t;
+}
+constexpr std::array<uint32_t, 256> kTable = make_table();
+
+uint32_t crc_table(const unsigned char* p, size_t n, uint32_t c) {
+  for (size_t i = 0; i < n; ++i) c = kTable[(c ^ p[i]) & 0xffu] ^ (c >> 8);
+  return c;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t crc_sse42(const unsigned char* p, size_t n, uint32_t c) {
+  uint64_t c64 = c;
+  while (n >= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    c64 = __builtin_ia32_crc32di(c64, v);
+    p += 8;
+    n -= 8;
+  }
+  uint32_t c32 = uint32_t(c64);
+  while (n > 0) {
+    c32 = __builtin_ia32_crc32qi(c32, *p++);
+    --n;
+  }
+  return c32;
+}
+bool have_sse42() {
+  static const bool yes = __builtin_cpu_supports("sse4.2");
+  return yes;
+}
+#endif
+
+}  // namespace
+
+uint32_t crc32c(std::string_view bytes, uint32_t crc) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  uint32_t c = ~crc;
+#if defined(__x86_64__)
+  if (have_sse42()) return ~crc_sse42(p, bytes.size(), c);
+#endif
+  return ~crc_table(p, bytes.size(), c);
+}
+
+Result<FileDigest> digest_file(const std::string& path) {
+  ASPEN_ASSIGN_OR_RETURN(const InputFile f, InputFile::open(path, kMaxBinaryFileBytes));
+  FileDigest d;
+  std::vector<char> buf(size_t(4) << 20);
+  for (;;) {
+    const ssize_t r = ::read(f.fd(), buf.data(), buf.size());
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::error(Code::kIoError, path, "a readable file", std::strerror(errno));
+    if (r == 0) break;
+    d.crc32c = crc32c(std::string_view(buf.data(), size_t(r)), d.crc32c);
+    d.bytes += uint64_t(r);
+  }
+  return d;
+}
+
+std::string crc32c_hex(uint32_t crc) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s(8, '0');
+  for (int i = 7; i >= 0; --i, crc >>= 4) s[size_t(i)] = kDigits[crc & 15];
+  return s;
+}
+
+}  // namespace aspen

@@ -1,0 +1,37 @@
+// core/checksum.h: CRC-32C (Castagnoli), the checksum of checkpoint files.
+//
+//   uint32_t c = crc32c(bytes);                 // one buffer
+//   c = crc32c(more, c);                        // continued over several
+//   ASPEN_ASSIGN_OR_RETURN(FileDigest d, digest_file(path));
+//
+// Why CRC-32C: it detects every burst of up to 32 flipped bits and any odd
+// number of flipped bits, which is what disks and copies do to files; x86's
+// SSE4.2 computes it at several GB/s (used when the CPU has it, else a table),
+// so checking a checkpoint costs little beside reading it. It is not a defence
+// against someone forging a file. The same polynomial as iSCSI, ext4 and
+// LevelDB: crc32c("123456789") = 0xe3069283.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+
+namespace aspen {
+
+uint32_t crc32c(std::string_view bytes, uint32_t crc = 0);
+
+struct FileDigest {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+// The size and CRC-32C of a whole regular file (core/file.h's rules for opening it).
+Result<FileDigest> digest_file(const std::string& path);
+
+// "e3069283": 8 lowercase hex digits, as checkpoints record it.
+std::string crc32c_hex(uint32_t crc);
+
+}  // namespace aspen
