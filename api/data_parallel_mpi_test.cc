@@ -10,7 +10,12 @@
 #include <unistd.h>
 #include <iostream>
 
+#include <filesystem>
+#include <sstream>
+
+#include "api/trainer.h"
 #include "api/training_testing.h"
+#include "train/demo.h"
 #include "parallel/mpi/mpi_communicator.h"
 
 namespace aspen::api {
@@ -197,6 +202,58 @@ TEST(DataParallelMpi, MismatchedOptionsAreCaughtAtStartUp) {
   EXPECT_NE(m.status().to_string().find("training model (programs, options and schedule)"), std::string::npos)
       << m.status().to_string();
   EXPECT_NE(m.status().to_string().find("differs"), std::string::npos) << m.status().to_string();
+}
+
+// The training job's start-up agreement: a process started with another seed
+// or another data.train is refused on every rank, naming the key, before any
+// compute (it used to run to the end and record the seed of process 0).
+TEST(TrainerMpi, ProcessesThatDisagreeAreRefusedNamingTheKey) {
+  const std::string dir = "/tmp/aspen_mpi_trainer_" + std::to_string(getppid());  // one folder for the job's ranks
+  if (parallel::mpi_world_rank() == 0) {
+    ASSERT_TRUE(train::write_byte_tokenizer(dir + "/tok").is_ok());
+    ASSERT_TRUE(train::write_addition_shards(train::make_addition_task(0), 1, dir + "/data", dir + "/tok").is_ok());
+  }
+  auto world = parallel::MpiCommunicator::world();
+  ASSERT_TRUE(world.is_ok());
+  float one = 1;
+  ASSERT_TRUE((*world)->all_reduce(std::span<float>(&one, 1)).is_ok());  // the data is written
+  train::TrainConfig c;
+  c.name = "agree";
+  c.model.n_layer = 1, c.model.n_head = 2, c.model.d_model = 16, c.model.n_positions = 16;
+  c.data.train = dir + "/data";
+  c.data.seq = 8;
+  c.batch.replicas = parallel::mpi_world_size();
+  c.train.steps = 2;
+  c.train.threads = 1;
+  c.schedule.warmup_steps = 0;
+  c.log.run_dir = dir + "/run";
+  c.log.progress = "off";
+  auto expect_refused = [&](train::TrainConfig cfg, const std::string& key) {
+    std::ostringstream sink;
+    auto t = Trainer::create(cfg, {.out = &sink, .mpi = true});
+    ASSERT_FALSE(t.is_ok()) << key;
+    EXPECT_EQ(t.status().subject().rfind("config key '" + key + "' on process " +
+                                             std::to_string(parallel::mpi_world_rank()), 0), 0u)
+        << t.status().to_string();
+    EXPECT_NE(t.status().found().find("differs"), std::string::npos) << t.status().to_string();
+  };
+  train::TrainConfig seeded = c;
+  if (parallel::mpi_world_rank() == 1) seeded.train.seed = 7;
+  expect_refused(seeded, "train.seed");
+  train::TrainConfig other_data = c;
+  if (parallel::mpi_world_rank() == 1) other_data.data.train = dir + "/elsewhere";
+  expect_refused(other_data, "data.train");
+  // The same config on every rank (threads and the run directory may differ) trains.
+  train::TrainConfig same = c;
+  if (parallel::mpi_world_rank() == 1) same.train.threads = 2;
+  std::ostringstream sink;
+  auto t = Trainer::create(same, {.out = &sink, .mpi = true});
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  auto r = (*t)->run();
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  t->reset();
+  ASSERT_TRUE((*world)->all_reduce(std::span<float>(&one, 1)).is_ok());
+  if (parallel::mpi_world_rank() == 0) std::filesystem::remove_all(dir);
 }
 
 // --- A model across processes (Options::model_across_processes): one

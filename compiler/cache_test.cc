@@ -1,6 +1,7 @@
 #include "compiler/cache.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -183,6 +184,27 @@ TEST(Cache, ForeignEntryUnderAnotherKeyIsRebuilt) {
             std::string::npos)
       << warnings[0];
   set_log_sink(std::move(old));
+  std::filesystem::remove_all(dir);
+}
+
+// A FIFO (or a device) where an entry belongs would block the read forever: it is refused at once, the
+// entry rebuilt and written in its place.
+TEST(Cache, SpecialFileAsEntryIsRebuiltWithoutBlocking) {
+  const std::string dir = temp_dir("fifo");
+  std::filesystem::create_directories(dir);
+  ExecutableCache cache(dir);
+  Graph g = sample_graph();
+  const std::string path = cache.entry_path(ExecutableCache::key(g, {}));
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  std::vector<std::string> warnings;
+  LogSink old = set_log_sink([&](LogLevel, const std::string& m) { warnings.push_back(m); });
+  bool hit = true;
+  ASSERT_TRUE(cache.compile(g, {}, &hit).is_ok());
+  set_log_sink(std::move(old));
+  EXPECT_FALSE(hit);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("expected a regular file, found a FIFO (named pipe)"), std::string::npos) << warnings[0];
+  EXPECT_TRUE(std::filesystem::is_regular_file(path));
   std::filesystem::remove_all(dir);
 }
 

@@ -57,6 +57,14 @@ expect 1 "$tmp/in: expected a regular file, found a directory" -- \
   "$aspen" prepare-data --tokenizer "$src/io/testdata/bpe1k" --input "$tmp/in" --output "$tmp/out"
 [ -e "$tmp/out/index.json" ] && { echo "FAIL: prepare-data wrote a dataset from a directory"; failures=$((failures + 1)); }
 
+# /dev/zero as an input would be read until memory runs out: refused at once.
+expect 1 "/dev/zero: expected a regular file, found a character device" -- \
+  "$aspen" prepare-data --tokenizer "$src/io/testdata/bpe1k" --input /dev/zero --output "$tmp/zero"
+
+# A warm-up longer than the run is clamped, with a warning naming the key.
+expect 0 "aspen: warning: schedule.warmup_steps (50) is more than train.steps (4); warming up over all 4 steps" -- \
+  "$aspen" train --demo --run-dir "$tmp/demo" --steps 4 --threads 1 --set schedule.warmup_steps=50
+
 # --set takes one value: the config after it is the positional, wherever it stands.
 printf 'name: cli\ndata:\n  train: %s/no-data\n' "$tmp" > "$tmp/c.yaml"
 expect 1 "$tmp/no-data" -- "$aspen" train --set optimizer.lr=1e-3 "$tmp/c.yaml"
