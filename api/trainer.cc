@@ -64,8 +64,14 @@ Status build_forward(graph::Graph& g, const models::ModelConfig& mc, int64_t bat
 
 // Before a graph is built: the weights, their gradients and the optimizer's
 // state (AdamW and LAMB: two moments; SGD: momentum) must fit in memory.
-Status check_training_memory(const models::ModelConfig& mc, const train::TrainConfig& c) {
-  const double per = c.optimizer.name == "sgd" ? 12.0 : 16.0;  // f32 weight + gradient + state
+// `model_devices` is how many processes share the model (stages x shards
+// when the model spans processes, else 1) and `local` the replicas in this
+// process: each holds the whole f32 weights once (loaded, then copied out),
+// its share of weights, gradients and state, and a gradient per extra replica.
+Status check_training_memory(const models::ModelConfig& mc, const train::TrainConfig& c, int64_t model_devices,
+                             int64_t local) {
+  const double state = c.optimizer.name == "sgd" ? 12.0 : 16.0;  // f32 weight + gradient + optimizer state
+  const double per = (model_devices > 1 ? 4.0 + state / double(model_devices) : state) + 4.0 * double(local - 1);
   return models::check_fits_memory("config: model", models::min_parameter_count(mc), per,
                                    "training (f32 weights, gradients and " + c.optimizer.name + " state)");
 }
@@ -115,9 +121,13 @@ Status remove_earlier_run(const std::string& run_dir, const std::string& checkpo
     fs::remove_all(run_dir + "/" + f, ec);
     if (ec) return Status::error(Code::kIoError, run_dir + "/" + f, "an earlier run's file that can be removed", ec.message());
   }
-  if (auto steps = train::list_checkpoints(checkpoint_dir); steps.is_ok())
-    for (const std::string& s : *steps) fs::remove_all(s, ec);
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<std::string> steps, train::list_checkpoints(checkpoint_dir));
+  for (const std::string& s : steps) {
+    fs::remove_all(s, ec);
+    if (ec) return Status::error(Code::kIoError, s, "an earlier run's checkpoint that can be removed", ec.message());
+  }
   fs::remove(checkpoint_dir + "/latest", ec);
+  if (ec) return Status::error(Code::kIoError, checkpoint_dir + "/latest", "a file that can be removed", ec.message());
   return Status::ok();
 }
 
@@ -158,7 +168,13 @@ Status Trainer::claim_directories() {
   } else {
     ASPEN_ASSIGN_OR_RETURN(run_lock_, lock_run_directory(run_dir_));
   }
-  const fs::path run = fs::weakly_canonical(run_dir_), ckpt = fs::weakly_canonical(checkpoint_dir_);
+  std::error_code ec;
+  const fs::path run = fs::weakly_canonical(run_dir_, ec);
+  if (ec) return Status::error(Code::kIoError, "run directory '" + run_dir_ + "'", "a path that can be resolved", ec.message());
+  const fs::path ckpt = fs::weakly_canonical(checkpoint_dir_, ec);
+  if (ec)
+    return Status::error(Code::kIoError, "checkpoint directory (checkpoint.dir) '" + checkpoint_dir_ + "'",
+                         "a path that can be resolved", ec.message());
   const bool inside = std::mismatch(run.begin(), run.end(), ckpt.begin(), ckpt.end()).first == run.end();
   if (!inside) {
     ASPEN_ASSIGN_OR_RETURN(DirectoryLock lock, DirectoryLock::acquire(checkpoint_dir_, "checkpoint directory (checkpoint.dir)"));
@@ -172,8 +188,7 @@ Status Trainer::claim_directories() {
                              "a new or empty run directory", "an earlier run's files: " + held,
                              "--resume continues that run, --overwrite deletes it and starts again, --run-dir DIR "
                              "(or log.run_dir) starts elsewhere");
-      out() << "replacing the earlier run in " << run_dir_ << " (" << held << ")\n";
-      ASPEN_RETURN_IF_ERROR(remove_earlier_run(run_dir_, checkpoint_dir_));
+      replace_ = held;  // deleted at the end of create(), once the new run is known to start
     }
   }
   // Every output directory before step 1, not at the first save.
@@ -248,7 +263,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
 
   t->run_dir_ = c.log.run_dir.empty() ? "runs/" + c.name : c.log.run_dir;
   t->checkpoint_dir_ = c.checkpoint.dir.empty() ? t->run_dir_ + "/checkpoints" : c.checkpoint.dir;
-  if (t->writer_) ASPEN_RETURN_IF_ERROR(t->claim_directories());
+  if (t->writer_) {
+    const Status claimed = t->claim_directories();
+    if (t->world_) {  // the others learn of a refusal here rather than waiting for process 0 in a collective
+      float ok = claimed.is_ok() ? 1.0f : 0.0f;
+      ASPEN_RETURN_IF_ERROR(t->world_->broadcast(&ok, 1, DType::f32, 0));
+    }
+    ASPEN_RETURN_IF_ERROR(claimed);
+  } else if (t->world_) {
+    float ok = 0.0f;
+    ASPEN_RETURN_IF_ERROR(t->world_->broadcast(&ok, 1, DType::f32, 0));
+    if (ok != 1.0f)
+      return Status::error(Code::kFailedPrecondition, "run directory '" + t->run_dir_ + "'",
+                           "claimed by process 0", "a refusal (process 0 printed why)");
+  }
 
   // Data.
   t->batch_ = c.batch.micro;
@@ -296,7 +324,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
               (index.tokenizer_dir.empty() ? std::string("another tokenizer") : index.tokenizer_dir) + ")",
           "prepare the data with the model's own tokenizer: aspen prepare-data --tokenizer " + c.model.from +
               " --input FILE --output DIR");
-    ASPEN_RETURN_IF_ERROR(check_training_memory(t->model_config_, c));
+    ASPEN_RETURN_IF_ERROR(check_training_memory(t->model_config_, c, across ? model_devices : 1, local));
     ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c.batch.micro, c.data.seq));
     ASPEN_ASSIGN_OR_RETURN(weights, models::read_weights(forward, ckpt));
   } else {
@@ -320,7 +348,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     mc.eos_token_ids = {index.eos_id};
     t->model_config_ = mc;
     ASPEN_RETURN_IF_ERROR(std::visit([](const auto& f) { return f.validate(); }, mc.family).with_context("config: model"));
-    ASPEN_RETURN_IF_ERROR(check_training_memory(t->model_config_, c));
+    ASPEN_RETURN_IF_ERROR(check_training_memory(t->model_config_, c, across ? model_devices : 1, local));
     ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c.batch.micro, c.data.seq));
     ASPEN_ASSIGN_OR_RETURN(weights, models::init_weights(forward, {.seed = c.train.seed,
                                                                    .std = c.model.init_std,
@@ -392,6 +420,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   for (const auto& [name, tensor] : weights) w.emplace(name, &tensor);
   ASPEN_RETURN_IF_ERROR(t->model_->copy_weights_to_device(w));
 
+  if (t->writer_ && !t->replace_.empty()) {
+    t->out() << "replacing the earlier run in " << t->run_dir_ << " (" << t->replace_ << ")\n";
+    ASPEN_RETURN_IF_ERROR(remove_earlier_run(t->run_dir_, t->checkpoint_dir_));
+  }
   if (t->writer_) ASPEN_RETURN_IF_ERROR(write_file_atomic(t->run_dir_ + "/config.yaml", train::to_yaml(c)));
   if (options.resume || !options.resume_from.empty()) ASPEN_RETURN_IF_ERROR(t->restore());
   return t;
@@ -440,7 +472,10 @@ Status Trainer::restore() {
   if (!loaded.is_ok() && loaded.status().code() == Code::kCorrupt) {
     // Never fall back silently: say which earlier checkpoint the user may choose.
     std::string earlier;
-    if (auto steps = train::list_checkpoints(checkpoint_dir_); steps.is_ok()) {
+    // The root the damaged checkpoint lives in: the run's, or the one --resume-from names (or holds).
+    std::string root = from;
+    if (std::error_code ec; fs::exists(fs::path(from) / "trainer.json", ec)) root = fs::path(from).parent_path().string();
+    if (auto steps = train::list_checkpoints(root); steps.is_ok()) {
       for (const std::string& s : *steps) {  // the newest before the damaged one
         if (loaded.status().subject().rfind(s + "/", 0) == 0) break;
         earlier = s;
@@ -516,11 +551,11 @@ Status Trainer::restore() {
   return Status();
 }
 
-bool Trainer::stop_agreed() {
+Result<bool> Trainer::stop_agreed() {
   if (!options_.stop_requested) return false;
   float stop = options_.stop_requested->load() ? 1.0f : 0.0f;
   // Under MPI every process stops at the same step, or the collectives of the next would hang.
-  if (world_ && !world_->all_reduce(std::span<float>(&stop, 1)).is_ok()) return true;
+  if (world_) ASPEN_RETURN_IF_ERROR(world_->all_reduce(std::span<float>(&stop, 1)));
   return stop > 0.0f;
 }
 
@@ -652,7 +687,9 @@ Result<TrainResult> Trainer::run() {
     if (!stop_status_.is_ok()) return stopped(std::move(stop_status_)); \
   } while (0)
   while (model_->steps_done() < stop) {
-    if (stop_agreed()) {
+    Result<bool> stop_now = stop_agreed();
+    ASPEN_OR_STOP(stop_now.status());
+    if (*stop_now) {
       result.interrupted = true;
       break;
     }
@@ -721,7 +758,9 @@ Result<TrainResult> Trainer::run() {
   progress.finish();
   result.steps = model_->steps_done();
   result.tokens_per_s = seconds > 0 ? tokens_per_call * double(result.steps - start) / double(iters) / seconds : 0.0;
-  if (last_saved != result.steps) ASPEN_RETURN_IF_ERROR(save());
+  // Interrupted before this run's first step: nothing new to save (a step-0
+  // checkpoint would only make the directory look like a run).
+  if (last_saved != result.steps && !(result.interrupted && result.steps == start)) ASPEN_RETURN_IF_ERROR(save());
   if (!writer_) {  // process 0 writes the model and prints the samples
     if (across_ && result.steps >= total) ASPEN_RETURN_IF_ERROR(model_->copy_weights_to_host().status());  // collective
     final_step_ = result.steps;
@@ -729,8 +768,11 @@ Result<TrainResult> Trainer::run() {
     return result;
   }
   if (result.steps < total) {  // stopped early: resumable, nothing else
-    out() << (result.interrupted ? "interrupted" : "stopped") << " at step " << result.steps << " of " << total
-          << "; checkpoint of step " << result.steps << " in " << checkpoint_dir_ << " (resume with --resume)\n";
+    if (result.interrupted && result.steps == start)
+      out() << "interrupted before this run's first step; nothing new to save\n";
+    else
+      out() << (result.interrupted ? "interrupted" : "stopped") << " at step " << result.steps << " of " << total
+            << "; checkpoint of step " << result.steps << " in " << checkpoint_dir_ << " (resume with --resume)\n";
     return result;
   }
   ASPEN_RETURN_IF_ERROR(train::write_loss_svg(svg, train_curve_, val_curve_, c.name));

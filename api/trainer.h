@@ -149,7 +149,7 @@ class Trainer {
   Trainer() = default;
   Status restore();
   Status claim_directories();  // locks, the refusal of an old run, writability: before step 1
-  bool stop_agreed();          // stop_requested, agreed by every process
+  Result<bool> stop_agreed();  // stop_requested, agreed by every process
   std::string trainer_json() const;
   Status export_model(const std::string& dir);
   Status print_samples(const std::string& dir);
@@ -163,6 +163,7 @@ class Trainer {
   std::unique_ptr<train::DataLoader> val_loader_;            // the validation split, unreplicated
   bool writer_ = true;  // this process writes files and messages (process 0)
   std::shared_ptr<DirectoryLock> run_lock_, checkpoint_lock_;
+  std::string replace_;  // with overwrite: the earlier run's files, deleted once create() has succeeded
   std::unique_ptr<parallel::Communicator> world_;  // under MPI: the job's processes (start-up agreement, stop)
   bool across_ = false;  // the model spans processes (Options::model_across_processes)
   std::unique_ptr<TrainingModel> model_;

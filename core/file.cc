@@ -1,5 +1,7 @@
 #include "core/file.h"
 
+#include "core/log.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -118,6 +120,12 @@ Result<DirectoryLock> DirectoryLock::acquire(const std::string& dir, const std::
   if (lock.fd_ < 0) return Status::error(Code::kIoError, path, "a lock file that can be created", std::strerror(errno));
   if (::flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
+    if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL) {
+      // A filesystem without flock (some NFS, Lustre or FUSE mounts): run unlocked rather than not at all.
+      ASPEN_LOG(warning) << subject << ": not locked (" << std::strerror(err)
+                         << "): make sure no other job uses it";
+      return lock;
+    }
     if (err != EWOULDBLOCK) return Status::error(Code::kIoError, path, "a lock that can be taken", std::strerror(err));
     char buf[32] = {};
     const ssize_t n = ::pread(lock.fd_, buf, sizeof buf - 1, 0);

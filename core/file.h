@@ -54,7 +54,8 @@ class InputFile {
 // directory, a checkpoint root): flock() on <dir>/.lock, which holds the
 // holder's pid. The kernel drops the claim when the process ends however it
 // ends, so a crashed run never leaves a stale lock. A second claimant gets
-// FailedPrecondition naming the directory and the holder's pid.
+// FailedPrecondition naming the directory and the holder's pid. On a
+// filesystem without flock (ENOLCK, EOPNOTSUPP) the claim is a warning only.
 class DirectoryLock {
  public:
   // Creates `dir` (and parents) if missing. `what` names it in errors ("run directory").

@@ -129,7 +129,10 @@ Result<std::unique_ptr<MatmulPlan::Impl>> make_widening_plan(const MatmulShape& 
 
 }  // namespace
 
-bool bf16_matmul_widens() { return !cpu_features().avx512f; }
+bool bf16_matmul_widens() {
+  const CpuFeatures& f = cpu_features();  // oneDNN's bf16 kernels need avx512_core: F, BW, VL and DQ
+  return !(f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq);
+}
 
 MatmulPlan::MatmulPlan(MatmulPlan&&) noexcept = default;
 MatmulPlan& MatmulPlan::operator=(MatmulPlan&&) noexcept = default;

@@ -5,6 +5,7 @@
 
 #include "compiler/executable.h"
 #include "graph/builder.h"
+#include "kernels/matmul.h"
 #include "models/tensor_parallel.h"
 #include "models/weights.h"
 
@@ -51,7 +52,11 @@ Tensor filled(DType dtype, Shape s, T value) {
 Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const GeneratorOptions& options) {
   ASPEN_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
   ASPEN_RETURN_IF_ERROR(check_fits_memory(ckpt.config().path, min_parameter_count(ckpt.config()),
-                                          options.weights == DType::bf16 ? 2.0 : 4.0, "its weights"));
+                                          // bf16 weights widen to an f32 copy where the CPU has no bf16 kernels
+                                          options.weights != DType::bf16     ? 4.0
+                                          : kernels::bf16_matmul_widens() ? 6.0
+                                                                          : 2.0,
+                                          "its weights"));
   std::unique_ptr<Generator> gen(new Generator());
   gen->config_ = ckpt.config();
   if (const Gpt2Config* c2 = gen->config_.gpt2()) {

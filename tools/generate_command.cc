@@ -167,7 +167,8 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--max-length", args->max_length, "KV-cache positions, prompt included (0: the model's maximum)")
       ->check(at_least(0));
   cmd->add_option("--threads", args->threads, "threads (0: the free cores)")->check(at_least(0));
-  cmd->add_option("--dtype", args->dtype, "weights: f32, or bf16 (matrices in bf16: about half the bytes per step)")
+  cmd->add_option("--dtype", args->dtype,
+                  "weights: f32, or bf16 (matrices in bf16: about half the bytes per step on CPUs with AVX-512)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_flag("--show-special", args->show_special, "print special tokens (an eos, <|endoftext|>) in the text");
   cmd->add_option("--tensor-parallel", args->tensor_parallel,

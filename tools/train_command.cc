@@ -15,9 +15,9 @@
 // A run directory that holds a run is refused unless --resume (continue it),
 // --resume-from (continue from a given checkpoint, e.g. the one before a
 // damaged latest) or --overwrite (delete it and start again); the demo
-// replaces its own earlier run and says so. Ctrl-C (or SIGTERM) finishes the
-// step in flight, writes a checkpoint, prints how to resume and exits 130; a
-// second Ctrl-C exits at once.
+// replaces its own earlier run and says so. Ctrl-C (or SIGTERM, outside
+// mpirun) finishes the step in flight, writes a checkpoint, prints the command
+// that resumes and exits 130 (143 for SIGTERM); a second signal exits at once.
 //
 // --demo needs no files: it writes a byte-level tokenizer and a two-digit
 // addition corpus (train/demo.h) into the run directory, trains a small
@@ -133,8 +133,11 @@ Status report_addition(const std::string& model_dir, const train::AdditionTask& 
 // Ctrl-C and SIGTERM: the first asks the trainer to stop after the step in
 // flight (it checkpoints); the second ends the process at once.
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{0};  // the first stop signal (the exit code is 128 + it)
 
 void on_stop_signal(int sig) {
+  int none = 0;
+  g_signal.compare_exchange_strong(none, sig);
   if (g_stop.exchange(true)) {
     ::signal(sig, SIG_DFL);
     ::raise(sig);  // the second: die as the signal would have killed us
@@ -145,13 +148,39 @@ void on_stop_signal(int sig) {
   (void)!::write(2, kMsg, sizeof kMsg - 1);
 }
 
-void install_stop_handlers() {
+// Under mpirun, SIGTERM comes from the launcher when another rank died: the
+// MPI backend's own handler (mpi_init) reports what this rank waited for and
+// exits; only SIGINT asks for a checkpoint there.
+void install_stop_handlers(bool mpi) {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
+  if (!mpi) ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+// The command that continues this run: the same flags, --resume instead of
+// --overwrite or --resume-from.
+std::string resume_command(const TrainArgs& a) {
+  auto quoted = [](const std::string& s) {
+    if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+") ==
+                          std::string::npos)
+      return s;
+    std::string q = "'";
+    for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return q + "'";
+  };
+  std::string cmd = "aspen train " + (a.demo ? std::string("--demo") : quoted(a.config));
+  if (!a.run_dir.empty()) cmd += " --run-dir " + quoted(a.run_dir);
+  if (a.steps > 0) cmd += " --steps " + std::to_string(a.steps);
+  if (a.seed >= 0) cmd += " --seed " + std::to_string(a.seed);
+  if (a.threads >= 0) cmd += " --threads " + std::to_string(a.threads);
+  if (a.replicas > 0) cmd += " --replicas " + std::to_string(a.replicas);
+  if (a.stages > 0) cmd += " --stages " + std::to_string(a.stages);
+  if (a.tensor_parallel > 0) cmd += " --tensor-parallel " + std::to_string(a.tensor_parallel);
+  for (const std::string& o : a.overrides) cmd += " --set " + quoted(o);
+  return cmd + " --resume";
 }
 
 // Under mpirun: every process waits here until all have arrived (process 0
@@ -227,6 +256,10 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   if (a.tensor_parallel > 0) c.parallel.tensor_parallel = a.tensor_parallel;
   for (const std::string& o : a.overrides)
     if (Status s = train::apply_override(c, o); !s.is_ok()) return report(s);
+  if (a.demo && c.log.run_dir != (a.run_dir.empty() ? "runs/demo" : a.run_dir)) {
+    std::cerr << "aspen: error: --set log.run_dir with --demo: give the demo's directory with --run-dir\n";
+    return kExitUsage;
+  }
   if (a.demo) {
     c.sample.prompts = {};
     for (size_t i = 0; i < 3 && i < task.test.size(); ++i)
@@ -275,11 +308,12 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   const std::string checkpoints = (*trainer)->checkpoint_dir();
   trainer->reset();  // its communicators go before MPI does
   if (r->interrupted) {
-    if (writer)
+    if (writer && r->steps > 0)
       std::cerr << "aspen: interrupted at step " << r->steps << "; checkpoint in " << checkpoints
-                << "\nresume with: aspen train " << (a.demo ? std::string("--demo") : a.config)
-                << (a.run_dir.empty() ? "" : " --run-dir " + a.run_dir) << " --resume\n";
-    return kExitInterrupted;
+                << "\nresume with: " << resume_command(a) << "\n";
+    else if (writer)
+      std::cerr << "aspen: interrupted before the first step; nothing to save\n";
+    return 128 + (g_signal.load() ? g_signal.load() : SIGINT);
   }
   if (!writer) return 0;
   std::cout << std::setprecision(4) << "loss: " << r->first_loss << " at the first step of this run, " << r->last_loss
@@ -301,13 +335,13 @@ int run_train(const TrainArgs& a) {
     std::cerr << "aspen: error: --resume, --resume-from and --overwrite exclude each other\n";
     return kExitUsage;
   }
-  install_stop_handlers();
 #ifdef ASPEN_HAVE_MPI
   if (parallel::mpi_launched()) {
     if (Status s = parallel::mpi_init(nullptr, nullptr); !s.is_ok()) return report(s);
+    install_stop_handlers(/*mpi=*/true);  // after mpi_init, which keeps SIGTERM for itself
     const int rank = parallel::mpi_world_rank();
     const int rc = train_job(a, true, parallel::mpi_world_size(), rank == 0);
-    if (rc != 0 && rc != kExitInterrupted) {
+    if (rc != 0 && rc != 128 + SIGINT) {
       std::cerr << "aspen: process " << rank << " of the MPI job failed\n";
       return rc;  // mpirun ends the others
     }
@@ -315,6 +349,7 @@ int run_train(const TrainArgs& a) {
     return rc;
   }
 #endif
+  install_stop_handlers(/*mpi=*/false);
   return train_job(a, false, 1, true);
 }
 

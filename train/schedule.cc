@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <numbers>
 
@@ -88,8 +89,14 @@ Status LossScaler::check_state(const State& s, int64_t step) const {
                    num(s.scale));
       break;
     case LossScaling::dynamic:
-      if (!std::isfinite(s.scale) || s.scale < 1.0 / 65536.0 || s.scale > 0x1p64)
-        return bad("scale", "a finite scale in [2^-16, 2^64] (dynamic loss scaling)", num(s.scale));
+      // The loss is scaled in f32: a scale beyond f32's range is no state a run reaches. Backing off stops
+      // at 2^-16 (or below it, where precision.loss_scale started).
+      if (!std::isfinite(s.scale) || s.scale > double(std::numeric_limits<float>::max()) ||
+          s.scale < std::min(1.0 / 65536.0, o_.initial_scale))
+        return bad("scale",
+                   "a finite scale in [" + num(std::min(1.0 / 65536.0, o_.initial_scale)) +
+                       ", f32's largest] (dynamic loss scaling)",
+                   num(s.scale));
       if (s.good_steps < 0 || s.good_steps >= o_.growth_interval)
         return bad("good_steps", "in [0, " + std::to_string(o_.growth_interval) + ") (precision.growth_interval)",
                    std::to_string(s.good_steps));

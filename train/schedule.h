@@ -71,9 +71,10 @@ class LossScaler {
   State state() const { return {scale_, good_steps_, hysteresis_left_, skipped_}; }
   // Whether `s` (read back from a checkpoint after `step` steps) is a state
   // this scaler can be in: scale 1 without loss scaling, the configured scale
-  // when static, a finite scale in [2^-16, 2^64] when dynamic; counters
-  // within their ranges (good_steps < growth_interval, hysteresis_left in
-  // [1, hysteresis], skipped <= step). InvalidArgument naming the field.
+  // when static, a finite scale from min(2^-16, the initial scale) to f32's
+  // largest when dynamic; counters within their ranges (good_steps <
+  // growth_interval, hysteresis_left in [1, hysteresis], skipped <= step).
+  // Corrupt naming the field.
   [[nodiscard]] Status check_state(const State& s, int64_t step) const;
   void restore(const State& s) {
     scale_ = s.scale, good_steps_ = s.good_steps, hysteresis_left_ = s.hysteresis_left, skipped_ = s.skipped;
