@@ -5,7 +5,7 @@ package that scripts/install-deps.sh installs.
     python3 scripts/check-deps.py build/release/CMakeCache.txt [scripts/install-deps.sh]
 
 For each absolute path in the cache (libraries, include folders, CMake config
-folders, programs), ask dpkg which installed package owns it, then fail,
+folders, the programs the build needs: compilers, ninja, ccache, MPI, pkg-config), ask dpkg which installed package owns it, then fail,
 naming the cache entry, the file and the package, when that package is neither
 named in install-deps.sh nor pulled in by the Depends / Pre-Depends of a named
 one (recursively, through virtual packages too), nor part of every Debian
@@ -92,6 +92,13 @@ def owners(paths):
     return {p: found.get(p) or resolved.get(unowned.get(p, ""), set()) for p in paths}
 
 
+# The CMAKE_* programs a build cannot do without; the others (ar, nm, objcopy,
+# linkers, addr2line) CMake takes from whatever is installed and falls back to
+# binutils, which build-essential brings.
+REQUIRED_CMAKE_PROGRAMS = {"CMAKE_CXX_COMPILER", "CMAKE_C_COMPILER", "CMAKE_MAKE_PROGRAM", "CMAKE_CXX_COMPILER_LAUNCHER",
+                           "CMAKE_COMMAND", "CMAKE_CTEST_COMMAND"}
+
+
 def cache_paths(cache, source_dir):
     """(entry, path) for every absolute path in CMakeCache.txt outside the source tree."""
     out = []
@@ -100,8 +107,10 @@ def cache_paths(cache, source_dir):
         if not m:
             continue
         entry, value = m.group(1), m.group(3)
-        if entry.startswith("CMAKE_INSTALL") or entry.endswith("_DEFAULT"):
+        if entry.startswith("CMAKE_INSTALL") or entry.endswith("_DEFAULT") or entry.startswith("_"):
             continue  # where things would go, not what was found
+        if entry.startswith("CMAKE_") and entry not in REQUIRED_CMAKE_PROGRAMS:
+            continue  # CMake's optional helpers (llvm-ar, ld.lld, ...): taken when present, never needed
         for v in value.split(";"):
             if not v.startswith("/") or "NOTFOUND" in v or not os.path.exists(v):
                 continue
