@@ -403,6 +403,51 @@ TEST(Trainer, TruncatedShardIsAnErrorNotACrash) {
   EXPECT_NE(r.status().found().find("truncated"), std::string::npos) << r.status().to_string();
 }
 
+// A shard cut under a run, after some steps finished: the run stops at the
+// first step that reads past the cut and first writes a checkpoint of the last
+// finished step (nothing a user had is lost). The cut is placed from the
+// loader's own order, so the failing step is known.
+TEST(Trainer, FailureAfterFinishedStepsCheckpointsTheLastOne) {
+  TempDir run("cut");
+  fs::copy(corpus() + "/data", run.path + "/data");
+  train::TrainConfig c = tiny_config(run.path + "/run");
+  c.data.train = run.path + "/data";
+  c.train.steps = 50;
+  c.eval.interval = 0;
+  c.checkpoint.interval = 0;
+  train::DataLoaderOptions lo;
+  lo.seq = c.data.seq, lo.micro_batch = c.batch.micro, lo.val_fraction = c.data.val_fraction, lo.seed = c.train.seed;
+  auto loader = train::DataLoader::open(c.data.train, lo);
+  ASSERT_TRUE(loader.is_ok()) << loader.status().to_string();
+  // need(k): tokens step k reads up to; the first k >= 3 reaching past all earlier steps.
+  auto need = [&](int64_t k) {
+    int64_t end = 0;
+    for (int64_t e : loader->batch_examples(0, k)) end = std::max(end, (e + 1) * c.data.seq + 1);
+    return end;
+  };
+  int64_t covered = std::max({need(0), need(1), need(2)}), fail_at = 3;
+  while (need(fail_at) <= covered) covered = std::max(covered, need(fail_at++));
+  ASSERT_LT(fail_at, 40);
+  auto index = train::read_token_index(c.data.train);
+  ASSERT_TRUE(index.is_ok());
+  ASSERT_EQ(index->shards.size(), 1u);
+  const std::string shard = c.data.train + "/" + index->shards.front().name;
+  std::ostringstream sink;
+  auto t = Trainer::create(c, {.out = &sink});
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  fs::resize_file(shard, uint64_t(train::kTokenShardHeaderBytes) + uint64_t(covered) * 2);  // uint16 tokens
+  auto r = (*t)->run();
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), Code::kCorrupt);
+  EXPECT_NE(r.status().subject().find("training stopped at step " + std::to_string(fail_at) + " (a checkpoint of step " +
+                                      std::to_string(fail_at) + " was written to " + run.path + "/run/checkpoints)"),
+            std::string::npos)
+      << r.status().to_string();
+  auto ck = train::load_checkpoint(run.path + "/run/checkpoints");
+  ASSERT_TRUE(ck.is_ok()) << ck.status().to_string();
+  EXPECT_EQ(ck->step, fail_at);
+}
+
 // A stop request (Ctrl-C in the CLI) ends the run after the step in flight with a checkpoint of it.
 TEST(Trainer, StopRequestCheckpointsTheLastStep) {
   TempDir run("stop");
