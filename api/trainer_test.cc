@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/test_files.h"
 #include "models/weights.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -317,13 +318,9 @@ TEST(Trainer, DamagedCheckpointIsRefusedAndAnEarlierOneCanBeChosen) {
   c.checkpoint.interval = 2;
   ASSERT_TRUE(train(c, false, 4).is_ok());
   const std::string latest = run.path + "/checkpoints/step-00000004/model.safetensors";
-  std::string bytes;
-  {
-    std::ifstream in(latest, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string bytes = io::test_files::read_bytes(latest);
   bytes.back() ^= 0x40;
-  { std::ofstream(latest, std::ios::binary | std::ios::trunc) << bytes; }
+  io::test_files::write_bytes(latest, bytes);
   auto r = Trainer::create(c, {.resume = true});
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
@@ -347,11 +344,7 @@ TEST(Trainer, TrainerStateFieldsAreValidated) {
   c.eval.interval = 0;
   ASSERT_TRUE(train(c, false, 2).is_ok());
   const std::string path = run.path + "/checkpoints/step-00000002/trainer.json";
-  std::string text;
-  {
-    std::ifstream in(path, std::ios::binary);
-    text.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  const std::string text = io::test_files::read_bytes(path);
   auto with = [&](const std::string& key, const std::string& value) {
     nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
     j["version"] = 1;
@@ -360,7 +353,7 @@ TEST(Trainer, TrainerStateFieldsAreValidated) {
     if (key == "scale") j["trainer"]["loss_scaler"]["scale"] = nlohmann::ordered_json::parse(value);
     if (key == "skipped") j["trainer"]["loss_scaler"]["skipped"] = nlohmann::ordered_json::parse(value);
     if (key == "epoch") j["trainer"]["data_position"]["epoch"] = nlohmann::ordered_json::parse(value);
-    { std::ofstream(path, std::ios::binary | std::ios::trunc) << j.dump(); }
+    io::test_files::write_bytes(path, j.dump());
     std::ostringstream sink;
     return Trainer::create(c, {.resume = true, .out = &sink}).status();
   };

@@ -80,11 +80,13 @@ Result<FileDigest> digest_file(const std::string& path) {
   return d;
 }
 
-std::string crc32c_hex(uint32_t crc) {
+std::string hex_digits(uint64_t value, int digits) {
   static const char* kDigits = "0123456789abcdef";
-  std::string s(8, '0');
-  for (int i = 7; i >= 0; --i, crc >>= 4) s[size_t(i)] = kDigits[crc & 15];
+  std::string s(size_t(digits), '0');
+  for (int i = digits - 1; i >= 0; --i, value >>= 4) s[size_t(i)] = kDigits[value & 15];
   return s;
 }
+
+std::string crc32c_hex(uint32_t crc) { return hex_digits(crc, 8); }
 
 }  // namespace aspen

@@ -33,5 +33,7 @@ Result<FileDigest> digest_file(const std::string& path);
 
 // "e3069283": 8 lowercase hex digits, as checkpoints record it.
 std::string crc32c_hex(uint32_t crc);
+// The low `digits` hex digits of `value`, lowercase, zero-padded (checksums and fingerprints on disk).
+std::string hex_digits(uint64_t value, int digits);
 
 }  // namespace aspen

@@ -259,6 +259,35 @@ TEST_F(WeightsTest, ExportHfModelWritesWhatTransformersAndCheckpointOpenRead) {
   }
 }
 
+// Dimensions the weights cannot hold (n_layer 2000 beside gpt2-tiny's 3 layers) or that no model has
+// (vocab_size 2^62, n_embd 2^40) are refused when the directory opens, before any graph of that size is built.
+TEST_F(WeightsTest, ConfigsBeyondTheWeightsOrAnyModelAreRefusedAtOpen) {
+  fs::copy_file(fs::path(ASPEN_MODELS_TESTDATA) / "gpt2-tiny" / "model.safetensors", weights_path());
+  auto config = [&](const std::string& extra) {
+    std::ofstream(dir_ / "config.json") << R"({"model_type": "gpt2", "vocab_size": 1000, "n_positions": 64, )"
+                                        << R"("n_embd": 48, "n_head": 3, )" << extra << "}";
+    return Checkpoint::open(dir()).status();
+  };
+  EXPECT_TRUE(config(R"("n_layer": 3)").is_ok());
+  const Status deep = config(R"("n_layer": 2000)");  // within the ceiling, far beyond the file
+  EXPECT_EQ(deep.code(), Code::kInvalidArgument);
+  EXPECT_EQ(deep.subject(), dir() + "/config.json");
+  EXPECT_EQ(deep.expected().rfind("dimensions the weights in " + weights_path() + " can hold (", 0), 0u)
+      << deep.to_string();
+  EXPECT_EQ(deep.found().rfind("a config of at least ", 0), 0u) << deep.to_string();
+  EXPECT_EQ(config(R"("n_layer": 1000000000)").message(),
+            dir() + "/config.json: gpt2 config: n_layer: expected at most 4096 (larger than any real model), found "
+                    "1000000000");
+  std::ofstream(dir_ / "config.json") << R"({"model_type": "gpt2", "vocab_size": 4611686018427387904, "n_positions": 64,
+    "n_embd": 48, "n_head": 3, "n_layer": 3})";
+  EXPECT_EQ(Checkpoint::open(dir()).status().message(),
+            dir() + "/config.json: gpt2 config: vocab: expected at most 2147483647 (larger than any real model), found "
+                    "4611686018427387904");
+  std::ofstream(dir_ / "config.json") << R"({"model_type": "gpt2", "vocab_size": 1000, "n_positions": 64,
+    "n_embd": 1099511627776, "n_head": 2, "n_layer": 3})";
+  EXPECT_EQ(Checkpoint::open(dir()).status().subject(), dir() + "/config.json: gpt2 config: d_model");
+}
+
 TEST_F(WeightsTest, ExportHfModelErrors) {
   const std::string testdata = ASPEN_MODELS_TESTDATA;
   auto gpt2 = load_config(testdata + "/gpt2-tiny/config.json");

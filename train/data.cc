@@ -18,6 +18,7 @@
 #include "core/file.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/checksum.h"
 #include "core/philox.h"
 
 namespace aspen::train {
@@ -66,12 +67,7 @@ uint64_t fnv1a64(std::string_view bytes, uint64_t h = 0xcbf29ce484222325ull) {
   return h;
 }
 
-std::string hex64(uint64_t h) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string s(16, '0');
-  for (int i = 15; i >= 0; --i, h >>= 4) s[size_t(i)] = kDigits[h & 15];
-  return s;
-}
+std::string hex64(uint64_t h) { return hex_digits(h, 16); }
 
 const char* kIndexName = "index.json";
 
