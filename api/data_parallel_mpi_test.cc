@@ -15,8 +15,8 @@
 
 #include "api/trainer.h"
 #include "api/training_testing.h"
-#include "train/demo.h"
 #include "parallel/mpi/mpi_communicator.h"
+#include "train/demo.h"
 
 namespace aspen::api {
 namespace {

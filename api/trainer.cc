@@ -9,10 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "api/training_util.h"
 #include "core/atomic_file.h"
 #include "core/checksum.h"
 #include "core/thread_team.h"
-#include "api/training_util.h"
 #include "io/tokenizer.h"
 #include "models/generate.h"
 #include "models/gpt2.h"
@@ -76,17 +76,6 @@ Status check_training_memory(const models::ModelConfig& mc, const train::TrainCo
                                    "training (f32 weights, gradients and " + c.optimizer.name + " state)");
 }
 
-int64_t vocab_of(const models::ModelConfig& mc) {
-  if (const models::Gpt2Config* c = mc.gpt2()) return c->vocab;
-  if (const models::GptjConfig* c = mc.gptj()) return c->vocab;
-  return 0;
-}
-
-int64_t n_positions_of(const models::ModelConfig& mc) {
-  if (const models::Gpt2Config* c = mc.gpt2()) return c->n_positions;
-  if (const models::GptjConfig* c = mc.gptj()) return c->n_positions;
-  return 0;
-}
 
 }  // namespace
 
@@ -131,24 +120,21 @@ Status remove_earlier_run(const std::string& run_dir, const std::string& checkpo
   return Status::ok();
 }
 
-}  // namespace
-
-namespace {
-
 // The start-up agreement of an MPI job: one hash for the whole, then, only
 // when it differs, one per entry so that the error names the first that does.
 Status agree(parallel::Communicator& world, const std::vector<std::pair<std::string, std::string>>& entries,
              const std::string& what) {
-  uint64_t all = 1469598103934665603ull;
+  uint64_t all = util::fnv1a("");
   for (const auto& [k, v] : entries) all = util::fnv1a(k + "=" + v + "\n", all);
-  if (parallel::check_same_everywhere(world, all, what).is_ok()) return Status::ok();
+  Status whole = parallel::check_same_everywhere(world, all, what);
+  if (whole.is_ok()) return whole;
   for (const auto& [k, v] : entries) {
     Status s = parallel::check_same_everywhere(world, util::fnv1a(v), what + " '" + k + "'", "");
     if (!s.is_ok())
       return Status::invalid_argument(s.subject(), "the same on every process (" + escape_for_terminal(v) + " here)",
                                       s.found(), "start every process with the same config, data and model");
   }
-  return parallel::check_same_everywhere(world, all, what);  // differs, yet no entry does: the hash says so
+  return whole;  // differs, yet no entry does (a key only some processes have): the hash says so
 }
 
 std::string weights_digest(const std::map<std::string, Tensor>& weights) {
@@ -315,7 +301,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     ASPEN_ASSIGN_OR_RETURN(models::Checkpoint ckpt, models::Checkpoint::open(c.model.from));
     t->model_config_ = ckpt.config();
     // Token ids the model has no embedding for would fail inside a kernel at step 1.
-    if (const int64_t vocab = vocab_of(t->model_config_); vocab > 0 && index.vocab_size > vocab)
+    if (const int64_t vocab = t->model_config_.vocab(); vocab > 0 && index.vocab_size > vocab)
       return Status::invalid_argument(
           "data.train '" + c.data.train + "'",
           "token ids the model knows (model.from " + c.model.from + " has a vocabulary of " + std::to_string(vocab) +
@@ -358,7 +344,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   if (c.parallel.tensor_parallel > 1) {  // the weights above are whole; the program is one shard's
     forward = graph::Graph();
     // The vocabulary split too (parallel.vocab_parallel): "auto" when it divides.
-    const int64_t vocab = vocab_of(t->model_config_);
+    const int64_t vocab = t->model_config_.vocab();
     const bool vp = c.parallel.vocab_parallel == "on" ||
                     (c.parallel.vocab_parallel == "auto" && vocab > 0 && vocab % c.parallel.tensor_parallel == 0);
     ASPEN_RETURN_IF_ERROR(
@@ -594,7 +580,7 @@ Status Trainer::print_samples(const std::string& dir) {
     if (prompts.back().empty()) return config_error("sample.prompts", "prompts of at least one token", "an empty prompt");
     longest = std::max<int64_t>(longest, int64_t(prompts.back().size()));
   }
-  const int64_t positions = n_positions_of(model_config_);
+  const int64_t positions = model_config_.n_positions();
   const int64_t new_tokens = std::min<int64_t>(s.max_new_tokens, positions - longest);
   if (new_tokens < 1)
     return config_error("sample.prompts", "prompts shorter than the model's positions (" + std::to_string(positions) + ")",
@@ -663,21 +649,22 @@ Result<TrainResult> Trainer::run() {
   // A failure between steps (data, metrics, validation): the model holds a
   // finished step, so it is saved before the error returns, where saving is
   // this process's own business (not a collective of a model across processes).
+  // What a failure leaves on disk, in one phrasing for every way a run stops.
+  auto kept = [&] {
+    return last_saved >= 0
+               ? "the checkpoint of step " + std::to_string(last_saved) + " in " + checkpoint_dir_ + " is intact"
+               : std::string("no checkpoint was written");
+  };
   auto stopped = [&](Status s) {
     progress.finish();
     const int64_t step = model_->steps_done();
-    std::string what;
-    if (step == last_saved) {
-      what = "the checkpoint of step " + std::to_string(step) + " in " + checkpoint_dir_ + " is intact";
-    } else if (writer_ && !model_->model_across_processes() && !model_->optimizer_state_sharded() && step > 0) {
+    std::string what = kept();
+    if (step != last_saved && step > 0 && writer_ && !model_->model_across_processes() &&
+        !model_->optimizer_state_sharded()) {
       const Status saved = save();
       what = saved.is_ok() ? "a checkpoint of step " + std::to_string(step) + " was written to " + checkpoint_dir_
                            : "the checkpoint of step " + std::to_string(step) + " could not be written: " +
-                                 saved.message();
-    } else {
-      what = last_saved >= 0 ? "the checkpoint of step " + std::to_string(last_saved) + " in " + checkpoint_dir_ +
-                                   " is intact"
-                             : "no checkpoint was written";
+                                 saved.message() + "; " + what;
     }
     return std::move(s).with_context("training stopped at step " + std::to_string(step) + " (" + what + ")");
   };
@@ -705,12 +692,9 @@ Result<TrainResult> Trainer::run() {
     const auto t0 = std::chrono::steady_clock::now();
     auto run = model_->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}});
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!run.is_ok()) {
+    if (!run.is_ok()) {  // the step may be half applied: nothing is saved
       progress.finish();
-      const std::string kept = last_saved >= 0 ? "the checkpoint of step " + std::to_string(last_saved) + " in " +
-                                                     checkpoint_dir_ + " is intact"
-                                               : "no checkpoint was written";
-      return Status(run.status()).with_context("training stopped (" + kept + ")");
+      return Status(run.status()).with_context("training stopped (" + kept() + ")");
     }
     seconds += dt;
     const double rate = tokens_per_call / dt;
@@ -744,11 +728,7 @@ Result<TrainResult> Trainer::run() {
     if (c.checkpoint.interval > 0 && step % c.checkpoint.interval == 0) {
       if (Status s = save(); !s.is_ok()) {
         progress.finish();
-        return std::move(s).with_context(
-            "training stopped at step " + std::to_string(step) + " (" +
-            (last_saved >= 0 ? "the checkpoint of step " + std::to_string(last_saved) + " is intact"
-                             : std::string("no checkpoint was written")) +
-            ")");
+        return std::move(s).with_context("training stopped at step " + std::to_string(step) + " (" + kept() + ")");
       }
       last_saved = step;
       progress.message("step " + std::to_string(step) + ": checkpoint saved in " + checkpoint_dir_);

@@ -11,10 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/common.h"
-#include "kernels/matmul.h"
 #include "core/philox.h"
 #include "core/thread_team.h"
 #include "kernels/gemv.h"
+#include "kernels/matmul.h"
 
 namespace aspen::bench {
 

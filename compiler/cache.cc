@@ -8,13 +8,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
-#include "core/file.h"
 #include "compiler/serialize.h"
 #include "core/atomic_file.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "graph/verify.h"
 

@@ -1,13 +1,7 @@
 #include "core/checksum.h"
 
-#include <unistd.h>
-
 #include <array>
-#include <cerrno>
 #include <cstring>
-#include <vector>
-
-#include "core/file.h"
 
 namespace aspen {
 
@@ -63,21 +57,6 @@ uint32_t crc32c(std::string_view bytes, uint32_t crc) {
   if (have_sse42()) return ~crc_sse42(p, bytes.size(), c);
 #endif
   return ~crc_table(p, bytes.size(), c);
-}
-
-Result<FileDigest> digest_file(const std::string& path) {
-  ASPEN_ASSIGN_OR_RETURN(const InputFile f, InputFile::open(path, kMaxBinaryFileBytes));
-  FileDigest d;
-  std::vector<char> buf(size_t(4) << 20);
-  for (;;) {
-    const ssize_t r = ::read(f.fd(), buf.data(), buf.size());
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Status::error(Code::kIoError, path, "a readable file", std::strerror(errno));
-    if (r == 0) break;
-    d.crc32c = crc32c(std::string_view(buf.data(), size_t(r)), d.crc32c);
-    d.bytes += uint64_t(r);
-  }
-  return d;
 }
 
 std::string hex_digits(uint64_t value, int digits) {

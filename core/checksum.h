@@ -2,7 +2,6 @@
 //
 //   uint32_t c = crc32c(bytes);                 // one buffer
 //   c = crc32c(more, c);                        // continued over several
-//   ASPEN_ASSIGN_OR_RETURN(FileDigest d, digest_file(path));
 //
 // Why CRC-32C: it detects every burst of up to 32 flipped bits and any odd
 // number of flipped bits, which is what disks and copies do to files; x86's
@@ -18,18 +17,16 @@
 #include <string>
 #include <string_view>
 
-#include "core/status.h"
 
 namespace aspen {
 
 uint32_t crc32c(std::string_view bytes, uint32_t crc = 0);
 
+// A file's size and CRC-32C, as checkpoints record them.
 struct FileDigest {
   uint64_t bytes = 0;
   uint32_t crc32c = 0;
 };
-// The size and CRC-32C of a whole regular file (core/file.h's rules for opening it).
-Result<FileDigest> digest_file(const std::string& path);
 
 // "e3069283": 8 lowercase hex digits, as checkpoints record it.
 std::string crc32c_hex(uint32_t crc);

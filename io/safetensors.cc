@@ -9,13 +9,11 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
-#include "core/file.h"
 #include "core/atomic_file.h"
+#include "core/file.h"
 #include "io/json_brief.h"
 
 namespace aspen::io {
@@ -169,6 +167,8 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
       map_(std::exchange(o.map_, nullptr)),
       map_size_(std::exchange(o.map_size_, 0)),
       owned_(std::move(o.owned_)),
+      base_(std::exchange(o.base_, nullptr)),
+      file_size_(std::exchange(o.file_size_, 0)),
       data_(std::exchange(o.data_, nullptr)),
       data_size_(std::exchange(o.data_size_, 0)),
       tensors_(std::move(o.tensors_)),
@@ -181,6 +181,8 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
     map_ = std::exchange(o.map_, nullptr);
     map_size_ = std::exchange(o.map_size_, 0);
     owned_ = std::move(o.owned_);
+    base_ = std::exchange(o.base_, nullptr);
+    file_size_ = std::exchange(o.file_size_, 0);
     data_ = std::exchange(o.data_, nullptr);
     data_size_ = std::exchange(o.data_size_, 0);
     tensors_ = std::move(o.tensors_);
@@ -196,6 +198,8 @@ void SafetensorsFile::unmap() {
   map_ = nullptr;
   map_size_ = 0;
   owned_.reset();
+  base_ = nullptr;
+  file_size_ = 0;
   data_ = nullptr;
   data_size_ = 0;
 }
@@ -230,6 +234,8 @@ Status SafetensorsFile::parse(const unsigned char* base, uint64_t file_size) {
   const std::string& path = path_;
   if (file_size < 8)
     return corrupt(path, "at least 8 bytes (the header length)", std::to_string(file_size) + " bytes");
+  base_ = reinterpret_cast<const std::byte*>(base);
+  file_size_ = size_t(file_size);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | base[i];
   if (n > kMaxHeaderBytes)
@@ -400,7 +406,7 @@ Result<Tensor> SafetensorsIndex::read(const std::string& name) const {
 
 Status write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, const Tensor*>>& tensors,
-                         const std::map<std::string, std::string>& metadata) {
+                         const std::map<std::string, std::string>& metadata, FileDigest* digest) {
   std::vector<std::pair<std::string, const Tensor*>> sorted = tensors;
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (size_t i = 0; i < sorted.size(); ++i) {
@@ -443,6 +449,13 @@ Status write_safetensors(const std::string& path,
 
   std::vector<std::string_view> parts = {std::string_view(reinterpret_cast<const char*>(len), 8), text};
   for (const auto& [name, t] : sorted) parts.emplace_back(static_cast<const char*>(t->raw()), t->nbytes());
+  if (digest) {
+    *digest = {};
+    for (std::string_view part : parts) {
+      digest->crc32c = crc32c(part, digest->crc32c);
+      digest->bytes += part.size();
+    }
+  }
   return write_file_atomic(path, parts);
 }
 

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/checksum.h"
 #include "core/dtype.h"
 #include "core/shape.h"
 #include "core/status.h"
@@ -70,6 +71,8 @@ class SafetensorsFile {
   // A copy of the tensor; NotFound naming the tensor and the file.
   Result<Tensor> read(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The whole file as mapped (or as from_bytes copied it): a checksum over exactly the bytes read.
+  std::span<const std::byte> file_bytes() const { return {base_, file_size_}; }
 
  private:
   SafetensorsFile() = default;
@@ -82,6 +85,8 @@ class SafetensorsFile {
   void* map_ = nullptr;  // open(): the mapping
   size_t map_size_ = 0;
   std::unique_ptr<std::byte[]> owned_;  // from_bytes(): the copy
+  const std::byte* base_ = nullptr;  // the file's first byte
+  size_t file_size_ = 0;
   const std::byte* data_ = nullptr;  // first byte after the header
   size_t data_size_ = 0;
   std::map<std::string, TensorInfo> tensors_;
@@ -115,8 +120,10 @@ class SafetensorsIndex {
 // Writes `tensors` (names unique, sorted in the header, data in that order) and
 // `metadata` to `path` atomically. Duplicate or reserved names and null tensors
 // are InvalidArgument; OS failures are IoError naming the path and strerror.
+// When `digest` is given it receives the size and CRC-32C of the bytes written
+// (computed from memory, so nothing is read back).
 Status write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, const Tensor*>>& tensors,
-                         const std::map<std::string, std::string>& metadata = {});
+                         const std::map<std::string, std::string>& metadata = {}, FileDigest* digest = nullptr);
 
 }  // namespace aspen::io

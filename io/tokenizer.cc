@@ -6,7 +6,6 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -33,8 +32,6 @@ bool file_exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
-
-Result<std::string> read_file(const std::string& path) { return read_regular_file(path, kMaxTextFileBytes); }
 
 // ---------------------------------------------------------------------------
 // Configuration: what a tokenizer.json (or the legacy files) describes.
@@ -644,7 +641,7 @@ Result<std::unique_ptr<Tokenizer>> finish(const std::string& path, Config cfg) {
 }  // namespace
 
 Result<std::unique_ptr<Tokenizer>> load_tokenizer_json(const std::string& path) {
-  ASPEN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  ASPEN_ASSIGN_OR_RETURN(std::string text, read_regular_file(path));
   return load_tokenizer_json_from_string(text, path);
 }
 
@@ -748,14 +745,14 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer_json_from_string(std::string_v
 
 Result<std::unique_ptr<Tokenizer>> load_bpe_files(const std::string& vocab_json_path,
                                                   const std::string& merges_txt_path) {
-  ASPEN_ASSIGN_OR_RETURN(std::string vtext, read_file(vocab_json_path));
+  ASPEN_ASSIGN_OR_RETURN(std::string vtext, read_regular_file(vocab_json_path));
   json vocab;
   ASPEN_RETURN_IF_ERROR(parse_json(vocab_json_path, vtext, &vocab));
   Config cfg;
   const JsonAt at{vocab_json_path};
   ASPEN_RETURN_IF_ERROR(read_vocab(at, vocab, "(root)", &cfg));
 
-  ASPEN_ASSIGN_OR_RETURN(std::string mtext, read_file(merges_txt_path));
+  ASPEN_ASSIGN_OR_RETURN(std::string mtext, read_regular_file(merges_txt_path));
   std::istringstream lines(mtext);
   std::string line;
   int32_t rank = 0;
@@ -784,7 +781,7 @@ Result<std::unique_ptr<Tokenizer>> load_bpe_files(const std::string& vocab_json_
 }
 
 Result<std::unique_ptr<Tokenizer>> load_wordpiece_vocab(const std::string& vocab_txt_path) {
-  ASPEN_ASSIGN_OR_RETURN(std::string text, read_file(vocab_txt_path));
+  ASPEN_ASSIGN_OR_RETURN(std::string text, read_regular_file(vocab_txt_path));
   Config cfg;
   cfg.model = ModelKind::kWordPiece;
   std::istringstream lines(text);

@@ -8,10 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -204,6 +202,16 @@ BertConfig read_bert(Keys& k) {
 }
 
 }  // namespace
+
+int64_t ModelConfig::vocab() const {
+  return std::visit([](const auto& f) { return f.vocab; }, family);
+}
+
+int64_t ModelConfig::n_positions() const {
+  if (const BertConfig* b = bert()) return b->max_positions;
+  if (const GptjConfig* j = gptj()) return j->n_positions;
+  return gpt2()->n_positions;
+}
 
 double min_parameter_count(const ModelConfig& config) {
   if (const Gpt2Config* g = config.gpt2()) {

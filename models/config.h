@@ -48,6 +48,9 @@ struct ModelConfig {
   const Gpt2Config* gpt2() const { return std::get_if<Gpt2Config>(&family); }
   const GptjConfig* gptj() const { return std::get_if<GptjConfig>(&family); }
   const BertConfig* bert() const { return std::get_if<BertConfig>(&family); }
+  // Of whichever family: the vocabulary size and the longest context (n_positions, max_positions).
+  int64_t vocab() const;
+  int64_t n_positions() const;
 };
 
 // The number of parameters the config describes, as a lower bound (the

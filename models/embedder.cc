@@ -4,15 +4,13 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
-#include <sstream>
 
-#include "core/file.h"
 #include "compiler/executable.h"
 #include "core/check.h"
+#include "core/file.h"
 #include "core/tensor.h"
 #include "graph/builder.h"
 #include "models/weights.h"

@@ -5,12 +5,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
-#include "core/file.h"
 #include "core/atomic_file.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "kernels/convert.h"
 
@@ -219,8 +217,6 @@ namespace {
 constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "vocab.json", "merges.txt", "vocab.txt",
                                            "tokenizer_config.json", "special_tokens_map.json"};
 
-Result<std::string> read_file(const std::string& path) { return read_regular_file(path, kMaxTextFileBytes); }
-
 }  // namespace
 
 Status export_hf_model(const std::string& dir, const ModelConfig& config, const std::map<std::string, Tensor>& weights,
@@ -241,7 +237,7 @@ Status export_hf_model(const std::string& dir, const ModelConfig& config, const 
     for (const char* name : kTokenizerFiles) {
       const fs::path from = fs::path(tokenizer_dir) / name;
       if (!fs::exists(from, ec)) continue;
-      ASPEN_ASSIGN_OR_RETURN(std::string bytes, read_file(from.string()));
+      ASPEN_ASSIGN_OR_RETURN(std::string bytes, read_regular_file(from.string()));
       tokenizer.emplace_back(name, std::move(bytes));
     }
     if (tokenizer.empty()) {

@@ -59,12 +59,6 @@ Status check_sampling_flags(const GenerateArgs& a) {
   return Status();
 }
 
-int64_t context_of(const models::ModelConfig& c) {
-  if (const models::Gpt2Config* g = c.gpt2()) return g->n_positions;
-  if (const models::GptjConfig* g = c.gptj()) return g->n_positions;
-  return 0;
-}
-
 // The length of `text` without a trailing run of U+FFFD (an incomplete UTF-8
 // sequence the next token may complete).
 size_t stable_prefix(const std::string& text) {
@@ -85,7 +79,7 @@ int run_generate(const GenerateArgs& a) {
   if (!tokenizer.is_ok()) return report(tokenizer.status());
   const std::vector<io::TokenId> prompt = (*tokenizer)->encode(a.prompt, /*add_special_tokens=*/false);
   if (prompt.empty()) return report(Status::invalid_argument("--prompt", "text that encodes to at least one token", "none"));
-  const int64_t context = a.max_length > 0 ? a.max_length : context_of(*config);
+  const int64_t context = a.max_length > 0 ? a.max_length : config->n_positions();
   if (context > 0 && int64_t(prompt.size()) >= context)
     return report(Status::invalid_argument(
         "--prompt", "a prompt shorter than the context, to leave room for new tokens",

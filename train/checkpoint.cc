@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -101,8 +102,6 @@ bool is_directory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-Result<std::string> read_file(const std::string& path) { return read_regular_file(path, kMaxSmallFileBytes); }
-
 Status fsync_dir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return io_error(dir, "a directory that can be opened to fsync it", errno);
@@ -134,7 +133,7 @@ void remove_quietly(const std::string& path) {
 
 // The directory name `latest` (at `path`) holds: one line, one path component.
 Result<std::string> read_latest(const std::string& path) {
-  ASPEN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  ASPEN_ASSIGN_OR_RETURN(std::string text, read_regular_file(path, kMaxSmallFileBytes));
   std::string name = text;
   if (!name.empty() && name.back() == '\n') name.pop_back();
   if (name.empty() || name == "." || name == ".." || name.size() > 255 ||
@@ -158,61 +157,60 @@ Status check_tensors(const char* what, const std::map<std::string, Tensor>& tens
   return Status::ok();
 }
 
-Status write_tensors(const std::string& path, const std::map<std::string, Tensor>& tensors, int64_t step) {
+// Writes one tensor file; its size and CRC-32C come back for trainer.json.
+Result<FileDigest> write_tensors(const std::string& path, const std::map<std::string, Tensor>& tensors, int64_t step) {
   std::vector<std::pair<std::string, const Tensor*>> list;
   list.reserve(tensors.size());
   for (const auto& [name, t] : tensors) list.emplace_back(name, &t);
-  return io::write_safetensors(path, list, {{kCheckpointStepMetadata, std::to_string(step)}});
+  FileDigest d;
+  ASPEN_RETURN_IF_ERROR(io::write_safetensors(path, list, {{kCheckpointStepMetadata, std::to_string(step)}}, &d));
+  return d;
 }
 
-// trainer.json: our envelope around the trainer's object, with the size and
-// CRC-32C of each tensor file and of the trainer object's compact dump.
-Result<std::string> trainer_file_text(const Checkpoint& c, const std::string& dir) {
+// The trainer's object, which must be JSON object text.
+Result<ordered_json> parse_trainer_json(const Checkpoint& c) {
   ordered_json trainer = ordered_json::parse(c.trainer_json, nullptr, /*allow_exceptions=*/false);
   if (trainer.is_discarded())
     return Status::invalid_argument("save_checkpoint: trainer_json", "a JSON object", "a parse error");
   if (!trainer.is_object())
     return Status::invalid_argument("save_checkpoint: trainer_json", "a JSON object",
                                     std::string("a JSON ") + trainer.type_name());
+  return trainer;
+}
+
+// trainer.json: our envelope around the trainer's object, with the size and
+// CRC-32C of each tensor file (as written) and of the trainer object's compact dump.
+std::string trainer_file_text(const Checkpoint& c, ordered_json trainer, const FileDigest& model,
+                              const FileDigest& optimizer) {
   ordered_json j = ordered_json::object();
   j["format"] = kCheckpointFormat;
   j["version"] = kCheckpointVersion;
   j["step"] = c.step;
   ordered_json files = ordered_json::object();
-  for (const char* f : {kModelFile, kOptimizerFile}) {
-    ASPEN_ASSIGN_OR_RETURN(const FileDigest d, digest_file(join(dir, f)));
+  for (const auto& [f, d] : {std::pair<const char*, const FileDigest&>{kModelFile, model}, {kOptimizerFile, optimizer}})
     files[f] = {{"bytes", d.bytes}, {"crc32c", crc32c_hex(d.crc32c)}};
-  }
   j["files"] = std::move(files);
   j["trainer_crc32c"] = crc32c_hex(crc32c(trainer.dump()));
   j["trainer"] = std::move(trainer);
   return j.dump(2) + "\n";
 }
 
-// The files of a version-2 checkpoint against the digests trainer.json (at
-// `path`) records for them.
-Status verify_files(const std::string& dir, const std::string& path, const ordered_json& j) {
+// What a version-2 trainer.json (at `path`) records of tensor file `f`.
+Result<FileDigest> recorded_digest(const std::string& path, const ordered_json& j, const char* f) {
   const auto files = j.find("files");
   if (files == j.end() || !files->is_object())
     return corrupt(path + ": files", "the size and CRC-32C of each tensor file", "none");
-  for (const char* f : {kModelFile, kOptimizerFile}) {
-    const auto e = files->find(f);
-    if (e == files->end() || !e->is_object() || !e->contains("bytes") || !(*e)["bytes"].is_number_unsigned() ||
-        !e->contains("crc32c") || !(*e)["crc32c"].is_string())
-      return corrupt(path + ": files." + f, "{\"bytes\": N, \"crc32c\": \"8 hex digits\"}",
-                     e == files->end() ? "none" : brief(e->dump()));
-    const uint64_t bytes = (*e)["bytes"].get<uint64_t>();
-    const std::string want = (*e)["crc32c"].get<std::string>();
-    const std::string file = join(dir, f);
-    ASPEN_ASSIGN_OR_RETURN(const FileDigest d, digest_file(file));
-    if (d.bytes != bytes)
-      return corrupt(file, std::to_string(bytes) + " bytes (per trainer.json)",
-                     std::to_string(d.bytes) + " bytes (the file is damaged or was replaced)");
-    if (crc32c_hex(d.crc32c) != want)
-      return corrupt(file, "CRC-32C " + brief(want) + " (per trainer.json)",
-                     "\"" + crc32c_hex(d.crc32c) + "\" (the file is damaged)");
-  }
-  return Status::ok();
+  const auto e = files->find(f);
+  if (e == files->end() || !e->is_object() || !e->contains("bytes") || !(*e)["bytes"].is_number_unsigned() ||
+      !e->contains("crc32c") || !(*e)["crc32c"].is_string())
+    return corrupt(path + ": files." + f, "{\"bytes\": N, \"crc32c\": \"8 hex digits\"}",
+                   e == files->end() ? "none" : brief(e->dump()));
+  const std::string hex = (*e)["crc32c"].get<std::string>();
+  char* end = nullptr;
+  const unsigned long crc = std::strtoul(hex.c_str(), &end, 16);
+  if (hex.size() != 8 || end != hex.c_str() + 8)
+    return corrupt(path + ": files." + f + ".crc32c", "8 hex digits", brief(hex));
+  return FileDigest{(*e)["bytes"].get<uint64_t>(), uint32_t(crc)};
 }
 
 // NOTE [checkpoint crash safety]: `latest` must name a whole checkpoint after
@@ -235,7 +233,7 @@ Status install(const std::string& root, const std::string& name, const std::stri
   ASPEN_ASSIGN_OR_RETURN(const bool had_latest, exists(latest));
   std::string old_latest;
   if (had_latest) {
-    ASPEN_ASSIGN_OR_RETURN(old_latest, read_file(latest));
+    ASPEN_ASSIGN_OR_RETURN(old_latest, read_regular_file(latest, kMaxSmallFileBytes));
   }
   ASPEN_ASSIGN_OR_RETURN(const bool replacing, exists(final_dir));
 
@@ -331,8 +329,25 @@ void prune(const std::string& root, int64_t keep) {
   }
 }
 
-Status read_tensors(const std::string& path, int64_t step, std::map<std::string, Tensor>* out) {
+// Reads one tensor file, first checked against its recorded size (before
+// parsing, so a truncated file says so) and CRC-32C (over the mapping the
+// tensors are then copied from: the file is read once).
+Status read_tensors(const std::string& path, int64_t step, const std::optional<FileDigest>& want,
+                    std::map<std::string, Tensor>* out) {
+  if (want) {
+    ASPEN_ASSIGN_OR_RETURN(const InputFile in, InputFile::open(path, kMaxBinaryFileBytes));
+    if (in.size() != want->bytes)
+      return corrupt(path, std::to_string(want->bytes) + " bytes (per trainer.json)",
+                     std::to_string(in.size()) + " bytes (the file is damaged or was replaced)");
+  }
   ASPEN_ASSIGN_OR_RETURN(io::SafetensorsFile f, io::SafetensorsFile::open(path));
+  if (want) {
+    const std::span<const std::byte> bytes = f.file_bytes();
+    const uint32_t crc = crc32c({reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+    if (crc != want->crc32c)
+      return corrupt(path, "CRC-32C \"" + crc32c_hex(want->crc32c) + "\" (per trainer.json)",
+                     "\"" + crc32c_hex(crc) + "\" (the file is damaged)");
+  }
   const auto it = f.metadata().find(kCheckpointStepMetadata);
   if (it == f.metadata().end() || it->second != std::to_string(step))
     return corrupt(path + ": metadata " + sq(kCheckpointStepMetadata),
@@ -347,7 +362,7 @@ Status read_tensors(const std::string& path, int64_t step, std::map<std::string,
 
 Result<Checkpoint> read_step_dir(const std::string& dir) {
   const std::string path = join(dir, kTrainerFile);
-  ASPEN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  ASPEN_ASSIGN_OR_RETURN(std::string text, read_regular_file(path, kMaxSmallFileBytes));
   const ordered_json j = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return corrupt(path, "well-formed JSON", "a parse error");
   if (!j.is_object()) return corrupt(path, "a JSON object", std::string("a JSON ") + j.type_name());
@@ -376,13 +391,15 @@ Result<Checkpoint> read_step_dir(const std::string& dir) {
   const ordered_json* trainer = field("trainer");
   if (!trainer || !trainer->is_object())
     return corrupt(path + ": trainer", "the trainer's JSON object", found(trainer));
+  std::optional<FileDigest> model, optimizer;  // version 2: what the files must be
   if (*version == kCheckpointVersion) {
     const ordered_json* sum = field("trainer_crc32c");
     if (!sum || !sum->is_string()) return corrupt(path + ": trainer_crc32c", "8 hex digits", found(sum));
-    if (crc32c_hex(crc32c(trainer->dump())) != sum->get<std::string>())
+    if (const std::string got = crc32c_hex(crc32c(trainer->dump())); got != sum->get<std::string>())
       return corrupt(path + ": trainer", "an object whose CRC-32C is " + found(sum) + " (trainer_crc32c)",
-                     "\"" + crc32c_hex(crc32c(trainer->dump())) + "\" (the file is damaged)");
-    ASPEN_RETURN_IF_ERROR(verify_files(dir, path, j));
+                     "\"" + got + "\" (the file is damaged)");
+    ASPEN_ASSIGN_OR_RETURN(model, recorded_digest(path, j, kModelFile));
+    ASPEN_ASSIGN_OR_RETURN(optimizer, recorded_digest(path, j, kOptimizerFile));
   } else {
     ASPEN_LOG(warning) << path << ": a version " << kCheckpointVersionWithoutChecksums
                        << " checkpoint has no checksums; its tensor data is not verified";
@@ -393,8 +410,8 @@ Result<Checkpoint> read_step_dir(const std::string& dir) {
   if (std::optional<int64_t> named = step_of_dir_name(basename_of(dir)); named && *named != c.step)
     return corrupt(path + ": step", std::to_string(*named) + " (the directory's name)", std::to_string(c.step));
   c.trainer_json = trainer->dump();
-  ASPEN_RETURN_IF_ERROR(read_tensors(join(dir, kModelFile), c.step, &c.weights));
-  ASPEN_RETURN_IF_ERROR(read_tensors(join(dir, kOptimizerFile), c.step, &c.optimizer));
+  ASPEN_RETURN_IF_ERROR(read_tensors(join(dir, kModelFile), c.step, model, &c.weights));
+  ASPEN_RETURN_IF_ERROR(read_tensors(join(dir, kOptimizerFile), c.step, optimizer, &c.optimizer));
   return c;
 }
 
@@ -442,13 +459,7 @@ Status save_checkpoint(const std::string& root, const Checkpoint& c, int64_t kee
   if (c.step < 0) return Status::invalid_argument("save_checkpoint: step", "an integer >= 0", std::to_string(c.step));
   ASPEN_RETURN_IF_ERROR(check_tensors("weight", c.weights));
   ASPEN_RETURN_IF_ERROR(check_tensors("optimizer state", c.optimizer));
-  {  // trainer_json is checked before anything is written
-    const ordered_json t = ordered_json::parse(c.trainer_json, nullptr, /*allow_exceptions=*/false);
-    if (t.is_discarded())
-      return Status::invalid_argument("save_checkpoint: trainer_json", "a JSON object", "a parse error");
-    if (!t.is_object())
-      return Status::invalid_argument("save_checkpoint: trainer_json", "a JSON object", std::string("a JSON ") + t.type_name());
-  }
+  ASPEN_ASSIGN_OR_RETURN(ordered_json trainer, parse_trainer_json(c));  // checked before anything is written
   const std::string name = checkpoint_dir_name(c.step);
   const std::string context = "save_checkpoint " + join(root, name);
 
@@ -462,12 +473,12 @@ Status save_checkpoint(const std::string& root, const Checkpoint& c, int64_t kee
   if (!tmp_or.is_ok()) return tmp_or.status().with_context(context);
   const std::string tmp = *tmp_or;
 
-  Status s = write_tensors(join(tmp, kModelFile), c.weights, c.step);
-  if (s.is_ok()) s = write_tensors(join(tmp, kOptimizerFile), c.optimizer, c.step);
-  if (s.is_ok()) {
-    Result<std::string> trainer_text = trainer_file_text(c, tmp);
-    s = trainer_text.is_ok() ? write_file_atomic(join(tmp, kTrainerFile), *trainer_text) : trainer_text.status();
-  }
+  Result<FileDigest> model = write_tensors(join(tmp, kModelFile), c.weights, c.step);
+  Result<FileDigest> optimizer = model.is_ok() ? write_tensors(join(tmp, kOptimizerFile), c.optimizer, c.step)
+                                               : Result<FileDigest>(model.status());
+  Status s = optimizer.status();
+  if (s.is_ok())
+    s = write_file_atomic(join(tmp, kTrainerFile), trainer_file_text(c, std::move(trainer), *model, *optimizer));
   if (s.is_ok()) s = fsync_dir(tmp);
   if (s.is_ok()) s = install(root, name, tmp);
   if (!s.is_ok()) {

@@ -13,10 +13,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <map>
-#include <sstream>
 
 namespace aspen::train {
 namespace {
@@ -471,8 +469,6 @@ Status validate_at(const TrainConfig& c, const Source& src) {
   return std::move(s).with_context(it != src.lines.end() ? src.where(it->second) : src.origin);
 }
 
-Result<std::string> read_file(const std::string& path) { return read_regular_file(path, kMaxTextFileBytes); }
-
 // ---- writing -----------------------------------------------------------------------
 
 // Strings that read back as themselves unquoted (in block and flow context);
@@ -641,7 +637,7 @@ Result<TrainConfig> parse_train_config(std::string_view yaml_text, const std::st
 }
 
 Result<TrainConfig> load_train_config(const std::string& path) {
-  ASPEN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  ASPEN_ASSIGN_OR_RETURN(std::string text, read_regular_file(path));
   return parse_train_config(text, path);
 }
 

@@ -1,7 +1,6 @@
 #include "train/data.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,14 +10,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
-#include "core/file.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/checksum.h"
+#include "core/file.h"
 #include "core/philox.h"
 
 namespace aspen::train {
@@ -38,8 +35,6 @@ std::string join_path(const std::string& dir, const std::string& name) {
   return dir.back() == '/' ? dir + name : dir + "/" + name;
 }
 
-
-
 template <class T>
 void put_le(unsigned char* p, T v) {
   for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<unsigned char>(uint64_t(v) >> (8 * i));
@@ -53,11 +48,6 @@ T get_le(const unsigned char* p) {
 
 // An input corpus is read whole into memory; beyond this, split it into several files.
 constexpr uint64_t kMaxInputBytes = uint64_t(16) << 30;
-
-// Index and tokenizer files are small; an input corpus may be large, but is read whole.
-Result<std::string> read_file(const std::string& path, uint64_t max_bytes = kMaxTextFileBytes) {
-  return read_regular_file(path, max_bytes);
-}
 
 uint64_t fnv1a64(std::string_view bytes, uint64_t h = 0xcbf29ce484222325ull) {
   for (unsigned char c : bytes) {
@@ -93,7 +83,7 @@ Result<std::string> tokenizer_fingerprint(const std::string& dir) {
   for (const char* name : {"tokenizer.json", "vocab.json", "merges.txt", "vocab.txt"}) {
     const std::string path = join_path(dir, name);
     if (!std::filesystem::is_regular_file(path)) continue;
-    ASPEN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+    ASPEN_ASSIGN_OR_RETURN(std::string text, read_regular_file(path));
     const uint64_t size = text.size();
     h = fnv1a64(name, h);
     h = fnv1a64(std::string_view(reinterpret_cast<const char*>(&size), sizeof(size)), h);
@@ -227,7 +217,7 @@ Result<PrepareStats> prepare_token_shards(const io::Tokenizer& tokenizer, const 
     return writer.add_document(ids);
   };
   for (const std::string& path : options.inputs) {
-    ASPEN_ASSIGN_OR_RETURN(std::string text, read_file(path, kMaxInputBytes));
+    ASPEN_ASSIGN_OR_RETURN(std::string text, read_regular_file(path, kMaxInputBytes));
     writer.add_input({path, int64_t(text.size()), fnv1a64_hex(text)});
     stats.input_bytes += int64_t(text.size());
     if (!options.split_lines) {
@@ -255,7 +245,7 @@ Result<PrepareStats> prepare_token_shards(const io::Tokenizer& tokenizer, const 
 
 Result<TokenIndex> read_token_index(const std::string& dir) {
   const std::string path = join_path(dir, kIndexName);
-  ASPEN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  ASPEN_ASSIGN_OR_RETURN(std::string text, read_regular_file(path));
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return corrupt(path, "valid JSON", "a parse error");
   if (!j.is_object()) return corrupt(path, "a JSON object", std::string("a JSON ") + j.type_name());
@@ -349,10 +339,6 @@ Result<TokenIndex> read_token_index(const std::string& dir) {
 // Shards are read with pread into each batch instead: a short read is a Corrupt
 // error naming the shard, and the trainer saves the last finished step. A
 // batch is a few thousand tokens; the copy costs nothing beside a step.
-struct TokenDataset::Mapping {
-  InputFile file;
-  const std::string& path() const { return file.path(); }
-};
 
 TokenDataset::TokenDataset() = default;
 TokenDataset::TokenDataset(TokenDataset&&) noexcept = default;
@@ -368,8 +354,7 @@ Result<TokenDataset> TokenDataset::open(const std::string& dir) {
   for (const ShardInfo& s : d.index_.shards) {
     const std::string path = join_path(dir, s.name);
     ASPEN_ASSIGN_OR_RETURN(InputFile file, InputFile::open(path, kMaxBinaryFileBytes));
-    auto m = std::make_unique<Mapping>(Mapping{std::move(file)});
-    const uint64_t size = m->file.size();
+    const uint64_t size = file.size();
     const uint64_t want = kTokenShardHeaderBytes + uint64_t(s.tokens) * width;
     if (size != want) {
       return corrupt(path,
@@ -378,7 +363,7 @@ Result<TokenDataset> TokenDataset::open(const std::string& dir) {
                      std::to_string(size) + " bytes" + (size < want ? " (truncated?)" : ""));
     }
     unsigned char b[kTokenShardHeaderBytes];
-    ASPEN_RETURN_IF_ERROR(m->file.pread_exact(0, b, kTokenShardHeaderBytes));
+    ASPEN_RETURN_IF_ERROR(file.pread_exact(0, b, kTokenShardHeaderBytes));
     if (std::memcmp(b, kTokenShardMagic, 8) != 0)
       return corrupt(path, "magic \"ASPNTOK1\"", "other bytes (not an aspen token shard)");
     if (uint32_t v = get_le<uint32_t>(b + 8); v != kTokenShardVersion)
@@ -391,7 +376,7 @@ Result<TokenDataset> TokenDataset::open(const std::string& dir) {
       return corrupt(path, std::to_string(s.tokens) + " tokens in the header (per index.json)", std::to_string(c));
     d.starts_.push_back(start);
     start += s.tokens;
-    d.maps_.push_back(std::move(m));
+    d.shards_.push_back(std::move(file));
   }
   d.starts_.push_back(start);
   return d;
@@ -411,17 +396,17 @@ Status TokenDataset::read(int64_t begin, std::span<int32_t> out) const {
   int64_t done = 0;
   while (done < n) {
     while (starts_[s + 1] <= begin + done) ++s;  // skip exhausted and empty shards
-    const Mapping& m = *maps_[s];
+    const InputFile& shard = shards_[s];
     const int64_t off = begin + done - starts_[s];
     const int64_t take = std::min(n - done, starts_[s + 1] - starts_[s] - off);
     bytes.resize(size_t(take) * width);
     ASPEN_RETURN_IF_ERROR(
-        m.file.pread_exact(kTokenShardHeaderBytes + uint64_t(off) * width, bytes.data(), uint64_t(bytes.size())));
+        shard.pread_exact(kTokenShardHeaderBytes + uint64_t(off) * width, bytes.data(), uint64_t(bytes.size())));
     for (int64_t i = 0; i < take; ++i) {
       const unsigned char* p = bytes.data() + size_t(i) * width;
       const uint32_t id = wide ? get_le<uint32_t>(p) : uint32_t(get_le<uint16_t>(p));
       if (id >= uint64_t(index_.vocab_size))
-        return corrupt(m.path() + ": token " + std::to_string(off + i),
+        return corrupt(shard.path() + ": token " + std::to_string(off + i),
                        "an id below vocab_size " + std::to_string(index_.vocab_size), std::to_string(id));
       out[size_t(done + i)] = int32_t(id);
     }

@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "core/file.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "io/tokenizer.h"
@@ -183,12 +184,11 @@ class TokenDataset {
   Status read(int64_t begin, std::span<int32_t> out) const;
 
  private:
-  struct Mapping;
   TokenDataset();
 
   std::string dir_;
   TokenIndex index_ = {};
-  std::vector<std::unique_ptr<Mapping>> maps_;
+  std::vector<InputFile> shards_;  // read with pread: NOTE [token shards are read, not mapped] in data.cc
   std::vector<int64_t> starts_;  // first stream index of each shard, then total
 };
 

@@ -11,14 +11,12 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
-#include "core/file.h"
 #include "core/atomic_file.h"
+#include "core/file.h"
 
 namespace aspen::train {
 namespace {
@@ -208,8 +206,6 @@ void Progress::finish() {
 
 namespace {
 
-Result<std::string> read_whole(const std::string& path) { return read_regular_file(path, kMaxBinaryFileBytes); }
-
 // One metrics line as read back, with the text it came from.
 struct Line {
   ordered_json json;
@@ -261,7 +257,7 @@ Result<MetricsLog> MetricsLog::create(const std::string& path) {
 }
 
 Result<MetricsLog> MetricsLog::resume(const std::string& path, int64_t resume_step) {
-  auto text = read_whole(path);
+  auto text = read_regular_file(path, kMaxBinaryFileBytes);
   if (!text.is_ok()) return text.status().code() == Code::kNotFound ? create(path) : text.status();
   ASPEN_ASSIGN_OR_RETURN(std::vector<Line> lines, parse_metrics(path, *text));
   std::string kept;
@@ -298,7 +294,7 @@ Status MetricsLog::append(int64_t step, const std::vector<std::pair<std::string,
 }
 
 Result<std::vector<std::pair<int64_t, double>>> read_metric(const std::string& path, const std::string& key) {
-  ASPEN_ASSIGN_OR_RETURN(std::string text, read_whole(path));
+  ASPEN_ASSIGN_OR_RETURN(std::string text, read_regular_file(path, kMaxBinaryFileBytes));
   ASPEN_ASSIGN_OR_RETURN(std::vector<Line> lines, parse_metrics(path, text));
   std::vector<std::pair<int64_t, double>> out;
   for (const Line& l : lines) {
