@@ -1,7 +1,5 @@
 #include "core/file.h"
 
-#include "core/log.h"
-
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -11,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <utility>
+
+#include "core/log.h"
 
 namespace aspen {
 

@@ -31,7 +31,7 @@ inline int report(const Status& s) {
 }
 
 // Exit codes: 0 done, 1 a failure (printed), 2 bad usage, 130 stopped by Ctrl-C (128 + SIGINT).
-inline constexpr int kExitFailure = 1, kExitUsage = 2, kExitInterrupted = 130;
+inline constexpr int kExitUsage = 2, kExitInterrupted = 128 + 2;  // SIGINT
 
 // A CLI11 check that an integer option is at least `lo`, with our wording:
 // "--steps: expected an integer >= 1, found -5".

@@ -305,14 +305,9 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
             << "; run directory " << (*trainer)->run_dir() << "\n";
   auto r = (*trainer)->run();
   if (!r.is_ok()) return report(r.status());
-  const std::string checkpoints = (*trainer)->checkpoint_dir();
   trainer->reset();  // its communicators go before MPI does
-  if (r->interrupted) {
-    if (writer && r->steps > 0)
-      std::cerr << "aspen: interrupted at step " << r->steps << "; checkpoint in " << checkpoints
-                << "\nresume with: " << resume_command(a) << "\n";
-    else if (writer)
-      std::cerr << "aspen: interrupted before the first step; nothing to save\n";
+  if (r->interrupted) {  // the trainer said where the checkpoint is; this is the command that continues
+    if (writer && r->steps > 0) std::cerr << "resume with: " << resume_command(a) << "\n";
     return 128 + (g_signal.load() ? g_signal.load() : SIGINT);
   }
   if (!writer) return 0;
@@ -341,7 +336,7 @@ int run_train(const TrainArgs& a) {
     install_stop_handlers(/*mpi=*/true);  // after mpi_init, which keeps SIGTERM for itself
     const int rank = parallel::mpi_world_rank();
     const int rc = train_job(a, true, parallel::mpi_world_size(), rank == 0);
-    if (rc != 0 && rc != 128 + SIGINT) {
+    if (rc != 0 && rc != kExitInterrupted) {
       std::cerr << "aspen: process " << rank << " of the MPI job failed\n";
       return rc;  // mpirun ends the others
     }

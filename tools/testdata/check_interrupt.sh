@@ -32,10 +32,11 @@ wait $pid
 rc=$?
 [ $rc -eq 130 ] || fail "exit code $rc after Ctrl-C, want 130"
 grep -q "stopping after the current step to write a checkpoint" "$tmp/out.txt" || fail "no notice of the stop"
-grep -q "aspen: interrupted at step [0-9]*; checkpoint in $run/checkpoints" "$tmp/out.txt" || fail "no checkpoint line"
+grep -q "^interrupted at step [0-9]* of 2000; checkpoint of step [0-9]* in $run/checkpoints" "$tmp/out.txt" ||
+  fail "no checkpoint line"
 grep -q "resume with: aspen train --demo --run-dir $run --steps 2000 --threads 1 --resume" "$tmp/out.txt" ||
   fail "no resume line"
-step=$(sed -n 's/^aspen: interrupted at step \([0-9]*\);.*/\1/p' "$tmp/out.txt")
+step=$(sed -n 's/^interrupted at step \([0-9]*\) of .*/\1/p' "$tmp/out.txt")
 [ -f "$run/checkpoints/latest" ] || fail "no checkpoint written"
 grep -q "step-$(printf %08d "$step")" "$run/checkpoints/latest" || fail "latest is not step $step"
 echo "ok: Ctrl-C at step $step wrote $(cat "$run/checkpoints/latest") and exited 130"
