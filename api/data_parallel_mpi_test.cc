@@ -15,6 +15,7 @@
 
 #include "api/trainer.h"
 #include "api/training_testing.h"
+#include "kernels/matmul_choice.h"
 #include "parallel/mpi/mpi_communicator.h"
 #include "train/demo.h"
 
@@ -43,6 +44,52 @@ void expect_same_on_every_rank(const std::map<std::string, Tensor>& w) {
 }
 
 TrainingOptions sgd() { return sgd_momentum(); }
+
+// NOTE [matmul choice]: the processes of a job run process 0's kernels. Each
+// process starts from choices of its own, a different backend per rank for
+// every product the model has; after the job's model is made, every process
+// holds process 0's, and the job trains with the same bits on every rank.
+TEST(DataParallelMpi, MatmulChoicesAgreeAcrossProcesses) {
+  const int rank = parallel::mpi_world_rank();
+  const kernels::MatmulChoice before = kernels::set_matmul_choice(kernels::MatmulChoice::measured);
+  kernels::clear_matmul_choices();
+  // Measure the model's products in every process, then give each process its own backend for them.
+  Options probe;
+  probe.threads(1).replication_factor(local_replicas());
+  ASSERT_FALSE(train_weights(probe, sgd(), kReplicas, 1, nullptr, 1).empty());
+  std::string text = kernels::matmul_choices_text(), mine;
+  const char* names[3] = {"aspen", "oneDNN", "OpenBLAS"};
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    if (n++ >= 2)
+      for (const char* name : names)
+        if (line.size() > std::strlen(name) && line.ends_with(std::string(" ") + name)) {
+          line = line.substr(0, line.size() - std::strlen(name)) + names[(rank + (n % 2)) % 2];  // rank-dependent
+          break;
+        }
+    mine += line + "\n";
+  }
+  ASSERT_TRUE(kernels::adopt_matmul_choices(mine).is_ok());
+  Options dp;
+  dp.threads(1).replication_factor(local_replicas()).mpi(true);
+  const auto wd = train_weights(dp, sgd(), kReplicas, 3, nullptr, parallel::mpi_world_size());
+  ASSERT_FALSE(wd.empty());
+  expect_same_on_every_rank(wd);
+  // The choices themselves: process 0's everywhere.
+  std::string now = kernels::matmul_choices_text();
+  uint64_t h = 1469598103934665603ull;
+  for (char c : now) h = (h ^ uint8_t(c)) * 1099511628211ull;
+  auto comm = parallel::MpiCommunicator::world();
+  ASSERT_TRUE(comm.is_ok());
+  std::vector<float> me(2), all(size_t(2 * (*comm)->size()));
+  std::memcpy(me.data(), &h, 8);
+  ASSERT_TRUE((*comm)->all_gather(me.data(), all.data(), 2, DType::f32).is_ok());
+  for (int r = 0; r < (*comm)->size(); ++r) EXPECT_EQ(0, std::memcmp(all.data() + 2 * r, &h, 8)) << "rank " << r;
+  kernels::clear_matmul_choices();
+  kernels::set_matmul_choice(before);
+}
 
 TrainingOptions clipped_adamw() {
   TrainingOptions t = golden_adamw();
@@ -499,6 +546,11 @@ int main(int argc, char** argv) {
     return rc;
   }
   ::testing::InitGoogleTest(&argc, argv);
+  // These tests compare layouts bit for bit, and each layout's model is made before or after the
+  // others: a process that measured its products before it joined a job (the one-device models)
+  // would have run its own kernels there and process 0's in the job. So the layouts run the fixed
+  // rule; MatmulChoicesAgreeAcrossProcesses tests the measured mode's agreement.
+  aspen::kernels::set_matmul_choice(aspen::kernels::MatmulChoice::rule);
   if (aspen::parallel::mpi_world_rank() != 0)  // one rank's report is enough; failures still set the exit code
     delete ::testing::UnitTest::GetInstance()->listeners().Release(
         ::testing::UnitTest::GetInstance()->listeners().default_result_printer());

@@ -11,6 +11,7 @@
 #include "compiler/cache.h"
 #include "models/tensor_parallel.h"
 #include "core/check.h"
+#include "kernels/matmul_choice.h"
 #ifdef ASPEN_HAVE_MPI
 #include "parallel/mpi/mpi_communicator.h"
 #endif
@@ -239,18 +240,23 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   }
 
   std::vector<std::unique_ptr<compiler::Executable>> exes;
-  for (const graph::Graph* g : graphs) {
-    std::unique_ptr<compiler::Executable> exe;
-    if (!options.executable_cache_.empty()) {
-      compiler::ExecutableCache cache(options.executable_cache_);
-      bool hit = false;
-      ASPEN_ASSIGN_OR_RETURN(exe, cache.compile(*g, copts, &hit));
-      m->cache_hit_ = (exes.empty() || m->cache_hit_) && hit;
-    } else {
-      ASPEN_ASSIGN_OR_RETURN(exe, compiler::compile(*g, copts));
+  const auto compile_all = [&]() -> Status {
+    exes.clear();
+    for (const graph::Graph* g : graphs) {
+      std::unique_ptr<compiler::Executable> exe;
+      if (!options.executable_cache_.empty()) {
+        compiler::ExecutableCache cache(options.executable_cache_);
+        bool hit = false;
+        ASPEN_ASSIGN_OR_RETURN(exe, cache.compile(*g, copts, &hit));
+        m->cache_hit_ = (exes.empty() || m->cache_hit_) && hit;
+      } else {
+        ASPEN_ASSIGN_OR_RETURN(exe, compiler::compile(*g, copts));
+      }
+      exes.push_back(std::move(exe));
     }
-    exes.push_back(std::move(exe));
-  }
+    return Status();
+  };
+  ASPEN_RETURN_IF_ERROR(compile_all());
   if (m->job_) {
     const parallel::DataParallelOptions& dpo = m->dp_->options();
     const std::string overlap = std::to_string(int(dpo.overlap));
@@ -293,6 +299,25 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     };
   }
   ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exes), sopts));
+  if (m->job_) {
+    // NOTE [matmul choice] (kernels/matmul_choice.cc): every process runs process 0's kernels, so
+    // that a layout's bits do not depend on which process measured what. The choices are complete
+    // only now (each device prepares its kernels on its own team); a process whose own measurements
+    // differed compiles again with process 0's (only where a machine measures afresh).
+    // The communicator moves floats: the length as one (exact below 2^24), the text as bf16 pairs.
+    std::string text = m->job_->rank() == 0 ? kernels::matmul_choices_text() : std::string();
+    if (text.size() % 2) text += '\n';
+    float bytes = float(std::min<size_t>(text.size(), size_t(1) << 24));
+    ASPEN_RETURN_IF_ERROR(m->job_->broadcast(&bytes, 1, DType::f32, 0));
+    text.resize(size_t(bytes));
+    ASPEN_RETURN_IF_ERROR(m->job_->broadcast(text.data(), int64_t(bytes) / 2, DType::bf16, 0));
+    ASPEN_ASSIGN_OR_RETURN(const bool stale, kernels::adopt_matmul_choices(text));
+    if (stale) {
+      m->session_.reset();
+      ASPEN_RETURN_IF_ERROR(compile_all());
+      ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exes), sopts));
+    }
+  }
   // Tensor shards: a "tensor" group per (replica, stage), each shard's first
   // row of the vocabulary, and which parameters are whole on every shard.
   auto setup_shards = [&]() -> Status {

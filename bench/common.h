@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace aspen::bench {
 
@@ -21,6 +22,9 @@ double best_seconds(const std::function<void()>& fn, int min_reps = 3, double mi
 // hits both alike; returns the best time of each.
 std::pair<double, double> best_seconds_interleaved(const std::function<void()>& a, const std::function<void()>& b,
                                                    int rounds = 5, double min_seconds = 0.3);
+// The same for any number of candidates (each warmed up once first).
+std::vector<double> best_seconds_interleaved(const std::vector<std::function<void()>>& fns, int rounds = 5,
+                                             double min_seconds = 0.3);
 
 // Peak arithmetic rates in GFLOP/s, measured on `threads` threads (OpenMP).
 double measure_f32_fma_peak(int threads);   // FMA on the widest vectors this CPU runs

@@ -15,6 +15,7 @@
 #include "core/file.h"
 #include "core/log.h"
 #include "graph/verify.h"
+#include "kernels/matmul_choice.h"
 
 namespace aspen::compiler {
 
@@ -130,6 +131,17 @@ std::string ExecutableCache::entry_path(uint64_t key) const {
 Result<std::unique_ptr<Executable>> ExecutableCache::compile(const graph::Graph& g, const CompileOptions& options,
                                                              bool* hit) {
   if (hit) *hit = false;
+  // NOTE [matmul choice]: the products' measured backends live beside the entries, per CPU identity.
+  const std::string choices = kernels::matmul_choices_path(dir_);
+  if (Status st = kernels::load_matmul_choices(choices); !st.is_ok())
+    ASPEN_LOG(warning) << "executable cache: " << st.message();
+  const auto keep_choices = [&] {
+    if (!kernels::matmul_choices_changed()) return;
+    std::error_code dir_ec;
+    std::filesystem::create_directories(dir_, dir_ec);
+    if (Status st = kernels::save_matmul_choices(choices); !st.is_ok())
+      ASPEN_LOG(warning) << "executable cache: matmul choices not stored: " << st.message();
+  };
   const std::string encoded = encode_graph(g);
   const uint64_t k = key_of(encoded, options);
   const Request request = request_of(encoded);
@@ -140,6 +152,7 @@ Result<std::unique_ptr<Executable>> ExecutableCache::compile(const graph::Graph&
     auto exe = lower_optimized(std::move(cached).value(), options);
     if (exe.is_ok()) {
       if (hit) *hit = true;
+      keep_choices();
       return exe;
     }
     ASPEN_LOG(warning) << "executable cache: " << path << " could not be loaded (" << exe.status().message()
@@ -162,6 +175,7 @@ Result<std::unique_ptr<Executable>> ExecutableCache::compile(const graph::Graph&
   std::filesystem::create_directories(dir_, ec);
   Status w = ec ? Status::error(Code::kIoError, dir_, "a cache directory", ec.message()) : write_file_atomic(path, bytes);
   if (!w.is_ok()) ASPEN_LOG(warning) << "executable cache: not stored: " << w.message();
+  keep_choices();
   return exe;
 }
 

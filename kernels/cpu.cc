@@ -1,7 +1,12 @@
 #include "kernels/cpu.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 
 namespace aspen::kernels {
 
@@ -61,6 +66,55 @@ std::string CpuFeatures::to_string() const {
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();
   return f;
+}
+
+namespace {
+
+// "48K", "2048K", "32M" as /sys writes cache sizes; 0 when unreadable.
+int64_t sys_cache_bytes(int level, bool data) {
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream lf(dir + "level"), tf(dir + "type"), sf(dir + "size");
+    int l = 0;
+    std::string type, size;
+    if (!(lf >> l) || !(tf >> type) || !(sf >> size)) return 0;
+    if (l != level || type == "Instruction" || (data && type != "Data" && type != "Unified")) continue;
+    char* end = nullptr;
+    const long long v = std::strtoll(size.c_str(), &end, 10);
+    if (v <= 0) return 0;
+    const char unit = end ? *end : 0;
+    return unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : unit == 'G' ? v << 30 : v;
+  }
+  return 0;
+}
+
+CpuCaches detect_caches() {
+  CpuCaches c;
+  const int64_t defaults[3] = {c.l1d, c.l2, c.l3};
+  const int names[3] = {_SC_LEVEL1_DCACHE_SIZE, _SC_LEVEL2_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE};
+  int64_t* out[3] = {&c.l1d, &c.l2, &c.l3};
+  for (int i = 0; i < 3; ++i) {
+    int64_t v = sys_cache_bytes(i + 1, true);
+    if (v <= 0) v = sysconf(names[i]);
+    // A guest may report its host's figures or nothing; keep them sane.
+    *out[i] = v >= 4096 && v <= (int64_t(1) << 34) ? v : defaults[i];
+  }
+  return c;
+}
+
+std::string bytes_text(int64_t v) {
+  return v % (1 << 20) == 0 ? std::to_string(v >> 20) + " MiB" : std::to_string(v >> 10) + " KiB";
+}
+
+}  // namespace
+
+std::string CpuCaches::to_string() const {
+  return "L1d " + bytes_text(l1d) + ", L2 " + bytes_text(l2) + ", L3 " + bytes_text(l3);
+}
+
+const CpuCaches& cpu_caches() {
+  static const CpuCaches c = detect_caches();
+  return c;
 }
 
 Isa active_isa() { return Isa(std::min(int(cpu_features().best), g_cap.load(std::memory_order_relaxed))); }

@@ -14,6 +14,7 @@
 // on other threads is allowed but each call sees one value.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace aspen::kernels {
@@ -29,6 +30,16 @@ struct CpuFeatures {
   std::string to_string() const;  // "avx2 fma avx512f ... (best: avx512_bf16)"
 };
 const CpuFeatures& cpu_features();
+
+// The data caches one core sees, in bytes: its own L1d and L2 and the L3 it
+// shares. From /sys/devices/system/cpu/cpu0/cache (what the kernel read from
+// cpuid), else sysconf, else 32 KiB / 1 MiB / 8 MiB. Kernels size their
+// blocking from these (NOTE [gemm blocking] in matmul_aspen.cc).
+struct CpuCaches {
+  int64_t l1d = 32 << 10, l2 = 1 << 20, l3 = 8 << 20;
+  std::string to_string() const;  // "L1d 32 KiB, L2 512 KiB, L3 32 MiB"
+};
+const CpuCaches& cpu_caches();
 
 // The ISA kernels use now: min(cpu_features().best, cap).
 Isa active_isa();

@@ -11,6 +11,7 @@
 #include "kernels/convert.h"
 #include "kernels/cpu.h"
 #include "kernels/matmul_backend.h"
+#include "kernels/matmul_choice.h"
 
 namespace aspen::kernels {
 
@@ -80,6 +81,8 @@ const char* matmul_backend_name(MatmulBackend backend) {
       return "oneDNN";
     case MatmulBackend::openblas:
       return "OpenBLAS";
+    case MatmulBackend::aspen:
+      return "aspen";
   }
   return "?";
 }
@@ -120,7 +123,8 @@ Result<std::unique_ptr<MatmulPlan::Impl>> make_widening_plan(const MatmulShape& 
   impl->shape = s;
   MatmulShape wide = s;
   wide.input = DType::f32;
-  ASPEN_ASSIGN_OR_RETURN(MatmulPlan plan, MatmulPlan::create(wide));
+  // The f32 plan takes the rule's backend: this is called while a choice is being measured.
+  ASPEN_ASSIGN_OR_RETURN(MatmulPlan plan, MatmulPlan::create(wide, matmul_backend_for(wide, omp_get_max_threads())));
   impl->f32 = std::make_unique<MatmulPlan>(std::move(plan));
   impl->a.resize(size_t(s.a_elements()));
   impl->b.resize(size_t(s.b_elements()));
@@ -140,7 +144,8 @@ MatmulPlan::~MatmulPlan() = default;
 
 Result<MatmulPlan> MatmulPlan::create(const MatmulShape& s) {
   ASPEN_RETURN_IF_ERROR(validate(s));
-  return create(s, matmul_backend_for(s, omp_get_max_threads()));
+  ASPEN_ASSIGN_OR_RETURN(const MatmulBackend backend, choose_matmul_backend(s, omp_get_max_threads()));
+  return create(s, backend);
 }
 
 Result<MatmulPlan> MatmulPlan::create(const MatmulShape& s, MatmulBackend backend) {
@@ -151,6 +156,8 @@ Result<MatmulPlan> MatmulPlan::create(const MatmulShape& s, MatmulBackend backen
   plan.backend_ = backend;
   if (backend == MatmulBackend::openblas) {
     ASPEN_ASSIGN_OR_RETURN(plan.impl_, make_openblas_plan(s));
+  } else if (backend == MatmulBackend::aspen) {
+    ASPEN_ASSIGN_OR_RETURN(plan.impl_, make_aspen_plan(s));
   } else if (s.input == DType::bf16 && bf16_matmul_widens()) {  // NOTE [bf16 without AVX-512]
     ASPEN_ASSIGN_OR_RETURN(plan.impl_, make_widening_plan(s));
   } else {

@@ -62,8 +62,8 @@ struct MatmulShape {
 };
 
 // The libraries a plan can run on. NOTE [matmul backends] in matmul.cc.
-enum class MatmulBackend : uint8_t { onednn, openblas };
-const char* matmul_backend_name(MatmulBackend backend);  // "oneDNN", "OpenBLAS"
+enum class MatmulBackend : uint8_t { onednn, openblas, aspen };
+const char* matmul_backend_name(MatmulBackend backend);  // "oneDNN", "OpenBLAS", "aspen"
 
 // The backend MatmulPlan::create(shape) picks on a team of `team_size`
 // threads (NOTE [matmul backends]): OpenBLAS for large f32 products without

@@ -12,8 +12,10 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "core/status.h"
+#include "kernels/cpu.h"
 #include "kernels/matmul.h"
 
 namespace aspen::kernels {
@@ -29,6 +31,23 @@ struct MatmulPlan::Impl {
 // validated by MatmulPlan::create.
 Result<std::unique_ptr<MatmulPlan::Impl>> make_onednn_plan(const MatmulShape& shape);
 Result<std::unique_ptr<MatmulPlan::Impl>> make_openblas_plan(const MatmulShape& shape);
+
+// aspen's own kernels (matmul_aspen.cc): the micro-tile of an ISA variant and
+// the cache blocking around it (NOTE [gemm blocking]).
+struct GemmBlocking {
+  Isa isa = Isa::scalar;
+  int mr = 0, nr = 0;              // the micro-kernel's tile of C (fixed by the variant)
+  int64_t kc = 0, mc = 0, nc = 0;  // K, row and column blocks (mc a multiple of mr, nc of nr)
+  bool b_streams = false;          // GotoBLAS's loop order instead of BLIS's (NOTE [gemm blocking])
+  std::string to_string() const;   // "avx2 mr 6 nr 16 kc 256 mc 252 nc 8192"
+};
+// The blocking of the variant for `isa` (the best one at or below it), sized
+// from this machine's caches.
+GemmBlocking gemm_blocking(Isa isa);
+// On the variant of active_isa() with gemm_blocking's sizes, or on a given
+// blocking (tests and tuning); an ISA above active_isa() is refused.
+Result<std::unique_ptr<MatmulPlan::Impl>> make_aspen_plan(const MatmulShape& shape);
+Result<std::unique_ptr<MatmulPlan::Impl>> make_aspen_plan(const MatmulShape& shape, const GemmBlocking& blocking);
 
 // NOTE [openblas tiles]: the OpenBLAS backend's split of a product into tiles,
 // each one single-threaded cblas_sgemm call. Fixed by the shape alone, so the

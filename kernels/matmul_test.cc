@@ -10,6 +10,7 @@
 #include "core/thread_team.h"
 #include "kernels/cpu.h"
 #include "kernels/matmul_backend.h"
+#include "kernels/matmul_choice.h"
 #include "kernels/testing.h"
 
 namespace aspen::kernels {
@@ -235,8 +236,12 @@ TEST(Matmul, BackendRule) {
   bf.input = DType::bf16;
   EXPECT_EQ(matmul_backend_for(bf, 2), dnnl);
   {
+    // With measuring off, a plan takes the rule's backend (NOTE [matmul choice]).
     ScopedOmpThreads team(2);
+    clear_matmul_choices();
+    const MatmulChoice before = set_matmul_choice(MatmulChoice::rule);
     auto plan = MatmulPlan::create(fc);
+    set_matmul_choice(before);
     ASSERT_TRUE(plan.is_ok());
     EXPECT_EQ(plan->backend(), blas);
   }

@@ -15,14 +15,14 @@
 //   aspen inspect FILE
 //   aspen embed --model DIR [--batch N] [--max-length L] [--threads T]   (stdin lines -> JSON lines)
 //   aspen info
-//   global: --isa scalar|avx2|avx512|avx512_bf16, --reference-kernels, -v
+//   global: --isa scalar|avx2|avx512|avx512_bf16, --reference-kernels, --kernel-choice measured|rule, -v
 //
 // The library never prints or exits; this file does both.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -37,11 +37,13 @@
 #include "bench/kernels_bench.h"
 #include "bench/pipeline_bench.h"
 #include "bench/train_bench.h"
+#include "compiler/cache.h"
 #include "core/file.h"
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "kernels/cpu.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_choice.h"
 #include "tools/commands.h"
 
 namespace {
@@ -144,6 +146,11 @@ int main(int argc, char** argv) {
   app.add_flag("--reference-kernels", reference, "run every kernel's reference version (slow; for checking)");
   app.add_option("--isa", isa_cap, "highest instruction set kernels may use")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512", "avx512_bf16"}));
+  std::string kernel_choice = "measured";
+  app.add_option("--kernel-choice", kernel_choice,
+                 "measured: time aspen's, oneDNN's and OpenBLAS's matrix products on this machine and keep the "
+                 "fastest (remembered in the cache folder); rule: a fixed rule, the same on every machine")
+      ->check(CLI::IsMember({"measured", "rule"}));
   app.footer("Example: aspen bench gemm --threads 2\n         aspen --isa avx2 bench kernels");
 
   CLI::App* info = app.add_subcommand("info", "show the CPU features and the kernel ISA in use");
@@ -291,6 +298,13 @@ int main(int argc, char** argv) {
                    aspen::kernels::Isa::avx512_bf16})
     if (isa_cap == aspen::kernels::isa_name(isa)) aspen::kernels::set_isa_cap(isa);
 
+  // NOTE [matmul choice] in kernels/matmul_choice.cc: the measured choices persist per machine.
+  aspen::kernels::set_matmul_choice(kernel_choice == "rule" ? aspen::kernels::MatmulChoice::rule
+                                                            : aspen::kernels::MatmulChoice::measured);
+  const std::string choices_path = aspen::kernels::matmul_choices_path(aspen::compiler::default_cache_dir());
+  if (aspen::Status st = aspen::kernels::use_matmul_choices_file(choices_path); !st.is_ok())
+    ASPEN_LOG(warning) << aspen::escape_for_terminal(st.message());
+
   for (const aspen::tools::Command& c : commands)
     if (c.app->parsed()) return c.run();
   if (inspect_cmd->parsed()) {
@@ -311,15 +325,21 @@ int main(int argc, char** argv) {
     const auto& f = aspen::kernels::cpu_features();
     std::cout << "cpu: " << f.to_string() << "\nkernel isa: " << aspen::kernels::isa_name(aspen::kernels::active_isa())
               << (aspen::kernels::reference_mode() ? " (reference kernels forced)" : "") << "\n";
-    // NOTE [matmul backends] in kernels/matmul.cc.
-    std::cout << "openblas: " << aspen::kernels::openblas_description() << "\nmatmul: "
-              << (aspen::kernels::openblas_is_openmp_build()
-                      ? "f32 on OpenBLAS (products big enough to tile; smaller ones on oneDNN), "
-                      : "f32 on oneDNN (this OpenBLAS is not its OpenMP build), ")
-              << (aspen::kernels::bf16_matmul_widens()
-                      ? "bf16 widened to f32 (no AVX-512: oneDNN has no bf16 kernels on this CPU)"
-                      : "bf16 on oneDNN")
+    std::cout << "cpu identity: " << aspen::kernels::cpu_identity() << "\ncaches: "
+              << aspen::kernels::cpu_caches().to_string() << "\nopenblas: " << aspen::kernels::openblas_description()
               << "\n";
+    if (const std::string w = aspen::kernels::library_kernels_warning(); !w.empty()) std::cout << "warning: " << w << "\n";
+    std::cout << "onednn: " << aspen::kernels::onednn_description() << "\n";
+    // NOTE [matmul choice] in kernels/matmul_choice.cc.
+    std::cout << "matmul: " << aspen::kernels::matmul_choice_name(aspen::kernels::matmul_choice())
+              << (aspen::kernels::matmul_choice() == aspen::kernels::MatmulChoice::measured
+                      ? " (each product on the fastest of aspen, oneDNN and OpenBLAS, timed here)"
+                      : " (a fixed rule: OpenBLAS for large f32 products, oneDNN otherwise)")
+              << "; " << aspen::kernels::matmul_choices_count() << " choices remembered in " << choices_path << "\n"
+              << "aspen gemm kernels: " << aspen::kernels::aspen_gemm_description() << "\n"
+              << (aspen::kernels::bf16_matmul_widens()
+                      ? "bf16: no bf16 instructions on this CPU (no AVX-512): products widen bf16 to f32\n"
+                      : "");
     return 0;
   }
   if (gemm_cmd->parsed()) {

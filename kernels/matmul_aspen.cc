@@ -1,0 +1,345 @@
+// kernels/matmul_aspen.cc: aspen's own matrix product, the "aspen" backend of
+// MatmulPlan: f32 and bf16 inputs (bf16 widened while packing), f32
+// accumulation and output, every layout (a^T, b^T), batches, bias and beta.
+//
+// Why our own: the products are 80 % of a training step, and the libraries'
+// speed depends on whether they recognise the CPU (Debian's OpenBLAS runs SSE3
+// kernels on a Xeon it does not know; oneDNN 2.6 is slow on large f32
+// products). A kernel written here runs the code this CPU can run, and the
+// choice between it and the libraries is made by measuring (matmul.cc).
+//
+// The structure is BLIS's (Van Zee and van de Geijn, "BLIS: A Framework for
+// Rapidly Instantiating BLAS Functionality", 2015): five loops around a
+// register-blocked micro-kernel, with op(A) and op(B) packed into contiguous
+// panels sized for the caches.
+//
+// NOTE [gemm micro-kernel]: C's tile of MR rows by NR = NV vectors stays in
+// registers for a whole block of kc steps; each step loads NV vectors of the
+// packed B panel and broadcasts MR values of the packed A panel, MR * NV FMAs.
+// The tile is as large as the registers allow with NV + 1 left for B and the
+// broadcast: AVX2 (16 ymm) 6 x 16 = 12 accumulators, AVX-512 (32 zmm) 12 x 32
+// = 24. Per step that is 12 (24) FMAs against 2 + 6 (2 + 12) loads, inside
+// the two-loads-per-FMA-pair budget of every x86 core these kernels target.
+//
+// NOTE [gemm packing]: a block of op(A) (mc x kc) is packed into panels of MR
+// rows, each panel k-major (MR values per step); a block of op(B) (kc x nc)
+// into panels of NR columns, each k-major (NR values per step). Packing reads
+// A and B in either layout (trans_a, trans_b) and widens bf16 to f32 on the
+// way, so no transposed or widened copy of a whole operand is ever made; the
+// ragged last panel is zero padded, so the micro-kernel always runs full.
+//
+// NOTE [gemm blocking]: the loops, outermost first, over one thread's slab of C:
+//   jc over columns by nc: op(B)'s block kc x nc packed stays in L3;
+//   pc over K by kc:       pack op(B)[pc.., jc..] once, reused by every row block;
+//   ic over rows by mc:    pack op(A)[ic.., pc..]: mc x kc stays in L2;
+//   jr over NR panels:     one B panel (kc x NR) stays in L1 across the ir loop;
+//   ir over MR panels:     the micro-kernel, A panels streaming from L2.
+// kc is chosen so a B panel fills about half of L1d, mc so the A block fills
+// half of L2, nc so the B block fills at most a quarter of L3 (per thread),
+// all from cpu_caches() on the machine that runs.
+//
+// NOTE [gemm threads]: each batch entry's C is cut into slabs, a grid of tm
+// row slabs by tn column slabs (tm * tn = the team size, the factorization
+// whose largest slab is smallest), unless the batch alone gives every thread
+// equal work. Each thread runs the five loops on its own slabs with its own
+// packed blocks: no barrier, no shared buffer. Every element of C is the same
+// sequence of FMAs whatever the slab it falls in (kc blocks in order, then k
+// within each), so the bits do not depend on the team size or the run.
+//
+// Accumulation: the first kc block starts from C (beta = 1) or zero (beta =
+// 0), plus the bias; each later block starts from C as the last one left it.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "kernels/cpu.h"
+#include "kernels/matmul_backend.h"
+#include "kernels/matmul_choice.h"
+
+// GCC 12 reports -Wmaybe-uninitialized inside AVX-512 intrinsics built on
+// _mm512_undefined_*() (GCC bug 105593; see kernels/convert.cc).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+namespace aspen::kernels {
+
+namespace {
+
+using UkernelFn = void (*)(int64_t kc, const float* pa, const float* pb, float* c, int64_t ldc, bool load_c,
+                           const float* bias);
+using PackFn = void (*)(const void* src, int64_t ld, bool trans, int64_t r0, int64_t rn, int64_t c0, int64_t cn,
+                        float* out);
+
+// One ISA's micro-kernel and packing routines ([0]: f32 inputs, [1]: bf16).
+struct GemmIsa {
+  Isa isa;
+  int mr, nr;
+  UkernelFn ukernel;
+  PackFn pack_a[2], pack_b[2];
+};
+
+// ---- the variants ------------------------------------------------------------------------------------
+// Each includes matmul_aspen_isa.inc with its vector type and tile. The
+// portable one (plain floats, a 4 x 8 tile the compiler may vectorize at the
+// baseline) runs where AVX2 is missing and is the variant --isa scalar tests.
+
+namespace isa_portable {
+using V = float;
+constexpr int W = 1, MR = 4, NV = 8;
+constexpr Isa ISA = Isa::scalar;
+inline V vzero() { return 0.0f; }
+inline V vload(const float* p) { return *p; }
+inline void vstore(float* p, V v) { *p = v; }
+inline V vset1(float x) { return x; }
+inline V vadd(V a, V b) { return a + b; }
+inline V vfma(V a, V b, V c) { return a * b + c; }
+#include "kernels/matmul_aspen_isa.inc"
+}  // namespace isa_portable
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace isa_avx2 {
+using V = __m256;
+constexpr int W = 8, MR = 4, NV = 3;
+constexpr Isa ISA = Isa::avx2;
+inline V vzero() { return _mm256_setzero_ps(); }
+inline V vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
+inline V vset1(float x) { return _mm256_set1_ps(x); }
+inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
+inline V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+#include "kernels/matmul_aspen_isa.inc"
+}  // namespace isa_avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+namespace isa_avx512 {
+using V = __m512;
+constexpr int W = 16, MR = 12, NV = 2;
+constexpr Isa ISA = Isa::avx512;
+inline V vzero() { return _mm512_setzero_ps(); }
+inline V vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
+inline V vset1(float x) { return _mm512_set1_ps(x); }
+inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
+inline V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+#include "kernels/matmul_aspen_isa.inc"
+}  // namespace isa_avx512
+#pragma GCC pop_options
+
+const GemmIsa& gemm_isa(Isa isa) {
+  if (isa >= Isa::avx512) return isa_avx512::kGemm;
+  if (isa >= Isa::avx2) return isa_avx2::kGemm;
+  return isa_portable::kGemm;
+}
+
+int64_t round_down(int64_t v, int64_t m) { return std::max(m, v / m * m); }
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// Scratch for packed blocks, one per thread, grown as needed and shared by
+// every plan the thread runs (a plan never runs on two threads at once, and
+// each thread runs one slab at a time).
+float* thread_scratch(size_t floats) {
+  struct Scratch {
+    float* p = nullptr;
+    size_t n = 0;
+    ~Scratch() { std::free(p); }
+  };
+  thread_local Scratch s;
+  if (s.n < floats) {
+    std::free(s.p);
+    s.n = round_up(int64_t(floats), 1024);
+    s.p = static_cast<float*>(std::aligned_alloc(64, s.n * sizeof(float)));
+    ASPEN_CHECK(s.p != nullptr) << "matmul: out of memory for " << s.n * sizeof(float) << " bytes of packed panels";
+  }
+  return s.p;
+}
+
+class AspenPlan final : public MatmulPlan::Impl {
+ public:
+  AspenPlan(const MatmulShape& s, const GemmBlocking& blk, int team)
+      : s_(s), blk_(blk), isa_(gemm_isa(blk.isa)), team_(team) {
+    fold_ = s.broadcast_b && !s.trans_a;
+    entries_ = fold_ ? 1 : s.batch;
+    rows_ = fold_ ? s.batch * s.M : s.M;
+    // NOTE [gemm threads]: the batch gives every thread equal work, or each entry is cut.
+    if (entries_ % team == 0 || entries_ >= 4 * team) {
+      tm_ = tn_ = 1;
+    } else {
+      double best = 0;
+      for (int tn = 1; tn <= team; ++tn) {
+        if (team % tn) continue;
+        const int tm = team / tn;
+        const double slab = double(round_up((rows_ + tm - 1) / tm, blk.mr)) * double(round_up((s.N + tn - 1) / tn, blk.nr));
+        if (best == 0 || slab < best) best = slab, tm_ = tm, tn_ = tn;
+      }
+    }
+  }
+
+  void run(const void* a, const void* b, const float* bias, float* c) override {
+    const int64_t slabs = int64_t(tm_) * tn_, units = entries_ * slabs;
+    const size_t in_size = s_.input == DType::bf16 ? 2 : 4;
+    const int64_t a_stride = rows_ * s_.K, b_stride = s_.broadcast_b ? 0 : s_.K * s_.N, c_stride = rows_ * s_.N;
+#pragma omp parallel for schedule(static) num_threads(team_)
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t slab = u / entries_, e = u % entries_;
+      const int64_t ti = slab / tn_, tj = slab % tn_;
+      const auto [m0, m1] = share(rows_, blk_.mr, tm_, ti);
+      const auto [n0, n1] = share(s_.N, blk_.nr, tn_, tj);
+      if (m0 >= m1 || n0 >= n1) continue;
+      run_slab(static_cast<const char*>(a) + size_t(e * a_stride) * in_size,
+               static_cast<const char*>(b) + size_t(e * b_stride) * in_size, bias, c + e * c_stride, m0, m1, n0, n1);
+    }
+  }
+
+ private:
+  // Slab `index` of `count` over `extent`, cut at multiples of `unit`.
+  static std::pair<int64_t, int64_t> share(int64_t extent, int64_t unit, int64_t count, int64_t index) {
+    const int64_t panels = (extent + unit - 1) / unit;
+    const int64_t p0 = index * panels / count, p1 = (index + 1) * panels / count;
+    return {std::min(extent, p0 * unit), std::min(extent, p1 * unit)};
+  }
+
+  void run_slab(const void* a, const void* b, const float* bias, float* c, int64_t m0, int64_t m1, int64_t n0,
+                int64_t n1) const {
+    const int mr = isa_.mr, nr = isa_.nr;
+    const int64_t K = s_.K, N = s_.N;
+    const int64_t lda = s_.trans_a ? rows_ : K, ldb = s_.trans_b ? K : N;
+    const int dt = s_.input == DType::bf16 ? 1 : 0;
+    const int64_t kc_max = std::min(blk_.kc, K), mc_max = std::min(blk_.mc, round_up(m1 - m0, mr)),
+                  nc_max = std::min(blk_.nc, round_up(n1 - n0, nr));
+    const size_t a_floats = size_t(round_up(mc_max, mr) * kc_max), b_floats = size_t(round_up(nc_max, nr) * kc_max);
+    float* pa = thread_scratch(a_floats + b_floats + size_t(2 * mr * nr));
+    float* pb = pa + a_floats;
+    float* tile = pb + b_floats;  // a ragged tile of C, and the bias padded to NR
+    float* bias_tile = tile + mr * nr;
+    // One block pair: rows [ic, ic + mc) of the packed A block, columns [jc, jc + nc) of B's, steps
+    // [pc, pc + kc); tiles in the order `ir_inner` says.
+    const auto run_blocks = [&](int64_t ic, int64_t mc, int64_t jc, int64_t nc, int64_t pc, int64_t kc,
+                                bool ir_inner) {
+      const bool first = pc == 0;
+      const bool load_c = !first || s_.beta != 0.0f;
+      const auto tile_at = [&](int64_t ir, int64_t jr) {
+        const int cols = int(std::min<int64_t>(nr, nc - jr));
+        const float* bp = pb + jr * kc;
+        const float* brow = first && bias ? bias + jc + jr : nullptr;
+        if (brow && cols < nr) {
+          std::fill(bias_tile, bias_tile + nr, 0.0f);
+          std::copy(brow, brow + cols, bias_tile);
+          brow = bias_tile;
+        }
+        const int rows = int(std::min<int64_t>(mr, mc - ir));
+        float* ct = c + (ic + ir) * N + jc + jr;
+        const float* ap = pa + ir * kc;
+        if (rows == mr && cols == nr) {
+          isa_.ukernel(kc, ap, bp, ct, N, load_c, brow);
+          return;
+        }
+        // Ragged edge: the full tile runs on a copy, and its valid part goes back.
+        std::fill(tile, tile + mr * nr, 0.0f);
+        if (load_c)
+          for (int i = 0; i < rows; ++i) std::copy(ct + i * N, ct + i * N + cols, tile + i * nr);
+        isa_.ukernel(kc, ap, bp, tile, nr, load_c, brow);
+        for (int i = 0; i < rows; ++i) std::copy(tile + i * nr, tile + i * nr + cols, ct + i * N);
+      };
+      if (ir_inner) {
+        for (int64_t jr = 0; jr < nc; jr += nr)
+          for (int64_t ir = 0; ir < mc; ir += mr) tile_at(ir, jr);
+      } else {
+        for (int64_t ir = 0; ir < mc; ir += mr)
+          for (int64_t jr = 0; jr < nc; jr += nr) tile_at(ir, jr);
+      }
+    };
+    if (!blk_.b_streams) {
+      // BLIS's order (NOTE [gemm blocking]): B's block in L3, A's in L2, a B panel in L1.
+      for (int64_t jc = n0; jc < n1; jc += blk_.nc) {
+        const int64_t nc = std::min(blk_.nc, n1 - jc);
+        for (int64_t pc = 0; pc < K; pc += blk_.kc) {
+          const int64_t kc = std::min(blk_.kc, K - pc);
+          isa_.pack_b[dt](b, ldb, s_.trans_b, pc, kc, jc, nc, pb);
+          for (int64_t ic = m0; ic < m1; ic += blk_.mc) {
+            const int64_t mc = std::min(blk_.mc, m1 - ic);
+            isa_.pack_a[dt](a, lda, s_.trans_a, ic, mc, pc, kc, pa);
+            run_blocks(ic, mc, jc, nc, pc, kc, true);
+          }
+        }
+      }
+    } else {
+      // GotoBLAS's order: A's block in L3, B's in L2 streaming past an A panel in L1.
+      for (int64_t ic = m0; ic < m1; ic += blk_.mc) {
+        const int64_t mc = std::min(blk_.mc, m1 - ic);
+        for (int64_t pc = 0; pc < K; pc += blk_.kc) {
+          const int64_t kc = std::min(blk_.kc, K - pc);
+          isa_.pack_a[dt](a, lda, s_.trans_a, ic, mc, pc, kc, pa);
+          for (int64_t jc = n0; jc < n1; jc += blk_.nc) {
+            const int64_t nc = std::min(blk_.nc, n1 - jc);
+            isa_.pack_b[dt](b, ldb, s_.trans_b, pc, kc, jc, nc, pb);
+            run_blocks(ic, mc, jc, nc, pc, kc, false);
+          }
+        }
+      }
+    }
+  }
+
+  MatmulShape s_;
+  GemmBlocking blk_;
+  const GemmIsa& isa_;
+  int team_;
+  bool fold_ = false;
+  int64_t entries_ = 1, rows_ = 0;
+  int tm_ = 1, tn_ = 1;
+};
+
+}  // namespace
+
+GemmBlocking gemm_blocking(Isa isa) {
+  const GemmIsa& k = gemm_isa(isa);
+  const CpuCaches& caches = cpu_caches();
+  GemmBlocking b;
+  b.isa = k.isa;
+  b.mr = k.mr;
+  b.nr = k.nr;
+  // NOTE [gemm blocking].
+  b.kc = round_down(std::clamp<int64_t>(caches.l1d * 3 / 4 / (k.nr * 4), 64, 512), 16);
+  b.mc = round_down(std::clamp<int64_t>(caches.l2 / 2 / (b.kc * 4), k.mr, 1024), k.mr);
+  b.nc = round_down(std::clamp<int64_t>(caches.l3 / 4 / (b.kc * 4), k.nr, 8192), k.nr);
+  return b;
+}
+
+Result<std::unique_ptr<MatmulPlan::Impl>> make_aspen_plan(const MatmulShape& s, const GemmBlocking& blocking) {
+  const std::string subject = "matmul " + s.to_string() + " on aspen's kernels";
+  const GemmIsa& k = gemm_isa(blocking.isa);
+  if (blocking.mr != k.mr || blocking.nr != k.nr || blocking.kc < 1 || blocking.mc < k.mr || blocking.nc < k.nr ||
+      blocking.mc % k.mr || blocking.nc % k.nr)
+    return Status::invalid_argument(subject + ": blocking",
+                                    "mr " + std::to_string(k.mr) + ", nr " + std::to_string(k.nr) +
+                                        ", kc >= 1, mc and nc positive multiples of them",
+                                    blocking.to_string());
+  if (blocking.isa > active_isa())
+    return Status::error(Code::kUnimplemented, subject, std::string("an ISA this CPU runs (up to ") +
+                                                            isa_name(active_isa()) + ")",
+                         isa_name(blocking.isa));
+  return std::unique_ptr<MatmulPlan::Impl>(std::make_unique<AspenPlan>(s, blocking, omp_get_max_threads()));
+}
+
+Result<std::unique_ptr<MatmulPlan::Impl>> make_aspen_plan(const MatmulShape& s) {
+  return make_aspen_plan(s, gemm_blocking(active_isa()));
+}
+
+std::string aspen_gemm_description() { return gemm_blocking(active_isa()).to_string(); }
+
+std::string GemmBlocking::to_string() const {
+  return std::string(isa_name(isa)) + " mr " + std::to_string(mr) + " nr " + std::to_string(nr) + " kc " +
+         std::to_string(kc) + " mc " + std::to_string(mc) + " nc " + std::to_string(nc) + (b_streams ? " goto" : "");
+}
+
+}  // namespace aspen::kernels

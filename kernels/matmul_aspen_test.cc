@@ -1,0 +1,182 @@
+// Tests of aspen's own matrix product (matmul_aspen.cc) against the reference:
+// every ISA variant this CPU runs, odd shapes, every layout, both input
+// dtypes, batches, bias and accumulation, the default blocking and a tiny one
+// that makes every loop of NOTE [gemm blocking] take several ragged trips.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <vector>
+
+#include "core/thread_team.h"
+#include "kernels/cpu.h"
+#include "kernels/matmul.h"
+#include "kernels/matmul_backend.h"
+#include "kernels/testing.h"
+
+namespace aspen::kernels {
+namespace {
+
+using testing::Guarded;
+
+std::vector<Isa> runnable_isas() {
+  std::vector<Isa> out = {Isa::scalar};
+  if (cpu_features().best >= Isa::avx2) out.push_back(Isa::avx2);
+  if (cpu_features().best >= Isa::avx512) out.push_back(Isa::avx512);
+  return out;
+}
+
+// The default blocking of `isa`, or the smallest legal one (kc 5: every K past
+// 5 takes several ragged blocks; two micro-tiles per row and column block);
+// in either loop order (NOTE [gemm blocking]).
+GemmBlocking blocking_for(Isa isa, bool tiny, bool goto_order = false) {
+  GemmBlocking b = gemm_blocking(isa);
+  b.b_streams = goto_order;
+  if (tiny) {
+    b.kc = 5;
+    b.mc = 2 * b.mr;
+    b.nc = 2 * b.nr;
+  }
+  return b;
+}
+
+std::vector<float> run_plan(const MatmulShape& s, const GemmBlocking& blk, const std::vector<float>& a,
+                            const std::vector<float>& b, const std::vector<float>& bias, const std::vector<float>& c0,
+                            bool* guards_ok = nullptr) {
+  std::vector<bf16> ab, bb;
+  if (s.input == DType::bf16) {
+    for (float v : a) ab.push_back(f32_to_bf16(v));
+    for (float v : b) bb.push_back(f32_to_bf16(v));
+  }
+  Guarded<float> c(c0.size());
+  for (size_t i = 0; i < c0.size(); ++i) c[i] = c0[i];
+  auto plan = make_aspen_plan(s, blk);
+  EXPECT_TRUE(plan.is_ok()) << plan.status().to_string();
+  if (!plan.is_ok()) return {};
+  const void* ap = s.input == DType::bf16 ? static_cast<const void*>(ab.data()) : a.data();
+  const void* bp = s.input == DType::bf16 ? static_cast<const void*>(bb.data()) : b.data();
+  (*plan)->run(ap, bp, s.has_bias ? bias.data() : nullptr, c.data());
+  if (guards_ok) *guards_ok = c.guards_intact();
+  return c.vec();
+}
+
+void check_case(const MatmulShape& s, const GemmBlocking& blk, uint64_t seed) {
+  SCOPED_TRACE(s.to_string() + " on " + blk.to_string());
+  auto a = testing::random_vector(s.a_elements(), seed);
+  auto b = testing::random_vector(s.b_elements(), seed + 1);
+  auto bias = testing::random_vector(s.N, seed + 2);
+  auto c0 = testing::random_vector(s.c_elements(), seed + 3);
+  bool guards = false;
+  std::vector<float> got = run_plan(s, blk, a, b, bias, c0, &guards);
+  EXPECT_TRUE(guards) << "wrote outside C";
+  std::vector<float> want(c0);
+  if (s.input == DType::bf16) {
+    std::vector<bf16> ab, bb;
+    for (float v : a) ab.push_back(f32_to_bf16(v));
+    for (float v : b) bb.push_back(f32_to_bf16(v));
+    ref::matmul<bf16, float>(ab.data(), bb.data(), s.has_bias ? bias.data() : nullptr, want.data(), s);
+  } else {
+    ref::matmul<float, float>(a.data(), b.data(), s.has_bias ? bias.data() : nullptr, want.data(), s);
+  }
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_TRUE(testing::close_nmse(got, want, testing::nmse_threshold(DType::f32)));
+}
+
+TEST(MatmulAspen, MatchesReferenceOverOddShapesLayoutsAndIsas) {
+  uint64_t seed = 1;
+  const std::vector<int64_t> sizes = {1, 7, 17, 255};
+  for (Isa isa : runnable_isas())
+    for (int blocking = 0; blocking < 3; ++blocking)
+      for (DType dt : {DType::f32, DType::bf16})
+        for (bool ta : {false, true})
+          for (bool tb : {false, true})
+            for (int64_t m : sizes)
+              for (int64_t n : sizes)
+                for (int64_t k : sizes) {
+                  if (dt == DType::bf16 && (m * n * k) % 2 == 0) continue;  // bf16: half the cross is enough
+                  check_case({.M = m, .N = n, .K = k, .trans_a = ta, .trans_b = tb, .input = dt},
+                             blocking_for(isa, blocking > 0, blocking == 2), seed++);
+                }
+}
+
+// Extents of 1000 in each position (several default blocks of K, rows and
+// columns with ragged ends), every layout.
+TEST(MatmulAspen, MatchesReferenceOnLargeExtents) {
+  uint64_t seed = 50000;
+  const Isa isa = runnable_isas().back();
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1000, 33, 20}, {20, 1000, 33}, {33, 20, 1000},
+                         {300, 1000, 600}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (bool goto_order : {false, true})
+          check_case({.M = m, .N = n, .K = k, .trans_a = ta, .trans_b = tb}, blocking_for(isa, false, goto_order),
+                     seed++);
+}
+
+TEST(MatmulAspen, BatchesBiasAndAccumulate) {
+  uint64_t seed = 10000;
+  for (Isa isa : runnable_isas())
+    for (int blocking = 0; blocking < 3; ++blocking)
+      for (DType dt : {DType::f32, DType::bf16})
+        for (bool ta : {false, true})
+          for (bool tb : {false, true})
+            for (bool bcast : {false, true})
+              for (bool bias : {false, true})
+                for (float beta : {0.0f, 1.0f})
+                  check_case({.batch = 3, .M = 19, .N = 37, .K = 23, .trans_a = ta, .trans_b = tb,
+                              .broadcast_b = bcast, .has_bias = bias, .beta = beta, .input = dt},
+                             blocking_for(isa, blocking > 0, blocking == 2), seed++);
+}
+
+// NOTE [gemm threads]: teams of 1, 2 and 3 threads cut C into different slabs
+// (or share out batch entries); every element is the same FMAs in the same
+// order, so the bits match exactly, and so do reruns.
+TEST(MatmulAspen, BitsDoNotDependOnTheTeamOrTheRun) {
+  for (Isa isa : runnable_isas())
+    for (bool goto_order : {false, true})
+    for (MatmulShape s : {MatmulShape{.M = 301, .N = 203, .K = 77, .has_bias = true},
+                          MatmulShape{.batch = 3, .M = 40, .N = 50, .K = 300, .trans_a = true, .trans_b = true},
+                          MatmulShape{.batch = 5, .M = 33, .N = 65, .K = 9, .broadcast_b = true, .beta = 1.0f}}) {
+      SCOPED_TRACE(s.to_string() + " " + isa_name(isa) + (goto_order ? " goto" : ""));
+      auto a = testing::random_vector(s.a_elements(), 7), b = testing::random_vector(s.b_elements(), 8);
+      auto bias = testing::random_vector(s.N, 9), c0 = testing::random_vector(s.c_elements(), 10);
+      std::vector<std::vector<float>> runs;
+      for (int threads : {1, 2, 3, 2, 1}) {
+        ScopedOmpThreads team(threads);
+        runs.push_back(run_plan(s, blocking_for(isa, false, goto_order), a, b, bias, c0));
+      }
+      for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i], runs[0]) << "run " << i;
+    }
+}
+
+TEST(MatmulAspen, BlockingFollowsTheCachesAndBadOnesAreRefused) {
+  for (Isa isa : runnable_isas()) {
+    const GemmBlocking b = gemm_blocking(isa);
+    SCOPED_TRACE(b.to_string());
+    EXPECT_EQ(b.isa, isa);
+    EXPECT_EQ(b.mc % b.mr, 0);
+    EXPECT_EQ(b.nc % b.nr, 0);
+    // A B panel in about half of L1d, the A block within L2.
+    EXPECT_LE(b.kc * b.nr * 4, cpu_caches().l1d);
+    EXPECT_LE(b.mc * b.kc * 4, cpu_caches().l2);
+  }
+  const MatmulShape s{.M = 4, .N = 4, .K = 4};
+  GemmBlocking bad = gemm_blocking(Isa::scalar);
+  bad.mc = bad.mr + 1;
+  auto r = make_aspen_plan(s, bad);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().to_string().find("multiples"), std::string::npos) << r.status().to_string();
+  if (cpu_features().best < Isa::avx512) {
+    GemmBlocking wide = gemm_blocking(Isa::avx512);
+    if (wide.isa == Isa::avx512) {
+      auto r2 = make_aspen_plan(s, wide);
+      EXPECT_FALSE(r2.is_ok());
+    }
+  }
+  // The checked entry point takes the backend too.
+  auto plan = MatmulPlan::create(s, MatmulBackend::aspen);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->backend(), MatmulBackend::aspen);
+}
+
+}  // namespace
+}  // namespace aspen::kernels

@@ -1,0 +1,368 @@
+// kernels/matmul_choice.cc: choosing a product's backend by measuring it.
+//
+// NOTE [matmul choice]: the candidates are aspen's own kernels
+// (matmul_aspen.cc), oneDNN (or, for bf16 on a CPU without AVX-512, the plan
+// that widens to f32: NOTE [bf16 without AVX-512]) and OpenBLAS (f32, its
+// OpenMP build only). Each is made into a plan for the shape on the calling
+// thread's team, run once to warm up (first-touch of its buffers, oneDNN's
+// JIT), then all are run in turns, best time of each kept: turns, so that a
+// shared host's drift hits every candidate alike. Inputs are uniform in
+// [-1, 1] (the speed of these kernels does not depend on the values).
+//
+// Large products are timed on a proxy of the same shape with fewer batch
+// entries, then fewer rows (not below kProxyRows), so that one run costs
+// about kProxyFlops: the candidates' speed per flop has flattened out by then,
+// and GPT-2's LM head (79 GFLOP) is then measured in a tenth of a second a
+// run instead of a second.
+//
+// The choice is the fastest candidate. It is remembered per (shape, team
+// size) for the process and saved beside the executable cache in a file named
+// after this CPU's identity, so the same machine keeps running the same code
+// (the same bits) across compiles and runs. Measuring costs, for GPT-2 124M's
+// training step (about 20 distinct products), a few seconds once per machine.
+#include "kernels/matmul_choice.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <tuple>
+
+#include <dnnl.hpp>
+
+#include "core/atomic_file.h"
+#include "core/checksum.h"
+#include "core/file.h"
+#include "core/log.h"
+#include "core/philox.h"
+#include "kernels/cpu.h"
+#include "kernels/matmul_backend.h"
+
+namespace aspen::kernels {
+
+namespace {
+
+constexpr double kProxyFlops = 4e9;
+constexpr int64_t kProxyRows = 256;
+constexpr int kMinRounds = 3, kMaxRounds = 20;
+constexpr double kRoundsSeconds = 0.05;  // aim for this long per candidate once warm
+
+std::atomic<int> g_choice{int(MatmulChoice::measured)};
+
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, bool, bool, bool, int, int>;
+Key key_of(const MatmulShape& s, int team) {
+  return {s.batch, s.M, s.N, s.K, s.trans_a, s.trans_b, s.broadcast_b, s.has_bias, s.beta != 0.0f, int(s.input), team};
+}
+
+struct Store {
+  std::mutex mu;              // guards choices and changed
+  std::mutex measuring;       // one measurement at a time
+  std::map<Key, MatmulBackend> choices;
+  bool changed = false;
+  std::string autosave;       // use_matmul_choices_file's path, or empty
+  bool autosave_failed = false;
+};
+Store& store() {
+  static Store* s = new Store;  // leaked: plans may be made from threads still running at exit
+  return *s;
+}
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The proxy timed for `s` (NOTE [matmul choice]).
+MatmulShape proxy_of(MatmulShape s) {
+  if (s.flops() <= kProxyFlops) return s;
+  s.batch = std::max<int64_t>(1, int64_t(double(s.batch) * kProxyFlops / s.flops()));
+  if (s.flops() > kProxyFlops && s.M > kProxyRows)
+    s.M = std::max(kProxyRows, int64_t(double(s.M) * kProxyFlops / s.flops()));
+  return s;
+}
+
+std::vector<MatmulBackend> candidates(const MatmulShape& s) {
+  std::vector<MatmulBackend> out = {MatmulBackend::aspen, MatmulBackend::onednn};
+  if (s.input == DType::f32 && openblas_is_openmp_build()) out.push_back(MatmulBackend::openblas);
+  return out;
+}
+
+const char* const kFileMagic = "aspen matmul choices 1";
+
+}  // namespace
+
+const char* matmul_choice_name(MatmulChoice c) { return c == MatmulChoice::rule ? "rule" : "measured"; }
+MatmulChoice matmul_choice() { return MatmulChoice(g_choice.load(std::memory_order_relaxed)); }
+MatmulChoice set_matmul_choice(MatmulChoice c) { return MatmulChoice(g_choice.exchange(int(c))); }
+
+Result<std::vector<MatmulTiming>> measure_matmul_backends(const MatmulShape& shape) {
+  const MatmulShape s = proxy_of(shape);
+  std::vector<MatmulBackend> backends;
+  std::vector<MatmulPlan> plans;
+  for (MatmulBackend be : candidates(s)) {
+    auto plan = MatmulPlan::create(s, be);
+    if (!plan.is_ok()) continue;  // this backend cannot run the shape (e.g. cblas' int extents)
+    backends.push_back(be);
+    plans.push_back(std::move(plan).value());
+  }
+  if (plans.empty()) return Status::error(Code::kUnimplemented, "matmul " + shape.to_string(), "a backend that runs it", "none");
+  const size_t in_size = s.input == DType::bf16 ? 2 : 4;
+  std::vector<float> af(size_t(s.a_elements())), bf(size_t(s.b_elements())), bias(size_t(s.N)),
+      c(size_t(s.c_elements()), 0.0f);
+  philox_fill_uniform(std::span<float>(af), 11, 0, 0, -1, 1);
+  philox_fill_uniform(std::span<float>(bf), 12, 0, 0, -1, 1);
+  philox_fill_uniform(std::span<float>(bias), 13, 0, 0, -1, 1);
+  std::vector<bf16> ab, bb;
+  const void *a = af.data(), *b = bf.data();
+  if (in_size == 2) {
+    ab.resize(af.size());
+    bb.resize(bf.size());
+    for (size_t i = 0; i < af.size(); ++i) ab[i] = f32_to_bf16(af[i]);
+    for (size_t i = 0; i < bf.size(); ++i) bb[i] = f32_to_bf16(bf[i]);
+    a = ab.data();
+    b = bb.data();
+  }
+  std::vector<double> best(plans.size(), 1e30);
+  double slowest = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const double t0 = now();
+    plans[i].run(a, b, bias.data(), c.data());
+    slowest = std::max(slowest, now() - t0);
+  }
+  const int rounds = std::clamp(int(kRoundsSeconds / std::max(slowest, 1e-7)), kMinRounds, kMaxRounds);
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const double t0 = now();
+      plans[i].run(a, b, bias.data(), c.data());
+      best[i] = std::min(best[i], now() - t0);
+    }
+  std::vector<MatmulTiming> out;
+  for (size_t i = 0; i < plans.size(); ++i) out.push_back({backends[i], s.flops() / best[i] / 1e9});
+  std::stable_sort(out.begin(), out.end(), [](const MatmulTiming& x, const MatmulTiming& y) { return x.gflops > y.gflops; });
+  return out;
+}
+
+Result<MatmulBackend> choose_matmul_backend(const MatmulShape& s, int team) {
+  Store& st = store();
+  const Key key = key_of(s, team);
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    auto it = st.choices.find(key);
+    if (it != st.choices.end()) return it->second;
+  }
+  if (matmul_choice() == MatmulChoice::rule) return matmul_backend_for(s, team);
+  std::lock_guard<std::mutex> measuring(st.measuring);
+  {
+    std::lock_guard<std::mutex> lock(st.mu);  // another thread may have measured it meanwhile
+    auto it = st.choices.find(key);
+    if (it != st.choices.end()) return it->second;
+  }
+  ASPEN_ASSIGN_OR_RETURN(std::vector<MatmulTiming> timings, measure_matmul_backends(s));
+  std::string autosave;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.choices[key] = timings.front().backend;
+    st.changed = true;
+    autosave = st.autosave;
+  }
+  ASPEN_LOG(info) << "matmul " << s.to_string() << " on " << team << " thread(s): " << [&] {
+    std::string t;
+    for (const MatmulTiming& m : timings)
+      t += std::string(t.empty() ? "" : ", ") + matmul_backend_name(m.backend) + " " +
+           std::to_string(int64_t(m.gflops)) + " GFLOP/s";
+    return t;
+  }();
+  if (!autosave.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(autosave).parent_path(), ec);
+    if (Status w = save_matmul_choices(autosave); !w.is_ok()) {
+      std::lock_guard<std::mutex> lock(st.mu);
+      if (!st.autosave_failed) ASPEN_LOG(warning) << "matmul choices not kept: " << w.message();
+      st.autosave_failed = true;
+    }
+  }
+  return timings.front().backend;
+}
+
+std::string cpu_identity() {
+  unsigned regs[4][4] = {};
+  for (unsigned leaf = 0; leaf < 2; ++leaf)
+    __asm__("cpuid" : "=a"(regs[leaf][0]), "=b"(regs[leaf][1]), "=c"(regs[leaf][2]), "=d"(regs[leaf][3])
+            : "a"(leaf), "c"(0));
+  char vendor[13] = {};
+  std::memcpy(vendor, &regs[0][1], 4);
+  std::memcpy(vendor + 4, &regs[0][3], 4);
+  std::memcpy(vendor + 8, &regs[0][2], 4);
+  const unsigned eax = regs[1][0];
+  const unsigned base_family = (eax >> 8) & 0xf, ext_family = (eax >> 20) & 0xff;
+  const unsigned family = base_family == 0xf ? base_family + ext_family : base_family;
+  const unsigned model = (base_family == 0x6 || base_family == 0xf) ? (((eax >> 16) & 0xf) << 4 | ((eax >> 4) & 0xf))
+                                                                     : ((eax >> 4) & 0xf);
+  const dnnl_version_t* dv = dnnl_version();
+  std::ostringstream o;
+  o << vendor << " family " << family << " model " << model << " stepping " << (eax & 0xf) << "; "
+    << cpu_features().to_string() << "; " << cpu_caches().to_string() << "; OpenBLAS " << openblas_get_corename()
+    << "; oneDNN " << dv->major << "." << dv->minor << "." << dv->patch;
+  return o.str();
+}
+
+std::string onednn_description() {
+  const dnnl_version_t* dv = dnnl_version();
+  const char* isa = "?";
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: isa = "sse41"; break;
+    case dnnl::cpu_isa::avx: isa = "avx"; break;
+    case dnnl::cpu_isa::avx2: isa = "avx2"; break;
+    case dnnl::cpu_isa::avx512_core: isa = "avx512_core"; break;
+    case dnnl::cpu_isa::avx512_core_vnni: isa = "avx512_core_vnni"; break;
+    case dnnl::cpu_isa::avx512_core_bf16: isa = "avx512_core_bf16"; break;
+    case dnnl::cpu_isa::avx512_core_amx: isa = "avx512_core_amx"; break;
+    default: break;
+  }
+  return "oneDNN " + std::to_string(dv->major) + "." + std::to_string(dv->minor) + "." + std::to_string(dv->patch) +
+         " (kernels for " + isa + ")";
+}
+
+std::string library_kernels_warning() {
+  const std::string core = openblas_get_corename();
+  const Isa best = cpu_features().best;
+  for (const char* old : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Katmai", "Coppermine",
+                          "Northwood", "Banias", "Opteron", "Barcelona", "Bobcat", "Sandybridge"})
+    if (core == old && best >= Isa::avx2)
+      return "OpenBLAS runs its " + core + " kernels, older than this CPU (best ISA " + isa_name(best) +
+             "): it does not recognise the model, and its products run several times slower than they could. "
+             "aspen measures every product and avoids them; OPENBLAS_CORETYPE=" +
+             (best >= Isa::avx512 ? "SkylakeX" : "Haswell") + " makes OpenBLAS itself use newer ones.";
+  return "";
+}
+
+std::string cpu_identity_digest() {
+  const std::string id = cpu_identity();
+  return hex_digits(uint64_t(crc32c(id)) << 32 | crc32c(id, 0x9e3779b9u), 16);
+}
+
+std::string matmul_choices_path(const std::string& dir) {
+  return dir + "/matmul-choices-" + cpu_identity_digest() + ".txt";
+}
+
+namespace {
+
+std::string choices_text(Store& st, bool mark_saved) {
+  std::ostringstream o;
+  o << kFileMagic << "\ncpu " << cpu_identity() << "\n";
+  std::lock_guard<std::mutex> lock(st.mu);
+  for (const auto& [k, be] : st.choices) {
+    const auto& [batch, M, N, K, ta, tb, bcast, bias, beta, input, team] = k;
+    o << batch << " " << M << " " << N << " " << K << " " << ta << " " << tb << " " << bcast << " " << bias << " "
+      << beta << " " << dtype_name(DType(input)) << " " << team << " " << matmul_backend_name(be) << "\n";
+  }
+  if (mark_saved) st.changed = false;
+  return o.str();
+}
+
+// Parses a choices file's text; with `check_cpu`, one written for another CPU identity is refused.
+Result<std::map<Key, MatmulBackend>> parse_choices(const std::string& text, const std::string& subject, bool check_cpu) {
+  std::istringstream in(text);
+  std::string line;
+  const auto bad = [&](const std::string& expected, const std::string& found) {
+    return Status::invalid_argument(subject, expected, found);
+  };
+  if (!std::getline(in, line) || line != kFileMagic)
+    return bad(std::string("first line '") + kFileMagic + "'", "'" + line + "'");
+  const std::string id = cpu_identity();
+  if (!std::getline(in, line) || line.rfind("cpu ", 0) != 0 || (check_cpu && line != "cpu " + id))
+    return bad("choices for this CPU (" + id + ")", "'" + line + "' (measuring again)");
+  std::map<Key, MatmulBackend> read;
+  for (int n = 3; std::getline(in, line); ++n) {
+    if (line.empty()) continue;  // a blank line (a handed-over text is padded to an even length)
+    std::istringstream f(line);
+    int64_t batch, M, N, K;
+    int ta, tb, bcast, bias, beta, team;
+    std::string dtype, backend, extra;
+    if (!(f >> batch >> M >> N >> K >> ta >> tb >> bcast >> bias >> beta >> dtype >> team >> backend) || (f >> extra))
+      return bad("line " + std::to_string(n) + ": batch M N K trans_a trans_b broadcast_b bias beta dtype team backend",
+                 "'" + line + "'");
+    const DType dt = dtype == "bf16" ? DType::bf16 : DType::f32;
+    if ((dtype != "f32" && dtype != "bf16") || team < 1 || batch < 1 || M < 1 || N < 1 || K < 1)
+      return bad("line " + std::to_string(n) + ": positive extents and team, dtype f32 or bf16", "'" + line + "'");
+    bool known = false;
+    MatmulBackend be = MatmulBackend::onednn;
+    for (MatmulBackend b : {MatmulBackend::onednn, MatmulBackend::openblas, MatmulBackend::aspen})
+      if (backend == matmul_backend_name(b)) be = b, known = true;
+    if (!known) return bad("line " + std::to_string(n) + ": backend oneDNN, OpenBLAS or aspen", "'" + backend + "'");
+    const MatmulShape s{.batch = batch, .M = M, .N = N, .K = K, .trans_a = ta != 0, .trans_b = tb != 0,
+                        .broadcast_b = bcast != 0, .has_bias = bias != 0, .beta = beta ? 1.0f : 0.0f, .input = dt};
+    read[key_of(s, team)] = be;
+  }
+  return read;
+}
+
+}  // namespace
+
+Status save_matmul_choices(const std::string& path) { return write_file_atomic(path, choices_text(store(), true)); }
+
+Status load_matmul_choices(const std::string& path) {
+  auto text = read_regular_file(path, 1 << 24);
+  if (!text.is_ok()) return text.status().code() == Code::kNotFound ? Status() : text.status();
+  ASPEN_ASSIGN_OR_RETURN(auto read, parse_choices(*text, "matmul choices " + path, true));
+  Store& st = store();
+  std::lock_guard<std::mutex> lock(st.mu);
+  for (const auto& [k, be] : read) st.choices.emplace(k, be);  // a choice made in this process stays
+  return Status();
+}
+
+std::string matmul_choices_text() { return choices_text(store(), false); }
+
+Result<bool> adopt_matmul_choices(const std::string& text) {
+  ASPEN_ASSIGN_OR_RETURN(auto read, parse_choices(text, "matmul choices handed over", false));
+  Store& st = store();
+  bool changed = false;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    for (const auto& [k, be] : read) {
+      auto [it, added] = st.choices.emplace(k, be);
+      if (!added && it->second != be) {
+        it->second = be;
+        changed = true;
+      }
+      if (added) st.changed = true;
+    }
+    if (changed) st.changed = true;
+  }
+  return changed;
+}
+
+Status use_matmul_choices_file(const std::string& path) {
+  {
+    std::lock_guard<std::mutex> lock(store().mu);
+    store().autosave = path;
+    store().autosave_failed = false;
+  }
+  return load_matmul_choices(path);
+}
+
+size_t matmul_choices_count() {
+  std::lock_guard<std::mutex> lock(store().mu);
+  return store().choices.size();
+}
+
+bool matmul_choices_changed() {
+  std::lock_guard<std::mutex> lock(store().mu);
+  return store().changed;
+}
+
+void clear_matmul_choices() {
+  std::lock_guard<std::mutex> lock(store().mu);
+  store().choices.clear();
+  store().changed = false;
+}
+
+}  // namespace aspen::kernels

@@ -1,0 +1,121 @@
+#include "kernels/matmul_choice.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kernels/matmul_backend.h"
+
+namespace aspen::kernels {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("aspen_choice_" + std::to_string(getpid()) + "_" + name)).string();
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+TEST(MatmulChoice, MeasuresOnceAndRemembers) {
+  clear_matmul_choices();
+  ASSERT_EQ(set_matmul_choice(MatmulChoice::measured), MatmulChoice::measured);
+  const MatmulShape s{.M = 64, .N = 48, .K = 80, .has_bias = true};
+  auto first = choose_matmul_backend(s, omp_get_max_threads());
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  EXPECT_EQ(matmul_choices_count(), 1u);
+  EXPECT_TRUE(matmul_choices_changed());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(*choose_matmul_backend(s, omp_get_max_threads()), *first);
+  EXPECT_EQ(matmul_choices_count(), 1u);
+  // A plan made without a backend takes the choice.
+  auto plan = MatmulPlan::create(s);
+  ASSERT_TRUE(plan.is_ok());
+  EXPECT_EQ(plan->backend(), *first);
+  // Another team size is another product to measure.
+  ASSERT_TRUE(choose_matmul_backend(s, omp_get_max_threads() + 1).is_ok());
+  EXPECT_EQ(matmul_choices_count(), 2u);
+}
+
+TEST(MatmulChoice, MeasurementTimesEveryCandidateFastestFirst) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const MatmulShape s{.M = 100, .N = 70, .K = 90, .trans_b = true, .input = dt};
+    auto t = measure_matmul_backends(s);
+    ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+    // aspen and oneDNN run every shape; OpenBLAS f32 ones (its OpenMP build).
+    const size_t want = 2 + (dt == DType::f32 && openblas_is_openmp_build() ? 1 : 0);
+    EXPECT_EQ(t->size(), want);
+    for (size_t i = 0; i < t->size(); ++i) {
+      EXPECT_GT((*t)[i].gflops, 0.0);
+      if (i) {
+        EXPECT_GE((*t)[i - 1].gflops, (*t)[i].gflops);
+      }
+    }
+  }
+}
+
+TEST(MatmulChoice, RuleModeTakesTheFixedRule) {
+  clear_matmul_choices();
+  const MatmulChoice before = set_matmul_choice(MatmulChoice::rule);
+  const MatmulShape s{.M = 300, .N = 4096, .K = 64};
+  EXPECT_EQ(*choose_matmul_backend(s, 2), matmul_backend_for(s, 2));
+  EXPECT_EQ(matmul_choices_count(), 0u);  // nothing measured, nothing remembered
+  set_matmul_choice(before);
+}
+
+TEST(MatmulChoice, ChoicesSurviveSaveAndLoad) {
+  clear_matmul_choices();
+  const MatmulShape a{.M = 32, .N = 40, .K = 24}, b{.batch = 3, .M = 8, .N = 16, .K = 24, .trans_a = true,
+                                                    .broadcast_b = true, .beta = 1.0f, .input = DType::bf16};
+  const MatmulBackend ca = *choose_matmul_backend(a, 1), cb = *choose_matmul_backend(b, 2);
+  const std::string path = temp_path("choices.txt");
+  ASSERT_TRUE(save_matmul_choices(path).is_ok());
+  EXPECT_FALSE(matmul_choices_changed());
+  clear_matmul_choices();
+  ASSERT_TRUE(load_matmul_choices(path).is_ok());
+  EXPECT_EQ(matmul_choices_count(), 2u);
+  EXPECT_FALSE(matmul_choices_changed());
+  // Loaded choices answer without measuring (the rule is off, so a miss would measure and count).
+  EXPECT_EQ(*choose_matmul_backend(a, 1), ca);
+  EXPECT_EQ(*choose_matmul_backend(b, 2), cb);
+  EXPECT_FALSE(matmul_choices_changed());
+  // A missing file is no error; the path names this CPU.
+  EXPECT_TRUE(load_matmul_choices(temp_path("missing.txt")).is_ok());
+  EXPECT_NE(matmul_choices_path("/x").find(cpu_identity_digest()), std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST(MatmulChoice, AnotherMachinesOrACorruptFileIsRefused) {
+  clear_matmul_choices();
+  ASSERT_TRUE(choose_matmul_backend({.M = 16, .N = 16, .K = 16}, 1).is_ok());
+  const std::string path = temp_path("bad.txt");
+  ASSERT_TRUE(save_matmul_choices(path).is_ok());
+  const std::string good = read_all(path);
+  const auto write = [&](const std::string& text) {
+    std::ofstream(path, std::ios::trunc) << text;
+  };
+  const auto expect_refused = [&](const std::string& text, const std::string& needle) {
+    write(text);
+    clear_matmul_choices();
+    Status st = load_matmul_choices(path);
+    EXPECT_FALSE(st.is_ok()) << text;
+    EXPECT_NE(st.to_string().find(needle), std::string::npos) << st.to_string();
+    EXPECT_EQ(matmul_choices_count(), 0u) << "nothing of a refused file is used";
+  };
+  const size_t cpu_line = good.find("\ncpu ") + 1, rows = good.find('\n', cpu_line) + 1;
+  expect_refused(good.substr(0, cpu_line) + "cpu SomeOtherVendor family 1\n" + good.substr(rows), "this CPU");
+  expect_refused("not the magic\n" + good.substr(cpu_line), "first line");
+  expect_refused(good + "1 2 3\n", "line 4");
+  expect_refused(good + "1 2 3 4 0 0 0 0 0 f32 1 cuBLAS\n", "cuBLAS");
+  expect_refused(good + "1 -2 3 4 0 0 0 0 0 f64 1 aspen\n", "positive extents");
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace aspen::kernels
