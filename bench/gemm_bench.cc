@@ -14,6 +14,7 @@
 #include "core/tensor.h"
 #include "core/thread_team.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_choice.h"
 
 namespace aspen::bench {
 
@@ -131,8 +132,10 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
         const void* bin = is_bf16 ? bb.raw() : b.raw();
         kernels::MatmulShape shape{.M = c.m, .N = c.n, .K = c.k, .trans_a = c.trans_a, .trans_b = c.trans_b, .input = dt};
         const bool widened = is_bf16 && kernels::bf16_matmul_widens();
-        const char* backend =
-            widened ? "f32 (widened)" : kernels::matmul_backend_name(kernels::matmul_backend_for(shape, threads));
+        // The backend plans for this product take (NOTE [matmul choice]: measured here, or the rule).
+        ASPEN_ASSIGN_OR_RETURN(const kernels::MatmulBackend chosen, kernels::choose_matmul_backend(shape, threads));
+        const std::string backend = std::string(kernels::matmul_backend_name(chosen)) +
+                                    (widened && chosen == kernels::MatmulBackend::onednn ? " (widened)" : "");
         Status st;
         std::vector<std::function<void()>> runs;
         runs.push_back([&] {

@@ -9,11 +9,12 @@
 // shared host's drift hits every candidate alike. Inputs are uniform in
 // [-1, 1] (the speed of these kernels does not depend on the values).
 //
-// Large products are timed on a proxy of the same shape with fewer batch
-// entries, then fewer rows (not below kProxyRows), so that one run costs
-// about kProxyFlops: the candidates' speed per flop has flattened out by then,
-// and GPT-2's LM head (79 GFLOP) is then measured in a tenth of a second a
-// run instead of a second.
+// Large products are timed on a proxy of the same layout: no operand above
+// 2^24 elements (a 6B model's 4096 x 50400 head is timed with 4096 columns,
+// not with a copy of its 825 MB), then fewer batch entries and rows (not
+// below kProxyRows) so that one run costs about kProxyFlops. The candidates'
+// speed per flop has flattened out at those sizes, and GPT-2's LM head (79
+// GFLOP) is measured in a tenth of a second a run instead of a second.
 //
 // The choice is the fastest candidate. It is remembered per (shape, team
 // size) for the process and saved beside the executable cache in a file named
@@ -43,7 +44,6 @@
 #include "core/checksum.h"
 #include "core/file.h"
 #include "core/log.h"
-#include "core/philox.h"
 #include "kernels/cpu.h"
 #include "kernels/matmul_backend.h"
 
@@ -53,6 +53,8 @@ namespace {
 
 constexpr double kProxyFlops = 4e9;
 constexpr int64_t kProxyRows = 256;
+constexpr double kMaxOperand = double(1 << 24);  // elements: 64 MiB of f32
+constexpr int64_t kMinExtent = 1024;
 constexpr int kMinRounds = 3, kMaxRounds = 20;
 constexpr double kRoundsSeconds = 0.05;  // aim for this long per candidate once warm
 
@@ -80,13 +82,36 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The proxy timed for `s` (NOTE [matmul choice]).
+// The proxy timed for `s` (NOTE [matmul choice]): no operand above
+// kMaxOperand elements (the larger of N and K halved first, not below
+// kMinExtent; then the batch, then the rows), and about kProxyFlops of work.
 MatmulShape proxy_of(MatmulShape s) {
+  const auto b_elements = [&] { return double(s.K) * double(s.N); };
+  while (b_elements() > kMaxOperand && std::max(s.N, s.K) > kMinExtent) {
+    int64_t& e = s.N >= s.K ? s.N : s.K;
+    e = std::max(kMinExtent, e / 2);
+  }
+  const auto rows_elements = [&] { return double(s.batch) * double(s.M) * double(std::max(s.K, s.N)); };
+  while (rows_elements() > kMaxOperand && (s.batch > 1 || s.M > kProxyRows)) {
+    if (s.batch > 1) {
+      s.batch = (s.batch + 1) / 2;
+    } else {
+      s.M = std::max(kProxyRows, s.M / 2);
+    }
+  }
   if (s.flops() <= kProxyFlops) return s;
   s.batch = std::max<int64_t>(1, int64_t(double(s.batch) * kProxyFlops / s.flops()));
   if (s.flops() > kProxyFlops && s.M > kProxyRows)
     s.M = std::max(kProxyRows, int64_t(double(s.M) * kProxyFlops / s.flops()));
   return s;
+}
+
+// Values in [-1, 1) from a multiplicative hash: the kernels' speed does not
+// depend on them (no denormals), and filling a proxy's operands costs
+// nothing next to timing it.
+void fill(std::vector<float>& v, uint32_t seed) {
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = float(int32_t((uint32_t(i) + seed) * 2654435761u)) * (1.0f / 2147483648.0f);
 }
 
 std::vector<MatmulBackend> candidates(const MatmulShape& s) {
@@ -117,9 +142,9 @@ Result<std::vector<MatmulTiming>> measure_matmul_backends(const MatmulShape& sha
   const size_t in_size = s.input == DType::bf16 ? 2 : 4;
   std::vector<float> af(size_t(s.a_elements())), bf(size_t(s.b_elements())), bias(size_t(s.N)),
       c(size_t(s.c_elements()), 0.0f);
-  philox_fill_uniform(std::span<float>(af), 11, 0, 0, -1, 1);
-  philox_fill_uniform(std::span<float>(bf), 12, 0, 0, -1, 1);
-  philox_fill_uniform(std::span<float>(bias), 13, 0, 0, -1, 1);
+  fill(af, 11);
+  fill(bf, 12);
+  fill(bias, 13);
   std::vector<bf16> ab, bb;
   const void *a = af.data(), *b = bf.data();
   if (in_size == 2) {
