@@ -256,16 +256,32 @@ std::string onednn_description() {
          " (kernels for " + isa + ")";
 }
 
+namespace {
+// OpenBLAS cores older than AVX2 (their sgemm is SSE or AVX at best).
+constexpr const char* kOldCores[] = {"Prescott", "Core2",      "Penryn",   "Dunnington", "Nehalem",
+                                     "Atom",     "Katmai",     "Coppermine", "Northwood", "Banias",
+                                     "Opteron",  "Barcelona",  "Bobcat",   "Sandybridge", "Bulldozer",
+                                     "Piledriver", "Steamroller", "Excavator"};
+}  // namespace
+
+const char* openblas_core_override(const std::string& corename, const CpuFeatures& f) {
+  const bool old = std::any_of(std::begin(kOldCores), std::end(kOldCores), [&](const char* c) { return corename == c; });
+  const bool avx2_era = corename == "Haswell" || corename == "Zen";
+  const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+  if (avx512 && (old || avx2_era)) return f.avx512_bf16 ? "Cooperlake" : "SkylakeX";
+  if (old && f.avx2 && f.fma) return "Haswell";
+  return nullptr;
+}
+
+const char* openblas_core_override() { return openblas_core_override(openblas_get_corename(), cpu_features()); }
+
 std::string library_kernels_warning() {
   const std::string core = openblas_get_corename();
-  const Isa best = cpu_features().best;
-  for (const char* old : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Katmai", "Coppermine",
-                          "Northwood", "Banias", "Opteron", "Barcelona", "Bobcat", "Sandybridge"})
-    if (core == old && best >= Isa::avx2)
-      return "OpenBLAS runs its " + core + " kernels, older than this CPU (best ISA " + isa_name(best) +
-             "): it does not recognise the model, and its products run several times slower than they could. "
-             "aspen measures every product and avoids them; OPENBLAS_CORETYPE=" +
-             (best >= Isa::avx512 ? "SkylakeX" : "Haswell") + " makes OpenBLAS itself use newer ones.";
+  if (const char* better = openblas_core_override(core, cpu_features()))
+    return "OpenBLAS runs its " + core + " kernels, older than this CPU (best ISA " + isa_name(cpu_features().best) +
+           "): it does not recognise the model, and its products run several times slower than they could. The "
+           "aspen command sets OPENBLAS_CORETYPE=" + better + " for itself (unless it is set); a program using the "
+           "library can set it before OpenBLAS loads. aspen measures every product and avoids slow ones either way.";
   return "";
 }
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/cpu.h"
 #include "kernels/matmul.h"
 
 namespace aspen::kernels {
@@ -62,6 +63,14 @@ std::string cpu_identity();
 std::string onednn_description();
 std::string aspen_gemm_description();
 std::string library_kernels_warning();
+// NOTE [openblas core]: the OPENBLAS_CORETYPE that makes an OpenBLAS which
+// detected `corename` run the newest kernels `features` allow, when that
+// detection fell back to kernels older than the CPU (Debian's 0.3.21 runs its
+// SSE3 "Prescott" kernels on the Xeon model 207: 3-4x slower products);
+// null when the detection is right. OpenBLAS reads the variable once, when it
+// is loaded, so the CLI sets it and re-executes itself (tools/aspen.cc).
+const char* openblas_core_override(const std::string& corename, const CpuFeatures& features);
+const char* openblas_core_override();  // this process' OpenBLAS and CPU
 // 16 hex digits of a hash of cpu_identity(): the choices file's name.
 std::string cpu_identity_digest();
 

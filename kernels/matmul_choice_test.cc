@@ -117,5 +117,27 @@ TEST(MatmulChoice, AnotherMachinesOrACorruptFileIsRefused) {
   std::remove(path.c_str());
 }
 
+// NOTE [openblas core]: a detection that fell back to old kernels is corrected
+// to the newest the CPU runs; a right one is left alone.
+TEST(MatmulChoice, OpenBlasCoreOverrideOnlyForAFallback) {
+  CpuFeatures avx2;
+  avx2.avx2 = avx2.fma = true;
+  CpuFeatures avx512 = avx2;
+  avx512.avx512f = avx512.avx512bw = avx512.avx512vl = avx512.avx512dq = true;
+  CpuFeatures bf16 = avx512;
+  bf16.avx512_bf16 = true;
+  EXPECT_STREQ(openblas_core_override("Prescott", bf16), "Cooperlake");  // Debian's 0.3.21 on the Xeon model 207
+  EXPECT_STREQ(openblas_core_override("Prescott", avx512), "SkylakeX");
+  EXPECT_STREQ(openblas_core_override("Haswell", avx512), "SkylakeX");
+  EXPECT_STREQ(openblas_core_override("Nehalem", avx2), "Haswell");
+  EXPECT_EQ(openblas_core_override("Zen", avx2), nullptr);
+  EXPECT_EQ(openblas_core_override("Haswell", avx2), nullptr);
+  EXPECT_EQ(openblas_core_override("SkylakeX", avx512), nullptr);
+  EXPECT_EQ(openblas_core_override("Cooperlake", bf16), nullptr);
+  EXPECT_EQ(openblas_core_override("Prescott", CpuFeatures{}), nullptr);  // an old CPU: its detection stands
+  // This process: whatever it says, the warning agrees.
+  EXPECT_EQ(openblas_core_override() != nullptr, !library_kernels_warning().empty());
+}
+
 }  // namespace
 }  // namespace aspen::kernels

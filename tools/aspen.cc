@@ -52,12 +52,26 @@ namespace {
 // threads (docs/threading.md). libgomp reads OMP_WAIT_POLICY once, when it
 // loads, so the CLI re-executes itself with the variable set unless the user
 // set it. ASPEN_NO_REEXEC guards against a loop.
-void ensure_passive_wait_policy(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("ASPEN_NO_REEXEC")) return;
-  setenv("OMP_WAIT_POLICY", "passive", 1);
+// The environment the libraries read once, when they load: a passive OpenMP
+// wait policy, and (NOTE [openblas core] in kernels/matmul_choice.h) the
+// OpenBLAS core for a CPU its detection does not know. Set when missing, then
+// the process runs itself again so that they take effect.
+void ensure_library_environment(char** argv) {
+  if (std::getenv("ASPEN_NO_REEXEC")) return;
+  bool changed = false;
+  if (!std::getenv("OMP_WAIT_POLICY")) {
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    changed = true;
+  }
+  if (!std::getenv("OPENBLAS_CORETYPE"))
+    if (const char* core = aspen::kernels::openblas_core_override()) {
+      setenv("OPENBLAS_CORETYPE", core, 1);
+      changed = true;
+    }
+  if (!changed) return;
   setenv("ASPEN_NO_REEXEC", "1", 1);
   execv("/proc/self/exe", argv);
-  // execv failed: carry on with the default policy.
+  // execv failed: carry on with the libraries' defaults.
 }
 
 using aspen::tools::report;
@@ -135,7 +149,7 @@ int parse_failure(CLI::App& app, const CLI::ParseError& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ensure_passive_wait_policy(argv);
+  ensure_library_environment(argv);
   CLI::App app{"aspen: compile Transformer models into static programs and run them", "aspen"};
   app.require_subcommand(1);
   app.fallthrough();  // global flags (-v, --isa, ...) after the subcommand too; set before adding subcommands
