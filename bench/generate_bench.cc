@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,7 +17,9 @@
 #include "core/thread_team.h"
 #include "core/tensor.h"
 #include "io/safetensors.h"
+#include "models/config.h"
 #include "models/generate.h"
+#include "models/weights.h"
 
 namespace aspen::bench {
 
@@ -75,6 +78,34 @@ Result<int64_t> write_model(const std::string& dir, const Shape124M& s) {
   return streamed;
 }
 
+// A user's model directory: its shape, and the bytes (as f32) one decode
+// step's matmuls stream (see generate_bench.h).
+Result<int64_t> describe_model(const std::string& dir, Shape124M* s) {
+  ASPEN_ASSIGN_OR_RETURN(models::Checkpoint ckpt, models::Checkpoint::open(dir));
+  const models::ModelConfig& c = ckpt.config();
+  if (const auto* g = c.gpt2()) {
+    *s = {.vocab = g->vocab, .n_positions = g->n_positions, .d = g->d_model, .layers = g->n_layer, .heads = g->n_head};
+  } else if (const auto* j = c.gptj()) {
+    *s = {.vocab = j->vocab, .n_positions = j->n_positions, .d = j->d_model, .layers = j->n_layer, .heads = j->n_head};
+  } else {
+    return Status::invalid_argument("bench generate --model " + dir, "a model that generates (gpt2 or gptj)",
+                                    "model_type " + c.model_type);
+  }
+  const std::vector<std::string> names = ckpt.tensor_names();
+  const bool untied = std::any_of(names.begin(), names.end(), [](const std::string& n) {
+    return n == "lm_head.weight" || n.ends_with(".lm_head.weight");
+  });
+  int64_t elements = 0;
+  for (const std::string& n : names) {
+    const io::TensorInfo* t = ckpt.find(n).second;
+    if (!t || t->shape.rank() != 2) continue;
+    if (n.find("wpe") != std::string::npos || n.find("position") != std::string::npos) continue;
+    if (untied && (n.find("wte") != std::string::npos || n.find("embed") != std::string::npos)) continue;
+    elements += t->shape.numel();
+  }
+  return elements * 4;
+}
+
 double seconds(const std::function<Status()>& fn, Status& status) {
   const auto t0 = std::chrono::steady_clock::now();
   status = fn();
@@ -104,13 +135,26 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
   const int64_t prefill_T = opt.quick ? std::min<int64_t>(opt.prefill_tokens, 32) : opt.prefill_tokens;
   if (new_tokens < 2) return Status::invalid_argument("bench generate: new tokens", ">= 2", std::to_string(new_tokens));
 
+  const bool own = !opt.model.empty();
   const std::string dir =
-      (std::filesystem::temp_directory_path() / ("aspen_bench_generate_" + std::to_string(::getpid()))).string();
+      own ? opt.model
+          : (std::filesystem::temp_directory_path() / ("aspen_bench_generate_" + std::to_string(::getpid()))).string();
   struct Cleanup {
     std::string d;
-    ~Cleanup() { std::filesystem::remove_all(d); }
-  } cleanup{dir};
-  ASPEN_ASSIGN_OR_RETURN(const int64_t weight_bytes, write_model(dir, s));
+    ~Cleanup() {
+      if (!d.empty()) std::filesystem::remove_all(d);
+    }
+  } cleanup{own ? std::string() : dir};
+  int64_t weight_bytes = 0;
+  if (own) {
+    ASPEN_ASSIGN_OR_RETURN(weight_bytes, describe_model(dir, &s));
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(weight_bytes, write_model(dir, s));
+  }
+  const int64_t prefill_T_max = std::min(prefill_T, s.n_positions - 1);
+  if (8 + new_tokens > s.n_positions)
+    return Status::invalid_argument("bench generate: new tokens", "8 + new tokens within the model's " +
+                                    std::to_string(s.n_positions) + " positions", std::to_string(new_tokens));
 
   // The machine's read bandwidth, on the team the generator will use.
   const int threads = opt.threads > 0 ? opt.threads : std::max(1, CoreBudget::global().available());
@@ -120,9 +164,10 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
     read_bw = measure_read_bandwidth(size_t(weight_bytes));
   }
   if (!opt.json)
-    out << fmt::format("# GPT-2-124M shape ({} layers), random weights, {} threads; read-only sweep {:.1f} GB/s over "
+    out << fmt::format("# {} ({} layers), {} threads; read-only sweep {:.1f} GB/s over "
                        "{:.0f} MB; decode: {} new tokens after an 8-token prompt\n",
-                       s.layers, threads, read_bw / 1e9, double(weight_bytes) / 1e6, new_tokens);
+                       own ? dir : "GPT-2-124M shape, random weights", s.layers, threads, read_bw / 1e9,
+                       double(weight_bytes) / 1e6, new_tokens);
 
   std::vector<Row> rows;
   const std::vector<int32_t> prompt8 = {464, 2068, 7586, 21831, 18045, 625, 262, 16931};
@@ -165,11 +210,11 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
       rows.push_back(r);
     }
     {
-      models::GeneratorOptions go{.max_batch = 1, .max_length = prefill_T + 1, .max_prompt = prefill_T,
+      models::GeneratorOptions go{.max_batch = 1, .max_length = prefill_T_max + 1, .max_prompt = prefill_T_max,
                                   .threads = threads, .weights = weights};
       ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(dir, go));
-      std::vector<int32_t> prompt(static_cast<size_t>(prefill_T));
-      for (int64_t i = 0; i < prefill_T; ++i) prompt[size_t(i)] = int32_t((i * 7919) % s.vocab);
+      std::vector<int32_t> prompt(static_cast<size_t>(prefill_T_max));
+      for (int64_t i = 0; i < prefill_T_max; ++i) prompt[size_t(i)] = int32_t((i * 7919) % s.vocab);
       Status st;
       auto once = [&] { return gen->generate({prompt}, {.max_new_tokens = 1, .temperature = 0.0f}).status(); };
       seconds(once, st);
@@ -179,7 +224,7 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
         best = std::min(best, seconds(once, st));
         ASPEN_RETURN_IF_ERROR(st);
       }
-      rows.push_back(Row{.phase = "prefill", .dtype = dtype, .batch = 1, .tokens_per_s = double(prefill_T) / best});
+      rows.push_back(Row{.phase = "prefill", .dtype = dtype, .batch = 1, .tokens_per_s = double(prefill_T_max) / best});
     }
   }
 

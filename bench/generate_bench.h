@@ -14,6 +14,9 @@
 // divided by the machine's read bandwidth, measured in the same run as the
 // best of several read-only sweeps (all threads, vector loads) over a buffer
 // as large as the weights; fraction_of_bound = tokens_per_s / bound.
+// With `model`, a user's own directory (GPT-2 or GPT-J) runs instead: the
+// bound counts every matrix it holds except position tables, and its input
+// embedding only when the head is tied to it (as a decode step streams them).
 // The PyTorch peer (bench/torch_generate.py, same model directory) runs when
 // `python3 -c "import torch"` works (or --python names an interpreter that
 // has it): its rows and aspen ÷ PyTorch are printed.
@@ -38,6 +41,10 @@ struct GenerateBenchOptions {
   std::string python = "python3";  // runs bench/torch_generate.py; "" or "none": no peer
   bool quick = false;          // a 2-layer model and few tokens (smoke tests)
   bool profile = false;        // print the per-op summary of the decode rows' instructions
+  // A Hugging Face directory (config.json, safetensors) to run instead of the
+  // random GPT-2-124M; its weights are used as they are, and the PyTorch peer
+  // loads the same directory.
+  std::string model;
 };
 
 Status run_generate_bench(const GenerateBenchOptions& options, std::ostream& out);

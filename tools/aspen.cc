@@ -5,7 +5,7 @@
 //   aspen bench attention [--json] [--t 256,1024,4096]
 //   aspen bench kernels [--json]
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
-//   aspen bench generate [--json] [--threads N] [--new-tokens N] [--python PATH]
+//   aspen bench generate [--json] [--threads N] [--new-tokens N] [--python PATH] [--model DIR]
 //   aspen bench pipeline [--json] [--stages 2,4] [--micro 4,8] [--width N] [--steps N] [--quick]
 //                        [--no-balance] [--seq N]
 //   aspen bench collectives [--json] [--devices 2,4] [--mib 1,16,64] [--no-mpi] [--mpirun PATH] [--quick]
@@ -234,6 +234,8 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--python", gb.python, "interpreter with torch for the PyTorch peer (\"none\": skip)");
   gen_cmd->add_option("--dtype", gb.dtypes, "weights: f32, bf16 (default both)")->delimiter(',');
   gen_cmd->add_flag("--quick", gb.quick, "a 2-layer model, few tokens, no peer (a smoke test)");
+  gen_cmd->add_option("--model", gb.model, "a Hugging Face directory (GPT-2, GPT-J) to run instead of the random 124M")
+      ->check(CLI::ExistingDirectory);
   gen_cmd->add_flag("--profile", gb.profile, "print where decode time goes (per op)");
 
   aspen::bench::TrainBenchOptions tb;
