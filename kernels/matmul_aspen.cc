@@ -54,6 +54,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 
 #include "core/check.h"
 #include "core/dtype.h"
@@ -101,8 +102,56 @@ inline void vstore(float* p, V v) { *p = v; }
 inline V vset1(float x) { return x; }
 inline V vadd(V a, V b) { return a + b; }
 inline V vfma(V a, V b, V c) { return a * b + c; }
+constexpr bool kTransposes = false;
+inline void transpose_8x8(const float*, int64_t, float*, int64_t) {}
+inline void transpose_4x8(const float*, int64_t, float*, int64_t) {}
 #include "kernels/matmul_aspen_isa.inc"
 }  // namespace isa_portable
+
+// Transposes for packing the strided operands (op(A) rows, op(B) columns
+// along K): 8 (or 4) rows of 8 floats, row stride ld, into 8 rows of 8 (or 4),
+// row stride out_ld: out[t * out_ld + l] = src[l * ld + t]. AVX2; the AVX-512
+// variant calls them too.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace isa_transpose {
+inline void transpose_8x8(const float* src, int64_t ld, float* out, int64_t out_ld) {
+  __m256 r[8];
+  for (int l = 0; l < 8; ++l) r[l] = _mm256_loadu_ps(src + l * ld);
+  __m256 t[8];
+  for (int l = 0; l < 8; l += 2) {
+    t[l] = _mm256_unpacklo_ps(r[l], r[l + 1]);
+    t[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
+  }
+  __m256 u[8];
+  for (int l = 0; l < 8; l += 4) {
+    u[l] = _mm256_shuffle_ps(t[l], t[l + 2], 0x44);
+    u[l + 1] = _mm256_shuffle_ps(t[l], t[l + 2], 0xEE);
+    u[l + 2] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0x44);
+    u[l + 3] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0xEE);
+  }
+  // u[0..3]: rows 0-3, columns {0,4}, {1,5}, {2,6}, {3,7} by 128-bit lane; u[4..7]: rows 4-7.
+  for (int c = 0; c < 4; ++c) {
+    _mm256_storeu_ps(out + c * out_ld, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
+    _mm256_storeu_ps(out + (c + 4) * out_ld, _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
+  }
+}
+inline void transpose_4x8(const float* src, int64_t ld, float* out, int64_t out_ld) {
+  const __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + ld), r2 = _mm256_loadu_ps(src + 2 * ld),
+               r3 = _mm256_loadu_ps(src + 3 * ld);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+               t3 = _mm256_unpackhi_ps(r2, r3);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+               u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  // u0: columns 0 (low lane) and 4 (high lane) of rows 0-3; u1: 1 and 5; u2: 2 and 6; u3: 3 and 7.
+  const __m256 u[4] = {u0, u1, u2, u3};
+  for (int c = 0; c < 4; ++c) {
+    _mm_storeu_ps(out + c * out_ld, _mm256_castps256_ps128(u[c]));
+    _mm_storeu_ps(out + (c + 4) * out_ld, _mm256_extractf128_ps(u[c], 1));
+  }
+}
+}  // namespace isa_transpose
+#pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -116,6 +165,9 @@ inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
 inline V vset1(float x) { return _mm256_set1_ps(x); }
 inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
 inline V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+constexpr bool kTransposes = true;
+using isa_transpose::transpose_4x8;
+using isa_transpose::transpose_8x8;
 #include "kernels/matmul_aspen_isa.inc"
 }  // namespace isa_avx2
 #pragma GCC pop_options
@@ -132,6 +184,9 @@ inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
 inline V vset1(float x) { return _mm512_set1_ps(x); }
 inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
 inline V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+constexpr bool kTransposes = true;
+using isa_transpose::transpose_4x8;
+using isa_transpose::transpose_8x8;
 #include "kernels/matmul_aspen_isa.inc"
 }  // namespace isa_avx512
 #pragma GCC pop_options
