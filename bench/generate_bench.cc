@@ -265,7 +265,12 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
       if (r.peer > 0) {
         j["pytorch_tokens_per_s"] = r.peer;
         j["ratio_vs_pytorch"] = r.tokens_per_s / r.peer;
+      } else {
+        j["pytorch_tokens_per_s"] = nullptr;
       }
+      // The llama.cpp peer is not built by this bench yet (issue W2.2): its fields are null.
+      j["llama_cpp_tokens_per_s"] = nullptr;
+      j["ratio_vs_llama_cpp"] = nullptr;
       out << j.dump() << "\n";
     } else {
       out << fmt::format("{:<8} {:>5} {:>5} | {:>10.1f} {:>10} {:>9} | {:>10} {:>8}\n", r.phase, r.batch, r.dtype,

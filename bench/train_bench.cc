@@ -564,6 +564,10 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
         j["pytorch_mfu"] = mfu(r.peer_tokens_per_s, r.peak_gflops);
         j["pytorch_mode"] = r.peer_mode;
         j["ratio_vs_pytorch"] = speed_ratio;
+        // W2.2's row names for the same figures (the peer is PyTorch's faster mode).
+        j["peer_tokens_per_s"] = r.peer_tokens_per_s;
+        j["peer_mode"] = r.peer_mode;
+        j["ratio"] = speed_ratio;
         j["goal_ratio_vs_pytorch"] = speed_goal.at(r.dtype);
       }
       if (rss_ratio > 0) {
