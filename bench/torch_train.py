@@ -70,11 +70,15 @@ def worker(args):
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     dtype = args.worker
-    cfg = GPT2Config(vocab_size=args.vocab, n_positions=args.n_positions, n_embd=args.d_model, n_layer=args.layers,
-                     n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(cfg).train()
+    if args.model:  # the user's directory, as aspen's row (every dropout 0 there too)
+        model = GPT2LMHeadModel.from_pretrained(args.model, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                                attn_implementation="sdpa").train()
+    else:
+        cfg = GPT2Config(vocab_size=args.vocab, n_positions=args.n_positions, n_embd=args.d_model,
+                         n_layer=args.layers, n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        cfg._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(cfg).train()
     decay = [p for n, p in model.named_parameters() if not ("bias" in n or "ln_" in n)]
     no_decay = [p for n, p in model.named_parameters() if "bias" in n or "ln_" in n]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -121,6 +125,7 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--model", default="", help="a Hugging Face GPT-2 directory instead of a random model")
     ap.add_argument("--n-positions", type=int, default=1024)
     ap.add_argument("--d-model", type=int, default=768)
     ap.add_argument("--layers", type=int, default=12)
@@ -137,7 +142,8 @@ def main():
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", dtype] + [
             f"--{k}={v}" for k, v in (("threads", args.threads), ("steps", args.steps), ("batch", args.batch),
                                       ("seq", args.seq), ("vocab", args.vocab), ("n-positions", args.n_positions),
-                                      ("d-model", args.d_model), ("layers", args.layers), ("heads", args.heads))]
+                                      ("d-model", args.d_model), ("layers", args.layers), ("heads", args.heads),
+                                      ("model", args.model))]
         p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if p.returncode != 0:
             sys.exit(p.returncode)

@@ -25,7 +25,9 @@
 #include "core/thread_team.h"
 #include "graph/autodiff.h"
 #include "graph/builder.h"
+#include "models/config.h"
 #include "models/gpt2.h"
+#include "models/weights.h"
 #include "models/init.h"
 #include "profile/trace.h"
 #include "runtime/session.h"
@@ -38,6 +40,7 @@ namespace {
 struct TrainShape {
   models::Gpt2Config config;
   int64_t batch = 4, seq = 256;
+  std::string model_dir = {};  // --model: weights from this directory
 };
 
 TrainShape bench_shape(bool quick) {
@@ -259,9 +262,20 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
   if (opt.profile) sopt.trace = &trace;
   ASPEN_ASSIGN_OR_RETURN(auto session, runtime::Session::create(std::move(exe), sopt));
 
-  // Weights N(0, 0.02), LayerNorms 1 and 0, biases 0; optimizer state stays zero.
+  // --model: the directory's weights; else N(0, 0.02), LayerNorms 1 and 0, biases 0. Optimizer state stays zero.
+  if (!s.model_dir.empty()) {
+    // The forward graph names exactly the model's parameters (the training graph adds the optimizer's).
+    graph::Graph fg;
+    graph::Builder fb(fg);
+    ASPEN_RETURN_IF_ERROR(models::build_gpt2(fb, s.config, {.batch = s.batch, .seq = s.seq, .with_loss = true}).status());
+    ASPEN_ASSIGN_OR_RETURN(models::Checkpoint ckpt, models::Checkpoint::open(s.model_dir));
+    ASPEN_ASSIGN_OR_RETURN(const models::WeightPlan plan, models::plan_weights(fg, ckpt));
+    ASPEN_RETURN_IF_ERROR(models::load_weights(
+        plan, [&](const std::string& name, const Tensor& t) { return session->set_parameter(name, t); }));
+  }
   uint64_t stream = 0;
   for (const compiler::Binding& p : session->parameters()) {
+    if (!s.model_dir.empty()) break;
     const std::string& name = p.name;
     auto ends_with = [&](const char* suffix) {
       const size_t n = std::strlen(suffix);
@@ -413,7 +427,7 @@ std::string run_peer(const TrainShape& s, const TrainBenchOptions& opt, Row& r) 
       std::to_string(opt.threads) + " --steps " + std::to_string(opt.steps) +
       fmt::format(" --batch {} --seq {} --vocab {} --n-positions {} --d-model {} --layers {} --heads {}", s.batch,
                   s.seq, s.config.vocab, s.config.n_positions, s.config.d_model, s.config.n_layer, s.config.n_head) +
-      " 2>/dev/null";
+      (s.model_dir.empty() ? "" : " --model '" + s.model_dir + "'") + " 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return "PyTorch peer: cannot start '" + opt.python + "'";
   char line[4096];
@@ -492,7 +506,16 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
   TrainBenchOptions o = opt;
   if (o.quick) o.steps = 1;
   if (o.steps < 1) return Status::invalid_argument("bench train: steps", ">= 1", std::to_string(o.steps));
-  const TrainShape s = bench_shape(o.quick);
+  TrainShape s = bench_shape(o.quick);
+  if (!o.model.empty()) {
+    ASPEN_ASSIGN_OR_RETURN(const models::ModelConfig c, models::load_config(o.model + "/config.json"));
+    if (!c.gpt2())
+      return Status::invalid_argument("bench train --model " + o.model, "a GPT-2 directory (model_type gpt2)",
+                                      "model_type " + c.model_type);
+    s.config = *c.gpt2();
+    s.seq = std::min<int64_t>(o.quick ? 32 : 256, s.config.n_positions);
+    s.model_dir = o.model;
+  }
   if (o.replicas > 1) return run_replicas_bench(s, o, out);
   const double fpt = flops_per_token(s);
   const bool peer = !o.python.empty() && o.python != "none";
@@ -505,8 +528,8 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
     out << fmt::format(
         "# GPT-2 {}: {} layers, d_model {}, vocab {}; batch {} x seq {}, AdamW, {} threads; median of {} steps after "
         "1 warm-up, each dtype in its own process\n",
-        o.quick ? "tiny (--quick)" : "124M", s.config.n_layer, s.config.d_model, s.config.vocab, s.batch, s.seq,
-        o.threads, o.steps);
+        !s.model_dir.empty() ? s.model_dir : o.quick ? "tiny (--quick)" : "124M", s.config.n_layer, s.config.d_model,
+        s.config.vocab, s.batch, s.seq, o.threads, o.steps);
     out << fmt::format(
         "# FLOPs per token: {:.1f} M = 6 x {:.2f} M matmul parameters (tied lm_head included) + {:.1f} M attention "
         "(QK^T and AV, fwd + bwd, causal counted in full)\n",

@@ -57,6 +57,10 @@ struct TrainBenchOptions {
   std::string python;    // interpreter with torch and transformers; empty or "none": no peer
   bool quick = false;    // a tiny GPT-2 (2 layers, d_model 64, vocab 512), batch 2 x 32, 1 timed step
   bool profile = false;  // print the per-op summary of the timed steps
+  // A Hugging Face GPT-2 directory to fine-tune instead of the random 124M:
+  // its shape and weights (the sequence is min(256, n_positions)); the
+  // PyTorch peer loads the same directory.
+  std::string model;
   // > 1: instead of the table above, data parallel: `replicas` replicas of
   // one thread each against one device of `threads` threads, on the same
   // global batch, both through api::TrainingModel as `aspen train` runs them

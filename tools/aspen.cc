@@ -10,6 +10,7 @@
 //                        [--no-balance] [--seq N]
 //   aspen bench collectives [--json] [--devices 2,4] [--mib 1,16,64] [--no-mpi] [--mpirun PATH] [--quick]
 //   aspen bench train [--json] [--threads N] [--steps N] [--dtype f32|bf16|both] [--python PATH] [--quick]
+//                     [--model DIR]
 //   aspen generate --model DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
 //   aspen prepare-data --tokenizer DIR --input FILE... --output DIR [--shard-tokens N] [--split-lines]
 //   aspen inspect FILE
@@ -254,6 +255,8 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--python", tb.python, "interpreter with torch and transformers: runs the PyTorch peer");
   train_cmd->add_flag("--quick", tb.quick, "a tiny GPT-2, one timed step (a smoke test, not a measurement)");
   train_cmd->add_flag("--profile", tb.profile, "print where the timed steps' time goes (per op)");
+  train_cmd->add_option("--model", tb.model, "a Hugging Face GPT-2 directory to fine-tune instead of the random 124M")
+      ->check(CLI::ExistingDirectory);
   train_cmd->add_option("--replicas", tb.replicas,
                         "data parallel: this many replicas of 1 thread against one device of --threads threads")
       ->check(CLI::Range(2, 64));
