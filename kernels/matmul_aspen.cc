@@ -53,7 +53,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
 #include <type_traits>
 
 #include "core/check.h"

@@ -6,8 +6,8 @@
 // OpenMP build only). Each is made into a plan for the shape on the calling
 // thread's team, run once to warm up (first-touch of its buffers, oneDNN's
 // JIT), then all are run in turns, best time of each kept: turns, so that a
-// shared host's drift hits every candidate alike. Inputs are uniform in
-// [-1, 1] (the speed of these kernels does not depend on the values).
+// shared host's drift hits every candidate alike. Inputs are in [-1, 1)
+// from a hash (the speed of these kernels does not depend on the values).
 //
 // Large products are timed on a proxy of the same layout: no operand above
 // 2^24 elements (a 6B model's 4096 x 50400 head is timed with 4096 columns,
@@ -31,8 +31,6 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <cstdio>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
