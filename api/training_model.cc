@@ -311,8 +311,8 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     ASPEN_RETURN_IF_ERROR(m->job_->broadcast(&bytes, 1, DType::f32, 0));
     text.resize(size_t(bytes));
     ASPEN_RETURN_IF_ERROR(m->job_->broadcast(text.data(), int64_t(bytes) / 2, DType::bf16, 0));
-    ASPEN_ASSIGN_OR_RETURN(const bool stale, kernels::adopt_matmul_choices(text));
-    if (stale) {
+    ASPEN_ASSIGN_OR_RETURN(const bool replaced, kernels::adopt_matmul_choices(text));
+    if (replaced && kernels::matmul_choice() == kernels::MatmulChoice::measured) {  // the rule ignores choices
       m->session_.reset();
       ASPEN_RETURN_IF_ERROR(compile_all());
       ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exes), sopts));

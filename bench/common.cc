@@ -33,24 +33,6 @@ double best_seconds(const std::function<void()>& fn, int min_reps, double min_se
   return best;
 }
 
-std::pair<double, double> best_seconds_interleaved(const std::function<void()>& a, const std::function<void()>& b,
-                                                   int rounds, double min_seconds) {
-  a();
-  b();
-  double ba = 1e30, bb = 1e30, start = now();
-  for (int r = 0; r < rounds || now() - start < min_seconds; ++r) {
-    double t0 = now();
-    a();
-    double t1 = now();
-    b();
-    double t2 = now();
-    ba = std::min(ba, t1 - t0);
-    bb = std::min(bb, t2 - t1);
-    if (r > 1000) break;
-  }
-  return {ba, bb};
-}
-
 std::vector<double> best_seconds_interleaved(const std::vector<std::function<void()>>& fns, int rounds,
                                              double min_seconds) {
   for (const auto& f : fns) f();
@@ -65,6 +47,12 @@ std::vector<double> best_seconds_interleaved(const std::vector<std::function<voi
     if (r > 1000) break;
   }
   return best;
+}
+
+std::pair<double, double> best_seconds_interleaved(const std::function<void()>& a, const std::function<void()>& b,
+                                                   int rounds, double min_seconds) {
+  const std::vector<double> t = best_seconds_interleaved({a, b}, rounds, min_seconds);
+  return {t[0], t[1]};
 }
 
 namespace {

@@ -70,15 +70,16 @@ const CpuFeatures& cpu_features() {
 
 namespace {
 
-// "48K", "2048K", "32M" as /sys writes cache sizes; 0 when unreadable.
-int64_t sys_cache_bytes(int level, bool data) {
+// The data (or unified) cache of `level` as /sys writes its size ("48K",
+// "2048K", "32M"); 0 when unreadable.
+int64_t sys_cache_bytes(int level) {
   for (int index = 0; index < 8; ++index) {
     const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
     std::ifstream lf(dir + "level"), tf(dir + "type"), sf(dir + "size");
     int l = 0;
     std::string type, size;
     if (!(lf >> l) || !(tf >> type) || !(sf >> size)) return 0;
-    if (l != level || type == "Instruction" || (data && type != "Data" && type != "Unified")) continue;
+    if (l != level || (type != "Data" && type != "Unified")) continue;
     char* end = nullptr;
     const long long v = std::strtoll(size.c_str(), &end, 10);
     if (v <= 0) return 0;
@@ -94,7 +95,7 @@ CpuCaches detect_caches() {
   const int names[3] = {_SC_LEVEL1_DCACHE_SIZE, _SC_LEVEL2_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE};
   int64_t* out[3] = {&c.l1d, &c.l2, &c.l3};
   for (int i = 0; i < 3; ++i) {
-    int64_t v = sys_cache_bytes(i + 1, true);
+    int64_t v = sys_cache_bytes(i + 1);
     if (v <= 0) v = sysconf(names[i]);
     // A guest may report its host's figures or nothing; keep them sane.
     *out[i] = v >= 4096 && v <= (int64_t(1) << 34) ? v : defaults[i];

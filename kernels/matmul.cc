@@ -45,10 +45,11 @@ Status validate(const MatmulShape& s) {
 
 }  // namespace
 
-// NOTE [matmul backends]: which library runs a product. A function of the
-// shape, the team size and which OpenBLAS build is loaded, never of a timing:
-// the same program on the same team always runs the same code, so the same
-// bits. Measured on the Sapphire Rapids host (`aspen bench gemm`, the
+// NOTE [matmul backends]: the fixed rule for which library runs a product,
+// taken when measuring is off (MatmulChoice::rule; NOTE [matmul choice] in
+// matmul_choice.cc chooses by timing otherwise). A function of the shape, the
+// team size and which OpenBLAS build is loaded: the same on every machine.
+// Measured on the Sapphire Rapids host (`aspen bench gemm`, the
 // GPT-2 rows; the table is in docs/kernels.md), f32, aspen's tiled OpenBLAS
 // against oneDNN 2.6.3:
 //   - where oneDNN is weak, OpenBLAS wins: N or K of 2048 and more (c_fc's

@@ -9,25 +9,25 @@
 // bias is [N] or empty; C is [batch, M, N] f32. beta is 0 (overwrite) or 1
 // (accumulate, e.g. gradients over micro-batches).
 //
-// Two backends run the products (NOTE [matmul backends] in matmul.cc; why in
-// docs/decisions.md): oneDNN for bf16 (AMX / AVX512-BF16 kernels) and most
-// f32 products, OpenBLAS for the large f32 products where oneDNN 2.6 is weak
-// (up to 2.4x faster on this project's machines).
-// Which one a plan gets is a function of the shape and the team size, never
-// of a timing, so a program compiles to the same backends, and the same bits,
-// every time.
-//
+// Three backends run the products: aspen's own kernels (matmul_aspen.cc),
+// oneDNN and OpenBLAS (f32). Which one a plan made without a named backend
+// gets is measured on this machine, once per distinct product and team size,
+// and remembered (NOTE [matmul choice] in matmul_choice.cc; why in
+// docs/decisions.md); with the choice set to the rule, a fixed rule on the
+// shape and team size picks between oneDNN and OpenBLAS (NOTE [matmul
+// backends] in matmul.cc).
+
 // A MatmulPlan is made once per shape, dtype and team size: creating a oneDNN
 // primitive costs far more than running a small one, so the compiler makes
 // plans at compile time and execution only binds pointers. The free functions
 // keep a per-thread cache of plans for callers without a compiler.
 //
-// Determinism: a plan gives the same bits on every run. An OpenBLAS plan's
-// bits also do not depend on the team size (its split into tiles is fixed by
+// Determinism: a plan gives the same bits on every run. An aspen or OpenBLAS
+// plan's bits also do not depend on the team size (their splits are fixed by
 // the shape). A oneDNN plan's are reproducible for a fixed thread count
 // (oneDNN promises no more; on GPT-2's shapes 1 and 2 threads measured equal).
-// The backend itself can depend on the team size (a product with fewer tiles
-// than threads goes to oneDNN), and the two backends' bits differ.
+// The backend itself can depend on the team size, and the backends' bits
+// differ; a remembered choice keeps one machine on the same backends.
 //
 // Thread-safety: a MatmulPlan may be run by one thread at a time (it binds
 // buffers into memory objects it owns). The free functions are safe from any
@@ -65,8 +65,8 @@ struct MatmulShape {
 enum class MatmulBackend : uint8_t { onednn, openblas, aspen };
 const char* matmul_backend_name(MatmulBackend backend);  // "oneDNN", "OpenBLAS", "aspen"
 
-// The backend MatmulPlan::create(shape) picks on a team of `team_size`
-// threads (NOTE [matmul backends]): OpenBLAS for large f32 products without
+// The fixed rule (NOTE [matmul backends]; MatmulPlan::create(shape) takes it
+// with MatmulChoice::rule) on a team of `team_size` threads: OpenBLAS for large f32 products without
 // b^T (N or K >= 2048, or C of 2^24+ elements; 256+ rows; at least max(2,
 // team_size) tiles), when the OpenBLAS aspen loaded is its OpenMP build;
 // oneDNN otherwise.
@@ -86,9 +86,10 @@ bool openblas_is_openmp_build();
 
 class MatmulPlan {
  public:
-  // Validates the shape and prepares the backend matmul_backend_for(shape,
-  // team size) names (or `backend`: tests and benchmarks force one) for the
-  // calling thread's current OpenMP team size. OpenBLAS takes f32 only.
+  // Validates the shape and prepares the backend choose_matmul_backend(shape,
+  // team size) names (or `backend`: tests, benchmarks and the measurement
+  // force one) for the calling thread's current OpenMP team size. OpenBLAS
+  // takes f32 only.
   static Result<MatmulPlan> create(const MatmulShape& shape);
   static Result<MatmulPlan> create(const MatmulShape& shape, MatmulBackend backend);
   // A backend's prepared product (kernels/matmul_backend.h); opaque here.

@@ -17,16 +17,20 @@
 // registers for a whole block of kc steps; each step loads NV vectors of the
 // packed B panel and broadcasts MR values of the packed A panel, MR * NV FMAs.
 // The tile is as large as the registers allow with NV + 1 left for B and the
-// broadcast: AVX2 (16 ymm) 6 x 16 = 12 accumulators, AVX-512 (32 zmm) 12 x 32
-// = 24. Per step that is 12 (24) FMAs against 2 + 6 (2 + 12) loads, inside
-// the two-loads-per-FMA-pair budget of every x86 core these kernels target.
+// broadcast: AVX2 (16 ymm) 4 x 24 = 12 accumulators (3-8 % ahead of 6 x 16 on
+// Zen 3), AVX-512 (32 zmm) 12 x 32 = 24. Per step that is 12 (24) FMAs
+// against 3 + 4 (2 + 12) loads, inside the two-loads-per-FMA-pair budget of
+// every x86 core these kernels target.
 //
 // NOTE [gemm packing]: a block of op(A) (mc x kc) is packed into panels of MR
 // rows, each panel k-major (MR values per step); a block of op(B) (kc x nc)
 // into panels of NR columns, each k-major (NR values per step). Packing reads
 // A and B in either layout (trans_a, trans_b) and widens bf16 to f32 on the
 // way, so no transposed or widened copy of a whole operand is ever made; the
-// ragged last panel is zero padded, so the micro-kernel always runs full.
+// ragged last panel is zero padded, so the micro-kernel always runs full. Both
+// operands go through one routine (`pack` in matmul_aspen_isa.inc): a panel's
+// lanes are adjacent in memory (a^T rows, B columns) or each runs along K (A
+// rows, b^T columns: AVX2 8x8 and 4x8 transposes).
 //
 // NOTE [gemm blocking]: the loops, outermost first, over one thread's slab of C:
 //   jc over columns by nc: op(B)'s block kc x nc packed stays in L3;
@@ -34,9 +38,11 @@
 //   ic over rows by mc:    pack op(A)[ic.., pc..]: mc x kc stays in L2;
 //   jr over NR panels:     one B panel (kc x NR) stays in L1 across the ir loop;
 //   ir over MR panels:     the micro-kernel, A panels streaming from L2.
-// kc is chosen so a B panel fills about half of L1d, mc so the A block fills
-// half of L2, nc so the B block fills at most a quarter of L3 (per thread),
-// all from cpu_caches() on the machine that runs.
+// kc is chosen so a B panel fills about three quarters of L1d, mc so the A
+// block fills half of L2, nc so the B block fills at most a quarter of L3
+// (per thread), all from cpu_caches() on the machine that runs. (GotoBLAS's
+// order, with B's block in L2 streaming past an A panel in L1, measured 0.83-
+// 0.96 of this one on Zen 3 and was dropped.)
 //
 // NOTE [gemm threads]: each batch entry's C is cut into slabs, a grid of tm
 // row slabs by tn column slabs (tm * tn = the team size, the factorization
@@ -46,8 +52,9 @@
 // sequence of FMAs whatever the slab it falls in (kc blocks in order, then k
 // within each), so the bits do not depend on the team size or the run.
 //
-// Accumulation: the first kc block starts from C (beta = 1) or zero (beta =
-// 0), plus the bias; each later block starts from C as the last one left it.
+// Accumulation: every kc block sums from zero in registers; the first adds the
+// bias and, with beta = 1, the C it finds; each later block adds the C the
+// last one left.
 #include <omp.h>
 
 #include <algorithm>
@@ -75,8 +82,9 @@ namespace {
 
 using UkernelFn = void (*)(int64_t kc, const float* pa, const float* pb, float* c, int64_t ldc, bool load_c,
                            const float* bias);
-using PackFn = void (*)(const void* src, int64_t ld, bool trans, int64_t r0, int64_t rn, int64_t c0, int64_t cn,
-                        float* out);
+// Lanes [l0, l0 + ln) and steps [k0, k0 + kc) into panels (see `pack`).
+using PackFn = void (*)(const void* src, int64_t ld, bool lanes_contiguous, int64_t l0, int64_t ln, int64_t k0,
+                        int64_t kc, float* out);
 
 // One ISA's micro-kernel and packing routines ([0]: f32 inputs, [1]: bf16).
 struct GemmIsa {
@@ -222,9 +230,10 @@ class AspenPlan final : public MatmulPlan::Impl {
  public:
   AspenPlan(const MatmulShape& s, const GemmBlocking& blk, int team)
       : s_(s), blk_(blk), isa_(gemm_isa(blk.isa)), team_(team) {
-    fold_ = s.broadcast_b && !s.trans_a;
-    entries_ = fold_ ? 1 : s.batch;
-    rows_ = fold_ ? s.batch * s.M : s.M;
+    // A shared b folds the batch into rows: a [batch, M, K] is one [batch * M, K] (not with a^T).
+    const bool fold = s.broadcast_b && !s.trans_a;
+    entries_ = fold ? 1 : s.batch;
+    rows_ = fold ? s.batch * s.M : s.M;
     // NOTE [gemm threads]: the batch gives every thread equal work, or each entry is cut.
     if (entries_ % team == 0 || entries_ >= 4 * team) {
       tm_ = tn_ = 1;
@@ -276,68 +285,40 @@ class AspenPlan final : public MatmulPlan::Impl {
     float* pb = pa + a_floats;
     float* tile = pb + b_floats;  // a ragged tile of C, and the bias padded to NR
     float* bias_tile = tile + mr * nr;
-    // One block pair: rows [ic, ic + mc) of the packed A block, columns [jc, jc + nc) of B's, steps
-    // [pc, pc + kc); tiles in the order `ir_inner` says.
-    const auto run_blocks = [&](int64_t ic, int64_t mc, int64_t jc, int64_t nc, int64_t pc, int64_t kc,
-                                bool ir_inner) {
-      const bool first = pc == 0;
-      const bool load_c = !first || s_.beta != 0.0f;
-      const auto tile_at = [&](int64_t ir, int64_t jr) {
-        const int cols = int(std::min<int64_t>(nr, nc - jr));
-        const float* bp = pb + jr * kc;
-        const float* brow = first && bias ? bias + jc + jr : nullptr;
-        if (brow && cols < nr) {
-          std::fill(bias_tile, bias_tile + nr, 0.0f);
-          std::copy(brow, brow + cols, bias_tile);
-          brow = bias_tile;
-        }
-        const int rows = int(std::min<int64_t>(mr, mc - ir));
-        float* ct = c + (ic + ir) * N + jc + jr;
-        const float* ap = pa + ir * kc;
-        if (rows == mr && cols == nr) {
-          isa_.ukernel(kc, ap, bp, ct, N, load_c, brow);
-          return;
-        }
-        // Ragged edge: the full tile runs on a copy, and its valid part goes back.
-        std::fill(tile, tile + mr * nr, 0.0f);
-        if (load_c)
-          for (int i = 0; i < rows; ++i) std::copy(ct + i * N, ct + i * N + cols, tile + i * nr);
-        isa_.ukernel(kc, ap, bp, tile, nr, load_c, brow);
-        for (int i = 0; i < rows; ++i) std::copy(tile + i * nr, tile + i * nr + cols, ct + i * N);
-      };
-      if (ir_inner) {
-        for (int64_t jr = 0; jr < nc; jr += nr)
-          for (int64_t ir = 0; ir < mc; ir += mr) tile_at(ir, jr);
-      } else {
-        for (int64_t ir = 0; ir < mc; ir += mr)
-          for (int64_t jr = 0; jr < nc; jr += nr) tile_at(ir, jr);
-      }
-    };
-    if (!blk_.b_streams) {
-      // BLIS's order (NOTE [gemm blocking]): B's block in L3, A's in L2, a B panel in L1.
-      for (int64_t jc = n0; jc < n1; jc += blk_.nc) {
-        const int64_t nc = std::min(blk_.nc, n1 - jc);
-        for (int64_t pc = 0; pc < K; pc += blk_.kc) {
-          const int64_t kc = std::min(blk_.kc, K - pc);
-          isa_.pack_b[dt](b, ldb, s_.trans_b, pc, kc, jc, nc, pb);
-          for (int64_t ic = m0; ic < m1; ic += blk_.mc) {
-            const int64_t mc = std::min(blk_.mc, m1 - ic);
-            isa_.pack_a[dt](a, lda, s_.trans_a, ic, mc, pc, kc, pa);
-            run_blocks(ic, mc, jc, nc, pc, kc, true);
-          }
-        }
-      }
-    } else {
-      // GotoBLAS's order: A's block in L3, B's in L2 streaming past an A panel in L1.
-      for (int64_t ic = m0; ic < m1; ic += blk_.mc) {
-        const int64_t mc = std::min(blk_.mc, m1 - ic);
-        for (int64_t pc = 0; pc < K; pc += blk_.kc) {
-          const int64_t kc = std::min(blk_.kc, K - pc);
+    for (int64_t jc = n0; jc < n1; jc += blk_.nc) {
+      const int64_t nc = std::min(blk_.nc, n1 - jc);
+      for (int64_t pc = 0; pc < K; pc += blk_.kc) {
+        const int64_t kc = std::min(blk_.kc, K - pc);
+        const bool first = pc == 0;
+        const bool load_c = !first || s_.beta != 0.0f;
+        isa_.pack_b[dt](b, ldb, !s_.trans_b, jc, nc, pc, kc, pb);
+        for (int64_t ic = m0; ic < m1; ic += blk_.mc) {
+          const int64_t mc = std::min(blk_.mc, m1 - ic);
           isa_.pack_a[dt](a, lda, s_.trans_a, ic, mc, pc, kc, pa);
-          for (int64_t jc = n0; jc < n1; jc += blk_.nc) {
-            const int64_t nc = std::min(blk_.nc, n1 - jc);
-            isa_.pack_b[dt](b, ldb, s_.trans_b, pc, kc, jc, nc, pb);
-            run_blocks(ic, mc, jc, nc, pc, kc, false);
+          for (int64_t jr = 0; jr < nc; jr += nr) {
+            const int cols = int(std::min<int64_t>(nr, nc - jr));
+            const float* bp = pb + jr * kc;
+            const float* brow = first && bias ? bias + jc + jr : nullptr;
+            if (brow && cols < nr) {
+              std::fill(bias_tile, bias_tile + nr, 0.0f);
+              std::copy(brow, brow + cols, bias_tile);
+              brow = bias_tile;
+            }
+            for (int64_t ir = 0; ir < mc; ir += mr) {
+              const int rows = int(std::min<int64_t>(mr, mc - ir));
+              float* ct = c + (ic + ir) * N + jc + jr;
+              const float* ap = pa + ir * kc;
+              if (rows == mr && cols == nr) {
+                isa_.ukernel(kc, ap, bp, ct, N, load_c, brow);
+                continue;
+              }
+              // Ragged edge: the full tile runs on a copy, and its valid part goes back.
+              std::fill(tile, tile + mr * nr, 0.0f);
+              if (load_c)
+                for (int i = 0; i < rows; ++i) std::copy(ct + i * N, ct + i * N + cols, tile + i * nr);
+              isa_.ukernel(kc, ap, bp, tile, nr, load_c, brow);
+              for (int i = 0; i < rows; ++i) std::copy(tile + i * nr, tile + i * nr + cols, ct + i * N);
+            }
           }
         }
       }
@@ -348,7 +329,6 @@ class AspenPlan final : public MatmulPlan::Impl {
   GemmBlocking blk_;
   const GemmIsa& isa_;
   int team_;
-  bool fold_ = false;
   int64_t entries_ = 1, rows_ = 0;
   int tm_ = 1, tn_ = 1;
 };
@@ -393,7 +373,7 @@ std::string aspen_gemm_description() { return gemm_blocking(active_isa()).to_str
 
 std::string GemmBlocking::to_string() const {
   return std::string(isa_name(isa)) + " mr " + std::to_string(mr) + " nr " + std::to_string(nr) + " kc " +
-         std::to_string(kc) + " mc " + std::to_string(mc) + " nc " + std::to_string(nc) + (b_streams ? " goto" : "");
+         std::to_string(kc) + " mc " + std::to_string(mc) + " nc " + std::to_string(nc);
 }
 
 }  // namespace aspen::kernels

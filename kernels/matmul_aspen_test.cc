@@ -26,11 +26,9 @@ std::vector<Isa> runnable_isas() {
 }
 
 // The default blocking of `isa`, or the smallest legal one (kc 5: every K past
-// 5 takes several ragged blocks; two micro-tiles per row and column block);
-// in either loop order (NOTE [gemm blocking]).
-GemmBlocking blocking_for(Isa isa, bool tiny, bool goto_order = false) {
+// 5 takes several ragged blocks; two micro-tiles per row and column block).
+GemmBlocking blocking_for(Isa isa, bool tiny) {
   GemmBlocking b = gemm_blocking(isa);
-  b.b_streams = goto_order;
   if (tiny) {
     b.kc = 5;
     b.mc = 2 * b.mr;
@@ -85,7 +83,7 @@ TEST(MatmulAspen, MatchesReferenceOverOddShapesLayoutsAndIsas) {
   uint64_t seed = 1;
   const std::vector<int64_t> sizes = {1, 7, 17, 255};
   for (Isa isa : runnable_isas())
-    for (int blocking = 0; blocking < 3; ++blocking)
+    for (bool tiny : {false, true})
       for (DType dt : {DType::f32, DType::bf16})
         for (bool ta : {false, true})
           for (bool tb : {false, true})
@@ -94,7 +92,7 @@ TEST(MatmulAspen, MatchesReferenceOverOddShapesLayoutsAndIsas) {
                 for (int64_t k : sizes) {
                   if (dt == DType::bf16 && (m * n * k) % 2 == 0) continue;  // bf16: half the cross is enough
                   check_case({.M = m, .N = n, .K = k, .trans_a = ta, .trans_b = tb, .input = dt},
-                             blocking_for(isa, blocking > 0, blocking == 2), seed++);
+                             blocking_for(isa, tiny), seed++);
                 }
 }
 
@@ -107,15 +105,13 @@ TEST(MatmulAspen, MatchesReferenceOnLargeExtents) {
                          {128, 1000, 200}})
     for (bool ta : {false, true})
       for (bool tb : {false, true})
-        for (bool goto_order : {false, true})
-          check_case({.M = m, .N = n, .K = k, .trans_a = ta, .trans_b = tb}, blocking_for(isa, false, goto_order),
-                     seed++);
+        check_case({.M = m, .N = n, .K = k, .trans_a = ta, .trans_b = tb}, blocking_for(isa, false), seed++);
 }
 
 TEST(MatmulAspen, BatchesBiasAndAccumulate) {
   uint64_t seed = 10000;
   for (Isa isa : runnable_isas())
-    for (int blocking = 0; blocking < 3; ++blocking)
+    for (bool tiny : {false, true})
       for (DType dt : {DType::f32, DType::bf16})
         for (bool ta : {false, true})
           for (bool tb : {false, true})
@@ -124,7 +120,7 @@ TEST(MatmulAspen, BatchesBiasAndAccumulate) {
                 for (float beta : {0.0f, 1.0f})
                   check_case({.batch = 3, .M = 19, .N = 37, .K = 23, .trans_a = ta, .trans_b = tb,
                               .broadcast_b = bcast, .has_bias = bias, .beta = beta, .input = dt},
-                             blocking_for(isa, blocking > 0, blocking == 2), seed++);
+                             blocking_for(isa, tiny), seed++);
 }
 
 // NOTE [gemm threads]: teams of 1, 2 and 3 threads cut C into different slabs
@@ -132,17 +128,16 @@ TEST(MatmulAspen, BatchesBiasAndAccumulate) {
 // order, so the bits match exactly, and so do reruns.
 TEST(MatmulAspen, BitsDoNotDependOnTheTeamOrTheRun) {
   for (Isa isa : runnable_isas())
-    for (bool goto_order : {false, true})
     for (MatmulShape s : {MatmulShape{.M = 301, .N = 203, .K = 77, .has_bias = true},
                           MatmulShape{.batch = 3, .M = 40, .N = 50, .K = 300, .trans_a = true, .trans_b = true},
                           MatmulShape{.batch = 5, .M = 33, .N = 65, .K = 9, .broadcast_b = true, .beta = 1.0f}}) {
-      SCOPED_TRACE(s.to_string() + " " + isa_name(isa) + (goto_order ? " goto" : ""));
+      SCOPED_TRACE(s.to_string() + " " + isa_name(isa));
       auto a = testing::random_vector(s.a_elements(), 7), b = testing::random_vector(s.b_elements(), 8);
       auto bias = testing::random_vector(s.N, 9), c0 = testing::random_vector(s.c_elements(), 10);
       std::vector<std::vector<float>> runs;
       for (int threads : {1, 2, 3, 2, 1}) {
         ScopedOmpThreads team(threads);
-        runs.push_back(run_plan(s, blocking_for(isa, false, goto_order), a, b, bias, c0));
+        runs.push_back(run_plan(s, blocking_for(isa, false), a, b, bias, c0));
       }
       for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i], runs[0]) << "run " << i;
     }

@@ -38,8 +38,7 @@ struct GemmBlocking {
   Isa isa = Isa::scalar;
   int mr = 0, nr = 0;              // the micro-kernel's tile of C (fixed by the variant)
   int64_t kc = 0, mc = 0, nc = 0;  // K, row and column blocks (mc a multiple of mr, nc of nr)
-  bool b_streams = false;          // GotoBLAS's loop order instead of BLIS's (NOTE [gemm blocking])
-  std::string to_string() const;   // "avx2 mr 6 nr 16 kc 256 mc 252 nc 8192"
+  std::string to_string() const;   // "avx2 mr 4 nr 24 kc 256 mc 256 nc 8184"
 };
 // The blocking of the variant for `isa` (the best one at or below it), sized
 // from this machine's caches.

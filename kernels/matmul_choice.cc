@@ -44,6 +44,7 @@
 #include "core/checksum.h"
 #include "core/file.h"
 #include "core/log.h"
+#include "kernels/convert.h"
 #include "kernels/cpu.h"
 #include "kernels/matmul_backend.h"
 
@@ -140,7 +141,6 @@ Result<std::vector<MatmulTiming>> measure_matmul_backends(const MatmulShape& sha
     plans.push_back(std::move(plan).value());
   }
   if (plans.empty()) return Status::error(Code::kUnimplemented, "matmul " + shape.to_string(), "a backend that runs it", "none");
-  const size_t in_size = s.input == DType::bf16 ? 2 : 4;
   std::vector<float> af(size_t(s.a_elements())), bf(size_t(s.b_elements())), bias(size_t(s.N)),
       c(size_t(s.c_elements()), 0.0f);
   fill(af, 11);
@@ -148,11 +148,11 @@ Result<std::vector<MatmulTiming>> measure_matmul_backends(const MatmulShape& sha
   fill(bias, 13);
   std::vector<bf16> ab, bb;
   const void *a = af.data(), *b = bf.data();
-  if (in_size == 2) {
+  if (s.input == DType::bf16) {
     ab.resize(af.size());
     bb.resize(bf.size());
-    for (size_t i = 0; i < af.size(); ++i) ab[i] = f32_to_bf16(af[i]);
-    for (size_t i = 0; i < bf.size(); ++i) bb[i] = f32_to_bf16(bf[i]);
+    ASPEN_RETURN_IF_ERROR(convert_f32_to_bf16(af, ab, int64_t(af.size())));
+    ASPEN_RETURN_IF_ERROR(convert_f32_to_bf16(bf, bb, int64_t(bf.size())));
     a = ab.data();
     b = bb.data();
   }
@@ -188,6 +188,9 @@ Result<std::vector<MatmulTiming>> measure_matmul_backends(const MatmulShape& sha
 }
 
 Result<MatmulBackend> choose_matmul_backend(const MatmulShape& s, int team) {
+  // The rule first: remembered choices (loaded from this machine's file, or adopted from process 0)
+  // are measurements, which --kernel-choice rule turns off.
+  if (matmul_choice() == MatmulChoice::rule) return matmul_backend_for(s, team);
   Store& st = store();
   const Key key = key_of(s, team);
   {
@@ -195,7 +198,6 @@ Result<MatmulBackend> choose_matmul_backend(const MatmulShape& s, int team) {
     auto it = st.choices.find(key);
     if (it != st.choices.end()) return it->second;
   }
-  if (matmul_choice() == MatmulChoice::rule) return matmul_backend_for(s, team);
   std::lock_guard<std::mutex> measuring(st.measuring);
   {
     std::lock_guard<std::mutex> lock(st.mu);  // another thread may have measured it meanwhile
@@ -229,8 +231,14 @@ Result<MatmulBackend> choose_matmul_backend(const MatmulShape& s, int team) {
   return timings.front().backend;
 }
 
-std::string cpu_identity() {
-  unsigned regs[4][4] = {};
+namespace {
+std::string onednn_version() {
+  const dnnl_version_t* dv = dnnl_version();
+  return std::to_string(dv->major) + "." + std::to_string(dv->minor) + "." + std::to_string(dv->patch);
+}
+
+std::string detect_cpu_identity() {
+  unsigned regs[2][4] = {};
   for (unsigned leaf = 0; leaf < 2; ++leaf)
     __asm__("cpuid" : "=a"(regs[leaf][0]), "=b"(regs[leaf][1]), "=c"(regs[leaf][2]), "=d"(regs[leaf][3])
             : "a"(leaf), "c"(0));
@@ -243,16 +251,21 @@ std::string cpu_identity() {
   const unsigned family = base_family == 0xf ? base_family + ext_family : base_family;
   const unsigned model = (base_family == 0x6 || base_family == 0xf) ? (((eax >> 16) & 0xf) << 4 | ((eax >> 4) & 0xf))
                                                                      : ((eax >> 4) & 0xf);
-  const dnnl_version_t* dv = dnnl_version();
   std::ostringstream o;
   o << vendor << " family " << family << " model " << model << " stepping " << (eax & 0xf) << "; "
     << cpu_features().to_string() << "; " << cpu_caches().to_string() << "; OpenBLAS " << openblas_get_corename()
-    << "; oneDNN " << dv->major << "." << dv->minor << "." << dv->patch;
+    << "; oneDNN " << onednn_version();
   return o.str();
+}
+}  // namespace
+
+// Fixed for the process: every input is read once (the ISA cap does not enter it).
+std::string cpu_identity() {
+  static const std::string id = detect_cpu_identity();
+  return id;
 }
 
 std::string onednn_description() {
-  const dnnl_version_t* dv = dnnl_version();
   const char* isa = "?";
   switch (dnnl::get_effective_cpu_isa()) {
     case dnnl::cpu_isa::sse41: isa = "sse41"; break;
@@ -264,8 +277,7 @@ std::string onednn_description() {
     case dnnl::cpu_isa::avx512_core_amx: isa = "avx512_core_amx"; break;
     default: break;
   }
-  return "oneDNN " + std::to_string(dv->major) + "." + std::to_string(dv->minor) + "." + std::to_string(dv->patch) +
-         " (kernels for " + isa + ")";
+  return "oneDNN " + onednn_version() + " (kernels for " + isa + ")";
 }
 
 namespace {

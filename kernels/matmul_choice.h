@@ -44,8 +44,9 @@ struct MatmulTiming {
 };
 
 // The backend MatmulPlan::create(shape) uses on a team of `team_size`
-// threads (the calling thread's OpenMP team when measuring): the remembered
-// choice, else (measured) the fastest candidate, else (rule) the rule's.
+// threads (the calling thread's OpenMP team when measuring): with the rule,
+// the rule's (remembered choices ignored); measured, the remembered choice,
+// else the fastest candidate, measured now and remembered.
 Result<MatmulBackend> choose_matmul_backend(const MatmulShape& shape, int team_size);
 
 // Times every backend that can run `shape` on the calling thread's team, best

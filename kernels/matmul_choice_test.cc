@@ -66,6 +66,18 @@ TEST(MatmulChoice, RuleModeTakesTheFixedRule) {
   const MatmulShape s{.M = 300, .N = 4096, .K = 64};
   EXPECT_EQ(*choose_matmul_backend(s, 2), matmul_backend_for(s, 2));
   EXPECT_EQ(matmul_choices_count(), 0u);  // nothing measured, nothing remembered
+  // A remembered choice (loaded, or adopted from process 0) is a measurement: the rule ignores it.
+  set_matmul_choice(MatmulChoice::measured);
+  ASSERT_TRUE(choose_matmul_backend(s, 2).is_ok());
+  std::string text = matmul_choices_text();
+  const std::string rule_name = matmul_backend_name(matmul_backend_for(s, 2));
+  const std::string other = rule_name == "aspen" ? "oneDNN" : "aspen";
+  text = text.substr(0, text.rfind(' ') + 1) + other + "\n";  // the one row names another backend
+  ASSERT_TRUE(adopt_matmul_choices(text).is_ok());
+  EXPECT_STREQ(matmul_backend_name(*choose_matmul_backend(s, 2)), other.c_str());
+  set_matmul_choice(MatmulChoice::rule);
+  EXPECT_EQ(*choose_matmul_backend(s, 2), matmul_backend_for(s, 2));
+  clear_matmul_choices();
   set_matmul_choice(before);
 }
 

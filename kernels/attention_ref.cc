@@ -1,0 +1,137 @@
+// kernels/attention_ref.cc: the definition of attention (attention.h's ref::):
+// scores, masks and softmax materialized in plain loops, forward and backward.
+// The fast kernels in attention.cc are tested against these.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/attention.h"
+
+namespace aspen::kernels {
+
+using Kind = AttentionMask::Kind;
+
+namespace ref {
+namespace {
+
+// The mask, literally: may query row i of batch b attend key j?
+bool allowed(const AttentionMask& mask, int64_t S, int64_t b, int64_t i, int64_t j) {
+  if (!mask.key_valid.empty() && mask.key_valid[size_t(b * S + j)] == 0) return false;
+  const int64_t pos = mask.kv_offset + i;
+  switch (mask.kind) {
+    case Kind::none: return true;
+    case Kind::causal: return j <= pos;
+    case Kind::local: return j <= pos && j > pos - mask.window;
+  }
+  return false;
+}
+
+// p [T, S] = softmax over allowed keys of scale * q k^T for one (b, h); rows
+// with no allowed key are 0. Writes lse when non-null.
+template <class F>
+void probs(const F* qh, const F* kh, int64_t b, int64_t T, int64_t S, int64_t D, F scale, const AttentionMask& mask,
+           F* p, F* lse) {
+  const F neg_inf = -std::numeric_limits<F>::infinity();
+  for (int64_t i = 0; i < T; ++i) {
+    F* pi = p + i * S;
+    F mx = neg_inf;
+    for (int64_t j = 0; j < S; ++j) {
+      F s = neg_inf;
+      if (allowed(mask, S, b, i, j)) {
+        s = 0;
+        for (int64_t d = 0; d < D; ++d) s += qh[i * D + d] * kh[j * D + d];
+        s *= scale;
+      }
+      pi[j] = s;
+      mx = std::max(mx, s);
+    }
+    if (mx == neg_inf) {
+      for (int64_t j = 0; j < S; ++j) pi[j] = 0;
+      if (lse) lse[i] = neg_inf;
+      continue;
+    }
+    F sum = 0;
+    for (int64_t j = 0; j < S; ++j) sum += std::exp(pi[j] - mx);
+    for (int64_t j = 0; j < S; ++j) pi[j] = std::exp(pi[j] - mx) / sum;
+    if (lse) lse[i] = mx + std::log(sum);
+  }
+}
+
+}  // namespace
+
+template <class F>
+void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64_t B, int64_t H, int64_t T,
+                       int64_t S, int64_t D, F scale, const AttentionMask& mask) {
+  std::vector<F> p(size_t(T * S));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t bh = b * H + h;
+      probs(q + bh * T * D, k + bh * S * D, b, T, S, D, scale, mask, p.data(), lse + bh * T);
+      const F* vh = v + bh * S * D;
+      for (int64_t i = 0; i < T; ++i) {
+        F* o = out + (bh * T + i) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] = 0;
+        for (int64_t j = 0; j < S; ++j)
+          for (int64_t d = 0; d < D; ++d) o[d] += p[size_t(i * S + j)] * vh[j * D + d];
+      }
+    }
+}
+
+template <class F>
+void attention_backward(const F* q, const F* k, const F* v, const F* out, const F* lse, const F* dout, F* dq,
+                        F* dk, F* dv, int64_t B, int64_t H, int64_t T, int64_t S, int64_t D, F scale,
+                        const AttentionMask& mask) {
+  std::vector<F> p(size_t(T * S)), ds(size_t(T * S));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t bh = b * H + h;
+      const F* qh = q + bh * T * D;
+      const F* kh = k + bh * S * D;
+      const F* vh = v + bh * S * D;
+      const F* gh = dout + bh * T * D;
+      F* dqh = dq + bh * T * D;
+      F* dkh = dk + bh * S * D;
+      F* dvh = dv + bh * S * D;
+      probs(qh, kh, b, T, S, D, scale, mask, p.data(), static_cast<F*>(nullptr));
+      // dp = dout v^T, then ds = p * (dp - rowsum(p * dp)).
+      for (int64_t i = 0; i < T; ++i) {
+        F rowsum = 0;
+        for (int64_t j = 0; j < S; ++j) {
+          F dp = 0;
+          for (int64_t d = 0; d < D; ++d) dp += gh[i * D + d] * vh[j * D + d];
+          ds[size_t(i * S + j)] = dp;
+          rowsum += p[size_t(i * S + j)] * dp;
+        }
+        for (int64_t j = 0; j < S; ++j) ds[size_t(i * S + j)] = p[size_t(i * S + j)] * (ds[size_t(i * S + j)] - rowsum);
+      }
+      for (int64_t x = 0; x < S * D; ++x) dkh[x] = dvh[x] = 0;
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t d = 0; d < D; ++d) {
+          F acc = 0;
+          for (int64_t j = 0; j < S; ++j) acc += ds[size_t(i * S + j)] * kh[j * D + d];
+          dqh[i * D + d] = scale * acc;
+        }
+      for (int64_t j = 0; j < S; ++j)
+        for (int64_t i = 0; i < T; ++i) {
+          const F pij = p[size_t(i * S + j)], dsij = ds[size_t(i * S + j)];
+          for (int64_t d = 0; d < D; ++d) {
+            dvh[j * D + d] += pij * gh[i * D + d];
+            dkh[j * D + d] += scale * dsij * qh[i * D + d];
+          }
+        }
+    }
+}
+
+#define ASPEN_ATTENTION_INSTANTIATE(F)                                                                            \
+  template void attention_forward<F>(const F*, const F*, const F*, F*, F*, int64_t, int64_t, int64_t, int64_t,   \
+                                     int64_t, F, const AttentionMask&);                                          \
+  template void attention_backward<F>(const F*, const F*, const F*, const F*, const F*, const F*, F*, F*, F*,     \
+                                      int64_t, int64_t, int64_t, int64_t, int64_t, F, const AttentionMask&);
+ASPEN_ATTENTION_INSTANTIATE(float)
+ASPEN_ATTENTION_INSTANTIATE(double)
+#undef ASPEN_ATTENTION_INSTANTIATE
+
+}  // namespace ref
+
+}  // namespace aspen::kernels
