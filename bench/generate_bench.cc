@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -118,7 +119,22 @@ struct Row {
   double tokens_per_s = 0, bound = 0;
   double peer = 0;  // PyTorch tokens/s, 0: none
   std::string peer_mode = {};
+  double llama_cpp = 0;  // llama-bench's tokens/s (batch 1 rows), 0: none
+  std::string llama_cpp_test = {};
 };
+
+// Runs `cmd` and hands each JSON object it prints on stdout to `take`;
+// false when the command failed (its stderr reaches the user's terminal).
+bool read_json_lines(const std::string& cmd, const std::function<void(const nlohmann::json&)>& take) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return false;
+  char line[4096];
+  while (std::fgets(line, sizeof line, p)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object()) take(j);
+  }
+  return ::pclose(p) == 0;
+}
 
 }  // namespace
 
@@ -230,30 +246,48 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
 
   // The PyTorch peer on the same directory.
   std::string peer_note;
-  if (!opt.python.empty() && opt.python != "none" && !opt.quick) {
+  const bool peers = !opt.python.empty() && opt.python != "none" && !opt.quick;
+  if (peers) {
     const std::string script = std::string(ASPEN_SOURCE_DIR) + "/bench/torch_generate.py";
     const std::string cmd = opt.python + " -c 'import torch' 2>/dev/null && " + opt.python + " " + script +
                             " --json --model " + dir + " --threads " + std::to_string(threads) + " --new-tokens " +
                             std::to_string(new_tokens) + " 2>/dev/null";
-    if (FILE* p = ::popen(cmd.c_str(), "r")) {
-      char line[4096];
-      while (std::fgets(line, sizeof line, p)) {
-        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-        if (j.is_discarded() || !j.contains("phase")) continue;
-        for (Row& r : rows)
-          if (r.phase == j.value("phase", "") && r.batch == j.value("batch", int64_t(0)) &&
-              r.dtype == j.value("dtype", "")) {
-            r.peer = j.value("tokens_per_s", 0.0);
-            r.peer_mode = j.value("mode", "");
-          }
-      }
-      if (::pclose(p) != 0) peer_note = "PyTorch peer: not run (no torch for '" + opt.python + "'; --python PATH)";
-    }
+    const bool ok = read_json_lines(cmd, [&](const nlohmann::json& j) {
+      for (Row& r : rows)
+        if (r.phase == j.value("phase", "") && r.batch == j.value("batch", int64_t(0)) &&
+            r.dtype == j.value("dtype", "")) {
+          r.peer = j.value("tokens_per_s", 0.0);
+          r.peer_mode = j.value("mode", "");
+        }
+    });
+    if (!ok) peer_note = "PyTorch peer: not run (no torch for '" + opt.python + "'; --python PATH)";
+  }
+  // The llama.cpp peer (bench/llama_cpp.py: builds llama-bench once per CPU,
+  // converts the same directory to GGUF): ppN and tgN at batch 1, batched
+  // decode at the larger batches.
+  std::string llama_note;
+  if (peers && opt.llama_cpp) {
+    std::string dtypes, batches;
+    for (const std::string& d : opt.dtypes) dtypes += (dtypes.empty() ? "" : ",") + d;
+    for (int64_t b : opt.batches) batches += (batches.empty() ? "" : ",") + std::to_string(b);
+    const std::string cmd = opt.python + " " + std::string(ASPEN_SOURCE_DIR) + "/bench/llama_cpp.py --json --model " +
+                            dir + " --threads " + std::to_string(threads) + " --new-tokens " +
+                            std::to_string(new_tokens) + " --prefill " + std::to_string(prefill_T_max) +
+                            " --dtypes " + dtypes + " --batches " + batches;
+    const bool ok = read_json_lines(cmd, [&](const nlohmann::json& j) {
+      for (Row& r : rows)
+        if (r.batch == j.value("batch", int64_t(0)) && r.phase == j.value("phase", "") &&
+            r.dtype == j.value("dtype", "")) {
+          r.llama_cpp = j.value("tokens_per_s", 0.0);
+          r.llama_cpp_test = j.value("test", "");
+        }
+    });
+    if (!ok) llama_note = "llama.cpp peer: not run (bench/llama_cpp.py said why above; --no-llama-cpp skips it)";
   }
 
   if (!opt.json)
-    out << fmt::format("{:<8} {:>5} {:>5} | {:>10} {:>10} {:>9} | {:>10} {:>8}\n", "phase", "batch", "dtype",
-                       "tokens/s", "bound", "fraction", "pytorch", "ratio");
+    out << fmt::format("{:<8} {:>5} {:>5} | {:>10} {:>10} {:>9} | {:>10} {:>8} | {:>10} {:>8}\n", "phase", "batch",
+                       "dtype", "tokens/s", "bound", "fraction", "pytorch", "ratio", "llama.cpp", "ratio");
   for (const Row& r : rows) {
     if (opt.json) {
       nlohmann::ordered_json j = {{"bench", "generate"}, {"phase", r.phase}, {"batch", r.batch},
@@ -268,19 +302,27 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
       } else {
         j["pytorch_tokens_per_s"] = nullptr;
       }
-      // The llama.cpp peer is not built by this bench yet (issue W2.2): its fields are null.
-      j["llama_cpp_tokens_per_s"] = nullptr;
-      j["ratio_vs_llama_cpp"] = nullptr;
+      if (r.llama_cpp > 0) {
+        j["llama_cpp_tokens_per_s"] = r.llama_cpp;
+        j["llama_cpp_test"] = r.llama_cpp_test;
+        j["ratio_vs_llama_cpp"] = r.tokens_per_s / r.llama_cpp;
+      } else {
+        j["llama_cpp_tokens_per_s"] = nullptr;
+        j["ratio_vs_llama_cpp"] = nullptr;
+      }
       out << j.dump() << "\n";
     } else {
-      out << fmt::format("{:<8} {:>5} {:>5} | {:>10.1f} {:>10} {:>9} | {:>10} {:>8}\n", r.phase, r.batch, r.dtype,
-                         r.tokens_per_s, r.bound > 0 ? fmt::format("{:.1f}", r.bound) : "-",
+      out << fmt::format("{:<8} {:>5} {:>5} | {:>10.1f} {:>10} {:>9} | {:>10} {:>8} | {:>10} {:>8}\n", r.phase,
+                         r.batch, r.dtype, r.tokens_per_s, r.bound > 0 ? fmt::format("{:.1f}", r.bound) : "-",
                          r.bound > 0 ? fmt::format("{:.2f}", r.tokens_per_s / r.bound) : "-",
                          r.peer > 0 ? fmt::format("{:.1f}", r.peer) : "-",
-                         r.peer > 0 ? fmt::format("{:.2f}", r.tokens_per_s / r.peer) : "-");
+                         r.peer > 0 ? fmt::format("{:.2f}", r.tokens_per_s / r.peer) : "-",
+                         r.llama_cpp > 0 ? fmt::format("{:.1f}", r.llama_cpp) : "-",
+                         r.llama_cpp > 0 ? fmt::format("{:.2f}", r.tokens_per_s / r.llama_cpp) : "-");
     }
   }
   if (!peer_note.empty() && !opt.json) out << "# " << peer_note << "\n";
+  if (!llama_note.empty() && !opt.json) out << "# " << llama_note << "\n";
   return Status();
 }
 

@@ -19,7 +19,10 @@
 // embedding only when the head is tied to it (as a decode step streams them).
 // The PyTorch peer (bench/torch_generate.py, same model directory) runs when
 // `python3 -c "import torch"` works (or --python names an interpreter that
-// has it): its rows and aspen ÷ PyTorch are printed.
+// has it): its rows and aspen ÷ PyTorch are printed. The llama.cpp peer
+// (bench/llama_cpp.py: llama-bench built once per CPU from the PyPI sdist of
+// llama-cpp-python, the same directory converted to GGUF in the weights'
+// dtype) gives ppN and tgN beside the batch-1 rows: ratio_vs_llama_cpp.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +42,7 @@ struct GenerateBenchOptions {
   std::vector<int64_t> batches = {1, 8};
   std::vector<std::string> dtypes = {"f32", "bf16"};  // the weights' type
   std::string python = "python3";  // runs bench/torch_generate.py; "" or "none": no peer
+  bool llama_cpp = true;       // run bench/llama_cpp.py with `python` (builds llama-bench on first use)
   bool quick = false;          // a 2-layer model and few tokens (smoke tests)
   bool profile = false;        // print the per-op summary of the decode rows' instructions
   // A Hugging Face directory (config.json, safetensors) to run instead of the

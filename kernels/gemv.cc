@@ -51,9 +51,9 @@ struct Job {
   float* y;
   int64_t M, N, K;
   int64_t ldx = 0;  // x's row stride: K, or the whole K when this job is one slice of it ([K, N])
-  // bf16 [N, K] at AVX-512 only: x with each 32-element chunk split into its
-  // even then its odd elements, rows of Kp = K rounded up to 32, zero-padded
-  // (NOTE [bf16 pairs]).
+  // bf16 [N, K] at AVX2 and AVX-512: x with each chunk of two vectors (16 or
+  // 32 elements) split into its even then its odd elements, rows of Kp = K
+  // rounded up to a chunk, zero-padded (NOTE [bf16 pairs]).
   const float* xp = nullptr;
   int64_t Kp = 0;
 };
@@ -383,7 +383,10 @@ ASPEN_TARGET_AVX2 void nk_tile_avx2(const Job& j, int64_t m0, int64_t n) {
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
     __m256 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = ld8(w + r * K + k);
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
+      wv[r] = ld8(w + r * K + k);
+    }
     for (int m = 0; m < MB; ++m) {
       const __m256 xv = _mm256_loadu_ps(x + m * K + k);
       for (int r = 0; r < R; ++r) acc[m][r] = _mm256_fmadd_ps(xv, wv[r], acc[m][r]);
@@ -415,24 +418,96 @@ ASPEN_TARGET_AVX2 void nk_avx2(const Job& j, int64_t n0, int64_t n1) {
   for (; n < n1; ++n) nk_rows_avx2<W, 1>(j, n);
 }
 
-template <class W, int KB>
-ASPEN_TARGET_AVX2 void kn_block_avx2(const Job& j, int64_t m, int64_t k, int64_t p0, int64_t p1) {
+// NOTE [bf16 pairs] at AVX2: a 32-byte load holds 16 bf16 weights, the even
+// ones widened by a shift, the odd ones by a mask. `n` (< 16 at a ragged
+// end) elements are valid; the rest read as zero and nothing past them is read.
+ASPEN_TARGET_AVX2 inline __m256i ld16_bf16(const bf16* p, int64_t n) {
+  if (n >= 16) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  alignas(32) bf16 buf[16] = {};
+  std::memcpy(buf, p, size_t(n) * sizeof(bf16));
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+}
+ASPEN_TARGET_AVX2 inline __m256 bf16_even(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+ASPEN_TARGET_AVX2 inline __m256 bf16_odd(__m256i v, __m256i high) {
+  return _mm256_castsi256_ps(_mm256_and_si256(v, high));
+}
+
+// [N, K] bf16 against x split into 16-element chunks of 8 even then 8 odd
+// elements (Job::xp, rows of Kp = K rounded up to 16).
+template <int MB, int R>
+ASPEN_TARGET_AVX2 void nk_tile_bf16_avx2(const Job& j, int64_t m0, int64_t n) {
+  const int64_t K = j.K, Kp = j.Kp;
+  const bf16* w = static_cast<const bf16*>(j.w) + n * K;
+  const float* x = j.xp + m0 * Kp;
+  const __m256i high = _mm256_set1_epi32(int32_t(0xffff0000u));
+  __m256 acc[MB][R];
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    __m256 xe[MB], xo[MB];
+    for (int m = 0; m < MB; ++m) {
+      xe[m] = _mm256_loadu_ps(x + m * Kp + k);
+      xo[m] = _mm256_loadu_ps(x + m * Kp + k + 8);
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
+      const __m256i v = ld16_bf16(w + r * K + k, K - k);
+      const __m256 lo = bf16_even(v), hi = bf16_odd(v, high);
+      for (int m = 0; m < MB; ++m) acc[m][r] = _mm256_fmadd_ps(xo[m], hi, _mm256_fmadd_ps(xe[m], lo, acc[m][r]));
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < R; ++r)
+      j.y[(m0 + m) * j.N + n + r] = hsum8(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
+}
+
+template <int R>
+ASPEN_TARGET_AVX2 void nk_rows_bf16_avx2(const Job& j, int64_t n) {
+  int64_t m0 = 0;
+  if constexpr (R <= 4)
+    for (; m0 + 2 <= j.M; m0 += 2) nk_tile_bf16_avx2<2, R>(j, m0, n);
+  for (; m0 < j.M; ++m0) nk_tile_bf16_avx2<1, R>(j, m0, n);
+}
+
+ASPEN_TARGET_AVX2 void nk_bf16_avx2(const Job& j, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  if (j.M == 1)  // 8 weight rows in flight, as at AVX-512
+    for (; n + 8 <= n1; n += 8) nk_rows_bf16_avx2<8>(j, n);
+  for (; n + 4 <= n1; n += 4) nk_rows_bf16_avx2<4>(j, n);
+  for (; n < n1; ++n) nk_rows_bf16_avx2<1>(j, n);
+}
+
+// [K, N] f32: MB rows of x against KB weight rows; each weight vector is
+// loaded once for the MB rows, the broadcasts hoisted out of the column loop
+// (MB * KB + KB + 1 of the 16 registers). y[m, n] gets its k terms in order
+// whatever KB and MB are.
+template <class W, int MB, int KB>
+ASPEN_TARGET_AVX2 void kn_block_avx2(const Job& j, int64_t m0, int64_t k, int64_t p0, int64_t p1) {
   const int64_t N = j.N;
   const W* w = static_cast<const W*>(j.w) + k * N;
-  __m256 xb[KB];
-  for (int i = 0; i < KB; ++i) xb[i] = _mm256_set1_ps(j.x[m * j.ldx + k + i]);
-  float* y = j.y + m * N;
+  __m256 xb[MB][KB];
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < KB; ++i) xb[m][i] = _mm256_set1_ps(j.x[(m0 + m) * j.ldx + k + i]);
+  float* y = j.y + m0 * N;
   int64_t c = p0;
   for (; c + 8 <= p1; c += 8) {
-    __m256 a = _mm256_loadu_ps(y + c);
-    for (int i = 0; i < KB; ++i) a = _mm256_fmadd_ps(xb[i], ld8(w + i * N + c), a);
-    _mm256_storeu_ps(y + c, a);
+    __m256 wv[KB];
+    for (int i = 0; i < KB; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
+      wv[i] = ld8(w + i * N + c);
+    }
+    for (int m = 0; m < MB; ++m) {
+      __m256 a = _mm256_loadu_ps(y + m * N + c);
+      for (int i = 0; i < KB; ++i) a = _mm256_fmadd_ps(xb[m][i], wv[i], a);
+      _mm256_storeu_ps(y + m * N + c, a);
+    }
   }
-  for (; c < p1; ++c) {  // scalar tail: fmaf keeps the vector lanes' rounding
-    float a = y[c];
-    for (int i = 0; i < KB; ++i) a = __builtin_fmaf(j.x[m * j.ldx + k + i], widen(w[i * N + c]), a);
-    y[c] = a;
-  }
+  for (; c < p1; ++c)  // scalar tail: fmaf keeps the vector lanes' rounding
+    for (int m = 0; m < MB; ++m) {
+      float a = y[m * N + c];
+      for (int i = 0; i < KB; ++i) a = __builtin_fmaf(j.x[(m0 + m) * j.ldx + k + i], widen(w[i * N + c]), a);
+      y[m * N + c] = a;
+    }
 }
 
 template <class W>
@@ -443,10 +518,83 @@ ASPEN_TARGET_AVX2 void kn_avx2(const Job& j, int64_t n0, int64_t n1) {
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = p0; n < p1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
     int64_t k = 0;
-    for (; k + 4 <= K; k += 4)
-      for (int64_t m = 0; m < M; ++m) kn_block_avx2<W, 4>(j, m, k, p0, p1);
+    for (; k + 4 <= K; k += 4) {
+      int64_t m = 0;
+      for (; m + 2 <= M; m += 2) kn_block_avx2<W, 2, 4>(j, m, k, p0, p1);
+      for (; m < M; ++m) kn_block_avx2<W, 1, 4>(j, m, k, p0, p1);
+    }
+    for (; k < K; ++k) {
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) kn_block_avx2<W, 4, 1>(j, m, k, p0, p1);
+      for (; m < M; ++m) kn_block_avx2<W, 1, 1>(j, m, k, p0, p1);
+    }
+  }
+}
+
+// [K, N] bf16 (NOTE [bf16 pairs]): the panel's sums live in `acc`, MB rows of
+// `stride` floats, each 16 columns as 8 even then 8 odd; 16 columns per load.
+// Registers: MB * KB broadcasts, 2 * MB sums, the load and its two halves.
+template <int MB, int KB>
+ASPEN_TARGET_AVX2 void kn_bf16_block_avx2(const Job& j, int64_t m0, int64_t k, int64_t p0, int64_t p1, float* acc,
+                                          int64_t stride) {
+  const int64_t N = j.N;
+  const bf16* w = static_cast<const bf16*>(j.w) + k * N;
+  const __m256i high = _mm256_set1_epi32(int32_t(0xffff0000u));
+  __m256 xb[MB][KB];
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < KB; ++i) xb[m][i] = _mm256_set1_ps(j.x[(m0 + m) * j.ldx + k + i]);
+  acc += m0 * stride;
+  for (int64_t c = p0; c < p1; c += 16, acc += 16) {
+    __m256 e[MB], o[MB];
+    for (int m = 0; m < MB; ++m) {
+      e[m] = _mm256_loadu_ps(acc + m * stride);
+      o[m] = _mm256_loadu_ps(acc + m * stride + 8);
+    }
+    for (int i = 0; i < KB; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
+      const __m256i v = ld16_bf16(w + i * N + c, p1 - c);
+      const __m256 lo = bf16_even(v), hi = bf16_odd(v, high);
+      for (int m = 0; m < MB; ++m) {
+        e[m] = _mm256_fmadd_ps(xb[m][i], lo, e[m]);
+        o[m] = _mm256_fmadd_ps(xb[m][i], hi, o[m]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      _mm256_storeu_ps(acc + m * stride, e[m]);
+      _mm256_storeu_ps(acc + m * stride + 8, o[m]);
+    }
+  }
+}
+
+ASPEN_TARGET_AVX2 void kn_bf16_avx2(const Job& j, int64_t n0, int64_t n1) {
+  const int64_t M = j.M, K = j.K, P = kn_panel(M);
+  const int64_t stride = (P + 15) / 16 * 16;
+  thread_local std::vector<float> panel;  // per thread, grown once
+  panel.resize(size_t(M * stride));
+  float* acc = panel.data();
+  // Column c of the panel sits at slot(c - p0) of its row.
+  auto slot = [](int64_t off) { return off / 16 * 16 + (off % 2) * 8 + off % 16 / 2; };
+  for (int64_t p0 = n0; p0 < n1; p0 += P) {
+    const int64_t p1 = std::min(n1, p0 + P), width = (p1 - p0 + 15) / 16 * 16;
+    for (int64_t m = 0; m < M; ++m) {
+      float* row = acc + m * stride;
+      std::fill(row + width - 16, row + width, 0.0f);  // the last chunk's spare lanes
+      for (int64_t c = p0; c < p1; ++c) row[slot(c - p0)] = j.bias ? j.bias[c] : 0.0f;
+    }
+    int64_t k = 0;
+    if (M == 1) {
+      for (; k + 8 <= K; k += 8) kn_bf16_block_avx2<1, 8>(j, 0, k, p0, p1, acc, stride);
+    } else {
+      for (; k + 4 <= K; k += 4) {
+        int64_t m = 0;
+        for (; m + 2 <= M; m += 2) kn_bf16_block_avx2<2, 4>(j, m, k, p0, p1, acc, stride);
+        for (; m < M; ++m) kn_bf16_block_avx2<1, 4>(j, m, k, p0, p1, acc, stride);
+      }
+    }
     for (; k < K; ++k)
-      for (int64_t m = 0; m < M; ++m) kn_block_avx2<W, 1>(j, m, k, p0, p1);
+      for (int64_t m = 0; m < M; ++m) kn_bf16_block_avx2<1, 1>(j, m, k, p0, p1, acc, stride);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = p0; c < p1; ++c) j.y[m * j.N + c] = acc[m * stride + slot(c - p0)];
   }
 }
 
@@ -460,8 +608,8 @@ RangeFn pick(const GemvShape& s) {
     return b16 ? kn_avx512<bf16> : kn_avx512<float>;
   }
   if (isa == Isa::avx2) {
-    if (s.trans_b) return b16 ? nk_avx2<bf16> : nk_avx2<float>;
-    return b16 ? kn_avx2<bf16> : kn_avx2<float>;
+    if (s.trans_b) return b16 ? nk_bf16_avx2 : nk_avx2<float>;
+    return b16 ? kn_bf16_avx2 : kn_avx2<float>;
   }
   if (s.trans_b) return b16 ? nk_portable<bf16> : nk_portable<float>;
   return b16 ? kn_portable<bf16> : kn_portable<float>;
@@ -548,15 +696,16 @@ Status checked_gemv(std::span<const float> x, std::span<const Wt> w, std::span<c
 
 void gemv_run(const GemvShape& s, const float* x, const void* w, const float* bias, float* y) {
   Job job{x, w, s.has_bias ? bias : nullptr, y, s.M, s.N, s.K, s.K};
-  if (s.trans_b && s.weight == DType::bf16 && active_isa() >= Isa::avx512) {
-    // NOTE [bf16 pairs]. Per calling thread, grown once: steady state allocates nothing.
+  if (s.trans_b && s.weight == DType::bf16 && active_isa() >= Isa::avx2) {
+    // NOTE [bf16 pairs]: chunks of two vectors. Per calling thread, grown once: steady state allocates nothing.
     thread_local std::vector<float> xp;
-    job.Kp = (s.K + 31) / 32 * 32;
+    const int64_t chunk = active_isa() >= Isa::avx512 ? 32 : 16;
+    job.Kp = (s.K + chunk - 1) / chunk * chunk;
     xp.assign(static_cast<size_t>(s.M * job.Kp), 0.0f);
     for (int64_t m = 0; m < s.M; ++m)
       for (int64_t k = 0; k < s.K; ++k) {
-        const int64_t c = k / 32 * 32, i = k % 32;
-        xp[size_t(m * job.Kp + c + (i % 2) * 16 + i / 2)] = x[m * s.K + k];
+        const int64_t c = k / chunk * chunk, i = k % chunk;
+        xp[size_t(m * job.Kp + c + (i % 2) * (chunk / 2) + i / 2)] = x[m * s.K + k];
       }
     job.xp = xp.data();
   }
