@@ -42,6 +42,7 @@ const std::vector<Case> kCases = {
     {1, 1, 3, 3, 129, 0, 1},     {2, 2, 17, 17, 1, 0, 9},     {1, 1, 129, 200, 64, 71, 100},
     {2, 1, 200, 200, 64, 0, 130}, {1, 1, 200, 200, 17, 0, 64}, {2, 1, 3, 1, 7, 0, 1},
     {1, 2, 5, 3, 3, 9, 4},  // offset past S: every local row is empty
+    {2, 3, 1, 1000, 64, 999, 300}, {1, 2, 4, 77, 33, 73, 20},  // decoding rows (NOTE [attention decode rows])
 };
 
 struct Inputs {
