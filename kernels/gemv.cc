@@ -566,20 +566,36 @@ ASPEN_TARGET_AVX2 void kn_bf16_block_avx2(const Job& j, int64_t m0, int64_t k, i
   }
 }
 
+// 16 columns in natural order <-> the pair layout (8 even, then 8 odd), by
+// shuffles. Scalar, the panel's set-up and write-back took 5.4 % of the
+// samples against the blocks' 34 % (perf, M = 8, K = 768 cut in two slices).
+ASPEN_TARGET_AVX2 inline void to_pairs(const float* src, float* dst) {
+  const __m256 b0 = _mm256_loadu_ps(src), b1 = _mm256_loadu_ps(src + 8);
+  const __m256 e = _mm256_shuffle_ps(b0, b1, 0x88), o = _mm256_shuffle_ps(b0, b1, 0xDD);  // per lane: 0 2 | 0 2
+  _mm256_storeu_ps(dst, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
+  _mm256_storeu_ps(dst + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8)));
+}
+ASPEN_TARGET_AVX2 inline void from_pairs(const float* src, float* dst) {
+  const __m256 e = _mm256_loadu_ps(src), o = _mm256_loadu_ps(src + 8);
+  const __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);  // per lane: e0 o0 e1 o1 | e4 o4 ..
+  _mm256_storeu_ps(dst, _mm256_permute2f128_ps(lo, hi, 0x20));
+  _mm256_storeu_ps(dst + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
 ASPEN_TARGET_AVX2 void kn_bf16_avx2(const Job& j, int64_t n0, int64_t n1) {
   const int64_t M = j.M, K = j.K, P = kn_panel(M);
   const int64_t stride = (P + 15) / 16 * 16;
   thread_local std::vector<float> panel;  // per thread, grown once
   panel.resize(size_t(M * stride));
   float* acc = panel.data();
-  // Column c of the panel sits at slot(c - p0) of its row.
-  auto slot = [](int64_t off) { return off / 16 * 16 + (off % 2) * 8 + off % 16 / 2; };
   for (int64_t p0 = n0; p0 < n1; p0 += P) {
-    const int64_t p1 = std::min(n1, p0 + P), width = (p1 - p0 + 15) / 16 * 16;
-    for (int64_t m = 0; m < M; ++m) {
-      float* row = acc + m * stride;
-      std::fill(row + width - 16, row + width, 0.0f);  // the last chunk's spare lanes
-      for (int64_t c = p0; c < p1; ++c) row[slot(c - p0)] = j.bias ? j.bias[c] : 0.0f;
+    const int64_t p1 = std::min(n1, p0 + P);
+    // Each row starts from the bias (zero past p1: the last chunk's spare lanes).
+    for (int64_t c = p0; c < p1; c += 16) {
+      alignas(32) float b[16] = {};
+      const int64_t n = std::min<int64_t>(16, p1 - c);
+      if (j.bias) std::copy(j.bias + c, j.bias + c + n, b);
+      for (int64_t m = 0; m < M; ++m) to_pairs(b, acc + m * stride + (c - p0));
     }
     int64_t k = 0;
     if (M == 1) {
@@ -594,7 +610,16 @@ ASPEN_TARGET_AVX2 void kn_bf16_avx2(const Job& j, int64_t n0, int64_t n1) {
     for (; k < K; ++k)
       for (int64_t m = 0; m < M; ++m) kn_bf16_block_avx2<1, 1>(j, m, k, p0, p1, acc, stride);
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t c = p0; c < p1; ++c) j.y[m * j.N + c] = acc[m * stride + slot(c - p0)];
+      for (int64_t c = p0; c < p1; c += 16) {
+        float* y = j.y + m * j.N + c;
+        if (p1 - c >= 16) {
+          from_pairs(acc + m * stride + (c - p0), y);
+        } else {
+          alignas(32) float t[16];
+          from_pairs(acc + m * stride + (c - p0), t);
+          std::copy(t, t + (p1 - c), y);
+        }
+      }
   }
 }
 
