@@ -120,9 +120,20 @@ struct Row {
   int64_t step_bytes = 0;  // decode: what one step must read (weights and KV cache)
   double peer = 0;  // PyTorch tokens/s, 0: none
   std::string peer_mode = {};
-  double llama_cpp = 0;  // llama-bench's tokens/s (batch 1 rows), 0: none
+  double llama_cpp = 0;  // llama.cpp's tokens/s (llama-bench, llama-batched-bench), 0: none
   std::string llama_cpp_test = {};
+
+  // Above its bound, the ceiling was measured in a slow moment: the fraction is not a measurement.
+  bool measurement_fault() const { return bound > 0 && tokens_per_s > bound; }
 };
+
+// The row a peer's JSON line is about (same phase, batch and dtype), or null.
+Row* row_for(std::vector<Row>& rows, const nlohmann::json& j) {
+  for (Row& r : rows)
+    if (r.phase == j.value("phase", "") && r.batch == j.value("batch", int64_t(0)) && r.dtype == j.value("dtype", ""))
+      return &r;
+  return nullptr;
+}
 
 // Runs `cmd` and hands each JSON object it prints on stdout to `take`;
 // false when the command failed (its stderr reaches the user's terminal).
@@ -264,16 +275,14 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
                             " --json --model " + dir + " --threads " + std::to_string(threads) + " --new-tokens " +
                             std::to_string(new_tokens) + " 2>/dev/null";
     const bool ok = read_json_lines(cmd, [&](const nlohmann::json& j) {
-      for (Row& r : rows)
-        if (r.phase == j.value("phase", "") && r.batch == j.value("batch", int64_t(0)) &&
-            r.dtype == j.value("dtype", "")) {
-          r.peer = j.value("tokens_per_s", 0.0);
-          r.peer_mode = j.value("mode", "");
-        }
+      if (Row* r = row_for(rows, j)) {
+        r->peer = j.value("tokens_per_s", 0.0);
+        r->peer_mode = j.value("mode", "");
+      }
     });
     if (!ok) peer_note = "PyTorch peer: not run (no torch for '" + opt.python + "'; --python PATH)";
   }
-  // The llama.cpp peer (bench/llama_cpp.py: builds llama-bench once per CPU,
+  // The llama.cpp peer (bench/llama_cpp.py: builds llama.cpp's benches once per CPU,
   // converts the same directory to GGUF): ppN and tgN at batch 1, batched
   // decode at the larger batches.
   std::string llama_note;
@@ -286,12 +295,10 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
                             std::to_string(new_tokens) + " --prefill " + std::to_string(prefill_T_max) +
                             " --dtypes " + dtypes + " --batches " + batches;
     const bool ok = read_json_lines(cmd, [&](const nlohmann::json& j) {
-      for (Row& r : rows)
-        if (r.batch == j.value("batch", int64_t(0)) && r.phase == j.value("phase", "") &&
-            r.dtype == j.value("dtype", "")) {
-          r.llama_cpp = j.value("tokens_per_s", 0.0);
-          r.llama_cpp_test = j.value("test", "");
-        }
+      if (Row* r = row_for(rows, j)) {
+        r->llama_cpp = j.value("tokens_per_s", 0.0);
+        r->llama_cpp_test = j.value("test", "");
+      }
     });
     if (!ok) llama_note = "llama.cpp peer: not run (bench/llama_cpp.py said why above; --no-llama-cpp skips it)";
   }
@@ -306,8 +313,7 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
       if (r.bound > 0) {
         j["bound_tokens_per_s"] = r.bound;
         j["fraction_of_bound"] = r.tokens_per_s / r.bound;
-        // Above 1, the ceiling was measured in a slow moment: the fraction is not a measurement.
-        j["measurement_fault"] = r.tokens_per_s > r.bound;
+        j["measurement_fault"] = r.measurement_fault();
       }
       if (r.peer > 0) {
         j["pytorch_tokens_per_s"] = r.peer;
@@ -328,7 +334,7 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
       out << fmt::format("{:<8} {:>5} {:>5} | {:>10.1f} {:>10} {:>9} | {:>10} {:>8} | {:>10} {:>8}\n", r.phase,
                          r.batch, r.dtype, r.tokens_per_s, r.bound > 0 ? fmt::format("{:.1f}", r.bound) : "-",
                          r.bound > 0 ? fmt::format("{:.2f}{}", r.tokens_per_s / r.bound,
-                                                   r.tokens_per_s > r.bound ? "!" : "")
+                                                   r.measurement_fault() ? "!" : "")
                                      : "-",
                          r.peer > 0 ? fmt::format("{:.1f}", r.peer) : "-",
                          r.peer > 0 ? fmt::format("{:.2f}", r.tokens_per_s / r.peer) : "-",
@@ -336,7 +342,7 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
                          r.llama_cpp > 0 ? fmt::format("{:.2f}", r.tokens_per_s / r.llama_cpp) : "-");
     }
   }
-  if (!opt.json && std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.bound > 0 && r.tokens_per_s > r.bound; }))
+  if (!opt.json && std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.measurement_fault(); }))
     out << "# !: above the bound: the read sweep was measured in a slow moment (a measurement fault, not a figure)\n";
   if (!peer_note.empty() && !opt.json) out << "# " << peer_note << "\n";
   if (!llama_note.empty() && !opt.json) out << "# " << llama_note << "\n";

@@ -182,52 +182,66 @@ ASPEN_ATTN_INLINE void transpose_impl(const float* src, int64_t cols, int64_t D,
 // NOTE [attention decode rows]: with a few query rows per (b, h) (decoding,
 // T <= kDecodeRows) the tiles waste most of their work: a 64-row block runs
 // one row, and each 64-key block is transposed for a single dot product per
-// key. A row instead takes its scores directly (one dot product over D per
-// allowed key, in the exp2 domain as the tiles do), its max, p = exp2(s - m)
-// with the sum l, and o = sum of p v over the keys in order, then out = o / l
-// and lse = m ln 2 + ln l (the tiles' formulas). About 10x fewer instructions
-// per key; K and V stream once per row.
+// key. A row instead takes its scores directly, kBk keys at a time (one dot
+// product over D per allowed key, in the exp2 domain as the tiles do), with
+// the tiles' online softmax across the blocks: running max m and sum l, o
+// rescaled by 2^(m_old - m_new), o += p v; then out = o / l and lse = m ln 2 +
+// ln l. About 10x fewer instructions per key; K and V stream once per row;
+// scratch is one block of scores on the stack (attention_forward_scratch_bytes
+// still bounds the call).
 constexpr int64_t kDecodeRows = 4;
 
 ASPEN_ATTN_INLINE void decode_row_impl(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
-                                       const uint8_t* valid, int64_t D, float cs, float* s, float* out,
-                                       float* lse) {
-  float mx = kNegInf;
-  for (int64_t j = lo; j < hi; ++j) {
-    if (valid && valid[j] == 0) {
-      s[j] = kNegInf;
-      continue;
-    }
-    const float* kj = kh + j * D;
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t d = 0; d < D; ++d) acc += q[d] * kj[d];
-    s[j] = acc * cs;
-    mx = mx > s[j] ? mx : s[j];
-  }
+                                       const uint8_t* valid, int64_t D, float cs, float* out, float* lse) {
+  float m = kNegInf, l = 0.0f;
   for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
-  if (mx == kNegInf) {  // nothing allowed: out 0, lse -inf (as the tiles)
+  for (int64_t j0 = lo; j0 < hi; j0 += kBk) {
+    const int64_t n = std::min(kBk, hi - j0);
+    float s[kBk];
+    float block_max = kNegInf;
+    for (int64_t c = 0; c < n; ++c) {
+      const int64_t j = j0 + c;
+      if (valid && valid[j] == 0) {
+        s[c] = kNegInf;
+        continue;
+      }
+      const float* kj = kh + j * D;
+      float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t d = 0; d < D; ++d) acc += q[d] * kj[d];
+      s[c] = acc * cs;
+      block_max = block_max > s[c] ? block_max : s[c];
+    }
+    if (block_max == kNegInf) continue;  // every key of the block masked
+    if (block_max > m) {  // rescale what is summed so far (nothing yet: alpha = 2^-inf = 0)
+      const float alpha = exp2_fast(m - block_max);
+      l *= alpha;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) out[d] *= alpha;
+      m = block_max;
+    }
+#pragma omp simd reduction(+ : l)
+    for (int64_t c = 0; c < n; ++c) {
+      const float p = exp2_fast(s[c] - m);  // a masked key: -inf, p = 0
+      s[c] = p;
+      l += p;
+    }
+    for (int64_t c = 0; c < n; ++c) {
+      if (s[c] == 0.0f) continue;
+      const float p = s[c];
+      const float* vj = vh + (j0 + c) * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) out[d] += p * vj[d];
+    }
+  }
+  if (m == kNegInf) {  // nothing allowed: out 0, lse -inf (as the tiles)
     *lse = kNegInf;
     return;
-  }
-  float l = 0.0f;
-#pragma omp simd reduction(+ : l)
-  for (int64_t j = lo; j < hi; ++j) {
-    const float pj = exp2_fast(s[j] - mx);  // a masked key: -inf, p = 0
-    s[j] = pj;
-    l += pj;
-  }
-  for (int64_t j = lo; j < hi; ++j) {
-    const float pj = s[j];
-    if (pj == 0.0f) continue;
-    const float* vj = vh + j * D;
-#pragma omp simd
-    for (int64_t d = 0; d < D; ++d) out[d] += pj * vj[d];
   }
   const float inv = 1.0f / l;
 #pragma omp simd
   for (int64_t d = 0; d < D; ++d) out[d] *= inv;
-  *lse = mx / kLog2e + std::log(l);
+  *lse = m / kLog2e + std::log(l);
 }
 
 struct Portable {
@@ -271,8 +285,8 @@ struct Portable {
     softmax_tile_impl(s, rows, cols, lo, hi, kv, m, l, o, D);
   }
   static void decode_row(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
-                         const uint8_t* valid, int64_t D, float cs, float* s, float* out, float* lse) {
-    decode_row_impl(q, kh, vh, lo, hi, valid, D, cs, s, out, lse);
+                         const uint8_t* valid, int64_t D, float cs, float* out, float* lse) {
+    decode_row_impl(q, kh, vh, lo, hi, valid, D, cs, out, lse);
   }
   static void grad_tile(float* s, float* dp, int64_t rows, int64_t cols, const int* lo, const int* hi,
                         const float* kv, const float* lse2, const float* di, float cs) {
@@ -378,8 +392,8 @@ struct Avx512 {
     softmax_tile_impl(s, rows, cols, lo, hi, kv, m, l, o, D);
   }
   ASPEN_TARGET_AVX512 static void decode_row(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
-                                      const uint8_t* valid, int64_t D, float cs, float* s, float* out, float* lse) {
-    decode_row_impl(q, kh, vh, lo, hi, valid, D, cs, s, out, lse);
+                                      const uint8_t* valid, int64_t D, float cs, float* out, float* lse) {
+    decode_row_impl(q, kh, vh, lo, hi, valid, D, cs, out, lse);
   }
   ASPEN_TARGET_AVX512 static void grad_tile(float* s, float* dp, int64_t rows, int64_t cols, const int* lo,
                                             const int* hi, const float* kv, const float* lse2, const float* di,
@@ -448,8 +462,8 @@ struct Avx2 {
     softmax_tile_impl(s, rows, cols, lo, hi, kv, m, l, o, D);
   }
   ASPEN_TARGET_AVX2 static void decode_row(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
-                                      const uint8_t* valid, int64_t D, float cs, float* s, float* out, float* lse) {
-    decode_row_impl(q, kh, vh, lo, hi, valid, D, cs, s, out, lse);
+                                      const uint8_t* valid, int64_t D, float cs, float* out, float* lse) {
+    decode_row_impl(q, kh, vh, lo, hi, valid, D, cs, out, lse);
   }
   ASPEN_TARGET_AVX2 static void grad_tile(float* s, float* dp, int64_t rows, int64_t cols, const int* lo,
                                           const int* hi, const float* kv, const float* lse2, const float* di,
@@ -507,18 +521,13 @@ void forward_decode(const Problem& pb, float* out, float* lse) {
   const int64_t D = pb.D, T = pb.T, S = pb.S, tasks = pb.B * pb.H * T;
   const float cs = pb.scale * kLog2e;
   const int nt = int(std::min<int64_t>(omp_get_max_threads(), tasks));
-#pragma omp parallel num_threads(nt)
-  {
-    thread_local std::vector<float> scores;  // per thread, grown once
-    scores.resize(size_t(S));
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t bh = t / T, i = t % T, b = bh / pb.H;
-      int64_t lo, hi;
-      pb.geo.range(i, &lo, &hi);
-      Ops::decode_row(pb.q + t * D, pb.k + bh * S * D, pb.v + bh * S * D, lo, hi,
-                      pb.key_valid ? pb.key_valid + b * S : nullptr, D, cs, scores.data(), out + t * D, lse + t);
-    }
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t bh = t / T, i = t % T, b = bh / pb.H;
+    int64_t lo, hi;
+    pb.geo.range(i, &lo, &hi);
+    Ops::decode_row(pb.q + t * D, pb.k + bh * S * D, pb.v + bh * S * D, lo, hi,
+                    pb.key_valid ? pb.key_valid + b * S : nullptr, D, cs, out + t * D, lse + t);
   }
 }
 
@@ -749,21 +758,19 @@ Status attention_forward(std::span<const float> q, std::span<const float> k, std
     return Status();
   }
   const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, T, S, D, scale, mask);
-  if (T <= kDecodeRows) {  // NOTE [attention decode rows]
-    if (active_isa() >= Isa::avx512)
-      forward_decode<Avx512>(pb, out.data(), lse.data());
-    else if (active_isa() >= Isa::avx2)
-      forward_decode<Avx2>(pb, out.data(), lse.data());
+  const auto run = [&](auto ops) {
+    using Ops = decltype(ops);
+    if (T <= kDecodeRows)  // NOTE [attention decode rows]
+      forward_decode<Ops>(pb, out.data(), lse.data());
     else
-      forward_decode<Portable>(pb, out.data(), lse.data());
-    return Status();
-  }
+      forward_fast<Ops>(pb, out.data(), lse.data());
+  };
   if (active_isa() >= Isa::avx512)
-    forward_fast<Avx512>(pb, out.data(), lse.data());
+    run(Avx512{});
   else if (active_isa() >= Isa::avx2)
-    forward_fast<Avx2>(pb, out.data(), lse.data());
+    run(Avx2{});
   else
-    forward_fast<Portable>(pb, out.data(), lse.data());
+    run(Portable{});
   return Status();
 }
 

@@ -353,16 +353,13 @@ ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
 
 // ---- AVX2 -----------------------------------------------------------------------------------------
 
+// The AVX2 paths for f32 weights; bf16 weights have their own further down
+// (NOTE [bf16 pairs] at AVX2).
 ASPEN_TARGET_AVX2 inline __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
-ASPEN_TARGET_AVX2 inline __m256 ld8(const bf16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
 // The first n (< 8) elements, zero-filled to 8.
-template <class W>
-ASPEN_TARGET_AVX2 inline __m256 ld8(const W* p, int64_t n) {
-  W buf[8] = {};
-  std::memcpy(buf, p, size_t(n) * sizeof(W));
+ASPEN_TARGET_AVX2 inline __m256 ld8(const float* p, int64_t n) {
+  float buf[8] = {};
+  std::memcpy(buf, p, size_t(n) * sizeof(float));
   return ld8(buf);
 }
 ASPEN_TARGET_AVX2 inline float hsum8(__m256 v) {
@@ -372,10 +369,10 @@ ASPEN_TARGET_AVX2 inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(b);
 }
 
-template <class W, int MB, int R>
+template <int MB, int R>
 ASPEN_TARGET_AVX2 void nk_tile_avx2(const Job& j, int64_t m0, int64_t n) {
   const int64_t K = j.K;
-  const W* w = static_cast<const W*>(j.w) + n * K;
+  const float* w = static_cast<const float*>(j.w) + n * K;
   const float* x = j.x + m0 * K;
   __m256 acc[MB][R];
   for (int m = 0; m < MB; ++m)
@@ -405,17 +402,16 @@ ASPEN_TARGET_AVX2 void nk_tile_avx2(const Job& j, int64_t m0, int64_t n) {
       j.y[(m0 + m) * j.N + n + r] = hsum8(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
 }
 
-template <class W, int R>
+template <int R>
 ASPEN_TARGET_AVX2 void nk_rows_avx2(const Job& j, int64_t n) {
-  static constexpr NkTile tiles[3] = {nk_tile_avx2<W, 1, R>, nk_tile_avx2<W, 2, R>, nk_tile_avx2<W, 3, R>};
+  static constexpr NkTile tiles[3] = {nk_tile_avx2<1, R>, nk_tile_avx2<2, R>, nk_tile_avx2<3, R>};
   for (int64_t m0 = 0; m0 < j.M; m0 += 3) tiles[std::min<int64_t>(3, j.M - m0) - 1](j, m0, n);
 }
 
-template <class W>
 ASPEN_TARGET_AVX2 void nk_avx2(const Job& j, int64_t n0, int64_t n1) {
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) nk_rows_avx2<W, 4>(j, n);
-  for (; n < n1; ++n) nk_rows_avx2<W, 1>(j, n);
+  for (; n + 4 <= n1; n += 4) nk_rows_avx2<4>(j, n);
+  for (; n < n1; ++n) nk_rows_avx2<1>(j, n);
 }
 
 // NOTE [bf16 pairs] at AVX2: a 32-byte load holds 16 bf16 weights, the even
@@ -481,10 +477,10 @@ ASPEN_TARGET_AVX2 void nk_bf16_avx2(const Job& j, int64_t n0, int64_t n1) {
 // loaded once for the MB rows, the broadcasts hoisted out of the column loop
 // (MB * KB + KB + 1 of the 16 registers). y[m, n] gets its k terms in order
 // whatever KB and MB are.
-template <class W, int MB, int KB>
+template <int MB, int KB>
 ASPEN_TARGET_AVX2 void kn_block_avx2(const Job& j, int64_t m0, int64_t k, int64_t p0, int64_t p1) {
   const int64_t N = j.N;
-  const W* w = static_cast<const W*>(j.w) + k * N;
+  const float* w = static_cast<const float*>(j.w) + k * N;
   __m256 xb[MB][KB];
   for (int m = 0; m < MB; ++m)
     for (int i = 0; i < KB; ++i) xb[m][i] = _mm256_set1_ps(j.x[(m0 + m) * j.ldx + k + i]);
@@ -505,12 +501,11 @@ ASPEN_TARGET_AVX2 void kn_block_avx2(const Job& j, int64_t m0, int64_t k, int64_
   for (; c < p1; ++c)  // scalar tail: fmaf keeps the vector lanes' rounding
     for (int m = 0; m < MB; ++m) {
       float a = y[m * N + c];
-      for (int i = 0; i < KB; ++i) a = __builtin_fmaf(j.x[(m0 + m) * j.ldx + k + i], widen(w[i * N + c]), a);
+      for (int i = 0; i < KB; ++i) a = __builtin_fmaf(j.x[(m0 + m) * j.ldx + k + i], w[i * N + c], a);
       y[m * N + c] = a;
     }
 }
 
-template <class W>
 ASPEN_TARGET_AVX2 void kn_avx2(const Job& j, int64_t n0, int64_t n1) {
   const int64_t M = j.M, K = j.K, P = kn_panel(M);
   for (int64_t p0 = n0; p0 < n1; p0 += P) {
@@ -520,13 +515,13 @@ ASPEN_TARGET_AVX2 void kn_avx2(const Job& j, int64_t n0, int64_t n1) {
     int64_t k = 0;
     for (; k + 4 <= K; k += 4) {
       int64_t m = 0;
-      for (; m + 2 <= M; m += 2) kn_block_avx2<W, 2, 4>(j, m, k, p0, p1);
-      for (; m < M; ++m) kn_block_avx2<W, 1, 4>(j, m, k, p0, p1);
+      for (; m + 2 <= M; m += 2) kn_block_avx2<2, 4>(j, m, k, p0, p1);
+      for (; m < M; ++m) kn_block_avx2<1, 4>(j, m, k, p0, p1);
     }
     for (; k < K; ++k) {
       int64_t m = 0;
-      for (; m + 4 <= M; m += 4) kn_block_avx2<W, 4, 1>(j, m, k, p0, p1);
-      for (; m < M; ++m) kn_block_avx2<W, 1, 1>(j, m, k, p0, p1);
+      for (; m + 4 <= M; m += 4) kn_block_avx2<4, 1>(j, m, k, p0, p1);
+      for (; m < M; ++m) kn_block_avx2<1, 1>(j, m, k, p0, p1);
     }
   }
 }
@@ -633,8 +628,8 @@ RangeFn pick(const GemvShape& s) {
     return b16 ? kn_avx512<bf16> : kn_avx512<float>;
   }
   if (isa == Isa::avx2) {
-    if (s.trans_b) return b16 ? nk_bf16_avx2 : nk_avx2<float>;
-    return b16 ? kn_bf16_avx2 : kn_avx2<float>;
+    if (s.trans_b) return b16 ? nk_bf16_avx2 : nk_avx2;
+    return b16 ? kn_bf16_avx2 : kn_avx2;
   }
   if (s.trans_b) return b16 ? nk_portable<bf16> : nk_portable<float>;
   return b16 ? kn_portable<bf16> : kn_portable<float>;
