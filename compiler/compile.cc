@@ -47,10 +47,7 @@ class ReferenceKernel : public graph::PreparedKernel {
   std::vector<graph::TensorType> in_types_, out_types_;
 };
 
-bool is_collective(OpKind op) {
-  return op == OpKind::all_reduce || op == OpKind::reduce_scatter || op == OpKind::all_gather ||
-         op == OpKind::send || op == OpKind::recv;
-}
+bool is_collective(OpKind op) { return graph::op_has(op, graph::kCommunicates); }
 
 Status lower(Executable& exe) {
   const Graph& g = exe.graph;

@@ -13,26 +13,10 @@ namespace {
 
 int64_t align(int64_t b) { return (b + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
 
-// Ops whose output element i depends only on input element i, so the output
-// may overwrite an input of the same size that dies here.
-bool elementwise(OpKind op) {
-  switch (op) {
-    case OpKind::add: case OpKind::sub: case OpKind::mul: case OpKind::scale: case OpKind::neg:
-    case OpKind::exp: case OpKind::gelu: case OpKind::silu: case OpKind::gelu_grad: case OpKind::silu_grad:
-    case OpKind::tanh: case OpKind::sqrt: case OpKind::div:
-      return true;
-    default:
-      return false;
-  }
-}
-
-// Ops that may write an output over a same-shaped input element by element
-// (the parameter they update, for an in-place update). The optimizer steps
-// copy their inputs into the outputs first when the two differ.
-bool writes_in_place(OpKind op) {
-  return elementwise(op) || op == OpKind::adamw || op == OpKind::sgd || op == OpKind::lamb ||
-         op == OpKind::write_slice;
-}
+// An output may overwrite a same-shaped input that dies at its node: the op
+// table says which ops allow it.
+bool elementwise(OpKind op) { return graph::op_has(op, graph::kElementwise); }
+bool writes_in_place(OpKind op) { return elementwise(op) || graph::op_has(op, graph::kWritesInPlace); }
 
 // Free arena ranges, by offset; merged on release.
 class FreeList {

@@ -57,7 +57,7 @@ class DeadCodeElimination : public Pass {
     for (ValueId v : g.roots()) live_value[size_t(v.index)] = 1;
     for (size_t i = g.nodes().size(); i-- > 0;) {
       const Node& n = g.nodes()[i];
-      bool live = n.op == OpKind::input || n.op == OpKind::parameter || n.op == OpKind::send;
+      bool live = graph::op_has(n.op, graph::kKeep);
       for (ValueId v : n.outputs) live = live || live_value[size_t(v.index)];
       if (!live) continue;
       keep[i] = 1;
@@ -88,9 +88,7 @@ class CommonSubexpressionElimination : public Pass {
     };
     for (size_t i = 0; i < g.nodes().size(); ++i) {
       const Node& n = g.nodes()[i];
-      if (n.op == OpKind::input || n.op == OpKind::parameter || n.op == OpKind::send || n.op == OpKind::recv ||
-          n.outputs.empty())
-        continue;
+      if (graph::op_has(n.op, graph::kUnique) || n.outputs.empty()) continue;
       std::vector<int32_t> ins;
       for (ValueId v : n.inputs) ins.push_back(resolve(v));
       auto& bucket = seen[{int(n.op), ins}];
@@ -120,8 +118,7 @@ class ConstantFolding : public Pass {
     for (const Node& original : g.nodes()) {
       Node n = original;
       for (ValueId& v : n.inputs) v = rw.map(v);
-      bool foldable = !n.inputs.empty() && !n.outputs.empty() && n.op != OpKind::send && n.op != OpKind::recv &&
-                      n.op != OpKind::all_reduce && n.op != OpKind::all_gather && n.op != OpKind::reduce_scatter;
+      bool foldable = !n.inputs.empty() && !n.outputs.empty() && !graph::op_has(n.op, graph::kCommunicates);
       int64_t elements = 0;
       for (ValueId v : original.outputs) elements += g.type(v).shape.numel();
       foldable = foldable && elements <= ctx.options.max_folded_elements;

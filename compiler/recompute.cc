@@ -28,16 +28,7 @@ using graph::ValueId;
 
 namespace {
 
-bool clonable(OpKind op) {
-  switch (op) {
-    case OpKind::input: case OpKind::parameter: case OpKind::constant:
-    case OpKind::send: case OpKind::recv:
-    case OpKind::all_reduce: case OpKind::reduce_scatter: case OpKind::all_gather:
-      return false;
-    default:
-      return true;
-  }
-}
+bool clonable(OpKind op) { return !graph::op_has(op, graph::kSource) && !graph::op_has(op, graph::kCommunicates); }
 
 class Recompute : public Pass {
  public:

@@ -31,10 +31,7 @@ using graph::ValueId;
 
 namespace {
 
-bool fixed_order(OpKind op) {
-  return op == OpKind::send || op == OpKind::recv || op == OpKind::all_reduce || op == OpKind::reduce_scatter ||
-         op == OpKind::all_gather;
-}
+bool fixed_order(OpKind op) { return graph::op_has(op, graph::kCommunicates); }
 
 // Nodes in depth-first post-order from the outputs (inputs visited in
 // order), then every node not reached (in the original order).
@@ -66,7 +63,7 @@ std::vector<int32_t> depth_first_order(const Graph& g) {
   };
   // Sources first, in their original order, so the interface keeps its order.
   for (int32_t i = 0; i < n; ++i)
-    if (g.node(i).inputs.empty() && g.node(i).op != OpKind::recv) visit(i);
+    if (graph::op_has(g.node(i).op, graph::kSource)) visit(i);
   for (ValueId v : g.roots()) visit(g.value(v).producer);
   for (int32_t i = 0; i < n; ++i) visit(i);
   return order;

@@ -28,15 +28,21 @@ std::array<OpInfo, kNumOps> build_table() {
   for (int i = 0; i < kNumOps; ++i) {
     ASPEN_CHECK(table[i].name != nullptr && table[i].infer != nullptr && table[i].eval != nullptr)
         << "op #" << i << " (" << op_name(OpKind(i)) << ") has no complete table entry";
+    ASPEN_CHECK(!(table[i].flags & kSource) || table[i].max_inputs == 0)
+        << "op " << op_name(OpKind(i)) << " is marked a source and takes inputs";
+    ASPEN_CHECK(!(table[i].flags & kElementwise) || table[i].max_inputs >= 1)
+        << "op " << op_name(OpKind(i)) << " is marked elementwise and takes no input";
   }
   return table;
 }
 
-const char* const kNames[] = {
-#define ASPEN_OP_NAME(name) #name,
-    ASPEN_OPS(ASPEN_OP_NAME)
+constexpr std::array<const char*, kNumOps> kNames = [] {
+  std::array<const char*, kNumOps> names{};
+#define ASPEN_OP_NAME(name, number) names[number] = #name;
+  ASPEN_OPS(ASPEN_OP_NAME)
 #undef ASPEN_OP_NAME
-};
+  return names;
+}();
 
 }  // namespace
 
@@ -54,12 +60,12 @@ const OpInfo& op_info(OpKind op) {
 
 const char* op_name(OpKind op) {
   ASPEN_CHECK(int(op) < kNumOps) << "op #" << int(op);
-  return kNames[int(op)];
+  return kNames[size_t(op)];
 }
 
 std::optional<OpKind> op_from_name(std::string_view name) {
   for (int i = 0; i < kNumOps; ++i)
-    if (name == kNames[i]) return OpKind(i);
+    if (name == kNames[size_t(i)]) return OpKind(i);
   return std::nullopt;
 }
 

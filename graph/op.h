@@ -7,8 +7,10 @@
 // Adding an op: add it to this list, write its entry in its group's file,
 // and its kernel in kernels/; nothing else changes (see docs/graph.md).
 //
-// OpKind values are written into serialized executables: append, never
-// renumber (the list order is the numbering).
+// Each op's number is written beside it: OpKind values are in serialized
+// executables, so a number never changes and is never reused (a new op takes
+// the next free one, wherever its group puts it in the list). The numbers are
+// checked to be 0..kNumOps-1, each once, at compile time.
 #pragma once
 
 #include <cstdint>
@@ -23,53 +25,65 @@
 #include "graph/types.h"
 
 // clang-format off
-#define ASPEN_OPS(X)                                                                      \
-  /* sources: no inputs */                                                                \
-  X(input) X(parameter) X(constant)                                                       \
-  /* elementwise, same shapes in and out */                                               \
-  X(add) X(sub) X(mul) X(scale) X(neg) X(exp) X(gelu) X(silu) X(where) X(cast)            \
-  /* shape: data moves, values do not change */                                         \
-  X(reshape) X(transpose) X(slice) X(concat) X(broadcast)                                 \
-  /* reductions over trailing or chosen axes */                                           \
-  X(reduce_sum) X(reduce_max)                                                             \
-  /* indexing */                                                                          \
-  X(gather)                                                                               \
-  /* neural-network blocks, each a kernel of kernels/ */                                  \
-  X(matmul) X(layernorm) X(rmsnorm) X(softmax) X(cross_entropy) X(rotary) X(attention)    \
-  /* backward-only ops emitted by gradient rules (not differentiated again) */            \
-  X(gelu_grad) X(silu_grad) X(gather_grad) X(layernorm_grad) X(rmsnorm_grad)              \
-  X(softmax_grad) X(cross_entropy_grad) X(attention_grad)                                 \
-  /* collectives: run on the communicator of their group (runtime::Session) */           \
-  X(all_reduce) X(reduce_scatter) X(all_gather) X(send) X(recv)                          \
-  /* fused: made by the compiler's fusion pass after autodiff (not differentiated) */     \
-  X(bias_gelu) X(add_layernorm)                                                           \
-  /* optimizer steps (graph/ops_optim.cc): outputs feed Builder::update, not differentiated */ \
-  X(adamw)                                                                                \
-  /* state writes at run-time positions (graph/ops_state.cc): KV caches, generation state */ \
-  X(write_slice)                                                                          \
-  /* generation: draws token ids inside the program (graph/ops_sampling.cc; not differentiated) */ \
-  X(sample)                                                                               \
-  /* elementwise, appended later (same shapes in and out; ops_elementwise.cc) */          \
-  X(tanh) X(sqrt) X(div)                                                                  \
-  /* optimizers appended later (ops_optim.cc), and the sum of squares clipping reads */    \
-  X(sgd) X(lamb) X(sum_squares)                                                          \
-  /* the vocab-parallel cross-entropy's pieces (ops_vocab.cc; tensor-parallel models) */  \
-  X(vocab_ce_stats) X(vocab_ce_loss) X(vocab_ce_grad)
+#define ASPEN_OPS(X)                                                                                      \
+  /* sources: no inputs */                                                                                \
+  X(input, 0) X(parameter, 1) X(constant, 2)                                                              \
+  /* elementwise, same shapes in and out (ops_elementwise.cc) */                                          \
+  X(add, 3) X(sub, 4) X(mul, 5) X(div, 48) X(scale, 6) X(neg, 7) X(exp, 8) X(tanh, 46) X(sqrt, 47)         \
+  X(gelu, 9) X(silu, 10) X(where, 11) X(cast, 12)                                                         \
+  /* shape: data moves, values do not change */                                                           \
+  X(reshape, 13) X(transpose, 14) X(slice, 15) X(concat, 16) X(broadcast, 17)                             \
+  /* reductions over trailing or chosen axes, and the sum of squares clipping reads */                    \
+  X(reduce_sum, 18) X(reduce_max, 19) X(sum_squares, 51)                                                  \
+  /* indexing */                                                                                          \
+  X(gather, 20)                                                                                           \
+  /* neural-network blocks, each a kernel of kernels/ */                                                  \
+  X(matmul, 21) X(layernorm, 22) X(rmsnorm, 23) X(softmax, 24) X(cross_entropy, 25) X(rotary, 26)         \
+  X(attention, 27)                                                                                        \
+  /* backward-only ops emitted by gradient rules (not differentiated again) */                            \
+  X(gelu_grad, 28) X(silu_grad, 29) X(gather_grad, 30) X(layernorm_grad, 31) X(rmsnorm_grad, 32)          \
+  X(softmax_grad, 33) X(cross_entropy_grad, 34) X(attention_grad, 35)                                     \
+  /* collectives: run on the communicator of their group (runtime::Session) */                            \
+  X(all_reduce, 36) X(reduce_scatter, 37) X(all_gather, 38) X(send, 39) X(recv, 40)                       \
+  /* the vocab-parallel cross-entropy's pieces (ops_vocab.cc; tensor-parallel models) */                  \
+  X(vocab_ce_stats, 52) X(vocab_ce_loss, 53) X(vocab_ce_grad, 54)                                         \
+  /* fused: made by the compiler's fusion pass after autodiff (not differentiated) */                     \
+  X(bias_gelu, 41) X(add_layernorm, 42)                                                                   \
+  /* optimizer steps (ops_optim.cc): outputs feed Builder::update, not differentiated */                  \
+  X(adamw, 43) X(sgd, 49) X(lamb, 50)                                                                     \
+  /* state writes at run-time positions (ops_state.cc): KV caches, generation state */                    \
+  X(write_slice, 44)                                                                                      \
+  /* generation: draws token ids inside the program (ops_sampling.cc; not differentiated) */              \
+  X(sample, 45)
+// The next free op number: 55.
 // clang-format on
 
 namespace aspen::graph {
 
 enum class OpKind : uint16_t {
-#define ASPEN_OP_ENUM(name) name,
+#define ASPEN_OP_ENUM(name, number) name = number,
   ASPEN_OPS(ASPEN_OP_ENUM)
 #undef ASPEN_OP_ENUM
 };
 
 inline constexpr int kNumOps = 0
-#define ASPEN_OP_COUNT(name) +1
+#define ASPEN_OP_COUNT(name, number) +1
     ASPEN_OPS(ASPEN_OP_COUNT)
 #undef ASPEN_OP_COUNT
     ;
+
+namespace detail {
+constexpr bool op_numbers_dense() {
+  bool seen[kNumOps] = {};
+#define ASPEN_OP_SEEN(name, number)                                      \
+  if ((number) < 0 || (number) >= kNumOps || seen[number]) return false; \
+  seen[number] = true;
+  ASPEN_OPS(ASPEN_OP_SEEN)
+#undef ASPEN_OP_SEEN
+  return true;
+}
+}  // namespace detail
+static_assert(detail::op_numbers_dense(), "ASPEN_OPS: op numbers must be 0..kNumOps-1, each used once");
 
 class Graph;
 class Builder;
@@ -107,8 +121,31 @@ class PreparedKernel {
 using PrepareFn = Result<std::unique_ptr<PreparedKernel>> (*)(const Node& node, std::span<const TensorType> in,
                                                                std::span<const TensorType> out);
 
+// What the compiler's passes may do with an op's nodes. Passes ask the table
+// (op_has), never a list of ops of their own.
+enum OpFlag : uint32_t {
+  // Output element i depends on input element i alone, all of one shape: the
+  // output may overwrite an input that dies at this node.
+  kElementwise = 1u << 0,
+  // May write an output over a same-shaped input that dies here (optimizer
+  // steps, state writes: they copy the input over first when the two differ).
+  kWritesInPlace = 1u << 1,
+  // Talks to other devices: runs in program order, and is never folded,
+  // recomputed or reordered.
+  kCommunicates = 1u << 2,
+  // Kept when nothing reads its outputs (an effect outside the graph, or an
+  // entry point of the program's signature).
+  kKeep = 1u << 3,
+  // Never merged with a node that looks the same (each is its own thing:
+  // a graph input, a parameter, one message).
+  kUnique = 1u << 4,
+  // An entry point with no inputs (input, parameter, constant): never recomputed.
+  kSource = 1u << 5,
+};
+
 struct OpInfo {
   const char* name = nullptr;
+  uint32_t flags = 0;  // OpFlag bits
   int min_inputs = 0;
   int max_inputs = 0;  // -1: any number
   std::vector<AttrSpec> attrs = {};
@@ -119,6 +156,7 @@ struct OpInfo {
 };
 
 const OpInfo& op_info(OpKind op);
+inline bool op_has(OpKind op, OpFlag flag) { return (op_info(op).flags & flag) != 0; }
 const char* op_name(OpKind op);
 std::optional<OpKind> op_from_name(std::string_view name);
 

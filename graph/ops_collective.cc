@@ -103,19 +103,40 @@ Grads grad_reduce_scatter(Builder& b, const Node& n, OutGrads g) {
 
 void register_collective_ops(OpTable& t) {
   const AttrSpec group{"group", AttrKind::str, true}, size{"group_size", AttrKind::i64, true};
-  t.define(OpKind::all_reduce, {.min_inputs = 1, .max_inputs = 1, .attrs = {group, size, {"reduce", AttrKind::str, true}},
-                                .infer = infer_all_reduce, .grad = grad_all_reduce, .eval = eval_group_of_one});
-  t.define(OpKind::reduce_scatter, {.min_inputs = 1, .max_inputs = 1, .attrs = {group, size},
-                                    .infer = infer_scatter_gather, .grad = grad_reduce_scatter,
+  t.define(OpKind::all_reduce, {.flags = kCommunicates,
+                                .min_inputs = 1,
+                                .max_inputs = 1,
+                                .attrs = {group, size, {"reduce", AttrKind::str, true}},
+                                .infer = infer_all_reduce,
+                                .grad = grad_all_reduce,
+                                .eval = eval_group_of_one});
+  t.define(OpKind::reduce_scatter, {.flags = kCommunicates,
+                                    .min_inputs = 1,
+                                    .max_inputs = 1,
+                                    .attrs = {group, size},
+                                    .infer = infer_scatter_gather,
+                                    .grad = grad_reduce_scatter,
                                     .eval = eval_group_of_one});
-  t.define(OpKind::all_gather, {.min_inputs = 1, .max_inputs = 1, .attrs = {group, size},
-                                .infer = infer_scatter_gather, .grad = grad_all_gather, .eval = eval_group_of_one});
-  t.define(OpKind::send, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"peer", AttrKind::i64, true}},
-                          .infer = infer_send, .eval = eval_point_to_point});
-  t.define(OpKind::recv, {.min_inputs = 0, .max_inputs = 0,
-                          .attrs = {{"peer", AttrKind::i64, true}, {"dtype", AttrKind::i64, true},
-                                    {"shape", AttrKind::ints, true}},
-                          .infer = infer_recv, .eval = eval_point_to_point});
+  t.define(OpKind::all_gather, {.flags = kCommunicates,
+                                .min_inputs = 1,
+                                .max_inputs = 1,
+                                .attrs = {group, size},
+                                .infer = infer_scatter_gather,
+                                .grad = grad_all_gather,
+                                .eval = eval_group_of_one});
+  t.define(OpKind::send, {.flags = kCommunicates | kKeep | kUnique,
+                          .min_inputs = 1,
+                          .max_inputs = 1,
+                          .attrs = {{"peer", AttrKind::i64, true}},
+                          .infer = infer_send,
+                          .eval = eval_point_to_point});
+  t.define(OpKind::recv,
+           {.flags = kCommunicates | kUnique,
+            .min_inputs = 0,
+            .max_inputs = 0,
+            .attrs = {{"peer", AttrKind::i64, true}, {"dtype", AttrKind::i64, true}, {"shape", AttrKind::ints, true}},
+            .infer = infer_recv,
+            .eval = eval_point_to_point});
 }
 
 }  // namespace aspen::graph

@@ -289,56 +289,102 @@ Prepared prepare_cast(const Node&, std::span<const TensorType> in, std::span<con
 }  // namespace
 
 void register_elementwise_ops(OpTable& t) {
-  t.define(OpKind::add, {.min_inputs = 2, .max_inputs = 2, .infer = infer_binary, .grad = grad_add,
+  t.define(OpKind::add, {.flags = kElementwise,
+                         .min_inputs = 2,
+                         .max_inputs = 2,
+                         .infer = infer_binary,
+                         .grad = grad_add,
                          .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::plus<double>()); },
                          .prepare = prepare_add});
-  t.define(OpKind::sub, {.min_inputs = 2, .max_inputs = 2, .infer = infer_binary, .grad = grad_sub,
+  t.define(OpKind::sub, {.flags = kElementwise,
+                         .min_inputs = 2,
+                         .max_inputs = 2,
+                         .infer = infer_binary,
+                         .grad = grad_sub,
                          .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::minus<double>()); },
                          .prepare = prepare_sub});
   t.define(OpKind::mul,
-           {.min_inputs = 2, .max_inputs = 2, .infer = infer_binary, .grad = grad_mul,
+           {.flags = kElementwise,
+            .min_inputs = 2,
+            .max_inputs = 2,
+            .infer = infer_binary,
+            .grad = grad_mul,
             .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::multiplies<double>()); },
             .prepare = prepare_binary<kernels::mul_forward>});
-  t.define(OpKind::scale, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"alpha", AttrKind::f64, true}},
-                           .infer = infer_unary_float, .grad = grad_scale,
-                           .eval = [](const Node& n, auto in, auto out) {
-                             const double a = n.attrs.f("alpha");
-                             return map1(in, out, [a](double x) { return a * x; });
-                           },
+  t.define(OpKind::scale, {.flags = kElementwise,
+                           .min_inputs = 1,
+                           .max_inputs = 1,
+                           .attrs = {{"alpha", AttrKind::f64, true}},
+                           .infer = infer_unary_float,
+                           .grad = grad_scale,
+                           .eval =
+                               [](const Node& n, auto in, auto out) {
+                                 const double a = n.attrs.f("alpha");
+                                 return map1(in, out, [a](double x) { return a * x; });
+                               },
                            .prepare = prepare_scale});
-  t.define(OpKind::neg, {.min_inputs = 1, .max_inputs = 1, .infer = infer_unary_float, .grad = grad_neg,
+  t.define(OpKind::neg, {.flags = kElementwise,
+                         .min_inputs = 1,
+                         .max_inputs = 1,
+                         .infer = infer_unary_float,
+                         .grad = grad_neg,
                          .eval = [](const Node&, auto in, auto out) { return map1(in, out, std::negate<double>()); },
                          .prepare = prepare_neg});
-  t.define(OpKind::exp, {.min_inputs = 1, .max_inputs = 1, .infer = infer_unary_float, .grad = grad_exp,
+  t.define(OpKind::exp, {.flags = kElementwise,
+                         .min_inputs = 1,
+                         .max_inputs = 1,
+                         .infer = infer_unary_float,
+                         .grad = grad_exp,
                          .eval = [](const Node&, auto in, auto out) {
                            return map1(in, out, [](double x) { return std::exp(x); });
                          }});
-  t.define(OpKind::tanh, {.min_inputs = 1, .max_inputs = 1, .infer = infer_unary_float, .grad = grad_tanh,
-                          .eval = [](const Node&, auto in, auto out) {
-                            return map1(in, out, [](double x) { return std::tanh(x); });
-                          },
-                          .prepare = prepare_map1<tanh_f32>});
-  t.define(OpKind::sqrt, {.min_inputs = 1, .max_inputs = 1, .infer = infer_unary_float, .grad = grad_sqrt,
-                          .eval = [](const Node&, auto in, auto out) {
-                            return map1(in, out, [](double x) { return std::sqrt(x); });
-                          },
-                          .prepare = prepare_map1<sqrt_f32>});
-  t.define(OpKind::div, {.min_inputs = 2, .max_inputs = 2, .infer = infer_binary_float, .grad = grad_div,
+  t.define(OpKind::tanh,
+           {.flags = kElementwise,
+            .min_inputs = 1,
+            .max_inputs = 1,
+            .infer = infer_unary_float,
+            .grad = grad_tanh,
+            .eval = [](const Node&, auto in, auto out) { return map1(in, out, [](double x) { return std::tanh(x); }); },
+            .prepare = prepare_map1<tanh_f32>});
+  t.define(OpKind::sqrt,
+           {.flags = kElementwise,
+            .min_inputs = 1,
+            .max_inputs = 1,
+            .infer = infer_unary_float,
+            .grad = grad_sqrt,
+            .eval = [](const Node&, auto in, auto out) { return map1(in, out, [](double x) { return std::sqrt(x); }); },
+            .prepare = prepare_map1<sqrt_f32>});
+  t.define(OpKind::div, {.flags = kElementwise,
+                         .min_inputs = 2,
+                         .max_inputs = 2,
+                         .infer = infer_binary_float,
+                         .grad = grad_div,
                          .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::divides<double>()); },
                          .prepare = prepare_div});
-  t.define(OpKind::gelu, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"tanh", AttrKind::i64, false}},
-                          .infer = infer_unary_float, .grad = grad_gelu,
-                          .eval = [](const Node& n, auto in, auto out) {
-                            kernels::ref::gelu_forward<double>(in[0]->data.data(), out[0].data.data(), in[0]->numel(),
-                                                               gelu_kind(n));
-                            return Status();
-                          },
+  t.define(OpKind::gelu, {.flags = kElementwise,
+                          .min_inputs = 1,
+                          .max_inputs = 1,
+                          .attrs = {{"tanh", AttrKind::i64, false}},
+                          .infer = infer_unary_float,
+                          .grad = grad_gelu,
+                          .eval =
+                              [](const Node& n, auto in, auto out) {
+                                kernels::ref::gelu_forward<double>(in[0]->data.data(), out[0].data.data(),
+                                                                   in[0]->numel(), gelu_kind(n));
+                                return Status();
+                              },
                           .prepare = prepare_gelu});
-  t.define(OpKind::silu, {.min_inputs = 1, .max_inputs = 1, .infer = infer_unary_float, .grad = grad_silu,
-                          .eval = [](const Node&, auto in, auto out) {
-                            kernels::ref::silu_forward<double>(in[0]->data.data(), out[0].data.data(), in[0]->numel());
-                            return Status();
-                          },
+  t.define(OpKind::silu, {.flags = kElementwise,
+                          .min_inputs = 1,
+                          .max_inputs = 1,
+                          .infer = infer_unary_float,
+                          .grad = grad_silu,
+                          .eval =
+                              [](const Node&, auto in, auto out) {
+                                kernels::ref::silu_forward<double>(in[0]->data.data(), out[0].data.data(),
+                                                                   in[0]->numel());
+                                return Status();
+                              },
                           .prepare = prepare_silu});
   t.define(OpKind::where, {.min_inputs = 3, .max_inputs = 3, .infer = infer_where, .grad = grad_where,
                            .eval = [](const Node&, auto in, auto out) {
@@ -354,20 +400,29 @@ void register_elementwise_ops(OpTable& t) {
                             return Status();
                           },
                           .prepare = prepare_cast});
-  t.define(OpKind::gelu_grad, {.min_inputs = 2, .max_inputs = 2, .attrs = {{"tanh", AttrKind::i64, false}},
+  t.define(OpKind::gelu_grad, {.flags = kElementwise,
+                               .min_inputs = 2,
+                               .max_inputs = 2,
+                               .attrs = {{"tanh", AttrKind::i64, false}},
                                .infer = infer_unary_grad,
-                               .eval = [](const Node& n, auto in, auto out) {
-                                 kernels::ref::gelu_backward<double>(in[0]->data.data(), in[1]->data.data(),
-                                                                     out[0].data.data(), in[0]->numel(), gelu_kind(n));
-                                 return Status();
-                               },
+                               .eval =
+                                   [](const Node& n, auto in, auto out) {
+                                     kernels::ref::gelu_backward<double>(in[0]->data.data(), in[1]->data.data(),
+                                                                         out[0].data.data(), in[0]->numel(),
+                                                                         gelu_kind(n));
+                                     return Status();
+                                   },
                                .prepare = prepare_gelu});
-  t.define(OpKind::silu_grad, {.min_inputs = 2, .max_inputs = 2, .infer = infer_unary_grad,
-                               .eval = [](const Node&, auto in, auto out) {
-                                 kernels::ref::silu_backward<double>(in[0]->data.data(), in[1]->data.data(),
-                                                                     out[0].data.data(), in[0]->numel());
-                                 return Status();
-                               },
+  t.define(OpKind::silu_grad, {.flags = kElementwise,
+                               .min_inputs = 2,
+                               .max_inputs = 2,
+                               .infer = infer_unary_grad,
+                               .eval =
+                                   [](const Node&, auto in, auto out) {
+                                     kernels::ref::silu_backward<double>(in[0]->data.data(), in[1]->data.data(),
+                                                                         out[0].data.data(), in[0]->numel());
+                                     return Status();
+                                   },
                                .prepare = prepare_silu});
 }
 

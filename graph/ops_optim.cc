@@ -227,20 +227,37 @@ Prepared prepare_sum_squares(const Node&, std::span<const TensorType> in, std::s
 }  // namespace
 
 void register_optim_ops(OpTable& t) {
-  t.define(OpKind::lamb, {.min_inputs = 6, .max_inputs = 7,
-                          .attrs = {{"beta1", AttrKind::f64, true}, {"beta2", AttrKind::f64, true},
-                                    {"eps", AttrKind::f64, true}, {"weight_decay", AttrKind::f64, true}},
-                          .infer = infer_adamw, .eval = eval_lamb, .prepare = prepare_lamb});
-  t.define(OpKind::sgd, {.min_inputs = 3, .max_inputs = 5,
-                         .attrs = {{"momentum", AttrKind::f64, true}, {"weight_decay", AttrKind::f64, true},
+  t.define(OpKind::lamb, {.flags = kWritesInPlace,
+                          .min_inputs = 6,
+                          .max_inputs = 7,
+                          .attrs = {{"beta1", AttrKind::f64, true},
+                                    {"beta2", AttrKind::f64, true},
+                                    {"eps", AttrKind::f64, true},
+                                    {"weight_decay", AttrKind::f64, true}},
+                          .infer = infer_adamw,
+                          .eval = eval_lamb,
+                          .prepare = prepare_lamb});
+  t.define(OpKind::sgd, {.flags = kWritesInPlace,
+                         .min_inputs = 3,
+                         .max_inputs = 5,
+                         .attrs = {{"momentum", AttrKind::f64, true},
+                                   {"weight_decay", AttrKind::f64, true},
                                    {"nesterov", AttrKind::i64, true}},
-                         .infer = infer_sgd, .eval = eval_sgd, .prepare = prepare_sgd});
+                         .infer = infer_sgd,
+                         .eval = eval_sgd,
+                         .prepare = prepare_sgd});
   t.define(OpKind::sum_squares, {.min_inputs = 1, .max_inputs = 1, .infer = infer_sum_squares,
                                  .eval = eval_sum_squares, .prepare = prepare_sum_squares});
-  t.define(OpKind::adamw, {.min_inputs = 6, .max_inputs = 7,
-                           .attrs = {{"beta1", AttrKind::f64, true}, {"beta2", AttrKind::f64, true},
-                                     {"eps", AttrKind::f64, true}, {"weight_decay", AttrKind::f64, true}},
-                           .infer = infer_adamw, .eval = eval_adamw, .prepare = prepare_adamw});
+  t.define(OpKind::adamw, {.flags = kWritesInPlace,
+                           .min_inputs = 6,
+                           .max_inputs = 7,
+                           .attrs = {{"beta1", AttrKind::f64, true},
+                                     {"beta2", AttrKind::f64, true},
+                                     {"eps", AttrKind::f64, true},
+                                     {"weight_decay", AttrKind::f64, true}},
+                           .infer = infer_adamw,
+                           .eval = eval_adamw,
+                           .prepare = prepare_adamw});
 }
 
 }  // namespace aspen::graph

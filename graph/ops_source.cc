@@ -36,11 +36,20 @@ Status eval_constant(const Node& n, std::span<const HostArray* const>, std::span
 
 void register_source_ops(OpTable& t) {
   const std::vector<AttrSpec> declared = {{"dtype", AttrKind::i64, true}, {"shape", AttrKind::ints, true}};
-  t.define(OpKind::input, {.min_inputs = 0, .max_inputs = 0, .attrs = declared, .infer = infer_declared,
+  t.define(OpKind::input, {.flags = kSource | kKeep | kUnique,
+                           .min_inputs = 0,
+                           .max_inputs = 0,
+                           .attrs = declared,
+                           .infer = infer_declared,
                            .eval = eval_fed});
-  t.define(OpKind::parameter, {.min_inputs = 0, .max_inputs = 0, .attrs = declared, .infer = infer_declared,
+  t.define(OpKind::parameter, {.flags = kSource | kKeep | kUnique,
+                               .min_inputs = 0,
+                               .max_inputs = 0,
+                               .attrs = declared,
+                               .infer = infer_declared,
                                .eval = eval_fed});
-  t.define(OpKind::constant, {.min_inputs = 0, .max_inputs = 0, .infer = infer_constant, .eval = eval_constant});
+  t.define(OpKind::constant,
+           {.flags = kSource, .min_inputs = 0, .max_inputs = 0, .infer = infer_constant, .eval = eval_constant});
 }
 
 }  // namespace aspen::graph

@@ -92,8 +92,12 @@ Prepared prepare_write_slice(const Node& n, Types in, Types out) {
 }  // namespace
 
 void register_state_ops(OpTable& t) {
-  t.define(OpKind::write_slice, {.min_inputs = 3, .max_inputs = 3, .attrs = {{"axis", AttrKind::i64, true}},
-                                 .infer = infer_write_slice, .eval = eval_write_slice,
+  t.define(OpKind::write_slice, {.flags = kWritesInPlace,
+                                 .min_inputs = 3,
+                                 .max_inputs = 3,
+                                 .attrs = {{"axis", AttrKind::i64, true}},
+                                 .infer = infer_write_slice,
+                                 .eval = eval_write_slice,
                                  .prepare = prepare_write_slice});
 }
 

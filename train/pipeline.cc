@@ -54,7 +54,7 @@ double pipeline_bubble_theory(int stages, int micro) { return double(stages - 1)
 
 namespace {
 
-bool is_source(OpKind op) { return op == OpKind::input || op == OpKind::parameter || op == OpKind::constant; }
+bool is_source(OpKind op) { return graph::op_has(op, graph::kSource); }
 
 }  // namespace
 
