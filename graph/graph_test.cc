@@ -24,6 +24,39 @@ TEST(OpTable, EveryOpHasAnEntry) {
   EXPECT_FALSE(op_from_name("conv2d").has_value());
 }
 
+// Serialized executables hold op numbers: these must never change. (A new op
+// adds its own line here; changing a line is a cache-format break.)
+TEST(OpTable, NumbersAreTheSerializedOnes) {
+  const char* const by_number[] = {
+      "input", "parameter", "constant", "add", "sub", "mul", "scale", "neg", "exp", "gelu", "silu", "where",
+      "cast", "reshape", "transpose", "slice", "concat", "broadcast", "reduce_sum", "reduce_max", "gather",
+      "matmul", "layernorm", "rmsnorm", "softmax", "cross_entropy", "rotary", "attention", "gelu_grad",
+      "silu_grad", "gather_grad", "layernorm_grad", "rmsnorm_grad", "softmax_grad", "cross_entropy_grad",
+      "attention_grad", "all_reduce", "reduce_scatter", "all_gather", "send", "recv", "bias_gelu",
+      "add_layernorm", "adamw", "write_slice", "sample", "tanh", "sqrt", "div", "sgd", "lamb", "sum_squares",
+      "vocab_ce_stats", "vocab_ce_loss", "vocab_ce_grad"};
+  ASSERT_EQ(std::size(by_number), size_t(kNumOps));
+  for (int i = 0; i < kNumOps; ++i) EXPECT_STREQ(op_name(OpKind(i)), by_number[i]) << "op #" << i;
+}
+
+// The passes' knowledge of ops is the table's flags: spot-check what they say.
+TEST(OpTable, FlagsSayWhatThePassesMayDo) {
+  EXPECT_TRUE(op_has(OpKind::gelu, kElementwise));
+  EXPECT_FALSE(op_has(OpKind::matmul, kElementwise));
+  EXPECT_TRUE(op_has(OpKind::adamw, kWritesInPlace));
+  EXPECT_FALSE(op_has(OpKind::adamw, kElementwise));
+  for (OpKind op : {OpKind::all_reduce, OpKind::reduce_scatter, OpKind::all_gather, OpKind::send, OpKind::recv})
+    EXPECT_TRUE(op_has(op, kCommunicates)) << op_name(op);
+  EXPECT_TRUE(op_has(OpKind::send, kKeep));
+  EXPECT_FALSE(op_has(OpKind::recv, kKeep));
+  for (OpKind op : {OpKind::input, OpKind::parameter, OpKind::constant}) EXPECT_TRUE(op_has(op, kSource));
+  EXPECT_FALSE(op_has(OpKind::constant, kUnique));  // equal constants merge
+  for (int i = 0; i < kNumOps; ++i) {
+    if (!op_has(OpKind(i), kSource)) continue;
+    EXPECT_EQ(op_info(OpKind(i)).max_inputs, 0) << op_name(OpKind(i));
+  }
+}
+
 TEST(Builder, RecordsAndInterprets) {
   Graph g;
   Builder b(g);
