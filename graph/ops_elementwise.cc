@@ -9,8 +9,8 @@
 //   div:   da = g / b, db = -(g y) / b   (y = a / b)
 //   where: da = where(c, g, 0), db = where(c, 0, g), no gradient to c
 //   cast:  dx = cast(g, x's dtype) between float types; none from or to integers
-// Fast kernels: f32 ops (add also i32); cast f32 <-> bf16, f32 <-> f16 (kernels/convert.h), f32 -> f32 and
-// u8/bool -> f32 (masks).
+// Fast kernels (all in kernels/: activation.h, convert.h): every op on f32 (add also on i32; where's
+// condition bool or u8); cast f32 <-> bf16, f32 <-> f16, f32 -> f32 and u8/bool -> f32 (masks).
 #include <cmath>
 #include <cstring>
 
@@ -157,55 +157,28 @@ Prepared prepare_add(const Node& n, std::span<const TensorType> in, std::span<co
   if (in[0].dtype == DType::i32) {
     const int64_t count = out[0].shape.numel();
     return make_kernel([count](In i, Out o) {
-      const int32_t* a = static_cast<const int32_t*>(i[0]);
-      const int32_t* b = static_cast<const int32_t*>(i[1]);
-      int32_t* y = static_cast<int32_t*>(o[0]);
-      for (int64_t k = 0; k < count; ++k) y[k] = int32_t(uint32_t(a[k]) + uint32_t(b[k]));  // wraps, never UB
-      return Status();
+      return kernels::add_forward(in_span<int32_t>(i, 0, count), in_span<int32_t>(i, 1, count),
+                                  out_span<int32_t>(o, 0, count), count);
     });
   }
   return prepare_binary<kernels::add_forward>(n, in, out);
 }
 
-Prepared prepare_sub(const Node&, std::span<const TensorType> in, std::span<const TensorType> out) {
+// y[k] = F(x[k]) on f32.
+template <Status (*F)(std::span<const float>, std::span<float>, int64_t)>
+Prepared prepare_unary(const Node&, std::span<const TensorType> in, std::span<const TensorType> out) {
   if (!all_f32(in, out)) return no_fast_kernel();
   const int64_t n = out[0].shape.numel();
-  return make_kernel([n](In i, Out o) {
-    const float* a = static_cast<const float*>(i[0]);
-    const float* b = static_cast<const float*>(i[1]);
-    float* y = static_cast<float*>(o[0]);
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (int64_t k = 0; k < n; ++k) y[k] = a[k] - b[k];
-    return Status();
-  });
+  return make_kernel([n](In i, Out o) { return F(in_span<float>(i, 0, n), out_span<float>(o, 0, n), n); });
 }
 
-// y[k] = f(x[k]) (unary) or f(a[k], b[k]) (binary) on f32, in parallel above 64K elements.
-template <float (*F)(float)>
-Prepared prepare_map1(const Node&, std::span<const TensorType> in, std::span<const TensorType> out) {
-  if (!all_f32(in, out)) return no_fast_kernel();
+// where(cond, a, b) on f32 values; cond is bool or u8, one byte per element.
+Prepared prepare_where(const Node&, std::span<const TensorType> in, std::span<const TensorType> out) {
+  if (!all_f32(in.subspan(1), out)) return no_fast_kernel();
   const int64_t n = out[0].shape.numel();
   return make_kernel([n](In i, Out o) {
-    const float* x = static_cast<const float*>(i[0]);
-    float* y = static_cast<float*>(o[0]);
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t k = 0; k < n; ++k) y[k] = F(x[k]);
-    return Status();
-  });
-}
-float tanh_f32(float x) { return std::tanh(x); }
-float sqrt_f32(float x) { return std::sqrt(x); }
-
-Prepared prepare_div(const Node&, std::span<const TensorType> in, std::span<const TensorType> out) {
-  if (!all_f32(in, out)) return no_fast_kernel();
-  const int64_t n = out[0].shape.numel();
-  return make_kernel([n](In i, Out o) {
-    const float* a = static_cast<const float*>(i[0]);
-    const float* b = static_cast<const float*>(i[1]);
-    float* y = static_cast<float*>(o[0]);
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (int64_t k = 0; k < n; ++k) y[k] = a[k] / b[k];
-    return Status();
+    return kernels::where_forward(in_span<uint8_t>(i, 0, n), in_span<float>(i, 1, n), in_span<float>(i, 2, n),
+                                  out_span<float>(o, 0, n), n);
   });
 }
 
@@ -278,10 +251,7 @@ Prepared prepare_cast(const Node&, std::span<const TensorType> in, std::span<con
     });
   if ((from == DType::u8 || from == DType::boolean) && to == DType::f32)  // masks into arithmetic: 0 or the byte's value
     return make_kernel([n](In i, Out o) {
-      const uint8_t* x = static_cast<const uint8_t*>(i[0]);
-      float* y = static_cast<float*>(o[0]);
-      for (int64_t k = 0; k < n; ++k) y[k] = float(x[k]);
-      return Status();
+      return kernels::convert_u8_to_f32(in_span<uint8_t>(i, 0, n), out_span<float>(o, 0, n), n);
     });
   return no_fast_kernel();
 }
@@ -302,7 +272,7 @@ void register_elementwise_ops(OpTable& t) {
                          .infer = infer_binary,
                          .grad = grad_sub,
                          .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::minus<double>()); },
-                         .prepare = prepare_sub});
+                         .prepare = prepare_binary<kernels::sub_forward>});
   t.define(OpKind::mul,
            {.flags = kElementwise,
             .min_inputs = 2,
@@ -330,14 +300,14 @@ void register_elementwise_ops(OpTable& t) {
                          .grad = grad_neg,
                          .eval = [](const Node&, auto in, auto out) { return map1(in, out, std::negate<double>()); },
                          .prepare = prepare_neg});
-  t.define(OpKind::exp, {.flags = kElementwise,
-                         .min_inputs = 1,
-                         .max_inputs = 1,
-                         .infer = infer_unary_float,
-                         .grad = grad_exp,
-                         .eval = [](const Node&, auto in, auto out) {
-                           return map1(in, out, [](double x) { return std::exp(x); });
-                         }});
+  t.define(OpKind::exp,
+           {.flags = kElementwise,
+            .min_inputs = 1,
+            .max_inputs = 1,
+            .infer = infer_unary_float,
+            .grad = grad_exp,
+            .eval = [](const Node&, auto in, auto out) { return map1(in, out, [](double x) { return std::exp(x); }); },
+            .prepare = prepare_unary<kernels::exp_forward>});
   t.define(OpKind::tanh,
            {.flags = kElementwise,
             .min_inputs = 1,
@@ -345,7 +315,7 @@ void register_elementwise_ops(OpTable& t) {
             .infer = infer_unary_float,
             .grad = grad_tanh,
             .eval = [](const Node&, auto in, auto out) { return map1(in, out, [](double x) { return std::tanh(x); }); },
-            .prepare = prepare_map1<tanh_f32>});
+            .prepare = prepare_unary<kernels::tanh_forward>});
   t.define(OpKind::sqrt,
            {.flags = kElementwise,
             .min_inputs = 1,
@@ -353,14 +323,14 @@ void register_elementwise_ops(OpTable& t) {
             .infer = infer_unary_float,
             .grad = grad_sqrt,
             .eval = [](const Node&, auto in, auto out) { return map1(in, out, [](double x) { return std::sqrt(x); }); },
-            .prepare = prepare_map1<sqrt_f32>});
+            .prepare = prepare_unary<kernels::sqrt_forward>});
   t.define(OpKind::div, {.flags = kElementwise,
                          .min_inputs = 2,
                          .max_inputs = 2,
                          .infer = infer_binary_float,
                          .grad = grad_div,
                          .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::divides<double>()); },
-                         .prepare = prepare_div});
+                         .prepare = prepare_binary<kernels::div_forward>});
   t.define(OpKind::gelu, {.flags = kElementwise,
                           .min_inputs = 1,
                           .max_inputs = 1,
@@ -386,12 +356,17 @@ void register_elementwise_ops(OpTable& t) {
                                 return Status();
                               },
                           .prepare = prepare_silu});
-  t.define(OpKind::where, {.min_inputs = 3, .max_inputs = 3, .infer = infer_where, .grad = grad_where,
-                           .eval = [](const Node&, auto in, auto out) {
-                             for (size_t i = 0; i < out[0].data.size(); ++i)
-                               out[0].data[i] = in[0]->data[i] != 0 ? in[1]->data[i] : in[2]->data[i];
-                             return Status();
-                           }});
+  t.define(OpKind::where, {.min_inputs = 3,
+                           .max_inputs = 3,
+                           .infer = infer_where,
+                           .grad = grad_where,
+                           .eval =
+                               [](const Node&, auto in, auto out) {
+                                 for (size_t i = 0; i < out[0].data.size(); ++i)
+                                   out[0].data[i] = in[0]->data[i] != 0 ? in[1]->data[i] : in[2]->data[i];
+                                 return Status();
+                               },
+                           .prepare = prepare_where});
   t.define(OpKind::cast, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"dtype", AttrKind::i64, true}},
                           .infer = infer_cast, .grad = grad_cast,
                           .eval = [](const Node&, auto in, auto out) {

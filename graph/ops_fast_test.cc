@@ -324,6 +324,25 @@ TEST(FastKernels, TanhSqrtDivAndMaskCast) {
   {
     Graph g;
     Builder b(g);
+    b.op1(OpKind::exp, {b.input("x", DType::f32, Shape{3, 5, 7})});
+    expect_fast_matches(g, random_feeds(g, 7, -30.0, 30.0));
+  }
+  {
+    Graph g;
+    Builder b(g);
+    b.op1(OpKind::sub, {b.input("a", DType::f32, Shape{5, 7}), b.input("b", DType::f32, Shape{5, 7})});
+    expect_fast_matches(g, random_feeds(g, 12));
+  }
+  for (DType c : {DType::u8, DType::boolean}) {
+    Graph g;
+    Builder b(g);
+    b.op1(OpKind::where,
+          {b.input("c", c, Shape{4, 9}), b.input("a", DType::f32, Shape{4, 9}), b.input("b", DType::f32, Shape{4, 9})});
+    expect_fast_matches(g, random_feeds(g, 13, -2.0, 2.0, c == DType::u8 ? 6 : 2));  // u8: any byte is a truth
+  }
+  {
+    Graph g;
+    Builder b(g);
     b.tanh(b.input("x", DType::f32, Shape{3, 5, 7}));
     expect_fast_matches(g, random_feeds(g, 8, -4.0, 4.0));
   }
@@ -410,27 +429,34 @@ TEST(FastKernels, Broadcast) {
   }
 }
 
-TEST(FastKernels, ReduceSum) {
-  const std::pair<std::vector<int64_t>, bool> cases[] = {
-      {{0, 2}, false}, {{0, 2}, true}, {{3}, false}, {{1, 3}, false}, {{0, 1, 2, 3}, false}, {{0}, false}, {{}, false}};
-  for (const auto& [axes, keepdims] : cases) {
-    Graph g;
-    Builder b(g);
-    b.reduce_sum(b.input("x", DType::f32, Shape{3, 4, 5, 7}), axes, keepdims);
-    ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
-    expect_fast_matches(g);
-  }
-  {  // a dimension of extent 1 between reduced ones, and a large input (the parallel path)
-    Graph g;
-    Builder b(g);
-    b.reduce_sum(b.input("x", DType::f32, Shape{67, 1, 9, 131}), {0, 1}, false);
-    expect_fast_matches(g);
-  }
-  {  // an empty reduced axis: zeros
-    Graph g;
-    Builder b(g);
-    b.reduce_sum(b.input("x", DType::f32, Shape{3, 0, 2}), {1}, false);
-    expect_fast_matches(g);
+TEST(FastKernels, ReduceSumAndMax) {
+  for (OpKind op : {OpKind::reduce_sum, OpKind::reduce_max}) {
+    auto reduce = [op](Builder& b, ValueId x, std::vector<int64_t> axes, bool keepdims) {
+      return op == OpKind::reduce_sum ? b.reduce_sum(x, std::move(axes), keepdims)
+                                      : b.reduce_max(x, std::move(axes), keepdims);
+    };
+    const std::pair<std::vector<int64_t>, bool> cases[] = {{{0, 2}, false}, {{0, 2}, true},        {{3}, false},
+                                                           {{1, 3}, false}, {{0, 1, 2, 3}, false}, {{0}, false},
+                                                           {{}, false}};
+    for (const auto& [axes, keepdims] : cases) {
+      Graph g;
+      Builder b(g);
+      reduce(b, b.input("x", DType::f32, Shape{3, 4, 5, 7}), axes, keepdims);
+      ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+      expect_fast_matches(g);
+    }
+    {  // a dimension of extent 1 between reduced ones, and a large input (the parallel path)
+      Graph g;
+      Builder b(g);
+      reduce(b, b.input("x", DType::f32, Shape{67, 1, 9, 131}), {0, 1}, false);
+      expect_fast_matches(g);
+    }
+    {  // an empty reduced axis: zeros (sum), -inf (max)
+      Graph g;
+      Builder b(g);
+      reduce(b, b.input("x", DType::f32, Shape{3, 0, 2}), {1}, false);
+      expect_fast_matches(g);
+    }
   }
 }
 

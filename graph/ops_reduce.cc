@@ -7,6 +7,8 @@
 //   broadcast:  dx = reduce_sum(g, the broadcast axes), reshaped to x
 //   reduce_sum: dx = broadcast(g with the reduced axes kept as 1, x's shape)
 //   reduce_max: none (nothing in the models differentiates through it)
+// Fast kernels (f32): broadcast, and one strided walk for both reductions
+// (run_reduce: the sum in double, the max exact).
 #include <algorithm>
 #include <array>
 #include <limits>
@@ -262,9 +264,24 @@ inline void next_reduced(const ReducePlan& p, Dims& idx, int64_t& off) {
 
 constexpr int64_t kReduceBlock = 64;  // output columns one task sums together (kept run)
 
-Status run_reduce_sum(const ReducePlan& p, const float* x, float* y) {
-  if (p.in_elements == 0) {  // sums over nothing are 0
-    std::fill_n(y, p.out_elements, 0.0f);
+// The sum accumulates in double; the max keeps the reference's std::max
+// (a NaN after the first element is passed over, as there), exact in float.
+struct SumOf {
+  using Acc = double;
+  static constexpr double kStart = 0.0;
+  static void add(double& acc, float v) { acc += double(v); }
+};
+struct MaxOf {
+  using Acc = float;
+  static constexpr float kStart = -std::numeric_limits<float>::infinity();
+  static void add(float& acc, float v) { acc = std::max(acc, v); }
+};
+
+template <class R>
+Status run_reduce(const ReducePlan& p, const float* x, float* y) {
+  using Acc = typename R::Acc;
+  if (p.in_elements == 0) {  // over nothing: 0 (sum), -inf (max)
+    std::fill_n(y, p.out_elements, float(R::kStart));
     return Status();
   }
   if (p.run_kept) {
@@ -274,12 +291,13 @@ Status run_reduce_sum(const ReducePlan& p, const float* x, float* y) {
     for (int64_t t = 0; t < tasks; ++t) {
       const int64_t o = t / blocks, c0 = (t % blocks) * kReduceBlock, c1 = std::min(p.run, c0 + kReduceBlock);
       const float* base = x + kept_offset(p, o) + c0;
-      double acc[kReduceBlock] = {};
+      Acc acc[kReduceBlock];
+      std::fill_n(acc, kReduceBlock, Acc(R::kStart));
       Dims idx{};
       int64_t off = 0;
       for (int64_t r = 0; r < p.count; ++r) {
         const float* src = base + off;
-        for (int64_t c = 0; c < c1 - c0; ++c) acc[c] += double(src[c]);
+        for (int64_t c = 0; c < c1 - c0; ++c) R::add(acc[c], src[c]);
         next_reduced(p, idx, off);
       }
       float* dst = y + o * p.run + c0;
@@ -287,16 +305,16 @@ Status run_reduce_sum(const ReducePlan& p, const float* x, float* y) {
     }
     return Status();
   }
-  // A reduced run: output element o sums its reduced rows, each a contiguous run.
+  // A reduced run: output element o reduces its reduced rows, each a contiguous run.
 #pragma omp parallel for schedule(static) if (p.in_elements > kParallelElements)
   for (int64_t o = 0; o < p.outer; ++o) {
     const float* base = x + kept_offset(p, o);
-    double acc = 0;
+    Acc acc = R::kStart;
     Dims idx{};
     int64_t off = 0;
     for (int64_t r = 0; r < p.count; ++r) {
       const float* src = base + off;
-      for (int64_t c = 0; c < p.run; ++c) acc += double(src[c]);
+      for (int64_t c = 0; c < p.run; ++c) R::add(acc, src[c]);
       next_reduced(p, idx, off);
     }
     y[o] = float(acc);
@@ -304,12 +322,12 @@ Status run_reduce_sum(const ReducePlan& p, const float* x, float* y) {
   return Status();
 }
 
-Prepared prepare_reduce_sum(const Node& n, Types in, Types out) {
+template <class R>
+Prepared prepare_reduce(const Node& n, Types in, Types out) {
   if (!all_f32(in, out)) return no_fast_kernel();
   const ReducePlan p = reduce_plan(n, in[0].shape);
-  return make_kernel([p](In i, Out o) {
-    return run_reduce_sum(p, static_cast<const float*>(i[0]), static_cast<float*>(o[0]));
-  });
+  return make_kernel(
+      [p](In i, Out o) { return run_reduce<R>(p, static_cast<const float*>(i[0]), static_cast<float*>(o[0])); });
 }
 
 }  // namespace
@@ -319,13 +337,21 @@ void register_reduce_ops(OpTable& t) {
                                .infer = infer_broadcast, .grad = grad_broadcast, .eval = eval_broadcast,
                                .prepare = prepare_broadcast});
   const std::vector<AttrSpec> reduce_attrs = {{"axes", AttrKind::ints, true}, {"keepdims", AttrKind::i64, false}};
-  t.define(OpKind::reduce_sum, {.min_inputs = 1, .max_inputs = 1, .attrs = reduce_attrs, .infer = infer_reduce,
-                                .grad = grad_reduce_sum, .eval = eval_reduce_sum,
-                                .prepare = prepare_reduce_sum});
+  t.define(OpKind::reduce_sum, {.min_inputs = 1,
+                                .max_inputs = 1,
+                                .attrs = reduce_attrs,
+                                .infer = infer_reduce,
+                                .grad = grad_reduce_sum,
+                                .eval = eval_reduce_sum,
+                                .prepare = prepare_reduce<SumOf>});
   // reduce_max has no gradient rule yet: nothing in the models differentiates through it
   // (softmax and cross-entropy carry their own stable forms).
-  t.define(OpKind::reduce_max,
-           {.min_inputs = 1, .max_inputs = 1, .attrs = reduce_attrs, .infer = infer_reduce, .eval = eval_reduce_max});
+  t.define(OpKind::reduce_max, {.min_inputs = 1,
+                                .max_inputs = 1,
+                                .attrs = reduce_attrs,
+                                .infer = infer_reduce,
+                                .eval = eval_reduce_max,
+                                .prepare = prepare_reduce<MaxOf>});
 }
 
 }  // namespace aspen::graph

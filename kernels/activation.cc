@@ -92,6 +92,7 @@ struct Ew {
   float* y;   // first output
   float* y2;  // second output
   float alpha;
+  const uint8_t* cond = nullptr;  // where's condition
 };
 
 ASPEN_VM_INLINE void add_fwd(const Ew& a, int64_t b, int64_t e) {
@@ -109,6 +110,25 @@ ASPEN_VM_INLINE void add_bwd(const Ew& a, int64_t b, int64_t e) {
     da[i] = g;
     db[i] = g;
   }
+}
+ASPEN_VM_INLINE void sub_fwd(const Ew& a, int64_t b, int64_t e) {
+  const float *x = a.x, *x2 = a.x2;
+  float* y = a.y;
+#pragma omp simd
+  for (int64_t i = b; i < e; ++i) y[i] = x[i] - x2[i];
+}
+ASPEN_VM_INLINE void div_fwd(const Ew& a, int64_t b, int64_t e) {
+  const float *x = a.x, *x2 = a.x2;
+  float* y = a.y;
+#pragma omp simd
+  for (int64_t i = b; i < e; ++i) y[i] = x[i] / x2[i];
+}
+ASPEN_VM_INLINE void where_fwd(const Ew& a, int64_t b, int64_t e) {
+  const uint8_t* c = a.cond;
+  const float *x = a.x, *x2 = a.x2;
+  float* y = a.y;
+#pragma omp simd
+  for (int64_t i = b; i < e; ++i) y[i] = c[i] != 0 ? x[i] : x2[i];
 }
 ASPEN_VM_INLINE void mul_fwd(const Ew& a, int64_t b, int64_t e) {
   const float *x = a.x, *x2 = a.x2;
@@ -154,10 +174,23 @@ ASPEN_VM_INLINE void gelu_tanh_bwd(const Ew& a, int64_t b, int64_t e) { map_bwd<
 ASPEN_VM_INLINE void gelu_erf_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<gelu_erf_f>(a, b, e); }
 ASPEN_VM_INLINE void gelu_erf_bwd(const Ew& a, int64_t b, int64_t e) { map_bwd<gelu_erf_grad_f>(a, b, e); }
 ASPEN_VM_INLINE void silu_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<silu_f>(a, b, e); }
+ASPEN_VM_INLINE float exp_f(float x) { return vm::exp(x); }
+ASPEN_VM_INLINE float tanh_f(float x) { return vm::tanh(x); }
+// __builtin_sqrtf: the instruction (errno is not set for x < 0; the result is NaN, as std::sqrt's).
+ASPEN_VM_INLINE float sqrt_f(float x) { return __builtin_sqrtf(x); }
+ASPEN_VM_INLINE void exp_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<exp_f>(a, b, e); }
+ASPEN_VM_INLINE void tanh_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<tanh_f>(a, b, e); }
+ASPEN_VM_INLINE void sqrt_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<sqrt_f>(a, b, e); }
 ASPEN_VM_INLINE void silu_bwd(const Ew& a, int64_t b, int64_t e) { map_bwd<silu_grad_f>(a, b, e); }
 
 ASPEN_STAMP_VARIANTS(add_fwd, Ew)
 ASPEN_STAMP_VARIANTS(add_bwd, Ew)
+ASPEN_STAMP_VARIANTS(sub_fwd, Ew)
+ASPEN_STAMP_VARIANTS(div_fwd, Ew)
+ASPEN_STAMP_VARIANTS(where_fwd, Ew)
+ASPEN_STAMP_VARIANTS(exp_fwd, Ew)
+ASPEN_STAMP_VARIANTS(tanh_fwd, Ew)
+ASPEN_STAMP_VARIANTS(sqrt_fwd, Ew)
 ASPEN_STAMP_VARIANTS(mul_fwd, Ew)
 ASPEN_STAMP_VARIANTS(mul_bwd, Ew)
 ASPEN_STAMP_VARIANTS(scale_map, Ew)
@@ -265,6 +298,33 @@ void add_backward(const T* dy, T* da, T* db, int64_t N) {
     db[i] = g;
   }
 }
+void add_forward_i32(const int32_t* a, const int32_t* b, int32_t* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = int32_t(uint32_t(a[i]) + uint32_t(b[i]));  // wraps, never UB
+}
+template <class T>
+void sub_forward(const T* a, const T* b, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = a[i] - b[i];
+}
+template <class T>
+void div_forward(const T* a, const T* b, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = a[i] / b[i];
+}
+template <class T>
+void exp_forward(const T* x, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = std::exp(x[i]);
+}
+template <class T>
+void tanh_forward(const T* x, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = std::tanh(x[i]);
+}
+template <class T>
+void sqrt_forward(const T* x, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = std::sqrt(x[i]);
+}
+template <class T>
+void where_forward(const uint8_t* cond, const T* a, const T* b, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = cond[i] != 0 ? a[i] : b[i];
+}
 template <class T>
 void mul_forward(const T* a, const T* b, T* y, int64_t N) {
   for (int64_t i = 0; i < N; ++i) y[i] = a[i] * b[i];
@@ -323,6 +383,12 @@ void bias_gelu_backward(const T* x, const T* bias, const T* dy, T* dx, T* dbias,
 #define ASPEN_INSTANTIATE(T)                                                              \
   template void add_forward<T>(const T*, const T*, T*, int64_t);                          \
   template void add_backward<T>(const T*, T*, T*, int64_t);                               \
+  template void sub_forward<T>(const T*, const T*, T*, int64_t);                          \
+  template void div_forward<T>(const T*, const T*, T*, int64_t);                          \
+  template void exp_forward<T>(const T*, T*, int64_t);                                    \
+  template void tanh_forward<T>(const T*, T*, int64_t);                                   \
+  template void sqrt_forward<T>(const T*, T*, int64_t);                                   \
+  template void where_forward<T>(const uint8_t*, const T*, const T*, T*, int64_t);        \
   template void mul_forward<T>(const T*, const T*, T*, int64_t);                          \
   template void mul_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);           \
   template void scale_forward<T>(const T*, T*, int64_t, T);                               \
@@ -461,6 +527,81 @@ Status gelu_backward(std::span<const float> x, std::span<const float> dy, std::s
     gelu_tanh_bwd_run(a, N, kGrain, 1);
   else
     gelu_erf_bwd_run(a, N, kGrain, 1);
+  return Status();
+}
+
+namespace {
+using BinaryRun = void (*)(const Ew&, int64_t, int64_t, int64_t);
+using BinaryRef = void (*)(const float*, const float*, float*, int64_t);
+Status binary(const char* k, BinaryRun run, BinaryRef reference, std::span<const float> a, std::span<const float> b,
+              std::span<float> y, int64_t N) {
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "a", a, N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "b", b, N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "y", y, N));
+  if (reference_mode()) {
+    reference(a.data(), b.data(), y.data(), N);
+  } else {
+    run(Ew{a.data(), b.data(), nullptr, y.data(), nullptr, 0.0f}, N, kGrain, 1);
+  }
+  return Status();
+}
+using UnaryRef = void (*)(const float*, float*, int64_t);
+Status unary(const char* k, BinaryRun run, UnaryRef reference, std::span<const float> x, std::span<float> y,
+             int64_t N) {
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "x", x, N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "y", y, N));
+  if (reference_mode()) {
+    reference(x.data(), y.data(), N);
+  } else {
+    run(Ew{x.data(), nullptr, nullptr, y.data(), nullptr, 0.0f}, N, kGrain, 1);
+  }
+  return Status();
+}
+}  // namespace
+
+// Small (generation state): the reference loop is the kernel.
+Status add_forward(std::span<const int32_t> a, std::span<const int32_t> b, std::span<int32_t> y, int64_t N) {
+  constexpr const char* k = "add_forward";
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "a", a, N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "b", b, N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "y", y, N));
+  ref::add_forward_i32(a.data(), b.data(), y.data(), N);
+  return Status();
+}
+
+Status sub_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N) {
+  return binary("sub_forward", sub_fwd_run, ref::sub_forward<float>, a, b, y, N);
+}
+Status div_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N) {
+  return binary("div_forward", div_fwd_run, ref::div_forward<float>, a, b, y, N);
+}
+Status exp_forward(std::span<const float> x, std::span<float> y, int64_t N) {
+  return unary("exp_forward", exp_fwd_run, ref::exp_forward<float>, x, y, N);
+}
+Status tanh_forward(std::span<const float> x, std::span<float> y, int64_t N) {
+  return unary("tanh_forward", tanh_fwd_run, ref::tanh_forward<float>, x, y, N);
+}
+Status sqrt_forward(std::span<const float> x, std::span<float> y, int64_t N) {
+  return unary("sqrt_forward", sqrt_fwd_run, ref::sqrt_forward<float>, x, y, N);
+}
+Status where_forward(std::span<const uint8_t> cond, std::span<const float> a, std::span<const float> b,
+                     std::span<float> y, int64_t N) {
+  constexpr const char* k = "where_forward";
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "cond", cond, N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "a", a, N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "b", b, N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "y", y, N));
+  if (reference_mode()) {
+    ref::where_forward(cond.data(), a.data(), b.data(), y.data(), N);
+  } else {
+    Ew e{a.data(), b.data(), nullptr, y.data(), nullptr, 0.0f};
+    e.cond = cond.data();
+    where_fwd_run(e, N, kGrain, 1);
+  }
   return Status();
 }
 

@@ -32,6 +32,21 @@ enum class GeluKind : int { tanh = 0, erf = 1 };
 // Of y = a + b: da = dy, db = dy.
 [[nodiscard]] Status add_backward(std::span<const float> dy, std::span<float> da, std::span<float> db, int64_t N);
 
+// y = a + b on int32, wrapping modulo 2^32 (counters and positions of generation state).
+[[nodiscard]] Status add_forward(std::span<const int32_t> a, std::span<const int32_t> b, std::span<int32_t> y,
+                                 int64_t N);
+// y = a - b.
+[[nodiscard]] Status sub_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N);
+// y = a / b (IEEE: x / 0 is ±inf or NaN, as in PyTorch).
+[[nodiscard]] Status div_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N);
+// y = exp(x), tanh(x), sqrt(x) (vec_math.h's exp and tanh: 1-3 ulp; sqrt correctly rounded, NaN below 0).
+[[nodiscard]] Status exp_forward(std::span<const float> x, std::span<float> y, int64_t N);
+[[nodiscard]] Status tanh_forward(std::span<const float> x, std::span<float> y, int64_t N);
+[[nodiscard]] Status sqrt_forward(std::span<const float> x, std::span<float> y, int64_t N);
+// y = cond != 0 ? a : b; cond holds one byte per element (bool or u8).
+[[nodiscard]] Status where_forward(std::span<const uint8_t> cond, std::span<const float> a, std::span<const float> b,
+                                   std::span<float> y, int64_t N);
+
 // y = a * b (elementwise).
 [[nodiscard]] Status mul_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N);
 // Of y = a * b: da = dy * b, db = dy * a.
@@ -71,6 +86,19 @@ template <class T>
 void add_forward(const T* a, const T* b, T* y, int64_t N);
 template <class T>
 void add_backward(const T* dy, T* da, T* db, int64_t N);
+void add_forward_i32(const int32_t* a, const int32_t* b, int32_t* y, int64_t N);
+template <class T>
+void sub_forward(const T* a, const T* b, T* y, int64_t N);
+template <class T>
+void div_forward(const T* a, const T* b, T* y, int64_t N);
+template <class T>
+void exp_forward(const T* x, T* y, int64_t N);
+template <class T>
+void tanh_forward(const T* x, T* y, int64_t N);
+template <class T>
+void sqrt_forward(const T* x, T* y, int64_t N);
+template <class T>
+void where_forward(const uint8_t* cond, const T* a, const T* b, T* y, int64_t N);
 template <class T>
 void mul_forward(const T* a, const T* b, T* y, int64_t N);
 template <class T>

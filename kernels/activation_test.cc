@@ -160,6 +160,71 @@ TEST(Activation, BinaryMatchesReference) {
   }
 }
 
+// The forward-only maps (their gradients are graph rules over other ops).
+TEST(Activation, ForwardOnlyMatchReference) {
+  struct Map {
+    const char* name;
+    Status (*fwd)(std::span<const float>, std::span<float>, int64_t);
+    void (*ref)(const double*, double*, int64_t);
+    float lo, hi;
+  };
+  const Map maps[] = {{"exp", exp_forward, ref::exp_forward<double>, -80.0f, 80.0f},
+                      {"tanh", tanh_forward, ref::tanh_forward<double>, -10.0f, 10.0f},
+                      {"sqrt", sqrt_forward, ref::sqrt_forward<double>, 0.0f, 1e4f}};
+  for (Isa isa : testing::available_isas(Isa::avx512)) {
+    ScopedIsaCap cap(isa);
+    for (int64_t n : elementwise_sizes()) {
+      if (skip_big(n, isa)) continue;
+      SCOPED_TRACE("N=" + std::to_string(n) + " isa=" + isa_name(isa));
+      for (const Map& m : maps) {
+        SCOPED_TRACE(m.name);
+        const std::vector<float> x = random_vector(n, 41 + n, m.lo, m.hi);
+        Guarded<float> y(n);
+        ASSERT_TRUE(m.fwd(x, y.span(), n).is_ok());
+        std::vector<double> want(n);
+        m.ref(to_f64(x).data(), want.data(), n);
+        // Elementwise relative error (exp spans 70 decades: an NMSE would see only the largest).
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_NEAR(y.vec()[i], want[i], 4e-7 * std::abs(want[i]) + 1e-30) << "x=" << x[i];
+        EXPECT_GUARDS(y);
+      }
+      const std::vector<float> a = random_vector(n, 51 + n), b = random_vector(n, 52 + n, 0.5f, 2.0f);
+      std::vector<uint8_t> cond(n);
+      for (int64_t i = 0; i < n; ++i) cond[i] = uint8_t((i * 7 + n) % 3 == 0 ? 0 : (i % 5) + 1);
+      Guarded<float> y(n);
+      std::vector<float> want(n);
+      ASSERT_TRUE(sub_forward(a, b, y.span(), n).is_ok());
+      ref::sub_forward(a.data(), b.data(), want.data(), n);
+      EXPECT_EQ(y.vec(), want);
+      ASSERT_TRUE(div_forward(a, b, y.span(), n).is_ok());
+      ref::div_forward(a.data(), b.data(), want.data(), n);
+      EXPECT_EQ(y.vec(), want);
+      ASSERT_TRUE(where_forward(cond, a, b, y.span(), n).is_ok());
+      ref::where_forward(cond.data(), a.data(), b.data(), want.data(), n);
+      EXPECT_EQ(y.vec(), want);
+      EXPECT_GUARDS(y);
+    }
+  }
+  // Edges: sqrt below 0 is NaN, x / 0 is inf, exp saturates to inf and 0.
+  const std::vector<float> x = {-1.0f, 0.0f, 100.0f, -200.0f};
+  std::vector<float> y(4);
+  ASSERT_TRUE(sqrt_forward(x, y, 4).is_ok());
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_EQ(y[1], 0.0f);
+  ASSERT_TRUE(exp_forward(x, y, 4).is_ok());
+  EXPECT_EQ(y[2], INFINITY);
+  EXPECT_EQ(y[3], 0.0f);
+  ASSERT_TRUE(div_forward(std::vector<float>{1.0f}, std::vector<float>{0.0f}, std::span(y).first(1), 1).is_ok());
+  EXPECT_EQ(y[0], INFINITY);
+  // int32 add wraps.
+  std::vector<int32_t> c(1);
+  ASSERT_TRUE(add_forward(std::vector<int32_t>{INT32_MAX}, std::vector<int32_t>{2}, std::span(c), 1).is_ok());
+  EXPECT_EQ(c[0], INT32_MIN + 1);
+  EXPECT_EQ(
+      where_forward(std::vector<uint8_t>(2), std::vector<float>(3), std::vector<float>(3), std::span(y), 3).message(),
+      "where_forward: argument 'cond': expected at least 3 elements, found 2");
+}
+
 TEST(Activation, BinaryBackwardMatchesFiniteDifferences) {
   const int64_t n = 5;
   const std::vector<float> a = random_vector(n, 21), b = random_vector(n, 22), dy = random_vector(n, 23);

@@ -55,6 +55,8 @@ inline bf16 f32_to_bf16_stochastic(float x, uint32_t r) {
 [[nodiscard]] Status convert_f32_to_f16(std::span<const float> x, std::span<f16> y, int64_t N);
 // y[i] = f16_to_f32(x[i]).
 [[nodiscard]] Status convert_f16_to_f32(std::span<const f16> x, std::span<float> y, int64_t N);
+// y[i] = float(x[i]): bytes (u8, or bool's 0/1) into arithmetic, e.g. masks.
+[[nodiscard]] Status convert_u8_to_f32(std::span<const uint8_t> x, std::span<float> y, int64_t N);
 // y[i] = f32_to_bf16_stochastic(x[i], philox_bits(seed, stream, offset + i)).
 // offset + N must not pass 2^64.
 [[nodiscard]] Status convert_f32_to_bf16_stochastic(std::span<const float> x, std::span<bf16> y, int64_t N,
@@ -66,6 +68,7 @@ void convert_f32_to_bf16(const float* x, bf16* y, int64_t N);
 void convert_bf16_to_f32(const bf16* x, float* y, int64_t N);
 void convert_f32_to_f16(const float* x, f16* y, int64_t N);
 void convert_f16_to_f32(const f16* x, float* y, int64_t N);
+void convert_u8_to_f32(const uint8_t* x, float* y, int64_t N);
 void convert_f32_to_bf16_stochastic(const float* x, bf16* y, int64_t N, uint64_t seed, uint64_t stream,
                                     uint64_t offset);
 }  // namespace ref
