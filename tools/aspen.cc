@@ -238,6 +238,10 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--model", gb.model, "a Hugging Face directory (GPT-2, GPT-J) to run instead of the random 124M")
       ->check(CLI::ExistingDirectory);
   gen_cmd->add_flag("--profile", gb.profile, "print where decode time goes (per op)");
+  gen_cmd
+      ->add_option("--rounds", gb.rounds,
+                   "aspen's rows and each peer in turn, this many times, the best of each kept (default 2)")
+      ->check(CLI::Range(1, 10));
   gen_cmd->add_flag("!--no-llama-cpp", gb.llama_cpp,
                     "skip the llama.cpp peer (otherwise bench/llama_cpp.py builds llama-bench once per CPU)");
 
