@@ -227,13 +227,15 @@ Prepared prepare_sum_squares(const Node&, std::span<const TensorType> in, std::s
 }  // namespace
 
 void register_optim_ops(OpTable& t) {
+  // AdamW and LAMB take the same inputs and hyper-parameters.
+  const std::vector<AttrSpec> adam_attrs = {{"beta1", AttrKind::f64, true},
+                                            {"beta2", AttrKind::f64, true},
+                                            {"eps", AttrKind::f64, true},
+                                            {"weight_decay", AttrKind::f64, true}};
   t.define(OpKind::lamb, {.flags = kWritesInPlace,
                           .min_inputs = 6,
                           .max_inputs = 7,
-                          .attrs = {{"beta1", AttrKind::f64, true},
-                                    {"beta2", AttrKind::f64, true},
-                                    {"eps", AttrKind::f64, true},
-                                    {"weight_decay", AttrKind::f64, true}},
+                          .attrs = adam_attrs,
                           .infer = infer_adamw,
                           .eval = eval_lamb,
                           .prepare = prepare_lamb});
@@ -251,10 +253,7 @@ void register_optim_ops(OpTable& t) {
   t.define(OpKind::adamw, {.flags = kWritesInPlace,
                            .min_inputs = 6,
                            .max_inputs = 7,
-                           .attrs = {{"beta1", AttrKind::f64, true},
-                                     {"beta2", AttrKind::f64, true},
-                                     {"eps", AttrKind::f64, true},
-                                     {"weight_decay", AttrKind::f64, true}},
+                           .attrs = adam_attrs,
                            .infer = infer_adamw,
                            .eval = eval_adamw,
                            .prepare = prepare_adamw});

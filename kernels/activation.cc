@@ -407,18 +407,39 @@ ASPEN_INSTANTIATE(double)
 
 // ---- public kernels ----------------------------------------------------------
 
-Status add_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N) {
-  constexpr const char* k = "add_forward";
+namespace {
+// The checks, the reference under reference_mode(), else the ISA variant over chunks.
+using EwRun = void (*)(const Ew&, int64_t, int64_t, int64_t);
+using BinaryRef = void (*)(const float*, const float*, float*, int64_t);
+Status binary(const char* k, EwRun run, BinaryRef reference, std::span<const float> a, std::span<const float> b,
+              std::span<float> y, int64_t N) {
   ASPEN_RETURN_IF_ERROR(check_extent(k, "N", N));
   ASPEN_RETURN_IF_ERROR(check_buffer(k, "a", a, N));
   ASPEN_RETURN_IF_ERROR(check_buffer(k, "b", b, N));
   ASPEN_RETURN_IF_ERROR(check_buffer(k, "y", y, N));
   if (reference_mode()) {
-    ref::add_forward(a.data(), b.data(), y.data(), N);
+    reference(a.data(), b.data(), y.data(), N);
   } else {
-    add_fwd_run(Ew{a.data(), b.data(), nullptr, y.data(), nullptr, 0.0f}, N, kGrain, 1);
+    run(Ew{a.data(), b.data(), nullptr, y.data(), nullptr, 0.0f}, N, kGrain, 1);
   }
   return Status();
+}
+using UnaryRef = void (*)(const float*, float*, int64_t);
+Status unary(const char* k, EwRun run, UnaryRef reference, std::span<const float> x, std::span<float> y, int64_t N) {
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "x", x, N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "y", y, N));
+  if (reference_mode()) {
+    reference(x.data(), y.data(), N);
+  } else {
+    run(Ew{x.data(), nullptr, nullptr, y.data(), nullptr, 0.0f}, N, kGrain, 1);
+  }
+  return Status();
+}
+}  // namespace
+
+Status add_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N) {
+  return binary("add_forward", add_fwd_run, ref::add_forward<float>, a, b, y, N);
 }
 
 Status add_backward(std::span<const float> dy, std::span<float> da, std::span<float> db, int64_t N) {
@@ -436,17 +457,7 @@ Status add_backward(std::span<const float> dy, std::span<float> da, std::span<fl
 }
 
 Status mul_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N) {
-  constexpr const char* k = "mul_forward";
-  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", N));
-  ASPEN_RETURN_IF_ERROR(check_buffer(k, "a", a, N));
-  ASPEN_RETURN_IF_ERROR(check_buffer(k, "b", b, N));
-  ASPEN_RETURN_IF_ERROR(check_buffer(k, "y", y, N));
-  if (reference_mode()) {
-    ref::mul_forward(a.data(), b.data(), y.data(), N);
-  } else {
-    mul_fwd_run(Ew{a.data(), b.data(), nullptr, y.data(), nullptr, 0.0f}, N, kGrain, 1);
-  }
-  return Status();
+  return binary("mul_forward", mul_fwd_run, ref::mul_forward<float>, a, b, y, N);
 }
 
 Status mul_backward(std::span<const float> a, std::span<const float> b, std::span<const float> dy, std::span<float> da,
@@ -530,37 +541,6 @@ Status gelu_backward(std::span<const float> x, std::span<const float> dy, std::s
   return Status();
 }
 
-namespace {
-using BinaryRun = void (*)(const Ew&, int64_t, int64_t, int64_t);
-using BinaryRef = void (*)(const float*, const float*, float*, int64_t);
-Status binary(const char* k, BinaryRun run, BinaryRef reference, std::span<const float> a, std::span<const float> b,
-              std::span<float> y, int64_t N) {
-  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", N));
-  ASPEN_RETURN_IF_ERROR(check_buffer(k, "a", a, N));
-  ASPEN_RETURN_IF_ERROR(check_buffer(k, "b", b, N));
-  ASPEN_RETURN_IF_ERROR(check_buffer(k, "y", y, N));
-  if (reference_mode()) {
-    reference(a.data(), b.data(), y.data(), N);
-  } else {
-    run(Ew{a.data(), b.data(), nullptr, y.data(), nullptr, 0.0f}, N, kGrain, 1);
-  }
-  return Status();
-}
-using UnaryRef = void (*)(const float*, float*, int64_t);
-Status unary(const char* k, BinaryRun run, UnaryRef reference, std::span<const float> x, std::span<float> y,
-             int64_t N) {
-  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", N));
-  ASPEN_RETURN_IF_ERROR(check_buffer(k, "x", x, N));
-  ASPEN_RETURN_IF_ERROR(check_buffer(k, "y", y, N));
-  if (reference_mode()) {
-    reference(x.data(), y.data(), N);
-  } else {
-    run(Ew{x.data(), nullptr, nullptr, y.data(), nullptr, 0.0f}, N, kGrain, 1);
-  }
-  return Status();
-}
-}  // namespace
-
 // Small (generation state): the reference loop is the kernel.
 Status add_forward(std::span<const int32_t> a, std::span<const int32_t> b, std::span<int32_t> y, int64_t N) {
   constexpr const char* k = "add_forward";
@@ -606,16 +586,7 @@ Status where_forward(std::span<const uint8_t> cond, std::span<const float> a, st
 }
 
 Status silu_forward(std::span<const float> x, std::span<float> y, int64_t N) {
-  constexpr const char* k = "silu_forward";
-  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", N));
-  ASPEN_RETURN_IF_ERROR(check_buffer(k, "x", x, N));
-  ASPEN_RETURN_IF_ERROR(check_buffer(k, "y", y, N));
-  if (reference_mode()) {
-    ref::silu_forward(x.data(), y.data(), N);
-  } else {
-    silu_fwd_run(Ew{x.data(), nullptr, nullptr, y.data(), nullptr, 0.0f}, N, kGrain, 1);
-  }
-  return Status();
+  return unary("silu_forward", silu_fwd_run, ref::silu_forward<float>, x, y, N);
 }
 
 Status silu_backward(std::span<const float> x, std::span<const float> dy, std::span<float> dx, int64_t N) {
