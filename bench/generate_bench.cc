@@ -172,7 +172,7 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
     ~Cleanup() {
       if (!d.empty()) std::filesystem::remove_all(d);
     }
-  } cleanup{own ? std::string() : dir};
+  } cleanup{own ? std::string() : dir}, gguf_cleanup{own ? std::string() : dir + "_gguf"};
   int64_t weight_bytes = 0;
   if (own) {
     ASPEN_ASSIGN_OR_RETURN(weight_bytes, describe_model(dir, &s));
@@ -297,8 +297,10 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
     for (int64_t b : opt.batches) batches += (batches.empty() ? "" : ",") + std::to_string(b);
     const std::string cmd = opt.python + " " + std::string(ASPEN_SOURCE_DIR) + "/bench/llama_cpp.py --json --model " +
                             dir + " --threads " + std::to_string(threads) + " --new-tokens " +
-                            std::to_string(new_tokens) + " --prefill " + std::to_string(prefill_T_max) +
-                            " --dtypes " + dtypes + " --batches " + batches;
+                            std::to_string(new_tokens) + " --prefill " + std::to_string(prefill_T_max) + " --dtypes " +
+                            dtypes + " --batches " + batches +
+                            // The random model's GGUF dies with it (each run's model is new: cached, they piled up).
+                            (own ? std::string() : " --gguf-dir " + dir + "_gguf");
     return read_json_lines(cmd, [&](const nlohmann::json& j) {
       if (Row* r = row_for(rows, j)) {
         const double v = j.value("tokens_per_s", 0.0);

@@ -173,8 +173,8 @@ def model_key(model: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def convert(cache: Path, llama: Path, model: Path, dtype: str) -> Path:
-    out = cache / "gguf" / f"{model_key(model)}-{dtype}.gguf"
+def convert(gguf_dir: Path, llama: Path, model: Path, dtype: str) -> Path:
+    out = gguf_dir / f"{model_key(model)}-{dtype}.gguf"
     if out.exists():
         return out
     try:
@@ -274,6 +274,8 @@ def main():
     ap.add_argument("--version", default=VERSION, help="llama-cpp-python's version (its sdist vendors llama.cpp)")
     ap.add_argument("--sdist", help="a llama_cpp_python-*.tar.gz to use instead of downloading one")
     ap.add_argument("--cache", help="cache folder (default $ASPEN_CACHE_DIR/llama.cpp or ~/.cache/aspen/llama.cpp)")
+    ap.add_argument("--gguf-dir", help="where the converted models go (default CACHE/gguf; a model that is "
+                    "deleted after the run, such as aspen's random bench model, should not fill the cache)")
     ap.add_argument("--build-only", action="store_true", help="fetch and build llama-bench, then stop")
     ap.add_argument("--json", action="store_true", help="one JSON object per line (otherwise a table)")
     a = ap.parse_args()
@@ -309,7 +311,7 @@ def main():
             print(f"{phase:<8} {batch:>5} {d:>5} {test:>12} {tokens_per_s:10.1f} tokens/s", flush=True)
 
     for d in dtypes:
-        gguf = convert(cache, llama, model, d)
+        gguf = convert(Path(a.gguf_dir) if a.gguf_dir else cache / "gguf", llama, model, d)
         for phase, test, tps in batch1(bin, gguf, a):
             if phase == "prefill" or 1 in batches:
                 emit(phase, 1, d, test, tps)

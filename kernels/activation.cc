@@ -176,7 +176,9 @@ ASPEN_VM_INLINE void gelu_erf_bwd(const Ew& a, int64_t b, int64_t e) { map_bwd<g
 ASPEN_VM_INLINE void silu_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<silu_f>(a, b, e); }
 ASPEN_VM_INLINE float exp_f(float x) { return vm::exp(x); }
 ASPEN_VM_INLINE float tanh_f(float x) { return vm::tanh(x); }
-// __builtin_sqrtf: the instruction (errno is not set for x < 0; the result is NaN, as std::sqrt's).
+// NaN below 0, as std::sqrt. Under the default -fmath-errno GCC keeps a libm call for x < 0 (to set
+// errno) and does not vectorize this loop; sqrt is not on a hot path in the models (LayerNorm and
+// AdamW have their own kernels).
 ASPEN_VM_INLINE float sqrt_f(float x) { return __builtin_sqrtf(x); }
 ASPEN_VM_INLINE void exp_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<exp_f>(a, b, e); }
 ASPEN_VM_INLINE void tanh_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<tanh_f>(a, b, e); }
