@@ -264,8 +264,8 @@ inline void next_reduced(const ReducePlan& p, Dims& idx, int64_t& off) {
 
 constexpr int64_t kReduceBlock = 64;  // output columns one task sums together (kept run)
 
-// The sum accumulates in double; the max keeps the reference's std::max
-// (a NaN after the first element is passed over, as there), exact in float.
+// The sum accumulates in double; the max is exact in float and keeps the
+// reference's std::max from -inf, so a NaN is passed over as it is there.
 struct SumOf {
   using Acc = double;
   static constexpr double kStart = 0.0;
