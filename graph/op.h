@@ -1,9 +1,9 @@
 // graph/op.h: the op list and the op table.
 //
 // ASPEN_OPS is the one list of ops, grouped by kind. Each op has one OpInfo
-// entry (its name, input count, attribute schema, shape/type rule, gradient
-// rule, reference kernel and fast kernel), defined in the ops_<group>.cc file
-// of its group.
+// entry (its name, flags, input count, attribute schema, shape/type rule,
+// gradient rule, reference kernel, fast kernel and the fast kernel's test
+// samples), defined in the ops_<group>.cc file of its group.
 // Adding an op: add it to this list, write its entry in its group's file,
 // and its kernel in kernels/; nothing else changes (see docs/graph.md).
 //
@@ -89,6 +89,7 @@ class Graph;
 class Builder;
 struct Node;
 struct HostArray;
+class SampleList;
 
 enum class AttrKind { i64, f64, str, ints };
 struct AttrSpec {
@@ -120,6 +121,8 @@ class PreparedKernel {
 // reference kernel (correct, slow, and marked so in listings and traces).
 using PrepareFn = Result<std::unique_ptr<PreparedKernel>> (*)(const Node& node, std::span<const TensorType> in,
                                                                std::span<const TensorType> out);
+// Lists the cases the kernel sweep checks the fast kernel on (graph/op_sample.h).
+using SampleFn = void (*)(SampleList& s);
 
 // What the compiler's passes may do with an op's nodes. Passes ask the table
 // (op_has), never a list of ops of their own.
@@ -153,6 +156,7 @@ struct OpInfo {
   GradFn grad = nullptr;  // nullptr: not differentiable (autodiff reports it if a gradient is needed)
   EvalFn eval = nullptr;
   PrepareFn prepare = nullptr;  // the fast kernel (see PreparedKernel)
+  SampleFn samples = nullptr;   // required with prepare: the sweep's cases (graph/op_sample.h)
 };
 
 const OpInfo& op_info(OpKind op);

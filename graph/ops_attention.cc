@@ -6,6 +6,8 @@
 //       "local", window, kv_offset}: outputs out [B, H, T, D], lse (f32 [B, H, T])
 //   gradient: (dq, dk, dv) = attention_grad(q, k, v, out, lse, g[, key_valid]) {same attributes}; a gradient
 //       reaching lse is Unimplemented; attention_grad is not differentiated again.
+#include "graph/builder.h"
+#include "graph/op_sample.h"
 #include "graph/ops_nn_util.h"
 #include "graph/ops_registry.h"
 #include "kernels/attention.h"
@@ -162,6 +164,62 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
   });
 }
 
+// Samples for the kernel sweep (graph/op_sample.h). FlashAttention's online softmax rounds differently
+// from the materialized f64 reference, but at these sizes the error stays near 3e-7 of the output's scale
+// (measured), so the common 1e-5 holds. Batch 0 has no valid key (out 0, lse -inf, zero gradients)
+// whenever key_valid is given; batch 1 has key 0 valid, so every causal row has one.
+struct AttentionCase {
+  int64_t T, S;
+  const char* mask;
+  int64_t kv_offset, window;
+  DType key_valid;  // f32: none
+};
+constexpr AttentionCase kAttentionCases[] = {{5, 5, "none", 0, 0, DType::f32},   {3, 7, "causal", 4, 0, DType::f32},
+                                             {6, 6, "causal", 0, 0, DType::u8},  {4, 9, "causal", 5, 0, DType::boolean},
+                                             {7, 7, "local", 0, 3, DType::f32},  {5, 5, "none", 0, 0, DType::boolean},
+                                             {1, 11, "causal", 10, 0, DType::u8}};
+
+// attention(q, k, v[, key_valid]) and, with grad, attention_grad after it (so that out and lse are the
+// forward's, as the fast backward requires).
+void attention_samples(SampleList& s, bool grad) {
+  constexpr int64_t B = 2, H = 3, D = 9;
+  for (const AttentionCase& c : kAttentionCases) {
+    SampleFeeds f{.seed = 5, .int_hi = 2};
+    if (c.key_valid != DType::f32) {
+      std::vector<double>& kv = f.values["key_valid"];
+      kv.assign(size_t(c.S), 0.0);
+      for (int64_t j = 0; j < c.S; ++j) kv.push_back(j % 3 != 1 ? 1.0 : 0.0);
+    }
+    s.add(
+        std::string(c.mask) + " T " + std::to_string(c.T) + " S " + std::to_string(c.S) + " key_valid " +
+            std::string(dtype_name(c.key_valid)),
+        [&](Builder& b) {
+          const ValueId q = b.input("q", DType::f32, Shape{B, H, c.T, D});
+          const ValueId k = b.input("k", DType::f32, Shape{B, H, c.S, D}),
+                        v = b.input("v", DType::f32, Shape{B, H, c.S, D});
+          std::vector<ValueId> in{q, k, v};
+          if (c.key_valid != DType::f32) in.push_back(b.input("key_valid", c.key_valid, Shape{B, c.S}));
+          Attrs a{{"scale", 1.0 / std::sqrt(double(D))}, {"mask", std::string(c.mask)}, {"kv_offset", c.kv_offset}};
+          if (c.window) a.set("window", c.window);
+          std::vector<ValueId> y = b.op(OpKind::attention, in, a);
+          if (!grad || y.size() != 2) return;
+          std::vector<ValueId> gin{q, k, v, y[0], y[1], b.input("g", DType::f32, Shape{B, H, c.T, D})};
+          if (c.key_valid != DType::f32) gin.push_back(in[3]);
+          b.op(OpKind::attention_grad, gin, a);
+        },
+        std::move(f));
+  }
+}
+void samples_attention(SampleList& s) {
+  attention_samples(s, false);
+  s.add("bf16", [](Builder& b) {
+     const Shape t{1, 2, 3, 4};
+     b.op(OpKind::attention, {b.input("q", DType::bf16, t), b.input("k", DType::bf16, t), b.input("v", DType::bf16, t)},
+          {{"scale", 0.5}, {"mask", std::string("causal")}});
+   }).fast = false;
+}
+void samples_attention_grad(SampleList& s) { attention_samples(s, true); }
+
 }  // namespace
 
 void register_attention_ops(OpTable& t) {
@@ -175,13 +233,15 @@ void register_attention_ops(OpTable& t) {
                                .infer = infer_attention,
                                .grad = grad_attention,
                                .eval = eval_attention,
-                               .prepare = prepare_attention});
+                               .prepare = prepare_attention,
+                               .samples = samples_attention});
   t.define(OpKind::attention_grad, {.min_inputs = 6,
                                     .max_inputs = 7,
                                     .attrs = attention_attrs,
                                     .infer = infer_attention_grad,
                                     .eval = eval_attention_grad,
-                                    .prepare = prepare_attention});
+                                    .prepare = prepare_attention,
+                                    .samples = samples_attention_grad});
 }
 
 }  // namespace aspen::graph

@@ -14,6 +14,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "graph/builder.h"
+#include "graph/op_sample.h"
 #include "graph/ops_registry.h"
 #include "graph/ops_util.h"
 #include "kernels/activation.h"
@@ -256,6 +258,87 @@ Prepared prepare_cast(const Node&, std::span<const TensorType> in, std::span<con
   return no_fast_kernel();
 }
 
+// Samples for the kernel sweep (graph/op_sample.h): an odd shape, one large enough to split into chunks
+// (kernels/chunks.h), and bf16, which falls back to the reference.
+const Shape kOdd{3, 5, 7}, kLarge{2, 130, 131};
+
+// x = input "x" (and "y" for binary ops) of `dtype`, then the op.
+void unary_samples(SampleList& s, OpKind op, Attrs attrs, SampleFeeds feeds = {}) {
+  for (const Shape& shape : {kOdd, kLarge})
+    s.add(
+        "f32 " + shape.to_string(), [&](Builder& b) { b.op(op, {b.input("x", DType::f32, shape)}, attrs); }, feeds);
+  s.add(
+       "bf16", [&](Builder& b) { b.op(op, {b.input("x", DType::bf16, kOdd)}, attrs); }, feeds)
+      .fast = false;
+}
+void binary_samples(SampleList& s, OpKind op, Attrs attrs = {}, SampleFeeds feeds = {}) {
+  for (const Shape& shape : {kOdd, kLarge})
+    s.add(
+        "f32 " + shape.to_string(),
+        [&](Builder& b) {
+          b.op(op, {b.input("x", DType::f32, shape), b.input("y", DType::f32, shape)}, attrs);
+        },
+        feeds);
+  s.add(
+       "bf16",
+       [&](Builder& b) {
+         b.op(op, {b.input("x", DType::bf16, kOdd), b.input("y", DType::bf16, kOdd)}, attrs);
+       },
+       feeds)
+      .fast = false;
+}
+
+void samples_add(SampleList& s) {
+  binary_samples(s, OpKind::add);
+  s.add("i32", [](Builder& b) { b.add(b.input("x", DType::i32, kOdd), b.input("y", DType::i32, kOdd)); },
+        {.ranges = {{"x", {-1e9, 1e9}}, {"y", {-1e9, 1e9}}}});
+}
+void samples_sub(SampleList& s) { binary_samples(s, OpKind::sub); }
+void samples_mul(SampleList& s) { binary_samples(s, OpKind::mul); }
+void samples_div(SampleList& s) {
+  binary_samples(s, OpKind::div, {}, {.ranges = {{"y", {0.5, 3.0}}}});
+  binary_samples(s, OpKind::div, {}, {.ranges = {{"y", {-3.0, -0.5}}}});
+}
+void samples_scale(SampleList& s) { unary_samples(s, OpKind::scale, {{"alpha", -0.37}}); }
+void samples_neg(SampleList& s) { unary_samples(s, OpKind::neg, {}); }
+void samples_exp(SampleList& s) { unary_samples(s, OpKind::exp, {}, {.lo = -30.0, .hi = 30.0}); }
+void samples_tanh(SampleList& s) { unary_samples(s, OpKind::tanh, {}, {.lo = -6.0, .hi = 6.0}); }
+void samples_sqrt(SampleList& s) { unary_samples(s, OpKind::sqrt, {}, {.lo = 0.0, .hi = 9.0}); }
+void samples_silu(SampleList& s) { unary_samples(s, OpKind::silu, {}, {.lo = -8.0, .hi = 8.0}); }
+void samples_gelu(SampleList& s) {
+  for (int64_t tanh_form : {1, 0}) unary_samples(s, OpKind::gelu, {{"tanh", tanh_form}}, {.lo = -5.0, .hi = 5.0});
+}
+void samples_silu_grad(SampleList& s) { binary_samples(s, OpKind::silu_grad, {}, {.lo = -8.0, .hi = 8.0}); }
+void samples_gelu_grad(SampleList& s) {
+  for (int64_t tanh_form : {1, 0}) binary_samples(s, OpKind::gelu_grad, {{"tanh", tanh_form}}, {.lo = -5.0, .hi = 5.0});
+}
+void samples_where(SampleList& s) {
+  for (DType c : {DType::u8, DType::boolean})
+    for (const Shape& shape : {kOdd, kLarge})
+      s.add(std::string("condition ") + std::string(dtype_name(c)) + " " + shape.to_string(),
+            [&](Builder& b) {
+              b.where(b.input("c", c, shape), b.input("a", DType::f32, shape), b.input("b", DType::f32, shape));
+            },
+            {.int_hi = c == DType::u8 ? 6 : 2});  // u8: any nonzero byte is a truth
+  s.add("bf16 values",
+        [](Builder& b) {
+          b.where(b.input("c", DType::u8, kOdd), b.input("a", DType::bf16, kOdd), b.input("b", DType::bf16, kOdd));
+        },
+        {.int_hi = 2})
+      .fast = false;
+}
+void samples_cast(SampleList& s) {
+  const std::pair<DType, DType> fast[] = {
+      {DType::f32, DType::bf16}, {DType::bf16, DType::f32}, {DType::f32, DType::f16},    {DType::f16, DType::f32},
+      {DType::f32, DType::f32},  {DType::u8, DType::f32},   {DType::boolean, DType::f32}};
+  for (const auto& [from, to] : fast)
+    for (const Shape& shape : {kOdd, kLarge})
+      s.add(std::string(dtype_name(from)) + " to " + std::string(dtype_name(to)) + " " + shape.to_string(),
+            [&](Builder& b) { b.cast(b.input("x", from, shape), to); }, {.lo = -300.0, .hi = 300.0, .int_hi = 3});
+  s.add("i32 to f32", [](Builder& b) { b.cast(b.input("x", DType::i32, kOdd), DType::f32); }).fast = false;
+  s.add("bf16 to f16", [](Builder& b) { b.cast(b.input("x", DType::bf16, kOdd), DType::f16); }).fast = false;
+}
+
 }  // namespace
 
 void register_elementwise_ops(OpTable& t) {
@@ -265,14 +348,16 @@ void register_elementwise_ops(OpTable& t) {
                          .infer = infer_binary,
                          .grad = grad_add,
                          .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::plus<double>()); },
-                         .prepare = prepare_add});
+                         .prepare = prepare_add,
+                         .samples = samples_add});
   t.define(OpKind::sub, {.flags = kElementwise,
                          .min_inputs = 2,
                          .max_inputs = 2,
                          .infer = infer_binary,
                          .grad = grad_sub,
                          .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::minus<double>()); },
-                         .prepare = prepare_binary<kernels::sub_forward>});
+                         .prepare = prepare_binary<kernels::sub_forward>,
+                         .samples = samples_sub});
   t.define(OpKind::mul,
            {.flags = kElementwise,
             .min_inputs = 2,
@@ -280,7 +365,8 @@ void register_elementwise_ops(OpTable& t) {
             .infer = infer_binary,
             .grad = grad_mul,
             .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::multiplies<double>()); },
-            .prepare = prepare_binary<kernels::mul_forward>});
+            .prepare = prepare_binary<kernels::mul_forward>,
+            .samples = samples_mul});
   t.define(OpKind::scale, {.flags = kElementwise,
                            .min_inputs = 1,
                            .max_inputs = 1,
@@ -292,14 +378,16 @@ void register_elementwise_ops(OpTable& t) {
                                  const double a = n.attrs.f("alpha");
                                  return map1(in, out, [a](double x) { return a * x; });
                                },
-                           .prepare = prepare_scale});
+                           .prepare = prepare_scale,
+                           .samples = samples_scale});
   t.define(OpKind::neg, {.flags = kElementwise,
                          .min_inputs = 1,
                          .max_inputs = 1,
                          .infer = infer_unary_float,
                          .grad = grad_neg,
                          .eval = [](const Node&, auto in, auto out) { return map1(in, out, std::negate<double>()); },
-                         .prepare = prepare_neg});
+                         .prepare = prepare_neg,
+                         .samples = samples_neg});
   t.define(OpKind::exp,
            {.flags = kElementwise,
             .min_inputs = 1,
@@ -307,7 +395,8 @@ void register_elementwise_ops(OpTable& t) {
             .infer = infer_unary_float,
             .grad = grad_exp,
             .eval = [](const Node&, auto in, auto out) { return map1(in, out, [](double x) { return std::exp(x); }); },
-            .prepare = prepare_unary<kernels::exp_forward>});
+            .prepare = prepare_unary<kernels::exp_forward>,
+            .samples = samples_exp});
   t.define(OpKind::tanh,
            {.flags = kElementwise,
             .min_inputs = 1,
@@ -315,7 +404,8 @@ void register_elementwise_ops(OpTable& t) {
             .infer = infer_unary_float,
             .grad = grad_tanh,
             .eval = [](const Node&, auto in, auto out) { return map1(in, out, [](double x) { return std::tanh(x); }); },
-            .prepare = prepare_unary<kernels::tanh_forward>});
+            .prepare = prepare_unary<kernels::tanh_forward>,
+            .samples = samples_tanh});
   t.define(OpKind::sqrt,
            {.flags = kElementwise,
             .min_inputs = 1,
@@ -323,14 +413,16 @@ void register_elementwise_ops(OpTable& t) {
             .infer = infer_unary_float,
             .grad = grad_sqrt,
             .eval = [](const Node&, auto in, auto out) { return map1(in, out, [](double x) { return std::sqrt(x); }); },
-            .prepare = prepare_unary<kernels::sqrt_forward>});
+            .prepare = prepare_unary<kernels::sqrt_forward>,
+            .samples = samples_sqrt});
   t.define(OpKind::div, {.flags = kElementwise,
                          .min_inputs = 2,
                          .max_inputs = 2,
                          .infer = infer_binary_float,
                          .grad = grad_div,
                          .eval = [](const Node&, auto in, auto out) { return map2(in, out, std::divides<double>()); },
-                         .prepare = prepare_binary<kernels::div_forward>});
+                         .prepare = prepare_binary<kernels::div_forward>,
+                         .samples = samples_div});
   t.define(OpKind::gelu, {.flags = kElementwise,
                           .min_inputs = 1,
                           .max_inputs = 1,
@@ -343,7 +435,8 @@ void register_elementwise_ops(OpTable& t) {
                                                                    in[0]->numel(), gelu_kind(n));
                                 return Status();
                               },
-                          .prepare = prepare_gelu});
+                          .prepare = prepare_gelu,
+                          .samples = samples_gelu});
   t.define(OpKind::silu, {.flags = kElementwise,
                           .min_inputs = 1,
                           .max_inputs = 1,
@@ -355,7 +448,8 @@ void register_elementwise_ops(OpTable& t) {
                                                                    in[0]->numel());
                                 return Status();
                               },
-                          .prepare = prepare_silu});
+                          .prepare = prepare_silu,
+                          .samples = samples_silu});
   t.define(OpKind::where, {.min_inputs = 3,
                            .max_inputs = 3,
                            .infer = infer_where,
@@ -366,15 +460,21 @@ void register_elementwise_ops(OpTable& t) {
                                    out[0].data[i] = in[0]->data[i] != 0 ? in[1]->data[i] : in[2]->data[i];
                                  return Status();
                                },
-                           .prepare = prepare_where});
-  t.define(OpKind::cast, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"dtype", AttrKind::i64, true}},
-                          .infer = infer_cast, .grad = grad_cast,
-                          .eval = [](const Node&, auto in, auto out) {
-                            for (size_t i = 0; i < out[0].data.size(); ++i)
-                              out[0].data[i] = round_to(out[0].type.dtype, in[0]->data[i]);
-                            return Status();
-                          },
-                          .prepare = prepare_cast});
+                           .prepare = prepare_where,
+                           .samples = samples_where});
+  t.define(OpKind::cast, {.min_inputs = 1,
+                          .max_inputs = 1,
+                          .attrs = {{"dtype", AttrKind::i64, true}},
+                          .infer = infer_cast,
+                          .grad = grad_cast,
+                          .eval =
+                              [](const Node&, auto in, auto out) {
+                                for (size_t i = 0; i < out[0].data.size(); ++i)
+                                  out[0].data[i] = round_to(out[0].type.dtype, in[0]->data[i]);
+                                return Status();
+                              },
+                          .prepare = prepare_cast,
+                          .samples = samples_cast});
   t.define(OpKind::gelu_grad, {.flags = kElementwise,
                                .min_inputs = 2,
                                .max_inputs = 2,
@@ -387,7 +487,8 @@ void register_elementwise_ops(OpTable& t) {
                                                                          gelu_kind(n));
                                      return Status();
                                    },
-                               .prepare = prepare_gelu});
+                               .prepare = prepare_gelu,
+                               .samples = samples_gelu_grad});
   t.define(OpKind::silu_grad, {.flags = kElementwise,
                                .min_inputs = 2,
                                .max_inputs = 2,
@@ -398,7 +499,8 @@ void register_elementwise_ops(OpTable& t) {
                                                                          out[0].data.data(), in[0]->numel());
                                      return Status();
                                    },
-                               .prepare = prepare_silu});
+                               .prepare = prepare_silu,
+                               .samples = samples_silu_grad});
 }
 
 }  // namespace aspen::graph

@@ -5,6 +5,8 @@
 //   bias_gelu(x, bias) {tanh}: gelu(x + broadcast(bias)); x [..., C], bias [C]
 //   add_layernorm(x, residual, gamma, beta) {eps}: h = x + residual, then
 //       layernorm(h): outputs h, y, mean, rstd (mean and rstd f32, like layernorm)
+#include "graph/builder.h"
+#include "graph/op_sample.h"
 #include "graph/ops_nn_util.h"
 #include "graph/ops_registry.h"
 #include "kernels/activation.h"
@@ -79,14 +81,55 @@ Prepared prepare_add_layernorm(const Node& n, std::span<const TensorType> in, st
   });
 }
 
+// Samples for the kernel sweep (graph/op_sample.h): odd widths, one size large enough to split into row
+// chunks, and bf16 (the reference).
+void samples_bias_gelu(SampleList& s) {
+  for (int64_t tanh_form : {1, 0})
+    for (const Shape& x : {Shape{3, 5, 7}, Shape{260, 131}})
+      s.add("f32 " + x.to_string() + (tanh_form ? " tanh" : " erf"),
+            [&](Builder& b) {
+              b.op(OpKind::bias_gelu, {b.input("x", DType::f32, x), b.input("bias", DType::f32, Shape{x[-1]})},
+                   {{"tanh", tanh_form}});
+            },
+            {.lo = -4.0, .hi = 4.0});
+  s.add("bf16", [](Builder& b) {
+     b.op(OpKind::bias_gelu, {b.input("x", DType::bf16, Shape{3, 4}), b.input("bias", DType::bf16, Shape{4})});
+   }).fast = false;
+}
+
+void samples_add_layernorm(SampleList& s) {
+  for (const Shape& x : {Shape{2, 3, 13}, Shape{130, 131}})
+    s.add("f32 " + x.to_string(), [&](Builder& b) {
+      b.op(OpKind::add_layernorm,
+           {b.input("x", DType::f32, x), b.input("residual", DType::f32, x), b.input("gamma", DType::f32, Shape{x[-1]}),
+            b.input("beta", DType::f32, Shape{x[-1]})},
+           {{"eps", 1e-5}});
+    });
+  s.add("bf16", [](Builder& b) {
+     b.op(OpKind::add_layernorm,
+          {b.input("x", DType::bf16, Shape{3, 4}), b.input("residual", DType::bf16, Shape{3, 4}),
+           b.input("gamma", DType::bf16, Shape{4}), b.input("beta", DType::bf16, Shape{4})},
+          {{"eps", 1e-5}});
+   }).fast = false;
+}
+
 }  // namespace
 
 void register_fused_ops(OpTable& t) {
-  t.define(OpKind::bias_gelu, {.min_inputs = 2, .max_inputs = 2, .attrs = {{"tanh", AttrKind::i64, false}},
-                               .infer = infer_bias_gelu, .eval = eval_bias_gelu, .prepare = prepare_bias_gelu});
-  t.define(OpKind::add_layernorm, {.min_inputs = 4, .max_inputs = 4, .attrs = {{"eps", AttrKind::f64, true}},
-                                   .infer = infer_add_layernorm, .eval = eval_add_layernorm,
-                                   .prepare = prepare_add_layernorm});
+  t.define(OpKind::bias_gelu, {.min_inputs = 2,
+                               .max_inputs = 2,
+                               .attrs = {{"tanh", AttrKind::i64, false}},
+                               .infer = infer_bias_gelu,
+                               .eval = eval_bias_gelu,
+                               .prepare = prepare_bias_gelu,
+                               .samples = samples_bias_gelu});
+  t.define(OpKind::add_layernorm, {.min_inputs = 4,
+                                   .max_inputs = 4,
+                                   .attrs = {{"eps", AttrKind::f64, true}},
+                                   .infer = infer_add_layernorm,
+                                   .eval = eval_add_layernorm,
+                                   .prepare = prepare_add_layernorm,
+                                   .samples = samples_add_layernorm});
 }
 
 }  // namespace aspen::graph

@@ -34,8 +34,10 @@
 #include <cmath>
 #include <limits>
 
-#include "graph/ops_registry.h"
+#include "graph/builder.h"
+#include "graph/op_sample.h"
 #include "graph/ops_nn_util.h"
+#include "graph/ops_registry.h"
 #include "graph/ops_util.h"
 #include "kernels/convert.h"
 #include "kernels/gemv.h"
@@ -642,39 +644,282 @@ Prepared prepare_rotary(const Node& n, Types in, Types out) {
   });
 }
 
+// Samples for the kernel sweep (graph/op_sample.h).
+
+// NOTE [matmul backends]: every transpose and batching, with and without bias, on oneDNN; products big
+// enough for the OpenBLAS backend (N >= 2048, 256+ rows once the batch folds, no b^T); decode-shaped
+// products (a few rows, shared weights, f32 or bf16 b: the GEMV kernel, NOTE [gemv route]); bf16 inputs
+// with f32 or bf16 out (the bf16 plan, rounded).
+// A bf16 (f16) out: the reference rounds the exact sum, the kernel its f32 sum; where the two straddle a
+// rounding boundary they land one ulp apart (bf16: 2^-7 of the value's power of two, below its scale).
+constexpr double kNarrowTol = 1.6e-2;
+void samples_matmul(SampleList& s) {
+  constexpr int64_t M = 3, K = 5, N = 7;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int batching = 0; batching < 3; ++batching) {  // 0: none, 1: batched b, 2: b shared by the batch
+        std::vector<int64_t> batch = batching ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{};
+        std::vector<int64_t> as = batch, bs = batching == 1 ? batch : std::vector<int64_t>{};
+        as.push_back(ta ? K : M);
+        as.push_back(ta ? M : K);
+        bs.push_back(tb ? N : K);
+        bs.push_back(tb ? K : N);
+        const bool bias = ta != tb;  // half the cases
+        s.add("ta " + std::to_string(ta) + " tb " + std::to_string(tb) + " batching " + std::to_string(batching) +
+                  (bias ? " bias" : ""),
+              [&](Builder& b) {
+                std::vector<ValueId> in{b.input("a", DType::f32, sample_shape(as)),
+                                        b.input("b", DType::f32, sample_shape(bs))};
+                if (bias) in.push_back(b.input("bias", DType::f32, Shape{N}));
+                b.op(OpKind::matmul, in, {{"trans_a", int64_t(ta)}, {"trans_b", int64_t(tb)}});
+              });
+      }
+  for (bool ta : {false, true})  // OpenBLAS-sized: a [2, 130, 33] folding into 260 rows, or a^T [33, 300]
+    s.add(std::string("large, bias") + (ta ? ", ta" : ", batch folded"), [&](Builder& b) {
+      b.op(OpKind::matmul,
+           {b.input("a", DType::f32, ta ? Shape{33, 300} : Shape{2, 130, 33}),
+            b.input("b", DType::f32, Shape{33, 2100}), b.input("bias", DType::f32, Shape{2100})},
+           {{"trans_a", int64_t(ta)}});
+    });
+  constexpr int64_t DK = 37, DN = 19;
+  const std::vector<std::vector<int64_t>> decode_a = {{1, DK}, {5, DK}, {2, 4, DK}, {9, DK}, {3, 3, DK}};
+  for (DType wt : {DType::f32, DType::bf16})
+    for (bool tb : {false, true})
+      for (const auto& as : decode_a)
+        for (bool bias : {false, true})
+          s.add("decode " + std::string(dtype_name(wt)) + " weights, tb " + std::to_string(tb) + ", rows " +
+                    std::to_string(sample_shape(as).numel() / DK) + (bias ? ", bias" : ""),
+                [&](Builder& b) {
+                  std::vector<ValueId> in{b.input("a", DType::f32, sample_shape(as)),
+                                          b.input("b", wt, tb ? Shape{DN, DK} : Shape{DK, DN})};
+                  if (bias) in.push_back(b.input("bias", DType::f32, Shape{DN}));
+                  b.op(OpKind::matmul, in, {{"trans_b", int64_t(tb)}});
+                });
+  for (DType in : {DType::bf16, DType::f16})  // the narrow plan (bf16) or widened to f32 (f16)
+    for (DType out : {DType::f32, in})
+      for (bool tb : {false, true})
+        for (bool bias : {false, true}) {
+          OpSample& c = s.add(std::string(dtype_name(in)) + " in, " + std::string(dtype_name(out)) + " out, tb " +
+                                  std::to_string(tb) + (bias ? ", bias" : ""),
+                              [&](Builder& b) {
+                                std::vector<ValueId> x{b.input("a", in, Shape{2, 9, K}),
+                                                       b.input("b", in, tb ? Shape{N, K} : Shape{K, N})};
+                                if (bias) x.push_back(b.input("bias", out, Shape{N}));
+                                b.op(OpKind::matmul, x, {{"trans_b", int64_t(tb)}, {"out_dtype", int64_t(out)}});
+                              });
+          if (out != DType::f32) c.tol = kNarrowTol;
+          c.fast = !bias || out == DType::f32;  // a bias in a narrow out_dtype falls back
+        }
+  s.add("bf16 without out_dtype", [](Builder& b) {
+     b.op(OpKind::matmul, {b.input("a", DType::bf16, Shape{3, 4}), b.input("b", DType::bf16, Shape{4, 5})});
+   }).tol = kNarrowTol;
+}
+
+void samples_layernorm(SampleList& s) {
+  for (const Shape& x : {Shape{2, 3, 13}, Shape{7, 1}, Shape{130, 131}})
+    s.add("f32 " + x.to_string(), [&](Builder& b) {
+      b.op(OpKind::layernorm,
+           {b.input("x", DType::f32, x), b.input("gamma", DType::f32, Shape{x[-1]}),
+            b.input("beta", DType::f32, Shape{x[-1]})},
+           {{"eps", 1e-5}});
+    });
+  s.add("bf16", [](Builder& b) {
+     b.op(OpKind::layernorm,
+          {b.input("x", DType::bf16, Shape{3, 4}), b.input("gamma", DType::bf16, Shape{4}),
+           b.input("beta", DType::bf16, Shape{4})},
+          {{"eps", 1e-5}});
+   }).fast = false;
+}
+
+// The backward reads the forward's statistics: each sample runs layernorm first.
+void samples_layernorm_grad(SampleList& s) {
+  for (const Shape& x : {Shape{2, 3, 13}, Shape{130, 131}})
+    s.add("f32 " + x.to_string(), [&](Builder& b) {
+      const ValueId in = b.input("x", DType::f32, x), gamma = b.input("gamma", DType::f32, Shape{x[-1]});
+      std::vector<ValueId> y =
+          b.op(OpKind::layernorm, {in, gamma, b.input("beta", DType::f32, Shape{x[-1]})}, {{"eps", 1e-5}});
+      if (y.size() == 3) b.op(OpKind::layernorm_grad, {in, gamma, y[1], y[2], b.input("g", DType::f32, x)});
+    });
+}
+
+void samples_rmsnorm(SampleList& s) {
+  for (const Shape& x : {Shape{5, 11}, Shape{2, 3, 1}, Shape{130, 131}})
+    s.add("f32 " + x.to_string(), [&](Builder& b) {
+      b.op(OpKind::rmsnorm, {b.input("x", DType::f32, x), b.input("gamma", DType::f32, Shape{x[-1]})}, {{"eps", 1e-6}});
+    });
+  s.add("bf16", [](Builder& b) {
+     b.op(OpKind::rmsnorm, {b.input("x", DType::bf16, Shape{3, 4}), b.input("gamma", DType::bf16, Shape{4})},
+          {{"eps", 1e-6}});
+   }).fast = false;
+}
+
+void samples_rmsnorm_grad(SampleList& s) {
+  for (const Shape& x : {Shape{5, 11}, Shape{130, 131}})
+    s.add("f32 " + x.to_string(), [&](Builder& b) {
+      const ValueId in = b.input("x", DType::f32, x), gamma = b.input("gamma", DType::f32, Shape{x[-1]});
+      std::vector<ValueId> y = b.op(OpKind::rmsnorm, {in, gamma}, {{"eps", 1e-6}});
+      if (y.size() == 2) b.op(OpKind::rmsnorm_grad, {in, gamma, y[1], b.input("g", DType::f32, x)});
+    });
+}
+
+// Softmax's fast exp is a few f32 ulps from the C library's; 1e-5 of the output's scale holds with margin
+// (about 2.5e-7 measured), for cross-entropy and attention too.
+void samples_softmax(SampleList& s) {
+  for (const Shape& x : {Shape{3, 5, 11}, Shape{4, 1}, Shape{130, 131}})
+    s.add("f32 " + x.to_string(), [&](Builder& b) { b.op(OpKind::softmax, {b.input("x", DType::f32, x)}); },
+          {.lo = -4.0, .hi = 4.0});
+  s.add("bf16", [](Builder& b) { b.op(OpKind::softmax, {b.input("x", DType::bf16, Shape{3, 5})}); }).fast = false;
+}
+
+void samples_softmax_grad(SampleList& s) {
+  for (const Shape& x : {Shape{3, 5, 11}, Shape{130, 131}})
+    s.add("f32 " + x.to_string(),
+          [&](Builder& b) {
+            const ValueId y = b.op1(OpKind::softmax, {b.input("x", DType::f32, x)});
+            b.op(OpKind::softmax_grad, {y, b.input("g", DType::f32, x)});
+          },
+          {.lo = -4.0, .hi = 4.0});
+}
+
+// i32 targets reach the kernel as they are; i64 ones through the kernel's scratch. Row 1 is ignored
+// (-100), and with ignore_index 2 every row whose class is 2.
+std::vector<double> ce_targets() { return {3, -100, 6, 0, 2}; }
+void samples_cross_entropy(SampleList& s) {
+  for (DType tdt : {DType::i32, DType::i64})
+    for (int64_t ignore : {-100, 2})
+      s.add(std::string("targets ") + std::string(dtype_name(tdt)) + " ignore_index " + std::to_string(ignore),
+            [&](Builder& b) {
+              b.op(OpKind::cross_entropy,
+                   {b.input("logits", DType::f32, Shape{5, 7}), b.input("targets", tdt, Shape{5})},
+                   {{"ignore_index", ignore}});
+            },
+            {.lo = -3.0,
+             .hi = 3.0,
+             .values = {{"targets", ignore == 2 ? std::vector<double>{3, 2, 6, 0, 2} : ce_targets()}}});
+  s.add("bf16 logits", [](Builder& b) {
+     b.op(OpKind::cross_entropy,
+          {b.input("logits", DType::bf16, Shape{5, 7}), b.input("targets", DType::i32, Shape{5})});
+   }).fast = false;
+}
+
+void samples_cross_entropy_grad(SampleList& s) {
+  for (DType tdt : {DType::i32, DType::i64})
+    s.add(std::string("targets ") + std::string(dtype_name(tdt)),
+          [&](Builder& b) {
+            const ValueId logits = b.input("logits", DType::f32, Shape{5, 7}),
+                          targets = b.input("targets", tdt, Shape{5});
+            std::vector<ValueId> y = b.op(OpKind::cross_entropy, {logits, targets});
+            if (y.size() == 3)
+              b.op(OpKind::cross_entropy_grad, {logits, targets, y[2], b.input("g", DType::f32, Shape{})});
+          },
+          {.lo = -3.0, .hi = 3.0, .values = {{"targets", ce_targets()}}});
+}
+
+void samples_rotary(SampleList& s) {
+  struct Case {
+    const char* layout;
+    int64_t rotary_dim, inverse;
+  };
+  for (const Case& c :
+       {Case{"interleaved", 6, 0}, Case{"interleaved", 8, 1}, Case{"half_split", 8, 1}, Case{"half_split", 4, 0}})
+    s.add(
+        std::string(c.layout) + " rotary_dim " + std::to_string(c.rotary_dim) + " inverse " + std::to_string(c.inverse),
+        [&](Builder& b) {
+          b.op(OpKind::rotary, {b.input("x", DType::f32, Shape{2, 3, 5, 8}), b.input("pos", DType::i32, Shape{2, 3})},
+               {{"rotary_dim", c.rotary_dim},
+                {"layout", std::string(c.layout)},
+                {"inverse", c.inverse},
+                {"base", 500.0}});
+        },
+        {.int_hi = 37});
+  s.add("bf16", [](Builder& b) {
+     b.op(OpKind::rotary, {b.input("x", DType::bf16, Shape{1, 2, 1, 4}), b.input("pos", DType::i32, Shape{1, 2})},
+          {{"rotary_dim", int64_t(4)}, {"layout", std::string("half_split")}});
+   }).fast = false;
+}
+
 }  // namespace
 
 void register_nn_ops(OpTable& t) {
   const AttrSpec eps{"eps", AttrKind::f64, true};
-  t.define(OpKind::matmul, {.min_inputs = 2, .max_inputs = 3,
-                            .attrs = {{"trans_a", AttrKind::i64, false}, {"trans_b", AttrKind::i64, false},
+  t.define(OpKind::matmul, {.min_inputs = 2,
+                            .max_inputs = 3,
+                            .attrs = {{"trans_a", AttrKind::i64, false},
+                                      {"trans_b", AttrKind::i64, false},
                                       {"out_dtype", AttrKind::i64, false}},
-                            .infer = infer_matmul, .grad = grad_matmul, .eval = eval_matmul,
-                            .prepare = prepare_matmul});
-  t.define(OpKind::layernorm, {.min_inputs = 3, .max_inputs = 3, .attrs = {eps}, .infer = infer_layernorm,
-                               .grad = grad_layernorm, .eval = eval_layernorm, .prepare = prepare_layernorm});
-  t.define(OpKind::rmsnorm, {.min_inputs = 2, .max_inputs = 2, .attrs = {eps}, .infer = infer_rmsnorm,
-                             .grad = grad_rmsnorm, .eval = eval_rmsnorm, .prepare = prepare_rmsnorm});
-  t.define(OpKind::softmax, {.min_inputs = 1, .max_inputs = 1, .infer = infer_softmax, .grad = grad_softmax,
-                             .eval = eval_softmax, .prepare = prepare_softmax});
+                            .infer = infer_matmul,
+                            .grad = grad_matmul,
+                            .eval = eval_matmul,
+                            .prepare = prepare_matmul,
+                            .samples = samples_matmul});
+  t.define(OpKind::layernorm, {.min_inputs = 3,
+                               .max_inputs = 3,
+                               .attrs = {eps},
+                               .infer = infer_layernorm,
+                               .grad = grad_layernorm,
+                               .eval = eval_layernorm,
+                               .prepare = prepare_layernorm,
+                               .samples = samples_layernorm});
+  t.define(OpKind::rmsnorm, {.min_inputs = 2,
+                             .max_inputs = 2,
+                             .attrs = {eps},
+                             .infer = infer_rmsnorm,
+                             .grad = grad_rmsnorm,
+                             .eval = eval_rmsnorm,
+                             .prepare = prepare_rmsnorm,
+                             .samples = samples_rmsnorm});
+  t.define(OpKind::softmax, {.min_inputs = 1,
+                             .max_inputs = 1,
+                             .infer = infer_softmax,
+                             .grad = grad_softmax,
+                             .eval = eval_softmax,
+                             .prepare = prepare_softmax,
+                             .samples = samples_softmax});
   const AttrSpec ignore{"ignore_index", AttrKind::i64, false};
-  t.define(OpKind::cross_entropy, {.min_inputs = 2, .max_inputs = 2, .attrs = {ignore}, .infer = infer_cross_entropy,
-                                   .grad = grad_cross_entropy, .eval = eval_cross_entropy,
-                                   .prepare = prepare_cross_entropy});
-  t.define(OpKind::rotary, {.min_inputs = 2, .max_inputs = 2,
-                            .attrs = {{"rotary_dim", AttrKind::i64, true}, {"layout", AttrKind::str, true},
-                                      {"base", AttrKind::f64, false}, {"inverse", AttrKind::i64, false}},
-                            .infer = infer_rotary, .grad = grad_rotary, .eval = eval_rotary,
-                            .prepare = prepare_rotary});
-  t.define(OpKind::layernorm_grad, {.min_inputs = 5, .max_inputs = 5, .infer = infer_norm_grad,
-                                    .eval = eval_layernorm_grad, .prepare = prepare_layernorm});
-  t.define(OpKind::rmsnorm_grad, {.min_inputs = 4, .max_inputs = 4, .infer = infer_norm_grad,
-                                  .eval = eval_rmsnorm_grad, .prepare = prepare_rmsnorm});
-  t.define(OpKind::softmax_grad, {.min_inputs = 2, .max_inputs = 2, .infer = infer_softmax_grad,
-                                  .eval = eval_softmax_grad, .prepare = prepare_softmax});
-  t.define(OpKind::cross_entropy_grad, {.min_inputs = 4, .max_inputs = 4, .attrs = {ignore},
-                                        .infer = infer_cross_entropy_grad, .eval = eval_cross_entropy_grad,
-                                        .prepare = prepare_cross_entropy});
+  t.define(OpKind::cross_entropy, {.min_inputs = 2,
+                                   .max_inputs = 2,
+                                   .attrs = {ignore},
+                                   .infer = infer_cross_entropy,
+                                   .grad = grad_cross_entropy,
+                                   .eval = eval_cross_entropy,
+                                   .prepare = prepare_cross_entropy,
+                                   .samples = samples_cross_entropy});
+  t.define(OpKind::rotary, {.min_inputs = 2,
+                            .max_inputs = 2,
+                            .attrs = {{"rotary_dim", AttrKind::i64, true},
+                                      {"layout", AttrKind::str, true},
+                                      {"base", AttrKind::f64, false},
+                                      {"inverse", AttrKind::i64, false}},
+                            .infer = infer_rotary,
+                            .grad = grad_rotary,
+                            .eval = eval_rotary,
+                            .prepare = prepare_rotary,
+                            .samples = samples_rotary});
+  t.define(OpKind::layernorm_grad, {.min_inputs = 5,
+                                    .max_inputs = 5,
+                                    .infer = infer_norm_grad,
+                                    .eval = eval_layernorm_grad,
+                                    .prepare = prepare_layernorm,
+                                    .samples = samples_layernorm_grad});
+  t.define(OpKind::rmsnorm_grad, {.min_inputs = 4,
+                                  .max_inputs = 4,
+                                  .infer = infer_norm_grad,
+                                  .eval = eval_rmsnorm_grad,
+                                  .prepare = prepare_rmsnorm,
+                                  .samples = samples_rmsnorm_grad});
+  t.define(OpKind::softmax_grad, {.min_inputs = 2,
+                                  .max_inputs = 2,
+                                  .infer = infer_softmax_grad,
+                                  .eval = eval_softmax_grad,
+                                  .prepare = prepare_softmax,
+                                  .samples = samples_softmax_grad});
+  t.define(OpKind::cross_entropy_grad, {.min_inputs = 4,
+                                        .max_inputs = 4,
+                                        .attrs = {ignore},
+                                        .infer = infer_cross_entropy_grad,
+                                        .eval = eval_cross_entropy_grad,
+                                        .prepare = prepare_cross_entropy,
+                                        .samples = samples_cross_entropy_grad});
 }
 
 }  // namespace aspen::graph

@@ -20,6 +20,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "graph/builder.h"
+#include "graph/op_sample.h"
 #include "graph/ops_nn_util.h"
 #include "graph/ops_registry.h"
 #include "kernels/adamw.h"
@@ -224,6 +226,53 @@ Prepared prepare_sum_squares(const Node&, std::span<const TensorType> in, std::s
   });
 }
 
+// Samples for the kernel sweep (graph/op_sample.h): an odd size and one large enough for the parallel
+// path, with and without the loss scale's grad_scale; v drawn non-negative, as a second moment is.
+constexpr int64_t kOptimSizes[] = {37, 5003};
+
+void adam_samples(SampleList& s, OpKind op) {
+  for (int64_t n : kOptimSizes)
+    for (bool scaled : {false, true})
+      s.add("f32 [" + std::to_string(n) + "]" + (scaled ? " grad_scale" : ""),
+            [&](Builder& b) {
+              const Shape t{n};
+              std::vector<ValueId> in{b.input("param", DType::f32, t),    b.input("grad", DType::f32, t),
+                                      b.input("m", DType::f32, t),        b.input("v", DType::f32, t),
+                                      b.input("lr", DType::f32, Shape{}), b.input("step", DType::f32, Shape{})};
+              if (scaled) in.push_back(b.input("grad_scale", DType::f32, Shape{}));
+              b.op(op, in, {{"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.01}});
+            },
+            {.ranges = {{"v", {0.0, 0.1}}}, .values = {{"lr", {0.01}}, {"step", {3}}, {"grad_scale", {0.25}}}});
+}
+void samples_adamw(SampleList& s) { adam_samples(s, OpKind::adamw); }
+void samples_lamb(SampleList& s) { adam_samples(s, OpKind::lamb); }
+
+void samples_sgd(SampleList& s) {
+  struct Case {
+    double momentum;
+    int64_t nesterov;
+  };
+  for (int64_t n : kOptimSizes)
+    for (const Case& c : {Case{0.0, 0}, Case{0.9, 0}, Case{0.9, 1}})
+      for (bool scaled : {false, true})
+        s.add("f32 [" + std::to_string(n) + "] momentum " + std::to_string(c.momentum) + " nesterov " +
+                  std::to_string(c.nesterov) + (scaled ? " grad_scale" : ""),
+              [&](Builder& b) {
+                const Shape t{n};
+                std::vector<ValueId> in{b.input("param", DType::f32, t), b.input("grad", DType::f32, t)};
+                if (c.momentum > 0) in.push_back(b.input("buf", DType::f32, t));
+                in.push_back(b.input("lr", DType::f32, Shape{}));
+                if (scaled) in.push_back(b.input("grad_scale", DType::f32, Shape{}));
+                b.op(OpKind::sgd, in, {{"momentum", c.momentum}, {"weight_decay", 0.01}, {"nesterov", c.nesterov}});
+              },
+              {.values = {{"lr", {0.05}}, {"grad_scale", {0.25}}}});
+}
+
+void samples_sum_squares(SampleList& s) {
+  for (const Shape& x : {Shape{3, 5, 7}, Shape{130, 131}, Shape{}, Shape{0}})
+    s.add("f32 " + x.to_string(), [&](Builder& b) { b.op(OpKind::sum_squares, {b.input("x", DType::f32, x)}); });
+}
+
 }  // namespace
 
 void register_optim_ops(OpTable& t) {
@@ -238,7 +287,8 @@ void register_optim_ops(OpTable& t) {
                           .attrs = adam_attrs,
                           .infer = infer_adamw,
                           .eval = eval_lamb,
-                          .prepare = prepare_lamb});
+                          .prepare = prepare_lamb,
+                          .samples = samples_lamb});
   t.define(OpKind::sgd, {.flags = kWritesInPlace,
                          .min_inputs = 3,
                          .max_inputs = 5,
@@ -247,16 +297,22 @@ void register_optim_ops(OpTable& t) {
                                    {"nesterov", AttrKind::i64, true}},
                          .infer = infer_sgd,
                          .eval = eval_sgd,
-                         .prepare = prepare_sgd});
-  t.define(OpKind::sum_squares, {.min_inputs = 1, .max_inputs = 1, .infer = infer_sum_squares,
-                                 .eval = eval_sum_squares, .prepare = prepare_sum_squares});
+                         .prepare = prepare_sgd,
+                         .samples = samples_sgd});
+  t.define(OpKind::sum_squares, {.min_inputs = 1,
+                                 .max_inputs = 1,
+                                 .infer = infer_sum_squares,
+                                 .eval = eval_sum_squares,
+                                 .prepare = prepare_sum_squares,
+                                 .samples = samples_sum_squares});
   t.define(OpKind::adamw, {.flags = kWritesInPlace,
                            .min_inputs = 6,
                            .max_inputs = 7,
                            .attrs = adam_attrs,
                            .infer = infer_adamw,
                            .eval = eval_adamw,
-                           .prepare = prepare_adamw});
+                           .prepare = prepare_adamw,
+                           .samples = samples_adamw});
 }
 
 }  // namespace aspen::graph

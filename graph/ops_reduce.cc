@@ -13,6 +13,8 @@
 #include <array>
 #include <limits>
 
+#include "graph/builder.h"
+#include "graph/op_sample.h"
 #include "graph/ops_registry.h"
 #include "graph/ops_util.h"
 
@@ -330,12 +332,56 @@ Prepared prepare_reduce(const Node& n, Types in, Types out) {
       [p](In i, Out o) { return run_reduce<R>(p, static_cast<const float*>(i[0]), static_cast<float*>(o[0])); });
 }
 
+// Samples for the kernel sweep (graph/op_sample.h).
+void samples_broadcast(SampleList& s) {
+  const std::pair<std::vector<int64_t>, std::vector<int64_t>> cases[] = {
+      {{3, 1}, {2, 3, 5}},    {{5}, {2, 3, 5}},      {{}, {4, 3}}, {{2, 1, 5}, {2, 3, 5}},
+      {{1, 3, 1}, {2, 3, 4}}, {{131}, {3, 100, 131}}};  // the last one large enough for the parallel path
+  for (const auto& [from, to] : cases)
+    s.add("f32 " + sample_shape(from).to_string() + " to " + sample_shape(to).to_string(),
+          [&](Builder& b) { b.broadcast(b.input("x", DType::f32, sample_shape(from)), to); });
+  s.add("bf16", [](Builder& b) { b.broadcast(b.input("x", DType::bf16, Shape{3, 1}), {3, 4}); }).fast = false;
+}
+
+// Every pattern of reduced axes of an odd rank-4 shape, a unit dimension between reduced ones, a large
+// input (the parallel path), and an empty reduced axis (zeros for the sum, -inf for the max).
+std::string axes_label(const std::vector<int64_t>& axes) {
+  std::string s = "axes {";
+  for (size_t i = 0; i < axes.size(); ++i) s += (i ? ", " : "") + std::to_string(axes[i]);
+  return s + "}";
+}
+void reduce_samples(SampleList& s, OpKind op) {
+  const std::pair<std::vector<int64_t>, bool> cases[] = {{{0, 2}, false}, {{0, 2}, true},        {{3}, false},
+                                                         {{1, 3}, false}, {{0, 1, 2, 3}, false}, {{0}, false},
+                                                         {{}, false},     {{-1}, true}};
+  for (const auto& [axes, keepdims] : cases)
+    s.add("f32 [3, 4, 5, 7] " + axes_label(axes) + (keepdims ? " kept" : ""), [&](Builder& b) {
+      b.op(op, {b.input("x", DType::f32, Shape{3, 4, 5, 7})}, {{"axes", axes}, {"keepdims", int64_t(keepdims)}});
+    });
+  s.add("f32 large, a unit dimension", [&](Builder& b) {
+    b.op(op, {b.input("x", DType::f32, Shape{67, 1, 9, 131})}, {{"axes", std::vector<int64_t>{0, 1}}});
+  });
+  s.add("f32 empty axis", [&](Builder& b) {
+    b.op(op, {b.input("x", DType::f32, Shape{3, 0, 2})}, {{"axes", std::vector<int64_t>{1}}});
+  });
+  s.add("bf16", [&](Builder& b) {
+     b.op(op, {b.input("x", DType::bf16, Shape{3, 4})}, {{"axes", std::vector<int64_t>{0}}});
+   }).fast = false;
+}
+void samples_reduce_sum(SampleList& s) { reduce_samples(s, OpKind::reduce_sum); }
+void samples_reduce_max(SampleList& s) { reduce_samples(s, OpKind::reduce_max); }
+
 }  // namespace
 
 void register_reduce_ops(OpTable& t) {
-  t.define(OpKind::broadcast, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"shape", AttrKind::ints, true}},
-                               .infer = infer_broadcast, .grad = grad_broadcast, .eval = eval_broadcast,
-                               .prepare = prepare_broadcast});
+  t.define(OpKind::broadcast, {.min_inputs = 1,
+                               .max_inputs = 1,
+                               .attrs = {{"shape", AttrKind::ints, true}},
+                               .infer = infer_broadcast,
+                               .grad = grad_broadcast,
+                               .eval = eval_broadcast,
+                               .prepare = prepare_broadcast,
+                               .samples = samples_broadcast});
   const std::vector<AttrSpec> reduce_attrs = {{"axes", AttrKind::ints, true}, {"keepdims", AttrKind::i64, false}};
   t.define(OpKind::reduce_sum, {.min_inputs = 1,
                                 .max_inputs = 1,
@@ -343,7 +389,8 @@ void register_reduce_ops(OpTable& t) {
                                 .infer = infer_reduce,
                                 .grad = grad_reduce_sum,
                                 .eval = eval_reduce_sum,
-                                .prepare = prepare_reduce<SumOf>});
+                                .prepare = prepare_reduce<SumOf>,
+                                .samples = samples_reduce_sum});
   // reduce_max has no gradient rule yet: nothing in the models differentiates through it
   // (softmax and cross-entropy carry their own stable forms).
   t.define(OpKind::reduce_max, {.min_inputs = 1,
@@ -351,7 +398,8 @@ void register_reduce_ops(OpTable& t) {
                                 .attrs = reduce_attrs,
                                 .infer = infer_reduce,
                                 .eval = eval_reduce_max,
-                                .prepare = prepare_reduce<MaxOf>});
+                                .prepare = prepare_reduce<MaxOf>,
+                                .samples = samples_reduce_max});
 }
 
 }  // namespace aspen::graph

@@ -18,9 +18,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <vector>
 
+#include "graph/builder.h"
+#include "graph/op_sample.h"
 #include "graph/ops_nn_util.h"
 #include "graph/ops_registry.h"
 #include "kernels/sampling.h"
@@ -106,11 +109,54 @@ Prepared prepare_sample(const Node&, Types in, Types) {
   });
 }
 
+// Samples for the kernel sweep (graph/op_sample.h): logits with clear gaps (no near-ties, no
+// near-boundary masses for a draw to land on), rows cycling through greedy, temperature, top-k, top-p and
+// the penalty; without history, with an empty one, and with one holding padding (-1); i32 and i64 seeds.
+// graph/ops_sampling_test.cc checks the draws across steps and every value error.
+void samples_sample(SampleList& s) {
+  constexpr int64_t B = 7, V = 129;
+  for (int64_t L : {int64_t(-1), int64_t(0), int64_t(6)})
+    for (DType seed_type : {DType::i64, DType::i32}) {
+      SampleFeeds f;
+      std::vector<double>& logits = f.values["logits"];
+      for (int64_t i = 0; i < B * V; ++i) logits.push_back(double(float(std::sin(double(i) * 1.7 + 5.0) * 3.0)));
+      for (int64_t b = 0; b < B; ++b) {
+        f.values["temperature"].push_back(b % 4 == 0 ? 0.0 : double(0.5f + 0.25f * float(b % 3)));
+        f.values["top_k"].push_back(b % 3 == 1 ? 5 : 0);
+        f.values["top_p"].push_back(b % 4 == 2 ? double(0.9f) : 1.0);
+        f.values["repetition_penalty"].push_back(b % 2 ? double(1.3f) : 1.0);
+      }
+      f.values["seed"] = {double(L + 11)};
+      f.values["step"] = {3.0};
+      for (int64_t i = 0; i < B * std::max<int64_t>(L, 0); ++i)
+        f.values["history"].push_back(i % 3 == 2 ? -1.0 : double((i * 7) % V));
+      s.add(
+           "history " + std::to_string(L) + ", seed " + std::string(dtype_name(seed_type)),
+           [&](Builder& b) {
+             std::vector<ValueId> in{b.input("logits", DType::f32, Shape{B, V}),
+                                     b.input("temperature", DType::f32, Shape{B}),
+                                     b.input("top_k", DType::i32, Shape{B}),
+                                     b.input("top_p", DType::f32, Shape{B}),
+                                     b.input("repetition_penalty", DType::f32, Shape{B}),
+                                     b.input("seed", seed_type, Shape{}),
+                                     b.input("step", DType::i64, Shape{})};
+             if (L >= 0) in.push_back(b.input("history", DType::i32, Shape{B, L}));
+             b.op(OpKind::sample, in);
+           },
+           std::move(f))
+          .tol = 0;  // ids: exactly the reference's
+    }
+}
+
 }  // namespace
 
 void register_sampling_ops(OpTable& t) {
-  t.define(OpKind::sample, {.min_inputs = 7, .max_inputs = 8, .infer = infer_sample, .eval = eval_sample,
-                            .prepare = prepare_sample});
+  t.define(OpKind::sample, {.min_inputs = 7,
+                            .max_inputs = 8,
+                            .infer = infer_sample,
+                            .eval = eval_sample,
+                            .prepare = prepare_sample,
+                            .samples = samples_sample});
 }
 
 }  // namespace aspen::graph

@@ -33,6 +33,8 @@
 #include <cstring>
 #include <limits>
 
+#include "graph/builder.h"
+#include "graph/op_sample.h"
 #include "graph/ops_registry.h"
 #include "graph/ops_util.h"
 #include "kernels/embedding.h"
@@ -578,29 +580,173 @@ Prepared prepare_gather_grad(const Node& n, Types in, Types out) {
   });
 }
 
+// Samples for the kernel sweep (graph/op_sample.h): every axis and permutation of odd shapes, one copy large
+// enough for the parallel path, and bf16 (the reference, except gather's bf16 rows).
+void samples_reshape(SampleList& s) {
+  s.add("f32", [](Builder& b) { b.reshape(b.input("x", DType::f32, Shape{2, 3, 5}), {5, 6}); });
+  s.add("f32 to rank 0", [](Builder& b) { b.reshape(b.input("x", DType::f32, Shape{1, 1}), {}); });
+  s.add("bf16", [](Builder& b) { b.reshape(b.input("x", DType::bf16, Shape{2, 3}), {6}); }).fast = false;
+}
+
+void samples_transpose(SampleList& s) {
+  for (const std::vector<int64_t>& perm : {std::vector<int64_t>{2, 0, 1}, {0, 2, 1}, {1, 0, 2}, {2, 1, 0}, {0, 1, 2}})
+    s.add("f32 [2, 3, 5] perm " + std::to_string(perm[0]) + std::to_string(perm[1]) + std::to_string(perm[2]),
+          [&](Builder& b) {
+            b.transpose(b.input("x", DType::f32, Shape{2, 3, 5}), perm);
+          });
+  s.add("f32 rank 4", [](Builder& b) { b.transpose(b.input("x", DType::f32, Shape{2, 3, 5, 7}), {0, 2, 1, 3}); });
+  s.add("f32 large", [](Builder& b) { b.transpose(b.input("x", DType::f32, Shape{2, 130, 131}), {0, 2, 1}); });
+  s.add("bf16", [](Builder& b) { b.transpose(b.input("x", DType::bf16, Shape{2, 3}), {1, 0}); }).fast = false;
+}
+
+void samples_slice(SampleList& s) {
+  for (int64_t axis : {0, 1, 2, -1})
+    s.add("f32 axis " + std::to_string(axis), [&](Builder& b) {
+      b.slice(b.input("x", DType::f32, Shape{3, 5, 7}), axis, 1, 3);
+    });
+  s.add("f32 empty", [](Builder& b) { b.slice(b.input("x", DType::f32, Shape{3, 5}), 1, 2, 2); });
+  s.add("f32 large", [](Builder& b) { b.slice(b.input("x", DType::f32, Shape{4, 130, 131}), 1, 3, 120); });
+  s.add("bf16", [](Builder& b) { b.slice(b.input("x", DType::bf16, Shape{3, 5}), 1, 1, 3); }).fast = false;
+}
+
+void samples_concat(SampleList& s) {
+  for (int64_t axis : {0, 1, 2})
+    s.add("f32 axis " + std::to_string(axis), [&](Builder& b) {
+      std::vector<int64_t> d0{2, 3, 5}, d1 = d0, d2 = d0;
+      d0[size_t(axis)] = 1;
+      d1[size_t(axis)] = 4;
+      d2[size_t(axis)] = 2;
+      b.concat({b.input("x0", DType::f32, sample_shape(d0)), b.input("x1", DType::f32, sample_shape(d1)),
+                b.input("x2", DType::f32, sample_shape(d2))},
+               axis);
+    });
+  s.add("f32 one input", [](Builder& b) { b.concat({b.input("x", DType::f32, Shape{3, 4})}, 1); });
+  s.add("f32 large", [](Builder& b) {
+    b.concat({b.input("x0", DType::f32, Shape{130, 131}), b.input("x1", DType::f32, Shape{130, 7})}, 1);
+  });
+  s.add("bf16", [](Builder& b) {
+     b.concat({b.input("x0", DType::bf16, Shape{2, 3}), b.input("x1", DType::bf16, Shape{2, 1})}, 1);
+   }).fast = false;
+}
+
+// Ids drawn from [0, V); the shard forms take rows [offset, offset + 7) of a vocabulary of 21, with ids
+// drawn from all 21, so most fall outside (zero rows; no gradient), and repeated ids inside sum.
+void samples_gather(SampleList& s) {
+  for (DType ids : {DType::i32, DType::i64}) {
+    const std::string id(dtype_name(ids));
+    for (DType table : {DType::f32, DType::bf16})
+      s.add(std::string(dtype_name(table)) + " table, " + id + " ids",
+            [&](Builder& b) {
+              b.gather(b.input("table", table, Shape{7, 5}), b.input("ids", ids, Shape{2, 3}));
+            },
+            {.int_hi = 7});
+    for (double offset : {0.0, 7.0, 14.0})
+      s.add("shard at " + std::to_string(int(offset)) + ", " + id + " ids",
+            [&](Builder& b) {
+              b.op(OpKind::gather,
+                   {b.input("table", DType::f32, Shape{7, 5}), b.input("ids", ids, Shape{3, 5}),
+                    b.input("offset", ids, Shape{})},
+                   {{"vocab", int64_t(21)}});
+            },
+            {.int_hi = 21, .values = {{"offset", {offset}}}});
+  }
+  s.add("f32 large",
+        [](Builder& b) {
+          b.gather(b.input("table", DType::f32, Shape{50, 131}), b.input("ids", DType::i32, Shape{3, 100}));
+        },
+        {.int_hi = 50});
+  s.add("bf16 shard",
+        [](Builder& b) {
+          b.op(OpKind::gather, {b.input("table", DType::bf16, Shape{7, 5}), b.input("ids", DType::i32, Shape{3}),
+                                b.input("offset", DType::i32, Shape{})});
+        },
+        {.int_hi = 7, .values = {{"offset", {0.0}}}})
+      .fast = false;
+}
+
+void samples_gather_grad(SampleList& s) {
+  for (DType ids : {DType::i32, DType::i64}) {
+    const std::string id(dtype_name(ids));
+    s.add(id + " ids from 4 of 7 rows",  // repeated ids sum, unused rows are zero
+          [&](Builder& b) {
+            b.op(OpKind::gather_grad, {b.input("ids", ids, Shape{3, 4}), b.input("g", DType::f32, Shape{3, 4, 5})},
+                 {{"vocab", int64_t(7)}});
+          });
+    for (double offset : {0.0, 7.0, 14.0})
+      s.add("shard at " + std::to_string(int(offset)) + ", " + id + " ids",
+            [&](Builder& b) {
+              b.op(OpKind::gather_grad,
+                   {b.input("ids", ids, Shape{4, 5}), b.input("g", DType::f32, Shape{4, 5, 3}),
+                    b.input("offset", ids, Shape{})},
+                   {{"vocab", int64_t(7)}});
+            },
+            {.int_hi = 21, .values = {{"offset", {offset}}}});
+  }
+  s.add("f32 large",
+        [](Builder& b) {
+          b.op(OpKind::gather_grad,
+               {b.input("ids", DType::i32, Shape{3, 100}), b.input("g", DType::f32, Shape{3, 100, 131})},
+               {{"vocab", int64_t(300)}});
+        },
+        {.int_hi = 300});
+  s.add("bf16", [](Builder& b) {
+     b.op(OpKind::gather_grad, {b.input("ids", DType::i32, Shape{3}), b.input("g", DType::bf16, Shape{3, 5})},
+          {{"vocab", int64_t(7)}});
+   }).fast = false;
+}
+
 }  // namespace
 
 void register_shape_ops(OpTable& t) {
-  t.define(OpKind::reshape, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"shape", AttrKind::ints, true}},
-                             .infer = infer_reshape, .grad = grad_reshape, .eval = eval_reshape,
-                             .prepare = prepare_reshape});
-  t.define(OpKind::transpose, {.min_inputs = 1, .max_inputs = 1, .attrs = {{"perm", AttrKind::ints, true}},
-                               .infer = infer_transpose, .grad = grad_transpose, .eval = eval_transpose,
-                               .prepare = prepare_transpose});
-  t.define(OpKind::slice, {.min_inputs = 1, .max_inputs = 1,
-                           .attrs = {{"axis", AttrKind::i64, true}, {"begin", AttrKind::i64, true},
-                                     {"end", AttrKind::i64, true}},
-                           .infer = infer_slice, .grad = grad_slice, .eval = eval_slice, .prepare = prepare_slice});
-  t.define(OpKind::concat, {.min_inputs = 1, .max_inputs = -1, .attrs = {{"axis", AttrKind::i64, true}},
-                            .infer = infer_concat, .grad = grad_concat, .eval = eval_concat,
-                            .prepare = prepare_concat});
-  t.define(OpKind::gather, {.min_inputs = 2, .max_inputs = 3, .attrs = {{"vocab", AttrKind::i64, false}},
-                            .infer = infer_gather, .grad = grad_gather,
-                            .eval = eval_gather, .prepare = prepare_gather});
+  t.define(OpKind::reshape, {.min_inputs = 1,
+                             .max_inputs = 1,
+                             .attrs = {{"shape", AttrKind::ints, true}},
+                             .infer = infer_reshape,
+                             .grad = grad_reshape,
+                             .eval = eval_reshape,
+                             .prepare = prepare_reshape,
+                             .samples = samples_reshape});
+  t.define(OpKind::transpose, {.min_inputs = 1,
+                               .max_inputs = 1,
+                               .attrs = {{"perm", AttrKind::ints, true}},
+                               .infer = infer_transpose,
+                               .grad = grad_transpose,
+                               .eval = eval_transpose,
+                               .prepare = prepare_transpose,
+                               .samples = samples_transpose});
+  t.define(OpKind::slice,
+           {.min_inputs = 1,
+            .max_inputs = 1,
+            .attrs = {{"axis", AttrKind::i64, true}, {"begin", AttrKind::i64, true}, {"end", AttrKind::i64, true}},
+            .infer = infer_slice,
+            .grad = grad_slice,
+            .eval = eval_slice,
+            .prepare = prepare_slice,
+            .samples = samples_slice});
+  t.define(OpKind::concat, {.min_inputs = 1,
+                            .max_inputs = -1,
+                            .attrs = {{"axis", AttrKind::i64, true}},
+                            .infer = infer_concat,
+                            .grad = grad_concat,
+                            .eval = eval_concat,
+                            .prepare = prepare_concat,
+                            .samples = samples_concat});
+  t.define(OpKind::gather, {.min_inputs = 2,
+                            .max_inputs = 3,
+                            .attrs = {{"vocab", AttrKind::i64, false}},
+                            .infer = infer_gather,
+                            .grad = grad_gather,
+                            .eval = eval_gather,
+                            .prepare = prepare_gather,
+                            .samples = samples_gather});
   // gather_grad is backward-only: not differentiated again.
-  t.define(OpKind::gather_grad, {.min_inputs = 2, .max_inputs = 3, .attrs = {{"vocab", AttrKind::i64, true}},
-                                 .infer = infer_gather_grad, .eval = eval_gather_grad,
-                                 .prepare = prepare_gather_grad});
+  t.define(OpKind::gather_grad, {.min_inputs = 2,
+                                 .max_inputs = 3,
+                                 .attrs = {{"vocab", AttrKind::i64, true}},
+                                 .infer = infer_gather_grad,
+                                 .eval = eval_gather_grad,
+                                 .prepare = prepare_gather_grad,
+                                 .samples = samples_gather_grad});
 }
 
 }  // namespace aspen::graph

@@ -10,6 +10,8 @@
 // (state ops of inference).
 #include <cstring>
 
+#include "graph/builder.h"
+#include "graph/op_sample.h"
 #include "graph/ops_nn_util.h"
 #include "graph/ops_registry.h"
 
@@ -89,6 +91,27 @@ Prepared prepare_write_slice(const Node& n, Types in, Types out) {
   });
 }
 
+// Samples for the kernel sweep (graph/op_sample.h): every axis, the first and the last position, any dtype
+// (the kernel copies bytes). The in-place form and bad indices are tested in graph/ops_fast_test.cc.
+void samples_write_slice(SampleList& s) {
+  for (DType dt : {DType::f32, DType::bf16, DType::i32})
+    for (int64_t axis : {0, 1, 2})
+      for (int64_t at_end : {0, 1}) {
+        const std::vector<int64_t> dst = {3, 7, 5};
+        std::vector<int64_t> src = dst;
+        src[size_t(axis)] = 2;
+        const double index = at_end ? double(dst[size_t(axis)] - 2) : 0.0;
+        s.add(std::string(dtype_name(dt)) + " axis " + std::to_string(axis) + " index " + std::to_string(int(index)),
+              [&](Builder& b) {
+                b.op(OpKind::write_slice,
+                     {b.input("dst", dt, sample_shape(dst)), b.input("src", dt, sample_shape(src)),
+                      b.input("index", DType::i32, Shape{})},
+                     {{"axis", axis}});
+              },
+              {.int_hi = 100, .values = {{"index", {index}}}});
+      }
+}
+
 }  // namespace
 
 void register_state_ops(OpTable& t) {
@@ -98,7 +121,8 @@ void register_state_ops(OpTable& t) {
                                  .attrs = {{"axis", AttrKind::i64, true}},
                                  .infer = infer_write_slice,
                                  .eval = eval_write_slice,
-                                 .prepare = prepare_write_slice});
+                                 .prepare = prepare_write_slice,
+                                 .samples = samples_write_slice});
 }
 
 }  // namespace aspen::graph

@@ -35,6 +35,8 @@
 #include <cmath>
 #include <limits>
 
+#include "graph/builder.h"
+#include "graph/op_sample.h"
 #include "graph/ops_nn_util.h"
 #include "graph/ops_registry.h"
 
@@ -252,17 +254,61 @@ Prepared prepare_vocab_ce_grad(const Node& n, Types in, Types out) {
   });
 }
 
+// Samples for the kernel sweep (graph/op_sample.h): shard 1 of 3 (offset 11 of 33 classes), an odd row
+// count, an ignored row, targets inside and outside the shard, i32 and i64 targets; the statistics M, S and
+// Zt drawn as a maximum above z and positive sums.
+SampleFeeds vocab_feeds() {
+  return {.lo = -3.0,
+          .hi = 3.0,
+          .ranges = {{"M", {3.0, 6.0}}, {"S", {3.0, 6.0}}, {"Zt", {3.0, 6.0}}},
+          .values = {{"targets", {5, 12, -100, 20, 11, 32, 0, 21, 15}}, {"offset", {11}}, {"g", {0.75}}}};
+}
+void vocab_samples(SampleList& s, OpKind op) {
+  for (DType tdt : {DType::i32, DType::i64})
+    s.add(
+        std::string("targets ") + std::string(dtype_name(tdt)),
+        [&](Builder& b) {
+          std::vector<ValueId> in{b.input("z", DType::f32, Shape{9, 11}), b.input("targets", tdt, Shape{9}),
+                                  b.input("offset", tdt, Shape{}), b.input("M", DType::f32, Shape{9})};
+          if (op != OpKind::vocab_ce_stats) {
+            in.push_back(b.input("S", DType::f32, Shape{9}));
+            in.push_back(op == OpKind::vocab_ce_loss ? b.input("Zt", DType::f32, Shape{9})
+                                                     : b.input("g", DType::f32, Shape{}));
+          }
+          b.op(op, in, {{"group_size", int64_t(3)}});
+        },
+        vocab_feeds());
+}
+void samples_vocab_ce_stats(SampleList& s) { vocab_samples(s, OpKind::vocab_ce_stats); }
+void samples_vocab_ce_loss(SampleList& s) { vocab_samples(s, OpKind::vocab_ce_loss); }
+void samples_vocab_ce_grad(SampleList& s) { vocab_samples(s, OpKind::vocab_ce_grad); }
+
 }  // namespace
 
 void register_vocab_ops(OpTable& t) {
   const std::vector<AttrSpec> attrs = {{"group_size", AttrKind::i64, true}, {"ignore_index", AttrKind::i64, false}};
-  t.define(OpKind::vocab_ce_stats, {.min_inputs = 4, .max_inputs = 4, .attrs = attrs, .infer = infer_vocab_ce_stats,
-                                    .eval = eval_vocab_ce_stats, .prepare = prepare_vocab_ce_stats});
-  t.define(OpKind::vocab_ce_loss, {.min_inputs = 6, .max_inputs = 6, .attrs = attrs, .infer = infer_vocab_ce_loss,
-                                   .grad = grad_vocab_ce_loss, .eval = eval_vocab_ce_loss,
-                                   .prepare = prepare_vocab_ce_loss});
-  t.define(OpKind::vocab_ce_grad, {.min_inputs = 6, .max_inputs = 6, .attrs = attrs, .infer = infer_vocab_ce_grad,
-                                   .eval = eval_vocab_ce_grad, .prepare = prepare_vocab_ce_grad});
+  t.define(OpKind::vocab_ce_stats, {.min_inputs = 4,
+                                    .max_inputs = 4,
+                                    .attrs = attrs,
+                                    .infer = infer_vocab_ce_stats,
+                                    .eval = eval_vocab_ce_stats,
+                                    .prepare = prepare_vocab_ce_stats,
+                                    .samples = samples_vocab_ce_stats});
+  t.define(OpKind::vocab_ce_loss, {.min_inputs = 6,
+                                   .max_inputs = 6,
+                                   .attrs = attrs,
+                                   .infer = infer_vocab_ce_loss,
+                                   .grad = grad_vocab_ce_loss,
+                                   .eval = eval_vocab_ce_loss,
+                                   .prepare = prepare_vocab_ce_loss,
+                                   .samples = samples_vocab_ce_loss});
+  t.define(OpKind::vocab_ce_grad, {.min_inputs = 6,
+                                   .max_inputs = 6,
+                                   .attrs = attrs,
+                                   .infer = infer_vocab_ce_grad,
+                                   .eval = eval_vocab_ce_grad,
+                                   .prepare = prepare_vocab_ce_grad,
+                                   .samples = samples_vocab_ce_grad});
 }
 
 }  // namespace aspen::graph
