@@ -13,6 +13,7 @@ import struct
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED_ST = os.path.join(ROOT, "fuzz/corpus/safetensors")
 SEED_TJ = os.path.join(ROOT, "fuzz/corpus/tokenizer_json")
+SEED_OX = os.path.join(ROOT, "fuzz/corpus/onnx")
 CORRUPT = os.path.join(ROOT, "io/testdata/corrupt")
 
 SIZES = {"F32": 4, "BF16": 2, "F16": 2, "I32": 4, "I64": 8, "U8": 1, "BOOL": 1}
@@ -266,6 +267,132 @@ def corrupt_tokenizer():
     ]
 
 
+# ---- ONNX: a protobuf encoder for the few messages of onnx.proto the reader converts (field numbers
+# from onnx.proto), so this script needs no onnx package.
+
+def varint(n):
+    n &= (1 << 64) - 1  # negative int64 as protobuf writes it: ten bytes
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def pb_int(field, n):
+    return varint(field << 3) + varint(n)
+
+
+def pb_bytes(field, data):
+    data = data.encode() if isinstance(data, str) else data
+    return varint((field << 3) | 2) + varint(len(data)) + data
+
+
+def pb_float(field, x):
+    return varint((field << 3) | 5) + struct.pack("<f", x)
+
+
+def ox_tensor(name, dtype, dims, raw=None, floats=None, ints64=None, external=None):
+    out = b"".join(pb_int(1, d) for d in dims) + pb_int(2, dtype) + pb_bytes(8, name)
+    if raw is not None:
+        out += pb_bytes(9, raw)
+    if floats is not None:
+        out += pb_bytes(4, struct.pack(f"<{len(floats)}f", *floats))
+    if ints64 is not None:
+        out += pb_bytes(7, b"".join(varint(v) for v in ints64))
+    if external is not None:
+        out += b"".join(pb_bytes(13, pb_bytes(1, k) + pb_bytes(2, v)) for k, v in external) + pb_int(14, 1)
+    return out
+
+
+def ox_value(name, elem=1, dims=None):
+    """A ValueInfoProto of a tensor; dims: ints or symbol strings (None: no shape)."""
+    tensor = pb_int(1, elem)
+    if dims is not None:
+        shape = b"".join(pb_bytes(1, pb_bytes(2, d) if isinstance(d, str) else pb_int(1, d)) for d in dims)
+        tensor += pb_bytes(2, shape)
+    return pb_bytes(1, name) + pb_bytes(2, pb_bytes(1, tensor))
+
+
+def ox_attr_float(name, x):
+    return pb_bytes(1, name) + pb_int(20, 1) + pb_float(2, x)
+
+
+def ox_attr_ints(name, xs):
+    return pb_bytes(1, name) + pb_int(20, 7) + b"".join(pb_int(8, x) for x in xs)
+
+
+def ox_node(op, inputs, outputs, name="", attrs=()):
+    out = b"".join(pb_bytes(1, i) for i in inputs) + b"".join(pb_bytes(2, o) for o in outputs)
+    if name:
+        out += pb_bytes(3, name)
+    return out + pb_bytes(4, op) + b"".join(pb_bytes(5, a) for a in attrs)
+
+
+def ox_model(nodes, initializers=(), inputs=(), outputs=(), opset=17, ir=8, domain=""):
+    graph = (b"".join(pb_bytes(1, n) for n in nodes) + pb_bytes(2, "g") + b"".join(pb_bytes(5, t) for t in initializers)
+             + b"".join(pb_bytes(11, v) for v in inputs) + b"".join(pb_bytes(12, v) for v in outputs))
+    return pb_int(1, ir) + pb_bytes(2, "make_corpus") + pb_bytes(7, graph) + pb_bytes(8, pb_bytes(1, domain) + pb_int(2, opset))
+
+
+def ox_mlp(**changes):
+    """y = LeakyRelu(MatMul(x, w) + b): x [batch, 3], w raw FLOAT [3, 2], b typed FLOAT [2]."""
+    args = dict(
+        nodes=[ox_node("MatMul", ["x", "w"], ["xw"], "mm"), ox_node("Add", ["xw", "b"], ["h"]),
+               ox_node("LeakyRelu", ["h"], ["y"], attrs=[ox_attr_float("alpha", 0.25)])],
+        initializers=[ox_tensor("w", 1, [3, 2], raw=struct.pack("<6f", 1, 2, 3, 4, 5, 6)),
+                      ox_tensor("b", 1, [2], floats=[0.5, -0.5])],
+        inputs=[ox_value("x", 1, ["batch", 3])], outputs=[ox_value("y", 1, ["batch", 2])])
+    args.update(changes)
+    return ox_model(**args)
+
+
+def ox_seeds():
+    return {
+        "mlp.onnx": ox_mlp(),
+        "shapes.onnx": ox_model(
+            [ox_node("Shape", ["x"], ["s"]), ox_node("Gather", ["s", "zero"], ["n"]),
+             ox_node("Reshape", ["x", "flat"], ["y"])],
+            initializers=[ox_tensor("zero", 7, [], ints64=[0]), ox_tensor("flat", 7, [1], ints64=[-1])],
+            inputs=[ox_value("x", 1, ["b", "t", 4])], outputs=[ox_value("y", 1, ["flat"]), ox_value("n", 7, [])]),
+        "external.onnx": ox_mlp(initializers=[ox_tensor("w", 1, [3, 2], external=[("location", "w.bin")]),
+                                              ox_tensor("b", 1, [2], floats=[0.5, -0.5])]),
+    }
+
+
+def corrupt_onnx():
+    w = struct.pack("<6f", 1, 2, 3, 4, 5, 6)
+    good = ox_mlp()
+    return [
+        ("ox_empty.onnx", b"", "expected an ONNX model (a protobuf ModelProto), found an empty file"),
+        ("ox_no_graph.onnx", pb_int(1, 8) + pb_bytes(8, pb_bytes(1, "") + pb_int(2, 17)), "model: expected a graph, found none"),
+        ("ox_not_protobuf.onnx", b"\xff\xff\xff\xff not a model", "expected an ONNX model (a protobuf ModelProto)"),
+        ("ox_truncated.onnx", good[:len(good) - 7], "expected an ONNX model (a protobuf ModelProto)"),
+        ("ox_no_opset.onnx", ox_mlp()[:0] + pb_int(1, 8) + pb_bytes(7, pb_bytes(2, "g")),
+         "opset_import: expected the default domain (ai.onnx) imported, found no opset for it"),
+        ("ox_undefined_input.onnx", ox_mlp(nodes=[ox_node("MatMul", ["x", "nope"], ["y"], "mm")]),
+         "node 0 'mm' (MatMul): input 'nope': expected a value defined before the node"),
+        ("ox_defined_twice.onnx", ox_mlp(nodes=[ox_node("Relu", ["x"], ["y"]), ox_node("Relu", ["x"], ["y"], "again")]),
+         "value 'y': expected one definition, found a second one by node 1 'again' (Relu)"),
+        ("ox_raw_short.onnx", ox_mlp(initializers=[ox_tensor("w", 1, [3, 2], raw=w[:20]), ox_tensor("b", 1, [2], floats=[0, 0])]),
+         "initializer 'w': expected 24 bytes of FLOAT data, found 20 bytes"),
+        ("ox_negative_dim.onnx", ox_mlp(initializers=[ox_tensor("w", 1, [-3, 2], raw=w), ox_tensor("b", 1, [2], floats=[0, 0])]),
+         "initializer 'w': expected non-negative dims, found -3 at dimension 0"),
+        ("ox_huge_dims.onnx", ox_mlp(initializers=[ox_tensor("w", 1, [1 << 40, 1 << 40], raw=w),
+                                                    ox_tensor("b", 1, [2], floats=[0, 0])]),
+         "initializer 'w': expected at most 68719476736 bytes, found dims past that at dimension 0"),
+        ("ox_external_escape.onnx", ox_mlp(initializers=[ox_tensor("w", 1, [3, 2], external=[("location", "../../etc/passwd")]),
+                                                          ox_tensor("b", 1, [2], floats=[0, 0])]),
+         "external data location: expected a file inside the model's directory, found '../../etc/passwd'"),
+        ("ox_external_missing.onnx", ox_mlp(initializers=[ox_tensor("w", 1, [3, 2], external=[("location", "absent.bin")]),
+                                                           ox_tensor("b", 1, [2], floats=[0, 0])]),
+         "absent.bin'"),
+        ("ox_bad_output.onnx", ox_mlp(outputs=[ox_value("z")]), "graph output 'z': expected a value the graph defines"),
+    ]
+
+
 def write(directory, name, data):
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, name), "wb") as f:
@@ -278,15 +405,18 @@ def main():
         write(SEED_ST, name, data)
     for name, data in tjs.items():
         write(SEED_TJ, name, data)
+    oxs = ox_seeds()
+    for name, data in oxs.items():
+        write(SEED_OX, name, data)
     lines = ["# io/testdata/corrupt: file<TAB>substring its error message must contain.",
              "# Written by fuzz/make_corpus.py; fuzzer regressions go in MANIFEST.regressions.txt (docs/fuzzing.md).",
-             "# st_* files are read with SafetensorsFile::open, tj_* with load_tokenizer_json."]
-    for name, data, expected in corrupt_safetensors() + corrupt_tokenizer():
+             "# st_* files are read with SafetensorsFile::open, tj_* with load_tokenizer_json, ox_* with read_onnx_model."]
+    for name, data, expected in corrupt_safetensors() + corrupt_tokenizer() + corrupt_onnx():
         assert "\t" not in expected and "\n" not in expected
         write(CORRUPT, name, data)
         lines.append(f"{name}\t{expected}")
     write(CORRUPT, "MANIFEST.txt", ("\n".join(lines) + "\n").encode())
-    print(f"wrote {len(st)} + {len(tjs)} seeds, {len(lines) - 3} corrupt files")
+    print(f"wrote {len(st)} + {len(tjs)} + {len(oxs)} seeds, {len(lines) - 3} corrupt files")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 // MANIFEST.regressions.txt, fuzzer finds added by hand) hold lines
 // "file<TAB>expected substring". st_* files are safetensors, read with
 // SafetensorsFile::open and from_bytes; tj_* files are tokenizer.json, read
-// with load_tokenizer_json and load_tokenizer_json_from_string. A file missing
+// with load_tokenizer_json and load_tokenizer_json_from_string; ox_* files are
+// ONNX models, read with read_onnx_model. A file missing
 // from the manifests, or a manifest entry without its file, fails the test.
 #include <dirent.h>
 #include <gtest/gtest.h>
@@ -17,8 +18,9 @@
 #include <sstream>
 #include <string>
 
-#include "io/test_files.h"
+#include "io/onnx.h"
 #include "io/safetensors.h"
+#include "io/test_files.h"
 #include "io/tokenizer.h"
 
 namespace aspen::io {
@@ -99,8 +101,13 @@ TEST(CorruptFiles, EachFailsWithItsMessage) {
       ASSERT_FALSE(m.is_ok());
       EXPECT_EQ(m.status().code(), t.status().code());
       EXPECT_NE(m.status().message().find(expected), std::string::npos) << m.status().message();
+    } else if (file.rfind("ox_", 0) == 0) {
+      auto o = read_onnx_model(path);
+      ASSERT_FALSE(o.is_ok());
+      EXPECT_NE(o.status().message().find(path), std::string::npos) << o.status().message();
+      EXPECT_NE(o.status().message().find(expected), std::string::npos) << o.status().message();
     } else {
-      ADD_FAILURE() << "name must start with st_ (safetensors) or tj_ (tokenizer.json)";
+      ADD_FAILURE() << "name must start with st_ (safetensors), tj_ (tokenizer.json) or ox_ (ONNX)";
     }
   }
 }

