@@ -27,14 +27,75 @@ TEST(OpTable, EveryOpHasAnEntry) {
 // Serialized executables hold op numbers: these must never change. (A new op
 // adds its own line here; changing a line is a cache-format break.)
 TEST(OpTable, NumbersAreTheSerializedOnes) {
-  const char* const by_number[] = {
-      "input", "parameter", "constant", "add", "sub", "mul", "scale", "neg", "exp", "gelu", "silu", "where",
-      "cast", "reshape", "transpose", "slice", "concat", "broadcast", "reduce_sum", "reduce_max", "gather",
-      "matmul", "layernorm", "rmsnorm", "softmax", "cross_entropy", "rotary", "attention", "gelu_grad",
-      "silu_grad", "gather_grad", "layernorm_grad", "rmsnorm_grad", "softmax_grad", "cross_entropy_grad",
-      "attention_grad", "all_reduce", "reduce_scatter", "all_gather", "send", "recv", "bias_gelu",
-      "add_layernorm", "adamw", "write_slice", "sample", "tanh", "sqrt", "div", "sgd", "lamb", "sum_squares",
-      "vocab_ce_stats", "vocab_ce_loss", "vocab_ce_grad"};
+  const char* const by_number[] = {"input",
+                                   "parameter",
+                                   "constant",
+                                   "add",
+                                   "sub",
+                                   "mul",
+                                   "scale",
+                                   "neg",
+                                   "exp",
+                                   "gelu",
+                                   "silu",
+                                   "where",
+                                   "cast",
+                                   "reshape",
+                                   "transpose",
+                                   "slice",
+                                   "concat",
+                                   "broadcast",
+                                   "reduce_sum",
+                                   "reduce_max",
+                                   "gather",
+                                   "matmul",
+                                   "layernorm",
+                                   "rmsnorm",
+                                   "softmax",
+                                   "cross_entropy",
+                                   "rotary",
+                                   "attention",
+                                   "gelu_grad",
+                                   "silu_grad",
+                                   "gather_grad",
+                                   "layernorm_grad",
+                                   "rmsnorm_grad",
+                                   "softmax_grad",
+                                   "cross_entropy_grad",
+                                   "attention_grad",
+                                   "all_reduce",
+                                   "reduce_scatter",
+                                   "all_gather",
+                                   "send",
+                                   "recv",
+                                   "bias_gelu",
+                                   "add_layernorm",
+                                   "adamw",
+                                   "write_slice",
+                                   "sample",
+                                   "tanh",
+                                   "sqrt",
+                                   "div",
+                                   "sgd",
+                                   "lamb",
+                                   "sum_squares",
+                                   "vocab_ce_stats",
+                                   "vocab_ce_loss",
+                                   "vocab_ce_grad",
+                                   "relu",
+                                   "relu_grad",
+                                   "sigmoid",
+                                   "erf",
+                                   "log",
+                                   "max",
+                                   "min",
+                                   "equal",
+                                   "less",
+                                   "greater",
+                                   "logical_and",
+                                   "logical_or",
+                                   "logical_not",
+                                   "is_nan"};
   ASSERT_EQ(std::size(by_number), size_t(kNumOps));
   for (int i = 0; i < kNumOps; ++i) EXPECT_STREQ(op_name(OpKind(i)), by_number[i]) << "op #" << i;
 }
@@ -232,6 +293,56 @@ TEST(Autodiff, TanhSqrtDivValuesAndGradients) {
   auto feeds = testing::random_feeds(g, 13, -1.0, 1.0);
   feeds.at("p") = testing::random_feeds(g, 14, 0.5, 2.0).at("p");
   EXPECT_TRUE(testing::check_gradients(g, loss, feeds));
+}
+
+// relu, sigmoid, erf, log, max and min: gradients against finite differences (relu's and max/min's
+// kinks avoided: x drawn away from 0, and a and b of max/min kept apart), and the comparisons and logic
+// by hand, NaN included.
+TEST(Autodiff, ReluSigmoidErfLogMaxMinGradients) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {3, 5});
+  ValueId p = b.input("p", DType::f32, {3, 5});  // fed in [0.5, 2)
+  ValueId lo = b.scale(p, -1.0);                 // in (-2, -0.5]: 3 lo stays below x
+  auto f = [&](OpKind op, std::vector<ValueId> in) { return b.op1(op, std::move(in)); };
+  ValueId y =
+      b.add(b.mul(f(OpKind::relu, {x}), f(OpKind::sigmoid, {x})), b.mul(f(OpKind::erf, {x}), f(OpKind::log, {p})));
+  ValueId z = b.add(b.op1(OpKind::max, {x, b.scale(lo, 3.0)}), b.op1(OpKind::min, {b.scale(p, 4.0), b.exp(x)}));
+  ValueId loss = testing::weighted_loss(b, b.add(y, z), 7);
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  auto feeds = testing::random_feeds(g, 15, -1.0, 1.0);
+  for (double& v : feeds.at("x").data)
+    if (std::fabs(v) < 0.05) v = 0.05;  // relu's kink at 0 is no place for finite differences
+  feeds.at("p") = testing::random_feeds(g, 16, 0.5, 2.0).at("p");
+  EXPECT_TRUE(testing::check_gradients(g, loss, feeds));
+}
+
+TEST(Builder, ComparisonsAndLogicByHand) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {4});
+  ValueId y = b.input("y", DType::f32, {4});
+  ValueId lt = b.op1(OpKind::less, {x, y}), gt = b.op1(OpKind::greater, {x, y}), eq = b.op1(OpKind::equal, {x, y});
+  b.output("lt", lt);
+  b.output("gt", gt);
+  b.output("eq", eq);
+  b.output("and", b.op1(OpKind::logical_and, {lt, b.op1(OpKind::logical_not, {b.op1(OpKind::is_nan, {x})})}));
+  b.output("or", b.op1(OpKind::logical_or, {gt, eq}));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  EXPECT_EQ(g.type(lt).dtype, DType::boolean);
+  const double nan = std::nan("");
+  auto out = interpret(g, {{"x", arr(DType::f32, {4}, {1, 2, nan, -1})}, {"y", arr(DType::f32, {4}, {2, 2, 0, -3})}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(out->at("lt").data, (std::vector<double>{1, 0, 0, 0}));
+  EXPECT_EQ(out->at("gt").data, (std::vector<double>{0, 0, 0, 1}));
+  EXPECT_EQ(out->at("eq").data, (std::vector<double>{0, 1, 0, 0}));
+  EXPECT_EQ(out->at("and").data, (std::vector<double>{1, 0, 0, 0}));
+  EXPECT_EQ(out->at("or").data, (std::vector<double>{0, 1, 0, 1}));
+  Graph g2;
+  Builder b2(g2);
+  b2.op1(OpKind::logical_and, {b2.input("a", DType::f32, {2}), b2.input("b", DType::f32, {2})});
+  EXPECT_EQ(b2.status().message(),
+            "node 2 (logical_and) with inputs (f32[2], f32[2]): logical_and: a: expected bool, found f32[2]");
 }
 
 TEST(Builder, DivOfIntegersIsRejected) {

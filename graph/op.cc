@@ -14,6 +14,7 @@ std::array<OpInfo, kNumOps> build_table() {
   OpTable t(table.data());
   register_source_ops(t);
   register_elementwise_ops(t);
+  register_logic_ops(t);
   register_shape_ops(t);
   register_reduce_ops(t);
   register_nn_ops(t);

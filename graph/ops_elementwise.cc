@@ -8,6 +8,10 @@
 //   tanh:  dx = g (1 - y^2)            sqrt: dx = g / (2 y)
 //   div:   da = g / b, db = -(g y) / b   (y = a / b)
 //   where: da = where(c, g, 0), db = where(c, 0, g), no gradient to c
+//   relu:  dx = relu_grad(x, g)        sigmoid: dx = g y (1 - y)     log: dx = g / x
+//   erf:   dx = g (2 / sqrt(pi)) exp(-x^2)
+//   max:   da = where(a < b, 0, g), db = where(a < b, g, 0)   (a tie goes to a)
+//   min:   da = where(a > b, 0, g), db = where(a > b, g, 0)
 //   cast:  dx = cast(g, x's dtype) between float types; none from or to integers
 // Fast kernels (all in kernels/: activation.h, convert.h): every op on f32 (add also on i32; where's
 // condition bool or u8); cast f32 <-> bf16, f32 <-> f16, f32 -> f32 and u8/bool -> f32 (masks).
@@ -108,6 +112,29 @@ Grads grad_where(Builder& b, const Node& n, OutGrads g) {
   ValueId zero = zeros_like(b, *g[0]);
   return std::vector<std::optional<ValueId>>{std::nullopt, b.where(n.inputs[0], *g[0], zero),
                                              b.where(n.inputs[0], zero, *g[0])};
+}
+Grads grad_relu(Builder& b, const Node& n, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{b.op1(OpKind::relu_grad, {n.inputs[0], *g[0]})};
+}
+Grads grad_sigmoid(Builder& b, const Node& n, OutGrads g) {
+  const ValueId y = n.outputs[0];
+  const TensorType t = b.type(y);
+  const ValueId one = b.broadcast(b.scalar(1.0f, t.dtype), dims(t.shape));
+  return std::vector<std::optional<ValueId>>{b.mul(*g[0], b.mul(y, b.sub(one, y)))};
+}
+Grads grad_erf(Builder& b, const Node& n, OutGrads g) {
+  const ValueId x = n.inputs[0];
+  constexpr double kTwoOverSqrtPi = 1.12837916709551257390;
+  return std::vector<std::optional<ValueId>>{b.mul(*g[0], b.scale(b.exp(b.neg(b.mul(x, x))), kTwoOverSqrtPi))};
+}
+Grads grad_log(Builder& b, const Node& n, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{b.div(*g[0], n.inputs[0])};
+}
+// max (min): the gradient goes to the larger (smaller) input, to a at a tie.
+Grads grad_max_min(Builder& b, const Node& n, OutGrads g) {
+  const ValueId other_wins = b.op1(n.op == OpKind::max ? OpKind::less : OpKind::greater, {n.inputs[0], n.inputs[1]});
+  const ValueId zero = zeros_like(b, *g[0]);
+  return std::vector<std::optional<ValueId>>{b.where(other_wins, zero, *g[0]), b.where(other_wins, *g[0], zero)};
 }
 Grads grad_cast(Builder& b, const Node& n, OutGrads g) {
   const DType from = b.type(n.inputs[0]).dtype;
@@ -312,6 +339,13 @@ void samples_silu_grad(SampleList& s) { binary_samples(s, OpKind::silu_grad, {},
 void samples_gelu_grad(SampleList& s) {
   for (int64_t tanh_form : {1, 0}) binary_samples(s, OpKind::gelu_grad, {{"tanh", tanh_form}}, {.lo = -5.0, .hi = 5.0});
 }
+void samples_relu(SampleList& s) { unary_samples(s, OpKind::relu, {}); }
+void samples_relu_grad(SampleList& s) { binary_samples(s, OpKind::relu_grad); }
+void samples_sigmoid(SampleList& s) { unary_samples(s, OpKind::sigmoid, {}, {.lo = -20.0, .hi = 20.0}); }
+void samples_erf(SampleList& s) { unary_samples(s, OpKind::erf, {}, {.lo = -5.0, .hi = 5.0}); }
+void samples_log(SampleList& s) { unary_samples(s, OpKind::log, {}, {.lo = 1e-3, .hi = 10.0}); }
+void samples_max(SampleList& s) { binary_samples(s, OpKind::max); }
+void samples_min(SampleList& s) { binary_samples(s, OpKind::min); }
 void samples_where(SampleList& s) {
   for (DType c : {DType::u8, DType::boolean})
     for (const Shape& shape : {kOdd, kLarge})
@@ -501,6 +535,88 @@ void register_elementwise_ops(OpTable& t) {
                                    },
                                .prepare = prepare_silu,
                                .samples = samples_silu_grad});
+  t.define(OpKind::relu, {.flags = kElementwise,
+                          .min_inputs = 1,
+                          .max_inputs = 1,
+                          .infer = infer_unary_float,
+                          .grad = grad_relu,
+                          .eval =
+                              [](const Node&, auto in, auto out) {
+                                kernels::ref::relu_forward<double>(in[0]->data.data(), out[0].data.data(),
+                                                                   in[0]->numel());
+                                return Status();
+                              },
+                          .prepare = prepare_unary<kernels::relu_forward>,
+                          .samples = samples_relu});
+  t.define(OpKind::relu_grad, {.flags = kElementwise,
+                               .min_inputs = 2,
+                               .max_inputs = 2,
+                               .infer = infer_unary_grad,
+                               .eval =
+                                   [](const Node&, auto in, auto out) {
+                                     kernels::ref::relu_backward<double>(in[0]->data.data(), in[1]->data.data(),
+                                                                         out[0].data.data(), in[0]->numel());
+                                     return Status();
+                                   },
+                               .prepare = prepare_binary<kernels::relu_backward>,
+                               .samples = samples_relu_grad});
+  t.define(OpKind::sigmoid, {.flags = kElementwise,
+                             .min_inputs = 1,
+                             .max_inputs = 1,
+                             .infer = infer_unary_float,
+                             .grad = grad_sigmoid,
+                             .eval =
+                                 [](const Node&, auto in, auto out) {
+                                   kernels::ref::sigmoid_forward<double>(in[0]->data.data(), out[0].data.data(),
+                                                                         in[0]->numel());
+                                   return Status();
+                                 },
+                             .prepare = prepare_unary<kernels::sigmoid_forward>,
+                             .samples = samples_sigmoid});
+  t.define(OpKind::erf,
+           {.flags = kElementwise,
+            .min_inputs = 1,
+            .max_inputs = 1,
+            .infer = infer_unary_float,
+            .grad = grad_erf,
+            .eval = [](const Node&, auto in, auto out) { return map1(in, out, [](double x) { return std::erf(x); }); },
+            .prepare = prepare_unary<kernels::erf_forward>,
+            .samples = samples_erf});
+  t.define(OpKind::log,
+           {.flags = kElementwise,
+            .min_inputs = 1,
+            .max_inputs = 1,
+            .infer = infer_unary_float,
+            .grad = grad_log,
+            .eval = [](const Node&, auto in, auto out) { return map1(in, out, [](double x) { return std::log(x); }); },
+            .prepare = prepare_unary<kernels::log_forward>,
+            .samples = samples_log});
+  t.define(OpKind::max, {.flags = kElementwise,
+                         .min_inputs = 2,
+                         .max_inputs = 2,
+                         .infer = infer_binary_float,
+                         .grad = grad_max_min,
+                         .eval =
+                             [](const Node&, auto in, auto out) {
+                               kernels::ref::max_forward<double>(in[0]->data.data(), in[1]->data.data(),
+                                                                 out[0].data.data(), in[0]->numel());
+                               return Status();
+                             },
+                         .prepare = prepare_binary<kernels::max_forward>,
+                         .samples = samples_max});
+  t.define(OpKind::min, {.flags = kElementwise,
+                         .min_inputs = 2,
+                         .max_inputs = 2,
+                         .infer = infer_binary_float,
+                         .grad = grad_max_min,
+                         .eval =
+                             [](const Node&, auto in, auto out) {
+                               kernels::ref::min_forward<double>(in[0]->data.data(), in[1]->data.data(),
+                                                                 out[0].data.data(), in[0]->numel());
+                               return Status();
+                             },
+                         .prepare = prepare_binary<kernels::min_forward>,
+                         .samples = samples_min});
 }
 
 }  // namespace aspen::graph

@@ -18,6 +18,7 @@ class OpTable {
 
 void register_source_ops(OpTable& t);
 void register_elementwise_ops(OpTable& t);
+void register_logic_ops(OpTable& t);
 void register_shape_ops(OpTable& t);
 void register_reduce_ops(OpTable& t);
 void register_nn_ops(OpTable& t);

@@ -185,6 +185,41 @@ ASPEN_VM_INLINE void tanh_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<tanh_
 ASPEN_VM_INLINE void sqrt_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<sqrt_f>(a, b, e); }
 ASPEN_VM_INLINE void silu_bwd(const Ew& a, int64_t b, int64_t e) { map_bwd<silu_grad_f>(a, b, e); }
 
+// NaN-propagating forms (x > 0 is false for NaN, so relu_f passes a NaN on as x itself).
+ASPEN_VM_INLINE float relu_f(float x) { return x > 0.0f ? x : (x != x ? x : 0.0f); }
+ASPEN_VM_INLINE float sigmoid_f(float x) { return vm::sigmoid(x); }
+ASPEN_VM_INLINE float erf_f(float x) { return vm::erf(x); }
+ASPEN_VM_INLINE float log_f(float x) { return __builtin_logf(x); }  // not on a hot path (log-softmax has its own)
+ASPEN_VM_INLINE void relu_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<relu_f>(a, b, e); }
+ASPEN_VM_INLINE void sigmoid_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<sigmoid_f>(a, b, e); }
+ASPEN_VM_INLINE void erf_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<erf_f>(a, b, e); }
+ASPEN_VM_INLINE void log_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<log_f>(a, b, e); }
+ASPEN_VM_INLINE void relu_bwd(const Ew& a, int64_t b, int64_t e) {
+  const float *x = a.x, *dy = a.dy;
+  float* dx = a.y;
+#pragma omp simd
+  for (int64_t i = b; i < e; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+}
+ASPEN_VM_INLINE void max_fwd(const Ew& a, int64_t b, int64_t e) {
+  const float *x = a.x, *x2 = a.x2;
+  float* y = a.y;
+#pragma omp simd
+  for (int64_t i = b; i < e; ++i) y[i] = x[i] != x[i] || x[i] > x2[i] ? x[i] : x2[i];  // x2 carries its own NaN
+}
+ASPEN_VM_INLINE void min_fwd(const Ew& a, int64_t b, int64_t e) {
+  const float *x = a.x, *x2 = a.x2;
+  float* y = a.y;
+#pragma omp simd
+  for (int64_t i = b; i < e; ++i) y[i] = x[i] != x[i] || x[i] < x2[i] ? x[i] : x2[i];
+}
+
+ASPEN_STAMP_VARIANTS(relu_fwd, Ew)
+ASPEN_STAMP_VARIANTS(relu_bwd, Ew)
+ASPEN_STAMP_VARIANTS(sigmoid_fwd, Ew)
+ASPEN_STAMP_VARIANTS(erf_fwd, Ew)
+ASPEN_STAMP_VARIANTS(log_fwd, Ew)
+ASPEN_STAMP_VARIANTS(max_fwd, Ew)
+ASPEN_STAMP_VARIANTS(min_fwd, Ew)
 ASPEN_STAMP_VARIANTS(add_fwd, Ew)
 ASPEN_STAMP_VARIANTS(add_bwd, Ew)
 ASPEN_STAMP_VARIANTS(sub_fwd, Ew)
@@ -328,6 +363,34 @@ void where_forward(const uint8_t* cond, const T* a, const T* b, T* y, int64_t N)
   for (int64_t i = 0; i < N; ++i) y[i] = cond[i] != 0 ? a[i] : b[i];
 }
 template <class T>
+void relu_forward(const T* x, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = std::isnan(x[i]) ? x[i] : std::max(x[i], T(0));
+}
+template <class T>
+void relu_backward(const T* x, const T* dy, T* dx, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) dx[i] = x[i] > T(0) ? dy[i] : T(0);
+}
+template <class T>
+void sigmoid_forward(const T* x, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = T(1) / (T(1) + std::exp(-x[i]));
+}
+template <class T>
+void erf_forward(const T* x, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = std::erf(x[i]);
+}
+template <class T>
+void log_forward(const T* x, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = std::log(x[i]);
+}
+template <class T>
+void max_forward(const T* a, const T* b, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = std::isnan(a[i]) || std::isnan(b[i]) ? a[i] + b[i] : std::max(a[i], b[i]);
+}
+template <class T>
+void min_forward(const T* a, const T* b, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = std::isnan(a[i]) || std::isnan(b[i]) ? a[i] + b[i] : std::min(a[i], b[i]);
+}
+template <class T>
 void mul_forward(const T* a, const T* b, T* y, int64_t N) {
   for (int64_t i = 0; i < N; ++i) y[i] = a[i] * b[i];
 }
@@ -391,6 +454,13 @@ void bias_gelu_backward(const T* x, const T* bias, const T* dy, T* dx, T* dbias,
   template void tanh_forward<T>(const T*, T*, int64_t);                                   \
   template void sqrt_forward<T>(const T*, T*, int64_t);                                   \
   template void where_forward<T>(const uint8_t*, const T*, const T*, T*, int64_t);        \
+  template void relu_forward<T>(const T*, T*, int64_t);                                   \
+  template void relu_backward<T>(const T*, const T*, T*, int64_t);                        \
+  template void sigmoid_forward<T>(const T*, T*, int64_t);                                \
+  template void erf_forward<T>(const T*, T*, int64_t);                                    \
+  template void log_forward<T>(const T*, T*, int64_t);                                    \
+  template void max_forward<T>(const T*, const T*, T*, int64_t);                          \
+  template void min_forward<T>(const T*, const T*, T*, int64_t);                          \
   template void mul_forward<T>(const T*, const T*, T*, int64_t);                          \
   template void mul_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);           \
   template void scale_forward<T>(const T*, T*, int64_t, T);                               \
@@ -559,6 +629,37 @@ Status sub_forward(std::span<const float> a, std::span<const float> b, std::span
 }
 Status div_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N) {
   return binary("div_forward", div_fwd_run, ref::div_forward<float>, a, b, y, N);
+}
+Status relu_forward(std::span<const float> x, std::span<float> y, int64_t N) {
+  return unary("relu_forward", relu_fwd_run, ref::relu_forward<float>, x, y, N);
+}
+Status sigmoid_forward(std::span<const float> x, std::span<float> y, int64_t N) {
+  return unary("sigmoid_forward", sigmoid_fwd_run, ref::sigmoid_forward<float>, x, y, N);
+}
+Status erf_forward(std::span<const float> x, std::span<float> y, int64_t N) {
+  return unary("erf_forward", erf_fwd_run, ref::erf_forward<float>, x, y, N);
+}
+Status log_forward(std::span<const float> x, std::span<float> y, int64_t N) {
+  return unary("log_forward", log_fwd_run, ref::log_forward<float>, x, y, N);
+}
+Status max_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N) {
+  return binary("max_forward", max_fwd_run, ref::max_forward<float>, a, b, y, N);
+}
+Status min_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N) {
+  return binary("min_forward", min_fwd_run, ref::min_forward<float>, a, b, y, N);
+}
+Status relu_backward(std::span<const float> x, std::span<const float> dy, std::span<float> dx, int64_t N) {
+  constexpr const char* k = "relu_backward";
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "x", x, N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "dy", dy, N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "dx", dx, N));
+  if (reference_mode()) {
+    ref::relu_backward(x.data(), dy.data(), dx.data(), N);
+  } else {
+    relu_bwd_run(Ew{x.data(), nullptr, dy.data(), dx.data(), nullptr, 0.0f}, N, kGrain, 1);
+  }
+  return Status();
 }
 Status exp_forward(std::span<const float> x, std::span<float> y, int64_t N) {
   return unary("exp_forward", exp_fwd_run, ref::exp_forward<float>, x, y, N);

@@ -43,6 +43,17 @@ enum class GeluKind : int { tanh = 0, erf = 1 };
 [[nodiscard]] Status exp_forward(std::span<const float> x, std::span<float> y, int64_t N);
 [[nodiscard]] Status tanh_forward(std::span<const float> x, std::span<float> y, int64_t N);
 [[nodiscard]] Status sqrt_forward(std::span<const float> x, std::span<float> y, int64_t N);
+// y = max(x, 0) (ReLU; NaN stays NaN), 1 / (1 + e^-x), erf(x) (vec_math.h: 1-3 ulp), log(x) (the C
+// library's: -inf at 0, NaN below).
+[[nodiscard]] Status relu_forward(std::span<const float> x, std::span<float> y, int64_t N);
+[[nodiscard]] Status sigmoid_forward(std::span<const float> x, std::span<float> y, int64_t N);
+[[nodiscard]] Status erf_forward(std::span<const float> x, std::span<float> y, int64_t N);
+[[nodiscard]] Status log_forward(std::span<const float> x, std::span<float> y, int64_t N);
+// Of y = relu(x): dx = dy where x > 0, else 0.
+[[nodiscard]] Status relu_backward(std::span<const float> x, std::span<const float> dy, std::span<float> dx, int64_t N);
+// y = max(a, b), min(a, b); a NaN in either gives NaN (as torch.maximum, ONNX Max).
+[[nodiscard]] Status max_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N);
+[[nodiscard]] Status min_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N);
 // y = cond != 0 ? a : b; cond holds one byte per element (bool or u8).
 [[nodiscard]] Status where_forward(std::span<const uint8_t> cond, std::span<const float> a, std::span<const float> b,
                                    std::span<float> y, int64_t N);
@@ -99,6 +110,20 @@ template <class T>
 void sqrt_forward(const T* x, T* y, int64_t N);
 template <class T>
 void where_forward(const uint8_t* cond, const T* a, const T* b, T* y, int64_t N);
+template <class T>
+void relu_forward(const T* x, T* y, int64_t N);
+template <class T>
+void relu_backward(const T* x, const T* dy, T* dx, int64_t N);
+template <class T>
+void sigmoid_forward(const T* x, T* y, int64_t N);
+template <class T>
+void erf_forward(const T* x, T* y, int64_t N);
+template <class T>
+void log_forward(const T* x, T* y, int64_t N);
+template <class T>
+void max_forward(const T* a, const T* b, T* y, int64_t N);
+template <class T>
+void min_forward(const T* a, const T* b, T* y, int64_t N);
 template <class T>
 void mul_forward(const T* a, const T* b, T* y, int64_t N);
 template <class T>
