@@ -13,6 +13,7 @@
 //   max:   da = where(a < b, 0, g), db = where(a < b, g, 0)   (a tie goes to a)
 //   min:   da = where(a > b, 0, g), db = where(a > b, g, 0)
 //   cast:  dx = cast(g, x's dtype) between float types; none from or to integers
+// neg, max and min take integers too (the reference runs them: imported graphs' shape arithmetic).
 // Fast kernels (all in kernels/: activation.h, convert.h): every op on f32 (add also on i32; where's
 // condition bool or u8); cast f32 <-> bf16, f32 <-> f16, f32 -> f32 and u8/bool -> f32 (masks).
 #include <cmath>
@@ -45,6 +46,13 @@ Status infer_binary_float(const Node& n, std::span<const TensorType> in, std::ve
 
 Status infer_unary_float(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
   ASPEN_RETURN_IF_ERROR(expect_float(n, "input", in[0]));
+  out = {in[0]};
+  return Status();
+}
+
+// neg: any numeric type (integers too: shape arithmetic of imported graphs); not bool.
+Status infer_unary_numeric(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  if (in[0].dtype == DType::boolean) return rule_error(n, "input", "a numeric type", in[0].to_string());
   out = {in[0]};
   return Status();
 }
@@ -417,7 +425,7 @@ void register_elementwise_ops(OpTable& t) {
   t.define(OpKind::neg, {.flags = kElementwise,
                          .min_inputs = 1,
                          .max_inputs = 1,
-                         .infer = infer_unary_float,
+                         .infer = infer_unary_numeric,
                          .grad = grad_neg,
                          .eval = [](const Node&, auto in, auto out) { return map1(in, out, std::negate<double>()); },
                          .prepare = prepare_neg,
@@ -594,7 +602,7 @@ void register_elementwise_ops(OpTable& t) {
   t.define(OpKind::max, {.flags = kElementwise,
                          .min_inputs = 2,
                          .max_inputs = 2,
-                         .infer = infer_binary_float,
+                         .infer = infer_binary,
                          .grad = grad_max_min,
                          .eval =
                              [](const Node&, auto in, auto out) {
@@ -607,7 +615,7 @@ void register_elementwise_ops(OpTable& t) {
   t.define(OpKind::min, {.flags = kElementwise,
                          .min_inputs = 2,
                          .max_inputs = 2,
-                         .infer = infer_binary_float,
+                         .infer = infer_binary,
                          .grad = grad_max_min,
                          .eval =
                              [](const Node&, auto in, auto out) {

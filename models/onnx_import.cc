@@ -1,0 +1,273 @@
+#include "models/onnx_import.h"
+
+#include <cstring>
+#include <set>
+#include <unordered_map>
+
+#include "core/file.h"
+#include "graph/builder.h"
+#include "graph/interpreter.h"
+#include "models/onnx_ops.h"
+
+namespace aspen::models {
+
+namespace {
+
+using onnx::Ctx;
+using onnx::Value;
+
+constexpr int64_t kMinOpset = 13, kMaxOpset = 21;
+// Known inputs larger than this are not folded at import (the graph computes from them instead).
+constexpr int64_t kMaxFoldElements = int64_t(1) << 24;
+
+std::string quoted(const std::string& s) { return "'" + escape_for_terminal(s) + "'"; }
+
+// Every node whose op the importer does not convert, listed at once.
+Status check_ops(const io::OnnxModel& m) {
+  std::vector<std::string> unknown;
+  const auto& table = onnx::converters();
+  for (size_t k = 0; k < m.graph.nodes.size(); ++k) {
+    const io::OnnxNode& n = m.graph.nodes[k];
+    if (n.domain.empty() && table.count(n.op_type)) continue;
+    const int64_t opset = m.opset(n.domain);
+    unknown.push_back(n.label(k) + (opset ? " at opset " + std::to_string(opset) : " (domain not imported)"));
+  }
+  if (unknown.empty()) return Status();
+  std::string found;
+  for (size_t i = 0; i < unknown.size() && i < 50; ++i) found += (i ? "; " : "") + unknown[i];
+  if (unknown.size() > 50) found += "; and " + std::to_string(unknown.size() - 50) + " more";
+  return Status::error(Code::kUnimplemented, m.path + ": " + std::to_string(unknown.size()) + " node(s)",
+                       "ops the importer converts (aspen onnx inspect lists them)", found);
+}
+
+Result<Tensor> initializer_tensor(const io::OnnxModel& m, const io::OnnxTensor& t) {
+  const std::optional<DType> dt = onnx::dtype_of_onnx(t.type);
+  if (!dt)
+    return Status::error(Code::kUnimplemented, m.path + ": initializer " + quoted(t.name),
+                         "an element type aspen has (FLOAT, FLOAT16, BFLOAT16, INT32, INT64, UINT8, BOOL)",
+                         io::onnx_type_name(t.type));
+  Result<Shape> shape = Shape::make(t.dims.data(), int(t.dims.size()));
+  if (!shape.is_ok())
+    return Status::error(Code::kUnimplemented, m.path + ": initializer " + quoted(t.name),
+                         "rank at most " + std::to_string(Shape::kMaxRank), "rank " + std::to_string(t.dims.size()));
+  Tensor out(*dt, *shape);
+  std::memcpy(out.raw(), t.bytes.data(), out.nbytes());
+  if (*dt == DType::boolean) {
+    uint8_t* p = static_cast<uint8_t*>(out.raw());
+    for (int64_t i = 0; i < out.numel(); ++i) p[i] = p[i] != 0;
+  }
+  return out;
+}
+
+// The input's type: its declared element type, and its shape with every symbol bound.
+Result<graph::TensorType> input_type(const io::OnnxModel& m, const io::OnnxValueInfo& v, const OnnxImportOptions& o,
+                                     std::set<std::string>& unbound) {
+  const std::string subject = m.path + ": graph input " + quoted(v.name);
+  const std::optional<DType> dt = onnx::dtype_of_onnx(v.type);
+  if (!dt)
+    return Status::error(Code::kUnimplemented, subject,
+                         "a tensor of an element type aspen has (FLOAT, FLOAT16, BFLOAT16, INT32, INT64, UINT8, BOOL)",
+                         v.type ? io::onnx_type_name(v.type) : "no tensor type");
+  std::vector<int64_t> d;
+  auto given = o.input_shapes.find(v.name);
+  auto bound = o.constants.find(v.name);
+  if (given != o.input_shapes.end() || (bound != o.constants.end() && bound->second)) {
+    d = given != o.input_shapes.end()
+            ? given->second
+            : std::vector<int64_t>(bound->second->shape().begin(), bound->second->shape().end());
+    if (v.has_shape) {
+      bool agree = d.size() == v.dims.size();
+      for (size_t i = 0; agree && i < d.size(); ++i) agree = v.dims[i].value < 0 || v.dims[i].value == d[i];
+      if (!agree) {
+        std::string declared = "[";
+        for (size_t i = 0; i < v.dims.size(); ++i)
+          declared += (i ? ", " : "") + (v.dims[i].value >= 0      ? std::to_string(v.dims[i].value)
+                                         : v.dims[i].param.empty() ? "?"
+                                                                   : v.dims[i].param);
+        std::string shape = "[";
+        for (size_t i = 0; i < d.size(); ++i) shape += (i ? ", " : "") + std::to_string(d[i]);
+        return Status::invalid_argument(subject + ": shape", "one that fits the declared " + declared + "]",
+                                        shape + "]");
+      }
+    }
+  } else {
+    if (!v.has_shape)
+      return Status::invalid_argument(subject, "a declared shape, or one given (input_shapes)", "neither");
+    for (const io::OnnxDim& dim : v.dims) {
+      if (dim.value >= 0) {
+        d.push_back(dim.value);
+        continue;
+      }
+      auto it = dim.param.empty() ? o.dims.end() : o.dims.find(dim.param);
+      if (it == o.dims.end()) {
+        unbound.insert(dim.param.empty() ? "an unnamed dimension of " + quoted(v.name) : quoted(dim.param));
+        d.push_back(1);
+        continue;
+      }
+      d.push_back(it->second);
+    }
+  }
+  Result<Shape> s = Shape::make(d.data(), int(d.size()));
+  if (!s.is_ok())
+    return Status::invalid_argument(subject + ": shape", "rank at most 8, extents >= 0", s.status().message());
+  return graph::TensorType{*dt, *s};
+}
+
+// Runs a node whose inputs are all known against a scratch graph and the reference interpreter.
+Status fold(const io::OnnxNode& node, size_t index, int64_t opset, const onnx::OpConverter& conv,
+            std::vector<Value>& in, std::vector<Value>& out) {
+  graph::Graph g;
+  graph::Builder b(g);
+  Ctx c(b, node, index, opset);
+  ASPEN_RETURN_IF_ERROR(conv.convert(c, in, out));
+  bool any = false;
+  for (size_t k = 0; k < out.size(); ++k)
+    if (!out[k].known() && out[k].id) {
+      b.output("out" + std::to_string(k), *out[k].id);
+      any = true;
+    }
+  ASPEN_RETURN_IF_ERROR(b.status());
+  if (!any) return Status();
+  ASPEN_ASSIGN_OR_RETURN(auto values, graph::interpret(g, {}, {.round_to_dtype = true}));
+  for (size_t k = 0; k < out.size(); ++k)
+    if (!out[k].known() && out[k].id) out[k] = Ctx::constant(values.at("out" + std::to_string(k)).to_tensor());
+  return Status();
+}
+
+}  // namespace
+
+std::map<std::string, const Tensor*> OnnxImport::weight_pointers() const {
+  std::map<std::string, const Tensor*> out;
+  for (const auto& [name, t] : weights) out[name] = &t;
+  return out;
+}
+
+std::vector<std::string> onnx_supported_ops() {
+  std::vector<std::string> out;
+  for (const auto& [name, conv] : onnx::converters()) out.push_back(name);
+  return out;
+}
+
+Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& options) {
+  const int64_t opset = m.opset("");
+  if (opset < kMinOpset || opset > kMaxOpset)
+    return Status::error(Code::kUnimplemented, m.path + ": opset of the default domain",
+                         std::to_string(kMinOpset) + " to " + std::to_string(kMaxOpset) +
+                             " (convert older models with onnx.version_converter)",
+                         std::to_string(opset));
+  ASPEN_RETURN_IF_ERROR(check_ops(m));
+
+  OnnxImport out;
+  out.opset = opset;
+  graph::Builder b(out.graph);
+  std::unordered_map<std::string, Value> values;
+
+  // Inputs, with every unbound symbol named at once.
+  std::set<std::string> unbound;
+  std::vector<graph::TensorType> types;
+  for (const io::OnnxValueInfo& v : m.graph.inputs) {
+    ASPEN_ASSIGN_OR_RETURN(graph::TensorType t, input_type(m, v, options, unbound));
+    types.push_back(t);
+  }
+  if (!unbound.empty()) {
+    std::string found;
+    for (const std::string& s : unbound) found += (found.empty() ? "" : ", ") + s;
+    return Status::invalid_argument(m.path + ": symbolic dimensions", "an extent for each (dims, or input_shapes)",
+                                    "none for " + found);
+  }
+  for (const auto& [name, shape] : options.input_shapes) {
+    bool found = false;
+    for (const io::OnnxValueInfo& v : m.graph.inputs) found = found || v.name == name;
+    if (!found) return Status::invalid_argument(m.path + ": input_shapes", "names of graph inputs", quoted(name));
+  }
+  for (const auto& [name, t] : options.constants) {
+    bool found = false;
+    for (const io::OnnxValueInfo& v : m.graph.inputs) found = found || v.name == name;
+    if (!found || !t)
+      return Status::invalid_argument(m.path + ": constants", "names of graph inputs, with tensors", quoted(name));
+  }
+  for (size_t k = 0; k < m.graph.inputs.size(); ++k) {
+    const std::string& name = m.graph.inputs[k].name;
+    auto bound = options.constants.find(name);
+    if (bound != options.constants.end()) {
+      const Tensor& t = *bound->second;
+      if (t.dtype() != types[k].dtype || t.shape() != types[k].shape)
+        return Status::invalid_argument(m.path + ": constant for input " + quoted(name), types[k].to_string(),
+                                        graph::TensorType{t.dtype(), t.shape()}.to_string());
+      values[name] = Ctx::constant(t.clone());
+      continue;
+    }
+    Value v;
+    v.type = types[k];
+    v.id = b.input(name, types[k].dtype, types[k].shape);
+    values[name] = v;
+    out.inputs.push_back(name);
+  }
+  // Initializers: float ones are parameters (trainable weights), the rest constants.
+  for (const io::OnnxTensor& t : m.graph.initializers) {
+    ASPEN_ASSIGN_OR_RETURN(Tensor x, initializer_tensor(m, t));
+    Value v;
+    v.type = graph::TensorType{x.dtype(), x.shape()};
+    if (x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16) {
+      v.id = b.parameter(t.name, x.dtype(), x.shape());
+      out.weights.emplace(t.name, std::move(x));
+    } else {
+      v = Ctx::constant(std::move(x));
+    }
+    values[t.name] = v;
+  }
+  ASPEN_RETURN_IF_ERROR(b.status());
+
+  const auto& table = onnx::converters();
+  for (size_t k = 0; k < m.graph.nodes.size(); ++k) {
+    const io::OnnxNode& node = m.graph.nodes[k];
+    const onnx::OpConverter& conv = table.at(node.op_type);
+    Ctx c(b, node, k, opset);
+    const int n_in = int(node.inputs.size());
+    if (n_in < conv.min_inputs || (conv.max_inputs >= 0 && n_in > conv.max_inputs))
+      return c.error("inputs",
+                     conv.max_inputs < 0 ? "at least " + std::to_string(conv.min_inputs)
+                     : conv.min_inputs == conv.max_inputs
+                         ? std::to_string(conv.min_inputs)
+                         : std::to_string(conv.min_inputs) + " to " + std::to_string(conv.max_inputs),
+                     std::to_string(n_in));
+    std::vector<Value> in;
+    bool all_known = true;
+    int64_t known_elements = 0;
+    for (const std::string& name : node.inputs) {
+      if (name.empty()) {
+        in.emplace_back();  // an optional input left out
+        continue;
+      }
+      const Value& v = values.at(name);  // the reader checked it is defined before
+      all_known = all_known && v.known();
+      if (v.known()) known_elements += v.constant->numel();
+      in.push_back(v);
+    }
+    std::vector<Value> results;
+    if (all_known && conv.foldable && known_elements <= kMaxFoldElements) {
+      Status s = fold(node, k, opset, conv, in, results);
+      if (!s.is_ok()) return s;
+    } else {
+      ASPEN_RETURN_IF_ERROR(conv.convert(c, in, results));
+      ASPEN_RETURN_IF_ERROR(b.status());
+    }
+    for (size_t o = 0; o < node.outputs.size(); ++o) {
+      if (node.outputs[o].empty()) continue;
+      if (o >= results.size() || !results[o].present())
+        return c.unsupported("output " + std::to_string(o) + " " + quoted(node.outputs[o]),
+                             "an output the importer makes", "only " + std::to_string(results.size()));
+      values[node.outputs[o]] = results[o];
+    }
+  }
+  for (const io::OnnxValueInfo& v : m.graph.outputs) {
+    const Value& x = values.at(v.name);
+    graph::ValueId id = x.id ? *x.id : b.constant(x.constant->clone());
+    b.output(v.name, id);
+    out.outputs.push_back(v.name);
+  }
+  ASPEN_RETURN_IF_ERROR(b.status());
+  return out;
+}
+
+}  // namespace aspen::models

@@ -1,0 +1,67 @@
+// models/onnx_import.h: an ONNX model (io/onnx.h's description) as an aspen graph.
+//
+//   ASPEN_ASSIGN_OR_RETURN(io::OnnxModel file, io::read_onnx_model("model.onnx"));
+//   ASPEN_ASSIGN_OR_RETURN(models::OnnxImport m, models::import_onnx(file, {.dims = {{"batch", 2}}}));
+//   auto model = *api::InferenceModel::create(m.graph);
+//   model->copy_weights_to_device(m.weight_pointers());
+//
+// Shapes are static, as Poplar's are: every symbolic dimension of the graph's
+// inputs ("batch", "sequence") is bound from `dims` or from an input's full
+// shape in `input_shapes`, and the graph is built for those shapes. Values
+// known at import (initializers of integer type, Constant nodes, and
+// everything computed only from them and from shapes: Shape, Gather on
+// shapes, Range, ConstantOfShape, Expand's target, Reshape's shape, ...) are
+// folded to constants there, through the same conversions and the reference
+// interpreter, so the graph keeps only the computation on the inputs.
+//
+// Float initializers become parameters (named as in the file; their values in
+// `weights`), so the model can be trained and its weights written back; other
+// initializers are constants.
+//
+// Ops: the default domain at opsets 13 to 21, each mapped onto the IR's ops
+// (decomposed where the IR has no op of its own; models/onnx_ops.cc lists
+// them). A model with ops the importer does not know is refused before any is
+// built, naming every such node (op type, domain, opset) at once; an
+// attribute or input value an op does not support is an error naming the
+// node, the attribute and the opset.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "graph/graph.h"
+#include "io/onnx.h"
+
+namespace aspen::models {
+
+struct OnnxImportOptions {
+  // Extents of symbolic dimensions, by name ("batch" -> 2).
+  std::map<std::string, int64_t> dims;
+  // Whole shapes of graph inputs, by name (overriding what the file declares, where it declares a shape
+  // these must agree with every fixed extent).
+  std::map<std::string, std::vector<int64_t>> input_shapes;
+  // Graph inputs bound to values at import, by name: they become constants (folded with everything
+  // computed from them), as a shape or an axis an exporter left as an input. The program has no such input.
+  std::map<std::string, const Tensor*> constants;
+};
+
+struct OnnxImport {
+  graph::Graph graph;
+  std::vector<std::string> inputs;        // the graph's inputs, in the file's order
+  std::vector<std::string> outputs;       // the graph's outputs, in the file's order
+  std::map<std::string, Tensor> weights;  // the value of every parameter
+  int64_t opset = 0;
+  // What copy_weights_to_device takes (pointers into `weights`).
+  std::map<std::string, const Tensor*> weight_pointers() const;
+};
+
+Result<OnnxImport> import_onnx(const io::OnnxModel& model, const OnnxImportOptions& options = {});
+
+// The op types (in the default domain) the importer converts, sorted.
+std::vector<std::string> onnx_supported_ops();
+
+}  // namespace aspen::models

@@ -1,0 +1,995 @@
+// models/onnx_ops.cc: the ONNX importer's conversions, one per op type of the default domain, opsets 13
+// to 21 (the semantics of the latest version of each op; where an op changed between these opsets, as
+// ReduceMean's axes moving from an attribute to an input at 18, both forms are read).
+//
+// Numpy broadcasting becomes explicit broadcast ops; ops the IR has no op for are decomposed exactly:
+//   Reciprocal: 1 / x          Abs: max(x, -x)          Pow with a known exponent: products, sqrt, 1/x,
+//   or exp(y log x) (NaN for x < 0, as C's pow at a non-integer exponent)
+//   LessOrEqual: not(greater)  GreaterOrEqual: not(less)  Clip: max/min with its bounds
+//   LogSoftmax: (x - max) - log(sum(exp(x - max)))      ReduceMean: reduce_sum / count
+//   ReduceMin: -reduce_max(-x)                          Gemm: matmul (bias folded in when it is one row)
+//   Softmax/LogSoftmax on an inner axis: transposed to the last and back
+//   LayerNormalization over several axes: flattened to one
+// Known inputs only (shape arithmetic; folded at import): Shape, Size, ConstantOfShape, Range, and Gather,
+// Concat, Slice, Reshape, Squeeze, Unsqueeze of integer data.
+#include "models/onnx_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "graph/interpreter.h"
+
+namespace aspen::models::onnx {
+
+using graph::OpKind;
+using graph::TensorType;
+using graph::ValueId;
+
+std::optional<DType> dtype_of_onnx(int32_t t) {
+  switch (io::OnnxType(t)) {
+    case io::OnnxType::f32:
+      return DType::f32;
+    case io::OnnxType::f16:
+      return DType::f16;
+    case io::OnnxType::bf16:
+      return DType::bf16;
+    case io::OnnxType::i32:
+      return DType::i32;
+    case io::OnnxType::i64:
+      return DType::i64;
+    case io::OnnxType::u8:
+      return DType::u8;
+    case io::OnnxType::boolean:
+      return DType::boolean;
+    default:
+      return std::nullopt;
+  }
+}
+
+// ---- Ctx ---------------------------------------------------------------------------------------------
+
+std::string Ctx::label() const { return node.label(index_) + " at opset " + std::to_string(opset); }
+
+Status Ctx::error(const std::string& what, const std::string& expected, const std::string& found) const {
+  return Status::invalid_argument(label() + ": " + what, expected, found);
+}
+
+Status Ctx::unsupported(const std::string& what, const std::string& expected, const std::string& found) const {
+  return Status::error(Code::kUnimplemented, label() + ": " + what, expected, found);
+}
+
+namespace {
+std::string attr_subject(const char* name) { return std::string("attribute '") + name + "'"; }
+
+Result<const io::OnnxAttribute*> find_attr(const Ctx& c, const char* name, io::OnnxAttrType type) {
+  const io::OnnxAttribute* a = c.node.find(name);
+  if (a && a->type != type)
+    return c.error(attr_subject(name), "type " + io::onnx_attr_type_name(type), io::onnx_attr_type_name(a->type));
+  return a;
+}
+}  // namespace
+
+Result<int64_t> Ctx::attr_i(const char* name, std::optional<int64_t> def) const {
+  ASPEN_ASSIGN_OR_RETURN(const io::OnnxAttribute* a, find_attr(*this, name, io::OnnxAttrType::i));
+  if (a) return a->i;
+  if (def) return *def;
+  return error(attr_subject(name), "the attribute (it has no default)", "none");
+}
+
+Result<float> Ctx::attr_f(const char* name, std::optional<float> def) const {
+  ASPEN_ASSIGN_OR_RETURN(const io::OnnxAttribute* a, find_attr(*this, name, io::OnnxAttrType::f));
+  if (a) return a->f;
+  if (def) return *def;
+  return error(attr_subject(name), "the attribute (it has no default)", "none");
+}
+
+Result<std::string> Ctx::attr_s(const char* name, std::optional<std::string> def) const {
+  ASPEN_ASSIGN_OR_RETURN(const io::OnnxAttribute* a, find_attr(*this, name, io::OnnxAttrType::s));
+  if (a) return a->s;
+  if (def) return *def;
+  return error(attr_subject(name), "the attribute (it has no default)", "none");
+}
+
+Result<std::vector<int64_t>> Ctx::attr_ints(const char* name, std::optional<std::vector<int64_t>> def) const {
+  ASPEN_ASSIGN_OR_RETURN(const io::OnnxAttribute* a, find_attr(*this, name, io::OnnxAttrType::ints));
+  if (a) return a->ints;
+  if (def) return *def;
+  return error(attr_subject(name), "the attribute (it has no default)", "none");
+}
+
+namespace {
+Result<Tensor> tensor_of(const Ctx& c, const io::OnnxTensor& t, const std::string& what) {
+  const std::optional<DType> dt = dtype_of_onnx(t.type);
+  if (!dt)
+    return c.unsupported(what, "an element type aspen has (FLOAT, FLOAT16, BFLOAT16, INT32, INT64, UINT8, BOOL)",
+                         io::onnx_type_name(t.type));
+  Result<Shape> shape = Shape::make(t.dims.data(), int(t.dims.size()));
+  if (!shape.is_ok())
+    return c.unsupported(what, "rank at most " + std::to_string(Shape::kMaxRank), std::to_string(t.dims.size()));
+  Tensor out(*dt, *shape);
+  std::memcpy(out.raw(), t.bytes.data(), out.nbytes());
+  if (*dt == DType::boolean) {  // bytes other than 0 and 1 are no bool: any nonzero byte is true
+    uint8_t* p = static_cast<uint8_t*>(out.raw());
+    for (int64_t i = 0; i < out.numel(); ++i) p[i] = p[i] != 0;
+  }
+  return out;
+}
+}  // namespace
+
+Result<Tensor> Ctx::attr_tensor(const char* name) const {
+  ASPEN_ASSIGN_OR_RETURN(const io::OnnxAttribute* a, find_attr(*this, name, io::OnnxAttrType::tensor));
+  if (!a) return error(attr_subject(name), "the attribute", "none");
+  return tensor_of(*this, a->tensors.at(0), attr_subject(name));
+}
+
+ValueId Ctx::id(const Value& v) {
+  if (v.id) return *v.id;
+  return b.constant(v.constant->clone());
+}
+
+Value Ctx::wrap(ValueId v) const {
+  Value out;
+  out.id = v;
+  if (v.valid()) out.type = b.type(v);
+  return out;
+}
+
+Value Ctx::constant(Tensor t) {
+  Value out;
+  out.type = TensorType{t.dtype(), t.shape()};
+  out.constant = std::make_shared<const Tensor>(std::move(t));
+  return out;
+}
+
+Result<std::vector<int64_t>> Ctx::ints(const Value& v, const std::string& what) const {
+  if (!v.known())
+    return unsupported(what, "a value known when the model is imported (a constant, or computed from shapes)",
+                       "one computed from the graph's inputs");
+  const Tensor& t = *v.constant;
+  std::vector<int64_t> out;
+  if (t.dtype() == DType::i64) {
+    out.assign(t.span<int64_t>().begin(), t.span<int64_t>().end());
+  } else if (t.dtype() == DType::i32) {
+    for (int32_t x : t.span<int32_t>()) out.push_back(x);
+  } else {
+    return error(what, "int64 or int32 values", std::string(dtype_name(t.dtype())));
+  }
+  return out;
+}
+
+Result<double> Ctx::scalar(const Value& v, const std::string& what) const {
+  if (!v.known())
+    return unsupported(what, "a value known when the model is imported", "one computed from the graph's inputs");
+  if (v.constant->numel() != 1) return error(what, "one value", v.type.to_string());
+  return graph::HostArray::from_tensor(*v.constant).data.at(0);
+}
+
+Result<int> Ctx::axis(int64_t a, int rank, const std::string& what) const {
+  if (a < -rank || a >= std::max(rank, 1))
+    return error(what, "an axis in [" + std::to_string(-rank) + ", " + std::to_string(rank) + ")", std::to_string(a));
+  return int(a < 0 ? a + rank : a);
+}
+
+// ---- helpers ---------------------------------------------------------------------------------------
+
+namespace {
+
+std::vector<int64_t> dims(const Shape& s) { return std::vector<int64_t>(s.begin(), s.end()); }
+Shape shape_of(const std::vector<int64_t>& d) { return *Shape::make(d.data(), int(d.size())); }
+
+Result<Shape> make_shape(const Ctx& c, const std::vector<int64_t>& d, const std::string& what) {
+  Result<Shape> s = Shape::make(d.data(), int(d.size()));
+  if (!s.is_ok()) return c.error(what, "a shape aspen holds (rank at most 8, extents >= 0)", s.status().message());
+  return s;
+}
+
+// Numpy's multidirectional broadcast of shapes.
+Result<Shape> broadcast_shape(const Ctx& c, const std::vector<Shape>& shapes) {
+  int rank = 0;
+  for (const Shape& s : shapes) rank = std::max(rank, s.rank());
+  std::vector<int64_t> out(size_t(rank), 1);
+  for (const Shape& s : shapes)
+    for (int i = 0; i < s.rank(); ++i) {
+      int64_t& o = out[size_t(rank - s.rank() + i)];
+      const int64_t d = s[i];
+      if (d == o || d == 1) continue;
+      if (o != 1) {
+        std::string found;
+        for (const Shape& t : shapes) found += (found.empty() ? "" : " and ") + t.to_string();
+        return c.error("inputs", "shapes that broadcast together", found);
+      }
+      o = d;
+    }
+  return make_shape(c, out, "broadcast shape");
+}
+
+Value to_shape(Ctx& c, const Value& v, const Shape& to) {
+  if (v.type.shape == to) return v;
+  return c.wrap(c.b.broadcast(c.id(v), dims(to)));
+}
+
+Value reshaped(Ctx& c, const Value& v, const std::vector<int64_t>& d) {
+  if (dims(v.type.shape) == d) return v;
+  return c.wrap(c.b.reshape(c.id(v), d));
+}
+
+Status same_dtype(const Ctx& c, const std::vector<Value>& in, size_t from = 0) {
+  for (size_t k = from + 1; k < in.size(); ++k)
+    if (in[k].present() && in[k].type.dtype != in[from].type.dtype)
+      return c.error("input " + std::to_string(k),
+                     std::string(dtype_name(in[from].type.dtype)) + " (input " + std::to_string(from) + "'s type)",
+                     std::string(dtype_name(in[k].type.dtype)));
+  return Status();
+}
+
+// The inputs broadcast to one shape.
+Result<std::vector<Value>> broadcast_all(Ctx& c, const std::vector<Value>& in) {
+  std::vector<Shape> shapes;
+  for (const Value& v : in) shapes.push_back(v.type.shape);
+  ASPEN_ASSIGN_OR_RETURN(const Shape to, broadcast_shape(c, shapes));
+  std::vector<Value> out;
+  for (const Value& v : in) out.push_back(to_shape(c, v, to));
+  return out;
+}
+
+Status elementwise(Ctx& c, OpKind op, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_RETURN_IF_ERROR(same_dtype(c, in));
+  ASPEN_ASSIGN_OR_RETURN(std::vector<Value> x, broadcast_all(c, in));
+  std::vector<ValueId> ids;
+  for (const Value& v : x) ids.push_back(c.id(v));
+  out = {c.wrap(c.b.op1(op, ids))};
+  return c.b.status();
+}
+
+// A scalar constant of `dtype`, broadcast to `shape`.
+Value filled(Ctx& c, double v, DType dtype, const Shape& shape) {
+  Tensor t(DType::f32, Shape{});
+  t.span<float>()[0] = float(v);
+  ValueId s = c.b.constant(std::move(t));
+  if (dtype != DType::f32) s = c.b.cast(s, dtype);
+  return c.wrap(c.b.broadcast(s, dims(shape)));
+}
+
+Converter unary(OpKind op) {
+  return [op](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+    out = {c.wrap(c.b.op1(op, {c.id(in[0])}))};
+    return c.b.status();
+  };
+}
+Converter binary(OpKind op) {
+  return [op](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) { return elementwise(c, op, in, out); };
+}
+// not(op(a, b)): LessOrEqual, GreaterOrEqual.
+Converter negated(OpKind op) {
+  return [op](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+    ASPEN_RETURN_IF_ERROR(elementwise(c, op, in, out));
+    out = {c.wrap(c.b.op1(OpKind::logical_not, {c.id(out[0])}))};
+    return c.b.status();
+  };
+}
+// Max, Min, Sum, Mean: variadic, folded left.
+Converter variadic(OpKind op, bool mean = false) {
+  return [op, mean](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+    ASPEN_RETURN_IF_ERROR(same_dtype(c, in));
+    ASPEN_ASSIGN_OR_RETURN(std::vector<Value> x, broadcast_all(c, in));
+    ValueId acc = c.id(x[0]);
+    for (size_t k = 1; k < x.size(); ++k) acc = c.b.op1(op, {acc, c.id(x[k])});
+    if (mean && x.size() > 1) acc = c.b.scale(acc, 1.0 / double(x.size()));
+    out = {c.wrap(acc)};
+    return c.b.status();
+  };
+}
+
+// ---- elementwise conversions --------------------------------------------------------------------------
+
+Status convert_identity(Ctx&, std::vector<Value>& in, std::vector<Value>& out) {
+  out = {in[0]};
+  return Status();
+}
+
+Status convert_reciprocal(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const Value one = filled(c, 1.0, in[0].type.dtype, in[0].type.shape);
+  out = {c.wrap(c.b.div(c.id(one), c.id(in[0])))};
+  return c.b.status();
+}
+
+Status convert_abs(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const ValueId x = c.id(in[0]);
+  out = {c.wrap(c.b.op1(OpKind::max, {x, c.b.neg(x)}))};
+  return c.b.status();
+}
+
+Status convert_pow(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const double y, c.scalar(in[1], "input 'Y' (the exponent)"));
+  if (in[0].type.dtype != DType::f32 && in[0].type.dtype != DType::bf16 && in[0].type.dtype != DType::f16)
+    return c.unsupported("input 'X'", "a float type", std::string(dtype_name(in[0].type.dtype)));
+  const ValueId x = c.id(in[0]);
+  ValueId r;
+  if (y == 1.0) {
+    r = x;
+  } else if (y == 2.0) {
+    r = c.b.mul(x, x);
+  } else if (y == 3.0) {
+    r = c.b.mul(c.b.mul(x, x), x);
+  } else if (y == 4.0) {
+    const ValueId s = c.b.mul(x, x);
+    r = c.b.mul(s, s);
+  } else if (y == 0.5) {
+    r = c.b.sqrt(x);
+  } else if (y == -1.0) {
+    r = c.id(filled(c, 1.0, in[0].type.dtype, in[0].type.shape));
+    r = c.b.div(r, x);
+  } else if (y == -0.5) {
+    r = c.b.div(c.id(filled(c, 1.0, in[0].type.dtype, in[0].type.shape)), c.b.sqrt(x));
+  } else if (y == 0.0) {
+    r = c.id(filled(c, 1.0, in[0].type.dtype, in[0].type.shape));
+  } else {
+    r = c.b.exp(c.b.scale(c.b.op1(OpKind::log, {x}), y));
+  }
+  out = {c.wrap(r)};
+  return c.b.status();
+}
+
+Status convert_gelu(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const io::OnnxAttribute* a = c.node.find("approximate");
+  if (a && a->type != io::OnnxAttrType::s)
+    return c.error("attribute 'approximate'", "type STRING", io::onnx_attr_type_name(a->type));
+  const std::string approx = a ? a->s : std::string("none");
+  if (approx != "none" && approx != "tanh")
+    return c.error("attribute 'approximate'", "'none' or 'tanh'", "'" + approx + "'");
+  out = {c.wrap(c.b.gelu(c.id(in[0]), approx == "tanh"))};
+  return c.b.status();
+}
+
+Status convert_where(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  if (in[0].type.dtype != DType::boolean)
+    return c.error("input 'condition'", "bool", std::string(dtype_name(in[0].type.dtype)));
+  ASPEN_RETURN_IF_ERROR(same_dtype(c, in, 1));
+  ASPEN_ASSIGN_OR_RETURN(std::vector<Value> x, broadcast_all(c, in));
+  out = {c.wrap(c.b.where(c.id(x[0]), c.id(x[1]), c.id(x[2])))};
+  return c.b.status();
+}
+
+Status convert_clip(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ValueId x = c.id(in[0]);
+  const TensorType t = in[0].type;
+  for (size_t k = 1; k < 3; ++k) {
+    if (k >= in.size() || !in[k].present()) continue;
+    ASPEN_ASSIGN_OR_RETURN(const double bound, c.scalar(in[k], k == 1 ? "input 'min'" : "input 'max'"));
+    x = c.b.op1(k == 1 ? OpKind::max : OpKind::min, {x, c.id(filled(c, bound, t.dtype, t.shape))});
+  }
+  out = {c.wrap(x)};
+  return c.b.status();
+}
+
+Status convert_cast(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t to, c.attr_i("to"));
+  const std::optional<DType> dt = dtype_of_onnx(int32_t(to));
+  if (!dt)
+    return c.unsupported("attribute 'to'",
+                         "an element type aspen has (FLOAT, FLOAT16, BFLOAT16, INT32, INT64, UINT8, BOOL)",
+                         io::onnx_type_name(int32_t(to)));
+  out = {in[0].type.dtype == *dt ? in[0] : c.wrap(c.b.cast(c.id(in[0]), *dt))};
+  return c.b.status();
+}
+
+Status convert_cast_like(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const DType dt = in[1].type.dtype;
+  out = {in[0].type.dtype == dt ? in[0] : c.wrap(c.b.cast(c.id(in[0]), dt))};
+  return c.b.status();
+}
+
+// ---- linear algebra -----------------------------------------------------------------------------------
+
+// Numpy's matmul: rank-1 operands gain (and lose) a dimension; batch dimensions broadcast.
+Status convert_matmul(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_RETURN_IF_ERROR(same_dtype(c, in));
+  Value a = in[0], b = in[1];
+  const int ra = a.type.shape.rank(), rb = b.type.shape.rank();
+  if (ra == 0 || rb == 0) return c.error("inputs", "rank 1 or more", a.type.to_string() + " and " + b.type.to_string());
+  if (ra == 1) a = reshaped(c, a, {1, a.type.shape[0]});
+  if (rb == 1) b = reshaped(c, b, {b.type.shape[0], 1});
+  const int64_t K = a.type.shape[-1];
+  if (b.type.shape[-2] != K)
+    return c.error("inputs", "a [..., M, K] and b [..., K, N]", a.type.to_string() + " and " + b.type.to_string());
+  std::vector<int64_t> da = dims(a.type.shape), db = dims(b.type.shape);
+  std::vector<int64_t> batch_a(da.begin(), da.end() - 2), batch_b(db.begin(), db.end() - 2);
+  if (!batch_b.empty()) {  // b has batch dimensions: both broadcast to one batch shape
+    ASPEN_ASSIGN_OR_RETURN(const Shape bs, broadcast_shape(c, {shape_of(batch_a), shape_of(batch_b)}));
+    std::vector<int64_t> ta = dims(bs), tb = dims(bs);
+    ta.insert(ta.end(), da.end() - 2, da.end());
+    tb.insert(tb.end(), db.end() - 2, db.end());
+    a = to_shape(c, a, shape_of(ta));
+    b = to_shape(c, b, shape_of(tb));
+  }
+  ValueId y = c.b.op1(OpKind::matmul, {c.id(a), c.id(b)});
+  if (!c.b.status().is_ok()) return c.b.status();
+  std::vector<int64_t> dy = dims(c.b.type(y).shape);
+  if (rb == 1) dy.erase(dy.end() - 1);
+  if (ra == 1) dy.erase(dy.end() - (rb == 1 ? 1 : 2));
+  out = {reshaped(c, c.wrap(y), dy)};
+  return c.b.status();
+}
+
+Status convert_gemm(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const float alpha, c.attr_f("alpha", 1.0f));
+  ASPEN_ASSIGN_OR_RETURN(const float beta, c.attr_f("beta", 1.0f));
+  ASPEN_ASSIGN_OR_RETURN(const int64_t ta, c.attr_i("transA", 0));
+  ASPEN_ASSIGN_OR_RETURN(const int64_t tb, c.attr_i("transB", 0));
+  ASPEN_RETURN_IF_ERROR(same_dtype(c, in));
+  if (in[0].type.shape.rank() != 2 || in[1].type.shape.rank() != 2)
+    return c.error("inputs A and B", "rank 2", in[0].type.to_string() + " and " + in[1].type.to_string());
+  const int64_t N = tb ? in[1].type.shape[0] : in[1].type.shape[1];
+  const bool has_c = in.size() > 2 && in[2].present();
+  Value bias;
+  if (has_c) bias = beta == 1.0f ? in[2] : c.wrap(c.b.scale(c.id(in[2]), beta));
+  const bool row_bias =
+      has_c && alpha == 1.0f &&
+      (dims(bias.type.shape) == std::vector<int64_t>{N} || dims(bias.type.shape) == std::vector<int64_t>{1, N});
+  std::vector<ValueId> args{c.id(in[0]), c.id(in[1])};
+  if (row_bias) args.push_back(c.id(reshaped(c, bias, {N})));
+  ValueId y = c.b.op1(OpKind::matmul, args, {{"trans_a", ta}, {"trans_b", tb}});
+  if (alpha != 1.0f) y = c.b.scale(y, alpha);
+  Value r = c.wrap(y);
+  if (has_c && !row_bias) {
+    std::vector<Value> sum{r, bias};
+    ASPEN_RETURN_IF_ERROR(elementwise(c, OpKind::add, sum, out));
+    return c.b.status();
+  }
+  out = {r};
+  return c.b.status();
+}
+
+// ---- shapes -------------------------------------------------------------------------------------------
+
+Tensor i64_tensor(const std::vector<int64_t>& v, bool scalar = false) {
+  Tensor t(DType::i64, scalar ? Shape{} : Shape{int64_t(v.size())});
+  std::copy(v.begin(), v.end(), t.span<int64_t>().begin());
+  return t;
+}
+
+Status convert_shape(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const std::vector<int64_t> d = dims(in[0].type.shape);
+  const int64_t r = int64_t(d.size());
+  ASPEN_ASSIGN_OR_RETURN(int64_t start, c.attr_i("start", 0));
+  ASPEN_ASSIGN_OR_RETURN(int64_t end, c.attr_i("end", r));
+  if (start < 0) start += r;
+  if (end < 0) end += r;
+  start = std::clamp<int64_t>(start, 0, r);
+  end = std::clamp<int64_t>(end, 0, r);
+  out = {Ctx::constant(i64_tensor(std::vector<int64_t>(d.begin() + start, d.begin() + std::max(start, end))))};
+  return Status();
+}
+
+Status convert_size(Ctx&, std::vector<Value>& in, std::vector<Value>& out) {
+  out = {Ctx::constant(i64_tensor({in[0].type.shape.numel()}, true))};
+  return Status();
+}
+
+Status convert_constant(Ctx& c, std::vector<Value>&, std::vector<Value>& out) {
+  if (c.has("value")) {
+    ASPEN_ASSIGN_OR_RETURN(Tensor t, c.attr_tensor("value"));
+    out = {Ctx::constant(std::move(t))};
+  } else if (c.has("value_float")) {
+    ASPEN_ASSIGN_OR_RETURN(const float f, c.attr_f("value_float"));
+    Tensor t(DType::f32, Shape{});
+    t.span<float>()[0] = f;
+    out = {Ctx::constant(std::move(t))};
+  } else if (c.has("value_int")) {
+    ASPEN_ASSIGN_OR_RETURN(const int64_t i, c.attr_i("value_int"));
+    out = {Ctx::constant(i64_tensor({i}, true))};
+  } else if (c.has("value_ints")) {
+    ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> v, c.attr_ints("value_ints"));
+    out = {Ctx::constant(i64_tensor(v))};
+  } else if (const io::OnnxAttribute* a = c.node.find("value_floats")) {
+    Tensor t(DType::f32, Shape{int64_t(a->floats.size())});
+    std::copy(a->floats.begin(), a->floats.end(), t.span<float>().begin());
+    out = {Ctx::constant(std::move(t))};
+  } else {
+    return c.unsupported("attributes", "one of value, value_float(s), value_int(s)",
+                         c.node.attributes.empty() ? "none" : "'" + c.node.attributes[0].name + "'");
+  }
+  return Status();
+}
+
+Status convert_constant_of_shape(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> d, c.ints(in[0], "input 'input' (the shape)"));
+  ASPEN_ASSIGN_OR_RETURN(const Shape s, make_shape(c, d, "input 'input' (the shape)"));
+  Tensor value(DType::f32, Shape{1});
+  if (c.has("value")) {
+    ASPEN_ASSIGN_OR_RETURN(value, c.attr_tensor("value"));
+    if (value.numel() != 1) return c.error("attribute 'value'", "one element", value.shape().to_string());
+  }
+  Tensor t(value.dtype(), s);
+  const size_t es = size_t(dtype_size(value.dtype()));
+  for (int64_t i = 0; i < t.numel(); ++i) std::memcpy(static_cast<char*>(t.raw()) + size_t(i) * es, value.raw(), es);
+  out = {Ctx::constant(std::move(t))};
+  return Status();
+}
+
+Status convert_range(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_RETURN_IF_ERROR(same_dtype(c, in));
+  ASPEN_ASSIGN_OR_RETURN(const double start, c.scalar(in[0], "input 'start'"));
+  ASPEN_ASSIGN_OR_RETURN(const double limit, c.scalar(in[1], "input 'limit'"));
+  ASPEN_ASSIGN_OR_RETURN(const double delta, c.scalar(in[2], "input 'delta'"));
+  if (delta == 0) return c.error("input 'delta'", "a nonzero step", "0");
+  const double n = std::max(0.0, std::ceil((limit - start) / delta));
+  if (n > double(int64_t(1) << 31)) return c.error("inputs", "a range of at most 2^31 values", std::to_string(n));
+  graph::HostArray a(TensorType{in[0].type.dtype, Shape{int64_t(n)}});
+  for (int64_t i = 0; i < int64_t(n); ++i) a.data[size_t(i)] = start + double(i) * delta;
+  out = {Ctx::constant(a.to_tensor())};
+  return Status();
+}
+
+Status convert_reshape(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(std::vector<int64_t> d, c.ints(in[1], "input 'shape'"));
+  ASPEN_ASSIGN_OR_RETURN(const int64_t allowzero, c.attr_i("allowzero", 0));
+  const std::vector<int64_t> from = dims(in[0].type.shape);
+  int infer = -1;
+  int64_t known = 1;
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (d[i] == 0 && !allowzero) {
+      if (i >= from.size())
+        return c.error("input 'shape'", "a 0 (copy) only where the input has a dimension", "0 at " + std::to_string(i));
+      d[i] = from[i];
+    }
+    if (d[i] == -1) {
+      if (infer >= 0) return c.error("input 'shape'", "at most one -1", "two");
+      infer = int(i);
+      continue;
+    }
+    if (d[i] < 0) return c.error("input 'shape'", "extents >= -1", std::to_string(d[i]));
+    known *= d[i];
+  }
+  const int64_t numel = in[0].type.shape.numel();
+  if (infer >= 0) {
+    if (known == 0 || numel % known != 0)
+      return c.error("input 'shape'", "extents whose product divides " + std::to_string(numel),
+                     "a product of " + std::to_string(known));
+    d[size_t(infer)] = numel / known;
+  }
+  out = {reshaped(c, in[0], d)};
+  return c.b.status();
+}
+
+Status convert_flatten(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const int r = in[0].type.shape.rank();
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", 1));
+  if (a < -r || a > r)
+    return c.error("attribute 'axis'", "in [" + std::to_string(-r) + ", " + std::to_string(r) + "]", std::to_string(a));
+  const int axis = int(a < 0 ? a + r : a);
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < r; ++i) (i < axis ? outer : inner) *= in[0].type.shape[i];
+  out = {reshaped(c, in[0], {outer, inner})};
+  return c.b.status();
+}
+
+// Unsqueeze's and Squeeze's axes: the input (opset 13+).
+Result<std::vector<int64_t>> axes_input(Ctx& c, std::vector<Value>& in, size_t k) {
+  if (k < in.size() && in[k].present()) return c.ints(in[k], "input 'axes'");
+  return std::vector<int64_t>{};
+}
+
+Status convert_unsqueeze(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> axes, axes_input(c, in, 1));
+  const int r = in[0].type.shape.rank() + int(axes.size());
+  std::vector<bool> inserted(size_t(r), false);
+  for (int64_t a : axes) {
+    ASPEN_ASSIGN_OR_RETURN(const int ax, c.axis(a, r, "input 'axes'"));
+    if (inserted[size_t(ax)]) return c.error("input 'axes'", "each axis once", std::to_string(a) + " twice");
+    inserted[size_t(ax)] = true;
+  }
+  std::vector<int64_t> d;
+  const std::vector<int64_t> from = dims(in[0].type.shape);
+  size_t k = 0;
+  for (int i = 0; i < r; ++i) d.push_back(inserted[size_t(i)] ? 1 : from[k++]);
+  out = {reshaped(c, in[0], d)};
+  return c.b.status();
+}
+
+Status convert_squeeze(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> axes, axes_input(c, in, 1));
+  const std::vector<int64_t> from = dims(in[0].type.shape);
+  const int r = int(from.size());
+  std::vector<bool> drop(size_t(r), axes.empty());
+  if (axes.empty())
+    for (int i = 0; i < r; ++i) drop[size_t(i)] = from[size_t(i)] == 1;
+  for (int64_t a : axes) {
+    ASPEN_ASSIGN_OR_RETURN(const int ax, c.axis(a, r, "input 'axes'"));
+    if (from[size_t(ax)] != 1)
+      return c.error("input 'axes'", "axes of extent 1",
+                     "axis " + std::to_string(a) + " of extent " + std::to_string(from[size_t(ax)]));
+    drop[size_t(ax)] = true;
+  }
+  std::vector<int64_t> d;
+  for (int i = 0; i < r; ++i)
+    if (!drop[size_t(i)]) d.push_back(from[size_t(i)]);
+  out = {reshaped(c, in[0], d)};
+  return c.b.status();
+}
+
+Status convert_transpose(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const int r = in[0].type.shape.rank();
+  std::vector<int64_t> rev(static_cast<size_t>(r));
+  for (int i = 0; i < r; ++i) rev[size_t(i)] = r - 1 - i;
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> perm, c.attr_ints("perm", rev));
+  bool identity = true;
+  for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == int64_t(i);
+  out = {identity && int(perm.size()) == r ? in[0] : c.wrap(c.b.transpose(c.id(in[0]), perm))};
+  return c.b.status();
+}
+
+Status convert_concat(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_RETURN_IF_ERROR(same_dtype(c, in));
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis"));
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, in[0].type.shape.rank(), "attribute 'axis'"));
+  std::vector<ValueId> ids;
+  for (const Value& v : in)
+    if (v.type.shape.numel() > 0 || in.size() == 1) ids.push_back(c.id(v));  // empty pieces add nothing
+  if (ids.empty()) ids.push_back(c.id(in[0]));
+  out = {ids.size() == 1 && in.size() == 1 ? in[0] : c.wrap(c.b.concat(ids, axis))};
+  return c.b.status();
+}
+
+Status convert_slice(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> starts, c.ints(in[1], "input 'starts'"));
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> ends, c.ints(in[2], "input 'ends'"));
+  const int r = in[0].type.shape.rank();
+  std::vector<int64_t> axes(starts.size()), steps(starts.size(), 1);
+  std::iota(axes.begin(), axes.end(), 0);
+  if (in.size() > 3 && in[3].present()) {
+    ASPEN_ASSIGN_OR_RETURN(axes, c.ints(in[3], "input 'axes'"));
+  }
+  if (in.size() > 4 && in[4].present()) {
+    ASPEN_ASSIGN_OR_RETURN(steps, c.ints(in[4], "input 'steps'"));
+  }
+  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+    return c.error("inputs 'starts', 'ends', 'axes', 'steps'", "one length",
+                   std::to_string(starts.size()) + ", " + std::to_string(ends.size()) + ", " +
+                       std::to_string(axes.size()) + ", " + std::to_string(steps.size()));
+  Value x = in[0];
+  for (size_t k = 0; k < starts.size(); ++k) {
+    ASPEN_ASSIGN_OR_RETURN(const int ax, c.axis(axes[k], r, "input 'axes'"));
+    if (steps[k] != 1)
+      return c.unsupported("input 'steps'", "1 on every axis",
+                           std::to_string(steps[k]) + " on axis " + std::to_string(ax));
+    const int64_t d = x.type.shape[ax];
+    auto clampi = [d](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + d : v, 0, d); };
+    const int64_t b = clampi(starts[k]), e = std::max(b, clampi(ends[k]));
+    if (b == 0 && e == d) continue;
+    x = c.wrap(c.b.slice(c.id(x), ax, b, e));
+  }
+  out = {x};
+  return c.b.status();
+}
+
+Status convert_split(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", 0));
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, in[0].type.shape.rank(), "attribute 'axis'"));
+  const int64_t d = in[0].type.shape[axis];
+  const size_t n_out = c.node.outputs.size();
+  std::vector<int64_t> sizes;
+  if (in.size() > 1 && in[1].present()) {
+    ASPEN_ASSIGN_OR_RETURN(sizes, c.ints(in[1], "input 'split'"));
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(const int64_t n, c.attr_i("num_outputs", int64_t(n_out)));
+    if (n < 1) return c.error("attribute 'num_outputs'", ">= 1", std::to_string(n));
+    const int64_t each = (d + n - 1) / n;  // the last piece is smaller when n does not divide d
+    for (int64_t k = 0, at = 0; k < n; ++k, at += each) sizes.push_back(std::max<int64_t>(0, std::min(each, d - at)));
+  }
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  if (total != d || sizes.size() != n_out)
+    return c.error("split sizes", std::to_string(n_out) + " pieces adding up to " + std::to_string(d),
+                   std::to_string(sizes.size()) + " adding up to " + std::to_string(total));
+  out.clear();
+  for (int64_t k = 0, at = 0; k < int64_t(sizes.size()); at += sizes[size_t(k)], ++k)
+    out.push_back(c.wrap(c.b.slice(c.id(in[0]), axis, at, at + sizes[size_t(k)])));
+  return c.b.status();
+}
+
+Status convert_expand(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> d, c.ints(in[1], "input 'shape'"));
+  ASPEN_ASSIGN_OR_RETURN(const Shape s, make_shape(c, d, "input 'shape'"));
+  ASPEN_ASSIGN_OR_RETURN(const Shape to, broadcast_shape(c, {in[0].type.shape, s}));
+  out = {to_shape(c, in[0], to)};
+  return c.b.status();
+}
+
+// Gather(data, indices, axis). Known data and indices are gathered here (shape arithmetic, any dtype);
+// otherwise the axis moves to the front, the rest flattens into rows of a [V, C] table, the IR's gather
+// picks rows, and the result takes its shape back. Negative known indices count from the end; at run time
+// an index outside [0, V) is the gather's error.
+Status convert_gather(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", 0));
+  const int r = in[0].type.shape.rank();
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, r, "attribute 'axis'"));
+  const std::vector<int64_t> d = dims(in[0].type.shape);
+  const int64_t V = d[size_t(axis)];
+  std::vector<int64_t> idx_dims = dims(in[1].type.shape);
+  std::vector<int64_t> out_dims(d.begin(), d.begin() + axis);
+  out_dims.insert(out_dims.end(), idx_dims.begin(), idx_dims.end());
+  out_dims.insert(out_dims.end(), d.begin() + axis + 1, d.end());
+  std::optional<std::vector<int64_t>> known_idx;
+  if (in[1].known()) {
+    ASPEN_ASSIGN_OR_RETURN(std::vector<int64_t> ix, c.ints(in[1], "input 'indices'"));
+    for (int64_t& i : ix) {
+      if (i < -V || i >= V)
+        return c.error("input 'indices'", "indices in [" + std::to_string(-V) + ", " + std::to_string(V) + ")",
+                       std::to_string(i));
+      if (i < 0) i += V;
+    }
+    known_idx = std::move(ix);
+  }
+  if (in[0].known() && known_idx) {
+    const Tensor& src = *in[0].constant;
+    ASPEN_ASSIGN_OR_RETURN(const Shape os, make_shape(c, out_dims, "output"));
+    Tensor t(src.dtype(), os);
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < axis; ++i) outer *= d[size_t(i)];
+    for (int i = axis + 1; i < r; ++i) inner *= d[size_t(i)];
+    const size_t row = size_t(inner) * size_t(dtype_size(src.dtype()));
+    const char* s = static_cast<const char*>(src.raw());
+    char* o = static_cast<char*>(t.raw());
+    const size_t n = known_idx->size();
+    for (int64_t p = 0; p < outer; ++p)
+      for (size_t k = 0; k < n; ++k)
+        std::memcpy(o + (size_t(p) * n + k) * row, s + (size_t(p) * size_t(V) + size_t((*known_idx)[k])) * row, row);
+    out = {Ctx::constant(std::move(t))};
+    return Status();
+  }
+  Value ids = in[1];
+  if (known_idx) {
+    Tensor t(DType::i64, in[1].type.shape);
+    std::copy(known_idx->begin(), known_idx->end(), t.span<int64_t>().begin());
+    ids = Ctx::constant(std::move(t));
+  }
+  if (ids.type.dtype != DType::i64 && ids.type.dtype != DType::i32)
+    return c.error("input 'indices'", "int64 or int32", std::string(dtype_name(ids.type.dtype)));
+  if (!known_idx) {  // negative indices count from the end: ids + V where ids < 0
+    const ValueId i = c.id(ids);
+    const TensorType t = c.b.type(i);
+    Tensor v(t.dtype, Shape{});
+    Tensor z(t.dtype, Shape{});
+    if (t.dtype == DType::i64) {
+      v.span<int64_t>()[0] = V;
+    } else {
+      v.span<int32_t>()[0] = int32_t(V);
+    }
+    const ValueId vb = c.b.broadcast(c.b.constant(std::move(v)), dims(t.shape));
+    const ValueId zb = c.b.broadcast(c.b.constant(std::move(z)), dims(t.shape));
+    ids = c.wrap(c.b.where(c.b.op1(OpKind::less, {i, zb}), c.b.add(i, vb), i));
+  }
+  Value x = in[0];
+  std::vector<int64_t> perm;
+  if (axis != 0) {
+    perm.push_back(axis);
+    for (int i = 0; i < r; ++i)
+      if (i != axis) perm.push_back(i);
+    x = c.wrap(c.b.transpose(c.id(x), perm));
+  }
+  const int64_t C = V == 0 ? 0 : in[0].type.shape.numel() / V;
+  x = reshaped(c, x, {V, C});
+  if (ids.type.shape.rank() == 0) ids = reshaped(c, ids, {1});
+  Value g = c.wrap(c.b.gather(c.id(x), c.id(ids)));
+  // g is [indices..., C]: give it [indices..., rest...] then move the axis block back.
+  std::vector<int64_t> moved = idx_dims;
+  for (int i = 0; i < r; ++i)
+    if (i != axis) moved.push_back(d[size_t(i)]);
+  g = reshaped(c, g, moved);
+  if (axis != 0) {
+    const int q = int(idx_dims.size());
+    std::vector<int64_t> back;  // out dims: rest[0..axis), indices, rest[axis..)
+    for (int i = 0; i < axis; ++i) back.push_back(q + i);
+    for (int i = 0; i < q; ++i) back.push_back(i);
+    for (int i = axis; i < r - 1; ++i) back.push_back(q + i);
+    g = c.wrap(c.b.transpose(c.id(g), back));
+  }
+  out = {g};
+  return c.b.status();
+}
+
+// ---- reductions, normalizations -----------------------------------------------------------------------
+
+// The axes of a reduction: an input from opset 18 (ReduceSum: 13), an attribute before.
+Result<std::vector<int64_t>> reduce_axes(Ctx& c, std::vector<Value>& in, int64_t input_from, bool& all) {
+  std::vector<int64_t> axes;
+  if (c.opset >= input_from) {
+    if (in.size() > 1 && in[1].present()) {
+      ASPEN_ASSIGN_OR_RETURN(axes, c.ints(in[1], "input 'axes'"));
+    }
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(axes, c.attr_ints("axes", std::vector<int64_t>{}));
+  }
+  ASPEN_ASSIGN_OR_RETURN(const int64_t noop, c.attr_i("noop_with_empty_axes", 0));
+  all = axes.empty() && !noop;
+  const int r = in[0].type.shape.rank();
+  std::vector<int64_t> out;
+  if (all)
+    for (int i = 0; i < r; ++i) out.push_back(i);
+  for (int64_t a : axes) {
+    ASPEN_ASSIGN_OR_RETURN(const int ax, c.axis(a, r, "axes"));
+    out.push_back(ax);
+  }
+  std::sort(out.begin(), out.end());
+  if (std::adjacent_find(out.begin(), out.end()) != out.end()) return c.error("axes", "each axis once", "a repeat");
+  return out;
+}
+
+enum class Reduce { sum, mean, max, min };
+Converter reduction(Reduce kind, int64_t input_from) {
+  return [kind, input_from](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) -> Status {
+    bool all = false;
+    ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> axes, reduce_axes(c, in, input_from, all));
+    ASPEN_ASSIGN_OR_RETURN(const int64_t keep, c.attr_i("keepdims", 1));
+    if (axes.empty()) {
+      out = {in[0]};
+      return Status();
+    }
+    ValueId x = c.id(in[0]);
+    if (kind == Reduce::min) x = c.b.neg(x);
+    ValueId y = kind == Reduce::max || kind == Reduce::min ? c.b.reduce_max(x, axes, keep != 0)
+                                                           : c.b.reduce_sum(x, axes, keep != 0);
+    if (kind == Reduce::min) y = c.b.neg(y);
+    if (kind == Reduce::mean) {
+      int64_t n = 1;
+      for (int64_t a : axes) n *= in[0].type.shape[int(a)];
+      y = c.b.scale(y, n ? 1.0 / double(n) : NAN);
+    }
+    out = {c.wrap(y)};
+    return c.b.status();
+  };
+}
+
+// Moves `axis` to the last position and back around `body` (softmax over an inner axis).
+template <class F>
+Status on_last_axis(Ctx& c, const Value& x, int axis, std::vector<Value>& out, F body) {
+  const int r = x.type.shape.rank();
+  if (axis == r - 1) {
+    out = {c.wrap(body(c.id(x)))};
+    return c.b.status();
+  }
+  std::vector<int64_t> perm;
+  for (int i = 0; i < r; ++i)
+    if (i != axis) perm.push_back(i);
+  perm.push_back(axis);
+  std::vector<int64_t> inverse(static_cast<size_t>(r));
+  for (int i = 0; i < r; ++i) inverse[size_t(perm[size_t(i)])] = i;
+  const ValueId y = body(c.b.transpose(c.id(x), perm));
+  out = {c.wrap(c.b.transpose(y, inverse))};
+  return c.b.status();
+}
+
+Status convert_softmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, in[0].type.shape.rank(), "attribute 'axis'"));
+  return on_last_axis(c, in[0], axis, out, [&](ValueId x) { return c.b.op1(OpKind::softmax, {x}); });
+}
+
+Status convert_log_softmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, in[0].type.shape.rank(), "attribute 'axis'"));
+  return on_last_axis(c, in[0], axis, out, [&](ValueId x) {
+    const std::vector<int64_t> d = dims(c.b.type(x).shape);
+    const int64_t last = int64_t(d.size()) - 1;
+    const ValueId z = c.b.sub(x, c.b.broadcast(c.b.reduce_max(x, {last}, true), d));
+    const ValueId lse = c.b.op1(OpKind::log, {c.b.reduce_sum(c.b.exp(z), {last}, true)});
+    return c.b.sub(z, c.b.broadcast(lse, d));
+  });
+}
+
+Status convert_layer_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
+  ASPEN_ASSIGN_OR_RETURN(const float eps, c.attr_f("epsilon", 1e-5f));
+  const std::vector<int64_t> d = dims(in[0].type.shape);
+  const int r = int(d.size());
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, r, "attribute 'axis'"));
+  int64_t inner = 1;
+  for (int i = axis; i < r; ++i) inner *= d[size_t(i)];
+  std::vector<int64_t> flat(d.begin(), d.begin() + axis);
+  flat.push_back(inner);
+  const DType dt = in[0].type.dtype;
+  const Value scale = to_shape(c, in[1], shape_of(std::vector<int64_t>(d.begin() + axis, d.end())));
+  Value bias = in.size() > 2 && in[2].present()
+                   ? to_shape(c, in[2], shape_of(std::vector<int64_t>(d.begin() + axis, d.end())))
+                   : filled(c, 0.0, dt, shape_of({inner}));
+  std::vector<ValueId> y =
+      c.b.op(OpKind::layernorm,
+             {c.id(reshaped(c, in[0], flat)), c.id(reshaped(c, scale, {inner})), c.id(reshaped(c, bias, {inner}))},
+             {{"eps", double(eps)}});
+  if (!c.b.status().is_ok()) return c.b.status();
+  std::vector<int64_t> stat(d.begin(), d.begin() + axis);
+  stat.resize(size_t(r), 1);  // Mean and InvStdDev keep the normalized axes as 1
+  out = {reshaped(c, c.wrap(y[0]), d), reshaped(c, c.wrap(y[1]), stat), reshaped(c, c.wrap(y[2]), stat)};
+  return c.b.status();
+}
+
+Status convert_dropout(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  if (in.size() > 2 && in[2].present()) {
+    ASPEN_ASSIGN_OR_RETURN(const double training, c.scalar(in[2], "input 'training_mode'"));
+    if (training != 0) return c.unsupported("input 'training_mode'", "false (dropout in inference)", "true");
+  }
+  out = {in[0]};
+  if (c.node.outputs.size() > 1) {  // the mask: all kept
+    Tensor m(DType::boolean, in[0].type.shape);
+    for (bool& v : m.span<bool>()) v = true;
+    out.push_back(Ctx::constant(std::move(m)));
+  }
+  return Status();
+}
+
+}  // namespace
+
+// ---- the table ----------------------------------------------------------------------------------------
+
+const std::map<std::string, OpConverter>& converters() {
+  static const std::map<std::string, OpConverter> table = [] {
+    std::map<std::string, OpConverter> t;
+    auto add = [&](const char* name, Converter f, int lo, int hi) { t[name] = OpConverter{std::move(f), lo, hi}; };
+    add("Identity", convert_identity, 1, 1);
+    add("Neg", unary(OpKind::neg), 1, 1);
+    add("Exp", unary(OpKind::exp), 1, 1);
+    add("Log", unary(OpKind::log), 1, 1);
+    add("Tanh", unary(OpKind::tanh), 1, 1);
+    add("Sqrt", unary(OpKind::sqrt), 1, 1);
+    add("Relu", unary(OpKind::relu), 1, 1);
+    add("Sigmoid", unary(OpKind::sigmoid), 1, 1);
+    add("Erf", unary(OpKind::erf), 1, 1);
+    add("Not", unary(OpKind::logical_not), 1, 1);
+    add("IsNaN", unary(OpKind::is_nan), 1, 1);
+    add("Reciprocal", convert_reciprocal, 1, 1);
+    add("Abs", convert_abs, 1, 1);
+    add("Gelu", convert_gelu, 1, 1);
+    add("Add", binary(OpKind::add), 2, 2);
+    add("Sub", binary(OpKind::sub), 2, 2);
+    add("Mul", binary(OpKind::mul), 2, 2);
+    add("Div", binary(OpKind::div), 2, 2);
+    add("Pow", convert_pow, 2, 2);
+    add("Equal", binary(OpKind::equal), 2, 2);
+    add("Less", binary(OpKind::less), 2, 2);
+    add("Greater", binary(OpKind::greater), 2, 2);
+    add("LessOrEqual", negated(OpKind::greater), 2, 2);
+    add("GreaterOrEqual", negated(OpKind::less), 2, 2);
+    add("And", binary(OpKind::logical_and), 2, 2);
+    add("Or", binary(OpKind::logical_or), 2, 2);
+    add("Max", variadic(OpKind::max), 1, -1);
+    add("Min", variadic(OpKind::min), 1, -1);
+    add("Sum", variadic(OpKind::add), 1, -1);
+    add("Mean", variadic(OpKind::add, true), 1, -1);
+    add("Where", convert_where, 3, 3);
+    add("Clip", convert_clip, 1, 3);
+    add("Cast", convert_cast, 1, 1);
+    add("CastLike", convert_cast_like, 2, 2);
+    add("MatMul", convert_matmul, 2, 2);
+    add("Gemm", convert_gemm, 2, 3);
+    add("Shape", convert_shape, 1, 1);
+    add("Size", convert_size, 1, 1);
+    add("Constant", convert_constant, 0, 0);
+    add("ConstantOfShape", convert_constant_of_shape, 1, 1);
+    add("Range", convert_range, 3, 3);
+    add("Reshape", convert_reshape, 2, 2);
+    add("Flatten", convert_flatten, 1, 1);
+    add("Unsqueeze", convert_unsqueeze, 2, 2);
+    add("Squeeze", convert_squeeze, 1, 2);
+    add("Transpose", convert_transpose, 1, 1);
+    add("Concat", convert_concat, 1, -1);
+    add("Slice", convert_slice, 3, 5);
+    add("Split", convert_split, 1, 2);
+    add("Expand", convert_expand, 2, 2);
+    add("Gather", convert_gather, 2, 2);
+    add("ReduceSum", reduction(Reduce::sum, 13), 1, 2);
+    add("ReduceMean", reduction(Reduce::mean, 18), 1, 2);
+    add("ReduceMax", reduction(Reduce::max, 18), 1, 2);
+    add("ReduceMin", reduction(Reduce::min, 18), 1, 2);
+    add("Softmax", convert_softmax, 1, 1);
+    add("LogSoftmax", convert_log_softmax, 1, 1);
+    add("LayerNormalization", convert_layer_norm, 2, 3);
+    add("Dropout", convert_dropout, 1, 3);
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace aspen::models::onnx

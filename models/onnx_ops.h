@@ -1,0 +1,90 @@
+// models/onnx_ops.h: how the ONNX importer converts one node (private to
+// models/onnx_import.cc and onnx_ops.cc).
+//
+// A converter reads its node's attributes and input Values through a Ctx and
+// emits IR ops with the Ctx's builder. A Value is a graph value, or a tensor
+// known at import; the driver runs a converter whose inputs are all known
+// against a scratch graph and the reference interpreter, so one conversion
+// serves both building and folding. Converters that need a known input (a
+// Reshape's shape, a Slice's bounds) read it with Ctx::ints and fail naming
+// the input when it is not known.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "graph/builder.h"
+#include "io/onnx.h"
+
+namespace aspen::models::onnx {
+
+struct Value {
+  graph::TensorType type;
+  std::optional<graph::ValueId> id;        // in the graph being built
+  std::shared_ptr<const Tensor> constant;  // known at import
+  bool known() const { return constant != nullptr; }
+  bool present() const { return id.has_value() || known(); }  // false: an optional input left out
+};
+
+class Ctx {
+ public:
+  Ctx(graph::Builder& builder, const io::OnnxNode& n, size_t index, int64_t op_set)
+      : b(builder), node(n), opset(op_set), index_(index) {}
+
+  graph::Builder& b;
+  const io::OnnxNode& node;
+
+  // "node 3 'attn/MatMul' (MatMul) at opset 17".
+  std::string label() const;
+  // InvalidArgument: "<label>: <what>: expected E, found F".
+  Status error(const std::string& what, const std::string& expected, const std::string& found) const;
+  // Unimplemented: a valid model the importer does not convert.
+  Status unsupported(const std::string& what, const std::string& expected, const std::string& found) const;
+
+  // Attributes, with their ONNX defaults where the op has one (no default: required).
+  bool has(const char* name) const { return node.find(name) != nullptr; }
+  Result<int64_t> attr_i(const char* name, std::optional<int64_t> def = std::nullopt) const;
+  Result<float> attr_f(const char* name, std::optional<float> def = std::nullopt) const;
+  Result<std::string> attr_s(const char* name, std::optional<std::string> def = std::nullopt) const;
+  Result<std::vector<int64_t>> attr_ints(const char* name,
+                                         std::optional<std::vector<int64_t>> def = std::nullopt) const;
+  Result<Tensor> attr_tensor(const char* name) const;
+
+  // The value as a graph value (a known one is added as a constant).
+  graph::ValueId id(const Value& v);
+  Value wrap(graph::ValueId v) const;
+  static Value constant(Tensor t);
+  // A known integer tensor's values; `what` names the input in the error when it is not known.
+  Result<std::vector<int64_t>> ints(const Value& v, const std::string& what) const;
+  // A known scalar (one element of any type) as a double.
+  Result<double> scalar(const Value& v, const std::string& what) const;
+  // An axis in [-rank, rank) as an index in [0, rank).
+  Result<int> axis(int64_t a, int rank, const std::string& what) const;
+
+  const int64_t opset;
+
+ private:
+  size_t index_;
+};
+
+using Converter = std::function<Status(Ctx& c, std::vector<Value>& in, std::vector<Value>& out)>;
+
+struct OpConverter {
+  Converter convert;
+  int min_inputs = 1, max_inputs = 1;  // -1: any number
+  bool foldable = true;                // false: never evaluated at import (none yet)
+};
+
+// Every op type of the default domain the importer converts.
+const std::map<std::string, OpConverter>& converters();
+
+// ONNX element types as aspen dtypes; nullopt for those aspen has no dtype for.
+std::optional<DType> dtype_of_onnx(int32_t onnx_type);
+
+}  // namespace aspen::models::onnx
