@@ -210,6 +210,8 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
     v.type = graph::TensorType{x.dtype(), x.shape()};
     if (x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16) {
       v.id = b.parameter(t.name, x.dtype(), x.shape());
+      v.parameter = true;
+      v.constant = std::make_shared<const Tensor>(x.clone());
       out.weights.emplace(t.name, std::move(x));
     } else {
       v = Ctx::constant(std::move(x));
@@ -262,7 +264,7 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
   }
   for (const io::OnnxValueInfo& v : m.graph.outputs) {
     const Value& x = values.at(v.name);
-    graph::ValueId id = x.id ? *x.id : b.constant(x.constant->clone());
+    const graph::ValueId id = x.id ? *x.id : b.constant(x.constant->clone());
     b.output(v.name, id);
     out.outputs.push_back(v.name);
   }

@@ -144,7 +144,7 @@ Value Ctx::constant(Tensor t) {
 }
 
 Result<std::vector<int64_t>> Ctx::ints(const Value& v, const std::string& what) const {
-  if (!v.known())
+  if (!v.readable())
     return unsupported(what, "a value known when the model is imported (a constant, or computed from shapes)",
                        "one computed from the graph's inputs");
   const Tensor& t = *v.constant;
@@ -160,7 +160,7 @@ Result<std::vector<int64_t>> Ctx::ints(const Value& v, const std::string& what) 
 }
 
 Result<double> Ctx::scalar(const Value& v, const std::string& what) const {
-  if (!v.known())
+  if (!v.readable())
     return unsupported(what, "a value known when the model is imported", "one computed from the graph's inputs");
   if (v.constant->numel() != 1) return error(what, "one value", v.type.to_string());
   return graph::HostArray::from_tensor(*v.constant).data.at(0);
@@ -379,6 +379,68 @@ Status convert_cast_like(Ctx& c, std::vector<Value>& in, std::vector<Value>& out
   const DType dt = in[1].type.dtype;
   out = {in[0].type.dtype == dt ? in[0] : c.wrap(c.b.cast(c.id(in[0]), dt))};
   return c.b.status();
+}
+
+// A known tensor's values broadcast (numpy rules) to `to`, as doubles.
+std::vector<double> broadcast_values(const Tensor& t, const Shape& to) {
+  const graph::HostArray a = graph::HostArray::from_tensor(t);
+  const Shape& from = t.shape();
+  std::vector<double> out(size_t(to.numel()));
+  const int lead = to.rank() - from.rank();
+  for (int64_t i = 0; i < to.numel(); ++i) {
+    int64_t rem = i, src = 0;
+    for (int d = to.rank() - 1; d >= 0; --d) {
+      const int64_t coord = rem % to[d];
+      rem /= to[d];
+      const int fd = d - lead;
+      if (fd >= 0 && from[fd] != 1) src += coord * from.stride(fd);
+    }
+    out[size_t(i)] = a.data[size_t(src)];
+  }
+  return out;
+}
+
+// Known operands of an op the IR has no op for (integer Div and Mod): computed here, with broadcasting.
+template <class F>
+Status known_binary(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, F f) {
+  ASPEN_RETURN_IF_ERROR(same_dtype(c, in));
+  ASPEN_ASSIGN_OR_RETURN(const Shape to, broadcast_shape(c, {in[0].type.shape, in[1].type.shape}));
+  const std::vector<double> a = broadcast_values(*in[0].constant, to), b = broadcast_values(*in[1].constant, to);
+  graph::HostArray y(TensorType{in[0].type.dtype, to});
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASPEN_ASSIGN_OR_RETURN(y.data[i], f(a[i], b[i]));
+  }
+  out = {Ctx::constant(y.to_tensor())};
+  return Status();
+}
+
+bool is_float_type(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+// Mod: fmod 0 takes the divisor's sign (Python's %; integers only, as ONNX requires), fmod 1 the
+// dividend's (C's fmod). Known operands only (shape arithmetic).
+Status convert_mod(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t fmod, c.attr_i("fmod", 0));
+  if (!in[0].known() || !in[1].known())
+    return c.unsupported("inputs", "values known when the model is imported", "ones computed from the graph's inputs");
+  if (!fmod && is_float_type(in[0].type.dtype)) return c.error("attribute 'fmod'", "1 for float inputs", "0");
+  return known_binary(c, in, out, [&](double a, double b) -> Result<double> {
+    if (b == 0 && !fmod) return c.error("input 'B'", "no zero divisor", "0");
+    double m = std::fmod(a, b);
+    if (!fmod && m != 0 && ((m < 0) != (b < 0))) m += b;
+    return m;
+  });
+}
+
+// Div: the IR's div for float types; integers (shape arithmetic) truncate toward zero, known only.
+Status convert_div(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  if (is_float_type(in[0].type.dtype)) return elementwise(c, OpKind::div, in, out);
+  if (!in[0].known() || !in[1].known())
+    return c.unsupported("inputs", "float types, or integers known when the model is imported",
+                         std::string(dtype_name(in[0].type.dtype)) + " computed from the graph's inputs");
+  return known_binary(c, in, out, [&](double a, double b) -> Result<double> {
+    if (b == 0) return c.error("input 'B'", "no zero divisor", "0");
+    return std::trunc(a / b);
+  });
 }
 
 // ---- linear algebra -----------------------------------------------------------------------------------
@@ -633,6 +695,27 @@ Status convert_concat(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   return c.b.status();
 }
 
+// x[..., b:e:s, ...] for a step s > 1: positions b, b + s, ... are column r of the axis range
+// [q s, (q + n) s) seen as [n, s] (b = q s + r), padded with zeros past the end where that range passes it.
+Value strided(Ctx& c, const Value& x, int ax, int64_t b, int64_t e, int64_t step) {
+  const std::vector<int64_t> d = dims(x.type.shape);
+  const int64_t n = (e - b + step - 1) / step, q = b / step, r = b % step;
+  const int64_t lo = q * step, hi = (q + n) * step;
+  ValueId v = c.b.slice(c.id(x), ax, lo, std::min(hi, d[size_t(ax)]));
+  if (hi > d[size_t(ax)]) {
+    std::vector<int64_t> pad = d;
+    pad[size_t(ax)] = hi - d[size_t(ax)];
+    v = c.b.concat({v, c.id(filled(c, 0.0, x.type.dtype, shape_of(pad)))}, ax);
+  }
+  std::vector<int64_t> split = d;
+  split[size_t(ax)] = n;
+  split.insert(split.begin() + ax + 1, step);
+  v = c.b.slice(c.b.reshape(v, split), ax + 1, r, r + 1);
+  std::vector<int64_t> outd = d;
+  outd[size_t(ax)] = n;
+  return c.wrap(c.b.reshape(v, outd));
+}
+
 Status convert_slice(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> starts, c.ints(in[1], "input 'starts'"));
   ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> ends, c.ints(in[2], "input 'ends'"));
@@ -652,12 +735,15 @@ Status convert_slice(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   Value x = in[0];
   for (size_t k = 0; k < starts.size(); ++k) {
     ASPEN_ASSIGN_OR_RETURN(const int ax, c.axis(axes[k], r, "input 'axes'"));
-    if (steps[k] != 1)
-      return c.unsupported("input 'steps'", "1 on every axis",
-                           std::to_string(steps[k]) + " on axis " + std::to_string(ax));
+    if (steps[k] < 1)
+      return c.unsupported("input 'steps'", "steps >= 1", std::to_string(steps[k]) + " on axis " + std::to_string(ax));
     const int64_t d = x.type.shape[ax];
     auto clampi = [d](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + d : v, 0, d); };
     const int64_t b = clampi(starts[k]), e = std::max(b, clampi(ends[k]));
+    if (steps[k] > 1 && e > b) {
+      x = strided(c, x, ax, b, e, steps[k]);
+      continue;
+    }
     if (b == 0 && e == d) continue;
     x = c.wrap(c.b.slice(c.id(x), ax, b, e));
   }
@@ -763,6 +849,12 @@ Status convert_gather(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
     ids = c.wrap(c.b.where(c.b.op1(OpKind::less, {i, zb}), c.b.add(i, vb), i));
   }
   Value x = in[0];
+  const DType data_t = x.type.dtype;
+  const bool narrow = data_t == DType::boolean || data_t == DType::u8;  // exact through f32
+  if (data_t != DType::f32 && data_t != DType::bf16 && data_t != DType::f16 && !narrow)
+    return c.unsupported("input 'data'", "a float, bool or u8 tensor (or one known at import)",
+                         std::string(dtype_name(data_t)) + " computed from the graph's inputs");
+  if (narrow) x = c.wrap(c.b.cast(c.id(x), DType::f32));
   std::vector<int64_t> perm;
   if (axis != 0) {
     perm.push_back(axis);
@@ -787,7 +879,44 @@ Status convert_gather(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
     for (int i = axis; i < r - 1; ++i) back.push_back(q + i);
     g = c.wrap(c.b.transpose(c.id(g), back));
   }
+  if (narrow) g = c.wrap(c.b.cast(c.id(g), data_t));
   out = {g};
+  return c.b.status();
+}
+
+// GatherND(data, indices) {batch_dims = 0} with known indices [..., k]: each index tuple names a row of
+// data seen as [d0 ... d(k-1), rest], which Gather picks from data flattened to those rows.
+Status convert_gather_nd(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t batch_dims, c.attr_i("batch_dims", 0));
+  if (batch_dims != 0) return c.unsupported("attribute 'batch_dims'", "0", std::to_string(batch_dims));
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> idx, c.ints(in[1], "input 'indices'"));
+  const std::vector<int64_t> d = dims(in[0].type.shape), id = dims(in[1].type.shape);
+  if (id.empty()) return c.error("input 'indices'", "rank 1 or more", "rank 0");
+  const int64_t k = id.back();
+  if (k < 1 || k > int64_t(d.size()))
+    return c.error("input 'indices'", "a last extent in [1, data's rank]", std::to_string(k));
+  int64_t rows = 1, rest = 1;
+  for (int64_t i = 0; i < int64_t(d.size()); ++i) (i < k ? rows : rest) *= d[size_t(i)];
+  std::vector<int64_t> flat;
+  for (size_t t = 0; t + size_t(k) <= idx.size(); t += size_t(k)) {
+    int64_t row = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t v = idx[t + size_t(j)];
+      const int64_t dim = d[size_t(j)];
+      if (v < -dim || v >= dim)
+        return c.error("input 'indices'", "indices in [-d, d) of each indexed axis", std::to_string(v));
+      row = row * dim + (v < 0 ? v + dim : v);
+    }
+    flat.push_back(row);
+  }
+  std::vector<int64_t> data_rows = {rows};
+  data_rows.insert(data_rows.end(), d.begin() + k, d.end());
+  Value table = reshaped(c, in[0], data_rows);
+  std::vector<Value> g_in{table, Ctx::constant(i64_tensor(flat))};
+  std::vector<int64_t> out_d(id.begin(), id.end() - 1);
+  out_d.insert(out_d.end(), d.begin() + k, d.end());
+  ASPEN_RETURN_IF_ERROR(convert_gather(c, g_in, out));
+  out = {reshaped(c, out[0], out_d)};
   return c.b.status();
 }
 
@@ -945,7 +1074,7 @@ const std::map<std::string, OpConverter>& converters() {
     add("Add", binary(OpKind::add), 2, 2);
     add("Sub", binary(OpKind::sub), 2, 2);
     add("Mul", binary(OpKind::mul), 2, 2);
-    add("Div", binary(OpKind::div), 2, 2);
+    add("Div", convert_div, 2, 2);
     add("Pow", convert_pow, 2, 2);
     add("Equal", binary(OpKind::equal), 2, 2);
     add("Less", binary(OpKind::less), 2, 2);
@@ -979,6 +1108,8 @@ const std::map<std::string, OpConverter>& converters() {
     add("Split", convert_split, 1, 2);
     add("Expand", convert_expand, 2, 2);
     add("Gather", convert_gather, 2, 2);
+    add("GatherND", convert_gather_nd, 2, 2);
+    add("Mod", convert_mod, 2, 2);
     add("ReduceSum", reduction(Reduce::sum, 13), 1, 2);
     add("ReduceMean", reduction(Reduce::mean, 18), 1, 2);
     add("ReduceMax", reduction(Reduce::max, 18), 1, 2);

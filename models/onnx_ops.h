@@ -27,9 +27,14 @@ namespace aspen::models::onnx {
 struct Value {
   graph::TensorType type;
   std::optional<graph::ValueId> id;        // in the graph being built
-  std::shared_ptr<const Tensor> constant;  // known at import
-  bool known() const { return constant != nullptr; }
-  bool present() const { return id.has_value() || known(); }  // false: an optional input left out
+  std::shared_ptr<const Tensor> constant;  // known at import (or, for a parameter, its value in the file)
+  bool parameter = false;                  // a float initializer: a graph value whose file value is readable
+  // Known at import: folded with whatever is computed from it. A parameter is not (it trains).
+  bool known() const { return constant != nullptr && !parameter; }
+  // Its value can be read at import: known, or a parameter's value in the file (an exporter's scalar
+  // constant, such as a Pow exponent, arrives as a float initializer).
+  bool readable() const { return constant != nullptr; }
+  bool present() const { return id.has_value() || constant != nullptr; }  // false: an optional input left out
 };
 
 class Ctx {
@@ -60,9 +65,9 @@ class Ctx {
   graph::ValueId id(const Value& v);
   Value wrap(graph::ValueId v) const;
   static Value constant(Tensor t);
-  // A known integer tensor's values; `what` names the input in the error when it is not known.
+  // A readable integer tensor's values; `what` names the input in the error when it is not readable.
   Result<std::vector<int64_t>> ints(const Value& v, const std::string& what) const;
-  // A known scalar (one element of any type) as a double.
+  // A readable scalar (one element of any type) as a double.
   Result<double> scalar(const Value& v, const std::string& what) const;
   // An axis in [-rank, rank) as an index in [0, rank).
   Result<int> axis(int64_t a, int rank, const std::string& what) const;
