@@ -311,6 +311,7 @@ int main(int argc, char** argv) {
   commands.push_back(aspen::tools::add_embed_command(app));
   commands.push_back(aspen::tools::add_prepare_data_command(app));
   commands.push_back(aspen::tools::add_train_command(app));
+  commands.push_back(aspen::tools::add_onnx_command(app));
 
   try {
     app.parse(argc, argv);

@@ -104,4 +104,23 @@ else
 fi
 
 echo "$failures failure(s)"
+# aspen onnx: 0 on success, 1 naming the node of a model it does not import, 2 on a usage error.
+mlp="$src/models/testdata/onnx/mlp_ts/model.onnx"
+x="$src/tools/testdata/onnx_mlp_x.npy"
+expect 0 "compile: " -- "$aspen" onnx run "$mlp" --input "x=$x" --output-dir "$tmp"
+expect 2 "expected NAME=FILE.npy" -- "$aspen" onnx run "$mlp" --input "$x"
+expect 2 "graph input 'x': expected --input x=FILE.npy, found none" -- "$aspen" onnx run "$mlp"
+expect 2 "--dim 'batch': expected NAME=EXTENT" -- "$aspen" onnx run "$mlp" --input "x=$x" --dim batch
+expect 2 "--dtype: expected f32 or bf16, found 'f64'" -- "$aspen" onnx run "$mlp" --input "x=$x" --dtype f64
+python3 - "$mlp" "$tmp/unsupported.onnx" <<'PY' || failures=$((failures + 1))
+import sys
+# The model with its first node's op type renamed (field 4 of NodeProto), byte for byte otherwise.
+data = open(sys.argv[1], "rb").read()
+at = data.find(b"\x22\x04Gemm")
+assert at > 0, "no Gemm op_type in the model"
+open(sys.argv[2], "wb").write(data[:at] + b"\x22\x04Gexx" + data[at + 6:])
+PY
+expect 1 "(Gexx) at opset 17" -- "$aspen" onnx run "$tmp/unsupported.onnx" --input "x=$x"
+expect 0 "imports: no (1 op type(s) not supported)" -- "$aspen" onnx inspect "$tmp/unsupported.onnx"
+
 [ "$failures" -eq 0 ]
