@@ -1,5 +1,7 @@
 #include "models/onnx_import.h"
 
+#include <fnmatch.h>
+
 #include <cstring>
 #include <set>
 #include <unordered_map>
@@ -142,6 +144,50 @@ std::map<std::string, const Tensor*> OnnxImport::weight_pointers() const {
   return out;
 }
 
+Status add_onnx_loss(OnnxImport& m, const OnnxLoss& loss) {
+  graph::Graph& g = m.graph;
+  const std::optional<graph::ValueId> y = g.find_output(loss.output);
+  if (!y) {
+    std::string names;
+    for (const std::string& o : m.outputs) names += (names.empty() ? "" : ", ") + quoted(o);
+    return Status::invalid_argument("loss output", "an output of the model (" + names + ")", quoted(loss.output));
+  }
+  if (g.find_output("loss")) return Status::invalid_argument("loss", "a model without an output named 'loss'", "one");
+  for (const std::string& in : m.inputs)
+    if (in == loss.targets)
+      return Status::invalid_argument("loss targets", "a name no graph input has", quoted(loss.targets));
+  graph::Builder b(g);
+  const graph::TensorType t = g.type(*y);
+  graph::ValueId l;
+  if (loss.kind == OnnxLoss::Kind::cross_entropy) {
+    if (t.shape.rank() < 1 || t.dtype != DType::f32)
+      return Status::invalid_argument("loss output " + quoted(loss.output), "f32 logits [..., classes]", t.to_string());
+    const int64_t V = t.shape[-1], R = V ? t.shape.numel() / V : 0;
+    std::vector<int64_t> rows(t.shape.begin(), t.shape.end() - 1);
+    Result<Shape> rs = Shape::make(rows.data(), int(rows.size()));
+    if (!rs.is_ok()) return rs.status();
+    const graph::ValueId targets = b.input(loss.targets, DType::i64, *rs);
+    std::vector<graph::ValueId> ce =
+        b.op(graph::OpKind::cross_entropy, {b.reshape(*y, {R, V}), b.reshape(targets, {R})},
+             {{"ignore_index", loss.ignore_index}});
+    ASPEN_RETURN_IF_ERROR(b.status());
+    l = ce[0];
+  } else {
+    const graph::ValueId targets = b.input(loss.targets, t.dtype, t.shape);
+    const graph::ValueId d = b.sub(*y, targets);
+    std::vector<int64_t> axes;
+    for (int i = 0; i < t.shape.rank(); ++i) axes.push_back(i);
+    l = b.mul(d, d);
+    if (!axes.empty()) l = b.reduce_sum(l, axes);
+    l = b.scale(l, t.shape.numel() ? 1.0 / double(t.shape.numel()) : 0.0);
+  }
+  b.output("loss", l);
+  ASPEN_RETURN_IF_ERROR(b.status());
+  m.inputs.push_back(loss.targets);
+  m.outputs.push_back("loss");
+  return Status();
+}
+
 std::vector<std::string> onnx_supported_ops() {
   std::vector<std::string> out;
   for (const auto& [name, conv] : onnx::converters()) out.push_back(name);
@@ -208,7 +254,13 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
     ASPEN_ASSIGN_OR_RETURN(Tensor x, initializer_tensor(m, t));
     Value v;
     v.type = graph::TensorType{x.dtype(), x.shape()};
-    if (x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16) {
+    auto matches = [&](const std::vector<std::string>& patterns) {
+      for (const std::string& p : patterns)
+        if (fnmatch(p.c_str(), t.name.c_str(), 0) == 0) return true;
+      return false;
+    };
+    const bool frozen = matches(options.frozen) || (x.numel() == 1 && !matches(options.trainable));
+    if (!frozen && (x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16)) {
       v.id = b.parameter(t.name, x.dtype(), x.shape());
       v.parameter = true;
       v.constant = std::make_shared<const Tensor>(x.clone());
@@ -264,6 +316,8 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
   }
   for (const io::OnnxValueInfo& v : m.graph.outputs) {
     const Value& x = values.at(v.name);
+    if (x.sequence)
+      return Status::error(Code::kUnimplemented, m.path + ": graph output " + quoted(v.name), "a tensor", "a sequence");
     const graph::ValueId id = x.id ? *x.id : b.constant(x.constant->clone());
     b.output(v.name, id);
     out.outputs.push_back(v.name);

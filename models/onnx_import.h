@@ -15,8 +15,11 @@
 // interpreter, so the graph keeps only the computation on the inputs.
 //
 // Float initializers become parameters (named as in the file; their values in
-// `weights`), so the model can be trained and its weights written back; other
-// initializers are constants.
+// `weights`), so the model can be trained and its weights written back,
+// except those `frozen` names and those of one element (unless `trainable`
+// names them): exporters write a model's scalars (an epsilon, an exponent, an
+// attention scale) as initializers of shape [] or [1], and they are no
+// weights. Other initializers are constants.
 //
 // Ops: the default domain at opsets 13 to 21, each mapped onto the IR's ops
 // (decomposed where the IR has no op of its own; models/onnx_ops.cc lists
@@ -47,6 +50,11 @@ struct OnnxImportOptions {
   // Graph inputs bound to values at import, by name: they become constants (folded with everything
   // computed from them), as a shape or an axis an exporter left as an input. The program has no such input.
   std::map<std::string, const Tensor*> constants;
+  // Float initializers kept constant (not trained), by name pattern (fnmatch: '*', '?', '[...]'), e.g.
+  // "*rotary_emb.inv_freq" for a buffer the exporter wrote as an initializer.
+  std::vector<std::string> frozen;
+  // One-element float initializers trained all the same, by name pattern (a learnt temperature).
+  std::vector<std::string> trainable;
 };
 
 struct OnnxImport {
@@ -60,6 +68,23 @@ struct OnnxImport {
 };
 
 Result<OnnxImport> import_onnx(const io::OnnxModel& model, const OnnxImportOptions& options = {});
+
+// A loss for training an imported graph: a scalar output "loss" over one of its outputs, and an input
+// for the targets.
+//   cross_entropy: `output` holds logits [..., V]; the targets input is i64 [...] (the logits' shape
+//     without the class axis), class ids or ignore_index; the mean over the rows not ignored
+//     (torch.nn.functional.cross_entropy).
+//   mse: the targets input has the output's type; the mean of (output - targets)^2 (torch's mse_loss).
+struct OnnxLoss {
+  enum class Kind { cross_entropy, mse };
+  Kind kind = Kind::cross_entropy;
+  std::string output = {};          // the graph output the loss reads
+  std::string targets = "targets";  // the name of the new input
+  int64_t ignore_index = -100;
+};
+// Adds the targets input and the "loss" output to m.graph (an input or output of either name already
+// there is an error naming it).
+Status add_onnx_loss(OnnxImport& m, const OnnxLoss& loss);
 
 // The op types (in the default domain) the importer converts, sorted.
 std::vector<std::string> onnx_supported_ops();

@@ -851,9 +851,25 @@ Status convert_gather(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   Value x = in[0];
   const DType data_t = x.type.dtype;
   const bool narrow = data_t == DType::boolean || data_t == DType::u8;  // exact through f32
-  if (data_t != DType::f32 && data_t != DType::bf16 && data_t != DType::f16 && !narrow)
-    return c.unsupported("input 'data'", "a float, bool or u8 tensor (or one known at import)",
-                         std::string(dtype_name(data_t)) + " computed from the graph's inputs");
+  if (data_t != DType::f32 && data_t != DType::bf16 && data_t != DType::f16 && !narrow) {
+    // Integers (exact only as themselves): with known indices, the rows are slices of the data, joined;
+    // runs of consecutive indices make one slice each.
+    if (!known_idx || known_idx->size() > 4096)
+      return c.unsupported("input 'data'", "a float, bool or u8 tensor, or integers with at most 4096 known indices",
+                           std::string(dtype_name(data_t)) + " computed from the graph's inputs");
+    std::vector<ValueId> pieces;
+    for (size_t k = 0; k < known_idx->size();) {
+      size_t e = k + 1;
+      while (e < known_idx->size() && (*known_idx)[e] == (*known_idx)[e - 1] + 1) ++e;
+      pieces.push_back(c.b.slice(c.id(x), axis, (*known_idx)[k], (*known_idx)[e - 1] + 1));
+      k = e;
+    }
+    Value joined = pieces.empty()       ? c.wrap(c.b.slice(c.id(x), axis, 0, 0))
+                   : pieces.size() == 1 ? c.wrap(pieces[0])
+                                        : c.wrap(c.b.concat(pieces, axis));
+    out = {reshaped(c, joined, out_dims)};
+    return c.b.status();
+  }
   if (narrow) x = c.wrap(c.b.cast(c.id(x), DType::f32));
   std::vector<int64_t> perm;
   if (axis != 0) {
@@ -918,6 +934,91 @@ Status convert_gather_nd(Ctx& c, std::vector<Value>& in, std::vector<Value>& out
   ASPEN_RETURN_IF_ERROR(convert_gather(c, g_in, out));
   out = {reshaped(c, out[0], out_d)};
   return c.b.status();
+}
+
+// SplitToSequence(input, split?) {axis = 0, keepdims = 1}: the pieces as a sequence (no split: pieces of
+// one, squeezed unless keepdims; a scalar split: pieces of that size, the last smaller; a list: those
+// sizes). SequenceAt(sequence, position): one piece. Sequences live at import only: each piece is a value.
+Status convert_split_to_sequence(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", 0));
+  ASPEN_ASSIGN_OR_RETURN(const int64_t keepdims, c.attr_i("keepdims", 1));
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, in[0].type.shape.rank(), "attribute 'axis'"));
+  const int64_t d = in[0].type.shape[axis];
+  std::vector<int64_t> sizes;
+  bool squeeze = false;
+  if (in.size() > 1 && in[1].present()) {
+    ASPEN_ASSIGN_OR_RETURN(sizes, c.ints(in[1], "input 'split'"));
+    if (in[1].type.shape.rank() == 0) {
+      const int64_t each = sizes.at(0);
+      if (each < 1) return c.error("input 'split'", "a piece size >= 1", std::to_string(each));
+      sizes.clear();
+      for (int64_t at = 0; at < d; at += each) sizes.push_back(std::min(each, d - at));
+    }
+  } else {
+    sizes.assign(size_t(d), 1);
+    squeeze = keepdims == 0;
+  }
+  int64_t total = 0;
+  for (int64_t x : sizes) total += x;
+  if (total != d) return c.error("input 'split'", "sizes adding up to " + std::to_string(d), std::to_string(total));
+  auto pieces = std::make_shared<std::vector<Value>>();
+  int64_t at = 0;
+  for (int64_t n : sizes) {
+    Value p = c.wrap(c.b.slice(c.id(in[0]), axis, at, at + n));
+    if (squeeze) {
+      std::vector<int64_t> dd = dims(p.type.shape);
+      dd.erase(dd.begin() + axis);
+      p = reshaped(c, p, dd);
+    }
+    pieces->push_back(p);
+    at += n;
+  }
+  Value seq;
+  seq.sequence = pieces;
+  out = {seq};
+  return c.b.status();
+}
+
+Status convert_sequence_at(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  if (!in[0].sequence) return c.error("input 'input_sequence'", "a sequence", in[0].type.to_string());
+  ASPEN_ASSIGN_OR_RETURN(const double pos, c.scalar(in[1], "input 'position'"));
+  const int64_t n = int64_t(in[0].sequence->size());
+  int64_t p = int64_t(pos);
+  if (p < -n || p >= n)
+    return c.error("input 'position'", "in [" + std::to_string(-n) + ", " + std::to_string(n) + ")", std::to_string(p));
+  out = {(*in[0].sequence)[size_t(p < 0 ? p + n : p)]};
+  return Status();
+}
+
+// CumSum(x, axis) {exclusive, reverse} of a known tensor.
+Status convert_cumsum(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t exclusive, c.attr_i("exclusive", 0));
+  ASPEN_ASSIGN_OR_RETURN(const int64_t reverse, c.attr_i("reverse", 0));
+  ASPEN_ASSIGN_OR_RETURN(const double a, c.scalar(in[1], "input 'axis'"));
+  if (!in[0].known())
+    return c.unsupported("input 'x'", "a value known when the model is imported",
+                         "one computed from the graph's inputs");
+  const Shape& s = in[0].type.shape;
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(int64_t(a), s.rank(), "input 'axis'"));
+  graph::HostArray x = graph::HostArray::from_tensor(*in[0].constant), y(x.type);
+  const int64_t n = s[axis], stride = s.stride(axis), outer = s.numel() / std::max<int64_t>(1, n * stride);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < stride; ++i) {
+      double acc = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t j = reverse ? n - 1 - k : k;
+        const size_t at = size_t((o * n + j) * stride + i);
+        if (exclusive) {
+          y.data[at] = acc;
+          acc += x.data[at];
+        } else {
+          acc += x.data[at];
+          y.data[at] = acc;
+        }
+      }
+    }
+  out = {Ctx::constant(y.to_tensor())};
+  return Status();
 }
 
 // ---- reductions, normalizations -----------------------------------------------------------------------
@@ -1057,6 +1158,9 @@ const std::map<std::string, OpConverter>& converters() {
   static const std::map<std::string, OpConverter> table = [] {
     std::map<std::string, OpConverter> t;
     auto add = [&](const char* name, Converter f, int lo, int hi) { t[name] = OpConverter{std::move(f), lo, hi}; };
+    auto add_unfolded = [&](const char* name, Converter f, int lo, int hi) {
+      t[name] = OpConverter{std::move(f), lo, hi, /*foldable=*/false};
+    };
     add("Identity", convert_identity, 1, 1);
     add("Neg", unary(OpKind::neg), 1, 1);
     add("Exp", unary(OpKind::exp), 1, 1);
@@ -1110,6 +1214,9 @@ const std::map<std::string, OpConverter>& converters() {
     add("Gather", convert_gather, 2, 2);
     add("GatherND", convert_gather_nd, 2, 2);
     add("Mod", convert_mod, 2, 2);
+    add_unfolded("SplitToSequence", convert_split_to_sequence, 1, 2);  // sequences are never folded
+    add_unfolded("SequenceAt", convert_sequence_at, 2, 2);
+    add("CumSum", convert_cumsum, 2, 2);
     add("ReduceSum", reduction(Reduce::sum, 13), 1, 2);
     add("ReduceMean", reduction(Reduce::mean, 18), 1, 2);
     add("ReduceMax", reduction(Reduce::max, 18), 1, 2);

@@ -29,12 +29,13 @@ struct Value {
   std::optional<graph::ValueId> id;        // in the graph being built
   std::shared_ptr<const Tensor> constant;  // known at import (or, for a parameter, its value in the file)
   bool parameter = false;                  // a float initializer: a graph value whose file value is readable
+  std::shared_ptr<const std::vector<Value>> sequence;  // an ONNX sequence (SplitToSequence): its tensors
   // Known at import: folded with whatever is computed from it. A parameter is not (it trains).
   bool known() const { return constant != nullptr && !parameter; }
   // Its value can be read at import: known, or a parameter's value in the file (an exporter's scalar
   // constant, such as a Pow exponent, arrives as a float initializer).
   bool readable() const { return constant != nullptr; }
-  bool present() const { return id.has_value() || constant != nullptr; }  // false: an optional input left out
+  bool present() const { return id.has_value() || constant != nullptr || sequence != nullptr; }  // false: left out
 };
 
 class Ctx {
@@ -83,7 +84,7 @@ using Converter = std::function<Status(Ctx& c, std::vector<Value>& in, std::vect
 struct OpConverter {
   Converter convert;
   int min_inputs = 1, max_inputs = 1;  // -1: any number
-  bool foldable = true;                // false: never evaluated at import (none yet)
+  bool foldable = true;                // false: never evaluated at import (sequence ops)
 };
 
 // Every op type of the default domain the importer converts.
