@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 
+#include "core/atomic_file.h"
 #include "core/file.h"
 #include "onnx/onnx_pb.h"  // defines ONNX_API, then includes onnx-ml.pb.h (ONNX_ML)
 
@@ -452,6 +453,43 @@ Result<OnnxModel> read_onnx_model(const std::string& path, const OnnxReadLimits&
   ASPEN_ASSIGN_OR_RETURN(std::string bytes, read_regular_file(path, limits.max_file_bytes));
   return read_onnx_model_from_bytes(std::as_bytes(std::span(bytes.data(), bytes.size())), path, directory_of(path),
                                     limits);
+}
+
+Status write_onnx_with_initializers(const std::string& src, const std::string& dst,
+                                    const std::map<std::string, std::string>& values) {
+  // The source is validated whole first (so the copy is of a model this reader accepts).
+  ASPEN_ASSIGN_OR_RETURN(const OnnxModel checked, read_onnx_model(src));
+  ASPEN_ASSIGN_OR_RETURN(std::string bytes, read_regular_file(src, OnnxReadLimits{}.max_file_bytes));
+  ::onnx::ModelProto m;
+  if (!m.ParseFromArray(bytes.data(), int(bytes.size())))
+    return Status::error(Code::kCorrupt, src, "an ONNX model", "bytes that do not parse as one");
+  std::map<std::string, bool> used;
+  for (const auto& [name, v] : values) used[name] = false;
+  for (auto& t : *m.mutable_graph()->mutable_initializer()) {
+    auto it = values.find(t.name());
+    if (it == values.end()) continue;
+    const OnnxTensor* info = checked.graph.find_initializer(t.name());
+    const size_t want = info ? info->bytes.size() : 0;
+    if (it->second.size() != want)
+      return Status::invalid_argument("initializer " + quoted(t.name()),
+                                      std::to_string(want) + " bytes (" + onnx_type_name(t.data_type()) + ")",
+                                      std::to_string(it->second.size()) + " bytes");
+    t.clear_float_data();
+    t.clear_int32_data();
+    t.clear_int64_data();
+    t.clear_double_data();
+    t.clear_uint64_data();
+    t.clear_external_data();
+    t.clear_data_location();
+    t.set_raw_data(it->second);
+    used[t.name()] = true;
+  }
+  for (const auto& [name, u] : used)
+    if (!u) return Status::invalid_argument("weight " + quoted(name), "an initializer of " + src, "none of that name");
+  std::string out;
+  if (!m.SerializeToString(&out))
+    return Status::error(Code::kInternal, dst, "a serializable model", "a serialization failure (over 2 GiB?)");
+  return write_file_atomic(dst, out);
 }
 
 Result<OnnxTensor> read_onnx_tensor(const std::string& path, const OnnxReadLimits& limits) {

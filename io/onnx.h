@@ -166,6 +166,14 @@ Result<OnnxModel> read_onnx_model(const std::string& path, const OnnxReadLimits&
 // read relative to `base_dir`, and refused when base_dir is empty.
 Result<OnnxModel> read_onnx_model_from_bytes(std::span<const std::byte> bytes, const std::string& name = "<memory>",
                                              const std::string& base_dir = "", const OnnxReadLimits& limits = {});
+// Writes a copy of the model at `src` to `dst` (atomically) with the named initializers' values replaced
+// by `values` (name -> little-endian bytes of the initializer's own type and dims, as OnnxTensor::bytes
+// holds them), and nothing else changed: trained weights written back so that any ONNX runtime runs the
+// fine-tuned model. Every replaced initializer is stored inside the new file (raw_data). A name that is
+// no initializer, or bytes of the wrong size, is an error naming it.
+[[nodiscard]] Status write_onnx_with_initializers(const std::string& src, const std::string& dst,
+                                                  const std::map<std::string, std::string>& values);
+
 // A serialized TensorProto (the input_N.pb and output_N.pb files of ONNX's backend tests).
 Result<OnnxTensor> read_onnx_tensor(const std::string& path, const OnnxReadLimits& limits = {});
 

@@ -188,6 +188,23 @@ Status add_onnx_loss(OnnxImport& m, const OnnxLoss& loss) {
   return Status();
 }
 
+Status export_onnx_weights(const OnnxImport& m, const std::string& src, const std::string& dst,
+                           const std::map<std::string, Tensor>& weights) {
+  std::map<std::string, std::string> values;
+  for (const auto& [name, initial] : m.weights) {
+    auto it = weights.find(name);
+    if (it == weights.end())
+      return Status::invalid_argument("weights", "a value for parameter " + quoted(name), "none");
+    const Tensor& t = it->second;
+    if (t.dtype() != initial.dtype() || t.shape() != initial.shape())
+      return Status::invalid_argument("weight " + quoted(name),
+                                      graph::TensorType{initial.dtype(), initial.shape()}.to_string(),
+                                      graph::TensorType{t.dtype(), t.shape()}.to_string());
+    values[name] = std::string(static_cast<const char*>(t.raw()), t.nbytes());
+  }
+  return io::write_onnx_with_initializers(src, dst, values);
+}
+
 std::vector<std::string> onnx_supported_ops() {
   std::vector<std::string> out;
   for (const auto& [name, conv] : onnx::converters()) out.push_back(name);

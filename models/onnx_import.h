@@ -86,6 +86,12 @@ struct OnnxLoss {
 // there is an error naming it).
 Status add_onnx_loss(OnnxImport& m, const OnnxLoss& loss);
 
+// Writes a copy of the model file `src` to `dst` with the parameters' values from `weights` (the
+// imported model's names, as TrainingModel::copy_weights_to_host returns them; entries that are no
+// parameter of the import, such as optimizer state, are left out), nothing else changed.
+[[nodiscard]] Status export_onnx_weights(const OnnxImport& m, const std::string& src, const std::string& dst,
+                                         const std::map<std::string, Tensor>& weights);
+
 // The op types (in the default domain) the importer converts, sorted.
 std::vector<std::string> onnx_supported_ops();
 
