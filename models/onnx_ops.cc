@@ -8,9 +8,11 @@
 //   LessOrEqual: not(greater)  GreaterOrEqual: not(less)  Clip: max/min with its bounds
 //   LogSoftmax: (x - max) - log(sum(exp(x - max)))      ReduceMean: reduce_sum / count
 //   ReduceMin: -reduce_max(-x)                          Gemm: matmul (bias folded in when it is one row)
+//   GlobalAveragePool: reduce_sum over the spatial axes / count
 //   Softmax/LogSoftmax on an inner axis: transposed to the last and back
 //   LayerNormalization over several axes: flattened to one
-// Known inputs only (shape arithmetic; folded at import): Shape, Size, ConstantOfShape, Range, and Gather,
+// Known inputs only (shape arithmetic; folded at import): Shape, Size, ConstantOfShape, Range, ReduceProd,
+// Mod, CumSum, integer Div, and Gather,
 // Concat, Slice, Reshape, Squeeze, Unsqueeze of integer data.
 #include "models/onnx_ops.h"
 
@@ -1048,6 +1050,70 @@ Result<std::vector<int64_t>> reduce_axes(Ctx& c, std::vector<Value>& in, int64_t
   return out;
 }
 
+// GlobalAveragePool(X [N, C, D1, ...]): the mean over D1, ... (kept as 1s).
+Status convert_global_average_pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const Shape& s = in[0].type.shape;
+  if (s.rank() < 2) return c.error("input 'X'", "rank 2 or more ([N, C, ...])", in[0].type.to_string());
+  if (s.rank() == 2) {
+    out = {in[0]};
+    return Status();
+  }
+  std::vector<int64_t> axes;
+  int64_t n = 1;
+  for (int i = 2; i < s.rank(); ++i) {
+    axes.push_back(i);
+    n *= s[i];
+  }
+  out = {c.wrap(c.b.scale(c.b.reduce_sum(c.id(in[0]), axes, true), n ? 1.0 / double(n) : NAN))};
+  return c.b.status();
+}
+
+// ReduceProd of known values (shape arithmetic: element counts), axes an attribute before opset 18.
+Status convert_reduce_prod(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  if (!in[0].known())
+    return c.unsupported("input 'data'", "a value known when the model is imported",
+                         "one computed from the graph's inputs");
+  std::vector<int64_t> axes;
+  if (c.opset >= 18) {
+    if (in.size() > 1 && in[1].present()) {
+      ASPEN_ASSIGN_OR_RETURN(axes, c.ints(in[1], "input 'axes'"));
+    }
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(axes, c.attr_ints("axes", std::vector<int64_t>{}));
+  }
+  ASPEN_ASSIGN_OR_RETURN(const int64_t keep, c.attr_i("keepdims", 1));
+  const Shape& s = in[0].type.shape;
+  std::vector<bool> reduced(size_t(s.rank()), axes.empty());
+  for (int64_t a : axes) {
+    ASPEN_ASSIGN_OR_RETURN(const int ax, c.axis(a, s.rank(), "axes"));
+    reduced[size_t(ax)] = true;
+  }
+  std::vector<int64_t> od;
+  for (int i = 0; i < s.rank(); ++i)
+    if (!reduced[size_t(i)])
+      od.push_back(s[i]);
+    else if (keep)
+      od.push_back(1);
+  ASPEN_ASSIGN_OR_RETURN(const Shape os, make_shape(c, od, "output"));
+  const graph::HostArray x = graph::HostArray::from_tensor(*in[0].constant);
+  graph::HostArray y(TensorType{in[0].type.dtype, os});
+  std::fill(y.data.begin(), y.data.end(), 1.0);
+  for (int64_t i = 0; i < s.numel(); ++i) {
+    int64_t rem = i, at = 0, mul = 1;
+    for (int d = s.rank() - 1; d >= 0; --d) {
+      const int64_t coord = rem % s[d];
+      rem /= s[d];
+      if (!reduced[size_t(d)]) {
+        at += coord * mul;
+        mul *= s[d];
+      }
+    }
+    y.data[size_t(at)] *= x.data[size_t(i)];
+  }
+  out = {Ctx::constant(y.to_tensor())};
+  return Status();
+}
+
 enum class Reduce { sum, mean, max, min };
 Converter reduction(Reduce kind, int64_t input_from) {
   return [kind, input_from](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) -> Status {
@@ -1174,6 +1240,8 @@ const std::map<std::string, OpConverter>& converters() {
     add("IsNaN", unary(OpKind::is_nan), 1, 1);
     add("Reciprocal", convert_reciprocal, 1, 1);
     add("Abs", convert_abs, 1, 1);
+    add("GlobalAveragePool", convert_global_average_pool, 1, 1);
+    add("ReduceProd", convert_reduce_prod, 1, 2);
     add("Gelu", convert_gelu, 1, 1);
     add("Add", binary(OpKind::add), 2, 2);
     add("Sub", binary(OpKind::sub), 2, 2);
