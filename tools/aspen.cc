@@ -19,9 +19,9 @@
 //   global: --isa scalar|avx2|avx512|avx512_bf16, --reference-kernels, --kernel-choice measured|rule, -v
 //
 // The library never prints or exits; this file does both.
-#include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +36,7 @@
 #include "bench/gemm_bench.h"
 #include "bench/generate_bench.h"
 #include "bench/kernels_bench.h"
+#include "bench/onnx_bench.h"
 #include "bench/pipeline_bench.h"
 #include "bench/train_bench.h"
 #include "compiler/cache.h"
@@ -226,6 +227,18 @@ int main(int argc, char** argv) {
   comp_cmd->add_option("--batch", cb.batch, "batch size");
 
   aspen::bench::GenerateBenchOptions gb;
+  aspen::bench::OnnxBenchOptions ob;
+  CLI::App* onnx_cmd = bench->add_subcommand("onnx", "imported ONNX models (GPT-2-124M, BERT-base) vs onnxruntime");
+  onnx_cmd->footer("Example: aspen bench onnx --json\n         aspen bench onnx --model models/testdata/onnx/gpt2");
+  onnx_cmd->add_flag("--json", ob.json, "one JSON object per line");
+  onnx_cmd->add_option("--threads", ob.threads, "threads for aspen and onnxruntime (0: the free cores)");
+  onnx_cmd->add_option("--reps", ob.reps, "timed runs per row, the best kept (default 5)");
+  onnx_cmd->add_option("--dtype", ob.dtypes, "aspen's compute: f32, bf16 (default both)")->delimiter(',');
+  onnx_cmd->add_option("--python", ob.python, "interpreter with torch and onnxruntime (\"none\": no export, no peer)");
+  onnx_cmd->add_option("--dir", ob.dir, "where the exported cases live (default: the cache directory)");
+  onnx_cmd->add_option("--model", ob.model, "one case directory (model.onnx, input_<k>.pb) to run, without the peer");
+  onnx_cmd->add_flag("--quick", ob.quick, "2-layer models (a smoke test, not a measurement)");
+
   CLI::App* gen_cmd = bench->add_subcommand(
       "generate", "GPT-2-124M decode and prefill tokens/s beside the memory-bandwidth bound and PyTorch");
   gen_cmd->footer("Example: aspen bench generate --json\n         aspen bench generate --python ~/venv/bin/python");
@@ -390,6 +403,7 @@ int main(int argc, char** argv) {
   if (kern_cmd->parsed()) return report(aspen::bench::run_kernels_bench(kb, std::cout));
   if (comp_cmd->parsed()) return report(aspen::bench::run_compile_bench(cb, std::cout));
   if (gen_cmd->parsed()) return report(aspen::bench::run_generate_bench(gb, std::cout));
+  if (onnx_cmd->parsed()) return report(aspen::bench::run_onnx_bench(ob, std::cout));
   if (pipe_cmd->parsed()) return report(aspen::bench::run_pipeline_bench(pbo, std::cout));
   if (coll_cmd->parsed()) {
     cbo.mpi = !coll_no_mpi;

@@ -1,0 +1,186 @@
+#include "bench/onnx_bench.h"
+
+#include <dirent.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "api/inference_model.h"
+#include "compiler/cache.h"
+#include "core/thread_team.h"
+#include "io/onnx.h"
+#include "models/onnx_import.h"
+
+namespace aspen::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+std::vector<std::string> case_dirs(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (n[0] != '.' && exists(dir + "/" + n + "/model.onnx")) out.push_back(n);
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Result<Tensor> tensor_of(const io::OnnxTensor& t) {
+  DType dt;
+  switch (io::OnnxType(t.type)) {
+    case io::OnnxType::f32:
+      dt = DType::f32;
+      break;
+    case io::OnnxType::i64:
+      dt = DType::i64;
+      break;
+    case io::OnnxType::i32:
+      dt = DType::i32;
+      break;
+    default:
+      return Status::unimplemented("bench onnx: input " + t.name, "of type " + io::onnx_type_name(t.type));
+  }
+  ASPEN_ASSIGN_OR_RETURN(Shape s, Shape::make(t.dims.data(), int(t.dims.size())));
+  Tensor out(dt, s);
+  std::memcpy(out.raw(), t.bytes.data(), out.nbytes());
+  return out;
+}
+
+struct Row {
+  std::string name, dtype;
+  double ms = 0, compile_s = 0, ort_ms = 0;
+};
+
+// aspen on one case: import, compile, warm up, best of reps.
+Result<Row> run_case(const std::string& dir, const std::string& name, const std::string& dtype, int threads, int reps) {
+  ASPEN_ASSIGN_OR_RETURN(io::OnnxModel m, io::read_onnx_model(dir + "/model.onnx"));
+  std::map<std::string, Tensor> inputs;
+  models::OnnxImportOptions o;
+  for (size_t k = 0; k < m.graph.inputs.size(); ++k) {
+    ASPEN_ASSIGN_OR_RETURN(io::OnnxTensor t, io::read_onnx_tensor(dir + "/input_" + std::to_string(k) + ".pb"));
+    o.input_shapes[m.graph.inputs[k].name] = t.dims;
+    ASPEN_ASSIGN_OR_RETURN(Tensor x, tensor_of(t));
+    inputs.emplace(m.graph.inputs[k].name, std::move(x));
+  }
+  const auto t0 = Clock::now();
+  ASPEN_ASSIGN_OR_RETURN(models::OnnxImport imp, models::import_onnx(m, o));
+  api::Options opts;
+  opts.threads(threads);
+  if (dtype == "bf16") opts.precision(DType::bf16);
+  ASPEN_ASSIGN_OR_RETURN(auto model, api::InferenceModel::create(imp.graph, opts));
+  Row r{.name = name, .dtype = dtype};
+  r.compile_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  ASPEN_RETURN_IF_ERROR(model->copy_weights_to_device(imp.weight_pointers()));
+  std::map<std::string, const Tensor*> feed;
+  for (const auto& [n, t] : inputs) feed[n] = &t;
+  ASPEN_RETURN_IF_ERROR(model->run(feed).status());  // warm-up
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const auto s = Clock::now();
+    ASPEN_RETURN_IF_ERROR(model->run(feed).status());
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - s).count());
+  }
+  r.ms = best * 1e3;
+  return r;
+}
+
+bool read_json_lines(const std::string& cmd, const std::function<void(const nlohmann::json&)>& take) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return false;
+  char line[4096];
+  while (std::fgets(line, sizeof line, p)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object()) take(j);
+  }
+  return ::pclose(p) == 0;
+}
+
+}  // namespace
+
+Status run_onnx_bench(const OnnxBenchOptions& opt, std::ostream& out) {
+  for (const std::string& d : opt.dtypes)
+    if (d != "f32" && d != "bf16") return Status::invalid_argument("bench onnx: dtype", "f32 or bf16", d);
+  if (opt.reps < 1) return Status::invalid_argument("bench onnx: reps", ">= 1", std::to_string(opt.reps));
+  const int threads = opt.threads > 0 ? opt.threads : std::max(1, CoreBudget::global().available());
+  const bool python = !opt.python.empty() && opt.python != "none";
+  const std::string script = std::string(ASPEN_SOURCE_DIR) + "/bench/onnx_peer.py";
+  std::string dir;
+  std::vector<std::string> names;
+  if (!opt.model.empty()) {
+    if (!exists(opt.model + "/model.onnx"))
+      return Status::error(Code::kNotFound, "bench onnx: --model " + opt.model, "a case directory with model.onnx",
+                           "none there");
+    const size_t slash = opt.model.find_last_of('/');
+    dir = slash == std::string::npos ? "." : opt.model.substr(0, slash);
+    names = {opt.model.substr(slash == std::string::npos ? 0 : slash + 1)};
+  } else {
+    dir =
+        !opt.dir.empty() ? opt.dir : compiler::default_cache_dir() + (opt.quick ? "/bench_onnx_quick" : "/bench_onnx");
+    if (!python)
+      return Status::invalid_argument("bench onnx: --python", "an interpreter with torch to export the models",
+                                      "none (--model DIR runs one case without it)");
+    const std::string cmd = "mkdir -p '" + dir + "' && " + opt.python + " " + script + " --export '" + dir + "'" +
+                            (opt.quick ? " --quick" : "") + " 1>&2";
+    if (std::system(cmd.c_str()) != 0)
+      return Status::error(
+          Code::kFailedPrecondition, "bench onnx: exporting the models",
+          "bench/onnx_peer.py --export to succeed (torch, transformers, onnx installed for " + opt.python + ")",
+          "a failure (its message is above)");
+    names = case_dirs(dir);
+  }
+  std::vector<Row> rows;
+  for (const std::string& name : names)
+    for (const std::string& dtype : opt.dtypes) {
+      ASPEN_ASSIGN_OR_RETURN(Row r, run_case(dir + "/" + name, name, dtype, threads, opt.reps));
+      rows.push_back(r);
+    }
+  std::string note;
+  if (python && opt.model.empty()) {
+    std::map<std::string, double> ort;
+    const bool ok = read_json_lines(opt.python + " " + script + " --time '" + dir + "' --threads " +
+                                        std::to_string(threads) + " --reps " + std::to_string(opt.reps),
+                                    [&](const nlohmann::json& j) { ort[j.value("case", "")] = j.value("ms", 0.0); });
+    if (!ok) note = "onnxruntime peer: not run (bench/onnx_peer.py --time failed: pip install onnxruntime onnx)";
+    for (Row& r : rows)
+      if (ort.count(r.name)) r.ort_ms = ort[r.name];
+  }
+  if (!opt.json)
+    out << fmt::format("{:<10} {:>5} {:>10} {:>12} {:>8} {:>10}\n", "case", "dtype", "aspen ms", "onnxrt ms", "ratio",
+                       "compile s");
+  for (const Row& r : rows) {
+    if (opt.json) {
+      nlohmann::json j = {{"bench", "onnx"},  {"case", r.name},           {"dtype", r.dtype},
+                          {"aspen_ms", r.ms}, {"compile_s", r.compile_s}, {"threads", threads}};
+      if (r.ort_ms > 0) {
+        j["onnxruntime_ms"] = r.ort_ms;
+        j["ratio_vs_onnxruntime"] = r.ort_ms / r.ms;
+      }
+      out << j.dump() << "\n";
+    } else {
+      out << fmt::format("{:<10} {:>5} {:>10.2f} {:>12} {:>8} {:>10.2f}\n", r.name, r.dtype, r.ms,
+                         r.ort_ms > 0 ? fmt::format("{:.2f}", r.ort_ms) : "-",
+                         r.ort_ms > 0 ? fmt::format("{:.2f}", r.ort_ms / r.ms) : "-", r.compile_s);
+    }
+  }
+  if (!note.empty() && !opt.json) out << "# " << note << "\n";
+  return Status();
+}
+
+}  // namespace aspen::bench
