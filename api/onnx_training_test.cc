@@ -20,12 +20,7 @@ const std::string kData = ASPEN_MODELS_TESTDATA;
 
 Result<Tensor> read_tensor(const std::string& path) {
   ASPEN_ASSIGN_OR_RETURN(io::OnnxTensor t, io::read_onnx_tensor(path));
-  DType dt = DType::f32;
-  if (t.type == int32_t(io::OnnxType::i64)) dt = DType::i64;
-  ASPEN_ASSIGN_OR_RETURN(Shape s, Shape::make(t.dims.data(), int(t.dims.size())));
-  Tensor out(dt, s);
-  std::memcpy(out.raw(), t.bytes.data(), out.nbytes());
-  return out;
+  return models::tensor_from_onnx(t, path);
 }
 
 // Batch k of a stack [steps, ...] as its own tensor.

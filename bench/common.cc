@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "core/tensor.h"
@@ -272,6 +274,17 @@ double measure_read_bandwidth(size_t bytes) {
        ++round)
     for (bool interleaved : {false, true}) best = std::min(best, read_sweep_seconds(buffer.raw(), n, interleaved));
   return double(n) / best;
+}
+
+bool read_json_lines(const std::string& cmd, const std::function<void(const nlohmann::json&)>& take) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return false;
+  char line[4096];
+  while (std::fgets(line, sizeof line, p)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object()) take(j);
+  }
+  return ::pclose(p) == 0;
 }
 
 }  // namespace aspen::bench

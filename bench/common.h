@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -52,5 +53,9 @@ double measure_read_bandwidth(size_t bytes);
 // each thread reads its share as 8 streams in lockstep (take the better of
 // both: which wins depends on the host).
 double read_sweep_seconds(const void* data, size_t bytes, bool interleaved = false);
+
+// Runs a peer's shell command and hands `take` every line of its stdout that is a JSON object (other
+// lines are ignored). False when the command could not start or exited non-zero.
+bool read_json_lines(const std::string& cmd, const std::function<void(const nlohmann::json&)>& take);
 
 }  // namespace aspen::bench

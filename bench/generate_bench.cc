@@ -137,16 +137,6 @@ Row* row_for(std::vector<Row>& rows, const nlohmann::json& j) {
 
 // Runs `cmd` and hands each JSON object it prints on stdout to `take`;
 // false when the command failed (its stderr reaches the user's terminal).
-bool read_json_lines(const std::string& cmd, const std::function<void(const nlohmann::json&)>& take) {
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return false;
-  char line[4096];
-  while (std::fgets(line, sizeof line, p)) {
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.is_object()) take(j);
-  }
-  return ::pclose(p) == 0;
-}
 
 }  // namespace
 

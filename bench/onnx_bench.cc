@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/inference_model.h"
+#include "bench/common.h"
 #include "compiler/cache.h"
 #include "core/thread_team.h"
 #include "io/onnx.h"
@@ -42,27 +43,6 @@ std::vector<std::string> case_dirs(const std::string& dir) {
   return out;
 }
 
-Result<Tensor> tensor_of(const io::OnnxTensor& t) {
-  DType dt;
-  switch (io::OnnxType(t.type)) {
-    case io::OnnxType::f32:
-      dt = DType::f32;
-      break;
-    case io::OnnxType::i64:
-      dt = DType::i64;
-      break;
-    case io::OnnxType::i32:
-      dt = DType::i32;
-      break;
-    default:
-      return Status::unimplemented("bench onnx: input " + t.name, "of type " + io::onnx_type_name(t.type));
-  }
-  ASPEN_ASSIGN_OR_RETURN(Shape s, Shape::make(t.dims.data(), int(t.dims.size())));
-  Tensor out(dt, s);
-  std::memcpy(out.raw(), t.bytes.data(), out.nbytes());
-  return out;
-}
-
 struct Row {
   std::string name, dtype;
   double ms = 0, compile_s = 0, ort_ms = 0;
@@ -76,7 +56,7 @@ Result<Row> run_case(const std::string& dir, const std::string& name, const std:
   for (size_t k = 0; k < m.graph.inputs.size(); ++k) {
     ASPEN_ASSIGN_OR_RETURN(io::OnnxTensor t, io::read_onnx_tensor(dir + "/input_" + std::to_string(k) + ".pb"));
     o.input_shapes[m.graph.inputs[k].name] = t.dims;
-    ASPEN_ASSIGN_OR_RETURN(Tensor x, tensor_of(t));
+    ASPEN_ASSIGN_OR_RETURN(Tensor x, models::tensor_from_onnx(t, "bench onnx: input " + t.name));
     inputs.emplace(m.graph.inputs[k].name, std::move(x));
   }
   const auto t0 = Clock::now();
@@ -99,17 +79,6 @@ Result<Row> run_case(const std::string& dir, const std::string& name, const std:
   }
   r.ms = best * 1e3;
   return r;
-}
-
-bool read_json_lines(const std::string& cmd, const std::function<void(const nlohmann::json&)>& take) {
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return false;
-  char line[4096];
-  while (std::fgets(line, sizeof line, p)) {
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.is_object()) take(j);
-  }
-  return ::pclose(p) == 0;
 }
 
 }  // namespace

@@ -58,40 +58,6 @@ std::map<std::string, std::string> expected_failures() {
   return out;
 }
 
-Result<Tensor> tensor_from(const io::OnnxTensor& t, const std::string& what) {
-  std::optional<DType> dt;
-  switch (io::OnnxType(t.type)) {
-    case io::OnnxType::f32:
-      dt = DType::f32;
-      break;
-    case io::OnnxType::f16:
-      dt = DType::f16;
-      break;
-    case io::OnnxType::bf16:
-      dt = DType::bf16;
-      break;
-    case io::OnnxType::i32:
-      dt = DType::i32;
-      break;
-    case io::OnnxType::i64:
-      dt = DType::i64;
-      break;
-    case io::OnnxType::u8:
-      dt = DType::u8;
-      break;
-    case io::OnnxType::boolean:
-      dt = DType::boolean;
-      break;
-    default:
-      break;
-  }
-  if (!dt) return Status::unimplemented(what, "of type " + io::onnx_type_name(t.type));
-  ASPEN_ASSIGN_OR_RETURN(Shape s, Shape::make(t.dims.data(), int(t.dims.size())));
-  Tensor out(*dt, s);
-  std::memcpy(out.raw(), t.bytes.data(), out.nbytes());
-  return out;
-}
-
 // Runs one case; an error Status says why it fails. `bind`: which inputs are bound as constants at import
 // (0: none; 1: the integer ones, as exporters write shapes and axes; 2: all).
 Status run_case(const std::string& dir, int bind) {
@@ -103,7 +69,7 @@ Status run_case(const std::string& dir, int bind) {
   OnnxImportOptions opts;
   for (size_t k = 0; k < m.graph.inputs.size(); ++k) {
     ASPEN_ASSIGN_OR_RETURN(io::OnnxTensor t, io::read_onnx_tensor(set + "/input_" + std::to_string(k) + ".pb"));
-    ASPEN_ASSIGN_OR_RETURN(Tensor x, tensor_from(t, "input " + std::to_string(k)));
+    ASPEN_ASSIGN_OR_RETURN(Tensor x, tensor_from_onnx(t, "input " + std::to_string(k)));
     const std::string& name = m.graph.inputs[k].name;
     opts.input_shapes[name] = t.dims;
     inputs.emplace(name, std::move(x));
@@ -124,7 +90,7 @@ Status run_case(const std::string& dir, int bind) {
   for (size_t k = 0; k < m.graph.outputs.size(); ++k) {
     const std::string& name = m.graph.outputs[k].name;
     ASPEN_ASSIGN_OR_RETURN(io::OnnxTensor w, io::read_onnx_tensor(set + "/output_" + std::to_string(k) + ".pb"));
-    ASPEN_ASSIGN_OR_RETURN(Tensor want, tensor_from(w, "output " + name));
+    ASPEN_ASSIGN_OR_RETURN(Tensor want, tensor_from_onnx(w, "output " + name));
     auto it = outs.find(name);
     if (it == outs.end()) return Status::invalid_argument("output " + name, "an output", "none");
     const Tensor& got = it->second;

@@ -42,25 +42,6 @@ Status check_ops(const io::OnnxModel& m) {
                        "ops the importer converts (aspen onnx inspect lists them)", found);
 }
 
-Result<Tensor> initializer_tensor(const io::OnnxModel& m, const io::OnnxTensor& t) {
-  const std::optional<DType> dt = onnx::dtype_of_onnx(t.type);
-  if (!dt)
-    return Status::error(Code::kUnimplemented, m.path + ": initializer " + quoted(t.name),
-                         "an element type aspen has (FLOAT, FLOAT16, BFLOAT16, INT32, INT64, UINT8, BOOL)",
-                         io::onnx_type_name(t.type));
-  Result<Shape> shape = Shape::make(t.dims.data(), int(t.dims.size()));
-  if (!shape.is_ok())
-    return Status::error(Code::kUnimplemented, m.path + ": initializer " + quoted(t.name),
-                         "rank at most " + std::to_string(Shape::kMaxRank), "rank " + std::to_string(t.dims.size()));
-  Tensor out(*dt, *shape);
-  std::memcpy(out.raw(), t.bytes.data(), out.nbytes());
-  if (*dt == DType::boolean) {
-    uint8_t* p = static_cast<uint8_t*>(out.raw());
-    for (int64_t i = 0; i < out.numel(); ++i) p[i] = p[i] != 0;
-  }
-  return out;
-}
-
 // The input's type: its declared element type, and its shape with every symbol bound.
 Result<graph::TensorType> input_type(const io::OnnxModel& m, const io::OnnxValueInfo& v, const OnnxImportOptions& o,
                                      std::set<std::string>& unbound) {
@@ -137,6 +118,25 @@ Status fold(const io::OnnxNode& node, size_t index, int64_t opset, const onnx::O
 }
 
 }  // namespace
+
+Result<Tensor> tensor_from_onnx(const io::OnnxTensor& t, const std::string& what) {
+  const std::optional<DType> dt = onnx::dtype_of_onnx(t.type);
+  if (!dt)
+    return Status::error(Code::kUnimplemented, what,
+                         "an element type aspen has (FLOAT, FLOAT16, BFLOAT16, INT32, INT64, UINT8, BOOL)",
+                         io::onnx_type_name(t.type));
+  Result<Shape> shape = Shape::make(t.dims.data(), int(t.dims.size()));
+  if (!shape.is_ok())
+    return Status::error(Code::kUnimplemented, what, "rank at most " + std::to_string(Shape::kMaxRank),
+                         "rank " + std::to_string(t.dims.size()));
+  Tensor out(*dt, *shape);
+  std::memcpy(out.raw(), t.bytes.data(), out.nbytes());
+  if (*dt == DType::boolean) {  // bytes other than 0 and 1 are no bool: any nonzero byte is true
+    uint8_t* p = static_cast<uint8_t*>(out.raw());
+    for (int64_t i = 0; i < out.numel(); ++i) p[i] = p[i] != 0;
+  }
+  return out;
+}
 
 std::map<std::string, const Tensor*> OnnxImport::weight_pointers() const {
   std::map<std::string, const Tensor*> out;
@@ -268,7 +268,7 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
   }
   // Initializers: float ones are parameters (trainable weights), the rest constants.
   for (const io::OnnxTensor& t : m.graph.initializers) {
-    ASPEN_ASSIGN_OR_RETURN(Tensor x, initializer_tensor(m, t));
+    ASPEN_ASSIGN_OR_RETURN(Tensor x, tensor_from_onnx(t, m.path + ": initializer " + quoted(t.name)));
     Value v;
     v.type = graph::TensorType{x.dtype(), x.shape()};
     auto matches = [&](const std::vector<std::string>& patterns) {

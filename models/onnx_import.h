@@ -92,6 +92,10 @@ Status add_onnx_loss(OnnxImport& m, const OnnxLoss& loss);
 [[nodiscard]] Status export_onnx_weights(const OnnxImport& m, const std::string& src, const std::string& dst,
                                          const std::map<std::string, Tensor>& weights);
 
+// An ONNX tensor (an initializer, a test's input_<k>.pb) as an aspen tensor: its element type must be one
+// aspen has (bool bytes other than 0 read as true). Unimplemented naming `what` and the type otherwise.
+Result<Tensor> tensor_from_onnx(const io::OnnxTensor& t, const std::string& what);
+
 // The op types (in the default domain) the importer converts, sorted.
 std::vector<std::string> onnx_supported_ops();
 

@@ -22,30 +22,6 @@ namespace {
 
 const std::string kDir = std::string(ASPEN_MODELS_TESTDATA) + "/onnx";
 
-Result<Tensor> to_tensor(const io::OnnxTensor& t) {
-  DType dt;
-  switch (io::OnnxType(t.type)) {
-    case io::OnnxType::f32:
-      dt = DType::f32;
-      break;
-    case io::OnnxType::i64:
-      dt = DType::i64;
-      break;
-    case io::OnnxType::i32:
-      dt = DType::i32;
-      break;
-    case io::OnnxType::boolean:
-      dt = DType::boolean;
-      break;
-    default:
-      return Status::unimplemented("tensor " + t.name, "of type " + io::onnx_type_name(t.type));
-  }
-  ASPEN_ASSIGN_OR_RETURN(Shape s, Shape::make(t.dims.data(), int(t.dims.size())));
-  Tensor out(dt, s);
-  std::memcpy(out.raw(), t.bytes.data(), out.nbytes());
-  return out;
-}
-
 struct Case {
   io::OnnxModel model;
   OnnxImportOptions options;
@@ -63,12 +39,12 @@ Result<Case> load_case(const std::string& name) {
   while (dims >> sym >> extent) c.options.dims[sym] = extent;
   for (size_t k = 0; k < c.model.graph.inputs.size(); ++k) {
     ASPEN_ASSIGN_OR_RETURN(io::OnnxTensor t, io::read_onnx_tensor(dir + "/input_" + std::to_string(k) + ".pb"));
-    ASPEN_ASSIGN_OR_RETURN(Tensor x, to_tensor(t));
+    ASPEN_ASSIGN_OR_RETURN(Tensor x, tensor_from_onnx(t, "input " + t.name));
     c.inputs.emplace(c.model.graph.inputs[k].name, std::move(x));
   }
   for (size_t k = 0; k < c.model.graph.outputs.size(); ++k) {
     ASPEN_ASSIGN_OR_RETURN(io::OnnxTensor t, io::read_onnx_tensor(dir + "/output_" + std::to_string(k) + ".pb"));
-    ASPEN_ASSIGN_OR_RETURN(Tensor y, to_tensor(t));
+    ASPEN_ASSIGN_OR_RETURN(Tensor y, tensor_from_onnx(t, "output " + t.name));
     c.want.push_back(std::move(y));
   }
   return c;

@@ -22,6 +22,7 @@
 #include <numeric>
 
 #include "graph/interpreter.h"
+#include "models/onnx_import.h"
 
 namespace aspen::models::onnx {
 
@@ -103,20 +104,7 @@ Result<std::vector<int64_t>> Ctx::attr_ints(const char* name, std::optional<std:
 
 namespace {
 Result<Tensor> tensor_of(const Ctx& c, const io::OnnxTensor& t, const std::string& what) {
-  const std::optional<DType> dt = dtype_of_onnx(t.type);
-  if (!dt)
-    return c.unsupported(what, "an element type aspen has (FLOAT, FLOAT16, BFLOAT16, INT32, INT64, UINT8, BOOL)",
-                         io::onnx_type_name(t.type));
-  Result<Shape> shape = Shape::make(t.dims.data(), int(t.dims.size()));
-  if (!shape.is_ok())
-    return c.unsupported(what, "rank at most " + std::to_string(Shape::kMaxRank), std::to_string(t.dims.size()));
-  Tensor out(*dt, *shape);
-  std::memcpy(out.raw(), t.bytes.data(), out.nbytes());
-  if (*dt == DType::boolean) {  // bytes other than 0 and 1 are no bool: any nonzero byte is true
-    uint8_t* p = static_cast<uint8_t*>(out.raw());
-    for (int64_t i = 0; i < out.numel(); ++i) p[i] = p[i] != 0;
-  }
-  return out;
+  return tensor_from_onnx(t, c.label() + ": " + what);
 }
 }  // namespace
 
@@ -902,6 +890,43 @@ Status convert_gather(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   return c.b.status();
 }
 
+// GatherElements(data, indices) {axis} of known values: out[..., i, ...] = data[..., indices[..., i, ...], ...]
+// on the axis (the shape of indices; negative indices count from the end).
+Status convert_gather_elements(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  if (!in[0].known() || !in[1].known())
+    return c.unsupported("inputs", "values known when the model is imported", "ones computed from the graph's inputs");
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", 0));
+  const Shape& ds = in[0].type.shape;
+  const Shape& is = in[1].type.shape;
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, ds.rank(), "attribute 'axis'"));
+  if (is.rank() != ds.rank())
+    return c.error("input 'indices'", "data's rank " + std::to_string(ds.rank()), is.to_string());
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> idx, c.ints(in[1], "input 'indices'"));
+  const graph::HostArray x = graph::HostArray::from_tensor(*in[0].constant);
+  graph::HostArray y(TensorType{in[0].type.dtype, is});
+  for (int64_t i = 0; i < is.numel(); ++i) {
+    int64_t rem = i, at = 0;
+    for (int d = is.rank() - 1; d >= 0; --d) {
+      int64_t coord = rem % is[d];
+      rem /= is[d];
+      if (d == axis) {
+        coord = idx[size_t(i)];
+        if (coord < -ds[d] || coord >= ds[d])
+          return c.error("input 'indices'",
+                         "indices in [" + std::to_string(-ds[d]) + ", " + std::to_string(ds[d]) + ")",
+                         std::to_string(coord));
+        if (coord < 0) coord += ds[d];
+      } else if (coord >= ds[d]) {
+        return c.error("input 'indices'", "a shape within data's " + ds.to_string() + " off the axis", is.to_string());
+      }
+      at += coord * ds.stride(d);
+    }
+    y.data[size_t(i)] = x.data[size_t(at)];
+  }
+  out = {Ctx::constant(y.to_tensor())};
+  return Status();
+}
+
 // GatherND(data, indices) {batch_dims = 0} with known indices [..., k]: each index tuple names a row of
 // data seen as [d0 ... d(k-1), rest], which Gather picks from data flattened to those rows.
 Status convert_gather_nd(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
@@ -1281,6 +1306,7 @@ const std::map<std::string, OpConverter>& converters() {
     add("Expand", convert_expand, 2, 2);
     add("Gather", convert_gather, 2, 2);
     add("GatherND", convert_gather_nd, 2, 2);
+    add("GatherElements", convert_gather_elements, 2, 2);
     add("Mod", convert_mod, 2, 2);
     add_unfolded("SplitToSequence", convert_split_to_sequence, 1, 2);  // sequences are never folded
     add_unfolded("SequenceAt", convert_sequence_at, 2, 2);
