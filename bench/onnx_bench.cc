@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -46,10 +47,12 @@ std::vector<std::string> case_dirs(const std::string& dir) {
 struct Row {
   std::string name, dtype;
   double ms = 0, compile_s = 0, ort_ms = 0;
+  std::string profile = {};  // the per-op summary of the timed runs (--profile)
 };
 
 // aspen on one case: import, compile, warm up, best of reps.
-Result<Row> run_case(const std::string& dir, const std::string& name, const std::string& dtype, int threads, int reps) {
+Result<Row> run_case(const std::string& dir, const std::string& name, const std::string& dtype, int threads, int reps,
+                     bool profile) {
   ASPEN_ASSIGN_OR_RETURN(io::OnnxModel m, io::read_onnx_model(dir + "/model.onnx"));
   std::map<std::string, Tensor> inputs;
   models::OnnxImportOptions o;
@@ -64,6 +67,8 @@ Result<Row> run_case(const std::string& dir, const std::string& name, const std:
   api::Options opts;
   opts.threads(threads);
   if (dtype == "bf16") opts.precision(DType::bf16);
+  const std::string trace = "/tmp/aspen_bench_onnx_" + std::to_string(::getpid()) + ".json";
+  if (profile) opts.profile(trace);
   ASPEN_ASSIGN_OR_RETURN(auto model, api::InferenceModel::create(imp.graph, opts));
   Row r{.name = name, .dtype = dtype};
   r.compile_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -78,6 +83,10 @@ Result<Row> run_case(const std::string& dir, const std::string& name, const std:
     best = std::min(best, std::chrono::duration<double>(Clock::now() - s).count());
   }
   r.ms = best * 1e3;
+  if (profile) {
+    r.profile = model->profile_summary();
+    std::remove(trace.c_str());
+  }
   return r;
 }
 
@@ -117,7 +126,7 @@ Status run_onnx_bench(const OnnxBenchOptions& opt, std::ostream& out) {
   std::vector<Row> rows;
   for (const std::string& name : names)
     for (const std::string& dtype : opt.dtypes) {
-      ASPEN_ASSIGN_OR_RETURN(Row r, run_case(dir + "/" + name, name, dtype, threads, opt.reps));
+      ASPEN_ASSIGN_OR_RETURN(Row r, run_case(dir + "/" + name, name, dtype, threads, opt.reps, opt.profile));
       rows.push_back(r);
     }
   std::string note;
@@ -149,6 +158,8 @@ Status run_onnx_bench(const OnnxBenchOptions& opt, std::ostream& out) {
     }
   }
   if (!note.empty() && !opt.json) out << "# " << note << "\n";
+  if (opt.profile && !opt.json)
+    for (const Row& r : rows) out << "\n# " << r.name << " " << r.dtype << ": where the time goes\n" << r.profile;
   return Status();
 }
 

@@ -26,6 +26,7 @@ struct OnnxBenchOptions {
   std::string dir;                                    // the cases; default ~/.cache/aspen/bench_onnx[_quick]
   std::string model;                                  // one case directory instead
   bool quick = false;                                 // 2-layer models (a smoke test, not a measurement)
+  bool profile = false;                               // print where each row's time goes (per op)
 };
 
 Status run_onnx_bench(const OnnxBenchOptions& options, std::ostream& out);

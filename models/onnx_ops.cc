@@ -456,7 +456,25 @@ Status convert_matmul(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
     a = to_shape(c, a, shape_of(ta));
     b = to_shape(c, b, shape_of(tb));
   }
-  ValueId y = c.b.op1(OpKind::matmul, {c.id(a), c.id(b)});
+  // A transpose of the last two axes feeding the product becomes its trans flag (exporters write
+  // MatMul(x, Transpose(W)) for a Linear, and q @ Transpose(k) in attention): no copy at run time.
+  auto peel = [&](const Value& v, int64_t& trans) -> ValueId {
+    const ValueId id = c.id(v);
+    const graph::Graph& g = c.b.graph();
+    const graph::Node& p = g.producer(id);
+    if (p.op != OpKind::transpose) return id;
+    const std::vector<int64_t>& perm = p.attrs.ints("perm");
+    const int64_t r = int64_t(perm.size());
+    if (r < 2) return id;
+    for (int64_t i = 0; i < r - 2; ++i)
+      if (perm[size_t(i)] != i) return id;
+    if (perm[size_t(r - 2)] != r - 1 || perm[size_t(r - 1)] != r - 2) return id;
+    trans = 1;
+    return p.inputs[0];
+  };
+  int64_t ta = 0, tb = 0;
+  const ValueId ia = peel(a, ta), ib = peel(b, tb);
+  ValueId y = c.b.op1(OpKind::matmul, {ia, ib}, {{"trans_a", ta}, {"trans_b", tb}});
   if (!c.b.status().is_ok()) return c.b.status();
   std::vector<int64_t> dy = dims(c.b.type(y).shape);
   if (rb == 1) dy.erase(dy.end() - 1);
