@@ -210,3 +210,46 @@ TEST(OnnxImport, CorruptedExportsFailCleanly) {
 
 }  // namespace
 }  // namespace aspen::models
+
+namespace aspen::models {
+namespace {
+
+// A model written by hand as the reader's description: Concat of pieces empty on another axis keeps
+// every piece's extent on its own axis ([0, 3] and [0, 5] on axis 1 make [0, 8]).
+TEST(OnnxImport, ConcatOfEmptyPieces) {
+  io::OnnxModel m;
+  m.path = "hand.onnx";
+  m.ir_version = 8;
+  m.opsets[""] = 17;
+  auto input = [](const char* name, int64_t c) {
+    io::OnnxValueInfo v;
+    v.name = name;
+    v.type = int32_t(io::OnnxType::f32);
+    v.has_shape = true;
+    v.dims.resize(2);
+    v.dims[0].value = 0;
+    v.dims[1].value = c;
+    return v;
+  };
+  m.graph.inputs = {input("a", 3), input("b", 5)};
+  io::OnnxNode n;
+  n.name = "cat";
+  n.op_type = "Concat";
+  n.inputs = {"a", "b"};
+  n.outputs = {"y"};
+  io::OnnxAttribute axis;
+  axis.name = "axis";
+  axis.type = io::OnnxAttrType::i;
+  axis.i = 1;
+  n.attributes.push_back(axis);
+  m.graph.nodes.push_back(n);
+  io::OnnxValueInfo y;
+  y.name = "y";
+  m.graph.outputs.push_back(y);
+  auto imp = import_onnx(m);
+  ASSERT_TRUE(imp.is_ok()) << imp.status().to_string();
+  EXPECT_EQ(imp->graph.type(*imp->graph.find_output("y")).shape, (Shape{0, 8}));
+}
+
+}  // namespace
+}  // namespace aspen::models

@@ -697,8 +697,8 @@ Status convert_concat(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, in[0].type.shape.rank(), "attribute 'axis'"));
   std::vector<ValueId> ids;
   for (const Value& v : in)
-    if (v.type.shape.numel() > 0 || in.size() == 1) ids.push_back(c.id(v));  // empty pieces add nothing
-  if (ids.empty()) ids.push_back(c.id(in[0]));
+    if (v.type.shape.rank() > axis && v.type.shape[axis] > 0) ids.push_back(c.id(v));  // empty pieces add nothing
+  if (ids.empty()) ids.push_back(c.id(in[0]));  // all empty on the axis: so is the result
   out = {ids.size() == 1 && in.size() == 1 ? in[0] : c.wrap(c.b.concat(ids, axis))};
   return c.b.status();
 }
