@@ -17,6 +17,7 @@
 #include "models/onnx_ops.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -611,6 +612,9 @@ Status convert_reshape(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) 
       continue;
     }
     if (d[i] < 0) return c.error("input 'shape'", "extents >= -1", std::to_string(d[i]));
+    if (d[i] > 0 && known > INT64_MAX / d[i])
+      return c.error("input 'shape'", "extents whose product fits in 64 bits",
+                     "a larger product at " + std::to_string(i));
     known *= d[i];
   }
   const int64_t numel = in[0].type.shape.numel();
@@ -707,7 +711,8 @@ Status convert_concat(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
 // [q s, (q + n) s) seen as [n, s] (b = q s + r), padded with zeros past the end where that range passes it.
 Value strided(Ctx& c, const Value& x, int ax, int64_t b, int64_t e, int64_t step) {
   const std::vector<int64_t> d = dims(x.type.shape);
-  const int64_t n = (e - b + step - 1) / step, q = b / step, r = b % step;
+  const int64_t n = (e - b - 1) / step + 1, q = b / step, r = b % step;
+  if (n == 1) return c.wrap(c.b.slice(c.id(x), ax, b, b + 1));  // (from here on step <= e - b <= d)
   const int64_t lo = q * step, hi = (q + n) * step;
   ValueId v = c.b.slice(c.id(x), ax, lo, std::min(hi, d[size_t(ax)]));
   if (hi > d[size_t(ax)]) {
@@ -769,8 +774,10 @@ Status convert_split(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
     ASPEN_ASSIGN_OR_RETURN(sizes, c.ints(in[1], "input 'split'"));
   } else {
     ASPEN_ASSIGN_OR_RETURN(const int64_t n, c.attr_i("num_outputs", int64_t(n_out)));
-    if (n < 1) return c.error("attribute 'num_outputs'", ">= 1", std::to_string(n));
-    const int64_t each = (d + n - 1) / n;  // the last piece is smaller when n does not divide d
+    if (n < 1 || n != int64_t(n_out))
+      return c.error("attribute 'num_outputs'", std::to_string(n_out) + " (the node's outputs, at least 1)",
+                     std::to_string(n));
+    const int64_t each = d / n + (d % n != 0);  // the last piece is smaller when n does not divide d
     for (int64_t k = 0, at = 0; k < n; ++k, at += each) sizes.push_back(std::max<int64_t>(0, std::min(each, d - at)));
   }
   int64_t total = 0;
