@@ -79,6 +79,22 @@ std::string OnnxNode::label(size_t index) const {
   return s + " (" + escape_for_terminal(domain.empty() ? op_type : domain + "." + op_type) + ")";
 }
 
+std::string OnnxValueInfo::dims_text() const {
+  if (!has_shape) return "(rank not declared)";
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i)
+    s += (i ? ", " : "") + (dims[i].value >= 0      ? std::to_string(dims[i].value)
+                            : dims[i].param.empty() ? std::string("?")
+                                                    : escape_for_terminal(dims[i].param));
+  return s + "]";
+}
+
+const OnnxValueInfo* OnnxGraph::find_input(const std::string& input) const {
+  for (const OnnxValueInfo& v : inputs)
+    if (v.name == input) return &v;
+  return nullptr;
+}
+
 const OnnxTensor* OnnxGraph::find_initializer(const std::string& tensor) const {
   for (const OnnxTensor& t : initializers)
     if (t.name == tensor) return &t;

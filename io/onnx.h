@@ -83,6 +83,8 @@ struct OnnxValueInfo {
   int32_t type = 0;        // OnnxType of a tensor; 0 when not given or not a tensor
   bool has_shape = false;  // false: the rank is not declared
   std::vector<OnnxDim> dims;
+  // "[batch, 12]" ('?' for an unknown extent), or "(rank not declared)".
+  std::string dims_text() const;
 };
 
 struct OnnxGraph;
@@ -140,6 +142,7 @@ struct OnnxGraph {
   std::vector<OnnxValueInfo> outputs;
   std::vector<OnnxValueInfo> value_info;  // declared types of intermediate values
   const OnnxTensor* find_initializer(const std::string& tensor) const;
+  const OnnxValueInfo* find_input(const std::string& input) const;  // nullptr: no graph input of that name
 };
 
 struct OnnxModel {

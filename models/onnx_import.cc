@@ -48,8 +48,7 @@ Result<graph::TensorType> input_type(const io::OnnxModel& m, const io::OnnxValue
   const std::string subject = m.path + ": graph input " + quoted(v.name);
   const std::optional<DType> dt = onnx::dtype_of_onnx(v.type);
   if (!dt)
-    return Status::error(Code::kUnimplemented, subject,
-                         "a tensor of an element type aspen has (FLOAT, FLOAT16, BFLOAT16, INT32, INT64, UINT8, BOOL)",
+    return Status::error(Code::kUnimplemented, subject, std::string("a tensor of ") + onnx::kAspenTypes,
                          v.type ? io::onnx_type_name(v.type) : "no tensor type");
   std::vector<int64_t> d;
   auto given = o.input_shapes.find(v.name);
@@ -62,14 +61,9 @@ Result<graph::TensorType> input_type(const io::OnnxModel& m, const io::OnnxValue
       bool agree = d.size() == v.dims.size();
       for (size_t i = 0; agree && i < d.size(); ++i) agree = v.dims[i].value < 0 || v.dims[i].value == d[i];
       if (!agree) {
-        std::string declared = "[";
-        for (size_t i = 0; i < v.dims.size(); ++i)
-          declared += (i ? ", " : "") + (v.dims[i].value >= 0      ? std::to_string(v.dims[i].value)
-                                         : v.dims[i].param.empty() ? "?"
-                                                                   : v.dims[i].param);
         std::string shape = "[";
         for (size_t i = 0; i < d.size(); ++i) shape += (i ? ", " : "") + std::to_string(d[i]);
-        return Status::invalid_argument(subject + ": shape", "one that fits the declared " + declared + "]",
+        return Status::invalid_argument(subject + ": shape", "one that fits the declared " + v.dims_text(),
                                         shape + "]");
       }
     }
@@ -121,10 +115,7 @@ Status fold(const io::OnnxNode& node, size_t index, int64_t opset, const onnx::O
 
 Result<Tensor> tensor_from_onnx(const io::OnnxTensor& t, const std::string& what) {
   const std::optional<DType> dt = onnx::dtype_of_onnx(t.type);
-  if (!dt)
-    return Status::error(Code::kUnimplemented, what,
-                         "an element type aspen has (FLOAT, FLOAT16, BFLOAT16, INT32, INT64, UINT8, BOOL)",
-                         io::onnx_type_name(t.type));
+  if (!dt) return Status::error(Code::kUnimplemented, what, onnx::kAspenTypes, io::onnx_type_name(t.type));
   Result<Shape> shape = Shape::make(t.dims.data(), int(t.dims.size()));
   if (!shape.is_ok())
     return Status::error(Code::kUnimplemented, what, "rank at most " + std::to_string(Shape::kMaxRank),
@@ -238,17 +229,12 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
     return Status::invalid_argument(m.path + ": symbolic dimensions", "an extent for each (dims, or input_shapes)",
                                     "none for " + found);
   }
-  for (const auto& [name, shape] : options.input_shapes) {
-    bool found = false;
-    for (const io::OnnxValueInfo& v : m.graph.inputs) found = found || v.name == name;
-    if (!found) return Status::invalid_argument(m.path + ": input_shapes", "names of graph inputs", quoted(name));
-  }
-  for (const auto& [name, t] : options.constants) {
-    bool found = false;
-    for (const io::OnnxValueInfo& v : m.graph.inputs) found = found || v.name == name;
-    if (!found || !t)
+  for (const auto& [name, shape] : options.input_shapes)
+    if (!m.graph.find_input(name))
+      return Status::invalid_argument(m.path + ": input_shapes", "names of graph inputs", quoted(name));
+  for (const auto& [name, t] : options.constants)
+    if (!m.graph.find_input(name) || !t)
       return Status::invalid_argument(m.path + ": constants", "names of graph inputs, with tensors", quoted(name));
-  }
   for (size_t k = 0; k < m.graph.inputs.size(); ++k) {
     const std::string& name = m.graph.inputs[k].name;
     auto bound = options.constants.find(name);

@@ -358,10 +358,7 @@ Status convert_clip(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
 Status convert_cast(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   ASPEN_ASSIGN_OR_RETURN(const int64_t to, c.attr_i("to"));
   const std::optional<DType> dt = dtype_of_onnx(int32_t(to));
-  if (!dt)
-    return c.unsupported("attribute 'to'",
-                         "an element type aspen has (FLOAT, FLOAT16, BFLOAT16, INT32, INT64, UINT8, BOOL)",
-                         io::onnx_type_name(int32_t(to)));
+  if (!dt) return c.unsupported("attribute 'to'", kAspenTypes, io::onnx_type_name(int32_t(to)));
   out = {in[0].type.dtype == *dt ? in[0] : c.wrap(c.b.cast(c.id(in[0]), *dt))};
   return c.b.status();
 }

@@ -90,6 +90,9 @@ struct OpConverter {
 // Every op type of the default domain the importer converts.
 const std::map<std::string, OpConverter>& converters();
 
+// What errors expect of an element type: the ONNX types dtype_of_onnx maps.
+inline constexpr const char* kAspenTypes =
+    "an element type aspen has (FLOAT, FLOAT16, BFLOAT16, INT32, INT64, UINT8, BOOL)";
 // ONNX element types as aspen dtypes; nullopt for those aspen has no dtype for.
 std::optional<DType> dtype_of_onnx(int32_t onnx_type);
 

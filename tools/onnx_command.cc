@@ -29,16 +29,6 @@
 namespace aspen::tools {
 namespace {
 
-std::string dims_text(const io::OnnxValueInfo& v) {
-  if (!v.has_shape) return "(rank not declared)";
-  std::string s = "[";
-  for (size_t i = 0; i < v.dims.size(); ++i)
-    s += (i ? ", " : "") + (v.dims[i].value >= 0      ? std::to_string(v.dims[i].value)
-                            : v.dims[i].param.empty() ? "?"
-                                                      : escape_for_terminal(v.dims[i].param));
-  return s + "]";
-}
-
 int run_inspect(const std::string& path) {
   auto m = io::read_onnx_model(path);
   if (!m.is_ok()) return report(m.status());
@@ -48,11 +38,11 @@ int run_inspect(const std::string& path) {
     std::cout << " " << (domain.empty() ? "ai.onnx" : escape_for_terminal(domain)) << " " << v;
   std::cout << "\ninputs:\n";
   for (const auto& v : m->graph.inputs)
-    std::cout << "  " << escape_for_terminal(v.name) << ": " << io::onnx_type_name(v.type) << " " << dims_text(v)
+    std::cout << "  " << escape_for_terminal(v.name) << ": " << io::onnx_type_name(v.type) << " " << v.dims_text()
               << "\n";
   std::cout << "outputs:\n";
   for (const auto& v : m->graph.outputs)
-    std::cout << "  " << escape_for_terminal(v.name) << ": " << io::onnx_type_name(v.type) << " " << dims_text(v)
+    std::cout << "  " << escape_for_terminal(v.name) << ": " << io::onnx_type_name(v.type) << " " << v.dims_text()
               << "\n";
   int64_t weights = 0, bytes = 0;
   for (const auto& t : m->graph.initializers) {
@@ -109,9 +99,7 @@ int run_run(const RunArgs& a) {
     if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
       return usage("--input '" + spec + "'", "NAME=FILE.npy", "no '=' between a name and a file");
     const std::string name = spec.substr(0, eq);
-    bool known = false;
-    for (const auto& v : m->graph.inputs) known = known || v.name == name;
-    if (!known) {
+    if (!m->graph.find_input(name)) {
       std::string names;
       for (const auto& v : m->graph.inputs) names += (names.empty() ? "" : ", ") + v.name;
       return usage("--input '" + spec + "'", "the name of a graph input (" + names + ")", "'" + name + "'");
