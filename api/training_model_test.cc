@@ -76,14 +76,29 @@ void expect_golden_training(const std::string& model, int64_t d_model, bool no_d
     auto w = (*m)->copy_weights_to_host();
     ASSERT_TRUE(w.is_ok());
     const double tol = j.at("tolerances").at("final_f32_abs").get<double>();
-    int64_t total = 0, over = 0;
+    int64_t total = 0, over = 0, noise = 0;
     const auto left_out = j.at("final_weights_left_out").get<std::vector<std::string>>();
     for (const auto& [name, got] : *w) {
       if (std::find(left_out.begin(), left_out.end(), name) != left_out.end()) continue;
       auto ref = gold.file->read("final." + name);
       ASSERT_TRUE(ref.is_ok()) << name;
+      auto grad = gold.file->read("grad." + name);
+      ASSERT_TRUE(grad.is_ok()) << name;
+      double mean_abs = 0;
+      for (int64_t i = 0; i < grad->numel(); ++i) mean_abs += std::abs(double(grad->data<float>()[i]));
+      mean_abs /= double(std::max<int64_t>(1, grad->numel()));
       for (int64_t i = 0; i < got.numel(); ++i) {
         if (key_bias_entry(name, i, d_model)) continue;
+        // Adam's m/sqrt(v) turns an element's gradient into a step of about lr whatever its size, so
+        // where the gradient is rounding noise (nonzero, under 1e-5 of its tensor's mean: GPT-J's v_proj
+        // has one of 2.6e-8 beside a mean of 6e-3) the step's sign is noise too, and follows the GEMM
+        // library's summation order (OpenBLAS's SkylakeX kernels moved that one by 0.3 lr). Such elements
+        // are counted, not checked. Exact zeros (unused embedding rows) are exact everywhere: checked.
+        const double g0 = std::abs(double(grad->data<float>()[i]));
+        if (g0 != 0 && g0 < 1e-5 * mean_abs) {
+          ++noise;
+          continue;
+        }
         const double d = std::abs(double(got.data<float>()[i]) - double(ref->data<float>()[i]));
         EXPECT_LE(d, tol) << name << "[" << i << "]";
         ++total;
@@ -91,6 +106,7 @@ void expect_golden_training(const std::string& model, int64_t d_model, bool no_d
       }
     }
     EXPECT_LE(double(over), 0.001 * double(total)) << over << " of " << total << " elements off by more than 1e-4";
+    EXPECT_LE(double(noise), 0.001 * double(total)) << noise << " of " << total << " elements with noise gradients";
   }
   // Split: step by step (clipping at an unreachable norm forces it); the
   // accumulators after step 1 hold its gradients.

@@ -5,7 +5,8 @@
 //       trans_b) shared by the batch or with a's batch dimensions, bias [N]; out [..., M, N] (kernels/matmul.h)
 //       {out_dtype}: a and b bf16 (or f16), bias and out in out_dtype: f32, or a's dtype (narrow partials)
 //       a and b share a dtype, with one exception: a f32, b bf16 (no out_dtype) -> bias and out f32, the
-//       product of a with b's (exact) values; bf16 weights under f32 activations (NOTE [mixed matmul])
+//       product of a rounded to bf16 (nearest even) with b, accumulated in f32: bf16 weights under f32
+//       activations, rounded as autocast rounds them (NOTE [mixed matmul])
 //   layernorm(x, gamma, beta) {eps}: over the last axis C; outputs y (x's type), mean, rstd (f32, x's shape
 //       without the last dimension)                                                  (kernels/norm.h)
 //   rmsnorm(x, gamma) {eps}: outputs y, rstd (f32 [R...])                           (kernels/norm.h)
@@ -84,7 +85,7 @@ Result<MatmulDims> matmul_dims(const Node& n, std::span<const TensorType> in) {
   ASPEN_ASSIGN_OR_RETURN(const DType out_dtype, matmul_out_dtype(n, ta_type));
   ASPEN_RETURN_IF_ERROR(expect_rank(n, "a", ta_type, 2));
   // NOTE [mixed matmul]: a f32 with b bf16 (weights kept in bf16, activations in f32) is the one mixed
-  // case; the product is f32 (the bf16 values are exact in f32), with no out_dtype.
+  // case; a is rounded to bf16 and the product is f32, with no out_dtype.
   const bool mixed = is_mixed_matmul(n, ta_type, tb_type);
   if (!mixed) ASPEN_RETURN_IF_ERROR(expect_dtype(n, "b", tb_type, ta_type.dtype, "a's"));
   ASPEN_RETURN_IF_ERROR(expect_rank(n, "b", tb_type, 2));
@@ -136,8 +137,15 @@ Status eval_matmul(const Node& n, Ins in, Outs out) {
   std::vector<TensorType> types;
   for (const HostArray* a : in) types.push_back(a->type);
   ASPEN_ASSIGN_OR_RETURN(MatmulDims d, matmul_dims(n, types));
-  kernels::ref::matmul<double, double>(in[0]->data.data(), in[1]->data.data(),
-                                       in.size() > 2 ? in[2]->data.data() : nullptr, out[0].data.data(), d.shape);
+  const double* a = in[0]->data.data();
+  std::vector<double> rounded;
+  if (is_mixed_matmul(n, types[0], types[1])) {  // NOTE [mixed matmul]: a rounded to bf16 first
+    rounded.resize(in[0]->data.size());
+    for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = double(bf16_to_f32(f32_to_bf16(float(a[i]))));
+    a = rounded.data();
+  }
+  kernels::ref::matmul<double, double>(a, in[1]->data.data(), in.size() > 2 ? in[2]->data.data() : nullptr,
+                                       out[0].data.data(), d.shape);
   return Status();
 }
 
@@ -482,7 +490,13 @@ float* matmul_scratch(int which, int64_t n) {
 // the batch, no trans_a) go to kernels/gemv.h: they are bound by weight bytes per second, and the GEMV
 // kernel streams them near the memory's read rate where oneDNN's M = 1 path reaches about half of it.
 // The batch folds into M (a is [batch, M, K] contiguous and b is shared), up to kGemvMaxRows rows.
-// Mixed matmuls (a f32, b bf16) of other shapes widen b into scratch and run the f32 plan.
+// NOTE [mixed matmul]: a mixed matmul (a f32, b bf16: bf16 weights under f32 activations) rounds a to
+// bf16 (to nearest even, as autocast rounds activations) and multiplies bf16 by bf16 with f32
+// accumulation, on every path: the decode rows round a into scratch for the GEMV; other shapes (prefill)
+// round it into scratch and run the bf16 plan, on AMX or AVX512-BF16 where the CPU has them. Widening b
+// to f32 on every call instead (what this did first) made bf16 prefill slower than f32. Where the CPU
+// has no bf16 arithmetic the bf16 plan widens both (NOTE [bf16 without AVX-512]), so the result is the
+// same on every machine up to summation order, and the reference (eval_matmul) rounds a the same way.
 constexpr int64_t kGemvMaxRows = 8;
 
 Prepared prepare_matmul(const Node& n, Types in, Types out) {
@@ -500,12 +514,20 @@ Prepared prepare_matmul(const Node& n, Types in, Types out) {
     const kernels::GemvShape g{.M = s.batch * s.M, .N = s.N, .K = s.K, .trans_b = s.trans_b,
                                .has_bias = s.has_bias, .weight = d.b_dtype};
     ASPEN_RETURN_IF_ERROR(kernels::gemv_validate(g));
-    return make_kernel([g](In i, Out o) {
-      kernels::gemv_run(g, f32_in(i, 0), i[1], g.has_bias ? f32_in(i, 2) : nullptr, static_cast<float*>(o[0]));
+    const int64_t na = g.M * g.K;
+    return make_kernel([g, mixed, na](In i, Out o) {
+      const float* a = f32_in(i, 0);
+      if (mixed) {  // NOTE [mixed matmul]: a rounded to bf16 (a few rows: cheap beside the weights' stream)
+        float* ra = matmul_scratch(0, na);
+        for (int64_t j = 0; j < na; ++j) ra[j] = bf16_to_f32(f32_to_bf16(a[j]));
+        a = ra;
+      }
+      kernels::gemv_run(g, a, i[1], g.has_bias ? f32_in(i, 2) : nullptr, static_cast<float*>(o[0]));
       return Status();
     });
   }
   if (f16_in) s.input = DType::f32;
+  if (mixed) s.input = DType::bf16;  // NOTE [mixed matmul]
   ASPEN_ASSIGN_OR_RETURN(kernels::MatmulPlan made, kernels::MatmulPlan::create(s));
   auto plan = std::make_shared<kernels::MatmulPlan>(std::move(made));
   const bool bias = s.has_bias;
@@ -517,10 +539,10 @@ Prepared prepare_matmul(const Node& n, Types in, Types out) {
   const int64_t na = in[0].shape.numel(), nb = in[1].shape.numel(), nc = out[0].shape.numel();
   return make_kernel([plan, bias, f16_in, mixed, out_t, na, nb, nc](In i, Out o) {
     const void *a = i[0], *b = i[1];
-    if (mixed) {
-      float* wb = matmul_scratch(1, nb);
-      ASPEN_RETURN_IF_ERROR(kernels::convert_bf16_to_f32(in_span<bf16>(i, 1, nb), {wb, size_t(nb)}, nb));
-      b = wb;
+    if (mixed) {  // NOTE [mixed matmul]: a rounded to bf16, then the bf16 plan
+      bf16* ra = reinterpret_cast<bf16*>(matmul_scratch(0, (na + 1) / 2));
+      ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_bf16(in_span<float>(i, 0, na), {ra, size_t(na)}, na));
+      a = ra;
     }
     if (f16_in) {
       float* wa = matmul_scratch(0, na);

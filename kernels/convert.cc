@@ -280,7 +280,7 @@ Status convert_f32_to_bf16(std::span<const float> x, std::span<bf16> y, int64_t 
     return Status();
   }
   const Isa isa = active_isa();
-  run_chunked<float, bf16>(isa == Isa::avx512_bf16 ? to_bf16_avx512_bf16
+  run_chunked<float, bf16>(isa >= Isa::avx512_bf16 ? to_bf16_avx512_bf16
                            : isa == Isa::avx512    ? to_bf16_avx512
                            : isa == Isa::avx2      ? to_bf16_avx2
                                                    : to_bf16_scalar,

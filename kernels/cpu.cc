@@ -1,5 +1,6 @@
 #include "kernels/cpu.h"
 
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,7 +12,7 @@
 namespace aspen::kernels {
 
 namespace {
-std::atomic<int> g_cap{int(Isa::avx512_bf16)};
+std::atomic<int> g_cap{int(Isa::amx)};
 std::atomic<bool> g_reference{false};
 
 CpuFeatures detect() {
@@ -32,6 +33,12 @@ CpuFeatures detect() {
   if (f.avx2 && f.fma && f.f16c) f.best = Isa::avx2;
   if (f.best == Isa::avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq) f.best = Isa::avx512;
   if (f.best == Isa::avx512 && f.avx512_bf16) f.best = Isa::avx512_bf16;
+  if (f.best == Isa::avx512_bf16 && f.amx_bf16 && __builtin_cpu_supports("amx-tile")) {
+    // Linux gives a process the AMX tile state only when it asks (once, for all its threads).
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    f.amx_granted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+    if (f.amx_granted) f.best = Isa::amx;
+  }
   return f;
 }
 }  // namespace
@@ -42,6 +49,8 @@ const char* isa_name(Isa isa) {
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
     case Isa::avx512_bf16: return "avx512_bf16";
+    case Isa::amx:
+      return "amx";
   }
   return "?";
 }
@@ -60,6 +69,7 @@ std::string CpuFeatures::to_string() const {
   add(avx512dq, "avx512dq");
   add(avx512_bf16, "avx512_bf16");
   add(amx_bf16, "amx_bf16");
+  if (amx_bf16 && !amx_granted) s += " (amx tile state refused by the OS)";
   return s + " (best: " + isa_name(best) + ")";
 }
 

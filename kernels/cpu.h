@@ -19,13 +19,18 @@
 
 namespace aspen::kernels {
 
-enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3 };
+// amx: AVX512-BF16 plus AMX-BF16 tiles the OS granted this process (Linux
+// hands the tile state out on request: arch_prctl(ARCH_REQ_XCOMP_PERM)). Only
+// the bf16 matrix product has an AMX variant; every other kernel runs its
+// AVX-512 one there.
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3, amx = 4 };
 const char* isa_name(Isa isa);
 
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_bf16 = false, amx_bf16 = false;
+  bool amx_granted = false;  // the OS gave this process the tile state
   Isa best = Isa::scalar;
   std::string to_string() const;  // "avx2 fma avx512f ... (best: avx512_bf16)"
 };
@@ -43,7 +48,7 @@ const CpuCaches& cpu_caches();
 
 // The ISA kernels use now: min(cpu_features().best, cap).
 Isa active_isa();
-// Caps the ISA (Isa::avx512_bf16 = no cap). Returns the previous cap.
+// Caps the ISA (Isa::amx = no cap). Returns the previous cap.
 Isa set_isa_cap(Isa cap);
 
 bool reference_mode();

@@ -80,20 +80,6 @@ namespace aspen::kernels {
 
 namespace {
 
-using UkernelFn = void (*)(int64_t kc, const float* pa, const float* pb, float* c, int64_t ldc, bool load_c,
-                           const float* bias);
-// Lanes [l0, l0 + ln) and steps [k0, k0 + kc) into panels (see `pack`).
-using PackFn = void (*)(const void* src, int64_t ld, bool lanes_contiguous, int64_t l0, int64_t ln, int64_t k0,
-                        int64_t kc, float* out);
-
-// One ISA's micro-kernel and packing routines ([0]: f32 inputs, [1]: bf16).
-struct GemmIsa {
-  Isa isa;
-  int mr, nr;
-  UkernelFn ukernel;
-  PackFn pack_a[2], pack_b[2];
-};
-
 // ---- the variants ------------------------------------------------------------------------------------
 // Each includes matmul_aspen_isa.inc with its vector type and tile. The
 // portable one (plain floats, a 4 x 8 tile the compiler may vectorize at the
@@ -198,7 +184,8 @@ using isa_transpose::transpose_8x8;
 }  // namespace isa_avx512
 #pragma GCC pop_options
 
-const GemmIsa& gemm_isa(Isa isa) {
+const GemmIsa& gemm_isa(Isa isa, DType input) {
+  if (isa >= Isa::amx && input == DType::bf16) return amx_gemm_isa();
   if (isa >= Isa::avx512) return isa_avx512::kGemm;
   if (isa >= Isa::avx2) return isa_avx2::kGemm;
   return isa_portable::kGemm;
@@ -210,18 +197,18 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 // Scratch for packed blocks, one per thread, grown as needed and shared by
 // every plan the thread runs (a plan never runs on two threads at once, and
 // each thread runs one slab at a time).
-float* thread_scratch(size_t floats) {
+char* thread_scratch(size_t bytes) {
   struct Scratch {
-    float* p = nullptr;
+    char* p = nullptr;
     size_t n = 0;
     ~Scratch() { std::free(p); }
   };
   thread_local Scratch s;
-  if (s.n < floats) {
+  if (s.n < bytes) {
     std::free(s.p);
-    s.n = round_up(int64_t(floats), 1024);
-    s.p = static_cast<float*>(std::aligned_alloc(64, s.n * sizeof(float)));
-    ASPEN_CHECK(s.p != nullptr) << "matmul: out of memory for " << s.n * sizeof(float) << " bytes of packed panels";
+    s.n = size_t(round_up(int64_t(bytes), 4096));
+    s.p = static_cast<char*>(std::aligned_alloc(64, s.n));
+    ASPEN_CHECK(s.p != nullptr) << "matmul: out of memory for " << s.n << " bytes of packed panels";
   }
   return s.p;
 }
@@ -229,7 +216,7 @@ float* thread_scratch(size_t floats) {
 class AspenPlan final : public MatmulPlan::Impl {
  public:
   AspenPlan(const MatmulShape& s, const GemmBlocking& blk, int team)
-      : s_(s), blk_(blk), isa_(gemm_isa(blk.isa)), team_(team) {
+      : s_(s), blk_(blk), isa_(gemm_isa(blk.isa, s.input)), team_(team) {
     // A shared b folds the batch into rows: a [batch, M, K] is one [batch * M, K] (not with a^T).
     const bool fold = s.broadcast_b && !s.trans_a;
     entries_ = fold ? 1 : s.batch;
@@ -280,15 +267,19 @@ class AspenPlan final : public MatmulPlan::Impl {
     const int dt = s_.input == DType::bf16 ? 1 : 0;
     const int64_t kc_max = std::min(blk_.kc, K), mc_max = std::min(blk_.mc, round_up(m1 - m0, mr)),
                   nc_max = std::min(blk_.nc, round_up(n1 - n0, nr));
-    const size_t a_floats = size_t(round_up(mc_max, mr) * kc_max), b_floats = size_t(round_up(nc_max, nr) * kc_max);
-    float* pa = thread_scratch(a_floats + b_floats + size_t(2 * mr * nr));
-    float* pb = pa + a_floats;
-    float* tile = pb + b_floats;  // a ragged tile of C, and the bias padded to NR
+    // Packed panels hold kcp steps each (kc rounded up to the variant's unit).
+    const int64_t kcp_max = round_up(kc_max, isa_.k_align), esz = isa_.packed_bytes;
+    const size_t a_bytes = size_t(round_up(mc_max, mr) * kcp_max * esz),
+                 b_bytes = size_t(round_up(nc_max, nr) * kcp_max * esz);
+    char* pa = thread_scratch(a_bytes + b_bytes + size_t(2 * mr * nr) * sizeof(float));
+    char* pb = pa + a_bytes;
+    float* tile = reinterpret_cast<float*>(pb + b_bytes);  // a ragged tile of C, and the bias padded to NR
     float* bias_tile = tile + mr * nr;
+    if (isa_.begin) isa_.begin();
     for (int64_t jc = n0; jc < n1; jc += blk_.nc) {
       const int64_t nc = std::min(blk_.nc, n1 - jc);
       for (int64_t pc = 0; pc < K; pc += blk_.kc) {
-        const int64_t kc = std::min(blk_.kc, K - pc);
+        const int64_t kc = std::min(blk_.kc, K - pc), kcp = round_up(kc, isa_.k_align);
         const bool first = pc == 0;
         const bool load_c = !first || s_.beta != 0.0f;
         isa_.pack_b[dt](b, ldb, !s_.trans_b, jc, nc, pc, kc, pb);
@@ -297,7 +288,7 @@ class AspenPlan final : public MatmulPlan::Impl {
           isa_.pack_a[dt](a, lda, s_.trans_a, ic, mc, pc, kc, pa);
           for (int64_t jr = 0; jr < nc; jr += nr) {
             const int cols = int(std::min<int64_t>(nr, nc - jr));
-            const float* bp = pb + jr * kc;
+            const char* bp = pb + jr * kcp * esz;
             const float* brow = first && bias ? bias + jc + jr : nullptr;
             if (brow && cols < nr) {
               std::fill(bias_tile, bias_tile + nr, 0.0f);
@@ -307,22 +298,23 @@ class AspenPlan final : public MatmulPlan::Impl {
             for (int64_t ir = 0; ir < mc; ir += mr) {
               const int rows = int(std::min<int64_t>(mr, mc - ir));
               float* ct = c + (ic + ir) * N + jc + jr;
-              const float* ap = pa + ir * kc;
+              const char* ap = pa + ir * kcp * esz;
               if (rows == mr && cols == nr) {
-                isa_.ukernel(kc, ap, bp, ct, N, load_c, brow);
+                isa_.ukernel(kcp, ap, bp, ct, N, load_c, brow);
                 continue;
               }
               // Ragged edge: the full tile runs on a copy, and its valid part goes back.
               std::fill(tile, tile + mr * nr, 0.0f);
               if (load_c)
                 for (int i = 0; i < rows; ++i) std::copy(ct + i * N, ct + i * N + cols, tile + i * nr);
-              isa_.ukernel(kc, ap, bp, tile, nr, load_c, brow);
+              isa_.ukernel(kcp, ap, bp, tile, nr, load_c, brow);
               for (int i = 0; i < rows; ++i) std::copy(tile + i * nr, tile + i * nr + cols, ct + i * N);
             }
           }
         }
       }
     }
+    if (isa_.end) isa_.end();
   }
 
   MatmulShape s_;
@@ -335,23 +327,24 @@ class AspenPlan final : public MatmulPlan::Impl {
 
 }  // namespace
 
-GemmBlocking gemm_blocking(Isa isa) {
-  const GemmIsa& k = gemm_isa(isa);
+GemmBlocking gemm_blocking(Isa isa, DType input) {
+  const GemmIsa& k = gemm_isa(isa, input);
   const CpuCaches& caches = cpu_caches();
   GemmBlocking b;
   b.isa = k.isa;
   b.mr = k.mr;
   b.nr = k.nr;
   // NOTE [gemm blocking].
-  b.kc = round_down(std::clamp<int64_t>(caches.l1d * 3 / 4 / (k.nr * 4), 64, 512), 16);
-  b.mc = round_down(std::clamp<int64_t>(caches.l2 / 2 / (b.kc * 4), k.mr, 1024), k.mr);
-  b.nc = round_down(std::clamp<int64_t>(caches.l3 / 4 / (b.kc * 4), k.nr, 8192), k.nr);
+  const int64_t esz = k.packed_bytes, unit = std::max(16, k.k_align);
+  b.kc = round_down(std::clamp<int64_t>(caches.l1d * 3 / 4 / (k.nr * esz), 64, 512), unit);
+  b.mc = round_down(std::clamp<int64_t>(caches.l2 / 2 / (b.kc * esz), k.mr, 1024), k.mr);
+  b.nc = round_down(std::clamp<int64_t>(caches.l3 / 4 / (b.kc * esz), k.nr, 8192), k.nr);
   return b;
 }
 
 Result<std::unique_ptr<MatmulPlan::Impl>> make_aspen_plan(const MatmulShape& s, const GemmBlocking& blocking) {
   const std::string subject = "matmul " + s.to_string() + " on aspen's kernels";
-  const GemmIsa& k = gemm_isa(blocking.isa);
+  const GemmIsa& k = gemm_isa(blocking.isa, s.input);
   if (blocking.mr != k.mr || blocking.nr != k.nr || blocking.kc < 1 || blocking.mc < k.mr || blocking.nc < k.nr ||
       blocking.mc % k.mr || blocking.nc % k.nr)
     return Status::invalid_argument(subject + ": blocking",
@@ -366,10 +359,13 @@ Result<std::unique_ptr<MatmulPlan::Impl>> make_aspen_plan(const MatmulShape& s, 
 }
 
 Result<std::unique_ptr<MatmulPlan::Impl>> make_aspen_plan(const MatmulShape& s) {
-  return make_aspen_plan(s, gemm_blocking(active_isa()));
+  return make_aspen_plan(s, gemm_blocking(active_isa(), s.input));
 }
 
-std::string aspen_gemm_description() { return gemm_blocking(active_isa()).to_string(); }
+std::string aspen_gemm_description() {
+  const GemmBlocking f = gemm_blocking(active_isa(), DType::f32), h = gemm_blocking(active_isa(), DType::bf16);
+  return "f32 " + f.to_string() + "; bf16 " + h.to_string();
+}
 
 std::string GemmBlocking::to_string() const {
   return std::string(isa_name(isa)) + " mr " + std::to_string(mr) + " nr " + std::to_string(nr) + " kc " +

@@ -22,13 +22,15 @@ std::vector<Isa> runnable_isas() {
   std::vector<Isa> out = {Isa::scalar};
   if (cpu_features().best >= Isa::avx2) out.push_back(Isa::avx2);
   if (cpu_features().best >= Isa::avx512) out.push_back(Isa::avx512);
+  if (cpu_features().best >= Isa::amx) out.push_back(Isa::amx);  // bf16 only; f32 runs avx512 there
   return out;
 }
 
-// The default blocking of `isa`, or the smallest legal one (kc 5: every K past
-// 5 takes several ragged blocks; two micro-tiles per row and column block).
-GemmBlocking blocking_for(Isa isa, bool tiny) {
-  GemmBlocking b = gemm_blocking(isa);
+// The default blocking of `isa` for `input`, or the smallest legal one (kc 5:
+// every K past 5 takes several ragged blocks, each padded where the variant
+// packs K in units; two micro-tiles per row and column block).
+GemmBlocking blocking_for(Isa isa, bool tiny, DType input = DType::f32) {
+  GemmBlocking b = gemm_blocking(isa, input);
   if (tiny) {
     b.kc = 5;
     b.mc = 2 * b.mr;
@@ -92,7 +94,7 @@ TEST(MatmulAspen, MatchesReferenceOverOddShapesLayoutsAndIsas) {
                 for (int64_t k : sizes) {
                   if (dt == DType::bf16 && (m * n * k) % 2 == 0) continue;  // bf16: half the cross is enough
                   check_case({.M = m, .N = n, .K = k, .trans_a = ta, .trans_b = tb, .input = dt},
-                             blocking_for(isa, tiny), seed++);
+                             blocking_for(isa, tiny, dt), seed++);
                 }
 }
 
@@ -101,11 +103,27 @@ TEST(MatmulAspen, MatchesReferenceOverOddShapesLayoutsAndIsas) {
 TEST(MatmulAspen, MatchesReferenceOnLargeExtents) {
   uint64_t seed = 50000;
   const Isa isa = runnable_isas().back();
-  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1000, 33, 20}, {20, 1000, 33}, {33, 20, 1000},
-                         {128, 1000, 200}})
-    for (bool ta : {false, true})
-      for (bool tb : {false, true})
-        check_case({.M = m, .N = n, .K = k, .trans_a = ta, .trans_b = tb}, blocking_for(isa, false), seed++);
+  for (DType dt : {DType::f32, DType::bf16})
+    for (auto [m, n, k] :
+         {std::tuple<int64_t, int64_t, int64_t>{1000, 33, 20}, {20, 1000, 33}, {33, 20, 1000}, {128, 1000, 200}})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          check_case({.M = m, .N = n, .K = k, .trans_a = ta, .trans_b = tb, .input = dt}, blocking_for(isa, false, dt),
+                     seed++);
+}
+
+// The variant each ISA gives each input type: AMX's tiles take bf16 only.
+TEST(MatmulAspen, AmxTakesBf16AndF32StaysOnTheFmaKernels) {
+  const GemmBlocking f = gemm_blocking(Isa::amx, DType::f32), h = gemm_blocking(Isa::amx, DType::bf16);
+  EXPECT_LE(int(f.isa), int(Isa::avx512));
+  if (cpu_features().best >= Isa::amx) {
+    EXPECT_EQ(h.isa, Isa::amx);
+    EXPECT_EQ(h.mr, 32);
+    EXPECT_EQ(h.nr, 32);
+    EXPECT_EQ(h.kc % 32, 0);
+  } else {
+    EXPECT_NE(h.isa, Isa::amx) << "AMX chosen on a CPU (or OS) without it: " << cpu_features().to_string();
+  }
 }
 
 TEST(MatmulAspen, BatchesBiasAndAccumulate) {
@@ -118,9 +136,17 @@ TEST(MatmulAspen, BatchesBiasAndAccumulate) {
             for (bool bcast : {false, true})
               for (bool bias : {false, true})
                 for (float beta : {0.0f, 1.0f})
-                  check_case({.batch = 3, .M = 19, .N = 37, .K = 23, .trans_a = ta, .trans_b = tb,
-                              .broadcast_b = bcast, .has_bias = bias, .beta = beta, .input = dt},
-                             blocking_for(isa, tiny), seed++);
+                  check_case({.batch = 3,
+                              .M = 19,
+                              .N = 37,
+                              .K = 23,
+                              .trans_a = ta,
+                              .trans_b = tb,
+                              .broadcast_b = bcast,
+                              .has_bias = bias,
+                              .beta = beta,
+                              .input = dt},
+                             blocking_for(isa, tiny, dt), seed++);
 }
 
 // NOTE [gemm threads]: teams of 1, 2 and 3 threads cut C into different slabs
@@ -130,14 +156,23 @@ TEST(MatmulAspen, BitsDoNotDependOnTheTeamOrTheRun) {
   for (Isa isa : runnable_isas())
     for (MatmulShape s : {MatmulShape{.M = 301, .N = 203, .K = 77, .has_bias = true},
                           MatmulShape{.batch = 3, .M = 40, .N = 50, .K = 300, .trans_a = true, .trans_b = true},
-                          MatmulShape{.batch = 5, .M = 33, .N = 65, .K = 9, .broadcast_b = true, .beta = 1.0f}}) {
+                          MatmulShape{.batch = 5, .M = 33, .N = 65, .K = 9, .broadcast_b = true, .beta = 1.0f},
+                          MatmulShape{.M = 301, .N = 203, .K = 77, .has_bias = true, .input = DType::bf16},
+                          MatmulShape{.batch = 3,
+                          .M = 40,
+                          .N = 50,
+                          .K = 300,
+                          .trans_a = true,
+                          .trans_b = true,
+                          .beta = 1.0f,
+                          .input = DType::bf16}}) {
       SCOPED_TRACE(s.to_string() + " " + isa_name(isa));
       auto a = testing::random_vector(s.a_elements(), 7), b = testing::random_vector(s.b_elements(), 8);
       auto bias = testing::random_vector(s.N, 9), c0 = testing::random_vector(s.c_elements(), 10);
       std::vector<std::vector<float>> runs;
       for (int threads : {1, 2, 3, 2, 1}) {
         ScopedOmpThreads team(threads);
-        runs.push_back(run_plan(s, blocking_for(isa, false), a, b, bias, c0));
+        runs.push_back(run_plan(s, blocking_for(isa, false, s.input), a, b, bias, c0));
       }
       for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i], runs[0]) << "run " << i;
     }
@@ -145,14 +180,15 @@ TEST(MatmulAspen, BitsDoNotDependOnTheTeamOrTheRun) {
 
 TEST(MatmulAspen, BlockingFollowsTheCachesAndBadOnesAreRefused) {
   for (Isa isa : runnable_isas()) {
-    const GemmBlocking b = gemm_blocking(isa);
+    const GemmBlocking b = gemm_blocking(isa, isa == Isa::amx ? DType::bf16 : DType::f32);
     SCOPED_TRACE(b.to_string());
     EXPECT_EQ(b.isa, isa);
     EXPECT_EQ(b.mc % b.mr, 0);
     EXPECT_EQ(b.nc % b.nr, 0);
     // A B panel in about half of L1d, the A block within L2.
-    EXPECT_LE(b.kc * b.nr * 4, cpu_caches().l1d);
-    EXPECT_LE(b.mc * b.kc * 4, cpu_caches().l2);
+    const int64_t esz = isa == Isa::amx ? 2 : 4;  // packed bytes per element
+    EXPECT_LE(b.kc * b.nr * esz, cpu_caches().l1d);
+    EXPECT_LE(b.mc * b.kc * esz, cpu_caches().l2);
   }
   const MatmulShape s{.M = 4, .N = 4, .K = 4};
   GemmBlocking bad = gemm_blocking(Isa::scalar);

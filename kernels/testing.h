@@ -70,7 +70,7 @@ class Guarded {
 
 // Every ISA from scalar up to min(this CPU's best, up_to): tests run each
 // kernel variant under ScopedIsaCap for each.
-std::vector<Isa> available_isas(Isa up_to = Isa::avx512_bf16);
+std::vector<Isa> available_isas(Isa up_to = Isa::amx);
 
 // Shapes big enough to run on the whole OpenMP team are swept at the best ISA
 // only: the split into chunks does not depend on the ISA, and fork/joins are

@@ -16,7 +16,7 @@
 //   aspen inspect FILE
 //   aspen embed --model DIR [--batch N] [--max-length L] [--threads T]   (stdin lines -> JSON lines)
 //   aspen info
-//   global: --isa scalar|avx2|avx512|avx512_bf16, --reference-kernels, --kernel-choice measured|rule, -v
+//   global: --isa scalar|avx2|avx512|avx512_bf16|amx, --reference-kernels, --kernel-choice measured|rule, -v
 //
 // The library never prints or exits; this file does both.
 #include <unistd.h>
@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
   app.add_flag("-v,--verbose", verbose, "log informational messages");
   app.add_flag("--reference-kernels", reference, "run every kernel's reference version (slow; for checking)");
   app.add_option("--isa", isa_cap, "highest instruction set kernels may use")
-      ->check(CLI::IsMember({"scalar", "avx2", "avx512", "avx512_bf16"}));
+      ->check(CLI::IsMember({"scalar", "avx2", "avx512", "avx512_bf16", "amx"}));
   std::string kernel_choice = "measured";
   app.add_option("--kernel-choice", kernel_choice,
                  "measured: time aspen's, oneDNN's and OpenBLAS's matrix products on this machine and keep the "
@@ -335,7 +335,7 @@ int main(int argc, char** argv) {
   if (verbose) aspen::set_log_level(aspen::LogLevel::info);
   aspen::kernels::set_reference_mode(reference);
   for (auto isa : {aspen::kernels::Isa::scalar, aspen::kernels::Isa::avx2, aspen::kernels::Isa::avx512,
-                   aspen::kernels::Isa::avx512_bf16})
+                   aspen::kernels::Isa::avx512_bf16, aspen::kernels::Isa::amx})
     if (isa_cap == aspen::kernels::isa_name(isa)) aspen::kernels::set_isa_cap(isa);
 
   // NOTE [matmul choice] in kernels/matmul_choice.cc: the measured choices persist per machine.
