@@ -16,7 +16,7 @@ Without --model it builds a GPT-2-124M-shaped GPT2LMHeadModel (n_embd 768, 12 la
 n_positions 1024) with HF's random init under torch.manual_seed(0). Throughput does not depend on the values.
 
 What is measured (torch at its best on a small CPU: torch.set_num_threads(--threads, default 2),
-OMP_WAIT_POLICY=passive set before torch is imported, torch.inference_mode, sdpa attention):
+OpenMP's wait policy left at its default as aspen's is, torch.inference_mode, sdpa attention):
   decode   batch 1 and 8: greedy decoding with the KV cache, a hand loop over model(next_ids,
            past_key_values=cache) + argmax (what HF generate does, without its per-step Python overhead; never
            stops early). The prompt (8 random tokens) is prefilled first and NOT timed; then --new-tokens
@@ -42,7 +42,6 @@ import os
 import sys
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch loads OpenMP
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

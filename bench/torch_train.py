@@ -4,7 +4,7 @@
 How aspen's bench calls it (only with `aspen bench train --python PATH`), once per dtype, right after aspen's
 own row of that dtype:
 
-    OMP_WAIT_POLICY=passive PATH bench/torch_train.py --json --dtypes f32 --threads 2 --steps 5 [shape flags]
+    PATH bench/torch_train.py --json --dtypes f32 --threads 2 --steps 5 [shape flags]
 
 reading one JSON object per line from stdout (progress goes to stderr):
 
@@ -15,7 +15,7 @@ reading one JSON object per line from stdout (progress goes to stderr):
 Exit status 2 with a message on stderr when torch (or transformers) is not installed; 1 on other errors.
 
 The configuration (torch at its best on a small CPU): torch.set_num_threads(--threads, default 2),
-OMP_WAIT_POLICY=passive set before torch is imported (the caller sets it too). The model is transformers'
+OpenMP's wait policy left at its default, as aspen's is. The model is transformers'
 GPT2LMHeadModel(GPT2Config(...)) with its random init (torch.manual_seed(0)), every dropout 0, sdpa attention,
 train mode; torch.optim.AdamW(lr 1e-4, weight_decay 0.1 except biases and LayerNorms, as aspen's step; foreach
 at its default). The loss is cross-entropy of logits [B*T, V] against random targets [B*T], no shift (what
@@ -35,7 +35,6 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch loads OpenMP
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

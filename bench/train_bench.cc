@@ -423,8 +423,8 @@ Result<Row> measure_model(const TrainShape& s, const std::string& dtype, const T
 std::string run_peer(const TrainShape& s, const TrainBenchOptions& opt, Row& r) {
   const std::string script = std::string(ASPEN_SOURCE_DIR) + "/bench/torch_train.py";
   const std::string cmd =
-      "OMP_WAIT_POLICY=passive " + opt.python + " " + script + " --json --dtypes " + r.dtype + " --threads " +
-      std::to_string(opt.threads) + " --steps " + std::to_string(opt.steps) +
+      opt.python + " " + script + " --json --dtypes " + r.dtype + " --threads " + std::to_string(opt.threads) +
+      " --steps " + std::to_string(opt.steps) +
       fmt::format(" --batch {} --seq {} --vocab {} --n-positions {} --d-model {} --layers {} --heads {}", s.batch,
                   s.seq, s.config.vocab, s.config.n_positions, s.config.d_model, s.config.n_layer, s.config.n_head) +
       (s.model_dir.empty() ? "" : " --model '" + s.model_dir + "'") + " 2>/dev/null";

@@ -27,7 +27,7 @@
 // yet started OpenMP or other threads (the `aspen` command line).
 //
 // The PyTorch peer (bench/torch_train.py: transformers' GPT2LMHeadModel,
-// dropout 0, torch.optim.AdamW, 2 threads, OMP_WAIT_POLICY=passive; f32 eager
+// dropout 0, torch.optim.AdamW, 2 threads, the OpenMP wait policy aspen runs with; f32 eager
 // and bf16 autocast, each in its own process) runs only when `python` names an
 // interpreter; it runs right after aspen's row of the same dtype, and the table
 // prints aspen / PyTorch beside the goals of issue W1.4.

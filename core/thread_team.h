@@ -11,9 +11,9 @@
 // Oversubscription is avoided by a CoreBudget: every team reserves its cores
 // from the process-wide budget (by default the number of online CPUs) and
 // returns them when destroyed. Asking for more than remain is an error, not a
-// silent slowdown. Idle OpenMP workers should sleep rather than spin; the CLI
-// sets OMP_WAIT_POLICY=passive before the OpenMP runtime starts (see
-// tools/aspen.cc) and library users can do the same.
+// silent slowdown. Idle OpenMP workers keep libgomp's default policy (spin a
+// while, then sleep): a passive policy makes every op's region wait for a
+// kernel wake-up (docs/threading.md, "Idle workers").
 //
 // Thread-safety: submit() and run() may be called from any thread; tasks of
 // one team run one at a time in submission order.

@@ -50,21 +50,14 @@
 
 namespace {
 
-// Idle OpenMP workers should sleep, not spin against the other device's
-// threads (docs/threading.md). libgomp reads OMP_WAIT_POLICY once, when it
-// loads, so the CLI re-executes itself with the variable set unless the user
-// set it. ASPEN_NO_REEXEC guards against a loop.
-// The environment the libraries read once, when they load: a passive OpenMP
-// wait policy, and (NOTE [openblas core] in kernels/matmul_choice.h) the
-// OpenBLAS core for a CPU its detection does not know. Set when missing, then
-// the process runs itself again so that they take effect.
+// The environment a library reads once, when it loads: (NOTE [openblas core]
+// in kernels/matmul_choice.h) the OpenBLAS core for a CPU its detection does
+// not know. Set when missing, then the process runs itself again so that it
+// takes effect. ASPEN_NO_REEXEC guards against a loop. OpenMP's wait policy
+// is left to libgomp's default (docs/threading.md, "Idle workers").
 void ensure_library_environment(char** argv) {
   if (std::getenv("ASPEN_NO_REEXEC")) return;
   bool changed = false;
-  if (!std::getenv("OMP_WAIT_POLICY")) {
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    changed = true;
-  }
   if (!std::getenv("OPENBLAS_CORETYPE"))
     if (const char* core = aspen::kernels::openblas_core_override()) {
       setenv("OPENBLAS_CORETYPE", core, 1);
