@@ -118,21 +118,13 @@ ASPEN_TARGET_AVX512_BF16 double dpbf16_loop() {
 
 // AMX: each TDPBF16PS multiplies a 16x32 bf16 tile by a 32x16 one into a
 // 16x16 f32 tile: 16·16·32·2 flops. Four independent accumulators.
-struct TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} __attribute__((packed));
-
 constexpr int64_t kAmxIters = 4'000'000;
 
 __attribute__((target("amx-tile,amx-bf16"))) double amx_loop() {
   // Linux hands out the AMX tile state only on request, per process.
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return 0;
-  TileConfig cfg{};
+  aspen::kernels::AmxTileConfig cfg{};
   cfg.palette_id = 1;
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = 16;

@@ -73,6 +73,18 @@ class ScopedIsaCap {
   Isa saved_;
 };
 
+// The 64-byte operand of LDTILECFG (Intel SDM, "AMX tile configuration"):
+// palette 1, then each tile's bytes per row and rows. Shared by the AMX GEMM
+// (kernels/matmul_amx.cc) and the bench's AMX peak loop (bench/common.cc).
+struct AmxTileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} __attribute__((packed));
+static_assert(sizeof(AmxTileConfig) == 64);
+
 }  // namespace aspen::kernels
 
 // Function attributes for ISA variants. Only call a function so marked after

@@ -53,19 +53,11 @@ namespace {
 constexpr int kMR = 32, kNR = 32, kChunk = 32;  // kChunk: steps of K per tile
 constexpr int64_t kChunkBytes = 2 * 16 * 64;    // two tiles of 1 KiB
 
-struct TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} __attribute__((packed));
-
 // Eight tiles of 16 rows by 64 bytes. Built once into a global: GCC 12 does not
 // see the configuration instruction read the whole struct, and removed the
 // stores to a local one (the rows and widths) as dead.
-TileConfig make_config() {
-  TileConfig cfg{};
+AmxTileConfig make_config() {
+  AmxTileConfig cfg{};
   cfg.palette_id = 1;
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = 16;
@@ -73,7 +65,7 @@ TileConfig make_config() {
   }
   return cfg;
 }
-alignas(64) const TileConfig kConfig = make_config();
+alignas(64) const AmxTileConfig kConfig = make_config();
 
 void begin() { _tile_loadconfig(&kConfig); }
 
