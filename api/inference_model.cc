@@ -48,6 +48,7 @@ Result<std::unique_ptr<InferenceModel>> InferenceModel::create(const graph::Grap
   copts.opt_level = options.opt_level_;
   copts.compute = options.precision_;  // bf16/f16: matmuls read narrow casts, f32 accumulation (compiler/precision.cc)
   copts.partials = options.partials_type_;
+  copts.hoist_weights = true;  // weights change only through the session: weight-only values are made once
   std::unique_ptr<compiler::Executable> exe;
   if (!options.executable_cache_.empty()) {
     compiler::ExecutableCache cache(options.executable_cache_);

@@ -76,6 +76,7 @@ Status lower(Executable& exe) {
     }
     Instruction ins;
     ins.node = i;
+    ins.derived = !exe.plan.derived_nodes.empty() && exe.plan.derived_nodes[size_t(i)];
     std::vector<graph::TensorType> in_types, out_types;
     for (graph::ValueId v : n.inputs) {
       ins.inputs.push_back(v.index);
@@ -196,14 +197,16 @@ std::string Executable::listing() const {
     const Slot& sl = plan.slots[size_t(v)];
     std::string where = sl.storage == Storage::arena       ? std::to_string(sl.offset)
                         : sl.storage == Storage::parameter ? "param:" + parameters[size_t(sl.offset)].name
+                        : sl.storage == Storage::derived   ? "derived:" + std::to_string(sl.offset)
                                                            : "const";
     return "%" + std::to_string(v) + "@" + where;
   };
   std::string s;
   for (const Instruction& ins : program.code) {
     if (ins.kind == InstrKind::kernel || ins.kind == InstrKind::collective) {
-      s += std::string(ins.kind == InstrKind::collective ? "collective " : "") + graph::op_name(graph.node(ins.node).op) +
-           (ins.reference ? " [reference]" : "");
+      s += std::string(ins.kind == InstrKind::collective ? "collective " : "") +
+           graph::op_name(graph.node(ins.node).op) + (ins.reference ? " [reference]" : "") +
+           (ins.derived ? " [derived]" : "");
     } else {
       s += instr_kind_name(ins.kind);
       if (ins.kind == InstrKind::host_write) s += " \"" + inputs[size_t(ins.binding)].name + "\"";
@@ -225,7 +228,7 @@ Result<std::unique_ptr<Executable>> compile(const Graph& graph_in, const Compile
   exe->graph = graph_in;
   CompileContext ctx{options};
   ASPEN_RETURN_IF_ERROR(run_passes(exe->graph, default_pipeline(options), ctx));
-  ASPEN_ASSIGN_OR_RETURN(exe->plan, plan_memory(exe->graph));
+  ASPEN_ASSIGN_OR_RETURN(exe->plan, plan_memory(exe->graph, options.hoist_weights));
   ASPEN_RETURN_IF_ERROR(lower(*exe));
   return exe;
 }
@@ -234,7 +237,7 @@ Result<std::unique_ptr<Executable>> lower_optimized(Graph optimized, const Compi
   auto exe = std::make_unique<Executable>();
   exe->options = options;
   exe->graph = std::move(optimized);
-  ASPEN_ASSIGN_OR_RETURN(exe->plan, plan_memory(exe->graph));
+  ASPEN_ASSIGN_OR_RETURN(exe->plan, plan_memory(exe->graph, options.hoist_weights));
   ASPEN_RETURN_IF_ERROR(lower(*exe));
   return exe;
 }

@@ -13,6 +13,10 @@
 // Execution only resolves slot pointers and runs: no planning, no allocation
 // (DESIGN.md, "Lowering").
 //
+// Kernels that compute weight-only values (CompileOptions::hoist_weights)
+// are marked `derived`: the session runs them on the first run and after a
+// parameter they read changed, and skips them otherwise.
+//
 // Nodes without a fast kernel run their reference kernel through an adapter
 // that converts to and from f64 (marked `reference` in the program listing
 // and in traces): always correct, slow; the listing shows where.
@@ -39,6 +43,7 @@ struct Instruction {
   int32_t node = -1;             // the graph node it computes (kernel, collective)
   int32_t binding = -1;          // host_write: index into inputs; host_read: into outputs
   bool reference = false;        // runs the reference kernel (no fast one yet)
+  bool derived = false;          // computes weight-only values: run when a parameter it reads changed
   std::vector<int32_t> inputs;   // value indices (slots in the memory plan)
   std::vector<int32_t> outputs;
   std::unique_ptr<graph::PreparedKernel> kernel;  // kernel instructions

@@ -69,10 +69,45 @@ class FreeList {
 
 }  // namespace
 
-Result<MemoryPlan> plan_memory(const Graph& g) {
+std::vector<char> weight_only_nodes(const Graph& g) {
+  const int32_t end = int32_t(g.nodes().size());
+  std::vector<char> fixed(size_t(g.num_values()), 0);  // by value: the same on every run until a parameter changes
+  std::vector<char> is_update(size_t(g.num_values()), 0);
+  std::vector<char> updated(size_t(g.num_values()), 0);  // parameter values some update writes
+  for (const auto& [name, v] : g.updates()) {
+    is_update[size_t(v.index)] = 1;
+    if (const std::optional<graph::ValueId> p = g.find_parameter(name)) updated[size_t(p->index)] = 1;
+  }
+  std::vector<char> nodes(size_t(end), 0);
+  for (int32_t i = 0; i < end; ++i) {
+    const Node& n = g.node(i);
+    if (n.op == OpKind::constant || n.op == OpKind::parameter) {
+      for (graph::ValueId v : n.outputs) fixed[size_t(v.index)] = !updated[size_t(v.index)];
+      continue;
+    }
+    if (n.inputs.empty() || n.outputs.empty() || graph::op_has(n.op, graph::kSource) ||
+        graph::op_has(n.op, graph::kCommunicates))
+      continue;
+    bool ok = true;
+    for (graph::ValueId v : n.inputs) ok = ok && fixed[size_t(v.index)];
+    for (graph::ValueId v : n.outputs) ok = ok && !is_update[size_t(v.index)];
+    if (!ok) continue;
+    nodes[size_t(i)] = 1;
+    for (graph::ValueId v : n.outputs) fixed[size_t(v.index)] = 1;
+  }
+  return nodes;
+}
+
+Result<MemoryPlan> plan_memory(const Graph& g, bool hoist) {
   MemoryPlan plan;
   const int32_t nv = g.num_values();
   plan.slots.resize(size_t(nv));
+  if (hoist) {
+    plan.derived_nodes = weight_only_nodes(g);
+    if (std::find(plan.derived_nodes.begin(), plan.derived_nodes.end(), 1) == plan.derived_nodes.end())
+      plan.derived_nodes.clear();
+  }
+  auto derived = [&](int32_t node) { return !plan.derived_nodes.empty() && plan.derived_nodes[size_t(node)]; };
   std::vector<int32_t> last_use(size_t(nv), -1);
   const int32_t end = int32_t(g.nodes().size());
   for (int32_t i = 0; i < end; ++i)
@@ -117,6 +152,12 @@ Result<MemoryPlan> plan_memory(const Graph& g) {
       if (n.op == OpKind::constant) {
         s.storage = Storage::constant;
         s.offset = constants++;
+        continue;
+      }
+      if (derived(i)) {
+        s.storage = Storage::derived;
+        s.offset = plan.derived_bytes;
+        plan.derived_bytes += align(std::max<int64_t>(s.bytes, 1));
         continue;
       }
       if (lands_on[size_t(v.index)] >= 0) {
@@ -175,6 +216,7 @@ Result<MemoryPlan> plan_memory(const Graph& g) {
 std::string MemoryPlan::report(const Graph& g) const {
   std::string s = "memory plan: arena " + std::to_string(arena_bytes) + " bytes (naive sum " +
                   std::to_string(naive_bytes) + "), " + std::to_string(in_place) + " outputs in place";
+  if (derived_bytes) s += ", " + std::to_string(derived_bytes) + " bytes of weight-only values kept between runs";
   if (peak_node >= 0) {
     s += "\npeak at node " + std::to_string(peak_node) + " (" + graph::op_name(g.node(peak_node).op) + "), live:";
     for (int32_t v : live_at_peak)

@@ -14,6 +14,14 @@
 // other node reads the parameter after it. Otherwise the program copies the
 // value in after the last kernel.
 //
+// Weight-only values (plan_memory's `hoist`, CompileOptions::hoist_weights):
+// a node whose inputs are all constants, parameters the program does not
+// update, or other such values computes the same thing on every run until a
+// parameter changes (the cast of a weight to bf16, a transposed weight). Its
+// outputs are `derived`: they live outside the arena, each at its own offset
+// of a buffer the session holds per device and program, and the session runs
+// their instructions only when a parameter they read has changed since.
+//
 // The plan reports its peak (the arena size) beside the naive sum (every
 // transient in its own buffer) and what is live at the peak.
 #pragma once
@@ -27,11 +35,11 @@
 
 namespace aspen::compiler {
 
-enum class Storage : uint8_t { none, arena, parameter, constant };
+enum class Storage : uint8_t { none, arena, parameter, constant, derived };
 
 struct Slot {
   Storage storage = Storage::none;
-  int64_t offset = 0;  // arena: byte offset; parameter/constant: index into the executable's lists
+  int64_t offset = 0;  // arena, derived: byte offset; parameter/constant: index into the executable's lists
   int64_t bytes = 0;
 };
 
@@ -43,13 +51,20 @@ struct MemoryPlan {
   std::vector<int32_t> live_at_peak;  // values live there
   int64_t in_place = 0;     // outputs that reuse an input's bytes
   int64_t updates_in_place = 0;  // parameter updates written into the parameter
+  int64_t derived_bytes = 0;     // the buffer the derived values take (see above)
+  std::vector<char> derived_nodes;                  // by node: its outputs are derived (empty: none hoisted)
   std::string report(const graph::Graph& g) const;  // a few lines for humans
 };
 
 inline constexpr int64_t kArenaAlignment = 64;
 
-// Plans memory for `g` executed in node order. `parameters` and `constants`
-// give the storage index of each parameter / constant node's value.
-Result<MemoryPlan> plan_memory(const graph::Graph& g);
+// Plans memory for `g` executed in node order. With `hoist`, weight-only
+// values are derived (see above).
+Result<MemoryPlan> plan_memory(const graph::Graph& g, bool hoist = false);
+
+// By node: whether its outputs are weight-only values (see above): it neither
+// talks to other devices nor is a source, no output is a parameter's update,
+// and every input is a constant, a parameter no update writes, or such a value.
+std::vector<char> weight_only_nodes(const graph::Graph& g);
 
 }  // namespace aspen::compiler

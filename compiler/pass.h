@@ -39,6 +39,12 @@ struct CompileOptions {
   // the compute type itself (each matmul's result is rounded to it, then read
   // back as f32: half the bytes between matmul and cast, f32 accuracy lost).
   DType partials = DType::f32;
+  // Weight-only values (compiler/memory_plan.h) are computed once and kept
+  // until a parameter they read changes, not on every run: for programs whose
+  // weights change between runs only through the session (inference,
+  // generation). A lowering choice: the optimized graph, and so the
+  // executable cache's key, is the same either way.
+  bool hoist_weights = false;
 };
 
 struct CompileContext {

@@ -105,7 +105,8 @@ Result<std::unique_ptr<Embedder>> Embedder::open(const std::string& dir, const E
     if (t == e->max_length_) {
       ASPEN_ASSIGN_OR_RETURN(plan, plan_weights(g, ckpt));
     }
-    ASPEN_ASSIGN_OR_RETURN(auto exe, compiler::compile(g, {.opt_level = compiler::OptLevel::O2}));
+    ASPEN_ASSIGN_OR_RETURN(auto exe,
+                           compiler::compile(g, {.opt_level = compiler::OptLevel::O2, .hoist_weights = true}));
     programs.push_back(std::move(exe));
   }
   ASPEN_ASSIGN_OR_RETURN(e->session_, runtime::Session::create(std::move(programs), {.threads = options.threads}));

@@ -94,7 +94,9 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
                        .tensor_parallel = T, .vocab_parallel = o.vocab_parallel};
     if (o.weights != DType::f32) lm.weight_dtype = o.weights;
     ASPEN_RETURN_IF_ERROR(build_step(g, gen->config_, lm));
-    ASPEN_ASSIGN_OR_RETURN(auto exe, compiler::compile(g, o.compile));
+    compiler::CompileOptions co = o.compile;
+    co.hoist_weights = true;  // weights change only through the session: their casts are made once
+    ASPEN_ASSIGN_OR_RETURN(auto exe, compiler::compile(g, co));
     programs.push_back(std::move(exe));
     if (seq == o.max_prompt && programs.size() == 1 && T == 1) prefill = std::move(g);
   }

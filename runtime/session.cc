@@ -1,8 +1,9 @@
 #include "runtime/session.h"
 
+#include <algorithm>
 #include <cstring>
-#include <map>
 #include <future>
+#include <map>
 
 namespace aspen::runtime {
 
@@ -75,6 +76,18 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
       for (int32_t v : ins.outputs) bytes += exe.plan.slots[size_t(v)].bytes;
       info.instruction_bytes.push_back(bytes);
     }
+    for (const compiler::Binding& b : exe.updates) info.updated.push_back(by_name.at(b.name));
+    for (const compiler::Instruction& ins : exe.program.code) {
+      if (!ins.derived) continue;
+      info.has_derived = true;
+      for (int32_t v : ins.inputs) {
+        const compiler::Slot& sl = exe.plan.slots[size_t(v)];
+        if (sl.storage != Storage::parameter) continue;
+        const size_t i = info.parameter_index[size_t(sl.offset)];
+        if (std::find(info.derived_reads.begin(), info.derived_reads.end(), i) == info.derived_reads.end())
+          info.derived_reads.push_back(i);
+      }
+    }
     info.ready_after.resize(exe.program.code.size());
     for (size_t u = 0; u < exe.update_ready.size(); ++u)
       if (exe.update_ready[u] >= 0) info.ready_after[size_t(exe.update_ready[u])].push_back(int(u));
@@ -97,7 +110,17 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
         }
       });
       ASPEN_RETURN_IF_ERROR(lowered);
-      arena = std::max(arena, rep.exes.back()->plan.arena_bytes);
+      const compiler::MemoryPlan& plan = rep.exes.back()->plan;
+      arena = std::max(arena, plan.arena_bytes);
+      Replica::Derived d;
+      if (plan.derived_bytes) {
+        d.bytes.reset(static_cast<uint8_t*>(aligned_alloc_zeroed(size_t(plan.derived_bytes))), aligned_free);
+        if (!d.bytes)
+          return Status::error(Code::kFailedPrecondition,
+                               "session: weight-only values of program " + std::to_string(rep.derived.size()),
+                               std::to_string(plan.derived_bytes) + " bytes", "the allocation refused");
+      }
+      rep.derived.push_back(std::move(d));
     }
     ASPEN_RETURN_IF_ERROR(rep.device->reserve_arena(arena));
     rep.own.resize(s->parameters_.size());
@@ -120,6 +143,8 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
     rep.held = std::move(held);
     s->replicas_.push_back(std::move(rep));
   }
+  s->changes_.reset(new std::atomic<uint64_t>[s->parameters_.size()]);
+  for (size_t i = 0; i < s->parameters_.size(); ++i) s->changes_[i] = 0;
   s->trace_ = options.trace;
   return s;
 }
@@ -131,6 +156,7 @@ Status Session::set_parameter(const std::string& name, const Tensor& value) {
     return Status::invalid_argument("parameter '" + name + "'", b->type.to_string(),
                                     std::string(dtype_name(value.dtype())) + value.shape().to_string());
   const size_t i = size_t(b - parameter_list_.data());
+  changed(i);
   if (local_[i]) {
     for (Replica& r : replicas_)  // those that hold a copy
       if (r.own[i].nbytes()) std::memcpy(r.own[i].raw(), value.raw(), r.own[i].nbytes());
@@ -154,6 +180,7 @@ Tensor* Session::parameter_of(int replica, const std::string& name) {
   const compiler::Binding* b = find(parameter_list_, name);
   if (!b || replica < 0 || replica >= int(replicas_.size())) return nullptr;
   const size_t i = size_t(b - parameter_list_.data());
+  changed(i);  // the caller may write through the pointer
   if (!local_[i]) return &parameters_[i];
   Replica& rep = replicas_[size_t(replica)];
   return rep.held[i] ? &rep.own[i] : nullptr;  // nullptr: not held here
@@ -179,6 +206,8 @@ const void* Session::resolve(const Replica& r, int program, int32_t value) const
       return local_[i] ? r.own[i].raw() : parameters_[i].raw();
     }
     case Storage::constant: return exe.constants[size_t(s.offset)]->raw();
+    case Storage::derived:
+      return r.derived[size_t(program)].bytes.get() + s.offset;
     case Storage::none: break;
   }
   return nullptr;
@@ -274,9 +303,25 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
   std::vector<void*> out;
   const std::string& device = r.device->name();
   compiler::Executable& exe = *r.exes[size_t(program)];
-  const std::vector<int64_t>& instruction_bytes = programs_[size_t(program)].instruction_bytes;
+  const ProgramInfo& info = programs_[size_t(program)];
+  const std::vector<int64_t>& instruction_bytes = info.instruction_bytes;
+  // Weight-only values are remade when a parameter they read changed since.
+  Replica::Derived& derived = r.derived[size_t(program)];
+  bool remake = false;
+  if (info.has_derived) {
+    remake = !derived.made;
+    derived.made = true;
+    derived.made_at.resize(info.derived_reads.size());
+    for (size_t k = 0; k < info.derived_reads.size(); ++k) {
+      const uint64_t now = changes_[info.derived_reads[k]].load(std::memory_order_relaxed);
+      remake = remake || derived.made_at[k] != now;
+      derived.made_at[k] = now;
+    }
+  }
+  for (size_t i : info.updated) changed(i);
   for (size_t k = 0; k < exe.program.code.size(); ++k) {
     compiler::Instruction& ins = exe.program.code[k];
+    if (ins.derived && !remake) continue;
     in.clear();
     out.clear();
     for (int32_t v : ins.inputs) in.push_back(resolve(r, program, v));
@@ -291,6 +336,7 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
     if (scope.active()) {
       if (ins.node >= 0) scope.add_arg("node", std::to_string(ins.node));
       if (ins.reference) scope.add_arg("kernel", "reference");
+      if (ins.derived) scope.add_arg("derived", "remade");
     }
     Status status;
     switch (ins.kind) {
@@ -324,6 +370,7 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
       }
     }
     if (!status.is_ok()) {
+      if (remake) derived.made = false;  // made again next run
       if (ins.node >= 0)
         return std::move(status).with_context("instruction for node " + std::to_string(ins.node) + " (" + what + ")");
       return status;

@@ -34,9 +34,16 @@
 // declare with different types is an error at create(). run() picks the
 // program by index (the order given); arenas are sized for the largest.
 //
+// Weight-only values (CompileOptions::hoist_weights): each device keeps, per
+// program, the values computed from parameters and constants alone, and runs
+// their instructions again only when a parameter they read has changed since
+// they last ran: set_parameter, parameter_of (a pointer to write through) and
+// a run of a program that updates the parameter count as changes.
+//
 // Thread-safety: one run at a time per session.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -140,6 +147,14 @@ class Session {
     std::map<std::string, parallel::Communicator*> comms;  // by group name
     std::vector<std::string> missing;  // by program: a replica-local parameter it needs that this replica lacks
     std::vector<char> held;            // by parameters_ index: this replica holds its copy (or it is shared)
+    // By program: its weight-only values, and the change count of each
+    // parameter they read (ProgramInfo::derived_reads) when they were made.
+    struct Derived {
+      std::shared_ptr<uint8_t> bytes;
+      std::vector<uint64_t> made_at;
+      bool made = false;
+    };
+    std::vector<Derived> derived;
   };
   int replica_index(const Replica& r) const;
   struct ProgramInfo {
@@ -147,7 +162,11 @@ class Session {
     std::vector<size_t> parameter_index;     // the program's parameter k -> parameters_ index
     std::string updates_shared;              // a shared parameter the program updates ("": none)
     std::vector<std::vector<int>> ready_after;  // by instruction: the updates final after it
+    bool has_derived = false;                   // it has derived instructions
+    std::vector<size_t> derived_reads;          // parameters_ indices they read
+    std::vector<size_t> updated;                // parameters_ indices it updates
   };
+  void changed(size_t parameter) { changes_[parameter].fetch_add(1, std::memory_order_relaxed); }
   Session() = default;
   // Where one step's inputs come from and outputs go (nullptr: not returned
   // this step), by binding index; sum: accumulate f32 outputs.
@@ -170,6 +189,7 @@ class Session {
   std::vector<Tensor> parameters_;  // shared by the programs and the replicas (empty for a replica-local one)
   std::vector<char> local_;         // by parameters_ index: held per replica
   std::vector<compiler::Binding> parameter_list_;  // name and type of each (value: -1)
+  std::unique_ptr<std::atomic<uint64_t>[]> changes_;  // by parameters_ index: how often it changed
 };
 
 }  // namespace aspen::runtime

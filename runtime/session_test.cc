@@ -478,6 +478,72 @@ TEST(Session, ProgramsShareParameters) {
             "session: parameter 'state' of program 1: expected f32[3] (as an earlier program has it), found f32[4]");
 }
 
+// Weight-only values (CompileOptions::hoist_weights): the program casts and
+// transposes "w" (and scales a constant) once, then reuses them until "w"
+// changes through set_parameter, parameter_of or a program that updates it.
+// Each run must equal the same program compiled without hoisting; the trace
+// shows the derived instructions only on the runs that remade them.
+TEST(Session, WeightOnlyValuesAreMadeOnceUntilAParameterChanges) {
+  Graph g1;
+  Builder b1(g1);
+  ValueId w = b1.parameter("w", DType::f32, {4, 3});
+  ValueId x = b1.input("x", DType::f32, {2, 4});
+  ValueId wt = b1.transpose(b1.scale(w, 0.5), {1, 0});         // [3, 4]: weight-only
+  ValueId k = b1.exp(b1.broadcast(b1.scalar(0.25f), {2, 3}));  // folded
+  b1.output("y", b1.add(b1.op1(graph::OpKind::matmul, {x, wt}, {{"trans_b", int64_t(1)}}), k));
+  Graph g2;  // a second program that updates "w"
+  Builder b2(g2);
+  ValueId w2 = b2.parameter("w", DType::f32, {4, 3});
+  b2.update(w2, b2.scale(w2, 2.0));
+  ASSERT_TRUE(b1.status().is_ok() && b2.status().is_ok()) << b1.status().to_string() << b2.status().to_string();
+
+  profile::TraceRecorder trace;
+  compiler::CompileOptions hoist{.compute = DType::bf16, .hoist_weights = true};
+  std::vector<std::unique_ptr<compiler::Executable>> programs;
+  programs.push_back(std::move(compiler::compile(g1, hoist)).value());
+  programs.push_back(std::move(compiler::compile(g2, hoist)).value());
+  const compiler::Executable& exe = *programs[0];
+  int derived = 0;
+  for (const auto& ins : exe.program.code) derived += ins.derived;
+  EXPECT_GE(derived, 3) << exe.listing();  // scale, transpose, the cast to bf16
+  EXPECT_GT(exe.plan.derived_bytes, 0);
+  EXPECT_NE(exe.plan.report(exe.graph).find("weight-only values"), std::string::npos);
+  for (const auto& ins : programs[1]->program.code) EXPECT_FALSE(ins.derived) << programs[1]->listing();
+  auto s = Session::create(std::move(programs), {.threads = 1, .trace = &trace});
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+
+  auto plain = Session::create(std::move(compiler::compile(g1, {.compute = DType::bf16})).value(), {.threads = 1});
+  ASSERT_TRUE(plain.is_ok());
+  Tensor xv = random_tensor({2, 4}, 3);
+  int remade_before = 0;
+  auto expect_run = [&](const char* when, bool remade) {
+    ASSERT_TRUE((*plain)->set_parameter("w", *(*s)->get_parameter("w")).is_ok());
+    const size_t before = trace.size();
+    auto got = (*s)->run({{"x", &xv}});
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    auto want = (*plain)->run({{"x", &xv}});
+    ASSERT_TRUE(want.is_ok());
+    for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(got->at("y").data<float>()[i], want->at("y").data<float>()[i]) << when;
+    int remade_now = 0;
+    for (const auto& e : trace.events())
+      for (const auto& [key, value] : e.args) remade_now += key == "derived";
+    EXPECT_EQ(remade_now - remade_before, remade ? derived : 0) << when;
+    EXPECT_GT(trace.size(), before);
+    remade_before = remade_now;
+  };
+  ASSERT_TRUE((*s)->set_parameter("w", random_tensor({4, 3}, 1)).is_ok());
+  expect_run("the first run", true);
+  expect_run("a second run", false);
+  ASSERT_TRUE((*s)->set_parameter("w", random_tensor({4, 3}, 2)).is_ok());
+  expect_run("after set_parameter", true);
+  expect_run("again", false);
+  ASSERT_TRUE((*s)->run({}, {}, 1).is_ok());  // doubles w
+  expect_run("after a program updated w", true);
+  (*s)->parameter_of(0, "w")->data<float>()[0] = 7.0f;
+  expect_run("after a write through parameter_of", true);
+  expect_run("and once more", false);
+}
+
 }  // namespace
 }  // namespace aspen::runtime
 
