@@ -85,7 +85,7 @@ Result<Row> run_case(const std::string& dir, const std::string& name, const std:
   r.ms = best * 1e3;
   if (profile) {
     r.profile = model->profile_summary();
-    std::remove(trace.c_str());
+    if (!std::getenv("ASPEN_KEEP_TRACE")) std::remove(trace.c_str());
   }
   return r;
 }

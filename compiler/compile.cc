@@ -74,6 +74,7 @@ Status lower(Executable& exe) {
       default:
         break;
     }
+    if (exe.plan.views[size_t(i)]) continue;  // its output is its input's bytes
     Instruction ins;
     ins.node = i;
     ins.derived = !exe.plan.derived_nodes.empty() && exe.plan.derived_nodes[size_t(i)];
@@ -114,6 +115,9 @@ Status lower(Executable& exe) {
   std::vector<int32_t> writer(size_t(g.num_values()), -1);  // value -> the instruction that writes it
   for (size_t k = 0; k < exe.program.code.size(); ++k)
     for (int32_t o : exe.program.code[k].outputs) writer[size_t(o)] = int32_t(k);
+  for (int32_t i = 0; i < int32_t(g.nodes().size()); ++i)  // a view is written with its bytes' owner
+    if (exe.plan.views[size_t(i)])
+      writer[size_t(g.node(i).outputs[0].index)] = writer[size_t(g.node(i).inputs[0].index)];
   std::vector<std::pair<int32_t, Instruction>> copies;  // (after instruction, copy), in update order
   for (const auto& [name, v] : g.updates()) {
     const graph::ValueId p = *g.find_parameter(name);

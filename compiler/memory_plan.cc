@@ -108,11 +108,30 @@ Result<MemoryPlan> plan_memory(const Graph& g, bool hoist) {
       plan.derived_nodes.clear();
   }
   auto derived = [&](int32_t node) { return !plan.derived_nodes.empty() && plan.derived_nodes[size_t(node)]; };
-  std::vector<int32_t> last_use(size_t(nv), -1);
   const int32_t end = int32_t(g.nodes().size());
+  // Views: a reshape's output is its input's bytes (row-major: the same
+  // elements in the same order), unless the bytes are a parameter an update
+  // writes (a reader of the view must see the old value). `root` is the value
+  // that owns a view's bytes; lifetimes are the roots'.
+  std::vector<char> updated(size_t(nv), 0);
+  for (const auto& [name, v] : g.updates())
+    if (const std::optional<graph::ValueId> p = g.find_parameter(name)) updated[size_t(p->index)] = 1;
+  std::vector<int32_t> root(static_cast<size_t>(nv));
+  for (int32_t v = 0; v < nv; ++v) root[size_t(v)] = v;
+  plan.views.assign(size_t(end), 0);
+  for (int32_t i = 0; i < end; ++i) {
+    const Node& n = g.node(i);
+    if (n.op != OpKind::reshape || n.inputs.size() != 1 || n.outputs.size() != 1) continue;
+    const int32_t r = root[size_t(n.inputs[0].index)];
+    if (updated[size_t(r)] || g.type(n.outputs[0]).bytes() != g.type(n.inputs[0]).bytes()) continue;
+    root[size_t(n.outputs[0].index)] = r;
+    plan.views[size_t(i)] = 1;
+  }
+  auto root_of = [&](graph::ValueId v) { return root[size_t(v.index)]; };
+  std::vector<int32_t> last_use(size_t(nv), -1);
   for (int32_t i = 0; i < end; ++i)
-    for (graph::ValueId v : g.node(i).inputs) last_use[size_t(v.index)] = i;
-  for (graph::ValueId v : g.roots()) last_use[size_t(v.index)] = end;  // read after the run
+    for (graph::ValueId v : g.node(i).inputs) last_use[size_t(root_of(v))] = i;
+  for (graph::ValueId v : g.roots()) last_use[size_t(root_of(v))] = end;  // read after the run
 
   // Updates written in place: value index -> the parameter value it lands on.
   std::vector<int32_t> lands_on(size_t(nv), -1);
@@ -123,7 +142,7 @@ Result<MemoryPlan> plan_memory(const Graph& g, bool hoist) {
     if (!p || !writes_in_place(xn.op) || lands_on[size_t(v.index)] >= 0) continue;
     bool last_reader = true;
     for (int32_t i = x + 1; i < end && last_reader; ++i)
-      for (graph::ValueId in : g.node(i).inputs) last_reader = last_reader && in != *p;
+      for (graph::ValueId in : g.node(i).inputs) last_reader = last_reader && root_of(in) != p->index;
     if (last_reader) lands_on[size_t(v.index)] = p->index;
   }
 
@@ -141,7 +160,12 @@ Result<MemoryPlan> plan_memory(const Graph& g, bool hoist) {
     if (g.node(i).op != OpKind::input) order.push_back(i);
   for (int32_t i : order) {
     const Node& n = g.node(i);
+    if (plan.views[size_t(i)]) {
+      plan.slots[size_t(n.outputs[0].index)] = plan.slots[size_t(root_of(n.outputs[0]))];
+      ++plan.views_made;
+    }
     for (graph::ValueId v : n.outputs) {
+      if (plan.views[size_t(i)]) break;
       Slot& s = plan.slots[size_t(v.index)];
       s.bytes = g.type(v).bytes();
       if (n.op == OpKind::parameter) {
@@ -172,16 +196,17 @@ Result<MemoryPlan> plan_memory(const Graph& g, bool hoist) {
       if (elementwise(n.op) && last_use[size_t(v.index)] >= 0) {
         for (graph::ValueId in : n.inputs) {
           const Slot& is = plan.slots[size_t(in.index)];
-          if (is.storage == Storage::arena && is.bytes == s.bytes && last_use[size_t(in.index)] == i) {
+          const int32_t r = root_of(in);
+          if (is.storage == Storage::arena && is.bytes == s.bytes && last_use[size_t(r)] == i) {
             auto& d = dies_at[size_t(i)];
-            auto it = std::find(d.begin(), d.end(), in.index);
+            auto it = std::find(d.begin(), d.end(), r);
             if (it == d.end()) continue;  // already handed to another output
             d.erase(it);
             s.offset = is.offset;
             // The input's bytes now belong to this value; it dies when this value dies.
             placed = true;
             ++plan.in_place;
-            live.erase(std::find(live.begin(), live.end(), in.index));
+            live.erase(std::find(live.begin(), live.end(), r));
             break;
           }
         }
@@ -215,7 +240,8 @@ Result<MemoryPlan> plan_memory(const Graph& g, bool hoist) {
 
 std::string MemoryPlan::report(const Graph& g) const {
   std::string s = "memory plan: arena " + std::to_string(arena_bytes) + " bytes (naive sum " +
-                  std::to_string(naive_bytes) + "), " + std::to_string(in_place) + " outputs in place";
+                  std::to_string(naive_bytes) + "), " + std::to_string(in_place) + " outputs in place, " +
+                  std::to_string(views_made) + " reshapes as views";
   if (derived_bytes) s += ", " + std::to_string(derived_bytes) + " bytes of weight-only values kept between runs";
   if (peak_node >= 0) {
     s += "\npeak at node " + std::to_string(peak_node) + " (" + graph::op_name(g.node(peak_node).op) + "), live:";

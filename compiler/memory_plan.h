@@ -7,6 +7,9 @@
 // (outputs stay live to the end). Offsets are chosen best-fit among the gaps
 // free during the whole lifetime, 64-byte aligned. An elementwise node may
 // write its output over an input whose life ends at that node (in place).
+// A reshape is a view: its output is its input's bytes, which then live as
+// long as either is read; it has no instruction. (Not over a parameter that
+// an update writes: the view must keep the old value.)
 //
 // Updates: a parameter's new value is planned into the parameter's own
 // storage (no copy at the end of the step) when the node making it may write
@@ -51,6 +54,8 @@ struct MemoryPlan {
   std::vector<int32_t> live_at_peak;  // values live there
   int64_t in_place = 0;     // outputs that reuse an input's bytes
   int64_t updates_in_place = 0;  // parameter updates written into the parameter
+  int64_t views_made = 0;        // reshapes planned as views
+  std::vector<char> views;       // by node: a reshape planned as a view (no instruction)
   int64_t derived_bytes = 0;     // the buffer the derived values take (see above)
   std::vector<char> derived_nodes;                  // by node: its outputs are derived (empty: none hoisted)
   std::string report(const graph::Graph& g) const;  // a few lines for humans

@@ -334,7 +334,13 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
     }
     profile::TraceScope scope(trace_, device, label, trace_category(ins.kind), instruction_bytes[k]);
     if (scope.active()) {
-      if (ins.node >= 0) scope.add_arg("node", std::to_string(ins.node));
+      if (ins.node >= 0) {
+        scope.add_arg("node", std::to_string(ins.node));
+        std::string types;  // what the kernel ran on, for per-shape profiles
+        for (graph::ValueId v : exe.graph.node(ins.node).inputs)
+          types += (types.empty() ? "" : ", ") + exe.graph.type(v).to_string();
+        scope.add_arg("inputs", types);
+      }
       if (ins.reference) scope.add_arg("kernel", "reference");
       if (ins.derived) scope.add_arg("derived", "remade");
     }

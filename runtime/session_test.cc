@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "core/philox.h"
 #include "graph/autodiff.h"
 #include "graph/builder.h"
@@ -476,6 +478,51 @@ TEST(Session, ProgramsShareParameters) {
   clash.push_back(std::move(compiler::compile(g3)).value());
   EXPECT_EQ(Session::create(std::move(clash), {.threads = 1}).status().message(),
             "session: parameter 'state' of program 1: expected f32[3] (as an earlier program has it), found f32[4]");
+}
+
+// Reshapes are views (compiler/memory_plan.h): no instruction, the input's
+// bytes. The cases that could go wrong: a view read after its owner's last
+// direct reader (the bytes must stay), an elementwise node in place over an
+// owner whose view is read later, a view as an update's value (its copy must
+// wait for the bytes), and a reshape of a parameter the step updates (a copy:
+// the output must be the old value).
+TEST(Session, ReshapesAreViewsThatKeepTheirBytes) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {4, 6});
+  ValueId p = b.parameter("p", DType::f32, {24});
+  ValueId q = b.parameter("q", DType::f32, {6, 4});
+  ValueId e = b.exp(x);
+  ValueId ev = b.reshape(e, {24});  // read at the end
+  ValueId t = b.scale(e, 3.0);      // e's last direct reader: must not overwrite e
+  b.output("t", b.reshape(t, {2, 12}));
+  b.output("old_p", b.reshape(p, {4, 6}));  // p is updated: not a view
+  b.update(p, b.add(p, ev));
+  b.update(q, b.reshape(b.neg(b.reshape(q, {24})), {6, 4}));  // views on both sides of a neg
+  b.output("ev", b.add(ev, b.reshape(x, {24})));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  auto exe = compiler::compile(g, {.verify_each_pass = true});
+  ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+  EXPECT_GE((*exe)->plan.views_made, 4) << (*exe)->listing();
+  for (const auto& ins : (*exe)->program.code) {
+    if (ins.node >= 0) {
+      EXPECT_FALSE((*exe)->plan.views[size_t(ins.node)]) << (*exe)->listing();
+    }
+  }
+  auto s = Session::create(std::move(exe).value(), {.threads = 1});
+  ASSERT_TRUE(s.is_ok());
+  Tensor xv = random_tensor({4, 6}, 1), pv = random_tensor({24}, 2), qv = random_tensor({6, 4}, 3);
+  ASSERT_TRUE((*s)->set_parameter("p", pv).is_ok() && (*s)->set_parameter("q", qv).is_ok());
+  auto got = (*s)->run({{"x", &xv}});
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  for (int i = 0; i < 24; ++i) {
+    const float ex = std::exp(xv.data<float>()[i]);
+    EXPECT_FLOAT_EQ(got->at("t").data<float>()[i], 3 * ex) << i;
+    EXPECT_EQ(got->at("old_p").data<float>()[i], pv.data<float>()[i]) << i;
+    EXPECT_FLOAT_EQ(got->at("ev").data<float>()[i], ex + xv.data<float>()[i]) << i;
+    EXPECT_FLOAT_EQ((*s)->get_parameter("p")->data<float>()[i], pv.data<float>()[i] + ex) << i;
+    EXPECT_EQ((*s)->get_parameter("q")->data<float>()[i], -qv.data<float>()[i]) << i;
+  }
 }
 
 // Weight-only values (CompileOptions::hoist_weights): the program casts and
