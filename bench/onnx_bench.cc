@@ -52,7 +52,7 @@ struct Row {
 
 // aspen on one case: import, compile, warm up, best of reps.
 Result<Row> run_case(const std::string& dir, const std::string& name, const std::string& dtype, int threads, int reps,
-                     bool profile) {
+                     bool profile, const std::string& trace_dir) {
   ASPEN_ASSIGN_OR_RETURN(io::OnnxModel m, io::read_onnx_model(dir + "/model.onnx"));
   std::map<std::string, Tensor> inputs;
   models::OnnxImportOptions o;
@@ -67,8 +67,9 @@ Result<Row> run_case(const std::string& dir, const std::string& name, const std:
   api::Options opts;
   opts.threads(threads);
   if (dtype == "bf16") opts.precision(DType::bf16);
-  const std::string trace = "/tmp/aspen_bench_onnx_" + std::to_string(::getpid()) + ".json";
-  if (profile) opts.profile(trace);
+  const std::string trace = !trace_dir.empty() ? trace_dir + "/" + name + "_" + dtype + ".json"
+                                               : "/tmp/aspen_bench_onnx_" + std::to_string(::getpid()) + ".json";
+  if (profile || !trace_dir.empty()) opts.profile(trace);
   ASPEN_ASSIGN_OR_RETURN(auto model, api::InferenceModel::create(imp.graph, opts));
   Row r{.name = name, .dtype = dtype};
   r.compile_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -85,7 +86,7 @@ Result<Row> run_case(const std::string& dir, const std::string& name, const std:
   r.ms = best * 1e3;
   if (profile) {
     r.profile = model->profile_summary();
-    if (!std::getenv("ASPEN_KEEP_TRACE")) std::remove(trace.c_str());
+    if (trace_dir.empty()) std::remove(trace.c_str());
   }
   return r;
 }
@@ -126,7 +127,8 @@ Status run_onnx_bench(const OnnxBenchOptions& opt, std::ostream& out) {
   std::vector<Row> rows;
   for (const std::string& name : names)
     for (const std::string& dtype : opt.dtypes) {
-      ASPEN_ASSIGN_OR_RETURN(Row r, run_case(dir + "/" + name, name, dtype, threads, opt.reps, opt.profile));
+      ASPEN_ASSIGN_OR_RETURN(Row r,
+                             run_case(dir + "/" + name, name, dtype, threads, opt.reps, opt.profile, opt.trace_dir));
       rows.push_back(r);
     }
   std::string note;

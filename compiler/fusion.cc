@@ -5,12 +5,22 @@
 //   gelu(add(x, broadcast(bias [C])))        -> bias_gelu(x, bias)
 //   layernorm(add(x, r), gamma, beta)        -> add_layernorm(x, r, gamma, beta), whose first
 //                                               output h replaces the add (the residual stream)
+// Before those, two rewrites of what exporters write out in pieces (ONNX
+// imports; the constants may be folded broadcasts):
+//   mul(x, c) with c a constant of one value everywhere -> scale(x, c)
+//   0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))       -> gelu(x) {tanh=1}
+//   0.5 x (1 + erf(x / sqrt(2)))                          -> gelu(x) {tanh=0}
+// in any order of the products and sums (constants within 1e-5 relative).
+// Only the last node of a GELU is replaced: the pieces die with dead-code
+// elimination unless something else reads them.
 // A pattern applies only when the nodes it removes have no other users (the
 // matmul, and the add under gelu) and, for add_layernorm, when no user of the
 // sum comes before the layernorm (the fused node takes the layernorm's place).
 // The fused node takes the place of the last node of its pattern, where all
 // its inputs already exist.
+#include <cmath>
 #include <map>
+#include <optional>
 
 #include "compiler/pass.h"
 #include "compiler/rewrite.h"
@@ -25,11 +35,151 @@ using graph::ValueId;
 
 namespace {
 
+// The one value of every element of v when v is a constant (or a broadcast of
+// one) whose elements are all equal.
+std::optional<double> uniform(const Graph& g, ValueId v) {
+  const Node* n = &g.producer(v);
+  if (n->op == OpKind::broadcast) n = &g.producer(n->inputs[0]);
+  if (n->op != OpKind::constant || !n->constant || n->constant->numel() == 0) return std::nullopt;
+  const Tensor& t = *n->constant;
+  if (t.dtype() != DType::f32) return std::nullopt;
+  const std::span<const float> x = t.span<float>();
+  for (float e : x)
+    if (e != x[0]) return std::nullopt;
+  return double(x[0]);
+}
+
+bool near(double a, double b) { return std::abs(a - b) <= 1e-5 * std::abs(b); }
+
+// v as a product: its factors that are not uniform constants (through nested
+// mul, scale, div by a constant and neg), and the product of the constants.
+struct Product {
+  std::vector<ValueId> factors;
+  double constant = 1.0;
+};
+void collect(const Graph& g, ValueId v, Product& p, int depth) {
+  const Node& n = g.producer(v);
+  if (depth < 8) {
+    if (n.op == OpKind::mul) {
+      for (ValueId in : n.inputs)
+        if (std::optional<double> c = uniform(g, in); c && g.type(in) == g.type(v)) {
+          p.constant *= *c;
+        } else {
+          collect(g, in, p, depth + 1);
+        }
+      return;
+    }
+    if (n.op == OpKind::scale) {
+      p.constant *= n.attrs.f("alpha");
+      collect(g, n.inputs[0], p, depth + 1);
+      return;
+    }
+    if (n.op == OpKind::neg) {
+      p.constant = -p.constant;
+      collect(g, n.inputs[0], p, depth + 1);
+      return;
+    }
+    if (n.op == OpKind::div)
+      if (std::optional<double> c = uniform(g, n.inputs[1]); c && *c != 0) {
+        p.constant /= *c;
+        collect(g, n.inputs[0], p, depth + 1);
+        return;
+      }
+  }
+  p.factors.push_back(v);
+}
+Product product(const Graph& g, ValueId v) {
+  Product p;
+  collect(g, v, p, 0);
+  return p;
+}
+
+// x when v is x times `c` (a single factor, the constants multiplying to c).
+ValueId times(const Graph& g, ValueId v, double c) {
+  const Product p = product(g, v);
+  return p.factors.size() == 1 && near(p.constant, c) ? p.factors[0] : ValueId{};
+}
+
+// The x of 1 + f(...) where f is tanh or erf as in GELU, given x; else false.
+bool gelu_inner(const Graph& g, ValueId one_plus, ValueId x, bool& tanh_form) {
+  const Node& a = g.producer(one_plus);
+  if (a.op != OpKind::add) return false;
+  for (int side = 0; side < 2; ++side) {
+    std::optional<double> one = uniform(g, a.inputs[size_t(1 - side)]);
+    if (!one || !near(*one, 1.0)) continue;
+    const Node& f = g.producer(a.inputs[size_t(side)]);
+    if (f.op == OpKind::erf && times(g, f.inputs[0], 1.0 / std::sqrt(2.0)) == x) {
+      tanh_form = false;
+      return true;
+    }
+    if (f.op != OpKind::tanh) continue;
+    const ValueId inner = times(g, f.inputs[0], std::sqrt(2.0 / M_PI));
+    if (!inner.valid() || g.producer(inner).op != OpKind::add) continue;
+    const Node& sum = g.producer(inner);
+    for (int k = 0; k < 2; ++k) {
+      if (sum.inputs[size_t(k)] != x) continue;
+      const Product cube = product(g, sum.inputs[size_t(1 - k)]);
+      bool all_x = cube.factors.size() == 3;
+      for (ValueId c : cube.factors) all_x = all_x && c == x;
+      if (all_x && near(cube.constant, 0.044715)) {
+        tanh_form = true;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+// The rewrites before the fusions (see the top of the file).
+Status simplify(Graph& g) {
+  Rewrite rw(g);
+  bool changed = false;
+  for (int32_t i = 0; i < int32_t(g.nodes().size()); ++i) {
+    const Node& node = g.node(i);
+    std::optional<Node> with;
+    if (node.op == OpKind::mul && g.type(node.outputs[0]).dtype == DType::f32) {
+      const Product p = product(g, node.outputs[0]);
+      bool tanh_form = false;
+      if (p.factors.size() == 2 && near(p.constant, 0.5)) {
+        for (int k = 0; k < 2 && !with; ++k)
+          if (g.type(p.factors[size_t(k)]) == g.type(node.outputs[0]) &&
+              gelu_inner(g, p.factors[size_t(1 - k)], p.factors[size_t(k)], tanh_form)) {
+            Node gelu;
+            gelu.op = OpKind::gelu;
+            gelu.inputs = {p.factors[size_t(k)]};
+            gelu.attrs.set("tanh", int64_t(tanh_form));
+            with = std::move(gelu);
+          }
+      }
+      for (int side = 0; side < 2 && !with; ++side)
+        if (std::optional<double> c = uniform(g, node.inputs[size_t(1 - side)]);
+            c && g.type(node.inputs[size_t(side)]) == g.type(node.outputs[0])) {
+          Node scale;
+          scale.op = OpKind::scale;
+          scale.inputs = {node.inputs[size_t(side)]};
+          scale.attrs.set("alpha", *c);
+          with = std::move(scale);
+        }
+    }
+    Node n = with ? *with : node;
+    n.stage = node.stage;
+    n.backward = node.backward;
+    for (ValueId& v : n.inputs) v = rw.map(v);
+    std::vector<graph::TensorType> types;
+    for (ValueId v : node.outputs) types.push_back(g.type(v));
+    rw.emit(std::move(n), types, node.outputs);
+    changed = changed || with.has_value();
+  }
+  if (changed) g = std::move(rw).finish();
+  return Status();
+}
+
 class Fusion : public Pass {
  public:
   const char* name() const override { return "fusion"; }
 
   Status run(Graph& g, const CompileContext&) override {
+    ASPEN_RETURN_IF_ERROR(simplify(g));
     const int32_t n = int32_t(g.nodes().size());
     std::vector<std::vector<int32_t>> users(size_t(g.num_values()));
     for (int32_t i = 0; i < n; ++i)

@@ -232,6 +232,7 @@ int main(int argc, char** argv) {
   onnx_cmd->add_option("--model", ob.model, "one case directory (model.onnx, input_<k>.pb) to run, without the peer");
   onnx_cmd->add_flag("--quick", ob.quick, "2-layer models (a smoke test, not a measurement)");
   onnx_cmd->add_flag("--profile", ob.profile, "print where each row's time goes (per op)");
+  onnx_cmd->add_option("--trace", ob.trace_dir, "keep each row's Chrome trace in this directory (<case>_<dtype>.json)");
 
   CLI::App* gen_cmd = bench->add_subcommand(
       "generate", "GPT-2-124M decode and prefill tokens/s beside the memory-bandwidth bound and PyTorch");

@@ -8,7 +8,8 @@
 // it ends with whether the model imports. run binds every symbolic dimension from the inputs' .npy
 // shapes (and --dim), compiles (through the executable cache with --cache DIR), runs once, writes
 // DIR/<output>.npy for every output (a name's '/' and ':' written as '_') and prints each output's
-// name, shape and dtype, then the compile time and whether the cache hit. Exit 0 on success, 1 with a
+// name, shape and dtype, then the compile time and whether the cache hit (--graph FILE also writes the
+// imported and compiled graphs, the program and its memory plan there, for the curious). Exit 0 on success, 1 with a
 // message naming the node on a model aspen does not import (or another failure), 2 on a usage error.
 #include <sys/stat.h>
 
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "api/inference_model.h"
+#include "core/atomic_file.h"
 #include "io/npy.h"
 #include "io/onnx.h"
 #include "models/onnx_import.h"
@@ -72,7 +74,7 @@ int run_inspect(const std::string& path) {
 }
 
 struct RunArgs {
-  std::string model, output_dir = ".", dtype = "f32", cache;
+  std::string model, output_dir = ".", dtype = "f32", cache, graph_file;
   std::vector<std::string> inputs, dims;
   int threads = 0;
 };
@@ -131,6 +133,12 @@ int run_run(const RunArgs& a) {
   auto model = api::InferenceModel::create(imp->graph, options);
   if (!model.is_ok()) return report(model.status());
   const double compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!a.graph_file.empty()) {
+    const compiler::Executable& exe = (*model)->executable();
+    const std::string text = "# imported\n" + imp->graph.to_string() + "\n# compiled\n" + exe.graph.to_string() +
+                             "\n# program\n" + exe.listing() + "\n" + exe.plan.report(exe.graph) + "\n";
+    if (Status s = write_file_atomic(a.graph_file, text); !s.is_ok()) return report(s);
+  }
   if (Status s = (*model)->copy_weights_to_device(imp->weight_pointers()); !s.is_ok()) return report(s);
   std::map<std::string, const Tensor*> feed;
   for (const auto& [name, t] : inputs) feed[name] = &t;
@@ -171,6 +179,8 @@ Command add_onnx_command(CLI::App& app) {
   run->add_option("--dtype", args->dtype, "compute precision: f32 (default) or bf16");
   run->add_option("--cache", args->cache, "executable cache directory (default: off)");
   run->add_option("--threads", args->threads, "threads (default: the free cores)")->check(at_least(0));
+  run->add_option("--graph", args->graph_file,
+                  "write the imported graph, the compiled graph, the program and its memory plan to this file");
   run->footer("Example: aspen onnx run model.onnx --input input_ids=ids.npy --output-dir out");
   return Command{cmd, [inspect, inspect_path, run, args] {
                    if (inspect->parsed()) return run_inspect(*inspect_path);
