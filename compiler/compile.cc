@@ -60,6 +60,8 @@ Status lower(Executable& exe) {
     exe.inputs.push_back({n.name, n.outputs[0].index, g.type(n.outputs[0])});
     exe.program.code.push_back(std::move(ins));
   }
+  // With hoist_weights, by value: weight-only (the same until a parameter changes).
+  const std::vector<char> weight_only = exe.options.hoist_weights ? weight_only_values(g) : std::vector<char>{};
   for (int32_t i = 0; i < int32_t(g.nodes().size()); ++i) {
     const Node& n = g.node(i);
     switch (n.op) {
@@ -93,7 +95,19 @@ Status lower(Executable& exe) {
       exe.program.code.push_back(std::move(ins));
       continue;
     }
-    if (info.prepare) {
+    // Weight-only inputs (constants, parameters no update writes, derived
+    // values) of a kernel that can keep work made from them.
+    std::vector<char> fixed;
+    if (!weight_only.empty() && info.prepare_fixed) {
+      for (graph::ValueId v : n.inputs) fixed.push_back(weight_only[size_t(v.index)]);
+      if (std::find(fixed.begin(), fixed.end(), 1) == fixed.end()) fixed.clear();
+    }
+    if (!fixed.empty()) {
+      auto k = info.prepare_fixed(n, in_types, out_types, fixed);
+      if (!k.is_ok()) return k.status().with_context("lowering node " + std::to_string(i) + " (" + info.name + ")");
+      ins.kernel = std::move(k).value();
+      ins.keeps_fixed = ins.kernel != nullptr;
+    } else if (info.prepare) {
       auto k = info.prepare(n, in_types, out_types);
       if (!k.is_ok())
         return k.status().with_context("lowering node " + std::to_string(i) + " (" + info.name + ")");

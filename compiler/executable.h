@@ -44,6 +44,7 @@ struct Instruction {
   int32_t binding = -1;          // host_write: index into inputs; host_read: into outputs
   bool reference = false;        // runs the reference kernel (no fast one yet)
   bool derived = false;          // computes weight-only values: run when a parameter it reads changed
+  bool keeps_fixed = false;      // its kernel keeps work made from weight-only inputs (OpInfo::prepare_fixed)
   std::vector<int32_t> inputs;   // value indices (slots in the memory plan)
   std::vector<int32_t> outputs;
   std::unique_ptr<graph::PreparedKernel> kernel;  // kernel instructions

@@ -69,7 +69,7 @@ class FreeList {
 
 }  // namespace
 
-std::vector<char> weight_only_nodes(const Graph& g) {
+std::vector<char> weight_only_values(const Graph& g) {
   const int32_t end = int32_t(g.nodes().size());
   std::vector<char> fixed(size_t(g.num_values()), 0);  // by value: the same on every run until a parameter changes
   std::vector<char> is_update(size_t(g.num_values()), 0);
@@ -78,7 +78,6 @@ std::vector<char> weight_only_nodes(const Graph& g) {
     is_update[size_t(v.index)] = 1;
     if (const std::optional<graph::ValueId> p = g.find_parameter(name)) updated[size_t(p->index)] = 1;
   }
-  std::vector<char> nodes(size_t(end), 0);
   for (int32_t i = 0; i < end; ++i) {
     const Node& n = g.node(i);
     if (n.op == OpKind::constant || n.op == OpKind::parameter) {
@@ -91,9 +90,19 @@ std::vector<char> weight_only_nodes(const Graph& g) {
     bool ok = true;
     for (graph::ValueId v : n.inputs) ok = ok && fixed[size_t(v.index)];
     for (graph::ValueId v : n.outputs) ok = ok && !is_update[size_t(v.index)];
-    if (!ok) continue;
-    nodes[size_t(i)] = 1;
-    for (graph::ValueId v : n.outputs) fixed[size_t(v.index)] = 1;
+    if (ok)
+      for (graph::ValueId v : n.outputs) fixed[size_t(v.index)] = 1;
+  }
+  return fixed;
+}
+
+std::vector<char> weight_only_nodes(const Graph& g) {
+  const std::vector<char> fixed = weight_only_values(g);
+  std::vector<char> nodes(g.nodes().size(), 0);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& n = g.node(int32_t(i));
+    if (n.op == OpKind::constant || n.op == OpKind::parameter || n.outputs.empty()) continue;
+    nodes[i] = fixed[size_t(n.outputs[0].index)];
   }
   return nodes;
 }

@@ -71,5 +71,7 @@ Result<MemoryPlan> plan_memory(const graph::Graph& g, bool hoist = false);
 // talks to other devices nor is a source, no output is a parameter's update,
 // and every input is a constant, a parameter no update writes, or such a value.
 std::vector<char> weight_only_nodes(const graph::Graph& g);
+// By value: a constant, a parameter no update writes, or an output of such a node.
+std::vector<char> weight_only_values(const graph::Graph& g);
 
 }  // namespace aspen::compiler

@@ -119,12 +119,22 @@ class PreparedKernel {
  public:
   virtual ~PreparedKernel() = default;
   virtual Status run(std::span<const void* const> in, std::span<void* const> out) = 0;
+  // For a kernel made by OpInfo::prepare_fixed: the fixed inputs' values
+  // changed; work it keeps from them is stale.
+  virtual void fixed_inputs_changed() {}
 };
 // Binds the fast kernel for a node. A null table entry, or a null kernel
 // returned, means no fast kernel for these types: lowering then runs the
 // reference kernel (correct, slow, and marked so in listings and traces).
 using PrepareFn = Result<std::unique_ptr<PreparedKernel>> (*)(const Node& node, std::span<const TensorType> in,
                                                                std::span<const TensorType> out);
+// As PrepareFn, for a node whose inputs k with fixed[k] hold the same values
+// on every run until PreparedKernel::fixed_inputs_changed() (weights, with
+// CompileOptions::hoist_weights): the kernel may keep work made from them
+// (matmul: B packed once).
+using PrepareFixedFn = Result<std::unique_ptr<PreparedKernel>> (*)(const Node& node, std::span<const TensorType> in,
+                                                                   std::span<const TensorType> out,
+                                                                   std::span<const char> fixed);
 // Lists the cases the kernel sweep checks the fast kernel on (graph/op_sample.h).
 using SampleFn = void (*)(SampleList& s);
 
@@ -160,6 +170,7 @@ struct OpInfo {
   GradFn grad = nullptr;  // nullptr: not differentiable (autodiff reports it if a gradient is needed)
   EvalFn eval = nullptr;
   PrepareFn prepare = nullptr;  // the fast kernel (see PreparedKernel)
+  PrepareFixedFn prepare_fixed = nullptr;  // optional, with prepare: see PrepareFixedFn
   SampleFn samples = nullptr;   // required with prepare: the sweep's cases (graph/op_sample.h)
 };
 

@@ -93,6 +93,26 @@ void expect_fast_matches(const Graph& g, const Feeds& feeds, double tol = 1e-5, 
     EXPECT_LE(max_rel_error(HostArray::from_tensor(outs[k]), ref), tol)
         << "output " << k << " " << ref.type.to_string();
   }
+  // A kernel that can keep work made from fixed inputs (OpInfo::prepare_fixed), with every input fixed:
+  // the same results on its first run, from what it kept, and after being told the inputs changed.
+  if (const PrepareFixedFn prepare_fixed = op_info(n.op).prepare_fixed) {
+    const std::vector<char> fixed(n.inputs.size(), 1);
+    auto keeping = prepare_fixed(n, in_types, out_types, fixed);
+    ASSERT_TRUE(keeping.is_ok()) << keeping.status().to_string();
+    ASSERT_TRUE(*keeping != nullptr) << "no fast kernel with fixed inputs";
+    for (int rep = 0; rep < 3; ++rep) {
+      SCOPED_TRACE("fixed inputs, run " + std::to_string(rep));
+      if (rep == 2) (*keeping)->fixed_inputs_changed();
+      for (Tensor& t : outs) poison(t);
+      Status s = (*keeping)->run(in_ptrs, out_ptrs);
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+      for (size_t k = 0; k < outs.size(); ++k) {
+        const HostArray& ref = (*all)[size_t(n.outputs[k].index)];
+        EXPECT_LE(max_rel_error(HostArray::from_tensor(outs[k]), ref), tol)
+            << "output " << k << " " << ref.type.to_string();
+      }
+    }
+  }
 }
 
 // ---- the sweep ---------------------------------------------------------------------------------

@@ -499,7 +499,18 @@ float* matmul_scratch(int which, int64_t n) {
 // same on every machine up to summation order, and the reference (eval_matmul) rounds a the same way.
 constexpr int64_t kGemvMaxRows = 8;
 
-Prepared prepare_matmul(const Node& n, Types in, Types out) {
+// NOTE [fixed weights]: with b fixed (prepare_fixed: a weight, under
+// CompileOptions::hoist_weights) the plan is made for a fixed B (aspen's
+// kernels pack it once: kernels/matmul_aspen.cc, NOTE [fixed b]; the backend
+// choice measures that), and fixed_inputs_changed() tells the plan to pack it
+// again. The GEMV route streams B as it is and keeps nothing.
+Prepared prepare_matmul_impl(const Node& n, Types in, Types out, bool b_fixed);
+Prepared prepare_matmul(const Node& n, Types in, Types out) { return prepare_matmul_impl(n, in, out, false); }
+Prepared prepare_matmul_fixed(const Node& n, Types in, Types out, std::span<const char> fixed) {
+  return prepare_matmul_impl(n, in, out, fixed.size() > 1 && fixed[1]);
+}
+
+Prepared prepare_matmul_impl(const Node& n, Types in, Types out, bool b_fixed) {
   const DType in_t = in[0].dtype, out_t = out[0].dtype;
   const bool plain = floats_are_f32(in, out);
   const bool bf16_in = in_t == DType::bf16 && (out_t == DType::f32 || out_t == DType::bf16);
@@ -528,37 +539,43 @@ Prepared prepare_matmul(const Node& n, Types in, Types out) {
   }
   if (f16_in) s.input = DType::f32;
   if (mixed) s.input = DType::bf16;  // NOTE [mixed matmul]
+  s.b_fixed = b_fixed && !f16_in && (s.broadcast_b || s.batch == 1);  // f16: b is widened into scratch per run
   ASPEN_ASSIGN_OR_RETURN(kernels::MatmulPlan made, kernels::MatmulPlan::create(s));
   auto plan = std::make_shared<kernels::MatmulPlan>(std::move(made));
   const bool bias = s.has_bias;
+  auto changed = [plan] { plan->b_changed(); };
   if (plain || (bf16_in && out_t == DType::f32))
-    return make_kernel([plan, bias](In i, Out o) {
-      plan->run(i[0], i[1], bias ? f32_in(i, 2) : nullptr, static_cast<float*>(o[0]));
-      return Status();
-    });
+    return make_kernel(
+        [plan, bias](In i, Out o) {
+          plan->run(i[0], i[1], bias ? f32_in(i, 2) : nullptr, static_cast<float*>(o[0]));
+          return Status();
+        },
+        changed);
   const int64_t na = in[0].shape.numel(), nb = in[1].shape.numel(), nc = out[0].shape.numel();
-  return make_kernel([plan, bias, f16_in, mixed, out_t, na, nb, nc](In i, Out o) {
-    const void *a = i[0], *b = i[1];
-    if (mixed) {  // NOTE [mixed matmul]: a rounded to bf16, then the bf16 plan
-      bf16* ra = reinterpret_cast<bf16*>(matmul_scratch(0, (na + 1) / 2));
-      ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_bf16(in_span<float>(i, 0, na), {ra, size_t(na)}, na));
-      a = ra;
-    }
-    if (f16_in) {
-      float* wa = matmul_scratch(0, na);
-      float* wb = matmul_scratch(1, nb);
-      ASPEN_RETURN_IF_ERROR(kernels::convert_f16_to_f32(in_span<f16>(i, 0, na), {wa, size_t(na)}, na));
-      ASPEN_RETURN_IF_ERROR(kernels::convert_f16_to_f32(in_span<f16>(i, 1, nb), {wb, size_t(nb)}, nb));
-      a = wa;
-      b = wb;
-    }
-    float* c = out_t == DType::f32 ? static_cast<float*>(o[0]) : matmul_scratch(2, nc);
-    plan->run(a, b, bias ? f32_in(i, 2) : nullptr, c);
-    const std::span<const float> cs(c, size_t(nc));
-    if (out_t == DType::bf16) return kernels::convert_f32_to_bf16(cs, out_span<bf16>(o, 0, nc), nc);
-    if (out_t == DType::f16) return kernels::convert_f32_to_f16(cs, out_span<f16>(o, 0, nc), nc);
-    return Status();
-  });
+  return make_kernel(
+      [plan, bias, f16_in, mixed, out_t, na, nb, nc](In i, Out o) {
+        const void *a = i[0], *b = i[1];
+        if (mixed) {  // NOTE [mixed matmul]: a rounded to bf16, then the bf16 plan
+          bf16* ra = reinterpret_cast<bf16*>(matmul_scratch(0, (na + 1) / 2));
+          ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_bf16(in_span<float>(i, 0, na), {ra, size_t(na)}, na));
+          a = ra;
+        }
+        if (f16_in) {
+          float* wa = matmul_scratch(0, na);
+          float* wb = matmul_scratch(1, nb);
+          ASPEN_RETURN_IF_ERROR(kernels::convert_f16_to_f32(in_span<f16>(i, 0, na), {wa, size_t(na)}, na));
+          ASPEN_RETURN_IF_ERROR(kernels::convert_f16_to_f32(in_span<f16>(i, 1, nb), {wb, size_t(nb)}, nb));
+          a = wa;
+          b = wb;
+        }
+        float* c = out_t == DType::f32 ? static_cast<float*>(o[0]) : matmul_scratch(2, nc);
+        plan->run(a, b, bias ? f32_in(i, 2) : nullptr, c);
+        const std::span<const float> cs(c, size_t(nc));
+        if (out_t == DType::bf16) return kernels::convert_f32_to_bf16(cs, out_span<bf16>(o, 0, nc), nc);
+        if (out_t == DType::f16) return kernels::convert_f32_to_f16(cs, out_span<f16>(o, 0, nc), nc);
+        return Status();
+      },
+      changed);
 }
 
 // layernorm(x, gamma, beta) -> (y, mean, rstd); layernorm_grad(x, gamma, mean, rstd, g) -> (dx, dgamma, dbeta).
@@ -873,6 +890,7 @@ void register_nn_ops(OpTable& t) {
                             .grad = grad_matmul,
                             .eval = eval_matmul,
                             .prepare = prepare_matmul,
+                            .prepare_fixed = prepare_matmul_fixed,
                             .samples = samples_matmul});
   t.define(OpKind::layernorm, {.min_inputs = 3,
                                .max_inputs = 3,

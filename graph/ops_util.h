@@ -82,6 +82,22 @@ template <class F>
 Result<std::unique_ptr<PreparedKernel>> make_kernel(F f) {
   return std::unique_ptr<PreparedKernel>(new FnKernel<F>(std::move(f)));
 }
+// As above, and `changed()` is what fixed_inputs_changed() does (prepare_fixed kernels).
+template <class F, class G>
+class FnKernelKeeping final : public PreparedKernel {
+ public:
+  FnKernelKeeping(F f, G changed) : f_(std::move(f)), changed_(std::move(changed)) {}
+  Status run(std::span<const void* const> in, std::span<void* const> out) override { return f_(in, out); }
+  void fixed_inputs_changed() override { changed_(); }
+
+ private:
+  F f_;
+  G changed_;
+};
+template <class F, class G>
+Result<std::unique_ptr<PreparedKernel>> make_kernel(F f, G changed) {
+  return std::unique_ptr<PreparedKernel>(new FnKernelKeeping<F, G>(std::move(f), std::move(changed)));
+}
 // "No fast kernel for these types": lowering falls back to the reference.
 inline Result<std::unique_ptr<PreparedKernel>> no_fast_kernel() { return std::unique_ptr<PreparedKernel>(); }
 

@@ -24,6 +24,7 @@ std::string MatmulShape::to_string() const {
   if (broadcast_b) s += " shared-b";
   if (has_bias) s += " +bias";
   if (beta != 0.0f) s += " +=c";
+  if (b_fixed) s += " fixed-b";
   return s;
 }
 
@@ -171,14 +172,17 @@ void MatmulPlan::run(const void* a, const void* b, const float* bias, float* c) 
   impl_->run(a, b, shape_.has_bias ? bias : nullptr, c);
 }
 
+void MatmulPlan::b_changed() { impl_->b_changed(); }
+
 namespace {
 
 struct ShapeHash {
   size_t operator()(const std::pair<MatmulShape, int>& k) const {
     const MatmulShape& s = k.first;
     size_t h = std::hash<int64_t>()(s.batch);
-    for (int64_t v : {s.M, s.N, s.K, int64_t(s.trans_a), int64_t(s.trans_b), int64_t(s.broadcast_b),
-                      int64_t(s.has_bias), int64_t(s.beta != 0), int64_t(s.input), int64_t(k.second)})
+    for (int64_t v :
+         {s.M, s.N, s.K, int64_t(s.trans_a), int64_t(s.trans_b), int64_t(s.broadcast_b), int64_t(s.has_bias),
+          int64_t(s.beta != 0), int64_t(s.input), int64_t(s.b_fixed), int64_t(k.second)})
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     return h;
   }

@@ -52,6 +52,10 @@ struct MatmulShape {
   bool has_bias = false;
   float beta = 0.0f;         // 0 or 1
   DType input = DType::f32;  // f32 or bf16 (A and B); C and bias are f32
+  // B holds the same values on every run until MatmulPlan::b_changed() (a
+  // weight): aspen's kernels then pack it once, on the first run after a
+  // change, and keep the packed panels (one B: broadcast_b or batch 1).
+  bool b_fixed = false;
 
   int64_t a_elements() const { return batch * M * K; }
   int64_t b_elements() const { return (broadcast_b ? 1 : batch) * K * N; }
@@ -105,6 +109,9 @@ class MatmulPlan {
   // Raw run: buffers are trusted to match shape() (the compiler's path).
   // a/b point to f32 or bf16 elements as shape().input says.
   void run(const void* a, const void* b, const float* bias, float* c);
+  // With shape().b_fixed: B's values changed; the next run packs it again (so
+  // does a run given another B pointer).
+  void b_changed();
 
  private:
   MatmulPlan() = default;

@@ -46,7 +46,8 @@
 //
 // NOTE [gemm threads]: each batch entry's C is cut into slabs, a grid of tm
 // row slabs by tn column slabs (tm * tn = the team size, the factorization
-// whose largest slab is smallest), unless the batch alone gives every thread
+// whose largest slab is smallest, and among equals the one that packs least),
+// unless the batch alone gives every thread
 // equal work. Each thread runs the five loops on its own slabs with its own
 // packed blocks: no barrier, no shared buffer. Every element of C is the same
 // sequence of FMAs whatever the slab it falls in (kc blocks in order, then k
@@ -58,9 +59,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "core/check.h"
 #include "core/dtype.h"
@@ -225,20 +228,34 @@ class AspenPlan final : public MatmulPlan::Impl {
     if (entries_ % team == 0 || entries_ >= 4 * team) {
       tm_ = tn_ = 1;
     } else {
-      double best = 0;
+      // The smallest largest slab; among slabs as large (within 1 %), the one
+      // that packs the fewest elements: each thread packs its columns of B
+      // once per K block and its rows of A once per column block, so with few
+      // rows (M = 128 against N = 3072) cutting the columns halves the B each
+      // thread packs, where cutting the rows packs all of B on every thread.
+      double best = 0, best_packed = 0;
       for (int tn = 1; tn <= team; ++tn) {
         if (team % tn) continue;
         const int tm = team / tn;
-        const double slab = double(round_up((rows_ + tm - 1) / tm, blk.mr)) * double(round_up((s.N + tn - 1) / tn, blk.nr));
-        if (best == 0 || slab < best) best = slab, tm_ = tm, tn_ = tn;
+        const double rows = double(round_up((rows_ + tm - 1) / tm, blk.mr));
+        const double cols = double(round_up((s.N + tn - 1) / tn, blk.nr));
+        const double slab = rows * cols, packed = cols + rows * std::ceil(cols / double(blk.nc));
+        if (best == 0 || slab < best * 0.99 || (slab <= best * 1.01 && packed < best_packed))
+          best = slab, best_packed = packed, tm_ = tm, tn_ = tn;
       }
     }
   }
+
+  ~AspenPlan() override { std::free(packed_); }
+
+  void b_changed() override { packed_from_ = nullptr; }
 
   void run(const void* a, const void* b, const float* bias, float* c) override {
     const int64_t slabs = int64_t(tm_) * tn_, units = entries_ * slabs;
     const size_t in_size = s_.input == DType::bf16 ? 2 : 4;
     const int64_t a_stride = rows_ * s_.K, b_stride = s_.broadcast_b ? 0 : s_.K * s_.N, c_stride = rows_ * s_.N;
+    const bool prepacked = s_.b_fixed && b_stride * (entries_ - 1) == 0;  // one B
+    if (prepacked && b != packed_from_) pack_all_of_b(b);
 #pragma omp parallel for schedule(static) num_threads(team_)
     for (int64_t u = 0; u < units; ++u) {
       const int64_t slab = u / entries_, e = u % entries_;
@@ -247,7 +264,8 @@ class AspenPlan final : public MatmulPlan::Impl {
       const auto [n0, n1] = share(s_.N, blk_.nr, tn_, tj);
       if (m0 >= m1 || n0 >= n1) continue;
       run_slab(static_cast<const char*>(a) + size_t(e * a_stride) * in_size,
-               static_cast<const char*>(b) + size_t(e * b_stride) * in_size, bias, c + e * c_stride, m0, m1, n0, n1);
+               static_cast<const char*>(b) + size_t(e * b_stride) * in_size, bias, c + e * c_stride, m0, m1, n0, n1,
+               prepacked ? packed_ + block_offset_[size_t(tj)] : nullptr);
     }
   }
 
@@ -259,8 +277,49 @@ class AspenPlan final : public MatmulPlan::Impl {
     return {std::min(extent, p0 * unit), std::min(extent, p1 * unit)};
   }
 
+  // NOTE [fixed b]: with shape.b_fixed, all of B is packed once, as each
+  // column slab's threads would pack it block by block ((jc, pc) in their
+  // loop order), into one buffer the plan keeps; runs then read the blocks
+  // from there, until b_changed() or another B pointer. The bits are those of
+  // packing on every run (the same panels, the same order of FMAs).
+  void pack_all_of_b(const void* b) {
+    const int dt = s_.input == DType::bf16 ? 1 : 0;
+    const int64_t K = s_.K, ldb = s_.trans_b ? K : s_.N;
+    struct Block {
+      int64_t jc, nc, pc, kc;
+      size_t offset;
+    };
+    std::vector<Block> blocks;
+    block_offset_.assign(size_t(tn_), 0);
+    size_t bytes = 0;
+    for (int tj = 0; tj < tn_; ++tj) {
+      block_offset_[size_t(tj)] = bytes;
+      const auto [n0, n1] = share(s_.N, blk_.nr, tn_, tj);
+      for (int64_t jc = n0; jc < n1; jc += blk_.nc)
+        for (int64_t pc = 0; pc < K; pc += blk_.kc) {
+          const int64_t nc = std::min(blk_.nc, n1 - jc), kc = std::min(blk_.kc, K - pc);
+          blocks.push_back({jc, nc, pc, kc, bytes});
+          bytes += size_t(round_up(nc, isa_.nr) * round_up(kc, isa_.k_align) * isa_.packed_bytes);
+        }
+    }
+    if (bytes > packed_bytes_) {
+      std::free(packed_);
+      packed_bytes_ = size_t(round_up(int64_t(bytes), 4096));
+      packed_ = static_cast<char*>(std::aligned_alloc(64, packed_bytes_));
+      ASPEN_CHECK(packed_ != nullptr) << "matmul: out of memory for " << packed_bytes_ << " bytes of packed b";
+    }
+#pragma omp parallel for schedule(dynamic) num_threads(team_)
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const Block& k = blocks[i];
+      isa_.pack_b[dt](b, ldb, !s_.trans_b, k.jc, k.nc, k.pc, k.kc, packed_ + k.offset);
+    }
+    packed_from_ = b;
+  }
+
+  // One thread's slab; `packed_b`: its column slab's blocks packed by
+  // pack_all_of_b, or null to pack them here.
   void run_slab(const void* a, const void* b, const float* bias, float* c, int64_t m0, int64_t m1, int64_t n0,
-                int64_t n1) const {
+                int64_t n1, const char* packed_b) const {
     const int mr = isa_.mr, nr = isa_.nr;
     const int64_t K = s_.K, N = s_.N;
     const int64_t lda = s_.trans_a ? rows_ : K, ldb = s_.trans_b ? K : N;
@@ -282,13 +341,19 @@ class AspenPlan final : public MatmulPlan::Impl {
         const int64_t kc = std::min(blk_.kc, K - pc), kcp = round_up(kc, isa_.k_align);
         const bool first = pc == 0;
         const bool load_c = !first || s_.beta != 0.0f;
-        isa_.pack_b[dt](b, ldb, !s_.trans_b, jc, nc, pc, kc, pb);
+        const char* b_block = pb;
+        if (packed_b) {  // blocks in this loop's order
+          b_block = packed_b;
+          packed_b += round_up(nc, nr) * kcp * esz;
+        } else {
+          isa_.pack_b[dt](b, ldb, !s_.trans_b, jc, nc, pc, kc, pb);
+        }
         for (int64_t ic = m0; ic < m1; ic += blk_.mc) {
           const int64_t mc = std::min(blk_.mc, m1 - ic);
           isa_.pack_a[dt](a, lda, s_.trans_a, ic, mc, pc, kc, pa);
           for (int64_t jr = 0; jr < nc; jr += nr) {
             const int cols = int(std::min<int64_t>(nr, nc - jr));
-            const char* bp = pb + jr * kcp * esz;
+            const char* bp = b_block + jr * kcp * esz;
             const float* brow = first && bias ? bias + jc + jr : nullptr;
             if (brow && cols < nr) {
               std::fill(bias_tile, bias_tile + nr, 0.0f);
@@ -323,6 +388,11 @@ class AspenPlan final : public MatmulPlan::Impl {
   int team_;
   int64_t entries_ = 1, rows_ = 0;
   int tm_ = 1, tn_ = 1;
+  // NOTE [fixed b]: the packed B, where each column slab's blocks start, and the B it was packed from.
+  char* packed_ = nullptr;
+  size_t packed_bytes_ = 0;
+  std::vector<size_t> block_offset_;
+  const void* packed_from_ = nullptr;
 };
 
 }  // namespace

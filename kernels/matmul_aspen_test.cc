@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cstring>
 #include <vector>
 
 #include "core/thread_team.h"
@@ -176,6 +177,66 @@ TEST(MatmulAspen, BitsDoNotDependOnTheTeamOrTheRun) {
       }
       for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i], runs[0]) << "run " << i;
     }
+}
+
+// NOTE [fixed b]: a plan told B is fixed packs it once and gives the bits of
+// packing on every run, on every layout, team size and blocking (the tiny one
+// cuts B into many blocks); after b_changed() it sees B's new values, and a
+// run on another B pointer packs that one.
+TEST(MatmulAspen, FixedBIsPackedOnceAndRepackedWhenItChanges) {
+  for (Isa isa : runnable_isas())
+    for (bool tiny : {false, true})
+      for (DType dt : {DType::f32, DType::bf16})
+        for (bool tb : {false, true})
+          for (int threads : {1, 2, 3}) {
+            MatmulShape s{.batch = 3,
+                          .M = 37,
+                          .N = 75,
+                          .K = 70,
+                          .trans_b = tb,
+                          .broadcast_b = true,
+                          .has_bias = true,
+                          .input = dt};
+            SCOPED_TRACE(s.to_string() + " " + isa_name(isa) + " threads " + std::to_string(threads));
+            ScopedOmpThreads team(threads);
+            const GemmBlocking blk = blocking_for(isa, tiny, dt);
+            auto a = testing::random_vector(s.a_elements(), 1), b1 = testing::random_vector(s.b_elements(), 2);
+            auto b2 = testing::random_vector(s.b_elements(), 3), bias = testing::random_vector(s.N, 4);
+            const std::vector<float> c0(size_t(s.c_elements()), 0.0f);
+            const std::vector<float> want1 = run_plan(s, blk, a, b1, bias, c0),
+                                     want2 = run_plan(s, blk, a, b2, bias, c0);
+            MatmulShape fs = s;
+            fs.b_fixed = true;
+            auto plan = make_aspen_plan(fs, blk);
+            ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+            auto as_input = [&](const std::vector<float>& v) {
+              std::vector<uint16_t> out;  // bf16 bits, or f32 bits in pairs
+              if (dt == DType::bf16) {
+                for (float x : v) out.push_back(f32_to_bf16(x).bits);
+              } else {
+                out.resize(v.size() * 2);
+                std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+              }
+              return out;
+            };
+            std::vector<uint16_t> ain = as_input(a), bin = as_input(b1), other = as_input(b2);
+            std::vector<float> c(c0.size());
+            auto run = [&](const std::vector<uint16_t>& bv) {
+              std::fill(c.begin(), c.end(), 0.0f);
+              (*plan)->run(ain.data(), bv.data(), bias.data(), c.data());
+              return c;
+            };
+            EXPECT_EQ(run(bin), want1) << "first run";
+            EXPECT_EQ(run(bin), want1) << "from the kept panels";
+            const std::vector<uint16_t> saved = bin;
+            const std::vector<uint16_t> values2 = as_input(b2);
+            std::copy(values2.begin(), values2.end(), bin.begin());  // new values at the same address
+            EXPECT_EQ(run(bin), want1) << "kept panels until told";
+            (*plan)->b_changed();
+            EXPECT_EQ(run(bin), want2) << "after b_changed";
+            EXPECT_EQ(run(saved), want1) << "another B pointer";
+            EXPECT_EQ(run(other), want2) << "and another";
+          }
 }
 
 TEST(MatmulAspen, BlockingFollowsTheCachesAndBadOnesAreRefused) {

@@ -24,6 +24,7 @@ struct MatmulPlan::Impl {
   virtual ~Impl() = default;
   // a, b: f32 or bf16 elements as the shape's input says; bias [N] or null.
   virtual void run(const void* a, const void* b, const float* bias, float* c) = 0;
+  virtual void b_changed() {}  // see MatmulPlan::b_changed
 };
 
 // Each validates that it can run `shape` (an error Status says why not) and

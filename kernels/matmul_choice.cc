@@ -62,9 +62,10 @@ constexpr double kRoundsSeconds = 0.12;  // aim for this long per candidate once
 
 std::atomic<int> g_choice{int(MatmulChoice::measured)};
 
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, bool, bool, bool, int, int>;
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, bool, bool, bool, bool, int, int>;
 Key key_of(const MatmulShape& s, int team) {
-  return {s.batch, s.M, s.N, s.K, s.trans_a, s.trans_b, s.broadcast_b, s.has_bias, s.beta != 0.0f, int(s.input), team};
+  return {s.batch,        s.M,          s.N, s.K, s.trans_a, s.trans_b, s.broadcast_b, s.b_fixed, s.has_bias,
+          s.beta != 0.0f, int(s.input), team};
 }
 
 struct Store {
@@ -122,7 +123,7 @@ std::vector<MatmulBackend> candidates(const MatmulShape& s) {
   return out;
 }
 
-const char* const kFileMagic = "aspen matmul choices 1";
+const char* const kFileMagic = "aspen matmul choices 2";
 
 }  // namespace
 
@@ -237,6 +238,11 @@ std::string onednn_version() {
   return std::to_string(dv->major) + "." + std::to_string(dv->minor) + "." + std::to_string(dv->patch);
 }
 
+// Raised whenever aspen's own kernels change speed (a new variant, another
+// split among threads): remembered choices measured against the old ones are
+// then measured again, since the identity names the choices file.
+constexpr int kAspenGemmRevision = 3;
+
 std::string detect_cpu_identity() {
   unsigned regs[2][4] = {};
   for (unsigned leaf = 0; leaf < 2; ++leaf)
@@ -254,7 +260,7 @@ std::string detect_cpu_identity() {
   std::ostringstream o;
   o << vendor << " family " << family << " model " << model << " stepping " << (eax & 0xf) << "; "
     << cpu_features().to_string() << "; " << cpu_caches().to_string() << "; OpenBLAS " << openblas_get_corename()
-    << "; oneDNN " << onednn_version();
+    << "; oneDNN " << onednn_version() << "; aspen gemm " << kAspenGemmRevision;
   return o.str();
 }
 }  // namespace
@@ -325,9 +331,10 @@ std::string choices_text(Store& st, bool mark_saved) {
   o << kFileMagic << "\ncpu " << cpu_identity() << "\n";
   std::lock_guard<std::mutex> lock(st.mu);
   for (const auto& [k, be] : st.choices) {
-    const auto& [batch, M, N, K, ta, tb, bcast, bias, beta, input, team] = k;
-    o << batch << " " << M << " " << N << " " << K << " " << ta << " " << tb << " " << bcast << " " << bias << " "
-      << beta << " " << dtype_name(DType(input)) << " " << team << " " << matmul_backend_name(be) << "\n";
+    const auto& [batch, M, N, K, ta, tb, bcast, fixed, bias, beta, input, team] = k;
+    o << batch << " " << M << " " << N << " " << K << " " << ta << " " << tb << " " << bcast << " " << fixed << " "
+      << bias << " " << beta << " " << dtype_name(DType(input)) << " " << team << " " << matmul_backend_name(be)
+      << "\n";
   }
   if (mark_saved) st.changed = false;
   return o.str();
@@ -350,10 +357,12 @@ Result<std::map<Key, MatmulBackend>> parse_choices(const std::string& text, cons
     if (line.empty()) continue;  // a blank line (a handed-over text is padded to an even length)
     std::istringstream f(line);
     int64_t batch, M, N, K;
-    int ta, tb, bcast, bias, beta, team;
+    int ta, tb, bcast, fixed, bias, beta, team;
     std::string dtype, backend, extra;
-    if (!(f >> batch >> M >> N >> K >> ta >> tb >> bcast >> bias >> beta >> dtype >> team >> backend) || (f >> extra))
-      return bad("line " + std::to_string(n) + ": batch M N K trans_a trans_b broadcast_b bias beta dtype team backend",
+    if (!(f >> batch >> M >> N >> K >> ta >> tb >> bcast >> fixed >> bias >> beta >> dtype >> team >> backend) ||
+        (f >> extra))
+      return bad("line " + std::to_string(n) +
+                     ": batch M N K trans_a trans_b broadcast_b fixed_b bias beta dtype team backend",
                  "'" + line + "'");
     const DType dt = dtype == "bf16" ? DType::bf16 : DType::f32;
     if ((dtype != "f32" && dtype != "bf16") || team < 1 || batch < 1 || M < 1 || N < 1 || K < 1)
@@ -363,8 +372,17 @@ Result<std::map<Key, MatmulBackend>> parse_choices(const std::string& text, cons
     for (MatmulBackend b : {MatmulBackend::onednn, MatmulBackend::openblas, MatmulBackend::aspen})
       if (backend == matmul_backend_name(b)) be = b, known = true;
     if (!known) return bad("line " + std::to_string(n) + ": backend oneDNN, OpenBLAS or aspen", "'" + backend + "'");
-    const MatmulShape s{.batch = batch, .M = M, .N = N, .K = K, .trans_a = ta != 0, .trans_b = tb != 0,
-                        .broadcast_b = bcast != 0, .has_bias = bias != 0, .beta = beta ? 1.0f : 0.0f, .input = dt};
+    const MatmulShape s{.batch = batch,
+                        .M = M,
+                        .N = N,
+                        .K = K,
+                        .trans_a = ta != 0,
+                        .trans_b = tb != 0,
+                        .broadcast_b = bcast != 0,
+                        .has_bias = bias != 0,
+                        .beta = beta ? 1.0f : 0.0f,
+                        .input = dt,
+                        .b_fixed = fixed != 0};
     read[key_of(s, team)] = be;
   }
   return read;

@@ -124,8 +124,8 @@ TEST(MatmulChoice, AnotherMachinesOrACorruptFileIsRefused) {
   expect_refused(good.substr(0, cpu_line) + "cpu SomeOtherVendor family 1\n" + good.substr(rows), "this CPU");
   expect_refused("not the magic\n" + good.substr(cpu_line), "first line");
   expect_refused(good + "1 2 3\n", "line 4");
-  expect_refused(good + "1 2 3 4 0 0 0 0 0 f32 1 cuBLAS\n", "cuBLAS");
-  expect_refused(good + "1 -2 3 4 0 0 0 0 0 f64 1 aspen\n", "positive extents");
+  expect_refused(good + "1 2 3 4 0 0 0 0 0 0 f32 1 cuBLAS\n", "cuBLAS");
+  expect_refused(good + "1 -2 3 4 0 0 0 0 0 0 f64 1 aspen\n", "positive extents");
   std::remove(path.c_str());
 }
 

@@ -78,8 +78,8 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
     }
     for (const compiler::Binding& b : exe.updates) info.updated.push_back(by_name.at(b.name));
     for (const compiler::Instruction& ins : exe.program.code) {
-      if (!ins.derived) continue;
-      info.has_derived = true;
+      if (!ins.derived && !ins.keeps_fixed) continue;
+      info.has_derived = true;  // parameters its weight-only work reads are watched
       for (int32_t v : ins.inputs) {
         const compiler::Slot& sl = exe.plan.slots[size_t(v)];
         if (sl.storage != Storage::parameter) continue;
@@ -322,6 +322,7 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
   for (size_t k = 0; k < exe.program.code.size(); ++k) {
     compiler::Instruction& ins = exe.program.code[k];
     if (ins.derived && !remake) continue;
+    if (ins.keeps_fixed && remake) ins.kernel->fixed_inputs_changed();
     in.clear();
     out.clear();
     for (int32_t v : ins.inputs) in.push_back(resolve(r, program, v));

@@ -37,7 +37,8 @@
 // Weight-only values (CompileOptions::hoist_weights): each device keeps, per
 // program, the values computed from parameters and constants alone, and runs
 // their instructions again only when a parameter they read has changed since
-// they last ran: set_parameter, parameter_of (a pointer to write through) and
+// they last ran (kernels that keep work made from such values, a matmul's
+// packed weights, are told then too): set_parameter, parameter_of (a pointer to write through) and
 // a run of a program that updates the parameter count as changes.
 //
 // Thread-safety: one run at a time per session.
@@ -162,7 +163,7 @@ class Session {
     std::vector<size_t> parameter_index;     // the program's parameter k -> parameters_ index
     std::string updates_shared;              // a shared parameter the program updates ("": none)
     std::vector<std::vector<int>> ready_after;  // by instruction: the updates final after it
-    bool has_derived = false;                   // it has derived instructions
+    bool has_derived = false;                   // it has derived or keeps_fixed instructions
     std::vector<size_t> derived_reads;          // parameters_ indices they read
     std::vector<size_t> updated;                // parameters_ indices it updates
   };
