@@ -8,7 +8,7 @@
         bert_b1, bert_b8: BERT-base-shaped (12 layers, hidden 768, 12 heads, vocab 30522) random weights,
             input_ids and attention_mask [B, 128] (the second row's last quarter padded)
         --quick: 2-layer versions (a smoke test, not a measurement). Needs torch and transformers.
-    python3 bench/onnx_peer.py --time DIR --threads N [--reps R]
+    python3 bench/onnx_peer.py --time DIR --threads N [--reps R] [--case NAME]
         For every case in DIR, onnxruntime at its best settings (all graph optimizations, N intra-op
         threads, sequential execution): one warm-up run, then the best of R timed runs. Prints one JSON
         object per line: {"bench": "onnx_ort", "case": ..., "ms": float, "threads": N}.
@@ -60,7 +60,7 @@ def export(out, quick):
             os.replace(tmp, os.path.join(case, "model.onnx"))
 
 
-def time_cases(out, threads, reps):
+def time_cases(out, threads, reps, only=None):
     try:
         import onnx
         import onnxruntime as ort
@@ -70,7 +70,7 @@ def time_cases(out, threads, reps):
         sys.exit(2)
     for case in sorted(os.listdir(out)):
         d = os.path.join(out, case)
-        if not os.path.exists(os.path.join(d, "model.onnx")):
+        if not os.path.exists(os.path.join(d, "model.onnx")) or (only and case != only):
             continue
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -99,11 +99,12 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--case", help="time this case directory only")
     a = p.parse_args()
     if a.export:
         export(a.export, a.quick)
     if a.time:
-        time_cases(a.time, a.threads, a.reps)
+        time_cases(a.time, a.threads, a.reps, a.case)
 
 
 if __name__ == "__main__":
