@@ -67,6 +67,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/weight_copies.h"
 #include "kernels/cpu.h"
 #include "kernels/matmul_backend.h"
 #include "kernels/matmul_choice.h"
@@ -246,7 +247,10 @@ class AspenPlan final : public MatmulPlan::Impl {
     }
   }
 
-  ~AspenPlan() override { std::free(packed_); }
+  ~AspenPlan() override {
+    std::free(packed_);
+    give_weight_copy_bytes(int64_t(packed_bytes_));
+  }
 
   void b_changed() override { packed_from_ = nullptr; }
 
@@ -254,8 +258,8 @@ class AspenPlan final : public MatmulPlan::Impl {
     const int64_t slabs = int64_t(tm_) * tn_, units = entries_ * slabs;
     const size_t in_size = s_.input == DType::bf16 ? 2 : 4;
     const int64_t a_stride = rows_ * s_.K, b_stride = s_.broadcast_b ? 0 : s_.K * s_.N, c_stride = rows_ * s_.N;
-    const bool prepacked = s_.b_fixed && b_stride * (entries_ - 1) == 0;  // one B
-    if (prepacked && b != packed_from_) pack_all_of_b(b);
+    bool prepacked = s_.b_fixed && b_stride * (entries_ - 1) == 0;  // one B
+    if (prepacked && b != packed_from_) prepacked = pack_all_of_b(b);
 #pragma omp parallel for schedule(static) num_threads(team_)
     for (int64_t u = 0; u < units; ++u) {
       const int64_t slab = u / entries_, e = u % entries_;
@@ -282,7 +286,9 @@ class AspenPlan final : public MatmulPlan::Impl {
   // loop order), into one buffer the plan keeps; runs then read the blocks
   // from there, until b_changed() or another B pointer. The bits are those of
   // packing on every run (the same panels, the same order of FMAs).
-  void pack_all_of_b(const void* b) {
+  // False (nothing packed: the run packs as usual) when the copy does not fit
+  // the weight-copy budget (core/weight_copies.h).
+  bool pack_all_of_b(const void* b) {
     const int dt = s_.input == DType::bf16 ? 1 : 0;
     const int64_t K = s_.K, ldb = s_.trans_b ? K : s_.N;
     struct Block {
@@ -303,8 +309,11 @@ class AspenPlan final : public MatmulPlan::Impl {
         }
     }
     if (bytes > packed_bytes_) {
+      const size_t want = size_t(round_up(int64_t(bytes), 4096));
+      if (!take_weight_copy_bytes(int64_t(want))) return false;
       std::free(packed_);
-      packed_bytes_ = size_t(round_up(int64_t(bytes), 4096));
+      give_weight_copy_bytes(int64_t(packed_bytes_));
+      packed_bytes_ = want;
       packed_ = static_cast<char*>(std::aligned_alloc(64, packed_bytes_));
       ASPEN_CHECK(packed_ != nullptr) << "matmul: out of memory for " << packed_bytes_ << " bytes of packed b";
     }
@@ -314,6 +323,7 @@ class AspenPlan final : public MatmulPlan::Impl {
       isa_.pack_b[dt](b, ldb, !s_.trans_b, k.jc, k.nc, k.pc, k.kc, packed_ + k.offset);
     }
     packed_from_ = b;
+    return true;
   }
 
   // One thread's slab; `packed_b`: its column slab's blocks packed by

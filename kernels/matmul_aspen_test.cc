@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/thread_team.h"
+#include "core/weight_copies.h"
 #include "kernels/cpu.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_backend.h"
@@ -237,6 +238,39 @@ TEST(MatmulAspen, FixedBIsPackedOnceAndRepackedWhenItChanges) {
             EXPECT_EQ(run(saved), want1) << "another B pointer";
             EXPECT_EQ(run(other), want2) << "and another";
           }
+}
+
+// Past the weight-copy budget (core/weight_copies.h) a fixed-B plan keeps
+// nothing and packs on every run, with the same bits; what a plan keeps it
+// gives back when it goes.
+TEST(MatmulAspen, FixedBYieldsToTheWeightCopyBudget) {
+  const MatmulShape s{.M = 40, .N = 70, .K = 50, .b_fixed = true};
+  const GemmBlocking blk = gemm_blocking(active_isa(), s.input);
+  auto a = testing::random_vector(s.a_elements(), 1), b = testing::random_vector(s.b_elements(), 2);
+  std::vector<float> want(size_t(s.c_elements()), 0.0f), got(want.size());
+  ref::matmul<float, float>(a.data(), b.data(), nullptr, want.data(), s);
+  const int64_t before = weight_copy_bytes();
+  {
+    auto plan = make_aspen_plan(s, blk);
+    ASSERT_TRUE(plan.is_ok());
+    (*plan)->run(a.data(), b.data(), nullptr, got.data());
+    EXPECT_GT(weight_copy_bytes(), before) << "the packed B is counted";
+    EXPECT_TRUE(testing::close_nmse(got, want, testing::nmse_threshold(DType::f32)));
+  }
+  EXPECT_EQ(weight_copy_bytes(), before) << "and given back";
+  const int64_t room = weight_copy_budget() - before;
+  ASSERT_TRUE(take_weight_copy_bytes(room));
+  {
+    auto plan = make_aspen_plan(s, blk);
+    ASSERT_TRUE(plan.is_ok());
+    for (int rep = 0; rep < 2; ++rep) {
+      std::fill(got.begin(), got.end(), 0.0f);
+      (*plan)->run(a.data(), b.data(), nullptr, got.data());
+      EXPECT_TRUE(testing::close_nmse(got, want, testing::nmse_threshold(DType::f32))) << rep;
+    }
+    EXPECT_EQ(weight_copy_bytes(), before + room) << "nothing kept past the budget";
+  }
+  give_weight_copy_bytes(room);
 }
 
 TEST(MatmulAspen, BlockingFollowsTheCachesAndBadOnesAreRefused) {

@@ -5,6 +5,8 @@
 #include <future>
 #include <map>
 
+#include "core/weight_copies.h"
+
 namespace aspen::runtime {
 
 using compiler::Storage;
@@ -110,11 +112,30 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
         }
       });
       ASPEN_RETURN_IF_ERROR(lowered);
+      const int64_t derived_bytes = rep.exes.back()->plan.derived_bytes;
+      if (derived_bytes && !take_weight_copy_bytes(derived_bytes)) {
+        // Past the weight-copy budget (core/weight_copies.h): planned without weight-only values.
+        compiler::CompileOptions without = exe->options;
+        without.hoist_weights = false;
+        rep.device->team().run([&] {
+          auto e = compiler::lower_optimized(exe->graph, without);
+          if (e.is_ok()) {
+            rep.exes.back() = std::move(e).value();
+          } else {
+            lowered = e.status();
+          }
+        });
+        ASPEN_RETURN_IF_ERROR(lowered);
+      }
       const compiler::MemoryPlan& plan = rep.exes.back()->plan;
       arena = std::max(arena, plan.arena_bytes);
       Replica::Derived d;
       if (plan.derived_bytes) {
-        d.bytes.reset(static_cast<uint8_t*>(aligned_alloc_zeroed(size_t(plan.derived_bytes))), aligned_free);
+        const int64_t n = plan.derived_bytes;
+        d.bytes.reset(static_cast<uint8_t*>(aligned_alloc_zeroed(size_t(n))), [n](uint8_t* p) {
+          aligned_free(p);
+          give_weight_copy_bytes(n);
+        });
         if (!d.bytes)
           return Status::error(Code::kFailedPrecondition,
                                "session: weight-only values of program " + std::to_string(rep.derived.size()),

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/philox.h"
+#include "core/weight_copies.h"
 #include "graph/autodiff.h"
 #include "graph/builder.h"
 #include "graph/grad_check.h"
@@ -480,6 +481,41 @@ TEST(Session, ProgramsShareParameters) {
   clash.push_back(std::move(compiler::compile(g3)).value());
   EXPECT_EQ(Session::create(std::move(clash), {.threads = 1}).status().message(),
             "session: parameter 'state' of program 1: expected f32[3] (as an earlier program has it), found f32[4]");
+}
+
+// Past the weight-copy budget (core/weight_copies.h) a session plans without
+// weight-only values and still computes the same, and gives back what it took.
+TEST(Session, WeightOnlyValuesYieldToTheBudget) {
+  Graph g;
+  Builder b(g);
+  ValueId w = b.parameter("w", DType::f32, {4, 3});
+  ValueId x = b.input("x", DType::f32, {2, 4});
+  b.output("y", b.op1(graph::OpKind::matmul, {x, b.transpose(b.scale(w, 0.5), {1, 0})}, {{"trans_b", int64_t(1)}}));
+  ASSERT_TRUE(b.status().is_ok());
+  Tensor wv = random_tensor({4, 3}, 1), xv = random_tensor({2, 4}, 2);
+  auto run = [&](bool squeezed, int64_t* derived) -> Tensor {
+    const int64_t room = weight_copy_budget() - weight_copy_bytes();
+    if (squeezed) {
+      EXPECT_TRUE(take_weight_copy_bytes(room));
+    }
+    auto exe = compiler::compile(g, {.hoist_weights = true});
+    EXPECT_TRUE(exe.is_ok());
+    auto s = Session::create(std::move(exe).value(), {.threads = 1});
+    if (squeezed) give_weight_copy_bytes(room);
+    EXPECT_TRUE(s.is_ok());
+    *derived = (*s)->executable().plan.derived_bytes;
+    EXPECT_TRUE((*s)->set_parameter("w", wv).is_ok());
+    auto out = (*s)->run({{"x", &xv}});
+    EXPECT_TRUE(out.is_ok());
+    return out->at("y").clone();
+  };
+  const int64_t before = weight_copy_bytes();
+  int64_t roomy = 0, tight = 0;
+  const Tensor a = run(false, &roomy), c = run(true, &tight);
+  EXPECT_GT(roomy, 0);
+  EXPECT_EQ(tight, 0) << "no room: no weight-only values";
+  for (int64_t i = 0; i < a.numel(); ++i) EXPECT_EQ(a.data<float>()[i], c.data<float>()[i]);
+  EXPECT_EQ(weight_copy_bytes(), before) << "the sessions gave back what they took";
 }
 
 // Reshapes are views (compiler/memory_plan.h): no instruction, the input's
