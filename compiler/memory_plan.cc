@@ -122,9 +122,12 @@ Result<MemoryPlan> plan_memory(const Graph& g, bool hoist) {
   // elements in the same order), unless the bytes are a parameter an update
   // writes (a reader of the view must see the old value). `root` is the value
   // that owns a view's bytes; lifetimes are the roots'.
+  // Nor over an update's value: it may land in its parameter's storage, which the step updates.
   std::vector<char> updated(size_t(nv), 0);
-  for (const auto& [name, v] : g.updates())
+  for (const auto& [name, v] : g.updates()) {
+    updated[size_t(v.index)] = 1;
     if (const std::optional<graph::ValueId> p = g.find_parameter(name)) updated[size_t(p->index)] = 1;
+  }
   std::vector<int32_t> root(static_cast<size_t>(nv));
   for (int32_t v = 0; v < nv; ++v) root[size_t(v)] = v;
   plan.views.assign(size_t(end), 0);

@@ -209,11 +209,14 @@ Status checked_matmul(std::span<const In> a, std::span<const In> b, std::span<co
     ref::matmul<In, float>(a.data(), b.data(), shape.has_bias ? bias.data() : nullptr, c.data(), shape);
     return Status();
   }
-  auto key = std::make_pair(shape, omp_get_max_threads());
+  // A cached plan is out of the caller's reach (no b_changed()): B is packed on every call here.
+  MatmulShape unfixed = shape;
+  unfixed.b_fixed = false;
+  auto key = std::make_pair(unfixed, omp_get_max_threads());
   PlanCache& cache = plan_cache();
   auto it = cache.find(key);
   if (it == cache.end()) {
-    ASPEN_ASSIGN_OR_RETURN(MatmulPlan plan, MatmulPlan::create(shape));
+    ASPEN_ASSIGN_OR_RETURN(MatmulPlan plan, MatmulPlan::create(unfixed));
     it = cache.emplace(key, std::move(plan)).first;
   }
   it->second.run(a.data(), b.data(), shape.has_bias ? bias.data() : nullptr, c.data());

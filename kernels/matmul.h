@@ -54,7 +54,8 @@ struct MatmulShape {
   DType input = DType::f32;  // f32 or bf16 (A and B); C and bias are f32
   // B holds the same values on every run until MatmulPlan::b_changed() (a
   // weight): aspen's kernels then pack it once, on the first run after a
-  // change, and keep the packed panels (one B: broadcast_b or batch 1).
+  // change, and keep the packed panels (one B: broadcast_b or batch 1). The
+  // free functions below ignore it (their cached plans are out of reach).
   bool b_fixed = false;
 
   int64_t a_elements() const { return batch * M * K; }

@@ -86,6 +86,8 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
         const compiler::Slot& sl = exe.plan.slots[size_t(v)];
         if (sl.storage != Storage::parameter) continue;
         const size_t i = info.parameter_index[size_t(sl.offset)];
+        // A parameter this program updates is no weight-only input (a keeps_fixed kernel may read one).
+        if (std::find(info.updated.begin(), info.updated.end(), i) != info.updated.end()) continue;
         if (std::find(info.derived_reads.begin(), info.derived_reads.end(), i) == info.derived_reads.end())
           info.derived_reads.push_back(i);
       }

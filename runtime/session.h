@@ -137,7 +137,9 @@ class Session {
   Status set_communicator(int replica, const std::string& group, parallel::Communicator* comm);
   // The parameter replica r computes with (its own copy when replica-local,
   // else the shared one), for work in place between runs; nullptr when there
-  // is no such parameter.
+  // is no such parameter. Handing out the pointer counts as a change of the
+  // parameter (weight-only values made from it are made again at the next
+  // run), so fetch it again before each write rather than keeping it.
   Tensor* parameter_of(int replica, const std::string& name);
 
  private:

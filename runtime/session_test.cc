@@ -522,8 +522,9 @@ TEST(Session, WeightOnlyValuesYieldToTheBudget) {
 // bytes. The cases that could go wrong: a view read after its owner's last
 // direct reader (the bytes must stay), an elementwise node in place over an
 // owner whose view is read later, a view as an update's value (its copy must
-// wait for the bytes), and a reshape of a parameter the step updates (a copy:
-// the output must be the old value).
+// wait for the bytes), a reshape of a parameter the step updates (a copy:
+// the output must be the old value), and a reshape of an update's value that
+// lands in its parameter (a copy into another parameter).
 TEST(Session, ReshapesAreViewsThatKeepTheirBytes) {
   Graph g;
   Builder b(g);
@@ -535,7 +536,9 @@ TEST(Session, ReshapesAreViewsThatKeepTheirBytes) {
   ValueId t = b.scale(e, 3.0);      // e's last direct reader: must not overwrite e
   b.output("t", b.reshape(t, {2, 12}));
   b.output("old_p", b.reshape(p, {4, 6}));  // p is updated: not a view
-  b.update(p, b.add(p, ev));
+  ValueId p_new = b.add(p, ev);             // written into p's own storage
+  b.update(p, p_new);
+  b.update(b.parameter("r", DType::f32, {4, 6}), b.reshape(p_new, {4, 6}));  // an update's value: a copy
   b.update(q, b.reshape(b.neg(b.reshape(q, {24})), {6, 4}));  // views on both sides of a neg
   b.output("ev", b.add(ev, b.reshape(x, {24})));
   ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
@@ -559,6 +562,7 @@ TEST(Session, ReshapesAreViewsThatKeepTheirBytes) {
     EXPECT_EQ(got->at("old_p").data<float>()[i], pv.data<float>()[i]) << i;
     EXPECT_FLOAT_EQ(got->at("ev").data<float>()[i], ex + xv.data<float>()[i]) << i;
     EXPECT_FLOAT_EQ((*s)->get_parameter("p")->data<float>()[i], pv.data<float>()[i] + ex) << i;
+    EXPECT_FLOAT_EQ((*s)->get_parameter("r")->data<float>()[i], pv.data<float>()[i] + ex) << i;
     EXPECT_EQ((*s)->get_parameter("q")->data<float>()[i], -qv.data<float>()[i]) << i;
   }
 }
