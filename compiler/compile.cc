@@ -60,8 +60,6 @@ Status lower(Executable& exe) {
     exe.inputs.push_back({n.name, n.outputs[0].index, g.type(n.outputs[0])});
     exe.program.code.push_back(std::move(ins));
   }
-  // With hoist_weights, by value: weight-only (the same until a parameter changes).
-  const std::vector<char> weight_only = exe.options.hoist_weights ? weight_only_values(g) : std::vector<char>{};
   for (int32_t i = 0; i < int32_t(g.nodes().size()); ++i) {
     const Node& n = g.node(i);
     switch (n.op) {
@@ -79,7 +77,7 @@ Status lower(Executable& exe) {
     if (exe.plan.views[size_t(i)]) continue;  // its output is its input's bytes
     Instruction ins;
     ins.node = i;
-    ins.derived = !exe.plan.derived_nodes.empty() && exe.plan.derived_nodes[size_t(i)];
+    ins.derived = exe.plan.derived(g, i);
     std::vector<graph::TensorType> in_types, out_types;
     for (graph::ValueId v : n.inputs) {
       ins.inputs.push_back(v.index);
@@ -98,8 +96,8 @@ Status lower(Executable& exe) {
     // Weight-only inputs (constants, parameters no update writes, derived
     // values) of a kernel that can keep work made from them.
     std::vector<char> fixed;
-    if (!weight_only.empty() && info.prepare_fixed) {
-      for (graph::ValueId v : n.inputs) fixed.push_back(weight_only[size_t(v.index)]);
+    if (!exe.plan.weight_only.empty() && info.prepare_fixed) {
+      for (graph::ValueId v : n.inputs) fixed.push_back(exe.plan.weight_only[size_t(v.index)]);
       if (std::find(fixed.begin(), fixed.end(), 1) == fixed.end()) fixed.clear();
     }
     if (!fixed.empty()) {

@@ -67,21 +67,25 @@ class FreeList {
   int64_t end_ = 0;
 };
 
-}  // namespace
-
-std::vector<char> weight_only_values(const Graph& g) {
-  const int32_t end = int32_t(g.nodes().size());
-  std::vector<char> fixed(size_t(g.num_values()), 0);  // by value: the same on every run until a parameter changes
-  std::vector<char> is_update(size_t(g.num_values()), 0);
-  std::vector<char> updated(size_t(g.num_values()), 0);  // parameter values some update writes
+// The values of updates, and the parameters they write, by value index.
+struct Updates {
+  std::vector<char> value, parameter;
+};
+Updates updates_of(const Graph& g) {
+  Updates u{std::vector<char>(size_t(g.num_values()), 0), std::vector<char>(size_t(g.num_values()), 0)};
   for (const auto& [name, v] : g.updates()) {
-    is_update[size_t(v.index)] = 1;
-    if (const std::optional<graph::ValueId> p = g.find_parameter(name)) updated[size_t(p->index)] = 1;
+    u.value[size_t(v.index)] = 1;
+    if (const std::optional<graph::ValueId> p = g.find_parameter(name)) u.parameter[size_t(p->index)] = 1;
   }
-  for (int32_t i = 0; i < end; ++i) {
-    const Node& n = g.node(i);
+  return u;
+}
+
+// By value: weight-only (see memory_plan.h).
+std::vector<char> weight_only_values(const Graph& g, const Updates& updates) {
+  std::vector<char> fixed(size_t(g.num_values()), 0);
+  for (const Node& n : g.nodes()) {
     if (n.op == OpKind::constant || n.op == OpKind::parameter) {
-      for (graph::ValueId v : n.outputs) fixed[size_t(v.index)] = !updated[size_t(v.index)];
+      for (graph::ValueId v : n.outputs) fixed[size_t(v.index)] = !updates.parameter[size_t(v.index)];
       continue;
     }
     if (n.inputs.empty() || n.outputs.empty() || graph::op_has(n.op, graph::kSource) ||
@@ -89,45 +93,34 @@ std::vector<char> weight_only_values(const Graph& g) {
       continue;
     bool ok = true;
     for (graph::ValueId v : n.inputs) ok = ok && fixed[size_t(v.index)];
-    for (graph::ValueId v : n.outputs) ok = ok && !is_update[size_t(v.index)];
+    for (graph::ValueId v : n.outputs) ok = ok && !updates.value[size_t(v.index)];
     if (ok)
       for (graph::ValueId v : n.outputs) fixed[size_t(v.index)] = 1;
   }
   return fixed;
 }
 
-std::vector<char> weight_only_nodes(const Graph& g) {
-  const std::vector<char> fixed = weight_only_values(g);
-  std::vector<char> nodes(g.nodes().size(), 0);
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const Node& n = g.node(int32_t(i));
-    if (n.op == OpKind::constant || n.op == OpKind::parameter || n.outputs.empty()) continue;
-    nodes[i] = fixed[size_t(n.outputs[0].index)];
-  }
-  return nodes;
+}  // namespace
+
+bool MemoryPlan::derived(const Graph& g, int32_t node) const {
+  const Node& n = g.node(node);
+  return !weight_only.empty() && n.op != OpKind::constant && n.op != OpKind::parameter && !n.outputs.empty() &&
+         weight_only[size_t(n.outputs[0].index)];
 }
 
 Result<MemoryPlan> plan_memory(const Graph& g, bool hoist) {
   MemoryPlan plan;
   const int32_t nv = g.num_values();
   plan.slots.resize(size_t(nv));
-  if (hoist) {
-    plan.derived_nodes = weight_only_nodes(g);
-    if (std::find(plan.derived_nodes.begin(), plan.derived_nodes.end(), 1) == plan.derived_nodes.end())
-      plan.derived_nodes.clear();
-  }
-  auto derived = [&](int32_t node) { return !plan.derived_nodes.empty() && plan.derived_nodes[size_t(node)]; };
+  const Updates updates = updates_of(g);
+  if (hoist) plan.weight_only = weight_only_values(g, updates);
   const int32_t end = int32_t(g.nodes().size());
+  const std::vector<graph::ValueId> no_values;
   // Views: a reshape's output is its input's bytes (row-major: the same
   // elements in the same order), unless the bytes are a parameter an update
-  // writes (a reader of the view must see the old value). `root` is the value
-  // that owns a view's bytes; lifetimes are the roots'.
-  // Nor over an update's value: it may land in its parameter's storage, which the step updates.
-  std::vector<char> updated(size_t(nv), 0);
-  for (const auto& [name, v] : g.updates()) {
-    updated[size_t(v.index)] = 1;
-    if (const std::optional<graph::ValueId> p = g.find_parameter(name)) updated[size_t(p->index)] = 1;
-  }
+  // writes (a reader of the view must see the old value) or an update's value
+  // (which may land in its parameter's storage). `root` is the value that owns
+  // a view's bytes; lifetimes are the roots'.
   std::vector<int32_t> root(static_cast<size_t>(nv));
   for (int32_t v = 0; v < nv; ++v) root[size_t(v)] = v;
   plan.views.assign(size_t(end), 0);
@@ -135,7 +128,9 @@ Result<MemoryPlan> plan_memory(const Graph& g, bool hoist) {
     const Node& n = g.node(i);
     if (n.op != OpKind::reshape || n.inputs.size() != 1 || n.outputs.size() != 1) continue;
     const int32_t r = root[size_t(n.inputs[0].index)];
-    if (updated[size_t(r)] || g.type(n.outputs[0]).bytes() != g.type(n.inputs[0]).bytes()) continue;
+    if (updates.value[size_t(r)] || updates.parameter[size_t(r)] ||
+        g.type(n.outputs[0]).bytes() != g.type(n.inputs[0]).bytes())
+      continue;
     root[size_t(n.outputs[0].index)] = r;
     plan.views[size_t(i)] = 1;
   }
@@ -176,8 +171,7 @@ Result<MemoryPlan> plan_memory(const Graph& g, bool hoist) {
       plan.slots[size_t(n.outputs[0].index)] = plan.slots[size_t(root_of(n.outputs[0]))];
       ++plan.views_made;
     }
-    for (graph::ValueId v : n.outputs) {
-      if (plan.views[size_t(i)]) break;
+    for (graph::ValueId v : plan.views[size_t(i)] ? no_values : n.outputs) {  // a view's slot is its root's
       Slot& s = plan.slots[size_t(v.index)];
       s.bytes = g.type(v).bytes();
       if (n.op == OpKind::parameter) {
@@ -190,7 +184,7 @@ Result<MemoryPlan> plan_memory(const Graph& g, bool hoist) {
         s.offset = constants++;
         continue;
       }
-      if (derived(i)) {
+      if (plan.derived(g, i)) {
         s.storage = Storage::derived;
         s.offset = plan.derived_bytes;
         plan.derived_bytes += align(std::max<int64_t>(s.bytes, 1));

@@ -57,7 +57,12 @@ struct MemoryPlan {
   int64_t views_made = 0;        // reshapes planned as views
   std::vector<char> views;       // by node: a reshape planned as a view (no instruction)
   int64_t derived_bytes = 0;     // the buffer the derived values take (see above)
-  std::vector<char> derived_nodes;                  // by node: its outputs are derived (empty: none hoisted)
+  // With hoist, by value: weight-only (a constant, a parameter no update
+  // writes, or an output of a node that neither talks to other devices nor
+  // is a source, makes no update's value, and reads only such values).
+  std::vector<char> weight_only;
+  // Whether node's outputs are derived: weight-only values a node computes.
+  bool derived(const graph::Graph& g, int32_t node) const;
   std::string report(const graph::Graph& g) const;  // a few lines for humans
 };
 
@@ -66,12 +71,5 @@ inline constexpr int64_t kArenaAlignment = 64;
 // Plans memory for `g` executed in node order. With `hoist`, weight-only
 // values are derived (see above).
 Result<MemoryPlan> plan_memory(const graph::Graph& g, bool hoist = false);
-
-// By node: whether its outputs are weight-only values (see above): it neither
-// talks to other devices nor is a source, no output is a parameter's update,
-// and every input is a constant, a parameter no update writes, or such a value.
-std::vector<char> weight_only_nodes(const graph::Graph& g);
-// By value: a constant, a parameter no update writes, or an output of such a node.
-std::vector<char> weight_only_values(const graph::Graph& g);
 
 }  // namespace aspen::compiler

@@ -68,25 +68,15 @@ inline ValueId zeros_like(Builder& b, ValueId v) {
 }
 
 // A PreparedKernel from a callable `Status(in, out)`; the callable captures
-// what was decided at compile time (sizes, attributes, plans).
-template <class F>
+// what was decided at compile time (sizes, attributes, plans). `changed()` is
+// what fixed_inputs_changed() does (prepare_fixed kernels; none otherwise).
+struct NothingKept {
+  void operator()() const {}
+};
+template <class F, class G = NothingKept>
 class FnKernel final : public PreparedKernel {
  public:
-  explicit FnKernel(F f) : f_(std::move(f)) {}
-  Status run(std::span<const void* const> in, std::span<void* const> out) override { return f_(in, out); }
-
- private:
-  F f_;
-};
-template <class F>
-Result<std::unique_ptr<PreparedKernel>> make_kernel(F f) {
-  return std::unique_ptr<PreparedKernel>(new FnKernel<F>(std::move(f)));
-}
-// As above, and `changed()` is what fixed_inputs_changed() does (prepare_fixed kernels).
-template <class F, class G>
-class FnKernelKeeping final : public PreparedKernel {
- public:
-  FnKernelKeeping(F f, G changed) : f_(std::move(f)), changed_(std::move(changed)) {}
+  FnKernel(F f, G changed) : f_(std::move(f)), changed_(std::move(changed)) {}
   Status run(std::span<const void* const> in, std::span<void* const> out) override { return f_(in, out); }
   void fixed_inputs_changed() override { changed_(); }
 
@@ -94,9 +84,9 @@ class FnKernelKeeping final : public PreparedKernel {
   F f_;
   G changed_;
 };
-template <class F, class G>
-Result<std::unique_ptr<PreparedKernel>> make_kernel(F f, G changed) {
-  return std::unique_ptr<PreparedKernel>(new FnKernelKeeping<F, G>(std::move(f), std::move(changed)));
+template <class F, class G = NothingKept>
+Result<std::unique_ptr<PreparedKernel>> make_kernel(F f, G changed = {}) {
+  return std::unique_ptr<PreparedKernel>(new FnKernel<F, G>(std::move(f), std::move(changed)));
 }
 // "No fast kernel for these types": lowering falls back to the reference.
 inline Result<std::unique_ptr<PreparedKernel>> no_fast_kernel() { return std::unique_ptr<PreparedKernel>(); }

@@ -47,8 +47,7 @@
 // NOTE [gemm threads]: each batch entry's C is cut into slabs, a grid of tm
 // row slabs by tn column slabs (tm * tn = the team size, the factorization
 // whose largest slab is smallest, and among equals the one that packs least),
-// unless the batch alone gives every thread
-// equal work. Each thread runs the five loops on its own slabs with its own
+// unless the batch alone gives every thread equal work. Each thread runs the five loops on its own slabs with its own
 // packed blocks: no barrier, no shared buffer. Every element of C is the same
 // sequence of FMAs whatever the slab it falls in (kc blocks in order, then k
 // within each), so the bits do not depend on the team size or the run.
@@ -281,6 +280,11 @@ class AspenPlan final : public MatmulPlan::Impl {
     return {std::min(extent, p0 * unit), std::min(extent, p1 * unit)};
   }
 
+  // Bytes of a packed block of B: nc columns in panels of nr, kc steps padded to the variant's unit.
+  int64_t packed_b_bytes(int64_t nc, int64_t kc) const {
+    return round_up(nc, isa_.nr) * round_up(kc, isa_.k_align) * isa_.packed_bytes;
+  }
+
   // NOTE [fixed b]: with shape.b_fixed, all of B is packed once, as each
   // column slab's threads would pack it block by block ((jc, pc) in their
   // loop order), into one buffer the plan keeps; runs then read the blocks
@@ -305,7 +309,7 @@ class AspenPlan final : public MatmulPlan::Impl {
         for (int64_t pc = 0; pc < K; pc += blk_.kc) {
           const int64_t nc = std::min(blk_.nc, n1 - jc), kc = std::min(blk_.kc, K - pc);
           blocks.push_back({jc, nc, pc, kc, bytes});
-          bytes += size_t(round_up(nc, isa_.nr) * round_up(kc, isa_.k_align) * isa_.packed_bytes);
+          bytes += size_t(packed_b_bytes(nc, kc));
         }
     }
     if (bytes > packed_bytes_) {
@@ -354,7 +358,7 @@ class AspenPlan final : public MatmulPlan::Impl {
         const char* b_block = pb;
         if (packed_b) {  // blocks in this loop's order
           b_block = packed_b;
-          packed_b += round_up(nc, nr) * kcp * esz;
+          packed_b += packed_b_bytes(nc, kc);
         } else {
           isa_.pack_b[dt](b, ldb, !s_.trans_b, jc, nc, pc, kc, pb);
         }

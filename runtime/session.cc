@@ -77,19 +77,23 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
       for (int32_t v : ins.inputs) bytes += exe.plan.slots[size_t(v)].bytes;
       for (int32_t v : ins.outputs) bytes += exe.plan.slots[size_t(v)].bytes;
       info.instruction_bytes.push_back(bytes);
+      std::string types;  // what the kernel runs on, for per-shape profiles
+      if (ins.node >= 0)
+        for (graph::ValueId v : exe.graph.node(ins.node).inputs)
+          types += (types.empty() ? "" : ", ") + exe.graph.type(v).to_string();
+      info.instruction_inputs.push_back(std::move(types));
     }
     for (const compiler::Binding& b : exe.updates) info.updated.push_back(by_name.at(b.name));
     for (const compiler::Instruction& ins : exe.program.code) {
       if (!ins.derived && !ins.keeps_fixed) continue;
-      info.has_derived = true;  // parameters its weight-only work reads are watched
+      info.watches = true;
       for (int32_t v : ins.inputs) {
         const compiler::Slot& sl = exe.plan.slots[size_t(v)];
         if (sl.storage != Storage::parameter) continue;
         const size_t i = info.parameter_index[size_t(sl.offset)];
         // A parameter this program updates is no weight-only input (a keeps_fixed kernel may read one).
         if (std::find(info.updated.begin(), info.updated.end(), i) != info.updated.end()) continue;
-        if (std::find(info.derived_reads.begin(), info.derived_reads.end(), i) == info.derived_reads.end())
-          info.derived_reads.push_back(i);
+        if (std::find(info.watched.begin(), info.watched.end(), i) == info.watched.end()) info.watched.push_back(i);
       }
     }
     info.ready_after.resize(exe.program.code.size());
@@ -104,31 +108,21 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
     Replica rep;
     ASPEN_ASSIGN_OR_RETURN(rep.device, CpuDevice::create(options.device_name + std::to_string(r), threads));
     for (const auto& exe : programs) {
+      // The replica's plan is the given executable's (the same graph and options): its weight-only values
+      // are reserved first, and past the weight-copy budget (core/weight_copies.h) it is lowered without.
+      compiler::CompileOptions lowering = exe->options;
+      if (exe->plan.derived_bytes && !take_weight_copy_bytes(exe->plan.derived_bytes)) lowering.hoist_weights = false;
       Status lowered;
       rep.device->team().run([&] {
-        auto e = compiler::lower_optimized(exe->graph, exe->options);
+        auto e = compiler::lower_optimized(exe->graph, lowering);
         if (e.is_ok()) {
           rep.exes.push_back(std::move(e).value());
         } else {
           lowered = e.status();
         }
       });
+      if (!lowered.is_ok() && lowering.hoist_weights) give_weight_copy_bytes(exe->plan.derived_bytes);
       ASPEN_RETURN_IF_ERROR(lowered);
-      const int64_t derived_bytes = rep.exes.back()->plan.derived_bytes;
-      if (derived_bytes && !take_weight_copy_bytes(derived_bytes)) {
-        // Past the weight-copy budget (core/weight_copies.h): planned without weight-only values.
-        compiler::CompileOptions without = exe->options;
-        without.hoist_weights = false;
-        rep.device->team().run([&] {
-          auto e = compiler::lower_optimized(exe->graph, without);
-          if (e.is_ok()) {
-            rep.exes.back() = std::move(e).value();
-          } else {
-            lowered = e.status();
-          }
-        });
-        ASPEN_RETURN_IF_ERROR(lowered);
-      }
       const compiler::MemoryPlan& plan = rep.exes.back()->plan;
       arena = std::max(arena, plan.arena_bytes);
       Replica::Derived d;
@@ -331,12 +325,12 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
   // Weight-only values are remade when a parameter they read changed since.
   Replica::Derived& derived = r.derived[size_t(program)];
   bool remake = false;
-  if (info.has_derived) {
+  if (info.watches) {
     remake = !derived.made;
     derived.made = true;
-    derived.made_at.resize(info.derived_reads.size());
-    for (size_t k = 0; k < info.derived_reads.size(); ++k) {
-      const uint64_t now = changes_[info.derived_reads[k]].load(std::memory_order_relaxed);
+    derived.made_at.resize(info.watched.size());
+    for (size_t k = 0; k < info.watched.size(); ++k) {
+      const uint64_t now = changes_[info.watched[k]].load(std::memory_order_relaxed);
       remake = remake || derived.made_at[k] != now;
       derived.made_at[k] = now;
     }
@@ -360,10 +354,7 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
     if (scope.active()) {
       if (ins.node >= 0) {
         scope.add_arg("node", std::to_string(ins.node));
-        std::string types;  // what the kernel ran on, for per-shape profiles
-        for (graph::ValueId v : exe.graph.node(ins.node).inputs)
-          types += (types.empty() ? "" : ", ") + exe.graph.type(v).to_string();
-        scope.add_arg("inputs", types);
+        scope.add_arg("inputs", info.instruction_inputs[k]);
       }
       if (ins.reference) scope.add_arg("kernel", "reference");
       if (ins.derived) scope.add_arg("derived", "remade");

@@ -151,7 +151,7 @@ class Session {
     std::vector<std::string> missing;  // by program: a replica-local parameter it needs that this replica lacks
     std::vector<char> held;            // by parameters_ index: this replica holds its copy (or it is shared)
     // By program: its weight-only values, and the change count of each
-    // parameter they read (ProgramInfo::derived_reads) when they were made.
+    // parameter they read (ProgramInfo::watched) when they were made.
     struct Derived {
       std::shared_ptr<uint8_t> bytes;
       std::vector<uint64_t> made_at;
@@ -165,8 +165,11 @@ class Session {
     std::vector<size_t> parameter_index;     // the program's parameter k -> parameters_ index
     std::string updates_shared;              // a shared parameter the program updates ("": none)
     std::vector<std::vector<int>> ready_after;  // by instruction: the updates final after it
-    bool has_derived = false;                   // it has derived or keeps_fixed instructions
-    std::vector<size_t> derived_reads;          // parameters_ indices they read
+    std::vector<std::string> instruction_inputs;  // by instruction: its node's input types, for traces
+    // It has derived or keeps_fixed instructions; the parameters_ indices
+    // (not ones it updates) that they read.
+    bool watches = false;
+    std::vector<size_t> watched;
     std::vector<size_t> updated;                // parameters_ indices it updates
   };
   void changed(size_t parameter) { changes_[parameter].fetch_add(1, std::memory_order_relaxed); }
