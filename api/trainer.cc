@@ -9,15 +9,18 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "api/trainer_feed.h"
 #include "api/training_util.h"
 #include "core/atomic_file.h"
 #include "core/checksum.h"
 #include "core/thread_team.h"
+#include "io/onnx.h"
 #include "io/tokenizer.h"
 #include "models/generate.h"
 #include "models/gpt2.h"
 #include "models/gptj.h"
 #include "models/init.h"
+#include "models/onnx_import.h"
 #include "models/weights.h"
 #include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
@@ -137,6 +140,77 @@ Status agree(parallel::Communicator& world, const std::vector<std::pair<std::str
   return whole;  // differs, yet no entry does (a key only some processes have): the hash says so
 }
 
+// NOTE [onnx training]: a user's ONNX model (model.from: *.onnx) for the
+// trainer. Every graph input reads a data column: model.inputs where it names
+// the input; with token shards, input_ids, position_ids and attention_mask
+// read tokens, positions and mask; any other input reads the column of its
+// own name. An input whose declared rank is the column's takes the column's
+// shape (a micro-batch of it), which binds its symbolic dimensions; other
+// inputs keep the shape the file declares. The loss (model.loss over
+// model.output, models::add_onnx_loss) adds the input "targets", which reads
+// the column model.targets. `columns` receives the input -> column map.
+Result<models::OnnxImport> import_for_training(const train::TrainConfig& c, const TrainFeed& feed,
+                                               std::map<std::string, std::string>& columns) {
+  ASPEN_ASSIGN_OR_RETURN(const io::OnnxModel file, io::read_onnx_model(c.model.from));
+  const models::OnnxLoss loss{.kind = c.model.loss == "mse" ? models::OnnxLoss::Kind::mse
+                                                            : models::OnnxLoss::Kind::cross_entropy,
+                              .targets = "targets",
+                              .ignore_index = c.model.ignore_index};
+  const std::map<std::string, graph::TensorType> have = feed.columns();
+  columns.clear();
+  models::OnnxImportOptions o;
+  o.frozen = c.model.frozen;
+  o.trainable = c.model.trainable;
+  for (const auto& [input, column] : c.model.inputs)
+    if (!file.graph.find_input(input))
+      return Status::invalid_argument("config: model.inputs: '" + input + "'", "an input of the model",
+                                      "no input of that name");
+  for (const io::OnnxValueInfo& v : file.graph.inputs) {
+    std::string column = v.name;
+    const bool mapped = c.model.inputs.count(v.name) > 0;
+    if (auto m = c.model.inputs.find(v.name); m != c.model.inputs.end()) {
+      column = m->second;
+    } else if (feed.tokens()) {
+      const std::map<std::string, std::string> lm = {
+          {"input_ids", "tokens"}, {"position_ids", "positions"}, {"attention_mask", "mask"}};
+      if (auto d = lm.find(v.name); d != lm.end()) column = d->second;
+    }
+    columns[v.name] = column;
+    ASPEN_RETURN_IF_ERROR(feed.check_column(v.name, column, mapped, "config: model.inputs"));
+    const graph::TensorType& col = have.at(column);
+    if (v.has_shape && int(v.dims.size()) == col.shape.rank()) {
+      o.input_shapes[v.name] = std::vector<int64_t>(col.shape.begin(), col.shape.end());
+    } else if (v.has_shape) {
+      for (const io::OnnxDim& d : v.dims)
+        if (d.value < 0)
+          return Status::invalid_argument("config: model.inputs: input '" + v.name + "' from column '" + column + "'",
+                                          "a column of rank " + std::to_string(v.dims.size()) +
+                                              ", whose micro-batch binds the input's dimensions " + v.dims_text(),
+                                          col.to_string());
+    }
+  }
+  ASPEN_ASSIGN_OR_RETURN(models::OnnxImport m, models::import_onnx(file, o));
+  models::OnnxLoss l = loss;
+  if (!c.model.output.empty()) {
+    l.output = c.model.output;
+  } else if (!m.outputs.empty()) {
+    l.output = m.outputs.front();
+  }
+  ASPEN_RETURN_IF_ERROR(models::add_onnx_loss(m, l).with_context("config: model.loss (" + c.model.from + ")"));
+  columns[l.targets] = c.model.targets;
+  // Token ids the model has no class for would fail inside the loss at step 1.
+  if (feed.tokens() && l.kind == models::OnnxLoss::Kind::cross_entropy && c.model.targets == "targets") {
+    const int64_t classes = m.graph.type(*m.graph.find_output(l.output)).shape[-1];
+    if (feed.token_index().vocab_size > classes)
+      return Status::invalid_argument("data.train '" + c.data.train + "'",
+                                      "token ids below the " + std::to_string(classes) + " classes of output '" +
+                                          l.output + "' of " + c.model.from,
+                                      "token shards of a " + std::to_string(feed.token_index().vocab_size) +
+                                          "-token vocabulary");
+  }
+  return m;
+}
+
 std::string weights_digest(const std::map<std::string, Tensor>& weights) {
   uint32_t crc = 0;
   for (const auto& [name, t] : weights) {
@@ -245,7 +319,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   t->writer_ = process == 0;
   t->across_ = across;
   if (c.data.train.empty())
-    return config_error("data.train", "a token-shard directory (aspen prepare-data --output DIR)", "nothing");
+    return config_error("data.train",
+                        c.model.is_onnx() ? "token shards (aspen prepare-data --output DIR), an .npz file or a "
+                                            "directory of .npy files"
+                                          : "a token-shard directory (aspen prepare-data --output DIR)",
+                        "nothing");
 
   t->run_dir_ = c.log.run_dir.empty() ? "runs/" + c.name : c.log.run_dir;
   t->checkpoint_dir_ = c.checkpoint.dir.empty() ? t->run_dir_ + "/checkpoints" : c.checkpoint.dir;
@@ -264,18 +342,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
                            "claimed by process 0", "a refusal (process 0 printed why)");
   }
 
-  // Data.
+  // Data: a loader per local replica, and the validation split.
   t->batch_ = c.batch.micro;
   t->seq_ = c.data.seq;
-  ASPEN_ASSIGN_OR_RETURN(const train::TokenIndex index, train::read_token_index(c.data.train));
-  if (t->world_) {
-    std::vector<std::pair<std::string, std::string>> data = {
-        {"vocab_size", std::to_string(index.vocab_size)},
-        {"total_tokens", std::to_string(index.total_tokens)},
-        {"tokenizer_hash", index.tokenizer_hash}};
-    for (const train::ShardInfo& s : index.shards) data.emplace_back("shard " + s.name, std::to_string(s.tokens));
-    ASPEN_RETURN_IF_ERROR(agree(*t->world_, data, "token data (data.train's index.json)"));
-  }
   train::DataLoaderOptions lo;
   lo.seq = c.data.seq;
   lo.micro_batch = c.batch.micro;
@@ -283,21 +352,41 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   lo.val_fraction = c.data.val_fraction;
   lo.seed = c.train.seed;
   lo.replicas = c.batch.replicas;
-  for (int64_t l = 0; l < local; ++l) {
-    lo.replica = across ? process / model_devices : process * local + l;
-    ASPEN_ASSIGN_OR_RETURN(train::DataLoader loader, train::DataLoader::open(c.data.train, lo));
-    t->loaders_.push_back(std::make_unique<train::DataLoader>(std::move(loader)));
+  std::vector<int64_t> replicas;
+  for (int64_t l = 0; l < local; ++l) replicas.push_back(across ? process / model_devices : process * local + l);
+  ASPEN_ASSIGN_OR_RETURN(TrainFeed feed, TrainFeed::open(c.data.train, lo, replicas));
+  t->feed_ = std::make_unique<TrainFeed>(std::move(feed));
+  if (!t->feed_->tokens() && !c.model.is_onnx())
+    return Status::invalid_argument("config: data.train '" + c.data.train + "'",
+                                    "a token-shard directory (index.json) for a language model of the built-in families",
+                                    "arrays (" + t->feed_->arrays().describe() + ")",
+                                    "arrays train a user's own ONNX model (model.from: model.onnx)");
+  const train::TokenIndex no_index;
+  const train::TokenIndex& index = t->feed_->tokens() ? t->feed_->token_index() : no_index;
+  if (t->world_) {
+    std::vector<std::pair<std::string, std::string>> data;
+    if (t->feed_->tokens()) {
+      data = {{"vocab_size", std::to_string(index.vocab_size)},
+              {"total_tokens", std::to_string(index.total_tokens)},
+              {"tokenizer_hash", index.tokenizer_hash}};
+      for (const train::ShardInfo& s : index.shards) data.emplace_back("shard " + s.name, std::to_string(s.tokens));
+    } else {
+      data = {{"arrays", t->feed_->arrays().describe()}, {"crc32c", weights_digest(t->feed_->arrays().columns())}};
+    }
+    ASPEN_RETURN_IF_ERROR(agree(*t->world_, data, "training data (data.train)"));
   }
-  lo.replicas = 1;  // validation: the whole split on one replica (the same loss for every layout)
-  lo.replica = 0;
-  lo.accumulation = 1;
-  ASPEN_ASSIGN_OR_RETURN(train::DataLoader val, train::DataLoader::open(c.data.train, lo));
-  t->val_loader_ = std::make_unique<train::DataLoader>(std::move(val));
 
-  // The model: a Hugging Face directory, or a fresh one.
+  // The model: a user's ONNX file, a Hugging Face directory, or a fresh one.
   graph::Graph forward;
   std::map<std::string, Tensor> weights;
-  if (!c.model.from.empty()) {
+  std::map<std::string, std::string> columns = {
+      {"input_ids", "tokens"}, {"positions", "positions"}, {"targets", "targets"}};  // the built-in families' inputs
+  if (c.model.is_onnx()) {
+    ASPEN_ASSIGN_OR_RETURN(models::OnnxImport m, import_for_training(c, *t->feed_, columns));
+    t->onnx_parameters_ = m.parameter_types();
+    forward = std::move(m.graph);
+    weights = std::move(m.weights);
+  } else if (!c.model.from.empty()) {
     ASPEN_ASSIGN_OR_RETURN(models::Checkpoint ckpt, models::Checkpoint::open(c.model.from));
     t->model_config_ = ckpt.config();
     // Token ids the model has no embedding for would fail inside a kernel at step 1.
@@ -350,9 +439,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     ASPEN_RETURN_IF_ERROR(
         build_forward(forward, t->model_config_, c.batch.micro, c.data.seq, c.parallel.tensor_parallel, vp));
   }
-  t->tokenizer_dir_ = !c.data.tokenizer.empty() ? c.data.tokenizer
-                      : !c.model.from.empty()  ? c.model.from
-                                               : index.tokenizer_dir;
+  t->tokenizer_dir_ = !c.data.tokenizer.empty()                    ? c.data.tokenizer
+                      : !c.model.from.empty() && !c.model.is_onnx() ? c.model.from
+                                                                    : index.tokenizer_dir;
+  ASPEN_RETURN_IF_ERROR(t->feed_->bind(forward, columns, "config: model.inputs"));
 
   // The programs.
   Options o;
@@ -399,7 +489,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   ASPEN_ASSIGN_OR_RETURN(to.pipeline.schedule, train::parse_pipeline_schedule(c.parallel.schedule));
   to.pipeline.balance =
       c.parallel.balance == "measured" ? TrainingOptions::Balance::measured : TrainingOptions::Balance::estimated;
+  if (!c.train.executable_cache.empty()) o.executable_cache(c.train.executable_cache);
+  const auto compile_start = std::chrono::steady_clock::now();
   ASPEN_ASSIGN_OR_RETURN(t->model_, TrainingModel::create(forward, o, to));
+  t->compile_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - compile_start).count();
+  t->cache_hit_ = t->model_->cache_hit();
   if (t->world_)  // every process starts from the same bits (the same seed, or the same model.from files)
     ASPEN_RETURN_IF_ERROR(agree(*t->world_, {{"crc32c", weights_digest(weights)}}, "initial weights"));
   std::map<std::string, const Tensor*> w;
@@ -415,11 +509,13 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   return t;
 }
 
+bool Trainer::tokens() const { return feed_->tokens(); }
+
 std::string Trainer::trainer_json() const {
   nlohmann::json j;
   j["step"] = model_->steps_done();
   j["seed"] = config_.train.seed;
-  const train::Position p = loaders_.front()->position();
+  const train::Position p = feed_->position();
   // examples_in_epoch: the whole job's, so that another layout (replicas,
   // micro-batch) can resume at the same place.
   j["data_position"] = {{"epoch", p.epoch},
@@ -518,7 +614,7 @@ Status Trainer::restore() {
             "resume with a layout whose micro-batches of all replicas divide it");
       p.step_in_epoch = examples / per;
     }
-    for (auto& loader : loaders_) ASPEN_RETURN_IF_ERROR(loader->restore(p));
+    ASPEN_RETURN_IF_ERROR(feed_->restore(p));
     train::LossScaler::State s2;
     const nlohmann::json& ls = j.at("loss_scaler");
     s2.scale = ls.at("scale").get<double>();
@@ -547,18 +643,16 @@ Result<bool> Trainer::stop_agreed() {
 
 Result<double> Trainer::validate() {
   if (!model_) return Status::error(Code::kFailedPrecondition, "Trainer", "a trainer that has not run", "one that finished");
-  const int64_t n = std::min(config_.eval.batches, val_loader_->val_steps());
+  const int64_t n = std::min(config_.eval.batches, feed_->val_steps());
   if (n < 1)
     return Status::error(Code::kFailedPrecondition, "validation", "validation examples (data.val_fraction > 0)", "none");
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    ASPEN_ASSIGN_OR_RETURN(train::Batch b, val_loader_->val_batch(i));
-    Tensor pos(DType::i32, b.inputs.shape()), tgt(DType::i32, Shape{b.targets.numel()});
-    for (int64_t r = 0; r < batch_; ++r)
-      for (int64_t k = 0; k < seq_; ++k) pos.data<int32_t>()[r * seq_ + k] = int32_t(k);
-    std::copy_n(b.targets.data<int32_t>(), b.targets.numel(), tgt.data<int32_t>());
-    ASPEN_ASSIGN_OR_RETURN(const float loss,
-                           model_->evaluate({{"input_ids", &b.inputs}, {"positions", &pos}, {"targets", &tgt}}));
+    using Inputs = std::map<std::string, Tensor>;
+    ASPEN_ASSIGN_OR_RETURN(const Inputs batch, feed_->val_batch(i));
+    std::map<std::string, const Tensor*> inputs;
+    for (const auto& [name, t] : batch) inputs.emplace(name, &t);
+    ASPEN_ASSIGN_OR_RETURN(const float loss, model_->evaluate(inputs));
     sum += loss;
   }
   return sum / double(n);
@@ -566,6 +660,12 @@ Result<double> Trainer::validate() {
 
 Status Trainer::export_model(const std::string& dir) {
   ASPEN_ASSIGN_OR_RETURN(auto weights, model_->copy_weights_to_host());
+  if (config_.model.is_onnx()) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return Status::error(Code::kIoError, dir, "a directory that can be created", ec.message());
+    return models::export_onnx_weights(onnx_parameters_, config_.model.from, dir + "/model.onnx", weights);
+  }
   return models::export_hf_model(dir, model_config_, weights, tokenizer_dir_);
 }
 
@@ -628,19 +728,15 @@ Result<TrainResult> Trainer::run() {
   }
   ASPEN_ASSIGN_OR_RETURN(train::ProgressMode mode, train::parse_progress_mode(c.log.progress));
   train::Progress progress(total, mode, out(), train::Progress::steady_seconds, start);
-  const bool can_validate = val_loader_->val_steps() > 0;
+  const bool can_validate = feed_->val_steps() > 0;
+  const bool tokens = feed_->tokens();
+  if (!tokens) progress.set_rate_unit("ex/s");
   if (c.eval.interval > 0 && !can_validate)
     progress.message("note: no validation examples (data.val_fraction is 0 or the data is small); eval.interval ignored");
 
   TrainResult result;
-  // This process's micro-batches of one call: slot (step·acc + a)·L + l is
-  // local replica l's micro-batch a (TrainingModel's order).
-  const int64_t L = int64_t(loaders_.size()), slots = micro * L;
-  Tensor ids(DType::i32, {slots * batch_, seq_}), pos(DType::i32, {slots * batch_, seq_}),
-      tgt(DType::i32, {slots * batch_ * seq_});
-  for (int64_t r = 0; r < slots * batch_; ++r)
-    for (int64_t k = 0; k < seq_; ++k) pos.data<int32_t>()[r * seq_ + k] = int32_t(k);
-  const double tokens_per_call = double(micro * batch_ * seq_ * c.batch.replicas);  // the whole job's
+  // The whole job's tokens (or examples) in one call.
+  const double tokens_per_call = double(micro * feed_->units_per_micro_batch() * c.batch.replicas);
   double seconds = 0.0;
   int64_t last_saved = start > 0 ? start : -1;
   bool first = true;
@@ -680,17 +776,14 @@ Result<TrainResult> Trainer::run() {
       result.interrupted = true;
       break;
     }
-    for (int64_t m = 0; m < micro; ++m)
-      for (int64_t l = 0; l < L; ++l) {
-        Result<train::Batch> next = loaders_[size_t(l)]->next();
-        ASPEN_OR_STOP(next.status());
-        const train::Batch& b = *next;
-        const int64_t n = batch_ * seq_, slot = m * L + l;
-        std::copy_n(b.inputs.data<int32_t>(), n, ids.data<int32_t>() + slot * n);
-        std::copy_n(b.targets.data<int32_t>(), n, tgt.data<int32_t>() + slot * n);
-      }
+    // This process's micro-batches of one call: slot (step·acc + a)·L + l is
+    // local replica l's micro-batch a (TrainingModel's order).
+    Result<const std::map<std::string, Tensor>*> next = feed_->next_call(micro);
+    ASPEN_OR_STOP(next.status());
+    std::map<std::string, const Tensor*> inputs;
+    for (const auto& [name, t] : **next) inputs.emplace(name, &t);
     const auto t0 = std::chrono::steady_clock::now();
-    auto run = model_->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}});
+    auto run = model_->run(inputs);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!run.is_ok()) {  // the step may be half applied: nothing is saved
       progress.finish();
@@ -700,7 +793,7 @@ Result<TrainResult> Trainer::run() {
     const double rate = tokens_per_call / dt;
     for (const StepStats& s : model_->last_steps()) {
       std::vector<std::pair<std::string, double>> nums = {
-          {"loss", s.loss}, {"lr", s.lr}, {"loss_scale", s.loss_scale}, {"tokens_per_s", rate}};
+          {"loss", s.loss}, {"lr", s.lr}, {"loss_scale", s.loss_scale}, {tokens ? "tokens_per_s" : "examples_per_s", rate}};
       if (s.grad_norm >= 0) nums.emplace_back("grad_norm", s.grad_norm);
       if (s.skipped) nums.emplace_back("skipped", 1.0);
       if (metrics) ASPEN_OR_STOP(metrics->append(s.step, nums));

@@ -1,8 +1,8 @@
 // api/trainer.h: the training job behind `aspen train CONFIG.yaml`: a model
-// (from scratch or a Hugging Face directory), token shards, an optimizer and
-// schedule, precision and batch sizes from a train::TrainConfig, run to the
-// configured number of steps with validation, checkpoints, reports and
-// samples.
+// (from scratch, a Hugging Face directory, or a user's own ONNX file), token
+// shards or arrays, an optimizer and schedule, precision and batch sizes from
+// a train::TrainConfig, run to the configured number of steps with
+// validation, checkpoints, reports and samples.
 //
 //   ASPEN_ASSIGN_OR_RETURN(auto t, api::Trainer::create(config, {.resume = true}));
 //   ASPEN_RETURN_IF_ERROR(t->run());
@@ -13,7 +13,18 @@
 //   loss.svg        the loss curves, rewritten at every validation and at the end
 //   checkpoints/    train::save_checkpoint's layout (checkpoint.dir overrides)
 //   model/          the final weights as a Hugging Face directory (with the tokenizer), which
-//                   transformers and `aspen generate` load
+//                   transformers and `aspen generate` load; for an ONNX model, model/model.onnx:
+//                   a copy of model.from with the trained initializers, nothing else changed
+//
+// An ONNX model (model.from: *.onnx, NOTE [onnx training] in trainer.cc) is
+// imported with its graph inputs shaped by the data's columns (a micro-batch
+// of each: api/trainer_feed.h), and trained against model.loss over
+// model.output, whose targets come from the column model.targets. Its data is
+// token shards (columns tokens, targets, positions, mask) or arrays (an .npz
+// or a directory of .npy files: one column per array). Everything else (the
+// optimizers, precision, accumulation, clipping, checkpoints, replicas over
+// threads and MPI, pipeline stages) is as for the built-in families; tensor
+// shards and samples are not (the config refuses them).
 //
 // Batches: each optimizer step takes micro × accumulation examples of
 // data.seq tokens (DeepSpeed's global batch with one replica); one call of
@@ -57,6 +68,7 @@
 #include <atomic>
 #include <functional>
 #include <iosfwd>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +85,8 @@ class Communicator;
 }
 
 namespace aspen::api {
+
+class TrainFeed;
 
 struct TrainerOptions {
   // Continue from the run's latest checkpoint (a damaged one is an error; it
@@ -108,7 +122,7 @@ struct TrainResult {
   int64_t steps = 0;                // the step the run ended at
   double first_loss = 0, last_loss = 0;  // of this invocation
   double last_val_loss = -1;        // -1: no validation ran
-  double tokens_per_s = 0;          // training tokens per second over this invocation
+  double tokens_per_s = 0;          // training tokens (for arrays: examples) per second over this invocation
   int64_t skipped_steps = 0;
   std::string model_dir;            // the exported Hugging Face directory ("" when stopped early)
   bool interrupted = false;         // stopped by stop_requested (a checkpoint of `steps` was written)
@@ -141,6 +155,11 @@ class Trainer {
   TrainingModel* model() { return model_.get(); }  // nullptr after run()
   const models::ModelConfig& model_config() const { return model_config_; }
   const std::string& tokenizer_dir() const { return tokenizer_dir_; }
+  // The data is token shards (else arrays, counted in examples).
+  bool tokens() const;
+  // How long compiling the training programs took, and whether train.executable_cache held them.
+  double compile_seconds() const { return compile_seconds_; }
+  bool cache_hit() const { return cache_hit_; }
 
   // Writes a checkpoint of the current step now.
   Status save();
@@ -159,8 +178,9 @@ class Trainer {
   TrainerOptions options_;
   std::string run_dir_, checkpoint_dir_, tokenizer_dir_;
   models::ModelConfig model_config_;
-  std::vector<std::unique_ptr<train::DataLoader>> loaders_;  // one per local replica, in lockstep
-  std::unique_ptr<train::DataLoader> val_loader_;            // the validation split, unreplicated
+  std::unique_ptr<TrainFeed> feed_;  // a loader per local replica (in lockstep) and the validation split
+  // model.from: *.onnx: its parameters, whose trained values export_model writes into a copy of the file.
+  std::map<std::string, graph::TensorType> onnx_parameters_;
   bool writer_ = true;  // this process writes files and messages (process 0)
   std::shared_ptr<DirectoryLock> run_lock_, checkpoint_lock_;
   std::string replace_;  // with overwrite: the earlier run's files, deleted once create() has succeeded
@@ -168,6 +188,8 @@ class Trainer {
   bool across_ = false;  // the model spans processes (Options::model_across_processes)
   std::unique_ptr<TrainingModel> model_;
   int64_t batch_ = 0, seq_ = 0, final_step_ = 0;
+  double compile_seconds_ = 0;
+  bool cache_hit_ = false;
   std::vector<std::pair<int64_t, double>> train_curve_, val_curve_;
 };
 

@@ -179,17 +179,22 @@ Status add_onnx_loss(OnnxImport& m, const OnnxLoss& loss) {
   return Status();
 }
 
-Status export_onnx_weights(const OnnxImport& m, const std::string& src, const std::string& dst,
-                           const std::map<std::string, Tensor>& weights) {
+std::map<std::string, graph::TensorType> OnnxImport::parameter_types() const {
+  std::map<std::string, graph::TensorType> out;
+  for (const auto& [name, t] : weights) out.emplace(name, graph::TensorType{t.dtype(), t.shape()});
+  return out;
+}
+
+Status export_onnx_weights(const std::map<std::string, graph::TensorType>& parameters, const std::string& src,
+                           const std::string& dst, const std::map<std::string, Tensor>& weights) {
   std::map<std::string, std::string> values;
-  for (const auto& [name, initial] : m.weights) {
+  for (const auto& [name, type] : parameters) {
     auto it = weights.find(name);
     if (it == weights.end())
       return Status::invalid_argument("weights", "a value for parameter " + quoted(name), "none");
     const Tensor& t = it->second;
-    if (t.dtype() != initial.dtype() || t.shape() != initial.shape())
-      return Status::invalid_argument("weight " + quoted(name),
-                                      graph::TensorType{initial.dtype(), initial.shape()}.to_string(),
+    if (t.dtype() != type.dtype || t.shape() != type.shape)
+      return Status::invalid_argument("weight " + quoted(name), type.to_string(),
                                       graph::TensorType{t.dtype(), t.shape()}.to_string());
     values[name] = std::string(static_cast<const char*>(t.raw()), t.nbytes());
   }

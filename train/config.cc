@@ -20,6 +20,7 @@ namespace aspen::train {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+using StringMap = std::map<std::string, std::string>;
 
 // What a key accepts beyond its type: an interval (numbers) or a set of
 // choices (strings).
@@ -54,6 +55,13 @@ void for_each_key(Config& c, Visit&& v) {
   v("model", "rotary_dim", c.model.rotary_dim, at_least(0));
   v("model", "vocab", c.model.vocab, at_least(0));
   v("model", "init_std", c.model.init_std, at_least(0));
+  v("model", "loss", c.model.loss, one_of({"cross_entropy", "mse"}));
+  v("model", "output", c.model.output, any());
+  v("model", "targets", c.model.targets, any());
+  v("model", "ignore_index", c.model.ignore_index, any());
+  v("model", "inputs", c.model.inputs, any());
+  v("model", "frozen", c.model.frozen, any());
+  v("model", "trainable", c.model.trainable, any());
 
   v("data", "train", c.data.train, any());
   v("data", "tokenizer", c.data.tokenizer, any());
@@ -106,6 +114,7 @@ void for_each_key(Config& c, Visit&& v) {
   v("train", "seed", c.train.seed, any());
   v("train", "threads", c.train.threads, at_least(0));
   v("train", "device_iterations", c.train.device_iterations, at_least(1));
+  v("train", "executable_cache", c.train.executable_cache, any());
 
   v("checkpoint", "dir", c.checkpoint.dir, any());
   v("checkpoint", "interval", c.checkpoint.interval, at_least(0));
@@ -244,6 +253,8 @@ std::string value_text(const T& v) {
     return format_double(v);
   } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
     return "a list of " + std::to_string(v.size());
+  } else if constexpr (std::is_same_v<T, StringMap>) {
+    return "a map of " + std::to_string(v.size());
   } else {
     return std::to_string(v);
   }
@@ -255,6 +266,7 @@ const char* type_name() {
   if constexpr (std::is_same_v<T, bool>) return "true or false";
   if constexpr (std::is_same_v<T, double>) return "a number";
   if constexpr (std::is_same_v<T, std::vector<std::string>>) return "a list of strings";
+  if constexpr (std::is_same_v<T, StringMap>) return "a map of strings";
   if constexpr (std::is_same_v<T, uint64_t>) return "an integer >= 0";
   return "an integer";
 }
@@ -366,6 +378,23 @@ Status read_value(const YAML::Node& n, T& out, const std::string& path, int line
             describe(e));
       }
       items.push_back(e.Scalar());
+    }
+    out = std::move(items);
+  } else if constexpr (std::is_same_v<T, StringMap>) {
+    if (n.IsNull()) {
+      out.clear();
+      return Status::ok();
+    }
+    if (!n.IsMap()) return mismatch();
+    StringMap items;
+    for (const auto& kv : n) {  // by value: yaml-cpp's it->first points into a temporary
+      const YAML::Node& k = kv.first;
+      const int at = src.has_lines ? line_of(k) : line;
+      if (!k.IsScalar()) return Status::invalid_argument(src.where(at) + ": " + path, "a key name", describe(k));
+      const std::string where = src.where(at) + ": " + path + "." + k.Scalar();
+      if (!kv.second.IsScalar()) return Status::invalid_argument(where, "a string", describe(kv.second));
+      if (!items.emplace(k.Scalar(), kv.second.Scalar()).second)
+        return Status::invalid_argument(where, "each key once", "it again");
     }
     out = std::move(items);
   } else if constexpr (std::is_same_v<T, bool>) {
@@ -523,12 +552,20 @@ std::string yaml_value(const T& v) {
     std::string out = "[";
     for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + yaml_string(v[i]);
     return out + "]";
+  } else if constexpr (std::is_same_v<T, StringMap>) {
+    std::string out = "{";
+    for (const auto& [k, x] : v) out += (out.size() > 1 ? ", " : "") + yaml_string(k) + ": " + yaml_string(x);
+    return out + "}";
   } else {
     return value_text(v);
   }
 }
 
 }  // namespace
+
+bool ModelSection::is_onnx() const {
+  return from.size() > 5 && (from.ends_with(".onnx") || from.ends_with(".ONNX"));
+}
 
 int64_t TrainConfig::global_batch() const { return batch.micro * batch.accumulation * batch.replicas; }
 
@@ -577,6 +614,32 @@ Status TrainConfig::validate() const {
   if (optimizer.name == "sgd" && optimizer.nesterov && optimizer.momentum == 0) {
     return Status::invalid_argument("optimizer.nesterov", "false when optimizer.momentum is 0", "true",
                                     "Nesterov's method needs a momentum > 0");
+  }
+
+  if (model.is_onnx()) {  // the graph is the user's: what the built-in families alone have is refused
+    if (parallel.tensor_parallel != 1)
+      return Status::invalid_argument("parallel.tensor_parallel",
+                                      "1 for an ONNX model (tensor shards split the built-in families' layers)",
+                                      std::to_string(parallel.tensor_parallel));
+    if (!sample.prompts.empty())
+      return Status::invalid_argument("sample.prompts", "none for an ONNX model (samples come from the built-in families)",
+                                      "a list of " + std::to_string(sample.prompts.size()));
+    if (model.targets.empty()) return Status::invalid_argument("model.targets", "a data column's name", "''");
+  } else {
+    const ModelSection defaults;
+    const char* onnx_only = !model.inputs.empty()                  ? "model.inputs"
+                            : !model.output.empty()                ? "model.output"
+                            : model.loss != defaults.loss          ? "model.loss"
+                            : model.targets != defaults.targets    ? "model.targets"
+                            : model.ignore_index != defaults.ignore_index ? "model.ignore_index"
+                            : !model.frozen.empty()                ? "model.frozen"
+                            : !model.trainable.empty()             ? "model.trainable"
+                                                                   : nullptr;
+    if (onnx_only)
+      return Status::invalid_argument(onnx_only, "its default unless model.from names an .onnx file",
+                                      model.from.empty() ? std::string("a value for a model from scratch")
+                                                         : "a value with model.from " + value_text(model.from),
+                                      "the built-in families know their inputs and loss");
   }
 
   if (model.from.empty()) {  // from scratch: the shape must make sense; a fine-tune takes it from config.json

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -37,7 +38,8 @@
 namespace aspen::train {
 
 struct ModelSection {
-  // A Hugging Face directory (config.json + model.safetensors) to fine-tune; empty: from scratch.
+  // A Hugging Face directory (config.json + model.safetensors) to fine-tune, or a user's own ONNX model
+  // (a path ending in .onnx); empty: from scratch.
   std::string from;
   std::string family = "gpt2";  // from scratch: "gpt2" or "gptj"
   int64_t n_layer = 4, n_head = 4, d_model = 128, n_positions = 256;
@@ -45,11 +47,23 @@ struct ModelSection {
   int64_t rotary_dim = 0;  // gptj only; 0: head_dim
   int64_t vocab = 0;       // 0: the tokenizer's / data index's vocabulary size
   double init_std = 0.02;
+  // An ONNX model (model.from: *.onnx) trains against a loss over one of its outputs
+  // (models::add_onnx_loss); these keys are for it alone.
+  std::string loss = "cross_entropy";         // cross_entropy | mse
+  std::string output;                         // the graph output the loss reads; empty: the model's first
+  std::string targets = "targets";            // the data column holding the loss's targets
+  int64_t ignore_index = -100;                // cross_entropy: targets of this id count for nothing
+  std::map<std::string, std::string> inputs;  // graph input -> data column; an input not named reads its own name
+  std::vector<std::string> frozen;            // initializers kept constant, by name pattern ('*', '?', '[...]')
+  std::vector<std::string> trainable;         // one-element initializers trained all the same, by name pattern
+  bool is_onnx() const;                       // `from` names an .onnx file
   bool operator==(const ModelSection&) const = default;
 };
 
 struct DataSection {
-  std::string train;      // a token-shard directory written by `aspen prepare-data`
+  // A token-shard directory written by `aspen prepare-data`; for an ONNX model also arrays: an .npz file
+  // or a directory of .npy files, one per column, examples along the first axis (train/arrays.h).
+  std::string train;
   std::string tokenizer;  // for samples; empty: the model directory, else the shard index's tokenizer_dir
   int64_t seq = 128;
   double val_fraction = 0.05;
@@ -110,6 +124,7 @@ struct TrainSection {
   uint64_t seed = 0;
   int threads = 0;  // 0: all cores the process may use
   int64_t device_iterations = 1;
+  std::string executable_cache;  // a directory for compiled programs, reused by later runs; empty: off
   bool operator==(const TrainSection&) const = default;
 };
 

@@ -429,12 +429,12 @@ std::vector<int64_t> philox_permutation(int64_t n, uint64_t seed, uint64_t strea
   return p;
 }
 
-Result<DataLoader> DataLoader::open(const std::string& dir, const DataLoaderOptions& o) {
+Result<ExampleOrder> ExampleOrder::make(int64_t num_examples, int64_t val_gap, const DataLoaderOptions& o,
+                                        const std::string& what, const std::string& detail) {
   auto positive = [](const char* name, int64_t v) -> Status {
     if (v > 0) return Status::ok();
     return Status::invalid_argument(name, "a positive count", std::to_string(v));
   };
-  ASPEN_RETURN_IF_ERROR(positive("seq", o.seq));
   ASPEN_RETURN_IF_ERROR(positive("micro_batch", o.micro_batch));
   ASPEN_RETURN_IF_ERROR(positive("accumulation", o.accumulation));
   ASPEN_RETURN_IF_ERROR(positive("replicas", o.replicas));
@@ -443,36 +443,29 @@ Result<DataLoader> DataLoader::open(const std::string& dir, const DataLoaderOpti
                                     std::to_string(o.replica));
   if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0))
     return Status::invalid_argument("val_fraction", "in [0, 1)", std::to_string(o.val_fraction));
-  ASPEN_ASSIGN_OR_RETURN(TokenDataset ds, TokenDataset::open(dir));
-  DataLoader l(std::move(ds));
+  ExampleOrder l;
   l.options_ = o;
-  const int64_t tokens = l.dataset_.size();
-  l.num_examples_ = tokens > 0 ? (tokens - 1) / o.seq : 0;
+  l.num_examples_ = num_examples;
   if (o.val_fraction > 0) {
-    l.val_examples_ = std::max<int64_t>(1, int64_t(double(l.num_examples_) * o.val_fraction));
-    // NOTE [validation gap]: example i's last target is example i+1's first
-    // input, so one example is left out between the splits.
-    l.train_examples_ = std::max<int64_t>(0, l.num_examples_ - l.val_examples_ - 1);
+    l.val_examples_ = std::max<int64_t>(1, int64_t(double(num_examples) * o.val_fraction));
+    l.train_examples_ = std::max<int64_t>(0, num_examples - l.val_examples_ - val_gap);
   } else {
-    l.train_examples_ = l.num_examples_;
+    l.train_examples_ = num_examples;
   }
   const int64_t global = l.global_batch();
   if (l.train_examples_ < global)
     return Status::invalid_argument(
-        dir + ": training examples",
+        what + ": training examples",
         "at least one global batch (" + std::to_string(global) + " = micro " + std::to_string(o.micro_batch) +
             " x accumulation " + std::to_string(o.accumulation) + " x replicas " + std::to_string(o.replicas) + ")",
-        std::to_string(l.train_examples_) + " (" + std::to_string(tokens) + " tokens, seq " + std::to_string(o.seq) +
-            ", val_fraction " + std::to_string(o.val_fraction) + ")");
+        std::to_string(l.train_examples_) + " (" + detail + ", val_fraction " + std::to_string(o.val_fraction) + ")");
   l.steps_per_epoch_ = (l.train_examples_ / global) * o.accumulation;
   return l;
 }
 
-int64_t DataLoader::global_batch() const {
-  return options_.micro_batch * options_.accumulation * options_.replicas;
-}
+int64_t ExampleOrder::global_batch() const { return options_.micro_batch * options_.accumulation * options_.replicas; }
 
-const std::vector<int64_t>& DataLoader::epoch_order(int64_t epoch) {
+const std::vector<int64_t>& ExampleOrder::epoch_order(int64_t epoch) {
   if (order_epoch_ != epoch) {
     order_ = philox_permutation(train_examples_, options_.seed, kDataShuffleStream + uint64_t(epoch));
     order_epoch_ = epoch;
@@ -480,7 +473,7 @@ const std::vector<int64_t>& DataLoader::epoch_order(int64_t epoch) {
   return order_;
 }
 
-std::vector<int64_t> DataLoader::batch_examples(int64_t epoch, int64_t step) {
+std::vector<int64_t> ExampleOrder::batch_examples(int64_t epoch, int64_t step) {
   ASPEN_CHECK(step >= 0 && step < steps_per_epoch_) << "step " << step << " of " << steps_per_epoch_;
   const std::vector<int64_t>& order = epoch_order(epoch);
   const int64_t g = step / options_.accumulation, a = step % options_.accumulation;
@@ -489,15 +482,14 @@ std::vector<int64_t> DataLoader::batch_examples(int64_t epoch, int64_t step) {
   return {order.begin() + first, order.begin() + first + options_.micro_batch};
 }
 
-Result<Batch> DataLoader::next() {
+std::vector<int64_t> ExampleOrder::next() {
   if (position_.step_in_epoch >= steps_per_epoch_) position_ = {position_.epoch + 1, 0};
-  const std::vector<int64_t> examples = batch_examples(position_.epoch, position_.step_in_epoch);
-  ASPEN_ASSIGN_OR_RETURN(Batch b, make_batch(examples));
+  std::vector<int64_t> examples = batch_examples(position_.epoch, position_.step_in_epoch);
   ++position_.step_in_epoch;
-  return b;
+  return examples;
 }
 
-Status DataLoader::restore(const Position& p) {
+Status ExampleOrder::restore(const Position& p) {
   if (p.epoch < 0 || p.step_in_epoch < 0 || p.step_in_epoch > steps_per_epoch_)
     return Status::error(Code::kOutOfRange, "data position",
                          "epoch >= 0 and step_in_epoch in [0, " + std::to_string(steps_per_epoch_) + "]",
@@ -506,20 +498,37 @@ Status DataLoader::restore(const Position& p) {
   return Status::ok();
 }
 
-int64_t DataLoader::val_steps() const { return val_examples_ / (options_.micro_batch * options_.replicas); }
+int64_t ExampleOrder::val_steps() const { return val_examples_ / (options_.micro_batch * options_.replicas); }
 
-Result<Batch> DataLoader::val_batch(int64_t i) const {
+Result<std::vector<int64_t>> ExampleOrder::val_batch(int64_t i) const {
   if (i < 0 || i >= val_steps())
     return Status::error(Code::kOutOfRange, "validation batch", "in [0, " + std::to_string(val_steps()) + ")",
                          std::to_string(i));
   std::vector<int64_t> examples(static_cast<size_t>(options_.micro_batch));
   const int64_t first = val_begin() + (i * options_.replicas + options_.replica) * options_.micro_batch;
   for (size_t b = 0; b < examples.size(); ++b) examples[b] = first + int64_t(b);
+  return examples;
+}
+
+Result<DataLoader> DataLoader::open(const std::string& dir, const DataLoaderOptions& o) {
+  if (o.seq <= 0) return Status::invalid_argument("seq", "a positive count", std::to_string(o.seq));
+  ASPEN_ASSIGN_OR_RETURN(TokenDataset ds, TokenDataset::open(dir));
+  DataLoader l(std::move(ds));
+  const int64_t tokens = l.dataset_.size();
+  // NOTE [validation gap]: example i's last target is example i+1's first
+  // input, so one example is left out between the splits.
+  ASPEN_ASSIGN_OR_RETURN(l.order_, ExampleOrder::make(tokens > 0 ? (tokens - 1) / o.seq : 0, 1, o, dir,
+                                                      std::to_string(tokens) + " tokens, seq " + std::to_string(o.seq)));
+  return l;
+}
+
+Result<Batch> DataLoader::val_batch(int64_t i) const {
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> examples, order_.val_batch(i));
   return make_batch(examples);
 }
 
 Result<Batch> DataLoader::make_batch(std::span<const int64_t> examples) const {
-  const int64_t B = int64_t(examples.size()), T = options_.seq;
+  const int64_t B = int64_t(examples.size()), T = options().seq;
   Batch b{Tensor(DType::i32, Shape{B, T}), Tensor(DType::i32, Shape{B, T})};
   std::vector<int32_t> row(static_cast<size_t>(T + 1));
   int32_t* in = b.inputs.data<int32_t>();

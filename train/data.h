@@ -213,23 +213,30 @@ struct Batch {
   Tensor targets;  // i32 [B, T]: inputs shifted left by one token
 };
 
-class DataLoader {
+// Which examples each micro-batch of a replica holds: the validation split,
+// each epoch's shuffle, the replica's slice of every global batch and the
+// position, as the header comment above describes for token shards.
+// DataLoader (tokens) and ArrayLoader (train/arrays.h) cut their data by it.
+class ExampleOrder {
  public:
-  // InvalidArgument naming the option for bad options, or when the training
-  // split is smaller than one global batch (the message gives both counts).
-  static Result<DataLoader> open(const std::string& dir, const DataLoaderOptions& options);
+  ExampleOrder() = default;
+  // `num_examples` examples, `val_gap` of them left out between the splits
+  // (NOTE [validation gap]); options.seq is not looked at. InvalidArgument
+  // naming the option for bad options, or `what` when the training split is
+  // smaller than one global batch (`detail`: where the count came from).
+  static Result<ExampleOrder> make(int64_t num_examples, int64_t val_gap, const DataLoaderOptions& options,
+                                   const std::string& what, const std::string& detail);
 
   const DataLoaderOptions& options() const { return options_; }
-  const TokenDataset& dataset() const { return dataset_; }
-  int64_t num_examples() const { return num_examples_; }    // (tokens - 1) / seq
+  int64_t num_examples() const { return num_examples_; }
   int64_t train_examples() const { return train_examples_; }
   int64_t val_examples() const { return val_examples_; }
-  int64_t global_batch() const;                          // B × acc × R
+  int64_t global_batch() const;                                 // B × acc × R
   int64_t steps_per_epoch() const { return steps_per_epoch_; }  // micro-batches per replica
 
-  // This replica's next training micro-batch; moves into the next epoch (and
-  // its permutation) when this one is done.
-  Result<Batch> next();
+  // This replica's next micro-batch's examples; moves into the next epoch
+  // (and its permutation) when this one is done.
+  std::vector<int64_t> next();
   Position position() const { return position_; }
   // OutOfRange for a negative epoch or a step outside [0, steps_per_epoch].
   Status restore(const Position& p);
@@ -237,16 +244,51 @@ class DataLoader {
   // The order in which `epoch` visits the training examples: a permutation
   // of [0, train_examples). Valid until the next call.
   const std::vector<int64_t>& epoch_order(int64_t epoch);
-  // Example indices (into the whole stream) of this replica's micro-batch
-  // `step` of `epoch`.
+  // This replica's micro-batch `step` of `epoch`.
   std::vector<int64_t> batch_examples(int64_t epoch, int64_t step);
 
   // Validation: global batches of B × R examples, in order; replica r takes
-  // [r*B, (r+1)*B) of each. val_batch(i) for i in [0, val_steps()).
+  // [r*B, (r+1)*B) of each. val_batch(i) for i in [0, val_steps()); OutOfRange outside.
   int64_t val_steps() const;
+  Result<std::vector<int64_t>> val_batch(int64_t i) const;
+  int64_t val_begin() const { return num_examples_ - val_examples_; }
+
+ private:
+  DataLoaderOptions options_ = {};
+  int64_t num_examples_ = 0, train_examples_ = 0, val_examples_ = 0, steps_per_epoch_ = 0;
+  Position position_ = {};
+  int64_t order_epoch_ = -1;
+  std::vector<int64_t> order_;  // the permutation of [0, train_examples) for order_epoch_
+};
+
+class DataLoader {
+ public:
+  // InvalidArgument naming the option for bad options, or when the training
+  // split is smaller than one global batch (the message gives both counts).
+  static Result<DataLoader> open(const std::string& dir, const DataLoaderOptions& options);
+
+  const DataLoaderOptions& options() const { return order_.options(); }
+  const TokenDataset& dataset() const { return dataset_; }
+  int64_t num_examples() const { return order_.num_examples(); }  // (tokens - 1) / seq
+  int64_t train_examples() const { return order_.train_examples(); }
+  int64_t val_examples() const { return order_.val_examples(); }
+  int64_t global_batch() const { return order_.global_batch(); }
+  int64_t steps_per_epoch() const { return order_.steps_per_epoch(); }
+
+  // This replica's next training micro-batch.
+  Result<Batch> next() { return make_batch(order_.next()); }
+  Position position() const { return order_.position(); }
+  Status restore(const Position& p) { return order_.restore(p); }
+
+  const std::vector<int64_t>& epoch_order(int64_t epoch) { return order_.epoch_order(epoch); }
+  // Example indices (into the whole stream) of this replica's micro-batch
+  // `step` of `epoch`.
+  std::vector<int64_t> batch_examples(int64_t epoch, int64_t step) { return order_.batch_examples(epoch, step); }
+
+  int64_t val_steps() const { return order_.val_steps(); }
   Result<Batch> val_batch(int64_t i) const;
   // The first validation example's index in the stream.
-  int64_t val_begin() const { return num_examples_ - val_examples_; }
+  int64_t val_begin() const { return order_.val_begin(); }
 
   // The batch of the given examples (indices into the stream).
   Result<Batch> make_batch(std::span<const int64_t> examples) const;
@@ -255,11 +297,7 @@ class DataLoader {
   explicit DataLoader(TokenDataset dataset) : dataset_(std::move(dataset)) {}
 
   TokenDataset dataset_;
-  DataLoaderOptions options_ = {};
-  int64_t num_examples_ = 0, train_examples_ = 0, val_examples_ = 0, steps_per_epoch_ = 0;
-  Position position_ = {};
-  int64_t order_epoch_ = -1;
-  std::vector<int64_t> order_;  // the permutation of [0, train_examples) for order_epoch_
+  ExampleOrder order_;
 };
 
 // Fisher-Yates permutation of [0, n) from Philox(seed, stream): draw k (for

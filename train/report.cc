@@ -121,7 +121,7 @@ std::string Progress::format_line(int64_t step, double loss, double tokens_per_s
                          ? static_cast<double>(total_ - step) * elapsed / static_cast<double>(done)
                          : -1;  // "--"
   std::string tail = step_text + "/" + total + "  loss " + to_text("%.3f", loss) + "  " +
-                     (tokens_per_s >= 0 ? format_si(tokens_per_s) : "--") + " tok/s  ETA " + format_duration(eta);
+                      (tokens_per_s >= 0 ? format_si(tokens_per_s) : "--") + " " + rate_unit_ + "  ETA " + format_duration(eta);
   const size_t base = tail.size();  // without `extra`, which is cut first
   if (!extra.empty()) tail += "  " + std::string(extra);
 

@@ -75,6 +75,8 @@ class Progress {
   // (NaN, or a negative rate, is shown as "--"); `extra` ("lr 3.0e-04") goes
   // at the end of the line.
   void update(int64_t step, double loss, double tokens_per_s, std::string_view extra = {});
+  // What the rate counts: "tok/s" (the default), or "ex/s" for a model trained on arrays of examples.
+  void set_rate_unit(std::string unit) { rate_unit_ = std::move(unit); }
   // A line of text ("saved checkpoint step 500") that does not break the bar:
   // the bar is cleared, the text printed, the bar drawn again. Printed in
   // every mode, off included.
@@ -94,6 +96,7 @@ class Progress {
   Clock clock_;
   double t0_, last_draw_ = -1e300;
   size_t columns_ = 80;
+  std::string rate_unit_ = "tok/s";
   size_t drawn_ = 0;  // characters of the bar now on the terminal's line; 0: none
   bool have_state_ = false, dirty_ = false, finished_ = false;  // dirty_: the state has not been drawn
   int64_t step_ = 0;

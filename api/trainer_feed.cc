@@ -1,0 +1,250 @@
+#include "api/trainer_feed.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "core/check.h"
+
+namespace aspen::api {
+
+namespace {
+
+bool is_integer(DType t) { return t == DType::i32 || t == DType::i64 || t == DType::u8 || t == DType::boolean; }
+bool is_float(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+
+double element(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::f32: return t.data<float>()[i];
+    case DType::f16: return f16_to_f32(t.data<f16>()[i]);
+    case DType::bf16: return bf16_to_f32(t.data<bf16>()[i]);
+    case DType::i32: return t.data<int32_t>()[i];
+    case DType::i64: return double(t.data<int64_t>()[i]);
+    case DType::u8:
+    case DType::boolean: return t.data<uint8_t>()[i];
+  }
+  ASPEN_CHECK(false) << "dtype " << dtype_name(t.dtype());
+  return 0;
+}
+
+// Copies `src`'s elements into `dst` (n of type `to`), converting; `what` names the column in errors.
+Status convert_into(const Tensor& src, DType to, void* dst, const std::string& what) {
+  const int64_t n = src.numel();
+  if (src.dtype() == to) {
+    std::memcpy(dst, src.raw(), src.nbytes());
+    return Status::ok();
+  }
+  if (is_float(src.dtype()) && is_integer(to))
+    return Status::invalid_argument(what, "integers for an input of type " + std::string(dtype_name(to)),
+                                    std::string(dtype_name(src.dtype())) + " values");
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = element(src, i);
+    switch (to) {
+      case DType::f32: static_cast<float*>(dst)[i] = float(v); break;
+      case DType::f16: static_cast<f16*>(dst)[i] = f32_to_f16(float(v)); break;
+      case DType::bf16: static_cast<bf16*>(dst)[i] = f32_to_bf16(float(v)); break;
+      case DType::i64: static_cast<int64_t*>(dst)[i] = src.dtype() == DType::i64 ? src.data<int64_t>()[i] : int64_t(v); break;
+      case DType::i32:
+      case DType::u8:
+      case DType::boolean: {
+        const double lo = to == DType::i32 ? -2147483648.0 : 0, hi = to == DType::i32 ? 2147483647.0 : to == DType::u8 ? 255 : 1;
+        const bool wide = src.dtype() == DType::i64;
+        const int64_t x = wide ? src.data<int64_t>()[i] : int64_t(v);
+        if (double(x) < lo || double(x) > hi)
+          return Status::invalid_argument(what + " element " + std::to_string(i),
+                                          "a value an input of type " + std::string(dtype_name(to)) + " holds",
+                                          std::to_string(x));
+        if (to == DType::i32) static_cast<int32_t*>(dst)[i] = int32_t(x);
+        else static_cast<uint8_t*>(dst)[i] = uint8_t(x);
+        break;
+      }
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<TrainFeed> TrainFeed::open(const std::string& path, const train::DataLoaderOptions& options,
+                                  const std::vector<int64_t>& replicas) {
+  TrainFeed f;
+  f.path_ = path;
+  f.micro_batch_ = options.micro_batch;
+  f.seq_ = options.seq;
+  std::error_code ec;
+  train::DataLoaderOptions o = options;
+  train::DataLoaderOptions v = options;
+  v.replicas = 1;  // validation: the whole split on one replica (the same loss for every layout)
+  v.replica = 0;
+  v.accumulation = 1;
+  if (std::filesystem::exists(std::filesystem::path(path) / "index.json", ec)) {
+    for (int64_t r : replicas) {
+      o.replica = r;
+      ASPEN_ASSIGN_OR_RETURN(train::DataLoader loader, train::DataLoader::open(path, o));
+      f.token_loaders_.push_back(std::make_unique<train::DataLoader>(std::move(loader)));
+    }
+    ASPEN_ASSIGN_OR_RETURN(train::DataLoader val, train::DataLoader::open(path, v));
+    f.token_val_ = std::make_unique<train::DataLoader>(std::move(val));
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(f.arrays_, train::ArrayDataset::open(path));
+    for (int64_t r : replicas) {
+      o.replica = r;
+      ASPEN_ASSIGN_OR_RETURN(train::ArrayLoader loader, train::ArrayLoader::open(f.arrays_, o));
+      f.array_loaders_.push_back(std::make_unique<train::ArrayLoader>(std::move(loader)));
+    }
+    ASPEN_ASSIGN_OR_RETURN(train::ArrayLoader val, train::ArrayLoader::open(f.arrays_, v));
+    f.array_val_ = std::make_unique<train::ArrayLoader>(std::move(val));
+  }
+  return f;
+}
+
+const train::TokenIndex& TrainFeed::token_index() const {
+  ASPEN_CHECK(tokens());
+  return token_val_->dataset().index();
+}
+
+const train::ArrayDataset& TrainFeed::arrays() const {
+  ASPEN_CHECK(arrays_);
+  return *arrays_;
+}
+
+std::map<std::string, graph::TensorType> TrainFeed::columns() const {
+  std::map<std::string, graph::TensorType> out;
+  if (tokens()) {
+    for (const char* c : {"tokens", "targets", "positions", "mask"})
+      out[c] = graph::TensorType{DType::i32, Shape{micro_batch_, seq_}};
+    return out;
+  }
+  for (const auto& [name, t] : arrays_->columns()) {
+    std::vector<int64_t> d(t.shape().begin(), t.shape().end());
+    d[0] = micro_batch_;
+    out[name] = graph::TensorType{t.dtype(), *Shape::make(d.data(), int(d.size()))};
+  }
+  return out;
+}
+
+std::string TrainFeed::column_names() const {
+  std::string out;
+  for (const auto& [name, type] : columns()) out += (out.empty() ? "" : ", ") + name + " " + type.to_string();
+  return out;
+}
+
+Status TrainFeed::check_column(const std::string& input, const std::string& column, bool mapped,
+                               const std::string& origin) const {
+  if (columns().count(column)) return Status::ok();
+  return Status::invalid_argument(origin + ": input '" + input + "'",
+                                  "a data column named '" + column + "' (" + path_ + " has " + column_names() + ")",
+                                  "none", mapped ? "" : "name the column that feeds it: model.inputs: {" + input + ": COLUMN}");
+}
+
+Status TrainFeed::bind(const graph::Graph& forward, const std::map<std::string, std::string>& mapping,
+                       const std::string& origin) {
+  const std::map<std::string, graph::TensorType> cols = columns();
+  for (const auto& [input, column] : mapping)
+    if (!forward.find_input(input))
+      return Status::invalid_argument(origin + ": '" + input + "'", "an input of the model", "no input of that name");
+  bindings_.clear();
+  for (int32_t n : forward.input_nodes()) {
+    const graph::Node& node = forward.nodes()[size_t(n)];
+    const std::string& input = node.name;
+    const graph::TensorType& type = forward.type(node.outputs.at(0));
+    auto m = mapping.find(input);
+    const std::string column = m != mapping.end() ? m->second : input;
+    ASPEN_RETURN_IF_ERROR(check_column(input, column, m != mapping.end(), origin));
+    auto c = cols.find(column);
+    if (c->second.shape.numel() != type.shape.numel())
+      return Status::invalid_argument(origin + ": input '" + input + "' from column '" + column + "'",
+                                      type.to_string() + " per micro-batch of " + std::to_string(micro_batch_),
+                                      c->second.to_string());
+    if (is_float(c->second.dtype) && is_integer(type.dtype))
+      return Status::invalid_argument(origin + ": input '" + input + "' from column '" + column + "'",
+                                      "integers (the input is " + type.to_string() + ")", c->second.to_string());
+    bindings_.push_back({input, column, type});
+  }
+  call_.clear();
+  call_slots_ = 0;
+  return Status::ok();
+}
+
+train::Columns TrainFeed::token_columns(train::Batch b) const {
+  train::Columns c;
+  Tensor pos(DType::i32, b.inputs.shape()), mask(DType::i32, b.inputs.shape());
+  const int64_t B = b.inputs.shape()[0], T = b.inputs.shape()[1];
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t k = 0; k < T; ++k) pos.data<int32_t>()[r * T + k] = int32_t(k), mask.data<int32_t>()[r * T + k] = 1;
+  c.emplace("tokens", std::move(b.inputs));
+  c.emplace("targets", std::move(b.targets));
+  c.emplace("positions", std::move(pos));
+  c.emplace("mask", std::move(mask));
+  return c;
+}
+
+Result<train::Columns> TrainFeed::next_of(size_t local) {
+  if (tokens()) {
+    ASPEN_ASSIGN_OR_RETURN(train::Batch b, token_loaders_[local]->next());
+    return token_columns(std::move(b));
+  }
+  return array_loaders_[local]->next();
+}
+
+Status TrainFeed::put(const train::Columns& batch, int64_t slot, std::map<std::string, Tensor>& out) const {
+  for (const Binding& b : bindings_) {
+    Tensor& dst = out.at(b.input);
+    const size_t bytes = size_t(b.type.bytes());
+    ASPEN_RETURN_IF_ERROR(convert_into(batch.at(b.column), b.type.dtype,
+                                       static_cast<char*>(dst.raw()) + size_t(slot) * bytes,
+                                       path_ + ": column '" + b.column + "' (for input '" + b.input + "')"));
+  }
+  return Status::ok();
+}
+
+Result<const std::map<std::string, Tensor>*> TrainFeed::next_call(int64_t micro) {
+  const size_t L = tokens() ? token_loaders_.size() : array_loaders_.size();
+  const int64_t slots = micro * int64_t(L);
+  if (slots != call_slots_) {
+    call_.clear();
+    for (const Binding& b : bindings_) {
+      std::vector<int64_t> d(b.type.shape.begin(), b.type.shape.end());
+      if (d.empty()) d.push_back(1);
+      d[0] *= slots;
+      call_.emplace(b.input, Tensor(b.type.dtype, *Shape::make(d.data(), int(d.size()))));
+    }
+    call_slots_ = slots;
+  }
+  for (int64_t m = 0; m < micro; ++m)
+    for (size_t l = 0; l < L; ++l) {
+      ASPEN_ASSIGN_OR_RETURN(const train::Columns batch, next_of(l));
+      ASPEN_RETURN_IF_ERROR(put(batch, m * int64_t(L) + int64_t(l), call_));
+    }
+  return &call_;
+}
+
+int64_t TrainFeed::val_steps() const { return tokens() ? token_val_->val_steps() : array_val_->val_steps(); }
+
+Result<std::map<std::string, Tensor>> TrainFeed::val_batch(int64_t i) {
+  train::Columns batch;
+  if (tokens()) {
+    ASPEN_ASSIGN_OR_RETURN(train::Batch b, token_val_->val_batch(i));
+    batch = token_columns(std::move(b));
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(batch, array_val_->val_batch(i));
+  }
+  std::map<std::string, Tensor> out;
+  for (const Binding& b : bindings_) out.emplace(b.input, Tensor(b.type.dtype, b.type.shape));
+  ASPEN_RETURN_IF_ERROR(put(batch, 0, out));
+  return out;
+}
+
+train::Position TrainFeed::position() const {
+  return tokens() ? token_loaders_.front()->position() : array_loaders_.front()->position();
+}
+
+Status TrainFeed::restore(const train::Position& p) {
+  for (auto& l : token_loaders_) ASPEN_RETURN_IF_ERROR(l->restore(p));
+  for (auto& l : array_loaders_) ASPEN_RETURN_IF_ERROR(l->restore(p));
+  return Status::ok();
+}
+
+int64_t TrainFeed::units_per_micro_batch() const { return tokens() ? micro_batch_ * seq_ : micro_batch_; }
+
+}  // namespace aspen::api

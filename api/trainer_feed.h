@@ -1,0 +1,93 @@
+// api/trainer_feed.h: what the trainer feeds its programs (private to api/). The data is token shards
+// (train/data.h) or arrays (train/arrays.h, for a user's own ONNX model); either is cut into
+// micro-batches per local replica and mapped, by name, onto the forward graph's inputs.
+//
+// A micro-batch is a set of columns with its B examples on axis 0:
+//   token shards: tokens [B, T] (each example's T tokens), targets [B, T] (the same shifted left by one
+//                 token), positions [B, T] (0 .. T-1) and mask [B, T] (ones: shards have no padding);
+//   arrays:       every array of the dataset, by its name.
+// Each model input reads one column: its elements in order (a [B, T] column feeds a [B·T] input), so
+// the input must hold exactly as many; converted to the input's element type (integers to integers,
+// checked for range; floats to floats; integers to floats).
+//
+//   ASPEN_ASSIGN_OR_RETURN(TrainFeed feed, TrainFeed::open(config.data.train, options, replicas));
+//   ASPEN_RETURN_IF_ERROR(feed.bind(forward, {{"input_ids", "tokens"}, {"targets", "targets"}}, "data.train"));
+//   ASPEN_ASSIGN_OR_RETURN(const auto* inputs, feed.next_call(micro));  // for TrainingModel::run
+//
+// Thread-safety: one thread at a time.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "graph/graph.h"
+#include "train/arrays.h"
+#include "train/data.h"
+
+namespace aspen::api {
+
+class TrainFeed {
+ public:
+  // Opens `path` (a token-shard directory when it holds index.json, else arrays) with one loader per
+  // entry of `replicas` (the global replica indices this process feeds, in local order) and a
+  // validation loader (the whole validation split on one replica).
+  static Result<TrainFeed> open(const std::string& path, const train::DataLoaderOptions& options,
+                                const std::vector<int64_t>& replicas);
+
+  bool tokens() const { return !token_loaders_.empty(); }
+  const train::TokenIndex& token_index() const;  // tokens() only
+  const train::ArrayDataset& arrays() const;     // !tokens() only
+  // Every column of a micro-batch, with its type ([B, ...]).
+  std::map<std::string, graph::TensorType> columns() const;
+  // "tokens, targets, positions, mask" or the arrays' names, for messages.
+  std::string column_names() const;
+
+  // InvalidArgument naming `origin`, the input and the columns there are when no column is named
+  // `column`; `mapped`: the user named it (else the hint says how to).
+  [[nodiscard]] Status check_column(const std::string& input, const std::string& column, bool mapped,
+                                    const std::string& origin) const;
+  // Which column feeds each input of `forward`: `mapping` (input -> column) where it names the input,
+  // else the column of the input's own name. InvalidArgument naming `origin` (the config key), the input
+  // and the columns there are, for a missing column or one whose elements do not fit the input.
+  [[nodiscard]] Status bind(const graph::Graph& forward, const std::map<std::string, std::string>& mapping,
+                            const std::string& origin);
+
+  // One call of the training program: micro × L micro-batches, slot m·L + l from local replica l's
+  // loader (TrainingModel's order), each bound input stacked on a merged leading axis. Valid until the
+  // next call.
+  Result<const std::map<std::string, Tensor>*> next_call(int64_t micro);
+  // Validation micro-batch i, shaped as the forward graph's inputs.
+  int64_t val_steps() const;
+  Result<std::map<std::string, Tensor>> val_batch(int64_t i);
+
+  train::Position position() const;
+  [[nodiscard]] Status restore(const train::Position& p);
+  // What a micro-batch counts for the rate: B·T tokens, or B examples of arrays.
+  int64_t units_per_micro_batch() const;
+
+ private:
+  struct Binding {
+    std::string input, column;
+    graph::TensorType type;  // the input's, per micro-batch
+  };
+  Result<train::Columns> next_of(size_t local);
+  train::Columns token_columns(train::Batch b) const;
+  [[nodiscard]] Status put(const train::Columns& batch, int64_t slot, std::map<std::string, Tensor>& out) const;
+
+  std::string path_;
+  int64_t micro_batch_ = 0, seq_ = 0;
+  std::vector<std::unique_ptr<train::DataLoader>> token_loaders_;
+  std::unique_ptr<train::DataLoader> token_val_;
+  std::shared_ptr<const train::ArrayDataset> arrays_;
+  std::vector<std::unique_ptr<train::ArrayLoader>> array_loaders_;
+  std::unique_ptr<train::ArrayLoader> array_val_;
+  std::vector<Binding> bindings_;
+  std::map<std::string, Tensor> call_;  // next_call's tensors, reused
+  int64_t call_slots_ = 0;
+};
+
+}  // namespace aspen::api
