@@ -312,7 +312,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     ASPEN_ASSIGN_OR_RETURN(t->world_, parallel::MpiCommunicator::world());
     std::vector<std::pair<std::string, std::string>> keys;
     for (auto& [k, v] : train::config_entries(c))  // only process 0 writes and prints; threads do not change results
-      if (k.rfind("log.", 0) != 0 && k != "checkpoint.dir" && k != "train.threads") keys.emplace_back(k, v);
+      if (k.rfind("log.", 0) != 0 && k != "checkpoint.dir" && k != "train.threads" && k != "train.executable_cache")
+        keys.emplace_back(k, v);
     ASPEN_RETURN_IF_ERROR(agree(*t->world_, keys, "config key"));
   }
 #endif
@@ -354,27 +355,33 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   lo.replicas = c.batch.replicas;
   std::vector<int64_t> replicas;
   for (int64_t l = 0; l < local; ++l) replicas.push_back(across ? process / model_devices : process * local + l);
-  ASPEN_ASSIGN_OR_RETURN(TrainFeed feed, TrainFeed::open(c.data.train, lo, replicas));
-  t->feed_ = std::make_unique<TrainFeed>(std::move(feed));
-  if (!t->feed_->tokens() && !c.model.is_onnx())
+  if (std::error_code ec; !c.model.is_onnx() && fs::exists(c.data.train, ec) &&
+                          !fs::exists(fs::path(c.data.train) / "index.json", ec))
     return Status::invalid_argument("config: data.train '" + c.data.train + "'",
                                     "a token-shard directory (index.json) for a language model of the built-in families",
-                                    "arrays (" + t->feed_->arrays().describe() + ")",
-                                    "arrays train a user's own ONNX model (model.from: model.onnx)");
-  const train::TokenIndex no_index;
-  const train::TokenIndex& index = t->feed_->tokens() ? t->feed_->token_index() : no_index;
-  if (t->world_) {
+                                    fs::is_directory(c.data.train, ec) ? "a directory without index.json" : "a file",
+                                    "arrays (.npz, .npy) train a user's own ONNX model (model.from: model.onnx); "
+                                    "aspen prepare-data writes token shards");
+  Result<TrainFeed> feed = TrainFeed::open(c.data.train, lo, replicas, c.model.is_onnx());
+  if (t->world_) {  // every process learns whether each opened the same data (none waits for one that failed)
     std::vector<std::pair<std::string, std::string>> data;
-    if (t->feed_->tokens()) {
+    if (!feed.is_ok()) {
+      data = {{"data.train", "unreadable here: " + feed.status().message()}};
+    } else if (feed->tokens()) {
+      const train::TokenIndex& index = feed->token_index();
       data = {{"vocab_size", std::to_string(index.vocab_size)},
               {"total_tokens", std::to_string(index.total_tokens)},
               {"tokenizer_hash", index.tokenizer_hash}};
       for (const train::ShardInfo& s : index.shards) data.emplace_back("shard " + s.name, std::to_string(s.tokens));
     } else {
-      data = {{"arrays", t->feed_->arrays().describe()}, {"crc32c", weights_digest(t->feed_->arrays().columns())}};
+      data = {{"arrays", feed->arrays().describe()}, {"crc32c", weights_digest(feed->arrays().columns())}};
     }
     ASPEN_RETURN_IF_ERROR(agree(*t->world_, data, "training data (data.train)"));
   }
+  ASPEN_RETURN_IF_ERROR(feed.status());
+  t->feed_ = std::make_unique<TrainFeed>(std::move(feed).value());
+  const train::TokenIndex no_index;
+  const train::TokenIndex& index = t->feed_->tokens() ? t->feed_->token_index() : no_index;
 
   // The model: a user's ONNX file, a Hugging Face directory, or a fresh one.
   graph::Graph forward;
@@ -442,7 +449,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   t->tokenizer_dir_ = !c.data.tokenizer.empty()                    ? c.data.tokenizer
                       : !c.model.from.empty() && !c.model.is_onnx() ? c.model.from
                                                                     : index.tokenizer_dir;
-  ASPEN_RETURN_IF_ERROR(t->feed_->bind(forward, columns, "config: model.inputs"));
+  ASPEN_RETURN_IF_ERROR(
+      t->feed_->bind(forward, columns, "config: model.inputs",
+                     c.model.is_onnx() ? std::map<std::string, std::string>{{"targets", "config: model.targets"}}
+                                       : std::map<std::string, std::string>{}));
 
   // The programs.
   Options o;

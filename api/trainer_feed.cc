@@ -1,5 +1,6 @@
 #include "api/trainer_feed.h"
 
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -66,7 +67,7 @@ Status convert_into(const Tensor& src, DType to, void* dst, const std::string& w
 }  // namespace
 
 Result<TrainFeed> TrainFeed::open(const std::string& path, const train::DataLoaderOptions& options,
-                                  const std::vector<int64_t>& replicas) {
+                                  const std::vector<int64_t>& replicas, bool arrays_allowed) {
   TrainFeed f;
   f.path_ = path;
   f.micro_batch_ = options.micro_batch;
@@ -77,7 +78,7 @@ Result<TrainFeed> TrainFeed::open(const std::string& path, const train::DataLoad
   v.replicas = 1;  // validation: the whole split on one replica (the same loss for every layout)
   v.replica = 0;
   v.accumulation = 1;
-  if (std::filesystem::exists(std::filesystem::path(path) / "index.json", ec)) {
+  if (!arrays_allowed || std::filesystem::exists(std::filesystem::path(path) / "index.json", ec)) {
     for (int64_t r : replicas) {
       o.replica = r;
       ASPEN_ASSIGN_OR_RETURN(train::DataLoader loader, train::DataLoader::open(path, o));
@@ -138,15 +139,18 @@ Status TrainFeed::check_column(const std::string& input, const std::string& colu
 }
 
 Status TrainFeed::bind(const graph::Graph& forward, const std::map<std::string, std::string>& mapping,
-                       const std::string& origin) {
+                       const std::string& default_origin, const std::map<std::string, std::string>& origins) {
   const std::map<std::string, graph::TensorType> cols = columns();
   for (const auto& [input, column] : mapping)
     if (!forward.find_input(input))
-      return Status::invalid_argument(origin + ": '" + input + "'", "an input of the model", "no input of that name");
+      return Status::invalid_argument(default_origin + ": '" + input + "'", "an input of the model",
+                                      "no input of that name");
   bindings_.clear();
   for (int32_t n : forward.input_nodes()) {
     const graph::Node& node = forward.nodes()[size_t(n)];
     const std::string& input = node.name;
+    auto o = origins.find(input);
+    const std::string& origin = o != origins.end() ? o->second : default_origin;
     const graph::TensorType& type = forward.type(node.outputs.at(0));
     auto m = mapping.find(input);
     const std::string column = m != mapping.end() ? m->second : input;
@@ -159,6 +163,18 @@ Status TrainFeed::bind(const graph::Graph& forward, const std::map<std::string, 
     if (is_float(c->second.dtype) && is_integer(type.dtype))
       return Status::invalid_argument(origin + ": input '" + input + "' from column '" + column + "'",
                                       "integers (the input is " + type.to_string() + ")", c->second.to_string());
+    if (arrays_ && is_integer(c->second.dtype) && is_integer(type.dtype)) {  // every value fits, or say which
+      const Tensor& all = arrays_->columns().at(column);
+      const int64_t lo = type.dtype == DType::i32 ? INT32_MIN : type.dtype == DType::i64 ? INT64_MIN : 0;
+      const int64_t hi = type.dtype == DType::i32 ? INT32_MAX : type.dtype == DType::u8 ? 255 : type.dtype == DType::boolean ? 1 : INT64_MAX;
+      for (int64_t i = 0; i < all.numel(); ++i) {
+        const int64_t v = all.dtype() == DType::i64 ? all.data<int64_t>()[i] : int64_t(element(all, i));
+        if (v < lo || v > hi)
+          return Status::invalid_argument(origin + ": input '" + input + "' from column '" + column + "'",
+                                          "values an input of type " + std::string(dtype_name(type.dtype)) + " holds",
+                                          std::to_string(v) + " at element " + std::to_string(i));
+      }
+    }
     bindings_.push_back({input, column, type});
   }
   call_.clear();
@@ -211,10 +227,16 @@ Result<const std::map<std::string, Tensor>*> TrainFeed::next_call(int64_t micro)
     }
     call_slots_ = slots;
   }
+  const train::Position at = position();  // the loaders move in lockstep: one position for all
+  auto back = [&](Status s) {
+    ASPEN_CHECK(restore(at).is_ok());
+    return s;
+  };
   for (int64_t m = 0; m < micro; ++m)
     for (size_t l = 0; l < L; ++l) {
-      ASPEN_ASSIGN_OR_RETURN(const train::Columns batch, next_of(l));
-      ASPEN_RETURN_IF_ERROR(put(batch, m * int64_t(L) + int64_t(l), call_));
+      Result<train::Columns> batch = next_of(l);
+      if (!batch.is_ok()) return back(batch.status());
+      if (Status s = put(*batch, m * int64_t(L) + int64_t(l), call_); !s.is_ok()) return back(std::move(s));
     }
   return &call_;
 }

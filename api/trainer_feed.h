@@ -8,7 +8,8 @@
 //   arrays:       every array of the dataset, by its name.
 // Each model input reads one column: its elements in order (a [B, T] column feeds a [B·T] input), so
 // the input must hold exactly as many; converted to the input's element type (integers to integers,
-// checked for range; floats to floats; integers to floats).
+// checked for range; floats to floats, rounded to f16/bf16 inputs; integers to floats, which f16 and
+// bf16 inputs round as any value).
 //
 //   ASPEN_ASSIGN_OR_RETURN(TrainFeed feed, TrainFeed::open(config.data.train, options, replicas));
 //   ASPEN_RETURN_IF_ERROR(feed.bind(forward, {{"input_ids", "tokens"}, {"targets", "targets"}}, "data.train"));
@@ -32,11 +33,11 @@ namespace aspen::api {
 
 class TrainFeed {
  public:
-  // Opens `path` (a token-shard directory when it holds index.json, else arrays) with one loader per
-  // entry of `replicas` (the global replica indices this process feeds, in local order) and a
-  // validation loader (the whole validation split on one replica).
+  // Opens `path` with one loader per entry of `replicas` (the global replica indices this process feeds,
+  // in local order) and a validation loader (the whole validation split on one replica). `path` is a
+  // token-shard directory, or with `arrays_allowed` arrays when it holds no index.json.
   static Result<TrainFeed> open(const std::string& path, const train::DataLoaderOptions& options,
-                                const std::vector<int64_t>& replicas);
+                                const std::vector<int64_t>& replicas, bool arrays_allowed);
 
   bool tokens() const { return !token_loaders_.empty(); }
   const train::TokenIndex& token_index() const;  // tokens() only
@@ -51,14 +52,16 @@ class TrainFeed {
   [[nodiscard]] Status check_column(const std::string& input, const std::string& column, bool mapped,
                                     const std::string& origin) const;
   // Which column feeds each input of `forward`: `mapping` (input -> column) where it names the input,
-  // else the column of the input's own name. InvalidArgument naming `origin` (the config key), the input
-  // and the columns there are, for a missing column or one whose elements do not fit the input.
+  // else the column of the input's own name. InvalidArgument naming the config key (`origins` by input,
+  // else `origin`), the input and the columns there are, for a missing column, one whose elements do not
+  // fit the input, or (arrays, checked here once rather than at step N) an integer the input's type
+  // cannot hold.
   [[nodiscard]] Status bind(const graph::Graph& forward, const std::map<std::string, std::string>& mapping,
-                            const std::string& origin);
+                            const std::string& origin, const std::map<std::string, std::string>& origins = {});
 
   // One call of the training program: micro × L micro-batches, slot m·L + l from local replica l's
   // loader (TrainingModel's order), each bound input stacked on a merged leading axis. Valid until the
-  // next call.
+  // next call. After an error every loader's position is where it was before the call.
   Result<const std::map<std::string, Tensor>*> next_call(int64_t micro);
   // Validation micro-batch i, shaped as the forward graph's inputs.
   int64_t val_steps() const;

@@ -238,7 +238,8 @@ TEST(TrainerOnnx, MistakesNameTheKeyAndWhatIsThere) {
   // Arrays train ONNX models only.
   train::TrainConfig gpt = c;
   gpt.model = {};
-  expect_refused(gpt, "expected a token-shard directory (index.json) for a language model of the built-in families");
+  expect_refused(gpt, "expected a token-shard directory (index.json) for a language model of the built-in families, "
+                      "found a file");
 }
 
 }  // namespace

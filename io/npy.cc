@@ -77,7 +77,9 @@ Result<Tensor> parse_npy(std::string_view b, const std::string& name) {
     dt = DType::boolean;
   } else {
     return Status::error(Code::kUnimplemented, name + ": dtype",
-                         "one aspen reads ('<f4', '<f2', '<i4', '<i8', '|u1', '|b1')", descr);
+                         "one aspen reads ('<f4', '<f2', '<i4', '<i8', '|u1', '|b1')", descr,
+                         descr == "'<f8'" ? "aspen has no float64: save the array as float32 (a.astype(np.float32))"
+                                          : "");
   }
   if (order != "False") return Status::error(Code::kUnimplemented, name + ": fortran_order", "False (C order)", order);
   if (shape_text.size() < 2 || shape_text.front() != '(' || shape_text.back() != ')')

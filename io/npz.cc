@@ -86,7 +86,8 @@ Result<std::vector<Member>> central_directory(std::string_view b, const std::str
     if (end < kLocator64Bytes || le(b, end - kLocator64Bytes, 4) != kLocator64Sig)
       return corrupt(name, "ZIP64 end locator", "one before the end record (its counts are all ones)", "none");
     const uint64_t at = le(b, end - kLocator64Bytes + 8, 8);
-    if (at > b.size() - kEnd64Bytes || le(b, size_t(at), 4) != kEnd64Sig)
+    if (end < kLocator64Bytes + kEnd64Bytes || at > end - kLocator64Bytes - kEnd64Bytes ||
+        le(b, size_t(at), 4) != kEnd64Sig)
       return corrupt(name, "ZIP64 end record", "at the offset its locator gives (" + std::to_string(at) + ")",
                      "none there");
     entries = le(b, size_t(at) + 32, 8);
@@ -144,6 +145,9 @@ Result<std::string> member_bytes(std::string_view b, const Member& m, const std:
   if (data > b.size() || m.compressed > b.size() - data)
     return corrupt(where, "data", std::to_string(m.compressed) + " bytes inside the file",
                    std::to_string(b.size() > data ? b.size() - data : 0) + " bytes after its header");
+  if (m.method == 0 && m.size != m.compressed)
+    return corrupt(where, "size", std::to_string(m.compressed) + " bytes (stored: its compressed size)",
+                   std::to_string(m.size));
   const uint64_t limit = m.method == 0 ? m.compressed : std::min(kMaxNpzMemberBytes, m.compressed * kMaxDeflateRatio);
   if (m.size > limit || m.size > kMaxNpzMemberBytes)
     return corrupt(where, "size", "at most " + std::to_string(limit) + " bytes (" + std::to_string(m.compressed) +
@@ -194,6 +198,17 @@ void put_le(std::string& out, uint64_t v, int bytes) {
 
 Result<std::map<std::string, Tensor>> parse_npz(std::string_view b, const std::string& name) {
   ASPEN_ASSIGN_OR_RETURN(const std::vector<Member> members, central_directory(b, name));
+  // Members may not share bytes: entries pointing at one deflate stream would multiply what a small file
+  // inflates to. Every member's bytes lie inside the file, so in all they are at most 1,032 x its size.
+  std::vector<std::pair<uint64_t, size_t>> starts;
+  for (size_t i = 0; i < members.size(); ++i) starts.emplace_back(members[i].local, i);
+  std::sort(starts.begin(), starts.end());
+  for (size_t i = 1; i < starts.size(); ++i) {
+    const Member& prev = members[starts[i - 1].second];
+    if (starts[i].first < prev.local + kLocalBytes + prev.compressed)
+      return corrupt(name + ": member '" + members[starts[i].second].name + "'", "local header offset",
+                     "one past the bytes of member '" + prev.name + "'", std::to_string(starts[i].first));
+  }
   std::map<std::string, Tensor> arrays;
   for (const Member& m : members) {
     const std::string where = name + ": member '" + m.name + "'";
@@ -221,6 +236,9 @@ Status write_npz(const std::string& path, const std::map<std::string, Tensor>& a
   std::string out, central;
   for (const auto& [key, t] : arrays) {
     const std::string member = key + ".npy", bytes = npy_bytes(t);
+    if (member.size() > 65535)
+      return Status::invalid_argument(path + ": array '" + key.substr(0, 40) + "...'", "a name of at most 65,531 bytes",
+                                      std::to_string(key.size()) + " bytes");
     if (out.size() + bytes.size() + 1024 > std::numeric_limits<uint32_t>::max())
       return Status::error(Code::kUnimplemented, path, "arrays of at most 4 GiB in all (write .npy files instead)",
                            "more");
@@ -231,7 +249,7 @@ Status write_npz(const std::string& path, const std::map<std::string, Tensor>& a
       put_le(r, 0, 2);                   // flags
       put_le(r, 0, 2);                   // method: stored
       put_le(r, 0, 2);                   // time
-      put_le(r, (1980 - 1980) << 9 | 1 << 5 | 1, 2);  // date: 1980-01-01, as numpy's zipfile writes a fixed one
+      put_le(r, (1980 - 1980) << 9 | 1 << 5 | 1, 2);  // date: 1980-01-01 (a fixed one: the same bytes each run)
       put_le(r, crc, 4);
       put_le(r, bytes.size(), 4);
       put_le(r, bytes.size(), 4);

@@ -35,6 +35,13 @@ void expect_numpys_arrays(const std::map<std::string, Tensor>& a) {
   EXPECT_EQ(std::string(static_cast<const char*>(flag.raw()), 3), std::string("\1\0\1", 3));
 }
 
+void expect_error(const std::string& bytes, Code code, const std::string& part) {
+  auto r = parse_npz(bytes, "d.npz");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), code) << r.status().to_string();
+  EXPECT_NE(r.status().to_string().find(part), std::string::npos) << r.status().to_string();
+}
+
 TEST(Npz, ReadsNumpysSavez) {
   auto r = read_npz(kDir + "/savez.npz");
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
@@ -45,6 +52,26 @@ TEST(Npz, ReadsNumpysSavezCompressed) {
   auto r = read_npz(kDir + "/savez_compressed.npz");
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   expect_numpys_arrays(*r);
+}
+
+// numpy.savez through ZIP64 records (widened central-directory sizes, the ZIP64 end record and locator).
+TEST(Npz, ReadsZip64Records) {
+  auto r = read_npz(kDir + "/zip64.npz");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  expect_numpys_arrays(*r);
+  // The counts of the end record all ones, as past 65,535 entries: the ZIP64 end record holds them.
+  std::string b = bytes_of("zip64.npz");
+  const size_t end = b.rfind(std::string("PK\5\6", 4));
+  ASSERT_NE(end, std::string::npos);
+  for (size_t i = 8; i < 12; ++i) b[end + i] = char(0xff);
+  auto wide = parse_npz(b, "wide.npz");
+  ASSERT_TRUE(wide.is_ok()) << wide.status().to_string();
+  expect_numpys_arrays(*wide);
+  // The ZIP64 end record's offset past the locator: refused, never read out of bounds.
+  const size_t loc = b.rfind(std::string("PK\6\7", 4));
+  ASSERT_NE(loc, std::string::npos);
+  for (int i = 0; i < 8; ++i) b[loc + 8 + size_t(i)] = char(0xff);
+  expect_error(b, Code::kCorrupt, "ZIP64 end record");
 }
 
 TEST(Npz, WriteThenReadGivesTheSameArrays) {
@@ -68,12 +95,6 @@ TEST(Npz, WriteThenReadGivesTheSameArrays) {
   }
 }
 
-void expect_error(const std::string& bytes, Code code, const std::string& part) {
-  auto r = parse_npz(bytes, "d.npz");
-  ASSERT_FALSE(r.is_ok());
-  EXPECT_EQ(r.status().code(), code) << r.status().to_string();
-  EXPECT_NE(r.status().to_string().find(part), std::string::npos) << r.status().to_string();
-}
 
 TEST(Npz, DamagedArchivesAreErrorsNamingWhatIsWrong) {
   const std::string stored = bytes_of("savez.npz"), deflated = bytes_of("savez_compressed.npz");
@@ -103,11 +124,21 @@ TEST(Npz, DamagedArchivesAreErrorsNamingWhatIsWrong) {
     b[c + 8] |= 1;
     expect_error(b, Code::kUnimplemented, "an unencrypted member, found an encrypted one");
   }
-  {  // a member that claims far more bytes than its stored data
+  {  // two entries sharing one member's bytes
+    std::string b = stored;
+    const size_t c1 = b.find(std::string("PK\1\2", 4)), c2 = b.find(std::string("PK\1\2", 4), c1 + 4);
+    for (int i = 0; i < 4; ++i) b[c2 + 42 + size_t(i)] = b[c1 + 42 + size_t(i)];
+    expect_error(b, Code::kCorrupt, "local header offset: expected one past the bytes of member");
+  }
+  {  // a member that claims other bytes than it stores, or far more than its deflate stream can hold
     std::string b = stored;
     const size_t c = b.find(std::string("PK\1\2", 4));
     b[c + 27] = 0x7f;  // uncompressed size's top byte
-    expect_error(b, Code::kCorrupt, "size: expected at most");
+    expect_error(b, Code::kCorrupt, "member 'x.npy': size: expected 176 bytes (stored: its compressed size)");
+    std::string d = deflated;
+    const size_t e = d.find(std::string("PK\1\2", 4));
+    d[e + 27] = 0x7f;
+    expect_error(d, Code::kCorrupt, "member 'x.npy': size: expected at most");
   }
   {  // a local header offset past the end
     std::string b = stored;

@@ -27,10 +27,11 @@ std::string quoted(const std::string& s) { return "'" + escape_for_terminal(s) +
 // Every node whose op the importer does not convert, listed at once.
 Status check_ops(const io::OnnxModel& m) {
   std::vector<std::string> unknown;
-  const auto& table = onnx::converters();
   for (size_t k = 0; k < m.graph.nodes.size(); ++k) {
     const io::OnnxNode& n = m.graph.nodes[k];
-    if (n.domain.empty() && table.count(n.op_type)) continue;
+    // onnxruntime's transformer optimizer writes com.microsoft nodes without importing the domain, and
+    // onnxruntime runs such files (as version 1): so does the importer.
+    if (onnx::find_converter(n.domain, n.op_type)) continue;
     const int64_t opset = m.opset(n.domain);
     unknown.push_back(n.label(k) + (opset ? " at opset " + std::to_string(opset) : " (domain not imported)"));
   }
@@ -204,6 +205,8 @@ Status export_onnx_weights(const std::map<std::string, graph::TensorType>& param
 std::vector<std::string> onnx_supported_ops() {
   std::vector<std::string> out;
   for (const auto& [name, conv] : onnx::converters()) out.push_back(name);
+  for (const auto& [name, conv] : onnx::microsoft_converters()) out.push_back(std::string(onnx::kMicrosoftDomain) + "." + name);
+  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -280,11 +283,12 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
   }
   ASPEN_RETURN_IF_ERROR(b.status());
 
-  const auto& table = onnx::converters();
   for (size_t k = 0; k < m.graph.nodes.size(); ++k) {
     const io::OnnxNode& node = m.graph.nodes[k];
-    const onnx::OpConverter& conv = table.at(node.op_type);
-    Ctx c(b, node, k, opset);
+    const onnx::OpConverter& conv = *onnx::find_converter(node.domain, node.op_type);  // check_ops found it
+    const int64_t node_opset =
+        node.domain.empty() || node.domain == "ai.onnx" ? opset : std::max<int64_t>(1, m.opset(node.domain));
+    Ctx c(b, node, k, node_opset);
     const int n_in = int(node.inputs.size());
     if (n_in < conv.min_inputs || (conv.max_inputs >= 0 && n_in > conv.max_inputs))
       return c.error("inputs",
@@ -308,7 +312,7 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
     }
     std::vector<Value> results;
     if (all_known && conv.foldable && known_elements <= kMaxFoldElements) {
-      Status s = fold(node, k, opset, conv, in, results);
+      Status s = fold(node, k, node_opset, conv, in, results);
       if (!s.is_ok()) return s;
     } else {
       ASPEN_RETURN_IF_ERROR(conv.convert(c, in, results));

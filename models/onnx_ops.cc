@@ -165,10 +165,29 @@ Result<int> Ctx::axis(int64_t a, int rank, const std::string& what) const {
 
 // ---- helpers ---------------------------------------------------------------------------------------
 
-namespace {
-
 std::vector<int64_t> dims(const Shape& s) { return std::vector<int64_t>(s.begin(), s.end()); }
 Shape shape_of(const std::vector<int64_t>& d) { return *Shape::make(d.data(), int(d.size())); }
+
+Value to_shape(Ctx& c, const Value& v, const Shape& to) {
+  if (v.type.shape == to) return v;
+  return c.wrap(c.b.broadcast(c.id(v), dims(to)));
+}
+
+Value reshaped(Ctx& c, const Value& v, const std::vector<int64_t>& d) {
+  if (dims(v.type.shape) == d) return v;
+  return c.wrap(c.b.reshape(c.id(v), d));
+}
+
+// A scalar constant of `dtype`, broadcast to `shape`.
+Value filled(Ctx& c, double v, DType dtype, const Shape& shape) {
+  Tensor t(DType::f32, Shape{});
+  t.span<float>()[0] = float(v);
+  ValueId s = c.b.constant(std::move(t));
+  if (dtype != DType::f32) s = c.b.cast(s, dtype);
+  return c.wrap(c.b.broadcast(s, dims(shape)));
+}
+
+namespace {
 
 Result<Shape> make_shape(const Ctx& c, const std::vector<int64_t>& d, const std::string& what) {
   Result<Shape> s = Shape::make(d.data(), int(d.size()));
@@ -194,16 +213,6 @@ Result<Shape> broadcast_shape(const Ctx& c, const std::vector<Shape>& shapes) {
       o = d;
     }
   return make_shape(c, out, "broadcast shape");
-}
-
-Value to_shape(Ctx& c, const Value& v, const Shape& to) {
-  if (v.type.shape == to) return v;
-  return c.wrap(c.b.broadcast(c.id(v), dims(to)));
-}
-
-Value reshaped(Ctx& c, const Value& v, const std::vector<int64_t>& d) {
-  if (dims(v.type.shape) == d) return v;
-  return c.wrap(c.b.reshape(c.id(v), d));
 }
 
 Status same_dtype(const Ctx& c, const std::vector<Value>& in, size_t from = 0) {
@@ -232,15 +241,6 @@ Status elementwise(Ctx& c, OpKind op, std::vector<Value>& in, std::vector<Value>
   for (const Value& v : x) ids.push_back(c.id(v));
   out = {c.wrap(c.b.op1(op, ids))};
   return c.b.status();
-}
-
-// A scalar constant of `dtype`, broadcast to `shape`.
-Value filled(Ctx& c, double v, DType dtype, const Shape& shape) {
-  Tensor t(DType::f32, Shape{});
-  t.span<float>()[0] = float(v);
-  ValueId s = c.b.constant(std::move(t));
-  if (dtype != DType::f32) s = c.b.cast(s, dtype);
-  return c.wrap(c.b.broadcast(s, dims(shape)));
 }
 
 Converter unary(OpKind op) {
@@ -1344,6 +1344,15 @@ const std::map<std::string, OpConverter>& converters() {
     return t;
   }();
   return table;
+}
+
+const OpConverter* find_converter(const std::string& domain, const std::string& op_type) {
+  const std::map<std::string, OpConverter>* table = domain.empty() || domain == "ai.onnx" ? &converters()
+                                                    : domain == kMicrosoftDomain         ? &microsoft_converters()
+                                                                                         : nullptr;
+  if (!table) return nullptr;
+  auto it = table->find(op_type);
+  return it == table->end() ? nullptr : &it->second;
 }
 
 }  // namespace aspen::models::onnx

@@ -89,6 +89,19 @@ struct OpConverter {
 
 // Every op type of the default domain the importer converts.
 const std::map<std::string, OpConverter>& converters();
+// The com.microsoft ops that onnxruntime's transformer optimizer writes (FastGelu, BiasGelu, Gelu,
+// SkipLayerNormalization, SkipSimplifiedLayerNormalization, Attention): models/onnx_ops_microsoft.cc.
+inline constexpr const char* kMicrosoftDomain = "com.microsoft";
+const std::map<std::string, OpConverter>& microsoft_converters();
+// The converter of `op_type` in `domain` ("" or "ai.onnx": the default domain), or nullptr.
+const OpConverter* find_converter(const std::string& domain, const std::string& op_type);
+
+// Helpers the conversion files share.
+std::vector<int64_t> dims(const Shape& s);
+Shape shape_of(const std::vector<int64_t>& d);
+Value to_shape(Ctx& c, const Value& v, const Shape& to);                  // broadcast (when it differs)
+Value reshaped(Ctx& c, const Value& v, const std::vector<int64_t>& d);    // reshape (when it differs)
+Value filled(Ctx& c, double v, DType dtype, const Shape& shape);          // a scalar of dtype, broadcast
 
 // What errors expect of an element type: the ONNX types dtype_of_onnx maps.
 inline constexpr const char* kAspenTypes =

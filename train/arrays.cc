@@ -15,8 +15,9 @@ namespace fs = std::filesystem;
 Result<std::shared_ptr<const ArrayDataset>> ArrayDataset::open(const std::string& path) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
-  if (ec || !fs::exists(st))
+  if (st.type() == fs::file_type::not_found)
     return Status::error(Code::kNotFound, path, "an .npz file or a directory of .npy files", "nothing there");
+  if (ec) return Status::error(Code::kIoError, path, "an .npz file or a directory of .npy files", ec.message());
   Columns columns;
   if (fs::is_directory(st)) {
     std::vector<std::string> files;

@@ -429,8 +429,7 @@ std::vector<int64_t> philox_permutation(int64_t n, uint64_t seed, uint64_t strea
   return p;
 }
 
-Result<ExampleOrder> ExampleOrder::make(int64_t num_examples, int64_t val_gap, const DataLoaderOptions& o,
-                                        const std::string& what, const std::string& detail) {
+Status ExampleOrder::check(const DataLoaderOptions& o) {
   auto positive = [](const char* name, int64_t v) -> Status {
     if (v > 0) return Status::ok();
     return Status::invalid_argument(name, "a positive count", std::to_string(v));
@@ -443,6 +442,12 @@ Result<ExampleOrder> ExampleOrder::make(int64_t num_examples, int64_t val_gap, c
                                     std::to_string(o.replica));
   if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0))
     return Status::invalid_argument("val_fraction", "in [0, 1)", std::to_string(o.val_fraction));
+  return Status::ok();
+}
+
+Result<ExampleOrder> ExampleOrder::make(int64_t num_examples, int64_t val_gap, const DataLoaderOptions& o,
+                                        const std::string& what, const std::string& detail) {
+  ASPEN_RETURN_IF_ERROR(check(o));
   ExampleOrder l;
   l.options_ = o;
   l.num_examples_ = num_examples;
@@ -512,6 +517,7 @@ Result<std::vector<int64_t>> ExampleOrder::val_batch(int64_t i) const {
 
 Result<DataLoader> DataLoader::open(const std::string& dir, const DataLoaderOptions& o) {
   if (o.seq <= 0) return Status::invalid_argument("seq", "a positive count", std::to_string(o.seq));
+  ASPEN_RETURN_IF_ERROR(ExampleOrder::check(o));
   ASPEN_ASSIGN_OR_RETURN(TokenDataset ds, TokenDataset::open(dir));
   DataLoader l(std::move(ds));
   const int64_t tokens = l.dataset_.size();
@@ -520,6 +526,13 @@ Result<DataLoader> DataLoader::open(const std::string& dir, const DataLoaderOpti
   ASPEN_ASSIGN_OR_RETURN(l.order_, ExampleOrder::make(tokens > 0 ? (tokens - 1) / o.seq : 0, 1, o, dir,
                                                       std::to_string(tokens) + " tokens, seq " + std::to_string(o.seq)));
   return l;
+}
+
+Result<Batch> DataLoader::next() {
+  const Position at = order_.position();
+  Result<Batch> b = make_batch(order_.next());
+  if (!b.is_ok()) ASPEN_CHECK(order_.restore(at).is_ok());
+  return b;
 }
 
 Result<Batch> DataLoader::val_batch(int64_t i) const {

@@ -226,6 +226,8 @@ class ExampleOrder {
   // smaller than one global batch (`detail`: where the count came from).
   static Result<ExampleOrder> make(int64_t num_examples, int64_t val_gap, const DataLoaderOptions& options,
                                    const std::string& what, const std::string& detail);
+  // The options' own checks (make() runs them first): InvalidArgument naming the option.
+  static Status check(const DataLoaderOptions& options);
 
   const DataLoaderOptions& options() const { return options_; }
   int64_t num_examples() const { return num_examples_; }
@@ -275,8 +277,8 @@ class DataLoader {
   int64_t global_batch() const { return order_.global_batch(); }
   int64_t steps_per_epoch() const { return order_.steps_per_epoch(); }
 
-  // This replica's next training micro-batch.
-  Result<Batch> next() { return make_batch(order_.next()); }
+  // This replica's next training micro-batch; after an error the position is where it was.
+  Result<Batch> next();
   Position position() const { return order_.position(); }
   Status restore(const Position& p) { return order_.restore(p); }
 
