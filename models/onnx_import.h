@@ -23,7 +23,8 @@
 //
 // Ops: the default domain at opsets 13 to 21, each mapped onto the IR's ops
 // (decomposed where the IR has no op of its own; models/onnx_ops.cc lists
-// them), and onnxruntime's fused com.microsoft ops (models/onnx_ops_microsoft.cc). A model with ops the importer does not know is refused before any is
+// them), and onnxruntime's fused com.microsoft ops (models/onnx_ops_microsoft.cc).
+// A model with ops the importer does not know is refused before any is
 // built, naming every such node (op type, domain, opset) at once; an
 // attribute or input value an op does not support is an error naming the
 // node, the attribute and the opset.
