@@ -5,31 +5,38 @@
 
 namespace aspen {
 
-void* aligned_alloc_zeroed(size_t bytes) {
+namespace {
+void* aligned_alloc_rounded(size_t bytes, bool zero) {
   size_t rounded = (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
   if (rounded == 0) rounded = kTensorAlignment;
   void* p = std::aligned_alloc(kTensorAlignment, rounded);
-  if (p) std::memset(p, 0, rounded);
+  if (p && zero) std::memset(p, 0, rounded);
   return p;
 }
+}  // namespace
+
+void* aligned_alloc_zeroed(size_t bytes) { return aligned_alloc_rounded(bytes, true); }
 
 void aligned_free(void* p) { std::free(p); }
 
 void Tensor::Free::operator()(void* p) const { aligned_free(p); }
 
-Result<Tensor> Tensor::make(DType dtype, Shape shape) {
+Result<Tensor> Tensor::allocate(DType dtype, Shape shape, bool zero) {
   int64_t n = shape.numel();
   if (n < 0 || uint64_t(n) > (uint64_t(1) << 60) / uint64_t(dtype_size(dtype)))
     return Status::invalid_argument("tensor " + shape.to_string(), "a size that fits in memory", "an overflow");
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = shape;
-  t.data_.reset(aligned_alloc_zeroed(size_t(n) * dtype_size(dtype)));
+  t.data_.reset(aligned_alloc_rounded(size_t(n) * dtype_size(dtype), zero));
   if (!t.data_)
     return Status::error(Code::kFailedPrecondition, "tensor " + shape.to_string() + " " + std::string(dtype_name(dtype)),
                          std::to_string(size_t(n) * dtype_size(dtype)) + " bytes of memory", "the allocation refused");
   return t;
 }
+
+Result<Tensor> Tensor::make(DType dtype, Shape shape) { return allocate(dtype, shape, true); }
+Result<Tensor> Tensor::make_uninitialized(DType dtype, Shape shape) { return allocate(dtype, shape, false); }
 
 Tensor::Tensor(DType dtype, Shape shape) {
   Result<Tensor> r = make(dtype, shape);

@@ -23,6 +23,9 @@ class Tensor {
   // Allocates numel × dtype_size bytes, zeroed. Fails (not aborts) on overflow
   // or when the allocation is refused.
   static Result<Tensor> make(DType dtype, Shape shape);
+  // As make(), without zeroing: for a buffer its maker writes completely (a run's outputs, 26 MB of
+  // GPT-2's logits, where the zeroing alone costs a pass over memory).
+  static Result<Tensor> make_uninitialized(DType dtype, Shape shape);
   // As make(), for sizes that are known good; aborts on failure.
   Tensor(DType dtype, Shape shape);
 
@@ -55,6 +58,7 @@ class Tensor {
   std::span<const T> span() const { return {data<T>(), size_t(numel())}; }
 
  private:
+  static Result<Tensor> allocate(DType dtype, Shape shape, bool zero);
   struct Free {
     void operator()(void* p) const;
   };

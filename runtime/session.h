@@ -98,6 +98,9 @@ class Session {
     return *replicas_.front().exes.at(size_t(program));
   }
   int replicas() const { return int(replicas_.size()); }
+  // The outputs of `program` whose producers write straight into the caller's tensors (NOTE [outputs
+  // written in place] in session.cc), by name: for tests and reports.
+  std::vector<std::string> direct_outputs(int program = 0) const;
   CpuDevice& device(int replica = 0) { return *replicas_.at(size_t(replica)).device; }
 
   Status set_parameter(const std::string& name, const Tensor& value);
@@ -158,6 +161,9 @@ class Session {
       bool made = false;
     };
     std::vector<Derived> derived;
+    // By program, by output binding: the value whose producer writes straight into the caller's output
+    // buffer (NOTE [outputs written in place] in session.cc), or -1 where it goes through the arena.
+    std::vector<std::vector<int32_t>> direct;
   };
   int replica_index(const Replica& r) const;
   struct ProgramInfo {
@@ -188,7 +194,8 @@ class Session {
   std::vector<Replica> replicas_;
   profile::TraceRecorder* trace_ = nullptr;
   std::vector<ProgramInfo> programs_;
-  Result<std::map<std::string, Tensor>> make_outputs(const compiler::Executable& exe, const std::vector<int64_t>& lead) const;
+  Result<std::map<std::string, Tensor>> make_outputs(const compiler::Executable& exe, const std::vector<int64_t>& lead,
+                                                     bool zero) const;
   Status check_inputs(const compiler::Executable& exe, const std::map<std::string, const Tensor*>& inputs,
                       int64_t steps, int64_t replicas) const;
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -564,6 +565,65 @@ TEST(Session, ReshapesAreViewsThatKeepTheirBytes) {
     EXPECT_FLOAT_EQ((*s)->get_parameter("p")->data<float>()[i], pv.data<float>()[i] + ex) << i;
     EXPECT_FLOAT_EQ((*s)->get_parameter("r")->data<float>()[i], pv.data<float>()[i] + ex) << i;
     EXPECT_EQ((*s)->get_parameter("q")->data<float>()[i], -qv.data<float>()[i]) << i;
+  }
+}
+
+// NOTE [outputs written in place]: "y" is read again after it is made and still goes straight to the
+// caller; "z" has a view read after it, "zv" is that view, "w1" and "w2" are one value: those go
+// through the arena. Every output mode gets the same numbers (sums start from zero).
+TEST(Session, OutputsAreWrittenInPlaceWhereSafe) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {4, 6});
+  ValueId y = b.exp(x);
+  b.output("y", y);
+  ValueId z = b.scale(y, 2.0);
+  b.output("z", z);
+  ValueId zv = b.reshape(z, {24});
+  b.output("zv", zv);
+  b.output("zsum", b.reduce_sum(zv, {0}));
+  ValueId w = b.add(x, x);
+  b.output("w1", w);
+  b.output("w2", w);
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  auto exe = compiler::compile(g, {.verify_each_pass = true});
+  ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+  auto s = Session::create(std::move(exe).value(), {.threads = 1});
+  ASSERT_TRUE(s.is_ok());
+  const std::vector<std::string> direct = (*s)->direct_outputs();
+  EXPECT_NE(std::find(direct.begin(), direct.end(), "y"), direct.end());
+  EXPECT_NE(std::find(direct.begin(), direct.end(), "zsum"), direct.end());
+  for (const char* name : {"z", "zv", "w1", "w2"})
+    EXPECT_EQ(std::find(direct.begin(), direct.end(), name), direct.end()) << name;
+  Tensor xv = random_tensor({3, 4, 6}, 4);
+  for (OutputMode mode : {OutputMode::all, OutputMode::final, OutputMode::sum}) {
+    auto got = (*s)->run({{"x", &xv}}, {.iterations = 3, .output_mode = mode});
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    for (int64_t step = 0; step < 3; ++step) {
+      if (mode == OutputMode::final && step < 2) continue;
+      const int64_t at = mode == OutputMode::all ? step * 24 : 0;
+      double zsum = 0;
+      for (int i = 0; i < 24; ++i) {
+        const float xi = xv.data<float>()[step * 24 + i], e = std::exp(xi);
+        zsum += 2.0 * e;
+        if (mode == OutputMode::sum) continue;
+        EXPECT_FLOAT_EQ(got->at("y").data<float>()[at + i], e);
+        EXPECT_FLOAT_EQ(got->at("z").data<float>()[at + i], 2 * e);
+        EXPECT_FLOAT_EQ(got->at("zv").data<float>()[at + i], 2 * e);
+        EXPECT_FLOAT_EQ(got->at("w1").data<float>()[at + i], 2 * xi);
+        EXPECT_FLOAT_EQ(got->at("w2").data<float>()[at + i], 2 * xi);
+      }
+      if (mode != OutputMode::sum) {
+        EXPECT_NEAR(got->at("zsum").data<float>()[mode == OutputMode::all ? step : 0], zsum, 1e-4 * zsum);
+      }
+    }
+    if (mode == OutputMode::sum) {  // the three steps added up, from zero
+      double want = 0;
+      for (int i = 0; i < 72; ++i) want += xv.data<float>()[i] * 2.0;
+      double have = 0;
+      for (int i = 0; i < 24; ++i) have += got->at("w1").data<float>()[i];
+      EXPECT_NEAR(have, want, 1e-4 * (1 + std::fabs(want)));
+    }
   }
 }
 
