@@ -69,7 +69,10 @@ struct GemmBlocking {
 // The blocking of the variant for `isa` and inputs of `input` (the best
 // variant at or below it: AMX for bf16 only), sized from this machine's caches.
 GemmBlocking gemm_blocking(Isa isa, DType input = DType::f32);
-// On the variant of active_isa() with gemm_blocking's sizes, or on a given
+// The blocking a product of `shape` on `team` threads runs with on active_isa()'s variant: the above,
+// with one K block for all of K (up to 1024) where a thread's share of C exceeds L2 (NOTE [whole k]).
+GemmBlocking gemm_blocking(const MatmulShape& shape, int team);
+// On the variant of active_isa() with gemm_blocking(shape, team)'s sizes, or on a given
 // blocking (tests and tuning); an ISA above active_isa() is refused.
 Result<std::unique_ptr<MatmulPlan::Impl>> make_aspen_plan(const MatmulShape& shape);
 Result<std::unique_ptr<MatmulPlan::Impl>> make_aspen_plan(const MatmulShape& shape, const GemmBlocking& blocking);

@@ -241,7 +241,7 @@ std::string onednn_version() {
 // Raised whenever aspen's own kernels change speed (a new variant, another
 // split among threads): remembered choices measured against the old ones are
 // then measured again, since the identity names the choices file.
-constexpr int kAspenGemmRevision = 4;  // 4: the next fixed-B panel prefetched
+constexpr int kAspenGemmRevision = 5;  // 4: the next fixed-B panel prefetched; 5: NOTE [whole k]
 
 std::string detect_cpu_identity() {
   unsigned regs[2][4] = {};
