@@ -298,6 +298,15 @@ TEST(MatmulAspen, BlockingFollowsTheCachesAndBadOnesAreRefused) {
       EXPECT_FALSE(r2.is_ok());
     }
   }
+  // NOTE [whole k]: a C whose share per thread outgrows L2 takes all of a K up to 1024 in one block; a
+  // small C, or a K past 1024, keeps the cache-sized kc.
+  const GemmBlocking base = gemm_blocking(active_isa());
+  const int64_t big_n = 2 * cpu_caches().l2 / (sizeof(float) * 128) + 64;  // C's share > L2 on 2 threads
+  const GemmBlocking whole = gemm_blocking(MatmulShape{.M = 256, .N = big_n, .K = 770}, 2);
+  EXPECT_GE(whole.kc, 770) << whole.to_string();
+  EXPECT_LE(whole.mc * whole.kc * 4, cpu_caches().l2) << whole.to_string();
+  EXPECT_EQ(gemm_blocking(MatmulShape{.M = 16, .N = 64, .K = 770}, 2).kc, base.kc);
+  EXPECT_EQ(gemm_blocking(MatmulShape{.M = 256, .N = big_n, .K = 3000}, 2).kc, base.kc);
   // The checked entry point takes the backend too.
   auto plan = MatmulPlan::create(s, MatmulBackend::aspen);
   ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
