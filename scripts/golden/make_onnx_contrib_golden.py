@@ -36,26 +36,31 @@ def f32(*shape, scale=1.0):
     return (RNG.standard_normal(shape) * scale).astype(np.float32)
 
 
-def save(name, nodes, inputs, outputs, initializers, feeds, dims=None):
-    graph = helper.make_graph(nodes, name, inputs, outputs,
-                              [numpy_helper.from_array(v, k) for k, v in initializers.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
-    model.ir_version = 8
+def write_case(name, model, feeds, dims):
+    """model.onnx, onnxruntime's outputs on `feeds` and dims.txt in models/testdata/onnx/<name>/."""
     d = os.path.join(OUT, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     onnx.save(model, os.path.join(d, "model.onnx"))
     sess = ort.InferenceSession(os.path.join(d, "model.onnx"), providers=["CPUExecutionProvider"])
     results = sess.run(None, feeds)
-    for k, v in enumerate(inputs):
+    for k, v in enumerate(model.graph.input):
         with open(os.path.join(d, f"input_{k}.pb"), "wb") as f:
             f.write(numpy_helper.from_array(feeds[v.name], v.name).SerializeToString())
-    for k, (v, r) in enumerate(zip(outputs, results)):
+    for k, (v, r) in enumerate(zip(model.graph.output, results)):
         with open(os.path.join(d, f"output_{k}.pb"), "wb") as f:
             f.write(numpy_helper.from_array(np.asarray(r), v.name).SerializeToString())
     with open(os.path.join(d, "dims.txt"), "w") as f:
-        for k, v in (dims or {}).items():
-            f.write(f"{k} {v}\n")
+        f.write(dims)
+    return results
+
+
+def save(name, nodes, inputs, outputs, initializers, feeds, dims=None):
+    graph = helper.make_graph(nodes, name, inputs, outputs,
+                              [numpy_helper.from_array(v, k) for k, v in initializers.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    results = write_case(name, model, feeds, "".join(f"{k} {v}\n" for k, v in (dims or {}).items()))
     print(name, [np.asarray(r).shape for r in results])
 
 
@@ -107,23 +112,11 @@ def bert_optimized():
     opt = optimizer.optimize_model(os.path.join(src, "model.onnx"), model_type="bert", num_heads=0, hidden_size=0,
                                    opt_level=0)
     model = opt.model
-    names = [i.name for i in model.graph.input]
     feeds = {}
-    for k, name in enumerate(names):
-        feeds[name] = numpy_helper.to_array(onnx.load_tensor(os.path.join(src, f"input_{k}.pb")))
-    d = os.path.join(OUT, "ms_bert_optimized")
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
-    onnx.save(model, os.path.join(d, "model.onnx"))
-    sess = ort.InferenceSession(os.path.join(d, "model.onnx"), providers=["CPUExecutionProvider"])
-    results = sess.run(None, feeds)
-    for k, name in enumerate(names):
-        with open(os.path.join(d, f"input_{k}.pb"), "wb") as f:
-            f.write(numpy_helper.from_array(feeds[name], name).SerializeToString())
-    for k, (v, r) in enumerate(zip(model.graph.output, results)):
-        with open(os.path.join(d, f"output_{k}.pb"), "wb") as f:
-            f.write(numpy_helper.from_array(np.asarray(r), v.name).SerializeToString())
-    shutil.copy(os.path.join(src, "dims.txt"), os.path.join(d, "dims.txt"))
+    for k, v in enumerate(model.graph.input):
+        feeds[v.name] = numpy_helper.to_array(onnx.load_tensor(os.path.join(src, f"input_{k}.pb")))
+    with open(os.path.join(src, "dims.txt")) as f:
+        results = write_case("ms_bert_optimized", model, feeds, f.read())
     fused_ops = sorted({n.op_type for n in model.graph.node if n.domain == MS})
     print("ms_bert_optimized", fused_ops, [np.asarray(r).shape for r in results])
 
