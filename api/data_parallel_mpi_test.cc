@@ -5,6 +5,7 @@
 // micro-batches, in-process, as the reference.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <unistd.h>
@@ -15,9 +16,12 @@
 
 #include "api/trainer.h"
 #include "api/training_testing.h"
+#include "core/philox.h"
+#include "io/npz.h"
 #include "kernels/matmul_choice.h"
 #include "parallel/mpi/mpi_communicator.h"
 #include "train/demo.h"
+#include "train/report.h"
 
 namespace aspen::api {
 namespace {
@@ -301,6 +305,65 @@ TEST(TrainerMpi, ProcessesThatDisagreeAreRefusedNamingTheKey) {
   t->reset();
   ASSERT_TRUE((*world)->all_reduce(std::span<float>(&one, 1)).is_ok());
   if (parallel::mpi_world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// A user's ONNX model trained from arrays by the job's processes (batch.replicas = the processes): the
+// losses of one process with that much accumulation on the same global batches.
+TEST(TrainerMpi, OnnxModelFromArraysEqualsAccumulation) {
+  const std::string dir = "/tmp/aspen_mpi_trainer_onnx_" + std::to_string(getppid());
+  const int rank = parallel::mpi_world_rank(), np = parallel::mpi_world_size();
+  auto world = parallel::MpiCommunicator::world();
+  ASSERT_TRUE(world.is_ok());
+  if (rank == 0) {
+    std::map<std::string, Tensor> arrays;
+    arrays.emplace("x", Tensor(DType::f32, Shape{32, 7, 16}));
+    arrays.emplace("targets", Tensor(DType::f32, Shape{32, 7, 16}));
+    philox_fill_uniform(arrays.at("x").span<float>(), 1, 0, 0, -1, 1);
+    philox_fill_uniform(arrays.at("targets").span<float>(), 2, 0, 0, -1, 1);
+    std::filesystem::create_directories(dir);
+    EXPECT_TRUE(io::write_npz(dir + "/train.npz", arrays).is_ok());
+  }
+  float one = 1;
+  ASSERT_TRUE((*world)->all_reduce(std::span<float>(&one, 1)).is_ok());  // the data is written
+  train::TrainConfig c;
+  c.name = "onnx";
+  c.model.from = std::string(ASPEN_MODELS_TESTDATA) + "/onnx/block_dynamo/model.onnx";
+  c.model.loss = "mse";
+  c.data.train = dir + "/train.npz";
+  c.data.val_fraction = 0;
+  c.optimizer.lr = 1e-2;
+  c.batch.micro = 2;
+  c.batch.replicas = np;
+  c.train.steps = 4;
+  c.train.threads = 1;
+  c.log.run_dir = dir + "/mpi";
+  c.log.progress = "off";
+  std::ostringstream sink;
+  auto t = Trainer::create(c, {.out = &sink, .mpi = true});
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  auto r = (*t)->run();
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  t->reset();
+  ASSERT_TRUE((*world)->all_reduce(std::span<float>(&one, 1)).is_ok());  // rank 0 wrote its metrics
+  if (rank == 0) {
+    train::TrainConfig alone = c;
+    alone.batch.replicas = 1;
+    alone.batch.accumulation = np;
+    alone.log.run_dir = dir + "/alone";
+    auto a = Trainer::create(alone, {.out = &sink});
+    ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+    ASSERT_TRUE((*a)->run().is_ok());
+    auto lm = train::read_metric(dir + "/mpi/metrics.jsonl", "loss");
+    auto la = train::read_metric(dir + "/alone/metrics.jsonl", "loss");
+    ASSERT_TRUE(lm.is_ok() && la.is_ok());
+    ASSERT_EQ(lm->size(), 4u);
+    ASSERT_EQ(la->size(), 4u);
+    for (size_t k = 0; k < 4; ++k)
+      EXPECT_NEAR((*lm)[k].second, (*la)[k].second, 1e-5 * std::fabs((*la)[k].second)) << "step " << k + 1;
+    EXPECT_TRUE(std::filesystem::exists(dir + "/mpi/model/model.onnx"));
+  }
+  ASSERT_TRUE((*world)->all_reduce(std::span<float>(&one, 1)).is_ok());
+  if (rank == 0) std::filesystem::remove_all(dir);
 }
 
 // --- A model across processes (Options::model_across_processes): one

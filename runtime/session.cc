@@ -40,7 +40,8 @@ namespace {
 std::vector<int32_t> direct_output_values(const compiler::Executable& exe) {
   const std::vector<compiler::Slot>& slots = exe.plan.slots;
   const std::vector<compiler::Instruction>& code = exe.program.code;
-  auto overlaps = [&](int32_t a, int32_t b) {
+  auto overlaps = [&](int32_t a, int32_t b) {  // an instruction's operand list may hold -1 (none)
+    if (a < 0 || b < 0) return false;
     const compiler::Slot &x = slots[size_t(a)], &y = slots[size_t(b)];
     return x.storage == y.storage && x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
   };
