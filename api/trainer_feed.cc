@@ -16,13 +16,19 @@ bool is_float(DType t) { return t == DType::f32 || t == DType::f16 || t == DType
 
 double element(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
-    case DType::f32: return t.data<float>()[i];
-    case DType::f16: return f16_to_f32(t.data<f16>()[i]);
-    case DType::bf16: return bf16_to_f32(t.data<bf16>()[i]);
-    case DType::i32: return t.data<int32_t>()[i];
-    case DType::i64: return double(t.data<int64_t>()[i]);
+    case DType::f32:
+      return t.data<float>()[i];
+    case DType::f16:
+      return f16_to_f32(t.data<f16>()[i]);
+    case DType::bf16:
+      return bf16_to_f32(t.data<bf16>()[i]);
+    case DType::i32:
+      return t.data<int32_t>()[i];
+    case DType::i64:
+      return double(t.data<int64_t>()[i]);
     case DType::u8:
-    case DType::boolean: return t.data<uint8_t>()[i];
+    case DType::boolean:
+      return t.data<uint8_t>()[i];
   }
   ASPEN_CHECK(false) << "dtype " << dtype_name(t.dtype());
   return 0;
@@ -41,22 +47,34 @@ Status convert_into(const Tensor& src, DType to, void* dst, const std::string& w
   for (int64_t i = 0; i < n; ++i) {
     const double v = element(src, i);
     switch (to) {
-      case DType::f32: static_cast<float*>(dst)[i] = float(v); break;
-      case DType::f16: static_cast<f16*>(dst)[i] = f32_to_f16(float(v)); break;
-      case DType::bf16: static_cast<bf16*>(dst)[i] = f32_to_bf16(float(v)); break;
-      case DType::i64: static_cast<int64_t*>(dst)[i] = src.dtype() == DType::i64 ? src.data<int64_t>()[i] : int64_t(v); break;
+      case DType::f32:
+        static_cast<float*>(dst)[i] = float(v);
+        break;
+      case DType::f16:
+        static_cast<f16*>(dst)[i] = f32_to_f16(float(v));
+        break;
+      case DType::bf16:
+        static_cast<bf16*>(dst)[i] = f32_to_bf16(float(v));
+        break;
+      case DType::i64:
+        static_cast<int64_t*>(dst)[i] = src.dtype() == DType::i64 ? src.data<int64_t>()[i] : int64_t(v);
+        break;
       case DType::i32:
       case DType::u8:
       case DType::boolean: {
-        const double lo = to == DType::i32 ? -2147483648.0 : 0, hi = to == DType::i32 ? 2147483647.0 : to == DType::u8 ? 255 : 1;
+        const double lo = to == DType::i32 ? -2147483648.0 : 0, hi = to == DType::i32  ? 2147483647.0
+                                                                     : to == DType::u8 ? 255
+                                                                                       : 1;
         const bool wide = src.dtype() == DType::i64;
         const int64_t x = wide ? src.data<int64_t>()[i] : int64_t(v);
         if (double(x) < lo || double(x) > hi)
           return Status::invalid_argument(what + " element " + std::to_string(i),
                                           "a value an input of type " + std::string(dtype_name(to)) + " holds",
                                           std::to_string(x));
-        if (to == DType::i32) static_cast<int32_t*>(dst)[i] = int32_t(x);
-        else static_cast<uint8_t*>(dst)[i] = uint8_t(x);
+        if (to == DType::i32)
+          static_cast<int32_t*>(dst)[i] = int32_t(x);
+        else
+          static_cast<uint8_t*>(dst)[i] = uint8_t(x);
         break;
       }
     }
@@ -135,7 +153,8 @@ Status TrainFeed::check_column(const std::string& input, const std::string& colu
   if (columns().count(column)) return Status::ok();
   return Status::invalid_argument(origin + ": input '" + input + "'",
                                   "a data column named '" + column + "' (" + path_ + " has " + column_names() + ")",
-                                  "none", mapped ? "" : "name the column that feeds it: model.inputs: {" + input + ": COLUMN}");
+                                  "none",
+                                  mapped ? "" : "name the column that feeds it: model.inputs: {" + input + ": COLUMN}");
 }
 
 Status TrainFeed::bind(const graph::Graph& forward, const std::map<std::string, std::string>& mapping,
@@ -166,7 +185,10 @@ Status TrainFeed::bind(const graph::Graph& forward, const std::map<std::string, 
     if (arrays_ && is_integer(c->second.dtype) && is_integer(type.dtype)) {  // every value fits, or say which
       const Tensor& all = arrays_->columns().at(column);
       const int64_t lo = type.dtype == DType::i32 ? INT32_MIN : type.dtype == DType::i64 ? INT64_MIN : 0;
-      const int64_t hi = type.dtype == DType::i32 ? INT32_MAX : type.dtype == DType::u8 ? 255 : type.dtype == DType::boolean ? 1 : INT64_MAX;
+      const int64_t hi = type.dtype == DType::i32       ? INT32_MAX
+                         : type.dtype == DType::u8      ? 255
+                         : type.dtype == DType::boolean ? 1
+                                                        : INT64_MAX;
       for (int64_t i = 0; i < all.numel(); ++i) {
         const int64_t v = all.dtype() == DType::i64 ? all.data<int64_t>()[i] : int64_t(element(all, i));
         if (v < lo || v > hi)

@@ -94,8 +94,7 @@ void expect_torch_parity(const std::string& name, const std::string& input, cons
   auto got = train::read_metric(t / "run/metrics.jsonl", "loss");
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   ASSERT_EQ(got->size(), 10u);
-  for (size_t k = 0; k < 10; ++k)
-    EXPECT_NEAR((*got)[k].second, want[k], 1e-4 * std::fabs(want[k])) << "step " << k + 1;
+  for (size_t k = 0; k < 10; ++k) EXPECT_NEAR((*got)[k].second, want[k], 1e-4 * std::fabs(want[k])) << "step " << k + 1;
   EXPECT_TRUE(train::read_metric(t / "run/metrics.jsonl", "examples_per_s").is_ok());
 
   // model/model.onnx: the file with the trained initializers, which the checkpoint of step 10 holds.
@@ -128,7 +127,8 @@ TEST(TrainerOnnx, ExportedGpt2FromArraysMatchesPyTorch) {
 TEST(TrainerOnnx, TokenShardsTrainAndResumeBitwise) {
   TempDir data, straight, stopped;
   {  // counting documents in the model's 50-token vocabulary: each next token is learnable
-    auto w = train::TokenShardWriter::create(data / "shards", {.vocab_size = 50, .eos_id = 0, .tokenizer_dir = "", .tokenizer_hash = ""});
+    auto w = train::TokenShardWriter::create(
+        data / "shards", {.vocab_size = 50, .eos_id = 0, .tokenizer_dir = "", .tokenizer_hash = ""});
     ASSERT_TRUE(w.is_ok()) << w.status().to_string();
     for (int d = 0; d < 60; ++d) {
       std::vector<io::TokenId> doc;
@@ -219,10 +219,9 @@ TEST(TrainerOnnx, MistakesNameTheKeyAndWhatIsThere) {
   train::TrainConfig c = onnx_config(t / "run", "block_dynamo", t / "train.npz");
   c.model.loss = "mse";
   // The graph input x has no column of its name.
-  expect_refused(c,
-                 "config: model.inputs: input 'x': expected a data column named 'x' (" + t / "train.npz" +
-                     " has features f32[2, 7, 16], labels f32[2, 3], targets f32[2, 7, 16]), found none (hint: "
-                     "name the column that feeds it: model.inputs: {x: COLUMN})");
+  expect_refused(c, "config: model.inputs: input 'x': expected a data column named 'x' (" + t / "train.npz" +
+                        " has features f32[2, 7, 16], labels f32[2, 3], targets f32[2, 7, 16]), found none (hint: "
+                        "name the column that feeds it: model.inputs: {x: COLUMN})");
   c.model.inputs = {{"x", "labels"}};
   expect_refused(c,
                  "input 'x' from column 'labels': expected a column of rank 3, whose micro-batch binds the input's "
@@ -238,8 +237,9 @@ TEST(TrainerOnnx, MistakesNameTheKeyAndWhatIsThere) {
   // Arrays train ONNX models only.
   train::TrainConfig gpt = c;
   gpt.model = {};
-  expect_refused(gpt, "expected a token-shard directory (index.json) for a language model of the built-in families, "
-                      "found a file");
+  expect_refused(gpt,
+                 "expected a token-shard directory (index.json) for a language model of the built-in families, "
+                 "found a file");
 }
 
 }  // namespace

@@ -51,7 +51,8 @@ Status read_zip64_extra(std::string_view extra, Member& m, bool need_size, bool 
     if (id == 1) {
       size_t p = at + 4;
       const size_t end = p + len;
-      for (auto [need, field] : {std::pair{need_size, &m.size}, {need_compressed, &m.compressed}, {need_local, &m.local}}) {
+      for (auto [need, field] :
+           {std::pair{need_size, &m.size}, {need_compressed, &m.compressed}, {need_local, &m.local}}) {
         if (!need) continue;
         if (p + 8 > end) return corrupt(where, "ZIP64 extra field", "8 bytes per widened size", "fewer");
         *field = le(extra, p, 8);
@@ -98,9 +99,10 @@ Result<std::vector<Member>> central_directory(std::string_view b, const std::str
     return corrupt(name, "central directory", "inside the file (" + std::to_string(b.size()) + " bytes)",
                    std::to_string(cd_size) + " bytes at offset " + std::to_string(cd_offset));
   if (entries > cd_size / kCentralBytes)
-    return corrupt(name, "central directory", "at most " + std::to_string(cd_size / kCentralBytes) + " entries in " +
-                                                  std::to_string(cd_size) + " bytes",
-                   std::to_string(entries));
+    return corrupt(
+        name, "central directory",
+        "at most " + std::to_string(cd_size / kCentralBytes) + " entries in " + std::to_string(cd_size) + " bytes",
+        std::to_string(entries));
   std::vector<Member> members;
   size_t at = size_t(cd_offset);
   const size_t cd_end = size_t(cd_offset + cd_size);
@@ -120,8 +122,8 @@ Result<std::vector<Member>> central_directory(std::string_view b, const std::str
     if (at + kCentralBytes + name_len + extra_len + comment_len > cd_end)
       return corrupt(where, "record", "its name and fields inside the central directory", "past its end");
     m.name = std::string(b.substr(at + kCentralBytes, name_len));
-    ASPEN_RETURN_IF_ERROR(read_zip64_extra(b.substr(at + kCentralBytes + name_len, extra_len), m,
-                                           m.size == 0xffffffff, m.compressed == 0xffffffff, m.local == 0xffffffff,
+    ASPEN_RETURN_IF_ERROR(read_zip64_extra(b.substr(at + kCentralBytes + name_len, extra_len), m, m.size == 0xffffffff,
+                                           m.compressed == 0xffffffff, m.local == 0xffffffff,
                                            where + " ('" + m.name + "')"));
     members.push_back(std::move(m));
     at += kCentralBytes + name_len + extra_len + comment_len;
@@ -150,8 +152,9 @@ Result<std::string> member_bytes(std::string_view b, const Member& m, const std:
                    std::to_string(m.size));
   const uint64_t limit = m.method == 0 ? m.compressed : std::min(kMaxNpzMemberBytes, m.compressed * kMaxDeflateRatio);
   if (m.size > limit || m.size > kMaxNpzMemberBytes)
-    return corrupt(where, "size", "at most " + std::to_string(limit) + " bytes (" + std::to_string(m.compressed) +
-                                      (m.method == 0 ? " stored" : " deflated") + ")",
+    return corrupt(where, "size",
+                   "at most " + std::to_string(limit) + " bytes (" + std::to_string(m.compressed) +
+                       (m.method == 0 ? " stored" : " deflated") + ")",
                    std::to_string(m.size));
   const std::string_view packed = b.substr(size_t(data), size_t(m.compressed));
   std::string out;
@@ -160,7 +163,8 @@ Result<std::string> member_bytes(std::string_view b, const Member& m, const std:
   } else {
     out.resize(size_t(m.size));
     z_stream z{};
-    if (inflateInit2(&z, -MAX_WBITS) != Z_OK) return Status::error(Code::kInternal, where, "zlib's inflate", "no memory");
+    if (inflateInit2(&z, -MAX_WBITS) != Z_OK)
+      return Status::error(Code::kInternal, where, "zlib's inflate", "no memory");
     z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(packed.data()));
     z.next_out = reinterpret_cast<Bytef*>(out.data());
     // zlib counts in 32-bit units: hand it at most 1 GiB of input and of output at a time.
@@ -181,7 +185,7 @@ Result<std::string> member_bytes(std::string_view b, const Member& m, const std:
     inflateEnd(&z);
     if (rc != Z_STREAM_END || produced != m.size)
       return corrupt(where, "deflate stream", std::to_string(m.size) + " bytes, then the stream's end",
-                     rc == Z_DATA_ERROR  ? std::string("invalid deflate data")
+                     rc == Z_DATA_ERROR   ? std::string("invalid deflate data")
                      : rc == Z_STREAM_END ? std::to_string(produced) + " bytes"
                                           : "more than " + std::to_string(produced) + " bytes or a truncated stream");
   }
@@ -244,11 +248,11 @@ Status write_npz(const std::string& path, const std::map<std::string, Tensor>& a
                            "more");
     const uint32_t crc = uint32_t(crc32_z(0L, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
     const uint64_t local = out.size();
-    auto fields = [&](std::string& r) {  // version needed .. name length, shared by both records
-      put_le(r, 20, 2);                  // version needed: 2.0
-      put_le(r, 0, 2);                   // flags
-      put_le(r, 0, 2);                   // method: stored
-      put_le(r, 0, 2);                   // time
+    auto fields = [&](std::string& r) {               // version needed .. name length, shared by both records
+      put_le(r, 20, 2);                               // version needed: 2.0
+      put_le(r, 0, 2);                                // flags
+      put_le(r, 0, 2);                                // method: stored
+      put_le(r, 0, 2);                                // time
       put_le(r, (1980 - 1980) << 9 | 1 << 5 | 1, 2);  // date: 1980-01-01 (a fixed one: the same bytes each run)
       put_le(r, crc, 4);
       put_le(r, bytes.size(), 4);

@@ -95,7 +95,6 @@ TEST(Npz, WriteThenReadGivesTheSameArrays) {
   }
 }
 
-
 TEST(Npz, DamagedArchivesAreErrorsNamingWhatIsWrong) {
   const std::string stored = bytes_of("savez.npz"), deflated = bytes_of("savez_compressed.npz");
   expect_error("", Code::kCorrupt, "d.npz: file: expected an .npz (ZIP) archive, found 0 bytes");

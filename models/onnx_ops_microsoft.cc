@@ -57,7 +57,8 @@ Converter skip_norm(bool rms) {
   return [rms](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) -> Status {
     ASPEN_ASSIGN_OR_RETURN(const float eps, c.attr_f("epsilon", 1e-12f));
     const Value& x = in[0];
-    if (x.type.shape.rank() < 2 || (x.type.dtype != DType::f32 && x.type.dtype != DType::bf16 && x.type.dtype != DType::f16))
+    if (x.type.shape.rank() < 2 ||
+        (x.type.dtype != DType::f32 && x.type.dtype != DType::bf16 && x.type.dtype != DType::f16))
       return c.error("input 'input'", "a float tensor [..., hidden]", x.type.to_string());
     const std::vector<int64_t> d = dims(x.type.shape);
     const int64_t C = d.back();
@@ -92,8 +93,7 @@ Converter skip_norm(bool rms) {
       out = {reshaped(c, c.wrap(y[0]), d), Value{}, reshaped(c, c.wrap(y[1]), stat), s};
       return c.b.status();
     }
-    const ValueId beta =
-        has(in, 3) ? c.id(reshaped(c, in[3], {C})) : c.id(filled(c, 0.0, x.type.dtype, shape_of({C})));
+    const ValueId beta = has(in, 3) ? c.id(reshaped(c, in[3], {C})) : c.id(filled(c, 0.0, x.type.dtype, shape_of({C})));
     std::vector<ValueId> y = c.b.op(OpKind::layernorm, {flat, gamma, beta}, {{"eps", double(eps)}});
     ASPEN_RETURN_IF_ERROR(c.b.status());
     out = {reshaped(c, c.wrap(y[0]), d), reshaped(c, c.wrap(y[1]), stat), reshaped(c, c.wrap(y[2]), stat), s};
@@ -103,8 +103,8 @@ Converter skip_norm(bool rms) {
 
 // The additive mask of Attention, [B, 1 or S, T] in the scores' type, from mask_index (see the header)
 // and the causal rule; nullopt when nothing is masked.
-Result<std::optional<ValueId>> attention_mask(Ctx& c, const std::vector<Value>& in, int64_t B, int64_t S,
-                                              bool causal, float filter, DType dt) {
+Result<std::optional<ValueId>> attention_mask(Ctx& c, const std::vector<Value>& in, int64_t B, int64_t S, bool causal,
+                                              float filter, DType dt) {
   const int64_t T = S;  // no past: the keys are the queries' positions
   const double lowest = double(std::numeric_limits<float>::lowest());
   // allowed [B, 1 or S, T] (bool), or none.
@@ -220,8 +220,10 @@ Status convert_attention(Ctx& c, std::vector<Value>& in, std::vector<Value>& out
     return c.b.transpose(c.b.reshape(part, {B, S, N, size}), {0, 2, 1, 3});
   };
   const ValueId q = heads(0, Hq, h), k = heads(Hq, Hq, h), v = heads(2 * Hq, Hv, hv);
-  ValueId scores = c.b.scale(c.b.op1(OpKind::matmul, {q, k}, {{"trans_a", int64_t(0)}, {"trans_b", int64_t(1)}}), scale);
-  ASPEN_ASSIGN_OR_RETURN(const std::optional<ValueId> mask, attention_mask(c, in, B, S, unidirectional != 0, filter, dt));
+  ValueId scores =
+      c.b.scale(c.b.op1(OpKind::matmul, {q, k}, {{"trans_a", int64_t(0)}, {"trans_b", int64_t(1)}}), scale);
+  ASPEN_ASSIGN_OR_RETURN(const std::optional<ValueId> mask,
+                         attention_mask(c, in, B, S, unidirectional != 0, filter, dt));
   if (mask) {
     const int64_t rows = c.b.type(*mask).shape[1];
     scores = c.b.add(scores, c.b.broadcast(c.b.reshape(*mask, {B, 1, rows, S}), {B, N, S, S}));

@@ -49,10 +49,10 @@ Result<std::shared_ptr<const ArrayDataset>> ArrayDataset::make(Columns columns, 
       first = name;
       d->examples_ = t.shape()[0];
     } else if (t.shape()[0] != d->examples_) {
-      return Status::invalid_argument(path + ": column '" + name + "'",
-                                      std::to_string(d->examples_) + " examples on axis 0, as column '" + first +
-                                          "' has",
-                                      std::to_string(t.shape()[0]) + " (shape " + t.shape().to_string() + ")");
+      return Status::invalid_argument(
+          path + ": column '" + name + "'",
+          std::to_string(d->examples_) + " examples on axis 0, as column '" + first + "' has",
+          std::to_string(t.shape()[0]) + " (shape " + t.shape().to_string() + ")");
     }
   }
   d->columns_ = std::move(columns);
