@@ -24,10 +24,6 @@ Shape with_leading(std::vector<int64_t> lead, const Shape& s) {
   return *Shape::make(lead.data(), int(lead.size()));
 }
 
-}  // namespace
-
-namespace {
-
 // NOTE [outputs written in place]: an output's value would be computed into
 // the arena and then copied into the caller's tensor by its host_read (GPT-2's
 // logits: 26 MB, 10 % of a bf16 run at batch 1). Where it is safe, the value's
@@ -37,37 +33,37 @@ namespace {
 // instruction after its producer touches other bytes overlapping it (a view
 // of it; the plan keeps outputs to the end, so nothing else reuses them). Steps
 // that return no slice of the output, and summed outputs, still use the arena.
-std::vector<int32_t> direct_output_values(const compiler::Executable& exe) {
+bool writable_in_place(const compiler::Executable& exe, int32_t v) {
   const std::vector<compiler::Slot>& slots = exe.plan.slots;
   const std::vector<compiler::Instruction>& code = exe.program.code;
-  auto overlaps = [&](int32_t a, int32_t b) {  // an instruction's operand list may hold -1 (none)
-    if (a < 0 || b < 0) return false;
-    const compiler::Slot &x = slots[size_t(a)], &y = slots[size_t(b)];
-    return x.storage == y.storage && x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
+  if (v < 0 || slots[size_t(v)].storage != Storage::arena || slots[size_t(v)].bytes == 0) return false;
+  const compiler::Slot& y = slots[size_t(v)];
+  auto overlaps = [&](int32_t u) {
+    const compiler::Slot& x = slots[size_t(u)];
+    return u != v && x.storage == y.storage && x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
   };
+  size_t producer = code.size();
+  for (size_t k = 0; k < code.size(); ++k) {
+    if (std::find(code[k].outputs.begin(), code[k].outputs.end(), v) == code[k].outputs.end()) continue;
+    if (producer != code.size() || code[k].kind != compiler::InstrKind::kernel || code[k].derived) return false;
+    producer = k;
+    if (std::any_of(code[k].inputs.begin(), code[k].inputs.end(), overlaps)) return false;  // in place
+  }
+  if (producer == code.size()) return false;
+  for (size_t k = producer + 1; k < code.size(); ++k)
+    if (std::any_of(code[k].inputs.begin(), code[k].inputs.end(), overlaps) ||
+        std::any_of(code[k].outputs.begin(), code[k].outputs.end(), overlaps))
+      return false;
+  return true;
+}
+
+// By output binding: the value written in place, or -1.
+std::vector<int32_t> direct_output_values(const compiler::Executable& exe) {
   std::vector<int32_t> out;
   for (const compiler::Binding& b : exe.outputs) {
-    int32_t v = b.value;
-    int bound = 0;
-    for (const compiler::Binding& o : exe.outputs) bound += o.value == v;
-    if (v < 0 || bound != 1 || slots[size_t(v)].storage != Storage::arena || slots[size_t(v)].bytes == 0) v = -1;
-    size_t producer = code.size();
-    for (size_t k = 0; v >= 0 && k < code.size(); ++k) {
-      const bool writes = std::find(code[k].outputs.begin(), code[k].outputs.end(), v) != code[k].outputs.end();
-      if (!writes) continue;
-      if (producer != code.size() || code[k].kind != compiler::InstrKind::kernel || code[k].derived) v = -1;
-      producer = k;
-      for (int32_t in : code[k].inputs)
-        if (v >= 0 && in != v && overlaps(in, v)) v = -1;  // in place over an input
-    }
-    if (producer == code.size()) v = -1;
-    for (size_t k = producer + 1; v >= 0 && k < code.size(); ++k) {
-      for (int32_t u : code[k].inputs)
-        if (u != v && overlaps(u, v)) v = -1;
-      for (int32_t u : code[k].outputs)
-        if (u != v && overlaps(u, v)) v = -1;
-    }
-    out.push_back(v);
+    const auto bound = std::count_if(exe.outputs.begin(), exe.outputs.end(),
+                                     [&](const compiler::Binding& o) { return o.value == b.value; });
+    out.push_back(bound == 1 && writable_in_place(exe, b.value) ? b.value : -1);
   }
   return out;
 }
