@@ -14,6 +14,7 @@ namespace {
 bool is_integer(DType t) { return t == DType::i32 || t == DType::i64 || t == DType::u8 || t == DType::boolean; }
 bool is_float(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
 
+// Element i of a float or integer tensor, as a double (floats widen exactly).
 double element(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
     case DType::f32:
@@ -34,49 +35,85 @@ double element(const Tensor& t, int64_t i) {
   return 0;
 }
 
-// Copies `src`'s elements into `dst` (n of type `to`), converting; `what` names the column in errors.
+// Element i of an integer tensor, exactly.
+int64_t integer(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::i32:
+      return t.data<int32_t>()[i];
+    case DType::i64:
+      return t.data<int64_t>()[i];
+    case DType::u8:
+    case DType::boolean:
+      return t.data<uint8_t>()[i];
+    default:
+      ASPEN_CHECK(false) << "dtype " << dtype_name(t.dtype());
+      return 0;
+  }
+}
+
+// The values an integer dtype holds.
+std::pair<int64_t, int64_t> range_of(DType t) {
+  switch (t) {
+    case DType::i32:
+      return {INT32_MIN, INT32_MAX};
+    case DType::u8:
+      return {0, 255};
+    case DType::boolean:
+      return {0, 1};
+    default:
+      return {INT64_MIN, INT64_MAX};
+  }
+}
+
+// The first element of an integer tensor that `to` cannot hold, or -1.
+int64_t first_out_of_range(const Tensor& t, DType to) {
+  const auto [lo, hi] = range_of(to);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (const int64_t x = integer(t, i); x < lo || x > hi) return i;
+  return -1;
+}
+
+// Copies `src`'s elements into `dst` (as many of type `to`), converting; bind() refused floats for an
+// integer input. `what` names the column in errors.
 Status convert_into(const Tensor& src, DType to, void* dst, const std::string& what) {
-  const int64_t n = src.numel();
   if (src.dtype() == to) {
     std::memcpy(dst, src.raw(), src.nbytes());
     return Status::ok();
   }
-  if (is_float(src.dtype()) && is_integer(to))
-    return Status::invalid_argument(what, "integers for an input of type " + std::string(dtype_name(to)),
-                                    std::string(dtype_name(src.dtype())) + " values");
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = element(src, i);
+  if (is_integer(to)) {
+    ASPEN_CHECK(is_integer(src.dtype())) << what;
+    if (const int64_t i = first_out_of_range(src, to); i >= 0)
+      return Status::invalid_argument(what + " element " + std::to_string(i),
+                                      "a value an input of type " + std::string(dtype_name(to)) + " holds",
+                                      std::to_string(integer(src, i)));
+    for (int64_t i = 0; i < src.numel(); ++i) {
+      const int64_t x = integer(src, i);
+      switch (to) {
+        case DType::i64:
+          static_cast<int64_t*>(dst)[i] = x;
+          break;
+        case DType::i32:
+          static_cast<int32_t*>(dst)[i] = int32_t(x);
+          break;
+        default:
+          static_cast<uint8_t*>(dst)[i] = uint8_t(x);
+          break;
+      }
+    }
+    return Status::ok();
+  }
+  for (int64_t i = 0; i < src.numel(); ++i) {
+    const float v = float(element(src, i));
     switch (to) {
-      case DType::f32:
-        static_cast<float*>(dst)[i] = float(v);
-        break;
       case DType::f16:
-        static_cast<f16*>(dst)[i] = f32_to_f16(float(v));
+        static_cast<f16*>(dst)[i] = f32_to_f16(v);
         break;
       case DType::bf16:
-        static_cast<bf16*>(dst)[i] = f32_to_bf16(float(v));
+        static_cast<bf16*>(dst)[i] = f32_to_bf16(v);
         break;
-      case DType::i64:
-        static_cast<int64_t*>(dst)[i] = src.dtype() == DType::i64 ? src.data<int64_t>()[i] : int64_t(v);
+      default:
+        static_cast<float*>(dst)[i] = v;
         break;
-      case DType::i32:
-      case DType::u8:
-      case DType::boolean: {
-        const double lo = to == DType::i32 ? -2147483648.0 : 0, hi = to == DType::i32  ? 2147483647.0
-                                                                     : to == DType::u8 ? 255
-                                                                                       : 1;
-        const bool wide = src.dtype() == DType::i64;
-        const int64_t x = wide ? src.data<int64_t>()[i] : int64_t(v);
-        if (double(x) < lo || double(x) > hi)
-          return Status::invalid_argument(what + " element " + std::to_string(i),
-                                          "a value an input of type " + std::string(dtype_name(to)) + " holds",
-                                          std::to_string(x));
-        if (to == DType::i32)
-          static_cast<int32_t*>(dst)[i] = int32_t(x);
-        else
-          static_cast<uint8_t*>(dst)[i] = uint8_t(x);
-        break;
-      }
     }
   }
   return Status::ok();
@@ -184,18 +221,10 @@ Status TrainFeed::bind(const graph::Graph& forward, const std::map<std::string, 
                                       "integers (the input is " + type.to_string() + ")", c->second.to_string());
     if (arrays_ && is_integer(c->second.dtype) && is_integer(type.dtype)) {  // every value fits, or say which
       const Tensor& all = arrays_->columns().at(column);
-      const int64_t lo = type.dtype == DType::i32 ? INT32_MIN : type.dtype == DType::i64 ? INT64_MIN : 0;
-      const int64_t hi = type.dtype == DType::i32       ? INT32_MAX
-                         : type.dtype == DType::u8      ? 255
-                         : type.dtype == DType::boolean ? 1
-                                                        : INT64_MAX;
-      for (int64_t i = 0; i < all.numel(); ++i) {
-        const int64_t v = all.dtype() == DType::i64 ? all.data<int64_t>()[i] : int64_t(element(all, i));
-        if (v < lo || v > hi)
-          return Status::invalid_argument(origin + ": input '" + input + "' from column '" + column + "'",
-                                          "values an input of type " + std::string(dtype_name(type.dtype)) + " holds",
-                                          std::to_string(v) + " at element " + std::to_string(i));
-      }
+      if (const int64_t i = first_out_of_range(all, type.dtype); i >= 0)
+        return Status::invalid_argument(origin + ": input '" + input + "' from column '" + column + "'",
+                                        "values an input of type " + std::string(dtype_name(type.dtype)) + " holds",
+                                        std::to_string(integer(all, i)) + " at element " + std::to_string(i));
     }
     bindings_.push_back({input, column, type});
   }
