@@ -140,6 +140,15 @@ TEST(TrainConfig, ToYamlRoundTrips) {
   c.train.threads = 7;
   c.checkpoint.dir = "~";
   c.log.run_dir = "-dash";
+  TrainConfig onnx = c;  // the map key type (model.inputs), with names YAML must quote
+  onnx.model.from = "block.onnx";
+  onnx.model.inputs = {{"input.1", "x"}, {"mask:0", "a b"}, {"ids", "null"}};
+  onnx.model.frozen = {"*inv_freq"};
+  onnx.sample.prompts = {};
+  ASSERT_TRUE(onnx.validate().is_ok()) << onnx.validate().to_string();
+  EXPECT_EQ(parse_ok(to_yaml(onnx)), onnx) << to_yaml(onnx);
+  EXPECT_NE(to_yaml(onnx).find("  inputs: {ids: \"null\", input.1: x, \"mask:0\": \"a b\"}\n"), std::string::npos)
+      << to_yaml(onnx);
   c.sample.prompts = {
       "",     "a, b", "[x]",        "it's \"quoted\"", "tab\there", "line\nbreak", "#hash", "héllo wörld",
       "true", "12",   "key: value", "back\\slash",     "bell\x07"};
@@ -214,6 +223,9 @@ TEST(TrainConfigErrors, WrongTypes) {
       {"train:\n  seed: -1\n", "cfg.yaml:2: train.seed: expected an integer >= 0, found -1"},
       {"train:\n  threads: 99999999999\n", "cfg.yaml:2: train.threads: expected an integer >= 0, found 99999999999"},
       {"model:\n  family: {a: b}\n", "cfg.yaml:2: model.family: expected one of 'gpt2', 'gptj', found a map"},
+      {"model:\n  inputs: [a]\n", "cfg.yaml:2: model.inputs: expected a map of strings, found a list"},
+      {"model:\n  inputs:\n    x: [a]\n", "cfg.yaml:3: model.inputs.x: expected a string, found a list"},
+      {"model:\n  inputs:\n    x: a\n    x: b\n", "cfg.yaml:4: model.inputs.x: expected each key once, found it again"},
       {"sample:\n  prompts:\n    - a\n    - [b]\n", "cfg.yaml:4: sample.prompts[1]: expected a string, found a list"},
       {"model: 3\n",
        "cfg.yaml:1: model: expected a map of the keys of 'model' (from, family, n_layer, n_head, d_model, "
@@ -289,6 +301,20 @@ TEST(TrainConfigErrors, KeysThatDisagree) {
        "(hint: Nesterov's method needs a momentum > 0)"},
       {"name: a/b\n",
        "cfg.yaml:1: name: expected letters, digits, '.', '_' or '-' (it names the directory runs/<name>), found 'a/b'"},
+      // The keys of an ONNX model: refused for the built-in families; what those alone have refused for ONNX.
+      {"model:\n  inputs: {x: a}\n",
+       "cfg.yaml:2: model.inputs: expected its default unless model.from names an .onnx file, found a value for a "
+       "model from scratch (hint: the built-in families know their inputs and loss)"},
+      {"model:\n  from: hf/gpt2\n  loss: mse\n",
+       "cfg.yaml:3: model.loss: expected its default unless model.from names an .onnx file, found a value with "
+       "model.from 'hf/gpt2' (hint: the built-in families know their inputs and loss)"},
+      {"model:\n  from: m.onnx\nparallel:\n  tensor_parallel: 2\n",
+       "cfg.yaml:4: parallel.tensor_parallel: expected 1 for an ONNX model (tensor shards split the built-in "
+       "families' layers), found 2"},
+      {"model:\n  from: m.onnx\nsample:\n  prompts: [hi]\n",
+       "cfg.yaml:4: sample.prompts: expected none for an ONNX model (samples come from the built-in families), "
+       "found a list of 1"},
+      {"model:\n  from: m.onnx\n  targets: ''\n", "cfg.yaml:3: model.targets: expected a data column's name, found ''"},
   };
   for (const Case& c : cases) {
     Status s = parse_error(c.yaml);
