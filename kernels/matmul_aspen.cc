@@ -40,18 +40,20 @@
 //   ir over MR panels:     the micro-kernel, A panels streaming from L2.
 // kc is chosen so a B panel fills about three quarters of L1d, mc so the A
 // block fills half of L2, nc so the B block fills at most a quarter of L3
-// (per thread), all from cpu_caches() on the machine that runs; a product whose C outgrows L2 takes
-// all of a moderate K in one block instead (NOTE [whole k] at gemm_blocking). (GotoBLAS's
-// order, with B's block in L2 streaming past an A panel in L1, measured 0.83-
-// 0.96 of this one on Zen 3 and was dropped.)
+// (per thread), all from cpu_caches() on the machine that runs; a product
+// whose C outgrows L2 takes all of a moderate K in one block instead (NOTE
+// [whole k] at gemm_blocking). (GotoBLAS's order, with B's block in L2
+// streaming past an A panel in L1, measured 0.83-0.96 of this one on Zen 3
+// and was dropped.)
 //
 // NOTE [gemm threads]: each batch entry's C is cut into slabs, a grid of tm
 // row slabs by tn column slabs (tm * tn = the team size, the factorization
 // whose largest slab is smallest, and among equals the one that packs least),
-// unless the batch alone gives every thread equal work. Each thread runs the five loops on its own slabs with its own
-// packed blocks: no barrier, no shared buffer. Every element of C is the same
-// sequence of FMAs whatever the slab it falls in (kc blocks in order, then k
-// within each), so the bits do not depend on the team size or the run.
+// unless the batch alone gives every thread equal work. Each thread runs the
+// five loops on its own slabs with its own packed blocks: no barrier, no
+// shared buffer. Every element of C is the same sequence of FMAs whatever the
+// slab it falls in (kc blocks in order, then k within each), so the bits do
+// not depend on the team size or the run.
 //
 // Accumulation: every kc block sums from zero in registers; the first adds the
 // bias and, with beta = 1, the C it finds; each later block adds the C the
@@ -425,9 +427,6 @@ class AspenPlan final : public MatmulPlan::Impl {
   const void* packed_from_ = nullptr;
 };
 
-}  // namespace
-
-namespace {
 // mc and nc for the blocking's kc (NOTE [gemm blocking]).
 void size_blocks(GemmBlocking& b, const GemmIsa& k) {
   const CpuCaches& caches = cpu_caches();
