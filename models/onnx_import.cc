@@ -205,7 +205,8 @@ Status export_onnx_weights(const std::map<std::string, graph::TensorType>& param
 std::vector<std::string> onnx_supported_ops() {
   std::vector<std::string> out;
   for (const auto& [name, conv] : onnx::converters()) out.push_back(name);
-  for (const auto& [name, conv] : onnx::microsoft_converters()) out.push_back(std::string(onnx::kMicrosoftDomain) + "." + name);
+  for (const auto& [name, conv] : onnx::microsoft_converters())
+    out.push_back(std::string(onnx::kMicrosoftDomain) + "." + name);
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -286,8 +287,8 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
   for (size_t k = 0; k < m.graph.nodes.size(); ++k) {
     const io::OnnxNode& node = m.graph.nodes[k];
     const onnx::OpConverter& conv = *onnx::find_converter(node.domain, node.op_type);  // check_ops found it
-    const int64_t node_opset =
-        node.domain.empty() || node.domain == "ai.onnx" ? opset : std::max<int64_t>(1, m.opset(node.domain));
+    // The reader writes ai.onnx as "".
+    const int64_t node_opset = node.domain.empty() ? opset : std::max<int64_t>(1, m.opset(node.domain));
     Ctx c(b, node, k, node_opset);
     const int n_in = int(node.inputs.size());
     if (n_in < conv.min_inputs || (conv.max_inputs >= 0 && n_in > conv.max_inputs))

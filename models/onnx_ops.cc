@@ -1347,9 +1347,9 @@ const std::map<std::string, OpConverter>& converters() {
 }
 
 const OpConverter* find_converter(const std::string& domain, const std::string& op_type) {
-  const std::map<std::string, OpConverter>* table = domain.empty() || domain == "ai.onnx" ? &converters()
-                                                    : domain == kMicrosoftDomain         ? &microsoft_converters()
-                                                                                         : nullptr;
+  const std::map<std::string, OpConverter>* table = domain.empty()              ? &converters()
+                                                    : domain == kMicrosoftDomain ? &microsoft_converters()
+                                                                                 : nullptr;
   if (!table) return nullptr;
   auto it = table->find(op_type);
   return it == table->end() ? nullptr : &it->second;

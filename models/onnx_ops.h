@@ -93,7 +93,7 @@ const std::map<std::string, OpConverter>& converters();
 // SkipLayerNormalization, SkipSimplifiedLayerNormalization, Attention): models/onnx_ops_microsoft.cc.
 inline constexpr const char* kMicrosoftDomain = "com.microsoft";
 const std::map<std::string, OpConverter>& microsoft_converters();
-// The converter of `op_type` in `domain` ("" or "ai.onnx": the default domain), or nullptr.
+// The converter of `op_type` in `domain` ("": the default domain, as io/onnx.h writes it), or nullptr.
 const OpConverter* find_converter(const std::string& domain, const std::string& op_type);
 
 // Helpers the conversion files share.
