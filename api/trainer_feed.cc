@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "io/onnx.h"
 
 namespace aspen::api {
 
@@ -319,5 +320,76 @@ Status TrainFeed::restore(const train::Position& p) {
 }
 
 int64_t TrainFeed::units_per_micro_batch() const { return tokens() ? micro_batch_ * seq_ : micro_batch_; }
+
+// NOTE [onnx training]: a user's ONNX model (model.from: *.onnx) for the
+// trainer. Every graph input reads a data column: model.inputs where it names
+// the input; with token shards, input_ids, position_ids and attention_mask
+// read tokens, positions and mask; any other input reads the column of its
+// own name. An input whose declared rank is the column's takes the column's
+// shape (a micro-batch of it), which binds its symbolic dimensions; other
+// inputs keep the shape the file declares. The loss (model.loss over
+// model.output, models::add_onnx_loss) adds the input "targets", which reads
+// the column model.targets. `columns` receives the input -> column map.
+Result<models::OnnxImport> import_for_training(const train::TrainConfig& c, const TrainFeed& feed,
+                                               std::map<std::string, std::string>& columns) {
+  ASPEN_ASSIGN_OR_RETURN(const io::OnnxModel file, io::read_onnx_model(c.model.from));
+  const models::OnnxLoss loss{.kind = c.model.loss == "mse" ? models::OnnxLoss::Kind::mse
+                                                            : models::OnnxLoss::Kind::cross_entropy,
+                              .targets = "targets",
+                              .ignore_index = c.model.ignore_index};
+  const std::map<std::string, graph::TensorType> have = feed.columns();
+  columns.clear();
+  models::OnnxImportOptions o;
+  o.frozen = c.model.frozen;
+  o.trainable = c.model.trainable;
+  for (const auto& [input, column] : c.model.inputs)
+    if (!file.graph.find_input(input))
+      return Status::invalid_argument("config: model.inputs: '" + input + "'", "an input of the model",
+                                      "no input of that name");
+  for (const io::OnnxValueInfo& v : file.graph.inputs) {
+    std::string column = v.name;
+    const bool mapped = c.model.inputs.count(v.name) > 0;
+    if (auto m = c.model.inputs.find(v.name); m != c.model.inputs.end()) {
+      column = m->second;
+    } else if (feed.tokens()) {
+      const std::map<std::string, std::string> lm = {
+          {"input_ids", "tokens"}, {"position_ids", "positions"}, {"attention_mask", "mask"}};
+      if (auto d = lm.find(v.name); d != lm.end()) column = d->second;
+    }
+    columns[v.name] = column;
+    ASPEN_RETURN_IF_ERROR(feed.check_column(v.name, column, mapped, "config: model.inputs"));
+    const graph::TensorType& col = have.at(column);
+    if (v.has_shape && int(v.dims.size()) == col.shape.rank()) {
+      o.input_shapes[v.name] = std::vector<int64_t>(col.shape.begin(), col.shape.end());
+    } else if (v.has_shape) {
+      for (const io::OnnxDim& d : v.dims)
+        if (d.value < 0)
+          return Status::invalid_argument("config: model.inputs: input '" + v.name + "' from column '" + column + "'",
+                                          "a column of rank " + std::to_string(v.dims.size()) +
+                                              ", whose micro-batch binds the input's dimensions " + v.dims_text(),
+                                          col.to_string());
+    }
+  }
+  ASPEN_ASSIGN_OR_RETURN(models::OnnxImport m, models::import_onnx(file, o));
+  models::OnnxLoss l = loss;
+  if (!c.model.output.empty()) {
+    l.output = c.model.output;
+  } else if (!m.outputs.empty()) {
+    l.output = m.outputs.front();
+  }
+  ASPEN_RETURN_IF_ERROR(models::add_onnx_loss(m, l).with_context("config: model.loss (" + c.model.from + ")"));
+  columns[l.targets] = c.model.targets;
+  // Token ids the model has no class for would fail inside the loss at step 1.
+  if (feed.tokens() && l.kind == models::OnnxLoss::Kind::cross_entropy && c.model.targets == "targets") {
+    const int64_t classes = m.graph.type(*m.graph.find_output(l.output)).shape[-1];
+    if (feed.token_index().vocab_size > classes)
+      return Status::invalid_argument("data.train '" + c.data.train + "'",
+                                      "token ids below the " + std::to_string(classes) + " classes of output '" +
+                                          l.output + "' of " + c.model.from,
+                                      "token shards of a " + std::to_string(feed.token_index().vocab_size) +
+                                          "-token vocabulary");
+  }
+  return m;
+}
 
 }  // namespace aspen::api

@@ -1,6 +1,7 @@
 // api/trainer_feed.h: what the trainer feeds its programs (private to api/). The data is token shards
 // (train/data.h) or arrays (train/arrays.h, for a user's own ONNX model); either is cut into
-// micro-batches per local replica and mapped, by name, onto the forward graph's inputs.
+// micro-batches per local replica and mapped, by name, onto the forward graph's inputs. A user's ONNX
+// model is imported here too (import_for_training), since its inputs take their shapes from the data.
 //
 // A micro-batch is a set of columns with its B examples on axis 0:
 //   token shards: tokens [B, T] (each example's T tokens), targets [B, T] (the same shifted left by one
@@ -26,6 +27,8 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "graph/graph.h"
+#include "models/onnx_import.h"
+#include "train/config.h"
 #include "train/arrays.h"
 #include "train/data.h"
 
@@ -92,5 +95,10 @@ class TrainFeed {
   std::map<std::string, Tensor> call_;  // next_call's tensors, reused
   int64_t call_slots_ = 0;
 };
+
+// NOTE [onnx training] in trainer_feed.cc: config.model.from (an .onnx file) imported for training on
+// `feed`'s columns, with config.model's loss added; `columns` receives which column feeds each input.
+Result<models::OnnxImport> import_for_training(const train::TrainConfig& config, const TrainFeed& feed,
+                                               std::map<std::string, std::string>& columns);
 
 }  // namespace aspen::api
