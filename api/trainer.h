@@ -16,7 +16,7 @@
 //                   transformers and `aspen generate` load; for an ONNX model, model/model.onnx:
 //                   a copy of model.from with the trained initializers, nothing else changed
 //
-// An ONNX model (model.from: *.onnx, NOTE [onnx training] in trainer.cc) is
+// An ONNX model (model.from: *.onnx, NOTE [onnx training] in trainer_feed.cc) is
 // imported with its graph inputs shaped by the data's columns (a micro-batch
 // of each: api/trainer_feed.h), and trained against model.loss over
 // model.output, whose targets come from the column model.targets. Its data is
