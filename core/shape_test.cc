@@ -48,6 +48,23 @@ TEST(Tensor, AlignedZeroedTyped) {
   EXPECT_EQ(e.nbytes(), 0u);
 }
 
+TEST(Tensor, ViewBorrowsWithoutCopyOrFree) {
+  float owner[6] = {1, 2, 3, 4, 5, 6};
+  {
+    Tensor v = Tensor::view(DType::f32, Shape{2, 3}, owner);
+    EXPECT_FALSE(v.owns_data());
+    EXPECT_EQ(v.raw(), static_cast<void*>(owner));
+    EXPECT_EQ(v.data<float>()[5], 6.0f);
+    Tensor c = v.clone();
+    EXPECT_TRUE(c.owns_data());
+    EXPECT_NE(c.raw(), static_cast<void*>(owner));
+    EXPECT_EQ(c.data<float>()[5], 6.0f);
+    Tensor moved = std::move(v);
+    EXPECT_FALSE(moved.owns_data());
+  }  // destroying the views frees nothing (ASan would report freeing a stack array)
+  EXPECT_EQ(owner[0], 1.0f);
+}
+
 TEST(Tensor, MakeReportsOverflow) {
   int64_t dims[] = {int64_t(1) << 31, int64_t(1) << 30};
   Result<Tensor> r = Tensor::make(DType::i64, *Shape::make(dims, 2));

@@ -19,7 +19,17 @@ void* aligned_alloc_zeroed(size_t bytes) { return aligned_alloc_rounded(bytes, t
 
 void aligned_free(void* p) { std::free(p); }
 
-void Tensor::Free::operator()(void* p) const { aligned_free(p); }
+void Tensor::Free::operator()(void* p) const {
+  if (owned) aligned_free(p);
+}
+
+Tensor Tensor::view(DType dtype, Shape shape, void* data) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = shape;
+  t.data_ = std::unique_ptr<void, Free>(data, Free(false));
+  return t;
+}
 
 Result<Tensor> Tensor::allocate(DType dtype, Shape shape, bool zero) {
   int64_t n = shape.numel();

@@ -2,6 +2,8 @@
 //
 // Storage is 64-byte aligned (one cache line, one AVX-512 register) and
 // zero-initialized. A Tensor is move-only; copy explicitly with clone().
+// A view (Tensor::view) borrows memory someone else owns instead: a numpy
+// array handed to the Python package, read as a run's input without a copy.
 // Typed access checks the dtype: data<float>() on a bf16 tensor is a bug.
 #pragma once
 
@@ -26,6 +28,12 @@ class Tensor {
   // As make(), without zeroing: for a buffer its maker writes completely (a run's outputs, 26 MB of
   // GPT-2's logits, where the zeroing alone costs a pass over memory).
   static Result<Tensor> make_uninitialized(DType dtype, Shape shape);
+  // Contiguous memory at `data` that the caller owns and keeps alive (and, when
+  // the view is only read, need not be writable), any alignment: nothing is
+  // allocated, copied or freed. For inputs, which the runtime copies into its
+  // arena (runtime/session.h); clone() makes an owning copy.
+  static Tensor view(DType dtype, Shape shape, void* data);
+  bool owns_data() const { return data_.get_deleter().owned; }
   // As make(), for sizes that are known good; aborts on failure.
   Tensor(DType dtype, Shape shape);
 
@@ -60,6 +68,9 @@ class Tensor {
  private:
   static Result<Tensor> allocate(DType dtype, Shape shape, bool zero);
   struct Free {
+    constexpr Free() noexcept : owned(true) {}
+    explicit constexpr Free(bool own) noexcept : owned(own) {}
+    bool owned;  // false: a view's
     void operator()(void* p) const;
   };
   DType dtype_ = DType::f32;

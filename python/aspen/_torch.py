@@ -1,0 +1,108 @@
+"""A torch.nn.Module as an aspen model: exported with torch.onnx at the first call (imported only then)."""
+
+import inspect
+import os
+import shutil
+import tempfile
+import warnings
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+
+class TorchSource:
+    framework = "torch"
+
+    def __init__(self, module):
+        self.module = module
+        sig = inspect.signature(module.forward)
+        self.input_names = []
+        for p in sig.parameters.values():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise NotImplementedError(f"{type(module).__name__}.forward: *{p.name} arguments are not supported "
+                                          "(inputs are named by forward's parameters)")
+            self.input_names.append(p.name)
+        self.output_names = []
+        self._spec = None
+        self._dir = None
+
+    def export(self, example, training, loss_kind):
+        """Exports forward for one micro-batch of these inputs; returns the .onnx path."""
+        args = {n: torch.from_numpy(a) if isinstance(a, np.ndarray) else a for n, a in example.items()}
+        names = [n for n in self.input_names if n in args]
+        positional = tuple(args[n] for n in names)
+        was_training = self.module.training
+        if not training:
+            self.module.eval()
+        try:
+            with torch.no_grad():
+                out = self.module(*positional)
+            leaves, self._spec = pytree.tree_flatten(out)
+            for i, leaf in enumerate(leaves):
+                if not isinstance(leaf, torch.Tensor):
+                    raise ValueError(f"{type(self.module).__name__}.forward: output {i}: expected tensors, found "
+                                     f"{type(leaf).__name__}")
+            self.output_names = [f"output{i}" for i in range(len(leaves))]
+            if training and loss_kind is None:
+                if leaves[-1].dim() != 0:
+                    raise ValueError(f"{type(self.module).__name__}.forward: expected (output, loss) or a loss, the "
+                                     f"loss a scalar (PopTorch's convention), found a last output of shape "
+                                     f"{tuple(leaves[-1].shape)} (or pass loss='cross_entropy' or 'mse')")
+                self.output_names[-1] = "loss"
+            self.close()
+            self._dir = tempfile.mkdtemp(prefix="aspen-torch-")
+            path = os.path.join(self._dir, "model.onnx")
+            # For training, without the exporter's optimizer: it folds a transposed weight into a new
+            # initializer (val_N), and a parameter must keep its module's name to be trained and copied back.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(self.module, positional, path, input_names=names, output_names=self.output_names,
+                                  dynamo=True, external_data=False, verbose=False,
+                                  optimize=not training)
+        finally:
+            self.module.train(was_training)
+        return path
+
+    def loss_output(self):
+        return "loss"
+
+    def parameter_names(self, params):
+        """The names of the parameters the optimizer trains (all that require grad when params is None)."""
+        named = list(self.module.named_parameters())
+        if params is None:
+            return [n for n, p in named if p.requires_grad]
+        by_id = {id(p): n for n, p in named}
+        names = []
+        for p in params:
+            if isinstance(p, str):
+                names.append(p)
+            elif id(p) in by_id:
+                if p.requires_grad:
+                    names.append(by_id[id(p)])
+            else:
+                raise ValueError("optimizer params: expected parameters of the module being trained, found a tensor "
+                                 f"of shape {tuple(p.shape)} that is not one")
+        return names
+
+    def outputs(self, values, framework):
+        leaves = [values[n] for n in self.output_names]
+        if framework == "torch":
+            leaves = [torch.from_numpy(v) for v in leaves]
+        return pytree.tree_unflatten(leaves, self._spec)
+
+    def host_weights(self):
+        return {n: p.detach().contiguous().numpy() for n, p in self.module.named_parameters()}
+
+    def copy_to_host(self, weights):
+        with torch.no_grad():
+            for name, p in self.module.named_parameters():
+                w = weights.get(name)
+                if w is None:
+                    continue  # not a parameter of the program (unused by forward, or folded away)
+                p.copy_(torch.from_numpy(w).reshape(p.shape))
+
+    def close(self):
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None

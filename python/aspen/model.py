@@ -1,0 +1,354 @@
+"""aspen.inferenceModel and aspen.trainingModel: a user's model compiled into a static program and run,
+PopTorch's way (docs/python.md).
+
+The model is an ONNX file, a torch.nn.Module (exported with torch.onnx at the first call) or a Keras model
+(converted with tf2onnx at the first call); neither framework is imported unless such a model is passed.
+The first call fixes the shapes (static, as PopTorch) and compiles; later calls run. Inputs are PopTorch's
+combined batch: each carries deviceIterations x replicationFactor (x gradientAccumulation, training)
+micro-batches merged on its first dimension.
+"""
+
+import os
+import sys
+
+import numpy as np
+
+from . import _aspen
+from .options import Options
+
+__all__ = ["inferenceModel", "trainingModel", "InferenceModel", "TrainingModel"]
+
+_LOSS_KINDS = ("cross_entropy", "mse")
+
+
+def _is_torch_module(model):
+    torch = _module_if_loaded("torch")
+    return torch is not None and isinstance(model, torch.nn.Module)
+
+
+def _is_keras_model(model):
+    for name in ("keras", "tf_keras", "tensorflow"):
+        mod = _module_if_loaded(name)
+        if mod is None:
+            continue
+        model_cls = getattr(mod, "Model", None) or getattr(getattr(mod, "keras", None), "Model", None)
+        if model_cls is not None and isinstance(model, model_cls):
+            return True
+    return False
+
+
+def _module_if_loaded(name):
+    """A framework module if the program imported it (a model of its kind exists only then)."""
+    return sys.modules.get(name)
+
+
+def _is_torch_tensor(x):
+    torch = _module_if_loaded("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _source_of(model):
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if os.path.isdir(path):
+            raise NotImplementedError(
+                f"model '{path}': a Hugging Face directory runs through aspen.generate and aspen.embed; "
+                "inferenceModel takes an ONNX file, a torch.nn.Module or a Keras model")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"model '{path}': expected an ONNX file, found no such file")
+        return _OnnxFile(path)
+    if _is_torch_module(model):
+        from ._torch import TorchSource
+        return TorchSource(model)
+    if _is_keras_model(model):
+        from ._keras import KerasSource
+        return KerasSource(model)
+    raise ValueError(f"model: expected an ONNX file path, a torch.nn.Module or a Keras model, found "
+                     f"{type(model).__module__}.{type(model).__qualname__}")
+
+
+class _OnnxFile:
+    """A model that is an ONNX file already."""
+
+    framework = "numpy"
+
+    def __init__(self, path):
+        self.path = path
+        sig = _aspen.onnx_signature(path)
+        self.input_names = [name for name, _, _ in sig["inputs"]]
+        self.output_names = list(sig["outputs"])
+
+    def export(self, example, training, loss_kind):
+        return self.path
+
+    def parameter_names(self, params):
+        if params is None:
+            return None
+        names = list(params)
+        for n in names:
+            if not isinstance(n, str):
+                raise ValueError(f"optimizer params for an ONNX file: expected initializer names, found {n!r}")
+        return names
+
+    def loss_output(self):
+        return "loss" if "loss" in self.output_names else None
+
+    def outputs(self, values, framework):
+        out = tuple(values[name] for name in self.output_names)
+        return out[0] if len(out) == 1 else out
+
+    def copy_to_host(self, weights):
+        pass
+
+    def host_weights(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+class _Model:
+    """What inferenceModel and trainingModel share: binding a call's arguments, compiling on the first."""
+
+    _training = False
+
+    def __init__(self, model, options):
+        if options is None:
+            options = Options()
+        if not isinstance(options, Options):
+            raise ValueError(f"options: expected an aspen.Options, found {type(options).__name__}")
+        self._options = options
+        self._source = _source_of(model)
+        self._model = model
+        self._program = None
+        self._input_names = list(self._source.input_names)
+
+    @property
+    def options(self):
+        return self._options
+
+    def _per_call(self):
+        o = self._options
+        n = o.device_iterations * o.replication_factor
+        return n * o.gradient_accumulation if self._training else n
+
+    def _bind(self, args, kwargs):
+        names = self._input_names
+        if len(args) > len(names):
+            raise ValueError(f"call: expected at most {len(names)} positional inputs ({', '.join(names)}), "
+                             f"found {len(args)}")
+        given = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise ValueError(f"input '{k}': expected one of the model's inputs ({', '.join(names)}), found "
+                                 "no input of that name")
+            if k in given:
+                raise ValueError(f"input '{k}': given twice (by position and by name)")
+            given[k] = v
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise ValueError(f"inputs: expected {', '.join(names)}, found no value for {', '.join(missing)}")
+        framework = "numpy"
+        arrays = {}
+        for name in names:
+            v = given[name]
+            if _is_torch_tensor(v):
+                framework = "torch"
+                if v.device.type != "cpu":
+                    raise ValueError(f"input '{name}': expected a CPU tensor, found one on {v.device}")
+                v = v.detach()
+            elif not isinstance(v, np.ndarray) and not hasattr(v, "__dlpack__"):
+                v = np.asarray(v)
+            arrays[name] = v
+        return arrays, framework
+
+    def _micro_shapes(self, arrays):
+        per = self._per_call()
+        shapes = {}
+        for name, a in arrays.items():
+            shape = list(a.shape)
+            if per > 1:
+                if not shape or shape[0] % per:
+                    raise ValueError(
+                        f"input '{name}': expected a first dimension that is a multiple of {per} (the micro-batches "
+                        f"of a call: {self._call_text()}), found shape {tuple(shape)}")
+                shape[0] //= per
+            shapes[name] = shape
+        return shapes
+
+    def _call_text(self):
+        o = self._options
+        parts = [f"deviceIterations {o.device_iterations}", f"replicationFactor {o.replication_factor}"]
+        if self._training:
+            parts.append(f"gradientAccumulation {o.gradient_accumulation}")
+        return " x ".join(parts)
+
+    def _example(self, arrays, shapes):
+        """One micro-batch of each input (what a framework's exporter traces)."""
+        return {name: a[: shapes[name][0]] if shapes[name] and len(a.shape) else a for name, a in arrays.items()}
+
+    def _compile(self, arrays):
+        raise NotImplementedError
+
+    def isCompiled(self):
+        return self._program is not None
+
+    def detachFromDevice(self):
+        """Frees the compiled program and its device memory (the next call compiles again)."""
+        if self._program is not None and self._training:
+            self.copyWeightsToHost()
+        self._program = None
+
+    def destroy(self):
+        self._program = None
+        self._source.close()
+
+    def copyWeightsToDevice(self):
+        """The host model's current weights onto the device (after changing them in the framework)."""
+        if self._program is not None:
+            self._program.set_weights(self._source.host_weights())
+
+    def __del__(self):
+        source = getattr(self, "_source", None)
+        if source is not None:
+            source.close()
+
+
+class InferenceModel(_Model):
+    """A compiled inference program (poptorch.inferenceModel's result): call it like the model."""
+
+    def __call__(self, *args, **kwargs):
+        arrays, framework = self._bind(args, kwargs)
+        if self._program is None:
+            self._compile(arrays)
+        out = self._program.run(arrays)
+        return self._source.outputs(out, framework)
+
+    def compile(self, *args, **kwargs):
+        """Compiles for these inputs' shapes without running."""
+        arrays, _ = self._bind(args, kwargs)
+        self._compile(arrays)
+
+    def _compile(self, arrays):
+        shapes = self._micro_shapes(arrays)
+        path = self._source.export(self._example(arrays, shapes), training=False, loss_kind=None)
+        self._program = _aspen.OnnxProgram(path, shapes, self._options._resolved(False))
+
+
+class TrainingModel(_Model):
+    """A compiled training program (poptorch.trainingModel's result). Each call makes deviceIterations
+    optimizer steps of gradientAccumulation micro-batches (on each replica) and returns the losses by the
+    output mode (Final by default: the last step's loss)."""
+
+    _training = True
+
+    def __init__(self, model, options, optimizer, loss):
+        super().__init__(model, options)
+        from . import optim
+        if optimizer is None:
+            optimizer = optim.AdamW(None, lr=1e-3)
+        if not isinstance(optimizer, optim.Optimizer):
+            raise ValueError(f"optimizer: expected an aspen.optim optimizer (SGD, AdamW, LAMB), found "
+                             f"{type(optimizer).__module__}.{type(optimizer).__qualname__}")
+        self._optimizer = optimizer
+        self._settings = optimizer._settings()
+        self._loss = self._loss_of(loss)
+        if "kind" in self._loss:
+            self._input_names.append(self._loss["targets"])
+
+    def _loss_of(self, loss):
+        if loss is None:
+            out = self._source.loss_output()
+            if out is None:
+                raise ValueError("loss: expected a model that computes its loss (a torch module whose forward "
+                                 "returns (output, loss), an ONNX file with an output 'loss'), or loss= one of "
+                                 f"{', '.join(_LOSS_KINDS)} or the name of the output that is the loss; found none")
+            return {"output": out}
+        if isinstance(loss, str) and loss in _LOSS_KINDS:
+            return {"kind": loss, "targets": "targets"}
+        if isinstance(loss, dict):
+            d = dict(loss)
+            if d.get("kind") not in _LOSS_KINDS:
+                raise ValueError(f"loss['kind']: expected one of {', '.join(_LOSS_KINDS)}, found {d.get('kind')!r}")
+            d.setdefault("targets", "targets")
+            return d
+        if isinstance(loss, str):
+            if loss not in self._source.output_names:
+                raise ValueError(f"loss '{loss}': expected {', '.join(_LOSS_KINDS)} or an output of the model "
+                                 f"({', '.join(self._source.output_names)}), found neither")
+            return {"output": loss}
+        raise ValueError(f"loss: expected a string or a dict, found {loss!r}")
+
+    def __call__(self, *args, **kwargs):
+        arrays, framework = self._bind(args, kwargs)
+        if self._program is None:
+            self._compile(arrays)
+        out = self._program.run(arrays)["loss"]
+        if framework == "torch":
+            import torch
+            return torch.from_numpy(out)
+        return out
+
+    def compile(self, *args, **kwargs):
+        arrays, _ = self._bind(args, kwargs)
+        self._compile(arrays)
+
+    def _compile(self, arrays):
+        shapes = self._micro_shapes(arrays)
+        model_inputs = {n: a for n, a in arrays.items() if n != self._loss.get("targets")}
+        example = self._example(model_inputs, shapes)
+        path = self._source.export(example, training=True, loss_kind=self._loss.get("kind"))
+        training = dict(self._settings)
+        training["reduction"] = self._options._reduction
+        trained = self._source.parameter_names(self._optimizer.params)
+        self._program = _aspen.OnnxProgram(path, {n: shapes[n] for n in model_inputs},
+                                           self._options._resolved(True), training, self._loss, trained)
+
+    def setOptimizer(self, optimizer):
+        """A new learning rate (optimizer.param_groups[0]["lr"]) without recompiling. Other settings
+        belong to the compiled program: changing them is an error."""
+        settings = optimizer._settings()
+        for k, v in settings.items():
+            if k != "lr" and self._settings.get(k) != v:
+                raise ValueError(f"setOptimizer: {k}: expected {self._settings.get(k)!r} (only the learning rate "
+                                 f"changes without recompiling), found {v!r}")
+        self._settings = settings
+        self._optimizer = optimizer
+        if self._program is not None:
+            self._program.set_learning_rate(settings["lr"])
+
+    def copyWeightsToHost(self):
+        """The trained weights back into the model: the torch module's parameters, the Keras model's
+        variables (an ONNX file is left as it is: see exportOnnx)."""
+        if self._program is not None:
+            self._source.copy_to_host(self._program.weights())
+
+    def weights(self):
+        """The device's weights by name, as numpy arrays."""
+        if self._program is None:
+            raise RuntimeError("weights: the model has not been compiled (call it, or compile(), first)")
+        return self._program.weights()
+
+    def exportOnnx(self, path):
+        """A copy of the compiled ONNX file with the trained weights."""
+        if self._program is None:
+            raise RuntimeError("exportOnnx: the model has not been compiled (call it, or compile(), first)")
+        self._program.export_onnx(os.fspath(path))
+
+    def lastSteps(self):
+        """What the last call did, step by step (loss, lr, grad_norm, loss_scale, skipped)."""
+        return self._program.last_steps() if self._program is not None else []
+
+
+def inferenceModel(model, options=None):
+    """An inference program for `model` (an ONNX file, a torch.nn.Module or a Keras model); it compiles at
+    its first call."""
+    return InferenceModel(model, options)
+
+
+def trainingModel(model, options=None, optimizer=None, loss=None):
+    """A training program for `model`. `loss`: None when the model computes its own (a torch module whose
+    forward returns (output, loss); an ONNX file's output 'loss'); "cross_entropy" or "mse" over the model's
+    first output, with the targets as one more input named "targets" (also a dict with "kind", "output",
+    "targets", "ignore_index"); or the name of the output that is the loss."""
+    return TrainingModel(model, options, optimizer, loss)

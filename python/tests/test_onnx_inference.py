@@ -1,0 +1,156 @@
+"""aspen.inferenceModel on ONNX files: against onnxruntime, zero-copy inputs and outputs, the combined batch
+of deviceIterations and replicas with every output mode, and errors as Python exceptions."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import aspen
+from conftest import assert_close, read_onnx_tensor
+
+
+def ort_run(path, feeds):
+    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return s.run(None, feeds)
+
+
+@pytest.mark.parametrize("case", ["mlp_ts", "keras_mlp", "block_dynamo"])
+def test_matches_onnxruntime(testdata, case):
+    d = testdata / "onnx" / case
+    sig = aspen._aspen.onnx_signature(str(d / "model.onnx"))
+    feeds = {}
+    for k, (name, _, _) in enumerate(sig["inputs"]):
+        feeds[name] = read_onnx_tensor(d / f"input_{k}.pb")
+    model = aspen.inferenceModel(d / "model.onnx")
+    out = model(**feeds)
+    outs = out if isinstance(out, tuple) else (out,)
+    want = ort_run(d / "model.onnx", feeds)
+    assert len(outs) == len(want)
+    for got, ref in zip(outs, want):
+        assert isinstance(got, np.ndarray)
+        assert_close(got, ref, atol=1e-4, rtol=1e-4, what=case)
+    # a second call runs the same program
+    again = model(**feeds)
+    np.testing.assert_array_equal(outs[0], (again if isinstance(again, tuple) else (again,))[0])
+
+
+def test_contiguous_inputs_are_not_copied_and_strided_ones_once(testdata):
+    path = testdata / "onnx" / "mlp_ts" / "model.onnx"
+    x = read_onnx_tensor(testdata / "onnx" / "mlp_ts" / "input_0.pb")
+    model = aspen.inferenceModel(path)
+    before = aspen.input_copies()
+    y = model(x)
+    assert aspen.input_copies() == before
+    # The output is a view of aspen's own buffer, not a copy numpy made.
+    assert not y.flags.owndata
+    assert y.base is not None
+    # The same values with other strides: one counted copy, the same result.
+    wide = np.zeros((x.shape[0], x.shape[1] * 2), dtype=x.dtype)
+    wide[:, ::2] = x
+    strided = wide[:, ::2]
+    assert not strided.flags.c_contiguous
+    y2 = model(strided)
+    assert aspen.input_copies() == before + 1
+    np.testing.assert_array_equal(y, y2)
+    # The output outlives the model that made it.
+    del model
+    assert np.isfinite(y).all()
+
+
+def test_outputs_are_independent_of_later_calls(testdata):
+    path = testdata / "onnx" / "mlp_ts" / "model.onnx"
+    x = read_onnx_tensor(testdata / "onnx" / "mlp_ts" / "input_0.pb")
+    model = aspen.inferenceModel(path)
+    y1 = model(x).copy()
+    first = model(x)
+    model(x * 2)
+    np.testing.assert_array_equal(first, y1)
+
+
+@pytest.mark.parametrize("mode", ["All", "Final", "Sum", "EveryN"])
+def test_device_iterations_and_output_modes(testdata, mode):
+    d = testdata / "onnx" / "mlp_ts"
+    x = read_onnx_tensor(d / "input_0.pb")  # one micro-batch
+    rng = np.random.default_rng(1)
+    steps = [x + rng.standard_normal(x.shape).astype(np.float32) for _ in range(4)]
+    single = aspen.inferenceModel(d / "model.onnx")
+    want = [single(s).copy() for s in steps]
+    opts = aspen.Options().deviceIterations(4)
+    if mode == "EveryN":
+        opts.outputMode(aspen.OutputMode.EveryN, 2)
+    else:
+        opts.outputMode(getattr(aspen.OutputMode, mode))
+    model = aspen.inferenceModel(d / "model.onnx", opts)
+    got = model(np.concatenate(steps))
+    if mode == "All":
+        np.testing.assert_array_equal(got, np.concatenate(want))
+    elif mode == "Final":
+        np.testing.assert_array_equal(got, want[-1])
+    elif mode == "Sum":
+        assert_close(got, sum(w.astype(np.float64) for w in want), atol=1e-4, what="sum")
+    else:
+        np.testing.assert_array_equal(got, np.concatenate([want[1], want[3]]))
+
+
+def test_replicas_split_the_combined_batch(testdata):
+    d = testdata / "onnx" / "mlp_ts"
+    x = read_onnx_tensor(d / "input_0.pb")
+    single = aspen.inferenceModel(d / "model.onnx")
+    a, b = single(x).copy(), single(x * 0.5).copy()
+    model = aspen.inferenceModel(d / "model.onnx", aspen.Options().replicationFactor(2).deviceIterations(2))
+    y = model(np.concatenate([x, x * 0.5, x * 0.5, x]))
+    np.testing.assert_array_equal(y, np.concatenate([a, b, b, a]))
+
+
+def test_errors_are_python_exceptions_with_aspen_messages(testdata, tmp_path):
+    path = testdata / "onnx" / "mlp_ts" / "model.onnx"
+    x = read_onnx_tensor(testdata / "onnx" / "mlp_ts" / "input_0.pb")
+    with pytest.raises(FileNotFoundError, match="no-such.onnx"):
+        aspen.inferenceModel(tmp_path / "no-such.onnx")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage that is no protobuf")
+    with pytest.raises(ValueError, match="bad.onnx"):
+        aspen.inferenceModel(bad)
+    model = aspen.inferenceModel(path)
+    with pytest.raises(ValueError, match="expected at most 1 positional"):
+        model(x, x)
+    with pytest.raises(ValueError, match="input 'nope'"):
+        model(nope=x)
+    with pytest.raises(ValueError, match="no value for"):
+        model()
+    model(x)
+    with pytest.raises(ValueError, match=r"input 'x': expected f32\[3, 12\], found f32\[5, 12\]"):
+        model(np.zeros((5, 12), np.float32))  # the first call fixed the shapes
+    with pytest.raises(ValueError, match="expected f32 elements, found i64"):
+        model(np.zeros(x.shape, np.int64))
+    with pytest.raises(ValueError, match="complex64|float32, float16"):
+        model(np.zeros(x.shape, np.complex64))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        aspen.inferenceModel(path, aspen.Options().deviceIterations(4))(x)
+    with pytest.raises(ValueError, match="model: expected an ONNX file path"):
+        aspen.inferenceModel(42)
+    with pytest.raises(ValueError, match="options: expected an aspen.Options"):
+        aspen.inferenceModel(path, {"deviceIterations": 2})
+    # still usable after every error
+    assert np.isfinite(model(x)).all()
+
+
+def test_options_are_poptorch_shaped_and_refuse_what_aspen_lacks():
+    opts = aspen.Options().deviceIterations(2).replicationFactor(2)
+    opts.Training.gradientAccumulation(4)
+    opts.Precision.setPartialsType("float32")
+    assert (opts.device_iterations, opts.replication_factor, opts.gradient_accumulation) == (2, 2, 4)
+    with pytest.raises(AttributeError, match="setExecutionStrategy: a PopTorch option aspen does not support"):
+        opts.setExecutionStrategy(None)
+    with pytest.raises(AttributeError, match="useIpuModel"):
+        opts.useIpuModel(True)
+    with pytest.raises(AttributeError, match="Training has no option 'setMeanAccumulation'"):
+        opts.Training.setMeanAccumulation(True)
+    with pytest.raises(ValueError, match="deviceIterations: expected an integer >= 1, found 0"):
+        opts.deviceIterations(0)
+    with pytest.raises(ValueError, match="outputMode: expected an aspen.OutputMode"):
+        opts.outputMode("all")
+    with pytest.raises(ValueError, match="setPartialsType: expected float32, float16 or bfloat16"):
+        opts.Precision.setPartialsType("int8")
+    with pytest.raises(AttributeError, match="set by calling their method"):
+        opts.deviceIterations = 3

@@ -1,0 +1,283 @@
+"""aspen.inferenceModel and aspen.trainingModel on torch.nn.Modules (exported with torch.onnx): outputs
+equal the module's own, 10 AdamW steps equal torch's own, copyWeightsToHost writes the module's
+parameters, replicas equal accumulation bit for bit, and torch tensors go in and come out without copies."""
+
+import copy
+
+import numpy as np
+import pytest
+
+import torch  # required: scripts/install-deps.sh installs it
+import torch.nn.functional as F
+
+import aspen
+from conftest import assert_close
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, d_in=12, d_hidden=32, classes=5):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d_in, d_hidden)
+        self.norm = torch.nn.LayerNorm(d_hidden)
+        self.fc2 = torch.nn.Linear(d_hidden, classes)
+
+    def forward(self, x, labels):
+        logits = self.fc2(F.gelu(self.norm(self.fc1(x))))
+        return logits, F.cross_entropy(logits, labels)
+
+
+class Block(torch.nn.Module):
+    """A pre-norm transformer block: causal self-attention and a GELU MLP."""
+
+    def __init__(self, d=32, heads=4, vocab=50):
+        super().__init__()
+        self.heads = heads
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.ln1 = torch.nn.LayerNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.ln2 = torch.nn.LayerNorm(d)
+        self.up = torch.nn.Linear(d, 4 * d)
+        self.down = torch.nn.Linear(4 * d, d)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, ids, targets):
+        x = self.embed(ids)
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(D, dim=-1)
+        q, k, v = (t.reshape(B, T, self.heads, D // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(B, T, D))
+        x = x + self.down(F.gelu(self.up(self.ln2(x))))
+        logits = self.head(x)
+        return logits, F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+
+
+def mlp_data(steps, batch=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 12, generator=g), torch.randint(0, 5, (batch,), generator=g)) for _ in range(steps)]
+
+
+def block_data(steps, batch=2, seq=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        ids = torch.randint(0, 50, (batch, seq + 1), generator=g)
+        out.append((ids[:, :-1].contiguous(), ids[:, 1:].contiguous()))
+    return out
+
+
+def make(kind, seed=0):
+    torch.manual_seed(seed)
+    return Mlp() if kind == "mlp" else Block()
+
+
+def data(kind, steps, **kw):
+    return mlp_data(steps, **kw) if kind == "mlp" else block_data(steps, **kw)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "block"])
+def test_inference_equals_the_module(kind):
+    model = make(kind).eval()
+    x, y = data(kind, 1)[0]
+    with torch.no_grad():
+        want_logits, want_loss = model(x, y)
+    compiled = aspen.inferenceModel(model)
+    logits, loss = compiled(x, y)
+    assert isinstance(logits, torch.Tensor) and isinstance(loss, torch.Tensor)
+    assert_close(logits.numpy(), want_logits.numpy(), atol=1e-5, what=f"{kind} logits")
+    assert_close(loss.numpy(), want_loss.numpy(), atol=1e-5, what=f"{kind} loss")
+    # numpy in, numpy out
+    logits_np, _ = compiled(x.numpy(), y.numpy())
+    assert isinstance(logits_np, np.ndarray)
+    np.testing.assert_array_equal(logits_np, logits.numpy())
+
+
+def test_torch_tensors_cross_without_copies():
+    model = make("mlp").eval()
+    x, y = data("mlp", 1)[0]
+    compiled = aspen.inferenceModel(model)
+    compiled(x, y)
+    before = aspen.input_copies()
+    logits, _ = compiled(x, y)
+    assert aspen.input_copies() == before
+    # The returned tensor shares aspen's buffer (torch.from_numpy over the capsule-owned array).
+    base = logits.numpy()
+    assert not base.flags.owndata
+    # A transposed (non-contiguous) input: one counted copy, the same result.
+    xt = x.t().contiguous().t()
+    assert not xt.is_contiguous()
+    logits2, _ = compiled(xt, y)
+    assert aspen.input_copies() == before + 1
+    torch.testing.assert_close(logits2, logits, rtol=0, atol=0)
+
+
+def torch_steps(model, batches, lr=1e-3, weight_decay=0.01):
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("kind", ["mlp", "block"])
+def test_ten_adamw_steps_equal_torch(kind):
+    batches = data(kind, 10)
+    ref = make(kind)
+    want = torch_steps(ref, batches)
+    model = make(kind)
+    training = aspen.trainingModel(model, optimizer=aspen.optim.AdamW(model.parameters(), lr=1e-3,
+                                                                      weight_decay=0.01))
+    got = [float(training(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    # Before copyWeightsToHost the module still holds its initial weights; after, aspen's.
+    first = make(kind)
+    for (n, p), (_, p0) in zip(model.named_parameters(), first.named_parameters()):
+        torch.testing.assert_close(p, p0, rtol=0, atol=0, msg=n)
+    training.copyWeightsToHost()
+    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+        if n == "qkv.bias":
+            # The key bias adds the same amount to every score of a query row, which softmax cancels: its
+            # gradient is rounding noise in both, which Adam's normalization turns into steps of random sign.
+            d = p.shape[0] // 3
+            torch.testing.assert_close(p[:d], pr[:d], rtol=1e-4, atol=2e-6, msg=n)
+            torch.testing.assert_close(p[2 * d:], pr[2 * d:], rtol=1e-4, atol=2e-6, msg=n)
+            continue
+        torch.testing.assert_close(p, pr, rtol=1e-4, atol=2e-6, msg=n)
+
+
+def test_replicas_equal_gradient_accumulation_bit_for_bit():
+    batches = data("mlp", 3, batch=8)
+    combined = [(x, y) for x, y in batches]
+
+    def run(opts):
+        model = make("mlp")
+        training = aspen.trainingModel(model, opts, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1,
+                                                                              momentum=0.9))
+        losses = [training(x, y).numpy().copy() for x, y in combined]
+        training.copyWeightsToHost()
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    r_losses, r_params = run(aspen.Options().replicationFactor(2))
+    a_opts = aspen.Options()
+    a_opts.Training.gradientAccumulation(2)
+    a_losses, a_params = run(a_opts)
+    for a, b in zip(r_losses, a_losses):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(r_params, a_params):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["All", "Final", "Sum"])
+def test_device_iterations_in_training_by_output_mode(mode):
+    batches = data("mlp", 4)
+    ref = make("mlp")
+    want = torch_steps(ref, batches)
+    opts = aspen.Options().deviceIterations(4).outputMode(getattr(aspen.OutputMode, mode))
+    model = make("mlp")
+    training = aspen.trainingModel(model, opts, optimizer=aspen.optim.AdamW(model.parameters(), lr=1e-3))
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    got = training(x, y).numpy()
+    if mode == "All":
+        np.testing.assert_allclose(got, want, rtol=1e-4)
+    elif mode == "Final":
+        np.testing.assert_allclose(got, want[-1], rtol=1e-4)
+    else:
+        np.testing.assert_allclose(got, sum(want), rtol=1e-4)
+    assert [s["step"] for s in training.lastSteps()] == [1, 2, 3, 4]
+
+
+def test_set_optimizer_changes_the_learning_rate_without_recompiling():
+    batches = data("mlp", 4)
+    ref = make("mlp")
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    want = []
+    for i, (x, y) in enumerate(batches):
+        if i == 2:
+            opt.param_groups[0]["lr"] = 0.01
+        opt.zero_grad()
+        _, loss = ref(x, y)
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    model = make("mlp")
+    optimizer = aspen.optim.SGD(model.parameters(), lr=0.1)
+    training = aspen.trainingModel(model, optimizer=optimizer)
+    got = []
+    for i, (x, y) in enumerate(batches):
+        if i == 2:
+            optimizer.param_groups[0]["lr"] = 0.01
+            training.setOptimizer(optimizer)
+        got.append(float(training(x, y)))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    with pytest.raises(ValueError, match="momentum"):
+        training.setOptimizer(aspen.optim.SGD(model.parameters(), lr=0.1, momentum=0.5))
+
+
+def test_frozen_parameters_stay_put():
+    model = make("mlp")
+    model.fc1.weight.requires_grad_(False)
+    before = model.fc1.weight.detach().clone()
+    fc2_before = model.fc2.weight.detach().clone()
+    training = aspen.trainingModel(model, optimizer=aspen.optim.AdamW(model.parameters(), lr=1e-2))
+    for x, y in data("mlp", 3):
+        training(x, y)
+    training.copyWeightsToHost()
+    torch.testing.assert_close(model.fc1.weight, before, rtol=0, atol=0)
+    assert not torch.equal(model.fc2.weight, fc2_before)
+
+
+def test_a_named_loss_over_a_module_that_returns_logits():
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(12, 5)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    torch.manual_seed(0)
+    ref = Logits()
+    model = copy.deepcopy(ref)
+    batches = mlp_data(3)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    want = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = F.cross_entropy(ref(x), y)
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1), loss="cross_entropy")
+    got = [float(training(x, targets=y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_torch_errors():
+    model = make("mlp")
+    with pytest.raises(ValueError, match="expected an aspen.optim optimizer"):
+        aspen.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(NotImplementedError, match="amsgrad"):
+        aspen.optim.AdamW(model.parameters(), amsgrad=True)
+    with pytest.raises(NotImplementedError, match="one parameter group"):
+        aspen.optim.SGD([{"params": [model.fc1.weight]}, {"params": [model.fc2.weight]}], lr=0.1)
+    with pytest.raises(ValueError, match="not one"):
+        other = torch.nn.Linear(3, 3)
+        training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(other.parameters(), lr=0.1))
+        training(*data("mlp", 1)[0])
+
+    class NoLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(12, 5)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    with pytest.raises(ValueError, match="expected \\(output, loss\\) or a loss"):
+        aspen.trainingModel(NoLoss())(torch.randn(4, 12))
