@@ -1,6 +1,9 @@
 """A torch.nn.Module as an aspen model: exported with torch.onnx at the first call (imported only then)."""
 
+import contextlib
 import inspect
+import io
+import logging
 import os
 import shutil
 import tempfile
@@ -55,11 +58,22 @@ class TorchSource:
             path = os.path.join(self._dir, "model.onnx")
             # For training, without the exporter's optimizer: it folds a transposed weight into a new
             # initializer (val_N), and a parameter must keep its module's name to be trained and copied back.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                torch.onnx.export(self.module, positional, path, input_names=names, output_names=self.output_names,
-                                  dynamo=True, external_data=False, verbose=False,
-                                  optimize=not training)
+            # The exporter's progress lines and warnings are kept, and shown only if it fails.
+            chatter = io.StringIO()
+            onnx_log = logging.getLogger("torch.onnx")
+            level = onnx_log.level
+            onnx_log.setLevel(logging.ERROR)
+            try:
+                with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
+                    warnings.simplefilter("ignore")
+                    torch.onnx.export(self.module, positional, path, input_names=names,
+                                      output_names=self.output_names, dynamo=True, external_data=False,
+                                      verbose=False, optimize=not training)
+            except Exception as e:
+                raise RuntimeError(f"torch.onnx.export of {type(self.module).__name__} failed: {e}\n"
+                                   f"{chatter.getvalue()}") from e
+            finally:
+                onnx_log.setLevel(level)
         finally:
             self.module.train(was_training)
         return path

@@ -1,0 +1,106 @@
+"""aspen.Tokenizer, aspen.generate and aspen.embed against the goldens Hugging Face made (the same files the
+C++ tests read): token ids and decodes, greedy continuations streamed or whole, sentence embeddings."""
+
+import json
+
+import numpy as np
+import pytest
+
+import aspen
+from conftest import SOURCE, TESTDATA
+
+IO_TESTDATA = SOURCE / "io" / "testdata"
+
+
+def hard_cases():
+    return (IO_TESTDATA / "tokenizer_hard_cases.txt").read_bytes().decode("utf-8").split("\n")
+
+
+@pytest.mark.parametrize("which", ["bpe", "bert"])
+def test_tokenizer_matches_hugging_face(which, minilm_dir):
+    golden = json.loads((IO_TESTDATA / "tokenizer_golden.json").read_text())[which]
+    path = IO_TESTDATA / "bpe1k" / "tokenizer.json" if which == "bpe" else f"{minilm_dir}/tokenizer.json"
+    tok = aspen.Tokenizer.from_file(path)
+    assert tok.get_vocab_size() == golden["vocab_size"]
+    cases = hard_cases()
+    assert len(cases) == len(golden["cases"])
+    for text, case in zip(cases, golden["cases"]):
+        assert tok.encode(text, add_special_tokens=False).ids == case["ids"], text
+        enc = tok.encode(text)
+        assert enc.ids == case["ids_special"], text
+        assert len(enc.tokens) == len(enc.ids) and enc.attention_mask == [1] * len(enc.ids)
+        assert tok.decode(case["ids"], skip_special_tokens=False) == case["decoded"], text
+        assert tok.decode(case["ids_special"], skip_special_tokens=True) == case["decoded_skip"], text
+    whole = (IO_TESTDATA / "tokenizer_hard_cases.txt").read_bytes().decode("utf-8")
+    assert tok.encode(whole).ids == golden["whole_file"]
+    assert [e.ids for e in tok.encode_batch(cases[:3], add_special_tokens=False)] == \
+        [c["ids"] for c in golden["cases"][:3]]
+    assert tok.id_to_token(tok.token_to_id(tok.id_to_token(5))) == tok.id_to_token(5)
+    assert tok.id_to_token(10 ** 8) is None
+
+
+def test_tokenizer_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        aspen.Tokenizer.from_file(tmp_path / "nowhere")
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": {"type": "Unigram"')
+    with pytest.raises(ValueError, match="tokenizer.json"):
+        aspen.Tokenizer.from_file(bad)
+    tok = aspen.Tokenizer.from_file(IO_TESTDATA / "bpe1k" / "tokenizer.json")
+    with pytest.raises(ValueError, match="expected a str"):
+        tok.encode(b"bytes")
+
+
+def test_generate_greedy_matches_hugging_face():
+    d = TESTDATA / "gpt2-tiny"
+    golden = json.loads((d / "generate_text.json").read_text())
+    n = golden["max_new_tokens"]
+    pieces = list(aspen.generate(d, golden["prompt"], max_new_tokens=n, temperature=0))
+    assert len(pieces) > 1  # streamed, not one piece at the end
+    assert "".join(pieces) == golden["text"]
+    assert aspen.generate(d, golden["prompt"], max_new_tokens=n, temperature=0, stream=False) == golden["text"]
+    g = aspen.generator(d)
+    assert g.tokenizer.encode(golden["prompt"], True) == golden["prompt_ids"]
+    ids = g.generate([golden["prompt_ids"]], n, 0.0, 0, 1.0, 1.0, 0, True)
+    assert ids == [golden["new_ids"]]
+
+
+def test_generate_sampling_is_seeded_and_stops_early():
+    d = TESTDATA / "gptj-tiny"
+    a = "".join(aspen.generate(d, "ROMEO:", max_new_tokens=12, temperature=0.8, top_k=40, top_p=0.9, seed=7))
+    b = "".join(aspen.generate(d, "ROMEO:", max_new_tokens=12, temperature=0.8, top_k=40, top_p=0.9, seed=7))
+    assert a == b
+    # Leaving the stream early stops generation (and the model is usable after).
+    stream = aspen.generate(d, "ROMEO:", max_new_tokens=30, temperature=0)
+    first = next(stream)
+    stream.close()
+    assert first
+    assert aspen.generate(d, "ROMEO:", max_new_tokens=5, temperature=0, stream=False)
+
+
+def test_generate_errors(tmp_path):
+    d = TESTDATA / "gpt2-tiny"
+    with pytest.raises(FileNotFoundError):
+        aspen.generate(tmp_path, "hi", stream=False)
+    with pytest.raises(ValueError, match="temperature"):
+        aspen.generate(d, "hi", temperature=-1, stream=False)
+    with pytest.raises(ValueError, match="top_p"):
+        list(aspen.generate(d, "hi", top_p=1.5))
+    with pytest.raises(ValueError, match="prompt: expected a str"):
+        aspen.generate(d, 42)
+    with pytest.raises(ValueError, match="max_new_tokens|max_length"):
+        aspen.generate(d, "hi", max_new_tokens=10 ** 6, stream=False)
+
+
+def test_embed_matches_sentence_transformers(minilm_dir):
+    golden = json.loads((TESTDATA / "minilm" / "golden.json").read_text())
+    sentences = [s["text"] for s in golden["sentences"]]
+    v = aspen.embed(minilm_dir, sentences)
+    assert isinstance(v, np.ndarray) and v.dtype == np.float32 and v.shape == (len(sentences), 384)
+    want = np.array([s["embedding"] for s in golden["sentences"]], dtype=np.float64)
+    cos = (v.astype(np.float64) * want).sum(1) / np.linalg.norm(v, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() >= golden["tolerances"]["cosine_min"]
+    with pytest.raises(ValueError, match="a list of str"):
+        aspen.embed(minilm_dir, "one sentence")
+    with pytest.raises(ValueError, match="bert"):
+        aspen.embed(TESTDATA / "gpt2-tiny", ["x"])
