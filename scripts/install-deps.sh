@@ -68,3 +68,11 @@ else
   python3 -m pip install -q torch onnx onnxscript ||
     python3 -m pip install -q --break-system-packages torch onnx onnxscript
 fi
+
+# Keras models in the Python package are converted with tf2onnx (its tests compare with Keras's own).
+if python3 -c "import tensorflow, tf2onnx" 2>/dev/null; then
+  echo "install-deps: tensorflow and tf2onnx present"
+else
+  python3 -m pip install -q tensorflow-cpu tf2onnx ||
+    python3 -m pip install -q --break-system-packages tensorflow-cpu tf2onnx
+fi

@@ -13,6 +13,7 @@ frameworks and types around it. torch and TensorFlow are imported only when a mo
 """
 
 import os as _os
+import sys as _sys
 
 # NOTE [python cores] The C++ runtime gives each device a team that reserves its cores (core/thread_team.h),
 # so a process's live models cannot share them: right for the `aspen` command, which runs one model, but a
@@ -24,7 +25,18 @@ import os as _os
 CPUS = len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity") else (_os.cpu_count() or 1)
 _os.environ.setdefault("ASPEN_CORES", str(CPUS * 256))
 
-from . import _aspen, optim  # noqa: E402 (after the core budget is set)
+# NOTE [python protobuf] The module reads ONNX files with Debian's libprotobuf. TensorFlow, imported
+# before aspen, loads its own copy of protobuf's C++ symbols into the global scope, and the dynamic linker
+# would bind libprotobuf's own references to that copy: a crash on the first ONNX file. Loaded with
+# RTLD_DEEPBIND, the module and the libraries it brings resolve their symbols among themselves first.
+_flags = _sys.getdlopenflags()
+if hasattr(_os, "RTLD_DEEPBIND"):
+    _sys.setdlopenflags(_os.RTLD_NOW | _os.RTLD_DEEPBIND)
+try:
+    from . import _aspen  # noqa: E402 (after the core budget is set)
+finally:
+    _sys.setdlopenflags(_flags)
+from . import optim  # noqa: E402
 from .model import InferenceModel, TrainingModel, inferenceModel, trainingModel
 from .options import Options, OutputMode, ReductionType
 from .text import Embedder, Encoding, Generator, Tokenizer, embed, embedder, generate, generator

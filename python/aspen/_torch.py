@@ -116,7 +116,7 @@ class TorchSource:
                     continue  # not a parameter of the program (unused by forward, or folded away)
                 p.copy_(torch.from_numpy(w).reshape(p.shape))
 
-    def close(self):
+    def close(self, _rmtree=shutil.rmtree):  # bound now: at interpreter exit the module's globals may be gone
         if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            _rmtree(self._dir, ignore_errors=True)
             self._dir = None

@@ -257,6 +257,8 @@ class TrainingModel(_Model):
             self._input_names.append(self._loss["targets"])
 
     def _loss_of(self, loss):
+        if loss is None and hasattr(self._source, "keras_loss"):
+            loss = self._source.keras_loss()  # the loss the Keras model was compiled with
         if loss is None:
             out = self._source.loss_output()
             if out is None:

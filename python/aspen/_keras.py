@@ -1,0 +1,156 @@
+"""A Keras model (tf.keras / Keras 3 on TensorFlow) as an aspen model: converted with tf2onnx at the first
+call (TensorFlow and tf2onnx are imported only then).
+
+NOTE [keras weights] tf2onnx names initializers after TensorFlow ops ("functional_1/dense_1/Cast/
+ReadVariableOp:0"), folds constants (a zero bias disappears, a kernel is reshaped) and has no map back to
+the model's variables, which training needs (to train the right tensors, and for copyWeightsToHost). So a
+training export is made with every trainable variable set, for the conversion only, to its own random
+values: each then shows as an initializer holding exactly those values (reshaped, or a 2-D kernel
+transposed), found by comparing bytes; the real values are written into those initializers before the
+file is compiled, and the variables restored. A variable that cannot be found (tf2onnx computed something
+from it at conversion) is an error naming it. Inference exports the real values directly.
+"""
+
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf  # noqa: E402
+
+_OPSET = 17
+
+
+class KerasSource:
+    framework = "keras"
+
+    def __init__(self, model):
+        self.model = model
+        try:
+            inputs = list(model.inputs)
+        except (AttributeError, ValueError):
+            inputs = []
+        if not inputs:
+            raise ValueError(f"Keras model {model.name}: expected a model with defined inputs (functional, or "
+                             "Sequential built from keras.Input), found none")
+        self.input_names = [self._input_name(t, i) for i, t in enumerate(inputs)]
+        self.output_names = []
+        self._dir = None
+        self._map = {}  # variable index -> (initializer name, "reshape" | "transpose")
+
+    @staticmethod
+    def _input_name(t, i):
+        name = getattr(t, "name", None) or f"input_{i}"
+        return name.split(":")[0]
+
+    def export(self, example, training, loss_kind):
+        import tf2onnx
+        from onnx import numpy_helper
+        spec = [tf.TensorSpec(tuple(example[n].shape), tf.as_dtype(np.asarray(example[n]).dtype), name=n)
+                for n in self.input_names]
+        variables = list(self.model.trainable_variables)
+        originals = [v.numpy() for v in variables]
+        tags = []
+        if training:  # NOTE [keras weights]
+            rng = np.random.default_rng(20261203)
+            for v, o in zip(variables, originals):
+                t = rng.standard_normal(o.shape).astype(o.dtype) if o.dtype.kind == "f" else o
+                v.assign(t)
+                tags.append(t)
+        try:
+            proto, _ = tf2onnx.convert.from_keras(self.model, input_signature=spec, opset=_OPSET)
+        except Exception as e:
+            raise RuntimeError(f"tf2onnx could not convert Keras model {self.model.name}: {e}") from e
+        finally:
+            if training:
+                for v, o in zip(variables, originals):
+                    v.assign(o)
+        self.output_names = [o.name for o in proto.graph.output]
+        if training:
+            by_bytes = {}
+            for k, init in enumerate(proto.graph.initializer):
+                a = numpy_helper.to_array(init)
+                if a.dtype.kind == "f":
+                    by_bytes.setdefault(a.tobytes(), []).append(k)
+            self._map = {}
+            for i, (v, t) in enumerate(zip(variables, tags)):
+                if t.dtype.kind != "f":
+                    continue
+                found = by_bytes.get(np.ascontiguousarray(t).tobytes())
+                how = "reshape"
+                if not found and t.ndim == 2:
+                    found, how = by_bytes.get(np.ascontiguousarray(t.T).tobytes()), "transpose"
+                if not found or len(found) > 1:
+                    raise NotImplementedError(
+                        f"Keras variable '{v.path if hasattr(v, 'path') else v.name}': tf2onnx computed other "
+                        "tensors from it at conversion, so aspen cannot train it (NOTE [keras weights])")
+                k = found[0]
+                init = proto.graph.initializer[k]
+                real = originals[i].T if how == "transpose" else originals[i]
+                shape = tuple(init.dims)
+                init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(real).reshape(shape), init.name))
+                self._map[i] = (init.name, how, shape)
+        self.close()
+        self._dir = tempfile.mkdtemp(prefix="aspen-keras-")
+        path = os.path.join(self._dir, "model.onnx")
+        with open(path, "wb") as f:
+            f.write(proto.SerializeToString())
+        return path
+
+    def loss_output(self):
+        return None
+
+    def keras_loss(self):
+        """The model's compiled loss as aspen's kind: cross_entropy or mse (None otherwise)."""
+        loss = getattr(self.model, "loss", None)
+        name = loss if isinstance(loss, str) else type(loss).__name__ if loss is not None else ""
+        config = loss.get_config() if hasattr(loss, "get_config") else {}
+        from_logits = bool(config.get("from_logits", False))
+        if name in ("SparseCategoricalCrossentropy", "sparse_categorical_crossentropy") and from_logits:
+            return "cross_entropy"
+        if name in ("MeanSquaredError", "mse", "mean_squared_error"):
+            return "mse"
+        return None
+
+    def parameter_names(self, params):
+        variables = list(self.model.trainable_variables)
+        if params is None:
+            chosen = range(len(variables))
+        else:
+            ids = {id(v): i for i, v in enumerate(variables)}
+            chosen = []
+            for p in params:
+                if id(p) not in ids:
+                    raise ValueError("optimizer params: expected trainable variables of the model being trained, "
+                                     f"found {getattr(p, 'name', p)!r}")
+                chosen.append(ids[id(p)])
+        return [self._map[i][0] for i in chosen if i in self._map]
+
+    def outputs(self, values, framework):
+        out = [values[n] for n in self.output_names]
+        return out[0] if len(out) == 1 else out
+
+    def host_weights(self):
+        return {name: self._to_initializer(self.model.trainable_variables[i].numpy(), how, shape)
+                for i, (name, how, shape) in self._map.items()}
+
+    @staticmethod
+    def _to_initializer(value, how, shape):
+        return np.ascontiguousarray(value.T if how == "transpose" else value).reshape(shape)
+
+    def copy_to_host(self, weights):
+        variables = list(self.model.trainable_variables)
+        for i, (name, how, _) in self._map.items():
+            w = weights.get(name)
+            if w is None:
+                continue
+            v = variables[i]
+            shape = tuple(v.shape)
+            v.assign(w.reshape(shape[::-1]).T if how == "transpose" else w.reshape(shape))
+
+    def close(self, _rmtree=shutil.rmtree):  # bound now: at interpreter exit the module's globals may be gone
+        if self._dir is not None:
+            _rmtree(self._dir, ignore_errors=True)
+            self._dir = None

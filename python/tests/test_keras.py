@@ -1,0 +1,97 @@
+"""aspen.inferenceModel and aspen.trainingModel on Keras models (converted with tf2onnx): outputs equal
+Keras's own, training steps equal Keras's train_on_batch with the same optimizer, and copyWeightsToHost
+writes the model's variables."""
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf  # required: scripts/install-deps.sh installs tensorflow-cpu and tf2onnx
+
+import aspen
+from conftest import assert_close
+
+keras = tf.keras
+
+
+def mlp(seed=0):
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((12,), name="x")
+    h = keras.layers.Dense(24, activation="relu")(x)
+    h = keras.layers.LayerNormalization()(h)
+    return keras.Model(x, keras.layers.Dense(5)(h))
+
+
+def encoder(seed=0):
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((7, 16), name="x")
+    a = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)(x, x)
+    h = keras.layers.LayerNormalization()(x + a)
+    f = keras.layers.Dense(16)(keras.layers.Dense(32, activation="relu")(h))
+    out = keras.layers.LayerNormalization()(h + f)
+    return keras.Model(x, keras.layers.Dense(4)(keras.layers.GlobalAveragePooling1D()(out)))
+
+
+def batches(kind, steps, batch=4, seed=0):
+    rng = np.random.default_rng(seed)
+    shape = (batch, 12) if kind == "mlp" else (batch, 7, 16)
+    classes = 5 if kind == "mlp" else 4
+    return [(rng.standard_normal(shape).astype(np.float32), rng.integers(0, classes, batch).astype(np.int64))
+            for _ in range(steps)]
+
+
+def make(kind, seed=0):
+    return mlp(seed) if kind == "mlp" else encoder(seed)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "encoder"])
+def test_inference_equals_keras(kind):
+    model = make(kind)
+    x, _ = batches(kind, 1)[0]
+    want = model(x, training=False).numpy()
+    got = aspen.inferenceModel(model)(x)
+    assert isinstance(got, np.ndarray)
+    assert_close(got, want, atol=1e-5, what=kind)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "encoder"])
+def test_training_equals_train_on_batch(kind):
+    data = batches(kind, 10)
+    ref = make(kind)
+    ref.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05, momentum=0.9),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    want = [float(ref.train_on_batch(x, y)) for x, y in data]
+    model = make(kind)
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.trainable_variables, lr=0.05,
+                                                                    momentum=0.9), loss="cross_entropy")
+    got = [float(training(x, y)) for x, y in data]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    training.copyWeightsToHost()
+    for v, r in zip(model.trainable_variables, ref.trainable_variables):
+        assert_close(v.numpy(), r.numpy(), atol=2e-5, rtol=1e-4, what=v.path)
+
+
+def test_the_compiled_keras_loss_is_used_and_mse_trains():
+    data = [(x, np.tanh(x[:, :5])) for x, _ in batches("mlp", 5)]
+    ref = mlp()
+    ref.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1), loss=keras.losses.MeanSquaredError())
+    want = [float(ref.train_on_batch(x, y)) for x, y in data]
+    model = mlp()
+    model.compile(optimizer="sgd", loss=keras.losses.MeanSquaredError())
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(None, lr=0.1))
+    got = [float(training(x, y)) for x, y in data]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+
+
+def test_keras_errors():
+    model = mlp()
+    with pytest.raises(ValueError, match="loss: expected"):
+        aspen.trainingModel(model, optimizer=aspen.optim.SGD(None, lr=0.1))
+    other = mlp(1)
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(other.trainable_variables, lr=0.1),
+                                   loss="cross_entropy")
+    x, y = batches("mlp", 1)[0]
+    with pytest.raises(ValueError, match="trainable variables of the model"):
+        training(x, y)
