@@ -39,6 +39,10 @@
 #include "models/embedder.h"
 #include "models/generate.h"
 #include "models/onnx_import.h"
+#include "models/bert.h"
+#include "models/gpt2.h"
+#include "models/gptj.h"
+#include "models/weights.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -325,7 +329,54 @@ class OnnxProgram {
       for (const std::string& n : keep)
         if (!have.count(n)) bad_argument("parameter '" + n + "'", "an initializer of " + path, "none of that name");
     }
-    imp_ = take(models::import_onnx(file, o));
+    init(take(models::import_onnx(file, o)), training, loss);
+  }
+
+  // A built-in family's model from a Hugging Face directory (gpt2, gptj: logits, and with training the
+  // loss over "targets"; bert: last_hidden_state, and pooler_output when the checkpoint has the pooler),
+  // compiled for [batch, seq].
+  static std::unique_ptr<OnnxProgram> from_hf(const std::string& dir, int64_t batch, int64_t seq,
+                                              const nb::dict& options, std::optional<nb::dict> training) {
+    if (batch < 1 || seq < 1)
+      bad_argument("input_ids", "a [batch, sequence] array with both extents >= 1",
+                   "[" + std::to_string(batch) + ", " + std::to_string(seq) + "]");
+    std::unique_ptr<OnnxProgram> p(new OnnxProgram());
+    p->path_ = dir;
+    p->options_ = options_from(options);
+    models::Checkpoint ckpt = take(models::Checkpoint::open(dir));
+    const models::ModelConfig& cfg = ckpt.config();
+    if (seq > cfg.n_positions())
+      bad_argument("input_ids sequence", "at most the model's " + std::to_string(cfg.n_positions()) + " positions",
+                   std::to_string(seq));
+    models::OnnxImport m;
+    graph::Builder b(m.graph);
+    const bool with_loss = training.has_value();
+    if (const auto* g = cfg.gpt2()) {
+      check(models::build_gpt2(b, *g, {.batch = batch, .seq = seq, .with_loss = with_loss}).status());
+    } else if (const auto* j = cfg.gptj()) {
+      check(models::build_gptj(b, *j, {.batch = batch, .seq = seq, .with_loss = with_loss}).status());
+    } else if (const auto* bc = cfg.bert()) {
+      if (with_loss) bad_argument(dir, "a model that trains here (gpt2, gptj)", "model_type bert");
+      const bool pooler = ckpt.find("pooler.dense.weight").first || ckpt.find("bert.pooler.dense.weight").first;
+      check(models::build_bert(b, *bc, {.batch = batch, .seq = seq, .pooler = pooler}).status());
+    }
+    check(b.status());
+    for (int32_t n : m.graph.input_nodes()) m.inputs.push_back(m.graph.node(n).name);
+    for (const auto& [name, v] : m.graph.outputs()) m.outputs.push_back(name);
+    m.weights = take(models::read_weights(m.graph, ckpt));
+    std::optional<nb::dict> loss;
+    if (with_loss) {
+      nb::dict l;
+      l["output"] = "loss";
+      loss = l;
+    }
+    p->init(std::move(m), training, loss);
+    return p;
+  }
+
+  // What both sources share: the loss added or found, the model compiled, its weights on the device.
+  void init(models::OnnxImport imp, std::optional<nb::dict> training, std::optional<nb::dict> loss) {
+    imp_ = std::move(imp);
     training_ = training.has_value();
     if (training_) {
       api::TrainingOptions t = training_from(*training);
@@ -346,7 +397,7 @@ class OnnxProgram {
         if (std::find(imp_.outputs.begin(), imp_.outputs.end(), output) == imp_.outputs.end()) {
           std::string names;
           for (const std::string& n : imp_.outputs) names += (names.empty() ? "" : ", ") + n;
-          bad_argument("loss output '" + output + "'", "an output of " + path + " (" + names + ")", "none of that name");
+          bad_argument("loss output '" + output + "'", "an output of " + path_ + " (" + names + ")", "none of that name");
         }
         t.loss = output;
       }
@@ -496,6 +547,7 @@ class OnnxProgram {
   }
 
  private:
+  OnnxProgram() = default;
   std::string path_;
   api::Options options_;
   models::OnnxImport imp_;
@@ -676,6 +728,8 @@ NB_MODULE(_aspen, m) {
       .def_prop_ro("outputs", &OnnxProgram::outputs)
       .def_prop_ro("training", &OnnxProgram::training)
       .def_prop_ro("cache_hit", &OnnxProgram::cache_hit)
+      .def_static("from_hf", &OnnxProgram::from_hf, "model_dir"_a, "batch"_a, "seq"_a, "options"_a,
+                  "training"_a = nb::none())
       .def("input_types", &OnnxProgram::input_types)
       .def("run", &OnnxProgram::run, "inputs"_a)
       .def("weights", &OnnxProgram::weights)

@@ -51,9 +51,7 @@ def _source_of(model):
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         if os.path.isdir(path):
-            raise NotImplementedError(
-                f"model '{path}': a Hugging Face directory runs through aspen.generate and aspen.embed; "
-                "inferenceModel takes an ONNX file, a torch.nn.Module or a Keras model")
+            return _HfDirectory(path)
         if not os.path.exists(path):
             raise FileNotFoundError(f"model '{path}': expected an ONNX file, found no such file")
         return _OnnxFile(path)
@@ -107,6 +105,94 @@ class _OnnxFile:
         pass
 
 
+def _int32(name, a):
+    """Integer ids as the int32 the built-in graphs take, refusing values that int32 cannot hold."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "iub":
+        raise ValueError(f"input '{name}': expected integer ids, found {a.dtype}")
+    if a.size and a.dtype.itemsize > 4 and (a.min() < -2 ** 31 or a.max() >= 2 ** 31):
+        raise ValueError(f"input '{name}': expected ids in the int32 range, found {a.min()} .. {a.max()}")
+    return a.astype(np.int32, copy=False)
+
+
+class _HfDirectory:
+    """A built-in family's Hugging Face directory (config.json, model.safetensors): aspen's own GPT-2,
+    GPT-J or BERT graph, no export. GPT-2 and GPT-J take input_ids [batch, seq] (positions 0..seq-1) and
+    return logits; training takes targets too (the next token of each position: the loss does not shift)
+    and returns the loss. BERT takes input_ids, attention_mask and token_type_ids (ones and zeros when not
+    given) and returns last_hidden_state, and pooler_output when the checkpoint has a pooler."""
+
+    framework = "numpy"
+
+    def __init__(self, path):
+        import json
+        config = os.path.join(path, "config.json")
+        if not os.path.exists(config):
+            raise FileNotFoundError(f"model '{path}': expected a Hugging Face directory with config.json, found "
+                                    "none")
+        with open(config) as f:
+            self.model_type = json.load(f).get("model_type")
+        self.path = path
+        if self.model_type == "bert":
+            self.input_names = ["input_ids", "attention_mask", "token_type_ids"]
+        else:
+            self.input_names = ["input_ids"]
+        self.output_names = []
+        self._program_inputs = []
+
+    def optional_inputs(self):
+        return {"attention_mask", "token_type_ids"} if self.model_type == "bert" else set()
+
+    def compile(self, arrays, per_call, options, training):
+        ids = arrays["input_ids"]
+        if len(ids.shape) != 2 or ids.shape[0] % per_call:
+            raise ValueError(f"input 'input_ids': expected [batch, sequence] with a batch that is a multiple of "
+                             f"{per_call} (the micro-batches of a call), found shape {tuple(ids.shape)}")
+        program = _aspen.OnnxProgram.from_hf(self.path, ids.shape[0] // per_call, ids.shape[1], options, training)
+        self.output_names = [n for n in program.outputs if n != "loss"] if training is None else ["loss"]
+        self._program_inputs = program.inputs
+        return program
+
+    def feeds(self, arrays):
+        """The program's inputs from the call's (int32 ids, the positions, default masks)."""
+        ids = np.asarray(arrays["input_ids"])
+        n, t = ids.shape if ids.ndim == 2 else (0, 0)
+        out = {"input_ids": _int32("input_ids", ids)}
+        if "positions" in self._program_inputs:
+            out["positions"] = np.broadcast_to(np.arange(t, dtype=np.int32), (n, t))
+        if "targets" in self._program_inputs:
+            out["targets"] = _int32("targets", np.asarray(arrays["targets"])).reshape(-1)
+        if "attention_mask" in self._program_inputs:
+            m = arrays.get("attention_mask")
+            out["attention_mask"] = np.ones((n, t), np.uint8) if m is None else np.asarray(m).astype(np.uint8)
+        if "token_type_ids" in self._program_inputs:
+            tt = arrays.get("token_type_ids")
+            out["token_type_ids"] = np.zeros((n, t), np.int32) if tt is None else _int32("token_type_ids", tt)
+        return out
+
+    def loss_output(self):
+        return "loss"
+
+    def parameter_names(self, params):
+        return None if params is None else list(params)
+
+    def outputs(self, values, framework):
+        out = tuple(values[n] for n in self.output_names)
+        if framework == "torch":
+            import torch
+            out = tuple(torch.from_numpy(v) for v in out)
+        return out[0] if len(out) == 1 else out
+
+    def copy_to_host(self, weights):
+        pass
+
+    def host_weights(self):
+        return {}
+
+    def close(self):
+        pass
+
+
 class _Model:
     """What inferenceModel and trainingModel share: binding a call's arguments, compiling on the first."""
 
@@ -145,12 +231,15 @@ class _Model:
             if k in given:
                 raise ValueError(f"input '{k}': given twice (by position and by name)")
             given[k] = v
-        missing = [n for n in names if n not in given]
+        optional = self._source.optional_inputs() if hasattr(self._source, "optional_inputs") else set()
+        missing = [n for n in names if n not in given and n not in optional]
         if missing:
             raise ValueError(f"inputs: expected {', '.join(names)}, found no value for {', '.join(missing)}")
         framework = "numpy"
         arrays = {}
         for name in names:
+            if name not in given:
+                continue
             v = given[name]
             if _is_torch_tensor(v):
                 framework = "torch"
@@ -190,6 +279,9 @@ class _Model:
     def _compile(self, arrays):
         raise NotImplementedError
 
+    def _feeds(self, arrays):
+        return self._source.feeds(arrays) if isinstance(self._source, _HfDirectory) else arrays
+
     def isCompiled(self):
         return self._program is not None
 
@@ -221,7 +313,7 @@ class InferenceModel(_Model):
         arrays, framework = self._bind(args, kwargs)
         if self._program is None:
             self._compile(arrays)
-        out = self._program.run(arrays)
+        out = self._program.run(self._feeds(arrays))
         return self._source.outputs(out, framework)
 
     def compile(self, *args, **kwargs):
@@ -230,6 +322,9 @@ class InferenceModel(_Model):
         self._compile(arrays)
 
     def _compile(self, arrays):
+        if isinstance(self._source, _HfDirectory):
+            self._program = self._source.compile(arrays, self._per_call(), self._options._resolved(False), None)
+            return
         shapes = self._micro_shapes(arrays)
         path = self._source.export(self._example(arrays, shapes), training=False, loss_kind=None)
         self._program = _aspen.OnnxProgram(path, shapes, self._options._resolved(False))
@@ -255,6 +350,14 @@ class TrainingModel(_Model):
         self._loss = self._loss_of(loss)
         if "kind" in self._loss:
             self._input_names.append(self._loss["targets"])
+        if isinstance(self._source, _HfDirectory):
+            if self._source.model_type not in ("gpt2", "gptj"):
+                raise ValueError(f"model '{self._source.path}': expected a model that trains here (gpt2, gptj), "
+                                 f"found model_type {self._source.model_type}")
+            if "kind" in self._loss:
+                raise ValueError("loss: expected none for a Hugging Face directory (the model's own loss over "
+                                 f"targets), found {loss!r}")
+            self._input_names.append("targets")
 
     def _loss_of(self, loss):
         if loss is None and hasattr(self._source, "keras_loss"):
@@ -285,7 +388,7 @@ class TrainingModel(_Model):
         arrays, framework = self._bind(args, kwargs)
         if self._program is None:
             self._compile(arrays)
-        out = self._program.run(arrays)["loss"]
+        out = self._program.run(self._feeds(arrays))["loss"]
         if framework == "torch":
             import torch
             return torch.from_numpy(out)
@@ -296,12 +399,15 @@ class TrainingModel(_Model):
         self._compile(arrays)
 
     def _compile(self, arrays):
+        training = dict(self._settings)
+        training["reduction"] = self._options._reduction
+        if isinstance(self._source, _HfDirectory):
+            self._program = self._source.compile(arrays, self._per_call(), self._options._resolved(True), training)
+            return
         shapes = self._micro_shapes(arrays)
         model_inputs = {n: a for n, a in arrays.items() if n != self._loss.get("targets")}
         example = self._example(model_inputs, shapes)
         path = self._source.export(example, training=True, loss_kind=self._loss.get("kind"))
-        training = dict(self._settings)
-        training["reduction"] = self._options._reduction
         trained = self._source.parameter_names(self._optimizer.params)
         self._program = _aspen.OnnxProgram(path, {n: shapes[n] for n in model_inputs},
                                            self._options._resolved(True), training, self._loss, trained)

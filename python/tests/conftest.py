@@ -24,6 +24,24 @@ def read_onnx_tensor(path):
     return onnx.numpy_helper.to_array(t)
 
 
+def read_safetensors(path):
+    """Every tensor of a .safetensors file by name, as numpy arrays (the format is a length, a JSON header
+    and the bytes; read here so that the tests need no safetensors package)."""
+    import json
+    import struct
+    data = pathlib.Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    types = {"F32": np.float32, "I64": np.int64, "I32": np.int32}
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        out[name] = np.frombuffer(data[8 + n + start:8 + n + end], dtype=types[info["dtype"]]).reshape(info["shape"])
+    return out
+
+
 @pytest.fixture
 def minilm_dir():
     d = os.environ.get("ASPEN_MINILM_DIR")

@@ -1,0 +1,59 @@
+"""aspen.inferenceModel and aspen.trainingModel on a built-in family's Hugging Face directory: logits,
+hidden states and the loss equal the goldens transformers made (models/testdata)."""
+
+import numpy as np
+import pytest
+
+import aspen
+from conftest import TESTDATA, assert_close, read_safetensors
+
+
+@pytest.mark.parametrize("family", ["gpt2-tiny", "gptj-tiny"])
+def test_causal_lm_logits(family):
+    g = read_safetensors(TESTDATA / family / "golden.safetensors")
+    model = aspen.inferenceModel(TESTDATA / family)
+    logits = model(g["input_ids"])
+    assert_close(logits, g["logits"], atol=2e-4, what=f"{family} logits")
+    # deviceIterations: the two rows as two steps of one row each
+    two = aspen.inferenceModel(TESTDATA / family, aspen.Options().deviceIterations(2))
+    assert_close(two(g["input_ids"]), g["logits"], atol=2e-4, what=f"{family} logits, 2 iterations")
+
+
+def test_bert_outputs():
+    g = read_safetensors(TESTDATA / "bert-tiny" / "golden.safetensors")
+    model = aspen.inferenceModel(TESTDATA / "bert-tiny")
+    hidden, pooled = model(g["input_ids"], attention_mask=g["attention_mask"], token_type_ids=g["token_type_ids"])
+    mask = g["attention_mask"][..., None].astype(bool)
+    assert_close(np.where(mask, hidden, 0), np.where(mask, g["last_hidden_state"], 0), atol=2e-4, what="hidden")
+    assert_close(pooled, g["pooler_output"], atol=2e-4, what="pooler")
+
+
+def test_gpt2_training_loss_is_hugging_faces():
+    g = read_safetensors(TESTDATA / "gpt2-tiny" / "golden.safetensors")
+    ids = g["input_ids"]
+    targets = np.concatenate([ids[:, 1:], np.full((ids.shape[0], 1), -100)], axis=1)  # HF shifts; aspen doesn't
+    training = aspen.trainingModel(TESTDATA / "gpt2-tiny", optimizer=aspen.optim.SGD(None, lr=0.01))
+    first = float(training(ids, targets))
+    assert first == pytest.approx(float(g["loss"][0]), rel=1e-4)
+    later = [float(training(ids, targets)) for _ in range(5)]
+    assert later[-1] < first
+    w = training.weights()
+    assert "transformer.wte.weight" in w and w["transformer.wte.weight"].shape == (1000, 48)
+
+
+def test_hf_directory_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        aspen.inferenceModel(tmp_path)
+    with pytest.raises(ValueError, match="trains here"):
+        aspen.trainingModel(TESTDATA / "bert-tiny")
+    model = aspen.inferenceModel(TESTDATA / "gpt2-tiny")
+    with pytest.raises(ValueError, match="positions"):
+        model(np.zeros((1, 65), np.int64))
+    with pytest.raises(ValueError, match=r"expected every id in \[0, V\) = \[0, 1000\), found ids\[0\] = 5000"):
+        model(np.full((1, 65 - 1), 5000))
+    with pytest.raises(ValueError, match="int32 range"):
+        model(np.full((1, 64), 2 ** 33))
+    with pytest.raises(ValueError, match="integer ids"):
+        model(np.zeros((1, 64), np.float32))
+    with pytest.raises(ValueError, match=r"\[batch, sequence\]"):
+        aspen.inferenceModel(TESTDATA / "gpt2-tiny")(np.zeros(5, np.int64))
