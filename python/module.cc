@@ -27,6 +27,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fnmatch.h>
 #include <set>
@@ -43,6 +44,9 @@
 #include "models/gpt2.h"
 #include "models/gptj.h"
 #include "models/weights.h"
+#ifdef ASPEN_HAVE_MPI
+#include "parallel/mpi/mpi_communicator.h"
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -431,6 +435,42 @@ class OnnxProgram {
   // replicas, every input a combined batch (its micro-batches' first dimensions merged) or with the
   // leading dimensions apart.
   nb::dict run(const std::map<std::string, InArray>& arrays) {
+    std::map<std::string, Tensor> feeds = prepare(arrays);
+    std::map<std::string, const Tensor*> ptrs;
+    for (const auto& [name, t] : feeds) ptrs[name] = &t;
+    std::map<std::string, Tensor> out;
+    {
+      nb::gil_scoped_release unlocked;
+      out = take(training_ ? training_model_->run(ptrs) : inference_model_->run(ptrs));
+    }
+    nb::dict d;
+    for (auto& [name, t] : out) {
+      // The leading [iterations][replicas] dimensions the output mode left, merged into the first.
+      int merge = 0;
+      if (!training_)
+        if (auto v = imp_.graph.find_output(name)) merge = t.shape().rank() - imp_.graph.type(*v).shape.rank();
+      d[nb::str(name.c_str())] = to_numpy(std::move(t), merge);
+    }
+    return d;
+  }
+
+  // bench/python_overhead.py's reference: seconds per C++ run() of these inputs, `calls` calls in a loop
+  // (inputs prepared once, outputs dropped), without Python in between.
+  double time_run(const std::map<std::string, InArray>& arrays, int64_t calls) {
+    if (calls < 1) bad_argument("calls", ">= 1", std::to_string(calls));
+    std::map<std::string, Tensor> feeds = prepare(arrays);
+    std::map<std::string, const Tensor*> ptrs;
+    for (const auto& [name, t] : feeds) ptrs[name] = &t;
+    nb::gil_scoped_release unlocked;
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < calls; ++i)
+      take(training_ ? training_model_->run(ptrs) : inference_model_->run(ptrs));
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / double(calls);
+  }
+
+ private:
+  // The program's inputs from the call's arrays: shapes and dtypes checked, views where contiguous.
+  std::map<std::string, Tensor> prepare(const std::map<std::string, InArray>& arrays) {
     const int64_t iters = options_.device_iterations_, R = options_.replication_factor_;
     const int64_t per_call = iters * R * (training_ ? options_.gradient_accumulation_ : 1);
     std::map<std::string, Tensor> feeds;
@@ -472,23 +512,10 @@ class OnnxProgram {
     }
     for (const std::string& name : imp_.inputs)
       if (!feeds.count(name)) bad_argument("input '" + name + "'", "an array", "none given");
-    std::map<std::string, const Tensor*> ptrs;
-    for (const auto& [name, t] : feeds) ptrs[name] = &t;
-    std::map<std::string, Tensor> out;
-    {
-      nb::gil_scoped_release unlocked;
-      out = take(training_ ? training_model_->run(ptrs) : inference_model_->run(ptrs));
-    }
-    nb::dict d;
-    for (auto& [name, t] : out) {
-      // The leading [iterations][replicas] dimensions the output mode left, merged into the first.
-      int merge = 0;
-      if (!training_)
-        if (auto v = imp_.graph.find_output(name)) merge = t.shape().rank() - imp_.graph.type(*v).shape.rank();
-      d[nb::str(name.c_str())] = to_numpy(std::move(t), merge);
-    }
-    return d;
+    return feeds;
   }
+
+ public:
 
   nb::dict weights() const {
     std::map<std::string, Tensor> w;
@@ -557,7 +584,8 @@ class OnnxProgram {
 };
 
 // What an ONNX file declares, before anything is imported: its inputs as (name, element type, dims with a
-// symbolic or unknown extent as its name or None; None for an undeclared rank), and its outputs' names.
+// symbolic or unknown extent as its name or None; None for an undeclared rank), its outputs' names and
+// its initializers' names.
 nb::dict onnx_signature(const std::string& path) {
   io::OnnxModel file = take(io::read_onnx_model(path));
   nb::list inputs, outputs;
@@ -575,7 +603,10 @@ nb::dict onnx_signature(const std::string& path) {
     inputs.append(nb::make_tuple(nb::str(v.name.c_str()), nb::str(io::onnx_type_name(v.type).c_str()), dims));
   }
   for (const io::OnnxValueInfo& v : file.graph.outputs) outputs.append(nb::str(v.name.c_str()));
+  nb::list initializers;
+  for (const io::OnnxTensor& t : file.graph.initializers) initializers.append(nb::str(t.name.c_str()));
   nb::dict d;
+  d["initializers"] = initializers;
   d["inputs"] = inputs;
   d["outputs"] = outputs;
   return d;
@@ -719,6 +750,25 @@ NB_MODULE(_aspen, m) {
 
   m.def("onnx_signature", &onnx_signature, "path"_a);
 
+  // MPI, for Options.Distributed (python/aspen/options.py): initialized by the first model that asks,
+  // finalized at exit. (rank, size) of the job.
+  m.def("mpi_init", [] {
+#ifdef ASPEN_HAVE_MPI
+    if (!aspen::parallel::mpi_launched())
+      bad_argument("Distributed", "a process started by mpirun", "no MPI job (OMPI_COMM_WORLD_SIZE, PMI_SIZE unset)");
+    check(aspen::parallel::mpi_init(nullptr, nullptr));
+    return std::make_pair(aspen::parallel::mpi_world_rank(), aspen::parallel::mpi_world_size());
+#else
+    throw StatusError(Status::unimplemented("Distributed", "in this build (aspen was built without MPI)"));
+    return std::make_pair(0, 1);
+#endif
+  });
+  m.def("mpi_finalize", [] {
+#ifdef ASPEN_HAVE_MPI
+    aspen::parallel::mpi_finalize();
+#endif
+  });
+
   nb::class_<OnnxProgram>(m, "OnnxProgram")
       .def(nb::init<const std::string&, const std::map<std::string, std::vector<int64_t>>&, const nb::dict&,
                     std::optional<nb::dict>, std::optional<nb::dict>, std::optional<std::vector<std::string>>>(),
@@ -732,6 +782,7 @@ NB_MODULE(_aspen, m) {
                   "training"_a = nb::none())
       .def("input_types", &OnnxProgram::input_types)
       .def("run", &OnnxProgram::run, "inputs"_a)
+      .def("time_run", &OnnxProgram::time_run, "inputs"_a, "calls"_a)
       .def("weights", &OnnxProgram::weights)
       .def("set_weights", &OnnxProgram::set_weights, "weights"_a)
       .def("set_learning_rate", &OnnxProgram::set_learning_rate, "lr"_a)

@@ -29,6 +29,7 @@ class TorchSource:
         self.output_names = []
         self._spec = None
         self._dir = None
+        self._file_name = {}  # module parameter name -> its initializer's name in the exported file
 
     def export(self, example, training, loss_kind):
         """Exports forward for one micro-batch of these inputs; returns the .onnx path."""
@@ -74,9 +75,24 @@ class TorchSource:
                                    f"{chatter.getvalue()}") from e
             finally:
                 onnx_log.setLevel(level)
+            self._names_in_file(path)
         finally:
             self.module.train(was_training)
         return path
+
+    def _names_in_file(self, path):
+        """Each parameter's name in the exported file: a tied parameter (GPT-2's lm_head and wte) has several
+        names in the module and is one initializer under one of them."""
+        from . import _aspen
+        initializers = set(_aspen.onnx_signature(path)["initializers"])
+        aliases = {}
+        for name, p in self.module.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), []).append(name)
+        self._file_name = {}
+        for name, p in self.module.named_parameters():
+            found = [a for a in aliases[id(p)] if a in initializers]
+            if found:
+                self._file_name[name] = found[0]
 
     def loss_output(self):
         return "loss"
@@ -84,20 +100,19 @@ class TorchSource:
     def parameter_names(self, params):
         """The names of the parameters the optimizer trains (all that require grad when params is None)."""
         named = list(self.module.named_parameters())
-        if params is None:
-            return [n for n, p in named if p.requires_grad]
         by_id = {id(p): n for n, p in named}
-        names = []
-        for p in params:
+        chosen = []
+        for p in (self.module.parameters() if params is None else params):
             if isinstance(p, str):
-                names.append(p)
+                chosen.append(p)
             elif id(p) in by_id:
                 if p.requires_grad:
-                    names.append(by_id[id(p)])
+                    chosen.append(by_id[id(p)])
             else:
                 raise ValueError("optimizer params: expected parameters of the module being trained, found a tensor "
                                  f"of shape {tuple(p.shape)} that is not one")
-        return names
+        # A parameter forward never reads is not in the file: nothing to train.
+        return [self._file_name[n] for n in chosen if n in self._file_name]
 
     def outputs(self, values, framework):
         leaves = [values[n] for n in self.output_names]
@@ -106,12 +121,13 @@ class TorchSource:
         return pytree.tree_unflatten(leaves, self._spec)
 
     def host_weights(self):
-        return {n: p.detach().contiguous().numpy() for n, p in self.module.named_parameters()}
+        return {self._file_name[n]: p.detach().contiguous().numpy() for n, p in self.module.named_parameters()
+                if n in self._file_name}
 
     def copy_to_host(self, weights):
         with torch.no_grad():
             for name, p in self.module.named_parameters():
-                w = weights.get(name)
+                w = weights.get(self._file_name.get(name, name))
                 if w is None:
                     continue  # not a parameter of the program (unused by forward, or folded away)
                 p.copy_(torch.from_numpy(w).reshape(p.shape))

@@ -65,6 +65,18 @@ def _source_of(model):
                      f"{type(model).__module__}.{type(model).__qualname__}")
 
 
+_mpi_started = []
+
+
+def _start_mpi():
+    """MPI for Options.Distributed: initialized once (by the first model that asks), finalized at exit."""
+    if not _mpi_started:
+        import atexit
+        _mpi_started.append(_aspen.mpi_init())
+        atexit.register(_aspen.mpi_finalize)
+    return _mpi_started[0]
+
+
 class _OnnxFile:
     """A model that is an ONNX file already."""
 
@@ -204,6 +216,8 @@ class _Model:
         if not isinstance(options, Options):
             raise ValueError(f"options: expected an aspen.Options, found {type(options).__name__}")
         self._options = options
+        if options._values.get("mpi"):
+            _start_mpi()
         self._source = _source_of(model)
         self._model = model
         self._program = None
