@@ -10,16 +10,17 @@
 2. A PyTorch training loop, GPT-2 small's shape (transformers' GPT2LMHeadModel, random init, dropout 0, sdpa;
    batch 4 x 256 tokens, as `aspen bench train`): the module whose forward returns (logits, loss) trained
    through aspen.trainingModel (exported with torch.onnx, AdamW compiled in) against the same loop in PyTorch
-   eager on the CPU (forward, backward, torch.optim.AdamW), in this process, one after the other. Then
-   `aspen bench train --dtype f32` runs (aspen's own GPT-2 graph against the same PyTorch peer) and the two
-   ratios are compared. Goal: the Python ratio within 5 % of the C++ bench's.
+   eager on the CPU (forward, backward, torch.optim.AdamW) and against aspen's own GPT-2 graph (what `aspen
+   bench train` runs), a step of each in turn in this process. The goal: the Python ratio within 5 % of the
+   C++ bench's, that is the torch module's steps at least 0.95 of the speed of aspen's own graph. Then
+   `aspen bench train --dtype f32` runs for reference (its ratio, measured in another process minutes
+   later, moves with the machine's noise).
 --quick: a small GPT-2 (and a short overhead loop), to check that the bench runs.
 """
 
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,11 @@ def gpt2_module(args):
 
 
 def training(args):
+    """Three loops over the same batches, one step of each in turn (so that the machine's noise falls on all
+    three alike): PyTorch eager; the torch module through aspen.trainingModel (exported); and aspen's own
+    GPT-2 graph, the one `aspen bench train` runs, loaded from the same weights saved as a Hugging Face
+    directory and driven through the same package (a call costs microseconds beside a step of seconds)."""
+    import tempfile
     import torch
     import aspen
     torch.set_num_threads(args.threads)
@@ -88,40 +94,53 @@ def training(args):
     batches = [(torch.randint(0, args.vocab, (args.batch, args.seq), generator=g),
                 torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)) for _ in range(args.steps + 1)]
     tokens = args.batch * args.seq
+    opts = aspen.Options().setThreads(args.threads)
 
-    model = gpt2_module(args)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-    eager = []
-    for i, (x, y) in enumerate(batches):
-        start = time.perf_counter()
+    eager_model = gpt2_module(args)
+    opt = torch.optim.AdamW(eager_model.parameters(), lr=1e-4, weight_decay=0.1)
+
+    def eager_step(x, y):
         opt.zero_grad(set_to_none=True)
-        _, loss = model(x, y)
+        _, loss = eager_model(x, y)
         loss.backward()
         opt.step()
-        if i:
-            eager.append(time.perf_counter() - start)
-        log(f"  torch eager step {i}: {time.perf_counter() - start:.2f} s, loss {loss.item():.4f}")
-    del model, opt
+        return loss.item()
 
-    model = gpt2_module(args)
-    compiled = aspen.trainingModel(model, aspen.Options().setThreads(args.threads),
-                                   optimizer=aspen.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1))
+    module = gpt2_module(args)
+    exported = aspen.trainingModel(module, opts, optimizer=aspen.optim.AdamW(module.parameters(), lr=1e-4,
+                                                                             weight_decay=0.1))
     start = time.perf_counter()
-    compiled.compile(*batches[0])
+    exported.compile(*batches[0])
     compile_s = time.perf_counter() - start
     log(f"  aspen export + compile: {compile_s:.1f} s")
-    timed = []
+    hf_dir = tempfile.mkdtemp(prefix="aspen-bench-gpt2-")
+    gpt2_module(args).lm.save_pretrained(hf_dir, safe_serialization=True)
+    native = aspen.trainingModel(hf_dir, opts, optimizer=aspen.optim.AdamW(None, lr=1e-4, weight_decay=0.1))
+    native.compile(batches[0][0].numpy(), batches[0][1].numpy())
+
+    loops = {"pytorch": eager_step,
+             "aspen (torch module)": lambda x, y: float(exported(x, y)),
+             "aspen (own graph)": lambda x, y: float(native(x.numpy(), y.numpy()))}
+    times = {k: [] for k in loops}
     for i, (x, y) in enumerate(batches):
-        start = time.perf_counter()
-        loss = compiled(x, y)
-        if i:
-            timed.append(time.perf_counter() - start)
-        log(f"  aspen.trainingModel step {i}: {time.perf_counter() - start:.2f} s, loss {float(loss):.4f}")
-    t_eager, t_aspen = statistics.median(eager), statistics.median(timed)
+        for name, step in loops.items():
+            start = time.perf_counter()
+            loss = step(x, y)
+            dt = time.perf_counter() - start
+            if i:
+                times[name].append(dt)
+            log(f"  step {i} {name}: {dt:.2f} s, loss {loss:.4f}")
+    import shutil
+    shutil.rmtree(hf_dir, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
     return {"bench": "python_training", "model": "gpt2 (torch module)", "batch": args.batch, "seq": args.seq,
             "layers": args.layers, "d_model": args.d_model, "vocab": args.vocab, "threads": args.threads,
-            "aspen_tokens_per_s": tokens / t_aspen, "pytorch_tokens_per_s": tokens / t_eager,
-            "ratio_vs_pytorch": t_eager / t_aspen, "aspen_compile_s": compile_s}
+            "aspen_tokens_per_s": tokens / med["aspen (torch module)"], "pytorch_tokens_per_s": tokens / med["pytorch"],
+            "own_graph_tokens_per_s": tokens / med["aspen (own graph)"],
+            "ratio_vs_pytorch": med["pytorch"] / med["aspen (torch module)"],
+            "own_graph_ratio_vs_pytorch": med["pytorch"] / med["aspen (own graph)"],
+            "torch_module_over_own_graph": med["aspen (own graph)"] / med["aspen (torch module)"],
+            "goal_torch_module_over_own_graph": 0.95, "aspen_compile_s": compile_s}
 
 
 def cpp_bench(args):
@@ -166,10 +185,8 @@ def main():
         rows.append(t)
         c = cpp_bench(args)
         if c is not None:
-            rows.append({"bench": "python_vs_cpp_training", "python_ratio_vs_pytorch": t["ratio_vs_pytorch"],
-                         "cpp_ratio_vs_pytorch": c["ratio_vs_pytorch"],
-                         "python_over_cpp": t["ratio_vs_pytorch"] / c["ratio_vs_pytorch"], "goal_python_over_cpp": 0.95,
-                         "cpp_tokens_per_s": c["tokens_per_s"], "cpp_pytorch_tokens_per_s": c["pytorch_tokens_per_s"]})
+            rows.append({"bench": "cpp_bench_train_f32", "ratio_vs_pytorch": c["ratio_vs_pytorch"],
+                         "tokens_per_s": c["tokens_per_s"], "pytorch_tokens_per_s": c["pytorch_tokens_per_s"]})
     for row in rows:
         if args.json:
             print(json.dumps(row))
