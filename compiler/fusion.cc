@@ -130,8 +130,10 @@ bool gelu_inner(const Graph& g, ValueId one_plus, ValueId x, bool& tanh_form) {
   return false;
 }
 
+}  // namespace
+
 // The rewrites before the fusions (see the top of the file).
-Status simplify(Graph& g) {
+Status simplify_exported_patterns(Graph& g) {
   Rewrite rw(g);
   bool changed = false;
   for (int32_t i = 0; i < int32_t(g.nodes().size()); ++i) {
@@ -174,12 +176,14 @@ Status simplify(Graph& g) {
   return Status();
 }
 
+namespace {
+
 class Fusion : public Pass {
  public:
   const char* name() const override { return "fusion"; }
 
   Status run(Graph& g, const CompileContext&) override {
-    ASPEN_RETURN_IF_ERROR(simplify(g));
+    ASPEN_RETURN_IF_ERROR(simplify_exported_patterns(g));
     const int32_t n = int32_t(g.nodes().size());
     std::vector<std::vector<int32_t>> users(size_t(g.num_values()));
     for (int32_t i = 0; i < n; ++i)

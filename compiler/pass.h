@@ -62,6 +62,10 @@ std::unique_ptr<Pass> make_dead_code_elimination();
 std::unique_ptr<Pass> make_common_subexpression_elimination();
 std::unique_ptr<Pass> make_constant_folding();
 std::unique_ptr<Pass> make_fusion();         // compiler/fusion.cc
+// What exporters write out in pieces, as aspen's ops: a product with a uniform constant -> scale, GELU's
+// tanh and erf forms -> gelu (compiler/fusion.cc; the fusion pass's first step). The ONNX importer runs it
+// too, so that a training graph differentiates gelu (one gelu_grad) rather than its eight pieces.
+Status simplify_exported_patterns(graph::Graph& g);
 std::unique_ptr<Pass> make_recomputation();  // compiler/recompute.cc
 std::unique_ptr<Pass> make_memory_schedule();  // compiler/schedule.cc
 std::unique_ptr<Pass> make_precision();      // compiler/precision.cc

@@ -540,6 +540,36 @@ class OnnxProgram {
     check(training_ ? training_model_->copy_weights_to_device(ptrs) : inference_model_->copy_weights_to_device(ptrs));
   }
 
+  // The optimizer state ("optimizer.*": moments, momentum buffers, the step count), for a model that
+  // leaves the device and comes back (detachFromDevice).
+  nb::dict optimizer_state() const {
+    if (!training_) bad_argument("optimizer_state", "a training model", "an inference model");
+    std::map<std::string, Tensor> st;
+    {
+      nb::gil_scoped_release unlocked;
+      st = take(training_model_->copy_optimizer_state_to_host());
+    }
+    nb::dict d;
+    for (auto& [name, t] : st) d[nb::str(name.c_str())] = to_numpy(std::move(t));
+    return d;
+  }
+
+  void set_optimizer_state(const std::map<std::string, InArray>& arrays, int64_t steps_done) {
+    if (!training_) bad_argument("set_optimizer_state", "a training model", "an inference model");
+    std::map<std::string, Tensor> ts;
+    for (const auto& [name, a] : arrays) {
+      const std::vector<int64_t> d = shape_of_array(a);
+      ts.emplace(name, input_tensor(a, take(Shape::make(d.data(), int(d.size()))), "state '" + name + "'"));
+    }
+    std::map<std::string, const Tensor*> ptrs;
+    for (const auto& [name, t] : ts) ptrs[name] = &t;
+    nb::gil_scoped_release unlocked;
+    check(training_model_->copy_optimizer_state_to_device(ptrs));
+    training_model_->set_steps_done(steps_done);
+  }
+
+  int64_t steps_done() const { return training_ ? training_model_->steps_done() : 0; }
+
   void set_learning_rate(double lr) {
     if (!training_) bad_argument("set_learning_rate", "a training model", "an inference model");
     if (!(lr >= 0)) bad_argument("learning rate", ">= 0", std::to_string(lr));
@@ -786,6 +816,9 @@ NB_MODULE(_aspen, m) {
       .def("weights", &OnnxProgram::weights)
       .def("set_weights", &OnnxProgram::set_weights, "weights"_a)
       .def("set_learning_rate", &OnnxProgram::set_learning_rate, "lr"_a)
+      .def("optimizer_state", &OnnxProgram::optimizer_state)
+      .def("set_optimizer_state", &OnnxProgram::set_optimizer_state, "state"_a, "steps_done"_a)
+      .def_prop_ro("steps_done", &OnnxProgram::steps_done)
       .def("last_steps", &OnnxProgram::last_steps)
       .def("export_onnx", &OnnxProgram::export_onnx, "path"_a);
 

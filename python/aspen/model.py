@@ -300,9 +300,12 @@ class _Model:
         return self._program is not None
 
     def detachFromDevice(self):
-        """Frees the compiled program and its device memory (the next call compiles again)."""
+        """Frees the compiled program and its device memory; the next call compiles again. A training
+        model first copies its weights to the host and keeps its optimizer state (moments, step count),
+        which the next compile puts back, so training goes on as if it had stayed."""
         if self._program is not None and self._training:
             self.copyWeightsToHost()
+            self._saved_state = (self._program.optimizer_state(), self._program.steps_done)
         self._program = None
 
     def destroy(self):
@@ -416,6 +419,9 @@ class TrainingModel(_Model):
         training = dict(self._settings)
         training["reduction"] = self._options._reduction
         if isinstance(self._source, _HfDirectory):
+            if getattr(self, "_saved_state", None) is not None:
+                raise NotImplementedError("detachFromDevice of a Hugging Face directory's training model: its "
+                                          "trained weights have no host model to go back to")
             self._program = self._source.compile(arrays, self._per_call(), self._options._resolved(True), training)
             return
         shapes = self._micro_shapes(arrays)
@@ -425,6 +431,14 @@ class TrainingModel(_Model):
         trained = self._source.parameter_names(self._optimizer.params)
         self._program = _aspen.OnnxProgram(path, {n: shapes[n] for n in model_inputs},
                                            self._options._resolved(True), training, self._loss, trained)
+        self._restore_state()
+
+    def _restore_state(self):
+        """After detachFromDevice: the optimizer state the model had (its weights came through the host)."""
+        saved = getattr(self, "_saved_state", None)
+        if saved is not None:
+            self._program.set_optimizer_state(*saved)
+            self._saved_state = None
 
     def setOptimizer(self, optimizer):
         """A new learning rate (optimizer.param_groups[0]["lr"]) without recompiling. Other settings

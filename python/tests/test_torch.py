@@ -172,12 +172,16 @@ def test_replicas_equal_gradient_accumulation_bit_for_bit():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("mode", ["All", "Final", "Sum"])
+@pytest.mark.parametrize("mode", ["All", "Final", "Sum", "EveryN"])
 def test_device_iterations_in_training_by_output_mode(mode):
     batches = data("mlp", 4)
     ref = make("mlp")
     want = torch_steps(ref, batches)
-    opts = aspen.Options().deviceIterations(4).outputMode(getattr(aspen.OutputMode, mode))
+    opts = aspen.Options().deviceIterations(4)
+    if mode == "EveryN":
+        opts.outputMode(aspen.OutputMode.EveryN, 2)
+    else:
+        opts.outputMode(getattr(aspen.OutputMode, mode))
     model = make("mlp")
     training = aspen.trainingModel(model, opts, optimizer=aspen.optim.AdamW(model.parameters(), lr=1e-3))
     x = torch.cat([b[0] for b in batches])
@@ -187,6 +191,8 @@ def test_device_iterations_in_training_by_output_mode(mode):
         np.testing.assert_allclose(got, want, rtol=1e-4)
     elif mode == "Final":
         np.testing.assert_allclose(got, want[-1], rtol=1e-4)
+    elif mode == "EveryN":
+        np.testing.assert_allclose(got, [want[1], want[3]], rtol=1e-4)
     else:
         np.testing.assert_allclose(got, sum(want), rtol=1e-4)
     assert [s["step"] for s in training.lastSteps()] == [1, 2, 3, 4]
@@ -217,6 +223,22 @@ def test_set_optimizer_changes_the_learning_rate_without_recompiling():
     np.testing.assert_allclose(got, want, rtol=1e-5)
     with pytest.raises(ValueError, match="momentum"):
         training.setOptimizer(aspen.optim.SGD(model.parameters(), lr=0.1, momentum=0.5))
+
+
+def test_detach_and_come_back_goes_on_as_if_it_had_stayed():
+    batches = data("mlp", 6)
+    ref = make("mlp")
+    want = torch_steps(ref, batches)
+    model = make("mlp")
+    training = aspen.trainingModel(model, optimizer=aspen.optim.AdamW(model.parameters(), lr=1e-3))
+    got = [float(training(x, y)) for x, y in batches[:3]]
+    training.detachFromDevice()
+    assert not training.isCompiled()
+    got += [float(training(x, y)) for x, y in batches[3:]]
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    training.copyWeightsToHost()
+    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, pr, rtol=1e-4, atol=2e-6, msg=n)
 
 
 def test_frozen_parameters_stay_put():
