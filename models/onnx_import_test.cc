@@ -9,6 +9,7 @@
 #include <cmath>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <span>
 #include <sstream>
 
@@ -159,6 +160,37 @@ TEST(OnnxImport, FloatInitializersAreParameters) {
   EXPECT_EQ(imp->weights.size(), floats);
   EXPECT_EQ(imp->graph.parameter_nodes().size(), floats);
   EXPECT_TRUE(imp->weights.count("fc1.weight")) << "the exporter's names are kept";
+}
+
+// keras_mlp's Dense has GELU's tanh form, which tf2onnx writes as eight elementwise nodes: the import
+// holds one gelu {tanh=1} that the loss's gradient then runs through, and no tanh (dead pieces aside).
+TEST(OnnxImport, GeluInPiecesBecomesOneOp) {
+  auto c = load_case("keras_mlp");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  auto imp = import_onnx(c->model, c->options);
+  ASSERT_TRUE(imp.is_ok()) << imp.status().to_string();
+  int gelus = 0;
+  for (const graph::Node& n : imp->graph.nodes())
+    if (n.op == graph::OpKind::gelu) {
+      ++gelus;
+      EXPECT_EQ(n.attrs.i("tanh"), 1);
+    }
+  EXPECT_EQ(gelus, 1);
+  bool tanh_reachable = false;
+  for (graph::ValueId root : imp->graph.roots()) {
+    std::vector<graph::ValueId> stack = {root};
+    std::set<int32_t> seen;
+    while (!stack.empty()) {
+      const graph::ValueId v = stack.back();
+      stack.pop_back();
+      const int32_t p = imp->graph.value(v).producer;
+      if (p < 0 || !seen.insert(p).second) continue;
+      const graph::Node& n = imp->graph.node(p);
+      tanh_reachable = tanh_reachable || n.op == graph::OpKind::tanh;
+      for (graph::ValueId in : n.inputs) stack.push_back(in);
+    }
+  }
+  EXPECT_FALSE(tanh_reachable) << "the outputs still read the pieces";
 }
 
 }  // namespace
