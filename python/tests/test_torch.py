@@ -303,3 +303,42 @@ def test_torch_errors():
 
     with pytest.raises(ValueError, match="expected \\(output, loss\\) or a loss"):
         aspen.trainingModel(NoLoss())(torch.randn(4, 12))
+
+
+def test_executable_cache_is_hit_by_a_second_model(tmp_path):
+    x, y = data("mlp", 1)[0]
+    opts = aspen.Options().enableExecutableCaching(tmp_path / "cache")
+    first = aspen.inferenceModel(make("mlp").eval(), opts)
+    a, _ = first(x, y)
+    assert not first._program.cache_hit
+    second = aspen.inferenceModel(make("mlp").eval(), opts)
+    b, _ = second(x, y)
+    assert second._program.cache_hit
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert any((tmp_path / "cache").iterdir())
+
+
+@pytest.mark.parametrize("scaling", [128.0, "dynamic"])
+def test_loss_scaling_leaves_f32_training_unchanged(scaling):
+    batches = data("mlp", 4)
+
+    def run(loss_scaling):
+        model = make("mlp")
+        training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1,
+                                                                        loss_scaling=loss_scaling))
+        return [float(training(x, y)) for x, y in batches], training.lastSteps()
+
+    plain, _ = run(None)
+    scaled, steps = run(scaling)
+    np.testing.assert_allclose(scaled, plain, rtol=1e-6)
+    assert steps[-1]["loss_scale"] >= 1.0 and not steps[-1]["skipped"]
+    with pytest.raises(ValueError, match="loss_scaling"):
+        aspen.optim.SGD([], lr=0.1, loss_scaling=-1)
+
+
+def test_lamb_trains():
+    batches = data("mlp", 1) * 8
+    model = make("mlp")
+    training = aspen.trainingModel(model, optimizer=aspen.optim.LAMB(model.parameters(), lr=1e-2))
+    losses = [float(training(x, y)) for x, y in batches]
+    assert losses[-1] < 0.8 * losses[0]
