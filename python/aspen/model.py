@@ -77,7 +77,28 @@ def _start_mpi():
     return _mpi_started[0]
 
 
-class _OnnxFile:
+class _FileSource:
+    """What the sources that are files on disk share (an ONNX file, a Hugging Face directory): no host model
+    to copy weights to, nothing to clean up; outputs in output order, as torch tensors for torch inputs."""
+
+    def outputs(self, values, framework):
+        out = tuple(values[n] for n in self.output_names)
+        if framework == "torch":
+            import torch
+            out = tuple(torch.from_numpy(v) for v in out)
+        return out[0] if len(out) == 1 else out
+
+    def copy_to_host(self, weights):
+        pass
+
+    def host_weights(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+class _OnnxFile(_FileSource):
     """A model that is an ONNX file already."""
 
     framework = "numpy"
@@ -103,18 +124,6 @@ class _OnnxFile:
     def loss_output(self):
         return "loss" if "loss" in self.output_names else None
 
-    def outputs(self, values, framework):
-        out = tuple(values[name] for name in self.output_names)
-        return out[0] if len(out) == 1 else out
-
-    def copy_to_host(self, weights):
-        pass
-
-    def host_weights(self):
-        return {}
-
-    def close(self):
-        pass
 
 
 def _int32(name, a):
@@ -127,7 +136,7 @@ def _int32(name, a):
     return a.astype(np.int32, copy=False)
 
 
-class _HfDirectory:
+class _HfDirectory(_FileSource):
     """A built-in family's Hugging Face directory (config.json, model.safetensors): aspen's own GPT-2,
     GPT-J or BERT graph, no export. GPT-2 and GPT-J take input_ids [batch, seq] (positions 0..seq-1) and
     return logits; training takes targets too (the next token of each position: the loss does not shift)
@@ -188,21 +197,6 @@ class _HfDirectory:
     def parameter_names(self, params):
         return None if params is None else list(params)
 
-    def outputs(self, values, framework):
-        out = tuple(values[n] for n in self.output_names)
-        if framework == "torch":
-            import torch
-            out = tuple(torch.from_numpy(v) for v in out)
-        return out[0] if len(out) == 1 else out
-
-    def copy_to_host(self, weights):
-        pass
-
-    def host_weights(self):
-        return {}
-
-    def close(self):
-        pass
 
 
 class _Model:

@@ -342,3 +342,14 @@ def test_lamb_trains():
     training = aspen.trainingModel(model, optimizer=aspen.optim.LAMB(model.parameters(), lr=1e-2))
     losses = [float(training(x, y)) for x, y in batches]
     assert losses[-1] < 0.8 * losses[0]
+
+
+def test_an_onnx_file_called_with_torch_tensors_returns_torch_tensors():
+    from conftest import TESTDATA, read_onnx_tensor
+    d = TESTDATA / "onnx" / "mlp_ts"
+    x = read_onnx_tensor(d / "input_0.pb")
+    model = aspen.inferenceModel(d / "model.onnx")
+    y_np = model(x)
+    y_t = model(torch.from_numpy(x))
+    assert isinstance(y_t, torch.Tensor)
+    np.testing.assert_array_equal(y_t.numpy(), y_np)
