@@ -221,6 +221,61 @@ TEST(Passes, FusionFindsGeluInItsPieces) {
     for (size_t i = 0; i < w.data.size(); ++i) ASSERT_NEAR(got->at(name).data[i], w.data[i], 1e-6) << name << i;
 }
 
+// NOTE [attention in pieces]: torch's math SDPA as it is exported (q and kT each scaled by sqrt(scale), a
+// causal mask of 0 / -inf added, softmax, the NaN guard, the product with v) becomes one attention op
+// that means the same; without a mask it is mask "none"; a mask that is not causal stays in pieces.
+TEST(Passes, AttentionInPiecesBecomesOneOp) {
+  const int64_t B = 2, H = 3, T = 5, D = 4;
+  for (const std::string kind : {"causal", "none", "other"}) {
+    SCOPED_TRACE(kind);
+    Graph g;
+    Builder b(g);
+    ValueId q = b.input("q", DType::f32, {B, H, T, D});
+    ValueId k = b.input("k", DType::f32, {B, H, T, D});
+    ValueId v = b.input("v", DType::f32, {B, H, T, D});
+    const float root = std::sqrt(std::sqrt(1.0f / float(D)));
+    ValueId qs = b.mul(q, b.broadcast(b.scalar(root), {B, H, T, D}));
+    ValueId kt = b.mul(b.transpose(k, {0, 1, 3, 2}), b.broadcast(b.scalar(root), {B, H, D, T}));
+    ValueId scores = b.op1(OpKind::matmul, {qs, kt});
+    if (kind != "none") {
+      Tensor mask(DType::f32, Shape{T, T});
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < T; ++j)
+          mask.data<float>()[i * T + j] = (kind == "causal" ? j > i : j == 0 && i == 3) ? -INFINITY : 0.0f;
+      scores = b.add(scores, b.broadcast(b.constant(std::move(mask)), {B, H, T, T}));
+    }
+    ValueId p = b.op1(OpKind::softmax, {scores});
+    ValueId guarded = b.where(b.op1(OpKind::is_nan, {p}), b.broadcast(b.scalar(0.0f), {B, H, T, T}), p);
+    b.output("out", b.op1(OpKind::matmul, {guarded, v}));
+    ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+    Graph fused = g;
+    ASSERT_TRUE(simplify_exported_patterns(fused).is_ok());
+    ASSERT_TRUE(graph::verify(fused).is_ok());
+    const graph::Node* att = nullptr;
+    for (const graph::Node& n : fused.nodes())
+      if (n.op == OpKind::attention) att = &n;
+    if (kind == "other") {
+      EXPECT_EQ(att, nullptr);
+      continue;
+    }
+    ASSERT_NE(att, nullptr);
+    EXPECT_EQ(att->attrs.s("mask"), kind);
+    EXPECT_NEAR(att->attrs.f("scale"), 1.0 / std::sqrt(double(D)), 1e-6);
+    std::map<std::string, graph::HostArray> feeds;
+    uint64_t seed = 3;
+    for (const char* name : {"q", "k", "v"}) {
+      graph::HostArray a(graph::TensorType{DType::f32, Shape{B, H, T, D}});
+      for (double& e : a.data) e = std::sin(double(++seed) * 0.71);
+      feeds[name] = a;
+    }
+    auto want = graph::interpret(g, feeds);
+    auto got = graph::interpret(fused, feeds);
+    ASSERT_TRUE(want.is_ok() && got.is_ok());
+    for (size_t i = 0; i < want->at("out").data.size(); ++i)
+      ASSERT_NEAR(got->at("out").data[i], want->at("out").data[i], 1e-6) << i;
+  }
+}
+
 // A deep elementwise chain with a checkpoint every 4 layers: recomputation
 // keeps the meaning and shrinks the planned peak.
 TEST(Passes, RecomputationKeepsMeaningAndSavesMemory) {
