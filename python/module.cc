@@ -16,9 +16,9 @@
 // Unimplemented NotImplementedError (a RuntimeError); the rest RuntimeError. Arguments are checked here
 // before anything reaches code that would abort on them (ASPEN_CHECK), so bad input never ends the
 // interpreter. The GIL is released while aspen computes.
-#include <nanobind/nanobind.h>
+#include "python/binding.h"
+
 #include <nanobind/ndarray.h>
-#include <nanobind/stl/function.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -29,51 +29,29 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <fnmatch.h>
 #include <set>
 
 #include "api/inference_model.h"
 #include "api/training_model.h"
 #include "core/dtype.h"
 #include "io/onnx.h"
-#include "io/tokenizer.h"
-#include "models/embedder.h"
-#include "models/generate.h"
-#include "models/onnx_import.h"
+#include "kernels/convert.h"
 #include "models/bert.h"
 #include "models/gpt2.h"
 #include "models/gptj.h"
+#include "models/onnx_import.h"
 #include "models/weights.h"
 #ifdef ASPEN_HAVE_MPI
 #include "parallel/mpi/mpi_communicator.h"
 #endif
 
-namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace aspen::python {
+
 namespace {
 
 // ---- errors ------------------------------------------------------------------------------------------
-
-struct StatusError : std::exception {
-  explicit StatusError(Status s) : status(std::move(s)), text(status.message()) {}
-  const char* what() const noexcept override { return text.c_str(); }
-  Status status;
-  std::string text;
-};
-
-void check(const Status& s) {
-  if (!s.is_ok()) throw StatusError(s);
-}
-template <class T>
-T take(Result<T> r) {
-  if (!r.is_ok()) throw StatusError(r.status());
-  return std::move(r).value();
-}
-[[noreturn]] void bad_argument(std::string subject, std::string expected, std::string found) {
-  throw StatusError(Status::invalid_argument(std::move(subject), std::move(expected), std::move(found)));
-}
 
 PyObject* exception_for(Code code) {
   switch (code) {
@@ -98,18 +76,20 @@ using InArray = nb::ndarray<nb::ro, nb::device::cpu>;
 
 std::atomic<int64_t> g_input_copies{0};
 
+// The element types that cross, as DLPack spells them: one table for both directions.
+struct DlpackType {
+  DType dtype;
+  nb::dlpack::dtype_code code;
+};
+constexpr DlpackType kDlpackTypes[] = {
+    {DType::f32, nb::dlpack::dtype_code::Float}, {DType::f16, nb::dlpack::dtype_code::Float},
+    {DType::bf16, nb::dlpack::dtype_code::Bfloat}, {DType::i32, nb::dlpack::dtype_code::Int},
+    {DType::i64, nb::dlpack::dtype_code::Int},     {DType::u8, nb::dlpack::dtype_code::UInt},
+    {DType::boolean, nb::dlpack::dtype_code::Bool}};
+
 DType dtype_of(const nb::dlpack::dtype& t, const std::string& what) {
-  using Code_ = nb::dlpack::dtype_code;
-  const auto code = Code_(t.code);
-  if (t.lanes == 1) {
-    if (code == Code_::Float && t.bits == 32) return DType::f32;
-    if (code == Code_::Float && t.bits == 16) return DType::f16;
-    if (code == Code_::Bfloat && t.bits == 16) return DType::bf16;
-    if (code == Code_::Int && t.bits == 32) return DType::i32;
-    if (code == Code_::Int && t.bits == 64) return DType::i64;
-    if (code == Code_::UInt && t.bits == 8) return DType::u8;
-    if (code == Code_::Bool && t.bits == 8) return DType::boolean;
-  }
+  for (const DlpackType& k : kDlpackTypes)
+    if (t.lanes == 1 && t.code == uint8_t(k.code) && t.bits == dtype_size(k.dtype) * 8) return k.dtype;
   static const char* names[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
   const std::string found = (t.code < 7 ? names[t.code] : "code " + std::to_string(t.code)) +
                             std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
@@ -117,29 +97,11 @@ DType dtype_of(const nb::dlpack::dtype& t, const std::string& what) {
 }
 
 nb::dlpack::dtype dlpack_of(DType d) {
-  using Code_ = nb::dlpack::dtype_code;
   nb::dlpack::dtype t{};
   t.lanes = 1;
   t.bits = uint8_t(dtype_size(d) * 8);
-  switch (d) {
-    case DType::f32:
-    case DType::f16:
-      t.code = uint8_t(Code_::Float);
-      break;
-    case DType::bf16:
-      t.code = uint8_t(Code_::Bfloat);
-      break;
-    case DType::i32:
-    case DType::i64:
-      t.code = uint8_t(Code_::Int);
-      break;
-    case DType::u8:
-      t.code = uint8_t(Code_::UInt);
-      break;
-    case DType::boolean:
-      t.code = uint8_t(Code_::Bool);
-      break;
-  }
+  for (const DlpackType& k : kDlpackTypes)
+    if (k.dtype == d) t.code = uint8_t(k.code);
   return t;
 }
 
@@ -149,16 +111,22 @@ std::string shape_text(const std::vector<int64_t>& d) {
   return s + "]";
 }
 
+// "a, b, c", for messages that list what there is.
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
 std::vector<int64_t> shape_of_array(const InArray& a) {
   std::vector<int64_t> d;
   for (size_t i = 0; i < a.ndim(); ++i) d.push_back(int64_t(a.shape(i)));
   return d;
 }
 
-// An input as a Tensor of `shape` (the same number of elements as the array): a view of C-contiguous
-// memory, else one counted copy in C order.
-Tensor input_tensor(const InArray& a, const Shape& shape, const std::string& what) {
-  const DType dt = dtype_of(a.dtype(), what);
+// An input of element type `dt` (dtype_of the array's) as a Tensor of `shape` (the same number of
+// elements as the array): a view of C-contiguous memory, else one counted copy in C order.
+Tensor input_tensor(const InArray& a, DType dt, const Shape& shape) {
   const size_t es = dtype_size(dt);
   bool contiguous = true;
   int64_t expect = 1;
@@ -185,17 +153,14 @@ Tensor input_tensor(const InArray& a, const Shape& shape, const std::string& wha
   return t;
 }
 
+}  // namespace
+
 // A numpy array over `t`'s memory, owned by a capsule (f32 for bf16). `merge` leading dimensions are
 // folded into the next one (PopTorch's combined batch).
-nb::object to_numpy(Tensor t, int merge = 0) {
+nb::object to_numpy(Tensor t, int merge) {
   if (t.dtype() == DType::bf16) {
     Tensor w = take(Tensor::make_uninitialized(DType::f32, t.shape()));
-    const uint16_t* s = static_cast<const uint16_t*>(t.raw());
-    float* d = w.data<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      const uint32_t bits = uint32_t(s[i]) << 16;
-      std::memcpy(&d[i], &bits, 4);
-    }
+    kernels::ref::convert_bf16_to_f32(t.data<bf16>(), w.data<float>(), t.numel());
     t = std::move(w);
   }
   std::vector<size_t> shape;
@@ -212,6 +177,31 @@ nb::object to_numpy(Tensor t, int merge = 0) {
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
   nb::ndarray<nb::numpy> arr(owned->raw(), shape.size(), shape.data(), owner, nullptr, dlpack_of(owned->dtype()));
   return nb::cast(arr, nb::rv_policy::reference);
+}
+
+namespace {
+
+// Arrays by name as Tensors of their own shapes (weights, optimizer state); `kind` names them in errors.
+std::map<std::string, Tensor> tensors_of(const std::map<std::string, InArray>& arrays, const char* kind) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, a] : arrays) {
+    const std::vector<int64_t> d = shape_of_array(a);
+    const DType dt = dtype_of(a.dtype(), std::string(kind) + " '" + name + "'");
+    out.emplace(name, input_tensor(a, dt, take(Shape::make(d.data(), int(d.size())))));
+  }
+  return out;
+}
+
+std::map<std::string, const Tensor*> pointers(const std::map<std::string, Tensor>& ts) {
+  std::map<std::string, const Tensor*> out;
+  for (const auto& [name, t] : ts) out[name] = &t;
+  return out;
+}
+
+nb::dict numpy_dict(std::map<std::string, Tensor> ts) {
+  nb::dict d;
+  for (auto& [name, t] : ts) d[nb::str(name.c_str())] = to_numpy(std::move(t));
+  return d;
 }
 
 // ---- options -----------------------------------------------------------------------------------------
@@ -316,9 +306,10 @@ class OnnxProgram {
     models::OnnxImportOptions o;
     for (const auto& [name, shape] : input_shapes) {
       if (!file.graph.find_input(name)) {
-        std::string names;
-        for (const auto& v : file.graph.inputs) names += (names.empty() ? "" : ", ") + v.name;
-        bad_argument("input '" + name + "'", "an input of " + path + " (" + names + ")", "no input of that name");
+        std::vector<std::string> names;
+        for (const auto& v : file.graph.inputs) names.push_back(v.name);
+        bad_argument("input '" + name + "'", "an input of " + path + " (" + joined(names) + ")",
+                     "no input of that name");
       }
       o.input_shapes[name] = shape;
     }
@@ -399,9 +390,8 @@ class OnnxProgram {
         t.loss = "loss";
       } else {
         if (std::find(imp_.outputs.begin(), imp_.outputs.end(), output) == imp_.outputs.end()) {
-          std::string names;
-          for (const std::string& n : imp_.outputs) names += (names.empty() ? "" : ", ") + n;
-          bad_argument("loss output '" + output + "'", "an output of " + path_ + " (" + names + ")", "none of that name");
+          bad_argument("loss output '" + output + "'", "an output of " + path_ + " (" + joined(imp_.outputs) + ")",
+                       "none of that name");
         }
         t.loss = output;
       }
@@ -413,7 +403,8 @@ class OnnxProgram {
       inference_model_ = take(api::InferenceModel::create(imp_.graph, options_));
       check(inference_model_->copy_weights_to_device(imp_.weight_pointers()));
     }
-    imp_.weights.clear();  // the device holds them now
+    parameter_types_ = imp_.parameter_types();  // what export_onnx checks the device's weights against
+    imp_.weights.clear();                       // the device holds them now
   }
 
   const std::vector<std::string>& inputs() const { return imp_.inputs; }
@@ -436,8 +427,7 @@ class OnnxProgram {
   // leading dimensions apart.
   nb::dict run(const std::map<std::string, InArray>& arrays) {
     std::map<std::string, Tensor> feeds = prepare(arrays);
-    std::map<std::string, const Tensor*> ptrs;
-    for (const auto& [name, t] : feeds) ptrs[name] = &t;
+    const std::map<std::string, const Tensor*> ptrs = pointers(feeds);
     std::map<std::string, Tensor> out;
     {
       nb::gil_scoped_release unlocked;
@@ -459,8 +449,7 @@ class OnnxProgram {
   double time_run(const std::map<std::string, InArray>& arrays, int64_t calls) {
     if (calls < 1) bad_argument("calls", ">= 1", std::to_string(calls));
     std::map<std::string, Tensor> feeds = prepare(arrays);
-    std::map<std::string, const Tensor*> ptrs;
-    for (const auto& [name, t] : feeds) ptrs[name] = &t;
+    const std::map<std::string, const Tensor*> ptrs = pointers(feeds);
     nb::gil_scoped_release unlocked;
     const auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < calls; ++i)
@@ -476,11 +465,9 @@ class OnnxProgram {
     std::map<std::string, Tensor> feeds;
     for (const auto& [name, a] : arrays) {
       auto in = imp_.graph.find_input(name);
-      if (!in) {
-        std::string names;
-        for (const std::string& n : imp_.inputs) names += (names.empty() ? "" : ", ") + n;
-        bad_argument("input '" + name + "'", "an input of the model (" + names + ")", "no input of that name");
-      }
+      const std::string what = "input '" + name + "'";
+      if (!in) bad_argument(what, "an input of the model (" + joined(imp_.inputs) + ")", "no input of that name");
+      const DType dt = dtype_of(a.dtype(), what);
       const graph::TensorType& t = imp_.graph.type(*in);
       const std::vector<int64_t> got = shape_of_array(a);
       std::vector<int64_t> per(t.shape.begin(), t.shape.end()), merged = per, apart = per;
@@ -490,16 +477,13 @@ class OnnxProgram {
         apart.insert(apart.begin(), per_call);
       }
       if (got != merged && got != apart)
-        bad_argument("input '" + name + "'",
+        bad_argument(what,
                      std::string(dtype_name(t.dtype)) + shape_text(merged) +
                          (per_call > 1 ? " (" + std::to_string(per_call) + " micro-batches of " + shape_text(per) +
                                              ", their first dimensions merged)"
                                        : ""),
-                     std::string(dtype_name(dtype_of(a.dtype(), "input '" + name + "'"))) + shape_text(got));
-      const DType dt = dtype_of(a.dtype(), "input '" + name + "'");
-      if (dt != t.dtype)
-        bad_argument("input '" + name + "'", std::string(dtype_name(t.dtype)) + " elements",
-                     std::string(dtype_name(dt)));
+                     std::string(dtype_name(dt)) + shape_text(got));
+      if (dt != t.dtype) bad_argument(what, std::string(dtype_name(t.dtype)) + " elements", std::string(dtype_name(dt)));
       // The session wants [iterations][replicas] + per apart (inference); training takes the merged form.
       std::vector<int64_t> want = per;
       if (training_) {
@@ -508,7 +492,7 @@ class OnnxProgram {
         if (R > 1) want.insert(want.begin(), R);
         if (iters > 1) want.insert(want.begin(), iters);
       }
-      feeds.emplace(name, input_tensor(a, take(Shape::make(want.data(), int(want.size()))), "input '" + name + "'"));
+      feeds.emplace(name, input_tensor(a, dt, take(Shape::make(want.data(), int(want.size())))));
     }
     for (const std::string& name : imp_.inputs)
       if (!feeds.count(name)) bad_argument("input '" + name + "'", "an array", "none given");
@@ -523,19 +507,12 @@ class OnnxProgram {
       nb::gil_scoped_release unlocked;
       w = take(training_ ? training_model_->copy_weights_to_host() : inference_model_->copy_weights_to_host());
     }
-    nb::dict d;
-    for (auto& [name, t] : w) d[nb::str(name.c_str())] = to_numpy(std::move(t));
-    return d;
+    return numpy_dict(std::move(w));
   }
 
   void set_weights(const std::map<std::string, InArray>& arrays) {
-    std::map<std::string, Tensor> ts;
-    for (const auto& [name, a] : arrays) {
-      const std::vector<int64_t> d = shape_of_array(a);
-      ts.emplace(name, input_tensor(a, take(Shape::make(d.data(), int(d.size()))), "weight '" + name + "'"));
-    }
-    std::map<std::string, const Tensor*> ptrs;
-    for (const auto& [name, t] : ts) ptrs[name] = &t;
+    const std::map<std::string, Tensor> ts = tensors_of(arrays, "weight");
+    const std::map<std::string, const Tensor*> ptrs = pointers(ts);
     nb::gil_scoped_release unlocked;
     check(training_ ? training_model_->copy_weights_to_device(ptrs) : inference_model_->copy_weights_to_device(ptrs));
   }
@@ -549,20 +526,13 @@ class OnnxProgram {
       nb::gil_scoped_release unlocked;
       st = take(training_model_->copy_optimizer_state_to_host());
     }
-    nb::dict d;
-    for (auto& [name, t] : st) d[nb::str(name.c_str())] = to_numpy(std::move(t));
-    return d;
+    return numpy_dict(std::move(st));
   }
 
   void set_optimizer_state(const std::map<std::string, InArray>& arrays, int64_t steps_done) {
     if (!training_) bad_argument("set_optimizer_state", "a training model", "an inference model");
-    std::map<std::string, Tensor> ts;
-    for (const auto& [name, a] : arrays) {
-      const std::vector<int64_t> d = shape_of_array(a);
-      ts.emplace(name, input_tensor(a, take(Shape::make(d.data(), int(d.size()))), "state '" + name + "'"));
-    }
-    std::map<std::string, const Tensor*> ptrs;
-    for (const auto& [name, t] : ts) ptrs[name] = &t;
+    const std::map<std::string, Tensor> ts = tensors_of(arrays, "state");
+    const std::map<std::string, const Tensor*> ptrs = pointers(ts);
     nb::gil_scoped_release unlocked;
     check(training_model_->copy_optimizer_state_to_device(ptrs));
     training_model_->set_steps_done(steps_done);
@@ -598,9 +568,7 @@ class OnnxProgram {
     std::map<std::string, Tensor> w;
     nb::gil_scoped_release unlocked;
     w = take(training_ ? training_model_->copy_weights_to_host() : inference_model_->copy_weights_to_host());
-    std::map<std::string, graph::TensorType> types;
-    for (const auto& [name, t] : w) types.emplace(name, graph::TensorType{t.dtype(), t.shape()});
-    check(models::export_onnx_weights(types, path_, dst, w));
+    check(models::export_onnx_weights(parameter_types_, path_, dst, w));
   }
 
  private:
@@ -608,6 +576,7 @@ class OnnxProgram {
   std::string path_;
   api::Options options_;
   models::OnnxImport imp_;
+  std::map<std::string, graph::TensorType> parameter_types_;
   bool training_ = false;
   std::unique_ptr<api::InferenceModel> inference_model_;
   std::unique_ptr<api::TrainingModel> training_model_;
@@ -641,125 +610,6 @@ nb::dict onnx_signature(const std::string& path) {
   d["outputs"] = outputs;
   return d;
 }
-
-// ---- the models' doors -------------------------------------------------------------------------------
-
-class PyTokenizer {
- public:
-  explicit PyTokenizer(std::unique_ptr<io::Tokenizer> t) : t_(std::move(t)) {}
-  static PyTokenizer from_file(const std::string& path) {
-    const bool json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
-    return PyTokenizer(take(json ? io::load_tokenizer_json(path) : io::load_tokenizer(path)));
-  }
-  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const {
-    return t_->encode(text, add_special_tokens);
-  }
-  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
-    return t_->decode(ids, skip_special_tokens);
-  }
-  std::optional<std::string> id_to_token(int32_t id) const { return t_->id_to_token(id); }
-  std::optional<int32_t> token_to_id(const std::string& token) const { return t_->token_to_id(token); }
-  size_t vocab_size() const { return t_->vocab_size(); }
-  const io::Tokenizer& get() const { return *t_; }
-
- private:
-  std::unique_ptr<io::Tokenizer> t_;
-};
-
-class PyGenerator {
- public:
-  PyGenerator(const std::string& dir, int64_t max_batch, int64_t max_length, int64_t max_prompt, int threads,
-              const std::string& weights) {
-    models::GeneratorOptions o;
-    if (max_batch < 1) bad_argument("max_batch", ">= 1", std::to_string(max_batch));
-    if (max_length < 0) bad_argument("max_length", ">= 0 (0: the model's n_positions)", std::to_string(max_length));
-    if (max_prompt < 0) bad_argument("max_prompt", ">= 0 (0: half of max_length)", std::to_string(max_prompt));
-    if (threads < 0) bad_argument("threads", ">= 0 (0: the free cores)", std::to_string(threads));
-    o.max_batch = max_batch;
-    o.max_length = max_length;
-    o.max_prompt = max_prompt;
-    o.threads = threads;
-    if (weights == "bf16") o.weights = DType::bf16;
-    else if (weights != "f32") bad_argument("dtype", "f32 or bf16", "'" + weights + "'");
-    nb::gil_scoped_release unlocked;
-    g_ = take(models::Generator::open(dir, o));
-    tok_ = PyTokenizer(take(io::load_tokenizer(dir)));
-  }
-
-  const PyTokenizer& tokenizer() const { return tok_; }
-  std::vector<int32_t> stop_tokens() const {
-    std::vector<int32_t> out;
-    for (int64_t id : g_->config().eos_token_ids) out.push_back(int32_t(id));
-    return out;
-  }
-  int64_t max_prompt() const { return g_->options().max_prompt; }
-
-  // One continuation per prompt; on_token(row, token) is called as each token is drawn (with the GIL),
-  // returning False stops the call.
-  std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& prompts,
-                                             int64_t max_new_tokens, float temperature, int32_t top_k, float top_p,
-                                             float repetition_penalty, uint64_t seed, bool stop_at_eos,
-                                             std::optional<nb::callable> on_token) {
-    models::SamplingOptions s;
-    s.max_new_tokens = max_new_tokens;
-    s.temperature = temperature;
-    s.top_k = top_k;
-    s.top_p = top_p;
-    s.repetition_penalty = repetition_penalty;
-    s.seed = seed;
-    if (stop_at_eos) s.stop_tokens = stop_tokens();
-    std::exception_ptr failure;
-    if (on_token) {
-      s.on_token = [&](int64_t row, int32_t token) {
-        nb::gil_scoped_acquire locked;
-        try {
-          nb::object r = (*on_token)(row, token);
-          return r.is_none() || nb::cast<bool>(r);
-        } catch (...) {
-          failure = std::current_exception();
-          return false;
-        }
-      };
-    }
-    Result<std::vector<std::vector<int32_t>>> r = [&] {
-      nb::gil_scoped_release unlocked;
-      return g_->generate(prompts, s);
-    }();
-    if (failure) std::rethrow_exception(failure);  // the callback's own exception, as Python raised it
-    return take(std::move(r));
-  }
-
- private:
-  std::unique_ptr<models::Generator> g_;
-  PyTokenizer tok_{nullptr};
-};
-
-class PyEmbedder {
- public:
-  PyEmbedder(const std::string& dir, int64_t max_batch, int64_t max_length, int threads) {
-    if (max_batch < 1) bad_argument("max_batch", ">= 1", std::to_string(max_batch));
-    if (max_length < 0) bad_argument("max_length", ">= 0 (0: the model's)", std::to_string(max_length));
-    if (threads < 0) bad_argument("threads", ">= 0 (0: the free cores)", std::to_string(threads));
-    models::EmbedderOptions o{.max_batch = max_batch, .max_length = max_length, .threads = threads};
-    nb::gil_scoped_release unlocked;
-    e_ = take(models::Embedder::open(dir, o));
-  }
-  nb::object embed(const std::vector<std::string>& texts) {
-    std::vector<std::vector<float>> v;
-    {
-      nb::gil_scoped_release unlocked;
-      v = take(e_->embed(texts));
-    }
-    const int64_t n = int64_t(texts.size()), d = e_->dim();
-    Tensor t = take(Tensor::make_uninitialized(DType::f32, Shape{n, d}));
-    for (int64_t i = 0; i < n; ++i) std::memcpy(t.data<float>() + i * d, v[size_t(i)].data(), size_t(d) * 4);
-    return to_numpy(std::move(t));
-  }
-  int64_t dim() const { return e_->dim(); }
-
- private:
-  std::unique_ptr<models::Embedder> e_;
-};
 
 }  // namespace
 }  // namespace aspen::python
@@ -822,25 +672,5 @@ NB_MODULE(_aspen, m) {
       .def("last_steps", &OnnxProgram::last_steps)
       .def("export_onnx", &OnnxProgram::export_onnx, "path"_a);
 
-  nb::class_<PyTokenizer>(m, "Tokenizer")
-      .def_static("from_file", &PyTokenizer::from_file, "path"_a)
-      .def("encode", &PyTokenizer::encode, "text"_a, "add_special_tokens"_a = true)
-      .def("decode", &PyTokenizer::decode, "ids"_a, "skip_special_tokens"_a = false)
-      .def("id_to_token", &PyTokenizer::id_to_token, "id"_a)
-      .def("token_to_id", &PyTokenizer::token_to_id, "token"_a)
-      .def_prop_ro("vocab_size", &PyTokenizer::vocab_size);
-
-  nb::class_<PyGenerator>(m, "Generator")
-      .def(nb::init<const std::string&, int64_t, int64_t, int64_t, int, const std::string&>(), "model_dir"_a,
-           "max_batch"_a = 1, "max_length"_a = 0, "max_prompt"_a = 0, "threads"_a = 0, "dtype"_a = "f32")
-      .def_prop_ro("tokenizer", &PyGenerator::tokenizer, nb::rv_policy::reference_internal)
-      .def_prop_ro("max_prompt", &PyGenerator::max_prompt)
-      .def("generate", &PyGenerator::generate, "prompts"_a, "max_new_tokens"_a, "temperature"_a, "top_k"_a,
-           "top_p"_a, "repetition_penalty"_a, "seed"_a, "stop_at_eos"_a, "on_token"_a = nb::none());
-
-  nb::class_<PyEmbedder>(m, "Embedder")
-      .def(nb::init<const std::string&, int64_t, int64_t, int>(), "model_dir"_a, "max_batch"_a = 32,
-           "max_length"_a = 0, "threads"_a = 0)
-      .def("embed", &PyEmbedder::embed, "texts"_a)
-      .def_prop_ro("dim", &PyEmbedder::dim);
+  bind_text(m);
 }

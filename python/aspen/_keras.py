@@ -20,12 +20,12 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
+from ._source import Source  # noqa: E402
+
 _OPSET = 17
 
 
-class KerasSource:
-    framework = "keras"
-
+class KerasSource(Source):
     def __init__(self, model):
         self.model = model
         try:
@@ -99,10 +99,7 @@ class KerasSource:
             f.write(proto.SerializeToString())
         return path
 
-    def loss_output(self):
-        return None
-
-    def keras_loss(self):
+    def compiled_loss(self):
         """The model's compiled loss as aspen's kind: cross_entropy or mse (None otherwise)."""
         loss = getattr(self.model, "loss", None)
         name = loss if isinstance(loss, str) else type(loss).__name__ if loss is not None else ""
@@ -127,10 +124,6 @@ class KerasSource:
                                      f"found {getattr(p, 'name', p)!r}")
                 chosen.append(ids[id(p)])
         return [self._map[i][0] for i in chosen if i in self._map]
-
-    def outputs(self, values, framework):
-        out = [values[n] for n in self.output_names]
-        return out[0] if len(out) == 1 else out
 
     def host_weights(self):
         return {name: self._to_initializer(self.model.trainable_variables[i].numpy(), how, shape)

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from ._source import Source
 
-class TorchSource:
-    framework = "torch"
 
+class TorchSource(Source):
     def __init__(self, module):
         self.module = module
         sig = inspect.signature(module.forward)

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 
 from . import _aspen
+from ._source import Source
 from .options import Options
 
 __all__ = ["inferenceModel", "trainingModel", "InferenceModel", "TrainingModel"]
@@ -77,31 +78,8 @@ def _start_mpi():
     return _mpi_started[0]
 
 
-class _FileSource:
-    """What the sources that are files on disk share (an ONNX file, a Hugging Face directory): no host model
-    to copy weights to, nothing to clean up; outputs in output order, as torch tensors for torch inputs."""
-
-    def outputs(self, values, framework):
-        out = tuple(values[n] for n in self.output_names)
-        if framework == "torch":
-            import torch
-            out = tuple(torch.from_numpy(v) for v in out)
-        return out[0] if len(out) == 1 else out
-
-    def copy_to_host(self, weights):
-        pass
-
-    def host_weights(self):
-        return {}
-
-    def close(self):
-        pass
-
-
-class _OnnxFile(_FileSource):
+class _OnnxFile(Source):
     """A model that is an ONNX file already."""
-
-    framework = "numpy"
 
     def __init__(self, path):
         self.path = path
@@ -136,14 +114,12 @@ def _int32(name, a):
     return a.astype(np.int32, copy=False)
 
 
-class _HfDirectory(_FileSource):
+class _HfDirectory(Source):
     """A built-in family's Hugging Face directory (config.json, model.safetensors): aspen's own GPT-2,
     GPT-J or BERT graph, no export. GPT-2 and GPT-J take input_ids [batch, seq] (positions 0..seq-1) and
     return logits; training takes targets too (the next token of each position: the loss does not shift)
     and returns the loss. BERT takes input_ids, attention_mask and token_type_ids (ones and zeros when not
     given) and returns last_hidden_state, and pooler_output when the checkpoint has a pooler."""
-
-    framework = "numpy"
 
     def __init__(self, path):
         import json
@@ -213,7 +189,6 @@ class _Model:
         if options._values.get("mpi"):
             _start_mpi()
         self._source = _source_of(model)
-        self._model = model
         self._program = None
         self._input_names = list(self._source.input_names)
 
@@ -239,7 +214,7 @@ class _Model:
             if k in given:
                 raise ValueError(f"input '{k}': given twice (by position and by name)")
             given[k] = v
-        optional = self._source.optional_inputs() if hasattr(self._source, "optional_inputs") else set()
+        optional = self._source.optional_inputs()
         missing = [n for n in names if n not in given and n not in optional]
         if missing:
             raise ValueError(f"inputs: expected {', '.join(names)}, found no value for {', '.join(missing)}")
@@ -287,9 +262,6 @@ class _Model:
     def _compile(self, arrays):
         raise NotImplementedError
 
-    def _feeds(self, arrays):
-        return self._source.feeds(arrays) if isinstance(self._source, _HfDirectory) else arrays
-
     def isCompiled(self):
         return self._program is not None
 
@@ -324,7 +296,7 @@ class InferenceModel(_Model):
         arrays, framework = self._bind(args, kwargs)
         if self._program is None:
             self._compile(arrays)
-        out = self._program.run(self._feeds(arrays))
+        out = self._program.run(self._source.feeds(arrays))
         return self._source.outputs(out, framework)
 
     def compile(self, *args, **kwargs):
@@ -371,8 +343,8 @@ class TrainingModel(_Model):
             self._input_names.append("targets")
 
     def _loss_of(self, loss):
-        if loss is None and hasattr(self._source, "keras_loss"):
-            loss = self._source.keras_loss()  # the loss the Keras model was compiled with
+        if loss is None:
+            loss = self._source.compiled_loss()  # a Keras model's compiled loss
         if loss is None:
             out = self._source.loss_output()
             if out is None:
@@ -399,7 +371,7 @@ class TrainingModel(_Model):
         arrays, framework = self._bind(args, kwargs)
         if self._program is None:
             self._compile(arrays)
-        out = self._program.run(self._feeds(arrays))["loss"]
+        out = self._program.run(self._source.feeds(arrays))["loss"]
         if framework == "torch":
             import torch
             return torch.from_numpy(out)

@@ -353,3 +353,19 @@ def test_an_onnx_file_called_with_torch_tensors_returns_torch_tensors():
     y_t = model(torch.from_numpy(x))
     assert isinstance(y_t, torch.Tensor)
     np.testing.assert_array_equal(y_t.numpy(), y_np)
+
+
+def test_export_onnx_writes_the_trained_weights(tmp_path):
+    import onnxruntime as ort
+    model = make("mlp")
+    training = aspen.trainingModel(model, optimizer=aspen.optim.AdamW(model.parameters(), lr=1e-2))
+    for x, y in data("mlp", 3):
+        training(x, y)
+    training.exportOnnx(tmp_path / "trained.onnx")
+    training.copyWeightsToHost()
+    x, y = data("mlp", 1, seed=5)[0]
+    with torch.no_grad():
+        want = model(x, y)[0].numpy()
+    session = ort.InferenceSession(str(tmp_path / "trained.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {i.name: v for i, v in zip(session.get_inputs(), (x.numpy(), y.numpy()))}
+    np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-5, atol=1e-6)

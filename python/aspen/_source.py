@@ -1,0 +1,42 @@
+"""What every kind of model the package takes becomes (an ONNX file, a Hugging Face directory, a torch
+module, a Keras model): the defaults suit a source with no host model behind it."""
+
+
+class Source:
+    input_names = ()   # the call's inputs, in order
+    output_names = ()  # the program's outputs the call returns, in order
+
+    def optional_inputs(self):
+        """Inputs a call may leave out."""
+        return set()
+
+    def feeds(self, arrays):
+        """The program's inputs from the call's arrays."""
+        return arrays
+
+    def loss_output(self):
+        """The output that is the model's own loss, or None."""
+        return None
+
+    def compiled_loss(self):
+        """The loss kind the framework model was compiled with ("cross_entropy", "mse"), or None."""
+        return None
+
+    def outputs(self, values, framework):
+        """The call's result from the program's outputs by name: in output order, torch tensors for torch
+        inputs, one value alone."""
+        out = tuple(values[n] for n in self.output_names)
+        if framework == "torch":
+            import torch
+            out = tuple(torch.from_numpy(v) for v in out)
+        return out[0] if len(out) == 1 else out
+
+    def copy_to_host(self, weights):
+        """The device's weights (by the program's names) into the host model."""
+
+    def host_weights(self):
+        """The host model's weights by the program's names."""
+        return {}
+
+    def close(self):
+        """Frees what the source made (an exported file)."""
