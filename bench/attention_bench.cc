@@ -77,7 +77,7 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
 
     Status status;
     const double fast = best_seconds([&] {
-      if (status.is_ok()) status = kernels::attention_forward(q, k, v, o, lse, B, H, T, S, D, scale, mask);
+      if (status.is_ok()) status = kernels::attention_forward(q, k, v, o, lse, B, H, H, T, S, D, scale, mask);
     }, opt.repeats, 0.0);
     ASPEN_RETURN_IF_ERROR(status);
     std::vector<float> scores(size_t(B * H * T * S)), o_mat(o.size());
@@ -97,7 +97,7 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
     // The reference is quadratic in time and memory: one run once it takes seconds.
     const int naive_runs = T >= 2048 ? 1 : opt.repeats;
     const double naive = best_seconds([&] {
-      kernels::ref::attention_forward<float>(q.data(), k.data(), v.data(), o.data(), lse.data(), B, H, T, S, D, scale,
+      kernels::ref::attention_forward<float>(q.data(), k.data(), v.data(), o.data(), lse.data(), B, H, H, T, S, D, scale,
                                              mask);
     }, naive_runs, 0.0, /*warm_up=*/naive_runs > 1);
 

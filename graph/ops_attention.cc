@@ -2,8 +2,9 @@
 // the graph form of kernels/attention.h (see ops_nn.cc's header for the
 // meaning of every NN op and its gradient rule).
 //
-//   attention(q [B, H, T, D], k, v [B, H, S, D][, key_valid u8/bool [B, S]]) {scale, mask: "none" | "causal" |
-//       "local", window, kv_offset}: outputs out [B, H, T, D], lse (f32 [B, H, T])
+//   attention(q [B, H, T, D], k, v [B, Hk, S, D][, key_valid u8/bool [B, S]]) {scale, mask: "none" | "causal" |
+//       "local", window, kv_offset}: outputs out [B, H, T, D], lse (f32 [B, H, T]); Hk divides H (grouped-query
+//       attention: query head h reads key/value head h / (H / Hk), no copy of k and v)
 //   gradient: (dq, dk, dv) = attention_grad(q, k, v, out, lse, g[, key_valid]) {same attributes}; a gradient
 //       reaching lse is Unimplemented; attention_grad is not differentiated again.
 #include "graph/builder.h"
@@ -45,17 +46,20 @@ Result<kernels::AttentionMask> mask_of(const Node& n) {
   return m;
 }
 
-// q [B, H, T, D], k and v [B, H, S, D], key_valid [B, S] at in[kv_index] when present.
+// q [B, H, T, D], k and v [B, Hk, S, D] (Hk divides H), key_valid [B, S] at in[kv_index] when present.
 Status check_attention(const Node& n, std::span<const TensorType> in, size_t kv_index) {
   const TensorType &q = in[0], &k = in[1];
   ASPEN_RETURN_IF_ERROR(expect_float(n, "q", q));
   ASPEN_RETURN_IF_ERROR(expect_rank(n, "q", q, 4, 4));
   ASPEN_RETURN_IF_ERROR(expect_dtype(n, "k", k, q.dtype, "q's"));
   ASPEN_RETURN_IF_ERROR(expect_rank(n, "k", k, 4, 4));
-  static const char* const kDim[] = {"0 (B)", "1 (H)", "2 (S)", "3 (D)"};
-  for (int d : {0, 1, 3})
+  static const char* const kDim[] = {"0 (B)", "1 (Hk)", "2 (S)", "3 (D)"};
+  for (int d : {0, 3})
     if (k.shape[d] != q.shape[d])
       return rule_error(n, std::string("k: dimension ") + kDim[d], str(q.shape[d]) + " (q's)", str(k.shape[d]));
+  if (k.shape[1] < 1 ? q.shape[1] != 0 : q.shape[1] % k.shape[1] != 0)
+    return rule_error(n, std::string("k: dimension ") + kDim[1], "a divisor of q's heads (" + str(q.shape[1]) + ")",
+                      str(k.shape[1]));
   ASPEN_RETURN_IF_ERROR(expect_type(n, "v", in[2], k, "k's type"));
   if (in.size() > kv_index) {
     const TensorType& kv = in[kv_index];
@@ -89,7 +93,7 @@ Status infer_attention_grad(const Node& n, std::span<const TensorType> in, std::
 struct AttentionCall {
   kernels::AttentionMask mask;
   std::vector<uint8_t> key_valid;
-  int64_t B, H, T, S, D;
+  int64_t B, H, Hk, T, S, D;
   double scale;
 };
 
@@ -97,7 +101,7 @@ Result<AttentionCall> attention_call(const Node& n, Ins in, size_t kv_index) {
   AttentionCall c;
   ASPEN_ASSIGN_OR_RETURN(c.mask, mask_of(n));
   const Shape &q = in[0]->type.shape, &k = in[1]->type.shape;
-  c.B = q[0], c.H = q[1], c.T = q[2], c.S = k[2], c.D = q[3];
+  c.B = q[0], c.H = q[1], c.Hk = k[1], c.T = q[2], c.S = k[2], c.D = q[3];
   c.scale = n.attrs.f("scale");
   if (in.size() > kv_index) {
     for (double v : in[kv_index]->data) c.key_valid.push_back(v != 0 ? 1 : 0);
@@ -109,7 +113,7 @@ Result<AttentionCall> attention_call(const Node& n, Ins in, size_t kv_index) {
 Status eval_attention(const Node& n, Ins in, Outs out) {
   ASPEN_ASSIGN_OR_RETURN(const AttentionCall c, attention_call(n, in, 3));
   kernels::ref::attention_forward<double>(in[0]->data.data(), in[1]->data.data(), in[2]->data.data(),
-                                          out[0].data.data(), out[1].data.data(), c.B, c.H, c.T, c.S, c.D, c.scale,
+                                          out[0].data.data(), out[1].data.data(), c.B, c.H, c.Hk, c.T, c.S, c.D, c.scale,
                                           c.mask);
   return Status();
 }
@@ -118,8 +122,8 @@ Status eval_attention_grad(const Node& n, Ins in, Outs out) {
   ASPEN_ASSIGN_OR_RETURN(const AttentionCall c, attention_call(n, in, 6));
   kernels::ref::attention_backward<double>(in[0]->data.data(), in[1]->data.data(), in[2]->data.data(),
                                            in[3]->data.data(), in[4]->data.data(), in[5]->data.data(),
-                                           out[0].data.data(), out[1].data.data(), out[2].data.data(), c.B, c.H, c.T,
-                                           c.S, c.D, c.scale, c.mask);
+                                           out[0].data.data(), out[1].data.data(), out[2].data.data(), c.B, c.H,
+                                           c.Hk, c.T, c.S, c.D, c.scale, c.mask);
   return Status();
 }
 
@@ -141,7 +145,7 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
   if (!floats_are_f32(in, out)) return no_fast_kernel();
   ASPEN_ASSIGN_OR_RETURN(const kernels::AttentionMask mask, mask_of(n));
   const Shape &q = in[0].shape, &k = in[1].shape;
-  const int64_t B = q[0], H = q[1], T = q[2], S = k[2], D = q[3];
+  const int64_t B = q[0], H = q[1], Hk = k[1], T = q[2], S = k[2], D = q[3];
   const int64_t nq = q.numel(), nk = k.numel(), nl = B * H * T;
   const float scale = float(n.attrs.f("scale"));
   const bool forward = n.op == OpKind::attention;
@@ -152,7 +156,7 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
       kernels::AttentionMask m = mask;
       if (has_kv) m.key_valid = in_span<uint8_t>(i, kv, B * S);
       return kernels::attention_forward(in_span<float>(i, 0, nq), in_span<float>(i, 1, nk), in_span<float>(i, 2, nk),
-                                        out_span<float>(o, 0, nq), out_span<float>(o, 1, nl), B, H, T, S, D, scale, m);
+                                        out_span<float>(o, 0, nq), out_span<float>(o, 1, nl), B, H, Hk, T, S, D, scale, m);
     });
   return make_kernel([=](In i, Out o) {
     kernels::AttentionMask m = mask;
@@ -160,7 +164,7 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
     return kernels::attention_backward(in_span<float>(i, 0, nq), in_span<float>(i, 1, nk), in_span<float>(i, 2, nk),
                                        in_span<float>(i, 3, nq), in_span<float>(i, 4, nl), in_span<float>(i, 5, nq),
                                        out_span<float>(o, 0, nq), out_span<float>(o, 1, nk), out_span<float>(o, 2, nk),
-                                       B, H, T, S, D, scale, m);
+                                       B, H, Hk, T, S, D, scale, m);
   });
 }
 
@@ -173,11 +177,14 @@ struct AttentionCase {
   const char* mask;
   int64_t kv_offset, window;
   DType key_valid;  // f32: none
+  int64_t Hk = 3;   // key/value heads (q has 3): 1 is multi-query attention
 };
 constexpr AttentionCase kAttentionCases[] = {{5, 5, "none", 0, 0, DType::f32},   {3, 7, "causal", 4, 0, DType::f32},
                                              {6, 6, "causal", 0, 0, DType::u8},  {4, 9, "causal", 5, 0, DType::boolean},
                                              {7, 7, "local", 0, 3, DType::f32},  {5, 5, "none", 0, 0, DType::boolean},
-                                             {1, 11, "causal", 10, 0, DType::u8}};
+                                             {1, 11, "causal", 10, 0, DType::u8},
+                                             {6, 6, "causal", 0, 0, DType::u8, 1},    {7, 7, "local", 0, 3, DType::f32, 1},
+                                             {1, 11, "causal", 10, 0, DType::f32, 1}};
 
 // attention(q, k, v[, key_valid]) and, with grad, attention_grad after it (so that out and lse are the
 // forward's, as the fast backward requires).
@@ -192,11 +199,11 @@ void attention_samples(SampleList& s, bool grad) {
     }
     s.add(
         std::string(c.mask) + " T " + std::to_string(c.T) + " S " + std::to_string(c.S) + " key_valid " +
-            std::string(dtype_name(c.key_valid)),
+            std::string(dtype_name(c.key_valid)) + " Hk " + std::to_string(c.Hk),
         [&](Builder& b) {
           const ValueId q = b.input("q", DType::f32, Shape{B, H, c.T, D});
-          const ValueId k = b.input("k", DType::f32, Shape{B, H, c.S, D}),
-                        v = b.input("v", DType::f32, Shape{B, H, c.S, D});
+          const ValueId k = b.input("k", DType::f32, Shape{B, c.Hk, c.S, D}),
+                        v = b.input("v", DType::f32, Shape{B, c.Hk, c.S, D});
           std::vector<ValueId> in{q, k, v};
           if (c.key_valid != DType::f32) in.push_back(b.input("key_valid", c.key_valid, Shape{B, c.S}));
           Attrs a{{"scale", 1.0 / std::sqrt(double(D))}, {"mask", std::string(c.mask)}, {"kv_offset", c.kv_offset}};

@@ -530,6 +530,7 @@ struct AttentionCase {
   const char* mask;
   int64_t window, kv_offset;
   bool key_valid;
+  int64_t kv_heads = 2;  // of aH = 2 query heads; 1: multi-query (both read one k, v)
 };
 
 constexpr int64_t aB = 1, aH = 2, aT = 3, aS = 4, aD = 3;
@@ -556,13 +557,15 @@ kernels::AttentionMask kernel_mask(const AttentionCase& c, const std::vector<uin
 
 TEST(NnOps, Attention) {
   const AttentionCase cases[] = {{"causal", 0, 1, false}, {"local", 2, 1, false}, {"none", 0, 0, true},
-                                 {"causal", 0, 1, true}};
+                                 {"causal", 0, 1, true}, {"causal", 0, 1, true, 1}, {"local", 2, 0, false, 1}};
   for (const AttentionCase& c : cases) {
-    SCOPED_TRACE(std::string(c.mask) + (c.key_valid ? " +key_valid" : ""));
+    SCOPED_TRACE(std::string(c.mask) + (c.key_valid ? " +key_valid" : "") + " kv_heads " +
+                 std::to_string(c.kv_heads));
     Graph g;
     Builder b(g);
-    std::vector<ValueId> in{b.input("q", DType::f32, {aB, aH, aT, aD}), b.input("k", DType::f32, {aB, aH, aS, aD}),
-                            b.input("v", DType::f32, {aB, aH, aS, aD})};
+    const int64_t aK = c.kv_heads;
+    std::vector<ValueId> in{b.input("q", DType::f32, {aB, aH, aT, aD}), b.input("k", DType::f32, {aB, aK, aS, aD}),
+                            b.input("v", DType::f32, {aB, aK, aS, aD})};
     if (c.key_valid) in.push_back(b.input("key_valid", DType::u8, {aB, aS}));
     std::vector<ValueId> y = b.op(OpKind::attention, in, attention_attrs(c));
     ASSERT_EQ(y.size(), 2u) << b.status().to_string();
@@ -578,7 +581,7 @@ TEST(NnOps, Attention) {
     const std::vector<uint8_t> kv(kKeyValid.begin(), kKeyValid.end());
     std::vector<double> wo(size_t(aB * aH * aT * aD)), wl(size_t(aB * aH * aT));
     kernels::ref::attention_forward<double>(feeds["q"].data.data(), feeds["k"].data.data(), feeds["v"].data.data(),
-                                            wo.data(), wl.data(), aB, aH, aT, aS, aD, 0.7, kernel_mask(c, kv));
+                                            wo.data(), wl.data(), aB, aH, aK, aT, aS, aD, 0.7, kernel_mask(c, kv));
     EXPECT_EQ(out["out"].data, wo);
     EXPECT_EQ(out["lse"].data, wl);
     EXPECT_TRUE(check_gradients(g, loss, feeds));
@@ -609,6 +612,13 @@ TEST(NnOps, AttentionErrors) {
             }),
             "node 3 (attention) with inputs (f32[1, 2, 3, 3], f32[1, 2, 4, 4], f32[1, 2, 4, 4]): attention: k: "
             "dimension 3 (D): expected 3 (q's), found 4");
+  EXPECT_EQ(build_error([](Builder& b) {
+              const ValueId k = b.input("k", DType::f32, {1, 2, 4, 3});
+              b.op(OpKind::attention, {b.input("q", DType::f32, {1, 3, 3, 3}), k, k},
+                   {{"scale", 1.0}, {"mask", std::string("none")}});
+            }),
+            "node 2 (attention) with inputs (f32[1, 3, 3, 3], f32[1, 2, 4, 3], f32[1, 2, 4, 3]): attention: k: "
+            "dimension 1 (Hk): expected a divisor of q's heads (3), found 2");
   EXPECT_EQ(build_error([](Builder& b) {
               ValueId q = b.input("q", DType::f32, {1, 2, 3, 3});
               b.op(OpKind::attention, {q, q, q}, {{"scale", 1.0}, {"mask", std::string("local")}});

@@ -479,10 +479,13 @@ struct Problem {
   const float* q;
   const float* k;
   const float* v;
-  int64_t B, H, T, S, D;
+  int64_t B, H, Hk, T, S, D;
   float scale;
   Geometry geo;
   const uint8_t* key_valid;  // [B, S] or null
+  // The key/value head (b * Hk + kv head) that query head bh = b * H + h reads:
+  // query heads h share kv head h / (H / Hk) (grouped-query attention).
+  int64_t kv_head(int64_t bh) const { return (bh / H) * Hk + (bh % H) / (H / Hk); }
 };
 
 // kv[c] = 1 where key j0 + c is not padding, else 0; returns whether any is.
@@ -523,10 +526,10 @@ void forward_decode(const Problem& pb, float* out, float* lse) {
   const int nt = int(std::min<int64_t>(omp_get_max_threads(), tasks));
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t bh = t / T, i = t % T, b = bh / pb.H;
+    const int64_t bh = t / T, i = t % T, b = bh / pb.H, kvh = pb.kv_head(bh);
     int64_t lo, hi;
     pb.geo.range(i, &lo, &hi);
-    Ops::decode_row(pb.q + t * D, pb.k + bh * S * D, pb.v + bh * S * D, lo, hi,
+    Ops::decode_row(pb.q + t * D, pb.k + kvh * S * D, pb.v + kvh * S * D, lo, hi,
                     pb.key_valid ? pb.key_valid + b * S : nullptr, D, cs, out + t * D, lse + t);
   }
 }
@@ -554,8 +557,8 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
     float* kv = l + kBq;
     int lo[kBq], hi[kBq];
     const int64_t bh = t / nqb, i0 = (t % nqb) * kBq, rows = std::min(kBq, T - i0), b = bh / pb.H;
-    const float* kh = pb.k + bh * S * D;
-    const float* vh = pb.v + bh * S * D;
+    const float* kh = pb.k + pb.kv_head(bh) * S * D;
+    const float* vh = pb.v + pb.kv_head(bh) * S * D;
     const float* qb = pb.q + (bh * T + i0) * D;
     for (int64_t x = 0; x < rows * D; ++x) {
       qs[x] = qb[x] * cs;
@@ -589,9 +592,11 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
 int64_t backward_scratch_floats(int64_t D) { return 2 * D * kBk + 2 * kBq * kBk + kBk + 2 * kBq; }
 
 // FlashAttention-2 backward, in two passes so that every output element is
-// summed by one thread in a fixed order: pass 1 owns a key block (dk, dv) and
-// walks the query blocks; pass 2 owns a query block (dq) and walks the key
-// blocks. Both recompute p = exp2(cs * q.k - lse log2 e) and ds per tile.
+// summed by one thread in a fixed order: pass 1 owns a key block of one kv
+// head (dk, dv) and walks the query blocks of every query head that shares it
+// (grouped-query attention: the group's heads in order); pass 2 owns a query
+// block (dq) and walks the key blocks. Both recompute
+// p = exp2(cs * q.k - lse log2 e) and ds per tile.
 template <class Ops>
 void backward_fast(const Problem& pb, const float* out, const float* lse, const float* dout, float* dq, float* dk,
                    float* dv) {
@@ -639,35 +644,39 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
     Ops::gemm(gb, D, 1, w.vt, kBk, w.dp, kBk, rows, cols, D, false);  // dp = dout v^T
     Ops::grad_tile(w.s, w.dp, rows, cols, w.lo, w.hi, w.kv, w.lse2, w.dib, cs);
   };
-  auto load_keys = [&](Tile& w, int64_t bh, int64_t j0, int64_t cols) {
-    if (!fill_key_valid(pb, bh / pb.H, j0, cols, w.kv)) return false;
-    Ops::transpose(pb.k + (bh * S + j0) * D, cols, D, w.kt);
-    Ops::transpose(pb.v + (bh * S + j0) * D, cols, D, w.vt);
+  // The key block j0 of kv head kvh (= b * Hk + kv head).
+  auto load_keys = [&](Tile& w, int64_t kvh, int64_t j0, int64_t cols) {
+    if (!fill_key_valid(pb, kvh / pb.Hk, j0, cols, w.kv)) return false;
+    Ops::transpose(pb.k + (kvh * S + j0) * D, cols, D, w.kt);
+    Ops::transpose(pb.v + (kvh * S + j0) * D, cols, D, w.vt);
     return true;
   };
 
-  const int64_t nqb = (T + kBq - 1) / kBq, nkb = (S + kBk - 1) / kBk;
+  const int64_t nqb = (T + kBq - 1) / kBq, nkb = (S + kBk - 1) / kBk,
+                group = pb.Hk > 0 ? pb.H / pb.Hk : 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-  for (int64_t t = 0; t < BH * nkb; ++t) {
+  for (int64_t t = 0; t < pb.B * pb.Hk * nkb; ++t) {
     Tile w;
     carve(w);
-    const int64_t bh = t / nkb, j0 = (t % nkb) * kBk, cols = std::min(kBk, S - j0);
-    float* dkb = dk + (bh * S + j0) * D;
-    float* dvb = dv + (bh * S + j0) * D;
+    const int64_t kvh = t / nkb, j0 = (t % nkb) * kBk, cols = std::min(kBk, S - j0);
+    float* dkb = dk + (kvh * S + j0) * D;
+    float* dvb = dv + (kvh * S + j0) * D;
     std::fill(dkb, dkb + cols * D, 0.0f);
     std::fill(dvb, dvb + cols * D, 0.0f);
-    if (!load_keys(w, bh, j0, cols)) continue;
-    for (int64_t i0 = 0; i0 < T; i0 += kBq) {
-      const int64_t rows = std::min(kBq, T - i0);
-      int64_t first, last;
-      block_key_span(pb, i0, rows, &first, &last);
-      if (first >= j0 + cols || last <= j0) continue;
-      tile(w, bh, i0, rows, j0, cols);
-      const float* qb = pb.q + (bh * T + i0) * D;
-      const float* gb = dout + (bh * T + i0) * D;
-      Ops::gemm(w.s, 1, kBk, gb, D, dvb, D, cols, D, rows, true);   // dv += p^T dout
-      Ops::gemm(w.dp, 1, kBk, qb, D, dkb, D, cols, D, rows, true);  // dk += ds^T q
-    }
+    if (!load_keys(w, kvh, j0, cols)) continue;
+    const int64_t first_head = (kvh / pb.Hk) * pb.H + (kvh % pb.Hk) * group;
+    for (int64_t bh = first_head; bh < first_head + group; ++bh)
+      for (int64_t i0 = 0; i0 < T; i0 += kBq) {
+        const int64_t rows = std::min(kBq, T - i0);
+        int64_t first, last;
+        block_key_span(pb, i0, rows, &first, &last);
+        if (first >= j0 + cols || last <= j0) continue;
+        tile(w, bh, i0, rows, j0, cols);
+        const float* qb = pb.q + (bh * T + i0) * D;
+        const float* gb = dout + (bh * T + i0) * D;
+        Ops::gemm(w.s, 1, kBk, gb, D, dvb, D, cols, D, rows, true);   // dv += p^T dout
+        Ops::gemm(w.dp, 1, kBk, qb, D, dkb, D, cols, D, rows, true);  // dk += ds^T q
+      }
     for (int64_t x = 0; x < cols * D; ++x) dkb[x] *= pb.scale;
   }
 
@@ -680,11 +689,12 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
     std::fill(dqb, dqb + rows * D, 0.0f);
     int64_t first, last;
     block_key_span(pb, i0, rows, &first, &last);
+    const int64_t kvh = pb.kv_head(bh);
     for (int64_t j0 = first / kBk * kBk; j0 < last; j0 += kBk) {
       const int64_t cols = std::min(kBk, S - j0);
-      if (!load_keys(w, bh, j0, cols)) continue;
+      if (!load_keys(w, kvh, j0, cols)) continue;
       tile(w, bh, i0, rows, j0, cols);
-      Ops::gemm(w.dp, kBk, 1, pb.k + (bh * S + j0) * D, D, dqb, D, rows, D, cols, true);  // dq += ds k
+      Ops::gemm(w.dp, kBk, 1, pb.k + (kvh * S + j0) * D, D, dqb, D, rows, D, cols, true);  // dq += ds k
     }
     for (int64_t x = 0; x < rows * D; ++x) dqb[x] *= pb.scale;
   }
@@ -695,17 +705,22 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
 
 std::string i64(int64_t x) { return std::to_string(x); }
 
-Status check_shape(const char* kernel, int64_t B, int64_t H, int64_t T, int64_t S, int64_t D, float scale,
-                   const AttentionMask& mask, int64_t* n_q, int64_t* n_k, int64_t* n_l) {
+Status check_shape(const char* kernel, int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
+                   float scale, const AttentionMask& mask, int64_t* n_q, int64_t* n_k, int64_t* n_l) {
   ASPEN_RETURN_IF_ERROR(check_extent(kernel, "B", B));
   ASPEN_RETURN_IF_ERROR(check_extent(kernel, "H", H));
+  ASPEN_RETURN_IF_ERROR(check_extent(kernel, "Hk", Hk));
+  if ((Hk == 0) != (H == 0) || (Hk > 0 && H % Hk != 0))
+    return Status::invalid_argument(std::string(kernel) + ": Hk", "a divisor of H = " + i64(H) + " (key/value heads)",
+                                    i64(Hk));
   ASPEN_RETURN_IF_ERROR(check_extent(kernel, "T", T));
   ASPEN_RETURN_IF_ERROR(check_extent(kernel, "S", S));
   ASPEN_RETURN_IF_ERROR(check_extent(kernel, "D", D));
-  int64_t bh, bs;
+  int64_t bh, bhk, bs;
   if (__builtin_mul_overflow(B, H, &bh) || __builtin_mul_overflow(bh, T, n_l) ||
-      __builtin_mul_overflow(*n_l, D, n_q) || __builtin_mul_overflow(bh, S, n_k) ||
-      __builtin_mul_overflow(*n_k, D, n_k) || __builtin_mul_overflow(B, S, &bs))
+      __builtin_mul_overflow(*n_l, D, n_q) || __builtin_mul_overflow(B, Hk, &bhk) ||
+      __builtin_mul_overflow(bhk, S, n_k) || __builtin_mul_overflow(*n_k, D, n_k) ||
+      __builtin_mul_overflow(B, S, &bs))
     return Status::invalid_argument(std::string(kernel) + ": extents", "B*H*T*D and B*H*S*D within int64",
                                     "B=" + i64(B) + " H=" + i64(H) + " T=" + i64(T) + " S=" + i64(S) + " D=" + i64(D));
   if (!std::isfinite(scale))
@@ -732,9 +747,9 @@ Status check_buffers(const char* kernel, std::initializer_list<NamedBuffer> buff
   return Status();
 }
 
-Problem make_problem(const float* q, const float* k, const float* v, int64_t B, int64_t H, int64_t T, int64_t S,
-                     int64_t D, float scale, const AttentionMask& mask) {
-  return Problem{q, k, v, B, H, T, S, D, scale, Geometry{mask.kind, mask.window, mask.kv_offset, S},
+Problem make_problem(const float* q, const float* k, const float* v, int64_t B, int64_t H, int64_t Hk, int64_t T,
+                     int64_t S, int64_t D, float scale, const AttentionMask& mask) {
+  return Problem{q, k, v, B, H, Hk, T, S, D, scale, Geometry{mask.kind, mask.window, mask.kv_offset, S},
                  mask.key_valid.empty() ? nullptr : mask.key_valid.data()};
 }
 
@@ -745,19 +760,19 @@ int64_t attention_forward_scratch_bytes(int64_t D, int threads) {
 }
 
 Status attention_forward(std::span<const float> q, std::span<const float> k, std::span<const float> v,
-                         std::span<float> out, std::span<float> lse, int64_t B, int64_t H, int64_t T, int64_t S,
-                         int64_t D, float scale, const AttentionMask& mask) {
+                         std::span<float> out, std::span<float> lse, int64_t B, int64_t H, int64_t Hk, int64_t T,
+                         int64_t S, int64_t D, float scale, const AttentionMask& mask) {
   constexpr const char* kName = "attention_forward";
   int64_t nq, nk, nl;
-  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, T, S, D, scale, mask, &nq, &nk, &nl));
+  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
   ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"q", q, nq}, {"k", k, nk}, {"v", v, nk}, {"out", out, nq},
                                               {"lse", lse, nl}}));
   if (nl == 0) return Status();
   if (reference_mode()) {
-    ref::attention_forward<float>(q.data(), k.data(), v.data(), out.data(), lse.data(), B, H, T, S, D, scale, mask);
+    ref::attention_forward<float>(q.data(), k.data(), v.data(), out.data(), lse.data(), B, H, Hk, T, S, D, scale, mask);
     return Status();
   }
-  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, T, S, D, scale, mask);
+  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask);
   const auto run = [&](auto ops) {
     using Ops = decltype(ops);
     if (T <= kDecodeRows)  // NOTE [attention decode rows]
@@ -777,19 +792,19 @@ Status attention_forward(std::span<const float> q, std::span<const float> k, std
 Status attention_backward(std::span<const float> q, std::span<const float> k, std::span<const float> v,
                           std::span<const float> out, std::span<const float> lse, std::span<const float> dout,
                           std::span<float> dq, std::span<float> dk, std::span<float> dv, int64_t B, int64_t H,
-                          int64_t T, int64_t S, int64_t D, float scale, const AttentionMask& mask) {
+                          int64_t Hk, int64_t T, int64_t S, int64_t D, float scale, const AttentionMask& mask) {
   constexpr const char* kName = "attention_backward";
   int64_t nq, nk, nl;
-  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, T, S, D, scale, mask, &nq, &nk, &nl));
+  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
   ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"q", q, nq}, {"k", k, nk}, {"v", v, nk}, {"out", out, nq},
                                               {"lse", lse, nl}, {"dout", dout, nq}, {"dq", dq, nq},
                                               {"dk", dk, nk}, {"dv", dv, nk}}));
   if (reference_mode()) {
     ref::attention_backward<float>(q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
-                                   dk.data(), dv.data(), B, H, T, S, D, scale, mask);
+                                   dk.data(), dv.data(), B, H, Hk, T, S, D, scale, mask);
     return Status();
   }
-  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, T, S, D, scale, mask);
+  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask);
   if (active_isa() >= Isa::avx512)
     backward_fast<Avx512>(pb, out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
   else if (active_isa() >= Isa::avx2)

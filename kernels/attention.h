@@ -8,7 +8,10 @@
 //   out[i]   = sum_j p[i, j] v[j]            (0 when no key is allowed)
 //
 // Layout, all f32, row-major and contiguous:
-//   q, out, dq, dout  [B, H, T, D]     k, v, dk, dv  [B, H, S, D]     lse  [B, H, T]
+//   q, out, dq, dout  [B, H, T, D]     k, v, dk, dv  [B, Hk, S, D]     lse  [B, H, T]
+// Hk (the key/value heads) divides H: query head h reads kv head h / (H / Hk),
+// so grouped-query (Hk < H) and multi-query (Hk = 1) attention need no copy of
+// k and v per query head; dk and dv sum over the heads of each group.
 //
 // The fast path is FlashAttention-2 (Dao, 2023): blocks of queries against
 // blocks of keys with an online softmax, parallel over (b, h, query block);
@@ -43,8 +46,8 @@ struct AttentionMask {
 
 // Writes out [B, H, T, D] and lse [B, H, T].
 [[nodiscard]] Status attention_forward(std::span<const float> q, std::span<const float> k, std::span<const float> v,
-                                       std::span<float> out, std::span<float> lse, int64_t B, int64_t H, int64_t T,
-                                       int64_t S, int64_t D, float scale, const AttentionMask& mask = {});
+                                       std::span<float> out, std::span<float> lse, int64_t B, int64_t H, int64_t Hk,
+                                       int64_t T, int64_t S, int64_t D, float scale, const AttentionMask& mask = {});
 
 // Gradients of a loss L given dout = dL/dout; overwrites dq, dk, dv. Needs the
 // forward's out and lse. Differentiates, per (b, h):
@@ -55,8 +58,8 @@ struct AttentionMask {
 [[nodiscard]] Status attention_backward(std::span<const float> q, std::span<const float> k, std::span<const float> v,
                                         std::span<const float> out, std::span<const float> lse,
                                         std::span<const float> dout, std::span<float> dq, std::span<float> dk,
-                                        std::span<float> dv, int64_t B, int64_t H, int64_t T, int64_t S, int64_t D,
-                                        float scale, const AttentionMask& mask = {});
+                                        std::span<float> dv, int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S,
+                                        int64_t D, float scale, const AttentionMask& mask = {});
 
 // Bytes of scratch attention_forward's fast path allocates for one call on a
 // team of `threads` (its only memory beyond the arguments; independent of T and S).
@@ -66,15 +69,15 @@ namespace ref {
 // F is float or double. The definition: for each (b, h), materializes the [T, S] scores, softmax,
 // then a matmul. Scratch: one [T, S] matrix of F (reused across (b, h)).
 template <class F>
-void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64_t B, int64_t H, int64_t T,
-                       int64_t S, int64_t D, F scale, const AttentionMask& mask);
+void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64_t B, int64_t H, int64_t Hk,
+                       int64_t T, int64_t S, int64_t D, F scale, const AttentionMask& mask);
 // Materialized backward: recomputes p from q and k (it does not read out or
 // lse), then dv = p^T dout, dp = dout v^T, ds = p * (dp - rowsum(p * dp)),
 // dq = scale * ds k, dk = scale * ds^T q.
 template <class F>
 void attention_backward(const F* q, const F* k, const F* v, const F* out, const F* lse, const F* dout, F* dq,
-                        F* dk, F* dv, int64_t B, int64_t H, int64_t T, int64_t S, int64_t D, F scale,
-                        const AttentionMask& mask);
+                        F* dk, F* dv, int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
+                        F scale, const AttentionMask& mask);
 }  // namespace ref
 
 }  // namespace aspen::kernels

@@ -61,14 +61,14 @@ void probs(const F* qh, const F* kh, int64_t b, int64_t T, int64_t S, int64_t D,
 }  // namespace
 
 template <class F>
-void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64_t B, int64_t H, int64_t T,
-                       int64_t S, int64_t D, F scale, const AttentionMask& mask) {
+void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64_t B, int64_t H, int64_t Hk,
+                       int64_t T, int64_t S, int64_t D, F scale, const AttentionMask& mask) {
   std::vector<F> p(size_t(T * S));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
-      const int64_t bh = b * H + h;
-      probs(q + bh * T * D, k + bh * S * D, b, T, S, D, scale, mask, p.data(), lse + bh * T);
-      const F* vh = v + bh * S * D;
+      const int64_t bh = b * H + h, kvh = b * Hk + h / (H / Hk);
+      probs(q + bh * T * D, k + kvh * S * D, b, T, S, D, scale, mask, p.data(), lse + bh * T);
+      const F* vh = v + kvh * S * D;
       for (int64_t i = 0; i < T; ++i) {
         F* o = out + (bh * T + i) * D;
         for (int64_t d = 0; d < D; ++d) o[d] = 0;
@@ -80,19 +80,20 @@ void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64
 
 template <class F>
 void attention_backward(const F* q, const F* k, const F* v, const F* out, const F* lse, const F* dout, F* dq,
-                        F* dk, F* dv, int64_t B, int64_t H, int64_t T, int64_t S, int64_t D, F scale,
-                        const AttentionMask& mask) {
+                        F* dk, F* dv, int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
+                        F scale, const AttentionMask& mask) {
   std::vector<F> p(size_t(T * S)), ds(size_t(T * S));
+  for (int64_t x = 0; x < B * Hk * S * D; ++x) dk[x] = dv[x] = 0;  // summed over each kv head's group
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
-      const int64_t bh = b * H + h;
+      const int64_t bh = b * H + h, kvh = b * Hk + h / (H / Hk);
       const F* qh = q + bh * T * D;
-      const F* kh = k + bh * S * D;
-      const F* vh = v + bh * S * D;
+      const F* kh = k + kvh * S * D;
+      const F* vh = v + kvh * S * D;
       const F* gh = dout + bh * T * D;
       F* dqh = dq + bh * T * D;
-      F* dkh = dk + bh * S * D;
-      F* dvh = dv + bh * S * D;
+      F* dkh = dk + kvh * S * D;
+      F* dvh = dv + kvh * S * D;
       probs(qh, kh, b, T, S, D, scale, mask, p.data(), static_cast<F*>(nullptr));
       // dp = dout v^T, then ds = p * (dp - rowsum(p * dp)).
       for (int64_t i = 0; i < T; ++i) {
@@ -105,7 +106,6 @@ void attention_backward(const F* q, const F* k, const F* v, const F* out, const 
         }
         for (int64_t j = 0; j < S; ++j) ds[size_t(i * S + j)] = p[size_t(i * S + j)] * (ds[size_t(i * S + j)] - rowsum);
       }
-      for (int64_t x = 0; x < S * D; ++x) dkh[x] = dvh[x] = 0;
       for (int64_t i = 0; i < T; ++i)
         for (int64_t d = 0; d < D; ++d) {
           F acc = 0;
@@ -125,9 +125,10 @@ void attention_backward(const F* q, const F* k, const F* v, const F* out, const 
 
 #define ASPEN_ATTENTION_INSTANTIATE(F)                                                                            \
   template void attention_forward<F>(const F*, const F*, const F*, F*, F*, int64_t, int64_t, int64_t, int64_t,   \
-                                     int64_t, F, const AttentionMask&);                                          \
+                                     int64_t, int64_t, F, const AttentionMask&);                                 \
   template void attention_backward<F>(const F*, const F*, const F*, const F*, const F*, const F*, F*, F*, F*,     \
-                                      int64_t, int64_t, int64_t, int64_t, int64_t, F, const AttentionMask&);
+                                      int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, F,                   \
+                                      const AttentionMask&);
 ASPEN_ATTENTION_INSTANTIATE(float)
 ASPEN_ATTENTION_INSTANTIATE(double)
 #undef ASPEN_ATTENTION_INSTANTIATE

@@ -31,6 +31,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Case {
   int64_t B, H, T, S, D, offset, window;
+  int64_t Hk = 0;  // key/value heads; 0: H (grouped-query attention when fewer)
+  int64_t hk() const { return Hk > 0 ? Hk : H; }
 };
 
 // A spread over kOddSizes (not the product), T != S with offsets (decoding),
@@ -43,6 +45,9 @@ const std::vector<Case> kCases = {
     {2, 1, 200, 200, 64, 0, 130}, {1, 1, 200, 200, 17, 0, 64}, {2, 1, 3, 1, 7, 0, 1},
     {1, 2, 5, 3, 3, 9, 4},  // offset past S: every local row is empty
     {2, 3, 1, 1000, 64, 999, 300}, {1, 2, 4, 77, 33, 73, 20},  // decoding rows (NOTE [attention decode rows])
+    // grouped-query and multi-query attention: the group's query heads share one key/value head
+    {2, 4, 17, 129, 7, 112, 40, 2}, {1, 6, 129, 129, 64, 0, 65, 1}, {2, 6, 1, 200, 33, 199, 64, 3},
+    {1, 4, 200, 200, 17, 0, 64, 2},
 };
 
 struct Inputs {
@@ -53,7 +58,7 @@ struct Inputs {
 // q is drawn wider than k so that scaled scores spread over about [-3, 3].
 Inputs make_inputs(const Case& c, bool padded, uint64_t seed) {
   Inputs in;
-  const size_t nq = size_t(c.B * c.H * c.T * c.D), nk = size_t(c.B * c.H * c.S * c.D);
+  const size_t nq = size_t(c.B * c.H * c.T * c.D), nk = size_t(c.B * c.hk() * c.S * c.D);
   in.q = random_vector(nq, seed, -3.0f, 3.0f);
   in.k = random_vector(nk, seed + 1);
   in.v = random_vector(nk, seed + 2);
@@ -80,7 +85,7 @@ AttentionMask make_mask(Kind kind, const Case& c, const Inputs& in) {
 
 std::string describe(const Case& c, Kind kind, bool padded) {
   const char* names[] = {"none", "causal", "local"};
-  return "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " T=" + std::to_string(c.T) +
+  return "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " Hk=" + std::to_string(c.hk()) + " T=" + std::to_string(c.T) +
          " S=" + std::to_string(c.S) + " D=" + std::to_string(c.D) + " mask=" + names[int(kind)] +
          " offset=" + std::to_string(c.offset) + " window=" + std::to_string(c.window) +
          (padded ? " padded" : "");
@@ -116,13 +121,13 @@ TEST(Attention, ForwardMatchesReference) {
         const float scale = 1.0f / std::sqrt(float(c.D));
         std::vector<double> want_out(nq), want_lse(nl);
         ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
-                                       want_out.data(), want_lse.data(), c.B, c.H, c.T, c.S, c.D, double(scale),
+                                       want_out.data(), want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale),
                                        mask);
         for (Isa isa : testing::available_isas(Isa::avx512)) {
           SCOPED_TRACE(isa_name(isa));
           ScopedIsaCap cap(isa);
           Guarded<float> out(nq, NAN), lse(nl, NAN);
-          ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.T, c.S, c.D, scale,
+          ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
                                         mask)
                           .is_ok());
           EXPECT_GUARDS(out);
@@ -144,18 +149,18 @@ TEST(Attention, BackwardMatchesReference) {
         const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
         const float scale = 1.0f / std::sqrt(float(c.D));
         std::vector<float> out(nq), lse(nl);
-        ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), c.B, c.H, c.T,
+        ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), c.B, c.H, c.hk(), c.T,
                                       c.S, c.D, scale, mask);
         std::vector<double> dq(nq), dk(nk), dv(nk);
         ref::attention_backward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
                                         to_f64(out).data(), to_f64(lse).data(), to_f64(in.dout).data(), dq.data(),
-                                        dk.data(), dv.data(), c.B, c.H, c.T, c.S, c.D, double(scale), mask);
+                                        dk.data(), dv.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
         for (Isa isa : testing::available_isas(Isa::avx512)) {
           SCOPED_TRACE(isa_name(isa));
           ScopedIsaCap cap(isa);
           Guarded<float> gq(nq, NAN), gk(nk, NAN), gv(nk, NAN);
           ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out, lse, in.dout, gq.span(), gk.span(), gv.span(), c.B,
-                                         c.H, c.T, c.S, c.D, scale, mask)
+                                         c.H, c.hk(), c.T, c.S, c.D, scale, mask)
                           .is_ok());
           EXPECT_GUARDS(gq);
           EXPECT_GUARDS(gk);
@@ -170,7 +175,7 @@ TEST(Attention, BackwardMatchesReference) {
 // Both backwards against central differences of L = sum(dout * out), with out
 // from the f64 reference forward, over q, k and v together.
 TEST(Attention, BackwardMatchesFiniteDifferences) {
-  const Case c{1, 2, 5, 7, 3, 2, 3};
+  const Case c{1, 2, 5, 7, 3, 2, 3, /*Hk=*/1};  // multi-query: dk, dv sum over both heads
   const std::vector<uint8_t> pad = {1, 0, 1, 1, 0, 1, 1};
   const std::vector<uint8_t> pad_first = {0, 1, 1, 1, 1, 1, 1};  // with causal, offset 0: row 0 has no key
   struct Variant {
@@ -189,7 +194,7 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     mask.kv_offset = var.offset;
     mask.window = var.window;
     if (var.valid) mask.key_valid = *var.valid;
-    SCOPED_TRACE(describe(Case{c.B, c.H, c.T, c.S, c.D, var.offset, var.window}, var.kind, var.valid != nullptr));
+    SCOPED_TRACE(describe(Case{c.B, c.H, c.hk(), c.T, c.S, c.D, var.offset, var.window}, var.kind, var.valid != nullptr));
     const Inputs in = make_inputs(c, false, seed += 10);
     const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
     const float scale = 0.7f;
@@ -198,7 +203,7 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     for (float f : in.v) x.push_back(f);
     auto loss = [&](const std::vector<double>& p) {
       std::vector<double> out(nq), lse(nl);
-      ref::attention_forward<double>(p.data(), p.data() + nq, p.data() + nq + nk, out.data(), lse.data(), c.B, c.H,
+      ref::attention_forward<double>(p.data(), p.data() + nq, p.data() + nq + nk, out.data(), lse.data(), c.B, c.H, c.hk(),
                                      c.T, c.S, c.D, double(scale), mask);
       double l = 0;
       for (size_t i = 0; i < nq; ++i) l += dout[i] * out[i];
@@ -207,10 +212,10 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     const std::vector<double> numeric = testing::numeric_grad(loss, x);
 
     std::vector<double> rq(nq), rk(nk), rv(nk), rout(nq), rlse(nl);
-    ref::attention_forward<double>(x.data(), x.data() + nq, x.data() + nq + nk, rout.data(), rlse.data(), c.B, c.H,
+    ref::attention_forward<double>(x.data(), x.data() + nq, x.data() + nq + nk, rout.data(), rlse.data(), c.B, c.H, c.hk(),
                                    c.T, c.S, c.D, double(scale), mask);
     ref::attention_backward<double>(x.data(), x.data() + nq, x.data() + nq + nk, rout.data(), rlse.data(),
-                                    dout.data(), rq.data(), rk.data(), rv.data(), c.B, c.H, c.T, c.S, c.D,
+                                    dout.data(), rq.data(), rk.data(), rv.data(), c.B, c.H, c.hk(), c.T, c.S, c.D,
                                     double(scale), mask);
     std::vector<float> ref_grad;
     for (const auto* g : {&rq, &rk, &rv})
@@ -218,8 +223,8 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     EXPECT_TRUE(close_nmse(ref_grad, std::span<const double>(numeric), kGradNmse)) << "reference";
 
     std::vector<float> out(nq), lse(nl), gq(nq), gk(nk), gv(nk);
-    ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.T, c.S, c.D, scale, mask).is_ok());
-    ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out, lse, in.dout, gq, gk, gv, c.B, c.H, c.T, c.S, c.D, scale,
+    ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.hk(), c.T, c.S, c.D, scale, mask).is_ok());
+    ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out, lse, in.dout, gq, gk, gv, c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
                                    mask)
                     .is_ok());
     std::vector<float> fast_grad = gq;
@@ -239,7 +244,7 @@ TEST(Attention, MaskSemantics) {
     const AttentionMask mask = make_mask(kind, c, in);
     const float scale = 0.5f;
     std::vector<float> out(in.q.size()), lse(size_t(c.B * c.T));
-    ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.T, c.S, c.D, scale, mask).is_ok());
+    ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.hk(), c.T, c.S, c.D, scale, mask).is_ok());
     for (int64_t b = 0; b < c.B; ++b)
       for (int64_t i = 0; i < c.T; ++i) {
         const int64_t pos = mask.kv_offset + i;
@@ -261,7 +266,7 @@ TEST(Attention, MaskSemantics) {
         }
         std::vector<double> want(size_t(c.D)), want_lse(1);
         ref::attention_forward<double>(to_f64(std::span<const float>(in.q.data() + (b * c.T + i) * c.D, size_t(c.D))).data(),
-                                       to_f64(ks).data(), to_f64(vs).data(), want.data(), want_lse.data(), 1, 1, 1, n,
+                                       to_f64(ks).data(), to_f64(vs).data(), want.data(), want_lse.data(), 1, 1, 1, 1, n,
                                        c.D, double(scale), AttentionMask{});
         EXPECT_TRUE(close_nmse(got, std::span<const double>(want), kNmse)) << "b=" << b << " i=" << i;
       }
@@ -269,7 +274,7 @@ TEST(Attention, MaskSemantics) {
 }
 
 TEST(Attention, BitwiseIdenticalForOneAndTwoThreads) {
-  const Case c{2, 2, 150, 200, 64, 50, 0};
+  const Case c{2, 4, 150, 200, 64, 50, 0, /*Hk=*/2};
   const Inputs in = make_inputs(c, true, 31);
   const AttentionMask mask = make_mask(Kind::causal, c, in);
   const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
@@ -280,8 +285,8 @@ TEST(Attention, BitwiseIdenticalForOneAndTwoThreads) {
     for (int threads : {1, 2}) {
       ScopedOmpThreads team(threads);
       std::vector<float> out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
-      ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.T, c.S, c.D, 0.125f, mask).is_ok());
-      ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out, lse, in.dout, dq, dk, dv, c.B, c.H, c.T, c.S, c.D,
+      ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.hk(), c.T, c.S, c.D, 0.125f, mask).is_ok());
+      ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out, lse, in.dout, dq, dk, dv, c.B, c.H, c.hk(), c.T, c.S, c.D,
                                      0.125f, mask)
                       .is_ok());
       std::vector<float>& all = results[threads - 1];
@@ -297,10 +302,10 @@ TEST(Attention, ReferenceModeRunsTheReference) {
   const Inputs in = make_inputs(c, false, 41);
   const AttentionMask mask = make_mask(Kind::causal, c, in);
   std::vector<float> out(in.q.size()), lse(18), want_out(in.q.size()), want_lse(18);
-  ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), want_out.data(), want_lse.data(), c.B, c.H,
+  ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), want_out.data(), want_lse.data(), c.B, c.H, c.hk(),
                                 c.T, c.S, c.D, 0.3f, mask);
   ScopedReferenceMode on(true);
-  ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.T, c.S, c.D, 0.3f, mask).is_ok());
+  ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.hk(), c.T, c.S, c.D, 0.3f, mask).is_ok());
   EXPECT_EQ(out, want_out);
   EXPECT_EQ(lse, want_lse);
 }
@@ -310,31 +315,35 @@ TEST(Attention, BadArguments) {
   std::vector<float> q(B * H * T * D), k(B * H * S * D), v(k.size()), out(q.size()), lse(B * H * T);
   std::vector<float> dq(q.size()), dk(k.size()), dv(k.size());
   std::vector<float> short_q(q.size() - 1);
-  EXPECT_EQ(attention_forward(short_q, k, v, out, lse, B, H, T, S, D, 1.0f).message(),
+  EXPECT_EQ(attention_forward(short_q, k, v, out, lse, B, H, H, T, S, D, 1.0f).message(),
             "attention_forward: argument 'q': expected at least 30 elements, found 29");
-  EXPECT_EQ(attention_backward(q, k, v, out, lse, q, dq, std::span<float>(dk).first(39), dv, B, H, T, S, D, 1.0f)
+  EXPECT_EQ(attention_backward(q, k, v, out, lse, q, dq, std::span<float>(dk).first(39), dv, B, H, H, T, S, D, 1.0f)
                 .message(),
             "attention_backward: argument 'dk': expected at least 40 elements, found 39");
   AttentionMask local;
   local.kind = Kind::local;
   local.window = 0;
-  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, T, S, D, 1.0f, local).message(),
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, H, T, S, D, 1.0f, local).message(),
             "attention_forward: mask.window: expected >= 1, found 0");
   AttentionMask behind;
   behind.kind = Kind::causal;
   behind.kv_offset = -1;
-  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, T, S, D, 1.0f, behind).message(),
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, H, T, S, D, 1.0f, behind).message(),
             "attention_forward: mask.kv_offset: expected >= 0, found -1");
   const std::vector<uint8_t> valid(3, 1);
   AttentionMask padded;
   padded.key_valid = valid;
-  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, T, S, D, 1.0f, padded).message(),
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, H, T, S, D, 1.0f, padded).message(),
             "attention_forward: argument 'mask.key_valid': expected empty (all keys valid) or exactly 4 elements "
             "([B, S]), found 3");
-  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, -1, S, D, 1.0f).message(),
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, H, -1, S, D, 1.0f).message(),
             "attention_forward: T: expected >= 0, found -1");
-  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, T, S, D, INFINITY).message(),
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, H, T, S, D, INFINITY).message(),
             "attention_forward: scale: expected a finite number, found inf");
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, 3, T, S, D, 1.0f).message(),
+            "attention_forward: Hk: expected a divisor of H = 2 (key/value heads), found 3");
+  EXPECT_EQ(attention_forward(q, std::span<float>(k).first(19), v, out, lse, B, H, 1, T, S, D, 1.0f).message(),
+            "attention_forward: argument 'k': expected at least 20 elements, found 19");
 }
 
 }  // namespace
