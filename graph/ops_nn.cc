@@ -14,7 +14,9 @@
 //   cross_entropy(logits [R, V], targets i32/i64 [R]) {ignore_index = -100}: outputs the mean loss over
 //       non-ignored rows (rank 0), loss per row [R] (logits' dtype), lse [R] (f32)    (kernels/softmax.h)
 //   rotary(x [B, T, H, D], positions i32 [B, T]) {rotary_dim, layout: "interleaved" | "half_split",
-//       base = 10000, inverse = 0}: rotates by +angle, or by -angle with inverse     (kernels/rotary.h)
+//       base = 10000, inverse = 0, scaling: "none" | "linear" | "llama3", factor, low_freq_factor,
+//       high_freq_factor, original_max_positions}: rotates by +angle, or by -angle with inverse; the
+//       frequencies are kernels::RotaryFrequencies (HF's static rope_scaling)     (kernels/rotary.h)
 //   attention(q [B, H, T, D], k, v [B, H, S, D][, key_valid u8/bool [B, S]]) {scale, mask: "none" | "causal" |
 //       "local", window, kv_offset}: outputs out [B, H, T, D], lse (f32 [B, H, T])   (ops_attention.cc)
 // Saved statistics (mean, rstd, lse) are f32 whatever the input's float type,
@@ -404,7 +406,7 @@ Grads grad_cross_entropy(Builder& b, const Node& n, OutGrads g) {
 struct RotaryArgs {
   int64_t rotary_dim = 0;
   kernels::RotaryLayout layout = kernels::RotaryLayout::interleaved;
-  float base = 10000.0f;
+  kernels::RotaryFrequencies freq;
   bool inverse = false;
 };
 
@@ -419,9 +421,28 @@ Result<RotaryArgs> rotary_args(const Node& n, int64_t D) {
   else if (layout == "half_split") r.layout = kernels::RotaryLayout::half_split;
   else return rule_error(n, "layout", "\"interleaved\" or \"half_split\"", "\"" + layout + "\"");
   const double base = n.attrs.f_or("base", 10000.0);
-  r.base = float(base);
-  if (!(base > 0) || !std::isfinite(r.base) || !(r.base > 0))
+  r.freq.base = float(base);
+  if (!(base > 0) || !std::isfinite(r.freq.base) || !(r.freq.base > 0))
     return rule_error(n, "base", "a number > 0, finite in f32", std::to_string(base));
+  using Scaling = kernels::RotaryFrequencies::Scaling;
+  const std::string scaling = n.attrs.has("scaling") ? n.attrs.s("scaling") : "none";
+  if (scaling == "none") r.freq.scaling = Scaling::none;
+  else if (scaling == "linear") r.freq.scaling = Scaling::linear;
+  else if (scaling == "llama3") r.freq.scaling = Scaling::llama3;
+  else return rule_error(n, "scaling", "\"none\", \"linear\" or \"llama3\"", "\"" + scaling + "\"");
+  r.freq.factor = n.attrs.f_or("factor", 1.0);
+  r.freq.low_freq_factor = n.attrs.f_or("low_freq_factor", 1.0);
+  r.freq.high_freq_factor = n.attrs.f_or("high_freq_factor", 4.0);
+  r.freq.original_max_positions = n.attrs.i_or("original_max_positions", 8192);
+  if (r.freq.scaling != Scaling::none && !(r.freq.factor > 0 && std::isfinite(r.freq.factor)))
+    return rule_error(n, "factor", "a finite number > 0", std::to_string(r.freq.factor));
+  if (r.freq.scaling == Scaling::llama3 &&
+      !(r.freq.low_freq_factor > 0 && r.freq.high_freq_factor > r.freq.low_freq_factor &&
+        std::isfinite(r.freq.high_freq_factor) && r.freq.original_max_positions > 0))
+    return rule_error(n, "low_freq_factor, high_freq_factor, original_max_positions",
+                      "0 < low_freq_factor < high_freq_factor (finite) and original_max_positions > 0",
+                      std::to_string(r.freq.low_freq_factor) + ", " + std::to_string(r.freq.high_freq_factor) + ", " +
+                          str(r.freq.original_max_positions));
   ASPEN_ASSIGN_OR_RETURN(r.inverse, flag(n, "inverse"));
   return r;
 }
@@ -449,7 +470,7 @@ Status eval_rotary(const Node& n, Ins in, Outs out) {
     pos[i] = int32_t(v);
   }
   auto* f = r.inverse ? &kernels::ref::rotary_backward<double> : &kernels::ref::rotary_forward<double>;
-  f(in[0]->data.data(), pos.data(), out[0].data.data(), x[0], x[1], x[2], x[3], r.rotary_dim, r.layout, r.base);
+  f(in[0]->data.data(), pos.data(), out[0].data.data(), x[0], x[1], x[2], x[3], r.rotary_dim, r.layout, r.freq);
   return Status();
 }
 
@@ -679,7 +700,7 @@ Prepared prepare_rotary(const Node& n, Types in, Types out) {
   auto* f = r.inverse ? &kernels::rotary_backward : &kernels::rotary_forward;
   return make_kernel([f, r, B, T, H, D, N](In i, Out o) {
     return f(in_span<float>(i, 0, N), in_span<int32_t>(i, 1, B * T), out_span<float>(o, 0, N), B, T, H, D,
-             r.rotary_dim, r.layout, r.base);
+             r.rotary_dim, r.layout, r.freq);
   });
 }
 
@@ -858,17 +879,26 @@ void samples_rotary(SampleList& s) {
   struct Case {
     const char* layout;
     int64_t rotary_dim, inverse;
+    const char* scaling = "none";
   };
-  for (const Case& c :
-       {Case{"interleaved", 6, 0}, Case{"interleaved", 8, 1}, Case{"half_split", 8, 1}, Case{"half_split", 4, 0}})
+  for (const Case& c : {Case{"interleaved", 6, 0}, Case{"interleaved", 8, 1}, Case{"half_split", 8, 1},
+                        Case{"half_split", 4, 0}, Case{"half_split", 8, 0, "linear"}, Case{"half_split", 8, 1, "llama3"}})
     s.add(
-        std::string(c.layout) + " rotary_dim " + std::to_string(c.rotary_dim) + " inverse " + std::to_string(c.inverse),
+        std::string(c.layout) + " rotary_dim " + std::to_string(c.rotary_dim) + " inverse " +
+            std::to_string(c.inverse) + " scaling " + c.scaling,
         [&](Builder& b) {
+          Attrs a{{"rotary_dim", c.rotary_dim}, {"layout", std::string(c.layout)}, {"inverse", c.inverse}, {"base", 500.0}};
+          if (std::string(c.scaling) != "none") {
+            // llama3 with original_max_positions 40: the 4 frequencies of rotary_dim 8 at base 500 have
+            // wavelengths 6.3, 30, 140 and 664 against the bands' 10 and 40: kept, blended, divided, divided
+            a.set("scaling", std::string(c.scaling));
+            a.set("factor", 3.0);
+            a.set("low_freq_factor", 1.0);
+            a.set("high_freq_factor", 4.0);
+            a.set("original_max_positions", int64_t(40));
+          }
           b.op(OpKind::rotary, {b.input("x", DType::f32, Shape{2, 3, 5, 8}), b.input("pos", DType::i32, Shape{2, 3})},
-               {{"rotary_dim", c.rotary_dim},
-                {"layout", std::string(c.layout)},
-                {"inverse", c.inverse},
-                {"base", 500.0}});
+               std::move(a));
         },
         {.int_hi = 37});
   s.add("bf16", [](Builder& b) {
@@ -929,7 +959,12 @@ void register_nn_ops(OpTable& t) {
                             .attrs = {{"rotary_dim", AttrKind::i64, true},
                                       {"layout", AttrKind::str, true},
                                       {"base", AttrKind::f64, false},
-                                      {"inverse", AttrKind::i64, false}},
+                                      {"inverse", AttrKind::i64, false},
+                                      {"scaling", AttrKind::str, false},
+                                      {"factor", AttrKind::f64, false},
+                                      {"low_freq_factor", AttrKind::f64, false},
+                                      {"high_freq_factor", AttrKind::f64, false},
+                                      {"original_max_positions", AttrKind::i64, false}},
                             .infer = infer_rotary,
                             .grad = grad_rotary,
                             .eval = eval_rotary,

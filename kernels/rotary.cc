@@ -12,8 +12,16 @@
 
 namespace aspen::kernels {
 
-float rotary_inv_freq(int64_t p, int64_t rotary_dim, float base) {
-  return float(std::pow(double(base), -2.0 * double(p) / double(rotary_dim)));
+float rotary_inv_freq(int64_t p, int64_t rotary_dim, const RotaryFrequencies& freq) {
+  using Scaling = RotaryFrequencies::Scaling;
+  const double inv = std::pow(double(freq.base), -2.0 * double(p) / double(rotary_dim));
+  if (freq.scaling == Scaling::linear) return float(inv / freq.factor);
+  if (freq.scaling != Scaling::llama3) return float(inv);
+  const double wavelen = 2.0 * 3.14159265358979323846 / inv, old = double(freq.original_max_positions);
+  if (wavelen > old / freq.low_freq_factor) return float(inv / freq.factor);
+  if (wavelen < old / freq.high_freq_factor) return float(inv);
+  const double smooth = (old / wavelen - freq.low_freq_factor) / (freq.high_freq_factor - freq.low_freq_factor);
+  return float((1.0 - smooth) * inv / freq.factor + smooth * inv);
 }
 
 // ---------------------------------------------------------------------------
@@ -23,10 +31,10 @@ namespace ref {
 namespace {
 template <class T>
 void rotate(const T* x, const int32_t* pos, T* y, int64_t B, int64_t Tn, int64_t H, int64_t D, int64_t rd,
-            RotaryLayout layout, float base, T sign) {
+            RotaryLayout layout, const RotaryFrequencies& freq, T sign) {
   const int64_t half = rd / 2;
   std::vector<T> inv(half);
-  for (int64_t p = 0; p < half; ++p) inv[size_t(p)] = T(rotary_inv_freq(p, rd, base));
+  for (int64_t p = 0; p < half; ++p) inv[size_t(p)] = T(rotary_inv_freq(p, rd, freq));
   for (int64_t bt = 0; bt < B * Tn; ++bt) {
     for (int64_t h = 0; h < H; ++h) {
       const T* xr = x + (bt * H + h) * D;
@@ -49,23 +57,23 @@ void rotate(const T* x, const int32_t* pos, T* y, int64_t B, int64_t Tn, int64_t
 
 template <class T>
 void rotary_forward(const T* x, const int32_t* pos, T* y, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                    int64_t rotary_dim, RotaryLayout layout, float base) {
-  rotate<T>(x, pos, y, B, Tn, H, D, rotary_dim, layout, base, T(1));
+                    int64_t rotary_dim, RotaryLayout layout, const RotaryFrequencies& freq) {
+  rotate<T>(x, pos, y, B, Tn, H, D, rotary_dim, layout, freq, T(1));
 }
 template <class T>
 void rotary_backward(const T* dy, const int32_t* pos, T* dx, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                     int64_t rotary_dim, RotaryLayout layout, float base) {
-  rotate<T>(dy, pos, dx, B, Tn, H, D, rotary_dim, layout, base, T(-1));
+                     int64_t rotary_dim, RotaryLayout layout, const RotaryFrequencies& freq) {
+  rotate<T>(dy, pos, dx, B, Tn, H, D, rotary_dim, layout, freq, T(-1));
 }
 
 template void rotary_forward<float>(const float*, const int32_t*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                    RotaryLayout, float);
+                                    RotaryLayout, const RotaryFrequencies&);
 template void rotary_forward<double>(const double*, const int32_t*, double*, int64_t, int64_t, int64_t, int64_t,
-                                     int64_t, RotaryLayout, float);
+                                     int64_t, RotaryLayout, const RotaryFrequencies&);
 template void rotary_backward<float>(const float*, const int32_t*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                     RotaryLayout, float);
+                                     RotaryLayout, const RotaryFrequencies&);
 template void rotary_backward<double>(const double*, const int32_t*, double*, int64_t, int64_t, int64_t, int64_t,
-                                      int64_t, RotaryLayout, float);
+                                      int64_t, RotaryLayout, const RotaryFrequencies&);
 }  // namespace ref
 
 // ---------------------------------------------------------------------------
@@ -160,11 +168,11 @@ RowFn pick_row(RotaryLayout layout) {
 constexpr int64_t kParallelMin = 1 << 14;  // elements; below this one thread is faster
 
 void rotary_fast(const float* x, const int32_t* pos, float* y, int64_t B, int64_t Tn, int64_t H, int64_t D, int64_t rd,
-                 RotaryLayout layout, float base, float sign) {
+                 RotaryLayout layout, const RotaryFrequencies& freq, float sign) {
   const int64_t rows = B * Tn * H;
   if (rows == 0 || D == 0) return;
   std::vector<float> inv(size_t(rd / 2));
-  for (int64_t p = 0; p < rd / 2; ++p) inv[size_t(p)] = rotary_inv_freq(p, rd, base);
+  for (int64_t p = 0; p < rd / 2; ++p) inv[size_t(p)] = rotary_inv_freq(p, rd, freq);
   const RowFn row = pick_row(layout);
   const int64_t tab = layout == RotaryLayout::interleaved ? rd : rd / 2;
   const bool copy_rest = x != y && D > rd;
@@ -190,7 +198,7 @@ void rotary_fast(const float* x, const int32_t* pos, float* y, int64_t B, int64_
 
 Status check_rotary(const char* kernel, const char* in_name, const char* out_name, std::span<const float> in,
                     std::span<const int32_t> pos, std::span<float> out, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                    int64_t rd, float base) {
+                    int64_t rd, const RotaryFrequencies& freq) {
   ASPEN_RETURN_IF_ERROR(check_extent(kernel, "B", B));
   ASPEN_RETURN_IF_ERROR(check_extent(kernel, "T", Tn));
   ASPEN_RETURN_IF_ERROR(check_extent(kernel, "H", H));
@@ -201,8 +209,22 @@ Status check_rotary(const char* kernel, const char* in_name, const char* out_nam
   if (rd > D)
     return Status::invalid_argument(k + ": argument 'rotary_dim'", "at most D = " + std::to_string(D),
                                     std::to_string(rd));
-  if (!(base > 0.0f) || !std::isfinite(base))
-    return Status::invalid_argument(k + ": argument 'base'", "a finite number > 0", std::to_string(base));
+  if (!(freq.base > 0.0f) || !std::isfinite(freq.base))
+    return Status::invalid_argument(k + ": argument 'base'", "a finite number > 0", std::to_string(freq.base));
+  using Scaling = RotaryFrequencies::Scaling;
+  if (freq.scaling != Scaling::none && freq.scaling != Scaling::linear && freq.scaling != Scaling::llama3)
+    return Status::invalid_argument(k + ": argument 'scaling'", "none, linear or llama3",
+                                    std::to_string(int(freq.scaling)));
+  if (freq.scaling != Scaling::none && !(freq.factor > 0 && std::isfinite(freq.factor)))
+    return Status::invalid_argument(k + ": argument 'factor'", "a finite number > 0", std::to_string(freq.factor));
+  if (freq.scaling == Scaling::llama3 &&
+      !(freq.low_freq_factor > 0 && freq.high_freq_factor > freq.low_freq_factor &&
+        std::isfinite(freq.high_freq_factor) && freq.original_max_positions > 0))
+    return Status::invalid_argument(k + ": llama3 scaling",
+                                    "0 < low_freq_factor < high_freq_factor (finite), original_max_positions > 0",
+                                    std::to_string(freq.low_freq_factor) + ", " +
+                                        std::to_string(freq.high_freq_factor) + ", " +
+                                        std::to_string(freq.original_max_positions));
   int64_t bt = 0, bth = 0, n = 0;
   if (__builtin_mul_overflow(B, Tn, &bt) || __builtin_mul_overflow(bt, H, &bth) || __builtin_mul_overflow(bth, D, &n))
     return Status::invalid_argument(
@@ -217,22 +239,22 @@ Status check_rotary(const char* kernel, const char* in_name, const char* out_nam
 }  // namespace
 
 Status rotary_forward(std::span<const float> x, std::span<const int32_t> pos, std::span<float> y, int64_t B, int64_t T,
-                      int64_t H, int64_t D, int64_t rotary_dim, RotaryLayout layout, float base) {
-  ASPEN_RETURN_IF_ERROR(check_rotary("rotary_forward", "x", "y", x, pos, y, B, T, H, D, rotary_dim, base));
+                      int64_t H, int64_t D, int64_t rotary_dim, RotaryLayout layout, const RotaryFrequencies& freq) {
+  ASPEN_RETURN_IF_ERROR(check_rotary("rotary_forward", "x", "y", x, pos, y, B, T, H, D, rotary_dim, freq));
   if (reference_mode())
-    ref::rotary_forward<float>(x.data(), pos.data(), y.data(), B, T, H, D, rotary_dim, layout, base);
+    ref::rotary_forward<float>(x.data(), pos.data(), y.data(), B, T, H, D, rotary_dim, layout, freq);
   else
-    rotary_fast(x.data(), pos.data(), y.data(), B, T, H, D, rotary_dim, layout, base, 1.0f);
+    rotary_fast(x.data(), pos.data(), y.data(), B, T, H, D, rotary_dim, layout, freq, 1.0f);
   return Status();
 }
 
 Status rotary_backward(std::span<const float> dy, std::span<const int32_t> pos, std::span<float> dx, int64_t B,
-                       int64_t T, int64_t H, int64_t D, int64_t rotary_dim, RotaryLayout layout, float base) {
-  ASPEN_RETURN_IF_ERROR(check_rotary("rotary_backward", "dy", "dx", dy, pos, dx, B, T, H, D, rotary_dim, base));
+                       int64_t T, int64_t H, int64_t D, int64_t rotary_dim, RotaryLayout layout, const RotaryFrequencies& freq) {
+  ASPEN_RETURN_IF_ERROR(check_rotary("rotary_backward", "dy", "dx", dy, pos, dx, B, T, H, D, rotary_dim, freq));
   if (reference_mode())
-    ref::rotary_backward<float>(dy.data(), pos.data(), dx.data(), B, T, H, D, rotary_dim, layout, base);
+    ref::rotary_backward<float>(dy.data(), pos.data(), dx.data(), B, T, H, D, rotary_dim, layout, freq);
   else
-    rotary_fast(dy.data(), pos.data(), dx.data(), B, T, H, D, rotary_dim, layout, base, -1.0f);
+    rotary_fast(dy.data(), pos.data(), dx.data(), B, T, H, D, rotary_dim, layout, freq, -1.0f);
   return Status();
 }
 

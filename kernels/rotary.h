@@ -38,15 +38,36 @@ namespace aspen::kernels {
 
 enum class RotaryLayout : int { interleaved = 0, half_split = 1 };
 
-// inv_freq[p] = base^(-2p / rotary_dim), computed in f64, rounded to f32.
-float rotary_inv_freq(int64_t p, int64_t rotary_dim, float base);
+// The frequencies: inv_freq[p] = base^(-2p / rotary_dim), then Hugging Face's
+// static rope_scaling variants (modeling_rope_utils):
+//   none:    as is
+//   linear:  inv_freq / factor (positions interpolated by factor)
+//   llama3:  with wavelen = 2π / inv_freq, lo = original_max_positions / low_freq_factor and
+//            hi = original_max_positions / high_freq_factor: wavelen > lo (low frequencies) divides by
+//            factor, wavelen < hi keeps inv_freq, and between them
+//            smooth = (original_max_positions / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+//            blends: (1 - smooth) inv_freq / factor + smooth inv_freq.
+// (HF's "dynamic" NTK scaling depends on the run's length and is not a static table: the model loaders
+// refuse it by name.) A float converts implicitly: the plain base is the common case.
+struct RotaryFrequencies {
+  enum class Scaling { none, linear, llama3 };
+  float base = 10000.0f;
+  Scaling scaling = Scaling::none;
+  double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_positions = 8192;
+  RotaryFrequencies() = default;
+  RotaryFrequencies(float b) : base(b) {}  // NOLINT(google-explicit-constructor)
+};
+
+// inv_freq[p] of `freq`, computed in f64, rounded to f32.
+float rotary_inv_freq(int64_t p, int64_t rotary_dim, const RotaryFrequencies& freq);
 
 // y[b, t, h, :] = x[b, t, h, :] with its first rotary_dim channels rotated by
 // pos[b, t] · inv_freq. x, y: [B, T, H, D]; pos: [B, T]. rotary_dim is even and
 // in [0, D]; base is finite and > 0.
 [[nodiscard]] Status rotary_forward(std::span<const float> x, std::span<const int32_t> pos, std::span<float> y,
                                     int64_t B, int64_t T, int64_t H, int64_t D, int64_t rotary_dim, RotaryLayout layout,
-                                    float base = 10000.0f);
+                                    const RotaryFrequencies& freq = {});
 
 // Differentiates y_a = x_a·cos − x_b·sin, y_b = x_b·cos + x_a·sin: the rotation
 // is orthogonal, so dx is dy rotated by −angle:
@@ -55,16 +76,16 @@ float rotary_inv_freq(int64_t p, int64_t rotary_dim, float base);
 // dy itself. Same arguments and checks as rotary_forward.
 [[nodiscard]] Status rotary_backward(std::span<const float> dy, std::span<const int32_t> pos, std::span<float> dx,
                                      int64_t B, int64_t T, int64_t H, int64_t D, int64_t rotary_dim,
-                                     RotaryLayout layout, float base = 10000.0f);
+                                     RotaryLayout layout, const RotaryFrequencies& freq = {});
 
 namespace ref {
 // Plain loops, no checks, no threads; y may be x. Instantiated for float and double.
 template <class T>
 void rotary_forward(const T* x, const int32_t* pos, T* y, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                    int64_t rotary_dim, RotaryLayout layout, float base);
+                    int64_t rotary_dim, RotaryLayout layout, const RotaryFrequencies& freq);
 template <class T>
 void rotary_backward(const T* dy, const int32_t* pos, T* dx, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                     int64_t rotary_dim, RotaryLayout layout, float base);
+                     int64_t rotary_dim, RotaryLayout layout, const RotaryFrequencies& freq);
 }  // namespace ref
 
 }  // namespace aspen::kernels

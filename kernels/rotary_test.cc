@@ -80,6 +80,36 @@ TEST(Rotary, ReferenceModeRoutesToReference) {
   EXPECT_EQ(got, want);
 }
 
+// Hugging Face's static rope_scaling frequencies, as transformers 5.24's
+// ROPE_INIT_FUNCTIONS computes them (f32): Llama 3.1's llama3 settings
+// (base 500000, head dim 128, factor 8, low/high frequency factors 1 and 4,
+// 8192 original positions) over all three bands (kept: p <= 28, blended:
+// 29..34, divided: p >= 35), and linear (base 10000, factor 4). aspen computes
+// in f64 and rounds once, HF in f32 step by step: equal within 1e-6 relative.
+TEST(Rotary, ScaledFrequenciesMatchHuggingFace) {
+  RotaryFrequencies llama3(500000.0f);
+  llama3.scaling = RotaryFrequencies::Scaling::llama3;
+  llama3.factor = 8.0;
+  llama3.low_freq_factor = 1.0;
+  llama3.high_freq_factor = 4.0;
+  llama3.original_max_positions = 8192;
+  const std::pair<int64_t, double> want3[] = {{0, 1.0},
+                                              {20, 0.016560440883040428},
+                                              {29, 0.0021665706299245358},
+                                              {30, 0.0013718936825171113},
+                                              {32, 0.0005248460220173001},
+                                              {34, 0.0001785077911335975},
+                                              {40, 3.428102354519069e-05},
+                                              {63, 3.068925877869333e-07}};
+  for (const auto& [p, want] : want3) EXPECT_NEAR(rotary_inv_freq(p, 128, llama3), want, 1e-6 * want) << "p=" << p;
+  RotaryFrequencies linear(10000.0f);
+  linear.scaling = RotaryFrequencies::Scaling::linear;
+  linear.factor = 4.0;
+  const std::pair<int64_t, double> want_linear[] = {{0, 0.25}, {10, 0.05928434059023857}, {63, 2.8869548259535804e-05}};
+  for (const auto& [p, want] : want_linear)
+    EXPECT_NEAR(rotary_inv_freq(p, 128, linear), want, 1e-6 * want) << "p=" << p;
+}
+
 // Pins both pair layouts and the inverse frequencies against hand-computed values.
 TEST(Rotary, KnownValues) {
   EXPECT_EQ(rotary_inv_freq(0, 4, 10000.0f), 1.0f);
