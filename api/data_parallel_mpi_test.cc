@@ -480,13 +480,13 @@ TEST(ModelAcrossProcesses, TensorShardsEqualOneDevice) {
   }
 }
 
-// Two tensor shards as two processes (-np 2: one replica; -np 4: two), GPT-2
-// and GPT-J with the vocabulary split: as one device (SGD, 4 steps, within
+// Two tensor shards as two processes (-np 2: one replica; -np 4: two), GPT-2,
+// GPT-J and Llama with the vocabulary split: as one device (SGD, 4 steps, within
 // 1e-5), every process with the same whole weights.
 TEST(ModelAcrossProcesses, TwoShardsAsProcessesEqualOneDevice) {
   const int P = parallel::mpi_world_size();
   ASSERT_EQ(P % 2, 0);
-  for (const char* family : {"gpt2", "gptj"}) {
+  for (const char* family : {"gpt2", "gptj", "llama"}) {
     SCOPED_TRACE(family);
     Options one;
     one.threads(1).gradient_accumulation(2);

@@ -15,9 +15,8 @@
 #include "core/checksum.h"
 #include "core/thread_team.h"
 #include "io/tokenizer.h"
+#include "models/causal_lm.h"
 #include "models/generate.h"
-#include "models/gpt2.h"
-#include "models/gptj.h"
 #include "models/init.h"
 #include "models/onnx_import.h"
 #include "models/weights.h"
@@ -58,10 +57,9 @@ Status build_forward(graph::Graph& g, const models::ModelConfig& mc, int64_t bat
   graph::Builder b(g);
   const models::CausalLmOptions o{
       .batch = batch, .seq = seq, .with_loss = true, .tensor_parallel = tp, .vocab_parallel = vocab_parallel};
-  if (const models::Gpt2Config* c = mc.gpt2()) return build_gpt2(b, *c, o).status();
-  if (const models::GptjConfig* c = mc.gptj()) return build_gptj(b, *c, o).status();
+  if (mc.causal_lm()) return models::build_causal_lm(b, mc, o);
   return Status::unimplemented("training a '" + mc.model_type + "' model",
-                               "causal language models in this build (gpt2, gptj)");
+                               "causal language models in this build (gpt2, gptj, llama, mistral, qwen2)");
 }
 
 // Before a graph is built: the weights, their gradients and the optimizer's
@@ -347,6 +345,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     if (c.model.family == "gpt2") {
       mc.family = models::Gpt2Config{.vocab = vocab, .n_positions = c.model.n_positions, .d_model = c.model.d_model,
                                      .n_layer = c.model.n_layer, .n_head = c.model.n_head, .d_ff = c.model.d_ff};
+    } else if (c.model.family == "llama") {
+      // HF's SwiGLU width for a model without one: 2/3 of 4 d_model, rounded up to a multiple of 8
+      const int64_t d_ff = c.model.d_ff > 0 ? c.model.d_ff : (8 * c.model.d_model / 3 + 7) / 8 * 8;
+      mc.family = models::LlamaConfig{.vocab = vocab, .n_positions = c.model.n_positions, .d_model = c.model.d_model,
+                                      .n_layer = c.model.n_layer, .n_head = c.model.n_head,
+                                      .n_kv_head = c.model.n_kv_head, .d_ff = d_ff};
     } else {
       const int64_t head_dim = c.model.d_model / c.model.n_head;
       mc.family = models::GptjConfig{.vocab = vocab, .n_positions = c.model.n_positions, .d_model = c.model.d_model,

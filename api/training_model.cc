@@ -328,12 +328,14 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
       for (int d = 0; d < m->session_->replicas(); ++d) {
         Tensor* off = m->session_->parameter_of(d, models::kVocabOffsetName);
         if (!off) continue;  // a stage without the embedding or the LM head
-        // The shard's rows of the vocabulary: wte's, or (GPT-J's last stage) the untied lm_head's.
-        const Tensor* rows = m->session_->parameter_of(d, "transformer.wte.weight");
+        // The shard's rows of the vocabulary: the embedding table's, or (a last stage) the untied lm_head's.
+        const Tensor* rows = nullptr;
+        for (const char* table : models::kVocabTableNames)
+          if (!rows) rows = m->session_->parameter_of(d, table);
         if (!rows) rows = m->session_->parameter_of(d, "lm_head.weight");
         if (!rows)
           return Status::error(Code::kInvalidArgument, "training: vocab-parallel shard graph",
-                               "transformer.wte.weight or lm_head.weight beside the vocabulary offset", "neither");
+                               "an embedding table or lm_head.weight beside the vocabulary offset", "neither");
         const int r = m->spread() ? m->spread_shard_ : d % tp;
         off->data<int32_t>()[0] = int32_t(r * rows->shape()[0]);
       }

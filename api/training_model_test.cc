@@ -148,6 +148,8 @@ void expect_golden_training(const std::string& model, int64_t d_model, bool no_d
 
 TEST(TrainingParity, Gpt2TinyAdamWMatchesPyTorch) { expect_golden_training("gpt2-tiny", 48, false); }
 TEST(TrainingParity, GptjTinyAdamWMatchesPyTorch) { expect_golden_training("gptj-tiny", 48, false); }
+// Grouped-query attention's backward (dk, dv summed over each group), RMSNorm, SwiGLU, llama3 rotary.
+TEST(TrainingParity, LlamaTinyAdamWMatchesPyTorch) { expect_golden_training("llama-tiny", 48, false); }
 TEST(TrainingParity, Gpt2TinyNoDecayPatterns) { expect_golden_training("gpt2-tiny", 48, true); }
 
 // Accumulating two micro-batches of 2 equals one batch of 4 (the loss is a

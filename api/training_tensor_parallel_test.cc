@@ -51,12 +51,12 @@ TEST(TensorParallel, ShardsEqualOneDevice) {
 }
 
 
-// GPT-2 and GPT-J on two tensor shards, with the vocabulary whole and split:
+// GPT-2, GPT-J and Llama on two tensor shards, with the vocabulary whole and split:
 // each trains as one device does (SGD, 5 steps, within 1e-5), and the
 // weights come back whole.
 TEST(TensorParallel, BothFamiliesWithAndWithoutTheVocabularySplitEqualOneDevice) {
   ASSERT_TRUE(kCores);
-  for (const char* family : {"gpt2", "gptj"})
+  for (const char* family : {"gpt2", "gptj", "llama"})
     for (bool vp : {false, true}) {
       SCOPED_TRACE(std::string(family) + (vp ? ", vocabulary split" : ", vocabulary whole"));
       Options one, two;
@@ -76,7 +76,7 @@ TEST(TensorParallel, BothFamiliesWithAndWithoutTheVocabularySplitEqualOneDevice)
 // through the stages' forward programs equal to one device's.
 TEST(TensorParallel, ShardsOfPipelineStagesEqualOneDevice) {
   ASSERT_TRUE(kCores);
-  for (const char* family : {"gpt2", "gptj"})
+  for (const char* family : {"gpt2", "gptj", "llama"})
     for (bool adam : {false, true})
       for (int replicas : {1, 2}) {
         SCOPED_TRACE(std::string(family) + (adam ? ", adamw clipped" : ", sgd") + ", " + std::to_string(replicas) +

@@ -15,6 +15,7 @@
 #include "api/training_model.h"
 #include "core/philox.h"
 #include "io/safetensors.h"
+#include "models/causal_lm.h"
 #include "models/gpt2.h"
 #include "models/gptj.h"
 #include "models/weights.h"
@@ -71,8 +72,7 @@ inline Forward forward(const std::string& model, int64_t batch, int64_t seq, int
   auto build = [&](graph::Graph& g, int64_t tp) {
     graph::Builder b(g);
     const models::CausalLmOptions o{.batch = batch, .seq = seq, .with_loss = true, .tensor_parallel = tp};
-    Status s = ckpt->config().gpt2() ? build_gpt2(b, *ckpt->config().gpt2(), o).status()
-                                     : build_gptj(b, *ckpt->config().gptj(), o).status();
+    Status s = models::build_causal_lm(b, ckpt->config(), o);
     EXPECT_TRUE(s.is_ok()) << s.to_string();
   };
   graph::Graph whole;  // the checkpoint's full weights (a tensor-parallel graph holds one shard's)
@@ -229,6 +229,9 @@ inline SmallRun train_small(const std::string& family, bool vp, const Options& o
         family == "gpt2"
             ? models::build_gpt2(b, {.vocab = 38, .n_positions = 16, .d_model = 32, .n_layer = 2, .n_head = 4,
                                      .d_ff = 40}, co).status()
+        : family == "llama"  // grouped-query attention (2 kv heads), Qwen2's q/k/v biases
+            ? models::build_llama(b, {.vocab = 38, .n_positions = 16, .d_model = 32, .n_layer = 2, .n_head = 4,
+                                      .n_kv_head = 2, .head_dim = 0, .d_ff = 40, .qkv_bias = true}, co).status()
             : models::build_gptj(b, {.vocab = 38, .n_positions = 16, .d_model = 32, .n_layer = 2, .n_head = 4,
                                      .rotary_dim = 4, .d_ff = 40}, co).status();
     EXPECT_TRUE(st.is_ok()) << st.to_string();
@@ -249,7 +252,8 @@ inline SmallRun train_small(const std::string& family, bool vp, const Options& o
   if (!m.is_ok()) return run;
   EXPECT_EQ((*m)->vocab_parallel(), tp > 1 && vp);
   EXPECT_TRUE((*m)->copy_weights_to_device(ptrs(w)).is_ok());
-  EXPECT_EQ((*m)->weight_types().at("transformer.wte.weight").second.to_string(), "[38, 32]");
+  const char* table = family == "llama" ? "model.embed_tokens.weight" : "transformer.wte.weight";
+  EXPECT_EQ((*m)->weight_types().at(table).second.to_string(), "[38, 32]");  // whole, whatever the layout
   const int64_t acc = o.gradient_accumulation_;  // acc x R micro-batches of [B / R, S]: 2 of [B, S] in all
   EXPECT_EQ(acc * R * (B / R), 2 * B);
   const int64_t mb = B / R, L = R / processes, p = (*m)->process();

@@ -29,6 +29,12 @@ ValueId layer_norm(Builder& b, ValueId x, const std::string& name, int64_t C, do
   return outs.empty() ? ValueId{} : outs[0];
 }
 
+ValueId rms_norm(Builder& b, ValueId x, const std::string& name, int64_t C, double eps, DType dtype) {
+  ValueId gamma = b.parameter(name + ".weight", dtype, Shape{C});
+  std::vector<ValueId> outs = b.op(OpKind::rmsnorm, {x, gamma}, {{"eps", eps}});
+  return outs.empty() ? ValueId{} : outs[0];
+}
+
 ValueId mlp(Builder& b, ValueId x, const MlpSpec& s) {
   if (!b.status().is_ok()) return ValueId{};
   const DType dtype = s.weight_dtype.value_or(b.type(x).dtype);
@@ -41,24 +47,32 @@ ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const Attent
                        std::optional<ValueId> positions, std::optional<ValueId> key_valid, const KvCacheSpec* cache) {
   if (!b.status().is_ok()) return ValueId{};
   const Shape qs = b.type(q).shape;  // [B, T, H*D]
-  const int64_t B = qs[0], T = qs[1], H = s.n_head, D = s.head_dim;
-  const std::vector<int64_t> bthd{B, T, H, D}, to_bhtd{0, 2, 1, 3};
+  const int64_t B = qs[0], T = qs[1], H = s.n_head, Hk = s.n_kv_head > 0 ? s.n_kv_head : s.n_head, D = s.head_dim;
+  const std::vector<int64_t> to_bhtd{0, 2, 1, 3};
   const bool rotate = s.rotary_dim > 0;
   ASPEN_CHECK(!rotate || positions.has_value());  // a caller's bug, not input: rotary needs positions
-  auto heads = [&](ValueId x, bool rot) {
-    ValueId r = b.reshape(x, bthd);
-    if (rot)  // [B, T, H, D] is the rotary op's layout: one position row serves every head
-      r = b.op1(OpKind::rotary, {r, *positions},
-                {{"rotary_dim", s.rotary_dim}, {"layout", s.rotary_layout}, {"base", s.rotary_base}});
-    return b.transpose(r, to_bhtd);  // [B, H, T, D]
+  graph::Attrs rot{{"rotary_dim", s.rotary_dim}, {"layout", s.rotary_layout}, {"base", s.rope.theta}};
+  if (s.rope.scaling != "none") {
+    rot.set("scaling", s.rope.scaling);
+    rot.set("factor", s.rope.factor);
+    rot.set("low_freq_factor", s.rope.low_freq_factor);
+    rot.set("high_freq_factor", s.rope.high_freq_factor);
+    rot.set("original_max_positions", s.rope.original_max_positions);
+  }
+  auto heads = [&](ValueId x, int64_t n, bool rotated) {
+    ValueId r = b.reshape(x, {B, T, n, D});
+    if (rotated)  // [B, T, n, D] is the rotary op's layout: one position row serves every head
+      r = b.op1(OpKind::rotary, {r, *positions}, rot);
+    return b.transpose(r, to_bhtd);  // [B, n, T, D]
   };
-  std::vector<ValueId> args{heads(q, rotate), heads(k, rotate), heads(v, false)};
+  std::vector<ValueId> args{heads(q, H, rotate), heads(k, Hk, rotate), heads(v, Hk, false)};
   std::string mask = s.mask;
+  if (s.window > 0 && mask == "causal") mask = "local";
   if (cache) {
     ASPEN_CHECK(key_valid.has_value());  // a caller's bug: a cache is read through key_valid
     const DType dt = b.type(q).dtype;
     for (size_t i : {size_t(1), size_t(2)}) {
-      const ValueId state = b.parameter(i == 1 ? cache->key : cache->value, dt, Shape{B, H, cache->len, D});
+      const ValueId state = b.parameter(i == 1 ? cache->key : cache->value, dt, Shape{B, Hk, cache->len, D});
       const ValueId written = b.op1(OpKind::write_slice, {state, args[i], cache->index}, {{"axis", int64_t(2)}});
       b.update(state, written);
       args[i] = written;
@@ -66,8 +80,9 @@ ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const Attent
     if (T == 1) mask = "none";  // key_valid alone says which cached positions exist
   }
   if (key_valid) args.push_back(*key_valid);
-  std::vector<ValueId> outs =
-      b.op(OpKind::attention, std::move(args), {{"scale", 1.0 / std::sqrt(double(D))}, {"mask", mask}});
+  graph::Attrs attrs{{"scale", 1.0 / std::sqrt(double(D))}, {"mask", mask}};
+  if (mask == "local") attrs.set("window", s.window);
+  std::vector<ValueId> outs = b.op(OpKind::attention, std::move(args), std::move(attrs));
   if (outs.empty()) return ValueId{};
   return b.reshape(b.transpose(outs[0], to_bhtd), {B, T, H * D});  // merge heads: [B, T, H*D]
 }

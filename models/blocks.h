@@ -38,6 +38,9 @@ graph::ValueId linear(graph::Builder& b, graph::ValueId x, const std::string& na
 // Returns y (the saved statistics stay in the graph for the backward pass).
 graph::ValueId layer_norm(graph::Builder& b, graph::ValueId x, const std::string& name, int64_t C, double eps,
                           DType dtype);
+// RMSNorm over the last axis (C) with "<name>.weight" [C]: x / sqrt(mean(x²) + eps) * weight.
+graph::ValueId rms_norm(graph::Builder& b, graph::ValueId x, const std::string& name, int64_t C, double eps,
+                        DType dtype);
 
 enum class Activation {
   gelu_tanh,  // HF "gelu_new" (GPT-2, GPT-J)
@@ -55,25 +58,39 @@ struct MlpSpec {
 // fc_out(act(fc_in(x))): x [..., d_model] -> [..., d_model].
 graph::ValueId mlp(graph::Builder& b, graph::ValueId x, const MlpSpec& spec);
 
+// Rotary frequencies as Hugging Face's rope_parameters give them (the rotary
+// op's base and scaling attributes; graph/ops_nn.cc).
+struct RopeSpec {
+  double theta = 10000.0;
+  std::string scaling = "none";  // "none", "linear" or "llama3"
+  double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_positions = 8192;
+};
+
 struct AttentionSpec {
   int64_t n_head = 0, head_dim = 0;
+  int64_t n_kv_head = 0;                      // key/value heads (grouped-query attention); 0: n_head
   std::string mask = "causal";                // "causal" (decoders) or "none" (encoders)
+  int64_t window = 0;                         // with "causal": > 0 attends the last `window` keys only
   int64_t rotary_dim = 0;                     // 0: no rotary embedding
   std::string rotary_layout = "interleaved";  // "interleaved" (GPT-J) or "half_split" (NeoX, Llama)
-  double rotary_base = 10000.0;
+  RopeSpec rope = {};
 };
-// Multi-head attention on projected q, k, v, each [B, T, H*D]: splits heads,
-// applies rotary to q and k when spec.rotary_dim > 0 (positions i32 [B, T]
-// required then), attends with scale 1/sqrt(D) and the spec's mask (key_valid
-// u8/bool [B, T] optional: padding), and merges heads back to [B, T, H*D]. The
-// output projection is the caller's (it is a linear()).
+// Multi-head attention on projected q [B, T, H*D] and k, v [B, T, Hk*D]
+// (Hk = n_kv_head dividing H; the attention op reads the shared heads in
+// place): splits heads, applies rotary to q and k when spec.rotary_dim > 0
+// (positions i32 [B, T] required then), attends with scale 1/sqrt(D) and the
+// spec's mask (key_valid u8/bool [B, T] optional: padding), and merges heads
+// back to [B, T, H*D]. The output projection is the caller's (a linear()).
 //
-// With a KV cache (generation): the new keys and values [B, H, T, D] are
+// With a KV cache (generation): the new keys and values [B, Hk, T, D] are
 // written into the cache parameters (`cache->key`, `cache->value`,
-// [B, H, len, D]) at the run-time position `cache->index` (i32[]), the cache
+// [B, Hk, len, D]) at the run-time position `cache->index` (i32[]), the cache
 // is updated (in place), and the queries attend the whole cache, masked by
 // key_valid [B, len] (required then): mask "none" for one new position,
-// causal for several (which must then be written at index 0: a prefill).
+// causal for several (which must then be written at index 0: a prefill). A
+// sliding window in decoding is the caller's key_valid (the generator clears
+// the slots that fell out of it).
 struct KvCacheSpec {
   std::string key, value;  // parameter names ("state." + ...: not weights, see kStatePrefix)
   int64_t len = 0;

@@ -185,6 +185,95 @@ GptjConfig read_gptj(Keys& k) {
   return c;
 }
 
+// The rotary frequencies: transformers 5's rope_parameters (rope_theta
+// inside), or 4.x's rope_theta beside rope_scaling.
+RopeSpec read_rope(Keys& k, double default_theta) {
+  RopeSpec r;
+  r.theta = k.number_or("rope_theta", default_theta);
+  const json* rope = k.find("rope_parameters");
+  const char* key = "rope_parameters";
+  if (!rope) {
+    rope = k.find("rope_scaling");
+    key = "rope_scaling";
+  }
+  if (!rope) return r;
+  if (!rope->is_object()) {
+    k.fail(Code::kInvalidArgument, key, "an object", rope->dump());
+    return r;
+  }
+  std::string type = "default";
+  for (const char* t : {"rope_type", "type"})
+    if (auto it = rope->find(t); it != rope->end()) type = it->is_string() ? it->get<std::string>() : it->dump();
+  if (type == "default") r.scaling = "none";
+  else if (type == "linear" || type == "llama3") r.scaling = type;
+  else k.fail(Code::kUnimplemented, std::string(key) + ".rope_type", "\"default\", \"linear\" or \"llama3\" "
+              "(dynamic, yarn and longrope scale by the run's length: not in this build)", "\"" + type + "\"");
+  for (auto it = rope->begin(); it != rope->end(); ++it) {
+    const std::string& name = it.key();
+    if (name == "rope_type" || name == "type") continue;
+    const bool known = name == "rope_theta" || name == "factor" || name == "low_freq_factor" ||
+                       name == "high_freq_factor" || name == "original_max_position_embeddings";
+    if (!known) {
+      k.fail(Code::kUnimplemented, std::string(key) + "." + name, "none (not part of " + type + " scaling here)",
+             it->dump());
+      continue;
+    }
+    if (!it->is_number()) {
+      k.fail(Code::kInvalidArgument, std::string(key) + "." + name, "a number", it->dump());
+      continue;
+    }
+    const double v = it->get<double>();
+    if (name == "rope_theta") r.theta = v;
+    else if (name == "factor") r.factor = v;
+    else if (name == "low_freq_factor") r.low_freq_factor = v;
+    else if (name == "high_freq_factor") r.high_freq_factor = v;
+    else r.original_max_positions = int64_t(v);
+  }
+  return r;
+}
+
+// Llama, Mistral and Qwen2: one graph, their defaults and switches differ.
+LlamaConfig read_llama(Keys& k, const std::string& type) {
+  LlamaConfig c;
+  c.vocab = k.required_int("vocab_size");
+  c.d_model = k.required_int("hidden_size");
+  c.d_ff = k.required_int("intermediate_size");
+  c.n_layer = k.required_int("num_hidden_layers");
+  c.n_head = k.required_int("num_attention_heads");
+  c.n_positions = k.required_int("max_position_embeddings");
+  c.n_kv_head = k.int_or("num_key_value_heads", 0);  // null: n_head
+  c.head_dim = k.int_or("head_dim", 0);              // null: hidden_size / num_attention_heads
+  c.rms_norm_eps = k.number_or("rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = k.bool_or("tie_word_embeddings", false);
+  c.rope = read_rope(k, 10000.0);
+  k.choice("hidden_act", {"silu"});
+  k.number_or("attention_dropout", 0.0);  // training only
+  if (type == "llama") {
+    if (k.int_or("pretraining_tp", 1) != 1)
+      k.fail(Code::kUnimplemented, "pretraining_tp", "1 (the projections whole)", k.find("pretraining_tp")->dump());
+    c.qkv_bias = c.o_bias = k.bool_or("attention_bias", false);
+    c.mlp_bias = k.bool_or("mlp_bias", false);
+  } else if (type == "mistral") {
+    c.sliding_window = k.int_or("sliding_window", 0);  // null: none (save_pretrained always writes the key)
+  } else {  // qwen2: q, k, v biases; a window only with use_sliding_window (and then on some layers only)
+    c.qkv_bias = true;
+    k.require_bool("use_sliding_window", false);
+    k.int_or("sliding_window", 0);      // unused without use_sliding_window
+    k.int_or("max_window_layers", 0);   // likewise
+  }
+  if (const json* types = k.find("layer_types"); types) {
+    const bool sliding = c.sliding_window > 0;
+    const std::string want = sliding ? "sliding_attention" : "full_attention";
+    bool same = types->is_array() && int64_t(types->size()) == c.n_layer;
+    if (same)
+      for (const json& t : *types) same = same && t.is_string() && t.get<std::string>() == want;
+    if (!same)
+      k.fail(Code::kUnimplemented, "layer_types", std::to_string(c.n_layer) + " times \"" + want + "\" (every layer alike)",
+             types->dump());
+  }
+  return c;
+}
+
 BertConfig read_bert(Keys& k) {
   BertConfig c;
   c.vocab = k.required_int("vocab_size");
@@ -209,6 +298,7 @@ int64_t ModelConfig::vocab() const {
 
 int64_t ModelConfig::n_positions() const {
   if (const BertConfig* b = bert()) return b->max_positions;
+  if (const LlamaConfig* l = llama()) return l->n_positions;
   if (const GptjConfig* j = gptj()) return j->n_positions;
   return gpt2()->n_positions;
 }
@@ -221,6 +311,12 @@ double min_parameter_count(const ModelConfig& config) {
   if (const GptjConfig* g = config.gptj()) {
     const double C = double(g->d_model), F = double(g->ff_dim());
     return 2 * double(g->vocab) * C + double(g->n_layer) * (4 * C * C + 2 * C * F);  // wte and lm_head
+  }
+  if (const LlamaConfig* l = config.llama()) {
+    const double C = double(l->d_model), F = double(l->d_ff), Q = double(l->n_head * l->head_size()),
+                 KV = double(l->kv_heads() * l->head_size());
+    return (l->tie_word_embeddings ? 1 : 2) * double(l->vocab) * C +
+           double(l->n_layer) * (2 * C * Q + 2 * C * KV + 3 * C * F);
   }
   if (const BertConfig* b = config.bert()) {
     const double C = double(b->d_model), F = double(b->d_ff);
@@ -264,7 +360,7 @@ Status check_fits_memory(const std::string& subject, double parameters, double b
 }
 
 const std::vector<std::string>& supported_model_types() {
-  static const std::vector<std::string> types = {"gpt2", "gptj", "bert"};
+  static const std::vector<std::string> types = {"gpt2", "gptj", "bert", "llama", "mistral", "qwen2"};
   return types;
 }
 
@@ -286,6 +382,8 @@ Result<ModelConfig> parse_config(const std::string& text, const std::string& pat
     c.family = read_gptj(k);
   } else if (c.model_type == "bert") {
     c.family = read_bert(k);
+  } else if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2") {
+    c.family = read_llama(k, c.model_type);
   } else {
     return Status::error(Code::kUnimplemented, path + ": model_type", "one of " + types, "\"" + c.model_type + "\"");
   }
@@ -324,6 +422,43 @@ void write_decoder_keys(ordered_json& j, int64_t vocab, int64_t n_positions, int
   j["scale_attn_weights"] = true;
 }
 
+// The Llama family's keys as transformers 5 writes them (rope_parameters with rope_theta inside).
+void write_llama_keys(ordered_json& j, const std::string& type, const LlamaConfig& l) {
+  j["model_type"] = type;
+  j["architectures"] = {type == "llama" ? "LlamaForCausalLM" : type == "mistral" ? "MistralForCausalLM"
+                                                                                 : "Qwen2ForCausalLM"};
+  j["vocab_size"] = l.vocab;
+  j["hidden_size"] = l.d_model;
+  j["intermediate_size"] = l.d_ff;
+  j["num_hidden_layers"] = l.n_layer;
+  j["num_attention_heads"] = l.n_head;
+  j["num_key_value_heads"] = l.kv_heads();
+  if (type != "qwen2") j["head_dim"] = l.head_size();  // Qwen2Config has no head_dim: hidden / heads
+  j["hidden_act"] = "silu";
+  j["max_position_embeddings"] = l.n_positions;
+  j["rms_norm_eps"] = l.rms_norm_eps;
+  ordered_json rope = ordered_json::object();
+  rope["rope_type"] = l.rope.scaling == "none" ? "default" : l.rope.scaling;
+  rope["rope_theta"] = l.rope.theta;
+  if (l.rope.scaling != "none") rope["factor"] = l.rope.factor;
+  if (l.rope.scaling == "llama3") {
+    rope["low_freq_factor"] = l.rope.low_freq_factor;
+    rope["high_freq_factor"] = l.rope.high_freq_factor;
+    rope["original_max_position_embeddings"] = l.rope.original_max_positions;
+  }
+  j["rope_parameters"] = rope;
+  if (type == "llama") {
+    j["attention_bias"] = l.qkv_bias;
+    j["mlp_bias"] = l.mlp_bias;
+    j["pretraining_tp"] = 1;
+  } else if (type == "mistral") {
+    j["sliding_window"] = l.sliding_window > 0 ? ordered_json(l.sliding_window) : ordered_json(nullptr);
+  } else {
+    j["use_sliding_window"] = false;
+  }
+  j["tie_word_embeddings"] = l.tie_word_embeddings;
+}
+
 }  // namespace
 
 Result<std::string> to_hf_config_json(const ModelConfig& config) {
@@ -343,9 +478,11 @@ Result<std::string> to_hf_config_json(const ModelConfig& config) {
                        gj->layer_norm_eps);
     j["rotary_dim"] = gj->rotary_dim;
     j["tie_word_embeddings"] = false;
+  } else if (const LlamaConfig* l = config.llama()) {
+    write_llama_keys(j, config.model_type, *l);
   } else {
-    return Status::error(Code::kUnimplemented, "to_hf_config_json: model_type", "gpt2 or gptj (a causal LM to export)",
-                         "\"bert\"");
+    return Status::error(Code::kUnimplemented, "to_hf_config_json: model_type",
+                         "gpt2, gptj, llama, mistral or qwen2 (a causal LM to export)", "\"bert\"");
   }
   j["bos_token_id"] = id_or_null(config.bos_token_id);
   if (config.eos_token_ids.size() == 1) {

@@ -3,10 +3,13 @@
 //   ASPEN_ASSIGN_OR_RETURN(ModelConfig c, load_config("gpt2/config.json"));
 //   if (const Gpt2Config* g = c.gpt2()) ...
 //
-// load_config dispatches on "model_type" ("gpt2", "gptj", "bert") and maps
-// Hugging Face's key names onto the family's config (gpt2: n_embd -> d_model,
-// n_inner -> d_ff, ...; bert: hidden_size -> d_model, ...; see config.cc's
-// tables). The keys that size the model are required; the others take
+// load_config dispatches on "model_type" ("gpt2", "gptj", "bert", and the
+// Llama family: "llama", "mistral", "qwen2") and maps Hugging Face's key
+// names onto the family's config (gpt2: n_embd -> d_model, n_inner -> d_ff,
+// ...; bert and llama: hidden_size -> d_model, ...; see config.cc's readers).
+// The Llama family reads rope_parameters (transformers 5) or rope_theta and
+// rope_scaling (4.x): default, linear and llama3 scaling; dynamic, yarn and
+// longrope are refused by name. The keys that size the model are required; the others take
 // Hugging Face's defaults. Keys that do not change the forward pass in eval
 // mode (dropout probabilities, architectures, dtype, transformers_version,
 // initializer_range, generation settings, ...) are accepted silently; any
@@ -34,13 +37,14 @@
 #include "models/bert.h"
 #include "models/gpt2.h"
 #include "models/gptj.h"
+#include "models/llama.h"
 
 namespace aspen::models {
 
 struct ModelConfig {
   std::string path;        // the config.json it was read from
-  std::string model_type;  // "gpt2", "gptj" or "bert"
-  std::variant<Gpt2Config, GptjConfig, BertConfig> family;
+  std::string model_type;  // "gpt2", "gptj", "bert", "llama", "mistral" or "qwen2"
+  std::variant<Gpt2Config, GptjConfig, BertConfig, LlamaConfig> family;
   std::optional<int64_t> bos_token_id, pad_token_id;
   std::vector<int64_t> eos_token_ids;     // HF allows one id or a list
   std::vector<std::string> unknown_keys;  // sorted; logged as a warning when loaded
@@ -48,6 +52,9 @@ struct ModelConfig {
   const Gpt2Config* gpt2() const { return std::get_if<Gpt2Config>(&family); }
   const GptjConfig* gptj() const { return std::get_if<GptjConfig>(&family); }
   const BertConfig* bert() const { return std::get_if<BertConfig>(&family); }
+  const LlamaConfig* llama() const { return std::get_if<LlamaConfig>(&family); }  // llama, mistral, qwen2
+  // A causal language model (every family but bert): generation and training take it.
+  bool causal_lm() const { return bert() == nullptr; }
   // Of whichever family: the vocabulary size and the longest context (n_positions, max_positions).
   int64_t vocab() const;
   int64_t n_positions() const;
@@ -76,7 +83,8 @@ Result<ModelConfig> load_config(const std::string& path);
 // Parses config.json text; `path` names it in errors and warnings.
 Result<ModelConfig> parse_config(const std::string& json_text, const std::string& path);
 
-// config.json text for gpt2 and gptj (GPT2LMHeadModel, GPTJForCausalLM);
+// config.json text for the causal LMs (GPT2LMHeadModel, GPTJForCausalLM,
+// LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM by model_type);
 // Unimplemented for bert (no exported head). An absent bos, eos or pad id is
 // written as null, not left to Hugging Face's family default (50256).
 Result<std::string> to_hf_config_json(const ModelConfig& config);

@@ -18,6 +18,9 @@ std::string json_of(const std::string& type, const std::string& extra = "") {
   if (type == "gpt2" || type == "gptj")
     return R"({"model_type": ")" + type + R"(", "vocab_size": 50, "n_positions": 16, "n_embd": 12, "n_layer": 2,
               "n_head": 3)" + extra + "}";
+  if (type == "llama" || type == "mistral" || type == "qwen2")
+    return R"({"model_type": ")" + type + R"(", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "intermediate_size": 20, "max_position_embeddings": 16)" + extra + "}";
   return R"({"model_type": "bert", "vocab_size": 50, "hidden_size": 12, "num_hidden_layers": 2,
             "num_attention_heads": 3, "intermediate_size": 20, "max_position_embeddings": 16)" + extra + "}";
 }
@@ -93,8 +96,8 @@ TEST(Config, UnknownKeysAreAWarningListingThem) {
 }
 
 TEST(Config, ErrorsNameTheFileTheKeyAndWhatWasFound) {
-  EXPECT_EQ(error_of(R"({"model_type": "llama"})"),
-            "c.json: model_type: expected one of gpt2, gptj, bert, found \"llama\"");
+  EXPECT_EQ(error_of(R"({"model_type": "t5"})"),
+            "c.json: model_type: expected one of gpt2, gptj, bert, llama, mistral, qwen2, found \"t5\"");
   EXPECT_EQ(error_of(R"({"n_embd": 4})"), "c.json: key 'model_type': expected present, found none");
   EXPECT_EQ(error_of(R"({"model_type": "gpt2", "vocab_size": 50, "n_positions": 16, "n_layer": 2, "n_head": 3})"),
             "c.json: key 'n_embd': expected present (it sizes the model), found none");
@@ -148,6 +151,22 @@ void expect_round_trip(const ModelConfig& c) {
                        a->tie_word_embeddings),
               std::tie(b->vocab, b->n_positions, b->d_model, b->n_layer, b->n_head, b->d_ff, b->layer_norm_eps,
                        b->tie_word_embeddings));
+  } else if (const LlamaConfig* l = c.llama()) {
+    const LlamaConfig* b = back->llama();
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(std::tie(l->vocab, l->n_positions, l->d_model, l->n_layer, l->n_head, l->d_ff, l->rms_norm_eps,
+                       l->tie_word_embeddings, l->qkv_bias, l->o_bias, l->mlp_bias, l->sliding_window),
+              std::tie(b->vocab, b->n_positions, b->d_model, b->n_layer, b->n_head, b->d_ff, b->rms_norm_eps,
+                       b->tie_word_embeddings, b->qkv_bias, b->o_bias, b->mlp_bias, b->sliding_window));
+    EXPECT_EQ(l->kv_heads(), b->kv_heads());
+    EXPECT_EQ(l->head_size(), b->head_size());
+    EXPECT_EQ(std::tie(l->rope.theta, l->rope.scaling, l->rope.factor, l->rope.low_freq_factor,
+                       l->rope.high_freq_factor),
+              std::tie(b->rope.theta, b->rope.scaling, b->rope.factor, b->rope.low_freq_factor,
+                       b->rope.high_freq_factor));
+    if (l->rope.scaling == "llama3") {
+      EXPECT_EQ(l->rope.original_max_positions, b->rope.original_max_positions);
+    }
   } else {
     const GptjConfig* a2 = c.gptj();
     const GptjConfig* b = back->gptj();
@@ -161,7 +180,7 @@ void expect_round_trip(const ModelConfig& c) {
 }
 
 TEST(Config, HfConfigJsonRoundTripsThroughParseConfig) {
-  for (const char* name : {"gpt2-tiny", "gptj-tiny"}) {
+  for (const char* name : {"gpt2-tiny", "gptj-tiny", "llama-tiny", "mistral-tiny", "qwen2-tiny"}) {
     SCOPED_TRACE(name);
     auto c = load_config(kTestdata + "/" + name + "/config.json");
     ASSERT_TRUE(c.is_ok()) << c.status().to_string();
@@ -176,6 +195,74 @@ TEST(Config, HfConfigJsonRoundTripsThroughParseConfig) {
   auto j = parse_config(json_of("gptj", R"(, "rotary_dim": 2, "bos_token_id": 1, "pad_token_id": 0)"), "c.json");
   ASSERT_TRUE(j.is_ok()) << j.status().to_string();
   expect_round_trip(*j);
+}
+
+// The Llama family as transformers 5.24 saves it (models/testdata), and as 4.x
+// wrote rope_theta and rope_scaling beside the other keys.
+TEST(Config, LlamaFamilyConfigs) {
+  auto llama = load_config(kTestdata + "/llama-tiny/config.json");
+  ASSERT_TRUE(llama.is_ok()) << llama.status().to_string();
+  const LlamaConfig* l = llama->llama();
+  ASSERT_NE(l, nullptr);
+  EXPECT_TRUE(llama->unknown_keys.empty());
+  EXPECT_EQ(std::tie(l->n_head, l->n_kv_head, l->head_dim, l->d_ff), std::make_tuple(4, 2, 12, 80));
+  EXPECT_EQ(std::tie(l->rope.scaling, l->rope.theta, l->rope.factor, l->rope.original_max_positions),
+            std::make_tuple(std::string("llama3"), 500.0, 4.0, 16));
+  EXPECT_FALSE(l->tie_word_embeddings || l->qkv_bias || l->mlp_bias || l->sliding_window);
+
+  auto mistral = load_config(kTestdata + "/mistral-tiny/config.json");
+  ASSERT_TRUE(mistral.is_ok()) << mistral.status().to_string();
+  const LlamaConfig* m = mistral->llama();
+  ASSERT_NE(m, nullptr);
+  EXPECT_TRUE(mistral->unknown_keys.empty());
+  EXPECT_EQ(std::tie(m->n_kv_head, m->head_dim, m->sliding_window), std::make_tuple(1, 16, 6));
+  EXPECT_EQ(m->rope.scaling, "none");
+  EXPECT_TRUE(m->tie_word_embeddings);
+
+  auto qwen = load_config(kTestdata + "/qwen2-tiny/config.json");
+  ASSERT_TRUE(qwen.is_ok()) << qwen.status().to_string();
+  const LlamaConfig* q = qwen->llama();
+  ASSERT_NE(q, nullptr);
+  EXPECT_TRUE(qwen->unknown_keys.empty());
+  EXPECT_TRUE(q->qkv_bias);
+  EXPECT_FALSE(q->o_bias);
+  EXPECT_EQ(q->sliding_window, 0);  // use_sliding_window false
+  EXPECT_EQ(std::tie(q->rope.scaling, q->rope.factor), std::make_tuple(std::string("linear"), 2.0));
+
+  // transformers 4.x: rope_theta beside rope_scaling ("type" in the oldest files).
+  auto old = parse_config(json_of("llama", R"(, "rope_theta": 500000.0, "num_key_value_heads": 2,
+      "rope_scaling": {"type": "linear", "factor": 8.0}, "attention_bias": true)"), "c.json");
+  ASSERT_TRUE(old.is_ok()) << old.status().to_string();
+  EXPECT_EQ(old->llama()->rope.theta, 500000.0);
+  EXPECT_EQ(old->llama()->rope.scaling, "linear");
+  EXPECT_TRUE(old->llama()->qkv_bias && old->llama()->o_bias);
+  EXPECT_EQ(old->llama()->head_size(), 4);
+}
+
+TEST(Config, LlamaFamilyErrorsNameTheKey) {
+  EXPECT_EQ(error_of(json_of("llama", R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0})")),
+            "c.json: key 'rope_scaling.rope_type': expected \"default\", \"linear\" or \"llama3\" (dynamic, yarn "
+            "and longrope scale by the run's length: not in this build), found \"dynamic\"");
+  EXPECT_EQ(error_of(json_of("llama", R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0,
+      "partial_rotary_factor": 0.5})")),
+            "c.json: key 'rope_parameters.partial_rotary_factor': expected none (not part of linear scaling here), "
+            "found 0.5");
+  EXPECT_EQ(error_of(json_of("llama", R"(, "hidden_act": "gelu")")),
+            "c.json: key 'hidden_act': expected \"silu\" (what the graph computes), found \"gelu\"");
+  EXPECT_EQ(error_of(json_of("llama", R"(, "num_key_value_heads": 3)")),
+            "c.json: llama config: n_kv_head: expected a divisor of n_head (4), found 3");
+  EXPECT_EQ(error_of(json_of("llama", R"(, "pretraining_tp": 2)")),
+            "c.json: key 'pretraining_tp': expected 1 (the projections whole), found 2");
+  EXPECT_EQ(error_of(json_of("qwen2", R"(, "use_sliding_window": true)")),
+            "c.json: key 'use_sliding_window': expected false (what the graph computes), found true");
+  EXPECT_EQ(error_of(json_of("mistral", R"(, "sliding_window": 4, "layer_types": ["sliding_attention",
+      "full_attention"])")),
+            "c.json: key 'layer_types': expected 2 times \"sliding_attention\" (every layer alike), found "
+            "[\"sliding_attention\",\"full_attention\"]");
+  EXPECT_EQ(error_of(json_of("llama", R"(, "rope_parameters": {"rope_type": "llama3", "factor": 8.0,
+      "low_freq_factor": 4.0, "high_freq_factor": 1.0, "original_max_position_embeddings": 8192})")),
+            "c.json: llama config: rope_scaling: expected 0 < low_freq_factor < high_freq_factor and "
+            "original_max_position_embeddings > 0, found 4.000000, 1.000000, 8192");
 }
 
 TEST(Config, HfConfigJsonHasTransformersKeys) {
@@ -200,7 +287,8 @@ TEST(Config, HfConfigJsonErrors) {
   auto b = to_hf_config_json(*bert);
   EXPECT_EQ(b.status().code(), Code::kUnimplemented);
   EXPECT_EQ(b.status().message(),
-            "to_hf_config_json: model_type: expected gpt2 or gptj (a causal LM to export), found \"bert\"");
+            "to_hf_config_json: model_type: expected gpt2, gptj, llama, mistral or qwen2 (a causal LM to export), "
+            "found \"bert\"");
   ModelConfig bad;
   bad.model_type = "gpt2";
   bad.family = Gpt2Config{.vocab = 10, .n_positions = 4, .d_model = 13, .n_layer = 1, .n_head = 3};

@@ -6,6 +6,7 @@
 #include "compiler/executable.h"
 #include "graph/builder.h"
 #include "kernels/matmul.h"
+#include "models/causal_lm.h"
 #include "models/tensor_parallel.h"
 #include "models/weights.h"
 
@@ -22,10 +23,7 @@ namespace {
 // (Generator::open has checked that the config is a causal LM.)
 Status build_step(graph::Graph& g, const ModelConfig& config, const CausalLmOptions& o) {
   Builder b(g);
-  if (const Gpt2Config* c2 = config.gpt2())
-    ASPEN_RETURN_IF_ERROR(build_gpt2(b, *c2, o).status());
-  else
-    ASPEN_RETURN_IF_ERROR(build_gptj(b, *config.gptj(), o).status());
+  ASPEN_RETURN_IF_ERROR(build_causal_lm(b, config, o));
   const ValueId logits = *g.find_output("logits");
   const Shape ls = g.type(logits).shape;  // [B, 1, V]
   const ValueId flat = b.reshape(logits, {ls[0], ls[2]});
@@ -59,16 +57,13 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
                                           "its weights"));
   std::unique_ptr<Generator> gen(new Generator());
   gen->config_ = ckpt.config();
-  if (const Gpt2Config* c2 = gen->config_.gpt2()) {
-    gen->vocab_ = c2->vocab;
-    gen->n_positions_ = c2->n_positions;
-  } else if (const GptjConfig* cj = gen->config_.gptj()) {
-    gen->vocab_ = cj->vocab;
-    gen->n_positions_ = cj->n_positions;
-  } else {
-    return Status::invalid_argument(gen->config_.path + ": model_type", "a causal language model (gpt2, gptj)",
+  if (!gen->config_.causal_lm())
+    return Status::invalid_argument(gen->config_.path + ": model_type",
+                                    "a causal language model (gpt2, gptj, llama, mistral, qwen2)",
                                     "'" + gen->config_.model_type + "'");
-  }
+  gen->vocab_ = gen->config_.vocab();
+  gen->n_positions_ = gen->config_.n_positions();
+  if (const LlamaConfig* l = gen->config_.llama()) gen->window_ = l->sliding_window;
   GeneratorOptions o = options;
   if (o.max_length == 0) o.max_length = gen->n_positions_;
   if (o.max_prompt == 0) o.max_prompt = std::max<int64_t>(1, o.max_length / 2);
@@ -135,10 +130,12 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
   if (vp)  // each shard's first row of the vocabulary
     for (int r = 0; r < T; ++r) {
       Tensor* off = s.parameter_of(r, kVocabOffsetName);
-      const Tensor* wte = s.parameter_of(r, "transformer.wte.weight");
+      const Tensor* wte = nullptr;
+      for (const char* table : kVocabTableNames)
+        if (!wte) wte = s.parameter_of(r, table);
       if (!off || !wte)
         return Status::error(Code::kInternal, "generator: vocab-parallel shard " + std::to_string(r),
-                             "its offset and wte", "a program without them");
+                             "its offset and embedding table", "a program without them");
       off->data<int32_t>()[0] = int32_t(r * wte->shape()[0]);
     }
   return gen;
@@ -234,6 +231,7 @@ Result<std::vector<std::vector<int32_t>>> Generator::generate(const std::vector<
       {"seed", &seed},         {"step", &step}};
   ASPEN_ASSIGN_OR_RETURN(auto out, run_shards(in, /*program=*/0));
 
+  forgotten_ = 0;
   std::vector<std::vector<int32_t>> result(static_cast<size_t>(n));
   std::vector<char> done(static_cast<size_t>(n), 0);
   Tensor ids1(DType::i32, Shape{B, 1}), positions1(DType::i32, Shape{B, 1});
@@ -259,6 +257,10 @@ Result<std::vector<std::vector<int32_t>>> Generator::generate(const std::vector<
       key_valid.data<uint8_t>()[r * L + P + t] = 1;
       history.data<int32_t>()[r * L + history_len[size_t(r)]++] = next[r];
     }
+    // A sliding window (Mistral): the decoding query at slot P + t sees slots (P + t - window, P + t]
+    // only; the prefill's local mask did the same for the prompt.
+    for (; window_ > 0 && forgotten_ <= P + t - window_; ++forgotten_)
+      for (int64_t r = 0; r < B; ++r) key_valid.data<uint8_t>()[r * L + forgotten_] = 0;
     index.data<int32_t>()[0] = int32_t(P + t);
     step.data<int64_t>()[0] = t + 1;
     ASPEN_ASSIGN_OR_RETURN(out, run_shards(in, /*program=*/1));

@@ -52,7 +52,8 @@ TEST_P(GreedyParity, MatchesHuggingFaceGenerate) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, GreedyParity, ::testing::Values("gpt2-tiny", "gptj-tiny"));
+INSTANTIATE_TEST_SUITE_P(Tiny, GreedyParity,
+                         ::testing::Values("gpt2-tiny", "gptj-tiny", "llama-tiny", "mistral-tiny", "qwen2-tiny"));
 
 TEST(Generate, SeedStreamingAndStopTokens) {
   auto gen = Generator::open(kTestdata + "/gptj-tiny", {.max_batch = 2, .max_length = 40, .max_prompt = 8});
@@ -129,7 +130,8 @@ TEST(Generate, BadInputIsNamed) {
   s.temperature = -1;
   EXPECT_EQ((*gen)->generate({{1}}, s).status().message(), "generate: temperature: expected >= 0 (0: greedy), found -1.000000");
   EXPECT_EQ(Generator::open(kTestdata + "/bert-tiny").status().message(),
-            kTestdata + "/bert-tiny/config.json: model_type: expected a causal language model (gpt2, gptj), found 'bert'");
+            kTestdata + "/bert-tiny/config.json: model_type: expected a causal language model (gpt2, gptj, llama, mistral, "
+                        "qwen2), found 'bert'");
   EXPECT_EQ(Generator::open(kTestdata + "/gpt2-tiny", {.max_length = 65}).status().message(),
             "generator: max_length: expected a number in [2, n_positions = 64], found 65");
 }

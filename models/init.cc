@@ -34,7 +34,7 @@ Result<std::map<std::string, Tensor>> init_weights(const graph::Graph& g, const 
     Tensor w(DType::f32, t.shape);
     std::span<float> data = w.span<float>();
     const bool norm = n.name.find("ln_") != std::string::npos || n.name.find("layernorm") != std::string::npos ||
-                      n.name.find("LayerNorm") != std::string::npos;
+                      n.name.find("LayerNorm") != std::string::npos || ends_with(n.name, "norm.weight");
     if (ends_with(n.name, ".bias")) {
       std::fill(data.begin(), data.end(), 0.0f);
     } else if (norm) {

@@ -1,7 +1,7 @@
 // models/init.h: fresh weights for a model trained from scratch, as Hugging
 // Face initializes GPT-2 and GPT-J (_init_weights):
 //   *.bias                     zeros
-//   LayerNorm weights (ln_*)   ones
+//   norm weights               ones (LayerNorm: ln_*, *LayerNorm*; RMSNorm: *layernorm*, *norm.weight)
 //   everything else            normal(0, std)   (embeddings, projections, the LM head)
 //   GPT-2's c_proj.weight      normal(0, std / sqrt(2 · n_layer))   (GPT-2's scaled residual init)
 // Each parameter draws from its own Philox stream, keyed by the seed and a

@@ -16,6 +16,7 @@
 
 #include "compiler/executable.h"
 #include "io/safetensors.h"
+#include "models/causal_lm.h"
 #include "models/weights.h"
 #include "runtime/session.h"
 
@@ -86,13 +87,15 @@ Tensor layer_of(const Tensor& hs, int64_t layer) {
   return out;
 }
 
-// GPT-2 and GPT-J: logits, ln_f output and the shifted loss on a full batch;
-// logits of a left-padded batch where the mask is 1.
-template <class Config, class Build>
-void check_causal_lm(const std::string& dir, const Config& (*family)(const ModelConfig&), Build build) {
+// The causal LMs: logits, the final norm's output and the shifted loss on a
+// full batch; logits of a left-padded batch where the mask is 1.
+void check_causal_lm(const std::string& dir) {
   auto ckpt = Checkpoint::open(kTestdata + "/" + dir);
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
-  const Config& c = family(ckpt->config());
+  const ModelConfig& c = ckpt->config();
+  const auto build = [](graph::Builder& b, const ModelConfig& mc, const CausalLmOptions& o) {
+    return build_causal_lm(b, mc, o);
+  };
   auto gf = io::SafetensorsFile::open(kTestdata + "/" + dir + "/golden.safetensors");
   ASSERT_TRUE(gf.is_ok()) << gf.status().to_string();
   {
@@ -139,17 +142,14 @@ void check_causal_lm(const std::string& dir, const Config& (*family)(const Model
   }
 }
 
-TEST(Parity, Gpt2TinyMatchesHuggingFace) {
-  check_causal_lm<Gpt2Config>(
-      "gpt2-tiny", [](const ModelConfig& m) -> const Gpt2Config& { return *m.gpt2(); },
-      [](graph::Builder& b, const Gpt2Config& c, const CausalLmOptions& o) { return build_gpt2(b, c, o); });
-}
-
-TEST(Parity, GptjTinyMatchesHuggingFace) {
-  check_causal_lm<GptjConfig>(
-      "gptj-tiny", [](const ModelConfig& m) -> const GptjConfig& { return *m.gptj(); },
-      [](graph::Builder& b, const GptjConfig& c, const CausalLmOptions& o) { return build_gptj(b, c, o); });
-}
+TEST(Parity, Gpt2TinyMatchesHuggingFace) { check_causal_lm("gpt2-tiny"); }
+TEST(Parity, GptjTinyMatchesHuggingFace) { check_causal_lm("gptj-tiny"); }
+// Llama 3 shaped (grouped-query attention, llama3 rope scaling), Mistral shaped (multi-query attention, a
+// sliding window shorter than the batch, head_dim != hidden / heads, tied head), Qwen2 shaped (q/k/v biases,
+// linear rope scaling).
+TEST(Parity, LlamaTinyMatchesHuggingFace) { check_causal_lm("llama-tiny"); }
+TEST(Parity, MistralTinyMatchesHuggingFace) { check_causal_lm("mistral-tiny"); }
+TEST(Parity, Qwen2TinyMatchesHuggingFace) { check_causal_lm("qwen2-tiny"); }
 
 TEST(Parity, BertTinyMatchesHuggingFace) {
   auto ckpt = Checkpoint::open(kTestdata + "/bert-tiny");

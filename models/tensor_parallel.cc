@@ -30,7 +30,9 @@ void copy_columns(const Tensor& src, int64_t src_cols, int64_t from, Tensor& dst
 }  // namespace
 
 ShardKind shard_kind(const std::string& name, bool vocab_parallel) {
-  if (vocab_parallel && ends_with(name, "transformer.wte.weight")) return ShardKind::rows;
+  if (vocab_parallel)
+    for (const char* table : kVocabTableNames)
+      if (ends_with(name, table)) return ShardKind::rows;
   // GPT-J (torch.nn.Linear: [out, in]): a column-parallel projection's output
   // channels are the weight's rows, a row-parallel one's input channels its columns.
   if (ends_with(name, "attn.q_proj.weight") || ends_with(name, "attn.k_proj.weight") ||
@@ -38,6 +40,14 @@ ShardKind shard_kind(const std::string& name, bool vocab_parallel) {
     return ShardKind::rows;
   if (ends_with(name, "mlp.fc_in.bias") || ends_with(name, "attn.out_proj.weight") ||
       ends_with(name, "mlp.fc_out.weight"))
+    return ShardKind::columns;
+  // The Llama family (nn.Linear): q, k, v and the SwiGLU's gate and up are column parallel (k and v split
+  // by kv heads), o_proj and down_proj row parallel; their biases (Qwen2's q, k, v) follow the outputs.
+  if (ends_with(name, "mlp.gate_proj.weight") || ends_with(name, "mlp.up_proj.weight")) return ShardKind::rows;
+  if (ends_with(name, "attn.q_proj.bias") || ends_with(name, "attn.k_proj.bias") ||
+      ends_with(name, "attn.v_proj.bias") || ends_with(name, "mlp.gate_proj.bias") ||
+      ends_with(name, "mlp.up_proj.bias") || ends_with(name, "attn.o_proj.weight") ||
+      ends_with(name, "mlp.down_proj.weight"))
     return ShardKind::columns;
   if (vocab_parallel && ends_with(name, "lm_head.weight")) return ShardKind::rows;
   if (vocab_parallel && ends_with(name, "lm_head.bias")) return ShardKind::columns;

@@ -68,6 +68,9 @@ Status check_tensor_parallel(const std::string& family, int64_t n_head, int64_t 
 
 // The state naming a vocab-parallel shard's first row of the vocabulary (i32[]).
 inline constexpr const char* kVocabOffsetName = "state.tensor.vocab_offset";
+// The families' embedding tables, whose rows a vocab-parallel shard splits
+// (then lm_head.weight's rows too when it is not tied).
+inline constexpr const char* kVocabTableNames[] = {"transformer.wte.weight", "model.embed_tokens.weight"};
 // True when `g` is a vocab-parallel shard graph (it has that state).
 bool is_vocab_parallel(const graph::Graph& g);
 

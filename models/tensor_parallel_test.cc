@@ -11,6 +11,7 @@
 #include "compiler/executable.h"
 #include "core/philox.h"
 #include "graph/builder.h"
+#include "models/causal_lm.h"
 #include "models/generate.h"
 #include "models/weights.h"
 #include "parallel/threads/threads_communicator.h"
@@ -40,6 +41,10 @@ ModelConfig model(const std::string& family, int64_t vocab) {
     Gpt2Config c = config();
     c.vocab = vocab;
     mc.family = c;
+  } else if (family == "llama") {  // grouped-query attention, every bias (split with its projection or added once)
+    mc.family = LlamaConfig{.vocab = vocab, .n_positions = 16, .d_model = 32, .n_layer = 2, .n_head = 4,
+                            .n_kv_head = 2, .head_dim = 0, .d_ff = 40, .qkv_bias = true, .o_bias = true,
+                            .mlp_bias = true};
   } else {
     mc.family = GptjConfig{.vocab = vocab, .n_positions = 16, .d_model = 32, .n_layer = 2, .n_head = 4,
                            .rotary_dim = 4, .d_ff = 40};
@@ -51,7 +56,7 @@ graph::Graph causal_lm(const ModelConfig& mc, int64_t tp, bool vocab_parallel) {
   graph::Graph g;
   graph::Builder b(g);
   const CausalLmOptions o{.batch = 2, .seq = 5, .with_loss = true, .tensor_parallel = tp, .vocab_parallel = vocab_parallel};
-  const Status s = mc.gpt2() ? build_gpt2(b, *mc.gpt2(), o).status() : build_gptj(b, *mc.gptj(), o).status();
+  const Status s = build_causal_lm(b, mc, o);
   EXPECT_TRUE(s.is_ok()) << s.to_string();
   return g;
 }
@@ -72,7 +77,7 @@ std::map<std::string, Tensor> random_weights(const graph::Graph& g, uint64_t see
 // GPT-2 and GPT-J; also with the vocabulary split (38 = 2 x 19 classes): the
 // loss from the shards' partial sums, the logits gathered.
 TEST(TensorParallel, TwoShardsComputeTheWholeModel) {
-  for (const char* family : {"gpt2", "gptj"})
+  for (const char* family : {"gpt2", "gptj", "llama"})
   for (bool vp : {false, true}) {
   SCOPED_TRACE(std::string(family) + (vp ? ", vocab parallel" : ", vocabulary whole on each shard"));
   const ModelConfig mc = model(family, vp ? 38 : 37);
@@ -199,7 +204,7 @@ TEST(TensorParallel, ShardThenGatherIsTheIdentity) {
 // as one device: greedy and sampled, from a random 4-head GPT-2 written as a
 // Hugging Face directory.
 TEST(TensorParallel, GenerationOnTwoShardsDrawsTheSameTokens) {
-  for (const char* family : {"gpt2", "gptj"}) {
+  for (const char* family : {"gpt2", "gptj", "llama"}) {
   SCOPED_TRACE(family);
   const ModelConfig mc = model(family, 38);  // the vocab-parallel runs split it in two
   const graph::Graph whole = causal_lm(mc, 1, false);
@@ -264,6 +269,12 @@ TEST(TensorParallel, ShardsThatDoNotDivideAreRefused) {
   auto gj = build_gptj(jb, GptjConfig::tiny(), {.batch = 1, .seq = 4, .tensor_parallel = 2});  // 3 heads
   ASSERT_FALSE(gj.is_ok());
   EXPECT_EQ(gj.status().message(), "gptj: tensor_parallel 2: expected a divisor of n_head (3), found 2");
+  graph::Graph l;
+  graph::Builder lb(l);
+  auto ll = build_llama(lb, LlamaConfig::tiny(), {.batch = 1, .seq = 4, .tensor_parallel = 4});  // 4 heads, 2 kv
+  ASSERT_FALSE(ll.is_ok());
+  EXPECT_EQ(ll.status().message(),
+            "llama: tensor_parallel: expected a divisor of n_kv_head = 2 (kv heads split), found 4");
 }
 
 }  // namespace

@@ -47,6 +47,9 @@ bool ignorable(const std::string& model_type, const std::string& tensor, const g
   if (model_type == "gpt2" || model_type == "gptj")
     return ends_with(tensor, ".attn.bias") || ends_with(tensor, ".attn.masked_bias") ||
            (tensor == "lm_head.weight" && !g.find_parameter("lm_head.weight"));
+  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2")  // old checkpoints keep inv_freq
+    return ends_with(tensor, ".rotary_emb.inv_freq") ||
+           (tensor == "lm_head.weight" && !g.find_parameter("lm_head.weight"));
   if (model_type == "bert")
     return ends_with(tensor, "embeddings.position_ids") ||
            ((starts_with(tensor, "pooler.") || starts_with(tensor, "bert.pooler.")) &&
@@ -225,7 +228,8 @@ Status export_hf_model(const std::string& dir, const ModelConfig& config, const 
   Result<std::string> config_json = to_hf_config_json(config);
   if (!config_json.is_ok()) return config_json.status().with_context(subject);
   if (weights.empty()) return Status::invalid_argument(subject, "the model's weights", "none");
-  const bool drop_head = config.gpt2() && config.gpt2()->tie_word_embeddings;
+  const bool drop_head = (config.gpt2() && config.gpt2()->tie_word_embeddings) ||
+                         (config.llama() && config.llama()->tie_word_embeddings);
   std::vector<std::pair<std::string, const Tensor*>> tensors;
   for (const auto& [name, t] : weights)
     if (!(drop_head && name == "lm_head.weight")) tensors.emplace_back(name, &t);

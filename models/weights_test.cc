@@ -221,7 +221,7 @@ void expect_same_tensors(const std::map<std::string, Tensor>& got, const std::ma
 
 TEST_F(WeightsTest, ExportHfModelWritesWhatTransformersAndCheckpointOpenRead) {
   const std::string testdata = ASPEN_MODELS_TESTDATA;
-  for (const std::string name : {"gpt2-tiny", "gptj-tiny"}) {
+  for (const std::string name : {"gpt2-tiny", "gptj-tiny", "llama-tiny", "mistral-tiny"}) {
     SCOPED_TRACE(name);
     const std::string src = testdata + "/" + name;
     auto cfg = load_config(src + "/config.json");
@@ -231,8 +231,11 @@ TEST_F(WeightsTest, ExportHfModelWritesWhatTransformersAndCheckpointOpenRead) {
     for (const auto& [n, t] : weights) want.emplace(n, t.clone());
     if (name == "gpt2-tiny")  // a trainer's copy of the tied head is dropped again
       weights.emplace("lm_head.weight", weights.at("transformer.wte.weight").clone());
+    if (name == "mistral-tiny")
+      weights.emplace("lm_head.weight", weights.at("model.embed_tokens.weight").clone());
     const std::string out = dir() + "/" + name + "/export";  // created, parents too
-    ASSERT_TRUE(export_hf_model(out, *cfg, weights, src).is_ok());
+    const bool tokenizer = !cfg->llama();  // the Llama family's tiny checkpoints have no tokenizer files
+    ASSERT_TRUE(export_hf_model(out, *cfg, weights, tokenizer ? src : "").is_ok());
 
     auto back = load_config(out + "/config.json");
     ASSERT_TRUE(back.is_ok()) << back.status().to_string();
@@ -243,6 +246,10 @@ TEST_F(WeightsTest, ExportHfModelWritesWhatTransformersAndCheckpointOpenRead) {
       EXPECT_EQ(back->gpt2()->d_model, cfg->gpt2()->d_model);
       EXPECT_EQ(back->gpt2()->ff_dim(), cfg->gpt2()->ff_dim());
       EXPECT_TRUE(back->gpt2()->tie_word_embeddings);
+    } else if (cfg->llama()) {
+      EXPECT_EQ(back->llama()->kv_heads(), cfg->llama()->kv_heads());
+      EXPECT_EQ(back->llama()->sliding_window, cfg->llama()->sliding_window);
+      EXPECT_EQ(back->llama()->rope.scaling, cfg->llama()->rope.scaling);
     } else {
       EXPECT_EQ(back->gptj()->rotary_dim, cfg->gptj()->rotary_dim);
       EXPECT_EQ(back->gptj()->n_layer, cfg->gptj()->n_layer);
@@ -252,7 +259,9 @@ TEST_F(WeightsTest, ExportHfModelWritesWhatTransformersAndCheckpointOpenRead) {
     ASSERT_TRUE(st.is_ok());
     EXPECT_EQ(st->metadata().at("format"), "pt");  // older transformers refuse a file without it
     for (const char* f : {"tokenizer.json", "vocab.json", "merges.txt"})
-      EXPECT_EQ(file_bytes(fs::path(out) / f), file_bytes(fs::path(src) / f)) << f;
+      if (tokenizer) {
+        EXPECT_EQ(file_bytes(fs::path(out) / f), file_bytes(fs::path(src) / f)) << f;
+      }
     EXPECT_FALSE(fs::exists(fs::path(out) / "vocab.txt"));
     auto opened = Checkpoint::open(out);
     ASSERT_TRUE(opened.is_ok()) << opened.status().to_string();
@@ -300,7 +309,8 @@ TEST_F(WeightsTest, ExportHfModelErrors) {
   ASSERT_TRUE(bert.is_ok());
   Status s = export_hf_model(out, *bert, one);
   EXPECT_EQ(s.code(), Code::kUnimplemented);
-  EXPECT_EQ(s.message(), "export_hf_model " + out + ": to_hf_config_json: model_type: expected gpt2 or gptj (a causal "
+  EXPECT_EQ(s.message(), "export_hf_model " + out +
+                            ": to_hf_config_json: model_type: expected gpt2, gptj, llama, mistral or qwen2 (a causal "
                          "LM to export), found \"bert\"");
   s = export_hf_model(out, *gpt2, one, dir());  // dir() holds no tokenizer files
   EXPECT_EQ(s.code(), Code::kNotFound);

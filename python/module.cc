@@ -37,8 +37,7 @@
 #include "io/onnx.h"
 #include "kernels/convert.h"
 #include "models/bert.h"
-#include "models/gpt2.h"
-#include "models/gptj.h"
+#include "models/causal_lm.h"
 #include "models/onnx_import.h"
 #include "models/weights.h"
 #ifdef ASPEN_HAVE_MPI
@@ -327,7 +326,7 @@ class OnnxProgram {
     init(take(models::import_onnx(file, o)), training, loss);
   }
 
-  // A built-in family's model from a Hugging Face directory (gpt2, gptj: logits, and with training the
+  // A built-in family's model from a Hugging Face directory (causal LMs: logits, and with training the
   // loss over "targets"; bert: last_hidden_state, and pooler_output when the checkpoint has the pooler),
   // compiled for [batch, seq].
   static std::unique_ptr<OnnxProgram> from_hf(const std::string& dir, int64_t batch, int64_t seq,
@@ -346,12 +345,10 @@ class OnnxProgram {
     models::OnnxImport m;
     graph::Builder b(m.graph);
     const bool with_loss = training.has_value();
-    if (const auto* g = cfg.gpt2()) {
-      check(models::build_gpt2(b, *g, {.batch = batch, .seq = seq, .with_loss = with_loss}).status());
-    } else if (const auto* j = cfg.gptj()) {
-      check(models::build_gptj(b, *j, {.batch = batch, .seq = seq, .with_loss = with_loss}).status());
+    if (cfg.causal_lm()) {
+      check(models::build_causal_lm(b, cfg, {.batch = batch, .seq = seq, .with_loss = with_loss}));
     } else if (const auto* bc = cfg.bert()) {
-      if (with_loss) bad_argument(dir, "a model that trains here (gpt2, gptj)", "model_type bert");
+      if (with_loss) bad_argument(dir, "a model that trains here (gpt2, gptj, llama, mistral, qwen2)", "model_type bert");
       const bool pooler = ckpt.find("pooler.dense.weight").first || ckpt.find("bert.pooler.dense.weight").first;
       check(models::build_bert(b, *bc, {.batch = batch, .seq = seq, .pooler = pooler}).status());
     }

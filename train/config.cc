@@ -46,13 +46,14 @@ void for_each_key(Config& c, Visit&& v) {
   v("", "name", c.name, any());
 
   v("model", "from", c.model.from, any());
-  v("model", "family", c.model.family, one_of({"gpt2", "gptj"}));
+  v("model", "family", c.model.family, one_of({"gpt2", "gptj", "llama"}));
   v("model", "n_layer", c.model.n_layer, at_least(1));
   v("model", "n_head", c.model.n_head, at_least(1));
   v("model", "d_model", c.model.d_model, at_least(1));
   v("model", "n_positions", c.model.n_positions, at_least(1));
   v("model", "d_ff", c.model.d_ff, at_least(0));
   v("model", "rotary_dim", c.model.rotary_dim, at_least(0));
+  v("model", "n_kv_head", c.model.n_kv_head, at_least(0));
   v("model", "vocab", c.model.vocab, at_least(0));
   v("model", "init_std", c.model.init_std, at_least(0));
   v("model", "loss", c.model.loss, one_of({"cross_entropy", "mse"}));
@@ -648,9 +649,23 @@ Status TrainConfig::validate() const {
                                       std::to_string(model.n_head));
     }
     const int64_t head_dim = model.d_model / model.n_head;
-    if (model.family == "gpt2" && model.rotary_dim != 0) {
-      return Status::invalid_argument("model.rotary_dim", "0 for family 'gpt2' (it has no rotary embeddings)",
+    if (model.family != "gptj" && model.rotary_dim != 0) {
+      return Status::invalid_argument("model.rotary_dim",
+                                      "0 for family '" + model.family +
+                                          "' (gpt2 has no rotary embeddings; llama rotates every channel)",
                                       std::to_string(model.rotary_dim));
+    }
+    if (model.family != "llama" && model.n_kv_head != 0) {
+      return Status::invalid_argument("model.n_kv_head", "0 for family '" + model.family + "' (llama only)",
+                                      std::to_string(model.n_kv_head));
+    }
+    if (model.family == "llama") {
+      if (model.n_kv_head != 0 && model.n_head % model.n_kv_head != 0)
+        return Status::invalid_argument("model.n_kv_head", "a divisor of model.n_head = " + std::to_string(model.n_head),
+                                        std::to_string(model.n_kv_head));
+      if (head_dim % 2 != 0)
+        return Status::invalid_argument("model.n_head", "a head_dim (d_model / n_head) that is even (rotary pairs)",
+                                        "head_dim = " + std::to_string(head_dim));
     }
     if (model.family == "gptj") {
       if (model.rotary_dim > head_dim) {

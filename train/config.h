@@ -41,10 +41,11 @@ struct ModelSection {
   // A Hugging Face directory (config.json + model.safetensors) to fine-tune, or a user's own ONNX model
   // (a path ending in .onnx); empty: from scratch.
   std::string from;
-  std::string family = "gpt2";  // from scratch: "gpt2" or "gptj"
+  std::string family = "gpt2";  // from scratch: "gpt2", "gptj" or "llama"
   int64_t n_layer = 4, n_head = 4, d_model = 128, n_positions = 256;
-  int64_t d_ff = 0;        // 0: 4 * d_model
+  int64_t d_ff = 0;        // 0: 4 * d_model (llama: the SwiGLU width, 0: 8/3 * d_model rounded up to 8)
   int64_t rotary_dim = 0;  // gptj only; 0: head_dim
+  int64_t n_kv_head = 0;   // llama only; 0: n_head (a divisor of n_head: grouped-query attention)
   int64_t vocab = 0;       // 0: the tokenizer's / data index's vocabulary size
   double init_std = 0.02;
   // An ONNX model (model.from: *.onnx) trains against a loss over one of its outputs

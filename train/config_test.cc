@@ -222,14 +222,14 @@ TEST(TrainConfigErrors, WrongTypes) {
       {"model:\n  n_layer: [2]\n", "cfg.yaml:2: model.n_layer: expected an integer >= 1, found a list"},
       {"train:\n  seed: -1\n", "cfg.yaml:2: train.seed: expected an integer >= 0, found -1"},
       {"train:\n  threads: 99999999999\n", "cfg.yaml:2: train.threads: expected an integer >= 0, found 99999999999"},
-      {"model:\n  family: {a: b}\n", "cfg.yaml:2: model.family: expected one of 'gpt2', 'gptj', found a map"},
+      {"model:\n  family: {a: b}\n", "cfg.yaml:2: model.family: expected one of 'gpt2', 'gptj', 'llama', found a map"},
       {"model:\n  inputs: [a]\n", "cfg.yaml:2: model.inputs: expected a map of strings, found a list"},
       {"model:\n  inputs:\n    x: [a]\n", "cfg.yaml:3: model.inputs.x: expected a string, found a list"},
       {"model:\n  inputs:\n    x: a\n    x: b\n", "cfg.yaml:4: model.inputs.x: expected each key once, found it again"},
       {"sample:\n  prompts:\n    - a\n    - [b]\n", "cfg.yaml:4: sample.prompts[1]: expected a string, found a list"},
       {"model: 3\n",
        "cfg.yaml:1: model: expected a map of the keys of 'model' (from, family, n_layer, n_head, d_model, "
-       "n_positions, d_ff, rotary_dim, vocab, init_std, loss, output, targets, ignore_index, inputs, frozen, "
+       "n_positions, d_ff, rotary_dim, n_kv_head, vocab, init_std, loss, output, targets, ignore_index, inputs, frozen, "
        "trainable), found 3"},
       {"- a\n- b\n",
        "cfg.yaml:1: expected a map of top-level keys (name, model, data, optimizer, schedule, precision, batch, "
@@ -287,7 +287,8 @@ TEST(TrainConfigErrors, KeysThatDisagree) {
       {"model:\n  d_model: 128\n  n_head: 5\n",
        "cfg.yaml:3: model.n_head: expected a divisor of model.d_model = 128, found 5"},
       {"model:\n  rotary_dim: 8\n",
-       "cfg.yaml:2: model.rotary_dim: expected 0 for family 'gpt2' (it has no rotary embeddings), found 8"},
+       "cfg.yaml:2: model.rotary_dim: expected 0 for family 'gpt2' (gpt2 has no rotary embeddings; llama rotates "
+       "every channel), found 8"},
       {"model:\n  family: gptj\n  rotary_dim: 64\n",
        "cfg.yaml:3: model.rotary_dim: expected at most head_dim = d_model / n_head = 32, found 64"},
       {"model:\n  family: gptj\n  rotary_dim: 7\n", "cfg.yaml:3: model.rotary_dim: expected an even number, found 7"},
@@ -457,7 +458,7 @@ TEST(TrainConfigExamples, DocsListEveryKey) {
     EXPECT_NE(doc.find("`" + key + "`"), std::string::npos) << key;
     ++keys;
   }
-  EXPECT_EQ(keys, 89);  // 77 keys + 12 section headers
+  EXPECT_EQ(keys, 90);  // 78 keys + 12 section headers
 }
 
 }  // namespace

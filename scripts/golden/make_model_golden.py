@@ -49,6 +49,12 @@ from transformers import (
     GPT2LMHeadModel,
     GPTJConfig,
     GPTJForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +101,8 @@ def randomize(model, seed, mat_std=None):
     are drawn once. Returns a list of (name, rule) for the metadata."""
     mat_std = MAT_STD if mat_std is None else mat_std
     rng = np.random.Generator(np.random.PCG64(seed))
-    ln_modules = {n for n, m in model.named_modules() if isinstance(m, torch.nn.LayerNorm)}
+    ln_modules = {n for n, m in model.named_modules()
+                  if isinstance(m, torch.nn.LayerNorm) or type(m).__name__.endswith("RMSNorm")}
     sd = model.state_dict()
     seen = {}
     rules = []
@@ -176,12 +183,18 @@ def save_checkpoint(model, d):
 # ----------------------------------------------------------------------------- GPT-2 / GPT-J
 
 
-def causal_lm_golden(name, model, seed, d):
-    """Goldens for a causal LM (GPT2LMHeadModel or GPTJForCausalLM) in float64."""
+def causal_lm_golden(name, model, seed, d, config_keys=None):
+    """Goldens for a causal LM (GPT2LMHeadModel, GPTJForCausalLM, or the Llama family's *ForCausalLM) in float64."""
     model.eval()
     md = copy.deepcopy(model).double().eval()
     cfg = model.config
-    n_layer, n_embd = cfg.n_layer, cfg.n_embd
+    n_layer, n_embd = cfg.num_hidden_layers, cfg.hidden_size
+    body = md.transformer if hasattr(md, "transformer") else md.model
+    blocks = body.h if hasattr(body, "h") else body.layers
+    final_norm = body.ln_f if hasattr(body, "ln_f") else body.norm
+    # a sliding window counts cache slots, pads included (HF's masks use cache positions): a left-padded row
+    # then sees fewer real tokens than its prompt alone, so the rows equal their prompts alone only without one
+    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
     rng = np.random.Generator(np.random.PCG64(seed + 1))
     T = {}
     M = {}
@@ -189,14 +202,14 @@ def causal_lm_golden(name, model, seed, d):
     # 1. plain batch 2 x 13: logits, all hidden states, the last block's output before ln_f, loss
     input_ids = ids(rng, (2, 13))
     pre_ln_f = {}
-    hook = md.transformer.h[-1].register_forward_hook(lambda m, i, o: pre_ln_f.__setitem__("x", o[0] if isinstance(o, tuple) else o))
+    hook = blocks[-1].register_forward_hook(lambda m, i, o: pre_ln_f.__setitem__("x", o[0] if isinstance(o, tuple) else o))
     with torch.no_grad():
         out = md(input_ids, output_hidden_states=True)
         loss = md(input_ids, labels=input_ids).loss
     hook.remove()
     hs = torch.stack(out.hidden_states)
     assert hs.shape == (n_layer + 1, 2, 13, n_embd), hs.shape
-    ln_f_of_block = md.transformer.ln_f(pre_ln_f["x"])
+    ln_f_of_block = final_norm(pre_ln_f["x"])
     assert torch.allclose(hs[-1], ln_f_of_block, atol=1e-12), "hidden_states[-1] is not ln_f(last block)"
     # the loss HF computes: mean CE of logits[:, :-1] against input_ids[:, 1:]
     ref_loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, VOCAB), input_ids[:, 1:].reshape(-1))
@@ -238,7 +251,7 @@ def causal_lm_golden(name, model, seed, d):
         for b, p in enumerate(prompts):  # each row's real tokens match the unpadded prompt run alone
             alone = md(p[None]).logits[0]
             err = (lp[b, L - len(p):] - alone).abs().max().item()
-            assert err < 1e-10, f"padded row {b} differs from the prompt alone by {err}"
+            assert err < 1e-10 or (window and window < L), f"padded row {b} differs from the prompt alone by {err}"
     T["padded_input_ids"] = pad_ids
     M["padded_input_ids"] = {"meaning": f"prompts of lengths {list(lens)} left-padded to {L} with pad = eos = {EOS}"}
     T["padded_attention_mask"] = mask
@@ -288,7 +301,7 @@ def causal_lm_golden(name, model, seed, d):
     genb, marginb = greedy(bids, bmask)
     for b, p in enumerate(bprompts):  # each row matches generating from that prompt alone
         alone, _ = greedy(p[None], torch.ones_like(p[None]))
-        assert torch.equal(alone[0], genb[b]), f"batched greedy row {b} differs from the prompt alone"
+        assert torch.equal(alone[0], genb[b]) or window, f"batched greedy row {b} differs from the prompt alone"
     T["generate_batch_input_ids"] = bids
     M["generate_batch_input_ids"] = {"meaning": f"prompts of lengths {list(blens)} left-padded to {BL} with pad = eos = {EOS}"}
     T["generate_batch_attention_mask"] = bmask
@@ -313,8 +326,9 @@ def causal_lm_golden(name, model, seed, d):
         "precision": "computed with model.double() (float64) in eval mode on CPU, one thread; stored float32",
         "eos_token_id": EOS,
         "pad_token_id": EOS,
-        "config": {k: getattr(cfg, k) for k in ("vocab_size", "n_embd", "n_head", "n_layer", "n_positions",
-                                                "activation_function", "layer_norm_epsilon", "tie_word_embeddings")}
+        "config": {k: getattr(cfg, k, None) for k in config_keys or ("vocab_size", "n_embd", "n_head", "n_layer",
+                                                                "n_positions", "activation_function",
+                                                                "layer_norm_epsilon", "tie_word_embeddings")}
         | ({"rotary_dim": cfg.rotary_dim} if hasattr(cfg, "rotary_dim") else {}),
         "input_ids": input_ids.tolist(),
         "padded_input_ids": pad_ids.tolist(),
@@ -359,6 +373,59 @@ def make_gptj(d):
     randomize(model, seed=6006)
     save_checkpoint(model, d)
     return model, causal_lm_golden("gptj-tiny", model, 6006, d)
+
+
+# ----------------------------------------------------------------------------- the Llama family
+
+LLAMA_KEYS = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "num_hidden_layers", "intermediate_size", "max_position_embeddings", "rms_norm_eps",
+              "tie_word_embeddings")
+
+
+def llama_family(name, cls, cfg, seed, d):
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = cls(cfg)
+    randomize(model, seed=seed)
+    save_checkpoint(model, d)
+    keys = LLAMA_KEYS + tuple(k for k in ("sliding_window", "rope_parameters") if getattr(cfg, k, None) is not None)
+    return model, causal_lm_golden(name, model, seed, d, keys)
+
+
+def make_llama(d):
+    """Llama 3 shaped: grouped-query attention (4 query heads over 2 kv heads), llama3 rope scaling (every
+    band used: original_max_position_embeddings 16 against wavelengths 6 to 1.7e4), untied head."""
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=48, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
+        intermediate_size=80, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+        bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS,
+    )
+    return llama_family("llama-tiny", LlamaForCausalLM, cfg, 8008, d)
+
+
+def make_mistral(d):
+    """Mistral shaped: multi-query attention (4 heads, 1 kv head), head_dim 16 != hidden/heads, a sliding
+    window of 6 (shorter than the 13-token batch), tied embeddings."""
+    cfg = MistralConfig(
+        vocab_size=VOCAB, hidden_size=48, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+        num_hidden_layers=3, intermediate_size=80, max_position_embeddings=64, rms_norm_eps=1e-6,
+        sliding_window=6, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+        bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS,
+    )
+    return llama_family("mistral-tiny", MistralForCausalLM, cfg, 9009, d)
+
+
+def make_qwen2(d):
+    """Qwen2 shaped: q/k/v biases, 6 query heads over 2 kv heads, linear rope scaling."""
+    cfg = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=48, num_attention_heads=6, num_key_value_heads=2, num_hidden_layers=3,
+        intermediate_size=80, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+        bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS,
+    )
+    return llama_family("qwen2-tiny", Qwen2ForCausalLM, cfg, 1212, d)
 
 
 # ----------------------------------------------------------------------------- BERT
@@ -609,6 +676,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--skip-minilm", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated model names (gpt2-tiny, llama-tiny, ...): just these")
     args = ap.parse_args()
     check_versions()
     torch.set_num_threads(1)
@@ -616,13 +684,19 @@ def main():
     torch.manual_seed(0)
     transformers.logging.set_verbosity_error()
 
-    make_gpt2(args.out / "gpt2-tiny")
-    make_gptj(args.out / "gptj-tiny")
-    make_bert(args.out / "bert-tiny")
-    verify("gpt2-tiny", args.out / "gpt2-tiny", AutoModelForCausalLM)
-    verify("gptj-tiny", args.out / "gptj-tiny", AutoModelForCausalLM)
-    verify("bert-tiny", args.out / "bert-tiny", AutoModel)
-    if not args.skip_minilm:
+    makers = {"gpt2-tiny": (make_gpt2, AutoModelForCausalLM), "gptj-tiny": (make_gptj, AutoModelForCausalLM),
+              "bert-tiny": (make_bert, AutoModel), "llama-tiny": (make_llama, AutoModelForCausalLM),
+              "mistral-tiny": (make_mistral, AutoModelForCausalLM), "qwen2-tiny": (make_qwen2, AutoModelForCausalLM)}
+    only = [n for n in args.only.split(",") if n]
+    for n in only:
+        assert n in makers, f"--only: unknown model {n!r}; expected some of {sorted(makers)}"
+    for n, (make, _) in makers.items():
+        if not only or n in only:
+            make(args.out / n)
+    for n, (_, auto) in makers.items():
+        if not only or n in only:
+            verify(n, args.out / n, auto)
+    if not args.skip_minilm and not only:
         make_minilm(args.out / "minilm")
     for p in sorted(args.out.rglob("*")):
         if p.is_file() and p.name != "README.md":

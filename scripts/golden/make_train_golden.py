@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Make the training goldens under models/testdata/{gpt2-tiny,gptj-tiny}/ and check HF exports.
+"""Make the training goldens under models/testdata/{gpt2-tiny,gptj-tiny,llama-tiny}/ and check HF exports.
 
 Run by a developer (not by CI), from anywhere, with the venv of scripts/golden/requirements.txt:
 
@@ -47,16 +47,18 @@ COMMAND = "python3 scripts/golden/make_train_golden.py"
 STEPS, B, T = 10, 2, 16
 HP = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1}
 # seeds of the batch streams (the checkpoints used 2002/2003 and 6006/6007)
-MODELS = {"gpt2-tiny": 2012, "gptj-tiny": 6016}
+MODELS = {"gpt2-tiny": 2012, "gptj-tiny": 6016, "llama-tiny": 8018}
 # final weights of the no-decay variant kept in the file (a LayerNorm weight and bias, a bias, a matrix)
 VARIANT_KEEP = {
     "gpt2-tiny": ["transformer.h.0.ln_1.weight", "transformer.h.0.ln_1.bias", "transformer.h.2.mlp.c_fc.bias",
                   "transformer.h.2.mlp.c_proj.weight", "transformer.ln_f.weight"],
     "gptj-tiny": ["transformer.h.0.ln_1.weight", "transformer.h.0.ln_1.bias", "transformer.h.2.mlp.fc_in.bias",
                   "transformer.h.2.mlp.fc_out.weight", "transformer.ln_f.weight", "lm_head.bias"],
+    "llama-tiny": ["model.layers.0.input_layernorm.weight", "model.layers.2.mlp.down_proj.weight",
+                   "model.layers.1.self_attn.k_proj.weight", "model.norm.weight"],
 }
 # final weights left out of the file (size): GPT-J's lm_head.weight is a dense matrix like the others
-FINAL_SKIP = {"gptj-tiny": ["lm_head.weight"]}
+FINAL_SKIP = {"gptj-tiny": ["lm_head.weight"], "llama-tiny": ["lm_head.weight"]}
 NO_DECAY = ("bias", "ln_")  # names containing these get no decay in the variant (aspen's AdamWOptions.no_decay)
 
 ADAMW_ALGORITHM = (
@@ -81,9 +83,10 @@ LOSS_DEF = (
 
 def load(d, dtype=torch.float32):
     """The tiny checkpoint, dropout probabilities 0, sdpa attention, training mode."""
-    model = AutoModelForCausalLM.from_pretrained(
-        str(d), attn_implementation="sdpa", attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, dtype=torch.float32
-    )
+    model_type = json.loads((d / "config.json").read_text())["model_type"]
+    dropout = (dict(attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0) if model_type in ("gpt2", "gptj")
+               else dict(attention_dropout=0.0))
+    model = AutoModelForCausalLM.from_pretrained(str(d), attn_implementation="sdpa", dtype=torch.float32, **dropout)
     if dtype == torch.float64:
         model = model.double()
     model.train()
