@@ -2,11 +2,15 @@
 // the graph form of kernels/attention.h (see ops_nn.cc's header for the
 // meaning of every NN op and its gradient rule).
 //
-//   attention(q [B, H, T, D], k, v [B, Hk, S, D][, key_valid u8/bool [B, S]]) {scale, mask: "none" | "causal" |
-//       "local", window, kv_offset}: outputs out [B, H, T, D], lse (f32 [B, H, T]); Hk divides H (grouped-query
-//       attention: query head h reads key/value head h / (H / Hk), no copy of k and v)
-//   gradient: (dq, dk, dv) = attention_grad(q, k, v, out, lse, g[, key_valid]) {same attributes}; a gradient
-//       reaching lse is Unimplemented; attention_grad is not differentiated again.
+//   attention(q [B, H, T, D], k, v [B, Hk, S, D][, key_valid u8/bool [B, S]][, segments i32 [B, S]])
+//       {scale, mask: "none" | "causal" | "local", window, window_right, kv_offset, align: "top_left" |
+//       "bottom_right"}: outputs out [B, H, T, D], lse (f32 [B, H, T]); Hk divides H (grouped-query attention:
+//       query head h reads key/value head h / (H / Hk), no copy of k and v). The mask is
+//       kernels::AttentionMask: align "bottom_right" is kv_offset = S - T (xformers' "from bottom right");
+//       segments, non-decreasing document ids, make it block-diagonal (packed sequences). key_valid and
+//       segments are run-time inputs: a new padding or packing never recompiles.
+//   gradient: (dq, dk, dv) = attention_grad(q, k, v, out, lse, g[, key_valid][, segments]) {same attributes};
+//       a gradient reaching lse is Unimplemented; attention_grad is not differentiated again.
 #include "graph/builder.h"
 #include "graph/op_sample.h"
 #include "graph/ops_nn_util.h"
@@ -20,8 +24,8 @@ using namespace nnutil;
 
 // ---- attention ------------------------------------------------------------------------------
 
-// The mask of the attributes (key_valid is bound at evaluation).
-Result<kernels::AttentionMask> mask_of(const Node& n) {
+// The mask of the attributes for T queries and S keys (key_valid and segments are bound at evaluation).
+Result<kernels::AttentionMask> mask_of(const Node& n, int64_t T, int64_t S) {
   using Kind = kernels::AttentionMask::Kind;
   kernels::AttentionMask m;
   const std::string& kind = n.attrs.s("mask");
@@ -37,16 +41,54 @@ Result<kernels::AttentionMask> mask_of(const Node& n) {
     if (!n.attrs.has("window")) return rule_error(n, "window", "present with mask \"local\"", "none");
     m.window = n.attrs.i("window");
     if (m.window < 1) return rule_error(n, "window", ">= 1", str(m.window));
-  } else if (n.attrs.has("window")) {
-    return rule_error(n, "window", "none (it applies to mask \"local\" only)", str(n.attrs.i("window")));
+    m.window_right = n.attrs.i_or("window_right", 0);
+    if (m.window_right < 0) return rule_error(n, "window_right", ">= 0", str(m.window_right));
+    if (m.window > (int64_t(1) << 53) || m.window_right > (int64_t(1) << 53))
+      return rule_error(n, "window, window_right", "at most 2^53", str(m.window) + ", " + str(m.window_right));
+  } else {
+    for (const char* key : {"window", "window_right"})
+      if (n.attrs.has(key))
+        return rule_error(n, key, "none (it applies to mask \"local\" only)", str(n.attrs.i(key)));
   }
-  m.kv_offset = n.attrs.i_or("kv_offset", 0);
+  const std::string align = n.attrs.has("align") ? n.attrs.s("align") : "top_left";
+  if (align != "top_left" && align != "bottom_right")
+    return rule_error(n, "align", "\"top_left\" or \"bottom_right\"", "\"" + align + "\"");
+  if (align == "bottom_right") {
+    if (n.attrs.has("kv_offset"))
+      return rule_error(n, "kv_offset", "none with align \"bottom_right\" (it is S - T)", str(n.attrs.i("kv_offset")));
+    if (S < T) return rule_error(n, "align", "\"top_left\" when S < T (bottom right needs S >= T)", "\"bottom_right\"");
+    m.kv_offset = S - T;
+  } else {
+    m.kv_offset = n.attrs.i_or("kv_offset", 0);
+  }
   if (m.kv_offset < 0 || m.kv_offset > (int64_t(1) << 53))
     return rule_error(n, "kv_offset", "a number in [0, 2^53]", str(m.kv_offset));
   return m;
 }
 
-// q [B, H, T, D], k and v [B, Hk, S, D] (Hk divides H), key_valid [B, S] at in[kv_index] when present.
+// Where the optional inputs after the fixed ones (v, or g for the gradient) sit: key_valid (u8 or bool)
+// first, then segments (i32); -1 when absent.
+struct MaskInputs {
+  int key_valid = -1, segments = -1;
+};
+Result<MaskInputs> mask_inputs(const Node& n, std::span<const TensorType> in, size_t first) {
+  MaskInputs m;
+  for (size_t i = first; i < in.size(); ++i) {
+    const DType t = in[i].dtype;
+    if ((t == DType::u8 || t == DType::boolean) && m.key_valid < 0 && m.segments < 0) {
+      m.key_valid = int(i);
+    } else if (t == DType::i32 && m.segments < 0) {
+      m.segments = int(i);
+    } else {
+      return rule_error(n, "input " + str(int64_t(i)),
+                        "key_valid (u8 or bool [B, S]) then segments (i32 [B, S]), each at most once",
+                        in[i].to_string());
+    }
+  }
+  return m;
+}
+
+// q [B, H, T, D], k and v [B, Hk, S, D] (Hk divides H); key_valid and segments [B, S] from in[kv_index] on.
 Status check_attention(const Node& n, std::span<const TensorType> in, size_t kv_index) {
   const TensorType &q = in[0], &k = in[1];
   ASPEN_RETURN_IF_ERROR(expect_float(n, "q", q));
@@ -61,15 +103,19 @@ Status check_attention(const Node& n, std::span<const TensorType> in, size_t kv_
     return rule_error(n, std::string("k: dimension ") + kDim[1], "a divisor of q's heads (" + str(q.shape[1]) + ")",
                       str(k.shape[1]));
   ASPEN_RETURN_IF_ERROR(expect_type(n, "v", in[2], k, "k's type"));
-  if (in.size() > kv_index) {
-    const TensorType& kv = in[kv_index];
-    const Shape want{q.shape[0], k.shape[2]};
-    if ((kv.dtype != DType::u8 && kv.dtype != DType::boolean) || kv.shape != want)
-      return rule_error(n, "key_valid", "u8 or bool " + want.to_string() + " ([B, S])", kv.to_string());
-  }
+  ASPEN_ASSIGN_OR_RETURN(const MaskInputs mi, mask_inputs(n, in, kv_index));
+  const Shape want{q.shape[0], k.shape[2]};
+  if (mi.key_valid >= 0 && in[size_t(mi.key_valid)].shape != want)
+    return rule_error(n, "key_valid", "u8 or bool " + want.to_string() + " ([B, S])", in[size_t(mi.key_valid)].to_string());
+  if (mi.segments >= 0 && in[size_t(mi.segments)].shape != want)
+    return rule_error(n, "segments", "i32 " + want.to_string() + " ([B, S])", in[size_t(mi.segments)].to_string());
   const double scale = n.attrs.f("scale");
   if (!std::isfinite(scale)) return rule_error(n, "scale", "a finite number", std::to_string(scale));
-  return mask_of(n).status();
+  ASPEN_ASSIGN_OR_RETURN(const kernels::AttentionMask m, mask_of(n, q.shape[2], k.shape[2]));
+  if (mi.segments >= 0 && q.shape[2] > 0 && m.kv_offset + q.shape[2] > k.shape[2])
+    return rule_error(n, "kv_offset", "kv_offset + T <= S with segments (each query's segment is its position's)",
+                      str(m.kv_offset) + " + " + str(q.shape[2]) + " > " + str(k.shape[2]));
+  return Status();
 }
 
 TensorType lse_type(const TensorType& q) { return TensorType{kStat, Shape{q.shape[0], q.shape[1], q.shape[2]}}; }
@@ -80,7 +126,7 @@ Status infer_attention(const Node& n, std::span<const TensorType> in, std::vecto
   return Status();
 }
 
-// attention_grad(q, k, v, out, lse, g[, key_valid]).
+// attention_grad(q, k, v, out, lse, g[, key_valid][, segments]).
 Status infer_attention_grad(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
   ASPEN_RETURN_IF_ERROR(check_attention(n, in, 6));
   ASPEN_RETURN_IF_ERROR(expect_type(n, "out", in[3], in[0], "q's type"));
@@ -93,19 +139,41 @@ Status infer_attention_grad(const Node& n, std::span<const TensorType> in, std::
 struct AttentionCall {
   kernels::AttentionMask mask;
   std::vector<uint8_t> key_valid;
+  std::vector<int32_t> segments;
   int64_t B, H, Hk, T, S, D;
   double scale;
 };
 
+// The types of the inputs, for mask_inputs.
+std::vector<TensorType> types_of(Ins in) {
+  std::vector<TensorType> t;
+  for (const auto* x : in) t.push_back(x->type);
+  return t;
+}
+
+// The reference's call; segments are checked as the kernels check them (non-decreasing along each row).
 Result<AttentionCall> attention_call(const Node& n, Ins in, size_t kv_index) {
   AttentionCall c;
-  ASPEN_ASSIGN_OR_RETURN(c.mask, mask_of(n));
   const Shape &q = in[0]->type.shape, &k = in[1]->type.shape;
   c.B = q[0], c.H = q[1], c.Hk = k[1], c.T = q[2], c.S = k[2], c.D = q[3];
+  ASPEN_ASSIGN_OR_RETURN(c.mask, mask_of(n, c.T, c.S));
   c.scale = n.attrs.f("scale");
-  if (in.size() > kv_index) {
-    for (double v : in[kv_index]->data) c.key_valid.push_back(v != 0 ? 1 : 0);
+  const std::vector<TensorType> types = types_of(in);
+  ASPEN_ASSIGN_OR_RETURN(const MaskInputs mi, mask_inputs(n, types, kv_index));
+  if (mi.key_valid >= 0) {
+    for (double v : in[size_t(mi.key_valid)]->data) c.key_valid.push_back(v != 0 ? 1 : 0);
     c.mask.key_valid = c.key_valid;
+  }
+  if (mi.segments >= 0) {
+    for (double v : in[size_t(mi.segments)]->data) c.segments.push_back(int32_t(v));
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t j = 1; j < c.S; ++j)
+        if (c.segments[size_t(b * c.S + j)] < c.segments[size_t(b * c.S + j - 1)])
+          return Status::invalid_argument("attention: segments row " + str(b),
+                                          "non-decreasing segment ids (documents one after another)",
+                                          str(c.segments[size_t(b * c.S + j - 1)]) + " then " +
+                                              str(c.segments[size_t(b * c.S + j)]) + " at key " + str(j));
+    c.mask.segments = c.segments;
   }
   return c;
 }
@@ -131,36 +199,41 @@ Grads grad_attention(Builder& b, const Node& n, OutGrads g) {
   ASPEN_RETURN_IF_ERROR(first_output_only(n, g, {"out", "lse"}));
   if (!g[0]) return no_grads(n);
   std::vector<ValueId> ins{n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1], *g[0]};
-  if (n.inputs.size() > 3) ins.push_back(n.inputs[3]);
+  for (size_t i = 3; i < n.inputs.size(); ++i) ins.push_back(n.inputs[i]);  // key_valid, segments
   std::vector<ValueId> d = b.op(OpKind::attention_grad, std::move(ins), n.attrs);
   if (d.size() != 3) return no_grads(n);
   std::vector<std::optional<ValueId>> r{d[0], d[1], d[2]};
-  if (n.inputs.size() > 3) r.push_back(std::nullopt);
+  for (size_t i = 3; i < n.inputs.size(); ++i) r.push_back(std::nullopt);
   return r;
 }
 
-// attention(q, k, v[, key_valid]) -> (out, lse); attention_grad(q, k, v, out, lse, g[, key_valid]) ->
-// (dq, dk, dv). The mask is decided here; key_valid (u8 or bool) is bound to it at each run.
+// attention(q, k, v[, key_valid][, segments]) -> (out, lse); attention_grad(q, k, v, out, lse, g[, key_valid]
+// [, segments]) -> (dq, dk, dv). The mask is decided here; key_valid (u8 or bool) and segments (i32) are bound
+// to it at each run.
 Prepared prepare_attention(const Node& n, Types in, Types out) {
   if (!floats_are_f32(in, out)) return no_fast_kernel();
-  ASPEN_ASSIGN_OR_RETURN(const kernels::AttentionMask mask, mask_of(n));
   const Shape &q = in[0].shape, &k = in[1].shape;
   const int64_t B = q[0], H = q[1], Hk = k[1], T = q[2], S = k[2], D = q[3];
+  ASPEN_ASSIGN_OR_RETURN(const kernels::AttentionMask mask, mask_of(n, T, S));
   const int64_t nq = q.numel(), nk = k.numel(), nl = B * H * T;
   const float scale = float(n.attrs.f("scale"));
   const bool forward = n.op == OpKind::attention;
-  const size_t kv = forward ? 3 : 6;
-  const bool has_kv = in.size() > kv;
+  ASPEN_ASSIGN_OR_RETURN(const MaskInputs mi, mask_inputs(n, in, forward ? 3 : 6));
+  const int kv = mi.key_valid, seg = mi.segments;
+  const auto bind = [=](In i) {
+    kernels::AttentionMask m = mask;
+    if (kv >= 0) m.key_valid = in_span<uint8_t>(i, size_t(kv), B * S);
+    if (seg >= 0) m.segments = in_span<int32_t>(i, size_t(seg), B * S);
+    return m;
+  };
   if (forward)
     return make_kernel([=](In i, Out o) {
-      kernels::AttentionMask m = mask;
-      if (has_kv) m.key_valid = in_span<uint8_t>(i, kv, B * S);
+      const kernels::AttentionMask m = bind(i);
       return kernels::attention_forward(in_span<float>(i, 0, nq), in_span<float>(i, 1, nk), in_span<float>(i, 2, nk),
                                         out_span<float>(o, 0, nq), out_span<float>(o, 1, nl), B, H, Hk, T, S, D, scale, m);
     });
   return make_kernel([=](In i, Out o) {
-    kernels::AttentionMask m = mask;
-    if (has_kv) m.key_valid = in_span<uint8_t>(i, kv, B * S);
+    const kernels::AttentionMask m = bind(i);
     return kernels::attention_backward(in_span<float>(i, 0, nq), in_span<float>(i, 1, nk), in_span<float>(i, 2, nk),
                                        in_span<float>(i, 3, nq), in_span<float>(i, 4, nl), in_span<float>(i, 5, nq),
                                        out_span<float>(o, 0, nq), out_span<float>(o, 1, nk), out_span<float>(o, 2, nk),
@@ -178,13 +251,21 @@ struct AttentionCase {
   int64_t kv_offset, window;
   DType key_valid;  // f32: none
   int64_t Hk = 3;   // key/value heads (q has 3): 1 is multi-query attention
+  bool segments = false;  // documents of 3, 2 and the rest of the keys (block-diagonal)
+  int64_t window_right = 0;
+  bool bottom_right = false;  // align "bottom_right" instead of kv_offset
 };
 constexpr AttentionCase kAttentionCases[] = {{5, 5, "none", 0, 0, DType::f32},   {3, 7, "causal", 4, 0, DType::f32},
                                              {6, 6, "causal", 0, 0, DType::u8},  {4, 9, "causal", 5, 0, DType::boolean},
                                              {7, 7, "local", 0, 3, DType::f32},  {5, 5, "none", 0, 0, DType::boolean},
                                              {1, 11, "causal", 10, 0, DType::u8},
                                              {6, 6, "causal", 0, 0, DType::u8, 1},    {7, 7, "local", 0, 3, DType::f32, 1},
-                                             {1, 11, "causal", 10, 0, DType::f32, 1}};
+                                             {1, 11, "causal", 10, 0, DType::f32, 1},
+                                             {7, 7, "causal", 0, 0, DType::f32, 3, true},
+                                             {6, 6, "local", 0, 2, DType::u8, 1, true, 1},
+                                             {8, 8, "none", 0, 0, DType::boolean, 3, true},
+                                             {4, 9, "causal", 0, 0, DType::f32, 3, false, 0, true},
+                                             {3, 8, "local", 0, 4, DType::f32, 3, true, 2, true}};
 
 // attention(q, k, v[, key_valid]) and, with grad, attention_grad after it (so that out and lse are the
 // forward's, as the fast backward requires).
@@ -197,21 +278,33 @@ void attention_samples(SampleList& s, bool grad) {
       kv.assign(size_t(c.S), 0.0);
       for (int64_t j = 0; j < c.S; ++j) kv.push_back(j % 3 != 1 ? 1.0 : 0.0);
     }
+    if (c.segments) {  // batch 0: documents of 3, 2 and the rest; batch 1: one document, ids from 4
+      std::vector<double>& sg = f.values["segments"];
+      for (int64_t j = 0; j < c.S; ++j) sg.push_back(j < 3 ? 0.0 : j < 5 ? 1.0 : 2.0);
+      for (int64_t j = 0; j < c.S; ++j) sg.push_back(4.0);
+    }
     s.add(
         std::string(c.mask) + " T " + std::to_string(c.T) + " S " + std::to_string(c.S) + " key_valid " +
-            std::string(dtype_name(c.key_valid)) + " Hk " + std::to_string(c.Hk),
+            std::string(dtype_name(c.key_valid)) + " Hk " + std::to_string(c.Hk) + (c.segments ? " segments" : "") +
+            " window_right " + std::to_string(c.window_right) + (c.bottom_right ? " bottom_right" : ""),
         [&](Builder& b) {
           const ValueId q = b.input("q", DType::f32, Shape{B, H, c.T, D});
           const ValueId k = b.input("k", DType::f32, Shape{B, c.Hk, c.S, D}),
                         v = b.input("v", DType::f32, Shape{B, c.Hk, c.S, D});
           std::vector<ValueId> in{q, k, v};
           if (c.key_valid != DType::f32) in.push_back(b.input("key_valid", c.key_valid, Shape{B, c.S}));
-          Attrs a{{"scale", 1.0 / std::sqrt(double(D))}, {"mask", std::string(c.mask)}, {"kv_offset", c.kv_offset}};
+          if (c.segments) in.push_back(b.input("segments", DType::i32, Shape{B, c.S}));
+          Attrs a{{"scale", 1.0 / std::sqrt(double(D))}, {"mask", std::string(c.mask)}};
+          if (c.bottom_right)
+            a.set("align", std::string("bottom_right"));
+          else
+            a.set("kv_offset", c.kv_offset);
           if (c.window) a.set("window", c.window);
+          if (c.window_right) a.set("window_right", c.window_right);
           std::vector<ValueId> y = b.op(OpKind::attention, in, a);
           if (!grad || y.size() != 2) return;
           std::vector<ValueId> gin{q, k, v, y[0], y[1], b.input("g", DType::f32, Shape{B, H, c.T, D})};
-          if (c.key_valid != DType::f32) gin.push_back(in[3]);
+          gin.insert(gin.end(), in.begin() + 3, in.end());
           b.op(OpKind::attention_grad, gin, a);
         },
         std::move(f));
@@ -233,9 +326,11 @@ void register_attention_ops(OpTable& t) {
   const std::vector<AttrSpec> attention_attrs = {{"scale", AttrKind::f64, true},
                                                  {"mask", AttrKind::str, true},
                                                  {"window", AttrKind::i64, false},
-                                                 {"kv_offset", AttrKind::i64, false}};
+                                                 {"window_right", AttrKind::i64, false},
+                                                 {"kv_offset", AttrKind::i64, false},
+                                                 {"align", AttrKind::str, false}};
   t.define(OpKind::attention, {.min_inputs = 3,
-                               .max_inputs = 4,
+                               .max_inputs = 5,
                                .attrs = attention_attrs,
                                .infer = infer_attention,
                                .grad = grad_attention,
@@ -243,7 +338,7 @@ void register_attention_ops(OpTable& t) {
                                .prepare = prepare_attention,
                                .samples = samples_attention});
   t.define(OpKind::attention_grad, {.min_inputs = 6,
-                                    .max_inputs = 7,
+                                    .max_inputs = 8,
                                     .attrs = attention_attrs,
                                     .infer = infer_attention_grad,
                                     .eval = eval_attention_grad,

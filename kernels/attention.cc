@@ -57,19 +57,32 @@ inline __attribute__((always_inline)) float exp2_fast(float x) {
   return x < -126.0f ? 0.0f : y;
 }
 
-// Key range [lo, hi) that the positional mask allows query row i, within [0, S].
+// Key range [lo, hi) that the positional mask allows query row i of batch
+// row b, within [0, S]: the kind's range, cut to the segment of position
+// kv_offset + i when there are segments (seg_lo/seg_hi: [B, S], the first key
+// of each key's segment and one past its last). lo and hi never decrease with
+// i, so a block of rows allows at most [lo(first row), hi(last row)).
 struct Geometry {
   Kind kind;
-  int64_t window, offset, S;
-  void range(int64_t i, int64_t* lo, int64_t* hi) const {
+  int64_t window, window_right, offset, S;
+  const int32_t* seg_lo = nullptr;
+  const int32_t* seg_hi = nullptr;
+  void range(int64_t b, int64_t i, int64_t* lo, int64_t* hi) const {
+    const int64_t pos = offset + i;  // validated: cannot overflow
     if (kind == Kind::none) {
       *lo = 0;
       *hi = S;
-      return;
+    } else if (kind == Kind::causal) {
+      *lo = 0;
+      *hi = pos < S ? pos + 1 : S;
+    } else {
+      *hi = std::clamp<int64_t>(pos + window_right + 1, 0, S);
+      *lo = std::clamp<int64_t>(pos - window + 1, 0, *hi);
     }
-    const int64_t pos = offset + i;  // validated: cannot overflow
-    *hi = pos < S ? pos + 1 : S;
-    *lo = kind == Kind::local ? std::clamp<int64_t>(pos - window + 1, 0, *hi) : 0;
+    if (seg_lo) {  // validated: pos < S
+      *lo = std::max<int64_t>(*lo, seg_lo[b * S + pos]);
+      *hi = std::max(*lo, std::min<int64_t>(*hi, seg_hi[b * S + pos]));
+    }
   }
 };
 
@@ -499,21 +512,21 @@ bool fill_key_valid(const Problem& pb, int64_t b, int64_t j0, int64_t cols, floa
   return any;
 }
 
-// Per-row allowed columns of the tile (query rows i0.., keys j0..j0+cols).
-void tile_ranges(const Problem& pb, int64_t i0, int64_t rows, int64_t j0, int64_t cols, int* lo, int* hi) {
+// Per-row allowed columns of the tile (query rows i0.. of batch row b, keys j0..j0+cols).
+void tile_ranges(const Problem& pb, int64_t b, int64_t i0, int64_t rows, int64_t j0, int64_t cols, int* lo, int* hi) {
   for (int64_t r = 0; r < rows; ++r) {
     int64_t a, e;
-    pb.geo.range(i0 + r, &a, &e);
+    pb.geo.range(b, i0 + r, &a, &e);
     lo[r] = int(std::clamp<int64_t>(a - j0, 0, cols));
     hi[r] = int(std::clamp<int64_t>(e - j0, 0, cols));
   }
 }
 
-// Keys [first, last) that some row of the query block [i0, i0 + rows) may use.
-void block_key_span(const Problem& pb, int64_t i0, int64_t rows, int64_t* first, int64_t* last) {
+// Keys [first, last) that some row of the query block [i0, i0 + rows) of batch row b may use.
+void block_key_span(const Problem& pb, int64_t b, int64_t i0, int64_t rows, int64_t* first, int64_t* last) {
   int64_t unused;
-  pb.geo.range(i0, first, &unused);
-  pb.geo.range(i0 + rows - 1, &unused, last);
+  pb.geo.range(b, i0, first, &unused);
+  pb.geo.range(b, i0 + rows - 1, &unused, last);
 }
 
 int64_t forward_scratch_floats(int64_t D) { return 2 * kBq * D + D * kBk + kBq * kBk + 2 * kBq + kBk; }
@@ -528,7 +541,7 @@ void forward_decode(const Problem& pb, float* out, float* lse) {
   for (int64_t t = 0; t < tasks; ++t) {
     const int64_t bh = t / T, i = t % T, b = bh / pb.H, kvh = pb.kv_head(bh);
     int64_t lo, hi;
-    pb.geo.range(i, &lo, &hi);
+    pb.geo.range(b, i, &lo, &hi);
     Ops::decode_row(pb.q + t * D, pb.k + kvh * S * D, pb.v + kvh * S * D, lo, hi,
                     pb.key_valid ? pb.key_valid + b * S : nullptr, D, cs, out + t * D, lse + t);
   }
@@ -569,11 +582,11 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
       l[r] = 0.0f;
     }
     int64_t first, last;
-    block_key_span(pb, i0, rows, &first, &last);
+    block_key_span(pb, b, i0, rows, &first, &last);
     for (int64_t j0 = first / kBk * kBk; j0 < last; j0 += kBk) {  // blocks outside [first, last) are masked out
       const int64_t cols = std::min(kBk, S - j0);
       if (!fill_key_valid(pb, b, j0, cols, kv)) continue;
-      tile_ranges(pb, i0, rows, j0, cols, lo, hi);
+      tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
       Ops::transpose(kh + j0 * D, cols, D, kt);
       Ops::gemm(qs, D, 1, kt, kBk, s, kBk, rows, cols, D, false);
       Ops::softmax_tile(s, rows, cols, lo, hi, kv, m, l, o, D);
@@ -631,7 +644,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
   // p into w.s and ds into w.dp for query rows [i0, i0 + rows) and keys
   // [j0, j0 + cols) of head bh; w.kt, w.vt and w.kv hold the key block.
   auto tile = [&](Tile& w, int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
-    tile_ranges(pb, i0, rows, j0, cols, w.lo, w.hi);
+    tile_ranges(pb, bh / pb.H, i0, rows, j0, cols, w.lo, w.hi);
     for (int64_t r = 0; r < rows; ++r) {
       const float lr = lse[bh * T + i0 + r];
       if (lr == kNegInf) w.lo[r] = w.hi[r] = 0;  // a row with no allowed key has no gradient
@@ -669,7 +682,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
       for (int64_t i0 = 0; i0 < T; i0 += kBq) {
         const int64_t rows = std::min(kBq, T - i0);
         int64_t first, last;
-        block_key_span(pb, i0, rows, &first, &last);
+        block_key_span(pb, bh / pb.H, i0, rows, &first, &last);
         if (first >= j0 + cols || last <= j0) continue;
         tile(w, bh, i0, rows, j0, cols);
         const float* qb = pb.q + (bh * T + i0) * D;
@@ -688,7 +701,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
     float* dqb = dq + (bh * T + i0) * D;
     std::fill(dqb, dqb + rows * D, 0.0f);
     int64_t first, last;
-    block_key_span(pb, i0, rows, &first, &last);
+    block_key_span(pb, bh / pb.H, i0, rows, &first, &last);
     const int64_t kvh = pb.kv_head(bh);
     for (int64_t j0 = first / kBk * kBk; j0 < last; j0 += kBk) {
       const int64_t cols = std::min(kBk, S - j0);
@@ -728,7 +741,16 @@ Status check_shape(const char* kernel, int64_t B, int64_t H, int64_t Hk, int64_t
   if (mask.kind != Kind::none && mask.kind != Kind::causal && mask.kind != Kind::local)
     return Status::invalid_argument(std::string(kernel) + ": mask.kind", "none, causal or local",
                                     i64(int(mask.kind)));
-  if (mask.kind == Kind::local) ASPEN_RETURN_IF_ERROR(check_extent(kernel, "mask.window", mask.window, 1));
+  if (mask.kind == Kind::local) {
+    ASPEN_RETURN_IF_ERROR(check_extent(kernel, "mask.window", mask.window, 1));
+    ASPEN_RETURN_IF_ERROR(check_extent(kernel, "mask.window_right", mask.window_right, 0));
+    if (mask.window > (int64_t(1) << 53) || mask.window_right > (int64_t(1) << 53))
+      return Status::invalid_argument(std::string(kernel) + ": mask.window, mask.window_right", "at most 2^53",
+                                      i64(mask.window) + ", " + i64(mask.window_right));
+  } else if (mask.window_right != 0) {
+    return Status::invalid_argument(std::string(kernel) + ": mask.window_right", "0 unless the kind is local",
+                                    i64(mask.window_right));
+  }
   ASPEN_RETURN_IF_ERROR(check_extent(kernel, "mask.kv_offset", mask.kv_offset, 0));
   if (mask.kv_offset > std::numeric_limits<int64_t>::max() - T)
     return Status::invalid_argument(std::string(kernel) + ": mask.kv_offset",
@@ -737,6 +759,23 @@ Status check_shape(const char* kernel, int64_t B, int64_t H, int64_t Hk, int64_t
     return Status::invalid_argument(std::string(kernel) + ": argument 'mask.key_valid'",
                                     "empty (all keys valid) or exactly " + i64(bs) + " elements ([B, S])",
                                     i64(int64_t(mask.key_valid.size())));
+  if (!mask.segments.empty()) {
+    if (int64_t(mask.segments.size()) != bs)
+      return Status::invalid_argument(std::string(kernel) + ": argument 'mask.segments'",
+                                      "empty (one segment) or exactly " + i64(bs) + " elements ([B, S])",
+                                      i64(int64_t(mask.segments.size())));
+    if (T > 0 && mask.kv_offset + T > S)
+      return Status::invalid_argument(std::string(kernel) + ": mask.kv_offset",
+                                      "kv_offset + T <= S = " + i64(S) + " with segments (each query's segment is "
+                                      "its position's)", i64(mask.kv_offset) + " + " + i64(T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 1; j < S; ++j)
+        if (mask.segments[size_t(b * S + j)] < mask.segments[size_t(b * S + j - 1)])
+          return Status::invalid_argument(std::string(kernel) + ": mask.segments row " + i64(b),
+                                          "non-decreasing segment ids (documents one after another)",
+                                          i64(mask.segments[size_t(b * S + j - 1)]) + " then " +
+                                              i64(mask.segments[size_t(b * S + j)]) + " at key " + i64(j));
+  }
   return Status();
 }
 
@@ -747,10 +786,26 @@ Status check_buffers(const char* kernel, std::initializer_list<NamedBuffer> buff
   return Status();
 }
 
+// The problem of one call; with segments, `seg` receives each key's segment
+// bounds ([B, S] starts, then [B, S] ends), which the geometry reads.
 Problem make_problem(const float* q, const float* k, const float* v, int64_t B, int64_t H, int64_t Hk, int64_t T,
-                     int64_t S, int64_t D, float scale, const AttentionMask& mask) {
-  return Problem{q, k, v, B, H, Hk, T, S, D, scale, Geometry{mask.kind, mask.window, mask.kv_offset, S},
-                 mask.key_valid.empty() ? nullptr : mask.key_valid.data()};
+                     int64_t S, int64_t D, float scale, const AttentionMask& mask, std::vector<int32_t>& seg) {
+  Problem pb{q, k, v, B, H, Hk, T, S, D, scale,
+             Geometry{mask.kind, mask.window, mask.window_right, mask.kv_offset, S},
+             mask.key_valid.empty() ? nullptr : mask.key_valid.data()};
+  if (mask.segments.empty()) return pb;
+  seg.resize(size_t(2 * B * S));
+  int32_t* lo = seg.data();
+  int32_t* hi = lo + B * S;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* id = mask.segments.data() + b * S;
+    for (int64_t j = 0; j < S; ++j) lo[b * S + j] = int32_t(j > 0 && id[j] == id[j - 1] ? lo[b * S + j - 1] : j);
+    for (int64_t j = S - 1; j >= 0; --j)
+      hi[b * S + j] = int32_t(j + 1 < S && id[j] == id[j + 1] ? hi[b * S + j + 1] : j + 1);
+  }
+  pb.geo.seg_lo = lo;
+  pb.geo.seg_hi = hi;
+  return pb;
 }
 
 }  // namespace
@@ -772,7 +827,8 @@ Status attention_forward(std::span<const float> q, std::span<const float> k, std
     ref::attention_forward<float>(q.data(), k.data(), v.data(), out.data(), lse.data(), B, H, Hk, T, S, D, scale, mask);
     return Status();
   }
-  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask);
+  std::vector<int32_t> seg;
+  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask, seg);
   const auto run = [&](auto ops) {
     using Ops = decltype(ops);
     if (T <= kDecodeRows)  // NOTE [attention decode rows]
@@ -804,7 +860,8 @@ Status attention_backward(std::span<const float> q, std::span<const float> k, st
                                    dk.data(), dv.data(), B, H, Hk, T, S, D, scale, mask);
     return Status();
   }
-  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask);
+  std::vector<int32_t> seg;
+  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask, seg);
   if (active_isa() >= Isa::avx512)
     backward_fast<Avx512>(pb, out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
   else if (active_isa() >= Isa::avx2)

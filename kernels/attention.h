@@ -27,21 +27,33 @@
 
 namespace aspen::kernels {
 
-// Which keys a query may attend. Query row i sits at absolute position
-// kv_offset + i, key j at position j (decoding with a KV cache: T new queries
-// after kv_offset cached keys, usually S = kv_offset + T).
+// Which keys a query may attend (xformers' attn_bias family). Query row i
+// sits at absolute position pos = kv_offset + i, key j at position j
+// (decoding with a KV cache: T new queries after kv_offset cached keys,
+// usually S = kv_offset + T; xformers' "from bottom right" alignment is
+// kv_offset = S - T, "top left" 0).
 //   none:   every key
-//   causal: j <= kv_offset + i
-//   local:  kv_offset + i - window < j <= kv_offset + i  (causal sliding window)
-// key_valid, when non-empty, holds [B, S] flags (1 = attend, 0 = padding) and
-// applies on top of the kind. A query with no allowed key gets out = 0,
-// lse = -inf and zero gradients.
+//   causal: j <= pos
+//   local:  pos - window < j <= pos + window_right  (window_right 0: a causal
+//           sliding window; > 0: keys ahead too, xformers' local attention)
+// Two conditions apply on top of the kind:
+//   key_valid, when non-empty, holds [B, S] flags (1 = attend, 0 = padding);
+//   segments, when non-empty, holds [B, S] segment ids, non-decreasing along
+//     each row (packed sequences, documents one after another: xformers'
+//     BlockDiagonalMask from sequence lengths); query i attends only keys of
+//     the segment of position pos (kv_offset + T <= S then). With causal or
+//     local this is the block-diagonal causal (local) mask.
+// Each row's allowed keys form one range [lo, hi) before key_valid, so whole
+// key blocks outside every row's range are skipped. A query with no allowed
+// key gets out = 0, lse = -inf and zero gradients.
 struct AttentionMask {
   enum class Kind { none, causal, local };
   Kind kind = Kind::none;
-  int64_t window = 0;     // local only; >= 1
-  int64_t kv_offset = 0;  // >= 0
+  int64_t window = 0;        // local only; >= 1
+  int64_t window_right = 0;  // local only; >= 0
+  int64_t kv_offset = 0;     // >= 0
   std::span<const uint8_t> key_valid = {};
+  std::span<const int32_t> segments = {};
 };
 
 // Writes out [B, H, T, D] and lse [B, H, T].

@@ -19,10 +19,11 @@ namespace {
 bool allowed(const AttentionMask& mask, int64_t S, int64_t b, int64_t i, int64_t j) {
   if (!mask.key_valid.empty() && mask.key_valid[size_t(b * S + j)] == 0) return false;
   const int64_t pos = mask.kv_offset + i;
+  if (!mask.segments.empty() && mask.segments[size_t(b * S + j)] != mask.segments[size_t(b * S + pos)]) return false;
   switch (mask.kind) {
     case Kind::none: return true;
     case Kind::causal: return j <= pos;
-    case Kind::local: return j <= pos && j > pos - mask.window;
+    case Kind::local: return j <= pos + mask.window_right && j > pos - mask.window;
   }
   return false;
 }

@@ -172,21 +172,110 @@ TEST(Attention, BackwardMatchesReference) {
       }
 }
 
+// Segment ids [B, S] of documents with lengths drawn in [1, max_len] (the last cut at S), non-decreasing.
+std::vector<int32_t> make_segments(int64_t B, int64_t S, int64_t max_len, uint64_t seed) {
+  std::vector<float> u = random_vector(size_t(B * S), seed, 0.0f, 1.0f);
+  std::vector<int32_t> seg(size_t(B * S));
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t id = int32_t(7 * b);  // ids need not start at 0 or be dense
+    int64_t left = 1 + int64_t(u[size_t(b * S)] * float(max_len - 1));
+    for (int64_t j = 0; j < S; ++j) {
+      if (left == 0) {
+        id += 1 + (j % 3 == 0);
+        left = 1 + int64_t(u[size_t(b * S + j)] * float(max_len - 1));
+      }
+      seg[size_t(b * S + j)] = id;
+      --left;
+    }
+  }
+  return seg;
+}
+
+// xformers' structured masks: block-diagonal (packed documents) with no mask,
+// causal and local windows; local windows reaching right; bottom-right
+// alignment (kv_offset = S - T); with padding and grouped-query heads; forward
+// and backward against the f64 reference, every ISA.
+TEST(Attention, StructuredMasksMatchReference) {
+  struct Structured {
+    Case c;
+    Kind kind;
+    int64_t window_right, max_doc;  // max_doc 0: no segments
+    bool padded;
+  };
+  const Structured cases[] = {
+      {{2, 2, 130, 130, 17, 0, 40}, Kind::causal, 0, 50, false},  // block-diagonal causal, docs cross blocks
+      {{1, 4, 200, 200, 64, 0, 30, 2}, Kind::local, 0, 90, true},  // block-diagonal local, GQA, padding
+      {{2, 1, 77, 77, 9, 0, 1}, Kind::none, 0, 20, false},         // block-diagonal without causality
+      {{1, 2, 150, 150, 33, 0, 20}, Kind::local, 13, 0, false},    // local window reaching 13 keys right
+      {{2, 2, 70, 70, 8, 0, 9}, Kind::local, 5, 30, true},         // left+right window within documents
+      {{1, 3, 40, 170, 17, 130, 0, 1}, Kind::causal, 0, 0, false}, // bottom-right: 40 queries after 130 keys
+      {{2, 2, 3, 100, 16, 97, 0}, Kind::causal, 0, 25, false},     // decode rows with segments
+      {{1, 1, 1, 1, 4, 0, 1}, Kind::local, 2, 1, false},           // one token
+  };
+  uint64_t seed = 7000;
+  for (const Structured& x : cases) {
+    const Case& c = x.c;
+    SCOPED_TRACE(describe(c, x.kind, x.padded) + " window_right=" + std::to_string(x.window_right) +
+                 " max_doc=" + std::to_string(x.max_doc));
+    const Inputs in = make_inputs(c, x.padded, seed += 10);
+    AttentionMask mask = make_mask(x.kind, c, in);
+    mask.kv_offset = c.offset;
+    mask.window_right = x.kind == Kind::local ? x.window_right : 0;
+    const std::vector<int32_t> seg = x.max_doc ? make_segments(c.B, c.S, x.max_doc, seed + 5) : std::vector<int32_t>{};
+    mask.segments = seg;
+    const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    std::vector<double> want_out(nq), want_lse(nl), dq(nq), dk(nk), dv(nk);
+    ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), want_out.data(),
+                                   want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
+    std::vector<float> out32(nq), lse32(nl);
+    ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), out32.data(), lse32.data(), c.B, c.H,
+                                  c.hk(), c.T, c.S, c.D, scale, mask);
+    ref::attention_backward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
+                                    to_f64(out32).data(), to_f64(lse32).data(), to_f64(in.dout).data(), dq.data(),
+                                    dk.data(), dv.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
+    for (Isa isa : testing::available_isas(Isa::avx512)) {
+      SCOPED_TRACE(isa_name(isa));
+      ScopedIsaCap cap(isa);
+      Guarded<float> out(nq, NAN), lse(nl, NAN), gq(nq, NAN), gk(nk, NAN), gv(nk, NAN);
+      ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
+                                    mask)
+                      .is_ok());
+      EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
+      EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
+      ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out32, lse32, in.dout, gq.span(), gk.span(), gv.span(), c.B,
+                                     c.H, c.hk(), c.T, c.S, c.D, scale, mask)
+                      .is_ok());
+      EXPECT_GUARDS(gq);
+      EXPECT_GUARDS(gk);
+      EXPECT_GUARDS(gv);
+      EXPECT_TRUE(close_nmse(gq.cspan(), std::span<const double>(dq), kNmse)) << "dq";
+      EXPECT_TRUE(close_nmse(gk.cspan(), std::span<const double>(dk), kNmse)) << "dk";
+      EXPECT_TRUE(close_nmse(gv.cspan(), std::span<const double>(dv), kNmse)) << "dv";
+    }
+  }
+}
+
 // Both backwards against central differences of L = sum(dout * out), with out
 // from the f64 reference forward, over q, k and v together.
 TEST(Attention, BackwardMatchesFiniteDifferences) {
   const Case c{1, 2, 5, 7, 3, 2, 3, /*Hk=*/1};  // multi-query: dk, dv sum over both heads
   const std::vector<uint8_t> pad = {1, 0, 1, 1, 0, 1, 1};
   const std::vector<uint8_t> pad_first = {0, 1, 1, 1, 1, 1, 1};  // with causal, offset 0: row 0 has no key
+  const std::vector<int32_t> docs = {4, 4, 4, 9, 9, 11, 11};  // three documents
   struct Variant {
     Kind kind;
     int64_t offset, window;
     const std::vector<uint8_t>* valid;
+    int64_t window_right = 0;
+    const std::vector<int32_t>* segments = nullptr;
   };
   const Variant variants[] = {{Kind::causal, 2, 0, nullptr},
                               {Kind::local, 2, 3, nullptr},
                               {Kind::none, 0, 0, &pad},
-                              {Kind::causal, 0, 0, &pad_first}};
+                              {Kind::causal, 0, 0, &pad_first},
+                              {Kind::local, 1, 2, nullptr, 2, &docs},
+                              {Kind::causal, 2, 0, &pad, 0, &docs}};
   uint64_t seed = 5000;
   for (const Variant& var : variants) {
     AttentionMask mask;
@@ -194,6 +283,8 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     mask.kv_offset = var.offset;
     mask.window = var.window;
     if (var.valid) mask.key_valid = *var.valid;
+    mask.window_right = var.window_right;
+    if (var.segments) mask.segments = *var.segments;
     SCOPED_TRACE(describe(Case{c.B, c.H, c.hk(), c.T, c.S, c.D, var.offset, var.window}, var.kind, var.valid != nullptr));
     const Inputs in = make_inputs(c, false, seed += 10);
     const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
@@ -239,9 +330,15 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
 TEST(Attention, MaskSemantics) {
   const Case c{2, 1, 6, 12, 5, 6, 3};
   const Inputs in = make_inputs(c, true, 77);  // batch 1 fully padded
-  for (Kind kind : kKinds) {
-    SCOPED_TRACE(describe(c, kind, true));
-    const AttentionMask mask = make_mask(kind, c, in);
+  const std::vector<int32_t> docs = {0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6};
+  for (Kind kind : kKinds)
+  for (int64_t right : {0, 2})
+  for (bool with_docs : {false, true}) {
+    if (right && kind != Kind::local) continue;
+    SCOPED_TRACE(describe(c, kind, true) + " window_right=" + std::to_string(right) + (with_docs ? " docs" : ""));
+    AttentionMask mask = make_mask(kind, c, in);
+    mask.window_right = right;
+    if (with_docs) mask.segments = docs;
     const float scale = 0.5f;
     std::vector<float> out(in.q.size()), lse(size_t(c.B * c.T));
     ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.hk(), c.T, c.S, c.D, scale, mask).is_ok());
@@ -252,7 +349,8 @@ TEST(Attention, MaskSemantics) {
         for (int64_t j = 0; j < c.S; ++j) {
           bool ok = in.valid[size_t(b * c.S + j)] != 0;
           if (kind == Kind::causal) ok = ok && j <= pos;
-          if (kind == Kind::local) ok = ok && j <= pos && j > pos - c.window;
+          if (kind == Kind::local) ok = ok && j <= pos + right && j > pos - c.window;
+          if (with_docs) ok = ok && docs[size_t(b * c.S + j)] == docs[size_t(b * c.S + pos)];
           if (!ok) continue;
           ks.insert(ks.end(), in.k.begin() + (b * c.S + j) * c.D, in.k.begin() + (b * c.S + j + 1) * c.D);
           vs.insert(vs.end(), in.v.begin() + (b * c.S + j) * c.D, in.v.begin() + (b * c.S + j + 1) * c.D);
@@ -340,6 +438,24 @@ TEST(Attention, BadArguments) {
             "attention_forward: T: expected >= 0, found -1");
   EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, H, T, S, D, INFINITY).message(),
             "attention_forward: scale: expected a finite number, found inf");
+  const std::vector<int32_t> shuffled = {0, 1, 0, 2};
+  AttentionMask unsorted;
+  unsorted.segments = shuffled;
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, H, T, S, D, 1.0f, unsorted).message(),
+            "attention_forward: mask.segments row 0: expected non-decreasing segment ids (documents one after "
+            "another), found 1 then 0 at key 2");
+  const std::vector<int32_t> docs = {0, 0, 1, 1};
+  AttentionMask late;
+  late.segments = docs;
+  late.kv_offset = 2;
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, H, T, S, D, 1.0f, late).message(),
+            "attention_forward: mask.kv_offset: expected kv_offset + T <= S = 4 with segments (each query's segment "
+            "is its position's), found 2 + 3");
+  AttentionMask right;
+  right.kind = Kind::causal;
+  right.window_right = 2;
+  EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, H, T, S, D, 1.0f, right).message(),
+            "attention_forward: mask.window_right: expected 0 unless the kind is local, found 2");
   EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, 3, T, S, D, 1.0f).message(),
             "attention_forward: Hk: expected a divisor of H = 2 (key/value heads), found 3");
   EXPECT_EQ(attention_forward(q, std::span<float>(k).first(19), v, out, lse, B, H, 1, T, S, D, 1.0f).message(),
