@@ -52,11 +52,15 @@ std::string lr_text(double lr) {
 }
 
 // The forward graph of `mc` for [batch, seq] with a loss (one tensor-parallel shard's when tp > 1).
-Status build_forward(graph::Graph& g, const models::ModelConfig& mc, int64_t batch, int64_t seq, int64_t tp = 1,
-                     bool vocab_parallel = false) {
+Status build_forward(graph::Graph& g, const models::ModelConfig& mc, int64_t batch, int64_t seq, bool packing,
+                     int64_t tp = 1, bool vocab_parallel = false) {
   graph::Builder b(g);
-  const models::CausalLmOptions o{
-      .batch = batch, .seq = seq, .with_loss = true, .tensor_parallel = tp, .vocab_parallel = vocab_parallel};
+  const models::CausalLmOptions o{.batch = batch,
+                                  .seq = seq,
+                                  .with_loss = true,
+                                  .segments = packing,
+                                  .tensor_parallel = tp,
+                                  .vocab_parallel = vocab_parallel};
   if (mc.causal_lm()) return models::build_causal_lm(b, mc, o);
   return Status::unimplemented("training a '" + mc.model_type + "' model",
                                "causal language models in this build (gpt2, gptj, llama, mistral, qwen2)");
@@ -308,6 +312,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   t->feed_ = std::make_unique<TrainFeed>(std::move(feed).value());
   const train::TokenIndex no_index;
   const train::TokenIndex& index = t->feed_->tokens() ? t->feed_->token_index() : no_index;
+  if (c.data.packing) t->feed_->set_packing(index.eos_id);  // config validation: token shards of a built-in family
 
   // The model: a user's ONNX file, a Hugging Face directory, or a fresh one.
   graph::Graph forward;
@@ -333,7 +338,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
           "prepare the data with the model's own tokenizer: aspen prepare-data --tokenizer " + c.model.from +
               " --input FILE --output DIR");
     ASPEN_RETURN_IF_ERROR(check_training_memory(t->model_config_, c, across ? model_devices : 1, local));
-    ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c.batch.micro, c.data.seq));
+    ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c.batch.micro, c.data.seq, c.data.packing));
     ASPEN_ASSIGN_OR_RETURN(weights, models::read_weights(forward, ckpt));
   } else {
     const int64_t vocab = c.model.vocab > 0 ? c.model.vocab : index.vocab_size;
@@ -363,7 +368,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     t->model_config_ = mc;
     ASPEN_RETURN_IF_ERROR(std::visit([](const auto& f) { return f.validate(); }, mc.family).with_context("config: model"));
     ASPEN_RETURN_IF_ERROR(check_training_memory(t->model_config_, c, across ? model_devices : 1, local));
-    ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c.batch.micro, c.data.seq));
+    ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c.batch.micro, c.data.seq, c.data.packing));
     ASPEN_ASSIGN_OR_RETURN(weights, models::init_weights(forward, {.seed = c.train.seed,
                                                                    .std = c.model.init_std,
                                                                    .n_layer = c.model.n_layer,
@@ -376,7 +381,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     const bool vp = c.parallel.vocab_parallel == "on" ||
                     (c.parallel.vocab_parallel == "auto" && vocab > 0 && vocab % c.parallel.tensor_parallel == 0);
     ASPEN_RETURN_IF_ERROR(
-        build_forward(forward, t->model_config_, c.batch.micro, c.data.seq, c.parallel.tensor_parallel, vp));
+        build_forward(forward, t->model_config_, c.batch.micro, c.data.seq, c.data.packing,
+                      c.parallel.tensor_parallel, vp));
   }
   t->tokenizer_dir_ = !c.data.tokenizer.empty()                    ? c.data.tokenizer
                       : !c.model.from.empty() && !c.model.is_onnx() ? c.model.from
@@ -773,6 +779,10 @@ Result<TrainResult> Trainer::run() {
   progress.finish();
   result.steps = model_->steps_done();
   result.tokens_per_s = seconds > 0 ? tokens_per_call * double(result.steps - start) / double(iters) / seconds : 0.0;
+  if (const TrainFeed::PackingStats& p = feed_->packing_stats(); p.rows > 0) {
+    result.documents_per_row = double(p.documents) / double(p.rows);
+    result.kept_attention_pairs = p.kept_pairs / p.causal_pairs;
+  }
   // Interrupted before this run's first step: nothing new to save (a step-0
   // checkpoint would only make the directory look like a run).
   if (last_saved != result.steps && !(result.interrupted && result.steps == start)) ASPEN_RETURN_IF_ERROR(save());

@@ -126,6 +126,9 @@ struct TrainResult {
   int64_t skipped_steps = 0;
   std::string model_dir;            // the exported Hugging Face directory ("" when stopped early)
   bool interrupted = false;         // stopped by stop_requested (a checkpoint of `steps` was written)
+  // data.packing: over this invocation's training rows, the documents per row and the share of causal
+  // attention pairs (query, earlier key) the block-diagonal mask keeps; 0 without packing.
+  double documents_per_row = 0, kept_attention_pairs = 0;
 };
 
 // Takes the lock of a run directory (creating it): FailedPrecondition naming

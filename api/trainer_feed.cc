@@ -170,6 +170,7 @@ std::map<std::string, graph::TensorType> TrainFeed::columns() const {
   if (tokens()) {
     for (const char* c : {"tokens", "targets", "positions", "mask"})
       out[c] = graph::TensorType{DType::i32, Shape{micro_batch_, seq_}};
+    if (packing_) out["segments"] = graph::TensorType{DType::i32, Shape{micro_batch_, seq_}};
     return out;
   }
   for (const auto& [name, t] : arrays_->columns()) {
@@ -234,12 +235,47 @@ Status TrainFeed::bind(const graph::Graph& forward, const std::map<std::string, 
   return Status::ok();
 }
 
-train::Columns TrainFeed::token_columns(train::Batch b) const {
+// lm_loss's cross_entropy ignores targets of this id (kernels::kIgnoreIndex).
+constexpr int32_t kIgnoreTarget = -100;
+
+void TrainFeed::set_packing(int32_t eos) {
+  packing_ = true;
+  eos_ = eos;
+}
+
+train::Columns TrainFeed::token_columns(train::Batch b, PackingStats* stats) const {
   train::Columns c;
   Tensor pos(DType::i32, b.inputs.shape()), mask(DType::i32, b.inputs.shape());
   const int64_t B = b.inputs.shape()[0], T = b.inputs.shape()[1];
   for (int64_t r = 0; r < B; ++r)
     for (int64_t k = 0; k < T; ++k) pos.data<int32_t>()[r * T + k] = int32_t(k), mask.data<int32_t>()[r * T + k] = 1;
+  if (packing_) {  // documents end at eos: positions restart after it, the prediction across it is not trained
+    Tensor seg(DType::i32, b.inputs.shape());
+    const int32_t* tok = b.inputs.data<int32_t>();
+    int32_t* p = pos.data<int32_t>();
+    int32_t* s = seg.data<int32_t>();
+    int32_t* tgt = b.targets.data<int32_t>();
+    for (int64_t r = 0; r < B; ++r) {
+      int32_t doc = 0, start = 0;
+      for (int64_t k = 0; k < T; ++k) {
+        p[r * T + k] = int32_t(k) - start;
+        s[r * T + k] = doc;
+        if (tok[r * T + k] == eos_) {
+          tgt[r * T + k] = int32_t(kIgnoreTarget);
+          if (stats) stats->kept_pairs += double(k + 1 - start) * double(k + 2 - start) / 2;
+          start = int32_t(k + 1);
+          ++doc;
+        }
+      }
+      if (stats) {
+        if (start < T) stats->kept_pairs += double(T - start) * double(T - start + 1) / 2;
+        stats->documents += doc + (start < T ? 1 : 0);
+        stats->causal_pairs += double(T) * double(T + 1) / 2;
+        ++stats->rows;
+      }
+    }
+    c.emplace("segments", std::move(seg));
+  }
   c.emplace("tokens", std::move(b.inputs));
   c.emplace("targets", std::move(b.targets));
   c.emplace("positions", std::move(pos));
@@ -250,7 +286,7 @@ train::Columns TrainFeed::token_columns(train::Batch b) const {
 Result<train::Columns> TrainFeed::next_of(size_t local) {
   if (tokens()) {
     ASPEN_ASSIGN_OR_RETURN(train::Batch b, token_loaders_[local]->next());
-    return token_columns(std::move(b));
+    return token_columns(std::move(b), &packing_stats_);
   }
   return array_loaders_[local]->next();
 }
@@ -299,7 +335,7 @@ Result<std::map<std::string, Tensor>> TrainFeed::val_batch(int64_t i) {
   train::Columns batch;
   if (tokens()) {
     ASPEN_ASSIGN_OR_RETURN(train::Batch b, token_val_->val_batch(i));
-    batch = token_columns(std::move(b));
+    batch = token_columns(std::move(b), nullptr);
   } else {
     ASPEN_ASSIGN_OR_RETURN(batch, array_val_->val_batch(i));
   }

@@ -6,6 +6,9 @@
 // A micro-batch is a set of columns with its B examples on axis 0:
 //   token shards: tokens [B, T] (each example's T tokens), targets [B, T] (the same shifted left by one
 //                 token), positions [B, T] (0 .. T-1) and mask [B, T] (ones: shards have no padding);
+//                 with packing (set_packing), positions restart after each eos token, targets whose token
+//                 is eos are ignored (-100: the next document's first token), and segments [B, T] numbers
+//                 each row's documents;
 //   arrays:       every array of the dataset, by its name.
 // Each model input reads one column: its elements in order (a [B, T] column feeds a [B·T] input), so
 // the input must hold exactly as many; converted to the input's element type (integers to integers,
@@ -43,6 +46,15 @@ class TrainFeed {
                                 const std::vector<int64_t>& replicas, bool arrays_allowed);
 
   bool tokens() const { return !token_loaders_.empty(); }
+  // Packed documents (token shards only; data.packing): `eos` ends a document. Before bind().
+  void set_packing(int32_t eos);
+  // Over the micro-batches drawn for training so far: documents per row and the share of causal
+  // attention pairs the block-diagonal mask keeps.
+  struct PackingStats {
+    int64_t rows = 0, documents = 0;
+    double kept_pairs = 0, causal_pairs = 0;
+  };
+  const PackingStats& packing_stats() const { return packing_stats_; }
   const train::TokenIndex& token_index() const;  // tokens() only
   const train::ArrayDataset& arrays() const;     // !tokens() only
   // Every column of a micro-batch, with its type ([B, ...]).
@@ -81,7 +93,7 @@ class TrainFeed {
     graph::TensorType type;  // the input's, per micro-batch
   };
   Result<train::Columns> next_of(size_t local);
-  train::Columns token_columns(train::Batch b) const;
+  train::Columns token_columns(train::Batch b, PackingStats* stats) const;
   [[nodiscard]] Status put(const train::Columns& batch, int64_t slot, std::map<std::string, Tensor>& out) const;
 
   std::string path_;
@@ -92,6 +104,9 @@ class TrainFeed {
   std::vector<std::unique_ptr<train::ArrayLoader>> array_loaders_;
   std::unique_ptr<train::ArrayLoader> array_val_;
   std::vector<Binding> bindings_;
+  bool packing_ = false;
+  int32_t eos_ = 0;
+  PackingStats packing_stats_;
   std::map<std::string, Tensor> call_;  // next_call's tensors, reused
   int64_t call_slots_ = 0;
 };

@@ -44,7 +44,8 @@ ValueId mlp(Builder& b, ValueId x, const MlpSpec& s) {
 }
 
 ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const AttentionSpec& s,
-                       std::optional<ValueId> positions, std::optional<ValueId> key_valid, const KvCacheSpec* cache) {
+                       std::optional<ValueId> positions, std::optional<ValueId> key_valid, const KvCacheSpec* cache,
+                       std::optional<ValueId> segments) {
   if (!b.status().is_ok()) return ValueId{};
   const Shape qs = b.type(q).shape;  // [B, T, H*D]
   const int64_t B = qs[0], T = qs[1], H = s.n_head, Hk = s.n_kv_head > 0 ? s.n_kv_head : s.n_head, D = s.head_dim;
@@ -80,11 +81,18 @@ ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const Attent
     if (T == 1) mask = "none";  // key_valid alone says which cached positions exist
   }
   if (key_valid) args.push_back(*key_valid);
+  ASPEN_CHECK(!(segments && cache));  // a caller's bug: check_kv_cache refuses packed generation
+  if (segments) args.push_back(*segments);
   graph::Attrs attrs{{"scale", 1.0 / std::sqrt(double(D))}, {"mask", mask}};
   if (mask == "local") attrs.set("window", s.window);
   std::vector<ValueId> outs = b.op(OpKind::attention, std::move(args), std::move(attrs));
   if (outs.empty()) return ValueId{};
   return b.reshape(b.transpose(outs[0], to_bhtd), {B, T, H * D});  // merge heads: [B, T, H*D]
+}
+
+std::optional<ValueId> segments_input(Builder& b, const CausalLmOptions& o) {
+  if (!o.segments) return std::nullopt;
+  return b.input("segments", DType::i32, Shape{o.batch, o.seq});
 }
 
 KvCacheInputs kv_cache_inputs(Builder& b, const CausalLmOptions& o) {
@@ -137,9 +145,10 @@ Status check_kv_cache(const std::string& family, const CausalLmOptions& o, const
                                     "a number in [seq = " + std::to_string(o.seq) + ", " + positions_key + " = " +
                                         std::to_string(max_positions) + "]",
                                     std::to_string(o.kv_cache_len));
-  if (o.attention_mask || o.with_loss)
-    return Status::invalid_argument(family + ": kv_cache_len", "0 with attention_mask or with_loss (key_valid "
-                                    "replaces the mask; a cache is for generation)", std::to_string(o.kv_cache_len));
+  if (o.attention_mask || o.with_loss || o.segments)
+    return Status::invalid_argument(family + ": kv_cache_len", "0 with attention_mask, segments or with_loss "
+                                    "(key_valid replaces the mask; a cache is for generation)",
+                                    std::to_string(o.kv_cache_len));
   return Status();
 }
 

@@ -96,10 +96,13 @@ struct KvCacheSpec {
   int64_t len = 0;
   graph::ValueId index;
 };
+// segments (i32 [B, T], optional, no cache): packed documents, attended
+// block-diagonally (graph/ops_attention.cc).
 graph::ValueId attention_core(graph::Builder& b, graph::ValueId q, graph::ValueId k, graph::ValueId v,
                               const AttentionSpec& spec, std::optional<graph::ValueId> positions = std::nullopt,
                               std::optional<graph::ValueId> key_valid = std::nullopt,
-                              const KvCacheSpec* cache = nullptr);
+                              const KvCacheSpec* cache = nullptr,
+                              std::optional<graph::ValueId> segments = std::nullopt);
 
 // Parameters named with this prefix are a program's state (KV caches), not
 // weights: checkpoints neither hold nor fill them; they start at zero.
@@ -114,6 +117,10 @@ struct CausalLmOptions {
   int64_t batch = 1, seq = 1;
   bool with_loss = false;       // input "targets" i32 [batch*seq], output "loss" (rank 0)
   bool attention_mask = false;  // input "attention_mask" u8 [batch, seq]: 1 = token, 0 = padding (a key never attended)
+  // Packed sequences: input "segments" i32 [batch, seq], non-decreasing document ids along each row; a token
+  // attends only earlier tokens of its own document (block-diagonal causal mask). Positions stay an input:
+  // the caller restarts them at each document. Not with a KV cache.
+  bool segments = false;
   bool last_hidden_state = false;  // output "last_hidden_state" [batch, seq, d_model]: ln_f's output (HF's last
                                    // hidden_states entry)
   // Generation (models/generate.h). kv_cache_len > 0: a KV cache of that many
@@ -143,6 +150,8 @@ struct CausalLmOptions {
   // shard holds a whole row of logits. The vocabulary must divide by T.
   bool vocab_parallel = false;
 };
+// The input "segments" when options ask for packed sequences (else nullopt).
+std::optional<graph::ValueId> segments_input(graph::Builder& b, const CausalLmOptions& options);
 // The inputs a causal LM's kv-cache options add (invalid without them).
 struct KvCacheInputs {
   graph::ValueId index, key_valid;
@@ -161,7 +170,7 @@ graph::ValueId logits_input(graph::Builder& b, graph::ValueId x, const CausalLmO
 Status check_batch_seq(const std::string& family, int64_t batch, int64_t seq, const std::string& positions_key,
                        int64_t max_positions);
 
-// kv_cache_len is 0, or in [seq, max_positions] without attention_mask or loss.
+// kv_cache_len is 0, or in [seq, max_positions] without attention_mask, segments or loss.
 Status check_kv_cache(const std::string& family, const CausalLmOptions& options, const std::string& positions_key,
                       int64_t max_positions);
 // "<family> config: <key>: expected <expected>, found <found>".

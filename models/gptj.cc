@@ -63,6 +63,7 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   if (o.with_loss) m.targets = b.input("targets", DType::i32, Shape{o.batch * o.seq});
   std::optional<ValueId> key_valid;
   if (o.attention_mask) key_valid = m.attention_mask;
+  const std::optional<ValueId> segments = segments_input(b, o);
   const KvCacheInputs kv = kv_cache_inputs(b, o);
   if (o.kv_cache_len > 0) key_valid = kv.key_valid;
 
@@ -82,7 +83,9 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
     ValueId k = linear(b, h, p + "attn.k_proj", C, Cl, false, wdt);
     ValueId v = linear(b, h, p + "attn.v_proj", C, Cl, false, wdt);
     const KvCacheSpec cache = layer_cache(kv, o, i);
-    ValueId a = linear(b, attention_core(b, q, k, v, attn, m.positions, key_valid, o.kv_cache_len ? &cache : nullptr),
+    ValueId a = linear(b,
+                       attention_core(b, q, k, v, attn, m.positions, key_valid, o.kv_cache_len ? &cache : nullptr,
+                                      segments),
                        p + "attn.out_proj", Cl, C, false, wdt);
     if (T > 1) {  // both row-parallel products summed by one all-reduce, then fc_out's bias once
       ValueId u = b.gelu(linear(b, h, p + "mlp.fc_in", C, Fl, /*bias=*/true, wdt), /*tanh_form=*/true);

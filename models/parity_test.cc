@@ -151,6 +151,66 @@ TEST(Parity, LlamaTinyMatchesHuggingFace) { check_causal_lm("llama-tiny"); }
 TEST(Parity, MistralTinyMatchesHuggingFace) { check_causal_lm("mistral-tiny"); }
 TEST(Parity, Qwen2TinyMatchesHuggingFace) { check_causal_lm("qwen2-tiny"); }
 
+// Packed sequences (CausalLmOptions::segments): a row holding three
+// documents, positions restarting at each, gives every document the logits it
+// gets alone, and the packed loss (targets that cross a document boundary
+// ignored) is the token-weighted mean of the documents' own losses.
+TEST(Parity, PackedDocumentsEqualEachDocumentAlone) {
+  for (const char* dir : {"gpt2-tiny", "gptj-tiny", "llama-tiny", "mistral-tiny"}) {
+    SCOPED_TRACE(dir);
+    auto ckpt = Checkpoint::open(kTestdata + "/" + dir);
+    ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+    const std::vector<int64_t> lens = {5, 7, 4};  // mistral's window (6) cuts inside the second document
+    const int64_t T = 16;
+    Tensor ids(DType::i32, Shape{1, T}), pos(DType::i32, Shape{1, T}), seg(DType::i32, Shape{1, T}),
+        tgt(DType::i32, Shape{T});
+    for (int64_t t = 0, d = 0, start = 0; t < T; ++t) {
+      if (t - start == lens[size_t(d)]) start = t, ++d;
+      ids.data<int32_t>()[t] = int32_t((37 * t + 11) % 1000);
+      pos.data<int32_t>()[t] = int32_t(t - start);
+      seg.data<int32_t>()[t] = int32_t(d);
+      const bool last = t - start == lens[size_t(d)] - 1;
+      tgt.data<int32_t>()[t] = last ? -100 : int32_t((37 * (t + 1) + 11) % 1000);
+    }
+    graph::Graph g;
+    graph::Builder b(g);
+    ASSERT_TRUE(build_causal_lm(b, ckpt->config(), {.batch = 1, .seq = T, .with_loss = true, .segments = true}).is_ok());
+    auto s = session_for(g, *ckpt);
+    ASSERT_NE(s, nullptr);
+    auto packed = run(*s, {{"input_ids", &ids}, {"positions", &pos}, {"segments", &seg}, {"targets", &tgt}});
+    ASSERT_FALSE(packed.empty());
+    s.reset();  // its cores go back before the next session takes them
+    double loss_sum = 0;
+    int64_t counted = 0;
+    for (int64_t d = 0, start = 0; d < 3; start += lens[size_t(d)], ++d) {
+      const int64_t L = lens[size_t(d)];
+      Tensor i1(DType::i32, Shape{1, L}), p1(DType::i32, Shape{1, L}), t1(DType::i32, Shape{L});
+      for (int64_t t = 0; t < L; ++t) {
+        i1.data<int32_t>()[t] = ids.data<int32_t>()[start + t];
+        p1.data<int32_t>()[t] = int32_t(t);
+        t1.data<int32_t>()[t] = tgt.data<int32_t>()[start + t];
+      }
+      graph::Graph ga;
+      graph::Builder ba(ga);
+      ASSERT_TRUE(build_causal_lm(ba, ckpt->config(), {.batch = 1, .seq = L, .with_loss = true}).is_ok());
+      auto sa = session_for(ga, *ckpt);
+      ASSERT_NE(sa, nullptr);
+      auto alone = run(*sa, {{"input_ids", &i1}, {"positions", &p1}, {"targets", &t1}});
+      ASSERT_FALSE(alone.empty());
+      const Tensor& got = packed.at("logits");
+      const Tensor& want = alone.at("logits");
+      const int64_t V = want.shape()[2];
+      double worst = 0;
+      for (int64_t x = 0; x < L * V; ++x)
+        worst = std::max(worst, double(std::fabs(got.data<float>()[start * V + x] - want.data<float>()[x])));
+      EXPECT_LE(worst, 2e-5) << "document " << d;
+      loss_sum += double(alone.at("loss").data<float>()[0]) * double(L - 1);
+      counted += L - 1;
+    }
+    EXPECT_NEAR(packed.at("loss").data<float>()[0], loss_sum / double(counted), 1e-5);
+  }
+}
+
 TEST(Parity, BertTinyMatchesHuggingFace) {
   auto ckpt = Checkpoint::open(kTestdata + "/bert-tiny");
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();

@@ -324,6 +324,10 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   std::cout << std::setprecision(0) << std::fixed << "; " << r->tokens_per_s << (tokens ? " tokens/s" : " examples/s");
   if (r->skipped_steps) std::cout << "; " << r->skipped_steps << " steps skipped (loss-scale overflow)";
   std::cout << "\n";
+  if (c.data.packing && r->documents_per_row > 0)
+    std::cout << std::setprecision(1) << "packing: " << r->documents_per_row
+              << " documents per row, no padding (every slot a real token); the block-diagonal mask keeps "
+              << 100.0 * r->kept_attention_pairs << "% of the causal attention pairs\n";
   if (a.demo) return report(report_addition(r->model_dir, task, c.train.threads));
   return 0;
 }

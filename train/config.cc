@@ -68,6 +68,7 @@ void for_each_key(Config& c, Visit&& v) {
   v("data", "tokenizer", c.data.tokenizer, any());
   v("data", "seq", c.data.seq, at_least(1));
   v("data", "val_fraction", c.data.val_fraction, interval(0, 1, false, true));
+  v("data", "packing", c.data.packing, any());
 
   v("optimizer", "name", c.optimizer.name, one_of({"adamw", "sgd", "lamb"}));
   v("optimizer", "lr", c.optimizer.lr, at_least(0));
@@ -626,6 +627,9 @@ Status TrainConfig::validate() const {
       return Status::invalid_argument("sample.prompts", "none for an ONNX model (samples come from the built-in families)",
                                       "a list of " + std::to_string(sample.prompts.size()));
     if (model.targets.empty()) return Status::invalid_argument("model.targets", "a data column's name", "''");
+    if (data.packing)
+      return Status::invalid_argument("data.packing", "false for an ONNX model (its attention takes no document ids)",
+                                      "true");
   } else {
     const ModelSection defaults;
     const char* onnx_only = !model.inputs.empty()                  ? "model.inputs"

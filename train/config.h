@@ -68,6 +68,10 @@ struct DataSection {
   std::string tokenizer;  // for samples; empty: the model directory, else the shard index's tokenizer_dir
   int64_t seq = 128;
   double val_fraction = 0.05;
+  // Packed documents: each row's tokens keep their documents apart (the eos token ends one): a token attends
+  // only its own document (block-diagonal causal mask), positions restart at each document, and the
+  // prediction across a boundary is not trained. Built-in families only.
+  bool packing = false;
   bool operator==(const DataSection&) const = default;
 };
 
