@@ -5,40 +5,21 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 
 #include "bench/common.h"
 #include "core/philox.h"
 #include "core/thread_team.h"
 #include "kernels/attention.h"
-#include "kernels/matmul.h"
-#include "kernels/softmax.h"
 
 namespace aspen::bench {
 
 namespace {
 
-// The materialized path a framework's eager attention takes (PyTorch's "math"
-// scaled_dot_product_attention): scores = q k^T for all heads by oneDNN, scale
-// and causal mask, row softmax, out = p v. Multithreaded like the fast kernel;
-// its scratch is the [B·H, T, S] score tensor.
-Status materialized_attention(std::span<const float> q, std::span<const float> k, std::span<const float> v,
-                              std::span<float> o, std::span<float> scores, int64_t BH, int64_t T, int64_t S,
-                              int64_t D, float scale) {
-  kernels::MatmulShape qk{.batch = BH, .M = T, .N = S, .K = D, .trans_b = true};
-  ASPEN_RETURN_IF_ERROR(kernels::matmul(q, k, {}, scores, qk));
-  float* sc = scores.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < BH * T; ++row) {
-    const int64_t i = row % T;
-    float* r = sc + row * S;
-    for (int64_t j = 0; j < S; ++j) r[j] = j <= i ? r[j] * scale : -INFINITY;
-  }
-  ASPEN_RETURN_IF_ERROR(kernels::softmax_forward(scores, scores, BH * T, S));
-  kernels::MatmulShape pv{.batch = BH, .M = T, .N = D, .K = S};
-  return kernels::matmul(scores, v, {}, o, pv);
-}
+using Kind = kernels::AttentionMask::Kind;
 
 Status check_option(const char* name, int64_t value) {
   if (value < 1)
@@ -46,82 +27,159 @@ Status check_option(const char* name, int64_t value) {
   return Status();
 }
 
+// The row's mask over [1, S] keys; `segments` receives blockdiag's document ids.
+kernels::AttentionMask mask_of(const std::string& kind, const AttentionBenchOptions& o, int64_t T,
+                               std::vector<int32_t>& segments) {
+  kernels::AttentionMask m;
+  m.kind = kind == "local" ? Kind::local : Kind::causal;
+  if (kind == "local") m.window = o.window;
+  if (kind == "blockdiag") {
+    const int64_t size = std::max<int64_t>(1, T / o.documents);
+    segments.resize(size_t(T));
+    for (int64_t j = 0; j < T; ++j) segments[size_t(j)] = int32_t(j / size);
+    m.segments = segments;
+  }
+  return m;
+}
+
+using Key = std::tuple<std::string, int64_t, std::string>;  // mask, T, pass
+
+// bench/torch_attention.py over every row: seconds by (mask, T, pass); a note when it did not run.
+std::string run_peer(const AttentionBenchOptions& o, std::map<Key, double>& seconds) {
+  auto join = [](const auto& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ",") + fmt::format("{}", x);
+    return s;
+  };
+  const std::string script = std::string(ASPEN_SOURCE_DIR) + "/bench/torch_attention.py";
+  const std::string cmd =
+      fmt::format("{} {} --json --t {} --masks {} --passes {} --heads {} --d {} --window {} --documents {} "
+                  "--threads {} --repeats {} 2>/dev/null",
+                  o.python, script, join(o.t), join(o.masks), join(o.passes), o.heads, o.d, o.window, o.documents,
+                  o.threads, o.repeats);
+  const bool ran = read_json_lines(cmd, [&](const nlohmann::json& j) {
+    if (j.value("bench", "") != "attention_torch") return;
+    seconds[{j.value("mask", ""), j.value("T", int64_t(0)), j.value("pass", "")}] = j.value("seconds", 0.0);
+  });
+  if (ran && !seconds.empty()) return "";
+  return "PyTorch peer: no result (run " + o.python + " " + script + " to see why)";
+}
+
 }  // namespace
 
 Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) {
   for (int64_t t : opt.t) ASPEN_RETURN_IF_ERROR(check_option("--t", t));
   ASPEN_RETURN_IF_ERROR(check_option("--heads", opt.heads));
-  ASPEN_RETURN_IF_ERROR(check_option("d", opt.d));
+  ASPEN_RETURN_IF_ERROR(check_option("--d", opt.d));
   ASPEN_RETURN_IF_ERROR(check_option("--threads", opt.threads));
-  ASPEN_RETURN_IF_ERROR(check_option("repeats", opt.repeats));
+  ASPEN_RETURN_IF_ERROR(check_option("--repeats", opt.repeats));
+  ASPEN_RETURN_IF_ERROR(check_option("--window", opt.window));
+  ASPEN_RETURN_IF_ERROR(check_option("--documents", opt.documents));
+  for (const std::string& m : opt.masks)
+    if (m != "causal" && m != "local" && m != "blockdiag")
+      return Status::invalid_argument("attention bench: --masks", "causal, local or blockdiag", m);
+  for (const std::string& p : opt.passes)
+    if (p != "fwd" && p != "fwd_bwd")
+      return Status::invalid_argument("attention bench: --passes", "fwd or fwd_bwd", p);
 
-  ScopedOmpThreads team(opt.threads);
   const int64_t B = 1, H = opt.heads, D = opt.d;
   const float scale = 1.0f / std::sqrt(float(D));
-  kernels::AttentionMask mask;
-  mask.kind = kernels::AttentionMask::Kind::causal;
+  std::map<Key, double> mine;
+  struct Row {
+    std::string mask, pass;
+    int64_t T;
+    double seconds, naive = 0;
+    int64_t peak;
+  };
+  std::vector<Row> rows;
+  {
+    ScopedOmpThreads team(opt.threads);
+    for (const int64_t T : opt.t) {
+      const size_t n = size_t(B * H * T * D);
+      std::vector<float> q(n), k(n), v(n), o(n), lse(size_t(B * H * T)), g(n), dq(n), dk(n), dv(n);
+      philox_fill_uniform(q, /*seed=*/1, /*stream=*/1, 0, -1.0f, 1.0f);
+      philox_fill_uniform(k, 1, 2, 0, -1.0f, 1.0f);
+      philox_fill_uniform(v, 1, 3, 0, -1.0f, 1.0f);
+      philox_fill_uniform(g, 1, 4, 0, -1.0f, 1.0f);
+      for (const std::string& kind : opt.masks) {
+        std::vector<int32_t> segments;
+        const kernels::AttentionMask mask = mask_of(kind, opt, T, segments);
+        const int64_t seg_bytes = segments.empty() ? 0 : 8 * B * T;
+        for (const std::string& pass : opt.passes) {
+          Status status;
+          const bool bwd = pass == "fwd_bwd";
+          const double s = best_seconds(
+              [&] {
+                if (status.is_ok()) status = kernels::attention_forward(q, k, v, o, lse, B, H, H, T, T, D, scale, mask);
+                if (status.is_ok() && bwd)
+                  status = kernels::attention_backward(q, k, v, o, lse, g, dq, dk, dv, B, H, H, T, T, D, scale, mask);
+              },
+              opt.repeats, 0.0);
+          ASPEN_RETURN_IF_ERROR(status);
+          Row r{kind, pass, T, s, 0.0,
+                std::max(kernels::attention_forward_scratch_bytes(D, opt.threads),
+                         bwd ? kernels::attention_backward_scratch_bytes(B, H, T, D, opt.threads) : 0) +
+                    seg_bytes};
+          if (kind == "causal" && !bwd && T <= 2048) {  // the definition, as a check of the fast path's output
+            std::vector<float> ro(n), rl(size_t(B * H * T));
+            r.naive = best_seconds(
+                [&] {
+                  kernels::ref::attention_forward<float>(q.data(), k.data(), v.data(), ro.data(), rl.data(), B, H, H,
+                                                         T, T, D, scale, mask);
+                },
+                1, 0.0, /*warm_up=*/false);
+            double worst = 0;
+            for (size_t i = 0; i < n; ++i) worst = std::max(worst, double(std::abs(ro[i] - o[i])));
+            if (!(worst < 1e-4))
+              return Status::error(Code::kInternal, "attention bench, T=" + std::to_string(T),
+                                   "the fast and naive outputs to agree within 1e-4",
+                                   "a max difference of " + std::to_string(worst));
+          }
+          mine[{kind, T, pass}] = s;
+          rows.push_back(r);
+        }
+      }
+    }
+  }
+  std::map<Key, double> peer;
+  const bool run_peer_too = !opt.python.empty() && opt.python != "none";
+  const std::string note = run_peer_too ? run_peer(opt, peer) : "PyTorch peer: not run (--python none)";
 
   if (!opt.json)
-    out << fmt::format("# attention forward, causal, B=1 H={} D={}, {} thread(s); naive = reference, 1 thread;\n"
-                       "# materialized = oneDNN q k^T, softmax, p v over all heads (PyTorch's math path), {} thread(s)\n"
-                       "# peak = scratch bytes allocated beyond q, k, v, out, lse\n"
-                       "{:>6} | {:>10} {:>10} {:>8} | {:>10} {:>8} | {:>12} {:>12} {:>12}\n",
-                       H, D, opt.threads, opt.threads, "T", "fast ms", "naive ms", "speedup", "mat. ms", "speedup",
-                       "peak", "naive peak", "mat. peak");
-  for (const int64_t T : opt.t) {
-    const int64_t S = T;
-    std::vector<float> q(size_t(B * H * T * D)), k(size_t(B * H * S * D)), v(k.size()), o(q.size()), lse(size_t(B * H * T));
-    philox_fill_uniform(q, /*seed=*/1, /*stream=*/1, 0, -1.0f, 1.0f);
-    philox_fill_uniform(k, 1, 2, 0, -1.0f, 1.0f);
-    philox_fill_uniform(v, 1, 3, 0, -1.0f, 1.0f);
-
-    Status status;
-    const double fast = best_seconds([&] {
-      if (status.is_ok()) status = kernels::attention_forward(q, k, v, o, lse, B, H, H, T, S, D, scale, mask);
-    }, opt.repeats, 0.0);
-    ASPEN_RETURN_IF_ERROR(status);
-    std::vector<float> scores(size_t(B * H * T * S)), o_mat(o.size());
-    Status mat_status;
-    const double mat = best_seconds([&] {
-      if (mat_status.is_ok()) mat_status = materialized_attention(q, k, v, o_mat, scores, B * H, T, S, D, scale);
-    }, opt.repeats, 0.0);
-    ASPEN_RETURN_IF_ERROR(mat_status);
-    scores = {};
-    // Both compute the same function: a bench that times a wrong answer is worse than none.
-    double max_diff = 0;
-    for (size_t i = 0; i < o.size(); ++i) max_diff = std::max(max_diff, double(std::abs(o[i] - o_mat[i])));
-    if (!(max_diff < 1e-4))
-      return Status::error(Code::kInternal, "attention bench, T=" + std::to_string(T),
-                           "the fast and materialized outputs to agree within 1e-4",
-                           "a max difference of " + std::to_string(max_diff));
-    // The reference is quadratic in time and memory: one run once it takes seconds.
-    const int naive_runs = T >= 2048 ? 1 : opt.repeats;
-    const double naive = best_seconds([&] {
-      kernels::ref::attention_forward<float>(q.data(), k.data(), v.data(), o.data(), lse.data(), B, H, H, T, S, D, scale,
-                                             mask);
-    }, naive_runs, 0.0, /*warm_up=*/naive_runs > 1);
-
-    // Peak memory is accounted, not sampled: the fast forward's only allocation
-    // is its per-thread tile scratch, attention_forward_scratch_bytes(D, threads);
-    // the reference's is one [T, S] float score matrix (see kernels/attention.h).
-    const int64_t peak = kernels::attention_forward_scratch_bytes(D, opt.threads);
-    const int64_t naive_peak = T * S * int64_t(sizeof(float));
-    const double speedup = naive / fast;
-    const int64_t mat_peak = B * H * T * S * int64_t(sizeof(float));
+    out << fmt::format("# self-attention, B=1 H={} D={} f32, {} thread(s); torch = scaled_dot_product_attention "
+                       "(is_causal for causal, a dense boolean mask for the others)\n"
+                       "# ratio = torch / aspen; vs dense = aspen causal / this row; peak = aspen's scratch bytes\n"
+                       "{:>10} {:>6} {:>8} | {:>10} {:>10} {:>7} | {:>8} | {:>10}\n",
+                       H, D, opt.threads, "mask", "T", "pass", "aspen ms", "torch ms", "ratio", "vs dense", "peak");
+  for (const Row& r : rows) {
+    const auto p = peer.find({r.mask, r.T, r.pass});
+    const auto dense = mine.find({"causal", r.T, r.pass});
+    const double ratio = p != peer.end() && p->second > 0 ? p->second / r.seconds : 0.0;
+    const double vs_dense = r.mask != "causal" && dense != mine.end() ? dense->second / r.seconds : 0.0;
     if (opt.json) {
-      nlohmann::ordered_json row = {{"bench", "attention"}, {"t", T},
-                                    {"mode", "causal"},     {"seconds", fast},
-                                    {"naive_seconds", naive}, {"speedup", speedup},
-                                    {"peak_bytes", peak},   {"naive_peak_bytes", naive_peak},
-                                    {"materialized_seconds", mat}, {"speedup_vs_materialized", mat / fast},
-                                    {"materialized_peak_bytes", mat_peak}};
-      out << row.dump() << "\n";
+      nlohmann::ordered_json j = {{"bench", "attention"}, {"mask", r.mask},       {"T", r.T},
+                                  {"dtype", "f32"},       {"pass", r.pass},       {"seconds", r.seconds},
+                                  {"peak_bytes", r.peak}, {"heads", H},           {"d", D},
+                                  {"threads", opt.threads}};
+      if (ratio > 0) {
+        j["pytorch_seconds"] = p->second;
+        j["ratio_vs_pytorch"] = ratio;
+      }
+      if (vs_dense > 0) j["speedup_vs_dense"] = vs_dense;
+      if (r.naive > 0) j["naive_seconds"] = r.naive;
+      out << j.dump() << "\n";
     } else {
-      out << fmt::format("{:>6} | {:>10.3f} {:>10.3f} {:>7.1f}x | {:>10.3f} {:>7.2f}x | {:>8.1f} KiB {:>8.1f} MiB "
-                         "{:>8.1f} MiB\n",
-                         T, fast * 1e3, naive * 1e3, speedup, mat * 1e3, mat / fast, peak / 1024.0,
-                         naive_peak / 1048576.0, mat_peak / 1048576.0);
+      out << fmt::format("{:>10} {:>6} {:>8} | {:>10.3f} {:>10} {:>7} | {:>8} | {:>6.1f} KiB\n", r.mask, r.T, r.pass,
+                         r.seconds * 1e3, ratio > 0 ? fmt::format("{:.3f}", p->second * 1e3) : "-",
+                         ratio > 0 ? fmt::format("{:.2f}x", ratio) : "-",
+                         vs_dense > 0 ? fmt::format("{:.2f}x", vs_dense) : "-", double(r.peak) / 1024.0);
     }
+  }
+  if (!note.empty()) {
+    if (opt.json)
+      out << nlohmann::ordered_json({{"bench", "attention"}, {"note", note}}).dump() << "\n";
+    else
+      out << "# " << note << "\n";
   }
   return Status();
 }

@@ -1,13 +1,24 @@
 // bench/attention_bench.h: `aspen bench attention`.
 //
-// Causal self-attention forward (B = 1, S = T) for each T: aspen's
-// memory-efficient kernel (kernels/attention.h) against the naive definition,
-// ref::attention_forward<float>, which materializes the [T, S] scores. Reports
-// the time of each, the speedup, and the scratch memory each needs.
+// Self-attention (B = 1, S = T, f32) for each T, mask and pass: aspen's
+// memory-efficient kernels (kernels/attention.h) against PyTorch's
+// scaled_dot_product_attention on the same machine in the same run
+// (bench/torch_attention.py, unless python is "none"). Masks:
+//   causal     dense causal: PyTorch's is_causal flash kernel
+//   local      a causal window of `window` keys
+//   blockdiag  `documents` packed documents, causal within each (segment ids)
+// PyTorch takes the masked rows as a dense boolean attn_mask (its CPU kernel
+// cannot skip the blocks a mask removes). Passes: fwd, and fwd_bwd (forward,
+// then backward of the same call). Reports the best time of each, the peak
+// scratch bytes aspen allocates, ratio_vs_pytorch (PyTorch's time / aspen's)
+// and, on masked rows, speedup_vs_dense (aspen's causal time / this row's).
+// Causal forward rows up to T = 2048 also time the naive definition
+// (ref::attention_forward, materialized scores, one thread) as a check.
 #pragma once
 
 #include <cstdint>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -15,17 +26,23 @@
 namespace aspen::bench {
 
 struct AttentionBenchOptions {
-  std::vector<int64_t> t = {256, 1024, 4096};
-  int64_t heads = 2;
+  std::vector<int64_t> t = {1024, 4096, 8192};
+  std::vector<std::string> masks = {"causal", "local", "blockdiag"};
+  std::vector<std::string> passes = {"fwd", "fwd_bwd"};
+  int64_t heads = 4;
   int64_t d = 64;
+  int64_t window = 256;   // local: keys per query
+  int64_t documents = 8;  // blockdiag: equal documents per row
   int threads = 2;
   bool json = false;
   int repeats = 3;
+  std::string python = "python3";  // runs bench/torch_attention.py; "" or "none": no peer
 };
 
-// One line per T (a table, or with json one object per line:
-// {"bench":"attention","t":..,"mode":"causal","seconds":..,"naive_seconds":..,
-//  "speedup":..,"peak_bytes":..,"naive_peak_bytes":..}).
+// One line per (T, mask, pass) (a table, or with json one object per line:
+// {"bench":"attention","mask":..,"T":..,"dtype":"f32","pass":"fwd"|"fwd_bwd","seconds":..,
+//  "peak_bytes":..,"heads":..,"d":..,"threads":..[,"pytorch_seconds":..,"ratio_vs_pytorch":..]
+//  [,"speedup_vs_dense":..][,"naive_seconds":..]}).
 Status run_attention_bench(const AttentionBenchOptions& options, std::ostream& out);
 
 }  // namespace aspen::bench

@@ -666,7 +666,51 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
   };
 
   const int64_t nqb = (T + kBq - 1) / kBq, nkb = (S + kBk - 1) / kBk,
-                group = pb.Hk > 0 ? pb.H / pb.Hk : 0;
+                group = pb.Hk > 0 ? pb.H / pb.Hk : 0, units = pb.B * pb.Hk;
+
+  // NOTE [attention backward per head]: with enough kv heads for every thread
+  // (B·Hk a multiple of the threads, or at least 4 per thread), a thread owns
+  // whole kv heads and makes one pass: per key block, per query block of the
+  // group's heads, s and ds once, then dv, dk and dq all from them (5 block
+  // products instead of the two passes' 7). dq sums over the key blocks in
+  // ascending order and dk, dv over the (head, query block) pairs in the same
+  // order as the two passes do, with the same block products: the bits are
+  // the two passes' bits, so the choice may follow the thread count.
+  if (units >= nt && (units % nt == 0 || units >= 4 * int64_t(nt))) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    for (int64_t kvh = 0; kvh < units; ++kvh) {
+      Tile w;
+      carve(w);
+      const int64_t first_head = (kvh / pb.Hk) * pb.H + (kvh % pb.Hk) * group;
+      std::fill(dk + kvh * S * D, dk + (kvh + 1) * S * D, 0.0f);
+      std::fill(dv + kvh * S * D, dv + (kvh + 1) * S * D, 0.0f);
+      std::fill(dq + first_head * T * D, dq + (first_head + group) * T * D, 0.0f);
+      for (int64_t j0 = 0; j0 < S; j0 += kBk) {
+        const int64_t cols = std::min(kBk, S - j0);
+        float* dkb = dk + (kvh * S + j0) * D;
+        float* dvb = dv + (kvh * S + j0) * D;
+        if (!load_keys(w, kvh, j0, cols)) continue;
+        for (int64_t bh = first_head; bh < first_head + group; ++bh)
+          for (int64_t i0 = 0; i0 < T; i0 += kBq) {
+            const int64_t rows = std::min(kBq, T - i0);
+            int64_t first, last;
+            block_key_span(pb, bh / pb.H, i0, rows, &first, &last);
+            if (first >= j0 + cols || last <= j0) continue;
+            tile(w, bh, i0, rows, j0, cols);
+            const float* qb = pb.q + (bh * T + i0) * D;
+            const float* gb = dout + (bh * T + i0) * D;
+            Ops::gemm(w.s, 1, kBk, gb, D, dvb, D, cols, D, rows, true);   // dv += p^T dout
+            Ops::gemm(w.dp, 1, kBk, qb, D, dkb, D, cols, D, rows, true);  // dk += ds^T q
+            Ops::gemm(w.dp, kBk, 1, pb.k + (kvh * S + j0) * D, D, dq + (bh * T + i0) * D, D, rows, D, cols,
+                      true);  // dq += ds k
+          }
+        for (int64_t x = 0; x < cols * D; ++x) dkb[x] *= pb.scale;
+      }
+      for (float* x = dq + first_head * T * D; x < dq + (first_head + group) * T * D; ++x) *x *= pb.scale;
+    }
+    return;
+  }
+
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
   for (int64_t t = 0; t < pb.B * pb.Hk * nkb; ++t) {
     Tile w;
@@ -812,6 +856,10 @@ Problem make_problem(const float* q, const float* k, const float* v, int64_t B, 
 
 int64_t attention_forward_scratch_bytes(int64_t D, int threads) {
   return forward_scratch_floats(D) * int64_t(std::max(threads, 1)) * int64_t(sizeof(float));
+}
+
+int64_t attention_backward_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D, int threads) {
+  return (backward_scratch_floats(D) * int64_t(std::max(threads, 1)) + B * H * T) * int64_t(sizeof(float));
 }
 
 Status attention_forward(std::span<const float> q, std::span<const float> k, std::span<const float> v,

@@ -197,12 +197,24 @@ int main(int argc, char** argv) {
   dec_cmd->add_flag("--quick", dec.quick, "a 256 MiB pool, one round (a smoke test, not a measurement)");
 
   aspen::bench::AttentionBenchOptions attn;
-  CLI::App* attn_cmd = bench->add_subcommand("attention", "memory-efficient attention vs the naive definition");
-  attn_cmd->footer("Example: aspen bench attention --json --t 256,1024");
+  CLI::App* attn_cmd =
+      bench->add_subcommand("attention", "attention with every mask, forward and backward, vs PyTorch's SDPA");
+  attn_cmd->footer("Example: aspen bench attention --json --t 1024,4096 --masks causal,blockdiag");
   attn_cmd->add_flag("--json", attn.json, "one JSON object per line");
-  attn_cmd->add_option("--t", attn.t, "sequence lengths")->delimiter(',');
-  attn_cmd->add_option("--heads", attn.heads, "heads");
+  attn_cmd->add_option("--t", attn.t, "sequence lengths (default 1024,4096,8192)")->delimiter(',');
+  attn_cmd->add_option("--masks", attn.masks, "causal, local, blockdiag (default all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"causal", "local", "blockdiag"}));
+  attn_cmd->add_option("--passes", attn.passes, "fwd, fwd_bwd (default both)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fwd", "fwd_bwd"}));
+  attn_cmd->add_option("--heads", attn.heads, "heads (default 4)");
+  attn_cmd->add_option("--d", attn.d, "head dimension (default 64)");
+  attn_cmd->add_option("--window", attn.window, "local: keys per query (default 256)");
+  attn_cmd->add_option("--documents", attn.documents, "blockdiag: documents per row (default 8)");
+  attn_cmd->add_option("--repeats", attn.repeats, "timed runs per row, the best counts (default 3)");
   attn_cmd->add_option("--threads", attn.threads, "threads");
+  attn_cmd->add_option("--python", attn.python, "interpreter with torch for the PyTorch peer (\"none\": skip)");
 
   aspen::bench::KernelsBenchOptions kb;
   CLI::App* kern_cmd = bench->add_subcommand("kernels", "bandwidth-bound kernels vs a STREAM-style copy");

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""PyTorch peer for `aspen bench attention` (W2.5): scaled dot-product attention on the CPU.
+
+How aspen's bench calls it (unless `--python none`), once per run, after aspen's own rows:
+
+    PATH bench/torch_attention.py --json --t 1024,4096 --masks causal,local,blockdiag --passes fwd,fwd_bwd
+        --heads 4 --d 64 --window 256 --documents 8 --threads 2 --repeats 3
+
+and reads one JSON object per line from stdout (progress goes to stderr):
+
+    {"bench": "attention_torch", "mask": str, "T": int, "dtype": "f32", "pass": "fwd"|"fwd_bwd",
+     "seconds": float (best of --repeats), "kernel": "sdpa"|"sdpa+mask", "threads": int}
+
+Exit status 2 with a message on stderr when torch is not installed; 1 on other errors.
+
+The problem (aspen's rows measure the same): q, k, v [1, heads, T, d] f32, standard normal, scale 1/sqrt(d).
+  causal     torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True): PyTorch's flash
+             attention for the CPU, which skips the blocks above the diagonal
+  local      the same with attn_mask = a boolean [T, T] causal band of --window keys
+  blockdiag  attn_mask = causal within --documents equal documents (T / documents tokens each)
+A boolean mask is the dense input PyTorch's SDPA takes: its CPU kernel visits every block and masks
+per element (it cannot skip blocks the mask removes).
+fwd is one forward call; fwd_bwd is a forward and backward of out.sum() with q, k, v requiring gradients.
+torch.set_num_threads(--threads). Each (mask, T, pass) runs once to warm up, then --repeats times; the
+fastest counts.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def mask_of(torch, kind, T, window, documents):
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    causal = j <= i
+    if kind == "local":
+        return causal & (j > i - window)
+    if kind == "blockdiag":
+        size = max(1, T // documents)
+        return causal & ((i // size) == (j // size))
+    raise ValueError(kind)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--t", default="1024,4096")
+    ap.add_argument("--masks", default="causal,local,blockdiag")
+    ap.add_argument("--passes", default="fwd,fwd_bwd")
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--window", type=int, default=256)
+    ap.add_argument("--documents", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError as e:
+        log(f"torch_attention.py: torch is not installed ({e})")
+        return 2
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    F = torch.nn.functional
+    for T in [int(x) for x in args.t.split(",") if x]:
+        q, k, v = (torch.randn(1, args.heads, T, args.d) for _ in range(3))
+        for kind in [m for m in args.masks.split(",") if m]:
+            kw = {"is_causal": True} if kind == "causal" else {
+                "attn_mask": mask_of(torch, kind, T, args.window, args.documents)}
+            for p in [x for x in args.passes.split(",") if x]:
+                if p == "fwd":
+                    def run():
+                        with torch.no_grad():
+                            F.scaled_dot_product_attention(q, k, v, **kw)
+                else:
+                    qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+
+                    def run():
+                        for x in (qq, kk, vv):
+                            x.grad = None
+                        F.scaled_dot_product_attention(qq, kk, vv, **kw).sum().backward()
+                run()
+                best = float("inf")
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    run()
+                    best = min(best, time.perf_counter() - t0)
+                row = {"bench": "attention_torch", "mask": kind, "T": T, "dtype": "f32", "pass": p,
+                       "seconds": best, "kernel": "sdpa" if kind == "causal" else "sdpa+mask",
+                       "threads": args.threads}
+                log(f"torch {kind} T={T} {p}: {best * 1e3:.2f} ms")
+                print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
