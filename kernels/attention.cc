@@ -186,10 +186,10 @@ ASPEN_ATTN_INLINE void grad_tile_impl(float* s, float* dp, int64_t rows, int64_t
   }
 }
 
-// dst[d * kBk + c] = src[c * D + d], plain loops (the portable and AVX2 variants).
-ASPEN_ATTN_INLINE void transpose_impl(const float* src, int64_t cols, int64_t D, float* dst) {
+// dst[d * ld + c] = src[c * D + d], plain loops (the portable and AVX2 variants).
+ASPEN_ATTN_INLINE void transpose_impl(const float* src, int64_t cols, int64_t D, float* dst, int64_t ld) {
   for (int64_t c = 0; c < cols; ++c)
-    for (int64_t d = 0; d < D; ++d) dst[d * kBk + c] = src[c * D + d];
+    for (int64_t d = 0; d < D; ++d) dst[d * ld + c] = src[c * D + d];
 }
 
 // NOTE [attention decode rows]: with a few query rows per (b, h) (decoding,
@@ -291,7 +291,9 @@ struct Portable {
     }
   }
 
-  static void transpose(const float* src, int64_t cols, int64_t D, float* dst) { transpose_impl(src, cols, D, dst); }
+  static void transpose(const float* src, int64_t cols, int64_t D, float* dst, int64_t ld = kBk) {
+    transpose_impl(src, cols, D, dst, ld);
+  }
 
   static void softmax_tile(float* s, int64_t rows, int64_t cols, const int* lo, const int* hi, const float* kv,
                            float* m, float* l, float* o, int64_t D) {
@@ -382,7 +384,7 @@ struct Avx512 {
     }
   }
 
-  ASPEN_TARGET_AVX512 static void transpose(const float* src, int64_t cols, int64_t D, float* dst) {
+  ASPEN_TARGET_AVX512 static void transpose(const float* src, int64_t cols, int64_t D, float* dst, int64_t ld = kBk) {
     for (int64_t c0 = 0; c0 < cols; c0 += 16) {
       const int64_t nc = std::min<int64_t>(16, cols - c0);
       for (int64_t d0 = 0; d0 < D; d0 += 16) {
@@ -395,23 +397,91 @@ struct Avx512 {
         transpose16(r);
 #pragma GCC unroll 16
         for (int j = 0; j < 16; ++j)
-          if (j < nd) _mm512_mask_storeu_ps(dst + (d0 + j) * kBk + c0, mc, r[j]);
+          if (j < nd) _mm512_mask_storeu_ps(dst + (d0 + j) * ld + c0, mc, r[j]);
       }
     }
   }
 
+  // exp2_fast on 16 lanes: the same polynomial, 2^n by vscalefps; x < -126 (and -inf) flushes to +0.
+  ASPEN_TARGET_AVX512 static __m512 exp2_512(__m512 x) {
+    const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
+    const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(xc, n);
+    __m512 p = _mm512_set1_ps(kP6);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP1));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP0));
+    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_LT_OQ);
+    return _mm512_maskz_scalef_ps(__mmask16(~under), p, n);
+  }
+
+  // NOTE [attention full tiles]: a tile every row of which may use all kBk keys (no key padding, inside
+  // every row's range: most tiles of a long causal row) needs no masking pass; its rows take their max,
+  // their probabilities and their sums in registers. Others take softmax_tile_impl.
   ASPEN_TARGET_AVX512 static void softmax_tile(float* s, int64_t rows, int64_t cols, const int* lo, const int* hi,
                                                const float* kv, float* m, float* l, float* o, int64_t D) {
-    softmax_tile_impl(s, rows, cols, lo, hi, kv, m, l, o, D);
+    bool full = cols == kBk && D % 16 == 0;
+    for (int64_t r = 0; full && r < rows; ++r) full = lo[r] == 0 && hi[r] == kBk;
+    for (int64_t c = 0; full && c < kBk; ++c) full = kv[c] != 0.0f;
+    if (!full) {
+      softmax_tile_impl(s, rows, cols, lo, hi, kv, m, l, o, D);
+      return;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sr = s + r * kBk;
+      __m512 x[4];
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) x[v] = _mm512_loadu_ps(sr + 16 * v);
+      const float ref = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3])));
+      const float m_new = m[r] > ref ? m[r] : ref;  // finite: every score of a full tile is
+      const float alpha = exp2_fast(m[r] - m_new);  // m = -inf before the first block: 0
+      const __m512 mv = _mm512_set1_ps(m_new);
+      __m512 sum = _mm512_setzero_ps();
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        const __m512 p = exp2_512(_mm512_sub_ps(x[v], mv));
+        _mm512_storeu_ps(sr + 16 * v, p);
+        sum = _mm512_add_ps(sum, p);
+      }
+      m[r] = m_new;
+      l[r] = l[r] * alpha + _mm512_reduce_add_ps(sum);
+      if (alpha != 1.0f) {
+        float* orow = o + r * D;
+        const __m512 av = _mm512_set1_ps(alpha);
+        for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), av));
+      }
+    }
   }
   ASPEN_TARGET_AVX512 static void decode_row(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
                                       const uint8_t* valid, int64_t D, float cs, float* out, float* lse) {
     decode_row_impl(q, kh, vh, lo, hi, valid, D, cs, out, lse);
   }
+  // NOTE [attention full tiles] for the backward's step.
   ASPEN_TARGET_AVX512 static void grad_tile(float* s, float* dp, int64_t rows, int64_t cols, const int* lo,
                                             const int* hi, const float* kv, const float* lse2, const float* di,
                                             float cs) {
-    grad_tile_impl(s, dp, rows, cols, lo, hi, kv, lse2, di, cs);
+    bool full = cols == kBk;
+    for (int64_t r = 0; full && r < rows; ++r) full = lo[r] == 0 && hi[r] == kBk;
+    for (int64_t c = 0; full && c < kBk; ++c) full = kv[c] != 0.0f;
+    if (!full) {
+      grad_tile_impl(s, dp, rows, cols, lo, hi, kv, lse2, di, cs);
+      return;
+    }
+    const __m512 csv = _mm512_set1_ps(cs);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sr = s + r * kBk;
+      float* dr = dp + r * kBk;
+      const __m512 l2 = _mm512_set1_ps(lse2[r]), dir = _mm512_set1_ps(di[r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        const __m512 p = exp2_512(_mm512_fmsub_ps(csv, _mm512_loadu_ps(sr + 16 * v), l2));
+        _mm512_storeu_ps(sr + 16 * v, p);
+        _mm512_storeu_ps(dr + 16 * v, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dr + 16 * v), dir)));
+      }
+    }
   }
 };
 
@@ -467,8 +537,8 @@ struct Avx2 {
                                                        mk, accumulate);
     }
   }
-  ASPEN_TARGET_AVX2 static void transpose(const float* src, int64_t cols, int64_t D, float* dst) {
-    transpose_impl(src, cols, D, dst);
+  ASPEN_TARGET_AVX2 static void transpose(const float* src, int64_t cols, int64_t D, float* dst, int64_t ld = kBk) {
+    transpose_impl(src, cols, D, dst, ld);
   }
   ASPEN_TARGET_AVX2 static void softmax_tile(float* s, int64_t rows, int64_t cols, const int* lo, const int* hi,
                                              const float* kv, float* m, float* l, float* o, int64_t D) {
@@ -559,6 +629,20 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
   std::vector<float> scratch(size_t(per * nt));
   const int64_t nqb = (T + kBq - 1) / kBq, tasks = pb.B * pb.H * nqb;
   const float cs = pb.scale * kLog2e;
+  // NOTE [attention keys transposed once]: with several query blocks per head, every block would transpose
+  // the same key blocks again; each key block's K^T [D, kBk] is made once, blocks one after another
+  // ([B, Hk, S / kBk, D, kBk]: a tile reads its block contiguously, as it would its own copy; a [D, S] layout
+  // strides rows by S floats, which alias in L1 when S is a multiple of 1024). The size of k, rounded up.
+  const bool once = nqb > 1;
+  const int64_t nkb = (S + kBk - 1) / kBk;
+  std::vector<float> k_t(once ? size_t(pb.B * pb.Hk * nkb * D * kBk) : 0);
+  if (once) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t u = 0; u < pb.B * pb.Hk * nkb; ++u) {
+      const int64_t kvh = u / nkb, j0 = (u % nkb) * kBk;
+      Ops::transpose(pb.k + (kvh * S + j0) * D, std::min(kBk, S - j0), D, k_t.data() + u * D * kBk);
+    }
+  }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
   for (int64_t t = 0; t < tasks; ++t) {
     float* qs = scratch.data() + per * omp_get_thread_num();
@@ -587,8 +671,13 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
       const int64_t cols = std::min(kBk, S - j0);
       if (!fill_key_valid(pb, b, j0, cols, kv)) continue;
       tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
-      Ops::transpose(kh + j0 * D, cols, D, kt);
-      Ops::gemm(qs, D, 1, kt, kBk, s, kBk, rows, cols, D, false);
+      if (once) {
+        Ops::gemm(qs, D, 1, k_t.data() + (pb.kv_head(bh) * nkb + j0 / kBk) * D * kBk, kBk, s, kBk, rows, cols, D,
+                  false);
+      } else {
+        Ops::transpose(kh + j0 * D, cols, D, kt);
+        Ops::gemm(qs, D, 1, kt, kBk, s, kBk, rows, cols, D, false);
+      }
       Ops::softmax_tile(s, rows, cols, lo, hi, kv, m, l, o, D);
       Ops::gemm(s, kBk, 1, vh + j0 * D, D, o, D, rows, D, cols, true);
     }
