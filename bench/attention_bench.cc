@@ -117,7 +117,7 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
               opt.repeats, 0.0);
           ASPEN_RETURN_IF_ERROR(status);
           Row r{kind, pass, T, s, 0.0,
-                std::max(kernels::attention_forward_scratch_bytes(D, opt.threads),
+                std::max(kernels::attention_forward_scratch_bytes(B, H, T, T, D, opt.threads),
                          bwd ? kernels::attention_backward_scratch_bytes(B, H, T, D, opt.threads) : 0) +
                     seg_bytes};
           if (kind == "causal" && !bwd && T <= 2048) {  // the definition, as a check of the fast path's output

@@ -200,8 +200,7 @@ ASPEN_ATTN_INLINE void transpose_impl(const float* src, int64_t cols, int64_t D,
 // the tiles' online softmax across the blocks: running max m and sum l, o
 // rescaled by 2^(m_old - m_new), o += p v; then out = o / l and lse = m ln 2 +
 // ln l. About 10x fewer instructions per key; K and V stream once per row;
-// scratch is one block of scores on the stack (attention_forward_scratch_bytes
-// still bounds the call).
+// scratch is one block of scores on the stack.
 constexpr int64_t kDecodeRows = 4;
 
 ASPEN_ATTN_INLINE void decode_row_impl(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
@@ -943,8 +942,9 @@ Problem make_problem(const float* q, const float* k, const float* v, int64_t B, 
 
 }  // namespace
 
-int64_t attention_forward_scratch_bytes(int64_t D, int threads) {
-  return forward_scratch_floats(D) * int64_t(std::max(threads, 1)) * int64_t(sizeof(float));
+int64_t attention_forward_scratch_bytes(int64_t B, int64_t Hk, int64_t T, int64_t S, int64_t D, int threads) {
+  const int64_t keys_t = T > kBq ? B * Hk * ((S + kBk - 1) / kBk) * kBk * D : 0;  // NOTE [attention keys transposed once]
+  return (forward_scratch_floats(D) * int64_t(std::max(threads, 1)) + keys_t) * int64_t(sizeof(float));
 }
 
 int64_t attention_backward_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D, int threads) {

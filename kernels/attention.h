@@ -74,10 +74,11 @@ struct AttentionMask {
                                         int64_t D, float scale, const AttentionMask& mask = {});
 
 // Bytes of scratch attention_forward's fast path allocates for one call on a
-// team of `threads` (its only memory beyond the arguments; independent of T and S).
-// With mask.segments, both directions allocate 8·B·S bytes more (each key's
-// segment bounds).
-int64_t attention_forward_scratch_bytes(int64_t D, int threads);
+// team of `threads` (its only memory beyond the arguments): per-thread tiles,
+// and with more than one block of query rows (T > 64) the keys transposed
+// once (B·Hk·S·D floats, S rounded up to 64). With mask.segments, both
+// directions allocate 8·B·S bytes more (each key's segment bounds).
+int64_t attention_forward_scratch_bytes(int64_t B, int64_t Hk, int64_t T, int64_t S, int64_t D, int threads);
 // The same for attention_backward: per-thread tiles and one f32 per query row (B·H·T).
 int64_t attention_backward_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D, int threads);
 
