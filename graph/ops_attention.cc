@@ -2,15 +2,17 @@
 // the graph form of kernels/attention.h (see ops_nn.cc's header for the
 // meaning of every NN op and its gradient rule).
 //
-//   attention(q [B, H, T, D], k, v [B, Hk, S, D][, key_valid u8/bool [B, S]][, segments i32 [B, S]])
+//   attention(q [B, H, T, D], k, v [B, Hk, S, D][, key_valid u8/bool [B, S]][, segments i32 [B, S]]
+//       [, layout u8 [1 or H, ceil((kv_offset + T) / layout_block), ceil(S / layout_block)]])
 //       {scale, mask: "none" | "causal" | "local", window, window_right, kv_offset, align: "top_left" |
-//       "bottom_right"}: outputs out [B, H, T, D], lse (f32 [B, H, T]); Hk divides H (grouped-query attention:
-//       query head h reads key/value head h / (H / Hk), no copy of k and v). The mask is
-//       kernels::AttentionMask: align "bottom_right" is kv_offset = S - T (xformers' "from bottom right");
-//       segments, non-decreasing document ids, make it block-diagonal (packed sequences). key_valid and
-//       segments are run-time inputs: a new padding or packing never recompiles.
-//   gradient: (dq, dk, dv) = attention_grad(q, k, v, out, lse, g[, key_valid][, segments]) {same attributes};
-//       a gradient reaching lse is Unimplemented; attention_grad is not differentiated again.
+//       "bottom_right", layout_block}: outputs out [B, H, T, D], lse (f32 [B, H, T]); Hk divides H
+//       (grouped-query attention: query head h reads key/value head h / (H / Hk), no copy of k and v). The mask
+//       is kernels::AttentionMask: align "bottom_right" is kv_offset = S - T (xformers' "from bottom right");
+//       segments, non-decreasing document ids, make it block-diagonal (packed sequences); layout is a
+//       block-sparse layout of layout_block tokens (kernels/attention_layout.h makes DeepSpeed's). key_valid,
+//       segments and layout are run-time inputs: a new padding, packing or layout never recompiles.
+//   gradient: (dq, dk, dv) = attention_grad(q, k, v, out, lse, g[, key_valid][, segments][, layout]) {same
+//       attributes}; a gradient reaching lse is Unimplemented; attention_grad is not differentiated again.
 #include "graph/builder.h"
 #include "graph/op_sample.h"
 #include "graph/ops_nn_util.h"
@@ -66,22 +68,26 @@ Result<kernels::AttentionMask> mask_of(const Node& n, int64_t T, int64_t S) {
   return m;
 }
 
-// Where the optional inputs after the fixed ones (v, or g for the gradient) sit: key_valid (u8 or bool)
-// first, then segments (i32); -1 when absent.
+// Where the optional inputs after the fixed ones (v, or g for the gradient) sit: key_valid (u8 or bool,
+// rank 2) first, then segments (i32), then layout (u8, rank 3); -1 when absent.
 struct MaskInputs {
-  int key_valid = -1, segments = -1;
+  int key_valid = -1, segments = -1, layout = -1;
 };
 Result<MaskInputs> mask_inputs(const Node& n, std::span<const TensorType> in, size_t first) {
   MaskInputs m;
   for (size_t i = first; i < in.size(); ++i) {
     const DType t = in[i].dtype;
-    if ((t == DType::u8 || t == DType::boolean) && m.key_valid < 0 && m.segments < 0) {
+    const int rank = in[i].shape.rank();
+    if ((t == DType::u8 || t == DType::boolean) && rank == 2 && m.key_valid < 0 && m.segments < 0 && m.layout < 0) {
       m.key_valid = int(i);
-    } else if (t == DType::i32 && m.segments < 0) {
+    } else if (t == DType::i32 && m.segments < 0 && m.layout < 0) {
       m.segments = int(i);
+    } else if (t == DType::u8 && rank == 3 && m.layout < 0) {
+      m.layout = int(i);
     } else {
       return rule_error(n, "input " + str(int64_t(i)),
-                        "key_valid (u8 or bool [B, S]) then segments (i32 [B, S]), each at most once",
+                        "key_valid (u8 or bool [B, S]), then segments (i32 [B, S]), then layout (u8 [heads, query "
+                        "blocks, key blocks]), each at most once",
                         in[i].to_string());
     }
   }
@@ -109,9 +115,24 @@ Status check_attention(const Node& n, std::span<const TensorType> in, size_t kv_
     return rule_error(n, "key_valid", "u8 or bool " + want.to_string() + " ([B, S])", in[size_t(mi.key_valid)].to_string());
   if (mi.segments >= 0 && in[size_t(mi.segments)].shape != want)
     return rule_error(n, "segments", "i32 " + want.to_string() + " ([B, S])", in[size_t(mi.segments)].to_string());
+  if ((mi.layout >= 0) != n.attrs.has("layout_block"))
+    return rule_error(n, "layout_block", mi.layout >= 0 ? "present with a layout input" : "none without a layout input",
+                      n.attrs.has("layout_block") ? str(n.attrs.i("layout_block")) : "none");
   const double scale = n.attrs.f("scale");
   if (!std::isfinite(scale)) return rule_error(n, "scale", "a finite number", std::to_string(scale));
   ASPEN_ASSIGN_OR_RETURN(const kernels::AttentionMask m, mask_of(n, q.shape[2], k.shape[2]));
+  if (mi.layout >= 0) {
+    const int64_t bs = n.attrs.i("layout_block");
+    if (bs < 1) return rule_error(n, "layout_block", ">= 1", str(bs));
+    const int64_t H = q.shape[1];
+    const Shape want_layout{in[size_t(mi.layout)].shape[0], (m.kv_offset + q.shape[2] + bs - 1) / bs,
+                            (k.shape[2] + bs - 1) / bs};
+    if ((want_layout[0] != 1 && want_layout[0] != H) || in[size_t(mi.layout)].shape != want_layout)
+      return rule_error(n, "layout",
+                        "u8 [1 or " + str(H) + ", " + str(want_layout[1]) + ", " + str(want_layout[2]) +
+                            "] (heads, query blocks, key blocks of " + str(bs) + ")",
+                        in[size_t(mi.layout)].to_string());
+  }
   if (mi.segments >= 0 && q.shape[2] > 0 && m.kv_offset + q.shape[2] > k.shape[2])
     return rule_error(n, "kv_offset", "kv_offset + T <= S with segments (each query's segment is its position's)",
                       str(m.kv_offset) + " + " + str(q.shape[2]) + " > " + str(k.shape[2]));
@@ -138,7 +159,7 @@ Status infer_attention_grad(const Node& n, std::span<const TensorType> in, std::
 
 struct AttentionCall {
   kernels::AttentionMask mask;
-  std::vector<uint8_t> key_valid;
+  std::vector<uint8_t> key_valid, layout;
   std::vector<int32_t> segments;
   int64_t B, H, Hk, T, S, D;
   double scale;
@@ -174,6 +195,12 @@ Result<AttentionCall> attention_call(const Node& n, Ins in, size_t kv_index) {
                                           str(c.segments[size_t(b * c.S + j - 1)]) + " then " +
                                               str(c.segments[size_t(b * c.S + j)]) + " at key " + str(j));
     c.mask.segments = c.segments;
+  }
+  if (mi.layout >= 0) {
+    for (double v : in[size_t(mi.layout)]->data) c.layout.push_back(v != 0 ? 1 : 0);
+    c.mask.layout = c.layout;
+    c.mask.layout_block = n.attrs.i("layout_block");
+    c.mask.layout_heads = in[size_t(mi.layout)]->type.shape[0];
   }
   return c;
 }
@@ -219,11 +246,19 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
   const float scale = float(n.attrs.f("scale"));
   const bool forward = n.op == OpKind::attention;
   ASPEN_ASSIGN_OR_RETURN(const MaskInputs mi, mask_inputs(n, in, forward ? 3 : 6));
-  const int kv = mi.key_valid, seg = mi.segments;
+  const int kv = mi.key_valid, seg = mi.segments, lay = mi.layout;
+  const int64_t layout_n = lay >= 0 ? in[size_t(lay)].shape.numel() : 0;
+  const int64_t layout_heads = lay >= 0 ? in[size_t(lay)].shape[0] : 1;
+  const int64_t layout_block = lay >= 0 ? n.attrs.i("layout_block") : 0;
   const auto bind = [=](In i) {
     kernels::AttentionMask m = mask;
     if (kv >= 0) m.key_valid = in_span<uint8_t>(i, size_t(kv), B * S);
     if (seg >= 0) m.segments = in_span<int32_t>(i, size_t(seg), B * S);
+    if (lay >= 0) {
+      m.layout = in_span<uint8_t>(i, size_t(lay), layout_n);
+      m.layout_block = layout_block;
+      m.layout_heads = layout_heads;
+    }
     return m;
   };
   if (forward)
@@ -254,6 +289,7 @@ struct AttentionCase {
   bool segments = false;  // documents of 3, 2 and the rest of the keys (block-diagonal)
   int64_t window_right = 0;
   bool bottom_right = false;  // align "bottom_right" instead of kv_offset
+  int64_t layout_block = 0;   // > 0: a block layout [H, ., .] with a checkerboard of blocks on
 };
 constexpr AttentionCase kAttentionCases[] = {{5, 5, "none", 0, 0, DType::f32},   {3, 7, "causal", 4, 0, DType::f32},
                                              {6, 6, "causal", 0, 0, DType::u8},  {4, 9, "causal", 5, 0, DType::boolean},
@@ -265,7 +301,9 @@ constexpr AttentionCase kAttentionCases[] = {{5, 5, "none", 0, 0, DType::f32},  
                                              {6, 6, "local", 0, 2, DType::u8, 1, true, 1},
                                              {8, 8, "none", 0, 0, DType::boolean, 3, true},
                                              {4, 9, "causal", 0, 0, DType::f32, 3, false, 0, true},
-                                             {3, 8, "local", 0, 4, DType::f32, 3, true, 2, true}};
+                                             {3, 8, "local", 0, 4, DType::f32, 3, true, 2, true},
+                                             {9, 9, "causal", 0, 0, DType::f32, 3, false, 0, false, 2},
+                                             {7, 10, "none", 0, 0, DType::u8, 1, true, 0, false, 3}};
 
 // attention(q, k, v[, key_valid]) and, with grad, attention_grad after it (so that out and lse are the
 // forward's, as the fast backward requires).
@@ -283,10 +321,19 @@ void attention_samples(SampleList& s, bool grad) {
       for (int64_t j = 0; j < c.S; ++j) sg.push_back(j < 3 ? 0.0 : j < 5 ? 1.0 : 2.0);
       for (int64_t j = 0; j < c.S; ++j) sg.push_back(4.0);
     }
+    const int64_t lrows = c.layout_block ? (c.kv_offset + c.T + c.layout_block - 1) / c.layout_block : 0,
+                  lcols = c.layout_block ? (c.S + c.layout_block - 1) / c.layout_block : 0;
+    if (c.layout_block) {  // a checkerboard per head, shifted by the head; the diagonal always on
+      std::vector<double>& l = f.values["layout"];
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t r = 0; r < lrows; ++r)
+          for (int64_t k = 0; k < lcols; ++k) l.push_back((r + k + h) % 2 == 0 || r == k ? 1.0 : 0.0);
+    }
     s.add(
         std::string(c.mask) + " T " + std::to_string(c.T) + " S " + std::to_string(c.S) + " key_valid " +
             std::string(dtype_name(c.key_valid)) + " Hk " + std::to_string(c.Hk) + (c.segments ? " segments" : "") +
-            " window_right " + std::to_string(c.window_right) + (c.bottom_right ? " bottom_right" : ""),
+            " window_right " + std::to_string(c.window_right) + (c.bottom_right ? " bottom_right" : "") +
+            " layout_block " + std::to_string(c.layout_block),
         [&](Builder& b) {
           const ValueId q = b.input("q", DType::f32, Shape{B, H, c.T, D});
           const ValueId k = b.input("k", DType::f32, Shape{B, c.Hk, c.S, D}),
@@ -294,6 +341,7 @@ void attention_samples(SampleList& s, bool grad) {
           std::vector<ValueId> in{q, k, v};
           if (c.key_valid != DType::f32) in.push_back(b.input("key_valid", c.key_valid, Shape{B, c.S}));
           if (c.segments) in.push_back(b.input("segments", DType::i32, Shape{B, c.S}));
+          if (c.layout_block) in.push_back(b.input("layout", DType::u8, Shape{H, lrows, lcols}));
           Attrs a{{"scale", 1.0 / std::sqrt(double(D))}, {"mask", std::string(c.mask)}};
           if (c.bottom_right)
             a.set("align", std::string("bottom_right"));
@@ -301,6 +349,7 @@ void attention_samples(SampleList& s, bool grad) {
             a.set("kv_offset", c.kv_offset);
           if (c.window) a.set("window", c.window);
           if (c.window_right) a.set("window_right", c.window_right);
+          if (c.layout_block) a.set("layout_block", c.layout_block);
           std::vector<ValueId> y = b.op(OpKind::attention, in, a);
           if (!grad || y.size() != 2) return;
           std::vector<ValueId> gin{q, k, v, y[0], y[1], b.input("g", DType::f32, Shape{B, H, c.T, D})};
@@ -328,9 +377,10 @@ void register_attention_ops(OpTable& t) {
                                                  {"window", AttrKind::i64, false},
                                                  {"window_right", AttrKind::i64, false},
                                                  {"kv_offset", AttrKind::i64, false},
-                                                 {"align", AttrKind::str, false}};
+                                                 {"align", AttrKind::str, false},
+                                                 {"layout_block", AttrKind::i64, false}};
   t.define(OpKind::attention, {.min_inputs = 3,
-                               .max_inputs = 5,
+                               .max_inputs = 6,
                                .attrs = attention_attrs,
                                .infer = infer_attention,
                                .grad = grad_attention,
@@ -338,7 +388,7 @@ void register_attention_ops(OpTable& t) {
                                .prepare = prepare_attention,
                                .samples = samples_attention});
   t.define(OpKind::attention_grad, {.min_inputs = 6,
-                                    .max_inputs = 8,
+                                    .max_inputs = 9,
                                     .attrs = attention_attrs,
                                     .infer = infer_attention_grad,
                                     .eval = eval_attention_grad,

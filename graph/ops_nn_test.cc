@@ -533,22 +533,25 @@ struct AttentionCase {
   int64_t kv_heads = 2;  // of aH = 2 query heads; 1: multi-query (both read one k, v)
   bool segments = false;  // two documents of 2 keys (kSegments)
   int64_t window_right = 0;
+  bool layout = false;  // kLayout: blocks of 2, query block 0 sees key block 0 only
 };
 
 constexpr int64_t aB = 1, aH = 2, aT = 3, aS = 4, aD = 3;
 const std::vector<double> kKeyValid{1, 0, 1, 1};
 const std::vector<double> kSegments{3, 3, 8, 8};
+const std::vector<double> kLayout{1, 0, 1, 1};  // [1, 2, 2]
 
 Attrs attention_attrs(const AttentionCase& c) {
   Attrs a{{"scale", 0.7}, {"mask", std::string(c.mask)}};
   if (c.window) a.set("window", c.window);
   if (c.window_right) a.set("window_right", c.window_right);
   if (c.kv_offset) a.set("kv_offset", c.kv_offset);
+  if (c.layout) a.set("layout_block", int64_t(2));
   return a;
 }
 
 kernels::AttentionMask kernel_mask(const AttentionCase& c, const std::vector<uint8_t>& key_valid,
-                                   const std::vector<int32_t>& segments) {
+                                   const std::vector<int32_t>& segments, const std::vector<uint8_t>& layout) {
   kernels::AttentionMask m;
   const std::string kind = c.mask;
   m.kind = kind == "none" ? kernels::AttentionMask::Kind::none
@@ -559,6 +562,11 @@ kernels::AttentionMask kernel_mask(const AttentionCase& c, const std::vector<uin
   m.kv_offset = c.kv_offset;
   if (c.key_valid) m.key_valid = key_valid;
   if (c.segments) m.segments = segments;
+  if (c.layout) {
+    m.layout = layout;
+    m.layout_block = 2;
+    m.layout_heads = 1;
+  }
   return m;
 }
 
@@ -566,11 +574,12 @@ TEST(NnOps, Attention) {
   const AttentionCase cases[] = {{"causal", 0, 1, false}, {"local", 2, 1, false}, {"none", 0, 0, true},
                                  {"causal", 0, 1, true}, {"causal", 0, 1, true, 1}, {"local", 2, 0, false, 1},
                                  {"causal", 0, 1, true, 2, true}, {"local", 2, 1, false, 1, true, 1},
-                                 {"none", 0, 0, false, 2, true}};
+                                 {"none", 0, 0, false, 2, true}, {"causal", 0, 1, true, 1, false, 0, true},
+                                 {"none", 0, 0, false, 2, true, 0, true}};
   for (const AttentionCase& c : cases) {
     SCOPED_TRACE(std::string(c.mask) + (c.key_valid ? " +key_valid" : "") + " kv_heads " +
                  std::to_string(c.kv_heads) + (c.segments ? " +segments" : "") + " window_right " +
-                 std::to_string(c.window_right));
+                 std::to_string(c.window_right) + (c.layout ? " +layout" : ""));
     Graph g;
     Builder b(g);
     const int64_t aK = c.kv_heads;
@@ -578,6 +587,8 @@ TEST(NnOps, Attention) {
                             b.input("v", DType::f32, {aB, aK, aS, aD})};
     if (c.key_valid) in.push_back(b.input("key_valid", DType::u8, {aB, aS}));
     if (c.segments) in.push_back(b.input("segments", DType::i32, {aB, aS}));
+    const int64_t rows = (c.kv_offset + aT + 1) / 2;
+    if (c.layout) in.push_back(b.input("layout", DType::u8, {1, rows, 2}));
     std::vector<ValueId> y = b.op(OpKind::attention, in, attention_attrs(c));
     ASSERT_EQ(y.size(), 2u) << b.status().to_string();
     EXPECT_EQ(b.type(y[0]), f32({aB, aH, aT, aD}));
@@ -589,12 +600,15 @@ TEST(NnOps, Attention) {
     auto feeds = random_feeds(g, 13);
     if (c.key_valid) feeds["key_valid"] = array(DType::u8, {aB, aS}, kKeyValid);
     if (c.segments) feeds["segments"] = array(DType::i32, {aB, aS}, kSegments);
+    const std::vector<double> layout_values(kLayout.begin(), kLayout.begin() + rows * 2);
+    if (c.layout) feeds["layout"] = array(DType::u8, {1, rows, 2}, layout_values);
+    const std::vector<uint8_t> lay(layout_values.begin(), layout_values.end());
     auto out = run(g, feeds);
     const std::vector<uint8_t> kv(kKeyValid.begin(), kKeyValid.end());
     const std::vector<int32_t> seg(kSegments.begin(), kSegments.end());
     std::vector<double> wo(size_t(aB * aH * aT * aD)), wl(size_t(aB * aH * aT));
     kernels::ref::attention_forward<double>(feeds["q"].data.data(), feeds["k"].data.data(), feeds["v"].data.data(),
-                                            wo.data(), wl.data(), aB, aH, aK, aT, aS, aD, 0.7, kernel_mask(c, kv, seg));
+                                            wo.data(), wl.data(), aB, aH, aK, aT, aS, aD, 0.7, kernel_mask(c, kv, seg, lay));
     EXPECT_EQ(out["out"].data, wo);
     EXPECT_EQ(out["lse"].data, wl);
     EXPECT_TRUE(check_gradients(g, loss, feeds));
@@ -638,8 +652,15 @@ TEST(NnOps, AttentionErrors) {
                    {{"scale", 1.0}, {"mask", std::string("causal")}});
             }),
             "node 3 (attention) with inputs (f32[1, 2, 3, 3], f32[1, 2, 3, 3], f32[1, 2, 3, 3], i32[1, 3], u8[1, 3]): "
-            "attention: input 4: expected key_valid (u8 or bool [B, S]) then segments (i32 [B, S]), each at most "
-            "once, found u8[1, 3]");
+            "attention: input 4: expected key_valid (u8 or bool [B, S]), then segments (i32 [B, S]), then layout "
+            "(u8 [heads, query blocks, key blocks]), each at most once, found u8[1, 3]");
+  EXPECT_EQ(build_error([](Builder& b) {
+              ValueId q = b.input("q", DType::f32, {1, 2, 5, 3});
+              b.op(OpKind::attention, {q, q, q, b.input("l", DType::u8, {2, 2, 3})},
+                   {{"scale", 1.0}, {"mask", std::string("causal")}, {"layout_block", int64_t(2)}});
+            }),
+            "node 2 (attention) with inputs (f32[1, 2, 5, 3], f32[1, 2, 5, 3], f32[1, 2, 5, 3], u8[2, 2, 3]): "
+            "attention: layout: expected u8 [1 or 2, 3, 3] (heads, query blocks, key blocks of 2), found u8[2, 2, 3]");
   EXPECT_EQ(build_error([](Builder& b) {
               ValueId q = b.input("q", DType::f32, {1, 2, 3, 3});
               b.op(OpKind::attention, {q, q, q},

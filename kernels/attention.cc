@@ -295,7 +295,7 @@ struct Portable {
   }
 
   static void softmax_tile(float* s, int64_t rows, int64_t cols, const int* lo, const int* hi, const float* kv,
-                           float* m, float* l, float* o, int64_t D) {
+                           float* m, float* l, float* o, int64_t D, bool /*partial*/) {
     softmax_tile_impl(s, rows, cols, lo, hi, kv, m, l, o, D);
   }
   static void decode_row(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
@@ -421,8 +421,9 @@ struct Avx512 {
   // every row's range: most tiles of a long causal row) needs no masking pass; its rows take their max,
   // their probabilities and their sums in registers. Others take softmax_tile_impl.
   ASPEN_TARGET_AVX512 static void softmax_tile(float* s, int64_t rows, int64_t cols, const int* lo, const int* hi,
-                                               const float* kv, float* m, float* l, float* o, int64_t D) {
-    bool full = cols == kBk && D % 16 == 0;
+                                               const float* kv, float* m, float* l, float* o, int64_t D,
+                                               bool partial) {
+    bool full = !partial && cols == kBk && D % 16 == 0;  // a partial layout tile may hold rows of -inf only
     for (int64_t r = 0; full && r < rows; ++r) full = lo[r] == 0 && hi[r] == kBk;
     for (int64_t c = 0; full && c < kBk; ++c) full = kv[c] != 0.0f;
     if (!full) {
@@ -540,7 +541,8 @@ struct Avx2 {
     transpose_impl(src, cols, D, dst, ld);
   }
   ASPEN_TARGET_AVX2 static void softmax_tile(float* s, int64_t rows, int64_t cols, const int* lo, const int* hi,
-                                             const float* kv, float* m, float* l, float* o, int64_t D) {
+                                             const float* kv, float* m, float* l, float* o, int64_t D,
+                                             bool /*partial*/) {
     softmax_tile_impl(s, rows, cols, lo, hi, kv, m, l, o, D);
   }
   ASPEN_TARGET_AVX2 static void decode_row(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
@@ -568,7 +570,33 @@ struct Problem {
   // The key/value head (b * Hk + kv head) that query head bh = b * H + h reads:
   // query heads h share kv head h / (H / Hk) (grouped-query attention).
   int64_t kv_head(int64_t bh) const { return (bh / H) * Hk + (bh % H) / (H / Hk); }
+
+  // NOTE [attention block layouts]: a block-sparse layout (mask.layout) is
+  // compiled per call into one state per (layout head, query tile, key tile):
+  // skipped (no element allowed), full (the layout allows every element) or
+  // partial (the layout's blocks are smaller than the tile or it is cut by
+  // them: after the scores are computed, the elements the layout removes
+  // become -inf). Without a layout every tile is full as far as the layout
+  // goes; the ranges, key_valid and segments still apply on top.
+  const uint8_t* layout = nullptr;  // [lheads, lrows, lcols]
+  int64_t lblock = 0, lheads = 1, lrows = 0, lcols = 0;
+  const uint8_t* tiles = nullptr;  // [lheads, nqt, nkt]
+  int64_t nqt = 0, nkt = 0;
+  int64_t layout_head(int64_t bh) const { return lheads == 1 ? 0 : bh % H; }
+  uint8_t tile_state(int64_t bh, int64_t i0, int64_t j0) const {
+    return tiles ? tiles[(layout_head(bh) * nqt + i0 / kBq) * nkt + j0 / kBk] : uint8_t(1);
+  }
+  // The layout's -inf on the scores s (leading dimension kBk) of a partial tile.
+  void mask_tile(int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* s) const {
+    const uint8_t* l = layout + layout_head(bh) * lrows * lcols;
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* row = l + ((geo.offset + i0 + r) / lblock) * lcols;
+      for (int64_t c = 0; c < cols; ++c)
+        if (row[(j0 + c) / lblock] == 0) s[r * kBk + c] = -std::numeric_limits<float>::infinity();
+    }
+  }
 };
+constexpr uint8_t kSkipTile = 0, kFullTile = 1, kPartialTile = 2;
 
 // kv[c] = 1 where key j0 + c is not padding, else 0; returns whether any is.
 bool fill_key_valid(const Problem& pb, int64_t b, int64_t j0, int64_t cols, float* kv) {
@@ -668,7 +696,8 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
     block_key_span(pb, b, i0, rows, &first, &last);
     for (int64_t j0 = first / kBk * kBk; j0 < last; j0 += kBk) {  // blocks outside [first, last) are masked out
       const int64_t cols = std::min(kBk, S - j0);
-      if (!fill_key_valid(pb, b, j0, cols, kv)) continue;
+      const uint8_t state = pb.tile_state(bh, i0, j0);  // NOTE [attention block layouts]
+      if (state == kSkipTile || !fill_key_valid(pb, b, j0, cols, kv)) continue;
       tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
       if (once) {
         Ops::gemm(qs, D, 1, k_t.data() + (pb.kv_head(bh) * nkb + j0 / kBk) * D * kBk, kBk, s, kBk, rows, cols, D,
@@ -677,7 +706,8 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
         Ops::transpose(kh + j0 * D, cols, D, kt);
         Ops::gemm(qs, D, 1, kt, kBk, s, kBk, rows, cols, D, false);
       }
-      Ops::softmax_tile(s, rows, cols, lo, hi, kv, m, l, o, D);
+      if (state == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, s);
+      Ops::softmax_tile(s, rows, cols, lo, hi, kv, m, l, o, D, state == kPartialTile);
       Ops::gemm(s, kBk, 1, vh + j0 * D, D, o, D, rows, D, cols, true);
     }
     for (int64_t r = 0; r < rows; ++r) {
@@ -742,6 +772,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
     const float* qb = pb.q + (bh * T + i0) * D;
     const float* gb = dout + (bh * T + i0) * D;
     Ops::gemm(qb, D, 1, w.kt, kBk, w.s, kBk, rows, cols, D, false);   // s = q k^T
+    if (pb.tile_state(bh, i0, j0) == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, w.s);  // -inf: p = 0
     Ops::gemm(gb, D, 1, w.vt, kBk, w.dp, kBk, rows, cols, D, false);  // dp = dout v^T
     Ops::grad_tile(w.s, w.dp, rows, cols, w.lo, w.hi, w.kv, w.lse2, w.dib, cs);
   };
@@ -783,7 +814,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
             const int64_t rows = std::min(kBq, T - i0);
             int64_t first, last;
             block_key_span(pb, bh / pb.H, i0, rows, &first, &last);
-            if (first >= j0 + cols || last <= j0) continue;
+            if (first >= j0 + cols || last <= j0 || pb.tile_state(bh, i0, j0) == kSkipTile) continue;
             tile(w, bh, i0, rows, j0, cols);
             const float* qb = pb.q + (bh * T + i0) * D;
             const float* gb = dout + (bh * T + i0) * D;
@@ -815,7 +846,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
         const int64_t rows = std::min(kBq, T - i0);
         int64_t first, last;
         block_key_span(pb, bh / pb.H, i0, rows, &first, &last);
-        if (first >= j0 + cols || last <= j0) continue;
+        if (first >= j0 + cols || last <= j0 || pb.tile_state(bh, i0, j0) == kSkipTile) continue;
         tile(w, bh, i0, rows, j0, cols);
         const float* qb = pb.q + (bh * T + i0) * D;
         const float* gb = dout + (bh * T + i0) * D;
@@ -837,7 +868,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
     const int64_t kvh = pb.kv_head(bh);
     for (int64_t j0 = first / kBk * kBk; j0 < last; j0 += kBk) {
       const int64_t cols = std::min(kBk, S - j0);
-      if (!load_keys(w, kvh, j0, cols)) continue;
+      if (pb.tile_state(bh, i0, j0) == kSkipTile || !load_keys(w, kvh, j0, cols)) continue;
       tile(w, bh, i0, rows, j0, cols);
       Ops::gemm(w.dp, kBk, 1, pb.k + (kvh * S + j0) * D, D, dqb, D, rows, D, cols, true);  // dq += ds k
     }
@@ -891,6 +922,22 @@ Status check_shape(const char* kernel, int64_t B, int64_t H, int64_t Hk, int64_t
     return Status::invalid_argument(std::string(kernel) + ": argument 'mask.key_valid'",
                                     "empty (all keys valid) or exactly " + i64(bs) + " elements ([B, S])",
                                     i64(int64_t(mask.key_valid.size())));
+  if (!mask.layout.empty()) {
+    ASPEN_RETURN_IF_ERROR(check_extent(kernel, "mask.layout_block", mask.layout_block, 1));
+    if (mask.layout_heads != 1 && mask.layout_heads != H)
+      return Status::invalid_argument(std::string(kernel) + ": mask.layout_heads", "1 or H = " + i64(H),
+                                      i64(mask.layout_heads));
+    const int64_t rows = (mask.kv_offset + T + mask.layout_block - 1) / mask.layout_block,
+                  cols = (S + mask.layout_block - 1) / mask.layout_block;
+    int64_t cells = 0;
+    if (__builtin_mul_overflow(rows, cols, &cells) || __builtin_mul_overflow(cells, mask.layout_heads, &cells) ||
+        int64_t(mask.layout.size()) != cells)
+      return Status::invalid_argument(std::string(kernel) + ": argument 'mask.layout'",
+                                      i64(mask.layout_heads * rows * cols) + " elements ([" + i64(mask.layout_heads) +
+                                          ", " + i64(rows) + ", " + i64(cols) + "]: layout heads, query blocks, key "
+                                          "blocks of " + i64(mask.layout_block) + ")",
+                                      i64(int64_t(mask.layout.size())));
+  }
   if (!mask.segments.empty()) {
     if (int64_t(mask.segments.size()) != bs)
       return Status::invalid_argument(std::string(kernel) + ": argument 'mask.segments'",
@@ -918,13 +965,48 @@ Status check_buffers(const char* kernel, std::initializer_list<NamedBuffer> buff
   return Status();
 }
 
+// Per (layout head, query tile, key tile): skipped, full or partial (NOTE
+// [attention block layouts]), from the layout blocks each tile overlaps.
+void layout_tiles(Problem& pb, std::vector<uint8_t>& tiles) {
+  pb.nqt = (pb.T + kBq - 1) / kBq;
+  pb.nkt = (pb.S + kBk - 1) / kBk;
+  tiles.assign(size_t(pb.lheads * pb.nqt * pb.nkt), kSkipTile);
+  const int64_t bs = pb.lblock;
+  for (int64_t h = 0; h < pb.lheads; ++h)
+    for (int64_t qt = 0; qt < pb.nqt; ++qt) {
+      const int64_t p0 = pb.geo.offset + qt * kBq, p1 = pb.geo.offset + std::min(pb.T, (qt + 1) * kBq) - 1;
+      for (int64_t kt = 0; kt < pb.nkt; ++kt) {
+        const int64_t j1 = std::min(pb.S, (kt + 1) * kBk) - 1;
+        bool any = false, all = true;
+        for (int64_t qb = p0 / bs; qb <= p1 / bs; ++qb)
+          for (int64_t kb = kt * kBk / bs; kb <= j1 / bs; ++kb) {
+            const bool on = pb.layout[(h * pb.lrows + qb) * pb.lcols + kb] != 0;
+            any |= on;
+            all &= on;
+          }
+        tiles[size_t((h * pb.nqt + qt) * pb.nkt + kt)] = !any ? kSkipTile : all ? kFullTile : kPartialTile;
+      }
+    }
+  pb.tiles = tiles.data();
+}
+
 // The problem of one call; with segments, `seg` receives each key's segment
-// bounds ([B, S] starts, then [B, S] ends), which the geometry reads.
+// bounds ([B, S] starts, then [B, S] ends), which the geometry reads; with a
+// layout, `tiles` its tiles' states.
 Problem make_problem(const float* q, const float* k, const float* v, int64_t B, int64_t H, int64_t Hk, int64_t T,
-                     int64_t S, int64_t D, float scale, const AttentionMask& mask, std::vector<int32_t>& seg) {
+                     int64_t S, int64_t D, float scale, const AttentionMask& mask, std::vector<int32_t>& seg,
+                     std::vector<uint8_t>& tiles) {
   Problem pb{q, k, v, B, H, Hk, T, S, D, scale,
              Geometry{mask.kind, mask.window, mask.window_right, mask.kv_offset, S},
              mask.key_valid.empty() ? nullptr : mask.key_valid.data()};
+  if (!mask.layout.empty()) {
+    pb.layout = mask.layout.data();
+    pb.lblock = mask.layout_block;
+    pb.lheads = mask.layout_heads;
+    pb.lcols = (S + mask.layout_block - 1) / mask.layout_block;
+    pb.lrows = (mask.kv_offset + T + mask.layout_block - 1) / mask.layout_block;
+    layout_tiles(pb, tiles);
+  }
   if (mask.segments.empty()) return pb;
   seg.resize(size_t(2 * B * S));
   int32_t* lo = seg.data();
@@ -965,10 +1047,11 @@ Status attention_forward(std::span<const float> q, std::span<const float> k, std
     return Status();
   }
   std::vector<int32_t> seg;
-  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask, seg);
+  std::vector<uint8_t> tiles;
+  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask, seg, tiles);
   const auto run = [&](auto ops) {
     using Ops = decltype(ops);
-    if (T <= kDecodeRows)  // NOTE [attention decode rows]
+    if (T <= kDecodeRows && mask.layout.empty())  // NOTE [attention decode rows]; layouts: the tiles
       forward_decode<Ops>(pb, out.data(), lse.data());
     else
       forward_fast<Ops>(pb, out.data(), lse.data());
@@ -998,7 +1081,8 @@ Status attention_backward(std::span<const float> q, std::span<const float> k, st
     return Status();
   }
   std::vector<int32_t> seg;
-  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask, seg);
+  std::vector<uint8_t> tiles;
+  const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask, seg, tiles);
   if (active_isa() >= Isa::avx512)
     backward_fast<Avx512>(pb, out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
   else if (active_isa() >= Isa::avx2)

@@ -43,9 +43,16 @@ namespace aspen::kernels {
 //     BlockDiagonalMask from sequence lengths); query i attends only keys of
 //     the segment of position pos (kv_offset + T <= S then). With causal or
 //     local this is the block-diagonal causal (local) mask.
-// Each row's allowed keys form one range [lo, hi) before key_valid, so whole
-// key blocks outside every row's range are skipped. A query with no allowed
-// key gets out = 0, lse = -inf and zero gradients.
+//   layout, when non-empty, is a block-sparse layout (DeepSpeed's and
+//     xformers' sparsity layouts, kernels/attention_layout.h): [layout_heads,
+//     ceil((kv_offset + T) / layout_block), ceil(S / layout_block)] flags,
+//     layout_heads 1 (every head) or H; query i of head h may attend key j
+//     only where layout[h][(kv_offset + i) / layout_block][j / layout_block]
+//     is nonzero.
+// Each row's allowed keys form one range [lo, hi) before key_valid and the
+// layout, so whole key blocks outside every row's range are skipped, and so
+// are blocks the layout leaves empty: the work follows the visited blocks. A
+// query with no allowed key gets out = 0, lse = -inf and zero gradients.
 struct AttentionMask {
   enum class Kind { none, causal, local };
   Kind kind = Kind::none;
@@ -54,6 +61,9 @@ struct AttentionMask {
   int64_t kv_offset = 0;     // >= 0
   std::span<const uint8_t> key_valid = {};
   std::span<const int32_t> segments = {};
+  std::span<const uint8_t> layout = {};
+  int64_t layout_block = 0;  // >= 1 with a layout
+  int64_t layout_heads = 1;  // 1 or H
 };
 
 // Writes out [B, H, T, D] and lse [B, H, T].

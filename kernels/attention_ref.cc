@@ -16,9 +16,15 @@ namespace ref {
 namespace {
 
 // The mask, literally: may query row i of batch b attend key j?
-bool allowed(const AttentionMask& mask, int64_t S, int64_t b, int64_t i, int64_t j) {
+bool allowed(const AttentionMask& mask, int64_t S, int64_t b, int64_t h, int64_t i, int64_t j) {
   if (!mask.key_valid.empty() && mask.key_valid[size_t(b * S + j)] == 0) return false;
   const int64_t pos = mask.kv_offset + i;
+  if (!mask.layout.empty()) {
+    const int64_t bs = mask.layout_block, nk = (S + bs - 1) / bs;
+    const int64_t rows = (int64_t(mask.layout.size()) / mask.layout_heads) / nk;  // query blocks (validated)
+    const int64_t lh = mask.layout_heads == 1 ? 0 : h;
+    if (mask.layout[size_t((lh * rows + pos / bs) * nk + j / bs)] == 0) return false;
+  }
   if (!mask.segments.empty() && mask.segments[size_t(b * S + j)] != mask.segments[size_t(b * S + pos)]) return false;
   switch (mask.kind) {
     case Kind::none: return true;
@@ -31,15 +37,15 @@ bool allowed(const AttentionMask& mask, int64_t S, int64_t b, int64_t i, int64_t
 // p [T, S] = softmax over allowed keys of scale * q k^T for one (b, h); rows
 // with no allowed key are 0. Writes lse when non-null.
 template <class F>
-void probs(const F* qh, const F* kh, int64_t b, int64_t T, int64_t S, int64_t D, F scale, const AttentionMask& mask,
-           F* p, F* lse) {
+void probs(const F* qh, const F* kh, int64_t b, int64_t h, int64_t T, int64_t S, int64_t D, F scale,
+           const AttentionMask& mask, F* p, F* lse) {
   const F neg_inf = -std::numeric_limits<F>::infinity();
   for (int64_t i = 0; i < T; ++i) {
     F* pi = p + i * S;
     F mx = neg_inf;
     for (int64_t j = 0; j < S; ++j) {
       F s = neg_inf;
-      if (allowed(mask, S, b, i, j)) {
+      if (allowed(mask, S, b, h, i, j)) {
         s = 0;
         for (int64_t d = 0; d < D; ++d) s += qh[i * D + d] * kh[j * D + d];
         s *= scale;
@@ -68,7 +74,7 @@ void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t bh = b * H + h, kvh = b * Hk + h / (H / Hk);
-      probs(q + bh * T * D, k + kvh * S * D, b, T, S, D, scale, mask, p.data(), lse + bh * T);
+      probs(q + bh * T * D, k + kvh * S * D, b, h, T, S, D, scale, mask, p.data(), lse + bh * T);
       const F* vh = v + kvh * S * D;
       for (int64_t i = 0; i < T; ++i) {
         F* o = out + (bh * T + i) * D;
@@ -95,7 +101,7 @@ void attention_backward(const F* q, const F* k, const F* v, const F* out, const 
       F* dqh = dq + bh * T * D;
       F* dkh = dk + kvh * S * D;
       F* dvh = dv + kvh * S * D;
-      probs(qh, kh, b, T, S, D, scale, mask, p.data(), static_cast<F*>(nullptr));
+      probs(qh, kh, b, h, T, S, D, scale, mask, p.data(), static_cast<F*>(nullptr));
       // dp = dout v^T, then ds = p * (dp - rowsum(p * dp)).
       for (int64_t i = 0; i < T; ++i) {
         F rowsum = 0;

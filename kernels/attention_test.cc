@@ -256,6 +256,89 @@ TEST(Attention, StructuredMasksMatchReference) {
   }
 }
 
+// A random block layout [heads, rows, cols] with about `density` of its blocks on.
+std::vector<uint8_t> random_layout(int64_t heads, int64_t rows, int64_t cols, float density, uint64_t seed) {
+  const std::vector<float> u = random_vector(size_t(heads * rows * cols), seed, 0.0f, 1.0f);
+  std::vector<uint8_t> l(u.size());
+  for (size_t i = 0; i < u.size(); ++i) l[i] = u[i] < density;
+  return l;
+}
+
+// Block-sparse layouts (NOTE [attention block layouts]): blocks smaller than,
+// equal to, larger than and not dividing the kernel's 64-key tiles; one layout
+// for every head or one per head; with causal, local, padding, segments and
+// grouped-query heads; forward and backward against the reference.
+TEST(Attention, BlockLayoutsMatchReference) {
+  struct Sparse {
+    Case c;
+    Kind kind;
+    int64_t block, layout_heads;
+    float density;
+    bool padded;
+    int64_t max_doc = 0;
+  };
+  const Sparse cases[] = {
+      {{1, 2, 256, 256, 32, 0, 0}, Kind::causal, 16, 2, 0.3f, false},
+      {{2, 2, 200, 200, 17, 0, 0}, Kind::none, 32, 1, 0.5f, true},
+      {{1, 4, 256, 256, 64, 0, 0, 2}, Kind::causal, 64, 4, 0.4f, false},
+      {{1, 2, 300, 300, 16, 0, 0}, Kind::causal, 128, 2, 0.6f, false},
+      {{1, 3, 190, 190, 24, 0, 50}, Kind::local, 48, 3, 0.5f, true},
+      {{2, 2, 130, 130, 8, 0, 0}, Kind::causal, 16, 1, 0.5f, false, 40},
+      {{1, 2, 3, 160, 32, 150, 0}, Kind::causal, 32, 2, 0.5f, false},  // decode rows take the tiles
+      {{1, 1, 128, 128, 16, 0, 0}, Kind::none, 64, 1, 0.0f, false},   // an empty layout: every row out 0
+  };
+  uint64_t seed = 9100;
+  for (const Sparse& x : cases) {
+    const Case& c = x.c;
+    SCOPED_TRACE(describe(c, x.kind, x.padded) + " block=" + std::to_string(x.block) +
+                 " layout_heads=" + std::to_string(x.layout_heads) + " density=" + std::to_string(x.density));
+    const Inputs in = make_inputs(c, x.padded, seed += 10);
+    AttentionMask mask = make_mask(x.kind, c, in);
+    const int64_t rows = (c.offset + c.T + x.block - 1) / x.block, cols = (c.S + x.block - 1) / x.block;
+    const std::vector<uint8_t> layout = random_layout(x.layout_heads, rows, cols, x.density, seed + 3);
+    mask.layout = layout;
+    mask.layout_block = x.block;
+    mask.layout_heads = x.layout_heads;
+    const std::vector<int32_t> seg = x.max_doc ? make_segments(c.B, c.S, x.max_doc, seed + 5) : std::vector<int32_t>{};
+    mask.segments = seg;
+    const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    std::vector<double> want_out(nq), want_lse(nl), dq(nq), dk(nk), dv(nk);
+    ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), want_out.data(),
+                                   want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
+    std::vector<float> out32(nq), lse32(nl);
+    ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), out32.data(), lse32.data(), c.B, c.H,
+                                  c.hk(), c.T, c.S, c.D, scale, mask);
+    ref::attention_backward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
+                                    to_f64(out32).data(), to_f64(lse32).data(), to_f64(in.dout).data(), dq.data(),
+                                    dk.data(), dv.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
+    for (Isa isa : testing::available_isas(Isa::avx512)) {
+      SCOPED_TRACE(isa_name(isa));
+      ScopedIsaCap cap(isa);
+      Guarded<float> out(nq, NAN), lse(nl, NAN), gq(nq, NAN), gk(nk, NAN), gv(nk, NAN);
+      ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
+                                    mask)
+                      .is_ok());
+      if (x.density == 0.0f) {
+        for (float o : out.cspan()) ASSERT_EQ(o, 0.0f);
+      } else {
+        EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
+      }
+      EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
+      ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out32, lse32, in.dout, gq.span(), gk.span(), gv.span(), c.B,
+                                     c.H, c.hk(), c.T, c.S, c.D, scale, mask)
+                      .is_ok());
+      EXPECT_GUARDS(gq);
+      EXPECT_GUARDS(gk);
+      EXPECT_GUARDS(gv);
+      if (x.density == 0.0f) continue;
+      EXPECT_TRUE(close_nmse(gq.cspan(), std::span<const double>(dq), kNmse)) << "dq";
+      EXPECT_TRUE(close_nmse(gk.cspan(), std::span<const double>(dk), kNmse)) << "dk";
+      EXPECT_TRUE(close_nmse(gv.cspan(), std::span<const double>(dv), kNmse)) << "dv";
+    }
+  }
+}
+
 // Both backwards against central differences of L = sum(dout * out), with out
 // from the f64 reference forward, over q, k and v together.
 TEST(Attention, BackwardMatchesFiniteDifferences) {
