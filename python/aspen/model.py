@@ -334,8 +334,9 @@ class TrainingModel(_Model):
         if "kind" in self._loss:
             self._input_names.append(self._loss["targets"])
         if isinstance(self._source, _HfDirectory):
-            if self._source.model_type not in ("gpt2", "gptj"):
-                raise ValueError(f"model '{self._source.path}': expected a model that trains here (gpt2, gptj), "
+            if self._source.model_type not in ("gpt2", "gptj", "llama", "mistral", "qwen2"):
+                raise ValueError(f"model '{self._source.path}': expected a model that trains here (gpt2, gptj, "
+                                 "llama, mistral, qwen2), "
                                  f"found model_type {self._source.model_type}")
             if "kind" in self._loss:
                 raise ValueError("loss: expected none for a Hugging Face directory (the model's own loss over "

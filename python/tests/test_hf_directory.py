@@ -8,7 +8,7 @@ import aspen
 from conftest import TESTDATA, assert_close, read_safetensors
 
 
-@pytest.mark.parametrize("family", ["gpt2-tiny", "gptj-tiny"])
+@pytest.mark.parametrize("family", ["gpt2-tiny", "gptj-tiny", "llama-tiny", "mistral-tiny", "qwen2-tiny"])
 def test_causal_lm_logits(family):
     g = read_safetensors(TESTDATA / family / "golden.safetensors")
     model = aspen.inferenceModel(TESTDATA / family)
@@ -28,17 +28,19 @@ def test_bert_outputs():
     assert_close(pooled, g["pooler_output"], atol=2e-4, what="pooler")
 
 
-def test_gpt2_training_loss_is_hugging_faces():
-    g = read_safetensors(TESTDATA / "gpt2-tiny" / "golden.safetensors")
+@pytest.mark.parametrize("family,table", [("gpt2-tiny", "transformer.wte.weight"),
+                                          ("llama-tiny", "model.embed_tokens.weight")])
+def test_training_loss_is_hugging_faces(family, table):
+    g = read_safetensors(TESTDATA / family / "golden.safetensors")
     ids = g["input_ids"]
     targets = np.concatenate([ids[:, 1:], np.full((ids.shape[0], 1), -100)], axis=1)  # HF shifts; aspen doesn't
-    training = aspen.trainingModel(TESTDATA / "gpt2-tiny", optimizer=aspen.optim.SGD(None, lr=0.01))
+    training = aspen.trainingModel(TESTDATA / family, optimizer=aspen.optim.SGD(None, lr=0.01))
     first = float(training(ids, targets))
     assert first == pytest.approx(float(g["loss"][0]), rel=1e-4)
     later = [float(training(ids, targets)) for _ in range(5)]
     assert later[-1] < first
     w = training.weights()
-    assert "transformer.wte.weight" in w and w["transformer.wte.weight"].shape == (1000, 48)
+    assert table in w and w[table].shape == (1000, 48)
 
 
 def test_hf_directory_errors(tmp_path):
