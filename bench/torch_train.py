@@ -61,7 +61,7 @@ def worker(args):
         import torch
         import torch.nn.functional as F
         import transformers
-        from transformers import GPT2Config, GPT2LMHeadModel
+        from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
     except ImportError as e:
         print(f"torch_train.py: cannot import {e.name or e} ({e}); install torch and transformers "
               "(see scripts/golden/requirements.txt) to get the PyTorch peer figures", file=sys.stderr)
@@ -70,16 +70,26 @@ def worker(args):
     transformers.logging.set_verbosity_error()
     dtype = args.worker
     if args.model:  # the user's directory, as aspen's row (every dropout 0 there too)
-        model = GPT2LMHeadModel.from_pretrained(args.model, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                                attn_implementation="sdpa").train()
+        model_type = json.load(open(os.path.join(args.model, "config.json")))["model_type"]
+        dropout = (dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0) if model_type == "gpt2"
+                   else dict(attention_dropout=0.0))
+        model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa", **dropout).train()
+    elif args.family == "llama":  # aspen's Llama-shaped row: RMSNorm, SwiGLU, rotary, grouped-query attention
+        cfg = LlamaConfig(vocab_size=args.vocab, max_position_embeddings=args.n_positions, hidden_size=args.d_model,
+                          num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                          num_key_value_heads=args.kv_heads, intermediate_size=args.d_ff, tie_word_embeddings=False)
+        cfg._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg).train()
     else:
         cfg = GPT2Config(vocab_size=args.vocab, n_positions=args.n_positions, n_embd=args.d_model,
                          n_layer=args.layers, n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         cfg._attn_implementation = "sdpa"
         torch.manual_seed(0)
         model = GPT2LMHeadModel(cfg).train()
-    decay = [p for n, p in model.named_parameters() if not ("bias" in n or "ln_" in n)]
-    no_decay = [p for n, p in model.named_parameters() if "bias" in n or "ln_" in n]
+    skip = ("bias", "ln_", "norm")  # biases and LayerNorm / RMSNorm weights, as aspen's step
+    decay = [p for n, p in model.named_parameters() if not any(s in n for s in skip)]
+    no_decay = [p for n, p in model.named_parameters() if any(s in n for s in skip)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-4)
     g = torch.Generator().manual_seed(1)
@@ -129,6 +139,9 @@ def main():
     ap.add_argument("--d-model", type=int, default=768)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--family", choices=["gpt2", "llama"], default="gpt2")
+    ap.add_argument("--kv-heads", type=int, default=4, help="llama: key/value heads")
+    ap.add_argument("--d-ff", type=int, default=2048, help="llama: SwiGLU width")
     ap.add_argument("--worker", choices=["f32", "bf16"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -142,7 +155,8 @@ def main():
             f"--{k}={v}" for k, v in (("threads", args.threads), ("steps", args.steps), ("batch", args.batch),
                                       ("seq", args.seq), ("vocab", args.vocab), ("n-positions", args.n_positions),
                                       ("d-model", args.d_model), ("layers", args.layers), ("heads", args.heads),
-                                      ("model", args.model))]
+                                      ("model", args.model), ("family", args.family), ("kv-heads", args.kv_heads),
+                                      ("d-ff", args.d_ff))]
         p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if p.returncode != 0:
             sys.exit(p.returncode)

@@ -26,7 +26,7 @@
 #include "graph/autodiff.h"
 #include "graph/builder.h"
 #include "models/config.h"
-#include "models/gpt2.h"
+#include "models/causal_lm.h"
 #include "models/weights.h"
 #include "models/init.h"
 #include "profile/trace.h"
@@ -38,19 +38,34 @@ namespace aspen::bench {
 namespace {
 
 struct TrainShape {
-  models::Gpt2Config config;
+  models::ModelConfig model;  // gpt2 or llama
   int64_t batch = 4, seq = 256;
   std::string model_dir = {};  // --model: weights from this directory
+  int64_t n_layer() const { return model.llama() ? model.llama()->n_layer : model.gpt2()->n_layer; }
+  int64_t d_model() const { return model.llama() ? model.llama()->d_model : model.gpt2()->d_model; }
+  int64_t n_head() const { return model.llama() ? model.llama()->n_head : model.gpt2()->n_head; }
+  int64_t vocab() const { return model.vocab(); }
+  int64_t n_positions() const { return model.n_positions(); }
 };
 
-TrainShape bench_shape(bool quick) {
-  TrainShape s{.config = models::Gpt2Config::gpt2_small()};
+// GPT-2 124M, or (family llama) its Llama-shaped peer: 12 layers, d_model 768,
+// 12 heads over 4 kv heads, SwiGLU width 2048, vocab 32000, untied head (124.7 M
+// parameters, as GPT-2 small's 124.4 M).
+TrainShape bench_shape(bool quick, const std::string& family) {
+  TrainShape s;
+  if (family == "llama") {
+    s.model.model_type = "llama";
+    s.model.family = quick ? models::LlamaConfig{.vocab = 512, .n_positions = 64, .d_model = 64, .n_layer = 2,
+                                                 .n_head = 4, .n_kv_head = 2, .head_dim = 0, .d_ff = 176}
+                           : models::LlamaConfig{.vocab = 32000, .n_positions = 1024, .d_model = 768, .n_layer = 12,
+                                                 .n_head = 12, .n_kv_head = 4, .head_dim = 0, .d_ff = 2048};
+  } else {
+    s.model.model_type = "gpt2";
+    models::Gpt2Config c = models::Gpt2Config::gpt2_small();
+    if (quick) c = {.vocab = 512, .n_positions = 64, .d_model = 64, .n_layer = 2, .n_head = 2};
+    s.model.family = c;
+  }
   if (quick) {
-    s.config.vocab = 512;
-    s.config.n_positions = 64;
-    s.config.d_model = 64;
-    s.config.n_layer = 2;
-    s.config.n_head = 2;
     s.batch = 2;
     s.seq = 32;
   }
@@ -59,14 +74,22 @@ TrainShape bench_shape(bool quick) {
 
 // Every parameter a matmul multiplies by (the tied lm_head counted once, as
 // the matmul it is), and the FLOPs one token costs to train on.
-int64_t matmul_parameters(const models::Gpt2Config& c) {
+int64_t matmul_parameters(const TrainShape& s) {
+  if (const models::LlamaConfig* l = s.model.llama()) {
+    const int64_t C = l->d_model, Q = l->n_head * l->head_size(), KV = l->kv_heads() * l->head_size(), F = l->d_ff;
+    return l->n_layer * (2 * C * Q + 2 * C * KV + 3 * C * F) + l->vocab * C;  // q, o, k, v, gate, up, down, head
+  }
+  const models::Gpt2Config& c = *s.model.gpt2();
   const int64_t C = c.d_model, F = c.ff_dim();
   const int64_t per_layer = C * 3 * C + C * C + C * F + F * C;  // c_attn, attn.c_proj, c_fc, mlp.c_proj
   return c.n_layer * per_layer + c.vocab * C;
 }
+double attention_flops_per_token(const TrainShape& s) {  // QK^T and AV, fwd + bwd, causal counted in full
+  const int64_t width = s.model.llama() ? s.model.llama()->n_head * s.model.llama()->head_size() : s.d_model();
+  return 12.0 * double(s.n_layer() * s.seq * width);
+}
 double flops_per_token(const TrainShape& s) {
-  const double attention = 12.0 * double(s.config.n_layer * s.seq * s.config.d_model);  // causal counted in full
-  return 6.0 * double(matmul_parameters(s.config)) + attention;
+  return 6.0 * double(matmul_parameters(s)) + attention_flops_per_token(s);
 }
 
 // One dtype's figures, as the child process sends them to the parent.
@@ -140,13 +163,13 @@ int64_t peak_rss_bytes() {
 // reads the logits of a training step).
 Status build_training_graph(graph::Graph& g, const TrainShape& s) {
   graph::Builder b(g);
-  ASPEN_ASSIGN_OR_RETURN(models::Gpt2Graph m,
-                         models::build_gpt2(b, s.config, {.batch = s.batch, .seq = s.seq, .with_loss = true}));
+  ASPEN_RETURN_IF_ERROR(models::build_causal_lm(b, s.model, {.batch = s.batch, .seq = s.seq, .with_loss = true}));
   g.remove_output("logits");
+  const graph::ValueId loss = *g.find_output("loss");
   std::vector<graph::ValueId> params;
   for (int32_t i : g.parameter_nodes()) params.push_back(g.node(i).outputs[0]);
-  ASPEN_ASSIGN_OR_RETURN(std::vector<graph::ValueId> grads, graph::append_gradients(g, m.loss, params));
-  return train::append_adamw(b, params, grads, {.weight_decay = 0.1, .no_decay = {"bias", "ln_"}}).status();
+  ASPEN_ASSIGN_OR_RETURN(std::vector<graph::ValueId> grads, graph::append_gradients(g, loss, params));
+  return train::append_adamw(b, params, grads, {.weight_decay = 0.1, .no_decay = {"bias", "ln_", "norm"}}).status();
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -195,8 +218,8 @@ RandomBatch random_batch(const TrainShape& s) {
   const int64_t BT = s.batch * s.seq;
   RandomBatch b{Tensor(DType::i32, {s.batch, s.seq}), Tensor(DType::i32, {s.batch, s.seq}), Tensor(DType::i32, {BT})};
   for (int64_t i = 0; i < BT; ++i) {
-    b.ids.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 0, uint64_t(i)) % uint32_t(s.config.vocab));
-    b.targets.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 1, uint64_t(i)) % uint32_t(s.config.vocab));
+    b.ids.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 0, uint64_t(i)) % uint32_t(s.vocab()));
+    b.targets.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 1, uint64_t(i)) % uint32_t(s.vocab()));
     b.pos.span<int32_t>()[size_t(i)] = int32_t(i % s.seq);
   }
   return b;
@@ -267,7 +290,7 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
     // The forward graph names exactly the model's parameters (the training graph adds the optimizer's).
     graph::Graph fg;
     graph::Builder fb(fg);
-    ASPEN_RETURN_IF_ERROR(models::build_gpt2(fb, s.config, {.batch = s.batch, .seq = s.seq, .with_loss = true}).status());
+    ASPEN_RETURN_IF_ERROR(models::build_causal_lm(fb, s.model, {.batch = s.batch, .seq = s.seq, .with_loss = true}));
     ASPEN_ASSIGN_OR_RETURN(models::Checkpoint ckpt, models::Checkpoint::open(s.model_dir));
     ASPEN_ASSIGN_OR_RETURN(const models::WeightPlan plan, models::plan_weights(fg, ckpt));
     ASPEN_RETURN_IF_ERROR(models::load_weights(
@@ -384,7 +407,7 @@ Result<Row> measure_model(const TrainShape& s, const std::string& dtype, const T
   graph::Graph g;
   {
     graph::Builder b(g);
-    ASPEN_RETURN_IF_ERROR(models::build_gpt2(b, s.config, {.batch = micro, .seq = s.seq, .with_loss = true}).status());
+    ASPEN_RETURN_IF_ERROR(models::build_causal_lm(b, s.model, {.batch = micro, .seq = s.seq, .with_loss = true}));
   }
   api::Options o;
   o.precision(dtype == "bf16" ? DType::bf16 : DType::f32).threads(replicas > 1 ? 1 : opt.threads);
@@ -397,8 +420,9 @@ Result<Row> measure_model(const TrainShape& s, const std::string& dtype, const T
   const auto t0 = std::chrono::steady_clock::now();
   ASPEN_ASSIGN_OR_RETURN(auto model, api::TrainingModel::create(g, o, t));
   r.compile_s = seconds_since(t0);
-  ASPEN_ASSIGN_OR_RETURN(auto weights, models::init_weights(g, {.seed = 1234, .std = 0.02,
-                                                                .n_layer = s.config.n_layer, .scaled_residual = true}));
+  ASPEN_ASSIGN_OR_RETURN(auto weights,
+                         models::init_weights(g, {.seed = 1234, .std = 0.02, .n_layer = s.n_layer(),
+                                                  .scaled_residual = s.model.gpt2() != nullptr}));
   std::map<std::string, const Tensor*> w;
   for (const auto& [name, tensor] : weights) w.emplace(name, &tensor);
   ASPEN_RETURN_IF_ERROR(model->copy_weights_to_device(w));
@@ -426,7 +450,10 @@ std::string run_peer(const TrainShape& s, const TrainBenchOptions& opt, Row& r) 
       opt.python + " " + script + " --json --dtypes " + r.dtype + " --threads " + std::to_string(opt.threads) +
       " --steps " + std::to_string(opt.steps) +
       fmt::format(" --batch {} --seq {} --vocab {} --n-positions {} --d-model {} --layers {} --heads {}", s.batch,
-                  s.seq, s.config.vocab, s.config.n_positions, s.config.d_model, s.config.n_layer, s.config.n_head) +
+                  s.seq, s.vocab(), s.n_positions(), s.d_model(), s.n_layer(), s.n_head()) +
+      (s.model.llama() ? fmt::format(" --family llama --kv-heads {} --d-ff {}", s.model.llama()->kv_heads(),
+                                     s.model.llama()->d_ff)
+                       : std::string()) +
       (s.model_dir.empty() ? "" : " --model '" + s.model_dir + "'") + " 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return "PyTorch peer: cannot start '" + opt.python + "'";
@@ -506,14 +533,17 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
   TrainBenchOptions o = opt;
   if (o.quick) o.steps = 1;
   if (o.steps < 1) return Status::invalid_argument("bench train: steps", ">= 1", std::to_string(o.steps));
-  TrainShape s = bench_shape(o.quick);
+  if (o.family != "gpt2" && o.family != "llama")
+    return Status::invalid_argument("bench train: family", "gpt2 or llama", o.family);
+  TrainShape s = bench_shape(o.quick, o.family);
   if (!o.model.empty()) {
     ASPEN_ASSIGN_OR_RETURN(const models::ModelConfig c, models::load_config(o.model + "/config.json"));
-    if (!c.gpt2())
-      return Status::invalid_argument("bench train --model " + o.model, "a GPT-2 directory (model_type gpt2)",
+    if (!c.gpt2() && !c.llama())
+      return Status::invalid_argument("bench train --model " + o.model,
+                                      "a GPT-2 or Llama-family directory (model_type gpt2, llama, mistral, qwen2)",
                                       "model_type " + c.model_type);
-    s.config = *c.gpt2();
-    s.seq = std::min<int64_t>(o.quick ? 32 : 256, s.config.n_positions);
+    s.model = c;
+    s.seq = std::min<int64_t>(o.quick ? 32 : 256, s.n_positions());
     s.model_dir = o.model;
   }
   if (o.replicas > 1) return run_replicas_bench(s, o, out);
@@ -526,15 +556,14 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
 
   if (!o.json) {
     out << fmt::format(
-        "# GPT-2 {}: {} layers, d_model {}, vocab {}; batch {} x seq {}, AdamW, {} threads; median of {} steps after "
+        "# {} {}: {} layers, d_model {}, vocab {}; batch {} x seq {}, AdamW, {} threads; median of {} steps after "
         "1 warm-up, each dtype in its own process\n",
-        !s.model_dir.empty() ? s.model_dir : o.quick ? "tiny (--quick)" : "124M", s.config.n_layer, s.config.d_model,
-        s.config.vocab, s.batch, s.seq, o.threads, o.steps);
+        s.model.llama() ? "Llama" : "GPT-2", !s.model_dir.empty() ? s.model_dir : o.quick ? "tiny (--quick)" : "124M",
+        s.n_layer(), s.d_model(), s.vocab(), s.batch, s.seq, o.threads, o.steps);
     out << fmt::format(
         "# FLOPs per token: {:.1f} M = 6 x {:.2f} M matmul parameters (tied lm_head included) + {:.1f} M attention "
         "(QK^T and AV, fwd + bwd, causal counted in full)\n",
-        fpt / 1e6, double(matmul_parameters(s.config)) / 1e6,
-        12.0 * double(s.config.n_layer * s.seq * s.config.d_model) / 1e6);
+        fpt / 1e6, double(matmul_parameters(s)) / 1e6, attention_flops_per_token(s) / 1e6);
     if (!peer) out << "# PyTorch peer: not run (--python PATH names an interpreter with torch and transformers)\n";
     out.flush();
   }

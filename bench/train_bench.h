@@ -61,6 +61,9 @@ struct TrainBenchOptions {
   // its shape and weights (the sequence is min(256, n_positions)); the
   // PyTorch peer loads the same directory.
   std::string model;
+  // "gpt2" (GPT-2 124M) or "llama": a Llama-shaped 124M (12 layers, d_model 768, 12 heads over 4 kv heads,
+  // SwiGLU 2048, vocab 32000, untied head); the PyTorch peer runs transformers' LlamaForCausalLM.
+  std::string family = "gpt2";
   // > 1: instead of the table above, data parallel: `replicas` replicas of
   // one thread each against one device of `threads` threads, on the same
   // global batch, both through api::TrainingModel as `aspen train` runs them

@@ -279,7 +279,9 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--dtype", train_dtype, "matmul compute type: f32, bf16 or both")
       ->check(CLI::IsMember({"f32", "bf16", "both"}));
   train_cmd->add_option("--python", tb.python, "interpreter with torch and transformers: runs the PyTorch peer");
-  train_cmd->add_flag("--quick", tb.quick, "a tiny GPT-2, one timed step (a smoke test, not a measurement)");
+  train_cmd->add_flag("--quick", tb.quick, "a tiny model, one timed step (a smoke test, not a measurement)");
+  train_cmd->add_option("--family", tb.family, "gpt2 (GPT-2 124M) or llama (a Llama-shaped 124M)")
+      ->check(CLI::IsMember({"gpt2", "llama"}));
   train_cmd->add_flag("--profile", tb.profile, "print where the timed steps' time goes (per op)");
   train_cmd->add_option("--model", tb.model, "a Hugging Face GPT-2 directory to fine-tune instead of the random 124M")
       ->check(CLI::ExistingDirectory);
