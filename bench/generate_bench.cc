@@ -18,8 +18,11 @@
 #include "core/thread_team.h"
 #include "core/tensor.h"
 #include "io/safetensors.h"
+#include "graph/builder.h"
+#include "models/causal_lm.h"
 #include "models/config.h"
 #include "models/generate.h"
+#include "models/init.h"
 #include "models/weights.h"
 
 namespace aspen::bench {
@@ -28,7 +31,26 @@ namespace {
 
 struct Shape124M {
   int64_t vocab = 50257, n_positions = 1024, d = 768, layers = 12, heads = 12;
+  int64_t kv_width = 768;  // what each layer caches per position and per k or v (Hk · head_dim)
 };
+
+// The Llama-shaped 124M (`--family llama`, as `aspen bench train` has it: 12 layers, d_model 768, 12 heads
+// over 4 kv heads, SwiGLU 2048, vocab 32000, untied head), N(0, 0.02) weights and norms at 1, exported as a
+// Hugging Face directory by models::export_hf_model.
+Status write_llama_model(const std::string& dir, bool quick) {
+  models::ModelConfig mc;
+  mc.model_type = "llama";
+  mc.family = models::LlamaConfig{.vocab = quick ? 2048 : 32000, .n_positions = 1024, .d_model = 768,
+                                  .n_layer = quick ? 2 : 12, .n_head = 12, .n_kv_head = 4, .head_dim = 0,
+                                  .d_ff = 2048};
+  mc.bos_token_id = 1;
+  mc.eos_token_ids = {2};
+  graph::Graph g;
+  graph::Builder b(g);
+  ASPEN_RETURN_IF_ERROR(models::build_causal_lm(b, mc, {.batch = 1, .seq = 1}));
+  ASPEN_ASSIGN_OR_RETURN(auto weights, models::init_weights(g, {.seed = 42, .std = 0.02}));
+  return models::export_hf_model(dir, mc, weights);
+}
 
 // Writes config.json and model.safetensors (N(0, 0.02) weights, LayerNorm at
 // 1 and 0) for a GPT-2 of shape `s` into `dir`; returns the weight bytes.
@@ -85,11 +107,17 @@ Result<int64_t> describe_model(const std::string& dir, Shape124M* s) {
   ASPEN_ASSIGN_OR_RETURN(models::Checkpoint ckpt, models::Checkpoint::open(dir));
   const models::ModelConfig& c = ckpt.config();
   if (const auto* g = c.gpt2()) {
-    *s = {.vocab = g->vocab, .n_positions = g->n_positions, .d = g->d_model, .layers = g->n_layer, .heads = g->n_head};
+    *s = {.vocab = g->vocab, .n_positions = g->n_positions, .d = g->d_model, .layers = g->n_layer, .heads = g->n_head,
+          .kv_width = g->d_model};
   } else if (const auto* j = c.gptj()) {
-    *s = {.vocab = j->vocab, .n_positions = j->n_positions, .d = j->d_model, .layers = j->n_layer, .heads = j->n_head};
+    *s = {.vocab = j->vocab, .n_positions = j->n_positions, .d = j->d_model, .layers = j->n_layer, .heads = j->n_head,
+          .kv_width = j->d_model};
+  } else if (const auto* l = c.llama()) {
+    *s = {.vocab = l->vocab, .n_positions = l->n_positions, .d = l->d_model, .layers = l->n_layer, .heads = l->n_head,
+          .kv_width = l->kv_heads() * l->head_size()};
   } else {
-    return Status::invalid_argument("bench generate --model " + dir, "a model that generates (gpt2 or gptj)",
+    return Status::invalid_argument("bench generate --model " + dir,
+                                    "a model that generates (gpt2, gptj, llama, mistral, qwen2)",
                                     "model_type " + c.model_type);
   }
   const std::vector<std::string> names = ckpt.tensor_names();
@@ -164,7 +192,12 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
     }
   } cleanup{own ? std::string() : dir}, gguf_cleanup{own ? std::string() : dir + "_gguf"};
   int64_t weight_bytes = 0;
+  if (opt.family != "gpt2" && opt.family != "llama")
+    return Status::invalid_argument("bench generate: family", "gpt2 or llama", opt.family);
   if (own) {
+    ASPEN_ASSIGN_OR_RETURN(weight_bytes, describe_model(dir, &s));
+  } else if (opt.family == "llama") {
+    ASPEN_RETURN_IF_ERROR(write_llama_model(dir, opt.quick));
     ASPEN_ASSIGN_OR_RETURN(weight_bytes, describe_model(dir, &s));
   } else {
     ASPEN_ASSIGN_OR_RETURN(weight_bytes, write_model(dir, s));
@@ -184,7 +217,10 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
   if (!opt.json)
     out << fmt::format("# {} ({} layers), {} threads; read-only sweep {:.1f} GB/s over "
                        "{:.0f} MB; decode: {} new tokens after an 8-token prompt\n",
-                       own ? dir : "GPT-2-124M shape, random weights", s.layers, threads, read_bw / 1e9,
+                       own                      ? dir
+                       : opt.family == "llama" ? "Llama-124M shape (12 heads over 4 kv heads), random weights"
+                                               : "GPT-2-124M shape, random weights",
+                       s.layers, threads, read_bw / 1e9,
                        double(weight_bytes) / 1e6, new_tokens);
 
   std::vector<Row> rows;
@@ -236,7 +272,7 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
         // Bytes per step: the weights once, plus the cache the attention reads
         // (keys and values of every layer, all max_length positions: the
         // kernel reads the whole cache and masks).
-        const int64_t kv = 2 * s.layers * B * (8 + new_tokens) * s.d * 4;
+        const int64_t kv = 2 * s.layers * B * (8 + new_tokens) * s.kv_width * 4;
         r.step_bytes = step_bytes + kv;
         keep(r);
       }

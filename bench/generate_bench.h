@@ -50,6 +50,9 @@ struct GenerateBenchOptions {
   // random GPT-2-124M; its weights are used as they are, and the PyTorch peer
   // loads the same directory.
   std::string model;
+  // Without `model`: "gpt2" (the random GPT-2-124M) or "llama" (a random Llama-shaped 124M: 12 heads over 4
+  // kv heads, SwiGLU 2048, vocab 32000, untied head; written by models::export_hf_model, so both peers load it).
+  std::string family = "gpt2";
 };
 
 Status run_generate_bench(const GenerateBenchOptions& options, std::ostream& out);

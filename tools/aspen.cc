@@ -255,6 +255,8 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--python", gb.python, "interpreter with torch for the PyTorch peer (\"none\": skip)");
   gen_cmd->add_option("--dtype", gb.dtypes, "weights: f32, bf16 (default both)")->delimiter(',');
   gen_cmd->add_flag("--quick", gb.quick, "a 2-layer model, few tokens, no peer (a smoke test)");
+  gen_cmd->add_option("--family", gb.family, "without --model: gpt2 (GPT-2-124M) or llama (a Llama-shaped 124M)")
+      ->check(CLI::IsMember({"gpt2", "llama"}));
   gen_cmd->add_option("--model", gb.model, "a Hugging Face directory (GPT-2, GPT-J) to run instead of the random 124M")
       ->check(CLI::ExistingDirectory);
   gen_cmd->add_flag("--profile", gb.profile, "print where decode time goes (per op)");
