@@ -90,7 +90,7 @@ Status check_global_indices(const SparsityConfig& c) {
   if (ends.empty()) return Status();
   if (ends.size() != starts.size())
     return bad(c, "global_block_end_indices",
-               str(int64_t(starts.size())) + " entries (one per global_block_indices) or none",
+               "as many entries as global_block_indices (" + str(int64_t(starts.size())) + ") or none",
                str(int64_t(ends.size())));
   for (size_t j = 0; j < ends.size(); ++j) {
     const std::string at = "[" + str(int64_t(j)) + "]";
@@ -131,10 +131,10 @@ Status validate_variable(const SparsityConfig& c) {
 
 // The checks against the blocks of a row, in the order DeepSpeed's make_layout meets them.
 Status check_fits(const SparsityConfig& c, int64_t seq_len, int64_t blocks) {
-  const std::string row = "<= " + str(blocks) + " (the blocks in a row: seq_len " + str(seq_len) + " / block " +
-                          str(c.block) + ")";
-  const bool random = info_of(c.kind)->random;
-  if (random && c.num_random_blocks > blocks) return bad(c, "num_random_blocks", row, str(c.num_random_blocks));
+  const std::string row =
+      "<= " + str(blocks) + " (the blocks in a row: seq_len " + str(seq_len) + " / block " + str(c.block) + ")";
+  const bool has_random = info_of(c.kind)->random;
+  if (has_random && c.num_random_blocks > blocks) return bad(c, "num_random_blocks", row, str(c.num_random_blocks));
   // NOTE [unidirectional bigbird random blocks]: DeepSpeed samples row q's
   // random blocks among key blocks 0..q, so row 0 has one candidate and
   // random.sample fails for num_random_blocks > 1 (ValueError: Sample larger
@@ -143,8 +143,9 @@ Status check_fits(const SparsityConfig& c, int64_t seq_len, int64_t blocks) {
   if (c.kind == Kind::bigbird && unidirectional(c) && c.num_random_blocks > 1)
     return bad(c, "num_random_blocks", "<= 1 with unidirectional attention (query block 0 has one candidate)",
                str(c.num_random_blocks));
-  const bool sliding = c.kind == Kind::bigbird || c.kind == Kind::bslongformer || c.kind == Kind::local_sliding_window;
-  if (sliding && c.num_sliding_window_blocks > blocks)
+  const bool has_window =
+      c.kind == Kind::bigbird || c.kind == Kind::bslongformer || c.kind == Kind::local_sliding_window;
+  if (has_window && c.num_sliding_window_blocks > blocks)
     return bad(c, "num_sliding_window_blocks", row, str(c.num_sliding_window_blocks));
   if (c.kind == Kind::bigbird && c.num_global_blocks > blocks)
     return bad(c, "num_global_blocks", row, str(c.num_global_blocks));
@@ -277,8 +278,7 @@ void bslongformer_global(const Grid& g, const SparsityConfig& c) {
 // of one layout head. blocks <= 2^16 (kMaxLayoutBlocks), so rows fit 32 bits.
 class RowDraws {
  public:
-  RowDraws(uint64_t seed, int64_t head, int64_t row)
-      : seed_(seed), stream_((uint64_t(head) << 32) | uint64_t(row)) {}
+  RowDraws(uint64_t seed, int64_t head, int64_t row) : seed_(seed), stream_((uint64_t(head) << 32) | uint64_t(row)) {}
   // Uniform on [0, bound), 1 <= bound: Lemire's multiply-shift, rejecting the
   // 2^32 mod bound low products that would bias it.
   uint32_t below(uint32_t bound) {
@@ -389,15 +389,15 @@ Result<BlockLayout> layout_from_bits(int64_t heads, int64_t blocks, int64_t bloc
   ASPEN_RETURN_IF_ERROR(check_size(who, heads, blocks));
   const int64_t want = heads * blocks * blocks;
   if (int64_t(bits.size()) != want)
-    return Status::invalid_argument(
-        who + ": bits",
-        str(want) + " values (heads * blocks * blocks = " + str(heads) + " * " + str(blocks) + " * " + str(blocks) + ")",
-        str(int64_t(bits.size())));
+    return Status::invalid_argument(who + ": bits",
+                                    str(want) + " values (heads * blocks * blocks = " + str(heads) + " * " +
+                                        str(blocks) + " * " + str(blocks) + ")",
+                                    str(int64_t(bits.size())));
   for (int64_t i = 0; i < want; ++i) {
     if (bits[size_t(i)] <= 1) continue;
     return Status::invalid_argument(who + ": bits[" + str(i) + "] (head " + str(i / (blocks * blocks)) +
-                                        ", query block " + str(i / blocks % blocks) + ", key block " +
-                                        str(i % blocks) + ")",
+                                        ", query block " + str(i / blocks % blocks) + ", key block " + str(i % blocks) +
+                                        ")",
                                     "0 or 1", str(bits[size_t(i)]));
   }
   return BlockLayout{heads, blocks, block, std::move(bits)};
@@ -460,8 +460,10 @@ Result<SparsityConfig::Attention> parse_attention(const std::string& s) {
 
 const char* attention_name(SparsityConfig::Attention a) {
   switch (a) {
-    case Attention::bidirectional: return "bidirectional";
-    case Attention::unidirectional: return "unidirectional";
+    case Attention::bidirectional:
+      return "bidirectional";
+    case Attention::unidirectional:
+      return "unidirectional";
   }
   return "unknown";
 }
@@ -477,9 +479,12 @@ Status validate(const SparsityConfig& c) {
   if (info->attention && c.attention != Attention::bidirectional && c.attention != Attention::unidirectional)
     return bad(c, "attention", "unidirectional or bidirectional", "Attention(" + str(int64_t(c.attention)) + ")");
   switch (c.kind) {
-    case Kind::dense: return Status();
-    case Kind::fixed: return validate_fixed(c);
-    case Kind::variable: return validate_variable(c);
+    case Kind::dense:
+      return Status();
+    case Kind::fixed:
+      return validate_fixed(c);
+    case Kind::variable:
+      return validate_variable(c);
     case Kind::bigbird:
       ASPEN_RETURN_IF_ERROR(at_least(c, "num_random_blocks", c.num_random_blocks, 0));
       ASPEN_RETURN_IF_ERROR(at_least(c, "num_sliding_window_blocks", c.num_sliding_window_blocks, 0));
@@ -487,7 +492,8 @@ Status validate(const SparsityConfig& c) {
     case Kind::bslongformer:
       ASPEN_RETURN_IF_ERROR(at_least(c, "num_sliding_window_blocks", c.num_sliding_window_blocks, 0));
       return check_global_indices(c);
-    case Kind::local_sliding_window: return at_least(c, "num_sliding_window_blocks", c.num_sliding_window_blocks, 0);
+    case Kind::local_sliding_window:
+      return at_least(c, "num_sliding_window_blocks", c.num_sliding_window_blocks, 0);
   }
   return Status();
 }

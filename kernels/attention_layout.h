@@ -23,16 +23,18 @@
 // on every machine.
 //
 // DeepSpeed's quirks are reproduced on purpose (NOTEs in attention_layout.cc):
-// sliding windows are symmetric (num_sliding_window_blocks / 2 on each side, so
-// an even window acts as the next odd one), Fixed's and Variable's
-// unidirectional global blocks attend one another within a global group,
+// sliding windows reach num_sliding_window_blocks / 2 blocks to each side (an
+// even window acts as the next odd one; a unidirectional window of 3 keeps 2
+// blocks), Fixed's and Variable's
+// unidirectional global groups attend themselves whole (past the diagonal),
 // unidirectional Variable still draws random blocks from the whole row, and
-// Fixed's short last window follows Python's negative slicing.
+// Fixed with fewer blocks than num_global_blocks follows Python's negative
+// slicing.
 //
 // Every input DeepSpeed rejects is an InvalidArgument Status here (never an
 // abort), and so are a few DeepSpeed accepts by accident of Python (negative
-// indices or counts, which Python would count from the end; empty or
-// zero-sized local windows; seq_len <= 0). Messages name the kind, the field,
+// indices or counts, which Python would count from the end or ignore; no local
+// window or one of size <= 0; seq_len <= 0). Messages name the kind, the field,
 // what was expected and what was found:
 //   "fixed sparsity: num_local_blocks: expected a multiple of num_global_blocks (3), found 4"
 //
@@ -75,11 +77,12 @@ Result<BlockLayout> layout_from_bits(int64_t heads, int64_t blocks, int64_t bloc
 //
 //   dense (D): every block (DenseSparsityConfig).
 //   fixed (F): FixedSparsityConfig, Sparse Transformers' "fixed" pattern: local
-//     windows of num_local_blocks blocks; in each window num_global_blocks
-//     blocks, the last ones (head h of different_layout_per_head uses pattern
-//     h % num_different_global_patterns, counting back from the last), are
-//     attended by every query block (and attend every key block with
-//     horizontal_global_attention).
+//     windows of num_local_blocks blocks; in each window a group of
+//     num_global_blocks blocks, the last ones (with different_layout_per_head,
+//     head h takes group h % num_different_global_patterns counting back from
+//     the last), is attended by every query block (unidirectional: every one
+//     from the group on), and attends every key block with
+//     horizontal_global_attention.
 //   variable (V): VariableSparsityConfig: local windows of the sizes in
 //     local_window_blocks (the last size repeats to the end), global blocks at
 //     global_block_indices (or the ranges [global_block_indices[i],
@@ -87,8 +90,9 @@ Result<BlockLayout> layout_from_bits(int64_t heads, int64_t blocks, int64_t bloc
 //   bigbird (B): BigBirdSparsityConfig: num_random_blocks random blocks per
 //     row, a sliding window of num_sliding_window_blocks, and the first
 //     num_global_blocks blocks global (rows and columns).
-//   bslongformer (L): BSLongformerSparsityConfig: a sliding window and global
-//     blocks (rows and columns) as Variable gives them.
+//   bslongformer (L): BSLongformerSparsityConfig: a sliding window and the
+//     global blocks of global_block_indices (and global_block_end_indices, as
+//     Variable reads them), global as rows and as columns.
 //   local_sliding_window (W): LocalSlidingWindowSparsityConfig: the sliding
 //     window only, by default unidirectional.
 //
@@ -102,31 +106,31 @@ struct SparsityConfig {
   enum class Attention { bidirectional, unidirectional };
 
   Kind kind = Kind::dense;
-  int64_t num_heads = 1;                   // >= 1
-  int64_t block = 16;                      // tokens per block, >= 1
-  bool different_layout_per_head = false;  // F V B L
-  int64_t num_local_blocks = 4;            // F: >= 1, a multiple of num_global_blocks
-  int64_t num_global_blocks = 1;           // F: >= 1; B: >= 0 (<= the blocks of a row)
-  Attention attention = Attention::bidirectional;  // F V B L W (W's default: unidirectional)
-  bool horizontal_global_attention = false;        // F V: bidirectional only
-  int64_t num_different_global_patterns = 1;       // F: >= 1, <= num_local_blocks / num_global_blocks;
-                                                   //    > 1 needs different_layout_per_head
-  int64_t num_random_blocks = 0;              // V B (B's default: 1): >= 0, <= the blocks of a row;
-                                              //   unidirectional B: <= 1 (row 0 has one candidate)
-  std::vector<int64_t> local_window_blocks = {4};     // V: at least one, each >= 1
-  std::vector<int64_t> global_block_indices = {0};    // V L: each >= 0; past the last block: ignored
+  int64_t num_heads = 1;                               // >= 1
+  int64_t block = 16;                                  // tokens per block, >= 1
+  bool different_layout_per_head = false;              // F V B L
+  int64_t num_local_blocks = 4;                        // F: >= 1, a multiple of num_global_blocks
+  int64_t num_global_blocks = 1;                       // F: >= 1; B: >= 0 (<= the blocks of a row)
+  Attention attention = Attention::bidirectional;      // F V B L W (W's default: unidirectional)
+  bool horizontal_global_attention = false;            // F V: bidirectional only
+  int64_t num_different_global_patterns = 1;           // F: >= 1, <= num_local_blocks / num_global_blocks;
+                                                       //    > 1 needs different_layout_per_head
+  int64_t num_random_blocks = 0;                       // V B (B's default: 1): >= 0, <= the blocks of a row;
+                                                       //   unidirectional B: <= 1 (row 0 has one candidate)
+  std::vector<int64_t> local_window_blocks = {4};      // V: at least one, each >= 1
+  std::vector<int64_t> global_block_indices = {0};     // V L: each >= 0; past the last block: ignored
   std::vector<int64_t> global_block_end_indices = {};  // V L: empty (DeepSpeed's None) or one per
                                                        //   index, each > its start index
-  int64_t num_sliding_window_blocks = 3;  // B L W: >= 0, <= the blocks of a row
-  uint64_t seed = 0;                      // V B: the Philox key of the random blocks
+  int64_t num_sliding_window_blocks = 3;               // B L W: >= 0, <= the blocks of a row
+  uint64_t seed = 0;                                   // V B: the Philox key of the random blocks
 
   // DeepSpeed's defaults for each kind.
-  static SparsityConfig dense(int64_t num_heads);
-  static SparsityConfig fixed(int64_t num_heads);
-  static SparsityConfig variable(int64_t num_heads);
-  static SparsityConfig bigbird(int64_t num_heads);
-  static SparsityConfig bslongformer(int64_t num_heads);
-  static SparsityConfig local_sliding_window(int64_t num_heads);
+  static SparsityConfig dense(int64_t heads);
+  static SparsityConfig fixed(int64_t heads);
+  static SparsityConfig variable(int64_t heads);
+  static SparsityConfig bigbird(int64_t heads);
+  static SparsityConfig bslongformer(int64_t heads);
+  static SparsityConfig local_sliding_window(int64_t heads);
 };
 
 // "dense", "fixed", "variable", "bigbird", "bslongformer", "local_sliding_window".
