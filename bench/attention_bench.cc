@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
@@ -13,7 +17,9 @@
 #include "bench/common.h"
 #include "core/philox.h"
 #include "core/thread_team.h"
+#include "io/npy.h"
 #include "kernels/attention.h"
+#include "kernels/attention_layout.h"
 
 namespace aspen::bench {
 
@@ -27,11 +33,28 @@ Status check_option(const char* name, int64_t value) {
   return Status();
 }
 
-// The row's mask over [1, S] keys; `segments` receives blockdiag's document ids.
+bool is_layout(const std::string& kind) { return kind == "bigbird" || kind == "longformer"; }
+
+// DeepSpeed's layout of a layout row, one per head (seed 1).
+Result<kernels::BlockLayout> layout_of(const std::string& kind, const AttentionBenchOptions& o, int64_t T) {
+  kernels::SparsityConfig c =
+      kind == "bigbird" ? kernels::SparsityConfig::bigbird(o.heads) : kernels::SparsityConfig::bslongformer(o.heads);
+  c.block = o.block;
+  c.different_layout_per_head = true;
+  c.seed = 1;
+  return kernels::make_layout(c, T);
+}
+
+// The row's mask over [1, S] keys; `segments` receives blockdiag's document ids; layout rows read `layout`.
 kernels::AttentionMask mask_of(const std::string& kind, const AttentionBenchOptions& o, int64_t T,
-                               std::vector<int32_t>& segments) {
+                               std::vector<int32_t>& segments, const kernels::BlockLayout* layout) {
   kernels::AttentionMask m;
-  m.kind = kind == "local" ? Kind::local : Kind::causal;
+  m.kind = kind == "local" ? Kind::local : is_layout(kind) ? Kind::none : Kind::causal;
+  if (layout) {
+    m.layout = layout->bits;
+    m.layout_block = layout->block;
+    m.layout_heads = layout->heads;
+  }
   if (kind == "local") m.window = o.window;
   if (kind == "blockdiag") {
     const int64_t size = std::max<int64_t>(1, T / o.documents);
@@ -45,7 +68,7 @@ kernels::AttentionMask mask_of(const std::string& kind, const AttentionBenchOpti
 using Key = std::tuple<std::string, int64_t, std::string>;  // mask, T, pass
 
 // bench/torch_attention.py over every row: seconds by (mask, T, pass); a note when it did not run.
-std::string run_peer(const AttentionBenchOptions& o, std::map<Key, double>& seconds) {
+std::string run_peer(const AttentionBenchOptions& o, const std::string& layouts, std::map<Key, double>& seconds) {
   auto join = [](const auto& v) {
     std::string s;
     for (const auto& x : v) s += (s.empty() ? "" : ",") + fmt::format("{}", x);
@@ -54,9 +77,9 @@ std::string run_peer(const AttentionBenchOptions& o, std::map<Key, double>& seco
   const std::string script = std::string(ASPEN_SOURCE_DIR) + "/bench/torch_attention.py";
   const std::string cmd =
       fmt::format("{} {} --json --t {} --masks {} --passes {} --heads {} --d {} --window {} --documents {} "
-                  "--threads {} --repeats {} 2>/dev/null",
+                  "--threads {} --repeats {} --layouts '{}' --layout-max-t {} 2>/dev/null",
                   o.python, script, join(o.t), join(o.masks), join(o.passes), o.heads, o.d, o.window, o.documents,
-                  o.threads, o.repeats);
+                  o.threads, o.repeats, layouts, o.peer_layout_max_t);
   const bool ran = read_json_lines(cmd, [&](const nlohmann::json& j) {
     if (j.value("bench", "") != "attention_torch") return;
     seconds[{j.value("mask", ""), j.value("T", int64_t(0)), j.value("pass", "")}] = j.value("seconds", 0.0);
@@ -76,8 +99,17 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
   ASPEN_RETURN_IF_ERROR(check_option("--window", opt.window));
   ASPEN_RETURN_IF_ERROR(check_option("--documents", opt.documents));
   for (const std::string& m : opt.masks)
-    if (m != "causal" && m != "local" && m != "blockdiag")
-      return Status::invalid_argument("attention bench: --masks", "causal, local or blockdiag", m);
+    if (m != "causal" && m != "local" && m != "blockdiag" && !is_layout(m))
+      return Status::invalid_argument("attention bench: --masks", "causal, local, blockdiag, bigbird or longformer", m);
+  ASPEN_RETURN_IF_ERROR(check_option("--block", opt.block));
+  // The peer's layouts: {mask}_{T}.npy, u8 [heads, blocks, blocks], in a directory removed at the end.
+  const std::string layouts =
+      (std::filesystem::temp_directory_path() / ("aspen_bench_attention_" + std::to_string(::getpid()))).string();
+  struct Cleanup {
+    std::string d;
+    ~Cleanup() { std::filesystem::remove_all(d); }
+  } cleanup{layouts};
+  std::filesystem::create_directories(layouts);
   for (const std::string& p : opt.passes)
     if (p != "fwd" && p != "fwd_bwd")
       return Status::invalid_argument("attention bench: --passes", "fwd or fwd_bwd", p);
@@ -90,6 +122,7 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
     int64_t T;
     double seconds, naive = 0;
     int64_t peak;
+    double density = 0;  // layout rows: the share of blocks on
   };
   std::vector<Row> rows;
   {
@@ -103,8 +136,20 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
       philox_fill_uniform(g, 1, 4, 0, -1.0f, 1.0f);
       for (const std::string& kind : opt.masks) {
         std::vector<int32_t> segments;
-        const kernels::AttentionMask mask = mask_of(kind, opt, T, segments);
-        const int64_t seg_bytes = segments.empty() ? 0 : 8 * B * T;
+        std::optional<kernels::BlockLayout> layout;
+        int64_t layout_bytes = 0;
+        if (is_layout(kind)) {
+          ASPEN_ASSIGN_OR_RETURN(layout, layout_of(kind, opt, T));
+          // The kernel's tile states (one byte per head and 64 x 64 tile) and the layout itself.
+          layout_bytes = int64_t(layout->bits.size()) + H * ((T + 63) / 64) * ((T + 63) / 64);
+          if (T <= opt.peer_layout_max_t) {
+            Tensor t(DType::u8, Shape{layout->heads, layout->blocks, layout->blocks});
+            std::copy(layout->bits.begin(), layout->bits.end(), t.data<uint8_t>());
+            ASPEN_RETURN_IF_ERROR(io::write_npy(fmt::format("{}/{}_{}.npy", layouts, kind, T), t));
+          }
+        }
+        const kernels::AttentionMask mask = mask_of(kind, opt, T, segments, layout ? &*layout : nullptr);
+        const int64_t seg_bytes = (segments.empty() ? 0 : 8 * B * T) + layout_bytes;
         for (const std::string& pass : opt.passes) {
           Status status;
           const bool bwd = pass == "fwd_bwd";
@@ -119,7 +164,8 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
           Row r{kind, pass, T, s, 0.0,
                 std::max(kernels::attention_forward_scratch_bytes(B, H, T, T, D, opt.threads),
                          bwd ? kernels::attention_backward_scratch_bytes(B, H, T, D, opt.threads) : 0) +
-                    seg_bytes};
+                    seg_bytes,
+                layout ? layout->density() : 0.0};
           if (kind == "causal" && !bwd && T <= 2048) {  // the definition, as a check of the fast path's output
             std::vector<float> ro(n), rl(size_t(B * H * T));
             r.naive = best_seconds(
@@ -143,7 +189,7 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
   }
   std::map<Key, double> peer;
   const bool run_peer_too = !opt.python.empty() && opt.python != "none";
-  const std::string note = run_peer_too ? run_peer(opt, peer) : "PyTorch peer: not run (--python none)";
+  const std::string note = run_peer_too ? run_peer(opt, layouts, peer) : "PyTorch peer: not run (--python none)";
 
   if (!opt.json)
     out << fmt::format("# self-attention, B=1 H={} D={} f32, {} thread(s); torch = scaled_dot_product_attention "
@@ -167,6 +213,7 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
       }
       if (vs_dense > 0) j["speedup_vs_dense"] = vs_dense;
       if (r.naive > 0) j["naive_seconds"] = r.naive;
+      if (r.density > 0) j["block_density"] = r.density;
       out << j.dump() << "\n";
     } else {
       out << fmt::format("{:>10} {:>6} {:>8} | {:>10.3f} {:>10} {:>7} | {:>8} | {:>6.1f} KiB\n", r.mask, r.T, r.pass,

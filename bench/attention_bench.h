@@ -7,13 +7,19 @@
 //   causal     dense causal: PyTorch's is_causal flash kernel
 //   local      a causal window of `window` keys
 //   blockdiag  `documents` packed documents, causal within each (segment ids)
+//   bigbird    DeepSpeed's BigBird layout of `block`-token blocks (1 random,
+//              3 sliding, 1 global block; bidirectional), kernels/attention_layout.h
+//   longformer DeepSpeed's BSLongformer layout (3 sliding blocks, global block 0)
 // PyTorch takes the masked rows as a dense boolean attn_mask (its CPU kernel
 // cannot skip the blocks a mask removes). Passes: fwd, and fwd_bwd (forward,
 // then backward of the same call). Reports the best time of each, the peak
 // scratch bytes aspen allocates, ratio_vs_pytorch (PyTorch's time / aspen's)
 // and, on masked rows, speedup_vs_dense (aspen's causal time / this row's).
 // Causal forward rows up to T = 2048 also time the naive definition
-// (ref::attention_forward, materialized scores, one thread) as a check.
+// (ref::attention_forward, materialized scores, one thread) as a check. The
+// layout rows give PyTorch the layout expanded to a per-head boolean mask
+// (written as .npy files for the peer) up to T = `peer_layout_max_t`: beyond,
+// that mask alone is gigabytes.
 #pragma once
 
 #include <cstdint>
@@ -27,12 +33,14 @@ namespace aspen::bench {
 
 struct AttentionBenchOptions {
   std::vector<int64_t> t = {1024, 4096, 8192};
-  std::vector<std::string> masks = {"causal", "local", "blockdiag"};
+  std::vector<std::string> masks = {"causal", "local", "blockdiag", "bigbird", "longformer"};
   std::vector<std::string> passes = {"fwd", "fwd_bwd"};
   int64_t heads = 4;
   int64_t d = 64;
   int64_t window = 256;   // local: keys per query
   int64_t documents = 8;  // blockdiag: equal documents per row
+  int64_t block = 64;     // bigbird, longformer: tokens per layout block
+  int64_t peer_layout_max_t = 8192;
   int threads = 2;
   bool json = false;
   int repeats = 3;

@@ -18,6 +18,10 @@ The problem (aspen's rows measure the same): q, k, v [1, heads, T, d] f32, stand
              attention for the CPU, which skips the blocks above the diagonal
   local      the same with attn_mask = a boolean [T, T] causal band of --window keys
   blockdiag  attn_mask = causal within --documents equal documents (T / documents tokens each)
+  bigbird, longformer
+             attn_mask = aspen's block layout (--layouts DIR holds {mask}_{T}.npy, u8 [heads, blocks, blocks],
+             written by aspen's bench) expanded to a per-head [1, heads, T, T] boolean mask; rows above
+             --layout-max-t are not run (the mask alone would be gigabytes)
 A boolean mask is the dense input PyTorch's SDPA takes: its CPU kernel visits every block and masks
 per element (it cannot skip blocks the mask removes).
 fwd is one forward call; fwd_bwd is a forward and backward of out.sum() with q, k, v requiring gradients.
@@ -35,7 +39,7 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def mask_of(torch, kind, T, window, documents):
+def mask_of(torch, kind, T, window, documents, layouts=None):
     i = torch.arange(T)[:, None]
     j = torch.arange(T)[None, :]
     causal = j <= i
@@ -44,7 +48,10 @@ def mask_of(torch, kind, T, window, documents):
     if kind == "blockdiag":
         size = max(1, T // documents)
         return causal & ((i // size) == (j // size))
-    raise ValueError(kind)
+    import numpy as np
+    layout = torch.from_numpy(np.load(f"{layouts}/{kind}_{T}.npy")).bool()  # [heads, blocks, blocks]
+    block = T // layout.shape[-1]
+    return layout.repeat_interleave(block, 1).repeat_interleave(block, 2)[None]
 
 
 def main():
@@ -59,6 +66,8 @@ def main():
     ap.add_argument("--documents", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--layouts", default="", help="directory of {mask}_{T}.npy block layouts")
+    ap.add_argument("--layout-max-t", type=int, default=8192)
     args = ap.parse_args()
     try:
         import torch
@@ -71,8 +80,10 @@ def main():
     for T in [int(x) for x in args.t.split(",") if x]:
         q, k, v = (torch.randn(1, args.heads, T, args.d) for _ in range(3))
         for kind in [m for m in args.masks.split(",") if m]:
+            if kind in ("bigbird", "longformer") and T > args.layout_max_t:
+                continue
             kw = {"is_causal": True} if kind == "causal" else {
-                "attn_mask": mask_of(torch, kind, T, args.window, args.documents)}
+                "attn_mask": mask_of(torch, kind, T, args.window, args.documents, args.layouts)}
             for p in [x for x in args.passes.split(",") if x]:
                 if p == "fwd":
                     def run():
