@@ -51,14 +51,26 @@ std::string lr_text(double lr) {
   return buf;
 }
 
-// The forward graph of `mc` for [batch, seq] with a loss (one tensor-parallel shard's when tp > 1).
-Status build_forward(graph::Graph& g, const models::ModelConfig& mc, int64_t batch, int64_t seq, bool packing,
-                     int64_t tp = 1, bool vocab_parallel = false) {
+// The forward graph of `mc` for [batch.micro, data.seq] with a loss (one tensor-parallel shard's when tp > 1),
+// with packed documents (data.packing) and a sparse layout (model.attention) as the config asks.
+Status build_forward(graph::Graph& g, const models::ModelConfig& mc, const train::TrainConfig& c, int64_t tp = 1,
+                     bool vocab_parallel = false) {
   graph::Builder b(g);
-  const models::CausalLmOptions o{.batch = batch,
-                                  .seq = seq,
+  const int64_t n_head = mc.gpt2() ? mc.gpt2()->n_head : mc.gptj() ? mc.gptj()->n_head
+                         : mc.llama() ? mc.llama()->n_head : 1;
+  ASPEN_ASSIGN_OR_RETURN(const std::optional<kernels::SparsityConfig> sparse,
+                         train::sparse_attention(c.model, n_head, c.train.seed));
+  std::optional<kernels::BlockLayout> layout;
+  if (sparse) {
+    Result<kernels::BlockLayout> made = kernels::make_layout(*sparse, c.data.seq);
+    ASPEN_RETURN_IF_ERROR(made.status().with_context("model.attention"));
+    layout = std::move(made).value();
+  }
+  const models::CausalLmOptions o{.batch = c.batch.micro,
+                                  .seq = c.data.seq,
                                   .with_loss = true,
-                                  .segments = packing,
+                                  .segments = c.data.packing,
+                                  .layout = layout ? &*layout : nullptr,
                                   .tensor_parallel = tp,
                                   .vocab_parallel = vocab_parallel};
   if (mc.causal_lm()) return models::build_causal_lm(b, mc, o);
@@ -338,7 +350,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
           "prepare the data with the model's own tokenizer: aspen prepare-data --tokenizer " + c.model.from +
               " --input FILE --output DIR");
     ASPEN_RETURN_IF_ERROR(check_training_memory(t->model_config_, c, across ? model_devices : 1, local));
-    ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c.batch.micro, c.data.seq, c.data.packing));
+    ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c));
     ASPEN_ASSIGN_OR_RETURN(weights, models::read_weights(forward, ckpt));
   } else {
     const int64_t vocab = c.model.vocab > 0 ? c.model.vocab : index.vocab_size;
@@ -368,7 +380,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     t->model_config_ = mc;
     ASPEN_RETURN_IF_ERROR(std::visit([](const auto& f) { return f.validate(); }, mc.family).with_context("config: model"));
     ASPEN_RETURN_IF_ERROR(check_training_memory(t->model_config_, c, across ? model_devices : 1, local));
-    ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c.batch.micro, c.data.seq, c.data.packing));
+    ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c));
     ASPEN_ASSIGN_OR_RETURN(weights, models::init_weights(forward, {.seed = c.train.seed,
                                                                    .std = c.model.init_std,
                                                                    .n_layer = c.model.n_layer,
@@ -381,8 +393,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     const bool vp = c.parallel.vocab_parallel == "on" ||
                     (c.parallel.vocab_parallel == "auto" && vocab > 0 && vocab % c.parallel.tensor_parallel == 0);
     ASPEN_RETURN_IF_ERROR(
-        build_forward(forward, t->model_config_, c.batch.micro, c.data.seq, c.data.packing,
-                      c.parallel.tensor_parallel, vp));
+        build_forward(forward, t->model_config_, c, c.parallel.tensor_parallel, vp));
   }
   t->tokenizer_dir_ = !c.data.tokenizer.empty()                    ? c.data.tokenizer
                       : !c.model.from.empty() && !c.model.is_onnx() ? c.model.from

@@ -226,6 +226,33 @@ TEST(Trainer, PackingKeepsDocumentsApart) {
   }
 }
 
+// model.attention: DeepSpeed's sparsity configs train every causal family
+// (with packing too); a bad one is refused naming the key.
+TEST(Trainer, SparseAttentionTrains) {
+  for (const char* family : {"gpt2", "gptj", "llama"}) {
+    SCOPED_TRACE(family);
+    TempDir run(std::string("sparse_") + family);
+    train::TrainConfig c = tiny_config(run.path);
+    c.model.family = family;
+    c.model.attention = {{"kind", "bigbird"}, {"block", "4"}, {"num_sliding_window_blocks", "1"}};
+    c.data.packing = std::string(family) == "llama";
+    auto r = train(c);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_LT(r->last_loss, r->first_loss);
+  }
+  TempDir run("sparse_bad");
+  train::TrainConfig c = tiny_config(run.path);
+  c.model.attention = {{"kind", "bigbird"}, {"block", "4"}, {"num_sliding_window_blocks", "9"}};
+  auto r = train(c);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("model.attention"), std::string::npos) << r.status().message();
+  c.model.attention = {{"kind", "bigbird"}, {"blocks", "4"}};
+  r = train(c);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("model.attention.blocks: expected none (known: kind, block"), std::string::npos)
+      << r.status().message();
+}
+
 TEST(Trainer, RefusesTheCheckpointOfAnotherModel) {
   TempDir run("other");
   train::TrainConfig c = tiny_config(run.path);

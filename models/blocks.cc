@@ -45,7 +45,7 @@ ValueId mlp(Builder& b, ValueId x, const MlpSpec& s) {
 
 ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const AttentionSpec& s,
                        std::optional<ValueId> positions, std::optional<ValueId> key_valid, const KvCacheSpec* cache,
-                       std::optional<ValueId> segments) {
+                       std::optional<ValueId> segments, std::optional<ValueId> layout) {
   if (!b.status().is_ok()) return ValueId{};
   const Shape qs = b.type(q).shape;  // [B, T, H*D]
   const int64_t B = qs[0], T = qs[1], H = s.n_head, Hk = s.n_kv_head > 0 ? s.n_kv_head : s.n_head, D = s.head_dim;
@@ -83,8 +83,11 @@ ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const Attent
   if (key_valid) args.push_back(*key_valid);
   ASPEN_CHECK(!(segments && cache));  // a caller's bug: check_kv_cache refuses packed generation
   if (segments) args.push_back(*segments);
+  ASPEN_CHECK(!(layout && cache));  // a caller's bug: layout_input refuses sparse generation
+  if (layout) args.push_back(*layout);
   graph::Attrs attrs{{"scale", 1.0 / std::sqrt(double(D))}, {"mask", mask}};
   if (mask == "local") attrs.set("window", s.window);
+  if (layout) attrs.set("layout_block", T / b.type(*layout).shape[1]);
   std::vector<ValueId> outs = b.op(OpKind::attention, std::move(args), std::move(attrs));
   if (outs.empty()) return ValueId{};
   return b.reshape(b.transpose(outs[0], to_bhtd), {B, T, H * D});  // merge heads: [B, T, H*D]
@@ -93,6 +96,28 @@ ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const Attent
 std::optional<ValueId> segments_input(Builder& b, const CausalLmOptions& o) {
   if (!o.segments) return std::nullopt;
   return b.input("segments", DType::i32, Shape{o.batch, o.seq});
+}
+
+Result<std::optional<ValueId>> layout_input(Builder& b, const std::string& family, const CausalLmOptions& o,
+                                            int64_t n_head) {
+  const kernels::BlockLayout* l = o.layout;
+  if (!l) return std::optional<ValueId>();
+  const std::string what = family + ": attention layout";
+  if (l->block < 1 || l->blocks * l->block != o.seq)
+    return Status::invalid_argument(what, "blocks of " + std::to_string(l->block) + " tokens covering seq = " +
+                                              std::to_string(o.seq),
+                                    std::to_string(l->blocks) + " blocks");
+  if (l->heads != 1 && l->heads != n_head)
+    return Status::invalid_argument(what + " heads", "1 or n_head = " + std::to_string(n_head),
+                                    std::to_string(l->heads));
+  if (l->heads != 1 && o.tensor_parallel > 1)
+    return Status::unimplemented(what, "one layout for every head with tensor_parallel (a shard's graph is every "
+                                       "shard's)");
+  if (o.kv_cache_len > 0)
+    return Status::unimplemented(what, "dense attention when generating with a KV cache");
+  Tensor t(DType::u8, Shape{l->heads, l->blocks, l->blocks});
+  std::copy(l->bits.begin(), l->bits.end(), t.data<uint8_t>());
+  return std::optional<ValueId>(b.constant(std::move(t)));
 }
 
 KvCacheInputs kv_cache_inputs(Builder& b, const CausalLmOptions& o) {

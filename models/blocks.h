@@ -19,6 +19,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "graph/builder.h"
+#include "kernels/attention_layout.h"
 
 namespace aspen::models {
 
@@ -97,12 +98,14 @@ struct KvCacheSpec {
   graph::ValueId index;
 };
 // segments (i32 [B, T], optional, no cache): packed documents, attended
-// block-diagonally (graph/ops_attention.cc).
+// block-diagonally (graph/ops_attention.cc). layout (u8 [1 or H, T/block,
+// T/block], optional, no cache; see layout_input): a block-sparse layout.
 graph::ValueId attention_core(graph::Builder& b, graph::ValueId q, graph::ValueId k, graph::ValueId v,
                               const AttentionSpec& spec, std::optional<graph::ValueId> positions = std::nullopt,
                               std::optional<graph::ValueId> key_valid = std::nullopt,
                               const KvCacheSpec* cache = nullptr,
-                              std::optional<graph::ValueId> segments = std::nullopt);
+                              std::optional<graph::ValueId> segments = std::nullopt,
+                              std::optional<graph::ValueId> layout = std::nullopt);
 
 // Parameters named with this prefix are a program's state (KV caches), not
 // weights: checkpoints neither hold nor fill them; they start at zero.
@@ -121,6 +124,10 @@ struct CausalLmOptions {
   // attends only earlier tokens of its own document (block-diagonal causal mask). Positions stay an input:
   // the caller restarts them at each document. Not with a KV cache.
   bool segments = false;
+  // Sparse attention: DeepSpeed's block layout for seq tokens (kernels/attention_layout.h; blocks * block ==
+  // seq; one layout, or one per head of the model), a constant of the graph on top of the causal mask. Not
+  // with a KV cache, nor per head with tensor_parallel > 1. Owned by the caller.
+  const kernels::BlockLayout* layout = nullptr;
   bool last_hidden_state = false;  // output "last_hidden_state" [batch, seq, d_model]: ln_f's output (HF's last
                                    // hidden_states entry)
   // Generation (models/generate.h). kv_cache_len > 0: a KV cache of that many
@@ -152,6 +159,10 @@ struct CausalLmOptions {
 };
 // The input "segments" when options ask for packed sequences (else nullopt).
 std::optional<graph::ValueId> segments_input(graph::Builder& b, const CausalLmOptions& options);
+// options.layout as a constant (else nullopt), checked against the graph: blocks * block == seq, heads 1 or
+// `n_head` (and 1 with tensor_parallel > 1), no KV cache; errors name `family`.
+Result<std::optional<graph::ValueId>> layout_input(graph::Builder& b, const std::string& family,
+                                                   const CausalLmOptions& options, int64_t n_head);
 // The inputs a causal LM's kv-cache options add (invalid without them).
 struct KvCacheInputs {
   graph::ValueId index, key_valid;

@@ -64,6 +64,7 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
   if (o.attention_mask) key_valid = m.attention_mask = b.input("attention_mask", DType::u8, Shape{o.batch, o.seq});
   if (o.with_loss) m.targets = b.input("targets", DType::i32, Shape{o.batch * o.seq});
   const std::optional<ValueId> segments = segments_input(b, o);
+  ASPEN_ASSIGN_OR_RETURN(const std::optional<ValueId> layout, layout_input(b, "gpt2", o, c.n_head));
   const KvCacheInputs kv = kv_cache_inputs(b, o);
   if (o.kv_cache_len > 0) key_valid = kv.key_valid;
 
@@ -82,7 +83,7 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
     ValueId q = b.slice(qkv, -1, 0, Cl), k = b.slice(qkv, -1, Cl, 2 * Cl), v = b.slice(qkv, -1, 2 * Cl, 3 * Cl);
     const KvCacheSpec cache = layer_cache(kv, o, i);
     const ValueId heads =
-        attention_core(b, q, k, v, attn, std::nullopt, key_valid, o.kv_cache_len ? &cache : nullptr, segments);
+        attention_core(b, q, k, v, attn, std::nullopt, key_valid, o.kv_cache_len ? &cache : nullptr, segments, layout);
     ValueId a = T > 1 ? row_parallel(heads, p + "attn.c_proj", Cl) : linear(b, heads, p + "attn.c_proj", C, C, true, wdt, conv1d);
     x = b.add(a, x);  // HF: attn_output + residual
     h = layer_norm(b, x, p + "ln_2", C, c.layer_norm_eps, dt);

@@ -64,6 +64,7 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   std::optional<ValueId> key_valid;
   if (o.attention_mask) key_valid = m.attention_mask;
   const std::optional<ValueId> segments = segments_input(b, o);
+  ASPEN_ASSIGN_OR_RETURN(const std::optional<ValueId> layout, layout_input(b, "gptj", o, c.n_head));
   const KvCacheInputs kv = kv_cache_inputs(b, o);
   if (o.kv_cache_len > 0) key_valid = kv.key_valid;
 
@@ -85,7 +86,7 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
     const KvCacheSpec cache = layer_cache(kv, o, i);
     ValueId a = linear(b,
                        attention_core(b, q, k, v, attn, m.positions, key_valid, o.kv_cache_len ? &cache : nullptr,
-                                      segments),
+                                      segments, layout),
                        p + "attn.out_proj", Cl, C, false, wdt);
     if (T > 1) {  // both row-parallel products summed by one all-reduce, then fc_out's bias once
       ValueId u = b.gelu(linear(b, h, p + "mlp.fc_in", C, Fl, /*bias=*/true, wdt), /*tanh_form=*/true);

@@ -96,6 +96,7 @@ Result<LlamaGraph> build_llama(Builder& b, const LlamaConfig& c, const CausalLmO
   if (o.attention_mask) key_valid = m.attention_mask = b.input("attention_mask", DType::u8, Shape{o.batch, o.seq});
   if (o.with_loss) m.targets = b.input("targets", DType::i32, Shape{o.batch * o.seq});
   const std::optional<ValueId> segments = segments_input(b, o);
+  ASPEN_ASSIGN_OR_RETURN(const std::optional<ValueId> layout, layout_input(b, "llama", o, c.n_head));
   const KvCacheInputs kv = kv_cache_inputs(b, o);
   if (o.kv_cache_len > 0) key_valid = kv.key_valid;
 
@@ -119,7 +120,7 @@ Result<LlamaGraph> build_llama(Builder& b, const LlamaConfig& c, const CausalLmO
     ValueId v = linear(b, h, p + "self_attn.v_proj", C, Hk * D, c.qkv_bias, wdt);
     const KvCacheSpec cache = layer_cache(kv, o, i);
     const ValueId heads =
-        attention_core(b, q, k, v, attn, m.positions, key_valid, o.kv_cache_len ? &cache : nullptr, segments);
+        attention_core(b, q, k, v, attn, m.positions, key_valid, o.kv_cache_len ? &cache : nullptr, segments, layout);
     x = b.add(x, row_parallel(heads, p + "self_attn.o_proj", H * D, c.o_bias));
     h = rms_norm(b, x, p + "post_attention_layernorm", C, c.rms_norm_eps, dt);
     const ValueId gate = linear(b, h, p + "mlp.gate_proj", C, F, c.mlp_bias, wdt);

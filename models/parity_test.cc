@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -209,6 +210,53 @@ TEST(Parity, PackedDocumentsEqualEachDocumentAlone) {
     }
     EXPECT_NEAR(packed.at("loss").data<float>()[0], loss_sum / double(counted), 1e-5);
   }
+}
+
+// A block layout (CausalLmOptions::layout) with every block on changes
+// nothing; a sliding window of blocks changes the logits past the window
+// and none before it.
+TEST(Parity, BlockLayoutsOnTopOfTheCausalMask) {
+  auto ckpt = Checkpoint::open(kTestdata + "/llama-tiny");
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  const int64_t T = 16;
+  Tensor ids(DType::i32, Shape{1, T}), pos(DType::i32, Shape{1, T});
+  for (int64_t t = 0; t < T; ++t) {
+    ids.data<int32_t>()[t] = int32_t((13 * t + 5) % 1000);
+    pos.data<int32_t>()[t] = int32_t(t);
+  }
+  kernels::SparsityConfig dense = kernels::SparsityConfig::dense(4);
+  dense.block = 4;
+  kernels::SparsityConfig window = kernels::SparsityConfig::local_sliding_window(4);
+  window.block = 4;  // 3 blocks: this block and the one before
+  std::vector<Tensor> logits;
+  const std::vector<const kernels::SparsityConfig*> configs = {nullptr, &dense, &window};
+  for (const kernels::SparsityConfig* sc : configs) {
+    std::optional<kernels::BlockLayout> layout;
+    if (sc) {
+      auto l = kernels::make_layout(*sc, T);
+      ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+      layout = std::move(l).value();
+    }
+    graph::Graph g;
+    graph::Builder b(g);
+    ASSERT_TRUE(build_causal_lm(b, ckpt->config(), {.batch = 1, .seq = T, .layout = layout ? &*layout : nullptr})
+                    .is_ok());
+    auto s = session_for(g, *ckpt);
+    ASSERT_NE(s, nullptr);
+    auto out = run(*s, {{"input_ids", &ids}, {"positions", &pos}});
+    ASSERT_FALSE(out.empty());
+    logits.push_back(std::move(out.at("logits")));
+  }
+  const int64_t V = logits[0].shape()[2];
+  double dense_diff = 0, early = 0, late = 0;
+  for (int64_t x = 0; x < T * V; ++x) {
+    dense_diff = std::max(dense_diff, double(std::fabs(logits[1].data<float>()[x] - logits[0].data<float>()[x])));
+    const double w = std::fabs(logits[2].data<float>()[x] - logits[0].data<float>()[x]);
+    (x / V < 8 ? early : late) = std::max(x / V < 8 ? early : late, w);  // the window covers tokens 0..7
+  }
+  EXPECT_LE(dense_diff, 1e-5);
+  EXPECT_LE(early, 1e-5);
+  EXPECT_GT(late, 1e-3);
 }
 
 TEST(Parity, BertTinyMatchesHuggingFace) {

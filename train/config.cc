@@ -61,6 +61,7 @@ void for_each_key(Config& c, Visit&& v) {
   v("model", "targets", c.model.targets, any());
   v("model", "ignore_index", c.model.ignore_index, any());
   v("model", "inputs", c.model.inputs, any());
+  v("model", "attention", c.model.attention, any());
   v("model", "frozen", c.model.frozen, any());
   v("model", "trainable", c.model.trainable, any());
 
@@ -571,6 +572,82 @@ bool ModelSection::is_onnx() const {
 
 int64_t TrainConfig::global_batch() const { return batch.micro * batch.accumulation * batch.replicas; }
 
+Result<std::optional<kernels::SparsityConfig>> sparse_attention(const ModelSection& m, int64_t n_head,
+                                                                 uint64_t seed) {
+  using Kind = kernels::SparsityConfig::Kind;
+  if (m.attention.empty()) return std::optional<kernels::SparsityConfig>();
+  auto bad = [](const std::string& key, const std::string& expected, const std::string& found) {
+    return Status::invalid_argument("model.attention." + key, expected, found);
+  };
+  const auto kind_it = m.attention.find("kind");
+  if (kind_it == m.attention.end())
+    return bad("kind", "present: dense, fixed, variable, bigbird, bslongformer or local_sliding_window", "none");
+  const std::map<std::string, Kind> kinds = {{"dense", Kind::dense},
+                                             {"fixed", Kind::fixed},
+                                             {"variable", Kind::variable},
+                                             {"bigbird", Kind::bigbird},
+                                             {"bslongformer", Kind::bslongformer},
+                                             {"longformer", Kind::bslongformer},
+                                             {"local_sliding_window", Kind::local_sliding_window}};
+  const auto k = kinds.find(kind_it->second);
+  if (k == kinds.end())
+    return bad("kind", "dense, fixed, variable, bigbird, bslongformer or local_sliding_window",
+               "'" + kind_it->second + "'");
+  kernels::SparsityConfig c = k->second == Kind::dense        ? kernels::SparsityConfig::dense(n_head)
+                              : k->second == Kind::fixed      ? kernels::SparsityConfig::fixed(n_head)
+                              : k->second == Kind::variable   ? kernels::SparsityConfig::variable(n_head)
+                              : k->second == Kind::bigbird    ? kernels::SparsityConfig::bigbird(n_head)
+                              : k->second == Kind::bslongformer ? kernels::SparsityConfig::bslongformer(n_head)
+                                                                : kernels::SparsityConfig::local_sliding_window(n_head);
+  // A decoder attends earlier tokens only: its layouts are DeepSpeed's unidirectional ones unless asked.
+  c.attention = kernels::SparsityConfig::Attention::unidirectional;
+  c.seed = seed;
+  auto integer = [&](const std::string& key, const std::string& text, int64_t* out) -> Status {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || errno != 0 || v < 0)
+      return bad(key, "an integer >= 0", "'" + text + "'");
+    *out = v;
+    return Status();
+  };
+  auto flag = [&](const std::string& key, const std::string& text, bool* out) -> Status {
+    if (text != "true" && text != "false") return bad(key, "true or false", "'" + text + "'");
+    *out = text == "true";
+    return Status();
+  };
+  for (const auto& [key, value] : m.attention) {
+    if (key == "kind") continue;
+    if (key == "block") {
+      ASPEN_RETURN_IF_ERROR(integer(key, value, &c.block));
+    } else if (key == "num_random_blocks") {
+      ASPEN_RETURN_IF_ERROR(integer(key, value, &c.num_random_blocks));
+    } else if (key == "num_sliding_window_blocks") {
+      ASPEN_RETURN_IF_ERROR(integer(key, value, &c.num_sliding_window_blocks));
+    } else if (key == "num_global_blocks") {
+      ASPEN_RETURN_IF_ERROR(integer(key, value, &c.num_global_blocks));
+    } else if (key == "num_local_blocks") {
+      ASPEN_RETURN_IF_ERROR(integer(key, value, &c.num_local_blocks));
+    } else if (key == "num_different_global_patterns") {
+      ASPEN_RETURN_IF_ERROR(integer(key, value, &c.num_different_global_patterns));
+    } else if (key == "horizontal_global_attention") {
+      ASPEN_RETURN_IF_ERROR(flag(key, value, &c.horizontal_global_attention));
+    } else if (key == "different_layout_per_head") {
+      ASPEN_RETURN_IF_ERROR(flag(key, value, &c.different_layout_per_head));
+    } else if (key == "attention") {
+      Result<kernels::SparsityConfig::Attention> a = kernels::parse_attention(value);
+      if (!a.is_ok()) return bad(key, "unidirectional or bidirectional", "'" + value + "'");
+      c.attention = *a;
+    } else {
+      return bad(key, "none (known: kind, block, attention, num_random_blocks, num_sliding_window_blocks, "
+                 "num_global_blocks, num_local_blocks, num_different_global_patterns, horizontal_global_attention, "
+                 "different_layout_per_head)", "'" + value + "'");
+    }
+  }
+  ASPEN_RETURN_IF_ERROR(kernels::validate(c).with_context("model.attention"));
+  return std::optional<kernels::SparsityConfig>(c);
+}
+
 Status TrainConfig::validate() const {
   Status first;
   for_each_key(*this, [&](std::string_view s, std::string_view k, const auto& v, const Rule& rule) {
@@ -630,6 +707,9 @@ Status TrainConfig::validate() const {
     if (data.packing)
       return Status::invalid_argument("data.packing", "false for an ONNX model (its attention takes no document ids)",
                                       "true");
+    if (!model.attention.empty())
+      return Status::invalid_argument("model.attention", "empty for an ONNX model (its attention is its own)",
+                                      "a map of " + std::to_string(model.attention.size()));
   } else {
     const ModelSection defaults;
     const char* onnx_only = !model.inputs.empty()                  ? "model.inputs"

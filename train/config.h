@@ -28,12 +28,14 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/attention_layout.h"
 
 namespace aspen::train {
 
@@ -55,6 +57,12 @@ struct ModelSection {
   std::string targets = "targets";            // the data column holding the loss's targets
   int64_t ignore_index = -100;                // cross_entropy: targets of this id count for nothing
   std::map<std::string, std::string> inputs;  // graph input -> data column; an input not named reads its own name
+  // Sparse attention for the built-in families (empty: dense): DeepSpeed's sparsity config by its names,
+  // {kind: fixed|variable|bigbird|bslongformer|local_sliding_window|dense, block: 64, attention:
+  // unidirectional|bidirectional, num_random_blocks, num_sliding_window_blocks, num_global_blocks,
+  // num_local_blocks, num_different_global_patterns, horizontal_global_attention, different_layout_per_head}
+  // (kernels/attention_layout.h; sparse_attention() reads it).
+  std::map<std::string, std::string> attention;
   std::vector<std::string> frozen;            // initializers kept constant, by name pattern ('*', '?', '[...]')
   std::vector<std::string> trainable;         // one-element initializers trained all the same, by name pattern
   bool is_onnx() const;                       // `from` names an .onnx file
@@ -186,6 +194,12 @@ struct TrainConfig {
   int64_t global_batch() const;  // micro * accumulation * replicas
   bool operator==(const TrainConfig&) const = default;
 };
+
+// config.model.attention as DeepSpeed's sparsity config for `n_head` heads (random blocks seeded by `seed`);
+// nullopt when it is empty. InvalidArgument naming "model.attention.<key>", what was expected and what was
+// found, for an unknown key, a value of the wrong kind or a config DeepSpeed would reject.
+Result<std::optional<kernels::SparsityConfig>> sparse_attention(const ModelSection& model, int64_t n_head,
+                                                                 uint64_t seed);
 
 // Parses and validates a config. `origin` names the text in errors (the file
 // path). Empty text (or only comments) gives the defaults.
