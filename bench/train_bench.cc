@@ -41,6 +41,7 @@ struct TrainShape {
   models::ModelConfig model;  // gpt2 or llama
   int64_t batch = 4, seq = 256;
   std::string model_dir = {};  // --model: weights from this directory
+  int64_t documents = 0;       // > 0: packed rows of this many documents (segment ids)
   int64_t n_layer() const { return model.llama() ? model.llama()->n_layer : model.gpt2()->n_layer; }
   int64_t d_model() const { return model.llama() ? model.llama()->d_model : model.gpt2()->d_model; }
   int64_t n_head() const { return model.llama() ? model.llama()->n_head : model.gpt2()->n_head; }
@@ -163,7 +164,8 @@ int64_t peak_rss_bytes() {
 // reads the logits of a training step).
 Status build_training_graph(graph::Graph& g, const TrainShape& s) {
   graph::Builder b(g);
-  ASPEN_RETURN_IF_ERROR(models::build_causal_lm(b, s.model, {.batch = s.batch, .seq = s.seq, .with_loss = true}));
+  ASPEN_RETURN_IF_ERROR(models::build_causal_lm(
+      b, s.model, {.batch = s.batch, .seq = s.seq, .with_loss = true, .segments = s.documents > 0}));
   g.remove_output("logits");
   const graph::ValueId loss = *g.find_output("loss");
   std::vector<graph::ValueId> params;
@@ -212,15 +214,20 @@ std::string matmul_summary(const std::vector<profile::TraceEvent>& events, const
 // Compiles and times one dtype; runs in the child process.
 // A random batch of the shape's tokens and targets (the same for every run).
 struct RandomBatch {
-  Tensor ids, pos, targets;
+  Tensor ids, pos, targets, segments;
 };
 RandomBatch random_batch(const TrainShape& s) {
   const int64_t BT = s.batch * s.seq;
-  RandomBatch b{Tensor(DType::i32, {s.batch, s.seq}), Tensor(DType::i32, {s.batch, s.seq}), Tensor(DType::i32, {BT})};
+  RandomBatch b{Tensor(DType::i32, {s.batch, s.seq}), Tensor(DType::i32, {s.batch, s.seq}), Tensor(DType::i32, {BT}),
+                Tensor(DType::i32, {s.batch, s.seq})};
+  // Packed: documents of seq / documents tokens (the last takes the rest), positions restarting in each.
+  const int64_t doc = s.documents > 0 ? std::max<int64_t>(1, s.seq / s.documents) : s.seq;
   for (int64_t i = 0; i < BT; ++i) {
+    const int64_t t = i % s.seq, d = std::min(t / doc, std::max<int64_t>(s.documents, 1) - 1);
     b.ids.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 0, uint64_t(i)) % uint32_t(s.vocab()));
     b.targets.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 1, uint64_t(i)) % uint32_t(s.vocab()));
-    b.pos.span<int32_t>()[size_t(i)] = int32_t(i % s.seq);
+    b.pos.span<int32_t>()[size_t(i)] = int32_t(t - d * doc);
+    b.segments.span<int32_t>()[size_t(i)] = int32_t(d);
   }
   return b;
 }
@@ -316,8 +323,9 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
   const RandomBatch batch = random_batch(s);
   Tensor lr(DType::f32, Shape{});
   lr.span<float>()[0] = 1e-4f;
-  const std::map<std::string, const Tensor*> inputs = {
+  std::map<std::string, const Tensor*> inputs = {
       {"input_ids", &batch.ids}, {"positions", &batch.pos}, {"targets", &batch.targets}, {train::kLrName, &lr}};
+  if (s.documents > 0) inputs.emplace("segments", &batch.segments);
 
   auto step = [&]() -> Result<double> {
     const auto start = std::chrono::steady_clock::now();
@@ -473,6 +481,38 @@ std::string run_peer(const TrainShape& s, const TrainBenchOptions& opt, Row& r) 
 
 std::string gib(int64_t b) { return fmt::format("{:.2f} GiB", double(b) / double(int64_t(1) << 30)); }
 
+// --documents: packed rows against the same rows unpacked, per dtype, each in its own child.
+Status run_packing_bench(const TrainShape& s, const TrainBenchOptions& o, std::ostream& out) {
+  if (o.documents > s.seq)
+    return Status::invalid_argument("bench train: documents", "at most seq = " + std::to_string(s.seq),
+                                    std::to_string(o.documents));
+  if (!o.json)
+    out << fmt::format("# {} {}: batch {} x seq {}, {} documents per packed row; AdamW, {} threads; median of {} steps; "
+                       "packed = segment ids (block-diagonal causal mask), positions restarting\n",
+                       s.model.llama() ? "Llama" : "GPT-2", o.quick ? "tiny (--quick)" : "124M", s.batch, s.seq,
+                       o.documents, o.threads, o.steps)
+        << fmt::format("{:<5} | {:>10} {:>10} | {:>6} {:>6}\n", "dtype", "unpacked", "packed", "ratio", "goal");
+  for (const std::string& dtype : o.dtypes) {
+    TrainShape packed = s;
+    packed.documents = o.documents;
+    out.flush();
+    ASPEN_ASSIGN_OR_RETURN(Row a, in_child(dtype, [&] { return measure(s, dtype, o); }));
+    out.flush();
+    ASPEN_ASSIGN_OR_RETURN(Row b, in_child(dtype, [&] { return measure(packed, dtype, o); }));
+    const double ratio = a.tokens_per_s > 0 ? b.tokens_per_s / a.tokens_per_s : 0.0;
+    if (o.json)
+      out << nlohmann::json({{"bench", "train_packing"}, {"dtype", dtype}, {"documents", o.documents},
+                             {"seq", s.seq}, {"batch", s.batch}, {"unpacked_tokens_per_s", a.tokens_per_s},
+                             {"packed_tokens_per_s", b.tokens_per_s}, {"ratio", ratio}})
+                 .dump()
+          << "\n";
+    else
+      out << fmt::format("{:<5} | {:>10.1f} {:>10.1f} | {:>6.3f} {:>6}\n", dtype, a.tokens_per_s, b.tokens_per_s,
+                         ratio, ">=0.95");
+  }
+  return Status();
+}
+
 // --replicas: one device against R replicas, per dtype, interleaved.
 Status run_replicas_bench(const TrainShape& s, const TrainBenchOptions& o, std::ostream& out) {
   constexpr double kGoal = 0.95;  // issue W1.5
@@ -546,7 +586,15 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
     s.seq = std::min<int64_t>(o.quick ? 32 : 256, s.n_positions());
     s.model_dir = o.model;
   }
+  if (o.batch > 0) s.batch = o.batch;
+  if (o.seq > 0) {
+    if (o.seq > s.n_positions())
+      return Status::invalid_argument("bench train: seq", "at most the model's " + std::to_string(s.n_positions()) +
+                                                              " positions", std::to_string(o.seq));
+    s.seq = o.seq;
+  }
   if (o.replicas > 1) return run_replicas_bench(s, o, out);
+  if (o.documents > 0) return run_packing_bench(s, o, out);
   const double fpt = flops_per_token(s);
   const bool peer = !o.python.empty() && o.python != "none";
 

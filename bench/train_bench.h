@@ -69,6 +69,12 @@ struct TrainBenchOptions {
   // global batch, both through api::TrainingModel as `aspen train` runs them
   // (issue W1.5's goal: tokens/s ratio >= 0.95).
   int replicas = 0;
+  // Instead of the table above: packed against unpacked training of the same slots (issue W2.5's goal:
+  // tokens/s ratio >= 0.95): rows of `seq` tokens holding `documents` documents each (segment ids, positions
+  // restarting: the block-diagonal causal mask) against the same rows as one sequence, per dtype, each in its
+  // own child process. 0: off.
+  int64_t documents = 0;
+  int64_t batch = 0, seq = 0;  // > 0: the micro-batch and sequence instead of 4 x 256
 };
 
 Status run_train_bench(const TrainBenchOptions& options, std::ostream& out);

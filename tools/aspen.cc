@@ -285,6 +285,11 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--quick", tb.quick, "a tiny model, one timed step (a smoke test, not a measurement)");
   train_cmd->add_option("--family", tb.family, "gpt2 (GPT-2 124M) or llama (a Llama-shaped 124M)")
       ->check(CLI::IsMember({"gpt2", "llama"}));
+  train_cmd->add_option("--documents", tb.documents,
+                        "packed rows of this many documents against the same rows unpacked (tokens/s ratio)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  train_cmd->add_option("--batch", tb.batch, "micro-batch (default 4)")->check(CLI::Range(int64_t(1), int64_t(4096)));
+  train_cmd->add_option("--seq", tb.seq, "sequence (default 256)")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   train_cmd->add_flag("--profile", tb.profile, "print where the timed steps' time goes (per op)");
   train_cmd->add_option("--model", tb.model, "a Hugging Face GPT-2 directory to fine-tune instead of the random 124M")
       ->check(CLI::ExistingDirectory);
