@@ -501,7 +501,7 @@ Status run_packing_bench(const TrainShape& s, const TrainBenchOptions& o, std::o
     ASPEN_ASSIGN_OR_RETURN(Row b, in_child(dtype, [&] { return measure(packed, dtype, o); }));
     const double ratio = a.tokens_per_s > 0 ? b.tokens_per_s / a.tokens_per_s : 0.0;
     if (o.json)
-      out << nlohmann::json({{"bench", "train_packing"}, {"dtype", dtype}, {"documents", o.documents},
+      out << nlohmann::ordered_json({{"bench", "train_packing"}, {"dtype", dtype}, {"documents", o.documents},
                              {"seq", s.seq}, {"batch", s.batch}, {"unpacked_tokens_per_s", a.tokens_per_s},
                              {"packed_tokens_per_s", b.tokens_per_s}, {"ratio", ratio}})
                  .dump()
