@@ -5,11 +5,12 @@
 //   attention(q [B, H, T, D], k, v [B, Hk, S, D][, key_valid u8/bool [B, S]][, segments i32 [B, S]]
 //       [, layout u8 [1 or H, ceil((kv_offset + T) / layout_block), ceil(S / layout_block)]])
 //       {scale, mask: "none" | "causal" | "local", window, window_right, kv_offset, align: "top_left" |
-//       "bottom_right", layout_block}: outputs out [B, H, T, D], lse (f32 [B, H, T]); Hk divides H
+//       "bottom_right", layout_block, alibi_bias_max}: outputs out [B, H, T, D], lse (f32 [B, H, T]); Hk divides H
 //       (grouped-query attention: query head h reads key/value head h / (H / Hk), no copy of k and v). The mask
 //       is kernels::AttentionMask: align "bottom_right" is kv_offset = S - T (xformers' "from bottom right");
 //       segments, non-decreasing document ids, make it block-diagonal (packed sequences); layout is a
-//       block-sparse layout of layout_block tokens (kernels/attention_layout.h makes DeepSpeed's). key_valid,
+//       block-sparse layout of layout_block tokens (kernels/attention_layout.h makes DeepSpeed's); alibi_bias_max
+//       (> 0) adds ALiBi with kernels::alibi_slopes(H, alibi_bias_max) (MPT's; 8 is BLOOM's). key_valid,
 //       segments and layout are run-time inputs: a new padding, packing or layout never recompiles.
 //   gradient: (dq, dk, dv) = attention_grad(q, k, v, out, lse, g[, key_valid][, segments][, layout]) {same
 //       attributes}; a gradient reaching lse is Unimplemented; attention_grad is not differentiated again.
@@ -65,7 +66,18 @@ Result<kernels::AttentionMask> mask_of(const Node& n, int64_t T, int64_t S) {
   }
   if (m.kv_offset < 0 || m.kv_offset > (int64_t(1) << 53))
     return rule_error(n, "kv_offset", "a number in [0, 2^53]", str(m.kv_offset));
+  if (n.attrs.has("alibi_bias_max")) {
+    const double bias_max = n.attrs.f("alibi_bias_max");
+    if (!(bias_max > 0 && bias_max < 1e4))
+      return rule_error(n, "alibi_bias_max", "a number in (0, 1e4)", std::to_string(bias_max));
+    if (!(n.attrs.f("scale") > 0)) return rule_error(n, "scale", "> 0 with ALiBi", std::to_string(n.attrs.f("scale")));
+  }
   return m;
+}
+
+// ALiBi's slopes for the node's query heads (empty without alibi_bias_max).
+std::vector<float> slopes_of(const Node& n, int64_t H) {
+  return n.attrs.has("alibi_bias_max") ? kernels::alibi_slopes(H, n.attrs.f("alibi_bias_max")) : std::vector<float>{};
 }
 
 // Where the optional inputs after the fixed ones (v, or g for the gradient) sit: key_valid (u8 or bool,
@@ -160,6 +172,7 @@ Status infer_attention_grad(const Node& n, std::span<const TensorType> in, std::
 struct AttentionCall {
   kernels::AttentionMask mask;
   std::vector<uint8_t> key_valid, layout;
+  std::vector<float> slopes;
   std::vector<int32_t> segments;
   int64_t B, H, Hk, T, S, D;
   double scale;
@@ -202,6 +215,8 @@ Result<AttentionCall> attention_call(const Node& n, Ins in, size_t kv_index) {
     c.mask.layout_block = n.attrs.i("layout_block");
     c.mask.layout_heads = in[size_t(mi.layout)]->type.shape[0];
   }
+  c.slopes = slopes_of(n, c.H);
+  c.mask.alibi_slopes = c.slopes;
   return c;
 }
 
@@ -250,8 +265,10 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
   const int64_t layout_n = lay >= 0 ? in[size_t(lay)].shape.numel() : 0;
   const int64_t layout_heads = lay >= 0 ? in[size_t(lay)].shape[0] : 1;
   const int64_t layout_block = lay >= 0 ? n.attrs.i("layout_block") : 0;
-  const auto bind = [=](In i) {
+  const std::vector<float> slopes = slopes_of(n, H);
+  const auto bind = [=](In i) {  // slopes copied in: the span below points into this lambda
     kernels::AttentionMask m = mask;
+    m.alibi_slopes = slopes;
     if (kv >= 0) m.key_valid = in_span<uint8_t>(i, size_t(kv), B * S);
     if (seg >= 0) m.segments = in_span<int32_t>(i, size_t(seg), B * S);
     if (lay >= 0) {
@@ -290,6 +307,7 @@ struct AttentionCase {
   int64_t window_right = 0;
   bool bottom_right = false;  // align "bottom_right" instead of kv_offset
   int64_t layout_block = 0;   // > 0: a block layout [H, ., .] with a checkerboard of blocks on
+  double alibi = 0;           // > 0: alibi_bias_max
 };
 constexpr AttentionCase kAttentionCases[] = {{5, 5, "none", 0, 0, DType::f32},   {3, 7, "causal", 4, 0, DType::f32},
                                              {6, 6, "causal", 0, 0, DType::u8},  {4, 9, "causal", 5, 0, DType::boolean},
@@ -303,7 +321,9 @@ constexpr AttentionCase kAttentionCases[] = {{5, 5, "none", 0, 0, DType::f32},  
                                              {4, 9, "causal", 0, 0, DType::f32, 3, false, 0, true},
                                              {3, 8, "local", 0, 4, DType::f32, 3, true, 2, true},
                                              {9, 9, "causal", 0, 0, DType::f32, 3, false, 0, false, 2},
-                                             {7, 10, "none", 0, 0, DType::u8, 1, true, 0, false, 3}};
+                                             {7, 10, "none", 0, 0, DType::u8, 1, true, 0, false, 3},
+                                             {6, 9, "causal", 3, 0, DType::u8, 1, false, 0, false, 0, 8.0},
+                                             {5, 5, "local", 0, 2, DType::f32, 3, true, 0, false, 0, 4.0}};
 
 // attention(q, k, v[, key_valid]) and, with grad, attention_grad after it (so that out and lse are the
 // forward's, as the fast backward requires).
@@ -333,7 +353,7 @@ void attention_samples(SampleList& s, bool grad) {
         std::string(c.mask) + " T " + std::to_string(c.T) + " S " + std::to_string(c.S) + " key_valid " +
             std::string(dtype_name(c.key_valid)) + " Hk " + std::to_string(c.Hk) + (c.segments ? " segments" : "") +
             " window_right " + std::to_string(c.window_right) + (c.bottom_right ? " bottom_right" : "") +
-            " layout_block " + std::to_string(c.layout_block),
+            " layout_block " + std::to_string(c.layout_block) + " alibi " + std::to_string(c.alibi),
         [&](Builder& b) {
           const ValueId q = b.input("q", DType::f32, Shape{B, H, c.T, D});
           const ValueId k = b.input("k", DType::f32, Shape{B, c.Hk, c.S, D}),
@@ -350,6 +370,7 @@ void attention_samples(SampleList& s, bool grad) {
           if (c.window) a.set("window", c.window);
           if (c.window_right) a.set("window_right", c.window_right);
           if (c.layout_block) a.set("layout_block", c.layout_block);
+          if (c.alibi > 0) a.set("alibi_bias_max", c.alibi);
           std::vector<ValueId> y = b.op(OpKind::attention, in, a);
           if (!grad || y.size() != 2) return;
           std::vector<ValueId> gin{q, k, v, y[0], y[1], b.input("g", DType::f32, Shape{B, H, c.T, D})};
@@ -378,7 +399,8 @@ void register_attention_ops(OpTable& t) {
                                                  {"window_right", AttrKind::i64, false},
                                                  {"kv_offset", AttrKind::i64, false},
                                                  {"align", AttrKind::str, false},
-                                                 {"layout_block", AttrKind::i64, false}};
+                                                 {"layout_block", AttrKind::i64, false},
+                                                 {"alibi_bias_max", AttrKind::f64, false}};
   t.define(OpKind::attention, {.min_inputs = 3,
                                .max_inputs = 6,
                                .attrs = attention_attrs,

@@ -534,6 +534,7 @@ struct AttentionCase {
   bool segments = false;  // two documents of 2 keys (kSegments)
   int64_t window_right = 0;
   bool layout = false;  // kLayout: blocks of 2, query block 0 sees key block 0 only
+  double alibi = 0;     // > 0: ALiBi with this bias max
 };
 
 constexpr int64_t aB = 1, aH = 2, aT = 3, aS = 4, aD = 3;
@@ -547,6 +548,7 @@ Attrs attention_attrs(const AttentionCase& c) {
   if (c.window_right) a.set("window_right", c.window_right);
   if (c.kv_offset) a.set("kv_offset", c.kv_offset);
   if (c.layout) a.set("layout_block", int64_t(2));
+  if (c.alibi > 0) a.set("alibi_bias_max", c.alibi);
   return a;
 }
 
@@ -567,6 +569,8 @@ kernels::AttentionMask kernel_mask(const AttentionCase& c, const std::vector<uin
     m.layout_block = 2;
     m.layout_heads = 1;
   }
+  static const std::vector<float> slopes = kernels::alibi_slopes(aH, 8.0);
+  if (c.alibi > 0) m.alibi_slopes = slopes;
   return m;
 }
 
@@ -575,7 +579,8 @@ TEST(NnOps, Attention) {
                                  {"causal", 0, 1, true}, {"causal", 0, 1, true, 1}, {"local", 2, 0, false, 1},
                                  {"causal", 0, 1, true, 2, true}, {"local", 2, 1, false, 1, true, 1},
                                  {"none", 0, 0, false, 2, true}, {"causal", 0, 1, true, 1, false, 0, true},
-                                 {"none", 0, 0, false, 2, true, 0, true}};
+                                 {"none", 0, 0, false, 2, true, 0, true},
+                                 {"causal", 0, 1, true, 1, false, 0, false, 8.0}};
   for (const AttentionCase& c : cases) {
     SCOPED_TRACE(std::string(c.mask) + (c.key_valid ? " +key_valid" : "") + " kv_heads " +
                  std::to_string(c.kv_heads) + (c.segments ? " +segments" : "") + " window_right " +

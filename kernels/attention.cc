@@ -582,6 +582,16 @@ struct Problem {
   int64_t lblock = 0, lheads = 1, lrows = 0, lcols = 0;
   const uint8_t* tiles = nullptr;  // [lheads, nqt, nkt]
   int64_t nqt = 0, nkt = 0;
+  const float* alibi = nullptr;  // [H] slopes, or null
+  // ALiBi on a tile's scores s (leading dimension kBk): + mult * slope * (j - position), where mult puts the
+  // bias in the scores' domain (the forward's exp2 domain: log2 e; the backward's unscaled q.k: 1 / scale).
+  void add_alibi(int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* s, float mult) const {
+    const float slope = alibi[bh % H] * mult;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t pos = geo.offset + i0 + r;
+      for (int64_t c = 0; c < cols; ++c) s[r * kBk + c] += slope * float(j0 + c - pos);
+    }
+  }
   int64_t layout_head(int64_t bh) const { return lheads == 1 ? 0 : bh % H; }
   uint8_t tile_state(int64_t bh, int64_t i0, int64_t j0) const {
     return tiles ? tiles[(layout_head(bh) * nqt + i0 / kBq) * nkt + j0 / kBk] : uint8_t(1);
@@ -706,6 +716,7 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
         Ops::transpose(kh + j0 * D, cols, D, kt);
         Ops::gemm(qs, D, 1, kt, kBk, s, kBk, rows, cols, D, false);
       }
+      if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, s, kLog2e);
       if (state == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, s);
       Ops::softmax_tile(s, rows, cols, lo, hi, kv, m, l, o, D, state == kPartialTile);
       Ops::gemm(s, kBk, 1, vh + j0 * D, D, o, D, rows, D, cols, true);
@@ -772,6 +783,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
     const float* qb = pb.q + (bh * T + i0) * D;
     const float* gb = dout + (bh * T + i0) * D;
     Ops::gemm(qb, D, 1, w.kt, kBk, w.s, kBk, rows, cols, D, false);   // s = q k^T
+    if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, w.s, 1.0f / pb.scale);
     if (pb.tile_state(bh, i0, j0) == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, w.s);  // -inf: p = 0
     Ops::gemm(gb, D, 1, w.vt, kBk, w.dp, kBk, rows, cols, D, false);  // dp = dout v^T
     Ops::grad_tile(w.s, w.dp, rows, cols, w.lo, w.hi, w.kv, w.lse2, w.dib, cs);
@@ -922,6 +934,17 @@ Status check_shape(const char* kernel, int64_t B, int64_t H, int64_t Hk, int64_t
     return Status::invalid_argument(std::string(kernel) + ": argument 'mask.key_valid'",
                                     "empty (all keys valid) or exactly " + i64(bs) + " elements ([B, S])",
                                     i64(int64_t(mask.key_valid.size())));
+  if (!mask.alibi_slopes.empty()) {
+    if (int64_t(mask.alibi_slopes.size()) != H)
+      return Status::invalid_argument(std::string(kernel) + ": argument 'mask.alibi_slopes'",
+                                      "exactly H = " + i64(H) + " slopes", i64(int64_t(mask.alibi_slopes.size())));
+    if (!(scale > 0))
+      return Status::invalid_argument(std::string(kernel) + ": scale", "> 0 with ALiBi slopes", std::to_string(scale));
+    for (float s : mask.alibi_slopes)
+      if (!std::isfinite(s))
+        return Status::invalid_argument(std::string(kernel) + ": mask.alibi_slopes", "finite slopes",
+                                        std::to_string(s));
+  }
   if (!mask.layout.empty()) {
     ASPEN_RETURN_IF_ERROR(check_extent(kernel, "mask.layout_block", mask.layout_block, 1));
     if (mask.layout_heads != 1 && mask.layout_heads != H)
@@ -999,6 +1022,7 @@ Problem make_problem(const float* q, const float* k, const float* v, int64_t B, 
   Problem pb{q, k, v, B, H, Hk, T, S, D, scale,
              Geometry{mask.kind, mask.window, mask.window_right, mask.kv_offset, S},
              mask.key_valid.empty() ? nullptr : mask.key_valid.data()};
+  if (!mask.alibi_slopes.empty()) pb.alibi = mask.alibi_slopes.data();
   if (!mask.layout.empty()) {
     pb.layout = mask.layout.data();
     pb.lblock = mask.layout_block;
@@ -1023,6 +1047,18 @@ Problem make_problem(const float* q, const float* k, const float* v, int64_t B, 
 }
 
 }  // namespace
+
+std::vector<float> alibi_slopes(int64_t heads, double bias_max) {
+  int64_t n = 1;
+  while (n < heads) n *= 2;
+  std::vector<float> all(static_cast<size_t>(n)), out;
+  for (int64_t k = 1; k <= n; ++k) all[size_t(k - 1)] = float(std::exp2(-bias_max * double(k) / double(n)));
+  if (n == heads) return all;
+  for (int64_t k = 1; k < n; k += 2) out.push_back(all[size_t(k)]);
+  for (int64_t k = 0; k < n; k += 2) out.push_back(all[size_t(k)]);
+  out.resize(size_t(heads));
+  return out;
+}
 
 int64_t attention_forward_scratch_bytes(int64_t B, int64_t Hk, int64_t T, int64_t S, int64_t D, int threads) {
   const int64_t keys_t = T > kBq ? B * Hk * ((S + kBk - 1) / kBk) * kBk * D : 0;  // NOTE [attention keys transposed once]
@@ -1051,7 +1087,7 @@ Status attention_forward(std::span<const float> q, std::span<const float> k, std
   const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask, seg, tiles);
   const auto run = [&](auto ops) {
     using Ops = decltype(ops);
-    if (T <= kDecodeRows && mask.layout.empty())  // NOTE [attention decode rows]; layouts: the tiles
+    if (T <= kDecodeRows && mask.layout.empty() && mask.alibi_slopes.empty())  // NOTE [attention decode rows]
       forward_decode<Ops>(pb, out.data(), lse.data());
     else
       forward_fast<Ops>(pb, out.data(), lse.data());

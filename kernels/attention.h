@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "core/status.h"
 
@@ -64,6 +65,10 @@ struct AttentionMask {
   std::span<const uint8_t> layout = {};
   int64_t layout_block = 0;  // >= 1 with a layout
   int64_t layout_heads = 1;  // 1 or H
+  // ALiBi (Press et al., as BLOOM and MPT add it): H slopes; head h's score of
+  // key j for query i gains slopes[h] * (j - (kv_offset + i)) after the scale
+  // (scale must then be > 0). A fixed bias: no gradient flows to it.
+  std::span<const float> alibi_slopes = {};
 };
 
 // Writes out [B, H, T, D] and lse [B, H, T].
@@ -82,6 +87,12 @@ struct AttentionMask {
                                         std::span<const float> dout, std::span<float> dq, std::span<float> dk,
                                         std::span<float> dv, int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S,
                                         int64_t D, float scale, const AttentionMask& mask = {});
+
+// ALiBi's slopes for `heads` heads as MPT's gen_slopes makes them (BLOOM's
+// too when heads is a power of two and bias_max 8): with n = heads rounded up
+// to a power of two, m_k = 2^(-bias_max * k / n) for k = 1..n; when n >
+// heads, the odd-indexed slopes first, then the even ones, cut to heads.
+std::vector<float> alibi_slopes(int64_t heads, double bias_max = 8.0);
 
 // Bytes of scratch attention_forward's fast path allocates for one call on a
 // team of `threads` (its only memory beyond the arguments): per-thread tiles,

@@ -49,6 +49,8 @@ void probs(const F* qh, const F* kh, int64_t b, int64_t h, int64_t T, int64_t S,
         s = 0;
         for (int64_t d = 0; d < D; ++d) s += qh[i * D + d] * kh[j * D + d];
         s *= scale;
+        if (!mask.alibi_slopes.empty())
+          s += F(mask.alibi_slopes[size_t(h)]) * F(j - (mask.kv_offset + i));
       }
       pi[j] = s;
       mx = std::max(mx, s);

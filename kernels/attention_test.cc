@@ -339,6 +339,68 @@ TEST(Attention, BlockLayoutsMatchReference) {
   }
 }
 
+// MPT's gen_slopes: 8 heads 2^-1 .. 2^-8; 12 heads from 16, odd-indexed first.
+TEST(Attention, AlibiSlopesAreMpts) {
+  const std::vector<float> eight = alibi_slopes(8);
+  ASSERT_EQ(eight.size(), 8u);
+  for (int h = 0; h < 8; ++h) EXPECT_EQ(eight[size_t(h)], std::exp2(-float(h + 1)));
+  const std::vector<float> twelve = alibi_slopes(12);
+  ASSERT_EQ(twelve.size(), 12u);
+  for (int h = 0; h < 8; ++h) EXPECT_FLOAT_EQ(twelve[size_t(h)], std::exp2(-float(h + 1)));
+  for (int h = 8; h < 12; ++h) EXPECT_FLOAT_EQ(twelve[size_t(h)], std::exp2(-0.5f - float(h - 8)));
+}
+
+// ALiBi slopes (BLOOM's 2^(-8h/H)): with causal, local, no mask and padding,
+// grouped-query heads, decode rows; forward and backward against the reference.
+TEST(Attention, AlibiMatchesReference) {
+  struct Biased {
+    Case c;
+    Kind kind;
+    bool padded;
+  };
+  const Biased cases[] = {{{1, 4, 130, 130, 32, 0, 0}, Kind::causal, false},
+                          {{2, 2, 77, 90, 16, 13, 20}, Kind::local, true},
+                          {{1, 6, 70, 70, 8, 0, 0, 2}, Kind::none, true},
+                          {{2, 3, 2, 100, 64, 98, 0, 1}, Kind::causal, false}};
+  uint64_t seed = 9900;
+  for (const Biased& x : cases) {
+    const Case& c = x.c;
+    SCOPED_TRACE(describe(c, x.kind, x.padded) + " alibi");
+    const Inputs in = make_inputs(c, x.padded, seed += 10);
+    AttentionMask mask = make_mask(x.kind, c, in);
+    std::vector<float> slopes(size_t(c.H));
+    for (int64_t h = 0; h < c.H; ++h) slopes[size_t(h)] = std::exp2(-8.0f * float(h + 1) / float(c.H));
+    mask.alibi_slopes = slopes;
+    const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    std::vector<double> want_out(nq), want_lse(nl), dq(nq), dk(nk), dv(nk);
+    ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), want_out.data(),
+                                   want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
+    std::vector<float> out32(nq), lse32(nl);
+    ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), out32.data(), lse32.data(), c.B, c.H,
+                                  c.hk(), c.T, c.S, c.D, scale, mask);
+    ref::attention_backward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
+                                    to_f64(out32).data(), to_f64(lse32).data(), to_f64(in.dout).data(), dq.data(),
+                                    dk.data(), dv.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
+    for (Isa isa : testing::available_isas(Isa::avx512)) {
+      SCOPED_TRACE(isa_name(isa));
+      ScopedIsaCap cap(isa);
+      Guarded<float> out(nq, NAN), lse(nl, NAN), gq(nq, NAN), gk(nk, NAN), gv(nk, NAN);
+      ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
+                                    mask)
+                      .is_ok());
+      EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
+      EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
+      ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out32, lse32, in.dout, gq.span(), gk.span(), gv.span(), c.B,
+                                     c.H, c.hk(), c.T, c.S, c.D, scale, mask)
+                      .is_ok());
+      EXPECT_TRUE(close_nmse(gq.cspan(), std::span<const double>(dq), kNmse)) << "dq";
+      EXPECT_TRUE(close_nmse(gk.cspan(), std::span<const double>(dk), kNmse)) << "dk";
+      EXPECT_TRUE(close_nmse(gv.cspan(), std::span<const double>(dv), kNmse)) << "dv";
+    }
+  }
+}
+
 // Both backwards against central differences of L = sum(dout * out), with out
 // from the f64 reference forward, over q, k and v together.
 TEST(Attention, BackwardMatchesFiniteDifferences) {
@@ -352,13 +414,16 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     const std::vector<uint8_t>* valid;
     int64_t window_right = 0;
     const std::vector<int32_t>* segments = nullptr;
+    bool alibi = false;
   };
+  const std::vector<float> slopes = {0.5f, 0.125f};
   const Variant variants[] = {{Kind::causal, 2, 0, nullptr},
                               {Kind::local, 2, 3, nullptr},
                               {Kind::none, 0, 0, &pad},
                               {Kind::causal, 0, 0, &pad_first},
                               {Kind::local, 1, 2, nullptr, 2, &docs},
-                              {Kind::causal, 2, 0, &pad, 0, &docs}};
+                              {Kind::causal, 2, 0, &pad, 0, &docs},
+                              {Kind::causal, 2, 0, &pad, 0, nullptr, true}};
   uint64_t seed = 5000;
   for (const Variant& var : variants) {
     AttentionMask mask;
@@ -368,6 +433,7 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     if (var.valid) mask.key_valid = *var.valid;
     mask.window_right = var.window_right;
     if (var.segments) mask.segments = *var.segments;
+    if (var.alibi) mask.alibi_slopes = slopes;
     SCOPED_TRACE(describe(Case{c.B, c.H, c.hk(), c.T, c.S, c.D, var.offset, var.window}, var.kind, var.valid != nullptr));
     const Inputs in = make_inputs(c, false, seed += 10);
     const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
