@@ -186,10 +186,22 @@ ASPEN_ATTN_INLINE void grad_tile_impl(float* s, float* dp, int64_t rows, int64_t
   }
 }
 
-// dst[d * ld + c] = src[c * D + d], plain loops (the portable and AVX2 variants).
-ASPEN_ATTN_INLINE void transpose_impl(const float* src, int64_t cols, int64_t D, float* dst, int64_t ld) {
+// NOTE [attention full tiles]: a tile every row of which may use all kBk keys
+// (no key padding, inside every row's range: most tiles of a long causal row)
+// needs no masking pass; the AVX-512 steps then run in registers.
+inline bool full_tile(int64_t rows, int64_t cols, const int* lo, const int* hi, const float* kv) {
+  if (cols != kBk) return false;
+  for (int64_t r = 0; r < rows; ++r)
+    if (lo[r] != 0 || hi[r] != kBk) return false;
+  for (int64_t c = 0; c < kBk; ++c)
+    if (kv[c] == 0.0f) return false;
+  return true;
+}
+
+// dst[d * kBk + c] = src[c * D + d], plain loops (the portable and AVX2 variants).
+ASPEN_ATTN_INLINE void transpose_impl(const float* src, int64_t cols, int64_t D, float* dst) {
   for (int64_t c = 0; c < cols; ++c)
-    for (int64_t d = 0; d < D; ++d) dst[d * ld + c] = src[c * D + d];
+    for (int64_t d = 0; d < D; ++d) dst[d * kBk + c] = src[c * D + d];
 }
 
 // NOTE [attention decode rows]: with a few query rows per (b, h) (decoding,
@@ -290,9 +302,7 @@ struct Portable {
     }
   }
 
-  static void transpose(const float* src, int64_t cols, int64_t D, float* dst, int64_t ld = kBk) {
-    transpose_impl(src, cols, D, dst, ld);
-  }
+  static void transpose(const float* src, int64_t cols, int64_t D, float* dst) { transpose_impl(src, cols, D, dst); }
 
   static void softmax_tile(float* s, int64_t rows, int64_t cols, const int* lo, const int* hi, const float* kv,
                            float* m, float* l, float* o, int64_t D, bool /*partial*/) {
@@ -383,7 +393,7 @@ struct Avx512 {
     }
   }
 
-  ASPEN_TARGET_AVX512 static void transpose(const float* src, int64_t cols, int64_t D, float* dst, int64_t ld = kBk) {
+  ASPEN_TARGET_AVX512 static void transpose(const float* src, int64_t cols, int64_t D, float* dst) {
     for (int64_t c0 = 0; c0 < cols; c0 += 16) {
       const int64_t nc = std::min<int64_t>(16, cols - c0);
       for (int64_t d0 = 0; d0 < D; d0 += 16) {
@@ -396,7 +406,7 @@ struct Avx512 {
         transpose16(r);
 #pragma GCC unroll 16
         for (int j = 0; j < 16; ++j)
-          if (j < nd) _mm512_mask_storeu_ps(dst + (d0 + j) * ld + c0, mc, r[j]);
+          if (j < nd) _mm512_mask_storeu_ps(dst + (d0 + j) * kBk + c0, mc, r[j]);
       }
     }
   }
@@ -417,16 +427,12 @@ struct Avx512 {
     return _mm512_maskz_scalef_ps(__mmask16(~under), p, n);
   }
 
-  // NOTE [attention full tiles]: a tile every row of which may use all kBk keys (no key padding, inside
-  // every row's range: most tiles of a long causal row) needs no masking pass; its rows take their max,
-  // their probabilities and their sums in registers. Others take softmax_tile_impl.
+  // NOTE [attention full tiles]: a full tile's rows take their max, probabilities and sums in registers;
+  // others take softmax_tile_impl, and so does a partial layout tile (it may hold rows of -inf only).
   ASPEN_TARGET_AVX512 static void softmax_tile(float* s, int64_t rows, int64_t cols, const int* lo, const int* hi,
                                                const float* kv, float* m, float* l, float* o, int64_t D,
                                                bool partial) {
-    bool full = !partial && cols == kBk && D % 16 == 0;  // a partial layout tile may hold rows of -inf only
-    for (int64_t r = 0; full && r < rows; ++r) full = lo[r] == 0 && hi[r] == kBk;
-    for (int64_t c = 0; full && c < kBk; ++c) full = kv[c] != 0.0f;
-    if (!full) {
+    if (partial || D % 16 != 0 || !full_tile(rows, cols, lo, hi, kv)) {
       softmax_tile_impl(s, rows, cols, lo, hi, kv, m, l, o, D);
       return;
     }
@@ -463,10 +469,7 @@ struct Avx512 {
   ASPEN_TARGET_AVX512 static void grad_tile(float* s, float* dp, int64_t rows, int64_t cols, const int* lo,
                                             const int* hi, const float* kv, const float* lse2, const float* di,
                                             float cs) {
-    bool full = cols == kBk;
-    for (int64_t r = 0; full && r < rows; ++r) full = lo[r] == 0 && hi[r] == kBk;
-    for (int64_t c = 0; full && c < kBk; ++c) full = kv[c] != 0.0f;
-    if (!full) {
+    if (!full_tile(rows, cols, lo, hi, kv)) {
       grad_tile_impl(s, dp, rows, cols, lo, hi, kv, lse2, di, cs);
       return;
     }
@@ -537,8 +540,8 @@ struct Avx2 {
                                                        mk, accumulate);
     }
   }
-  ASPEN_TARGET_AVX2 static void transpose(const float* src, int64_t cols, int64_t D, float* dst, int64_t ld = kBk) {
-    transpose_impl(src, cols, D, dst, ld);
+  ASPEN_TARGET_AVX2 static void transpose(const float* src, int64_t cols, int64_t D, float* dst) {
+    transpose_impl(src, cols, D, dst);
   }
   ASPEN_TARGET_AVX2 static void softmax_tile(float* s, int64_t rows, int64_t cols, const int* lo, const int* hi,
                                              const float* kv, float* m, float* l, float* o, int64_t D,
@@ -558,6 +561,8 @@ struct Avx2 {
 
 // ---------------------------------------------------------------------------
 // Drivers, shared by the ISAs.
+
+constexpr uint8_t kSkipTile = 0, kFullTile = 1, kPartialTile = 2;  // NOTE [attention block layouts]
 
 struct Problem {
   const float* q;
@@ -594,7 +599,7 @@ struct Problem {
   }
   int64_t layout_head(int64_t bh) const { return lheads == 1 ? 0 : bh % H; }
   uint8_t tile_state(int64_t bh, int64_t i0, int64_t j0) const {
-    return tiles ? tiles[(layout_head(bh) * nqt + i0 / kBq) * nkt + j0 / kBk] : uint8_t(1);
+    return tiles ? tiles[(layout_head(bh) * nqt + i0 / kBq) * nkt + j0 / kBk] : kFullTile;
   }
   // The layout's -inf on the scores s (leading dimension kBk) of a partial tile.
   void mask_tile(int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* s) const {
@@ -606,7 +611,6 @@ struct Problem {
     }
   }
 };
-constexpr uint8_t kSkipTile = 0, kFullTile = 1, kPartialTile = 2;
 
 // kv[c] = 1 where key j0 + c is not padding, else 0; returns whether any is.
 bool fill_key_valid(const Problem& pb, int64_t b, int64_t j0, int64_t cols, float* kv) {
@@ -798,6 +802,30 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
 
   const int64_t nqb = (T + kBq - 1) / kBq, nkb = (S + kBk - 1) / kBk,
                 group = pb.Hk > 0 ? pb.H / pb.Hk : 0, units = pb.B * pb.Hk;
+  // The first query head of kv head kvh's group.
+  auto first_head = [&](int64_t kvh) { return (kvh / pb.Hk) * pb.H + (kvh % pb.Hk) * group; };
+  // Key block j0 of kv head kvh, loaded in w, against every query block of its group's heads, in order:
+  // dk and dv accumulated for the block (dk unscaled), and with `dq` (the one-pass schedule) dq too.
+  auto walk_queries = [&](Tile& w, int64_t kvh, int64_t j0, int64_t cols, float* dq_or_null) {
+    float* dkb = dk + (kvh * S + j0) * D;
+    float* dvb = dv + (kvh * S + j0) * D;
+    for (int64_t bh = first_head(kvh); bh < first_head(kvh) + group; ++bh)
+      for (int64_t i0 = 0; i0 < T; i0 += kBq) {
+        const int64_t rows = std::min(kBq, T - i0);
+        int64_t first, last;
+        block_key_span(pb, bh / pb.H, i0, rows, &first, &last);
+        if (first >= j0 + cols || last <= j0 || pb.tile_state(bh, i0, j0) == kSkipTile) continue;
+        tile(w, bh, i0, rows, j0, cols);
+        const float* qb = pb.q + (bh * T + i0) * D;
+        const float* gb = dout + (bh * T + i0) * D;
+        Ops::gemm(w.s, 1, kBk, gb, D, dvb, D, cols, D, rows, true);   // dv += p^T dout
+        Ops::gemm(w.dp, 1, kBk, qb, D, dkb, D, cols, D, rows, true);  // dk += ds^T q
+        if (dq_or_null)                                               // dq += ds k
+          Ops::gemm(w.dp, kBk, 1, pb.k + (kvh * S + j0) * D, D, dq_or_null + (bh * T + i0) * D, D, rows, D, cols,
+                    true);
+      }
+    for (int64_t x = 0; x < cols * D; ++x) dkb[x] *= pb.scale;
+  };
 
   // NOTE [attention backward per head]: with enough kv heads for every thread
   // (B·Hk a multiple of the threads, or at least 4 per thread), a thread owns
@@ -812,32 +840,15 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
     for (int64_t kvh = 0; kvh < units; ++kvh) {
       Tile w;
       carve(w);
-      const int64_t first_head = (kvh / pb.Hk) * pb.H + (kvh % pb.Hk) * group;
+      float* dq_group = dq + first_head(kvh) * T * D;
       std::fill(dk + kvh * S * D, dk + (kvh + 1) * S * D, 0.0f);
       std::fill(dv + kvh * S * D, dv + (kvh + 1) * S * D, 0.0f);
-      std::fill(dq + first_head * T * D, dq + (first_head + group) * T * D, 0.0f);
+      std::fill(dq_group, dq_group + group * T * D, 0.0f);
       for (int64_t j0 = 0; j0 < S; j0 += kBk) {
         const int64_t cols = std::min(kBk, S - j0);
-        float* dkb = dk + (kvh * S + j0) * D;
-        float* dvb = dv + (kvh * S + j0) * D;
-        if (!load_keys(w, kvh, j0, cols)) continue;
-        for (int64_t bh = first_head; bh < first_head + group; ++bh)
-          for (int64_t i0 = 0; i0 < T; i0 += kBq) {
-            const int64_t rows = std::min(kBq, T - i0);
-            int64_t first, last;
-            block_key_span(pb, bh / pb.H, i0, rows, &first, &last);
-            if (first >= j0 + cols || last <= j0 || pb.tile_state(bh, i0, j0) == kSkipTile) continue;
-            tile(w, bh, i0, rows, j0, cols);
-            const float* qb = pb.q + (bh * T + i0) * D;
-            const float* gb = dout + (bh * T + i0) * D;
-            Ops::gemm(w.s, 1, kBk, gb, D, dvb, D, cols, D, rows, true);   // dv += p^T dout
-            Ops::gemm(w.dp, 1, kBk, qb, D, dkb, D, cols, D, rows, true);  // dk += ds^T q
-            Ops::gemm(w.dp, kBk, 1, pb.k + (kvh * S + j0) * D, D, dq + (bh * T + i0) * D, D, rows, D, cols,
-                      true);  // dq += ds k
-          }
-        for (int64_t x = 0; x < cols * D; ++x) dkb[x] *= pb.scale;
+        if (load_keys(w, kvh, j0, cols)) walk_queries(w, kvh, j0, cols, dq);
       }
-      for (float* x = dq + first_head * T * D; x < dq + (first_head + group) * T * D; ++x) *x *= pb.scale;
+      for (float* x = dq_group; x < dq_group + group * T * D; ++x) *x *= pb.scale;
     }
     return;
   }
@@ -847,25 +858,9 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
     Tile w;
     carve(w);
     const int64_t kvh = t / nkb, j0 = (t % nkb) * kBk, cols = std::min(kBk, S - j0);
-    float* dkb = dk + (kvh * S + j0) * D;
-    float* dvb = dv + (kvh * S + j0) * D;
-    std::fill(dkb, dkb + cols * D, 0.0f);
-    std::fill(dvb, dvb + cols * D, 0.0f);
-    if (!load_keys(w, kvh, j0, cols)) continue;
-    const int64_t first_head = (kvh / pb.Hk) * pb.H + (kvh % pb.Hk) * group;
-    for (int64_t bh = first_head; bh < first_head + group; ++bh)
-      for (int64_t i0 = 0; i0 < T; i0 += kBq) {
-        const int64_t rows = std::min(kBq, T - i0);
-        int64_t first, last;
-        block_key_span(pb, bh / pb.H, i0, rows, &first, &last);
-        if (first >= j0 + cols || last <= j0 || pb.tile_state(bh, i0, j0) == kSkipTile) continue;
-        tile(w, bh, i0, rows, j0, cols);
-        const float* qb = pb.q + (bh * T + i0) * D;
-        const float* gb = dout + (bh * T + i0) * D;
-        Ops::gemm(w.s, 1, kBk, gb, D, dvb, D, cols, D, rows, true);   // dv += p^T dout
-        Ops::gemm(w.dp, 1, kBk, qb, D, dkb, D, cols, D, rows, true);  // dk += ds^T q
-      }
-    for (int64_t x = 0; x < cols * D; ++x) dkb[x] *= pb.scale;
+    std::fill(dk + (kvh * S + j0) * D, dk + (kvh * S + j0 + cols) * D, 0.0f);
+    std::fill(dv + (kvh * S + j0) * D, dv + (kvh * S + j0 + cols) * D, 0.0f);
+    if (load_keys(w, kvh, j0, cols)) walk_queries(w, kvh, j0, cols, nullptr);
   }
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)

@@ -93,10 +93,7 @@ ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const Attent
   return b.reshape(b.transpose(outs[0], to_bhtd), {B, T, H * D});  // merge heads: [B, T, H*D]
 }
 
-std::optional<ValueId> segments_input(Builder& b, const CausalLmOptions& o) {
-  if (!o.segments) return std::nullopt;
-  return b.input("segments", DType::i32, Shape{o.batch, o.seq});
-}
+namespace {
 
 Result<std::optional<ValueId>> layout_input(Builder& b, const std::string& family, const CausalLmOptions& o,
                                             int64_t n_head) {
@@ -120,11 +117,21 @@ Result<std::optional<ValueId>> layout_input(Builder& b, const std::string& famil
   return std::optional<ValueId>(b.constant(std::move(t)));
 }
 
-KvCacheInputs kv_cache_inputs(Builder& b, const CausalLmOptions& o) {
-  KvCacheInputs in;
-  if (o.kv_cache_len <= 0) return in;
-  in.index = b.input("cache_index", DType::i32, Shape{});
-  in.key_valid = b.input("key_valid", DType::u8, Shape{o.batch, o.kv_cache_len});
+}  // namespace
+
+Result<CausalLmInputs> causal_lm_inputs(Builder& b, const std::string& family, const CausalLmOptions& o,
+                                        int64_t n_head) {
+  CausalLmInputs in;
+  in.input_ids = b.input("input_ids", DType::i32, Shape{o.batch, o.seq});
+  in.positions = b.input("positions", DType::i32, Shape{o.batch, o.seq});
+  if (o.attention_mask) in.key_valid = in.attention_mask = b.input("attention_mask", DType::u8, Shape{o.batch, o.seq});
+  if (o.with_loss) in.targets = b.input("targets", DType::i32, Shape{o.batch * o.seq});
+  if (o.segments) in.segments = b.input("segments", DType::i32, Shape{o.batch, o.seq});
+  ASPEN_ASSIGN_OR_RETURN(in.layout, layout_input(b, family, o, n_head));
+  if (o.kv_cache_len > 0) {
+    in.kv.index = b.input("cache_index", DType::i32, Shape{});
+    in.key_valid = in.kv.key_valid = b.input("key_valid", DType::u8, Shape{o.batch, o.kv_cache_len});
+  }
   return in;
 }
 

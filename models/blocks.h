@@ -99,7 +99,7 @@ struct KvCacheSpec {
 };
 // segments (i32 [B, T], optional, no cache): packed documents, attended
 // block-diagonally (graph/ops_attention.cc). layout (u8 [1 or H, T/block,
-// T/block], optional, no cache; see layout_input): a block-sparse layout.
+// T/block], optional, no cache; see causal_lm_inputs): a block-sparse layout.
 graph::ValueId attention_core(graph::Builder& b, graph::ValueId q, graph::ValueId k, graph::ValueId v,
                               const AttentionSpec& spec, std::optional<graph::ValueId> positions = std::nullopt,
                               std::optional<graph::ValueId> key_valid = std::nullopt,
@@ -157,18 +157,25 @@ struct CausalLmOptions {
   // shard holds a whole row of logits. The vocabulary must divide by T.
   bool vocab_parallel = false;
 };
-// The input "segments" when options ask for packed sequences (else nullopt).
-std::optional<graph::ValueId> segments_input(graph::Builder& b, const CausalLmOptions& options);
-// options.layout as a constant (else nullopt), checked against the graph: blocks * block == seq, heads 1 or
-// `n_head` (and 1 with tensor_parallel > 1), no KV cache; errors name `family`.
-Result<std::optional<graph::ValueId>> layout_input(graph::Builder& b, const std::string& family,
-                                                   const CausalLmOptions& options, int64_t n_head);
 // The inputs a causal LM's kv-cache options add (invalid without them).
 struct KvCacheInputs {
   graph::ValueId index, key_valid;
 };
-// Records "cache_index" and "key_valid" when options ask for a cache.
-KvCacheInputs kv_cache_inputs(graph::Builder& b, const CausalLmOptions& options);
+// What every causal LM records from its options, in this order: "input_ids"
+// and "positions" i32 [batch, seq]; "attention_mask" u8 [batch, seq];
+// "targets" i32 [batch*seq] (with_loss); "segments" i32 [batch, seq];
+// options.layout as a u8 constant, checked against the graph (blocks * block
+// == seq, heads 1 or `n_head`, 1 with tensor_parallel > 1, no KV cache;
+// errors name `family`); with a cache "cache_index" and "key_valid". The
+// optional ones are invalid (or nullopt) when not asked for; key_valid is what
+// attention_core reads as the keys' mask (the cache's, else attention_mask).
+struct CausalLmInputs {
+  graph::ValueId input_ids, positions, attention_mask, targets;
+  std::optional<graph::ValueId> key_valid, segments, layout;
+  KvCacheInputs kv;
+};
+Result<CausalLmInputs> causal_lm_inputs(graph::Builder& b, const std::string& family, const CausalLmOptions& options,
+                                        int64_t n_head);
 // Layer i's cache spec ("state.cache.<i>.key" / ".value").
 KvCacheSpec layer_cache(const KvCacheInputs& in, const CausalLmOptions& options, int64_t layer);
 // Rows of an embedding table (any float dtype) as `dtype`: gather, then a cast when they differ.

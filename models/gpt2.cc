@@ -57,16 +57,12 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
     return b.add(y, b.broadcast(bias, std::vector<int64_t>(ys.begin(), ys.end())));
   };
   const WeightLayout conv1d = WeightLayout::in_out;
+  ASPEN_ASSIGN_OR_RETURN(const CausalLmInputs in, causal_lm_inputs(b, "gpt2", o, c.n_head));
   Gpt2Graph m;
-  m.input_ids = b.input("input_ids", DType::i32, Shape{o.batch, o.seq});
-  m.positions = b.input("positions", DType::i32, Shape{o.batch, o.seq});
-  std::optional<ValueId> key_valid;
-  if (o.attention_mask) key_valid = m.attention_mask = b.input("attention_mask", DType::u8, Shape{o.batch, o.seq});
-  if (o.with_loss) m.targets = b.input("targets", DType::i32, Shape{o.batch * o.seq});
-  const std::optional<ValueId> segments = segments_input(b, o);
-  ASPEN_ASSIGN_OR_RETURN(const std::optional<ValueId> layout, layout_input(b, "gpt2", o, c.n_head));
-  const KvCacheInputs kv = kv_cache_inputs(b, o);
-  if (o.kv_cache_len > 0) key_valid = kv.key_valid;
+  m.input_ids = in.input_ids;
+  m.positions = in.positions;
+  m.attention_mask = in.attention_mask;
+  m.targets = in.targets;
 
   const DType wdt = o.weight_dtype.value_or(dt);
   const ValueId wte = b.parameter("transformer.wte.weight", wdt, Shape{vp ? c.vocab / T : c.vocab, C});
@@ -81,9 +77,9 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
     // [B, T, 3C/T]: this shard's heads of q | k | v (column parallel)
     ValueId qkv = linear(b, h, p + "attn.c_attn", C, 3 * Cl, /*bias=*/true, wdt, conv1d);
     ValueId q = b.slice(qkv, -1, 0, Cl), k = b.slice(qkv, -1, Cl, 2 * Cl), v = b.slice(qkv, -1, 2 * Cl, 3 * Cl);
-    const KvCacheSpec cache = layer_cache(kv, o, i);
-    const ValueId heads =
-        attention_core(b, q, k, v, attn, std::nullopt, key_valid, o.kv_cache_len ? &cache : nullptr, segments, layout);
+    const KvCacheSpec cache = layer_cache(in.kv, o, i);
+    const ValueId heads = attention_core(b, q, k, v, attn, std::nullopt, in.key_valid,
+                                         o.kv_cache_len ? &cache : nullptr, in.segments, in.layout);
     ValueId a = T > 1 ? row_parallel(heads, p + "attn.c_proj", Cl) : linear(b, heads, p + "attn.c_proj", C, C, true, wdt, conv1d);
     x = b.add(a, x);  // HF: attn_output + residual
     h = layer_norm(b, x, p + "ln_2", C, c.layer_norm_eps, dt);

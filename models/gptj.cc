@@ -56,17 +56,12 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   ASPEN_RETURN_IF_ERROR(check_tensor_parallel("gptj", c.n_head, c.ff_dim(), c.vocab, o));
   const bool vp = T > 1 && o.vocab_parallel;
   const int64_t Cl = C / T, Fl = c.ff_dim() / T, Vl = vp ? c.vocab / T : c.vocab;
+  ASPEN_ASSIGN_OR_RETURN(const CausalLmInputs in, causal_lm_inputs(b, "gptj", o, c.n_head));
   GptjGraph m;
-  m.input_ids = b.input("input_ids", DType::i32, Shape{o.batch, o.seq});
-  m.positions = b.input("positions", DType::i32, Shape{o.batch, o.seq});
-  if (o.attention_mask) m.attention_mask = b.input("attention_mask", DType::u8, Shape{o.batch, o.seq});
-  if (o.with_loss) m.targets = b.input("targets", DType::i32, Shape{o.batch * o.seq});
-  std::optional<ValueId> key_valid;
-  if (o.attention_mask) key_valid = m.attention_mask;
-  const std::optional<ValueId> segments = segments_input(b, o);
-  ASPEN_ASSIGN_OR_RETURN(const std::optional<ValueId> layout, layout_input(b, "gptj", o, c.n_head));
-  const KvCacheInputs kv = kv_cache_inputs(b, o);
-  if (o.kv_cache_len > 0) key_valid = kv.key_valid;
+  m.input_ids = in.input_ids;
+  m.positions = in.positions;
+  m.attention_mask = in.attention_mask;
+  m.targets = in.targets;
 
   const DType wdt = o.weight_dtype.value_or(dt);
   const ValueId wte = b.parameter("transformer.wte.weight", wdt, Shape{Vl, C});
@@ -83,10 +78,10 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
     ValueId q = linear(b, h, p + "attn.q_proj", C, Cl, /*bias=*/false, wdt);
     ValueId k = linear(b, h, p + "attn.k_proj", C, Cl, false, wdt);
     ValueId v = linear(b, h, p + "attn.v_proj", C, Cl, false, wdt);
-    const KvCacheSpec cache = layer_cache(kv, o, i);
+    const KvCacheSpec cache = layer_cache(in.kv, o, i);
     ValueId a = linear(b,
-                       attention_core(b, q, k, v, attn, m.positions, key_valid, o.kv_cache_len ? &cache : nullptr,
-                                      segments, layout),
+                       attention_core(b, q, k, v, attn, m.positions, in.key_valid, o.kv_cache_len ? &cache : nullptr,
+                                      in.segments, in.layout),
                        p + "attn.out_proj", Cl, C, false, wdt);
     if (T > 1) {  // both row-parallel products summed by one all-reduce, then fc_out's bias once
       ValueId u = b.gelu(linear(b, h, p + "mlp.fc_in", C, Fl, /*bias=*/true, wdt), /*tanh_form=*/true);

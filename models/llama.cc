@@ -89,16 +89,12 @@ Result<LlamaGraph> build_llama(Builder& b, const LlamaConfig& c, const CausalLmO
     return b.add(y, b.broadcast(b.parameter(name + ".bias", dt, Shape{C}), std::vector<int64_t>(ys.begin(), ys.end())));
   };
 
+  ASPEN_ASSIGN_OR_RETURN(const CausalLmInputs in, causal_lm_inputs(b, "llama", o, c.n_head));
   LlamaGraph m;
-  m.input_ids = b.input("input_ids", DType::i32, Shape{o.batch, o.seq});
-  m.positions = b.input("positions", DType::i32, Shape{o.batch, o.seq});
-  std::optional<ValueId> key_valid;
-  if (o.attention_mask) key_valid = m.attention_mask = b.input("attention_mask", DType::u8, Shape{o.batch, o.seq});
-  if (o.with_loss) m.targets = b.input("targets", DType::i32, Shape{o.batch * o.seq});
-  const std::optional<ValueId> segments = segments_input(b, o);
-  ASPEN_ASSIGN_OR_RETURN(const std::optional<ValueId> layout, layout_input(b, "llama", o, c.n_head));
-  const KvCacheInputs kv = kv_cache_inputs(b, o);
-  if (o.kv_cache_len > 0) key_valid = kv.key_valid;
+  m.input_ids = in.input_ids;
+  m.positions = in.positions;
+  m.attention_mask = in.attention_mask;
+  m.targets = in.targets;
 
   const ValueId embed_tokens = b.parameter("model.embed_tokens.weight", wdt, Shape{V, C});
   const ValueId offset = vp ? b.parameter(kVocabOffsetName, DType::i32, Shape{}) : ValueId{};
@@ -118,9 +114,9 @@ Result<LlamaGraph> build_llama(Builder& b, const LlamaConfig& c, const CausalLmO
     ValueId q = linear(b, h, p + "self_attn.q_proj", C, H * D, c.qkv_bias, wdt);
     ValueId k = linear(b, h, p + "self_attn.k_proj", C, Hk * D, c.qkv_bias, wdt);
     ValueId v = linear(b, h, p + "self_attn.v_proj", C, Hk * D, c.qkv_bias, wdt);
-    const KvCacheSpec cache = layer_cache(kv, o, i);
-    const ValueId heads =
-        attention_core(b, q, k, v, attn, m.positions, key_valid, o.kv_cache_len ? &cache : nullptr, segments, layout);
+    const KvCacheSpec cache = layer_cache(in.kv, o, i);
+    const ValueId heads = attention_core(b, q, k, v, attn, m.positions, in.key_valid,
+                                         o.kv_cache_len ? &cache : nullptr, in.segments, in.layout);
     x = b.add(x, row_parallel(heads, p + "self_attn.o_proj", H * D, c.o_bias));
     h = rms_norm(b, x, p + "post_attention_layernorm", C, c.rms_norm_eps, dt);
     const ValueId gate = linear(b, h, p + "mlp.gate_proj", C, F, c.mlp_bias, wdt);
