@@ -56,10 +56,8 @@ std::string lr_text(double lr) {
 Status build_forward(graph::Graph& g, const models::ModelConfig& mc, const train::TrainConfig& c, int64_t tp = 1,
                      bool vocab_parallel = false) {
   graph::Builder b(g);
-  const int64_t n_head = mc.gpt2() ? mc.gpt2()->n_head : mc.gptj() ? mc.gptj()->n_head
-                         : mc.llama() ? mc.llama()->n_head : 1;
   ASPEN_ASSIGN_OR_RETURN(const std::optional<kernels::SparsityConfig> sparse,
-                         train::sparse_attention(c.model, n_head, c.train.seed));
+                         train::sparse_attention(c.model, mc.n_head(), c.train.seed));
   std::optional<kernels::BlockLayout> layout;
   if (sparse) {
     Result<kernels::BlockLayout> made = kernels::make_layout(*sparse, c.data.seq);

@@ -44,7 +44,7 @@ struct TrainShape {
   int64_t documents = 0;       // > 0: packed rows of this many documents (segment ids)
   int64_t n_layer() const { return model.llama() ? model.llama()->n_layer : model.gpt2()->n_layer; }
   int64_t d_model() const { return model.llama() ? model.llama()->d_model : model.gpt2()->d_model; }
-  int64_t n_head() const { return model.llama() ? model.llama()->n_head : model.gpt2()->n_head; }
+  int64_t n_head() const { return model.n_head(); }
   int64_t vocab() const { return model.vocab(); }
   int64_t n_positions() const { return model.n_positions(); }
 };

@@ -651,6 +651,19 @@ TEST(NnOps, AttentionErrors) {
             }),
             "node 2 (attention) with inputs (f32[1, 3, 3, 3], f32[1, 2, 4, 3], f32[1, 2, 4, 3]): attention: k: "
             "dimension 1 (Hk): expected a divisor of q's heads (3), found 2");
+  {  // run-time inputs are checked as the kernels check them: segments out of order
+    Graph g;
+    Builder b(g);
+    const ValueId q = b.input("q", DType::f32, {1, 1, 3, 2});
+    b.output("out", b.op(OpKind::attention, {q, q, q, b.input("s", DType::i32, {1, 3})},
+                         {{"scale", 1.0}, {"mask", std::string("causal")}})[0]);
+    auto r = interpret(g, {{"q", array(DType::f32, {1, 1, 3, 2}, std::vector<double>(6, 0.5))},
+                           {"s", array(DType::i32, {1, 3}, {0, 2, 1})}});
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().message(),
+              "node 2 (attention): attention: mask.segments row 0: expected non-decreasing segment ids (documents one "
+              "after another), found 2 then 1 at key 2");
+  }
   EXPECT_EQ(build_error([](Builder& b) {
               ValueId q = b.input("q", DType::f32, {1, 2, 3, 3});
               b.op(OpKind::attention, {q, q, q, b.input("s", DType::i32, {1, 3}), b.input("m", DType::u8, {1, 3})},

@@ -1043,6 +1043,12 @@ Problem make_problem(const float* q, const float* k, const float* v, int64_t B, 
 
 }  // namespace
 
+Status check_attention_mask(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D, float scale,
+                            const AttentionMask& mask) {
+  int64_t nq, nk, nl;
+  return check_shape("attention", B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl);
+}
+
 std::vector<float> alibi_slopes(int64_t heads, double bias_max) {
   int64_t n = 1;
   while (n < heads) n *= 2;

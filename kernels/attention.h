@@ -88,6 +88,11 @@ struct AttentionMask {
                                         std::span<float> dv, int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S,
                                         int64_t D, float scale, const AttentionMask& mask = {});
 
+// The checks attention_forward and attention_backward make of the extents,
+// the scale and the mask (errors name "attention"), for callers of ref::.
+[[nodiscard]] Status check_attention_mask(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
+                                          float scale, const AttentionMask& mask);
+
 // ALiBi's slopes for `heads` heads as MPT's gen_slopes makes them (BLOOM's
 // too when heads is a power of two and bias_max 8): with n = heads rounded up
 // to a power of two, m_k = 2^(-bias_max * k / n) for k = 1..n; when n >

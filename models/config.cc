@@ -303,6 +303,10 @@ int64_t ModelConfig::n_positions() const {
   return gpt2()->n_positions;
 }
 
+int64_t ModelConfig::n_head() const {
+  return std::visit([](const auto& f) { return f.n_head; }, family);
+}
+
 double min_parameter_count(const ModelConfig& config) {
   if (const Gpt2Config* g = config.gpt2()) {
     const double C = double(g->d_model), F = double(g->ff_dim());

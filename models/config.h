@@ -55,9 +55,11 @@ struct ModelConfig {
   const LlamaConfig* llama() const { return std::get_if<LlamaConfig>(&family); }  // llama, mistral, qwen2
   // A causal language model (every family but bert): generation and training take it.
   bool causal_lm() const { return bert() == nullptr; }
-  // Of whichever family: the vocabulary size and the longest context (n_positions, max_positions).
+  // Of whichever family: the vocabulary size, the longest context (n_positions, max_positions) and the
+  // attention (query) heads.
   int64_t vocab() const;
   int64_t n_positions() const;
+  int64_t n_head() const;
 };
 
 // The number of parameters the config describes, as a lower bound (the
