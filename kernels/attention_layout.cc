@@ -447,6 +447,27 @@ SparsityConfig SparsityConfig::local_sliding_window(int64_t heads) {
   return c;
 }
 
+SparsityConfig SparsityConfig::of(Kind kind, int64_t heads) {
+  switch (kind) {
+    case Kind::dense: return dense(heads);
+    case Kind::fixed: return fixed(heads);
+    case Kind::variable: return variable(heads);
+    case Kind::bigbird: return bigbird(heads);
+    case Kind::bslongformer: return bslongformer(heads);
+    case Kind::local_sliding_window: return local_sliding_window(heads);
+  }
+  return dense(heads);
+}
+
+Result<SparsityConfig::Kind> parse_sparsity_kind(const std::string& name) {
+  std::string names;
+  for (const KindInfo& k : kKinds) {
+    if (name == k.name) return k.kind;
+    names += (names.empty() ? "" : ", ") + std::string(k.name);
+  }
+  return Status::invalid_argument("kind", "one of " + names, "'" + name + "'");
+}
+
 const char* sparsity_kind_name(SparsityConfig::Kind kind) {
   const KindInfo* info = info_of(kind);
   return info ? info->name : "unknown";

@@ -131,10 +131,14 @@ struct SparsityConfig {
   static SparsityConfig bigbird(int64_t heads);
   static SparsityConfig bslongformer(int64_t heads);
   static SparsityConfig local_sliding_window(int64_t heads);
+  // The factory of `kind`.
+  static SparsityConfig of(Kind kind, int64_t heads);
 };
 
 // "dense", "fixed", "variable", "bigbird", "bslongformer", "local_sliding_window".
 const char* sparsity_kind_name(SparsityConfig::Kind kind);
+// The kind of one of those names; InvalidArgument naming "kind" and the names otherwise.
+Result<SparsityConfig::Kind> parse_sparsity_kind(const std::string& name);
 // DeepSpeed's attention strings: "unidirectional" or "bidirectional", exactly
 // (DeepSpeed's Fixed, Variable and BigBird reject any other string).
 Result<SparsityConfig::Attention> parse_attention(const std::string& s);

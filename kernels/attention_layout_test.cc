@@ -590,6 +590,18 @@ TEST(SparsityLayout, Names) {
   }
   EXPECT_EQ(error_of(parse_attention("Unidirectional")),
             "attention: expected 'unidirectional' or 'bidirectional', found 'Unidirectional'");
+  for (Kind k : {Kind::dense, Kind::fixed, Kind::variable, Kind::bigbird, Kind::bslongformer,
+                 Kind::local_sliding_window}) {
+    const Result<Kind> parsed = parse_sparsity_kind(sparsity_kind_name(k));
+    ASSERT_TRUE(parsed.is_ok());
+    EXPECT_EQ(*parsed, k);
+    EXPECT_EQ(SparsityConfig::of(k, 3).kind, k);
+    EXPECT_EQ(SparsityConfig::of(k, 3).num_heads, 3);
+  }
+  EXPECT_EQ(SparsityConfig::of(Kind::bigbird, 2).num_random_blocks, SparsityConfig::bigbird(2).num_random_blocks);
+  EXPECT_EQ(error_of(parse_sparsity_kind("BigBird")),
+            "kind: expected one of dense, fixed, variable, bigbird, bslongformer, local_sliding_window, found "
+            "'BigBird'");
 }
 
 // The header's example: a layout is an AttentionMask's layout as it is.

@@ -231,7 +231,7 @@ Result<std::vector<std::vector<int32_t>>> Generator::generate(const std::vector<
       {"seed", &seed},         {"step", &step}};
   ASPEN_ASSIGN_OR_RETURN(auto out, run_shards(in, /*program=*/0));
 
-  forgotten_ = 0;
+  int64_t forgotten = 0;  // cache slots below this fell out of the sliding window
   std::vector<std::vector<int32_t>> result(static_cast<size_t>(n));
   std::vector<char> done(static_cast<size_t>(n), 0);
   Tensor ids1(DType::i32, Shape{B, 1}), positions1(DType::i32, Shape{B, 1});
@@ -259,8 +259,8 @@ Result<std::vector<std::vector<int32_t>>> Generator::generate(const std::vector<
     }
     // A sliding window (Mistral): the decoding query at slot P + t sees slots (P + t - window, P + t]
     // only; the prefill's local mask did the same for the prompt.
-    for (; window_ > 0 && forgotten_ <= P + t - window_; ++forgotten_)
-      for (int64_t r = 0; r < B; ++r) key_valid.data<uint8_t>()[r * L + forgotten_] = 0;
+    for (; window_ > 0 && forgotten <= P + t - window_; ++forgotten)
+      for (int64_t r = 0; r < B; ++r) key_valid.data<uint8_t>()[r * L + forgotten] = 0;
     index.data<int32_t>()[0] = int32_t(P + t);
     step.data<int64_t>()[0] = t + 1;
     ASPEN_ASSIGN_OR_RETURN(out, run_shards(in, /*program=*/1));

@@ -92,8 +92,7 @@ class Generator {
  private:
   Generator() = default;
   GeneratorOptions options_;
-  int64_t window_ = 0;     // the model's sliding window (0: none)
-  int64_t forgotten_ = 0;  // during generate(): cache slots below this fell out of the window
+  int64_t window_ = 0;  // the model's sliding window (0: none)
   ModelConfig config_;
   int64_t vocab_ = 0, n_positions_ = 0;
   std::unique_ptr<runtime::Session> session_;  // program 0: prefill, 1: decode

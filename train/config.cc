@@ -574,7 +574,6 @@ int64_t TrainConfig::global_batch() const { return batch.micro * batch.accumulat
 
 Result<std::optional<kernels::SparsityConfig>> sparse_attention(const ModelSection& m, int64_t n_head,
                                                                  uint64_t seed) {
-  using Kind = kernels::SparsityConfig::Kind;
   if (m.attention.empty()) return std::optional<kernels::SparsityConfig>();
   auto bad = [](const std::string& key, const std::string& expected, const std::string& found) {
     return Status::invalid_argument("model.attention." + key, expected, found);
@@ -582,23 +581,12 @@ Result<std::optional<kernels::SparsityConfig>> sparse_attention(const ModelSecti
   const auto kind_it = m.attention.find("kind");
   if (kind_it == m.attention.end())
     return bad("kind", "present: dense, fixed, variable, bigbird, bslongformer or local_sliding_window", "none");
-  const std::map<std::string, Kind> kinds = {{"dense", Kind::dense},
-                                             {"fixed", Kind::fixed},
-                                             {"variable", Kind::variable},
-                                             {"bigbird", Kind::bigbird},
-                                             {"bslongformer", Kind::bslongformer},
-                                             {"longformer", Kind::bslongformer},
-                                             {"local_sliding_window", Kind::local_sliding_window}};
-  const auto k = kinds.find(kind_it->second);
-  if (k == kinds.end())
+  const Result<kernels::SparsityConfig::Kind> kind =
+      kernels::parse_sparsity_kind(kind_it->second == "longformer" ? "bslongformer" : kind_it->second);
+  if (!kind.is_ok())
     return bad("kind", "dense, fixed, variable, bigbird, bslongformer or local_sliding_window",
                "'" + kind_it->second + "'");
-  kernels::SparsityConfig c = k->second == Kind::dense        ? kernels::SparsityConfig::dense(n_head)
-                              : k->second == Kind::fixed      ? kernels::SparsityConfig::fixed(n_head)
-                              : k->second == Kind::variable   ? kernels::SparsityConfig::variable(n_head)
-                              : k->second == Kind::bigbird    ? kernels::SparsityConfig::bigbird(n_head)
-                              : k->second == Kind::bslongformer ? kernels::SparsityConfig::bslongformer(n_head)
-                                                                : kernels::SparsityConfig::local_sliding_window(n_head);
+  kernels::SparsityConfig c = kernels::SparsityConfig::of(*kind, n_head);
   // A decoder attends earlier tokens only: its layouts are DeepSpeed's unidirectional ones unless asked.
   c.attention = kernels::SparsityConfig::Attention::unidirectional;
   c.seed = seed;

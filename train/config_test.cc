@@ -327,6 +327,45 @@ TEST(TrainConfigErrors, KeysThatDisagree) {
   EXPECT_TRUE(parse_train_config("model:\n  from: hf/gpt2\n  n_head: 5\ndata:\n  seq: 1024\n", "cfg.yaml").is_ok());
 }
 
+// model.attention as DeepSpeed's sparsity config: names, numbers and DeepSpeed's own rejections.
+TEST(TrainConfig, SparseAttention) {
+  ModelSection m;
+  auto none = sparse_attention(m, 4, 1);
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_FALSE(none->has_value());
+  m.attention = {{"kind", "longformer"}, {"block", "32"}, {"num_sliding_window_blocks", "5"}};
+  auto lf = sparse_attention(m, 4, 7);
+  ASSERT_TRUE(lf.is_ok()) << lf.status().to_string();
+  ASSERT_TRUE(lf->has_value());
+  EXPECT_EQ((*lf)->kind, kernels::SparsityConfig::Kind::bslongformer);
+  EXPECT_EQ((*lf)->block, 32);
+  EXPECT_EQ((*lf)->num_sliding_window_blocks, 5);
+  EXPECT_EQ((*lf)->attention, kernels::SparsityConfig::Attention::unidirectional);  // a decoder's default
+  EXPECT_EQ((*lf)->seed, 7u);
+  const std::pair<std::map<std::string, std::string>, std::string> bad[] = {
+      {{{"block", "16"}}, "model.attention.kind: expected present: dense, fixed, variable, bigbird, bslongformer or "
+                          "local_sliding_window, found none"},
+      {{{"kind", "sparse"}}, "model.attention.kind: expected dense, fixed, variable, bigbird, bslongformer or "
+                             "local_sliding_window, found 'sparse'"},
+      {{{"kind", "fixed"}, {"block", "x"}}, "model.attention.block: expected an integer >= 0, found 'x'"},
+      {{{"kind", "fixed"}, {"attention", "causal"}},
+       "model.attention.attention: expected unidirectional or bidirectional, found 'causal'"},
+      {{{"kind", "bigbird"}, {"different_layout_per_head", "yes"}},
+       "model.attention.different_layout_per_head: expected true or false, found 'yes'"},
+  };
+  for (const auto& [attention, message] : bad) {
+    m.attention = attention;
+    auto r = sparse_attention(m, 4, 1);
+    ASSERT_FALSE(r.is_ok()) << message;
+    EXPECT_EQ(r.status().message(), message);
+  }
+  m.attention = {{"kind", "fixed"}, {"num_local_blocks", "4"}, {"num_global_blocks", "3"}};
+  auto fixed = sparse_attention(m, 4, 1);
+  ASSERT_FALSE(fixed.is_ok());
+  EXPECT_EQ(fixed.status().message(),
+            "model.attention: fixed sparsity: num_local_blocks: expected a multiple of num_global_blocks (3), found 4");
+}
+
 TEST(TrainConfigErrors, BadYamlAndMissingFile) {
   Status s = parse_error("optimizer:\n  lr: [1, 2\n");
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
