@@ -4,6 +4,7 @@
 // headers as maybe-uninitialized; the warning is silenced for those lines only.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #include <omp.h>
@@ -269,6 +270,10 @@ ASPEN_ATTN_INLINE void decode_row_impl(const float* q, const float* kh, const fl
 }
 
 struct Portable {
+  static bool fused_tile(const float*, const float*, const float*, int64_t, int64_t, int64_t, const int*, const int*,
+                         const float*, float*, float*, float*) {
+    return false;  // NOTE [attention fused strips]: AVX-512 only
+  }
   // Four rows of C per pass over B, sharing each load of B.
   static void gemm(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, float* c, int64_t ldc,
                    int64_t m, int64_t n, int64_t kk, bool accumulate) {
@@ -354,7 +359,27 @@ using GemmTile512 = void (*)(const float*, int64_t, int64_t, const float*, int64
                              const __mmask16*, bool);
 constexpr GemmTile512 kGemmTiles512[4] = {gemm_tile_512<1>, gemm_tile_512<2>, gemm_tile_512<3>, gemm_tile_512<4>};
 
+// NOTE [attention fused strips]: a full tile (every row uses all kBk keys, no
+// layout cut, no bias) runs 16 query rows at a time through all three steps.
+// The scores come MR = 4 rows at a time from registers (s = q k^T, 4 x 64
+// accumulators) into a 16 x 64 buffer, with each row's 16-lane maximum; the
+// 16 rows' maxima and sums are then one in-register transpose and 15 vector
+// operations each, and the 64 exponentials are independent, where row by
+// row the horizontal reductions and the scalar steps between them form a
+// chain of about 130 cycles per row that the block products wait on (26 %
+// of the tile's time before this). o = o * alpha + p v follows in 4-row
+// strips with o's rows in registers. The three-step path also writes the
+// whole 64 x 64 score tile between steps: q, K^T, s, V and o (16 KiB each at
+// D = 64) are more than L1 holds. Here the working set is K^T and V plus
+// 16 rows of q, p and o.
+template <int MR>
+ASPEN_TARGET_AVX512 void strip_scores_512(const float* qs, int64_t D, const float* kt, float* s, float* rmax);
+
 struct Avx512 {
+  // NOTE [attention fused strips]: false when the tile is not full or D is not a multiple of 16.
+  ASPEN_TARGET_AVX512 static bool fused_tile(const float* qs, const float* kt, const float* vb, int64_t rows,
+                                             int64_t cols, int64_t D, const int* lo, const int* hi, const float* kv,
+                                             float* m, float* l, float* o);
   ASPEN_TARGET_AVX512 static void gemm(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb,
                                        float* c, int64_t ldc, int64_t m, int64_t n, int64_t kk, bool accumulate) {
     for (int64_t j = 0; j < n; j += 64) {  // a 64-column panel of B stays in L1 across the rows
@@ -488,6 +513,135 @@ struct Avx512 {
   }
 };
 
+// MR rows of s = q k^T (leading dimension kBk) and their 16-lane maxima rmax (leading dimension 16).
+template <int MR>
+ASPEN_TARGET_AVX512 void strip_scores_512(const float* qs, int64_t D, const float* kt, float* s, float* rmax) {
+  __m512 acc[MR][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < D; ++k) {
+    const float* bk = kt + k * kBk;
+    const __m512 bv[4] = {_mm512_loadu_ps(bk), _mm512_loadu_ps(bk + 16), _mm512_loadu_ps(bk + 32),
+                          _mm512_loadu_ps(bk + 48)};
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 ar = _mm512_set1_ps(qs[r * D + k]);
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) _mm512_store_ps(s + r * kBk + 16 * v, acc[r][v]);
+    _mm512_store_ps(rmax + 16 * r,
+                    _mm512_max_ps(_mm512_max_ps(acc[r][0], acc[r][1]), _mm512_max_ps(acc[r][2], acc[r][3])));
+  }
+}
+
+using StripScores512 = void (*)(const float*, int64_t, const float*, float*, float*);
+constexpr StripScores512 kStripScores512[4] = {strip_scores_512<1>, strip_scores_512<2>, strip_scores_512<3>,
+                                               strip_scores_512<4>};
+
+// Lane r of the result: the maximum (kMax) or the sum of the 16 lanes of x[r].
+template <bool kMax>
+ASPEN_TARGET_AVX512 __m512 lanes_reduce_512(const float* x) {
+  __m512 r[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(x + 16 * i);
+  Avx512::transpose16(r);
+#pragma GCC unroll 8
+  for (int w = 8; w >= 1; w /= 2)
+#pragma GCC unroll 8
+    for (int i = 0; i < w; ++i) r[i] = kMax ? _mm512_max_ps(r[i], r[i + w]) : _mm512_add_ps(r[i], r[i + w]);
+  return r[0];
+}
+
+// o = o + p v for MR rows and 64 columns of o (leading dimension D), p with leading dimension kBk.
+template <int MR>
+ASPEN_TARGET_AVX512 void strip_pv_512(const float* p, const float* vb, int64_t D, float* o) {
+  __m512 acc[MR][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_loadu_ps(o + r * D + 16 * v);
+  for (int64_t c = 0; c < kBk; ++c) {
+    const float* vc = vb + c * D;
+    const __m512 bv[4] = {_mm512_loadu_ps(vc), _mm512_loadu_ps(vc + 16), _mm512_loadu_ps(vc + 32),
+                          _mm512_loadu_ps(vc + 48)};
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r * kBk + c]);
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(pr, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(o + r * D + 16 * v, acc[r][v]);
+}
+
+using StripPv512 = void (*)(const float*, const float*, int64_t, float*);
+constexpr StripPv512 kStripPv512[4] = {strip_pv_512<1>, strip_pv_512<2>, strip_pv_512<3>, strip_pv_512<4>};
+
+// NOTE [attention fused strips]: rows <= 16 of a full tile.
+ASPEN_TARGET_AVX512 void fused_group_512(const float* qs, int64_t D, const float* kt, const float* vb, int64_t rows,
+                                         float* m, float* l, float* o) {
+  alignas(64) float s[16 * kBk];
+  alignas(64) float part[16 * 16] = {};  // per row: 16-lane maxima, then 16-lane sums
+  for (int64_t i = 0; i < rows; i += 4)
+    kStripScores512[std::min<int64_t>(4, rows - i) - 1](qs + i * D, D, kt, s + i * kBk, part + 16 * i);
+  const __mmask16 live = tail_mask(rows);
+  const __m512 m_old = _mm512_mask_loadu_ps(_mm512_setzero_ps(), live, m);
+  const __m512 m_new = _mm512_max_ps(m_old, lanes_reduce_512<true>(part));  // finite: a full tile's scores are
+  const __m512 alpha = Avx512::exp2_512(_mm512_sub_ps(m_old, m_new));     // m = -inf before the first block: 0
+  alignas(64) float mn[16], al[16];
+  _mm512_store_ps(mn, m_new);
+  _mm512_store_ps(al, alpha);
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 mv = _mm512_set1_ps(mn[r]);
+    __m512 p[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      p[v] = Avx512::exp2_512(_mm512_sub_ps(_mm512_load_ps(s + r * kBk + 16 * v), mv));
+      _mm512_store_ps(s + r * kBk + 16 * v, p[v]);
+    }
+    _mm512_store_ps(part + 16 * r, _mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])));
+  }
+  const __m512 l_old = _mm512_mask_loadu_ps(_mm512_setzero_ps(), live, l);
+  _mm512_mask_storeu_ps(l, live, _mm512_fmadd_ps(l_old, alpha, lanes_reduce_512<false>(part)));
+  _mm512_mask_storeu_ps(m, live, m_new);
+  for (int64_t r = 0; r < rows; ++r) {  // o = o * alpha + p v
+    if (al[r] == 1.0f) continue;
+    const __m512 av = _mm512_set1_ps(al[r]);
+    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(o + r * D + d, _mm512_mul_ps(_mm512_loadu_ps(o + r * D + d), av));
+  }
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    if (D - d0 >= 64) {
+      for (int64_t i = 0; i < rows; i += 4)
+        kStripPv512[std::min<int64_t>(4, rows - i) - 1](s + i * kBk, vb + d0, D, o + i * D + d0);
+      continue;
+    }
+    __mmask16 mk[4];
+    for (int v = 0; v < 4; ++v) mk[v] = tail_mask(std::max<int64_t>(0, D - d0 - 16 * v));
+    for (int64_t i = 0; i < rows; i += 4)
+      kGemmTiles512[std::min<int64_t>(4, rows - i) - 1](s + i * kBk, kBk, 1, vb + d0, D, o + i * D + d0, D, kBk, mk,
+                                                        true);
+  }
+}
+
+ASPEN_TARGET_AVX512 bool Avx512::fused_tile(const float* qs, const float* kt, const float* vb, int64_t rows,
+                                            int64_t cols, int64_t D, const int* lo, const int* hi, const float* kv,
+                                            float* m, float* l, float* o) {
+  if (D % 16 != 0 || !full_tile(rows, cols, lo, hi, kv)) return false;
+  for (int64_t i = 0; i < rows; i += 16)
+    fused_group_512(qs + i * D, D, kt, vb, std::min<int64_t>(16, rows - i), m + i, l + i, o + i * D);
+  return true;
+}
+
 // AVX2 + FMA (CPUs without AVX-512: Zen 2 and 3, Haswell to Comet Lake). The
 // block product keeps MR rows x 16 columns of C (two vectors per row, at most
 // 12 accumulators of the 16 ymm registers) over k; ragged columns go through
@@ -531,6 +685,10 @@ constexpr GemmTile256 kGemmTiles256[6] = {gemm_tile_256<1>, gemm_tile_256<2>, ge
                                           gemm_tile_256<4>, gemm_tile_256<5>, gemm_tile_256<6>};
 
 struct Avx2 {
+  static bool fused_tile(const float*, const float*, const float*, int64_t, int64_t, int64_t, const int*, const int*,
+                         const float*, float*, float*, float*) {
+    return false;  // NOTE [attention fused strips]: AVX-512 only
+  }
   ASPEN_TARGET_AVX2 static void gemm(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, float* c,
                                      int64_t ldc, int64_t m, int64_t n, int64_t kk, bool accumulate) {
     for (int64_t j = 0; j < n; j += 16) {  // a 16-column panel of B stays in L1 across the rows
@@ -713,13 +871,14 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
       const uint8_t state = pb.tile_state(bh, i0, j0);  // NOTE [attention block layouts]
       if (state == kSkipTile || !fill_key_valid(pb, b, j0, cols, kv)) continue;
       tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
-      if (once) {
-        Ops::gemm(qs, D, 1, k_t.data() + (pb.kv_head(bh) * nkb + j0 / kBk) * D * kBk, kBk, s, kBk, rows, cols, D,
-                  false);
-      } else {
+      const float* ktile = kt;
+      if (once)
+        ktile = k_t.data() + (pb.kv_head(bh) * nkb + j0 / kBk) * D * kBk;
+      else
         Ops::transpose(kh + j0 * D, cols, D, kt);
-        Ops::gemm(qs, D, 1, kt, kBk, s, kBk, rows, cols, D, false);
-      }
+      if (state == kFullTile && !pb.alibi && Ops::fused_tile(qs, ktile, vh + j0 * D, rows, cols, D, lo, hi, kv, m, l, o))
+        continue;  // NOTE [attention fused strips]
+      Ops::gemm(qs, D, 1, ktile, kBk, s, kBk, rows, cols, D, false);
       if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, s, kLog2e);
       if (state == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, s);
       Ops::softmax_tile(s, rows, cols, lo, hi, kv, m, l, o, D, state == kPartialTile);

@@ -36,7 +36,7 @@ struct Case {
 };
 
 // A spread over kOddSizes (not the product), T != S with offsets (decoding),
-// D = 64, and blocks crossed (T, S > 64 and 128).
+// D = 64, 80 and 128, and blocks crossed (T, S > 64 and 128).
 const std::vector<Case> kCases = {
     {1, 1, 1, 1, 1, 0, 1},       {2, 2, 3, 7, 3, 4, 2},      {2, 1, 7, 7, 17, 0, 3},
     {1, 2, 17, 3, 7, 0, 2},      {2, 1, 1, 129, 64, 128, 17}, {1, 1, 129, 129, 64, 0, 65},
@@ -48,6 +48,8 @@ const std::vector<Case> kCases = {
     // grouped-query and multi-query attention: the group's query heads share one key/value head
     {2, 4, 17, 129, 7, 112, 40, 2}, {1, 6, 129, 129, 64, 0, 65, 1}, {2, 6, 1, 200, 33, 199, 64, 3},
     {1, 4, 200, 200, 17, 0, 64, 2},
+    // full tiles with D a multiple of 16 but not of 64, and D = 128 (NOTE [attention fused strips])
+    {1, 2, 200, 200, 80, 0, 64}, {1, 1, 150, 150, 128, 0, 70, 1},
 };
 
 struct Inputs {
