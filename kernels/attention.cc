@@ -798,7 +798,19 @@ void block_key_span(const Problem& pb, int64_t b, int64_t i0, int64_t rows, int6
   pb.geo.range(b, i0 + rows - 1, &unused, last);
 }
 
-int64_t forward_scratch_floats(int64_t D) { return 2 * kBq * D + D * kBk + kBq * kBk + 2 * kBq + kBk; }
+// NOTE [attention query spans]: a forward task is a span of up to kSpanBlocks query blocks of one head, and
+// each key block it visits serves every query block of the span in turn: K^T and V come from L3 or memory
+// once per span instead of once per 64 rows (at T = 8192 a head's K and V are 4 MiB, twice an L2). Spans
+// shrink while there would be fewer than 4 tasks per thread.
+constexpr int64_t kSpanBlocks = 4, kQuerySpan = kSpanBlocks * kBq;
+
+int64_t query_span_blocks(int64_t heads, int64_t nqb, int threads) {
+  int64_t blocks = kSpanBlocks;
+  while (blocks > 1 && heads * ((nqb + blocks - 1) / blocks) < 4 * int64_t(threads)) blocks /= 2;
+  return blocks;
+}
+
+int64_t forward_scratch_floats(int64_t D) { return 2 * kQuerySpan * D + D * kBk + kBq * kBk + 2 * kQuerySpan + kBk; }
 
 // NOTE [attention decode rows]: each (b, h, row) is one task on its own.
 template <class Ops>
@@ -826,7 +838,9 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
   const int nt = omp_get_max_threads();
   const int64_t per = forward_scratch_floats(D);
   std::vector<float> scratch(size_t(per * nt));
-  const int64_t nqb = (T + kBq - 1) / kBq, tasks = pb.B * pb.H * nqb;
+  const int64_t nqb = (T + kBq - 1) / kBq;
+  const int64_t span_blocks = query_span_blocks(pb.B * pb.H, nqb, nt);  // NOTE [attention query spans]
+  const int64_t nspan = (nqb + span_blocks - 1) / span_blocks, tasks = pb.B * pb.H * nspan;
   const float cs = pb.scale * kLog2e;
   // NOTE [attention keys transposed once]: with several query blocks per head, every block would transpose
   // the same key blocks again; each key block's K^T [D, kBk] is made once, blocks one after another
@@ -845,51 +859,67 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
   for (int64_t t = 0; t < tasks; ++t) {
     float* qs = scratch.data() + per * omp_get_thread_num();
-    float* o = qs + kBq * D;
-    float* kt = o + kBq * D;
+    float* o = qs + kQuerySpan * D;
+    float* kt = o + kQuerySpan * D;
     float* s = kt + D * kBk;
     float* m = s + kBq * kBk;
-    float* l = m + kBq;
-    float* kv = l + kBq;
+    float* l = m + kQuerySpan;
+    float* kv = l + kQuerySpan;
     int lo[kBq], hi[kBq];
-    const int64_t bh = t / nqb, i0 = (t % nqb) * kBq, rows = std::min(kBq, T - i0), b = bh / pb.H;
+    int64_t sub_first[kSpanBlocks] = {}, sub_last[kSpanBlocks] = {};
+    // NOTE [attention query spans]: the spans that visit the most key blocks (causal: the last) go first.
+    const int64_t bh = t % (pb.B * pb.H), span = nspan - 1 - t / (pb.B * pb.H), b = bh / pb.H;
+    const int64_t i_begin = span * span_blocks * kBq, n = std::min(span_blocks * kBq, T - i_begin);
     const float* kh = pb.k + pb.kv_head(bh) * S * D;
     const float* vh = pb.v + pb.kv_head(bh) * S * D;
-    const float* qb = pb.q + (bh * T + i0) * D;
-    for (int64_t x = 0; x < rows * D; ++x) {
+    const float* qb = pb.q + (bh * T + i_begin) * D;
+    for (int64_t x = 0; x < n * D; ++x) {
       qs[x] = qb[x] * cs;
       o[x] = 0.0f;
     }
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = 0; r < n; ++r) {
       m[r] = kNegInf;
       l[r] = 0.0f;
     }
-    int64_t first, last;
-    block_key_span(pb, b, i0, rows, &first, &last);
+    for (int64_t u = 0; u * kBq < n; ++u)
+      block_key_span(pb, b, i_begin + u * kBq, std::min(kBq, n - u * kBq), &sub_first[u], &sub_last[u]);
+    const int64_t nsub = (n + kBq - 1) / kBq;
+    int64_t first = sub_first[0], last = sub_last[0];
+    for (int64_t u = 1; u < nsub; ++u) {
+      first = std::min(first, sub_first[u]);
+      last = std::max(last, sub_last[u]);
+    }
     for (int64_t j0 = first / kBk * kBk; j0 < last; j0 += kBk) {  // blocks outside [first, last) are masked out
       const int64_t cols = std::min(kBk, S - j0);
-      const uint8_t state = pb.tile_state(bh, i0, j0);  // NOTE [attention block layouts]
-      if (state == kSkipTile || !fill_key_valid(pb, b, j0, cols, kv)) continue;
-      tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
+      if (!fill_key_valid(pb, b, j0, cols, kv)) continue;
       const float* ktile = kt;
       if (once)
         ktile = k_t.data() + (pb.kv_head(bh) * nkb + j0 / kBk) * D * kBk;
       else
         Ops::transpose(kh + j0 * D, cols, D, kt);
-      if (state == kFullTile && !pb.alibi && Ops::fused_tile(qs, ktile, vh + j0 * D, rows, cols, D, lo, hi, kv, m, l, o))
-        continue;  // NOTE [attention fused strips]
-      Ops::gemm(qs, D, 1, ktile, kBk, s, kBk, rows, cols, D, false);
-      if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, s, kLog2e);
-      if (state == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, s);
-      Ops::softmax_tile(s, rows, cols, lo, hi, kv, m, l, o, D, state == kPartialTile);
-      Ops::gemm(s, kBk, 1, vh + j0 * D, D, o, D, rows, D, cols, true);
+      for (int64_t u = 0; u < nsub; ++u) {  // each 64-row block of the span on this key block
+        if (j0 + cols <= sub_first[u] || j0 >= sub_last[u]) continue;
+        const int64_t i0 = i_begin + u * kBq, rows = std::min(kBq, T - i0);
+        const uint8_t state = pb.tile_state(bh, i0, j0);  // NOTE [attention block layouts]
+        if (state == kSkipTile) continue;
+        float *qu = qs + u * kBq * D, *ou = o + u * kBq * D, *mu = m + u * kBq, *lu = l + u * kBq;
+        tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
+        if (state == kFullTile && !pb.alibi &&
+            Ops::fused_tile(qu, ktile, vh + j0 * D, rows, cols, D, lo, hi, kv, mu, lu, ou))
+          continue;  // NOTE [attention fused strips]
+        Ops::gemm(qu, D, 1, ktile, kBk, s, kBk, rows, cols, D, false);
+        if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, s, kLog2e);
+        if (state == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, s);
+        Ops::softmax_tile(s, rows, cols, lo, hi, kv, mu, lu, ou, D, state == kPartialTile);
+        Ops::gemm(s, kBk, 1, vh + j0 * D, D, ou, D, rows, D, cols, true);
+      }
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      float* orow = out + (bh * T + i0 + r) * D;
+    for (int64_t r = 0; r < n; ++r) {
+      float* orow = out + (bh * T + i_begin + r) * D;
       const bool any = l[r] > 0.0f;
       const float inv = any ? 1.0f / l[r] : 0.0f;
       for (int64_t d = 0; d < D; ++d) orow[d] = o[r * D + d] * inv;
-      lse[bh * T + i0 + r] = any ? m[r] / kLog2e + std::log(l[r]) : kNegInf;
+      lse[bh * T + i_begin + r] = any ? m[r] / kLog2e + std::log(l[r]) : kNegInf;
     }
   }
 }
