@@ -359,6 +359,36 @@ using GemmTile512 = void (*)(const float*, int64_t, int64_t, const float*, int64
                              const __mmask16*, bool);
 constexpr GemmTile512 kGemmTiles512[4] = {gemm_tile_512<1>, gemm_tile_512<2>, gemm_tile_512<3>, gemm_tile_512<4>};
 
+// gemm_tile_512 for a panel of all 64 columns: plain loads and stores.
+template <int MR>
+ASPEN_TARGET_AVX512 void gemm_panel_512(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb,
+                                        float* c, int64_t ldc, int64_t kk, bool accumulate) {
+  __m512 acc[MR][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < kk; ++k) {
+    const float* bk = b + k * ldb;
+    const __m512 bv[4] = {_mm512_loadu_ps(bk), _mm512_loadu_ps(bk + 16), _mm512_loadu_ps(bk + 32),
+                          _mm512_loadu_ps(bk + 48)};
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const __m512 ar = _mm512_set1_ps(a[r * ars + k * aks]);
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+}
+
+using GemmPanel512 = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t, bool);
+constexpr GemmPanel512 kGemmPanels512[4] = {gemm_panel_512<1>, gemm_panel_512<2>, gemm_panel_512<3>,
+                                            gemm_panel_512<4>};
+
 // NOTE [attention fused strips]: a full tile (every row uses all kBk keys, no
 // layout cut, no bias) runs 16 query rows at a time through all three steps.
 // The scores come MR = 4 rows at a time from registers (s = q k^T, 4 x 64
@@ -383,6 +413,12 @@ struct Avx512 {
   ASPEN_TARGET_AVX512 static void gemm(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb,
                                        float* c, int64_t ldc, int64_t m, int64_t n, int64_t kk, bool accumulate) {
     for (int64_t j = 0; j < n; j += 64) {  // a 64-column panel of B stays in L1 across the rows
+      if (n - j >= 64) {
+        for (int64_t i = 0; i < m; i += 4)
+          kGemmPanels512[std::min<int64_t>(4, m - i) - 1](a + i * ars, ars, aks, b + j, ldb, c + i * ldc + j, ldc, kk,
+                                                          accumulate);
+        continue;
+      }
       __mmask16 mk[4];
       for (int v = 0; v < 4; ++v) mk[v] = tail_mask(std::max<int64_t>(0, n - j - 16 * v));
       for (int64_t i = 0; i < m; i += 4)
@@ -559,34 +595,6 @@ ASPEN_TARGET_AVX512 __m512 lanes_reduce_512(const float* x) {
   return r[0];
 }
 
-// o = o + p v for MR rows and 64 columns of o (leading dimension D), p with leading dimension kBk.
-template <int MR>
-ASPEN_TARGET_AVX512 void strip_pv_512(const float* p, const float* vb, int64_t D, float* o) {
-  __m512 acc[MR][4];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_loadu_ps(o + r * D + 16 * v);
-  for (int64_t c = 0; c < kBk; ++c) {
-    const float* vc = vb + c * D;
-    const __m512 bv[4] = {_mm512_loadu_ps(vc), _mm512_loadu_ps(vc + 16), _mm512_loadu_ps(vc + 32),
-                          _mm512_loadu_ps(vc + 48)};
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m512 pr = _mm512_set1_ps(p[r * kBk + c]);
-#pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(pr, bv[v], acc[r][v]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(o + r * D + 16 * v, acc[r][v]);
-}
-
-using StripPv512 = void (*)(const float*, const float*, int64_t, float*);
-constexpr StripPv512 kStripPv512[4] = {strip_pv_512<1>, strip_pv_512<2>, strip_pv_512<3>, strip_pv_512<4>};
-
 // NOTE [attention fused strips]: rows <= 16 of a full tile.
 ASPEN_TARGET_AVX512 void fused_group_512(const float* qs, int64_t D, const float* kt, const float* vb, int64_t rows,
                                          float* m, float* l, float* o) {
@@ -622,7 +630,8 @@ ASPEN_TARGET_AVX512 void fused_group_512(const float* qs, int64_t D, const float
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
     if (D - d0 >= 64) {
       for (int64_t i = 0; i < rows; i += 4)
-        kStripPv512[std::min<int64_t>(4, rows - i) - 1](s + i * kBk, vb + d0, D, o + i * D + d0);
+        kGemmPanels512[std::min<int64_t>(4, rows - i) - 1](s + i * kBk, kBk, 1, vb + d0, D, o + i * D + d0, D, kBk,
+                                                           true);
       continue;
     }
     __mmask16 mk[4];
