@@ -30,6 +30,7 @@ using Kind = AttentionMask::Kind;
 constexpr int64_t kBq = 64;  // query rows per block
 constexpr int64_t kBk = 64;  // keys per block
 constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLazyRescale = 8.0f;  // NOTE [attention fused strips]: how far a row's maximum may pass its reference
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // 2^f on [-1/2, 1/2]: degree-6 interpolation at Chebyshev nodes (fitted for
@@ -473,6 +474,19 @@ struct Avx512 {
   }
 
   // exp2_fast on 16 lanes: the same polynomial, 2^n by vscalefps; x < -126 (and -inf) flushes to +0.
+  // exp2_512 for finite x only (no clamping: vscalefps takes any n; -inf would give NaN).
+  ASPEN_TARGET_AVX512 static __m512 exp2_finite_512(__m512 x) {
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(kP6);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP1));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP0));
+    return _mm512_scalef_ps(p, n);
+  }
   ASPEN_TARGET_AVX512 static __m512 exp2_512(__m512 x) {
     const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
     const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -604,8 +618,14 @@ ASPEN_TARGET_AVX512 void fused_group_512(const float* qs, int64_t D, const float
     kStripScores512[std::min<int64_t>(4, rows - i) - 1](qs + i * D, D, kt, s + i * kBk, part + 16 * i);
   const __mmask16 live = tail_mask(rows);
   const __m512 m_old = _mm512_mask_loadu_ps(_mm512_setzero_ps(), live, m);
-  const __m512 m_new = _mm512_max_ps(m_old, lanes_reduce_512<true>(part));  // finite: a full tile's scores are
-  const __m512 alpha = Avx512::exp2_512(_mm512_sub_ps(m_old, m_new));     // m = -inf before the first block: 0
+  // A row's reference m moves only when the block's maximum passes it by more than kLazyRescale (the first
+  // block always: m = -inf): p = 2^(s - m) <= 2^kLazyRescale, far inside f32, and o and l need no rescaling
+  // (alpha = 1) on most blocks of a long row. out = o / l and lse = m + log2 l hold for any reference.
+  const __m512 m_max = _mm512_max_ps(m_old, lanes_reduce_512<true>(part));  // finite: a full tile's scores are
+  const __mmask16 moved = _mm512_cmp_ps_mask(_mm512_sub_ps(m_max, m_old), _mm512_set1_ps(kLazyRescale), _CMP_GT_OQ);
+  const __m512 m_new = _mm512_mask_blend_ps(moved, m_old, m_max);
+  const __m512 alpha = _mm512_mask_blend_ps(moved, _mm512_set1_ps(1.0f),  // m = -inf before the first block: 0
+                                            Avx512::exp2_512(_mm512_sub_ps(m_old, m_new)));
   alignas(64) float mn[16], al[16];
   _mm512_store_ps(mn, m_new);
   _mm512_store_ps(al, alpha);
@@ -614,7 +634,7 @@ ASPEN_TARGET_AVX512 void fused_group_512(const float* qs, int64_t D, const float
     __m512 p[4];
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
-      p[v] = Avx512::exp2_512(_mm512_sub_ps(_mm512_load_ps(s + r * kBk + 16 * v), mv));
+      p[v] = Avx512::exp2_finite_512(_mm512_sub_ps(_mm512_load_ps(s + r * kBk + 16 * v), mv));
       _mm512_store_ps(s + r * kBk + 16 * v, p[v]);
     }
     _mm512_store_ps(part + 16 * r, _mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])));
