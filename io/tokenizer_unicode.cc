@@ -22,6 +22,14 @@ struct MultiMap {
   char32_t to[4] = {};
 };
 
+struct ClassRange {
+  char32_t lo = 0, hi = 0;
+  uint8_t cls = 0;
+};
+struct Composition {
+  char32_t first = 0, second = 0, composite = 0;
+};
+
 #include "io/unicode_tables.inc"
 
 bool in_ranges(std::span<const CodeRange> table, char32_t c) {
@@ -52,6 +60,10 @@ bool append_mapped(std::span<const MapRun> runs, std::span<const MultiMap> multi
 }
 
 constexpr char32_t kReplacement = 0xFFFD;
+
+// Hangul syllables decompose and compose by formula (Unicode 3.12).
+constexpr char32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
+constexpr char32_t kLCount = 19, kVCount = 21, kTCount = 28, kSCount = 11172;
 
 }  // namespace
 
@@ -143,8 +155,6 @@ bool is_bert_chinese(char32_t c) { return in_ranges(kBertChinese, c); }
 
 void append_strip_accents(char32_t c, std::u32string& out) {
   // Hangul syllables decompose algorithmically (Unicode 3.12); jamo are not marks.
-  constexpr char32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
-  constexpr char32_t kVCount = 21, kTCount = 28, kSCount = 11172;
   if (c >= kSBase && c < kSBase + kSCount) {
     const char32_t s = c - kSBase;
     out.push_back(kLBase + s / (kVCount * kTCount));
@@ -154,6 +164,82 @@ void append_strip_accents(char32_t c, std::u32string& out) {
   }
   if (in_ranges(kStripRemoved, c)) return;
   if (!append_mapped(kStripRuns, kStripMulti, c, out)) out.push_back(c);
+}
+
+namespace {
+
+uint8_t combining_class(char32_t c) {
+  auto it = std::upper_bound(std::begin(kCombiningClass), std::end(kCombiningClass), c,
+                             [](char32_t v, const ClassRange& r) { return v < r.lo; });
+  if (it == std::begin(kCombiningClass)) return 0;
+  --it;
+  return c <= it->hi ? it->cls : 0;
+}
+
+// The primary composite of a + b, or 0 (Hangul syllables by their formula).
+char32_t compose(char32_t a, char32_t b) {
+  if (a >= kLBase && a < kLBase + kLCount && b >= kVBase && b < kVBase + kVCount)
+    return kSBase + ((a - kLBase) * kVCount + (b - kVBase)) * kTCount;
+  if (a >= kSBase && a < kSBase + kSCount && (a - kSBase) % kTCount == 0 && b > kTBase && b < kTBase + kTCount)
+    return a + (b - kTBase);
+  auto it = std::lower_bound(std::begin(kCompose), std::end(kCompose), std::pair{a, b},
+                             [](const Composition& e, std::pair<char32_t, char32_t> v) {
+                               return e.first < v.first || (e.first == v.first && e.second < v.second);
+                             });
+  return it != std::end(kCompose) && it->first == a && it->second == b ? it->composite : 0;
+}
+
+}  // namespace
+
+// NFC (Unicode Annex #15): full canonical decomposition, marks reordered by
+// combining class (stable), then canonical composition left to right: a
+// character joins the last starter when nothing between them blocks it (a
+// mark of the same or a higher class, or another starter).
+std::u32string nfc(std::u32string_view text) {
+  std::u32string d;
+  d.reserve(text.size());
+  for (char32_t c : text) {
+    if (c >= kSBase && c < kSBase + kSCount) {
+      const char32_t s = c - kSBase;
+      d.push_back(kLBase + s / (kVCount * kTCount));
+      d.push_back(kVBase + (s % (kVCount * kTCount)) / kTCount);
+      if (s % kTCount) d.push_back(kTBase + s % kTCount);
+    } else if (!append_mapped(kNfdRuns, kNfdMulti, c, d)) {
+      d.push_back(c);
+    }
+  }
+  for (size_t i = 0; i < d.size();) {  // each run of marks, sorted by class
+    if (combining_class(d[i]) == 0) {
+      ++i;
+      continue;
+    }
+    size_t e = i;
+    while (e < d.size() && combining_class(d[e]) != 0) ++e;
+    std::stable_sort(d.begin() + std::ptrdiff_t(i), d.begin() + std::ptrdiff_t(e),
+                     [](char32_t a, char32_t b) { return combining_class(a) < combining_class(b); });
+    i = e;
+  }
+  std::u32string out;
+  out.reserve(d.size());
+  size_t starter = std::u32string::npos;  // index in out of the last starter
+  int last_class = -1;                    // class of the last character kept after it (-1: none)
+  for (char32_t c : d) {
+    const int cls = combining_class(c);
+    if (starter != std::u32string::npos && (last_class == -1 || (last_class != 0 && last_class < cls))) {
+      if (char32_t comp = compose(out[starter], c)) {
+        out[starter] = comp;
+        continue;
+      }
+    }
+    if (cls == 0) {
+      starter = out.size();
+      last_class = -1;
+    } else {
+      last_class = cls;
+    }
+    out.push_back(c);
+  }
+  return out;
 }
 
 void append_lowercase(char32_t c, std::u32string& out) {

@@ -34,6 +34,8 @@ bool is_bert_chinese(char32_t c);  // padded with spaces by handle_chinese_chars
 
 // Appends c after NFD decomposition with nonspacing marks removed (strip_accents).
 void append_strip_accents(char32_t c, std::u32string& out);
+// Canonical composition (NFC), as HF's NFC normalizer.
+std::u32string nfc(std::u32string_view text);
 // Appends the full lowercase mapping of c (Rust char::to_lowercase).
 void append_lowercase(char32_t c, std::u32string& out);
 
