@@ -77,7 +77,9 @@ int run_generate(const GenerateArgs& a) {
   if (!config.is_ok()) return report(config.status());
   auto tokenizer = io::load_tokenizer(a.model);
   if (!tokenizer.is_ok()) return report(tokenizer.status());
-  const std::vector<io::TokenId> prompt = (*tokenizer)->encode(a.prompt, /*add_special_tokens=*/false);
+  // With the post-processor's special tokens, as transformers' tokenizer(prompt) gives them: Llama's BOS
+  // (GPT-2's post-processor adds nothing).
+  const std::vector<io::TokenId> prompt = (*tokenizer)->encode(a.prompt, /*add_special_tokens=*/true);
   if (prompt.empty()) return report(Status::invalid_argument("--prompt", "text that encodes to at least one token", "none"));
   const int64_t context = a.max_length > 0 ? a.max_length : config->n_positions();
   if (context > 0 && int64_t(prompt.size()) >= context)
@@ -145,7 +147,7 @@ int run_generate(const GenerateArgs& a) {
 
 Command add_generate_command(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
-  CLI::App* cmd = app.add_subcommand("generate", "generate text from a GPT-2 or GPT-J model directory (streamed)");
+  CLI::App* cmd = app.add_subcommand("generate", "generate text from a GPT-2, GPT-J or Llama-family model directory (streamed)");
   cmd->footer(
       "Example: aspen generate --model models/testdata/gptj-tiny --prompt \"ROMEO:\" --max-new-tokens 32 "
       "--temperature 0\n(--temperature 0 is greedy; otherwise top-k, top-p and the seed apply; the same seed gives "

@@ -51,8 +51,9 @@ def test_tokenizer_errors(tmp_path):
         tok.encode(b"bytes")
 
 
-def test_generate_greedy_matches_hugging_face():
-    d = TESTDATA / "gpt2-tiny"
+@pytest.mark.parametrize("model", ["gpt2-tiny", "llama-tiny", "mistral-tiny", "qwen2-tiny"])
+def test_generate_greedy_matches_hugging_face(model):
+    d = TESTDATA / model
     golden = json.loads((d / "generate_text.json").read_text())
     n = golden["max_new_tokens"]
     pieces = list(aspen.generate(d, golden["prompt"], max_new_tokens=n, temperature=0))

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Golden text for `aspen generate` on the tiny GPT-2 and GPT-J checkpoints.
+"""Golden text for `aspen generate` on the tiny checkpoints of every causal family.
 
-Copies the byte-level BPE of io/testdata/bpe1k (1000 tokens, the tiny models'
-vocabulary size) into models/testdata/{gpt2,gptj}-tiny so each directory is a
+Copies a 1000-token tokenizer of the model's family (MODELS: the tiny models'
+vocabulary size) into models/testdata/<model> so each directory is a
 complete model directory (config, weights, tokenizer), then records what
 Hugging Face prints for a fixed prompt: the prompt's ids, the 32 greedy new
 ids and their decoded text, in <dir>/generate_text.json.
@@ -21,16 +21,21 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPT = "ROMEO:\nBut soft, what light"
+# Each tiny model with a tokenizer of its family and 1000 tokens (io/testdata; the Llama family's from
+# make_llama_tokenizer_golden.py): Llama 3's byte-level BPE, Mistral's SentencePiece conversion, Qwen2's.
+MODELS = [("gpt2-tiny", "bpe1k"), ("gptj-tiny", "bpe1k"), ("llama-tiny", "llama3_bpe"),
+          ("mistral-tiny", "spm_metaspace"), ("qwen2-tiny", "qwen2_bpe")]
 NEW_TOKENS = 32
 
 
 def main():
     torch.manual_seed(0)
-    src = os.path.join(ROOT, "io", "testdata", "bpe1k")
-    for name in ("gpt2-tiny", "gptj-tiny"):
+    for name, tokenizer in MODELS:
+        src = os.path.join(ROOT, "io", "testdata", tokenizer)
         d = os.path.join(ROOT, "models", "testdata", name)
         for f in ("vocab.json", "merges.txt", "tokenizer.json"):
-            shutil.copyfile(os.path.join(src, f), os.path.join(d, f))
+            if os.path.exists(os.path.join(src, f)):
+                shutil.copyfile(os.path.join(src, f), os.path.join(d, f))
         tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(d, "tokenizer.json"))
         model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32).eval()
         ids = tok(PROMPT)["input_ids"]

@@ -127,7 +127,8 @@ def byte_level_bpe(regex, nfc, bos):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"] if bos else ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=1200, min_frequency=2, show_progress=False,
+    # 997 + 3 special tokens: the tiny Llama-family models' vocabulary of 1000 (make_generate_text_golden.py)
+    trainer = trainers.BpeTrainer(vocab_size=997, min_frequency=2, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
     lines = CORPUS.read_text(encoding="utf-8").split("\n") + EXTRA_TRAINING
     tok.train_from_iterator(lines, trainer=trainer)
