@@ -775,6 +775,15 @@ struct Problem {
   const uint8_t* tiles = nullptr;  // [lheads, nqt, nkt]
   int64_t nqt = 0, nkt = 0;
   const float* alibi = nullptr;  // [H] slopes, or null
+  const float* bias = nullptr;   // [bias_batch, bias_heads, T, S], or null
+  int64_t bias_batch = 1, bias_heads = 1;
+  // The bias on a tile's scores s (leading dimension kBk), times mult (the scores' domain, as for ALiBi).
+  void add_bias(int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* s, float mult) const {
+    const int64_t b = bias_batch == 1 ? 0 : bh / H, h = bias_heads == 1 ? 0 : bh % H;
+    const float* rows0 = bias + ((b * bias_heads + h) * T + i0) * S + j0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) s[r * kBk + c] += mult * rows0[r * S + c];
+  }
   // ALiBi on a tile's scores s (leading dimension kBk): + mult * slope * (j - position), where mult puts the
   // bias in the scores' domain (the forward's exp2 domain: log2 e; the backward's unscaled q.k: 1 / scale).
   void add_alibi(int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* s, float mult) const {
@@ -933,13 +942,15 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
         if (state == kSkipTile) continue;
         float *qu = qs + u * kBq * D, *ou = o + u * kBq * D, *mu = m + u * kBq, *lu = l + u * kBq;
         tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
-        if (state == kFullTile && !pb.alibi &&
+        if (state == kFullTile && !pb.alibi && !pb.bias &&
             Ops::fused_tile(qu, ktile, vh + j0 * D, rows, cols, D, lo, hi, kv, mu, lu, ou))
           continue;  // NOTE [attention fused strips]
         Ops::gemm(qu, D, 1, ktile, kBk, s, kBk, rows, cols, D, false);
         if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, s, kLog2e);
+        if (pb.bias) pb.add_bias(bh, i0, rows, j0, cols, s, kLog2e);
         if (state == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, s);
-        Ops::softmax_tile(s, rows, cols, lo, hi, kv, mu, lu, ou, D, state == kPartialTile);
+        // A bias may hold -inf: rows of -inf take the masked path, as a layout's do.
+        Ops::softmax_tile(s, rows, cols, lo, hi, kv, mu, lu, ou, D, state == kPartialTile || pb.bias);
         Ops::gemm(s, kBk, 1, vh + j0 * D, D, ou, D, rows, D, cols, true);
       }
     }
@@ -963,13 +974,17 @@ int64_t backward_scratch_floats(int64_t D) { return 2 * D * kBk + 2 * kBq * kBk 
 // p = exp2(cs * q.k - lse log2 e) and ds per tile.
 template <class Ops>
 void backward_fast(const Problem& pb, const float* out, const float* lse, const float* dout, float* dq, float* dk,
-                   float* dv) {
+                   float* dv, float* dbias) {
   const int64_t D = pb.D, T = pb.T, S = pb.S, BH = pb.B * pb.H;
   const int nt = omp_get_max_threads();
   const int64_t per = backward_scratch_floats(D);
   std::vector<float> scratch(size_t(per * nt));
   const float cs = pb.scale * kLog2e;
 
+  if (dbias) {  // elements of skipped tiles (masked) stay 0
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t row = 0; row < BH * T; ++row) std::fill_n(dbias + row * S, S, 0.0f);
+  }
   // di = rowsum(dout * out): the p-weighted mean of dp, per query row.
   std::vector<float> di(size_t(BH * T));
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -1006,6 +1021,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
     const float* gb = dout + (bh * T + i0) * D;
     Ops::gemm(qb, D, 1, w.kt, kBk, w.s, kBk, rows, cols, D, false);   // s = q k^T
     if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, w.s, 1.0f / pb.scale);
+    if (pb.bias) pb.add_bias(bh, i0, rows, j0, cols, w.s, 1.0f / pb.scale);
     if (pb.tile_state(bh, i0, j0) == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, w.s);  // -inf: p = 0
     Ops::gemm(gb, D, 1, w.vt, kBk, w.dp, kBk, rows, cols, D, false);  // dp = dout v^T
     Ops::grad_tile(w.s, w.dp, rows, cols, w.lo, w.hi, w.kv, w.lse2, w.dib, cs);
@@ -1034,6 +1050,9 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
         block_key_span(pb, bh / pb.H, i0, rows, &first, &last);
         if (first >= j0 + cols || last <= j0 || pb.tile_state(bh, i0, j0) == kSkipTile) continue;
         tile(w, bh, i0, rows, j0, cols);
+        if (dbias)  // ds is the scores' gradient, and the bias's; each tile is visited once here
+          for (int64_t r = 0; r < rows; ++r)
+            std::copy_n(w.dp + r * kBk, cols, dbias + (bh * T + i0 + r) * S + j0);
         const float* qb = pb.q + (bh * T + i0) * D;
         const float* gb = dout + (bh * T + i0) * D;
         Ops::gemm(w.s, 1, kBk, gb, D, dvb, D, cols, D, rows, true);   // dv += p^T dout
@@ -1158,6 +1177,21 @@ Status check_shape(const char* kernel, int64_t B, int64_t H, int64_t Hk, int64_t
         return Status::invalid_argument(std::string(kernel) + ": mask.alibi_slopes", "finite slopes",
                                         std::to_string(s));
   }
+  if (!mask.bias.empty()) {
+    if ((mask.bias_batch != 1 && mask.bias_batch != B) || (mask.bias_heads != 1 && mask.bias_heads != H))
+      return Status::invalid_argument(std::string(kernel) + ": mask.bias_batch, mask.bias_heads",
+                                      "1 or B = " + i64(B) + ", 1 or H = " + i64(H),
+                                      i64(mask.bias_batch) + ", " + i64(mask.bias_heads));
+    int64_t cells = 0;
+    if (__builtin_mul_overflow(mask.bias_batch * mask.bias_heads, T, &cells) ||
+        __builtin_mul_overflow(cells, S, &cells) || int64_t(mask.bias.size()) != cells)
+      return Status::invalid_argument(std::string(kernel) + ": argument 'mask.bias'",
+                                      "exactly " + i64(mask.bias_batch) + " x " + i64(mask.bias_heads) + " x " + i64(T) +
+                                          " x " + i64(S) + " elements ([bias_batch, bias_heads, T, S])",
+                                      i64(int64_t(mask.bias.size())));
+    if (!(scale > 0))
+      return Status::invalid_argument(std::string(kernel) + ": scale", "> 0 with a bias", std::to_string(scale));
+  }
   if (!mask.layout.empty()) {
     ASPEN_RETURN_IF_ERROR(check_extent(kernel, "mask.layout_block", mask.layout_block, 1));
     if (mask.layout_heads != 1 && mask.layout_heads != H)
@@ -1236,6 +1270,11 @@ Problem make_problem(const float* q, const float* k, const float* v, int64_t B, 
              Geometry{mask.kind, mask.window, mask.window_right, mask.kv_offset, S},
              mask.key_valid.empty() ? nullptr : mask.key_valid.data()};
   if (!mask.alibi_slopes.empty()) pb.alibi = mask.alibi_slopes.data();
+  if (!mask.bias.empty()) {
+    pb.bias = mask.bias.data();
+    pb.bias_batch = mask.bias_batch;
+    pb.bias_heads = mask.bias_heads;
+  }
   if (!mask.layout.empty()) {
     pb.layout = mask.layout.data();
     pb.lblock = mask.layout_block;
@@ -1306,7 +1345,8 @@ Status attention_forward(std::span<const float> q, std::span<const float> k, std
   const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask, seg, tiles);
   const auto run = [&](auto ops) {
     using Ops = decltype(ops);
-    if (T <= kDecodeRows && mask.layout.empty() && mask.alibi_slopes.empty())  // NOTE [attention decode rows]
+    if (T <= kDecodeRows && mask.layout.empty() && mask.alibi_slopes.empty() &&
+        mask.bias.empty())  // NOTE [attention decode rows]
       forward_decode<Ops>(pb, out.data(), lse.data());
     else
       forward_fast<Ops>(pb, out.data(), lse.data());
@@ -1323,27 +1363,38 @@ Status attention_forward(std::span<const float> q, std::span<const float> k, std
 Status attention_backward(std::span<const float> q, std::span<const float> k, std::span<const float> v,
                           std::span<const float> out, std::span<const float> lse, std::span<const float> dout,
                           std::span<float> dq, std::span<float> dk, std::span<float> dv, int64_t B, int64_t H,
-                          int64_t Hk, int64_t T, int64_t S, int64_t D, float scale, const AttentionMask& mask) {
+                          int64_t Hk, int64_t T, int64_t S, int64_t D, float scale, const AttentionMask& mask,
+                          std::span<float> dbias) {
   constexpr const char* kName = "attention_backward";
   int64_t nq, nk, nl;
   ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
   ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"q", q, nq}, {"k", k, nk}, {"v", v, nk}, {"out", out, nq},
                                               {"lse", lse, nl}, {"dout", dout, nq}, {"dq", dq, nq},
                                               {"dk", dk, nk}, {"dv", dv, nk}}));
+  if (!dbias.empty()) {
+    if (mask.bias.empty())
+      return Status::invalid_argument(std::string(kName) + ": dbias", "empty without mask.bias (pass a bias of zeros)",
+                                      i64(int64_t(dbias.size())) + " elements");
+    int64_t nb = 0;
+    if (__builtin_mul_overflow(nl, S, &nb))
+      return Status::invalid_argument(std::string(kName) + ": dbias", "B*H*T*S within int64", "more");
+    ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"dbias", dbias, nb}}));
+  }
+  float* db = dbias.empty() ? nullptr : dbias.data();
   if (reference_mode()) {
     ref::attention_backward<float>(q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
-                                   dk.data(), dv.data(), B, H, Hk, T, S, D, scale, mask);
+                                   dk.data(), dv.data(), B, H, Hk, T, S, D, scale, mask, db);
     return Status();
   }
   std::vector<int32_t> seg;
   std::vector<uint8_t> tiles;
   const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask, seg, tiles);
   if (active_isa() >= Isa::avx512)
-    backward_fast<Avx512>(pb, out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
+    backward_fast<Avx512>(pb, out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data(), db);
   else if (active_isa() >= Isa::avx2)
-    backward_fast<Avx2>(pb, out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
+    backward_fast<Avx2>(pb, out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data(), db);
   else
-    backward_fast<Portable>(pb, out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
+    backward_fast<Portable>(pb, out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data(), db);
   return Status();
 }
 

@@ -69,6 +69,14 @@ struct AttentionMask {
   // key j for query i gains slopes[h] * (j - (kv_offset + i)) after the scale
   // (scale must then be > 0). A fixed bias: no gradient flows to it.
   std::span<const float> alibi_slopes = {};
+  // An additive bias on the scores, after the scale (xformers' tensor
+  // attn_bias; T5's relative position bias gathered from its table):
+  // [bias_batch, bias_heads, T, S], bias_batch 1 or B and bias_heads 1 or H
+  // broadcast; scale must then be > 0. -inf entries mask their element (a
+  // row of them gets out 0, lse -inf). attention_backward writes its gradient
+  // to dbias when given one.
+  std::span<const float> bias = {};
+  int64_t bias_batch = 1, bias_heads = 1;
 };
 
 // Writes out [B, H, T, D] and lse [B, H, T].
@@ -78,15 +86,19 @@ struct AttentionMask {
 
 // Gradients of a loss L given dout = dL/dout; overwrites dq, dk, dv. Needs the
 // forward's out and lse. Differentiates, per (b, h):
-//   s = scale * q k^T (masked),  p = exp(s - lse),  out = p v
+//   s = scale * q k^T + bias (masked),  p = exp(s - lse),  out = p v
 // as
 //   dv = p^T dout,  dp = dout v^T,  ds = p * (dp - rowsum(dout * out)),
-//   dq = scale * ds k,  dk = scale * ds^T q.
+//   dq = scale * ds k,  dk = scale * ds^T q,  dbias = ds.
+// dbias, when non-empty, is [B, H, T, S] (every element written; masked ones
+// 0): the caller sums it over the dimensions mask.bias broadcasts. It needs
+// mask.bias (a bias of zeros when only the gradient is wanted).
 [[nodiscard]] Status attention_backward(std::span<const float> q, std::span<const float> k, std::span<const float> v,
                                         std::span<const float> out, std::span<const float> lse,
                                         std::span<const float> dout, std::span<float> dq, std::span<float> dk,
                                         std::span<float> dv, int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S,
-                                        int64_t D, float scale, const AttentionMask& mask = {});
+                                        int64_t D, float scale, const AttentionMask& mask = {},
+                                        std::span<float> dbias = {});
 
 // The checks attention_forward and attention_backward make of the extents,
 // the scale and the mask (errors name "attention"), for callers of ref::.
@@ -116,11 +128,11 @@ void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64
                        int64_t T, int64_t S, int64_t D, F scale, const AttentionMask& mask);
 // Materialized backward: recomputes p from q and k (it does not read out or
 // lse), then dv = p^T dout, dp = dout v^T, ds = p * (dp - rowsum(p * dp)),
-// dq = scale * ds k, dk = scale * ds^T q.
+// dq = scale * ds k, dk = scale * ds^T q, and dbias [B, H, T, S] = ds when non-null.
 template <class F>
 void attention_backward(const F* q, const F* k, const F* v, const F* out, const F* lse, const F* dout, F* dq,
                         F* dk, F* dv, int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
-                        F scale, const AttentionMask& mask);
+                        F scale, const AttentionMask& mask, F* dbias = nullptr);
 }  // namespace ref
 
 }  // namespace aspen::kernels

@@ -34,6 +34,12 @@ bool allowed(const AttentionMask& mask, int64_t S, int64_t b, int64_t h, int64_t
   return false;
 }
 
+// The element of mask.bias [bias_batch, bias_heads, T, S] that (b, h, i, j) reads (broadcast).
+int64_t bias_index(const AttentionMask& mask, int64_t b, int64_t h, int64_t T, int64_t S, int64_t i, int64_t j) {
+  const int64_t bb = mask.bias_batch == 1 ? 0 : b, hh = mask.bias_heads == 1 ? 0 : h;
+  return ((bb * mask.bias_heads + hh) * T + i) * S + j;
+}
+
 // p [T, S] = softmax over allowed keys of scale * q k^T for one (b, h); rows
 // with no allowed key are 0. Writes lse when non-null.
 template <class F>
@@ -51,6 +57,7 @@ void probs(const F* qh, const F* kh, int64_t b, int64_t h, int64_t T, int64_t S,
         s *= scale;
         if (!mask.alibi_slopes.empty())
           s += F(mask.alibi_slopes[size_t(h)]) * F(j - (mask.kv_offset + i));
+        if (!mask.bias.empty()) s += F(mask.bias[size_t(bias_index(mask, b, h, T, S, i, j))]);
       }
       pi[j] = s;
       mx = std::max(mx, s);
@@ -90,7 +97,7 @@ void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64
 template <class F>
 void attention_backward(const F* q, const F* k, const F* v, const F* out, const F* lse, const F* dout, F* dq,
                         F* dk, F* dv, int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
-                        F scale, const AttentionMask& mask) {
+                        F scale, const AttentionMask& mask, F* dbias) {
   std::vector<F> p(size_t(T * S)), ds(size_t(T * S));
   for (int64_t x = 0; x < B * Hk * S * D; ++x) dk[x] = dv[x] = 0;  // summed over each kv head's group
   for (int64_t b = 0; b < B; ++b)
@@ -115,6 +122,8 @@ void attention_backward(const F* q, const F* k, const F* v, const F* out, const 
         }
         for (int64_t j = 0; j < S; ++j) ds[size_t(i * S + j)] = p[size_t(i * S + j)] * (ds[size_t(i * S + j)] - rowsum);
       }
+      if (dbias)  // ds is the gradient of the scores, and so of the bias added to them
+        for (int64_t x = 0; x < T * S; ++x) dbias[bh * T * S + x] = ds[size_t(x)];
       for (int64_t i = 0; i < T; ++i)
         for (int64_t d = 0; d < D; ++d) {
           F acc = 0;
@@ -137,7 +146,7 @@ void attention_backward(const F* q, const F* k, const F* v, const F* out, const 
                                      int64_t, int64_t, F, const AttentionMask&);                                 \
   template void attention_backward<F>(const F*, const F*, const F*, const F*, const F*, const F*, F*, F*, F*,     \
                                       int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, F,                   \
-                                      const AttentionMask&);
+                                      const AttentionMask&, F*);
 ASPEN_ATTENTION_INSTANTIATE(float)
 ASPEN_ATTENTION_INSTANTIATE(double)
 #undef ASPEN_ATTENTION_INSTANTIATE

@@ -403,6 +403,100 @@ TEST(Attention, AlibiMatchesReference) {
   }
 }
 
+// A tensor bias (broadcast over batch and/or heads, with -inf entries) and its
+// gradient, against the f64 reference; dbias by central differences too.
+TEST(Attention, TensorBiasMatchesReference) {
+  struct Biased {
+    Case c;
+    Kind kind;
+    bool padded;
+    int64_t bias_batch, bias_heads;
+  };
+  const Biased cases[] = {{{1, 4, 130, 130, 32, 0, 0}, Kind::causal, false, 1, 4},
+                          {{2, 2, 77, 90, 16, 13, 20}, Kind::local, true, 2, 1},
+                          {{2, 6, 70, 70, 8, 0, 0, 2}, Kind::none, true, 1, 1},
+                          {{2, 3, 2, 100, 64, 98, 0, 1}, Kind::causal, false, 2, 3},
+                          {{1, 2, 150, 150, 64, 0, 0}, Kind::none, false, 1, 2}};  // full tiles (fused path off)
+  uint64_t seed = 12300;
+  for (const Biased& x : cases) {
+    const Case& c = x.c;
+    SCOPED_TRACE(describe(c, x.kind, x.padded) + " bias [" + std::to_string(x.bias_batch) + ", " +
+                 std::to_string(x.bias_heads) + ", T, S]");
+    const Inputs in = make_inputs(c, x.padded, seed += 10);
+    AttentionMask mask = make_mask(x.kind, c, in);
+    std::vector<float> bias = random_vector(size_t(x.bias_batch * x.bias_heads * c.T * c.S), seed + 7, -2.0f, 2.0f);
+    for (size_t i = 0; i < bias.size(); i += 7) bias[i] = kNegInf;  // masked elements
+    mask.bias = bias;
+    mask.bias_batch = x.bias_batch;
+    mask.bias_heads = x.bias_heads;
+    const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T), nb = nl * size_t(c.S);
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    std::vector<double> want_out(nq), want_lse(nl), dq(nq), dk(nk), dv(nk), db(nb);
+    ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), want_out.data(),
+                                   want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
+    std::vector<float> out32(nq), lse32(nl);
+    ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), out32.data(), lse32.data(), c.B, c.H,
+                                  c.hk(), c.T, c.S, c.D, scale, mask);
+    ref::attention_backward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
+                                    to_f64(out32).data(), to_f64(lse32).data(), to_f64(in.dout).data(), dq.data(),
+                                    dk.data(), dv.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask,
+                                    db.data());
+    for (Isa isa : testing::available_isas(Isa::avx512)) {
+      SCOPED_TRACE(isa_name(isa));
+      ScopedIsaCap cap(isa);
+      Guarded<float> out(nq, NAN), lse(nl, NAN), gq(nq, NAN), gk(nk, NAN), gv(nk, NAN), gb(nb, NAN);
+      ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
+                                    mask)
+                      .is_ok());
+      EXPECT_GUARDS(out);
+      EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
+      EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
+      ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out32, lse32, in.dout, gq.span(), gk.span(), gv.span(), c.B,
+                                     c.H, c.hk(), c.T, c.S, c.D, scale, mask, gb.span())
+                      .is_ok());
+      EXPECT_GUARDS(gb);
+      EXPECT_TRUE(close_nmse(gq.cspan(), std::span<const double>(dq), kNmse)) << "dq";
+      EXPECT_TRUE(close_nmse(gk.cspan(), std::span<const double>(dk), kNmse)) << "dk";
+      EXPECT_TRUE(close_nmse(gv.cspan(), std::span<const double>(dv), kNmse)) << "dv";
+      EXPECT_TRUE(close_nmse(gb.cspan(), std::span<const double>(db), kNmse)) << "dbias";
+    }
+  }
+
+  // dbias by central differences of L = sum(dout * out) (bias broadcast over heads: summed).
+  const Case c{1, 2, 5, 7, 3, 2, 0, 1};
+  const Inputs in = make_inputs(c, false, 777);
+  const size_t nq = in.q.size(), nl = size_t(c.B * c.H * c.T);
+  std::vector<double> bias = to_f64(random_vector(size_t(c.T * c.S), 778, -1.0f, 1.0f));
+  AttentionMask mask;
+  mask.kind = Kind::causal;
+  mask.kv_offset = 2;
+  mask.bias_heads = 1;
+  const double scale = 0.7;
+  auto loss = [&](const std::vector<double>& b) {
+    std::vector<float> bf(b.begin(), b.end());
+    AttentionMask m = mask;
+    m.bias = bf;
+    std::vector<double> out(nq), lse(nl);
+    ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), out.data(),
+                                   lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale, m);
+    double l = 0;
+    for (size_t i = 0; i < nq; ++i) l += double(in.dout[i]) * out[i];
+    return l;
+  };
+  // The bias holds f32 values (the loss rounds it): steps of 1e-3 keep that rounding small.
+  const std::vector<double> numeric = testing::numeric_grad(loss, bias, 1e-3);
+  std::vector<float> bf(bias.begin(), bias.end()), out(nq), lse(nl), gq(nq), gk(in.k.size()), gv(in.k.size()),
+      gb(nl * size_t(c.S));
+  mask.bias = bf;
+  ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out, lse, c.B, c.H, c.hk(), c.T, c.S, c.D, float(scale), mask).is_ok());
+  ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out, lse, in.dout, gq, gk, gv, c.B, c.H, c.hk(), c.T, c.S, c.D,
+                                 float(scale), mask, gb)
+                  .is_ok());
+  std::vector<float> summed(size_t(c.T * c.S), 0.0f);  // over the heads the bias broadcasts to
+  for (size_t x = 0; x < gb.size(); ++x) summed[x % summed.size()] += gb[x];
+  EXPECT_TRUE(close_nmse(summed, std::span<const double>(numeric), kGradNmse)) << "dbias";
+}
+
 // Both backwards against central differences of L = sum(dout * out), with out
 // from the f64 reference forward, over q, k and v together.
 TEST(Attention, BackwardMatchesFiniteDifferences) {
