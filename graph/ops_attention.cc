@@ -3,7 +3,8 @@
 // meaning of every NN op and its gradient rule).
 //
 //   attention(q [B, H, T, D], k, v [B, Hk, S, D][, key_valid u8/bool [B, S]][, segments i32 [B, S]]
-//       [, layout u8 [1 or H, ceil((kv_offset + T) / layout_block), ceil(S / layout_block)]])
+//       [, layout u8 [1 or H, ceil((kv_offset + T) / layout_block), ceil(S / layout_block)]]
+//       [, bias (q's dtype) [1 or B, 1 or H, T, S]])
 //       {scale, mask: "none" | "causal" | "local", window, window_right, kv_offset, align: "top_left" |
 //       "bottom_right", layout_block, alibi_bias_max}: outputs out [B, H, T, D], lse (f32 [B, H, T]); Hk divides H
 //       (grouped-query attention: query head h reads key/value head h / (H / Hk), no copy of k and v). The mask
@@ -11,9 +12,12 @@
 //       segments, non-decreasing document ids, make it block-diagonal (packed sequences); layout is a
 //       block-sparse layout of layout_block tokens (kernels/attention_layout.h makes DeepSpeed's); alibi_bias_max
 //       (> 0) adds ALiBi with kernels::alibi_slopes(H, alibi_bias_max) (MPT's; 8 is BLOOM's). key_valid,
-//       segments and layout are run-time inputs: a new padding, packing or layout never recompiles.
-//   gradient: (dq, dk, dv) = attention_grad(q, k, v, out, lse, g[, key_valid][, segments][, layout]) {same
-//       attributes}; a gradient reaching lse is Unimplemented; attention_grad is not differentiated again.
+//       segments and layout are run-time inputs: a new padding, packing or layout never recompiles. bias is
+//       added to the scores after the scale (scale > 0; -inf entries mask), broadcast over batch and heads:
+//       xformers' tensor attn_bias, or T5's relative position bias gathered from a trainable table.
+//   gradient: (dq, dk, dv[, dbias [B, H, T, S]]) = attention_grad(q, k, v, out, lse, g[, key_valid][, segments]
+//       [, layout][, bias]) {same attributes}; the bias's gradient is dbias summed over the dimensions it
+//       broadcasts; a gradient reaching lse is Unimplemented; attention_grad is not differentiated again.
 #include "graph/builder.h"
 #include "graph/op_sample.h"
 #include "graph/ops_nn_util.h"
@@ -81,25 +85,29 @@ std::vector<float> slopes_of(const Node& n, int64_t H) {
 }
 
 // Where the optional inputs after the fixed ones (v, or g for the gradient) sit: key_valid (u8 or bool,
-// rank 2) first, then segments (i32), then layout (u8, rank 3); -1 when absent.
+// rank 2) first, then segments (i32), then layout (u8, rank 3), then bias (float, rank 4); -1 when absent.
 struct MaskInputs {
-  int key_valid = -1, segments = -1, layout = -1;
+  int key_valid = -1, segments = -1, layout = -1, bias = -1;
 };
 Result<MaskInputs> mask_inputs(const Node& n, std::span<const TensorType> in, size_t first) {
   MaskInputs m;
   for (size_t i = first; i < in.size(); ++i) {
     const DType t = in[i].dtype;
     const int rank = in[i].shape.rank();
-    if ((t == DType::u8 || t == DType::boolean) && rank == 2 && m.key_valid < 0 && m.segments < 0 && m.layout < 0) {
+    const bool free = m.bias < 0;  // nothing may follow the bias
+    if ((t == DType::u8 || t == DType::boolean) && rank == 2 && m.key_valid < 0 && m.segments < 0 && m.layout < 0 &&
+        free) {
       m.key_valid = int(i);
-    } else if (t == DType::i32 && m.segments < 0 && m.layout < 0) {
+    } else if (t == DType::i32 && m.segments < 0 && m.layout < 0 && free) {
       m.segments = int(i);
-    } else if (t == DType::u8 && rank == 3 && m.layout < 0) {
+    } else if (t == DType::u8 && rank == 3 && m.layout < 0 && free) {
       m.layout = int(i);
+    } else if (is_float(t) && rank == 4 && free) {
+      m.bias = int(i);
     } else {
       return rule_error(n, "input " + str(int64_t(i)),
                         "key_valid (u8 or bool [B, S]), then segments (i32 [B, S]), then layout (u8 [heads, query "
-                        "blocks, key blocks]), each at most once",
+                        "blocks, key blocks]), then bias (q's dtype [1 or B, 1 or H, T, S]), each at most once",
                         in[i].to_string());
     }
   }
@@ -145,6 +153,17 @@ Status check_attention(const Node& n, std::span<const TensorType> in, size_t kv_
                             "] (heads, query blocks, key blocks of " + str(bs) + ")",
                         in[size_t(mi.layout)].to_string());
   }
+  if (mi.bias >= 0) {
+    const TensorType& bias = in[size_t(mi.bias)];
+    const Shape& bs = bias.shape;
+    if (bias.dtype != q.dtype || (bs[0] != 1 && bs[0] != q.shape[0]) || (bs[1] != 1 && bs[1] != q.shape[1]) ||
+        bs[2] != q.shape[2] || bs[3] != k.shape[2])
+      return rule_error(n, "bias",
+                        std::string(dtype_name(q.dtype)) + " [1 or " + str(q.shape[0]) + ", 1 or " + str(q.shape[1]) +
+                            ", " + str(q.shape[2]) + ", " + str(k.shape[2]) + "] ([batch, heads, T, S], broadcast)",
+                        bias.to_string());
+    if (!(scale > 0)) return rule_error(n, "scale", "> 0 with a bias", std::to_string(scale));
+  }
   if (mi.segments >= 0 && q.shape[2] > 0 && m.kv_offset + q.shape[2] > k.shape[2])
     return rule_error(n, "kv_offset", "kv_offset + T <= S with segments (each query's segment is its position's)",
                       str(m.kv_offset) + " + " + str(q.shape[2]) + " > " + str(k.shape[2]));
@@ -166,6 +185,11 @@ Status infer_attention_grad(const Node& n, std::span<const TensorType> in, std::
   ASPEN_RETURN_IF_ERROR(expect_type(n, "lse", in[4], lse_type(in[0]), "the forward's saved statistic"));
   ASPEN_RETURN_IF_ERROR(expect_type(n, "g", in[5], in[0], "q's type"));
   out = {in[0], in[1], in[1]};
+  ASPEN_ASSIGN_OR_RETURN(const MaskInputs mi, mask_inputs(n, in, 6));
+  if (mi.bias >= 0) {  // dbias, before the sum over the broadcast dimensions
+    const Shape &q = in[0].shape, &k = in[1].shape;
+    out.push_back(TensorType{in[0].dtype, Shape{q[0], q[1], q[2], k[2]}});
+  }
   return Status();
 }
 
@@ -173,6 +197,7 @@ struct AttentionCall {
   kernels::AttentionMask mask;
   std::vector<uint8_t> key_valid, layout;
   std::vector<float> slopes;
+  const double* bias = nullptr;  // [bias_batch, bias_heads, T, S], or null
   std::vector<int32_t> segments;
   int64_t B, H, Hk, T, S, D;
   double scale;
@@ -210,6 +235,11 @@ Result<AttentionCall> attention_call(const Node& n, Ins in, size_t kv_index) {
   }
   c.slopes = slopes_of(n, c.H);
   c.mask.alibi_slopes = c.slopes;
+  if (mi.bias >= 0) {  // the values go to the reference in f64 (bias below); the mask says how they broadcast
+    c.bias = in[size_t(mi.bias)]->data.data();
+    c.mask.bias_batch = in[size_t(mi.bias)]->type.shape[0];
+    c.mask.bias_heads = in[size_t(mi.bias)]->type.shape[1];
+  }
   // The run-time inputs as the fast kernels check them (segments non-decreasing, ...): the reference
   // assumes what they check.
   ASPEN_RETURN_IF_ERROR(kernels::check_attention_mask(c.B, c.H, c.Hk, c.T, c.S, c.D, float(c.scale), c.mask));
@@ -220,7 +250,7 @@ Status eval_attention(const Node& n, Ins in, Outs out) {
   ASPEN_ASSIGN_OR_RETURN(const AttentionCall c, attention_call(n, in, 3));
   kernels::ref::attention_forward<double>(in[0]->data.data(), in[1]->data.data(), in[2]->data.data(),
                                           out[0].data.data(), out[1].data.data(), c.B, c.H, c.Hk, c.T, c.S, c.D, c.scale,
-                                          c.mask);
+                                          c.mask, c.bias);
   return Status();
 }
 
@@ -229,7 +259,8 @@ Status eval_attention_grad(const Node& n, Ins in, Outs out) {
   kernels::ref::attention_backward<double>(in[0]->data.data(), in[1]->data.data(), in[2]->data.data(),
                                            in[3]->data.data(), in[4]->data.data(), in[5]->data.data(),
                                            out[0].data.data(), out[1].data.data(), out[2].data.data(), c.B, c.H,
-                                           c.Hk, c.T, c.S, c.D, c.scale, c.mask);
+                                           c.Hk, c.T, c.S, c.D, c.scale, c.mask, c.bias ? out[3].data.data() : nullptr,
+                                           c.bias);
   return Status();
 }
 
@@ -237,11 +268,18 @@ Grads grad_attention(Builder& b, const Node& n, OutGrads g) {
   ASPEN_RETURN_IF_ERROR(first_output_only(n, g, {"out", "lse"}));
   if (!g[0]) return no_grads(n);
   std::vector<ValueId> ins{n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1], *g[0]};
-  for (size_t i = 3; i < n.inputs.size(); ++i) ins.push_back(n.inputs[i]);  // key_valid, segments
+  for (size_t i = 3; i < n.inputs.size(); ++i) ins.push_back(n.inputs[i]);  // key_valid, segments, layout, bias
   std::vector<ValueId> d = b.op(OpKind::attention_grad, std::move(ins), n.attrs);
-  if (d.size() != 3) return no_grads(n);
+  if (d.size() != 3 && d.size() != 4) return no_grads(n);
   std::vector<std::optional<ValueId>> r{d[0], d[1], d[2]};
   for (size_t i = 3; i < n.inputs.size(); ++i) r.push_back(std::nullopt);
+  if (d.size() == 4) {  // the bias is the last input: dbias summed over the dimensions it broadcasts
+    const Shape bias = b.type(n.inputs.back()).shape, full = b.type(d[3]).shape;
+    std::vector<int64_t> axes;
+    for (int a : {0, 1})
+      if (bias[a] != full[a]) axes.push_back(a);
+    r.back() = axes.empty() ? d[3] : b.reduce_sum(d[3], axes, /*keepdims=*/true);
+  }
   return r;
 }
 
@@ -262,9 +300,17 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
   const int64_t layout_heads = lay >= 0 ? in[size_t(lay)].shape[0] : 1;
   const int64_t layout_block = lay >= 0 ? n.attrs.i("layout_block") : 0;
   const std::vector<float> slopes = slopes_of(n, H);
+  const int bi = mi.bias;
+  const int64_t bias_n = bi >= 0 ? in[size_t(bi)].shape.numel() : 0;
+  const int64_t bias_batch = bi >= 0 ? in[size_t(bi)].shape[0] : 1, bias_heads = bi >= 0 ? in[size_t(bi)].shape[1] : 1;
   const auto bind = [=](In i) {  // slopes copied in: the span below points into this lambda
     kernels::AttentionMask m = mask;
     m.alibi_slopes = slopes;
+    if (bi >= 0) {
+      m.bias = in_span<float>(i, size_t(bi), bias_n);
+      m.bias_batch = bias_batch;
+      m.bias_heads = bias_heads;
+    }
     if (kv >= 0) m.key_valid = in_span<uint8_t>(i, size_t(kv), B * S);
     if (seg >= 0) m.segments = in_span<int32_t>(i, size_t(seg), B * S);
     if (lay >= 0) {
@@ -285,7 +331,8 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
     return kernels::attention_backward(in_span<float>(i, 0, nq), in_span<float>(i, 1, nk), in_span<float>(i, 2, nk),
                                        in_span<float>(i, 3, nq), in_span<float>(i, 4, nl), in_span<float>(i, 5, nq),
                                        out_span<float>(o, 0, nq), out_span<float>(o, 1, nk), out_span<float>(o, 2, nk),
-                                       B, H, Hk, T, S, D, scale, m);
+                                       B, H, Hk, T, S, D, scale, m,
+                                       bi >= 0 ? out_span<float>(o, 3, nl * S) : std::span<float>{});
   });
 }
 
@@ -304,6 +351,7 @@ struct AttentionCase {
   bool bottom_right = false;  // align "bottom_right" instead of kv_offset
   int64_t layout_block = 0;   // > 0: a block layout [H, ., .] with a checkerboard of blocks on
   double alibi = 0;           // > 0: alibi_bias_max
+  int bias = 0;               // a bias input: 1 [1, H, T, S], 2 [B, 1, T, S], 3 [B, H, T, S]
 };
 constexpr AttentionCase kAttentionCases[] = {{5, 5, "none", 0, 0, DType::f32},   {3, 7, "causal", 4, 0, DType::f32},
                                              {6, 6, "causal", 0, 0, DType::u8},  {4, 9, "causal", 5, 0, DType::boolean},
@@ -319,7 +367,10 @@ constexpr AttentionCase kAttentionCases[] = {{5, 5, "none", 0, 0, DType::f32},  
                                              {9, 9, "causal", 0, 0, DType::f32, 3, false, 0, false, 2},
                                              {7, 10, "none", 0, 0, DType::u8, 1, true, 0, false, 3},
                                              {6, 9, "causal", 3, 0, DType::u8, 1, false, 0, false, 0, 8.0},
-                                             {5, 5, "local", 0, 2, DType::f32, 3, true, 0, false, 0, 4.0}};
+                                             {5, 5, "local", 0, 2, DType::f32, 3, true, 0, false, 0, 4.0},
+                                             {4, 6, "causal", 2, 0, DType::f32, 3, false, 0, false, 0, 0, 1},
+                                             {5, 5, "none", 0, 0, DType::u8, 1, false, 0, false, 0, 0, 2},
+                                             {6, 6, "local", 0, 3, DType::f32, 3, true, 0, false, 2, 0, 3}};
 
 // attention(q, k, v[, key_valid]) and, with grad, attention_grad after it (so that out and lse are the
 // forward's, as the fast backward requires).
@@ -349,7 +400,8 @@ void attention_samples(SampleList& s, bool grad) {
         std::string(c.mask) + " T " + std::to_string(c.T) + " S " + std::to_string(c.S) + " key_valid " +
             std::string(dtype_name(c.key_valid)) + " Hk " + std::to_string(c.Hk) + (c.segments ? " segments" : "") +
             " window_right " + std::to_string(c.window_right) + (c.bottom_right ? " bottom_right" : "") +
-            " layout_block " + std::to_string(c.layout_block) + " alibi " + std::to_string(c.alibi),
+            " layout_block " + std::to_string(c.layout_block) + " alibi " + std::to_string(c.alibi) + " bias " +
+            std::to_string(c.bias),
         [&](Builder& b) {
           const ValueId q = b.input("q", DType::f32, Shape{B, H, c.T, D});
           const ValueId k = b.input("k", DType::f32, Shape{B, c.Hk, c.S, D}),
@@ -358,6 +410,7 @@ void attention_samples(SampleList& s, bool grad) {
           if (c.key_valid != DType::f32) in.push_back(b.input("key_valid", c.key_valid, Shape{B, c.S}));
           if (c.segments) in.push_back(b.input("segments", DType::i32, Shape{B, c.S}));
           if (c.layout_block) in.push_back(b.input("layout", DType::u8, Shape{H, lrows, lcols}));
+          if (c.bias) in.push_back(b.input("bias", DType::f32, Shape{c.bias == 1 ? 1 : B, c.bias == 2 ? 1 : H, c.T, c.S}));
           Attrs a{{"scale", 1.0 / std::sqrt(double(D))}, {"mask", std::string(c.mask)}};
           if (c.bottom_right)
             a.set("align", std::string("bottom_right"));
@@ -398,7 +451,7 @@ void register_attention_ops(OpTable& t) {
                                                  {"layout_block", AttrKind::i64, false},
                                                  {"alibi_bias_max", AttrKind::f64, false}};
   t.define(OpKind::attention, {.min_inputs = 3,
-                               .max_inputs = 6,
+                               .max_inputs = 7,
                                .attrs = attention_attrs,
                                .infer = infer_attention,
                                .grad = grad_attention,
@@ -406,7 +459,7 @@ void register_attention_ops(OpTable& t) {
                                .prepare = prepare_attention,
                                .samples = samples_attention});
   t.define(OpKind::attention_grad, {.min_inputs = 6,
-                                    .max_inputs = 9,
+                                    .max_inputs = 10,
                                     .attrs = attention_attrs,
                                     .infer = infer_attention_grad,
                                     .eval = eval_attention_grad,

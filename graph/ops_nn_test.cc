@@ -620,6 +620,42 @@ TEST(NnOps, Attention) {
   }
 }
 
+// A bias input, broadcast over batch or heads, and its gradient (dbias summed over what it broadcasts), by
+// central differences with the other inputs.
+TEST(NnOps, AttentionBiasGradient) {
+  for (const Shape& bias_shape : {Shape{1, aH, aT, aS}, Shape{aB, 1, aT, aS}, Shape{aB, aH, aT, aS}}) {
+    SCOPED_TRACE("bias " + bias_shape.to_string());
+    Graph g;
+    Builder b(g);
+    std::vector<ValueId> in{b.input("q", DType::f32, {aB, aH, aT, aD}), b.input("k", DType::f32, {aB, 1, aS, aD}),
+                            b.input("v", DType::f32, {aB, 1, aS, aD}), b.input("key_valid", DType::u8, {aB, aS}),
+                            b.input("bias", DType::f32, bias_shape)};
+    std::vector<ValueId> y = b.op(OpKind::attention, in,
+                                  {{"scale", 0.7}, {"mask", std::string("causal")}, {"kv_offset", int64_t(1)}});
+    ASSERT_EQ(y.size(), 2u) << b.status().to_string();
+    ValueId loss = weighted_loss(b, y[0], 7);
+    b.output("out", y[0]);
+    ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+    auto feeds = random_feeds(g, 21);
+    feeds["key_valid"] = array(DType::u8, {aB, aS}, kKeyValid);
+    auto out = run(g, feeds);
+    const std::vector<uint8_t> kv(kKeyValid.begin(), kKeyValid.end());
+    const std::vector<float> bias(feeds["bias"].data.begin(), feeds["bias"].data.end());
+    kernels::AttentionMask m;
+    m.kind = kernels::AttentionMask::Kind::causal;
+    m.kv_offset = 1;
+    m.key_valid = kv;
+    m.bias = bias;
+    m.bias_batch = bias_shape[0];
+    m.bias_heads = bias_shape[1];
+    std::vector<double> wo(size_t(aB * aH * aT * aD)), wl(size_t(aB * aH * aT));
+    kernels::ref::attention_forward<double>(feeds["q"].data.data(), feeds["k"].data.data(), feeds["v"].data.data(),
+                                            wo.data(), wl.data(), aB, aH, 1, aT, aS, aD, 0.7, m);
+    EXPECT_EQ(out["out"].data, wo);
+    EXPECT_TRUE(check_gradients(g, loss, feeds));
+  }
+}
+
 TEST(NnOps, AttentionLseIsNotDifferentiated) {
   Graph g;
   Builder b(g);
@@ -671,7 +707,23 @@ TEST(NnOps, AttentionErrors) {
             }),
             "node 3 (attention) with inputs (f32[1, 2, 3, 3], f32[1, 2, 3, 3], f32[1, 2, 3, 3], i32[1, 3], u8[1, 3]): "
             "attention: input 4: expected key_valid (u8 or bool [B, S]), then segments (i32 [B, S]), then layout "
-            "(u8 [heads, query blocks, key blocks]), each at most once, found u8[1, 3]");
+            "(u8 [heads, query blocks, key blocks]), then bias (q's dtype [1 or B, 1 or H, T, S]), each at most once, "
+            "found u8[1, 3]");
+  EXPECT_EQ(build_error([](Builder& b) {
+              ValueId q = b.input("q", DType::f32, {2, 2, 3, 3});
+              b.op(OpKind::attention, {q, q, q, b.input("bias", DType::f32, {2, 3, 3, 3})},
+                   {{"scale", 1.0}, {"mask", std::string("causal")}});
+            }),
+            "node 2 (attention) with inputs (f32[2, 2, 3, 3], f32[2, 2, 3, 3], f32[2, 2, 3, 3], f32[2, 3, 3, 3]): "
+            "attention: bias: expected f32 [1 or 2, 1 or 2, 3, 3] ([batch, heads, T, S], broadcast), found "
+            "f32[2, 3, 3, 3]");
+  EXPECT_EQ(build_error([](Builder& b) {
+              ValueId q = b.input("q", DType::f32, {1, 2, 3, 3});
+              b.op(OpKind::attention, {q, q, q, b.input("bias", DType::f32, {1, 1, 3, 3})},
+                   {{"scale", -1.0}, {"mask", std::string("none")}});
+            }),
+            "node 2 (attention) with inputs (f32[1, 2, 3, 3], f32[1, 2, 3, 3], f32[1, 2, 3, 3], f32[1, 1, 3, 3]): "
+            "attention: scale: expected > 0 with a bias, found -1.000000");
   EXPECT_EQ(build_error([](Builder& b) {
               ValueId q = b.input("q", DType::f32, {1, 2, 5, 3});
               b.op(OpKind::attention, {q, q, q, b.input("l", DType::u8, {2, 2, 3})},

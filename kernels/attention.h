@@ -122,17 +122,19 @@ int64_t attention_backward_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_
 
 namespace ref {
 // F is float or double. The definition: for each (b, h), materializes the [T, S] scores, softmax,
-// then a matmul. Scratch: one [T, S] matrix of F (reused across (b, h)).
+// then a matmul. Scratch: one [T, S] matrix of F (reused across (b, h)). `bias`, when non-null, gives
+// the bias's values in F (shaped by mask.bias_batch and mask.bias_heads) in place of mask.bias: the
+// interpreter's f64 values, so that finite differences see no f32 rounding.
 template <class F>
 void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64_t B, int64_t H, int64_t Hk,
-                       int64_t T, int64_t S, int64_t D, F scale, const AttentionMask& mask);
+                       int64_t T, int64_t S, int64_t D, F scale, const AttentionMask& mask, const F* bias = nullptr);
 // Materialized backward: recomputes p from q and k (it does not read out or
 // lse), then dv = p^T dout, dp = dout v^T, ds = p * (dp - rowsum(p * dp)),
 // dq = scale * ds k, dk = scale * ds^T q, and dbias [B, H, T, S] = ds when non-null.
 template <class F>
 void attention_backward(const F* q, const F* k, const F* v, const F* out, const F* lse, const F* dout, F* dq,
                         F* dk, F* dv, int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
-                        F scale, const AttentionMask& mask, F* dbias = nullptr);
+                        F scale, const AttentionMask& mask, F* dbias = nullptr, const F* bias = nullptr);
 }  // namespace ref
 
 }  // namespace aspen::kernels

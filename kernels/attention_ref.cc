@@ -44,7 +44,7 @@ int64_t bias_index(const AttentionMask& mask, int64_t b, int64_t h, int64_t T, i
 // with no allowed key are 0. Writes lse when non-null.
 template <class F>
 void probs(const F* qh, const F* kh, int64_t b, int64_t h, int64_t T, int64_t S, int64_t D, F scale,
-           const AttentionMask& mask, F* p, F* lse) {
+           const AttentionMask& mask, const F* bias, F* p, F* lse) {
   const F neg_inf = -std::numeric_limits<F>::infinity();
   for (int64_t i = 0; i < T; ++i) {
     F* pi = p + i * S;
@@ -57,7 +57,8 @@ void probs(const F* qh, const F* kh, int64_t b, int64_t h, int64_t T, int64_t S,
         s *= scale;
         if (!mask.alibi_slopes.empty())
           s += F(mask.alibi_slopes[size_t(h)]) * F(j - (mask.kv_offset + i));
-        if (!mask.bias.empty()) s += F(mask.bias[size_t(bias_index(mask, b, h, T, S, i, j))]);
+        if (bias) s += bias[bias_index(mask, b, h, T, S, i, j)];
+        else if (!mask.bias.empty()) s += F(mask.bias[size_t(bias_index(mask, b, h, T, S, i, j))]);
       }
       pi[j] = s;
       mx = std::max(mx, s);
@@ -78,12 +79,12 @@ void probs(const F* qh, const F* kh, int64_t b, int64_t h, int64_t T, int64_t S,
 
 template <class F>
 void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64_t B, int64_t H, int64_t Hk,
-                       int64_t T, int64_t S, int64_t D, F scale, const AttentionMask& mask) {
+                       int64_t T, int64_t S, int64_t D, F scale, const AttentionMask& mask, const F* bias) {
   std::vector<F> p(size_t(T * S));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t bh = b * H + h, kvh = b * Hk + h / (H / Hk);
-      probs(q + bh * T * D, k + kvh * S * D, b, h, T, S, D, scale, mask, p.data(), lse + bh * T);
+      probs(q + bh * T * D, k + kvh * S * D, b, h, T, S, D, scale, mask, bias, p.data(), lse + bh * T);
       const F* vh = v + kvh * S * D;
       for (int64_t i = 0; i < T; ++i) {
         F* o = out + (bh * T + i) * D;
@@ -97,7 +98,7 @@ void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64
 template <class F>
 void attention_backward(const F* q, const F* k, const F* v, const F* out, const F* lse, const F* dout, F* dq,
                         F* dk, F* dv, int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
-                        F scale, const AttentionMask& mask, F* dbias) {
+                        F scale, const AttentionMask& mask, F* dbias, const F* bias) {
   std::vector<F> p(size_t(T * S)), ds(size_t(T * S));
   for (int64_t x = 0; x < B * Hk * S * D; ++x) dk[x] = dv[x] = 0;  // summed over each kv head's group
   for (int64_t b = 0; b < B; ++b)
@@ -110,7 +111,7 @@ void attention_backward(const F* q, const F* k, const F* v, const F* out, const 
       F* dqh = dq + bh * T * D;
       F* dkh = dk + kvh * S * D;
       F* dvh = dv + kvh * S * D;
-      probs(qh, kh, b, h, T, S, D, scale, mask, p.data(), static_cast<F*>(nullptr));
+      probs(qh, kh, b, h, T, S, D, scale, mask, bias, p.data(), static_cast<F*>(nullptr));
       // dp = dout v^T, then ds = p * (dp - rowsum(p * dp)).
       for (int64_t i = 0; i < T; ++i) {
         F rowsum = 0;
@@ -143,10 +144,10 @@ void attention_backward(const F* q, const F* k, const F* v, const F* out, const 
 
 #define ASPEN_ATTENTION_INSTANTIATE(F)                                                                            \
   template void attention_forward<F>(const F*, const F*, const F*, F*, F*, int64_t, int64_t, int64_t, int64_t,   \
-                                     int64_t, int64_t, F, const AttentionMask&);                                 \
+                                     int64_t, int64_t, F, const AttentionMask&, const F*);                       \
   template void attention_backward<F>(const F*, const F*, const F*, const F*, const F*, const F*, F*, F*, F*,     \
                                       int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, F,                   \
-                                      const AttentionMask&, F*);
+                                      const AttentionMask&, F*, const F*);
 ASPEN_ATTENTION_INSTANTIATE(float)
 ASPEN_ATTENTION_INSTANTIATE(double)
 #undef ASPEN_ATTENTION_INSTANTIATE
