@@ -1,6 +1,7 @@
 #include "kernels/attention_layout.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <utility>
@@ -545,6 +546,46 @@ Result<std::vector<int64_t>> random_blocks(const SparsityConfig& c, int64_t seq_
     for (int64_t row = 0; row < n; ++row) {
       draw_row(c, n, per_head(c) ? h : 0, row, pool, picks);
       out.insert(out.end(), picks.begin(), picks.end());
+    }
+  return out;
+}
+
+Result<std::vector<int32_t>> t5_relative_buckets(int64_t T, int64_t S, int64_t kv_offset, bool bidirectional,
+                                                 int64_t num_buckets, int64_t max_distance) {
+  const std::string who = "t5_relative_buckets";
+  if (T < 0 || S < 0 || kv_offset < 0 || T > (int64_t(1) << 24) || S > (int64_t(1) << 24) ||
+      kv_offset > (int64_t(1) << 24))
+    return Status::invalid_argument(who + ": T, S, kv_offset", "numbers in [0, 2^24]",
+                                    std::to_string(T) + ", " + std::to_string(S) + ", " + std::to_string(kv_offset));
+  const int64_t per_side = bidirectional ? num_buckets / 2 : num_buckets;
+  if (num_buckets < (bidirectional ? 4 : 2) || num_buckets > (int64_t(1) << 20))
+    return Status::invalid_argument(who + ": num_buckets",
+                                    std::string(bidirectional ? "in [4, 2^20] (bidirectional)" : "in [2, 2^20]"),
+                                    std::to_string(num_buckets));
+  const int64_t max_exact = per_side / 2;
+  if (max_distance <= max_exact || max_distance > (int64_t(1) << 24))
+    return Status::invalid_argument(who + ": max_distance", "in (" + std::to_string(max_exact) + ", 2^24]",
+                                    std::to_string(max_distance));
+  // As transformers: f32 log of (distance / max_exact), over log(max_distance / max_exact) taken in f64 and
+  // rounded to f32 (a Python float times a float tensor), times the large buckets, truncated.
+  const float log_ratio = float(std::log(double(max_distance) / double(max_exact)));
+  std::vector<int32_t> out(size_t(T * S));
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < S; ++j) {
+      int64_t rel = j - (kv_offset + i), bucket = 0;
+      if (bidirectional) {
+        if (rel > 0) bucket += per_side;
+        rel = rel < 0 ? -rel : rel;
+      } else {
+        rel = rel < 0 ? -rel : 0;
+      }
+      if (rel < max_exact) {
+        bucket += rel;
+      } else {
+        const float x = std::log(float(rel) / float(max_exact)) / log_ratio * float(per_side - max_exact);
+        bucket += std::min<int64_t>(max_exact + int64_t(x), per_side - 1);
+      }
+      out[size_t(i * S + j)] = int32_t(bucket);
     }
   return out;
 }

@@ -163,4 +163,19 @@ Result<BlockLayout> make_layout(const SparsityConfig& c, int64_t seq_len);
 // as make_layout.
 Result<std::vector<int64_t>> random_blocks(const SparsityConfig& c, int64_t seq_len);
 
+// T5's relative position buckets (transformers' T5Attention._relative_position_bucket):
+// [T, S] bucket ids in [0, num_buckets) for query i at position kv_offset + i
+// and key j, from the relative position j - (kv_offset + i): exact buckets
+// for the first num_buckets / 2 distances (per direction when bidirectional,
+// which halves the buckets and gives keys ahead the upper half), then
+// logarithmic ones up to max_distance, the last bucket beyond. The logarithm
+// is computed in f32 as PyTorch computes it, so the ids are transformers'
+// (kernels/attention_layout_test.cc checks them against its goldens). A
+// trainable bias gathers a [num_buckets, H] table with these ids
+// (models/blocks.h t5_relative_bias); attention's bias gradient reaches it.
+// InvalidArgument unless num_buckets >= 2 (>= 4 when bidirectional),
+// max_distance > num_buckets / 2 (per direction), and T, S, kv_offset >= 0.
+Result<std::vector<int32_t>> t5_relative_buckets(int64_t T, int64_t S, int64_t kv_offset, bool bidirectional,
+                                                 int64_t num_buckets, int64_t max_distance);
+
 }  // namespace aspen::kernels

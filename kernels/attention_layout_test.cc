@@ -658,3 +658,53 @@ TEST(BlockLayout, FromBitsErrors) {
 
 }  // namespace
 }  // namespace aspen::kernels
+
+namespace aspen::kernels {
+namespace {
+
+// Made by scripts/golden/make_t5_bucket_golden.py from transformers' T5Attention; the format is in its docstring.
+TEST(T5RelativeBuckets, MatchTransformers) {
+  const std::string path = std::string(ASPEN_KERNELS_TESTDATA) + "/t5_buckets.txt";
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << path << ": cannot open (scripts/golden/make_t5_bucket_golden.py makes it)";
+  int64_t range = 0;
+  in >> range;
+  ASSERT_GT(range, 0);
+  int cases = 0;
+  int bidirectional = 0;
+  int64_t num_buckets = 0, max_distance = 0;
+  while (in >> bidirectional >> num_buckets >> max_distance) {
+    SCOPED_TRACE("bidirectional " + std::to_string(bidirectional) + " num_buckets " + std::to_string(num_buckets) +
+                 " max_distance " + std::to_string(max_distance));
+    std::vector<int32_t> want(size_t(2 * range + 1));
+    for (int32_t& w : want) in >> w;
+    ASSERT_TRUE(in.good());
+    // One query at position `range` against keys 0 .. 2 range: relative positions -range .. range.
+    auto got = t5_relative_buckets(1, 2 * range + 1, range, bidirectional != 0, num_buckets, max_distance);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    EXPECT_EQ(*got, want);
+    ++cases;
+  }
+  EXPECT_EQ(cases, 6);
+  // [T, S] with an offset: row i, key j is relative position j - (offset + i).
+  auto grid = t5_relative_buckets(3, 5, 2, true, 8, 16);
+  ASSERT_TRUE(grid.is_ok());
+  auto line = t5_relative_buckets(1, 11, 5, true, 8, 16);  // relative -5 .. 5
+  ASSERT_TRUE(line.is_ok());
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t j = 0; j < 5; ++j) EXPECT_EQ((*grid)[size_t(i * 5 + j)], (*line)[size_t(j - (2 + i) + 5)]);
+}
+
+TEST(T5RelativeBuckets, BadArgumentsAreNamed) {
+  auto r = t5_relative_buckets(2, 2, 0, true, 3, 128);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().message(), "t5_relative_buckets: num_buckets: expected in [4, 2^20] (bidirectional), found 3");
+  r = t5_relative_buckets(2, 2, 0, false, 32, 16);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().message(), "t5_relative_buckets: max_distance: expected in (16, 2^24], found 16");
+  r = t5_relative_buckets(-1, 2, 0, false, 32, 128);
+  EXPECT_FALSE(r.is_ok());
+}
+
+}  // namespace
+}  // namespace aspen::kernels

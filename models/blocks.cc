@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/attention_layout.h"
 
 namespace aspen::models {
 
@@ -27,6 +28,19 @@ ValueId layer_norm(Builder& b, ValueId x, const std::string& name, int64_t C, do
   ValueId beta = b.parameter(name + ".bias", dtype, Shape{C});
   std::vector<ValueId> outs = b.op(OpKind::layernorm, {x, gamma, beta}, {{"eps", eps}});
   return outs.empty() ? ValueId{} : outs[0];
+}
+
+Result<ValueId> t5_relative_bias(Builder& b, ValueId table, int64_t T, int64_t S, int64_t kv_offset,
+                                 bool bidirectional, int64_t max_distance) {
+  const Shape ts = b.type(table).shape;
+  if (ts.rank() != 2)
+    return Status::invalid_argument("t5_relative_bias: table", "[num_buckets, heads]", b.type(table).to_string());
+  ASPEN_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                         kernels::t5_relative_buckets(T, S, kv_offset, bidirectional, ts[0], max_distance));
+  Tensor t(DType::i32, Shape{T, S});
+  std::copy(ids.begin(), ids.end(), t.data<int32_t>());
+  const ValueId per_key = b.gather(table, b.constant(std::move(t)));  // [T, S, H]
+  return b.reshape(b.transpose(per_key, {2, 0, 1}), {1, ts[1], T, S});
 }
 
 ValueId rms_norm(Builder& b, ValueId x, const std::string& name, int64_t C, double eps, DType dtype) {

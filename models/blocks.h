@@ -43,6 +43,13 @@ graph::ValueId layer_norm(graph::Builder& b, graph::ValueId x, const std::string
 graph::ValueId rms_norm(graph::Builder& b, graph::ValueId x, const std::string& name, int64_t C, double eps,
                         DType dtype);
 
+// T5's relative position bias: the trainable `table` [num_buckets, H] gathered
+// by kernels::t5_relative_buckets(T, S, kv_offset, bidirectional, num_buckets,
+// max_distance) into [1, H, T, S], the attention op's bias input (its
+// gradient reaches the table through the gather). Errors as the buckets'.
+Result<graph::ValueId> t5_relative_bias(graph::Builder& b, graph::ValueId table, int64_t T, int64_t S,
+                                        int64_t kv_offset, bool bidirectional, int64_t max_distance);
+
 enum class Activation {
   gelu_tanh,  // HF "gelu_new" (GPT-2, GPT-J)
   gelu_erf,   // HF "gelu" (BERT)
