@@ -404,10 +404,13 @@ constexpr GemmPanel512 kGemmPanels512[4] = {gemm_panel_512<1>, gemm_panel_512<2>
 // D = 64) are more than L1 holds. Here the working set is K^T and V plus
 // 16 rows of q, p and o.
 template <int MR>
-ASPEN_TARGET_AVX512 void strip_scores_512(const float* qs, int64_t D, const float* kt, float* s, float* rmax);
+ASPEN_TARGET_AVX512 void strip_scores_512(const float* qs, int64_t D, const float* kt, float* s, float* rmax,
+                                          const __mmask16* allow);
 
 struct Avx512 {
-  // NOTE [attention fused strips]: false when the tile is not full or D is not a multiple of 16.
+  // NOTE [attention fused strips]: false when D is not a multiple of 16 or the tile has fewer than kBk keys.
+  // lo, hi and kv null: every row may use every key (the caller knows); else the rows' ranges and the keys'
+  // validity, applied as -inf.
   ASPEN_TARGET_AVX512 static bool fused_tile(const float* qs, const float* kt, const float* vb, int64_t rows,
                                              int64_t cols, int64_t D, const int* lo, const int* hi, const float* kv,
                                              float* m, float* l, float* o);
@@ -563,9 +566,11 @@ struct Avx512 {
   }
 };
 
-// MR rows of s = q k^T (leading dimension kBk) and their 16-lane maxima rmax (leading dimension 16).
+// MR rows of s = q k^T (leading dimension kBk) and their 16-lane maxima rmax (leading dimension 16); with
+// `allow` (4 masks per row), the lanes it clears are -inf.
 template <int MR>
-ASPEN_TARGET_AVX512 void strip_scores_512(const float* qs, int64_t D, const float* kt, float* s, float* rmax) {
+ASPEN_TARGET_AVX512 void strip_scores_512(const float* qs, int64_t D, const float* kt, float* s, float* rmax,
+                                          const __mmask16* allow) {
   __m512 acc[MR][4];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
@@ -582,6 +587,13 @@ ASPEN_TARGET_AVX512 void strip_scores_512(const float* qs, int64_t D, const floa
       for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
     }
   }
+  if (allow) {
+    const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_mask_blend_ps(allow[4 * r + v], neg_inf, acc[r][v]);
+  }
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 4
@@ -591,7 +603,7 @@ ASPEN_TARGET_AVX512 void strip_scores_512(const float* qs, int64_t D, const floa
   }
 }
 
-using StripScores512 = void (*)(const float*, int64_t, const float*, float*, float*);
+using StripScores512 = void (*)(const float*, int64_t, const float*, float*, float*, const __mmask16*);
 constexpr StripScores512 kStripScores512[4] = {strip_scores_512<1>, strip_scores_512<2>, strip_scores_512<3>,
                                                strip_scores_512<4>};
 
@@ -609,32 +621,37 @@ ASPEN_TARGET_AVX512 __m512 lanes_reduce_512(const float* x) {
   return r[0];
 }
 
-// NOTE [attention fused strips]: rows <= 16 of a full tile.
+// NOTE [attention fused strips]: rows <= 16 of a tile; `allow` (4 masks per row) or null (every key).
 ASPEN_TARGET_AVX512 void fused_group_512(const float* qs, int64_t D, const float* kt, const float* vb, int64_t rows,
-                                         float* m, float* l, float* o) {
+                                         const __mmask16* allow, float* m, float* l, float* o) {
   alignas(64) float s[16 * kBk];
   alignas(64) float part[16 * 16] = {};  // per row: 16-lane maxima, then 16-lane sums
   for (int64_t i = 0; i < rows; i += 4)
-    kStripScores512[std::min<int64_t>(4, rows - i) - 1](qs + i * D, D, kt, s + i * kBk, part + 16 * i);
+    kStripScores512[std::min<int64_t>(4, rows - i) - 1](qs + i * D, D, kt, s + i * kBk, part + 16 * i,
+                                                        allow ? allow + 4 * i : nullptr);
   const __mmask16 live = tail_mask(rows);
   const __m512 m_old = _mm512_mask_loadu_ps(_mm512_setzero_ps(), live, m);
   // A row's reference m moves only when the block's maximum passes it by more than kLazyRescale (the first
   // block always: m = -inf): p = 2^(s - m) <= 2^kLazyRescale, far inside f32, and o and l need no rescaling
   // (alpha = 1) on most blocks of a long row. out = o / l and lse = m + log2 l hold for any reference.
-  const __m512 m_max = _mm512_max_ps(m_old, lanes_reduce_512<true>(part));  // finite: a full tile's scores are
+  // With `allow`, a row may have no key yet (m stays -inf: its sub below is NaN, not > kLazyRescale, so
+  // alpha is 1) and its exponentials are taken against 0 (p = 2^-inf = 0).
+  const __m512 m_max = _mm512_max_ps(m_old, lanes_reduce_512<true>(part));
   const __mmask16 moved = _mm512_cmp_ps_mask(_mm512_sub_ps(m_max, m_old), _mm512_set1_ps(kLazyRescale), _CMP_GT_OQ);
   const __m512 m_new = _mm512_mask_blend_ps(moved, m_old, m_max);
   const __m512 alpha = _mm512_mask_blend_ps(moved, _mm512_set1_ps(1.0f),  // m = -inf before the first block: 0
                                             Avx512::exp2_512(_mm512_sub_ps(m_old, m_new)));
   alignas(64) float mn[16], al[16];
-  _mm512_store_ps(mn, m_new);
+  const __mmask16 empty = _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);
+  _mm512_store_ps(mn, _mm512_mask_blend_ps(empty, m_new, _mm512_setzero_ps()));
   _mm512_store_ps(al, alpha);
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 mv = _mm512_set1_ps(mn[r]);
     __m512 p[4];
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
-      p[v] = Avx512::exp2_finite_512(_mm512_sub_ps(_mm512_load_ps(s + r * kBk + 16 * v), mv));
+      const __m512 x = _mm512_sub_ps(_mm512_load_ps(s + r * kBk + 16 * v), mv);
+      p[v] = allow ? Avx512::exp2_512(x) : Avx512::exp2_finite_512(x);  // -inf: 0
       _mm512_store_ps(s + r * kBk + 16 * v, p[v]);
     }
     _mm512_store_ps(part + 16 * r, _mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])));
@@ -665,9 +682,23 @@ ASPEN_TARGET_AVX512 void fused_group_512(const float* qs, int64_t D, const float
 ASPEN_TARGET_AVX512 bool Avx512::fused_tile(const float* qs, const float* kt, const float* vb, int64_t rows,
                                             int64_t cols, int64_t D, const int* lo, const int* hi, const float* kv,
                                             float* m, float* l, float* o) {
-  if (D % 16 != 0 || !full_tile(rows, cols, lo, hi, kv)) return false;
+  if (D % 16 != 0 || cols != kBk) return false;
+  __mmask16 allow[kBq * 4];
+  const bool partial = lo != nullptr && !full_tile(rows, cols, lo, hi, kv);
+  if (partial) {
+    __mmask16 valid[4] = {0, 0, 0, 0};
+    for (int64_t c = 0; c < kBk; ++c)
+      if (kv[c] != 0.0f) valid[c / 16] = __mmask16(valid[c / 16] | (1u << (c % 16)));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int v = 0; v < 4; ++v) {
+        const int a = std::clamp(lo[r] - 16 * v, 0, 16), e = std::clamp(hi[r] - 16 * v, 0, 16);
+        const uint32_t range = e > a ? ((1u << e) - 1u) & ~((1u << a) - 1u) : 0u;
+        allow[4 * r + v] = __mmask16(range & valid[v]);
+      }
+  }
   for (int64_t i = 0; i < rows; i += 16)
-    fused_group_512(qs + i * D, D, kt, vb, std::min<int64_t>(16, rows - i), m + i, l + i, o + i * D);
+    fused_group_512(qs + i * D, D, kt, vb, std::min<int64_t>(16, rows - i), partial ? allow + 4 * i : nullptr, m + i,
+                    l + i, o + i * D);
   return true;
 }
 
@@ -930,6 +961,7 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
     for (int64_t j0 = first / kBk * kBk; j0 < last; j0 += kBk) {  // blocks outside [first, last) are masked out
       const int64_t cols = std::min(kBk, S - j0);
       if (!fill_key_valid(pb, b, j0, cols, kv)) continue;
+      const bool all_valid = pb.key_valid == nullptr || std::all_of(kv, kv + cols, [](float x) { return x != 0.0f; });
       const float* ktile = kt;
       if (once)
         ktile = k_t.data() + (pb.kv_head(bh) * nkb + j0 / kBk) * D * kBk;
@@ -941,10 +973,18 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
         const uint8_t state = pb.tile_state(bh, i0, j0);  // NOTE [attention block layouts]
         if (state == kSkipTile) continue;
         float *qu = qs + u * kBq * D, *ou = o + u * kBq * D, *mu = m + u * kBq, *lu = l + u * kBq;
+        if (state == kFullTile && !pb.alibi && !pb.bias) {  // NOTE [attention fused strips]
+          // The rows' ranges grow with the row: the first row's end and the last row's start bound them all.
+          int64_t lo_first, hi_first, lo_last, hi_last;
+          pb.geo.range(b, i0, &lo_first, &hi_first);
+          pb.geo.range(b, i0 + rows - 1, &lo_last, &hi_last);
+          const bool inside = all_valid && cols == kBk && lo_last <= j0 && hi_first >= j0 + cols;
+          if (!inside) tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
+          if (Ops::fused_tile(qu, ktile, vh + j0 * D, rows, cols, D, inside ? nullptr : lo, inside ? nullptr : hi,
+                              inside ? nullptr : kv, mu, lu, ou))
+            continue;
+        }
         tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
-        if (state == kFullTile && !pb.alibi && !pb.bias &&
-            Ops::fused_tile(qu, ktile, vh + j0 * D, rows, cols, D, lo, hi, kv, mu, lu, ou))
-          continue;  // NOTE [attention fused strips]
         Ops::gemm(qu, D, 1, ktile, kBk, s, kBk, rows, cols, D, false);
         if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, s, kLog2e);
         if (pb.bias) pb.add_bias(bh, i0, rows, j0, cols, s, kLog2e);
