@@ -66,7 +66,12 @@ ThreadTeam::~ThreadTeam() {
   budget_.release(size_);
 }
 
+namespace {
+thread_local bool t_leader = false;  // the calling thread is some team's leader
+}  // namespace
+
 std::future<void> ThreadTeam::submit(std::function<void()> fn) {
+  release_thread_pool();  // NOTE [omp pools]: the submitter's own workers would throttle the team's
   std::packaged_task<void()> task(std::move(fn));
   std::future<void> done = task.get_future();
   {
@@ -80,6 +85,7 @@ std::future<void> ThreadTeam::submit(std::function<void()> fn) {
 void ThreadTeam::loop() {
   pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
   omp_set_num_threads(size_);  // per-thread ICV: governs regions this thread opens
+  t_leader = true;
   for (;;) {
     std::packaged_task<void()> task;
     {
@@ -97,5 +103,10 @@ ScopedOmpThreads::ScopedOmpThreads(int n) : saved_(omp_get_max_threads()) { omp_
 ScopedOmpThreads::~ScopedOmpThreads() { omp_set_num_threads(saved_); }
 
 int current_team_size() { return omp_get_max_threads(); }
+
+void release_thread_pool() {
+  if (t_leader || omp_in_parallel()) return;  // a leader's pool is its device's team
+  omp_pause_resource_all(omp_pause_soft);  // libgomp: frees the calling thread's pool
+}
 
 }  // namespace aspen

@@ -95,4 +95,15 @@ class ScopedOmpThreads {
 // Number of threads an OpenMP region opened by the calling thread will use.
 int current_team_size();
 
+// Frees the OpenMP workers of the calling thread (a thread that is no device's
+// leader and has opened parallel regions, e.g. a benchmark's measurement on
+// the main thread). libgomp keeps a pool of workers per thread that opened a
+// region, and when the pools' workers outnumber the CPUs it throttles every
+// idle worker's spinning to about a hundred pauses: a device's workers then
+// sleep between ops and are woken by the kernel for each, which on a VM costs
+// tens of microseconds per op (NOTE [omp pools] in docs/threading.md).
+// ThreadTeam::submit calls it for its caller. No-op on a team's leader and
+// inside a parallel region.
+void release_thread_pool();
+
 }  // namespace aspen
