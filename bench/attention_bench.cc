@@ -99,8 +99,9 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
   ASPEN_RETURN_IF_ERROR(check_option("--window", opt.window));
   ASPEN_RETURN_IF_ERROR(check_option("--documents", opt.documents));
   for (const std::string& m : opt.masks)
-    if (m != "causal" && m != "local" && m != "blockdiag" && !is_layout(m))
-      return Status::invalid_argument("attention bench: --masks", "causal, local, blockdiag, bigbird or longformer", m);
+    if (m != "causal" && m != "local" && m != "blockdiag" && m != "decode" && !is_layout(m))
+      return Status::invalid_argument("attention bench: --masks",
+                                      "causal, local, blockdiag, bigbird, longformer or decode", m);
   ASPEN_RETURN_IF_ERROR(check_option("--block", opt.block));
   // The peer's layouts: {mask}_{T}.npy, u8 [heads, blocks, blocks], in a directory removed at the end.
   const std::string layouts =
@@ -150,19 +151,35 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
         }
         const kernels::AttentionMask mask = mask_of(kind, opt, T, segments, layout ? &*layout : nullptr);
         const int64_t seg_bytes = (segments.empty() ? 0 : 8 * B * T) + layout_bytes;
+        // decode: one query row per head (the last position) over T cached keys, forward only
+        // (NOTE [attention split-KV decoding] in kernels/attention.cc).
+        const bool decode = kind == "decode";
+        kernels::AttentionMask dmask = mask;
+        if (decode) {
+          dmask.kind = Kind::none;
+          dmask.segments = {};
+        }
+        const int64_t Tq = decode ? 1 : T;
         for (const std::string& pass : opt.passes) {
+          if (decode && pass != "fwd") continue;
           Status status;
           const bool bwd = pass == "fwd_bwd";
           const double s = best_seconds(
               [&] {
-                if (status.is_ok()) status = kernels::attention_forward(q, k, v, o, lse, B, H, H, T, T, D, scale, mask);
+                if (status.is_ok() && decode)
+                  status = kernels::attention_forward(std::span<const float>(q).first(size_t(B * H * D)), k, v,
+                                                      std::span<float>(o).first(size_t(B * H * D)),
+                                                      std::span<float>(lse).first(size_t(B * H)), B, H, H, 1, T, D,
+                                                      scale, dmask);
+                else if (status.is_ok())
+                  status = kernels::attention_forward(q, k, v, o, lse, B, H, H, T, T, D, scale, mask);
                 if (status.is_ok() && bwd)
                   status = kernels::attention_backward(q, k, v, o, lse, g, dq, dk, dv, B, H, H, T, T, D, scale, mask);
               },
               opt.repeats, 0.0);
           ASPEN_RETURN_IF_ERROR(status);
           Row r{kind, pass, T, s, 0.0,
-                std::max(kernels::attention_forward_scratch_bytes(B, H, T, T, D, opt.threads),
+                std::max(kernels::attention_forward_scratch_bytes(B, H, H, Tq, T, D, opt.threads),
                          bwd ? kernels::attention_backward_scratch_bytes(B, H, T, D, opt.threads) : 0) +
                     seg_bytes,
                 layout ? layout->density() : 0.0};

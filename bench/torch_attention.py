@@ -22,6 +22,8 @@ The problem (aspen's rows measure the same): q, k, v [1, heads, T, d] f32, stand
              attn_mask = aspen's block layout (--layouts DIR holds {mask}_{T}.npy, u8 [heads, blocks, blocks],
              written by aspen's bench) expanded to a per-head [1, heads, T, T] boolean mask; rows above
              --layout-max-t are not run (the mask alone would be gigabytes)
+  decode     one query row per head against T cached keys (q [1, heads, 1, d]; no mask: the row sees
+             every key), forward only: a decoding step's attention
 A boolean mask is the dense input PyTorch's SDPA takes: its CPU kernel visits every block and masks
 per element (it cannot skip blocks the mask removes).
 fwd is one forward call; fwd_bwd is a forward and backward of out.sum() with q, k, v requiring gradients.
@@ -82,13 +84,19 @@ def main():
         for kind in [m for m in args.masks.split(",") if m]:
             if kind in ("bigbird", "longformer") and T > args.layout_max_t:
                 continue
-            kw = {"is_causal": True} if kind == "causal" else {
-                "attn_mask": mask_of(torch, kind, T, args.window, args.documents, args.layouts)}
+            if kind == "decode":
+                kw = {}
+            else:
+                kw = {"is_causal": True} if kind == "causal" else {
+                    "attn_mask": mask_of(torch, kind, T, args.window, args.documents, args.layouts)}
+            qd = q[:, :, -1:] if kind == "decode" else q
             for p in [x for x in args.passes.split(",") if x]:
+                if kind == "decode" and p != "fwd":
+                    continue
                 if p == "fwd":
                     def run():
                         with torch.no_grad():
-                            F.scaled_dot_product_attention(q, k, v, **kw)
+                            F.scaled_dot_product_attention(qd, k, v, **kw)
                 else:
                     qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
 
@@ -103,7 +111,7 @@ def main():
                     run()
                     best = min(best, time.perf_counter() - t0)
                 row = {"bench": "attention_torch", "mask": kind, "T": T, "dtype": "f32", "pass": p,
-                       "seconds": best, "kernel": "sdpa" if kind == "causal" else "sdpa+mask",
+                       "seconds": best, "kernel": "sdpa" if kind in ("causal", "decode") else "sdpa+mask",
                        "threads": args.threads}
                 log(f"torch {kind} T={T} {p}: {best * 1e3:.2f} ms")
                 print(json.dumps(row), flush=True)

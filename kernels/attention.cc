@@ -216,6 +216,9 @@ ASPEN_ATTN_INLINE void transpose_impl(const float* src, int64_t cols, int64_t D,
 // ln l. About 10x fewer instructions per key; K and V stream once per row;
 // scratch is one block of scores on the stack.
 constexpr int64_t kDecodeRows = 4;
+// NOTE [attention split-KV decoding]: keys per chunk of a long decode row (a multiple of kBk).
+constexpr int64_t kDecodeChunk = 1024;
+int64_t decode_chunks(int64_t S) { return S > kDecodeChunk ? (S + kDecodeChunk - 1) / kDecodeChunk : 1; }
 
 ASPEN_ATTN_INLINE void decode_row_impl(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
                                        const uint8_t* valid, int64_t D, float cs, float* out, float* lse) {
@@ -884,16 +887,54 @@ int64_t forward_scratch_floats(int64_t D) { return 2 * kQuerySpan * D + D * kBk 
 // NOTE [attention decode rows]: each (b, h, row) is one task on its own.
 template <class Ops>
 void forward_decode(const Problem& pb, float* out, float* lse) {
-  const int64_t D = pb.D, T = pb.T, S = pb.S, tasks = pb.B * pb.H * T;
+  const int64_t D = pb.D, T = pb.T, S = pb.S, rows = pb.B * pb.H * T;
   const float cs = pb.scale * kLog2e;
+  // NOTE [attention split-KV decoding]: a row over more than kDecodeChunk keys is cut into chunks of
+  // absolute key positions [c * kDecodeChunk, (c + 1) * kDecodeChunk), each a task of its own (out_c, lse_c),
+  // then combined per row in chunk order: lse = log sum_c e^lse_c, out = sum_c e^(lse_c - lse) out_c. The
+  // chunks follow S alone, so the bits do not depend on the thread count.
+  const int64_t chunks = decode_chunks(S);
+  std::vector<float> part(chunks > 1 ? size_t(rows * chunks * (D + 1)) : 0);
+  const int64_t tasks = rows * chunks;
   const int nt = int(std::min<int64_t>(omp_get_max_threads(), tasks));
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t bh = t / T, i = t % T, b = bh / pb.H, kvh = pb.kv_head(bh);
+    const int64_t row = t / chunks, c = t % chunks;
+    const int64_t bh = row / T, i = row % T, b = bh / pb.H, kvh = pb.kv_head(bh);
     int64_t lo, hi;
     pb.geo.range(b, i, &lo, &hi);
-    Ops::decode_row(pb.q + t * D, pb.k + kvh * S * D, pb.v + kvh * S * D, lo, hi,
-                    pb.key_valid ? pb.key_valid + b * S : nullptr, D, cs, out + t * D, lse + t);
+    if (chunks > 1) {
+      lo = std::max(lo, c * kDecodeChunk);
+      hi = std::min(hi, (c + 1) * kDecodeChunk);
+    }
+    float* o = chunks > 1 ? part.data() + t * (D + 1) : out + row * D;
+    float* l = chunks > 1 ? o + D : lse + row;
+    Ops::decode_row(pb.q + row * D, pb.k + kvh * S * D, pb.v + kvh * S * D, lo, std::max(lo, hi),
+                    pb.key_valid ? pb.key_valid + b * S : nullptr, D, cs, o, l);
+  }
+  if (chunks == 1) return;
+#pragma omp parallel for schedule(static) num_threads(int(std::min<int64_t>(omp_get_max_threads(), rows)))
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* pr = part.data() + row * chunks * (D + 1);
+    float m = kNegInf;
+    for (int64_t c = 0; c < chunks; ++c) m = std::max(m, pr[c * (D + 1) + D]);
+    float* o = out + row * D;
+    std::fill_n(o, D, 0.0f);
+    if (m == kNegInf) {  // no allowed key in any chunk
+      lse[row] = kNegInf;
+      continue;
+    }
+    float sum = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float lc = pr[c * (D + 1) + D];
+      if (lc == kNegInf) continue;
+      const float w = std::exp(lc - m);
+      sum += w;
+      for (int64_t d = 0; d < D; ++d) o[d] += w * pr[c * (D + 1) + d];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+    lse[row] = m + std::log(sum);
   }
 }
 
@@ -1358,7 +1399,12 @@ std::vector<float> alibi_slopes(int64_t heads, double bias_max) {
   return out;
 }
 
-int64_t attention_forward_scratch_bytes(int64_t B, int64_t Hk, int64_t T, int64_t S, int64_t D, int threads) {
+int64_t attention_forward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
+                                        int threads) {
+  if (T <= kDecodeRows) {  // NOTE [attention split-KV decoding]
+    const int64_t chunks = decode_chunks(S);
+    return chunks > 1 ? B * H * T * chunks * (D + 1) * int64_t(sizeof(float)) : 0;
+  }
   const int64_t keys_t = T > kBq ? B * Hk * ((S + kBk - 1) / kBk) * kBk * D : 0;  // NOTE [attention keys transposed once]
   return (forward_scratch_floats(D) * int64_t(std::max(threads, 1)) + keys_t) * int64_t(sizeof(float));
 }

@@ -114,9 +114,13 @@ std::vector<float> alibi_slopes(int64_t heads, double bias_max = 8.0);
 // Bytes of scratch attention_forward's fast path allocates for one call on a
 // team of `threads` (its only memory beyond the arguments): per-thread tiles,
 // and with more than one block of query rows (T > 64) the keys transposed
-// once (B·Hk·S·D floats, S rounded up to 64). With mask.segments, both
-// directions allocate 8·B·S bytes more (each key's segment bounds).
-int64_t attention_forward_scratch_bytes(int64_t B, int64_t Hk, int64_t T, int64_t S, int64_t D, int threads);
+// once (B·Hk·S·D floats, S rounded up to 64). Decoding (T <= 4, no layout,
+// ALiBi or bias) splits rows over more than 1024 keys into chunks of 1024
+// (split-KV, so one long row keeps every thread busy): B·H·T·chunks·(D + 1)
+// floats, nothing below. With mask.segments, both directions allocate 8·B·S
+// bytes more (each key's segment bounds).
+int64_t attention_forward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
+                                        int threads);
 // The same for attention_backward: per-thread tiles and one f32 per query row (B·H·T).
 int64_t attention_backward_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D, int threads);
 

@@ -50,6 +50,8 @@ const std::vector<Case> kCases = {
     {1, 4, 200, 200, 17, 0, 64, 2},
     // full tiles with D a multiple of 16 but not of 64, and D = 128 (NOTE [attention fused strips])
     {1, 2, 200, 200, 80, 0, 64}, {1, 1, 150, 150, 128, 0, 70, 1},
+    // decoding rows over more than 1024 keys, cut into chunks (NOTE [attention split-KV decoding])
+    {1, 2, 1, 2500, 64, 2499, 700}, {2, 4, 3, 3000, 32, 2997, 1500, 2},
 };
 
 struct Inputs {
@@ -619,7 +621,8 @@ TEST(Attention, MaskSemantics) {
 // Also across the backward's two schedules (NOTE [attention backward per
 // head]): 3 kv heads take the per-head pass on 1 thread, the two passes on 2.
 TEST(Attention, BitwiseIdenticalForOneAndTwoThreads) {
-  for (const Case& c : {Case{2, 4, 150, 200, 64, 50, 0, /*Hk=*/2}, Case{1, 6, 150, 200, 64, 50, 0, /*Hk=*/3}}) {
+  for (const Case& c : {Case{2, 4, 150, 200, 64, 50, 0, /*Hk=*/2}, Case{1, 6, 150, 200, 64, 50, 0, /*Hk=*/3},
+                        Case{1, 1, 2, 3000, 64, 2998, 0}}) {  // split-KV decoding: one row, several chunks
   SCOPED_TRACE(describe(c, Kind::causal, true));
   const Inputs in = make_inputs(c, true, 31);
   const AttentionMask mask = make_mask(Kind::causal, c, in);

@@ -202,9 +202,11 @@ int main(int argc, char** argv) {
   attn_cmd->footer("Example: aspen bench attention --json --t 1024,4096 --masks causal,blockdiag");
   attn_cmd->add_flag("--json", attn.json, "one JSON object per line");
   attn_cmd->add_option("--t", attn.t, "sequence lengths (default 1024,4096,8192)")->delimiter(',');
-  attn_cmd->add_option("--masks", attn.masks, "causal, local, blockdiag, bigbird, longformer (default all)")
+  attn_cmd->add_option("--masks", attn.masks,
+                       "causal, local, blockdiag, bigbird, longformer, decode (one query row per head over T "
+                       "cached keys; default all but decode)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"causal", "local", "blockdiag", "bigbird", "longformer"}));
+      ->check(CLI::IsMember({"causal", "local", "blockdiag", "bigbird", "longformer", "decode"}));
   attn_cmd->add_option("--block", attn.block, "bigbird, longformer: tokens per layout block (default 64)");
   attn_cmd->add_option("--passes", attn.passes, "fwd, fwd_bwd (default both)")
       ->delimiter(',')
