@@ -543,9 +543,7 @@ struct Avx512 {
     }
   }
   ASPEN_TARGET_AVX512 static void decode_row(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
-                                      const uint8_t* valid, int64_t D, float cs, float* out, float* lse) {
-    decode_row_impl(q, kh, vh, lo, hi, valid, D, cs, out, lse);
-  }
+                                      const uint8_t* valid, int64_t D, float cs, float* out, float* lse);
   // NOTE [attention full tiles] for the backward's step.
   ASPEN_TARGET_AVX512 static void grad_tile(float* s, float* dp, int64_t rows, int64_t cols, const int* lo,
                                             const int* hi, const float* kv, const float* lse2, const float* di,
@@ -568,6 +566,96 @@ struct Avx512 {
     }
   }
 };
+
+// NOTE [attention decode rows], AVX-512 with D = 16 * NV: q and the row's o stay in registers; 16 keys'
+// scores at a time are 16 dot products accumulated lane-wise, then one 16 x 16 transpose and 15 adds (a
+// key at a time, each score needed a horizontal sum); the block's exponentials are vectors.
+template <int NV>
+ASPEN_TARGET_AVX512 void decode_row_512(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
+                                        const uint8_t* valid, float cs, float* out, float* lse) {
+  constexpr int64_t D = 16 * NV;
+  __m512 qv[NV], o[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) qv[v] = _mm512_loadu_ps(q + 16 * v), o[v] = _mm512_setzero_ps();
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf), lanes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                                          14, 15);
+  float m = kNegInf, l = 0.0f;
+  for (int64_t j0 = lo; j0 < hi; j0 += kBk) {
+    const int64_t n = std::min(kBk, hi - j0);
+    alignas(64) float s[kBk];
+    __m512 block_max = neg_inf;
+    for (int64_t g = 0; g < n; g += 16) {
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (int kk = 0; kk < 16; ++kk) {
+        const float* kj = kh + std::min(j0 + g + kk, hi - 1) * D;  // past the row's end: a valid key, masked below
+        acc[kk] = _mm512_mul_ps(_mm512_loadu_ps(kj), qv[0]);
+#pragma GCC unroll 8
+        for (int v = 1; v < NV; ++v) acc[kk] = _mm512_fmadd_ps(_mm512_loadu_ps(kj + 16 * v), qv[v], acc[kk]);
+      }
+      Avx512::transpose16(acc);
+#pragma GCC unroll 8
+      for (int w = 8; w >= 1; w /= 2)
+#pragma GCC unroll 8
+        for (int i = 0; i < w; ++i) acc[i] = _mm512_add_ps(acc[i], acc[i + w]);
+      __mmask16 live = _mm512_cmp_ps_mask(lanes, _mm512_set1_ps(float(n - g)), _CMP_LT_OQ);
+      if (valid) {
+        uint32_t bits = 0;
+        for (int kk = 0; kk < 16 && g + kk < n; ++kk) bits |= uint32_t(valid[j0 + g + kk] != 0) << kk;
+        live = __mmask16(live & bits);
+      }
+      const __m512 sc = _mm512_mask_blend_ps(live, neg_inf, _mm512_mul_ps(acc[0], _mm512_set1_ps(cs)));
+      _mm512_store_ps(s + g, sc);
+      block_max = _mm512_max_ps(block_max, sc);
+    }
+    const float bm = _mm512_reduce_max_ps(block_max);
+    if (bm == kNegInf) continue;  // every key of the block masked
+    if (bm > m) {  // rescale what is summed so far (nothing yet: alpha = 2^-inf = 0)
+      const __m512 alpha = _mm512_set1_ps(exp2_fast(m - bm));
+      l *= exp2_fast(m - bm);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) o[v] = _mm512_mul_ps(o[v], alpha);
+      m = bm;
+    }
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t g = 0; g < n; g += 16) {
+      const __m512 p = Avx512::exp2_512(_mm512_sub_ps(_mm512_load_ps(s + g), mv));  // -inf: 0
+      _mm512_store_ps(s + g, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    l += _mm512_reduce_add_ps(sum);
+    for (int64_t c = 0; c < n; ++c) {
+      if (s[c] == 0.0f) continue;
+      const __m512 p = _mm512_set1_ps(s[c]);
+      const float* vj = vh + (j0 + c) * D;
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) o[v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * v), o[v]);
+    }
+  }
+  if (m == kNegInf) {  // nothing allowed: out 0, lse -inf (as the tiles)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out + 16 * v, _mm512_setzero_ps());
+    *lse = kNegInf;
+    return;
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / l);
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out + 16 * v, _mm512_mul_ps(o[v], inv));
+  *lse = m / kLog2e + std::log(l);
+}
+
+ASPEN_TARGET_AVX512 void Avx512::decode_row(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
+                                            const uint8_t* valid, int64_t D, float cs, float* out, float* lse) {
+  switch (D) {
+    case 32: return decode_row_512<2>(q, kh, vh, lo, hi, valid, cs, out, lse);
+    case 64: return decode_row_512<4>(q, kh, vh, lo, hi, valid, cs, out, lse);
+    case 80: return decode_row_512<5>(q, kh, vh, lo, hi, valid, cs, out, lse);
+    case 96: return decode_row_512<6>(q, kh, vh, lo, hi, valid, cs, out, lse);
+    case 128: return decode_row_512<8>(q, kh, vh, lo, hi, valid, cs, out, lse);
+    default: return decode_row_impl(q, kh, vh, lo, hi, valid, D, cs, out, lse);
+  }
+}
 
 // MR rows of s = q k^T (leading dimension kBk) and their 16-lane maxima rmax (leading dimension 16); with
 // `allow` (4 masks per row), the lanes it clears are -inf.

@@ -52,6 +52,7 @@ const std::vector<Case> kCases = {
     {1, 2, 200, 200, 80, 0, 64}, {1, 1, 150, 150, 128, 0, 70, 1},
     // decoding rows over more than 1024 keys, cut into chunks (NOTE [attention split-KV decoding])
     {1, 2, 1, 2500, 64, 2499, 700}, {2, 4, 3, 3000, 32, 2997, 1500, 2},
+    {2, 2, 2, 300, 128, 298, 100, 1}, {1, 3, 4, 70, 96, 66, 20},  // AVX-512 decode rows of D 128 and 96
 };
 
 struct Inputs {
