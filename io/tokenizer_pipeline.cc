@@ -43,16 +43,19 @@ std::u32string bert_normalize(std::u32string_view in, const BertNormalizer& n) {
   return a;
 }
 
-void replace_all(std::u32string& s, std::u32string_view from, std::u32string_view to) {
+// Every occurrence of `from` (left to right, not overlapping) becomes `to`.
+template <class Str>
+void replace_all(Str& s, std::basic_string_view<typename Str::value_type> from,
+                 std::basic_string_view<typename Str::value_type> to) {
   if (from.empty()) return;
-  std::u32string out;
+  Str out;
   size_t last = 0;
-  for (size_t p = s.find(from); p != std::u32string::npos; p = s.find(from, last)) {
+  for (size_t p = s.find(from); p != Str::npos; p = s.find(from, last)) {
     out.append(s, last, p - last);
     out.append(to);
     last = p + from.size();
   }
-  out.append(s, last, std::u32string::npos);
+  out.append(s, last, Str::npos);
   s.swap(out);
 }
 
@@ -238,19 +241,6 @@ void wordpiece_cleanup(std::string& s) {
     for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + to.size())) s.replace(p, from.size(), to);
 }
 
-void replace_all_bytes(std::string& s, std::string_view from, std::string_view to) {
-  if (from.empty()) return;
-  std::string out;
-  size_t last = 0;
-  for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, last)) {
-    out.append(s, last, p - last);
-    out.append(to);
-    last = p + from.size();
-  }
-  out.append(s, last, std::string::npos);
-  s.swap(out);
-}
-
 // "<0xAB>" (hex digits of either case) -> 0xAB.
 std::optional<uint8_t> fallback_byte(const std::string& t) {
   if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return std::nullopt;
@@ -346,7 +336,7 @@ std::vector<std::string> apply(const DecoderStep& d, std::vector<std::string> to
       }
       return tokens;
     case K::kReplace:
-      for (std::string& t : tokens) replace_all_bytes(t, d.from, d.to);
+      for (std::string& t : tokens) replace_all<std::string>(t, d.from, d.to);
       return tokens;
     case K::kMetaspace:
       // The replacement becomes a space, except in the first token, where it
@@ -397,7 +387,7 @@ std::u32string normalize(std::u32string_view text, const std::vector<NormalizerS
       case K::kPrepend:
         if (!t.empty()) t.insert(0, s.to);
         break;
-      case K::kReplace: replace_all(t, s.from, s.to); break;
+      case K::kReplace: replace_all<std::u32string>(t, s.from, s.to); break;
       case K::kNfc: t = uni::nfc(t); break;
       case K::kLowercase: {
         std::u32string b;

@@ -331,9 +331,17 @@ ASPEN_TARGET_AVX512 inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
 }
 
-// MR rows x 64 columns of C (four vectors; mk masks each), accumulated in
-// registers over k. A fully masked vector costs FMAs but touches no memory.
-template <int MR>
+// MR rows x 64 columns of C (four vectors), accumulated in registers over k.
+// kWhole: all 64 columns, plain loads and stores; else mk masks each vector
+// (a ragged last panel: a fully masked vector costs FMAs but touches no
+// memory). The masked loads cost the whole-panel case 12 % of the backward.
+template <bool kWhole>
+ASPEN_TARGET_AVX512 inline __m512 load_panel(const float* p, const __mmask16* mk, int v) {
+  if constexpr (kWhole) return _mm512_loadu_ps(p);
+  else return _mm512_maskz_loadu_ps(mk[v], p);
+}
+
+template <int MR, bool kWhole>
 ASPEN_TARGET_AVX512 void gemm_tile_512(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb,
                                        float* c, int64_t ldc, int64_t kk, const __mmask16* mk, bool accumulate) {
   __m512 acc[MR][4];
@@ -341,11 +349,11 @@ ASPEN_TARGET_AVX512 void gemm_tile_512(const float* a, int64_t ars, int64_t aks,
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v)
-      acc[r][v] = accumulate ? _mm512_maskz_loadu_ps(mk[v], c + r * ldc + 16 * v) : _mm512_setzero_ps();
+      acc[r][v] = accumulate ? load_panel<kWhole>(c + r * ldc + 16 * v, mk, v) : _mm512_setzero_ps();
   for (int64_t k = 0; k < kk; ++k) {
     const float* bk = b + k * ldb;
-    const __m512 bv[4] = {_mm512_maskz_loadu_ps(mk[0], bk), _mm512_maskz_loadu_ps(mk[1], bk + 16),
-                          _mm512_maskz_loadu_ps(mk[2], bk + 32), _mm512_maskz_loadu_ps(mk[3], bk + 48)};
+    const __m512 bv[4] = {load_panel<kWhole>(bk, mk, 0), load_panel<kWhole>(bk + 16, mk, 1),
+                          load_panel<kWhole>(bk + 32, mk, 2), load_panel<kWhole>(bk + 48, mk, 3)};
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) {
       const __m512 ar = _mm512_set1_ps(a[r * ars + k * aks]);
@@ -356,42 +364,18 @@ ASPEN_TARGET_AVX512 void gemm_tile_512(const float* a, int64_t ars, int64_t aks,
 #pragma GCC unroll 4
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(c + r * ldc + 16 * v, mk[v], acc[r][v]);
+    for (int v = 0; v < 4; ++v) {
+      if constexpr (kWhole) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+      else _mm512_mask_storeu_ps(c + r * ldc + 16 * v, mk[v], acc[r][v]);
+    }
 }
 
 using GemmTile512 = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t,
                              const __mmask16*, bool);
-constexpr GemmTile512 kGemmTiles512[4] = {gemm_tile_512<1>, gemm_tile_512<2>, gemm_tile_512<3>, gemm_tile_512<4>};
-
-// gemm_tile_512 for a panel of all 64 columns: plain loads and stores.
-template <int MR>
-ASPEN_TARGET_AVX512 void gemm_panel_512(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb,
-                                        float* c, int64_t ldc, int64_t kk, bool accumulate) {
-  __m512 acc[MR][4];
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
-  for (int64_t k = 0; k < kk; ++k) {
-    const float* bk = b + k * ldb;
-    const __m512 bv[4] = {_mm512_loadu_ps(bk), _mm512_loadu_ps(bk + 16), _mm512_loadu_ps(bk + 32),
-                          _mm512_loadu_ps(bk + 48)};
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; ++r) {
-      const __m512 ar = _mm512_set1_ps(a[r * ars + k * aks]);
-#pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
-}
-
-using GemmPanel512 = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t, bool);
-constexpr GemmPanel512 kGemmPanels512[4] = {gemm_panel_512<1>, gemm_panel_512<2>, gemm_panel_512<3>,
-                                            gemm_panel_512<4>};
+constexpr GemmTile512 kGemmTiles512[4] = {gemm_tile_512<1, false>, gemm_tile_512<2, false>, gemm_tile_512<3, false>,
+                                          gemm_tile_512<4, false>};
+constexpr GemmTile512 kGemmPanels512[4] = {gemm_tile_512<1, true>, gemm_tile_512<2, true>, gemm_tile_512<3, true>,
+                                           gemm_tile_512<4, true>};
 
 // NOTE [attention fused strips]: a full tile (every row uses all kBk keys, no
 // layout cut, no bias) runs 16 query rows at a time through all three steps.
@@ -423,7 +407,7 @@ struct Avx512 {
       if (n - j >= 64) {
         for (int64_t i = 0; i < m; i += 4)
           kGemmPanels512[std::min<int64_t>(4, m - i) - 1](a + i * ars, ars, aks, b + j, ldb, c + i * ldc + j, ldc, kk,
-                                                          accumulate);
+                                                          nullptr, accumulate);
         continue;
       }
       __mmask16 mk[4];
@@ -759,7 +743,7 @@ ASPEN_TARGET_AVX512 void fused_group_512(const float* qs, int64_t D, const float
     if (D - d0 >= 64) {
       for (int64_t i = 0; i < rows; i += 4)
         kGemmPanels512[std::min<int64_t>(4, rows - i) - 1](s + i * kBk, kBk, 1, vb + d0, D, o + i * D + d0, D, kBk,
-                                                           true);
+                                                           nullptr, true);
       continue;
     }
     __mmask16 mk[4];

@@ -62,19 +62,24 @@ def cat(cp):
     return unicodedata.category(chr(cp))
 
 
-def emit_ranges(name, cps):
-    rs = ranges(cps)
-    print(f"// {len(cps)} code points in {len(rs)} ranges.")
-    print(f"constexpr CodeRange {name}[] = {{")
+def emit_array(ctype, name, items):
+    """A C array of brace-initialized items, wrapped at 100 columns."""
+    print(f"constexpr {ctype} {name}[] = {{")
     line = " "
-    for lo, hi in rs:
-        item = f" {{0x{lo:X}, 0x{hi:X}}},"
+    for item in items:
+        item = f" {{{item}}},"
         if len(line) + len(item) > 100:
             print(line)
             line = " "
         line += item
     print(line)
     print("};\n")
+
+
+def emit_ranges(name, cps):
+    rs = ranges(cps)
+    print(f"// {len(cps)} code points in {len(rs)} ranges.")
+    emit_array("CodeRange", name, (f"0x{lo:X}, 0x{hi:X}" for lo, hi in rs))
 
 
 def emit_map(name, mapping):
@@ -91,16 +96,7 @@ def emit_map(name, mapping):
                 continue
         runs.append([cp, cp, d, 1])
     print(f"// {len(singles)} one-to-one mappings in {len(runs)} runs.")
-    print(f"constexpr MapRun {name}Runs[] = {{")
-    line = " "
-    for lo, hi, d, st in runs:
-        item = f" {{0x{lo:X}, 0x{hi:X}, {d}, {st}}},"
-        if len(line) + len(item) > 100:
-            print(line)
-            line = " "
-        line += item
-    print(line)
-    print("};\n")
+    emit_array("MapRun", f"{name}Runs", (f"0x{lo:X}, 0x{hi:X}, {d}, {st}" for lo, hi, d, st in runs))
     assert all(len(r) <= 4 for _, r in multi), "raise MultiMap::to's size"
     print(f"constexpr MultiMap {name}Multi[] = {{")
     for cp, r in multi:
@@ -209,27 +205,9 @@ def main():
         else:
             cruns.append([cp, cp, ccc[cp]])
     print(f"// {len(ccc)} code points with a nonzero canonical combining class, in {len(cruns)} runs.")
-    print("constexpr ClassRange kCombiningClass[] = {")
-    line = " "
-    for lo, hi, c in cruns:
-        item = f" {{0x{lo:X}, 0x{hi:X}, {c}}},"
-        if len(line) + len(item) > 100:
-            print(line)
-            line = " "
-        line += item
-    print(line)
-    print("};\n")
+    emit_array("ClassRange", "kCombiningClass", (f"0x{lo:X}, 0x{hi:X}, {c}" for lo, hi, c in cruns))
     print(f"// {len(compose)} primary composites: {{first, second, composite}}, sorted.")
-    print("constexpr Composition kCompose[] = {")
-    line = " "
-    for (a, b), c in sorted(compose.items()):
-        item = f" {{0x{a:X}, 0x{b:X}, 0x{c:X}}},"
-        if len(line) + len(item) > 100:
-            print(line)
-            line = " "
-        line += item
-    print(line)
-    print("};\n")
+    emit_array("Composition", "kCompose", (f"0x{a:X}, 0x{b:X}, 0x{c:X}" for (a, b), c in sorted(compose.items())))
 
 
 if __name__ == "__main__":

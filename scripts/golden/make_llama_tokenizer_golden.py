@@ -33,11 +33,15 @@ digest of every line of tinyshakespeare (as make_tokenizer_golden.py).
 import json
 import os
 import pathlib
+import sys
 import tempfile
 
 import sentencepiece as spm
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers.tokenization_utils_base import generate_merges
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from make_tokenizer_golden import cases_golden, fnv1a  # noqa: E402  (the same cases and digest)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SHARED = pathlib.Path(os.environ.get("ASPEN_SHARED_DIR", REPO.parent / "shared"))
@@ -141,25 +145,6 @@ def byte_level_bpe(regex, nfc, bos):
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
     return tok
-
-
-def cases_golden(tok, texts):
-    out = []
-    for t in texts:
-        plain = tok.encode(t, add_special_tokens=False).ids
-        special = tok.encode(t, add_special_tokens=True).ids
-        out.append({"ids": plain, "ids_special": special,
-                    "decoded": tok.decode(plain, skip_special_tokens=False),
-                    "decoded_skip": tok.decode(special, skip_special_tokens=True)})
-    return out
-
-
-def fnv1a(h, ids):
-    for i in ids + [0xFFFFFFFF]:
-        for b in (i & 0xFFFFFFFF).to_bytes(4, "little"):
-            h ^= b
-            h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
 
 
 def digest(tok, lines):
