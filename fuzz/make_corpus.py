@@ -80,6 +80,40 @@ def tiny_bpe():
     }
 
 
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def tiny_spm(legacy):
+    """A SentencePiece-converted BPE (Llama 2 / Mistral): characters, <0xXX> byte tokens, byte fallback."""
+    toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list("\u2581abcdehilnorstw")
+    merges = [["\u2581", "t"], ["h", "e"], ["\u2581t", "he"], ["l", "l"], ["e", "r"], ["i", "n"], ["<0xE4>", "<0xBD>"]]
+    vocab = {t: i for i, t in enumerate(toks)}
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for i, t in enumerate(toks[:3])]
+    base = {
+        "version": "1.0", "added_tokens": added, "normalizer": None, "pre_tokenizer": None,
+        "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                                    {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges},
+    }
+    if legacy:
+        base["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+    else:
+        base["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True}
+    return base
+
+
 def tiny_wordpiece():
     toks = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "!", "a", "the", "cat", "sat", "on", "mat",
             "play", "##ing", "##ed", "##s", "un", "##able", "hello", "world", "你", "好", "cafe"]
@@ -146,6 +180,23 @@ def seeds():
         "wordpiece_with_text.json": tj(wp) + b"\0The cat sat on the mat. Playing unable!\0\xe4\xbd\xa0\xe5\xa5\xbd CAF\xc3\x89",
         "wordpiece_bert_processing.json": tj(with_(wp, post_processor={"type": "BertProcessing", "sep": ["[SEP]", 3],
                                                                        "cls": ["[CLS]", 2]})),
+        # The Llama family's pipelines (io/tokenizer_pipeline.h).
+        "spm_legacy.json": tj(tiny_spm(True)) + "\0the weather \u4f60\u597d\U0001f600\0<s>hello  there".encode(),
+        "spm_metaspace.json": tj(tiny_spm(False)) + "\0 two  words\u2581and\0".encode(),
+        "llama3_split.json": tj(with_(
+            model_with(bpe, ignore_merges=True),
+            normalizer={"type": "NFC"},
+            pre_tokenizer={"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+            post_processor={"type": "Sequence", "processors": [
+                {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+                {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                                                          {"Sequence": {"id": "A", "type_id": 0}}],
+                 "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                 "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0],
+                                                      "tokens": ["<|endoftext|>"]}}}]})) +
+            "\0I'M 12345 x\r\n\n  y\0e\u0301\u1100\u1161".encode(),
     }
     return st, tjs
 
