@@ -463,33 +463,27 @@ struct Avx512 {
     }
   }
 
-  // exp2_fast on 16 lanes: the same polynomial, 2^n by vscalefps; x < -126 (and -inf) flushes to +0.
+  // 2^f for f in [-0.5, 0.5]: exp2_fast's polynomial on 16 lanes.
+  ASPEN_TARGET_AVX512 static __m512 exp2_poly_512(__m512 f) {
+    __m512 p = _mm512_set1_ps(kP6);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP1));
+    return _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP0));
+  }
   // exp2_512 for finite x only (no clamping: vscalefps takes any n; -inf would give NaN).
   ASPEN_TARGET_AVX512 static __m512 exp2_finite_512(__m512 x) {
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(kP6);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP5));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP4));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP3));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP2));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP1));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP0));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_scalef_ps(exp2_poly_512(_mm512_sub_ps(x, n)), n);
   }
+  // exp2_fast on 16 lanes: the same polynomial, 2^n by vscalefps; x < -126 (and -inf) flushes to +0.
   ASPEN_TARGET_AVX512 static __m512 exp2_512(__m512 x) {
     const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
     const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(xc, n);
-    __m512 p = _mm512_set1_ps(kP6);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP5));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP4));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP3));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP2));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP1));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kP0));
     const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_LT_OQ);
-    return _mm512_maskz_scalef_ps(__mmask16(~under), p, n);
+    return _mm512_maskz_scalef_ps(__mmask16(~under), exp2_poly_512(_mm512_sub_ps(xc, n)), n);
   }
 
   // NOTE [attention full tiles]: a full tile's rows take their max, probabilities and sums in registers;
