@@ -34,7 +34,10 @@ class HfTokenizer final : public Tokenizer {
       if (chars.size() == 1 && uni::to_utf8(chars) == tok) char_id_[chars[0]] = id;
     }
     for (const auto& a : cfg_.added) {
-      id_to_token_[size_t(a.id)] = a.content;
+      has_normalized_added_ |= a.normalized;
+      // A normalized token's string is its normalized content (HF's id_to_token and decode: "▁fooBar");
+      // token_to_id takes the content as written.
+      id_to_token_[size_t(a.id)] = a.normalized ? uni::to_utf8(a.norm_text) : a.content;
       present_[size_t(a.id)] = true;
       if (a.special) special_set_.insert(a.id);
       added_by_content_[a.content] = a.id;
@@ -66,27 +69,10 @@ class HfTokenizer final : public Tokenizer {
     const std::u32string t = uni::decode_utf8_lossy(text);
     std::vector<TokenId> ids;
     if (add_special_tokens) ids = cfg_.post_prefix;
-    size_t seg = 0, i = 0;
-    while (i < t.size()) {
-      const AddedToken* best = nullptr;
-      for (const AddedToken& a : cfg_.added) {
-        if (a.text.empty() || (best && a.text.size() <= best->text.size())) continue;
-        if (t.compare(i, a.text.size(), a.text) == 0) best = &a;
-      }
-      if (!best) {
-        ++i;
-        continue;
-      }
-      size_t begin = i, end = i + best->text.size();
-      if (best->lstrip)
-        while (begin > seg && uni::is_bert_space(t[begin - 1])) --begin;
-      if (best->rstrip)
-        while (end < t.size() && uni::is_bert_space(t[end])) ++end;
-      encode_segment(std::u32string_view(t).substr(seg, begin - seg), seg == 0, ids);
-      ids.push_back(best->id);
-      seg = i = end;
-    }
-    encode_segment(std::u32string_view(t).substr(seg), seg == 0, ids);
+    // The raw text, split on the tokens that are not normalized; each stretch between them is normalized.
+    split_on_added(t, /*normalized=*/false, ids, [&](std::u32string_view seg, bool at_start) {
+      encode_segment(seg, at_start, ids);
+    });
     if (add_special_tokens) ids.insert(ids.end(), cfg_.post_suffix.begin(), cfg_.post_suffix.end());
     return ids;
   }
@@ -136,8 +122,38 @@ class HfTokenizer final : public Tokenizer {
   const SpecialTokenIds& special_ids() const override { return special_; }
 
  private:
+  // Splits t on the added tokens of one kind (normalized or not), leftmost
+  // and longest first, with their lstrip / rstrip: each token's id goes to
+  // ids, each stretch between them to `stretch` (with whether it begins t).
+  template <class F>
+  void split_on_added(std::u32string_view t, bool normalized, std::vector<TokenId>& ids, F stretch) const {
+    size_t seg = 0, i = 0;
+    while (i < t.size()) {
+      const AddedToken* best = nullptr;
+      for (const AddedToken& a : cfg_.added) {
+        if (a.normalized != normalized) continue;
+        const std::u32string& text = normalized ? a.norm_text : a.text;
+        if (text.empty() || (best && text.size() <= (normalized ? best->norm_text : best->text).size())) continue;
+        if (t.compare(i, text.size(), text) == 0) best = &a;
+      }
+      if (!best) {
+        ++i;
+        continue;
+      }
+      size_t begin = i, end = i + (normalized ? best->norm_text : best->text).size();
+      if (best->lstrip)
+        while (begin > seg && uni::is_bert_space(t[begin - 1])) --begin;
+      if (best->rstrip)
+        while (end < t.size() && uni::is_bert_space(t[end])) ++end;
+      if (begin > seg) stretch(t.substr(seg, begin - seg), seg == 0);
+      ids.push_back(best->id);
+      seg = i = end;
+    }
+    if (seg < t.size()) stretch(t.substr(seg), seg == 0);
+  }
+
   // Text between added tokens (`at_start`: it begins the input): normalize,
-  // pre-tokenize, run the model on each word.
+  // split on the normalized added tokens, pre-tokenize, run the model on each word.
   void encode_segment(std::u32string_view seg, bool at_start, std::vector<TokenId>& ids) const {
     if (seg.empty()) return;
     std::u32string norm;
@@ -145,10 +161,15 @@ class HfTokenizer final : public Tokenizer {
       norm = normalize(seg, cfg_.normalizers);
       seg = norm;
     }
-    for (const Piece& p : pre_tokenize(seg, at_start, cfg_.pre_tokenizers)) {
-      if (cfg_.model == ModelKind::kBpe) bpe_word(p.text, ids);
-      else wordpiece_word(p.text, ids);
-    }
+    const auto words = [&](std::u32string_view part, bool first) {
+      for (const Piece& p : pre_tokenize(part, first, cfg_.pre_tokenizers)) {
+        if (cfg_.model == ModelKind::kBpe) bpe_word(p.text, ids);
+        else wordpiece_word(p.text, ids);
+      }
+    };
+    if (!has_normalized_added_) return words(seg, at_start);
+    split_on_added(seg, /*normalized=*/true, ids,
+                   [&](std::u32string_view part, bool first) { words(part, at_start && first); });
   }
 
   template <class F>
@@ -298,6 +319,7 @@ class HfTokenizer final : public Tokenizer {
   std::unordered_map<char32_t, TokenId> char_id_;  // tokens of one character
   std::array<TokenId, 256> fallback_id_{};         // <0xXX> tokens, -1 where absent
   TokenId unk_id_ = -1;
+  bool has_normalized_added_ = false;
   SpecialTokenIds special_;
   mutable std::mutex cache_mu_;
   mutable std::unordered_map<std::string, std::vector<TokenId>> cache_;

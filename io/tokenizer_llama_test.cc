@@ -21,7 +21,8 @@ using tokenizer_test::fnv1a;
 using tokenizer_test::split_lines;
 
 const std::string kTestdata = ASPEN_IO_TESTDATA;
-const char* const kNames[] = {"spm_legacy", "spm_metaspace", "spm_metaspace_split", "llama3_bpe", "qwen2_bpe"};
+const char* const kNames[] = {"spm_legacy", "spm_metaspace", "spm_metaspace_split", "llama3_bpe", "qwen2_bpe",
+                              "spm_added", "qwen2_added"};
 
 const json& golden() {
   static const json j = json::parse(read_bytes(kTestdata + "/tokenizer_llama_golden.json"));
@@ -51,6 +52,7 @@ void check_cases(const Tokenizer& tok, const std::vector<std::string>& texts, co
 TEST(LlamaTokenizers, HardCasesMatchHuggingFace) {
   const auto hard = split_lines(read_bytes(kTestdata + "/tokenizer_hard_cases.txt"));
   const auto llama = golden()["cases"].get<std::vector<std::string>>();
+  const auto added = golden()["added_cases"].get<std::vector<std::string>>();
   for (const char* name : kNames) {
     SCOPED_TRACE(name);
     auto tok = load_ok(name);
@@ -58,6 +60,7 @@ TEST(LlamaTokenizers, HardCasesMatchHuggingFace) {
     EXPECT_EQ(tok->vocab_size(), golden()[name]["vocab_size"].get<size_t>());
     check_cases(*tok, hard, golden()[name]["hard_cases"]);
     check_cases(*tok, llama, golden()[name]["llama_cases"]);
+    check_cases(*tok, added, golden()[name]["added_cases"]);  // tokens a user added, normalized and not
   }
 }
 

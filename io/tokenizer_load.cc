@@ -140,8 +140,8 @@ Status read_added_tokens(const JsonAt& at, const json& root, bool has_normalizer
     ASPEN_ASSIGN_OR_RETURN(bool single_word, opt_bool(at, e, key + ".", "single_word", false));
     ASPEN_ASSIGN_OR_RETURN(bool normalized, opt_bool(at, e, key + ".", "normalized", !a.special));
     if (single_word) return Status::unimplemented(at.path + ": " + key, "single_word added tokens");
-    if (normalized && has_normalizer)
-      return Status::unimplemented(at.path + ": " + key, "normalized added tokens with a normalizer");
+    a.normalized = normalized && has_normalizer;  // without a normalizer both kinds match the raw text
+    if (a.normalized) a.norm_text = normalize(a.text, cfg->normalizers);
     cfg->added.push_back(std::move(a));
   }
   return Status::ok();

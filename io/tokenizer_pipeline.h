@@ -24,11 +24,16 @@
 
 namespace aspen::io::tok {
 
+// An added token. Tokens with normalized = false are matched in the raw text
+// before anything else; with normalized = true (and a normalizer), in each
+// normalized stretch between those, as their content normalized
+// (`norm_text`: Prepend makes "foo" "▁foo"), as HF's AddedVocabulary does.
 struct AddedToken {
   std::string content;
-  std::u32string text;  // content decoded, for matching
+  std::u32string text;       // content decoded, for matching
+  std::u32string norm_text;  // normalized: the content through the normalizers
   TokenId id = -1;
-  bool special = false, lstrip = false, rstrip = false;
+  bool special = false, lstrip = false, rstrip = false, normalized = false;
 };
 
 struct BertNormalizer {

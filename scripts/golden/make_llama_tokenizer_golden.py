@@ -23,6 +23,8 @@ others fall back to bytes):
                 post-processor adding <|begin_of_text|>.
   qwen2_bpe/    Qwen2: the same with Qwen2's regex (single digits), an NFC
                 normalizer and no BOS.
+  spm_added/, qwen2_added/  spm_legacy and qwen2_bpe with tokens a user added,
+                normalized and not (ADDED_CASES exercise them).
 
 Each directory holds tokenizer.json only. The cases are
 io/testdata/tokenizer_hard_cases.txt (shared with the GPT-2 / BERT goldens)
@@ -33,6 +35,7 @@ digest of every line of tinyshakespeare (as make_tokenizer_golden.py).
 import json
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 
@@ -147,6 +150,18 @@ def byte_level_bpe(regex, nfc, bos):
     return tok
 
 
+def with_added(tok, tokens):
+    tok.add_tokens([t for t in tokens if not t.special])
+    tok.add_special_tokens([t for t in tokens if t.special])
+    return tok
+
+
+ADDED_CASES = [
+    "hello fooBar there", "fooBarfooBar", "x baz qux y", "the zed is fooBar", " fooBar", "baz quxfooBar",
+    "a  <tool>  b", "[x]   y", "<s>fooBar</s>", "cafe\u0301 cafe\u0301s caf\u00e9 Straße", "zedzed fooBar[x]",
+]
+
+
 def digest(tok, lines):
     total, hashes = 0, []
     h = 0xCBF29CE484222325
@@ -161,8 +176,9 @@ def digest(tok, lines):
 
 
 def main():
-    with tempfile.TemporaryDirectory() as tmp:
-        model_file = spm_model(tmp)
+    tmp = tempfile.mkdtemp()
+    model_file = model_file_copy = spm_model(tmp)
+    if True:
         toks = {
             "spm_legacy": spm_tokenizer(model_file, legacy=True),
             "spm_metaspace": spm_tokenizer(model_file, legacy=False),
@@ -170,19 +186,29 @@ def main():
         }
     toks["llama3_bpe"] = byte_level_bpe(LLAMA3_REGEX, nfc=False, bos="<|begin_of_text|>")
     toks["qwen2_bpe"] = byte_level_bpe(QWEN2_REGEX, nfc=True, bos=None)
+    # Tokens a user added (tokenizer.add_tokens): normalized ones match the normalized text, as their
+    # content normalized (Prepend makes "fooBar" "\u2581fooBar"), the others the raw text first.
+    toks["spm_added"] = with_added(spm_tokenizer(model_file_copy, legacy=True), [
+        AddedToken("fooBar", normalized=True), AddedToken("baz qux", normalized=True),
+        AddedToken("zed", normalized=False), AddedToken("<tool>", normalized=False, special=True, lstrip=True),
+        AddedToken("[x]", normalized=True, rstrip=True)])
+    toks["qwen2_added"] = with_added(byte_level_bpe(QWEN2_REGEX, nfc=True, bos=None), [
+        AddedToken("cafe\u0301", normalized=True), AddedToken("Straße", normalized=False)])
 
     hard = (OUT / "tokenizer_hard_cases.txt").read_bytes().decode("utf-8").split("\n")
     lines = CORPUS.read_text(encoding="utf-8").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    golden = {"cases": LLAMA_CASES}
+    golden = {"cases": LLAMA_CASES, "added_cases": ADDED_CASES}
     for name, tok in toks.items():
         d = OUT / name
         d.mkdir(exist_ok=True)
         tok.save(str(d / "tokenizer.json"))
         tok = Tokenizer.from_file(str(d / "tokenizer.json"))  # what a user's file gives
         golden[name] = {"vocab_size": tok.get_vocab_size(), "hard_cases": cases_golden(tok, hard),
-                        "llama_cases": cases_golden(tok, LLAMA_CASES), "tinyshakespeare": digest(tok, lines)}
+                        "llama_cases": cases_golden(tok, LLAMA_CASES), "added_cases": cases_golden(tok, ADDED_CASES),
+                        "tinyshakespeare": digest(tok, lines)}
+    shutil.rmtree(tmp)
     (OUT / "tokenizer_llama_golden.json").write_text(json.dumps(golden, ensure_ascii=False, indent=None) + "\n",
                                                      encoding="utf-8")
 
