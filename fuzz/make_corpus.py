@@ -93,6 +93,8 @@ def tiny_spm(legacy):
         vocab.setdefault(a + b, len(vocab))
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
               "special": True} for i, t in enumerate(toks[:3])]
+    added.append({"id": len(vocab), "content": "fooBar", "single_word": False, "lstrip": False, "rstrip": True,
+                  "normalized": True, "special": False})  # matched in the normalized text
     base = {
         "version": "1.0", "added_tokens": added, "normalizer": None, "pre_tokenizer": None,
         "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
