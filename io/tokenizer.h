@@ -1,8 +1,13 @@
 // io/tokenizer.h: Hugging Face tokenizers, reproduced id for id.
 //
-// Two model families are supported, each loaded from Hugging Face files:
-//   * byte-level BPE (GPT-2, GPT-J): tokenizer.json, or vocab.json + merges.txt;
+// Loaded from Hugging Face files:
+//   * byte-level BPE: GPT-2, GPT-J (tokenizer.json, or vocab.json + merges.txt),
+//     Llama 3 and Qwen2 (tokenizer.json: Split on their regexes, NFC);
+//   * SentencePiece conversions (Llama 2, Mistral: tokenizer.json with byte
+//     fallback, Prepend/Replace or Metaspace);
 //   * WordPiece (BERT): tokenizer.json, or vocab.txt (uncased BERT defaults).
+// tokenizer.json is read as the pipeline of components it names
+// (io/tokenizer_pipeline.h; docs/tokenizers.md lists them).
 // load_tokenizer() picks the files in a model directory. encode() gives the
 // ids `tokenizers` (the Rust library behind transformers' fast tokenizers)
 // gives for the same text, including added/special tokens matched before
@@ -32,8 +37,9 @@ namespace aspen::io {
 using TokenId = int32_t;
 
 // Ids of the tokens models treat specially; absent when the vocabulary has none.
-// Found by name: bos/eos "<|endoftext|>" (GPT-2 uses one token for both) or
-// "<s>"/"</s>"; unk from the model; pad "[PAD]"/"<pad>" or tokenizer.json's
+// Found by name: bos/eos "<|endoftext|>" (GPT-2 uses one token for both),
+// "<s>"/"</s>" or "<|begin_of_text|>"/"<|end_of_text|>"; unk from the model;
+// pad "[PAD]"/"<pad>" or tokenizer.json's
 // padding; cls "[CLS]", sep "[SEP]", mask "[MASK]".
 struct SpecialTokenIds {
   std::optional<TokenId> bos, eos, unk, pad, cls, sep, mask;
