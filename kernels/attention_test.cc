@@ -196,6 +196,52 @@ std::vector<int32_t> make_segments(int64_t B, int64_t S, int64_t max_len, uint64
   return seg;
 }
 
+// Forward and backward of every ISA against the f64 reference for one problem and mask (dbias too when the
+// mask has a bias). `all_masked`: every row is masked (out 0, no gradient to compare).
+void expect_matches_reference(const Case& c, const Inputs& in, const AttentionMask& mask, bool all_masked = false) {
+  const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
+  const size_t nb = mask.bias.empty() ? 0 : nl * size_t(c.S);
+  const float scale = 1.0f / std::sqrt(float(c.D));
+  std::vector<double> want_out(nq), want_lse(nl), dq(nq), dk(nk), dv(nk), db(nb);
+  ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), want_out.data(),
+                                 want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
+  std::vector<float> out32(nq), lse32(nl);
+  ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), out32.data(), lse32.data(), c.B, c.H, c.hk(),
+                                c.T, c.S, c.D, scale, mask);
+  ref::attention_backward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), to_f64(out32).data(),
+                                  to_f64(lse32).data(), to_f64(in.dout).data(), dq.data(), dk.data(), dv.data(), c.B,
+                                  c.H, c.hk(), c.T, c.S, c.D, double(scale), mask, nb ? db.data() : nullptr);
+  for (Isa isa : testing::available_isas(Isa::avx512)) {
+    SCOPED_TRACE(isa_name(isa));
+    ScopedIsaCap cap(isa);
+    Guarded<float> out(nq, NAN), lse(nl, NAN), gq(nq, NAN), gk(nk, NAN), gv(nk, NAN), gb(nb, NAN);
+    ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
+                                  mask)
+                    .is_ok());
+    EXPECT_GUARDS(out);
+    if (all_masked) {
+      for (float o : out.cspan()) ASSERT_EQ(o, 0.0f);
+    } else {
+      EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
+    }
+    EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
+    ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out32, lse32, in.dout, gq.span(), gk.span(), gv.span(), c.B, c.H,
+                                   c.hk(), c.T, c.S, c.D, scale, mask, gb.span())
+                    .is_ok());
+    EXPECT_GUARDS(gq);
+    EXPECT_GUARDS(gk);
+    EXPECT_GUARDS(gv);
+    EXPECT_GUARDS(gb);
+    if (all_masked) continue;
+    EXPECT_TRUE(close_nmse(gq.cspan(), std::span<const double>(dq), kNmse)) << "dq";
+    EXPECT_TRUE(close_nmse(gk.cspan(), std::span<const double>(dk), kNmse)) << "dk";
+    EXPECT_TRUE(close_nmse(gv.cspan(), std::span<const double>(dv), kNmse)) << "dv";
+    if (nb) {
+      EXPECT_TRUE(close_nmse(gb.cspan(), std::span<const double>(db), kNmse)) << "dbias";
+    }
+  }
+}
+
 // xformers' structured masks: block-diagonal (packed documents) with no mask,
 // causal and local windows; local windows reaching right; bottom-right
 // alignment (kv_offset = S - T); with padding and grouped-query heads; forward
@@ -228,36 +274,7 @@ TEST(Attention, StructuredMasksMatchReference) {
     mask.window_right = x.kind == Kind::local ? x.window_right : 0;
     const std::vector<int32_t> seg = x.max_doc ? make_segments(c.B, c.S, x.max_doc, seed + 5) : std::vector<int32_t>{};
     mask.segments = seg;
-    const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
-    const float scale = 1.0f / std::sqrt(float(c.D));
-    std::vector<double> want_out(nq), want_lse(nl), dq(nq), dk(nk), dv(nk);
-    ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), want_out.data(),
-                                   want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
-    std::vector<float> out32(nq), lse32(nl);
-    ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), out32.data(), lse32.data(), c.B, c.H,
-                                  c.hk(), c.T, c.S, c.D, scale, mask);
-    ref::attention_backward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
-                                    to_f64(out32).data(), to_f64(lse32).data(), to_f64(in.dout).data(), dq.data(),
-                                    dk.data(), dv.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
-    for (Isa isa : testing::available_isas(Isa::avx512)) {
-      SCOPED_TRACE(isa_name(isa));
-      ScopedIsaCap cap(isa);
-      Guarded<float> out(nq, NAN), lse(nl, NAN), gq(nq, NAN), gk(nk, NAN), gv(nk, NAN);
-      ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
-                                    mask)
-                      .is_ok());
-      EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
-      EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
-      ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out32, lse32, in.dout, gq.span(), gk.span(), gv.span(), c.B,
-                                     c.H, c.hk(), c.T, c.S, c.D, scale, mask)
-                      .is_ok());
-      EXPECT_GUARDS(gq);
-      EXPECT_GUARDS(gk);
-      EXPECT_GUARDS(gv);
-      EXPECT_TRUE(close_nmse(gq.cspan(), std::span<const double>(dq), kNmse)) << "dq";
-      EXPECT_TRUE(close_nmse(gk.cspan(), std::span<const double>(dk), kNmse)) << "dk";
-      EXPECT_TRUE(close_nmse(gv.cspan(), std::span<const double>(dv), kNmse)) << "dv";
-    }
+    expect_matches_reference(c, in, mask);
   }
 }
 
@@ -306,41 +323,7 @@ TEST(Attention, BlockLayoutsMatchReference) {
     mask.layout_heads = x.layout_heads;
     const std::vector<int32_t> seg = x.max_doc ? make_segments(c.B, c.S, x.max_doc, seed + 5) : std::vector<int32_t>{};
     mask.segments = seg;
-    const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
-    const float scale = 1.0f / std::sqrt(float(c.D));
-    std::vector<double> want_out(nq), want_lse(nl), dq(nq), dk(nk), dv(nk);
-    ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), want_out.data(),
-                                   want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
-    std::vector<float> out32(nq), lse32(nl);
-    ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), out32.data(), lse32.data(), c.B, c.H,
-                                  c.hk(), c.T, c.S, c.D, scale, mask);
-    ref::attention_backward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
-                                    to_f64(out32).data(), to_f64(lse32).data(), to_f64(in.dout).data(), dq.data(),
-                                    dk.data(), dv.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
-    for (Isa isa : testing::available_isas(Isa::avx512)) {
-      SCOPED_TRACE(isa_name(isa));
-      ScopedIsaCap cap(isa);
-      Guarded<float> out(nq, NAN), lse(nl, NAN), gq(nq, NAN), gk(nk, NAN), gv(nk, NAN);
-      ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
-                                    mask)
-                      .is_ok());
-      if (x.density == 0.0f) {
-        for (float o : out.cspan()) ASSERT_EQ(o, 0.0f);
-      } else {
-        EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
-      }
-      EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
-      ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out32, lse32, in.dout, gq.span(), gk.span(), gv.span(), c.B,
-                                     c.H, c.hk(), c.T, c.S, c.D, scale, mask)
-                      .is_ok());
-      EXPECT_GUARDS(gq);
-      EXPECT_GUARDS(gk);
-      EXPECT_GUARDS(gv);
-      if (x.density == 0.0f) continue;
-      EXPECT_TRUE(close_nmse(gq.cspan(), std::span<const double>(dq), kNmse)) << "dq";
-      EXPECT_TRUE(close_nmse(gk.cspan(), std::span<const double>(dk), kNmse)) << "dk";
-      EXPECT_TRUE(close_nmse(gv.cspan(), std::span<const double>(dv), kNmse)) << "dv";
-    }
+    expect_matches_reference(c, in, mask, x.density == 0.0f);
   }
 }
 
@@ -376,33 +359,7 @@ TEST(Attention, AlibiMatchesReference) {
     std::vector<float> slopes(size_t(c.H));
     for (int64_t h = 0; h < c.H; ++h) slopes[size_t(h)] = std::exp2(-8.0f * float(h + 1) / float(c.H));
     mask.alibi_slopes = slopes;
-    const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
-    const float scale = 1.0f / std::sqrt(float(c.D));
-    std::vector<double> want_out(nq), want_lse(nl), dq(nq), dk(nk), dv(nk);
-    ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), want_out.data(),
-                                   want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
-    std::vector<float> out32(nq), lse32(nl);
-    ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), out32.data(), lse32.data(), c.B, c.H,
-                                  c.hk(), c.T, c.S, c.D, scale, mask);
-    ref::attention_backward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
-                                    to_f64(out32).data(), to_f64(lse32).data(), to_f64(in.dout).data(), dq.data(),
-                                    dk.data(), dv.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
-    for (Isa isa : testing::available_isas(Isa::avx512)) {
-      SCOPED_TRACE(isa_name(isa));
-      ScopedIsaCap cap(isa);
-      Guarded<float> out(nq, NAN), lse(nl, NAN), gq(nq, NAN), gk(nk, NAN), gv(nk, NAN);
-      ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
-                                    mask)
-                      .is_ok());
-      EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
-      EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
-      ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out32, lse32, in.dout, gq.span(), gk.span(), gv.span(), c.B,
-                                     c.H, c.hk(), c.T, c.S, c.D, scale, mask)
-                      .is_ok());
-      EXPECT_TRUE(close_nmse(gq.cspan(), std::span<const double>(dq), kNmse)) << "dq";
-      EXPECT_TRUE(close_nmse(gk.cspan(), std::span<const double>(dk), kNmse)) << "dk";
-      EXPECT_TRUE(close_nmse(gv.cspan(), std::span<const double>(dv), kNmse)) << "dv";
-    }
+    expect_matches_reference(c, in, mask);
   }
 }
 
@@ -432,37 +389,7 @@ TEST(Attention, TensorBiasMatchesReference) {
     mask.bias = bias;
     mask.bias_batch = x.bias_batch;
     mask.bias_heads = x.bias_heads;
-    const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T), nb = nl * size_t(c.S);
-    const float scale = 1.0f / std::sqrt(float(c.D));
-    std::vector<double> want_out(nq), want_lse(nl), dq(nq), dk(nk), dv(nk), db(nb);
-    ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), want_out.data(),
-                                   want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
-    std::vector<float> out32(nq), lse32(nl);
-    ref::attention_forward<float>(in.q.data(), in.k.data(), in.v.data(), out32.data(), lse32.data(), c.B, c.H,
-                                  c.hk(), c.T, c.S, c.D, scale, mask);
-    ref::attention_backward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
-                                    to_f64(out32).data(), to_f64(lse32).data(), to_f64(in.dout).data(), dq.data(),
-                                    dk.data(), dv.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask,
-                                    db.data());
-    for (Isa isa : testing::available_isas(Isa::avx512)) {
-      SCOPED_TRACE(isa_name(isa));
-      ScopedIsaCap cap(isa);
-      Guarded<float> out(nq, NAN), lse(nl, NAN), gq(nq, NAN), gk(nk, NAN), gv(nk, NAN), gb(nb, NAN);
-      ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
-                                    mask)
-                      .is_ok());
-      EXPECT_GUARDS(out);
-      EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
-      EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
-      ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out32, lse32, in.dout, gq.span(), gk.span(), gv.span(), c.B,
-                                     c.H, c.hk(), c.T, c.S, c.D, scale, mask, gb.span())
-                      .is_ok());
-      EXPECT_GUARDS(gb);
-      EXPECT_TRUE(close_nmse(gq.cspan(), std::span<const double>(dq), kNmse)) << "dq";
-      EXPECT_TRUE(close_nmse(gk.cspan(), std::span<const double>(dk), kNmse)) << "dk";
-      EXPECT_TRUE(close_nmse(gv.cspan(), std::span<const double>(dv), kNmse)) << "dv";
-      EXPECT_TRUE(close_nmse(gb.cspan(), std::span<const double>(db), kNmse)) << "dbias";
-    }
+    expect_matches_reference(c, in, mask);
   }
 
   // dbias by central differences of L = sum(dout * out) (bias broadcast over heads: summed).
