@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the Llama-family tokenizer golden data under io/testdata/ (run by a developer, not CI).
 
-  pip install tokenizers transformers sentencepiece protobuf
+  pip install tokenizers transformers sentencepiece   (versions: scripts/golden/requirements.txt)
   python3 scripts/golden/make_llama_tokenizer_golden.py
 
 No Llama, Mistral or Qwen2 tokenizer can be obtained offline from PyPI, so
