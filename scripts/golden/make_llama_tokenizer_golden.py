@@ -11,7 +11,7 @@ other scripts, so that some non-ASCII characters are in the vocabularies and
 others fall back to bytes):
 
   spm_legacy/   Llama 2 / Mistral: a SentencePiece BPE model with byte
-                fallback, converted by transformers' own LlamaConverter
+                fallback, converted as transformers' LlamaConverter converts it
                 (legacy: Prepend + Replace normalizers, no pre-tokenizer;
                 Replace, ByteFallback, Fuse, Strip decoders; <s> $A).
   spm_metaspace/ the same model converted non-legacy (Metaspace pre-tokenizer,
