@@ -445,6 +445,17 @@ struct Avx512 {
     }
   }
 
+  // Lane i of the result: the maximum (kMax) or the sum of the 16 lanes of r[i] (r is overwritten).
+  template <bool kMax>
+  ASPEN_TARGET_AVX512 static __m512 lanes_reduce(__m512 r[16]) {
+    transpose16(r);
+#pragma GCC unroll 8
+    for (int w = 8; w >= 1; w /= 2)
+#pragma GCC unroll 8
+      for (int i = 0; i < w; ++i) r[i] = kMax ? _mm512_max_ps(r[i], r[i + w]) : _mm512_add_ps(r[i], r[i + w]);
+    return r[0];
+  }
+
   ASPEN_TARGET_AVX512 static void transpose(const float* src, int64_t cols, int64_t D, float* dst) {
     for (int64_t c0 = 0; c0 < cols; c0 += 16) {
       const int64_t nc = std::min<int64_t>(16, cols - c0);
@@ -571,18 +582,14 @@ ASPEN_TARGET_AVX512 void decode_row_512(const float* q, const float* kh, const f
 #pragma GCC unroll 8
         for (int v = 1; v < NV; ++v) acc[kk] = _mm512_fmadd_ps(_mm512_loadu_ps(kj + 16 * v), qv[v], acc[kk]);
       }
-      Avx512::transpose16(acc);
-#pragma GCC unroll 8
-      for (int w = 8; w >= 1; w /= 2)
-#pragma GCC unroll 8
-        for (int i = 0; i < w; ++i) acc[i] = _mm512_add_ps(acc[i], acc[i + w]);
+      const __m512 dots = Avx512::lanes_reduce<false>(acc);
       __mmask16 live = _mm512_cmp_ps_mask(lanes, _mm512_set1_ps(float(n - g)), _CMP_LT_OQ);
       if (valid) {
         uint32_t bits = 0;
         for (int kk = 0; kk < 16 && g + kk < n; ++kk) bits |= uint32_t(valid[j0 + g + kk] != 0) << kk;
         live = __mmask16(live & bits);
       }
-      const __m512 sc = _mm512_mask_blend_ps(live, neg_inf, _mm512_mul_ps(acc[0], _mm512_set1_ps(cs)));
+      const __m512 sc = _mm512_mask_blend_ps(live, neg_inf, _mm512_mul_ps(dots, _mm512_set1_ps(cs)));
       _mm512_store_ps(s + g, sc);
       block_max = _mm512_max_ps(block_max, sc);
     }
@@ -676,18 +683,13 @@ using StripScores512 = void (*)(const float*, int64_t, const float*, float*, flo
 constexpr StripScores512 kStripScores512[4] = {strip_scores_512<1>, strip_scores_512<2>, strip_scores_512<3>,
                                                strip_scores_512<4>};
 
-// Lane r of the result: the maximum (kMax) or the sum of the 16 lanes of x[r].
+// Avx512::lanes_reduce over 16 rows of 16 floats at x.
 template <bool kMax>
 ASPEN_TARGET_AVX512 __m512 lanes_reduce_512(const float* x) {
   __m512 r[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(x + 16 * i);
-  Avx512::transpose16(r);
-#pragma GCC unroll 8
-  for (int w = 8; w >= 1; w /= 2)
-#pragma GCC unroll 8
-    for (int i = 0; i < w; ++i) r[i] = kMax ? _mm512_max_ps(r[i], r[i + w]) : _mm512_add_ps(r[i], r[i + w]);
-  return r[0];
+  return Avx512::lanes_reduce<kMax>(r);
 }
 
 // NOTE [attention fused strips]: rows <= 16 of a tile; `allow` (4 masks per row) or null (every key).
@@ -733,19 +735,7 @@ ASPEN_TARGET_AVX512 void fused_group_512(const float* qs, int64_t D, const float
     const __m512 av = _mm512_set1_ps(al[r]);
     for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(o + r * D + d, _mm512_mul_ps(_mm512_loadu_ps(o + r * D + d), av));
   }
-  for (int64_t d0 = 0; d0 < D; d0 += 64) {
-    if (D - d0 >= 64) {
-      for (int64_t i = 0; i < rows; i += 4)
-        kGemmPanels512[std::min<int64_t>(4, rows - i) - 1](s + i * kBk, kBk, 1, vb + d0, D, o + i * D + d0, D, kBk,
-                                                           nullptr, true);
-      continue;
-    }
-    __mmask16 mk[4];
-    for (int v = 0; v < 4; ++v) mk[v] = tail_mask(std::max<int64_t>(0, D - d0 - 16 * v));
-    for (int64_t i = 0; i < rows; i += 4)
-      kGemmTiles512[std::min<int64_t>(4, rows - i) - 1](s + i * kBk, kBk, 1, vb + d0, D, o + i * D + d0, D, kBk, mk,
-                                                        true);
-  }
+  Avx512::gemm(s, kBk, 1, vb, D, o, D, rows, D, kBk, true);
 }
 
 ASPEN_TARGET_AVX512 bool Avx512::fused_tile(const float* qs, const float* kt, const float* vb, int64_t rows,
@@ -1057,14 +1047,10 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
       m[r] = kNegInf;
       l[r] = 0.0f;
     }
-    for (int64_t u = 0; u * kBq < n; ++u)
-      block_key_span(pb, b, i_begin + u * kBq, std::min(kBq, n - u * kBq), &sub_first[u], &sub_last[u]);
     const int64_t nsub = (n + kBq - 1) / kBq;
-    int64_t first = sub_first[0], last = sub_last[0];
-    for (int64_t u = 1; u < nsub; ++u) {
-      first = std::min(first, sub_first[u]);
-      last = std::max(last, sub_last[u]);
-    }
+    for (int64_t u = 0; u < nsub; ++u)
+      block_key_span(pb, b, i_begin + u * kBq, std::min(kBq, n - u * kBq), &sub_first[u], &sub_last[u]);
+    const int64_t first = sub_first[0], last = sub_last[nsub - 1];  // the rows' ranges grow with the row
     for (int64_t j0 = first / kBk * kBk; j0 < last; j0 += kBk) {  // blocks outside [first, last) are masked out
       const int64_t cols = std::min(kBk, S - j0);
       if (!fill_key_valid(pb, b, j0, cols, kv)) continue;
@@ -1080,18 +1066,19 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
         const uint8_t state = pb.tile_state(bh, i0, j0);  // NOTE [attention block layouts]
         if (state == kSkipTile) continue;
         float *qu = qs + u * kBq * D, *ou = o + u * kBq * D, *mu = m + u * kBq, *lu = l + u * kBq;
+        bool ranged = false;  // lo, hi hold this tile's ranges
         if (state == kFullTile && !pb.alibi && !pb.bias) {  // NOTE [attention fused strips]
           // The rows' ranges grow with the row: the first row's end and the last row's start bound them all.
           int64_t lo_first, hi_first, lo_last, hi_last;
           pb.geo.range(b, i0, &lo_first, &hi_first);
           pb.geo.range(b, i0 + rows - 1, &lo_last, &hi_last);
           const bool inside = all_valid && cols == kBk && lo_last <= j0 && hi_first >= j0 + cols;
-          if (!inside) tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
+          if (!inside) tile_ranges(pb, b, i0, rows, j0, cols, lo, hi), ranged = true;
           if (Ops::fused_tile(qu, ktile, vh + j0 * D, rows, cols, D, inside ? nullptr : lo, inside ? nullptr : hi,
                               inside ? nullptr : kv, mu, lu, ou))
             continue;
         }
-        tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
+        if (!ranged) tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
         Ops::gemm(qu, D, 1, ktile, kBk, s, kBk, rows, cols, D, false);
         if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, s, kLog2e);
         if (pb.bias) pb.add_bias(bh, i0, rows, j0, cols, s, kLog2e);
