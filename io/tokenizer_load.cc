@@ -12,9 +12,6 @@
 #include "io/tokenizer_unicode.h"
 
 namespace aspen::io {
-namespace tok {
-std::unique_ptr<Tokenizer> make_tokenizer(Config cfg);  // io/tokenizer.cc
-}  // namespace tok
 
 namespace {
 

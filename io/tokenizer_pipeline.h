@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -122,5 +123,8 @@ std::vector<Piece> pre_tokenize(std::u32string_view text, bool at_start, const s
 
 // The decoders, in order, over the tokens' strings; the result is their concatenation.
 std::string decode_tokens(std::vector<std::string> tokens, const std::vector<DecoderStep>& steps);
+
+// The tokenizer that runs `cfg` (io/tokenizer.cc); the loaders (tokenizer_load.cc) check cfg first.
+std::unique_ptr<Tokenizer> make_tokenizer(Config cfg);
 
 }  // namespace aspen::io::tok
