@@ -66,7 +66,7 @@ kernels::AttentionMask mask_of(const std::string& kind, const AttentionBenchOpti
   return m;
 }
 
-using Key = std::tuple<std::string, int64_t, std::string>;  // mask, T, pass
+using Key = std::tuple<std::string, int64_t, std::string, std::string>;  // mask, T, dtype, pass
 
 // bench/torch_attention.py over every row: seconds by (mask, T, pass); a note when it did not run.
 std::string run_peer(const AttentionBenchOptions& o, const std::string& layouts, std::map<Key, double>& seconds) {
@@ -77,13 +77,14 @@ std::string run_peer(const AttentionBenchOptions& o, const std::string& layouts,
   };
   const std::string script = std::string(ASPEN_SOURCE_DIR) + "/bench/torch_attention.py";
   const std::string cmd =
-      fmt::format("{} {} --json --t {} --masks {} --passes {} --heads {} --d {} --window {} --documents {} "
-                  "--threads {} --repeats {} --layouts '{}' --layout-max-t {} 2>/dev/null",
-                  o.python, script, join(o.t), join(o.masks), join(o.passes), o.heads, o.d, o.window, o.documents,
-                  o.threads, o.repeats, layouts, o.peer_layout_max_t);
+      fmt::format("{} {} --json --t {} --masks {} --passes {} --dtypes {} --heads {} --d {} --window {} "
+                  "--documents {} --threads {} --repeats {} --layouts '{}' --layout-max-t {} 2>/dev/null",
+                  o.python, script, join(o.t), join(o.masks), join(o.passes), join(o.dtypes), o.heads, o.d, o.window,
+                  o.documents, o.threads, o.repeats, layouts, o.peer_layout_max_t);
   const bool ran = read_json_lines(cmd, [&](const nlohmann::json& j) {
     if (j.value("bench", "") != "attention_torch") return;
-    seconds[{j.value("mask", ""), j.value("T", int64_t(0)), j.value("pass", "")}] = j.value("seconds", 0.0);
+    seconds[{j.value("mask", ""), j.value("T", int64_t(0)), j.value("dtype", "f32"), j.value("pass", "")}] =
+        j.value("seconds", 0.0);
   });
   if (ran && !seconds.empty()) return "";
   return "PyTorch peer: no result (run " + o.python + " " + script + " to see why)";
@@ -115,12 +116,14 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
   for (const std::string& p : opt.passes)
     if (p != "fwd" && p != "fwd_bwd")
       return Status::invalid_argument("attention bench: --passes", "fwd or fwd_bwd", p);
+  for (const std::string& d : opt.dtypes)
+    if (d != "f32" && d != "bf16") return Status::invalid_argument("attention bench: --dtypes", "f32 or bf16", d);
 
   const int64_t B = 1, H = opt.heads, D = opt.d;
   const float scale = 1.0f / std::sqrt(float(D));
   std::map<Key, double> mine;
   struct Row {
-    std::string mask, pass;
+    std::string mask, dtype, pass;
     int64_t T;
     double seconds, naive = 0;
     int64_t peak;
@@ -136,6 +139,8 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
       philox_fill_uniform(k, 1, 2, 0, -1.0f, 1.0f);
       philox_fill_uniform(v, 1, 3, 0, -1.0f, 1.0f);
       philox_fill_uniform(g, 1, 4, 0, -1.0f, 1.0f);
+      std::vector<bf16> qb(n), kb(n), vb(n);
+      for (size_t i = 0; i < n; ++i) qb[i] = f32_to_bf16(q[i]), kb[i] = f32_to_bf16(k[i]), vb[i] = f32_to_bf16(v[i]);
       for (const std::string& kind : opt.masks) {
         std::vector<int32_t> segments;
         std::optional<kernels::BlockLayout> layout;
@@ -156,30 +161,35 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
         // (NOTE [attention split-KV decoding] in kernels/attention.cc).
         const bool decode = kind == "decode";
         const int64_t Tq = decode ? 1 : T;
+        for (const std::string& dtype : opt.dtypes)
         for (const std::string& pass : opt.passes) {
           if (decode && pass != "fwd") continue;
           Status status;
-          const bool bwd = pass == "fwd_bwd";
-          const double s = best_seconds(
-              [&] {
-                if (status.is_ok() && decode)
-                  status = kernels::attention_forward(std::span<const float>(q).first(size_t(B * H * D)), k, v,
-                                                      std::span<float>(o).first(size_t(B * H * D)),
-                                                      std::span<float>(lse).first(size_t(B * H)), B, H, H, 1, T, D,
-                                                      scale, mask);
-                else if (status.is_ok())
-                  status = kernels::attention_forward(q, k, v, o, lse, B, H, H, T, T, D, scale, mask);
-                if (status.is_ok() && bwd)
-                  status = kernels::attention_backward(q, k, v, o, lse, g, dq, dk, dv, B, H, H, T, T, D, scale, mask);
-              },
-              opt.repeats, 0.0);
+          const bool bwd = pass == "fwd_bwd", half = dtype == "bf16";
+          // q, k and v in the row's dtype (the first query row alone for decode); out, lse, gradients f32
+          const auto run = [&](const auto& qx, const auto& kx, const auto& vx) {
+            using E = typename std::decay_t<decltype(qx)>::value_type;
+            if (status.is_ok() && decode)
+              status = kernels::attention_forward(std::span<const E>(qx).first(size_t(B * H * D)), kx, vx,
+                                                  std::span<float>(o).first(size_t(B * H * D)),
+                                                  std::span<float>(lse).first(size_t(B * H)), B, H, H, 1, T, D,
+                                                  scale, mask);
+            else if (status.is_ok())
+              status = kernels::attention_forward(std::span<const E>(qx), kx, vx, o, lse, B, H, H, T, T, D, scale,
+                                                  mask);
+            if (status.is_ok() && bwd)
+              status = kernels::attention_backward(std::span<const E>(qx), kx, vx, o, lse, g, dq, dk, dv, B, H, H, T,
+                                                   T, D, scale, mask);
+          };
+          const double s = best_seconds([&] { half ? run(qb, kb, vb) : run(q, k, v); }, opt.repeats, 0.0);
           ASPEN_RETURN_IF_ERROR(status);
-          Row r{kind, pass, T, s, 0.0,
-                std::max(kernels::attention_forward_scratch_bytes(B, H, H, Tq, T, D, opt.threads),
+          Row r{kind, dtype, pass, T, s, 0.0,
+                std::max(kernels::attention_forward_scratch_bytes(B, H, H, Tq, T, D, opt.threads,
+                                                                  half ? DType::bf16 : DType::f32),
                          bwd ? kernels::attention_backward_scratch_bytes(B, H, T, D, opt.threads) : 0) +
                     seg_bytes,
                 layout ? layout->density() : 0.0};
-          if (kind == "causal" && !bwd && T <= 2048) {  // the definition, as a check of the fast path's output
+          if (kind == "causal" && !bwd && !half && T <= 2048) {  // the definition, as a check of the fast path's output
             std::vector<float> ro(n), rl(size_t(B * H * T));
             r.naive = best_seconds(
                 [&] {
@@ -194,7 +204,7 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
                                    "the fast and naive outputs to agree within 1e-4",
                                    "a max difference of " + std::to_string(worst));
           }
-          mine[{kind, T, pass}] = s;
+          mine[{kind, T, dtype, pass}] = s;
           rows.push_back(r);
         }
       }
@@ -205,21 +215,22 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
   const std::string note = run_peer_too ? run_peer(opt, layouts, peer) : "PyTorch peer: not run (--python none)";
 
   if (!opt.json)
-    out << fmt::format("# self-attention, B=1 H={} D={} f32, {} thread(s); torch = scaled_dot_product_attention "
+    out << fmt::format("# self-attention, B=1 H={} D={}, {} thread(s); torch = scaled_dot_product_attention "
                        "(is_causal for causal, a dense boolean mask for the others)\n"
                        "# ratio = torch / aspen; vs dense = aspen causal / this row; peak = aspen's scratch bytes\n"
-                       "{:>10} {:>6} {:>8} | {:>10} {:>10} {:>7} | {:>8} | {:>10}\n",
-                       H, D, opt.threads, "mask", "T", "pass", "aspen ms", "torch ms", "ratio", "vs dense", "peak");
+                       "{:>10} {:>6} {:>5} {:>8} | {:>10} {:>10} {:>7} | {:>8} | {:>10}\n",
+                       H, D, opt.threads, "mask", "T", "dtype", "pass", "aspen ms", "torch ms", "ratio", "vs dense",
+                       "peak");
   for (const Row& r : rows) {
-    const auto p = peer.find({r.mask, r.T, r.pass});
-    const auto dense = mine.find({"causal", r.T, r.pass});
+    const auto p = peer.find({r.mask, r.T, r.dtype, r.pass});
+    const auto dense = mine.find({"causal", r.T, r.dtype, r.pass});
     const double ratio = p != peer.end() && p->second > 0 ? p->second / r.seconds : 0.0;
     // decode is another problem (one row per head), not a sparser causal one: no speedup over dense
     const double vs_dense =
         r.mask != "causal" && r.mask != "decode" && dense != mine.end() ? dense->second / r.seconds : 0.0;
     if (opt.json) {
       nlohmann::ordered_json j = {{"bench", "attention"}, {"mask", r.mask},       {"T", r.T},
-                                  {"dtype", "f32"},       {"pass", r.pass},       {"seconds", r.seconds},
+                                  {"dtype", r.dtype},       {"pass", r.pass},       {"seconds", r.seconds},
                                   {"peak_bytes", r.peak}, {"heads", H},           {"d", D},
                                   {"threads", opt.threads}};
       if (ratio > 0) {
@@ -231,7 +242,8 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
       if (r.density > 0) j["block_density"] = r.density;
       out << j.dump() << "\n";
     } else {
-      out << fmt::format("{:>10} {:>6} {:>8} | {:>10.3f} {:>10} {:>7} | {:>8} | {:>6.1f} KiB\n", r.mask, r.T, r.pass,
+      out << fmt::format("{:>10} {:>6} {:>5} {:>8} | {:>10.3f} {:>10} {:>7} | {:>8} | {:>6.1f} KiB\n", r.mask, r.T,
+                         r.dtype, r.pass,
                          r.seconds * 1e3, ratio > 0 ? fmt::format("{:.3f}", p->second * 1e3) : "-",
                          ratio > 0 ? fmt::format("{:.2f}x", ratio) : "-",
                          vs_dense > 0 ? fmt::format("{:.2f}x", vs_dense) : "-", double(r.peak) / 1024.0);

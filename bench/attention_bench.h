@@ -1,6 +1,6 @@
 // bench/attention_bench.h: `aspen bench attention`.
 //
-// Self-attention (B = 1, S = T, f32) for each T, mask and pass: aspen's
+// Self-attention (B = 1, S = T) for each T, mask, dtype and pass: aspen's
 // memory-efficient kernels (kernels/attention.h) against PyTorch's
 // scaled_dot_product_attention on the same machine in the same run
 // (bench/torch_attention.py, unless python is "none"). Masks:
@@ -12,7 +12,8 @@
 //   longformer DeepSpeed's BSLongformer layout (3 sliding blocks, global block 0)
 // PyTorch takes the masked rows as a dense boolean attn_mask (its CPU kernel
 // cannot skip the blocks a mask removes). Passes: fwd, and fwd_bwd (forward,
-// then backward of the same call). Reports the best time of each, the peak
+// then backward of the same call). Dtypes: f32, and bf16 (aspen's bf16 kernels, out and gradients f32;
+// PyTorch's SDPA on bf16 tensors). Reports the best time of each, the peak
 // scratch bytes aspen allocates, ratio_vs_pytorch (PyTorch's time / aspen's)
 // and, on masked rows, speedup_vs_dense (aspen's causal time / this row's).
 // Causal forward rows up to T = 2048 also time the naive definition
@@ -35,6 +36,7 @@ struct AttentionBenchOptions {
   std::vector<int64_t> t = {1024, 4096, 8192};
   std::vector<std::string> masks = {"causal", "local", "blockdiag", "bigbird", "longformer"};
   std::vector<std::string> passes = {"fwd", "fwd_bwd"};
+  std::vector<std::string> dtypes = {"f32", "bf16"};
   int64_t heads = 4;
   int64_t d = 64;
   int64_t window = 256;   // local: keys per query
@@ -47,8 +49,8 @@ struct AttentionBenchOptions {
   std::string python = "python3";  // runs bench/torch_attention.py; "" or "none": no peer
 };
 
-// One line per (T, mask, pass) (a table, or with json one object per line:
-// {"bench":"attention","mask":..,"T":..,"dtype":"f32","pass":"fwd"|"fwd_bwd","seconds":..,
+// One line per (T, mask, dtype, pass) (a table, or with json one object per line:
+// {"bench":"attention","mask":..,"T":..,"dtype":"f32"|"bf16","pass":"fwd"|"fwd_bwd","seconds":..,
 //  "peak_bytes":..,"heads":..,"d":..,"threads":..[,"pytorch_seconds":..,"ratio_vs_pytorch":..]
 //  [,"speedup_vs_dense":..][,"naive_seconds":..]}).
 Status run_attention_bench(const AttentionBenchOptions& options, std::ostream& out);

@@ -4,16 +4,17 @@
 How aspen's bench calls it (unless `--python none`), once per run, after aspen's own rows:
 
     PATH bench/torch_attention.py --json --t 1024,4096 --masks causal,local,blockdiag --passes fwd,fwd_bwd
-        --heads 4 --d 64 --window 256 --documents 8 --threads 2 --repeats 3
+        --dtypes f32,bf16 --heads 4 --d 64 --window 256 --documents 8 --threads 2 --repeats 3
 
 and reads one JSON object per line from stdout (progress goes to stderr):
 
-    {"bench": "attention_torch", "mask": str, "T": int, "dtype": "f32", "pass": "fwd"|"fwd_bwd",
+    {"bench": "attention_torch", "mask": str, "T": int, "dtype": "f32"|"bf16", "pass": "fwd"|"fwd_bwd",
      "seconds": float (best of --repeats), "kernel": "sdpa"|"sdpa+mask", "threads": int}
 
 Exit status 2 with a message on stderr when torch is not installed; 1 on other errors.
 
-The problem (aspen's rows measure the same): q, k, v [1, heads, T, d] f32, standard normal, scale 1/sqrt(d).
+The problem (aspen's rows measure the same): q, k, v [1, heads, T, d] f32 (or bf16: the same values rounded,
+and SDPA then runs its bf16 kernel), standard normal, scale 1/sqrt(d).
   causal     torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True): PyTorch's flash
              attention for the CPU, which skips the blocks above the diagonal
   local      the same with attn_mask = a boolean [T, T] causal band of --window keys
@@ -62,6 +63,7 @@ def main():
     ap.add_argument("--t", default="1024,4096")
     ap.add_argument("--masks", default="causal,local,blockdiag")
     ap.add_argument("--passes", default="fwd,fwd_bwd")
+    ap.add_argument("--dtypes", default="f32")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--window", type=int, default=256)
@@ -80,8 +82,9 @@ def main():
     torch.manual_seed(0)
     F = torch.nn.functional
     for T in [int(x) for x in args.t.split(",") if x]:
-        q, k, v = (torch.randn(1, args.heads, T, args.d) for _ in range(3))
-        for kind in [m for m in args.masks.split(",") if m]:
+        q32, k32, v32 = (torch.randn(1, args.heads, T, args.d) for _ in range(3))
+        for kind, dtype in [(m, d) for m in args.masks.split(",") if m for d in args.dtypes.split(",") if d]:
+            q, k, v = (x.to(torch.bfloat16 if dtype == "bf16" else torch.float32) for x in (q32, k32, v32))
             if kind in ("bigbird", "longformer") and T > args.layout_max_t:
                 continue
             if kind == "decode":
@@ -110,10 +113,10 @@ def main():
                     t0 = time.perf_counter()
                     run()
                     best = min(best, time.perf_counter() - t0)
-                row = {"bench": "attention_torch", "mask": kind, "T": T, "dtype": "f32", "pass": p,
+                row = {"bench": "attention_torch", "mask": kind, "T": T, "dtype": dtype, "pass": p,
                        "seconds": best, "kernel": "sdpa" if kind in ("causal", "decode") else "sdpa+mask",
                        "threads": args.threads}
-                log(f"torch {kind} T={T} {p}: {best * 1e3:.2f} ms")
+                log(f"torch {kind} T={T} {dtype} {p}: {best * 1e3:.2f} ms")
                 print(json.dumps(row), flush=True)
     return 0
 

@@ -17,6 +17,7 @@
 #include "kernels/attention_avx512.h"
 #include "kernels/attention_internal.h"
 #include "kernels/check_args.h"
+#include "kernels/convert.h"
 #include "kernels/cpu.h"
 
 namespace aspen::kernels {
@@ -651,6 +652,20 @@ Problem make_problem(const float* q, const float* k, const float* v, int64_t B, 
   return pb;
 }
 
+// q, k and v widened to f32 (the bf16 entry points below AMX).
+struct Widened {
+  std::vector<float> q, k, v;
+  Status of(std::span<const bf16> q16, std::span<const bf16> k16, std::span<const bf16> v16, int64_t nq,
+            int64_t nk) {
+    q.resize(size_t(nq));
+    k.resize(size_t(nk));
+    v.resize(size_t(nk));
+    ASPEN_RETURN_IF_ERROR(convert_bf16_to_f32(q16, q, nq));
+    ASPEN_RETURN_IF_ERROR(convert_bf16_to_f32(k16, k, nk));
+    return convert_bf16_to_f32(v16, v, nk);
+  }
+};
+
 }  // namespace
 
 Status check_attention_mask(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D, float scale,
@@ -672,7 +687,12 @@ std::vector<float> alibi_slopes(int64_t heads, double bias_max) {
 }
 
 int64_t attention_forward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
-                                        int threads) {
+                                        int threads, DType dtype) {
+  if (dtype == DType::bf16) {
+    if (active_isa() >= Isa::amx && !reference_mode()) return forward_amx_scratch_bytes(B, Hk, S, D, threads);
+    const int64_t widened = (B * H * T + 2 * B * Hk * S) * D * int64_t(sizeof(float));
+    return widened + attention_forward_scratch_bytes(B, H, Hk, T, S, D, threads);
+  }
   if (T <= kDecodeRows) {  // NOTE [attention split-KV decoding]
     const int64_t chunks = decode_chunks(S);
     return chunks > 1 ? B * H * T * chunks * (D + 1) * int64_t(sizeof(float)) : 0;
@@ -718,6 +738,29 @@ Status attention_forward(std::span<const float> q, std::span<const float> k, std
   return Status();
 }
 
+Status attention_forward(std::span<const bf16> q, std::span<const bf16> k, std::span<const bf16> v,
+                         std::span<float> out, std::span<float> lse, int64_t B, int64_t H, int64_t Hk, int64_t T,
+                         int64_t S, int64_t D, float scale, const AttentionMask& mask) {
+  constexpr const char* kName = "attention_forward";
+  int64_t nq, nk, nl;
+  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
+  ASPEN_RETURN_IF_ERROR(check_buffer(kName, "q", q, nq));
+  ASPEN_RETURN_IF_ERROR(check_buffer(kName, "k", k, nk));
+  ASPEN_RETURN_IF_ERROR(check_buffer(kName, "v", v, nk));
+  ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"out", out, nq}, {"lse", lse, nl}}));
+  if (nl == 0) return Status();
+  if (reference_mode() || active_isa() < Isa::amx) {  // the f32 kernel on the widened values
+    Widened w;
+    ASPEN_RETURN_IF_ERROR(w.of(q, k, v, nq, nk));
+    return attention_forward(std::span<const float>(w.q), w.k, w.v, out, lse, B, H, Hk, T, S, D, scale, mask);
+  }
+  std::vector<int32_t> seg;
+  std::vector<uint8_t> tiles;
+  const Problem pb = make_problem(nullptr, nullptr, nullptr, B, H, Hk, T, S, D, scale, mask, seg, tiles);
+  forward_amx(pb, q.data(), k.data(), v.data(), out.data(), lse.data());
+  return Status();
+}
+
 Status attention_backward(std::span<const float> q, std::span<const float> k, std::span<const float> v,
                           std::span<const float> out, std::span<const float> lse, std::span<const float> dout,
                           std::span<float> dq, std::span<float> dk, std::span<float> dv, int64_t B, int64_t H,
@@ -754,6 +797,23 @@ Status attention_backward(std::span<const float> q, std::span<const float> k, st
   else
     backward_fast<Portable>(pb, out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data(), db);
   return Status();
+}
+
+Status attention_backward(std::span<const bf16> q, std::span<const bf16> k, std::span<const bf16> v,
+                          std::span<const float> out, std::span<const float> lse, std::span<const float> dout,
+                          std::span<float> dq, std::span<float> dk, std::span<float> dv, int64_t B, int64_t H,
+                          int64_t Hk, int64_t T, int64_t S, int64_t D, float scale, const AttentionMask& mask,
+                          std::span<float> dbias) {
+  constexpr const char* kName = "attention_backward";
+  int64_t nq, nk, nl;
+  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
+  ASPEN_RETURN_IF_ERROR(check_buffer(kName, "q", q, nq));
+  ASPEN_RETURN_IF_ERROR(check_buffer(kName, "k", k, nk));
+  ASPEN_RETURN_IF_ERROR(check_buffer(kName, "v", v, nk));
+  Widened w;
+  ASPEN_RETURN_IF_ERROR(w.of(q, k, v, nq, nk));
+  return attention_backward(std::span<const float>(w.q), w.k, w.v, out, lse, dout, dq, dk, dv, B, H, Hk, T, S, D,
+                            scale, mask, dbias);
 }
 
 }  // namespace aspen::kernels

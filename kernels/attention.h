@@ -24,6 +24,7 @@
 #include <span>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 
 namespace aspen::kernels {
@@ -100,6 +101,24 @@ struct AttentionMask {
                                         int64_t D, float scale, const AttentionMask& mask = {},
                                         std::span<float> dbias = {});
 
+// bf16 q, k and v (a program compiled with compute = bf16, compiler/precision.cc): the two block products
+// take bf16 operands with f32 accumulation (p rounded to bf16 for p v), the softmax runs in f32, and out and
+// lse are f32, as a bf16 matmul's output is. The same masks, layouts and biases as the f32 kernel. On a CPU
+// with AMX (NOTE [attention amx], kernels/attention_amx.cc) the products run in tiles; elsewhere, and in
+// reference mode, q, k and v are widened to f32 and the f32 kernel runs (memory: their f32 copies).
+[[nodiscard]] Status attention_forward(std::span<const bf16> q, std::span<const bf16> k, std::span<const bf16> v,
+                                       std::span<float> out, std::span<float> lse, int64_t B, int64_t H, int64_t Hk,
+                                       int64_t T, int64_t S, int64_t D, float scale, const AttentionMask& mask = {});
+
+// The backward of the bf16 forward: q, k and v bf16, out, lse and dout f32, gradients f32. For now the f32
+// backward on the widened q, k and v (memory: their f32 copies) on every CPU.
+[[nodiscard]] Status attention_backward(std::span<const bf16> q, std::span<const bf16> k, std::span<const bf16> v,
+                                        std::span<const float> out, std::span<const float> lse,
+                                        std::span<const float> dout, std::span<float> dq, std::span<float> dk,
+                                        std::span<float> dv, int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S,
+                                        int64_t D, float scale, const AttentionMask& mask = {},
+                                        std::span<float> dbias = {});
+
 // The checks attention_forward and attention_backward make of the extents,
 // the scale and the mask (errors name "attention"), for callers of ref::.
 [[nodiscard]] Status check_attention_mask(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
@@ -119,8 +138,10 @@ std::vector<float> alibi_slopes(int64_t heads, double bias_max = 8.0);
 // (split-KV, so one long row keeps every thread busy): B·H·T·chunks·(D + 1)
 // floats, nothing below. With mask.segments, both directions allocate 8·B·S
 // bytes more (each key's segment bounds).
+// With dtype bf16, the bf16 kernel's: on AMX the packed K and V (B·Hk·S·(D + D) bf16, S rounded up to 64
+// and D to 32 and 16) and per-thread buffers; elsewhere f32 copies of q, k and v plus the f32 kernel's.
 int64_t attention_forward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
-                                        int threads);
+                                        int threads, DType dtype = DType::f32);
 // The same for attention_backward: per-thread tiles and one f32 per query row (B·H·T).
 int64_t attention_backward_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D, int threads);
 

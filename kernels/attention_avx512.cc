@@ -355,23 +355,25 @@ ASPEN_TARGET_AVX512 void Avx512::decode_row(const float* q, const float* kh, con
   }
 }
 
+void Avx512::allow_masks(int64_t rows, const int* lo, const int* hi, const float* kv, __mmask16* allow) {
+  __mmask16 valid[4] = {0, 0, 0, 0};
+  for (int64_t c = 0; c < kBk; ++c)
+    if (kv[c] != 0.0f) valid[c / 16] = __mmask16(valid[c / 16] | (1u << (c % 16)));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int v = 0; v < 4; ++v) {
+      const int a = std::clamp(lo[r] - 16 * v, 0, 16), e = std::clamp(hi[r] - 16 * v, 0, 16);
+      const uint32_t range = e > a ? ((1u << e) - 1u) & ~((1u << a) - 1u) : 0u;
+      allow[4 * r + v] = __mmask16(range & valid[v]);
+    }
+}
+
 ASPEN_TARGET_AVX512 bool Avx512::fused_tile(const float* qs, const float* kt, const float* vb, int64_t rows,
                                             int64_t cols, int64_t D, const int* lo, const int* hi, const float* kv,
                                             float* m, float* l, float* o) {
   if (D % 16 != 0 || cols != kBk) return false;
   __mmask16 allow[kBq * 4];
   const bool partial = lo != nullptr && !full_tile(rows, cols, lo, hi, kv);
-  if (partial) {
-    __mmask16 valid[4] = {0, 0, 0, 0};
-    for (int64_t c = 0; c < kBk; ++c)
-      if (kv[c] != 0.0f) valid[c / 16] = __mmask16(valid[c / 16] | (1u << (c % 16)));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int v = 0; v < 4; ++v) {
-        const int a = std::clamp(lo[r] - 16 * v, 0, 16), e = std::clamp(hi[r] - 16 * v, 0, 16);
-        const uint32_t range = e > a ? ((1u << e) - 1u) & ~((1u << a) - 1u) : 0u;
-        allow[4 * r + v] = __mmask16(range & valid[v]);
-      }
-  }
+  if (partial) allow_masks(rows, lo, hi, kv, allow);
   for (int64_t i = 0; i < rows; i += 16)
     fused_group_512(qs + i * D, D, kt, vb, std::min<int64_t>(16, rows - i), partial ? allow + 4 * i : nullptr, m + i,
                     l + i, o + i * D);

@@ -27,6 +27,9 @@ struct Avx512 {
   ASPEN_TARGET_AVX512 static bool fused_tile(const float* qs, const float* kt, const float* vb, int64_t rows,
                                              int64_t cols, int64_t D, const int* lo, const int* hi, const float* kv,
                                              float* m, float* l, float* o);
+  // The keys each of `rows` rows may use, as 4 masks of 16 keys per row (allow[4 r + v], bit c: key 16 v + c):
+  // inside [lo[r], hi[r]) and valid (kv[c] != 0). Past the tile's columns, hi keeps the bits clear.
+  static void allow_masks(int64_t rows, const int* lo, const int* hi, const float* kv, __mmask16* allow);
   ASPEN_TARGET_AVX512 static void gemm(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, float* c,
                                        int64_t ldc, int64_t m, int64_t n, int64_t kk, bool accumulate);
 

@@ -361,4 +361,10 @@ inline int64_t query_span_blocks(int64_t heads, int64_t nqb, int threads) {
   return blocks;
 }
 
+// NOTE [attention amx] (attention_amx.cc): the forward on bf16 q, k and v in AMX tiles, for any mask of
+// pb (whose q, k and v are unused). Only when active_isa() >= Isa::amx.
+void forward_amx(const Problem& pb, const bf16* q, const bf16* k, const bf16* v, float* out, float* lse);
+// Its scratch for one call on `threads` threads: K and V packed, per-thread span buffers.
+int64_t forward_amx_scratch_bytes(int64_t B, int64_t Hk, int64_t S, int64_t D, int threads);
+
 }  // namespace aspen::kernels::attn

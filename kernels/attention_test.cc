@@ -112,6 +112,49 @@ std::string describe(const Case& c, Kind kind, bool padded) {
   return close_nmse(g, w, kNmse);
 }
 
+// The values of x rounded to bf16, and those values back in f32.
+std::vector<bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = f32_to_bf16(x[i]);
+  return y;
+}
+std::vector<float> widen(const std::vector<bf16>& x) {
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = bf16_to_f32(x[i]);
+  return y;
+}
+
+// The bf16 forward (NOTE [attention amx] where the CPU has AMX, the widened f32 kernel below it) against the
+// f64 reference on the same bf16 values: p rounded to bf16 for p v leaves NMSE near 1e-6 (bf16's threshold
+// is 1e-4); lse comes from f32 scores and sums, so f32's threshold holds for it.
+void expect_bf16_forward_matches(const Case& c, const Inputs& in, const AttentionMask& mask, bool all_masked = false) {
+  const std::vector<bf16> q = to_bf16(in.q), k = to_bf16(in.k), v = to_bf16(in.v);
+  const size_t nq = q.size(), nl = size_t(c.B * c.H * c.T);
+  const float scale = 1.0f / std::sqrt(float(c.D));
+  std::vector<double> want_out(nq), want_lse(nl);
+  ref::attention_forward<double>(to_f64(widen(q)).data(), to_f64(widen(k)).data(), to_f64(widen(v)).data(),
+                                 want_out.data(), want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale),
+                                 mask);
+  std::vector<Isa> isas{std::min(Isa::avx2, cpu_features().best)};  // the widened f32 kernel
+  if (cpu_features().best > isas[0]) isas.push_back(cpu_features().best);  // AMX where there is
+  for (Isa isa : isas) {
+    SCOPED_TRACE(std::string("bf16 ") + isa_name(isa));
+    ScopedIsaCap cap(isa);
+    Guarded<float> out(nq, NAN), lse(nl, NAN);
+    ASSERT_TRUE(attention_forward(std::span<const bf16>(q), k, v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S,
+                                  c.D, scale, mask)
+                    .is_ok());
+    EXPECT_GUARDS(out);
+    EXPECT_GUARDS(lse);
+    if (all_masked) {
+      for (float o : out.cspan()) ASSERT_EQ(o, 0.0f);
+    } else {
+      EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), nmse_threshold(DType::bf16)));
+    }
+    EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
+  }
+}
+
 const Kind kKinds[] = {Kind::none, Kind::causal, Kind::local};
 
 TEST(Attention, ForwardMatchesReference) {
@@ -140,6 +183,7 @@ TEST(Attention, ForwardMatchesReference) {
           EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
           EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
         }
+        expect_bf16_forward_matches(c, in, mask);
       }
 }
 
@@ -211,6 +255,7 @@ void expect_matches_reference(const Case& c, const Inputs& in, const AttentionMa
   ref::attention_backward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), to_f64(out32).data(),
                                   to_f64(lse32).data(), to_f64(in.dout).data(), dq.data(), dk.data(), dv.data(), c.B,
                                   c.H, c.hk(), c.T, c.S, c.D, double(scale), mask, nb ? db.data() : nullptr);
+  expect_bf16_forward_matches(c, in, mask, all_masked);
   for (Isa isa : testing::available_isas(Isa::avx512)) {
     SCOPED_TRACE(isa_name(isa));
     ScopedIsaCap cap(isa);
@@ -566,8 +611,13 @@ TEST(Attention, BitwiseIdenticalForOneAndTwoThreads) {
       ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out, lse, in.dout, dq, dk, dv, c.B, c.H, c.hk(), c.T, c.S, c.D,
                                      0.125f, mask)
                       .is_ok());
+      std::vector<float> out16(nq), lse16(nl);  // the bf16 forward (NOTE [attention amx])
+      ASSERT_TRUE(attention_forward(std::span<const bf16>(to_bf16(in.q)), to_bf16(in.k), to_bf16(in.v), out16, lse16,
+                                    c.B, c.H, c.hk(), c.T, c.S, c.D, 0.125f, mask)
+                      .is_ok());
       std::vector<float>& all = results[threads - 1];
-      for (const auto* part : {&out, &lse, &dq, &dk, &dv}) all.insert(all.end(), part->begin(), part->end());
+      for (const auto* part : {&out, &lse, &dq, &dk, &dv, &out16, &lse16})
+        all.insert(all.end(), part->begin(), part->end());
     }
     ASSERT_EQ(results[0].size(), results[1].size());
     EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)), 0);

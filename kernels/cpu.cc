@@ -133,4 +133,19 @@ Isa set_isa_cap(Isa cap) { return Isa(g_cap.exchange(int(cap))); }
 bool reference_mode() { return g_reference.load(std::memory_order_relaxed); }
 bool set_reference_mode(bool on) { return g_reference.exchange(on); }
 
+namespace {
+AmxTileConfig make_tiles_16x64() {
+  AmxTileConfig cfg{};
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  return cfg;
+}
+alignas(64) const AmxTileConfig kTiles16x64 = make_tiles_16x64();
+}  // namespace
+
+const AmxTileConfig& amx_tiles_16x64() { return kTiles16x64; }
+
 }  // namespace aspen::kernels

@@ -85,6 +85,12 @@ struct AmxTileConfig {
 } __attribute__((packed));
 static_assert(sizeof(AmxTileConfig) == 64);
 
+// Palette 1 with all eight tiles 16 rows of 64 bytes: the shape aspen's AMX
+// kernels use (kernels/matmul_amx.cc, kernels/attention_amx.cc). A global built
+// once: GCC 12 does not see LDTILECFG read the whole struct, and removed the
+// stores to a local one as dead.
+const AmxTileConfig& amx_tiles_16x64();
+
 }  // namespace aspen::kernels
 
 // Function attributes for ISA variants. Only call a function so marked after

@@ -53,21 +53,7 @@ namespace {
 constexpr int kMR = 32, kNR = 32, kChunk = 32;  // kChunk: steps of K per tile
 constexpr int64_t kChunkBytes = 2 * 16 * 64;    // two tiles of 1 KiB
 
-// Eight tiles of 16 rows by 64 bytes. Built once into a global: GCC 12 does not
-// see the configuration instruction read the whole struct, and removed the
-// stores to a local one (the rows and widths) as dead.
-AmxTileConfig make_config() {
-  AmxTileConfig cfg{};
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  return cfg;
-}
-alignas(64) const AmxTileConfig kConfig = make_config();
-
-void begin() { _tile_loadconfig(&kConfig); }
+void begin() { _tile_loadconfig(&amx_tiles_16x64()); }
 
 void end() { _tile_release(); }
 

@@ -211,6 +211,9 @@ int main(int argc, char** argv) {
   attn_cmd->add_option("--passes", attn.passes, "fwd, fwd_bwd (default both)")
       ->delimiter(',')
       ->check(CLI::IsMember({"fwd", "fwd_bwd"}));
+  attn_cmd->add_option("--dtypes", attn.dtypes, "f32, bf16 (q, k and v; default both)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f32", "bf16"}));
   attn_cmd->add_option("--heads", attn.heads, "heads (default 4)");
   attn_cmd->add_option("--d", attn.d, "head dimension (default 64)");
   attn_cmd->add_option("--window", attn.window, "local: keys per query (default 256)");
