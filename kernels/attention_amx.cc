@@ -43,6 +43,7 @@ namespace {
 
 constexpr int64_t kRows = 32;        // query rows per step: two 16-row A tiles
 constexpr int64_t kTileElems = 512;  // bf16 elements of one 16 x 64-byte tile
+constexpr int64_t kGroup = 4;        // key blocks per pass of p v (NOTE [attention amx])
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -113,9 +114,10 @@ void block_scores(const uint16_t* q, int64_t Dp, const uint16_t* kp, float* s) {
   }
 }
 
-// o [32, Do] (f32, rows Do apart) += p [32, kBk] (bf16) times the packed value block vp, over the first
-// `chunks` 32-key chunks (the rest of p is zero).
-void block_values(const uint16_t* p, const uint16_t* vp, int64_t nd, int64_t chunks, float* o, int64_t Do) {
+// o [32, Do] (f32, rows Do apart) += p [32, 32 chunks] (bf16, rows ldp apart) times the packed value blocks
+// from vp on (blocks vblock apart), over `chunks` 32-key chunks.
+void block_values(const uint16_t* p, int64_t ldp, const uint16_t* vp, int64_t vblock, int64_t nd, int64_t chunks,
+                  float* o, int64_t Do) {
   const int64_t o_stride = Do * 4;
   for (int64_t n0 = 0; n0 < nd; n0 += 2) {
     const bool two = n0 + 1 < nd;
@@ -127,13 +129,14 @@ void block_values(const uint16_t* p, const uint16_t* vp, int64_t nd, int64_t chu
       _tile_loadd(3, oc + 16 * Do + 16, o_stride);
     }
     for (int64_t c = 0; c < chunks; ++c) {
-      _tile_loadd(4, p + 32 * c, kBk * 2);
-      _tile_loadd(5, p + 16 * kBk + 32 * c, kBk * 2);
-      _tile_loadd(6, vp + (c * nd + n0) * kTileElems, 64);
+      const uint16_t* vc = vp + (c / 2) * vblock + ((c % 2) * nd + n0) * kTileElems;
+      _tile_loadd(4, p + 32 * c, ldp * 2);
+      _tile_loadd(5, p + 16 * ldp + 32 * c, ldp * 2);
+      _tile_loadd(6, vc, 64);
       _tile_dpbf16ps(0, 4, 6);
       _tile_dpbf16ps(2, 5, 6);
       if (two) {
-        _tile_loadd(7, vp + (c * nd + n0 + 1) * kTileElems, 64);
+        _tile_loadd(7, vc + kTileElems, 64);
         _tile_dpbf16ps(1, 4, 7);
         _tile_dpbf16ps(3, 5, 7);
       }
@@ -147,59 +150,91 @@ void block_values(const uint16_t* p, const uint16_t* vp, int64_t nd, int64_t chu
   }
 }
 
-// One online-softmax step for rows <= 16 of a step: s [rows, kBk] scaled by cs into the exp2 domain (with
-// `allow`, 4 masks per row, the cleared keys -inf), then as NOTE [attention fused strips]'s groups (lazy
-// rescale of the reference maxima m, sums l, o's rows Do apart rescaled when a reference moves), and
-// p = 2^(s - m) rounded to bf16 into p [rows, kBk]. `finite`: no score can be -inf (no mask, no bias).
-void softmax_rows(float* s, int64_t rows, const __mmask16* allow, bool finite, float cs, float* m, float* l,
-                  float* o, int64_t Do, uint16_t* p) {
-  const __m512 csv = _mm512_set1_ps(cs), neg_inf = _mm512_set1_ps(kNegInf);
+// 2^x for p: degree-4 interpolation of 2^f on [-1/2, 1/2] at Chebyshev nodes (relative error 3.5e-6, far
+// below the 2^-9 of p's rounding to bf16; two FMAs fewer than exp2_512's). Unless `finite`, x < -126 (and
+// -inf) give +0.
+template <bool kFinite>
+__m512 exp2_p(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 e = _mm512_set1_ps(9.666368515e-03f);
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(5.592197584e-02f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(2.402234904e-01f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(6.931210452e-01f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f));
+  if constexpr (kFinite) return _mm512_scalef_ps(e, n);
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);  // false for -inf, NaN
+  return _mm512_maskz_scalef_ps(live, e, n);
+}
+
+// One online-softmax step for rows <= 16 of a step, in two halves so that the caller can add the pending
+// p v of earlier key blocks (NOTE [attention amx]: p v runs once per group of key blocks) before o is
+// rescaled. s holds the raw scores q.k (cs > 0 puts them in the exp2 domain); with `allow` (4 masks per
+// row) the cleared keys become -inf in s.
+struct RowsStep {
+  int64_t rows;
+  __mmask16 live, moved;  // the rows; those whose reference moves (o and l rescaled by alpha)
+  __m512 m_new, alpha;
+};
+
+// The first half: the rows' maxima and the lazy rescale's decision (as fused_group_512 in
+// attention_avx512.cc: a reference moves only when passed by kLazyRescale; a row with no key yet keeps
+// m = -inf).
+RowsStep softmax_max(float* s, int64_t rows, const __mmask16* allow, float cs, const float* m) {
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
   __m512 part[16];
   for (int64_t r = 0; r < 16; ++r) part[r] = neg_inf;
   for (int64_t r = 0; r < rows; ++r) {
     __m512 x[4];
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
-      x[v] = _mm512_mul_ps(_mm512_load_ps(s + r * kBk + 16 * v), csv);
-      if (allow) x[v] = _mm512_mask_blend_ps(allow[4 * r + v], neg_inf, x[v]);
-      _mm512_store_ps(s + r * kBk + 16 * v, x[v]);
+      x[v] = _mm512_load_ps(s + r * kBk + 16 * v);
+      if (allow) {
+        x[v] = _mm512_mask_blend_ps(allow[4 * r + v], neg_inf, x[v]);
+        _mm512_store_ps(s + r * kBk + 16 * v, x[v]);
+      }
     }
     part[r] = _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
   }
-  const __mmask16 live = tail_mask(rows);
-  const __m512 m_old = _mm512_mask_loadu_ps(_mm512_setzero_ps(), live, m);
-  // As fused_group_512 (attention_avx512.cc): a reference moves only when passed by kLazyRescale; a row
-  // with no key yet keeps m = -inf and takes its exponentials against 0.
-  const __m512 m_max = _mm512_max_ps(m_old, Avx512::lanes_reduce<true>(part));
-  const __mmask16 moved = _mm512_cmp_ps_mask(_mm512_sub_ps(m_max, m_old), _mm512_set1_ps(kLazyRescale), _CMP_GT_OQ);
-  const __m512 m_new = _mm512_mask_blend_ps(moved, m_old, m_max);
-  const __m512 alpha =
-      _mm512_mask_blend_ps(moved, _mm512_set1_ps(1.0f), Avx512::exp2_512(_mm512_sub_ps(m_old, m_new)));
+  RowsStep st;
+  st.rows = rows;
+  st.live = tail_mask(rows);
+  const __m512 m_old = _mm512_mask_loadu_ps(_mm512_setzero_ps(), st.live, m);
+  const __m512 m_max = _mm512_max_ps(m_old, _mm512_mul_ps(Avx512::lanes_reduce<true>(part), _mm512_set1_ps(cs)));
+  st.moved = _mm512_mask_cmp_ps_mask(st.live, _mm512_sub_ps(m_max, m_old), _mm512_set1_ps(kLazyRescale),
+                                     _CMP_GT_OQ);
+  st.m_new = _mm512_mask_blend_ps(st.moved, m_old, m_max);
+  st.alpha = _mm512_mask_blend_ps(st.moved, _mm512_set1_ps(1.0f), Avx512::exp2_512(_mm512_sub_ps(m_old, st.m_new)));
+  return st;
+}
+
+// The second half: o's moved rows (Do apart) rescaled, p = 2^(cs s - m) rounded to bf16 into p (rows ldp
+// apart), the sums l and references m updated. `finite`: no score is -inf.
+template <bool kFinite>
+void softmax_exp(const float* s, const RowsStep& st, float cs, float* m, float* l, float* o, int64_t Do, uint16_t* p,
+                 int64_t ldp) {
   alignas(64) float mn[16], al[16];
-  const __mmask16 empty = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ);
-  _mm512_store_ps(mn, _mm512_mask_blend_ps(empty, m_new, _mm512_setzero_ps()));
-  _mm512_store_ps(al, alpha);
+  const __mmask16 empty = _mm512_cmp_ps_mask(st.m_new, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);
+  _mm512_store_ps(mn, _mm512_mask_blend_ps(empty, st.m_new, _mm512_setzero_ps()));
+  _mm512_store_ps(al, st.alpha);
+  const __m512 csv = _mm512_set1_ps(cs);
+  __m512 part[16];
   for (int64_t r = 0; r < 16; ++r) part[r] = _mm512_setzero_ps();
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < st.rows; ++r) {
     const __m512 mv = _mm512_set1_ps(mn[r]);
     __m512 e[4];
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
-      const __m512 x = _mm512_sub_ps(_mm512_load_ps(s + r * kBk + 16 * v), mv);
-      e[v] = finite ? Avx512::exp2_finite_512(x) : Avx512::exp2_512(x);  // -inf: 0
-    }
+    for (int v = 0; v < 4; ++v) e[v] = exp2_p<kFinite>(_mm512_fmsub_ps(_mm512_load_ps(s + r * kBk + 16 * v), csv, mv));
     part[r] = _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3]));
-    _mm512_storeu_si512(p + r * kBk, __m512i(_mm512_cvtne2ps_pbh(e[1], e[0])));
-    _mm512_storeu_si512(p + r * kBk + 32, __m512i(_mm512_cvtne2ps_pbh(e[3], e[2])));
-  }
-  const __m512 l_old = _mm512_mask_loadu_ps(_mm512_setzero_ps(), live, l);
-  _mm512_mask_storeu_ps(l, live, _mm512_fmadd_ps(l_old, alpha, Avx512::lanes_reduce<false>(part)));
-  _mm512_mask_storeu_ps(m, live, m_new);
-  for (int64_t r = 0; r < rows; ++r) {
+    _mm512_storeu_si512(p + r * ldp, __m512i(_mm512_cvtne2ps_pbh(e[1], e[0])));
+    _mm512_storeu_si512(p + r * ldp + 32, __m512i(_mm512_cvtne2ps_pbh(e[3], e[2])));
     if (al[r] == 1.0f) continue;
     const __m512 av = _mm512_set1_ps(al[r]);
     for (int64_t d = 0; d < Do; d += 16) _mm512_storeu_ps(o + r * Do + d, _mm512_mul_ps(_mm512_loadu_ps(o + r * Do + d), av));
   }
+  const __m512 l_old = _mm512_mask_loadu_ps(_mm512_setzero_ps(), st.live, l);
+  _mm512_mask_storeu_ps(l, st.live, _mm512_fmadd_ps(l_old, st.alpha, Avx512::lanes_reduce<false>(part)));
+  _mm512_mask_storeu_ps(m, st.live, st.m_new);
 }
 
 }  // namespace
@@ -236,8 +271,9 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
     float* m = o + span_rows * Do;
     float* l = m + span_rows;
     alignas(64) float s[kRows * kBk];
-    alignas(64) uint16_t p[kRows * kBk] = {};
-    alignas(64) float kv[kBk];
+    alignas(64) uint16_t p[kRows * kGroup * kBk] = {};  // the pending blocks' p, rows kGroup * kBk apart
+    alignas(64) float kv[kGroup][kBk];
+    bool any_valid[kGroup], all_valid[kGroup];
     __mmask16 allow[kRows * 4];
     int lo[kRows], hi[kRows];
     _tile_loadconfig(&amx_tiles_16x64());
@@ -255,40 +291,71 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
       const int64_t nsteps = (n + kRows - 1) / kRows;
       int64_t first = 0, last = 0;
       block_key_span(pb, b, i_begin, n, &first, &last);
-      for (int64_t j0 = first / kBk * kBk; j0 < last; j0 += kBk) {
-        const int64_t cols = std::min(kBk, S - j0);
-        if (!fill_key_valid(pb, b, j0, cols, kv)) continue;
-        const bool all_valid = pb.key_valid == nullptr || std::all_of(kv, kv + cols, [](float x) { return x != 0.0f; });
-        const uint16_t* kp = kpack.data() + (kvh * nkb + j0 / kBk) * kblock;
-        const uint16_t* vp = vpack.data() + (kvh * nkb + j0 / kBk) * vblock;
+      for (int64_t g0 = first / kBk * kBk; g0 < last; g0 += kGroup * kBk) {  // a group of key blocks
+        const int64_t nb = std::min<int64_t>(kGroup, (last - g0 + kBk - 1) / kBk);
+        for (int64_t x = 0; x < nb; ++x) {
+          const int64_t cols = std::min(kBk, S - g0 - x * kBk);
+          any_valid[x] = fill_key_valid(pb, b, g0 + x * kBk, cols, kv[x]);
+          all_valid[x] = pb.key_valid == nullptr || std::all_of(kv[x], kv[x] + cols, [](float y) { return y != 0.0f; });
+        }
         for (int64_t u = 0; u < nsteps; ++u) {
-          const int64_t i0 = i_begin + u * kRows, rows = std::min(kRows, T - i0);
+          const int64_t i0 = i_begin + u * kRows, rows = std::min(kRows, T - i0), at = u * kRows;
           int64_t lo_first, hi_first, lo_last, hi_last;
           pb.geo.range(b, i0, &lo_first, &hi_first);
           pb.geo.range(b, i0 + rows - 1, &lo_last, &hi_last);
-          if (j0 + cols <= lo_first || j0 >= hi_last) continue;  // the rows' ranges grow with the row
-          const uint8_t state = pb.tile_state(bh, i0, j0);     // NOTE [attention block layouts]
-          if (state == kSkipTile) continue;
-          block_scores(qs + u * kRows * Dp, Dp, kp, s);
-          const bool inside = all_valid && cols == kBk && lo_last <= j0 && hi_first >= j0 + cols;
-          if (!inside) {
-            tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
-            Avx512::allow_masks(rows, lo, hi, kv, allow);
+          int64_t pending = 0, pending_first = 0;  // key blocks whose p waits in p, from block pending_first
+          const auto flush = [&] {
+            if (pending > 0)
+              block_values(p, kGroup * kBk, vpack.data() + (kvh * nkb + pending_first) * vblock, vblock, nd,
+                           2 * pending, o + at * Do, Do);
+            pending = 0;
+          };
+          for (int64_t x = 0; x < nb; ++x) {
+            const int64_t j0 = g0 + x * kBk, cols = std::min(kBk, S - j0);
+            const uint8_t state = pb.tile_state(bh, i0, j0);  // NOTE [attention block layouts]
+            // the rows' ranges grow with the row: [lo_first, hi_last) holds them all
+            if (!any_valid[x] || j0 + cols <= lo_first || j0 >= hi_last || state == kSkipTile) {
+              flush();  // the pending blocks are consecutive
+              continue;
+            }
+            block_scores(qs + at * Dp, Dp, kpack.data() + (kvh * nkb + j0 / kBk) * kblock, s);
+            const bool inside = all_valid[x] && cols == kBk && lo_last <= j0 && hi_first >= j0 + cols;
+            if (!inside) {
+              tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
+              Avx512::allow_masks(rows, lo, hi, kv[x], allow);
+            }
+            // A bias, ALiBi, a layout's partial tile or a negative scale: into the exp2 domain first, then the
+            // bias and the layout's -inf as the f32 kernel adds them.
+            const bool extra = pb.alibi || pb.bias || state == kPartialTile || !(cs > 0);
+            float step_cs = cs;
+            if (extra) {
+              for (int64_t y = 0; y < rows * kBk; ++y) s[y] *= cs;
+              if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, s, kLog2e);
+              if (pb.bias) pb.add_bias(bh, i0, rows, j0, cols, s, kLog2e);
+              if (state == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, s);
+              step_cs = 1.0f;
+            }
+            RowsStep st[2];
+            __mmask16 moved = 0;
+            for (int64_t g = 0; g < rows; g += 16) {
+              st[g / 16] = softmax_max(s + g * kBk, std::min<int64_t>(16, rows - g), inside ? nullptr : allow + 4 * g,
+                                       step_cs, m + at + g);
+              moved |= st[g / 16].moved;
+            }
+            if (moved) flush();  // p v of the pending blocks before o is rescaled
+            if (pending == 0) pending_first = j0 / kBk;
+            uint16_t* pb_at = p + pending * kBk;
+            for (int64_t g = 0; g < rows; g += 16) {
+              if (inside && !extra)
+                softmax_exp<true>(s + g * kBk, st[g / 16], step_cs, m + at + g, l + at + g, o + (at + g) * Do, Do,
+                                  pb_at + g * kGroup * kBk, kGroup * kBk);
+              else
+                softmax_exp<false>(s + g * kBk, st[g / 16], step_cs, m + at + g, l + at + g, o + (at + g) * Do, Do,
+                                   pb_at + g * kGroup * kBk, kGroup * kBk);
+            }
+            ++pending;
           }
-          const bool extra = pb.alibi || pb.bias || state == kPartialTile;
-          float step_cs = cs;
-          if (extra) {  // into the exp2 domain first, then the bias and the layout's -inf as the f32 kernel adds them
-            for (int64_t x = 0; x < rows * kBk; ++x) s[x] *= cs;
-            if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, s, kLog2e);
-            if (pb.bias) pb.add_bias(bh, i0, rows, j0, cols, s, kLog2e);
-            if (state == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, s);
-            step_cs = 1.0f;
-          }
-          const int64_t at = u * kRows;
-          for (int64_t g = 0; g < rows; g += 16)
-            softmax_rows(s + g * kBk, std::min<int64_t>(16, rows - g), inside ? nullptr : allow + 4 * g,
-                         inside && !extra, step_cs, m + at + g, l + at + g, o + (at + g) * Do, Do, p + g * kBk);
-          block_values(p, vp, nd, cols > 32 ? 2 : 1, o + at * Do, Do);
+          flush();
         }
       }
       for (int64_t r = 0; r < n; ++r) {
@@ -305,7 +372,8 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
 
 int64_t forward_amx_scratch_bytes(int64_t B, int64_t Hk, int64_t S, int64_t D, int threads) {
   const int64_t Dp = round_up(D, 32), Do = round_up(D, 16), nkb = (S + kBk - 1) / kBk;
-  const int64_t per = kQuerySpan * Dp * 2 + kQuerySpan * Do * 4 + 2 * kQuerySpan * 4 + kRows * kBk * 6;
+  const int64_t per = kQuerySpan * Dp * 2 + kQuerySpan * Do * 4 + 2 * kQuerySpan * 4 + kRows * kBk * 4 +
+                      kRows * kGroup * kBk * 2;
   return B * Hk * nkb * kBk * (Dp + Do) * 2 + per * std::max(threads, 1);
 }
 
