@@ -652,6 +652,23 @@ Problem make_problem(const float* q, const float* k, const float* v, int64_t B, 
   return pb;
 }
 
+// attention_backward's checks of everything but q, k and v.
+Status check_gradient_buffers(std::span<const float> out, std::span<const float> lse, std::span<const float> dout,
+                              std::span<float> dq, std::span<float> dk, std::span<float> dv, std::span<float> dbias,
+                              const AttentionMask& mask, int64_t nq, int64_t nk, int64_t nl, int64_t S) {
+  constexpr const char* kName = "attention_backward";
+  ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"out", out, nq}, {"lse", lse, nl}, {"dout", dout, nq}, {"dq", dq, nq},
+                                              {"dk", dk, nk}, {"dv", dv, nk}}));
+  if (dbias.empty()) return Status();
+  if (mask.bias.empty())
+    return Status::invalid_argument(std::string(kName) + ": dbias", "empty without mask.bias (pass a bias of zeros)",
+                                    i64(int64_t(dbias.size())) + " elements");
+  int64_t nb = 0;
+  if (__builtin_mul_overflow(nl, S, &nb))
+    return Status::invalid_argument(std::string(kName) + ": dbias", "B*H*T*S within int64", "more");
+  return check_buffers(kName, {{"dbias", dbias, nb}});
+}
+
 // q, k and v widened to f32 (the bf16 entry points below AMX).
 struct Widened {
   std::vector<float> q, k, v;
@@ -769,18 +786,8 @@ Status attention_backward(std::span<const float> q, std::span<const float> k, st
   constexpr const char* kName = "attention_backward";
   int64_t nq, nk, nl;
   ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
-  ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"q", q, nq}, {"k", k, nk}, {"v", v, nk}, {"out", out, nq},
-                                              {"lse", lse, nl}, {"dout", dout, nq}, {"dq", dq, nq},
-                                              {"dk", dk, nk}, {"dv", dv, nk}}));
-  if (!dbias.empty()) {
-    if (mask.bias.empty())
-      return Status::invalid_argument(std::string(kName) + ": dbias", "empty without mask.bias (pass a bias of zeros)",
-                                      i64(int64_t(dbias.size())) + " elements");
-    int64_t nb = 0;
-    if (__builtin_mul_overflow(nl, S, &nb))
-      return Status::invalid_argument(std::string(kName) + ": dbias", "B*H*T*S within int64", "more");
-    ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"dbias", dbias, nb}}));
-  }
+  ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"q", q, nq}, {"k", k, nk}, {"v", v, nk}}));
+  ASPEN_RETURN_IF_ERROR(check_gradient_buffers(out, lse, dout, dq, dk, dv, dbias, mask, nq, nk, nl, S));
   float* db = dbias.empty() ? nullptr : dbias.data();
   if (reference_mode()) {
     ref::attention_backward<float>(q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
@@ -810,10 +817,26 @@ Status attention_backward(std::span<const bf16> q, std::span<const bf16> k, std:
   ASPEN_RETURN_IF_ERROR(check_buffer(kName, "q", q, nq));
   ASPEN_RETURN_IF_ERROR(check_buffer(kName, "k", k, nk));
   ASPEN_RETURN_IF_ERROR(check_buffer(kName, "v", v, nk));
-  Widened w;
-  ASPEN_RETURN_IF_ERROR(w.of(q, k, v, nq, nk));
-  return attention_backward(std::span<const float>(w.q), w.k, w.v, out, lse, dout, dq, dk, dv, B, H, Hk, T, S, D,
-                            scale, mask, dbias);
+  if (reference_mode() || active_isa() < Isa::amx) {  // the f32 kernel on the widened values
+    Widened w;
+    ASPEN_RETURN_IF_ERROR(w.of(q, k, v, nq, nk));
+    return attention_backward(std::span<const float>(w.q), w.k, w.v, out, lse, dout, dq, dk, dv, B, H, Hk, T, S, D,
+                              scale, mask, dbias);
+  }
+  ASPEN_RETURN_IF_ERROR(check_gradient_buffers(out, lse, dout, dq, dk, dv, dbias, mask, nq, nk, nl, S));
+  if (nl == 0 || nk == 0) {  // no query row or no key: zero gradients
+    std::fill(dq.begin(), dq.begin() + nq, 0.0f);
+    std::fill(dk.begin(), dk.begin() + nk, 0.0f);
+    std::fill(dv.begin(), dv.begin() + nk, 0.0f);
+    if (!dbias.empty()) std::fill(dbias.begin(), dbias.begin() + nl * S, 0.0f);
+    return Status();
+  }
+  std::vector<int32_t> seg;
+  std::vector<uint8_t> tiles;
+  const Problem pb = make_problem(nullptr, nullptr, nullptr, B, H, Hk, T, S, D, scale, mask, seg, tiles);
+  backward_amx(pb, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data(),
+               dbias.empty() ? nullptr : dbias.data());
+  return Status();
 }
 
 }  // namespace aspen::kernels

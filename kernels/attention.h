@@ -110,8 +110,9 @@ struct AttentionMask {
                                        std::span<float> out, std::span<float> lse, int64_t B, int64_t H, int64_t Hk,
                                        int64_t T, int64_t S, int64_t D, float scale, const AttentionMask& mask = {});
 
-// The backward of the bf16 forward: q, k and v bf16, out, lse and dout f32, gradients f32. For now the f32
-// backward on the widened q, k and v (memory: their f32 copies) on every CPU.
+// The backward of the bf16 forward: q, k and v bf16, out, lse and dout f32, gradients f32; the products in
+// bf16 (dout, p and ds rounded to bf16) with f32 accumulation, in AMX tiles where the CPU has them (NOTE
+// [attention amx backward]), else the f32 backward on the widened values.
 [[nodiscard]] Status attention_backward(std::span<const bf16> q, std::span<const bf16> k, std::span<const bf16> v,
                                         std::span<const float> out, std::span<const float> lse,
                                         std::span<const float> dout, std::span<float> dq, std::span<float> dk,

@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/attention_avx512.h"
@@ -375,6 +376,306 @@ int64_t forward_amx_scratch_bytes(int64_t B, int64_t Hk, int64_t S, int64_t D, i
   const int64_t per = kQuerySpan * Dp * 2 + kQuerySpan * Do * 4 + 2 * kQuerySpan * 4 + kRows * kBk * 4 +
                       kRows * kGroup * kBk * 2;
   return B * Hk * nkb * kBk * (Dp + Do) * 2 + per * std::max(threads, 1);
+}
+
+namespace {
+
+constexpr int64_t kBwdGroup = 4;  // 32-row steps whose dk, dv products run as one (NOTE [attention amx backward])
+
+// dst [D rows, ldd] = src [rows, D (rows lds apart)]^T (bf16), blocked so that both sides stay in cache lines.
+void transpose_bf16(const uint16_t* src, int64_t rows, int64_t D, int64_t lds, uint16_t* dst, int64_t ldd) {
+  constexpr int64_t kB = 32;
+  for (int64_t r0 = 0; r0 < rows; r0 += kB)
+    for (int64_t d0 = 0; d0 < D; d0 += kB)
+      for (int64_t d = d0; d < std::min(D, d0 + kB); ++d)
+        for (int64_t r = r0; r < std::min(rows, r0 + kB); ++r) dst[d * ldd + r] = src[r * lds + d];
+}
+
+// acc [Do, kBk] (f32, rows kBk apart) += a [Do, 32 chunks] (bf16, rows lda apart) times b: per 32-row chunk c
+// (of `chunks`), 4 key tiles of pairs of rows (tile n of chunk c at b + (4 c + n) * kTileElems).
+void block_transposed(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunks, int64_t nd, float* acc) {
+  const int64_t stride = kBk * 4;
+  for (int64_t a0 = 0; a0 < nd; a0 += 2) {
+    const bool two = a0 + 1 < nd;
+    for (int64_t n0 = 0; n0 < kBk / 16; n0 += 2) {
+      float* c0 = acc + 16 * a0 * kBk + 16 * n0;
+      _tile_loadd(0, c0, stride);
+      _tile_loadd(1, c0 + 16, stride);
+      if (two) {
+        _tile_loadd(2, c0 + 16 * kBk, stride);
+        _tile_loadd(3, c0 + 16 * kBk + 16, stride);
+      }
+      for (int64_t c = 0; c < chunks; ++c) {
+        _tile_loadd(4, a + 16 * a0 * lda + 32 * c, lda * 2);
+        _tile_loadd(6, b + (4 * c + n0) * kTileElems, 64);
+        _tile_loadd(7, b + (4 * c + n0 + 1) * kTileElems, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (two) {
+          _tile_loadd(5, a + 16 * (a0 + 1) * lda + 32 * c, lda * 2);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      _tile_stored(0, c0, stride);
+      _tile_stored(1, c0 + 16, stride);
+      if (two) {
+        _tile_stored(2, c0 + 16 * kBk, stride);
+        _tile_stored(3, c0 + 16 * kBk + 16, stride);
+      }
+    }
+  }
+}
+
+// 32 bf16 from a (lanes 0-15) and b (16-31) interleaved: a0 b0 a1 b1 ...: a row of 16 pairs.
+__m512i pair_rows(__m512 a, __m512 b) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                                       5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(idx, __m512i(_mm512_cvtne2ps_pbh(b, a)));
+}
+
+// What one backward call shares: the operands in the tiles' layouts and the rows' constants.
+struct Backward {
+  const Problem& pb;
+  int64_t D, Dp, Do, nd, T, Tp, S, nkb, kblock, vblock;
+  float cs;
+  std::vector<uint16_t> q, g;    // q and dout [B H, Tp, Dp] bf16, rows padded
+  std::vector<uint16_t> qt, gt;  // their transposes [B H, Do, Tp]
+  std::vector<uint16_t> kt, vt;  // k and v as B tiles of q k^T, dout v^T (pack_keys), per key block
+  std::vector<uint16_t> kp;      // k as B tiles of ds k (pack_values), per key block
+  std::vector<float> lse2, di;   // per query row: lse log2 e (+inf: no key, p = 0), rowsum(dout out)
+  float* dbias;
+};
+
+// Per thread.
+struct BackwardScratch {
+  alignas(64) float s[kRows * kBk];
+  alignas(64) float dp[kRows * kBk];
+  alignas(64) uint16_t ds[kRows * kBk];                          // ds, rows kBk apart (A of dq += ds k)
+  alignas(64) uint16_t p_pairs[kBwdGroup * 4 * kTileElems];      // p, pairs of rows (B of dv^T += dout^T p)
+  alignas(64) uint16_t ds_pairs[kBwdGroup * 4 * kTileElems];     // ds, likewise (B of dk^T += q^T ds)
+  alignas(64) float kv[kBk];
+  __mmask16 allow[kRows * 4];
+  int lo[kRows], hi[kRows];
+};
+
+// The step of rows [i0, i0 + rows) of head bh (i0 a multiple of kRows) against key block j0 (kv[] filled):
+// p and ds into slot `slot` of the pairs (and ds rows), dbias's rows when wanted. False when the tile
+// is masked out.
+bool backward_step(const Backward& bw, BackwardScratch& w, int64_t bh, int64_t i0, int64_t j0, bool all_valid,
+                   int64_t slot, bool write_dbias) {
+  const Problem& pb = bw.pb;
+  const int64_t b = bh / pb.H, kvh = pb.kv_head(bh), rows = std::min(kRows, bw.T - i0), cols = std::min(kBk, bw.S - j0);
+  int64_t lo_first, hi_first, lo_last, hi_last;
+  pb.geo.range(b, i0, &lo_first, &hi_first);
+  pb.geo.range(b, i0 + rows - 1, &lo_last, &hi_last);
+  const uint8_t state = pb.tile_state(bh, i0, j0);
+  if (j0 + cols <= lo_first || j0 >= hi_last || state == kSkipTile) return false;
+  const int64_t blk = kvh * bw.nkb + j0 / kBk;
+  block_scores(bw.q.data() + (bh * bw.Tp + i0) * bw.Dp, bw.Dp, bw.kt.data() + blk * bw.kblock, w.s);
+  block_scores(bw.g.data() + (bh * bw.Tp + i0) * bw.Dp, bw.Dp, bw.vt.data() + blk * bw.kblock, w.dp);
+  const bool inside = all_valid && cols == kBk && lo_last <= j0 && hi_first >= j0 + cols;
+  if (!inside) {
+    tile_ranges(pb, b, i0, rows, j0, cols, w.lo, w.hi);
+    Avx512::allow_masks(rows, w.lo, w.hi, w.kv, w.allow);
+  }
+  const bool extra = pb.alibi || pb.bias || state == kPartialTile;
+  float cs = bw.cs;
+  if (extra) {  // as the forward: into the exp2 domain, then the bias and the layout's -inf
+    for (int64_t y = 0; y < rows * kBk; ++y) w.s[y] *= cs;
+    if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, w.s, kLog2e);
+    if (pb.bias) pb.add_bias(bh, i0, rows, j0, cols, w.s, kLog2e);
+    if (state == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, w.s);
+    cs = 1.0f;
+  }
+  const __m512 csv = _mm512_set1_ps(cs), neg_inf = _mm512_set1_ps(kNegInf), zero = _mm512_setzero_ps();
+  uint16_t* pp = w.p_pairs + slot * 4 * kTileElems;
+  uint16_t* dsp = w.ds_pairs + slot * 4 * kTileElems;
+  for (int64_t r = 0; r < kRows; r += 2) {  // two rows: one row of pairs
+    __m512 p[2][4], ds[2][4];
+    for (int64_t h = 0; h < 2; ++h) {
+      const int64_t row = r + h;
+      if (row >= rows) {
+        for (int v = 0; v < 4; ++v) p[h][v] = ds[h][v] = zero;
+        continue;
+      }
+      const __m512 l2 = _mm512_set1_ps(bw.lse2[size_t(bh * bw.T + i0 + row)]);
+      const __m512 dir = _mm512_set1_ps(bw.di[size_t(bh * bw.T + i0 + row)]);
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        __m512 x = _mm512_fmsub_ps(_mm512_load_ps(w.s + row * kBk + 16 * v), csv, l2);
+        if (!inside) x = _mm512_mask_blend_ps(w.allow[4 * row + v], neg_inf, x);
+        p[h][v] = exp2_p<false>(x);
+        ds[h][v] = _mm512_mul_ps(p[h][v], _mm512_sub_ps(_mm512_load_ps(w.dp + row * kBk + 16 * v), dir));
+      }
+      if (write_dbias) {
+        float* dbr = bw.dbias + (bh * bw.T + i0 + row) * bw.S + j0;
+        for (int v = 0; v < 4; ++v)
+          _mm512_mask_storeu_ps(dbr + 16 * v, tail_mask(std::max<int64_t>(0, cols - 16 * v)), ds[h][v]);
+      }
+      _mm512_store_si512(w.ds + row * kBk, __m512i(_mm512_cvtne2ps_pbh(ds[h][1], ds[h][0])));
+      _mm512_store_si512(w.ds + row * kBk + 32, __m512i(_mm512_cvtne2ps_pbh(ds[h][3], ds[h][2])));
+    }
+    for (int v = 0; v < 4; ++v) {  // key tile v, row r / 2
+      _mm512_store_si512(pp + v * kTileElems + (r / 2) * 32, pair_rows(p[0][v], p[1][v]));
+      _mm512_store_si512(dsp + v * kTileElems + (r / 2) * 32, pair_rows(ds[0][v], ds[1][v]));
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+// NOTE [attention amx backward]: FlashAttention-2's backward with its five block products in AMX tiles, per
+// 32 query rows x 64 keys (a step):
+//   s = q k^T, dp = dout v^T      A: q's and dout's rows (bf16, padded to Dp), B: K and V packed as the
+//                                 forward packs K (once per call)
+//   p = 2^(cs s - lse2), ds = p (dp - di)   AVX-512, f32; p and ds rounded to bf16
+//   dq += ds k                    A: ds's rows, B: K packed as the forward packs V; C: dq's f32 rows
+//   dv^T += dout^T p, dk^T += q^T ds
+//                                 A: dout^T and q^T (transposed once per call), B: p and ds as pairs of
+//                                 rows; C: the key block's dk^T and dv^T [Do, 64] in f32, transposed into
+//                                 dk and dv when the block is done. Up to kBwdGroup consecutive steps of
+//                                 one head share one pass (a K dimension of up to 128 rows).
+// The schedules are the f32 kernel's (NOTE [attention backward per head]): one pass per kv head when there
+// are enough of them, else pass 1 over key blocks (dk, dv, dbias) and pass 2 over query blocks (dq), both
+// walking the same steps, so the bits are the same either way and do not depend on the thread count.
+void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16* v16, const float* out,
+                  const float* lse, const float* dout, float* dq, float* dk, float* dv, float* dbias) {
+  const auto* qx = reinterpret_cast<const uint16_t*>(q16);
+  const auto* kx = reinterpret_cast<const uint16_t*>(k16);
+  const auto* vx = reinterpret_cast<const uint16_t*>(v16);
+  const int64_t D = pb.D, T = pb.T, S = pb.S, BH = pb.B * pb.H;
+  Backward bw{pb, D, round_up(D, 32), round_up(D, 16), round_up(D, 16) / 16, T, round_up(T, kRows), S,
+              (S + kBk - 1) / kBk, 0, 0, pb.scale * kLog2e, {}, {}, {}, {}, {}, {}, {}, {}, {}, dbias};
+  bw.kblock = bw.Dp * kBk;
+  bw.vblock = kBk * bw.Do;
+  const int nt = omp_get_max_threads();
+  bw.q.assign(size_t(BH * bw.Tp * bw.Dp), 0);
+  bw.g.assign(size_t(BH * bw.Tp * bw.Dp), 0);
+  bw.qt.assign(size_t(BH * bw.Do * bw.Tp), 0);
+  bw.gt.assign(size_t(BH * bw.Do * bw.Tp), 0);
+  bw.lse2.resize(size_t(BH * T));
+  bw.di.resize(size_t(BH * T));
+  const int64_t units = pb.B * pb.Hk;
+  bw.kt.resize(size_t(units * bw.nkb * bw.kblock));
+  bw.vt.resize(size_t(units * bw.nkb * bw.kblock));
+  bw.kp.resize(size_t(units * bw.nkb * bw.vblock));
+#pragma omp parallel num_threads(nt)
+  {
+#pragma omp for schedule(static) nowait
+    for (int64_t u = 0; u < units * bw.nkb; ++u) {
+      const int64_t kvh = u / bw.nkb, j0 = (u % bw.nkb) * kBk, cols = std::min(kBk, S - j0);
+      pack_keys(kx + (kvh * S + j0) * D, cols, D, bw.Dp, bw.kt.data() + u * bw.kblock);
+      pack_keys(vx + (kvh * S + j0) * D, cols, D, bw.Dp, bw.vt.data() + u * bw.kblock);
+      pack_values(kx + (kvh * S + j0) * D, cols, D, bw.nd, bw.kp.data() + u * bw.vblock);
+    }
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      uint16_t* qh = bw.q.data() + bh * bw.Tp * bw.Dp;
+      uint16_t* gh = bw.g.data() + bh * bw.Tp * bw.Dp;
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t row = bh * T + i;
+        std::memcpy(qh + i * bw.Dp, qx + row * D, size_t(D * 2));
+        float acc = 0.0f;
+        for (int64_t d = 0; d < D; ++d) {
+          const bf16 gd = f32_to_bf16(dout[row * D + d]);  // di from the rounded dout, as dp: ds is then exact
+          gh[i * bw.Dp + d] = gd.bits;                        // where p is (a one-key row: 0)
+          acc += bf16_to_f32(gd) * out[row * D + d];
+        }
+        bw.di[size_t(row)] = acc;
+        bw.lse2[size_t(row)] = lse[row] == kNegInf ? std::numeric_limits<float>::infinity() : lse[row] * kLog2e;
+      }
+      transpose_bf16(qh, T, D, bw.Dp, bw.qt.data() + bh * bw.Do * bw.Tp, bw.Tp);  // pad rows past T: zero columns
+      transpose_bf16(gh, T, D, bw.Dp, bw.gt.data() + bh * bw.Do * bw.Tp, bw.Tp);
+    }
+    if (dbias) {  // elements of skipped tiles (masked) stay 0
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < BH * T; ++row) std::fill_n(dbias + row * S, S, 0.0f);
+    }
+  }
+  std::vector<float> dq_acc(size_t(BH * bw.Tp * bw.Do), 0.0f);
+  const int64_t group = pb.H / pb.Hk;
+  const auto first_head = [&](int64_t kvh) { return (kvh / pb.Hk) * pb.H + (kvh % pb.Hk) * group; };
+  std::vector<BackwardScratch> scratch(static_cast<size_t>(nt));
+  std::vector<float> acc(size_t(nt) * 2 * size_t(bw.Do * kBk));
+
+  // Key block j0 of kv head kvh against every step of its group's heads: dk and dv of the block, with
+  // `with_dq` dq too, dbias when wanted.
+  const auto walk_queries = [&](int64_t kvh, int64_t j0, bool with_dq) {
+    const int tid = omp_get_thread_num();
+    BackwardScratch& w = scratch[size_t(tid)];
+    float* dkt = acc.data() + size_t(tid) * 2 * size_t(bw.Do * kBk);
+    float* dvt = dkt + bw.Do * kBk;
+    const int64_t cols = std::min(kBk, S - j0), blk = kvh * bw.nkb + j0 / kBk;
+    std::fill_n(dkt, 2 * bw.Do * kBk, 0.0f);
+    const bool any = fill_key_valid(pb, kvh / pb.Hk, j0, cols, w.kv);
+    const bool all_valid = pb.key_valid == nullptr || std::all_of(w.kv, w.kv + cols, [](float y) { return y != 0.0f; });
+    for (int64_t bh = first_head(kvh); any && bh < first_head(kvh) + group; ++bh) {
+      int64_t pending = 0, pending_first = 0;
+      const auto flush = [&] {
+        if (pending > 0) {
+          block_transposed(bw.gt.data() + bh * bw.Do * bw.Tp + pending_first, bw.Tp, w.p_pairs, pending, bw.nd, dvt);
+          block_transposed(bw.qt.data() + bh * bw.Do * bw.Tp + pending_first, bw.Tp, w.ds_pairs, pending, bw.nd, dkt);
+        }
+        pending = 0;
+      };
+      for (int64_t i0 = 0; i0 < T; i0 += kRows) {
+        if (!backward_step(bw, w, bh, i0, j0, all_valid, pending, dbias != nullptr)) {
+          flush();
+          continue;
+        }
+        if (pending == 0) pending_first = i0;
+        if (with_dq)
+          block_values(w.ds, kBk, bw.kp.data() + blk * bw.vblock, bw.vblock, bw.nd, 2,
+                       dq_acc.data() + (bh * bw.Tp + i0) * bw.Do, bw.Do);
+        if (++pending == kBwdGroup) flush();
+      }
+      flush();
+    }
+    for (int64_t c = 0; c < cols; ++c)  // dk = scale dk^T^T, dv = dv^T^T
+      for (int64_t d = 0; d < D; ++d) {
+        dk[(kvh * S + j0 + c) * D + d] = pb.scale * dkt[d * kBk + c];
+        dv[(kvh * S + j0 + c) * D + d] = dvt[d * kBk + c];
+      }
+  };
+
+  const bool one_pass = units >= nt && (units % nt == 0 || units >= 4 * int64_t(nt));
+#pragma omp parallel num_threads(nt)
+  {
+    _tile_loadconfig(&amx_tiles_16x64());
+    if (one_pass) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t kvh = 0; kvh < units; ++kvh)
+        for (int64_t j0 = 0; j0 < S; j0 += kBk) walk_queries(kvh, j0, true);
+    } else {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < units * bw.nkb; ++t) walk_queries(t / bw.nkb, (t % bw.nkb) * kBk, false);
+      const int64_t nsteps = bw.Tp / kRows;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < BH * nsteps; ++t) {
+        BackwardScratch& w = scratch[size_t(omp_get_thread_num())];
+        const int64_t bh = t / nsteps, i0 = (t % nsteps) * kRows, kvh = pb.kv_head(bh);
+        int64_t first, last;
+        block_key_span(pb, bh / pb.H, i0, std::min(kRows, T - i0), &first, &last);
+        for (int64_t j0 = first / kBk * kBk; j0 < last; j0 += kBk) {
+          const int64_t cols = std::min(kBk, S - j0);
+          if (!fill_key_valid(pb, bh / pb.H, j0, cols, w.kv)) continue;
+          const bool all_valid =
+              pb.key_valid == nullptr || std::all_of(w.kv, w.kv + cols, [](float y) { return y != 0.0f; });
+          if (!backward_step(bw, w, bh, i0, j0, all_valid, 0, false)) continue;
+          block_values(w.ds, kBk, bw.kp.data() + (kvh * bw.nkb + j0 / kBk) * bw.vblock, bw.vblock, bw.nd, 2,
+                       dq_acc.data() + (bh * bw.Tp + i0) * bw.Do, bw.Do);
+        }
+      }
+    }
+    _tile_release();
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < BH * T; ++row) {
+      const float* a = dq_acc.data() + ((row / T) * bw.Tp + row % T) * bw.Do;
+      for (int64_t d = 0; d < D; ++d) dq[row * D + d] = pb.scale * a[d];
+    }
+  }
 }
 
 #pragma GCC pop_options

@@ -364,6 +364,9 @@ inline int64_t query_span_blocks(int64_t heads, int64_t nqb, int threads) {
 // NOTE [attention amx] (attention_amx.cc): the forward on bf16 q, k and v in AMX tiles, for any mask of
 // pb (whose q, k and v are unused). Only when active_isa() >= Isa::amx.
 void forward_amx(const Problem& pb, const bf16* q, const bf16* k, const bf16* v, float* out, float* lse);
+// NOTE [attention amx backward]: the backward on bf16 q, k and v in AMX tiles (dbias may be null).
+void backward_amx(const Problem& pb, const bf16* q, const bf16* k, const bf16* v, const float* out, const float* lse,
+                  const float* dout, float* dq, float* dk, float* dv, float* dbias);
 // Its scratch for one call on `threads` threads: K and V packed, per-thread span buffers.
 int64_t forward_amx_scratch_bytes(int64_t B, int64_t Hk, int64_t S, int64_t D, int threads);
 

@@ -152,6 +152,33 @@ void expect_bf16_forward_matches(const Case& c, const Inputs& in, const Attentio
       EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), nmse_threshold(DType::bf16)));
     }
     EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
+    // The backward from this forward's out and lse: dout, p and ds rounded to bf16 (NOTE [attention amx
+    // backward]), against the f64 reference backward on the same values.
+    const size_t nk = k.size(), nb = mask.bias.empty() ? 0 : nl * size_t(c.S);
+    std::vector<double> dq(nq), dk(nk), dv(nk), db(nb);
+    std::vector<double> out64 = to_f64(std::vector<float>(out.cspan().begin(), out.cspan().end()));
+    std::vector<double> lse64 = to_f64(std::vector<float>(lse.cspan().begin(), lse.cspan().end()));
+    ref::attention_backward<double>(to_f64(widen(q)).data(), to_f64(widen(k)).data(), to_f64(widen(v)).data(),
+                                    out64.data(), lse64.data(), to_f64(in.dout).data(), dq.data(), dk.data(), dv.data(),
+                                    c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask, nb ? db.data() : nullptr);
+    Guarded<float> gq(nq, NAN), gk(nk, NAN), gv(nk, NAN), gb(nb, NAN);
+    ASSERT_TRUE(attention_backward(std::span<const bf16>(q), k, v, out.cspan(), lse.cspan(), in.dout, gq.span(),
+                                   gk.span(), gv.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale, mask, gb.span())
+                    .is_ok());
+    EXPECT_GUARDS(gq);
+    EXPECT_GUARDS(gk);
+    EXPECT_GUARDS(gv);
+    EXPECT_GUARDS(gb);
+    if (all_masked) continue;
+    // p and ds rounded to bf16 (2^-9) enter sums that cancel (each row of ds sums to 0): a tiny problem
+    // (D = 1, 17 keys) measured NMSE 1.7e-4 on dk, where a wrong layout or stride gives 0.5.
+    const double t = 10 * nmse_threshold(DType::bf16);
+    EXPECT_TRUE(close_nmse(gq.cspan(), std::span<const double>(dq), t)) << "dq";
+    EXPECT_TRUE(close_nmse(gk.cspan(), std::span<const double>(dk), t)) << "dk";
+    EXPECT_TRUE(close_nmse(gv.cspan(), std::span<const double>(dv), t)) << "dv";
+    if (nb) {
+      EXPECT_TRUE(close_nmse(gb.cspan(), std::span<const double>(db), t)) << "dbias";
+    }
   }
 }
 
@@ -611,12 +638,17 @@ TEST(Attention, BitwiseIdenticalForOneAndTwoThreads) {
       ASSERT_TRUE(attention_backward(in.q, in.k, in.v, out, lse, in.dout, dq, dk, dv, c.B, c.H, c.hk(), c.T, c.S, c.D,
                                      0.125f, mask)
                       .is_ok());
-      std::vector<float> out16(nq), lse16(nl);  // the bf16 forward (NOTE [attention amx])
-      ASSERT_TRUE(attention_forward(std::span<const bf16>(to_bf16(in.q)), to_bf16(in.k), to_bf16(in.v), out16, lse16,
-                                    c.B, c.H, c.hk(), c.T, c.S, c.D, 0.125f, mask)
+      // the bf16 kernels (NOTE [attention amx], NOTE [attention amx backward]: one or two passes by threads)
+      const std::vector<bf16> q16 = to_bf16(in.q), k16 = to_bf16(in.k), v16 = to_bf16(in.v);
+      std::vector<float> out16(nq), lse16(nl), dq16(nq), dk16(nk), dv16(nk);
+      ASSERT_TRUE(attention_forward(std::span<const bf16>(q16), k16, v16, out16, lse16, c.B, c.H, c.hk(), c.T, c.S,
+                                    c.D, 0.125f, mask)
+                      .is_ok());
+      ASSERT_TRUE(attention_backward(std::span<const bf16>(q16), k16, v16, out16, lse16, in.dout, dq16, dk16, dv16,
+                                     c.B, c.H, c.hk(), c.T, c.S, c.D, 0.125f, mask)
                       .is_ok());
       std::vector<float>& all = results[threads - 1];
-      for (const auto* part : {&out, &lse, &dq, &dk, &dv, &out16, &lse16})
+      for (const auto* part : {&out, &lse, &dq, &dk, &dv, &out16, &lse16, &dq16, &dk16, &dv16})
         all.insert(all.end(), part->begin(), part->end());
     }
     ASSERT_EQ(results[0].size(), results[1].size());
