@@ -9,7 +9,8 @@
 // cast once for the forward and the backward). The pass runs after autodiff
 // and recomputation (clones are f32 values, cast where a matmul reads them)
 // and before fusion, whose matmul + bias pattern then fuses the new matmuls
-// (the bias stays f32, the output's dtype).
+// (the bias stays f32, the output's dtype). Attention over more than a few
+// query rows takes bf16 q, k and v the same way (bf16_attention below).
 //
 // With partials = the compute type, each converted matmul writes its result
 // in that type (out_dtype = bf16/f16; a bias is cast too) and a cast back to
@@ -19,6 +20,7 @@
 #include "compiler/pass.h"
 #include "compiler/rewrite.h"
 #include "graph/verify.h"
+#include "kernels/attention.h"
 
 namespace aspen::compiler {
 
@@ -28,6 +30,19 @@ using graph::OpKind;
 using graph::ValueId;
 
 namespace {
+
+// With compute = bf16, attention and its gradient over more than kernels::kAttentionDecodeRows query rows
+// take bf16 q, k and v (out_dtype f32: kernels/attention.h's bf16 kernels, AMX tiles where the CPU has
+// them). Decoding steps keep f32 attention: their split-KV rows (NOTE [attention split-KV decoding]) are
+// f32 only, and casting a long KV cache every step would cost as much as the step's attention. f16 compute
+// keeps f32 attention (no f16 kernel).
+bool bf16_attention(const Node& n, const Graph& g, DType compute) {
+  if (compute != DType::bf16 || (n.op != OpKind::attention && n.op != OpKind::attention_grad) ||
+      n.attrs.has("out_dtype"))
+    return false;
+  const graph::TensorType& q = g.type(n.inputs[0]);
+  return q.dtype == DType::f32 && q.shape[2] > kernels::kAttentionDecodeRows;
+}
 
 class Precision : public Pass {
  public:
@@ -91,6 +106,13 @@ class Precision : public Pass {
           continue;
         }
         types = *checked;
+      } else if (bf16_attention(n, out, compute)) {  // q, k, v cast; out, lse and the gradients stay f32
+        for (size_t k = 0; k < 3; ++k) {
+          ASPEN_ASSIGN_OR_RETURN(n.inputs[k], cast(n.inputs[k], n));
+        }
+        n.attrs.set("out_dtype", int64_t(DType::f32));
+        auto checked = graph::check_node(out, n);
+        if (!checked.is_ok()) return checked.status().with_context("attention node " + std::to_string(i));
       }
       rw.emit(std::move(n), types, g.node(i).outputs);
     }

@@ -151,6 +151,57 @@ TEST(Precision, F16ComputeAndNarrowPartials) {
             "pass precision: compile options: partials: expected f32 or the compute type (f16), found bf16");
 }
 
+// Self-attention over x [1, T, 16] (q, k, v by matmuls, 2 heads of 8, causal) and its gradients: with compute
+// = bf16, attention and attention_grad over T = 40 rows take bf16 q, k and v (out_dtype f32, fast kernels),
+// while T = 3 (decoding's shape, NOTE [attention decode rows]) keeps f32; the meaning stays within bf16 of f32.
+TEST(Precision, AttentionTakesBf16BeyondDecodeRows) {
+  for (const int64_t T : {40, 3}) {
+    SCOPED_TRACE("T = " + std::to_string(T));
+    Graph g;
+    Builder b(g);
+    ValueId x = b.input("x", DType::f32, {T, 16});
+    ValueId w = b.parameter("w", DType::f32, {16, 48});
+    ValueId qkv = b.op1(OpKind::matmul, {x, w});
+    auto head = [&](int64_t at) {  // [T, 16] -> [1, 2, T, 8]
+      return b.transpose(b.reshape(b.slice(qkv, 1, at, at + 16), {1, T, 2, 8}), {0, 2, 1, 3});
+    };
+    const std::vector<ValueId> att =
+        b.op(OpKind::attention, {head(0), head(16), head(32)}, {{"scale", 0.35}, {"mask", std::string("causal")}});
+    ValueId loss = b.scale(b.reduce_sum(b.mul(att[0], att[0]), {0, 1, 2, 3}), 1.0 / double(T));
+    b.output("loss", loss);
+    ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+    const std::vector<ValueId> wrt{w, x};
+    auto grads = graph::append_gradients(g, loss, wrt);
+    ASSERT_TRUE(grads.is_ok()) << grads.status().to_string();
+    g.add_output("grad.w", (*grads)[0]);
+    g.add_output("grad.x", (*grads)[1]);
+    auto exe = compile(g, {.verify_each_pass = true, .compute = DType::bf16});
+    ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+    const Graph& out = (*exe)->graph;
+    int attentions = 0;
+    for (const auto& n : out.nodes()) {
+      if (n.op != OpKind::attention && n.op != OpKind::attention_grad) continue;
+      ++attentions;
+      EXPECT_EQ(n.attrs.has("out_dtype"), T > 4);
+      for (int k = 0; k < 3; ++k) EXPECT_EQ(out.type(n.inputs[size_t(k)]).dtype, T > 4 ? DType::bf16 : DType::f32);
+      EXPECT_EQ(out.type(n.outputs[0]).dtype, DType::f32);
+    }
+    EXPECT_EQ(attentions, 2);
+    for (const auto& ins : (*exe)->program.code) EXPECT_FALSE(ins.reference) << (*exe)->listing();
+    std::map<std::string, HostArray> feeds;
+    for (const auto& [name, s] : std::map<std::string, Shape>{{"x", Shape{T, 16}}, {"w", Shape{16, 48}}}) {
+      Tensor t(DType::f32, s);
+      philox_fill_uniform(t.span<float>(), 7, name == "x", 0, -1, 1);
+      feeds[name] = HostArray::from_tensor(t);
+    }
+    auto want = graph::interpret(g, feeds, {.round_to_dtype = true});
+    auto got = graph::interpret(out, feeds, {.round_to_dtype = true});
+    ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    for (const char* name : {"grad.w", "grad.x"}) EXPECT_LE(nmse(got->at(name), want->at(name)), 1e-3) << name;
+  }
+}
+
 TEST(Precision, PassRewritesOnlyF32Matmuls) {
   Graph g;
   Builder b(g);

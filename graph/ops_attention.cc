@@ -18,6 +18,9 @@
 //   gradient: (dq, dk, dv[, dbias [B, H, T, S]]) = attention_grad(q, k, v, out, lse, g[, key_valid][, segments]
 //       [, layout][, bias]) {same attributes}; the bias's gradient is dbias summed over the dimensions it
 //       broadcasts; a gradient reaching lse is Unimplemented; attention_grad is not differentiated again.
+//   {out_dtype}: q, k and v bf16 with out_dtype f32 (compiler/precision.cc's compute = bf16, as a matmul's):
+//       out, the bias, and attention_grad's out, g, dq, dk, dv and dbias are f32; kernels/attention.h's bf16
+//       kernels (AMX tiles where the CPU has them).
 #include "graph/builder.h"
 #include "graph/op_sample.h"
 #include "graph/ops_nn_util.h"
@@ -115,9 +118,19 @@ Result<MaskInputs> mask_inputs(const Node& n, std::span<const TensorType> in, si
 }
 
 // q [B, H, T, D], k and v [B, Hk, S, D] (Hk divides H); key_valid and segments [B, S] from in[kv_index] on.
+// The dtype of out (and of the bias, and the gradients): q's, or out_dtype (f32, with bf16 q).
+Result<DType> attention_out_dtype(const Node& n, const TensorType& q) {
+  if (!n.attrs.has("out_dtype")) return q.dtype;
+  const int64_t od = n.attrs.i("out_dtype");
+  if (q.dtype != DType::bf16) return rule_error(n, "q", "bf16 (with out_dtype)", q.to_string());
+  if (od != int64_t(DType::f32)) return rule_error(n, "out_dtype", "f32", std::to_string(od));
+  return DType::f32;
+}
+
 Status check_attention(const Node& n, std::span<const TensorType> in, size_t kv_index) {
   const TensorType &q = in[0], &k = in[1];
   ASPEN_RETURN_IF_ERROR(expect_float(n, "q", q));
+  ASPEN_ASSIGN_OR_RETURN(const DType out_dtype, attention_out_dtype(n, q));
   ASPEN_RETURN_IF_ERROR(expect_rank(n, "q", q, 4, 4));
   ASPEN_RETURN_IF_ERROR(expect_dtype(n, "k", k, q.dtype, "q's"));
   ASPEN_RETURN_IF_ERROR(expect_rank(n, "k", k, 4, 4));
@@ -156,10 +169,10 @@ Status check_attention(const Node& n, std::span<const TensorType> in, size_t kv_
   if (mi.bias >= 0) {
     const TensorType& bias = in[size_t(mi.bias)];
     const Shape& bs = bias.shape;
-    if (bias.dtype != q.dtype || (bs[0] != 1 && bs[0] != q.shape[0]) || (bs[1] != 1 && bs[1] != q.shape[1]) ||
+    if (bias.dtype != out_dtype || (bs[0] != 1 && bs[0] != q.shape[0]) || (bs[1] != 1 && bs[1] != q.shape[1]) ||
         bs[2] != q.shape[2] || bs[3] != k.shape[2])
       return rule_error(n, "bias",
-                        std::string(dtype_name(q.dtype)) + " [1 or " + str(q.shape[0]) + ", 1 or " + str(q.shape[1]) +
+                        std::string(dtype_name(out_dtype)) + " [1 or " + str(q.shape[0]) + ", 1 or " + str(q.shape[1]) +
                             ", " + str(q.shape[2]) + ", " + str(k.shape[2]) + "] ([batch, heads, T, S], broadcast)",
                         bias.to_string());
     if (!(scale > 0)) return rule_error(n, "scale", "> 0 with a bias", std::to_string(scale));
@@ -174,21 +187,25 @@ TensorType lse_type(const TensorType& q) { return TensorType{kStat, Shape{q.shap
 
 Status infer_attention(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
   ASPEN_RETURN_IF_ERROR(check_attention(n, in, 3));
-  out = {in[0], lse_type(in[0])};
+  ASPEN_ASSIGN_OR_RETURN(const DType od, attention_out_dtype(n, in[0]));
+  out = {TensorType{od, in[0].shape}, lse_type(in[0])};
   return Status();
 }
 
 // attention_grad(q, k, v, out, lse, g[, key_valid][, segments]).
 Status infer_attention_grad(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
   ASPEN_RETURN_IF_ERROR(check_attention(n, in, 6));
-  ASPEN_RETURN_IF_ERROR(expect_type(n, "out", in[3], in[0], "q's type"));
+  ASPEN_ASSIGN_OR_RETURN(const DType od, attention_out_dtype(n, in[0]));
+  const TensorType out_type{od, in[0].shape};
+  const char* what = n.attrs.has("out_dtype") ? "q's shape in out_dtype" : "q's type";
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "out", in[3], out_type, what));
   ASPEN_RETURN_IF_ERROR(expect_type(n, "lse", in[4], lse_type(in[0]), "the forward's saved statistic"));
-  ASPEN_RETURN_IF_ERROR(expect_type(n, "g", in[5], in[0], "q's type"));
-  out = {in[0], in[1], in[1]};
+  ASPEN_RETURN_IF_ERROR(expect_type(n, "g", in[5], out_type, what));
+  out = {out_type, TensorType{od, in[1].shape}, TensorType{od, in[1].shape}};
   ASPEN_ASSIGN_OR_RETURN(const MaskInputs mi, mask_inputs(n, in, 6));
   if (mi.bias >= 0) {  // dbias, before the sum over the broadcast dimensions
     const Shape &q = in[0].shape, &k = in[1].shape;
-    out.push_back(TensorType{in[0].dtype, Shape{q[0], q[1], q[2], k[2]}});
+    out.push_back(TensorType{od, Shape{q[0], q[1], q[2], k[2]}});
   }
   return Status();
 }
@@ -287,7 +304,9 @@ Grads grad_attention(Builder& b, const Node& n, OutGrads g) {
 // [, segments]) -> (dq, dk, dv). The mask is decided here; key_valid (u8 or bool) and segments (i32) are bound
 // to it at each run.
 Prepared prepare_attention(const Node& n, Types in, Types out) {
-  if (!floats_are_f32(in, out)) return no_fast_kernel();
+  // f32 throughout, or q, k, v bf16 with out_dtype f32 (everything else f32)
+  const bool half = n.attrs.has("out_dtype") && in[0].dtype == DType::bf16;
+  if (half ? !floats_are_f32(in.subspan(3), out) : !floats_are_f32(in, out)) return no_fast_kernel();
   const Shape &q = in[0].shape, &k = in[1].shape;
   const int64_t B = q[0], H = q[1], Hk = k[1], T = q[2], S = k[2], D = q[3];
   ASPEN_ASSIGN_OR_RETURN(const kernels::AttentionMask mask, mask_of(n, T, S));
@@ -320,20 +339,25 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
     }
     return m;
   };
-  if (forward)
+  // q, k and v in their dtype E (float, or bf16 with out_dtype f32); everything else f32
+  const auto kernel = [=]<class E>(E) {
+    if (forward)
+      return make_kernel([=](In i, Out o) {
+        const kernels::AttentionMask m = bind(i);
+        return kernels::attention_forward(in_span<E>(i, 0, nq), in_span<E>(i, 1, nk), in_span<E>(i, 2, nk),
+                                          out_span<float>(o, 0, nq), out_span<float>(o, 1, nl), B, H, Hk, T, S, D,
+                                          scale, m);
+      });
     return make_kernel([=](In i, Out o) {
       const kernels::AttentionMask m = bind(i);
-      return kernels::attention_forward(in_span<float>(i, 0, nq), in_span<float>(i, 1, nk), in_span<float>(i, 2, nk),
-                                        out_span<float>(o, 0, nq), out_span<float>(o, 1, nl), B, H, Hk, T, S, D, scale, m);
+      return kernels::attention_backward(in_span<E>(i, 0, nq), in_span<E>(i, 1, nk), in_span<E>(i, 2, nk),
+                                         in_span<float>(i, 3, nq), in_span<float>(i, 4, nl), in_span<float>(i, 5, nq),
+                                         out_span<float>(o, 0, nq), out_span<float>(o, 1, nk),
+                                         out_span<float>(o, 2, nk), B, H, Hk, T, S, D, scale, m,
+                                         bi >= 0 ? out_span<float>(o, 3, nl * S) : std::span<float>{});
     });
-  return make_kernel([=](In i, Out o) {
-    const kernels::AttentionMask m = bind(i);
-    return kernels::attention_backward(in_span<float>(i, 0, nq), in_span<float>(i, 1, nk), in_span<float>(i, 2, nk),
-                                       in_span<float>(i, 3, nq), in_span<float>(i, 4, nl), in_span<float>(i, 5, nq),
-                                       out_span<float>(o, 0, nq), out_span<float>(o, 1, nk), out_span<float>(o, 2, nk),
-                                       B, H, Hk, T, S, D, scale, m,
-                                       bi >= 0 ? out_span<float>(o, 3, nl * S) : std::span<float>{});
-  });
+  };
+  return half ? kernel(bf16{}) : kernel(float{});
 }
 
 // Samples for the kernel sweep (graph/op_sample.h). FlashAttention's online softmax rounds differently
@@ -429,15 +453,53 @@ void attention_samples(SampleList& s, bool grad) {
         std::move(f));
   }
 }
+// bf16 q, k and v with out_dtype f32 (the bf16 kernels: p, and in the backward dout and ds, rounded to bf16,
+// so the worst element is further from the f64 reference than f32's 1e-5): causal with padding, a local
+// window with grouped-query heads, a bias (and its gradient).
+void bf16_attention_samples(SampleList& s, bool grad) {
+  struct Bf16Case {
+    const char* mask;
+    int64_t T, S, Hk, window;
+    bool key_valid, bias;
+  };
+  for (const Bf16Case& c : {Bf16Case{"causal", 70, 70, 2, 0, true, false}, Bf16Case{"local", 40, 90, 1, 17, false, false},
+                            Bf16Case{"none", 33, 65, 2, 0, false, true}}) {
+    s.add(std::string("bf16 out_dtype f32 ") + c.mask + " T " + std::to_string(c.T) + " S " + std::to_string(c.S),
+          [c, grad](Builder& b) {
+            const int64_t B = 2, H = 2, D = 16;
+            const ValueId q = b.input("q", DType::bf16, Shape{B, H, c.T, D});
+            const ValueId k = b.input("k", DType::bf16, Shape{B, c.Hk, c.S, D}),
+                          v = b.input("v", DType::bf16, Shape{B, c.Hk, c.S, D});
+            std::vector<ValueId> in{q, k, v};
+            if (c.key_valid) in.push_back(b.input("key_valid", DType::u8, Shape{B, c.S}));
+            if (c.bias) in.push_back(b.input("bias", DType::f32, Shape{1, H, c.T, c.S}));
+            Attrs a{{"scale", 0.25}, {"mask", std::string(c.mask)}, {"out_dtype", int64_t(DType::f32)}};
+            if (c.window) a.set("window", c.window);
+            if (std::string(c.mask) != "none") a.set("kv_offset", c.S - c.T);
+            std::vector<ValueId> y = b.op(OpKind::attention, in, a);
+            if (!grad || y.size() != 2) return;
+            std::vector<ValueId> gin{q, k, v, y[0], y[1], b.input("g", DType::f32, Shape{B, H, c.T, D})};
+            gin.insert(gin.end(), in.begin() + 3, in.end());
+            b.op(OpKind::attention_grad, gin, a);
+          },
+          SampleFeeds{.seed = 9, .int_hi = 2})
+        .tol = grad ? 3e-2 : 1e-2;
+  }
+}
+
 void samples_attention(SampleList& s) {
   attention_samples(s, false);
+  bf16_attention_samples(s, false);
   s.add("bf16", [](Builder& b) {
      const Shape t{1, 2, 3, 4};
      b.op(OpKind::attention, {b.input("q", DType::bf16, t), b.input("k", DType::bf16, t), b.input("v", DType::bf16, t)},
           {{"scale", 0.5}, {"mask", std::string("causal")}});
    }).fast = false;
 }
-void samples_attention_grad(SampleList& s) { attention_samples(s, true); }
+void samples_attention_grad(SampleList& s) {
+  attention_samples(s, true);
+  bf16_attention_samples(s, true);
+}
 
 }  // namespace
 
@@ -449,7 +511,8 @@ void register_attention_ops(OpTable& t) {
                                                  {"kv_offset", AttrKind::i64, false},
                                                  {"align", AttrKind::str, false},
                                                  {"layout_block", AttrKind::i64, false},
-                                                 {"alibi_bias_max", AttrKind::f64, false}};
+                                                 {"alibi_bias_max", AttrKind::f64, false},
+                                                 {"out_dtype", AttrKind::i64, false}};
   t.define(OpKind::attention, {.min_inputs = 3,
                                .max_inputs = 7,
                                .attrs = attention_attrs,

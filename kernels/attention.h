@@ -80,6 +80,10 @@ struct AttentionMask {
   int64_t bias_batch = 1, bias_heads = 1;
 };
 
+// Query rows per (b, h) up to which the forward takes its decode rows (NOTE [attention decode rows];
+// f32 only, split-KV over long caches) instead of blocks of rows.
+inline constexpr int64_t kAttentionDecodeRows = 4;
+
 // Writes out [B, H, T, D] and lse [B, H, T].
 [[nodiscard]] Status attention_forward(std::span<const float> q, std::span<const float> k, std::span<const float> v,
                                        std::span<float> out, std::span<float> lse, int64_t B, int64_t H, int64_t Hk,

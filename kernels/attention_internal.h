@@ -203,7 +203,7 @@ ASPEN_ATTN_INLINE void transpose_impl(const float* src, int64_t cols, int64_t D,
 // rescaled by 2^(m_old - m_new), o += p v; then out = o / l and lse = m ln 2 +
 // ln l. About 10x fewer instructions per key; K and V stream once per row;
 // scratch is one block of scores on the stack.
-constexpr int64_t kDecodeRows = 4;
+constexpr int64_t kDecodeRows = kAttentionDecodeRows;
 // NOTE [attention split-KV decoding]: keys per chunk of a long decode row (a multiple of kBk).
 constexpr int64_t kDecodeChunk = 1024;
 inline int64_t decode_chunks(int64_t S) { return S > kDecodeChunk ? (S + kDecodeChunk - 1) / kDecodeChunk : 1; }
