@@ -186,7 +186,9 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
           Row r{kind, dtype, pass, T, s, 0.0,
                 std::max(kernels::attention_forward_scratch_bytes(B, H, H, Tq, T, D, opt.threads,
                                                                   half ? DType::bf16 : DType::f32),
-                         bwd ? kernels::attention_backward_scratch_bytes(B, H, T, D, opt.threads) : 0) +
+                         bwd ? kernels::attention_backward_scratch_bytes(B, H, H, T, T, D, opt.threads,
+                                                                  half ? DType::bf16 : DType::f32)
+                             : 0) +
                     seg_bytes,
                 layout ? layout->density() : 0.0};
           if (kind == "causal" && !bwd && !half && T <= 2048) {  // the definition, as a check of the fast path's output

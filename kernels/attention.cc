@@ -718,7 +718,13 @@ int64_t attention_forward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_
   return (forward_scratch_floats(D) * int64_t(std::max(threads, 1)) + keys_t) * int64_t(sizeof(float));
 }
 
-int64_t attention_backward_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D, int threads) {
+int64_t attention_backward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
+                                         int threads, DType dtype) {
+  if (dtype == DType::bf16) {
+    if (active_isa() >= Isa::amx && !reference_mode()) return backward_amx_scratch_bytes(B, H, Hk, T, S, D, threads);
+    const int64_t widened = (B * H * T + 2 * B * Hk * S) * D * int64_t(sizeof(float));
+    return widened + attention_backward_scratch_bytes(B, H, Hk, T, S, D, threads);
+  }
   return (backward_scratch_floats(D) * int64_t(std::max(threads, 1)) + B * H * T) * int64_t(sizeof(float));
 }
 

@@ -147,8 +147,11 @@ std::vector<float> alibi_slopes(int64_t heads, double bias_max = 8.0);
 // and D to 32 and 16) and per-thread buffers; elsewhere f32 copies of q, k and v plus the f32 kernel's.
 int64_t attention_forward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
                                         int threads, DType dtype = DType::f32);
-// The same for attention_backward: per-thread tiles and one f32 per query row (B·H·T).
-int64_t attention_backward_scratch_bytes(int64_t B, int64_t H, int64_t T, int64_t D, int threads);
+// The same for attention_backward: per-thread tiles and one f32 per query row (B·H·T). With dtype bf16, on
+// AMX: q and dout in bf16 and transposed (4·B·H·T·D bf16), K and V packed three ways (3·B·Hk·S·D bf16),
+// dq's f32 accumulator (B·H·T·D), per-thread tiles; elsewhere f32 copies of q, k and v plus the f32 kernel's.
+int64_t attention_backward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
+                                         int threads, DType dtype = DType::f32);
 
 namespace ref {
 // F is float or double. The definition: for each (b, h), materializes the [T, S] scores, softmax,

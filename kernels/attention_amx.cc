@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "kernels/attention_avx512.h"
@@ -47,6 +48,16 @@ constexpr int64_t kTileElems = 512;  // bf16 elements of one 16 x 64-byte tile
 constexpr int64_t kGroup = 4;        // key blocks per pass of p v (NOTE [attention amx])
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// A buffer whose elements start uninitialized (the kernels write every element before reading it; a
+// std::vector would zero megabytes first).
+template <class T>
+struct Scratch {
+  std::unique_ptr<T[]> p;
+  void resize(size_t n) { p.reset(new T[n]); }
+  T* data() const { return p.get(); }
+  T& operator[](size_t i) const { return p[i]; }
+};
 
 // K's block [cols, D] (rows D apart) as the B operand of s = q k^T: per 32-step chunk c of the head
 // dimension and 16-key tile n, a tile whose row p holds word j = (k[16 n + j][32 c + 2 p], k[..][32 c + 2 p + 1]):
@@ -248,7 +259,9 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
   const int nt = omp_get_max_threads();
   const int64_t nkb = (S + kBk - 1) / kBk, kblock = Dp * kBk, vblock = kBk * Do;
   // NOTE [attention keys transposed once], for the tiles: every key block of every kv head packed once.
-  std::vector<uint16_t> kpack(size_t(pb.B * pb.Hk * nkb * kblock)), vpack(size_t(pb.B * pb.Hk * nkb * vblock));
+  Scratch<uint16_t> kpack, vpack;
+  kpack.resize(size_t(pb.B * pb.Hk * nkb * kblock));
+  vpack.resize(size_t(pb.B * pb.Hk * nkb * vblock));
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t u = 0; u < pb.B * pb.Hk * nkb; ++u) {
     const int64_t kvh = u / nkb, j0 = (u % nkb) * kBk, cols = std::min(kBk, S - j0);
@@ -382,13 +395,43 @@ namespace {
 
 constexpr int64_t kBwdGroup = 4;  // 32-row steps whose dk, dv products run as one (NOTE [attention amx backward])
 
-// dst [D rows, ldd] = src [rows, D (rows lds apart)]^T (bf16), blocked so that both sides stay in cache lines.
-void transpose_bf16(const uint16_t* src, int64_t rows, int64_t D, int64_t lds, uint16_t* dst, int64_t ldd) {
-  constexpr int64_t kB = 32;
-  for (int64_t r0 = 0; r0 < rows; r0 += kB)
-    for (int64_t d0 = 0; d0 < D; d0 += kB)
-      for (int64_t d = d0; d < std::min(D, d0 + kB); ++d)
-        for (int64_t r = r0; r < std::min(rows, r0 + kB); ++r) dst[d * ldd + r] = src[r * lds + d];
+// 32 bf16 from a (lanes 0-15) and b (16-31) interleaved: a0 b0 a1 b1 ...: a row of 16 pairs.
+__m512i pair_rows(__m512 a, __m512 b) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                                       5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(idx, __m512i(_mm512_cvtne2ps_pbh(b, a)));
+}
+
+// dst [Do rows, ldd] = src [rows, Do]^T (bf16; src rows lds apart, rows a multiple of 32, Do of 16): 32 rows
+// by 16 columns at a time, pairs of rows interleaved into 16 words per column block, then one 16 x 16
+// transpose of words gives 16 rows of 32 consecutive values.
+void transpose_bf16(const uint16_t* src, int64_t lds, int64_t rows, int64_t Do, uint16_t* dst, int64_t ldd) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 32)
+    for (int64_t d0 = 0; d0 < Do; d0 += 16) {
+      __m512 w[16];
+      for (int64_t k = 0; k < 16; ++k) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (r0 + 2 * k) * lds + d0));
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (r0 + 2 * k + 1) * lds + d0));
+        w[k] = _mm512_castsi512_ps(
+            _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+      }
+      Avx512::transpose16(w);
+      for (int64_t j = 0; j < 16; ++j) _mm512_storeu_ps(reinterpret_cast<float*>(dst + (d0 + j) * ldd + r0), w[j]);
+    }
+}
+
+// The key block's dk^T (or dv^T) [Do, kBk] (f32) into its rows of dk [cols, D] times mult.
+void store_transposed(const float* acc, int64_t cols, int64_t D, float mult, float* dst) {
+  const __m512 mv = _mm512_set1_ps(mult);
+  for (int64_t d0 = 0; d0 < D; d0 += 16)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      __m512 r[16];
+      for (int64_t i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(acc + (d0 + i) * kBk + c0);  // rows past D: padding
+      Avx512::transpose16(r);
+      const __mmask16 md = tail_mask(D - d0);
+      for (int64_t c = 0; c < std::min<int64_t>(16, cols - c0); ++c)
+        _mm512_mask_storeu_ps(dst + (c0 + c) * D + d0, md, _mm512_mul_ps(r[c], mv));
+    }
 }
 
 // acc [Do, kBk] (f32, rows kBk apart) += a [Do, 32 chunks] (bf16, rows lda apart) times b: per 32-row chunk c
@@ -427,23 +470,17 @@ void block_transposed(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t
   }
 }
 
-// 32 bf16 from a (lanes 0-15) and b (16-31) interleaved: a0 b0 a1 b1 ...: a row of 16 pairs.
-__m512i pair_rows(__m512 a, __m512 b) {
-  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
-                                       5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(idx, __m512i(_mm512_cvtne2ps_pbh(b, a)));
-}
-
 // What one backward call shares: the operands in the tiles' layouts and the rows' constants.
 struct Backward {
   const Problem& pb;
   int64_t D, Dp, Do, nd, T, Tp, S, nkb, kblock, vblock;
   float cs;
-  std::vector<uint16_t> q, g;    // q and dout [B H, Tp, Dp] bf16, rows padded
-  std::vector<uint16_t> qt, gt;  // their transposes [B H, Do, Tp]
-  std::vector<uint16_t> kt, vt;  // k and v as B tiles of q k^T, dout v^T (pack_keys), per key block
-  std::vector<uint16_t> kp;      // k as B tiles of ds k (pack_values), per key block
-  std::vector<float> lse2, di;   // per query row: lse log2 e (+inf: no key, p = 0), rowsum(dout out)
+  Scratch<uint16_t> q, g;    // q and dout [B H, Tp, Dp] bf16, rows padded
+  Scratch<uint16_t> qt, gt;  // their transposes [B H, Do, Tp]
+  Scratch<uint16_t> kt, vt;  // k and v as B tiles of q k^T, dout v^T (pack_keys), per key block
+  Scratch<uint16_t> kp;      // k as B tiles of ds k (pack_values), per key block
+  Scratch<float> lse2, di;   // per query row: lse log2 e (+inf: no key, p = 0), rowsum(dout out)
+  Scratch<float> dq;         // dq's accumulator [B H, Tp, Do]
   float* dbias;
 };
 
@@ -547,16 +584,18 @@ void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf1
   const auto* vx = reinterpret_cast<const uint16_t*>(v16);
   const int64_t D = pb.D, T = pb.T, S = pb.S, BH = pb.B * pb.H;
   Backward bw{pb, D, round_up(D, 32), round_up(D, 16), round_up(D, 16) / 16, T, round_up(T, kRows), S,
-              (S + kBk - 1) / kBk, 0, 0, pb.scale * kLog2e, {}, {}, {}, {}, {}, {}, {}, {}, {}, dbias};
+              (S + kBk - 1) / kBk, 0, 0, pb.scale * kLog2e, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, dbias};
   bw.kblock = bw.Dp * kBk;
   bw.vblock = kBk * bw.Do;
   const int nt = omp_get_max_threads();
-  bw.q.assign(size_t(BH * bw.Tp * bw.Dp), 0);
-  bw.g.assign(size_t(BH * bw.Tp * bw.Dp), 0);
-  bw.qt.assign(size_t(BH * bw.Do * bw.Tp), 0);
-  bw.gt.assign(size_t(BH * bw.Do * bw.Tp), 0);
+  // Every element below is written before it is read (pads included): no zeroing passes.
+  bw.q.resize(size_t(BH * bw.Tp * bw.Dp));
+  bw.g.resize(size_t(BH * bw.Tp * bw.Dp));
+  bw.qt.resize(size_t(BH * bw.Do * bw.Tp));
+  bw.gt.resize(size_t(BH * bw.Do * bw.Tp));
   bw.lse2.resize(size_t(BH * T));
   bw.di.resize(size_t(BH * T));
+  bw.dq.resize(size_t(BH * bw.Tp * bw.Do));
   const int64_t units = pb.B * pb.Hk;
   bw.kt.resize(size_t(units * bw.nkb * bw.kblock));
   bw.vt.resize(size_t(units * bw.nkb * bw.kblock));
@@ -574,27 +613,33 @@ void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf1
     for (int64_t bh = 0; bh < BH; ++bh) {
       uint16_t* qh = bw.q.data() + bh * bw.Tp * bw.Dp;
       uint16_t* gh = bw.g.data() + bh * bw.Tp * bw.Dp;
-      for (int64_t i = 0; i < T; ++i) {
+      for (int64_t i = 0; i < bw.Tp; ++i) {
         const int64_t row = bh * T + i;
-        std::memcpy(qh + i * bw.Dp, qx + row * D, size_t(D * 2));
-        float acc = 0.0f;
-        for (int64_t d = 0; d < D; ++d) {
-          const bf16 gd = f32_to_bf16(dout[row * D + d]);  // di from the rounded dout, as dp: ds is then exact
-          gh[i * bw.Dp + d] = gd.bits;                        // where p is (a one-key row: 0)
-          acc += bf16_to_f32(gd) * out[row * D + d];
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t d = 0; d < bw.Dp; d += 16) {  // past D (and past T): zeros
+          const __mmask16 md = i < T ? tail_mask(std::max<int64_t>(0, D - d)) : __mmask16(0);
+          const __m256i qv = _mm256_maskz_loadu_epi16(md, qx + row * D + d);
+          // di from the rounded dout, as dp: ds is then exact where p is (a one-key row: 0)
+          const __m256i gv = __m256i(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(md, dout + row * D + d)));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(qh + i * bw.Dp + d), qv);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(gh + i * bw.Dp + d), gv);
+          const __m512 gr = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(gv), 16));
+          acc = _mm512_fmadd_ps(gr, _mm512_maskz_loadu_ps(md, out + row * D + d), acc);
         }
-        bw.di[size_t(row)] = acc;
+        if (i >= T) continue;
+        bw.di[size_t(row)] = _mm512_reduce_add_ps(acc);
         bw.lse2[size_t(row)] = lse[row] == kNegInf ? std::numeric_limits<float>::infinity() : lse[row] * kLog2e;
       }
-      transpose_bf16(qh, T, D, bw.Dp, bw.qt.data() + bh * bw.Do * bw.Tp, bw.Tp);  // pad rows past T: zero columns
-      transpose_bf16(gh, T, D, bw.Dp, bw.gt.data() + bh * bw.Do * bw.Tp, bw.Tp);
+      transpose_bf16(qh, bw.Dp, bw.Tp, bw.Do, bw.qt.data() + bh * bw.Do * bw.Tp, bw.Tp);
+      transpose_bf16(gh, bw.Dp, bw.Tp, bw.Do, bw.gt.data() + bh * bw.Do * bw.Tp, bw.Tp);
+      std::fill_n(bw.dq.data() + bh * bw.Tp * bw.Do, bw.Tp * bw.Do, 0.0f);
     }
     if (dbias) {  // elements of skipped tiles (masked) stay 0
 #pragma omp for schedule(static)
       for (int64_t row = 0; row < BH * T; ++row) std::fill_n(dbias + row * S, S, 0.0f);
     }
   }
-  std::vector<float> dq_acc(size_t(BH * bw.Tp * bw.Do), 0.0f);
+  float* dq_acc = bw.dq.data();
   const int64_t group = pb.H / pb.Hk;
   const auto first_head = [&](int64_t kvh) { return (kvh / pb.Hk) * pb.H + (kvh % pb.Hk) * group; };
   std::vector<BackwardScratch> scratch(static_cast<size_t>(nt));
@@ -628,16 +673,13 @@ void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf1
         if (pending == 0) pending_first = i0;
         if (with_dq)
           block_values(w.ds, kBk, bw.kp.data() + blk * bw.vblock, bw.vblock, bw.nd, 2,
-                       dq_acc.data() + (bh * bw.Tp + i0) * bw.Do, bw.Do);
+                       dq_acc + (bh * bw.Tp + i0) * bw.Do, bw.Do);
         if (++pending == kBwdGroup) flush();
       }
       flush();
     }
-    for (int64_t c = 0; c < cols; ++c)  // dk = scale dk^T^T, dv = dv^T^T
-      for (int64_t d = 0; d < D; ++d) {
-        dk[(kvh * S + j0 + c) * D + d] = pb.scale * dkt[d * kBk + c];
-        dv[(kvh * S + j0 + c) * D + d] = dvt[d * kBk + c];
-      }
+    store_transposed(dkt, cols, D, pb.scale, dk + (kvh * S + j0) * D);
+    store_transposed(dvt, cols, D, 1.0f, dv + (kvh * S + j0) * D);
   };
 
   const bool one_pass = units >= nt && (units % nt == 0 || units >= 4 * int64_t(nt));
@@ -665,17 +707,25 @@ void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf1
               pb.key_valid == nullptr || std::all_of(w.kv, w.kv + cols, [](float y) { return y != 0.0f; });
           if (!backward_step(bw, w, bh, i0, j0, all_valid, 0, false)) continue;
           block_values(w.ds, kBk, bw.kp.data() + (kvh * bw.nkb + j0 / kBk) * bw.vblock, bw.vblock, bw.nd, 2,
-                       dq_acc.data() + (bh * bw.Tp + i0) * bw.Do, bw.Do);
+                       dq_acc + (bh * bw.Tp + i0) * bw.Do, bw.Do);
         }
       }
     }
     _tile_release();
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < BH * T; ++row) {
-      const float* a = dq_acc.data() + ((row / T) * bw.Tp + row % T) * bw.Do;
+      const float* a = dq_acc + ((row / T) * bw.Tp + row % T) * bw.Do;
       for (int64_t d = 0; d < D; ++d) dq[row * D + d] = pb.scale * a[d];
     }
   }
+}
+
+int64_t backward_amx_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D, int threads) {
+  const int64_t Dp = round_up(D, 32), Do = round_up(D, 16), Tp = round_up(T, kRows), nkb = (S + kBk - 1) / kBk;
+  const int64_t rows = B * H * (Tp * (2 * Dp + 2 * Do) * 2 + Tp * Do * 4 + T * 8);  // q, g, qt, gt, dq, lse2, di
+  const int64_t keys = B * Hk * nkb * kBk * (2 * Dp + Do) * 2;                       // kt, vt, kp
+  const int64_t per = int64_t(sizeof(BackwardScratch)) + 2 * Do * kBk * 4;
+  return rows + keys + per * std::max(threads, 1);
 }
 
 #pragma GCC pop_options

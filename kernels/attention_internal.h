@@ -367,7 +367,8 @@ void forward_amx(const Problem& pb, const bf16* q, const bf16* k, const bf16* v,
 // NOTE [attention amx backward]: the backward on bf16 q, k and v in AMX tiles (dbias may be null).
 void backward_amx(const Problem& pb, const bf16* q, const bf16* k, const bf16* v, const float* out, const float* lse,
                   const float* dout, float* dq, float* dk, float* dv, float* dbias);
-// Its scratch for one call on `threads` threads: K and V packed, per-thread span buffers.
+int64_t backward_amx_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D, int threads);
+// forward_amx's scratch for one call on `threads` threads: K and V packed, per-thread span buffers.
 int64_t forward_amx_scratch_bytes(int64_t B, int64_t Hk, int64_t S, int64_t D, int threads);
 
 }  // namespace aspen::kernels::attn
