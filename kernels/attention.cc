@@ -397,8 +397,10 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
   auto walk_queries = [&](Tile& w, int64_t kvh, int64_t j0, int64_t cols, float* dq_or_null) {
     float* dkb = dk + (kvh * S + j0) * D;
     float* dvb = dv + (kvh * S + j0) * D;
-    for (int64_t bh = first_head(kvh); bh < first_head(kvh) + group; ++bh)
-      for (int64_t i0 = 0; i0 < T; i0 += kBq) {
+    for (int64_t bh = first_head(kvh); bh < first_head(kvh) + group; ++bh) {
+      int64_t row_first, row_last;
+      block_query_span(pb, bh / pb.H, j0, j0 + cols, &row_first, &row_last);
+      for (int64_t i0 = row_first / kBq * kBq; i0 < row_last; i0 += kBq) {
         const int64_t rows = std::min(kBq, T - i0);
         int64_t first, last;
         block_key_span(pb, bh / pb.H, i0, rows, &first, &last);
@@ -415,6 +417,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
           Ops::gemm(w.dp, kBk, 1, pb.k + (kvh * S + j0) * D, D, dq_or_null + (bh * T + i0) * D, D, rows, D, cols,
                     true);
       }
+    }
     for (int64_t x = 0; x < cols * D; ++x) dkb[x] *= pb.scale;
   };
 

@@ -665,7 +665,9 @@ void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf1
         }
         pending = 0;
       };
-      for (int64_t i0 = 0; i0 < T; i0 += kRows) {
+      int64_t row_first, row_last;
+      block_query_span(pb, bh / pb.H, j0, j0 + cols, &row_first, &row_last);
+      for (int64_t i0 = row_first / kRows * kRows; i0 < row_last; i0 += kRows) {
         if (!backward_step(bw, w, bh, i0, j0, all_valid, pending, dbias != nullptr)) {
           flush();
           continue;

@@ -349,6 +349,28 @@ inline void block_key_span(const Problem& pb, int64_t b, int64_t i0, int64_t row
   pb.geo.range(b, i0 + rows - 1, &unused, last);
 }
 
+// Query rows [*first, *last) of batch row b whose key ranges may meet keys [j0, j1): the rows' ranges grow
+// with the row (Geometry), so two binary searches bound them (a backward's key block then walks only
+// these rows, not all T).
+inline void block_query_span(const Problem& pb, int64_t b, int64_t j0, int64_t j1, int64_t* first, int64_t* last) {
+  int64_t lo = 0, hi = pb.T;  // first row whose range ends past j0
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    int64_t a, e;
+    pb.geo.range(b, mid, &a, &e);
+    if (e > j0) hi = mid; else lo = mid + 1;
+  }
+  *first = lo;
+  hi = pb.T;  // first row whose range starts at or past j1
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    int64_t a, e;
+    pb.geo.range(b, mid, &a, &e);
+    if (a >= j1) hi = mid; else lo = mid + 1;
+  }
+  *last = lo;
+}
+
 // NOTE [attention query spans]: a forward task is a span of up to kSpanBlocks query blocks of one head, and
 // each key block it visits serves every query block of the span in turn: K^T and V come from L3 or memory
 // once per span instead of once per 64 rows (at T = 8192 a head's K and V are 4 MiB, twice an L2). Spans
