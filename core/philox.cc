@@ -27,12 +27,12 @@ PhiloxBlock philox4x32_10(PhiloxBlock c, std::array<uint32_t, 2> k) {
   return c;
 }
 
-static PhiloxBlock block_at(uint64_t seed, uint64_t stream, uint64_t block) {
+PhiloxBlock philox_block(uint64_t seed, uint64_t stream, uint64_t block) {
   return philox4x32_10({uint32_t(block), uint32_t(block >> 32), uint32_t(stream), uint32_t(stream >> 32)},
                        {uint32_t(seed), uint32_t(seed >> 32)});
 }
 
-uint32_t philox_bits(uint64_t seed, uint64_t stream, uint64_t n) { return block_at(seed, stream, n / 4)[n % 4]; }
+uint32_t philox_bits(uint64_t seed, uint64_t stream, uint64_t n) { return philox_block(seed, stream, n / 4)[n % 4]; }
 
 void philox_fill_uniform(std::span<float> out, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi) {
   const int64_t n = int64_t(out.size());

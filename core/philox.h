@@ -22,6 +22,8 @@ using PhiloxBlock = std::array<uint32_t, 4>;
 
 PhiloxBlock philox4x32_10(PhiloxBlock counter, std::array<uint32_t, 2> key);
 
+// Block `block` of stream `stream` under `seed`: elements 4 block .. 4 block + 3.
+PhiloxBlock philox_block(uint64_t seed, uint64_t stream, uint64_t block);
 // Element n of stream `stream` under `seed`, as raw bits.
 uint32_t philox_bits(uint64_t seed, uint64_t stream, uint64_t n);
 // 24 random bits mapped to [0, 1).

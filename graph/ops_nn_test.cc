@@ -656,6 +656,41 @@ TEST(NnOps, AttentionBiasGradient) {
   }
 }
 
+// Dropout with a fixed run-time seed: the interpreter equals the reference with the same multipliers, and
+// autodiff's gradients (attention_grad regenerating them) match central differences.
+TEST(NnOps, AttentionDropoutGradient) {
+  Graph g;
+  Builder b(g);
+  std::vector<ValueId> in{b.input("q", DType::f32, {aB, aH, aT, aD}), b.input("k", DType::f32, {aB, 1, aS, aD}),
+                          b.input("v", DType::f32, {aB, 1, aS, aD}), b.input("seed", DType::i64, {1})};
+  std::vector<ValueId> y = b.op(OpKind::attention, in,
+                                {{"scale", 0.7}, {"mask", std::string("causal")}, {"kv_offset", int64_t(1)},
+                                 {"dropout", 0.4}, {"dropout_stream", int64_t(2)}});
+  ASSERT_EQ(y.size(), 2u) << b.status().to_string();
+  ValueId loss = weighted_loss(b, y[0], 7);
+  b.output("out", y[0]);
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  auto feeds = random_feeds(g, 23);
+  feeds["seed"] = array(DType::i64, {1}, {77});
+  auto out = run(g, feeds);
+  kernels::AttentionMask m;
+  m.kind = kernels::AttentionMask::Kind::causal;
+  m.kv_offset = 1;
+  m.dropout = 0.4f;
+  m.dropout_seed = 77;
+  m.dropout_stream = 2;
+  std::vector<double> wo(size_t(aB * aH * aT * aD)), wl(size_t(aB * aH * aT));
+  kernels::ref::attention_forward<double>(feeds["q"].data.data(), feeds["k"].data.data(), feeds["v"].data.data(),
+                                          wo.data(), wl.data(), aB, aH, 1, aT, aS, aD, 0.7, m);
+  EXPECT_EQ(out["out"].data, wo);
+  int dropped = 0;  // the multipliers drop something here (else the test would not test dropout)
+  for (int64_t x = 0; x < aB * aH * aT * aS; ++x)
+    dropped += kernels::attention_dropout_multiplier(m, aH, aT, aS, x / (aH * aT * aS), (x / (aT * aS)) % aH,
+                                                      (x / aS) % aT, x % aS) == 0.0f;
+  EXPECT_GT(dropped, 0);
+  EXPECT_TRUE(check_gradients(g, loss, feeds));
+}
+
 TEST(NnOps, AttentionLseIsNotDifferentiated) {
   Graph g;
   Builder b(g);
@@ -707,8 +742,33 @@ TEST(NnOps, AttentionErrors) {
             }),
             "node 3 (attention) with inputs (f32[1, 2, 3, 3], f32[1, 2, 3, 3], f32[1, 2, 3, 3], i32[1, 3], u8[1, 3]): "
             "attention: input 4: expected key_valid (u8 or bool [B, S]), then segments (i32 [B, S]), then layout "
-            "(u8 [heads, query blocks, key blocks]), then bias (q's dtype [1 or B, 1 or H, T, S]), each at most once, "
-            "found u8[1, 3]");
+            "(u8 [heads, query blocks, key blocks]), then dropout_seed (i64 [1]), then bias (q's dtype [1 or B, 1 or "
+            "H, T, S]), each at most once, found u8[1, 3]");
+  EXPECT_EQ(build_error([](Builder& b) {  // dropout needs its seed
+              ValueId q = b.input("q", DType::f32, {1, 2, 3, 3});
+              b.op(OpKind::attention, {q, q, q}, {{"scale", 1.0}, {"mask", std::string("causal")}, {"dropout", 0.1}});
+            }),
+            "node 1 (attention) with inputs (f32[1, 2, 3, 3], f32[1, 2, 3, 3], f32[1, 2, 3, 3]): attention: "
+            "dropout_seed: expected an i64 [1] input with dropout > 0, found none");
+  EXPECT_EQ(build_error([](Builder& b) {
+              ValueId q = b.input("q", DType::f32, {1, 2, 3, 3});
+              b.op(OpKind::attention, {q, q, q, b.input("seed", DType::i64, {1})},
+                   {{"scale", 1.0}, {"mask", std::string("causal")}, {"dropout", 1.0}});
+            }),
+            "node 2 (attention) with inputs (f32[1, 2, 3, 3], f32[1, 2, 3, 3], f32[1, 2, 3, 3], i64[1]): attention: "
+            "dropout: expected a probability in [0, 1), found 1.000000");
+  {  // the run-time seed is checked
+    Graph g;
+    Builder b(g);
+    const ValueId q = b.input("q", DType::f32, {1, 1, 3, 2});
+    b.output("out", b.op(OpKind::attention, {q, q, q, b.input("seed", DType::i64, {1})},
+                         {{"scale", 1.0}, {"mask", std::string("causal")}, {"dropout", 0.5}})[0]);
+    auto r = interpret(g, {{"q", array(DType::f32, {1, 1, 3, 2}, std::vector<double>(6, 0.5))},
+                           {"seed", array(DType::i64, {1}, {-3})}});
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().message(),
+              "node 2 (attention): attention: dropout_seed: expected an integer in [0, 2^53), found -3.000000");
+  }
   EXPECT_EQ(build_error([](Builder& b) {
               ValueId q = b.input("q", DType::f32, {2, 2, 3, 3});
               b.op(OpKind::attention, {q, q, q, b.input("bias", DType::f32, {2, 3, 3, 3})},

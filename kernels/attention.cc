@@ -158,7 +158,7 @@ struct Avx2 {
 // ---------------------------------------------------------------------------
 // Drivers, shared by the ISAs.
 
-int64_t forward_scratch_floats(int64_t D) { return 2 * kQuerySpan * D + D * kBk + kBq * kBk + 2 * kQuerySpan + kBk; }
+int64_t forward_scratch_floats(int64_t D) { return 2 * kQuerySpan * D + D * kBk + 2 * kBq * kBk + 2 * kQuerySpan + kBk; }
 
 // NOTE [attention decode rows]: each (b, h, row) is one task on its own.
 template <class Ops>
@@ -251,6 +251,7 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
     float* m = s + kBq * kBk;
     float* l = m + kQuerySpan;
     float* kv = l + kQuerySpan;
+    float* z = kv + kBk;  // dropout's multipliers
     int lo[kBq], hi[kBq];
     int64_t sub_first[kSpanBlocks] = {}, sub_last[kSpanBlocks] = {};
     // NOTE [attention query spans]: the spans that visit the most key blocks (causal: the last) go first.
@@ -287,7 +288,7 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
         if (state == kSkipTile) continue;
         float *qu = qs + u * kBq * D, *ou = o + u * kBq * D, *mu = m + u * kBq, *lu = l + u * kBq;
         bool ranged = false;  // lo, hi hold this tile's ranges
-        if (state == kFullTile && !pb.alibi && !pb.bias) {  // NOTE [attention fused strips]
+        if (state == kFullTile && !pb.alibi && !pb.bias && !pb.drop_threshold) {  // NOTE [attention fused strips]
           // The rows' ranges grow with the row: the first row's end and the last row's start bound them all.
           int64_t lo_first, hi_first, lo_last, hi_last;
           pb.geo.range(b, i0, &lo_first, &hi_first);
@@ -305,6 +306,10 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
         if (state == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, s);
         // A bias may hold -inf: rows of -inf take the masked path, as a layout's do.
         Ops::softmax_tile(s, rows, cols, lo, hi, kv, mu, lu, ou, D, state == kPartialTile || pb.bias);
+        if (pb.drop_threshold) {  // p dropped for p v; l and m keep the undropped softmax
+          pb.dropout_tile(bh, i0, rows, j0, cols, z);
+          for (int64_t x = 0; x < rows * kBk; ++x) s[x] *= z[x];
+        }
         Ops::gemm(s, kBk, 1, vh + j0 * D, D, ou, D, rows, D, cols, true);
       }
     }
@@ -318,7 +323,7 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
   }
 }
 
-int64_t backward_scratch_floats(int64_t D) { return 2 * D * kBk + 2 * kBq * kBk + kBk + 2 * kBq; }
+int64_t backward_scratch_floats(int64_t D) { return 2 * D * kBk + 3 * kBq * kBk + kBk + 2 * kBq; }
 
 // FlashAttention-2 backward, in two passes so that every output element is
 // summed by one thread in a fixed order: pass 1 owns a key block of one kv
@@ -349,7 +354,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
   }
 
   struct Tile {
-    float *kt, *vt, *s, *dp, *kv, *lse2, *dib;
+    float *kt, *vt, *s, *dp, *kv, *lse2, *dib, *z;
     int lo[kBq], hi[kBq];
   };
   auto carve = [&](Tile& w) {
@@ -360,6 +365,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
     w.kv = w.dp + kBq * kBk;
     w.lse2 = w.kv + kBk;
     w.dib = w.lse2 + kBq;
+    w.z = w.dib + kBq;
   };
   // p into w.s and ds into w.dp for query rows [i0, i0 + rows) and keys
   // [j0, j0 + cols) of head bh; w.kt, w.vt and w.kv hold the key block.
@@ -378,7 +384,13 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
     if (pb.bias) pb.add_bias(bh, i0, rows, j0, cols, w.s, 1.0f / pb.scale);
     if (pb.tile_state(bh, i0, j0) == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, w.s);  // -inf: p = 0
     Ops::gemm(gb, D, 1, w.vt, kBk, w.dp, kBk, rows, cols, D, false);  // dp = dout v^T
+    if (pb.drop_threshold) {  // out = (p z) v: dp = z (dout v^T), ds = p (dp - di), dv = (p z)^T dout
+      pb.dropout_tile(bh, i0, rows, j0, cols, w.z);
+      for (int64_t x = 0; x < rows * kBk; ++x) w.dp[x] *= w.z[x];
+    }
     Ops::grad_tile(w.s, w.dp, rows, cols, w.lo, w.hi, w.kv, w.lse2, w.dib, cs);
+    if (pb.drop_threshold)
+      for (int64_t x = 0; x < rows * kBk; ++x) w.s[x] *= w.z[x];
   };
   // The key block j0 of kv head kvh (= b * Hk + kv head).
   auto load_keys = [&](Tile& w, int64_t kvh, int64_t j0, int64_t cols) {
@@ -549,6 +561,9 @@ Status check_shape(const char* kernel, int64_t B, int64_t H, int64_t Hk, int64_t
     if (!(scale > 0))
       return Status::invalid_argument(std::string(kernel) + ": scale", "> 0 with a bias", std::to_string(scale));
   }
+  if (!(mask.dropout >= 0.0f && mask.dropout < 1.0f))
+    return Status::invalid_argument(std::string(kernel) + ": mask.dropout", "a probability in [0, 1)",
+                                    std::to_string(mask.dropout));
   if (!mask.layout.empty()) {
     ASPEN_RETURN_IF_ERROR(check_extent(kernel, "mask.layout_block", mask.layout_block, 1));
     if (mask.layout_heads != 1 && mask.layout_heads != H)
@@ -592,6 +607,10 @@ Status check_buffers(const char* kernel, std::initializer_list<NamedBuffer> buff
   return Status();
 }
 
+// The top 24 bits of a Philox element at or above which dropout keeps it: bits_to_unit_float(x) >= p
+// exactly when (x >> 8) >= ceil(p 2^24) (both sides exact).
+uint32_t dropout_threshold(float p) { return uint32_t(std::ceil(double(p) * 16777216.0)); }
+
 // Per (layout head, query tile, key tile): skipped, full or partial (NOTE
 // [attention block layouts]), from the layout blocks each tile overlaps.
 void layout_tiles(Problem& pb, std::vector<uint8_t>& tiles) {
@@ -627,6 +646,12 @@ Problem make_problem(const float* q, const float* k, const float* v, int64_t B, 
              Geometry{mask.kind, mask.window, mask.window_right, mask.kv_offset, S},
              mask.key_valid.empty() ? nullptr : mask.key_valid.data()};
   if (!mask.alibi_slopes.empty()) pb.alibi = mask.alibi_slopes.data();
+  if (mask.dropout > 0.0f) {
+    pb.drop_threshold = dropout_threshold(mask.dropout);
+    pb.drop_scale = 1.0f / (1.0f - mask.dropout);
+    pb.drop_seed = mask.dropout_seed;
+    pb.drop_stream = mask.dropout_stream;
+  }
   if (!mask.bias.empty()) {
     pb.bias = mask.bias.data();
     pb.bias_batch = mask.bias_batch;
@@ -694,6 +719,27 @@ Status check_attention_mask(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t
   return check_shape("attention", B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl);
 }
 
+void attn::Problem::dropout_tile(int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* z) const {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint64_t n0 = uint64_t((bh * T + i0 + r) * S + j0);
+    PhiloxBlock block{};
+    uint64_t at = ~uint64_t(0);
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint64_t n = n0 + uint64_t(c);
+      if (n / 4 != at) block = philox_block(drop_seed, drop_stream, at = n / 4);
+      z[r * kBk + c] = (block[n % 4] >> 8) >= drop_threshold ? drop_scale : 0.0f;
+    }
+    std::fill(z + r * kBk + cols, z + (r + 1) * kBk, 0.0f);
+  }
+}
+
+float attention_dropout_multiplier(const AttentionMask& mask, int64_t H, int64_t T, int64_t S, int64_t b, int64_t h,
+                                   int64_t i, int64_t j) {
+  if (!(mask.dropout > 0.0f)) return 1.0f;
+  const uint32_t bits = philox_bits(mask.dropout_seed, mask.dropout_stream, uint64_t(((b * H + h) * T + i) * S + j));
+  return (bits >> 8) >= dropout_threshold(mask.dropout) ? 1.0f / (1.0f - mask.dropout) : 0.0f;
+}
+
 std::vector<float> alibi_slopes(int64_t heads, double bias_max) {
   int64_t n = 1;
   while (n < heads) n *= 2;
@@ -749,8 +795,8 @@ Status attention_forward(std::span<const float> q, std::span<const float> k, std
   const Problem pb = make_problem(q.data(), k.data(), v.data(), B, H, Hk, T, S, D, scale, mask, seg, tiles);
   const auto run = [&](auto ops) {
     using Ops = decltype(ops);
-    if (T <= kDecodeRows && mask.layout.empty() && mask.alibi_slopes.empty() &&
-        mask.bias.empty())  // NOTE [attention decode rows]
+    if (T <= kDecodeRows && mask.layout.empty() && mask.alibi_slopes.empty() && mask.bias.empty() &&
+        mask.dropout == 0.0f)  // NOTE [attention decode rows]
       forward_decode<Ops>(pb, out.data(), lse.data());
     else
       forward_fast<Ops>(pb, out.data(), lse.data());

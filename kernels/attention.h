@@ -78,7 +78,19 @@ struct AttentionMask {
   // to dbias when given one.
   std::span<const float> bias = {};
   int64_t bias_batch = 1, bias_heads = 1;
+  // Dropout on the probabilities (training; 0 <= dropout < 1): element (b, h, i, j) of p enters out = p v
+  // times attention_dropout_multiplier (1 / (1 - dropout) or 0, from Philox: deterministic, any thread
+  // count); lse is the undropped softmax's. attention_backward regenerates the same elements from the
+  // same seed and stream. Not with decoding's split-KV rows: such calls take the tiles.
+  float dropout = 0.0f;
+  uint64_t dropout_seed = 0, dropout_stream = 0;
 };
+
+// Dropout's multiplier for element (b, h, i, j) of a call with H heads, T queries and S keys: 1 / (1 -
+// mask.dropout) when element ((b H + h) T + i) S + j of Philox stream dropout_stream under dropout_seed,
+// as bits_to_unit_float (core/philox.h), is >= mask.dropout; else 0. 1 without dropout.
+float attention_dropout_multiplier(const AttentionMask& mask, int64_t H, int64_t T, int64_t S, int64_t b, int64_t h,
+                                   int64_t i, int64_t j);
 
 // Query rows per (b, h) up to which the forward takes its decode rows (NOTE [attention decode rows];
 // f32 only, split-KV over long caches) instead of blocks of rows.

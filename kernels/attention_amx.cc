@@ -222,9 +222,10 @@ RowsStep softmax_max(float* s, int64_t rows, const __mmask16* allow, float cs, c
 
 // The second half: o's moved rows (Do apart) rescaled, p = 2^(cs s - m) rounded to bf16 into p (rows ldp
 // apart), the sums l and references m updated. `finite`: no score is -inf.
+// With z (dropout's multipliers, rows kBk apart), p is written times z; l sums the undropped p.
 template <bool kFinite>
 void softmax_exp(const float* s, const RowsStep& st, float cs, float* m, float* l, float* o, int64_t Do, uint16_t* p,
-                 int64_t ldp) {
+                 int64_t ldp, const float* z) {
   alignas(64) float mn[16], al[16];
   const __mmask16 empty = _mm512_cmp_ps_mask(st.m_new, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);
   _mm512_store_ps(mn, _mm512_mask_blend_ps(empty, st.m_new, _mm512_setzero_ps()));
@@ -238,6 +239,8 @@ void softmax_exp(const float* s, const RowsStep& st, float cs, float* m, float* 
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) e[v] = exp2_p<kFinite>(_mm512_fmsub_ps(_mm512_load_ps(s + r * kBk + 16 * v), csv, mv));
     part[r] = _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3]));
+    if (z)
+      for (int v = 0; v < 4; ++v) e[v] = _mm512_mul_ps(e[v], _mm512_load_ps(z + r * kBk + 16 * v));
     _mm512_storeu_si512(p + r * ldp, __m512i(_mm512_cvtne2ps_pbh(e[1], e[0])));
     _mm512_storeu_si512(p + r * ldp + 32, __m512i(_mm512_cvtne2ps_pbh(e[3], e[2])));
     if (al[r] == 1.0f) continue;
@@ -287,6 +290,7 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
     alignas(64) float s[kRows * kBk];
     alignas(64) uint16_t p[kRows * kGroup * kBk] = {};  // the pending blocks' p, rows kGroup * kBk apart
     alignas(64) float kv[kGroup][kBk];
+    alignas(64) float z[kRows * kBk];  // dropout's multipliers
     bool any_valid[kGroup], all_valid[kGroup];
     __mmask16 allow[kRows * 4];
     int lo[kRows], hi[kRows];
@@ -359,13 +363,15 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
             if (moved) flush();  // p v of the pending blocks before o is rescaled
             if (pending == 0) pending_first = j0 / kBk;
             uint16_t* pb_at = p + pending * kBk;
+            if (pb.drop_threshold) pb.dropout_tile(bh, i0, rows, j0, cols, z);
+            const float* zt = pb.drop_threshold ? z : nullptr;
             for (int64_t g = 0; g < rows; g += 16) {
               if (inside && !extra)
                 softmax_exp<true>(s + g * kBk, st[g / 16], step_cs, m + at + g, l + at + g, o + (at + g) * Do, Do,
-                                  pb_at + g * kGroup * kBk, kGroup * kBk);
+                                  pb_at + g * kGroup * kBk, kGroup * kBk, zt ? zt + g * kBk : nullptr);
               else
                 softmax_exp<false>(s + g * kBk, st[g / 16], step_cs, m + at + g, l + at + g, o + (at + g) * Do, Do,
-                                   pb_at + g * kGroup * kBk, kGroup * kBk);
+                                   pb_at + g * kGroup * kBk, kGroup * kBk, zt ? zt + g * kBk : nullptr);
             }
             ++pending;
           }
@@ -492,6 +498,7 @@ struct BackwardScratch {
   alignas(64) uint16_t p_pairs[kBwdGroup * 4 * kTileElems];      // p, pairs of rows (B of dv^T += dout^T p)
   alignas(64) uint16_t ds_pairs[kBwdGroup * 4 * kTileElems];     // ds, likewise (B of dk^T += q^T ds)
   alignas(64) float kv[kBk];
+  alignas(64) float z[kRows * kBk];  // dropout's multipliers
   __mmask16 allow[kRows * 4];
   int lo[kRows], hi[kRows];
 };
@@ -526,6 +533,8 @@ bool backward_step(const Backward& bw, BackwardScratch& w, int64_t bh, int64_t i
     cs = 1.0f;
   }
   const __m512 csv = _mm512_set1_ps(cs), neg_inf = _mm512_set1_ps(kNegInf), zero = _mm512_setzero_ps();
+  const bool drop = pb.drop_threshold != 0;  // out = (p z) v: dp = z (dout v^T), ds = p (dp - di), dv = (p z)^T dout
+  if (drop) pb.dropout_tile(bh, i0, rows, j0, cols, w.z);
   uint16_t* pp = w.p_pairs + slot * 4 * kTileElems;
   uint16_t* dsp = w.ds_pairs + slot * 4 * kTileElems;
   for (int64_t r = 0; r < kRows; r += 2) {  // two rows: one row of pairs
@@ -543,7 +552,15 @@ bool backward_step(const Backward& bw, BackwardScratch& w, int64_t bh, int64_t i
         __m512 x = _mm512_fmsub_ps(_mm512_load_ps(w.s + row * kBk + 16 * v), csv, l2);
         if (!inside) x = _mm512_mask_blend_ps(w.allow[4 * row + v], neg_inf, x);
         p[h][v] = exp2_p<false>(x);
-        ds[h][v] = _mm512_mul_ps(p[h][v], _mm512_sub_ps(_mm512_load_ps(w.dp + row * kBk + 16 * v), dir));
+        __m512 dpv = _mm512_load_ps(w.dp + row * kBk + 16 * v);
+        if (drop) {
+          const __m512 zv = _mm512_load_ps(w.z + row * kBk + 16 * v);
+          dpv = _mm512_mul_ps(dpv, zv);
+          ds[h][v] = _mm512_mul_ps(p[h][v], _mm512_sub_ps(dpv, dir));
+          p[h][v] = _mm512_mul_ps(p[h][v], zv);
+        } else {
+          ds[h][v] = _mm512_mul_ps(p[h][v], _mm512_sub_ps(dpv, dir));
+        }
       }
       if (write_dbias) {
         float* dbr = bw.dbias + (bh * bw.T + i0 + row) * bw.S + j0;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/philox.h"
 #include "kernels/attention.h"
 
 namespace aspen::kernels::attn {
@@ -305,6 +306,12 @@ struct Problem {
       for (int64_t c = 0; c < cols; ++c) s[r * kBk + c] += slope * float(j0 + c - pos);
     }
   }
+  // Dropout (mask.dropout > 0): keep element n of the Philox stream when its top 24 bits >= drop_threshold.
+  uint32_t drop_threshold = 0;  // 0: no dropout
+  float drop_scale = 1.0f;      // 1 / (1 - dropout)
+  uint64_t drop_seed = 0, drop_stream = 0;
+  // z [rows, kBk] = the dropout multipliers of the tile (0 past cols).
+  void dropout_tile(int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* z) const;
   int64_t layout_head(int64_t bh) const { return lheads == 1 ? 0 : bh % H; }
   uint8_t tile_state(int64_t bh, int64_t i0, int64_t j0) const {
     return tiles ? tiles[(layout_head(bh) * nqt + i0 / kBq) * nkt + j0 / kBk] : kFullTile;

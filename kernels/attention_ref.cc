@@ -89,8 +89,10 @@ void attention_forward(const F* q, const F* k, const F* v, F* out, F* lse, int64
       for (int64_t i = 0; i < T; ++i) {
         F* o = out + (bh * T + i) * D;
         for (int64_t d = 0; d < D; ++d) o[d] = 0;
-        for (int64_t j = 0; j < S; ++j)
-          for (int64_t d = 0; d < D; ++d) o[d] += p[size_t(i * S + j)] * vh[j * D + d];
+        for (int64_t j = 0; j < S; ++j) {
+          const F pz = p[size_t(i * S + j)] * F(attention_dropout_multiplier(mask, H, T, S, b, h, i, j));
+          for (int64_t d = 0; d < D; ++d) o[d] += pz * vh[j * D + d];
+        }
       }
     }
 }
@@ -112,12 +114,16 @@ void attention_backward(const F* q, const F* k, const F* v, const F* out, const 
       F* dkh = dk + kvh * S * D;
       F* dvh = dv + kvh * S * D;
       probs(qh, kh, b, h, T, S, D, scale, mask, bias, p.data(), static_cast<F*>(nullptr));
-      // dp = dout v^T, then ds = p * (dp - rowsum(p * dp)).
+      // dp = z (dout v^T) (z: dropout's multipliers, 1 without), then ds = p * (dp - rowsum(p * dp)).
+      std::vector<F> z(size_t(T * S));
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < S; ++j) z[size_t(i * S + j)] = F(attention_dropout_multiplier(mask, H, T, S, b, h, i, j));
       for (int64_t i = 0; i < T; ++i) {
         F rowsum = 0;
         for (int64_t j = 0; j < S; ++j) {
           F dp = 0;
           for (int64_t d = 0; d < D; ++d) dp += gh[i * D + d] * vh[j * D + d];
+          dp *= z[size_t(i * S + j)];
           ds[size_t(i * S + j)] = dp;
           rowsum += p[size_t(i * S + j)] * dp;
         }
@@ -133,7 +139,7 @@ void attention_backward(const F* q, const F* k, const F* v, const F* out, const 
         }
       for (int64_t j = 0; j < S; ++j)
         for (int64_t i = 0; i < T; ++i) {
-          const F pij = p[size_t(i * S + j)], dsij = ds[size_t(i * S + j)];
+          const F pij = p[size_t(i * S + j)] * z[size_t(i * S + j)], dsij = ds[size_t(i * S + j)];
           for (int64_t d = 0; d < D; ++d) {
             dvh[j * D + d] += pij * gh[i * D + d];
             dkh[j * D + d] += scale * dsij * qh[i * D + d];

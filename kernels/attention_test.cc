@@ -513,6 +513,7 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     int64_t window_right = 0;
     const std::vector<int32_t>* segments = nullptr;
     bool alibi = false;
+    float dropout = 0.0f;
   };
   const std::vector<float> slopes = {0.5f, 0.125f};
   const Variant variants[] = {{Kind::causal, 2, 0, nullptr},
@@ -521,7 +522,9 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
                               {Kind::causal, 0, 0, &pad_first},
                               {Kind::local, 1, 2, nullptr, 2, &docs},
                               {Kind::causal, 2, 0, &pad, 0, &docs},
-                              {Kind::causal, 2, 0, &pad, 0, nullptr, true}};
+                              {Kind::causal, 2, 0, &pad, 0, nullptr, true},
+                              {Kind::causal, 2, 0, nullptr, 0, nullptr, false, 0.3f},  // dropout, fixed seed
+                              {Kind::local, 1, 2, &pad, 0, &docs, false, 0.5f}};
   uint64_t seed = 5000;
   for (const Variant& var : variants) {
     AttentionMask mask;
@@ -532,6 +535,10 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     mask.window_right = var.window_right;
     if (var.segments) mask.segments = *var.segments;
     if (var.alibi) mask.alibi_slopes = slopes;
+    mask.dropout = var.dropout;
+    mask.dropout_seed = 99;
+    mask.dropout_stream = 3;
+    SCOPED_TRACE("dropout " + std::to_string(var.dropout));
     SCOPED_TRACE(describe(Case{c.B, c.H, c.hk(), c.T, c.S, c.D, var.offset, var.window}, var.kind, var.valid != nullptr));
     const Inputs in = make_inputs(c, false, seed += 10);
     const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
@@ -623,9 +630,12 @@ TEST(Attention, MaskSemantics) {
 TEST(Attention, BitwiseIdenticalForOneAndTwoThreads) {
   for (const Case& c : {Case{2, 4, 150, 200, 64, 50, 0, /*Hk=*/2}, Case{1, 6, 150, 200, 64, 50, 0, /*Hk=*/3},
                         Case{1, 1, 2, 3000, 64, 2998, 0}}) {  // split-KV decoding: one row, several chunks
-  SCOPED_TRACE(describe(c, Kind::causal, true));
+  for (const float dropout : {0.0f, 0.2f}) {
+  SCOPED_TRACE(describe(c, Kind::causal, true) + " dropout " + std::to_string(dropout));
   const Inputs in = make_inputs(c, true, 31);
-  const AttentionMask mask = make_mask(Kind::causal, c, in);
+  AttentionMask mask = make_mask(Kind::causal, c, in);
+  mask.dropout = dropout;
+  mask.dropout_seed = 8;
   const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
   for (Isa isa : {Isa::scalar, cpu_features().best}) {
     SCOPED_TRACE(isa_name(isa));
@@ -654,6 +664,89 @@ TEST(Attention, BitwiseIdenticalForOneAndTwoThreads) {
     ASSERT_EQ(results[0].size(), results[1].size());
     EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)), 0);
   }
+  }
+  }
+}
+
+// Dropout's elements: each multiplier 0 or 1 / (1 - p), kept with probability 1 - p (within 5 standard
+// deviations over 2^17 elements), the same for the same (seed, stream), another pattern for another seed or
+// stream; 1 without dropout.
+TEST(Attention, DropoutKeepsOneMinusPOfTheElements) {
+  const int64_t H = 4, T = 64, S = 128;  // 2 x 4 x 64 x 128 = 2^16 elements per pattern
+  for (const float p : {0.1f, 0.5f, 0.9f}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    AttentionMask m;
+    m.dropout = p;
+    m.dropout_seed = 1234;
+    m.dropout_stream = 7;
+    AttentionMask other_seed = m, other_stream = m;
+    other_seed.dropout_seed = 1235;
+    other_stream.dropout_stream = 8;
+    int64_t kept = 0, same_seed = 0, same_stream = 0, n = 0;
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < T; ++i)
+          for (int64_t j = 0; j < S; ++j, ++n) {
+            const float z = attention_dropout_multiplier(m, H, T, S, b, h, i, j);
+            ASSERT_TRUE(z == 0.0f || z == 1.0f / (1.0f - p)) << z;
+            ASSERT_EQ(z, attention_dropout_multiplier(m, H, T, S, b, h, i, j));
+            kept += z != 0.0f;
+            same_seed += (z != 0.0f) == (attention_dropout_multiplier(other_seed, H, T, S, b, h, i, j) != 0.0f);
+            same_stream += (z != 0.0f) == (attention_dropout_multiplier(other_stream, H, T, S, b, h, i, j) != 0.0f);
+          }
+    const double want = double(n) * (1.0 - p), sd = std::sqrt(double(n) * p * (1.0 - p));
+    EXPECT_NEAR(double(kept), want, 5 * sd);
+    // Independent patterns agree on p^2 + (1 - p)^2 of the elements.
+    const double agree = double(n) * (p * p + (1 - p) * (1 - p)), sd2 = std::sqrt(agree * (1 - agree / double(n)));
+    EXPECT_NEAR(double(same_seed), agree, 5 * sd2);
+    EXPECT_NEAR(double(same_stream), agree, 5 * sd2);
+  }
+  EXPECT_EQ(attention_dropout_multiplier(AttentionMask{}, 1, 1, 1, 0, 0, 0, 0), 1.0f);
+}
+
+// Every mask family with dropout, forward and backward (f32 on every ISA, bf16), against the f64 reference
+// with the same multipliers: causal, a local window with padding, packed documents, a layout, a bias,
+// grouped heads, decode-shaped rows (which then take the tiles).
+TEST(Attention, DropoutMatchesReference) {
+  struct Dropped {
+    Case c;
+    Kind kind;
+    float p;
+    bool padded;
+    int64_t max_doc = 0, block = 0;
+    bool bias = false;
+  };
+  const Dropped cases[] = {{{2, 2, 130, 130, 16, 0, 0}, Kind::causal, 0.1f, false},
+                           {{1, 4, 200, 200, 64, 0, 70, 2}, Kind::local, 0.5f, true},
+                           {{2, 2, 100, 100, 17, 0, 0}, Kind::causal, 0.3f, false, 30},
+                           {{1, 2, 256, 256, 32, 0, 0}, Kind::causal, 0.2f, false, 0, 32},
+                           {{2, 3, 70, 90, 8, 20, 0, 1}, Kind::causal, 0.4f, true, 0, 0, true},
+                           {{2, 2, 3, 200, 64, 197, 0}, Kind::causal, 0.25f, false}};
+  uint64_t seed = 13000;
+  for (const Dropped& x : cases) {
+    const Case& c = x.c;
+    SCOPED_TRACE(describe(c, x.kind, x.padded) + " dropout " + std::to_string(x.p));
+    const Inputs in = make_inputs(c, x.padded, seed += 10);
+    AttentionMask mask = make_mask(x.kind, c, in);
+    mask.dropout = x.p;
+    mask.dropout_seed = seed;
+    mask.dropout_stream = 5;
+    const std::vector<int32_t> seg = x.max_doc ? make_segments(c.B, c.S, x.max_doc, seed + 5) : std::vector<int32_t>{};
+    mask.segments = seg;
+    std::vector<uint8_t> layout;
+    if (x.block) {
+      layout = random_layout(c.H, (c.offset + c.T + x.block - 1) / x.block, (c.S + x.block - 1) / x.block, 0.5f, seed);
+      mask.layout = layout;
+      mask.layout_block = x.block;
+      mask.layout_heads = c.H;
+    }
+    std::vector<float> bias;
+    if (x.bias) {
+      bias = random_vector(size_t(c.B * c.T * c.S), seed + 7, -2.0f, 2.0f);
+      mask.bias = bias;
+      mask.bias_batch = c.B;
+    }
+    expect_matches_reference(c, in, mask);
   }
 }
 
@@ -690,6 +783,12 @@ TEST(Attention, BadArguments) {
   behind.kv_offset = -1;
   EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, H, T, S, D, 1.0f, behind).message(),
             "attention_forward: mask.kv_offset: expected >= 0, found -1");
+  for (const float p : {1.0f, -0.1f, NAN}) {
+    AttentionMask dropped;
+    dropped.dropout = p;
+    EXPECT_EQ(attention_forward(q, k, v, out, lse, B, H, H, T, S, D, 1.0f, dropped).message(),
+              "attention_forward: mask.dropout: expected a probability in [0, 1), found " + std::to_string(p));
+  }
   const std::vector<uint8_t> valid(3, 1);
   AttentionMask padded;
   padded.key_valid = valid;
