@@ -69,7 +69,8 @@ kernels::AttentionMask mask_of(const std::string& kind, const AttentionBenchOpti
 using Key = std::tuple<std::string, int64_t, std::string, std::string>;  // mask, T, dtype, pass
 
 // bench/torch_attention.py over every row: seconds by (mask, T, pass); a note when it did not run.
-std::string run_peer(const AttentionBenchOptions& o, const std::string& layouts, std::map<Key, double>& seconds) {
+std::string run_peer(const AttentionBenchOptions& o, const std::string& layouts, std::map<Key, double>& seconds,
+                     std::map<Key, double>& flex) {
   auto join = [](const auto& v) {
     std::string s;
     for (const auto& x : v) s += (s.empty() ? "" : ",") + fmt::format("{}", x);
@@ -78,12 +79,14 @@ std::string run_peer(const AttentionBenchOptions& o, const std::string& layouts,
   const std::string script = std::string(ASPEN_SOURCE_DIR) + "/bench/torch_attention.py";
   const std::string cmd =
       fmt::format("{} {} --json --t {} --masks {} --passes {} --dtypes {} --heads {} --d {} --window {} "
-                  "--documents {} --threads {} --repeats {} --layouts '{}' --layout-max-t {} 2>/dev/null",
+                  "--documents {} --threads {} --repeats {} --layouts '{}' --layout-max-t {}{} 2>/dev/null",
                   o.python, script, join(o.t), join(o.masks), join(o.passes), join(o.dtypes), o.heads, o.d, o.window,
-                  o.documents, o.threads, o.repeats, layouts, o.peer_layout_max_t);
+                  o.documents, o.threads, o.repeats, layouts, o.peer_layout_max_t, o.flex ? " --flex" : "");
   const bool ran = read_json_lines(cmd, [&](const nlohmann::json& j) {
-    if (j.value("bench", "") != "attention_torch") return;
-    seconds[{j.value("mask", ""), j.value("T", int64_t(0)), j.value("dtype", "f32"), j.value("pass", "")}] =
+    const std::string bench = j.value("bench", "");
+    if (bench != "attention_torch" && bench != "attention_flex") return;
+    (bench == "attention_flex" ? flex : seconds)[{j.value("mask", ""), j.value("T", int64_t(0)),
+                                                  j.value("dtype", "f32"), j.value("pass", "")}] =
         j.value("seconds", 0.0);
   });
   if (ran && !seconds.empty()) return "";
@@ -212,17 +215,18 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
       }
     }
   }
-  std::map<Key, double> peer;
+  std::map<Key, double> peer, flex;
   const bool run_peer_too = !opt.python.empty() && opt.python != "none";
-  const std::string note = run_peer_too ? run_peer(opt, layouts, peer) : "PyTorch peer: not run (--python none)";
+  const std::string note =
+      run_peer_too ? run_peer(opt, layouts, peer, flex) : "PyTorch peer: not run (--python none)";
 
   if (!opt.json)
     out << fmt::format("# self-attention, B=1 H={} D={}, {} thread(s); torch = scaled_dot_product_attention "
                        "(is_causal for causal, a dense boolean mask for the others)\n"
                        "# ratio = torch / aspen; vs dense = aspen causal / this row; peak = aspen's scratch bytes\n"
-                       "{:>10} {:>6} {:>5} {:>8} | {:>10} {:>10} {:>7} | {:>8} | {:>10}\n",
+                       "{:>10} {:>6} {:>5} {:>8} | {:>10} {:>10} {:>7} | {:>8} | {:>10}{}\n",
                        H, D, opt.threads, "mask", "T", "dtype", "pass", "aspen ms", "torch ms", "ratio", "vs dense",
-                       "peak");
+                       "peak", opt.flex ? fmt::format(" | {:>10} {:>8}", "flex ms", "vs flex") : "");
   for (const Row& r : rows) {
     const auto p = peer.find({r.mask, r.T, r.dtype, r.pass});
     const auto dense = mine.find({"causal", r.T, r.dtype, r.pass});
@@ -230,6 +234,8 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
     // decode is another problem (one row per head), not a sparser causal one: no speedup over dense
     const double vs_dense =
         r.mask != "causal" && r.mask != "decode" && dense != mine.end() ? dense->second / r.seconds : 0.0;
+    const auto f = flex.find({r.mask, r.T, r.dtype, r.pass});
+    const double fx = f != flex.end() ? f->second : 0.0;  // FlexAttention's time (--flex), 0 when none
     if (opt.json) {
       nlohmann::ordered_json j = {{"bench", "attention"}, {"mask", r.mask},       {"T", r.T},
                                   {"dtype", r.dtype},       {"pass", r.pass},       {"seconds", r.seconds},
@@ -241,14 +247,21 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
       }
       if (vs_dense > 0) j["speedup_vs_dense"] = vs_dense;
       if (r.naive > 0) j["naive_seconds"] = r.naive;
+      if (fx > 0) {
+        j["flex_seconds"] = fx;
+        j["ratio_vs_flex"] = fx / r.seconds;
+      }
       if (r.density > 0) j["block_density"] = r.density;
       out << j.dump() << "\n";
     } else {
-      out << fmt::format("{:>10} {:>6} {:>5} {:>8} | {:>10.3f} {:>10} {:>7} | {:>8} | {:>6.1f} KiB\n", r.mask, r.T,
-                         r.dtype, r.pass,
-                         r.seconds * 1e3, ratio > 0 ? fmt::format("{:.3f}", p->second * 1e3) : "-",
+      out << fmt::format("{:>10} {:>6} {:>5} {:>8} | {:>10.3f} {:>10} {:>7} | {:>8} | {:>6.1f} KiB{}\n", r.mask,
+                         r.T, r.dtype, r.pass, r.seconds * 1e3,
+                         ratio > 0 ? fmt::format("{:.3f}", p->second * 1e3) : "-",
                          ratio > 0 ? fmt::format("{:.2f}x", ratio) : "-",
-                         vs_dense > 0 ? fmt::format("{:.2f}x", vs_dense) : "-", double(r.peak) / 1024.0);
+                         vs_dense > 0 ? fmt::format("{:.2f}x", vs_dense) : "-", double(r.peak) / 1024.0,
+                         !opt.flex ? ""
+                         : fx > 0  ? fmt::format(" | {:>10.3f} {:>7.2f}x", fx * 1e3, fx / r.seconds)
+                                   : fmt::format(" | {:>10} {:>8}", "-", "-"));
     }
   }
   if (!note.empty()) {

@@ -47,12 +47,13 @@ struct AttentionBenchOptions {
   bool json = false;
   int repeats = 3;
   std::string python = "python3";  // runs bench/torch_attention.py; "" or "none": no peer
+  bool flex = false;  // the peer also times FlexAttention on the fwd rows (compiles per row: minutes)
 };
 
 // One line per (T, mask, dtype, pass) (a table, or with json one object per line:
 // {"bench":"attention","mask":..,"T":..,"dtype":"f32"|"bf16","pass":"fwd"|"fwd_bwd","seconds":..,
 //  "peak_bytes":..,"heads":..,"d":..,"threads":..[,"pytorch_seconds":..,"ratio_vs_pytorch":..]
-//  [,"speedup_vs_dense":..][,"naive_seconds":..]}).
+//  [,"speedup_vs_dense":..][,"naive_seconds":..][,"flex_seconds":..,"ratio_vs_flex":..]}).
 Status run_attention_bench(const AttentionBenchOptions& options, std::ostream& out);
 
 }  // namespace aspen::bench

@@ -28,6 +28,9 @@ and SDPA then runs its bf16 kernel), standard normal, scale 1/sqrt(d).
 A boolean mask is the dense input PyTorch's SDPA takes: its CPU kernel visits every block and masks
 per element (it cannot skip blocks the mask removes).
 fwd is one forward call; fwd_bwd is a forward and backward of out.sum() with q, k, v requiring gradients.
+With --flex, every fwd row except decode also times FlexAttention (torch.compile'd flex_attention with a
+block mask made from the same mask: it skips the blocks the mask removes; PyTorch runs it forward only on
+CPUs), as {"bench": "attention_flex", ...} rows; the compilation is the warm-up call, not timed.
 torch.set_num_threads(--threads). Each (mask, T, pass) runs once to warm up, then --repeats times; the
 fastest counts.
 """
@@ -57,6 +60,41 @@ def mask_of(torch, kind, T, window, documents, layouts=None):
     return layout.repeat_interleave(block, 1).repeat_interleave(block, 2)[None]
 
 
+def time_flex(torch, kind, T, args, q, k, v):
+    """The best of --repeats FlexAttention forwards (after a compiling warm-up) with `kind`'s block mask."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    heads = None
+    if kind == "causal":
+        def mod(b, h, i, j):
+            return i >= j
+    elif kind == "local":
+        def mod(b, h, i, j):
+            return (i >= j) & (i - j < args.window)
+    elif kind == "blockdiag":
+        size = max(1, T // args.documents)
+
+        def mod(b, h, i, j):
+            return (i >= j) & (i // size == j // size)
+    else:
+        import numpy as np
+        layout = torch.from_numpy(np.load(f"{args.layouts}/{kind}_{T}.npy")).bool()
+        block = T // layout.shape[-1]
+        heads = layout.shape[0]
+
+        def mod(b, h, i, j):
+            return layout[h, i // block, j // block]
+    mask = create_block_mask(mod, None, heads, T, T, device="cpu")
+    run = torch.compile(flex_attention)
+    with torch.no_grad():
+        run(q, k, v, block_mask=mask)
+        best = float("inf")
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            run(q, k, v, block_mask=mask)
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true")
@@ -72,6 +110,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layouts", default="", help="directory of {mask}_{T}.npy block layouts")
     ap.add_argument("--layout-max-t", type=int, default=8192)
+    ap.add_argument("--flex", action="store_true", help="also time FlexAttention on the fwd rows")
     args = ap.parse_args()
     try:
         import torch
@@ -118,6 +157,11 @@ def main():
                        "threads": args.threads}
                 log(f"torch {kind} T={T} {dtype} {p}: {best * 1e3:.2f} ms")
                 print(json.dumps(row), flush=True)
+                if args.flex and p == "fwd" and kind != "decode":
+                    best = time_flex(torch, kind, T, args, q, k, v)
+                    log(f"flex {kind} T={T} {dtype} {p}: {best * 1e3:.2f} ms")
+                    print(json.dumps(dict(row, bench="attention_flex", seconds=best, kernel="flex_attention")),
+                          flush=True)
     return 0
 
 

@@ -221,6 +221,8 @@ int main(int argc, char** argv) {
   attn_cmd->add_option("--repeats", attn.repeats, "timed runs per row, the best counts (default 3)");
   attn_cmd->add_option("--threads", attn.threads, "threads");
   attn_cmd->add_option("--python", attn.python, "interpreter with torch for the PyTorch peer (\"none\": skip)");
+  attn_cmd->add_flag("--flex", attn.flex,
+                     "the peer also times FlexAttention (torch.compile) on the fwd rows: compiles per row, minutes");
 
   aspen::bench::KernelsBenchOptions kb;
   CLI::App* kern_cmd = bench->add_subcommand("kernels", "bandwidth-bound kernels vs a STREAM-style copy");
