@@ -70,7 +70,8 @@ Status build_forward(graph::Graph& g, const models::ModelConfig& mc, const train
                                   .segments = c.data.packing,
                                   .layout = layout ? &*layout : nullptr,
                                   .tensor_parallel = tp,
-                                  .vocab_parallel = vocab_parallel};
+                                  .vocab_parallel = vocab_parallel,
+                                  .attention_dropout = c.model.attention_dropout};
   if (mc.causal_lm()) return models::build_causal_lm(b, mc, o);
   return Status::unimplemented("training a '" + mc.model_type + "' model",
                                "causal language models in this build (gpt2, gptj, llama, mistral, qwen2)");
@@ -323,6 +324,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   const train::TokenIndex no_index;
   const train::TokenIndex& index = t->feed_->tokens() ? t->feed_->token_index() : no_index;
   if (c.data.packing) t->feed_->set_packing(index.eos_id);  // config validation: token shards of a built-in family
+  if (c.model.attention_dropout > 0) t->feed_->set_dropout_seed(c.train.seed);
 
   // The model: a user's ONNX file, a Hugging Face directory, or a fresh one.
   graph::Graph forward;

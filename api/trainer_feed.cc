@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "core/philox.h"
 #include "io/onnx.h"
 
 namespace aspen::api {
@@ -126,6 +127,7 @@ Result<TrainFeed> TrainFeed::open(const std::string& path, const train::DataLoad
                                   const std::vector<int64_t>& replicas, bool arrays_allowed) {
   TrainFeed f;
   f.path_ = path;
+  f.replicas_ = replicas;
   f.micro_batch_ = options.micro_batch;
   f.seq_ = options.seq;
   std::error_code ec;
@@ -171,6 +173,7 @@ std::map<std::string, graph::TensorType> TrainFeed::columns() const {
     for (const char* c : {"tokens", "targets", "positions", "mask"})
       out[c] = graph::TensorType{DType::i32, Shape{micro_batch_, seq_}};
     if (packing_) out["segments"] = graph::TensorType{DType::i32, Shape{micro_batch_, seq_}};
+    if (dropout_) out["dropout_seed"] = graph::TensorType{DType::i64, Shape{1}};
     return out;
   }
   for (const auto& [name, t] : arrays_->columns()) {
@@ -242,6 +245,20 @@ void TrainFeed::set_packing(int32_t eos) {
   packing_ = true;
   eos_ = eos;
 }
+
+void TrainFeed::set_dropout_seed(uint64_t seed) {
+  dropout_ = true;
+  dropout_seed_ = seed;
+}
+
+namespace {
+// A micro-batch's dropout seed column: `value` as i64 [1].
+Tensor seed_column(int64_t value) {
+  Tensor t(DType::i64, Shape{1});
+  t.data<int64_t>()[0] = value;
+  return t;
+}
+}  // namespace
 
 train::Columns TrainFeed::token_columns(train::Batch b, PackingStats* stats) const {
   train::Columns c;
@@ -322,8 +339,15 @@ Result<const std::map<std::string, Tensor>*> TrainFeed::next_call(int64_t micro)
   };
   for (int64_t m = 0; m < micro; ++m)
     for (size_t l = 0; l < L; ++l) {
+      const train::Position drawn = tokens() ? token_loaders_[l]->position() : train::Position{};
       Result<train::Columns> batch = next_of(l);
       if (!batch.is_ok()) return back(batch.status());
+      if (dropout_) {  // Philox as a hash of (replica, epoch, micro-batch of the epoch): 53 bits
+        const PhiloxBlock h = philox_block(dropout_seed_, uint64_t(replicas_[l]),
+                                           (uint64_t(drawn.epoch) << 40) ^ uint64_t(drawn.step_in_epoch));
+        batch->insert_or_assign("dropout_seed",
+                                seed_column(int64_t(((uint64_t(h[1]) << 32) | h[0]) & ((uint64_t(1) << 53) - 1))));
+      }
       if (Status s = put(*batch, m * int64_t(L) + int64_t(l), call_); !s.is_ok()) return back(std::move(s));
     }
   return &call_;
@@ -336,6 +360,7 @@ Result<std::map<std::string, Tensor>> TrainFeed::val_batch(int64_t i) {
   if (tokens()) {
     ASPEN_ASSIGN_OR_RETURN(train::Batch b, token_val_->val_batch(i));
     batch = token_columns(std::move(b), nullptr);
+    if (dropout_) batch.insert_or_assign("dropout_seed", seed_column(-1));  // validation: no dropout
   } else {
     ASPEN_ASSIGN_OR_RETURN(batch, array_val_->val_batch(i));
   }

@@ -55,6 +55,11 @@ class TrainFeed {
     double kept_pairs = 0, causal_pairs = 0;
   };
   const PackingStats& packing_stats() const { return packing_stats_; }
+  // Attention dropout (model.attention_dropout; token shards): a column "dropout_seed" (i64 [1]) per
+  // micro-batch, a Philox hash of `seed`, the global replica and the data position it is drawn at (so a
+  // resumed run draws the uninterrupted one's seeds; below 2^53); -1 (no dropout) in validation batches.
+  // Before bind().
+  void set_dropout_seed(uint64_t seed);
   const train::TokenIndex& token_index() const;  // tokens() only
   const train::ArrayDataset& arrays() const;     // !tokens() only
   // Every column of a micro-batch, with its type ([B, ...]).
@@ -106,6 +111,9 @@ class TrainFeed {
   std::vector<Binding> bindings_;
   bool packing_ = false;
   int32_t eos_ = 0;
+  bool dropout_ = false;
+  uint64_t dropout_seed_ = 0;
+  std::vector<int64_t> replicas_;  // the global replica of each local loader
   PackingStats packing_stats_;
   std::map<std::string, Tensor> call_;  // next_call's tensors, reused
   int64_t call_slots_ = 0;

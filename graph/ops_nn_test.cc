@@ -683,6 +683,17 @@ TEST(NnOps, AttentionDropoutGradient) {
   kernels::ref::attention_forward<double>(feeds["q"].data.data(), feeds["k"].data.data(), feeds["v"].data.data(),
                                           wo.data(), wl.data(), aB, aH, 1, aT, aS, aD, 0.7, m);
   EXPECT_EQ(out["out"].data, wo);
+  {  // a negative seed: no dropout (evaluation)
+    auto eval = feeds;
+    eval["seed"] = array(DType::i64, {1}, {-1});
+    kernels::AttentionMask off = m;
+    off.dropout = 0.0f;
+    std::vector<double> eo(wo.size()), el(wl.size());
+    kernels::ref::attention_forward<double>(feeds["q"].data.data(), feeds["k"].data.data(), feeds["v"].data.data(),
+                                            eo.data(), el.data(), aB, aH, 1, aT, aS, aD, 0.7, off);
+    EXPECT_EQ(run(g, eval)["out"].data, eo);
+    EXPECT_NE(eo, wo);
+  }
   int dropped = 0;  // the multipliers drop something here (else the test would not test dropout)
   for (int64_t x = 0; x < aB * aH * aT * aS; ++x)
     dropped += kernels::attention_dropout_multiplier(m, aH, aT, aS, x / (aH * aT * aS), (x / (aT * aS)) % aH,
@@ -764,10 +775,11 @@ TEST(NnOps, AttentionErrors) {
     b.output("out", b.op(OpKind::attention, {q, q, q, b.input("seed", DType::i64, {1})},
                          {{"scale", 1.0}, {"mask", std::string("causal")}, {"dropout", 0.5}})[0]);
     auto r = interpret(g, {{"q", array(DType::f32, {1, 1, 3, 2}, std::vector<double>(6, 0.5))},
-                           {"seed", array(DType::i64, {1}, {-3})}});
+                           {"seed", array(DType::i64, {1}, {0.5})}});
     ASSERT_FALSE(r.is_ok());
     EXPECT_EQ(r.status().message(),
-              "node 2 (attention): attention: dropout_seed: expected an integer in [0, 2^53), found -3.000000");
+              "node 2 (attention): attention: dropout_seed: expected an integer in (-2^53, 2^53) (negative: no "
+              "dropout), found 0.500000");
   }
   EXPECT_EQ(build_error([](Builder& b) {
               ValueId q = b.input("q", DType::f32, {2, 2, 3, 3});

@@ -59,7 +59,8 @@ ValueId mlp(Builder& b, ValueId x, const MlpSpec& s) {
 
 ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const AttentionSpec& s,
                        std::optional<ValueId> positions, std::optional<ValueId> key_valid, const KvCacheSpec* cache,
-                       std::optional<ValueId> segments, std::optional<ValueId> layout) {
+                       std::optional<ValueId> segments, std::optional<ValueId> layout,
+                       std::optional<ValueId> dropout_seed) {
   if (!b.status().is_ok()) return ValueId{};
   const Shape qs = b.type(q).shape;  // [B, T, H*D]
   const int64_t B = qs[0], T = qs[1], H = s.n_head, Hk = s.n_kv_head > 0 ? s.n_kv_head : s.n_head, D = s.head_dim;
@@ -99,9 +100,15 @@ ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const Attent
   if (segments) args.push_back(*segments);
   ASPEN_CHECK(!(layout && cache));  // a caller's bug: layout_input refuses sparse generation
   if (layout) args.push_back(*layout);
+  ASPEN_CHECK((s.dropout > 0) == dropout_seed.has_value());  // a caller's bug: dropout reads the run-time seed
+  if (dropout_seed) args.push_back(*dropout_seed);
   graph::Attrs attrs{{"scale", 1.0 / std::sqrt(double(D))}, {"mask", mask}};
   if (mask == "local") attrs.set("window", s.window);
   if (layout) attrs.set("layout_block", T / b.type(*layout).shape[1]);
+  if (s.dropout > 0) {
+    attrs.set("dropout", s.dropout);
+    attrs.set("dropout_stream", s.dropout_stream);
+  }
   std::vector<ValueId> outs = b.op(OpKind::attention, std::move(args), std::move(attrs));
   if (outs.empty()) return ValueId{};
   return b.reshape(b.transpose(outs[0], to_bhtd), {B, T, H * D});  // merge heads: [B, T, H*D]
@@ -142,6 +149,21 @@ Result<CausalLmInputs> causal_lm_inputs(Builder& b, const std::string& family, c
   if (o.with_loss) in.targets = b.input("targets", DType::i32, Shape{o.batch * o.seq});
   if (o.segments) in.segments = b.input("segments", DType::i32, Shape{o.batch, o.seq});
   ASPEN_ASSIGN_OR_RETURN(in.layout, layout_input(b, family, o, n_head));
+  if (o.attention_dropout != 0) {
+    if (!(o.attention_dropout > 0 && o.attention_dropout < 1))
+      return Status::invalid_argument(family + ": attention_dropout", "a probability in [0, 1)",
+                                      std::to_string(o.attention_dropout));
+    if (o.kv_cache_len > 0)
+      return Status::invalid_argument(family + ": attention_dropout", "0 with a KV cache (generation)",
+                                      std::to_string(o.attention_dropout));
+    if (o.tensor_parallel > 1)
+      return Status::unimplemented(family + ": attention_dropout with tensor_parallel " +
+                                       std::to_string(o.tensor_parallel),
+                                   "0 (every shard runs one graph: each would drop the same pattern for its own "
+                                   "heads)");
+    in.dropout_seed = b.input("dropout_seed", DType::i64, Shape{1});
+    in.dropout = o.attention_dropout;
+  }
   if (o.kv_cache_len > 0) {
     in.kv.index = b.input("cache_index", DType::i32, Shape{});
     in.key_valid = in.kv.key_valid = b.input("key_valid", DType::u8, Shape{o.batch, o.kv_cache_len});

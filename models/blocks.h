@@ -83,6 +83,10 @@ struct AttentionSpec {
   int64_t rotary_dim = 0;                     // 0: no rotary embedding
   std::string rotary_layout = "interleaved";  // "interleaved" (GPT-J) or "half_split" (NeoX, Llama)
   RopeSpec rope = {};
+  // Dropout on the attention probabilities (training): the op's dropout with Philox stream dropout_stream
+  // (the layer's index: every layer its own pattern) under the run-time dropout_seed (attention_core's).
+  double dropout = 0.0;
+  int64_t dropout_stream = 0;
 };
 // Multi-head attention on projected q [B, T, H*D] and k, v [B, T, Hk*D]
 // (Hk = n_kv_head dividing H; the attention op reads the shared heads in
@@ -112,7 +116,8 @@ graph::ValueId attention_core(graph::Builder& b, graph::ValueId q, graph::ValueI
                               std::optional<graph::ValueId> key_valid = std::nullopt,
                               const KvCacheSpec* cache = nullptr,
                               std::optional<graph::ValueId> segments = std::nullopt,
-                              std::optional<graph::ValueId> layout = std::nullopt);
+                              std::optional<graph::ValueId> layout = std::nullopt,
+                              std::optional<graph::ValueId> dropout_seed = std::nullopt);
 
 // Parameters named with this prefix are a program's state (KV caches), not
 // weights: checkpoints neither hold nor fill them; they start at zero.
@@ -163,6 +168,11 @@ struct CausalLmOptions {
   // [.., vocab / T] and the loss is made from the shards' partial sums, so no
   // shard holds a whole row of logits. The vocabulary must divide by T.
   bool vocab_parallel = false;
+  // Dropout on every layer's attention probabilities (training; [0, 1)): input "dropout_seed" i64 [1], a new
+  // value per micro-batch (negative: no dropout, for evaluation with the same program); layer i draws Philox
+  // stream i. Not with a KV cache or tensor_parallel > 1 (every shard's graph is the same: each would drop
+  // the same pattern for its own heads).
+  double attention_dropout = 0.0;
 };
 // The inputs a causal LM's kv-cache options add (invalid without them).
 struct KvCacheInputs {
@@ -170,7 +180,8 @@ struct KvCacheInputs {
 };
 // What every causal LM records from its options, in this order: "input_ids"
 // and "positions" i32 [batch, seq]; "attention_mask" u8 [batch, seq];
-// "targets" i32 [batch*seq] (with_loss); "segments" i32 [batch, seq];
+// "targets" i32 [batch*seq] (with_loss); "segments" i32 [batch, seq]; "dropout_seed" i64 [1]
+// (attention_dropout > 0);
 // options.layout as a u8 constant, checked against the graph (blocks * block
 // == seq, heads 1 or `n_head`, 1 with tensor_parallel > 1, no KV cache;
 // errors name `family`); with a cache "cache_index" and "key_valid". The
@@ -178,8 +189,15 @@ struct KvCacheInputs {
 // attention_core reads as the keys' mask (the cache's, else attention_mask).
 struct CausalLmInputs {
   graph::ValueId input_ids, positions, attention_mask, targets;
-  std::optional<graph::ValueId> key_valid, segments, layout;
+  std::optional<graph::ValueId> key_valid, segments, layout, dropout_seed;
   KvCacheInputs kv;
+  // options' attention dropout for layer i's spec (dropout and stream set).
+  AttentionSpec with_dropout(AttentionSpec spec, int64_t layer) const {
+    spec.dropout = dropout;
+    spec.dropout_stream = layer;
+    return spec;
+  }
+  double dropout = 0.0;
 };
 Result<CausalLmInputs> causal_lm_inputs(graph::Builder& b, const std::string& family, const CausalLmOptions& options,
                                         int64_t n_head);

@@ -62,6 +62,7 @@ void for_each_key(Config& c, Visit&& v) {
   v("model", "ignore_index", c.model.ignore_index, any());
   v("model", "inputs", c.model.inputs, any());
   v("model", "attention", c.model.attention, any());
+  v("model", "attention_dropout", c.model.attention_dropout, interval(0, 1, false, true));
   v("model", "frozen", c.model.frozen, any());
   v("model", "trainable", c.model.trainable, any());
 
@@ -698,6 +699,9 @@ Status TrainConfig::validate() const {
     if (!model.attention.empty())
       return Status::invalid_argument("model.attention", "empty for an ONNX model (its attention is its own)",
                                       "a map of " + std::to_string(model.attention.size()));
+    if (model.attention_dropout != 0)
+      return Status::invalid_argument("model.attention_dropout", "0 for an ONNX model (its attention is its own)",
+                                      value_text(model.attention_dropout));
   } else {
     const ModelSection defaults;
     const char* onnx_only = !model.inputs.empty()                  ? "model.inputs"

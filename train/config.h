@@ -63,6 +63,10 @@ struct ModelSection {
   // num_local_blocks, num_different_global_patterns, horizontal_global_attention, different_layout_per_head}
   // (kernels/attention_layout.h; sparse_attention() reads it).
   std::map<std::string, std::string> attention;
+  // Dropout on the attention probabilities of every layer during training steps ([0, 1); the built-in
+  // families, one tensor shard): a fresh Philox seed per micro-batch and replica from train.seed and the
+  // data position (so a resumed run draws what the uninterrupted one would); none in validation.
+  double attention_dropout = 0.0;
   std::vector<std::string> frozen;            // initializers kept constant, by name pattern ('*', '?', '[...]')
   std::vector<std::string> trainable;         // one-element initializers trained all the same, by name pattern
   bool is_onnx() const;                       // `from` names an .onnx file
