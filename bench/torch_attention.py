@@ -84,7 +84,9 @@ def time_flex(torch, kind, T, args, q, k, v):
         def mod(b, h, i, j):
             return layout[h, i // block, j // block]
     mask = create_block_mask(mod, None, heads, T, T, device="cpu")
-    run = torch.compile(flex_attention)
+    # One static compilation per row: after a second shape, torch.compile's automatic dynamic shapes would
+    # switch to a generic kernel that measured 10-40x slower here.
+    run = torch.compile(flex_attention, dynamic=False)
     with torch.no_grad():
         run(q, k, v, block_mask=mask)
         best = float("inf")
