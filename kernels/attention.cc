@@ -313,13 +313,7 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
         Ops::gemm(s, kBk, 1, vh + j0 * D, D, ou, D, rows, D, cols, true);
       }
     }
-    for (int64_t r = 0; r < n; ++r) {
-      float* orow = out + (bh * T + i_begin + r) * D;
-      const bool any = l[r] > 0.0f;
-      const float inv = any ? 1.0f / l[r] : 0.0f;
-      for (int64_t d = 0; d < D; ++d) orow[d] = o[r * D + d] * inv;
-      lse[bh * T + i_begin + r] = any ? m[r] / kLog2e + std::log(l[r]) : kNegInf;
-    }
+    finish_rows(o, D, m, l, n, D, out + (bh * T + i_begin) * D, lse + bh * T + i_begin);
   }
 }
 
@@ -600,11 +594,30 @@ Status check_shape(const char* kernel, int64_t B, int64_t H, int64_t Hk, int64_t
   return Status();
 }
 
+template <class E>
+Status check_qkv(const char* kernel, std::span<const E> q, std::span<const E> k, std::span<const E> v, int64_t nq,
+                 int64_t nk) {
+  ASPEN_RETURN_IF_ERROR(check_buffer(kernel, "q", q, nq));
+  ASPEN_RETURN_IF_ERROR(check_buffer(kernel, "k", k, nk));
+  return check_buffer(kernel, "v", v, nk);
+}
+
 using NamedBuffer = std::tuple<const char*, std::span<const float>, int64_t>;
 
 Status check_buffers(const char* kernel, std::initializer_list<NamedBuffer> buffers) {
   for (const auto& [name, buf, n] : buffers) ASPEN_RETURN_IF_ERROR(check_buffer(kernel, name, buf, n));
   return Status();
+}
+
+// attention_forward's checks; the element counts of q, k and lse into *nq, *nk, *nl.
+template <class E>
+Status check_forward(std::span<const E> q, std::span<const E> k, std::span<const E> v, std::span<float> out,
+                     std::span<float> lse, int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
+                     float scale, const AttentionMask& mask, int64_t* nq, int64_t* nk, int64_t* nl) {
+  constexpr const char* kName = "attention_forward";
+  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, nq, nk, nl));
+  ASPEN_RETURN_IF_ERROR(check_qkv(kName, q, k, v, *nq, *nk));
+  return check_buffers(kName, {{"out", out, *nq}, {"lse", lse, *nl}});
 }
 
 // The top 24 bits of a Philox element at or above which dropout keeps it: bits_to_unit_float(x) >= p
@@ -780,11 +793,8 @@ int64_t attention_backward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64
 Status attention_forward(std::span<const float> q, std::span<const float> k, std::span<const float> v,
                          std::span<float> out, std::span<float> lse, int64_t B, int64_t H, int64_t Hk, int64_t T,
                          int64_t S, int64_t D, float scale, const AttentionMask& mask) {
-  constexpr const char* kName = "attention_forward";
   int64_t nq, nk, nl;
-  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
-  ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"q", q, nq}, {"k", k, nk}, {"v", v, nk}, {"out", out, nq},
-                                              {"lse", lse, nl}}));
+  ASPEN_RETURN_IF_ERROR(check_forward(q, k, v, out, lse, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
   if (nl == 0) return Status();
   if (reference_mode()) {
     ref::attention_forward<float>(q.data(), k.data(), v.data(), out.data(), lse.data(), B, H, Hk, T, S, D, scale, mask);
@@ -813,13 +823,8 @@ Status attention_forward(std::span<const float> q, std::span<const float> k, std
 Status attention_forward(std::span<const bf16> q, std::span<const bf16> k, std::span<const bf16> v,
                          std::span<float> out, std::span<float> lse, int64_t B, int64_t H, int64_t Hk, int64_t T,
                          int64_t S, int64_t D, float scale, const AttentionMask& mask) {
-  constexpr const char* kName = "attention_forward";
   int64_t nq, nk, nl;
-  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
-  ASPEN_RETURN_IF_ERROR(check_buffer(kName, "q", q, nq));
-  ASPEN_RETURN_IF_ERROR(check_buffer(kName, "k", k, nk));
-  ASPEN_RETURN_IF_ERROR(check_buffer(kName, "v", v, nk));
-  ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"out", out, nq}, {"lse", lse, nl}}));
+  ASPEN_RETURN_IF_ERROR(check_forward(q, k, v, out, lse, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
   if (nl == 0) return Status();
   if (reference_mode() || active_isa() < Isa::amx) {  // the f32 kernel on the widened values
     Widened w;
@@ -841,7 +846,7 @@ Status attention_backward(std::span<const float> q, std::span<const float> k, st
   constexpr const char* kName = "attention_backward";
   int64_t nq, nk, nl;
   ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
-  ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"q", q, nq}, {"k", k, nk}, {"v", v, nk}}));
+  ASPEN_RETURN_IF_ERROR(check_qkv(kName, q, k, v, nq, nk));
   ASPEN_RETURN_IF_ERROR(check_gradient_buffers(out, lse, dout, dq, dk, dv, dbias, mask, nq, nk, nl, S));
   float* db = dbias.empty() ? nullptr : dbias.data();
   if (reference_mode()) {
@@ -869,9 +874,7 @@ Status attention_backward(std::span<const bf16> q, std::span<const bf16> k, std:
   constexpr const char* kName = "attention_backward";
   int64_t nq, nk, nl;
   ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
-  ASPEN_RETURN_IF_ERROR(check_buffer(kName, "q", q, nq));
-  ASPEN_RETURN_IF_ERROR(check_buffer(kName, "k", k, nk));
-  ASPEN_RETURN_IF_ERROR(check_buffer(kName, "v", v, nk));
+  ASPEN_RETURN_IF_ERROR(check_qkv(kName, q, k, v, nq, nk));
   if (reference_mode() || active_isa() < Isa::amx) {  // the f32 kernel on the widened values
     Widened w;
     ASPEN_RETURN_IF_ERROR(w.of(q, k, v, nq, nk));

@@ -378,13 +378,7 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
           flush();
         }
       }
-      for (int64_t r = 0; r < n; ++r) {
-        float* orow = out + (bh * T + i_begin + r) * D;
-        const bool any = l[r] > 0.0f;
-        const float inv = any ? 1.0f / l[r] : 0.0f;
-        for (int64_t d = 0; d < D; ++d) orow[d] = o[r * Do + d] * inv;
-        lse[bh * T + i_begin + r] = any ? m[r] / kLog2e + std::log(l[r]) : kNegInf;
-      }
+      finish_rows(o, Do, m, l, n, D, out + (bh * T + i_begin) * D, lse + bh * T + i_begin);
     }
     _tile_release();
   }

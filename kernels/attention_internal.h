@@ -378,6 +378,18 @@ inline void block_query_span(const Problem& pb, int64_t b, int64_t j0, int64_t j
   *last = lo;
 }
 
+// The end of a forward task: out's n rows (D apart) = o (rows ldo apart) / l, and lse = m ln 2 + ln l
+// (m in the exp2 domain); a row with no allowed key (l = 0) gets out 0 and lse -inf.
+inline void finish_rows(const float* o, int64_t ldo, const float* m, const float* l, int64_t n, int64_t D, float* out,
+                        float* lse) {
+  for (int64_t r = 0; r < n; ++r) {
+    const bool any = l[r] > 0.0f;
+    const float inv = any ? 1.0f / l[r] : 0.0f;
+    for (int64_t d = 0; d < D; ++d) out[r * D + d] = o[r * ldo + d] * inv;
+    lse[r] = any ? m[r] / kLog2e + std::log(l[r]) : kNegInf;
+  }
+}
+
 // NOTE [attention query spans]: a forward task is a span of up to kSpanBlocks query blocks of one head, and
 // each key block it visits serves every query block of the span in turn: K^T and V come from L3 or memory
 // once per span instead of once per 64 rows (at T = 8192 a head's K and V are 4 MiB, twice an L2). Spans
