@@ -70,8 +70,8 @@ void pack_keys(const uint16_t* k, int64_t cols, int64_t D, int64_t Dp, uint16_t*
       __m512 r[16];
       for (int64_t j = 0; j < 16; ++j) {
         const int64_t key = 16 * n + j;
-        r[j] = key < cols ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(md, k + key * D + 32 * c))
-                          : _mm512_setzero_ps();
+        r[j] =
+            key < cols ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(md, k + key * D + 32 * c)) : _mm512_setzero_ps();
       }
       Avx512::transpose16(r);
       uint16_t* t = dst + (4 * c + n) * kTileElems;
@@ -213,8 +213,7 @@ RowsStep softmax_max(float* s, int64_t rows, const __mmask16* allow, float cs, c
   st.live = tail_mask(rows);
   const __m512 m_old = _mm512_mask_loadu_ps(_mm512_setzero_ps(), st.live, m);
   const __m512 m_max = _mm512_max_ps(m_old, _mm512_mul_ps(Avx512::lanes_reduce<true>(part), _mm512_set1_ps(cs)));
-  st.moved = _mm512_mask_cmp_ps_mask(st.live, _mm512_sub_ps(m_max, m_old), _mm512_set1_ps(kLazyRescale),
-                                     _CMP_GT_OQ);
+  st.moved = _mm512_mask_cmp_ps_mask(st.live, _mm512_sub_ps(m_max, m_old), _mm512_set1_ps(kLazyRescale), _CMP_GT_OQ);
   st.m_new = _mm512_mask_blend_ps(st.moved, m_old, m_max);
   st.alpha = _mm512_mask_blend_ps(st.moved, _mm512_set1_ps(1.0f), Avx512::exp2_512(_mm512_sub_ps(m_old, st.m_new)));
   return st;
@@ -245,7 +244,8 @@ void softmax_exp(const float* s, const RowsStep& st, float cs, float* m, float* 
     _mm512_storeu_si512(p + r * ldp + 32, __m512i(_mm512_cvtne2ps_pbh(e[3], e[2])));
     if (al[r] == 1.0f) continue;
     const __m512 av = _mm512_set1_ps(al[r]);
-    for (int64_t d = 0; d < Do; d += 16) _mm512_storeu_ps(o + r * Do + d, _mm512_mul_ps(_mm512_loadu_ps(o + r * Do + d), av));
+    for (int64_t d = 0; d < Do; d += 16)
+      _mm512_storeu_ps(o + r * Do + d, _mm512_mul_ps(_mm512_loadu_ps(o + r * Do + d), av));
   }
   const __m512 l_old = _mm512_mask_loadu_ps(_mm512_setzero_ps(), st.live, l);
   _mm512_mask_storeu_ps(l, st.live, _mm512_fmadd_ps(l_old, st.alpha, Avx512::lanes_reduce<false>(part)));
@@ -386,8 +386,8 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
 
 int64_t forward_amx_scratch_bytes(int64_t B, int64_t Hk, int64_t S, int64_t D, int threads) {
   const int64_t Dp = round_up(D, 32), Do = round_up(D, 16), nkb = (S + kBk - 1) / kBk;
-  const int64_t per = kQuerySpan * Dp * 2 + kQuerySpan * Do * 4 + 2 * kQuerySpan * 4 + kRows * kBk * 4 +
-                      kRows * kGroup * kBk * 2;
+  const int64_t per =
+      kQuerySpan * Dp * 2 + kQuerySpan * Do * 4 + 2 * kQuerySpan * 4 + kRows * kBk * 4 + kRows * kGroup * kBk * 2;
   return B * Hk * nkb * kBk * (Dp + Do) * 2 + per * std::max(threads, 1);
 }
 
@@ -488,9 +488,9 @@ struct Backward {
 struct BackwardScratch {
   alignas(64) float s[kRows * kBk];
   alignas(64) float dp[kRows * kBk];
-  alignas(64) uint16_t ds[kRows * kBk];                          // ds, rows kBk apart (A of dq += ds k)
-  alignas(64) uint16_t p_pairs[kBwdGroup * 4 * kTileElems];      // p, pairs of rows (B of dv^T += dout^T p)
-  alignas(64) uint16_t ds_pairs[kBwdGroup * 4 * kTileElems];     // ds, likewise (B of dk^T += q^T ds)
+  alignas(64) uint16_t ds[kRows * kBk];                       // ds, rows kBk apart (A of dq += ds k)
+  alignas(64) uint16_t p_pairs[kBwdGroup * 4 * kTileElems];   // p, pairs of rows (B of dv^T += dout^T p)
+  alignas(64) uint16_t ds_pairs[kBwdGroup * 4 * kTileElems];  // ds, likewise (B of dk^T += q^T ds)
   alignas(64) float kv[kBk];
   alignas(64) float z[kRows * kBk];  // dropout's multipliers
   __mmask16 allow[kRows * 4];
@@ -594,8 +594,29 @@ void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf1
   const auto* kx = reinterpret_cast<const uint16_t*>(k16);
   const auto* vx = reinterpret_cast<const uint16_t*>(v16);
   const int64_t D = pb.D, T = pb.T, S = pb.S, BH = pb.B * pb.H;
-  Backward bw{pb, D, round_up(D, 32), round_up(D, 16), round_up(D, 16) / 16, T, round_up(T, kRows), S,
-              (S + kBk - 1) / kBk, 0, 0, pb.scale * kLog2e, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, dbias};
+  Backward bw{pb,
+              D,
+              round_up(D, 32),
+              round_up(D, 16),
+              round_up(D, 16) / 16,
+              T,
+              round_up(T, kRows),
+              S,
+              (S + kBk - 1) / kBk,
+              0,
+              0,
+              pb.scale * kLog2e,
+              {},
+              {},
+              {},
+              {},
+              {},
+              {},
+              {},
+              {},
+              {},
+              {},
+              dbias};
   bw.kblock = bw.Dp * kBk;
   bw.vblock = kBk * bw.Do;
   const int nt = omp_get_max_threads();
@@ -736,7 +757,7 @@ void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf1
 int64_t backward_amx_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D, int threads) {
   const int64_t Dp = round_up(D, 32), Do = round_up(D, 16), Tp = round_up(T, kRows), nkb = (S + kBk - 1) / kBk;
   const int64_t rows = B * H * (Tp * (2 * Dp + 2 * Do) * 2 + Tp * Do * 4 + T * 8);  // q, g, qt, gt, dq, lse2, di
-  const int64_t keys = B * Hk * nkb * kBk * (2 * Dp + Do) * 2;                       // kt, vt, kp
+  const int64_t keys = B * Hk * nkb * kBk * (2 * Dp + Do) * 2;                      // kt, vt, kp
   const int64_t per = int64_t(sizeof(BackwardScratch)) + 2 * Do * kBk * 4;
   return rows + keys + per * std::max(threads, 1);
 }

@@ -365,7 +365,10 @@ inline void block_query_span(const Problem& pb, int64_t b, int64_t j0, int64_t j
     const int64_t mid = lo + (hi - lo) / 2;
     int64_t a, e;
     pb.geo.range(b, mid, &a, &e);
-    if (e > j0) hi = mid; else lo = mid + 1;
+    if (e > j0)
+      hi = mid;
+    else
+      lo = mid + 1;
   }
   *first = lo;
   hi = pb.T;  // first row whose range starts at or past j1
@@ -373,7 +376,10 @@ inline void block_query_span(const Problem& pb, int64_t b, int64_t j0, int64_t j
     const int64_t mid = lo + (hi - lo) / 2;
     int64_t a, e;
     pb.geo.range(b, mid, &a, &e);
-    if (a >= j1) hi = mid; else lo = mid + 1;
+    if (a >= j1)
+      hi = mid;
+    else
+      lo = mid + 1;
   }
   *last = lo;
 }
