@@ -14,9 +14,10 @@
 //   cross_entropy(logits [R, V], targets i32/i64 [R]) {ignore_index = -100}: outputs the mean loss over
 //       non-ignored rows (rank 0), loss per row [R] (logits' dtype), lse [R] (f32)    (kernels/softmax.h)
 //   rotary(x [B, T, H, D], positions i32 [B, T]) {rotary_dim, layout: "interleaved" | "half_split",
-//       base = 10000, inverse = 0, scaling: "none" | "linear" | "llama3", factor, low_freq_factor,
+//       base = 10000, inverse = 0, scaling: "none" | "linear" | "llama3" | "dynamic", factor, low_freq_factor,
 //       high_freq_factor, original_max_positions}: rotates by +angle, or by -angle with inverse; the
-//       frequencies are kernels::RotaryFrequencies (HF's static rope_scaling)     (kernels/rotary.h)
+//       frequencies are kernels::RotaryFrequencies (HF's rope_scaling; dynamic from the largest of the
+//       positions)                                                                  (kernels/rotary.h)
 //   attention(q [B, H, T, D], k, v [B, H, S, D][, key_valid u8/bool [B, S]]) {scale, mask: "none" | "causal" |
 //       "local", window, kv_offset}: outputs out [B, H, T, D], lse (f32 [B, H, T])   (ops_attention.cc)
 // Saved statistics (mean, rstd, lse) are f32 whatever the input's float type,
@@ -429,7 +430,8 @@ Result<RotaryArgs> rotary_args(const Node& n, int64_t D) {
   if (scaling == "none") r.freq.scaling = Scaling::none;
   else if (scaling == "linear") r.freq.scaling = Scaling::linear;
   else if (scaling == "llama3") r.freq.scaling = Scaling::llama3;
-  else return rule_error(n, "scaling", "\"none\", \"linear\" or \"llama3\"", "\"" + scaling + "\"");
+  else if (scaling == "dynamic") r.freq.scaling = Scaling::dynamic;
+  else return rule_error(n, "scaling", "\"none\", \"linear\", \"llama3\" or \"dynamic\"", "\"" + scaling + "\"");
   r.freq.factor = n.attrs.f_or("factor", 1.0);
   r.freq.low_freq_factor = n.attrs.f_or("low_freq_factor", 1.0);
   r.freq.high_freq_factor = n.attrs.f_or("high_freq_factor", 4.0);
@@ -443,6 +445,8 @@ Result<RotaryArgs> rotary_args(const Node& n, int64_t D) {
                       "0 < low_freq_factor < high_freq_factor (finite) and original_max_positions > 0",
                       std::to_string(r.freq.low_freq_factor) + ", " + std::to_string(r.freq.high_freq_factor) + ", " +
                           str(r.freq.original_max_positions));
+  if (r.freq.scaling == Scaling::dynamic && r.freq.original_max_positions <= 0)
+    return rule_error(n, "original_max_positions", "> 0 with dynamic scaling", str(r.freq.original_max_positions));
   ASPEN_ASSIGN_OR_RETURN(r.inverse, flag(n, "inverse"));
   return r;
 }
@@ -470,7 +474,8 @@ Status eval_rotary(const Node& n, Ins in, Outs out) {
     pos[i] = int32_t(v);
   }
   auto* f = r.inverse ? &kernels::ref::rotary_backward<double> : &kernels::ref::rotary_forward<double>;
-  f(in[0]->data.data(), pos.data(), out[0].data.data(), x[0], x[1], x[2], x[3], r.rotary_dim, r.layout, r.freq);
+  f(in[0]->data.data(), pos.data(), out[0].data.data(), x[0], x[1], x[2], x[3], r.rotary_dim, r.layout,
+    kernels::rotary_run_frequencies(r.freq, pos));
   return Status();
 }
 

@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -14,7 +15,12 @@ namespace aspen::kernels {
 
 float rotary_inv_freq(int64_t p, int64_t rotary_dim, const RotaryFrequencies& freq) {
   using Scaling = RotaryFrequencies::Scaling;
-  const double inv = std::pow(double(freq.base), -2.0 * double(p) / double(rotary_dim));
+  double base = double(freq.base);
+  if (freq.scaling == Scaling::dynamic) {
+    const double old = double(freq.original_max_positions), len = std::max(double(freq.seq_len), old);
+    base *= std::pow(freq.factor * len / old - (freq.factor - 1.0), double(rotary_dim) / double(rotary_dim - 2));
+  }
+  const double inv = std::pow(base, -2.0 * double(p) / double(rotary_dim));  // base^-0 = 1, even for rotary_dim 2
   if (freq.scaling == Scaling::linear) return float(inv / freq.factor);
   if (freq.scaling != Scaling::llama3) return float(inv);
   const double wavelen = 2.0 * 3.14159265358979323846 / inv, old = double(freq.original_max_positions);
@@ -212,9 +218,13 @@ Status check_rotary(const char* kernel, const char* in_name, const char* out_nam
   if (!(freq.base > 0.0f) || !std::isfinite(freq.base))
     return Status::invalid_argument(k + ": argument 'base'", "a finite number > 0", std::to_string(freq.base));
   using Scaling = RotaryFrequencies::Scaling;
-  if (freq.scaling != Scaling::none && freq.scaling != Scaling::linear && freq.scaling != Scaling::llama3)
-    return Status::invalid_argument(k + ": argument 'scaling'", "none, linear or llama3",
+  if (freq.scaling != Scaling::none && freq.scaling != Scaling::linear && freq.scaling != Scaling::llama3 &&
+      freq.scaling != Scaling::dynamic)
+    return Status::invalid_argument(k + ": argument 'scaling'", "none, linear, llama3 or dynamic",
                                     std::to_string(int(freq.scaling)));
+  if (freq.scaling == Scaling::dynamic && freq.original_max_positions <= 0)
+    return Status::invalid_argument(k + ": dynamic scaling: original_max_positions", "> 0",
+                                    std::to_string(freq.original_max_positions));
   if (freq.scaling != Scaling::none && !(freq.factor > 0 && std::isfinite(freq.factor)))
     return Status::invalid_argument(k + ": argument 'factor'", "a finite number > 0", std::to_string(freq.factor));
   if (freq.scaling == Scaling::llama3 &&
@@ -238,23 +248,35 @@ Status check_rotary(const char* kernel, const char* in_name, const char* out_nam
 
 }  // namespace
 
+RotaryFrequencies rotary_run_frequencies(const RotaryFrequencies& freq, std::span<const int32_t> pos) {
+  RotaryFrequencies f = freq;
+  if (f.scaling == RotaryFrequencies::Scaling::dynamic) {
+    int64_t top = -1;
+    for (int32_t p : pos) top = std::max<int64_t>(top, p);
+    f.seq_len = top + 1;
+  }
+  return f;
+}
+
 Status rotary_forward(std::span<const float> x, std::span<const int32_t> pos, std::span<float> y, int64_t B, int64_t T,
                       int64_t H, int64_t D, int64_t rotary_dim, RotaryLayout layout, const RotaryFrequencies& freq) {
   ASPEN_RETURN_IF_ERROR(check_rotary("rotary_forward", "x", "y", x, pos, y, B, T, H, D, rotary_dim, freq));
+  const RotaryFrequencies f = rotary_run_frequencies(freq, pos.first(size_t(B * T)));
   if (reference_mode())
-    ref::rotary_forward<float>(x.data(), pos.data(), y.data(), B, T, H, D, rotary_dim, layout, freq);
+    ref::rotary_forward<float>(x.data(), pos.data(), y.data(), B, T, H, D, rotary_dim, layout, f);
   else
-    rotary_fast(x.data(), pos.data(), y.data(), B, T, H, D, rotary_dim, layout, freq, 1.0f);
+    rotary_fast(x.data(), pos.data(), y.data(), B, T, H, D, rotary_dim, layout, f, 1.0f);
   return Status();
 }
 
 Status rotary_backward(std::span<const float> dy, std::span<const int32_t> pos, std::span<float> dx, int64_t B,
                        int64_t T, int64_t H, int64_t D, int64_t rotary_dim, RotaryLayout layout, const RotaryFrequencies& freq) {
   ASPEN_RETURN_IF_ERROR(check_rotary("rotary_backward", "dy", "dx", dy, pos, dx, B, T, H, D, rotary_dim, freq));
+  const RotaryFrequencies f = rotary_run_frequencies(freq, pos.first(size_t(B * T)));
   if (reference_mode())
-    ref::rotary_backward<float>(dy.data(), pos.data(), dx.data(), B, T, H, D, rotary_dim, layout, freq);
+    ref::rotary_backward<float>(dy.data(), pos.data(), dx.data(), B, T, H, D, rotary_dim, layout, f);
   else
-    rotary_fast(dy.data(), pos.data(), dx.data(), B, T, H, D, rotary_dim, layout, freq, -1.0f);
+    rotary_fast(dy.data(), pos.data(), dx.data(), B, T, H, D, rotary_dim, layout, f, -1.0f);
   return Status();
 }
 

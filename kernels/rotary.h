@@ -47,17 +47,28 @@ enum class RotaryLayout : int { interleaved = 0, half_split = 1 };
 //            factor, wavelen < hi keeps inv_freq, and between them
 //            smooth = (original_max_positions / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
 //            blends: (1 - smooth) inv_freq / factor + smooth inv_freq.
-// (HF's "dynamic" NTK scaling depends on the run's length and is not a static table: the model loaders
-// refuse it by name.) A float converts implicitly: the plain base is the common case.
+//   dynamic: NTK-aware scaling by the run's length (HF's _compute_dynamic_ntk_parameters): with
+//            L = max(seq_len, original_max_positions), the base becomes
+//            base · (factor · L / original_max_positions − (factor − 1))^(rotary_dim / (rotary_dim − 2));
+//            rotary_forward and rotary_backward take seq_len = max(pos) + 1 over the call's positions (HF's
+//            dynamic_rope_update: the largest position of the forward's position_ids; HF's module also keeps
+//            the largest length seen in earlier calls until a run shorter than original_max_positions
+//            resets it; here each call stands alone).
+// A float converts implicitly: the plain base is the common case.
 struct RotaryFrequencies {
-  enum class Scaling { none, linear, llama3 };
+  enum class Scaling { none, linear, llama3, dynamic };
   float base = 10000.0f;
   Scaling scaling = Scaling::none;
   double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   int64_t original_max_positions = 8192;
+  int64_t seq_len = 0;  // dynamic: the run's length (the kernels set it from the positions)
   RotaryFrequencies() = default;
   RotaryFrequencies(float b) : base(b) {}  // NOLINT(google-explicit-constructor)
 };
+
+// freq for one call over `pos`: dynamic scaling's seq_len = max(pos) + 1 (what rotary_forward and
+// rotary_backward use; ref:: callers take it from here); other scalings as they are.
+RotaryFrequencies rotary_run_frequencies(const RotaryFrequencies& freq, std::span<const int32_t> pos);
 
 // inv_freq[p] of `freq`, computed in f64, rounded to f32.
 float rotary_inv_freq(int64_t p, int64_t rotary_dim, const RotaryFrequencies& freq);

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -108,6 +110,48 @@ TEST(Rotary, ScaledFrequenciesMatchHuggingFace) {
   const std::pair<int64_t, double> want_linear[] = {{0, 0.25}, {10, 0.05928434059023857}, {63, 2.8869548259535804e-05}};
   for (const auto& [p, want] : want_linear)
     EXPECT_NEAR(rotary_inv_freq(p, 128, linear), want, 1e-6 * want) << "p=" << p;
+}
+
+// Dynamic NTK scaling against transformers' _compute_dynamic_ntk_parameters (5.24; base 1000, head dim 8,
+// max_position_embeddings 16, factor 4): up to 16 positions the plain frequencies, past them the base grows
+// with the run's length (HF in f32: within 1e-6 relative). The kernels take the length from the
+// positions: a forward over positions up to 39 equals the reference at seq_len 40, and positions below 16
+// rotate exactly as without scaling.
+TEST(Rotary, DynamicFrequenciesMatchHuggingFace) {
+  RotaryFrequencies dyn(1000.0f);
+  dyn.scaling = RotaryFrequencies::Scaling::dynamic;
+  dyn.factor = 4.0;
+  dyn.original_max_positions = 16;
+  const std::pair<int64_t, std::array<double, 4>> want[] = {
+      {10, {1.0, 0.17782793939113617, 0.03162277862429619, 0.005623413249850273}},
+      {16, {1.0, 0.17782793939113617, 0.03162277862429619, 0.005623413249850273}},
+      {17, {1.0, 0.16508084535598755, 0.027251683175563812, 0.004498730413615704}},
+      {40, {1.0, 0.09296097606420517, 0.008641742169857025, 0.0008033447084017098}}};
+  for (const auto& [len, inv] : want) {
+    dyn.seq_len = len;
+    for (int64_t p = 0; p < 4; ++p)
+      EXPECT_NEAR(rotary_inv_freq(p, 8, dyn), inv[size_t(p)], 1e-6 * inv[size_t(p)]) << "seq_len " << len << " p=" << p;
+  }
+  const int64_t B = 2, T = 20, H = 2, D = 8;
+  const std::vector<float> x = testing::random_vector(size_t(B * T * H * D), 91);
+  for (const int32_t top : {15, 39}) {
+    std::vector<int32_t> pos(size_t(B * T));
+    for (int64_t i = 0; i < B * T; ++i) pos[size_t(i)] = int32_t((i * 7) % (top + 1));
+    pos[3] = top;
+    std::vector<float> got(x.size()), want_y(x.size()), plain(x.size());
+    ASSERT_TRUE(rotary_forward(x, pos, got, B, T, H, D, D, RotaryLayout::half_split, dyn).is_ok());
+    RotaryFrequencies at = dyn;
+    at.seq_len = top + 1;
+    ref::rotary_forward<float>(x.data(), pos.data(), want_y.data(), B, T, H, D, D, RotaryLayout::half_split, at);
+    for (size_t i = 0; i < got.size(); ++i)  // the fast rows fuse multiply-adds: an ulp or so apart
+      ASSERT_NEAR(got[i], want_y[i], 1e-6) << "positions up to " << top << ", element " << i;
+    ASSERT_TRUE(rotary_forward(x, pos, plain, B, T, H, D, D, RotaryLayout::half_split, 1000.0f).is_ok());
+    if (top < 16) {
+      EXPECT_EQ(got, plain);
+    } else {
+      EXPECT_NE(got, plain);
+    }
+  }
 }
 
 // Pins both pair layouts and the inverse frequencies against hand-computed values.

@@ -70,7 +70,7 @@ graph::ValueId mlp(graph::Builder& b, graph::ValueId x, const MlpSpec& spec);
 // op's base and scaling attributes; graph/ops_nn.cc).
 struct RopeSpec {
   double theta = 10000.0;
-  std::string scaling = "none";  // "none", "linear" or "llama3"
+  std::string scaling = "none";  // "none", "linear", "llama3" or "dynamic" (original_max_positions: the model's)
   double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   int64_t original_max_positions = 8192;
 };

@@ -205,9 +205,10 @@ RopeSpec read_rope(Keys& k, double default_theta) {
   for (const char* t : {"rope_type", "type"})
     if (auto it = rope->find(t); it != rope->end()) type = it->is_string() ? it->get<std::string>() : it->dump();
   if (type == "default") r.scaling = "none";
-  else if (type == "linear" || type == "llama3") r.scaling = type;
-  else k.fail(Code::kUnimplemented, std::string(key) + ".rope_type", "\"default\", \"linear\" or \"llama3\" "
-              "(dynamic, yarn and longrope scale by the run's length: not in this build)", "\"" + type + "\"");
+  else if (type == "linear" || type == "llama3" || type == "dynamic") r.scaling = type;
+  else k.fail(Code::kUnimplemented, std::string(key) + ".rope_type",
+              "\"default\", \"linear\", \"llama3\" or \"dynamic\" (yarn and longrope: not in this build)",
+              "\"" + type + "\"");
   for (auto it = rope->begin(); it != rope->end(); ++it) {
     const std::string& name = it.key();
     if (name == "rope_type" || name == "type") continue;
@@ -246,6 +247,7 @@ LlamaConfig read_llama(Keys& k, const std::string& type) {
   c.rms_norm_eps = k.number_or("rms_norm_eps", 1e-6);
   c.tie_word_embeddings = k.bool_or("tie_word_embeddings", false);
   c.rope = read_rope(k, 10000.0);
+  if (c.rope.scaling == "dynamic") c.rope.original_max_positions = c.n_positions;  // HF's: max_position_embeddings
   k.choice("hidden_act", {"silu"});
   k.number_or("attention_dropout", 0.0);  // training only
   if (type == "llama") {
@@ -298,7 +300,7 @@ int64_t ModelConfig::vocab() const {
 
 int64_t ModelConfig::n_positions() const {
   if (const BertConfig* b = bert()) return b->max_positions;
-  if (const LlamaConfig* l = llama()) return l->n_positions;
+  if (const LlamaConfig* l = llama()) return l->context();
   if (const GptjConfig* j = gptj()) return j->n_positions;
   return gpt2()->n_positions;
 }

@@ -240,9 +240,19 @@ TEST(Config, LlamaFamilyConfigs) {
 }
 
 TEST(Config, LlamaFamilyErrorsNameTheKey) {
-  EXPECT_EQ(error_of(json_of("llama", R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0})")),
-            "c.json: key 'rope_scaling.rope_type': expected \"default\", \"linear\" or \"llama3\" (dynamic, yarn "
-            "and longrope scale by the run's length: not in this build), found \"dynamic\"");
+  EXPECT_EQ(error_of(json_of("llama", R"(, "rope_scaling": {"rope_type": "yarn", "factor": 2.0})")),
+            "c.json: key 'rope_scaling.rope_type': expected \"default\", \"linear\", \"llama3\" or \"dynamic\" "
+            "(yarn and longrope: not in this build), found \"yarn\"");
+  {  // dynamic NTK scaling: over max_position_embeddings, which it runs past by its factor
+    auto d = parse_config(json_of("llama", R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0})"), "c.json");
+    ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+    EXPECT_EQ(d->llama()->rope.scaling, "dynamic");
+    EXPECT_EQ(d->llama()->rope.original_max_positions, d->llama()->n_positions);
+    EXPECT_EQ(d->n_positions(), 2 * d->llama()->n_positions);
+  }
+  EXPECT_EQ(error_of(json_of("llama", R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 0.5})")),
+            "c.json: llama config: rope_scaling: expected dynamic with factor >= 1 over max_position_embeddings "
+            "(16), found factor 0.500000 over 16");
   EXPECT_EQ(error_of(json_of("llama", R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0,
       "partial_rotary_factor": 0.5})")),
             "c.json: key 'rope_parameters.partial_rotary_factor': expected none (not part of linear scaling here), "

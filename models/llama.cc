@@ -45,8 +45,12 @@ Status LlamaConfig::validate() const {
     return bad_key("rms_norm_eps", "a finite number >= 0", std::to_string(rms_norm_eps));
   if (!(rope.theta > 0) || !std::isfinite(float(rope.theta)))
     return bad_key("rope_theta", "a number > 0, finite in f32", std::to_string(rope.theta));
-  if (rope.scaling != "none" && rope.scaling != "linear" && rope.scaling != "llama3")
-    return bad_key("rope_scaling", "none, linear or llama3", rope.scaling);
+  if (rope.scaling != "none" && rope.scaling != "linear" && rope.scaling != "llama3" && rope.scaling != "dynamic")
+    return bad_key("rope_scaling", "none, linear, llama3 or dynamic", rope.scaling);
+  if (rope.scaling == "dynamic" && (rope.original_max_positions != n_positions || !(rope.factor >= 1)))
+    return bad_key("rope_scaling", "dynamic with factor >= 1 over max_position_embeddings (" +
+                                       std::to_string(n_positions) + ")",
+                   "factor " + std::to_string(rope.factor) + " over " + std::to_string(rope.original_max_positions));
   if (rope.scaling != "none" && !(rope.factor > 0 && std::isfinite(rope.factor)))
     return bad_key("rope_scaling.factor", "a finite number > 0", std::to_string(rope.factor));
   if (rope.scaling == "llama3" &&
@@ -64,8 +68,8 @@ Status LlamaConfig::validate() const {
 
 Result<LlamaGraph> build_llama(Builder& b, const LlamaConfig& c, const CausalLmOptions& o) {
   ASPEN_RETURN_IF_ERROR(c.validate());
-  ASPEN_RETURN_IF_ERROR(check_batch_seq("llama", o.batch, o.seq, "n_positions", c.n_positions));
-  ASPEN_RETURN_IF_ERROR(check_kv_cache("llama", o, "n_positions", c.n_positions));
+  ASPEN_RETURN_IF_ERROR(check_batch_seq("llama", o.batch, o.seq, "n_positions", c.context()));
+  ASPEN_RETURN_IF_ERROR(check_kv_cache("llama", o, "n_positions", c.context()));
   const DType dt = c.dtype, wdt = o.weight_dtype.value_or(dt);
   const int64_t C = c.d_model, D = c.head_size(), T = o.tensor_parallel;
   ASPEN_RETURN_IF_ERROR(check_tensor_parallel("llama", c.n_head, c.d_ff, c.vocab, o));

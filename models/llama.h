@@ -12,7 +12,7 @@
 //                 q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)
 //                     q [B, T, n_head * head_dim], k and v [B, T, n_kv_head * head_dim]
 //                 rotary on every channel of each head of q and k, half-split pairs (HF rotate_half),
-//                     inv_freq from rope_theta and rope_scaling (default, linear, llama3)
+//                     inv_freq from rope_theta and rope_scaling (default, linear, llama3, dynamic)
 //                 grouped-query attention: query head h reads kv head h / (n_head / n_kv_head) (no copy),
 //                     causal, or causal within sliding_window keys (Mistral), scale 1/sqrt(head_dim)
 //                 x = x + o_proj(heads) (+bo)
@@ -65,6 +65,11 @@ struct LlamaConfig {
   }
 
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  // The longest sequence: n_positions (max_position_embeddings), or with dynamic rope scaling, which exists
+  // to run past it, n_positions * factor.
+  int64_t context() const {
+    return rope.scaling == "dynamic" ? int64_t(double(n_positions) * rope.factor) : n_positions;
+  }
   int64_t head_size() const { return head_dim > 0 ? head_dim : (n_head > 0 ? d_model / n_head : 0); }
   // Every key in range: a Status naming the key ("llama config: n_kv_head"),
   // what was expected and what was found.
