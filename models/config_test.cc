@@ -180,7 +180,7 @@ void expect_round_trip(const ModelConfig& c) {
 }
 
 TEST(Config, HfConfigJsonRoundTripsThroughParseConfig) {
-  for (const char* name : {"gpt2-tiny", "gptj-tiny", "llama-tiny", "mistral-tiny", "qwen2-tiny"}) {
+  for (const char* name : {"gpt2-tiny", "gptj-tiny", "llama-tiny", "mistral-tiny", "qwen2-tiny", "llama-dynamic-tiny"}) {
     SCOPED_TRACE(name);
     auto c = load_config(kTestdata + "/" + name + "/config.json");
     ASSERT_TRUE(c.is_ok()) << c.status().to_string();

@@ -53,7 +53,8 @@ TEST_P(GreedyParity, MatchesHuggingFaceGenerate) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GreedyParity,
-                         ::testing::Values("gpt2-tiny", "gptj-tiny", "llama-tiny", "mistral-tiny", "qwen2-tiny"));
+                         ::testing::Values("gpt2-tiny", "gptj-tiny", "llama-tiny", "mistral-tiny", "qwen2-tiny",
+                                           "llama-dynamic-tiny"));
 
 TEST(Generate, SeedStreamingAndStopTokens) {
   auto gen = Generator::open(kTestdata + "/gptj-tiny", {.max_batch = 2, .max_length = 40, .max_prompt = 8});

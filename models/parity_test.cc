@@ -151,6 +151,9 @@ TEST(Parity, GptjTinyMatchesHuggingFace) { check_causal_lm("gptj-tiny"); }
 TEST(Parity, LlamaTinyMatchesHuggingFace) { check_causal_lm("llama-tiny"); }
 TEST(Parity, MistralTinyMatchesHuggingFace) { check_causal_lm("mistral-tiny"); }
 TEST(Parity, Qwen2TinyMatchesHuggingFace) { check_causal_lm("qwen2-tiny"); }
+// Dynamic NTK rope scaling: the logits within max_position_embeddings (the greedy continuations past it are
+// generate_test.cc's).
+TEST(Parity, LlamaDynamicTinyMatchesHuggingFace) { check_causal_lm("llama-dynamic-tiny"); }
 
 // Packed sequences (CausalLmOptions::segments): a row holding three
 // documents, positions restarting at each, gives every document the logits it

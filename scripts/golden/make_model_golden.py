@@ -195,6 +195,9 @@ def causal_lm_golden(name, model, seed, d, config_keys=None):
     # a sliding window counts cache slots, pads included (HF's masks use cache positions): a left-padded row
     # then sees fewer real tokens than its prompt alone, so the rows equal their prompts alone only without one
     window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+    # dynamic rope scaling takes its base from the batch's largest position (HF's dynamic_rope_update): past
+    # max_position_embeddings a batched row's frequencies follow the longest row, not its own length
+    dynamic = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type") == "dynamic"
     rng = np.random.Generator(np.random.PCG64(seed + 1))
     T = {}
     M = {}
@@ -301,7 +304,7 @@ def causal_lm_golden(name, model, seed, d, config_keys=None):
     genb, marginb = greedy(bids, bmask)
     for b, p in enumerate(bprompts):  # each row matches generating from that prompt alone
         alone, _ = greedy(p[None], torch.ones_like(p[None]))
-        assert torch.equal(alone[0], genb[b]) or window, f"batched greedy row {b} differs from the prompt alone"
+        assert torch.equal(alone[0], genb[b]) or window or dynamic, f"batched greedy row {b} differs from the prompt alone"
     T["generate_batch_input_ids"] = bids
     M["generate_batch_input_ids"] = {"meaning": f"prompts of lengths {list(blens)} left-padded to {BL} with pad = eos = {EOS}"}
     T["generate_batch_attention_mask"] = bmask
@@ -403,6 +406,18 @@ def make_llama(d):
         bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS,
     )
     return llama_family("llama-tiny", LlamaForCausalLM, cfg, 8008, d)
+
+
+def make_llama_dynamic(d):
+    """Llama with dynamic NTK rope scaling (factor 4 over max_position_embeddings 16): the 39-position greedy
+    continuations run past 16, where each step's base grows with the largest position."""
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=48, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
+        intermediate_size=80, max_position_embeddings=16, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 1000.0, "factor": 4.0},
+        bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS,
+    )
+    return llama_family("llama-dynamic-tiny", LlamaForCausalLM, cfg, 3003, d)
 
 
 def make_mistral(d):
@@ -686,7 +701,8 @@ def main():
 
     makers = {"gpt2-tiny": (make_gpt2, AutoModelForCausalLM), "gptj-tiny": (make_gptj, AutoModelForCausalLM),
               "bert-tiny": (make_bert, AutoModel), "llama-tiny": (make_llama, AutoModelForCausalLM),
-              "mistral-tiny": (make_mistral, AutoModelForCausalLM), "qwen2-tiny": (make_qwen2, AutoModelForCausalLM)}
+              "mistral-tiny": (make_mistral, AutoModelForCausalLM), "qwen2-tiny": (make_qwen2, AutoModelForCausalLM),
+              "llama-dynamic-tiny": (make_llama_dynamic, AutoModelForCausalLM)}
     only = [n for n in args.only.split(",") if n]
     for n in only:
         assert n in makers, f"--only: unknown model {n!r}; expected some of {sorted(makers)}"
