@@ -42,7 +42,8 @@ Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions&
   m.attention_mask = b.input("attention_mask", DType::u8, Shape{B, T});
 
   // Embeddings: (word + token_type) + position, then LayerNorm (HF's order of additions).
-  ValueId x = b.add(b.gather(b.parameter("embeddings.word_embeddings.weight", dt, Shape{c.vocab, C}), m.input_ids),
+  const ValueId word = b.parameter("embeddings.word_embeddings.weight", dt, Shape{c.vocab, C});
+  ValueId x = b.add(b.gather(word, m.input_ids),
                     b.gather(b.parameter("embeddings.token_type_embeddings.weight", dt, Shape{c.type_vocab, C}),
                              m.token_type_ids));
   ValueId pos = b.slice(b.parameter("embeddings.position_embeddings.weight", dt, Shape{c.max_positions, C}), 0, 0, T);
@@ -82,6 +83,15 @@ Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions&
     ValueId norm = b.sqrt(b.reduce_sum(b.mul(mean, mean), {1}, /*keepdims=*/true));
     m.sentence_embedding = b.div(mean, b.broadcast(norm, {B, C}));
     b.output("sentence_embedding", m.sentence_embedding);
+  }
+  if (o.mlm_head) {  // BertOnlyMLMHead: transform, then the decoder tied to the word embeddings
+    ValueId h = linear(b, x, "cls.predictions.transform.dense", C, C, true, dt);
+    h = layer_norm(b, b.gelu(h, /*tanh_form=*/c.activation == Activation::gelu_tanh),
+                   "cls.predictions.transform.LayerNorm", C, eps, dt);
+    const ValueId bias = b.parameter("cls.predictions.bias", dt, Shape{c.vocab});
+    m.logits = b.op1(graph::OpKind::matmul, {b.reshape(h, {B * T, C}), word, bias}, {{"trans_b", int64_t(1)}});
+    m.logits = b.reshape(m.logits, {B, T, c.vocab});
+    b.output("logits", m.logits);
   }
   ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context("bert"));
   return m;

@@ -17,6 +17,7 @@
 //   last_hidden_state = x
 //   pooler_output = tanh(pooler.dense(x[:, 0]))             (the [CLS] token)
 //   sentence_embedding = normalize(sum_t mask[t] x[t] / sum_t mask[t])   (L2; a row needs one token at least)
+//   logits = LayerNorm(act(dense(x))) word^T + bias          (BertForMaskedLM's cls.predictions head)
 //
 // Parameter names are Hugging Face BertModel's (a BertForX checkpoint adds a
 // "bert." prefix, which models/weights.h maps when loading):
@@ -29,6 +30,9 @@
 //   encoder.layer.{i}.output.dense.{weight,bias}                 [d_model, d_ff], [d_model]
 //   encoder.layer.{i}.output.LayerNorm.{weight,bias}             [d_model]
 //   pooler.dense.{weight,bias}                                   [d_model, d_model], [d_model]   (with the pooler)
+//   cls.predictions.transform.dense.{weight,bias}                [d_model, d_model], [d_model]   (with the MLM head;
+//   cls.predictions.transform.LayerNorm.{weight,bias}            [d_model]                        BertForMaskedLM's
+//   cls.predictions.bias                                         [vocab]                          names: no prefix)
 #pragma once
 
 #include <cstdint>
@@ -67,6 +71,9 @@ struct BertOptions {
   int64_t batch = 1, seq = 1;
   bool pooler = false;              // output "pooler_output" [batch, d_model]
   bool sentence_embedding = false;  // output "sentence_embedding" [batch, d_model]
+  // Output "logits" [batch, seq, vocab]: BertForMaskedLM's head (cls.predictions: a dense layer, the
+  // activation, a LayerNorm, then the decoder tied to the word embeddings plus a vocabulary bias).
+  bool mlm_head = false;
 };
 
 struct BertGraph {
@@ -74,6 +81,7 @@ struct BertGraph {
   graph::ValueId last_hidden_state;
   graph::ValueId pooler_output;       // invalid unless built with options.pooler
   graph::ValueId sentence_embedding;  // invalid unless built with options.sentence_embedding
+  graph::ValueId logits;              // invalid unless built with options.mlm_head
 };
 
 // Records the BERT encoder for fixed [batch, seq]:

@@ -285,6 +285,32 @@ TEST(Parity, BertTinyMatchesHuggingFace) {
   }
 }
 
+// BertForMaskedLM: the encoder and the masked-LM head (its decoder tied to the word embeddings) against
+// HF's logits; the encoder alone loads the same checkpoint (the head's tensors are left unread on purpose).
+TEST(Parity, BertMaskedLmTinyMatchesHuggingFace) {
+  auto ckpt = Checkpoint::open(kTestdata + "/bert-mlm-tiny");
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  auto gf = io::SafetensorsFile::open(kTestdata + "/bert-mlm-tiny/golden.safetensors");
+  ASSERT_TRUE(gf.is_ok()) << gf.status().to_string();
+  const Tensor ids = golden(*gf, "input_ids", DType::i32), types = golden(*gf, "token_type_ids", DType::i32);
+  const Tensor mask = golden(*gf, "attention_mask", DType::u8);
+  for (const bool head : {true, false}) {
+    graph::Graph g;
+    graph::Builder b(g);
+    ASSERT_TRUE(
+        build_bert(b, *ckpt->config().bert(), {.batch = ids.shape()[0], .seq = ids.shape()[1], .mlm_head = head})
+            .is_ok());
+    auto s = session_for(g, *ckpt);
+    ASSERT_NE(s, nullptr);
+    auto out = run(*s, {{"input_ids", &ids}, {"token_type_ids", &types}, {"attention_mask", &mask}});
+    ASSERT_FALSE(out.empty());
+    if (!head) continue;
+    const double d = max_abs_diff(out.at("logits"), golden(*gf, "logits"));
+    EXPECT_LE(d, kTol);
+    std::printf("bert-mlm-tiny: max |logits diff| %.2e\n", d);
+  }
+}
+
 // all-MiniLM-L6-v2: the 27 golden sentences as one right-padded batch; cosine >= 0.9999 each.
 TEST(Parity, MiniLmSentenceEmbeddings) {
   const char* env = std::getenv("ASPEN_MINILM_DIR");

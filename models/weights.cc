@@ -50,10 +50,14 @@ bool ignorable(const std::string& model_type, const std::string& tensor, const g
   if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2")  // old checkpoints keep inv_freq
     return ends_with(tensor, ".rotary_emb.inv_freq") ||
            (tensor == "lm_head.weight" && !g.find_parameter("lm_head.weight"));
-  if (model_type == "bert")
+  if (model_type == "bert")  // BertForMaskedLM's head when the graph has none; its tied decoder always;
+                             // BertForPreTraining's next-sentence head
     return ends_with(tensor, "embeddings.position_ids") ||
            ((starts_with(tensor, "pooler.") || starts_with(tensor, "bert.pooler.")) &&
-            !g.find_parameter("pooler.dense.weight"));
+            !g.find_parameter("pooler.dense.weight")) ||
+           (starts_with(tensor, "cls.predictions.") && !g.find_parameter("cls.predictions.bias")) ||
+           tensor == "cls.predictions.decoder.weight" || tensor == "cls.predictions.decoder.bias" ||
+           starts_with(tensor, "cls.seq_relationship.");
   return false;
 }
 

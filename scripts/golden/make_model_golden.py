@@ -44,6 +44,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     BertConfig,
+    BertForMaskedLM,
     BertModel,
     GPT2Config,
     GPT2LMHeadModel,
@@ -453,6 +454,60 @@ def mean_pool_normalize(h, mask):
     return torch.nn.functional.normalize(s, p=2, dim=1)
 
 
+def make_bert_mlm(d):
+    """BertForMaskedLM: the encoder of bert-tiny's shape and the masked-LM head (dense, gelu, LayerNorm, the
+    decoder tied to the word embeddings, a vocabulary bias). Golden: logits of a padded batch."""
+    cfg = BertConfig(
+        vocab_size=VOCAB, hidden_size=48, num_attention_heads=3, num_hidden_layers=2, intermediate_size=100,
+        max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu", pad_token_id=0,
+    )
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = BertForMaskedLM(cfg).eval()
+    assert model.cls.predictions.decoder.weight.data_ptr() == model.bert.embeddings.word_embeddings.weight.data_ptr()
+    seed = 5005
+    randomize(model, seed=seed)
+    save_checkpoint(model, d)
+    md = copy.deepcopy(model).double().eval()
+    rng = np.random.Generator(np.random.PCG64(seed + 1))
+    B, L = 2, 9
+    input_ids = ids(rng, (B, L), low=1)
+    mask = torch.ones((B, L), dtype=torch.int64)
+    mask[1, 6:] = 0
+    input_ids[1, 6:] = 0  # [PAD] = 0
+    token_type = torch.tensor([[0] * 5 + [1] * 4, [0] * 3 + [1] * 3 + [0] * 3], dtype=torch.int64)
+    with torch.no_grad():
+        logits = md(input_ids, attention_mask=mask, token_type_ids=token_type).logits
+        alone = md(input_ids[1:, :6], token_type_ids=token_type[1:, :6]).logits[0]
+    err = (logits[1, :6] - alone).abs().max().item()
+    assert err < 1e-10, f"padded row differs from the unpadded run by {err}"
+    T = {"input_ids": input_ids, "token_type_ids": token_type, "attention_mask": mask, "logits": f32(logits)}
+    M = {
+        "input_ids": {"meaning": "random ids in [1,1000); row 1 padded with 0 ([PAD]) after 6 tokens"},
+        "token_type_ids": {"meaning": "segment ids, mixed 0/1"},
+        "attention_mask": {"meaning": "1 real, 0 pad (row 1, positions 6..8)"},
+        "logits": {"meaning": "BertForMaskedLM logits [2, 9, 1000]; compare where attention_mask is 1 (row 1's real "
+                   "tokens equal the unpadded run: checked)"},
+    }
+    meta = {
+        "model": "bert-mlm-tiny",
+        "class": "BertForMaskedLM",
+        "made_by": COMMAND,
+        "versions": versions(),
+        "weights": f"model.safetensors beside this file; float32; every float tensor drawn from numpy PCG64({seed}) "
+        "in sorted-name order (the tied decoder once)",
+        "inputs": f"numpy PCG64({seed + 1})",
+        "precision": "computed with model.double() (float64) in eval mode on CPU, one thread; stored float32",
+        "config": {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_attention_heads",
+                                                "num_hidden_layers", "intermediate_size", "max_position_embeddings",
+                                                "type_vocab_size", "hidden_act", "layer_norm_eps")},
+        "tolerances": {"max_abs_f32": 1e-4},
+        "tensors": M,
+    }
+    write_golden(d, T, meta)
+    return model, logits
+
+
 def make_bert(d):
     cfg = BertConfig(
         vocab_size=VOCAB, hidden_size=48, num_attention_heads=3, num_hidden_layers=3, intermediate_size=100,
@@ -702,7 +757,8 @@ def main():
     makers = {"gpt2-tiny": (make_gpt2, AutoModelForCausalLM), "gptj-tiny": (make_gptj, AutoModelForCausalLM),
               "bert-tiny": (make_bert, AutoModel), "llama-tiny": (make_llama, AutoModelForCausalLM),
               "mistral-tiny": (make_mistral, AutoModelForCausalLM), "qwen2-tiny": (make_qwen2, AutoModelForCausalLM),
-              "llama-dynamic-tiny": (make_llama_dynamic, AutoModelForCausalLM)}
+              "llama-dynamic-tiny": (make_llama_dynamic, AutoModelForCausalLM),
+              "bert-mlm-tiny": (make_bert_mlm, None)}
     only = [n for n in args.only.split(",") if n]
     for n in only:
         assert n in makers, f"--only: unknown model {n!r}; expected some of {sorted(makers)}"
@@ -710,7 +766,7 @@ def main():
         if not only or n in only:
             make(args.out / n)
     for n, (_, auto) in makers.items():
-        if not only or n in only:
+        if (not only or n in only) and auto is not None:
             verify(n, args.out / n, auto)
     if not args.skip_minilm and not only:
         make_minilm(args.out / "minilm")
