@@ -1,6 +1,8 @@
 #include "models/bert.h"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 namespace aspen::models {
@@ -40,6 +42,29 @@ Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions&
   m.input_ids = b.input("input_ids", DType::i32, Shape{B, T});
   m.token_type_ids = b.input("token_type_ids", DType::i32, Shape{B, T});
   m.attention_mask = b.input("attention_mask", DType::u8, Shape{B, T});
+  if (o.with_loss && !o.mlm_head)
+    return Status::invalid_argument("bert: with_loss", "the MLM head (mlm_head) to train", "no head");
+  if (o.with_loss) m.targets = b.input("targets", DType::i32, Shape{B * T});
+  std::optional<ValueId> layout, seed;
+  if (o.layout) {
+    const kernels::BlockLayout& l = *o.layout;
+    if (l.block < 1 || l.blocks * l.block != T)
+      return Status::invalid_argument("bert: attention layout", "blocks of " + std::to_string(l.block) +
+                                                                     " tokens covering seq = " + std::to_string(T),
+                                      std::to_string(l.blocks) + " blocks");
+    if (l.heads != 1 && l.heads != c.n_head)
+      return Status::invalid_argument("bert: attention layout heads", "1 or n_head = " + std::to_string(c.n_head),
+                                      std::to_string(l.heads));
+    Tensor t(DType::u8, Shape{l.heads, l.blocks, l.blocks});
+    std::copy(l.bits.begin(), l.bits.end(), t.data<uint8_t>());
+    layout = b.constant(std::move(t));
+  }
+  if (o.attention_dropout != 0) {
+    if (!(o.attention_dropout > 0 && o.attention_dropout < 1))
+      return Status::invalid_argument("bert: attention_dropout", "a probability in [0, 1)",
+                                      std::to_string(o.attention_dropout));
+    seed = m.dropout_seed = b.input("dropout_seed", DType::i64, Shape{1});
+  }
 
   // Embeddings: (word + token_type) + position, then LayerNorm (HF's order of additions).
   const ValueId word = b.parameter("embeddings.word_embeddings.weight", dt, Shape{c.vocab, C});
@@ -55,7 +80,11 @@ Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions&
     ValueId q = linear(b, x, p + "attention.self.query", C, C, /*bias=*/true, dt);
     ValueId k = linear(b, x, p + "attention.self.key", C, C, true, dt);
     ValueId v = linear(b, x, p + "attention.self.value", C, C, true, dt);
-    ValueId a = linear(b, attention_core(b, q, k, v, attn, std::nullopt, m.attention_mask),
+    AttentionSpec la = attn;
+    la.dropout = o.attention_dropout;
+    la.dropout_stream = i;
+    ValueId a = linear(b, attention_core(b, q, k, v, la, std::nullopt, m.attention_mask, nullptr, std::nullopt, layout,
+                                         seed),
                        p + "attention.output.dense", C, C, true, dt);
     x = layer_norm(b, b.add(a, x), p + "attention.output.LayerNorm", C, eps, dt);
     ValueId f = mlp(b, x,
@@ -90,6 +119,10 @@ Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions&
                    "cls.predictions.transform.LayerNorm", C, eps, dt);
     const ValueId bias = b.parameter("cls.predictions.bias", dt, Shape{c.vocab});
     m.logits = b.op1(graph::OpKind::matmul, {b.reshape(h, {B * T, C}), word, bias}, {{"trans_b", int64_t(1)}});
+    if (o.with_loss) {
+      m.loss = b.op(graph::OpKind::cross_entropy, {m.logits, m.targets})[0];  // -100: HF's ignored labels
+      b.output("loss", m.loss);
+    }
     m.logits = b.reshape(m.logits, {B, T, c.vocab});
     b.output("logits", m.logits);
   }

@@ -74,14 +74,24 @@ struct BertOptions {
   // Output "logits" [batch, seq, vocab]: BertForMaskedLM's head (cls.predictions: a dense layer, the
   // activation, a LayerNorm, then the decoder tied to the word embeddings plus a vocabulary bias).
   bool mlm_head = false;
+  // Training the MLM head (with mlm_head): input "targets" i32 [batch * seq] (the id to predict at each
+  // position, -100 where nothing is: HF's labels) and output "loss", the mean cross-entropy over the others.
+  bool with_loss = false;
+  // Sparse attention: a bidirectional block layout for seq tokens (kernels/attention_layout.h; blocks *
+  // block == seq; one layout or one per head), a constant of the graph on top of attention_mask.
+  const kernels::BlockLayout* layout = nullptr;
+  // Dropout on the attention probabilities (training; [0, 1)): input "dropout_seed" i64 [1] (negative:
+  // none), layer i's Philox stream i (models/blocks.h AttentionSpec).
+  double attention_dropout = 0.0;
 };
 
 struct BertGraph {
-  graph::ValueId input_ids, token_type_ids, attention_mask;
+  graph::ValueId input_ids, token_type_ids, attention_mask, targets, dropout_seed;
   graph::ValueId last_hidden_state;
   graph::ValueId pooler_output;       // invalid unless built with options.pooler
   graph::ValueId sentence_embedding;  // invalid unless built with options.sentence_embedding
   graph::ValueId logits;              // invalid unless built with options.mlm_head
+  graph::ValueId loss;                // invalid unless built with options.with_loss
 };
 
 // Records the BERT encoder for fixed [batch, seq]:
