@@ -454,6 +454,15 @@ def mean_pool_normalize(h, mask):
     return torch.nn.functional.normalize(s, p=2, dim=1)
 
 
+def bert_batch(rng, L, real, token_types):
+    """Two rows of L ids in [1, VOCAB) from rng; row 1 keeps `real` tokens, then [PAD] = 0 with mask 0."""
+    input_ids = ids(rng, (2, L), low=1)
+    mask = torch.ones((2, L), dtype=torch.int64)
+    mask[1, real:] = 0
+    input_ids[1, real:] = 0  # [PAD] = 0
+    return input_ids, mask, torch.tensor(token_types, dtype=torch.int64)
+
+
 def make_bert_mlm(d):
     """BertForMaskedLM: the encoder of bert-tiny's shape and the masked-LM head (dense, gelu, LayerNorm, the
     decoder tied to the word embeddings, a vocabulary bias). Golden: logits of a padded batch."""
@@ -470,12 +479,7 @@ def make_bert_mlm(d):
     save_checkpoint(model, d)
     md = copy.deepcopy(model).double().eval()
     rng = np.random.Generator(np.random.PCG64(seed + 1))
-    B, L = 2, 9
-    input_ids = ids(rng, (B, L), low=1)
-    mask = torch.ones((B, L), dtype=torch.int64)
-    mask[1, 6:] = 0
-    input_ids[1, 6:] = 0  # [PAD] = 0
-    token_type = torch.tensor([[0] * 5 + [1] * 4, [0] * 3 + [1] * 3 + [0] * 3], dtype=torch.int64)
+    input_ids, mask, token_type = bert_batch(rng, 9, 6, [[0] * 5 + [1] * 4, [0] * 3 + [1] * 3 + [0] * 3])
     with torch.no_grad():
         logits = md(input_ids, attention_mask=mask, token_type_ids=token_type).logits
         alone = md(input_ids[1:, :6], token_type_ids=token_type[1:, :6]).logits[0]
@@ -523,11 +527,7 @@ def make_bert(d):
 
     rng = np.random.Generator(np.random.PCG64(seed + 1))
     B, L = 2, 11
-    input_ids = ids(rng, (B, L), low=1)
-    mask = torch.ones((B, L), dtype=torch.int64)
-    mask[1, 8:] = 0
-    input_ids[1, 8:] = 0  # [PAD] = 0
-    token_type = torch.tensor([[0] * 6 + [1] * 5, [0] * 4 + [1] * 4 + [0] * 3], dtype=torch.int64)
+    input_ids, mask, token_type = bert_batch(rng, L, 8, [[0] * 6 + [1] * 5, [0] * 4 + [1] * 4 + [0] * 3])
     with torch.no_grad():
         out = md(input_ids, attention_mask=mask, token_type_ids=token_type, output_hidden_states=True)
         alone = md(input_ids[1:, :8], token_type_ids=token_type[1:, :8]).last_hidden_state[0]
