@@ -20,6 +20,7 @@
 #include "io/npy.h"
 #include "kernels/attention.h"
 #include "kernels/attention_layout.h"
+#include "kernels/convert.h"
 
 namespace aspen::bench {
 
@@ -142,8 +143,10 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
       philox_fill_uniform(k, 1, 2, 0, -1.0f, 1.0f);
       philox_fill_uniform(v, 1, 3, 0, -1.0f, 1.0f);
       philox_fill_uniform(g, 1, 4, 0, -1.0f, 1.0f);
-      std::vector<bf16> qb(n), kb(n), vb(n);
-      for (size_t i = 0; i < n; ++i) qb[i] = f32_to_bf16(q[i]), kb[i] = f32_to_bf16(k[i]), vb[i] = f32_to_bf16(v[i]);
+      std::vector<bf16> qb(n), kb(n), vb(n);  // the same values rounded, for the bf16 rows
+      ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_bf16(q, qb, int64_t(n)));
+      ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_bf16(k, kb, int64_t(n)));
+      ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_bf16(v, vb, int64_t(n)));
       for (const std::string& kind : opt.masks) {
         std::vector<int32_t> segments;
         std::optional<kernels::BlockLayout> layout;
@@ -169,6 +172,7 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
           if (decode && pass != "fwd") continue;
           Status status;
           const bool bwd = pass == "fwd_bwd", half = dtype == "bf16";
+          const DType dt = half ? DType::bf16 : DType::f32;
           // q, k and v in the row's dtype (the first query row alone for decode); out, lse, gradients f32
           const auto run = [&](const auto& qx, const auto& kx, const auto& vx) {
             using E = typename std::decay_t<decltype(qx)>::value_type;
@@ -187,11 +191,8 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
           const double s = best_seconds([&] { half ? run(qb, kb, vb) : run(q, k, v); }, opt.repeats, 0.0);
           ASPEN_RETURN_IF_ERROR(status);
           Row r{kind, dtype, pass, T, s, 0.0,
-                std::max(kernels::attention_forward_scratch_bytes(B, H, H, Tq, T, D, opt.threads,
-                                                                  half ? DType::bf16 : DType::f32),
-                         bwd ? kernels::attention_backward_scratch_bytes(B, H, H, T, T, D, opt.threads,
-                                                                  half ? DType::bf16 : DType::f32)
-                             : 0) +
+                std::max(kernels::attention_forward_scratch_bytes(B, H, H, Tq, T, D, opt.threads, dt),
+                         bwd ? kernels::attention_backward_scratch_bytes(B, H, H, T, T, D, opt.threads, dt) : 0) +
                     seg_bytes,
                 layout ? layout->density() : 0.0};
           if (kind == "causal" && !bwd && !half && T <= 2048) {  // the definition, as a check of the fast path's output

@@ -95,9 +95,10 @@ Result<kernels::AttentionMask> mask_of(const Node& n, int64_t T, int64_t S) {
 
 // The run-time dropout_seed applied to m: an integer in (-2^53, 2^53) (the interpreter holds it as a
 // double); negative: no dropout (evaluation).
-Status bind_dropout_seed(const Node& n, double seed, kernels::AttentionMask& m) {
+Status bind_dropout_seed(OpKind op, double seed, kernels::AttentionMask& m) {
   if (!(std::abs(seed) < 9007199254740992.0) || seed != std::floor(seed))
-    return rule_error(n, "dropout_seed", "an integer in (-2^53, 2^53) (negative: no dropout)", std::to_string(seed));
+    return Status::invalid_argument(std::string(op_name(op)) + ": dropout_seed",
+                                    "an integer in (-2^53, 2^53) (negative: no dropout)", std::to_string(seed));
   if (seed < 0)
     m.dropout = 0.0f;
   else
@@ -280,7 +281,7 @@ Result<AttentionCall> attention_call(const Node& n, Ins in, size_t kv_index) {
     c.mask.layout_block = n.attrs.i("layout_block");
     c.mask.layout_heads = in[size_t(mi.layout)]->type.shape[0];
   }
-  if (mi.seed >= 0) ASPEN_RETURN_IF_ERROR(bind_dropout_seed(n, in[size_t(mi.seed)]->data[0], c.mask));
+  if (mi.seed >= 0) ASPEN_RETURN_IF_ERROR(bind_dropout_seed(n.op, in[size_t(mi.seed)]->data[0], c.mask));
   c.slopes = slopes_of(n, c.H);
   c.mask.alibi_slopes = c.slopes;
   if (mi.bias >= 0) {  // the values go to the reference in f64 (bias below); the mask says how they broadcast
@@ -346,6 +347,7 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
   const bool forward = n.op == OpKind::attention;
   ASPEN_ASSIGN_OR_RETURN(const MaskInputs mi, mask_inputs(n, in, forward ? 3 : 6));
   const int kv = mi.key_valid, seg = mi.segments, lay = mi.layout, sd = mi.seed;
+  const OpKind op = n.op;
   const int64_t layout_n = lay >= 0 ? in[size_t(lay)].shape.numel() : 0;
   const int64_t layout_heads = lay >= 0 ? in[size_t(lay)].shape[0] : 1;
   const int64_t layout_block = lay >= 0 ? n.attrs.i("layout_block") : 0;
@@ -353,10 +355,9 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
   const int bi = mi.bias;
   const int64_t bias_n = bi >= 0 ? in[size_t(bi)].shape.numel() : 0;
   const int64_t bias_batch = bi >= 0 ? in[size_t(bi)].shape[0] : 1, bias_heads = bi >= 0 ? in[size_t(bi)].shape[1] : 1;
-  const Node n_copy = n;  // for dropout_seed's error
   const auto bind = [=](In i) -> Result<kernels::AttentionMask> {  // slopes copied in: spans point into this lambda
     kernels::AttentionMask m = mask;
-    if (sd >= 0) ASPEN_RETURN_IF_ERROR(bind_dropout_seed(n_copy, double(in_span<int64_t>(i, size_t(sd), 1)[0]), m));
+    if (sd >= 0) ASPEN_RETURN_IF_ERROR(bind_dropout_seed(op, double(in_span<int64_t>(i, size_t(sd), 1)[0]), m));
     m.alibi_slopes = slopes;
     if (bi >= 0) {
       m.bias = in_span<float>(i, size_t(bi), bias_n);

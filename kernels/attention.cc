@@ -289,11 +289,7 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
         float *qu = qs + u * kBq * D, *ou = o + u * kBq * D, *mu = m + u * kBq, *lu = l + u * kBq;
         bool ranged = false;  // lo, hi hold this tile's ranges
         if (state == kFullTile && !pb.alibi && !pb.bias && !pb.drop_threshold) {  // NOTE [attention fused strips]
-          // The rows' ranges grow with the row: the first row's end and the last row's start bound them all.
-          int64_t lo_first, hi_first, lo_last, hi_last;
-          pb.geo.range(b, i0, &lo_first, &hi_first);
-          pb.geo.range(b, i0 + rows - 1, &lo_last, &hi_last);
-          const bool inside = all_valid && cols == kBk && lo_last <= j0 && hi_first >= j0 + cols;
+          const bool inside = RowRanges(pb, b, i0, rows).inside(j0, cols, all_valid);
           if (!inside) tile_ranges(pb, b, i0, rows, j0, cols, lo, hi), ranged = true;
           if (Ops::fused_tile(qu, ktile, vh + j0 * D, rows, cols, D, inside ? nullptr : lo, inside ? nullptr : hi,
                               inside ? nullptr : kv, mu, lu, ou))
@@ -301,9 +297,7 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
         }
         if (!ranged) tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
         Ops::gemm(qu, D, 1, ktile, kBk, s, kBk, rows, cols, D, false);
-        if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, s, kLog2e);
-        if (pb.bias) pb.add_bias(bh, i0, rows, j0, cols, s, kLog2e);
-        if (state == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, s);
+        pb.add_extras(bh, i0, rows, j0, cols, s, kLog2e, state);
         // A bias may hold -inf: rows of -inf take the masked path, as a layout's do.
         Ops::softmax_tile(s, rows, cols, lo, hi, kv, mu, lu, ou, D, state == kPartialTile || pb.bias);
         if (pb.drop_threshold) {  // p dropped for p v; l and m keep the undropped softmax
@@ -374,9 +368,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
     const float* qb = pb.q + (bh * T + i0) * D;
     const float* gb = dout + (bh * T + i0) * D;
     Ops::gemm(qb, D, 1, w.kt, kBk, w.s, kBk, rows, cols, D, false);   // s = q k^T
-    if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, w.s, 1.0f / pb.scale);
-    if (pb.bias) pb.add_bias(bh, i0, rows, j0, cols, w.s, 1.0f / pb.scale);
-    if (pb.tile_state(bh, i0, j0) == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, w.s);  // -inf: p = 0
+    pb.add_extras(bh, i0, rows, j0, cols, w.s, 1.0f / pb.scale, pb.tile_state(bh, i0, j0));  // -inf: p = 0
     Ops::gemm(gb, D, 1, w.vt, kBk, w.dp, kBk, rows, cols, D, false);  // dp = dout v^T
     if (pb.drop_threshold) {  // out = (p z) v: dp = z (dout v^T), ds = p (dp - di), dv = (p z)^T dout
       pb.dropout_tile(bh, i0, rows, j0, cols, w.z);
@@ -693,21 +685,31 @@ Problem make_problem(const float* q, const float* k, const float* v, int64_t B, 
   return pb;
 }
 
-// attention_backward's checks of everything but q, k and v.
-Status check_gradient_buffers(std::span<const float> out, std::span<const float> lse, std::span<const float> dout,
-                              std::span<float> dq, std::span<float> dk, std::span<float> dv, std::span<float> dbias,
-                              const AttentionMask& mask, int64_t nq, int64_t nk, int64_t nl, int64_t S) {
+// attention_backward's checks; the element counts of q, k and lse into *nq, *nk, *nl.
+template <class E>
+Status check_backward(std::span<const E> q, std::span<const E> k, std::span<const E> v, std::span<const float> out,
+                      std::span<const float> lse, std::span<const float> dout, std::span<float> dq,
+                      std::span<float> dk, std::span<float> dv, std::span<float> dbias, int64_t B, int64_t H,
+                      int64_t Hk, int64_t T, int64_t S, int64_t D, float scale, const AttentionMask& mask, int64_t* nq,
+                      int64_t* nk, int64_t* nl) {
   constexpr const char* kName = "attention_backward";
-  ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"out", out, nq}, {"lse", lse, nl}, {"dout", dout, nq}, {"dq", dq, nq},
-                                              {"dk", dk, nk}, {"dv", dv, nk}}));
+  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, nq, nk, nl));
+  ASPEN_RETURN_IF_ERROR(check_qkv(kName, q, k, v, *nq, *nk));
+  ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"out", out, *nq}, {"lse", lse, *nl}, {"dout", dout, *nq},
+                                              {"dq", dq, *nq}, {"dk", dk, *nk}, {"dv", dv, *nk}}));
   if (dbias.empty()) return Status();
   if (mask.bias.empty())
     return Status::invalid_argument(std::string(kName) + ": dbias", "empty without mask.bias (pass a bias of zeros)",
                                     i64(int64_t(dbias.size())) + " elements");
   int64_t nb = 0;
-  if (__builtin_mul_overflow(nl, S, &nb))
+  if (__builtin_mul_overflow(*nl, S, &nb))
     return Status::invalid_argument(std::string(kName) + ": dbias", "B*H*T*S within int64", "more");
   return check_buffers(kName, {{"dbias", dbias, nb}});
+}
+
+// The f32 copies of q, k and v the bf16 entry points make below AMX.
+int64_t widened_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D) {
+  return (B * H * T + 2 * B * Hk * S) * D * int64_t(sizeof(float));
 }
 
 // q, k and v widened to f32 (the bf16 entry points below AMX).
@@ -769,8 +771,7 @@ int64_t attention_forward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_
                                         int threads, DType dtype) {
   if (dtype == DType::bf16) {
     if (active_isa() >= Isa::amx && !reference_mode()) return forward_amx_scratch_bytes(B, Hk, S, D, threads);
-    const int64_t widened = (B * H * T + 2 * B * Hk * S) * D * int64_t(sizeof(float));
-    return widened + attention_forward_scratch_bytes(B, H, Hk, T, S, D, threads);
+    return widened_bytes(B, H, Hk, T, S, D) + attention_forward_scratch_bytes(B, H, Hk, T, S, D, threads);
   }
   if (T <= kDecodeRows) {  // NOTE [attention split-KV decoding]
     const int64_t chunks = decode_chunks(S);
@@ -784,8 +785,7 @@ int64_t attention_backward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64
                                          int threads, DType dtype) {
   if (dtype == DType::bf16) {
     if (active_isa() >= Isa::amx && !reference_mode()) return backward_amx_scratch_bytes(B, H, Hk, T, S, D, threads);
-    const int64_t widened = (B * H * T + 2 * B * Hk * S) * D * int64_t(sizeof(float));
-    return widened + attention_backward_scratch_bytes(B, H, Hk, T, S, D, threads);
+    return widened_bytes(B, H, Hk, T, S, D) + attention_backward_scratch_bytes(B, H, Hk, T, S, D, threads);
   }
   return (backward_scratch_floats(D) * int64_t(std::max(threads, 1)) + B * H * T) * int64_t(sizeof(float));
 }
@@ -843,11 +843,9 @@ Status attention_backward(std::span<const float> q, std::span<const float> k, st
                           std::span<float> dq, std::span<float> dk, std::span<float> dv, int64_t B, int64_t H,
                           int64_t Hk, int64_t T, int64_t S, int64_t D, float scale, const AttentionMask& mask,
                           std::span<float> dbias) {
-  constexpr const char* kName = "attention_backward";
   int64_t nq, nk, nl;
-  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
-  ASPEN_RETURN_IF_ERROR(check_qkv(kName, q, k, v, nq, nk));
-  ASPEN_RETURN_IF_ERROR(check_gradient_buffers(out, lse, dout, dq, dk, dv, dbias, mask, nq, nk, nl, S));
+  ASPEN_RETURN_IF_ERROR(
+      check_backward(q, k, v, out, lse, dout, dq, dk, dv, dbias, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
   float* db = dbias.empty() ? nullptr : dbias.data();
   if (reference_mode()) {
     ref::attention_backward<float>(q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
@@ -871,17 +869,15 @@ Status attention_backward(std::span<const bf16> q, std::span<const bf16> k, std:
                           std::span<float> dq, std::span<float> dk, std::span<float> dv, int64_t B, int64_t H,
                           int64_t Hk, int64_t T, int64_t S, int64_t D, float scale, const AttentionMask& mask,
                           std::span<float> dbias) {
-  constexpr const char* kName = "attention_backward";
   int64_t nq, nk, nl;
-  ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
-  ASPEN_RETURN_IF_ERROR(check_qkv(kName, q, k, v, nq, nk));
+  ASPEN_RETURN_IF_ERROR(
+      check_backward(q, k, v, out, lse, dout, dq, dk, dv, dbias, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
   if (reference_mode() || active_isa() < Isa::amx) {  // the f32 kernel on the widened values
     Widened w;
     ASPEN_RETURN_IF_ERROR(w.of(q, k, v, nq, nk));
     return attention_backward(std::span<const float>(w.q), w.k, w.v, out, lse, dout, dq, dk, dv, B, H, Hk, T, S, D,
                               scale, mask, dbias);
   }
-  ASPEN_RETURN_IF_ERROR(check_gradient_buffers(out, lse, dout, dq, dk, dv, dbias, mask, nq, nk, nl, S));
   if (nl == 0 || nk == 0) {  // no query row or no key: zero gradients
     std::fill(dq.begin(), dq.begin() + nq, 0.0f);
     std::fill(dk.begin(), dk.begin() + nk, 0.0f);

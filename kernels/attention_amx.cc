@@ -59,6 +59,11 @@ struct Scratch {
   T& operator[](size_t i) const { return p[i]; }
 };
 
+// 16 bf16 of a and 16 of b as 16 words (a_j, b_j): two rows of a matrix as one row of pairs (VNNI order).
+__m512i interleave16(__m256i a, __m256i b) {
+  return _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
 // K's block [cols, D] (rows D apart) as the B operand of s = q k^T: per 32-step chunk c of the head
 // dimension and 16-key tile n, a tile whose row p holds word j = (k[16 n + j][32 c + 2 p], k[..][32 c + 2 p + 1]):
 // a 16 x 16 transpose of 32-bit pairs. Zeros past cols and D. Tile (c, n) at dst + (4 c + n) * kTileElems.
@@ -94,8 +99,7 @@ void pack_values(const uint16_t* v, int64_t cols, int64_t D, int64_t nd, uint16_
         const __m256i a = k0 < cols ? _mm256_maskz_loadu_epi16(md, v + k0 * D + 16 * n) : _mm256_setzero_si256();
         const __m256i b =
             k0 + 1 < cols ? _mm256_maskz_loadu_epi16(md, v + (k0 + 1) * D + 16 * n) : _mm256_setzero_si256();
-        const __m512i w = _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-        _mm512_storeu_si512(t + 32 * p, w);
+        _mm512_storeu_si512(t + 32 * p, interleave16(a, b));
       }
     }
 }
@@ -160,6 +164,14 @@ void block_values(const uint16_t* p, int64_t ldp, const uint16_t* vp, int64_t vb
       _tile_stored(3, oc + 16 * Do + 16, o_stride);
     }
   }
+}
+
+// A tile's raw scores s (q.k) into the exp2 domain (times cs), then what they take beyond q.k as the f32
+// kernel adds it (ALiBi, the bias, a partial layout tile's -inf): for the tiles that have any.
+void scaled_extras(const Problem& pb, int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols, uint8_t state,
+                   float cs, float* s) {
+  for (int64_t y = 0; y < rows * kBk; ++y) s[y] *= cs;
+  pb.add_extras(bh, i0, rows, j0, cols, s, kLog2e, state);
 }
 
 // 2^x for p: degree-4 interpolation of 2^f on [-1/2, 1/2] at Chebyshev nodes (relative error 3.5e-6, far
@@ -318,9 +330,7 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
         }
         for (int64_t u = 0; u < nsteps; ++u) {
           const int64_t i0 = i_begin + u * kRows, rows = std::min(kRows, T - i0), at = u * kRows;
-          int64_t lo_first, hi_first, lo_last, hi_last;
-          pb.geo.range(b, i0, &lo_first, &hi_first);
-          pb.geo.range(b, i0 + rows - 1, &lo_last, &hi_last);
+          const RowRanges ranges(pb, b, i0, rows);
           int64_t pending = 0, pending_first = 0;  // key blocks whose p waits in p, from block pending_first
           const auto flush = [&] {
             if (pending > 0)
@@ -331,13 +341,12 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
           for (int64_t x = 0; x < nb; ++x) {
             const int64_t j0 = g0 + x * kBk, cols = std::min(kBk, S - j0);
             const uint8_t state = pb.tile_state(bh, i0, j0);  // NOTE [attention block layouts]
-            // the rows' ranges grow with the row: [lo_first, hi_last) holds them all
-            if (!any_valid[x] || j0 + cols <= lo_first || j0 >= hi_last || state == kSkipTile) {
+            if (!any_valid[x] || !ranges.meets(j0, cols) || state == kSkipTile) {
               flush();  // the pending blocks are consecutive
               continue;
             }
             block_scores(qs + at * Dp, Dp, kpack.data() + (kvh * nkb + j0 / kBk) * kblock, s);
-            const bool inside = all_valid[x] && cols == kBk && lo_last <= j0 && hi_first >= j0 + cols;
+            const bool inside = ranges.inside(j0, cols, all_valid[x]);
             if (!inside) {
               tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
               Avx512::allow_masks(rows, lo, hi, kv[x], allow);
@@ -347,10 +356,7 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
             const bool extra = pb.alibi || pb.bias || state == kPartialTile || !(cs > 0);
             float step_cs = cs;
             if (extra) {
-              for (int64_t y = 0; y < rows * kBk; ++y) s[y] *= cs;
-              if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, s, kLog2e);
-              if (pb.bias) pb.add_bias(bh, i0, rows, j0, cols, s, kLog2e);
-              if (state == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, s);
+              scaled_extras(pb, bh, i0, rows, j0, cols, state, cs, s);
               step_cs = 1.0f;
             }
             RowsStep st[2];
@@ -413,8 +419,7 @@ void transpose_bf16(const uint16_t* src, int64_t lds, int64_t rows, int64_t Do, 
       for (int64_t k = 0; k < 16; ++k) {
         const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (r0 + 2 * k) * lds + d0));
         const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (r0 + 2 * k + 1) * lds + d0));
-        w[k] = _mm512_castsi512_ps(
-            _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+        w[k] = _mm512_castsi512_ps(interleave16(a, b));
       }
       Avx512::transpose16(w);
       for (int64_t j = 0; j < 16; ++j) _mm512_storeu_ps(reinterpret_cast<float*>(dst + (d0 + j) * ldd + r0), w[j]);
@@ -506,26 +511,21 @@ bool backward_step(const Backward& bw, BackwardScratch& w, int64_t bh, int64_t i
                    bool all_valid, int64_t slot, bool write_dbias) {
   const Problem& pb = bw.pb;
   const int64_t b = bh / pb.H, kvh = pb.kv_head(bh), rows = std::min(kRows, bw.T - i0), cols = std::min(kBk, bw.S - j0);
-  int64_t lo_first, hi_first, lo_last, hi_last;
-  pb.geo.range(b, i0, &lo_first, &hi_first);
-  pb.geo.range(b, i0 + rows - 1, &lo_last, &hi_last);
+  const RowRanges ranges(pb, b, i0, rows);
   const uint8_t state = pb.tile_state(bh, i0, j0);
-  if (j0 + cols <= lo_first || j0 >= hi_last || state == kSkipTile) return false;
+  if (!ranges.meets(j0, cols) || state == kSkipTile) return false;
   const int64_t blk = kvh * bw.nkb + j0 / kBk;
   block_scores(bw.q.data() + (bh * bw.Tp + i0) * bw.Dp, bw.Dp, bw.kt.data() + blk * bw.kblock, w.s);
   block_scores(bw.g.data() + (bh * bw.Tp + i0) * bw.Dp, bw.Dp, bw.vt.data() + blk * bw.kblock, w.dp);
-  const bool inside = all_valid && cols == kBk && lo_last <= j0 && hi_first >= j0 + cols;
+  const bool inside = ranges.inside(j0, cols, all_valid);
   if (!inside) {
     tile_ranges(pb, b, i0, rows, j0, cols, w.lo, w.hi);
     Avx512::allow_masks(rows, w.lo, w.hi, w.kv[xb], w.allow);
   }
   const bool extra = pb.alibi || pb.bias || state == kPartialTile;
   float cs = bw.cs;
-  if (extra) {  // as the forward: into the exp2 domain, then the bias and the layout's -inf
-    for (int64_t y = 0; y < rows * kBk; ++y) w.s[y] *= cs;
-    if (pb.alibi) pb.add_alibi(bh, i0, rows, j0, cols, w.s, kLog2e);
-    if (pb.bias) pb.add_bias(bh, i0, rows, j0, cols, w.s, kLog2e);
-    if (state == kPartialTile) pb.mask_tile(bh, i0, rows, j0, cols, w.s);
+  if (extra) {  // as the forward
+    scaled_extras(pb, bh, i0, rows, j0, cols, state, cs, w.s);
     cs = 1.0f;
   }
   const __m512 csv = _mm512_set1_ps(cs), neg_inf = _mm512_set1_ps(kNegInf), zero = _mm512_setzero_ps();

@@ -325,6 +325,14 @@ struct Problem {
         if (row[(j0 + c) / lblock] == 0) s[r * kBk + c] = -std::numeric_limits<float>::infinity();
     }
   }
+  // What a tile's scores s (leading dimension kBk) take beyond q.k: ALiBi and the bias times mult (the
+  // scores' domain), then a partial layout tile's -inf.
+  void add_extras(int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* s, float mult,
+                  uint8_t state) const {
+    if (alibi) add_alibi(bh, i0, rows, j0, cols, s, mult);
+    if (bias) add_bias(bh, i0, rows, j0, cols, s, mult);
+    if (state == kPartialTile) mask_tile(bh, i0, rows, j0, cols, s);
+  }
 };
 
 // kv[c] = 1 where key j0 + c is not padding, else 0; returns whether any is.
@@ -349,11 +357,28 @@ inline void tile_ranges(const Problem& pb, int64_t b, int64_t i0, int64_t rows, 
   }
 }
 
+// The key ranges of the first and the last of the query rows [i0, i0 + rows) of batch row b. The rows'
+// ranges grow with the row, so they bound every row's: the rows may use keys [lo_first, hi_last) only, and
+// every row may use [lo_last, hi_first).
+struct RowRanges {
+  int64_t lo_first, hi_first, lo_last, hi_last;
+  RowRanges(const Problem& pb, int64_t b, int64_t i0, int64_t rows) {
+    pb.geo.range(b, i0, &lo_first, &hi_first);
+    pb.geo.range(b, i0 + rows - 1, &lo_last, &hi_last);
+  }
+  // Some row may use a key of [j0, j0 + cols).
+  bool meets(int64_t j0, int64_t cols) const { return j0 + cols > lo_first && j0 < hi_last; }
+  // Every row may use every key of a whole block [j0, j0 + kBk), none of them padding (all_valid).
+  bool inside(int64_t j0, int64_t cols, bool all_valid) const {
+    return all_valid && cols == kBk && lo_last <= j0 && hi_first >= j0 + cols;
+  }
+};
+
 // Keys [first, last) that some row of the query block [i0, i0 + rows) of batch row b may use.
 inline void block_key_span(const Problem& pb, int64_t b, int64_t i0, int64_t rows, int64_t* first, int64_t* last) {
-  int64_t unused;
-  pb.geo.range(b, i0, first, &unused);
-  pb.geo.range(b, i0 + rows - 1, &unused, last);
+  const RowRanges r(pb, b, i0, rows);
+  *first = r.lo_first;
+  *last = r.hi_last;
 }
 
 // Query rows [*first, *last) of batch row b whose key ranges may meet keys [j0, j1): the rows' ranges grow

@@ -1,6 +1,5 @@
 #include "models/bert.h"
 
-#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -47,23 +46,11 @@ Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions&
   if (o.with_loss) m.targets = b.input("targets", DType::i32, Shape{B * T});
   std::optional<ValueId> layout, seed;
   if (o.layout) {
-    const kernels::BlockLayout& l = *o.layout;
-    if (l.block < 1 || l.blocks * l.block != T)
-      return Status::invalid_argument("bert: attention layout", "blocks of " + std::to_string(l.block) +
-                                                                     " tokens covering seq = " + std::to_string(T),
-                                      std::to_string(l.blocks) + " blocks");
-    if (l.heads != 1 && l.heads != c.n_head)
-      return Status::invalid_argument("bert: attention layout heads", "1 or n_head = " + std::to_string(c.n_head),
-                                      std::to_string(l.heads));
-    Tensor t(DType::u8, Shape{l.heads, l.blocks, l.blocks});
-    std::copy(l.bits.begin(), l.bits.end(), t.data<uint8_t>());
-    layout = b.constant(std::move(t));
+    ASPEN_ASSIGN_OR_RETURN(layout, layout_constant(b, "bert", *o.layout, T, c.n_head));
   }
   if (o.attention_dropout != 0) {
-    if (!(o.attention_dropout > 0 && o.attention_dropout < 1))
-      return Status::invalid_argument("bert: attention_dropout", "a probability in [0, 1)",
-                                      std::to_string(o.attention_dropout));
-    seed = m.dropout_seed = b.input("dropout_seed", DType::i64, Shape{1});
+    ASPEN_ASSIGN_OR_RETURN(m.dropout_seed, dropout_seed_input(b, "bert", o.attention_dropout));
+    seed = m.dropout_seed;
   }
 
   // Embeddings: (word + token_type) + position, then LayerNorm (HF's order of additions).
@@ -80,11 +67,9 @@ Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions&
     ValueId q = linear(b, x, p + "attention.self.query", C, C, /*bias=*/true, dt);
     ValueId k = linear(b, x, p + "attention.self.key", C, C, true, dt);
     ValueId v = linear(b, x, p + "attention.self.value", C, C, true, dt);
-    AttentionSpec la = attn;
-    la.dropout = o.attention_dropout;
-    la.dropout_stream = i;
-    ValueId a = linear(b, attention_core(b, q, k, v, la, std::nullopt, m.attention_mask, nullptr, std::nullopt, layout,
-                                         seed),
+    ValueId a = linear(b,
+                       attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), std::nullopt,
+                                      m.attention_mask, nullptr, std::nullopt, layout, seed),
                        p + "attention.output.dense", C, C, true, dt);
     x = layer_norm(b, b.add(a, x), p + "attention.output.LayerNorm", C, eps, dt);
     ValueId f = mlp(b, x,

@@ -121,24 +121,37 @@ Result<std::optional<ValueId>> layout_input(Builder& b, const std::string& famil
   const kernels::BlockLayout* l = o.layout;
   if (!l) return std::optional<ValueId>();
   const std::string what = family + ": attention layout";
-  if (l->block < 1 || l->blocks * l->block != o.seq)
-    return Status::invalid_argument(what, "blocks of " + std::to_string(l->block) + " tokens covering seq = " +
-                                              std::to_string(o.seq),
-                                    std::to_string(l->blocks) + " blocks");
-  if (l->heads != 1 && l->heads != n_head)
-    return Status::invalid_argument(what + " heads", "1 or n_head = " + std::to_string(n_head),
-                                    std::to_string(l->heads));
   if (l->heads != 1 && o.tensor_parallel > 1)
     return Status::unimplemented(what, "one layout for every head with tensor_parallel (a shard's graph is every "
                                        "shard's)");
   if (o.kv_cache_len > 0)
     return Status::unimplemented(what, "dense attention when generating with a KV cache");
-  Tensor t(DType::u8, Shape{l->heads, l->blocks, l->blocks});
-  std::copy(l->bits.begin(), l->bits.end(), t.data<uint8_t>());
-  return std::optional<ValueId>(b.constant(std::move(t)));
+  ASPEN_ASSIGN_OR_RETURN(const ValueId v, layout_constant(b, family, *l, o.seq, n_head));
+  return std::optional<ValueId>(v);
 }
 
 }  // namespace
+
+Result<ValueId> layout_constant(Builder& b, const std::string& family, const kernels::BlockLayout& l, int64_t seq,
+                                int64_t n_head) {
+  const std::string what = family + ": attention layout";
+  if (l.block < 1 || l.blocks * l.block != seq)
+    return Status::invalid_argument(what, "blocks of " + std::to_string(l.block) + " tokens covering seq = " +
+                                              std::to_string(seq),
+                                    std::to_string(l.blocks) + " blocks");
+  if (l.heads != 1 && l.heads != n_head)
+    return Status::invalid_argument(what + " heads", "1 or n_head = " + std::to_string(n_head),
+                                    std::to_string(l.heads));
+  Tensor t(DType::u8, Shape{l.heads, l.blocks, l.blocks});
+  std::copy(l.bits.begin(), l.bits.end(), t.data<uint8_t>());
+  return b.constant(std::move(t));
+}
+
+Result<ValueId> dropout_seed_input(Builder& b, const std::string& family, double p) {
+  if (!(p > 0 && p < 1))
+    return Status::invalid_argument(family + ": attention_dropout", "a probability in [0, 1)", std::to_string(p));
+  return b.input("dropout_seed", DType::i64, Shape{1});
+}
 
 Result<CausalLmInputs> causal_lm_inputs(Builder& b, const std::string& family, const CausalLmOptions& o,
                                         int64_t n_head) {
@@ -150,9 +163,6 @@ Result<CausalLmInputs> causal_lm_inputs(Builder& b, const std::string& family, c
   if (o.segments) in.segments = b.input("segments", DType::i32, Shape{o.batch, o.seq});
   ASPEN_ASSIGN_OR_RETURN(in.layout, layout_input(b, family, o, n_head));
   if (o.attention_dropout != 0) {
-    if (!(o.attention_dropout > 0 && o.attention_dropout < 1))
-      return Status::invalid_argument(family + ": attention_dropout", "a probability in [0, 1)",
-                                      std::to_string(o.attention_dropout));
     if (o.kv_cache_len > 0)
       return Status::invalid_argument(family + ": attention_dropout", "0 with a KV cache (generation)",
                                       std::to_string(o.attention_dropout));
@@ -161,8 +171,7 @@ Result<CausalLmInputs> causal_lm_inputs(Builder& b, const std::string& family, c
                                        std::to_string(o.tensor_parallel),
                                    "0 (every shard runs one graph: each would drop the same pattern for its own "
                                    "heads)");
-    in.dropout_seed = b.input("dropout_seed", DType::i64, Shape{1});
-    in.dropout = o.attention_dropout;
+    ASPEN_ASSIGN_OR_RETURN(in.dropout_seed, dropout_seed_input(b, family, o.attention_dropout));
   }
   if (o.kv_cache_len > 0) {
     in.kv.index = b.input("cache_index", DType::i32, Shape{});

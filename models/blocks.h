@@ -87,6 +87,13 @@ struct AttentionSpec {
   // (the layer's index: every layer its own pattern) under the run-time dropout_seed (attention_core's).
   double dropout = 0.0;
   int64_t dropout_stream = 0;
+  // This spec with dropout p drawn from layer `layer`'s stream.
+  AttentionSpec with_dropout(double p, int64_t layer) const {
+    AttentionSpec s = *this;
+    s.dropout = p;
+    s.dropout_stream = layer;
+    return s;
+  }
 };
 // Multi-head attention on projected q [B, T, H*D] and k, v [B, T, Hk*D]
 // (Hk = n_kv_head dividing H; the attention op reads the shared heads in
@@ -191,16 +198,15 @@ struct CausalLmInputs {
   graph::ValueId input_ids, positions, attention_mask, targets;
   std::optional<graph::ValueId> key_valid, segments, layout, dropout_seed;
   KvCacheInputs kv;
-  // options' attention dropout for layer i's spec (dropout and stream set).
-  AttentionSpec with_dropout(AttentionSpec spec, int64_t layer) const {
-    spec.dropout = dropout;
-    spec.dropout_stream = layer;
-    return spec;
-  }
-  double dropout = 0.0;
 };
 Result<CausalLmInputs> causal_lm_inputs(graph::Builder& b, const std::string& family, const CausalLmOptions& options,
                                         int64_t n_head);
+// A block layout for seq tokens as the attention op's constant input: blocks * block == seq, heads 1 or
+// n_head (errors name "<family>: attention layout").
+Result<graph::ValueId> layout_constant(graph::Builder& b, const std::string& family, const kernels::BlockLayout& l,
+                                       int64_t seq, int64_t n_head);
+// Input "dropout_seed" i64 [1] for attention dropout p in (0, 1) (errors name "<family>: attention_dropout").
+Result<graph::ValueId> dropout_seed_input(graph::Builder& b, const std::string& family, double p);
 // Layer i's cache spec ("state.cache.<i>.key" / ".value").
 KvCacheSpec layer_cache(const KvCacheInputs& in, const CausalLmOptions& options, int64_t layer);
 // Rows of an embedding table (any float dtype) as `dtype`: gather, then a cast when they differ.

@@ -80,7 +80,7 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
     ValueId v = linear(b, h, p + "attn.v_proj", C, Cl, false, wdt);
     const KvCacheSpec cache = layer_cache(in.kv, o, i);
     ValueId a = linear(b,
-                       attention_core(b, q, k, v, in.with_dropout(attn, i), m.positions, in.key_valid,
+                       attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), m.positions, in.key_valid,
                                       o.kv_cache_len ? &cache : nullptr, in.segments, in.layout, in.dropout_seed),
                        p + "attn.out_proj", Cl, C, false, wdt);
     if (T > 1) {  // both row-parallel products summed by one all-reduce, then fc_out's bias once
