@@ -679,7 +679,7 @@ void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf1
     }
   }
   float* dq_acc = bw.dq.data();
-  const int64_t group = pb.H / pb.Hk;
+  const int64_t group = pb.Hk > 0 ? pb.H / pb.Hk : 0;
   const auto first_head = [&](int64_t kvh) { return (kvh / pb.Hk) * pb.H + (kvh % pb.Hk) * group; };
   std::vector<BackwardScratch> scratch(static_cast<size_t>(nt));
   std::vector<float> acc(size_t(nt) * size_t(kBwdKeys * 2 * bw.Do * kBk));

@@ -747,6 +747,36 @@ TEST(Attention, DropoutMatchesReference) {
   }
 }
 
+// Empty problems (no query row, no key, no batch row, no head): both dtypes leave zero gradients and, with keys but
+// no allowed one, out 0; nothing is read or written out of bounds.
+TEST(Attention, EmptyProblemsGiveZeros) {
+  for (const Case& c : {Case{1, 2, 0, 5, 8, 0, 0}, Case{2, 2, 3, 0, 8, 0, 0}, Case{0, 2, 3, 5, 8, 0, 0},
+                        Case{1, 0, 3, 5, 8, 0, 0}}) {
+    SCOPED_TRACE(describe(c, Kind::none, false));
+    const Inputs in = make_inputs(c, false, 61);
+    const size_t nq = in.q.size(), nk = in.k.size(), nl = size_t(c.B * c.H * c.T);
+    const std::vector<bf16> q16 = to_bf16(in.q), k16 = to_bf16(in.k), v16 = to_bf16(in.v);
+    for (const bool half : {false, true}) {
+      Guarded<float> out(nq, NAN), lse(nl, NAN), gq(nq, NAN), gk(nk, NAN), gv(nk, NAN);
+      const Status f = half ? attention_forward(std::span<const bf16>(q16), k16, v16, out.span(), lse.span(), c.B,
+                                                c.H, c.hk(), c.T, c.S, c.D, 0.5f)
+                            : attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S,
+                                                c.D, 0.5f);
+      ASSERT_TRUE(f.is_ok()) << f.to_string();
+      std::vector<float> o(out.cspan().begin(), out.cspan().end()), l(lse.cspan().begin(), lse.cspan().end());
+      const Status b = half ? attention_backward(std::span<const bf16>(q16), k16, v16, o, l, in.dout, gq.span(),
+                                                 gk.span(), gv.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, 0.5f)
+                            : attention_backward(in.q, in.k, in.v, o, l, in.dout, gq.span(), gk.span(), gv.span(),
+                                                 c.B, c.H, c.hk(), c.T, c.S, c.D, 0.5f);
+      ASSERT_TRUE(b.is_ok()) << b.to_string();
+      for (const Guarded<float>* g : {&out, &gq, &gk, &gv}) {
+        EXPECT_GUARDS(*g);
+        for (float x : g->cspan()) EXPECT_EQ(x, 0.0f) << (half ? "bf16" : "f32");
+      }
+    }
+  }
+}
+
 TEST(Attention, ReferenceModeRunsTheReference) {
   const Case c{1, 2, 9, 11, 5, 2, 0};
   const Inputs in = make_inputs(c, false, 41);
