@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -57,13 +58,22 @@ Status build_forward(graph::Graph& g, const models::ModelConfig& mc, const train
                      bool vocab_parallel = false) {
   graph::Builder b(g);
   ASPEN_ASSIGN_OR_RETURN(const std::optional<kernels::SparsityConfig> sparse,
-                         train::sparse_attention(c.model, mc.n_head(), c.train.seed));
+                         train::sparse_attention(c.model, mc.n_head(), c.train.seed, /*encoder=*/mc.bert() != nullptr));
   std::optional<kernels::BlockLayout> layout;
   if (sparse) {
     Result<kernels::BlockLayout> made = kernels::make_layout(*sparse, c.data.seq);
     ASPEN_RETURN_IF_ERROR(made.status().with_context("model.attention"));
     layout = std::move(made).value();
   }
+  if (const models::BertConfig* bert = mc.bert())  // masked language modelling (NOTE [bert fine-tuning])
+    return models::build_bert(b, *bert,
+                              {.batch = c.batch.micro,
+                               .seq = c.data.seq,
+                               .mlm_head = true,
+                               .with_loss = true,
+                               .layout = layout ? &*layout : nullptr,
+                               .attention_dropout = c.model.attention_dropout})
+        .status();
   const models::CausalLmOptions o{.batch = c.batch.micro,
                                   .seq = c.data.seq,
                                   .with_loss = true,
@@ -72,9 +82,86 @@ Status build_forward(graph::Graph& g, const models::ModelConfig& mc, const train
                                   .tensor_parallel = tp,
                                   .vocab_parallel = vocab_parallel,
                                   .attention_dropout = c.model.attention_dropout};
-  if (mc.causal_lm()) return models::build_causal_lm(b, mc, o);
-  return Status::unimplemented("training a '" + mc.model_type + "' model",
-                               "causal language models in this build (gpt2, gptj, llama, mistral, qwen2)");
+  return models::build_causal_lm(b, mc, o);
+}
+
+// NOTE [bert fine-tuning]: a BERT from model.from trains as BertForMaskedLM does under Hugging Face's
+// run_mlm.py: rows are windows of the token stream ([CLS] doc [SEP] per document, train/data.h), masked by the
+// feed (NOTE [masked lm] in trainer_feed.cc), the loss the MLM head's cross-entropy over the masked tokens.
+// A checkpoint without the head (BertModel, e.g. a sentence-transformers model) gets a fresh one, as
+// transformers' from_pretrained initializes it (the decoder is the word embeddings in either case). For
+// documents longer than the checkpoint's positions, model.max_positions grows the position embeddings by
+// copying (Longformer's recipe: row i takes learned row i mod max_position_embeddings); a sparse layout
+// (model.attention, bidirectional) keeps the attention at sequence 4096 within reach of a CPU.
+// Not yet: tensor shards and pipeline stages (the BERT graph has no split), packed documents (no
+// block-diagonal bidirectional mask here), samples (no generation for an encoder): refused by name.
+//
+// Reads the checkpoint's weights for training `mc` (updated: the grown positions) and says on `log` what was
+// initialized fresh.
+Status load_bert_for_mlm(const models::Checkpoint& ckpt, const train::TrainConfig& c, models::ModelConfig& mc,
+                         std::map<std::string, Tensor>& weights, std::ostream& log) {
+  const std::string from = "model.from " + c.model.from;
+  if (c.parallel.tensor_parallel != 1)
+    return config_error("parallel.tensor_parallel", "1 for a BERT (" + from + ": its layers have no split yet)",
+                        std::to_string(c.parallel.tensor_parallel));
+  if (c.parallel.pipeline_stages != 1)
+    return config_error("parallel.pipeline_stages", "1 for a BERT (" + from + ": its layers have no stages yet)",
+                        std::to_string(c.parallel.pipeline_stages));
+  if (c.data.packing)
+    return config_error("data.packing", "false for a BERT (" + from + ": masked rows are windows of the stream)",
+                        "true");
+  if (!c.sample.prompts.empty())
+    return config_error("sample.prompts", "none for a BERT (" + from + ": an encoder generates no text)",
+                        "a list of " + std::to_string(c.sample.prompts.size()));
+  models::BertConfig bert = *mc.bert();
+  const int64_t learned = bert.max_positions;
+  if (c.model.max_positions != 0 && c.model.max_positions < learned)
+    return config_error("model.max_positions",
+                        "0 or at least the checkpoint's max_position_embeddings (" + std::to_string(learned) + ")",
+                        std::to_string(c.model.max_positions));
+  const int64_t positions = std::max(learned, c.model.max_positions);
+  if (c.data.seq > positions)
+    return Status::invalid_argument(
+        "config: data.seq", "at most the model's positions (" + from + ": max_position_embeddings " +
+                                std::to_string(learned) + (positions > learned ? ", grown to " + std::to_string(positions) : "") + ")",
+        std::to_string(c.data.seq),
+        "model.max_positions: " + std::to_string(c.data.seq) + " grows them by copying the learned ones");
+
+  // The checkpoint's own shapes first (its positions; the head if it has one), then what training adds.
+  const bool has_head = ckpt.find("cls.predictions.bias").second != nullptr;
+  graph::Graph load;
+  graph::Builder lb(load);
+  ASPEN_RETURN_IF_ERROR(models::build_bert(lb, bert, {.batch = 1, .seq = 1, .mlm_head = has_head}).status());
+  ASPEN_ASSIGN_OR_RETURN(weights, models::read_weights(load, ckpt));
+  bert.max_positions = positions;
+  mc.family = bert;
+  if (!has_head) {
+    graph::Graph fresh;
+    graph::Builder fb(fresh);
+    ASPEN_RETURN_IF_ERROR(models::build_bert(fb, bert, {.batch = 1, .seq = 1, .mlm_head = true}).status());
+    ASPEN_ASSIGN_OR_RETURN(auto init, models::init_weights(fresh, {.seed = c.train.seed, .std = c.model.init_std}));
+    std::string names;
+    for (auto& [name, t] : init)
+      if (!weights.count(name)) {
+        names += (names.empty() ? "" : ", ") + name;
+        weights.emplace(name, std::move(t));
+      }
+    log << c.model.from << " has no masked-LM head: initialized " << names << " (normal std " << c.model.init_std
+        << ", LayerNorm ones, biases zeros)\n";
+  }
+  if (positions > learned) {
+    const std::string name = "embeddings.position_embeddings.weight";
+    const Tensor& old = weights.at(name);
+    Tensor grown(old.dtype(), Shape{positions, bert.d_model});
+    const size_t row = size_t(bert.d_model) * dtype_size(old.dtype());
+    for (int64_t i = 0; i < positions; ++i)
+      std::memcpy(static_cast<char*>(grown.raw()) + size_t(i) * row,
+                  static_cast<const char*>(old.raw()) + size_t(i % learned) * row, row);
+    weights.insert_or_assign(name, std::move(grown));
+    log << "position embeddings grown from " << learned << " to " << positions
+        << " rows (copies of the learned ones: model.max_positions)\n";
+  }
+  return Status::ok();
 }
 
 // Before a graph is built: the weights, their gradients and the optimizer's
@@ -350,8 +437,16 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
           "prepare the data with the model's own tokenizer: aspen prepare-data --tokenizer " + c.model.from +
               " --input FILE --output DIR");
     ASPEN_RETURN_IF_ERROR(check_training_memory(t->model_config_, c, across ? model_devices : 1, local));
-    ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c));
-    ASPEN_ASSIGN_OR_RETURN(weights, models::read_weights(forward, ckpt));
+    if (t->model_config_.bert()) {
+      ASPEN_RETURN_IF_ERROR(load_bert_for_mlm(ckpt, c, t->model_config_, weights, t->out()));
+      ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c));
+    } else {
+      if (c.model.max_positions != 0)
+        return config_error("model.max_positions", "0 for a causal LM (it grows a BERT's learned positions)",
+                            std::to_string(c.model.max_positions));
+      ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c));
+      ASPEN_ASSIGN_OR_RETURN(weights, models::read_weights(forward, ckpt));
+    }
   } else {
     const int64_t vocab = c.model.vocab > 0 ? c.model.vocab : index.vocab_size;
     if (vocab < index.vocab_size)
@@ -398,6 +493,25 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   t->tokenizer_dir_ = !c.data.tokenizer.empty()                    ? c.data.tokenizer
                       : !c.model.from.empty() && !c.model.is_onnx() ? c.model.from
                                                                     : index.tokenizer_dir;
+  if (t->model_config_.bert()) {  // masked language modelling: [MASK] and the special tokens from the tokenizer
+    Result<std::unique_ptr<io::Tokenizer>> tok = io::load_tokenizer(t->tokenizer_dir_);
+    if (!tok.is_ok())
+      return tok.status().with_context("the tokenizer of the BERT to train (data.tokenizer, else model.from)");
+    const io::SpecialTokenIds& special = (*tok)->special_ids();
+    if (!special.mask)
+      return Status::invalid_argument("tokenizer " + t->tokenizer_dir_, "a [MASK] token (masked language modelling)",
+                                      "none");
+    TrainFeed::MaskedLm mlm{.probability = c.data.mlm_probability,
+                            .mask_id = *special.mask,
+                            .vocab = t->model_config_.vocab(),
+                            .special = {},
+                            .seed = c.train.seed};
+    for (const std::optional<io::TokenId>& id : {special.cls, special.sep, special.pad, special.mask, special.unk})
+      if (id) mlm.special.push_back(*id);
+    t->feed_->set_masked_lm(std::move(mlm));
+    columns = {{"input_ids", "tokens"}, {"token_type_ids", "token_types"}, {"attention_mask", "mask"},
+               {"targets", "targets"}};
+  }
   ASPEN_RETURN_IF_ERROR(
       t->feed_->bind(forward, columns, "config: model.inputs",
                      c.model.is_onnx() ? std::map<std::string, std::string>{{"targets", "config: model.targets"}}

@@ -1,5 +1,6 @@
 #include "api/trainer_feed.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -173,6 +174,7 @@ std::map<std::string, graph::TensorType> TrainFeed::columns() const {
     for (const char* c : {"tokens", "targets", "positions", "mask"})
       out[c] = graph::TensorType{DType::i32, Shape{micro_batch_, seq_}};
     if (packing_) out["segments"] = graph::TensorType{DType::i32, Shape{micro_batch_, seq_}};
+    if (mlm_) out["token_types"] = graph::TensorType{DType::i32, Shape{micro_batch_, seq_}};
     if (dropout_) out["dropout_seed"] = graph::TensorType{DType::i64, Shape{1}};
     return out;
   }
@@ -246,6 +248,11 @@ void TrainFeed::set_packing(int32_t eos) {
   eos_ = eos;
 }
 
+void TrainFeed::set_masked_lm(MaskedLm m) {
+  std::sort(m.special.begin(), m.special.end());
+  mlm_ = std::move(m);
+}
+
 void TrainFeed::set_dropout_seed(uint64_t seed) {
   dropout_ = true;
   dropout_seed_ = seed;
@@ -258,10 +265,50 @@ Tensor seed_column(int64_t value) {
   t.data<int64_t>()[0] = value;
   return t;
 }
+
+// A micro-batch's Philox hash (53 bits, so that it also fits a double): replica and (epoch, micro-batch of the
+// epoch) under `seed` and `salt` (each use of the position its own).
+uint64_t batch_hash(uint64_t seed, uint64_t salt, uint64_t replica, const train::Position& p) {
+  const PhiloxBlock h = philox_block(seed ^ salt, replica, (uint64_t(p.epoch) << 40) ^ uint64_t(p.step_in_epoch));
+  return ((uint64_t(h[1]) << 32) | h[0]) & ((uint64_t(1) << 53) - 1);
+}
+constexpr uint64_t kMlmSalt = 0x6d6c6d5f6d61736bULL;  // "mlm_mask": the masking's draws apart from dropout's
+constexpr uint64_t kValidationReplica = ~uint64_t(0);  // validation batches' "replica" in batch_hash
 }  // namespace
 
-train::Columns TrainFeed::token_columns(train::Batch b, PackingStats* stats) const {
+// NOTE [masked lm]: the masking of element e (row-major over the batch's [B, T]) is Philox block e under the
+// batch's key, a hash of train.seed, the global replica and the position the batch was drawn at (validation:
+// batch i at a replica no training batch has). Word 0 selects (below probability · 2^32), word 1 picks
+// [MASK] / random / kept (80 / 10 / 10 %), word 2 the random id (multiply-shift into [0, vocab), as HF's
+// randint draws over the whole vocabulary). Special tokens are never selected (HF's special_tokens_mask).
+// So the masks depend on nothing but the seed and the data: not on threads, replicas' speed or a resume.
+train::Columns TrainFeed::token_columns(train::Batch b, PackingStats* stats, uint64_t mlm_key,
+                                        MaskedStats* masked) const {
   train::Columns c;
+  if (mlm_) {  // NOTE [masked lm]: element e of the batch draws Philox block e under the batch's key
+    int32_t* tok = b.inputs.data<int32_t>();
+    int32_t* tgt = b.targets.data<int32_t>();
+    const int64_t n = b.inputs.numel();
+    const uint32_t select = uint32_t(std::min(mlm_->probability * 4294967296.0, 4294967295.0));
+    int64_t predicted = 0;
+    for (int64_t e = 0; e < n; ++e) {
+      const int32_t id = tok[e];
+      tgt[e] = kIgnoreTarget;
+      if (std::binary_search(mlm_->special.begin(), mlm_->special.end(), id)) continue;
+      const PhiloxBlock r = philox_block(mlm_key, 0, uint64_t(e));
+      if (r[0] >= select) continue;
+      tgt[e] = id;
+      ++predicted;
+      const float how = bits_to_unit_float(r[1]);
+      if (how < 0.8f) {
+        tok[e] = mlm_->mask_id;
+      } else if (how < 0.9f) {
+        tok[e] = int32_t((uint64_t(r[2]) * uint64_t(mlm_->vocab)) >> 32);
+      }
+    }
+    if (masked) masked->predicted += predicted, masked->tokens += n;
+    c.emplace("token_types", Tensor(DType::i32, b.inputs.shape()));  // zeros: segment A
+  }
   Tensor pos(DType::i32, b.inputs.shape()), mask(DType::i32, b.inputs.shape());
   const int64_t B = b.inputs.shape()[0], T = b.inputs.shape()[1];
   for (int64_t r = 0; r < B; ++r)
@@ -302,8 +349,10 @@ train::Columns TrainFeed::token_columns(train::Batch b, PackingStats* stats) con
 
 Result<train::Columns> TrainFeed::next_of(size_t local) {
   if (tokens()) {
+    const train::Position drawn = token_loaders_[local]->position();
     ASPEN_ASSIGN_OR_RETURN(train::Batch b, token_loaders_[local]->next());
-    return token_columns(std::move(b), &packing_stats_);
+    const uint64_t key = mlm_ ? batch_hash(mlm_->seed, kMlmSalt, uint64_t(replicas_[local]), drawn) : 0;
+    return token_columns(std::move(b), &packing_stats_, key, &masked_stats_);
   }
   return array_loaders_[local]->next();
 }
@@ -342,12 +391,9 @@ Result<const std::map<std::string, Tensor>*> TrainFeed::next_call(int64_t micro)
       const train::Position drawn = tokens() ? token_loaders_[l]->position() : train::Position{};
       Result<train::Columns> batch = next_of(l);
       if (!batch.is_ok()) return back(batch.status());
-      if (dropout_) {  // Philox as a hash of (replica, epoch, micro-batch of the epoch): 53 bits
-        const PhiloxBlock h = philox_block(dropout_seed_, uint64_t(replicas_[l]),
-                                           (uint64_t(drawn.epoch) << 40) ^ uint64_t(drawn.step_in_epoch));
+      if (dropout_)
         batch->insert_or_assign("dropout_seed",
-                                seed_column(int64_t(((uint64_t(h[1]) << 32) | h[0]) & ((uint64_t(1) << 53) - 1))));
-      }
+                                seed_column(int64_t(batch_hash(dropout_seed_, 0, uint64_t(replicas_[l]), drawn))));
       if (Status s = put(*batch, m * int64_t(L) + int64_t(l), call_); !s.is_ok()) return back(std::move(s));
     }
   return &call_;
@@ -359,7 +405,9 @@ Result<std::map<std::string, Tensor>> TrainFeed::val_batch(int64_t i) {
   train::Columns batch;
   if (tokens()) {
     ASPEN_ASSIGN_OR_RETURN(train::Batch b, token_val_->val_batch(i));
-    batch = token_columns(std::move(b), nullptr);
+    const uint64_t key =
+        mlm_ ? batch_hash(mlm_->seed, kMlmSalt, kValidationReplica, train::Position{.step_in_epoch = i}) : 0;
+    batch = token_columns(std::move(b), nullptr, key);
     if (dropout_) batch.insert_or_assign("dropout_seed", seed_column(-1));  // validation: no dropout
   } else {
     ASPEN_ASSIGN_OR_RETURN(batch, array_val_->val_batch(i));

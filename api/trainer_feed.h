@@ -8,7 +8,9 @@
 //                 token), positions [B, T] (0 .. T-1) and mask [B, T] (ones: shards have no padding);
 //                 with packing (set_packing), positions restart after each eos token, targets whose token
 //                 is eos are ignored (-100: the next document's first token), and segments [B, T] numbers
-//                 each row's documents;
+//                 each row's documents; with masked language modelling (set_masked_lm) tokens are the
+//                 row with some tokens masked, targets the ids to predict there (-100 elsewhere), and
+//                 token_types [B, T] zeros (BERT's segment A);
 //   arrays:       every array of the dataset, by its name.
 // Each model input reads one column: its elements in order (a [B, T] column feeds a [B·T] input), so
 // the input must hold exactly as many; converted to the input's element type (integers to integers,
@@ -24,6 +26,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +63,26 @@ class TrainFeed {
   // resumed run draws the uninterrupted one's seeds; below 2^53); -1 (no dropout) in validation batches.
   // Before bind().
   void set_dropout_seed(uint64_t seed);
+  // Masked language modelling (a BERT; token shards): a share `probability` of each row's tokens, drawn
+  // among those not in `special`, become targets (the others -100); the input there reads `mask_id` (80 %),
+  // a random id below `vocab` (10 %) or the token itself (10 %), as Hugging Face's
+  // DataCollatorForLanguageModeling. Philox draws from `seed`, the global replica and the data position, so
+  // a resumed run masks what the uninterrupted one would; validation batch i is masked the same way at
+  // every evaluation. Adds the column token_types. Before bind().
+  struct MaskedLm {
+    double probability = 0.15;
+    int32_t mask_id = 0;
+    int64_t vocab = 0;
+    std::vector<int32_t> special;
+    uint64_t seed = 0;
+  };
+  void set_masked_lm(MaskedLm m);
+  // Over the micro-batches drawn for training so far: the tokens masked language modelling predicts, and
+  // all tokens.
+  struct MaskedStats {
+    int64_t predicted = 0, tokens = 0;
+  };
+  const MaskedStats& masked_stats() const { return masked_stats_; }
   const train::TokenIndex& token_index() const;  // tokens() only
   const train::ArrayDataset& arrays() const;     // !tokens() only
   // Every column of a micro-batch, with its type ([B, ...]).
@@ -98,7 +121,9 @@ class TrainFeed {
     graph::TensorType type;  // the input's, per micro-batch
   };
   Result<train::Columns> next_of(size_t local);
-  train::Columns token_columns(train::Batch b, PackingStats* stats) const;
+  // `mlm_key`: the Philox key of this batch's masked-LM draws (with set_masked_lm).
+  train::Columns token_columns(train::Batch b, PackingStats* stats, uint64_t mlm_key = 0,
+                               MaskedStats* masked = nullptr) const;
   [[nodiscard]] Status put(const train::Columns& batch, int64_t slot, std::map<std::string, Tensor>& out) const;
 
   std::string path_;
@@ -115,6 +140,8 @@ class TrainFeed {
   uint64_t dropout_seed_ = 0;
   std::vector<int64_t> replicas_;  // the global replica of each local loader
   PackingStats packing_stats_;
+  std::optional<MaskedLm> mlm_;
+  MaskedStats masked_stats_;
   std::map<std::string, Tensor> call_;  // next_call's tensors, reused
   int64_t call_slots_ = 0;
 };

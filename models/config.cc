@@ -487,8 +487,20 @@ Result<std::string> to_hf_config_json(const ModelConfig& config) {
   } else if (const LlamaConfig* l = config.llama()) {
     write_llama_keys(j, config.model_type, *l);
   } else {
-    return Status::error(Code::kUnimplemented, "to_hf_config_json: model_type",
-                         "gpt2, gptj, llama, mistral or qwen2 (a causal LM to export)", "\"bert\"");
+    const BertConfig& b = *config.bert();
+    j["model_type"] = "bert";
+    j["architectures"] = {"BertForMaskedLM"};  // export_hf_model writes BERT with its masked-LM head
+    j["vocab_size"] = b.vocab;
+    j["hidden_size"] = b.d_model;
+    j["num_hidden_layers"] = b.n_layer;
+    j["num_attention_heads"] = b.n_head;
+    j["intermediate_size"] = b.d_ff;
+    j["hidden_act"] = b.activation == Activation::gelu_erf ? "gelu" : "gelu_new";
+    j["max_position_embeddings"] = b.max_positions;
+    j["type_vocab_size"] = b.type_vocab;
+    j["layer_norm_eps"] = b.layer_norm_eps;
+    j["position_embedding_type"] = "absolute";
+    j["tie_word_embeddings"] = true;  // the MLM decoder is the word embeddings
   }
   j["bos_token_id"] = id_or_null(config.bos_token_id);
   if (config.eos_token_ids.size() == 1) {

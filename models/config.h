@@ -86,9 +86,9 @@ Result<ModelConfig> load_config(const std::string& path);
 Result<ModelConfig> parse_config(const std::string& json_text, const std::string& path);
 
 // config.json text for the causal LMs (GPT2LMHeadModel, GPTJForCausalLM,
-// LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM by model_type);
-// Unimplemented for bert (no exported head). An absent bos, eos or pad id is
-// written as null, not left to Hugging Face's family default (50256).
+// LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM by model_type) and
+// BERT with its masked-LM head (BertForMaskedLM). An absent bos, eos or pad id
+// is written as null, not left to Hugging Face's family default (50256).
 Result<std::string> to_hf_config_json(const ModelConfig& config);
 
 }  // namespace aspen::models

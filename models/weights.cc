@@ -234,9 +234,15 @@ Status export_hf_model(const std::string& dir, const ModelConfig& config, const 
   if (weights.empty()) return Status::invalid_argument(subject, "the model's weights", "none");
   const bool drop_head = (config.gpt2() && config.gpt2()->tie_word_embeddings) ||
                          (config.llama() && config.llama()->tie_word_embeddings);
+  if (config.bert() && !weights.count("cls.predictions.bias"))
+    return Status::invalid_argument(subject, "a BERT with its masked-LM head (cls.predictions.*: BertForMaskedLM)",
+                                    "the encoder alone");
   std::vector<std::pair<std::string, const Tensor*>> tensors;
-  for (const auto& [name, t] : weights)
-    if (!(drop_head && name == "lm_head.weight")) tensors.emplace_back(name, &t);
+  for (const auto& [name, t] : weights) {
+    if (drop_head && name == "lm_head.weight") continue;
+    // BERT as BertForMaskedLM names it: the encoder under "bert.", beside the head (its decoder tied).
+    tensors.emplace_back(config.bert() && !name.starts_with("cls.") ? "bert." + name : name, &t);
+  }
 
   // Read the tokenizer files before writing anything, so a bad tokenizer_dir leaves `dir` as it was.
   std::vector<std::pair<std::string, std::string>> tokenizer;  // (file name, bytes)

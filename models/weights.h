@@ -99,11 +99,15 @@ Status load_weights(const WeightPlan& plan, const std::function<Status(const std
 Result<std::map<std::string, Tensor>> read_weights(const graph::Graph& g, const Checkpoint& ckpt);
 
 // Writes a Hugging Face model directory (created if missing) that
-// transformers.AutoModelForCausalLM.from_pretrained loads unchanged:
-//   config.json        to_hf_config_json(config) (gpt2, gptj; bert is Unimplemented),
+// transformers.AutoModelForCausalLM (BERT: AutoModelForMaskedLM).from_pretrained
+// loads unchanged:
+//   config.json        to_hf_config_json(config),
 //   model.safetensors  `weights` by name and dtype as given, metadata format=pt;
 //                      lm_head.weight is left out when the config ties it to
-//                      transformer.wte.weight (transformers re-ties it),
+//                      transformer.wte.weight (transformers re-ties it); a
+//                      BERT's encoder goes under "bert." beside its cls.*
+//                      head, as BertForMaskedLM names them (InvalidArgument
+//                      without the head),
 //   tokenizer files    copied from `tokenizer_dir` when given: whichever of
 //                      tokenizer.json, vocab.json, merges.txt, vocab.txt,
 //                      tokenizer_config.json, special_tokens_map.json exist

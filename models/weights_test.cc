@@ -268,6 +268,39 @@ TEST_F(WeightsTest, ExportHfModelWritesWhatTransformersAndCheckpointOpenRead) {
   }
 }
 
+// BERT exports as BertForMaskedLM: the encoder under "bert.", the head as it is, the tied decoder left out;
+// the file HF wrote comes back bit for bit, and the config reads back with no unknown key.
+TEST_F(WeightsTest, ExportHfModelWritesBertForMaskedLm) {
+  const std::string src = std::string(ASPEN_MODELS_TESTDATA) + "/bert-mlm-tiny";
+  auto ckpt = Checkpoint::open(src);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  graph::Graph g;
+  graph::Builder b(g);
+  ASSERT_TRUE(build_bert(b, *ckpt->config().bert(), {.batch = 1, .seq = 3, .mlm_head = true}).is_ok());
+  auto weights = read_weights(g, *ckpt);  // the graph's names: no "bert."
+  ASSERT_TRUE(weights.is_ok()) << weights.status().to_string();
+  ASSERT_TRUE(weights->count("embeddings.word_embeddings.weight"));
+  const std::string out = dir() + "/bert-export";
+  ASSERT_TRUE(export_hf_model(out, ckpt->config(), *weights).is_ok());
+  expect_same_tensors(read_all(out + "/model.safetensors"), read_all(src + "/model.safetensors"));
+  auto back = load_config(out + "/config.json");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_TRUE(back->unknown_keys.empty());
+  const BertConfig& want = *ckpt->config().bert();
+  const BertConfig& got = *back->bert();
+  EXPECT_EQ(got.vocab, want.vocab);
+  EXPECT_EQ(got.d_model, want.d_model);
+  EXPECT_EQ(got.n_layer, want.n_layer);
+  EXPECT_EQ(got.n_head, want.n_head);
+  EXPECT_EQ(got.d_ff, want.d_ff);
+  EXPECT_EQ(got.max_positions, want.max_positions);
+  EXPECT_EQ(got.type_vocab, want.type_vocab);
+  EXPECT_EQ(got.layer_norm_eps, want.layer_norm_eps);
+  EXPECT_EQ(got.activation, want.activation);
+  EXPECT_EQ(back->pad_token_id, ckpt->config().pad_token_id);
+  EXPECT_NE(file_bytes(fs::path(out) / "config.json").find("\"BertForMaskedLM\""), std::string::npos);
+}
+
 // Dimensions the weights cannot hold (n_layer 2000 beside gpt2-tiny's 3 layers) or that no model has
 // (vocab_size 2^62, n_embd 2^40) are refused when the directory opens, before any graph of that size is built.
 TEST_F(WeightsTest, ConfigsBeyondTheWeightsOrAnyModelAreRefusedAtOpen) {
@@ -308,10 +341,10 @@ TEST_F(WeightsTest, ExportHfModelErrors) {
   auto bert = load_config(testdata + "/bert-tiny/config.json");
   ASSERT_TRUE(bert.is_ok());
   Status s = export_hf_model(out, *bert, one);
-  EXPECT_EQ(s.code(), Code::kUnimplemented);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
   EXPECT_EQ(s.message(), "export_hf_model " + out +
-                            ": to_hf_config_json: model_type: expected gpt2, gptj, llama, mistral or qwen2 (a causal "
-                         "LM to export), found \"bert\"");
+                             ": expected a BERT with its masked-LM head (cls.predictions.*: BertForMaskedLM), found "
+                             "the encoder alone");
   s = export_hf_model(out, *gpt2, one, dir());  // dir() holds no tokenizer files
   EXPECT_EQ(s.code(), Code::kNotFound);
   EXPECT_EQ(s.message(), dir() + ": expected tokenizer files (any of tokenizer.json, vocab.json, merges.txt, vocab.txt, "

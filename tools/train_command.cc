@@ -298,10 +298,18 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
               ((*trainer)->vocab_parallel() ? " (vocabulary split)" : "");
   if (c.parallel.pipeline_stages > 1)
     layout += ", " + std::to_string(c.parallel.pipeline_stages) + " pipeline stages (" + c.parallel.schedule + ")";
+  if (auto kind = c.model.attention.find("kind"); kind != c.model.attention.end()) {
+    auto block = c.model.attention.find("block");
+    layout += ", " + kind->second + " sparse attention" +
+              (block != c.model.attention.end() ? " (blocks of " + block->second + ")" : std::string());
+  }
   const bool tokens = (*trainer)->tokens();
   const std::string model = c.model.is_onnx()      ? "the ONNX model " + c.model.from
                             : c.model.from.empty() ? c.model.family + " from scratch"
-                                                   : c.model.family + " from " + c.model.from;
+                            : (*trainer)->model_config().bert()
+                                ? "BERT (masked language modelling, " + std::to_string(int(c.data.mlm_probability * 100 + 0.5)) +
+                                      "% of tokens) from " + c.model.from
+                                : (*trainer)->model_config().model_type + " from " + c.model.from;
   say << "training " << c.name << ": " << model << ", " << c.optimizer.name << " lr " << c.optimizer.lr << ", batch "
       << c.global_batch() << (tokens ? " x " + std::to_string(c.data.seq) + " tokens" : " examples") << layout << ", "
       << c.train.steps << " steps"

@@ -63,6 +63,7 @@ void for_each_key(Config& c, Visit&& v) {
   v("model", "inputs", c.model.inputs, any());
   v("model", "attention", c.model.attention, any());
   v("model", "attention_dropout", c.model.attention_dropout, interval(0, 1, false, true));
+  v("model", "max_positions", c.model.max_positions, at_least(0));
   v("model", "frozen", c.model.frozen, any());
   v("model", "trainable", c.model.trainable, any());
 
@@ -71,6 +72,7 @@ void for_each_key(Config& c, Visit&& v) {
   v("data", "seq", c.data.seq, at_least(1));
   v("data", "val_fraction", c.data.val_fraction, interval(0, 1, false, true));
   v("data", "packing", c.data.packing, any());
+  v("data", "mlm_probability", c.data.mlm_probability, interval(0, 1, true, true));
 
   v("optimizer", "name", c.optimizer.name, one_of({"adamw", "sgd", "lamb"}));
   v("optimizer", "lr", c.optimizer.lr, at_least(0));
@@ -574,7 +576,7 @@ bool ModelSection::is_onnx() const {
 int64_t TrainConfig::global_batch() const { return batch.micro * batch.accumulation * batch.replicas; }
 
 Result<std::optional<kernels::SparsityConfig>> sparse_attention(const ModelSection& m, int64_t n_head,
-                                                                 uint64_t seed) {
+                                                                 uint64_t seed, bool encoder) {
   if (m.attention.empty()) return std::optional<kernels::SparsityConfig>();
   auto bad = [](const std::string& key, const std::string& expected, const std::string& found) {
     return Status::invalid_argument("model.attention." + key, expected, found);
@@ -589,7 +591,8 @@ Result<std::optional<kernels::SparsityConfig>> sparse_attention(const ModelSecti
                "'" + kind_it->second + "'");
   kernels::SparsityConfig c = kernels::SparsityConfig::of(*kind, n_head);
   // A decoder attends earlier tokens only: its layouts are DeepSpeed's unidirectional ones unless asked.
-  c.attention = kernels::SparsityConfig::Attention::unidirectional;
+  c.attention = encoder ? kernels::SparsityConfig::Attention::bidirectional
+                        : kernels::SparsityConfig::Attention::unidirectional;
   c.seed = seed;
   auto integer = [&](const std::string& key, const std::string& text, int64_t* out) -> Status {
     char* end = nullptr;
@@ -626,6 +629,8 @@ Result<std::optional<kernels::SparsityConfig>> sparse_attention(const ModelSecti
     } else if (key == "attention") {
       Result<kernels::SparsityConfig::Attention> a = kernels::parse_attention(value);
       if (!a.is_ok()) return bad(key, "unidirectional or bidirectional", "'" + value + "'");
+      if (encoder && *a != kernels::SparsityConfig::Attention::bidirectional)
+        return bad(key, "bidirectional for an encoder (BERT attends both ways)", "'" + value + "'");
       c.attention = *a;
     } else {
       return bad(key, "none (known: kind, block, attention, num_random_blocks, num_sliding_window_blocks, "
@@ -702,6 +707,9 @@ Status TrainConfig::validate() const {
     if (model.attention_dropout != 0)
       return Status::invalid_argument("model.attention_dropout", "0 for an ONNX model (its attention is its own)",
                                       value_text(model.attention_dropout));
+    if (model.max_positions != 0)
+      return Status::invalid_argument("model.max_positions", "0 for an ONNX model (a BERT from a Hugging Face directory)",
+                                      std::to_string(model.max_positions));
   } else {
     const ModelSection defaults;
     const char* onnx_only = !model.inputs.empty()                  ? "model.inputs"
@@ -719,6 +727,9 @@ Status TrainConfig::validate() const {
                                       "the built-in families know their inputs and loss");
   }
 
+  if (model.from.empty() && model.max_positions != 0)
+    return Status::invalid_argument("model.max_positions", "0 for a model from scratch (it grows a BERT's from model.from)",
+                                    std::to_string(model.max_positions), "from scratch, model.n_positions sets the context");
   if (model.from.empty()) {  // from scratch: the shape must make sense; a fine-tune takes it from config.json
     if (model.d_model % model.n_head != 0) {
       return Status::invalid_argument("model.n_head", "a divisor of model.d_model = " + std::to_string(model.d_model),

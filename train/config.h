@@ -67,6 +67,10 @@ struct ModelSection {
   // families, one tensor shard): a fresh Philox seed per micro-batch and replica from train.seed and the
   // data position (so a resumed run draws what the uninterrupted one would); none in validation.
   double attention_dropout = 0.0;
+  // A BERT from model.from for sequences longer than its learned positions: the position embeddings grown to
+  // this many rows, each new row a copy of a learned one (row i takes row i mod max_position_embeddings, the
+  // Longformer recipe); the exported model keeps them. 0: the checkpoint's.
+  int64_t max_positions = 0;
   std::vector<std::string> frozen;            // initializers kept constant, by name pattern ('*', '?', '[...]')
   std::vector<std::string> trainable;         // one-element initializers trained all the same, by name pattern
   bool is_onnx() const;                       // `from` names an .onnx file
@@ -84,6 +88,10 @@ struct DataSection {
   // only its own document (block-diagonal causal mask), positions restart at each document, and the
   // prediction across a boundary is not trained. Built-in families only.
   bool packing = false;
+  // Masked language modelling (a BERT from model.from): the share of tokens each row predicts, chosen at
+  // random among the non-special ones; of those, 80 % read [MASK], 10 % a random token, 10 % themselves
+  // (Hugging Face's DataCollatorForLanguageModeling).
+  double mlm_probability = 0.15;
   bool operator==(const DataSection&) const = default;
 };
 
@@ -202,8 +210,10 @@ struct TrainConfig {
 // config.model.attention as DeepSpeed's sparsity config for `n_head` heads (random blocks seeded by `seed`);
 // nullopt when it is empty. InvalidArgument naming "model.attention.<key>", what was expected and what was
 // found, for an unknown key, a value of the wrong kind or a config DeepSpeed would reject.
+// `encoder`: the model attends both ways (BERT): the layouts are bidirectional, and a unidirectional one is
+// refused; else unidirectional unless model.attention.attention says otherwise.
 Result<std::optional<kernels::SparsityConfig>> sparse_attention(const ModelSection& model, int64_t n_head,
-                                                                 uint64_t seed);
+                                                                 uint64_t seed, bool encoder = false);
 
 // Parses and validates a config. `origin` names the text in errors (the file
 // path). Empty text (or only comments) gives the defaults.

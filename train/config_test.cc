@@ -230,7 +230,7 @@ TEST(TrainConfigErrors, WrongTypes) {
       {"model: 3\n",
        "cfg.yaml:1: model: expected a map of the keys of 'model' (from, family, n_layer, n_head, d_model, "
        "n_positions, d_ff, rotary_dim, n_kv_head, vocab, init_std, loss, output, targets, ignore_index, inputs, "
-       "attention, attention_dropout, frozen, trainable), found 3"},
+       "attention, attention_dropout, max_positions, frozen, trainable), found 3"},
       {"- a\n- b\n",
        "cfg.yaml:1: expected a map of top-level keys (name, model, data, optimizer, schedule, precision, batch, "
        "parallel, train, checkpoint, eval, log, sample), found a list"},
@@ -497,7 +497,7 @@ TEST(TrainConfigExamples, DocsListEveryKey) {
     EXPECT_NE(doc.find("`" + key + "`"), std::string::npos) << key;
     ++keys;
   }
-  EXPECT_EQ(keys, 93);  // 81 keys + 12 section headers
+  EXPECT_EQ(keys, 95);  // 83 keys + 12 section headers
 }
 
 }  // namespace

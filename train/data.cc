@@ -192,10 +192,12 @@ Result<TokenIndex> TokenShardWriter::finish() {
 Result<PrepareStats> prepare_token_shards(const io::Tokenizer& tokenizer, const PrepareOptions& options) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  const std::optional<io::TokenId> eos = tokenizer.special_ids().eos;
+  const io::SpecialTokenIds& special = tokenizer.special_ids();
+  std::optional<io::TokenId> eos = special.eos, first;
+  if (!eos && special.cls && special.sep) eos = special.sep, first = special.cls;  // WordPiece: [CLS] doc [SEP]
   if (!eos)
     return Status::error(Code::kFailedPrecondition, "tokenizer " + sq(options.tokenizer_dir),
-                         "an end-of-text (eos) token to separate documents", "none",
+                         "an end-of-text (eos) token, or [CLS] and [SEP], to separate documents", "none",
                          "byte-level BPE tokenizers name it <|endoftext|>");
   if (options.inputs.empty()) return Status::invalid_argument("inputs", "at least one input file", "none");
   TokenShardWriterOptions wo;
@@ -214,6 +216,7 @@ Result<PrepareStats> prepare_token_shards(const io::Tokenizer& tokenizer, const 
     std::vector<io::TokenId> ids = tokenizer.encode(doc, /*add_special_tokens=*/false);
     tokenize += std::chrono::duration<double>(clock::now() - a).count();
     if (ids.empty()) return Status::ok();
+    if (first) ids.insert(ids.begin(), *first);
     return writer.add_document(ids);
   };
   for (const std::string& path : options.inputs) {

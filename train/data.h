@@ -154,8 +154,12 @@ struct PrepareStats {
 };
 
 // Tokenizes options.inputs with `tokenizer` (no post-processor tokens) into
-// options.output_dir. A document that encodes to no tokens is skipped.
-// FailedPrecondition when the tokenizer has no eos token; NotFound naming an
+// options.output_dir, each document followed by the eos token. A WordPiece
+// (BERT) tokenizer has no eos: each document is framed [CLS] ... [SEP] as
+// its post-processor frames a sequence, [SEP] recorded as the index's eos_id
+// (the stream Hugging Face's run_mlm.py concatenates before cutting blocks).
+// A document that encodes to no tokens is skipped. FailedPrecondition when
+// the tokenizer has neither eos nor [CLS] and [SEP]; NotFound naming an
 // unreadable input; errors of TokenShardWriter.
 // NOTE: text that spells an added token (e.g. "<|endoftext|>") encodes to that
 // token, as the tokenizer always matches added tokens first.

@@ -126,6 +126,39 @@ TEST(TokenShards, SmallStringsRoundTrip) {
   EXPECT_EQ(stats->index.documents, 4);  // "Hello world.", "First Citizen:", "Before ...", "ROMEO: ..."
 }
 
+// A WordPiece tokenizer has no eos: each document is framed [CLS] ... [SEP] and [SEP] is the index's eos.
+TEST(TokenShards, WordPieceDocumentsFramedByClsAndSep) {
+  auto tok = io::load_tokenizer(ASPEN_WORDPIECE_TINY_DIR);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  const io::SpecialTokenIds& special = (*tok)->special_ids();
+  ASSERT_FALSE(special.eos.has_value());
+  ASSERT_TRUE(special.cls && special.sep);
+  TempDir t;
+  const std::vector<std::string> texts = {"the quick brown fox jumps", "", "over the lazy dog!"};
+  PrepareOptions o;
+  o.tokenizer_dir = ASPEN_WORDPIECE_TINY_DIR;
+  o.output_dir = t / "out";
+  for (size_t i = 0; i < texts.size(); ++i) {
+    write_bytes(t / ("in" + std::to_string(i) + ".txt"), texts[i]);
+    o.inputs.push_back(t / ("in" + std::to_string(i) + ".txt"));
+  }
+  auto stats = prepare_token_shards(**tok, o);
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  std::vector<int32_t> want;
+  for (const std::string& text : texts) {
+    if (text.empty()) continue;
+    const auto ids = (*tok)->encode(text, true);  // the post-processor's [CLS] ... [SEP]
+    ASSERT_EQ(ids.front(), *special.cls);
+    ASSERT_EQ(ids.back(), *special.sep);
+    want.insert(want.end(), ids.begin(), ids.end());
+  }
+  EXPECT_EQ(stats->index.documents, 2);
+  EXPECT_EQ(stats->index.eos_id, *special.sep);
+  auto d = TokenDataset::open(o.output_dir);
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(read_all(*d), want);
+}
+
 TEST(TokenShards, TinyShakespeareRoundTrip) {
   const std::string path = shakespeare_path();
   const std::string text = read_bytes(path);
@@ -202,10 +235,11 @@ TEST(TokenShards, WriterRejectsBadInput) {
   ASSERT_TRUE(w->add_document(std::vector<io::TokenId>{1, 2}).is_ok());
   EXPECT_EQ(w->tokens(), 3);
 
-  // A tokenizer without an end-of-text token cannot separate documents.
-  auto wp = io::load_tokenizer(std::string(ASPEN_BPE1K_DIR) + "/../wordpiece_tiny");
+  // A tokenizer with neither an end-of-text token nor [CLS] and [SEP] cannot separate documents.
+  write_bytes(t / "vocab.txt", "[UNK]\nthe\nfox\n");
+  auto wp = io::load_wordpiece_vocab(t / "vocab.txt");
   ASSERT_TRUE(wp.is_ok()) << wp.status().to_string();
-  ASSERT_FALSE((*wp)->special_ids().eos.has_value());
+  ASSERT_FALSE((*wp)->special_ids().eos.has_value() || (*wp)->special_ids().sep.has_value());
   PrepareOptions po;
   po.inputs = {t / "x.txt"};
   po.output_dir = t / "out";
