@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch peer for `aspen bench train` (W1.4): GPT-2 124M training steps on the CPU.
+"""PyTorch peer for `aspen bench train` (W1.4): GPT-2 124M training steps on the CPU (or Llama, BERT).
 
 How aspen's bench calls it (only with `aspen bench train --python PATH`), once per dtype, right after aspen's
 own row of that dtype:
@@ -20,6 +20,8 @@ GPT2LMHeadModel(GPT2Config(...)) with its random init (torch.manual_seed(0)), ev
 train mode; torch.optim.AdamW(lr 1e-4, weight_decay 0.1 except biases and LayerNorms, as aspen's step; foreach
 at its default). The loss is cross-entropy of logits [B*T, V] against random targets [B*T], no shift (what
 aspen's graph computes). One step: forward, loss, backward, optimizer.step(), zero_grad(set_to_none=True).
+--family bert: transformers' BertForMaskedLM(BertConfig(...)) (dropout 0, sdpa: dense attention, the only
+training path PyTorch has on a CPU), targets -100 but at a random 15 % of the positions (HF's MLM labels).
   f32   eager f32
   bf16  the f32 model and optimizer under torch.autocast("cpu", dtype=torch.bfloat16) for forward and loss
         (backward runs in the types autocast chose; AdamW on the f32 master weights)
@@ -61,7 +63,8 @@ def worker(args):
         import torch
         import torch.nn.functional as F
         import transformers
-        from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+        from transformers import (AutoModelForCausalLM, BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel,
+                                  LlamaConfig, LlamaForCausalLM)
     except ImportError as e:
         print(f"torch_train.py: cannot import {e.name or e} ({e}); install torch and transformers "
               "(see scripts/golden/requirements.txt) to get the PyTorch peer figures", file=sys.stderr)
@@ -74,6 +77,14 @@ def worker(args):
         dropout = (dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0) if model_type == "gpt2"
                    else dict(attention_dropout=0.0))
         model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa", **dropout).train()
+    elif args.family == "bert":  # aspen's masked-LM row: MiniLM's shape, positions grown to the sequence
+        cfg = BertConfig(vocab_size=args.vocab, hidden_size=args.d_model, num_hidden_layers=args.layers,
+                         num_attention_heads=args.heads, intermediate_size=args.d_ff,
+                         max_position_embeddings=args.n_positions, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)
+        cfg._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        model = BertForMaskedLM(cfg).train()
     elif args.family == "llama":  # aspen's Llama-shaped row: RMSNorm, SwiGLU, rotary, grouped-query attention
         cfg = LlamaConfig(vocab_size=args.vocab, max_position_embeddings=args.n_positions, hidden_size=args.d_model,
                           num_hidden_layers=args.layers, num_attention_heads=args.heads,
@@ -87,7 +98,7 @@ def worker(args):
         cfg._attn_implementation = "sdpa"
         torch.manual_seed(0)
         model = GPT2LMHeadModel(cfg).train()
-    skip = ("bias", "ln_", "norm")  # biases and LayerNorm / RMSNorm weights, as aspen's step
+    skip = ("bias", "ln_", "norm", "LayerNorm")  # biases and LayerNorm / RMSNorm weights, as aspen's step
     decay = [p for n, p in model.named_parameters() if not any(s in n for s in skip)]
     no_decay = [p for n, p in model.named_parameters() if any(s in n for s in skip)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -95,6 +106,8 @@ def worker(args):
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
     targets = torch.randint(0, args.vocab, (args.batch * args.seq,), generator=g)
+    if args.family == "bert":
+        targets[torch.rand(targets.shape, generator=g) >= 0.15] = -100
     autocast = dtype == "bf16"
 
     def step():
@@ -139,9 +152,9 @@ def main():
     ap.add_argument("--d-model", type=int, default=768)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--family", choices=["gpt2", "llama"], default="gpt2")
+    ap.add_argument("--family", choices=["gpt2", "llama", "bert"], default="gpt2")
     ap.add_argument("--kv-heads", type=int, default=4, help="llama: key/value heads")
-    ap.add_argument("--d-ff", type=int, default=2048, help="llama: SwiGLU width")
+    ap.add_argument("--d-ff", type=int, default=2048, help="llama: SwiGLU width; bert: intermediate_size")
     ap.add_argument("--worker", choices=["f32", "bf16"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:

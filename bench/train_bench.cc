@@ -15,6 +15,8 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <variant>
 #include <vector>
 
 #include "api/training_model.h"
@@ -25,6 +27,7 @@
 #include "core/thread_team.h"
 #include "graph/autodiff.h"
 #include "graph/builder.h"
+#include "kernels/attention_layout.h"
 #include "models/config.h"
 #include "models/causal_lm.h"
 #include "models/weights.h"
@@ -38,12 +41,19 @@ namespace aspen::bench {
 namespace {
 
 struct TrainShape {
-  models::ModelConfig model;  // gpt2 or llama
+  models::ModelConfig model;  // gpt2, llama or bert
   int64_t batch = 4, seq = 256;
   std::string model_dir = {};  // --model: weights from this directory
   int64_t documents = 0;       // > 0: packed rows of this many documents (segment ids)
-  int64_t n_layer() const { return model.llama() ? model.llama()->n_layer : model.gpt2()->n_layer; }
-  int64_t d_model() const { return model.llama() ? model.llama()->d_model : model.gpt2()->d_model; }
+  std::string attention = {};  // bert: a sparse layout's kind (kernels/attention_layout.h); empty: dense
+  int64_t block = 64;          // its block
+  double density = 1.0;        // the share of (query, key) blocks the layout visits
+  int64_t n_layer() const {
+    return std::visit([](const auto& f) { return f.n_layer; }, model.family);
+  }
+  int64_t d_model() const {
+    return std::visit([](const auto& f) { return f.d_model; }, model.family);
+  }
   int64_t n_head() const { return model.n_head(); }
   int64_t vocab() const { return model.vocab(); }
   int64_t n_positions() const { return model.n_positions(); }
@@ -54,6 +64,16 @@ struct TrainShape {
 // parameters, as GPT-2 small's 124.4 M).
 TrainShape bench_shape(bool quick, const std::string& family) {
   TrainShape s;
+  if (family == "bert") {  // all-MiniLM-L6-v2's shape, masked-LM training of long rows (its positions grown)
+    s.model.model_type = "bert";
+    s.model.family = quick ? models::BertConfig{.vocab = 512, .max_positions = 128, .d_model = 64, .n_layer = 2,
+                                                .n_head = 2, .d_ff = 128}
+                           : models::BertConfig::minilm_l6();
+    s.batch = 1;
+    s.seq = quick ? 128 : 4096;
+    s.block = quick ? 32 : 64;
+    return s;
+  }
   if (family == "llama") {
     s.model.model_type = "llama";
     s.model.family = quick ? models::LlamaConfig{.vocab = 512, .n_positions = 64, .d_model = 64, .n_layer = 2,
@@ -76,6 +96,10 @@ TrainShape bench_shape(bool quick, const std::string& family) {
 // Every parameter a matmul multiplies by (the tied lm_head counted once, as
 // the matmul it is), and the FLOPs one token costs to train on.
 int64_t matmul_parameters(const TrainShape& s) {
+  if (const models::BertConfig* b = s.model.bert()) {  // q, k, v, o, the MLP; the MLM head's transform and decoder
+    const int64_t C = b->d_model, F = b->d_ff;
+    return b->n_layer * (4 * C * C + 2 * C * F) + C * C + b->vocab * C;
+  }
   if (const models::LlamaConfig* l = s.model.llama()) {
     const int64_t C = l->d_model, Q = l->n_head * l->head_size(), KV = l->kv_heads() * l->head_size(), F = l->d_ff;
     return l->n_layer * (2 * C * Q + 2 * C * KV + 3 * C * F) + l->vocab * C;  // q, o, k, v, gate, up, down, head
@@ -85,9 +109,10 @@ int64_t matmul_parameters(const TrainShape& s) {
   const int64_t per_layer = C * 3 * C + C * C + C * F + F * C;  // c_attn, attn.c_proj, c_fc, mlp.c_proj
   return c.n_layer * per_layer + c.vocab * C;
 }
-double attention_flops_per_token(const TrainShape& s) {  // QK^T and AV, fwd + bwd, causal counted in full
+// QK^T and AV, fwd + bwd, causal counted in full; a sparse layout's share of the blocks.
+double attention_flops_per_token(const TrainShape& s) {
   const int64_t width = s.model.llama() ? s.model.llama()->n_head * s.model.llama()->head_size() : s.d_model();
-  return 12.0 * double(s.n_layer() * s.seq * width);
+  return 12.0 * double(s.n_layer() * s.seq * width) * s.density;
 }
 double flops_per_token(const TrainShape& s) {
   return 6.0 * double(matmul_parameters(s)) + attention_flops_per_token(s);
@@ -159,19 +184,44 @@ int64_t peak_rss_bytes() {
   return 0;
 }
 
+// A BERT shape's sparse layout (bidirectional, DeepSpeed's defaults but the block, seed 1); nullopt: dense.
+Result<std::optional<kernels::BlockLayout>> bert_layout(const TrainShape& s) {
+  if (s.attention.empty()) return std::optional<kernels::BlockLayout>();
+  ASPEN_ASSIGN_OR_RETURN(const kernels::SparsityConfig::Kind kind, kernels::parse_sparsity_kind(s.attention));
+  kernels::SparsityConfig c = kernels::SparsityConfig::of(kind, s.n_head());
+  c.block = s.block;
+  c.attention = kernels::SparsityConfig::Attention::bidirectional;
+  c.seed = 1;
+  ASPEN_ASSIGN_OR_RETURN(kernels::BlockLayout layout, kernels::make_layout(c, s.seq));
+  return std::optional<kernels::BlockLayout>(std::move(layout));
+}
+
 // The training step as the trainer records it: forward with the loss, every
 // parameter's gradient, AdamW. Only the loss is an output (the host never
 // reads the logits of a training step).
 Status build_training_graph(graph::Graph& g, const TrainShape& s) {
   graph::Builder b(g);
-  ASPEN_RETURN_IF_ERROR(models::build_causal_lm(
-      b, s.model, {.batch = s.batch, .seq = s.seq, .with_loss = true, .segments = s.documents > 0}));
+  if (const models::BertConfig* bert = s.model.bert()) {
+    ASPEN_ASSIGN_OR_RETURN(const std::optional<kernels::BlockLayout> layout, bert_layout(s));
+    ASPEN_RETURN_IF_ERROR(models::build_bert(b, *bert,
+                                             {.batch = s.batch,
+                                              .seq = s.seq,
+                                              .mlm_head = true,
+                                              .with_loss = true,
+                                              .layout = layout ? &*layout : nullptr})
+                              .status());
+    g.remove_output("last_hidden_state");
+  } else {
+    ASPEN_RETURN_IF_ERROR(models::build_causal_lm(
+        b, s.model, {.batch = s.batch, .seq = s.seq, .with_loss = true, .segments = s.documents > 0}));
+  }
   g.remove_output("logits");
   const graph::ValueId loss = *g.find_output("loss");
   std::vector<graph::ValueId> params;
   for (int32_t i : g.parameter_nodes()) params.push_back(g.node(i).outputs[0]);
   ASPEN_ASSIGN_OR_RETURN(std::vector<graph::ValueId> grads, graph::append_gradients(g, loss, params));
-  return train::append_adamw(b, params, grads, {.weight_decay = 0.1, .no_decay = {"bias", "ln_", "norm"}}).status();
+  return train::append_adamw(b, params, grads, {.weight_decay = 0.1, .no_decay = {"bias", "ln_", "norm", "LayerNorm"}})
+      .status();
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -214,12 +264,12 @@ std::string matmul_summary(const std::vector<profile::TraceEvent>& events, const
 // Compiles and times one dtype; runs in the child process.
 // A random batch of the shape's tokens and targets (the same for every run).
 struct RandomBatch {
-  Tensor ids, pos, targets, segments;
+  Tensor ids, pos, targets, segments, token_types, mask;
 };
 RandomBatch random_batch(const TrainShape& s) {
   const int64_t BT = s.batch * s.seq;
   RandomBatch b{Tensor(DType::i32, {s.batch, s.seq}), Tensor(DType::i32, {s.batch, s.seq}), Tensor(DType::i32, {BT}),
-                Tensor(DType::i32, {s.batch, s.seq})};
+                Tensor(DType::i32, {s.batch, s.seq}), Tensor(), Tensor()};
   // Packed: documents of seq / documents tokens (the last takes the rest), positions restarting in each.
   const int64_t doc = s.documents > 0 ? std::max<int64_t>(1, s.seq / s.documents) : s.seq;
   for (int64_t i = 0; i < BT; ++i) {
@@ -228,6 +278,14 @@ RandomBatch random_batch(const TrainShape& s) {
     b.targets.span<int32_t>()[size_t(i)] = int32_t(philox_bits(7, 1, uint64_t(i)) % uint32_t(s.vocab()));
     b.pos.span<int32_t>()[size_t(i)] = int32_t(t - d * doc);
     b.segments.span<int32_t>()[size_t(i)] = int32_t(d);
+  }
+  if (s.model.bert()) {  // masked LM: 15 % of the tokens predicted (HF's labels: -100 elsewhere)
+    b.token_types = Tensor(DType::i32, {s.batch, s.seq});
+    b.mask = Tensor(DType::u8, {s.batch, s.seq});
+    for (int64_t i = 0; i < BT; ++i) {
+      b.mask.span<uint8_t>()[size_t(i)] = 1;
+      if (bits_to_unit_float(philox_bits(7, 2, uint64_t(i))) >= 0.15f) b.targets.span<int32_t>()[size_t(i)] = -100;
+    }
   }
   return b;
 }
@@ -313,7 +371,7 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
     };
     if (name.rfind("optimizer.", 0) == 0 || ends_with(".bias")) continue;
     Tensor t(p.type.dtype, p.type.shape);
-    if (name.find("ln_") != std::string::npos)
+    if (name.find("ln_") != std::string::npos || name.find("LayerNorm.weight") != std::string::npos)
       std::fill(t.span<float>().begin(), t.span<float>().end(), 1.0f);
     else
       philox_fill_normal(t.span<float>(), 1234, stream++, 0, 0.0f, 0.02f);
@@ -324,7 +382,13 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
   Tensor lr(DType::f32, Shape{});
   lr.span<float>()[0] = 1e-4f;
   std::map<std::string, const Tensor*> inputs = {
-      {"input_ids", &batch.ids}, {"positions", &batch.pos}, {"targets", &batch.targets}, {train::kLrName, &lr}};
+      {"input_ids", &batch.ids}, {"targets", &batch.targets}, {train::kLrName, &lr}};
+  if (s.model.bert()) {
+    inputs.emplace("token_type_ids", &batch.token_types);
+    inputs.emplace("attention_mask", &batch.mask);
+  } else {
+    inputs.emplace("positions", &batch.pos);
+  }
   if (s.documents > 0) inputs.emplace("segments", &batch.segments);
 
   auto step = [&]() -> Result<double> {
@@ -461,7 +525,8 @@ std::string run_peer(const TrainShape& s, const TrainBenchOptions& opt, Row& r) 
                   s.seq, s.vocab(), s.n_positions(), s.d_model(), s.n_layer(), s.n_head()) +
       (s.model.llama() ? fmt::format(" --family llama --kv-heads {} --d-ff {}", s.model.llama()->kv_heads(),
                                      s.model.llama()->d_ff)
-                       : std::string()) +
+       : s.model.bert() ? fmt::format(" --family bert --d-ff {}", s.model.bert()->d_ff)
+                        : std::string()) +
       (s.model_dir.empty() ? "" : " --model '" + s.model_dir + "'") + " 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return "PyTorch peer: cannot start '" + opt.python + "'";
@@ -573,9 +638,17 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
   TrainBenchOptions o = opt;
   if (o.quick) o.steps = 1;
   if (o.steps < 1) return Status::invalid_argument("bench train: steps", ">= 1", std::to_string(o.steps));
-  if (o.family != "gpt2" && o.family != "llama")
-    return Status::invalid_argument("bench train: family", "gpt2 or llama", o.family);
+  if (o.family != "gpt2" && o.family != "llama" && o.family != "bert")
+    return Status::invalid_argument("bench train: family", "gpt2, llama or bert", o.family);
+  const bool bert = o.family == "bert";
+  if (!o.attention.empty() && !bert)
+    return Status::invalid_argument("bench train: attention", "a layout for --family bert", o.attention);
+  if (bert && (!o.model.empty() || o.replicas > 1 || o.documents > 0))
+    return Status::invalid_argument("bench train --family bert", "one device, the MiniLM shape (no --model, "
+                                    "--replicas or --documents)", "one of them");
   TrainShape s = bench_shape(o.quick, o.family);
+  if (!o.attention.empty() && o.attention != "dense") s.attention = o.attention;
+  if (o.block > 0) s.block = o.block;
   if (!o.model.empty()) {
     ASPEN_ASSIGN_OR_RETURN(const models::ModelConfig c, models::load_config(o.model + "/config.json"));
     if (!c.gpt2() && !c.llama())
@@ -587,13 +660,18 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
     s.model_dir = o.model;
   }
   if (o.batch > 0) s.batch = o.batch;
-  if (o.seq > 0) {
+  if (bert && o.seq > 0) s.seq = o.seq;
+  if (models::BertConfig* b = std::get_if<models::BertConfig>(&s.model.family))
+    b->max_positions = std::max(b->max_positions, s.seq);  // grown, as aspen train's model.max_positions
+  if (o.seq > 0 && !bert) {
     if (o.seq > s.n_positions())
       return Status::invalid_argument("bench train: seq", "at most the model's " + std::to_string(s.n_positions()) +
                                                               " positions", std::to_string(o.seq));
     s.seq = o.seq;
   }
   if (o.replicas > 1) return run_replicas_bench(s, o, out);
+  ASPEN_ASSIGN_OR_RETURN(const std::optional<kernels::BlockLayout> layout, bert_layout(s));
+  if (layout) s.density = layout->density();
   if (o.documents > 0) return run_packing_bench(s, o, out);
   const double fpt = flops_per_token(s);
   const bool peer = !o.python.empty() && o.python != "none";
@@ -606,21 +684,40 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
     out << fmt::format(
         "# {} {}: {} layers, d_model {}, vocab {}; batch {} x seq {}, AdamW, {} threads; median of {} steps after "
         "1 warm-up, each dtype in its own process\n",
-        s.model.llama() ? "Llama" : "GPT-2", !s.model_dir.empty() ? s.model_dir : o.quick ? "tiny (--quick)" : "124M",
+        bert ? "BERT masked LM" : s.model.llama() ? "Llama" : "GPT-2",
+        !s.model_dir.empty() ? s.model_dir
+        : o.quick            ? "tiny (--quick)"
+        : bert ? "all-MiniLM-L6-v2's shape, " + (s.attention.empty() ? std::string("dense attention")
+                                                                      : fmt::format("{} layout (blocks of {})",
+                                                                                    s.attention, s.block))
+               : "124M",
         s.n_layer(), s.d_model(), s.vocab(), s.batch, s.seq, o.threads, o.steps);
     out << fmt::format(
         "# FLOPs per token: {:.1f} M = 6 x {:.2f} M matmul parameters (tied lm_head included) + {:.1f} M attention "
-        "(QK^T and AV, fwd + bwd, causal counted in full)\n",
-        fpt / 1e6, double(matmul_parameters(s)) / 1e6, attention_flops_per_token(s) / 1e6);
+        "(QK^T and AV, fwd + bwd, {})\n",
+        fpt / 1e6, double(matmul_parameters(s)) / 1e6, attention_flops_per_token(s) / 1e6,
+        bert ? fmt::format("bidirectional, the {:.1f} % of blocks the layout visits", 100 * s.density)
+             : std::string("causal counted in full"));
+    if (bert && !s.attention.empty())
+      out << "# each dtype also runs aspen's dense attention (the same model), for the layout's speedup\n";
+    if (bert && peer) out << "# PyTorch: transformers' BertForMaskedLM, dense SDPA (no sparse training path)\n";
     if (!peer) out << "# PyTorch peer: not run (--python PATH names an interpreter with torch and transformers)\n";
     out.flush();
   }
 
   std::vector<Row> rows;
   std::vector<std::string> notes;
+  std::map<std::string, double> dense_tokens_per_s;  // bert with a layout: the same model dense, per dtype
   for (const std::string& dtype : o.dtypes) {
     out.flush();  // the child must not inherit unwritten output
     ASPEN_ASSIGN_OR_RETURN(Row r, in_child(dtype, [&] { return measure(s, dtype, o); }));
+    if (!s.attention.empty()) {
+      TrainShape dense = s;
+      dense.attention.clear();
+      out.flush();
+      ASPEN_ASSIGN_OR_RETURN(Row d, in_child(dtype + " dense", [&] { return measure(dense, dtype, o); }));
+      dense_tokens_per_s[dtype] = d.tokens_per_s;
+    }
     if (peer) {
       std::string note = run_peer(s, o, r);
       if (!note.empty()) notes.push_back(std::move(note));
@@ -659,6 +756,14 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
                                   {"loss", r.loss},
                                   {"reference_instructions", r.reference_instructions},
                                   {"measurement_fault", m > 1.0}};
+      if (bert) {
+        j["family"] = "bert";
+        j["attention"] = s.attention.empty() ? "dense" : s.attention;
+      }
+      if (dense_tokens_per_s.count(r.dtype)) {
+        j["dense_tokens_per_s"] = dense_tokens_per_s.at(r.dtype);
+        j["speedup_vs_dense"] = r.tokens_per_s / dense_tokens_per_s.at(r.dtype);
+      }
       if (has_peer) {
         j["pytorch_tokens_per_s"] = r.peer_tokens_per_s;
         j["pytorch_mfu"] = mfu(r.peer_tokens_per_s, r.peak_gflops);
@@ -668,7 +773,7 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
         j["peer_tokens_per_s"] = r.peer_tokens_per_s;
         j["peer_mode"] = r.peer_mode;
         j["ratio"] = speed_ratio;
-        j["goal_ratio_vs_pytorch"] = speed_goal.at(r.dtype);
+        if (!bert) j["goal_ratio_vs_pytorch"] = speed_goal.at(r.dtype);
       }
       if (rss_ratio > 0) {
         j["pytorch_peak_rss_bytes"] = r.peer_peak_rss_bytes;
@@ -683,10 +788,15 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
           r.dtype, r.tokens_per_s, 100 * m, r.peak_gflops,
           or_dash(has_peer, fmt::format("{:.1f}", r.peer_tokens_per_s)),
           or_dash(has_peer, fmt::format("{:.1f}%", 100 * mfu(r.peer_tokens_per_s, r.peak_gflops))),
-          or_dash(has_peer, fmt::format("{:.2f}", speed_ratio)), fmt::format(">={:.1f}", speed_goal.at(r.dtype)),
+          or_dash(has_peer, fmt::format("{:.2f}", speed_ratio)),
+          bert ? std::string("-") : fmt::format(">={:.1f}", speed_goal.at(r.dtype)),
           gib(r.planned_peak_bytes), gib(r.peak_rss_bytes), or_dash(rss_ratio > 0, gib(r.peer_peak_rss_bytes)),
           or_dash(rss_ratio > 0, fmt::format("{:.2f}", rss_ratio)), fmt::format("<={:.1f}", kRssGoal));
       if (m > 1.0) out << "# " << r.dtype << ": MFU above 1: a measurement fault (the peak was measured slow)\n";
+      if (dense_tokens_per_s.count(r.dtype))
+        out << fmt::format("# {}: the {} layout trains {:.2f}x as many tokens/s as aspen's dense attention ({:.1f})\n",
+                           r.dtype, s.attention, r.tokens_per_s / dense_tokens_per_s.at(r.dtype),
+                           dense_tokens_per_s.at(r.dtype));
     }
   }
   if (!o.json) {

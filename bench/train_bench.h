@@ -61,7 +61,7 @@ struct TrainBenchOptions {
   // its shape and weights (the sequence is min(256, n_positions)); the
   // PyTorch peer loads the same directory.
   std::string model;
-  // "gpt2" (GPT-2 124M) or "llama": a Llama-shaped 124M (12 layers, d_model 768, 12 heads over 4 kv heads,
+  // "gpt2" (GPT-2 124M), "bert" (below) or "llama": a Llama-shaped 124M (12 layers, d_model 768, 12 heads over 4 kv heads,
   // SwiGLU 2048, vocab 32000, untied head); the PyTorch peer runs transformers' LlamaForCausalLM.
   std::string family = "gpt2";
   // > 1: instead of the table above, data parallel: `replicas` replicas of
@@ -74,7 +74,13 @@ struct TrainBenchOptions {
   // restarting: the block-diagonal causal mask) against the same rows as one sequence, per dtype, each in its
   // own child process. 0: off.
   int64_t documents = 0;
-  int64_t batch = 0, seq = 0;  // > 0: the micro-batch and sequence instead of 4 x 256
+  int64_t batch = 0, seq = 0;  // > 0: the micro-batch and sequence instead of 4 x 256 (bert: 1 x 4096)
+  // family "bert": masked-LM training of all-MiniLM-L6-v2's shape (its positions grown to seq), the PyTorch peer
+  // transformers' BertForMaskedLM (dense SDPA). `attention`: a sparse layout's kind (bigbird, bslongformer,
+  // fixed, variable, local_sliding_window; "" or dense: none) in blocks of `block` (0: 64), measured beside the
+  // same model with dense attention (speedup_vs_dense).
+  std::string attention;
+  int64_t block = 0;
 };
 
 Status run_train_bench(const TrainBenchOptions& options, std::ostream& out);

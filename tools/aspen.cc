@@ -290,8 +290,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16", "both"}));
   train_cmd->add_option("--python", tb.python, "interpreter with torch and transformers: runs the PyTorch peer");
   train_cmd->add_flag("--quick", tb.quick, "a tiny model, one timed step (a smoke test, not a measurement)");
-  train_cmd->add_option("--family", tb.family, "gpt2 (GPT-2 124M) or llama (a Llama-shaped 124M)")
-      ->check(CLI::IsMember({"gpt2", "llama"}));
+  train_cmd->add_option("--family", tb.family,
+                        "gpt2 (GPT-2 124M), llama (a Llama-shaped 124M) or bert (MiniLM's shape, masked LM, seq 4096)")
+      ->check(CLI::IsMember({"gpt2", "llama", "bert"}));
+  train_cmd->add_option("--attention", tb.attention,
+                        "bert: a sparse layout (bigbird, bslongformer, fixed, variable, local_sliding_window), "
+                        "measured beside dense attention");
+  train_cmd->add_option("--block", tb.block, "bert: the layout's block (default 64)")->check(CLI::Range(int64_t(1), int64_t(4096)));
   train_cmd->add_option("--documents", tb.documents,
                         "packed rows of this many documents against the same rows unpacked (tokens/s ratio)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
