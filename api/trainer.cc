@@ -57,14 +57,8 @@ std::string lr_text(double lr) {
 Status build_forward(graph::Graph& g, const models::ModelConfig& mc, const train::TrainConfig& c, int64_t tp = 1,
                      bool vocab_parallel = false) {
   graph::Builder b(g);
-  ASPEN_ASSIGN_OR_RETURN(const std::optional<kernels::SparsityConfig> sparse,
-                         train::sparse_attention(c.model, mc.n_head(), c.train.seed, /*encoder=*/mc.bert() != nullptr));
-  std::optional<kernels::BlockLayout> layout;
-  if (sparse) {
-    Result<kernels::BlockLayout> made = kernels::make_layout(*sparse, c.data.seq);
-    ASPEN_RETURN_IF_ERROR(made.status().with_context("model.attention"));
-    layout = std::move(made).value();
-  }
+  ASPEN_ASSIGN_OR_RETURN(const std::optional<kernels::BlockLayout> layout,
+                         models::model_layout(mc, c.data.seq, "model.attention"));
   if (const models::BertConfig* bert = mc.bert())  // masked language modelling (NOTE [bert fine-tuning])
     return models::build_bert(b, *bert,
                               {.batch = c.batch.micro,
@@ -161,6 +155,15 @@ Status load_bert_for_mlm(const models::Checkpoint& ckpt, const train::TrainConfi
     log << "position embeddings grown from " << learned << " to " << positions
         << " rows (copies of the learned ones: model.max_positions)\n";
   }
+  return Status::ok();
+}
+
+// model.attention, when given, becomes the model's sparse layout (NOTE [model layouts] in models/config.cc:
+// the export keeps it); else a model.from directory's own stays (a dense model stays dense).
+Status apply_sparse_attention(models::ModelConfig& mc, const train::TrainConfig& c) {
+  ASPEN_ASSIGN_OR_RETURN(const std::optional<kernels::SparsityConfig> sparse,
+                         train::sparse_attention(c.model, mc.n_head(), c.train.seed, /*encoder=*/mc.bert() != nullptr));
+  if (sparse) mc.sparse_attention = *sparse;
   return Status::ok();
 }
 
@@ -437,6 +440,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
           "prepare the data with the model's own tokenizer: aspen prepare-data --tokenizer " + c.model.from +
               " --input FILE --output DIR");
     ASPEN_RETURN_IF_ERROR(check_training_memory(t->model_config_, c, across ? model_devices : 1, local));
+    ASPEN_RETURN_IF_ERROR(apply_sparse_attention(t->model_config_, c));
     if (t->model_config_.bert()) {
       ASPEN_RETURN_IF_ERROR(load_bert_for_mlm(ckpt, c, t->model_config_, weights, t->out()));
       ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c));
@@ -472,6 +476,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     }
     mc.bos_token_id = index.eos_id;
     mc.eos_token_ids = {index.eos_id};
+    ASPEN_RETURN_IF_ERROR(apply_sparse_attention(mc, c));
     t->model_config_ = mc;
     ASPEN_RETURN_IF_ERROR(std::visit([](const auto& f) { return f.validate(); }, mc.family).with_context("config: model"));
     ASPEN_RETURN_IF_ERROR(check_training_memory(t->model_config_, c, across ? model_devices : 1, local));

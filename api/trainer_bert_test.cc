@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "api/trainer.h"
@@ -18,6 +19,7 @@
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
 #include "models/bert.h"
+#include "models/embedder.h"
 #include "models/init.h"
 #include "models/weights.h"
 #include "train/checkpoint.h"
@@ -280,6 +282,32 @@ TEST(TrainerBert, FreshHeadGrownPositionsAndSparseLayout) {
     auto r = train(c);
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
     EXPECT_LT(r->last_loss, r->first_loss);
+    // The export keeps the layout, and embeddings attend through it: whole blocks of 8; a text within the
+    // first block embeds as the dense model does (its block attends itself), a longer one does not.
+    const std::string dense_dir = run.path + "/dense";
+    fs::copy(run.path + "/model", dense_dir);
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dense_dir + "/config.json"));
+    ASSERT_TRUE(cfg.contains("aspen_sparse_attention"));
+    EXPECT_EQ(cfg["aspen_sparse_attention"]["kind"], "bigbird");
+    EXPECT_EQ(cfg["aspen_sparse_attention"]["attention"], "bidirectional");
+    cfg.erase("aspen_sparse_attention");
+    std::ofstream(dense_dir + "/config.json") << cfg.dump(2);
+    auto sparse_e = models::Embedder::open(run.path + "/model", {.max_batch = 2, .max_length = 64, .threads = 1});
+    auto dense_e = models::Embedder::open(dense_dir, {.max_batch = 2, .max_length = 64, .threads = 1});
+    ASSERT_TRUE(sparse_e.is_ok() && dense_e.is_ok()) << sparse_e.status().to_string() << dense_e.status().to_string();
+    for (int64_t t : (*sparse_e)->compiled_lengths()) EXPECT_EQ(t % 8, 0) << t;
+    std::string long_text;
+    for (int i = 0; i < 8; ++i) long_text += "the quick brown fox jumps over the lazy dog. ";
+    const std::vector<std::string> texts = {"the lazy fox", long_text};
+    auto a = (*sparse_e)->embed(texts), d = (*dense_e)->embed(texts);
+    ASSERT_TRUE(a.is_ok() && d.is_ok());
+    double short_diff = 0, long_diff = 0;
+    for (size_t i = 0; i < (*a)[0].size(); ++i) {
+      short_diff = std::max(short_diff, double(std::abs((*a)[0][i] - (*d)[0][i])));
+      long_diff = std::max(long_diff, double(std::abs((*a)[1][i] - (*d)[1][i])));
+    }
+    EXPECT_LT(short_diff, 1e-6);
+    EXPECT_GT(long_diff, 1e-4);
   }
 }
 

@@ -382,6 +382,20 @@ int64_t BlockLayout::count() const {
 
 double BlockLayout::density() const { return bits.empty() ? 0.0 : double(count()) / double(bits.size()); }
 
+Result<BlockLayout> layout_prefix(const BlockLayout& master, int64_t blocks) {
+  if (blocks < 1 || blocks > master.blocks)
+    return Status::invalid_argument("layout_prefix: blocks", "in [1, " + str(master.blocks) + "] (the master layout's)",
+                                    str(blocks));
+  BlockLayout out{.heads = master.heads, .blocks = blocks, .block = master.block, .bits = {}};
+  out.bits.reserve(size_t(master.heads * blocks * blocks));
+  for (int64_t h = 0; h < master.heads; ++h)
+    for (int64_t q = 0; q < blocks; ++q) {
+      const auto row = master.bits.begin() + (h * master.blocks + q) * master.blocks;
+      out.bits.insert(out.bits.end(), row, row + blocks);
+    }
+  return out;
+}
+
 Result<BlockLayout> layout_from_bits(int64_t heads, int64_t blocks, int64_t block, std::vector<uint8_t> bits) {
   const std::string who = "layout_from_bits";
   if (heads < 1) return Status::invalid_argument(who + ": heads", ">= 1", str(heads));

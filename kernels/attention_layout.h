@@ -66,6 +66,13 @@ struct BlockLayout {
 // The most blocks a layout may hold (heads * blocks * blocks): 4 GiB of bits.
 inline constexpr int64_t kMaxLayoutBlocks = int64_t(1) << 32;
 
+// The first `blocks` query and key blocks of each head of `master` (DeepSpeed's
+// SparseSelfAttention slices its master layout so for a shorter sequence): a
+// model keeps one layout for its longest context, and every shorter length
+// attends as the start of it. InvalidArgument unless 1 <= blocks <=
+// master.blocks.
+Result<BlockLayout> layout_prefix(const BlockLayout& master, int64_t blocks);
+
 // A user-given layout: heads, blocks and block >= 1, bits.size() ==
 // heads * blocks * blocks (at most kMaxLayoutBlocks), every value 0 or 1.
 Result<BlockLayout> layout_from_bits(int64_t heads, int64_t blocks, int64_t block, std::vector<uint8_t> bits);

@@ -287,6 +287,37 @@ TEST(SparsityLayout, RandomConfigsMatchDeepSpeedOutsideTheRandomBlocks) {
 
 // Every config DeepSpeed rejects (the golden `error` records; the file quotes
 // DeepSpeed's exception above each) is a Status, worded:
+// A prefix is the master's top-left corner, head by head; a fixed pattern's prefix is the layout of the
+// shorter sequence itself.
+TEST(SparsityLayout, PrefixIsTheMastersTopLeftCorner) {
+  SparsityConfig c = SparsityConfig::bigbird(3);
+  c.different_layout_per_head = true;
+  c.num_random_blocks = 2;
+  c.seed = 5;
+  auto master = make_layout(c, 16 * 10);
+  ASSERT_TRUE(master.is_ok()) << master.status().to_string();
+  auto p = layout_prefix(*master, 4);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(p->heads, 3);
+  EXPECT_EQ(p->blocks, 4);
+  EXPECT_EQ(p->block, 16);
+  ASSERT_EQ(p->bits.size(), size_t(3 * 4 * 4));
+  for (int64_t h = 0; h < 3; ++h)
+    for (int64_t q = 0; q < 4; ++q)
+      for (int64_t k = 0; k < 4; ++k) EXPECT_EQ(p->at(h, q, k), master->at(h, q, k)) << h << " " << q << " " << k;
+  auto whole = layout_prefix(*master, 10);
+  ASSERT_TRUE(whole.is_ok());
+  EXPECT_EQ(whole->bits, master->bits);
+  SparsityConfig w = SparsityConfig::local_sliding_window(2);
+  w.block = 8;
+  auto long_one = make_layout(w, 8 * 12), short_one = make_layout(w, 8 * 5);
+  ASSERT_TRUE(long_one.is_ok() && short_one.is_ok());
+  EXPECT_EQ(layout_prefix(*long_one, 5)->bits, short_one->bits);
+  EXPECT_EQ(layout_prefix(*master, 0).status().message(),
+            "layout_prefix: blocks: expected in [1, 10] (the master layout's), found 0");
+  EXPECT_EQ(layout_prefix(*master, 11).status().code(), Code::kInvalidArgument);
+}
+
 TEST(SparsityLayout, DeepSpeedsRejectionsAreStatuses) {
   const std::string row8 = "(the blocks in a row: seq_len 128 / block 16)";
   const std::map<std::string, std::string> want = {

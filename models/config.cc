@@ -276,6 +276,102 @@ LlamaConfig read_llama(Keys& k, const std::string& type) {
   return c;
 }
 
+// NOTE [model layouts]: a model trained with a sparse layout keeps it: the export writes the sparsity config
+// (DeepSpeed's names, the seed of its random blocks) as config.json's "aspen_sparse_attention", and every
+// program built from the config (training, embedding, generation) attends through model_layout(): the
+// layout made once for the model's whole context, cut to the rows' length. A row of any length so sees the
+// start of the one pattern (DeepSpeed's SparseSelfAttention slices its master layout the same way), and a
+// random block is where it was in training.
+Result<kernels::SparsityConfig> sparsity_from_json(const json& j, int64_t n_head, const std::string& what) {
+  if (!j.is_object()) return Status::invalid_argument(what, "an object (a sparsity config)", j.dump());
+  auto kind_it = j.find("kind");
+  if (kind_it == j.end() || !kind_it->is_string())
+    return Status::invalid_argument(what + ".kind", "a sparsity kind's name", kind_it == j.end() ? "none" : kind_it->dump());
+  const Result<kernels::SparsityConfig::Kind> kind = kernels::parse_sparsity_kind(kind_it->get<std::string>());
+  if (!kind.is_ok()) return kind.status().with_context(what);
+  kernels::SparsityConfig c = kernels::SparsityConfig::of(*kind, n_head);
+  for (const auto& [key, v] : j.items()) {
+    const std::string where = what + "." + key;
+    auto integer = [&](int64_t* out) -> Status {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) return Status::invalid_argument(where, "an integer >= 0", v.dump());
+      *out = v.get<int64_t>();
+      return Status();
+    };
+    auto flag = [&](bool* out) -> Status {
+      if (!v.is_boolean()) return Status::invalid_argument(where, "true or false", v.dump());
+      *out = v.get<bool>();
+      return Status();
+    };
+    auto list = [&](std::vector<int64_t>* out) -> Status {
+      if (!v.is_array()) return Status::invalid_argument(where, "a list of integers", v.dump());
+      out->clear();
+      for (const json& x : v) {
+        if (!x.is_number_integer()) return Status::invalid_argument(where, "a list of integers", v.dump());
+        out->push_back(x.get<int64_t>());
+      }
+      return Status();
+    };
+    Status s;
+    if (key == "kind") {
+      continue;
+    } else if (key == "block") {
+      s = integer(&c.block);
+    } else if (key == "attention") {
+      if (!v.is_string()) return Status::invalid_argument(where, "unidirectional or bidirectional", v.dump());
+      const Result<kernels::SparsityConfig::Attention> a = kernels::parse_attention(v.get<std::string>());
+      if (!a.is_ok()) return Status::invalid_argument(where, "unidirectional or bidirectional", v.dump());
+      c.attention = *a;
+    } else if (key == "different_layout_per_head") {
+      s = flag(&c.different_layout_per_head);
+    } else if (key == "horizontal_global_attention") {
+      s = flag(&c.horizontal_global_attention);
+    } else if (key == "num_local_blocks") {
+      s = integer(&c.num_local_blocks);
+    } else if (key == "num_global_blocks") {
+      s = integer(&c.num_global_blocks);
+    } else if (key == "num_different_global_patterns") {
+      s = integer(&c.num_different_global_patterns);
+    } else if (key == "num_random_blocks") {
+      s = integer(&c.num_random_blocks);
+    } else if (key == "num_sliding_window_blocks") {
+      s = integer(&c.num_sliding_window_blocks);
+    } else if (key == "local_window_blocks") {
+      s = list(&c.local_window_blocks);
+    } else if (key == "global_block_indices") {
+      s = list(&c.global_block_indices);
+    } else if (key == "global_block_end_indices") {
+      s = list(&c.global_block_end_indices);
+    } else if (key == "seed") {
+      if (!v.is_number_unsigned()) return Status::invalid_argument(where, "an integer >= 0", v.dump());
+      c.seed = v.get<uint64_t>();
+    } else {
+      return Status::invalid_argument(where, "a key of DeepSpeed's sparsity configs", "an unknown key");
+    }
+    ASPEN_RETURN_IF_ERROR(s);
+  }
+  ASPEN_RETURN_IF_ERROR(kernels::validate(c).with_context(what));
+  return c;
+}
+
+nlohmann::ordered_json sparsity_to_json(const kernels::SparsityConfig& c) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  j["kind"] = kernels::sparsity_kind_name(c.kind);
+  j["block"] = c.block;
+  j["attention"] = kernels::attention_name(c.attention);
+  j["different_layout_per_head"] = c.different_layout_per_head;
+  j["num_local_blocks"] = c.num_local_blocks;
+  j["num_global_blocks"] = c.num_global_blocks;
+  j["horizontal_global_attention"] = c.horizontal_global_attention;
+  j["num_different_global_patterns"] = c.num_different_global_patterns;
+  j["num_random_blocks"] = c.num_random_blocks;
+  j["local_window_blocks"] = c.local_window_blocks;
+  j["global_block_indices"] = c.global_block_indices;
+  j["global_block_end_indices"] = c.global_block_end_indices;
+  j["num_sliding_window_blocks"] = c.num_sliding_window_blocks;
+  j["seed"] = c.seed;
+  return j;
+}
+
 BertConfig read_bert(Keys& k) {
   BertConfig c;
   c.vocab = k.required_int("vocab_size");
@@ -393,6 +489,11 @@ Result<ModelConfig> parse_config(const std::string& text, const std::string& pat
   } else {
     return Status::error(Code::kUnimplemented, path + ": model_type", "one of " + types, "\"" + c.model_type + "\"");
   }
+  if (const json* a = k.find("aspen_sparse_attention")) {
+    Result<kernels::SparsityConfig> sc = sparsity_from_json(*a, c.n_head(), path + ": key 'aspen_sparse_attention'");
+    if (!sc.is_ok()) return sc.status();
+    c.sparse_attention = *sc;
+  }
   c.bos_token_id = k.optional_int("bos_token_id");
   c.pad_token_id = k.optional_int("pad_token_id");
   c.eos_token_ids = k.ids("eos_token_id");
@@ -502,6 +603,7 @@ Result<std::string> to_hf_config_json(const ModelConfig& config) {
     j["position_embedding_type"] = "absolute";
     j["tie_word_embeddings"] = true;  // the MLM decoder is the word embeddings
   }
+  if (config.sparse_attention) j["aspen_sparse_attention"] = sparsity_to_json(*config.sparse_attention);
   j["bos_token_id"] = id_or_null(config.bos_token_id);
   if (config.eos_token_ids.size() == 1) {
     j["eos_token_id"] = config.eos_token_ids[0];
@@ -514,6 +616,23 @@ Result<std::string> to_hf_config_json(const ModelConfig& config) {
   j["torch_dtype"] = "float32";  // the master weights; newer transformers read it as "dtype"
   j["use_cache"] = true;
   return j.dump(2) + "\n";
+}
+
+Result<std::optional<kernels::BlockLayout>> model_layout(const ModelConfig& config, int64_t seq,
+                                                         const std::string& what) {
+  if (!config.sparse_attention) return std::optional<kernels::BlockLayout>();
+  const kernels::SparsityConfig& c = *config.sparse_attention;
+  const int64_t positions = config.n_positions();
+  if (c.block < 1 || seq < 1 || seq % c.block != 0 || seq > (positions + c.block - 1) / c.block * c.block)
+    return Status::invalid_argument(
+        what + ": rows of " + std::to_string(seq) + " tokens",
+        "a multiple of the sparse layout's block (" + std::to_string(c.block) + ") within the model's " +
+            std::to_string(positions) + " positions",
+        std::to_string(seq));
+  Result<kernels::BlockLayout> master = kernels::make_layout(c, (positions + c.block - 1) / c.block * c.block);
+  if (!master.is_ok()) return master.status().with_context(what + ": sparse layout");
+  ASPEN_ASSIGN_OR_RETURN(kernels::BlockLayout l, kernels::layout_prefix(*master, seq / c.block));
+  return std::optional<kernels::BlockLayout>(std::move(l));
 }
 
 Result<ModelConfig> load_config(const std::string& path) {

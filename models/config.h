@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/attention_layout.h"
 #include "models/bert.h"
 #include "models/gpt2.h"
 #include "models/gptj.h"
@@ -46,6 +47,10 @@ struct ModelConfig {
   std::string model_type;  // "gpt2", "gptj", "bert", "llama", "mistral" or "qwen2"
   std::variant<Gpt2Config, GptjConfig, BertConfig, LlamaConfig> family;
   std::optional<int64_t> bos_token_id, pad_token_id;
+  // The sparse attention layout the model was trained with (config.json's "aspen_sparse_attention", written
+  // by aspen's export; DeepSpeed's sparsity config by its names, num_heads the model's); nullopt: dense.
+  // Every program of the model attends through it (model_layout); transformers ignores the key.
+  std::optional<kernels::SparsityConfig> sparse_attention;
   std::vector<int64_t> eos_token_ids;     // HF allows one id or a list
   std::vector<std::string> unknown_keys;  // sorted; logged as a warning when loaded
 
@@ -76,6 +81,13 @@ Status check_fits_memory(const std::string& subject, double parameters, double b
                          const std::string& use);
 // This machine's physical memory in bytes.
 double physical_memory_bytes();
+
+// The layout a model with sparse_attention uses for rows of `seq` tokens (NOTE [model layouts] in
+// config.cc): the first seq / block blocks of the layout made for its whole context (n_positions rounded up
+// to a block), as DeepSpeed slices its master layout. nullopt for a dense model. InvalidArgument naming
+// `what` when seq is not a multiple of the block or exceeds the context.
+Result<std::optional<kernels::BlockLayout>> model_layout(const ModelConfig& config, int64_t seq,
+                                                         const std::string& what);
 
 // The model types load_config understands, in the order error messages list them.
 const std::vector<std::string>& supported_model_types();

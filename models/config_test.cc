@@ -291,6 +291,66 @@ TEST(Config, HfConfigJsonHasTransformersKeys) {
   EXPECT_NE(t2->find(R"("bos_token_id": null)"), std::string::npos) << *t2;  // not HF's default 50256
 }
 
+// A model's sparse layout (NOTE [model layouts]): written by to_hf_config_json, read back field for field;
+// model_layout cuts the layout of the whole context; bad keys and lengths are named.
+TEST(Config, SparseAttentionRoundTripsAndCutsTheContextsLayout) {
+  auto base = parse_config(json_of("gpt2"), "c.json");  // n_positions 16, n_head 3
+  ASSERT_TRUE(base.is_ok());
+  kernels::SparsityConfig sc = kernels::SparsityConfig::bigbird(3);
+  sc.block = 4;
+  sc.num_random_blocks = 2;
+  sc.num_sliding_window_blocks = 1;
+  sc.different_layout_per_head = true;
+  sc.seed = 12345678901234ULL;
+  ModelConfig with = *base;
+  with.sparse_attention = sc;
+  auto text = to_hf_config_json(with);
+  ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+  EXPECT_NE(text->find(R"("aspen_sparse_attention": {)"), std::string::npos) << *text;
+  auto back = parse_config(*text, "c.json");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_TRUE(back->unknown_keys.empty());
+  ASSERT_TRUE(back->sparse_attention.has_value());
+  const kernels::SparsityConfig& r = *back->sparse_attention;
+  EXPECT_EQ(r.kind, sc.kind);
+  EXPECT_EQ(r.num_heads, 3);
+  EXPECT_EQ(r.block, 4);
+  EXPECT_EQ(r.num_random_blocks, 2);
+  EXPECT_EQ(r.num_sliding_window_blocks, 1);
+  EXPECT_TRUE(r.different_layout_per_head);
+  EXPECT_EQ(r.seed, sc.seed);
+  EXPECT_EQ(r.attention, sc.attention);
+  EXPECT_FALSE(base->sparse_attention.has_value());
+  auto dense = model_layout(*base, 8, "x");
+  ASSERT_TRUE(dense.is_ok());
+  EXPECT_FALSE(dense->has_value());
+
+  auto master = kernels::make_layout(sc, 16);
+  ASSERT_TRUE(master.is_ok());
+  for (int64_t seq : {4, 8, 16}) {
+    auto l = model_layout(*back, seq, "x");
+    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+    ASSERT_TRUE(l->has_value());
+    EXPECT_EQ((*l)->blocks, seq / 4);
+    EXPECT_EQ((*l)->bits, kernels::layout_prefix(*master, seq / 4)->bits) << seq;
+  }
+  EXPECT_EQ(model_layout(*back, 6, "embedder").status().message(),
+            "embedder: rows of 6 tokens: expected a multiple of the sparse layout's block (4) within the model's 16 "
+            "positions, found 6");
+  EXPECT_EQ(model_layout(*back, 20, "x").status().code(), Code::kInvalidArgument);
+
+  EXPECT_EQ(error_of(json_of("gpt2", R"(, "aspen_sparse_attention": {"kind": "bigbird", "blocks": 4})")),
+            "c.json: key 'aspen_sparse_attention'.blocks: expected a key of DeepSpeed's sparsity configs, found an "
+            "unknown key");
+  EXPECT_EQ(error_of(json_of("gpt2", R"(, "aspen_sparse_attention": {"kind": "sparse"})")),
+            "c.json: key 'aspen_sparse_attention': kind: expected one of dense, fixed, variable, bigbird, bslongformer, "
+            "local_sliding_window, found 'sparse'");
+  EXPECT_EQ(error_of(json_of("gpt2", R"(, "aspen_sparse_attention": {"kind": "fixed", "block": -4})")),
+            "c.json: key 'aspen_sparse_attention'.block: expected an integer >= 0, found -4");
+  EXPECT_EQ(error_of(json_of("gpt2", R"(, "aspen_sparse_attention": [1])")),
+            "c.json: key 'aspen_sparse_attention': expected an object (a sparsity config), found [1]");
+}
+
 TEST(Config, HfConfigJsonErrors) {
   ModelConfig bad;
   bad.model_type = "gpt2";

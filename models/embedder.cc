@@ -92,17 +92,31 @@ Result<std::unique_ptr<Embedder>> Embedder::open(const std::string& dir, const E
                                     "at most vocab_size = " + std::to_string(bert->vocab) + " ids (config.json)",
                                     std::to_string(e->tokenizer_->vocab_size()));
 
-  // NOTE [embedder buckets] in embedder.h: one program per length, sharing the weights.
-  for (int64_t t = kSmallestBucket; t < e->max_length_; t *= 2) e->lengths_.push_back(t);
-  e->lengths_.push_back(e->max_length_);
+  // NOTE [embedder buckets] in embedder.h: one program per length, sharing the weights. A model with a sparse
+  // layout (NOTE [model layouts] in config.cc) runs whole blocks: each length rounded up to its block.
+  const int64_t unit = ckpt.config().sparse_attention ? ckpt.config().sparse_attention->block : 1;
+  auto whole_blocks = [unit](int64_t t) { return (t + unit - 1) / unit * unit; };
+  for (int64_t t = kSmallestBucket; t < e->max_length_; t *= 2)
+    if (e->lengths_.empty() || whole_blocks(t) > e->lengths_.back()) e->lengths_.push_back(whole_blocks(t));
+  if (e->lengths_.empty() || whole_blocks(e->max_length_) > e->lengths_.back())
+    e->lengths_.push_back(whole_blocks(e->max_length_));
+  if (e->lengths_.back() > bert->max_positions)
+    return Status::invalid_argument("embedder: max_length " + std::to_string(e->max_length_),
+                                    "whole blocks of the model's sparse layout (" + std::to_string(unit) +
+                                        " tokens) within max_position_embeddings " +
+                                        std::to_string(bert->max_positions),
+                                    std::to_string(e->lengths_.back()) + " tokens");
   std::vector<std::unique_ptr<compiler::Executable>> programs;
   std::optional<WeightPlan> plan;
   for (int64_t t : e->lengths_) {
     graph::Graph g;
     graph::Builder b(g);
-    const BertOptions shape{.batch = e->max_batch_, .seq = t, .sentence_embedding = true};
+    ASPEN_ASSIGN_OR_RETURN(const std::optional<kernels::BlockLayout> layout,
+                           model_layout(ckpt.config(), t, "embedder"));
+    const BertOptions shape{
+        .batch = e->max_batch_, .seq = t, .sentence_embedding = true, .layout = layout ? &*layout : nullptr};
     ASPEN_RETURN_IF_ERROR(build_bert(b, *bert, shape).status());
-    if (t == e->max_length_) {
+    if (t == e->lengths_.back()) {
       ASPEN_ASSIGN_OR_RETURN(plan, plan_weights(g, ckpt));
     }
     ASPEN_ASSIGN_OR_RETURN(auto exe,

@@ -20,7 +20,10 @@
 // max_length, then max_length itself: a batch of short texts does not pay for
 // max_length (padding changes no result: padded keys are never attended and
 // mean pooling skips them). All programs share one set of weights and one
-// arena (sized for the largest); compiling the extra ones costs little.
+// arena (sized for the largest); compiling the extra ones costs little. A
+// model trained with a sparse layout (config.json's aspen_sparse_attention)
+// attends through it: each length rounded up to whole blocks, the layout's
+// first blocks (models/config.h model_layout).
 //
 // NOTE [embedder max length] The sequence length, special tokens included:
 //   1. options.max_length when > 0;

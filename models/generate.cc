@@ -61,6 +61,15 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
     return Status::invalid_argument(gen->config_.path + ": model_type",
                                     "a causal language model (gpt2, gptj, llama, mistral, qwen2)",
                                     "'" + gen->config_.model_type + "'");
+  // NOTE [model layouts]: decoding attends the cache by slot, and a left-padded row's slots are not its
+  // positions, so a layout (indexed by position) would need per-row offsets in the attention kernel: refused
+  // rather than run dense, which would be another model.
+  if (gen->config_.sparse_attention)
+    return Status::unimplemented(gen->config_.path + ": aspen_sparse_attention (a model trained with the " +
+                                     std::string(kernels::sparsity_kind_name(gen->config_.sparse_attention->kind)) +
+                                     " sparse layout)",
+                                 "a dense model: generation through a sparse layout is not built yet (training "
+                                 "and BERT embeddings are)");
   gen->vocab_ = gen->config_.vocab();
   gen->n_positions_ = gen->config_.n_positions();
   if (const LlamaConfig* l = gen->config_.llama()) gen->window_ = l->sliding_window;

@@ -345,12 +345,16 @@ class OnnxProgram {
     models::OnnxImport m;
     graph::Builder b(m.graph);
     const bool with_loss = training.has_value();
+    // A model trained with a sparse layout attends through it (NOTE [model layouts] in models/config.cc).
+    const std::optional<kernels::BlockLayout> layout = take(models::model_layout(cfg, seq, dir));
     if (cfg.causal_lm()) {
-      check(models::build_causal_lm(b, cfg, {.batch = batch, .seq = seq, .with_loss = with_loss}));
+      check(models::build_causal_lm(
+          b, cfg, {.batch = batch, .seq = seq, .with_loss = with_loss, .layout = layout ? &*layout : nullptr}));
     } else if (const auto* bc = cfg.bert()) {
       if (with_loss) bad_argument(dir, "a model that trains here (gpt2, gptj, llama, mistral, qwen2)", "model_type bert");
       const bool pooler = ckpt.find("pooler.dense.weight").first || ckpt.find("bert.pooler.dense.weight").first;
-      check(models::build_bert(b, *bc, {.batch = batch, .seq = seq, .pooler = pooler}).status());
+      check(models::build_bert(b, *bc, {.batch = batch, .seq = seq, .pooler = pooler, .layout = layout ? &*layout : nullptr})
+                .status());
     }
     check(b.status());
     for (int32_t n : m.graph.input_nodes()) m.inputs.push_back(m.graph.node(n).name);
