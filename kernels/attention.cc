@@ -555,8 +555,25 @@ Status check_shape(const char* kernel, int64_t B, int64_t H, int64_t Hk, int64_t
     if (mask.layout_heads != 1 && mask.layout_heads != H)
       return Status::invalid_argument(std::string(kernel) + ": mask.layout_heads", "1 or H = " + i64(H),
                                       i64(mask.layout_heads));
-    const int64_t rows = (mask.kv_offset + T + mask.layout_block - 1) / mask.layout_block,
-                  cols = (S + mask.layout_block - 1) / mask.layout_block;
+    const bool positions = !mask.layout_query_positions.empty() || !mask.layout_key_positions.empty();
+    if (positions) {
+      if (int64_t(mask.layout_query_positions.size()) != B * T || int64_t(mask.layout_key_positions.size()) != bs)
+        return Status::invalid_argument(std::string(kernel) + ": mask.layout_query_positions, layout_key_positions",
+                                        i64(B * T) + " and " + i64(bs) + " elements ([B, T] and [B, S])",
+                                        i64(int64_t(mask.layout_query_positions.size())) + " and " +
+                                            i64(int64_t(mask.layout_key_positions.size())));
+      ASPEN_RETURN_IF_ERROR(check_extent(kernel, "mask.layout_blocks", mask.layout_blocks, 1));
+      const int64_t end = mask.layout_blocks * mask.layout_block;
+      for (const auto& [name, pos] : {std::pair{"mask.layout_query_positions", mask.layout_query_positions},
+                                      std::pair{"mask.layout_key_positions", mask.layout_key_positions}})
+        for (size_t n = 0; n < pos.size(); ++n)
+          if (pos[n] >= end)
+            return Status::invalid_argument(std::string(kernel) + ": " + name + " element " + i64(int64_t(n)),
+                                            "a position below layout_blocks x layout_block = " + i64(end),
+                                            i64(pos[n]));
+    }
+    const int64_t rows = positions ? mask.layout_blocks : (mask.kv_offset + T + mask.layout_block - 1) / mask.layout_block,
+                  cols = positions ? mask.layout_blocks : (S + mask.layout_block - 1) / mask.layout_block;
     int64_t cells = 0;
     if (__builtin_mul_overflow(rows, cols, &cells) || __builtin_mul_overflow(cells, mask.layout_heads, &cells) ||
         int64_t(mask.layout.size()) != cells)
@@ -621,6 +638,39 @@ uint32_t dropout_threshold(float p) { return uint32_t(std::ceil(double(p) * 1677
 void layout_tiles(Problem& pb, std::vector<uint8_t>& tiles) {
   pb.nqt = (pb.T + kBq - 1) / kBq;
   pb.nkt = (pb.S + kBk - 1) / kBk;
+  if (pb.lq) {  // each row's positions: a state per (batch, layout head, tile) from the blocks its positions span
+    tiles.assign(size_t(pb.B * pb.lheads * pb.nqt * pb.nkt), kSkipTile);
+    for (int64_t b = 0; b < pb.B; ++b)
+      for (int64_t qt = 0; qt < pb.nqt; ++qt) {
+        const int64_t i1 = std::min(pb.T, (qt + 1) * kBq);
+        int64_t q_lo = INT64_MAX, q_hi = 0;
+        for (int64_t i = qt * kBq; i < i1; ++i) {
+          const int64_t blk = pb.lq_block(b, i);
+          q_lo = std::min(q_lo, blk), q_hi = std::max(q_hi, blk);
+        }
+        for (int64_t kt = 0; kt < pb.nkt; ++kt) {
+          const int64_t j1 = std::min(pb.S, (kt + 1) * kBk);
+          int64_t k_lo = INT64_MAX, k_hi = 0;
+          for (int64_t j = kt * kBk; j < j1; ++j) {
+            const int64_t blk = pb.lk_block(b, j);
+            k_lo = std::min(k_lo, blk), k_hi = std::max(k_hi, blk);
+          }
+          for (int64_t h = 0; h < pb.lheads; ++h) {  // over the spanned blocks: a superset, so "full" is exact
+            bool any = false, all = true;
+            for (int64_t qb = q_lo; qb <= q_hi; ++qb)
+              for (int64_t kb = k_lo; kb <= k_hi; ++kb) {
+                const bool on = pb.layout[(h * pb.lrows + qb) * pb.lcols + kb] != 0;
+                any |= on;
+                all &= on;
+              }
+            tiles[size_t(((b * pb.lheads + h) * pb.nqt + qt) * pb.nkt + kt)] =
+                !any ? kSkipTile : all ? kFullTile : kPartialTile;
+          }
+        }
+      }
+    pb.tiles = tiles.data();
+    return;
+  }
   tiles.assign(size_t(pb.lheads * pb.nqt * pb.nkt), kSkipTile);
   const int64_t bs = pb.lblock;
   for (int64_t h = 0; h < pb.lheads; ++h)
@@ -668,6 +718,11 @@ Problem make_problem(const float* q, const float* k, const float* v, int64_t B, 
     pb.lheads = mask.layout_heads;
     pb.lcols = (S + mask.layout_block - 1) / mask.layout_block;
     pb.lrows = (mask.kv_offset + T + mask.layout_block - 1) / mask.layout_block;
+    if (!mask.layout_query_positions.empty()) {
+      pb.lq = mask.layout_query_positions.data();
+      pb.lk = mask.layout_key_positions.data();
+      pb.lrows = pb.lcols = mask.layout_blocks;
+    }
     layout_tiles(pb, tiles);
   }
   if (mask.segments.empty()) return pb;
@@ -693,6 +748,10 @@ Status check_backward(std::span<const E> q, std::span<const E> k, std::span<cons
                       int64_t Hk, int64_t T, int64_t S, int64_t D, float scale, const AttentionMask& mask, int64_t* nq,
                       int64_t* nk, int64_t* nl) {
   constexpr const char* kName = "attention_backward";
+  if (!mask.layout_query_positions.empty() || !mask.layout_key_positions.empty())
+    return Status::error(Code::kUnimplemented, std::string(kName) + ": mask.layout_query_positions",
+                                 "none (a layout by each row's positions is for generation: forward only)",
+                                 "positions");
   ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, nq, nk, nl));
   ASPEN_RETURN_IF_ERROR(check_qkv(kName, q, k, v, *nq, *nk));
   ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"out", out, *nq}, {"lse", lse, *nl}, {"dout", dout, *nq},

@@ -50,7 +50,14 @@ namespace aspen::kernels {
 //     ceil((kv_offset + T) / layout_block), ceil(S / layout_block)] flags,
 //     layout_heads 1 (every head) or H; query i of head h may attend key j
 //     only where layout[h][(kv_offset + i) / layout_block][j / layout_block]
-//     is nonzero.
+//     is nonzero. With layout_query_positions and layout_key_positions
+//     (both or neither; [B, T] and [B, S] i32; the forward only) the lookup
+//     takes each row's own positions instead of kv_offset + i and j: a
+//     generator's left-padded rows, whose cache slots are not positions.
+//     The layout is then [layout_heads, layout_blocks, layout_blocks] (the
+//     model's whole context), every position below layout_blocks *
+//     layout_block; a negative position (padding) looks up block 0, and
+//     key_valid is what keeps padding out.
 // Each row's allowed keys form one range [lo, hi) before key_valid and the
 // layout, so whole key blocks outside every row's range are skipped, and so
 // are blocks the layout leaves empty: the work follows the visited blocks. A
@@ -66,6 +73,8 @@ struct AttentionMask {
   std::span<const uint8_t> layout = {};
   int64_t layout_block = 0;  // >= 1 with a layout
   int64_t layout_heads = 1;  // 1 or H
+  std::span<const int32_t> layout_query_positions = {}, layout_key_positions = {};  // see above
+  int64_t layout_blocks = 0;  // with the positions: the layout's query and key blocks
   // ALiBi (Press et al., as BLOOM and MPT add it): H slopes; head h's score of
   // key j for query i gains slopes[h] * (j - (kv_offset + i)) after the scale
   // (scale must then be > 0). A fixed bias: no gradient flows to it.

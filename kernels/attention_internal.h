@@ -285,7 +285,11 @@ struct Problem {
   // goes; the ranges, key_valid and segments still apply on top.
   const uint8_t* layout = nullptr;  // [lheads, lrows, lcols]
   int64_t lblock = 0, lheads = 1, lrows = 0, lcols = 0;
-  const uint8_t* tiles = nullptr;  // [lheads, nqt, nkt]
+  const uint8_t* tiles = nullptr;  // [lheads, nqt, nkt]; with positions [B, lheads, nqt, nkt]
+  const int32_t* lq = nullptr;     // mask.layout_query_positions [B, T], or null
+  const int32_t* lk = nullptr;     // mask.layout_key_positions [B, S]
+  int64_t lq_block(int64_t b, int64_t i) const { return std::max<int32_t>(lq[b * T + i], 0) / lblock; }
+  int64_t lk_block(int64_t b, int64_t j) const { return std::max<int32_t>(lk[b * S + j], 0) / lblock; }
   int64_t nqt = 0, nkt = 0;
   const float* alibi = nullptr;  // [H] slopes, or null
   const float* bias = nullptr;   // [bias_batch, bias_heads, T, S], or null
@@ -314,11 +318,22 @@ struct Problem {
   void dropout_tile(int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* z) const;
   int64_t layout_head(int64_t bh) const { return lheads == 1 ? 0 : bh % H; }
   uint8_t tile_state(int64_t bh, int64_t i0, int64_t j0) const {
-    return tiles ? tiles[(layout_head(bh) * nqt + i0 / kBq) * nkt + j0 / kBk] : kFullTile;
+    if (!tiles) return kFullTile;
+    const int64_t lh = lq ? (bh / H) * lheads + layout_head(bh) : layout_head(bh);
+    return tiles[(lh * nqt + i0 / kBq) * nkt + j0 / kBk];
   }
   // The layout's -inf on the scores s (leading dimension kBk) of a partial tile.
   void mask_tile(int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* s) const {
     const uint8_t* l = layout + layout_head(bh) * lrows * lcols;
+    if (lq) {  // each row's own positions
+      const int64_t b = bh / H;
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* row = l + lq_block(b, i0 + r) * lcols;
+        for (int64_t c = 0; c < cols; ++c)
+          if (row[lk_block(b, j0 + c)] == 0) s[r * kBk + c] = -std::numeric_limits<float>::infinity();
+      }
+      return;
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const uint8_t* row = l + ((geo.offset + i0 + r) / lblock) * lcols;
       for (int64_t c = 0; c < cols; ++c)

@@ -16,14 +16,19 @@ namespace ref {
 namespace {
 
 // The mask, literally: may query row i of batch b attend key j?
-bool allowed(const AttentionMask& mask, int64_t S, int64_t b, int64_t h, int64_t i, int64_t j) {
+bool allowed(const AttentionMask& mask, int64_t T, int64_t S, int64_t b, int64_t h, int64_t i, int64_t j) {
   if (!mask.key_valid.empty() && mask.key_valid[size_t(b * S + j)] == 0) return false;
   const int64_t pos = mask.kv_offset + i;
   if (!mask.layout.empty()) {
-    const int64_t bs = mask.layout_block, nk = (S + bs - 1) / bs;
+    const int64_t bs = mask.layout_block;
+    const bool positions = !mask.layout_query_positions.empty();
+    const int64_t nk = positions ? mask.layout_blocks : (S + bs - 1) / bs;
     const int64_t rows = (int64_t(mask.layout.size()) / mask.layout_heads) / nk;  // query blocks (validated)
     const int64_t lh = mask.layout_heads == 1 ? 0 : h;
-    if (mask.layout[size_t((lh * rows + pos / bs) * nk + j / bs)] == 0) return false;
+    // A row's own positions (a negative one, padding, looks up block 0), else the slots.
+    const int64_t qp = positions ? std::max<int64_t>(0, mask.layout_query_positions[size_t(b * T + i)]) : pos;
+    const int64_t kp = positions ? std::max<int64_t>(0, mask.layout_key_positions[size_t(b * S + j)]) : j;
+    if (mask.layout[size_t((lh * rows + qp / bs) * nk + kp / bs)] == 0) return false;
   }
   if (!mask.segments.empty() && mask.segments[size_t(b * S + j)] != mask.segments[size_t(b * S + pos)]) return false;
   switch (mask.kind) {
@@ -51,7 +56,7 @@ void probs(const F* qh, const F* kh, int64_t b, int64_t h, int64_t T, int64_t S,
     F mx = neg_inf;
     for (int64_t j = 0; j < S; ++j) {
       F s = neg_inf;
-      if (allowed(mask, S, b, h, i, j)) {
+      if (allowed(mask, T, S, b, h, i, j)) {
         s = 0;
         for (int64_t d = 0; d < D; ++d) s += qh[i * D + d] * kh[j * D + d];
         s *= scale;

@@ -396,6 +396,122 @@ TEST(Attention, BlockLayoutsMatchReference) {
   }
 }
 
+// A layout looked up by each row's own positions (a generator's left-padded rows: slot j of row b is
+// position j - pad[b]): prefill (causal, T = S) and decode rows (one query over the cache) against the
+// reference, f32 on every ISA and bf16, forward only (the backward refuses positions by name). With every
+// pad 0 the positions are the slots and the result is the plain layout's.
+TEST(Attention, BlockLayoutsByRowPositionsMatchReference) {
+  struct Positioned {
+    Case c;
+    Kind kind;
+    int64_t block, layout_heads, layout_blocks;
+    std::vector<int64_t> pads;
+  };
+  const std::vector<Positioned> cases = {
+      {{2, 2, 96, 96, 32, 0, 0}, Kind::causal, 16, 2, 8, {0, 37}},
+      {{3, 4, 130, 130, 16, 0, 0, 2}, Kind::causal, 32, 1, 5, {5, 0, 64}},
+      {{2, 2, 1, 160, 64, 0, 0}, Kind::none, 32, 2, 6, {0, 21}},  // decode: one query at slot 159 - ...
+      {{2, 3, 2, 200, 24, 0, 0, 1}, Kind::none, 64, 3, 4, {70, 3}},
+  };
+  uint64_t seed = 9500;
+  for (const Positioned& x : cases) {
+    const Case& c = x.c;
+    SCOPED_TRACE(describe(c, x.kind, true) + " block=" + std::to_string(x.block));
+    Inputs in = make_inputs(c, false, seed += 10);
+    // Keys before a row's pad are padding; decode queries sit at the newest slots, S - T ...
+    in.valid.assign(size_t(c.B * c.S), 0);
+    std::vector<int32_t> qpos(size_t(c.B * c.T)), kpos(size_t(c.B * c.S));
+    for (int64_t b = 0; b < c.B; ++b) {
+      const int64_t pad = x.pads[size_t(b)];
+      for (int64_t j = 0; j < c.S; ++j) {
+        kpos[size_t(b * c.S + j)] = int32_t(j - pad);
+        in.valid[size_t(b * c.S + j)] = j >= pad;
+      }
+      const int64_t first_slot = x.kind == Kind::causal ? 0 : c.S - c.T;
+      for (int64_t i = 0; i < c.T; ++i) qpos[size_t(b * c.T + i)] = int32_t(first_slot + i - pad);
+    }
+    AttentionMask mask = make_mask(x.kind, c, in);
+    const std::vector<uint8_t> layout =
+        random_layout(x.layout_heads, x.layout_blocks, x.layout_blocks, 0.5f, seed + 3);
+    mask.layout = layout;
+    mask.layout_block = x.block;
+    mask.layout_heads = x.layout_heads;
+    mask.layout_blocks = x.layout_blocks;
+    mask.layout_query_positions = qpos;
+    mask.layout_key_positions = kpos;
+    const size_t nq = in.q.size(), nl = size_t(c.B * c.H * c.T);
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    std::vector<double> want_out(nq), want_lse(nl);
+    ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), want_out.data(),
+                                   want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
+    for (Isa isa : testing::available_isas(Isa::avx512)) {
+      SCOPED_TRACE(isa_name(isa));
+      ScopedIsaCap cap(isa);
+      Guarded<float> out(nq, NAN), lse(nl, NAN);
+      ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
+                                    mask)
+                      .is_ok());
+      EXPECT_GUARDS(out);
+      EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
+      EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
+    }
+    const std::vector<bf16> q = to_bf16(in.q), k = to_bf16(in.k), v = to_bf16(in.v);
+    ref::attention_forward<double>(to_f64(widen(q)).data(), to_f64(widen(k)).data(), to_f64(widen(v)).data(),
+                                   want_out.data(), want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale),
+                                   mask);
+    std::vector<float> out(nq), lse(nl);
+    ASSERT_TRUE(attention_forward(std::span<const bf16>(q), k, v, std::span<float>(out), std::span<float>(lse), c.B,
+                                  c.H, c.hk(), c.T, c.S, c.D, scale, mask)
+                    .is_ok());
+    EXPECT_TRUE(close_nmse(std::span<const float>(out), std::span<const double>(want_out), nmse_threshold(DType::bf16)));
+    std::vector<float> dq(nq), dk(in.k.size()), dv(in.k.size());
+    const Status back = attention_backward(in.q, in.k, in.v, out, lse, in.dout, dq, dk, dv, c.B, c.H, c.hk(), c.T,
+                                           c.S, c.D, scale, mask);
+    EXPECT_EQ(back.code(), Code::kUnimplemented) << back.to_string();
+    // Every pad 0 and prefill: the positions are the slots, and the plain layout (cut to the slots' blocks)
+    // gives the same bits.
+    if (x.kind != Kind::causal) continue;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t j = 0; j < c.S; ++j) {
+        kpos[size_t(b * c.S + j)] = int32_t(j);
+        in.valid[size_t(b * c.S + j)] = 1;
+      }
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t i = 0; i < c.T; ++i) qpos[size_t(b * c.T + i)] = int32_t(i);
+    const int64_t nb = (c.S + x.block - 1) / x.block;
+    std::vector<uint8_t> cut;
+    for (int64_t h = 0; h < x.layout_heads; ++h)
+      for (int64_t r = 0; r < nb; ++r)
+        for (int64_t col = 0; col < nb; ++col)
+          cut.push_back(layout[size_t((h * x.layout_blocks + r) * x.layout_blocks + col)]);
+    AttentionMask plain = make_mask(x.kind, c, in);
+    plain.layout = cut;
+    plain.layout_block = x.block;
+    plain.layout_heads = x.layout_heads;
+    mask.key_valid = in.valid;
+    std::vector<float> a(nq), a_lse(nl), p(nq), p_lse(nl);
+    ASSERT_TRUE(attention_forward(in.q, in.k, in.v, std::span<float>(a), std::span<float>(a_lse), c.B, c.H, c.hk(),
+                                  c.T, c.S, c.D, scale, mask)
+                    .is_ok());
+    ASSERT_TRUE(attention_forward(in.q, in.k, in.v, std::span<float>(p), std::span<float>(p_lse), c.B, c.H, c.hk(),
+                                  c.T, c.S, c.D, scale, plain)
+                    .is_ok());
+    EXPECT_EQ(a, p);
+  }
+  AttentionMask bad;
+  const std::vector<uint8_t> layout(4, 1);
+  const std::vector<int32_t> qpos = {0, 9}, kpos = {0, 1, 2, 3, 0, 1, 2, 3};
+  bad.layout = layout;
+  bad.layout_block = 4;
+  bad.layout_blocks = 2;
+  bad.layout_query_positions = qpos;
+  bad.layout_key_positions = kpos;
+  std::vector<float> q(2 * 2), kv(2 * 4 * 2), out(2 * 2), lse(2);
+  const Status s = attention_forward(q, kv, kv, out, lse, 2, 1, 1, 1, 4, 2, 1.0f, bad);
+  EXPECT_EQ(s.message(), "attention_forward: mask.layout_query_positions element 1: expected a position below "
+                         "layout_blocks x layout_block = 8, found 9");
+}
+
 // MPT's gen_slopes: 8 heads 2^-1 .. 2^-8; 12 heads from 16, odd-indexed first.
 TEST(Attention, AlibiSlopesAreMpts) {
   const std::vector<float> eight = alibi_slopes(8);

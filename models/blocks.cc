@@ -98,13 +98,19 @@ ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const Attent
   if (key_valid) args.push_back(*key_valid);
   ASPEN_CHECK(!(segments && cache));  // a caller's bug: check_kv_cache refuses packed generation
   if (segments) args.push_back(*segments);
-  ASPEN_CHECK(!(layout && cache));  // a caller's bug: layout_input refuses sparse generation
+  const bool by_position = layout && cache;  // the cache's slots are not positions: look the layout up by them
+  ASPEN_CHECK(!by_position || (cache->query_positions && cache->key_positions));  // causal_lm_inputs gives them
   if (layout) args.push_back(*layout);
+  if (by_position) {
+    args.push_back(*cache->query_positions);
+    args.push_back(*cache->key_positions);
+  }
   ASPEN_CHECK((s.dropout > 0) == dropout_seed.has_value());  // a caller's bug: dropout reads the run-time seed
   if (dropout_seed) args.push_back(*dropout_seed);
   graph::Attrs attrs{{"scale", 1.0 / std::sqrt(double(D))}, {"mask", mask}};
   if (mask == "local") attrs.set("window", s.window);
-  if (layout) attrs.set("layout_block", T / b.type(*layout).shape[1]);
+  if (layout) attrs.set("layout_block", by_position ? cache->layout_block : T / b.type(*layout).shape[1]);
+  if (by_position) attrs.set("layout_positions", int64_t(1));
   if (s.dropout > 0) {
     attrs.set("dropout", s.dropout);
     attrs.set("dropout_stream", s.dropout_stream);
@@ -124,9 +130,14 @@ Result<std::optional<ValueId>> layout_input(Builder& b, const std::string& famil
   if (l->heads != 1 && o.tensor_parallel > 1)
     return Status::unimplemented(what, "one layout for every head with tensor_parallel (a shard's graph is every "
                                        "shard's)");
-  if (o.kv_cache_len > 0)
-    return Status::unimplemented(what, "dense attention when generating with a KV cache");
-  ASPEN_ASSIGN_OR_RETURN(const ValueId v, layout_constant(b, family, *l, o.seq, n_head));
+  // With a KV cache the whole layout, looked up by positions (KvCacheSpec): it must reach the last slot.
+  const int64_t covers = o.kv_cache_len > 0 ? std::max<int64_t>(o.kv_cache_len, l->block) : o.seq;
+  if (o.kv_cache_len > 0 && (l->blocks * l->block < o.kv_cache_len || l->blocks * l->block >= covers + l->block))
+    return Status::invalid_argument(what, "blocks of " + std::to_string(l->block) + " tokens covering the " +
+                                              std::to_string(o.kv_cache_len) + " cache slots",
+                                    std::to_string(l->blocks) + " blocks");
+  ASPEN_ASSIGN_OR_RETURN(const ValueId v,
+                         layout_constant(b, family, *l, o.kv_cache_len > 0 ? l->blocks * l->block : o.seq, n_head));
   return std::optional<ValueId>(v);
 }
 
@@ -176,13 +187,24 @@ Result<CausalLmInputs> causal_lm_inputs(Builder& b, const std::string& family, c
   if (o.kv_cache_len > 0) {
     in.kv.index = b.input("cache_index", DType::i32, Shape{});
     in.key_valid = in.kv.key_valid = b.input("key_valid", DType::u8, Shape{o.batch, o.kv_cache_len});
+    if (o.layout) {
+      in.kv.query_positions = in.positions;
+      in.kv.key_positions = b.input("key_positions", DType::i32, Shape{o.batch, o.kv_cache_len});
+      in.kv.layout_block = o.layout->block;
+    }
   }
   return in;
 }
 
 KvCacheSpec layer_cache(const KvCacheInputs& in, const CausalLmOptions& o, int64_t layer) {
   const std::string p = std::string(kStatePrefix) + "cache." + std::to_string(layer);
-  return KvCacheSpec{.key = p + ".key", .value = p + ".value", .len = o.kv_cache_len, .index = in.index};
+  return KvCacheSpec{.key = p + ".key",
+                     .value = p + ".value",
+                     .len = o.kv_cache_len,
+                     .index = in.index,
+                     .layout_block = in.layout_block,
+                     .query_positions = in.query_positions,
+                     .key_positions = in.key_positions};
 }
 
 ValueId embed(Builder& b, ValueId table, ValueId ids, DType dtype) {

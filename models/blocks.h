@@ -114,10 +114,17 @@ struct KvCacheSpec {
   std::string key, value;  // parameter names ("state." + ...: not weights, see kStatePrefix)
   int64_t len = 0;
   graph::ValueId index;
+  // With a layout: the model's whole layout (u8 [1 or H, N, N], N * layout_block >= len) looked up by each
+  // row's positions, the queries' (i32 [B, T]) and the cache slots' (i32 [B, len]; a left-padded row's slot
+  // j is position j - its padding), since a cache slot is not a position (graph/ops_attention.cc's
+  // layout_positions).
+  int64_t layout_block = 0;
+  std::optional<graph::ValueId> query_positions, key_positions;
 };
 // segments (i32 [B, T], optional, no cache): packed documents, attended
 // block-diagonally (graph/ops_attention.cc). layout (u8 [1 or H, T/block,
-// T/block], optional, no cache; see causal_lm_inputs): a block-sparse layout.
+// T/block], optional; see causal_lm_inputs): a block-sparse layout; with a
+// cache the model's whole layout, looked up by positions (KvCacheSpec).
 graph::ValueId attention_core(graph::Builder& b, graph::ValueId q, graph::ValueId k, graph::ValueId v,
                               const AttentionSpec& spec, std::optional<graph::ValueId> positions = std::nullopt,
                               std::optional<graph::ValueId> key_valid = std::nullopt,
@@ -145,7 +152,9 @@ struct CausalLmOptions {
   bool segments = false;
   // Sparse attention: DeepSpeed's block layout for seq tokens (kernels/attention_layout.h; blocks * block ==
   // seq; one layout, or one per head of the model), a constant of the graph on top of the causal mask. Not
-  // with a KV cache, nor per head with tensor_parallel > 1. Owned by the caller.
+  // per head with tensor_parallel > 1. With a KV cache: the layout of the model's context (blocks * block >=
+  // kv_cache_len), and an input "key_positions" i32 [batch, kv_cache_len] (each cache slot's position; the
+  // queries' are "positions"). Owned by the caller.
   const kernels::BlockLayout* layout = nullptr;
   bool last_hidden_state = false;  // output "last_hidden_state" [batch, seq, d_model]: ln_f's output (HF's last
                                    // hidden_states entry)
@@ -184,6 +193,8 @@ struct CausalLmOptions {
 // The inputs a causal LM's kv-cache options add (invalid without them).
 struct KvCacheInputs {
   graph::ValueId index, key_valid;
+  std::optional<graph::ValueId> query_positions, key_positions;  // with a layout: "positions", "key_positions"
+  int64_t layout_block = 0;
 };
 // What every causal LM records from its options, in this order: "input_ids"
 // and "positions" i32 [batch, seq]; "attention_mask" u8 [batch, seq];

@@ -61,15 +61,6 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
     return Status::invalid_argument(gen->config_.path + ": model_type",
                                     "a causal language model (gpt2, gptj, llama, mistral, qwen2)",
                                     "'" + gen->config_.model_type + "'");
-  // NOTE [model layouts]: decoding attends the cache by slot, and a left-padded row's slots are not its
-  // positions, so a layout (indexed by position) would need per-row offsets in the attention kernel: refused
-  // rather than run dense, which would be another model.
-  if (gen->config_.sparse_attention)
-    return Status::unimplemented(gen->config_.path + ": aspen_sparse_attention (a model trained with the " +
-                                     std::string(kernels::sparsity_kind_name(gen->config_.sparse_attention->kind)) +
-                                     " sparse layout)",
-                                 "a dense model: generation through a sparse layout is not built yet (training "
-                                 "and BERT embeddings are)");
   gen->vocab_ = gen->config_.vocab();
   gen->n_positions_ = gen->config_.n_positions();
   if (const LlamaConfig* l = gen->config_.llama()) gen->window_ = l->sliding_window;
@@ -90,11 +81,20 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
 
   const int T = int(o.tensor_parallel);
   if (T < 1) return Status::invalid_argument("generator: tensor_parallel", ">= 1", std::to_string(T));
+  // NOTE [model layouts]: a model trained with a sparse layout generates through it: the layout covering the
+  // cache, looked up by each row's positions (a left-padded row's cache slot is not its position).
+  std::optional<kernels::BlockLayout> layout;
+  if (const auto& sparse = gen->config_.sparse_attention) {
+    const int64_t covered = (o.max_length + sparse->block - 1) / sparse->block * sparse->block;
+    ASPEN_ASSIGN_OR_RETURN(layout, model_layout(gen->config_, covered, "generator"));
+  }
+  gen->sparse_ = layout.has_value();
   std::vector<std::unique_ptr<compiler::Executable>> programs;
   graph::Graph prefill;
   for (int64_t seq : {o.max_prompt, int64_t(1)}) {
     graph::Graph g;
-    CausalLmOptions lm{.batch = o.max_batch, .seq = seq, .kv_cache_len = o.max_length, .last_logits_only = true,
+    CausalLmOptions lm{.batch = o.max_batch, .seq = seq, .layout = layout ? &*layout : nullptr,
+                       .kv_cache_len = o.max_length, .last_logits_only = true,
                        .tensor_parallel = T, .vocab_parallel = o.vocab_parallel};
     if (o.weights != DType::f32) lm.weight_dtype = o.weights;
     ASPEN_RETURN_IF_ERROR(build_step(g, gen->config_, lm));
@@ -105,8 +105,8 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
     if (seq == o.max_prompt && programs.size() == 1 && T == 1) prefill = std::move(g);
   }
   if (T > 1) {  // the whole model's prefill plans the (whole) checkpoint tensors
-    CausalLmOptions lm{.batch = o.max_batch, .seq = o.max_prompt, .kv_cache_len = o.max_length,
-                       .last_logits_only = true};
+    CausalLmOptions lm{.batch = o.max_batch, .seq = o.max_prompt, .layout = layout ? &*layout : nullptr,
+                       .kv_cache_len = o.max_length, .last_logits_only = true};
     if (o.weights != DType::f32) lm.weight_dtype = o.weights;
     ASPEN_RETURN_IF_ERROR(build_step(prefill, gen->config_, lm));
   }
@@ -212,6 +212,7 @@ Result<std::vector<std::vector<int32_t>>> Generator::generate(const std::vector<
   Tensor positions = filled<int32_t>(DType::i32, Shape{B, P}, 0);
   Tensor key_valid = filled<uint8_t>(DType::u8, Shape{B, L}, 0);
   Tensor history = filled<int32_t>(DType::i32, Shape{B, L}, -1);
+  Tensor key_positions(DType::i32, Shape{B, L});  // a sparse layout's lookup: slot j of row r is position j - pad
   std::vector<int32_t> next_position(static_cast<size_t>(B)), history_len(static_cast<size_t>(B));
   for (int64_t r = 0; r < B; ++r) {
     static const std::vector<int32_t> kFiller = {0};
@@ -225,6 +226,7 @@ Result<std::vector<std::vector<int32_t>>> Generator::generate(const std::vector<
     }
     next_position[size_t(r)] = int32_t(len);
     history_len[size_t(r)] = int32_t(len);
+    for (int64_t j = 0; j < L; ++j) key_positions.data<int32_t>()[r * L + j] = int32_t(j - pad);
   }
   Tensor temperature = filled<float>(DType::f32, Shape{B}, sp.temperature);
   Tensor top_k = filled<int32_t>(DType::i32, Shape{B}, sp.top_k);
@@ -238,6 +240,7 @@ Result<std::vector<std::vector<int32_t>>> Generator::generate(const std::vector<
       {"key_valid", &key_valid}, {"history", &history},   {"temperature", &temperature},
       {"top_k", &top_k},       {"top_p", &top_p},         {"repetition_penalty", &penalty},
       {"seed", &seed},         {"step", &step}};
+  if (sparse_) in.emplace("key_positions", &key_positions);
   ASPEN_ASSIGN_OR_RETURN(auto out, run_shards(in, /*program=*/0));
 
   int64_t forgotten = 0;  // cache slots below this fell out of the sliding window
