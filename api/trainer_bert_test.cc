@@ -3,7 +3,6 @@
 // head, position embeddings grown past the checkpoint's, a sparse bidirectional layout, the export as
 // BertForMaskedLM, and the refusals.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -17,6 +16,7 @@
 #include "api/trainer_feed.h"
 #include "graph/builder.h"
 #include "io/safetensors.h"
+#include "io/test_files.h"
 #include "io/tokenizer.h"
 #include "models/bert.h"
 #include "models/embedder.h"
@@ -30,14 +30,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A fresh directory per use, removed after (io/test_files.h's, with the member this file's code reads).
 struct TempDir {
+  io::test_files::TempDir dir;
   std::string path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("aspen_trainer_bert_test_" + name + "_" + std::to_string(getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
+  explicit TempDir(const std::string& name) : dir("aspen_trainer_bert_test_" + name), path(dir.path()) {}
 };
 
 // A tiny random BERT over io/testdata/wordpiece_tiny's 34 tokens (16 learned positions), exported with its

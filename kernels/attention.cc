@@ -640,21 +640,20 @@ void layout_tiles(Problem& pb, std::vector<uint8_t>& tiles) {
   pb.nkt = (pb.S + kBk - 1) / kBk;
   if (pb.lq) {  // each row's positions: a state per (batch, layout head, tile) from the blocks its positions span
     tiles.assign(size_t(pb.B * pb.lheads * pb.nqt * pb.nkt), kSkipTile);
+    // The layout blocks the positions of elements [from, to) of one row span (lowest, highest).
+    auto span = [&pb](auto block_of, int64_t b, int64_t from, int64_t to) {
+      std::pair<int64_t, int64_t> r{INT64_MAX, 0};
+      for (int64_t e = from; e < to; ++e) {
+        const int64_t blk = (pb.*block_of)(b, e);
+        r = {std::min(r.first, blk), std::max(r.second, blk)};
+      }
+      return r;
+    };
     for (int64_t b = 0; b < pb.B; ++b)
       for (int64_t qt = 0; qt < pb.nqt; ++qt) {
-        const int64_t i1 = std::min(pb.T, (qt + 1) * kBq);
-        int64_t q_lo = INT64_MAX, q_hi = 0;
-        for (int64_t i = qt * kBq; i < i1; ++i) {
-          const int64_t blk = pb.lq_block(b, i);
-          q_lo = std::min(q_lo, blk), q_hi = std::max(q_hi, blk);
-        }
+        const auto [q_lo, q_hi] = span(&Problem::lq_block, b, qt * kBq, std::min(pb.T, (qt + 1) * kBq));
         for (int64_t kt = 0; kt < pb.nkt; ++kt) {
-          const int64_t j1 = std::min(pb.S, (kt + 1) * kBk);
-          int64_t k_lo = INT64_MAX, k_hi = 0;
-          for (int64_t j = kt * kBk; j < j1; ++j) {
-            const int64_t blk = pb.lk_block(b, j);
-            k_lo = std::min(k_lo, blk), k_hi = std::max(k_hi, blk);
-          }
+          const auto [k_lo, k_hi] = span(&Problem::lk_block, b, kt * kBk, std::min(pb.S, (kt + 1) * kBk));
           for (int64_t h = 0; h < pb.lheads; ++h) {  // over the spanned blocks: a superset, so "full" is exact
             bool any = false, all = true;
             for (int64_t qb = q_lo; qb <= q_hi; ++qb)

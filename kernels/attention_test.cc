@@ -189,6 +189,27 @@ void expect_bf16_forward_matches(const Case& c, const Inputs& in, const Attentio
   }
 }
 
+// The f32 forward on every ISA against the f64 reference.
+void expect_f32_forward_matches(const Case& c, const Inputs& in, const AttentionMask& mask) {
+  const size_t nq = in.q.size(), nl = size_t(c.B * c.H * c.T);
+  const float scale = 1.0f / std::sqrt(float(c.D));
+  std::vector<double> want_out(nq), want_lse(nl);
+  ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), want_out.data(),
+                                 want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
+  for (Isa isa : testing::available_isas(Isa::avx512)) {
+    SCOPED_TRACE(isa_name(isa));
+    ScopedIsaCap cap(isa);
+    Guarded<float> out(nq, NAN), lse(nl, NAN);
+    ASSERT_TRUE(
+        attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale, mask)
+            .is_ok());
+    EXPECT_GUARDS(out);
+    EXPECT_GUARDS(lse);
+    EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
+    EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
+  }
+}
+
 const Kind kKinds[] = {Kind::none, Kind::causal, Kind::local};
 
 TEST(Attention, ForwardMatchesReference) {
@@ -199,24 +220,7 @@ TEST(Attention, ForwardMatchesReference) {
         SCOPED_TRACE(describe(c, kind, padded));
         const Inputs in = make_inputs(c, padded, seed += 10);
         const AttentionMask mask = make_mask(kind, c, in);
-        const size_t nq = in.q.size(), nl = size_t(c.B * c.H * c.T);
-        const float scale = 1.0f / std::sqrt(float(c.D));
-        std::vector<double> want_out(nq), want_lse(nl);
-        ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(),
-                                       want_out.data(), want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale),
-                                       mask);
-        for (Isa isa : testing::available_isas(Isa::avx512)) {
-          SCOPED_TRACE(isa_name(isa));
-          ScopedIsaCap cap(isa);
-          Guarded<float> out(nq, NAN), lse(nl, NAN);
-          ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
-                                        mask)
-                          .is_ok());
-          EXPECT_GUARDS(out);
-          EXPECT_GUARDS(lse);
-          EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
-          EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
-        }
+        expect_f32_forward_matches(c, in, mask);
         expect_bf16_forward_matches(c, in, mask);
       }
 }
@@ -439,22 +443,10 @@ TEST(Attention, BlockLayoutsByRowPositionsMatchReference) {
     mask.layout_blocks = x.layout_blocks;
     mask.layout_query_positions = qpos;
     mask.layout_key_positions = kpos;
+    expect_f32_forward_matches(c, in, mask);
     const size_t nq = in.q.size(), nl = size_t(c.B * c.H * c.T);
     const float scale = 1.0f / std::sqrt(float(c.D));
     std::vector<double> want_out(nq), want_lse(nl);
-    ref::attention_forward<double>(to_f64(in.q).data(), to_f64(in.k).data(), to_f64(in.v).data(), want_out.data(),
-                                   want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale), mask);
-    for (Isa isa : testing::available_isas(Isa::avx512)) {
-      SCOPED_TRACE(isa_name(isa));
-      ScopedIsaCap cap(isa);
-      Guarded<float> out(nq, NAN), lse(nl, NAN);
-      ASSERT_TRUE(attention_forward(in.q, in.k, in.v, out.span(), lse.span(), c.B, c.H, c.hk(), c.T, c.S, c.D, scale,
-                                    mask)
-                      .is_ok());
-      EXPECT_GUARDS(out);
-      EXPECT_TRUE(close_nmse(out.cspan(), std::span<const double>(want_out), kNmse));
-      EXPECT_TRUE(lse_close(lse.cspan(), want_lse));
-    }
     const std::vector<bf16> q = to_bf16(in.q), k = to_bf16(in.k), v = to_bf16(in.v);
     ref::attention_forward<double>(to_f64(widen(q)).data(), to_f64(widen(k)).data(), to_f64(widen(v)).data(),
                                    want_out.data(), want_lse.data(), c.B, c.H, c.hk(), c.T, c.S, c.D, double(scale),
