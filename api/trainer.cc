@@ -52,6 +52,14 @@ std::string lr_text(double lr) {
   return buf;
 }
 
+// data.max_predictions as the MLM head's rows per example (0: every position).
+int64_t mlm_predictions(const train::TrainConfig& c) {
+  const double T = double(c.data.seq), p = c.data.mlm_probability;
+  const int64_t k = c.data.max_predictions > 0 ? c.data.max_predictions
+                                               : int64_t(std::ceil(p * T + 6.0 * std::sqrt(T * p * (1.0 - p)))) + 1;
+  return k >= c.data.seq ? 0 : k;
+}
+
 // The forward graph of `mc` for [batch.micro, data.seq] with a loss (one tensor-parallel shard's when tp > 1),
 // with packed documents (data.packing) and a sparse layout (model.attention) as the config asks.
 Status build_forward(graph::Graph& g, const models::ModelConfig& mc, const train::TrainConfig& c, int64_t tp = 1,
@@ -65,6 +73,7 @@ Status build_forward(graph::Graph& g, const models::ModelConfig& mc, const train
                                .seq = c.data.seq,
                                .mlm_head = true,
                                .with_loss = true,
+                               .mlm_predictions = mlm_predictions(c),
                                .layout = layout ? &*layout : nullptr,
                                .attention_dropout = c.model.attention_dropout})
         .status();
@@ -510,7 +519,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
                             .mask_id = *special.mask,
                             .vocab = t->model_config_.vocab(),
                             .special = {},
-                            .seed = c.train.seed};
+                            .seed = c.train.seed,
+                            .predictions = mlm_predictions(c)};
     for (const std::optional<io::TokenId>& id : {special.cls, special.sep, special.pad, special.mask, special.unk})
       if (id) mlm.special.push_back(*id);
     t->feed_->set_masked_lm(std::move(mlm));
@@ -909,6 +919,9 @@ Result<TrainResult> Trainer::run() {
   progress.finish();
   result.steps = model_->steps_done();
   result.tokens_per_s = seconds > 0 ? tokens_per_call * double(result.steps - start) / double(iters) / seconds : 0.0;
+  if (const TrainFeed::MaskedStats& m = feed_->masked_stats(); m.dropped > 0)
+    out() << "masked LM: " << m.dropped << " of " << m.predicted
+          << " chosen tokens went untrained (rows that chose more than data.max_predictions)\n";
   if (const TrainFeed::PackingStats& p = feed_->packing_stats(); p.rows > 0) {
     result.documents_per_row = double(p.documents) / double(p.rows);
     result.kept_attention_pairs = p.kept_pairs / p.causal_pairs;

@@ -197,6 +197,81 @@ TEST(TrainerBert, MaskingFollowsHuggingFacesCollator) {
   EXPECT_EQ(masked.masked_stats().predicted, predicted);
 }
 
+// The head on the predicted rows only (data.max_predictions): the feed lists each row's predicted tokens in
+// order, then -100 padding, with the same masks as the feed over every position (and counts what a too small
+// K leaves out); training through it gives the loss of the head over every position (lr 0: the same weights).
+TEST(TrainerBert, HeadOnThePredictedRowsOnly) {
+  auto tok = io::load_tokenizer(ASPEN_WORDPIECE_TINY_DIR);
+  ASSERT_TRUE(tok.is_ok());
+  const io::SpecialTokenIds& sp = (*tok)->special_ids();
+  const int64_t B = 4, T = 16;
+  train::DataLoaderOptions lo;
+  lo.seq = T;
+  lo.micro_batch = B;
+  lo.val_fraction = 0.05;
+  for (const int64_t K : {int64_t(8), int64_t(2)}) {
+    SCOPED_TRACE("K = " + std::to_string(K));
+    auto feed = [&](int64_t k) {
+      graph::Graph g;
+      graph::Builder b(g);
+      const models::BertConfig bc{.vocab = 34, .max_positions = 16, .d_model = 8, .n_layer = 1, .n_head = 2, .d_ff = 8};
+      EXPECT_TRUE(
+          models::build_bert(b, bc, {.batch = B, .seq = T, .mlm_head = true, .with_loss = true, .mlm_predictions = k})
+              .is_ok());
+      auto f = TrainFeed::open(fixture() + "/data", lo, {0}, false);
+      EXPECT_TRUE(f.is_ok());
+      f->set_masked_lm({.probability = 0.25, .mask_id = *sp.mask, .vocab = 34,
+                        .special = {*sp.cls, *sp.sep, *sp.pad, *sp.mask, *sp.unk}, .seed = 9, .predictions = k});
+      EXPECT_TRUE(f->bind(g, {{"input_ids", "tokens"}, {"token_type_ids", "token_types"}, {"attention_mask", "mask"}},
+                          "test")
+                      .is_ok());
+      return std::move(f).value();
+    };
+    TrainFeed all = feed(0), some = feed(K);
+    int64_t dropped = 0;
+    for (int step = 0; step < 40; ++step) {
+      auto a = all.next_call(1), s = some.next_call(1);
+      ASSERT_TRUE(a.is_ok() && s.is_ok());
+      ASSERT_EQ(std::memcmp((*a)->at("input_ids").raw(), (*s)->at("input_ids").raw(), B * T * 4), 0);
+      const int32_t* ta = (*a)->at("targets").data<int32_t>();
+      const int32_t* ts = (*s)->at("targets").data<int32_t>();
+      const int32_t* ps = (*s)->at("mlm_positions").data<int32_t>();
+      for (int64_t r = 0; r < B; ++r) {
+        int64_t k = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          if (ta[r * T + t] == -100) continue;
+          if (k == K) {
+            ++dropped;
+            continue;
+          }
+          EXPECT_EQ(ps[r * K + k], r * T + t);
+          EXPECT_EQ(ts[r * K + k++], ta[r * T + t]);
+        }
+        for (; k < K; ++k) {
+          EXPECT_EQ(ts[r * K + k], -100);
+          EXPECT_EQ(ps[r * K + k], r * T);
+        }
+      }
+    }
+    EXPECT_EQ(some.masked_stats().dropped, dropped);
+    EXPECT_EQ(dropped > 0, K == 2);
+  }
+  TempDir a_run("every_position"), k_run("predicted_rows");
+  train::TrainConfig a = bert_config(a_run.path), k = bert_config(k_run.path);
+  for (train::TrainConfig* c : {&a, &k}) {
+    c->model.max_positions = 64;
+    c->data.seq = 64;
+    c->batch.micro = 2;
+    c->optimizer.lr = 0;
+    c->train.steps = 3;
+  }
+  a.data.max_predictions = 64;  // every position
+  auto ra = train(a), rk = train(k);
+  ASSERT_TRUE(ra.is_ok() && rk.is_ok()) << ra.status().to_string() << rk.status().to_string();
+  EXPECT_NEAR(ra->first_loss, rk->first_loss, 1e-5 * ra->first_loss);
+  EXPECT_NEAR(ra->last_val_loss, rk->last_val_loss, 1e-5 * ra->last_val_loss);
+}
+
 // Training lowers the MLM loss; 10 steps straight equal 5 + resume + 5 bit for bit (the masks drawn after the
 // resume are the uninterrupted run's); the export is a BertForMaskedLM directory aspen opens again.
 TEST(TrainerBert, TrainsResumesAndExports) {

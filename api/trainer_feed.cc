@@ -175,6 +175,8 @@ std::map<std::string, graph::TensorType> TrainFeed::columns() const {
       out[c] = graph::TensorType{DType::i32, Shape{micro_batch_, seq_}};
     if (packing_) out["segments"] = graph::TensorType{DType::i32, Shape{micro_batch_, seq_}};
     if (mlm_) out["token_types"] = graph::TensorType{DType::i32, Shape{micro_batch_, seq_}};
+    if (mlm_ && mlm_->predictions > 0)
+      out["targets"] = out["mlm_positions"] = graph::TensorType{DType::i32, Shape{micro_batch_, mlm_->predictions}};
     if (dropout_) out["dropout_seed"] = graph::TensorType{DType::i64, Shape{1}};
     return out;
   }
@@ -308,6 +310,28 @@ train::Columns TrainFeed::token_columns(train::Batch b, PackingStats* stats, uin
     }
     if (masked) masked->predicted += predicted, masked->tokens += n;
     c.emplace("token_types", Tensor(DType::i32, b.inputs.shape()));  // zeros: segment A
+    if (const int64_t K = mlm_->predictions; K > 0) {  // the predicted rows only, in order, then padding
+      const int64_t B = b.inputs.shape()[0], T = b.inputs.shape()[1];
+      Tensor pos(DType::i32, Shape{B, K}), kept(DType::i32, Shape{B, K});
+      for (int64_t r = 0; r < B; ++r) {
+        int64_t k = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          if (tgt[r * T + t] == kIgnoreTarget) continue;
+          if (k == K) {
+            if (masked) ++masked->dropped;
+            continue;
+          }
+          pos.data<int32_t>()[r * K + k] = int32_t(r * T + t);
+          kept.data<int32_t>()[r * K + k++] = tgt[r * T + t];
+        }
+        for (; k < K; ++k) {
+          pos.data<int32_t>()[r * K + k] = int32_t(r * T);
+          kept.data<int32_t>()[r * K + k] = kIgnoreTarget;
+        }
+      }
+      b.targets = std::move(kept);
+      c.emplace("mlm_positions", std::move(pos));
+    }
   }
   Tensor pos(DType::i32, b.inputs.shape()), mask(DType::i32, b.inputs.shape());
   const int64_t B = b.inputs.shape()[0], T = b.inputs.shape()[1];

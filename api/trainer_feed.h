@@ -68,19 +68,23 @@ class TrainFeed {
   // a random id below `vocab` (10 %) or the token itself (10 %), as Hugging Face's
   // DataCollatorForLanguageModeling. Philox draws from `seed`, the global replica and the data position, so
   // a resumed run masks what the uninterrupted one would; validation batch i is masked the same way at
-  // every evaluation. Adds the column token_types. Before bind().
+  // every evaluation. Adds the column token_types. With `predictions` K > 0 the head reads the predicted
+  // rows only (models/bert.h mlm_predictions): targets become [B, K], each row's predicted tokens in order
+  // then -100, beside mlm_positions [B, K] (b * T + t; padding b * T); a row with more than K keeps its
+  // first K (MaskedStats::dropped counts the rest). Before bind().
   struct MaskedLm {
     double probability = 0.15;
     int32_t mask_id = 0;
     int64_t vocab = 0;
     std::vector<int32_t> special;
     uint64_t seed = 0;
+    int64_t predictions = 0;
   };
   void set_masked_lm(MaskedLm m);
   // Over the micro-batches drawn for training so far: the tokens masked language modelling predicts, and
   // all tokens.
   struct MaskedStats {
-    int64_t predicted = 0, tokens = 0;
+    int64_t predicted = 0, tokens = 0, dropped = 0;
   };
   const MaskedStats& masked_stats() const { return masked_stats_; }
   const train::TokenIndex& token_index() const;  // tokens() only

@@ -48,6 +48,7 @@ struct TrainShape {
   std::string attention = {};  // bert: a sparse layout's kind (kernels/attention_layout.h); empty: dense
   int64_t block = 64;          // its block
   double density = 1.0;        // the share of (query, key) blocks the layout visits
+  int64_t predictions = 0;     // bert: the MLM head's rows per example (models/bert.h; 0: every position)
   int64_t n_layer() const {
     return std::visit([](const auto& f) { return f.n_layer; }, model.family);
   }
@@ -97,8 +98,8 @@ TrainShape bench_shape(bool quick, const std::string& family) {
 // the matmul it is), and the FLOPs one token costs to train on.
 int64_t matmul_parameters(const TrainShape& s) {
   if (const models::BertConfig* b = s.model.bert()) {  // q, k, v, o, the MLP; the MLM head's transform and decoder
-    const int64_t C = b->d_model, F = b->d_ff;
-    return b->n_layer * (4 * C * C + 2 * C * F) + C * C + b->vocab * C;
+    const int64_t C = b->d_model, F = b->d_ff, head = C * C + b->vocab * C;
+    return b->n_layer * (4 * C * C + 2 * C * F) + (s.predictions > 0 ? head * s.predictions / s.seq : head);
   }
   if (const models::LlamaConfig* l = s.model.llama()) {
     const int64_t C = l->d_model, Q = l->n_head * l->head_size(), KV = l->kv_heads() * l->head_size(), F = l->d_ff;
@@ -208,6 +209,7 @@ Status build_training_graph(graph::Graph& g, const TrainShape& s) {
                                               .seq = s.seq,
                                               .mlm_head = true,
                                               .with_loss = true,
+                                              .mlm_predictions = s.predictions,
                                               .layout = layout ? &*layout : nullptr})
                               .status());
     g.remove_output("last_hidden_state");
@@ -264,12 +266,12 @@ std::string matmul_summary(const std::vector<profile::TraceEvent>& events, const
 // Compiles and times one dtype; runs in the child process.
 // A random batch of the shape's tokens and targets (the same for every run).
 struct RandomBatch {
-  Tensor ids, pos, targets, segments, token_types, mask;
+  Tensor ids, pos, targets, segments, token_types, mask, mlm_positions;
 };
 RandomBatch random_batch(const TrainShape& s) {
   const int64_t BT = s.batch * s.seq;
   RandomBatch b{Tensor(DType::i32, {s.batch, s.seq}), Tensor(DType::i32, {s.batch, s.seq}), Tensor(DType::i32, {BT}),
-                Tensor(DType::i32, {s.batch, s.seq}), Tensor(), Tensor()};
+                Tensor(DType::i32, {s.batch, s.seq}), Tensor(), Tensor(), Tensor()};
   // Packed: documents of seq / documents tokens (the last takes the rest), positions restarting in each.
   const int64_t doc = s.documents > 0 ? std::max<int64_t>(1, s.seq / s.documents) : s.seq;
   for (int64_t i = 0; i < BT; ++i) {
@@ -285,6 +287,23 @@ RandomBatch random_batch(const TrainShape& s) {
     for (int64_t i = 0; i < BT; ++i) {
       b.mask.span<uint8_t>()[size_t(i)] = 1;
       if (bits_to_unit_float(philox_bits(7, 2, uint64_t(i))) >= 0.15f) b.targets.span<int32_t>()[size_t(i)] = -100;
+    }
+    if (const int64_t K = s.predictions; K > 0) {  // the predicted rows only, as aspen train's feed lists them
+      Tensor pos(DType::i32, {s.batch * K}), kept(DType::i32, {s.batch * K});
+      for (int64_t r = 0; r < s.batch; ++r) {
+        int64_t k = 0;
+        for (int64_t t = 0; t < s.seq && k < K; ++t)
+          if (const int32_t y = b.targets.span<int32_t>()[size_t(r * s.seq + t)]; y != -100) {
+            pos.span<int32_t>()[size_t(r * K + k)] = int32_t(r * s.seq + t);
+            kept.span<int32_t>()[size_t(r * K + k++)] = y;
+          }
+        for (; k < K; ++k) {
+          pos.span<int32_t>()[size_t(r * K + k)] = int32_t(r * s.seq);
+          kept.span<int32_t>()[size_t(r * K + k)] = -100;
+        }
+      }
+      b.targets = std::move(kept);
+      b.mlm_positions = std::move(pos);
     }
   }
   return b;
@@ -386,6 +405,7 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
   if (s.model.bert()) {
     inputs.emplace("token_type_ids", &batch.token_types);
     inputs.emplace("attention_mask", &batch.mask);
+    if (s.predictions > 0) inputs.emplace("mlm_positions", &batch.mlm_positions);
   } else {
     inputs.emplace("positions", &batch.pos);
   }
@@ -661,8 +681,14 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
   }
   if (o.batch > 0) s.batch = o.batch;
   if (bert && o.seq > 0) s.seq = o.seq;
-  if (models::BertConfig* b = std::get_if<models::BertConfig>(&s.model.family))
+  if (models::BertConfig* b = std::get_if<models::BertConfig>(&s.model.family)) {
     b->max_positions = std::max(b->max_positions, s.seq);  // grown, as aspen train's model.max_positions
+    // aspen train's data.max_predictions: 15 % of seq plus six standard deviations (--predictions N instead)
+    const double T = double(s.seq);
+    const int64_t k = o.predictions >= 0 ? o.predictions
+                                         : int64_t(std::ceil(0.15 * T + 6.0 * std::sqrt(T * 0.15 * 0.85))) + 1;
+    s.predictions = k >= s.seq ? 0 : k;
+  }
   if (o.seq > 0 && !bert) {
     if (o.seq > s.n_positions())
       return Status::invalid_argument("bench train: seq", "at most the model's " + std::to_string(s.n_positions()) +
@@ -696,7 +722,9 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
         "# FLOPs per token: {:.1f} M = 6 x {:.2f} M matmul parameters (tied lm_head included) + {:.1f} M attention "
         "(QK^T and AV, fwd + bwd, {})\n",
         fpt / 1e6, double(matmul_parameters(s)) / 1e6, attention_flops_per_token(s) / 1e6,
-        bert ? fmt::format("bidirectional, the {:.1f} % of blocks the layout visits", 100 * s.density)
+        bert ? fmt::format("bidirectional, the {:.1f} % of blocks the layout visits; the MLM head on {}", 100 * s.density,
+                           s.predictions > 0 ? fmt::format("{} predicted rows per example", s.predictions)
+                                             : std::string("every position"))
              : std::string("causal counted in full"));
     if (bert && !s.attention.empty())
       out << "# each dtype also runs aspen's dense attention (the same model), for the layout's speedup\n";

@@ -81,6 +81,9 @@ struct TrainBenchOptions {
   // same model with dense attention (speedup_vs_dense).
   std::string attention;
   int64_t block = 0;
+  // bert: the MLM head's rows per example (aspen train's data.max_predictions); -1: 15 % of seq plus six
+  // standard deviations, as aspen train's default; 0 (or seq): every position, as Hugging Face's head.
+  int64_t predictions = -1;
 };
 
 Status run_train_bench(const TrainBenchOptions& options, std::ostream& out);

@@ -43,7 +43,12 @@ Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions&
   m.attention_mask = b.input("attention_mask", DType::u8, Shape{B, T});
   if (o.with_loss && !o.mlm_head)
     return Status::invalid_argument("bert: with_loss", "the MLM head (mlm_head) to train", "no head");
-  if (o.with_loss) m.targets = b.input("targets", DType::i32, Shape{B * T});
+  const int64_t K = o.mlm_predictions;
+  if (K < 0 || K > T || (K > 0 && !o.with_loss))
+    return Status::invalid_argument("bert: mlm_predictions", "0, or 1 to seq = " + std::to_string(T) + " with with_loss",
+                                    std::to_string(K));
+  if (o.with_loss) m.targets = b.input("targets", DType::i32, Shape{B * (K > 0 ? K : T)});
+  if (K > 0) m.mlm_positions = b.input("mlm_positions", DType::i32, Shape{B * K});
   std::optional<ValueId> layout, seed;
   if (o.layout) {
     ASPEN_ASSIGN_OR_RETURN(layout, layout_constant(b, "bert", *o.layout, T, c.n_head));
@@ -99,16 +104,19 @@ Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions&
     b.output("sentence_embedding", m.sentence_embedding);
   }
   if (o.mlm_head) {  // BertOnlyMLMHead: transform, then the decoder tied to the word embeddings
-    ValueId h = linear(b, x, "cls.predictions.transform.dense", C, C, true, dt);
+    const int64_t rows = K > 0 ? K : T;  // the head's rows per example
+    ValueId in = b.reshape(x, {B * T, C});
+    if (K > 0) in = b.gather(in, m.mlm_positions);  // [B * K, C]: the predicted tokens only
+    ValueId h = linear(b, in, "cls.predictions.transform.dense", C, C, true, dt);
     h = layer_norm(b, b.gelu(h, /*tanh_form=*/c.activation == Activation::gelu_tanh),
                    "cls.predictions.transform.LayerNorm", C, eps, dt);
     const ValueId bias = b.parameter("cls.predictions.bias", dt, Shape{c.vocab});
-    m.logits = b.op1(graph::OpKind::matmul, {b.reshape(h, {B * T, C}), word, bias}, {{"trans_b", int64_t(1)}});
+    m.logits = b.op1(graph::OpKind::matmul, {h, word, bias}, {{"trans_b", int64_t(1)}});
     if (o.with_loss) {
       m.loss = b.op(graph::OpKind::cross_entropy, {m.logits, m.targets})[0];  // -100: HF's ignored labels
       b.output("loss", m.loss);
     }
-    m.logits = b.reshape(m.logits, {B, T, c.vocab});
+    m.logits = b.reshape(m.logits, {B, rows, c.vocab});
     b.output("logits", m.logits);
   }
   ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context("bert"));

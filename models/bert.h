@@ -77,6 +77,11 @@ struct BertOptions {
   // Training the MLM head (with mlm_head): input "targets" i32 [batch * seq] (the id to predict at each
   // position, -100 where nothing is: HF's labels) and output "loss", the mean cross-entropy over the others.
   bool with_loss = false;
+  // Training the MLM head on K = mlm_predictions rows per example only (0: every position), as NVIDIA's and
+  // Graphcore's BERT do: input "mlm_positions" i32 [batch * K] (row b * seq + t of the micro-batch's tokens;
+  // padding entries any row, their target -100), "targets" i32 [batch * K], "logits" [batch, K, vocab]. The
+  // loss is the same mean over the predicted tokens; the head's work shrinks by seq / K.
+  int64_t mlm_predictions = 0;
   // Sparse attention: a bidirectional block layout for seq tokens (kernels/attention_layout.h; blocks *
   // block == seq; one layout or one per head), a constant of the graph on top of attention_mask.
   const kernels::BlockLayout* layout = nullptr;
@@ -86,7 +91,7 @@ struct BertOptions {
 };
 
 struct BertGraph {
-  graph::ValueId input_ids, token_type_ids, attention_mask, targets, dropout_seed;
+  graph::ValueId input_ids, token_type_ids, attention_mask, targets, mlm_positions, dropout_seed;
   graph::ValueId last_hidden_state;
   graph::ValueId pooler_output;       // invalid unless built with options.pooler
   graph::ValueId sentence_embedding;  // invalid unless built with options.sentence_embedding

@@ -235,6 +235,37 @@ TEST(Bert, MaskedLmLossWithSparseAttentionAndDropout) {
             "bert: with_loss: expected the MLM head (mlm_head) to train, found no head");
 }
 
+// The head on the predicted rows only (mlm_predictions): the same loss as the head on every position, to
+// rounding; gradients by central differences; the compiled program against the interpreter.
+TEST(Bert, MlmHeadOnThePredictedRowsOnly) {
+  const BertConfig c = BertConfig::tiny();
+  const std::vector<double> full_targets = {3, -100, 1, -100, -100, 6, 0, -100};  // [2, 4]
+  Graph full, gathered;
+  graph::Builder bf(full), bg(gathered);
+  auto mf = build_bert(bf, c, {.batch = 2, .seq = 4, .mlm_head = true, .with_loss = true});
+  auto mg = build_bert(bg, c, {.batch = 2, .seq = 4, .mlm_head = true, .with_loss = true, .mlm_predictions = 3});
+  ASSERT_TRUE(mf.is_ok() && mg.is_ok()) << mf.status().to_string() << mg.status().to_string();
+  Feeds ff = padded_feeds(full, c, 17);
+  ff.at("targets").data = full_targets;
+  Feeds fg = ff;  // the same weights and tokens
+  fg.emplace("mlm_positions", ff.at("targets"));
+  fg.at("targets").data = {3, 1, -100, 6, 0, -100};  // row 0: tokens 0, 2 and a pad; row 1: tokens 5, 6 (b*T+t)
+  fg.at("mlm_positions").data = {0, 2, 0, 5, 6, 4};
+  fg.at("targets").type.shape = fg.at("mlm_positions").type.shape = Shape{6};
+  auto a = graph::interpret(full, ff), g = graph::interpret(gathered, fg);
+  ASSERT_TRUE(a.is_ok() && g.is_ok()) << a.status().to_string() << g.status().to_string();
+  EXPECT_NEAR(a->at("loss").data[0], g->at("loss").data[0], 1e-12);
+  EXPECT_EQ(g->at("logits").type.shape, (Shape{2, 3, c.vocab}));
+  EXPECT_TRUE(graph::testing::check_gradients(gathered, mg->loss, fg, 1e-7));
+  expect_compiled_matches(gathered, fg, mg->loss);
+  Graph bad;
+  graph::Builder bb(bad);
+  EXPECT_EQ(build_bert(bb, c, {.batch = 1, .seq = 4, .mlm_head = true, .with_loss = true, .mlm_predictions = 5})
+                .status()
+                .message(),
+            "bert: mlm_predictions: expected 0, or 1 to seq = 4 with with_loss, found 5");
+}
+
 std::string config_error(const BertConfig& c, int64_t batch = 1, int64_t seq = 4) {
   Graph g;
   graph::Builder b(g);

@@ -297,6 +297,9 @@ int main(int argc, char** argv) {
                         "bert: a sparse layout (bigbird, bslongformer, fixed, variable, local_sliding_window), "
                         "measured beside dense attention");
   train_cmd->add_option("--block", tb.block, "bert: the layout's block (default 64)")->check(CLI::Range(int64_t(1), int64_t(4096)));
+  train_cmd->add_option("--predictions", tb.predictions,
+                        "bert: the MLM head's rows per example (default: aspen train's; 0: every position)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
   train_cmd->add_option("--documents", tb.documents,
                         "packed rows of this many documents against the same rows unpacked (tokens/s ratio)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));

@@ -73,6 +73,7 @@ void for_each_key(Config& c, Visit&& v) {
   v("data", "val_fraction", c.data.val_fraction, interval(0, 1, false, true));
   v("data", "packing", c.data.packing, any());
   v("data", "mlm_probability", c.data.mlm_probability, interval(0, 1, true, true));
+  v("data", "max_predictions", c.data.max_predictions, at_least(0));
 
   v("optimizer", "name", c.optimizer.name, one_of({"adamw", "sgd", "lamb"}));
   v("optimizer", "lr", c.optimizer.lr, at_least(0));

@@ -92,6 +92,11 @@ struct DataSection {
   // random among the non-special ones; of those, 80 % read [MASK], 10 % a random token, 10 % themselves
   // (Hugging Face's DataCollatorForLanguageModeling).
   double mlm_probability = 0.15;
+  // Masked language modelling: the MLM head runs on at most this many predicted tokens per row, not on every
+  // position (the loss is the same mean over the predicted tokens; the head's work shrinks by seq / this).
+  // 0: mlm_probability * seq plus six standard deviations of the count (a row exceeds it with probability
+  // below 1e-9; its extra tokens go untrained, and aspen train says how many); seq or more: every position.
+  int64_t max_predictions = 0;
   bool operator==(const DataSection&) const = default;
 };
 
