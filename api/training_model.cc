@@ -339,6 +339,9 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
         const int r = m->spread() ? m->spread_shard_ : d % tp;
         off->data<int32_t>()[0] = int32_t(r * rows->shape()[0]);
       }
+    for (int d = 0; d < m->session_->replicas(); ++d)  // attention dropout: each shard's heads (models/blocks.h)
+      if (Tensor* index = m->session_->parameter_of(d, models::kTensorShardIndexName))
+        index->data<int32_t>()[0] = m->spread() ? m->spread_shard_ : d % tp;
     for (int g = 0; g < local * stages && !m->spread(); ++g) {  // devices g·tp .. g·tp + tp - 1
       ASPEN_ASSIGN_OR_RETURN(auto group, parallel::make_threads_group(tp, co));
       for (int t = 0; t < tp; ++t) {

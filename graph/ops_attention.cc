@@ -27,6 +27,10 @@
 //       looked up instead of kv_offset + i and j (kernels::AttentionMask's layout_query_positions: left-padded
 //       rows, whose cache slots are not positions); the layout is then [1 or H, N, N], every position below
 //       N * layout_block.
+//   {dropout_heads} with dropout (a Megatron tensor shard's graph): an i32 [] input right after dropout_seed, the
+//       shard's index r, so that its heads, r H .. r H + H - 1 of the model's dropout_heads, draw the whole
+//       model's pattern for them (kernels::AttentionMask's dropout_heads, dropout_head_offset = r H); a
+//       run-time value, since every shard runs one graph.
 //   {out_dtype}: q, k and v bf16 with out_dtype f32 (compiler/precision.cc's compute = bf16, as a matmul's):
 //       out, the bias, and attention_grad's out, g, dq, dk, dv and dbias are f32; kernels/attention.h's bf16
 //       kernels (AMX tiles where the CPU has them).
@@ -89,6 +93,8 @@ Result<kernels::AttentionMask> mask_of(const Node& n, int64_t T, int64_t S) {
   const int64_t stream = n.attrs.i_or("dropout_stream", 0);
   if (stream < 0) return rule_error(n, "dropout_stream", ">= 0", str(stream));
   m.dropout_stream = uint64_t(stream);
+  m.dropout_heads = n.attrs.i_or("dropout_heads", 0);
+  if (m.dropout_heads < 0) return rule_error(n, "dropout_heads", ">= 0", str(m.dropout_heads));
   if (n.attrs.has("alibi_bias_max")) {
     const double bias_max = n.attrs.f("alibi_bias_max");
     if (!(bias_max > 0 && bias_max < 1e4))
@@ -120,7 +126,8 @@ std::vector<float> slopes_of(const Node& n, int64_t H) {
 // rank 2) first, then segments (i32), then layout (u8, rank 3), then dropout_seed (i64 [1]), then bias (float,
 // rank 4); -1 when absent.
 struct MaskInputs {
-  int key_valid = -1, segments = -1, layout = -1, query_positions = -1, key_positions = -1, seed = -1, bias = -1;
+  int key_valid = -1, segments = -1, layout = -1, query_positions = -1, key_positions = -1, seed = -1, head_offset = -1,
+      bias = -1;
 };
 Result<MaskInputs> mask_inputs(const Node& n, std::span<const TensorType> in, size_t first) {
   MaskInputs m;
@@ -140,6 +147,9 @@ Result<MaskInputs> mask_inputs(const Node& n, std::span<const TensorType> in, si
       (m.query_positions < 0 ? m.query_positions : m.key_positions) = int(i);
     } else if (t == DType::i64 && in[i].shape == Shape{1} && m.seed < 0 && free) {
       m.seed = int(i);
+    } else if (t == DType::i32 && rank == 0 && m.seed >= 0 && m.head_offset < 0 && n.attrs.has("dropout_heads") &&
+               free) {
+      m.head_offset = int(i);
     } else if (is_float(t) && rank == 4 && free) {
       m.bias = int(i);
     } else {
@@ -235,6 +245,10 @@ Status check_attention(const Node& n, std::span<const TensorType> in, size_t kv_
   if ((mi.seed >= 0) != (m.dropout > 0))
     return rule_error(n, "dropout_seed", m.dropout > 0 ? "an i64 [1] input with dropout > 0" : "none without dropout",
                       mi.seed >= 0 ? in[size_t(mi.seed)].to_string() : "none");
+  if (n.attrs.has("dropout_heads") && (mi.head_offset < 0 || m.dropout_heads < q.shape[1]))
+    return rule_error(n, "dropout_heads",
+                      "at least q's " + str(q.shape[1]) + " heads, with an i32 [] shard index after dropout_seed",
+                      str(m.dropout_heads) + (mi.head_offset < 0 ? ", no offset" : ""));
   if (mi.segments >= 0 && q.shape[2] > 0 && m.kv_offset + q.shape[2] > k.shape[2])
     return rule_error(n, "kv_offset", "kv_offset + T <= S with segments (each query's segment is its position's)",
                       str(m.kv_offset) + " + " + str(q.shape[2]) + " > " + str(k.shape[2]));
@@ -316,6 +330,7 @@ Result<AttentionCall> attention_call(const Node& n, Ins in, size_t kv_index) {
     }
   }
   if (mi.seed >= 0) ASPEN_RETURN_IF_ERROR(bind_dropout_seed(n.op, in[size_t(mi.seed)]->data[0], c.mask));
+  if (mi.head_offset >= 0) c.mask.dropout_head_offset = int64_t(in[size_t(mi.head_offset)]->data[0]) * c.H;
   c.slopes = slopes_of(n, c.H);
   c.mask.alibi_slopes = c.slopes;
   if (mi.bias >= 0) {  // the values go to the reference in f64 (bias below); the mask says how they broadcast
@@ -380,7 +395,7 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
   const float scale = float(n.attrs.f("scale"));
   const bool forward = n.op == OpKind::attention;
   ASPEN_ASSIGN_OR_RETURN(const MaskInputs mi, mask_inputs(n, in, forward ? 3 : 6));
-  const int kv = mi.key_valid, seg = mi.segments, lay = mi.layout, sd = mi.seed;
+  const int kv = mi.key_valid, seg = mi.segments, lay = mi.layout, sd = mi.seed, ho = mi.head_offset;
   const OpKind op = n.op;
   const int64_t layout_n = lay >= 0 ? in[size_t(lay)].shape.numel() : 0;
   const int64_t layout_heads = lay >= 0 ? in[size_t(lay)].shape[0] : 1;
@@ -394,6 +409,7 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
   const auto bind = [=](In i) -> Result<kernels::AttentionMask> {  // slopes copied in: spans point into this lambda
     kernels::AttentionMask m = mask;
     if (sd >= 0) ASPEN_RETURN_IF_ERROR(bind_dropout_seed(op, double(in_span<int64_t>(i, size_t(sd), 1)[0]), m));
+    if (ho >= 0) m.dropout_head_offset = int64_t(in_span<int32_t>(i, size_t(ho), 1)[0]) * H;
     m.alibi_slopes = slopes;
     if (bi >= 0) {
       m.bias = in_span<float>(i, size_t(bi), bias_n);
@@ -658,9 +674,10 @@ void register_attention_ops(OpTable& t) {
                                                  {"alibi_bias_max", AttrKind::f64, false},
                                                  {"out_dtype", AttrKind::i64, false},
                                                  {"dropout", AttrKind::f64, false},
-                                                 {"dropout_stream", AttrKind::i64, false}};
+                                                 {"dropout_stream", AttrKind::i64, false},
+                                                 {"dropout_heads", AttrKind::i64, false}};
   t.define(OpKind::attention, {.min_inputs = 3,
-                               .max_inputs = 10,
+                               .max_inputs = 11,
                                .attrs = attention_attrs,
                                .infer = infer_attention,
                                .grad = grad_attention,
@@ -668,7 +685,7 @@ void register_attention_ops(OpTable& t) {
                                .prepare = prepare_attention,
                                .samples = samples_attention});
   t.define(OpKind::attention_grad, {.min_inputs = 6,
-                                    .max_inputs = 13,
+                                    .max_inputs = 14,
                                     .attrs = attention_attrs,
                                     .infer = infer_attention_grad,
                                     .eval = eval_attention_grad,

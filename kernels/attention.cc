@@ -550,6 +550,12 @@ Status check_shape(const char* kernel, int64_t B, int64_t H, int64_t Hk, int64_t
   if (!(mask.dropout >= 0.0f && mask.dropout < 1.0f))
     return Status::invalid_argument(std::string(kernel) + ": mask.dropout", "a probability in [0, 1)",
                                     std::to_string(mask.dropout));
+  if (mask.dropout_heads != 0 &&
+      (mask.dropout_head_offset < 0 || mask.dropout_head_offset + H > mask.dropout_heads))
+    return Status::invalid_argument(std::string(kernel) + ": mask.dropout_head_offset",
+                                    "heads offset .. offset + H = " + i64(H) + " within dropout_heads = " +
+                                        i64(mask.dropout_heads),
+                                    i64(mask.dropout_head_offset));
   if (!mask.layout.empty()) {
     ASPEN_RETURN_IF_ERROR(check_extent(kernel, "mask.layout_block", mask.layout_block, 1));
     if (mask.layout_heads != 1 && mask.layout_heads != H)
@@ -705,6 +711,8 @@ Problem make_problem(const float* q, const float* k, const float* v, int64_t B, 
     pb.drop_scale = 1.0f / (1.0f - mask.dropout);
     pb.drop_seed = mask.dropout_seed;
     pb.drop_stream = mask.dropout_stream;
+    pb.drop_heads = mask.dropout_heads > 0 ? mask.dropout_heads : H;
+    pb.drop_head_offset = mask.dropout_head_offset;
   }
   if (!mask.bias.empty()) {
     pb.bias = mask.bias.data();
@@ -794,7 +802,7 @@ Status check_attention_mask(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t
 
 void attn::Problem::dropout_tile(int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* z) const {
   for (int64_t r = 0; r < rows; ++r) {
-    const uint64_t n0 = uint64_t((bh * T + i0 + r) * S + j0);
+    const uint64_t n0 = uint64_t(((bh / H * drop_heads + drop_head_offset + bh % H) * T + i0 + r) * S + j0);
     PhiloxBlock block{};
     uint64_t at = ~uint64_t(0);
     for (int64_t c = 0; c < cols; ++c) {
@@ -809,7 +817,9 @@ void attn::Problem::dropout_tile(int64_t bh, int64_t i0, int64_t rows, int64_t j
 float attention_dropout_multiplier(const AttentionMask& mask, int64_t H, int64_t T, int64_t S, int64_t b, int64_t h,
                                    int64_t i, int64_t j) {
   if (!(mask.dropout > 0.0f)) return 1.0f;
-  const uint32_t bits = philox_bits(mask.dropout_seed, mask.dropout_stream, uint64_t(((b * H + h) * T + i) * S + j));
+  const int64_t heads = mask.dropout_heads > 0 ? mask.dropout_heads : H;
+  const uint32_t bits = philox_bits(mask.dropout_seed, mask.dropout_stream,
+                                    uint64_t(((b * heads + mask.dropout_head_offset + h) * T + i) * S + j));
   return (bits >> 8) >= dropout_threshold(mask.dropout) ? 1.0f / (1.0f - mask.dropout) : 0.0f;
 }
 

@@ -93,10 +93,14 @@ struct AttentionMask {
   // same seed and stream. Not with decoding's split-KV rows: such calls take the tiles.
   float dropout = 0.0f;
   uint64_t dropout_seed = 0, dropout_stream = 0;
+  // A tensor shard's heads (Megatron): this call's head h is head dropout_head_offset + h of a model with
+  // dropout_heads heads, so every shard draws the pattern the whole model would for its heads. 0: H, 0.
+  int64_t dropout_heads = 0, dropout_head_offset = 0;
 };
 
 // Dropout's multiplier for element (b, h, i, j) of a call with H heads, T queries and S keys: 1 / (1 -
-// mask.dropout) when element ((b H + h) T + i) S + j of Philox stream dropout_stream under dropout_seed,
+// mask.dropout) when element ((b H' + h') T + i) S + j of Philox stream dropout_stream under dropout_seed
+// (H' = dropout_heads or H, h' = dropout_head_offset + h),
 // as bits_to_unit_float (core/philox.h), is >= mask.dropout; else 0. 1 without dropout.
 float attention_dropout_multiplier(const AttentionMask& mask, int64_t H, int64_t T, int64_t S, int64_t b, int64_t h,
                                    int64_t i, int64_t j);

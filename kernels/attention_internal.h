@@ -314,6 +314,7 @@ struct Problem {
   uint32_t drop_threshold = 0;  // 0: no dropout
   float drop_scale = 1.0f;      // 1 / (1 - dropout)
   uint64_t drop_seed = 0, drop_stream = 0;
+  int64_t drop_heads = 0, drop_head_offset = 0;  // mask.dropout_heads (or H), dropout_head_offset
   // z [rows, kBk] = the dropout multipliers of the tile (0 past cols).
   void dropout_tile(int64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* z) const;
   int64_t layout_head(int64_t bh) const { return lheads == 1 ? 0 : bh % H; }

@@ -809,6 +809,67 @@ TEST(Attention, DropoutKeepsOneMinusPOfTheElements) {
   EXPECT_EQ(attention_dropout_multiplier(AttentionMask{}, 1, 1, 1, 0, 0, 0, 0), 1.0f);
 }
 
+// A tensor shard's call (its heads dropout_head_offset .. + H of dropout_heads) drops what the whole model's
+// call drops for those heads: the shard's out, lse and gradients are the whole call's heads, bit for bit
+// (f32 on every ISA, and bf16); an offset past the heads is named.
+TEST(Attention, DropoutOfAShardsHeadsIsTheWholeModels) {
+  constexpr int64_t B = 2, Hg = 4, H = 2, T = 70, S = 70, D = 16;
+  const std::vector<float> q = random_vector(size_t(B * Hg * T * D), 61, -2.0f, 2.0f), k = random_vector(q.size(), 62),
+                           v = random_vector(q.size(), 63), g = random_vector(q.size(), 64);
+  auto heads = [&](const std::vector<float>& x, int64_t from, int64_t n) {  // [B, Hg, T, D] -> [B, n, T, D]
+    std::vector<float> y;
+    for (int64_t b = 0; b < B; ++b) {
+      const auto first = x.begin() + ((b * Hg + from) * T) * D;
+      y.insert(y.end(), first, first + n * T * D);
+    }
+    return y;
+  };
+  AttentionMask whole;
+  whole.kind = Kind::causal;
+  whole.dropout = 0.3f;
+  whole.dropout_seed = 99;
+  whole.dropout_stream = 5;
+  for (Isa isa : testing::available_isas(Isa::avx512)) {
+    SCOPED_TRACE(isa_name(isa));
+    ScopedIsaCap cap(isa);
+    const float scale = 0.25f;
+    std::vector<float> out(q.size()), lse(size_t(B * Hg * T)), dq(q.size()), dk(q.size()), dv(q.size());
+    ASSERT_TRUE(attention_forward(q, k, v, out, lse, B, Hg, Hg, T, S, D, scale, whole).is_ok());
+    ASSERT_TRUE(attention_backward(q, k, v, out, lse, g, dq, dk, dv, B, Hg, Hg, T, S, D, scale, whole).is_ok());
+    for (const int64_t offset : {int64_t(0), int64_t(2)}) {
+      AttentionMask shard = whole;
+      shard.dropout_heads = Hg;
+      shard.dropout_head_offset = offset;
+      const std::vector<float> sq = heads(q, offset, H), sk = heads(k, offset, H), sv = heads(v, offset, H),
+                               sg = heads(g, offset, H);
+      std::vector<float> so(sq.size()), sl(size_t(B * H * T)), sdq(sq.size()), sdk(sq.size()), sdv(sq.size());
+      ASSERT_TRUE(attention_forward(sq, sk, sv, so, sl, B, H, H, T, S, D, scale, shard).is_ok());
+      EXPECT_EQ(so, heads(out, offset, H)) << "offset " << offset;
+      ASSERT_TRUE(attention_backward(sq, sk, sv, so, sl, sg, sdq, sdk, sdv, B, H, H, T, S, D, scale, shard).is_ok());
+      EXPECT_EQ(sdq, heads(dq, offset, H)) << "offset " << offset;
+      EXPECT_EQ(sdv, heads(dv, offset, H)) << "offset " << offset;
+      if (offset == 0) continue;
+      const std::vector<bf16> bq = to_bf16(sq), bk = to_bf16(sk), bv = to_bf16(sv);
+      const std::vector<bf16> wq = to_bf16(q), wk = to_bf16(k), wv = to_bf16(v);
+      std::vector<float> bo(sq.size()), bl(sl.size()), wo(q.size()), wl(lse.size());
+      ASSERT_TRUE(attention_forward(std::span<const bf16>(bq), bk, bv, std::span<float>(bo), std::span<float>(bl), B, H,
+                                    H, T, S, D, scale, shard)
+                      .is_ok());
+      ASSERT_TRUE(attention_forward(std::span<const bf16>(wq), wk, wv, std::span<float>(wo), std::span<float>(wl), B,
+                                    Hg, Hg, T, S, D, scale, whole)
+                      .is_ok());
+      EXPECT_EQ(bo, heads(wo, offset, H));
+    }
+  }
+  AttentionMask bad = whole;
+  bad.dropout_heads = Hg;
+  bad.dropout_head_offset = 3;
+  std::vector<float> sq(size_t(B * H * T * D)), so(sq.size()), sl(size_t(B * H * T));
+  EXPECT_EQ(attention_forward(sq, sq, sq, so, sl, B, H, H, T, S, D, 1.0f, bad).message(),
+            "attention_forward: mask.dropout_head_offset: expected heads offset .. offset + H = 2 within dropout_heads "
+            "= 4, found 3");
+}
+
 // Every mask family with dropout, forward and backward (f32 on every ISA, bf16), against the f64 reference
 // with the same multipliers: causal, a local window with padding, packed documents, a layout, a bias,
 // grouped heads, decode-shaped rows (which then take the tiles).

@@ -60,7 +60,7 @@ ValueId mlp(Builder& b, ValueId x, const MlpSpec& s) {
 ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const AttentionSpec& s,
                        std::optional<ValueId> positions, std::optional<ValueId> key_valid, const KvCacheSpec* cache,
                        std::optional<ValueId> segments, std::optional<ValueId> layout,
-                       std::optional<ValueId> dropout_seed) {
+                       std::optional<ValueId> dropout_seed, const DropoutShard* dropout_shard) {
   if (!b.status().is_ok()) return ValueId{};
   const Shape qs = b.type(q).shape;  // [B, T, H*D]
   const int64_t B = qs[0], T = qs[1], H = s.n_head, Hk = s.n_kv_head > 0 ? s.n_kv_head : s.n_head, D = s.head_dim;
@@ -107,6 +107,7 @@ ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const Attent
   }
   ASPEN_CHECK((s.dropout > 0) == dropout_seed.has_value());  // a caller's bug: dropout reads the run-time seed
   if (dropout_seed) args.push_back(*dropout_seed);
+  if (dropout_seed && dropout_shard) args.push_back(dropout_shard->index);
   graph::Attrs attrs{{"scale", 1.0 / std::sqrt(double(D))}, {"mask", mask}};
   if (mask == "local") attrs.set("window", s.window);
   if (layout) attrs.set("layout_block", by_position ? cache->layout_block : T / b.type(*layout).shape[1]);
@@ -114,6 +115,7 @@ ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const Attent
   if (s.dropout > 0) {
     attrs.set("dropout", s.dropout);
     attrs.set("dropout_stream", s.dropout_stream);
+    if (dropout_shard) attrs.set("dropout_heads", dropout_shard->heads);
   }
   std::vector<ValueId> outs = b.op(OpKind::attention, std::move(args), std::move(attrs));
   if (outs.empty()) return ValueId{};
@@ -177,12 +179,9 @@ Result<CausalLmInputs> causal_lm_inputs(Builder& b, const std::string& family, c
     if (o.kv_cache_len > 0)
       return Status::invalid_argument(family + ": attention_dropout", "0 with a KV cache (generation)",
                                       std::to_string(o.attention_dropout));
-    if (o.tensor_parallel > 1)
-      return Status::unimplemented(family + ": attention_dropout with tensor_parallel " +
-                                       std::to_string(o.tensor_parallel),
-                                   "0 (every shard runs one graph: each would drop the same pattern for its own "
-                                   "heads)");
     ASPEN_ASSIGN_OR_RETURN(in.dropout_seed, dropout_seed_input(b, family, o.attention_dropout));
+    if (o.tensor_parallel > 1)  // each shard its heads' part of the model's pattern
+      in.dropout_shard = DropoutShard{.index = b.parameter(kTensorShardIndexName, DType::i32, Shape{}), .heads = n_head};
   }
   if (o.kv_cache_len > 0) {
     in.kv.index = b.input("cache_index", DType::i32, Shape{});

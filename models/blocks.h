@@ -125,13 +125,20 @@ struct KvCacheSpec {
 // block-diagonally (graph/ops_attention.cc). layout (u8 [1 or H, T/block,
 // T/block], optional; see causal_lm_inputs): a block-sparse layout; with a
 // cache the model's whole layout, looked up by positions (KvCacheSpec).
+// A Megatron tensor shard's place among the model's heads, for attention dropout: `index` (i32 [], the
+// shard's; a run-time state, every shard runs one graph) and `heads` (the model's).
+struct DropoutShard {
+  graph::ValueId index;
+  int64_t heads = 0;
+};
 graph::ValueId attention_core(graph::Builder& b, graph::ValueId q, graph::ValueId k, graph::ValueId v,
                               const AttentionSpec& spec, std::optional<graph::ValueId> positions = std::nullopt,
                               std::optional<graph::ValueId> key_valid = std::nullopt,
                               const KvCacheSpec* cache = nullptr,
                               std::optional<graph::ValueId> segments = std::nullopt,
                               std::optional<graph::ValueId> layout = std::nullopt,
-                              std::optional<graph::ValueId> dropout_seed = std::nullopt);
+                              std::optional<graph::ValueId> dropout_seed = std::nullopt,
+                              const DropoutShard* dropout_shard = nullptr);
 
 // Parameters named with this prefix are a program's state (KV caches), not
 // weights: checkpoints neither hold nor fill them; they start at zero.
@@ -186,10 +193,12 @@ struct CausalLmOptions {
   bool vocab_parallel = false;
   // Dropout on every layer's attention probabilities (training; [0, 1)): input "dropout_seed" i64 [1], a new
   // value per micro-batch (negative: no dropout, for evaluation with the same program); layer i draws Philox
-  // stream i. Not with a KV cache or tensor_parallel > 1 (every shard's graph is the same: each would drop
-  // the same pattern for its own heads).
+  // stream i. Not with a KV cache. With tensor_parallel > 1 each shard draws the whole model's pattern for its
+  // heads: the state kTensorShardIndexName (i32 []) holds its index, set by the runtime owner.
   double attention_dropout = 0.0;
 };
+// The state naming a tensor shard's index (i32 []), with attention dropout.
+inline constexpr const char* kTensorShardIndexName = "state.tensor.shard";
 // The inputs a causal LM's kv-cache options add (invalid without them).
 struct KvCacheInputs {
   graph::ValueId index, key_valid;
@@ -208,6 +217,7 @@ struct KvCacheInputs {
 struct CausalLmInputs {
   graph::ValueId input_ids, positions, attention_mask, targets;
   std::optional<graph::ValueId> key_valid, segments, layout, dropout_seed;
+  std::optional<DropoutShard> dropout_shard;  // attention dropout in a tensor shard (kTensorShardIndexName)
   KvCacheInputs kv;
 };
 Result<CausalLmInputs> causal_lm_inputs(graph::Builder& b, const std::string& family, const CausalLmOptions& options,

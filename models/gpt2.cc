@@ -80,7 +80,8 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
     const KvCacheSpec cache = layer_cache(in.kv, o, i);
     const ValueId heads = attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), std::nullopt,
                                          in.key_valid, o.kv_cache_len ? &cache : nullptr, in.segments, in.layout,
-                                         in.dropout_seed);
+                                         in.dropout_seed,
+                                         in.dropout_shard ? &*in.dropout_shard : nullptr);
     ValueId a = T > 1 ? row_parallel(heads, p + "attn.c_proj", Cl) : linear(b, heads, p + "attn.c_proj", C, C, true, wdt, conv1d);
     x = b.add(a, x);  // HF: attn_output + residual
     h = layer_norm(b, x, p + "ln_2", C, c.layer_norm_eps, dt);

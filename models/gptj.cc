@@ -81,7 +81,8 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
     const KvCacheSpec cache = layer_cache(in.kv, o, i);
     ValueId a = linear(b,
                        attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), m.positions, in.key_valid,
-                                      o.kv_cache_len ? &cache : nullptr, in.segments, in.layout, in.dropout_seed),
+                                      o.kv_cache_len ? &cache : nullptr, in.segments, in.layout, in.dropout_seed,
+                                         in.dropout_shard ? &*in.dropout_shard : nullptr),
                        p + "attn.out_proj", Cl, C, false, wdt);
     if (T > 1) {  // both row-parallel products summed by one all-reduce, then fc_out's bias once
       ValueId u = b.gelu(linear(b, h, p + "mlp.fc_in", C, Fl, /*bias=*/true, wdt), /*tanh_form=*/true);

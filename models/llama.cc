@@ -121,7 +121,8 @@ Result<LlamaGraph> build_llama(Builder& b, const LlamaConfig& c, const CausalLmO
     const KvCacheSpec cache = layer_cache(in.kv, o, i);
     const ValueId heads = attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), m.positions,
                                          in.key_valid, o.kv_cache_len ? &cache : nullptr, in.segments, in.layout,
-                                         in.dropout_seed);
+                                         in.dropout_seed,
+                                         in.dropout_shard ? &*in.dropout_shard : nullptr);
     x = b.add(x, row_parallel(heads, p + "self_attn.o_proj", H * D, c.o_bias));
     h = rms_norm(b, x, p + "post_attention_layernorm", C, c.rms_norm_eps, dt);
     const ValueId gate = linear(b, h, p + "mlp.gate_proj", C, F, c.mlp_bias, wdt);

@@ -64,7 +64,7 @@ struct ModelSection {
   // (kernels/attention_layout.h; sparse_attention() reads it).
   std::map<std::string, std::string> attention;
   // Dropout on the attention probabilities of every layer during training steps ([0, 1); the built-in
-  // families, one tensor shard): a fresh Philox seed per micro-batch and replica from train.seed and the
+  // families, tensor shards too): a fresh Philox seed per micro-batch and replica from train.seed and the
   // data position (so a resumed run draws what the uninterrupted one would); none in validation.
   double attention_dropout = 0.0;
   // A BERT from model.from for sequences longer than its learned positions: the position embeddings grown to
