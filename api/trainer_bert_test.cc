@@ -123,6 +123,24 @@ std::map<std::string, Tensor> read_all(const std::string& path) {
   return out;
 }
 
+// Micro-batches of B rows of T tokens of the fixture's shards (5 % held out).
+train::DataLoaderOptions loader(int64_t B, int64_t T) {
+  train::DataLoaderOptions lo;
+  lo.seq = T;
+  lo.micro_batch = B;
+  lo.val_fraction = 0.05;
+  return lo;
+}
+
+// Masking with wordpiece_tiny's [MASK] and special tokens.
+TrainFeed::MaskedLm tiny_mlm(double probability, uint64_t seed, int64_t predictions = 0) {
+  auto tok = io::load_tokenizer(ASPEN_WORDPIECE_TINY_DIR);
+  EXPECT_TRUE(tok.is_ok());
+  const io::SpecialTokenIds& sp = (*tok)->special_ids();
+  return {.probability = probability, .mask_id = *sp.mask, .vocab = 34,
+          .special = {*sp.cls, *sp.sep, *sp.pad, *sp.mask, *sp.unk}, .seed = seed, .predictions = predictions};
+}
+
 // The feed's masking over 2,000 rows: the predicted share is mlm_probability within 5 sigma, special tokens
 // are never predicted, a predicted token reads [MASK] 80 %, itself 10 % (+ a random draw of itself), a random
 // id 10 %; the others read themselves with target -100. A second feed draws the same masks (nothing but the
@@ -132,10 +150,7 @@ TEST(TrainerBert, MaskingFollowsHuggingFacesCollator) {
   ASSERT_TRUE(tok.is_ok());
   const io::SpecialTokenIds& sp = (*tok)->special_ids();
   const int64_t B = 8, T = 16;
-  train::DataLoaderOptions lo;
-  lo.seq = T;
-  lo.micro_batch = B;
-  lo.val_fraction = 0.05;
+  const train::DataLoaderOptions lo = loader(B, T);
   graph::Graph g;
   graph::Builder b(g);
   models::BertConfig bc{.vocab = 34, .max_positions = 16, .d_model = 8, .n_layer = 1, .n_head = 2, .d_ff = 8};
@@ -146,8 +161,7 @@ TEST(TrainerBert, MaskingFollowsHuggingFacesCollator) {
     auto f = TrainFeed::open(fixture() + "/data", lo, {0}, false);
     EXPECT_TRUE(f.is_ok()) << f.status().to_string();
     if (mlm) {
-      f->set_masked_lm({.probability = 0.15, .mask_id = *sp.mask, .vocab = 34,
-                        .special = {*sp.cls, *sp.sep, *sp.pad, *sp.mask, *sp.unk}, .seed = seed});
+      f->set_masked_lm(tiny_mlm(0.15, seed));
       EXPECT_TRUE(f->bind(g, columns, "test").is_ok());
     } else {
       graph::Graph h;
@@ -201,14 +215,8 @@ TEST(TrainerBert, MaskingFollowsHuggingFacesCollator) {
 // order, then -100 padding, with the same masks as the feed over every position (and counts what a too small
 // K leaves out); training through it gives the loss of the head over every position (lr 0: the same weights).
 TEST(TrainerBert, HeadOnThePredictedRowsOnly) {
-  auto tok = io::load_tokenizer(ASPEN_WORDPIECE_TINY_DIR);
-  ASSERT_TRUE(tok.is_ok());
-  const io::SpecialTokenIds& sp = (*tok)->special_ids();
   const int64_t B = 4, T = 16;
-  train::DataLoaderOptions lo;
-  lo.seq = T;
-  lo.micro_batch = B;
-  lo.val_fraction = 0.05;
+  const train::DataLoaderOptions lo = loader(B, T);
   for (const int64_t K : {int64_t(8), int64_t(2)}) {
     SCOPED_TRACE("K = " + std::to_string(K));
     auto feed = [&](int64_t k) {
@@ -220,8 +228,7 @@ TEST(TrainerBert, HeadOnThePredictedRowsOnly) {
               .is_ok());
       auto f = TrainFeed::open(fixture() + "/data", lo, {0}, false);
       EXPECT_TRUE(f.is_ok());
-      f->set_masked_lm({.probability = 0.25, .mask_id = *sp.mask, .vocab = 34,
-                        .special = {*sp.cls, *sp.sep, *sp.pad, *sp.mask, *sp.unk}, .seed = 9, .predictions = k});
+      f->set_masked_lm(tiny_mlm(0.25, 9, k));
       EXPECT_TRUE(f->bind(g, {{"input_ids", "tokens"}, {"token_type_ids", "token_types"}, {"attention_mask", "mask"}},
                           "test")
                       .is_ok());
