@@ -23,6 +23,7 @@
 #include "models/weights.h"
 #include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
+#include "parallel/mesh.h"
 #ifdef ASPEN_HAVE_MPI
 #include "parallel/mpi/mpi_communicator.h"
 #endif
@@ -329,24 +330,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     return Status::unimplemented("training under MPI", "build (this one was built without MPI)");
 #endif
   }
-  // Each process holds whole replicas (batch.replicas a multiple of the
-  // processes), or the model spans processes: one stage or tensor shard each
-  // (replicas x stages x shards = processes).
-  const int64_t model_devices = c.parallel.pipeline_stages * c.parallel.tensor_parallel;
-  const bool across = processes > 1 && model_devices > 1 && c.batch.replicas * model_devices == processes;
-  if (!across && c.batch.replicas % processes != 0)
-    return Status::invalid_argument(
-        "config: batch.replicas", "a multiple of the " + std::to_string(processes) +
-                                      " processes of this MPI job, or with the model across processes, replicas x " +
-                                      "stages x shards (" + std::to_string(model_devices) + ") = " +
-                                      std::to_string(processes),
-        std::to_string(c.batch.replicas),
-        "--replicas " + std::to_string(processes) +
-            (model_devices > 1 && processes % model_devices == 0
-                 ? " (whole replicas per process) or --replicas " + std::to_string(processes / model_devices) +
-                       " (the model across processes)"
-                 : std::string()));
-  const int64_t local = across ? 1 : c.batch.replicas / processes;
+  // Each process holds whole replicas, or the model spans processes: one stage or tensor shard each
+  // (parallel::place, the job's one layout).
+  ASPEN_ASSIGN_OR_RETURN(const parallel::Placement placement,
+                         parallel::place(train::mesh_shape(c), int(processes), "config: batch.replicas"));
+  const bool across = placement.across;
+  const int64_t model_devices = placement.model_devices(), local = placement.local_replicas();
 #ifdef ASPEN_HAVE_MPI
   if (options.mpi) {
     ASPEN_ASSIGN_OR_RETURN(t->world_, parallel::MpiCommunicator::world());
@@ -394,7 +383,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   lo.seed = c.train.seed;
   lo.replicas = c.batch.replicas;
   std::vector<int64_t> replicas;
-  for (int64_t l = 0; l < local; ++l) replicas.push_back(across ? process / model_devices : process * local + l);
+  for (int64_t l = 0; l < local; ++l) replicas.push_back(placement.replica(int(process), int(l)));
   if (std::error_code ec; !c.model.is_onnx() && fs::exists(c.data.train, ec) &&
                           !fs::exists(fs::path(c.data.train) / "index.json", ec))
     return Status::invalid_argument("config: data.train '" + c.data.train + "'",
@@ -543,7 +532,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     // Processes of one machine share its cores (OpenMPI says how many there are).
     const char* e = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     const int on_node = e ? std::max(1, std::atoi(e)) : 1;
-    const int devices = across ? 1 : int(local * c.parallel.tensor_parallel * c.parallel.pipeline_stages);
+    const int devices = placement.process_devices();
     o.threads(std::max(1, CoreBudget::global().available() / on_node / devices));
   }
   TrainingOptions to;

@@ -43,6 +43,26 @@ Result<Mesh> Mesh::create(MeshShape shape, int devices) {
   return mesh;
 }
 
+Result<Placement> place(const MeshShape& shape, int processes, const std::string& what) {
+  ASPEN_RETURN_IF_ERROR(Mesh::create(shape).status());
+  if (processes < 1) return Status::invalid_argument("process count", "a count >= 1", std::to_string(processes));
+  Placement p{.shape = shape, .processes = processes, .across = false};
+  const int model = p.model_devices();
+  p.across = processes > 1 && model > 1 && shape.data * model == processes;
+  if (p.across || shape.data % processes == 0) return p;
+  return Status::invalid_argument(
+      what,
+      "a multiple of the " + std::to_string(processes) +
+          " processes of this MPI job, or with the model across processes, replicas x stages x shards (" +
+          std::to_string(model) + ") = " + std::to_string(processes),
+      std::to_string(shape.data),
+      "--replicas " + std::to_string(processes) +
+          (model > 1 && processes % model == 0
+               ? " (whole replicas per process) or --replicas " + std::to_string(processes / model) +
+                     " (the model across processes)"
+               : std::string()));
+}
+
 Coord Mesh::coord(int rank) const {
   ASPEN_CHECK(rank >= 0 && rank < size()) << "rank " << rank << " outside mesh of " << size();
   Coord c;

@@ -69,4 +69,25 @@ class Mesh {
   MeshShape shape_;
 };
 
+// Where a mesh's devices live among a job's `processes` processes (MPI ranks; 1 without MPI), the one
+// place that multiplies the axes for it: either each process holds whole replicas (data a multiple of the
+// processes: data / processes replicas, each with its pipe x tensor devices), or the model spans the
+// processes (pipe x tensor > 1 and data x pipe x tensor = processes: one device each, `across`).
+struct Placement {
+  MeshShape shape;
+  int processes = 1;
+  bool across = false;
+  int model_devices() const { return shape.pipe * shape.tensor; }  // the devices one replica spans
+  int local_replicas() const { return across ? 1 : shape.data / processes; }
+  // The devices one process drives: 1 across, else its replicas' model devices.
+  int process_devices() const { return across ? 1 : local_replicas() * model_devices(); }
+  // The global replica (data coordinate) of process `process`'s local replica `local`.
+  int replica(int process, int local) const {
+    return across ? process / model_devices() : process * local_replicas() + local;
+  }
+};
+// InvalidArgument naming `what` (where the replica count comes from, e.g. "config: batch.replicas") when the
+// shape fits neither way, with the counts that would.
+Result<Placement> place(const MeshShape& shape, int processes, const std::string& what);
+
 }  // namespace aspen::parallel

@@ -61,4 +61,32 @@ TEST(Mesh, ZeroAndNegativeSizes) {
 }
 
 }  // namespace
+// A job's placement: whole replicas per process, or the model across processes (one device each), and
+// the shapes that fit neither named with the counts that would.
+TEST(Placement, WholeReplicasOrTheModelAcrossProcesses) {
+  auto one = place({.data = 4, .pipe = 2, .tensor = 1}, 1, "replicas");
+  ASSERT_TRUE(one.is_ok());
+  EXPECT_FALSE(one->across);
+  EXPECT_EQ(one->local_replicas(), 4);
+  EXPECT_EQ(one->process_devices(), 8);
+  EXPECT_EQ(one->replica(0, 3), 3);
+  auto two = place({.data = 4, .pipe = 1, .tensor = 2}, 2, "replicas");
+  ASSERT_TRUE(two.is_ok());
+  EXPECT_FALSE(two->across);
+  EXPECT_EQ(two->local_replicas(), 2);
+  EXPECT_EQ(two->replica(1, 0), 2);
+  EXPECT_EQ(two->replica(1, 1), 3);
+  auto across = place({.data = 2, .pipe = 2, .tensor = 2}, 8, "replicas");
+  ASSERT_TRUE(across.is_ok());
+  EXPECT_TRUE(across->across);
+  EXPECT_EQ(across->local_replicas(), 1);
+  EXPECT_EQ(across->process_devices(), 1);
+  EXPECT_EQ(across->replica(5, 0), 1);  // processes 4..7 hold replica 1's four devices
+  EXPECT_EQ(place({.data = 3, .pipe = 2, .tensor = 1}, 4, "config: batch.replicas").status().message(),
+            "config: batch.replicas: expected a multiple of the 4 processes of this MPI job, or with the model across "
+            "processes, replicas x stages x shards (2) = 4, found 3 (hint: --replicas 4 (whole replicas per process) "
+            "or --replicas 2 (the model across processes))");
+  EXPECT_EQ(place({.data = 1, .pipe = 1, .tensor = 1}, 0, "r").status().code(), Code::kInvalidArgument);
+}
+
 }  // namespace aspen::parallel

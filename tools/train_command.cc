@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "api/trainer.h"
+#include "parallel/mesh.h"
 #ifdef ASPEN_HAVE_MPI
 #include "parallel/mpi/mpi_communicator.h"
 #endif
@@ -281,8 +282,8 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   auto trainer = api::Trainer::create(c, to);
   if (!trainer.is_ok()) return report(trainer.status());
   std::string layout;
-  const int64_t model_devices = c.parallel.pipeline_stages * c.parallel.tensor_parallel;
-  const bool across = processes > 1 && model_devices > 1 && c.batch.replicas * model_devices == processes;
+  // The job's layout, as the trainer placed it (parallel::place: it accepted this shape).
+  const bool across = parallel::place(train::mesh_shape(c), int(processes), "batch.replicas").value().across;
   if (across)
     layout = ", " + std::to_string(c.batch.replicas) + " replica" + (c.batch.replicas > 1 ? "s" : "") + " across " +
              std::to_string(processes) + " processes (one " +

@@ -576,6 +576,10 @@ bool ModelSection::is_onnx() const {
 
 int64_t TrainConfig::global_batch() const { return batch.micro * batch.accumulation * batch.replicas; }
 
+parallel::MeshShape mesh_shape(const TrainConfig& c) {
+  return {.data = int(c.batch.replicas), .pipe = int(c.parallel.pipeline_stages), .tensor = int(c.parallel.tensor_parallel)};
+}
+
 Result<std::optional<kernels::SparsityConfig>> sparse_attention(const ModelSection& m, int64_t n_head,
                                                                  uint64_t seed, bool encoder) {
   if (m.attention.empty()) return std::optional<kernels::SparsityConfig>();

@@ -36,6 +36,7 @@
 
 #include "core/status.h"
 #include "kernels/attention_layout.h"
+#include "parallel/mesh.h"
 
 namespace aspen::train {
 
@@ -211,6 +212,9 @@ struct TrainConfig {
   int64_t global_batch() const;  // micro * accumulation * replicas
   bool operator==(const TrainConfig&) const = default;
 };
+
+// The job's mesh: batch.replicas x parallel.pipeline_stages x parallel.tensor_parallel (parallel/mesh.h).
+parallel::MeshShape mesh_shape(const TrainConfig& config);
 
 // config.model.attention as DeepSpeed's sparsity config for `n_head` heads (random blocks seeded by `seed`);
 // nullopt when it is empty. InvalidArgument naming "model.attention.<key>", what was expected and what was
