@@ -1,5 +1,7 @@
 #include "parallel/mesh.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace aspen::parallel {
@@ -41,6 +43,11 @@ Result<Mesh> Mesh::create(MeshShape shape, int devices) {
             " = " + std::to_string(mesh.size()),
         "choose axis sizes whose product is " + std::to_string(devices));
   return mesh;
+}
+
+int default_replicas(int pipe, int tensor, int processes) {
+  const int model = std::max(1, pipe) * std::max(1, tensor);
+  return model > 1 && processes > 1 && processes % model == 0 ? processes / model : processes;
 }
 
 Result<Placement> place(const MeshShape& shape, int processes, const std::string& what) {

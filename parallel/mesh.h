@@ -86,6 +86,9 @@ struct Placement {
     return across ? process / model_devices() : process * local_replicas() + local;
   }
 };
+// The replicas a job of `processes` processes runs when none are asked for: one per process, or, when a
+// replica spans several devices (pipe x tensor > 1) that divide the processes, the model across them.
+int default_replicas(int pipe, int tensor, int processes);
 // InvalidArgument naming `what` (where the replica count comes from, e.g. "config: batch.replicas") when the
 // shape fits neither way, with the counts that would.
 Result<Placement> place(const MeshShape& shape, int processes, const std::string& what);

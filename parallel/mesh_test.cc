@@ -87,6 +87,10 @@ TEST(Placement, WholeReplicasOrTheModelAcrossProcesses) {
             "processes, replicas x stages x shards (2) = 4, found 3 (hint: --replicas 4 (whole replicas per process) "
             "or --replicas 2 (the model across processes))");
   EXPECT_EQ(place({.data = 1, .pipe = 1, .tensor = 1}, 0, "r").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(default_replicas(1, 1, 4), 4);  // a replica per process
+  EXPECT_EQ(default_replicas(2, 1, 4), 2);  // the model across processes
+  EXPECT_EQ(default_replicas(2, 2, 6), 6);  // 4 devices do not divide 6 processes
+  EXPECT_EQ(default_replicas(2, 2, 1), 1);
 }
 
 }  // namespace aspen::parallel

@@ -225,11 +225,8 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
     if (Status s = barrier(mpi); !s.is_ok()) return report(s);
     // By default every process is a replica, or with stages or shards (one
     // per process) the model spans the processes.
-    const int64_t model_devices = std::max<int64_t>(1, a.stages) * std::max<int64_t>(1, a.tensor_parallel);
-    const int64_t replicas = a.replicas > 0                                                  ? a.replicas
-                             : model_devices > 1 && processes % model_devices == 0 && processes > 1
-                                 ? processes / model_devices
-                                 : processes;
+    const int64_t replicas =
+        a.replicas > 0 ? a.replicas : parallel::default_replicas(int(a.stages), int(a.tensor_parallel), int(processes));
     if (c.batch.micro % replicas != 0) {
       return report(Status::invalid_argument("--replicas", "a divisor of the demo's global batch (16)",
                                              std::to_string(replicas)));
