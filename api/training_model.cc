@@ -12,6 +12,7 @@
 #include "models/tensor_parallel.h"
 #include "core/check.h"
 #include "kernels/matmul_choice.h"
+#include "parallel/mesh.h"
 #ifdef ASPEN_HAVE_MPI
 #include "parallel/mpi/mpi_communicator.h"
 #endif
@@ -76,7 +77,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
         parallel::check_same_everywhere(*m->job_, fnv1a(layout), "training layout (" + layout + ")"));
   }
   if (options.model_across_processes_) {
-    // The mesh over processes: process (d·stages + s)·tp + t.
+    // The mesh over processes: process (d·stages + s)·tp + t (parallel::Mesh's rank order).
     const int M = stages * tp, P = m->job_->size();
     if (M == 1)
       return Status::invalid_argument("options.model_across_processes", "pipeline stages or tensor shards to spread",
@@ -86,20 +87,26 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
                                       "a multiple of stages x shards (" + std::to_string(stages) + " x " +
                                           std::to_string(tp) + " = " + std::to_string(M) + ")",
                                       std::to_string(P) + " processes");
-    const int d = m->job_->rank() / M;
-    m->spread_rank_ = m->job_->rank() % M;
-    m->spread_stage_ = m->spread_rank_ / tp;
-    m->spread_shard_ = m->spread_rank_ % tp;
+    // The job's mesh (parallel/mesh.h): this process's coordinates and groups come from it.
+    ASPEN_ASSIGN_OR_RETURN(const parallel::Mesh mesh,
+                           parallel::Mesh::create({.data = P / M, .pipe = stages, .tensor = tp}, P));
+    const int rank = m->job_->rank();
+    const parallel::Coord at = mesh.coord(rank);
+    m->spread_rank_ = rank % M;
+    m->spread_stage_ = at.pipe;
+    m->spread_shard_ = at.tensor;
 #ifdef ASPEN_HAVE_MPI
     // The replica's stages of this shard ("pipe", ranked by stage), then its
     // shards of this stage ("tensor", ranked by shard); every process makes
-    // both (MPI_Comm_split is collective), also a group of one.
+    // both (MPI_Comm_split is collective), also a group of one. A group's
+    // colour is its first rank.
     parallel::CommOptions mo = training.data_parallel.comm;
     mo.name = "pipe";
-    ASPEN_ASSIGN_OR_RETURN(auto pipe, parallel::MpiCommunicator::split(d * tp + m->spread_shard_, m->spread_stage_, mo));
+    ASPEN_ASSIGN_OR_RETURN(auto pipe, parallel::MpiCommunicator::split(
+                                          mesh.group(parallel::Axis::pipe, rank).front(), at.pipe, mo));
     mo.name = "tensor";
-    ASPEN_ASSIGN_OR_RETURN(auto tensor,
-                           parallel::MpiCommunicator::split(d * stages + m->spread_stage_, m->spread_shard_, mo));
+    ASPEN_ASSIGN_OR_RETURN(auto tensor, parallel::MpiCommunicator::split(
+                                            mesh.group(parallel::Axis::tensor, rank).front(), at.tensor, mo));
     if (stages > 1) {
       m->pipe_comm_ = pipe.get();
       m->pipe_group_ = std::move(pipe);
