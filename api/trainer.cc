@@ -55,10 +55,8 @@ std::string lr_text(double lr) {
 
 // data.max_predictions as the MLM head's rows per example (0: every position).
 int64_t mlm_predictions(const train::TrainConfig& c) {
-  const double T = double(c.data.seq), p = c.data.mlm_probability;
-  const int64_t k = c.data.max_predictions > 0 ? c.data.max_predictions
-                                               : int64_t(std::ceil(p * T + 6.0 * std::sqrt(T * p * (1.0 - p)))) + 1;
-  return k >= c.data.seq ? 0 : k;
+  if (c.data.max_predictions == 0) return models::default_mlm_predictions(c.data.seq, c.data.mlm_probability);
+  return c.data.max_predictions >= c.data.seq ? 0 : c.data.max_predictions;
 }
 
 // The forward graph of `mc` for [batch.micro, data.seq] with a loss (one tensor-parallel shard's when tp > 1),

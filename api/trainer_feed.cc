@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/philox.h"
 #include "io/onnx.h"
+#include "models/bert.h"
 
 namespace aspen::api {
 
@@ -308,27 +309,13 @@ train::Columns TrainFeed::token_columns(train::Batch b, PackingStats* stats, uin
         tok[e] = int32_t((uint64_t(r[2]) * uint64_t(mlm_->vocab)) >> 32);
       }
     }
-    if (masked) masked->predicted += predicted, masked->tokens += n;
+    if (masked) masked->predicted += predicted;
     c.emplace("token_types", Tensor(DType::i32, b.inputs.shape()));  // zeros: segment A
     if (const int64_t K = mlm_->predictions; K > 0) {  // the predicted rows only, in order, then padding
       const int64_t B = b.inputs.shape()[0], T = b.inputs.shape()[1];
       Tensor pos(DType::i32, Shape{B, K}), kept(DType::i32, Shape{B, K});
-      for (int64_t r = 0; r < B; ++r) {
-        int64_t k = 0;
-        for (int64_t t = 0; t < T; ++t) {
-          if (tgt[r * T + t] == kIgnoreTarget) continue;
-          if (k == K) {
-            if (masked) ++masked->dropped;
-            continue;
-          }
-          pos.data<int32_t>()[r * K + k] = int32_t(r * T + t);
-          kept.data<int32_t>()[r * K + k++] = tgt[r * T + t];
-        }
-        for (; k < K; ++k) {
-          pos.data<int32_t>()[r * K + k] = int32_t(r * T);
-          kept.data<int32_t>()[r * K + k] = kIgnoreTarget;
-        }
-      }
+      const int64_t dropped = models::gather_mlm_predictions(tgt, B, T, K, pos.data<int32_t>(), kept.data<int32_t>());
+      if (masked) masked->dropped += dropped;
       b.targets = std::move(kept);
       c.emplace("mlm_positions", std::move(pos));
     }
@@ -371,9 +358,8 @@ train::Columns TrainFeed::token_columns(train::Batch b, PackingStats* stats, uin
   return c;
 }
 
-Result<train::Columns> TrainFeed::next_of(size_t local) {
+Result<train::Columns> TrainFeed::next_of(size_t local, const train::Position& drawn) {
   if (tokens()) {
-    const train::Position drawn = token_loaders_[local]->position();
     ASPEN_ASSIGN_OR_RETURN(train::Batch b, token_loaders_[local]->next());
     const uint64_t key = mlm_ ? batch_hash(mlm_->seed, kMlmSalt, uint64_t(replicas_[local]), drawn) : 0;
     return token_columns(std::move(b), &packing_stats_, key, &masked_stats_);
@@ -413,7 +399,7 @@ Result<const std::map<std::string, Tensor>*> TrainFeed::next_call(int64_t micro)
   for (int64_t m = 0; m < micro; ++m)
     for (size_t l = 0; l < L; ++l) {
       const train::Position drawn = tokens() ? token_loaders_[l]->position() : train::Position{};
-      Result<train::Columns> batch = next_of(l);
+      Result<train::Columns> batch = next_of(l, drawn);
       if (!batch.is_ok()) return back(batch.status());
       if (dropout_)
         batch->insert_or_assign("dropout_seed",

@@ -81,10 +81,10 @@ class TrainFeed {
     int64_t predictions = 0;
   };
   void set_masked_lm(MaskedLm m);
-  // Over the micro-batches drawn for training so far: the tokens masked language modelling predicts, and
-  // all tokens.
+  // Over the micro-batches drawn for training so far: the tokens masked language modelling chose to predict,
+  // and those a too small `predictions` left out.
   struct MaskedStats {
-    int64_t predicted = 0, tokens = 0, dropped = 0;
+    int64_t predicted = 0, dropped = 0;
   };
   const MaskedStats& masked_stats() const { return masked_stats_; }
   const train::TokenIndex& token_index() const;  // tokens() only
@@ -124,7 +124,8 @@ class TrainFeed {
     std::string input, column;
     graph::TensorType type;  // the input's, per micro-batch
   };
-  Result<train::Columns> next_of(size_t local);
+  // The next micro-batch of local loader `local`, which stands at `drawn`.
+  Result<train::Columns> next_of(size_t local, const train::Position& drawn);
   // `mlm_key`: the Philox key of this batch's masked-LM draws (with set_masked_lm).
   train::Columns token_columns(train::Batch b, PackingStats* stats, uint64_t mlm_key = 0,
                                MaskedStats* masked = nullptr) const;

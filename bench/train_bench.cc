@@ -45,8 +45,8 @@ struct TrainShape {
   int64_t batch = 4, seq = 256;
   std::string model_dir = {};  // --model: weights from this directory
   int64_t documents = 0;       // > 0: packed rows of this many documents (segment ids)
-  std::string attention = {};  // bert: a sparse layout's kind (kernels/attention_layout.h); empty: dense
-  int64_t block = 64;          // its block
+  // bert: model.sparse_attention, a bidirectional layout (DeepSpeed's defaults but the block, seed 1), is
+  // what aspen train gives a model trained with model.attention.
   double density = 1.0;        // the share of (query, key) blocks the layout visits
   int64_t predictions = 0;     // bert: the MLM head's rows per example (models/bert.h; 0: every position)
   int64_t n_layer() const {
@@ -72,7 +72,6 @@ TrainShape bench_shape(bool quick, const std::string& family) {
                            : models::BertConfig::minilm_l6();
     s.batch = 1;
     s.seq = quick ? 128 : 4096;
-    s.block = quick ? 32 : 64;
     return s;
   }
   if (family == "llama") {
@@ -185,25 +184,14 @@ int64_t peak_rss_bytes() {
   return 0;
 }
 
-// A BERT shape's sparse layout (bidirectional, DeepSpeed's defaults but the block, seed 1); nullopt: dense.
-Result<std::optional<kernels::BlockLayout>> bert_layout(const TrainShape& s) {
-  if (s.attention.empty()) return std::optional<kernels::BlockLayout>();
-  ASPEN_ASSIGN_OR_RETURN(const kernels::SparsityConfig::Kind kind, kernels::parse_sparsity_kind(s.attention));
-  kernels::SparsityConfig c = kernels::SparsityConfig::of(kind, s.n_head());
-  c.block = s.block;
-  c.attention = kernels::SparsityConfig::Attention::bidirectional;
-  c.seed = 1;
-  ASPEN_ASSIGN_OR_RETURN(kernels::BlockLayout layout, kernels::make_layout(c, s.seq));
-  return std::optional<kernels::BlockLayout>(std::move(layout));
-}
-
 // The training step as the trainer records it: forward with the loss, every
 // parameter's gradient, AdamW. Only the loss is an output (the host never
 // reads the logits of a training step).
 Status build_training_graph(graph::Graph& g, const TrainShape& s) {
   graph::Builder b(g);
   if (const models::BertConfig* bert = s.model.bert()) {
-    ASPEN_ASSIGN_OR_RETURN(const std::optional<kernels::BlockLayout> layout, bert_layout(s));
+    ASPEN_ASSIGN_OR_RETURN(const std::optional<kernels::BlockLayout> layout,
+                           models::model_layout(s.model, s.seq, "bench train"));
     ASPEN_RETURN_IF_ERROR(models::build_bert(b, *bert,
                                              {.batch = s.batch,
                                               .seq = s.seq,
@@ -290,18 +278,8 @@ RandomBatch random_batch(const TrainShape& s) {
     }
     if (const int64_t K = s.predictions; K > 0) {  // the predicted rows only, as aspen train's feed lists them
       Tensor pos(DType::i32, {s.batch * K}), kept(DType::i32, {s.batch * K});
-      for (int64_t r = 0; r < s.batch; ++r) {
-        int64_t k = 0;
-        for (int64_t t = 0; t < s.seq && k < K; ++t)
-          if (const int32_t y = b.targets.span<int32_t>()[size_t(r * s.seq + t)]; y != -100) {
-            pos.span<int32_t>()[size_t(r * K + k)] = int32_t(r * s.seq + t);
-            kept.span<int32_t>()[size_t(r * K + k++)] = y;
-          }
-        for (; k < K; ++k) {
-          pos.span<int32_t>()[size_t(r * K + k)] = int32_t(r * s.seq);
-          kept.span<int32_t>()[size_t(r * K + k)] = -100;
-        }
-      }
+      models::gather_mlm_predictions(b.targets.data<int32_t>(), s.batch, s.seq, K, pos.data<int32_t>(),
+                                     kept.data<int32_t>());
       b.targets = std::move(kept);
       b.mlm_positions = std::move(pos);
     }
@@ -667,8 +645,16 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
     return Status::invalid_argument("bench train --family bert", "one device, the MiniLM shape (no --model, "
                                     "--replicas or --documents)", "one of them");
   TrainShape s = bench_shape(o.quick, o.family);
-  if (!o.attention.empty() && o.attention != "dense") s.attention = o.attention;
-  if (o.block > 0) s.block = o.block;
+  if (!o.attention.empty() && o.attention != "dense") {
+    ASPEN_ASSIGN_OR_RETURN(const kernels::SparsityConfig::Kind kind, kernels::parse_sparsity_kind(o.attention));
+    kernels::SparsityConfig c = kernels::SparsityConfig::of(kind, s.n_head());
+    c.block = o.block > 0 ? o.block : o.quick ? 32 : 64;
+    c.attention = kernels::SparsityConfig::Attention::bidirectional;
+    c.seed = 1;
+    s.model.sparse_attention = c;
+  }
+  const std::optional<kernels::SparsityConfig>& sparse = s.model.sparse_attention;
+  const std::string layout_name = sparse ? kernels::sparsity_kind_name(sparse->kind) : "dense";
   if (!o.model.empty()) {
     ASPEN_ASSIGN_OR_RETURN(const models::ModelConfig c, models::load_config(o.model + "/config.json"));
     if (!c.gpt2() && !c.llama())
@@ -684,10 +670,9 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
   if (models::BertConfig* b = std::get_if<models::BertConfig>(&s.model.family)) {
     b->max_positions = std::max(b->max_positions, s.seq);  // grown, as aspen train's model.max_positions
     // aspen train's data.max_predictions: 15 % of seq plus six standard deviations (--predictions N instead)
-    const double T = double(s.seq);
-    const int64_t k = o.predictions >= 0 ? o.predictions
-                                         : int64_t(std::ceil(0.15 * T + 6.0 * std::sqrt(T * 0.15 * 0.85))) + 1;
-    s.predictions = k >= s.seq ? 0 : k;
+    s.predictions = o.predictions < 0 ? models::default_mlm_predictions(s.seq, 0.15)
+                    : o.predictions >= s.seq ? 0
+                                             : o.predictions;
   }
   if (o.seq > 0 && !bert) {
     if (o.seq > s.n_positions())
@@ -696,7 +681,8 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
     s.seq = o.seq;
   }
   if (o.replicas > 1) return run_replicas_bench(s, o, out);
-  ASPEN_ASSIGN_OR_RETURN(const std::optional<kernels::BlockLayout> layout, bert_layout(s));
+  ASPEN_ASSIGN_OR_RETURN(const std::optional<kernels::BlockLayout> layout,
+                         models::model_layout(s.model, s.seq, "bench train"));
   if (layout) s.density = layout->density();
   if (o.documents > 0) return run_packing_bench(s, o, out);
   const double fpt = flops_per_token(s);
@@ -713,9 +699,9 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
         bert ? "BERT masked LM" : s.model.llama() ? "Llama" : "GPT-2",
         !s.model_dir.empty() ? s.model_dir
         : o.quick            ? "tiny (--quick)"
-        : bert ? "all-MiniLM-L6-v2's shape, " + (s.attention.empty() ? std::string("dense attention")
-                                                                      : fmt::format("{} layout (blocks of {})",
-                                                                                    s.attention, s.block))
+        : bert ? "all-MiniLM-L6-v2's shape, " + (sparse ? fmt::format("{} layout (blocks of {})", layout_name,
+                                                                               sparse->block)
+                                                         : std::string("dense attention"))
                : "124M",
         s.n_layer(), s.d_model(), s.vocab(), s.batch, s.seq, o.threads, o.steps);
     out << fmt::format(
@@ -726,7 +712,7 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
                            s.predictions > 0 ? fmt::format("{} predicted rows per example", s.predictions)
                                              : std::string("every position"))
              : std::string("causal counted in full"));
-    if (bert && !s.attention.empty())
+    if (sparse)
       out << "# each dtype also runs aspen's dense attention (the same model), for the layout's speedup\n";
     if (bert && peer) out << "# PyTorch: transformers' BertForMaskedLM, dense SDPA (no sparse training path)\n";
     if (!peer) out << "# PyTorch peer: not run (--python PATH names an interpreter with torch and transformers)\n";
@@ -739,9 +725,10 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
   for (const std::string& dtype : o.dtypes) {
     out.flush();  // the child must not inherit unwritten output
     ASPEN_ASSIGN_OR_RETURN(Row r, in_child(dtype, [&] { return measure(s, dtype, o); }));
-    if (!s.attention.empty()) {
+    if (sparse) {
       TrainShape dense = s;
-      dense.attention.clear();
+      dense.model.sparse_attention.reset();
+      dense.density = 1.0;
       out.flush();
       ASPEN_ASSIGN_OR_RETURN(Row d, in_child(dtype + " dense", [&] { return measure(dense, dtype, o); }));
       dense_tokens_per_s[dtype] = d.tokens_per_s;
@@ -786,7 +773,7 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
                                   {"measurement_fault", m > 1.0}};
       if (bert) {
         j["family"] = "bert";
-        j["attention"] = s.attention.empty() ? "dense" : s.attention;
+        j["attention"] = layout_name;
       }
       if (dense_tokens_per_s.count(r.dtype)) {
         j["dense_tokens_per_s"] = dense_tokens_per_s.at(r.dtype);
@@ -823,7 +810,7 @@ Status run_train_bench(const TrainBenchOptions& opt, std::ostream& out) {
       if (m > 1.0) out << "# " << r.dtype << ": MFU above 1: a measurement fault (the peak was measured slow)\n";
       if (dense_tokens_per_s.count(r.dtype))
         out << fmt::format("# {}: the {} layout trains {:.2f}x as many tokens/s as aspen's dense attention ({:.1f})\n",
-                           r.dtype, s.attention, r.tokens_per_s / dense_tokens_per_s.at(r.dtype),
+                           r.dtype, layout_name, r.tokens_per_s / dense_tokens_per_s.at(r.dtype),
                            dense_tokens_per_s.at(r.dtype));
     }
   }

@@ -123,10 +123,11 @@ std::vector<float> slopes_of(const Node& n, int64_t H) {
 }
 
 // Where the optional inputs after the fixed ones (v, or g for the gradient) sit: key_valid (u8 or bool,
-// rank 2) first, then segments (i32), then layout (u8, rank 3), then dropout_seed (i64 [1]), then bias (float,
-// rank 4); -1 when absent.
+// rank 2) first, then segments (i32), then layout (u8, rank 3) with its query and key positions (i32, with
+// layout_positions), then dropout_seed (i64 [1]) with its shard index (i32 [], with dropout_heads), then bias
+// (float, rank 4); -1 when absent.
 struct MaskInputs {
-  int key_valid = -1, segments = -1, layout = -1, query_positions = -1, key_positions = -1, seed = -1, head_offset = -1,
+  int key_valid = -1, segments = -1, layout = -1, query_positions = -1, key_positions = -1, seed = -1, shard_index = -1,
       bias = -1;
 };
 Result<MaskInputs> mask_inputs(const Node& n, std::span<const TensorType> in, size_t first) {
@@ -147,9 +148,9 @@ Result<MaskInputs> mask_inputs(const Node& n, std::span<const TensorType> in, si
       (m.query_positions < 0 ? m.query_positions : m.key_positions) = int(i);
     } else if (t == DType::i64 && in[i].shape == Shape{1} && m.seed < 0 && free) {
       m.seed = int(i);
-    } else if (t == DType::i32 && rank == 0 && m.seed >= 0 && m.head_offset < 0 && n.attrs.has("dropout_heads") &&
+    } else if (t == DType::i32 && rank == 0 && m.seed >= 0 && m.shard_index < 0 && n.attrs.has("dropout_heads") &&
                free) {
-      m.head_offset = int(i);
+      m.shard_index = int(i);
     } else if (is_float(t) && rank == 4 && free) {
       m.bias = int(i);
     } else {
@@ -245,10 +246,10 @@ Status check_attention(const Node& n, std::span<const TensorType> in, size_t kv_
   if ((mi.seed >= 0) != (m.dropout > 0))
     return rule_error(n, "dropout_seed", m.dropout > 0 ? "an i64 [1] input with dropout > 0" : "none without dropout",
                       mi.seed >= 0 ? in[size_t(mi.seed)].to_string() : "none");
-  if (n.attrs.has("dropout_heads") && (mi.head_offset < 0 || m.dropout_heads < q.shape[1]))
+  if (n.attrs.has("dropout_heads") && (mi.shard_index < 0 || m.dropout_heads < q.shape[1]))
     return rule_error(n, "dropout_heads",
                       "at least q's " + str(q.shape[1]) + " heads, with an i32 [] shard index after dropout_seed",
-                      str(m.dropout_heads) + (mi.head_offset < 0 ? ", no offset" : ""));
+                      str(m.dropout_heads) + (mi.shard_index < 0 ? ", no shard index" : ""));
   if (mi.segments >= 0 && q.shape[2] > 0 && m.kv_offset + q.shape[2] > k.shape[2])
     return rule_error(n, "kv_offset", "kv_offset + T <= S with segments (each query's segment is its position's)",
                       str(m.kv_offset) + " + " + str(q.shape[2]) + " > " + str(k.shape[2]));
@@ -330,7 +331,7 @@ Result<AttentionCall> attention_call(const Node& n, Ins in, size_t kv_index) {
     }
   }
   if (mi.seed >= 0) ASPEN_RETURN_IF_ERROR(bind_dropout_seed(n.op, in[size_t(mi.seed)]->data[0], c.mask));
-  if (mi.head_offset >= 0) c.mask.dropout_head_offset = int64_t(in[size_t(mi.head_offset)]->data[0]) * c.H;
+  if (mi.shard_index >= 0) c.mask.dropout_head_offset = int64_t(in[size_t(mi.shard_index)]->data[0]) * c.H;
   c.slopes = slopes_of(n, c.H);
   c.mask.alibi_slopes = c.slopes;
   if (mi.bias >= 0) {  // the values go to the reference in f64 (bias below); the mask says how they broadcast
@@ -395,7 +396,7 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
   const float scale = float(n.attrs.f("scale"));
   const bool forward = n.op == OpKind::attention;
   ASPEN_ASSIGN_OR_RETURN(const MaskInputs mi, mask_inputs(n, in, forward ? 3 : 6));
-  const int kv = mi.key_valid, seg = mi.segments, lay = mi.layout, sd = mi.seed, ho = mi.head_offset;
+  const int kv = mi.key_valid, seg = mi.segments, lay = mi.layout, sd = mi.seed, shard = mi.shard_index;
   const OpKind op = n.op;
   const int64_t layout_n = lay >= 0 ? in[size_t(lay)].shape.numel() : 0;
   const int64_t layout_heads = lay >= 0 ? in[size_t(lay)].shape[0] : 1;
@@ -409,7 +410,7 @@ Prepared prepare_attention(const Node& n, Types in, Types out) {
   const auto bind = [=](In i) -> Result<kernels::AttentionMask> {  // slopes copied in: spans point into this lambda
     kernels::AttentionMask m = mask;
     if (sd >= 0) ASPEN_RETURN_IF_ERROR(bind_dropout_seed(op, double(in_span<int64_t>(i, size_t(sd), 1)[0]), m));
-    if (ho >= 0) m.dropout_head_offset = int64_t(in_span<int32_t>(i, size_t(ho), 1)[0]) * H;
+    if (shard >= 0) m.dropout_head_offset = int64_t(in_span<int32_t>(i, size_t(shard), 1)[0]) * H;
     m.alibi_slopes = slopes;
     if (bi >= 0) {
       m.bias = in_span<float>(i, size_t(bi), bias_n);
@@ -605,6 +606,24 @@ void dropout_attention_samples(SampleList& s, bool grad) {
           SampleFeeds{.seed = 11, .int_hi = 2, .values = {{"dropout_seed", {123457.0}}}})
         .tol = half ? (grad ? 3e-2 : 1e-2) : 1e-5;
   }
+  // A tensor shard's graph (dropout_heads): shard 2 of a 6-head model holds heads 4 and 5.
+  s.add("dropout shard",
+        [grad](Builder& b) {
+          const int64_t B = 2, H = 2, T = 70, S = 70, D = 16;
+          const ValueId q = b.input("q", DType::f32, Shape{B, H, T, D});
+          const ValueId k = b.input("k", DType::f32, Shape{B, H, S, D}), v = b.input("v", DType::f32, Shape{B, H, S, D});
+          std::vector<ValueId> in{q, k, v, b.input("dropout_seed", DType::i64, Shape{1}),
+                                  b.input("shard", DType::i32, Shape{})};
+          const Attrs a{{"scale", 0.25}, {"mask", std::string("causal")}, {"dropout", 0.3},
+                        {"dropout_stream", int64_t(4)}, {"dropout_heads", int64_t(6)}};
+          std::vector<ValueId> y = b.op(OpKind::attention, in, a);
+          if (!grad || y.size() != 2) return;
+          std::vector<ValueId> gin{q, k, v, y[0], y[1], b.input("g", DType::f32, Shape{B, H, T, D})};
+          gin.insert(gin.end(), in.begin() + 3, in.end());
+          b.op(OpKind::attention_grad, gin, a);
+        },
+        SampleFeeds{.seed = 12, .int_hi = 2, .values = {{"dropout_seed", {98765.0}}, {"shard", {2.0}}}})
+      .tol = 1e-5;
 }
 
 // layout_positions (generation's left-padded rows, forward only): a prefill (causal, T = S) and a decode row

@@ -644,55 +644,44 @@ uint32_t dropout_threshold(float p) { return uint32_t(std::ceil(double(p) * 1677
 void layout_tiles(Problem& pb, std::vector<uint8_t>& tiles) {
   pb.nqt = (pb.T + kBq - 1) / kBq;
   pb.nkt = (pb.S + kBk - 1) / kBk;
-  if (pb.lq) {  // each row's positions: a state per (batch, layout head, tile) from the blocks its positions span
-    tiles.assign(size_t(pb.B * pb.lheads * pb.nqt * pb.nkt), kSkipTile);
-    // The layout blocks the positions of elements [from, to) of one row span (lowest, highest).
-    auto span = [&pb](auto block_of, int64_t b, int64_t from, int64_t to) {
-      std::pair<int64_t, int64_t> r{INT64_MAX, 0};
-      for (int64_t e = from; e < to; ++e) {
-        const int64_t blk = (pb.*block_of)(b, e);
-        r = {std::min(r.first, blk), std::max(r.second, blk)};
-      }
-      return r;
-    };
-    for (int64_t b = 0; b < pb.B; ++b)
-      for (int64_t qt = 0; qt < pb.nqt; ++qt) {
-        const auto [q_lo, q_hi] = span(&Problem::lq_block, b, qt * kBq, std::min(pb.T, (qt + 1) * kBq));
-        for (int64_t kt = 0; kt < pb.nkt; ++kt) {
-          const auto [k_lo, k_hi] = span(&Problem::lk_block, b, kt * kBk, std::min(pb.S, (kt + 1) * kBk));
-          for (int64_t h = 0; h < pb.lheads; ++h) {  // over the spanned blocks: a superset, so "full" is exact
-            bool any = false, all = true;
-            for (int64_t qb = q_lo; qb <= q_hi; ++qb)
-              for (int64_t kb = k_lo; kb <= k_hi; ++kb) {
-                const bool on = pb.layout[(h * pb.lrows + qb) * pb.lcols + kb] != 0;
-                any |= on;
-                all &= on;
-              }
-            tiles[size_t(((b * pb.lheads + h) * pb.nqt + qt) * pb.nkt + kt)] =
-                !any ? kSkipTile : all ? kFullTile : kPartialTile;
-          }
-        }
-      }
-    pb.tiles = tiles.data();
-    return;
-  }
-  tiles.assign(size_t(pb.lheads * pb.nqt * pb.nkt), kSkipTile);
-  const int64_t bs = pb.lblock;
-  for (int64_t h = 0; h < pb.lheads; ++h)
-    for (int64_t qt = 0; qt < pb.nqt; ++qt) {
-      const int64_t p0 = pb.geo.offset + qt * kBq, p1 = pb.geo.offset + std::min(pb.T, (qt + 1) * kBq) - 1;
-      for (int64_t kt = 0; kt < pb.nkt; ++kt) {
-        const int64_t j1 = std::min(pb.S, (kt + 1) * kBk) - 1;
-        bool any = false, all = true;
-        for (int64_t qb = p0 / bs; qb <= p1 / bs; ++qb)
-          for (int64_t kb = kt * kBk / bs; kb <= j1 / bs; ++kb) {
-            const bool on = pb.layout[(h * pb.lrows + qb) * pb.lcols + kb] != 0;
-            any |= on;
-            all &= on;
-          }
-        tiles[size_t((h * pb.nqt + qt) * pb.nkt + kt)] = !any ? kSkipTile : all ? kFullTile : kPartialTile;
-      }
+  // With each row's positions a state per batch row too; the layout blocks a tile's rows or keys span
+  // (lowest, highest): their positions' blocks (a superset when positions jump, so "full" stays exact), else
+  // the slots' (kv_offset + i for queries, j for keys).
+  using Span = std::pair<int64_t, int64_t>;
+  auto span = [&pb](auto block_of, int64_t b, int64_t from, int64_t to) {
+    Span r{INT64_MAX, 0};
+    for (int64_t e = from; e < to; ++e) {
+      const int64_t blk = (pb.*block_of)(b, e);
+      r = {std::min(r.first, blk), std::max(r.second, blk)};
     }
+    return r;
+  };
+  const int64_t bs = pb.lblock, rows = pb.lq ? pb.B : 1;
+  tiles.assign(size_t(rows * pb.lheads * pb.nqt * pb.nkt), kSkipTile);
+  std::vector<Span> keys(size_t(pb.nkt));
+  for (int64_t b = 0; b < rows; ++b) {
+    for (int64_t kt = 0; kt < pb.nkt; ++kt) {
+      const int64_t j1 = std::min(pb.S, (kt + 1) * kBk);
+      keys[size_t(kt)] = pb.lk ? span(&Problem::lk_block, b, kt * kBk, j1) : Span{kt * kBk / bs, (j1 - 1) / bs};
+    }
+    for (int64_t qt = 0; qt < pb.nqt; ++qt) {
+      const int64_t i1 = std::min(pb.T, (qt + 1) * kBq);
+      const auto [q_lo, q_hi] = pb.lq ? span(&Problem::lq_block, b, qt * kBq, i1)
+                                      : Span{(pb.geo.offset + qt * kBq) / bs, (pb.geo.offset + i1 - 1) / bs};
+      for (int64_t kt = 0; kt < pb.nkt; ++kt)
+        for (int64_t h = 0; h < pb.lheads; ++h) {
+          bool any = false, all = true;
+          for (int64_t qb = q_lo; qb <= q_hi; ++qb)
+            for (int64_t kb = keys[size_t(kt)].first; kb <= keys[size_t(kt)].second; ++kb) {
+              const bool on = pb.layout[(h * pb.lrows + qb) * pb.lcols + kb] != 0;
+              any |= on;
+              all &= on;
+            }
+          tiles[size_t(((b * pb.lheads + h) * pb.nqt + qt) * pb.nkt + kt)] =
+              !any ? kSkipTile : all ? kFullTile : kPartialTile;
+        }
+    }
+  }
   pb.tiles = tiles.data();
 }
 
@@ -757,8 +746,7 @@ Status check_backward(std::span<const E> q, std::span<const E> k, std::span<cons
   constexpr const char* kName = "attention_backward";
   if (!mask.layout_query_positions.empty() || !mask.layout_key_positions.empty())
     return Status::error(Code::kUnimplemented, std::string(kName) + ": mask.layout_query_positions",
-                                 "none (a layout by each row's positions is for generation: forward only)",
-                                 "positions");
+                         "none (a layout by each row's positions is for generation: forward only)", "positions");
   ASPEN_RETURN_IF_ERROR(check_shape(kName, B, H, Hk, T, S, D, scale, mask, nq, nk, nl));
   ASPEN_RETURN_IF_ERROR(check_qkv(kName, q, k, v, *nq, *nk));
   ASPEN_RETURN_IF_ERROR(check_buffers(kName, {{"out", out, *nq}, {"lse", lse, *nl}, {"dout", dout, *nq},

@@ -31,6 +31,35 @@ Status BertConfig::validate() const {
   return Status();
 }
 
+int64_t default_mlm_predictions(int64_t seq, double probability) {
+  const double T = double(seq), p = probability;
+  const int64_t k = int64_t(std::ceil(p * T + 6.0 * std::sqrt(T * p * (1.0 - p)))) + 1;
+  return k >= seq ? 0 : k;
+}
+
+int64_t gather_mlm_predictions(const int32_t* targets, int64_t B, int64_t T, int64_t K, int32_t* positions,
+                               int32_t* kept) {
+  constexpr int32_t kIgnore = -100;  // HF's ignored label
+  int64_t dropped = 0;
+  for (int64_t r = 0; r < B; ++r) {
+    int64_t k = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (targets[r * T + t] == kIgnore) continue;
+      if (k == K) {
+        ++dropped;
+        continue;
+      }
+      positions[r * K + k] = int32_t(r * T + t);
+      kept[r * K + k++] = targets[r * T + t];
+    }
+    for (; k < K; ++k) {
+      positions[r * K + k] = int32_t(r * T);
+      kept[r * K + k] = kIgnore;
+    }
+  }
+  return dropped;
+}
+
 Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions& o) {
   ASPEN_RETURN_IF_ERROR(c.validate());
   ASPEN_RETURN_IF_ERROR(check_batch_seq("bert", o.batch, o.seq, "max_positions", c.max_positions));

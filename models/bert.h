@@ -99,6 +99,17 @@ struct BertGraph {
   graph::ValueId loss;                // invalid unless built with options.with_loss
 };
 
+// The masked-LM head's rows per example when `probability` of `seq` tokens are predicted: the mean plus six
+// standard deviations of the count (a row exceeds it with probability below 1e-9); 0 (every position) when
+// that reaches seq.
+int64_t default_mlm_predictions(int64_t seq, double probability);
+// The inputs of the head on the predicted rows only (BertOptions::mlm_predictions K): from targets [B, T]
+// (-100 where nothing is predicted), each row's predicted tokens in order, then padding: positions [B, K]
+// (b * T + t; padding b * T) and kept [B, K] (their targets; padding -100). Returns how many predicted
+// tokens past K a row had (left out).
+int64_t gather_mlm_predictions(const int32_t* targets, int64_t B, int64_t T, int64_t K, int32_t* positions,
+                               int32_t* kept);
+
 // Records the BERT encoder for fixed [batch, seq]:
 //   inputs  "input_ids" i32 [batch, seq], "token_type_ids" i32 [batch, seq],
 //           "attention_mask" u8 [batch, seq] (1 = token, 0 = padding),

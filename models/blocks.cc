@@ -132,14 +132,10 @@ Result<std::optional<ValueId>> layout_input(Builder& b, const std::string& famil
   if (l->heads != 1 && o.tensor_parallel > 1)
     return Status::unimplemented(what, "one layout for every head with tensor_parallel (a shard's graph is every "
                                        "shard's)");
-  // With a KV cache the whole layout, looked up by positions (KvCacheSpec): it must reach the last slot.
-  const int64_t covers = o.kv_cache_len > 0 ? std::max<int64_t>(o.kv_cache_len, l->block) : o.seq;
-  if (o.kv_cache_len > 0 && (l->blocks * l->block < o.kv_cache_len || l->blocks * l->block >= covers + l->block))
-    return Status::invalid_argument(what, "blocks of " + std::to_string(l->block) + " tokens covering the " +
-                                              std::to_string(o.kv_cache_len) + " cache slots",
-                                    std::to_string(l->blocks) + " blocks");
-  ASPEN_ASSIGN_OR_RETURN(const ValueId v,
-                         layout_constant(b, family, *l, o.kv_cache_len > 0 ? l->blocks * l->block : o.seq, n_head));
+  // With a KV cache the layout covers the cache's slots in whole blocks, looked up by positions (KvCacheSpec).
+  const int64_t covered =
+      o.kv_cache_len > 0 && l->block > 0 ? (o.kv_cache_len + l->block - 1) / l->block * l->block : o.seq;
+  ASPEN_ASSIGN_OR_RETURN(const ValueId v, layout_constant(b, family, *l, covered, n_head));
   return std::optional<ValueId>(v);
 }
 

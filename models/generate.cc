@@ -88,7 +88,6 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
     const int64_t covered = (o.max_length + sparse->block - 1) / sparse->block * sparse->block;
     ASPEN_ASSIGN_OR_RETURN(layout, model_layout(gen->config_, covered, "generator"));
   }
-  gen->sparse_ = layout.has_value();
   std::vector<std::unique_ptr<compiler::Executable>> programs;
   graph::Graph prefill;
   for (int64_t seq : {o.max_prompt, int64_t(1)}) {
@@ -240,7 +239,7 @@ Result<std::vector<std::vector<int32_t>>> Generator::generate(const std::vector<
       {"key_valid", &key_valid}, {"history", &history},   {"temperature", &temperature},
       {"top_k", &top_k},       {"top_p", &top_p},         {"repetition_penalty", &penalty},
       {"seed", &seed},         {"step", &step}};
-  if (sparse_) in.emplace("key_positions", &key_positions);
+  if (config_.sparse_attention) in.emplace("key_positions", &key_positions);  // the programs read it
   ASPEN_ASSIGN_OR_RETURN(auto out, run_shards(in, /*program=*/0));
 
   int64_t forgotten = 0;  // cache slots below this fell out of the sliding window

@@ -96,7 +96,6 @@ class Generator {
   ModelConfig config_;
   int64_t vocab_ = 0, n_positions_ = 0;
   std::unique_ptr<runtime::Session> session_;  // program 0: prefill, 1: decode
-  bool sparse_ = false;                         // the programs read "key_positions" (a sparse layout)
   std::vector<std::unique_ptr<parallel::ThreadsCommunicator>> tensor_comms_;  // tensor shards' group
   // Runs `program` on every tensor shard (the same inputs) and returns shard 0's outputs.
   Result<std::map<std::string, Tensor>> run_shards(const std::map<std::string, const Tensor*>& in, int program);
