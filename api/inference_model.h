@@ -1,8 +1,10 @@
 // api/inference_model.h: a compiled graph on a device, ready to run.
 //
-//   InferenceModel model = *InferenceModel::create(graph, opts);
-//   model.copy_weights_to_device(weights);
-//   auto out = model.run({{"input_ids", &ids}});
+//   ASPEN_ASSIGN_OR_RETURN(std::unique_ptr<InferenceModel> model, InferenceModel::create(graph, opts));
+//   ASPEN_RETURN_IF_ERROR(model->copy_weights_to_device({{"w1", &w1}}));
+//   ASPEN_ASSIGN_OR_RETURN(auto out, model->run({{"x", &x}}));
+//
+// (examples/cpp/inference_model.cc is a whole program; CI runs it.)
 //
 // create() compiles once (through the executable cache when the options name
 // one); run() executes device_iterations steps per call and returns outputs

@@ -3,7 +3,9 @@
 //
 //   Options opts;
 //   opts.device_iterations(8).output_mode(OutputMode::all).profile("run.trace.json");
-//   InferenceModel model(graph, opts);
+//   ASPEN_ASSIGN_OR_RETURN(auto model, InferenceModel::create(graph, opts));
+//
+// (examples/cpp/inference_model.cc and training_model.cc use them; CI runs both.)
 //
 // Options not yet implemented by this build are rejected when a model is
 // made, with a Status naming the option and what is supported (never

@@ -4,8 +4,12 @@
 // a train::TrainConfig, run to the configured number of steps with
 // validation, checkpoints, reports and samples.
 //
-//   ASPEN_ASSIGN_OR_RETURN(auto t, api::Trainer::create(config, {.resume = true}));
-//   ASPEN_RETURN_IF_ERROR(t->run());
+//   api::TrainerOptions options;
+//   options.resume = true;
+//   ASPEN_ASSIGN_OR_RETURN(auto t, api::Trainer::create(config, options));
+//   ASPEN_ASSIGN_OR_RETURN(api::TrainResult result, t->run());
+//
+// (examples/cpp/trainer.cc trains a small GPT-2 this way; CI runs it.)
 //
 // The run directory (log.run_dir, default runs/<name>) receives:
 //   config.yaml     the config as run (every key)

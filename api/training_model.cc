@@ -630,6 +630,55 @@ Status TrainingModel::check_eval_inputs(const compiler::Executable& exe,
   return Status();
 }
 
+Result<train::Plan> TrainingModel::plan() const {
+  train::PlanSpec spec;
+  const int S = pipeline_stages(), T = tensor_shards();
+  spec.processes = job_ ? job_->size() : 1;
+  spec.mesh = {.data = spread() ? spec.processes / (S * T) : replicas(), .pipe = S, .tensor = T};
+  spec.fused = !pipe_ && !programs_.split();
+  spec.micro_batches = int(options_.gradient_accumulation_);
+  spec.schedule = training_.pipeline.schedule;
+  const std::vector<std::string>& params = programs_.params;
+  for (size_t i = 0; i < params.size(); ++i) {
+    train::PlanParam p;
+    p.name = params[i];
+    p.elements = all_types_.count(params[i]) ? all_types_.at(params[i]).second.numel() : 0;
+    p.owner = pipe_ ? owner_[i] : 0;
+    for (int st = 0; st < S; ++st)
+      if (!pipe_ || stage_uses_[size_t(st)].count(params[i])) p.stages.push_back(st);
+    p.whole_on_shards = T == 1 || tp_replicated_[i];
+    spec.params.push_back(std::move(p));
+  }
+  if (pipe_) {
+    for (const train::PipelineEdge& e : pipe_->split.edges)
+      spec.edges.push_back({.from = e.from, .to = e.to, .differentiable = e.differentiable, .bytes = e.type.bytes()});
+    // Each stage's accumulators ("train.grad.<p>" or, a tied copy, "train.grad.<p>@<stage>"), in its program's order.
+    const std::string prefix = train::grad_accumulator_name("");
+    for (const train::PipelinePrograms::Stage& st : pipe_->stages) {
+      std::vector<int> list;
+      const graph::Graph& g = pipe_->graphs[size_t(st.backward_first)];
+      for (int32_t n : g.parameter_nodes()) {
+        std::string name = g.node(n).name;
+        if (!name.starts_with(prefix)) continue;
+        name = name.substr(prefix.size());
+        if (const size_t at = name.rfind('@'); at != std::string::npos) name.resize(at);
+        const auto it = std::find(params.begin(), params.end(), name);
+        if (it != params.end()) list.push_back(int(it - params.begin()));
+      }
+      spec.accumulators.push_back(std::move(list));
+    }
+  } else if (!spec.fused) {
+    for (const train::TrainingPrograms::Shard& sh : programs_.shards)
+      spec.shards.push_back({.begin = int(sh.begin), .end = int(sh.end)});
+  }
+  spec.shard_optimizer_state = zero_;
+  spec.overlap = dp_ && dp_->options().overlap;
+  spec.compression = training_.data_parallel.compression;
+  spec.bucket_bytes = training_.data_parallel.bucket_bytes;
+  spec.needs_norm = needs_norm();
+  return train::make_plan(spec);
+}
+
 Result<float> TrainingModel::evaluate(const std::map<std::string, const Tensor*>& inputs) {
   if (spread() && pipe_) return evaluate_spread_pipeline(inputs);
   if (pipe_ && tensor_shards() > 1) return evaluate_local_pipeline(inputs);

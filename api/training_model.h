@@ -6,10 +6,13 @@
 //   opts.device_iterations(4).gradient_accumulation(2).precision(DType::bf16);
 //   api::TrainingOptions t;
 //   t.optimizer.kind = train::OptimizerKind::adamw;
-//   t.schedule = {.kind = train::ScheduleKind::cosine, .lr = 3e-4, .warmup_steps = 100, .total_steps = 5000};
-//   auto model = *api::TrainingModel::create(forward_graph, opts, t);
-//   model->copy_weights_to_device(weights);
-//   auto out = model->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &targets}});
+//   t.schedule = {.kind = train::ScheduleKind::cosine, .lr = 3e-4, .warmup_steps = 100, .total_steps = 5000,
+//                 .min_lr_ratio = 0.0};
+//   ASPEN_ASSIGN_OR_RETURN(auto model, api::TrainingModel::create(forward_graph, opts, t));
+//   ASPEN_RETURN_IF_ERROR(model->copy_weights_to_device(weights));
+//   ASPEN_ASSIGN_OR_RETURN(auto out, model->run({{"input_ids", &ids}, {"targets", &targets}}));
+//
+// (examples/cpp/training_model.cc trains a small model this way with replicas; CI runs it.)
 //
 // One run() makes device_iterations optimizer steps, each of
 // gradient_accumulation micro-batches: every input carries a leading
@@ -70,6 +73,7 @@
 #include "runtime/session.h"
 #include "train/optimizer.h"
 #include "train/pipeline.h"
+#include "train/plan.h"
 #include "train/program.h"
 #include "train/schedule.h"
 
@@ -207,6 +211,10 @@ class TrainingModel {
   train::LossScaler& loss_scaler() { return scaler_; }
 
   std::string profile_summary() const { return trace_ ? profile::summary(trace_->events()) : ""; }
+
+  // One optimizer step of this model's layout as per-device instruction lists (train/plan.h):
+  // what `aspen train --print-plan` shows.
+  Result<train::Plan> plan() const;
 
  private:
   TrainingModel() = default;

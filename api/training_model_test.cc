@@ -747,5 +747,63 @@ TEST(ParallelProfile, TracesShowTheExchanges) {
   }
 }
 
+// The model's plan (train/plan.h) describes its layout: one device per mesh
+// rank, the pipeline's cut (its edges, each stage's accumulators, the tied
+// wte's gradient sent to its owner), every parameter stepped once per
+// replica, and a plan that passes check_plan.
+TEST(Plan, TheModelsPlanIsItsLayout) {
+  ASSERT_TRUE(kCores);
+  struct Case {
+    const char* name;
+    int replicas, stages, shards, acc;
+  };
+  for (const Case& c : {Case{"fused", 1, 1, 1, 1}, Case{"accumulation", 1, 1, 1, 2}, Case{"dp2", 2, 1, 1, 1},
+                        Case{"pp2", 1, 2, 1, 4}, Case{"dp2 x pp2", 2, 2, 1, 2}, Case{"tp3", 1, 1, 3, 1},
+                        Case{"pp2 x tp3", 1, 2, 3, 2}}) {
+    SCOPED_TRACE(c.name);
+    Forward f = forward("gpt2-tiny", 2, 7, c.shards);
+    Options o;
+    o.threads(1).replication_factor(c.replicas).tensor_parallel(c.shards).gradient_accumulation(c.acc);
+    TrainingOptions t = sgd_momentum();
+    t.pipeline = {c.stages, train::PipelineSchedule::one_f_one_b};
+    auto m = TrainingModel::create(f.g, o, t);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    Result<train::Plan> plan = (*m)->plan();
+    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    const Status checked = train::check_plan(*plan);
+    EXPECT_TRUE(checked.is_ok()) << checked.to_string() << "\n" << train::plan_text(*plan);
+    ASSERT_EQ(int(plan->devices.size()), c.replicas * c.stages * c.shards);
+    EXPECT_EQ(plan->spec.fused, std::string(c.name) == "fused");
+    const size_t n = (*m)->programs().params.size();
+    // Every parameter is stepped once per tensor shard: by one replica (the process's replicas share the
+    // weights; without stages each steps its optimizer shard), or by every replica when each has its own
+    // copy (tensor shards).
+    if (!plan->spec.fused)
+      for (int shard = 0; shard < c.shards; ++shard) {
+        std::vector<int> stepped(n, 0);
+        for (const train::DevicePlan& d : plan->devices)
+          if (d.coord.tensor == shard)
+            for (const train::Instr& i : d.instrs)
+              if (i.kind == train::InstrKind::step)
+                for (int p : i.params) ++stepped[size_t(p)];
+        for (size_t p = 0; p < n; ++p)
+          EXPECT_EQ(stepped[p], c.shards > 1 ? c.replicas : 1) << (*m)->programs().params[p] << " shard " << shard;
+      }
+    if (c.stages > 1) {
+      EXPECT_EQ(plan->spec.edges.size(), size_t(1));  // the residual stream
+      // The tied wte: its last stage's gradient goes to stage 0, which steps it.
+      const auto& params = (*m)->programs().params;
+      const int wte = int(std::find(params.begin(), params.end(), "transformer.wte.weight") - params.begin());
+      ASSERT_LT(size_t(wte), params.size());
+      EXPECT_EQ(plan->spec.params[size_t(wte)].stages, (std::vector<int>{0, 1}));
+      int tied = 0;
+      for (const train::Instr& i : plan->devices[0].instrs)
+        tied += i.kind == train::InstrKind::recv && i.payload == train::Payload::tied_gradient && i.edge == wte;
+      EXPECT_EQ(tied, 1);
+      for (const auto& acc : plan->spec.accumulators) EXPECT_FALSE(acc.empty());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace aspen::api

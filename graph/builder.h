@@ -2,11 +2,13 @@
 //
 //   Graph g;
 //   Builder b(g);
-//   ValueId x = b.input("x", DType::f32, {4, 8});
-//   ValueId w = b.parameter("fc.weight", DType::f32, {16, 8});
+//   ValueId x = b.input("x", DType::f32, Shape{4, 8});
+//   ValueId w = b.parameter("fc.weight", DType::f32, Shape{16, 8});
 //   ValueId y = b.gelu(b.matmul(x, w, /*trans_a=*/false, /*trans_b=*/true));
 //   b.output("y", y);
 //   ASPEN_RETURN_IF_ERROR(b.status());
+//
+// (examples/cpp/graph_session.cc builds, compiles and runs this graph; CI runs it.)
 //
 // Errors are sticky: the first op whose types do not fit its rule sets
 // status() (with the node and the rule, as the verifier words it) and every
@@ -63,6 +65,11 @@ class Builder {
   ValueId silu(ValueId x) { return op1(OpKind::silu, {x}); }
   ValueId where(ValueId cond, ValueId a, ValueId b) { return op1(OpKind::where, {cond, a, b}); }
   ValueId cast(ValueId x, DType to) { return op1(OpKind::cast, {x}, {{"dtype", int64_t(to)}}); }
+
+  // a [..., M, K] x b [K, N] (transposes by flag; graph/ops_nn.cc's matmul).
+  ValueId matmul(ValueId a, ValueId b, bool trans_a = false, bool trans_b = false) {
+    return op1(OpKind::matmul, {a, b}, {{"trans_a", int64_t(trans_a)}, {"trans_b", int64_t(trans_b)}});
+  }
 
   // Shape.
   ValueId reshape(ValueId x, std::vector<int64_t> shape) { return op1(OpKind::reshape, {x}, {{"shape", shape}}); }

@@ -123,8 +123,9 @@ TEST(MatmulAspen, AmxTakesBf16AndF32StaysOnTheFmaKernels) {
     EXPECT_EQ(h.mr, 32);
     EXPECT_EQ(h.nr, 32);
     EXPECT_EQ(h.kc % 32, 0);
-  } else {
-    EXPECT_NE(h.isa, Isa::amx) << "AMX chosen on a CPU (or OS) without it: " << cpu_features().to_string();
+  } else {  // asked for AMX by name the table still answers; the best this CPU runs is never AMX
+    EXPECT_NE(gemm_blocking(cpu_features().best, DType::bf16).isa, Isa::amx)
+        << "AMX chosen on a CPU (or OS) without it: " << cpu_features().to_string();
   }
 }
 

@@ -122,44 +122,52 @@ Status DataParallelGroup::all_reduce(int l, std::span<float* const> tensors, std
   return all_reduce_cross(l, tensors, counts);  // each local replica over its own communicator: the same sums
 }
 
+std::vector<Bucket> pack_buckets(std::span<const int64_t> counts, int64_t bucket_bytes, bool large_alone) {
+  const int64_t cap = std::max<int64_t>(1, bucket_bytes / 4);
+  std::vector<Bucket> out;
+  Bucket open;  // tensors [open.first, i), open.elements of them
+  auto flush = [&](size_t end) {
+    if (open.elements == 0) return;
+    open.end = end;
+    out.push_back(open);
+    open = Bucket{};
+  };
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (large_alone && counts[i] >= cap) {  // a bucket of its own, in place
+      flush(i);
+      out.push_back({.first = i, .end = i + 1, .elements = counts[i], .in_place = true});
+      continue;
+    }
+    if (open.elements > 0 && open.elements + counts[i] > cap) flush(i);
+    if (open.elements == 0) open.first = i;
+    open.elements += counts[i];
+  }
+  flush(counts.size());
+  return out;
+}
+
 Status DataParallelGroup::for_each_bucket(int l, std::span<float* const> tensors, std::span<const int64_t> counts,
                                           bool large_alone, const std::function<Status(float*, int64_t)>& fn) {
   std::vector<float>& bucket = bucket_[size_t(l)];
-  const int64_t cap = std::max<int64_t>(1, options_.bucket_bytes / 4);
-  size_t first = 0;  // the bucket holds tensors [first, i)
-  int64_t filled = 0;
-  auto flush = [&](size_t end) -> Status {
-    if (filled == 0) return Status();
-    bucket.resize(size_t(filled));
+  for (const Bucket& b : pack_buckets(counts, options_.bucket_bytes, large_alone)) {
+    if (b.in_place) {
+      ASPEN_RETURN_IF_ERROR(fn(tensors[b.first], b.elements));
+      continue;
+    }
+    bucket.resize(size_t(b.elements));
     int64_t at = 0;
-    for (size_t k = first; k < end; ++k) {
+    for (size_t k = b.first; k < b.end; ++k) {
       std::memcpy(bucket.data() + at, tensors[k], size_t(counts[k]) * 4);
       at += counts[k];
     }
-    ASPEN_RETURN_IF_ERROR(fn(bucket.data(), filled));
+    ASPEN_RETURN_IF_ERROR(fn(bucket.data(), b.elements));
     at = 0;
-    for (size_t k = first; k < end; ++k) {
+    for (size_t k = b.first; k < b.end; ++k) {
       std::memcpy(tensors[k], bucket.data() + at, size_t(counts[k]) * 4);
       at += counts[k];
     }
-    filled = 0;
-    return Status();
-  };
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (large_alone && counts[i] >= cap) {  // a bucket of its own, in place
-      ASPEN_RETURN_IF_ERROR(flush(i));
-      ASPEN_RETURN_IF_ERROR(fn(tensors[i], counts[i]));
-      first = i + 1;
-      continue;
-    }
-    if (filled > 0 && filled + counts[i] > cap) {
-      ASPEN_RETURN_IF_ERROR(flush(i));
-      first = i;
-    }
-    if (filled == 0) first = i;
-    filled += counts[i];
   }
-  return flush(tensors.size());
+  return Status();
 }
 
 Status DataParallelGroup::all_reduce_cross(int l, std::span<float* const> tensors, std::span<const int64_t> counts) {

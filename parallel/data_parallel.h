@@ -51,6 +51,19 @@ Status check_same_everywhere(Communicator& comm, uint64_t value, const std::stri
                              const std::string& shown = "");
 const char* compression_name(Compression c);
 
+// One cross-process all-reduce of tensors [first, end) of a list, packed into
+// a bucket (or, in_place, a tensor at least a bucket large reduced alone).
+struct Bucket {
+  size_t first = 0, end = 0;
+  int64_t elements = 0;
+  bool in_place = false;
+  bool operator==(const Bucket&) const = default;
+};
+// How DataParallelGroup packs tensors of `counts` f32 elements: in order, a
+// bucket closed when the next tensor would take it past bucket_bytes; with
+// large_alone, a tensor of bucket_bytes or more alone and in place.
+std::vector<Bucket> pack_buckets(std::span<const int64_t> counts, int64_t bucket_bytes, bool large_alone);
+
 struct DataParallelOptions {
   int local = 1;        // replicas in this process
   bool mpi = false;     // join the processes of this MPI job (mpi_init first; needs ASPEN_HAVE_MPI)

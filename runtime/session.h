@@ -1,10 +1,12 @@
 // runtime/session.h: loads an Executable onto one or more devices of this
 // process and runs it.
 //
-//   auto exe = compiler::compile(graph);
-//   auto session = Session::create(std::move(*exe));
-//   session->set_parameter("fc.weight", w);
-//   auto outputs = session->run({{"x", &x}});
+//   ASPEN_ASSIGN_OR_RETURN(auto exe, compiler::compile(graph));
+//   ASPEN_ASSIGN_OR_RETURN(auto session, Session::create(std::move(exe)));
+//   ASPEN_RETURN_IF_ERROR(session->set_parameter("fc.weight", w));
+//   ASPEN_ASSIGN_OR_RETURN(auto outputs, session->run({{"x", &x}}));
+//
+// (examples/cpp/graph_session.cc is a whole program; CI runs it.)
 //
 // Parameters are state owned by the session (zeros until set) and shared,
 // read-only, by every replica. Inputs are copied into a device's arena before

@@ -43,6 +43,7 @@
 #include "tools/commands.h"
 #include "train/config.h"
 #include "train/demo.h"
+#include "train/plan.h"
 
 namespace aspen::tools {
 
@@ -51,6 +52,7 @@ namespace {
 struct TrainArgs {
   std::string config, resume_from;
   bool demo = false, resume = false, overwrite = false;
+  bool print_plan = false;  // print one step's per-device instruction lists (train/plan.h) and stop
   int64_t steps = 0;  // 0: the config's (the demo's default)
   int64_t seed = -1;  // -1: the config's
   int threads = -1;   // -1: the config's; 0: the free cores
@@ -316,6 +318,13 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   say << std::setprecision(2) << std::fixed << "compile: " << (*trainer)->compile_seconds() << " s (executable cache: "
       << (c.train.executable_cache.empty() ? "off" : (*trainer)->cache_hit() ? "hit" : "miss, stored") << ")\n"
       << std::defaultfloat << std::setprecision(6);
+  if (a.print_plan) {  // the layout's step as each device runs it, then stop before training
+    Result<train::Plan> plan = (*trainer)->model()->plan();
+    if (!plan.is_ok()) return report(plan.status());
+    if (writer) std::cout << train::plan_text(*plan);
+    trainer->reset();
+    return 0;
+  }
   auto r = (*trainer)->run();
   if (!r.is_ok()) return report(r.status());
   trainer->reset();  // its communicators go before MPI does
@@ -383,6 +392,9 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--resume-from", args->resume_from,
                   "continue from this checkpoint (a step directory, e.g. the one before a damaged latest)");
   cmd->add_flag("--overwrite", args->overwrite, "delete the run directory's earlier run and start again");
+  cmd->add_flag("--print-plan", args->print_plan,
+                "print each device's instructions for one step of the configured layout, then stop (compiles, "
+                "trains nothing)");
   // One value per --set, so that `--set k=v CONFIG.yaml` leaves the config to the positional.
   cmd->add_option("--set", args->overrides, "override a config key, e.g. --set optimizer.lr=1e-3 (repeatable)")
       ->expected(1)
