@@ -426,7 +426,18 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
         m->grads_[size_t(l)].push_back(m->session_->parameter_of(l, train::grad_accumulator_name(p))->data<float>());
     }
   }
+  ASPEN_ASSIGN_OR_RETURN(m->plan_, m->make_plan());
   return m;
+}
+
+int TrainingModel::mesh_rank(int device) const {
+  if (spread()) return job_->rank();
+  return (dp_ ? dp_->process() : 0) * session_->replicas() + device;
+}
+
+std::string TrainingModel::accumulator_name(int param, int stage) const {
+  const std::string base = train::grad_accumulator_name(programs_.params[size_t(param)]);
+  return pipe_ && stage != owner_[size_t(param)] ? base + "@" + std::to_string(stage) : base;
 }
 
 Status TrainingModel::copy_weights_to_device(const std::map<std::string, const Tensor*>& weights) {
@@ -630,7 +641,7 @@ Status TrainingModel::check_eval_inputs(const compiler::Executable& exe,
   return Status();
 }
 
-Result<train::Plan> TrainingModel::plan() const {
+Result<train::Plan> TrainingModel::make_plan() const {
   train::PlanSpec spec;
   const int S = pipeline_stages(), T = tensor_shards();
   spec.processes = job_ ? job_->size() : 1;
@@ -652,13 +663,20 @@ Result<train::Plan> TrainingModel::plan() const {
   if (pipe_) {
     for (const train::PipelineEdge& e : pipe_->split.edges)
       spec.edges.push_back({.from = e.from, .to = e.to, .differentiable = e.differentiable, .bytes = e.type.bytes()});
-    // Each stage's accumulators ("train.grad.<p>" or, a tied copy, "train.grad.<p>@<stage>"), in its program's order.
+    // Each stage's accumulators ("train.grad.<p>" or, a tied copy, "train.grad.<p>@<stage>"), in its compiled
+    // program's order where this process compiled it (the order the exchange takes them), else its graph's.
     const std::string prefix = train::grad_accumulator_name("");
-    for (const train::PipelinePrograms::Stage& st : pipe_->stages) {
+    for (int s = 0; s < S; ++s) {
+      const train::PipelinePrograms::Stage& st = pipe_->stages[size_t(s)];
       std::vector<int> list;
-      const graph::Graph& g = pipe_->graphs[size_t(st.backward_first)];
-      for (int32_t n : g.parameter_nodes()) {
-        std::string name = g.node(n).name;
+      std::vector<std::string> names;
+      if (!spread() || s == spread_stage_) {
+        for (const compiler::Binding& b : session_->executable(st.backward_first).parameters) names.push_back(b.name);
+      } else {
+        const graph::Graph& g = pipe_->graphs[size_t(st.backward_first)];
+        for (int32_t n : g.parameter_nodes()) names.push_back(g.node(n).name);
+      }
+      for (std::string name : names) {
         if (!name.starts_with(prefix)) continue;
         name = name.substr(prefix.size());
         if (const size_t at = name.rfind('@'); at != std::string::npos) name.resize(at);

@@ -213,8 +213,8 @@ class TrainingModel {
   std::string profile_summary() const { return trace_ ? profile::summary(trace_->events()) : ""; }
 
   // One optimizer step of this model's layout as per-device instruction lists (train/plan.h):
-  // what `aspen train --print-plan` shows.
-  Result<train::Plan> plan() const;
+  // what `aspen train --print-plan` shows, and what a pipelined step's devices run.
+  const train::Plan& plan() const { return plan_; }
 
  private:
   TrainingModel() = default;
@@ -285,6 +285,13 @@ class TrainingModel {
                                                        size_t expected, const ExchangeFn& exchange,
                                                        const std::function<void(const std::string&)>& abort);
   void map_updates_to_params();
+  // The plan (train/plan.h) of this model's step, made once by create().
+  Result<train::Plan> make_plan() const;
+  train::Plan plan_;
+  // The mesh rank of this process's device d (the plan's device index).
+  int mesh_rank(int device) const;
+  // The accumulator of parameter `param` on pipeline stage `stage` (a tied copy's on a later stage: "@<stage>").
+  std::string accumulator_name(int param, int stage) const;
   std::vector<std::vector<int>> update_param_;  // by program, by update: the trained parameter (-1: none)
   Status replica_micro_batches(int l, int64_t iteration, const std::map<std::string, const Tensor*>& inputs,
                                const std::vector<std::pair<std::string, Shape>>& data_inputs, const Tensor& loss_scale,

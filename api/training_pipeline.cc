@@ -167,15 +167,6 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       per.emplace(b.name, b.type.shape);
     }
   }
-  // The accumulators each stage writes (its owned parameters' and its extra
-  // ones for shared parameters), by device: what its replicas reduce.
-  std::vector<std::vector<std::string>> stage_accumulators(static_cast<size_t>(S));
-  for (int st = 0; st < S; ++st) {
-    if (spread() && st != spread_stage_) continue;
-    for (const compiler::Binding& b : session_->executable(pp.stages[size_t(st)].backward_first).parameters)
-      if (b.name.starts_with(train::grad_accumulator_name(""))) stage_accumulators[size_t(st)].push_back(b.name);
-  }
-  const std::vector<std::vector<train::PipeStep>> order = train::pipeline_order(training_.pipeline.schedule, S, int(acc));
   std::vector<float> losses;
   for (int64_t it = 0; it < iters; ++it) {
     StepStats s;
@@ -192,124 +183,141 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     std::vector<std::vector<float>> micro_losses(static_cast<size_t>(L), std::vector<float>(size_t(acc), 0.0f));
     pipe_stats_.busy_s.assign(size_t(session_->replicas()), 0.0);
     const auto t0 = Clock::now();
+    // Device d runs its instructions of the plan (train/plan.h) up to the step's host part: its passes in the
+    // schedule's order, the edges' transfers around them, then its stage's exchange.
     auto stage_work = [&](int d) -> Status {
       const int r = replica_of(d), st = stage_of(d), sh = shard_of(d);
       Transport& ch = *channels[spread() ? 0 : size_t(r * T + sh)];  // shard sh of each stage: the same activations
       const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
-      const train::PipelineStage& split = pp.split.stages[size_t(st)];
+      const std::vector<train::Instr>& instrs = plan_.devices[size_t(mesh_rank(d))].instrs;
       const bool last = st + 1 == S;
+      auto peer_stage = [&](const train::Instr& i) { return plan_.devices[size_t(i.peer)].coord.pipe; };
       std::map<int, std::map<std::string, Tensor>> stash;  // micro-batch -> its in-edge tensors
-      bool first_backward = true;
-      // Replicas of a stage (no tensor shards, whose group the backward pass
-      // itself uses): the exchange overlaps the stage's last backward pass.
-      const bool overlap = T == 1 && overlap_allowed();
-      size_t last_backward = 0;
-      for (size_t k = 0; k < order[size_t(st)].size(); ++k)
-        if (!order[size_t(st)][k].forward) last_backward = k;
-      bool exchanged = false;
-      for (size_t k = 0; k < order[size_t(st)].size(); ++k) {
-        const train::PipeStep& step = order[size_t(st)][k];
-        const int m = step.micro;
+      std::map<int, std::map<std::string, Tensor>> grads;  // micro-batch -> its out-edges' gradients
+      std::map<std::string, Tensor> out;                   // the last pass's outputs (its sends follow it)
+      bool flushed = false, host = false;
+      for (size_t k = 0; k < instrs.size() && !host; ++k) {
+        const train::Instr& in = instrs[k];
+        const int m = in.micro;
+        const bool transfer = in.kind == train::InstrKind::send || in.kind == train::InstrKind::recv;
+        const bool edge = transfer && (in.payload == train::Payload::activation ||
+                                       in.payload == train::Payload::gradient);
+        if (transfer && !edge) break;  // tied parameters: the host's part (below)
+        if (!edge && !flushed && in.kind != train::InstrKind::forward && in.kind != train::InstrKind::backward &&
+            !(in.kind == train::InstrKind::reduce && in.overlapped)) {
+          ASPEN_RETURN_IF_ERROR(ch.flush());  // the passes are over: every put has been taken
+          flushed = true;
+        }
         const std::string where = "pipeline stage " + std::to_string(st) + (T > 1 ? " shard " + std::to_string(sh) : "") +
                                   (L > 1 ? " of replica " + std::to_string(r) : "") + ", " +
-                                  (step.forward ? "forward" : "backward") + " of micro-batch " + std::to_string(m);
-        std::map<std::string, Tensor> owned;
-        for (const std::string& name : split.inputs)
-          owned.emplace(name, util::rows(*inputs.at(name), per.at(name), (it * acc + m) * L + r, 1, /*squeeze=*/true));
-        if (step.forward) {
-          for (int e : split.in_edges) {
-            const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
-            profile::TraceScope wait(trace_.get(), session_->device(d).name(), "recv " + edge.name,
-                                     profile::category::kCollective, edge.type.bytes());
-            ASPEN_ASSIGN_OR_RETURN(Tensor t, ch.take(e, m, false, edge.from, edge.type,
-                                                     where + ": waiting for " + edge.name + " from stage " +
-                                                         std::to_string(edge.from)));
-            stash[m].emplace(edge.name, std::move(t));
+                                  train::instr_text(in);
+        switch (in.kind) {
+          case train::InstrKind::recv: {
+            const train::PipelineEdge& e = pp.split.edges[size_t(in.edge)];
+            const bool grad = in.payload == train::Payload::gradient;
+            profile::TraceScope wait(trace_.get(), session_->device(d).name(), (grad ? "recv grad " : "recv ") + e.name,
+                                     profile::category::kCollective, e.type.bytes());
+            ASPEN_ASSIGN_OR_RETURN(Tensor t, ch.take(in.edge, m, grad, peer_stage(in), e.type,
+                                                     where + ": waiting for " + (grad ? "the gradient of " : "") +
+                                                         e.name + " from stage " + std::to_string(peer_stage(in))));
+            if (grad) {
+              grads[m].emplace(train::kPipeGradPrefix + std::to_string(in.edge), std::move(t));
+            } else {
+              stash[m].emplace(e.name, std::move(t));
+            }
+            break;
           }
-          std::map<std::string, const Tensor*> feeds;
-          for (const auto& [name, t] : owned) feeds.emplace(name, &t);
-          for (const auto& [name, t] : stash[m]) feeds.emplace(name, &t);
-          const auto b0 = Clock::now();
-          ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(d, feeds, prog.forward));
-          pipe_stats_.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
-          for (int e : split.out_edges)
-            ASPEN_RETURN_IF_ERROR(ch.put(e, m, false, pp.split.edges[size_t(e)].to,
-                                         std::move(out.at(pp.split.edges[size_t(e)].name))));
-          if (last && (sh == 0 || spread())) micro_losses[size_t(r)][size_t(m)] = out.at(training_.loss).data<float>()[0];
-          continue;
-        }
-        std::map<std::string, Tensor> grads;
-        for (int e : split.out_edges) {
-          const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
-          if (!edge.differentiable) continue;
-          profile::TraceScope wait(trace_.get(), session_->device(d).name(), "recv grad " + edge.name,
-                                   profile::category::kCollective, edge.type.bytes());
-          ASPEN_ASSIGN_OR_RETURN(Tensor g, ch.take(e, m, true, edge.to, edge.type,
-                                                   where + ": waiting for the gradient of " + edge.name +
-                                                       " from stage " + std::to_string(edge.to)));
-          grads.emplace(train::kPipeGradPrefix + std::to_string(e), std::move(g));
-        }
-        std::map<std::string, const Tensor*> feeds;
-        for (const auto& [name, t] : owned) feeds.emplace(name, &t);
-        for (const auto& [name, t] : stash[m]) feeds.emplace(name, &t);
-        for (const auto& [name, t] : grads) feeds.emplace(name, &t);
-        if (last && training_.loss_scaling.mode != train::LossScaling::none) feeds.emplace(train::kLossScaleName, &ls);
-        const int program = first_backward || prog.backward_next < 0 ? prog.backward_first : prog.backward_next;
-        first_backward = false;
-        const auto b0 = Clock::now();
-        Result<std::map<std::string, Tensor>> ran = Status();
-        if (overlap && k == last_backward) {
-          // Each of the stage's accumulators, reduced over the stage's replicas as it becomes final.
-          std::vector<ExchangePiece> pieces;
-          for (const compiler::Binding& u : session_->executable(program).updates) {
-            const auto& mine = stage_accumulators[size_t(st)];
-            Tensor* t = std::find(mine.begin(), mine.end(), u.name) != mine.end() ? session_->parameter_of(d, u.name)
-                                                                                  : nullptr;
-            pieces.push_back(t ? ExchangePiece{t->data<float>(), t->numel(), 0} : ExchangePiece{});
+          case train::InstrKind::send: {
+            const bool grad = in.payload == train::Payload::gradient;
+            const std::string name = grad ? train::kPipeGradPrefix + std::to_string(in.edge)
+                                          : pp.split.edges[size_t(in.edge)].name;
+            auto t = out.find(name);
+            if (t == out.end())
+              return Status::error(Code::kInternal, where, "the pass before it to output " + name, "no such output");
+            ASPEN_RETURN_IF_ERROR(ch.put(in.edge, m, grad, peer_stage(in), std::move(t->second)));
+            break;
           }
-          parallel::DataParallelGroup* group = stage_group(st, sh);
-          ran = run_overlapped(
-              d, feeds, program, pieces, stage_accumulators[size_t(st)].size(),
-              [&](std::span<float* const> t, std::span<const int64_t> c, std::span<const int> o) {
-                return group->reduce_to_owners(r, t, c, o);
-              },
-              [&](const std::string& why) { group->abort(r, why); });
-          exchanged = true;
-        } else {
-          ran = session_->run_replica(d, feeds, program);
+          case train::InstrKind::forward:
+          case train::InstrKind::backward: {
+            std::map<std::string, Tensor> owned;
+            for (const std::string& name : pp.split.stages[size_t(st)].inputs)
+              owned.emplace(name, util::rows(*inputs.at(name), per.at(name), (it * acc + m) * L + r, 1, /*squeeze=*/true));
+            std::map<std::string, const Tensor*> feeds;
+            for (const auto& [name, t] : owned) feeds.emplace(name, &t);
+            for (const auto& [name, t] : stash[m]) feeds.emplace(name, &t);
+            const auto b0 = Clock::now();
+            if (in.kind == train::InstrKind::forward) {
+              ASPEN_ASSIGN_OR_RETURN(out, session_->run_replica(d, feeds, prog.forward));
+              pipe_stats_.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
+              if (last && (sh == 0 || spread())) micro_losses[size_t(r)][size_t(m)] = out.at(training_.loss).data<float>()[0];
+              break;
+            }
+            for (const auto& [name, t] : grads[m]) feeds.emplace(name, &t);
+            if (last && training_.loss_scaling.mode != train::LossScaling::none) feeds.emplace(train::kLossScaleName, &ls);
+            const int program = in.next && prog.backward_next >= 0 ? prog.backward_next : prog.backward_first;
+            Result<std::map<std::string, Tensor>> ran = Status();
+            if (k + 1 < instrs.size() && instrs[k + 1].kind == train::InstrKind::reduce && instrs[k + 1].overlapped) {
+              // Each of the stage's accumulators, reduced over the stage's replicas as it becomes final.
+              const train::Instr& reduce = instrs[k + 1];
+              std::vector<std::string> mine;
+              for (int p : reduce.params) mine.push_back(accumulator_name(p, st));
+              std::vector<ExchangePiece> pieces;
+              for (const compiler::Binding& u : session_->executable(program).updates) {
+                Tensor* t = std::find(mine.begin(), mine.end(), u.name) != mine.end() ? session_->parameter_of(d, u.name)
+                                                                                      : nullptr;
+                pieces.push_back(t ? ExchangePiece{t->data<float>(), t->numel(), 0} : ExchangePiece{});
+              }
+              parallel::DataParallelGroup* group = stage_group(st, sh);
+              ran = run_overlapped(
+                  d, feeds, program, pieces, mine.size(),
+                  [&](std::span<float* const> t, std::span<const int64_t> c, std::span<const int> o) {
+                    return group->reduce_to_owners(r, t, c, o);
+                  },
+                  [&](const std::string& why) { group->abort(r, why); });
+            } else {
+              ran = session_->run_replica(d, feeds, program);
+            }
+            ASPEN_ASSIGN_OR_RETURN(out, std::move(ran));
+            pipe_stats_.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
+            stash.erase(m);
+            grads.erase(m);
+            break;
+          }
+          case train::InstrKind::tensor_sum:  // a whole weight's gradient: each shard has its part
+            for (int p : in.params) {
+              Tensor* t = session_->parameter_of(d, accumulator_name(p, st));
+              ASPEN_CHECK(t != nullptr);
+              ASPEN_RETURN_IF_ERROR(tensor_comms_[spread() ? 0 : size_t(d)]->all_reduce(
+                  std::span<float>(t->data<float>(), size_t(t->numel()))));
+            }
+            break;
+          case train::InstrKind::reduce: {
+            if (in.overlapped) break;  // ran with the backward pass before it
+            std::vector<float*> tensors;
+            std::vector<int64_t> counts;
+            int64_t bytes = 0;
+            for (int p : in.params) {
+              Tensor* t = session_->parameter_of(d, accumulator_name(p, st));
+              ASPEN_CHECK(t != nullptr);
+              tensors.push_back(t->data<float>());
+              counts.push_back(t->numel());
+              bytes += 4 * t->numel();
+            }
+            profile::TraceScope scope(trace_.get(), session_->device(d).name(), "reduce gradients",
+                                      profile::category::kCollective, bytes);
+            // The stage's gradients over its replicas: into replica 0's copies (in.owners), or with tensor shards
+            // (each device steps its own weights) into every copy.
+            ASPEN_RETURN_IF_ERROR(in.to_owners ? stage_group(st, sh)->reduce_to_owners(r, tensors, counts, in.owners)
+                                               : stage_group(st, sh)->all_reduce(r, tensors, counts));
+            break;
+          }
+          default:
+            host = true;  // the host's part (below): the tied gradients, the loss, norms, decision and step
+            break;
         }
-        ASPEN_ASSIGN_OR_RETURN(auto out, std::move(ran));
-        pipe_stats_.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
-        for (int e : split.in_edges) {
-          const std::string name = train::kPipeGradPrefix + std::to_string(e);
-          if (auto g = out.find(name); g != out.end())
-            ASPEN_RETURN_IF_ERROR(ch.put(e, m, true, pp.split.edges[size_t(e)].from, std::move(g->second)));
-        }
-        stash.erase(m);
       }
-      ASPEN_RETURN_IF_ERROR(ch.flush());
-      std::vector<float*> tensors;
-      std::vector<int64_t> counts;
-      for (const std::string& name : stage_accumulators[size_t(st)]) {
-        Tensor* t = session_->parameter_of(d, name);
-        ASPEN_CHECK(t != nullptr);
-        tensors.push_back(t->data<float>());
-        counts.push_back(t->numel());
-        // Tensor shards: a whole weight's gradient is split into the shards' parts.
-        if (T > 1 && whole_on_shards(name))
-          ASPEN_RETURN_IF_ERROR(tensor_comms_[spread() ? 0 : size_t(d)]->all_reduce(
-              std::span<float>(t->data<float>(), size_t(t->numel()))));
-      }
-      if (!dp_ || exchanged) return Status();
-      int64_t bytes = 0;
-      for (int64_t c : counts) bytes += 4 * c;
-      profile::TraceScope scope(trace_.get(), session_->device(d).name(), "reduce gradients",
-                                profile::category::kCollective, bytes);
-      // The stage's gradients over its replicas: into replica 0's copies, or
-      // with tensor shards (each device steps its own weights) into every copy.
-      if (T > 1) return stage_group(st, sh)->all_reduce(r, tensors, counts);
-      const std::vector<int> owners(tensors.size(), 0);
-      return stage_group(st, sh)->reduce_to_owners(r, tensors, counts, owners);
+      if (!flushed) ASPEN_RETURN_IF_ERROR(ch.flush());
+      return Status();
     };
     Status work = session_->for_each_replica([&](int d) {
       Status r = stage_work(d);
