@@ -14,7 +14,7 @@
 #include "kernels/matmul_choice.h"
 #include "parallel/mesh.h"
 #ifdef ASPEN_HAVE_MPI
-#include "parallel/mpi/mpi_communicator.h"
+#include "parallel/mpi/mpi_transport.h"
 #endif
 
 namespace aspen::api {
@@ -367,16 +367,9 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
       for (size_t i : m->pipe_->stages[size_t(st)].owned) m->owner_[i] = st;
   }
 #ifdef ASPEN_HAVE_MPI
-  if (m->pipe_ && m->spread()) {  // every message tag must fit MPI's (the largest: the last edge's, evaluation's)
-    const int64_t acc = options.gradient_accumulation_, edges = int64_t(m->pipe_->split.edges.size());
-    const int64_t top = pipe_tag(edges - 1, acc, true, acc);
-    if (top > m->pipe_comm_->max_tag())
-      return Status::error(Code::kUnimplemented,
-                           "pipeline across processes: " + std::to_string(edges) + " edges x " + std::to_string(acc) +
-                               " micro-batches",
-                           "message tags up to MPI_TAG_UB " + std::to_string(m->pipe_comm_->max_tag()),
-                           "tag " + std::to_string(top));
-  }
+  if (m->pipe_ && m->spread())  // every message tag must fit MPI's (the largest: the last edge's, evaluation's)
+    ASPEN_RETURN_IF_ERROR(parallel::MpiTransport::check_tags(*m->pipe_comm_, int64_t(m->pipe_->split.edges.size()),
+                                                             options.gradient_accumulation_));
 #endif
   if (m->pipe_ && m->spread()) {
     // This process's device holds its stage's.

@@ -189,14 +189,6 @@ class TrainingModel {
   int pipeline_stages() const { return pipe_ ? int(pipe_->stages.size()) : 1; }
   // The stage of each forward-graph node (-1: inputs, parameters, constants): where the cut fell.
   std::vector<int> pipeline_stage_of() const { return pipe_ ? pipe_->split.stage_of : std::vector<int>{}; }
-  // The MPI tag of a message between pipeline stages in different processes
-  // (edge, micro-batch of `micros`, activation or its gradient); micro-batch
-  // `micros` is evaluation's.
-  // In 64 bits: create() checks the largest against MPI_TAG_UB before any is used as an int.
-  static int64_t pipe_tag(int64_t edge, int64_t micro, bool grad, int64_t micros) {
-    return (edge * (micros + 1) + micro) * 2 + int64_t(grad);
-  }
-
   // The loss of one micro-batch (inputs in the forward graph's own shapes)
   // with the current weights, changing nothing: validation (on the first
   // replica, inputs of one micro-batch). A program of the

@@ -1,21 +1,20 @@
 // TrainingModel's pipelined step (TrainingOptions::pipeline): each stage is a
-// device of the session, running its passes in the schedule's order
-// (train/pipeline.h) on its own team; activations and their gradients move
-// between stages through in-process channels.
+// device of the session, running its instructions of the model's plan
+// (train/plan.h: its passes in the schedule's order) on its own team;
+// activations and their gradients move between stages through a
+// parallel::Transport (threads in one process, MPI across processes).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
-#include <tuple>
 
 #include "api/training_model.h"
 #include "api/training_util.h"
 #include "core/check.h"
 #include "models/tensor_parallel.h"
+#include "parallel/transport.h"
 #ifdef ASPEN_HAVE_MPI
-#include "parallel/mpi/mpi_communicator.h"
+#include "parallel/mpi/mpi_transport.h"
 #endif
 
 namespace aspen::api {
@@ -30,108 +29,7 @@ double PipelineStats::bubble() const {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Tensors in flight between the stages of one replica, by (edge,
-// micro-batch, gradient?). A put never waits (the buffer holds what a
-// schedule has in flight, at most stages micro-batches per edge with 1F1B);
-// a take waits for its tensor, for the group's failure, or for the timeout.
-class Transport {
- public:
-  virtual ~Transport() = default;
-  // From this stage to stage `to`; take() from stage `from` (a tensor of `type`).
-  virtual Status put(int edge, int micro, bool grad, int to, Tensor t) = 0;
-  virtual Result<Tensor> take(int edge, int micro, bool grad, int from, const graph::TensorType& type,
-                              const std::string& who) = 0;
-  virtual void fail(const std::string& why) = 0;
-  // After the step: every put has been taken.
-  virtual Status flush() { return Status(); }
-};
-
-// Stages of one process: a box under a mutex.
-class Channels final : public Transport {
- public:
-  explicit Channels(std::chrono::milliseconds timeout) : timeout_(timeout) {}
-
-  Status put(int edge, int micro, bool grad, int /*to*/, Tensor t) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      box_[{edge, micro, grad}] = std::move(t);
-    }
-    cv_.notify_all();
-    return Status();
-  }
-
-  Result<Tensor> take(int edge, int micro, bool grad, int /*from*/, const graph::TensorType& /*type*/,
-                      const std::string& who) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    const auto key = std::make_tuple(edge, micro, grad);
-    const bool ready = cv_.wait_for(lock, timeout_, [&] { return failed_ || box_.count(key) > 0; });
-    if (failed_)
-      return Status::error(Code::kAborted, who, "a working pipeline", "another stage failed: " + why_,
-                           "the first error (on another stage) is the cause");
-    if (!ready) {
-      failed_ = true;
-      why_ = who + " waited longer than " + std::to_string(timeout_.count()) + " ms";
-      cv_.notify_all();
-      return Status::error(Code::kDeadlineExceeded, who, "the tensor within " + std::to_string(timeout_.count()) + " ms",
-                           "nothing", "a stage stopped or hangs");
-    }
-    auto it = box_.find(key);
-    Tensor t = std::move(it->second);
-    box_.erase(it);
-    return t;
-  }
-
-  void fail(const std::string& why) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!failed_) {
-        failed_ = true;
-        why_ = why;
-      }
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::chrono::milliseconds timeout_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::tuple<int, int, bool>, Tensor> box_;
-  bool failed_ = false;
-  std::string why_;
-};
-
-#ifdef ASPEN_HAVE_MPI
-// Stages in different processes (Options::model_across_processes): tagged,
-// buffered MPI messages in the replica's "pipe" group, whose rank is the
-// stage, tagged by TrainingModel::pipe_tag.
-class MpiChannels final : public Transport {
- public:
-  MpiChannels(parallel::MpiCommunicator& comm, int micros) : comm_(comm), micros_(micros) {}
-
-  static int tag(int edge, int micro, bool grad, int micros) {
-    return int(TrainingModel::pipe_tag(edge, micro, grad, micros));  // in range: checked by create()
-  }
-
-  Status put(int edge, int micro, bool grad, int to, Tensor t) override {
-    return comm_.post(t.raw(), int64_t(t.nbytes()), to, tag(edge, micro, grad, micros_));
-  }
-  Result<Tensor> take(int edge, int micro, bool grad, int from, const graph::TensorType& type,
-                      const std::string& who) override {
-    Tensor t(type.dtype, type.shape);
-    Status s = comm_.take(t.raw(), int64_t(t.nbytes()), from, tag(edge, micro, grad, micros_));
-    if (!s.is_ok()) return Status(s).with_context(who);
-    return t;
-  }
-  void fail(const std::string& why) override { comm_.abort(why); }
-  Status flush() override { return comm_.flush(); }
-
- private:
-  parallel::MpiCommunicator& comm_;
-  int micros_;
-};
-#endif
+using parallel::Transport;
 
 }  // namespace
 
@@ -176,10 +74,10 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     const Tensor ls = util::scalar_f32(float(s.loss_scale));
     std::vector<std::unique_ptr<Transport>> channels;  // by local replica and tensor shard: r·T + t
 #ifdef ASPEN_HAVE_MPI
-    if (spread()) channels.push_back(std::make_unique<MpiChannels>(*pipe_comm_, int(acc)));
+    if (spread()) channels.push_back(std::make_unique<parallel::MpiTransport>(*pipe_comm_, int(acc)));
 #endif
     for (int r = int(channels.size()); r < L * T; ++r)
-      channels.push_back(std::make_unique<Channels>(training_.data_parallel.comm.timeout));
+      channels.push_back(std::make_unique<parallel::ThreadsTransport>(training_.data_parallel.comm.timeout));
     std::vector<std::vector<float>> micro_losses(static_cast<size_t>(L), std::vector<float>(size_t(acc), 0.0f));
     pipe_stats_.busy_s.assign(size_t(session_->replicas()), 0.0);
     const auto t0 = Clock::now();
@@ -217,7 +115,8 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
             const bool grad = in.payload == train::Payload::gradient;
             profile::TraceScope wait(trace_.get(), session_->device(d).name(), (grad ? "recv grad " : "recv ") + e.name,
                                      profile::category::kCollective, e.type.bytes());
-            ASPEN_ASSIGN_OR_RETURN(Tensor t, ch.take(in.edge, m, grad, peer_stage(in), e.type,
+            ASPEN_ASSIGN_OR_RETURN(Tensor t, ch.take({.edge = in.edge, .micro = m, .grad = grad}, peer_stage(in),
+                                                     e.type.dtype, e.type.shape,
                                                      where + ": waiting for " + (grad ? "the gradient of " : "") +
                                                          e.name + " from stage " + std::to_string(peer_stage(in))));
             if (grad) {
@@ -234,7 +133,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
             auto t = out.find(name);
             if (t == out.end())
               return Status::error(Code::kInternal, where, "the pass before it to output " + name, "no such output");
-            ASPEN_RETURN_IF_ERROR(ch.put(in.edge, m, grad, peer_stage(in), std::move(t->second)));
+            ASPEN_RETURN_IF_ERROR(ch.put({.edge = in.edge, .micro = m, .grad = grad}, peer_stage(in), std::move(t->second)));
             break;
           }
           case train::InstrKind::forward:
@@ -437,8 +336,9 @@ Result<float> TrainingModel::evaluate_local_pipeline(const std::map<std::string,
   // Inputs checked first: a failure inside would leave the other devices waiting.
   for (int st = 0; st < S; ++st)
     ASPEN_RETURN_IF_ERROR(check_eval_inputs(session_->executable(pp.stages[size_t(st)].forward), inputs));
-  std::vector<std::unique_ptr<Channels>> channels;  // by shard
-  for (int t = 0; t < T; ++t) channels.push_back(std::make_unique<Channels>(training_.data_parallel.comm.timeout));
+  std::vector<std::unique_ptr<parallel::ThreadsTransport>> channels;  // by shard
+  for (int t = 0; t < T; ++t)
+    channels.push_back(std::make_unique<parallel::ThreadsTransport>(training_.data_parallel.comm.timeout));
   float loss = 0.0f;
   Status st = session_->for_each_replica([&](int d) -> Status {
     if (d >= S * T) return Status();  // replica 0's devices
@@ -449,7 +349,8 @@ Result<float> TrainingModel::evaluate_local_pipeline(const std::map<std::string,
       std::map<std::string, Tensor> received;
       for (int e : split.in_edges) {
         const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
-        ASPEN_ASSIGN_OR_RETURN(Tensor x, channels[size_t(t)]->take(e, 0, false, edge.from, edge.type,
+        ASPEN_ASSIGN_OR_RETURN(Tensor x, channels[size_t(t)]->take({.edge = e, .micro = 0, .grad = false}, edge.from,
+                                                                   edge.type.dtype, edge.type.shape,
                                                                    "evaluation, stage " + std::to_string(stage)));
         received.emplace(edge.name, std::move(x));
       }
@@ -458,7 +359,8 @@ Result<float> TrainingModel::evaluate_local_pipeline(const std::map<std::string,
       for (const auto& [name, x] : received) feeds.emplace(name, &x);
       ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(d, feeds, prog.forward));
       for (int e : split.out_edges)
-        ASPEN_RETURN_IF_ERROR(channels[size_t(t)]->put(e, 0, false, pp.split.edges[size_t(e)].to,
+        ASPEN_RETURN_IF_ERROR(channels[size_t(t)]->put({.edge = e, .micro = 0, .grad = false},
+                                                       pp.split.edges[size_t(e)].to,
                                                        std::move(out.at(pp.split.edges[size_t(e)].name))));
       if (stage + 1 == S && t == 0) loss = out.at(training_.loss).data<float>()[0];
       return Status();

@@ -18,7 +18,7 @@
 #include "api/training_model.h"
 #include "core/check.h"
 #ifdef ASPEN_HAVE_MPI
-#include "parallel/mpi/mpi_communicator.h"
+#include "parallel/mpi/mpi_transport.h"
 #endif
 
 namespace aspen::api {
@@ -109,6 +109,7 @@ Result<float> TrainingModel::evaluate_spread_pipeline(const std::map<std::string
                          "a step failed earlier and aborted the group", "create the model again");
   const int micros = int(options_.gradient_accumulation_);
   const int eval_micro = micros;  // the tag evaluation's messages use (training's are 0 .. micros - 1)
+  parallel::MpiTransport transport(*pipe_comm_, micros);
   auto fail = [&](Status s) {
     pipe_comm_->abort(s.message());
     broken_ = true;
@@ -117,22 +118,22 @@ Result<float> TrainingModel::evaluate_spread_pipeline(const std::map<std::string
   std::map<std::string, Tensor> received;
   for (int e : split.in_edges) {
     const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
-    Tensor t(edge.type.dtype, edge.type.shape);
-    const int tag = int(pipe_tag(e, eval_micro, false, micros));
-    Status s = pipe_comm_->take(t.raw(), int64_t(t.nbytes()), edge.from, tag);
-    if (!s.is_ok()) return fail(std::move(s).with_context("evaluation, stage " + std::to_string(st)));
-    received.emplace(edge.name, std::move(t));
+    Result<Tensor> t = transport.take({.edge = e, .micro = eval_micro, .grad = false}, edge.from, edge.type.dtype,
+                                      edge.type.shape, "evaluation, stage " + std::to_string(st));
+    if (!t.is_ok()) return fail(t.status());
+    received.emplace(edge.name, std::move(t).value());
   }
   for (const auto& [name, t] : received) feeds.emplace(name, &t);
   Result<std::map<std::string, Tensor>> out = session_->run_replica(0, feeds, prog.forward);
   if (!out.is_ok()) return fail(out.status());
   for (int e : split.out_edges) {
     const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
-    const Tensor& t = out->at(edge.name);
-    const int tag = int(pipe_tag(e, eval_micro, false, micros));
-    if (Status s = pipe_comm_->post(t.raw(), int64_t(t.nbytes()), edge.to, tag); !s.is_ok()) return fail(std::move(s));
+    if (Status s = transport.put({.edge = e, .micro = eval_micro, .grad = false}, edge.to,
+                                 std::move(out->at(edge.name)));
+        !s.is_ok())
+      return fail(std::move(s));
   }
-  if (Status s = pipe_comm_->flush(); !s.is_ok()) return fail(std::move(s));
+  if (Status s = transport.flush(); !s.is_ok()) return fail(std::move(s));
   float loss = st + 1 == S ? out->at(training_.loss).data<float>()[0] : 0.0f;
   if (Status s = pipe_group_->broadcast(&loss, 1, DType::f32, S - 1); !s.is_ok()) return fail(std::move(s));
   return loss;
