@@ -222,12 +222,6 @@ class TrainingModel {
   Status finish_step(StepStats& s, double sq,
                      const std::function<Status(const Tensor& lr, const Tensor& grad_scale)>& apply);
   void advance_step_count();
-  // Data parallel: the shards whose reduced gradients local replica l holds
-  // (its own; with ZeRO-1 across processes, p·L + l of every process p), the
-  // one it steps, and ZeRO-1's broadcast of its held shards' new weights.
-  std::vector<int> held_shards(int l) const;
-  int stepped_shard(int l) const;
-  Status broadcast_shard_weights(int l);
   // Pipeline stages (api/training_pipeline.cc).
   Result<std::map<std::string, Tensor>> run_pipeline(const std::map<std::string, const Tensor*>& inputs);
   // The split step measures the gradient norm when the host needs it
@@ -257,8 +251,8 @@ class TrainingModel {
   // A step's loss from this process's micro-batch losses ([acc][local
   // replicas]): the mean over every process's, in global batch order.
   Result<float> step_loss(const std::vector<float>& local);
-  // The norms of the reduced gradients replica l holds (when the host needs them).
-  Status norms_held(int l, ReplicaStep& out);
+  // Local replica l's instructions after the host's decision: its optimizer shard's step, ZeRO-1's broadcasts.
+  Status replica_after_decision(int l, const Tensor& lr, const Tensor& grad_scale);
   Result<std::map<std::string, Tensor>> run_with_exchange(int l, const std::map<std::string, const Tensor*>& feeds,
                                                           int program);
   // The machinery under both: `program` on `device`, each update's piece (by

@@ -156,58 +156,105 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_fused(const std::map<st
 Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<std::string, const Tensor*>& inputs,
                                             const std::vector<std::pair<std::string, Shape>>& data_inputs,
                                             const Tensor& loss_scale, ReplicaStep& out) {
+  // Device l's instructions of the plan (train/plan.h) before the host's decision: its micro-batches, the
+  // exchange of their gradients, the norms of the shards it holds.
+  const std::vector<train::Instr>& instrs = plan_.devices[size_t(mesh_rank(l))].instrs;
   const int64_t acc = options_.gradient_accumulation_;
   out.losses.clear();
-  for (int64_t a = 0; a < acc; ++a) {
-    std::map<std::string, Tensor> owned;
-    for (const auto& [name, per] : data_inputs)
-      owned.emplace(name, rows(*inputs.at(name), per, (it * acc + a) * data_replicas() + data_replica(l), 1,
-                               /*squeeze=*/true));
-    std::map<std::string, const Tensor*> feeds;
-    for (const auto& [name, t] : owned) feeds.emplace(name, &t);
-    if (training_.loss_scaling.mode != train::LossScaling::none) feeds.emplace(train::kLossScaleName, &loss_scale);
-    const int program = a == 0 ? programs_.micro_first : programs_.micro_next;
-    const bool exchange = a + 1 == acc && overlaps_exchange();
-    ASPEN_ASSIGN_OR_RETURN(auto o, exchange ? run_with_exchange(l, feeds, program)
-                                            : session_->run_replica(l, feeds, program));
-    out.losses.push_back(o.at(training_.loss).data<float>()[0]);
-  }
   out.sq.assign(programs_.params.size(), 0.0f);
-  if (overlaps_exchange()) return norms_held(l, out);
-  // The gradient exchange, one trace event per device (the profile shows it beside the programs).
-  profile::TraceScope scope(dp_ || tensor_shards() > 1 ? trace_.get() : nullptr, session_->device(l).name(),
-                            "reduce gradients", profile::category::kCollective);
-  if (scope.active()) {
-    int64_t grad_bytes = 0;
-    for (int64_t c : grad_counts_) grad_bytes += 4 * c;
-    scope.set_bytes(grad_bytes);
+  for (size_t k = 0; k < instrs.size(); ++k) {
+    const train::Instr& in = instrs[k];
+    switch (in.kind) {
+      case train::InstrKind::backward: {  // forward and backward of micro-batch in.micro
+        std::map<std::string, Tensor> owned;
+        for (const auto& [name, per] : data_inputs)
+          owned.emplace(name, rows(*inputs.at(name), per, (it * acc + in.micro) * data_replicas() + data_replica(l), 1,
+                                   /*squeeze=*/true));
+        std::map<std::string, const Tensor*> feeds;
+        for (const auto& [name, t] : owned) feeds.emplace(name, &t);
+        if (training_.loss_scaling.mode != train::LossScaling::none) feeds.emplace(train::kLossScaleName, &loss_scale);
+        const int program = in.next ? programs_.micro_next : programs_.micro_first;
+        const bool exchange =
+            k + 1 < instrs.size() && instrs[k + 1].kind == train::InstrKind::reduce && instrs[k + 1].overlapped;
+        ASPEN_ASSIGN_OR_RETURN(auto o, exchange ? run_with_exchange(l, feeds, program)
+                                                : session_->run_replica(l, feeds, program));
+        out.losses.push_back(o.at(training_.loss).data<float>()[0]);
+        break;
+      }
+      case train::InstrKind::tensor_sum: {  // a whole weight's gradient: each shard has its part
+        profile::TraceScope scope(trace_.get(), session_->device(l).name(), "sum gradients over tensor shards",
+                                  profile::category::kCollective);
+        int64_t bytes = 0;
+        for (int i : in.params) {
+          bytes += 4 * grad_counts_[size_t(i)];
+          ASPEN_RETURN_IF_ERROR(tensor_comms_[size_t(l)]->all_reduce(
+              std::span<float>(grads_[size_t(l)][size_t(i)], size_t(grad_counts_[size_t(i)]))));
+        }
+        if (scope.active()) scope.set_bytes(bytes);
+        break;
+      }
+      case train::InstrKind::reduce: {
+        if (in.overlapped) break;  // ran with the backward pass before it
+        profile::TraceScope scope(trace_.get(), session_->device(l).name(), "reduce gradients",
+                                  profile::category::kCollective);
+        std::vector<float*> tensors;
+        std::vector<int64_t> counts;
+        int64_t bytes = 0;
+        for (int i : in.params) {
+          tensors.push_back(grads_[size_t(l)][size_t(i)]);
+          counts.push_back(grad_counts_[size_t(i)]);
+          bytes += 4 * grad_counts_[size_t(i)];
+        }
+        if (scope.active()) scope.set_bytes(bytes);
+        // Into the owners' copies, or (replicas of tensor shards, each stepping its own weights) every copy.
+        ASPEN_RETURN_IF_ERROR(in.to_owners
+                                  ? dp_->reduce_to_owners(l, tensors, counts, in.owners)
+                                  : dp_group(l % tensor_shards())->all_reduce(data_replica(l), tensors, counts));
+        break;
+      }
+      case train::InstrKind::norm: {  // Σg² of each tensor of a shard this replica holds (train/program.h)
+        const train::TrainingPrograms::Shard& sh = programs_.shards[size_t(in.shard)];
+        if (sh.norm < 0) break;
+        ASPEN_ASSIGN_OR_RETURN(auto o, session_->run_replica(l, {}, sh.norm));
+        const Tensor& t = o.at(train::kGradSqNormName);
+        for (size_t i = sh.begin; i < sh.end; ++i) out.sq[i] = t.data<float>()[i - sh.begin];
+        break;
+      }
+      case train::InstrKind::decide:
+        return Status();
+      default:
+        return Status::error(Code::kInternal, "training plan, device " + std::to_string(mesh_rank(l)),
+                             "a step's instruction before the host's decision", train::instr_text(in));
+    }
   }
-  if (tensor_shards() > 1) {
-    // A whole weight's gradient: each shard has its part (a cut weight's is whole).
-    for (size_t i = 0; i < tp_replicated_.size(); ++i)
-      if (tp_replicated_[i])
-        ASPEN_RETURN_IF_ERROR(tensor_comms_[size_t(l)]->all_reduce(
-            std::span<float>(grads_[size_t(l)][i], size_t(grad_counts_[i]))));
-    // Replicas of a shard: every copy gets the sum (each steps its own weights).
-    if (dp_)
-      ASPEN_RETURN_IF_ERROR(
-          dp_group(l % tensor_shards())->all_reduce(data_replica(l), grads_[size_t(l)], grad_counts_));
-  } else if (dp_) {
-    ASPEN_RETURN_IF_ERROR(dp_->reduce_to_owners(l, grads_[size_t(l)], grad_counts_, owner_));
-  }
-  return norms_held(l, out);
+  return Status();
 }
 
-Status TrainingModel::norms_held(int l, ReplicaStep& out) {
-  if (!needs_norm()) return Status();
-  // Every process holds every reduced tensor: this replica measures the
-  // shards reduced into its copies (train/program.h: Σg² of each tensor).
-  for (int k : held_shards(l)) {
-    const train::TrainingPrograms::Shard& sh = programs_.shards[size_t(k)];
-    if (sh.norm < 0) continue;
-    ASPEN_ASSIGN_OR_RETURN(auto o, session_->run_replica(l, {}, sh.norm));
-    const Tensor& t = o.at(train::kGradSqNormName);
-    for (size_t i = sh.begin; i < sh.end; ++i) out.sq[i] = t.data<float>()[i - sh.begin];
+Status TrainingModel::replica_after_decision(int l, const Tensor& lr, const Tensor& grad_scale) {
+  const std::vector<train::Instr>& instrs = plan_.devices[size_t(mesh_rank(l))].instrs;
+  const auto decided = std::find_if(instrs.begin(), instrs.end(),
+                                    [](const train::Instr& i) { return i.kind == train::InstrKind::decide; });
+  for (auto at = decided == instrs.end() ? decided : decided + 1; at != instrs.end(); ++at) {
+    const train::Instr& in = *at;
+    const train::TrainingPrograms::Shard& sh = programs_.shards[size_t(in.shard)];
+    if (in.kind == train::InstrKind::step) {
+      if (sh.step >= 0)
+        ASPEN_RETURN_IF_ERROR(
+            session_->run_replica(l, {{train::kLrName, &lr}, {train::kGradScaleName, &grad_scale}}, sh.step).status());
+    } else if (in.kind == train::InstrKind::broadcast) {  // ZeRO-1: the shard's new weights from its process
+      std::vector<float*> w;
+      std::vector<int64_t> counts;
+      for (size_t i = sh.begin; i < sh.end; ++i) {
+        Tensor* t = session_->parameter_of(l, programs_.params[i]);
+        ASPEN_CHECK(t != nullptr);
+        w.push_back(t->data<float>());
+        counts.push_back(t->numel());
+      }
+      ASPEN_RETURN_IF_ERROR(dp_->broadcast_from(l, w, counts, in.peer));
+    } else {
+      return Status::error(Code::kInternal, "training plan, device " + std::to_string(mesh_rank(l)),
+                           "a step's instruction after the host's decision", train::instr_text(in));
+    }
   }
   return Status();
 }
@@ -302,14 +349,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     }
     const double sq = double(sq_f32);
     auto apply = [&](const Tensor& lr, const Tensor& gs) -> Status {
-      Status st = on_replicas([&](int l) -> Status {
-        const int k = stepped_shard(l);
-        const int step = k < int(programs_.shards.size()) ? programs_.shards[size_t(k)].step : -1;
-        if (step >= 0)
-          ASPEN_RETURN_IF_ERROR(
-              session_->run_replica(l, {{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, step).status());
-        return zero_ ? broadcast_shard_weights(l) : Status();
-      });
+      Status st = on_replicas([&](int l) { return replica_after_decision(l, lr, gs); });
       if (st.is_ok() && programs_.shards.size() > 1) advance_step_count();
       return st;
     };
@@ -317,36 +357,6 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     losses.push_back(s.loss);
   }
   return losses_by_mode(losses);
-}
-
-std::vector<int> TrainingModel::held_shards(int l) const {
-  const int L = session_->replicas();
-  if (tensor_shards() > 1) return {0};  // every tensor shard holds (and steps) all of its weights
-  if (!zero_) return {l};
-  std::vector<int> out;
-  for (int p = 0; p < dp_->processes(); ++p) out.push_back(p * L + l);
-  return out;
-}
-
-int TrainingModel::stepped_shard(int l) const {
-  if (tensor_shards() > 1) return 0;
-  return zero_ ? dp_->process() * session_->replicas() + l : l;
-}
-
-Status TrainingModel::broadcast_shard_weights(int l) {
-  for (int k : held_shards(l)) {  // shard p·L + l was stepped by process p
-    const train::TrainingPrograms::Shard& sh = programs_.shards[size_t(k)];
-    std::vector<float*> w;
-    std::vector<int64_t> counts;
-    for (size_t i = sh.begin; i < sh.end; ++i) {
-      Tensor* t = session_->parameter_of(l, programs_.params[i]);
-      ASPEN_CHECK(t != nullptr);
-      w.push_back(t->data<float>());
-      counts.push_back(t->numel());
-    }
-    ASPEN_RETURN_IF_ERROR(dp_->broadcast_from(l, w, counts, k / session_->replicas()));
-  }
-  return Status();
 }
 
 void TrainingModel::advance_step_count() {  // the shards read the count; it advances once (train/program.h)
