@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <charconv>
 #include <limits>
 #include <set>
 
@@ -65,16 +66,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
 #endif
     // The layout first, before any other group is made (making one is
     // collective over the job: a process with another layout would wait in it).
-    const std::string layout =
-        "replicas per process " + std::to_string(local) + ", tensor_parallel " + std::to_string(tp) +
-        ", pipeline stages " + std::to_string(stages) + ", model across processes " +
-        std::to_string(int(options.model_across_processes_)) + ", gradient_accumulation " +
-        std::to_string(options.gradient_accumulation_) + ", device_iterations " +
-        std::to_string(options.device_iterations_) + ", shard_optimizer_state " +
-        std::to_string(int(training.data_parallel.shard_optimizer_state)) + ", pipeline balance " +
-        std::to_string(int(training.pipeline.balance));
-    ASPEN_RETURN_IF_ERROR(
-        parallel::check_same_everywhere(*m->job_, fnv1a(layout), "training layout (" + layout + ")"));
+    ASPEN_RETURN_IF_ERROR(parallel::check_same_fields(*m->job_, layout_fields(options, training), "training layout"));
   }
   if (options.model_across_processes_) {
     // The mesh over processes: process (d·stages + s)·tp + t (parallel::Mesh's rank order).
@@ -265,30 +257,12 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   };
   ASPEN_RETURN_IF_ERROR(compile_all());
   if (m->job_) {
-    const parallel::DataParallelOptions& dpo = m->dp_->options();
-    const std::string overlap = std::to_string(int(dpo.overlap));
     // Every process must run the same programs with the same host decisions.
     uint64_t h = fnv1a("");
     for (const graph::Graph* g : all_graphs) h = fnv1a_mix(h, compiler::ExecutableCache::key(*g, copts));
-    const std::string host = std::to_string(int(training.schedule.kind)) + " " + std::to_string(training.schedule.lr) +
-                             " " + std::to_string(training.schedule.warmup_steps) + " " +
-                             std::to_string(training.schedule.total_steps) + " " +
-                             std::to_string(training.schedule.min_lr_ratio) + " " +
-                             std::to_string(training.clip_grad_norm) + " " +
-                             std::to_string(int(training.loss_scaling.mode)) + " " +
-                             std::to_string(training.loss_scaling.initial_scale) + " " +
-                             std::to_string(training.loss_scaling.growth_factor) + " " +
-                             std::to_string(training.loss_scaling.backoff_factor) + " " +
-                             std::to_string(training.loss_scaling.growth_interval) + " " +
-                             std::to_string(training.loss_scaling.hysteresis) + " " +
-                             std::to_string(options.gradient_accumulation_) + " " +
-                             std::to_string(options.device_iterations_) + " " + std::to_string(int(training.reduction)) +
-                             " " + std::to_string(dpo.bucket_bytes) + " " + std::to_string(int(dpo.compression)) +
-                             " " + std::to_string(int(dpo.shard_optimizer_state)) + " " +
-                             std::to_string(dpo.topk_ratio) + " " + overlap;
-    h = fnv1a(host, h);
-    ASPEN_RETURN_IF_ERROR(
-        parallel::check_same_everywhere(*m->job_, h, "training model (programs, options and schedule)"));
+    std::vector<std::pair<std::string, std::string>> fields = {{"programs", std::to_string(h)}};
+    for (auto& f : step_fields(options, training)) fields.push_back(std::move(f));
+    ASPEN_RETURN_IF_ERROR(parallel::check_same_fields(*m->job_, fields, "training model"));
   }
   if (!options.profile_.empty()) m->trace_ = std::make_unique<profile::TraceRecorder>();
   runtime::SessionOptions sopts;
@@ -420,7 +394,68 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     }
   }
   ASPEN_ASSIGN_OR_RETURN(m->plan_, m->make_plan());
+  if (m->job_) {  // the step each process will run: the same plan everywhere (a difference names its part)
+    const train::PlanSpec& ps = m->plan_.spec;
+    std::string params, edges;
+    for (const train::PlanParam& p : ps.params)
+      params += p.name + " " + std::to_string(p.elements) + " " + std::to_string(p.owner) + ";";
+    for (const train::PlanEdge& e : ps.edges)
+      edges += std::to_string(e.from) + ">" + std::to_string(e.to) + " " + std::to_string(e.bytes) + ";";
+    ASPEN_RETURN_IF_ERROR(parallel::check_same_fields(
+        *m->job_,
+        {{"plan: mesh", ps.mesh.to_string()},
+         {"plan: micro-batches", std::to_string(ps.micro_batches)},
+         {"plan: parameters", params},
+         {"plan: pipeline edges", edges},
+         {"plan: instructions", train::plan_text(m->plan_)}},
+        "training plan"));
+  }
   return m;
+}
+
+std::vector<std::pair<std::string, std::string>> TrainingModel::layout_fields(const Options& o,
+                                                                              const TrainingOptions& t) {
+  return {{"options.replication_factor", std::to_string(o.replication_factor_)},
+          {"options.tensor_parallel", std::to_string(o.tensor_parallel_)},
+          {"training.pipeline.stages", std::to_string(t.pipeline.stages)},
+          {"options.model_across_processes", std::to_string(int(o.model_across_processes_))},
+          {"options.gradient_accumulation", std::to_string(o.gradient_accumulation_)},
+          {"options.device_iterations", std::to_string(o.device_iterations_)},
+          {"training.data_parallel.shard_optimizer_state",
+           std::to_string(int(t.data_parallel.shard_optimizer_state))},
+          {"training.pipeline.balance", std::to_string(int(t.pipeline.balance))}};
+}
+
+std::vector<std::pair<std::string, std::string>> TrainingModel::step_fields(const Options& o,
+                                                                            const TrainingOptions& t) {
+  auto num = [](double v) {  // the shortest text that reads back as v
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    return std::string(buf, r.ptr);
+  };
+  const parallel::DataParallelOptions& dp = t.data_parallel;
+  return {{"training.pipeline.schedule", train::pipeline_schedule_name(t.pipeline.schedule)},
+          {"training.schedule.kind", std::to_string(int(t.schedule.kind))},
+          {"training.schedule.lr", num(t.schedule.lr)},
+          {"training.schedule.warmup_steps", std::to_string(t.schedule.warmup_steps)},
+          {"training.schedule.total_steps", std::to_string(t.schedule.total_steps)},
+          {"training.schedule.min_lr_ratio", num(t.schedule.min_lr_ratio)},
+          {"training.clip_grad_norm", num(t.clip_grad_norm)},
+          {"training.loss_scaling.mode", std::to_string(int(t.loss_scaling.mode))},
+          {"training.loss_scaling.initial_scale", num(t.loss_scaling.initial_scale)},
+          {"training.loss_scaling.growth_factor", num(t.loss_scaling.growth_factor)},
+          {"training.loss_scaling.backoff_factor", num(t.loss_scaling.backoff_factor)},
+          {"training.loss_scaling.growth_interval", std::to_string(t.loss_scaling.growth_interval)},
+          {"training.loss_scaling.hysteresis", std::to_string(t.loss_scaling.hysteresis)},
+          {"training.loss", t.loss},
+          {"training.reduction", std::to_string(int(t.reduction))},
+          {"training.data_parallel.bucket_bytes", std::to_string(dp.bucket_bytes)},
+          {"training.data_parallel.compression", parallel::compression_name(dp.compression)},
+          {"training.data_parallel.topk_ratio", num(dp.topk_ratio)},
+          {"training.data_parallel.overlap", std::to_string(int(dp.overlap))},
+          {"options.gradient_accumulation", std::to_string(o.gradient_accumulation_)},
+          {"options.device_iterations", std::to_string(o.device_iterations_)},
+          {"options.random_seed", std::to_string(o.random_seed_)}};
 }
 
 int TrainingModel::mesh_rank(int device) const {

@@ -271,6 +271,10 @@ class TrainingModel {
                                                        size_t expected, const ExchangeFn& exchange,
                                                        const std::function<void(const std::string&)>& abort);
   void map_updates_to_params();
+  // What every process of a job must agree on, by name: the layout (checked before any group is made) and
+  // what decides each step's result beside the programs (checked after compiling).
+  static std::vector<std::pair<std::string, std::string>> layout_fields(const Options& o, const TrainingOptions& t);
+  static std::vector<std::pair<std::string, std::string>> step_fields(const Options& o, const TrainingOptions& t);
   // The plan (train/plan.h) of this model's step, made once by create().
   Result<train::Plan> make_plan() const;
   train::Plan plan_;

@@ -33,6 +33,11 @@ uint64_t unpack(const float* in) {
   std::memcpy(&h, in, sizeof h);
   return h;
 }
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : s) h = (h ^ uint64_t(uint8_t(c))) * 1099511628211ull;
+  return h;
+}
 
 }  // namespace
 
@@ -48,6 +53,27 @@ Status check_same_everywhere(Communicator& comm, uint64_t value, const std::stri
           "process " + std::to_string(r) + " differs" +
               (shown.empty() ? std::string() : " (" + std::to_string(unpack(all.data() + 2 * r)) + ")"),
           "start every rank with the same config, options and model");
+  return Status();
+}
+
+Status check_same_fields(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& fields,
+                         const std::string& what) {
+  std::string names;
+  for (const auto& [name, value] : fields) names += name + "\n";
+  // The same list of fields first (a rank of another build would gather a different length).
+  ASPEN_RETURN_IF_ERROR(check_same_everywhere(comm, fnv1a(names), what + ": the list of fields"));
+  const size_t n = fields.size();
+  std::vector<float> mine(2 * n), all(2 * n * size_t(comm.size()));
+  for (size_t f = 0; f < n; ++f) pack(fnv1a(fields[f].second), mine.data() + 2 * f);
+  ASPEN_RETURN_IF_ERROR(comm.all_gather(mine.data(), all.data(), int64_t(2 * n), DType::f32));
+  for (size_t f = 0; f < n; ++f)
+    for (int r = 0; r < comm.size(); ++r)
+      if (unpack(all.data() + 2 * n * size_t(r) + 2 * f) != fnv1a(fields[f].second))
+        return Status::invalid_argument(
+            what + ": " + fields[f].first + " on process " + std::to_string(comm.rank()) + " of " +
+                std::to_string(comm.size()),
+            "the same on every process (" + fields[f].second + " here)", "process " + std::to_string(r) + " differs",
+            "start every rank with the same config, options and model");
   return Status();
 }
 
