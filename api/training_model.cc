@@ -342,8 +342,10 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   }
 #ifdef ASPEN_HAVE_MPI
   if (m->pipe_ && m->spread())  // every message tag must fit MPI's (the largest: the last edge's, evaluation's)
-    ASPEN_RETURN_IF_ERROR(parallel::MpiTransport::check_tags(*m->pipe_comm_, int64_t(m->pipe_->split.edges.size()),
-                                                             options.gradient_accumulation_));
+    ASPEN_RETURN_IF_ERROR(parallel::MpiTransport::check_tags(  // (tied parameters' messages follow the edges')
+        *m->pipe_comm_,
+        int64_t(m->pipe_->split.edges.size() + (m->pipe_->shared.empty() ? 0 : m->programs_.params.size())),
+        options.gradient_accumulation_));
 #endif
   if (m->pipe_ && m->spread()) {
     // This process's device holds its stage's.

@@ -79,6 +79,7 @@
 
 namespace aspen::parallel {
 class MpiCommunicator;
+class Transport;
 }
 
 namespace aspen::api {
@@ -345,10 +346,6 @@ class TrainingModel {
   std::vector<std::set<std::string>> stage_uses_;
   // The stage that holds a name's value (its owner for a trained parameter's).
   int holding_stage(const std::string& name) const;
-  // Pipeline stages across processes: the tied parameters' gradients summed
-  // into their owner's, and their new values sent back to the other stages.
-  Status exchange_shared_gradients();
-  Status send_shared_weights();
   Result<float> evaluate_spread_pipeline(const std::map<std::string, const Tensor*>& inputs);
   // Tensor shards of pipeline stages in this process (api/training_pipeline.cc):
   // evaluation through the stages' forward programs; after a step, a tied
@@ -357,7 +354,10 @@ class TrainingModel {
   Result<float> evaluate_local_pipeline(const std::map<std::string, const Tensor*>& inputs);
   // Every input of `exe` (but pipeline edges) given with its exact type, before any device starts.
   static Status check_eval_inputs(const compiler::Executable& exe, const std::map<std::string, const Tensor*>& inputs);
-  void copy_shared_weights();
+  // A tied parameter's instruction of device d: its gradient to (or added into) the owner's accumulator, its
+  // new value from the owner (through `transport`), or copied into the other stages' copies (copy_tied, on
+  // local replica *replica).
+  Status tied_transfer(int d, const train::Instr& in, parallel::Transport& transport, const int* replica);
   bool whole_on_shards(const std::string& accumulator) const;
   Result<std::map<std::string, Tensor>> gather_spread_pipeline(bool weights) const;
 };

@@ -80,6 +80,8 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       channels.push_back(std::make_unique<parallel::ThreadsTransport>(training_.data_parallel.comm.timeout));
     std::vector<std::vector<float>> micro_losses(static_cast<size_t>(L), std::vector<float>(size_t(acc), 0.0f));
     pipe_stats_.busy_s.assign(size_t(session_->replicas()), 0.0);
+    // By tensor shard: replica 0's Σg² of each parameter its stage owns (the norm instructions').
+    std::vector<std::vector<float>> by_shard(static_cast<size_t>(T), std::vector<float>(pp.params.size(), 0.0f));
     const auto t0 = Clock::now();
     // Device d runs its instructions of the plan (train/plan.h) up to the step's host part: its passes in the
     // schedule's order, the edges' transfers around them, then its stage's exchange.
@@ -93,18 +95,15 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       std::map<int, std::map<std::string, Tensor>> stash;  // micro-batch -> its in-edge tensors
       std::map<int, std::map<std::string, Tensor>> grads;  // micro-batch -> its out-edges' gradients
       std::map<std::string, Tensor> out;                   // the last pass's outputs (its sends follow it)
-      bool flushed = false, host = false;
-      for (size_t k = 0; k < instrs.size() && !host; ++k) {
+      bool decided = false;
+      for (size_t k = 0; k < instrs.size() && !decided; ++k) {
         const train::Instr& in = instrs[k];
         const int m = in.micro;
         const bool transfer = in.kind == train::InstrKind::send || in.kind == train::InstrKind::recv;
-        const bool edge = transfer && (in.payload == train::Payload::activation ||
-                                       in.payload == train::Payload::gradient);
-        if (transfer && !edge) break;  // tied parameters: the host's part (below)
-        if (!edge && !flushed && in.kind != train::InstrKind::forward && in.kind != train::InstrKind::backward &&
-            !(in.kind == train::InstrKind::reduce && in.overlapped)) {
-          ASPEN_RETURN_IF_ERROR(ch.flush());  // the passes are over: every put has been taken
-          flushed = true;
+        if (transfer && (in.payload == train::Payload::tied_gradient || in.payload == train::Payload::tied_weight)) {
+          // A tied parameter's gradient on a later stage, added into its owner's (in stage order).
+          ASPEN_RETURN_IF_ERROR(tied_transfer(d, in, ch, nullptr));
+          continue;
         }
         const std::string where = "pipeline stage " + std::to_string(st) + (T > 1 ? " shard " + std::to_string(sh) : "") +
                                   (L > 1 ? " of replica " + std::to_string(r) : "") + ", " +
@@ -210,13 +209,25 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
                                                : stage_group(st, sh)->all_reduce(r, tensors, counts));
             break;
           }
-          default:
-            host = true;  // the host's part (below): the tied gradients, the loss, norms, decision and step
+          case train::InstrKind::loss:  // across processes: the last stage's micro-batch losses to the others
+            ASPEN_RETURN_IF_ERROR(pipe_group_->broadcast(micro_losses[0].data(), acc, DType::f32, peer_stage(in)));
             break;
+          case train::InstrKind::norm: {  // Σg² of each parameter the stage owns (a cut one's part, by shard)
+            if (prog.norm < 0) break;
+            ASPEN_ASSIGN_OR_RETURN(auto o, session_->run_replica(d, {}, prog.norm));
+            const Tensor& t = o.at(train::kGradSqNormName);
+            for (size_t i = 0; i < prog.owned.size(); ++i) by_shard[size_t(sh)][prog.owned[i]] = t.data<float>()[i];
+            break;
+          }
+          case train::InstrKind::decide:
+            decided = true;  // the host's part (below)
+            break;
+          default:
+            return Status::error(Code::kInternal, where, "an instruction of a pipelined step before the decision",
+                                 train::instr_text(in));
         }
       }
-      if (!flushed) ASPEN_RETURN_IF_ERROR(ch.flush());
-      return Status();
+      return ch.flush();  // every put has been taken
     };
     Status work = session_->for_each_replica([&](int d) {
       Status r = stage_work(d);
@@ -232,26 +243,6 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       return work;
     }
     pipe_stats_.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    // A parameter several stages use: its later stages' gradients into the owner's, in stage order (replica 0's).
-    if (spread()) {
-      ASPEN_RETURN_IF_ERROR(exchange_shared_gradients());
-    } else {
-      // Replica 0's (with tensor shards: every replica's, as each steps its own weights), shard by shard.
-      for (int r = 0; r < (T > 1 ? L : 1); ++r)
-        for (int t = 0; t < T; ++t)
-          for (const train::PipelinePrograms::Shared& sh : pp.shared) {
-            float* into = grads_[size_t(device_at(r, owner_[sh.param], t))][sh.param];
-            for (const std::string& name : sh.extra) {
-              const int stage = std::stoi(name.substr(name.rfind('@') + 1));
-              const Tensor* from_t = session_->parameter_of(device_at(r, stage, t), name);
-              ASPEN_CHECK(from_t != nullptr && into != nullptr);
-              const float* from = from_t->data<float>();
-              for (int64_t k = 0; k < from_t->numel(); ++k) into[k] += from[k];
-            }
-          }
-    }
-    // Across processes the last stage's losses go to the replica's other stages.
-    if (spread()) ASPEN_RETURN_IF_ERROR(pipe_group_->broadcast(micro_losses[0].data(), acc, DType::f32, S - 1));
     std::vector<float> local_losses;  // [acc][L]
     for (int64_t a = 0; a < acc; ++a)
       for (int r = 0; r < L; ++r) local_losses.push_back(micro_losses[size_t(r)][size_t(a)]);
@@ -259,16 +250,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     // Σg², added in parameter order (the same bits as one device's norm of the same gradients).
     std::vector<float> sums(pp.params.size(), 0.0f);
     if (needs_norm()) {
-      // By shard: replica 0's Σg² of each owned parameter (a cut one's parts add over the shards, in rank order).
-      std::vector<std::vector<float>> by_shard(static_cast<size_t>(T), std::vector<float>(pp.params.size(), 0.0f));
-      ASPEN_RETURN_IF_ERROR(session_->for_each_replica([&](int d) -> Status {
-        const train::PipelinePrograms::Stage& prog = pp.stages[size_t(stage_of(d))];
-        if (replica_of(d) != 0 || prog.norm < 0) return Status();  // replica 0 of each stage
-        ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(d, {}, prog.norm));
-        const Tensor& t = out.at(train::kGradSqNormName);
-        for (size_t k = 0; k < prog.owned.size(); ++k) by_shard[size_t(shard_of(d))][prog.owned[k]] = t.data<float>()[k];
-        return Status();
-      }));
+      // A cut parameter's parts add over the shards, in rank order.
       if (spread() && T > 1) {  // the other shards' vectors from this stage's tensor group
         std::vector<float> all(pp.params.size() * size_t(T));
         const std::vector<float> mine = by_shard[size_t(spread_shard_)];
@@ -289,16 +271,36 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     }
     float sq = 0.0f;
     for (float x : sums) sq += x;
+    // After the decision each device runs the rest of its plan: its stage's step (replica 0 of each stage, whose
+    // weights the process's replicas share; with tensor shards every device its own), then the tied weights' new
+    // values from their owner to the other stages' copies.
     auto apply = [&](const Tensor& lr, const Tensor& gs) -> Status {
       Status st = session_->for_each_replica([&](int d) -> Status {
-        const int program = pp.stages[size_t(stage_of(d))].step;
-        // Replica 0 of each stage updates the shared weights; with tensor shards every device its own.
-        if ((replica_of(d) != 0 && T == 1) || program < 0) return Status();
-        return session_->run_replica(d, {{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, program).status();
+        const int r = replica_of(d), sh = shard_of(d);
+        Transport& ch = *channels[spread() ? 0 : size_t(r * T + sh)];
+        const std::vector<train::Instr>& instrs = plan_.devices[size_t(mesh_rank(d))].instrs;
+        auto at = std::find_if(instrs.begin(), instrs.end(),
+                               [](const train::Instr& i) { return i.kind == train::InstrKind::decide; });
+        for (at = at == instrs.end() ? at : at + 1; at != instrs.end(); ++at) {
+          const train::Instr& in = *at;
+          if (in.kind == train::InstrKind::step) {
+            const int program = pp.stages[size_t(stage_of(d))].step;
+            if (program >= 0)
+              ASPEN_RETURN_IF_ERROR(
+                  session_->run_replica(d, {{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, program).status());
+          } else if (in.kind == train::InstrKind::send || in.kind == train::InstrKind::recv ||
+                     in.kind == train::InstrKind::copy_tied) {
+            ASPEN_RETURN_IF_ERROR(tied_transfer(d, in, ch, &r));
+          } else {
+            return Status::error(Code::kInternal, "pipeline device " + std::to_string(d),
+                                 "an instruction of a pipelined step after the decision", train::instr_text(in));
+          }
+        }
+        Status flushed = ch.flush();
+        if (!flushed.is_ok()) ch.fail(flushed.message());
+        return flushed;
       });
       if (st.is_ok()) advance_step_count();
-      if (st.is_ok() && spread()) st = send_shared_weights();
-      if (st.is_ok() && T > 1 && !spread()) copy_shared_weights();
       return st;
     };
     ASPEN_RETURN_IF_ERROR(finish_step(s, double(sq), apply));
@@ -313,21 +315,54 @@ bool TrainingModel::whole_on_shards(const std::string& accumulator) const {
   return models::shard_kind(p, vocab_parallel_) == models::ShardKind::replicated;
 }
 
-void TrainingModel::copy_shared_weights() {
-  const int S = pipeline_stages(), T = tensor_shards(), L = data_replicas();
-  for (const train::PipelinePrograms::Shared& sh : pipe_->shared) {
-    const std::string& name = programs_.params[sh.param];
-    const int owner = owner_[sh.param];
-    for (int r = 0; r < L; ++r)
-      for (int t = 0; t < T; ++t) {
-        const Tensor* from = session_->parameter_of((r * S + owner) * T + t, name);
-        ASPEN_CHECK(from != nullptr);
-        for (int s = 0; s < S; ++s) {
-          Tensor* to = s == owner ? nullptr : session_->parameter_of((r * S + s) * T + t, name);
-          if (to && to != from) std::memcpy(to->raw(), from->raw(), from->nbytes());
-        }
+Status TrainingModel::tied_transfer(int d, const train::Instr& in, parallel::Transport& transport, const int* replica) {
+  const int S = pipeline_stages(), T = tensor_shards();
+  const int st = spread() ? spread_stage_ : (d / T) % S;
+  const int edges = int(pipe_->split.edges.size());
+  const int p = in.kind == train::InstrKind::copy_tied ? -1 : in.edge;
+  auto peer_stage = [&] { return plan_.devices[size_t(in.peer)].coord.pipe; };
+  // A tied parameter's messages follow the edges' in the transport's key space.
+  const parallel::MessageKey key{.edge = edges + p, .micro = 0, .grad = in.payload == train::Payload::tied_gradient};
+  const std::string who = "pipeline stage " + std::to_string(st) + ", " + train::instr_text(in);
+  if (in.kind == train::InstrKind::copy_tied) {  // tensor shards in one process: into the other stages' copies
+    const int r = replica ? *replica : d / (S * T), t = d % T;
+    for (int i : in.params) {
+      const std::string& name = programs_.params[size_t(i)];
+      const Tensor* from = session_->parameter_of(d, name);
+      ASPEN_CHECK(from != nullptr);
+      for (int s = 0; s < S; ++s) {
+        Tensor* to = s == st ? nullptr : session_->parameter_of((r * S + s) * T + t, name);
+        if (to && to != from) std::memcpy(to->raw(), from->raw(), from->nbytes());
       }
+    }
+    return Status();
   }
+  if (in.payload == train::Payload::tied_gradient) {
+    if (in.kind == train::InstrKind::send) {  // this stage's accumulator of it, to the owner
+      const Tensor* t = session_->parameter_of(d, accumulator_name(p, st));
+      ASPEN_CHECK(t != nullptr);
+      Tensor copy(t->dtype(), t->shape());
+      std::memcpy(copy.raw(), t->raw(), t->nbytes());
+      return transport.put(key, peer_stage(), std::move(copy));
+    }
+    Tensor* into = session_->parameter_of(d, accumulator_name(p, st));
+    ASPEN_CHECK(into != nullptr);
+    ASPEN_ASSIGN_OR_RETURN(Tensor part, transport.take(key, peer_stage(), into->dtype(), into->shape(), who));
+    float* dst = into->data<float>();
+    const float* src = part.data<float>();
+    for (int64_t k = 0; k < into->numel(); ++k) dst[k] += src[k];
+    return Status();
+  }
+  Tensor* w = session_->parameter_of(d, programs_.params[size_t(p)]);  // its new value, owner to the others
+  ASPEN_CHECK(w != nullptr);
+  if (in.kind == train::InstrKind::send) {
+    Tensor copy(w->dtype(), w->shape());
+    std::memcpy(copy.raw(), w->raw(), w->nbytes());
+    return transport.put(key, peer_stage(), std::move(copy));
+  }
+  ASPEN_ASSIGN_OR_RETURN(Tensor value, transport.take(key, peer_stage(), w->dtype(), w->shape(), who));
+  std::memcpy(w->raw(), value.raw(), w->nbytes());
+  return Status();
 }
 
 Result<float> TrainingModel::evaluate_local_pipeline(const std::map<std::string, const Tensor*>& inputs) {

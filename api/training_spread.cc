@@ -32,47 +32,6 @@ int TrainingModel::holding_stage(const std::string& name) const {
   return 0;
 }
 
-Status TrainingModel::exchange_shared_gradients() {
-  for (const train::PipelinePrograms::Shared& sh : pipe_->shared) {
-    const int owner = owner_[sh.param];
-    const int64_t n = grad_counts_[sh.param];
-    std::vector<float> part(static_cast<size_t>(n));
-    for (const std::string& name : sh.extra) {  // "train.grad.<p>@<stage>", in stage order
-      const int stage = std::stoi(name.substr(name.rfind('@') + 1));
-      if (spread_stage_ == stage) {
-        const Tensor* t = session_->parameter_of(0, name);
-        ASPEN_CHECK(t != nullptr);
-        ASPEN_RETURN_IF_ERROR(pipe_group_->send(t->raw(), n, DType::f32, owner));
-      } else if (spread_stage_ == owner) {
-        ASPEN_RETURN_IF_ERROR(pipe_group_->recv(part.data(), n, DType::f32, stage));
-        float* into = grads_[0][sh.param];
-        ASPEN_CHECK(into != nullptr);
-        for (int64_t k = 0; k < n; ++k) into[k] += part[size_t(k)];
-      }
-    }
-  }
-  return Status();
-}
-
-Status TrainingModel::send_shared_weights() {
-  for (const train::PipelinePrograms::Shared& sh : pipe_->shared) {
-    const std::string& name = programs_.params[sh.param];
-    const int owner = owner_[sh.param];
-    for (int s = 0; s < int(stage_uses_.size()); ++s) {
-      if (s == owner || !stage_uses_[size_t(s)].count(name)) continue;
-      if (spread_stage_ != owner && spread_stage_ != s) continue;
-      Tensor* w = session_->parameter_of(0, name);
-      ASPEN_CHECK(w != nullptr);
-      if (spread_stage_ == owner) {
-        ASPEN_RETURN_IF_ERROR(pipe_group_->send(w->raw(), w->numel(), DType::f32, s));
-      } else {
-        ASPEN_RETURN_IF_ERROR(pipe_group_->recv(w->raw(), w->numel(), DType::f32, owner));
-      }
-    }
-  }
-  return Status();
-}
-
 Result<std::map<std::string, Tensor>> TrainingModel::gather_spread_pipeline(bool weights) const {
   std::map<std::string, Tensor> out;
   for (const auto& [name, type] : weights ? weight_types() : optimizer_state_types()) {
