@@ -740,8 +740,16 @@ TEST(ParallelProfile, TracesShowTheExchanges) {
     if (pipeline) {
       EXPECT_EQ(count("\"recv pipe.0\""), 2u);       // stage 1 waits for each micro-batch's activation
       EXPECT_EQ(count("\"recv grad pipe.0\""), 2u);  // stage 0 for each gradient
+      // Each device's plan instructions (train/plan.h), named with their micro-batch, edge and peer.
+      EXPECT_EQ(count("\"instruction\":\"forward m1\""), 2u);
+      EXPECT_EQ(count("\"instruction\":\"backward m1 (accumulating)\""), 2u);
+      EXPECT_EQ(count("\"instruction\":\"send activation e0 m1 -> 1\""), 1u);
+      EXPECT_EQ(count("\"instruction\":\"recv tied_gradient p0 <- 1\""), 1u);
+      EXPECT_EQ(count("\"instruction\":\"step shard 1 "), 1u);
     } else {
       EXPECT_EQ(count("\"reduce gradients\""), 2u);  // one per replica
+      EXPECT_EQ(count("\"instruction\":\"backward m0\""), 2u);
+      EXPECT_EQ(count("\"instruction\":\"reduce data[0,1] "), 2u);
     }
     std::remove(path.c_str());
   }

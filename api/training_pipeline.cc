@@ -99,6 +99,9 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       for (size_t k = 0; k < instrs.size() && !decided; ++k) {
         const train::Instr& in = instrs[k];
         const int m = in.micro;
+        profile::TraceScope traced(trace_.get(), session_->device(d).name(), train::instr_kind_name(in.kind),
+                                   profile::category::kPlan);
+        if (traced.active()) traced.add_arg("instruction", train::instr_text(in));
         const bool transfer = in.kind == train::InstrKind::send || in.kind == train::InstrKind::recv;
         if (transfer && (in.payload == train::Payload::tied_gradient || in.payload == train::Payload::tied_weight)) {
           // A tied parameter's gradient on a later stage, added into its owner's (in stage order).
@@ -283,6 +286,9 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
                                [](const train::Instr& i) { return i.kind == train::InstrKind::decide; });
         for (at = at == instrs.end() ? at : at + 1; at != instrs.end(); ++at) {
           const train::Instr& in = *at;
+          profile::TraceScope traced(trace_.get(), session_->device(d).name(), train::instr_kind_name(in.kind),
+                                     profile::category::kPlan);
+          if (traced.active()) traced.add_arg("instruction", train::instr_text(in));
           if (in.kind == train::InstrKind::step) {
             const int program = pp.stages[size_t(stage_of(d))].step;
             if (program >= 0)

@@ -164,6 +164,10 @@ Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<st
   out.sq.assign(programs_.params.size(), 0.0f);
   for (size_t k = 0; k < instrs.size(); ++k) {
     const train::Instr& in = instrs[k];
+    if (in.kind == train::InstrKind::decide) return Status();
+    profile::TraceScope traced(trace_.get(), session_->device(l).name(), train::instr_kind_name(in.kind),
+                               profile::category::kPlan);
+    if (traced.active()) traced.add_arg("instruction", train::instr_text(in));
     switch (in.kind) {
       case train::InstrKind::backward: {  // forward and backward of micro-batch in.micro
         std::map<std::string, Tensor> owned;
@@ -236,6 +240,9 @@ Status TrainingModel::replica_after_decision(int l, const Tensor& lr, const Tens
                                     [](const train::Instr& i) { return i.kind == train::InstrKind::decide; });
   for (auto at = decided == instrs.end() ? decided : decided + 1; at != instrs.end(); ++at) {
     const train::Instr& in = *at;
+    profile::TraceScope traced(trace_.get(), session_->device(l).name(), train::instr_kind_name(in.kind),
+                               profile::category::kPlan);
+    if (traced.active()) traced.add_arg("instruction", train::instr_text(in));
     const train::TrainingPrograms::Shard& sh = programs_.shards[size_t(in.shard)];
     if (in.kind == train::InstrKind::step) {
       if (sh.step >= 0)

@@ -48,6 +48,7 @@ inline constexpr const char* kKernel = "kernel";
 inline constexpr const char* kCopy = "copy";
 inline constexpr const char* kCollective = "collective";
 inline constexpr const char* kHost = "host";
+inline constexpr const char* kPlan = "plan";  // a training plan's instruction (train/plan.h), around what it runs
 }  // namespace category
 
 struct TraceEvent {
