@@ -278,7 +278,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     // weights the process's replicas share; with tensor shards every device its own), then the tied weights' new
     // values from their owner to the other stages' copies.
     auto apply = [&](const Tensor& lr, const Tensor& gs) -> Status {
-      Status st = session_->for_each_replica([&](int d) -> Status {
+      auto after_decision = [&](int d) -> Status {
         const int r = replica_of(d), sh = shard_of(d);
         Transport& ch = *channels[spread() ? 0 : size_t(r * T + sh)];
         const std::vector<train::Instr>& instrs = plan_.devices[size_t(mesh_rank(d))].instrs;
@@ -302,9 +302,13 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
                                  "an instruction of a pipelined step after the decision", train::instr_text(in));
           }
         }
-        Status flushed = ch.flush();
-        if (!flushed.is_ok()) ch.fail(flushed.message());
-        return flushed;
+        return ch.flush();
+      };
+      Status st = session_->for_each_replica([&](int d) {
+        Status r = after_decision(d);
+        if (!r.is_ok())  // a stage waiting for a tied weight from this one stops at once
+          for (auto& ch : channels) ch->fail("device " + std::to_string(d) + ": " + r.message());
+        return r;
       });
       if (st.is_ok()) advance_step_count();
       return st;

@@ -66,8 +66,8 @@ TEST(OpTable, NumbersAreTheSerializedOnes) {
                                    "all_reduce",
                                    "reduce_scatter",
                                    "all_gather",
-                                   "send",
-                                   "recv",
+                                   "logical_not",
+                                   "is_nan",
                                    "bias_gelu",
                                    "add_layernorm",
                                    "adamw",
@@ -93,9 +93,7 @@ TEST(OpTable, NumbersAreTheSerializedOnes) {
                                    "less",
                                    "greater",
                                    "logical_and",
-                                   "logical_or",
-                                   "logical_not",
-                                   "is_nan"};
+                                   "logical_or"};
   ASSERT_EQ(std::size(by_number), size_t(kNumOps));
   for (int i = 0; i < kNumOps; ++i) EXPECT_STREQ(op_name(OpKind(i)), by_number[i]) << "op #" << i;
 }
@@ -106,10 +104,8 @@ TEST(OpTable, FlagsSayWhatThePassesMayDo) {
   EXPECT_FALSE(op_has(OpKind::matmul, kElementwise));
   EXPECT_TRUE(op_has(OpKind::adamw, kWritesInPlace));
   EXPECT_FALSE(op_has(OpKind::adamw, kElementwise));
-  for (OpKind op : {OpKind::all_reduce, OpKind::reduce_scatter, OpKind::all_gather, OpKind::send, OpKind::recv})
+  for (OpKind op : {OpKind::all_reduce, OpKind::reduce_scatter, OpKind::all_gather})
     EXPECT_TRUE(op_has(op, kCommunicates)) << op_name(op);
-  EXPECT_TRUE(op_has(OpKind::send, kKeep));
-  EXPECT_FALSE(op_has(OpKind::recv, kKeep));
   for (OpKind op : {OpKind::input, OpKind::parameter, OpKind::constant}) EXPECT_TRUE(op_has(op, kSource));
   EXPECT_FALSE(op_has(OpKind::constant, kUnique));  // equal constants merge
   for (int i = 0; i < kNumOps; ++i) {

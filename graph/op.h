@@ -33,8 +33,8 @@
   X(gelu, 9) X(silu, 10) X(where, 11) X(cast, 12) X(relu, 55) X(sigmoid, 57) X(erf, 58) X(log, 59)        \
   X(max, 60) X(min, 61)                                                                                   \
   /* comparisons and logic: bool out, not differentiated (ops_logic.cc) */                                \
-  X(equal, 62) X(less, 63) X(greater, 64) X(logical_and, 65) X(logical_or, 66) X(logical_not, 67)         \
-  X(is_nan, 68)                                                                                           \
+  X(equal, 62) X(less, 63) X(greater, 64) X(logical_and, 65) X(logical_or, 66) X(logical_not, 39)         \
+  X(is_nan, 40)                                                                                           \
   /* shape: data moves, values do not change */                                                           \
   X(reshape, 13) X(transpose, 14) X(slice, 15) X(concat, 16) X(broadcast, 17)                             \
   /* reductions over trailing or chosen axes, and the sum of squares clipping reads */                    \
@@ -48,7 +48,7 @@
   X(gelu_grad, 28) X(silu_grad, 29) X(relu_grad, 56) X(gather_grad, 30) X(layernorm_grad, 31)             \
   X(rmsnorm_grad, 32) X(softmax_grad, 33) X(cross_entropy_grad, 34) X(attention_grad, 35)                 \
   /* collectives: run on the communicator of their group (runtime::Session) */                            \
-  X(all_reduce, 36) X(reduce_scatter, 37) X(all_gather, 38) X(send, 39) X(recv, 40)                       \
+  X(all_reduce, 36) X(reduce_scatter, 37) X(all_gather, 38)                                             \
   /* the vocab-parallel cross-entropy's pieces (ops_vocab.cc; tensor-parallel models) */                  \
   X(vocab_ce_stats, 52) X(vocab_ce_loss, 53) X(vocab_ce_grad, 54)                                         \
   /* fused: made by the compiler's fusion pass after autodiff (not differentiated) */                     \
@@ -59,7 +59,7 @@
   X(write_slice, 44)                                                                                      \
   /* generation: draws token ids inside the program (ops_sampling.cc; not differentiated) */              \
   X(sample, 45)
-// The next free op number: 69.
+// The next free op number: 67.
 // clang-format on
 
 namespace aspen::graph {

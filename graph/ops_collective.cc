@@ -6,11 +6,11 @@
 //   all_reduce(x) {group, group_size, reduce: "sum" | "mean"}: same type
 //   reduce_scatter(x) {group, group_size}: dimension 0 divided by group_size (sum)
 //   all_gather(x) {group, group_size}: dimension 0 multiplied by group_size
-//   send(x) {peer}: no outputs          recv() {peer, dtype, shape}: one output
 // `group` names a mesh axis ("data", "pipe", "tensor").
 // Gradient rules: all_reduce -> all_reduce of g (same reduction);
-// all_gather <-> reduce_scatter. send/recv: the pipeline schedule pairs them
-// explicitly, so they are not differentiated.
+// all_gather <-> reduce_scatter. (Point-to-point tensors between pipeline
+// stages are not ops: a training plan's send/recv instructions carry them
+// through a parallel::Transport, train/plan.h.)
 //
 // Reference meaning: the interpreter runs one device, where a group of one is
 // the identity. Any other group size is not interpretable (Unimplemented).
@@ -56,31 +56,12 @@ Status infer_scatter_gather(const Node& n, std::span<const TensorType> in, std::
   return Status();
 }
 
-Status infer_send(const Node& n, std::span<const TensorType>, std::vector<TensorType>& out) {
-  if (n.attrs.i("peer") < 0) return rule_error(n, "peer", ">= 0", std::to_string(n.attrs.i("peer")));
-  out = {};
-  return Status();
-}
-
-Status infer_recv(const Node& n, std::span<const TensorType>, std::vector<TensorType>& out) {
-  if (n.attrs.i("peer") < 0) return rule_error(n, "peer", ">= 0", std::to_string(n.attrs.i("peer")));
-  const int64_t dt = n.attrs.i("dtype");
-  if (dt < 0 || dt >= kNumDTypes) return rule_error(n, "dtype", "a dtype id in [0, 7)", std::to_string(dt));
-  ASPEN_ASSIGN_OR_RETURN(Shape s, to_shape(n, "shape", n.attrs.ints("shape")));
-  out = {TensorType{DType(dt), s}};
-  return Status();
-}
-
 Status eval_group_of_one(const Node& n, std::span<const HostArray* const> in, std::span<HostArray> out) {
   if (n.attrs.i("group_size") != 1)
     return Status::unimplemented(std::string(op_name(n.op)) + " over group '" + n.attrs.s("group") + "'",
                                  "group size for the one-device reference interpreter (1)");
   out[0].data = in[0]->data;
   return Status();
-}
-
-Status eval_point_to_point(const Node& n, std::span<const HostArray* const>, std::span<HostArray>) {
-  return Status::unimplemented(std::string(op_name(n.op)), "op for the one-device reference interpreter");
 }
 
 Attrs same_group(const Node& n) {
@@ -124,19 +105,6 @@ void register_collective_ops(OpTable& t) {
                                 .infer = infer_scatter_gather,
                                 .grad = grad_all_gather,
                                 .eval = eval_group_of_one});
-  t.define(OpKind::send, {.flags = kCommunicates | kKeep | kUnique,
-                          .min_inputs = 1,
-                          .max_inputs = 1,
-                          .attrs = {{"peer", AttrKind::i64, true}},
-                          .infer = infer_send,
-                          .eval = eval_point_to_point});
-  t.define(OpKind::recv,
-           {.flags = kCommunicates | kUnique,
-            .min_inputs = 0,
-            .max_inputs = 0,
-            .attrs = {{"peer", AttrKind::i64, true}, {"dtype", AttrKind::i64, true}, {"shape", AttrKind::ints, true}},
-            .infer = infer_recv,
-            .eval = eval_point_to_point});
 }
 
 }  // namespace aspen::graph

@@ -288,15 +288,13 @@ int64_t returned_steps(const RunOptions& o) {
 namespace {
 
 // A collective instruction: a group of one is the identity; a larger group
-// runs on the communicator the replica was given for the node's group
-// (send and recv: group "pipe").
+// runs on the communicator the replica was given for the node's group.
 Status run_collective(const graph::Graph& g, const graph::Node& n, const void* in, void* out,
                       const std::map<std::string, parallel::Communicator*>& comms, int replica) {
   using graph::OpKind;
   const int64_t size = n.attrs.i_or("group_size", 1);
-  const bool p2p = n.op == OpKind::send || n.op == OpKind::recv;
-  const std::string group = p2p ? "pipe" : n.attrs.s("group");
-  if (!p2p && size == 1) {
+  const std::string group = n.attrs.s("group");
+  if (size == 1) {
     const int64_t bytes = g.type(n.outputs[0]).bytes();
     if (in != out && bytes) std::memcpy(out, in, size_t(bytes));
     return Status();
@@ -308,7 +306,7 @@ Status run_collective(const graph::Graph& g, const graph::Node& n, const void* i
                              std::to_string(replica),
                          "a communicator for the group (Session::set_communicator)", "none");
   parallel::Communicator& c = *it->second;
-  if (!p2p && c.size() != size)
+  if (c.size() != size)
     return Status::error(Code::kFailedPrecondition,
                          std::string("collective ") + graph::op_name(n.op) + " over group '" + group + "'",
                          "a communicator of " + std::to_string(size) + " devices (the node's group_size)",
@@ -327,14 +325,6 @@ Status run_collective(const graph::Graph& g, const graph::Node& n, const void* i
     case OpKind::all_gather: {
       const graph::TensorType& t = g.type(n.inputs[0]);
       return c.all_gather(in, out, t.shape.numel(), t.dtype);
-    }
-    case OpKind::send: {
-      const graph::TensorType& t = g.type(n.inputs[0]);
-      return c.send(in, t.shape.numel(), t.dtype, int(n.attrs.i("peer")));
-    }
-    case OpKind::recv: {
-      const graph::TensorType& t = g.type(n.outputs[0]);
-      return c.recv(out, t.shape.numel(), t.dtype, int(n.attrs.i("peer")));
     }
     default: break;
   }

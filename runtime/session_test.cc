@@ -861,8 +861,8 @@ namespace aspen::runtime {
 namespace {
 
 // Two replicas whose collective instructions run on a threads group:
-// all_reduce, all_gather, reduce_scatter, and a send/recv pair, against the
-// same arithmetic done here.
+// all_reduce, all_gather and reduce_scatter, against the same arithmetic
+// done here.
 TEST(Session, CollectivesRunOnTheReplicasCommunicators) {
   Graph g;
   Builder b(g);
@@ -896,31 +896,6 @@ TEST(Session, CollectivesRunOnTheReplicasCommunicators) {
       for (int i = 0; i < 2; ++i) EXPECT_EQ(out->at("scattered").data<float>()[r * 2 + i], x0[2 * r + i] + x1[2 * r + i]);
     }
   }  // the session's cores go back to the budget
-
-  // send on replica 0, recv on replica 1 (group "pipe"), each its own program.
-  Graph gs, gr;
-  Builder bs(gs), br(gr);
-  bs.op(graph::OpKind::send, {bs.input("x", DType::f32, {3})}, {{"peer", int64_t(1)}});
-  bs.output("nothing", bs.scalar(0.0f));
-  br.output("y", br.op1(graph::OpKind::recv, {}, {{"peer", int64_t(0)}, {"dtype", int64_t(DType::f32)},
-                                                  {"shape", std::vector<int64_t>{3}}}));
-  ASSERT_TRUE(bs.status().is_ok() && br.status().is_ok()) << bs.status().to_string() << br.status().to_string();
-  std::vector<std::unique_ptr<compiler::Executable>> programs;
-  programs.push_back(std::move(compiler::compile(gs)).value());
-  programs.push_back(std::move(compiler::compile(gr)).value());
-  auto p2p = Session::create(std::move(programs), {.threads = 1, .replicas = 2});
-  ASSERT_TRUE(p2p.is_ok()) << p2p.status().to_string();
-  auto pipe = parallel::make_threads_group(2).value();
-  for (int r = 0; r < 2; ++r) ASSERT_TRUE((*p2p)->set_communicator(r, "pipe", pipe[size_t(r)].get()).is_ok());
-  Tensor v = random_tensor({3}, 5), got;
-  Status st = (*p2p)->for_each_replica([&](int r) -> Status {
-    if (r == 0) return (*p2p)->run_replica(0, {{"x", &v}}, 0).status();
-    ASPEN_ASSIGN_OR_RETURN(auto o, (*p2p)->run_replica(1, {}, 1));
-    got = o.at("y").clone();
-    return Status();
-  });
-  ASSERT_TRUE(st.is_ok()) << st.to_string();
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(got.data<float>()[i], v.data<float>()[i]);
 }
 
 }  // namespace
