@@ -42,7 +42,6 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
   auto stage_of = [&](int d) { return spread() ? spread_stage_ : (d / T) % S; };
   auto replica_of = [&](int d) { return spread() ? 0 : d / (S * T); };
   auto shard_of = [&](int d) { return spread() ? spread_shard_ : d % T; };
-  auto device_at = [&](int r, int st, int t) { return (r * S + st) * T + t; };
   auto stage_group = [&](int st, int t) { return spread() ? dp_.get() : dp_group(st * T + t); };
   const int64_t iters = options_.device_iterations_, acc = options_.gradient_accumulation_;
   // The forward graph's inputs each stage takes, and their per-micro-batch types.
