@@ -242,13 +242,8 @@ class TrainingModel {
   };
   // The gradient exchange overlapped with the last micro-batch's backward
   // pass (api/training_overlap.cc): `program` on replica l with its
-  // accumulators reduced bucket by bucket as they become final.
-  // (Not with top-k compression: its error feedback is kept per bucket of a
-  // step's whole exchange, which the overlap cuts differently.)
-  bool overlap_allowed() const {
-    return dp_ && dp_->options().overlap && dp_->options().compression != parallel::Compression::topk;
-  }
-  bool overlaps_exchange() const { return overlap_allowed() && tensor_shards() == 1 && !pipe_ && programs_.split(); }
+  // accumulators reduced bucket by bucket as they become final. Where it
+  // applies is the plan's (train/plan.h: a reduce marked overlapped).
   // A step's loss from this process's micro-batch losses ([acc][local
   // replicas]): the mean over every process's, in global batch order.
   Result<float> step_loss(const std::vector<float>& local);
@@ -356,9 +351,8 @@ class TrainingModel {
   static Status check_eval_inputs(const compiler::Executable& exe, const std::map<std::string, const Tensor*>& inputs);
   // A tied parameter's instruction of device d: its gradient to (or added into) the owner's accumulator, its
   // new value from the owner (through `transport`), or copied into the other stages' copies (copy_tied, on
-  // local replica *replica).
-  Status tied_transfer(int d, const train::Instr& in, parallel::Transport& transport, const int* replica);
-  bool whole_on_shards(const std::string& accumulator) const;
+  // device d's replica).
+  Status tied_transfer(int d, const train::Instr& in, parallel::Transport& transport);
   Result<std::map<std::string, Tensor>> gather_spread_pipeline(bool weights) const;
 };
 

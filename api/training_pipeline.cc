@@ -104,7 +104,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
         const bool transfer = in.kind == train::InstrKind::send || in.kind == train::InstrKind::recv;
         if (transfer && (in.payload == train::Payload::tied_gradient || in.payload == train::Payload::tied_weight)) {
           // A tied parameter's gradient on a later stage, added into its owner's (in stage order).
-          ASPEN_RETURN_IF_ERROR(tied_transfer(d, in, ch, nullptr));
+          ASPEN_RETURN_IF_ERROR(tied_transfer(d, in, ch));
           continue;
         }
         const std::string where = "pipeline stage " + std::to_string(st) + (T > 1 ? " shard " + std::to_string(sh) : "") +
@@ -280,11 +280,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
       auto after_decision = [&](int d) -> Status {
         const int r = replica_of(d), sh = shard_of(d);
         Transport& ch = *channels[spread() ? 0 : size_t(r * T + sh)];
-        const std::vector<train::Instr>& instrs = plan_.devices[size_t(mesh_rank(d))].instrs;
-        auto at = std::find_if(instrs.begin(), instrs.end(),
-                               [](const train::Instr& i) { return i.kind == train::InstrKind::decide; });
-        for (at = at == instrs.end() ? at : at + 1; at != instrs.end(); ++at) {
-          const train::Instr& in = *at;
+        for (const train::Instr& in : train::after_decision(plan_.devices[size_t(mesh_rank(d))])) {
           profile::TraceScope traced(trace_.get(), session_->device(d).name(), train::instr_kind_name(in.kind),
                                      profile::category::kPlan);
           if (traced.active()) traced.add_arg("instruction", train::instr_text(in));
@@ -295,7 +291,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
                   session_->run_replica(d, {{train::kLrName, &lr}, {train::kGradScaleName, &gs}}, program).status());
           } else if (in.kind == train::InstrKind::send || in.kind == train::InstrKind::recv ||
                      in.kind == train::InstrKind::copy_tied) {
-            ASPEN_RETURN_IF_ERROR(tied_transfer(d, in, ch, &r));
+            ASPEN_RETURN_IF_ERROR(tied_transfer(d, in, ch));
           } else {
             return Status::error(Code::kInternal, "pipeline device " + std::to_string(d),
                                  "an instruction of a pipelined step after the decision", train::instr_text(in));
@@ -318,13 +314,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
   return losses_by_mode(losses);
 }
 
-bool TrainingModel::whole_on_shards(const std::string& accumulator) const {
-  std::string p = accumulator.substr(train::grad_accumulator_name("").size());
-  if (const size_t at = p.rfind('@'); at != std::string::npos) p.resize(at);
-  return models::shard_kind(p, vocab_parallel_) == models::ShardKind::replicated;
-}
-
-Status TrainingModel::tied_transfer(int d, const train::Instr& in, parallel::Transport& transport, const int* replica) {
+Status TrainingModel::tied_transfer(int d, const train::Instr& in, parallel::Transport& transport) {
   const int S = pipeline_stages(), T = tensor_shards();
   const int st = spread() ? spread_stage_ : (d / T) % S;
   const int edges = int(pipe_->split.edges.size());
@@ -334,7 +324,7 @@ Status TrainingModel::tied_transfer(int d, const train::Instr& in, parallel::Tra
   const parallel::MessageKey key{.edge = edges + p, .micro = 0, .grad = in.payload == train::Payload::tied_gradient};
   const std::string who = "pipeline stage " + std::to_string(st) + ", " + train::instr_text(in);
   if (in.kind == train::InstrKind::copy_tied) {  // tensor shards in one process: into the other stages' copies
-    const int r = replica ? *replica : d / (S * T), t = d % T;
+    const int r = d / (S * T), t = d % T;  // device (r·S + s)·T + t
     for (int i : in.params) {
       const std::string& name = programs_.params[size_t(i)];
       const Tensor* from = session_->parameter_of(d, name);
@@ -350,9 +340,7 @@ Status TrainingModel::tied_transfer(int d, const train::Instr& in, parallel::Tra
     if (in.kind == train::InstrKind::send) {  // this stage's accumulator of it, to the owner
       const Tensor* t = session_->parameter_of(d, accumulator_name(p, st));
       ASPEN_CHECK(t != nullptr);
-      Tensor copy(t->dtype(), t->shape());
-      std::memcpy(copy.raw(), t->raw(), t->nbytes());
-      return transport.put(key, peer_stage(), std::move(copy));
+      return transport.put(key, peer_stage(), t->clone());
     }
     Tensor* into = session_->parameter_of(d, accumulator_name(p, st));
     ASPEN_CHECK(into != nullptr);
@@ -364,11 +352,7 @@ Status TrainingModel::tied_transfer(int d, const train::Instr& in, parallel::Tra
   }
   Tensor* w = session_->parameter_of(d, programs_.params[size_t(p)]);  // its new value, owner to the others
   ASPEN_CHECK(w != nullptr);
-  if (in.kind == train::InstrKind::send) {
-    Tensor copy(w->dtype(), w->shape());
-    std::memcpy(copy.raw(), w->raw(), w->nbytes());
-    return transport.put(key, peer_stage(), std::move(copy));
-  }
+  if (in.kind == train::InstrKind::send) return transport.put(key, peer_stage(), w->clone());
   ASPEN_ASSIGN_OR_RETURN(Tensor value, transport.take(key, peer_stage(), w->dtype(), w->shape(), who));
   std::memcpy(w->raw(), value.raw(), w->nbytes());
   return Status();

@@ -224,8 +224,6 @@ Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<st
         for (size_t i = sh.begin; i < sh.end; ++i) out.sq[i] = t.data<float>()[i - sh.begin];
         break;
       }
-      case train::InstrKind::decide:
-        return Status();
       default:
         return Status::error(Code::kInternal, "training plan, device " + std::to_string(mesh_rank(l)),
                              "a step's instruction before the host's decision", train::instr_text(in));
@@ -235,14 +233,13 @@ Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<st
 }
 
 Status TrainingModel::replica_after_decision(int l, const Tensor& lr, const Tensor& grad_scale) {
-  const std::vector<train::Instr>& instrs = plan_.devices[size_t(mesh_rank(l))].instrs;
-  const auto decided = std::find_if(instrs.begin(), instrs.end(),
-                                    [](const train::Instr& i) { return i.kind == train::InstrKind::decide; });
-  for (auto at = decided == instrs.end() ? decided : decided + 1; at != instrs.end(); ++at) {
-    const train::Instr& in = *at;
+  for (const train::Instr& in : train::after_decision(plan_.devices[size_t(mesh_rank(l))])) {
     profile::TraceScope traced(trace_.get(), session_->device(l).name(), train::instr_kind_name(in.kind),
                                profile::category::kPlan);
     if (traced.active()) traced.add_arg("instruction", train::instr_text(in));
+    if (in.kind != train::InstrKind::step && in.kind != train::InstrKind::broadcast)
+      return Status::error(Code::kInternal, "training plan, device " + std::to_string(mesh_rank(l)),
+                           "a step's instruction after the host's decision", train::instr_text(in));
     const train::TrainingPrograms::Shard& sh = programs_.shards[size_t(in.shard)];
     if (in.kind == train::InstrKind::step) {
       if (sh.step >= 0)
@@ -258,9 +255,6 @@ Status TrainingModel::replica_after_decision(int l, const Tensor& lr, const Tens
         counts.push_back(t->numel());
       }
       ASPEN_RETURN_IF_ERROR(dp_->broadcast_from(l, w, counts, in.peer));
-    } else {
-      return Status::error(Code::kInternal, "training plan, device " + std::to_string(mesh_rank(l)),
-                           "a step's instruction after the host's decision", train::instr_text(in));
     }
   }
   return Status();

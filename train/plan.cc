@@ -169,6 +169,8 @@ class Planner {
     std::sort(ps.begin(), ps.end());
     return int(std::unique(ps.begin(), ps.end()) - ps.begin());
   }
+  // The exchange overlaps the last backward with replicas to reduce over, but not with top-k compression
+  // (its error feedback is kept per bucket of a step's whole exchange, which the overlap cuts differently).
   bool overlap_allowed() const {
     return s_.overlap && s_.compression != parallel::Compression::topk && s_.mesh.data > 1;
   }
@@ -412,6 +414,13 @@ Result<Plan> make_plan(const PlanSpec& spec) {
   plan.placement = place;
   Planner(spec, mesh, place, plan).build();
   return plan;
+}
+
+std::span<const Instr> after_decision(const DevicePlan& device) {
+  const auto decided = std::find_if(device.instrs.begin(), device.instrs.end(),
+                                    [](const Instr& i) { return i.kind == InstrKind::decide; });
+  if (decided == device.instrs.end()) return {};
+  return {decided + 1, device.instrs.end()};
 }
 
 std::string instr_text(const Instr& i) {

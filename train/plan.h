@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -157,6 +158,9 @@ struct SimResult {
   double bubble() const;       // 1 - mean(busy) / makespan
 };
 Result<SimResult> simulate_plan(const Plan& plan, const PlanCosts& costs = {});
+
+// The instructions of a device after the host's decision (none before it is reached).
+std::span<const Instr> after_decision(const DevicePlan& device);
 
 // The plan as text: a header with the spec, then each device's instructions,
 // one per line (golden files, `aspen train --print-plan`).
