@@ -24,9 +24,7 @@
 #include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
-#ifdef ASPEN_HAVE_MPI
-#include "parallel/mpi/mpi_communicator.h"
-#endif
+#include "parallel/job.h"
 #include "train/checkpoint.h"
 #include "train/report.h"
 
@@ -320,13 +318,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
                         std::to_string(c.eval.interval));
   int processes = 1, process = 0;
   if (options.mpi) {
-#ifdef ASPEN_HAVE_MPI
-    ASPEN_RETURN_IF_ERROR(parallel::mpi_init(nullptr, nullptr));
-    processes = parallel::mpi_world_size();
-    process = parallel::mpi_world_rank();
-#else
-    return Status::unimplemented("training under MPI", "build (this one was built without MPI)");
-#endif
+    ASPEN_RETURN_IF_ERROR(parallel::job::init("training under MPI"));
+    processes = parallel::job::size();
+    process = parallel::job::rank();
   }
   // Each process holds whole replicas, or the model spans processes: one stage or tensor shard each
   // (parallel::place, the job's one layout).
@@ -334,16 +328,14 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
                          parallel::place(train::mesh_shape(c), int(processes), "config: batch.replicas"));
   const bool across = placement.across;
   const int64_t model_devices = placement.model_devices(), local = placement.local_replicas();
-#ifdef ASPEN_HAVE_MPI
   if (options.mpi) {
-    ASPEN_ASSIGN_OR_RETURN(t->world_, parallel::MpiCommunicator::world());
+    ASPEN_ASSIGN_OR_RETURN(t->world_, parallel::job::world("training under MPI"));
     std::vector<std::pair<std::string, std::string>> keys;
     for (auto& [k, v] : train::config_entries(c))  // only process 0 writes and prints; threads do not change results
       if (k.rfind("log.", 0) != 0 && k != "checkpoint.dir" && k != "train.threads" && k != "train.executable_cache")
         keys.emplace_back(k, v);
     ASPEN_RETURN_IF_ERROR(agree(*t->world_, keys, "config key"));
   }
-#endif
   t->writer_ = process == 0;
   t->across_ = across;
   if (c.data.train.empty())

@@ -14,9 +14,7 @@
 #include "core/check.h"
 #include "kernels/matmul_choice.h"
 #include "parallel/mesh.h"
-#ifdef ASPEN_HAVE_MPI
-#include "parallel/mpi/mpi_transport.h"
-#endif
+#include "parallel/job.h"
 
 namespace aspen::api {
 
@@ -55,15 +53,9 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   po.split = data_parallel || tp > 1;  // replicated weights' gradients are summed over the shards first
   po.shards = tp > 1 ? 1 : local;      // tensor shards (and their replicas) each step all their own weights
   if (options.mpi_) {
-#ifdef ASPEN_HAVE_MPI
-    ASPEN_RETURN_IF_ERROR(parallel::mpi_init(nullptr, nullptr));
     parallel::CommOptions jo = training.data_parallel.comm;
     jo.name = "job";
-    ASPEN_ASSIGN_OR_RETURN(m->job_, parallel::MpiCommunicator::world(jo));
-#else
-    return Status::unimplemented("training over MPI", "build (this one was built without MPI; install OpenMPI "
-                                 "with scripts/install-deps.sh and rebuild)");
-#endif
+    ASPEN_ASSIGN_OR_RETURN(m->job_, parallel::job::world("training over MPI", jo));
     // The layout first, before any other group is made (making one is
     // collective over the job: a process with another layout would wait in it).
     ASPEN_RETURN_IF_ERROR(parallel::check_same_fields(*m->job_, layout_fields(options, training), "training layout"));
@@ -87,24 +79,20 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     m->spread_rank_ = rank % M;
     m->spread_stage_ = at.pipe;
     m->spread_shard_ = at.tensor;
-#ifdef ASPEN_HAVE_MPI
     // The replica's stages of this shard ("pipe", ranked by stage), then its
     // shards of this stage ("tensor", ranked by shard); every process makes
     // both (MPI_Comm_split is collective), also a group of one. A group's
     // colour is its first rank.
     parallel::CommOptions mo = training.data_parallel.comm;
     mo.name = "pipe";
-    ASPEN_ASSIGN_OR_RETURN(auto pipe, parallel::MpiCommunicator::split(
-                                          mesh.group(parallel::Axis::pipe, rank).front(), at.pipe, mo));
+    const std::string what = "a model across processes";
+    ASPEN_ASSIGN_OR_RETURN(auto pipe, parallel::job::split(what, mesh.group(parallel::Axis::pipe, rank).front(),
+                                                           at.pipe, mo));
     mo.name = "tensor";
-    ASPEN_ASSIGN_OR_RETURN(auto tensor, parallel::MpiCommunicator::split(
-                                            mesh.group(parallel::Axis::tensor, rank).front(), at.tensor, mo));
-    if (stages > 1) {
-      m->pipe_comm_ = pipe.get();
-      m->pipe_group_ = std::move(pipe);
-    }
+    ASPEN_ASSIGN_OR_RETURN(auto tensor, parallel::job::split(what, mesh.group(parallel::Axis::tensor, rank).front(),
+                                                             at.tensor, mo));
+    if (stages > 1) m->pipe_group_ = std::move(pipe);
     if (tp > 1) m->tensor_comms_.push_back(std::move(tensor));
-#endif
   }
   if (data_parallel) {
     parallel::DataParallelOptions dpo = training.data_parallel;
@@ -340,13 +328,11 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     for (int st = 0; st < stages; ++st)
       for (size_t i : m->pipe_->stages[size_t(st)].owned) m->owner_[i] = st;
   }
-#ifdef ASPEN_HAVE_MPI
   if (m->pipe_ && m->spread())  // every message tag must fit MPI's (the largest: the last edge's, evaluation's)
-    ASPEN_RETURN_IF_ERROR(parallel::MpiTransport::check_tags(  // (tied parameters' messages follow the edges')
-        *m->pipe_comm_,
+    ASPEN_RETURN_IF_ERROR(parallel::job::check_tags(  // (tied parameters' messages follow the edges')
+        *m->pipe_group_,
         int64_t(m->pipe_->split.edges.size() + (m->pipe_->shared.empty() ? 0 : m->programs_.params.size())),
         options.gradient_accumulation_));
-#endif
   if (m->pipe_ && m->spread()) {
     // This process's device holds its stage's.
     const auto& params = m->programs_.params;

@@ -78,7 +78,6 @@
 #include "train/schedule.h"
 
 namespace aspen::parallel {
-class MpiCommunicator;
 class Transport;
 }
 
@@ -333,7 +332,6 @@ class TrainingModel {
   int spread_rank_ = -1;
   int spread_stage_ = 0, spread_shard_ = 0;  // the same as (stage, tensor rank): rank = stage·tp + shard
   std::unique_ptr<parallel::Communicator> pipe_group_;
-  parallel::MpiCommunicator* pipe_comm_ = nullptr;  // pipe_group_, for its tagged messages
   bool spread() const { return spread_rank_ >= 0; }
   // Every weight and optimizer state of the whole model, by name, and with
   // pipeline stages the names each stage's programs use.

@@ -12,10 +12,8 @@
 #include "api/training_util.h"
 #include "core/check.h"
 #include "models/tensor_parallel.h"
+#include "parallel/job.h"
 #include "parallel/transport.h"
-#ifdef ASPEN_HAVE_MPI
-#include "parallel/mpi/mpi_transport.h"
-#endif
 
 namespace aspen::api {
 
@@ -72,9 +70,10 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     s.loss_scale = scaler_.scale();
     const Tensor ls = util::scalar_f32(float(s.loss_scale));
     std::vector<std::unique_ptr<Transport>> channels;  // by local replica and tensor shard: r·T + t
-#ifdef ASPEN_HAVE_MPI
-    if (spread()) channels.push_back(std::make_unique<parallel::MpiTransport>(*pipe_comm_, int(acc)));
-#endif
+    if (spread()) {
+      ASPEN_ASSIGN_OR_RETURN(auto across, parallel::job::transport(*pipe_group_, int(acc)));
+      channels.push_back(std::move(across));
+    }
     for (int r = int(channels.size()); r < L * T; ++r)
       channels.push_back(std::make_unique<parallel::ThreadsTransport>(training_.data_parallel.comm.timeout));
     std::vector<std::vector<float>> micro_losses(static_cast<size_t>(L), std::vector<float>(size_t(acc), 0.0f));

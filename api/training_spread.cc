@@ -17,9 +17,7 @@
 
 #include "api/training_model.h"
 #include "core/check.h"
-#ifdef ASPEN_HAVE_MPI
-#include "parallel/mpi/mpi_transport.h"
-#endif
+#include "parallel/job.h"
 
 namespace aspen::api {
 
@@ -52,7 +50,6 @@ Result<std::map<std::string, Tensor>> TrainingModel::gather_spread_pipeline(bool
 }
 
 Result<float> TrainingModel::evaluate_spread_pipeline(const std::map<std::string, const Tensor*>& inputs) {
-#ifdef ASPEN_HAVE_MPI
   const train::PipelinePrograms& pp = *pipe_;
   const int S = int(pp.stages.size()), st = spread_stage_;
   const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
@@ -68,16 +65,16 @@ Result<float> TrainingModel::evaluate_spread_pipeline(const std::map<std::string
                          "a step failed earlier and aborted the group", "create the model again");
   const int micros = int(options_.gradient_accumulation_);
   const int eval_micro = micros;  // the tag evaluation's messages use (training's are 0 .. micros - 1)
-  parallel::MpiTransport transport(*pipe_comm_, micros);
+  ASPEN_ASSIGN_OR_RETURN(std::unique_ptr<parallel::Transport> transport, parallel::job::transport(*pipe_group_, micros));
   auto fail = [&](Status s) {
-    pipe_comm_->abort(s.message());
+    pipe_group_->abort(s.message());
     broken_ = true;
     return s;
   };
   std::map<std::string, Tensor> received;
   for (int e : split.in_edges) {
     const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
-    Result<Tensor> t = transport.take({.edge = e, .micro = eval_micro, .grad = false}, edge.from, edge.type.dtype,
+    Result<Tensor> t = transport->take({.edge = e, .micro = eval_micro, .grad = false}, edge.from, edge.type.dtype,
                                       edge.type.shape, "evaluation, stage " + std::to_string(st));
     if (!t.is_ok()) return fail(t.status());
     received.emplace(edge.name, std::move(t).value());
@@ -87,19 +84,15 @@ Result<float> TrainingModel::evaluate_spread_pipeline(const std::map<std::string
   if (!out.is_ok()) return fail(out.status());
   for (int e : split.out_edges) {
     const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
-    if (Status s = transport.put({.edge = e, .micro = eval_micro, .grad = false}, edge.to,
+    if (Status s = transport->put({.edge = e, .micro = eval_micro, .grad = false}, edge.to,
                                  std::move(out->at(edge.name)));
         !s.is_ok())
       return fail(std::move(s));
   }
-  if (Status s = transport.flush(); !s.is_ok()) return fail(std::move(s));
+  if (Status s = transport->flush(); !s.is_ok()) return fail(std::move(s));
   float loss = st + 1 == S ? out->at(training_.loss).data<float>()[0] : 0.0f;
   if (Status s = pipe_group_->broadcast(&loss, 1, DType::f32, S - 1); !s.is_ok()) return fail(std::move(s));
   return loss;
-#else
-  (void)inputs;
-  return Status::unimplemented("pipeline stages across processes", "build (this one was built without MPI)");
-#endif
 }
 
 }  // namespace aspen::api

@@ -40,9 +40,7 @@
 #include "models/causal_lm.h"
 #include "models/onnx_import.h"
 #include "models/weights.h"
-#ifdef ASPEN_HAVE_MPI
-#include "parallel/mpi/mpi_communicator.h"
-#endif
+#include "parallel/job.h"
 
 using namespace nb::literals;
 
@@ -634,21 +632,14 @@ NB_MODULE(_aspen, m) {
   // MPI, for Options.Distributed (python/aspen/options.py): initialized by the first model that asks,
   // finalized at exit. (rank, size) of the job.
   m.def("mpi_init", [] {
-#ifdef ASPEN_HAVE_MPI
-    if (!aspen::parallel::mpi_launched())
+    namespace job = aspen::parallel::job;
+    if (!job::available()) check(job::init("Distributed"));  // names the build without MPI
+    if (!job::launched())
       bad_argument("Distributed", "a process started by mpirun", "no MPI job (OMPI_COMM_WORLD_SIZE, PMI_SIZE unset)");
-    check(aspen::parallel::mpi_init(nullptr, nullptr));
-    return std::make_pair(aspen::parallel::mpi_world_rank(), aspen::parallel::mpi_world_size());
-#else
-    throw StatusError(Status::unimplemented("Distributed", "in this build (aspen was built without MPI)"));
-    return std::make_pair(0, 1);
-#endif
+    check(job::init("Distributed"));
+    return std::make_pair(job::rank(), job::size());
   });
-  m.def("mpi_finalize", [] {
-#ifdef ASPEN_HAVE_MPI
-    aspen::parallel::mpi_finalize();
-#endif
-  });
+  m.def("mpi_finalize", [] { aspen::parallel::job::finalize(); });
 
   nb::class_<OnnxProgram>(m, "OnnxProgram")
       .def(nb::init<const std::string&, const std::map<std::string, std::vector<int64_t>>&, const nb::dict&,

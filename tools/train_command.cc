@@ -36,9 +36,7 @@
 
 #include "api/trainer.h"
 #include "parallel/mesh.h"
-#ifdef ASPEN_HAVE_MPI
-#include "parallel/mpi/mpi_communicator.h"
-#endif
+#include "parallel/job.h"
 #include "models/generate.h"
 #include "tools/commands.h"
 #include "train/config.h"
@@ -189,15 +187,10 @@ std::string resume_command(const TrainArgs& a) {
 // Under mpirun: every process waits here until all have arrived (process 0
 // has written what the others read).
 Status barrier(bool mpi) {
-#ifdef ASPEN_HAVE_MPI
   if (!mpi) return Status();
-  ASPEN_ASSIGN_OR_RETURN(auto world, parallel::MpiCommunicator::world());
+  ASPEN_ASSIGN_OR_RETURN(auto world, parallel::job::world("a barrier of the job"));
   float one = 1.0f;
   return world->all_reduce(std::span<float>(&one, 1));
-#else
-  (void)mpi;
-  return Status();
-#endif
 }
 
 int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
@@ -354,20 +347,18 @@ int run_train(const TrainArgs& a) {
     std::cerr << "aspen: error: --resume, --resume-from and --overwrite exclude each other\n";
     return kExitUsage;
   }
-#ifdef ASPEN_HAVE_MPI
-  if (parallel::mpi_launched()) {
-    if (Status s = parallel::mpi_init(nullptr, nullptr); !s.is_ok()) return report(s);
-    install_stop_handlers(/*mpi=*/true);  // after mpi_init, which keeps SIGTERM for itself
-    const int rank = parallel::mpi_world_rank();
-    const int rc = train_job(a, true, parallel::mpi_world_size(), rank == 0);
+  if (parallel::job::launched()) {
+    if (Status s = parallel::job::init("aspen train under mpirun"); !s.is_ok()) return report(s);
+    install_stop_handlers(/*mpi=*/true);  // after joining the job: MPI keeps SIGTERM for itself
+    const int rank = parallel::job::rank();
+    const int rc = train_job(a, true, parallel::job::size(), rank == 0);
     if (rc != 0 && rc != kExitInterrupted) {
       std::cerr << "aspen: process " << rank << " of the MPI job failed\n";
       return rc;  // mpirun ends the others
     }
-    parallel::mpi_finalize();
+    parallel::job::finalize();
     return rc;
   }
-#endif
   install_stop_handlers(/*mpi=*/false);
   return train_job(a, false, 1, true);
 }
