@@ -11,7 +11,6 @@
 #include <sstream>
 
 #include "api/trainer_feed.h"
-#include "api/training_util.h"
 #include "core/atomic_file.h"
 #include "core/checksum.h"
 #include "core/thread_team.h"
@@ -235,12 +234,12 @@ Status remove_earlier_run(const std::string& run_dir, const std::string& checkpo
 // when it differs, one per entry so that the error names the first that does.
 Status agree(parallel::Communicator& world, const std::vector<std::pair<std::string, std::string>>& entries,
              const std::string& what) {
-  uint64_t all = util::fnv1a("");
-  for (const auto& [k, v] : entries) all = util::fnv1a(k + "=" + v + "\n", all);
+  uint64_t all = parallel::fnv1a("");
+  for (const auto& [k, v] : entries) all = parallel::fnv1a(k + "=" + v + "\n", all);
   Status whole = parallel::check_same_everywhere(world, all, what);
   if (whole.is_ok()) return whole;
   for (const auto& [k, v] : entries) {
-    Status s = parallel::check_same_everywhere(world, util::fnv1a(v), what + " '" + k + "'", "");
+    Status s = parallel::check_same_everywhere(world, parallel::fnv1a(v), what + " '" + k + "'", "");
     if (!s.is_ok())
       return Status::invalid_argument(s.subject(), "the same on every process (" + escape_for_terminal(v) + " here)",
                                       s.found(), "start every process with the same config, data and model");

@@ -16,7 +16,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api/pipeline_balance.h"
+#include "train/pipeline_balance.h"
+#include "train/plan.h"
+#include "train/program.h"
 #include "api/training_testing.h"
 
 namespace aspen::api {
@@ -584,7 +586,7 @@ TEST(Pipeline, CutBalancesGivenAndMeasuredCosts) {
 
   // Measured: a piece's time per piece, spread over its nodes.
   train::ProgramOptions po;
-  auto measured = measure_pipeline_costs(f.g, po, {}, 1, 2);
+  auto measured = train::measure_pipeline_costs(f.g, po, {}, 1, 2);
   ASSERT_TRUE(measured.is_ok()) << measured.status().to_string();
   ASSERT_EQ(int(measured->piece_s.size()), pieces);
   for (double t : measured->piece_s) EXPECT_GT(t, 0.0);

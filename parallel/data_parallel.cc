@@ -33,13 +33,12 @@ uint64_t unpack(const float* in) {
   std::memcpy(&h, in, sizeof h);
   return h;
 }
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
+}  // namespace
+
+uint64_t fnv1a(const std::string& s, uint64_t h) {
   for (char c : s) h = (h ^ uint64_t(uint8_t(c))) * 1099511628211ull;
   return h;
 }
-
-}  // namespace
 
 Status check_same_everywhere(Communicator& comm, uint64_t value, const std::string& what, const std::string& shown) {
   std::vector<float> mine(2), all(size_t(2 * comm.size()));

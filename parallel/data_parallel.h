@@ -55,6 +55,8 @@ Status check_same_everywhere(Communicator& comm, uint64_t value, const std::stri
 Status check_same_fields(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& fields,
                          const std::string& what);
 const char* compression_name(Compression c);
+// FNV-1a of `s` continuing from `h`: the hashes processes compare at start-up.
+uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull);
 
 // One cross-process all-reduce of tensors [first, end) of a list, packed into
 // a bucket (or, in_place, a tensor at least a bucket large reduced alone).

@@ -1,4 +1,4 @@
-// TrainingModel's steps (api/training_model.h): the fused step, the split
+// TrainingModel's steps (train/runner.h): the fused step, the split
 // step's micro-batches, gradient exchange, norms and optimizer update on
 // every local replica, the host's decisions between them (loss scaling,
 // clipping, non-finite checks), and the losses by output mode.
@@ -6,15 +6,15 @@
 #include <cmath>
 #include <cstring>
 
-#include "api/training_model.h"
-#include "api/training_util.h"
+#include "train/runner.h"
+#include "train/runner_util.h"
 #include "core/check.h"
 
-namespace aspen::api {
+namespace aspen::train {
 
-using namespace util;  // NOLINT: the file's helpers (api/training_util.h)
+using namespace util;  // NOLINT: the file's helpers (train/runner_util.h)
 
-Result<std::string> TrainingModel::first_non_finite(const std::string& prefix) const {
+Result<std::string> Runner::first_non_finite(const std::string& prefix) const {
   for (const compiler::Binding& b : session_->parameters()) {
     if (!has_prefix(b.name, prefix.c_str()) || b.type.dtype != DType::f32) continue;
     if (prefix.empty() && !is_weight(b.name)) continue;
@@ -25,7 +25,7 @@ Result<std::string> TrainingModel::first_non_finite(const std::string& prefix) c
   return std::string();
 }
 
-Result<std::string> TrainingModel::first_non_finite_gradient() const {
+Result<std::string> Runner::first_non_finite_gradient() const {
   for (size_t i = 0; i < programs_.params.size(); ++i) {
     const int device = pipe_ ? owner_[i] * tensor_shards() : owner_[i];  // replica 0's, shard 0
     const float* g = spread() ? grads_[0][i] : grads_[size_t(device)][i];
@@ -36,42 +36,12 @@ Result<std::string> TrainingModel::first_non_finite_gradient() const {
   return std::string();
 }
 
-Status TrainingModel::check_finite_weights(int64_t step, float loss) const {
+Status Runner::check_finite_weights(int64_t step, float loss) const {
   ASPEN_ASSIGN_OR_RETURN(const std::string bad, first_non_finite(""));
   return Status::error(Code::kFailedPrecondition, "training step " + std::to_string(step),
                        "a finite loss", "loss " + std::to_string(loss) + "; " +
                            (bad.empty() ? std::string("the weights are still finite")
                                         : "first non-finite tensor after the update: weight '" + bad + "'"));
-}
-
-Result<std::map<std::string, Tensor>> TrainingModel::losses_by_mode(const std::vector<float>& losses) const {
-  std::map<std::string, Tensor> out;
-  const int64_t n = int64_t(losses.size());
-  switch (options_.output_mode_) {
-    case OutputMode::all: {
-      Tensor t(DType::f32, Shape{n});
-      std::copy(losses.begin(), losses.end(), t.data<float>());
-      out.emplace("loss", std::move(t));
-      break;
-    }
-    case OutputMode::every_n: {
-      const int64_t every = options_.output_every_n_;
-      Tensor t(DType::f32, Shape{n / every});
-      for (int64_t i = 0; i < n / every; ++i) t.data<float>()[i] = losses[size_t((i + 1) * every - 1)];
-      out.emplace("loss", std::move(t));
-      break;
-    }
-    case OutputMode::final:
-      out.emplace("loss", scalar_f32(losses.back()));
-      break;
-    case OutputMode::sum: {
-      float s = 0.0f;
-      for (float x : losses) s += x;
-      out.emplace("loss", scalar_f32(s));
-      break;
-    }
-  }
-  return out;
 }
 
 namespace {
@@ -105,8 +75,8 @@ Status check_feed(const std::string& name, const Tensor& t, const Shape& per, DT
 
 }  // namespace
 
-Result<std::map<std::string, Tensor>> TrainingModel::run_fused(const std::map<std::string, const Tensor*>& inputs) {
-  const int64_t iters = options_.device_iterations_;
+Result<std::vector<float>> Runner::run_fused(const std::map<std::string, const Tensor*>& inputs) {
+  const int64_t iters = options_.device_iterations;
   const int prog = programs_.fused;
   const compiler::Executable& exe = session_->executable(prog);
   std::map<std::string, Tensor> owned;
@@ -137,7 +107,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_fused(const std::map<st
   }
   runtime::RunOptions r;
   r.iterations = iters;
-  r.output_mode = OutputMode::all;
+  r.output_mode = runtime::OutputMode::all;
   ASPEN_ASSIGN_OR_RETURN(auto out, session_->run(feeds, r, prog));
   const Tensor& loss = out.at(training_.loss);
   std::vector<float> losses(loss.span<float>().begin(), loss.span<float>().end());
@@ -150,16 +120,16 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_fused(const std::map<st
     last_.push_back(s);
     if (!std::isfinite(s.loss)) return check_finite_weights(s.step, s.loss);
   }
-  return losses_by_mode(losses);
+  return losses;
 }
 
-Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<std::string, const Tensor*>& inputs,
+Status Runner::replica_micro_batches(int l, int64_t it, const std::map<std::string, const Tensor*>& inputs,
                                             const std::vector<std::pair<std::string, Shape>>& data_inputs,
                                             const Tensor& loss_scale, ReplicaStep& out) {
   // Device l's instructions of the plan (train/plan.h) before the host's decision: its micro-batches, the
   // exchange of their gradients, the norms of the shards it holds.
   const std::vector<train::Instr>& instrs = plan_.devices[size_t(mesh_rank(l))].instrs;
-  const int64_t acc = options_.gradient_accumulation_;
+  const int64_t acc = options_.gradient_accumulation;
   out.losses.clear();
   out.sq.assign(programs_.params.size(), 0.0f);
   for (size_t k = 0; k < instrs.size(); ++k) {
@@ -232,7 +202,7 @@ Status TrainingModel::replica_micro_batches(int l, int64_t it, const std::map<st
   return Status();
 }
 
-Status TrainingModel::replica_after_decision(int l, const Tensor& lr, const Tensor& grad_scale) {
+Status Runner::replica_after_decision(int l, const Tensor& lr, const Tensor& grad_scale) {
   for (const train::Instr& in : train::after_decision(plan_.devices[size_t(mesh_rank(l))])) {
     profile::TraceScope traced(trace_.get(), session_->device(l).name(), train::instr_kind_name(in.kind),
                                profile::category::kPlan);
@@ -260,12 +230,12 @@ Status TrainingModel::replica_after_decision(int l, const Tensor& lr, const Tens
   return Status();
 }
 
-Result<float> TrainingModel::step_loss(const std::vector<float>& local) {
+Result<float> Runner::step_loss(const std::vector<float>& local) {
   // local: [acc][L] this process's micro-batch losses. All of them from
   // every process ([P][acc][L]), added in double in the order of their index
   // in the global batch (micro-batch a of replica g is number a·R + g): the
   // same bits for every layout.
-  const int64_t acc = options_.gradient_accumulation_, L = int64_t(local.size()) / acc;
+  const int64_t acc = options_.gradient_accumulation, L = int64_t(local.size()) / acc;
   std::vector<float> all = local;
   if (dp_) {
     ASPEN_ASSIGN_OR_RETURN(all, dp_->gather_processes(local));
@@ -278,8 +248,8 @@ Result<float> TrainingModel::step_loss(const std::vector<float>& local) {
   return float(sum / double(acc * P * L));
 }
 
-Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<std::string, const Tensor*>& inputs) {
-  const int64_t iters = options_.device_iterations_, acc = options_.gradient_accumulation_;
+Result<std::vector<float>> Runner::run_split(const std::map<std::string, const Tensor*>& inputs) {
+  const int64_t iters = options_.device_iterations, acc = options_.gradient_accumulation;
   const int L = session_->replicas();
   const compiler::Executable& micro = session_->executable(programs_.micro_first);
   std::vector<std::pair<std::string, Shape>> data_inputs;
@@ -357,10 +327,10 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_split(const std::map<st
     ASPEN_RETURN_IF_ERROR(finish_step(s, sq, apply));
     losses.push_back(s.loss);
   }
-  return losses_by_mode(losses);
+  return losses;
 }
 
-void TrainingModel::advance_step_count() {  // the shards read the count; it advances once (train/program.h)
+void Runner::advance_step_count() {  // the shards read the count; it advances once (train/program.h)
   // Every copy once: one shared, or (tensor shards) each device's own.
   std::vector<Tensor*> seen;
   for (int d = 0; d < session_->replicas(); ++d) {
@@ -372,9 +342,9 @@ void TrainingModel::advance_step_count() {  // the shards read the count; it adv
   ASPEN_CHECK(!seen.empty() || spread());
 }
 
-Status TrainingModel::finish_step(StepStats& s, double sq,
+Status Runner::finish_step(StepStats& s, double sq,
                                   const std::function<Status(const Tensor& lr, const Tensor& grad_scale)>& apply) {
-  const int64_t acc = options_.gradient_accumulation_;
+  const int64_t acc = options_.gradient_accumulation;
   const bool finite = std::isfinite(sq) && std::isfinite(s.loss);
   // Tensor shards each differentiate the whole loss (their sum is T times it).
   const double denom = s.loss_scale * double(tensor_shards()) *
@@ -402,4 +372,4 @@ Status TrainingModel::finish_step(StepStats& s, double sq,
   return Status();
 }
 
-}  // namespace aspen::api
+}  // namespace aspen::train

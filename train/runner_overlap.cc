@@ -17,11 +17,11 @@
 #include <mutex>
 #include <thread>
 
-#include "api/training_model.h"
+#include "train/runner.h"
 
-namespace aspen::api {
+namespace aspen::train {
 
-void TrainingModel::map_updates_to_params() {
+void Runner::map_updates_to_params() {
   std::map<std::string, int> by_name;
   for (size_t i = 0; i < programs_.params.size(); ++i)
     by_name.emplace(train::grad_accumulator_name(programs_.params[i]), int(i));
@@ -35,7 +35,7 @@ void TrainingModel::map_updates_to_params() {
   }
 }
 
-Result<std::map<std::string, Tensor>> TrainingModel::run_with_exchange(
+Result<std::map<std::string, Tensor>> Runner::run_with_exchange(
     int l, const std::map<std::string, const Tensor*>& feeds, int program) {
   const std::vector<int>& param_of = update_param_.at(size_t(program));
   std::vector<ExchangePiece> pieces;  // by update (none: not a gradient)
@@ -50,7 +50,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_with_exchange(
       [&](const std::string& why) { dp_->abort(l, why); });
 }
 
-Result<std::map<std::string, Tensor>> TrainingModel::run_overlapped(
+Result<std::map<std::string, Tensor>> Runner::run_overlapped(
     int device, const std::map<std::string, const Tensor*>& feeds, int program,
     const std::vector<ExchangePiece>& pieces, size_t expected, const ExchangeFn& exchange,
     const std::function<void(const std::string&)>& abort) {
@@ -123,4 +123,4 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_overlapped(
   return out;
 }
 
-}  // namespace aspen::api
+}  // namespace aspen::train

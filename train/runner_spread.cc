@@ -1,6 +1,6 @@
 // TrainingModel with its pipeline stages in different processes
 // (Options::model_across_processes): what crosses between the stages of one
-// replica besides the activations (api/training_pipeline.cc), all over the
+// replica besides the activations (train/runner_pipeline.cc), all over the
 // replica's "pipe" group, whose rank is the stage:
 //  - tied parameters (GPT-2's wte, used by the first and the last stage): the
 //    gradients of the stages that use but do not own one are sent to its
@@ -15,13 +15,13 @@
 #include <algorithm>
 #include <cstring>
 
-#include "api/training_model.h"
+#include "train/runner.h"
 #include "core/check.h"
 #include "parallel/job.h"
 
-namespace aspen::api {
+namespace aspen::train {
 
-int TrainingModel::holding_stage(const std::string& name) const {
+int Runner::holding_stage(const std::string& name) const {
   const auto& params = programs_.params;
   if (auto it = std::find(params.begin(), params.end(), name); it != params.end())
     return owner_[size_t(it - params.begin())];
@@ -30,7 +30,7 @@ int TrainingModel::holding_stage(const std::string& name) const {
   return 0;
 }
 
-Result<std::map<std::string, Tensor>> TrainingModel::gather_spread_pipeline(bool weights) const {
+Result<std::map<std::string, Tensor>> Runner::gather_spread_pipeline(bool weights) const {
   std::map<std::string, Tensor> out;
   for (const auto& [name, type] : weights ? weight_types() : optimizer_state_types()) {
     if (type.first != DType::f32)
@@ -49,7 +49,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::gather_spread_pipeline(bool
   return out;
 }
 
-Result<float> TrainingModel::evaluate_spread_pipeline(const std::map<std::string, const Tensor*>& inputs) {
+Result<float> Runner::evaluate_spread_pipeline(const std::map<std::string, const Tensor*>& inputs) {
   const train::PipelinePrograms& pp = *pipe_;
   const int S = int(pp.stages.size()), st = spread_stage_;
   const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
@@ -63,7 +63,7 @@ Result<float> TrainingModel::evaluate_spread_pipeline(const std::map<std::string
   if (broken_)
     return Status::error(Code::kFailedPrecondition, "training model", "a model whose stages are working",
                          "a step failed earlier and aborted the group", "create the model again");
-  const int micros = int(options_.gradient_accumulation_);
+  const int micros = int(options_.gradient_accumulation);
   const int eval_micro = micros;  // the tag evaluation's messages use (training's are 0 .. micros - 1)
   ASPEN_ASSIGN_OR_RETURN(std::unique_ptr<parallel::Transport> transport, parallel::job::transport(*pipe_group_, micros));
   auto fail = [&](Status s) {
@@ -95,4 +95,4 @@ Result<float> TrainingModel::evaluate_spread_pipeline(const std::map<std::string
   return loss;
 }
 
-}  // namespace aspen::api
+}  // namespace aspen::train

@@ -8,14 +8,13 @@
 #include <cmath>
 #include <cstring>
 
-#include "api/training_model.h"
-#include "api/training_util.h"
+#include "train/runner.h"
+#include "train/runner_util.h"
 #include "core/check.h"
-#include "models/tensor_parallel.h"
 #include "parallel/job.h"
 #include "parallel/transport.h"
 
-namespace aspen::api {
+namespace aspen::train {
 
 double PipelineStats::bubble() const {
   if (busy_s.empty() || wall_s <= 0.0) return 0.0;
@@ -31,7 +30,7 @@ using parallel::Transport;
 
 }  // namespace
 
-Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map<std::string, const Tensor*>& inputs) {
+Result<std::vector<float>> Runner::run_pipeline(const std::map<std::string, const Tensor*>& inputs) {
   const train::PipelinePrograms& pp = *pipe_;
   const int S = int(pp.stages.size()), T = tensor_shards();
   const int L = data_replicas();  // data-parallel replicas in this process
@@ -41,7 +40,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
   auto replica_of = [&](int d) { return spread() ? 0 : d / (S * T); };
   auto shard_of = [&](int d) { return spread() ? spread_shard_ : d % T; };
   auto stage_group = [&](int st, int t) { return spread() ? dp_.get() : dp_group(st * T + t); };
-  const int64_t iters = options_.device_iterations_, acc = options_.gradient_accumulation_;
+  const int64_t iters = options_.device_iterations, acc = options_.gradient_accumulation;
   // The forward graph's inputs each stage takes, and their per-micro-batch types.
   std::map<std::string, Shape> per;
   for (int s = 0; s < S; ++s) {
@@ -310,10 +309,10 @@ Result<std::map<std::string, Tensor>> TrainingModel::run_pipeline(const std::map
     ASPEN_RETURN_IF_ERROR(finish_step(s, double(sq), apply));
     losses.push_back(s.loss);
   }
-  return losses_by_mode(losses);
+  return losses;
 }
 
-Status TrainingModel::tied_transfer(int d, const train::Instr& in, parallel::Transport& transport) {
+Status Runner::tied_transfer(int d, const train::Instr& in, parallel::Transport& transport) {
   const int S = pipeline_stages(), T = tensor_shards();
   const int st = spread() ? spread_stage_ : (d / T) % S;
   const int edges = int(pipe_->split.edges.size());
@@ -357,7 +356,7 @@ Status TrainingModel::tied_transfer(int d, const train::Instr& in, parallel::Tra
   return Status();
 }
 
-Result<float> TrainingModel::evaluate_local_pipeline(const std::map<std::string, const Tensor*>& inputs) {
+Result<float> Runner::evaluate_local_pipeline(const std::map<std::string, const Tensor*>& inputs) {
   const train::PipelinePrograms& pp = *pipe_;
   const int S = int(pp.stages.size()), T = tensor_shards();
   // Inputs checked first: a failure inside would leave the other devices waiting.
@@ -405,4 +404,4 @@ Result<float> TrainingModel::evaluate_local_pipeline(const std::map<std::string,
   return loss;
 }
 
-}  // namespace aspen::api
+}  // namespace aspen::train

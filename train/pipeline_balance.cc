@@ -1,4 +1,4 @@
-#include "api/pipeline_balance.h"
+#include "train/pipeline_balance.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +10,7 @@
 #include "runtime/session.h"
 #include "train/pipeline.h"
 
-namespace aspen::api {
+namespace aspen::train {
 
 namespace {
 
@@ -98,4 +98,4 @@ Result<MeasuredCosts> measure_pipeline_costs(const graph::Graph& forward, const 
   return out;
 }
 
-}  // namespace aspen::api
+}  // namespace aspen::train

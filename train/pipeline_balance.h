@@ -1,4 +1,4 @@
-// api/pipeline_balance.h: measured costs for the automatic pipeline cut.
+// train/pipeline_balance.h: measured costs for the automatic pipeline cut.
 //
 // train/pipeline.h balances an untagged graph's stages by node costs. The
 // estimate (multiply-adds, elements) misjudges ops whose work is not their
@@ -13,7 +13,7 @@
 // pieces' sums matter).
 //
 // The costs differ from run to run (this machine is shared and noisy), so
-// processes of one job must use one process's measurement (TrainingModel
+// processes of one job must use one process's measurement (the Runner
 // broadcasts process 0's).
 //
 // Thread-safety: a pure function of its arguments (it makes its own sessions).
@@ -26,7 +26,7 @@
 #include "graph/graph.h"
 #include "train/program.h"
 
-namespace aspen::api {
+namespace aspen::train {
 
 struct MeasuredCosts {
   std::vector<double> node_costs;  // by forward-graph node index (0 for inputs, parameters, constants)
@@ -36,4 +36,4 @@ struct MeasuredCosts {
 Result<MeasuredCosts> measure_pipeline_costs(const graph::Graph& forward, const train::ProgramOptions& options,
                                              const compiler::CompileOptions& compile, int threads, int repeats = 3);
 
-}  // namespace aspen::api
+}  // namespace aspen::train

@@ -1,5 +1,5 @@
-// api/training_util.h: small helpers shared by TrainingModel's source files
-// (training_model.cc, training_step.cc, training_pipeline.cc); private to api/.
+// train/runner_util.h: small helpers shared by the Runner's source files
+// (runner.cc, runner_step.cc, runner_pipeline.cc); private to train/.
 #pragma once
 
 #include <cstdint>
@@ -10,18 +10,14 @@
 #include "core/tensor.h"
 #include "train/program.h"
 
-namespace aspen::api::util {
+namespace aspen::train::util {
 
 inline bool has_prefix(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 // A model weight: not "optimizer.*", "train.*" or "state.*".
 inline bool is_weight(const std::string& name) { return !train::is_state_name(name); }
 
-// FNV-1a: the hashes processes exchange to find a mismatch at start-up.
+// One FNV-1a step over a 64-bit value (parallel::fnv1a hashes text): the hashes processes compare at start-up.
 inline uint64_t fnv1a_mix(uint64_t h, uint64_t v) { return (h ^ v) * 1099511628211ull; }
-inline uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
-  for (char c : s) h = fnv1a_mix(h, uint64_t(uint8_t(c)));
-  return h;
-}
 
 inline Tensor scalar_f32(float v) {
   Tensor t(DType::f32, Shape{});
@@ -47,4 +43,4 @@ inline Tensor rows(const Tensor& t, const Shape& per, int64_t first, int64_t cou
   return out;
 }
 
-}  // namespace aspen::api::util
+}  // namespace aspen::train::util

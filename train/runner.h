@@ -1,0 +1,300 @@
+// train/runner.h: the training runtime (DESIGN.md, train/: "the one runner
+// that executes plans over a Transport"). A Runner owns one training model's
+// layout on this process: the job's groups (parallel/job.h: data, pipe,
+// tensor), the compiled programs in one runtime::Session (one device per
+// mesh coordinate in this process), and the step's plan (train/plan.h). Each
+// run() executes device_iterations optimizer steps: every device walks its
+// instructions of the plan (its passes, the transfers through a
+// parallel::Transport, the reductions and norms), the host decides (the
+// step's loss over every process, the gradient norm, loss scaling, skip or
+// clip), and every device runs the rest of its plan (its optimizer shard's
+// step, ZeRO-1's broadcasts, the tied weights' new values).
+//
+// api::TrainingModel is the facade users hold (api/training_model.h says
+// what each call means for them: input layouts, output modes, what is
+// collective across processes); this class is what it runs on. The model
+// family's rule for cutting weights over tensor shards comes in as a
+// TensorSharding (models/tensor_parallel.h's, passed by the API), so the
+// runtime knows no model's parameter names.
+//
+// Source files: runner.cc (making the groups, compiling, the session, the
+// plan; weights and state in and out), runner_step.cc (the fused and split
+// steps, the host's decision), runner_pipeline.cc (pipeline stages),
+// runner_spread.cc (stages in other processes), runner_overlap.cc (the
+// exchange overlapped with the last backward pass).
+//
+// Thread-safety: one call at a time.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "compiler/pass.h"
+#include "graph/graph.h"
+#include "parallel/data_parallel.h"
+#include "profile/trace.h"
+#include "runtime/session.h"
+#include "train/optimizer.h"
+#include "train/pipeline.h"
+#include "train/plan.h"
+#include "train/program.h"
+#include "train/schedule.h"
+#include "train/training_options.h"
+
+namespace aspen::parallel {
+class Transport;
+}
+
+namespace aspen::train {
+
+// The layout and the compilation a runner is made for (api::Options binds to it: api/training_model.cc).
+struct RunnerOptions {
+  int64_t device_iterations = 1;      // optimizer steps per run()
+  int64_t gradient_accumulation = 1;  // micro-batches per step
+  int64_t replication_factor = 1;     // data-parallel replicas in this process
+  bool mpi = false;                   // the replicas of every process of the job form one group
+  int64_t tensor_parallel = 1;        // tensor shards
+  bool model_across_processes = false;  // one device per process: a stage or shard each
+  uint64_t random_seed = 0;
+  std::string profile;                // Chrome trace written after each run(); empty: off
+  std::string executable_cache;       // empty: off
+  compiler::CompileOptions compile;   // opt level, precision, partials, recompute
+  int threads = 0;                    // 0: every free core
+};
+
+// How a model family's weights are cut over tensor shards
+// (models/tensor_parallel.h): whole on every shard, or cut by rows or columns.
+class TensorSharding {
+ public:
+  virtual ~TensorSharding() = default;
+  // Whole on every shard: its gradient is summed over them.
+  virtual bool whole(const std::string& name) const = 0;
+  // Shard `shard` of `shards` of a whole parameter, and the whole one from every shard's part.
+  virtual Result<Tensor> cut(const std::string& name, const Tensor& full, int shard, int shards) const = 0;
+  virtual Result<Tensor> gather(const std::string& name, std::span<const Tensor* const> parts) const = 0;
+  // The whole parameter's shape from one shard's.
+  virtual Shape whole_shape(const std::string& name, const Shape& part, int shards) const = 0;
+  // Sets device `device`'s per-shard state (which shard it is, its rows of the vocabulary).
+  virtual Status prepare(runtime::Session& session, int device, int shard) const = 0;
+};
+
+class Runner {
+ public:
+  // Makes the job's groups (collective over the job under MPI: every process calls it with the same
+  // layout, checked field by field), compiles the programs, loads them and plans the step.
+  // `sharding`: with tensor shards, the model's rule (it must outlive the runner).
+  static Result<std::unique_ptr<Runner>> create(const graph::Graph& forward, const RunnerOptions& options,
+                                                const TrainingOptions& training, const TensorSharding* sharding);
+
+  const RunnerOptions& options() const { return options_; }
+  const TrainingOptions& training_options() const { return training_; }
+  const train::TrainingPrograms& programs() const { return programs_; }
+  const runtime::Session& session() const { return *session_; }
+  bool cache_hit() const { return cache_hit_; }
+  // Data-parallel replicas in the whole job (local × processes), and this
+  // process's index among the processes (0 without MPI).
+  int replicas() const { return dp_ ? dp_->replicas() : 1; }
+  int process() const { return dp_ ? dp_->process() : 0; }
+  int processes() const { return dp_ ? dp_->processes() : 1; }
+  // ZeRO-1 across processes is on: this process keeps only its shards' optimizer state.
+  bool optimizer_state_sharded() const { return zero_; }
+  // The model spans processes (Options::model_across_processes): copying
+  // weights and state to the host is collective.
+  bool model_across_processes() const { return spread_rank_ >= 0; }
+
+  // Model weights by name (f32 master weights; not "optimizer.*", "train.*" or "state.*").
+  Status copy_weights_to_device(const std::map<std::string, const Tensor*>& weights);
+  Result<std::map<std::string, Tensor>> copy_weights_to_host() const;
+  // The optimizer state ("optimizer.*": moments, momentum buffers, the step
+  // count). With ZeRO-1 across processes (DataParallelOptions::
+  // shard_optimizer_state) each process keeps its shards only: copying to the
+  // host is then a collective that every process calls (it gathers the whole
+  // state), and copying to the device keeps this process's part.
+  Status copy_optimizer_state_to_device(const std::map<std::string, const Tensor*>& state);
+  Result<std::map<std::string, Tensor>> copy_optimizer_state_to_host() const;
+  // Name → type of the weights and of the optimizer state (what a checkpoint must match).
+  std::map<std::string, std::pair<DType, Shape>> weight_types() const;
+  std::map<std::string, std::pair<DType, Shape>> optimizer_state_types() const;
+
+  // PopTorch's setOptimizer: a new base learning rate (the schedule keeps its shape).
+  void set_learning_rate(double lr) { training_.schedule.lr = lr; }
+
+  // device_iterations steps; each step's loss.
+  Result<std::vector<float>> run(const std::map<std::string, const Tensor*>& inputs);
+  const std::vector<StepStats>& last_steps() const { return last_; }
+  const PipelineStats& last_pipeline_stats() const { return pipe_stats_; }
+  int pipeline_stages() const { return pipe_ ? int(pipe_->stages.size()) : 1; }
+  // The stage of each forward-graph node (-1: inputs, parameters, constants): where the cut fell.
+  std::vector<int> pipeline_stage_of() const { return pipe_ ? pipe_->split.stage_of : std::vector<int>{}; }
+  // The loss of one micro-batch (inputs in the forward graph's own shapes)
+  // with the current weights, changing nothing: validation (on the first
+  // replica, inputs of one micro-batch). A program of the
+  // same session, so the weights are not copied.
+  Result<float> evaluate(const std::map<std::string, const Tensor*>& inputs);
+
+  // Optimizer steps made so far (skipped ones included), and the loss scaler;
+  // both are host state a checkpoint keeps.
+  int64_t steps_done() const { return steps_done_; }
+  void set_steps_done(int64_t n) { steps_done_ = n; }
+  const train::LossScaler& loss_scaler() const { return scaler_; }
+  train::LossScaler& loss_scaler() { return scaler_; }
+
+  std::string profile_summary() const { return trace_ ? profile::summary(trace_->events()) : ""; }
+
+  // One optimizer step of this model's layout as per-device instruction lists (train/plan.h):
+  // what `aspen train --print-plan` shows, and what a pipelined step's devices run.
+  const train::Plan& plan() const { return plan_; }
+
+ private:
+  Runner() = default;
+  Result<std::vector<float>> run_fused(const std::map<std::string, const Tensor*>& inputs);
+  Result<std::vector<float>> run_split(const std::map<std::string, const Tensor*>& inputs);
+  Status check_finite_weights(int64_t step, float loss) const;
+  Result<std::string> first_non_finite(const std::string& prefix) const;
+  Result<std::string> first_non_finite_gradient() const;
+  // After a step's micro-batches: the norm, the non-finite check, the loss
+  // scaler and clipping, then apply(lr, grad_scale) runs the optimizer;
+  // records the step.
+  Status finish_step(StepStats& s, double sq,
+                     const std::function<Status(const Tensor& lr, const Tensor& grad_scale)>& apply);
+  void advance_step_count();
+  // Pipeline stages (train/runner_pipeline.cc).
+  Result<std::vector<float>> run_pipeline(const std::map<std::string, const Tensor*>& inputs);
+  // The split step measures the gradient norm when the host needs it
+  // (clipping, dynamic loss scaling) or when there is one device (where the
+  // split step exists because of accumulation, and the norm is cheap beside
+  // it). Data-parallel, pipeline and tensor-parallel steps otherwise skip that
+  // pass over the gradients, as the fused step does; a non-finite gradient is
+  // then applied and shows as a non-finite loss in the next step.
+  bool needs_norm() const {
+    return training_.clip_grad_norm > 0.0 || training_.loss_scaling.mode == train::LossScaling::dynamic ||
+           (!dp_ && session_->replicas() == 1);
+  }
+  // The micro-batches, gradient reduction, loss and norm of one step on local replica l.
+  struct ReplicaStep {
+    std::vector<float> losses;  // of this replica's micro-batches
+    std::vector<float> sq;  // by parameter: Σ g² of the reduced (scaled) gradients this replica holds (else 0)
+  };
+  // The gradient exchange overlapped with the last micro-batch's backward
+  // pass (train/runner_overlap.cc): `program` on replica l with its
+  // accumulators reduced bucket by bucket as they become final. Where it
+  // applies is the plan's (train/plan.h: a reduce marked overlapped).
+  // A step's loss from this process's micro-batch losses ([acc][local
+  // replicas]): the mean over every process's, in global batch order.
+  Result<float> step_loss(const std::vector<float>& local);
+  // Local replica l's instructions after the host's decision: its optimizer shard's step, ZeRO-1's broadcasts.
+  Status replica_after_decision(int l, const Tensor& lr, const Tensor& grad_scale);
+  Result<std::map<std::string, Tensor>> run_with_exchange(int l, const std::map<std::string, const Tensor*>& feeds,
+                                                          int program);
+  // The machinery under both: `program` on `device`, each update's piece (by
+  // update index; data null: not exchanged) handed to a helper thread when
+  // final, `expected` of them in all, reduced by `exchange` in buckets of
+  // bucket_bytes; `abort` fails the groups when either side fails.
+  struct ExchangePiece {
+    float* data = nullptr;
+    int64_t count = 0;
+    int owner = 0;
+  };
+  using ExchangeFn =
+      std::function<Status(std::span<float* const>, std::span<const int64_t>, std::span<const int>)>;
+  Result<std::map<std::string, Tensor>> run_overlapped(int device, const std::map<std::string, const Tensor*>& feeds,
+                                                       int program, const std::vector<ExchangePiece>& pieces,
+                                                       size_t expected, const ExchangeFn& exchange,
+                                                       const std::function<void(const std::string&)>& abort);
+  void map_updates_to_params();
+  // What every process of a job must agree on, by name: the layout (checked before any group is made) and
+  // what decides each step's result beside the programs (checked after compiling).
+  static std::vector<std::pair<std::string, std::string>> layout_fields(const RunnerOptions& o,
+                                                                       const TrainingOptions& t);
+  static std::vector<std::pair<std::string, std::string>> step_fields(const RunnerOptions& o,
+                                                                     const TrainingOptions& t);
+  // The plan (train/plan.h) of this model's step, made once by create().
+  Result<train::Plan> make_plan() const;
+  train::Plan plan_;
+  // The mesh rank of this process's device d (the plan's device index).
+  int mesh_rank(int device) const;
+  // The accumulator of parameter `param` on pipeline stage `stage` (a tied copy's on a later stage: "@<stage>").
+  std::string accumulator_name(int param, int stage) const;
+  std::vector<std::vector<int>> update_param_;  // by program, by update: the trained parameter (-1: none)
+  Status replica_micro_batches(int l, int64_t iteration, const std::map<std::string, const Tensor*>& inputs,
+                               const std::vector<std::pair<std::string, Shape>>& data_inputs, const Tensor& loss_scale,
+                               ReplicaStep& out);
+
+  RunnerOptions options_;
+  TrainingOptions training_;
+  const TensorSharding* sharding_ = nullptr;  // with tensor shards
+  train::TrainingPrograms programs_;
+  bool cache_hit_ = false;
+  std::unique_ptr<profile::TraceRecorder> trace_;
+  std::unique_ptr<runtime::Session> session_;
+  train::LossScaler scaler_;
+  int64_t steps_done_ = 0;
+  std::vector<StepStats> last_;
+  std::vector<std::string> input_names_;  // the forward graph's inputs
+  int eval_program_ = -1;
+  std::unique_ptr<parallel::DataParallelGroup> dp_;  // null: one replica, no MPI
+  std::vector<int> owner_;                  // by trained parameter: the local replica whose step updates it
+  std::vector<std::vector<float*>> grads_;  // by local replica: its accumulators, in parameter order
+  std::vector<int64_t> grad_counts_;        // by trained parameter: elements
+  bool broken_ = false;                     // a data-parallel step failed: the group is aborted
+  std::unique_ptr<train::PipelinePrograms> pipe_;  // pipeline stages (null: none)
+  bool zero_ = false;  // ZeRO-1 across processes (DataParallelOptions::shard_optimizer_state)
+  // Tensor parallel: the shards' communicators (group "tensor") and, by
+  // trained parameter, whether it is replicated (its gradient is summed over
+  // the shards) rather than cut.
+  std::vector<std::unique_ptr<parallel::Communicator>> tensor_comms_;
+  std::vector<bool> tp_replicated_;
+  int tensor_shards() const;
+  int data_replicas() const;            // replicas in this process (of the whole model's devices)
+  int data_replica(int device) const;   // the replica a device belongs to (tensor parallel: device r·T + t)
+  // A parameter as the API sees it (whole), cut into or gathered from the
+  // tensor shards' parts.
+  Status set_full(const std::string& name, const Tensor& full);
+  Result<Tensor> get_full(const std::string& name) const;
+  std::pair<DType, Shape> full_type(const compiler::Binding& b) const;
+  std::pair<DType, Shape> full_type(const std::string& name, const std::pair<DType, Shape>& shard) const;
+  // The whole model's weights (or optimizer state) by name and full type.
+  std::map<std::string, std::pair<DType, Shape>> full_types(bool weights) const;
+  // With replicas of pipeline stages or tensor shards: the data-parallel
+  // group of stage (tensor rank) k, dp_ for k = 0 and more_dp_[k - 1] after.
+  std::vector<std::unique_ptr<parallel::DataParallelGroup>> more_dp_;
+  parallel::DataParallelGroup* dp_group(int k) { return k == 0 ? dp_.get() : more_dp_[size_t(k - 1)].get(); }
+  std::map<std::string, std::pair<DType, Shape>> state_types_;  // the whole optimizer state (every shard)
+  std::vector<std::vector<std::string>> shard_state_;           // by shard: its state's names (not the step count)
+  PipelineStats pipe_stats_;
+  // Options::mpi: every process of the job (the start-up checks).
+  std::unique_ptr<parallel::Communicator> job_;
+  // A model across processes (train/runner_spread.cc): this process's stage
+  // or tensor rank in its replica (-1: the model is whole in each process),
+  // and for pipeline stages the replica's stages' group ("pipe").
+  int spread_rank_ = -1;
+  int spread_stage_ = 0, spread_shard_ = 0;  // the same as (stage, tensor rank): rank = stage·tp + shard
+  std::unique_ptr<parallel::Communicator> pipe_group_;
+  bool spread() const { return spread_rank_ >= 0; }
+  // Every weight and optimizer state of the whole model, by name, and with
+  // pipeline stages the names each stage's programs use.
+  std::map<std::string, std::pair<DType, Shape>> all_types_;
+  std::vector<std::set<std::string>> stage_uses_;
+  // The stage that holds a name's value (its owner for a trained parameter's).
+  int holding_stage(const std::string& name) const;
+  Result<float> evaluate_spread_pipeline(const std::map<std::string, const Tensor*>& inputs);
+  // Tensor shards of pipeline stages in this process (train/runner_pipeline.cc):
+  // evaluation through the stages' forward programs; after a step, a tied
+  // weight's new value from its owner's shards into the other stages' copies;
+  // whether an accumulator's parameter is whole on every shard.
+  Result<float> evaluate_local_pipeline(const std::map<std::string, const Tensor*>& inputs);
+  // Every input of `exe` (but pipeline edges) given with its exact type, before any device starts.
+  static Status check_eval_inputs(const compiler::Executable& exe, const std::map<std::string, const Tensor*>& inputs);
+  // A tied parameter's instruction of device d: its gradient to (or added into) the owner's accumulator, its
+  // new value from the owner (through `transport`), or copied into the other stages' copies (copy_tied, on
+  // device d's replica).
+  Status tied_transfer(int d, const train::Instr& in, parallel::Transport& transport);
+  Result<std::map<std::string, Tensor>> gather_spread_pipeline(bool weights) const;
+};
+
+}  // namespace aspen::train

@@ -1,0 +1,82 @@
+// train/training_options.h: what a training step does beside the model and
+// its layout (api::TrainingOptions is this struct): the optimizer, the
+// learning-rate schedule, clipping, loss scaling, the reduction of the
+// micro-batches' and replicas' gradients, the pipeline's stages and schedule,
+// and the data-parallel exchange; and what a step reports (StepStats,
+// PipelineStats). One description from YAML (train/config.h), the CLI and C++
+// down to the runner (train/runner.h).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/data_parallel.h"
+#include "train/optimizer.h"
+#include "train/pipeline.h"
+#include "train/schedule.h"
+
+namespace aspen::train {
+
+// How the gradients of a step's micro-batches and replicas combine (poptorch
+// accumulationAndReplicationReductionType): their mean (the loss of the whole
+// batch) or their sum.
+enum class Reduction { mean, sum };
+
+struct TrainingOptions {
+  OptimizerOptions optimizer;
+  LrSchedule schedule;              // its lr is the base learning rate
+  double clip_grad_norm = 0.0;      // > 0: clip the global gradient norm to this (torch.nn.utils.clip_grad_norm_)
+  LossScaleOptions loss_scaling;
+  std::string loss = "loss";        // the forward graph's output to minimise
+  Reduction reduction = Reduction::mean;
+  // Pipeline parallel: the forward graph cut into `stages` stages, one device
+  // each (train/pipeline.h: from the model's stage tags, or balanced); the
+  // gradient_accumulation micro-batches of a step flow through them in the
+  // schedule's order. With replicas (R per process) there are R x stages
+  // devices, device r·stages + s running stage s of replica r, and each
+  // stage's gradients are reduced over its replicas (in-process and across
+  // processes) before replica 0 of the stage steps it.
+  // An untagged model is cut where the stages' costs balance: `estimated`
+  // (multiply-adds and elements, train/pipeline.h) or `measured` (each piece
+  // of the finest cut compiled and timed on this machine first,
+  // train/pipeline_balance.h; under MPI process 0's measurement is used).
+  enum class Balance { estimated, measured };
+  struct Pipeline {
+    int stages = 1;
+    PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+    Balance balance = Balance::estimated;
+  };
+  Pipeline pipeline = {};
+  // Data parallel: buckets and compression of the cross-process all-reduce,
+  // and the collectives' timeout (local and mpi come from the layout).
+  parallel::DataParallelOptions data_parallel = default_data_parallel();
+  static parallel::DataParallelOptions default_data_parallel() {
+    parallel::DataParallelOptions o;
+    o.comm.timeout = std::chrono::minutes(5);  // a peer may be a whole micro-batch behind
+    o.comm.name = "data";
+    return o;
+  }
+};
+
+// Where the time of the last pipelined step went: each stage's seconds in
+// its programs, and the step's wall time (micro-batches only, not the
+// optimizer). The bubble is 1 - mean(busy) / wall.
+struct PipelineStats {
+  std::vector<double> busy_s;
+  double wall_s = 0.0;
+  double bubble() const;
+};
+
+// What the last run() did, step by step.
+struct StepStats {
+  int64_t step = 0;         // the optimizer step this was (1-based), counting skipped ones
+  float loss = 0.0f;        // mean over the micro-batches
+  double lr = 0.0;
+  double grad_norm = -1.0;  // the global norm of the (unscaled, averaged) gradient; -1: not measured (fused step)
+  double loss_scale = 1.0;
+  bool skipped = false;     // an overflow under dynamic loss scaling
+};
+
+}  // namespace aspen::train
