@@ -84,7 +84,7 @@ std::string cpu_identity_digest();
 // process' (any CPU identity), replacing this one's where they differ.
 // Returns whether any choice this process had was replaced (plans made with
 // the old ones are then stale). The processes of one MPI job take process
-// 0's this way, so that they all run the same kernels (api/training_model.cc).
+// 0's this way, so that they all run the same kernels (train/runner.cc).
 std::string matmul_choices_text();
 Result<bool> adopt_matmul_choices(const std::string& text);
 // Loads `path` (as load_matmul_choices) and from then on saves every new

@@ -88,7 +88,7 @@ struct DataParallelOptions {
   // one copy of the state and split the update (api/training_model.h).
   bool shard_optimizer_state = false;
   // Reduce each bucket as soon as the step's last backward pass has finished
-  // its gradients, while the pass goes on (api/training_overlap.cc), rather
+  // its gradients, while the pass goes on (train/runner_overlap.cc), rather
   // than after it. The same sums either way.
   bool overlap = true;
   CommOptions comm;     // timeout and names

@@ -20,7 +20,7 @@
 // replica's slice, and outputs come back with the same [R] dimension. This is
 // inference replication (PopTorch's replicationFactor without gradients).
 //
-// Training replicas (data parallel, api/training_model.cc) drive each replica
+// Training replicas (data parallel, train/runner.cc) drive each replica
 // themselves: for_each_replica() runs a function on every replica's team at
 // once, and inside it run_replica() runs one program on that replica alone,
 // between collectives of the function's own. Parameters whose names start

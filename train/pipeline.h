@@ -81,7 +81,7 @@ struct PipelineSplit {
 
 // How an untagged graph is cut. `node_costs` (by forward-graph node index;
 // empty: estimated_node_cost) is what the cut balances: measured times
-// (api/pipeline_balance.h) or the estimate. `every_narrow_point` cuts at
+// (train/pipeline_balance.h) or the estimate. `every_narrow_point` cuts at
 // every narrow point instead (the finest automatic cut: the pieces whose
 // times a measurement takes); `stages` is then ignored.
 struct PipelineCut {

@@ -62,9 +62,12 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
     // collective over the job: a process with another layout would wait in it).
     ASPEN_RETURN_IF_ERROR(parallel::check_same_fields(*m->job_, layout_fields(options, training), "training layout"));
   }
+  // The job's mesh (parallel/mesh.h) and where it lives: every device's coordinates and groups come from it.
+  const int P = m->job_ ? m->job_->size() : 1;
+  parallel::MeshShape shape{.data = local * P, .pipe = stages, .tensor = tp};
   if (options.model_across_processes) {
     // The mesh over processes: process (d·stages + s)·tp + t (parallel::Mesh's rank order).
-    const int M = stages * tp, P = m->job_->size();
+    const int M = stages * tp;
     if (M == 1)
       return Status::invalid_argument("options.model_across_processes", "pipeline stages or tensor shards to spread",
                                       "one stage and one shard");
@@ -73,14 +76,15 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
                                       "a multiple of stages x shards (" + std::to_string(stages) + " x " +
                                           std::to_string(tp) + " = " + std::to_string(M) + ")",
                                       std::to_string(P) + " processes");
-    // The job's mesh (parallel/mesh.h): this process's coordinates and groups come from it.
-    ASPEN_ASSIGN_OR_RETURN(const parallel::Mesh mesh,
-                           parallel::Mesh::create({.data = P / M, .pipe = stages, .tensor = tp}, P));
-    const int rank = m->job_->rank();
+    shape.data = P / M;
+  }
+  ASPEN_ASSIGN_OR_RETURN(m->placement_, parallel::place(shape, P, "options.replication_factor"));
+  ASPEN_ASSIGN_OR_RETURN(const parallel::Mesh mesh, parallel::Mesh::create(shape));
+  m->mesh_ = mesh;
+  const int rank = m->job_ ? m->job_->rank() : 0;
+  m->first_rank_ = rank * m->placement_.process_devices();
+  if (m->spread()) {
     const parallel::Coord at = mesh.coord(rank);
-    m->spread_rank_ = rank % M;
-    m->spread_stage_ = at.pipe;
-    m->spread_shard_ = at.tensor;
     // The replica's stages of this shard ("pipe", ranked by stage), then its
     // shards of this stage ("tensor", ranked by shard); every process makes
     // both (MPI_Comm_split is collective), also a group of one. A group's
@@ -100,7 +104,8 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
     parallel::DataParallelOptions dpo = training.data_parallel;
     dpo.local = local;
     dpo.mpi = options.mpi;
-    dpo.mpi_color = m->spread_rank_;  // across processes: the replicas of this stage or shard
+    // Across processes: the replicas of this stage and shard (its position in a replica).
+    dpo.mpi_color = m->spread() ? mesh.rank({.data = 0, .pipe = m->coord_of(0).pipe, .tensor = m->coord_of(0).tensor}) : -1;
     ASPEN_ASSIGN_OR_RETURN(m->dp_, parallel::DataParallelGroup::create(dpo));
     if (dpo.compression == parallel::Compression::topk && training.loss_scaling.mode == train::LossScaling::dynamic)
       return Status::unimplemented("training: top-k gradient compression with dynamic loss scaling",
@@ -117,16 +122,17 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
   if (stages > 1 && m->zero_)
     return Status::unimplemented("training: " + std::to_string(stages) + " pipeline stages with sharded optimizer state",
                                  "layout in this build (pipeline stages with replicas keep the whole state)");
-  // With replicas in a process, one data-parallel group per (pipeline stage,
-  // tensor rank), k = stage·tp + rank; dp_ is k = 0's, the others are made
-  // here in the same order on every process.
-  const int groups = data_parallel && !m->spread() ? tp * stages : 1;
+  // With replicas in a process, one data-parallel group per position k in a
+  // replica (stage, tensor rank: mesh rank k of replica 0); dp_ is k = 0's,
+  // the others are made here in the same order on every process.
+  const int groups = data_parallel && !m->spread() ? m->placement_.model_devices() : 1;
   for (int k = 1; k < groups; ++k) {
     parallel::DataParallelOptions dpo = training.data_parallel;
     dpo.local = local;
     dpo.mpi = options.mpi;
-    dpo.comm.name = training.data_parallel.comm.name + (stages > 1 ? " stage " + std::to_string(k / tp) : "") +
-                    (tp > 1 ? " shard " + std::to_string(k % tp) : "");
+    const parallel::Coord at = mesh.coord(k);
+    dpo.comm.name = training.data_parallel.comm.name + (stages > 1 ? " stage " + std::to_string(at.pipe) : "") +
+                    (tp > 1 ? " shard " + std::to_string(at.tensor) : "");
     ASPEN_ASSIGN_OR_RETURN(auto g, parallel::DataParallelGroup::create(dpo));
     m->more_dp_.push_back(std::move(g));
   }
@@ -219,7 +225,7 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
   if (m->spread() && m->pipe_) {
     for (int st = 0; st < stages; ++st)
       for (int prog : m->pipe_->stages[size_t(st)].programs())
-        if (st != m->spread_stage_ && prog >= 0) graphs[size_t(prog)] = &placeholder;
+        if (st != m->coord_of(0).pipe && prog >= 0) graphs[size_t(prog)] = &placeholder;
     graphs[size_t(m->eval_program_)] = &placeholder;
   }
 
@@ -253,15 +259,14 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
   runtime::SessionOptions sopts;
   sopts.threads = options.threads;
   sopts.trace = m->trace_.get();
-  // Devices: the mesh in this process, device (r·stages + s)·tp + t runs
-  // stage s, tensor shard t of local replica r (parallel/mesh.h's order).
-  sopts.replicas = m->spread() ? 1 : tp * stages * local;
+  // Devices: this process's part of the mesh, device d at mesh rank first_rank_ + d.
+  sopts.replicas = m->placement_.process_devices();
   if (data_parallel) sopts.replica_local = {train::grad_accumulator_name("")};
   if (tp > 1) sopts.replica_local = {""};  // every shard its own weights, state and gradients
   if (stages > 1 && !m->spread() && (data_parallel || tp > 1)) {
     // A stage's devices hold only the replica-local parameters their stage uses.
-    sopts.replica_uses = [uses = m->stage_uses_, stages, tp](int device, const std::string& name) {
-      return uses[size_t((device / tp) % stages)].count(name) > 0;
+    sopts.replica_uses = [uses = m->stage_uses_, mesh, first = m->first_rank_](int device, const std::string& name) {
+      return uses[size_t(mesh.coord(first + device).pipe)].count(name) > 0;
     };
   }
   ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exes), sopts));
@@ -291,12 +296,15 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
     co.name = "tensor";
     if (m->spread()) ASPEN_RETURN_IF_ERROR(m->session_->set_communicator(0, "tensor", m->tensor_comms_[0].get()));
     for (int d = 0; d < m->session_->replicas(); ++d)  // which shard each device is (the model's rule)
-      ASPEN_RETURN_IF_ERROR(m->sharding_->prepare(*m->session_, d, m->spread() ? m->spread_shard_ : d % tp));
-    for (int g = 0; g < local * stages && !m->spread(); ++g) {  // devices g·tp .. g·tp + tp - 1
-      ASPEN_ASSIGN_OR_RETURN(auto group, parallel::make_threads_group(tp, co));
-      for (int t = 0; t < tp; ++t) {
-        ASPEN_RETURN_IF_ERROR(m->session_->set_communicator(g * tp + t, "tensor", group[size_t(t)].get()));
-        m->tensor_comms_.push_back(std::move(group[size_t(t)]));
+      ASPEN_RETURN_IF_ERROR(m->sharding_->prepare(*m->session_, d, m->coord_of(d).tensor));
+    if (!m->spread()) m->tensor_comms_.resize(size_t(m->session_->replicas()));  // by device
+    for (int d = 0; d < m->session_->replicas() && !m->spread(); ++d) {
+      if (m->coord_of(d).tensor != 0) continue;  // each tensor group once, from its first shard
+      const std::vector<int> members = m->local_group(parallel::Axis::tensor, d);
+      ASPEN_ASSIGN_OR_RETURN(auto group, parallel::make_threads_group(int(members.size()), co));
+      for (size_t t = 0; t < members.size(); ++t) {
+        ASPEN_RETURN_IF_ERROR(m->session_->set_communicator(members[t], "tensor", group[t].get()));
+        m->tensor_comms_[size_t(members[t])] = std::move(group[t]);
       }
     }
     for (const std::string& p : m->programs_.params)
@@ -324,14 +332,13 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
       m->grads_[0].push_back(t ? t->data<float>() : nullptr);
     }
   } else if (m->pipe_) {
-    // Replica 0 of the owning stage is device owner·tp + t; with replicas
-    // every device has its own accumulators.
+    // Replica 0 of the owning stage holds the sum; with replicas every device has its own accumulators.
     const auto& params = m->programs_.params;
     m->grads_.resize(size_t(m->session_->replicas()));
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string acc = train::grad_accumulator_name(params[i]);
-      m->grad_counts_.push_back(
-          m->session_->parameter_of(m->owner_[i] * tp, acc)->numel());  // replica 0 of the owning stage holds it
+      const int holder = m->device_at({.data = m->coord_of(0).data, .pipe = m->owner_[i], .tensor = 0});
+      m->grad_counts_.push_back(m->session_->parameter_of(holder, acc)->numel());
       for (int d = 0; d < m->session_->replicas(); ++d) {
         Tensor* t = m->session_->parameter_of(d, acc);  // null on devices of other stages
         m->grads_[size_t(d)].push_back(t ? t->data<float>() : nullptr);
@@ -427,11 +434,6 @@ std::vector<std::pair<std::string, std::string>> Runner::step_fields(const Runne
           {"options.random_seed", std::to_string(o.random_seed)}};
 }
 
-int Runner::mesh_rank(int device) const {
-  if (spread()) return job_->rank();
-  return (dp_ ? dp_->process() : 0) * session_->replicas() + device;
-}
-
 std::string Runner::accumulator_name(int param, int stage) const {
   const std::string base = train::grad_accumulator_name(programs_.params[size_t(param)]);
   return pipe_ && stage != owner_[size_t(param)] ? base + "@" + std::to_string(stage) : base;
@@ -447,13 +449,11 @@ Status Runner::copy_weights_to_device(const std::map<std::string, const Tensor*>
   return Status();
 }
 
-int Runner::tensor_shards() const { return int(options_.tensor_parallel); }
-int Runner::data_replicas() const {
-  if (spread()) return 1;
-  return session_->replicas() / (pipeline_stages() * tensor_shards());
-}
-int Runner::data_replica(int device) const {
-  return spread() ? 0 : device / (pipeline_stages() * tensor_shards());
+std::vector<int> Runner::local_group(parallel::Axis axis, int device) const {
+  std::vector<int> out;
+  for (int rank : mesh_->group(axis, mesh_rank(device)))
+    if (rank >= first_rank_ && rank < first_rank_ + placement_.process_devices()) out.push_back(rank - first_rank_);
+  return out;
 }
 
 Status Runner::set_full(const std::string& name, const Tensor& full) {
@@ -464,7 +464,7 @@ Status Runner::set_full(const std::string& name, const Tensor& full) {
   }
   bool held = false;
   for (int d = 0; d < session_->replicas(); ++d) {  // device .. + t holds shard t (across processes: one device)
-    const int r = spread() ? spread_shard_ : d % T;
+    const int r = coord_of(d).tensor;
     Tensor* dst = session_->parameter_of(d, name);
     if (!dst && pipe_) continue;  // a device of a stage that does not use it
     if (!dst) return not_a_parameter(name);
@@ -503,9 +503,10 @@ Result<Tensor> Runner::get_full(const std::string& name) const {
     }
     for (const Tensor& t : gathered) parts.push_back(&t);
   } else {
-    // Replica 0's shards of the stage that holds it (device stage·T + r).
-    const int first = pipe_ ? holding_stage(name) * T : 0;
-    for (int r = 0; r < T; ++r) parts.push_back(const_cast<runtime::Session&>(*session_).parameter_of(first + r, name));
+    // This process's first replica's shards of the stage that holds it.
+    const int first = device_at({.data = coord_of(0).data, .pipe = pipe_ ? holding_stage(name) : 0, .tensor = 0});
+    for (int d : local_group(parallel::Axis::tensor, first))
+      parts.push_back(const_cast<runtime::Session&>(*session_).parameter_of(d, name));
   }
   if (!parts[0]) return not_a_parameter(name);
   return sharding_->gather(name, parts);
@@ -632,8 +633,8 @@ Status Runner::check_eval_inputs(const compiler::Executable& exe,
 Result<train::Plan> Runner::make_plan() const {
   train::PlanSpec spec;
   const int S = pipeline_stages(), T = tensor_shards();
-  spec.processes = job_ ? job_->size() : 1;
-  spec.mesh = {.data = spread() ? spec.processes / (S * T) : replicas(), .pipe = S, .tensor = T};
+  spec.processes = placement_.processes;
+  spec.mesh = placement_.shape;
   spec.fused = !pipe_ && !programs_.split();
   spec.micro_batches = int(options_.gradient_accumulation);
   spec.schedule = training_.pipeline.schedule;
@@ -658,7 +659,7 @@ Result<train::Plan> Runner::make_plan() const {
       const train::PipelinePrograms::Stage& st = pipe_->stages[size_t(s)];
       std::vector<int> list;
       std::vector<std::string> names;
-      if (!spread() || s == spread_stage_) {
+      if (!spread() || s == coord_of(0).pipe) {
         for (const compiler::Binding& b : session_->executable(st.backward_first).parameters) names.push_back(b.name);
       } else {
         const graph::Graph& g = pipe_->graphs[size_t(st.backward_first)];

@@ -29,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -36,6 +37,7 @@
 
 #include "compiler/pass.h"
 #include "graph/graph.h"
+#include "parallel/mesh.h"
 #include "parallel/data_parallel.h"
 #include "profile/trace.h"
 #include "runtime/session.h"
@@ -105,7 +107,7 @@ class Runner {
   bool optimizer_state_sharded() const { return zero_; }
   // The model spans processes (Options::model_across_processes): copying
   // weights and state to the host is collective.
-  bool model_across_processes() const { return spread_rank_ >= 0; }
+  bool model_across_processes() const { return placement_.across; }
 
   // Model weights by name (f32 master weights; not "optimizer.*", "train.*" or "state.*").
   Status copy_weights_to_device(const std::map<std::string, const Tensor*>& weights);
@@ -216,8 +218,19 @@ class Runner {
   // The plan (train/plan.h) of this model's step, made once by create().
   Result<train::Plan> make_plan() const;
   train::Plan plan_;
-  // The mesh rank of this process's device d (the plan's device index).
-  int mesh_rank(int device) const;
+  // The job's mesh and where it lives (parallel/mesh.h): the one source of every device's coordinates. This
+  // process drives mesh ranks first_rank_ .. first_rank_ + placement_.process_devices() - 1 as its devices
+  // 0, 1, ...; across processes one device, the process's rank.
+  parallel::Placement placement_;
+  std::optional<parallel::Mesh> mesh_;
+  int first_rank_ = 0;
+  // The mesh rank of this process's device d (the plan's device index), its coordinates, and the device of
+  // this process at coordinates c.
+  int mesh_rank(int device) const { return first_rank_ + device; }
+  parallel::Coord coord_of(int device) const { return mesh_->coord(mesh_rank(device)); }
+  int device_at(const parallel::Coord& c) const { return mesh_->rank(c) - first_rank_; }
+  // The devices of this process in device d's group along `axis` (d's own included), by their coordinate.
+  std::vector<int> local_group(parallel::Axis axis, int device) const;
   // The accumulator of parameter `param` on pipeline stage `stage` (a tied copy's on a later stage: "@<stage>").
   std::string accumulator_name(int param, int stage) const;
   std::vector<std::vector<int>> update_param_;  // by program, by update: the trained parameter (-1: none)
@@ -249,9 +262,10 @@ class Runner {
   // the shards) rather than cut.
   std::vector<std::unique_ptr<parallel::Communicator>> tensor_comms_;
   std::vector<bool> tp_replicated_;
-  int tensor_shards() const;
-  int data_replicas() const;            // replicas in this process (of the whole model's devices)
-  int data_replica(int device) const;   // the replica a device belongs to (tensor parallel: device r·T + t)
+  int tensor_shards() const { return placement_.shape.tensor; }
+  int data_replicas() const { return placement_.local_replicas(); }  // replicas in this process
+  // The local replica a device belongs to (its data coordinate among this process's).
+  int data_replica(int device) const { return coord_of(device).data - coord_of(0).data; }
   // A parameter as the API sees it (whole), cut into or gathered from the
   // tensor shards' parts.
   Status set_full(const std::string& name, const Tensor& full);
@@ -260,22 +274,25 @@ class Runner {
   std::pair<DType, Shape> full_type(const std::string& name, const std::pair<DType, Shape>& shard) const;
   // The whole model's weights (or optimizer state) by name and full type.
   std::map<std::string, std::pair<DType, Shape>> full_types(bool weights) const;
-  // With replicas of pipeline stages or tensor shards: the data-parallel
-  // group of stage (tensor rank) k, dp_ for k = 0 and more_dp_[k - 1] after.
+  // With replicas of pipeline stages or tensor shards: one data-parallel group per position k in a replica
+  // (the mesh rank of (stage, tensor rank) in replica 0), dp_ for k = 0 and more_dp_[k - 1] after; across
+  // processes dp_ is the group of this process's position.
   std::vector<std::unique_ptr<parallel::DataParallelGroup>> more_dp_;
-  parallel::DataParallelGroup* dp_group(int k) { return k == 0 ? dp_.get() : more_dp_[size_t(k - 1)].get(); }
+  parallel::DataParallelGroup* data_group(int device) {
+    if (spread()) return dp_.get();
+    const parallel::Coord c = coord_of(device);
+    const int k = mesh_->rank({.data = 0, .pipe = c.pipe, .tensor = c.tensor});
+    return k == 0 ? dp_.get() : more_dp_[size_t(k - 1)].get();
+  }
   std::map<std::string, std::pair<DType, Shape>> state_types_;  // the whole optimizer state (every shard)
   std::vector<std::vector<std::string>> shard_state_;           // by shard: its state's names (not the step count)
   PipelineStats pipe_stats_;
   // Options::mpi: every process of the job (the start-up checks).
   std::unique_ptr<parallel::Communicator> job_;
-  // A model across processes (train/runner_spread.cc): this process's stage
-  // or tensor rank in its replica (-1: the model is whole in each process),
-  // and for pipeline stages the replica's stages' group ("pipe").
-  int spread_rank_ = -1;
-  int spread_stage_ = 0, spread_shard_ = 0;  // the same as (stage, tensor rank): rank = stage·tp + shard
+  // A model across processes (train/runner_spread.cc; its one device's coordinates are coord_of(0)), and
+  // for pipeline stages the replica's stages' group ("pipe").
   std::unique_ptr<parallel::Communicator> pipe_group_;
-  bool spread() const { return spread_rank_ >= 0; }
+  bool spread() const { return placement_.across; }
   // Every weight and optimizer state of the whole model, by name, and with
   // pipeline stages the names each stage's programs use.
   std::map<std::string, std::pair<DType, Shape>> all_types_;

@@ -34,17 +34,15 @@ Result<std::vector<float>> Runner::run_pipeline(const std::map<std::string, cons
   const train::PipelinePrograms& pp = *pipe_;
   const int S = int(pp.stages.size()), T = tensor_shards();
   const int L = data_replicas();  // data-parallel replicas in this process
-  // Device d = (r·S + s)·T + t runs stage s, tensor shard t of local replica r
+  // Device d runs stage coord_of(d).pipe, tensor shard coord_of(d).tensor of local replica data_replica(d)
   // (across processes: this process's one device runs its stage).
-  auto stage_of = [&](int d) { return spread() ? spread_stage_ : (d / T) % S; };
-  auto replica_of = [&](int d) { return spread() ? 0 : d / (S * T); };
-  auto shard_of = [&](int d) { return spread() ? spread_shard_ : d % T; };
-  auto stage_group = [&](int st, int t) { return spread() ? dp_.get() : dp_group(st * T + t); };
+  auto stage_of = [&](int d) { return coord_of(d).pipe; };
+  auto shard_of = [&](int d) { return coord_of(d).tensor; };
   const int64_t iters = options_.device_iterations, acc = options_.gradient_accumulation;
   // The forward graph's inputs each stage takes, and their per-micro-batch types.
   std::map<std::string, Shape> per;
   for (int s = 0; s < S; ++s) {
-    if (spread() && s != spread_stage_) continue;  // another process's stage (a placeholder here)
+    if (spread() && s != coord_of(0).pipe) continue;  // another process's stage (a placeholder here)
     const compiler::Executable& exe = session_->executable(pp.stages[size_t(s)].backward_first);
     for (const compiler::Binding& b : exe.inputs) {
       if (b.name.starts_with("pipe.") || b.name == train::kLossScaleName) continue;
@@ -68,13 +66,19 @@ Result<std::vector<float>> Runner::run_pipeline(const std::map<std::string, cons
     s.lr = training_.schedule.at(s.step);
     s.loss_scale = scaler_.scale();
     const Tensor ls = util::scalar_f32(float(s.loss_scale));
-    std::vector<std::unique_ptr<Transport>> channels;  // by local replica and tensor shard: r·T + t
-    if (spread()) {
-      ASPEN_ASSIGN_OR_RETURN(auto across, parallel::job::transport(*pipe_group_, int(acc)));
-      channels.push_back(std::move(across));
+    // One transport per pipe group (a replica's shard t of every stage; keyed by its first mesh rank): the
+    // endpoints are the stages.
+    std::map<int, std::unique_ptr<Transport>> channels;
+    auto pipe_key = [&](int d) { return mesh_->group(parallel::Axis::pipe, mesh_rank(d)).front(); };
+    for (int d = 0; d < session_->replicas(); ++d) {
+      if (channels.count(pipe_key(d))) continue;
+      if (spread()) {
+        ASPEN_ASSIGN_OR_RETURN(auto across, parallel::job::transport(*pipe_group_, int(acc)));
+        channels.emplace(pipe_key(d), std::move(across));
+      } else {
+        channels.emplace(pipe_key(d), std::make_unique<parallel::ThreadsTransport>(training_.data_parallel.comm.timeout));
+      }
     }
-    for (int r = int(channels.size()); r < L * T; ++r)
-      channels.push_back(std::make_unique<parallel::ThreadsTransport>(training_.data_parallel.comm.timeout));
     std::vector<std::vector<float>> micro_losses(static_cast<size_t>(L), std::vector<float>(size_t(acc), 0.0f));
     pipe_stats_.busy_s.assign(size_t(session_->replicas()), 0.0);
     // By tensor shard: replica 0's Σg² of each parameter its stage owns (the norm instructions').
@@ -83,8 +87,8 @@ Result<std::vector<float>> Runner::run_pipeline(const std::map<std::string, cons
     // Device d runs its instructions of the plan (train/plan.h) up to the step's host part: its passes in the
     // schedule's order, the edges' transfers around them, then its stage's exchange.
     auto stage_work = [&](int d) -> Status {
-      const int r = replica_of(d), st = stage_of(d), sh = shard_of(d);
-      Transport& ch = *channels[spread() ? 0 : size_t(r * T + sh)];  // shard sh of each stage: the same activations
+      const int r = data_replica(d), st = stage_of(d), sh = shard_of(d);
+      Transport& ch = *channels.at(pipe_key(d));
       const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
       const std::vector<train::Instr>& instrs = plan_.devices[size_t(mesh_rank(d))].instrs;
       const bool last = st + 1 == S;
@@ -165,7 +169,7 @@ Result<std::vector<float>> Runner::run_pipeline(const std::map<std::string, cons
                                                                                       : nullptr;
                 pieces.push_back(t ? ExchangePiece{t->data<float>(), t->numel(), 0} : ExchangePiece{});
               }
-              parallel::DataParallelGroup* group = stage_group(st, sh);
+              parallel::DataParallelGroup* group = data_group(d);
               ran = run_overlapped(
                   d, feeds, program, pieces, mine.size(),
                   [&](std::span<float* const> t, std::span<const int64_t> c, std::span<const int> o) {
@@ -205,8 +209,8 @@ Result<std::vector<float>> Runner::run_pipeline(const std::map<std::string, cons
                                       profile::category::kCollective, bytes);
             // The stage's gradients over its replicas: into replica 0's copies (in.owners), or with tensor shards
             // (each device steps its own weights) into every copy.
-            ASPEN_RETURN_IF_ERROR(in.to_owners ? stage_group(st, sh)->reduce_to_owners(r, tensors, counts, in.owners)
-                                               : stage_group(st, sh)->all_reduce(r, tensors, counts));
+            ASPEN_RETURN_IF_ERROR(in.to_owners ? data_group(d)->reduce_to_owners(r, tensors, counts, in.owners)
+                                               : data_group(d)->all_reduce(r, tensors, counts));
             break;
           }
           case train::InstrKind::loss:  // across processes: the last stage's micro-batch losses to the others
@@ -232,8 +236,8 @@ Result<std::vector<float>> Runner::run_pipeline(const std::map<std::string, cons
     Status work = session_->for_each_replica([&](int d) {
       Status r = stage_work(d);
       if (!r.is_ok()) {
-        for (auto& ch : channels) ch->fail("device " + std::to_string(d) + ": " + r.message());
-        if (dp_) stage_group(stage_of(d), shard_of(d))->abort(replica_of(d), r.message());
+        for (auto& [key, ch] : channels) ch->fail("device " + std::to_string(d) + ": " + r.message());
+        if (dp_) data_group(d)->abort(data_replica(d), r.message());
         if (T > 1) tensor_comms_[spread() ? 0 : size_t(d)]->abort(r.message());
       }
       return r;
@@ -253,7 +257,7 @@ Result<std::vector<float>> Runner::run_pipeline(const std::map<std::string, cons
       // A cut parameter's parts add over the shards, in rank order.
       if (spread() && T > 1) {  // the other shards' vectors from this stage's tensor group
         std::vector<float> all(pp.params.size() * size_t(T));
-        const std::vector<float> mine = by_shard[size_t(spread_shard_)];
+        const std::vector<float> mine = by_shard[size_t(coord_of(0).tensor)];
         ASPEN_RETURN_IF_ERROR(
             tensor_comms_[0]->all_gather(mine.data(), all.data(), int64_t(mine.size()), DType::f32));
         for (int t = 0; t < T; ++t)
@@ -276,8 +280,7 @@ Result<std::vector<float>> Runner::run_pipeline(const std::map<std::string, cons
     // values from their owner to the other stages' copies.
     auto apply = [&](const Tensor& lr, const Tensor& gs) -> Status {
       auto after_decision = [&](int d) -> Status {
-        const int r = replica_of(d), sh = shard_of(d);
-        Transport& ch = *channels[spread() ? 0 : size_t(r * T + sh)];
+        Transport& ch = *channels.at(pipe_key(d));
         for (const train::Instr& in : train::after_decision(plan_.devices[size_t(mesh_rank(d))])) {
           profile::TraceScope traced(trace_.get(), session_->device(d).name(), train::instr_kind_name(in.kind),
                                      profile::category::kPlan);
@@ -300,7 +303,7 @@ Result<std::vector<float>> Runner::run_pipeline(const std::map<std::string, cons
       Status st = session_->for_each_replica([&](int d) {
         Status r = after_decision(d);
         if (!r.is_ok())  // a stage waiting for a tied weight from this one stops at once
-          for (auto& ch : channels) ch->fail("device " + std::to_string(d) + ": " + r.message());
+          for (auto& [key, ch] : channels) ch->fail("device " + std::to_string(d) + ": " + r.message());
         return r;
       });
       if (st.is_ok()) advance_step_count();
@@ -313,8 +316,7 @@ Result<std::vector<float>> Runner::run_pipeline(const std::map<std::string, cons
 }
 
 Status Runner::tied_transfer(int d, const train::Instr& in, parallel::Transport& transport) {
-  const int S = pipeline_stages(), T = tensor_shards();
-  const int st = spread() ? spread_stage_ : (d / T) % S;
+  const int st = coord_of(d).pipe;
   const int edges = int(pipe_->split.edges.size());
   const int p = in.kind == train::InstrKind::copy_tied ? -1 : in.edge;
   auto peer_stage = [&] { return plan_.devices[size_t(in.peer)].coord.pipe; };
@@ -322,13 +324,12 @@ Status Runner::tied_transfer(int d, const train::Instr& in, parallel::Transport&
   const parallel::MessageKey key{.edge = edges + p, .micro = 0, .grad = in.payload == train::Payload::tied_gradient};
   const std::string who = "pipeline stage " + std::to_string(st) + ", " + train::instr_text(in);
   if (in.kind == train::InstrKind::copy_tied) {  // tensor shards in one process: into the other stages' copies
-    const int r = d / (S * T), t = d % T;  // device (r·S + s)·T + t
     for (int i : in.params) {
       const std::string& name = programs_.params[size_t(i)];
       const Tensor* from = session_->parameter_of(d, name);
       ASPEN_CHECK(from != nullptr);
-      for (int s = 0; s < S; ++s) {
-        Tensor* to = s == st ? nullptr : session_->parameter_of((r * S + s) * T + t, name);
+      for (int other : local_group(parallel::Axis::pipe, d)) {  // this replica's shard of every stage
+        Tensor* to = other == d ? nullptr : session_->parameter_of(other, name);
         if (to && to != from) std::memcpy(to->raw(), from->raw(), from->nbytes());
       }
     }
@@ -367,8 +368,8 @@ Result<float> Runner::evaluate_local_pipeline(const std::map<std::string, const 
     channels.push_back(std::make_unique<parallel::ThreadsTransport>(training_.data_parallel.comm.timeout));
   float loss = 0.0f;
   Status st = session_->for_each_replica([&](int d) -> Status {
-    if (d >= S * T) return Status();  // replica 0's devices
-    const int stage = d / T, t = d % T;
+    if (data_replica(d) != 0) return Status();  // the first replica's devices
+    const int stage = coord_of(d).pipe, t = coord_of(d).tensor;
     const train::PipelinePrograms::Stage& prog = pp.stages[size_t(stage)];
     const train::PipelineStage& split = pp.split.stages[size_t(stage)];
     Status s = [&]() -> Status {

@@ -38,7 +38,7 @@ Result<std::map<std::string, Tensor>> Runner::gather_spread_pipeline(bool weight
                                       std::string(dtype_name(type.first)));
     Tensor t(type.first, type.second);
     const int root = holding_stage(name);
-    if (spread_stage_ == root) {  // (tensor shards: gathered from the stage's shards first)
+    if (coord_of(0).pipe == root) {  // (tensor shards: gathered from the stage's shards first)
       ASPEN_ASSIGN_OR_RETURN(Tensor whole, get_full(name));
       ASPEN_CHECK(whole.nbytes() == t.nbytes());
       if (t.nbytes()) std::memcpy(t.raw(), whole.raw(), t.nbytes());
@@ -51,7 +51,7 @@ Result<std::map<std::string, Tensor>> Runner::gather_spread_pipeline(bool weight
 
 Result<float> Runner::evaluate_spread_pipeline(const std::map<std::string, const Tensor*>& inputs) {
   const train::PipelinePrograms& pp = *pipe_;
-  const int S = int(pp.stages.size()), st = spread_stage_;
+  const int S = int(pp.stages.size()), st = coord_of(0).pipe;
   const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
   const train::PipelineStage& split = pp.split.stages[size_t(st)];
   // Inputs checked first: a failure after the first message would leave the other stages waiting.

@@ -27,8 +27,12 @@ Result<std::string> Runner::first_non_finite(const std::string& prefix) const {
 
 Result<std::string> Runner::first_non_finite_gradient() const {
   for (size_t i = 0; i < programs_.params.size(); ++i) {
-    const int device = pipe_ ? owner_[i] * tensor_shards() : owner_[i];  // replica 0's, shard 0
-    const float* g = spread() ? grads_[0][i] : grads_[size_t(device)][i];
+    // Where the reduced gradient is: this process's first replica's shard 0 of the owning stage, or the
+    // owning local replica.
+    const int d0 = coord_of(0).data;
+    const float* g = spread() ? grads_[0][i]
+                              : grads_[size_t(pipe_ ? device_at({.data = d0, .pipe = owner_[i], .tensor = 0})
+                                                    : device_at({.data = d0 + owner_[i], .pipe = 0, .tensor = 0}))][i];
     if (!g) continue;  // another process's stage
     for (int64_t k = 0; k < grad_counts_[i]; ++k)
       if (!std::isfinite(g[k])) return programs_.params[i];
@@ -183,7 +187,7 @@ Status Runner::replica_micro_batches(int l, int64_t it, const std::map<std::stri
         // Into the owners' copies, or (replicas of tensor shards, each stepping its own weights) every copy.
         ASPEN_RETURN_IF_ERROR(in.to_owners
                                   ? dp_->reduce_to_owners(l, tensors, counts, in.owners)
-                                  : dp_group(l % tensor_shards())->all_reduce(data_replica(l), tensors, counts));
+                                  : data_group(l)->all_reduce(data_replica(l), tensors, counts));
         break;
       }
       case train::InstrKind::norm: {  // Σg² of each tensor of a shard this replica holds (train/program.h)
@@ -266,13 +270,7 @@ Result<std::vector<float>> Runner::run_split(const std::map<std::string, const T
   auto on_replicas = [&](const std::function<Status(int)>& fn) -> Status {
     Status st = session_->for_each_replica([&](int l) {
       Status r = fn(l);
-      if (!r.is_ok() && dp_) {
-        if (tensor_shards() > 1) {
-          dp_group(l % tensor_shards())->abort(data_replica(l), r.message());
-        } else {
-          dp_->abort(l, r.message());
-        }
-      }
+      if (!r.is_ok() && dp_) data_group(l)->abort(data_replica(l), r.message());
       if (!r.is_ok() && !tensor_comms_.empty()) tensor_comms_[size_t(l)]->abort(r.message());
       return r;
     });
@@ -293,7 +291,11 @@ Result<std::vector<float>> Runner::run_split(const std::map<std::string, const T
     const int Ld = data_replicas(), T = tensor_shards();  // a replica's tensor shards agree on the loss: shard 0's
     std::vector<float> local_losses;  // [acc][Ld]
     for (int64_t a = 0; a < acc; ++a)
-      for (int l = 0; l < Ld; ++l) local_losses.push_back(rs[size_t(l * T)].losses[size_t(a)]);
+      for (int l = 0; l < Ld; ++l) {
+        // (Across processes each shard's process has its one device.)
+        const int shard0 = spread() ? 0 : device_at({.data = coord_of(0).data + l, .pipe = 0, .tensor = 0});
+        local_losses.push_back(rs[size_t(shard0)].losses[size_t(a)]);
+      }
     ASPEN_ASSIGN_OR_RETURN(s.loss, step_loss(local_losses));
     // Tensor shards: replica 0's shards' Σg² of their parts (across
     // processes, all-gathered from the shards of this process's replica).
