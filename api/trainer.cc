@@ -524,37 +524,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     const int devices = placement.process_devices();
     o.threads(std::max(1, CoreBudget::global().available() / on_node / devices));
   }
-  TrainingOptions to;
-  ASPEN_ASSIGN_OR_RETURN(to.optimizer.kind, train::parse_optimizer_kind(c.optimizer.name));
-  to.optimizer.beta1 = c.optimizer.beta1, to.optimizer.beta2 = c.optimizer.beta2, to.optimizer.eps = c.optimizer.eps;
-  to.optimizer.weight_decay = c.optimizer.weight_decay;
-  to.optimizer.momentum = c.optimizer.momentum, to.optimizer.nesterov = c.optimizer.nesterov;
-  to.optimizer.no_decay = c.optimizer.no_decay;
-  ASPEN_ASSIGN_OR_RETURN(to.schedule.kind, train::parse_schedule_kind(c.schedule.name));
-  to.schedule.lr = c.optimizer.lr;
-  to.schedule.warmup_steps = c.schedule.warmup_steps;
-  to.schedule.total_steps = c.train.steps;
-  to.schedule.min_lr_ratio = c.schedule.min_lr_ratio;
-  to.clip_grad_norm = c.optimizer.clip_grad_norm;
-  ASPEN_ASSIGN_OR_RETURN(to.loss_scaling.mode, train::parse_loss_scaling(c.precision.loss_scaling));
-  to.loss_scaling.initial_scale = c.precision.loss_scale;
-  to.loss_scaling.growth_factor = c.precision.growth_factor;
-  to.loss_scaling.backoff_factor = c.precision.backoff_factor;
-  to.loss_scaling.growth_interval = c.precision.growth_interval;
-  to.loss_scaling.hysteresis = c.precision.hysteresis;
-  to.reduction = c.parallel.reduction == "sum" ? Reduction::sum : Reduction::mean;
-  to.data_parallel.bucket_bytes = c.parallel.bucket_mb << 20;
-  to.data_parallel.compression = c.parallel.compression == "bf16"   ? parallel::Compression::bf16
-                                 : c.parallel.compression == "topk" ? parallel::Compression::topk
-                                                                    : parallel::Compression::none;
-  to.data_parallel.topk_ratio = c.parallel.topk_ratio;
-  to.data_parallel.comm.timeout = std::chrono::seconds(c.parallel.timeout_s);
-  to.data_parallel.shard_optimizer_state = c.parallel.shard_optimizer_state;
-  to.data_parallel.overlap = c.parallel.overlap;
-  to.pipeline.stages = int(c.parallel.pipeline_stages);
-  ASPEN_ASSIGN_OR_RETURN(to.pipeline.schedule, train::parse_pipeline_schedule(c.parallel.schedule));
-  to.pipeline.balance =
-      c.parallel.balance == "measured" ? TrainingOptions::Balance::measured : TrainingOptions::Balance::estimated;
+  ASPEN_ASSIGN_OR_RETURN(const TrainingOptions to, train::training_options(c));
   if (!c.train.executable_cache.empty()) o.executable_cache(c.train.executable_cache);
   const auto compile_start = std::chrono::steady_clock::now();
   ASPEN_ASSIGN_OR_RETURN(t->model_, TrainingModel::create(forward, o, to));

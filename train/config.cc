@@ -861,4 +861,39 @@ std::string to_yaml(const TrainConfig& c) {
   return out;
 }
 
+Result<TrainingOptions> training_options(const TrainConfig& c) {
+  TrainingOptions to;
+  ASPEN_ASSIGN_OR_RETURN(to.optimizer.kind, parse_optimizer_kind(c.optimizer.name));
+  to.optimizer.beta1 = c.optimizer.beta1, to.optimizer.beta2 = c.optimizer.beta2, to.optimizer.eps = c.optimizer.eps;
+  to.optimizer.weight_decay = c.optimizer.weight_decay;
+  to.optimizer.momentum = c.optimizer.momentum, to.optimizer.nesterov = c.optimizer.nesterov;
+  to.optimizer.no_decay = c.optimizer.no_decay;
+  ASPEN_ASSIGN_OR_RETURN(to.schedule.kind, parse_schedule_kind(c.schedule.name));
+  to.schedule.lr = c.optimizer.lr;
+  to.schedule.warmup_steps = c.schedule.warmup_steps;
+  to.schedule.total_steps = c.train.steps;
+  to.schedule.min_lr_ratio = c.schedule.min_lr_ratio;
+  to.clip_grad_norm = c.optimizer.clip_grad_norm;
+  ASPEN_ASSIGN_OR_RETURN(to.loss_scaling.mode, parse_loss_scaling(c.precision.loss_scaling));
+  to.loss_scaling.initial_scale = c.precision.loss_scale;
+  to.loss_scaling.growth_factor = c.precision.growth_factor;
+  to.loss_scaling.backoff_factor = c.precision.backoff_factor;
+  to.loss_scaling.growth_interval = c.precision.growth_interval;
+  to.loss_scaling.hysteresis = c.precision.hysteresis;
+  to.reduction = c.parallel.reduction == "sum" ? Reduction::sum : Reduction::mean;
+  to.data_parallel.bucket_bytes = c.parallel.bucket_mb << 20;
+  to.data_parallel.compression = c.parallel.compression == "bf16"   ? parallel::Compression::bf16
+                                 : c.parallel.compression == "topk" ? parallel::Compression::topk
+                                                                    : parallel::Compression::none;
+  to.data_parallel.topk_ratio = c.parallel.topk_ratio;
+  to.data_parallel.comm.timeout = std::chrono::seconds(c.parallel.timeout_s);
+  to.data_parallel.shard_optimizer_state = c.parallel.shard_optimizer_state;
+  to.data_parallel.overlap = c.parallel.overlap;
+  to.pipeline.stages = int(c.parallel.pipeline_stages);
+  ASPEN_ASSIGN_OR_RETURN(to.pipeline.schedule, parse_pipeline_schedule(c.parallel.schedule));
+  to.pipeline.balance =
+      c.parallel.balance == "measured" ? TrainingOptions::Balance::measured : TrainingOptions::Balance::estimated;
+  return to;
+}
+
 }  // namespace aspen::train

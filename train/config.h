@@ -37,6 +37,7 @@
 #include "core/status.h"
 #include "kernels/attention_layout.h"
 #include "parallel/mesh.h"
+#include "train/training_options.h"
 
 namespace aspen::train {
 
@@ -242,5 +243,10 @@ std::string to_yaml(const TrainConfig& c);
 
 // Every key with its value as YAML text, in the same order: {"train.seed", "1"}.
 std::vector<std::pair<std::string, std::string>> config_entries(const TrainConfig& c);
+
+// The step's options (train/training_options.h) the config describes: the optimizer, the schedule over
+// train.steps, clipping, loss scaling, the reduction, the pipeline and the data-parallel exchange. The one
+// binding of the config's keys to what the runner reads (the CLI's flags are overrides of these keys).
+Result<TrainingOptions> training_options(const TrainConfig& c);
 
 }  // namespace aspen::train

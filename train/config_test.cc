@@ -502,3 +502,41 @@ TEST(TrainConfigExamples, DocsListEveryKey) {
 
 }  // namespace
 }  // namespace aspen::train
+
+namespace aspen::train {
+namespace {
+
+// The config's keys reach the runner's options through training_options() alone.
+TEST(TrainConfig, TrainingOptionsBindEveryStepKey) {
+  TrainConfig c;
+  for (const char* o : {"optimizer.name=sgd", "optimizer.lr=0.25", "optimizer.momentum=0.8", "optimizer.nesterov=true",
+                        "optimizer.clip_grad_norm=1.5", "schedule.name=cosine", "schedule.warmup_steps=3",
+                        "train.steps=40", "precision.loss_scaling=dynamic", "precision.loss_scale=1024",
+                        "parallel.reduction=sum", "parallel.bucket_mb=2", "parallel.compression=bf16",
+                        "parallel.timeout_s=9", "parallel.overlap=false", "parallel.pipeline_stages=2",
+                        "parallel.schedule=gpipe", "parallel.balance=measured"})
+    ASSERT_TRUE(apply_override(c, o).is_ok()) << o;
+  auto t = training_options(c);
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  EXPECT_EQ(t->optimizer.kind, OptimizerKind::sgd);
+  EXPECT_FLOAT_EQ(float(t->optimizer.momentum), 0.8f);
+  EXPECT_TRUE(t->optimizer.nesterov);
+  EXPECT_DOUBLE_EQ(t->schedule.lr, 0.25);
+  EXPECT_EQ(t->schedule.kind, ScheduleKind::cosine);
+  EXPECT_EQ(t->schedule.warmup_steps, 3);
+  EXPECT_EQ(t->schedule.total_steps, 40);
+  EXPECT_DOUBLE_EQ(t->clip_grad_norm, 1.5);
+  EXPECT_EQ(t->loss_scaling.mode, LossScaling::dynamic);
+  EXPECT_DOUBLE_EQ(t->loss_scaling.initial_scale, 1024.0);
+  EXPECT_EQ(t->reduction, Reduction::sum);
+  EXPECT_EQ(t->data_parallel.bucket_bytes, int64_t(2) << 20);
+  EXPECT_EQ(t->data_parallel.compression, parallel::Compression::bf16);
+  EXPECT_EQ(t->data_parallel.comm.timeout, std::chrono::seconds(9));
+  EXPECT_FALSE(t->data_parallel.overlap);
+  EXPECT_EQ(t->pipeline.stages, 2);
+  EXPECT_EQ(t->pipeline.schedule, PipelineSchedule::gpipe);
+  EXPECT_EQ(t->pipeline.balance, TrainingOptions::Balance::measured);
+}
+
+}  // namespace
+}  // namespace aspen::train
