@@ -355,7 +355,6 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
     }
   } else if (m->programs_.split()) {
     const auto& params = m->programs_.params;
-    m->map_updates_to_params();
     m->owner_.assign(params.size(), 0);
     for (size_t k = 0; k < m->programs_.shards.size(); ++k)  // ZeRO-1: shard p·L + l reduces to local replica l
       for (size_t i = m->programs_.shards[k].begin; i < m->programs_.shards[k].end; ++i)
@@ -610,7 +609,7 @@ Result<std::vector<float>> Runner::run(const std::map<std::string, const Tensor*
                          "create the model again (and reload a checkpoint)");
   last_.clear();
   Result<std::vector<float>> out =
-      pipe_ ? run_pipeline(inputs) : programs_.split() ? run_split(inputs) : run_fused(inputs);
+      pipe_ || programs_.split() ? run_steps(inputs) : run_fused(inputs);
   if (trace_) ASPEN_RETURN_IF_ERROR(profile::write_chrome_trace(trace_->events(), options_.profile));
   return out;
 }

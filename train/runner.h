@@ -18,10 +18,11 @@
 // runtime knows no model's parameter names.
 //
 // Source files: runner.cc (making the groups, compiling, the session, the
-// plan; weights and state in and out), runner_step.cc (the fused and split
-// steps, the host's decision), runner_pipeline.cc (pipeline stages),
-// runner_spread.cc (stages in other processes), runner_overlap.cc (the
-// exchange overlapped with the last backward pass).
+// plan; weights and state in and out), runner_step.cc (the fused step, the
+// host's part of every other: inputs, the loss, the norm, the decision),
+// runner_walk.cc (each device's walk of its plan, one for every layout),
+// runner_overlap.cc (the exchange overlapped with the last backward pass),
+// runner_spread.cc (stages in other processes: evaluation, gathers).
 //
 // Thread-safety: one call at a time.
 #pragma once
@@ -38,6 +39,7 @@
 #include "compiler/pass.h"
 #include "graph/graph.h"
 #include "parallel/mesh.h"
+#include "parallel/transport.h"
 #include "parallel/data_parallel.h"
 #include "profile/trace.h"
 #include "runtime/session.h"
@@ -47,10 +49,6 @@
 #include "train/program.h"
 #include "train/schedule.h"
 #include "train/training_options.h"
-
-namespace aspen::parallel {
-class Transport;
-}
 
 namespace aspen::train {
 
@@ -154,8 +152,36 @@ class Runner {
 
  private:
   Runner() = default;
+  // The fused step: one program of device_iterations steps (train/runner_step.cc).
   Result<std::vector<float>> run_fused(const std::map<std::string, const Tensor*>& inputs);
-  Result<std::vector<float>> run_split(const std::map<std::string, const Tensor*>& inputs);
+  // Every other step (accumulation, replicas, stages, shards, across processes): each device walks its
+  // plan (train/runner_walk.cc), the host decides between the two halves (train/runner_step.cc).
+  Result<std::vector<float>> run_steps(const std::map<std::string, const Tensor*>& inputs);
+  // What one step holds while its devices walk their plans.
+  struct StepState {
+    int64_t iteration = 0;                                  // within this run()
+    const std::map<std::string, const Tensor*>* inputs = nullptr;
+    std::map<std::string, Shape> per;                       // each data input's per-micro-batch shape
+    Tensor loss_scale;
+    // By pipe group (its first mesh rank: a replica's shard t of every stage): the edges' and tied
+    // parameters' transport, whose endpoints are the stages. None without stages.
+    std::map<int, std::unique_ptr<parallel::Transport>> transports;
+    std::vector<std::vector<float>> losses;  // by device: each micro-batch's loss where the device computes it
+    std::vector<std::vector<float>> sq;      // by device: Σg² by parameter of the reduced gradients it holds
+    std::vector<double> busy_s;              // by device: seconds in its passes
+  };
+  // The data inputs' per-micro-batch shapes, each input checked against them.
+  Result<std::map<std::string, Shape>> data_inputs(const std::map<std::string, const Tensor*>& inputs) const;
+  Status open_transports(StepState& step);
+  parallel::Transport& transport_of(StepState& step, int device);
+  // Device d's instructions up to the host's decision, and after it.
+  Status walk_to_decision(int device, StepState& step);
+  Status walk_after_decision(int device, StepState& step, const Tensor& lr, const Tensor& grad_scale);
+  // fn on every device at once; a failure fails the step's transports and aborts the device's groups at once
+  // (the others stop rather than wait for their timeout).
+  Status on_devices(StepState& step, const std::function<Status(int)>& fn);
+  // The step's global gradient norm squared (scaled), added in parameter order; 0 when not measured.
+  Result<double> step_norm(const StepState& step);
   Status check_finite_weights(int64_t step, float loss) const;
   Result<std::string> first_non_finite(const std::string& prefix) const;
   Result<std::string> first_non_finite_gradient() const;
@@ -165,8 +191,6 @@ class Runner {
   Status finish_step(StepStats& s, double sq,
                      const std::function<Status(const Tensor& lr, const Tensor& grad_scale)>& apply);
   void advance_step_count();
-  // Pipeline stages (train/runner_pipeline.cc).
-  Result<std::vector<float>> run_pipeline(const std::map<std::string, const Tensor*>& inputs);
   // The split step measures the gradient norm when the host needs it
   // (clipping, dynamic loss scaling) or when there is one device (where the
   // split step exists because of accumulation, and the norm is cheap beside
@@ -177,26 +201,13 @@ class Runner {
     return training_.clip_grad_norm > 0.0 || training_.loss_scaling.mode == train::LossScaling::dynamic ||
            (!dp_ && session_->replicas() == 1);
   }
-  // The micro-batches, gradient reduction, loss and norm of one step on local replica l.
-  struct ReplicaStep {
-    std::vector<float> losses;  // of this replica's micro-batches
-    std::vector<float> sq;  // by parameter: Σ g² of the reduced (scaled) gradients this replica holds (else 0)
-  };
-  // The gradient exchange overlapped with the last micro-batch's backward
-  // pass (train/runner_overlap.cc): `program` on replica l with its
-  // accumulators reduced bucket by bucket as they become final. Where it
-  // applies is the plan's (train/plan.h: a reduce marked overlapped).
   // A step's loss from this process's micro-batch losses ([acc][local
   // replicas]): the mean over every process's, in global batch order.
   Result<float> step_loss(const std::vector<float>& local);
-  // Local replica l's instructions after the host's decision: its optimizer shard's step, ZeRO-1's broadcasts.
-  Status replica_after_decision(int l, const Tensor& lr, const Tensor& grad_scale);
-  Result<std::map<std::string, Tensor>> run_with_exchange(int l, const std::map<std::string, const Tensor*>& feeds,
-                                                          int program);
-  // The machinery under both: `program` on `device`, each update's piece (by
-  // update index; data null: not exchanged) handed to a helper thread when
-  // final, `expected` of them in all, reduced by `exchange` in buckets of
-  // bucket_bytes; `abort` fails the groups when either side fails.
+  // The gradient exchange overlapped with the last micro-batch's backward pass (train/runner_overlap.cc;
+  // where it applies is the plan's: a reduce marked overlapped): `program` on `device`, each update's piece
+  // (by update index; data null: not exchanged) handed to a helper thread when final, `expected` of them in
+  // all, reduced by `exchange` in buckets of bucket_bytes; `abort` fails the groups when either side fails.
   struct ExchangePiece {
     float* data = nullptr;
     int64_t count = 0;
@@ -208,7 +219,6 @@ class Runner {
                                                        int program, const std::vector<ExchangePiece>& pieces,
                                                        size_t expected, const ExchangeFn& exchange,
                                                        const std::function<void(const std::string&)>& abort);
-  void map_updates_to_params();
   // What every process of a job must agree on, by name: the layout (checked before any group is made) and
   // what decides each step's result beside the programs (checked after compiling).
   static std::vector<std::pair<std::string, std::string>> layout_fields(const RunnerOptions& o,
@@ -233,10 +243,6 @@ class Runner {
   std::vector<int> local_group(parallel::Axis axis, int device) const;
   // The accumulator of parameter `param` on pipeline stage `stage` (a tied copy's on a later stage: "@<stage>").
   std::string accumulator_name(int param, int stage) const;
-  std::vector<std::vector<int>> update_param_;  // by program, by update: the trained parameter (-1: none)
-  Status replica_micro_batches(int l, int64_t iteration, const std::map<std::string, const Tensor*>& inputs,
-                               const std::vector<std::pair<std::string, Shape>>& data_inputs, const Tensor& loss_scale,
-                               ReplicaStep& out);
 
   RunnerOptions options_;
   TrainingOptions training_;
@@ -300,7 +306,7 @@ class Runner {
   // The stage that holds a name's value (its owner for a trained parameter's).
   int holding_stage(const std::string& name) const;
   Result<float> evaluate_spread_pipeline(const std::map<std::string, const Tensor*>& inputs);
-  // Tensor shards of pipeline stages in this process (train/runner_pipeline.cc):
+  // Tensor shards of pipeline stages in this process (train/runner_walk.cc):
   // evaluation through the stages' forward programs; after a step, a tied
   // weight's new value from its owner's shards into the other stages' copies;
   // whether an accumulator's parameter is whole on every shard.

@@ -21,35 +21,6 @@
 
 namespace aspen::train {
 
-void Runner::map_updates_to_params() {
-  std::map<std::string, int> by_name;
-  for (size_t i = 0; i < programs_.params.size(); ++i)
-    by_name.emplace(train::grad_accumulator_name(programs_.params[i]), int(i));
-  update_param_.assign(size_t(session_->programs()), {});
-  for (int p : {programs_.micro_first, programs_.micro_next}) {
-    if (p < 0) continue;
-    for (const compiler::Binding& u : session_->executable(p).updates) {
-      auto it = by_name.find(u.name);
-      update_param_[size_t(p)].push_back(it == by_name.end() ? -1 : it->second);
-    }
-  }
-}
-
-Result<std::map<std::string, Tensor>> Runner::run_with_exchange(
-    int l, const std::map<std::string, const Tensor*>& feeds, int program) {
-  const std::vector<int>& param_of = update_param_.at(size_t(program));
-  std::vector<ExchangePiece> pieces;  // by update (none: not a gradient)
-  for (int i : param_of)
-    pieces.push_back(i < 0 ? ExchangePiece{}
-                           : ExchangePiece{grads_[size_t(l)][size_t(i)], grad_counts_[size_t(i)], owner_[size_t(i)]});
-  return run_overlapped(
-      l, feeds, program, pieces, programs_.params.size(),
-      [&](std::span<float* const> t, std::span<const int64_t> c, std::span<const int> o) {
-        return dp_->reduce_to_owners(l, t, c, o);
-      },
-      [&](const std::string& why) { dp_->abort(l, why); });
-}
-
 Result<std::map<std::string, Tensor>> Runner::run_overlapped(
     int device, const std::map<std::string, const Tensor*>& feeds, int program,
     const std::vector<ExchangePiece>& pieces, size_t expected, const ExchangeFn& exchange,

@@ -1,6 +1,6 @@
 // TrainingModel with its pipeline stages in different processes
 // (Options::model_across_processes): what crosses between the stages of one
-// replica besides the activations (train/runner_pipeline.cc), all over the
+// replica besides the activations (train/runner_walk.cc), all over the
 // replica's "pipe" group, whose rank is the stage:
 //  - tied parameters (GPT-2's wte, used by the first and the last stage): the
 //    gradients of the stages that use but do not own one are sent to its

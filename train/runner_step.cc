@@ -3,6 +3,7 @@
 // every local replica, the host's decisions between them (loss scaling,
 // clipping, non-finite checks), and the losses by output mode.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -127,113 +128,6 @@ Result<std::vector<float>> Runner::run_fused(const std::map<std::string, const T
   return losses;
 }
 
-Status Runner::replica_micro_batches(int l, int64_t it, const std::map<std::string, const Tensor*>& inputs,
-                                            const std::vector<std::pair<std::string, Shape>>& data_inputs,
-                                            const Tensor& loss_scale, ReplicaStep& out) {
-  // Device l's instructions of the plan (train/plan.h) before the host's decision: its micro-batches, the
-  // exchange of their gradients, the norms of the shards it holds.
-  const std::vector<train::Instr>& instrs = plan_.devices[size_t(mesh_rank(l))].instrs;
-  const int64_t acc = options_.gradient_accumulation;
-  out.losses.clear();
-  out.sq.assign(programs_.params.size(), 0.0f);
-  for (size_t k = 0; k < instrs.size(); ++k) {
-    const train::Instr& in = instrs[k];
-    if (in.kind == train::InstrKind::decide) return Status();
-    profile::TraceScope traced(trace_.get(), session_->device(l).name(), train::instr_kind_name(in.kind),
-                               profile::category::kPlan);
-    if (traced.active()) traced.add_arg("instruction", train::instr_text(in));
-    switch (in.kind) {
-      case train::InstrKind::backward: {  // forward and backward of micro-batch in.micro
-        std::map<std::string, Tensor> owned;
-        for (const auto& [name, per] : data_inputs)
-          owned.emplace(name, rows(*inputs.at(name), per, (it * acc + in.micro) * data_replicas() + data_replica(l), 1,
-                                   /*squeeze=*/true));
-        std::map<std::string, const Tensor*> feeds;
-        for (const auto& [name, t] : owned) feeds.emplace(name, &t);
-        if (training_.loss_scaling.mode != train::LossScaling::none) feeds.emplace(train::kLossScaleName, &loss_scale);
-        const int program = in.next ? programs_.micro_next : programs_.micro_first;
-        const bool exchange =
-            k + 1 < instrs.size() && instrs[k + 1].kind == train::InstrKind::reduce && instrs[k + 1].overlapped;
-        ASPEN_ASSIGN_OR_RETURN(auto o, exchange ? run_with_exchange(l, feeds, program)
-                                                : session_->run_replica(l, feeds, program));
-        out.losses.push_back(o.at(training_.loss).data<float>()[0]);
-        break;
-      }
-      case train::InstrKind::tensor_sum: {  // a whole weight's gradient: each shard has its part
-        profile::TraceScope scope(trace_.get(), session_->device(l).name(), "sum gradients over tensor shards",
-                                  profile::category::kCollective);
-        int64_t bytes = 0;
-        for (int i : in.params) {
-          bytes += 4 * grad_counts_[size_t(i)];
-          ASPEN_RETURN_IF_ERROR(tensor_comms_[size_t(l)]->all_reduce(
-              std::span<float>(grads_[size_t(l)][size_t(i)], size_t(grad_counts_[size_t(i)]))));
-        }
-        if (scope.active()) scope.set_bytes(bytes);
-        break;
-      }
-      case train::InstrKind::reduce: {
-        if (in.overlapped) break;  // ran with the backward pass before it
-        profile::TraceScope scope(trace_.get(), session_->device(l).name(), "reduce gradients",
-                                  profile::category::kCollective);
-        std::vector<float*> tensors;
-        std::vector<int64_t> counts;
-        int64_t bytes = 0;
-        for (int i : in.params) {
-          tensors.push_back(grads_[size_t(l)][size_t(i)]);
-          counts.push_back(grad_counts_[size_t(i)]);
-          bytes += 4 * grad_counts_[size_t(i)];
-        }
-        if (scope.active()) scope.set_bytes(bytes);
-        // Into the owners' copies, or (replicas of tensor shards, each stepping its own weights) every copy.
-        ASPEN_RETURN_IF_ERROR(in.to_owners
-                                  ? dp_->reduce_to_owners(l, tensors, counts, in.owners)
-                                  : data_group(l)->all_reduce(data_replica(l), tensors, counts));
-        break;
-      }
-      case train::InstrKind::norm: {  // Σg² of each tensor of a shard this replica holds (train/program.h)
-        const train::TrainingPrograms::Shard& sh = programs_.shards[size_t(in.shard)];
-        if (sh.norm < 0) break;
-        ASPEN_ASSIGN_OR_RETURN(auto o, session_->run_replica(l, {}, sh.norm));
-        const Tensor& t = o.at(train::kGradSqNormName);
-        for (size_t i = sh.begin; i < sh.end; ++i) out.sq[i] = t.data<float>()[i - sh.begin];
-        break;
-      }
-      default:
-        return Status::error(Code::kInternal, "training plan, device " + std::to_string(mesh_rank(l)),
-                             "a step's instruction before the host's decision", train::instr_text(in));
-    }
-  }
-  return Status();
-}
-
-Status Runner::replica_after_decision(int l, const Tensor& lr, const Tensor& grad_scale) {
-  for (const train::Instr& in : train::after_decision(plan_.devices[size_t(mesh_rank(l))])) {
-    profile::TraceScope traced(trace_.get(), session_->device(l).name(), train::instr_kind_name(in.kind),
-                               profile::category::kPlan);
-    if (traced.active()) traced.add_arg("instruction", train::instr_text(in));
-    if (in.kind != train::InstrKind::step && in.kind != train::InstrKind::broadcast)
-      return Status::error(Code::kInternal, "training plan, device " + std::to_string(mesh_rank(l)),
-                           "a step's instruction after the host's decision", train::instr_text(in));
-    const train::TrainingPrograms::Shard& sh = programs_.shards[size_t(in.shard)];
-    if (in.kind == train::InstrKind::step) {
-      if (sh.step >= 0)
-        ASPEN_RETURN_IF_ERROR(
-            session_->run_replica(l, {{train::kLrName, &lr}, {train::kGradScaleName, &grad_scale}}, sh.step).status());
-    } else if (in.kind == train::InstrKind::broadcast) {  // ZeRO-1: the shard's new weights from its process
-      std::vector<float*> w;
-      std::vector<int64_t> counts;
-      for (size_t i = sh.begin; i < sh.end; ++i) {
-        Tensor* t = session_->parameter_of(l, programs_.params[i]);
-        ASPEN_CHECK(t != nullptr);
-        w.push_back(t->data<float>());
-        counts.push_back(t->numel());
-      }
-      ASPEN_RETURN_IF_ERROR(dp_->broadcast_from(l, w, counts, in.peer));
-    }
-  }
-  return Status();
-}
-
 Result<float> Runner::step_loss(const std::vector<float>& local) {
   // local: [acc][L] this process's micro-batch losses. All of them from
   // every process ([P][acc][L]), added in double in the order of their index
@@ -252,78 +146,121 @@ Result<float> Runner::step_loss(const std::vector<float>& local) {
   return float(sum / double(acc * P * L));
 }
 
-Result<std::vector<float>> Runner::run_split(const std::map<std::string, const Tensor*>& inputs) {
+Result<std::map<std::string, Shape>> Runner::data_inputs(const std::map<std::string, const Tensor*>& inputs) const {
   const int64_t iters = options_.device_iterations, acc = options_.gradient_accumulation;
-  const int L = session_->replicas();
-  const compiler::Executable& micro = session_->executable(programs_.micro_first);
-  std::vector<std::pair<std::string, Shape>> data_inputs;
-  for (const compiler::Binding& b : micro.inputs) {
-    if (b.name == train::kLossScaleName) continue;
-    auto it = inputs.find(b.name);
-    if (it == inputs.end())
-      return Status::invalid_argument("training input '" + b.name + "'", "given", "missing");
-    const int64_t R = data_replicas();  // the tensor shards of a replica all take its micro-batches
-    ASPEN_RETURN_IF_ERROR(check_feed(b.name, *it->second, b.type.shape, b.type.dtype, iters * acc * R, R));
-    data_inputs.emplace_back(b.name, b.type.shape);
+  const int64_t R = data_replicas();  // the tensor shards (and stages) of a replica all take its micro-batches
+  std::map<std::string, Shape> per;
+  if (!pipe_) {
+    for (const compiler::Binding& b : session_->executable(programs_.micro_first).inputs) {
+      if (b.name == kLossScaleName) continue;
+      auto it = inputs.find(b.name);
+      if (it == inputs.end()) return Status::invalid_argument("training input '" + b.name + "'", "given", "missing");
+      ASPEN_RETURN_IF_ERROR(check_feed(b.name, *it->second, b.type.shape, b.type.dtype, iters * acc * R, R));
+      per.emplace(b.name, b.type.shape);
+    }
+    return per;
   }
-  // Runs fn on every local replica; a failure aborts the data-parallel group.
-  auto on_replicas = [&](const std::function<Status(int)>& fn) -> Status {
-    Status st = session_->for_each_replica([&](int l) {
-      Status r = fn(l);
-      if (!r.is_ok() && dp_) data_group(l)->abort(data_replica(l), r.message());
-      if (!r.is_ok() && !tensor_comms_.empty()) tensor_comms_[size_t(l)]->abort(r.message());
-      return r;
-    });
-    if (!st.is_ok() && (dp_ || !tensor_comms_.empty())) broken_ = true;
-    return st;
-  };
+  // The forward graph's inputs each stage of this process takes, and their per-micro-batch types.
+  for (int s = 0; s < pipeline_stages(); ++s) {
+    if (spread() && s != coord_of(0).pipe) continue;  // another process's stage (a placeholder here)
+    for (const compiler::Binding& b : session_->executable(pipe_->stages[size_t(s)].backward_first).inputs) {
+      if (b.name.starts_with("pipe.") || b.name == kLossScaleName) continue;
+      auto it = inputs.find(b.name);
+      if (it == inputs.end()) return Status::invalid_argument("training input '" + b.name + "'", "given", "missing");
+      const Tensor& t = *it->second;
+      if (t.dtype() != b.type.dtype || t.numel() != b.type.shape.numel() * iters * acc * R)
+        return Status::invalid_argument(
+            "training input '" + b.name + "'",
+            std::string(dtype_name(b.type.dtype)) + " with " + std::to_string(iters * acc * R) +
+                " micro-batches of " + b.type.shape.to_string() + " (device_iterations x gradient_accumulation" +
+                (R > 1 ? " x replicas)" : ")"),
+            std::string(dtype_name(t.dtype())) + t.shape().to_string());
+      per.emplace(b.name, b.type.shape);
+    }
+  }
+  return per;
+}
+
+Result<double> Runner::step_norm(const StepState& step) {
+  if (!needs_norm()) return 0.0;
+  const size_t n = programs_.params.size();
+  const int T = tensor_shards(), d0 = coord_of(0).data;
+  // By tensor shard: Σg² of each parameter's reduced gradient (a cut one's part), where this process's first
+  // replica holds it: the owning stage's device, or the owning local replica's.
+  std::vector<std::vector<float>> by_shard(static_cast<size_t>(T), std::vector<float>(n, 0.0f));
+  if (spread()) {  // one device: the other shards' vectors from its tensor group
+    const std::vector<float>& mine = step.sq[0];
+    if (T > 1) {
+      std::vector<float> all(n * size_t(T));
+      ASPEN_RETURN_IF_ERROR(tensor_comms_[0]->all_gather(mine.data(), all.data(), int64_t(n), DType::f32));
+      for (int t = 0; t < T; ++t) by_shard[size_t(t)].assign(all.begin() + t * n, all.begin() + (t + 1) * n);
+    } else {
+      by_shard[0] = mine;
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i)
+      for (int t = 0; t < T; ++t) {
+        const int holder = pipe_ ? device_at({.data = d0, .pipe = owner_[i], .tensor = t})
+                                 : device_at({.data = d0 + owner_[i], .pipe = 0, .tensor = t});
+        by_shard[size_t(t)][i] = step.sq[size_t(holder)][i];
+      }
+  }
+  // Σg², added in parameter order in f32 (the same bits for every layout); a cut parameter's parts over the
+  // shards in rank order.
+  std::vector<float> sums(n, 0.0f);
+  for (size_t i = 0; i < n; ++i) {
+    if (T > 1 && !tp_replicated_[i]) {
+      for (int t = 0; t < T; ++t) sums[i] += by_shard[size_t(t)][i];
+    } else {
+      sums[i] = by_shard[0][i];
+    }
+  }
+  // Stages across processes: each has its own entries (the others are 0, so the sum is exact).
+  if (spread() && pipe_) ASPEN_RETURN_IF_ERROR(pipe_group_->all_reduce(std::span<float>(sums)));
+  float sq = 0.0f;
+  for (float x : sums) sq += x;
+  return double(sq);
+}
+
+Result<std::vector<float>> Runner::run_steps(const std::map<std::string, const Tensor*>& inputs) {
+  const int64_t iters = options_.device_iterations, acc = options_.gradient_accumulation;
+  const int D = session_->replicas(), Ld = data_replicas();
+  using Shapes = std::map<std::string, Shape>;
+  ASPEN_ASSIGN_OR_RETURN(const Shapes per, data_inputs(inputs));
   std::vector<float> losses;
-  std::vector<ReplicaStep> rs(static_cast<size_t>(L));
   for (int64_t it = 0; it < iters; ++it) {
     StepStats s;
     s.step = steps_done_ + 1;
     s.lr = training_.schedule.at(s.step);
     s.loss_scale = scaler_.scale();
-    const Tensor ls = scalar_f32(float(s.loss_scale));
-    ASPEN_RETURN_IF_ERROR(on_replicas(
-        [&](int l) { return replica_micro_batches(l, it, inputs, data_inputs, ls, rs[size_t(l)]); }));
-    // The loss: the mean over every micro-batch of the step (step_loss).
-    const int Ld = data_replicas(), T = tensor_shards();  // a replica's tensor shards agree on the loss: shard 0's
+    StepState step;
+    step.iteration = it;
+    step.inputs = &inputs;
+    step.per = per;
+    step.loss_scale = scalar_f32(float(s.loss_scale));
+    step.losses.resize(size_t(D));
+    step.sq.resize(size_t(D));
+    step.busy_s.assign(size_t(D), 0.0);
+    ASPEN_RETURN_IF_ERROR(open_transports(step));
+    const auto t0 = std::chrono::steady_clock::now();
+    ASPEN_RETURN_IF_ERROR(on_devices(step, [&](int d) { return walk_to_decision(d, step); }));
+    pipe_stats_.busy_s = step.busy_s;
+    pipe_stats_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // The loss: the mean over every micro-batch of the step (step_loss), each local replica's from its last
+    // stage's first shard (a replica's shards agree on it).
     std::vector<float> local_losses;  // [acc][Ld]
     for (int64_t a = 0; a < acc; ++a)
       for (int l = 0; l < Ld; ++l) {
-        // (Across processes each shard's process has its one device.)
-        const int shard0 = spread() ? 0 : device_at({.data = coord_of(0).data + l, .pipe = 0, .tensor = 0});
-        local_losses.push_back(rs[size_t(shard0)].losses[size_t(a)]);
+        const int holder =
+            spread() ? 0 : device_at({.data = coord_of(0).data + l, .pipe = pipeline_stages() - 1, .tensor = 0});
+        local_losses.push_back(step.losses[size_t(holder)][size_t(a)]);
       }
     ASPEN_ASSIGN_OR_RETURN(s.loss, step_loss(local_losses));
-    // Tensor shards: replica 0's shards' Σg² of their parts (across
-    // processes, all-gathered from the shards of this process's replica).
-    std::vector<std::vector<float>> shard_sq;
-    if (T > 1 && needs_norm()) {
-      const size_t n = programs_.params.size();
-      if (spread()) {
-        std::vector<float> all(n * size_t(T));
-        ASPEN_RETURN_IF_ERROR(tensor_comms_[0]->all_gather(rs[0].sq.data(), all.data(), int64_t(n), DType::f32));
-        for (int t = 0; t < T; ++t) shard_sq.emplace_back(all.begin() + t * n, all.begin() + (t + 1) * n);
-      } else {
-        for (int t = 0; t < T; ++t) shard_sq.push_back(rs[size_t(t)].sq);
-      }
-    }
-    float sq_f32 = 0.0f;  // Σ over parameters in order, in f32: the same bits for every layout
-    for (size_t i = 0; i < programs_.params.size(); ++i) {
-      if (T > 1 && !tp_replicated_[i]) {  // a cut weight: the shards' parts, in rank order
-        float part = 0.0f;
-        for (int t = 0; t < T && !shard_sq.empty(); ++t) part += shard_sq[size_t(t)][i];
-        sq_f32 += part;
-      } else {
-        sq_f32 += rs[size_t(owner_[i])].sq[i];
-      }
-    }
-    const double sq = double(sq_f32);
+    ASPEN_ASSIGN_OR_RETURN(const double sq, step_norm(step));
+    // After the decision each device runs the rest of its plan.
     auto apply = [&](const Tensor& lr, const Tensor& gs) -> Status {
-      Status st = on_replicas([&](int l) { return replica_after_decision(l, lr, gs); });
-      if (st.is_ok() && programs_.shards.size() > 1) advance_step_count();
+      Status st = on_devices(step, [&](int d) { return walk_after_decision(d, step, lr, gs); });
+      if (st.is_ok() && (pipe_ || programs_.shards.size() > 1)) advance_step_count();  // several step programs
       return st;
     };
     ASPEN_RETURN_IF_ERROR(finish_step(s, sq, apply));

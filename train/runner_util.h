@@ -1,5 +1,5 @@
 // train/runner_util.h: small helpers shared by the Runner's source files
-// (runner.cc, runner_step.cc, runner_pipeline.cc); private to train/.
+// (runner.cc, runner_step.cc, runner_walk.cc); private to train/.
 #pragma once
 
 #include <cstdint>
