@@ -686,8 +686,7 @@ Result<train::Plan> Runner::make_plan() const {
 }
 
 Result<float> Runner::evaluate(const std::map<std::string, const Tensor*>& inputs) {
-  if (spread() && pipe_) return evaluate_spread_pipeline(inputs);
-  if (pipe_ && tensor_shards() > 1) return evaluate_local_pipeline(inputs);
+  if (pipe_ && (spread() || tensor_shards() > 1)) return evaluate_stages(inputs);
   if (tensor_shards() == 1) {
     ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(0, inputs, eval_program_));
     return out.at(training_.loss).data<float>()[0];

@@ -305,12 +305,9 @@ class Runner {
   std::vector<std::set<std::string>> stage_uses_;
   // The stage that holds a name's value (its owner for a trained parameter's).
   int holding_stage(const std::string& name) const;
-  Result<float> evaluate_spread_pipeline(const std::map<std::string, const Tensor*>& inputs);
-  // Tensor shards of pipeline stages in this process (train/runner_walk.cc):
-  // evaluation through the stages' forward programs; after a step, a tied
-  // weight's new value from its owner's shards into the other stages' copies;
-  // whether an accumulator's parameter is whole on every shard.
-  Result<float> evaluate_local_pipeline(const std::map<std::string, const Tensor*>& inputs);
+  // Evaluation through the stages' forward programs (stages across processes, or tensor shards of stages in
+  // one process, where no device holds every stage's weights): train/runner_spread.cc.
+  Result<float> evaluate_stages(const std::map<std::string, const Tensor*>& inputs);
   // Every input of `exe` (but pipeline edges) given with its exact type, before any device starts.
   static Status check_eval_inputs(const compiler::Executable& exe, const std::map<std::string, const Tensor*>& inputs);
   // A tied parameter's instruction of device d: its gradient to (or added into) the owner's accumulator, its

@@ -6,7 +6,8 @@
 //    gradients of the stages that use but do not own one are sent to its
 //    owner and added in stage order (the bits of the in-process layout), and
 //    after the owner's step its new value is sent back;
-//  - evaluation: one micro-batch through the stages' forward programs, the
+//  - evaluation (evaluate_stages, also for tensor shards of stages in one
+//    process): one micro-batch through the stages' forward programs, the
 //    loss broadcast from the last stage;
 //  - checkpoints: every weight and optimizer tensor broadcast from the stage
 //    that holds it.
@@ -49,49 +50,53 @@ Result<std::map<std::string, Tensor>> Runner::gather_spread_pipeline(bool weight
   return out;
 }
 
-Result<float> Runner::evaluate_spread_pipeline(const std::map<std::string, const Tensor*>& inputs) {
-  const train::PipelinePrograms& pp = *pipe_;
-  const int S = int(pp.stages.size()), st = coord_of(0).pipe;
-  const train::PipelinePrograms::Stage& prog = pp.stages[size_t(st)];
-  const train::PipelineStage& split = pp.split.stages[size_t(st)];
+Result<float> Runner::evaluate_stages(const std::map<std::string, const Tensor*>& inputs) {
+  const PipelinePrograms& pp = *pipe_;
+  const int S = int(pp.stages.size());
   // Inputs checked first: a failure after the first message would leave the other stages waiting.
-  const compiler::Executable& exe = session_->executable(prog.forward);
-  ASPEN_RETURN_IF_ERROR(check_eval_inputs(exe, inputs));
-  std::map<std::string, const Tensor*> feeds;
-  for (const compiler::Binding& b : exe.inputs)
-    if (!b.name.starts_with("pipe.")) feeds.emplace(b.name, inputs.at(b.name));
+  for (int st = 0; st < S; ++st)
+    if (!spread() || st == coord_of(0).pipe)
+      ASPEN_RETURN_IF_ERROR(check_eval_inputs(session_->executable(pp.stages[size_t(st)].forward), inputs));
   if (broken_)
     return Status::error(Code::kFailedPrecondition, "training model", "a model whose stages are working",
                          "a step failed earlier and aborted the group", "create the model again");
-  const int micros = int(options_.gradient_accumulation);
-  const int eval_micro = micros;  // the tag evaluation's messages use (training's are 0 .. micros - 1)
-  ASPEN_ASSIGN_OR_RETURN(std::unique_ptr<parallel::Transport> transport, parallel::job::transport(*pipe_group_, micros));
-  auto fail = [&](Status s) {
-    pipe_group_->abort(s.message());
-    broken_ = true;
-    return s;
-  };
-  std::map<std::string, Tensor> received;
-  for (int e : split.in_edges) {
-    const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
-    Result<Tensor> t = transport->take({.edge = e, .micro = eval_micro, .grad = false}, edge.from, edge.type.dtype,
-                                      edge.type.shape, "evaluation, stage " + std::to_string(st));
-    if (!t.is_ok()) return fail(t.status());
-    received.emplace(edge.name, std::move(t).value());
+  // Evaluation's messages are micro-batch `gradient_accumulation` (training's are 0 .. accumulation - 1).
+  const int micro = int(options_.gradient_accumulation);
+  StepState step;
+  ASPEN_RETURN_IF_ERROR(open_transports(step));
+  float loss = 0.0f;
+  const Status walked = on_devices(step, [&](int d) -> Status {
+    if (data_replica(d) != 0) return Status();  // the first replica's devices
+    const int stage = coord_of(d).pipe;
+    const PipelineStage& split = pp.split.stages[size_t(stage)];
+    parallel::Transport& transport = transport_of(step, d);
+    std::map<std::string, Tensor> received;
+    for (int e : split.in_edges) {
+      const PipelineEdge& edge = pp.split.edges[size_t(e)];
+      ASPEN_ASSIGN_OR_RETURN(Tensor x, transport.take({.edge = e, .micro = micro, .grad = false}, edge.from,
+                                                      edge.type.dtype, edge.type.shape,
+                                                      "evaluation, stage " + std::to_string(stage)));
+      received.emplace(edge.name, std::move(x));
+    }
+    std::map<std::string, const Tensor*> feeds;
+    for (const std::string& name : split.inputs) feeds.emplace(name, inputs.at(name));
+    for (const auto& [name, x] : received) feeds.emplace(name, &x);
+    ASPEN_ASSIGN_OR_RETURN(auto out, session_->run_replica(d, feeds, pp.stages[size_t(stage)].forward));
+    for (int e : split.out_edges) {
+      const PipelineEdge& edge = pp.split.edges[size_t(e)];
+      ASPEN_RETURN_IF_ERROR(transport.put({.edge = e, .micro = micro, .grad = false}, edge.to,
+                                          std::move(out.at(edge.name))));
+    }
+    if (stage + 1 == S && (spread() || coord_of(d).tensor == 0)) loss = out.at(training_.loss).data<float>()[0];
+    return transport.flush();
+  });
+  ASPEN_RETURN_IF_ERROR(walked);
+  if (spread()) {  // from the last stage's processes to the others
+    if (Status s = pipe_group_->broadcast(&loss, 1, DType::f32, S - 1); !s.is_ok()) {
+      broken_ = true;
+      return s;
+    }
   }
-  for (const auto& [name, t] : received) feeds.emplace(name, &t);
-  Result<std::map<std::string, Tensor>> out = session_->run_replica(0, feeds, prog.forward);
-  if (!out.is_ok()) return fail(out.status());
-  for (int e : split.out_edges) {
-    const train::PipelineEdge& edge = pp.split.edges[size_t(e)];
-    if (Status s = transport->put({.edge = e, .micro = eval_micro, .grad = false}, edge.to,
-                                 std::move(out->at(edge.name)));
-        !s.is_ok())
-      return fail(std::move(s));
-  }
-  if (Status s = transport->flush(); !s.is_ok()) return fail(std::move(s));
-  float loss = st + 1 == S ? out->at(training_.loss).data<float>()[0] : 0.0f;
-  if (Status s = pipe_group_->broadcast(&loss, 1, DType::f32, S - 1); !s.is_ok()) return fail(std::move(s));
   return loss;
 }
 

@@ -113,7 +113,20 @@ Result<std::vector<float>> Runner::run_fused(const std::map<std::string, const T
   runtime::RunOptions r;
   r.iterations = iters;
   r.output_mode = runtime::OutputMode::all;
-  ASPEN_ASSIGN_OR_RETURN(auto out, session_->run(feeds, r, prog));
+  // The plan of a fused step (train/plan.h): `fused` on the one device (device_iterations steps in one
+  // program), then the host's look at the losses.
+  const std::vector<Instr>& instrs = plan_.devices[0].instrs;
+  if (instrs.empty() || instrs[0].kind != InstrKind::fused)
+    return Status::error(Code::kInternal, "training plan, device 0", "a fused step",
+                         instrs.empty() ? std::string("no instructions") : instr_text(instrs[0]));
+  Result<std::map<std::string, Tensor>> ran = Status();
+  {
+    profile::TraceScope traced(trace_.get(), session_->device(0).name(), instr_kind_name(InstrKind::fused),
+                               profile::category::kPlan);
+    if (traced.active()) traced.add_arg("instruction", instr_text(instrs[0]));
+    ran = session_->run(feeds, r, prog);
+  }
+  ASPEN_ASSIGN_OR_RETURN(auto out, std::move(ran));
   const Tensor& loss = out.at(training_.loss);
   std::vector<float> losses(loss.span<float>().begin(), loss.span<float>().end());
   for (int64_t i = 0; i < iters; ++i) {
