@@ -107,21 +107,16 @@ class Runner {
   // weights and state to the host is collective.
   bool model_across_processes() const { return placement_.across; }
 
-  // Model weights by name (f32 master weights; not "optimizer.*", "train.*" or "state.*").
+  // Weights and optimizer state in and out as whole tensors by name, whatever the layout (cut over tensor
+  // shards, spread over stages, ZeRO-1's shards gathered); collective across processes where
+  // api/training_model.h says so.
   Status copy_weights_to_device(const std::map<std::string, const Tensor*>& weights);
   Result<std::map<std::string, Tensor>> copy_weights_to_host() const;
-  // The optimizer state ("optimizer.*": moments, momentum buffers, the step
-  // count). With ZeRO-1 across processes (DataParallelOptions::
-  // shard_optimizer_state) each process keeps its shards only: copying to the
-  // host is then a collective that every process calls (it gathers the whole
-  // state), and copying to the device keeps this process's part.
   Status copy_optimizer_state_to_device(const std::map<std::string, const Tensor*>& state);
   Result<std::map<std::string, Tensor>> copy_optimizer_state_to_host() const;
-  // Name → type of the weights and of the optimizer state (what a checkpoint must match).
   std::map<std::string, std::pair<DType, Shape>> weight_types() const;
   std::map<std::string, std::pair<DType, Shape>> optimizer_state_types() const;
 
-  // PopTorch's setOptimizer: a new base learning rate (the schedule keeps its shape).
   void set_learning_rate(double lr) { training_.schedule.lr = lr; }
 
   // device_iterations steps; each step's loss.
