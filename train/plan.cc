@@ -511,6 +511,21 @@ double SimResult::bubble() const {
 
 Result<SimResult> simulate_plan(const Plan& plan, const PlanCosts& costs) {
   const size_t N = plan.devices.size();
+  // Every device an instruction names is one of the plan's (a collective's group includes its own device).
+  for (size_t d = 0; d < N; ++d)
+    for (const Instr& i : plan.devices[d].instrs) {
+      const bool p2p = i.kind == InstrKind::send || i.kind == InstrKind::recv;
+      bool ok = !p2p || (i.peer >= 0 && size_t(i.peer) < N && size_t(i.peer) != d);
+      if (is_collective(i.kind)) {
+        ok = std::find(i.group.begin(), i.group.end(), int(d)) != i.group.end();
+        for (int m : i.group) ok = ok && m >= 0 && size_t(m) < N;
+      }
+      if (!ok)
+        return Status::invalid_argument("plan: device " + num(int64_t(d)) + ", " + instr_text(i),
+                                        p2p ? "a peer among the plan's " + num(int64_t(N)) + " devices, not itself"
+                                            : "a group of the plan's devices that includes this one",
+                                        p2p ? "peer " + num(int64_t(i.peer)) : "another group");
+    }
   std::vector<size_t> pc(N, 0);
   std::vector<double> clock(N, 0.0);
   SimResult out;

@@ -207,6 +207,19 @@ TEST(Plan, CheckFindsCollectivesOutOfOrder) {
   EXPECT_NE(t.message().find("collective 0 of the group [0,1] on device 1"), std::string::npos) << t.to_string();
 }
 
+TEST(Plan, SimulationRefusesDevicesOutsideThePlan) {
+  Plan p = pp3();
+  p.devices[0].instrs[size_t(find(p.devices[0], InstrKind::send))].peer = 99;
+  const Result<SimResult> s = simulate_plan(p);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.status().message().find("peer 99"), std::string::npos) << s.status().to_string();
+  Plan q = make_plan(spec_for({.name = "dp2", .mesh = mesh(2, 1, 1), .micro = 1})).value();
+  q.devices[1].instrs[size_t(find(q.devices[1], InstrKind::reduce))].group = {0, 5};
+  const Status t = check_plan(q);
+  EXPECT_FALSE(t.is_ok());
+  EXPECT_FALSE(simulate_plan(q).is_ok());
+}
+
 TEST(Plan, CheckFindsPassesTwiceOrMissing) {
   Plan p = pp3();
   auto& list = p.devices[2].instrs;

@@ -1,4 +1,4 @@
-// TrainingModel's gradient exchange overlapped with the backward pass
+// The Runner's gradient exchange overlapped with the backward pass
 // (DataParallelOptions::overlap): the last micro-batch of a data-parallel
 // step runs with Session::run_replica's on_ready hook, which hands each
 // gradient accumulator to a helper thread the moment the program has

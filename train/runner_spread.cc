@@ -1,4 +1,4 @@
-// TrainingModel with its pipeline stages in different processes
+// The Runner with its pipeline stages in different processes
 // (Options::model_across_processes): what crosses between the stages of one
 // replica besides the activations (train/runner_walk.cc), all over the
 // replica's "pipe" group, whose rank is the stage:

@@ -1,7 +1,8 @@
-// TrainingModel's steps (train/runner.h): the fused step, the split
-// step's micro-batches, gradient exchange, norms and optimizer update on
-// every local replica, the host's decisions between them (loss scaling,
-// clipping, non-finite checks), and the losses by output mode.
+// The Runner's steps (train/runner.h): the fused step, and the host's part
+// of every other (run_steps): the inputs checked and cut into micro-batches,
+// the devices' walks of the plan (train/runner_walk.cc) before and after the
+// host's decision, the step's loss over every process, the gradient norm,
+// and the decision itself (loss scaling, clipping, non-finite checks).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
