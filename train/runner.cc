@@ -604,8 +604,8 @@ Result<std::vector<float>> Runner::run(const std::map<std::string, const Tensor*
     if (!t) return Status::invalid_argument("training input '" + name + "'", "a tensor", "a null pointer");
   }
   if (broken_)
-    return Status::error(Code::kFailedPrecondition, "training model", "a model whose replicas are working",
-                         "a data-parallel step failed earlier and aborted the group",
+    return Status::error(Code::kFailedPrecondition, "training model", "a model whose devices are working",
+                         "a step failed earlier and aborted its groups (data, tensor or pipe)",
                          "create the model again (and reload a checkpoint)");
   last_.clear();
   Result<std::vector<float>> out =

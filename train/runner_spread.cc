@@ -93,6 +93,7 @@ Result<float> Runner::evaluate_stages(const std::map<std::string, const Tensor*>
   ASPEN_RETURN_IF_ERROR(walked);
   if (spread()) {  // from the last stage's processes to the others
     if (Status s = pipe_group_->broadcast(&loss, 1, DType::f32, S - 1); !s.is_ok()) {
+      pipe_group_->abort(s.message());
       broken_ = true;
       return s;
     }

@@ -34,8 +34,9 @@ struct TrainingOptions {
   // Pipeline parallel: the forward graph cut into `stages` stages, one device
   // each (train/pipeline.h: from the model's stage tags, or balanced); the
   // gradient_accumulation micro-batches of a step flow through them in the
-  // schedule's order. With replicas (R per process) there are R x stages
-  // devices, device r·stages + s running stage s of replica r, and each
+  // schedule's order. With replicas (R per process) and tensor shards (T)
+  // there are R x stages x T devices, device (r·stages + s)·T + t running
+  // shard t of stage s of replica r (parallel/mesh.h's order), and each
   // stage's gradients are reduced over its replicas (in-process and across
   // processes) before replica 0 of the stage steps it.
   // An untagged model is cut where the stages' costs balance: `estimated`
