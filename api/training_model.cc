@@ -55,12 +55,6 @@ class ModelSharding final : public train::TensorSharding {
   bool vocab_;
 };
 
-Tensor scalar(float v) {
-  Tensor t(DType::f32, Shape{});
-  t.data<float>()[0] = v;
-  return t;
-}
-
 // Options bound to the runner's (the one place they are copied).
 train::RunnerOptions runner_options(const Options& o) {
   train::RunnerOptions r;
@@ -99,12 +93,12 @@ Result<std::map<std::string, Tensor>> losses_by_mode(const Options& options, con
       break;
     }
     case OutputMode::final:
-      out.emplace("loss", scalar(losses.back()));
-      break;
     case OutputMode::sum: {
       float s = 0.0f;
       for (float x : losses) s += x;
-      out.emplace("loss", scalar(s));
+      Tensor t(DType::f32, Shape{});
+      t.data<float>()[0] = options.output_mode_ == OutputMode::final ? losses.back() : s;
+      out.emplace("loss", std::move(t));
       break;
     }
   }

@@ -105,7 +105,7 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
     dpo.local = local;
     dpo.mpi = options.mpi;
     // Across processes: the replicas of this stage and shard (its position in a replica).
-    dpo.mpi_color = m->spread() ? mesh.rank({.data = 0, .pipe = m->coord_of(0).pipe, .tensor = m->coord_of(0).tensor}) : -1;
+    dpo.mpi_color = m->spread() ? m->replica_position(0) : -1;
     ASPEN_ASSIGN_OR_RETURN(m->dp_, parallel::DataParallelGroup::create(dpo));
     if (dpo.compression == parallel::Compression::topk && training.loss_scaling.mode == train::LossScaling::dynamic)
       return Status::unimplemented("training: top-k gradient compression with dynamic loss scaling",
@@ -312,62 +312,22 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
     return Status();
   };
   if (tp > 1) ASPEN_RETURN_IF_ERROR(setup_shards());
-  if (m->pipe_) {  // each parameter's gradient ends on (replica 0 of) the stage that owns it
-    m->owner_.assign(m->programs_.params.size(), 0);
+  // Each parameter's owner: the stage whose step updates it (its gradient ends on that stage's first
+  // replica), or the local replica whose optimizer shard does (ZeRO-1: shard p·L + l is local replica l's).
+  m->owner_.assign(m->programs_.params.size(), 0);
+  if (m->pipe_) {
     for (int st = 0; st < stages; ++st)
       for (size_t i : m->pipe_->stages[size_t(st)].owned) m->owner_[i] = st;
+  } else {
+    for (size_t k = 0; k < m->programs_.shards.size(); ++k)
+      for (size_t i = m->programs_.shards[k].begin; i < m->programs_.shards[k].end; ++i)
+        m->owner_[i] = int(k) % local;
   }
   if (m->pipe_ && m->spread())  // every message tag must fit MPI's (the largest: the last edge's, evaluation's)
     ASPEN_RETURN_IF_ERROR(parallel::job::check_tags(  // (tied parameters' messages follow the edges')
         *m->pipe_group_,
         int64_t(m->pipe_->split.edges.size() + (m->pipe_->shared.empty() ? 0 : m->programs_.params.size())),
         options.gradient_accumulation));
-  if (m->pipe_ && m->spread()) {
-    // This process's device holds its stage's.
-    const auto& params = m->programs_.params;
-    m->grads_.resize(1);
-    for (const std::string& p : params) {
-      m->grad_counts_.push_back(m->all_types_.at(p).second.numel());
-      Tensor* t = m->session_->parameter_of(0, train::grad_accumulator_name(p));
-      m->grads_[0].push_back(t ? t->data<float>() : nullptr);
-    }
-  } else if (m->pipe_) {
-    // Replica 0 of the owning stage holds the sum; with replicas every device has its own accumulators.
-    const auto& params = m->programs_.params;
-    m->grads_.resize(size_t(m->session_->replicas()));
-    for (size_t i = 0; i < params.size(); ++i) {
-      const std::string acc = train::grad_accumulator_name(params[i]);
-      const int holder = m->device_at({.data = m->coord_of(0).data, .pipe = m->owner_[i], .tensor = 0});
-      m->grad_counts_.push_back(m->session_->parameter_of(holder, acc)->numel());
-      for (int d = 0; d < m->session_->replicas(); ++d) {
-        Tensor* t = m->session_->parameter_of(d, acc);  // null on devices of other stages
-        m->grads_[size_t(d)].push_back(t ? t->data<float>() : nullptr);
-      }
-    }
-  } else if (tp > 1) {
-    const auto& params = m->programs_.params;
-    m->owner_.assign(params.size(), 0);
-    m->grads_.resize(size_t(m->session_->replicas()));
-    for (const std::string& p : params) {
-      m->grad_counts_.push_back(m->session_->parameter_of(0, train::grad_accumulator_name(p))->numel());
-      for (int d = 0; d < m->session_->replicas(); ++d)
-        m->grads_[size_t(d)].push_back(m->session_->parameter_of(d, train::grad_accumulator_name(p))->data<float>());
-    }
-  } else if (m->programs_.split()) {
-    const auto& params = m->programs_.params;
-    m->owner_.assign(params.size(), 0);
-    for (size_t k = 0; k < m->programs_.shards.size(); ++k)  // ZeRO-1: shard p·L + l reduces to local replica l
-      for (size_t i = m->programs_.shards[k].begin; i < m->programs_.shards[k].end; ++i)
-        m->owner_[i] = int(k) % local;
-    m->grads_.resize(size_t(local));
-    for (const std::string& p : params) {
-      const Tensor* t = m->session_->parameter_of(0, train::grad_accumulator_name(p));
-      ASPEN_CHECK(t != nullptr);
-      m->grad_counts_.push_back(t->numel());
-      for (int l = 0; l < local; ++l)
-        m->grads_[size_t(l)].push_back(m->session_->parameter_of(l, train::grad_accumulator_name(p))->data<float>());
-    }
-  }
   ASPEN_ASSIGN_OR_RETURN(m->plan_, m->make_plan());
   if (m->job_) {  // the step each process will run: the same plan everywhere (a difference names its part)
     const train::PlanSpec& ps = m->plan_.spec;
@@ -488,7 +448,7 @@ Result<Tensor> Runner::get_full(const std::string& name) const {
   std::vector<const Tensor*> parts;
   std::vector<Tensor> gathered;  // across processes: every shard's part, all-gathered
   if (spread()) {
-    const Tensor* mine = const_cast<runtime::Session&>(*session_).parameter_of(0, name);
+    const Tensor* mine = session_->parameter_of(0, name);
     if (!mine) return not_a_parameter(name);
     if (mine->dtype() != DType::f32)
       return Status::invalid_argument("parameter '" + name + "'", "f32 (gathered over the tensor shards)",
@@ -505,7 +465,7 @@ Result<Tensor> Runner::get_full(const std::string& name) const {
     // This process's first replica's shards of the stage that holds it.
     const int first = device_at({.data = coord_of(0).data, .pipe = pipe_ ? holding_stage(name) : 0, .tensor = 0});
     for (int d : local_group(parallel::Axis::tensor, first))
-      parts.push_back(const_cast<runtime::Session&>(*session_).parameter_of(d, name));
+      parts.push_back(session_->parameter_of(d, name));
   }
   if (!parts[0]) return not_a_parameter(name);
   return sharding_->gather(name, parts);
@@ -608,14 +568,12 @@ Result<std::vector<float>> Runner::run(const std::map<std::string, const Tensor*
                          "a step failed earlier and aborted its groups (data, tensor or pipe)",
                          "create the model again (and reload a checkpoint)");
   last_.clear();
-  Result<std::vector<float>> out =
-      pipe_ || programs_.split() ? run_steps(inputs) : run_fused(inputs);
+  Result<std::vector<float>> out = pipe_ || programs_.split() ? run_steps(inputs) : run_fused(inputs);
   if (trace_) ASPEN_RETURN_IF_ERROR(profile::write_chrome_trace(trace_->events(), options_.profile));
   return out;
 }
 
-Status Runner::check_eval_inputs(const compiler::Executable& exe,
-                                        const std::map<std::string, const Tensor*>& inputs) {
+Status Runner::check_eval_inputs(const compiler::Executable& exe, const std::map<std::string, const Tensor*>& inputs) {
   for (const compiler::Binding& b : exe.inputs) {
     if (b.name.starts_with("pipe.")) continue;  // a pipeline stage's edge, not the user's
     auto it = inputs.find(b.name);

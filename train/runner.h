@@ -156,7 +156,7 @@ class Runner {
   struct StepState {
     int64_t iteration = 0;                                  // within this run()
     const std::map<std::string, const Tensor*>* inputs = nullptr;
-    std::map<std::string, Shape> per;                       // each data input's per-micro-batch shape
+    const std::map<std::string, Shape>* per = nullptr;      // each data input's per-micro-batch shape
     Tensor loss_scale;
     // By pipe group (its first mesh rank: a replica's shard t of every stage): the edges' and tied
     // parameters' transport, whose endpoints are the stages. None without stages.
@@ -168,7 +168,8 @@ class Runner {
   // The data inputs' per-micro-batch shapes, each input checked against them.
   Result<std::map<std::string, Shape>> data_inputs(const std::map<std::string, const Tensor*>& inputs) const;
   Status open_transports(StepState& step);
-  parallel::Transport& transport_of(StepState& step, int device);
+  // Device d's pipe group's transport (null without stages).
+  parallel::Transport* transport_of(StepState& step, int device);
   // Device d's instructions up to the host's decision, and after it.
   Status walk_to_decision(int device, StepState& step);
   Status walk_after_decision(int device, StepState& step, const Tensor& lr, const Tensor& grad_scale);
@@ -252,9 +253,18 @@ class Runner {
   std::vector<std::string> input_names_;  // the forward graph's inputs
   int eval_program_ = -1;
   std::unique_ptr<parallel::DataParallelGroup> dp_;  // null: one replica, no MPI
-  std::vector<int> owner_;                  // by trained parameter: the local replica whose step updates it
-  std::vector<std::vector<float*>> grads_;  // by local replica: its accumulators, in parameter order
-  std::vector<int64_t> grad_counts_;        // by trained parameter: elements
+  // By trained parameter: the pipeline stage that steps it, or (without stages) the local replica whose
+  // optimizer shard does.
+  std::vector<int> owner_;
+  // The device of this process's first replica that holds parameter `param`'s reduced gradient (tensor
+  // shard `shard`'s part): the owning stage's, or the owning local replica's (not across processes).
+  int holder(size_t param, int shard) const {
+    const int d0 = coord_of(0).data;
+    return pipe_ ? device_at({.data = d0, .pipe = owner_[param], .tensor = shard})
+                 : device_at({.data = d0 + owner_[param], .pipe = 0, .tensor = shard});
+  }
+  // Device d's accumulators of `params` on its stage.
+  std::vector<Tensor*> accumulators(int device, std::span<const int> params) const;
   bool broken_ = false;                     // a data-parallel step failed: the group is aborted
   std::unique_ptr<train::PipelinePrograms> pipe_;  // pipeline stages (null: none)
   bool zero_ = false;  // ZeRO-1 across processes (DataParallelOptions::shard_optimizer_state)
@@ -281,9 +291,13 @@ class Runner {
   std::vector<std::unique_ptr<parallel::DataParallelGroup>> more_dp_;
   parallel::DataParallelGroup* data_group(int device) {
     if (spread()) return dp_.get();
-    const parallel::Coord c = coord_of(device);
-    const int k = mesh_->rank({.data = 0, .pipe = c.pipe, .tensor = c.tensor});
+    const int k = replica_position(device);
     return k == 0 ? dp_.get() : more_dp_[size_t(k - 1)].get();
+  }
+  // Device d's position in its replica: the mesh rank of its (stage, tensor rank) in replica 0.
+  int replica_position(int device) const {
+    const parallel::Coord c = coord_of(device);
+    return mesh_->rank({.data = 0, .pipe = c.pipe, .tensor = c.tensor});
   }
   std::map<std::string, std::pair<DType, Shape>> state_types_;  // the whole optimizer state (every shard)
   std::vector<std::vector<std::string>> shard_state_;           // by shard: its state's names (not the step count)

@@ -69,7 +69,7 @@ Result<float> Runner::evaluate_stages(const std::map<std::string, const Tensor*>
     if (data_replica(d) != 0) return Status();  // the first replica's devices
     const int stage = coord_of(d).pipe;
     const PipelineStage& split = pp.split.stages[size_t(stage)];
-    parallel::Transport& transport = transport_of(step, d);
+    parallel::Transport& transport = *transport_of(step, d);
     std::map<std::string, Tensor> received;
     for (int e : split.in_edges) {
       const PipelineEdge& edge = pp.split.edges[size_t(e)];

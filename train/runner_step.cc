@@ -29,15 +29,12 @@ Result<std::string> Runner::first_non_finite(const std::string& prefix) const {
 
 Result<std::string> Runner::first_non_finite_gradient() const {
   for (size_t i = 0; i < programs_.params.size(); ++i) {
-    // Where the reduced gradient is: this process's first replica's shard 0 of the owning stage, or the
-    // owning local replica.
-    const int d0 = coord_of(0).data;
-    const float* g = spread() ? grads_[0][i]
-                              : grads_[size_t(pipe_ ? device_at({.data = d0, .pipe = owner_[i], .tensor = 0})
-                                                    : device_at({.data = d0 + owner_[i], .pipe = 0, .tensor = 0}))][i];
+    // The reduced gradient (shard 0's part): across processes this process's device has its stage's.
+    const Tensor* g =
+        session_->parameter_of(spread() ? 0 : holder(i, 0), grad_accumulator_name(programs_.params[i]));
     if (!g) continue;  // another process's stage
-    for (int64_t k = 0; k < grad_counts_[i]; ++k)
-      if (!std::isfinite(g[k])) return programs_.params[i];
+    for (float x : g->span<float>())
+      if (!std::isfinite(x)) return programs_.params[i];
   }
   return std::string();
 }
@@ -198,7 +195,7 @@ Result<std::map<std::string, Shape>> Runner::data_inputs(const std::map<std::str
 Result<double> Runner::step_norm(const StepState& step) {
   if (!needs_norm()) return 0.0;
   const size_t n = programs_.params.size();
-  const int T = tensor_shards(), d0 = coord_of(0).data;
+  const int T = tensor_shards();
   // By tensor shard: Σg² of each parameter's reduced gradient (a cut one's part), where this process's first
   // replica holds it: the owning stage's device, or the owning local replica's.
   std::vector<std::vector<float>> by_shard(static_cast<size_t>(T), std::vector<float>(n, 0.0f));
@@ -213,11 +210,7 @@ Result<double> Runner::step_norm(const StepState& step) {
     }
   } else {
     for (size_t i = 0; i < n; ++i)
-      for (int t = 0; t < T; ++t) {
-        const int holder = pipe_ ? device_at({.data = d0, .pipe = owner_[i], .tensor = t})
-                                 : device_at({.data = d0 + owner_[i], .pipe = 0, .tensor = t});
-        by_shard[size_t(t)][i] = step.sq[size_t(holder)][i];
-      }
+      for (int t = 0; t < T; ++t) by_shard[size_t(t)][i] = step.sq[size_t(holder(i, t))][i];
   }
   // Σg², added in parameter order in f32 (the same bits for every layout); a cut parameter's parts over the
   // shards in rank order.
@@ -250,7 +243,7 @@ Result<std::vector<float>> Runner::run_steps(const std::map<std::string, const T
     StepState step;
     step.iteration = it;
     step.inputs = &inputs;
-    step.per = per;
+    step.per = &per;
     step.loss_scale = scalar_f32(float(s.loss_scale));
     step.losses.resize(size_t(D));
     step.sq.resize(size_t(D));
@@ -264,13 +257,13 @@ Result<std::vector<float>> Runner::run_steps(const std::map<std::string, const T
     }
     // The loss: the mean over every micro-batch of the step (step_loss), each local replica's from its last
     // stage's first shard (a replica's shards agree on it).
+    std::vector<int> loss_device;  // by local replica
+    for (int l = 0; l < Ld; ++l)
+      loss_device.push_back(
+          spread() ? 0 : device_at({.data = coord_of(0).data + l, .pipe = pipeline_stages() - 1, .tensor = 0}));
     std::vector<float> local_losses;  // [acc][Ld]
     for (int64_t a = 0; a < acc; ++a)
-      for (int l = 0; l < Ld; ++l) {
-        const int holder =
-            spread() ? 0 : device_at({.data = coord_of(0).data + l, .pipe = pipeline_stages() - 1, .tensor = 0});
-        local_losses.push_back(step.losses[size_t(holder)][size_t(a)]);
-      }
+      for (int l = 0; l < Ld; ++l) local_losses.push_back(step.losses[size_t(loss_device[size_t(l)])][size_t(a)]);
     ASPEN_ASSIGN_OR_RETURN(s.loss, step_loss(local_losses));
     ASPEN_ASSIGN_OR_RETURN(const double sq, step_norm(step));
     // After the decision each device runs the rest of its plan.
@@ -298,7 +291,7 @@ void Runner::advance_step_count() {  // the shards read the count; it advances o
 }
 
 Status Runner::finish_step(StepStats& s, double sq,
-                                  const std::function<Status(const Tensor& lr, const Tensor& grad_scale)>& apply) {
+                           const std::function<Status(const Tensor& lr, const Tensor& grad_scale)>& apply) {
   const int64_t acc = options_.gradient_accumulation;
   const bool finite = std::isfinite(sq) && std::isfinite(s.loss);
   // Tensor shards each differentiate the whole loss (their sum is T times it).

@@ -33,8 +33,20 @@ using parallel::Transport;
 
 }  // namespace
 
-Transport& Runner::transport_of(StepState& step, int device) {
-  return *step.transports.at(mesh_->group(parallel::Axis::pipe, mesh_rank(device)).front());
+Transport* Runner::transport_of(StepState& step, int device) {
+  if (step.transports.empty()) return nullptr;
+  return step.transports.at(mesh_->group(parallel::Axis::pipe, mesh_rank(device)).front()).get();
+}
+
+std::vector<Tensor*> Runner::accumulators(int device, std::span<const int> params) const {
+  const int stage = coord_of(device).pipe;
+  std::vector<Tensor*> out;
+  for (int p : params) {
+    Tensor* t = session_->parameter_of(device, accumulator_name(p, stage));
+    ASPEN_CHECK(t != nullptr);
+    out.push_back(t);
+  }
+  return out;
 }
 
 Status Runner::open_transports(StepState& step) {
@@ -82,6 +94,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
   std::map<int, std::map<std::string, Tensor>> stash;  // micro-batch -> its in-edge tensors
   std::map<int, std::map<std::string, Tensor>> grads;  // micro-batch -> its out-edges' gradients
   std::map<std::string, Tensor> out;                   // the last pass's outputs (its sends follow it)
+  Transport* transport = transport_of(step, d);        // this device's pipe group's (none without stages)
   for (size_t k = 0; k < instrs.size() && instrs[k].kind != InstrKind::decide; ++k) {
     const Instr& in = instrs[k];
     const int m = in.micro;
@@ -91,7 +104,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
     const bool transfer = in.kind == InstrKind::send || in.kind == InstrKind::recv;
     if (transfer && (in.payload == Payload::tied_gradient || in.payload == Payload::tied_weight)) {
       // A tied parameter's gradient on a later stage, added into its owner's (in stage order).
-      ASPEN_RETURN_IF_ERROR(tied_transfer(d, in, transport_of(step, d)));
+      ASPEN_RETURN_IF_ERROR(tied_transfer(d, in, *transport));
       continue;
     }
     auto where = [&] {
@@ -104,12 +117,10 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         const bool grad = in.payload == Payload::gradient;
         profile::TraceScope wait(trace_.get(), session_->device(d).name(), (grad ? "recv grad " : "recv ") + e.name,
                                  profile::category::kCollective, e.type.bytes());
-        ASPEN_ASSIGN_OR_RETURN(Tensor t, transport_of(step, d).take({.edge = in.edge, .micro = m, .grad = grad},
-                                                                    peer_stage(in), e.type.dtype, e.type.shape,
-                                                                    where() + ": waiting for " +
-                                                                        (grad ? "the gradient of " : "") + e.name +
-                                                                        " from stage " +
-                                                                        std::to_string(peer_stage(in))));
+        ASPEN_ASSIGN_OR_RETURN(Tensor t, transport->take({.edge = in.edge, .micro = m, .grad = grad}, peer_stage(in),
+                                                         e.type.dtype, e.type.shape,
+                                                         where() + ": waiting for " + (grad ? "the gradient of " : "") +
+                                                             e.name + " from stage " + std::to_string(peer_stage(in))));
         if (grad) {
           grads[m].emplace(kPipeGradPrefix + std::to_string(in.edge), std::move(t));
         } else {
@@ -123,15 +134,15 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         auto t = out.find(name);
         if (t == out.end())
           return Status::error(Code::kInternal, where(), "the pass before it to output " + name, "no such output");
-        ASPEN_RETURN_IF_ERROR(transport_of(step, d).put({.edge = in.edge, .micro = m, .grad = grad}, peer_stage(in),
-                                                         std::move(t->second)));
+        ASPEN_RETURN_IF_ERROR(transport->put({.edge = in.edge, .micro = m, .grad = grad}, peer_stage(in),
+                                             std::move(t->second)));
         break;
       }
       case InstrKind::forward:
       case InstrKind::backward: {
         // This micro-batch's rows of the data inputs the pass takes (a stage's, or all of them).
         std::map<std::string, Tensor> owned;
-        for (const auto& [name, per] : step.per)
+        for (const auto& [name, per] : *step.per)
           if (!stage_inputs ||
               std::find(stage_inputs->begin(), stage_inputs->end(), name) != stage_inputs->end())
             owned.emplace(name, util::rows(*step.inputs->at(name), per,
@@ -184,9 +195,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         profile::TraceScope scope(trace_.get(), session_->device(d).name(), "sum gradients over tensor shards",
                                   profile::category::kCollective);
         int64_t bytes = 0;
-        for (int p : in.params) {
-          Tensor* t = session_->parameter_of(d, accumulator_name(p, st));
-          ASPEN_CHECK(t != nullptr);
+        for (Tensor* t : accumulators(d, in.params)) {
           bytes += int64_t(t->nbytes());
           ASPEN_RETURN_IF_ERROR(tensor_comms_[spread() ? 0 : size_t(d)]->all_reduce(
               std::span<float>(t->data<float>(), size_t(t->numel()))));
@@ -199,12 +208,10 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         std::vector<float*> tensors;
         std::vector<int64_t> counts;
         int64_t bytes = 0;
-        for (int p : in.params) {
-          Tensor* t = session_->parameter_of(d, accumulator_name(p, st));
-          ASPEN_CHECK(t != nullptr);
+        for (Tensor* t : accumulators(d, in.params)) {
           tensors.push_back(t->data<float>());
           counts.push_back(t->numel());
-          bytes += 4 * t->numel();
+          bytes += int64_t(t->nbytes());
         }
         profile::TraceScope scope(trace_.get(), session_->device(d).name(), "reduce gradients",
                                   profile::category::kCollective, bytes);
@@ -235,11 +242,12 @@ Status Runner::walk_to_decision(int d, StepState& step) {
                              instr_text(in));
     }
   }
-  return step.transports.empty() ? Status() : transport_of(step, d).flush();  // every put has been taken
+  return transport ? transport->flush() : Status();  // every put has been taken
 }
 
 Status Runner::walk_after_decision(int d, StepState& step, const Tensor& lr, const Tensor& grad_scale) {
   const int st = coord_of(d).pipe;
+  Transport* transport = transport_of(step, d);
   for (const Instr& in : after_decision(plan_.devices[size_t(mesh_rank(d))])) {
     profile::TraceScope traced(trace_.get(), session_->device(d).name(), instr_kind_name(in.kind),
                                profile::category::kPlan);
@@ -268,14 +276,14 @@ Status Runner::walk_after_decision(int d, StepState& step, const Tensor& lr, con
       case InstrKind::send:
       case InstrKind::recv:
       case InstrKind::copy_tied:  // a tied weight's new value from its owner to the other stages' copies
-        ASPEN_RETURN_IF_ERROR(tied_transfer(d, in, transport_of(step, d)));
+        ASPEN_RETURN_IF_ERROR(tied_transfer(d, in, *transport));
         break;
       default:
         return Status::error(Code::kInternal, "training plan, device " + std::to_string(mesh_rank(d)),
                              "an instruction of a step after the host's decision", instr_text(in));
     }
   }
-  return step.transports.empty() ? Status() : transport_of(step, d).flush();
+  return transport ? transport->flush() : Status();
 }
 
 Status Runner::tied_transfer(int d, const train::Instr& in, parallel::Transport& transport) {
