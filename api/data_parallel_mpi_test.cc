@@ -75,7 +75,7 @@ TEST(DataParallelMpi, MatmulChoicesAgreeAcrossProcesses) {
         }
     mine += line + "\n";
   }
-  ASSERT_TRUE(kernels::adopt_matmul_choices(mine).is_ok());
+  ASSERT_TRUE(kernels::adopt_matmul_choices(mine, "the test").is_ok());
   Options dp;
   dp.threads(1).replication_factor(local_replicas()).mpi(true);
   const auto wd = train_weights(dp, sgd(), kReplicas, 3, nullptr, parallel::mpi_world_size());

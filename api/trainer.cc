@@ -15,6 +15,8 @@
 #include "core/checksum.h"
 #include "core/thread_team.h"
 #include "io/tokenizer.h"
+#include "kernels/matmul_choice.h"
+#include "models/blocks.h"
 #include "models/causal_lm.h"
 #include "models/generate.h"
 #include "models/init.h"
@@ -118,6 +120,9 @@ Status load_bert_for_mlm(const models::Checkpoint& ckpt, const train::TrainConfi
     return config_error("model.max_positions",
                         "0 or at least the checkpoint's max_position_embeddings (" + std::to_string(learned) + ")",
                         std::to_string(c.model.max_positions));
+  if (c.model.max_positions > models::kMaxPositions)
+    return config_error("model.max_positions", "at most " + std::to_string(models::kMaxPositions),
+                        std::to_string(c.model.max_positions));
   const int64_t positions = std::max(learned, c.model.max_positions);
   if (c.data.seq > positions)
     return Status::invalid_argument(
@@ -151,7 +156,13 @@ Status load_bert_for_mlm(const models::Checkpoint& ckpt, const train::TrainConfi
   if (positions > learned) {
     const std::string name = "embeddings.position_embeddings.weight";
     const Tensor& old = weights.at(name);
-    Tensor grown(old.dtype(), Shape{positions, bert.d_model});
+    Result<Tensor> made = Tensor::make(old.dtype(), Shape{positions, bert.d_model});
+    if (!made.is_ok())
+      return config_error("model.max_positions", "position embeddings that fit in memory (" +
+                                                     std::to_string(positions) + " x " + std::to_string(bert.d_model) +
+                                                     " floats: " + made.status().expected() + ")",
+                          std::to_string(c.model.max_positions));
+    Tensor grown = std::move(made).value();
     const size_t row = size_t(bert.d_model) * dtype_size(old.dtype());
     for (int64_t i = 0; i < positions; ++i)
       std::memcpy(static_cast<char*>(grown.raw()) + size_t(i) * row,
@@ -526,10 +537,32 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   }
   ASPEN_ASSIGN_OR_RETURN(const TrainingOptions to, train::training_options(c));
   if (!c.train.executable_cache.empty()) o.executable_cache(c.train.executable_cache);
+  if (options.resume || !options.resume_from.empty()) {
+    // NOTE [matmul choice]: a resumed run runs the kernels the run it continues ran, whatever this machine's
+    // cache holds (or a fresh one measured): the checkpoint's choices replace the remembered ones first.
+    ASPEN_ASSIGN_OR_RETURN(train::Checkpoint ck, t->load_resume_checkpoint());
+    std::string choices;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(ck.trainer_json);
+      if (j.contains("matmul_choices")) choices = j.at("matmul_choices").get<std::string>();
+    } catch (const nlohmann::json::exception& e) {
+      return Status::error(Code::kCorrupt, t->resume_from() + ": trainer.json", "the trainer state", e.what());
+    }
+    if (!choices.empty()) {
+      Result<bool> adopted = kernels::adopt_matmul_choices(choices, "the checkpoint " + t->resume_from());
+      if (!adopted.is_ok()) return Status::error(Code::kCorrupt, t->resume_from() + ": trainer.json: matmul_choices",
+                                                 adopted.status().expected(), adopted.status().found());
+    }
+    t->resume_ = std::move(ck);
+  }
+  kernels::clear_matmul_choices_used();  // from here, the run's own
   const auto compile_start = std::chrono::steady_clock::now();
   ASPEN_ASSIGN_OR_RETURN(t->model_, TrainingModel::create(forward, o, to));
   t->compile_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - compile_start).count();
   t->cache_hit_ = t->model_->cache_hit();
+  t->kernel_choices_ = kernels::matmul_choice() == kernels::MatmulChoice::rule
+                           ? "the fixed rule (--kernel-choice rule)"
+                           : kernels::matmul_choices_used_summary();
   if (t->world_)  // every process starts from the same bits (the same seed, or the same model.from files)
     ASPEN_RETURN_IF_ERROR(agree(*t->world_, {{"crc32c", weights_digest(weights)}}, "initial weights"));
   std::map<std::string, const Tensor*> w;
@@ -541,7 +574,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     ASPEN_RETURN_IF_ERROR(remove_earlier_run(t->run_dir_, t->checkpoint_dir_));
   }
   if (t->writer_) ASPEN_RETURN_IF_ERROR(write_file_atomic(t->run_dir_ + "/config.yaml", train::to_yaml(c)));
-  if (options.resume || !options.resume_from.empty()) ASPEN_RETURN_IF_ERROR(t->restore());
+  if (t->resume_) ASPEN_RETURN_IF_ERROR(t->restore());
   return t;
 }
 
@@ -563,6 +596,9 @@ std::string Trainer::trainer_json() const {
                       {"hysteresis_left", s.hysteresis_left},
                       {"skipped", s.skipped}};
   j["config"] = train::to_yaml(config_);
+  // The kernels this run's products ran on (NOTE [matmul choice]): a resumed run takes the same.
+  j["matmul_choices"] = kernels::matmul_choice() == kernels::MatmulChoice::rule ? std::string()
+                                                                                : kernels::matmul_choices_used_text();
   return j.dump();
 }
 
@@ -584,8 +620,12 @@ Status Trainer::save() {
   return train::save_checkpoint(checkpoint_dir_, ck, config_.checkpoint.keep);
 }
 
-Status Trainer::restore() {
-  const std::string from = options_.resume_from.empty() ? checkpoint_dir_ : options_.resume_from;
+std::string Trainer::resume_from() const {
+  return options_.resume_from.empty() ? checkpoint_dir_ : options_.resume_from;
+}
+
+Result<train::Checkpoint> Trainer::load_resume_checkpoint() const {
+  const std::string from = resume_from();
   Result<train::Checkpoint> loaded = train::load_checkpoint(from);
   if (!loaded.is_ok() && loaded.status().code() == Code::kCorrupt) {
     // Never fall back silently: say which earlier checkpoint the user may choose.
@@ -605,8 +645,13 @@ Status Trainer::restore() {
                            "the checkpoint is damaged; to resume from the one before it: --resume-from " + earlier);
     return s;
   }
-  if (!loaded.is_ok()) return loaded.status();
-  train::Checkpoint ck = std::move(loaded).value();
+  return loaded;
+}
+
+Status Trainer::restore() {
+  const std::string from = resume_from();
+  train::Checkpoint ck = std::move(*resume_);
+  resume_.reset();
   ASPEN_RETURN_IF_ERROR(train::check_compatible(ck, model_->weight_types(), model_->optimizer_state_types(), from));
   std::map<std::string, const Tensor*> w, s;
   for (const auto& [name, t] : ck.weights) w.emplace(name, &t);
@@ -669,12 +714,17 @@ Status Trainer::restore() {
   return Status();
 }
 
-Result<bool> Trainer::stop_agreed() {
-  if (!options_.stop_requested) return false;
-  float stop = options_.stop_requested->load() ? 1.0f : 0.0f;
-  // Under MPI every process stops at the same step, or the collectives of the next would hang.
-  if (world_) ASPEN_RETURN_IF_ERROR(world_->all_reduce(std::span<float>(&stop, 1)));
-  return stop > 0.0f;
+Result<Trainer::Agreed> Trainer::stop_agreed(std::chrono::steady_clock::time_point last_save) {
+  const double minutes = config_.checkpoint.minutes;
+  float flags[2] = {options_.stop_requested && options_.stop_requested->load() ? 1.0f : 0.0f,
+                    minutes > 0 && std::chrono::steady_clock::now() - last_save >=
+                                       std::chrono::duration<double>(60.0 * minutes)
+                        ? 1.0f
+                        : 0.0f};
+  // Under MPI every process stops (and saves) at the same step, or the collectives of the next would hang:
+  // any process's stop or clock decides for all.
+  if (world_) ASPEN_RETURN_IF_ERROR(world_->all_reduce(std::span<float>(flags, 2)));
+  return Agreed{.stop = flags[0] > 0.0f, .checkpoint_due = flags[1] > 0.0f};
 }
 
 Result<double> Trainer::validate() {
@@ -805,13 +855,16 @@ Result<TrainResult> Trainer::run() {
     ::aspen::Status stop_status_ = (expr);         \
     if (!stop_status_.is_ok()) return stopped(std::move(stop_status_)); \
   } while (0)
+  auto last_save = std::chrono::steady_clock::now();
+  bool save_now = false;  // checkpoint.minutes have passed: a checkpoint after this step
   while (model_->steps_done() < stop) {
-    Result<bool> stop_now = stop_agreed();
-    ASPEN_OR_STOP(stop_now.status());
-    if (*stop_now) {
+    Result<Agreed> agreed = stop_agreed(last_save);
+    ASPEN_OR_STOP(agreed.status());
+    if (agreed->stop) {
       result.interrupted = true;
       break;
     }
+    save_now = agreed->checkpoint_due;
     // This process's micro-batches of one call: slot (step·acc + a)·L + l is
     // local replica l's micro-batch a (TrainingModel's order).
     Result<const std::map<std::string, Tensor>*> next = feed_->next_call(micro);
@@ -854,13 +907,17 @@ Result<TrainResult> Trainer::run() {
       progress.message(buf);
       if (writer_) ASPEN_OR_STOP(train::write_loss_svg(svg, train_curve_, val_curve_, c.name));
     }
-    if (c.checkpoint.interval > 0 && step % c.checkpoint.interval == 0) {
+    if (save_now || (c.checkpoint.interval > 0 && step % c.checkpoint.interval == 0)) {
       if (Status s = save(); !s.is_ok()) {
         progress.finish();
         return std::move(s).with_context("training stopped at step " + std::to_string(step) + " (" + kept() + ")");
       }
       last_saved = step;
-      progress.message("step " + std::to_string(step) + ": checkpoint saved in " + checkpoint_dir_);
+      last_save = std::chrono::steady_clock::now();
+      progress.message("step " + std::to_string(step) + ": checkpoint saved in " + checkpoint_dir_ +
+                       (save_now && !(c.checkpoint.interval > 0 && step % c.checkpoint.interval == 0)
+                            ? " (checkpoint.minutes)"
+                            : ""));
     }
   }
 #undef ASPEN_OR_STOP

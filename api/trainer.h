@@ -70,10 +70,12 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <iosfwd>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,6 +83,7 @@
 #include "core/file.h"
 #include "core/status.h"
 #include "models/config.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
 
@@ -167,15 +170,25 @@ class Trainer {
   // How long compiling the training programs took, and whether train.executable_cache held them.
   double compile_seconds() const { return compile_seconds_; }
   bool cache_hit() const { return cache_hit_; }
+  // The matrix products' backends the training programs took, and where each choice came from (NOTE
+  // [matmul choice] in kernels/matmul_choice.cc): "12 matrix product shapes (12 on aspen; 12 from the
+  // checkpoint runs/x/checkpoints/step-00000500)". Every checkpoint keeps them; a resumed run adopts them.
+  const std::string& kernel_choices() const { return kernel_choices_; }
 
   // Writes a checkpoint of the current step now.
   Status save();
 
  private:
   Trainer() = default;
-  Status restore();
+  std::string resume_from() const;  // --resume-from's path, else the run's checkpoint directory
+  Result<train::Checkpoint> load_resume_checkpoint() const;  // the checkpoint --resume or --resume-from names
+  Status restore();  // from resume_
   Status claim_directories();  // locks, the refusal of an old run, writability: before step 1
-  Result<bool> stop_agreed();  // stop_requested, agreed by every process
+  // stop_requested, and whether checkpoint.minutes have passed since `last_save`, agreed by every process.
+  struct Agreed {
+    bool stop = false, checkpoint_due = false;
+  };
+  Result<Agreed> stop_agreed(std::chrono::steady_clock::time_point last_save);
   std::string trainer_json() const;
   Status export_model(const std::string& dir);
   Status print_samples(const std::string& dir);
@@ -197,6 +210,8 @@ class Trainer {
   int64_t batch_ = 0, seq_ = 0, final_step_ = 0;
   double compile_seconds_ = 0;
   bool cache_hit_ = false;
+  std::string kernel_choices_;
+  std::optional<train::Checkpoint> resume_;  // read before compiling (its kernel choices), restored after
   std::vector<std::pair<int64_t, double>> train_curve_, val_curve_;
 };
 

@@ -405,6 +405,9 @@ TEST(TrainerBert, RefusalsNameTheKey) {
   EXPECT_EQ(message([](auto& c) { c.model.max_positions = 8; }),
             "config: model.max_positions: expected 0 or at least the checkpoint's max_position_embeddings (16), "
             "found 8");
+  // Once an abort (a failed allocation of the grown table): now refused by name.
+  EXPECT_EQ(message([](auto& c) { c.model.max_positions = 1000000000; }),
+            "config: model.max_positions: expected at most 16777216, found 1000000000");
   EXPECT_EQ(message([](auto& c) { c.parallel.tensor_parallel = 2; }),
             "config: parallel.tensor_parallel: expected 1 for a BERT (model.from " + fixture() +
                 "/bert: its layers have no split yet), found 2");

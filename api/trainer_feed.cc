@@ -32,8 +32,9 @@ double element(const Tensor& t, int64_t i) {
     case DType::i64:
       return double(t.data<int64_t>()[i]);
     case DType::u8:
-    case DType::boolean:
       return t.data<uint8_t>()[i];
+    case DType::boolean:  // a bool column feeding a float input: 0 and 1
+      return t.data<bool>()[i] ? 1.0 : 0.0;
   }
   ASPEN_CHECK(false) << "dtype " << dtype_name(t.dtype());
   return 0;
@@ -47,8 +48,9 @@ int64_t integer(const Tensor& t, int64_t i) {
     case DType::i64:
       return t.data<int64_t>()[i];
     case DType::u8:
-    case DType::boolean:
       return t.data<uint8_t>()[i];
+    case DType::boolean:
+      return t.data<bool>()[i] ? 1 : 0;
     default:
       ASPEN_CHECK(false) << "dtype " << dtype_name(t.dtype());
       return 0;

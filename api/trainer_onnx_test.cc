@@ -242,5 +242,22 @@ TEST(TrainerOnnx, MistakesNameTheKeyAndWhatIsThere) {
                  "found a file");
 }
 
+// A bool column feeding a float input (numpy's masks) once aborted the trainer: its 0 and 1 train as floats.
+TEST(TrainerOnnx, BoolColumnsFeedFloatInputs) {
+  TempDir t;
+  std::map<std::string, Tensor> arrays;
+  Tensor x(DType::boolean, Shape{8, 7, 16});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<bool>()[i] = (i * 7919) % 3 == 0;
+  arrays.emplace("x", std::move(x));
+  arrays.emplace("targets", Tensor(DType::f32, Shape{8, 7, 16}));
+  ASSERT_TRUE(io::write_npz(t / "train.npz", arrays).is_ok());
+  train::TrainConfig c = onnx_config(t / "run", "block_dynamo", t / "train.npz");
+  c.model.loss = "mse";
+  c.train.steps = 2;
+  auto r = train(c);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_GT(r->first_loss, 0.0);
+}
+
 }  // namespace
 }  // namespace aspen::api

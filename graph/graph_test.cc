@@ -219,6 +219,23 @@ TEST(Interpreter, RoundsToDtypeWhenAsked) {
   EXPECT_EQ(rounded->at("y").data[0], double(bf16_to_f32(f32_to_bf16(1.0f / 3.0f))));
 }
 
+// NOTE [integer saturation]: a folded double beyond an integer type's range becomes its nearest end, as
+// torch's open-ended slice (an end of 2^63 - 1, held as the double 2^63) needs; a plain cast gave INT64_MIN.
+TEST(Interpreter, IntegersSaturateWhenRoundedBack) {
+  const double big = 9223372036854775807.0;  // 2^63: what INT64_MAX is as a double
+  const std::vector<double> v = {big, -big, 1e30, -1e30, std::nan(""), 5.7, -5.7, 300.0, -1.0};
+  const HostArray a(TensorType{DType::i64, Shape{int64_t(v.size())}}, v);
+  const Tensor t = a.to_tensor();
+  const std::vector<int64_t> want = {INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN, 0, 5, -5, 300, -1};
+  EXPECT_EQ(std::vector<int64_t>(t.span<int64_t>().begin(), t.span<int64_t>().end()), want);
+  const Tensor t32 = HostArray(TensorType{DType::i32, Shape{int64_t(v.size())}}, v).to_tensor();
+  const std::vector<int32_t> want32 = {INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, 0, 5, -5, 300, -1};
+  EXPECT_EQ(std::vector<int32_t>(t32.span<int32_t>().begin(), t32.span<int32_t>().end()), want32);
+  const Tensor t8 = HostArray(TensorType{DType::u8, Shape{int64_t(v.size())}}, v).to_tensor();
+  const std::vector<uint8_t> want8 = {255, 0, 255, 0, 0, 5, 0, 255, 0};
+  EXPECT_EQ(std::vector<uint8_t>(t8.span<uint8_t>().begin(), t8.span<uint8_t>().end()), want8);
+}
+
 TEST(ReduceOps, BroadcastAndReduceValues) {
   Graph g;
   Builder b(g);

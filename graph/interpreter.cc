@@ -1,6 +1,7 @@
 #include "graph/interpreter.h"
 
 #include <cmath>
+#include <limits>
 
 #include "graph/verify.h"
 
@@ -36,6 +37,21 @@ HostArray HostArray::from_tensor(const Tensor& t) {
   return a;
 }
 
+namespace {
+// NOTE [integer saturation]: a double outside an integer type's range converts to its nearest end (NaN to
+// 0) instead of the undefined behaviour of a plain cast, which on x86 turned 2^63 - 1 (torch's export of an
+// open-ended slice, `x[:, 1:]`, held as the double 2^63) into INT64_MIN: an empty slice, and a wrong loss.
+template <class I>
+I saturate(double v) {
+  if (std::isnan(v)) return 0;
+  // The ends as doubles: 2^63 for int64 (the max itself rounds up to it), exact for the narrower types.
+  constexpr double lo = double(std::numeric_limits<I>::min()), hi = double(std::numeric_limits<I>::max());
+  if (v <= lo) return std::numeric_limits<I>::min();
+  if (v >= hi) return std::numeric_limits<I>::max();
+  return I(v);
+}
+}  // namespace
+
 Tensor HostArray::to_tensor() const {
   Tensor t(type.dtype, type.shape);
   const int64_t n = numel();
@@ -45,9 +61,9 @@ Tensor HostArray::to_tensor() const {
       case DType::f32: t.data<float>()[i] = float(v); break;
       case DType::bf16: t.data<bf16>()[i] = f32_to_bf16(float(v)); break;
       case DType::f16: t.data<f16>()[i] = f32_to_f16(float(v)); break;
-      case DType::i32: t.data<int32_t>()[i] = int32_t(v); break;
-      case DType::i64: t.data<int64_t>()[i] = int64_t(v); break;
-      case DType::u8: t.data<uint8_t>()[i] = uint8_t(v); break;
+      case DType::i32: t.data<int32_t>()[i] = saturate<int32_t>(v); break;
+      case DType::i64: t.data<int64_t>()[i] = saturate<int64_t>(v); break;
+      case DType::u8: t.data<uint8_t>()[i] = saturate<uint8_t>(v); break;
       case DType::boolean: t.data<bool>()[i] = v != 0; break;
     }
   }

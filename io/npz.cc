@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <vector>
 
 #include "core/atomic_file.h"
@@ -135,6 +136,18 @@ Result<std::vector<Member>> central_directory(std::string_view b, const std::str
   return members;
 }
 
+}  // namespace
+
+Status npz_member_fits(const std::string& where, uint64_t size, uint64_t stored, double memory_bytes) {
+  if (memory_bytes <= 0 || double(size) <= memory_bytes / 2) return Status();
+  return Status::error(Code::kFailedPrecondition, where,
+                       "an array that fits in half of this machine's memory (" +
+                           std::to_string(int64_t(memory_bytes / 2)) + " bytes)",
+                       std::to_string(size) + " bytes once inflated (" + std::to_string(stored) + " in the file)");
+}
+
+namespace {
+
 // A member's bytes, inflated where deflated, with its CRC-32 checked.
 Result<std::string> member_bytes(std::string_view b, const Member& m, const std::string& where) {
   if (m.flags & 1) return Status::error(Code::kUnimplemented, where, "an unencrypted member", "an encrypted one");
@@ -157,11 +170,19 @@ Result<std::string> member_bytes(std::string_view b, const Member& m, const std:
                        (m.method == 0 ? " stored" : " deflated") + ")",
                    std::to_string(m.size));
   const std::string_view packed = b.substr(size_t(data), size_t(m.compressed));
+  // Checked against the machine before inflating: a small member may claim (and hold) tens of GiB, and
+  // filling the buffer would end the process (the allocation, or the kernel's OOM killer), not this call.
+  ASPEN_RETURN_IF_ERROR(npz_member_fits(where, m.size, m.compressed, physical_memory_bytes()));
   std::string out;
   if (m.method == 0) {
     out = std::string(packed);
   } else {
-    out.resize(size_t(m.size));
+    try {
+      out.resize(size_t(m.size));
+    } catch (const std::bad_alloc&) {
+      return Status::error(Code::kFailedPrecondition, where, std::to_string(m.size) + " bytes of memory",
+                           "the allocation refused");
+    }
     z_stream z{};
     if (inflateInit2(&z, -MAX_WBITS) != Z_OK)
       return Status::error(Code::kInternal, where, "zlib's inflate", "no memory");

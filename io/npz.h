@@ -32,4 +32,9 @@ Result<std::map<std::string, Tensor>> read_npz(const std::string& path);
 Result<std::map<std::string, Tensor>> parse_npz(std::string_view bytes, const std::string& name);
 [[nodiscard]] Status write_npz(const std::string& path, const std::map<std::string, Tensor>& arrays);
 
+// Whether a member of `size` bytes once inflated (`stored` in the file) may be inflated on a machine of
+// `memory_bytes` (0: unknown): at most half of it, checked before any allocation, so that a small archive
+// claiming tens of GiB is an error naming the member, not the end of the process.
+[[nodiscard]] Status npz_member_fits(const std::string& where, uint64_t size, uint64_t stored, double memory_bytes);
+
 }  // namespace aspen::io

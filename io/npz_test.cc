@@ -154,6 +154,19 @@ TEST(Npz, DamagedArchivesAreErrorsNamingWhatIsWrong) {
   }
 }
 
+// A 42 MB member that inflates to 40 GiB once ended in an uncaught std::bad_alloc: it is refused before
+// anything is allocated, naming the member and both sizes.
+TEST(Npz, MembersLargerThanMemoryAreRefusedBeforeInflating) {
+  const double memory = 24.0 * (1 << 30);
+  EXPECT_TRUE(npz_member_fits("a.npz: member 'x.npy'", uint64_t(1) << 30, 1 << 20, memory).is_ok());
+  EXPECT_TRUE(npz_member_fits("a.npz: member 'x.npy'", uint64_t(40) << 30, 42000000, 0).is_ok());  // unknown
+  const Status s = npz_member_fits("a.npz: member 'x.npy'", uint64_t(40) << 30, 42000000, memory);
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "a.npz: member 'x.npy': expected an array that fits in half of this machine's memory (12884901888 "
+            "bytes), found 42949672960 bytes once inflated (42000000 in the file)");
+}
+
 // Every truncation and many single-byte flips of both numpy archives: a Status or the arrays, never a crash.
 TEST(Npz, TruncatedAndFlippedArchivesNeverCrash) {
   for (const char* f : {"savez.npz", "savez_compressed.npz"}) {

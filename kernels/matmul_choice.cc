@@ -16,31 +16,43 @@
 // speed per flop has flattened out at those sizes, and GPT-2's LM head (79
 // GFLOP) is measured in a tenth of a second a run instead of a second.
 //
-// The choice is the fastest candidate; when the best two are within 5 %, they
-// are timed for as many rounds again first (a near tie is what a noisy moment
-// decides, and the choice is kept). It is remembered per (shape, team
-// size) for the process and saved beside the executable cache in a file named
-// after this CPU's identity, so the same machine keeps running the same code
-// (the same bits) across compiles and runs. Measuring costs, for GPT-2 124M's
-// training step (about 20 distinct products), a few seconds once per machine.
+// The choice (NOTE [matmul choice margin]) is aspen's own kernel unless another candidate is at least
+// kMargin (1.5x) faster on the proxy; where the ratio falls within kTie of that margin, the two are timed
+// again first. The measurement exists for gaps of 2-6x (Debian's OpenBLAS running SSE3 kernels on a CPU
+// it does not know, oneDNN 2.6 weak on large f32 products or without bf16 kernels on an AVX2 CPU); between
+// good libraries the gaps are 5-33 % (measured on GPT-2's and the demo's shapes on Zen 3 and Zen 4: oneDNN
+// 1.17-1.25x aspen on the demo's small products here), which is where a busy host's noise moves a
+// measurement, so a margin there made two fresh caches train to different weights. At 1.5x no product
+// seen sits near the margin: the choice is the same on every measurement of one machine, and the run's
+// bits stop depending on which backend won a timing race. aspen's kernel is the preferred one because its
+// results do not depend on the team size (NOTE [whole k]): a layout that runs a product on 1 thread per
+// device and another on 2 threads get the same bits. It is remembered per shape (not per team size: a
+// product runs on one backend whatever team runs it, for the same reason) for the process and saved
+// beside the executable cache in a file named after this CPU's identity, so the same machine keeps
+// running the same code across compiles and runs; a training run also keeps its choices in its
+// checkpoints (api/trainer.cc), so a resumed run takes them whatever the cache holds. Measuring costs,
+// for GPT-2 124M's training step (about 20 distinct products), a few seconds once per machine.
 #include "kernels/matmul_choice.h"
 
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
 #include <dnnl.hpp>
 
 #include "core/atomic_file.h"
+#include "core/check.h"
 #include "core/checksum.h"
 #include "core/file.h"
 #include "core/log.h"
@@ -57,21 +69,28 @@ constexpr int64_t kProxyRows = 256;
 constexpr double kMaxOperand = double(1 << 24);  // elements: 64 MiB of f32
 constexpr int64_t kMinExtent = 1024;
 constexpr int kMinRounds = 3, kMaxRounds = 20;
-constexpr double kTie = 0.05;  // candidates this close are timed again
+constexpr double kMargin = 1.5;  // NOTE [matmul choice margin]: how much faster than aspen's kernel a library must be
+constexpr double kTie = 0.05;     // a ratio this close to the margin is timed again
 constexpr double kRoundsSeconds = 0.12;  // aim for this long per candidate once warm (a shared host is noisy)
 
 std::atomic<int> g_choice{int(MatmulChoice::measured)};
 
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, bool, bool, bool, bool, int, int>;
-Key key_of(const MatmulShape& s, int team) {
-  return {s.batch,        s.M,          s.N, s.K, s.trans_a, s.trans_b, s.broadcast_b, s.b_fixed, s.has_bias,
-          s.beta != 0.0f, int(s.input), team};
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, bool, bool, bool, bool, int>;
+Key key_of(const MatmulShape& s) {
+  return {s.batch,     s.M,         s.N,           s.K,           s.trans_a, s.trans_b, s.broadcast_b,
+          s.b_fixed, s.has_bias, s.beta != 0.0f, int(s.input)};
 }
 
+struct Choice {
+  MatmulBackend backend;
+  std::string origin;  // where it came from: "measured", a file's path, or what adopt_matmul_choices was told
+};
+
 struct Store {
-  std::mutex mu;              // guards choices and changed
+  std::mutex mu;              // guards choices, used and changed
   std::mutex measuring;       // one measurement at a time
-  std::map<Key, MatmulBackend> choices;
+  std::map<Key, Choice> choices;
+  std::map<Key, MatmulBackend> used;  // the choices plans took since the last clear_matmul_choices_used
   bool changed = false;
   std::string autosave;       // use_matmul_choices_file's path, or empty
   bool autosave_failed = false;
@@ -123,7 +142,8 @@ std::vector<MatmulBackend> candidates(const MatmulShape& s) {
   return out;
 }
 
-const char* const kFileMagic = "aspen matmul choices 2";
+const char* const kFileMagic = "aspen matmul choices 3";  // 3: no team size (a choice holds for every team)
+const char* const kOldFileMagic = "aspen matmul choices 2";  // per team size: measured again
 
 }  // namespace
 
@@ -176,11 +196,15 @@ Result<std::vector<MatmulTiming>> measure_matmul_backends(const MatmulShape& sha
   std::vector<size_t> all(plans.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   time_rounds(all, rounds);
-  // A near tie (the best two within kTie) is what a noisy moment decides: the two run as many rounds
-  // again, and the choice, which this machine then keeps, is made on both sets.
+  // A ratio near the margin (NOTE [matmul choice margin]) is what a noisy moment decides: the preferred
+  // candidate (the first) and the fastest other run as many rounds again, and the choice, which this
+  // machine then keeps, is made on both sets.
   if (all.size() >= 2) {
-    std::sort(all.begin(), all.end(), [&](size_t x, size_t y) { return best[x] < best[y]; });
-    if (best[all[1]] < best[all[0]] * (1.0 + kTie)) time_rounds({all[0], all[1]}, rounds);
+    size_t other = 1;
+    for (size_t i = 2; i < all.size(); ++i)
+      if (best[i] < best[other]) other = i;
+    const double ratio = best[0] / best[other];
+    if (std::fabs(ratio / kMargin - 1.0) < kTie) time_rounds({0, other}, rounds);
   }
   std::vector<MatmulTiming> out;
   for (size_t i = 0; i < plans.size(); ++i) out.push_back({backends[i], s.flops() / best[i] / 1e9});
@@ -188,28 +212,38 @@ Result<std::vector<MatmulTiming>> measure_matmul_backends(const MatmulShape& sha
   return out;
 }
 
+MatmulBackend decide_matmul_backend(const std::vector<MatmulTiming>& timings) {
+  ASPEN_CHECK(!timings.empty());
+  const MatmulTiming* preferred = &timings.front();
+  for (const MatmulTiming& t : timings)
+    if (t.backend == MatmulBackend::aspen) preferred = &t;
+  const MatmulTiming& fastest = timings.front();  // measure_matmul_backends sorts them
+  return fastest.gflops >= preferred->gflops * kMargin ? fastest.backend : preferred->backend;
+}
+
 Result<MatmulBackend> choose_matmul_backend(const MatmulShape& s, int team) {
   // The rule first: remembered choices (loaded from this machine's file, or adopted from process 0)
   // are measurements, which --kernel-choice rule turns off.
   if (matmul_choice() == MatmulChoice::rule) return matmul_backend_for(s, team);
   Store& st = store();
-  const Key key = key_of(s, team);
-  {
+  const Key key = key_of(s);
+  const auto remembered = [&]() -> std::optional<MatmulBackend> {
     std::lock_guard<std::mutex> lock(st.mu);
     auto it = st.choices.find(key);
-    if (it != st.choices.end()) return it->second;
-  }
+    if (it == st.choices.end()) return std::nullopt;
+    st.used[key] = it->second.backend;
+    return it->second.backend;
+  };
+  if (auto b = remembered()) return *b;
   std::lock_guard<std::mutex> measuring(st.measuring);
-  {
-    std::lock_guard<std::mutex> lock(st.mu);  // another thread may have measured it meanwhile
-    auto it = st.choices.find(key);
-    if (it != st.choices.end()) return it->second;
-  }
+  if (auto b = remembered()) return *b;  // another thread may have measured it meanwhile
   ASPEN_ASSIGN_OR_RETURN(std::vector<MatmulTiming> timings, measure_matmul_backends(s));
+  const MatmulBackend chosen = decide_matmul_backend(timings);
   std::string autosave;
   {
     std::lock_guard<std::mutex> lock(st.mu);
-    st.choices[key] = timings.front().backend;
+    st.choices[key] = {chosen, "measured"};
+    st.used[key] = chosen;
     st.changed = true;
     autosave = st.autosave;
   }
@@ -218,7 +252,7 @@ Result<MatmulBackend> choose_matmul_backend(const MatmulShape& s, int team) {
     for (const MatmulTiming& m : timings)
       t += std::string(t.empty() ? "" : ", ") + matmul_backend_name(m.backend) + " " +
            std::to_string(int64_t(m.gflops)) + " GFLOP/s";
-    return t;
+    return t + " -> " + matmul_backend_name(chosen);
   }();
   if (!autosave.empty()) {
     std::error_code ec;
@@ -229,7 +263,7 @@ Result<MatmulBackend> choose_matmul_backend(const MatmulShape& s, int team) {
       st.autosave_failed = true;
     }
   }
-  return timings.front().backend;
+  return chosen;
 }
 
 namespace {
@@ -330,11 +364,10 @@ std::string choices_text(Store& st, bool mark_saved) {
   std::ostringstream o;
   o << kFileMagic << "\ncpu " << cpu_identity() << "\n";
   std::lock_guard<std::mutex> lock(st.mu);
-  for (const auto& [k, be] : st.choices) {
-    const auto& [batch, M, N, K, ta, tb, bcast, fixed, bias, beta, input, team] = k;
+  for (const auto& [k, choice] : st.choices) {
+    const auto& [batch, M, N, K, ta, tb, bcast, fixed, bias, beta, input] = k;
     o << batch << " " << M << " " << N << " " << K << " " << ta << " " << tb << " " << bcast << " " << fixed << " "
-      << bias << " " << beta << " " << dtype_name(DType(input)) << " " << team << " " << matmul_backend_name(be)
-      << "\n";
+      << bias << " " << beta << " " << dtype_name(DType(input)) << " " << matmul_backend_name(choice.backend) << "\n";
   }
   if (mark_saved) st.changed = false;
   return o.str();
@@ -347,8 +380,9 @@ Result<std::map<Key, MatmulBackend>> parse_choices(const std::string& text, cons
   const auto bad = [&](const std::string& expected, const std::string& found) {
     return Status::invalid_argument(subject, expected, found);
   };
-  if (!std::getline(in, line) || line != kFileMagic)
-    return bad(std::string("first line '") + kFileMagic + "'", "'" + line + "'");
+  const bool got_line = bool(std::getline(in, line));
+  if (got_line && line == kOldFileMagic) return std::map<Key, MatmulBackend>{};  // per team size: measured again
+  if (!got_line || line != kFileMagic) return bad(std::string("first line '") + kFileMagic + "'", "'" + line + "'");
   const std::string id = cpu_identity();
   if (!std::getline(in, line) || line.rfind("cpu ", 0) != 0 || (check_cpu && line != "cpu " + id))
     return bad("choices for this CPU (" + id + ")", "'" + line + "' (measuring again)");
@@ -357,16 +391,15 @@ Result<std::map<Key, MatmulBackend>> parse_choices(const std::string& text, cons
     if (line.empty()) continue;  // a blank line (a handed-over text is padded to an even length)
     std::istringstream f(line);
     int64_t batch, M, N, K;
-    int ta, tb, bcast, fixed, bias, beta, team;
+    int ta, tb, bcast, fixed, bias, beta;
     std::string dtype, backend, extra;
-    if (!(f >> batch >> M >> N >> K >> ta >> tb >> bcast >> fixed >> bias >> beta >> dtype >> team >> backend) ||
+    if (!(f >> batch >> M >> N >> K >> ta >> tb >> bcast >> fixed >> bias >> beta >> dtype >> backend) ||
         (f >> extra))
-      return bad("line " + std::to_string(n) +
-                     ": batch M N K trans_a trans_b broadcast_b fixed_b bias beta dtype team backend",
+      return bad("line " + std::to_string(n) + ": batch M N K trans_a trans_b broadcast_b fixed_b bias beta dtype backend",
                  "'" + line + "'");
     const DType dt = dtype == "bf16" ? DType::bf16 : DType::f32;
-    if ((dtype != "f32" && dtype != "bf16") || team < 1 || batch < 1 || M < 1 || N < 1 || K < 1)
-      return bad("line " + std::to_string(n) + ": positive extents and team, dtype f32 or bf16", "'" + line + "'");
+    if ((dtype != "f32" && dtype != "bf16") || batch < 1 || M < 1 || N < 1 || K < 1)
+      return bad("line " + std::to_string(n) + ": positive extents, dtype f32 or bf16", "'" + line + "'");
     bool known = false;
     MatmulBackend be = MatmulBackend::onednn;
     for (MatmulBackend b : {MatmulBackend::onednn, MatmulBackend::openblas, MatmulBackend::aspen})
@@ -383,7 +416,7 @@ Result<std::map<Key, MatmulBackend>> parse_choices(const std::string& text, cons
                         .beta = beta ? 1.0f : 0.0f,
                         .input = dt,
                         .b_fixed = fixed != 0};
-    read[key_of(s, team)] = be;
+    read[key_of(s)] = be;
   }
   return read;
 }
@@ -398,22 +431,22 @@ Status load_matmul_choices(const std::string& path) {
   ASPEN_ASSIGN_OR_RETURN(auto read, parse_choices(*text, "matmul choices " + path, true));
   Store& st = store();
   std::lock_guard<std::mutex> lock(st.mu);
-  for (const auto& [k, be] : read) st.choices.emplace(k, be);  // a choice made in this process stays
+  for (const auto& [k, be] : read) st.choices.emplace(k, Choice{be, path});  // a choice made in this process stays
   return Status();
 }
 
 std::string matmul_choices_text() { return choices_text(store(), false); }
 
-Result<bool> adopt_matmul_choices(const std::string& text) {
-  ASPEN_ASSIGN_OR_RETURN(auto read, parse_choices(text, "matmul choices handed over", false));
+Result<bool> adopt_matmul_choices(const std::string& text, const std::string& origin) {
+  ASPEN_ASSIGN_OR_RETURN(auto read, parse_choices(text, "matmul choices from " + origin, false));
   Store& st = store();
   bool changed = false;
   {
     std::lock_guard<std::mutex> lock(st.mu);
     for (const auto& [k, be] : read) {
-      auto [it, added] = st.choices.emplace(k, be);
-      if (!added && it->second != be) {
-        it->second = be;
+      auto [it, added] = st.choices.emplace(k, Choice{be, origin});
+      if (!added && it->second.backend != be) {
+        it->second = {be, origin};
         changed = true;
       }
       if (added) st.changed = true;
@@ -445,7 +478,48 @@ bool matmul_choices_changed() {
 void clear_matmul_choices() {
   std::lock_guard<std::mutex> lock(store().mu);
   store().choices.clear();
+  store().used.clear();
   store().changed = false;
+}
+
+void clear_matmul_choices_used() {
+  std::lock_guard<std::mutex> lock(store().mu);
+  store().used.clear();
+}
+
+std::string matmul_choices_used_text() {
+  Store& st = store();
+  std::lock_guard<std::mutex> lock(st.mu);
+  std::ostringstream o;
+  o << kFileMagic << "\ncpu " << cpu_identity() << "\n";
+  for (const auto& [k, be] : st.used) {
+    const auto& [batch, M, N, K, ta, tb, bcast, fixed, bias, beta, input] = k;
+    o << batch << " " << M << " " << N << " " << K << " " << ta << " " << tb << " " << bcast << " " << fixed << " "
+      << bias << " " << beta << " " << dtype_name(DType(input)) << " " << matmul_backend_name(be) << "\n";
+  }
+  return o.str();
+}
+
+std::string matmul_choices_used_summary() {
+  Store& st = store();
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.used.empty()) return "no matrix products";
+  std::map<std::string, int> by_backend, by_origin;
+  for (const auto& [k, be] : st.used) {
+    ++by_backend[matmul_backend_name(be)];
+    auto it = st.choices.find(k);
+    ++by_origin[it == st.choices.end() ? std::string("measured") : it->second.origin];
+  }
+  std::string out = std::to_string(st.used.size()) + " matrix product shape" + (st.used.size() > 1 ? "s" : "") + " (";
+  bool first = true;
+  for (const auto& [name, n] : by_backend) out += (first ? "" : ", ") + std::to_string(n) + " on " + name, first = false;
+  out += "; ";
+  first = true;
+  for (const auto& [origin, n] : by_origin) {
+    out += (first ? "" : ", ") + std::to_string(n) + (origin == "measured" ? " measured now" : " from " + origin);
+    first = false;
+  }
+  return out + ")";
 }
 
 }  // namespace aspen::kernels

@@ -5,12 +5,17 @@
 // A library that is fastest on one CPU was 3-6x slower on the next (Debian's
 // OpenBLAS runs SSE3 kernels on a Xeon it does not recognise; oneDNN 2.6 is
 // weak on large f32 products), so no fixed rule can pick: the first plan of
-// each distinct product (shape, layout, dtype, team size) times aspen's own
-// kernels, oneDNN and OpenBLAS on that shape and keeps the fastest. The
-// choice is remembered for the process, and in a file keyed by this CPU's
-// identity (save/load below; the compiler's executable cache and the CLI keep
-// one), so a second compile measures nothing and, on the same machine, runs
-// the same code: the same bits.
+// each distinct product (shape, layout, dtype) times aspen's own kernels,
+// oneDNN and OpenBLAS on that shape and keeps aspen's unless another is at
+// least 1.5x faster (NOTE [matmul choice margin]: the 5-33 % differences
+// between good libraries are left to no noisy moment, and aspen's results do
+// not depend on the team size). The
+// choice holds for every team size, is remembered for the process, and in a
+// file keyed by this CPU's identity (save/load below; the compiler's
+// executable cache and the CLI keep one), so a second compile measures
+// nothing and, on the same machine, runs the same code: the same bits. A
+// training run keeps the choices it used in its checkpoints and adopts them
+// on resume (matmul_choices_used_text, adopt_matmul_choices).
 //
 // set_matmul_choice(MatmulChoice::rule) turns measuring off: every plan then
 // takes matmul_backend_for's fixed rule, the same on every machine (for
@@ -46,8 +51,11 @@ struct MatmulTiming {
 // The backend MatmulPlan::create(shape) uses on a team of `team_size`
 // threads (the calling thread's OpenMP team when measuring): with the rule,
 // the rule's (remembered choices ignored); measured, the remembered choice,
-// else the fastest candidate, measured now and remembered.
+// else decide_matmul_backend of the candidates measured now, remembered.
 Result<MatmulBackend> choose_matmul_backend(const MatmulShape& shape, int team_size);
+// The choice among measured candidates (fastest first, as measured below):
+// aspen's own kernel unless the fastest is at least 1.5x faster than it.
+MatmulBackend decide_matmul_backend(const std::vector<MatmulTiming>& timings);
 
 // Times every backend that can run `shape` on the calling thread's team, best
 // of several interleaved runs on random inputs; fastest first. Products above
@@ -84,9 +92,18 @@ std::string cpu_identity_digest();
 // process' (any CPU identity), replacing this one's where they differ.
 // Returns whether any choice this process had was replaced (plans made with
 // the old ones are then stale). The processes of one MPI job take process
-// 0's this way, so that they all run the same kernels (train/runner.cc).
+// 0's this way, so that they all run the same kernels (train/runner.cc), and
+// a resumed training run its checkpoint's (api/trainer.cc). `origin` names
+// the source in errors and in matmul_choices_used_summary.
 std::string matmul_choices_text();
-Result<bool> adopt_matmul_choices(const std::string& text);
+Result<bool> adopt_matmul_choices(const std::string& text, const std::string& origin);
+// The choices plans took since the last clear_matmul_choices_used (or
+// clear_matmul_choices), in save's format: what a run used, to keep with it.
+std::string matmul_choices_used_text();
+// The same in words: "14 matrix product shapes (12 on aspen, 2 on oneDNN;
+// 3 measured now, 11 from ~/.cache/aspen/matmul-choices-....txt)".
+std::string matmul_choices_used_summary();
+void clear_matmul_choices_used();
 // Loads `path` (as load_matmul_choices) and from then on saves every new
 // choice to it as soon as it is made, so a run killed after compiling still
 // leaves them for the next (a resumed training run must take the same

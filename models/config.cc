@@ -428,20 +428,6 @@ double min_parameter_count(const ModelConfig& config) {
   return 0;
 }
 
-double physical_memory_bytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  double bytes = pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;
-  // A container's limit (cgroup v2, then v1) when it is lower: "max" or a huge number means none.
-  for (const char* limit : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    Result<std::string> text = read_regular_file(limit, 64);
-    if (!text.is_ok()) continue;
-    char* end = nullptr;
-    const double v = std::strtod(text->c_str(), &end);
-    if (end != text->c_str() && v > 0 && (bytes <= 0 || v < bytes)) bytes = v;
-  }
-  return bytes;
-}
-
 Status check_fits_memory(const std::string& subject, double parameters, double bytes_per_parameter,
                          const std::string& use) {
   const double have = physical_memory_bytes(), need = parameters * bytes_per_parameter;

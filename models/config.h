@@ -79,8 +79,7 @@ double min_parameter_count(const ModelConfig& config);
 // 23.4 GiB, found about 1.2 TiB for ..." naming `use`.
 Status check_fits_memory(const std::string& subject, double parameters, double bytes_per_parameter,
                          const std::string& use);
-// This machine's physical memory in bytes.
-double physical_memory_bytes();
+// physical_memory_bytes() is in core/file.h.
 
 // The layout a model with sparse_attention uses for rows of `seq` tokens (NOTE [model layouts] in
 // config.cc): the first seq / block blocks of the layout made for its whole context (n_positions rounded up

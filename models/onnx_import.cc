@@ -21,7 +21,7 @@ using onnx::Value;
 
 constexpr int64_t kMinOpset = 13, kMaxOpset = 21;
 // Known inputs larger than this are not folded at import (the graph computes from them instead).
-constexpr int64_t kMaxFoldElements = int64_t(1) << 24;
+constexpr int64_t kMaxFoldElements = onnx::kMaxKnownElements;
 
 std::string quoted(const std::string& s) { return "'" + escape_for_terminal(s) + "'"; }
 
@@ -92,9 +92,11 @@ Result<graph::TensorType> input_type(const io::OnnxModel& m, const io::OnnxValue
   return graph::TensorType{*dt, *s};
 }
 
-// Runs a node whose inputs are all known against a scratch graph and the reference interpreter.
-Status fold(const io::OnnxNode& node, size_t index, int64_t opset, const onnx::OpConverter& conv,
-            std::vector<Value>& in, std::vector<Value>& out) {
+// Runs a node whose inputs are all known against a scratch graph and the reference interpreter. Returns
+// false, and leaves `out` empty, when a result would be larger than kMaxFoldElements: the caller builds the
+// node into the graph instead.
+Result<bool> fold(const io::OnnxNode& node, size_t index, int64_t opset, const onnx::OpConverter& conv,
+                  std::vector<Value>& in, std::vector<Value>& out) {
   graph::Graph g;
   graph::Builder b(g);
   Ctx c(b, node, index, opset);
@@ -106,11 +108,16 @@ Status fold(const io::OnnxNode& node, size_t index, int64_t opset, const onnx::O
       any = true;
     }
   ASPEN_RETURN_IF_ERROR(b.status());
-  if (!any) return Status();
+  if (!any) return true;
+  for (size_t k = 0; k < out.size(); ++k)
+    if (!out[k].known() && out[k].id && b.type(*out[k].id).shape.numel() > kMaxFoldElements) {
+      out.clear();
+      return false;
+    }
   ASPEN_ASSIGN_OR_RETURN(auto values, graph::interpret(g, {}, {.round_to_dtype = true}));
   for (size_t k = 0; k < out.size(); ++k)
     if (!out[k].known() && out[k].id) out[k] = Ctx::constant(values.at("out" + std::to_string(k)).to_tensor());
-  return Status();
+  return true;
 }
 
 }  // namespace
@@ -313,13 +320,19 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
       in.push_back(v);
     }
     std::vector<Value> results;
+    bool folded = false;
+    Status s;
     if (all_known && conv.foldable && known_elements <= kMaxFoldElements) {
-      Status s = fold(node, k, node_opset, conv, in, results);
-      if (!s.is_ok()) return s;
-    } else {
-      ASPEN_RETURN_IF_ERROR(conv.convert(c, in, results));
-      ASPEN_RETURN_IF_ERROR(b.status());
+      Result<bool> f = fold(node, k, node_opset, conv, in, results);
+      s = f.status();
+      folded = f.is_ok() && *f;
+      if (!f.is_ok()) folded = true;  // the error stands
     }
+    if (!folded) s = conv.convert(c, in, results);
+    if (s.is_ok()) s = b.status();
+    // An error the converter did not word itself (the builder's, which names aspen's own nodes) is put
+    // under the ONNX node and the file, so the user sees which of their nodes it is.
+    if (!s.is_ok()) return s.subject().rfind(c.label(), 0) == 0 ? s : std::move(s).with_context(m.path + ": " + c.label());
     for (size_t o = 0; o < node.outputs.size(); ++o) {
       if (node.outputs[o].empty()) continue;
       if (o >= results.size() || !results[o].present())

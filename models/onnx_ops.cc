@@ -593,7 +593,15 @@ Status convert_constant_of_shape(Ctx& c, std::vector<Value>& in, std::vector<Val
     ASPEN_ASSIGN_OR_RETURN(value, c.attr_tensor("value"));
     if (value.numel() != 1) return c.error("attribute 'value'", "one element", value.shape().to_string());
   }
-  Tensor t(value.dtype(), s);
+  if (s.numel() > kMaxKnownElements) {
+    // Too large to hold at import: the graph fills it (a broadcast scalar), and the memory plan says whether
+    // the device has room for it.
+    Tensor scalar(value.dtype(), Shape{});
+    std::memcpy(scalar.raw(), value.raw(), size_t(dtype_size(value.dtype())));
+    out = {c.wrap(c.b.broadcast(c.b.constant(std::move(scalar)), d))};
+    return c.b.status();
+  }
+  ASPEN_ASSIGN_OR_RETURN(Tensor t, Tensor::make(value.dtype(), s));
   const size_t es = size_t(dtype_size(value.dtype()));
   for (int64_t i = 0; i < t.numel(); ++i) std::memcpy(static_cast<char*>(t.raw()) + size_t(i) * es, value.raw(), es);
   out = {Ctx::constant(std::move(t))};
@@ -607,7 +615,9 @@ Status convert_range(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   ASPEN_ASSIGN_OR_RETURN(const double delta, c.scalar(in[2], "input 'delta'"));
   if (delta == 0) return c.error("input 'delta'", "a nonzero step", "0");
   const double n = std::max(0.0, std::ceil((limit - start) / delta));
-  if (n > double(int64_t(1) << 31)) return c.error("inputs", "a range of at most 2^31 values", std::to_string(n));
+  if (n > double(kMaxKnownElements))
+    return c.error("inputs", "a range of at most " + std::to_string(kMaxKnownElements) + " values (known at import)",
+                   std::to_string(n));
   graph::HostArray a(TensorType{in[0].type.dtype, Shape{int64_t(n)}});
   for (int64_t i = 0; i < int64_t(n); ++i) a.data[size_t(i)] = start + double(i) * delta;
   out = {Ctx::constant(a.to_tensor())};
@@ -643,6 +653,13 @@ Status convert_reshape(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) 
       return c.error("input 'shape'", "extents whose product divides " + std::to_string(numel),
                      "a product of " + std::to_string(known));
     d[size_t(infer)] = numel / known;
+  } else if (known != numel) {
+    std::string shape;
+    for (int64_t e : d) shape += (shape.empty() ? "" : ", ") + std::to_string(e);
+    return c.error("input 'shape'",
+                   "extents whose product is " + std::to_string(numel) + " (the elements of input 'data', " +
+                       in[0].type.to_string() + ")",
+                   "[" + shape + "] (" + std::to_string(known) + " elements)");
   }
   out = {reshaped(c, in[0], d)};
   return c.b.status();
@@ -727,6 +744,8 @@ Status convert_concat(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   return c.b.status();
 }
 
+Status gather_on(Ctx& c, std::vector<Value>& in, int axis, std::vector<Value>& out);  // Gather below
+
 // x[..., b:e:s, ...] for a step s > 1: positions b, b + s, ... are column r of the axis range
 // [q s, (q + n) s) seen as [n, s] (b = q s + r), padded with zeros past the end where that range passes it.
 Value strided(Ctx& c, const Value& x, int ax, int64_t b, int64_t e, int64_t step) {
@@ -749,6 +768,10 @@ Value strided(Ctx& c, const Value& x, int ax, int64_t b, int64_t e, int64_t step
   return c.wrap(c.b.reshape(v, outd));
 }
 
+// Slice(data, starts, ends[, axes[, steps]]) with ONNX's clamping: a negative start or end counts from the
+// end of its axis; then for a positive step the start and end are clamped to [0, d], for a negative one the
+// start to [0, d - 1] and the end to [-1, d - 1] (so INT64_MAX and INT64_MIN, which exporters write for an
+// open end, mean "to the end" either way). Negative steps pick their positions with a gather.
 Status convert_slice(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> starts, c.ints(in[1], "input 'starts'"));
   ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> ends, c.ints(in[2], "input 'ends'"));
@@ -765,20 +788,39 @@ Status convert_slice(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
     return c.error("inputs 'starts', 'ends', 'axes', 'steps'", "one length",
                    std::to_string(starts.size()) + ", " + std::to_string(ends.size()) + ", " +
                        std::to_string(axes.size()) + ", " + std::to_string(steps.size()));
+  std::vector<bool> seen(size_t(std::max(r, 1)), false);
   Value x = in[0];
   for (size_t k = 0; k < starts.size(); ++k) {
     ASPEN_ASSIGN_OR_RETURN(const int ax, c.axis(axes[k], r, "input 'axes'"));
-    if (steps[k] < 1)
-      return c.unsupported("input 'steps'", "steps >= 1", std::to_string(steps[k]) + " on axis " + std::to_string(ax));
+    if (seen[size_t(ax)]) return c.error("input 'axes'", "each axis once", "axis " + std::to_string(ax) + " twice");
+    seen[size_t(ax)] = true;
+    const int64_t step = steps[k];
+    if (step == 0) return c.error("input 'steps'", "nonzero steps", "0 on axis " + std::to_string(ax));
     const int64_t d = x.type.shape[ax];
-    auto clampi = [d](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + d : v, 0, d); };
-    const int64_t b = clampi(starts[k]), e = std::max(b, clampi(ends[k]));
-    if (steps[k] > 1 && e > b) {
-      x = strided(c, x, ax, b, e, steps[k]);
+    const auto from_end = [d](int64_t v) { return v < 0 ? v + d : v; };  // no overflow: v < 0 <= d
+    if (step > 0) {
+      const int64_t b = std::clamp<int64_t>(from_end(starts[k]), 0, d);
+      const int64_t e = std::max(b, std::clamp<int64_t>(from_end(ends[k]), 0, d));
+      if (step > 1 && e > b) {
+        x = strided(c, x, ax, b, e, step);
+      } else if (b != 0 || e != d) {
+        x = c.wrap(c.b.slice(c.id(x), ax, b, e));
+      }
       continue;
     }
-    if (b == 0 && e == d) continue;
-    x = c.wrap(c.b.slice(c.id(x), ax, b, e));
+    // A negative step: positions b, b + step, ... while above e.
+    const int64_t b = std::clamp<int64_t>(from_end(starts[k]), 0, d - 1);
+    const int64_t e = std::clamp<int64_t>(from_end(ends[k]), -1, d - 1);
+    if (b <= e || d == 0) {  // nothing
+      x = c.wrap(c.b.slice(c.id(x), ax, 0, 0));
+      continue;
+    }
+    const int64_t n = (b - e - 1) / -step + 1;
+    Tensor idx(DType::i64, Shape{n});
+    for (int64_t i = 0; i < n; ++i) idx.span<int64_t>()[size_t(i)] = b + i * step;
+    std::vector<Value> gin = {x, Ctx::constant(std::move(idx))}, gout;
+    ASPEN_RETURN_IF_ERROR(gather_on(c, gin, ax, gout));
+    x = gout.at(0);
   }
   out = {x};
   return c.b.status();
@@ -825,8 +867,13 @@ Status convert_expand(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
 // an index outside [0, V) is the gather's error.
 Status convert_gather(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", 0));
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, in[0].type.shape.rank(), "attribute 'axis'"));
+  return gather_on(c, in, axis, out);
+}
+
+// Gather's work on a checked axis: in = {data, indices}.
+Status gather_on(Ctx& c, std::vector<Value>& in, int axis, std::vector<Value>& out) {
   const int r = in[0].type.shape.rank();
-  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, r, "attribute 'axis'"));
   const std::vector<int64_t> d = dims(in[0].type.shape);
   const int64_t V = d[size_t(axis)];
   std::vector<int64_t> idx_dims = dims(in[1].type.shape);

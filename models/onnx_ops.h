@@ -24,6 +24,12 @@
 
 namespace aspen::models::onnx {
 
+// The most elements a value known at import may have: a larger one (a ConstantOfShape or an Expand of a
+// huge shape) is computed by the graph instead, and a larger folded result is not folded, so that a
+// hostile or mistaken file cannot make the importer allocate without bound (the device's memory plan
+// then says whether the value fits).
+inline constexpr int64_t kMaxKnownElements = int64_t(1) << 24;
+
 struct Value {
   graph::TensorType type;
   std::optional<graph::ValueId> id;        // in the graph being built

@@ -15,6 +15,7 @@ Status init(const std::string& what) { return Status(mpi_init(nullptr, nullptr))
 void finalize() { mpi_finalize(); }
 int rank() { return mpi_world_rank(); }
 int size() { return mpi_world_size(); }
+const char* activity() { return mpi_activity(); }
 
 Result<std::unique_ptr<Communicator>> world(const std::string& what, CommOptions options) {
   ASPEN_RETURN_IF_ERROR(init(what));
@@ -63,6 +64,7 @@ Status init(const std::string& what) { return no_mpi(what); }
 void finalize() {}
 int rank() { return 0; }
 int size() { return 1; }
+const char* activity() { return ""; }
 Result<std::unique_ptr<Communicator>> world(const std::string& what, CommOptions) { return no_mpi(what); }
 Result<std::unique_ptr<Communicator>> split(const std::string& what, int, int, CommOptions) { return no_mpi(what); }
 Result<std::unique_ptr<Transport>> transport(Communicator&, int) { return no_mpi("a transport between processes"); }

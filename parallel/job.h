@@ -33,6 +33,9 @@ void finalize();
 // This process's rank and the job's processes (after init; 0 and 1 without MPI).
 int rank();
 int size();
+// What this process last waited for in the job's collectives, or "" (async-signal-safe to read: a signal
+// handler may print it).
+const char* activity();
 
 // The whole job (collective over it).
 Result<std::unique_ptr<Communicator>> world(const std::string& what, CommOptions options = {});

@@ -15,9 +15,10 @@
 // A run directory that holds a run is refused unless --resume (continue it),
 // --resume-from (continue from a given checkpoint, e.g. the one before a
 // damaged latest) or --overwrite (delete it and start again); the demo
-// replaces its own earlier run and says so. Ctrl-C (or SIGTERM, outside
-// mpirun) finishes the step in flight, writes a checkpoint, prints the command
-// that resumes and exits 130 (143 for SIGTERM); a second signal exits at once.
+// replaces its own earlier run and says so. Ctrl-C or SIGTERM (also under
+// mpirun, which relays Ctrl-C as SIGTERM: NOTE [launcher stop]) finishes the
+// step in flight, writes a checkpoint, prints the command that resumes and
+// exits 130 (143 for SIGTERM); a second signal exits at once.
 //
 // --demo needs no files: it writes a byte-level tokenizer and a two-digit
 // addition corpus (train/demo.h) into the run directory, trains a small
@@ -27,6 +28,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -70,6 +72,7 @@ train::TrainConfig demo_config(const std::string& run_dir) {
   c.data.train = run_dir + "/data";
   c.data.tokenizer = run_dir + "/tokenizer";
   c.data.seq = 64;
+  c.data.packing = true;  // each problem alone, at positions 0.. (NOTE [demo recipe] in train/demo.h)
   c.data.val_fraction = 0.02;
   c.optimizer.name = "adamw";
   c.optimizer.lr = 3e-3;
@@ -135,6 +138,9 @@ Status report_addition(const std::string& model_dir, const train::AdditionTask& 
 // flight (it checkpoints); the second ends the process at once.
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};  // the first stop signal (the exit code is 128 + it)
+const char* g_activity = nullptr;  // under mpirun: what the process last waited for (parallel::job::activity)
+
+void say(const char* text) { (void)!::write(2, text, strlen(text)); }
 
 void on_stop_signal(int sig) {
   int none = 0;
@@ -144,21 +150,35 @@ void on_stop_signal(int sig) {
     ::raise(sig);  // the second: die as the signal would have killed us
     return;
   }
-  static const char kMsg[] =
-      "\naspen: stopping after the current step to write a checkpoint (Ctrl-C again to quit at once)\n";
-  (void)!::write(2, kMsg, sizeof kMsg - 1);
+  if (sig == SIGTERM && g_activity) {
+    // NOTE [launcher stop]: mpirun puts each rank in a process group of its own, so a terminal's Ctrl-C
+    // reaches mpirun alone, which relays it to every rank as SIGTERM (and SIGKILL about a second later,
+    // its odls_base_sigkill_timeout). The same SIGTERM ends the job when a rank has died. Either way this
+    // rank stops after the step in flight, and the job writes its checkpoint if the launcher waits long
+    // enough (checkpoint.minutes bounds what is lost when it does not).
+    say("\naspen: SIGTERM from the MPI launcher (Ctrl-C on mpirun, or another rank ended): stopping after the "
+        "current step to write a checkpoint");
+    if (*g_activity) {
+      say(" (this process last waited ");
+      say(g_activity);
+      say(")");
+    }
+    say("\n");
+    return;
+  }
+  say("\naspen: stopping after the current step to write a checkpoint (Ctrl-C again to quit at once)\n");
 }
 
-// Under mpirun, SIGTERM comes from the launcher when another rank died: the
-// MPI backend's own handler (mpi_init) reports what this rank waited for and
-// exits; only SIGINT asks for a checkpoint there.
+// Under mpirun SIGTERM is how the launcher relays Ctrl-C (NOTE [launcher stop]): it asks for the same
+// agreed stop and checkpoint as SIGINT does.
 void install_stop_handlers(bool mpi) {
+  if (mpi) g_activity = parallel::job::activity();
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   ::sigaction(SIGINT, &sa, nullptr);
-  if (!mpi) ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
 }
 
 // The command that continues this run: the same flags, --resume instead of
@@ -202,7 +222,7 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   if (a.demo) {
     const std::string dir = a.run_dir.empty() ? "runs/demo" : a.run_dir;
     c = demo_config(dir);
-    task = train::make_addition_task(c.train.seed);
+    task = train::make_addition_task(a.seed >= 0 ? uint64_t(a.seed) : c.train.seed);  // --seed draws the split too
     if (writer) {  // the lock before the corpus: a second demo in this directory must not rewrite it under us
       auto lock = api::lock_run_directory(dir);
       if (!lock.is_ok()) return report(lock.status());
@@ -310,6 +330,7 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
             << "; run directory " << (*trainer)->run_dir() << "\n";
   say << std::setprecision(2) << std::fixed << "compile: " << (*trainer)->compile_seconds() << " s (executable cache: "
       << (c.train.executable_cache.empty() ? "off" : (*trainer)->cache_hit() ? "hit" : "miss, stored") << ")\n"
+      << "kernels: " << (*trainer)->kernel_choices() << "\n"
       << std::defaultfloat << std::setprecision(6);
   if (a.print_plan) {  // the layout's step as each device runs it, then stop before training
     if (writer) std::cout << train::plan_text((*trainer)->model()->plan());
@@ -349,10 +370,10 @@ int run_train(const TrainArgs& a) {
   }
   if (parallel::job::launched()) {
     if (Status s = parallel::job::init("aspen train under mpirun"); !s.is_ok()) return report(s);
-    install_stop_handlers(/*mpi=*/true);  // after joining the job: MPI keeps SIGTERM for itself
+    install_stop_handlers(/*mpi=*/true);  // after joining the job: replaces MPI's SIGTERM handler
     const int rank = parallel::job::rank();
     const int rc = train_job(a, true, parallel::job::size(), rank == 0);
-    if (rc != 0 && rc != kExitInterrupted) {
+    if (rc != 0 && rc != kExitInterrupted && rc != 128 + SIGTERM) {  // interrupted runs saved and end normally
       std::cerr << "aspen: process " << rank << " of the MPI job failed\n";
       return rc;  // mpirun ends the others
     }

@@ -125,6 +125,7 @@ void for_each_key(Config& c, Visit&& v) {
 
   v("checkpoint", "dir", c.checkpoint.dir, any());
   v("checkpoint", "interval", c.checkpoint.interval, at_least(0));
+  v("checkpoint", "minutes", c.checkpoint.minutes, at_least(0));
   v("checkpoint", "keep", c.checkpoint.keep, at_least(1));
 
   v("eval", "interval", c.eval.interval, at_least(0));

@@ -162,7 +162,10 @@ struct TrainSection {
 
 struct CheckpointSection {
   std::string dir;       // empty: <run_dir>/checkpoints
-  int64_t interval = 0;  // 0: at the end only
+  int64_t interval = 0;  // steps; 0: none by step count (at the end, and by `minutes`)
+  // NOTE [checkpoint minutes]: also a checkpoint whenever this much wall time has passed since the last
+  // (or the start), so a crash, a kill or a launcher that does not wait loses at most this much work. 0: off.
+  double minutes = 30;
   int64_t keep = 2;      // the newest `keep` checkpoints stay on disk
   bool operator==(const CheckpointSection&) const = default;
 };

@@ -1,5 +1,6 @@
 #include "train/demo.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/atomic_file.h"
@@ -81,8 +82,15 @@ AdditionTask make_addition_task(uint64_t seed, double test_fraction) {
   return t;
 }
 
-std::string addition_prompt(int a, int b) { return std::to_string(a) + "+" + std::to_string(b) + "="; }
-std::string addition_answer(int a, int b) { return std::to_string(a + b); }
+namespace {
+std::string padded(int v, int width) {
+  std::string s = std::to_string(v);
+  return std::string(size_t(std::max<int>(0, width - int(s.size()))), '0') + s;
+}
+}  // namespace
+
+std::string addition_prompt(int a, int b) { return padded(a, 2) + "+" + padded(b, 2) + "="; }
+std::string addition_answer(int a, int b) { return padded(a + b, 3); }
 
 Result<TokenIndex> write_addition_shards(const AdditionTask& task, int64_t repeats, const std::string& dir,
                                          const std::string& tokenizer_dir) {

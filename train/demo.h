@@ -1,15 +1,23 @@
 // train/demo.h: the built-in task of `aspen train --demo`: two-digit
-// addition written the way people write it ("7+45=52"), one problem per
-// document, with a byte-level tokenizer (one token per character).
-// (Fixed-width columns, "07+45=052", and sums written units first were both
-// tried: at this model size and step budget each learned more slowly.)
+// addition in fixed-width columns ("07+45=052"), one problem per document,
+// with a byte-level tokenizer (one token per character).
+//
+// NOTE [demo recipe]: the demo trains with data.packing (each problem attends
+// only to itself, at positions 0..9, whatever its place in the 64-token row)
+// on fixed-width problems, so every digit of every problem sits at the same
+// position and the model learns one column rule instead of locating digits
+// by content across packed neighbours. Measured (2-core Zen 4, 2,000 steps):
+// natural width without packing 26-79 % held-out accuracy by seed (a knife's
+// edge: the same seed gave 80 % and 37 % two releases apart); fixed width
+// without packing 10 % (the units digit at chance); fixed width with packing
+// 100 % on seeds 0-4, with the measured kernel choice and with the rule.
 //
 // The 100 × 100 problems a+b (0 <= a, b <= 99) are split once, by a Philox
 // shuffle of the seed, into training and held-out test problems; the
 // training token stream is `repeats` passes over the training problems, each
 // pass in its own shuffled order, every problem followed by the end-of-text
 // token. Success shows: after training, greedy continuations of held-out
-// prompts "a+b=" are checked against a+b (accuracy), which no memorisation
+// prompts "aa+bb=" are checked against a+b (accuracy), which no memorisation
 // of the training problems can give.
 //
 // The tokenizer is GPT-2's byte-level BPE with no merges: id b is byte b
@@ -42,8 +50,8 @@ struct AdditionTask {
 };
 AdditionTask make_addition_task(uint64_t seed, double test_fraction = 0.1);
 
-std::string addition_prompt(int a, int b);  // "7+45="
-std::string addition_answer(int a, int b);  // "52"
+std::string addition_prompt(int a, int b);  // "07+45="
+std::string addition_answer(int a, int b);  // "052"
 
 // Token shards of `repeats` shuffled passes over task.train into `dir` (with
 // index.json); the index names `tokenizer_dir`.

@@ -282,7 +282,7 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
     ASPEN_RETURN_IF_ERROR(m->job_->broadcast(&bytes, 1, DType::f32, 0));
     text.resize(size_t(bytes));
     ASPEN_RETURN_IF_ERROR(m->job_->broadcast(text.data(), int64_t(bytes) / 2, DType::bf16, 0));
-    ASPEN_ASSIGN_OR_RETURN(const bool replaced, kernels::adopt_matmul_choices(text));
+    ASPEN_ASSIGN_OR_RETURN(const bool replaced, kernels::adopt_matmul_choices(text, "process 0"));
     if (replaced && kernels::matmul_choice() == kernels::MatmulChoice::measured) {  // the rule ignores choices
       m->session_.reset();
       ASPEN_RETURN_IF_ERROR(compile_all());

@@ -58,6 +58,8 @@ constexpr int kTagDirect = 1, kTagRingReduce = 2, kTagRingGather = 3, kTagExchan
 
 }  // namespace
 
+const char* mpi_activity() { return g_activity; }
+
 bool mpi_launched() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
 }

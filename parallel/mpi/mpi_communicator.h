@@ -53,6 +53,9 @@ void mpi_finalize();
 // PMI_SIZE or PMIX_RANK in the environment).
 bool mpi_launched();
 int mpi_world_rank();  // after mpi_init
+// What this process last waited for in a collective or transfer ("on world rank 1, in ..., waiting for
+// ..."), or "": a fixed buffer, readable from a signal handler (NOTE [launcher kill]).
+const char* mpi_activity();
 int mpi_world_size();
 
 class MpiCommunicator final : public Communicator {

@@ -369,3 +369,38 @@ def test_export_onnx_writes_the_trained_weights(tmp_path):
     session = ort.InferenceSession(str(tmp_path / "trained.onnx"), providers=["CPUExecutionProvider"])
     feeds = {i.name: v for i, v in zip(session.get_inputs(), (x.numpy(), y.numpy()))}
     np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-5, atol=1e-6)
+
+
+class OpenEndedSlices(torch.nn.Module):
+    """A loss on open-ended slices, as people write them: torch's training export writes the end as the
+    int64 maximum (through a Cast), which an empty slice once silently took the place of."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(12, 4)
+
+    def forward(self, x, labels):
+        o = self.fc(x)  # [B, T, 4]
+        shifted = F.cross_entropy(o[:, :-1].reshape(-1, 4), labels[:, 1:].reshape(-1))  # the shifted LM loss
+        return o, (o[:, 1:] ** 2).sum() + (o ** 2).mean() + o[1:, 2::3].sum() + shifted
+
+
+def test_open_ended_slices_in_a_training_loss_equal_torch():
+    torch.manual_seed(0)
+    ref = OpenEndedSlices()
+    model = copy.deepcopy(ref)
+    x = torch.randn(6, 8, 12)
+    labels = torch.randint(0, 4, (6, 8))
+    want_out, want_loss = ref(x, labels)
+    got_out, got_loss = aspen.inferenceModel(copy.deepcopy(ref))(x, labels)
+    np.testing.assert_allclose(float(got_loss), float(want_loss.detach()), rtol=1e-5)
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.01))
+    np.testing.assert_allclose(float(training(x, labels)), float(want_loss.detach()), rtol=1e-5)
+    # One SGD step of torch's own gives the weights aspen's step gave.
+    opt = torch.optim.SGD(ref.parameters(), lr=0.01)
+    opt.zero_grad()
+    ref(x, labels)[1].backward()
+    opt.step()
+    training.copyWeightsToHost()
+    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, pr, rtol=1e-5, atol=1e-6, msg=n)
