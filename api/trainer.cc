@@ -496,6 +496,19 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   t->tokenizer_dir_ = !c.data.tokenizer.empty()                    ? c.data.tokenizer
                       : !c.model.from.empty() && !c.model.is_onnx() ? c.model.from
                                                                     : index.tokenizer_dir;
+  // Shards tokenized by another tokenizer than the model's train without a word otherwise (BERT on GPT-2's
+  // BPE ids, GPT-2 on WordPiece ids): the index records the fingerprint of the tokenizer that made them.
+  if (t->feed_->tokens() && !c.model.is_onnx() && !index.tokenizer_hash.empty() && !t->tokenizer_dir_.empty()) {
+    Result<std::string> ours = train::tokenizer_fingerprint(t->tokenizer_dir_);
+    if (ours.is_ok() && *ours != index.tokenizer_hash)
+      return Status::invalid_argument(
+          "data.train '" + c.data.train + "'",
+          "token shards made with the model's tokenizer (" + t->tokenizer_dir_ + ", fingerprint " + *ours + ")",
+          "shards made with " + (index.tokenizer_dir.empty() ? std::string("another tokenizer") : index.tokenizer_dir) +
+              " (fingerprint " + index.tokenizer_hash + ")",
+          "prepare the data with the model's tokenizer: aspen prepare-data --tokenizer " + t->tokenizer_dir_ +
+              " --input FILE --output DIR (or set data.tokenizer to the one that made them)");
+  }
   if (t->model_config_.bert()) {  // masked language modelling: [MASK] and the special tokens from the tokenizer
     Result<std::unique_ptr<io::Tokenizer>> tok = io::load_tokenizer(t->tokenizer_dir_);
     if (!tok.is_ok())

@@ -689,6 +689,25 @@ TEST(Trainer, VocabularyMismatchIsRefusedInTheUsersTerms) {
                 "prepare-data --tokenizer " + run.path + "/small/model --input FILE --output DIR)");
 }
 
+// Shards tokenized by another tokenizer than the one the model trains with are refused, naming both (they
+// once trained without a word: BERT on GPT-2's BPE shards, GPT-2 on WordPiece shards).
+TEST(Trainer, ShardsOfAnotherTokenizerAreRefused) {
+  TempDir run("other_tokenizer");
+  const std::string other = run.path + "/other_tok";
+  ASSERT_TRUE(train::write_byte_tokenizer(other).is_ok());
+  std::ofstream(other + "/merges.txt", std::ios::app) << "1 2\n";  // one merge more: another tokenizer
+  train::TrainConfig c = tiny_config(run.path + "/run");
+  c.data.tokenizer = other;
+  auto t = Trainer::create(c);
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_EQ(t.status().code(), Code::kInvalidArgument);
+  const std::string msg = t.status().message();
+  EXPECT_NE(msg.find("expected token shards made with the model's tokenizer (" + other + ", fingerprint "),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("found shards made with " + corpus() + "/tok (fingerprint "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("aspen prepare-data --tokenizer " + other), std::string::npos) << msg;
+}
+
 // Dimensions beyond any real model, or beyond this machine's memory, are refused before a graph is built.
 TEST(Trainer, ModelDimensionsAreBoundedBeforeBuilding) {
   TempDir run("dims");

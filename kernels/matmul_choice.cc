@@ -10,11 +10,11 @@
 // from a hash (the speed of these kernels does not depend on the values).
 //
 // Large products are timed on a proxy of the same layout: no operand above
-// 2^24 elements (a 6B model's 4096 x 50400 head is timed with 4096 columns,
+// 2^22 elements (a 6B model's 4096 x 50400 head is timed with 1024 columns,
 // not with a copy of its 825 MB), then fewer batch entries and rows (not
 // below kProxyRows) so that one run costs about kProxyFlops. The candidates'
 // speed per flop has flattened out at those sizes, and GPT-2's LM head (79
-// GFLOP) is measured in a tenth of a second a run instead of a second.
+// GFLOP) is measured in hundredths of a second a run instead of a second.
 //
 // The choice (NOTE [matmul choice margin]) is aspen's own kernel unless another candidate is at least
 // kMargin (1.5x) faster on the proxy; where the ratio falls within kTie of that margin, the two are timed
@@ -31,7 +31,7 @@
 // beside the executable cache in a file named after this CPU's identity, so the same machine keeps
 // running the same code across compiles and runs; a training run also keeps its choices in its
 // checkpoints (api/trainer.cc), so a resumed run takes them whatever the cache holds. Measuring costs,
-// for GPT-2 124M's training step (about 20 distinct products), a few seconds once per machine.
+// for GPT-2 124M's training step (about 20 distinct products), about a second once per machine.
 #include "kernels/matmul_choice.h"
 
 #include <cblas.h>
@@ -64,14 +64,18 @@ namespace aspen::kernels {
 
 namespace {
 
-constexpr double kProxyFlops = 4e9;
+// NOTE [matmul choice cost]: the margin (1.5x) needs no fine timing, so a proxy of about 1 GFLOP timed for
+// about 30 ms per candidate decides; the first compile of GPT-J-6B's training step on a new machine
+// (measuring every product, with operands of at most 2^22 elements) went from 4.4 s to 1.0 s with it
+// (2-core Zen 4; `aspen bench compile` with a fresh ASPEN_CACHE_DIR).
+constexpr double kProxyFlops = 1e9;
 constexpr int64_t kProxyRows = 256;
-constexpr double kMaxOperand = double(1 << 24);  // elements: 64 MiB of f32
+constexpr double kMaxOperand = double(1 << 22);  // elements: 16 MiB of f32 (NOTE [matmul choice cost])
 constexpr int64_t kMinExtent = 1024;
-constexpr int kMinRounds = 3, kMaxRounds = 20;
+constexpr int kMinRounds = 2, kMaxRounds = 20;
 constexpr double kMargin = 1.5;  // NOTE [matmul choice margin]: how much faster than aspen's kernel a library must be
 constexpr double kTie = 0.05;     // a ratio this close to the margin is timed again
-constexpr double kRoundsSeconds = 0.12;  // aim for this long per candidate once warm (a shared host is noisy)
+constexpr double kRoundsSeconds = 0.03;  // aim for this long per candidate once warm (NOTE [matmul choice cost])
 
 std::atomic<int> g_choice{int(MatmulChoice::measured)};
 

@@ -99,6 +99,8 @@ Result<TokenIndex> write_addition_shards(const AdditionTask& task, int64_t repea
   o.vocab_size = kByteVocab;
   o.eos_id = kByteEosId;
   o.tokenizer_dir = tokenizer_dir;
+  // Its fingerprint, which training checks against the model's tokenizer (none when the directory holds none).
+  if (Result<std::string> fp = tokenizer_fingerprint(tokenizer_dir); fp.is_ok()) o.tokenizer_hash = *fp;
   ASPEN_ASSIGN_OR_RETURN(TokenShardWriter w, TokenShardWriter::create(dir, o));
   std::vector<io::TokenId> ids;
   for (int64_t pass = 0; pass < repeats; ++pass) {

@@ -267,12 +267,17 @@ class _Model:
 
     def detachFromDevice(self):
         """Frees the compiled program and its device memory; the next call compiles again. A training
-        model first copies its weights to the host and keeps its optimizer state (moments, step count),
-        which the next compile puts back, so training goes on as if it had stayed."""
+        model first copies its weights to the host and keeps them, with its optimizer state (moments, step
+        count), which the next compile puts back, so training goes on as if it had stayed, whatever the
+        model came from (an ONNX file, whose weights have no host model to go to, included)."""
         if self._program is not None and self._training:
+            self._check_detachable()
             self.copyWeightsToHost()
-            self._saved_state = (self._program.optimizer_state(), self._program.steps_done)
+            self._saved_state = (self._program.optimizer_state(), self._program.steps_done, self._program.weights())
         self._program = None
+
+    def _check_detachable(self):
+        """Raises, before anything is freed, for a source whose training cannot come back."""
 
     def destroy(self):
         self._program = None
@@ -386,9 +391,6 @@ class TrainingModel(_Model):
         training = dict(self._settings)
         training["reduction"] = self._options._reduction
         if isinstance(self._source, _HfDirectory):
-            if getattr(self, "_saved_state", None) is not None:
-                raise NotImplementedError("detachFromDevice of a Hugging Face directory's training model: its "
-                                          "trained weights have no host model to go back to")
             self._program = self._source.compile(arrays, self._per_call(), self._options._resolved(True), training)
             return
         shapes = self._micro_shapes(arrays)
@@ -400,11 +402,19 @@ class TrainingModel(_Model):
                                            self._options._resolved(True), training, self._loss, trained)
         self._restore_state()
 
+    def _check_detachable(self):
+        if isinstance(self._source, _HfDirectory):
+            raise NotImplementedError("detachFromDevice of a Hugging Face directory's training model: its "
+                                      "program cannot take its trained weights back yet (the model stays on the "
+                                      "device; copy the weights out with weights() first if you need them)")
+
     def _restore_state(self):
-        """After detachFromDevice: the optimizer state the model had (its weights came through the host)."""
+        """After detachFromDevice: the weights and optimizer state the model had."""
         saved = getattr(self, "_saved_state", None)
         if saved is not None:
-            self._program.set_optimizer_state(*saved)
+            state, steps, weights = saved
+            self._program.set_weights(weights)
+            self._program.set_optimizer_state(state, steps)
             self._saved_state = None
 
     def setOptimizer(self, optimizer):

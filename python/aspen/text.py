@@ -10,6 +10,7 @@ Models are compiled once per directory and settings, and kept for later calls (g
 embedder() give the objects themselves).
 """
 
+import atexit
 import os
 import queue
 import threading
@@ -76,6 +77,19 @@ class Tokenizer:
 Generator = _aspen.Generator
 Embedder = _aspen.Embedder
 _generators = {}
+_streams = set()  # (stop event, worker thread) of every stream still generating
+
+
+@atexit.register
+def _stop_streams():
+    """At interpreter exit: stop the streams a script left half read and wait for their workers, then free
+    the compiled models while Python still runs (a worker still inside the generator at shutdown once
+    ended the process with "terminate called without an active exception")."""
+    for stop, worker in list(_streams):
+        stop.set()
+        worker.join()
+    _generators.clear()
+    _embedders.clear()
 _embedders = {}
 
 
@@ -154,6 +168,8 @@ def _stream(g, args, skip_special_tokens):
         pieces.put(done)
 
     worker = threading.Thread(target=run, daemon=True)
+    entry = (stop, worker)
+    _streams.add(entry)
     worker.start()
     try:
         while True:
@@ -164,6 +180,7 @@ def _stream(g, args, skip_special_tokens):
     finally:
         stop.set()
         worker.join()
+        _streams.discard(entry)
     if failure:
         raise failure[0]
 

@@ -154,3 +154,30 @@ def test_options_are_poptorch_shaped_and_refuse_what_aspen_lacks():
         opts.Precision.setPartialsType("int8")
     with pytest.raises(AttributeError, match="set by calling their method"):
         opts.deviceIterations = 3
+
+
+def test_detach_keeps_the_training_of_an_onnx_file(testdata):
+    """detachFromDevice on a training model over an .onnx file once threw the training away (the next call
+    started again from the file's weights, with the optimizer's step count kept): it now goes on as if the
+    model had stayed on the device."""
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((4, 12)).astype(np.float32), rng.standard_normal((4, 5)).astype(np.float32))
+               for _ in range(6)]
+    path = str(testdata / "onnx" / "mlp_ts" / "model.onnx")
+
+    def run(detach_after):
+        training = aspen.trainingModel(path, optimizer=aspen.optim.AdamW(None, lr=1e-2), loss="mse")
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            if i == detach_after:
+                training.detachFromDevice()
+                assert not training.isCompiled()
+            losses.append(float(training(x, y)))
+        return losses, training.weights()
+
+    want_losses, want_weights = run(None)
+    got_losses, got_weights = run(3)
+    np.testing.assert_array_equal(got_losses, want_losses)
+    assert want_weights.keys() == got_weights.keys()
+    for name in want_weights:
+        np.testing.assert_array_equal(got_weights[name], want_weights[name], err_msg=name)
