@@ -83,6 +83,13 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   } else {
     return Status::error(Code::kNotFound, dir, "model.safetensors or model.safetensors.index.json", "neither");
   }
+  // NOTE [stored head]: tie_word_embeddings with an lm_head.weight in the file is read as transformers
+  // reads it (5.x, checked against 5.25): the stored head is the head, untied. Tying it instead changed a
+  // Llama's logits by 12.
+  if (c.find("lm_head.weight").second) {
+    if (auto* l = std::get_if<LlamaConfig>(&c.config_.family); l && l->tie_word_embeddings) l->tie_word_embeddings = false;
+    if (auto* g = std::get_if<Gpt2Config>(&c.config_.family); g && g->tie_word_embeddings) g->tie_word_embeddings = false;
+  }
   // A config whose dimensions the weights cannot hold (n_layer 20000 beside a
   // 2-layer file) is refused here, before a graph of its size is built.
   double stored = 0;

@@ -4,6 +4,8 @@
 #include "models/weights.h"
 
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cstring>
@@ -355,6 +357,24 @@ TEST_F(WeightsTest, ExportHfModelErrors) {
   EXPECT_EQ(s.code(), Code::kIoError);
   EXPECT_EQ(s.message().rfind(dir() + "/file/sub: expected a directory that can be created, found ", 0), 0u)
       << s.message();
+}
+
+// NOTE [stored head]: a Llama-family config.json saying tie_word_embeddings beside a file that stores
+// lm_head.weight is read as transformers 5 reads it: the stored head, untied (aspen tied it, and its logits
+// differed from transformers' by 12).
+TEST_F(WeightsTest, AStoredHeadIsUsedWhateverTieWordEmbeddingsSays) {
+  const fs::path src = fs::path(ASPEN_MODELS_TESTDATA) / "llama-tiny";
+  for (const auto& e : fs::directory_iterator(src)) fs::copy_file(e.path(), dir_ / e.path().filename());
+  std::ifstream in(src / "config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_FALSE(j.at("tie_word_embeddings").get<bool>());
+  j["tie_word_embeddings"] = true;
+  std::ofstream(dir_ / "config.json", std::ios::trunc) << j.dump();
+  auto c = Checkpoint::open(dir());
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  ASSERT_NE(c->config().llama(), nullptr);
+  EXPECT_FALSE(c->config().llama()->tie_word_embeddings);
+  ASSERT_NE(c->find("lm_head.weight").second, nullptr);
 }
 
 }  // namespace

@@ -28,6 +28,8 @@ class PyTokenizer {
     return t_->encode(text, add_special_tokens);
   }
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+    for (size_t i = 0; i < ids.size(); ++i)  // (negative ids were once dropped without a word)
+      if (ids[i] < 0) bad_argument("ids[" + std::to_string(i) + "]", "a token id >= 0", std::to_string(ids[i]));
     return t_->decode(ids, skip_special_tokens);
   }
   std::optional<std::string> id_to_token(int32_t id) const { return t_->id_to_token(id); }

@@ -120,7 +120,10 @@ int run_run(const RunArgs& a) {
     if (eq == std::string::npos || eq == 0 || n < 0 ||
         spec.find_first_not_of("0123456789", eq + 1) != std::string::npos)
       return usage("--dim '" + spec + "'", "NAME=EXTENT (a non-negative integer)", "'" + spec + "'");
-    opts.dims[spec.substr(0, eq)] = n;
+    const std::string name = spec.substr(0, eq);
+    if (auto it = opts.dims.find(name); it != opts.dims.end() && it->second != n)
+      return usage("--dim " + name, "one extent", std::to_string(it->second) + " and " + std::to_string(n));
+    opts.dims[name] = n;
   }
   if (a.dtype != "f32" && a.dtype != "bf16") return usage("--dtype", "f32 or bf16", "'" + a.dtype + "'");
   const auto t0 = std::chrono::steady_clock::now();

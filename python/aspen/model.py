@@ -107,11 +107,22 @@ class _OnnxFile(Source):
 def _int32(name, a):
     """Integer ids as the int32 the built-in graphs take, refusing values that int32 cannot hold."""
     a = np.asarray(a)
-    if a.dtype.kind not in "iub":
+    if a.dtype.kind not in "iu":  # bool ids once went through as 0 and 1
         raise ValueError(f"input '{name}': expected integer ids, found {a.dtype}")
-    if a.size and a.dtype.itemsize > 4 and (a.min() < -2 ** 31 or a.max() >= 2 ** 31):
+    if a.size and a.dtype != np.int32 and (int(a.min()) < -2 ** 31 or int(a.max()) >= 2 ** 31):
+        # (uint32 ids of 2^31 and more once wrapped to negative ones)
         raise ValueError(f"input '{name}': expected ids in the int32 range, found {a.min()} .. {a.max()}")
     return a.astype(np.int32, copy=False)
+
+
+def _mask(name, m):
+    """An attention mask as the uint8 the graphs take: 0 and 1 only (a mask of 256 once wrapped to 0)."""
+    m = np.asarray(m)
+    if m.dtype.kind not in "iub":
+        raise ValueError(f"input '{name}': expected a mask of 0 and 1, found {m.dtype}")
+    if m.size and m.dtype.kind != "b" and (int(m.min()) < 0 or int(m.max()) > 1):
+        raise ValueError(f"input '{name}': expected a mask of 0 and 1, found values {m.min()} .. {m.max()}")
+    return m.astype(np.uint8, copy=False)
 
 
 class _HfDirectory(Source):
@@ -161,7 +172,7 @@ class _HfDirectory(Source):
             out["targets"] = _int32("targets", np.asarray(arrays["targets"])).reshape(-1)
         if "attention_mask" in self._program_inputs:
             m = arrays.get("attention_mask")
-            out["attention_mask"] = np.ones((n, t), np.uint8) if m is None else np.asarray(m).astype(np.uint8)
+            out["attention_mask"] = np.ones((n, t), np.uint8) if m is None else _mask("attention_mask", m)
         if "token_type_ids" in self._program_inputs:
             tt = arrays.get("token_type_ids")
             out["token_type_ids"] = np.zeros((n, t), np.int32) if tt is None else _int32("token_type_ids", tt)

@@ -59,3 +59,22 @@ def test_hf_directory_errors(tmp_path):
         model(np.zeros((1, 64), np.float32))
     with pytest.raises(ValueError, match=r"\[batch, sequence\]"):
         aspen.inferenceModel(TESTDATA / "gpt2-tiny")(np.zeros(5, np.int64))
+
+
+def test_out_of_range_values_are_named_never_wrapped():
+    """uint32 ids of 2^31 and more, bool ids, an attention mask of 256 and negative ids in decode were once
+    wrapped or dropped without a word: each is now a ValueError naming the argument."""
+    model = aspen.inferenceModel(TESTDATA / "gpt2-tiny")
+    with pytest.raises(ValueError, match=r"input 'input_ids': expected ids in the int32 range, found 0 .. 2147483648"):
+        model(np.array([[0, 2 ** 31]], np.uint32))
+    with pytest.raises(ValueError, match="input 'input_ids': expected integer ids, found bool"):
+        model(np.ones((1, 4), bool))
+    g = read_safetensors(TESTDATA / "bert-tiny" / "golden.safetensors")
+    bert = aspen.inferenceModel(TESTDATA / "bert-tiny")
+    mask = np.array(g["attention_mask"], np.int64)
+    mask[0, 0] = 256
+    with pytest.raises(ValueError, match=r"input 'attention_mask': expected a mask of 0 and 1, found values 0 .. 256"):
+        bert(g["input_ids"], attention_mask=mask, token_type_ids=g["token_type_ids"])
+    tok = aspen.Tokenizer.from_file(TESTDATA / "gpt2-tiny")
+    with pytest.raises(ValueError, match=r"ids\[1\]: expected a token id >= 0, found -5"):
+        tok.decode([3, -5], False)
