@@ -190,13 +190,30 @@ GptjConfig read_gptj(Keys& k) {
 RopeSpec read_rope(Keys& k, double default_theta) {
   RopeSpec r;
   r.theta = k.number_or("rope_theta", default_theta);
+  const json* top_theta = k.find("rope_theta");
   const json* rope = k.find("rope_parameters");
   const char* key = "rope_parameters";
+  // Both forms in one file, saying different things: which one a reader takes differs between transformers
+  // releases, so neither is guessed.
+  if (const json* legacy = k.find("rope_scaling"); rope && legacy && !legacy->is_null() && rope->is_object() &&
+                                                   legacy->is_object()) {
+    for (auto it = legacy->begin(); it != legacy->end(); ++it) {
+      const std::string name = it.key() == "type" ? "rope_type" : it.key();
+      auto mine = rope->find(name);
+      if (mine == rope->end() && name == "rope_type") mine = rope->find("type");
+      if (mine != rope->end() && *mine != *it) {
+        k.fail(Code::kInvalidArgument, "rope_scaling." + it.key(),
+               "the value rope_parameters." + name + " gives (" + mine->dump() + "), or no rope_scaling",
+               it->dump());
+        return r;
+      }
+    }
+  }
   if (!rope) {
     rope = k.find("rope_scaling");
     key = "rope_scaling";
   }
-  if (!rope) return r;
+  if (!rope || rope->is_null()) return r;
   if (!rope->is_object()) {
     k.fail(Code::kInvalidArgument, key, "an object", rope->dump());
     return r;
@@ -224,12 +241,20 @@ RopeSpec read_rope(Keys& k, double default_theta) {
       continue;
     }
     const double v = it->get<double>();
+    if (name == "rope_theta" && top_theta && top_theta->is_number() && top_theta->get<double>() != v) {
+      k.fail(Code::kInvalidArgument, "rope_theta", "the value " + std::string(key) + ".rope_theta gives (" + it->dump() + ")",
+             top_theta->dump());
+      continue;
+    }
     if (name == "rope_theta") r.theta = v;
     else if (name == "factor") r.factor = v;
     else if (name == "low_freq_factor") r.low_freq_factor = v;
     else if (name == "high_freq_factor") r.high_freq_factor = v;
     else r.original_max_positions = int64_t(v);
   }
+  // Scaling without its factor: transformers refuses it; aspen once scaled by a default.
+  if (r.scaling != "none" && !rope->contains("factor"))
+    k.fail(Code::kInvalidArgument, std::string(key) + ".factor", "a number (" + r.scaling + " scaling needs one)", "none");
   return r;
 }
 

@@ -257,6 +257,23 @@ TEST(Config, LlamaFamilyErrorsNameTheKey) {
       "partial_rotary_factor": 0.5})")),
             "c.json: key 'rope_parameters.partial_rotary_factor': expected none (not part of linear scaling here), "
             "found 0.5");
+  // Rope settings read differently by transformers releases, or not at all: refused by name.
+  EXPECT_EQ(error_of(json_of("llama", R"(, "rope_scaling": {"rope_type": "linear"})")),
+            "c.json: key 'rope_scaling.factor': expected a number (linear scaling needs one), found none");
+  EXPECT_EQ(error_of(json_of("llama", R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0},
+      "rope_scaling": {"type": "linear", "factor": 4.0})")),
+            "c.json: key 'rope_scaling.factor': expected the value rope_parameters.factor gives (2.0), or no "
+            "rope_scaling, found 4.0");
+  EXPECT_EQ(error_of(json_of("llama", R"(, "rope_theta": 10000.0,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0})")),
+            "c.json: key 'rope_theta': expected the value rope_parameters.rope_theta gives (500000.0), found 10000.0");
+  {  // the same values in both forms are fine
+    auto both = parse_config(json_of("llama", R"(, "rope_theta": 500000.0,
+        "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0},
+        "rope_scaling": {"type": "linear", "factor": 2.0})"), "c.json");
+    ASSERT_TRUE(both.is_ok()) << both.status().to_string();
+    EXPECT_EQ(both->llama()->rope.factor, 2.0);
+  }
   EXPECT_EQ(error_of(json_of("llama", R"(, "hidden_act": "gelu")")),
             "c.json: key 'hidden_act': expected \"silu\" (what the graph computes), found \"gelu\"");
   EXPECT_EQ(error_of(json_of("llama", R"(, "num_key_value_heads": 3)")),

@@ -104,7 +104,15 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
     return Status::invalid_argument(c.config_.path, "dimensions the weights in " + c.weights_path_ + " can hold (" +
                                                         std::string(h) + " values stored)",
                                     "a config of at least " + std::string(w) + " parameters",
-                                    "check n_layer, n_embd, vocab_size, n_positions and n_inner against the weights");
+                                    "check " + std::string(c.config_.llama()  ? "num_hidden_layers, hidden_size, vocab_size, "
+                                                                                     "intermediate_size and "
+                                                                                     "num_key_value_heads"
+                                                           : c.config_.bert() ? "num_hidden_layers, hidden_size, vocab_size, "
+                                                                                "max_position_embeddings and "
+                                                                                "intermediate_size"
+                                                                              : "n_layer, n_embd, vocab_size, n_positions "
+                                                                                "and n_inner") +
+                                        " (config.json's names) against the weights");
   }
   return c;
 }

@@ -319,6 +319,21 @@ TEST_F(WeightsTest, ConfigsBeyondTheWeightsOrAnyModelAreRefusedAtOpen) {
   EXPECT_EQ(deep.expected().rfind("dimensions the weights in " + weights_path() + " can hold (", 0), 0u)
       << deep.to_string();
   EXPECT_EQ(deep.found().rfind("a config of at least ", 0), 0u) << deep.to_string();
+  EXPECT_EQ(deep.hint(), "check n_layer, n_embd, vocab_size, n_positions and n_inner (config.json's names) against "
+                         "the weights");
+  {  // A Llama's hint names a Llama's keys (it once named GPT-2's).
+    const fs::path llama = dir_ / "llama";
+    fs::create_directories(llama);
+    for (const auto& e : fs::directory_iterator(fs::path(ASPEN_MODELS_TESTDATA) / "llama-tiny"))
+      fs::copy_file(e.path(), llama / e.path().filename());
+    std::ifstream in(llama / "config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["num_hidden_layers"] = 500;
+    std::ofstream(llama / "config.json", std::ios::trunc) << j.dump();
+    const Status s = Checkpoint::open(llama.string()).status();
+    EXPECT_EQ(s.hint(), "check num_hidden_layers, hidden_size, vocab_size, intermediate_size and num_key_value_heads "
+                        "(config.json's names) against the weights") << s.to_string();
+  }
   EXPECT_EQ(config(R"("n_layer": 1000000000)").message(),
             dir() + "/config.json: gpt2 config: n_layer: expected at most 4096 (larger than any real model), found "
                     "1000000000");
