@@ -52,7 +52,7 @@ Result<std::unique_ptr<InferenceModel>> InferenceModel::create(const graph::Grap
   std::unique_ptr<compiler::Executable> exe;
   if (!options.executable_cache_.empty()) {
     compiler::ExecutableCache cache(options.executable_cache_);
-    ASPEN_ASSIGN_OR_RETURN(exe, cache.compile(graph, copts, &m->cache_hit_));
+    ASPEN_ASSIGN_OR_RETURN(exe, cache.compile(graph, copts, &m->cache_hit_, &m->cache_stored_));
   } else {
     ASPEN_ASSIGN_OR_RETURN(exe, compiler::compile(graph, copts));
   }

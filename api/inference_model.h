@@ -31,6 +31,7 @@ class InferenceModel {
 
   const Options& options() const { return options_; }
   bool cache_hit() const { return cache_hit_; }
+  bool cache_stored() const { return cache_stored_; }  // a miss whose entry was written
   const compiler::Executable& executable() const { return session_->executable(); }
 
   Status copy_weights_to_device(const std::map<std::string, const Tensor*>& weights);
@@ -43,7 +44,7 @@ class InferenceModel {
  private:
   InferenceModel() = default;
   Options options_;
-  bool cache_hit_ = false;
+  bool cache_hit_ = false, cache_stored_ = false;
   std::unique_ptr<profile::TraceRecorder> trace_;
   std::unique_ptr<runtime::Session> session_;
 };

@@ -129,8 +129,9 @@ std::string ExecutableCache::entry_path(uint64_t key) const {
 }
 
 Result<std::unique_ptr<Executable>> ExecutableCache::compile(const graph::Graph& g, const CompileOptions& options,
-                                                             bool* hit) {
+                                                             bool* hit, bool* stored) {
   if (hit) *hit = false;
+  if (stored) *stored = false;
   // NOTE [matmul choice]: the products' measured backends live beside the entries, per CPU identity.
   const std::string choices = kernels::matmul_choices_path(dir_);
   if (Status st = kernels::load_matmul_choices(choices); !st.is_ok())
@@ -175,6 +176,7 @@ Result<std::unique_ptr<Executable>> ExecutableCache::compile(const graph::Graph&
   std::filesystem::create_directories(dir_, ec);
   Status w = ec ? Status::error(Code::kIoError, dir_, "a cache directory", ec.message()) : write_file_atomic(path, bytes);
   if (!w.is_ok()) ASPEN_LOG(warning) << "executable cache: not stored: " << w.message();
+  if (stored) *stored = w.is_ok();
   keep_choices();
   return exe;
 }

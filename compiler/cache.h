@@ -44,9 +44,10 @@ class ExecutableCache {
   std::string entry_path(uint64_t key) const;
 
   // Loads the entry for (graph, options) or compiles and stores it. *hit says
-  // which happened. Failing to write the entry is a warning, not an error.
+  // which happened; *stored whether a compiled entry was written. Failing to
+  // write the entry is a warning, not an error.
   Result<std::unique_ptr<Executable>> compile(const graph::Graph& graph, const CompileOptions& options,
-                                              bool* hit = nullptr);
+                                              bool* hit = nullptr, bool* stored = nullptr);
 
  private:
   std::string dir_;

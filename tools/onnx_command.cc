@@ -157,8 +157,9 @@ int run_run(const RunArgs& a) {
   }
   std::cout << "compile: " << compile_s << " s (executable cache: "
             << (a.cache.empty()         ? "off"
-                : (*model)->cache_hit() ? "hit"
-                                        : "miss, stored")
+                : (*model)->cache_hit()    ? "hit"
+                : (*model)->cache_stored() ? "miss, stored"
+                                           : "miss, not stored: see the warning above")
             << ")\n";
   return 0;
 }

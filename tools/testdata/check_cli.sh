@@ -111,6 +111,9 @@ expect 0 "compile: " -- "$aspen" onnx run "$mlp" --input "x=$x" --output-dir "$t
 expect 2 "expected NAME=FILE.npy" -- "$aspen" onnx run "$mlp" --input "$x"
 expect 2 "graph input 'x': expected --input x=FILE.npy, found none" -- "$aspen" onnx run "$mlp"
 expect 2 "--dim 'batch': expected NAME=EXTENT" -- "$aspen" onnx run "$mlp" --input "x=$x" --dim batch
+touch "$tmp/not_a_dir"  # a cache it cannot write is said so, not "stored"
+expect 0 "(executable cache: miss, not stored: see the warning above)" -- "$aspen" onnx run "$mlp" --input "x=$x" \
+  --output-dir "$tmp" --cache "$tmp/not_a_dir/cache"
 expect 2 "--dim batch: expected one extent, found 2 and 3" -- "$aspen" onnx run "$mlp" --input "x=$x" --dim batch=2 --dim batch=3
 expect 2 "--dtype: expected f32 or bf16, found 'f64'" -- "$aspen" onnx run "$mlp" --input "x=$x" --dtype f64
 python3 - "$mlp" "$tmp/unsupported.onnx" <<'PY' || failures=$((failures + 1))
