@@ -573,6 +573,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   ASPEN_ASSIGN_OR_RETURN(t->model_, TrainingModel::create(forward, o, to));
   t->compile_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - compile_start).count();
   t->cache_hit_ = t->model_->cache_hit();
+  t->cache_stored_ = t->model_->cache_stored();
   t->kernel_choices_ = kernels::matmul_choice() == kernels::MatmulChoice::rule
                            ? "the fixed rule (--kernel-choice rule)"
                            : kernels::matmul_choices_used_summary();

@@ -170,6 +170,7 @@ class Trainer {
   // How long compiling the training programs took, and whether train.executable_cache held them.
   double compile_seconds() const { return compile_seconds_; }
   bool cache_hit() const { return cache_hit_; }
+  bool cache_stored() const { return cache_stored_; }  // a miss whose programs were all written
   // The matrix products' backends the training programs took, and where each choice came from (NOTE
   // [matmul choice] in kernels/matmul_choice.cc): "12 matrix product shapes (12 on aspen; 12 from the
   // checkpoint runs/x/checkpoints/step-00000500)". Every checkpoint keeps them; a resumed run adopts them.
@@ -209,7 +210,7 @@ class Trainer {
   std::unique_ptr<TrainingModel> model_;
   int64_t batch_ = 0, seq_ = 0, final_step_ = 0;
   double compile_seconds_ = 0;
-  bool cache_hit_ = false;
+  bool cache_hit_ = false, cache_stored_ = false;
   std::string kernel_choices_;
   std::optional<train::Checkpoint> resume_;  // read before compiling (its kernel choices), restored after
   std::vector<std::pair<int64_t, double>> train_curve_, val_curve_;

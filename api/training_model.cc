@@ -132,6 +132,7 @@ const TrainingOptions& TrainingModel::training_options() const { return runner_-
 const train::TrainingPrograms& TrainingModel::programs() const { return runner_->programs(); }
 const runtime::Session& TrainingModel::session() const { return runner_->session(); }
 bool TrainingModel::cache_hit() const { return runner_->cache_hit(); }
+bool TrainingModel::cache_stored() const { return runner_->cache_stored(); }
 int TrainingModel::replicas() const { return runner_->replicas(); }
 int TrainingModel::process() const { return runner_->process(); }
 int TrainingModel::processes() const { return runner_->processes(); }

@@ -99,6 +99,7 @@ class TrainingModel {
   const train::TrainingPrograms& programs() const;
   const runtime::Session& session() const;
   bool cache_hit() const;
+  bool cache_stored() const;  // every program executable_cache missed was written to it
   // Data-parallel replicas in the whole job (local × processes), and this
   // process's index among the processes (0 without MPI).
   int replicas() const;

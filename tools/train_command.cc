@@ -329,7 +329,11 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
       << ((*trainer)->step() > 0 ? ", resuming at step " + std::to_string((*trainer)->step()) : std::string())
             << "; run directory " << (*trainer)->run_dir() << "\n";
   say << std::setprecision(2) << std::fixed << "compile: " << (*trainer)->compile_seconds() << " s (executable cache: "
-      << (c.train.executable_cache.empty() ? "off" : (*trainer)->cache_hit() ? "hit" : "miss, stored") << ")\n"
+      << (c.train.executable_cache.empty() ? "off"
+          : (*trainer)->cache_hit()        ? "hit"
+          : (*trainer)->cache_stored()     ? "miss, stored"
+                                           : "miss, not stored: see the warning above")
+      << ")\n"
       << "kernels: " << (*trainer)->kernel_choices() << "\n"
       << std::defaultfloat << std::setprecision(6);
   if (a.print_plan) {  // the layout's step as each device runs it, then stop before training

@@ -232,13 +232,15 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
   std::vector<std::unique_ptr<compiler::Executable>> exes;
   const auto compile_all = [&]() -> Status {
     exes.clear();
+    m->cache_stored_ = true;
     for (const graph::Graph* g : graphs) {
       std::unique_ptr<compiler::Executable> exe;
       if (!options.executable_cache.empty()) {
         compiler::ExecutableCache cache(options.executable_cache);
-        bool hit = false;
-        ASPEN_ASSIGN_OR_RETURN(exe, cache.compile(*g, copts, &hit));
+        bool hit = false, stored = false;
+        ASPEN_ASSIGN_OR_RETURN(exe, cache.compile(*g, copts, &hit, &stored));
         m->cache_hit_ = (exes.empty() || m->cache_hit_) && hit;
+        m->cache_stored_ = m->cache_stored_ && (hit || stored);
       } else {
         ASPEN_ASSIGN_OR_RETURN(exe, compiler::compile(*g, copts));
       }

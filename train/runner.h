@@ -96,6 +96,7 @@ class Runner {
   const train::TrainingPrograms& programs() const { return programs_; }
   const runtime::Session& session() const { return *session_; }
   bool cache_hit() const { return cache_hit_; }
+  bool cache_stored() const { return cache_stored_; }  // every program the cache missed was written to it
   // Data-parallel replicas in the whole job (local × processes), and this
   // process's index among the processes (0 without MPI).
   int replicas() const { return dp_ ? dp_->replicas() : 1; }
@@ -244,7 +245,7 @@ class Runner {
   TrainingOptions training_;
   const TensorSharding* sharding_ = nullptr;  // with tensor shards
   train::TrainingPrograms programs_;
-  bool cache_hit_ = false;
+  bool cache_hit_ = false, cache_stored_ = false;
   std::unique_ptr<profile::TraceRecorder> trace_;
   std::unique_ptr<runtime::Session> session_;
   train::LossScaler scaler_;

@@ -114,6 +114,12 @@ expect 2 "--dim 'batch': expected NAME=EXTENT" -- "$aspen" onnx run "$mlp" --inp
 touch "$tmp/not_a_dir"  # a cache it cannot write is said so, not "stored"
 expect 0 "(executable cache: miss, not stored: see the warning above)" -- "$aspen" onnx run "$mlp" --input "x=$x" \
   --output-dir "$tmp" --cache "$tmp/not_a_dir/cache"
+expect 0 "(executable cache: miss, not stored: see the warning above)" -- "$aspen" train --demo --steps 2 \
+  --run-dir "$tmp/demo-cache" --set train.executable_cache="$tmp/not_a_dir/cache"
+expect 0 "(executable cache: miss, stored)" -- "$aspen" train --demo --steps 2 --run-dir "$tmp/demo-cache" \
+  --set train.executable_cache="$tmp/exe-cache"
+expect 0 "(executable cache: hit)" -- "$aspen" train --demo --steps 2 --run-dir "$tmp/demo-cache" \
+  --set train.executable_cache="$tmp/exe-cache"
 expect 2 "--dim batch: expected one extent, found 2 and 3" -- "$aspen" onnx run "$mlp" --input "x=$x" --dim batch=2 --dim batch=3
 expect 2 "--dtype: expected f32 or bf16, found 'f64'" -- "$aspen" onnx run "$mlp" --input "x=$x" --dtype f64
 python3 - "$mlp" "$tmp/unsupported.onnx" <<'PY' || failures=$((failures + 1))
