@@ -921,7 +921,8 @@ Result<TrainResult> Trainer::run() {
       progress.message(buf);
       if (writer_) ASPEN_OR_STOP(train::write_loss_svg(svg, train_curve_, val_curve_, c.name));
     }
-    if (save_now || (c.checkpoint.interval > 0 && step % c.checkpoint.interval == 0)) {
+    const bool by_steps = c.checkpoint.interval > 0 && step % c.checkpoint.interval == 0;
+    if (save_now || by_steps) {
       if (Status s = save(); !s.is_ok()) {
         progress.finish();
         return std::move(s).with_context("training stopped at step " + std::to_string(step) + " (" + kept() + ")");
@@ -929,9 +930,7 @@ Result<TrainResult> Trainer::run() {
       last_saved = step;
       last_save = std::chrono::steady_clock::now();
       progress.message("step " + std::to_string(step) + ": checkpoint saved in " + checkpoint_dir_ +
-                       (save_now && !(c.checkpoint.interval > 0 && step % c.checkpoint.interval == 0)
-                            ? " (checkpoint.minutes)"
-                            : ""));
+                       (by_steps ? "" : " (checkpoint.minutes)"));
     }
   }
 #undef ASPEN_OR_STOP

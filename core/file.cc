@@ -201,17 +201,20 @@ std::string escape_for_terminal(std::string_view s) {
 }
 
 double physical_memory_bytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  double bytes = pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;
-  // A container's limit (cgroup v2, then v1) when it is lower: "max" or a huge number means none.
-  for (const char* limit : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    Result<std::string> text = read_regular_file(limit, 64);
-    if (!text.is_ok()) continue;
-    char* end = nullptr;
-    const double v = std::strtod(text->c_str(), &end);
-    if (end != text->c_str() && v > 0 && (bytes <= 0 || v < bytes)) bytes = v;
-  }
-  return bytes;
+  static const double memory = [] {  // read once: a machine's memory does not change under a process
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    double bytes = pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;
+    // A container's limit (cgroup v2, then v1) when it is lower: "max" or a huge number means none.
+    for (const char* limit : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+      Result<std::string> text = read_regular_file(limit, 64);
+      if (!text.is_ok()) continue;
+      char* end = nullptr;
+      const double v = std::strtod(text->c_str(), &end);
+      if (end != text->c_str() && v > 0 && (bytes <= 0 || v < bytes)) bytes = v;
+    }
+    return bytes;
+  }();
+  return memory;
 }
 
 }  // namespace aspen

@@ -85,7 +85,7 @@ Result<std::string> read_regular_file(const std::string& path, uint64_t max_byte
 std::string escape_for_terminal(std::string_view s);
 
 // This machine's physical memory in bytes, or a container's limit (cgroup v2, then v1) where it is lower;
-// 0 when unknown.
+// 0 when unknown. Read once per process. Thread-safe.
 double physical_memory_bytes();
 
 }  // namespace aspen

@@ -11,10 +11,7 @@ namespace {
 void* aligned_alloc_rounded(size_t bytes, bool zero) {
   // More than the machine has is refused here (null: the caller's Status), not left to the allocator, which
   // may promise it (overcommit) and end the process when it is touched, or abort (sanitizers).
-  if (bytes > (size_t(1) << 30)) {
-    static const double memory = physical_memory_bytes();
-    if (memory > 0 && double(bytes) > memory) return nullptr;
-  }
+  if (const double memory = physical_memory_bytes(); memory > 0 && double(bytes) > memory) return nullptr;
   size_t rounded = (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
   if (rounded == 0) rounded = kTensorAlignment;
   void* p = std::aligned_alloc(kTensorAlignment, rounded);

@@ -38,14 +38,15 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -94,7 +95,7 @@ struct Store {
   std::mutex mu;              // guards choices, used and changed
   std::mutex measuring;       // one measurement at a time
   std::map<Key, Choice> choices;
-  std::map<Key, MatmulBackend> used;  // the choices plans took since the last clear_matmul_choices_used
+  std::set<Key> used;  // the products planned since the last clear_matmul_choices_used (their choices above)
   bool changed = false;
   std::string autosave;       // use_matmul_choices_file's path, or empty
   bool autosave_failed = false;
@@ -140,8 +141,11 @@ void fill(std::vector<float>& v, uint32_t seed) {
     v[i] = float(int32_t((uint32_t(i) + seed) * 2654435761u)) * (1.0f / 2147483648.0f);
 }
 
+// NOTE [matmul choice margin]: the backend kept unless another is kMargin faster.
+constexpr MatmulBackend kPreferred = MatmulBackend::aspen;
+
 std::vector<MatmulBackend> candidates(const MatmulShape& s) {
-  std::vector<MatmulBackend> out = {MatmulBackend::aspen, MatmulBackend::onednn};
+  std::vector<MatmulBackend> out = {kPreferred, MatmulBackend::onednn};  // the preferred one first
   if (s.input == DType::f32 && openblas_is_openmp_build()) out.push_back(MatmulBackend::openblas);
   return out;
 }
@@ -204,7 +208,7 @@ Result<std::vector<MatmulTiming>> measure_matmul_backends(const MatmulShape& sha
   // candidate (the first) and the fastest other run as many rounds again, and the choice, which this
   // machine then keeps, is made on both sets.
   if (all.size() >= 2) {
-    size_t other = 1;
+    size_t other = 1;  // (candidates() lists the preferred backend first)
     for (size_t i = 2; i < all.size(); ++i)
       if (best[i] < best[other]) other = i;
     const double ratio = best[0] / best[other];
@@ -220,7 +224,7 @@ MatmulBackend decide_matmul_backend(const std::vector<MatmulTiming>& timings) {
   ASPEN_CHECK(!timings.empty());
   const MatmulTiming* preferred = &timings.front();
   for (const MatmulTiming& t : timings)
-    if (t.backend == MatmulBackend::aspen) preferred = &t;
+    if (t.backend == kPreferred) preferred = &t;
   const MatmulTiming& fastest = timings.front();  // measure_matmul_backends sorts them
   return fastest.gflops >= preferred->gflops * kMargin ? fastest.backend : preferred->backend;
 }
@@ -235,7 +239,7 @@ Result<MatmulBackend> choose_matmul_backend(const MatmulShape& s, int team) {
     std::lock_guard<std::mutex> lock(st.mu);
     auto it = st.choices.find(key);
     if (it == st.choices.end()) return std::nullopt;
-    st.used[key] = it->second.backend;
+    st.used.insert(key);
     return it->second.backend;
   };
   if (auto b = remembered()) return *b;
@@ -247,7 +251,7 @@ Result<MatmulBackend> choose_matmul_backend(const MatmulShape& s, int team) {
   {
     std::lock_guard<std::mutex> lock(st.mu);
     st.choices[key] = {chosen, "measured"};
-    st.used[key] = chosen;
+    st.used.insert(key);
     st.changed = true;
     autosave = st.autosave;
   }
@@ -364,17 +368,23 @@ std::string matmul_choices_path(const std::string& dir) {
 
 namespace {
 
-std::string choices_text(Store& st, bool mark_saved) {
+// The file's text of the choices of `keys` (all when null); st.mu held.
+std::string text_of(const Store& st, const std::set<Key>* keys) {
   std::ostringstream o;
   o << kFileMagic << "\ncpu " << cpu_identity() << "\n";
-  std::lock_guard<std::mutex> lock(st.mu);
   for (const auto& [k, choice] : st.choices) {
+    if (keys && !keys->count(k)) continue;
     const auto& [batch, M, N, K, ta, tb, bcast, fixed, bias, beta, input] = k;
     o << batch << " " << M << " " << N << " " << K << " " << ta << " " << tb << " " << bcast << " " << fixed << " "
       << bias << " " << beta << " " << dtype_name(DType(input)) << " " << matmul_backend_name(choice.backend) << "\n";
   }
-  if (mark_saved) st.changed = false;
   return o.str();
+}
+
+std::string choices_text(Store& st, bool mark_saved) {
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (mark_saved) st.changed = false;
+  return text_of(st, nullptr);
 }
 
 // Parses a choices file's text; with `check_cpu`, one written for another CPU identity is refused.
@@ -494,14 +504,7 @@ void clear_matmul_choices_used() {
 std::string matmul_choices_used_text() {
   Store& st = store();
   std::lock_guard<std::mutex> lock(st.mu);
-  std::ostringstream o;
-  o << kFileMagic << "\ncpu " << cpu_identity() << "\n";
-  for (const auto& [k, be] : st.used) {
-    const auto& [batch, M, N, K, ta, tb, bcast, fixed, bias, beta, input] = k;
-    o << batch << " " << M << " " << N << " " << K << " " << ta << " " << tb << " " << bcast << " " << fixed << " "
-      << bias << " " << beta << " " << dtype_name(DType(input)) << " " << matmul_backend_name(be) << "\n";
-  }
-  return o.str();
+  return text_of(st, &st.used);
 }
 
 std::string matmul_choices_used_summary() {
@@ -509,10 +512,10 @@ std::string matmul_choices_used_summary() {
   std::lock_guard<std::mutex> lock(st.mu);
   if (st.used.empty()) return "no matrix products";
   std::map<std::string, int> by_backend, by_origin;
-  for (const auto& [k, be] : st.used) {
-    ++by_backend[matmul_backend_name(be)];
-    auto it = st.choices.find(k);
-    ++by_origin[it == st.choices.end() ? std::string("measured") : it->second.origin];
+  for (const Key& k : st.used) {  // every used key has its choice (both are cleared together)
+    const Choice& c = st.choices.at(k);
+    ++by_backend[matmul_backend_name(c.backend)];
+    ++by_origin[c.origin];
   }
   std::string out = std::to_string(st.used.size()) + " matrix product shape" + (st.used.size() > 1 ? "s" : "") + " (";
   bool first = true;

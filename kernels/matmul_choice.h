@@ -9,9 +9,8 @@
 // oneDNN and OpenBLAS on that shape and keeps aspen's unless another is at
 // least 1.5x faster (NOTE [matmul choice margin]: the 5-33 % differences
 // between good libraries are left to no noisy moment, and aspen's results do
-// not depend on the team size). The
-// choice holds for every team size, is remembered for the process, and in a
-// file keyed by this CPU's identity (save/load below; the compiler's
+// not depend on the team size). The choice holds for every team size, is
+// remembered for the process, and in a file keyed by this CPU's identity (save/load below; the compiler's
 // executable cache and the CLI keep one), so a second compile measures
 // nothing and, on the same machine, runs the same code: the same bits. A
 // training run keeps the choices it used in its checkpoints and adopts them

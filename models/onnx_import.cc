@@ -320,15 +320,10 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
       in.push_back(v);
     }
     std::vector<Value> results;
-    bool folded = false;
-    Status s;
-    if (all_known && conv.foldable && known_elements <= kMaxFoldElements) {
-      Result<bool> f = fold(node, k, node_opset, conv, in, results);
-      s = f.status();
-      folded = f.is_ok() && *f;
-      if (!f.is_ok()) folded = true;  // the error stands
-    }
-    if (!folded) s = conv.convert(c, in, results);
+    Result<bool> folded = false;  // false: build the node into the graph
+    if (all_known && conv.foldable && known_elements <= kMaxFoldElements)
+      folded = fold(node, k, node_opset, conv, in, results);
+    Status s = !folded.is_ok() ? folded.status() : *folded ? Status() : conv.convert(c, in, results);
     if (s.is_ok()) s = b.status();
     // An error the converter did not word itself (the builder's, which names aspen's own nodes) is put
     // under the ONNX node and the file, so the user sees which of their nodes it is.
