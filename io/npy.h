@@ -1,9 +1,10 @@
 // io/npy.h: NumPy's .npy files (format versions 1.0, 2.0 and 3.0) as tensors.
 //
-// read_npy accepts a C-order array of a dtype aspen has: '<f4' (f32), '<f2' (f16), '<i4' (i32), '<i8'
-// (i64), '|u1' (u8), '|b1' (bool); '=' and '<' byte orders (this machine is little-endian). The header is
-// bounded, parsed strictly (the dict numpy writes: 'descr', 'fortran_order', 'shape'), and the data
-// must be exactly what the shape needs. Every error names the file. write_npy writes version 1.0
+// read_npy accepts what np.load reads, of a dtype aspen has: '<f4' (f32), '<f2' (f16), '<i4' (i32),
+// '<i8' (i64), '|u1' (u8), '|b1' (bool), with np.dtype's aliases ('f4', 'float32', '?', ...), any byte
+// order ('>' is swapped) and C or Fortran order (Fortran is copied into C order). The header is
+// bounded and parsed as the Python literal numpy reads (a dict of exactly 'descr', 'fortran_order' and
+// 'shape'), and the data must be exactly what the shape needs. Every error names the file. write_npy writes version 1.0
 // (2.0 when the header needs it) atomically.
 #pragma once
 
