@@ -483,6 +483,67 @@ Result<SparsityConfig::Kind> parse_sparsity_kind(const std::string& name) {
   return Status::invalid_argument("kind", "one of " + names, "'" + name + "'");
 }
 
+namespace {
+// DeepSpeed's constructors' arguments (sparsity_config.py, 0.14.4), num_heads left out.
+constexpr std::pair<Kind, const char*> kKeysOfKind[] = {
+    {Kind::dense, "block different_layout_per_head"},
+    {Kind::fixed,
+     "block different_layout_per_head num_local_blocks num_global_blocks attention horizontal_global_attention "
+     "num_different_global_patterns"},
+    {Kind::variable,
+     "block different_layout_per_head num_random_blocks local_window_blocks global_block_indices "
+     "global_block_end_indices attention horizontal_global_attention"},
+    {Kind::bigbird,
+     "block different_layout_per_head num_random_blocks num_sliding_window_blocks num_global_blocks attention"},
+    {Kind::bslongformer,
+     "block different_layout_per_head num_sliding_window_blocks global_block_indices global_block_end_indices "
+     "attention"},
+    {Kind::local_sliding_window, "block num_sliding_window_blocks attention"},
+};
+
+std::vector<std::string> words(const char* text) {
+  std::vector<std::string> out;
+  std::string w;
+  for (const char* p = text;; ++p) {
+    if (*p == ' ' || *p == '\0') {
+      if (!w.empty()) out.push_back(w);
+      w.clear();
+      if (*p == '\0') break;
+    } else {
+      w += *p;
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> keys_of(Kind kind) {
+  for (const auto& [k, text] : kKeysOfKind)
+    if (k == kind) return words(text);
+  return {};
+}
+
+std::string joined(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const std::string& k : keys) out += (out.empty() ? "" : ", ") + k;
+  return out;
+}
+}  // namespace
+
+std::string sparsity_keys(SparsityConfig::Kind kind) { return joined(keys_of(kind)); }
+
+std::string sparsity_keys() {
+  std::vector<std::string> all;
+  for (const auto& [k, text] : kKeysOfKind)
+    for (const std::string& w : words(text))
+      if (std::find(all.begin(), all.end(), w) == all.end()) all.push_back(w);
+  return joined(all);
+}
+
+bool sparsity_reads(SparsityConfig::Kind kind, const std::string& key) {
+  const std::vector<std::string> keys = keys_of(kind);
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
 const char* sparsity_kind_name(SparsityConfig::Kind kind) {
   const KindInfo* info = info_of(kind);
   return info ? info->name : "unknown";

@@ -151,6 +151,14 @@ Result<SparsityConfig::Kind> parse_sparsity_kind(const std::string& name);
 Result<SparsityConfig::Attention> parse_attention(const std::string& s);
 const char* attention_name(SparsityConfig::Attention a);
 
+// The keys DeepSpeed's constructor of `kind` takes besides num_heads, in its order, joined by ", "
+// (bigbird: "block, different_layout_per_head, num_random_blocks, num_sliding_window_blocks,
+// num_global_blocks, attention"); without a kind, every field's key once.
+std::string sparsity_keys(SparsityConfig::Kind kind);
+std::string sparsity_keys();
+// Whether DeepSpeed's constructor of `kind` takes `key` (a key of sparsity_keys()).
+bool sparsity_reads(SparsityConfig::Kind kind, const std::string& key);
+
 // The checks that do not depend on seq_len (DeepSpeed's constructors).
 [[nodiscard]] Status validate(const SparsityConfig& c);
 

@@ -370,7 +370,8 @@ Result<kernels::SparsityConfig> sparsity_from_json(const json& j, int64_t n_head
       if (!v.is_number_unsigned()) return Status::invalid_argument(where, "an integer >= 0", v.dump());
       c.seed = v.get<uint64_t>();
     } else {
-      return Status::invalid_argument(where, "a key of DeepSpeed's sparsity configs", "an unknown key");
+      return Status::invalid_argument(where, "a key of DeepSpeed's sparsity configs (kind, " + kernels::sparsity_keys() + ", seed)",
+                                      "an unknown key");
     }
     ASPEN_RETURN_IF_ERROR(s);
   }
@@ -634,13 +635,21 @@ Result<std::optional<kernels::BlockLayout>> model_layout(const ModelConfig& conf
   if (!config.sparse_attention) return std::optional<kernels::BlockLayout>();
   const kernels::SparsityConfig& c = *config.sparse_attention;
   const int64_t positions = config.n_positions();
-  if (c.block < 1 || seq < 1 || seq % c.block != 0 || seq > (positions + c.block - 1) / c.block * c.block)
-    return Status::invalid_argument(
-        what + ": rows of " + std::to_string(seq) + " tokens",
-        "a multiple of the sparse layout's block (" + std::to_string(c.block) + ") within the model's " +
-            std::to_string(positions) + " positions",
-        std::to_string(seq));
-  Result<kernels::BlockLayout> master = kernels::make_layout(c, (positions + c.block - 1) / c.block * c.block);
+  const int64_t context = (positions + c.block - 1) / c.block * c.block;  // whole blocks
+  const std::string rows = what + ": rows of " + std::to_string(seq) + " tokens";
+  if (c.block < 1 || seq < 1 || seq % c.block != 0)
+    return Status::invalid_argument(rows,
+                                    "whole blocks of the sparse layout (block: " + std::to_string(c.block) + " tokens)",
+                                    c.block < 1 || seq < 1 ? std::to_string(seq)
+                                                           : std::to_string(seq / c.block) + " blocks and " +
+                                                                 std::to_string(seq % c.block) + " tokens over");
+  if (seq > context)
+    return Status::invalid_argument(rows,
+                                    "at most the model's context (" + std::to_string(positions) +
+                                        " positions, whole blocks of " + std::to_string(c.block) + ": " +
+                                        std::to_string(context) + ")",
+                                    std::to_string(seq));
+  Result<kernels::BlockLayout> master = kernels::make_layout(c, context);
   if (!master.is_ok()) return master.status().with_context(what + ": sparse layout");
   ASPEN_ASSIGN_OR_RETURN(kernels::BlockLayout l, kernels::layout_prefix(*master, seq / c.block));
   return std::optional<kernels::BlockLayout>(std::move(l));

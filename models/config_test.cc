@@ -352,13 +352,16 @@ TEST(Config, SparseAttentionRoundTripsAndCutsTheContextsLayout) {
     EXPECT_EQ((*l)->bits, kernels::layout_prefix(*master, seq / 4)->bits) << seq;
   }
   EXPECT_EQ(model_layout(*back, 6, "embedder").status().message(),
-            "embedder: rows of 6 tokens: expected a multiple of the sparse layout's block (4) within the model's 16 "
-            "positions, found 6");
-  EXPECT_EQ(model_layout(*back, 20, "x").status().code(), Code::kInvalidArgument);
+            "embedder: rows of 6 tokens: expected whole blocks of the sparse layout (block: 4 tokens), found 1 blocks "
+            "and 2 tokens over");
+  EXPECT_EQ(model_layout(*back, 20, "x").status().message(),
+            "x: rows of 20 tokens: expected at most the model's context (16 positions, whole blocks of 4: 16), found 20");
 
   EXPECT_EQ(error_of(json_of("gpt2", R"(, "aspen_sparse_attention": {"kind": "bigbird", "blocks": 4})")),
-            "c.json: key 'aspen_sparse_attention'.blocks: expected a key of DeepSpeed's sparsity configs, found an "
-            "unknown key");
+            "c.json: key 'aspen_sparse_attention'.blocks: expected a key of DeepSpeed's sparsity configs (kind, block, "
+            "different_layout_per_head, num_local_blocks, num_global_blocks, attention, horizontal_global_attention, "
+            "num_different_global_patterns, num_random_blocks, local_window_blocks, global_block_indices, "
+            "global_block_end_indices, num_sliding_window_blocks, seed), found an unknown key");
   EXPECT_EQ(error_of(json_of("gpt2", R"(, "aspen_sparse_attention": {"kind": "sparse"})")),
             "c.json: key 'aspen_sparse_attention': kind: expected one of dense, fixed, variable, bigbird, bslongformer, "
             "local_sliding_window, found 'sparse'");

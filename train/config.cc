@@ -400,8 +400,20 @@ Status read_value(const YAML::Node& n, T& out, const std::string& path, int line
       const int at = src.has_lines ? line_of(k) : line;
       if (!k.IsScalar()) return Status::invalid_argument(src.where(at) + ": " + path, "a key name", describe(k));
       const std::string where = src.where(at) + ": " + path + "." + k.Scalar();
-      if (!kv.second.IsScalar()) return Status::invalid_argument(where, "a string", describe(kv.second));
-      if (!items.emplace(k.Scalar(), kv.second.Scalar()).second)
+      std::string text;
+      if (kv.second.IsScalar()) {
+        text = kv.second.Scalar();
+      } else if (kv.second.IsSequence() && path == "model.attention") {  // block lists, kept as "[a, b]"
+        for (const auto& e : kv.second) {
+          if (!e.IsScalar()) return Status::invalid_argument(where, "a list of numbers", describe(kv.second));
+          text += (text.empty() ? "" : ", ") + e.Scalar();
+        }
+        text = "[" + text + "]";
+      } else {
+        return Status::invalid_argument(where, path == "model.attention" ? "a value or a list of numbers" : "a string",
+                                        describe(kv.second));
+      }
+      if (!items.emplace(k.Scalar(), text).second)
         return Status::invalid_argument(where, "each key once", "it again");
     }
     out = std::move(items);
@@ -584,28 +596,29 @@ parallel::MeshShape mesh_shape(const TrainConfig& c) {
 Result<std::optional<kernels::SparsityConfig>> sparse_attention(const ModelSection& m, int64_t n_head,
                                                                  uint64_t seed, bool encoder) {
   if (m.attention.empty()) return std::optional<kernels::SparsityConfig>();
-  auto bad = [](const std::string& key, const std::string& expected, const std::string& found) {
-    return Status::invalid_argument("model.attention." + key, expected, found);
+  auto bad = [](const std::string& key, const std::string& expected, const std::string& found,
+                const std::string& hint = "") {
+    return Status::invalid_argument("model.attention." + key, expected, found, hint);
   };
+  const std::string kinds = "dense, fixed, variable, bigbird, bslongformer (or longformer) or local_sliding_window";
   const auto kind_it = m.attention.find("kind");
   if (kind_it == m.attention.end())
-    return bad("kind", "present: dense, fixed, variable, bigbird, bslongformer or local_sliding_window", "none");
+    return bad("kind", "a kind of layout (" + kinds + ")", "none", "e.g. model.attention: {kind: bigbird, block: 64}");
   const Result<kernels::SparsityConfig::Kind> kind =
       kernels::parse_sparsity_kind(kind_it->second == "longformer" ? "bslongformer" : kind_it->second);
-  if (!kind.is_ok())
-    return bad("kind", "dense, fixed, variable, bigbird, bslongformer or local_sliding_window",
-               "'" + kind_it->second + "'");
+  if (!kind.is_ok()) return bad("kind", "one of " + kinds, "'" + kind_it->second + "'");
+  const std::string kind_name = kernels::sparsity_kind_name(*kind);
   kernels::SparsityConfig c = kernels::SparsityConfig::of(*kind, n_head);
   // A decoder attends earlier tokens only: its layouts are DeepSpeed's unidirectional ones unless asked.
   c.attention = encoder ? kernels::SparsityConfig::Attention::bidirectional
                         : kernels::SparsityConfig::Attention::unidirectional;
   c.seed = seed;
-  auto integer = [&](const std::string& key, const std::string& text, int64_t* out) -> Status {
+  auto integer = [&](const std::string& key, const std::string& text, int64_t min, int64_t* out) -> Status {
     char* end = nullptr;
     errno = 0;
     const long long v = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || errno != 0 || v < 0)
-      return bad(key, "an integer >= 0", "'" + text + "'");
+    if (text.empty() || *end != '\0' || errno != 0 || v < min)
+      return bad(key, "an integer >= " + std::to_string(min), "'" + text + "'");
     *out = v;
     return Status();
   };
@@ -614,35 +627,66 @@ Result<std::optional<kernels::SparsityConfig>> sparse_attention(const ModelSecti
     *out = text == "true";
     return Status();
   };
+  // A list of block indices as YAML writes it ("[0, 2]"; a map's list value is kept so) or "0, 2".
+  auto list = [&](const std::string& key, std::string text, std::vector<int64_t>* out) -> Status {
+    if (text.size() >= 2 && text.front() == '[' && text.back() == ']') text = text.substr(1, text.size() - 2);
+    out->clear();
+    size_t i = 0;
+    while (i <= text.size()) {
+      const size_t comma = std::min(text.find(',', i), text.size());
+      std::string item = text.substr(i, comma - i);
+      item.erase(0, item.find_first_not_of(' '));
+      item.erase(item.find_last_not_of(' ') + 1);
+      if (!item.empty() || comma < text.size()) {
+        int64_t v = 0;
+        if (!integer(key, item, 0, &v).is_ok()) return bad(key, "a list of integers >= 0 (e.g. [0, 2])", "'" + text + "'");
+        out->push_back(v);
+      }
+      i = comma + 1;
+    }
+    return Status();
+  };
   for (const auto& [key, value] : m.attention) {
     if (key == "kind") continue;
+    if (!kernels::sparsity_reads(*kind, key)) {
+      std::string readers;
+      for (const char* k : {"dense", "fixed", "variable", "bigbird", "bslongformer", "local_sliding_window"})
+        if (kernels::sparsity_reads(*kernels::parse_sparsity_kind(k), key)) readers += (readers.empty() ? "" : ", ") + std::string(k);
+      return bad(key, "a key of " + kind_name + " sparsity (kind, " + kernels::sparsity_keys(*kind) + ")",
+                 "'" + value + "'",
+                 readers.empty() ? "" : "only " + readers + " read " + key + " (DeepSpeed's sparsity configs)");
+    }
+    Status s;
     if (key == "block") {
-      ASPEN_RETURN_IF_ERROR(integer(key, value, &c.block));
+      s = integer(key, value, 1, &c.block);
     } else if (key == "num_random_blocks") {
-      ASPEN_RETURN_IF_ERROR(integer(key, value, &c.num_random_blocks));
+      s = integer(key, value, 0, &c.num_random_blocks);
     } else if (key == "num_sliding_window_blocks") {
-      ASPEN_RETURN_IF_ERROR(integer(key, value, &c.num_sliding_window_blocks));
+      s = integer(key, value, 0, &c.num_sliding_window_blocks);
     } else if (key == "num_global_blocks") {
-      ASPEN_RETURN_IF_ERROR(integer(key, value, &c.num_global_blocks));
+      s = integer(key, value, 0, &c.num_global_blocks);
     } else if (key == "num_local_blocks") {
-      ASPEN_RETURN_IF_ERROR(integer(key, value, &c.num_local_blocks));
+      s = integer(key, value, 1, &c.num_local_blocks);
     } else if (key == "num_different_global_patterns") {
-      ASPEN_RETURN_IF_ERROR(integer(key, value, &c.num_different_global_patterns));
+      s = integer(key, value, 1, &c.num_different_global_patterns);
     } else if (key == "horizontal_global_attention") {
-      ASPEN_RETURN_IF_ERROR(flag(key, value, &c.horizontal_global_attention));
+      s = flag(key, value, &c.horizontal_global_attention);
     } else if (key == "different_layout_per_head") {
-      ASPEN_RETURN_IF_ERROR(flag(key, value, &c.different_layout_per_head));
+      s = flag(key, value, &c.different_layout_per_head);
+    } else if (key == "local_window_blocks") {
+      s = list(key, value, &c.local_window_blocks);
+    } else if (key == "global_block_indices") {
+      s = list(key, value, &c.global_block_indices);
+    } else if (key == "global_block_end_indices") {
+      s = list(key, value, &c.global_block_end_indices);
     } else if (key == "attention") {
       Result<kernels::SparsityConfig::Attention> a = kernels::parse_attention(value);
       if (!a.is_ok()) return bad(key, "unidirectional or bidirectional", "'" + value + "'");
       if (encoder && *a != kernels::SparsityConfig::Attention::bidirectional)
         return bad(key, "bidirectional for an encoder (BERT attends both ways)", "'" + value + "'");
       c.attention = *a;
-    } else {
-      return bad(key, "none (known: kind, block, attention, num_random_blocks, num_sliding_window_blocks, "
-                 "num_global_blocks, num_local_blocks, num_different_global_patterns, horizontal_global_attention, "
-                 "different_layout_per_head)", "'" + value + "'");
     }
+    ASPEN_RETURN_IF_ERROR(s);
   }
   ASPEN_RETURN_IF_ERROR(kernels::validate(c).with_context("model.attention"));
   return std::optional<kernels::SparsityConfig>(c);
@@ -834,6 +878,29 @@ Status apply_override(TrainConfig& c, std::string_view assignment) {
   if (!section.empty() && !is_section(section)) {
     return Status::invalid_argument(subject + ": " + section, "a section (" + join(keys_of(""), ", ") + ")",
                                     "an unknown key", unknown_key_hint("", section));
+  }
+  // "model.attention.kind=bigbird": one entry of a map-valued key (model.attention, model.inputs); an
+  // empty value removes the entry. The map so read passes the key's own checks.
+  if (const size_t dot2 = key.find('.'); dot2 != std::string::npos) {
+    const std::string map_key = key.substr(0, dot2), entry = key.substr(dot2 + 1);
+    const StringMap* current = nullptr;
+    for_each_key(c, [&](std::string_view s, std::string_view k, const auto& field, const Rule&) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(field)>, StringMap>)
+        if (s == section && k == map_key) current = &field;
+    });
+    if (current != nullptr) {
+      if (value.IsMap())
+        return Status::invalid_argument(subject + ": " + path, "a single value for an entry of " + section + "." + map_key,
+                                        describe(value));
+      YAML::Node merged(YAML::NodeType::Map);
+      for (const auto& [k, v] : *current)
+        if (k != entry) merged[k] = v;
+      if (!value.IsNull()) merged[entry] = value;
+      TrainConfig updated = c;
+      ASPEN_RETURN_IF_ERROR(read_entry(updated, section, map_key, 1, merged, src));
+      c = std::move(updated);
+      return Status::ok();
+    }
   }
   TrainConfig updated = c;
   ASPEN_RETURN_IF_ERROR(read_entry(updated, section, key, 1, value, src));

@@ -342,15 +342,27 @@ TEST(TrainConfig, SparseAttention) {
   EXPECT_EQ((*lf)->attention, kernels::SparsityConfig::Attention::unidirectional);  // a decoder's default
   EXPECT_EQ((*lf)->seed, 7u);
   const std::pair<std::map<std::string, std::string>, std::string> bad[] = {
-      {{{"block", "16"}}, "model.attention.kind: expected present: dense, fixed, variable, bigbird, bslongformer or "
-                          "local_sliding_window, found none"},
-      {{{"kind", "sparse"}}, "model.attention.kind: expected dense, fixed, variable, bigbird, bslongformer or "
-                             "local_sliding_window, found 'sparse'"},
-      {{{"kind", "fixed"}, {"block", "x"}}, "model.attention.block: expected an integer >= 0, found 'x'"},
+      {{{"block", "16"}},
+       "model.attention.kind: expected a kind of layout (dense, fixed, variable, bigbird, bslongformer (or "
+       "longformer) or local_sliding_window), found none (hint: e.g. model.attention: {kind: bigbird, block: 64})"},
+      {{{"kind", "sparse"}}, "model.attention.kind: expected one of dense, fixed, variable, bigbird, bslongformer (or "
+                             "longformer) or local_sliding_window, found 'sparse'"},
+      {{{"kind", "fixed"}, {"block", "x"}}, "model.attention.block: expected an integer >= 1, found 'x'"},
+      {{{"kind", "fixed"}, {"block", "0"}}, "model.attention.block: expected an integer >= 1, found '0'"},
       {{{"kind", "fixed"}, {"attention", "causal"}},
        "model.attention.attention: expected unidirectional or bidirectional, found 'causal'"},
       {{{"kind", "bigbird"}, {"different_layout_per_head", "yes"}},
        "model.attention.different_layout_per_head: expected true or false, found 'yes'"},
+      // DeepSpeed's FixedSparsityConfig takes no num_random_blocks: a key the kind ignores is refused, not dropped.
+      {{{"kind", "fixed"}, {"num_random_blocks", "3"}},
+       "model.attention.num_random_blocks: expected a key of fixed sparsity (kind, block, different_layout_per_head, "
+       "num_local_blocks, num_global_blocks, attention, horizontal_global_attention, num_different_global_patterns), "
+       "found '3' (hint: only variable, bigbird read num_random_blocks (DeepSpeed's sparsity configs))"},
+      {{{"kind", "bigbird"}, {"blocks", "4"}},
+       "model.attention.blocks: expected a key of bigbird sparsity (kind, block, different_layout_per_head, "
+       "num_random_blocks, num_sliding_window_blocks, num_global_blocks, attention), found '4'"},
+      {{{"kind", "variable"}, {"global_block_indices", "[0, x]"}},
+       "model.attention.global_block_indices: expected a list of integers >= 0 (e.g. [0, 2]), found '0, x'"},
   };
   for (const auto& [attention, message] : bad) {
     m.attention = attention;
@@ -358,11 +370,40 @@ TEST(TrainConfig, SparseAttention) {
     ASSERT_FALSE(r.is_ok()) << message;
     EXPECT_EQ(r.status().message(), message);
   }
+  m.attention = {{"kind", "variable"}, {"global_block_indices", "[0, 4]"}, {"global_block_end_indices", "2, 6"},
+                 {"local_window_blocks", "[2]"}};
+  auto variable = sparse_attention(m, 4, 1);
+  ASSERT_TRUE(variable.is_ok()) << variable.status().to_string();
+  EXPECT_EQ((*variable)->global_block_indices, (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ((*variable)->global_block_end_indices, (std::vector<int64_t>{2, 6}));
+  EXPECT_EQ((*variable)->local_window_blocks, (std::vector<int64_t>{2}));
   m.attention = {{"kind", "fixed"}, {"num_local_blocks", "4"}, {"num_global_blocks", "3"}};
   auto fixed = sparse_attention(m, 4, 1);
   ASSERT_FALSE(fixed.is_ok());
   EXPECT_EQ(fixed.status().message(),
             "model.attention: fixed sparsity: num_local_blocks: expected a multiple of num_global_blocks (3), found 4");
+}
+
+// One entry of model.attention from the command line (`--set model.attention.kind=bigbird`), and the block
+// lists of DeepSpeed's Variable and Longformer configs as YAML lists.
+TEST(TrainConfig, SparseAttentionEntriesFromOverridesAndYamlLists) {
+  TrainConfig c = parse_ok("model:\n  attention: {kind: variable, global_block_indices: [0, 4]}\n");
+  EXPECT_EQ(c.model.attention.at("global_block_indices"), "[0, 4]");
+  ASSERT_TRUE(apply_override(c, "model.attention.kind=bslongformer").is_ok());
+  ASSERT_TRUE(apply_override(c, "model.attention.block=8").is_ok());
+  ASSERT_TRUE(apply_override(c, "model.attention.global_block_end_indices=[2, 6]").is_ok());
+  EXPECT_EQ(c.model.attention, (std::map<std::string, std::string>{{"kind", "bslongformer"},
+                                                                    {"block", "8"},
+                                                                    {"global_block_indices", "[0, 4]"},
+                                                                    {"global_block_end_indices", "[2, 6]"}}));
+  ASSERT_TRUE(apply_override(c, "model.attention.block=").is_ok());  // an empty value removes the entry
+  EXPECT_EQ(c.model.attention.count("block"), 0u);
+  auto l = sparse_attention(c.model, 2, 1);
+  ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+  EXPECT_EQ((*l)->global_block_end_indices, (std::vector<int64_t>{2, 6}));
+  EXPECT_EQ(apply_override(c, "model.attention.block={a: 1}").message(),
+            "override 'model.attention.block={a: 1}': model.attention.block: expected a single value for an entry of "
+            "model.attention, found a map");
 }
 
 TEST(TrainConfigErrors, BadYamlAndMissingFile) {
