@@ -93,8 +93,17 @@ struct OpConverter {
   bool foldable = true;                // false: never evaluated at import (sequence ops)
 };
 
-// Every op type of the default domain the importer converts.
+// Every op type of the default domain the importer converts: one table, filled by one function per op
+// group, each in its own file (a new op is added to its group's file only).
 const std::map<std::string, OpConverter>& converters();
+using ConverterTable = std::map<std::string, OpConverter>;
+inline void add_converter(ConverterTable& t, const char* name, Converter f, int min_inputs, int max_inputs,
+                          bool foldable = true) {
+  t[name] = OpConverter{std::move(f), min_inputs, max_inputs, foldable};
+}
+void add_elementwise_converters(ConverterTable& t);  // onnx_ops_elementwise.cc
+void add_shape_converters(ConverterTable& t);        // onnx_ops_shape.cc
+void add_nn_converters(ConverterTable& t);           // onnx_ops_nn.cc
 // The com.microsoft ops that onnxruntime's transformer optimizer writes (FastGelu, BiasGelu, Gelu,
 // SkipLayerNormalization, SkipSimplifiedLayerNormalization, Attention): models/onnx_ops_microsoft.cc.
 inline constexpr const char* kMicrosoftDomain = "com.microsoft";
@@ -108,6 +117,17 @@ Shape shape_of(const std::vector<int64_t>& d);
 Value to_shape(Ctx& c, const Value& v, const Shape& to);                  // broadcast (when it differs)
 Value reshaped(Ctx& c, const Value& v, const std::vector<int64_t>& d);    // reshape (when it differs)
 Value filled(Ctx& c, double v, DType dtype, const Shape& shape);          // a scalar of dtype, broadcast
+Result<Shape> make_shape(const Ctx& c, const std::vector<int64_t>& d, const std::string& what);
+Result<Shape> broadcast_shape(const Ctx& c, const std::vector<Shape>& shapes);  // numpy's broadcast
+// InvalidArgument unless every present input from `from` on has input `from`'s element type.
+Status same_dtype(const Ctx& c, const std::vector<Value>& in, size_t from = 0);
+Result<std::vector<Value>> broadcast_all(Ctx& c, const std::vector<Value>& in);  // to one shape
+// `op` over the inputs, of one type, broadcast.
+Status elementwise(Ctx& c, graph::OpKind op, std::vector<Value>& in, std::vector<Value>& out);
+Converter unary(graph::OpKind op);
+Converter binary(graph::OpKind op);
+Converter negated(graph::OpKind op);                    // not(op(a, b)): LessOrEqual, GreaterOrEqual
+Converter variadic(graph::OpKind op, bool mean = false);  // Max, Min, Sum, Mean: folded left
 
 // What errors expect of an element type: the ONNX types dtype_of_onnx maps.
 inline constexpr const char* kAspenTypes =

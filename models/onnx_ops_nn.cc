@@ -1,0 +1,278 @@
+// models/onnx_ops_nn.cc: the ONNX importer's conversions of reductions, softmaxes, losses and normalizations
+// (the converter table and the shared helpers: models/onnx_ops.h, onnx_ops.cc).
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+#include "graph/interpreter.h"
+#include "models/onnx_import.h"
+#include "models/onnx_ops.h"
+
+namespace aspen::models::onnx {
+
+using graph::OpKind;
+using graph::TensorType;
+using graph::ValueId;
+
+namespace {
+
+// ---- reductions, normalizations -----------------------------------------------------------------------
+
+// The axes of a reduction: an input from opset 18 (ReduceSum: 13), an attribute before.
+Result<std::vector<int64_t>> reduce_axes(Ctx& c, std::vector<Value>& in, int64_t input_from, bool& all) {
+  std::vector<int64_t> axes;
+  if (c.opset >= input_from) {
+    if (in.size() > 1 && in[1].present()) {
+      ASPEN_ASSIGN_OR_RETURN(axes, c.ints(in[1], "input 'axes'"));
+    }
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(axes, c.attr_ints("axes", std::vector<int64_t>{}));
+  }
+  ASPEN_ASSIGN_OR_RETURN(const int64_t noop, c.attr_i("noop_with_empty_axes", 0));
+  all = axes.empty() && !noop;
+  const int r = in[0].type.shape.rank();
+  std::vector<int64_t> out;
+  if (all)
+    for (int i = 0; i < r; ++i) out.push_back(i);
+  for (int64_t a : axes) {
+    ASPEN_ASSIGN_OR_RETURN(const int ax, c.axis(a, r, "axes"));
+    out.push_back(ax);
+  }
+  std::sort(out.begin(), out.end());
+  if (std::adjacent_find(out.begin(), out.end()) != out.end()) return c.error("axes", "each axis once", "a repeat");
+  return out;
+}
+
+// GlobalAveragePool(X [N, C, D1, ...]): the mean over D1, ... (kept as 1s).
+Status convert_global_average_pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const Shape& s = in[0].type.shape;
+  if (s.rank() < 2) return c.error("input 'X'", "rank 2 or more ([N, C, ...])", in[0].type.to_string());
+  if (s.rank() == 2) {
+    out = {in[0]};
+    return Status();
+  }
+  std::vector<int64_t> axes;
+  int64_t n = 1;
+  for (int i = 2; i < s.rank(); ++i) {
+    axes.push_back(i);
+    n *= s[i];
+  }
+  out = {c.wrap(c.b.scale(c.b.reduce_sum(c.id(in[0]), axes, true), n ? 1.0 / double(n) : NAN))};
+  return c.b.status();
+}
+
+// ReduceProd of known values (shape arithmetic: element counts), axes an attribute before opset 18.
+Status convert_reduce_prod(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  if (!in[0].known())
+    return c.unsupported("input 'data'", "a value known when the model is imported",
+                         "one computed from the graph's inputs");
+  std::vector<int64_t> axes;
+  if (c.opset >= 18) {
+    if (in.size() > 1 && in[1].present()) {
+      ASPEN_ASSIGN_OR_RETURN(axes, c.ints(in[1], "input 'axes'"));
+    }
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(axes, c.attr_ints("axes", std::vector<int64_t>{}));
+  }
+  ASPEN_ASSIGN_OR_RETURN(const int64_t keep, c.attr_i("keepdims", 1));
+  const Shape& s = in[0].type.shape;
+  std::vector<bool> reduced(size_t(s.rank()), axes.empty());
+  for (int64_t a : axes) {
+    ASPEN_ASSIGN_OR_RETURN(const int ax, c.axis(a, s.rank(), "axes"));
+    reduced[size_t(ax)] = true;
+  }
+  std::vector<int64_t> od;
+  for (int i = 0; i < s.rank(); ++i)
+    if (!reduced[size_t(i)])
+      od.push_back(s[i]);
+    else if (keep)
+      od.push_back(1);
+  ASPEN_ASSIGN_OR_RETURN(const Shape os, make_shape(c, od, "output"));
+  const graph::HostArray x = graph::HostArray::from_tensor(*in[0].constant);
+  graph::HostArray y(TensorType{in[0].type.dtype, os});
+  std::fill(y.data.begin(), y.data.end(), 1.0);
+  for (int64_t i = 0; i < s.numel(); ++i) {
+    int64_t rem = i, at = 0, mul = 1;
+    for (int d = s.rank() - 1; d >= 0; --d) {
+      const int64_t coord = rem % s[d];
+      rem /= s[d];
+      if (!reduced[size_t(d)]) {
+        at += coord * mul;
+        mul *= s[d];
+      }
+    }
+    y.data[size_t(at)] *= x.data[size_t(i)];
+  }
+  out = {Ctx::constant(y.to_tensor())};
+  return Status();
+}
+
+enum class Reduce { sum, mean, max, min };
+Converter reduction(Reduce kind, int64_t input_from) {
+  return [kind, input_from](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) -> Status {
+    bool all = false;
+    ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> axes, reduce_axes(c, in, input_from, all));
+    ASPEN_ASSIGN_OR_RETURN(const int64_t keep, c.attr_i("keepdims", 1));
+    if (axes.empty()) {
+      out = {in[0]};
+      return Status();
+    }
+    ValueId x = c.id(in[0]);
+    if (kind == Reduce::min) x = c.b.neg(x);
+    ValueId y = kind == Reduce::max || kind == Reduce::min ? c.b.reduce_max(x, axes, keep != 0)
+                                                           : c.b.reduce_sum(x, axes, keep != 0);
+    if (kind == Reduce::min) y = c.b.neg(y);
+    if (kind == Reduce::mean) {
+      int64_t n = 1;
+      for (int64_t a : axes) n *= in[0].type.shape[int(a)];
+      y = c.b.scale(y, n ? 1.0 / double(n) : NAN);
+    }
+    out = {c.wrap(y)};
+    return c.b.status();
+  };
+}
+
+// Moves `axis` to the last position and back around `body` (softmax over an inner axis).
+template <class F>
+Status on_last_axis(Ctx& c, const Value& x, int axis, std::vector<Value>& out, F body) {
+  const int r = x.type.shape.rank();
+  if (axis == r - 1) {
+    out = {c.wrap(body(c.id(x)))};
+    return c.b.status();
+  }
+  std::vector<int64_t> perm;
+  for (int i = 0; i < r; ++i)
+    if (i != axis) perm.push_back(i);
+  perm.push_back(axis);
+  std::vector<int64_t> inverse(static_cast<size_t>(r));
+  for (int i = 0; i < r; ++i) inverse[size_t(perm[size_t(i)])] = i;
+  const ValueId y = body(c.b.transpose(c.id(x), perm));
+  out = {c.wrap(c.b.transpose(y, inverse))};
+  return c.b.status();
+}
+
+Status convert_softmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, in[0].type.shape.rank(), "attribute 'axis'"));
+  return on_last_axis(c, in[0], axis, out, [&](ValueId x) { return c.b.op1(OpKind::softmax, {x}); });
+}
+
+Status convert_log_softmax_axis(Ctx& c, const Value& x0, int axis, std::vector<Value>& out) {
+  return on_last_axis(c, x0, axis, out, [&](ValueId x) {
+    const std::vector<int64_t> d = dims(c.b.type(x).shape);
+    const int64_t last = int64_t(d.size()) - 1;
+    const ValueId z = c.b.sub(x, c.b.broadcast(c.b.reduce_max(x, {last}, true), d));
+    const ValueId lse = c.b.op1(OpKind::log, {c.b.reduce_sum(c.b.exp(z), {last}, true)});
+    return c.b.sub(z, c.b.broadcast(lse, d));
+  });
+}
+
+Status convert_log_softmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, in[0].type.shape.rank(), "attribute 'axis'"));
+  return convert_log_softmax_axis(c, in[0], axis, out);
+}
+
+// SoftmaxCrossEntropyLoss(scores [N, C, d...], labels [N, d...]) {reduction, ignore_index}: what
+// torch.onnx writes for torch.nn.functional.cross_entropy, often a model's own loss output (the Python
+// package trains a module whose forward returns (output, loss)). The class axis (1) moves last and the
+// cross_entropy op gives the mean over the labels not ignored (reduction "mean", which trains) and each
+// row's loss (0 where ignored: "none", and "sum" over them; neither trains, the op's gradient being the
+// mean's). The optional second output is log_softmax(scores) over the class axis. Class weights are
+// refused by name.
+Status convert_softmax_cross_entropy(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const std::string reduction, c.attr_s("reduction", std::string("mean")));
+  if (reduction != "mean" && reduction != "sum" && reduction != "none")
+    return c.error("attribute 'reduction'", "mean, sum or none", "'" + reduction + "'");
+  if (in.size() > 2 && in[2].present()) return c.unsupported("input 'weights'", "none (no class weights)", "one");
+  // Without the attribute no label is ignored: class ids are never this.
+  ASPEN_ASSIGN_OR_RETURN(const int64_t ignore, c.attr_i("ignore_index", std::numeric_limits<int32_t>::min()));
+  if (ignore < std::numeric_limits<int32_t>::min() || ignore > std::numeric_limits<int32_t>::max())
+    return c.unsupported("attribute 'ignore_index'", "a value in the int32 range", std::to_string(ignore));
+  const std::vector<int64_t> d = dims(in[0].type.shape), l = dims(in[1].type.shape);
+  if (d.size() < 2 || l.size() != d.size() - 1 || l[0] != d[0] || !std::equal(l.begin() + 1, l.end(), d.begin() + 2))
+    return c.error("inputs 'scores' and 'labels'", "scores [N, C, d...] and labels [N, d...]",
+                   in[0].type.to_string() + " and " + in[1].type.to_string());
+  if (in[1].type.dtype != DType::i64 && in[1].type.dtype != DType::i32)
+    return c.error("input 'labels'", "int64 or int32 class ids", in[1].type.to_string());
+  const int64_t C = d[1], R = C ? in[0].type.shape.numel() / C : 0;
+  ValueId scores = c.id(in[0]);
+  if (d.size() > 2) {  // [N, C, d...] -> [N, d..., C]
+    std::vector<int64_t> perm = {0};
+    for (int64_t i = 2; i < int64_t(d.size()); ++i) perm.push_back(i);
+    perm.push_back(1);
+    scores = c.b.transpose(scores, perm);
+  }
+  std::vector<ValueId> ce =
+      c.b.op(OpKind::cross_entropy, {c.b.reshape(scores, {R, C}), c.id(reshaped(c, in[1], {R}))},
+             {{"ignore_index", ignore}});
+  ASPEN_RETURN_IF_ERROR(c.b.status());
+  Value loss = c.wrap(ce[0]);
+  if (reduction == "none") loss = reshaped(c, c.wrap(ce[1]), l);
+  if (reduction == "sum") loss = c.wrap(c.b.reduce_sum(ce[1], {0}));
+  std::vector<Value> log_prob;
+  ASPEN_RETURN_IF_ERROR(convert_log_softmax_axis(c, in[0], 1, log_prob));
+  out = {loss, log_prob[0]};
+  return c.b.status();
+}
+
+Status convert_layer_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
+  ASPEN_ASSIGN_OR_RETURN(const float eps, c.attr_f("epsilon", 1e-5f));
+  const std::vector<int64_t> d = dims(in[0].type.shape);
+  const int r = int(d.size());
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, r, "attribute 'axis'"));
+  int64_t inner = 1;
+  for (int i = axis; i < r; ++i) inner *= d[size_t(i)];
+  std::vector<int64_t> flat(d.begin(), d.begin() + axis);
+  flat.push_back(inner);
+  const DType dt = in[0].type.dtype;
+  const Value scale = to_shape(c, in[1], shape_of(std::vector<int64_t>(d.begin() + axis, d.end())));
+  Value bias = in.size() > 2 && in[2].present()
+                   ? to_shape(c, in[2], shape_of(std::vector<int64_t>(d.begin() + axis, d.end())))
+                   : filled(c, 0.0, dt, shape_of({inner}));
+  std::vector<ValueId> y =
+      c.b.op(OpKind::layernorm,
+             {c.id(reshaped(c, in[0], flat)), c.id(reshaped(c, scale, {inner})), c.id(reshaped(c, bias, {inner}))},
+             {{"eps", double(eps)}});
+  if (!c.b.status().is_ok()) return c.b.status();
+  std::vector<int64_t> stat(d.begin(), d.begin() + axis);
+  stat.resize(size_t(r), 1);  // Mean and InvStdDev keep the normalized axes as 1
+  out = {reshaped(c, c.wrap(y[0]), d), reshaped(c, c.wrap(y[1]), stat), reshaped(c, c.wrap(y[2]), stat)};
+  return c.b.status();
+}
+
+Status convert_dropout(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  if (in.size() > 2 && in[2].present()) {
+    ASPEN_ASSIGN_OR_RETURN(const double training, c.scalar(in[2], "input 'training_mode'"));
+    if (training != 0) return c.unsupported("input 'training_mode'", "false (dropout in inference)", "true");
+  }
+  out = {in[0]};
+  if (c.node.outputs.size() > 1) {  // the mask: all kept
+    Tensor m(DType::boolean, in[0].type.shape);
+    for (bool& v : m.span<bool>()) v = true;
+    out.push_back(Ctx::constant(std::move(m)));
+  }
+  return Status();
+}
+
+}  // namespace
+
+void add_nn_converters(ConverterTable& t) {
+  add_converter(t, "GlobalAveragePool", convert_global_average_pool, 1, 1);
+  add_converter(t, "ReduceProd", convert_reduce_prod, 1, 2);
+  add_converter(t, "ReduceSum", reduction(Reduce::sum, 13), 1, 2);
+  add_converter(t, "ReduceMean", reduction(Reduce::mean, 18), 1, 2);
+  add_converter(t, "ReduceMax", reduction(Reduce::max, 18), 1, 2);
+  add_converter(t, "ReduceMin", reduction(Reduce::min, 18), 1, 2);
+  add_converter(t, "Softmax", convert_softmax, 1, 1);
+  add_converter(t, "SoftmaxCrossEntropyLoss", convert_softmax_cross_entropy, 2, 3);
+  add_converter(t, "LogSoftmax", convert_log_softmax, 1, 1);
+  add_converter(t, "LayerNormalization", convert_layer_norm, 2, 3);
+  add_converter(t, "Dropout", convert_dropout, 1, 3);
+}
+
+}  // namespace aspen::models::onnx
