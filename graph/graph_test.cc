@@ -93,7 +93,12 @@ TEST(OpTable, NumbersAreTheSerializedOnes) {
                                    "less",
                                    "greater",
                                    "logical_and",
-                                   "logical_or"};
+                                   "logical_or",
+                                   "sin",
+                                   "cos",
+                                   "floor",
+                                   "ceil",
+                                   "round"};
   ASSERT_EQ(std::size(by_number), size_t(kNumOps));
   for (int i = 0; i < kNumOps; ++i) EXPECT_STREQ(op_name(OpKind(i)), by_number[i]) << "op #" << i;
 }
@@ -328,6 +333,35 @@ TEST(Autodiff, ReluSigmoidErfLogMaxMinGradients) {
     if (std::fabs(v) < 0.05) v = 0.05;  // relu's kink at 0 is no place for finite differences
   feeds.at("p") = testing::random_feeds(g, 16, 0.5, 2.0).at("p");
   EXPECT_TRUE(testing::check_gradients(g, loss, feeds));
+}
+
+// sin and cos against finite differences; floor, ceil and round pass no gradient (PyTorch's zero) and
+// round halves to even, as ONNX Round and torch.round.
+TEST(Autodiff, SinCosGradientsAndRounding) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {3, 5});
+  ValueId y = b.add(b.mul(b.op1(OpKind::sin, {x}), b.op1(OpKind::cos, {b.scale(x, 2.5)})),
+                    b.op1(OpKind::floor, {b.scale(x, 3.0)}));
+  ValueId loss = testing::weighted_loss(b, y, 8);
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  auto feeds = testing::random_feeds(g, 17, -3.0, 3.0);
+  for (double& v : feeds.at("x").data) v = std::round(v * 3.0) / 3.0 + 1.0 / 6.0;  // floor's steps kept away
+  EXPECT_TRUE(testing::check_gradients(g, loss, feeds));
+
+  Graph h;
+  Builder c(h);
+  ValueId v = c.input("v", DType::f32, {8});
+  c.output("round", c.op1(OpKind::round, {v}));
+  c.output("floor", c.op1(OpKind::floor, {v}));
+  c.output("ceil", c.op1(OpKind::ceil, {v}));
+  ASSERT_TRUE(c.status().is_ok()) << c.status().to_string();
+  const std::vector<double> in = {-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 2.6, -2.4};
+  auto out = interpret(h, {{"v", arr(DType::f32, {8}, in)}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(out->at("round").data, (std::vector<double>{-2, -2, -0, 0, 2, 2, 3, -2}));
+  EXPECT_EQ(out->at("floor").data, (std::vector<double>{-3, -2, -1, 0, 1, 2, 2, -3}));
+  EXPECT_EQ(out->at("ceil").data, (std::vector<double>{-2, -1, -0, 1, 2, 3, 3, -2}));
 }
 
 TEST(Builder, ComparisonsAndLogicByHand) {

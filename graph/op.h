@@ -31,7 +31,7 @@
   /* elementwise, same shapes in and out (ops_elementwise.cc) */                                          \
   X(add, 3) X(sub, 4) X(mul, 5) X(div, 48) X(scale, 6) X(neg, 7) X(exp, 8) X(tanh, 46) X(sqrt, 47)        \
   X(gelu, 9) X(silu, 10) X(where, 11) X(cast, 12) X(relu, 55) X(sigmoid, 57) X(erf, 58) X(log, 59)        \
-  X(max, 60) X(min, 61)                                                                                   \
+  X(max, 60) X(min, 61) X(sin, 67) X(cos, 68) X(floor, 69) X(ceil, 70) X(round, 71)                     \
   /* comparisons and logic: bool out, not differentiated (ops_logic.cc) */                                \
   X(equal, 62) X(less, 63) X(greater, 64) X(logical_and, 65) X(logical_or, 66) X(logical_not, 39)         \
   X(is_nan, 40)                                                                                           \

@@ -36,6 +36,7 @@ struct SampleFeeds {
   int64_t int_hi = 4;
   std::map<std::string, std::pair<double, double>> ranges = {};
   std::map<std::string, std::vector<double>> values = {};
+  double quantum = 0.0;  // > 0: float inputs rounded to multiples of it (rounding ops meet their ties)
 };
 
 struct OpSample {

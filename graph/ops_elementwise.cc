@@ -10,6 +10,8 @@
 //   where: da = where(c, g, 0), db = where(c, 0, g), no gradient to c
 //   relu:  dx = relu_grad(x, g)        sigmoid: dx = g y (1 - y)     log: dx = g / x
 //   erf:   dx = g (2 / sqrt(pi)) exp(-x^2)
+//   sin:   dx = g cos(x)               cos: dx = -g sin(x)
+//   floor, ceil, round: no gradient (zero almost everywhere, as in PyTorch)
 //   max:   da = where(a < b, 0, g), db = where(a < b, g, 0)   (a tie goes to a)
 //   min:   da = where(a > b, 0, g), db = where(a > b, g, 0)
 //   cast:  dx = cast(g, x's dtype) between float types; none from or to integers
@@ -137,6 +139,24 @@ Grads grad_erf(Builder& b, const Node& n, OutGrads g) {
 }
 Grads grad_log(Builder& b, const Node& n, OutGrads g) {
   return std::vector<std::optional<ValueId>>{b.div(*g[0], n.inputs[0])};
+}
+Grads grad_sin(Builder& b, const Node& n, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{b.mul(*g[0], b.op1(OpKind::cos, {n.inputs[0]}))};
+}
+Grads grad_cos(Builder& b, const Node& n, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{b.neg(b.mul(*g[0], b.op1(OpKind::sin, {n.inputs[0]})))};
+}
+Grads no_grad(Builder&, const Node&, OutGrads) { return std::vector<std::optional<ValueId>>{std::nullopt}; }
+
+// The reference of a unary op that is one function of doubles.
+double sin_d(double x) { return std::sin(x); }
+double cos_d(double x) { return std::cos(x); }
+double floor_d(double x) { return std::floor(x); }
+double ceil_d(double x) { return std::ceil(x); }
+double round_d(double x) { return std::nearbyint(x); }  // the default rounding mode: half to even
+template <double (*F)(double)>
+Status eval_map(const Node&, std::span<const HostArray* const> in, std::span<HostArray> out) {
+  return map1(in, out, F);
 }
 // max (min): the gradient goes to the larger (smaller) input, to a at a tie.
 Grads grad_max_min(Builder& b, const Node& n, OutGrads g) {
@@ -352,6 +372,15 @@ void samples_relu_grad(SampleList& s) { binary_samples(s, OpKind::relu_grad); }
 void samples_sigmoid(SampleList& s) { unary_samples(s, OpKind::sigmoid, {}, {.lo = -20.0, .hi = 20.0}); }
 void samples_erf(SampleList& s) { unary_samples(s, OpKind::erf, {}, {.lo = -5.0, .hi = 5.0}); }
 void samples_log(SampleList& s) { unary_samples(s, OpKind::log, {}, {.lo = 1e-3, .hi = 10.0}); }
+void samples_sin(SampleList& s) { unary_samples(s, OpKind::sin, {}, {.lo = -10.0, .hi = 10.0}); }
+void samples_cos(SampleList& s) { unary_samples(s, OpKind::cos, {}, {.lo = -10.0, .hi = 10.0}); }
+// Rounding: values on a grid of quarters, so that halves (ties) and integers are drawn often.
+void samples_rounding(SampleList& s, OpKind op) {
+  unary_samples(s, op, {}, {.lo = -6.0, .hi = 6.0, .quantum = 0.25});
+}
+void samples_floor(SampleList& s) { samples_rounding(s, OpKind::floor); }
+void samples_ceil(SampleList& s) { samples_rounding(s, OpKind::ceil); }
+void samples_round(SampleList& s) { samples_rounding(s, OpKind::round); }
 void samples_max(SampleList& s) { binary_samples(s, OpKind::max); }
 void samples_min(SampleList& s) { binary_samples(s, OpKind::min); }
 void samples_where(SampleList& s) {
@@ -599,6 +628,29 @@ void register_elementwise_ops(OpTable& t) {
             .eval = [](const Node&, auto in, auto out) { return map1(in, out, [](double x) { return std::log(x); }); },
             .prepare = prepare_unary<kernels::log_forward>,
             .samples = samples_log});
+  struct Unary {
+    OpKind op;
+    GradFn grad;
+    EvalFn eval;
+    PrepareFn prepare;
+    SampleFn samples;
+  };
+  for (const Unary& u : {Unary{OpKind::sin, grad_sin, eval_map<sin_d>, prepare_unary<kernels::sin_forward>, samples_sin},
+                         Unary{OpKind::cos, grad_cos, eval_map<cos_d>, prepare_unary<kernels::cos_forward>, samples_cos},
+                         Unary{OpKind::floor, no_grad, eval_map<floor_d>, prepare_unary<kernels::floor_forward>,
+                               samples_floor},
+                         Unary{OpKind::ceil, no_grad, eval_map<ceil_d>, prepare_unary<kernels::ceil_forward>,
+                               samples_ceil},
+                         Unary{OpKind::round, no_grad, eval_map<round_d>, prepare_unary<kernels::round_forward>,
+                               samples_round}})
+    t.define(u.op, {.flags = kElementwise,
+                    .min_inputs = 1,
+                    .max_inputs = 1,
+                    .infer = infer_unary_float,
+                    .grad = u.grad,
+                    .eval = u.eval,
+                    .prepare = u.prepare,
+                    .samples = u.samples});
   t.define(OpKind::max, {.flags = kElementwise,
                          .min_inputs = 2,
                          .max_inputs = 2,

@@ -132,6 +132,10 @@ Feeds sample_feeds(const OpSample& s) {
       a.data[i] = is_float ? v : std::trunc(v);
     }
   }
+  if (f.quantum > 0)
+    for (auto& [name, a] : feeds)
+      if (a.type.dtype == DType::f32 || a.type.dtype == DType::bf16 || a.type.dtype == DType::f16)
+        for (double& v : a.data) v = std::round(v / f.quantum) * f.quantum;
   for (const auto& [name, values] : f.values) {
     auto it = feeds.find(name);
     if (it == feeds.end()) continue;  // a sample family may give values for inputs some samples lack

@@ -194,6 +194,18 @@ ASPEN_VM_INLINE void relu_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<relu_
 ASPEN_VM_INLINE void sigmoid_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<sigmoid_f>(a, b, e); }
 ASPEN_VM_INLINE void erf_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<erf_f>(a, b, e); }
 ASPEN_VM_INLINE void log_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<log_f>(a, b, e); }
+// sin and cos: the C library's (not on a hot path: rotary tables an exporter left unfolded). floor, ceil
+// and rint (half to even under the default rounding mode) vectorize to one rounding instruction.
+ASPEN_VM_INLINE float sin_f(float x) { return __builtin_sinf(x); }
+ASPEN_VM_INLINE float cos_f(float x) { return __builtin_cosf(x); }
+ASPEN_VM_INLINE float floor_f(float x) { return __builtin_floorf(x); }
+ASPEN_VM_INLINE float ceil_f(float x) { return __builtin_ceilf(x); }
+ASPEN_VM_INLINE float round_f(float x) { return __builtin_rintf(x); }
+ASPEN_VM_INLINE void sin_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<sin_f>(a, b, e); }
+ASPEN_VM_INLINE void cos_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<cos_f>(a, b, e); }
+ASPEN_VM_INLINE void floor_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<floor_f>(a, b, e); }
+ASPEN_VM_INLINE void ceil_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<ceil_f>(a, b, e); }
+ASPEN_VM_INLINE void round_fwd(const Ew& a, int64_t b, int64_t e) { map_fwd<round_f>(a, b, e); }
 ASPEN_VM_INLINE void relu_bwd(const Ew& a, int64_t b, int64_t e) {
   const float *x = a.x, *dy = a.dy;
   float* dx = a.y;
@@ -218,6 +230,11 @@ ASPEN_STAMP_VARIANTS(relu_bwd, Ew)
 ASPEN_STAMP_VARIANTS(sigmoid_fwd, Ew)
 ASPEN_STAMP_VARIANTS(erf_fwd, Ew)
 ASPEN_STAMP_VARIANTS(log_fwd, Ew)
+ASPEN_STAMP_VARIANTS(sin_fwd, Ew)
+ASPEN_STAMP_VARIANTS(cos_fwd, Ew)
+ASPEN_STAMP_VARIANTS(floor_fwd, Ew)
+ASPEN_STAMP_VARIANTS(ceil_fwd, Ew)
+ASPEN_STAMP_VARIANTS(round_fwd, Ew)
 ASPEN_STAMP_VARIANTS(max_fwd, Ew)
 ASPEN_STAMP_VARIANTS(min_fwd, Ew)
 ASPEN_STAMP_VARIANTS(add_fwd, Ew)
@@ -383,6 +400,29 @@ void log_forward(const T* x, T* y, int64_t N) {
   for (int64_t i = 0; i < N; ++i) y[i] = std::log(x[i]);
 }
 template <class T>
+void sin_forward(const T* x, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = std::sin(x[i]);
+}
+template <class T>
+void cos_forward(const T* x, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = std::cos(x[i]);
+}
+template <class T>
+void floor_forward(const T* x, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = std::floor(x[i]);
+}
+template <class T>
+void ceil_forward(const T* x, T* y, int64_t N) {
+  for (int64_t i = 0; i < N; ++i) y[i] = std::ceil(x[i]);
+}
+template <class T>
+void round_forward(const T* x, T* y, int64_t N) {  // half to even: x - floor(x) == 0.5 goes to the even one
+  for (int64_t i = 0; i < N; ++i) {
+    const T f = std::floor(x[i]), d = x[i] - f;
+    y[i] = d > T(0.5) || (d == T(0.5) && std::fmod(f, T(2)) != T(0)) ? f + T(1) : f;
+  }
+}
+template <class T>
 void max_forward(const T* a, const T* b, T* y, int64_t N) {
   for (int64_t i = 0; i < N; ++i) y[i] = std::isnan(a[i]) || std::isnan(b[i]) ? a[i] + b[i] : std::max(a[i], b[i]);
 }
@@ -459,6 +499,11 @@ void bias_gelu_backward(const T* x, const T* bias, const T* dy, T* dx, T* dbias,
   template void sigmoid_forward<T>(const T*, T*, int64_t);                                \
   template void erf_forward<T>(const T*, T*, int64_t);                                    \
   template void log_forward<T>(const T*, T*, int64_t);                                    \
+  template void sin_forward<T>(const T*, T*, int64_t);                                    \
+  template void cos_forward<T>(const T*, T*, int64_t);                                    \
+  template void floor_forward<T>(const T*, T*, int64_t);                                  \
+  template void ceil_forward<T>(const T*, T*, int64_t);                                   \
+  template void round_forward<T>(const T*, T*, int64_t);                                  \
   template void max_forward<T>(const T*, const T*, T*, int64_t);                          \
   template void min_forward<T>(const T*, const T*, T*, int64_t);                          \
   template void mul_forward<T>(const T*, const T*, T*, int64_t);                          \
@@ -641,6 +686,21 @@ Status erf_forward(std::span<const float> x, std::span<float> y, int64_t N) {
 }
 Status log_forward(std::span<const float> x, std::span<float> y, int64_t N) {
   return unary("log_forward", log_fwd_run, ref::log_forward<float>, x, y, N);
+}
+Status sin_forward(std::span<const float> x, std::span<float> y, int64_t N) {
+  return unary("sin_forward", sin_fwd_run, ref::sin_forward<float>, x, y, N);
+}
+Status cos_forward(std::span<const float> x, std::span<float> y, int64_t N) {
+  return unary("cos_forward", cos_fwd_run, ref::cos_forward<float>, x, y, N);
+}
+Status floor_forward(std::span<const float> x, std::span<float> y, int64_t N) {
+  return unary("floor_forward", floor_fwd_run, ref::floor_forward<float>, x, y, N);
+}
+Status ceil_forward(std::span<const float> x, std::span<float> y, int64_t N) {
+  return unary("ceil_forward", ceil_fwd_run, ref::ceil_forward<float>, x, y, N);
+}
+Status round_forward(std::span<const float> x, std::span<float> y, int64_t N) {
+  return unary("round_forward", round_fwd_run, ref::round_forward<float>, x, y, N);
 }
 Status max_forward(std::span<const float> a, std::span<const float> b, std::span<float> y, int64_t N) {
   return binary("max_forward", max_fwd_run, ref::max_forward<float>, a, b, y, N);

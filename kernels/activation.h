@@ -49,6 +49,13 @@ enum class GeluKind : int { tanh = 0, erf = 1 };
 [[nodiscard]] Status sigmoid_forward(std::span<const float> x, std::span<float> y, int64_t N);
 [[nodiscard]] Status erf_forward(std::span<const float> x, std::span<float> y, int64_t N);
 [[nodiscard]] Status log_forward(std::span<const float> x, std::span<float> y, int64_t N);
+// y = sin(x), cos(x) (the C library's), floor(x), ceil(x), round(x) (half to even, as ONNX Round and
+// torch.round; NaN and infinities pass).
+[[nodiscard]] Status sin_forward(std::span<const float> x, std::span<float> y, int64_t N);
+[[nodiscard]] Status cos_forward(std::span<const float> x, std::span<float> y, int64_t N);
+[[nodiscard]] Status floor_forward(std::span<const float> x, std::span<float> y, int64_t N);
+[[nodiscard]] Status ceil_forward(std::span<const float> x, std::span<float> y, int64_t N);
+[[nodiscard]] Status round_forward(std::span<const float> x, std::span<float> y, int64_t N);
 // Of y = relu(x): dx = dy where x > 0, else 0.
 [[nodiscard]] Status relu_backward(std::span<const float> x, std::span<const float> dy, std::span<float> dx, int64_t N);
 // y = max(a, b), min(a, b); a NaN in either gives NaN (as torch.maximum, ONNX Max).
@@ -120,6 +127,16 @@ template <class T>
 void erf_forward(const T* x, T* y, int64_t N);
 template <class T>
 void log_forward(const T* x, T* y, int64_t N);
+template <class T>
+void sin_forward(const T* x, T* y, int64_t N);
+template <class T>
+void cos_forward(const T* x, T* y, int64_t N);
+template <class T>
+void floor_forward(const T* x, T* y, int64_t N);
+template <class T>
+void ceil_forward(const T* x, T* y, int64_t N);
+template <class T>
+void round_forward(const T* x, T* y, int64_t N);
 template <class T>
 void max_forward(const T* a, const T* b, T* y, int64_t N);
 template <class T>

@@ -199,9 +199,106 @@ Status convert_div(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   });
 }
 
+// ---- activations, decomposed exactly into the IR's ops (autodiff then differentiates them) -------------
+// The exponential of the negative part only, exp(min(x, 0)), so that a large positive x neither overflows
+// the forward value nor makes the backward 0 * inf.
+
+struct Act {
+  Ctx& c;
+  TensorType t;
+  ValueId x;
+  ValueId k(double v) { return c.id(filled(c, v, t.dtype, t.shape)); }
+  ValueId max(ValueId a, ValueId b) { return c.b.op1(OpKind::max, {a, b}); }
+  ValueId min(ValueId a, ValueId b) { return c.b.op1(OpKind::min, {a, b}); }
+  ValueId pos() { return max(x, k(0)); }
+  ValueId neg() { return min(x, k(0)); }
+  ValueId abs() { return max(x, c.b.neg(x)); }
+  // alpha (exp(min(x, 0) / alpha') - 1): Elu, Selu (alpha' = 1) and Celu (alpha' = alpha).
+  ValueId exp_neg(double alpha, double divide_by) {
+    return c.b.scale(c.b.sub(c.b.exp(c.b.scale(neg(), 1.0 / divide_by)), k(1)), alpha);
+  }
+  // max(x, 0) + log(1 + exp(-|x|)): log(1 + e^x) without overflow.
+  ValueId softplus() {
+    return c.b.add(pos(), c.b.op1(OpKind::log, {c.b.add(k(1), c.b.exp(c.b.neg(abs())))}));
+  }
+  ValueId hard_sigmoid(double alpha, double beta) {
+    return max(k(0), min(k(1), c.b.add(c.b.scale(x, alpha), k(beta))));
+  }
+};
+
+template <class F>
+Converter activation(F body) {
+  return [body](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) -> Status {
+    const TensorType t = in[0].type;
+    if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f16)
+      return c.error("input 0", "a float tensor", std::string(dtype_name(t.dtype)));
+    Act a{c, t, c.id(in[0])};
+    ASPEN_ASSIGN_OR_RETURN(const ValueId y, body(c, a, in));
+    out = {c.wrap(y)};
+    return c.b.status();
+  };
+}
+
+void add_activations(ConverterTable& t) {
+  using R = Result<ValueId>;
+  using In = std::vector<Value>&;
+  add_converter(t, "LeakyRelu", activation([](Ctx& c, Act& a, In) -> R {
+                  ASPEN_ASSIGN_OR_RETURN(const float alpha, c.attr_f("alpha", 0.01f));
+                  return c.b.add(a.pos(), c.b.scale(a.neg(), alpha));
+                }), 1, 1);
+  add_converter(t, "PRelu", activation([](Ctx& c, Act& a, In in) -> R {  // slope broadcast to x
+                  if (in[1].type.dtype != a.t.dtype)
+                    return c.error("input 'slope'", std::string(dtype_name(a.t.dtype)) + " (X's type)",
+                                   std::string(dtype_name(in[1].type.dtype)));
+                  ASPEN_ASSIGN_OR_RETURN(const Shape s, broadcast_shape(c, {a.t.shape, in[1].type.shape}));
+                  if (s != a.t.shape)
+                    return c.error("input 'slope'", "a shape that broadcasts to X's " + a.t.shape.to_string(),
+                                   in[1].type.shape.to_string());
+                  return c.b.add(a.pos(), c.b.mul(c.id(to_shape(c, in[1], s)), a.neg()));
+                }), 2, 2);
+  add_converter(t, "Elu", activation([](Ctx& c, Act& a, In) -> R {
+                  ASPEN_ASSIGN_OR_RETURN(const float alpha, c.attr_f("alpha", 1.0f));
+                  return c.b.add(a.pos(), a.exp_neg(alpha, 1.0));
+                }), 1, 1);
+  add_converter(t, "Selu", activation([](Ctx& c, Act& a, In) -> R {
+                  ASPEN_ASSIGN_OR_RETURN(const float alpha, c.attr_f("alpha", 1.67326319217681884765625f));
+                  ASPEN_ASSIGN_OR_RETURN(const float gamma, c.attr_f("gamma", 1.05070102214813232421875f));
+                  return c.b.scale(c.b.add(a.pos(), a.exp_neg(alpha, 1.0)), gamma);
+                }), 1, 1);
+  add_converter(t, "Celu", activation([](Ctx& c, Act& a, In) -> R {
+                  ASPEN_ASSIGN_OR_RETURN(const float alpha, c.attr_f("alpha", 1.0f));
+                  if (!(alpha != 0.0f)) return c.error("attribute 'alpha'", "non-zero", "0");
+                  return c.b.add(a.pos(), a.exp_neg(alpha, alpha));
+                }), 1, 1);
+  add_converter(t, "ThresholdedRelu", activation([](Ctx& c, Act& a, In) -> R {
+                  ASPEN_ASSIGN_OR_RETURN(const float alpha, c.attr_f("alpha", 1.0f));
+                  return c.b.where(c.b.op1(OpKind::greater, {a.x, a.k(alpha)}), a.x, a.k(0));
+                }), 1, 1);
+  add_converter(t, "HardSigmoid", activation([](Ctx& c, Act& a, In) -> R {
+                  ASPEN_ASSIGN_OR_RETURN(const float alpha, c.attr_f("alpha", 0.2f));
+                  ASPEN_ASSIGN_OR_RETURN(const float beta, c.attr_f("beta", 0.5f));
+                  return a.hard_sigmoid(alpha, beta);
+                }), 1, 1);
+  add_converter(t, "HardSwish", activation([](Ctx& c, Act& a, In) -> R {
+                  return c.b.mul(a.x, a.hard_sigmoid(1.0 / 6.0, 0.5));
+                }), 1, 1);
+  add_converter(t, "Softplus", activation([](Ctx&, Act& a, In) -> R { return a.softplus(); }), 1, 1);
+  add_converter(t, "Softsign", activation([](Ctx& c, Act& a, In) -> R {
+                  return c.b.div(a.x, c.b.add(a.k(1), a.abs()));
+                }), 1, 1);
+  add_converter(t, "Mish", activation([](Ctx& c, Act& a, In) -> R { return c.b.mul(a.x, c.b.tanh(a.softplus())); }),
+                1, 1);
+}
+
 }  // namespace
 
 void add_elementwise_converters(ConverterTable& t) {
+  add_activations(t);
+  add_converter(t, "Sin", unary(OpKind::sin), 1, 1);
+  add_converter(t, "Cos", unary(OpKind::cos), 1, 1);
+  add_converter(t, "Floor", unary(OpKind::floor), 1, 1);
+  add_converter(t, "Ceil", unary(OpKind::ceil), 1, 1);
+  add_converter(t, "Round", unary(OpKind::round), 1, 1);
   add_converter(t, "Identity", convert_identity, 1, 1);
   add_converter(t, "Neg", unary(OpKind::neg), 1, 1);
   add_converter(t, "Exp", unary(OpKind::exp), 1, 1);

@@ -23,7 +23,7 @@ import sys as _sys
 # process may run on split over the model's devices (Options.setThreads overrides it). Models called one
 # at a time run at full speed; models called from several Python threads at once oversubscribe the cores.
 CPUS = len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity") else (_os.cpu_count() or 1)
-_os.environ.setdefault("ASPEN_CORES", str(CPUS * 256))
+_os.environ.setdefault("ASPEN_CORES", str(min(CPUS * 256, 4096)))  # core/thread_team.cc ignores more than 4096
 
 # NOTE [python protobuf] The module reads ONNX files with Debian's libprotobuf. TensorFlow, imported
 # before aspen, loads its own copy of protobuf's C++ symbols into the global scope, and the dynamic linker

@@ -10,6 +10,9 @@ class Source:
         """Inputs a call may leave out."""
         return set()
 
+    def check_parameters(self, params):
+        """Refuses, naming it, an optimizer's `params` entry that is not a parameter of the model."""
+
     def feeds(self, arrays):
         """The program's inputs from the call's arrays."""
         return arrays

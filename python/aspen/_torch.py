@@ -97,20 +97,34 @@ class TorchSource(Source):
     def loss_output(self):
         return "loss"
 
+    def check_parameters(self, params):
+        """Each entry a parameter of the module, or the name of one (a misspelt name was once dropped)."""
+        from . import _check
+        named = dict(self.module.named_parameters(remove_duplicate=False))
+        ids = {id(p) for p in named.values()}
+        for k, p in enumerate(params or ()):
+            if isinstance(p, str):
+                if p not in named:
+                    raise ValueError(f"optimizer params[{k}]: expected a parameter name of "
+                                     f"{type(self.module).__name__} ({_check.listing(named)}), found {p!r}")
+            elif not isinstance(p, torch.Tensor):
+                raise ValueError(f"optimizer params[{k}]: expected a parameter of {type(self.module).__name__} or "
+                                 f"its name, found {_check.found(p)}")
+            elif id(p) not in ids:
+                raise ValueError("optimizer params: expected parameters of the module being trained, found a tensor "
+                                 f"of shape {tuple(p.shape)} that is not one")
+
     def parameter_names(self, params):
         """The names of the parameters the optimizer trains (all that require grad when params is None)."""
         named = list(self.module.named_parameters())
         by_id = {id(p): n for n, p in named}
+        aliases = {n: by_id[id(p)] for n, p in self.module.named_parameters(remove_duplicate=False)}
         chosen = []
         for p in (self.module.parameters() if params is None else params):
             if isinstance(p, str):
-                chosen.append(p)
-            elif id(p) in by_id:
-                if p.requires_grad:
-                    chosen.append(by_id[id(p)])
-            else:
-                raise ValueError("optimizer params: expected parameters of the module being trained, found a tensor "
-                                 f"of shape {tuple(p.shape)} that is not one")
+                chosen.append(aliases[p])
+            elif p.requires_grad:
+                chosen.append(by_id[id(p)])
         # A parameter forward never reads is not in the file: nothing to train.
         return [self._file_name[n] for n in chosen if n in self._file_name]
 

@@ -13,13 +13,14 @@ import sys
 
 import numpy as np
 
-from . import _aspen
+from . import _aspen, _check
 from ._source import Source
 from .options import Options
 
 __all__ = ["inferenceModel", "trainingModel", "InferenceModel", "TrainingModel"]
 
 _LOSS_KINDS = ("cross_entropy", "mse")
+_LOSS_KEYS = ("kind", "output", "targets", "ignore_index")
 
 
 def _is_torch_module(model):
@@ -86,18 +87,19 @@ class _OnnxFile(Source):
         sig = _aspen.onnx_signature(path)
         self.input_names = [name for name, _, _ in sig["inputs"]]
         self.output_names = list(sig["outputs"])
+        self._initializers = list(sig["initializers"])
 
     def export(self, example, training, loss_kind):
         return self.path
 
+    def check_parameters(self, params):
+        for k, n in enumerate(params or ()):
+            if not isinstance(n, str) or n not in self._initializers:
+                raise ValueError(f"optimizer params[{k}]: expected an initializer name of {self.path} "
+                                 f"({_check.listing(self._initializers)}), found {_check.found(n)}")
+
     def parameter_names(self, params):
-        if params is None:
-            return None
-        names = list(params)
-        for n in names:
-            if not isinstance(n, str):
-                raise ValueError(f"optimizer params for an ONNX file: expected initializer names, found {n!r}")
-        return names
+        return None if params is None else list(params)
 
     def loss_output(self):
         return "loss" if "loss" in self.output_names else None
@@ -139,7 +141,12 @@ class _HfDirectory(Source):
             raise FileNotFoundError(f"model '{path}': expected a Hugging Face directory with config.json, found "
                                     "none")
         with open(config) as f:
-            self.model_type = json.load(f).get("model_type")
+            cfg = json.load(f)
+        self.model_type = cfg.get("model_type")
+        # The embedding tables' sizes, which ids must index (the graphs' gather checks them too, by node).
+        self._table_sizes = {"input_ids": ("vocab_size", cfg.get("vocab_size")),
+                             "targets": ("vocab_size", cfg.get("vocab_size")),
+                             "token_type_ids": ("type_vocab_size", cfg.get("type_vocab_size", 2))}
         self.path = path
         if self.model_type == "bert":
             self.input_names = ["input_ids", "attention_mask", "token_type_ids"]
@@ -165,24 +172,49 @@ class _HfDirectory(Source):
         """The program's inputs from the call's (int32 ids, the positions, default masks)."""
         ids = np.asarray(arrays["input_ids"])
         n, t = ids.shape if ids.ndim == 2 else (0, 0)
-        out = {"input_ids": _int32("input_ids", ids)}
+        out = {"input_ids": self._ids("input_ids", ids)}
         if "positions" in self._program_inputs:
             out["positions"] = np.broadcast_to(np.arange(t, dtype=np.int32), (n, t))
         if "targets" in self._program_inputs:
-            out["targets"] = _int32("targets", np.asarray(arrays["targets"])).reshape(-1)
+            targets = np.asarray(arrays["targets"])
+            if targets.shape != ids.shape:  # (the program takes them flat: its message would show [n x t])
+                raise ValueError(f"input 'targets': expected shape {ids.shape} (that of input_ids: the next token "
+                                 f"of each position), found shape {targets.shape}")
+            out["targets"] = self._ids("targets", targets, ignored=-100).reshape(-1)
         if "attention_mask" in self._program_inputs:
             m = arrays.get("attention_mask")
             out["attention_mask"] = np.ones((n, t), np.uint8) if m is None else _mask("attention_mask", m)
         if "token_type_ids" in self._program_inputs:
             tt = arrays.get("token_type_ids")
-            out["token_type_ids"] = np.zeros((n, t), np.int32) if tt is None else _int32("token_type_ids", tt)
+            out["token_type_ids"] = np.zeros((n, t), np.int32) if tt is None else self._ids("token_type_ids", tt)
         return out
+
+    def _ids(self, name, a, ignored=None):
+        """Ids as int32, each an index of its table in config.json (or `ignored`), refused by name otherwise."""
+        a = _int32(name, a)
+        key, size = self._table_sizes[name]
+        if not isinstance(size, int) or not a.size:
+            return a
+        bad = (a < 0) | (a >= size)
+        if ignored is not None:
+            bad &= a != ignored
+        if bad.any():
+            where = tuple(int(k) for k in np.argwhere(bad)[0])
+            also = f" or {ignored} (ignored)" if ignored is not None else ""
+            raise ValueError(f"input '{name}': expected ids in [0, {size}) (config.json {key}){also}, found "
+                             f"{name}[{', '.join(map(str, where))}] = {a[where]}")
+        return a
 
     def loss_output(self):
         return "loss"
 
+    def check_parameters(self, params):
+        if params is not None:
+            raise ValueError(f"optimizer params: expected None for a Hugging Face directory (every weight trains), "
+                             f"found {_check.found(params)}")
+
     def parameter_names(self, params):
-        return None if params is None else list(params)
+        return None
 
 
 
@@ -196,6 +228,7 @@ class _Model:
             options = Options()
         if not isinstance(options, Options):
             raise ValueError(f"options: expected an aspen.Options, found {type(options).__name__}")
+        options._validate()
         self._options = options
         if options._values.get("mpi"):
             _start_mpi()
@@ -242,6 +275,8 @@ class _Model:
                 v = v.detach()
             elif not isinstance(v, np.ndarray) and not hasattr(v, "__dlpack__"):
                 v = np.asarray(v)
+            if isinstance(v, np.ndarray) and v.dtype.kind not in "biufc":
+                raise ValueError(f"input '{name}': expected a numeric array, found dtype {v.dtype}")
             arrays[name] = v
         return arrays, framework
 
@@ -341,9 +376,8 @@ class TrainingModel(_Model):
         from . import optim
         if optimizer is None:
             optimizer = optim.AdamW(None, lr=1e-3)
-        if not isinstance(optimizer, optim.Optimizer):
-            raise ValueError(f"optimizer: expected an aspen.optim optimizer (SGD, AdamW, LAMB), found "
-                             f"{type(optimizer).__module__}.{type(optimizer).__qualname__}")
+        _check_optimizer("optimizer", optimizer)
+        self._source.check_parameters(optimizer.params)
         self._optimizer = optimizer
         self._settings = optimizer._settings()
         self._loss = self._loss_of(loss)
@@ -373,9 +407,22 @@ class TrainingModel(_Model):
             return {"kind": loss, "targets": "targets"}
         if isinstance(loss, dict):
             d = dict(loss)
+            for k in d:
+                if k not in _LOSS_KEYS:
+                    raise ValueError(f"loss[{k!r}]: expected one of the keys {', '.join(_LOSS_KEYS)}, found an "
+                                     "unknown key")
             if d.get("kind") not in _LOSS_KINDS:
                 raise ValueError(f"loss['kind']: expected one of {', '.join(_LOSS_KINDS)}, found {d.get('kind')!r}")
             d.setdefault("targets", "targets")
+            _check.string("loss['targets']", d["targets"])
+            if "output" in d:
+                _check.string("loss['output']", d["output"])
+            if "ignore_index" in d:
+                if d["kind"] != "cross_entropy":
+                    raise ValueError(f"loss['ignore_index']: expected only with kind cross_entropy, found it with "
+                                     f"kind {d['kind']}")
+                d["ignore_index"] = _check.integer("loss['ignore_index']", d["ignore_index"], _check.INT32_MIN,
+                                                   _check.INT32_MAX)
             return d
         if isinstance(loss, str):
             if loss not in self._source.output_names:
@@ -431,6 +478,7 @@ class TrainingModel(_Model):
     def setOptimizer(self, optimizer):
         """A new learning rate (optimizer.param_groups[0]["lr"]) without recompiling. Other settings
         belong to the compiled program: changing them is an error."""
+        _check_optimizer("setOptimizer: optimizer", optimizer)
         settings = optimizer._settings()
         for k, v in settings.items():
             if k != "lr" and self._settings.get(k) != v:
@@ -457,11 +505,18 @@ class TrainingModel(_Model):
         """A copy of the compiled ONNX file with the trained weights."""
         if self._program is None:
             raise RuntimeError("exportOnnx: the model has not been compiled (call it, or compile(), first)")
-        self._program.export_onnx(os.fspath(path))
+        self._program.export_onnx(_check.path("exportOnnx: path", path))
 
     def lastSteps(self):
         """What the last call did, step by step (loss, lr, grad_norm, loss_scale, skipped)."""
         return self._program.last_steps() if self._program is not None else []
+
+
+def _check_optimizer(name, optimizer):
+    from . import optim
+    if not isinstance(optimizer, optim.Optimizer):
+        kind = "None" if optimizer is None else f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+        raise ValueError(f"{name}: expected an aspen.optim optimizer (SGD, AdamW, LAMB), found {kind}")
 
 
 def inferenceModel(model, options=None):

@@ -14,6 +14,8 @@ other, when the model compiles.
 import enum
 import os
 
+from . import _check
+
 __all__ = ["Options", "OutputMode", "ReductionType"]
 
 
@@ -45,9 +47,20 @@ _POPTORCH_ONLY = {
 
 
 def _positive(name, n):
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{name}: expected an integer >= 1, found {n!r}")
-    return n
+    return _check.integer(name, n, 1, _check.INT64_MAX)
+
+
+def core_budget():
+    """The cores this process's devices may reserve in all, read as core/thread_team.cc reads them: the
+    environment's ASPEN_CORES when it is an integer in [1, 4096], else the machine's CPUs. (The C++ side
+    reads it once, at the first model: the package sets it at import, NOTE [python cores].)"""
+    text = os.environ.get("ASPEN_CORES", "")
+    if text.lstrip().lstrip("+-").isdigit() and 1 <= int(text) <= 4096:
+        return int(text)
+    return os.cpu_count() or 1
+
+
+_DTYPE_TEXT = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 
 
 def _dtype_name(what, dtype):
@@ -118,14 +131,17 @@ class _Distributed(_Section):
     def configureProcessId(self, process_id, num_processes):
         """This process's place in an MPI job (started by mpirun): training models' replicas then span the
         job's processes. aspen takes the layout from MPI; the values given must agree with it."""
+        where = "Distributed.configureProcessId"
+        num_processes = _check.integer(f"{where}: num_processes", num_processes, 1, _check.INT32_MAX)
+        process_id = _check.integer(f"{where}: process_id", process_id, 0, num_processes - 1,
+                                    note=f"one of num_processes {num_processes}")
         for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK"):
             if var in os.environ and int(os.environ[var]) != process_id:
-                raise ValueError(f"Distributed.configureProcessId: expected process {os.environ[var]} "
-                                 f"({var}), found {process_id}")
+                raise ValueError(f"{where}: process_id: expected {os.environ[var]} ({var}), found {process_id!r}")
         for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
             if var in os.environ and int(os.environ[var]) != num_processes:
-                raise ValueError(f"Distributed.configureProcessId: expected {os.environ[var]} processes "
-                                 f"({var}), found {num_processes}")
+                raise ValueError(f"{where}: num_processes: expected {os.environ[var]} ({var}), found "
+                                 f"{num_processes!r}")
         self._owner._values["mpi"] = True
         return self._owner
 
@@ -148,7 +164,10 @@ class Options:
 
     def replicationFactor(self, n):
         """Replicas: devices of this process, each running the model on its slice of every input."""
-        self._values["replication_factor"] = _positive("replicationFactor", n)
+        cores = core_budget()
+        self._values["replication_factor"] = _check.integer(
+            "replicationFactor", n, 1, cores, note=f"each replica takes a core; aspen's core budget is {cores}, "
+            "ASPEN_CORES")
         return self
 
     def outputMode(self, output_mode, output_return_period=None):
@@ -166,30 +185,28 @@ class Options:
 
     def enableExecutableCaching(self, path):
         """Keep compiled programs in this directory; a later compile of the same graph loads them."""
-        self._values["executable_cache"] = os.path.expanduser(os.fspath(path))
+        self._values["executable_cache"] = os.path.expanduser(_check.path("enableExecutableCaching: path", path))
         return self
 
     def randomSeed(self, seed):
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"randomSeed: expected an integer >= 0, found {seed!r}")
-        self._values["random_seed"] = seed
+        self._values["random_seed"] = _check.integer("randomSeed", seed, 0, _check.UINT64_MAX)
         return self
 
     def enableProfiling(self, path):
         """aspen's own: a Chrome/Perfetto trace of every call's instructions, rewritten after each call."""
-        self._values["profile"] = os.fspath(path)
+        self._values["profile"] = _check.path("enableProfiling: path", path)
         return self
 
     def setThreads(self, n):
         """aspen's own: threads per device (0: every free core)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"setThreads: expected an integer >= 0 (0: every free core), found {n!r}")
-        self._values["threads"] = n
+        cores = core_budget()
+        self._values["threads"] = _check.integer("setThreads", n, 0, cores, note="0: every free core; "
+                                                 f"aspen's core budget is {cores}, ASPEN_CORES")
         return self
 
     def recomputation(self, enabled=True):
         """aspen's own: recompute activations in the backward pass (training)."""
-        self._values["recompute"] = bool(enabled)
+        self._values["recompute"] = _check.boolean("recomputation", enabled)
         return self
 
     # --- read back (PopTorch has these as properties) ---
@@ -209,8 +226,26 @@ class Options:
     def output_mode(self):
         return self._output_mode
 
-    def _resolved(self, training):
+    def _validate(self):
+        """The settings checked against each other, naming the setters (at model creation and compile:
+        a setter cannot, as the other may come later)."""
+        v = self._values
+        if self._output_mode is OutputMode.EveryN and self.device_iterations % v["output_every_n"]:
+            raise ValueError(f"outputMode(EveryN) period: expected a divisor of deviceIterations "
+                             f"({self.device_iterations}), found {v['output_every_n']}")
+        compute = v.get("precision", "f32")
+        if v.get("partials", "f32") not in ("f32", compute):
+            raise ValueError(f"Precision.setPartialsType: expected float32 or the compute type "
+                             f"(Precision.setComputeType: {_DTYPE_TEXT[compute]}), found {_DTYPE_TEXT[v['partials']]}")
+        cores = core_budget()
+        if v.get("threads", 0) * self.replication_factor > cores:
+            raise ValueError(f"setThreads x replicationFactor: expected at most aspen's core budget {cores} "
+                             f"(ASPEN_CORES) in all, found {v['threads']} x {self.replication_factor}")
+
+    def _resolved(self, training, check=True):
         """The dict the C++ side takes (python/module.cc options_from)."""
+        if check:
+            self._validate()
         v = dict(self._values)
         if not training:  # training settings, as PopTorch ignores them for an inference model
             v.pop("gradient_accumulation", None)
@@ -237,4 +272,4 @@ class Options:
         raise AttributeError(f"aspen.Options.{name}: options are set by calling their method")
 
     def __repr__(self):
-        return f"aspen.Options({self._resolved(False)})"
+        return f"aspen.Options({self._resolved(False, check=False)})"

@@ -15,7 +15,7 @@ import os
 import queue
 import threading
 
-from . import _aspen
+from . import _aspen, _check
 
 __all__ = ["generate", "embed", "Tokenizer", "Encoding", "Generator", "Embedder", "generator", "embedder"]
 
@@ -39,7 +39,8 @@ class Encoding:
 
 class Tokenizer:
     """A Hugging Face tokenizer (tokenizer.json, vocab.json + merges.txt, or vocab.txt) run by aspen's C++
-    implementation; encode and decode match the `tokenizers` package."""
+    implementation; encode and decode match the `tokenizers` package. Unlike `tokenizers`, an id outside
+    the vocabulary is refused (ValueError naming it), in decode and id_to_token, never dropped."""
 
     def __init__(self, native):
         self._t = native
@@ -47,35 +48,129 @@ class Tokenizer:
     @staticmethod
     def from_file(path):
         """tokenizer.json, or a model directory (tokenizer.json, vocab.json + merges.txt, vocab.txt)."""
-        return Tokenizer(_aspen.Tokenizer.from_file(os.fspath(path)))
+        return Tokenizer(_aspen.Tokenizer.from_file(_check.path("path", path)))
 
     def encode(self, text, add_special_tokens=True):
         if not isinstance(text, str):
-            raise ValueError(f"encode: expected a str, found {type(text).__name__}")
-        ids = self._t.encode(text, add_special_tokens)
+            raise ValueError(f"text: expected a str, found {_check.found(text)}")
+        ids = self._t.encode(text, _check.boolean("add_special_tokens", add_special_tokens))
         return Encoding(ids, [self._t.id_to_token(i) for i in ids])
 
     def encode_batch(self, texts, add_special_tokens=True):
-        return [self.encode(t, add_special_tokens) for t in texts]
+        return [self.encode(t, add_special_tokens) for t in _check.strings("texts", texts)]
 
     def decode(self, ids, skip_special_tokens=True):
-        return self._t.decode([int(i) for i in ids], skip_special_tokens)
+        return self._t.decode(_token_ids("ids", ids, self._t.vocab_size),
+                              _check.boolean("skip_special_tokens", skip_special_tokens))
 
     def decode_batch(self, sequences, skip_special_tokens=True):
-        return [self.decode(s, skip_special_tokens) for s in sequences]
+        if isinstance(sequences, (str, bytes)) or not hasattr(sequences, "__iter__"):
+            raise ValueError(f"sequences: expected a list of token id sequences, found "
+                             f"{'a str' if isinstance(sequences, str) else _check.found(sequences)}")
+        skip = _check.boolean("skip_special_tokens", skip_special_tokens)
+        return [self._t.decode(_token_ids(f"sequences[{i}]", s, self._t.vocab_size), skip)
+                for i, s in enumerate(sequences)]
 
     def token_to_id(self, token):
-        return self._t.token_to_id(token)
+        return self._t.token_to_id(_check.string("token", token))
 
     def id_to_token(self, id):
-        return self._t.id_to_token(int(id))
+        return self._t.id_to_token(_token_id("id", id, self._t.vocab_size))
 
     def get_vocab_size(self, with_added_tokens=True):
+        """One past the largest id, added tokens included (counting without them is not supported)."""
+        if not _check.boolean("with_added_tokens", with_added_tokens):
+            raise NotImplementedError("get_vocab_size: with_added_tokens=False is not supported (aspen's "
+                                      "tokenizers count one past the largest id, added tokens included)")
         return self._t.vocab_size
 
 
-Generator = _aspen.Generator
-Embedder = _aspen.Embedder
+def _token_id(name, i, vocab_size):
+    i = _check.integer(name, i, what="an integer token id")
+    if not 0 <= i < vocab_size:
+        raise ValueError(f"{name}: expected a token id in [0, {vocab_size}), found {i}")
+    return i
+
+
+def _token_ids(name, ids, vocab_size=None):
+    """A sequence of token ids (a list, a 1-D integer array) as a list of ints, each in [0, vocab_size) (in
+    the int32 range without one)."""
+    what = None
+    if isinstance(ids, (str, bytes)):
+        what = f"a {type(ids).__name__}"
+    elif getattr(ids, "ndim", 1) != 1:
+        what = f"an array of shape {tuple(ids.shape)}"
+    elif not hasattr(ids, "__iter__"):
+        what = _check.found(ids)
+    if what is not None:
+        raise ValueError(f"{name}: expected a sequence of token ids, found {what}")
+    if hasattr(ids, "tolist"):  # numpy arrays and torch tensors: their elements as Python numbers
+        ids = ids.tolist()
+    out = []
+    for k, i in enumerate(ids):
+        if vocab_size is None:  # (the C++ side takes int32 and checks the vocabulary itself)
+            out.append(_check.integer(f"{name}[{k}]", i, 0, _check.INT32_MAX, what="an integer token id"))
+            continue
+        i = _check.integer(f"{name}[{k}]", i, what="an integer token id")
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"{name}[{k}]: expected a token id in [0, {vocab_size}), found {i}")
+        out.append(i)
+    return out
+
+
+def _generator_args(model_dir, max_batch, max_length, max_prompt, threads, dtype):
+    return (_check.path("model_dir", model_dir), _check.integer("max_batch", max_batch, 1, _check.INT64_MAX),
+            _check.integer("max_length", max_length, 0, _check.INT64_MAX, note="0: the model's n_positions"),
+            _check.integer("max_prompt", max_prompt, 0, _check.INT64_MAX, note="0: half of max_length"),
+            _check.integer("threads", threads, 0, _check.INT32_MAX, note="0: the free cores"),
+            _check.string("dtype", dtype, ("f32", "bf16")))
+
+
+def _sampling(max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop_at_eos):
+    """Generator.generate's settings, each checked by name (the C++ side takes f32, int32 and uint64)."""
+    return (_check.integer("max_new_tokens", max_new_tokens, 1, _check.INT64_MAX),
+            _check.real("temperature", temperature, 0, _check.F32_MAX, note="0: greedy"),
+            _check.integer("top_k", top_k, 0, _check.INT32_MAX, note="0: off"),
+            _check.real("top_p", top_p, 0, 1, low_open=True, note="1: off"),
+            _check.real("repetition_penalty", repetition_penalty, 0, _check.F32_MAX, low_open=True, note="1: off"),
+            _check.integer("seed", seed, 0, _check.UINT64_MAX),
+            _check.boolean("stop_at_eos", stop_at_eos))
+
+
+class Generator(_aspen.Generator):
+    """The compiled generator of a GPT-2, GPT-J or Llama-family directory (python/text.cc), its arguments
+    checked by name here first."""
+
+    def __init__(self, model_dir, max_batch=1, max_length=0, max_prompt=0, threads=0, dtype="f32"):
+        super().__init__(*_generator_args(model_dir, max_batch, max_length, max_prompt, threads, dtype))
+
+    def generate(self, prompts, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop_at_eos,
+                 on_token=None):
+        """One continuation (token ids) per prompt (a list of token id lists); on_token(row, token) is called
+        as each token is drawn, and returning False stops."""
+        if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
+            raise ValueError(f"prompts: expected a list of token id lists, found {_check.found(prompts)}")
+        prompts = [_token_ids(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
+        if on_token is not None and not callable(on_token):
+            raise ValueError(f"on_token: expected a callable or None, found {_check.found(on_token)}")
+        return super().generate(prompts, *_sampling(max_new_tokens, temperature, top_k, top_p, repetition_penalty,
+                                                    seed, stop_at_eos), on_token=on_token)
+
+
+class Embedder(_aspen.Embedder):
+    """The compiled sentence embedder of a BERT directory (python/text.cc), its arguments checked by name
+    here first."""
+
+    def __init__(self, model_dir, max_batch=32, max_length=0, threads=0):
+        super().__init__(_check.path("model_dir", model_dir),
+                         _check.integer("max_batch", max_batch, 1, _check.INT64_MAX),
+                         _check.integer("max_length", max_length, 0, _check.INT64_MAX, note="0: the model's"),
+                         _check.integer("threads", threads, 0, _check.INT32_MAX, note="0: the free cores"))
+
+    def embed(self, texts):
+        return super().embed(_check.strings("texts", texts))
+
+
 _generators = {}
 _streams = set()  # (stop event, worker thread) of every stream still generating
 
@@ -95,24 +190,25 @@ _embedders = {}
 
 def _threads(threads):
     from . import CPUS
-    return threads or CPUS  # NOTE [python cores]
+    # NOTE [python cores]: 0 is the CPUs this process may run on
+    return _check.integer("threads", threads, 0, _check.INT32_MAX, note="0: the free cores") or CPUS
 
 
 def generator(model_dir, max_batch=1, max_length=0, max_prompt=0, threads=0, dtype="f32"):
     """The compiled generator of a GPT-2 or GPT-J directory (kept for later calls with the same settings)."""
-    threads = _threads(threads)
-    key = (os.path.realpath(os.fspath(model_dir)), max_batch, max_length, max_prompt, threads, dtype)
+    args = _generator_args(model_dir, max_batch, max_length, max_prompt, _threads(threads), dtype)
+    key = (os.path.realpath(args[0]),) + args[1:]
     if key not in _generators:
-        _generators[key] = _aspen.Generator(os.fspath(model_dir), max_batch, max_length, max_prompt, threads, dtype)
+        _generators[key] = Generator(*args)
     return _generators[key]
 
 
 def embedder(model_dir, max_batch=32, max_length=0, threads=0):
     """The compiled sentence embedder of a BERT directory (kept for later calls with the same settings)."""
-    threads = _threads(threads)
-    key = (os.path.realpath(os.fspath(model_dir)), max_batch, max_length, threads)
+    model_dir = _check.path("model_dir", model_dir)
+    key = (os.path.realpath(model_dir), max_batch, max_length, _threads(threads))
     if key not in _embedders:
-        _embedders[key] = _aspen.Embedder(os.fspath(model_dir), max_batch, max_length, threads)
+        _embedders[key] = Embedder(model_dir, max_batch, max_length, _threads(threads))
     return _embedders[key]
 
 
@@ -128,13 +224,15 @@ def generate(model_dir, prompt, max_new_tokens=32, temperature=1.0, top_k=0, top
     pieces as tokens are drawn (their concatenation is the decoded continuation), else the text. Sampling is
     Hugging Face's (temperature 0: greedy; top_k 0 and top_p 1: off); the same seed gives the same text."""
     if not isinstance(prompt, str):
-        raise ValueError(f"prompt: expected a str, found {type(prompt).__name__}")
+        raise ValueError(f"prompt: expected a str, found {_check.found(prompt)}")
+    sampling = _sampling(max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop_at_eos)
+    stream = _check.boolean("stream", stream)
+    skip_special_tokens = _check.boolean("skip_special_tokens", skip_special_tokens)
     g = generator(model_dir, 1, max_length, 0, threads, dtype)
     ids = g.tokenizer.encode(prompt, True)
     if not ids:
         raise ValueError("prompt: expected text with at least one token, found an empty prompt")
-    args = ([ids], max_new_tokens, float(temperature), top_k, float(top_p), float(repetition_penalty), seed,
-            stop_at_eos)
+    args = ([ids],) + sampling
     if not stream:
         out = g.generate(*args)
         return g.tokenizer.decode(out[0], skip_special_tokens)
@@ -188,10 +286,5 @@ def _stream(g, args, skip_special_tokens):
 def embed(model_dir, sentences, max_length=0, threads=0):
     """L2-normalized sentence embeddings (numpy float32 [len(sentences), dim]) from a BERT directory
     (all-MiniLM-L6-v2's mean pooling, as sentence-transformers computes them)."""
-    if isinstance(sentences, str):
-        raise ValueError("sentences: expected a list of str, found a str (wrap it in a list)")
-    sentences = list(sentences)
-    for i, s in enumerate(sentences):
-        if not isinstance(s, str):
-            raise ValueError(f"sentences[{i}]: expected a str, found {type(s).__name__}")
+    sentences = _check.strings("sentences", sentences)
     return embedder(model_dir, 32, max_length, threads).embed(sentences)

@@ -51,7 +51,8 @@ def test_hf_directory_errors(tmp_path):
     model = aspen.inferenceModel(TESTDATA / "gpt2-tiny")
     with pytest.raises(ValueError, match="positions"):
         model(np.zeros((1, 65), np.int64))
-    with pytest.raises(ValueError, match=r"expected every id in \[0, V\) = \[0, 1000\), found ids\[0\] = 5000"):
+    with pytest.raises(ValueError, match=r"^input 'input_ids': expected ids in \[0, 1000\) \(config.json vocab_size\), "
+                                         r"found input_ids\[0, 0\] = 5000$"):
         model(np.full((1, 65 - 1), 5000))
     with pytest.raises(ValueError, match="int32 range"):
         model(np.full((1, 64), 2 ** 33))
@@ -76,5 +77,35 @@ def test_out_of_range_values_are_named_never_wrapped():
     with pytest.raises(ValueError, match=r"input 'attention_mask': expected a mask of 0 and 1, found values 0 .. 256"):
         bert(g["input_ids"], attention_mask=mask, token_type_ids=g["token_type_ids"])
     tok = aspen.Tokenizer.from_file(TESTDATA / "gpt2-tiny")
-    with pytest.raises(ValueError, match=r"ids\[1\]: expected a token id >= 0, found -5"):
+    with pytest.raises(ValueError, match=r"ids\[1\]: expected a token id in \[0, 1000\), found -5"):
         tok.decode([3, -5], False)
+
+
+def test_ids_are_checked_against_the_config_by_name():
+    """Ids past an embedding table once surfaced from inside the graph ("node 5 (gather): ... argument 'ids'"),
+    and targets of another shape were compared flattened (or taken, when flat): each input is now checked
+    against config.json and input_ids, by its name."""
+    g = read_safetensors(TESTDATA / "bert-tiny" / "golden.safetensors")
+    bert = aspen.inferenceModel(TESTDATA / "bert-tiny")
+    types = np.array(g["token_type_ids"], np.int64)
+    types[0, 2] = 7
+    with pytest.raises(ValueError, match=r"^input 'token_type_ids': expected ids in \[0, 2\) \(config.json "
+                                         r"type_vocab_size\), found token_type_ids\[0, 2\] = 7$"):
+        bert(g["input_ids"], attention_mask=g["attention_mask"], token_type_ids=types)
+    ids = np.array([[1, 2, 3, 4]])
+    with pytest.raises(ValueError, match=r"^input 'input_ids': expected ids in \[0, 1000\) \(config.json vocab_size\), "
+                                         r"found input_ids\[0, 2\] = 99999$"):
+        aspen.inferenceModel(TESTDATA / "gpt2-tiny")(np.array([[1, 2, 99999, 4]]))
+    training = aspen.trainingModel(TESTDATA / "gpt2-tiny")
+    with pytest.raises(ValueError, match=r"^input 'targets': expected shape \(1, 4\) \(that of input_ids: the next "
+                                         r"token of each position\), found shape \(1, 3\)$"):
+        training(ids, np.array([[2, 3, 4]]))
+    with pytest.raises(ValueError, match=r"^input 'targets': expected shape \(1, 4\) .*, found shape \(4,\)$"):
+        training(ids, np.array([2, 3, 4, 5]))
+    with pytest.raises(ValueError, match=r"^input 'targets': expected ids in \[0, 1000\) \(config.json vocab_size\) "
+                                         r"or -100 \(ignored\), found targets\[0, 3\] = 1000$"):
+        training(ids, np.array([[2, 3, -100, 1000]]))
+    assert np.isfinite(float(training(ids, np.array([[2, 3, 4, -100]]))))
+    with pytest.raises(ValueError, match=r"^optimizer params: expected None for a Hugging Face directory \(every "
+                                         r"weight trains\), found \['transformer.wte.weight'\]$"):
+        aspen.trainingModel(TESTDATA / "gpt2-tiny", optimizer=aspen.optim.SGD(["transformer.wte.weight"], lr=0.1))

@@ -305,6 +305,69 @@ def test_torch_errors():
         aspen.trainingModel(NoLoss())(torch.randn(4, 12))
 
 
+def test_optimizer_arguments_are_refused_by_name():
+    """A misspelt parameter name was once dropped (that parameter silently not trained), inf and nan were
+    taken for lr, eps, weight_decay and momentum, betas and momentum out of [0, 1) were refused only at the
+    first call by the graph, and betas=0.9, params=5 or a str failed with Python's own words or trained a
+    parameter named 'w'. numpy's scalars are numbers."""
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+            self.fc2 = torch.nn.Linear(2, 2)
+
+        def forward(self, a, b):
+            out = self.fc2(self.fc(a))
+            return out, F.mse_loss(out, b)
+
+    with pytest.raises(ValueError, match=r"^optimizer params\[1\]: expected a parameter name of Two \(fc.weight, "
+                                         r"fc.bias, fc2.weight, fc2.bias\), found 'fc2.wieght'$"):
+        aspen.trainingModel(Two(), optimizer=aspen.optim.SGD(["fc.weight", "fc2.wieght"], lr=0.5))
+    with pytest.raises(ValueError, match=r"^optimizer params\[0\]: expected a parameter of Two or its name, found 3$"):
+        aspen.trainingModel(Two(), optimizer=aspen.optim.SGD([3], lr=0.5))
+    model = Two()
+    before, before2 = model.fc.weight.detach().clone(), model.fc2.weight.detach().clone()
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(["fc2.weight"], lr=0.5))
+    training(torch.randn(2, 4), torch.ones(2, 2))
+    training.copyWeightsToHost()
+    torch.testing.assert_close(model.fc.weight, before, rtol=0, atol=0)  # names choose what trains
+    assert not torch.equal(model.fc2.weight, before2)
+
+    inf, nan = float("inf"), float("nan")
+    cases = [(lambda: aspen.optim.AdamW(None, lr=inf), r"lr: expected a finite number >= 0, found inf"),
+             (lambda: aspen.optim.AdamW(None, eps=inf), r"eps: expected a finite number >= 0, found inf"),
+             (lambda: aspen.optim.AdamW(None, weight_decay=nan),
+              r"weight_decay: expected a finite number >= 0, found nan"),
+             (lambda: aspen.optim.SGD(None, lr=0.1, weight_decay=inf), r"weight_decay: expected a finite number >= 0, "
+                                                                       r"found inf"),
+             (lambda: aspen.optim.SGD(None, lr=0.1, momentum=5), r"momentum: expected a number in \[0, 1\), found 5"),
+             (lambda: aspen.optim.SGD(None, lr=0.1, momentum=nan),
+              r"momentum: expected a number in \[0, 1\), found nan"),
+             (lambda: aspen.optim.SGD(None, lr=0.1, nesterov="yes"), r"nesterov: expected a bool \(True or False\), "
+                                                                     r"found 'yes'"),
+             (lambda: aspen.optim.AdamW(None, betas=(1.5, 0.999)), r"betas\[0\]: expected a number in \[0, 1\), "
+                                                                   r"found 1.5"),
+             (lambda: aspen.optim.LAMB(None, betas=(0.9, 1.0)),
+              r"betas\[1\]: expected a number in \[0, 1\), found 1.0"),
+             (lambda: aspen.optim.AdamW(None, betas=0.9), r"betas: expected a pair \(beta1, beta2\), found 0.9"),
+             (lambda: aspen.optim.AdamW(None, betas=(0.9, 0.99, 0.5)), r"betas: expected a pair \(beta1, beta2\), "
+                                                                       r"found \(0.9, 0.99, 0.5\)"),
+             (lambda: aspen.optim.AdamW(5), r"params: expected an iterable of parameters or of their names \(None: "
+                                            r"every parameter\), found 5"),
+             (lambda: aspen.optim.AdamW("w"), r"params: expected an iterable of parameters or of their names \(None: "
+                                              r"every parameter\), found 'w'"),
+             (lambda: aspen.optim.AdamW(torch.zeros(3)), r"params: expected an iterable of parameters or of their "
+                                                         r"names, found a Tensor \(wrap it in a list\)"),
+             (lambda: aspen.optim.AdamW(None, loss_scaling="static"), r"loss_scaling: expected a finite number > 0, "
+                                                                      r"'dynamic' or None, found 'static'")]
+    for call, message in cases:
+        with pytest.raises(ValueError, match="^" + message + "$"):
+            call()
+    assert aspen.optim.AdamW(None, lr=np.float32(0.5), betas=(np.float64(0.5), 0.25)).lr == 0.5
+    assert aspen.optim.SGD([], lr=np.float64(0.1), loss_scaling=np.float32(128)).loss_scaling == 128.0
+
+
 def test_executable_cache_is_hit_by_a_second_model(tmp_path):
     x, y = data("mlp", 1)[0]
     opts = aspen.Options().enableExecutableCaching(tmp_path / "cache")
