@@ -1,8 +1,8 @@
 // models/onnx_conformance_test.cc: ONNX's own backend node tests (Debian's libonnx-testdata: a model,
 // its inputs and its expected outputs per case) through the importer, the compiler and a session.
 //
-// A case is claimed when its model is at an opset the importer reads (13 to 21), its inputs are tensors,
-// and every op of it is one the importer converts (onnx_supported_ops). A case runs with its inputs fed at
+// A case is claimed when its model is at an opset the importer reads (1 to 21), its inputs are tensors,
+// and every op of it is one the importer converts at that opset (onnx_supported_ops, onnx_op_since). A case runs with its inputs fed at
 // run time; where the importer needs an input known at import (a shape, axes, a Slice's bounds: what
 // exporters write as constants), it runs again with the integer inputs bound as constants
 // (OnnxImportOptions::constants), and then with all of them (the whole case folded at import). Every
@@ -125,10 +125,10 @@ TEST(OnnxConformance, BackendNodeTests) {
     ++all;
     if (!m.is_ok()) continue;  // (a case the reader refuses is no claim: its ops are not asked for)
     std::set<std::string> case_ops;
-    bool ours = !m->graph.nodes.empty() && m->opset() >= 13 && m->opset() <= 21;
+    bool ours = !m->graph.nodes.empty() && m->opset() >= 1 && m->opset() <= 21;
     for (const io::OnnxValueInfo& v : m->graph.inputs) ours = ours && v.type != 0;
     for (const io::OnnxNode& n : m->graph.nodes) {
-      ours = ours && n.domain.empty() && supported.count(n.op_type);
+      ours = ours && n.domain.empty() && supported.count(n.op_type) && onnx_op_since(n.op_type) <= m->opset();
       case_ops.insert(n.op_type);
     }
     if (!ours) continue;

@@ -19,7 +19,7 @@ namespace {
 using onnx::Ctx;
 using onnx::Value;
 
-constexpr int64_t kMinOpset = 13, kMaxOpset = 21;
+constexpr int64_t kMinOpset = 1, kMaxOpset = 21;  // below 13: op by op (NOTE [older opsets])
 // Known inputs larger than this are not folded at import (the graph computes from them instead).
 constexpr int64_t kMaxFoldElements = onnx::kMaxKnownElements;
 
@@ -32,8 +32,13 @@ Status check_ops(const io::OnnxModel& m) {
     const io::OnnxNode& n = m.graph.nodes[k];
     // onnxruntime's transformer optimizer writes com.microsoft nodes without importing the domain, and
     // onnxruntime runs such files (as version 1): so does the importer.
-    if (onnx::find_converter(n.domain, n.op_type)) continue;
     const int64_t opset = m.opset(n.domain);
+    if (const onnx::OpConverter* conv = onnx::find_converter(n.domain, n.op_type)) {
+      if (!n.domain.empty() || opset >= conv->since) continue;
+      unknown.push_back(n.label(k) + " at opset " + std::to_string(opset) + ", converted from opset " +
+                        std::to_string(conv->since) + " on (its meaning changed there)");
+      continue;
+    }
     unknown.push_back(n.label(k) + (opset ? " at opset " + std::to_string(opset) : " (domain not imported)"));
   }
   if (unknown.empty()) return Status();
@@ -41,7 +46,8 @@ Status check_ops(const io::OnnxModel& m) {
   for (size_t i = 0; i < unknown.size() && i < 50; ++i) found += (i ? "; " : "") + unknown[i];
   if (unknown.size() > 50) found += "; and " + std::to_string(unknown.size() - 50) + " more";
   return Status::error(Code::kUnimplemented, m.path + ": " + std::to_string(unknown.size()) + " node(s)",
-                       "ops the importer converts (aspen onnx inspect lists them)", found);
+                       "ops the importer converts at the model's opset (aspen onnx inspect lists them)", found,
+                       "onnx.version_converter.convert_version(model, 17) rewrites an older model's ops");
 }
 
 // The input's type: its declared element type, and its shape with every symbol bound.
@@ -210,6 +216,11 @@ Status export_onnx_weights(const std::map<std::string, graph::TensorType>& param
   return io::write_onnx_with_initializers(src, dst, values);
 }
 
+int onnx_op_since(const std::string& op_type) {
+  const onnx::OpConverter* conv = onnx::find_converter("", op_type);
+  return conv ? conv->since : 0;
+}
+
 std::vector<std::string> onnx_supported_ops() {
   std::vector<std::string> out;
   for (const auto& [name, conv] : onnx::converters()) out.push_back(name);
@@ -224,7 +235,7 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
   if (opset < kMinOpset || opset > kMaxOpset)
     return Status::error(Code::kUnimplemented, m.path + ": opset of the default domain",
                          std::to_string(kMinOpset) + " to " + std::to_string(kMaxOpset) +
-                             " (convert older models with onnx.version_converter)",
+                             " (convert older models with onnx.version_converter.convert_version(model, 17))",
                          std::to_string(opset));
   ASPEN_RETURN_IF_ERROR(check_ops(m));
 

@@ -106,5 +106,8 @@ Result<Tensor> tensor_from_onnx(const io::OnnxTensor& t, const std::string& what
 
 // The op types (in the default domain) the importer converts, sorted.
 std::vector<std::string> onnx_supported_ops();
+// The oldest opset of the default domain at which the importer converts `op_type` (its meaning from that
+// version on: NOTE [older opsets] in onnx_ops.cc); 0 for an op it does not convert.
+int onnx_op_since(const std::string& op_type);
 
 }  // namespace aspen::models

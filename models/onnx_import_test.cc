@@ -6,6 +6,8 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -141,10 +143,16 @@ TEST(OnnxImport, SymbolicDimensionsMustBeBound) {
 TEST(OnnxImport, OpsetsOutsideTheRangeAreRefused) {
   auto c = load_case("mlp_ts");
   ASSERT_TRUE(c.is_ok()) << c.status().to_string();
-  c->model.opsets[""] = 11;
+  c->model.opsets[""] = 22;
   auto r = import_onnx(c->model, c->options);
   ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.status().message().find("opset of the default domain: expected 13 to 21"), std::string::npos)
+  EXPECT_NE(r.status().message().find("opset of the default domain: expected 1 to 21"), std::string::npos)
+      << r.status().message();
+  c->model.opsets[""] = 11;  // below 13: op by op (LayerNormalization exists from 17)
+  r = import_onnx(c->model, c->options);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("(LayerNormalization) at opset 11, converted from opset 17 on"),
+            std::string::npos)
       << r.status().message();
 }
 
@@ -403,6 +411,68 @@ TEST(OnnxImport, BuildErrorsNameTheOnnxNode) {
                 "user.onnx: node 0 '/encoder/layer.0/LayerNormalization' (LayerNormalization) at opset 17: ", 0),
             0u)
       << r.status().message();
+}
+
+// The activations the importer decomposes, against their ONNX definitions in double over values from
+// -40 to 40 (a large positive x must not overflow the negative part's exp), with default attributes.
+TEST(OnnxImport, ActivationsMatchTheirDefinitions) {
+  const std::vector<std::pair<std::string, std::function<double(double)>>> ops = {
+      {"LeakyRelu", [](double x) { return x < 0 ? 0.01 * x : x; }},
+      {"Elu", [](double x) { return x < 0 ? std::exp(x) - 1 : x; }},
+      {"Selu", [](double x) { return 1.0507009873554804934193349852946 *
+                                     (x <= 0 ? 1.6732632423543772848170429916717 * (std::exp(x) - 1) : x); }},
+      {"Celu", [](double x) { return std::max(0.0, x) + std::min(0.0, std::exp(x) - 1); }},
+      {"ThresholdedRelu", [](double x) { return x > 1 ? x : 0; }},
+      {"HardSigmoid", [](double x) { return std::max(0.0, std::min(1.0, 0.2 * x + 0.5)); }},
+      {"HardSwish", [](double x) { return x * std::max(0.0, std::min(1.0, x / 6 + 0.5)); }},
+      {"Softplus", [](double x) { return std::log1p(std::exp(x)); }},
+      {"Softsign", [](double x) { return x / (1 + std::fabs(x)); }},
+      {"Mish", [](double x) { return x * std::tanh(std::log1p(std::exp(x))); }},
+      {"Sin", [](double x) { return std::sin(x); }},
+      {"Cos", [](double x) { return std::cos(x); }},
+      {"Round", [](double x) { return std::nearbyint(x); }},
+  };
+  std::vector<double> xs;
+  for (int i = 0; i <= 160; ++i) xs.push_back(-40.0 + 0.5 * i + (i % 3 == 0 ? 0.0 : 0.13));
+  HandModel h("act.onnx");
+  h.m.opsets[""] = 18;
+  h.input("x", {int64_t(xs.size())});
+  for (const auto& [op, f] : ops) h.node(op, op, {"x"}, op).output(op);
+  auto imp = import_onnx(h.m);
+  ASSERT_TRUE(imp.is_ok()) << imp.status().to_string();
+  auto out = graph::interpret(imp->graph, {{"x", graph::HostArray(graph::TensorType{DType::f32, Shape{int64_t(xs.size())}}, xs)}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  for (const auto& [op, f] : ops)
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double want = f(double(float(xs[i]))), got = out->at(op).data[i];
+      EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, std::fabs(want))) << op << " at " << xs[i];
+    }
+}
+
+// A model older than the opset an op's conversion starts at is refused naming the op, the opset and the
+// version (HardSwish exists from 14); Softmax at opset 11 coerces to 2-D at axis 1, as ONNX then defined it.
+TEST(OnnxImport, OlderOpsetsOpByOp) {
+  HandModel old("old.onnx");
+  old.m.opsets[""] = 13;
+  auto r = import_onnx(old.input("x", {2, 3}).node("hs", "HardSwish", {"x"}, "y").output("y").m);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().message(),
+            "old.onnx: 1 node(s): expected ops the importer converts at the model's opset (aspen onnx inspect lists "
+            "them), found node 0 'hs' (HardSwish) at opset 13, converted from opset 14 on (its meaning changed "
+            "there) (hint: onnx.version_converter.convert_version(model, 17) rewrites an older model's ops)");
+  HandModel sm("softmax11.onnx");
+  sm.m.opsets[""] = 11;
+  auto s = import_onnx(sm.input("x", {2, 2, 2}).node("sm", "Softmax", {"x"}, "y").output("y").m);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  const std::vector<double> x = {0, 1, 2, 3, 4, 5, 6, 7};
+  auto out = graph::interpret(s->graph, {{"x", graph::HostArray(graph::TensorType{DType::f32, Shape{2, 2, 2}}, x)}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  for (int row = 0; row < 2; ++row) {  // one softmax over the 4 values of each row of the [2, 4] coercion
+    double z = 0;
+    for (int k = 0; k < 4; ++k) z += std::exp(x[size_t(row * 4 + k)]);
+    for (int k = 0; k < 4; ++k)
+      EXPECT_NEAR(out->at("y").data[size_t(row * 4 + k)], std::exp(x[size_t(row * 4 + k)]) / z, 1e-6);
+  }
 }
 
 // A ConstantOfShape of 2^42 elements (16 TiB of f32) once aborted the importer (a failed allocation): it is

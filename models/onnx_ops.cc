@@ -25,6 +25,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/check.h"
 #include "graph/interpreter.h"
 #include "models/onnx_import.h"
 
@@ -277,12 +278,44 @@ Converter variadic(OpKind op, bool mean) {
 
 // ---- the table ----------------------------------------------------------------------------------------
 
+// NOTE [older opsets]: a model below opset 13 is read op by op. Each op's converter reads the op as the
+// ONNX versions from `since` on define it (ONNX's Changelog.md); an op whose meaning changed later than
+// the model's opset is refused naming the op, the opset and the version its conversion starts at. The
+// changes the converters read both ways: Squeeze/Unsqueeze axes and Split sizes as attributes (< 13),
+// the Reduce ops' axes attribute (< 13, < 18), Softmax/LogSoftmax's coercion to 2-D at axis 1 (< 13).
+// Left at 13 (no entry): ops not checked against their older versions.
+constexpr std::pair<const char*, int> kSince[] = {
+    // elementwise: numpy broadcasting from 7 (8 for the variadic ones), legacy attributes gone at 6
+    {"Identity", 1}, {"Neg", 6}, {"Exp", 6}, {"Log", 6}, {"Tanh", 6}, {"Sqrt", 6}, {"Relu", 6},
+    {"Sigmoid", 6}, {"Erf", 9}, {"Not", 1}, {"IsNaN", 9}, {"Reciprocal", 6}, {"Abs", 6}, {"Gelu", 20},
+    {"Add", 7}, {"Sub", 7}, {"Mul", 7}, {"Div", 7}, {"Pow", 7}, {"Equal", 7}, {"Less", 7}, {"Greater", 7},
+    {"LessOrEqual", 12}, {"GreaterOrEqual", 12}, {"And", 7}, {"Or", 7}, {"Max", 8}, {"Min", 8},
+    {"Sum", 8}, {"Mean", 8}, {"Where", 9}, {"Trilu", 14}, {"Clip", 11}, {"Cast", 6}, {"CastLike", 15},
+    {"Mod", 10}, {"Sin", 7}, {"Cos", 7}, {"Floor", 6}, {"Ceil", 6}, {"Round", 11},
+    {"LeakyRelu", 6}, {"PRelu", 7}, {"Elu", 6}, {"Selu", 6}, {"Celu", 12}, {"ThresholdedRelu", 10},
+    {"HardSigmoid", 6}, {"HardSwish", 14}, {"Softplus", 1}, {"Softsign", 1}, {"Mish", 18},
+    // linear algebra and shapes: Reshape's shape an input from 5, Slice's bounds from 10
+    {"MatMul", 1}, {"Gemm", 7}, {"Shape", 1}, {"Size", 1}, {"Constant", 1}, {"ConstantOfShape", 9},
+    {"Range", 11}, {"Reshape", 5}, {"Flatten", 1}, {"Unsqueeze", 1}, {"Squeeze", 1}, {"Transpose", 1},
+    {"Concat", 4}, {"Slice", 10}, {"Split", 2}, {"Expand", 8}, {"Gather", 1}, {"GatherND", 11},
+    {"GatherElements", 11}, {"SplitToSequence", 11}, {"SequenceAt", 11}, {"CumSum", 11},
+    // reductions, softmaxes, losses, normalizations
+    {"ReduceSum", 1}, {"ReduceMean", 1}, {"ReduceMax", 1}, {"ReduceMin", 1}, {"ReduceProd", 1},
+    {"GlobalAveragePool", 1}, {"Softmax", 1}, {"LogSoftmax", 1}, {"SoftmaxCrossEntropyLoss", 12},
+    {"LayerNormalization", 17}, {"Dropout", 10},
+};
+
 const std::map<std::string, OpConverter>& converters() {
   static const std::map<std::string, OpConverter> table = [] {
     ConverterTable t;
     add_elementwise_converters(t);
     add_shape_converters(t);
     add_nn_converters(t);
+    for (const auto& [name, since] : kSince) {
+      auto it = t.find(name);
+      ASPEN_CHECK(it != t.end()) << "kSince names an op with no converter: " << name;
+      it->second.since = since;
+    }
     return t;
   }();
   return table;

@@ -91,6 +91,9 @@ struct OpConverter {
   Converter convert;
   int min_inputs = 1, max_inputs = 1;  // -1: any number
   bool foldable = true;                // false: never evaluated at import (sequence ops)
+  // The oldest opset whose meaning of the op the converter reads (NOTE [older opsets] in onnx_ops.cc):
+  // a node of an older model is refused by name.
+  int since = 13;
 };
 
 // Every op type of the default domain the importer converts: one table, filled by one function per op

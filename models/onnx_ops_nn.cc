@@ -154,10 +154,30 @@ Status on_last_axis(Ctx& c, const Value& x, int axis, std::vector<Value>& out, F
   return c.b.status();
 }
 
+// Before opset 13, Softmax, LogSoftmax (and Hardmax) coerced the input to 2-D at `axis` (default 1): one
+// softmax over all the axes from `axis` on. Flattened to [.., prod(axes from axis)] and back.
+template <class F>
+Status softmax_like(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, F over_axis) {
+  const Shape s = in[0].type.shape;
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", c.opset < 13 ? 1 : -1));
+  if (c.opset >= 13 || s.rank() == 0) {
+    ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, s.rank(), "attribute 'axis'"));
+    return over_axis(in[0], axis, out);
+  }
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, s.rank(), "attribute 'axis'"));
+  std::vector<int64_t> flat(s.begin(), s.begin() + axis);
+  int64_t rest = 1;
+  for (int i = axis; i < s.rank(); ++i) rest *= s[i];
+  flat.push_back(rest);
+  ASPEN_RETURN_IF_ERROR(over_axis(reshaped(c, in[0], flat), int(flat.size()) - 1, out));
+  out = {reshaped(c, out[0], dims(s))};
+  return c.b.status();
+}
+
 Status convert_softmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
-  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
-  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, in[0].type.shape.rank(), "attribute 'axis'"));
-  return on_last_axis(c, in[0], axis, out, [&](ValueId x) { return c.b.op1(OpKind::softmax, {x}); });
+  return softmax_like(c, in, out, [&](const Value& x, int axis, std::vector<Value>& o) {
+    return on_last_axis(c, x, axis, o, [&](ValueId v) { return c.b.op1(OpKind::softmax, {v}); });
+  });
 }
 
 Status convert_log_softmax_axis(Ctx& c, const Value& x0, int axis, std::vector<Value>& out) {
@@ -171,9 +191,8 @@ Status convert_log_softmax_axis(Ctx& c, const Value& x0, int axis, std::vector<V
 }
 
 Status convert_log_softmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
-  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
-  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, in[0].type.shape.rank(), "attribute 'axis'"));
-  return convert_log_softmax_axis(c, in[0], axis, out);
+  return softmax_like(c, in, out,
+                      [&](const Value& x, int axis, std::vector<Value>& o) { return convert_log_softmax_axis(c, x, axis, o); });
 }
 
 // SoftmaxCrossEntropyLoss(scores [N, C, d...], labels [N, d...]) {reduction, ignore_index}: what

@@ -243,7 +243,9 @@ Status convert_flatten(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) 
 }
 
 // Unsqueeze's and Squeeze's axes: the input (opset 13+).
+// Squeeze's and Unsqueeze's axes: an input from opset 13, an attribute before.
 Result<std::vector<int64_t>> axes_input(Ctx& c, std::vector<Value>& in, size_t k) {
+  if (c.opset < 13) return c.attr_ints("axes", std::vector<int64_t>{});
   if (k < in.size() && in[k].present()) return c.ints(in[k], "input 'axes'");
   return std::vector<int64_t>{};
 }
@@ -397,7 +399,9 @@ Status convert_split(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   const int64_t d = in[0].type.shape[axis];
   const size_t n_out = c.node.outputs.size();
   std::vector<int64_t> sizes;
-  if (in.size() > 1 && in[1].present()) {
+  if (c.opset < 13 && c.has("split")) {  // an attribute before opset 13
+    ASPEN_ASSIGN_OR_RETURN(sizes, c.attr_ints("split"));
+  } else if (in.size() > 1 && in[1].present()) {
     ASPEN_ASSIGN_OR_RETURN(sizes, c.ints(in[1], "input 'split'"));
   } else {
     ASPEN_ASSIGN_OR_RETURN(const int64_t n, c.attr_i("num_outputs", int64_t(n_out)));
@@ -717,7 +721,7 @@ void add_shape_converters(ConverterTable& t) {
   add_converter(t, "Range", convert_range, 3, 3);
   add_converter(t, "Reshape", convert_reshape, 2, 2);
   add_converter(t, "Flatten", convert_flatten, 1, 1);
-  add_converter(t, "Unsqueeze", convert_unsqueeze, 2, 2);
+  add_converter(t, "Unsqueeze", convert_unsqueeze, 1, 2);  // axes an attribute before opset 13
   add_converter(t, "Squeeze", convert_squeeze, 1, 2);
   add_converter(t, "Transpose", convert_transpose, 1, 1);
   add_converter(t, "Concat", convert_concat, 1, -1);

@@ -58,16 +58,22 @@ int run_inspect(const std::string& path) {
   for (const auto& n : m->graph.nodes) counts[n.domain.empty() ? n.op_type : n.domain + "." + n.op_type]++;
   std::cout << "ops (" << m->graph.nodes.size() << " nodes):\n";
   int unsupported = 0;
-  for (const auto& [op, n] : counts) {
-    const bool ok = std::find(supported.begin(), supported.end(), op) != supported.end();
-    unsupported += !ok;
-    std::cout << "  " << escape_for_terminal(op) << " " << n << (ok ? "" : "  (not supported)") << "\n";
-  }
   const int64_t opset = m->opset();
-  const bool opset_ok = opset >= 13 && opset <= 21;
+  for (const auto& [op, n] : counts) {
+    const bool known = std::find(supported.begin(), supported.end(), op) != supported.end();
+    const int since = op.find('.') == std::string::npos ? models::onnx_op_since(op) : 0;  // default domain
+    const bool too_old = known && since > opset;
+    unsupported += !known || too_old;
+    std::cout << "  " << escape_for_terminal(op) << " " << n
+              << (!known    ? "  (not supported)"
+                  : too_old ? "  (converted from opset " + std::to_string(since) + " on)"
+                            : "")
+              << "\n";
+  }
+  const bool opset_ok = opset >= 1 && opset <= 21;
   std::cout << "imports: "
             << (unsupported == 0 && opset_ok ? "yes"
-                : !opset_ok                  ? "no (opset " + std::to_string(opset) + "; aspen reads 13 to 21)"
+                : !opset_ok                  ? "no (opset " + std::to_string(opset) + "; aspen reads 1 to 21)"
                                              : "no (" + std::to_string(unsupported) + " op type(s) not supported)")
             << "\n";
   return 0;

@@ -156,7 +156,8 @@ def test_generate_arguments_are_refused_by_name():
                                          r"found 1099511627776$"):
         aspen.Generator(d, threads=2 ** 40)
     g = aspen.generator(d)
-    with pytest.raises(ValueError, match=r"^prompts\[0\]\[1\]: expected an integer token id, found 'a'$"):
+    with pytest.raises(ValueError, match=r"^prompts\[0\]\[1\]: expected an integer token id in \[0, 2\*\*31 - 1\], "
+                                         r"found 'a'$"):
         g.generate([[1, "a"]], 4, 0.0, 0, 1.0, 1.0, 0, True)
     with pytest.raises(ValueError, match=r"^prompts\[0\]\[1\]: expected an integer token id in \[0, 2\*\*31 - 1\], "
                                          r"found 1099511627776$"):
