@@ -421,6 +421,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
       {"input_ids", "tokens"}, {"positions", "positions"}, {"targets", "targets"}};  // the built-in families' inputs
   if (c.model.is_onnx()) {
     ASPEN_ASSIGN_OR_RETURN(models::OnnxImport m, import_for_training(c, *t->feed_, columns));
+    // A file's training Dropout draws from a seed the feed gives each micro-batch (NOTE [training dropout]).
+    if (m.graph.find_input(models::kDropoutSeedInput)) {
+      t->feed_->set_dropout_seed(c.train.seed);
+      columns[models::kDropoutSeedInput] = models::kDropoutSeedInput;
+    }
     t->onnx_parameters_ = m.parameter_types();
     forward = std::move(m.graph);
     weights = std::move(m.weights);

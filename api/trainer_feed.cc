@@ -188,6 +188,7 @@ std::map<std::string, graph::TensorType> TrainFeed::columns() const {
     d[0] = micro_batch_;
     out[name] = graph::TensorType{t.dtype(), *Shape::make(d.data(), int(d.size()))};
   }
+  if (dropout_) out["dropout_seed"] = graph::TensorType{DType::i64, Shape{1}};
   return out;
 }
 
@@ -231,7 +232,8 @@ Status TrainFeed::bind(const graph::Graph& forward, const std::map<std::string, 
     if (is_float(c->second.dtype) && is_integer(type.dtype))
       return Status::invalid_argument(origin + ": input '" + input + "' from column '" + column + "'",
                                       "integers (the input is " + type.to_string() + ")", c->second.to_string());
-    if (arrays_ && is_integer(c->second.dtype) && is_integer(type.dtype)) {  // every value fits, or say which
+    if (arrays_ && arrays_->columns().count(column) && is_integer(c->second.dtype) &&
+        is_integer(type.dtype)) {  // every value fits, or say which (the dropout seed is the feed's own)
       const Tensor& all = arrays_->columns().at(column);
       if (const int64_t i = first_out_of_range(all, type.dtype); i >= 0)
         return Status::invalid_argument(origin + ": input '" + input + "' from column '" + column + "'",
@@ -400,7 +402,7 @@ Result<const std::map<std::string, Tensor>*> TrainFeed::next_call(int64_t micro)
   };
   for (int64_t m = 0; m < micro; ++m)
     for (size_t l = 0; l < L; ++l) {
-      const train::Position drawn = tokens() ? token_loaders_[l]->position() : train::Position{};
+      const train::Position drawn = tokens() ? token_loaders_[l]->position() : array_loaders_[l]->position();
       Result<train::Columns> batch = next_of(l, drawn);
       if (!batch.is_ok()) return back(batch.status());
       if (dropout_)
@@ -423,6 +425,7 @@ Result<std::map<std::string, Tensor>> TrainFeed::val_batch(int64_t i) {
     if (dropout_) batch.insert_or_assign("dropout_seed", seed_column(-1));  // validation: no dropout
   } else {
     ASPEN_ASSIGN_OR_RETURN(batch, array_val_->val_batch(i));
+    if (dropout_) batch.insert_or_assign("dropout_seed", seed_column(-1));  // validation: no dropout
   }
   std::map<std::string, Tensor> out;
   for (const Binding& b : bindings_) out.emplace(b.input, Tensor(b.type.dtype, b.type.shape));

@@ -98,7 +98,8 @@ TEST(OpTable, NumbersAreTheSerializedOnes) {
                                    "cos",
                                    "floor",
                                    "ceil",
-                                   "round"};
+                                   "round",
+                                   "dropout"};
   ASSERT_EQ(std::size(by_number), size_t(kNumOps));
   for (int i = 0; i < kNumOps; ++i) EXPECT_STREQ(op_name(OpKind(i)), by_number[i]) << "op #" << i;
 }
@@ -364,6 +365,51 @@ TEST(Autodiff, SinCosGradientsAndRounding) {
   EXPECT_EQ(out->at("ceil").data, (std::vector<double>{-2, -1, -0, 1, 2, 3, 3, -2}));
 }
 
+// dropout: the kept share is 1 - ratio, kept values are scaled by 1 / (1 - ratio), the same seed and
+// stream give the same mask and another stream or seed another, seed -1 is the identity, and the gradient
+// (the same mask drawn again) agrees with finite differences.
+TEST(Autodiff, DropoutMaskAndGradient) {
+  constexpr int64_t n = 40000;
+  constexpr double ratio = 0.3;
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {n});
+  ValueId seed = b.input("seed", DType::i64, {1});
+  b.output("a", b.op1(OpKind::dropout, {x, seed}, {{"ratio", ratio}, {"stream", int64_t(1)}}));
+  b.output("b", b.op1(OpKind::dropout, {x, seed}, {{"ratio", ratio}, {"stream", int64_t(1)}}));
+  b.output("c", b.op1(OpKind::dropout, {x, seed}, {{"ratio", ratio}, {"stream", int64_t(2)}}));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  const std::vector<double> ones(n, 1.0);
+  auto run = [&](double s) {
+    auto out = interpret(g, {{"x", arr(DType::f32, {n}, ones)}, {"seed", arr(DType::i64, {1}, {s})}});
+    EXPECT_TRUE(out.is_ok()) << out.status().to_string();
+    return *out;
+  };
+  auto out = run(77);
+  int64_t kept = 0, differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double a = out.at("a").data[size_t(i)];
+    EXPECT_TRUE(a == 0.0 || a == double(float(1.0 / (1.0 - ratio)))) << a;
+    kept += a != 0.0;
+    differ += (a != 0.0) != (out.at("c").data[size_t(i)] != 0.0);
+  }
+  EXPECT_EQ(out.at("a").data, out.at("b").data);
+  EXPECT_NEAR(double(kept) / n, 1.0 - ratio, 0.01);
+  EXPECT_NEAR(double(differ) / n, 2 * ratio * (1 - ratio), 0.01);  // independent masks
+  EXPECT_NE(run(78).at("a").data, out.at("a").data);
+  EXPECT_EQ(run(-1).at("a").data, ones);
+
+  Graph h;
+  Builder c(h);
+  ValueId y = c.input("y", DType::f32, {4, 9});
+  ValueId sd = c.input("seed", DType::i64, {1});
+  ValueId loss = testing::weighted_loss(c, c.op1(OpKind::dropout, {c.mul(y, y), sd}, {{"ratio", 0.5}}), 9);
+  ASSERT_TRUE(c.status().is_ok()) << c.status().to_string();
+  auto feeds = testing::random_feeds(h, 18, -1.0, 1.0);
+  feeds.at("seed") = arr(DType::i64, {1}, {4242});
+  EXPECT_TRUE(testing::check_gradients(h, loss, feeds));
+}
+
 TEST(Builder, ComparisonsAndLogicByHand) {
   Graph g;
   Builder b(g);
@@ -438,11 +484,34 @@ TEST(Autodiff, MissingGradientRuleIsAStatus) {
   Graph g;
   Builder b(g);
   ValueId x = b.input("x", DType::f32, {2, 3});
-  ValueId loss = b.reduce_sum(b.reduce_max(x, {1}), {0});
+  ValueId loss = b.reduce_sum(b.op1(OpKind::gelu_grad, {x, x}), {0, 1});  // a backward-only op
   ASSERT_TRUE(b.status().is_ok());
   std::vector<ValueId> wrt = {x};
   EXPECT_EQ(append_gradients(g, loss, wrt).status().message(),
-            "autodiff: node 1 (reduce_max): expected a gradient rule, found none, and an input needs a gradient");
+            "autodiff: node 1 (gelu_grad): expected a gradient rule, found none, and an input needs a gradient");
+}
+
+// reduce_max: the gradient reaches the maximum (finite differences away from ties), and ties share it
+// evenly, as torch.amax's backward.
+TEST(Autodiff, ReduceMaxGradient) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", DType::f32, {3, 4, 5});
+  ValueId loss = testing::weighted_loss(b, b.reduce_max(x, {0, 2}, true), 10);
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  EXPECT_TRUE(testing::check_gradients(g, loss, testing::random_feeds(g, 19, -1.0, 1.0)));
+
+  Graph h;
+  Builder c(h);
+  ValueId y = c.input("y", DType::f32, {4});
+  ValueId l = c.reduce_sum(c.reduce_max(y, {0}), {});
+  std::vector<ValueId> wrt = {y};
+  auto grads = append_gradients(h, l, wrt);
+  ASSERT_TRUE(grads.is_ok()) << grads.status().to_string();
+  c.output("dy", (*grads)[0]);
+  auto out = interpret(h, {{"y", arr(DType::f32, {4}, {1, 3, 3, 2})}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(out->at("dy").data, (std::vector<double>{0, 0.5, 0.5, 0}));
 }
 
 TEST(CollectiveOps, TypesGradientsAndOneDeviceMeaning) {

@@ -58,7 +58,9 @@
   /* state writes at run-time positions (ops_state.cc): KV caches, generation state */                    \
   X(write_slice, 44)                                                                                      \
   /* generation: draws token ids inside the program (ops_sampling.cc; not differentiated) */              \
-  X(sample, 45)
+  X(sample, 45)                                                                                           \
+  /* dropout in training, its mask drawn from a run-time seed (ops_dropout.cc) */                         \
+  X(dropout, 72)
 // The next free op number: 67.
 // clang-format on
 

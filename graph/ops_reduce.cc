@@ -6,7 +6,8 @@
 // Gradient rules:
 //   broadcast:  dx = reduce_sum(g, the broadcast axes), reshaped to x
 //   reduce_sum: dx = broadcast(g with the reduced axes kept as 1, x's shape)
-//   reduce_max: none (nothing in the models differentiates through it)
+//   reduce_max: dx = g (broadcast back) where x equals the max, shared evenly among ties (torch.amax's
+//               rule); imported log-softmaxes subtract the max for stability, and its gradient there cancels
 // Fast kernels (f32): broadcast, and one strided walk for both reductions
 // (run_reduce: the sum in double, the max exact).
 #include <algorithm>
@@ -137,6 +138,16 @@ Grads grad_broadcast(Builder& b, const Node& n, OutGrads g) {
     if (i < lead || from[i - lead] != to[i]) axes.push_back(i);
   ValueId s = axes.empty() ? *g[0] : b.reduce_sum(*g[0], axes, /*keepdims=*/true);
   return std::vector<std::optional<ValueId>>{b.reshape(s, dims(from))};
+}
+
+Grads grad_reduce_max(Builder& b, const Node& n, OutGrads g) {
+  const ValueId x = n.inputs[0];
+  const TensorType t = b.type(x);
+  const std::vector<int64_t> to = dims(t.shape), kept = keepdims_shape(n, t.shape);
+  const ValueId at_max = b.cast(b.op1(OpKind::equal, {x, b.broadcast(b.reshape(n.outputs[0], kept), to)}), t.dtype);
+  const ValueId ties = b.reshape(b.op1(OpKind::reduce_sum, {at_max}, n.attrs), kept);
+  const ValueId share = b.div(b.reshape(*g[0], kept), ties);
+  return std::vector<std::optional<ValueId>>{b.mul(at_max, b.broadcast(share, to))};
 }
 
 Grads grad_reduce_sum(Builder& b, const Node& n, OutGrads g) {
@@ -391,12 +402,11 @@ void register_reduce_ops(OpTable& t) {
                                 .eval = eval_reduce_sum,
                                 .prepare = prepare_reduce<SumOf>,
                                 .samples = samples_reduce_sum});
-  // reduce_max has no gradient rule yet: nothing in the models differentiates through it
-  // (softmax and cross-entropy carry their own stable forms).
   t.define(OpKind::reduce_max, {.min_inputs = 1,
                                 .max_inputs = 1,
                                 .attrs = reduce_attrs,
                                 .infer = infer_reduce,
+                                .grad = grad_reduce_max,
                                 .eval = eval_reduce_max,
                                 .prepare = prepare_reduce<MaxOf>,
                                 .samples = samples_reduce_max});

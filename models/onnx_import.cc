@@ -347,6 +347,10 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
       values[node.outputs[o]] = results[o];
     }
   }
+  // A training Dropout's seed (NOTE [training dropout]) is an input the file did not declare.
+  if (out.graph.find_input(kDropoutSeedInput) &&
+      std::find(out.inputs.begin(), out.inputs.end(), kDropoutSeedInput) == out.inputs.end())
+    out.inputs.push_back(kDropoutSeedInput);
   for (const io::OnnxValueInfo& v : m.graph.outputs) {
     const Value& x = values.at(v.name);
     if (x.sequence)

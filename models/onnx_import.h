@@ -104,6 +104,11 @@ Status add_onnx_loss(OnnxImport& m, const OnnxLoss& loss);
 // aspen has (bool bytes other than 0 read as true). Unimplemented naming `what` and the type otherwise.
 Result<Tensor> tensor_from_onnx(const io::OnnxTensor& t, const std::string& what);
 
+// The run-time input a training Dropout draws its mask from (i64 [1]; NOTE [training dropout] in
+// onnx_ops_nn.cc): the importer adds it (and lists it in OnnxImport::inputs) once for all of a file's
+// training Dropouts; the trainer and the Python package feed it per micro-batch (-1: no dropout).
+inline constexpr const char* kDropoutSeedInput = "dropout_seed";
+
 // The op types (in the default domain) the importer converts, sorted.
 std::vector<std::string> onnx_supported_ops();
 // The oldest opset of the default domain at which the importer converts `op_type` (its meaning from that

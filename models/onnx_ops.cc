@@ -301,7 +301,7 @@ constexpr std::pair<const char*, int> kSince[] = {
     {"GatherElements", 11}, {"SplitToSequence", 11}, {"SequenceAt", 11}, {"CumSum", 11},
     // reductions, softmaxes, losses, normalizations
     {"ReduceSum", 1}, {"ReduceMean", 1}, {"ReduceMax", 1}, {"ReduceMin", 1}, {"ReduceProd", 1},
-    {"GlobalAveragePool", 1}, {"Softmax", 1}, {"LogSoftmax", 1}, {"SoftmaxCrossEntropyLoss", 12},
+    {"GlobalAveragePool", 1}, {"Softmax", 1}, {"LogSoftmax", 1}, {"SoftmaxCrossEntropyLoss", 12}, {"NegativeLogLikelihoodLoss", 12},
     {"LayerNormalization", 17}, {"Dropout", 10},
 };
 

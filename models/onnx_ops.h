@@ -80,6 +80,7 @@ class Ctx {
   Result<int> axis(int64_t a, int rank, const std::string& what) const;
 
   const int64_t opset;
+  size_t index() const { return index_; }  // the node's index in the file's graph
 
  private:
   size_t index_;

@@ -202,11 +202,28 @@ Status convert_log_softmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& o
 // row's loss (0 where ignored: "none", and "sum" over them; neither trains, the op's gradient being the
 // mean's). The optional second output is log_softmax(scores) over the class axis. Class weights are
 // refused by name.
+Status nll_rows(Ctx& c, const Value& logp, const Value& target, const Value* weight, int64_t ignore,
+                const std::string& reduction, Value& loss);
+
 Status convert_softmax_cross_entropy(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   ASPEN_ASSIGN_OR_RETURN(const std::string reduction, c.attr_s("reduction", std::string("mean")));
   if (reduction != "mean" && reduction != "sum" && reduction != "none")
     return c.error("attribute 'reduction'", "mean, sum or none", "'" + reduction + "'");
-  if (in.size() > 2 && in[2].present()) return c.unsupported("input 'weights'", "none (no class weights)", "one");
+  // Class weights, or a sum or per-row loss (which the fused op's gradient, the mean's, does not train):
+  // log_softmax, then the negative log-likelihood's decomposition.
+  if ((in.size() > 2 && in[2].present()) || reduction != "mean") {
+    ASPEN_ASSIGN_OR_RETURN(const int64_t ig, c.attr_i("ignore_index", -(int64_t(1) << 30)));
+    if (ig <= -(int64_t(1) << 31) || ig >= (int64_t(1) << 24))
+      return c.unsupported("attribute 'ignore_index'", "a value in (-2^31, 2^24)", std::to_string(ig));
+    if (in[0].type.shape.rank() < 2) return c.error("input 'scores'", "scores [N, C, d...]", in[0].type.to_string());
+    std::vector<Value> log_prob;
+    ASPEN_RETURN_IF_ERROR(convert_log_softmax_axis(c, in[0], 1, log_prob));
+    Value loss;
+    ASPEN_RETURN_IF_ERROR(
+        nll_rows(c, log_prob[0], in[1], in.size() > 2 && in[2].present() ? &in[2] : nullptr, ig, reduction, loss));
+    out = {loss, log_prob[0]};
+    return c.b.status();
+  }
   // Without the attribute no label is ignored: class ids are never this.
   ASPEN_ASSIGN_OR_RETURN(const int64_t ignore, c.attr_i("ignore_index", std::numeric_limits<int32_t>::min()));
   if (ignore < std::numeric_limits<int32_t>::min() || ignore > std::numeric_limits<int32_t>::max())
@@ -238,6 +255,79 @@ Status convert_softmax_cross_entropy(Ctx& c, std::vector<Value>& in, std::vector
   return c.b.status();
 }
 
+// NegativeLogLikelihoodLoss(input [N, C, d...] log-probabilities, target [N, d...], weight [C]?)
+// {reduction, ignore_index}: what torch.onnx writes for F.nll_loss (the MNIST tutorials' loss). Decomposed
+// into ops autodiff differentiates, so every reduction trains: the class axis moves last ([M, C]), a row's
+// one-hot is equal(target, class) (both as f32: class ids below 2^24 are exact), its pick is
+// sum(onehot * input) and its weight sum(onehot * weight) (1 without weights), times 0 where the target is
+// ignore_index; then
+//   none: -pick * weight per row ([N, d...]), sum: their sum, mean: their sum / the sum of the weights
+// (ONNX's and PyTorch's weighted mean; 0 / 0 = NaN when every target is ignored, as in PyTorch).
+Status nll_rows(Ctx& c, const Value& logp, const Value& target, const Value* weight, int64_t ignore,
+                const std::string& reduction, Value& loss) {
+  const std::vector<int64_t> d = dims(logp.type.shape), l = dims(target.type.shape);
+  if (d.size() < 2 || l.size() != d.size() - 1 || l[0] != d[0] || !std::equal(l.begin() + 1, l.end(), d.begin() + 2))
+    return c.error("inputs 'input' and 'target'", "input [N, C, d...] and target [N, d...]",
+                   logp.type.to_string() + " and " + target.type.to_string());
+  if (target.type.dtype != DType::i64 && target.type.dtype != DType::i32)
+    return c.error("input 'target'", "int64 or int32 class ids", target.type.to_string());
+  const DType ft = logp.type.dtype;
+  const int64_t C = d[1], M = C ? logp.type.shape.numel() / C : 0;
+  if (C >= (int64_t(1) << 24)) return c.unsupported("input 'input'", "fewer than 2^24 classes", std::to_string(C));
+  if (weight && (weight->type.shape != Shape{C} || weight->type.dtype != ft))
+    return c.error("input 'weight'", graph::TensorType{ft, Shape{C}}.to_string() + " (one weight per class)",
+                   weight->type.to_string());
+  ValueId x = c.id(logp);
+  if (d.size() > 2) {  // [N, C, d...] -> [N, d..., C]
+    std::vector<int64_t> perm = {0};
+    for (int64_t i = 2; i < int64_t(d.size()); ++i) perm.push_back(i);
+    perm.push_back(1);
+    x = c.b.transpose(x, perm);
+  }
+  x = c.b.reshape(x, {M, C});
+  const ValueId t = c.b.cast(c.id(reshaped(c, target, {M})), ft);
+  Tensor iota(DType::f32, Shape{C});
+  for (int64_t k = 0; k < C; ++k) iota.span<float>()[size_t(k)] = float(k);
+  ValueId classes = c.b.constant(std::move(iota));
+  if (ft != DType::f32) classes = c.b.cast(classes, ft);
+  const ValueId onehot = c.b.cast(
+      c.b.op1(OpKind::equal, {c.b.broadcast(c.b.reshape(t, {M, 1}), {M, C}), c.b.broadcast(classes, {M, C})}), ft);
+  const ValueId pick = c.b.reduce_sum(c.b.mul(onehot, x), {1});
+  ValueId w = weight ? c.b.reduce_sum(c.b.mul(onehot, c.b.broadcast(c.id(*weight), {M, C})), {1})
+                     : c.id(filled(c, 1.0, ft, Shape{M}));
+  const ValueId kept =
+      c.b.cast(c.b.op1(OpKind::logical_not, {c.b.op1(OpKind::equal, {t, c.id(filled(c, double(ignore), ft, Shape{M}))})}),
+               ft);
+  w = c.b.mul(w, kept);
+  const ValueId rows = c.b.neg(c.b.mul(pick, w));
+  if (reduction == "none") {
+    loss = reshaped(c, c.wrap(rows), l);
+  } else if (reduction == "sum") {
+    loss = c.wrap(c.b.reduce_sum(rows, {0}));
+  } else {
+    loss = c.wrap(c.b.div(c.b.reduce_sum(rows, {0}), c.b.reduce_sum(w, {0})));
+  }
+  return c.b.status();
+}
+
+Result<std::string> loss_reduction(Ctx& c) {
+  ASPEN_ASSIGN_OR_RETURN(const std::string reduction, c.attr_s("reduction", std::string("mean")));
+  if (reduction != "mean" && reduction != "sum" && reduction != "none")
+    return c.error("attribute 'reduction'", "mean, sum or none", "'" + reduction + "'");
+  return reduction;
+}
+
+Status convert_nll_loss(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const std::string reduction, loss_reduction(c));
+  // Without the attribute no target is ignored: a class id is never this (and f32 holds it exactly).
+  ASPEN_ASSIGN_OR_RETURN(const int64_t ignore, c.attr_i("ignore_index", -(int64_t(1) << 30)));
+  if (ignore <= -(int64_t(1) << 31) || ignore >= (int64_t(1) << 24))
+    return c.unsupported("attribute 'ignore_index'", "a value in (-2^31, 2^24)", std::to_string(ignore));
+  const Value* weight = in.size() > 2 && in[2].present() ? &in[2] : nullptr;
+  out.resize(1);
+  return nll_rows(c, in[0], in[1], weight, ignore, reduction, out[0]);
+}
+
 Status convert_layer_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
   ASPEN_ASSIGN_OR_RETURN(const float eps, c.attr_f("epsilon", 1e-5f));
@@ -264,18 +354,47 @@ Status convert_layer_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& ou
   return c.b.status();
 }
 
+// NOTE [training dropout]: Dropout with training_mode true (what torch.onnx writes for a module exported in
+// training mode) becomes the IR's dropout op: its mask is Philox stream `node index` under a run-time seed,
+// the graph input "dropout_seed" (i64 [1], added once for all the file's Dropouts), which the trainer feeds
+// per micro-batch (a hash of train.seed, the replica and the batch's position: the same on a resume) and
+// -1 for validation (no dropout). The backward pass draws the same mask again. The optional mask output is
+// the kept elements. Inference (training_mode absent or false) is the identity, as ONNX defines it.
 Status convert_dropout(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  bool training = false;
   if (in.size() > 2 && in[2].present()) {
-    ASPEN_ASSIGN_OR_RETURN(const double training, c.scalar(in[2], "input 'training_mode'"));
-    if (training != 0) return c.unsupported("input 'training_mode'", "false (dropout in inference)", "true");
+    ASPEN_ASSIGN_OR_RETURN(const double t, c.scalar(in[2], "input 'training_mode'"));
+    training = t != 0;
   }
-  out = {in[0]};
-  if (c.node.outputs.size() > 1) {  // the mask: all kept
-    Tensor m(DType::boolean, in[0].type.shape);
-    for (bool& v : m.span<bool>()) v = true;
-    out.push_back(Ctx::constant(std::move(m)));
+  double ratio = 0.5;
+  if (in.size() > 1 && in[1].present()) {
+    ASPEN_ASSIGN_OR_RETURN(ratio, c.scalar(in[1], "input 'ratio'"));
   }
-  return Status();
+  if (training && !(ratio >= 0.0 && ratio < 1.0))
+    return c.error("input 'ratio'", "a ratio in [0, 1) (the share of elements dropped)", std::to_string(ratio));
+  const TensorType t = in[0].type;
+  if (!training || ratio == 0.0) {
+    out = {in[0]};
+    if (c.node.outputs.size() > 1) {  // the mask: all kept
+      Tensor m(DType::boolean, t.shape);
+      for (bool& v : m.span<bool>()) v = true;
+      out.push_back(Ctx::constant(std::move(m)));
+    }
+    return Status();
+  }
+  graph::Graph& g = c.b.graph();
+  std::optional<ValueId> seed = g.find_input(kDropoutSeedInput);
+  if (!seed) seed = c.b.input(kDropoutSeedInput, DType::i64, Shape{1});
+  if (g.type(*seed) != graph::TensorType{DType::i64, Shape{1}})
+    return c.error(std::string("graph input '") + kDropoutSeedInput + "'",
+                   "i64 [1] (the name training Dropout's seed takes)", g.type(*seed).to_string());
+  const graph::Attrs attrs{{"ratio", ratio}, {"stream", int64_t(c.index())}};
+  out = {c.wrap(c.b.op1(OpKind::dropout, {c.id(in[0]), *seed}, attrs))};
+  if (c.node.outputs.size() > 1) {  // the kept elements: where dropout of ones is not 0
+    const ValueId kept = c.b.op1(OpKind::dropout, {c.id(filled(c, 1.0, t.dtype, t.shape)), *seed}, attrs);
+    out.push_back(c.wrap(c.b.op1(OpKind::greater, {kept, c.id(filled(c, 0.0, t.dtype, t.shape))})));
+  }
+  return c.b.status();
 }
 
 }  // namespace
@@ -289,6 +408,7 @@ void add_nn_converters(ConverterTable& t) {
   add_converter(t, "ReduceMin", reduction(Reduce::min, 18), 1, 2);
   add_converter(t, "Softmax", convert_softmax, 1, 1);
   add_converter(t, "SoftmaxCrossEntropyLoss", convert_softmax_cross_entropy, 2, 3);
+  add_converter(t, "NegativeLogLikelihoodLoss", convert_nll_loss, 2, 3);
   add_converter(t, "LogSoftmax", convert_log_softmax, 1, 1);
   add_converter(t, "LayerNormalization", convert_layer_norm, 2, 3);
   add_converter(t, "Dropout", convert_dropout, 1, 3);

@@ -34,6 +34,7 @@
 #include "api/inference_model.h"
 #include "api/training_model.h"
 #include "core/dtype.h"
+#include "core/philox.h"
 #include "io/onnx.h"
 #include "kernels/convert.h"
 #include "models/bert.h"
@@ -406,7 +407,13 @@ class OnnxProgram {
     imp_.weights.clear();                       // the device holds them now
   }
 
-  const std::vector<std::string>& inputs() const { return imp_.inputs; }
+  // The inputs a caller gives (a training Dropout's seed is the binding's own).
+  std::vector<std::string> inputs() const {
+    std::vector<std::string> out;
+    for (const std::string& n : imp_.inputs)
+      if (n != models::kDropoutSeedInput) out.push_back(n);
+    return out;
+  }
   const std::vector<std::string>& outputs() const { return imp_.outputs; }
   bool training() const { return training_; }
   bool cache_hit() const { return training_ ? training_model_->cache_hit() : inference_model_->cache_hit(); }
@@ -492,6 +499,22 @@ class OnnxProgram {
         if (iters > 1) want.insert(want.begin(), iters);
       }
       feeds.emplace(name, input_tensor(a, dt, take(Shape::make(want.data(), int(want.size())))));
+    }
+    // A training Dropout's seed (NOTE [training dropout] in models/onnx_ops_nn.cc), one per micro-batch: a
+    // hash of the options' random seed, the process and the micro-batch's place in the run, so that the
+    // masks differ across micro-batches and steps and repeat with the seed. Inference: -1 (no dropout).
+    if (imp_.graph.find_input(models::kDropoutSeedInput) && !feeds.count(models::kDropoutSeedInput)) {
+      Tensor s(DType::i64, Shape{training_ ? per_call : 1});
+      if (!training_ && per_call > 1) s = Tensor(DType::i64, iters > 1 && R > 1 ? Shape{iters, R, 1}
+                                                               : Shape{per_call, 1});
+      const uint64_t rank = options_.mpi_ ? uint64_t(parallel::job::rank()) : 0;
+      const uint64_t first = uint64_t(training_model_ ? training_model_->steps_done() : 0) * uint64_t(per_call);
+      int64_t* p = s.data<int64_t>();
+      for (int64_t k = 0; k < s.numel(); ++k) {
+        const PhiloxBlock h = philox_block(options_.random_seed_ ^ 0x64726f706f7574ULL, rank, first + uint64_t(k));
+        p[k] = training_ ? int64_t(((uint64_t(h[1]) << 32) | h[0]) & ((uint64_t(1) << 53) - 1)) : -1;
+      }
+      feeds.emplace(models::kDropoutSeedInput, std::move(s));
     }
     for (const std::string& name : imp_.inputs)
       if (!feeds.count(name)) bad_argument("input '" + name + "'", "an array", "none given");

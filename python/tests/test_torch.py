@@ -467,3 +467,92 @@ def test_open_ended_slices_in_a_training_loss_equal_torch():
     training.copyWeightsToHost()
     for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p, pr, rtol=1e-5, atol=1e-6, msg=n)
+
+
+class _Dropped(torch.nn.Module):
+    """loss = sum(dropout(x) * w): the gradient of w is dropout(x), so one SGD step shows the mask."""
+
+    def __init__(self, n, p):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(n))
+        self.drop = torch.nn.Dropout(p)
+
+    def forward(self, x):
+        d = self.drop(x)
+        return d, (d * self.w).sum()
+
+
+def test_dropout_trains_with_one_mask_forward_and_backward():
+    n, p, lr = 4096, 0.25, 0.5
+    x = torch.rand(n) + 0.5
+
+    def steps(seed, calls):
+        model = _Dropped(n, p)
+        opts = aspen.Options().randomSeed(seed)
+        training = aspen.trainingModel(model, opts, optimizer=aspen.optim.SGD(model.parameters(), lr=lr))
+        out = []
+        for _ in range(calls):
+            before = model.w.detach().clone()
+            loss = float(training(x))
+            training.copyWeightsToHost()
+            out.append((loss, (before - model.w.detach()) / lr, before))
+        return out
+
+    (loss, d, w0), (_, d2, _) = steps(7, 2)
+    kept = d != 0
+    # Each element is dropped or scaled by 1 / (1 - p); the loss saw the mask the gradient saw.
+    torch.testing.assert_close(d[kept], x[kept] / (1 - p), rtol=1e-5, atol=1e-6)
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.03
+    assert abs(loss - float((d * w0).sum())) <= 1e-4 * abs(loss)
+    assert not torch.equal(d2 != 0, kept), "the next step draws another mask"
+    (_, again, _), = steps(7, 1)
+    torch.testing.assert_close(again, d, rtol=0, atol=0)  # the same seed: the same masks
+    (_, other, _), = steps(8, 1)
+    assert not torch.equal(other != 0, kept)
+
+
+def test_dropout_is_the_identity_in_inference():
+    model = _Dropped(64, 0.5)
+    x = torch.rand(64)
+    out, loss = aspen.inferenceModel(model)(x)
+    torch.testing.assert_close(torch.as_tensor(out), x)
+
+
+class _Classifier(torch.nn.Module):
+    """The MNIST tutorials' loss (log_softmax + nll_loss), or a class-weighted summed cross-entropy."""
+
+    def __init__(self, loss):
+        super().__init__()
+        torch.manual_seed(3)
+        self.fc1 = torch.nn.Linear(20, 32)
+        self.fc2 = torch.nn.Linear(32, 10)
+        self.loss = loss
+        self.register_buffer("class_weight", torch.linspace(0.5, 2.0, 10))
+
+    def forward(self, x, y):
+        logits = self.fc2(torch.relu(self.fc1(x)))
+        if self.loss == "nll":
+            return logits, torch.nn.functional.nll_loss(torch.log_softmax(logits, dim=1), y, ignore_index=7)
+        return logits, torch.nn.functional.cross_entropy(logits, y, weight=self.class_weight, reduction="sum")
+
+
+@pytest.mark.parametrize("loss", ["nll", "weighted_sum"])
+def test_nll_and_weighted_losses_train_as_torch(loss):
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(16, 20, generator=g), torch.randint(0, 10, (16,), generator=g)) for _ in range(5)]
+    ref = _Classifier(loss)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    want = []
+    for x, y in batches:
+        opt.zero_grad()
+        _, l = ref(x, y)
+        l.backward()
+        opt.step()
+        want.append(l.item())
+    model = _Classifier(loss)
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.05))
+    got = [float(training(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=2e-5)
+    training.copyWeightsToHost()
+    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)

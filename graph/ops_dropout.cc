@@ -1,0 +1,86 @@
+// graph/ops_dropout.cc: dropout in training, the graph form of kernels/dropout.h.
+//
+//   dropout(x float, seed i64 [1] or []) {ratio in [0, 1), stream} -> y, x's type
+//       y = x / (1 - ratio) where Philox element n of `stream` under the run-time seed keeps element n, else
+//       0; a negative seed: y = x (validation, inference). The seed is an input, not an attribute: each
+//       micro-batch feeds its own and nothing recompiles.
+//
+// Gradient: dx = dropout(g, seed) {ratio, stream}: the same mask, drawn again (never stored). No gradient
+// to the seed.
+// Fast kernel: f32 (other float types run the reference, the same draws).
+#include <cmath>
+
+#include "graph/builder.h"
+#include "graph/op_sample.h"
+#include "graph/ops_nn_util.h"
+#include "graph/ops_registry.h"
+#include "kernels/dropout.h"
+
+namespace aspen::graph {
+
+namespace {
+using namespace nnutil;
+
+Status infer_dropout(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
+  ASPEN_RETURN_IF_ERROR(expect_float(n, "x", in[0]));
+  if (in[1].dtype != DType::i64 || in[1].shape.numel() != 1 || in[1].shape.rank() > 1)
+    return rule_error(n, "seed", "an i64 [1] or [] (the run-time seed)", in[1].to_string());
+  const double ratio = n.attrs.f("ratio");
+  if (!(ratio >= 0.0 && ratio < 1.0)) return rule_error(n, "attribute 'ratio'", "in [0, 1)", std::to_string(ratio));
+  if (n.attrs.i_or("stream", 0) < 0) return rule_error(n, "attribute 'stream'", ">= 0", str(n.attrs.i_or("stream", 0)));
+  out = {in[0]};
+  return Status();
+}
+
+Grads grad_dropout(Builder& b, const Node& n, OutGrads g) {
+  return std::vector<std::optional<ValueId>>{b.op1(OpKind::dropout, {*g[0], n.inputs[1]}, n.attrs), std::nullopt};
+}
+
+Status eval_dropout(const Node& n, Ins in, Outs out) {
+  const double seed = in[1]->data[0];  // the interpreter's f64: exact below 2^53
+  kernels::ref::dropout_forward<double>(in[0]->data.data(), out[0].data.data(), in[0]->numel(), int64_t(seed),
+                                        uint64_t(n.attrs.i_or("stream", 0)), n.attrs.f("ratio"));
+  return Status();
+}
+
+Prepared prepare_dropout(const Node& n, Types in, Types) {
+  if (in[0].dtype != DType::f32) return no_fast_kernel();
+  const int64_t N = in[0].shape.numel();
+  const double ratio = n.attrs.f("ratio");
+  const uint64_t stream = uint64_t(n.attrs.i_or("stream", 0));
+  return make_kernel([N, ratio, stream](In i, Out o) {
+    const int64_t seed = in_span<int64_t>(i, 1, 1)[0];
+    return kernels::dropout_forward(in_span<float>(i, 0, N), out_span<float>(o, 0, N), N, seed, stream, ratio);
+  });
+}
+
+// Exact against the reference (the same draws): odd and chunked shapes, a seed, no dropout (seed -1), and
+// a ratio whose threshold is not a whole number of 2^-24.
+void samples_dropout(SampleList& s) {
+  for (const Shape& shape : {Shape{3, 5, 7}, Shape{2, 130, 131}})
+    for (double seed : {12345.0, -1.0})
+      for (double ratio : {0.1, 1.0 / 3.0})
+        s.add(
+             "f32 " + shape.to_string() + " seed " + std::to_string(int64_t(seed)) + " ratio " + std::to_string(ratio),
+             [&](Builder& b) {
+               b.op(OpKind::dropout, {b.input("x", DType::f32, shape), b.input("seed", DType::i64, Shape{1})},
+                    {{"ratio", ratio}, {"stream", int64_t(7)}});
+             },
+             SampleFeeds{.values = {{"seed", {seed}}}})
+            .tol = 0;
+}
+
+}  // namespace
+
+void register_dropout_ops(OpTable& t) {
+  t.define(OpKind::dropout, {.min_inputs = 2,
+                             .max_inputs = 2,
+                             .attrs = {{"ratio", AttrKind::f64, true}, {"stream", AttrKind::i64, false}},
+                             .infer = infer_dropout,
+                             .grad = grad_dropout,
+                             .eval = eval_dropout,
+                             .prepare = prepare_dropout,
+                             .samples = samples_dropout});
+}
+
+}  // namespace aspen::graph

@@ -1,0 +1,67 @@
+#include "kernels/dropout.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/philox.h"
+#include "kernels/check_args.h"
+#include "kernels/chunks.h"
+#include "kernels/cpu.h"
+
+namespace aspen::kernels {
+
+uint32_t dropout_keep_threshold(double ratio) { return uint32_t(std::ceil(ratio * 16777216.0)); }
+float dropout_scale(double ratio) { return float(1.0 / (1.0 - ratio)); }
+
+namespace ref {
+template <class T>
+void dropout_forward(const T* x, T* y, int64_t N, int64_t seed, uint64_t stream, double ratio) {
+  if (seed < 0 || ratio == 0.0) {
+    for (int64_t i = 0; i < N; ++i) y[i] = x[i];
+    return;
+  }
+  const uint32_t threshold = dropout_keep_threshold(ratio);
+  const T scale = T(dropout_scale(ratio));
+  for (int64_t i = 0; i < N; ++i)
+    y[i] = (philox_bits(uint64_t(seed), stream, uint64_t(i)) >> 8) >= threshold ? x[i] * scale : T(0);
+}
+template void dropout_forward<float>(const float*, float*, int64_t, int64_t, uint64_t, double);
+template void dropout_forward<double>(const double*, double*, int64_t, int64_t, uint64_t, double);
+}  // namespace ref
+
+Status dropout_forward(std::span<const float> x, std::span<float> y, int64_t N, int64_t seed, uint64_t stream,
+                       double ratio) {
+  constexpr const char* k = "dropout_forward";
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "x", x, N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "y", y, N));
+  if (!(ratio >= 0.0 && ratio < 1.0))
+    return Status::invalid_argument(std::string(k) + ": ratio", "in [0, 1)", std::to_string(ratio));
+  if (reference_mode()) {
+    ref::dropout_forward(x.data(), y.data(), N, seed, stream, ratio);
+    return Status();
+  }
+  const float* px = x.data();
+  float* py = y.data();
+  if (seed < 0 || ratio == 0.0) {
+    if (px != py)
+#pragma omp parallel for schedule(static) if (N >= chunks::kParallelMin)
+      for (int64_t i = 0; i < N; ++i) py[i] = px[i];
+    return Status();
+  }
+  const uint32_t threshold = dropout_keep_threshold(ratio);
+  const float scale = dropout_scale(ratio);
+  // One Philox block gives four elements' bits (element n is word n % 4 of block n / 4).
+  const int64_t blocks = (N + 3) / 4;
+#pragma omp parallel for schedule(static) if (N >= chunks::kParallelMin)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const PhiloxBlock r = philox_block(uint64_t(seed), stream, uint64_t(b));
+    for (int64_t w = 0; w < 4; ++w) {
+      const int64_t i = 4 * b + w;
+      if (i < N) py[i] = (r[size_t(w)] >> 8) >= threshold ? px[i] * scale : 0.0f;
+    }
+  }
+  return Status();
+}
+
+}  // namespace aspen::kernels
