@@ -303,6 +303,9 @@ constexpr std::pair<const char*, int> kSince[] = {
     {"ReduceSum", 1}, {"ReduceMean", 1}, {"ReduceMax", 1}, {"ReduceMin", 1}, {"ReduceProd", 1},
     {"GlobalAveragePool", 1}, {"Softmax", 1}, {"LogSoftmax", 1}, {"SoftmaxCrossEntropyLoss", 12}, {"NegativeLogLikelihoodLoss", 12},
     {"LayerNormalization", 17}, {"Dropout", 10},
+    // convolutions and pooling: later versions added attributes (count_include_pad, ceil_mode, dilations)
+    // whose defaults are the older meaning
+    {"Pad", 2}, {"Conv", 1}, {"MaxPool", 1}, {"AveragePool", 1}, {"GlobalMaxPool", 1},
 };
 
 const std::map<std::string, OpConverter>& converters() {
@@ -311,6 +314,7 @@ const std::map<std::string, OpConverter>& converters() {
     add_elementwise_converters(t);
     add_shape_converters(t);
     add_nn_converters(t);
+    add_conv_converters(t);
     for (const auto& [name, since] : kSince) {
       auto it = t.find(name);
       ASPEN_CHECK(it != t.end()) << "kSince names an op with no converter: " << name;

@@ -108,6 +108,7 @@ inline void add_converter(ConverterTable& t, const char* name, Converter f, int 
 void add_elementwise_converters(ConverterTable& t);  // onnx_ops_elementwise.cc
 void add_shape_converters(ConverterTable& t);        // onnx_ops_shape.cc
 void add_nn_converters(ConverterTable& t);           // onnx_ops_nn.cc
+void add_conv_converters(ConverterTable& t);         // onnx_ops_conv.cc
 // The com.microsoft ops that onnxruntime's transformer optimizer writes (FastGelu, BiasGelu, Gelu,
 // SkipLayerNormalization, SkipSimplifiedLayerNormalization, Attention): models/onnx_ops_microsoft.cc.
 inline constexpr const char* kMicrosoftDomain = "com.microsoft";

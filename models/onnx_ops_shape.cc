@@ -709,9 +709,81 @@ Status convert_cumsum(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   return Status();
 }
 
+// Pad {mode: constant | edge | reflect | wrap}: the pads (an input from opset 11, with constant_value and,
+// from 18, axes; attributes before) become, axis by axis, slices (negative pads) and concatenations of the
+// constant, the edge broadcast, or single slices mirrored (reflect, without the edge) or wrapped around.
+Status convert_pad(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const std::string mode, c.attr_s("mode", std::string("constant")));
+  if (mode != "constant" && mode != "edge" && mode != "reflect" && mode != "wrap")
+    return c.error("attribute 'mode'", "constant, edge, reflect or wrap", "'" + mode + "'");
+  const int r = in[0].type.shape.rank();
+  std::vector<int64_t> pads, axes;
+  double value = 0.0;
+  if (c.opset < 11) {
+    ASPEN_ASSIGN_OR_RETURN(pads, c.attr_ints(c.opset < 2 ? "paddings" : "pads"));
+    ASPEN_ASSIGN_OR_RETURN(const float v, c.attr_f("value", 0.0f));
+    value = v;
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(pads, c.ints(in[1], "input 'pads'"));
+    if (in.size() > 2 && in[2].present()) {
+      ASPEN_ASSIGN_OR_RETURN(value, c.scalar(in[2], "input 'constant_value'"));
+    }
+    if (in.size() > 3 && in[3].present()) {
+      ASPEN_ASSIGN_OR_RETURN(axes, c.ints(in[3], "input 'axes'"));
+    }
+  }
+  if (axes.empty())
+    for (int i = 0; i < r; ++i) axes.push_back(i);
+  if (pads.size() != 2 * axes.size())
+    return c.error("input 'pads'", std::to_string(2 * axes.size()) + " values (begin and end for each axis)",
+                   std::to_string(pads.size()));
+  ValueId x = c.id(in[0]);
+  const DType dt = in[0].type.dtype;
+  for (size_t k = 0; k < axes.size(); ++k) {
+    ASPEN_ASSIGN_OR_RETURN(const int a, c.axis(axes[k], r, "input 'axes'"));
+    const int64_t pb = pads[k], pe = pads[k + axes.size()];
+    int64_t n = c.b.type(x).shape[a];
+    if (-std::min<int64_t>(pb, 0) - std::min<int64_t>(pe, 0) > n)
+      return c.error("input 'pads'", "crops within axis " + std::to_string(a) + " (" + std::to_string(n) + ")",
+                     std::to_string(pb) + " and " + std::to_string(pe));
+    if (pb < 0 || pe < 0) {  // crops first: the pads extend what is left
+      x = c.b.slice(x, a, std::max<int64_t>(-pb, 0), n + std::min<int64_t>(pe, 0));
+      n = c.b.type(x).shape[a];
+    }
+    if (pb <= 0 && pe <= 0) continue;
+    if (mode != "constant" && n == 0)
+      return c.error("input 'data'", "a non-empty axis " + std::to_string(a) + " to pad in mode " + mode, "0");
+    if (mode == "reflect" && std::max(pb, pe) > n - 1)
+      return c.unsupported("input 'pads'", "reflect pads below the axis' extent (" + std::to_string(n) + ")",
+                           std::to_string(std::max(pb, pe)));
+    // The elements of one side, in order, from the axis as it is before padding: reflect, before x[p] ..
+    // x[1] and after x[n-2] .. x[n-1-p]; wrap, before x[-p mod n] .. and after x[0] ..
+    auto side = [&](int64_t p, bool end) -> std::vector<ValueId> {
+      if (p <= 0) return {};
+      std::vector<int64_t> d = dims(c.b.type(x).shape);
+      d[size_t(a)] = p;
+      if (mode == "constant") return {c.id(filled(c, value, dt, shape_of(d)))};
+      if (mode == "edge") return {c.b.broadcast(end ? c.b.slice(x, a, n - 1, n) : c.b.slice(x, a, 0, 1), d)};
+      std::vector<ValueId> parts;
+      for (int64_t i = 0; i < p; ++i) {
+        const int64_t at = mode == "reflect" ? (end ? n - 2 - i : p - i) : (end ? i % n : (n - p % n + i) % n);
+        parts.push_back(c.b.slice(x, a, at, at + 1));
+      }
+      return parts;
+    };
+    std::vector<ValueId> parts = side(pb, false);
+    parts.push_back(x);
+    for (ValueId v : side(pe, true)) parts.push_back(v);
+    x = c.b.concat(parts, a);
+  }
+  out = {c.wrap(x)};
+  return c.b.status();
+}
+
 }  // namespace
 
 void add_shape_converters(ConverterTable& t) {
+  add_converter(t, "Pad", convert_pad, 1, 4);
   add_converter(t, "MatMul", convert_matmul, 2, 2);
   add_converter(t, "Gemm", convert_gemm, 2, 3);
   add_converter(t, "Shape", convert_shape, 1, 1);

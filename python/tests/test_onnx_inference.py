@@ -272,3 +272,26 @@ def test_inputs_and_losses_are_refused_by_name(testdata):
     with pytest.raises(ValueError, match=r"^exportOnnx: path: expected a str or os.PathLike, found None$"):
         training(np.zeros((3, 12), np.float32), np.zeros((3, 5), np.float32))
         training.exportOnnx(None)
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "wrap"])
+def test_pad_modes_equal_numpy(tmp_path, mode):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    x = np.arange(2 * 5 * 6, dtype=np.float32).reshape(2, 5, 6)
+    pads = [0, 2, -1, 0, 3, 2]  # begin per axis, then end; a crop (-1) on the last axis's start
+    inits = [numpy_helper.from_array(np.array(pads, np.int64), "pads")]
+    inputs = ["x", "pads"]
+    if mode == "constant":
+        inits.append(numpy_helper.from_array(np.array(-7.5, np.float32), "value"))
+        inputs.append("value")
+    graph = helper.make_graph([helper.make_node("Pad", inputs, ["y"], mode=mode)], "pad",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    path = tmp_path / f"pad_{mode}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]), path)
+    got = aspen.inferenceModel(path)(x)
+    cropped = x[:, :, 1:]
+    width = [(0, 0), (2, 3), (0, 2)]
+    want = np.pad(cropped, width, mode=mode, **({"constant_values": -7.5} if mode == "constant" else {}))
+    np.testing.assert_array_equal(got, want)

@@ -556,3 +556,53 @@ def test_nll_and_weighted_losses_train_as_torch(loss):
     training.copyWeightsToHost()
     for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
+
+
+class _Cnn(torch.nn.Module):
+    """Convolutions as users write them: the MNIST tutorial's stack (conv, relu, max-pool, nll_loss), a
+    strided padded conv, a depthwise one, a grouped one with a bias, average pooling with padding."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4)
+        self.c1 = torch.nn.Conv2d(1, 8, 3)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False)
+        self.dw = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.gc = torch.nn.Conv2d(8, 12, (3, 1), padding=(1, 0), groups=4)
+        self.pool = torch.nn.MaxPool2d(2)
+        self.avg = torch.nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False)
+        self.fc = torch.nn.Linear(12 * 3 * 3, 10)
+
+    def forward(self, x, y):
+        h = self.pool(torch.relu(self.c1(x)))           # [N, 8, 7, 7]
+        h = torch.relu(self.c2(h))                      # [N, 8, 4, 4]
+        h = self.avg(torch.relu(self.dw(h)))            # [N, 8, 4, 4]
+        h = torch.nn.functional.max_pool2d(self.gc(h), 2, ceil_mode=True)  # [N, 12, 2, 2]... ceil: 2x2
+        h = torch.nn.functional.pad(h, (0, 1, 0, 1))    # [N, 12, 3, 3]
+        logits = self.fc(h.flatten(1))
+        return logits, torch.nn.functional.nll_loss(torch.log_softmax(logits, dim=1), y)
+
+
+def test_convolutions_and_pooling_train_as_torch():
+    g = torch.Generator().manual_seed(6)
+    batches = [(torch.randn(4, 1, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)) for _ in range(3)]
+    ref = _Cnn()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    want = []
+    for x, y in batches:
+        opt.zero_grad()
+        _, l = ref(x, y)
+        l.backward()
+        opt.step()
+        want.append(l.item())
+    model = _Cnn()
+    with torch.no_grad():
+        logits, _ = model(*batches[0])
+    out, _ = aspen.inferenceModel(_Cnn())(*batches[0])
+    torch.testing.assert_close(torch.as_tensor(out), logits, rtol=1e-5, atol=1e-5)
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.05))
+    got = [float(training(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    training.copyWeightsToHost()
+    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)

@@ -1,0 +1,265 @@
+// models/onnx_ops_conv.cc: the ONNX importer's convolutions and pooling (Conv, MaxPool, AveragePool,
+// GlobalMaxPool), 1-D, 2-D and 3-D, as gathers and matrix products the IR already differentiates.
+//
+// NOTE [convolution as a gather]: a window's input positions are known at import (shapes are static), so
+// the importer writes the patch matrix (im2col) as one `gather`: the input moved channels-last, [N, D...,
+// C], is a table of N·ΠD rows of C values plus one padding row (zeros for Conv and AveragePool, -inf for
+// MaxPool), and a constant index tensor [N, ΠO, ΠK] names, for every output position and kernel offset,
+// the row it reads (the padding row outside the input; strides, dilations, every auto_pad and ceil_mode are
+// only index arithmetic). Then
+//   Conv: the patches [N·ΠO, ΠK·C] times the weight moved to [ΠK·C, M] (per group a batched product;
+//         depthwise, one input channel per group: a weighted sum over the window), plus the bias;
+//   MaxPool: reduce_max over the window; AveragePool: reduce_sum over it / the count ONNX divides by.
+// The backward pass comes from autodiff: the gather's gradient is the ordered scatter-add of the patches'
+// gradients (col2im), reduce_max's goes to the window's maximum. Correct by construction and bit-stable;
+// the time goes to the matrix product (aspen's kernels), but the index tensor and the patch matrix cost
+// memory ΠK times the input: a fused convolution kernel is the next step (W3.2's speed table).
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "models/onnx_import.h"
+#include "models/onnx_ops.h"
+
+namespace aspen::models::onnx {
+
+using graph::OpKind;
+using graph::TensorType;
+using graph::ValueId;
+
+namespace {
+
+// The largest index tensor a convolution or pool may make (entries of [N, ΠO, ΠK]).
+constexpr int64_t kMaxWindowIndices = int64_t(1) << 28;
+
+int64_t product(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t(1), std::multiplies<int64_t>());
+}
+
+std::string list(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// A window op's geometry over the k spatial axes of x [N, C, D...].
+struct Window {
+  int64_t N = 0, C = 0;
+  std::vector<int64_t> D, K, S, Dil, PadBegin, PadEnd, O;
+};
+
+// Reads kernel_shape (or `kernel` from the weight), strides, dilations, pads, auto_pad and ceil_mode.
+Result<Window> window_of(Ctx& c, const TensorType& x, std::vector<int64_t> kernel, bool ceil_allowed) {
+  Window w;
+  const int r = x.shape.rank();
+  if (r < 3 || r > 5)
+    return c.unsupported("input 'X'", "[N, C, D...] with 1 to 3 spatial axes", x.to_string());
+  const size_t k = size_t(r - 2);
+  w.N = x.shape[0];
+  w.C = x.shape[1];
+  for (int i = 2; i < r; ++i) w.D.push_back(x.shape[i]);
+  if (c.has("kernel_shape")) {
+    ASPEN_ASSIGN_OR_RETURN(kernel, c.attr_ints("kernel_shape"));
+  }
+  if (kernel.size() != k)
+    return c.error("attribute 'kernel_shape'", std::to_string(k) + " extents (the input's spatial axes)", list(kernel));
+  w.K = kernel;
+  ASPEN_ASSIGN_OR_RETURN(w.S, c.attr_ints("strides", std::vector<int64_t>(k, 1)));
+  ASPEN_ASSIGN_OR_RETURN(w.Dil, c.attr_ints("dilations", std::vector<int64_t>(k, 1)));
+  ASPEN_ASSIGN_OR_RETURN(std::vector<int64_t> pads, c.attr_ints("pads", std::vector<int64_t>(2 * k, 0)));
+  ASPEN_ASSIGN_OR_RETURN(const std::string auto_pad, c.attr_s("auto_pad", std::string("NOTSET")));
+  int64_t ceil_mode = 0;
+  if (ceil_allowed) {
+    ASPEN_ASSIGN_OR_RETURN(ceil_mode, c.attr_i("ceil_mode", 0));
+  }
+  if (w.S.size() != k) return c.error("attribute 'strides'", std::to_string(k) + " values", list(w.S));
+  if (w.Dil.size() != k) return c.error("attribute 'dilations'", std::to_string(k) + " values", list(w.Dil));
+  if (pads.size() != 2 * k) return c.error("attribute 'pads'", std::to_string(2 * k) + " values", list(pads));
+  for (size_t i = 0; i < k; ++i) {
+    if (w.K[i] < 1 || w.S[i] < 1 || w.Dil[i] < 1)
+      return c.error("kernel_shape, strides and dilations", "values >= 1",
+                     list(w.K) + ", " + list(w.S) + ", " + list(w.Dil));
+    if (pads[i] < 0 || pads[i + k] < 0) return c.unsupported("attribute 'pads'", "values >= 0", list(pads));
+  }
+  if (auto_pad != "NOTSET" && auto_pad != "VALID" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER")
+    return c.error("attribute 'auto_pad'", "NOTSET, VALID, SAME_UPPER or SAME_LOWER", "'" + auto_pad + "'");
+  for (size_t i = 0; i < k; ++i) {
+    const int64_t span = (w.K[i] - 1) * w.Dil[i] + 1;  // the window's extent on the input
+    int64_t pb = pads[i], pe = pads[i + k], o = 0;
+    if (auto_pad == "VALID") pb = pe = 0;
+    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      o = (w.D[i] + w.S[i] - 1) / w.S[i];
+      const int64_t total = std::max<int64_t>(0, (o - 1) * w.S[i] + span - w.D[i]);
+      pb = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      pe = total - pb;
+    } else {
+      const int64_t room = w.D[i] + pb + pe - span;
+      if (room < 0)
+        return c.error("input 'X'", "spatial extents at least the window's " + list(w.K) + " (dilated, after padding)",
+                       x.to_string());
+      o = (ceil_mode ? (room + w.S[i] - 1) / w.S[i] : room / w.S[i]) + 1;
+      if (ceil_mode && (o - 1) * w.S[i] >= w.D[i] + pb) --o;  // a last window starting in the end padding is left out
+    }
+    w.PadBegin.push_back(pb);
+    w.PadEnd.push_back(pe);
+    w.O.push_back(o);
+  }
+  if (w.N * product(w.O) * product(w.K) > kMaxWindowIndices)
+    return c.unsupported("input 'X'",
+                         "at most 2^28 window positions (N x outputs x kernel) for the gathered patches "
+                         "(NOTE [convolution as a gather])",
+                         x.to_string() + " with kernel " + list(w.K));
+  return w;
+}
+
+// The row of the channels-last table each (n, output position, kernel offset) reads: [N, ΠO, ΠK], i32;
+// `pad_row` outside the input. With `counts`, the number of window positions inside the input (or inside
+// input and pads, `count_pads`) per output position.
+Tensor window_rows(const Window& w, int64_t pad_row, std::vector<double>* counts = nullptr, bool count_pads = false) {
+  const size_t k = w.D.size();
+  const int64_t pO = product(w.O), pK = product(w.K), pD = product(w.D);
+  Tensor ids(DType::i32, Shape{w.N, pO, pK});
+  int32_t* p = ids.data<int32_t>();
+  if (counts) counts->assign(size_t(pO), 0.0);
+  std::vector<int64_t> o(k, 0), q(k, 0);
+  for (int64_t oi = 0; oi < pO; ++oi) {
+    int64_t rest = oi;
+    for (size_t j = k; j-- > 0;) o[j] = rest % w.O[j], rest /= w.O[j];
+    for (int64_t qi = 0; qi < pK; ++qi) {
+      int64_t r2 = qi;
+      for (size_t j = k; j-- > 0;) q[j] = r2 % w.K[j], r2 /= w.K[j];
+      int64_t flat = 0;
+      bool inside = true, in_pads = true;
+      for (size_t j = 0; j < k; ++j) {
+        const int64_t at = o[j] * w.S[j] - w.PadBegin[j] + q[j] * w.Dil[j];
+        inside = inside && at >= 0 && at < w.D[j];
+        in_pads = in_pads && at >= -w.PadBegin[j] && at < w.D[j] + w.PadEnd[j];
+        flat = flat * w.D[j] + at;
+      }
+      if (counts) (*counts)[size_t(oi)] += (count_pads ? in_pads : inside) ? 1.0 : 0.0;
+      for (int64_t n = 0; n < w.N; ++n)
+        p[(n * pO + oi) * pK + qi] = int32_t(inside ? n * pD + flat : pad_row);
+    }
+  }
+  return ids;
+}
+
+// x [N, C, D...] as the channels-last table [N·ΠD + 1, C], its last row `pad`; gathered by `ids`.
+ValueId gather_windows(Ctx& c, const Value& x, const Window& w, double pad, Tensor ids) {
+  const int r = x.type.shape.rank();
+  std::vector<int64_t> perm = {0};
+  for (int i = 2; i < r; ++i) perm.push_back(i);
+  perm.push_back(1);
+  const int64_t rows = w.N * product(w.D);
+  ValueId table = c.b.reshape(c.b.transpose(c.id(x), perm), {rows, w.C});
+  table = c.b.concat({table, c.id(filled(c, pad, x.type.dtype, Shape{1, w.C}))}, 0);
+  return c.b.gather(table, c.b.constant(std::move(ids)));  // [N, ΠO, ΠK, C]
+}
+
+// [N·ΠO, M] (rows in output order) as [N, M, O...].
+ValueId channels_first(Ctx& c, ValueId y, const Window& w, int64_t M) {
+  std::vector<int64_t> d = {w.N};
+  d.insert(d.end(), w.O.begin(), w.O.end());
+  d.push_back(M);
+  std::vector<int64_t> perm = {0, int64_t(d.size()) - 1};
+  for (int64_t i = 1; i + 1 < int64_t(d.size()); ++i) perm.push_back(i);
+  return c.b.transpose(c.b.reshape(y, d), perm);
+}
+
+bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+Status convert_conv(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const TensorType xt = in[0].type, wt = in[1].type;
+  if (!is_float(xt.dtype)) return c.error("input 'X'", "a float tensor", xt.to_string());
+  ASPEN_RETURN_IF_ERROR(same_dtype(c, in));
+  if (wt.shape.rank() != xt.shape.rank())
+    return c.error("input 'W'", "[M, C / group, k...] of X's rank " + std::to_string(xt.shape.rank()), wt.to_string());
+  ASPEN_ASSIGN_OR_RETURN(const int64_t G, c.attr_i("group", 1));
+  const std::vector<int64_t> wd = dims(wt.shape);
+  const int64_t M = wd[0], Cg = wd[1];
+  if (G < 1 || xt.shape.rank() < 2 || xt.shape[1] != G * Cg || M % G != 0)
+    return c.error("inputs 'X' and 'W'",
+                   "X's channels = group (" + std::to_string(G) + ") x W's dimension 1, and W's output channels a "
+                   "multiple of group",
+                   xt.to_string() + " and " + wt.to_string());
+  ASPEN_ASSIGN_OR_RETURN(const Window w, window_of(c, xt, std::vector<int64_t>(wd.begin() + 2, wd.end()), false));
+  const Value* bias = in.size() > 2 && in[2].present() ? &in[2] : nullptr;
+  if (bias && bias->type.shape != Shape{M})
+    return c.error("input 'B'", TensorType{xt.dtype, Shape{M}}.to_string(), bias->type.to_string());
+  const int64_t P = w.N * product(w.O), pK = product(w.K), Mg = M / G;
+  const int64_t pad_row = w.N * product(w.D);
+  const ValueId col = gather_windows(c, in[0], w, 0.0, window_rows(w, pad_row));  // [N, ΠO, ΠK, C]
+  // W [M, Cg, K...] -> [M, Cg, ΠK]
+  const ValueId w3 = c.b.reshape(c.id(in[1]), {M, Cg, pK});
+  ValueId y;
+  if (G == 1) {
+    const ValueId a = c.b.reshape(col, {P, pK * w.C});
+    const ValueId b = c.b.reshape(c.b.transpose(w3, {2, 1, 0}), {pK * w.C, M});  // [ΠK, C, M]
+    y = bias ? c.b.op1(OpKind::matmul, {a, b, c.id(*bias)}) : c.b.matmul(a, b);
+  } else if (Cg == 1 && Mg == 1) {  // depthwise: y[p, g] = Σ_k col[p, k, g] w[g, k]
+    const ValueId wk = c.b.transpose(c.b.reshape(w3, {M, pK}), {1, 0});  // [ΠK, C]
+    y = c.b.reduce_sum(c.b.mul(c.b.reshape(col, {P, pK, w.C}), c.b.broadcast(wk, {P, pK, w.C})), {1});
+    if (bias) y = c.b.add(y, c.b.broadcast(c.id(*bias), {P, M}));
+  } else {
+    // [P, ΠK, G, Cg] -> [G, P, ΠK·Cg] times [G, ΠK·Cg, Mg] (W [G, Mg, Cg, ΠK] -> [G, ΠK, Cg, Mg])
+    const ValueId a = c.b.reshape(c.b.transpose(c.b.reshape(col, {P, pK, G, Cg}), {2, 0, 1, 3}), {G, P, pK * Cg});
+    const ValueId b =
+        c.b.reshape(c.b.transpose(c.b.reshape(w3, {G, Mg, Cg, pK}), {0, 3, 2, 1}), {G, pK * Cg, Mg});
+    y = c.b.reshape(c.b.transpose(c.b.matmul(a, b), {1, 0, 2}), {P, M});  // [P, G, Mg]
+    if (bias) y = c.b.add(y, c.b.broadcast(c.id(*bias), {P, M}));
+  }
+  out = {c.wrap(channels_first(c, y, w, M))};
+  return c.b.status();
+}
+
+Status pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, bool max) {
+  const TensorType xt = in[0].type;
+  if (!is_float(xt.dtype)) return c.error("input 'X'", "a float tensor", xt.to_string());
+  if (c.node.outputs.size() > 1 && !c.node.outputs[1].empty())
+    return c.unsupported("output 'Indices'", "none (MaxPool's values only)", "asked for");
+  if (!c.has("kernel_shape")) return c.error("attribute 'kernel_shape'", "present", "none");
+  ASPEN_ASSIGN_OR_RETURN(const Window w, window_of(c, xt, {}, true));
+  const int64_t P = w.N * product(w.O), pK = product(w.K), pad_row = w.N * product(w.D);
+  ValueId y;
+  if (max) {
+    const ValueId col = gather_windows(c, in[0], w, -std::numeric_limits<double>::infinity(), window_rows(w, pad_row));
+    y = c.b.reduce_max(c.b.reshape(col, {P, pK, w.C}), {1});
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(const int64_t count_pads, c.attr_i("count_include_pad", 0));
+    std::vector<double> counts;
+    Tensor ids = window_rows(w, pad_row, &counts, count_pads != 0);
+    const ValueId col = gather_windows(c, in[0], w, 0.0, std::move(ids));
+    const int64_t pO = product(w.O);
+    Tensor inv(DType::f32, Shape{pO, 1});
+    for (int64_t i = 0; i < pO; ++i) inv.span<float>()[size_t(i)] = float(1.0 / counts[size_t(i)]);
+    ValueId scale = c.b.constant(std::move(inv));
+    if (xt.dtype != DType::f32) scale = c.b.cast(scale, xt.dtype);
+    const ValueId sum = c.b.reshape(c.b.reduce_sum(c.b.reshape(col, {P, pK, w.C}), {1}), {w.N, pO, w.C});
+    y = c.b.reshape(c.b.mul(sum, c.b.broadcast(scale, {w.N, pO, w.C})), {P, w.C});
+  }
+  out = {c.wrap(channels_first(c, y, w, w.C))};
+  return c.b.status();
+}
+
+Status convert_max_pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) { return pool(c, in, out, true); }
+Status convert_average_pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) { return pool(c, in, out, false); }
+
+Status convert_global_max_pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const Shape& s = in[0].type.shape;
+  if (s.rank() < 3) return c.error("input 'X'", "[N, C, D...] with spatial axes", in[0].type.to_string());
+  std::vector<int64_t> axes;
+  for (int i = 2; i < s.rank(); ++i) axes.push_back(i);
+  out = {c.wrap(c.b.reduce_max(c.id(in[0]), axes, true))};
+  return c.b.status();
+}
+
+}  // namespace
+
+void add_conv_converters(ConverterTable& t) {
+  add_converter(t, "Conv", convert_conv, 2, 3);
+  add_converter(t, "MaxPool", convert_max_pool, 1, 1);
+  add_converter(t, "AveragePool", convert_average_pool, 1, 1);
+  add_converter(t, "GlobalMaxPool", convert_global_max_pool, 1, 1);
+}
+
+}  // namespace aspen::models::onnx
