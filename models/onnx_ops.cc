@@ -303,6 +303,7 @@ constexpr std::pair<const char*, int> kSince[] = {
     {"ReduceSum", 1}, {"ReduceMean", 1}, {"ReduceMax", 1}, {"ReduceMin", 1}, {"ReduceProd", 1},
     {"GlobalAveragePool", 1}, {"Softmax", 1}, {"LogSoftmax", 1}, {"SoftmaxCrossEntropyLoss", 12}, {"NegativeLogLikelihoodLoss", 12},
     {"LayerNormalization", 17}, {"Dropout", 10},
+    {"InstanceNormalization", 6}, {"GroupNormalization", 18}, {"BatchNormalization", 9},
     // convolutions and pooling: later versions added attributes (count_include_pad, ceil_mode, dilations)
     // whose defaults are the older meaning
     {"Pad", 2}, {"Conv", 1}, {"MaxPool", 1}, {"AveragePool", 1}, {"GlobalMaxPool", 1},

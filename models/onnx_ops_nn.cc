@@ -354,6 +354,92 @@ Status convert_layer_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& ou
   return c.b.status();
 }
 
+// x [N, C, D...] normalized over groups of its elements: viewed as [rows, inner], layernorm with unit scale
+// and zero shift (its fused kernel and gradient), back to x's shape.
+ValueId normalized_rows(Ctx& c, const Value& x, int64_t rows, double eps) {
+  const int64_t inner = rows ? x.type.shape.numel() / rows : 0;
+  const DType dt = x.type.dtype;
+  std::vector<ValueId> y = c.b.op(OpKind::layernorm,
+                                  {c.id(reshaped(c, x, {rows, inner})), c.id(filled(c, 1.0, dt, Shape{inner})),
+                                   c.id(filled(c, 0.0, dt, Shape{inner}))},
+                                  {{"eps", eps}});
+  return c.b.reshape(y.empty() ? c.id(x) : y[0], dims(x.type.shape));
+}
+
+// v [C] (per channel) broadcast over x's [N, C, D...].
+ValueId per_channel(Ctx& c, const Value& v, const Shape& x) {
+  std::vector<int64_t> one(size_t(x.rank()), 1);
+  one[1] = x[1];
+  return c.b.broadcast(c.b.reshape(c.id(v), one), dims(x));
+}
+
+Status check_channels(Ctx& c, const std::vector<Value>& in, const std::vector<std::string>& names, int64_t C) {
+  for (size_t k = 1; k < in.size() && k <= names.size(); ++k)
+    if (in[k].present() && (in[k].type.shape != Shape{C} || in[k].type.dtype != in[0].type.dtype))
+      return c.error("input '" + names[k - 1] + "'",
+                     graph::TensorType{in[0].type.dtype, Shape{C}}.to_string() + " (one value per channel)",
+                     in[k].type.to_string());
+  return Status();
+}
+
+// InstanceNormalization(x [N, C, D...], scale [C], B [C]) {epsilon}: each (n, c) over its D....
+Status convert_instance_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const Shape s = in[0].type.shape;
+  if (s.rank() < 3) return c.error("input 'input'", "[N, C, D...] with spatial axes", in[0].type.to_string());
+  ASPEN_RETURN_IF_ERROR(check_channels(c, in, {"scale", "B"}, s[1]));
+  ASPEN_ASSIGN_OR_RETURN(const float eps, c.attr_f("epsilon", 1e-5f));
+  const ValueId y = normalized_rows(c, in[0], s[0] * s[1], eps);
+  out = {c.wrap(c.b.add(c.b.mul(y, per_channel(c, in[1], s)), per_channel(c, in[2], s)))};
+  return c.b.status();
+}
+
+// GroupNormalization(x [N, C, D...], scale, bias) {epsilon, num_groups}: each (n, group of C / G channels)
+// over its channels and D...; scale and bias per channel (opset 21) or per group (18, repeated over the
+// group's channels).
+Status convert_group_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const Shape s = in[0].type.shape;
+  ASPEN_ASSIGN_OR_RETURN(const int64_t G, c.attr_i("num_groups"));
+  if (s.rank() < 2 || G < 1 || s[1] % G != 0)
+    return c.error("attribute 'num_groups'", "a divisor of the channels of " + in[0].type.to_string(), std::to_string(G));
+  ASPEN_ASSIGN_OR_RETURN(const float eps, c.attr_f("epsilon", 1e-5f));
+  const int64_t C = s[1];
+  std::vector<Value> per = in;
+  if (c.opset < 21) {  // [G] -> [C]
+    ASPEN_RETURN_IF_ERROR(check_channels(c, in, {"scale", "bias"}, G));
+    for (size_t k = 1; k < 3; ++k)
+      per[k] = c.wrap(c.b.reshape(c.b.broadcast(c.b.reshape(c.id(in[k]), {G, 1}), {G, C / G}), {C}));
+  } else {
+    ASPEN_RETURN_IF_ERROR(check_channels(c, in, {"scale", "bias"}, C));
+  }
+  const ValueId y = normalized_rows(c, in[0], s[0] * G, eps);
+  out = {c.wrap(c.b.add(c.b.mul(y, per_channel(c, per[1], s)), per_channel(c, per[2], s)))};
+  return c.b.status();
+}
+
+// BatchNormalization in inference (training_mode 0: the running statistics): x a + (B - mean a) with
+// a = scale / sqrt(var + epsilon), per channel. Training mode (batch statistics, the running ones updated
+// as state) is refused by name.
+Status convert_batch_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t training, c.attr_i("training_mode", 0));
+  bool stats_out = false;
+  for (size_t o = 1; o < c.node.outputs.size(); ++o) stats_out = stats_out || !c.node.outputs[o].empty();
+  if (training || stats_out)
+    return c.unsupported("attribute 'training_mode'",
+                         "inference (0: the running statistics; export the model with its BatchNorm layers in eval(), "
+                         "or train without them)",
+                         "training (batch statistics and running statistics updated as state: not yet converted)");
+  const Shape s = in[0].type.shape;
+  if (s.rank() < 2) return c.error("input 'X'", "[N, C, D...]", in[0].type.to_string());
+  ASPEN_RETURN_IF_ERROR(check_channels(c, in, {"scale", "B", "input_mean", "input_var"}, s[1]));
+  ASPEN_ASSIGN_OR_RETURN(const float eps, c.attr_f("epsilon", 1e-5f));
+  const DType dt = in[0].type.dtype;
+  const Shape cs{s[1]};
+  const ValueId a = c.b.div(c.id(in[1]), c.b.sqrt(c.b.add(c.id(in[4]), c.id(filled(c, eps, dt, cs)))));
+  const ValueId shift = c.b.sub(c.id(in[2]), c.b.mul(c.id(in[3]), a));
+  out = {c.wrap(c.b.add(c.b.mul(c.id(in[0]), per_channel(c, c.wrap(a), s)), per_channel(c, c.wrap(shift), s)))};
+  return c.b.status();
+}
+
 // NOTE [training dropout]: Dropout with training_mode true (what torch.onnx writes for a module exported in
 // training mode) becomes the IR's dropout op: its mask is Philox stream `node index` under a run-time seed,
 // the graph input "dropout_seed" (i64 [1], added once for all the file's Dropouts), which the trainer feeds
@@ -409,6 +495,9 @@ void add_nn_converters(ConverterTable& t) {
   add_converter(t, "Softmax", convert_softmax, 1, 1);
   add_converter(t, "SoftmaxCrossEntropyLoss", convert_softmax_cross_entropy, 2, 3);
   add_converter(t, "NegativeLogLikelihoodLoss", convert_nll_loss, 2, 3);
+  add_converter(t, "InstanceNormalization", convert_instance_norm, 3, 3);
+  add_converter(t, "GroupNormalization", convert_group_norm, 3, 3);
+  add_converter(t, "BatchNormalization", convert_batch_norm, 5, 5);
   add_converter(t, "LogSoftmax", convert_log_softmax, 1, 1);
   add_converter(t, "LayerNormalization", convert_layer_norm, 2, 3);
   add_converter(t, "Dropout", convert_dropout, 1, 3);

@@ -31,12 +31,25 @@ class TorchSource(Source):
         self._dir = None
         self._file_name = {}  # module parameter name -> its initializer's name in the exported file
 
+    def _refuse_training_batch_norm(self):
+        """torch.onnx writes a BatchNorm layer in training mode as inference's BatchNormalization (its running
+        statistics, which it never updates): training through it would differ from torch without a word."""
+        for name, m in self.module.named_modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training:
+                raise NotImplementedError(
+                    f"{type(self.module).__name__}.{name} ({type(m).__name__}): expected a batch norm in eval() "
+                    f"(trained with its running statistics fixed), found one in training mode (batch statistics "
+                    f"and running statistics updated as state: aspen does not train those yet); call "
+                    f"model.{name}.eval() to train with it frozen")
+
     def export(self, example, training, loss_kind):
         """Exports forward for one micro-batch of these inputs; returns the .onnx path."""
         args = {n: torch.from_numpy(a) if isinstance(a, np.ndarray) else a for n, a in example.items()}
         names = [n for n in self.input_names if n in args]
         positional = tuple(args[n] for n in names)
         was_training = self.module.training
+        if training:
+            self._refuse_training_batch_norm()
         if not training:
             self.module.eval()
         try:

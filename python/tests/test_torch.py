@@ -606,3 +606,60 @@ def test_convolutions_and_pooling_train_as_torch():
     training.copyWeightsToHost()
     for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
+
+
+class _Norms(torch.nn.Module):
+    """Group norm, instance norm (affine) and, with bn, a batch norm (inference only: its running statistics)."""
+
+    def __init__(self, bn):
+        super().__init__()
+        torch.manual_seed(8)
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.gn = torch.nn.GroupNorm(4, 8)
+        self.inorm = torch.nn.InstanceNorm2d(8, affine=True)
+        self.bn = torch.nn.BatchNorm2d(8) if bn else None
+        self.fc = torch.nn.Linear(8 * 6 * 6, 4)
+        with torch.no_grad():  # parameters and statistics away from their initial 1 and 0
+            for p in [self.gn.weight, self.gn.bias, self.inorm.weight, self.inorm.bias]:
+                p.add_(torch.randn(p.shape) * 0.3)
+            if bn:
+                self.bn.running_mean.normal_(0, 0.5)
+                self.bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x, y):
+        h = self.inorm(torch.relu(self.gn(self.conv(x))))
+        if self.bn is not None:
+            h = self.bn(h)
+        logits = self.fc(h.flatten(1))
+        return logits, torch.nn.functional.cross_entropy(logits, y)
+
+
+def test_group_instance_and_batch_norm_as_torch():
+    g = torch.Generator().manual_seed(9)
+    batches = [(torch.randn(2, 3, 6, 6, generator=g), torch.randint(0, 4, (2,), generator=g)) for _ in range(3)]
+    ref = _Norms(bn=True).eval()
+    with torch.no_grad():
+        want, _ = ref(*batches[0])
+    got, _ = aspen.inferenceModel(_Norms(bn=True).eval())(*batches[0])
+    torch.testing.assert_close(torch.as_tensor(got), want, rtol=1e-5, atol=1e-5)
+
+    ref = _Norms(bn=False)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    want = []
+    for x, y in batches:
+        opt.zero_grad()
+        _, l = ref(x, y)
+        l.backward()
+        opt.step()
+        want.append(l.item())
+    model = _Norms(bn=False)
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1))
+    got = [float(training(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    training.copyWeightsToHost()
+    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
+
+    with pytest.raises(NotImplementedError, match=r"_Norms\.bn \(BatchNorm2d\): expected a batch norm in eval\(\)"):
+        bn = _Norms(bn=True)
+        aspen.trainingModel(bn, optimizer=aspen.optim.SGD(bn.parameters(), lr=0.1))(*batches[0])
