@@ -14,8 +14,8 @@
 //   Softmax/LogSoftmax on an inner axis: transposed to the last and back
 //   LayerNormalization over several axes: flattened to one
 // Known inputs only (shape arithmetic; folded at import): Shape, Size, ConstantOfShape, Range, ReduceProd,
-// Mod, CumSum, integer Div, and Gather,
-// Concat, Slice, Reshape, Squeeze, Unsqueeze of integer data.
+// Mod, integer Div. CumSum and GatherElements fold known values and build computed ones (a doubling scan;
+// a gather at computed flat indices).
 #include "models/onnx_ops.h"
 
 #include <algorithm>
@@ -184,10 +184,13 @@ Value reshaped(Ctx& c, const Value& v, const std::vector<int64_t>& d) {
 
 // A scalar constant of `dtype`, broadcast to `shape`.
 Value filled(Ctx& c, double v, DType dtype, const Shape& shape) {
-  Tensor t(DType::f32, Shape{});
-  t.span<float>()[0] = float(v);
+  const bool wide_int = dtype == DType::i64 || dtype == DType::i32;  // exact, not through f32
+  Tensor t(wide_int ? dtype : DType::f32, Shape{});
+  if (dtype == DType::i64) t.span<int64_t>()[0] = int64_t(v);
+  else if (dtype == DType::i32) t.span<int32_t>()[0] = int32_t(v);
+  else t.span<float>()[0] = float(v);
   ValueId s = c.b.constant(std::move(t));
-  if (dtype != DType::f32) s = c.b.cast(s, dtype);
+  if (!wide_int && dtype != DType::f32) s = c.b.cast(s, dtype);
   return c.wrap(c.b.broadcast(s, dims(shape)));
 }
 

@@ -554,14 +554,44 @@ Status gather_on(Ctx& c, std::vector<Value>& in, int axis, std::vector<Value>& o
 // GatherElements(data, indices) {axis} of known values: out[..., i, ...] = data[..., indices[..., i, ...], ...]
 // on the axis (the shape of indices; negative indices count from the end).
 Status convert_gather_elements(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
-  if (!in[0].known() || !in[1].known())
-    return c.unsupported("inputs", "values known when the model is imported", "ones computed from the graph's inputs");
   ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", 0));
   const Shape& ds = in[0].type.shape;
   const Shape& is = in[1].type.shape;
   ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, ds.rank(), "attribute 'axis'"));
   if (is.rank() != ds.rank())
     return c.error("input 'indices'", "data's rank " + std::to_string(ds.rank()), is.to_string());
+  if (!in[0].known() || !in[1].known()) {
+    // On computed values (RoBERTa gathers its token types by computed position ids): data flattened to a
+    // table of one-element rows, read at base + index * stride, where base holds every coordinate but the
+    // axis' (known at import) and a negative index counts from the end.
+    for (int d = 0; d < is.rank(); ++d)
+      if (d != axis && is[d] > ds[d])
+        return c.error("input 'indices'", "a shape within data's " + ds.to_string() + " off the axis", is.to_string());
+    if (in[1].type.dtype != DType::i64 && in[1].type.dtype != DType::i32)
+      return c.error("input 'indices'", "int64 or int32 indices", in[1].type.to_string());
+    if (ds.numel() >= (int64_t(1) << 31))
+      return c.unsupported("input 'data'", "fewer than 2^31 elements", ds.to_string());
+    Tensor base(DType::i64, is);
+    for (int64_t i = 0; i < is.numel(); ++i) {
+      int64_t rem = i, at = 0;
+      for (int d = is.rank() - 1; d >= 0; --d) {
+        const int64_t coord = rem % is[d];
+        rem /= is[d];
+        if (d != axis) at += coord * ds.stride(d);
+      }
+      base.span<int64_t>()[size_t(i)] = at;
+    }
+    const DType it = in[1].type.dtype;
+    ValueId idx = c.id(in[1]);
+    const int64_t n = ds[axis];
+    idx = c.b.where(c.b.op1(OpKind::less, {idx, c.id(filled(c, 0.0, it, is))}),
+                    c.b.add(idx, c.id(filled(c, double(n), it, is))), idx);
+    ValueId flat = c.b.add(c.b.mul(idx, c.id(filled(c, double(ds.stride(axis)), it, is))),
+                           it == DType::i64 ? c.b.constant(std::move(base)) : c.b.cast(c.b.constant(std::move(base)), it));
+    const ValueId table = c.id(reshaped(c, in[0], {ds.numel(), 1}));
+    out = {reshaped(c, c.wrap(c.b.gather(table, flat)), dims(is))};
+    return c.b.status();
+  }
   ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> idx, c.ints(in[1], "input 'indices'"));
   const graph::HostArray x = graph::HostArray::from_tensor(*in[0].constant);
   graph::HostArray y(TensorType{in[0].type.dtype, is});
@@ -683,11 +713,28 @@ Status convert_cumsum(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   ASPEN_ASSIGN_OR_RETURN(const int64_t exclusive, c.attr_i("exclusive", 0));
   ASPEN_ASSIGN_OR_RETURN(const int64_t reverse, c.attr_i("reverse", 0));
   ASPEN_ASSIGN_OR_RETURN(const double a, c.scalar(in[1], "input 'axis'"));
-  if (!in[0].known())
-    return c.unsupported("input 'x'", "a value known when the model is imported",
-                         "one computed from the graph's inputs");
   const Shape& s = in[0].type.shape;
   ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(int64_t(a), s.rank(), "input 'axis'"));
+  if (!in[0].known()) {
+    // On a computed value (RoBERTa's position ids: a cumulative sum of the padding mask): the doubling scan,
+    // y += y shifted by 1, 2, 4, ... along the axis (toward the end, or the start with reverse), then shifted
+    // once more for exclusive. Exact on integers; on floats the sums are grouped as a tree.
+    const int64_t n = s[axis];
+    const DType dt = in[0].type.dtype;
+    auto shifted = [&](ValueId v, int64_t k) {
+      std::vector<int64_t> d = dims(s);
+      d[size_t(axis)] = std::min(k, n);
+      const ValueId zeros = c.id(filled(c, 0.0, dt, shape_of(d)));
+      if (k >= n) return zeros;
+      return reverse ? c.b.concat({c.b.slice(v, axis, k, n), zeros}, axis)
+                     : c.b.concat({zeros, c.b.slice(v, axis, 0, n - k)}, axis);
+    };
+    ValueId y = c.id(in[0]);
+    for (int64_t k = 1; k < n; k *= 2) y = c.b.add(y, shifted(y, k));
+    if (exclusive && n > 0) y = shifted(y, 1);
+    out = {c.wrap(y)};
+    return c.b.status();
+  }
   graph::HostArray x = graph::HostArray::from_tensor(*in[0].constant), y(x.type);
   const int64_t n = s[axis], stride = s.stride(axis), outer = s.numel() / std::max<int64_t>(1, n * stride);
   for (int64_t o = 0; o < outer; ++o)

@@ -295,3 +295,38 @@ def test_pad_modes_equal_numpy(tmp_path, mode):
     width = [(0, 0), (2, 3), (0, 2)]
     want = np.pad(cropped, width, mode=mode, **({"constant_values": -7.5} if mode == "constant" else {}))
     np.testing.assert_array_equal(got, want)
+
+
+def test_cumsum_and_gather_elements_on_computed_values(tmp_path):
+    """RoBERTa's position ids (a cumulative sum of the padding mask) and its token types gathered by them:
+    CumSum (every exclusive / reverse form) and GatherElements on values computed from the inputs."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    ids = np.array([[5, 9, 1, 1, 7, 2], [1, 3, 3, 8, 1, 1]], np.int64)
+    table = np.arange(2 * 10, dtype=np.float32).reshape(2, 10)
+    nodes = [helper.make_node("Add", ["ids", "zero"], ["v"])]  # computed, not folded
+    outs = []
+    for ex in (0, 1):
+        for rev in (0, 1):
+            nodes.append(helper.make_node("CumSum", ["v", "axis"], [f"c{ex}{rev}"], exclusive=ex, reverse=rev))
+            outs.append(f"c{ex}{rev}")
+    nodes.append(helper.make_node("Sub", ["v", "three"], ["k"]))  # -2 .. 6: negative indices count from the end
+    nodes.append(helper.make_node("GatherElements", ["table", "k"], ["g"], axis=1))
+    nodes.append(helper.make_node("GatherElements", ["tablex", "kk"], ["g0"], axis=0))
+    outs += ["g", "g0"]
+    graph = helper.make_graph(
+        nodes, "scan",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, list(ids.shape)),
+         helper.make_tensor_value_info("tablex", TensorProto.FLOAT, [3, 6])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT if o.startswith("g") else TensorProto.INT64, None)
+         for o in outs],
+        [numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array(1, np.int64), "axis"),
+         numpy_helper.from_array(np.array(3, np.int64), "three"), numpy_helper.from_array(table, "table"),
+         numpy_helper.from_array(np.array([[0, 2, 1, 0, 2, 1], [2, 2, 0, 1, 0, 1]], np.int64), "kk")])
+    path = tmp_path / "scan.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    tablex = np.arange(18, dtype=np.float32).reshape(3, 6) * 0.5
+    got = aspen.inferenceModel(path)(ids, tablex)
+    ref = ort.InferenceSession(str(path)).run(None, {"ids": ids, "tablex": tablex})
+    for name, a, b in zip(outs, got, ref):
+        np.testing.assert_array_equal(a, b, err_msg=name)
