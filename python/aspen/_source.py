@@ -10,6 +10,11 @@ class Source:
         """Inputs a call may leave out."""
         return set()
 
+    def static_argument(self, name, value):
+        """True when `value`, given for input `name`, is a setting the program is compiled with (a Python
+        bool, None, str or number passed to forward as it is), not an array fed at run time."""
+        return False
+
     def check_parameters(self, params):
         """Refuses, naming it, an optimizer's `params` entry that is not a parameter of the model."""
 

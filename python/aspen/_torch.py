@@ -21,15 +21,36 @@ class TorchSource(Source):
         self.module = module
         sig = inspect.signature(module.forward)
         self.input_names = []
+        self._optional = set()
         for p in sig.parameters.values():
-            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            if p.kind == p.VAR_POSITIONAL:
                 raise NotImplementedError(f"{type(module).__name__}.forward: *{p.name} arguments are not supported "
                                           "(inputs are named by forward's parameters)")
+            if p.kind == p.VAR_KEYWORD:
+                continue  # a Hugging Face model's **kwargs: its inputs are its named parameters
             self.input_names.append(p.name)
+            if p.default is not p.empty:
+                self._optional.add(p.name)  # left out, forward's default (None: HF's labels, masks, ...)
         self.output_names = []
         self._spec = None
         self._dir = None
+        self._static = {}  # forward's non-array arguments, as given
+        self._exported = False
         self._file_name = {}  # module parameter name -> its initializer's name in the exported file
+
+    def optional_inputs(self):
+        return self._optional
+
+    def static_argument(self, name, value):
+        """A Python setting (use_cache=False, return_dict=True, a float scale) goes to forward as it is, at the
+        export; the program is compiled for it, and another value in a later call is refused by name."""
+        if not (value is None or isinstance(value, (bool, str, int, float))):
+            return False
+        if name in self._static and self._static[name] != value and self._exported:
+            raise ValueError(f"input '{name}': expected {self._static[name]!r} (the value the program was compiled "
+                             f"with; a setting, not an array), found {value!r}")
+        self._static[name] = value
+        return True
 
     def _refuse_training_batch_norm(self):
         """torch.onnx writes a BatchNorm layer in training mode as inference's BatchNormalization (its running
@@ -46,7 +67,11 @@ class TorchSource(Source):
         """Exports forward for one micro-batch of these inputs; returns the .onnx path."""
         args = {n: torch.from_numpy(a) if isinstance(a, np.ndarray) else a for n, a in example.items()}
         names = [n for n in self.input_names if n in args]
-        positional = tuple(args[n] for n in names)
+        given = {n: args[n] for n in names}  # by name: an input left out keeps forward's default
+        # A Hugging Face model returns its KV cache unless told not to: the compiled program keeps its own.
+        if "use_cache" in self.input_names and "use_cache" not in self._static:
+            self._static["use_cache"] = False
+        statics = dict(self._static)
         was_training = self.module.training
         if training:
             self._refuse_training_batch_norm()
@@ -54,7 +79,7 @@ class TorchSource(Source):
             self.module.eval()
         try:
             with torch.no_grad():
-                out = self.module(*positional)
+                out = self.module(**given, **statics)
             leaves, self._spec = pytree.tree_flatten(out)
             for i, leaf in enumerate(leaves):
                 if not isinstance(leaf, torch.Tensor):
@@ -62,11 +87,16 @@ class TorchSource(Source):
                                      f"{type(leaf).__name__}")
             self.output_names = [f"output{i}" for i in range(len(leaves))]
             if training and loss_kind is None:
-                if leaves[-1].dim() != 0:
+                # PopTorch's convention, the loss last; a Hugging Face output names it ("loss", with labels=).
+                at = len(leaves) - 1
+                if hasattr(out, "keys") and "loss" in out.keys() and out["loss"] is not None:
+                    at = next(i for i, leaf in enumerate(leaves) if leaf is out["loss"])
+                if leaves[at].dim() != 0:
                     raise ValueError(f"{type(self.module).__name__}.forward: expected (output, loss) or a loss, the "
-                                     f"loss a scalar (PopTorch's convention), found a last output of shape "
-                                     f"{tuple(leaves[-1].shape)} (or pass loss='cross_entropy' or 'mse')")
-                self.output_names[-1] = "loss"
+                                     f"loss a scalar (PopTorch's convention; a Hugging Face model's with labels=), "
+                                     f"found a last output of shape {tuple(leaves[at].shape)} (or pass "
+                                     f"loss='cross_entropy' or 'mse')")
+                self.output_names[at] = "loss"
             self.close()
             self._dir = tempfile.mkdtemp(prefix="aspen-torch-")
             path = os.path.join(self._dir, "model.onnx")
@@ -80,7 +110,7 @@ class TorchSource(Source):
             try:
                 with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
                     warnings.simplefilter("ignore")
-                    torch.onnx.export(self.module, positional, path, input_names=names,
+                    torch.onnx.export(self.module, (), path, kwargs={**given, **statics}, input_names=names,
                                       output_names=self.output_names, dynamo=True, external_data=False,
                                       verbose=False, optimize=not training)
             except Exception as e:
@@ -89,6 +119,7 @@ class TorchSource(Source):
             finally:
                 onnx_log.setLevel(level)
             self._names_in_file(path)
+            self._exported = True
         finally:
             self.module.train(was_training)
         return path

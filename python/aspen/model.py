@@ -268,6 +268,8 @@ class _Model:
             if name not in given:
                 continue
             v = given[name]
+            if self._source.static_argument(name, v):
+                continue
             if _is_torch_tensor(v):
                 framework = "torch"
                 if v.device.type != "cpu":

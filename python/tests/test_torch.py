@@ -663,3 +663,43 @@ def test_group_instance_and_batch_norm_as_torch():
     with pytest.raises(NotImplementedError, match=r"_Norms\.bn \(BatchNorm2d\): expected a batch norm in eval\(\)"):
         bn = _Norms(bn=True)
         aspen.trainingModel(bn, optimizer=aspen.optim.SGD(bn.parameters(), lr=0.1))(*batches[0])
+
+
+def _hf_causal_lms():
+    import transformers
+    small = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=32)
+    return {
+        "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+        "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            intermediate_size=64, num_key_value_heads=2, bos_token_id=0, eos_token_id=0, pad_token_id=0, **small)),
+    }
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_hugging_face_models_train_as_they_are(family):
+    """A Hugging Face model passed as it is: inputs bound by name (forward(**kwargs)), its own labels= loss
+    (the shifted cross-entropy, Pad and all; Llama's rotary Sin/Cos), use_cache left to aspen."""
+    pytest.importorskip("transformers")
+    make = _hf_causal_lms()[family]
+    torch.manual_seed(0)
+    ref = make()
+    model = make()
+    model.load_state_dict(ref.state_dict())
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(1, 97, (2, 16), generator=g) for _ in range(3)]
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    want = []
+    for ids in batches:
+        opt.zero_grad()
+        out = ref(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        want.append(out.loss.item())
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1))
+    got = [float(training(input_ids=ids, labels=ids)) for ids in batches]
+    np.testing.assert_allclose(got, want, rtol=2e-5)
+    with pytest.raises(ValueError, match=r"input 'use_cache': expected False \(the value the program was compiled"):
+        training(input_ids=batches[0], labels=batches[0], use_cache=True)
