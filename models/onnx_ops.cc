@@ -309,7 +309,7 @@ constexpr std::pair<const char*, int> kSince[] = {
     {"InstanceNormalization", 6}, {"GroupNormalization", 18}, {"BatchNormalization", 9},
     // convolutions and pooling: later versions added attributes (count_include_pad, ceil_mode, dilations)
     // whose defaults are the older meaning
-    {"Pad", 2}, {"Conv", 1}, {"MaxPool", 1}, {"AveragePool", 1}, {"GlobalMaxPool", 1},
+    {"Pad", 2}, {"Conv", 1}, {"LSTM", 7}, {"GRU", 7}, {"RNN", 7}, {"MaxPool", 1}, {"AveragePool", 1}, {"GlobalMaxPool", 1},
 };
 
 const std::map<std::string, OpConverter>& converters() {
@@ -319,6 +319,7 @@ const std::map<std::string, OpConverter>& converters() {
     add_shape_converters(t);
     add_nn_converters(t);
     add_conv_converters(t);
+    add_rnn_converters(t);
     for (const auto& [name, since] : kSince) {
       auto it = t.find(name);
       ASPEN_CHECK(it != t.end()) << "kSince names an op with no converter: " << name;

@@ -109,6 +109,7 @@ void add_elementwise_converters(ConverterTable& t);  // onnx_ops_elementwise.cc
 void add_shape_converters(ConverterTable& t);        // onnx_ops_shape.cc
 void add_nn_converters(ConverterTable& t);           // onnx_ops_nn.cc
 void add_conv_converters(ConverterTable& t);         // onnx_ops_conv.cc
+void add_rnn_converters(ConverterTable& t);          // onnx_ops_rnn.cc
 // The com.microsoft ops that onnxruntime's transformer optimizer writes (FastGelu, BiasGelu, Gelu,
 // SkipLayerNormalization, SkipSimplifiedLayerNormalization, Attention): models/onnx_ops_microsoft.cc.
 inline constexpr const char* kMicrosoftDomain = "com.microsoft";

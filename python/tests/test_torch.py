@@ -703,3 +703,45 @@ def test_hugging_face_models_train_as_they_are(family):
     np.testing.assert_allclose(got, want, rtol=2e-5)
     with pytest.raises(ValueError, match=r"input 'use_cache': expected False \(the value the program was compiled"):
         training(input_ids=batches[0], labels=batches[0], use_cache=True)
+
+
+class _Recurrent(torch.nn.Module):
+    """The issue's LSTM and GRU classifiers: two layers, bidirectional, batch first, the last step's state."""
+
+    def __init__(self, kind):
+        super().__init__()
+        torch.manual_seed(11)
+        cls = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
+        self.rnn = cls(6, 8, num_layers=2, batch_first=True, bidirectional=True)
+        self.fc = torch.nn.Linear(16, 3)
+
+    def forward(self, x, y):
+        h, _ = self.rnn(x)
+        logits = self.fc(h[:, -1])
+        return logits, torch.nn.functional.cross_entropy(logits, y)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_recurrent_layers_train_as_torch(kind):
+    g = torch.Generator().manual_seed(12)
+    batches = [(torch.randn(4, 7, 6, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(3)]
+    ref = _Recurrent(kind)
+    with torch.no_grad():
+        want_logits, _ = ref(*batches[0])
+    logits, _ = aspen.inferenceModel(_Recurrent(kind))(*batches[0])
+    torch.testing.assert_close(torch.as_tensor(logits), want_logits, rtol=1e-5, atol=1e-5)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    want = []
+    for x, y in batches:
+        opt.zero_grad()
+        _, l = ref(x, y)
+        l.backward()
+        opt.step()
+        want.append(l.item())
+    model = _Recurrent(kind)
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1))
+    got = [float(training(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    training.copyWeightsToHost()
+    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
