@@ -11,6 +11,8 @@
 #include "core/file.h"
 #include "onnx/onnx_pb.h"  // defines ONNX_API, then includes onnx-ml.pb.h (ONNX_ML)
 
+#include <google/protobuf/unknown_field_set.h>
+
 namespace aspen::io {
 
 static_assert(std::endian::native == std::endian::little, "ONNX's raw_data is little-endian, as this reader keeps it");
@@ -76,7 +78,68 @@ std::string OnnxNode::label(size_t index) const {
     s += " '" + escape_for_terminal(name) + "'";
   else if (!outputs.empty())
     s += " (output '" + escape_for_terminal(outputs[0]) + "')";
-  return s + " (" + escape_for_terminal(domain.empty() ? op_type : domain + "." + op_type) + ")";
+  const std::string from = origin();
+  return s + " (" + escape_for_terminal(domain.empty() ? op_type : domain + "." + op_type) +
+         (from.empty() ? "" : "; " + from) + ")";
+}
+
+namespace {
+// The quoted items of a Python list's repr: "['', 'up', 'conv2d']" -> {"", "up", "conv2d"}.
+std::vector<std::string> python_list(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\'' && s[i] != '"') continue;
+    const size_t end = s.find(s[i], i + 1);
+    if (end == std::string::npos) break;
+    out.push_back(s.substr(i + 1, end - i - 1));
+    i = end;
+  }
+  return out;
+}
+}  // namespace
+
+// NOTE [node origins]: torch.onnx (the dynamo exporter) records in each node's metadata_props its module
+// path (pkg.torch.onnx.name_scopes: the attribute names from the model down, then the op), the classes
+// (pkg.torch.onnx.class_hierarchy: the modules', then the aten op) and the Python stack
+// (pkg.torch.onnx.stack_trace). Errors name the user's layer, its class, the torch op and the innermost
+// frame outside torch's own files: what the user wrote.
+std::string OnnxNode::origin() const {
+  std::string scopes, classes, trace;
+  for (const auto& [k, v] : metadata) {
+    if (k == "pkg.torch.onnx.name_scopes") scopes = v;
+    if (k == "pkg.torch.onnx.class_hierarchy") classes = v;
+    if (k == "pkg.torch.onnx.stack_trace") trace = v;
+  }
+  if (scopes.empty() && classes.empty()) return "";
+  const std::vector<std::string> path = python_list(scopes), cls = python_list(classes);
+  std::string layer;
+  for (size_t i = 1; i + 1 < path.size(); ++i) layer += (layer.empty() ? "" : ".") + path[i];
+  std::string s = "from torch: ";
+  if (cls.size() >= 2) {
+    std::string c = cls[cls.size() - 2];
+    c = c.substr(c.rfind('.') == std::string::npos ? 0 : c.rfind('.') + 1);
+    s += layer.empty() ? "the model (" + c + ")" : "layer '" + layer + "' (" + c + ")";
+  } else if (!layer.empty()) {
+    s += "layer '" + layer + "'";
+  }
+  if (!cls.empty()) s += (s.size() > 12 ? ", " : "") + cls.back();
+  // The innermost frame of the user's code: File "<path>", line N, in <function>, outside torch's files.
+  std::string where;
+  size_t at = 0;
+  while ((at = trace.find("File \"", at)) != std::string::npos) {
+    const size_t q = trace.find('"', at + 6);
+    const size_t line = trace.find(", line ", q == std::string::npos ? at : q);
+    if (q == std::string::npos || line == std::string::npos) break;
+    const std::string file = trace.substr(at + 6, q - at - 6);
+    size_t n = line + 7, e = n;
+    while (e < trace.size() && trace[e] >= '0' && trace[e] <= '9') ++e;
+    if (file.find("/torch/") == std::string::npos && file.find("/transformers/") == std::string::npos)
+      where = file.substr(file.rfind('/') == std::string::npos ? 0 : file.rfind('/') + 1) + " line " +
+              trace.substr(n, e - n);
+    at = e;
+  }
+  if (!where.empty()) s += ", " + where;
+  return escape_for_terminal(s);
 }
 
 std::string OnnxValueInfo::dims_text() const {
@@ -395,6 +458,16 @@ Result<OnnxGraph> Reader::graph(::onnx::GraphProto& g, const std::set<std::strin
     node.op_type = n.op_type();
     node.domain = n.domain() == "ai.onnx" ? "" : n.domain();
     node.outputs.assign(n.output().begin(), n.output().end());
+    // metadata_props (field 9 of ONNX 1.16's NodeProto): unknown to the schema this reader is built with,
+    // so read from the unknown fields, each a StringStringEntryProto.
+    const auto& unknown = n.GetReflection()->GetUnknownFields(n);
+    for (int f = 0; f < unknown.field_count(); ++f) {
+      const auto& field = unknown.field(f);
+      if (field.number() != 9 || field.type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) continue;
+      ::onnx::StringStringEntryProto e;
+      if (e.ParseFromString(field.length_delimited()) && node.metadata.size() < 64)
+        node.metadata.emplace_back(e.key().substr(0, 4096), e.value().substr(0, 16384));
+    }
     const std::string label = node.label(size_t(k));
     if (node.op_type.empty()) return corrupt(label, "an op_type", "an empty one");
     for (const std::string& in : n.input()) {

@@ -128,10 +128,17 @@ struct OnnxNode {
   std::vector<std::string> inputs;  // "" marks an optional input left out
   std::vector<std::string> outputs;
   std::vector<OnnxAttribute> attributes;
+  // The node's metadata_props (ONNX 1.16's NodeProto field 9: torch.onnx records each node's module path,
+  // torch op and source line there), in the file's order.
+  std::vector<std::pair<std::string, std::string>> metadata;
   // nullptr when the node has no attribute of that name.
   const OnnxAttribute* find(const std::string& attr) const;
-  // "node 12 'MatMul_3' (MatMul)": how errors name the node.
+  // "node 12 'MatMul_3' (MatMul)": how errors name the node; with torch.onnx's metadata, the user's layer
+  // too: "node 12 'node_linear' (MatMul; from torch: layer 'encoder.fc' (Linear), aten.linear.default,
+  // model.py line 31)".
   std::string label(size_t index) const;
+  // That user's part alone ("" without torch.onnx's metadata).
+  std::string origin() const;
 };
 
 struct OnnxGraph {

@@ -117,6 +117,37 @@ TEST(Onnx, ReadsASmallModel) {
 }
 
 // The typed fields of every numeric type become the same little-endian bytes raw_data would hold.
+// torch.onnx's node metadata (NodeProto field 9, unknown to the schema this reader is built with) is read,
+// and a node's label names the user's layer, its class, the torch op and the user's source line (NOTE
+// [node origins]): the innermost frame outside torch's files.
+TEST(Onnx, NodeMetadataNamesTheUsersLayer) {
+  ::onnx::ModelProto m = small_model();
+  ::onnx::NodeProto* node = m.mutable_graph()->mutable_node(0);
+  std::string bytes = node->SerializeAsString();
+  auto field9 = [&](const std::string& key, const std::string& value) {
+    ::onnx::StringStringEntryProto e;
+    e.set_key(key);
+    e.set_value(value);
+    const std::string entry = e.SerializeAsString();
+    ASSERT_LT(entry.size(), 128u);  // a one-byte length
+    bytes += char(9 << 3 | 2);
+    bytes += char(entry.size());
+    bytes += entry;
+  };
+  field9("pkg.torch.onnx.name_scopes", "['', 'encoder', 'fc', 'linear']");
+  field9("pkg.torch.onnx.class_hierarchy", "['app.Net', 'torch.nn.modules.linear.Linear', 'aten.linear.default']");
+  field9("pkg.torch.onnx.stack_trace",
+         "File \"/home/u/app.py\", line 31, in forward\n  File \"/x/torch/nn/modules/linear.py\", line 125");
+  ASSERT_TRUE(node->ParseFromString(bytes));
+  auto r = parse(m);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const OnnxNode& n = r->graph.nodes[0];
+  ASSERT_EQ(n.metadata.size(), 3u);
+  EXPECT_EQ(n.origin(), "from torch: layer 'encoder.fc' (Linear), aten.linear.default, app.py line 31");
+  EXPECT_NE(n.label(0).find("; from torch: layer 'encoder.fc' (Linear)"), std::string::npos) << n.label(0);
+  EXPECT_EQ(r->graph.nodes[1].origin(), "");  // no metadata: the label as before
+}
+
 TEST(Onnx, TypedFieldsBecomeLittleEndianBytes) {
   struct Case {
     ::onnx::TensorProto_DataType type;

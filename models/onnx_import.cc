@@ -28,6 +28,7 @@ std::string quoted(const std::string& s) { return "'" + escape_for_terminal(s) +
 // Every node whose op the importer does not convert, listed at once.
 Status check_ops(const io::OnnxModel& m) {
   std::vector<std::string> unknown;
+  bool too_old = false;
   for (size_t k = 0; k < m.graph.nodes.size(); ++k) {
     const io::OnnxNode& n = m.graph.nodes[k];
     // onnxruntime's transformer optimizer writes com.microsoft nodes without importing the domain, and
@@ -37,6 +38,7 @@ Status check_ops(const io::OnnxModel& m) {
       if (!n.domain.empty() || opset >= conv->since) continue;
       unknown.push_back(n.label(k) + " at opset " + std::to_string(opset) + ", converted from opset " +
                         std::to_string(conv->since) + " on (its meaning changed there)");
+      too_old = true;
       continue;
     }
     unknown.push_back(n.label(k) + (opset ? " at opset " + std::to_string(opset) : " (domain not imported)"));
@@ -47,7 +49,7 @@ Status check_ops(const io::OnnxModel& m) {
   if (unknown.size() > 50) found += "; and " + std::to_string(unknown.size() - 50) + " more";
   return Status::error(Code::kUnimplemented, m.path + ": " + std::to_string(unknown.size()) + " node(s)",
                        "ops the importer converts at the model's opset (aspen onnx inspect lists them)", found,
-                       "onnx.version_converter.convert_version(model, 17) rewrites an older model's ops");
+                       too_old ? "onnx.version_converter.convert_version(model, 17) rewrites an older model's ops" : "");
 }
 
 // The input's type: its declared element type, and its shape with every symbol bound.

@@ -10,6 +10,11 @@ class Source:
         """Inputs a call may leave out."""
         return set()
 
+    def naming_errors(self, path):
+        """A context in which an error about the file at `path` names what the user gave instead."""
+        import contextlib
+        return contextlib.nullcontext()
+
     def static_argument(self, name, value):
         """True when `value`, given for input `name`, is a setting the program is compiled with (a Python
         bool, None, str or number passed to forward as it is), not an array fed at run time."""

@@ -41,6 +41,19 @@ class TorchSource(Source):
     def optional_inputs(self):
         return self._optional
 
+    @contextlib.contextmanager
+    def naming_errors(self, path):
+        """The exported file is a temporary one the user never saw: errors name the module instead (each node
+        also names its layer and source line: NOTE [node origins] in io/onnx.cc)."""
+        try:
+            yield
+        except (ValueError, NotImplementedError, RuntimeError) as e:
+            what = f"{type(self.module).__name__} (exported by torch.onnx)"
+            text = str(e).replace(path, what)
+            if text == str(e):
+                raise
+            raise type(e)(text) from None
+
     def static_argument(self, name, value):
         """A Python setting (use_cache=False, return_dict=True, a float scale) goes to forward as it is, at the
         export; the program is compiled for it, and another value in a later call is refused by name."""

@@ -363,7 +363,8 @@ class InferenceModel(_Model):
             return
         shapes = self._micro_shapes(arrays)
         path = self._source.export(self._example(arrays, shapes), training=False, loss_kind=None)
-        self._program = _aspen.OnnxProgram(path, shapes, self._options._resolved(False))
+        with self._source.naming_errors(path):
+            self._program = _aspen.OnnxProgram(path, shapes, self._options._resolved(False))
 
 
 class TrainingModel(_Model):
@@ -458,8 +459,9 @@ class TrainingModel(_Model):
         example = self._example(model_inputs, shapes)
         path = self._source.export(example, training=True, loss_kind=self._loss.get("kind"))
         trained = self._source.parameter_names(self._optimizer.params)
-        self._program = _aspen.OnnxProgram(path, {n: shapes[n] for n in model_inputs},
-                                           self._options._resolved(True), training, self._loss, trained)
+        with self._source.naming_errors(path):
+            self._program = _aspen.OnnxProgram(path, {n: shapes[n] for n in model_inputs},
+                                               self._options._resolved(True), training, self._loss, trained)
         self._restore_state()
 
     def _check_detachable(self):
