@@ -5,12 +5,14 @@ NOTE [keras weights] tf2onnx names initializers after TensorFlow ops ("functiona
 ReadVariableOp:0"), folds constants (a zero bias disappears, a kernel is reshaped) and has no map back to
 the model's variables, which training needs (to train the right tensors, and for copyWeightsToHost). So a
 training export is made with every trainable variable set, for the conversion only, to its own random
-values: each then shows as an initializer holding exactly those values (reshaped, or a 2-D kernel
-transposed), found by comparing bytes; the real values are written into those initializers before the
+values: each then shows as an initializer holding exactly those values (reshaped, or with its axes
+permuted: a Dense kernel transposed, a Conv2D kernel [kh, kw, in, out] as ONNX's [out, in, kh, kw]), found
+by comparing bytes; the real values are written into those initializers before the
 file is compiled, and the variables restored. A variable that cannot be found (tf2onnx computed something
 from it at conversion) is an error naming it. Inference exports the real values directly.
 """
 
+import itertools
 import os
 import shutil
 import tempfile
@@ -38,7 +40,7 @@ class KerasSource(Source):
         self.input_names = [self._input_name(t, i) for i, t in enumerate(inputs)]
         self.output_names = []
         self._dir = None
-        self._map = {}  # variable index -> (initializer name, "reshape" | "transpose")
+        self._map = {}  # variable index -> (initializer name, axis permutation or None, initializer shape)
 
     @staticmethod
     def _input_name(t, i):
@@ -60,7 +62,14 @@ class KerasSource(Source):
                 v.assign(t)
                 tags.append(t)
         try:
-            proto, _ = tf2onnx.convert.from_keras(self.model, input_signature=spec, opset=_OPSET)
+            if isinstance(self.model, tf.keras.Sequential) or type(self.model).__name__ == "Sequential":
+                # tf2onnx's from_keras fails inside Keras 3's Sequential ("'keras_tensor_2'"): the model's call
+                # as a tf.function converts the same layers.
+                model = self.model
+                fn = tf.function(lambda *xs: model(xs[0] if len(xs) == 1 else list(xs), training=False))
+                proto, _ = tf2onnx.convert.from_function(fn, input_signature=spec, opset=_OPSET)
+            else:
+                proto, _ = tf2onnx.convert.from_keras(self.model, input_signature=spec, opset=_OPSET)
         except Exception as e:
             raise RuntimeError(f"tf2onnx could not convert Keras model {self.model.name}: {e}") from e
         finally:
@@ -78,19 +87,22 @@ class KerasSource(Source):
             for i, (v, t) in enumerate(zip(variables, tags)):
                 if t.dtype.kind != "f":
                     continue
-                found = by_bytes.get(np.ascontiguousarray(t).tobytes())
-                how = "reshape"
-                if not found and t.ndim == 2:
-                    found, how = by_bytes.get(np.ascontiguousarray(t.T).tobytes()), "transpose"
+                found, how = by_bytes.get(np.ascontiguousarray(t).tobytes()), None
+                if not found and 2 <= t.ndim <= 5:
+                    for perm in itertools.permutations(range(t.ndim)):
+                        if perm != tuple(range(t.ndim)):
+                            found = by_bytes.get(np.ascontiguousarray(np.transpose(t, perm)).tobytes())
+                            if found:
+                                how = perm
+                                break
                 if not found or len(found) > 1:
                     raise NotImplementedError(
                         f"Keras variable '{v.path if hasattr(v, 'path') else v.name}': tf2onnx computed other "
                         "tensors from it at conversion, so aspen cannot train it (NOTE [keras weights])")
                 k = found[0]
                 init = proto.graph.initializer[k]
-                real = originals[i].T if how == "transpose" else originals[i]
                 shape = tuple(init.dims)
-                init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(real).reshape(shape), init.name))
+                init.CopyFrom(numpy_helper.from_array(self._to_initializer(originals[i], how, shape), init.name))
                 self._map[i] = (init.name, how, shape)
         self.close()
         self._dir = tempfile.mkdtemp(prefix="aspen-keras-")
@@ -130,8 +142,8 @@ class KerasSource(Source):
                 for i, (name, how, shape) in self._map.items()}
 
     @staticmethod
-    def _to_initializer(value, how, shape):
-        return np.ascontiguousarray(value.T if how == "transpose" else value).reshape(shape)
+    def _to_initializer(value, perm, shape):
+        return np.ascontiguousarray(value if perm is None else np.transpose(value, perm)).reshape(shape)
 
     def copy_to_host(self, weights):
         variables = list(self.model.trainable_variables)
@@ -141,7 +153,10 @@ class KerasSource(Source):
                 continue
             v = variables[i]
             shape = tuple(v.shape)
-            v.assign(w.reshape(shape[::-1]).T if how == "transpose" else w.reshape(shape))
+            if how is None:
+                v.assign(w.reshape(shape))
+            else:
+                v.assign(np.transpose(w.reshape(tuple(shape[k] for k in how)), np.argsort(how)))
 
     def close(self, _rmtree=shutil.rmtree):  # bound now: at interpreter exit the module's globals may be gone
         if self._dir is not None:
