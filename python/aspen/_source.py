@@ -23,6 +23,10 @@ class Source:
     def check_parameters(self, params):
         """Refuses, naming it, an optimizer's `params` entry that is not a parameter of the model."""
 
+    def resolve_options(self, options):
+        """The program's options (the dict Options._resolved gives) as this source needs them."""
+        return options
+
     def feeds(self, arrays):
         """The program's inputs from the call's arrays."""
         return arrays

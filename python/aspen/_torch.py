@@ -41,6 +41,31 @@ class TorchSource(Source):
     def optional_inputs(self):
         return self._optional
 
+    # NOTE [half modules]: a module made half (model.half(), PopTorch's mixed-precision tutorial) is exported
+    # from a float32 copy and compiled with float16 compute (Precision.setComputeType, unless set): its
+    # matmuls run in f16 while f32 master weights train, as PopTorch keeps them; half inputs are fed as
+    # float32, outputs come back half, and copyWeightsToHost rounds the master weights into the half
+    # parameters. Loss scaling is the optimizer's (loss_scaling=, 'dynamic' included).
+    def _is_half(self):
+        return any(p.dtype == torch.float16 for p in self.module.parameters())
+
+    def resolve_options(self, options):
+        if self._is_half() and "precision" not in options:
+            options = dict(options, precision="f16")
+        return options
+
+    def feeds(self, arrays):
+        if not self._is_half():
+            return arrays
+        out = {}
+        for n, a in arrays.items():
+            if isinstance(a, torch.Tensor) and a.dtype == torch.float16:
+                a = a.float()
+            elif isinstance(a, np.ndarray) and a.dtype == np.float16:
+                a = a.astype(np.float32)
+            out[n] = a
+        return out
+
     @contextlib.contextmanager
     def naming_errors(self, path):
         """The exported file is a temporary one the user never saw: errors name the module instead (each node
@@ -79,20 +104,26 @@ class TorchSource(Source):
     def export(self, example, training, loss_kind):
         """Exports forward for one micro-batch of these inputs; returns the .onnx path."""
         args = {n: torch.from_numpy(a) if isinstance(a, np.ndarray) else a for n, a in example.items()}
+        module = self.module
+        if self._is_half():  # NOTE [half modules]: exported from a float32 copy
+            import copy
+            module = copy.deepcopy(self.module).float()
+            args = {n: a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.float16 else a
+                    for n, a in args.items()}
         names = [n for n in self.input_names if n in args]
         given = {n: args[n] for n in names}  # by name: an input left out keeps forward's default
         # A Hugging Face model returns its KV cache unless told not to: the compiled program keeps its own.
         if "use_cache" in self.input_names and "use_cache" not in self._static:
             self._static["use_cache"] = False
         statics = dict(self._static)
-        was_training = self.module.training
+        was_training = module.training
         if training:
             self._refuse_training_batch_norm()
         if not training:
-            self.module.eval()
+            module.eval()
         try:
             with torch.no_grad():
-                out = self.module(**given, **statics)
+                out = module(**given, **statics)
             leaves, self._spec = pytree.tree_flatten(out)
             for i, leaf in enumerate(leaves):
                 if not isinstance(leaf, torch.Tensor):
@@ -123,7 +154,7 @@ class TorchSource(Source):
             try:
                 with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
                     warnings.simplefilter("ignore")
-                    torch.onnx.export(self.module, (), path, kwargs={**given, **statics}, input_names=names,
+                    torch.onnx.export(module, (), path, kwargs={**given, **statics}, input_names=names,
                                       output_names=self.output_names, dynamo=True, external_data=False,
                                       verbose=False, optimize=not training)
             except Exception as e:
@@ -134,7 +165,7 @@ class TorchSource(Source):
             self._names_in_file(path)
             self._exported = True
         finally:
-            self.module.train(was_training)
+            module.train(was_training)
         return path
 
     def _names_in_file(self, path):
@@ -187,12 +218,14 @@ class TorchSource(Source):
 
     def outputs(self, values, framework):
         leaves = [values[n] for n in self.output_names]
+        if self._is_half():  # NOTE [half modules]: a half module's outputs are half
+            leaves = [v.astype(np.float16) if v.dtype == np.float32 else v for v in leaves]
         if framework == "torch":
             leaves = [torch.from_numpy(v) for v in leaves]
         return pytree.tree_unflatten(leaves, self._spec)
 
     def host_weights(self):
-        return {self._file_name[n]: p.detach().contiguous().numpy() for n, p in self.module.named_parameters()
+        return {self._file_name[n]: p.detach().float().contiguous().numpy() for n, p in self.module.named_parameters()
                 if n in self._file_name}
 
     def copy_to_host(self, weights):

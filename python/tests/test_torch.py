@@ -765,3 +765,41 @@ def test_an_unsupported_layer_is_named_with_its_module_and_line():
     assert "(Resize; from torch: layer 'up' (Upsample), aten.upsample_nearest2d" in text, text
     assert "test_torch.py line" in text, text
     assert "aspen-torch-" not in text and "hint" not in text, text
+
+
+def test_a_half_module_trains_with_f32_master_weights():
+    """model.half() (PopTorch's mixed-precision tutorial): f16 matmuls, f32 master weights, loss scaling;
+    the losses follow the f32 model's, the parameters stay half, the outputs come back half."""
+    def make_mlp():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = make_mlp()
+
+        def forward(self, x, y):
+            out = self.net(x)
+            return out, torch.nn.functional.cross_entropy(out, y)
+
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(10)]
+    ref = WithLoss()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    want = []
+    for x, y in batches:
+        opt.zero_grad()
+        _, l = ref(x, y)
+        l.backward()
+        opt.step()
+        want.append(l.item())
+    model = WithLoss().half()
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1, loss_scaling=128.0))
+    got = [float(training(x.half(), y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=2e-3)
+    training.copyWeightsToHost()
+    assert model.net[0].weight.dtype == torch.float16
+    torch.testing.assert_close(model.net[0].weight.float(), ref.net[0].weight, rtol=0, atol=5e-3)
+    out, _ = aspen.inferenceModel(model)(batches[0][0].half(), batches[0][1])
+    assert out.dtype == torch.float16
