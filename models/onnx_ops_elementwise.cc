@@ -38,10 +38,44 @@ Status convert_abs(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   return c.b.status();
 }
 
+// x^y for float x and an exponent tensor (or a scalar the table below does not cover), as C's pow:
+// |x|^y = exp(y log|x|), negative x times (-1)^y at an integer y and NaN at another, 1 at y = 0 (also for
+// x = 0 or NaN... as pow(x, 0) is 1). x and y broadcast; y of another type is cast to x's.
+ValueId general_pow(Ctx& c, ValueId x, ValueId y, const TensorType& t) {
+  auto k = [&](double v) { return c.id(filled(c, v, t.dtype, t.shape)); };
+  const ValueId a = c.b.op1(OpKind::max, {x, c.b.neg(x)});
+  const ValueId p = c.b.exp(c.b.mul(y, c.b.op1(OpKind::log, {a})));
+  const ValueId fy = c.b.op1(OpKind::floor, {y});
+  const ValueId is_int = c.b.op1(OpKind::equal, {fy, y});
+  const ValueId half_floor = c.b.op1(OpKind::floor, {c.b.scale(y, 0.5)});
+  const ValueId odd = c.b.op1(OpKind::equal, {c.b.sub(y, c.b.scale(half_floor, 2.0)), k(1.0)});
+  const ValueId negative = c.b.where(is_int, c.b.where(odd, c.b.neg(p), p), k(std::nan("")));
+  const ValueId r = c.b.where(c.b.op1(OpKind::less, {x, k(0.0)}), negative, p);
+  return c.b.where(c.b.op1(OpKind::equal, {y, k(0.0)}), k(1.0), r);
+}
+
 Status convert_pow(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const DType xt = in[0].type.dtype;
+  if (xt == DType::i32 || xt == DType::i64) {
+    // An integer base: computed in f32 and rounded back (exact while |x^y| < 2^24; integer exponents).
+    ASPEN_ASSIGN_OR_RETURN(const Shape s, broadcast_shape(c, {in[0].type.shape, in[1].type.shape}));
+    const TensorType t{DType::f32, s};
+    ValueId x = c.b.cast(c.id(to_shape(c, in[0], s)), DType::f32), y = c.id(to_shape(c, in[1], s));
+    if (in[1].type.dtype != DType::f32) y = c.b.cast(y, DType::f32);
+    out = {c.wrap(c.b.cast(c.b.op1(OpKind::round, {general_pow(c, x, y, t)}), xt))};
+    return c.b.status();
+  }
+  if (xt != DType::f32 && xt != DType::bf16 && xt != DType::f16)
+    return c.unsupported("input 'X'", "a float or integer type", std::string(dtype_name(xt)));
+  if (!in[1].readable() || in[1].type.shape.numel() != 1) {  // an exponent tensor
+    ASPEN_ASSIGN_OR_RETURN(const Shape s, broadcast_shape(c, {in[0].type.shape, in[1].type.shape}));
+    const TensorType t{in[0].type.dtype, s};
+    ValueId y = c.id(to_shape(c, in[1], s));
+    if (in[1].type.dtype != t.dtype) y = c.b.cast(y, t.dtype);
+    out = {c.wrap(general_pow(c, c.id(to_shape(c, in[0], s)), y, t))};
+    return c.b.status();
+  }
   ASPEN_ASSIGN_OR_RETURN(const double y, c.scalar(in[1], "input 'Y' (the exponent)"));
-  if (in[0].type.dtype != DType::f32 && in[0].type.dtype != DType::bf16 && in[0].type.dtype != DType::f16)
-    return c.unsupported("input 'X'", "a float type", std::string(dtype_name(in[0].type.dtype)));
   const ValueId x = c.id(in[0]);
   ValueId r;
   if (y == 1.0) {
@@ -62,6 +96,8 @@ Status convert_pow(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
     r = c.b.div(c.id(filled(c, 1.0, in[0].type.dtype, in[0].type.shape)), c.b.sqrt(x));
   } else if (y == 0.0) {
     r = c.id(filled(c, 1.0, in[0].type.dtype, in[0].type.shape));
+  } else if (y == std::floor(y)) {  // another integer exponent: a negative base keeps its sign rule
+    r = general_pow(c, x, c.id(filled(c, y, in[0].type.dtype, in[0].type.shape)), in[0].type);
   } else {
     r = c.b.exp(c.b.scale(c.b.op1(OpKind::log, {x}), y));
   }

@@ -440,6 +440,60 @@ Status convert_batch_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& ou
   return c.b.status();
 }
 
+// ArgMax / ArgMin {axis = 0, keepdims = 1, select_last_index = 0} (int64), and Hardmax {axis} (its one-hot,
+// x's type): the axis' extreme located as the first (or last) position where x equals it: a reduction of
+// where(x == extreme, position, sentinel) in f32 (positions exact below 2^24).
+Result<ValueId> extreme_position(Ctx& c, ValueId x, int axis, bool min, bool last) {
+  const Shape s = c.b.type(x).shape;
+  if (c.b.type(x).dtype != DType::f32) x = c.b.cast(x, DType::f32);
+  const std::vector<int64_t> d = dims(s);
+  if (s[axis] >= (int64_t(1) << 24)) return c.unsupported("input 'data'", "an axis below 2^24", s.to_string());
+  if (min) x = c.b.neg(x);
+  const ValueId m = c.b.broadcast(c.b.reduce_max(x, {axis}, true), d);
+  Tensor iota(DType::f32, Shape{s[axis]});
+  for (int64_t k = 0; k < s[axis]; ++k) iota.span<float>()[size_t(k)] = float(k);
+  std::vector<int64_t> ish(d.size(), 1);
+  ish[size_t(axis)] = s[axis];
+  const ValueId pos = c.b.broadcast(c.b.reshape(c.b.constant(std::move(iota)), ish), d);
+  const ValueId at = c.b.op1(OpKind::equal, {x, m});
+  if (last)
+    return c.b.reduce_max(c.b.where(at, pos, c.id(filled(c, -1.0, DType::f32, s))), {axis}, true);
+  // The first: the smallest position, -max(-position).
+  return c.b.neg(c.b.reduce_max(c.b.where(at, c.b.neg(pos), c.id(filled(c, -double(s[axis]), DType::f32, s))), {axis}, true));
+}
+
+Status convert_arg(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, bool min) {
+  const Shape s = in[0].type.shape;
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", 0));
+  ASPEN_ASSIGN_OR_RETURN(const int64_t keep, c.attr_i("keepdims", 1));
+  ASPEN_ASSIGN_OR_RETURN(const int64_t last, c.attr_i("select_last_index", 0));
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, s.rank(), "attribute 'axis'"));
+  if (s[axis] == 0) return c.error("input 'data'", "a non-empty axis " + std::to_string(axis), s.to_string());
+  ASPEN_ASSIGN_OR_RETURN(ValueId p, extreme_position(c, c.id(in[0]), axis, min, last != 0));
+  p = c.b.cast(p, DType::i64);
+  if (!keep) {
+    std::vector<int64_t> d = dims(s);
+    d.erase(d.begin() + axis);
+    p = c.b.reshape(p, d);
+  }
+  out = {c.wrap(p)};
+  return c.b.status();
+}
+
+Status convert_hardmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  return softmax_like(c, in, out, [&](const Value& x, int axis, std::vector<Value>& o) -> Status {
+    const Shape s = x.type.shape;
+    ASPEN_ASSIGN_OR_RETURN(const ValueId p, extreme_position(c, c.id(x), axis, false, false));
+    Tensor iota(DType::f32, Shape{s[axis]});
+    for (int64_t k = 0; k < s[axis]; ++k) iota.span<float>()[size_t(k)] = float(k);
+    std::vector<int64_t> ish(size_t(s.rank()), 1);
+    ish[size_t(axis)] = s[axis];
+    const ValueId pos = c.b.broadcast(c.b.reshape(c.b.constant(std::move(iota)), ish), dims(s));
+    o = {c.wrap(c.b.cast(c.b.op1(OpKind::equal, {pos, c.b.broadcast(p, dims(s))}), x.type.dtype))};
+    return c.b.status();
+  });
+}
+
 // NOTE [training dropout]: Dropout with training_mode true (what torch.onnx writes for a module exported in
 // training mode) becomes the IR's dropout op: its mask is Philox stream `node index` under a run-time seed,
 // the graph input "dropout_seed" (i64 [1], added once for all the file's Dropouts), which the trainer feeds
@@ -496,6 +550,13 @@ void add_nn_converters(ConverterTable& t) {
   add_converter(t, "SoftmaxCrossEntropyLoss", convert_softmax_cross_entropy, 2, 3);
   add_converter(t, "NegativeLogLikelihoodLoss", convert_nll_loss, 2, 3);
   add_converter(t, "InstanceNormalization", convert_instance_norm, 3, 3);
+  add_converter(t, "ArgMax", [](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+    return convert_arg(c, in, out, false);
+  }, 1, 1);
+  add_converter(t, "ArgMin", [](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+    return convert_arg(c, in, out, true);
+  }, 1, 1);
+  add_converter(t, "Hardmax", convert_hardmax, 1, 1);
   add_converter(t, "GroupNormalization", convert_group_norm, 3, 3);
   add_converter(t, "BatchNormalization", convert_batch_norm, 5, 5);
   add_converter(t, "LogSoftmax", convert_log_softmax, 1, 1);

@@ -827,9 +827,246 @@ Status convert_pad(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   return c.b.status();
 }
 
+// DepthToSpace {blocksize, mode DCR | CRD} and SpaceToDepth {blocksize}: ONNX's reshape, transpose, reshape.
+Status convert_depth_space(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, bool to_space) {
+  const Shape s = in[0].type.shape;
+  ASPEN_ASSIGN_OR_RETURN(const int64_t bs, c.attr_i("blocksize"));
+  if (s.rank() != 4 || bs < 1) return c.error("input 'input' and attribute 'blocksize'", "[N, C, H, W] and >= 1",
+                                               in[0].type.to_string() + " and " + std::to_string(bs));
+  const int64_t N = s[0], C = s[1], H = s[2], W = s[3];
+  ValueId x = c.id(in[0]);
+  if (to_space) {
+    ASPEN_ASSIGN_OR_RETURN(const std::string mode, c.attr_s("mode", std::string("DCR")));
+    if (C % (bs * bs) != 0 || (mode != "DCR" && mode != "CRD"))
+      return c.error("channels and attribute 'mode'", "a multiple of blocksize^2 and DCR or CRD",
+                     std::to_string(C) + " and '" + mode + "'");
+    if (mode == "DCR")
+      x = c.b.transpose(c.b.reshape(x, {N, bs, bs, C / (bs * bs), H, W}), {0, 3, 4, 1, 5, 2});
+    else
+      x = c.b.transpose(c.b.reshape(x, {N, C / (bs * bs), bs, bs, H, W}), {0, 1, 4, 2, 5, 3});
+    x = c.b.reshape(x, {N, C / (bs * bs), H * bs, W * bs});
+  } else {
+    if (H % bs != 0 || W % bs != 0)
+      return c.error("input 'input'", "height and width multiples of blocksize " + std::to_string(bs),
+                     in[0].type.to_string());
+    x = c.b.transpose(c.b.reshape(x, {N, C, H / bs, bs, W / bs, bs}), {0, 3, 5, 1, 2, 4});
+    x = c.b.reshape(x, {N, C * bs * bs, H / bs, W / bs});
+  }
+  out = {c.wrap(x)};
+  return c.b.status();
+}
+
+// OneHot(indices, depth, values [off, on]) {axis = -1}: equal(the index, counting back from depth when
+// negative, a class iota) picks on or off; indices and classes compared as f32 (exact below 2^24).
+Status convert_one_hot(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const double depth_d, c.scalar(in[1], "input 'depth'"));
+  const int64_t depth = int64_t(depth_d);
+  if (depth < 1 || depth >= (int64_t(1) << 24))
+    return c.unsupported("input 'depth'", "a depth in [1, 2^24)", std::to_string(depth_d));
+  if (in[2].type.shape.numel() != 2) return c.error("input 'values'", "two values [off, on]", in[2].type.to_string());
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
+  const Shape is = in[0].type.shape;
+  const int r = is.rank() + 1;
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, r, "attribute 'axis'"));
+  std::vector<int64_t> d = dims(is), unsq = d;
+  d.insert(d.begin() + axis, depth);
+  unsq.insert(unsq.begin() + axis, 1);
+  ValueId idx = c.id(in[0]);
+  if (in[0].type.dtype != DType::f32) idx = c.b.cast(idx, DType::f32);
+  const ValueId zero = c.id(filled(c, 0.0, DType::f32, is));
+  idx = c.b.where(c.b.op1(OpKind::less, {idx, zero}), c.b.add(idx, c.id(filled(c, double(depth), DType::f32, is))), idx);
+  Tensor iota(DType::f32, Shape{depth});
+  for (int64_t k = 0; k < depth; ++k) iota.span<float>()[size_t(k)] = float(k);
+  std::vector<int64_t> iota_shape(size_t(r), 1);
+  iota_shape[size_t(axis)] = depth;
+  const ValueId classes = c.b.broadcast(c.b.reshape(c.b.constant(std::move(iota)), iota_shape), d);
+  const ValueId hot = c.b.op1(OpKind::equal, {c.b.broadcast(c.b.reshape(idx, unsq), d), classes});
+  const ValueId values = c.b.reshape(c.id(in[2]), {2});
+  auto pick = [&](int64_t k) { return c.b.broadcast(c.b.reshape(c.b.slice(values, 0, k, k + 1), {}), d); };
+  out = {c.wrap(c.b.where(hot, pick(1), pick(0)))};
+  return c.b.status();
+}
+
+// NOTE [resize]: Resize (and the older Upsample) of known scales or sizes: per resized axis, each output
+// index's source coordinate (ONNX's coordinate_transformation_mode) is known at import; nearest picks one
+// input index (nearest_mode), linear blends the two neighbours (indices clamped into the axis, weights
+// from the unclamped coordinate, as ONNX's reference pads the edge), cubic four (Keys' kernel). Each axis is
+// a weighted sum of gathers of the axis moved first ([D, rest] rows), so autodiff trains through it.
+// Antialias and tf_crop_and_resize are refused by name.
+Status convert_resize(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, bool upsample) {
+  const Shape s = in[0].type.shape;
+  const int r = s.rank();
+  ASPEN_ASSIGN_OR_RETURN(const std::string mode, c.attr_s("mode", std::string("nearest")));
+  const std::string coord_default = upsample ? "asymmetric" : "half_pixel";
+  std::string coord = coord_default, nearest = upsample ? "floor" : "round_prefer_floor";
+  if (!upsample) {
+    ASPEN_ASSIGN_OR_RETURN(coord, c.attr_s("coordinate_transformation_mode", coord_default));
+    ASPEN_ASSIGN_OR_RETURN(nearest, c.attr_s("nearest_mode", std::string("round_prefer_floor")));
+    ASPEN_ASSIGN_OR_RETURN(const int64_t antialias, c.attr_i("antialias", 0));
+    if (antialias) return c.unsupported("attribute 'antialias'", "0", std::to_string(antialias));
+    if (c.has("axes") || c.has("keep_aspect_ratio_policy")) {
+      ASPEN_ASSIGN_OR_RETURN(const std::string policy, c.attr_s("keep_aspect_ratio_policy", std::string("stretch")));
+      if (c.has("axes") || policy != "stretch")
+        return c.unsupported("attributes 'axes' / 'keep_aspect_ratio_policy'", "none (every axis, stretch)", "given");
+    }
+  }
+  if (mode != "nearest" && mode != "linear" && mode != "bilinear" && mode != "cubic")
+    return c.unsupported("attribute 'mode'", "nearest, linear or cubic", "'" + mode + "'");
+  float cubic_a = -0.75f;
+  int64_t exclude_outside = 0;
+  if (!upsample) {
+    ASPEN_ASSIGN_OR_RETURN(cubic_a, c.attr_f("cubic_coeff_a", -0.75f));
+    ASPEN_ASSIGN_OR_RETURN(exclude_outside, c.attr_i("exclude_outside", 0));
+  }
+  if (coord != "half_pixel" && coord != "pytorch_half_pixel" && coord != "align_corners" && coord != "asymmetric" &&
+      coord != "tf_half_pixel_for_nn" && coord != "half_pixel_symmetric")
+    return c.unsupported("attribute 'coordinate_transformation_mode'",
+                         "half_pixel, pytorch_half_pixel, align_corners, asymmetric, tf_half_pixel_for_nn or "
+                         "half_pixel_symmetric",
+                         "'" + coord + "'");
+  if (nearest != "round_prefer_floor" && nearest != "round_prefer_ceil" && nearest != "floor" && nearest != "ceil")
+    return c.error("attribute 'nearest_mode'", "round_prefer_floor, round_prefer_ceil, floor or ceil", "'" + nearest + "'");
+  // Scales or sizes: Upsample's attribute (opset 7) or input 1 (9); Resize's inputs 2 and 3 (scales at 1 at 10).
+  std::vector<double> scales;
+  std::vector<int64_t> sizes;
+  if (upsample && c.opset < 9) {
+    ASPEN_ASSIGN_OR_RETURN(const io::OnnxAttribute* a, [&]() -> Result<const io::OnnxAttribute*> {
+      const io::OnnxAttribute* at = c.node.find("scales");
+      if (!at) return c.error("attribute 'scales'", "present", "none");
+      return at;
+    }());
+    for (float f : a->floats) scales.push_back(f);
+  } else {
+    const size_t si = upsample || c.opset < 11 ? 1 : 2;
+    if (si < in.size() && in[si].present() && in[si].type.shape.numel() > 0) {
+      if (!in[si].readable())
+        return c.unsupported("input 'scales'", "a value known when the model is imported", "one computed from the graph's inputs");
+      graph::HostArray h = graph::HostArray::from_tensor(*in[si].constant);
+      scales.assign(h.data.begin(), h.data.end());
+    }
+    if (!upsample && in.size() > 3 && in[3].present()) {
+      ASPEN_ASSIGN_OR_RETURN(sizes, c.ints(in[3], "input 'sizes'"));
+    }
+    if (!upsample && in.size() > 1 && in[1].present() && in[1].type.shape.numel() > 0 && coord == "tf_crop_and_resize")
+      return c.unsupported("input 'roi'", "none", "given");
+  }
+  if (scales.empty() == sizes.empty())
+    return c.error("inputs 'scales' and 'sizes'", "one of them", scales.empty() ? "neither" : "both");
+  if ((!scales.empty() && int(scales.size()) != r) || (!sizes.empty() && int(sizes.size()) != r))
+    return c.error("scales or sizes", std::to_string(r) + " values (one per axis)",
+                   std::to_string(scales.empty() ? sizes.size() : scales.size()));
+  ValueId x = c.id(in[0]);
+  std::vector<int64_t> cur = dims(s);
+  for (int a = 0; a < r; ++a) {
+    const int64_t n = s[a];
+    const int64_t m = sizes.empty() ? int64_t(std::floor(double(n) * scales[size_t(a)])) : sizes[size_t(a)];
+    const double scale = sizes.empty() ? scales[size_t(a)] : double(m) / double(n);
+    if (m < 0 || !(scale > 0)) return c.error("scales or sizes", "positive", std::to_string(scale));
+    if (m == n && scale == 1.0) continue;
+    if (n == 0) return c.error("input 'X'", "a non-empty axis " + std::to_string(a), "0");
+    // Per output index, its taps: input indices (clamped into the axis: ONNX's reference pads the edge) and
+    // weights; nearest one, linear two, cubic four (Keys' kernel with cubic_coeff_a; exclude_outside drops
+    // taps outside the axis and renormalizes).
+    const int taps = mode == "nearest" ? 1 : mode == "cubic" ? 4 : 2;
+    std::vector<std::vector<int32_t>> idx(size_t(taps), std::vector<int32_t>(static_cast<size_t>(m)));
+    std::vector<std::vector<float>> wt(size_t(taps), std::vector<float>(static_cast<size_t>(m), 0.0f));
+    const double L = sizes.empty() ? double(n) * scale : double(m);  // ONNX's resized length, unfloored
+    for (int64_t o = 0; o < m; ++o) {
+      double xo;
+      if (coord == "half_pixel") xo = (double(o) + 0.5) / scale - 0.5;
+      else if (coord == "pytorch_half_pixel") xo = L > 1 ? (double(o) + 0.5) / scale - 0.5 : 0.0;
+      else if (coord == "align_corners") xo = L == 1 ? 0.0 : double(o) * double(n - 1) / (L - 1);
+      else if (coord == "asymmetric") xo = double(o) / scale;
+      else if (coord == "tf_half_pixel_for_nn") xo = (double(o) + 0.5) / scale;
+      else {  // half_pixel_symmetric
+        const double adj = double(m) / (scale * double(n)), offset = double(n) * (1.0 - adj) / 2.0;
+        xo = offset + (double(o) + 0.5) / scale - 0.5;
+      }
+      auto clamp = [&](double v) { return int32_t(std::min<double>(std::max<double>(v, 0.0), double(n - 1))); };
+      const size_t u = size_t(o);
+      if (mode == "nearest") {
+        double k;
+        if (nearest == "floor") k = std::floor(xo);
+        else if (nearest == "ceil") k = std::ceil(xo);
+        else if (nearest == "round_prefer_ceil") k = std::floor(xo + 0.5);
+        else k = std::ceil(xo - 0.5);  // round_prefer_floor
+        idx[0][u] = clamp(k);
+        wt[0][u] = 1.0f;
+      } else if (mode != "cubic") {
+        const double f = std::floor(xo);
+        idx[0][u] = clamp(f);
+        idx[1][u] = clamp(f + 1);
+        wt[0][u] = float(1.0 - (xo - f));
+        wt[1][u] = float(xo - f);
+      } else {
+        const double f = std::floor(xo), t = xo - f, A = cubic_a;
+        const double w[4] = {((A * (t + 1) - 5 * A) * (t + 1) + 8 * A) * (t + 1) - 4 * A,
+                             ((A + 2) * t - (A + 3)) * t * t + 1,
+                             ((A + 2) * (1 - t) - (A + 3)) * (1 - t) * (1 - t) + 1,
+                             ((A * (2 - t) - 5 * A) * (2 - t) + 8 * A) * (2 - t) - 4 * A};
+        double sum = 0;
+        for (int k = 0; k < 4; ++k) {
+          const double at = f - 1 + k;
+          const bool outside = at < 0 || at > double(n - 1);
+          const double wk = exclude_outside && outside ? 0.0 : w[k];
+          idx[size_t(k)][u] = clamp(at);
+          wt[size_t(k)][u] = float(wk);
+          sum += wk;
+        }
+        if (exclude_outside && sum != 0)
+          for (int k = 0; k < 4; ++k) wt[size_t(k)][u] = float(double(wt[size_t(k)][u]) / sum);
+      }
+    }
+    // The axis first: [n, rest] rows, gathered, back.
+    std::vector<int64_t> perm = {a};
+    for (int k = 0; k < r; ++k)
+      if (k != a) perm.push_back(k);
+    std::vector<int64_t> inverse(static_cast<size_t>(r));
+    for (int k = 0; k < r; ++k) inverse[size_t(perm[size_t(k)])] = k;
+    const int64_t rest = n ? c.b.type(x).shape.numel() / n : 0;
+    const ValueId table = c.b.reshape(c.b.transpose(x, perm), {n, rest});
+    auto gathered = [&](const std::vector<int32_t>& at) {
+      Tensor t(DType::i32, Shape{m});
+      std::copy(at.begin(), at.end(), t.span<int32_t>().begin());
+      return c.b.gather(table, c.b.constant(std::move(t)));  // [m, rest]
+    };
+    auto weighted = [&](int k) {
+      ValueId g = gathered(idx[size_t(k)]);
+      if (taps == 1) return g;
+      Tensor w(DType::f32, Shape{m, 1});
+      std::copy(wt[size_t(k)].begin(), wt[size_t(k)].end(), w.span<float>().begin());
+      ValueId wv = c.b.constant(std::move(w));
+      if (in[0].type.dtype != DType::f32) wv = c.b.cast(wv, in[0].type.dtype);
+      return c.b.mul(c.b.broadcast(wv, {m, rest}), g);
+    };
+    ValueId y = weighted(0);
+    for (int k = 1; k < taps; ++k) y = c.b.add(y, weighted(k));
+    std::vector<int64_t> moved = {m};
+    for (int k = 0; k < r; ++k)
+      if (k != a) moved.push_back(cur[size_t(k)]);
+    cur[size_t(a)] = m;
+    x = c.b.transpose(c.b.reshape(y, moved), inverse);
+  }
+  out = {c.wrap(x)};
+  return c.b.status();
+}
+
 }  // namespace
 
 void add_shape_converters(ConverterTable& t) {
+  add_converter(t, "DepthToSpace", [](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+    return convert_depth_space(c, in, out, true);
+  }, 1, 1);
+  add_converter(t, "SpaceToDepth", [](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+    return convert_depth_space(c, in, out, false);
+  }, 1, 1);
+  add_converter(t, "OneHot", convert_one_hot, 3, 3);
+  add_converter(t, "Resize", [](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+    return convert_resize(c, in, out, false);
+  }, 1, 4);
+  add_converter(t, "Upsample", [](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+    return convert_resize(c, in, out, true);
+  }, 1, 2);
   add_converter(t, "Pad", convert_pad, 1, 4);
   add_converter(t, "MatMul", convert_matmul, 2, 2);
   add_converter(t, "Gemm", convert_gemm, 2, 3);

@@ -803,3 +803,43 @@ def test_a_half_module_trains_with_f32_master_weights():
     torch.testing.assert_close(model.net[0].weight.float(), ref.net[0].weight, rtol=0, atol=5e-3)
     out, _ = aspen.inferenceModel(model)(batches[0][0].half(), batches[0][1])
     assert out.dtype == torch.float16
+
+
+class _Resampled(torch.nn.Module):
+    """Bilinear and nearest resizing, a learned exponent tensor (Pow), pixel shuffle (DepthToSpace)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(13)
+        self.conv = torch.nn.Conv2d(2, 4, 3, padding=1)
+        self.p = torch.nn.Parameter(torch.linspace(0.5, 2.0, 4).reshape(4, 1, 1))
+        self.fc = torch.nn.Linear(1 * 12 * 12, 3)
+
+    def forward(self, x, y):
+        h = torch.nn.functional.interpolate(self.conv(x), scale_factor=2.0, mode="bilinear", align_corners=False)
+        h = (h.abs() + 1.0).pow(self.p)
+        h = torch.nn.functional.pixel_shuffle(h, 2)  # [N, 1, 12, 12]
+        h = torch.nn.functional.interpolate(h, size=(12, 12), mode="nearest")
+        logits = self.fc(h.flatten(1))
+        return logits, torch.nn.functional.cross_entropy(logits, y)
+
+
+def test_resize_pow_and_pixel_shuffle_train_as_torch():
+    g = torch.Generator().manual_seed(14)
+    batches = [(torch.randn(2, 2, 3, 3, generator=g), torch.randint(0, 3, (2,), generator=g)) for _ in range(3)]
+    ref = _Resampled()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.01)
+    want = []
+    for x, y in batches:
+        opt.zero_grad()
+        _, l = ref(x, y)
+        l.backward()
+        opt.step()
+        want.append(l.item())
+    model = _Resampled()
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.01))
+    got = [float(training(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    training.copyWeightsToHost()
+    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
