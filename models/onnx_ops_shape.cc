@@ -588,8 +588,23 @@ Status convert_gather_elements(Ctx& c, std::vector<Value>& in, std::vector<Value
                     c.b.add(idx, c.id(filled(c, double(n), it, is))), idx);
     ValueId flat = c.b.add(c.b.mul(idx, c.id(filled(c, double(ds.stride(axis)), it, is))),
                            it == DType::i64 ? c.b.constant(std::move(base)) : c.b.cast(c.b.constant(std::move(base)), it));
-    const ValueId table = c.id(reshaped(c, in[0], {ds.numel(), 1}));
-    out = {reshaped(c, c.wrap(c.b.gather(table, flat)), dims(is))};
+    ValueId table = c.id(reshaped(c, in[0], {ds.numel(), 1}));
+    const DType dt = in[0].type.dtype;
+    const bool integer = dt != DType::f32 && dt != DType::bf16 && dt != DType::f16;
+    if (integer) {  // the gather moves float rows: integers go through f32, exact below 2^24 (checked)
+      bool small = in[0].readable();
+      if (small) {
+        const graph::HostArray h = graph::HostArray::from_tensor(*in[0].constant);
+        for (double v : h.data) small = small && std::fabs(v) < double(int64_t(1) << 24);
+      }
+      if (!small)
+        return c.unsupported("input 'data'", "float data, or known integers below 2^24 in magnitude",
+                             in[0].type.to_string() + (in[0].readable() ? " with larger values" : " computed from the inputs"));
+      table = c.b.cast(table, DType::f32);
+    }
+    ValueId y = c.b.gather(table, flat);
+    if (integer) y = c.b.cast(y, dt);
+    out = {reshaped(c, c.wrap(y), dims(is))};
     return c.b.status();
   }
   ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> idx, c.ints(in[1], "input 'indices'"));

@@ -69,6 +69,16 @@ else
     python3 -m pip install -q --break-system-packages torch onnx onnxscript
 fi
 
+# The model table's rows (python/tests/test_model_table.py: resnet18, mobilenet_v3_small) come from
+# torchvision, pinned to the installed torch so that pip does not replace it.
+if python3 -c "import torchvision" 2>/dev/null; then
+  echo "install-deps: torchvision present"
+else
+  torch_version=$(python3 -c "import torch; print(torch.__version__.split('+')[0])")
+  python3 -m pip install -q torchvision pillow "torch==${torch_version}" ||
+    python3 -m pip install -q --break-system-packages torchvision pillow "torch==${torch_version}"
+fi
+
 # Keras models in the Python package are converted with tf2onnx (its tests compare with Keras's own).
 if python3 -c "import tensorflow, tf2onnx" 2>/dev/null; then
   echo "install-deps: tensorflow and tf2onnx present"

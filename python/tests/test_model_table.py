@@ -1,0 +1,153 @@
+"""W3.2's model table (docs/onnx.md): models as users hold them, each compared with PyTorch. Inference
+within 1e-5 of torch (f32; the output's scale); training steps equal to torch.optim on the same batches;
+each row's framework model passed to aspen as it is."""
+
+import numpy as np
+import pytest
+import torch
+
+import aspen
+
+transformers = pytest.importorskip("transformers")
+torchvision = pytest.importorskip("torchvision")  # scripts/install-deps.sh installs it
+
+
+def _first(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "keys"):
+        return out[next(iter(out.keys()))]
+    return out[0]
+
+
+def _infers_as_torch(model, *args):
+    model.eval()
+    with torch.no_grad():
+        want = _first(model(*args))
+    got = torch.as_tensor(_first(aspen.inferenceModel(model)(*args)))
+    scale = max(1.0, want.abs().max().item())
+    assert (got - want).abs().max().item() <= 1e-5 * scale
+
+
+def _rows():
+    torch.manual_seed(0)
+    vit = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                 num_attention_heads=4, intermediate_size=64, num_labels=5)
+    whisper = transformers.WhisperConfig(pad_token_id=0, bos_token_id=0, eos_token_id=0, decoder_start_token_id=0,
+                                         d_model=32, encoder_layers=2, encoder_attention_heads=4, decoder_layers=1,
+                                         decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                         num_mel_bins=16, max_source_positions=20, vocab_size=100)
+    roberta = transformers.RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=64, max_position_embeddings=40)
+    ids = torch.randint(3, 100, (2, 12))
+    ids[1, 9:] = roberta.pad_token_id
+    return {
+        "resnet18": (lambda: torchvision.models.resnet18(num_classes=10), (torch.randn(1, 3, 64, 64),)),
+        "mobilenet_v3_small": (lambda: torchvision.models.mobilenet_v3_small(num_classes=10),
+                               (torch.randn(2, 3, 64, 64),)),
+        "vit": (lambda: transformers.ViTForImageClassification(vit), (torch.randn(1, 3, 32, 32),)),
+        "whisper_encoder": (lambda: transformers.WhisperModel(whisper).get_encoder(), (torch.randn(1, 16, 40),)),
+        "roberta_mlm": (lambda: transformers.RobertaForMaskedLM(roberta), (ids,)),
+    }
+
+
+@pytest.mark.parametrize("row", ["resnet18", "mobilenet_v3_small", "vit", "whisper_encoder", "roberta_mlm"])
+def test_inference_equals_torch(row):
+    make, args = _rows()[row]
+    torch.manual_seed(1)
+    _infers_as_torch(make(), *args)
+
+
+def _train_both(make, batches, call, lr=0.05):
+    """The same model trained by torch.optim.SGD and by aspen: the losses per step."""
+    torch.manual_seed(2)
+    ref = make()
+    model = make()
+    model.load_state_dict(ref.state_dict())
+    opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    want = []
+    for b in batches:
+        opt.zero_grad()
+        loss = call(ref, b)
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=lr))
+    got = [float(training(**b)) for b in batches]
+    return got, want
+
+
+def test_roberta_trains_with_its_own_labels_loss():
+    config = transformers.RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=64, max_position_embeddings=40, hidden_dropout_prob=0.0,
+                                        attention_probs_dropout_prob=0.0)
+    g = torch.Generator().manual_seed(3)
+    batches = []
+    for _ in range(3):
+        ids = torch.randint(3, 100, (2, 12), generator=g)
+        labels = torch.full_like(ids, -100)
+        labels[:, 2:5] = ids[:, 2:5]
+        batches.append({"input_ids": ids, "labels": labels})
+    got, want = _train_both(lambda: transformers.RobertaForMaskedLM(config), batches,
+                            lambda m, b: m(**b).loss)
+    np.testing.assert_allclose(got, want, rtol=2e-5)
+
+
+def test_bert_classifier_trains_with_dropout():
+    """BertForSequenceClassification with its dropout 0.1 in training: without dropout its steps equal
+    torch's; with it, aspen's own masks (seeded) make the losses differ from the dropout-free ones and
+    repeat with the seed."""
+    def config(p):
+        return transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=64, max_position_embeddings=40, num_labels=3,
+                                       hidden_dropout_prob=p, attention_probs_dropout_prob=0.0)
+    g = torch.Generator().manual_seed(4)
+    batches = [{"input_ids": torch.randint(1, 100, (4, 10), generator=g),
+                "labels": torch.randint(0, 3, (4,), generator=g)} for _ in range(3)]
+    got, want = _train_both(lambda: transformers.BertForSequenceClassification(config(0.0)), batches,
+                            lambda m, b: m(**b).loss)
+    np.testing.assert_allclose(got, want, rtol=2e-5)
+
+    def dropped(seed):
+        torch.manual_seed(2)
+        model = transformers.BertForSequenceClassification(config(0.1))
+        training = aspen.trainingModel(model, aspen.Options().randomSeed(seed),
+                                       optimizer=aspen.optim.SGD(model.parameters(), lr=0.05))
+        return [float(training(**b)) for b in batches]
+
+    a, b = dropped(5), dropped(5)
+    assert a == b
+    assert not np.allclose(a, got, rtol=1e-6)
+
+
+def test_resnet18_trains_with_frozen_batch_norms():
+    """A torchvision resnet18 trains with its batch norms in eval() (the running statistics fixed: batch
+    statistics in training are not converted yet, and a batch norm left in training mode is refused)."""
+    def make():
+        m = torchvision.models.resnet18(num_classes=4)
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                mod.eval()
+        return m
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = make()
+
+        def forward(self, x, y):
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    g = torch.Generator().manual_seed(6)
+    batches = [{"x": torch.randn(2, 3, 32, 32, generator=g), "y": torch.randint(0, 4, (2,), generator=g)}
+               for _ in range(2)]
+
+    def make_frozen():
+        m = WithLoss()
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                mod.eval()
+        return m
+
+    got, want = _train_both(make_frozen, batches, lambda m, b: m(**b), lr=0.01)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
