@@ -134,7 +134,24 @@ int run_run(const RunArgs& a) {
   if (a.dtype != "f32" && a.dtype != "bf16") return usage("--dtype", "f32 or bf16", "'" + a.dtype + "'");
   const auto t0 = std::chrono::steady_clock::now();
   auto imp = models::import_onnx(*m, opts);
+  // A value the importer needs at compile time (a shape, axes, pads an exporter left as an input) is bound
+  // from the given array, as Poplar binds static shapes: the integer inputs become constants of this
+  // compile (another value compiles again), and the run feeds the rest.
+  std::vector<std::string> bound;
+  if (!imp.is_ok() && imp.status().message().find("known when the model is imported") != std::string::npos) {
+    for (const auto& [name, t] : inputs)
+      if (t.dtype() == DType::i64 || t.dtype() == DType::i32 || t.dtype() == DType::u8 || t.dtype() == DType::boolean) {
+        opts.constants[name] = &t;
+        opts.input_shapes.erase(name);
+        bound.push_back(name);
+      }
+    if (!bound.empty()) imp = models::import_onnx(*m, opts);
+  }
   if (!imp.is_ok()) return report(imp.status());
+  for (const std::string& name : bound) {
+    std::cout << "input '" << escape_for_terminal(name) << "' bound at compile time (its values are part of the program)\n";
+    inputs.erase(name);
+  }
   api::Options options;
   options.threads(a.threads);
   if (a.dtype == "bf16") options.precision(DType::bf16);
