@@ -212,6 +212,108 @@ Status convert_conv(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   return c.b.status();
 }
 
+// ConvTranspose: output o on an axis takes input i through kernel offset q where o = i s - pad_begin + q d;
+// the gather reads, for every (o, q), that i when it is a whole number inside the input, else the zero row,
+// and the product with the weight [C, M / group, K...] sums over q and the input channels (the transpose
+// of Conv's scatter, as a gather).
+Status convert_conv_transpose(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const TensorType xt = in[0].type, wt = in[1].type;
+  if (!is_float(xt.dtype)) return c.error("input 'X'", "a float tensor", xt.to_string());
+  ASPEN_RETURN_IF_ERROR(same_dtype(c, in));
+  const int r = xt.shape.rank();
+  if (r < 3 || r > 5 || wt.shape.rank() != r)
+    return c.unsupported("inputs 'X' and 'W'", "[N, C, D...] with 1 to 3 spatial axes and W of the same rank",
+                         xt.to_string() + " and " + wt.to_string());
+  ASPEN_ASSIGN_OR_RETURN(const int64_t G, c.attr_i("group", 1));
+  const std::vector<int64_t> wd = dims(wt.shape);
+  const int64_t C = xt.shape[1], Mg = wd[1], M = G * Mg;
+  if (G < 1 || wd[0] != C || C % G != 0)
+    return c.error("inputs 'X' and 'W'", "W [C, M / group, k...] with X's C channels, a multiple of group",
+                   xt.to_string() + " and " + wt.to_string());
+  const size_t k = size_t(r - 2);
+  Window w;
+  w.N = xt.shape[0];
+  w.C = C;
+  for (int i = 2; i < r; ++i) w.D.push_back(xt.shape[i]);
+  w.K.assign(wd.begin() + 2, wd.end());
+  ASPEN_ASSIGN_OR_RETURN(w.S, c.attr_ints("strides", std::vector<int64_t>(k, 1)));
+  ASPEN_ASSIGN_OR_RETURN(w.Dil, c.attr_ints("dilations", std::vector<int64_t>(k, 1)));
+  ASPEN_ASSIGN_OR_RETURN(std::vector<int64_t> pads, c.attr_ints("pads", std::vector<int64_t>(2 * k, 0)));
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> opad, c.attr_ints("output_padding", std::vector<int64_t>(k, 0)));
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> oshape, c.attr_ints("output_shape", std::vector<int64_t>{}));
+  ASPEN_ASSIGN_OR_RETURN(const std::string auto_pad, c.attr_s("auto_pad", std::string("NOTSET")));
+  if (c.has("kernel_shape")) {
+    ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> ks, c.attr_ints("kernel_shape"));
+    if (ks != w.K) return c.error("attribute 'kernel_shape'", list(w.K) + " (W's)", list(ks));
+  }
+  if (w.S.size() != k || w.Dil.size() != k || pads.size() != 2 * k || opad.size() != k ||
+      (!oshape.empty() && oshape.size() != k && oshape.size() != k + 2))
+    return c.error("strides, dilations, pads, output_padding, output_shape",
+                   std::to_string(k) + " values per spatial axis (pads 2)", list(w.S) + ", " + list(w.Dil) + ", " +
+                   list(pads) + ", " + list(opad) + ", " + list(oshape));
+  for (size_t i = 0; i < k; ++i) {
+    const int64_t span = (w.K[i] - 1) * w.Dil[i] + 1;
+    const int64_t full = w.S[i] * (w.D[i] - 1) + opad[i] + span;  // before padding
+    int64_t pb = pads[i], pe = pads[i + k], o;
+    const bool same = auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER";
+    if (!oshape.empty() || same) {
+      o = !oshape.empty() ? oshape[oshape.size() - k + i] : w.D[i] * w.S[i];
+      const int64_t total = full - o;  // negative: the output extends past the last input's reach (zeros)
+      const int64_t half = total >= 0 ? total / 2 : -((-total + 1) / 2);  // floor, as ONNX's reference
+      if (auto_pad == "SAME_UPPER") pb = half, pe = total - half;
+      else pb = total - half, pe = half;
+    } else {
+      o = full - pb - pe;
+    }
+    if (o < 0) return c.error("attribute 'pads'", "an output of at least 0", list(pads));
+    w.PadBegin.push_back(pb);
+    w.PadEnd.push_back(pe);
+    w.O.push_back(o);
+  }
+  const int64_t pO = product(w.O), pK = product(w.K), pD = product(w.D), P = w.N * pO;
+  if (w.N * pO * pK > kMaxWindowIndices)
+    return c.unsupported("input 'X'", "at most 2^28 window positions (N x outputs x kernel)", xt.to_string());
+  Tensor ids(DType::i32, Shape{w.N, pO, pK});
+  int32_t* p = ids.data<int32_t>();
+  std::vector<int64_t> o(k), q(k);
+  for (int64_t oi = 0; oi < pO; ++oi) {
+    int64_t rest = oi;
+    for (size_t j = k; j-- > 0;) o[j] = rest % w.O[j], rest /= w.O[j];
+    for (int64_t qi = 0; qi < pK; ++qi) {
+      int64_t r2 = qi;
+      for (size_t j = k; j-- > 0;) q[j] = r2 % w.K[j], r2 /= w.K[j];
+      int64_t flat = 0;
+      bool inside = true;
+      for (size_t j = 0; j < k; ++j) {
+        const int64_t num = o[j] + w.PadBegin[j] - q[j] * w.Dil[j];
+        const bool whole = num >= 0 && num % w.S[j] == 0 && num / w.S[j] < w.D[j];
+        inside = inside && whole;
+        flat = flat * w.D[j] + (whole ? num / w.S[j] : 0);
+      }
+      for (int64_t n = 0; n < w.N; ++n) p[(n * pO + oi) * pK + qi] = int32_t(inside ? n * pD + flat : w.N * pD);
+    }
+  }
+  const ValueId col = gather_windows(c, in[0], w, 0.0, std::move(ids));  // [N, ΠO, ΠK, C]
+  const int64_t Cg = C / G;
+  const ValueId w3 = c.b.reshape(c.id(in[1]), {C, Mg, pK});
+  ValueId y;
+  if (G == 1) {
+    const ValueId a = c.b.reshape(col, {P, pK * C});
+    const ValueId b = c.b.reshape(c.b.transpose(w3, {2, 0, 1}), {pK * C, M});  // [ΠK, C, M]
+    y = c.b.matmul(a, b);
+  } else {
+    const ValueId a = c.b.reshape(c.b.transpose(c.b.reshape(col, {P, pK, G, Cg}), {2, 0, 1, 3}), {G, P, pK * Cg});
+    const ValueId b = c.b.reshape(c.b.transpose(c.b.reshape(w3, {G, Cg, Mg, pK}), {0, 3, 1, 2}), {G, pK * Cg, Mg});
+    y = c.b.reshape(c.b.transpose(c.b.matmul(a, b), {1, 0, 2}), {P, M});
+  }
+  if (in.size() > 2 && in[2].present()) {
+    if (in[2].type.shape != Shape{M}) return c.error("input 'B'", TensorType{xt.dtype, Shape{M}}.to_string(), in[2].type.to_string());
+    y = c.b.add(y, c.b.broadcast(c.id(in[2]), {P, M}));
+  }
+  out = {c.wrap(channels_first(c, y, w, M))};
+  return c.b.status();
+}
+
 Status pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, bool max) {
   const TensorType xt = in[0].type;
   if (!is_float(xt.dtype)) return c.error("input 'X'", "a float tensor", xt.to_string());
@@ -257,6 +359,7 @@ Status convert_global_max_pool(Ctx& c, std::vector<Value>& in, std::vector<Value
 
 void add_conv_converters(ConverterTable& t) {
   add_converter(t, "Conv", convert_conv, 2, 3);
+  add_converter(t, "ConvTranspose", convert_conv_transpose, 2, 3);
   add_converter(t, "MaxPool", convert_max_pool, 1, 1);
   add_converter(t, "AveragePool", convert_average_pool, 1, 1);
   add_converter(t, "GlobalMaxPool", convert_global_max_pool, 1, 1);

@@ -843,3 +843,45 @@ def test_resize_pow_and_pixel_shuffle_train_as_torch():
     training.copyWeightsToHost()
     for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
+
+
+class _Decoder(torch.nn.Module):
+    """Transposed convolutions (strided, grouped, output_padding), a 1-D and a 3-D convolution."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(15)
+        self.up = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.up2 = torch.nn.ConvTranspose2d(6, 2, (2, 3), stride=(1, 2), dilation=(2, 1))
+        self.c1 = torch.nn.Conv1d(2, 3, 3, padding=2, dilation=2)
+        self.c3 = torch.nn.Conv3d(1, 2, 2, stride=(1, 2, 1))
+        self.fc = torch.nn.Linear(3 * 10 + 2 * 2 * 2 * 3, 3)
+
+    def forward(self, x, v, u, y):
+        h = self.up2(torch.relu(self.up(x)))              # [N, 2, 10, 17]
+        a = self.c1(h.mean(dim=3))                        # [N, 3, 10]
+        b = self.c3(u)                                    # [N, 2, 2, 2, 3]
+        logits = self.fc(torch.cat([a.flatten(1), b.flatten(1)], dim=1)) + v.sum()
+        return logits, torch.nn.functional.cross_entropy(logits, y)
+
+
+def test_transposed_1d_and_3d_convolutions_train_as_torch():
+    g = torch.Generator().manual_seed(16)
+    batches = [(torch.randn(2, 4, 4, 4, generator=g), torch.randn(3, generator=g),
+                torch.randn(2, 1, 3, 4, 4, generator=g), torch.randint(0, 3, (2,), generator=g)) for _ in range(3)]
+    ref = _Decoder()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.02)
+    want = []
+    for b in batches:
+        opt.zero_grad()
+        _, l = ref(*b)
+        l.backward()
+        opt.step()
+        want.append(l.item())
+    model = _Decoder()
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.02))
+    got = [float(training(*b)) for b in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    training.copyWeightsToHost()
+    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
