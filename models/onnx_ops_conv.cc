@@ -192,10 +192,13 @@ Status convert_conv(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   // W [M, Cg, K...] -> [M, Cg, ΠK]
   const ValueId w3 = c.b.reshape(c.id(in[1]), {M, Cg, pK});
   ValueId y;
+  // The weight as [M, ΠK·C] for a product with trans_b: one batched 2-D transpose of each output channel's
+  // [C, ΠK] (a full reversal to [ΠK·C, M] cost more than the product on the large layers).
   if (G == 1) {
     const ValueId a = c.b.reshape(col, {P, pK * w.C});
-    const ValueId b = c.b.reshape(c.b.transpose(w3, {2, 1, 0}), {pK * w.C, M});  // [ΠK, C, M]
-    y = bias ? c.b.op1(OpKind::matmul, {a, b, c.id(*bias)}) : c.b.matmul(a, b);
+    const ValueId b = c.b.reshape(c.b.transpose(w3, {0, 2, 1}), {M, pK * w.C});  // [M, ΠK, C]
+    y = bias ? c.b.op1(OpKind::matmul, {a, b, c.id(*bias)}, {{"trans_a", int64_t(0)}, {"trans_b", int64_t(1)}})
+             : c.b.matmul(a, b, false, true);
   } else if (Cg == 1 && Mg == 1) {  // depthwise: y[p, g] = Σ_k col[p, k, g] w[g, k]
     const ValueId wk = c.b.transpose(c.b.reshape(w3, {M, pK}), {1, 0});  // [ΠK, C]
     y = c.b.reduce_sum(c.b.mul(c.b.reshape(col, {P, pK, w.C}), c.b.broadcast(wk, {P, pK, w.C})), {1});
@@ -203,9 +206,8 @@ Status convert_conv(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   } else {
     // [P, ΠK, G, Cg] -> [G, P, ΠK·Cg] times [G, ΠK·Cg, Mg] (W [G, Mg, Cg, ΠK] -> [G, ΠK, Cg, Mg])
     const ValueId a = c.b.reshape(c.b.transpose(c.b.reshape(col, {P, pK, G, Cg}), {2, 0, 1, 3}), {G, P, pK * Cg});
-    const ValueId b =
-        c.b.reshape(c.b.transpose(c.b.reshape(w3, {G, Mg, Cg, pK}), {0, 3, 2, 1}), {G, pK * Cg, Mg});
-    y = c.b.reshape(c.b.transpose(c.b.matmul(a, b), {1, 0, 2}), {P, M});  // [P, G, Mg]
+    const ValueId b = c.b.reshape(c.b.transpose(c.b.reshape(w3, {G, Mg, Cg, pK}), {0, 1, 3, 2}), {G, Mg, pK * Cg});
+    y = c.b.reshape(c.b.transpose(c.b.matmul(a, b, false, true), {1, 0, 2}), {P, M});  // [P, G, Mg]
     if (bias) y = c.b.add(y, c.b.broadcast(c.id(*bias), {P, M}));
   }
   out = {c.wrap(channels_first(c, y, w, M))};
@@ -299,12 +301,12 @@ Status convert_conv_transpose(Ctx& c, std::vector<Value>& in, std::vector<Value>
   ValueId y;
   if (G == 1) {
     const ValueId a = c.b.reshape(col, {P, pK * C});
-    const ValueId b = c.b.reshape(c.b.transpose(w3, {2, 0, 1}), {pK * C, M});  // [ΠK, C, M]
-    y = c.b.matmul(a, b);
+    const ValueId b = c.b.reshape(c.b.transpose(w3, {1, 2, 0}), {M, pK * C});  // [M, ΠK, C]
+    y = c.b.matmul(a, b, false, true);
   } else {
     const ValueId a = c.b.reshape(c.b.transpose(c.b.reshape(col, {P, pK, G, Cg}), {2, 0, 1, 3}), {G, P, pK * Cg});
-    const ValueId b = c.b.reshape(c.b.transpose(c.b.reshape(w3, {G, Cg, Mg, pK}), {0, 3, 1, 2}), {G, pK * Cg, Mg});
-    y = c.b.reshape(c.b.transpose(c.b.matmul(a, b), {1, 0, 2}), {P, M});
+    const ValueId b = c.b.reshape(c.b.transpose(c.b.reshape(w3, {G, Cg, Mg, pK}), {0, 2, 3, 1}), {G, Mg, pK * Cg});
+    y = c.b.reshape(c.b.transpose(c.b.matmul(a, b, false, true), {1, 0, 2}), {P, M});
   }
   if (in.size() > 2 && in[2].present()) {
     if (in[2].type.shape != Shape{M}) return c.error("input 'B'", TensorType{xt.dtype, Shape{M}}.to_string(), in[2].type.to_string());
