@@ -64,9 +64,9 @@ fi
 # the CPU is all the tests use.
 if python3 -c "import torch, onnx, onnxscript" 2>/dev/null; then
   echo "install-deps: torch, onnx and onnxscript present"
-else
-  python3 -m pip install -q torch onnx onnxscript ||
-    python3 -m pip install -q --break-system-packages torch onnx onnxscript
+else  # torchvision with torch, so that pip picks a matching pair
+  python3 -m pip install -q torch torchvision pillow onnx onnxscript ||
+    python3 -m pip install -q --break-system-packages torch torchvision pillow onnx onnxscript
 fi
 
 # The model table's rows (python/tests/test_model_table.py: resnet18, mobilenet_v3_small) come from
