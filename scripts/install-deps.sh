@@ -69,6 +69,14 @@ else  # torchvision with torch, so that pip picks a matching pair
     python3 -m pip install -q --break-system-packages torch torchvision pillow onnx onnxscript
 fi
 
+# Hugging Face models passed as they are (python/tests/test_model_table.py, test_torch.py) come from
+# transformers.
+if python3 -c "import transformers" 2>/dev/null; then
+  echo "install-deps: transformers present"
+else
+  python3 -m pip install -q transformers || python3 -m pip install -q --break-system-packages transformers
+fi
+
 # The model table's rows (python/tests/test_model_table.py: resnet18, mobilenet_v3_small) come from
 # torchvision, pinned to the installed torch so that pip does not replace it.
 if python3 -c "import torchvision" 2>/dev/null; then

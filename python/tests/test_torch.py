@@ -682,7 +682,6 @@ def _hf_causal_lms():
 def test_hugging_face_models_train_as_they_are(family):
     """A Hugging Face model passed as it is: inputs bound by name (forward(**kwargs)), its own labels= loss
     (the shifted cross-entropy, Pad and all; Llama's rotary Sin/Cos), use_cache left to aspen."""
-    pytest.importorskip("transformers")
     make = _hf_causal_lms()[family]
     torch.manual_seed(0)
     ref = make()
