@@ -494,6 +494,40 @@ Status convert_hardmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) 
   });
 }
 
+// LRN(x [N, C, D...]) {alpha = 1e-4, beta = 0.75, bias = 1, size}: x / (bias + alpha / size · Σ x²)^beta,
+// the sum over the channels c - floor((size - 1) / 2) .. c + ceil((size - 1) / 2): the squares padded with
+// zeros on the channel axis and `size` shifted slices added.
+Status convert_lrn(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const Shape s = in[0].type.shape;
+  if (s.rank() < 3) return c.error("input 'X'", "[N, C, D...]", in[0].type.to_string());
+  ASPEN_ASSIGN_OR_RETURN(const float alpha, c.attr_f("alpha", 1e-4f));
+  ASPEN_ASSIGN_OR_RETURN(const float beta, c.attr_f("beta", 0.75f));
+  ASPEN_ASSIGN_OR_RETURN(const float bias, c.attr_f("bias", 1.0f));
+  ASPEN_ASSIGN_OR_RETURN(const int64_t size, c.attr_i("size"));
+  if (size < 1) return c.error("attribute 'size'", ">= 1", std::to_string(size));
+  const DType dt = in[0].type.dtype;
+  const int64_t C = s[1], before = (size - 1) / 2, after = size - 1 - before;
+  const ValueId x = c.id(in[0]);
+  ValueId sq = c.b.mul(x, x);
+  std::vector<int64_t> d = dims(s);
+  std::vector<ValueId> parts;
+  if (before > 0) {
+    d[1] = before;
+    parts.push_back(c.id(filled(c, 0.0, dt, shape_of(d))));
+  }
+  parts.push_back(sq);
+  if (after > 0) {
+    d[1] = after;
+    parts.push_back(c.id(filled(c, 0.0, dt, shape_of(d))));
+  }
+  const ValueId padded = parts.size() > 1 ? c.b.concat(parts, 1) : sq;
+  ValueId sum = c.b.slice(padded, 1, 0, C);
+  for (int64_t k = 1; k < size; ++k) sum = c.b.add(sum, c.b.slice(padded, 1, k, k + C));
+  const ValueId base = c.b.add(c.id(filled(c, bias, dt, s)), c.b.scale(sum, double(alpha) / double(size)));
+  out = {c.wrap(c.b.div(x, c.b.exp(c.b.scale(c.b.op1(OpKind::log, {base}), beta))))};
+  return c.b.status();
+}
+
 // NOTE [training dropout]: Dropout with training_mode true (what torch.onnx writes for a module exported in
 // training mode) becomes the IR's dropout op: its mask is Philox stream `node index` under a run-time seed,
 // the graph input "dropout_seed" (i64 [1], added once for all the file's Dropouts), which the trainer feeds
@@ -557,6 +591,7 @@ void add_nn_converters(ConverterTable& t) {
     return convert_arg(c, in, out, true);
   }, 1, 1);
   add_converter(t, "Hardmax", convert_hardmax, 1, 1);
+  add_converter(t, "LRN", convert_lrn, 1, 1);
   add_converter(t, "GroupNormalization", convert_group_norm, 3, 3);
   add_converter(t, "BatchNormalization", convert_batch_norm, 5, 5);
   add_converter(t, "LogSoftmax", convert_log_softmax, 1, 1);

@@ -884,3 +884,33 @@ def test_transposed_1d_and_3d_convolutions_train_as_torch():
     training.copyWeightsToHost()
     for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_local_response_norm_trains_as_torch():
+    class Lrn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(17)
+            self.conv = torch.nn.Conv2d(3, 6, 3)
+            self.lrn = torch.nn.LocalResponseNorm(3, alpha=0.1, beta=0.75, k=2.0)
+            self.fc = torch.nn.Linear(6 * 4 * 4, 2)
+
+        def forward(self, x, y):
+            logits = self.fc(self.lrn(self.conv(x)).flatten(1))
+            return logits, torch.nn.functional.cross_entropy(logits, y)
+
+    g = torch.Generator().manual_seed(18)
+    batches = [(torch.randn(2, 3, 6, 6, generator=g), torch.randint(0, 2, (2,), generator=g)) for _ in range(3)]
+    ref = Lrn()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    want = []
+    for x, y in batches:
+        opt.zero_grad()
+        _, l = ref(x, y)
+        l.backward()
+        opt.step()
+        want.append(l.item())
+    model = Lrn()
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.05))
+    got = [float(training(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
