@@ -494,6 +494,61 @@ Status convert_hardmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) 
   });
 }
 
+// TopK(x, k) {axis = -1, largest = 1, sorted = 1}: k rounds of the axis' extreme (the first position among
+// equal values, as ONNX orders ties by index), each taken out (set to -inf) for the next; values in order,
+// their positions as int64. k is known at import and at most 256 (each round is a few ops).
+Status convert_top_k(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const Shape s = in[0].type.shape;
+  const DType dt = in[0].type.dtype;
+  if (dt != DType::f32 && dt != DType::bf16 && dt != DType::f16)
+    return c.unsupported("input 'X'", "a float tensor", in[0].type.to_string());
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
+  ASPEN_ASSIGN_OR_RETURN(const int64_t largest, c.attr_i("largest", 1));
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, s.rank(), "attribute 'axis'"));
+  int64_t k = 0;
+  if (c.opset < 10) {
+    ASPEN_ASSIGN_OR_RETURN(k, c.attr_i("k"));
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> kk, c.ints(in[1], "input 'K'"));
+    if (kk.size() != 1) return c.error("input 'K'", "one value", std::to_string(kk.size()));
+    k = kk[0];
+  }
+  if (k < 0 || k > s[axis]) return c.error("input 'K'", "in [0, " + std::to_string(s[axis]) + "]", std::to_string(k));
+  if (k > 256) return c.unsupported("input 'K'", "at most 256", std::to_string(k));
+  const std::vector<int64_t> d = dims(s);
+  ValueId x = c.id(in[0]);
+  if (dt != DType::f32) x = c.b.cast(x, DType::f32);
+  if (!largest) x = c.b.neg(x);
+  Tensor iota(DType::f32, Shape{s[axis]});
+  for (int64_t i = 0; i < s[axis]; ++i) iota.span<float>()[size_t(i)] = float(i);
+  std::vector<int64_t> ish(d.size(), 1);
+  ish[size_t(axis)] = s[axis];
+  const ValueId pos = c.b.broadcast(c.b.reshape(c.b.constant(std::move(iota)), ish), d);
+  const ValueId gone = c.id(filled(c, -std::numeric_limits<double>::infinity(), DType::f32, s));
+  std::vector<ValueId> values, indices;
+  for (int64_t r = 0; r < k; ++r) {
+    const ValueId m = c.b.reduce_max(x, {axis}, true);
+    const ValueId at = c.b.op1(OpKind::equal, {x, c.b.broadcast(m, d)});
+    const ValueId first = c.b.neg(c.b.reduce_max(
+        c.b.where(at, c.b.neg(pos), c.id(filled(c, -double(s[axis]), DType::f32, s))), {axis}, true));
+    values.push_back(m);
+    indices.push_back(first);
+    x = c.b.where(c.b.op1(OpKind::equal, {pos, c.b.broadcast(first, d)}), gone, x);
+  }
+  std::vector<int64_t> od = d;
+  od[size_t(axis)] = k;
+  if (k == 0) {
+    out = {c.wrap(c.b.constant(Tensor(dt, shape_of(od)))), c.wrap(c.b.constant(Tensor(DType::i64, shape_of(od))))};
+    return c.b.status();
+  }
+  ValueId v = k == 1 ? values[0] : c.b.concat(values, axis);
+  if (!largest) v = c.b.neg(v);
+  if (dt != DType::f32) v = c.b.cast(v, dt);
+  const ValueId i = c.b.cast(k == 1 ? indices[0] : c.b.concat(indices, axis), DType::i64);
+  out = {c.wrap(v), c.wrap(i)};
+  return c.b.status();
+}
+
 // LRN(x [N, C, D...]) {alpha = 1e-4, beta = 0.75, bias = 1, size}: x / (bias + alpha / size · Σ x²)^beta,
 // the sum over the channels c - floor((size - 1) / 2) .. c + ceil((size - 1) / 2): the squares padded with
 // zeros on the channel axis and `size` shifted slices added.
@@ -592,6 +647,7 @@ void add_nn_converters(ConverterTable& t) {
   }, 1, 1);
   add_converter(t, "Hardmax", convert_hardmax, 1, 1);
   add_converter(t, "LRN", convert_lrn, 1, 1);
+  add_converter(t, "TopK", convert_top_k, 1, 2);
   add_converter(t, "GroupNormalization", convert_group_norm, 3, 3);
   add_converter(t, "BatchNormalization", convert_batch_norm, 5, 5);
   add_converter(t, "LogSoftmax", convert_log_softmax, 1, 1);

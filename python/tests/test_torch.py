@@ -914,3 +914,38 @@ def test_local_response_norm_trains_as_torch():
     training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.05))
     got = [float(training(x, y)) for x, y in batches]
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_topk_values_train_as_torch():
+    """torch.topk's values (largest and smallest) in a loss: the gradient reaches the picked elements."""
+    class Picked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(19)
+            self.fc = torch.nn.Linear(6, 10)
+
+        def forward(self, x):
+            h = self.fc(x)
+            top, idx = torch.topk(h, 3, dim=1)
+            low, _ = torch.topk(h, 2, dim=1, largest=False)
+            return idx, (top ** 2).sum() - low.sum()
+
+    g = torch.Generator().manual_seed(20)
+    batches = [torch.randn(4, 6, generator=g) for _ in range(3)]
+    ref = Picked()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    want = []
+    for x in batches:
+        opt.zero_grad()
+        _, l = ref(x)
+        l.backward()
+        opt.step()
+        want.append(l.item())
+    model = Picked()
+    with torch.no_grad():
+        want_idx, _ = model(batches[0])
+    got_idx, _ = aspen.inferenceModel(Picked())(batches[0])
+    assert torch.equal(torch.as_tensor(got_idx), want_idx)
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.05))
+    got = [float(training(x)) for x in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
