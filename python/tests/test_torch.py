@@ -746,22 +746,27 @@ def test_recurrent_layers_train_as_torch(kind):
         torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
 
 
-class _Upsampled(torch.nn.Module):
+class _Warp(torch.nn.Module):
+    def forward(self, x, grid):
+        return torch.nn.functional.grid_sample(x, grid, align_corners=False)  # GridSample: not converted
+
+
+class _Warped(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.conv = torch.nn.Conv2d(1, 2, 3)
-        self.up = torch.nn.Upsample(scale_factor=2.0)  # Resize: not converted yet
+        self.warp = _Warp()
 
-    def forward(self, x):
-        return self.up(self.conv(x))
+    def forward(self, x, grid):
+        return self.warp(self.conv(x), grid)
 
 
 def test_an_unsupported_layer_is_named_with_its_module_and_line():
     with pytest.raises(NotImplementedError) as e:
-        aspen.inferenceModel(_Upsampled())(torch.randn(1, 1, 6, 6))
+        aspen.inferenceModel(_Warped())(torch.randn(1, 1, 6, 6), torch.rand(1, 4, 4, 2) * 2 - 1)
     text = str(e.value)
-    assert text.startswith("_Upsampled (exported by torch.onnx): 1 node(s)"), text
-    assert "(Resize; from torch: layer 'up' (Upsample), aten.upsample_nearest2d" in text, text
+    assert text.startswith("_Warped (exported by torch.onnx): 1 node(s)"), text
+    assert "(GridSample; from torch: layer 'warp' (_Warp), aten.grid_sampler" in text, text
     assert "test_torch.py line" in text, text
     assert "aspen-torch-" not in text and "hint" not in text, text
 

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Models as users hold them, against PyTorch on this machine (W3.2's speed table).
+
+    python3 bench/models.py [--quick] [--json] [--threads 2] [--rounds 5] [--compile]
+
+Each row is a model passed to aspen as it is (aspen.inferenceModel / aspen.trainingModel of the torch
+module) and the same model in PyTorch eager (and, with --compile, torch.compile), on the same inputs:
+a call of each in turn per round (interleaved, so a noisy minute slows both), the median of the rounds.
+Printed: milliseconds per call of each and ratio_vs_eager = eager / aspen (above 1: aspen faster), per row,
+inference and one training step (SGD; batch norms frozen: their training statistics are not converted yet).
+The first call's export + compile time is printed beside it (torch.compile's first call with --compile).
+
+Rows: torchvision resnet18 at 64x64 (batch 8) and 224x224 (batch 1), the MNIST tutorial's CNN (batch 16),
+an LSTM classifier (2 layers, bidirectional, 32 steps, batch 8) and a small ViT (batch 8).
+--quick: one round of small rows, to check that the bench runs.
+"""
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+
+import torch
+
+import aspen
+
+
+def mnist_cnn():
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 32, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                               torch.nn.Conv2d(32, 64, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                               torch.nn.Flatten(), torch.nn.Linear(64 * 5 * 5, 10))
+
+
+class LstmClassifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = torch.nn.LSTM(32, 64, num_layers=2, batch_first=True, bidirectional=True)
+        self.fc = torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        h, _ = self.rnn(x)
+        return self.fc(h[:, -1])
+
+
+def vit():
+    import transformers
+    cfg = transformers.ViTConfig(image_size=64, patch_size=8, hidden_size=192, num_hidden_layers=4,
+                                 num_attention_heads=3, intermediate_size=768, num_labels=10,
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = transformers.ViTForImageClassification(cfg)
+
+        def forward(self, x):
+            return self.m(pixel_values=x).logits
+
+    return Logits()
+
+
+def frozen_norms(m):
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+            mod.eval()
+    return m
+
+
+def rows(quick):
+    import torchvision
+    out = [("mnist_cnn", mnist_cnn, (16, 1, 28, 28))]
+    if not quick:
+        out += [("resnet18_64", lambda: torchvision.models.resnet18(num_classes=10), (8, 3, 64, 64)),
+                ("resnet18_224", lambda: torchvision.models.resnet18(num_classes=10), (1, 3, 224, 224)),
+                ("lstm", LstmClassifier, (8, 32, 32)),
+                ("vit", vit, (8, 3, 64, 64))]
+    return out
+
+
+class WithLoss(torch.nn.Module):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+
+def timed(f):
+    s = time.perf_counter()
+    f()
+    return time.perf_counter() - s
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--compile", action="store_true", help="also torch.compile (slow first call)")
+    a = ap.parse_args()
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(a.threads)
+    rounds = 1 if a.quick else a.rounds
+    opts = aspen.Options().setThreads(a.threads)
+    for name, make, shape in rows(a.quick):
+        torch.manual_seed(0)
+        x = torch.randn(*shape)
+        y = torch.randint(0, 10, (shape[0],))
+        # inference
+        ref = frozen_norms(make()).eval()
+        inf = aspen.inferenceModel(make().eval(), opts)
+        first = timed(lambda: inf(x))
+        peers = {"eager": ref}
+        first_compile = None
+        if a.compile:
+            comp = torch.compile(ref)
+            with torch.no_grad():
+                first_compile = timed(lambda: comp(x))
+            peers["compiled"] = comp
+        times = {k: [] for k in ["aspen", *peers]}
+        with torch.no_grad():
+            for _ in range(rounds):
+                times["aspen"].append(timed(lambda: inf(x)))
+                for k, m in peers.items():
+                    times[k].append(timed(lambda: m(x)))
+        report(a, name, "inference", times, first, first_compile)
+        # training: one SGD step
+        ref_t = frozen_norms(WithLoss(make()))
+        opt = torch.optim.SGD(ref_t.parameters(), lr=0.01)
+
+        def eager_step():
+            opt.zero_grad()
+            ref_t(x, y).backward()
+            opt.step()
+
+        model = frozen_norms(WithLoss(make()))
+        tr = aspen.trainingModel(model, opts, optimizer=aspen.optim.SGD(model.parameters(), lr=0.01))
+        first = timed(lambda: tr(x, y))
+        steps = {"eager": eager_step}
+        first_compile = None
+        if a.compile:
+            comp_t = torch.compile(ref_t)
+
+            def compiled_step():
+                opt.zero_grad()
+                comp_t(x, y).backward()
+                opt.step()
+            first_compile = timed(compiled_step)
+            steps["compiled"] = compiled_step
+        eager_step()
+        times = {k: [] for k in ["aspen", *steps]}
+        for _ in range(rounds):
+            times["aspen"].append(timed(lambda: tr(x, y)))
+            for k, f in steps.items():
+                times[k].append(timed(f))
+        report(a, name, "training", times, first, first_compile)
+
+
+def report(a, name, what, times, first, first_compile):
+    med = {k: statistics.median(v) for k, v in times.items()}
+    row = {"bench": "models", "case": name, "what": what, "aspen_ms": med["aspen"] * 1e3,
+           "eager_ms": med["eager"] * 1e3, "ratio_vs_eager": med["eager"] / med["aspen"],
+           "first_call_s": first}
+    if "compiled" in med:
+        row.update(compiled_ms=med["compiled"] * 1e3, ratio_vs_compiled=med["compiled"] / med["aspen"],
+                   compile_first_call_s=first_compile)
+    if a.json:
+        print(json.dumps(row, sort_keys=True), flush=True)
+    else:
+        extra = (f", torch.compile {row['compiled_ms']:.1f} ms (x{row['ratio_vs_compiled']:.2f}, first call "
+                 f"{first_compile:.1f} s)" if "compiled" in med else "")
+        print(f"{name:14s} {what:9s} aspen {row['aspen_ms']:8.1f} ms, eager {row['eager_ms']:8.1f} ms "
+              f"(ratio_vs_eager {row['ratio_vs_eager']:.2f}){extra}; aspen's first call {first:.2f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
