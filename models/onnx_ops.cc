@@ -309,7 +309,7 @@ constexpr std::pair<const char*, int> kSince[] = {
     {"InstanceNormalization", 6}, {"GroupNormalization", 18}, {"BatchNormalization", 9},
     // convolutions and pooling: later versions added attributes (count_include_pad, ceil_mode, dilations)
     // whose defaults are the older meaning
-    {"Pad", 2}, {"DepthToSpace", 1}, {"SpaceToDepth", 1}, {"OneHot", 9}, {"Resize", 11}, {"Upsample", 7},
+    {"Pad", 2}, {"DepthToSpace", 1}, {"SpaceToDepth", 1}, {"OneHot", 9}, {"Einsum", 12}, {"Resize", 11}, {"Upsample", 7},
     {"ArgMax", 1}, {"ArgMin", 1}, {"Hardmax", 1}, {"Conv", 1}, {"ConvTranspose", 1}, {"LRN", 1}, {"TopK", 1}, {"LSTM", 7}, {"GRU", 7}, {"RNN", 7}, {"MaxPool", 1}, {"AveragePool", 1}, {"GlobalMaxPool", 1},
 };
 

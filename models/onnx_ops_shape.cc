@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <numeric>
 
 #include "graph/interpreter.h"
@@ -842,6 +843,125 @@ Status convert_pad(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   return c.b.status();
 }
 
+// Einsum {equation} of one or two operands, as transposes, reductions and one batched matrix product:
+// an index in both operands and the output is a batch axis, in both but not the output contracted, in one
+// operand and the output kept, in one operand alone summed first. An index repeated within one operand (a
+// diagonal) is refused by name; so are three or more operands.
+Status convert_einsum(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(std::string eq, c.attr_s("equation"));
+  eq.erase(std::remove(eq.begin(), eq.end(), ' '), eq.end());
+  if (in.size() > 2) return c.unsupported("inputs", "one or two operands", std::to_string(in.size()));
+  const size_t arrow = eq.find("->");
+  std::vector<std::string> terms;
+  const std::string lhs = arrow == std::string::npos ? eq : eq.substr(0, arrow);
+  for (size_t at = 0;;) {
+    const size_t comma = lhs.find(',', at);
+    terms.push_back(lhs.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  if (terms.size() != in.size())
+    return c.error("attribute 'equation'", std::to_string(in.size()) + " operand terms", "'" + eq + "'");
+  std::string outs;
+  if (arrow != std::string::npos) {
+    outs = eq.substr(arrow + 2);
+  } else {  // implicit: the indices seen once, in alphabetical order
+    std::map<char, int> seen;
+    for (const std::string& t : terms)
+      for (char ch : t) ++seen[ch];
+    for (const auto& [ch, n] : seen)
+      if (n == 1) outs += ch;
+  }
+  for (size_t k = 0; k < terms.size(); ++k) {
+    const std::string& t = terms[k];
+    if (t.find('.') != std::string::npos)
+      return c.unsupported("attribute 'equation'", "no ellipsis ('...')", "'" + eq + "'");
+    if (int(t.size()) != in[k].type.shape.rank())
+      return c.error("input " + std::to_string(k), "rank " + std::to_string(t.size()) + " ('" + t + "')",
+                     in[k].type.to_string());
+    for (size_t i = 0; i < t.size(); ++i)
+      if (t.find(t[i], i + 1) != std::string::npos)
+        return c.unsupported("attribute 'equation'", "each index once per operand (no diagonals)", "'" + eq + "'");
+  }
+  std::map<char, int64_t> extent;
+  for (size_t k = 0; k < terms.size(); ++k)
+    for (size_t i = 0; i < terms[k].size(); ++i) {
+      const int64_t e = in[k].type.shape[int(i)];
+      auto [it, fresh] = extent.emplace(terms[k][i], e);
+      if (!fresh && it->second != e)
+        return c.error("index '" + std::string(1, terms[k][i]) + "'", "one extent", std::to_string(it->second) +
+                       " and " + std::to_string(e));
+    }
+  for (char ch : outs)
+    if (!extent.count(ch)) return c.error("attribute 'equation'", "output indices of the operands", "'" + eq + "'");
+  // Sums an operand over its indices in no other term; returns the value and its remaining indices.
+  auto reduce_alone = [&](size_t k) -> std::pair<ValueId, std::string> {
+    const std::string& t = terms[k];
+    std::vector<int64_t> axes;
+    std::string keep;
+    for (size_t i = 0; i < t.size(); ++i) {
+      const bool elsewhere = outs.find(t[i]) != std::string::npos ||
+                             (terms.size() == 2 && terms[1 - k].find(t[i]) != std::string::npos);
+      if (elsewhere) keep += t[i];
+      else axes.push_back(int64_t(i));
+    }
+    ValueId v = c.id(in[k]);
+    if (!axes.empty()) v = c.b.reduce_sum(v, axes, false);
+    return {v, keep};
+  };
+  auto permuted = [&](ValueId v, const std::string& from, const std::string& to) {
+    std::vector<int64_t> perm;
+    for (char ch : to) perm.push_back(int64_t(from.find(ch)));
+    bool identity = true;
+    for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == int64_t(i);
+    return identity ? v : c.b.transpose(v, perm);
+  };
+  auto extents = [&](const std::string& idx) {
+    std::vector<int64_t> d;
+    for (char ch : idx) d.push_back(extent[ch]);
+    return d;
+  };
+  auto product_of = [&](const std::string& idx) {
+    int64_t p = 1;
+    for (char ch : idx) p *= extent[ch];
+    return p;
+  };
+  ValueId y;
+  std::string yidx;
+  if (terms.size() == 1) {
+    std::tie(y, yidx) = reduce_alone(0);
+  } else {
+    auto [a, ai] = reduce_alone(0);
+    auto [b, bi] = reduce_alone(1);
+    std::string batch, contract, left, right;
+    for (char ch : ai) {
+      const bool in_b = bi.find(ch) != std::string::npos, in_out = outs.find(ch) != std::string::npos;
+      if (in_b && in_out) batch += ch;
+      else if (in_b) contract += ch;
+      else left += ch;
+    }
+    for (char ch : bi)
+      if (ai.find(ch) == std::string::npos) right += ch;
+    const int64_t B = product_of(batch), L = product_of(left), K = product_of(contract), R = product_of(right);
+    const ValueId a3 = c.b.reshape(permuted(a, ai, batch + left + contract), {B, L, K});
+    const ValueId b3 = c.b.reshape(permuted(b, bi, batch + contract + right), {B, K, R});
+    y = c.b.matmul(a3, b3);  // [B, L, R]
+    yidx = batch + left + right;
+    std::vector<int64_t> d = extents(yidx);
+    y = c.b.reshape(y, d);
+  }
+  // Indices left in the result but not in the output are summed; then the output's order.
+  std::vector<int64_t> axes;
+  std::string kept;
+  for (size_t i = 0; i < yidx.size(); ++i) {
+    if (outs.find(yidx[i]) == std::string::npos) axes.push_back(int64_t(i));
+    else kept += yidx[i];
+  }
+  if (!axes.empty()) y = c.b.reduce_sum(y, axes, false);
+  out = {c.wrap(permuted(y, kept, outs))};
+  return c.b.status();
+}
+
 // DepthToSpace {blocksize, mode DCR | CRD} and SpaceToDepth {blocksize}: ONNX's reshape, transpose, reshape.
 Status convert_depth_space(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, bool to_space) {
   const Shape s = in[0].type.shape;
@@ -1076,6 +1196,7 @@ void add_shape_converters(ConverterTable& t) {
     return convert_depth_space(c, in, out, false);
   }, 1, 1);
   add_converter(t, "OneHot", convert_one_hot, 3, 3);
+  add_converter(t, "Einsum", convert_einsum, 1, -1);
   add_converter(t, "Resize", [](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
     return convert_resize(c, in, out, false);
   }, 1, 4);

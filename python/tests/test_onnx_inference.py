@@ -330,3 +330,30 @@ def test_cumsum_and_gather_elements_on_computed_values(tmp_path):
     ref = ort.InferenceSession(str(path)).run(None, {"ids": ids, "tablex": tablex})
     for name, a, b in zip(outs, got, ref):
         np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@pytest.mark.parametrize("equation,shapes", [
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("bhqd,bhkd->bhqk", [(2, 3, 4, 8), (2, 3, 5, 8)]),
+    ("ij->ji", [(3, 4)]),
+    ("i,i->", [(6,), (6,)]),
+    ("bi,bj->bij", [(2, 3), (2, 4)]),
+    ("ijk->j", [(2, 3, 4)]),
+    ("abc,cd->bd", [(2, 3, 4), (4, 5)]),
+    ("ij,jk", [(3, 4), (4, 2)]),
+])
+def test_einsum_equals_numpy(tmp_path, equation, shapes):
+    import onnx
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    names = [f"x{i}" for i in range(len(xs))]
+    graph = helper.make_graph([helper.make_node("Einsum", names, ["y"], equation=equation)], "einsum",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(x.shape)) for n, x in zip(names, xs)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "einsum.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    got = aspen.inferenceModel(path)(*xs)
+    want = np.einsum(equation, *xs)
+    np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+    assert np.asarray(got).shape == want.shape
