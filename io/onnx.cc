@@ -99,7 +99,7 @@ std::vector<std::string> python_list(const std::string& s) {
 }  // namespace
 
 // NOTE [node origins]: torch.onnx (the dynamo exporter) records in each node's metadata_props its module
-// path (pkg.torch.onnx.name_scopes: the attribute names from the model down, then the op), the classes
+// path (pkg.torch.onnx.name_scopes: each enclosing module's full path from the model down, then the op), the classes
 // (pkg.torch.onnx.class_hierarchy: the modules', then the aten op) and the Python stack
 // (pkg.torch.onnx.stack_trace). Errors name the user's layer, its class, the torch op and the innermost
 // frame outside torch's own files: what the user wrote.
@@ -112,8 +112,8 @@ std::string OnnxNode::origin() const {
   }
   if (scopes.empty() && classes.empty()) return "";
   const std::vector<std::string> path = python_list(scopes), cls = python_list(classes);
-  std::string layer;
-  for (size_t i = 1; i + 1 < path.size(); ++i) layer += (layer.empty() ? "" : ".") + path[i];
+  // Each scope is the full path of a module ("", "net", "net.bn1"), then the op: the layer is the last module.
+  const std::string layer = path.size() >= 2 ? path[path.size() - 2] : "";
   std::string s = "from torch: ";
   if (cls.size() >= 2) {
     std::string c = cls[cls.size() - 2];

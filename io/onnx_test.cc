@@ -134,7 +134,7 @@ TEST(Onnx, NodeMetadataNamesTheUsersLayer) {
     bytes += char(entry.size());
     bytes += entry;
   };
-  field9("pkg.torch.onnx.name_scopes", "['', 'encoder', 'fc', 'linear']");
+  field9("pkg.torch.onnx.name_scopes", "['', 'encoder', 'encoder.fc', 'linear']");
   field9("pkg.torch.onnx.class_hierarchy", "['app.Net', 'torch.nn.modules.linear.Linear', 'aten.linear.default']");
   field9("pkg.torch.onnx.stack_trace",
          "File \"/home/u/app.py\", line 31, in forward\n  File \"/x/torch/nn/modules/linear.py\", line 125");

@@ -282,6 +282,14 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
     values[name] = v;
     out.inputs.push_back(name);
   }
+  // A training BatchNormalization's running statistics are state the graph updates (NOTE [batch norm in
+  // training] in onnx_ops_nn.cc): parameters whatever the frozen patterns say.
+  std::set<std::string> state;
+  for (const io::OnnxNode& n : m.graph.nodes) {
+    if (n.op_type != "BatchNormalization" || !n.domain.empty() || n.inputs.size() < 5) continue;
+    const io::OnnxAttribute* a = n.find("training_mode");
+    if (a && a->i != 0) state.insert({n.inputs[3], n.inputs[4]});
+  }
   // Initializers: float ones are parameters (trainable weights), the rest constants.
   for (const io::OnnxTensor& t : m.graph.initializers) {
     ASPEN_ASSIGN_OR_RETURN(Tensor x, tensor_from_onnx(t, m.path + ": initializer " + quoted(t.name)));
@@ -292,7 +300,8 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
         if (fnmatch(p.c_str(), t.name.c_str(), 0) == 0) return true;
       return false;
     };
-    const bool frozen = matches(options.frozen) || (x.numel() == 1 && !matches(options.trainable));
+    const bool frozen =
+        !state.count(t.name) && (matches(options.frozen) || (x.numel() == 1 && !matches(options.trainable)));
     if (!frozen && (x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16)) {
       v.id = b.parameter(t.name, x.dtype(), x.shape());
       v.parameter = true;

@@ -416,18 +416,59 @@ Status convert_group_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& ou
   return c.b.status();
 }
 
+// NOTE [batch norm in training]: BatchNormalization with training_mode 1 normalizes by the batch's statistics
+// (the mean and the population variance over every axis but the channels) and updates the running ones,
+// running = running momentum + batch (1 - momentum), as state: the importer makes them parameters (NOTE
+// in onnx_import.cc), this conversion writes their new values with Builder::update, and the training
+// programs keep a forward graph's updates, once per micro-batch (train/program.cc), without training them
+// (a parameter the forward graph updates is not trained). The attribute aspen_unbiased_running_var (the
+// Python package sets it on a torch module's batch norms) folds the unbiased variance into the running
+// one, as PyTorch does. The optional outputs are the new running statistics.
+Status convert_batch_norm_training(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const Shape s = in[0].type.shape;
+  if (s.rank() < 2) return c.error("input 'X'", "[N, C, D...]", in[0].type.to_string());
+  ASPEN_RETURN_IF_ERROR(check_channels(c, in, {"scale", "B", "input_mean", "input_var"}, s[1]));
+  ASPEN_ASSIGN_OR_RETURN(const float eps, c.attr_f("epsilon", 1e-5f));
+  ASPEN_ASSIGN_OR_RETURN(const float momentum, c.attr_f("momentum", 0.9f));
+  ASPEN_ASSIGN_OR_RETURN(const int64_t unbiased, c.attr_i("aspen_unbiased_running_var", 0));
+  const DType dt = in[0].type.dtype;
+  const std::vector<int64_t> d = dims(s);
+  std::vector<int64_t> axes = {0};
+  int64_t count = s[0];
+  for (int i = 2; i < s.rank(); ++i) axes.push_back(i), count *= s[i];
+  if (count < 1 || (unbiased && count < 2))
+    return c.error("input 'X'", "at least " + std::string(unbiased ? "2" : "1") + " values per channel", in[0].type.to_string());
+  std::vector<int64_t> kept(d.size(), 1);
+  kept[1] = s[1];
+  const ValueId x = c.id(in[0]);
+  const ValueId mean = c.b.scale(c.b.reduce_sum(x, axes, true), 1.0 / double(count));  // [1, C, 1...]
+  const ValueId centred = c.b.sub(x, c.b.broadcast(mean, d));
+  const ValueId var = c.b.scale(c.b.reduce_sum(c.b.mul(centred, centred), axes, true), 1.0 / double(count));
+  const ValueId rstd = c.b.div(c.id(filled(c, 1.0, dt, shape_of(kept))),
+                               c.b.sqrt(c.b.add(var, c.id(filled(c, eps, dt, shape_of(kept))))));
+  const ValueId y = c.b.add(c.b.mul(c.b.mul(centred, c.b.broadcast(rstd, d)), per_channel(c, in[1], s)),
+                            per_channel(c, in[2], s));
+  const Shape cs{s[1]};
+  const ValueId batch_mean = c.b.reshape(mean, {s[1]});
+  ValueId batch_var = c.b.reshape(var, {s[1]});
+  if (unbiased) batch_var = c.b.scale(batch_var, double(count) / double(count - 1));
+  auto blend = [&](const Value& running, ValueId batch) {
+    return c.b.add(c.b.scale(c.id(running), momentum), c.b.scale(batch, 1.0 - double(momentum)));
+  };
+  const ValueId new_mean = blend(in[3], batch_mean), new_var = blend(in[4], batch_var);
+  for (auto [k, v] : {std::pair<size_t, ValueId>{3, new_mean}, {4, new_var}})
+    if (in[k].parameter && in[k].id) c.b.update(*in[k].id, v);
+  out = {c.wrap(y), c.wrap(new_mean), c.wrap(new_var)};
+  return c.b.status();
+}
+
 // BatchNormalization in inference (training_mode 0: the running statistics): x a + (B - mean a) with
-// a = scale / sqrt(var + epsilon), per channel. Training mode (batch statistics, the running ones updated
-// as state) is refused by name.
+// a = scale / sqrt(var + epsilon), per channel; in training, the conversion above.
 Status convert_batch_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   ASPEN_ASSIGN_OR_RETURN(const int64_t training, c.attr_i("training_mode", 0));
   bool stats_out = false;
   for (size_t o = 1; o < c.node.outputs.size(); ++o) stats_out = stats_out || !c.node.outputs[o].empty();
-  if (training || stats_out)
-    return c.unsupported("attribute 'training_mode'",
-                         "inference (0: the running statistics; export the model with its BatchNorm layers in eval(), "
-                         "or train without them)",
-                         "training (batch statistics and running statistics updated as state: not yet converted)");
+  if (training || stats_out) return convert_batch_norm_training(c, in, out);
   const Shape s = in[0].type.shape;
   if (s.rank() < 2) return c.error("input 'X'", "[N, C, D...]", in[0].type.to_string());
   ASPEN_RETURN_IF_ERROR(check_channels(c, in, {"scale", "B", "input_mean", "input_var"}, s[1]));

@@ -365,6 +365,11 @@ Result<PipelinePrograms> build_pipeline_programs(const Graph& forward, int stage
                                                 const PipelineCut& cut) {
   if (o.gradient_accumulation < 1)
     return Status::invalid_argument("training: gradient_accumulation", ">= 1", std::to_string(o.gradient_accumulation));
+  if (!forward.updates().empty())  // a stage's graph would drop them (a batch norm's running statistics)
+    return Status::error(Code::kUnimplemented, "pipeline stages: forward graph update of '" + forward.updates()[0].first + "'",
+                         "a forward graph without state updates (a batch norm in training keeps its running "
+                         "statistics so: train it in one stage)",
+                         std::to_string(forward.updates().size()) + " update(s)");
   PipelinePrograms out;
   const Graph fwd = loss_only(forward, o.loss);
   if (!cut.node_costs.empty() && cut.node_costs.size() != forward.nodes().size())

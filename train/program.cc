@@ -25,7 +25,11 @@ Graph loss_only(const Graph& forward, const std::string& loss) {
 
 namespace {
 
-bool trainable(const graph::Node& n, const graph::TensorType& t) { return !is_state_name(n.name) && t.dtype == DType::f32; }
+// Not trained: state by name, and a parameter the forward graph updates itself (a batch norm's running
+// statistics: NOTE [batch norm in training] in models/onnx_ops_nn.cc).
+bool trainable(const Graph& forward, const graph::Node& n, const graph::TensorType& t) {
+  return !is_state_name(n.name) && t.dtype == DType::f32 && !forward.find_update(n.name);
+}
 
 // The forward graph with only the loss as an output, its trained parameters
 // and their gradients of loss (· train.loss_scale when asked).
@@ -46,7 +50,7 @@ Result<Differentiated> differentiate(const Graph& forward, const ProgramOptions&
                                     lt.to_string());
   for (int32_t i : forward.parameter_nodes()) {
     const graph::Node& n = forward.node(i);
-    if (trainable(n, forward.type(n.outputs[0]))) d.params.push_back(n.outputs[0]);
+    if (trainable(forward, n, forward.type(n.outputs[0]))) d.params.push_back(n.outputs[0]);
   }
   if (d.params.empty())
     return Status::invalid_argument("training graph", "at least one f32 parameter to train", "none");

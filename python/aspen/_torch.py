@@ -90,16 +90,56 @@ class TorchSource(Source):
         self._static[name] = value
         return True
 
-    def _refuse_training_batch_norm(self):
-        """torch.onnx writes a BatchNorm layer in training mode as inference's BatchNormalization (its running
-        statistics, which it never updates): training through it would differ from torch without a word."""
+    def _training_batch_norms(self):
+        """The batch norm layers in training mode, by module path; refused by name where aspen cannot follow
+        torch (no running statistics, or momentum None: a cumulative average)."""
+        found = {}
         for name, m in self.module.named_modules():
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training:
-                raise NotImplementedError(
-                    f"{type(self.module).__name__}.{name} ({type(m).__name__}): expected a batch norm in eval() "
-                    f"(trained with its running statistics fixed), found one in training mode (batch statistics "
-                    f"and running statistics updated as state: aspen does not train those yet); call "
-                    f"model.{name}.eval() to train with it frozen")
+                if not m.track_running_stats or m.momentum is None:
+                    raise NotImplementedError(
+                        f"{type(self.module).__name__}.{name} ({type(m).__name__}): expected a batch norm with "
+                        f"running statistics and a momentum, found track_running_stats={m.track_running_stats}, "
+                        f"momentum={m.momentum}")
+                found[name] = m
+        return found
+
+    def _mark_training_batch_norms(self, path, norms, saved):
+        """NOTE [batch norm in training] (models/onnx_ops_nn.cc): torch.onnx writes a batch norm of a module in
+        training mode as inference's node; its nodes are marked training_mode 1 (with torch's momentum and
+        unbiased running variance), found by the layer path torch.onnx records in each node's metadata."""
+        import onnx
+        from onnx import helper, numpy_helper
+        model = onnx.load(path)
+        for init in model.graph.initializer:  # the statistics as they were before the export ran forward
+            if init.name in saved:
+                init.CopyFrom(numpy_helper.from_array(saved[init.name].float().numpy().reshape(tuple(init.dims)),
+                                                      init.name))
+        nodes = [n for n in model.graph.node if n.op_type == "BatchNormalization"]
+        marked = set()
+        for n in nodes:
+            meta = {p.key: p.value for p in n.metadata_props}
+            # Each scope is an enclosing module's full path ('', 'net', 'net.bn1'), then the op.
+            scopes = [s.strip(" '\"") for s in meta.get("pkg.torch.onnx.name_scopes", "").strip("[]").split(",")]
+            layer = scopes[-2] if len(scopes) >= 2 else ""
+            if layer not in norms:
+                if len(norms) == sum(1 for _ in nodes) and not meta:
+                    layer = list(norms)[len(marked)]  # no metadata: the layers in order
+                else:
+                    continue
+            m = norms[layer]
+            self._state_files.update(n.input[3:5])  # the running statistics' initializers
+            keep = [a for a in n.attribute if a.name not in ("training_mode", "momentum")]
+            del n.attribute[:]
+            n.attribute.extend(keep + [helper.make_attribute("training_mode", 1),
+                                       helper.make_attribute("momentum", 1.0 - float(m.momentum)),
+                                       helper.make_attribute("aspen_unbiased_running_var", 1)])
+            marked.add(layer)
+        missing = sorted(set(norms) - marked)
+        if missing:
+            raise NotImplementedError(f"{type(self.module).__name__}.{missing[0]}: a batch norm in training mode "
+                                      "whose node aspen could not find in torch.onnx's export")
+        onnx.save(model, path)
 
     def export(self, example, training, loss_kind):
         """Exports forward for one micro-batch of these inputs; returns the .onnx path."""
@@ -117,8 +157,11 @@ class TorchSource(Source):
             self._static["use_cache"] = False
         statics = dict(self._static)
         was_training = module.training
-        if training:
-            self._refuse_training_batch_norm()
+        norms = self._training_batch_norms() if training else {}
+        self._state_files = set()
+        # A batch norm in training mode updates its running statistics on every forward, the export's own
+        # included: they are put back after it, in the module and in the file.
+        saved = {n: b.detach().clone() for n, b in module.named_buffers()} if norms else {}
         if not training:
             module.eval()
         try:
@@ -162,6 +205,11 @@ class TorchSource(Source):
                                    f"{chatter.getvalue()}") from e
             finally:
                 onnx_log.setLevel(level)
+            if norms:
+                with torch.no_grad():
+                    for n, b in module.named_buffers():
+                        b.copy_(saved[n])
+                self._mark_training_batch_norms(path, norms, saved)
             self._names_in_file(path)
             self._exported = True
         finally:
@@ -181,6 +229,9 @@ class TorchSource(Source):
             found = [a for a in aliases[id(p)] if a in initializers]
             if found:
                 self._file_name[name] = found[0]
+        # Buffers the program updates (a training batch norm's running statistics), by their file names.
+        self._buffer_name = {name: name for name, _ in self.module.named_buffers()
+                             if name in initializers and name in getattr(self, "_state_files", ())}
 
     def loss_output(self):
         return "loss"
@@ -225,8 +276,12 @@ class TorchSource(Source):
         return pytree.tree_unflatten(leaves, self._spec)
 
     def host_weights(self):
-        return {self._file_name[n]: p.detach().float().contiguous().numpy() for n, p in self.module.named_parameters()
-                if n in self._file_name}
+        out = {self._file_name[n]: p.detach().float().contiguous().numpy() for n, p in self.module.named_parameters()
+               if n in self._file_name}
+        for n, b in self.module.named_buffers():
+            if n in getattr(self, "_buffer_name", {}):
+                out[self._buffer_name[n]] = b.detach().float().contiguous().numpy()
+        return out
 
     def copy_to_host(self, weights):
         with torch.no_grad():
@@ -235,6 +290,10 @@ class TorchSource(Source):
                 if w is None:
                     continue  # not a parameter of the program (unused by forward, or folded away)
                 p.copy_(torch.from_numpy(w).reshape(p.shape))
+            for name, b in self.module.named_buffers():  # running statistics the program updated
+                w = weights.get(getattr(self, "_buffer_name", {}).get(name, ""))
+                if w is not None:
+                    b.copy_(torch.from_numpy(w).reshape(b.shape))
 
     def close(self, _rmtree=shutil.rmtree):  # bound now: at interpreter exit the module's globals may be gone
         if self._dir is not None:

@@ -120,9 +120,10 @@ def test_bert_classifier_trains_with_dropout():
     assert not np.allclose(a, got, rtol=1e-6)
 
 
-def test_resnet18_trains_with_frozen_batch_norms():
-    """A torchvision resnet18 trains with its batch norms in eval() (the running statistics fixed: batch
-    statistics in training are not converted yet, and a batch norm left in training mode is refused)."""
+@pytest.mark.parametrize("frozen", [False, True])
+def test_resnet18_trains_as_torch(frozen):
+    """A torchvision resnet18 trains as torch trains it: its batch norms in training mode (batch statistics,
+    running statistics updated) or frozen in eval()."""
     def make():
         m = torchvision.models.resnet18(num_classes=4)
         for mod in m.modules():
@@ -138,15 +139,18 @@ def test_resnet18_trains_with_frozen_batch_norms():
         def forward(self, x, y):
             return torch.nn.functional.cross_entropy(self.net(x), y)
 
+    # In training mode the last block's batch statistics need more than 2 values per channel to be well
+    # conditioned (at 32x32, batch 2, layer4 normalizes two numbers): batch 4 at 64x64 gives 16.
     g = torch.Generator().manual_seed(6)
-    batches = [{"x": torch.randn(2, 3, 32, 32, generator=g), "y": torch.randint(0, 4, (2,), generator=g)}
+    n, side = (2, 32) if frozen else (4, 64)
+    batches = [{"x": torch.randn(n, 3, side, side, generator=g), "y": torch.randint(0, 4, (n,), generator=g)}
                for _ in range(2)]
 
     def make_frozen():
         m = WithLoss()
         for mod in m.modules():
             if isinstance(mod, torch.nn.BatchNorm2d):
-                mod.eval()
+                mod.train(not frozen)
         return m
 
     got, want = _train_both(make_frozen, batches, lambda m, b: m(**b), lr=0.01)

@@ -660,9 +660,29 @@ def test_group_instance_and_batch_norm_as_torch():
     for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
 
-    with pytest.raises(NotImplementedError, match=r"_Norms\.bn \(BatchNorm2d\): expected a batch norm in eval\(\)"):
-        bn = _Norms(bn=True)
-        aspen.trainingModel(bn, optimizer=aspen.optim.SGD(bn.parameters(), lr=0.1))(*batches[0])
+    # A batch norm in training mode: batch statistics, and the running ones updated as torch updates them
+    # (NOTE [batch norm in training]); in eval() afterwards the model infers as torch's.
+    ref = _Norms(bn=True)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    want = []
+    for x, y in batches:
+        opt.zero_grad()
+        _, l = ref(x, y)
+        l.backward()
+        opt.step()
+        want.append(l.item())
+    model = _Norms(bn=True)
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1))
+    got = [float(training(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    training.copyWeightsToHost()
+    torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.bn.running_var, ref.bn.running_var, rtol=1e-5, atol=1e-6)
+    ref.eval()
+    with torch.no_grad():
+        want_eval, _ = ref(*batches[0])
+    got_eval, _ = aspen.inferenceModel(model.eval())(*batches[0])
+    torch.testing.assert_close(torch.as_tensor(got_eval), want_eval, rtol=1e-4, atol=1e-5)
 
 
 def _hf_causal_lms():
