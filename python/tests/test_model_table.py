@@ -155,3 +155,39 @@ def test_resnet18_trains_as_torch(frozen):
 
     got, want = _train_both(make_frozen, batches, lambda m, b: m(**b), lr=0.01)
     np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+class _Classify(torch.nn.Module):
+    """A classification loss over a model's logits (ViT) or pooled states (Whisper's encoder)."""
+
+    def __init__(self, net, pooled_width=None):
+        super().__init__()
+        self.net = net
+        self.head = torch.nn.Linear(pooled_width, 4) if pooled_width else None
+
+    def forward(self, x, y):
+        out = self.net(x)
+        logits = self.head(out.last_hidden_state.mean(1)) if self.head is not None else out.logits
+        return torch.nn.functional.cross_entropy(logits, y)
+
+
+@pytest.mark.parametrize("row", ["vit", "whisper_encoder"])
+def test_vit_and_whisper_train_as_torch(row):
+    g = torch.Generator().manual_seed(7)
+    if row == "vit":
+        cfg = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=64, num_labels=4,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        make = lambda: _Classify(transformers.ViTForImageClassification(cfg))  # noqa: E731
+        shape = (2, 3, 32, 32)
+    else:
+        cfg = transformers.WhisperConfig(pad_token_id=0, bos_token_id=0, eos_token_id=0, decoder_start_token_id=0,
+                                         d_model=32, encoder_layers=2, encoder_attention_heads=4, decoder_layers=1,
+                                         decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                         num_mel_bins=16, max_source_positions=20, vocab_size=100, dropout=0.0,
+                                         attention_dropout=0.0, activation_dropout=0.0)
+        make = lambda: _Classify(transformers.WhisperModel(cfg).get_encoder(), 32)  # noqa: E731
+        shape = (2, 16, 40)
+    batches = [{"x": torch.randn(*shape, generator=g), "y": torch.randint(0, 4, (2,), generator=g)} for _ in range(3)]
+    got, want = _train_both(make, batches, lambda m, b: m(**b))
+    np.testing.assert_allclose(got, want, rtol=2e-5)
