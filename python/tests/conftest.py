@@ -1,4 +1,6 @@
-"""Shared fixtures of the aspen package's tests (python/tests): where the repository's test data is."""
+"""Shared fixtures of the aspen package's tests (python/tests): where the repository's test data is, and the
+side-by-side SGD steps of a torch module in torch and in aspen (torch imported only when they run: the Keras
+tests must not load it)."""
 
 import os
 import pathlib
@@ -57,3 +59,44 @@ def assert_close(actual, expected, atol, rtol=0.0, what="values"):
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
     err = np.abs(actual - expected) - rtol * np.abs(expected)
     assert err.max(initial=0.0) <= atol, f"{what}: max error {np.abs(actual - expected).max()} above {atol}"
+
+
+def _call(model, batch):  # torch modules and aspen models alike
+    """forward on one batch: a tuple of its arguments, a dict of them, or one tensor."""
+    if isinstance(batch, dict):
+        return model(**batch)
+    return model(*batch) if isinstance(batch, tuple) else model(batch)
+
+
+def _loss_of(out):
+    """The loss a forward returned: (output, ..., loss), a Hugging Face output's .loss, or the loss alone."""
+    if isinstance(out, tuple):
+        return out[-1]
+    return out.loss if hasattr(out, "loss") else out
+
+
+def sgd_losses(model, batches, lr):
+    """torch.optim.SGD steps of the module over the batches: the losses, as torch computes them."""
+    import torch
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for b in batches:
+        opt.zero_grad()
+        loss = _loss_of(_call(model, b))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def aspen_sgd_losses(model, batches, lr):
+    """The same steps through aspen.trainingModel: the training model and its losses."""
+    import aspen
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=lr))
+    return training, [float(_call(training, b)) for b in batches]
+
+
+def assert_same_parameters(model, ref, rtol=1e-4, atol=1e-6):
+    import torch
+    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, pr, rtol=rtol, atol=atol, msg=n)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import aspen
+from conftest import aspen_sgd_losses, sgd_losses
 
 import torchvision  # required: scripts/install-deps.sh installs it (with torch), as it does transformers
 import transformers
@@ -58,22 +59,14 @@ def test_inference_equals_torch(row):
     _infers_as_torch(make(), *args)
 
 
-def _train_both(make, batches, call, lr=0.05):
-    """The same model trained by torch.optim.SGD and by aspen: the losses per step."""
+def _train_both(make, batches, lr=0.05):
+    """The same model trained by torch.optim.SGD and by aspen: aspen's losses, then torch's."""
     torch.manual_seed(2)
     ref = make()
     model = make()
     model.load_state_dict(ref.state_dict())
-    opt = torch.optim.SGD(ref.parameters(), lr=lr)
-    want = []
-    for b in batches:
-        opt.zero_grad()
-        loss = call(ref, b)
-        loss.backward()
-        opt.step()
-        want.append(loss.item())
-    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=lr))
-    got = [float(training(**b)) for b in batches]
+    want = sgd_losses(ref, batches, lr)
+    _, got = aspen_sgd_losses(model, batches, lr)
     return got, want
 
 
@@ -88,8 +81,7 @@ def test_roberta_trains_with_its_own_labels_loss():
         labels = torch.full_like(ids, -100)
         labels[:, 2:5] = ids[:, 2:5]
         batches.append({"input_ids": ids, "labels": labels})
-    got, want = _train_both(lambda: transformers.RobertaForMaskedLM(config), batches,
-                            lambda m, b: m(**b).loss)
+    got, want = _train_both(lambda: transformers.RobertaForMaskedLM(config), batches)
     np.testing.assert_allclose(got, want, rtol=2e-5)
 
 
@@ -104,8 +96,7 @@ def test_bert_classifier_trains_with_dropout():
     g = torch.Generator().manual_seed(4)
     batches = [{"input_ids": torch.randint(1, 100, (4, 10), generator=g),
                 "labels": torch.randint(0, 3, (4,), generator=g)} for _ in range(3)]
-    got, want = _train_both(lambda: transformers.BertForSequenceClassification(config(0.0)), batches,
-                            lambda m, b: m(**b).loss)
+    got, want = _train_both(lambda: transformers.BertForSequenceClassification(config(0.0)), batches)
     np.testing.assert_allclose(got, want, rtol=2e-5)
 
     def dropped(seed):
@@ -124,17 +115,13 @@ def test_bert_classifier_trains_with_dropout():
 def test_resnet18_trains_as_torch(frozen):
     """A torchvision resnet18 trains as torch trains it: its batch norms in training mode (batch statistics,
     running statistics updated) or frozen in eval()."""
-    def make():
-        m = torchvision.models.resnet18(num_classes=4)
-        for mod in m.modules():
-            if isinstance(mod, torch.nn.BatchNorm2d):
-                mod.eval()
-        return m
-
     class WithLoss(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.net = make()
+            self.net = torchvision.models.resnet18(num_classes=4)
+            for mod in self.net.modules():
+                if isinstance(mod, torch.nn.BatchNorm2d):
+                    mod.train(not frozen)
 
         def forward(self, x, y):
             return torch.nn.functional.cross_entropy(self.net(x), y)
@@ -145,15 +132,7 @@ def test_resnet18_trains_as_torch(frozen):
     n, side = (2, 32) if frozen else (4, 64)
     batches = [{"x": torch.randn(n, 3, side, side, generator=g), "y": torch.randint(0, 4, (n,), generator=g)}
                for _ in range(2)]
-
-    def make_frozen():
-        m = WithLoss()
-        for mod in m.modules():
-            if isinstance(mod, torch.nn.BatchNorm2d):
-                mod.train(not frozen)
-        return m
-
-    got, want = _train_both(make_frozen, batches, lambda m, b: m(**b), lr=0.01)
+    got, want = _train_both(WithLoss, batches, lr=0.01)
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
@@ -189,5 +168,5 @@ def test_vit_and_whisper_train_as_torch(row):
         make = lambda: _Classify(transformers.WhisperModel(cfg).get_encoder(), 32)  # noqa: E731
         shape = (2, 16, 40)
     batches = [{"x": torch.randn(*shape, generator=g), "y": torch.randint(0, 4, (2,), generator=g)} for _ in range(3)]
-    got, want = _train_both(make, batches, lambda m, b: m(**b))
+    got, want = _train_both(make, batches)
     np.testing.assert_allclose(got, want, rtol=2e-5)

@@ -11,7 +11,7 @@ import torch  # required: scripts/install-deps.sh installs it
 import torch.nn.functional as F
 
 import aspen
-from conftest import assert_close
+from conftest import aspen_sgd_losses, assert_same_parameters, sgd_losses, assert_close
 
 
 class Mlp(torch.nn.Module):
@@ -541,21 +541,12 @@ def test_nll_and_weighted_losses_train_as_torch(loss):
     g = torch.Generator().manual_seed(5)
     batches = [(torch.randn(16, 20, generator=g), torch.randint(0, 10, (16,), generator=g)) for _ in range(5)]
     ref = _Classifier(loss)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
-    want = []
-    for x, y in batches:
-        opt.zero_grad()
-        _, l = ref(x, y)
-        l.backward()
-        opt.step()
-        want.append(l.item())
+    want = sgd_losses(ref, batches, lr=0.05)
     model = _Classifier(loss)
-    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.05))
-    got = [float(training(x, y)) for x, y in batches]
+    training, got = aspen_sgd_losses(model, batches, lr=0.05)
     np.testing.assert_allclose(got, want, rtol=2e-5)
     training.copyWeightsToHost()
-    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
+    assert_same_parameters(model, ref)
 
 
 class _Cnn(torch.nn.Module):
@@ -587,25 +578,16 @@ def test_convolutions_and_pooling_train_as_torch():
     g = torch.Generator().manual_seed(6)
     batches = [(torch.randn(4, 1, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)) for _ in range(3)]
     ref = _Cnn()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
-    want = []
-    for x, y in batches:
-        opt.zero_grad()
-        _, l = ref(x, y)
-        l.backward()
-        opt.step()
-        want.append(l.item())
+    want = sgd_losses(ref, batches, lr=0.05)
     model = _Cnn()
     with torch.no_grad():
         logits, _ = model(*batches[0])
     out, _ = aspen.inferenceModel(_Cnn())(*batches[0])
     torch.testing.assert_close(torch.as_tensor(out), logits, rtol=1e-5, atol=1e-5)
-    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.05))
-    got = [float(training(x, y)) for x, y in batches]
+    training, got = aspen_sgd_losses(model, batches, lr=0.05)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     training.copyWeightsToHost()
-    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
+    assert_same_parameters(model, ref)
 
 
 class _Norms(torch.nn.Module):
@@ -644,36 +626,19 @@ def test_group_instance_and_batch_norm_as_torch():
     torch.testing.assert_close(torch.as_tensor(got), want, rtol=1e-5, atol=1e-5)
 
     ref = _Norms(bn=False)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    want = []
-    for x, y in batches:
-        opt.zero_grad()
-        _, l = ref(x, y)
-        l.backward()
-        opt.step()
-        want.append(l.item())
+    want = sgd_losses(ref, batches, lr=0.1)
     model = _Norms(bn=False)
-    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1))
-    got = [float(training(x, y)) for x, y in batches]
+    training, got = aspen_sgd_losses(model, batches, lr=0.1)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     training.copyWeightsToHost()
-    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
+    assert_same_parameters(model, ref)
 
     # A batch norm in training mode: batch statistics, and the running ones updated as torch updates them
     # (NOTE [batch norm in training]); in eval() afterwards the model infers as torch's.
     ref = _Norms(bn=True)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    want = []
-    for x, y in batches:
-        opt.zero_grad()
-        _, l = ref(x, y)
-        l.backward()
-        opt.step()
-        want.append(l.item())
+    want = sgd_losses(ref, batches, lr=0.1)
     model = _Norms(bn=True)
-    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1))
-    got = [float(training(x, y)) for x, y in batches]
+    training, got = aspen_sgd_losses(model, batches, lr=0.1)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     training.copyWeightsToHost()
     torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean, rtol=1e-5, atol=1e-6)
@@ -708,20 +673,12 @@ def test_hugging_face_models_train_as_they_are(family):
     model = make()
     model.load_state_dict(ref.state_dict())
     g = torch.Generator().manual_seed(1)
-    batches = [torch.randint(1, 97, (2, 16), generator=g) for _ in range(3)]
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    want = []
-    for ids in batches:
-        opt.zero_grad()
-        out = ref(input_ids=ids, labels=ids)
-        out.loss.backward()
-        opt.step()
-        want.append(out.loss.item())
-    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1))
-    got = [float(training(input_ids=ids, labels=ids)) for ids in batches]
+    batches = [dict(input_ids=ids, labels=ids) for ids in (torch.randint(1, 97, (2, 16), generator=g) for _ in range(3))]
+    want = sgd_losses(ref, batches, lr=0.1)
+    training, got = aspen_sgd_losses(model, batches, lr=0.1)
     np.testing.assert_allclose(got, want, rtol=2e-5)
     with pytest.raises(ValueError, match=r"input 'use_cache': expected False \(the value the program was compiled"):
-        training(input_ids=batches[0], labels=batches[0], use_cache=True)
+        training(**batches[0], use_cache=True)
 
 
 class _Recurrent(torch.nn.Module):
@@ -749,21 +706,12 @@ def test_recurrent_layers_train_as_torch(kind):
         want_logits, _ = ref(*batches[0])
     logits, _ = aspen.inferenceModel(_Recurrent(kind))(*batches[0])
     torch.testing.assert_close(torch.as_tensor(logits), want_logits, rtol=1e-5, atol=1e-5)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    want = []
-    for x, y in batches:
-        opt.zero_grad()
-        _, l = ref(x, y)
-        l.backward()
-        opt.step()
-        want.append(l.item())
+    want = sgd_losses(ref, batches, lr=0.1)
     model = _Recurrent(kind)
-    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1))
-    got = [float(training(x, y)) for x, y in batches]
+    training, got = aspen_sgd_losses(model, batches, lr=0.1)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     training.copyWeightsToHost()
-    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
+    assert_same_parameters(model, ref)
 
 
 class _Warp(torch.nn.Module):
@@ -810,14 +758,7 @@ def test_a_half_module_trains_with_f32_master_weights():
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(10)]
     ref = WithLoss()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    want = []
-    for x, y in batches:
-        opt.zero_grad()
-        _, l = ref(x, y)
-        l.backward()
-        opt.step()
-        want.append(l.item())
+    want = sgd_losses(ref, batches, lr=0.1)
     model = WithLoss().half()
     training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1, loss_scaling=128.0))
     got = [float(training(x.half(), y)) for x, y in batches]
@@ -852,21 +793,12 @@ def test_resize_pow_and_pixel_shuffle_train_as_torch():
     g = torch.Generator().manual_seed(14)
     batches = [(torch.randn(2, 2, 3, 3, generator=g), torch.randint(0, 3, (2,), generator=g)) for _ in range(3)]
     ref = _Resampled()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.01)
-    want = []
-    for x, y in batches:
-        opt.zero_grad()
-        _, l = ref(x, y)
-        l.backward()
-        opt.step()
-        want.append(l.item())
+    want = sgd_losses(ref, batches, lr=0.01)
     model = _Resampled()
-    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.01))
-    got = [float(training(x, y)) for x, y in batches]
+    training, got = aspen_sgd_losses(model, batches, lr=0.01)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     training.copyWeightsToHost()
-    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
+    assert_same_parameters(model, ref)
 
 
 class _Decoder(torch.nn.Module):
@@ -894,21 +826,12 @@ def test_transposed_1d_and_3d_convolutions_train_as_torch():
     batches = [(torch.randn(2, 4, 4, 4, generator=g), torch.randn(3, generator=g),
                 torch.randn(2, 1, 3, 4, 4, generator=g), torch.randint(0, 3, (2,), generator=g)) for _ in range(3)]
     ref = _Decoder()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.02)
-    want = []
-    for b in batches:
-        opt.zero_grad()
-        _, l = ref(*b)
-        l.backward()
-        opt.step()
-        want.append(l.item())
+    want = sgd_losses(ref, batches, lr=0.02)
     model = _Decoder()
-    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.02))
-    got = [float(training(*b)) for b in batches]
+    training, got = aspen_sgd_losses(model, batches, lr=0.02)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     training.copyWeightsToHost()
-    for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
-        torch.testing.assert_close(p, pr, rtol=1e-4, atol=1e-6, msg=n)
+    assert_same_parameters(model, ref)
 
 
 def test_local_response_norm_trains_as_torch():
@@ -927,17 +850,9 @@ def test_local_response_norm_trains_as_torch():
     g = torch.Generator().manual_seed(18)
     batches = [(torch.randn(2, 3, 6, 6, generator=g), torch.randint(0, 2, (2,), generator=g)) for _ in range(3)]
     ref = Lrn()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
-    want = []
-    for x, y in batches:
-        opt.zero_grad()
-        _, l = ref(x, y)
-        l.backward()
-        opt.step()
-        want.append(l.item())
+    want = sgd_losses(ref, batches, lr=0.05)
     model = Lrn()
-    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.05))
-    got = [float(training(x, y)) for x, y in batches]
+    training, got = aspen_sgd_losses(model, batches, lr=0.05)
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
@@ -958,19 +873,11 @@ def test_topk_values_train_as_torch():
     g = torch.Generator().manual_seed(20)
     batches = [torch.randn(4, 6, generator=g) for _ in range(3)]
     ref = Picked()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
-    want = []
-    for x in batches:
-        opt.zero_grad()
-        _, l = ref(x)
-        l.backward()
-        opt.step()
-        want.append(l.item())
+    want = sgd_losses(ref, batches, lr=0.05)
     model = Picked()
     with torch.no_grad():
         want_idx, _ = model(batches[0])
     got_idx, _ = aspen.inferenceModel(Picked())(batches[0])
     assert torch.equal(torch.as_tensor(got_idx), want_idx)
-    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.05))
-    got = [float(training(x)) for x in batches]
+    training, got = aspen_sgd_losses(model, batches, lr=0.05)
     np.testing.assert_allclose(got, want, rtol=1e-5)
