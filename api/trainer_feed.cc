@@ -16,7 +16,6 @@ namespace aspen::api {
 namespace {
 
 bool is_integer(DType t) { return t == DType::i32 || t == DType::i64 || t == DType::u8 || t == DType::boolean; }
-bool is_float(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
 
 // Element i of a float or integer tensor, as a double (floats widen exactly).
 double element(const Tensor& t, int64_t i) {

@@ -56,6 +56,9 @@ constexpr int dtype_size(DType t) {
   return 0;
 }
 
+// The float element types: f32, bf16, f16.
+constexpr bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
 // "f32", "bf16", ... ("bool" for boolean).
 std::string_view dtype_name(DType t);
 // "F32", "BF16", ... as in safetensors headers.

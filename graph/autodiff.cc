@@ -12,7 +12,7 @@ Result<std::vector<ValueId>> append_gradients(Graph& g, ValueId loss, std::span<
   if (!loss.valid() || loss.index >= g.num_values())
     return Status::invalid_argument("autodiff: loss", "a value of the graph", "an invalid id");
   const TensorType loss_type = g.type(loss);
-  if (!opsutil::is_float(loss_type.dtype) || loss_type.shape.numel() != 1)
+  if (!is_float(loss_type.dtype) || loss_type.shape.numel() != 1)
     return Status::invalid_argument("autodiff: loss", "a float value with one element", loss_type.to_string());
 
   // needed[v]: v depends on some wrt value, so a gradient must reach it.

@@ -15,7 +15,7 @@ std::map<std::string, HostArray> random_feeds(const Graph& g, uint64_t seed, dou
     ++stream;
     for (size_t i = 0; i < a.data.size(); ++i) {
       const double u = bits_to_unit_float(philox_bits(seed, stream, i));
-      a.data[i] = opsutil::is_float(a.type.dtype) ? lo + (hi - lo) * u : double(int64_t(u * double(int_hi)));
+      a.data[i] = is_float(a.type.dtype) ? lo + (hi - lo) * u : double(int64_t(u * double(int_hi)));
     }
     feeds[n.name] = std::move(a);
   }
@@ -40,7 +40,7 @@ ValueId weighted_loss(Builder& b, ValueId y, uint64_t seed) {
   std::vector<ValueId> wrt;
   std::vector<std::string> names;
   for (const Node& n : g.nodes())
-    if ((n.op == OpKind::input || n.op == OpKind::parameter) && opsutil::is_float(g.type(n.outputs[0]).dtype)) {
+    if ((n.op == OpKind::input || n.op == OpKind::parameter) && is_float(g.type(n.outputs[0]).dtype)) {
       wrt.push_back(n.outputs[0]);
       names.push_back(n.name);
     }

@@ -125,16 +125,16 @@ Feeds sample_feeds(const OpSample& s) {
     auto it = feeds.find(name);
     if (it == feeds.end()) continue;  // a sample family may range inputs some samples lack
     HostArray& a = it->second;
-    const bool is_float = a.type.dtype == DType::f32 || a.type.dtype == DType::bf16 || a.type.dtype == DType::f16;
+    const bool floats = is_float(a.type.dtype);
     ++stream;
     for (size_t i = 0; i < a.data.size(); ++i) {
       const double v = range.first + (range.second - range.first) * bits_to_unit_float(philox_bits(f.seed, stream, i));
-      a.data[i] = is_float ? v : std::trunc(v);
+      a.data[i] = floats ? v : std::trunc(v);
     }
   }
   if (f.quantum > 0)
     for (auto& [name, a] : feeds)
-      if (a.type.dtype == DType::f32 || a.type.dtype == DType::bf16 || a.type.dtype == DType::f16)
+      if (is_float(a.type.dtype))
         for (double& v : a.data) v = std::round(v / f.quantum) * f.quantum;
   for (const auto& [name, values] : f.values) {
     auto it = feeds.find(name);

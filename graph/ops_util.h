@@ -11,7 +11,6 @@
 
 namespace aspen::graph::opsutil {
 
-inline bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 inline bool is_int(DType t) { return t == DType::i32 || t == DType::i64 || t == DType::u8; }
 
 // "<op>: <what>: expected E, found F".

@@ -302,7 +302,7 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
     };
     const bool frozen =
         !state.count(t.name) && (matches(options.frozen) || (x.numel() == 1 && !matches(options.trainable)));
-    if (!frozen && (x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16)) {
+    if (!frozen && is_float(x.dtype())) {
       v.id = b.parameter(t.name, x.dtype(), x.shape());
       v.parameter = true;
       v.constant = std::make_shared<const Tensor>(x.clone());

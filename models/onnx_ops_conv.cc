@@ -113,9 +113,12 @@ Result<Window> window_of(Ctx& c, const TensorType& x, std::vector<int64_t> kerne
 }
 
 // The row of the channels-last table each (n, output position, kernel offset) reads: [N, ΠO, ΠK], i32;
-// `pad_row` outside the input. With `counts`, the number of window positions inside the input (or inside
-// input and pads, `count_pads`) per output position.
-Tensor window_rows(const Window& w, int64_t pad_row, std::vector<double>* counts = nullptr, bool count_pads = false) {
+// `pad_row` outside the input. A window reads input o s - pad_begin + q d; with `transposed`
+// (ConvTranspose) output o takes input i where o = i s - pad_begin + q d, when that i is a whole number.
+// With `counts`, the number of window positions inside the input (or inside input and pads,
+// `count_pads`) per output position.
+Tensor window_rows(const Window& w, int64_t pad_row, bool transposed = false, std::vector<double>* counts = nullptr,
+                   bool count_pads = false) {
   const size_t k = w.D.size();
   const int64_t pO = product(w.O), pK = product(w.K), pD = product(w.D);
   Tensor ids(DType::i32, Shape{w.N, pO, pK});
@@ -131,8 +134,14 @@ Tensor window_rows(const Window& w, int64_t pad_row, std::vector<double>* counts
       int64_t flat = 0;
       bool inside = true, in_pads = true;
       for (size_t j = 0; j < k; ++j) {
-        const int64_t at = o[j] * w.S[j] - w.PadBegin[j] + q[j] * w.Dil[j];
-        inside = inside && at >= 0 && at < w.D[j];
+        int64_t at = o[j] * w.S[j] - w.PadBegin[j] + q[j] * w.Dil[j];
+        bool whole = true;
+        if (transposed) {
+          const int64_t num = o[j] + w.PadBegin[j] - q[j] * w.Dil[j];
+          whole = num >= 0 && num % w.S[j] == 0;
+          at = whole ? num / w.S[j] : -1;
+        }
+        inside = inside && whole && at >= 0 && at < w.D[j];
         in_pads = in_pads && at >= -w.PadBegin[j] && at < w.D[j] + w.PadEnd[j];
         flat = flat * w.D[j] + at;
       }
@@ -166,7 +175,27 @@ ValueId channels_first(Ctx& c, ValueId y, const Window& w, int64_t M) {
   return c.b.transpose(c.b.reshape(y, d), perm);
 }
 
-bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+// The patches [N, ΠO, ΠK, C] times the weight as [G, Mg, ΠK·Cg] (each output channel's taps, input channels
+// last: reached from either weight layout by one batched 2-D transpose, cheaper than a full reversal on the
+// large layers), with trans_b; per group a batched product. Plus the bias: [P = N·ΠO, M].
+ValueId patches_times_weight(Ctx& c, ValueId col, const Window& w, int64_t G, int64_t Mg, ValueId weight,
+                             const Value* bias) {
+  const int64_t P = w.N * product(w.O), pK = product(w.K), Cg = w.C / G, M = G * Mg;
+  ValueId y;
+  if (G == 1) {
+    const ValueId a = c.b.reshape(col, {P, pK * w.C}), b = c.b.reshape(weight, {M, pK * w.C});
+    return bias ? c.b.op1(OpKind::matmul, {a, b, c.id(*bias)}, {{"trans_a", int64_t(0)}, {"trans_b", int64_t(1)}})
+                : c.b.matmul(a, b, false, true);
+  }
+  if (Cg == 1 && Mg == 1) {  // depthwise: y[p, g] = Σ_k col[p, k, g] w[g, k]
+    const ValueId wk = c.b.transpose(c.b.reshape(weight, {M, pK}), {1, 0});  // [ΠK, C]
+    y = c.b.reduce_sum(c.b.mul(c.b.reshape(col, {P, pK, w.C}), c.b.broadcast(wk, {P, pK, w.C})), {1});
+  } else {  // [P, ΠK, G, Cg] -> [G, P, ΠK·Cg], times [G, Mg, ΠK·Cg]ᵀ -> [G, P, Mg] -> [P, G, Mg]
+    const ValueId a = c.b.reshape(c.b.transpose(c.b.reshape(col, {P, pK, G, Cg}), {2, 0, 1, 3}), {G, P, pK * Cg});
+    y = c.b.reshape(c.b.transpose(c.b.matmul(a, weight, false, true), {1, 0, 2}), {P, M});
+  }
+  return bias ? c.b.add(y, c.b.broadcast(c.id(*bias), {P, M})) : y;
+}
 
 Status convert_conv(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   const TensorType xt = in[0].type, wt = in[1].type;
@@ -186,30 +215,12 @@ Status convert_conv(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   const Value* bias = in.size() > 2 && in[2].present() ? &in[2] : nullptr;
   if (bias && bias->type.shape != Shape{M})
     return c.error("input 'B'", TensorType{xt.dtype, Shape{M}}.to_string(), bias->type.to_string());
-  const int64_t P = w.N * product(w.O), pK = product(w.K), Mg = M / G;
-  const int64_t pad_row = w.N * product(w.D);
-  const ValueId col = gather_windows(c, in[0], w, 0.0, window_rows(w, pad_row));  // [N, ΠO, ΠK, C]
-  // W [M, Cg, K...] -> [M, Cg, ΠK]
-  const ValueId w3 = c.b.reshape(c.id(in[1]), {M, Cg, pK});
-  ValueId y;
-  // The weight as [M, ΠK·C] for a product with trans_b: one batched 2-D transpose of each output channel's
-  // [C, ΠK] (a full reversal to [ΠK·C, M] cost more than the product on the large layers).
-  if (G == 1) {
-    const ValueId a = c.b.reshape(col, {P, pK * w.C});
-    const ValueId b = c.b.reshape(c.b.transpose(w3, {0, 2, 1}), {M, pK * w.C});  // [M, ΠK, C]
-    y = bias ? c.b.op1(OpKind::matmul, {a, b, c.id(*bias)}, {{"trans_a", int64_t(0)}, {"trans_b", int64_t(1)}})
-             : c.b.matmul(a, b, false, true);
-  } else if (Cg == 1 && Mg == 1) {  // depthwise: y[p, g] = Σ_k col[p, k, g] w[g, k]
-    const ValueId wk = c.b.transpose(c.b.reshape(w3, {M, pK}), {1, 0});  // [ΠK, C]
-    y = c.b.reduce_sum(c.b.mul(c.b.reshape(col, {P, pK, w.C}), c.b.broadcast(wk, {P, pK, w.C})), {1});
-    if (bias) y = c.b.add(y, c.b.broadcast(c.id(*bias), {P, M}));
-  } else {
-    // [P, ΠK, G, Cg] -> [G, P, ΠK·Cg] times [G, ΠK·Cg, Mg] (W [G, Mg, Cg, ΠK] -> [G, ΠK, Cg, Mg])
-    const ValueId a = c.b.reshape(c.b.transpose(c.b.reshape(col, {P, pK, G, Cg}), {2, 0, 1, 3}), {G, P, pK * Cg});
-    const ValueId b = c.b.reshape(c.b.transpose(c.b.reshape(w3, {G, Mg, Cg, pK}), {0, 1, 3, 2}), {G, Mg, pK * Cg});
-    y = c.b.reshape(c.b.transpose(c.b.matmul(a, b, false, true), {1, 0, 2}), {P, M});  // [P, G, Mg]
-    if (bias) y = c.b.add(y, c.b.broadcast(c.id(*bias), {P, M}));
-  }
+  const int64_t pK = product(w.K), Mg = M / G;
+  const ValueId col = gather_windows(c, in[0], w, 0.0, window_rows(w, w.N * product(w.D)));  // [N, ΠO, ΠK, C]
+  // W [G·Mg, Cg, K...] -> [G, Mg, ΠK, Cg]
+  const ValueId weight = c.b.reshape(c.b.transpose(c.b.reshape(c.id(in[1]), {G, Mg, Cg, pK}), {0, 1, 3, 2}),
+                                     {G, Mg, pK * Cg});
+  const ValueId y = patches_times_weight(c, col, w, G, Mg, weight, bias);
   out = {c.wrap(channels_first(c, y, w, M))};
   return c.b.status();
 }
@@ -272,46 +283,17 @@ Status convert_conv_transpose(Ctx& c, std::vector<Value>& in, std::vector<Value>
     w.PadEnd.push_back(pe);
     w.O.push_back(o);
   }
-  const int64_t pO = product(w.O), pK = product(w.K), pD = product(w.D), P = w.N * pO;
-  if (w.N * pO * pK > kMaxWindowIndices)
+  const int64_t pK = product(w.K);
+  if (w.N * product(w.O) * pK > kMaxWindowIndices)
     return c.unsupported("input 'X'", "at most 2^28 window positions (N x outputs x kernel)", xt.to_string());
-  Tensor ids(DType::i32, Shape{w.N, pO, pK});
-  int32_t* p = ids.data<int32_t>();
-  std::vector<int64_t> o(k), q(k);
-  for (int64_t oi = 0; oi < pO; ++oi) {
-    int64_t rest = oi;
-    for (size_t j = k; j-- > 0;) o[j] = rest % w.O[j], rest /= w.O[j];
-    for (int64_t qi = 0; qi < pK; ++qi) {
-      int64_t r2 = qi;
-      for (size_t j = k; j-- > 0;) q[j] = r2 % w.K[j], r2 /= w.K[j];
-      int64_t flat = 0;
-      bool inside = true;
-      for (size_t j = 0; j < k; ++j) {
-        const int64_t num = o[j] + w.PadBegin[j] - q[j] * w.Dil[j];
-        const bool whole = num >= 0 && num % w.S[j] == 0 && num / w.S[j] < w.D[j];
-        inside = inside && whole;
-        flat = flat * w.D[j] + (whole ? num / w.S[j] : 0);
-      }
-      for (int64_t n = 0; n < w.N; ++n) p[(n * pO + oi) * pK + qi] = int32_t(inside ? n * pD + flat : w.N * pD);
-    }
-  }
-  const ValueId col = gather_windows(c, in[0], w, 0.0, std::move(ids));  // [N, ΠO, ΠK, C]
-  const int64_t Cg = C / G;
-  const ValueId w3 = c.b.reshape(c.id(in[1]), {C, Mg, pK});
-  ValueId y;
-  if (G == 1) {
-    const ValueId a = c.b.reshape(col, {P, pK * C});
-    const ValueId b = c.b.reshape(c.b.transpose(w3, {1, 2, 0}), {M, pK * C});  // [M, ΠK, C]
-    y = c.b.matmul(a, b, false, true);
-  } else {
-    const ValueId a = c.b.reshape(c.b.transpose(c.b.reshape(col, {P, pK, G, Cg}), {2, 0, 1, 3}), {G, P, pK * Cg});
-    const ValueId b = c.b.reshape(c.b.transpose(c.b.reshape(w3, {G, Cg, Mg, pK}), {0, 2, 3, 1}), {G, Mg, pK * Cg});
-    y = c.b.reshape(c.b.transpose(c.b.matmul(a, b, false, true), {1, 0, 2}), {P, M});
-  }
-  if (in.size() > 2 && in[2].present()) {
-    if (in[2].type.shape != Shape{M}) return c.error("input 'B'", TensorType{xt.dtype, Shape{M}}.to_string(), in[2].type.to_string());
-    y = c.b.add(y, c.b.broadcast(c.id(in[2]), {P, M}));
-  }
+  const Value* bias = in.size() > 2 && in[2].present() ? &in[2] : nullptr;
+  if (bias && bias->type.shape != Shape{M})
+    return c.error("input 'B'", TensorType{xt.dtype, Shape{M}}.to_string(), bias->type.to_string());
+  const ValueId col = gather_windows(c, in[0], w, 0.0, window_rows(w, w.N * product(w.D), /*transposed=*/true));
+  // W [G·Cg, Mg, K...] -> [G, Mg, ΠK, Cg]
+  const ValueId weight = c.b.reshape(c.b.transpose(c.b.reshape(c.id(in[1]), {G, C / G, Mg, pK}), {0, 2, 3, 1}),
+                                     {G, Mg, pK * (C / G)});
+  const ValueId y = patches_times_weight(c, col, w, G, Mg, weight, bias);
   out = {c.wrap(channels_first(c, y, w, M))};
   return c.b.status();
 }
@@ -331,7 +313,7 @@ Status pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, bool max) {
   } else {
     ASPEN_ASSIGN_OR_RETURN(const int64_t count_pads, c.attr_i("count_include_pad", 0));
     std::vector<double> counts;
-    Tensor ids = window_rows(w, pad_row, &counts, count_pads != 0);
+    Tensor ids = window_rows(w, pad_row, false, &counts, count_pads != 0);
     const ValueId col = gather_windows(c, in[0], w, 0.0, std::move(ids));
     const int64_t pO = product(w.O);
     Tensor inv(DType::f32, Shape{pO, 1});

@@ -65,7 +65,7 @@ Status convert_pow(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
     out = {c.wrap(c.b.cast(c.b.op1(OpKind::round, {general_pow(c, x, y, t)}), xt))};
     return c.b.status();
   }
-  if (xt != DType::f32 && xt != DType::bf16 && xt != DType::f16)
+  if (!is_float(xt))
     return c.unsupported("input 'X'", "a float or integer type", std::string(dtype_name(xt)));
   if (!in[1].readable() || in[1].type.shape.numel() != 1) {  // an exponent tensor
     ASPEN_ASSIGN_OR_RETURN(const Shape s, broadcast_shape(c, {in[0].type.shape, in[1].type.shape}));
@@ -206,7 +206,6 @@ Status known_binary(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, F f
   return Status();
 }
 
-bool is_float_type(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
 // Mod: fmod 0 takes the divisor's sign (Python's %; integers only, as ONNX requires), fmod 1 the
 // dividend's (C's fmod). Known operands only (shape arithmetic).
@@ -214,7 +213,7 @@ Status convert_mod(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   ASPEN_ASSIGN_OR_RETURN(const int64_t fmod, c.attr_i("fmod", 0));
   if (!in[0].known() || !in[1].known())
     return c.unsupported("inputs", "values known when the model is imported", "ones computed from the graph's inputs");
-  if (!fmod && is_float_type(in[0].type.dtype)) return c.error("attribute 'fmod'", "1 for float inputs", "0");
+  if (!fmod && is_float(in[0].type.dtype)) return c.error("attribute 'fmod'", "1 for float inputs", "0");
   return known_binary(c, in, out, [&](double a, double b) -> Result<double> {
     if (b == 0 && !fmod) return c.error("input 'B'", "no zero divisor", "0");
     double m = std::fmod(a, b);
@@ -225,7 +224,7 @@ Status convert_mod(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
 
 // Div: the IR's div for float types; integers (shape arithmetic) truncate toward zero, known only.
 Status convert_div(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
-  if (is_float_type(in[0].type.dtype)) return elementwise(c, OpKind::div, in, out);
+  if (is_float(in[0].type.dtype)) return elementwise(c, OpKind::div, in, out);
   if (!in[0].known() || !in[1].known())
     return c.unsupported("inputs", "float types, or integers known when the model is imported",
                          std::string(dtype_name(in[0].type.dtype)) + " computed from the graph's inputs");
@@ -266,7 +265,7 @@ template <class F>
 Converter activation(F body) {
   return [body](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) -> Status {
     const TensorType t = in[0].type;
-    if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f16)
+    if (!is_float(t.dtype))
       return c.error("input 0", "a float tensor", std::string(dtype_name(t.dtype)));
     Act a{c, t, c.id(in[0])};
     ASPEN_ASSIGN_OR_RETURN(const ValueId y, body(c, a, in));

@@ -57,8 +57,7 @@ Converter skip_norm(bool rms) {
   return [rms](Ctx& c, std::vector<Value>& in, std::vector<Value>& out) -> Status {
     ASPEN_ASSIGN_OR_RETURN(const float eps, c.attr_f("epsilon", 1e-12f));
     const Value& x = in[0];
-    if (x.type.shape.rank() < 2 ||
-        (x.type.dtype != DType::f32 && x.type.dtype != DType::bf16 && x.type.dtype != DType::f16))
+    if (x.type.shape.rank() < 2 || !is_float(x.type.dtype))
       return c.error("input 'input'", "a float tensor [..., hidden]", x.type.to_string());
     const std::vector<int64_t> d = dims(x.type.shape);
     const int64_t C = d.back();

@@ -541,7 +541,7 @@ Status convert_hardmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) 
 Status convert_top_k(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   const Shape s = in[0].type.shape;
   const DType dt = in[0].type.dtype;
-  if (dt != DType::f32 && dt != DType::bf16 && dt != DType::f16)
+  if (!is_float(dt))
     return c.unsupported("input 'X'", "a float tensor", in[0].type.to_string());
   ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", -1));
   ASPEN_ASSIGN_OR_RETURN(const int64_t largest, c.attr_i("largest", 1));

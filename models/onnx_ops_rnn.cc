@@ -55,7 +55,7 @@ ValueId apply(Ctx& c, const std::string& f, ValueId x) {
 Status convert_recurrent(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, Cell cell) {
   const int G = cell == Cell::lstm ? 4 : cell == Cell::gru ? 3 : 1;
   const TensorType xt = in[0].type;
-  if (xt.dtype != DType::f32 && xt.dtype != DType::bf16 && xt.dtype != DType::f16)
+  if (!is_float(xt.dtype))
     return c.error("input 'X'", "a float tensor", xt.to_string());
   ASPEN_RETURN_IF_ERROR(same_dtype(c, {in[0], in[1], in[2]}));
   ASPEN_ASSIGN_OR_RETURN(const int64_t H, c.attr_i("hidden_size"));

@@ -503,7 +503,7 @@ Status gather_on(Ctx& c, std::vector<Value>& in, int axis, std::vector<Value>& o
   Value x = in[0];
   const DType data_t = x.type.dtype;
   const bool narrow = data_t == DType::boolean || data_t == DType::u8;  // exact through f32
-  if (data_t != DType::f32 && data_t != DType::bf16 && data_t != DType::f16 && !narrow) {
+  if (!is_float(data_t) && !narrow) {
     // Integers (exact only as themselves): with known indices, the rows are slices of the data, joined;
     // runs of consecutive indices make one slice each.
     if (!known_idx || known_idx->size() > 4096)
@@ -591,7 +591,7 @@ Status convert_gather_elements(Ctx& c, std::vector<Value>& in, std::vector<Value
                            it == DType::i64 ? c.b.constant(std::move(base)) : c.b.cast(c.b.constant(std::move(base)), it));
     ValueId table = c.id(reshaped(c, in[0], {ds.numel(), 1}));
     const DType dt = in[0].type.dtype;
-    const bool integer = dt != DType::f32 && dt != DType::bf16 && dt != DType::f16;
+    const bool integer = !is_float(dt);
     if (integer) {  // the gather moves float rows: integers go through f32, exact below 2^24 (checked)
       bool small = in[0].readable();
       if (small) {

@@ -61,7 +61,6 @@ bool ignorable(const std::string& model_type, const std::string& tensor, const g
   return false;
 }
 
-bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
 }  // namespace
 

@@ -251,7 +251,7 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
         const int from = stage_of[size_t(fwd.value(v).producer)];
         const int e = int(split.edges.size());
         const DType dt = fwd.type(v).dtype;
-        PipelineEdge edge{edge_name(size_t(e)), from, s, fwd.type(v), dt == DType::f32 || dt == DType::bf16 || dt == DType::f16};
+        PipelineEdge edge{edge_name(size_t(e)), from, s, fwd.type(v), is_float(dt)};
         split.edges.push_back(edge);
         edge_of[{v.index, s}] = e;
         st.in_edges.push_back(e);
