@@ -195,6 +195,17 @@ Value filled(Ctx& c, double v, DType dtype, const Shape& shape) {
 }
 
 
+Result<ValueId> positions(Ctx& c, const Shape& s, int axis) {
+  const int64_t n = s[axis];
+  if (n >= (int64_t(1) << 24))
+    return c.unsupported("axis " + std::to_string(axis), "fewer than 2^24 positions (exact in f32)", s.to_string());
+  Tensor iota(DType::f32, Shape{n});
+  for (int64_t k = 0; k < n; ++k) iota.span<float>()[size_t(k)] = float(k);
+  std::vector<int64_t> along(size_t(s.rank()), 1);
+  along[size_t(axis)] = n;
+  return c.b.broadcast(c.b.reshape(c.b.constant(std::move(iota)), along), dims(s));
+}
+
 Result<Shape> make_shape(const Ctx& c, const std::vector<int64_t>& d, const std::string& what) {
   Result<Shape> s = Shape::make(d.data(), int(d.size()));
   if (!s.is_ok()) return c.error(what, "a shape aspen holds (rank at most 8, extents >= 0)", s.status().message());

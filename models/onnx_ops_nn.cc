@@ -286,12 +286,9 @@ Status nll_rows(Ctx& c, const Value& logp, const Value& target, const Value* wei
   }
   x = c.b.reshape(x, {M, C});
   const ValueId t = c.b.cast(c.id(reshaped(c, target, {M})), ft);
-  Tensor iota(DType::f32, Shape{C});
-  for (int64_t k = 0; k < C; ++k) iota.span<float>()[size_t(k)] = float(k);
-  ValueId classes = c.b.constant(std::move(iota));
+  ASPEN_ASSIGN_OR_RETURN(ValueId classes, positions(c, Shape{M, C}, 1));
   if (ft != DType::f32) classes = c.b.cast(classes, ft);
-  const ValueId onehot = c.b.cast(
-      c.b.op1(OpKind::equal, {c.b.broadcast(c.b.reshape(t, {M, 1}), {M, C}), c.b.broadcast(classes, {M, C})}), ft);
+  const ValueId onehot = c.b.cast(c.b.op1(OpKind::equal, {c.b.broadcast(c.b.reshape(t, {M, 1}), {M, C}), classes}), ft);
   const ValueId pick = c.b.reduce_sum(c.b.mul(onehot, x), {1});
   ValueId w = weight ? c.b.reduce_sum(c.b.mul(onehot, c.b.broadcast(c.id(*weight), {M, C})), {1})
                      : c.id(filled(c, 1.0, ft, Shape{M}));
@@ -481,26 +478,27 @@ Status convert_batch_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& ou
   return c.b.status();
 }
 
-// ArgMax / ArgMin {axis = 0, keepdims = 1, select_last_index = 0} (int64), and Hardmax {axis} (its one-hot,
-// x's type): the axis' extreme located as the first (or last) position where x equals it: a reduction of
-// where(x == extreme, position, sentinel) in f32 (positions exact below 2^24).
+// ArgMax / ArgMin {axis = 0, keepdims = 1, select_last_index = 0} (int64), Hardmax {axis} (its one-hot,
+// x's type) and TopK: the axis' largest value of x (f32) and the first (or last) position holding it, both
+// with the axis kept as 1: a reduction of where(x == largest, position, sentinel).
+std::pair<ValueId, ValueId> largest_along(Ctx& c, ValueId x, ValueId pos, int axis, bool last) {
+  const Shape s = c.b.type(x).shape;
+  const std::vector<int64_t> d = dims(s);
+  const ValueId m = c.b.reduce_max(x, {axis}, true);
+  const ValueId at = c.b.op1(OpKind::equal, {x, c.b.broadcast(m, d)});
+  if (last) return {m, c.b.reduce_max(c.b.where(at, pos, c.id(filled(c, -1.0, DType::f32, s))), {axis}, true)};
+  // The first: the smallest position, -max(-position).
+  const ValueId none = c.id(filled(c, -double(s[axis]), DType::f32, s));
+  return {m, c.b.neg(c.b.reduce_max(c.b.where(at, c.b.neg(pos), none), {axis}, true))};
+}
+
+// x's position of the axis' largest (smallest, with min) value as f32, the axis kept as 1.
 Result<ValueId> extreme_position(Ctx& c, ValueId x, int axis, bool min, bool last) {
   const Shape s = c.b.type(x).shape;
   if (c.b.type(x).dtype != DType::f32) x = c.b.cast(x, DType::f32);
-  const std::vector<int64_t> d = dims(s);
-  if (s[axis] >= (int64_t(1) << 24)) return c.unsupported("input 'data'", "an axis below 2^24", s.to_string());
   if (min) x = c.b.neg(x);
-  const ValueId m = c.b.broadcast(c.b.reduce_max(x, {axis}, true), d);
-  Tensor iota(DType::f32, Shape{s[axis]});
-  for (int64_t k = 0; k < s[axis]; ++k) iota.span<float>()[size_t(k)] = float(k);
-  std::vector<int64_t> ish(d.size(), 1);
-  ish[size_t(axis)] = s[axis];
-  const ValueId pos = c.b.broadcast(c.b.reshape(c.b.constant(std::move(iota)), ish), d);
-  const ValueId at = c.b.op1(OpKind::equal, {x, m});
-  if (last)
-    return c.b.reduce_max(c.b.where(at, pos, c.id(filled(c, -1.0, DType::f32, s))), {axis}, true);
-  // The first: the smallest position, -max(-position).
-  return c.b.neg(c.b.reduce_max(c.b.where(at, c.b.neg(pos), c.id(filled(c, -double(s[axis]), DType::f32, s))), {axis}, true));
+  ASPEN_ASSIGN_OR_RETURN(const ValueId pos, positions(c, s, axis));
+  return largest_along(c, x, pos, axis, last).second;
 }
 
 Status convert_arg(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, bool min) {
@@ -524,12 +522,10 @@ Status convert_arg(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, bool
 Status convert_hardmax(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   return softmax_like(c, in, out, [&](const Value& x, int axis, std::vector<Value>& o) -> Status {
     const Shape s = x.type.shape;
-    ASPEN_ASSIGN_OR_RETURN(const ValueId p, extreme_position(c, c.id(x), axis, false, false));
-    Tensor iota(DType::f32, Shape{s[axis]});
-    for (int64_t k = 0; k < s[axis]; ++k) iota.span<float>()[size_t(k)] = float(k);
-    std::vector<int64_t> ish(size_t(s.rank()), 1);
-    ish[size_t(axis)] = s[axis];
-    const ValueId pos = c.b.broadcast(c.b.reshape(c.b.constant(std::move(iota)), ish), dims(s));
+    ASPEN_ASSIGN_OR_RETURN(const ValueId pos, positions(c, s, axis));
+    ValueId x32 = c.id(x);
+    if (x.type.dtype != DType::f32) x32 = c.b.cast(x32, DType::f32);
+    const ValueId p = largest_along(c, x32, pos, axis, false).second;
     o = {c.wrap(c.b.cast(c.b.op1(OpKind::equal, {pos, c.b.broadcast(p, dims(s))}), x.type.dtype))};
     return c.b.status();
   });
@@ -560,18 +556,11 @@ Status convert_top_k(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   ValueId x = c.id(in[0]);
   if (dt != DType::f32) x = c.b.cast(x, DType::f32);
   if (!largest) x = c.b.neg(x);
-  Tensor iota(DType::f32, Shape{s[axis]});
-  for (int64_t i = 0; i < s[axis]; ++i) iota.span<float>()[size_t(i)] = float(i);
-  std::vector<int64_t> ish(d.size(), 1);
-  ish[size_t(axis)] = s[axis];
-  const ValueId pos = c.b.broadcast(c.b.reshape(c.b.constant(std::move(iota)), ish), d);
+  ASPEN_ASSIGN_OR_RETURN(const ValueId pos, positions(c, s, axis));
   const ValueId gone = c.id(filled(c, -std::numeric_limits<double>::infinity(), DType::f32, s));
   std::vector<ValueId> values, indices;
   for (int64_t r = 0; r < k; ++r) {
-    const ValueId m = c.b.reduce_max(x, {axis}, true);
-    const ValueId at = c.b.op1(OpKind::equal, {x, c.b.broadcast(m, d)});
-    const ValueId first = c.b.neg(c.b.reduce_max(
-        c.b.where(at, c.b.neg(pos), c.id(filled(c, -double(s[axis]), DType::f32, s))), {axis}, true));
+    const auto [m, first] = largest_along(c, x, pos, axis, false);
     values.push_back(m);
     indices.push_back(first);
     x = c.b.where(c.b.op1(OpKind::equal, {pos, c.b.broadcast(first, d)}), gone, x);

@@ -1010,11 +1010,7 @@ Status convert_one_hot(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) 
   if (in[0].type.dtype != DType::f32) idx = c.b.cast(idx, DType::f32);
   const ValueId zero = c.id(filled(c, 0.0, DType::f32, is));
   idx = c.b.where(c.b.op1(OpKind::less, {idx, zero}), c.b.add(idx, c.id(filled(c, double(depth), DType::f32, is))), idx);
-  Tensor iota(DType::f32, Shape{depth});
-  for (int64_t k = 0; k < depth; ++k) iota.span<float>()[size_t(k)] = float(k);
-  std::vector<int64_t> iota_shape(size_t(r), 1);
-  iota_shape[size_t(axis)] = depth;
-  const ValueId classes = c.b.broadcast(c.b.reshape(c.b.constant(std::move(iota)), iota_shape), d);
+  ASPEN_ASSIGN_OR_RETURN(const ValueId classes, positions(c, shape_of(d), axis));
   const ValueId hot = c.b.op1(OpKind::equal, {c.b.broadcast(c.b.reshape(idx, unsq), d), classes});
   const ValueId values = c.b.reshape(c.id(in[2]), {2});
   auto pick = [&](int64_t k) { return c.b.broadcast(c.b.reshape(c.b.slice(values, 0, k, k + 1), {}), d); };
