@@ -32,9 +32,10 @@ Status convert_reciprocal(Ctx& c, std::vector<Value>& in, std::vector<Value>& ou
   return c.b.status();
 }
 
+ValueId abs_of(Ctx& c, ValueId x) { return c.b.op1(OpKind::max, {x, c.b.neg(x)}); }
+
 Status convert_abs(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
-  const ValueId x = c.id(in[0]);
-  out = {c.wrap(c.b.op1(OpKind::max, {x, c.b.neg(x)}))};
+  out = {c.wrap(abs_of(c, c.id(in[0])))};
   return c.b.status();
 }
 
@@ -43,7 +44,7 @@ Status convert_abs(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
 // x = 0 or NaN... as pow(x, 0) is 1). x and y broadcast; y of another type is cast to x's.
 ValueId general_pow(Ctx& c, ValueId x, ValueId y, const TensorType& t) {
   auto k = [&](double v) { return c.id(filled(c, v, t.dtype, t.shape)); };
-  const ValueId a = c.b.op1(OpKind::max, {x, c.b.neg(x)});
+  const ValueId a = abs_of(c, x);
   const ValueId p = c.b.exp(c.b.mul(y, c.b.op1(OpKind::log, {a})));
   const ValueId fy = c.b.op1(OpKind::floor, {y});
   const ValueId is_int = c.b.op1(OpKind::equal, {fy, y});
@@ -247,7 +248,7 @@ struct Act {
   ValueId min(ValueId a, ValueId b) { return c.b.op1(OpKind::min, {a, b}); }
   ValueId pos() { return max(x, k(0)); }
   ValueId neg() { return min(x, k(0)); }
-  ValueId abs() { return max(x, c.b.neg(x)); }
+  ValueId abs() { return abs_of(c, x); }
   // alpha (exp(min(x, 0) / alpha') - 1): Elu, Selu (alpha' = 1) and Celu (alpha' = alpha).
   ValueId exp_neg(double alpha, double divide_by) {
     return c.b.scale(c.b.sub(c.b.exp(c.b.scale(neg(), 1.0 / divide_by)), k(1)), alpha);
