@@ -35,6 +35,9 @@ class TorchSource(Source):
         self._spec = None
         self._dir = None
         self._static = {}  # forward's non-array arguments, as given
+        self._half = False  # the exported module's parameters were f16 (NOTE [half modules])
+        self._state_files = set()  # initializers the program updates (a training batch norm's statistics)
+        self._buffer_name = {}  # module buffer -> its initializer, for those
         self._exported = False
         self._file_name = {}  # module parameter name -> its initializer's name in the exported file
 
@@ -45,17 +48,15 @@ class TorchSource(Source):
     # from a float32 copy and compiled with float16 compute (Precision.setComputeType, unless set): its
     # matmuls run in f16 while f32 master weights train, as PopTorch keeps them; half inputs are fed as
     # float32, outputs come back half, and copyWeightsToHost rounds the master weights into the half
-    # parameters. Loss scaling is the optimizer's (loss_scaling=, 'dynamic' included).
-    def _is_half(self):
-        return any(p.dtype == torch.float16 for p in self.module.parameters())
-
+    # parameters. Loss scaling is the optimizer's (loss_scaling=, 'dynamic' included). Whether the module is
+    # half is read once, at the export the program is compiled from (not on every call).
     def resolve_options(self, options):
-        if self._is_half() and "precision" not in options:
+        if self._half and "precision" not in options:
             options = dict(options, precision="f16")
         return options
 
     def feeds(self, arrays):
-        if not self._is_half():
+        if not self._half:
             return arrays
         out = {}
         for n, a in arrays.items():
@@ -145,7 +146,8 @@ class TorchSource(Source):
         """Exports forward for one micro-batch of these inputs; returns the .onnx path."""
         args = {n: torch.from_numpy(a) if isinstance(a, np.ndarray) else a for n, a in example.items()}
         module = self.module
-        if self._is_half():  # NOTE [half modules]: exported from a float32 copy
+        self._half = any(p.dtype == torch.float16 for p in module.parameters())
+        if self._half:  # NOTE [half modules]: exported from a float32 copy
             import copy
             module = copy.deepcopy(self.module).float()
             args = {n: a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.float16 else a
@@ -231,7 +233,7 @@ class TorchSource(Source):
                 self._file_name[name] = found[0]
         # Buffers the program updates (a training batch norm's running statistics), by their file names.
         self._buffer_name = {name: name for name, _ in self.module.named_buffers()
-                             if name in initializers and name in getattr(self, "_state_files", ())}
+                             if name in initializers and name in self._state_files}
 
     def loss_output(self):
         return "loss"
@@ -269,7 +271,7 @@ class TorchSource(Source):
 
     def outputs(self, values, framework):
         leaves = [values[n] for n in self.output_names]
-        if self._is_half():  # NOTE [half modules]: a half module's outputs are half
+        if self._half:  # NOTE [half modules]: a half module's outputs are half
             leaves = [v.astype(np.float16) if v.dtype == np.float32 else v for v in leaves]
         if framework == "torch":
             leaves = [torch.from_numpy(v) for v in leaves]
@@ -279,7 +281,7 @@ class TorchSource(Source):
         out = {self._file_name[n]: p.detach().float().contiguous().numpy() for n, p in self.module.named_parameters()
                if n in self._file_name}
         for n, b in self.module.named_buffers():
-            if n in getattr(self, "_buffer_name", {}):
+            if n in self._buffer_name:
                 out[self._buffer_name[n]] = b.detach().float().contiguous().numpy()
         return out
 
@@ -291,7 +293,7 @@ class TorchSource(Source):
                     continue  # not a parameter of the program (unused by forward, or folded away)
                 p.copy_(torch.from_numpy(w).reshape(p.shape))
             for name, b in self.module.named_buffers():  # running statistics the program updated
-                w = weights.get(getattr(self, "_buffer_name", {}).get(name, ""))
+                w = weights.get(self._buffer_name.get(name, ""))
                 if w is not None:
                     b.copy_(torch.from_numpy(w).reshape(b.shape))
 
