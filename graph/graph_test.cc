@@ -99,7 +99,10 @@ TEST(OpTable, NumbersAreTheSerializedOnes) {
                                    "floor",
                                    "ceil",
                                    "round",
-                                   "dropout"};
+                                   "dropout",
+                                   "conv",
+                                   "conv_grad_input",
+                                   "conv_grad_weight"};
   ASSERT_EQ(std::size(by_number), size_t(kNumOps));
   for (int i = 0; i < kNumOps; ++i) EXPECT_STREQ(op_name(OpKind(i)), by_number[i]) << "op #" << i;
 }

@@ -60,8 +60,10 @@
   /* generation: draws token ids inside the program (ops_sampling.cc; not differentiated) */              \
   X(sample, 45)                                                                                           \
   /* dropout in training, its mask drawn from a run-time seed (ops_dropout.cc) */                         \
-  X(dropout, 72)
-// The next free op number: 67.
+  X(dropout, 72)                                                                                          \
+  /* convolution and its two backward passes (ops_conv.cc) */                                             \
+  X(conv, 73) X(conv_grad_input, 74) X(conv_grad_weight, 75)
+// The next free op number: 76.
 // clang-format on
 
 namespace aspen::graph {

@@ -1,5 +1,10 @@
-// models/onnx_ops_conv.cc: the ONNX importer's convolutions and pooling (Conv, MaxPool, AveragePool,
-// GlobalMaxPool), 1-D, 2-D and 3-D, as gathers and matrix products the IR already differentiates.
+// models/onnx_ops_conv.cc: the ONNX importer's convolutions and pooling (Conv, ConvTranspose, MaxPool,
+// AveragePool, GlobalMaxPool), 1-D, 2-D and 3-D.
+//
+// Conv is the IR's `conv` (graph/ops_conv.cc: oneDNN's primitives, forward and both backward passes), with
+// auto_pad resolved into explicit pads here. ConvTranspose is the transpose of a convolution, the IR's
+// `conv_grad_input`, whenever that convolution's output is exactly X (pads >= 0, output_padding below the
+// stride: every exporter's case); the rest, and the pools, are gathers:
 //
 // NOTE [convolution as a gather]: a window's input positions are known at import (shapes are static), so
 // the importer writes the patch matrix (im2col) as one `gather`: the input moved channels-last, [N, D...,
@@ -7,13 +12,12 @@
 // MaxPool), and a constant index tensor [N, ΠO, ΠK] names, for every output position and kernel offset,
 // the row it reads (the padding row outside the input; strides, dilations, every auto_pad and ceil_mode are
 // only index arithmetic). Then
-//   Conv: the patches [N·ΠO, ΠK·C] times the weight moved to [ΠK·C, M] (per group a batched product;
-//         depthwise, one input channel per group: a weighted sum over the window), plus the bias;
+//   ConvTranspose: the patches [N·ΠO, ΠK·C] times the weight moved to [ΠK·C, M] (per group a batched
+//         product), plus the bias;
 //   MaxPool: reduce_max over the window; AveragePool: reduce_sum over it / the count ONNX divides by.
 // The backward pass comes from autodiff: the gather's gradient is the ordered scatter-add of the patches'
-// gradients (col2im), reduce_max's goes to the window's maximum. Correct by construction and bit-stable;
-// the time goes to the matrix product (aspen's kernels), but the index tensor and the patch matrix cost
-// memory ΠK times the input: a fused convolution kernel is the next step (W3.2's speed table).
+// gradients (col2im), reduce_max's goes to the window's maximum. Correct by construction and bit-stable, but
+// the index tensor and the patch matrix cost memory ΠK times the input (kMaxWindowIndices bounds it).
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -104,12 +108,22 @@ Result<Window> window_of(Ctx& c, const TensorType& x, std::vector<int64_t> kerne
     w.PadEnd.push_back(pe);
     w.O.push_back(o);
   }
-  if (w.N * product(w.O) * product(w.K) > kMaxWindowIndices)
-    return c.unsupported("input 'X'",
-                         "at most 2^28 window positions (N x outputs x kernel) for the gathered patches "
-                         "(NOTE [convolution as a gather])",
-                         x.to_string() + " with kernel " + list(w.K));
   return w;
+}
+
+// The gathered patches' index tensor [N, ΠO, ΠK] must stay within kMaxWindowIndices.
+Status check_gather_size(Ctx& c, const Window& w, const TensorType& x) {
+  if (w.N * product(w.O) * product(w.K) <= kMaxWindowIndices) return Status();
+  return c.unsupported("input 'X'",
+                       "at most 2^28 window positions (N x outputs x kernel) for the gathered patches "
+                       "(NOTE [convolution as a gather])",
+                       x.to_string() + " with kernel " + list(w.K));
+}
+
+// The IR's conv family's attributes for a window (graph/ops_conv.cc).
+graph::Attrs conv_attrs(const Window& w, int64_t groups) {
+  return {{"strides", w.S}, {"dilations", w.Dil}, {"pads_begin", w.PadBegin}, {"pads_end", w.PadEnd},
+          {"groups", groups}};
 }
 
 // The row of the channels-last table each (n, output position, kernel offset) reads: [N, ΠO, ΠK], i32;
@@ -215,13 +229,9 @@ Status convert_conv(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   const Value* bias = in.size() > 2 && in[2].present() ? &in[2] : nullptr;
   if (bias && bias->type.shape != Shape{M})
     return c.error("input 'B'", TensorType{xt.dtype, Shape{M}}.to_string(), bias->type.to_string());
-  const int64_t pK = product(w.K), Mg = M / G;
-  const ValueId col = gather_windows(c, in[0], w, 0.0, window_rows(w, w.N * product(w.D)));  // [N, ΠO, ΠK, C]
-  // W [G·Mg, Cg, K...] -> [G, Mg, ΠK, Cg]
-  const ValueId weight = c.b.reshape(c.b.transpose(c.b.reshape(c.id(in[1]), {G, Mg, Cg, pK}), {0, 1, 3, 2}),
-                                     {G, Mg, pK * Cg});
-  const ValueId y = patches_times_weight(c, col, w, G, Mg, weight, bias);
-  out = {c.wrap(channels_first(c, y, w, M))};
+  std::vector<ValueId> args = {c.id(in[0]), c.id(in[1])};
+  if (bias) args.push_back(c.id(*bias));
+  out = {c.wrap(c.b.op1(OpKind::conv, args, conv_attrs(w, G)))};
   return c.b.status();
 }
 
@@ -284,11 +294,30 @@ Status convert_conv_transpose(Ctx& c, std::vector<Value>& in, std::vector<Value>
     w.O.push_back(o);
   }
   const int64_t pK = product(w.K);
-  if (w.N * product(w.O) * pK > kMaxWindowIndices)
-    return c.unsupported("input 'X'", "at most 2^28 window positions (N x outputs x kernel)", xt.to_string());
   const Value* bias = in.size() > 2 && in[2].present() ? &in[2] : nullptr;
   if (bias && bias->type.shape != Shape{M})
     return c.error("input 'B'", TensorType{xt.dtype, Shape{M}}.to_string(), bias->type.to_string());
+  // The transpose of the convolution of the output by W back to X (conv_grad_input) when that convolution's
+  // output is X's extent: pads >= 0 and output_padding below the stride. Otherwise the gather below.
+  bool transposed_conv = true;
+  for (size_t i = 0; i < k; ++i)
+    transposed_conv = transposed_conv && w.PadBegin[i] >= 0 && w.PadEnd[i] >= 0 && opad[i] < w.S[i] &&
+                      w.O[i] + w.PadBegin[i] + w.PadEnd[i] >= (w.K[i] - 1) * w.Dil[i] + 1;
+  if (transposed_conv) {
+    graph::Attrs a = conv_attrs(w, G);
+    a.set("input_shape", w.O);
+    ValueId y = c.b.op1(OpKind::conv_grad_input, {c.id(in[0]), c.id(in[1])}, a);
+    if (bias) {
+      std::vector<int64_t> yd = {w.N, M};
+      yd.insert(yd.end(), w.O.begin(), w.O.end());
+      std::vector<int64_t> shaped(yd.size(), 1);
+      shaped[1] = M;
+      y = c.b.add(y, c.b.broadcast(c.b.reshape(c.id(*bias), shaped), yd));
+    }
+    out = {c.wrap(y)};
+    return c.b.status();
+  }
+  ASPEN_RETURN_IF_ERROR(check_gather_size(c, w, xt));
   const ValueId col = gather_windows(c, in[0], w, 0.0, window_rows(w, w.N * product(w.D), /*transposed=*/true));
   // W [G·Cg, Mg, K...] -> [G, Mg, ΠK, Cg]
   const ValueId weight = c.b.reshape(c.b.transpose(c.b.reshape(c.id(in[1]), {G, C / G, Mg, pK}), {0, 2, 3, 1}),
@@ -305,6 +334,7 @@ Status pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, bool max) {
     return c.unsupported("output 'Indices'", "none (MaxPool's values only)", "asked for");
   if (!c.has("kernel_shape")) return c.error("attribute 'kernel_shape'", "present", "none");
   ASPEN_ASSIGN_OR_RETURN(const Window w, window_of(c, xt, {}, true));
+  ASPEN_RETURN_IF_ERROR(check_gather_size(c, w, xt));
   const int64_t P = w.N * product(w.O), pK = product(w.K), pad_row = w.N * product(w.D);
   ValueId y;
   if (max) {

@@ -1,0 +1,290 @@
+// kernels/conv.cc: the convolution references and the oneDNN plans of kernels/conv.h.
+#include "kernels/conv.h"
+
+#include <dnnl.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/convert.h"
+
+namespace aspen::kernels {
+
+std::string ConvShape::to_string() const {
+  auto axes = [&](const std::array<int64_t, 3>& v) {
+    std::string t = "[";
+    for (int i = 3 - spatial; i < 3; ++i) t += (i > 3 - spatial ? ", " : "") + std::to_string(v[size_t(i)]);
+    return t + "]";
+  };
+  return "conv N " + std::to_string(N) + " C " + std::to_string(C) + " M " + std::to_string(M) + " groups " +
+         std::to_string(groups) + " input " + axes(D) + " kernel " + axes(K) + " output " + axes(O) + " strides " +
+         axes(S) + " dilations " + axes(Dil) + " pads " + axes(PadBegin) + " " + axes(PadEnd);
+}
+
+// ---- references --------------------------------------------------------------------------------------------
+
+namespace ref {
+namespace {
+
+// Calls f(x index, w index, y index) for every product term of the convolution: output position o, kernel
+// offset q and input channel c of m's group, where the input position is inside x. Spatial axes are the
+// last `spatial` of the three (the others extent 1).
+template <class F>
+void for_each_term(const ConvShape& s, F f) {
+  const int64_t G = s.groups, Cg = s.C / G, Mg = s.M / G;
+  const int64_t pD = s.D[0] * s.D[1] * s.D[2], pK = s.K[0] * s.K[1] * s.K[2], pO = s.O[0] * s.O[1] * s.O[2];
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t m = 0; m < s.M; ++m) {
+      const int64_t g = m / Mg;
+      for (int64_t o0 = 0; o0 < s.O[0]; ++o0)
+        for (int64_t o1 = 0; o1 < s.O[1]; ++o1)
+          for (int64_t o2 = 0; o2 < s.O[2]; ++o2) {
+            const int64_t yi = (n * s.M + m) * pO + (o0 * s.O[1] + o1) * s.O[2] + o2;
+            for (int64_t q0 = 0; q0 < s.K[0]; ++q0) {
+              const int64_t i0 = o0 * s.S[0] - s.PadBegin[0] + q0 * s.Dil[0];
+              if (i0 < 0 || i0 >= s.D[0]) continue;
+              for (int64_t q1 = 0; q1 < s.K[1]; ++q1) {
+                const int64_t i1 = o1 * s.S[1] - s.PadBegin[1] + q1 * s.Dil[1];
+                if (i1 < 0 || i1 >= s.D[1]) continue;
+                for (int64_t q2 = 0; q2 < s.K[2]; ++q2) {
+                  const int64_t i2 = o2 * s.S[2] - s.PadBegin[2] + q2 * s.Dil[2];
+                  if (i2 < 0 || i2 >= s.D[2]) continue;
+                  const int64_t at = (i0 * s.D[1] + i1) * s.D[2] + i2, q = (q0 * s.K[1] + q1) * s.K[2] + q2;
+                  for (int64_t c = 0; c < Cg; ++c)
+                    f((n * s.C + g * Cg + c) * pD + at, (m * Cg + c) * pK + q, yi);
+                }
+              }
+            }
+          }
+    }
+}
+
+}  // namespace
+
+template <class T>
+void conv_forward(const ConvShape& s, const T* x, const T* w, const T* bias, T* y) {
+  const int64_t pO = s.O[0] * s.O[1] * s.O[2];
+  for (int64_t i = 0; i < s.y_numel(); ++i) y[i] = bias ? bias[(i / pO) % s.M] : T(0);
+  for_each_term(s, [&](int64_t xi, int64_t wi, int64_t yi) { y[yi] += x[xi] * w[wi]; });
+}
+
+template <class T>
+void conv_backward_data(const ConvShape& s, const T* dy, const T* w, T* dx) {
+  for (int64_t i = 0; i < s.x_numel(); ++i) dx[i] = T(0);
+  for_each_term(s, [&](int64_t xi, int64_t wi, int64_t yi) { dx[xi] += dy[yi] * w[wi]; });
+}
+
+template <class T>
+void conv_backward_weights(const ConvShape& s, const T* x, const T* dy, T* dw) {
+  for (int64_t i = 0; i < s.w_numel(); ++i) dw[i] = T(0);
+  for_each_term(s, [&](int64_t xi, int64_t wi, int64_t yi) { dw[wi] += x[xi] * dy[yi]; });
+}
+
+#define ASPEN_CONV_REF(T)                                                                 \
+  template void conv_forward<T>(const ConvShape&, const T*, const T*, const T*, T*);      \
+  template void conv_backward_data<T>(const ConvShape&, const T*, const T*, T*);          \
+  template void conv_backward_weights<T>(const ConvShape&, const T*, const T*, T*);
+ASPEN_CONV_REF(float)
+ASPEN_CONV_REF(double)
+#undef ASPEN_CONV_REF
+
+}  // namespace ref
+
+// ---- oneDNN plans ------------------------------------------------------------------------------------------
+
+namespace {
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// Per-thread scratch: the blocked copies and widened copies of one run, reused by every plan of the thread.
+struct Scratch {
+  struct Block {
+    void* p = nullptr;
+    size_t bytes = 0;
+    ~Block() { std::free(p); }
+    void* get(size_t n) {
+      if (n > bytes) {
+        std::free(p);
+        bytes = (n + 63) / 64 * 64;
+        p = std::aligned_alloc(64, bytes);
+        if (!p) bytes = 0;
+      }
+      return p;
+    }
+  };
+  Block block[7];  // blocked a, b, out; widened a, b, bias; widened out
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+dnnl::memory::dims tail(const std::array<int64_t, 3>& v, int k, int64_t minus = 0) {
+  dnnl::memory::dims d;
+  for (int i = 3 - k; i < 3; ++i) d.push_back(v[size_t(i)] - minus);
+  return d;
+}
+
+}  // namespace
+
+struct ConvPlan::Impl {
+  ConvShape s;
+  ConvPass pass = ConvPass::forward;
+  DType dtype = DType::f32;
+  bool bias = false;
+  dnnl::stream stream;
+  dnnl::primitive prim;
+  // Operands in order a, b, out: the plain (user) layout, the primitive's, and the primitive's argument.
+  dnnl::memory::desc user[3], chosen[3];
+  int arg[3] = {};
+  dnnl::memory::desc bias_md;
+  int64_t numel[3] = {};  // elements of a, b, out
+};
+
+ConvPlan::ConvPlan(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ConvPlan::ConvPlan(ConvPlan&&) noexcept = default;
+ConvPlan& ConvPlan::operator=(ConvPlan&&) noexcept = default;
+ConvPlan::~ConvPlan() = default;
+
+Result<ConvPlan> ConvPlan::make(const ConvShape& s, ConvPass pass, DType dtype, bool bias) {
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+    return Status::error(Code::kUnimplemented, "convolution", "f32, bf16 or f16", std::string(dtype_name(dtype)));
+  if (s.spatial < 1 || s.spatial > 3 || s.groups < 1 || s.C % s.groups != 0 || s.M % s.groups != 0)
+    return Status::error(Code::kInvalidArgument, "convolution", "1 to 3 spatial axes, channels a multiple of groups",
+                         s.to_string());
+  using tag = dnnl::memory::format_tag;
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  const int k = s.spatial;
+  const int64_t G = s.groups;
+  dims x_dims = {s.N, s.C}, y_dims = {s.N, s.M}, w_dims;
+  for (int64_t v : tail(s.D, k)) x_dims.push_back(v);
+  for (int64_t v : tail(s.O, k)) y_dims.push_back(v);
+  w_dims = G == 1 ? dims{s.M, s.C} : dims{G, s.M / G, s.C / G};
+  for (int64_t v : tail(s.K, k)) w_dims.push_back(v);
+  const tag act = k == 1 ? tag::ncw : k == 2 ? tag::nchw : tag::ncdhw;
+  const tag wt = G == 1 ? (k == 1 ? tag::oiw : k == 2 ? tag::oihw : tag::oidhw)
+                        : (k == 1 ? tag::goiw : k == 2 ? tag::goihw : tag::goidhw);
+  const dnnl::memory::desc x_user(x_dims, dt::f32, act), y_user(y_dims, dt::f32, act), w_user(w_dims, dt::f32, wt);
+  const dnnl::memory::desc x_any(x_dims, dt::f32, tag::any), y_any(y_dims, dt::f32, tag::any),
+      w_any(w_dims, dt::f32, tag::any);
+  const dnnl::memory::desc b_md({s.M}, dt::f32, tag::x);
+  const dims strides = tail(s.S, k), dilates = tail(s.Dil, k, 1), pl = tail(s.PadBegin, k), pr = tail(s.PadEnd, k);
+  const auto alg = dnnl::algorithm::convolution_direct;
+
+  auto impl = std::make_unique<Impl>();
+  impl->s = s;
+  impl->pass = pass;
+  impl->dtype = dtype;
+  impl->bias = bias && pass == ConvPass::forward;
+  impl->bias_md = b_md;
+  try {
+    impl->stream = dnnl::stream(engine());
+    const auto prop = pass == ConvPass::forward ? dnnl::prop_kind::forward_inference : dnnl::prop_kind::forward_training;
+    const dnnl::convolution_forward::desc fwd_desc =
+        impl->bias ? dnnl::convolution_forward::desc(prop, alg, x_any, w_any, b_md, y_any, strides, dilates, pl, pr)
+                   : dnnl::convolution_forward::desc(prop, alg, x_any, w_any, y_any, strides, dilates, pl, pr);
+    const dnnl::convolution_forward::primitive_desc fwd(fwd_desc, engine());
+    switch (pass) {
+      case ConvPass::forward:
+        impl->prim = dnnl::convolution_forward(fwd);
+        impl->user[0] = x_user, impl->user[1] = w_user, impl->user[2] = y_user;
+        impl->chosen[0] = fwd.src_desc(), impl->chosen[1] = fwd.weights_desc(), impl->chosen[2] = fwd.dst_desc();
+        impl->arg[0] = DNNL_ARG_SRC, impl->arg[1] = DNNL_ARG_WEIGHTS, impl->arg[2] = DNNL_ARG_DST;
+        break;
+      case ConvPass::backward_data: {
+        const dnnl::convolution_backward_data::primitive_desc pd(
+            dnnl::convolution_backward_data::desc(alg, x_any, w_any, y_any, strides, dilates, pl, pr), engine(), fwd);
+        impl->prim = dnnl::convolution_backward_data(pd);
+        impl->user[0] = y_user, impl->user[1] = w_user, impl->user[2] = x_user;
+        impl->chosen[0] = pd.diff_dst_desc(), impl->chosen[1] = pd.weights_desc(), impl->chosen[2] = pd.diff_src_desc();
+        impl->arg[0] = DNNL_ARG_DIFF_DST, impl->arg[1] = DNNL_ARG_WEIGHTS, impl->arg[2] = DNNL_ARG_DIFF_SRC;
+        break;
+      }
+      case ConvPass::backward_weights: {
+        const dnnl::convolution_backward_weights::primitive_desc pd(
+            dnnl::convolution_backward_weights::desc(alg, x_any, w_any, y_any, strides, dilates, pl, pr), engine(),
+            fwd);
+        impl->prim = dnnl::convolution_backward_weights(pd);
+        impl->user[0] = x_user, impl->user[1] = y_user, impl->user[2] = w_user;
+        impl->chosen[0] = pd.src_desc(), impl->chosen[1] = pd.diff_dst_desc(),
+        impl->chosen[2] = pd.diff_weights_desc();
+        impl->arg[0] = DNNL_ARG_SRC, impl->arg[1] = DNNL_ARG_DIFF_DST, impl->arg[2] = DNNL_ARG_DIFF_WEIGHTS;
+        break;
+      }
+    }
+  } catch (const dnnl::error& e) {
+    return Status::error(Code::kUnimplemented, s.to_string(), "a shape oneDNN can run",
+                         std::string("oneDNN refused it: ") + e.what());
+  }
+  for (int i = 0; i < 3; ++i) impl->numel[i] = int64_t(impl->user[i].get_size() / sizeof(float));
+  return ConvPlan(std::move(impl));
+}
+
+Status ConvPlan::run(const void* a, const void* b, const void* bias, void* out) {
+  Impl& p = *impl_;
+  Scratch& sc = scratch();
+  const void* src[2] = {a, b};
+  // Widened copies of bf16 / f16 operands (the f32 primitive runs them).
+  auto widen = [&](const void* v, int64_t n, int slot) -> Result<const float*> {
+    if (p.dtype == DType::f32) return static_cast<const float*>(v);
+    float* w = static_cast<float*>(sc.block[slot].get(size_t(n) * sizeof(float)));
+    if (!w) return Status::error(Code::kOutOfRange, "convolution scratch", "memory", "none left");
+    if (p.dtype == DType::bf16) {
+      ASPEN_RETURN_IF_ERROR(convert_bf16_to_f32({static_cast<const bf16*>(v), size_t(n)}, {w, size_t(n)}, n));
+    } else {
+      ASPEN_RETURN_IF_ERROR(convert_f16_to_f32({static_cast<const f16*>(v), size_t(n)}, {w, size_t(n)}, n));
+    }
+    return static_cast<const float*>(w);
+  };
+  try {
+    std::unordered_map<int, dnnl::memory> args;
+    for (int i = 0; i < 2; ++i) {
+      ASPEN_ASSIGN_OR_RETURN(const float* f, widen(src[i], p.numel[i], 3 + i));
+      dnnl::memory user(p.user[i], engine(), const_cast<float*>(f));
+      if (p.chosen[i] == p.user[i]) {
+        args.emplace(p.arg[i], user);
+        continue;
+      }
+      void* buf = sc.block[i].get(p.chosen[i].get_size());
+      if (!buf) return Status::error(Code::kOutOfRange, "convolution scratch", "memory", "none left");
+      dnnl::memory blocked(p.chosen[i], engine(), buf);
+      dnnl::reorder(user, blocked).execute(p.stream, user, blocked);
+      args.emplace(p.arg[i], blocked);
+    }
+    if (p.bias) {
+      ASPEN_ASSIGN_OR_RETURN(const float* f, widen(bias, p.s.M, 5));
+      args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias_md, engine(), const_cast<float*>(f)));
+    }
+    void* out32 = out;
+    if (p.dtype != DType::f32) out32 = sc.block[6].get(size_t(p.numel[2]) * sizeof(float));
+    if (!out32) return Status::error(Code::kOutOfRange, "convolution scratch", "memory", "none left");
+    dnnl::memory user_out(p.user[2], engine(), out32);
+    dnnl::memory result = user_out;
+    if (!(p.chosen[2] == p.user[2])) {
+      void* buf = sc.block[2].get(p.chosen[2].get_size());
+      if (!buf) return Status::error(Code::kOutOfRange, "convolution scratch", "memory", "none left");
+      result = dnnl::memory(p.chosen[2], engine(), buf);
+    }
+    args.emplace(p.arg[2], result);
+    p.prim.execute(p.stream, args);
+    if (result != user_out) dnnl::reorder(result, user_out).execute(p.stream, result, user_out);
+    p.stream.wait();
+    const int64_t n = p.numel[2];
+    if (p.dtype == DType::bf16)
+      return convert_f32_to_bf16({static_cast<const float*>(out32), size_t(n)}, {static_cast<bf16*>(out), size_t(n)},
+                                 n);
+    if (p.dtype == DType::f16)
+      return convert_f32_to_f16({static_cast<const float*>(out32), size_t(n)}, {static_cast<f16*>(out), size_t(n)}, n);
+  } catch (const dnnl::error& e) {
+    return Status::error(Code::kInternal, p.s.to_string(), "oneDNN to run it", std::string("it failed: ") + e.what());
+  }
+  return Status();
+}
+
+}  // namespace aspen::kernels
