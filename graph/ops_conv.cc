@@ -170,16 +170,25 @@ Status eval_conv(const Node& n, Ins in, Outs out) {
   return Status();
 }
 
-Prepared prepare_conv(const Node& n, Types in, Types) {
+// NOTE [fixed weights] (ops_nn.cc): with the weights fixed, forward and backward_data keep them in oneDNN's
+// layout, reordered once and again after fixed_inputs_changed().
+Prepared prepare_conv_impl(const Node& n, Types in, bool w_fixed);
+Prepared prepare_conv(const Node& n, Types in, Types) { return prepare_conv_impl(n, in, false); }
+Prepared prepare_conv_fixed(const Node& n, Types in, Types, std::span<const char> fixed) {
+  return prepare_conv_impl(n, in, n.op != OpKind::conv_grad_weight && fixed.size() > 1 && fixed[1]);
+}
+
+Prepared prepare_conv_impl(const Node& n, Types in, bool w_fixed) {
   ASPEN_ASSIGN_OR_RETURN(const ConvShape s, shape_of(n, in));
   const kernels::ConvPass pass = n.op == OpKind::conv              ? kernels::ConvPass::forward
                                  : n.op == OpKind::conv_grad_input ? kernels::ConvPass::backward_data
                                                                    : kernels::ConvPass::backward_weights;
   const bool bias = n.op == OpKind::conv && in.size() > 2;
-  Result<kernels::ConvPlan> plan = kernels::ConvPlan::make(s, pass, in[0].dtype, bias);
+  Result<kernels::ConvPlan> plan = kernels::ConvPlan::make(s, pass, in[0].dtype, bias, w_fixed);
   if (!plan.is_ok()) return no_fast_kernel();  // a shape oneDNN refuses runs the reference
   auto p = std::make_shared<kernels::ConvPlan>(std::move(*plan));
-  return make_kernel([p, bias](In i, Out o) { return p->run(i[0], i[1], bias ? i[2] : nullptr, o[0]); });
+  return make_kernel([p, bias](In i, Out o) { return p->run(i[0], i[1], bias ? i[2] : nullptr, o[0]); },
+                     [p] { p->b_changed(); });
 }
 
 // Odd shapes over 1, 2 and 3 spatial axes: strides, dilations, uneven pads, groups and depthwise, a bias;
@@ -251,6 +260,7 @@ void register_conv_ops(OpTable& t) {
                           .grad = grad_conv,
                           .eval = eval_conv,
                           .prepare = prepare_conv,
+                          .prepare_fixed = prepare_conv_fixed,
                           .samples = samples_conv});
   t.define(OpKind::conv_grad_input, {.min_inputs = 2,
                                      .max_inputs = 2,
@@ -259,6 +269,7 @@ void register_conv_ops(OpTable& t) {
                                      .grad = grad_conv,
                                      .eval = eval_conv,
                                      .prepare = prepare_conv,
+                                     .prepare_fixed = prepare_conv_fixed,
                                      .samples = samples_conv_grad_input});
   t.define(OpKind::conv_grad_weight, {.min_inputs = 2,
                                       .max_inputs = 2,

@@ -119,6 +119,9 @@ struct Scratch {
   };
   Block block[7];  // blocked a, b, out; widened a, b, bias; widened out
 };
+// A plan's own copy of fixed weights in the primitive's layout.
+using Kept = Scratch::Block;
+
 Scratch& scratch() {
   thread_local Scratch s;
   return s;
@@ -144,6 +147,9 @@ struct ConvPlan::Impl {
   int arg[3] = {};
   dnnl::memory::desc bias_md;
   int64_t numel[3] = {};  // elements of a, b, out
+  dnnl::reorder reorder[3];  // plain to chosen for a and b, chosen to plain for out, where they differ
+  bool b_fixed = false, b_ready = false;
+  Kept b_kept;  // b in the primitive's layout, f32 (b_fixed)
 };
 
 ConvPlan::ConvPlan(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -151,7 +157,9 @@ ConvPlan::ConvPlan(ConvPlan&&) noexcept = default;
 ConvPlan& ConvPlan::operator=(ConvPlan&&) noexcept = default;
 ConvPlan::~ConvPlan() = default;
 
-Result<ConvPlan> ConvPlan::make(const ConvShape& s, ConvPass pass, DType dtype, bool bias) {
+void ConvPlan::b_changed() { impl_->b_ready = false; }
+
+Result<ConvPlan> ConvPlan::make(const ConvShape& s, ConvPass pass, DType dtype, bool bias, bool b_fixed) {
   if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
     return Status::error(Code::kUnimplemented, "convolution", "f32, bf16 or f16", std::string(dtype_name(dtype)));
   if (s.spatial < 1 || s.spatial > 3 || s.groups < 1 || s.C % s.groups != 0 || s.M % s.groups != 0)
@@ -183,6 +191,7 @@ Result<ConvPlan> ConvPlan::make(const ConvShape& s, ConvPass pass, DType dtype, 
   impl->dtype = dtype;
   impl->bias = bias && pass == ConvPass::forward;
   impl->bias_md = b_md;
+  impl->b_fixed = b_fixed && pass != ConvPass::backward_weights;
   try {
     impl->stream = dnnl::stream(engine());
     const auto prop = pass == ConvPass::forward ? dnnl::prop_kind::forward_inference : dnnl::prop_kind::forward_training;
@@ -222,7 +231,17 @@ Result<ConvPlan> ConvPlan::make(const ConvShape& s, ConvPass pass, DType dtype, 
     return Status::error(Code::kUnimplemented, s.to_string(), "a shape oneDNN can run",
                          std::string("oneDNN refused it: ") + e.what());
   }
-  for (int i = 0; i < 3; ++i) impl->numel[i] = int64_t(impl->user[i].get_size() / sizeof(float));
+  try {
+    for (int i = 0; i < 3; ++i) {
+      impl->numel[i] = int64_t(impl->user[i].get_size() / sizeof(float));
+      if (impl->chosen[i] == impl->user[i]) continue;
+      const dnnl::memory::desc &from = i < 2 ? impl->user[i] : impl->chosen[i], &to = i < 2 ? impl->chosen[i] : impl->user[i];
+      impl->reorder[i] = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), from, engine(), to));
+    }
+  } catch (const dnnl::error& e) {
+    return Status::error(Code::kUnimplemented, s.to_string(), "layouts oneDNN can reorder",
+                         std::string("oneDNN refused them: ") + e.what());
+  }
   return ConvPlan(std::move(impl));
 }
 
@@ -245,16 +264,27 @@ Status ConvPlan::run(const void* a, const void* b, const void* bias, void* out) 
   try {
     std::unordered_map<int, dnnl::memory> args;
     for (int i = 0; i < 2; ++i) {
+      if (i == 1 && p.b_fixed && p.b_ready) {
+        args.emplace(p.arg[1], dnnl::memory(p.chosen[1], engine(), p.b_kept.p));
+        continue;
+      }
       ASPEN_ASSIGN_OR_RETURN(const float* f, widen(src[i], p.numel[i], 3 + i));
       dnnl::memory user(p.user[i], engine(), const_cast<float*>(f));
-      if (p.chosen[i] == p.user[i]) {
+      // Kept: fixed weights not already the primitive's f32 (a widened copy, or another layout).
+      const bool keep = i == 1 && p.b_fixed && !(p.dtype == DType::f32 && p.chosen[1] == p.user[1]);
+      if (p.chosen[i] == p.user[i] && !keep) {
         args.emplace(p.arg[i], user);
         continue;
       }
-      void* buf = sc.block[i].get(p.chosen[i].get_size());
+      void* buf = keep ? p.b_kept.get(p.chosen[i].get_size()) : sc.block[i].get(p.chosen[i].get_size());
       if (!buf) return Status::error(Code::kOutOfRange, "convolution scratch", "memory", "none left");
       dnnl::memory blocked(p.chosen[i], engine(), buf);
-      dnnl::reorder(user, blocked).execute(p.stream, user, blocked);
+      if (p.chosen[i] == p.user[i]) {
+        std::memcpy(buf, f, p.chosen[i].get_size());
+      } else {
+        p.reorder[i].execute(p.stream, user, blocked);
+      }
+      p.b_ready = p.b_ready || keep;
       args.emplace(p.arg[i], blocked);
     }
     if (p.bias) {
@@ -273,7 +303,7 @@ Status ConvPlan::run(const void* a, const void* b, const void* bias, void* out) 
     }
     args.emplace(p.arg[2], result);
     p.prim.execute(p.stream, args);
-    if (result != user_out) dnnl::reorder(result, user_out).execute(p.stream, result, user_out);
+    if (result != user_out) p.reorder[2].execute(p.stream, result, user_out);
     p.stream.wait();
     const int64_t n = p.numel[2];
     if (p.dtype == DType::bf16)

@@ -45,8 +45,11 @@ enum class ConvPass { forward, backward_data, backward_weights };
 // One pass of one convolution shape in one dtype, made once (a oneDNN primitive) and run many times.
 class ConvPlan {
  public:
-  // dtype: f32, bf16 or f16. `bias`: forward only.
-  static Result<ConvPlan> make(const ConvShape& s, ConvPass pass, DType dtype, bool bias = false);
+  // dtype: f32, bf16 or f16. `bias`: forward only. `b_fixed`: operand b (the weights of forward and
+  // backward_data) holds the same values on every run until b_changed(), so the plan keeps its reordered
+  // (and widened) copy instead of making it on every run (inference: NOTE [fixed weights] in graph/).
+  static Result<ConvPlan> make(const ConvShape& s, ConvPass pass, DType dtype, bool bias = false,
+                               bool b_fixed = false);
   ConvPlan(ConvPlan&&) noexcept;
   ConvPlan& operator=(ConvPlan&&) noexcept;
   ~ConvPlan();
@@ -54,6 +57,8 @@ class ConvPlan {
   // forward: (x, w, bias or null) -> y; backward_data: (dy, w) -> dx; backward_weights: (x, dy) -> dw.
   // Pointers hold elements of the plan's dtype; the output is overwritten.
   Status run(const void* a, const void* b, const void* bias, void* out);
+  // b's values changed: the kept copy is made again on the next run.
+  void b_changed();
 
   struct Impl;
 

@@ -71,6 +71,37 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvPlans,
                            return s;
                          });
 
+// Fixed weights (forward and backward_data, f32 and bf16): the plan keeps its reordered copy, so a run after
+// the weights changed without b_changed() still uses the old ones, and after b_changed() the new ones.
+TEST(ConvPlans, FixedWeightsKeptUntilChanged) {
+  const ConvShape s = shape_of(Case{"", 2, 32, 48, 1, 7, 6, 3, 1, 1});
+  const std::vector<float> x = random_vector(size_t(s.x_numel()), 5), dy = random_vector(size_t(s.y_numel()), 6);
+  std::vector<float> w = random_vector(size_t(s.w_numel()), 7);
+  const std::vector<float> w2 = random_vector(size_t(s.w_numel()), 8);
+  for (ConvPass pass : {ConvPass::forward, ConvPass::backward_data}) {
+    SCOPED_TRACE(int(pass));
+    auto plan = ConvPlan::make(s, pass, DType::f32, false, /*b_fixed=*/true);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    const std::vector<float>& a = pass == ConvPass::forward ? x : dy;
+    const int64_t n = pass == ConvPass::forward ? s.y_numel() : s.x_numel();
+    auto want = [&](const std::vector<float>& wv) {
+      std::vector<double> r(static_cast<size_t>(n)), ad(a.begin(), a.end()), wd(wv.begin(), wv.end());
+      if (pass == ConvPass::forward) ref::conv_forward<double>(s, ad.data(), wd.data(), nullptr, r.data());
+      else ref::conv_backward_data<double>(s, ad.data(), wd.data(), r.data());
+      return r;
+    };
+    std::vector<float> wbuf = w, out(static_cast<size_t>(n));
+    ASSERT_TRUE(plan->run(a.data(), wbuf.data(), nullptr, out.data()).is_ok());
+    EXPECT_TRUE(close_nmse(out, want(w), 1e-10));
+    wbuf = w2;  // changed without telling the plan: the kept copy is used
+    ASSERT_TRUE(plan->run(a.data(), wbuf.data(), nullptr, out.data()).is_ok());
+    EXPECT_TRUE(close_nmse(out, want(w), 1e-10));
+    plan->b_changed();
+    ASSERT_TRUE(plan->run(a.data(), wbuf.data(), nullptr, out.data()).is_ok());
+    EXPECT_TRUE(close_nmse(out, want(w2), 1e-10));
+  }
+}
+
 TEST(ConvPlans, RefusesWhatItCannotRun) {
   ConvShape s = shape_of(Case{"", 1, 6, 4, 4, 5, 5, 3, 1, 1});
   auto plan = ConvPlan::make(s, ConvPass::forward, DType::f32);
