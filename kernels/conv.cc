@@ -194,7 +194,10 @@ Result<ConvPlan> ConvPlan::make(const ConvShape& s, ConvPass pass, DType dtype, 
   impl->b_fixed = b_fixed && pass != ConvPass::backward_weights;
   try {
     impl->stream = dnnl::stream(engine());
-    const auto prop = pass == ConvPass::forward ? dnnl::prop_kind::forward_inference : dnnl::prop_kind::forward_training;
+    // Fixed weights mean inference (brgconv kernels, weights reordered once); otherwise the training
+    // forward, whose weights layout is the one backward_weights writes (fewer distinct reorders).
+    const auto prop = impl->b_fixed && pass == ConvPass::forward ? dnnl::prop_kind::forward_inference
+                                                                 : dnnl::prop_kind::forward_training;
     const dnnl::convolution_forward::desc fwd_desc =
         impl->bias ? dnnl::convolution_forward::desc(prop, alg, x_any, w_any, b_md, y_any, strides, dilates, pl, pr)
                    : dnnl::convolution_forward::desc(prop, alg, x_any, w_any, y_any, strides, dilates, pl, pr);
