@@ -4,6 +4,7 @@
 //   aspen bench decode [--json] [--threads 1,2] [--rows 1,8] [--dtype f32|bf16|all] [--quick]
 //   aspen bench attention [--json] [--t 256,1024,4096]
 //   aspen bench kernels [--json]
+//   aspen bench conv [--json] [--threads N] [--quick]
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
 //   aspen bench generate [--json] [--threads N] [--new-tokens N] [--python PATH] [--model DIR]
 //   aspen bench pipeline [--json] [--stages 2,4] [--micro 4,8] [--width N] [--steps N] [--quick]
@@ -35,6 +36,7 @@
 #include "bench/decode_bench.h"
 #include "bench/gemm_bench.h"
 #include "bench/generate_bench.h"
+#include "bench/conv_bench.h"
 #include "bench/kernels_bench.h"
 #include "bench/onnx_bench.h"
 #include "bench/pipeline_bench.h"
@@ -230,6 +232,13 @@ int main(int argc, char** argv) {
   kern_cmd->add_flag("--json", kb.json, "one JSON object per line");
   kern_cmd->add_option("--threads", kb.threads, "threads");
   kern_cmd->add_flag("--quick", kb.quick, "small sizes, one repetition (a smoke test)");
+
+  aspen::bench::ConvBenchOptions cvb;
+  CLI::App* conv_cmd = bench->add_subcommand("conv", "each resnet18 / MNIST CNN convolution pass vs oneDNN");
+  conv_cmd->footer("Example: aspen bench conv --json");
+  conv_cmd->add_flag("--json", cvb.json, "one JSON object per line");
+  conv_cmd->add_option("--threads", cvb.threads, "threads");
+  conv_cmd->add_flag("--quick", cvb.quick, "the MNIST layers, short timings (a smoke test)");
 
   aspen::bench::CompileBenchOptions cb;
   CLI::App* comp_cmd = bench->add_subcommand("compile", "build and compile GPT-J-6B-shaped graphs; cache hits");
@@ -433,6 +442,7 @@ int main(int argc, char** argv) {
   }
   if (attn_cmd->parsed()) return report(aspen::bench::run_attention_bench(attn, std::cout));
   if (kern_cmd->parsed()) return report(aspen::bench::run_kernels_bench(kb, std::cout));
+  if (conv_cmd->parsed()) return report(aspen::bench::run_conv_bench(cvb, std::cout));
   if (comp_cmd->parsed()) return report(aspen::bench::run_compile_bench(cb, std::cout));
   if (gen_cmd->parsed()) return report(aspen::bench::run_generate_bench(gb, std::cout));
   if (onnx_cmd->parsed()) return report(aspen::bench::run_onnx_bench(ob, std::cout));
