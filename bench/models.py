@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Models as users hold them, against PyTorch on this machine (W3.2's speed table).
 
-    python3 bench/models.py [--quick] [--json] [--threads 2] [--rounds 5] [--compile]
+    python3 bench/models.py [--quick] [--json] [--threads 2] [--rounds 5] [--compile] [--batch-norm]
+    aspen bench models [the same options]
 
 Each row is a model passed to aspen as it is (aspen.inferenceModel / aspen.trainingModel of the torch
 module) and the same model in PyTorch eager (and, with --compile, torch.compile), on the same inputs:
 a call of each in turn per round (interleaved, so a noisy minute slows both), the median of the rounds.
 Printed: milliseconds per call of each and ratio_vs_eager = eager / aspen (above 1: aspen faster), per row,
-inference and one training step (SGD; batch norms frozen: their training statistics are not converted yet).
+inference and one training step (SGD; batch norms frozen, as when fine-tuning; --batch-norm adds resnet18 at
+64x64 training its batch norms, the running statistics updated as torch's train mode does).
 The first call's export + compile time is printed beside it (torch.compile's first call with --compile).
 
 Rows: torchvision resnet18 at 64x64 (batch 8) and 224x224 (batch 1), the MNIST tutorial's CNN (batch 16),
@@ -67,14 +69,17 @@ def frozen_norms(m):
     return m
 
 
-def rows(quick):
+def rows(quick, batch_norm):
+    """(name, make, input shape, batch norms training)"""
     import torchvision
-    out = [("mnist_cnn", mnist_cnn, (16, 1, 28, 28))]
+    out = [("mnist_cnn", mnist_cnn, (16, 1, 28, 28), False)]
     if not quick:
-        out += [("resnet18_64", lambda: torchvision.models.resnet18(num_classes=10), (8, 3, 64, 64)),
-                ("resnet18_224", lambda: torchvision.models.resnet18(num_classes=10), (1, 3, 224, 224)),
-                ("lstm", LstmClassifier, (8, 32, 32)),
-                ("vit", vit, (8, 3, 64, 64))]
+        out += [("resnet18_64", lambda: torchvision.models.resnet18(num_classes=10), (8, 3, 64, 64), False),
+                ("resnet18_224", lambda: torchvision.models.resnet18(num_classes=10), (1, 3, 224, 224), False),
+                ("lstm", LstmClassifier, (8, 32, 32), False),
+                ("vit", vit, (8, 3, 64, 64), False)]
+        if batch_norm:
+            out.append(("resnet18_64_bn", lambda: torchvision.models.resnet18(num_classes=10), (8, 3, 64, 64), True))
     return out
 
 
@@ -100,15 +105,20 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--compile", action="store_true", help="also torch.compile (slow first call)")
+    ap.add_argument("--batch-norm", action="store_true", help="also resnet18 training its batch norms")
     a = ap.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(a.threads)
     rounds = 1 if a.quick else a.rounds
     opts = aspen.Options().setThreads(a.threads)
-    for name, make, shape in rows(a.quick):
+    for name, make, shape, train_norms in rows(a.quick, a.batch_norm):
         torch.manual_seed(0)
         x = torch.randn(*shape)
         y = torch.randint(0, 10, (shape[0],))
+        norms = (lambda m: m) if train_norms else frozen_norms
+        if train_norms:  # the inference row is resnet18_64's
+            training_row(a, name, make, norms, x, y, opts, rounds)
+            continue
         # inference
         ref = frozen_norms(make()).eval()
         inf = aspen.inferenceModel(make().eval(), opts)
@@ -127,36 +137,40 @@ def main():
                 for k, m in peers.items():
                     times[k].append(timed(lambda: m(x)))
         report(a, name, "inference", times, first, first_compile)
-        # training: one SGD step
-        ref_t = frozen_norms(WithLoss(make()))
-        opt = torch.optim.SGD(ref_t.parameters(), lr=0.01)
+        training_row(a, name, make, norms, x, y, opts, rounds)
 
-        def eager_step():
+
+def training_row(a, name, make, norms, x, y, opts, rounds):
+    """One SGD step of aspen and of torch (eager, compiled), interleaved."""
+    ref_t = norms(WithLoss(make()))
+    opt = torch.optim.SGD(ref_t.parameters(), lr=0.01)
+
+    def eager_step():
+        opt.zero_grad()
+        ref_t(x, y).backward()
+        opt.step()
+
+    model = norms(WithLoss(make()))
+    tr = aspen.trainingModel(model, opts, optimizer=aspen.optim.SGD(model.parameters(), lr=0.01))
+    first = timed(lambda: tr(x, y))
+    steps = {"eager": eager_step}
+    first_compile = None
+    if a.compile:
+        comp_t = torch.compile(ref_t)
+
+        def compiled_step():
             opt.zero_grad()
-            ref_t(x, y).backward()
+            comp_t(x, y).backward()
             opt.step()
-
-        model = frozen_norms(WithLoss(make()))
-        tr = aspen.trainingModel(model, opts, optimizer=aspen.optim.SGD(model.parameters(), lr=0.01))
-        first = timed(lambda: tr(x, y))
-        steps = {"eager": eager_step}
-        first_compile = None
-        if a.compile:
-            comp_t = torch.compile(ref_t)
-
-            def compiled_step():
-                opt.zero_grad()
-                comp_t(x, y).backward()
-                opt.step()
-            first_compile = timed(compiled_step)
-            steps["compiled"] = compiled_step
-        eager_step()
-        times = {k: [] for k in ["aspen", *steps]}
-        for _ in range(rounds):
-            times["aspen"].append(timed(lambda: tr(x, y)))
-            for k, f in steps.items():
-                times[k].append(timed(f))
-        report(a, name, "training", times, first, first_compile)
+        first_compile = timed(compiled_step)
+        steps["compiled"] = compiled_step
+    eager_step()
+    times = {k: [] for k in ["aspen", *steps]}
+    for _ in range(rounds):
+        times["aspen"].append(timed(lambda: tr(x, y)))
+        for k, f in steps.items():
+            times[k].append(timed(f))
+    report(a, name, "training", times, first, first_compile)
 
 
 def report(a, name, what, times, first, first_compile):

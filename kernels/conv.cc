@@ -149,7 +149,11 @@ struct ConvPlan::Impl {
   int64_t numel[3] = {};  // elements of a, b, out
   dnnl::reorder reorder[3];  // plain to chosen for a and b, chosen to plain for out, where they differ
   bool b_fixed = false, b_ready = false;
-  Kept b_kept;  // b in the primitive's layout, f32 (b_fixed)
+  bool through[3] = {};  // the operand goes through a buffer in the chosen layout (reordered or kept)
+  Kept b_kept;
+  // Memory objects made once; each run points them at its buffers (set_data_handle).
+  dnnl::memory user_mem[3], chosen_mem[3], bias_mem;
+  std::unordered_map<int, dnnl::memory> args;  // b in the primitive's layout, f32 (b_fixed)
 };
 
 ConvPlan::ConvPlan(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -235,11 +239,22 @@ Result<ConvPlan> ConvPlan::make(const ConvShape& s, ConvPass pass, DType dtype, 
                          std::string("oneDNN refused it: ") + e.what());
   }
   try {
+    Impl& p = *impl;
     for (int i = 0; i < 3; ++i) {
-      impl->numel[i] = int64_t(impl->user[i].get_size() / sizeof(float));
-      if (impl->chosen[i] == impl->user[i]) continue;
-      const dnnl::memory::desc &from = i < 2 ? impl->user[i] : impl->chosen[i], &to = i < 2 ? impl->chosen[i] : impl->user[i];
-      impl->reorder[i] = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), from, engine(), to));
+      p.numel[i] = int64_t(p.user[i].get_size() / sizeof(float));
+      p.user_mem[i] = dnnl::memory(p.user[i], engine(), DNNL_MEMORY_NONE);
+      p.chosen_mem[i] = dnnl::memory(p.chosen[i], engine(), DNNL_MEMORY_NONE);
+      // Kept: fixed weights not already the primitive's f32 (a widened copy, or another layout).
+      const bool keep = i == 1 && p.b_fixed && !(p.dtype == DType::f32 && p.chosen[1] == p.user[1]);
+      p.through[i] = keep || !(p.chosen[i] == p.user[i]);
+      p.args.emplace(p.arg[i], p.through[i] ? p.chosen_mem[i] : p.user_mem[i]);
+      if (p.chosen[i] == p.user[i]) continue;
+      const dnnl::memory::desc &from = i < 2 ? p.user[i] : p.chosen[i], &to = i < 2 ? p.chosen[i] : p.user[i];
+      p.reorder[i] = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), from, engine(), to));
+    }
+    if (p.bias) {
+      p.bias_mem = dnnl::memory(p.bias_md, engine(), DNNL_MEMORY_NONE);
+      p.args.emplace(DNNL_ARG_BIAS, p.bias_mem);
     }
   } catch (const dnnl::error& e) {
     return Status::error(Code::kUnimplemented, s.to_string(), "layouts oneDNN can reorder",
@@ -264,49 +279,38 @@ Status ConvPlan::run(const void* a, const void* b, const void* bias, void* out) 
     }
     return static_cast<const float*>(w);
   };
+  auto no_memory = [] { return Status::error(Code::kOutOfRange, "convolution scratch", "memory", "none left"); };
   try {
-    std::unordered_map<int, dnnl::memory> args;
     for (int i = 0; i < 2; ++i) {
-      if (i == 1 && p.b_fixed && p.b_ready) {
-        args.emplace(p.arg[1], dnnl::memory(p.chosen[1], engine(), p.b_kept.p));
-        continue;
-      }
+      const bool keep = i == 1 && p.through[1] && p.b_fixed;
+      if (keep && p.b_ready) continue;  // chosen_mem[1] points at the kept copy
       ASPEN_ASSIGN_OR_RETURN(const float* f, widen(src[i], p.numel[i], 3 + i));
-      dnnl::memory user(p.user[i], engine(), const_cast<float*>(f));
-      // Kept: fixed weights not already the primitive's f32 (a widened copy, or another layout).
-      const bool keep = i == 1 && p.b_fixed && !(p.dtype == DType::f32 && p.chosen[1] == p.user[1]);
-      if (p.chosen[i] == p.user[i] && !keep) {
-        args.emplace(p.arg[i], user);
-        continue;
-      }
+      p.user_mem[i].set_data_handle(const_cast<float*>(f));
+      if (!p.through[i]) continue;
       void* buf = keep ? p.b_kept.get(p.chosen[i].get_size()) : sc.block[i].get(p.chosen[i].get_size());
-      if (!buf) return Status::error(Code::kOutOfRange, "convolution scratch", "memory", "none left");
-      dnnl::memory blocked(p.chosen[i], engine(), buf);
+      if (!buf) return no_memory();
+      p.chosen_mem[i].set_data_handle(buf);
       if (p.chosen[i] == p.user[i]) {
         std::memcpy(buf, f, p.chosen[i].get_size());
       } else {
-        p.reorder[i].execute(p.stream, user, blocked);
+        p.reorder[i].execute(p.stream, p.user_mem[i], p.chosen_mem[i]);
       }
       p.b_ready = p.b_ready || keep;
-      args.emplace(p.arg[i], blocked);
     }
     if (p.bias) {
       ASPEN_ASSIGN_OR_RETURN(const float* f, widen(bias, p.s.M, 5));
-      args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias_md, engine(), const_cast<float*>(f)));
+      p.bias_mem.set_data_handle(const_cast<float*>(f));
     }
-    void* out32 = out;
-    if (p.dtype != DType::f32) out32 = sc.block[6].get(size_t(p.numel[2]) * sizeof(float));
-    if (!out32) return Status::error(Code::kOutOfRange, "convolution scratch", "memory", "none left");
-    dnnl::memory user_out(p.user[2], engine(), out32);
-    dnnl::memory result = user_out;
-    if (!(p.chosen[2] == p.user[2])) {
+    void* out32 = p.dtype == DType::f32 ? out : sc.block[6].get(size_t(p.numel[2]) * sizeof(float));
+    if (!out32) return no_memory();
+    p.user_mem[2].set_data_handle(out32);
+    if (p.through[2]) {
       void* buf = sc.block[2].get(p.chosen[2].get_size());
-      if (!buf) return Status::error(Code::kOutOfRange, "convolution scratch", "memory", "none left");
-      result = dnnl::memory(p.chosen[2], engine(), buf);
+      if (!buf) return no_memory();
+      p.chosen_mem[2].set_data_handle(buf);
     }
-    args.emplace(p.arg[2], result);
-    p.prim.execute(p.stream, args);
-    if (result != user_out) p.reorder[2].execute(p.stream, result, user_out);
+    p.prim.execute(p.stream, p.args);
+    if (p.through[2]) p.reorder[2].execute(p.stream, p.chosen_mem[2], p.user_mem[2]);
     p.stream.wait();
     const int64_t n = p.numel[2];
     if (p.dtype == DType::bf16)

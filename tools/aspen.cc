@@ -5,6 +5,7 @@
 //   aspen bench attention [--json] [--t 256,1024,4096]
 //   aspen bench kernels [--json]
 //   aspen bench conv [--json] [--threads N] [--quick]
+//   aspen bench models [--json] [--threads N] [--rounds N] [--python PATH] [--quick] [--compile] [--batch-norm]
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
 //   aspen bench generate [--json] [--threads N] [--new-tokens N] [--python PATH] [--model DIR]
 //   aspen bench pipeline [--json] [--stages 2,4] [--micro 4,8] [--width N] [--steps N] [--quick]
@@ -37,6 +38,7 @@
 #include "bench/gemm_bench.h"
 #include "bench/generate_bench.h"
 #include "bench/conv_bench.h"
+#include "bench/models_bench.h"
 #include "bench/kernels_bench.h"
 #include "bench/onnx_bench.h"
 #include "bench/pipeline_bench.h"
@@ -239,6 +241,17 @@ int main(int argc, char** argv) {
   conv_cmd->add_flag("--json", cvb.json, "one JSON object per line");
   conv_cmd->add_option("--threads", cvb.threads, "threads");
   conv_cmd->add_flag("--quick", cvb.quick, "the MNIST layers, short timings (a smoke test)");
+
+  aspen::bench::ModelsBenchOptions mb;
+  CLI::App* models_cmd = bench->add_subcommand("models", "PyTorch models as users hold them vs eager / torch.compile");
+  models_cmd->footer("Example: aspen bench models --compile --batch-norm");
+  models_cmd->add_flag("--json", mb.json, "one JSON object per line");
+  models_cmd->add_option("--threads", mb.threads, "threads (aspen and torch)");
+  models_cmd->add_option("--rounds", mb.rounds, "interleaved rounds (the median counts)");
+  models_cmd->add_option("--python", mb.python, "interpreter with torch, torchvision and transformers");
+  models_cmd->add_flag("--quick", mb.quick, "one round of the MNIST CNN (a smoke test)");
+  models_cmd->add_flag("--compile", mb.compile, "also torch.compile (first calls take minutes)");
+  models_cmd->add_flag("--batch-norm", mb.batch_norm, "also resnet18 training its batch norms");
 
   aspen::bench::CompileBenchOptions cb;
   CLI::App* comp_cmd = bench->add_subcommand("compile", "build and compile GPT-J-6B-shaped graphs; cache hits");
@@ -443,6 +456,7 @@ int main(int argc, char** argv) {
   if (attn_cmd->parsed()) return report(aspen::bench::run_attention_bench(attn, std::cout));
   if (kern_cmd->parsed()) return report(aspen::bench::run_kernels_bench(kb, std::cout));
   if (conv_cmd->parsed()) return report(aspen::bench::run_conv_bench(cvb, std::cout));
+  if (models_cmd->parsed()) return report(aspen::bench::run_models_bench(mb, std::cout));
   if (comp_cmd->parsed()) return report(aspen::bench::run_compile_bench(cb, std::cout));
   if (gen_cmd->parsed()) return report(aspen::bench::run_generate_bench(gb, std::cout));
   if (onnx_cmd->parsed()) return report(aspen::bench::run_onnx_bench(ob, std::cout));

@@ -1,0 +1,41 @@
+#include "bench/models_bench.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <memory>
+
+namespace aspen::bench {
+
+Status run_models_bench(const ModelsBenchOptions& o, std::ostream& out) {
+  const std::string script = std::string(ASPEN_SOURCE_DIR) + "/bench/models.py";
+  struct stat st;
+  if (::stat(script.c_str(), &st) != 0)
+    return Status::error(Code::kNotFound, "bench/models.py", "the script beside aspen's sources", script + " is missing");
+  std::string env;
+  const std::string package = ASPEN_PYTHON_DIR;  // the build tree's package; an installed one is found anyway
+  if (!package.empty() && ::stat((package + "/aspen").c_str(), &st) == 0) {
+    const char* old = std::getenv("PYTHONPATH");
+    env = "PYTHONPATH='" + package + (old && *old ? std::string(":") + old : std::string()) + "' ";
+  }
+  std::string cmd = env + o.python + " " + script + " --threads " + std::to_string(o.threads) + " --rounds " +
+                    std::to_string(o.rounds);
+  if (o.json) cmd += " --json";
+  if (o.quick) cmd += " --quick";
+  if (o.compile) cmd += " --compile";
+  if (o.batch_norm) cmd += " --batch-norm";
+  std::unique_ptr<FILE, int (*)(FILE*)> p(::popen((cmd + " 2>&1").c_str(), "r"), ::pclose);
+  if (!p) return Status::error(Code::kIoError, "aspen bench models", "to start " + o.python, "popen failed");
+  char line[4096];
+  while (std::fgets(line, sizeof line, p.get())) out << line << std::flush;
+  const int rc = ::pclose(p.release());
+  if (rc != 0)
+    return Status::error(Code::kFailedPrecondition, "aspen bench models", o.python + " " + script + " to exit 0",
+                         "exit status " + std::to_string(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1) +
+                             " (its output is above; --python names an interpreter with torch, torchvision and "
+                             "transformers)");
+  return Status();
+}
+
+}  // namespace aspen::bench
