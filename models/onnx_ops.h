@@ -126,6 +126,11 @@ Value filled(Ctx& c, double v, DType dtype, const Shape& shape);          // a s
 // f32 of shape s holding each element's index along `axis` (class ids, positions: exact below 2^24, which
 // an axis past refuses by name).
 Result<graph::ValueId> positions(Ctx& c, const Shape& s, int axis);
+// The axis' largest value of x (f32) and the first (or `last`) of `pos` (f32, x's shape) where x holds it,
+// both with the axis kept as 1: a reduction of where(x == largest, pos, sentinel); pos holds positions
+// along the axis. ArgMax / ArgMin, Hardmax, TopK and MaxPool's Indices.
+std::pair<graph::ValueId, graph::ValueId> largest_along(Ctx& c, graph::ValueId x, graph::ValueId pos, int axis,
+                                                         bool last);
 Result<Shape> make_shape(const Ctx& c, const std::vector<int64_t>& d, const std::string& what);
 Result<Shape> broadcast_shape(const Ctx& c, const std::vector<Shape>& shapes);  // numpy's broadcast
 // InvalidArgument unless every present input from `from` on has input `from`'s element type.

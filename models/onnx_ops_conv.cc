@@ -330,15 +330,54 @@ Status convert_conv_transpose(Ctx& c, std::vector<Value>& in, std::vector<Value>
 Status pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, bool max) {
   const TensorType xt = in[0].type;
   if (!is_float(xt.dtype)) return c.error("input 'X'", "a float tensor", xt.to_string());
-  if (c.node.outputs.size() > 1 && !c.node.outputs[1].empty())
-    return c.unsupported("output 'Indices'", "none (MaxPool's values only)", "asked for");
+  const bool indices = max && c.node.outputs.size() > 1 && !c.node.outputs[1].empty();
+  ASPEN_ASSIGN_OR_RETURN(const int64_t order, c.attr_i("storage_order", 0));
+  if (order != 0 && order != 1) return c.error("attribute 'storage_order'", "0 or 1", std::to_string(order));
   if (!c.has("kernel_shape")) return c.error("attribute 'kernel_shape'", "present", "none");
   ASPEN_ASSIGN_OR_RETURN(const Window w, window_of(c, xt, {}, true));
   ASPEN_RETURN_IF_ERROR(check_gather_size(c, w, xt));
   const int64_t P = w.N * product(w.O), pK = product(w.K), pad_row = w.N * product(w.D);
   ValueId y;
   if (max) {
-    const ValueId col = gather_windows(c, in[0], w, -std::numeric_limits<double>::infinity(), window_rows(w, pad_row));
+    Tensor rows = window_rows(w, pad_row);
+    if (indices) {
+      // Indices: each window's first maximum in its row-major scan (ONNX's reference), as the index into X
+      // (row-major spatial axes, or column-major with storage_order 1): the first position among the
+      // window's maxima picks, by a masked sum, from a constant of every (window position, channel)'s index
+      // into X, as f32 (exact below 2^24).
+      const int64_t pD = product(w.D);
+      if (w.N * w.C * pD >= (int64_t(1) << 24))
+        return c.unsupported("output 'Indices'", "X of fewer than 2^24 elements", xt.to_string());
+      Tensor at(DType::f32, Shape{P, pK, w.C});
+      const int32_t* r = rows.data<int32_t>();
+      float* a = at.data<float>();
+      for (int64_t i = 0; i < P * pK; ++i) {
+        const int64_t n = r[i] / std::max<int64_t>(pD, 1);
+        int64_t sp = r[i] % std::max<int64_t>(pD, 1);
+        if (order == 1) {  // the same coordinates, the first spatial axis fastest
+          int64_t rest = sp, col_major = 0, stride = 1;
+          std::vector<int64_t> coord(w.D.size());
+          for (size_t j = w.D.size(); j-- > 0;) coord[j] = rest % w.D[j], rest /= w.D[j];
+          for (size_t j = 0; j < w.D.size(); ++j) col_major += coord[j] * stride, stride *= w.D[j];
+          sp = col_major;
+        }
+        for (int64_t ch = 0; ch < w.C; ++ch) a[i * w.C + ch] = r[i] == pad_row ? 0.0f : float((n * w.C + ch) * pD + sp);
+      }
+      ValueId col = gather_windows(c, in[0], w, -std::numeric_limits<double>::infinity(), std::move(rows));
+      col = c.b.reshape(col, {P, pK, w.C});
+      if (xt.dtype != DType::f32) col = c.b.cast(col, DType::f32);
+      const Shape ws{P, pK, w.C};
+      ASPEN_ASSIGN_OR_RETURN(const ValueId pos, positions(c, ws, 1));
+      const auto [m, first] = largest_along(c, col, pos, 1, false);
+      const ValueId hit = c.b.op1(OpKind::equal, {pos, c.b.broadcast(first, dims(ws))});
+      const ValueId picked =
+          c.b.reduce_sum(c.b.where(hit, c.b.constant(std::move(at)), c.id(filled(c, 0.0, DType::f32, ws))), {1});
+      y = c.b.reshape(m, {P, w.C});
+      if (xt.dtype != DType::f32) y = c.b.cast(y, xt.dtype);
+      out = {c.wrap(channels_first(c, y, w, w.C)), c.wrap(c.b.cast(channels_first(c, picked, w, w.C), DType::i64))};
+      return c.b.status();
+    }
+    const ValueId col = gather_windows(c, in[0], w, -std::numeric_limits<double>::infinity(), std::move(rows));
     y = c.b.reduce_max(c.b.reshape(col, {P, pK, w.C}), {1});
   } else {
     ASPEN_ASSIGN_OR_RETURN(const int64_t count_pads, c.attr_i("count_include_pad", 0));

@@ -479,19 +479,7 @@ Status convert_batch_norm(Ctx& c, std::vector<Value>& in, std::vector<Value>& ou
 }
 
 // ArgMax / ArgMin {axis = 0, keepdims = 1, select_last_index = 0} (int64), Hardmax {axis} (its one-hot,
-// x's type) and TopK: the axis' largest value of x (f32) and the first (or last) position holding it, both
-// with the axis kept as 1: a reduction of where(x == largest, position, sentinel).
-std::pair<ValueId, ValueId> largest_along(Ctx& c, ValueId x, ValueId pos, int axis, bool last) {
-  const Shape s = c.b.type(x).shape;
-  const std::vector<int64_t> d = dims(s);
-  const ValueId m = c.b.reduce_max(x, {axis}, true);
-  const ValueId at = c.b.op1(OpKind::equal, {x, c.b.broadcast(m, d)});
-  if (last) return {m, c.b.reduce_max(c.b.where(at, pos, c.id(filled(c, -1.0, DType::f32, s))), {axis}, true)};
-  // The first: the smallest position, -max(-position).
-  const ValueId none = c.id(filled(c, -double(s[axis]), DType::f32, s));
-  return {m, c.b.neg(c.b.reduce_max(c.b.where(at, c.b.neg(pos), none), {axis}, true))};
-}
-
+// x's type) and TopK: through largest_along (below).
 // x's position of the axis' largest (smallest, with min) value as f32, the axis kept as 1.
 Result<ValueId> extreme_position(Ctx& c, ValueId x, int axis, bool min, bool last) {
   const Shape s = c.b.type(x).shape;
@@ -657,6 +645,17 @@ Status convert_dropout(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) 
 }
 
 }  // namespace
+
+std::pair<graph::ValueId, graph::ValueId> largest_along(Ctx& c, ValueId x, ValueId pos, int axis, bool last) {
+  const Shape s = c.b.type(x).shape;
+  const std::vector<int64_t> d = dims(s);
+  const ValueId m = c.b.reduce_max(x, {axis}, true);
+  const ValueId at = c.b.op1(OpKind::equal, {x, c.b.broadcast(m, d)});
+  if (last) return {m, c.b.reduce_max(c.b.where(at, pos, c.id(filled(c, -1.0, DType::f32, s))), {axis}, true)};
+  // The first: the smallest position, -max(-position).
+  const ValueId none = c.id(filled(c, -double(s[axis]), DType::f32, s));
+  return {m, c.b.neg(c.b.reduce_max(c.b.where(at, c.b.neg(pos), none), {axis}, true))};
+}
 
 void add_nn_converters(ConverterTable& t) {
   add_converter(t, "GlobalAveragePool", convert_global_average_pool, 1, 1);

@@ -634,37 +634,43 @@ Status convert_gather_elements(Ctx& c, std::vector<Value>& in, std::vector<Value
   return Status();
 }
 
-// GatherND(data, indices) {batch_dims = 0} with known indices [..., k]: each index tuple names a row of
-// data seen as [d0 ... d(k-1), rest], which Gather picks from data flattened to those rows.
+// GatherND(data, indices) {batch_dims = b} with known indices [B..., ..., k] (B the first b axes of both):
+// each index tuple names a row of its batch's data seen as [d(b) ... d(b+k-1), rest]; with the batches
+// numbered in front, Gather picks every tuple's row from data flattened to [ΠB · Πd, rest].
 Status convert_gather_nd(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
-  ASPEN_ASSIGN_OR_RETURN(const int64_t batch_dims, c.attr_i("batch_dims", 0));
-  if (batch_dims != 0) return c.unsupported("attribute 'batch_dims'", "0", std::to_string(batch_dims));
+  ASPEN_ASSIGN_OR_RETURN(const int64_t b, c.attr_i("batch_dims", 0));
   ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> idx, c.ints(in[1], "input 'indices'"));
   const std::vector<int64_t> d = dims(in[0].type.shape), id = dims(in[1].type.shape);
   if (id.empty()) return c.error("input 'indices'", "rank 1 or more", "rank 0");
+  if (b < 0 || b >= int64_t(id.size()) || b >= int64_t(d.size()) ||
+      !std::equal(d.begin(), d.begin() + b, id.begin()))
+    return c.error("attribute 'batch_dims'", "b below both ranks, data's and indices' first b extents equal",
+                   std::to_string(b) + " with data " + in[0].type.to_string() + ", indices " + in[1].type.to_string());
   const int64_t k = id.back();
-  if (k < 1 || k > int64_t(d.size()))
-    return c.error("input 'indices'", "a last extent in [1, data's rank]", std::to_string(k));
-  int64_t rows = 1, rest = 1;
-  for (int64_t i = 0; i < int64_t(d.size()); ++i) (i < k ? rows : rest) *= d[size_t(i)];
+  if (k < 1 || b + k > int64_t(d.size()))
+    return c.error("input 'indices'", "a last extent in [1, data's rank - batch_dims]", std::to_string(k));
+  int64_t batches = 1, rows = 1;
+  for (int64_t i = 0; i < b; ++i) batches *= d[size_t(i)];
+  for (int64_t i = b; i < b + k; ++i) rows *= d[size_t(i)];
+  const size_t per_batch = batches == 0 ? 0 : idx.size() / size_t(batches);
   std::vector<int64_t> flat;
   for (size_t t = 0; t + size_t(k) <= idx.size(); t += size_t(k)) {
     int64_t row = 0;
     for (int64_t j = 0; j < k; ++j) {
       int64_t v = idx[t + size_t(j)];
-      const int64_t dim = d[size_t(j)];
+      const int64_t dim = d[size_t(b + j)];
       if (v < -dim || v >= dim)
         return c.error("input 'indices'", "indices in [-d, d) of each indexed axis", std::to_string(v));
       row = row * dim + (v < 0 ? v + dim : v);
     }
-    flat.push_back(row);
+    flat.push_back(int64_t(t / per_batch) * rows + row);
   }
-  std::vector<int64_t> data_rows = {rows};
-  data_rows.insert(data_rows.end(), d.begin() + k, d.end());
+  std::vector<int64_t> data_rows = {batches * rows};
+  data_rows.insert(data_rows.end(), d.begin() + b + k, d.end());
   Value table = reshaped(c, in[0], data_rows);
   std::vector<Value> g_in{table, Ctx::constant(i64_tensor(flat))};
   std::vector<int64_t> out_d(id.begin(), id.end() - 1);
-  out_d.insert(out_d.end(), d.begin() + k, d.end());
+  out_d.insert(out_d.end(), d.begin() + b + k, d.end());
   ASPEN_RETURN_IF_ERROR(convert_gather(c, g_in, out));
   out = {reshaped(c, out[0], out_d)};
   return c.b.status();
