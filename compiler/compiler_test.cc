@@ -222,6 +222,63 @@ TEST(Passes, FusionFindsGeluInItsPieces) {
 }
 
 // NOTE [attention in pieces]: torch's math SDPA as it is exported (q and kT each scaled by sqrt(scale), a
+// NOTE [bernoulli dropout]: torch's bernoulli mask x * (uniform < keep) / keep becomes dropout(x) with ratio
+// 1 - keep and the draw's stream, its pieces left out: the identity for a negative seed (where the draws
+// would be refused), about keep of the elements kept and scaled by 1 / keep otherwise. Draws used
+// elsewhere stay draws.
+TEST(Passes, BernoulliMaskBecomesDropout) {
+  constexpr int64_t n = 20000;
+  constexpr double keep = 0.75;
+  for (bool other_use : {false, true}) {
+    SCOPED_TRACE(other_use);
+    Graph g;
+    Builder b(g);
+    ValueId x = b.input("x", DType::f32, {n});
+    ValueId seed = b.input("seed", DType::i64, {1});
+    ValueId draws = b.op1(OpKind::random_uniform, {b.broadcast(b.scalar(0.0f), {n}), seed},
+                          {{"low", 0.0}, {"high", 1.0}, {"stream", int64_t(9)}});
+    ValueId p = b.broadcast(b.scalar(float(keep)), {n});
+    ValueId mask = b.cast(b.op1(OpKind::less, {draws, p}), DType::f32);
+    b.output("y", b.mul(x, b.div(mask, p)));
+    if (other_use) b.output("draws", draws);
+    ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+    Graph fused = g;
+    ASSERT_TRUE(simplify_exported_patterns(fused).is_ok());
+    ASSERT_TRUE(graph::verify(fused).is_ok());
+    int dropouts = 0, draw_nodes = 0;
+    for (const graph::Node& node : fused.nodes()) {
+      if (node.op == OpKind::dropout) {
+        ++dropouts;
+        EXPECT_DOUBLE_EQ(node.attrs.f("ratio"), 1.0 - keep);
+        EXPECT_EQ(node.attrs.i("stream"), 9);
+      }
+      draw_nodes += node.op == OpKind::random_uniform;
+    }
+    EXPECT_EQ(dropouts, other_use ? 0 : 1);
+    EXPECT_EQ(draw_nodes, other_use ? 1 : 0);
+    if (other_use) continue;
+    graph::HostArray xs(graph::TensorType{DType::f32, Shape{n}});
+    for (int64_t i = 0; i < n; ++i) xs.data[size_t(i)] = 1.0 + double(i % 7);
+    auto run = [&](double s) {
+      graph::HostArray sd(graph::TensorType{DType::i64, Shape{1}}, {s});
+      auto r = graph::interpret(fused, {{"x", xs}, {"seed", sd}});
+      EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+      return r.is_ok() ? r->at("y").data : std::vector<double>{};
+    };
+    EXPECT_EQ(run(-1), xs.data);
+    const std::vector<double> y = run(31);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = y[size_t(i)];
+      if (v != 0.0) {
+        ++kept;
+        EXPECT_NEAR(v, xs.data[size_t(i)] / keep, 1e-6);
+      }
+    }
+    EXPECT_NEAR(double(kept) / n, keep, 0.015);
+  }
+}
+
 // causal mask of 0 / -inf added, softmax, the NaN guard, the product with v) becomes one attention op
 // that means the same; without a mask it is mask "none"; a mask that is not causal stays in pieces.
 TEST(Passes, AttentionInPiecesBecomesOneOp) {

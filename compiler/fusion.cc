@@ -11,6 +11,7 @@
 //   0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))       -> gelu(x) {tanh=1}
 //   0.5 x (1 + erf(x / sqrt(2)))                          -> gelu(x) {tanh=0}
 // in any order of the products and sums (constants within 1e-5 relative), and
+// NOTE [bernoulli dropout]: torch's bernoulli mask (x * (uniform < keep) / keep) -> dropout(x)
 // NOTE [attention in pieces]: scaled dot-product attention as torch's math
 // SDPA writes it,
 //   matmul(where(is_nan(p), 0, p), v) with p = softmax(matmul(q c1, kT c2) [+ mask])
@@ -233,6 +234,43 @@ std::optional<Sdpa> match_sdpa(const Graph& g, const Node& out, const std::vecto
   return m;
 }
 
+// NOTE [bernoulli dropout]: torch's in-place Dropout exported in training mode is a bernoulli mask,
+//   mul(x, div(cast(less(random_uniform(like, seed) {low 0, high 1}, keep)), keep))
+// with keep a uniform constant (1 - the dropout ratio), the mask's pieces used nowhere else: that is
+// dropout(x, seed) {ratio 1 - keep, the draw's stream}, which keeps the same share of elements (its own
+// draws), recomputes its mask in backward instead of keeping it, and is the identity for a negative seed
+// (validation), where the draws themselves would be refused. Returns the dropout node, inputs unmapped, and
+// adds the pieces' nodes (random_uniform, less, cast, div) to `pieces` (they are left out of the graph).
+std::optional<Node> match_bernoulli_dropout(const Graph& g, const Node& mul, const std::vector<int>& users,
+                                            std::vector<int32_t>& pieces) {
+  if (mul.op != OpKind::mul) return std::nullopt;
+  for (int side = 0; side < 2; ++side) {
+    const ValueId x = mul.inputs[size_t(side)], m = mul.inputs[size_t(1 - side)];
+    if (g.type(x) != g.type(mul.outputs[0]) || users[size_t(m.index)] != 1) continue;
+    const Node& div = g.producer(m);
+    if (div.op != OpKind::div) continue;
+    const std::optional<double> keep = uniform(g, div.inputs[1]);
+    const Node& cast = g.producer(div.inputs[0]);
+    if (!keep || cast.op != OpKind::cast || users[size_t(div.inputs[0].index)] != 1) continue;
+    const Node& less = g.producer(cast.inputs[0]);
+    if (less.op != OpKind::less || users[size_t(cast.inputs[0].index)] != 1) continue;
+    const std::optional<double> keep2 = uniform(g, less.inputs[1]);
+    const Node& draw = g.producer(less.inputs[0]);
+    if (!keep2 || !near(*keep2, *keep) || draw.op != OpKind::random_uniform ||
+        users[size_t(less.inputs[0].index)] != 1 || draw.attrs.f("low") != 0.0 || draw.attrs.f("high") != 1.0)
+      continue;
+    if (!(*keep > 0.0 && *keep <= 1.0)) continue;
+    for (ValueId v : {less.inputs[0], cast.inputs[0], div.inputs[0], m}) pieces.push_back(g.value(v).producer);
+    Node d;
+    d.op = OpKind::dropout;
+    d.inputs = {x, draw.inputs[1]};
+    d.attrs.set("ratio", 1.0 - *keep);
+    d.attrs.set("stream", draw.attrs.i_or("stream", 0));
+    return d;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 // The rewrites before the fusions (see the top of the file).
@@ -243,8 +281,22 @@ Status simplify_exported_patterns(Graph& g) {
   for (const Node& n : g.nodes())
     for (ValueId v : n.inputs) ++users[size_t(v.index)];
   for (ValueId v : g.roots()) ++users[size_t(v.index)];
+  // NOTE [bernoulli dropout]: the masks found first, so that their pieces (before the product) are left out.
+  std::map<int32_t, Node> dropouts;
+  std::vector<char> left_out(g.nodes().size(), 0);
+  for (int32_t i = 0; i < int32_t(g.nodes().size()); ++i) {
+    std::vector<int32_t> pieces;
+    if (std::optional<Node> d = match_bernoulli_dropout(g, g.node(i), users, pieces)) {
+      dropouts.emplace(i, std::move(*d));
+      for (int32_t k : pieces) left_out[size_t(k)] = 1;
+    }
+  }
   for (int32_t i = 0; i < int32_t(g.nodes().size()); ++i) {
     const Node& node = g.node(i);
+    if (left_out[size_t(i)]) {
+      changed = true;
+      continue;
+    }
     if (std::optional<Sdpa> m = match_sdpa(g, node, users)) {  // NOTE [attention in pieces]
       ValueId k = rw.map(m->k);
       if (m->k_transposed) {
@@ -269,7 +321,8 @@ Status simplify_exported_patterns(Graph& g) {
       continue;
     }
     std::optional<Node> with;
-    if (node.op == OpKind::mul && g.type(node.outputs[0]).dtype == DType::f32) {
+    if (auto d = dropouts.find(i); d != dropouts.end()) with = d->second;
+    if (!with && node.op == OpKind::mul && g.type(node.outputs[0]).dtype == DType::f32) {
       const Product p = product(g, node.outputs[0]);
       bool tanh_form = false;
       if (p.factors.size() == 2 && near(p.constant, 0.5)) {

@@ -102,7 +102,8 @@ TEST(OpTable, NumbersAreTheSerializedOnes) {
                                    "dropout",
                                    "conv",
                                    "conv_grad_input",
-                                   "conv_grad_weight"};
+                                   "conv_grad_weight",
+                                   "random_uniform"};
   ASSERT_EQ(std::size(by_number), size_t(kNumOps));
   for (int i = 0; i < kNumOps; ++i) EXPECT_STREQ(op_name(OpKind(i)), by_number[i]) << "op #" << i;
 }
@@ -410,6 +411,55 @@ TEST(Autodiff, DropoutMaskAndGradient) {
   ASSERT_TRUE(c.status().is_ok()) << c.status().to_string();
   auto feeds = testing::random_feeds(h, 18, -1.0, 1.0);
   feeds.at("seed") = arr(DType::i64, {1}, {4242});
+  EXPECT_TRUE(testing::check_gradients(h, loss, feeds));
+}
+
+// random_uniform: draws in [low, high) with the uniform mean and spread, the same for the same seed and
+// stream and not for another stream, no gradient through it, and a negative seed refused by name.
+TEST(Builder, RandomUniformDraws) {
+  constexpr int64_t n = 40000;
+  Graph g;
+  Builder b(g);
+  ValueId like = b.input("x", DType::f32, {n});
+  ValueId seed = b.input("seed", DType::i64, {1});
+  const Attrs at = {{"low", -1.0}, {"high", 3.0}, {"stream", int64_t(4)}};
+  b.output("a", b.op1(OpKind::random_uniform, {like, seed}, at));
+  b.output("b", b.op1(OpKind::random_uniform, {like, seed}, at));
+  b.output("c", b.op1(OpKind::random_uniform, {like, seed}, {{"low", -1.0}, {"high", 3.0}, {"stream", int64_t(5)}}));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  auto run = [&](double s) {
+    return interpret(g, {{"x", arr(DType::f32, {n}, std::vector<double>(n, 7.0))}, {"seed", arr(DType::i64, {1}, {s})}});
+  };
+  auto out = run(11);
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  double sum = 0, sq = 0;
+  for (double v : out->at("a").data) {
+    ASSERT_GE(v, -1.0);
+    ASSERT_LT(v, 3.0);
+    sum += v, sq += v * v;
+  }
+  const double mean = sum / n, var = sq / n - mean * mean;
+  EXPECT_NEAR(mean, 1.0, 0.03);
+  EXPECT_NEAR(var, 16.0 / 12.0, 0.03);
+  EXPECT_EQ(out->at("a").data, out->at("b").data);
+  EXPECT_NE(out->at("a").data, out->at("c").data);
+  auto refused = run(-1);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("random_uniform: seed: expected >= 0 (the graph draws random values: a "
+                                            "training step; export the model in eval mode for validation or "
+                                            "inference), found -1"),
+            std::string::npos)
+      << refused.status().message();
+  // No gradient flows through the draws: d/dx sum(x * draws) = draws.
+  Graph h;
+  Builder c(h);
+  ValueId x = c.input("x", DType::f32, {5});
+  ValueId sd = c.input("seed", DType::i64, {1});
+  ValueId draws = c.op1(OpKind::random_uniform, {x, sd}, at);
+  ValueId loss = c.reduce_sum(c.mul(x, draws), {0});
+  ASSERT_TRUE(c.status().is_ok()) << c.status().to_string();
+  auto feeds = testing::random_feeds(h, 3, -1.0, 1.0);
+  feeds.at("seed") = arr(DType::i64, {1}, {21});
   EXPECT_TRUE(testing::check_gradients(h, loss, feeds));
 }
 

@@ -59,11 +59,11 @@
   X(write_slice, 44)                                                                                      \
   /* generation: draws token ids inside the program (ops_sampling.cc; not differentiated) */              \
   X(sample, 45)                                                                                           \
-  /* dropout in training, its mask drawn from a run-time seed (ops_dropout.cc) */                         \
-  X(dropout, 72)                                                                                          \
+  /* dropout in training and uniform draws, from a run-time seed (ops_dropout.cc) */                         \
+  X(dropout, 72) X(random_uniform, 76)                                                                    \
   /* convolution and its two backward passes (ops_conv.cc) */                                             \
   X(conv, 73) X(conv_grad_input, 74) X(conv_grad_weight, 75)
-// The next free op number: 76.
+// The next free op number: 77.
 // clang-format on
 
 namespace aspen::graph {

@@ -27,7 +27,37 @@ void dropout_forward(const T* x, T* y, int64_t N, int64_t seed, uint64_t stream,
 }
 template void dropout_forward<float>(const float*, float*, int64_t, int64_t, uint64_t, double);
 template void dropout_forward<double>(const double*, double*, int64_t, int64_t, uint64_t, double);
+
+template <class T>
+void uniform_draw(T* y, int64_t N, int64_t seed, uint64_t stream, double low, double high) {
+  for (int64_t i = 0; i < N; ++i)
+    y[i] = T(low + (high - low) * double(philox_bits(uint64_t(seed), stream, uint64_t(i)) >> 8) * 0x1p-24);
+}
+template void uniform_draw<float>(float*, int64_t, int64_t, uint64_t, double, double);
+template void uniform_draw<double>(double*, int64_t, int64_t, uint64_t, double, double);
 }  // namespace ref
+
+Status uniform_draw(std::span<float> y, int64_t N, int64_t seed, uint64_t stream, double low, double high) {
+  constexpr const char* k = "uniform_draw";
+  ASPEN_RETURN_IF_ERROR(check_extent(k, "N", N));
+  ASPEN_RETURN_IF_ERROR(check_buffer(k, "y", y, N));
+  if (seed < 0) return Status::invalid_argument(std::string(k) + ": seed", ">= 0", std::to_string(seed));
+  if (reference_mode()) {
+    ref::uniform_draw(y.data(), N, seed, stream, low, high);
+    return Status();
+  }
+  float* py = y.data();
+  const int64_t blocks = (N + 3) / 4;
+#pragma omp parallel for schedule(static) if (N >= chunks::kParallelMin)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const PhiloxBlock r = philox_block(uint64_t(seed), stream, uint64_t(b));
+    for (int64_t w = 0; w < 4; ++w) {
+      const int64_t i = 4 * b + w;
+      if (i < N) py[i] = float(low + (high - low) * double(r[size_t(w)] >> 8) * 0x1p-24);
+    }
+  }
+  return Status();
+}
 
 Status dropout_forward(std::span<const float> x, std::span<float> y, int64_t N, int64_t seed, uint64_t stream,
                        double ratio) {

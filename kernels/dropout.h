@@ -22,9 +22,16 @@ namespace aspen::kernels {
 uint32_t dropout_keep_threshold(double ratio);
 float dropout_scale(double ratio);
 
+// Uniform draws: y[n] = low + (high - low) u[n], with u[n] the same 24 bits dropout compares, / 2^24, in
+// [0, 1). seed >= 0 (the graph op refuses a negative one: no draws are meant then).
+[[nodiscard]] Status uniform_draw(std::span<float> y, int64_t N, int64_t seed, uint64_t stream, double low,
+                                  double high);
+
 namespace ref {
 template <class T>
 void dropout_forward(const T* x, T* y, int64_t N, int64_t seed, uint64_t stream, double ratio);
+template <class T>
+void uniform_draw(T* y, int64_t N, int64_t seed, uint64_t stream, double low, double high);
 }  // namespace ref
 
 }  // namespace aspen::kernels

@@ -316,7 +316,7 @@ constexpr std::pair<const char*, int> kSince[] = {
     // reductions, softmaxes, losses, normalizations
     {"ReduceSum", 1}, {"ReduceMean", 1}, {"ReduceMax", 1}, {"ReduceMin", 1}, {"ReduceProd", 1},
     {"GlobalAveragePool", 1}, {"Softmax", 1}, {"LogSoftmax", 1}, {"SoftmaxCrossEntropyLoss", 12}, {"NegativeLogLikelihoodLoss", 12},
-    {"LayerNormalization", 17}, {"Dropout", 10},
+    {"LayerNormalization", 17}, {"Dropout", 10}, {"RandomUniformLike", 1}, {"RandomUniform", 1},
     {"InstanceNormalization", 6}, {"GroupNormalization", 18}, {"BatchNormalization", 9},
     // convolutions and pooling: later versions added attributes (count_include_pad, ceil_mode, dilations)
     // whose defaults are the older meaning

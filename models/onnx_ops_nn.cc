@@ -601,6 +601,17 @@ Status convert_lrn(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   return c.b.status();
 }
 
+// The run-time seed input training Dropout and RandomUniformLike share (NOTE [training dropout]).
+Result<ValueId> dropout_seed(Ctx& c) {
+  graph::Graph& g = c.b.graph();
+  std::optional<ValueId> seed = g.find_input(kDropoutSeedInput);
+  if (!seed) seed = c.b.input(kDropoutSeedInput, DType::i64, Shape{1});
+  if (g.type(*seed) != graph::TensorType{DType::i64, Shape{1}})
+    return c.error(std::string("graph input '") + kDropoutSeedInput + "'",
+                   "i64 [1] (the name training Dropout's seed takes)", g.type(*seed).to_string());
+  return *seed;
+}
+
 // NOTE [training dropout]: Dropout with training_mode true (what torch.onnx writes for a module exported in
 // training mode) becomes the IR's dropout op: its mask is Philox stream `node index` under a run-time seed,
 // the graph input "dropout_seed" (i64 [1], added once for all the file's Dropouts), which the trainer feeds
@@ -629,19 +640,56 @@ Status convert_dropout(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) 
     }
     return Status();
   }
-  graph::Graph& g = c.b.graph();
-  std::optional<ValueId> seed = g.find_input(kDropoutSeedInput);
-  if (!seed) seed = c.b.input(kDropoutSeedInput, DType::i64, Shape{1});
-  if (g.type(*seed) != graph::TensorType{DType::i64, Shape{1}})
-    return c.error(std::string("graph input '") + kDropoutSeedInput + "'",
-                   "i64 [1] (the name training Dropout's seed takes)", g.type(*seed).to_string());
+  ASPEN_ASSIGN_OR_RETURN(const ValueId seed, dropout_seed(c));
   const graph::Attrs attrs{{"ratio", ratio}, {"stream", int64_t(c.index())}};
-  out = {c.wrap(c.b.op1(OpKind::dropout, {c.id(in[0]), *seed}, attrs))};
+  out = {c.wrap(c.b.op1(OpKind::dropout, {c.id(in[0]), seed}, attrs))};
   if (c.node.outputs.size() > 1) {  // the kept elements: where dropout of ones is not 0
-    const ValueId kept = c.b.op1(OpKind::dropout, {c.id(filled(c, 1.0, t.dtype, t.shape)), *seed}, attrs);
+    const ValueId kept = c.b.op1(OpKind::dropout, {c.id(filled(c, 1.0, t.dtype, t.shape)), seed}, attrs);
     out.push_back(c.wrap(c.b.op1(OpKind::greater, {kept, c.id(filled(c, 0.0, t.dtype, t.shape))})));
   }
   return c.b.status();
+}
+
+// RandomUniformLike(input) {dtype, low = 0, high = 1, seed} and RandomUniform {shape, dtype = float, ...}:
+// the IR's random_uniform, Philox stream `node index` under the run-time dropout_seed (NOTE [training
+// dropout]), or under the node's own `seed` when it has one. torch's bernoulli (in-place Dropout exported
+// in training mode) writes Cast(Less(RandomUniformLike(x), keep)) / keep, which compiler/fusion.cc turns
+// back into dropout (the identity in validation); any other use of the draws needs a seed >= 0, so a
+// validation or inference run of it is refused at run time, by name.
+Status random_uniform(Ctx& c, std::vector<Value>& out, const Shape& shape, DType like) {
+  DType dt = like;
+  if (c.has("dtype")) {
+    ASPEN_ASSIGN_OR_RETURN(const int64_t code, c.attr_i("dtype"));
+    if (code == 1) dt = DType::f32;
+    else if (code == 10) dt = DType::f16;
+    else if (code == 16) dt = DType::bf16;
+    else return c.unsupported("attribute 'dtype'", "FLOAT, FLOAT16 or BFLOAT16 (1, 10, 16)", std::to_string(code));
+  }
+  if (!is_float(dt)) return c.error("output", "a float type", std::string(dtype_name(dt)));
+  ASPEN_ASSIGN_OR_RETURN(const float low, c.attr_f("low", 0.0f));
+  ASPEN_ASSIGN_OR_RETURN(const float high, c.attr_f("high", 1.0f));
+  ValueId seed;
+  if (c.has("seed")) {
+    ASPEN_ASSIGN_OR_RETURN(const float s, c.attr_f("seed"));
+    Tensor t(DType::i64, Shape{1});
+    t.span<int64_t>()[0] = int64_t(std::abs(s));
+    seed = c.b.constant(std::move(t));
+  } else {
+    ASPEN_ASSIGN_OR_RETURN(seed, dropout_seed(c));
+  }
+  const graph::Attrs attrs{{"low", double(low)}, {"high", double(high)}, {"stream", int64_t(c.index())}};
+  out = {c.wrap(c.b.op1(OpKind::random_uniform, {c.id(filled(c, 0.0, dt, shape)), seed}, attrs))};
+  return c.b.status();
+}
+
+Status convert_random_uniform_like(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  return random_uniform(c, out, in[0].type.shape, in[0].type.dtype);
+}
+
+Status convert_random_uniform(Ctx& c, std::vector<Value>&, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> d, c.attr_ints("shape"));
+  ASPEN_ASSIGN_OR_RETURN(const Shape shape, make_shape(c, d, "attribute 'shape'"));
+  return random_uniform(c, out, shape, DType::f32);
 }
 
 }  // namespace
@@ -682,6 +730,8 @@ void add_nn_converters(ConverterTable& t) {
   add_converter(t, "LogSoftmax", convert_log_softmax, 1, 1);
   add_converter(t, "LayerNormalization", convert_layer_norm, 2, 3);
   add_converter(t, "Dropout", convert_dropout, 1, 3);
+  add_converter(t, "RandomUniformLike", convert_random_uniform_like, 1, 1, /*foldable=*/false);
+  add_converter(t, "RandomUniform", convert_random_uniform, 0, 0, /*foldable=*/false);
 }
 
 }  // namespace aspen::models::onnx

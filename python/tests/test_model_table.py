@@ -170,3 +170,34 @@ def test_vit_and_whisper_train_as_torch(row):
     batches = [{"x": torch.randn(*shape, generator=g), "y": torch.randint(0, 4, (2,), generator=g)} for _ in range(3)]
     got, want = _train_both(make, batches)
     np.testing.assert_allclose(got, want, rtol=2e-5)
+
+
+def test_mobilenet_v3_small_trains_with_its_bernoulli_dropout():
+    """mobilenet_v3_small trains with its batch norms in training mode and its classifier's in-place Dropout,
+    which torch exports as a bernoulli mask (RandomUniformLike; NOTE [bernoulli dropout]): at p = 0 its steps
+    equal torch's; at p = 0.2 aspen's seeded masks make the losses differ from those and repeat with the
+    seed."""
+    class WithLoss(torch.nn.Module):
+        def __init__(self, p):
+            super().__init__()
+            self.net = torchvision.models.mobilenet_v3_small(num_classes=4, dropout=p)
+
+        def forward(self, x, y):
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    g = torch.Generator().manual_seed(8)
+    batches = [{"x": torch.randn(4, 3, 64, 64, generator=g), "y": torch.randint(0, 4, (4,), generator=g)}
+               for _ in range(3)]
+    got, want = _train_both(lambda: WithLoss(0.0), batches, lr=0.01)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+    def dropped(seed):
+        torch.manual_seed(2)
+        model = WithLoss(0.2)
+        training = aspen.trainingModel(model, aspen.Options().randomSeed(seed),
+                                       optimizer=aspen.optim.SGD(model.parameters(), lr=0.01))
+        return [float(training(**b)) for b in batches]
+
+    a, b = dropped(5), dropped(5)
+    assert a == b and np.all(np.isfinite(a))
+    assert not np.allclose(a, got, rtol=1e-6)
