@@ -10,6 +10,12 @@ permuted: a Dense kernel transposed, a Conv2D kernel [kh, kw, in, out] as ONNX's
 by comparing bytes; the real values are written into those initializers before the
 file is compiled, and the variables restored. A variable that cannot be found (tf2onnx computed something
 from it at conversion) is an error naming it. Inference exports the real values directly.
+
+NOTE [keras lstm weights]: tf2onnx writes a Keras LSTM's kernel [I, 4H] and recurrent kernel [H, 4H] as
+ONNX's W [1, 4H, I] and R [1, 4H, H]: the gate blocks reordered (Keras i, f, c, o; ONNX i, o, f, c) and
+transposed, one more way a variable shows. Its bias [4H] becomes half of B [1, 8H] = [Wb, Rb] with Rb zero
+(ONNX adds both): B is rewritten as Concat(Wb, zeros), so that Wb is the bias reordered (one tensor trains,
+as in Keras, not two halves each taking the whole step).
 """
 
 import itertools
@@ -41,6 +47,9 @@ class KerasSource(Source):
         self.output_names = []
         self._dir = None
         self._map = {}  # variable index -> (initializer name, axis permutation or None, initializer shape)
+
+    def describe(self):
+        return f"Keras model '{self.model.name}' (converted by tf2onnx)"
 
     @staticmethod
     def _input_name(t, i):
@@ -78,6 +87,7 @@ class KerasSource(Source):
                     v.assign(o)
         self.output_names = [o.name for o in proto.graph.output]
         if training:
+            self._split_lstm_biases(proto)  # NOTE [keras lstm weights]
             by_bytes = {}
             for k, init in enumerate(proto.graph.initializer):
                 a = numpy_helper.to_array(init)
@@ -88,13 +98,11 @@ class KerasSource(Source):
                 if t.dtype.kind != "f":
                     continue
                 found, how = by_bytes.get(np.ascontiguousarray(t).tobytes()), None
-                if not found and 2 <= t.ndim <= 5:
-                    for perm in itertools.permutations(range(t.ndim)):
-                        if perm != tuple(range(t.ndim)):
-                            found = by_bytes.get(np.ascontiguousarray(np.transpose(t, perm)).tobytes())
-                            if found:
-                                how = perm
-                                break
+                for candidate in self._layouts(t) if not found else ():
+                    found = by_bytes.get(np.ascontiguousarray(self._arrange(t, candidate)).tobytes())
+                    if found:
+                        how = candidate
+                        break
                 if not found or len(found) > 1:
                     raise NotImplementedError(
                         f"Keras variable '{v.path if hasattr(v, 'path') else v.name}': tf2onnx computed other "
@@ -141,9 +149,71 @@ class KerasSource(Source):
         return {name: self._to_initializer(self.model.trainable_variables[i].numpy(), how, shape)
                 for i, (name, how, shape) in self._map.items()}
 
+    # A variable's layouts in the file: ("axes", permutation) for a transposed kernel, ("gates", order) for an
+    # LSTM's blocks of its last axis reordered (then transposed, for a 2-D kernel; NOTE [keras lstm weights]).
+    _LSTM_GATES = (0, 3, 1, 2)
+
+    @classmethod
+    def _layouts(cls, t):
+        if 2 <= t.ndim <= 5:
+            for perm in itertools.permutations(range(t.ndim)):
+                if perm != tuple(range(t.ndim)):
+                    yield ("axes", perm)
+        if t.ndim in (1, 2) and t.shape[-1] % 4 == 0:
+            yield ("gates", cls._LSTM_GATES)
+
     @staticmethod
-    def _to_initializer(value, perm, shape):
-        return np.ascontiguousarray(value if perm is None else np.transpose(value, perm)).reshape(shape)
+    def _gate_index(n, order):
+        h = n // len(order)
+        return np.concatenate([np.arange(h) + h * g for g in order])
+
+    @classmethod
+    def _arrange(cls, value, how):
+        """The variable's value as the file holds it (before the initializer's reshape)."""
+        if how is None:
+            return value
+        kind, arg = how
+        if kind == "axes":
+            return np.transpose(value, arg)
+        reordered = value[..., cls._gate_index(value.shape[-1], arg)]
+        return reordered.T if reordered.ndim == 2 else reordered
+
+    @classmethod
+    def _to_initializer(cls, value, how, shape):
+        return np.ascontiguousarray(cls._arrange(value, how)).reshape(shape)
+
+    @classmethod
+    def _from_initializer(cls, w, how, shape):
+        """The inverse of _to_initializer: the variable's value (its shape `shape`) from the file's tensor."""
+        if how is None:
+            return w.reshape(shape)
+        kind, arg = how
+        if kind == "axes":
+            return np.transpose(w.reshape(tuple(shape[k] for k in arg)), np.argsort(arg))
+        w = w.reshape(shape[::-1]).T if len(shape) == 2 else w.reshape(shape)
+        return w[..., np.argsort(cls._gate_index(shape[-1], arg))]
+
+    @staticmethod
+    def _split_lstm_biases(proto):
+        """NOTE [keras lstm weights]: each LSTM's B [D, 8H] initializer whose recurrent half is zero becomes
+        Concat(B__wb [D, 4H], zeros): a Constant node, not an initializer (initializers train)."""
+        from onnx import helper, numpy_helper
+        inits = {init.name: k for k, init in enumerate(proto.graph.initializer)}
+        added = []
+        for node in proto.graph.node:
+            if node.op_type != "LSTM" or len(node.input) < 4 or node.input[3] not in inits:
+                continue
+            name = node.input[3]
+            b = numpy_helper.to_array(proto.graph.initializer[inits[name]])
+            if b.ndim != 2 or b.shape[1] % 2 or np.any(b[:, b.shape[1] // 2:]):
+                continue
+            half = b.shape[1] // 2
+            proto.graph.initializer[inits[name]].CopyFrom(numpy_helper.from_array(b[:, :half].copy(), name + "__wb"))
+            zeros = numpy_helper.from_array(np.zeros_like(b[:, half:]), name + "__rb")
+            added.append(helper.make_node("Constant", [], [name + "__rb"], value=zeros))
+            added.append(helper.make_node("Concat", [name + "__wb", name + "__rb"], [name], axis=1))
+        for k, node in enumerate(added):
+            proto.graph.node.insert(k, node)
 
     def copy_to_host(self, weights):
         variables = list(self.model.trainable_variables)
@@ -152,11 +222,7 @@ class KerasSource(Source):
             if w is None:
                 continue
             v = variables[i]
-            shape = tuple(v.shape)
-            if how is None:
-                v.assign(w.reshape(shape))
-            else:
-                v.assign(np.transpose(w.reshape(tuple(shape[k] for k in how)), np.argsort(how)))
+            v.assign(self._from_initializer(w, how, tuple(v.shape)))
 
     def close(self, _rmtree=shutil.rmtree):  # bound now: at interpreter exit the module's globals may be gone
         if self._dir is not None:

@@ -10,10 +10,29 @@ class Source:
         """Inputs a call may leave out."""
         return set()
 
+    def describe(self):
+        """What the user gave, as errors name it instead of the temporary file it was exported to (None: the
+        file is the user's own)."""
+        return None
+
     def naming_errors(self, path):
-        """A context in which an error about the file at `path` names what the user gave instead."""
+        """A context in which an error about the file at `path` names what the user gave instead (each node
+        also names its layer and source line: NOTE [node origins] in io/onnx.cc)."""
         import contextlib
-        return contextlib.nullcontext()
+        what = self.describe()
+        if what is None:
+            return contextlib.nullcontext()
+
+        @contextlib.contextmanager
+        def renamed():
+            try:
+                yield
+            except (ValueError, NotImplementedError, RuntimeError) as e:
+                text = str(e).replace(path, what)
+                if text == str(e):
+                    raise
+                raise type(e)(text) from None
+        return renamed()
 
     def static_argument(self, name, value):
         """True when `value`, given for input `name`, is a setting the program is compiled with (a Python

@@ -67,18 +67,8 @@ class TorchSource(Source):
             out[n] = a
         return out
 
-    @contextlib.contextmanager
-    def naming_errors(self, path):
-        """The exported file is a temporary one the user never saw: errors name the module instead (each node
-        also names its layer and source line: NOTE [node origins] in io/onnx.cc)."""
-        try:
-            yield
-        except (ValueError, NotImplementedError, RuntimeError) as e:
-            what = f"{type(self.module).__name__} (exported by torch.onnx)"
-            text = str(e).replace(path, what)
-            if text == str(e):
-                raise
-            raise type(e)(text) from None
+    def describe(self):
+        return f"{type(self.module).__name__} (exported by torch.onnx)"
 
     def static_argument(self, name, value):
         """A Python setting (use_cache=False, return_dict=True, a float scale) goes to forward as it is, at the
