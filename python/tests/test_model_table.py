@@ -76,7 +76,7 @@ def test_roberta_trains_with_its_own_labels_loss():
                                         attention_probs_dropout_prob=0.0)
     g = torch.Generator().manual_seed(3)
     batches = []
-    for _ in range(3):
+    for _ in range(10):
         ids = torch.randint(3, 100, (2, 12), generator=g)
         labels = torch.full_like(ids, -100)
         labels[:, 2:5] = ids[:, 2:5]
@@ -95,7 +95,7 @@ def test_bert_classifier_trains_with_dropout():
                                        hidden_dropout_prob=p, attention_probs_dropout_prob=0.0)
     g = torch.Generator().manual_seed(4)
     batches = [{"input_ids": torch.randint(1, 100, (4, 10), generator=g),
-                "labels": torch.randint(0, 3, (4,), generator=g)} for _ in range(3)]
+                "labels": torch.randint(0, 3, (4,), generator=g)} for _ in range(10)]
     got, want = _train_both(lambda: transformers.BertForSequenceClassification(config(0.0)), batches)
     np.testing.assert_allclose(got, want, rtol=2e-5)
 
@@ -127,11 +127,13 @@ def test_resnet18_trains_as_torch(frozen):
             return torch.nn.functional.cross_entropy(self.net(x), y)
 
     # In training mode the last block's batch statistics need more than 2 values per channel to be well
-    # conditioned (at 32x32, batch 2, layer4 normalizes two numbers): batch 4 at 64x64 gives 16.
+    # conditioned (at 32x32, batch 2, layer4 normalizes two numbers): batch 4 at 64x64 gives 16. Even so
+    # the steps are chaotic in f32: torch itself in f32 and in f64 differ by 1e-3 at step 6 and by 2 % at
+    # step 7 (lr 0.01; 2e-3 at step 4 with lr 0.002), so training mode compares 4 steps, frozen 10.
     g = torch.Generator().manual_seed(6)
-    n, side = (2, 32) if frozen else (4, 64)
+    n, side, steps = (2, 32, 10) if frozen else (4, 64, 4)
     batches = [{"x": torch.randn(n, 3, side, side, generator=g), "y": torch.randint(0, 4, (n,), generator=g)}
-               for _ in range(2)]
+               for _ in range(steps)]
     got, want = _train_both(WithLoss, batches, lr=0.01)
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
@@ -167,7 +169,7 @@ def test_vit_and_whisper_train_as_torch(row):
                                          attention_dropout=0.0, activation_dropout=0.0)
         make = lambda: _Classify(transformers.WhisperModel(cfg).get_encoder(), 32)  # noqa: E731
         shape = (2, 16, 40)
-    batches = [{"x": torch.randn(*shape, generator=g), "y": torch.randint(0, 4, (2,), generator=g)} for _ in range(3)]
+    batches = [{"x": torch.randn(*shape, generator=g), "y": torch.randint(0, 4, (2,), generator=g)} for _ in range(10)]
     got, want = _train_both(make, batches)
     np.testing.assert_allclose(got, want, rtol=2e-5)
 
@@ -187,7 +189,7 @@ def test_mobilenet_v3_small_trains_with_its_bernoulli_dropout():
 
     g = torch.Generator().manual_seed(8)
     batches = [{"x": torch.randn(4, 3, 64, 64, generator=g), "y": torch.randint(0, 4, (4,), generator=g)}
-               for _ in range(3)]
+               for _ in range(10)]
     got, want = _train_both(lambda: WithLoss(0.0), batches, lr=0.01)
     np.testing.assert_allclose(got, want, rtol=1e-4)
 

@@ -576,7 +576,7 @@ class _Cnn(torch.nn.Module):
 
 def test_convolutions_and_pooling_train_as_torch():
     g = torch.Generator().manual_seed(6)
-    batches = [(torch.randn(4, 1, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)) for _ in range(3)]
+    batches = [(torch.randn(4, 1, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)) for _ in range(10)]
     ref = _Cnn()
     want = sgd_losses(ref, batches, lr=0.05)
     model = _Cnn()
@@ -673,7 +673,7 @@ def test_hugging_face_models_train_as_they_are(family):
     model = make()
     model.load_state_dict(ref.state_dict())
     g = torch.Generator().manual_seed(1)
-    batches = [dict(input_ids=ids, labels=ids) for ids in (torch.randint(1, 97, (2, 16), generator=g) for _ in range(3))]
+    batches = [dict(input_ids=ids, labels=ids) for ids in (torch.randint(1, 97, (2, 16), generator=g) for _ in range(10))]
     want = sgd_losses(ref, batches, lr=0.1)
     training, got = aspen_sgd_losses(model, batches, lr=0.1)
     np.testing.assert_allclose(got, want, rtol=2e-5)
@@ -700,7 +700,7 @@ class _Recurrent(torch.nn.Module):
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_recurrent_layers_train_as_torch(kind):
     g = torch.Generator().manual_seed(12)
-    batches = [(torch.randn(4, 7, 6, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(3)]
+    batches = [(torch.randn(4, 7, 6, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(10)]
     ref = _Recurrent(kind)
     with torch.no_grad():
         want_logits, _ = ref(*batches[0])
