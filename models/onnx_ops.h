@@ -107,6 +107,7 @@ inline void add_converter(ConverterTable& t, const char* name, Converter f, int 
 }
 void add_elementwise_converters(ConverterTable& t);  // onnx_ops_elementwise.cc
 void add_shape_converters(ConverterTable& t);        // onnx_ops_shape.cc
+void add_resample_converters(ConverterTable& t);     // onnx_ops_resample.cc
 void add_nn_converters(ConverterTable& t);           // onnx_ops_nn.cc
 void add_conv_converters(ConverterTable& t);         // onnx_ops_conv.cc
 void add_rnn_converters(ConverterTable& t);          // onnx_ops_rnn.cc
