@@ -251,7 +251,7 @@ TEST(DataParallelMpi, MismatchedOptionsAreCaughtAtStartUp) {
   auto m = TrainingModel::create(f.g, dp, t);
   ASSERT_FALSE(m.is_ok());
   // The error names the option that differs and this process's value.
-  EXPECT_EQ(m.status().subject().rfind("training model: training.schedule.lr on process", 0), 0u)
+  EXPECT_EQ(m.status().subject().rfind("training model 'training.schedule.lr' on process", 0), 0u)
       << m.status().to_string();
   EXPECT_NE(m.status().to_string().find(parallel::mpi_world_rank() == 1 ? "(0.2 here)" : "(0.1 here)"),
             std::string::npos)
@@ -262,7 +262,7 @@ TEST(DataParallelMpi, MismatchedOptionsAreCaughtAtStartUp) {
   if (parallel::mpi_world_rank() == 1) other.gradient_accumulation(2);
   auto n = TrainingModel::create(f.g, other, sgd());
   ASSERT_FALSE(n.is_ok());
-  EXPECT_EQ(n.status().subject().rfind("training layout: options.gradient_accumulation on process", 0), 0u)
+  EXPECT_EQ(n.status().subject().rfind("training layout 'options.gradient_accumulation' on process", 0), 0u)
       << n.status().to_string();
 }
 

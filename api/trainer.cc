@@ -241,23 +241,6 @@ Status remove_earlier_run(const std::string& run_dir, const std::string& checkpo
   return Status::ok();
 }
 
-// The start-up agreement of an MPI job: one hash for the whole, then, only
-// when it differs, one per entry so that the error names the first that does.
-Status agree(parallel::Communicator& world, const std::vector<std::pair<std::string, std::string>>& entries,
-             const std::string& what) {
-  uint64_t all = parallel::fnv1a("");
-  for (const auto& [k, v] : entries) all = parallel::fnv1a(k + "=" + v + "\n", all);
-  Status whole = parallel::check_same_everywhere(world, all, what);
-  if (whole.is_ok()) return whole;
-  for (const auto& [k, v] : entries) {
-    Status s = parallel::check_same_everywhere(world, parallel::fnv1a(v), what + " '" + k + "'", "");
-    if (!s.is_ok())
-      return Status::invalid_argument(s.subject(), "the same on every process (" + escape_for_terminal(v) + " here)",
-                                      s.found(), "start every process with the same config, data and model");
-  }
-  return whole;  // differs, yet no entry does (a key only some processes have): the hash says so
-}
-
 std::string weights_digest(const std::map<std::string, Tensor>& weights) {
   uint32_t crc = 0;
   for (const auto& [name, t] : weights) {
@@ -344,7 +327,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     for (auto& [k, v] : train::config_entries(c))  // only process 0 writes and prints; threads do not change results
       if (k.rfind("log.", 0) != 0 && k != "checkpoint.dir" && k != "train.threads" && k != "train.executable_cache")
         keys.emplace_back(k, v);
-    ASPEN_RETURN_IF_ERROR(agree(*t->world_, keys, "config key"));
+    ASPEN_RETURN_IF_ERROR(parallel::check_same_fields(*t->world_, keys, "config key"));
   }
   t->writer_ = process == 0;
   t->across_ = across;
@@ -405,7 +388,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     } else {
       data = {{"arrays", feed->arrays().describe()}, {"crc32c", weights_digest(feed->arrays().columns())}};
     }
-    ASPEN_RETURN_IF_ERROR(agree(*t->world_, data, "training data (data.train)"));
+    ASPEN_RETURN_IF_ERROR(parallel::check_same_fields(*t->world_, data, "training data (data.train)"));
   }
   ASPEN_RETURN_IF_ERROR(feed.status());
   t->feed_ = std::make_unique<TrainFeed>(std::move(feed).value());
@@ -547,9 +530,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   o.precision(compute, partials).threads(c.train.threads).random_seed(c.train.seed);
   o.replication_factor(local).mpi(options.mpi).tensor_parallel(c.parallel.tensor_parallel).model_across_processes(across);
   if (c.train.threads == 0 && options.mpi) {
-    // Processes of one machine share its cores (OpenMPI says how many there are).
-    const char* e = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    const int on_node = e ? std::max(1, std::atoi(e)) : 1;
+    // Processes of one machine share its cores.
+    const int on_node = parallel::job::local_size();
     const int devices = placement.process_devices();
     o.threads(std::max(1, CoreBudget::global().available() / on_node / devices));
   }
@@ -583,7 +565,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
                            ? "the fixed rule (--kernel-choice rule)"
                            : kernels::matmul_choices_used_summary();
   if (t->world_)  // every process starts from the same bits (the same seed, or the same model.from files)
-    ASPEN_RETURN_IF_ERROR(agree(*t->world_, {{"crc32c", weights_digest(weights)}}, "initial weights"));
+    ASPEN_RETURN_IF_ERROR(parallel::check_same_fields(*t->world_, {{"crc32c", weights_digest(weights)}}, "initial weights"));
   std::map<std::string, const Tensor*> w;
   for (const auto& [name, tensor] : weights) w.emplace(name, &tensor);
   ASPEN_RETURN_IF_ERROR(t->model_->copy_weights_to_device(w));

@@ -1,5 +1,7 @@
 #include "parallel/data_parallel.h"
 
+#include "core/file.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -59,8 +61,10 @@ Status check_same_fields(Communicator& comm, const std::vector<std::pair<std::st
                          const std::string& what) {
   std::string names;
   for (const auto& [name, value] : fields) names += name + "\n";
-  // The same list of fields first (a rank of another build would gather a different length).
-  ASPEN_RETURN_IF_ERROR(check_same_everywhere(comm, fnv1a(names), what + ": the list of fields"));
+  // The same list of fields first (a rank of another build or config would gather a different length):
+  // one collective whatever the lists hold, so ranks that differ here never wait on each other.
+  ASPEN_RETURN_IF_ERROR(check_same_everywhere(comm, fnv1a(names), what + ": the list of names",
+                                              std::to_string(fields.size()) + " names"));
   const size_t n = fields.size();
   std::vector<float> mine(2 * n), all(2 * n * size_t(comm.size()));
   for (size_t f = 0; f < n; ++f) pack(fnv1a(fields[f].second), mine.data() + 2 * f);
@@ -69,10 +73,10 @@ Status check_same_fields(Communicator& comm, const std::vector<std::pair<std::st
     for (int r = 0; r < comm.size(); ++r)
       if (unpack(all.data() + 2 * n * size_t(r) + 2 * f) != fnv1a(fields[f].second))
         return Status::invalid_argument(
-            what + ": " + fields[f].first + " on process " + std::to_string(comm.rank()) + " of " +
+            what + " '" + fields[f].first + "' on process " + std::to_string(comm.rank()) + " of " +
                 std::to_string(comm.size()),
-            "the same on every process (" + fields[f].second + " here)", "process " + std::to_string(r) + " differs",
-            "start every rank with the same config, options and model");
+            "the same on every process (" + escape_for_terminal(fields[f].second) + " here)",
+            "process " + std::to_string(r) + " differs", "start every process with the same config, data and model");
   return Status();
 }
 

@@ -49,9 +49,11 @@ enum class Compression { none, bf16, topk };
 // shows `shown` (this rank's value as the user knows it) when not empty.
 Status check_same_everywhere(Communicator& comm, uint64_t value, const std::string& what,
                              const std::string& shown = "");
-// As above for named values (name -> the value as text, the same names in the
-// same order on every rank): the error names `what`, the first field that
-// differs, this rank's value and the first rank whose value differs.
+// As above for named values (name -> the value as text): the names first (one
+// collective whatever each rank holds, so ranks with other lists never wait on
+// each other; the error says how many this rank has), then the values: the
+// error names `what`, the first field that differs ("what 'name' on process r
+// of n"), this rank's value and the first rank whose value differs.
 Status check_same_fields(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& fields,
                          const std::string& what);
 const char* compression_name(Compression c);

@@ -15,6 +15,7 @@ Status init(const std::string& what) { return Status(mpi_init(nullptr, nullptr))
 void finalize() { mpi_finalize(); }
 int rank() { return mpi_world_rank(); }
 int size() { return mpi_world_size(); }
+int local_size() { return mpi_local_size(); }
 const char* activity() { return mpi_activity(); }
 
 Result<std::unique_ptr<Communicator>> world(const std::string& what, CommOptions options) {
@@ -64,6 +65,7 @@ Status init(const std::string& what) { return no_mpi(what); }
 void finalize() {}
 int rank() { return 0; }
 int size() { return 1; }
+int local_size() { return 1; }
 const char* activity() { return ""; }
 Result<std::unique_ptr<Communicator>> world(const std::string& what, CommOptions) { return no_mpi(what); }
 Result<std::unique_ptr<Communicator>> split(const std::string& what, int, int, CommOptions) { return no_mpi(what); }

@@ -33,6 +33,8 @@ void finalize();
 // This process's rank and the job's processes (after init; 0 and 1 without MPI).
 int rank();
 int size();
+// The job's processes on this machine, as the launcher says (1 without MPI; no init needed).
+int local_size();
 // What this process last waited for in the job's collectives, or "" (async-signal-safe to read: a signal
 // handler may print it).
 const char* activity();

@@ -64,6 +64,12 @@ bool mpi_launched() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
 }
 
+int mpi_local_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* e = std::getenv(name)) return std::max(1, std::atoi(e));
+  return 1;
+}
+
 Status mpi_init(int* argc, char*** argv) {
   int initialized = 0;
   MPI_Initialized(&initialized);

@@ -53,6 +53,9 @@ void mpi_finalize();
 // PMI_SIZE or PMIX_RANK in the environment).
 bool mpi_launched();
 int mpi_world_rank();  // after mpi_init
+// The processes of this job on this machine, as the launcher says (OpenMPI's OMPI_COMM_WORLD_LOCAL_SIZE,
+// MPICH / PMI's MPI_LOCALNRANKS); 1 when it says nothing. Needs no mpi_init.
+int mpi_local_size();
 // What this process last waited for in a collective or transfer ("on world rank 1, in ..., waiting for
 // ..."), or "": a fixed buffer, readable from a signal handler (NOTE [launcher kill]).
 const char* mpi_activity();
