@@ -676,6 +676,115 @@ Status convert_gather_nd(Ctx& c, std::vector<Value>& in, std::vector<Value>& out
   return c.b.status();
 }
 
+// NOTE [scatter of known indices]: ScatterElements, Scatter and ScatterND with indices known at import
+// (data and updates may be computed). Data is seen as rows [rows, R] (R the trailing extent each index moves
+// whole: 1 for ScatterElements, the indexed axes' rest for ScatterND), updates as rows [U, R], and update u
+// aims at row target[u]. Without a reduction one gather picks, for every output row, its own data row or
+// the last update aimed at it, from concat(data, updates). With one (add, mul, max, min), round k gathers
+// each row's k-th update (or the reduction's identity, a last row) and combines it into the result, for as
+// many rounds as a row has updates. Every piece is differentiable: autodiff trains data and updates.
+Status scatter_rows(Ctx& c, const Value& data, const Value& updates, const std::vector<int64_t>& target,
+                    int64_t rows, int64_t R, const std::string& reduction, std::vector<Value>& out) {
+  const TensorType dt = data.type;
+  if (updates.type.dtype != dt.dtype)
+    return c.error("input 'updates'", std::string(dtype_name(dt.dtype)) + " (data's dtype)", updates.type.to_string());
+  const int64_t U = int64_t(target.size());
+  if (rows + U + 1 >= (int64_t(1) << 31))
+    return c.unsupported("inputs 'data' and 'updates'", "fewer than 2^31 rows together", std::to_string(rows + U));
+  const ValueId d = c.id(reshaped(c, data, {rows, R})), u = c.id(reshaped(c, updates, {U, R}));
+  auto index = [&](const std::vector<int32_t>& v) {
+    Tensor t(DType::i32, Shape{rows});
+    std::copy(v.begin(), v.end(), t.data<int32_t>());
+    return c.b.constant(std::move(t));
+  };
+  ValueId y;
+  if (reduction == "none") {
+    std::vector<int32_t> src(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) src[size_t(r)] = int32_t(r);
+    for (int64_t k = 0; k < U; ++k) src[size_t(target[size_t(k)])] = int32_t(rows + k);
+    y = c.b.gather(c.b.concat({d, u}, 0), index(src));
+  } else {
+    double identity = 0.0;
+    OpKind combine = OpKind::add;
+    if (reduction == "mul") identity = 1.0, combine = OpKind::mul;
+    else if (reduction == "max") identity = -std::numeric_limits<double>::infinity(), combine = OpKind::max;
+    else if (reduction == "min") identity = std::numeric_limits<double>::infinity(), combine = OpKind::min;
+    else if (reduction != "add")
+      return c.error("attribute 'reduction'", "none, add, mul, max or min", "'" + reduction + "'");
+    std::vector<std::vector<int32_t>> rounds;
+    std::vector<int64_t> seen(static_cast<size_t>(rows), 0);
+    for (int64_t k = 0; k < U; ++k) {
+      const int64_t t = target[size_t(k)], round = seen[size_t(t)]++;
+      if (round == int64_t(rounds.size())) rounds.emplace_back(static_cast<size_t>(rows), int32_t(U));
+      rounds[size_t(round)][size_t(t)] = int32_t(k);
+    }
+    const ValueId table = c.b.concat({u, c.id(filled(c, identity, dt.dtype, Shape{1, R}))}, 0);
+    y = d;
+    for (const std::vector<int32_t>& src : rounds) y = c.b.op1(combine, {y, c.b.gather(table, index(src))});
+  }
+  out = {reshaped(c, c.wrap(y), dims(dt.shape))};
+  return c.b.status();
+}
+
+// ScatterElements(data, indices, updates) {axis = 0, reduction = none} (and Scatter, its older name):
+// indices and updates of one shape; update p goes to data's position p with its axis coordinate replaced by
+// indices[p] (negative: from the end). NOTE [scatter of known indices].
+Status convert_scatter_elements(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t a, c.attr_i("axis", 0));
+  ASPEN_ASSIGN_OR_RETURN(const std::string reduction, c.attr_s("reduction", std::string("none")));
+  const std::vector<int64_t> d = dims(in[0].type.shape), id = dims(in[1].type.shape);
+  ASPEN_ASSIGN_OR_RETURN(const int axis, c.axis(a, int(d.size()), "attribute 'axis'"));
+  if (id.size() != d.size() || in[2].type.shape != in[1].type.shape)
+    return c.error("inputs 'indices' and 'updates'", "one shape, of data's rank",
+                   in[1].type.to_string() + " and " + in[2].type.to_string());
+  for (size_t i = 0; i < d.size(); ++i)
+    if (id[i] > d[i]) return c.error("input 'indices'", "extents at most data's " + in[0].type.to_string(), in[1].type.to_string());
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> idx, c.ints(in[1], "input 'indices'"));
+  std::vector<int64_t> target(idx.size()), coord(d.size());
+  for (size_t p = 0; p < idx.size(); ++p) {
+    int64_t rest = int64_t(p);
+    for (size_t j = d.size(); j-- > 0;) coord[j] = rest % id[j], rest /= id[j];
+    int64_t v = idx[p];
+    const int64_t n = d[size_t(axis)];
+    if (v < -n || v >= n) return c.error("input 'indices'", "indices in [-d, d) of the axis", std::to_string(v));
+    coord[size_t(axis)] = v < 0 ? v + n : v;
+    int64_t flat = 0;
+    for (size_t j = 0; j < d.size(); ++j) flat = flat * d[j] + coord[j];
+    target[p] = flat;
+  }
+  return scatter_rows(c, in[0], in[2], target, in[0].type.shape.numel(), 1, reduction, out);
+}
+
+// ScatterND(data, indices [..., k], updates [..., data's axes from k]) {reduction = none}: each index tuple
+// names a slice of data, replaced by (or combined with) its update slice. NOTE [scatter of known indices].
+Status convert_scatter_nd(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  ASPEN_ASSIGN_OR_RETURN(const std::string reduction, c.attr_s("reduction", std::string("none")));
+  const std::vector<int64_t> d = dims(in[0].type.shape), id = dims(in[1].type.shape);
+  if (id.empty()) return c.error("input 'indices'", "rank 1 or more", "rank 0");
+  const int64_t k = id.back();
+  if (k < 1 || k > int64_t(d.size()))
+    return c.error("input 'indices'", "a last extent in [1, data's rank]", std::to_string(k));
+  std::vector<int64_t> ud(id.begin(), id.end() - 1);
+  ud.insert(ud.end(), d.begin() + k, d.end());
+  if (dims(in[2].type.shape) != ud)
+    return c.error("input 'updates'", "indices' shape but its last, then data's from axis " + std::to_string(k),
+                   in[2].type.to_string());
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> idx, c.ints(in[1], "input 'indices'"));
+  int64_t rows = 1, R = 1;
+  for (int64_t i = 0; i < int64_t(d.size()); ++i) (i < k ? rows : R) *= d[size_t(i)];
+  std::vector<int64_t> target;
+  for (size_t t = 0; t + size_t(k) <= idx.size(); t += size_t(k)) {
+    int64_t row = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t v = idx[t + size_t(j)], n = d[size_t(j)];
+      if (v < -n || v >= n) return c.error("input 'indices'", "indices in [-d, d) of each indexed axis", std::to_string(v));
+      row = row * n + (v < 0 ? v + n : v);
+    }
+    target.push_back(row);
+  }
+  return scatter_rows(c, in[0], in[2], target, rows, R, reduction, out);
+}
+
 // SplitToSequence(input, split?) {axis = 0, keepdims = 1}: the pieces as a sequence (no split: pieces of
 // one, squeezed unless keepdims; a scalar split: pieces of that size, the last smaller; a list: those
 // sizes). SequenceAt(sequence, position): one piece. Sequences live at import only: each piece is a value.
@@ -948,6 +1057,9 @@ void add_shape_converters(ConverterTable& t) {
   add_converter(t, "Gather", convert_gather, 2, 2);
   add_converter(t, "GatherND", convert_gather_nd, 2, 2);
   add_converter(t, "GatherElements", convert_gather_elements, 2, 2);
+  add_converter(t, "ScatterElements", convert_scatter_elements, 3, 3);
+  add_converter(t, "Scatter", convert_scatter_elements, 3, 3);
+  add_converter(t, "ScatterND", convert_scatter_nd, 3, 3);
   add_converter(t, "SplitToSequence", convert_split_to_sequence, 1, 2, /*foldable=*/false);  // sequences are never folded
   add_converter(t, "SequenceAt", convert_sequence_at, 2, 2, /*foldable=*/false);
   add_converter(t, "CumSum", convert_cumsum, 2, 2);

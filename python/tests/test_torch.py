@@ -881,3 +881,37 @@ def test_topk_values_train_as_torch():
     assert torch.equal(torch.as_tensor(got_idx), want_idx)
     training, got = aspen_sgd_losses(model, batches, lr=0.05)
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_scatter_with_fixed_indices_trains_as_torch():
+    """scatter / scatter_add / index_put with indices fixed in the module, on computed values (NOTE [scatter of
+    known indices]): the outputs equal torch's and both the data and the updates train."""
+    class Scattered(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(23)
+            self.a = torch.nn.Linear(5, 6)
+            self.b = torch.nn.Linear(5, 3)
+            # scatter's duplicates are undefined (and torch's backward sends the position's gradient to each of
+            # them): distinct per row; scatter_add's add up.
+            self.register_buffer("idx", torch.tensor([[0, 4, 3], [5, 1, 0], [2, 1, 3], [1, 0, 5]]))
+            self.register_buffer("dup", torch.tensor([[0, 4, 4], [5, 1, 0], [2, 2, 3], [1, 0, 5]]))
+
+        def forward(self, x):
+            data, upd = self.a(x), self.b(x)
+            replaced = data.scatter(1, self.idx, upd)
+            summed = data.scatter_add(1, self.dup, upd * 2)
+            rows = data.index_put((torch.tensor([3, 0]),), upd[:2, :1].expand(2, 6))
+            return replaced, (replaced ** 2).sum() + summed.sum() + (rows * rows).mean()
+
+    g = torch.Generator().manual_seed(24)
+    batches = [torch.randn(4, 5, generator=g) for _ in range(3)]
+    with torch.no_grad():
+        want_out, _ = Scattered()(batches[0])
+    got_out, _ = aspen.inferenceModel(Scattered())(batches[0])
+    torch.testing.assert_close(torch.as_tensor(got_out), want_out, rtol=1e-5, atol=1e-6)
+    ref = Scattered()
+    want = sgd_losses(ref, batches, lr=0.05)
+    model = Scattered()
+    training, got = aspen_sgd_losses(model, batches, lr=0.05)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
