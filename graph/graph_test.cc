@@ -103,7 +103,9 @@ TEST(OpTable, NumbersAreTheSerializedOnes) {
                                    "conv",
                                    "conv_grad_input",
                                    "conv_grad_weight",
-                                   "random_uniform"};
+                                   "random_uniform",
+                                   "batch_norm",
+                                   "batch_norm_grad"};
   ASSERT_EQ(std::size(by_number), size_t(kNumOps));
   for (int i = 0; i < kNumOps; ++i) EXPECT_STREQ(op_name(OpKind(i)), by_number[i]) << "op #" << i;
 }

@@ -62,8 +62,10 @@
   /* dropout in training and uniform draws, from a run-time seed (ops_dropout.cc) */                         \
   X(dropout, 72) X(random_uniform, 76)                                                                    \
   /* convolution and its two backward passes (ops_conv.cc) */                                             \
-  X(conv, 73) X(conv_grad_input, 74) X(conv_grad_weight, 75)
-// The next free op number: 77.
+  X(conv, 73) X(conv_grad_input, 74) X(conv_grad_weight, 75)                                             \
+  /* batch normalization in training, by the batch's statistics (ops_batchnorm.cc) */                     \
+  X(batch_norm, 77) X(batch_norm_grad, 78)
+// The next free op number: 79.
 // clang-format on
 
 namespace aspen::graph {

@@ -31,5 +31,6 @@ void register_sampling_ops(OpTable& t);
 void register_vocab_ops(OpTable& t);
 void register_dropout_ops(OpTable& t);
 void register_conv_ops(OpTable& t);
+void register_batchnorm_ops(OpTable& t);
 
 }  // namespace aspen::graph
