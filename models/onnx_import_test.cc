@@ -449,6 +449,50 @@ TEST(OnnxImport, ActivationsMatchTheirDefinitions) {
     }
 }
 
+// LpPool (p = 3, a 2x2 window, stride 1, pads 1: the pads count as zeros) and GlobalLpPool (p = 2) against
+// their definition, (sum |x|^p)^(1/p), on values of both signs.
+TEST(OnnxImport, LpPoolsMatchTheirDefinition) {
+  auto attr_i = [](const char* name, int64_t v) {
+    io::OnnxAttribute a;
+    a.name = name, a.type = io::OnnxAttrType::i, a.i = v;
+    return a;
+  };
+  auto attr_ints = [](const char* name, std::vector<int64_t> v) {
+    io::OnnxAttribute a;
+    a.name = name, a.type = io::OnnxAttrType::ints, a.ints = std::move(v);
+    return a;
+  };
+  HandModel h("lp.onnx");
+  h.input("x", {1, 2, 3, 3})
+      .node("lp", "LpPool", {"x"}, "lp",
+            {attr_i("p", 3), attr_ints("kernel_shape", {2, 2}), attr_ints("pads", {1, 1, 1, 1})})
+      .output("lp")
+      .node("glp", "GlobalLpPool", {"x"}, "glp", {attr_i("p", 2)})
+      .output("glp");
+  auto imp = import_onnx(h.m);
+  ASSERT_TRUE(imp.is_ok()) << imp.status().to_string();
+  std::vector<double> x(18);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = double(i % 5) - 1.5 + 0.25 * double(i / 9);
+  auto out = graph::interpret(imp->graph, {{"x", graph::HostArray(graph::TensorType{DType::f32, Shape{1, 2, 3, 3}}, x)}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  ASSERT_EQ(out->at("lp").data.size(), 2u * 4 * 4);
+  for (int c = 0; c < 2; ++c) {
+    double sq = 0;
+    for (int i = 0; i < 9; ++i) sq += x[size_t(c * 9 + i)] * x[size_t(c * 9 + i)];
+    EXPECT_NEAR(out->at("glp").data[size_t(c)], std::sqrt(sq), 1e-5);
+    for (int oh = 0; oh < 4; ++oh)
+      for (int ow = 0; ow < 4; ++ow) {
+        double s = 0;
+        for (int kh = 0; kh < 2; ++kh)
+          for (int kw = 0; kw < 2; ++kw) {
+            const int ih = oh - 1 + kh, iw = ow - 1 + kw;
+            if (ih >= 0 && ih < 3 && iw >= 0 && iw < 3) s += std::pow(std::fabs(x[size_t(c * 9 + ih * 3 + iw)]), 3);
+          }
+        EXPECT_NEAR(out->at("lp").data[size_t(c * 16 + oh * 4 + ow)], std::cbrt(s), 1e-5) << c << " " << oh << " " << ow;
+      }
+  }
+}
+
 // A model older than the opset an op's conversion starts at is refused naming the op, the opset and the
 // version (HardSwish exists from 14); Softmax at opset 11 coerces to 2-D at axis 1, as ONNX then defined it.
 TEST(OnnxImport, OlderOpsetsOpByOp) {

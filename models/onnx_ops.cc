@@ -317,7 +317,7 @@ constexpr std::pair<const char*, int> kSince[] = {
     {"ReduceSum", 1}, {"ReduceMean", 1}, {"ReduceMax", 1}, {"ReduceMin", 1}, {"ReduceProd", 1},
     {"GlobalAveragePool", 1}, {"Softmax", 1}, {"LogSoftmax", 1}, {"SoftmaxCrossEntropyLoss", 12}, {"NegativeLogLikelihoodLoss", 12},
     {"LayerNormalization", 17}, {"Dropout", 10}, {"RandomUniformLike", 1}, {"RandomUniform", 1},
-    {"Scatter", 9}, {"ScatterElements", 11}, {"ScatterND", 11},
+    {"Scatter", 9}, {"ScatterElements", 11}, {"ScatterND", 11}, {"LpPool", 2}, {"GlobalLpPool", 2},
     {"InstanceNormalization", 6}, {"GroupNormalization", 18}, {"BatchNormalization", 9},
     // convolutions and pooling: later versions added attributes (count_include_pad, ceil_mode, dilations)
     // whose defaults are the older meaning

@@ -399,6 +399,51 @@ Status pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, bool max) {
 Status convert_max_pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) { return pool(c, in, out, true); }
 Status convert_average_pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) { return pool(c, in, out, false); }
 
+// LpPool {p = 2, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode} and GlobalLpPool {p = 2}:
+// (Σ |x|^p)^(1/p) over each window (pads count as zeros) or over all spatial positions; p an integer >= 1
+// (|x|^p as products, the root as sqrt for 2, else exp(log(s) / p)).
+ValueId lp_power(Ctx& c, ValueId x, int64_t p) {
+  const ValueId a = c.b.op1(OpKind::max, {x, c.b.neg(x)});
+  ValueId y = a;
+  for (int64_t k = 1; k < p; ++k) y = c.b.mul(y, a);
+  return y;
+}
+ValueId lp_root(Ctx& c, ValueId s, int64_t p) {
+  if (p == 1) return s;
+  if (p == 2) return c.b.sqrt(s);
+  return c.b.exp(c.b.scale(c.b.op1(OpKind::log, {s}), 1.0 / double(p)));
+}
+Result<int64_t> lp_order(Ctx& c) {
+  ASPEN_ASSIGN_OR_RETURN(const int64_t p, c.attr_i("p", 2));
+  if (p < 1 || p > 16) return c.unsupported("attribute 'p'", "an integer in [1, 16]", std::to_string(p));
+  return p;
+}
+
+Status convert_lp_pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const TensorType xt = in[0].type;
+  if (!is_float(xt.dtype)) return c.error("input 'X'", "a float tensor", xt.to_string());
+  if (!c.has("kernel_shape")) return c.error("attribute 'kernel_shape'", "present", "none");
+  ASPEN_ASSIGN_OR_RETURN(const int64_t p, lp_order(c));
+  ASPEN_ASSIGN_OR_RETURN(const Window w, window_of(c, xt, {}, true));
+  ASPEN_RETURN_IF_ERROR(check_gather_size(c, w, xt));
+  const int64_t P = w.N * product(w.O), pK = product(w.K);
+  const ValueId col = gather_windows(c, in[0], w, 0.0, window_rows(w, w.N * product(w.D)));
+  const ValueId sum = c.b.reduce_sum(lp_power(c, c.b.reshape(col, {P, pK, w.C}), p), {1});
+  out = {c.wrap(channels_first(c, lp_root(c, sum, p), w, w.C))};
+  return c.b.status();
+}
+
+Status convert_global_lp_pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
+  const Shape& s = in[0].type.shape;
+  if (s.rank() < 3 || !is_float(in[0].type.dtype))
+    return c.error("input 'X'", "a float [N, C, D...] with spatial axes", in[0].type.to_string());
+  ASPEN_ASSIGN_OR_RETURN(const int64_t p, lp_order(c));
+  std::vector<int64_t> axes;
+  for (int i = 2; i < s.rank(); ++i) axes.push_back(i);
+  out = {c.wrap(lp_root(c, c.b.reduce_sum(lp_power(c, c.id(in[0]), p), axes, true), p))};
+  return c.b.status();
+}
+
 Status convert_global_max_pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   const Shape& s = in[0].type.shape;
   if (s.rank() < 3) return c.error("input 'X'", "[N, C, D...] with spatial axes", in[0].type.to_string());
@@ -416,6 +461,8 @@ void add_conv_converters(ConverterTable& t) {
   add_converter(t, "MaxPool", convert_max_pool, 1, 1);
   add_converter(t, "AveragePool", convert_average_pool, 1, 1);
   add_converter(t, "GlobalMaxPool", convert_global_max_pool, 1, 1);
+  add_converter(t, "LpPool", convert_lp_pool, 1, 1);
+  add_converter(t, "GlobalLpPool", convert_global_lp_pool, 1, 1);
 }
 
 }  // namespace aspen::models::onnx
