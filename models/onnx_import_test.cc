@@ -493,6 +493,51 @@ TEST(OnnxImport, LpPoolsMatchTheirDefinition) {
   }
 }
 
+// Einsum with an ellipsis, numpy's rule: "...ij,...jk->...ik" over batch axes that broadcast ([2, 1] with
+// [3]), and the implicit output "...ij,jk" (the ellipsis first), against the products by hand.
+TEST(OnnxImport, EinsumEllipsisBroadcastsAsNumpy) {
+  auto equation = [](const char* e) {
+    io::OnnxAttribute a;
+    a.name = "equation", a.type = io::OnnxAttrType::s, a.s = e;
+    return a;
+  };
+  HandModel h("einsum.onnx");
+  h.input("a", {2, 1, 2, 3}).input("b", {3, 3, 4}).input("w", {3, 4})
+      .node("bmm", "Einsum", {"a", "b"}, "y", {equation("...ij,...jk->...ik")})
+      .output("y")
+      .node("implicit", "Einsum", {"a", "w"}, "z", {equation("...ij,jk")})
+      .output("z");
+  auto imp = import_onnx(h.m);
+  ASSERT_TRUE(imp.is_ok()) << imp.status().to_string();
+  std::vector<double> a(12), b(36), w(12);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = std::sin(double(i) + 0.5);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = std::cos(0.7 * double(i));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1 * double(i) - 0.4;
+  using graph::HostArray;
+  using graph::TensorType;
+  auto out = graph::interpret(imp->graph, {{"a", HostArray(TensorType{DType::f32, Shape{2, 1, 2, 3}}, a)},
+                                           {"b", HostArray(TensorType{DType::f32, Shape{3, 3, 4}}, b)},
+                                           {"w", HostArray(TensorType{DType::f32, Shape{3, 4}}, w)}});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(imp->graph.type(*imp->graph.find_output("y")).shape, (Shape{2, 3, 2, 4}));
+  EXPECT_EQ(imp->graph.type(*imp->graph.find_output("z")).shape, (Shape{2, 1, 2, 4}));
+  auto fa = [&](size_t p, size_t i, size_t j) { return double(float(a[(p * 2 + i) * 3 + j])); };
+  for (size_t p = 0; p < 2; ++p)
+    for (size_t q = 0; q < 3; ++q)
+      for (size_t i = 0; i < 2; ++i)
+        for (size_t k = 0; k < 4; ++k) {
+          double y = 0, z = 0;
+          for (size_t j = 0; j < 3; ++j) {
+            y += fa(p, i, j) * double(float(b[(q * 3 + j) * 4 + k]));
+            z += fa(p, i, j) * double(float(w[j * 4 + k]));
+          }
+          EXPECT_NEAR(out->at("y").data[((p * 3 + q) * 2 + i) * 4 + k], y, 1e-5);
+          if (q == 0) {
+            EXPECT_NEAR(out->at("z").data[(p * 2 + i) * 4 + k], z, 1e-5);
+          }
+        }
+}
+
 // A model older than the opset an op's conversion starts at is refused naming the op, the opset and the
 // version (HardSwish exists from 14); Softmax at opset 11 coerces to 2-D at axis 1, as ONNX then defined it.
 TEST(OnnxImport, OlderOpsetsOpByOp) {

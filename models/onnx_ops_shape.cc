@@ -887,7 +887,8 @@ Status convert_cumsum(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   return Status();
 }
 
-// Einsum {equation} of one or two operands, as transposes, reductions and one batched matrix product:
+// Einsum {equation} of one or two operands (an ellipsis too), as transposes, reductions and one batched
+// matrix product:
 // an index in both operands and the output is a batch axis, in both but not the output contracted, in one
 // operand and the output kept, in one operand alone summed first. An index repeated within one operand (a
 // diagonal) is refused by name; so are three or more operands.
@@ -916,10 +917,53 @@ Status convert_einsum(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
     for (const auto& [ch, n] : seen)
       if (n == 1) outs += ch;
   }
+  // The ellipsis: numpy's rule, its axes right-aligned and broadcast across the operands, named by letters
+  // the equation does not use (the last e of them for an operand with e such axes); an implicit output
+  // puts them first.
+  if (eq.find("...") != std::string::npos) {
+    std::vector<int> dots(terms.size(), -1);
+    int E = 0;
+    for (size_t k = 0; k < terms.size(); ++k) {
+      const size_t at = terms[k].find("...");
+      if (at == std::string::npos) continue;
+      if (terms[k].find("...", at + 3) != std::string::npos || terms[k].find('.', at + 3) != std::string::npos)
+        return c.error("attribute 'equation'", "at most one '...' per term", "'" + eq + "'");
+      dots[k] = int(in[k].type.shape.rank()) - int(terms[k].size() - 3);
+      if (dots[k] < 0)
+        return c.error("input " + std::to_string(k), "at least rank " + std::to_string(terms[k].size() - 3),
+                       in[k].type.to_string());
+      E = std::max(E, dots[k]);
+    }
+    std::string fresh;
+    for (char ch : std::string("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
+      if (eq.find(ch) == std::string::npos && int(fresh.size()) < E) fresh += ch;
+    if (int(fresh.size()) < E) return c.unsupported("attribute 'equation'", "letters left for '...'", "'" + eq + "'");
+    for (size_t k = 0; k < terms.size(); ++k)
+      if (dots[k] >= 0) terms[k].replace(terms[k].find("..."), 3, fresh.substr(size_t(E - dots[k])));
+    if (arrow == std::string::npos) {
+      std::string singles;
+      for (char ch : outs)
+        if (fresh.find(ch) == std::string::npos) singles += ch;
+      outs = fresh + singles;
+    } else if (const size_t at = outs.find("..."); at != std::string::npos) {
+      outs.replace(at, 3, fresh);
+    }
+    // Broadcast: an axis of extent 1 where another operand's same letter is longer takes that extent.
+    std::map<char, int64_t> longest;
+    for (size_t k = 0; k < terms.size(); ++k)
+      for (size_t i = 0; i < terms[k].size() && int(i) < in[k].type.shape.rank(); ++i)
+        longest[terms[k][i]] = std::max(longest[terms[k][i]], in[k].type.shape[int(i)]);
+    for (size_t k = 0; k < terms.size(); ++k) {
+      std::vector<int64_t> want;
+      for (char ch : terms[k]) want.push_back(longest[ch]);
+      if (int(want.size()) == in[k].type.shape.rank() && want != dims(in[k].type.shape)) {
+        ASPEN_ASSIGN_OR_RETURN(const Shape to, make_shape(c, want, "input " + std::to_string(k)));
+        in[k] = to_shape(c, in[k], to);
+      }
+    }
+  }
   for (size_t k = 0; k < terms.size(); ++k) {
     const std::string& t = terms[k];
-    if (t.find('.') != std::string::npos)
-      return c.unsupported("attribute 'equation'", "no ellipsis ('...')", "'" + eq + "'");
     if (int(t.size()) != in[k].type.shape.rank())
       return c.error("input " + std::to_string(k), "rank " + std::to_string(t.size()) + " ('" + t + "')",
                      in[k].type.to_string());
