@@ -770,6 +770,30 @@ def test_a_half_module_trains_with_f32_master_weights():
     assert out.dtype == torch.float16
 
 
+def test_a_half_cnn_trains_with_f32_master_weights():
+    """model.half() of the MNIST tutorial's CNN: f16 convolutions (oneDNN's f32 primitives on widened copies,
+    rounded once), f16 max-pooling and batch norms in training, f32 master weights: 10 SGD steps follow the
+    f32 model's losses."""
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(31)
+            self.net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                           torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 16, 3, stride=2),
+                                           torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 2 * 2, 10))
+
+        def forward(self, x, y):
+            return torch.nn.functional.cross_entropy(self.net(x).float(), y)
+
+    g = torch.Generator().manual_seed(32)
+    batches = [(torch.randn(8, 1, 12, 12, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(10)]
+    want = sgd_losses(WithLoss(), batches, lr=0.05)
+    model = WithLoss().half()
+    training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.05, loss_scaling=128.0))
+    got = [float(training(x.half(), y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=5e-3)
+
+
 class _Resampled(torch.nn.Module):
     """Bilinear and nearest resizing, a learned exponent tensor (Pow), pixel shuffle (DepthToSpace)."""
 
