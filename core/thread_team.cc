@@ -4,6 +4,8 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 
 namespace aspen {
@@ -51,8 +53,28 @@ Result<std::unique_ptr<ThreadTeam>> ThreadTeam::create(std::string name, int siz
   return std::unique_ptr<ThreadTeam>(new ThreadTeam(std::move(name), size, budget));
 }
 
+namespace {
+thread_local bool t_leader = false;  // the calling thread is some team's leader
+
+// NOTE [idle pools]: libgomp counts the workers of every pool in the process, and when they outnumber the
+// CPUs it throttles every idle worker's spinning (NOTE [omp pools]), so each op of the team that runs pays a
+// kernel wake-up. The Python package keeps several models alive on the same cores (NOTE [python cores]):
+// a model that is only alive, idle, then slowed the one training (resnet18 64x64 on 2 cores: 48 ms a step
+// alone, 62-80 ms beside an idle inference model). So while the live teams' threads outnumber the CPUs, a
+// leader idle for kIdlePoolRelease frees its own pool; its next task starts the workers again (tens of
+// microseconds). A process whose teams fit its CPUs (the `aspen` command, a budget kept) never does.
+std::atomic<int> g_team_threads{0};
+constexpr std::chrono::milliseconds kIdlePoolRelease{5};
+
+bool crowded() {
+  static const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
+  return g_team_threads.load(std::memory_order_relaxed) > cpus;
+}
+}  // namespace
+
 ThreadTeam::ThreadTeam(std::string name, int size, CoreBudget& budget)
     : name_(std::move(name)), size_(size), budget_(budget) {
+  g_team_threads += size_;
   leader_ = std::thread([this] { loop(); });
 }
 
@@ -63,12 +85,9 @@ ThreadTeam::~ThreadTeam() {
   }
   cv_.notify_all();
   leader_.join();
+  g_team_threads -= size_;
   budget_.release(size_);
 }
-
-namespace {
-thread_local bool t_leader = false;  // the calling thread is some team's leader
-}  // namespace
 
 std::future<void> ThreadTeam::submit(std::function<void()> fn) {
   release_thread_pool();  // NOTE [omp pools]: the submitter's own workers would throttle the team's
@@ -86,16 +105,25 @@ void ThreadTeam::loop() {
   pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
   omp_set_num_threads(size_);  // per-thread ICV: governs regions this thread opens
   t_leader = true;
+  bool pool = false;  // this leader has opened parallel regions since its pool was last freed
+  const auto ready = [this] { return stopping_ || !tasks_.empty(); };
   for (;;) {
     std::packaged_task<void()> task;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      if (pool && crowded() && !cv_.wait_for(lock, kIdlePoolRelease, ready)) {  // NOTE [idle pools]
+        lock.unlock();
+        omp_pause_resource_all(omp_pause_soft);  // frees this thread's workers
+        pool = false;
+        continue;
+      }
+      cv_.wait(lock, ready);
       if (tasks_.empty()) return;  // stopping and drained
       task = std::move(tasks_.front());
       tasks_.pop_front();
     }
     task();
+    pool = true;
   }
 }
 

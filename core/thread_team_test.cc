@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 
 namespace aspen {
 namespace {
@@ -43,6 +46,37 @@ TEST(ThreadTeam, BudgetPreventsOversubscription) {
   EXPECT_EQ(budget.available(), 2);
   EXPECT_EQ(ThreadTeam::create("x", 0, budget).status().message(),
             "thread team 'x': expected a team of at least 1 thread, found 0 threads");
+}
+
+// NOTE [idle pools]: teams whose threads outnumber the CPUs free an idle leader's pool; each team's next
+// regions still open with its own size, and values computed in them are the same, before and after.
+TEST(ThreadTeam, IdlePoolsFreedWhenCrowdedStillRunTheirTeamSize) {
+  const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
+  CoreBudget budget(4 * cpus + 4);
+  auto a = ThreadTeam::create("crowd0", cpus + 1, budget);
+  auto b = ThreadTeam::create("crowd1", 2, budget);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  auto region = [](ThreadTeam& t) {
+    std::atomic<int> n{0};
+    long sum = 0;
+    t.run([&] {
+#pragma omp parallel reduction(+ : sum)
+      {
+        n += 1;
+        sum += omp_get_thread_num();
+      }
+    });
+    return std::pair<int, long>(n.load(), sum);
+  };
+  for (int round = 0; round < 3; ++round) {
+    const auto [na, sa] = region(**a);
+    EXPECT_EQ(na, cpus + 1);
+    EXPECT_EQ(sa, long(cpus) * (cpus + 1) / 2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // both idle past the release time
+    const auto [nb, sb] = region(**b);
+    EXPECT_EQ(nb, 2);
+    EXPECT_EQ(sb, 1);
+  }
 }
 
 TEST(ThreadTeam, TasksRunInOrderAndPropagateExceptions) {

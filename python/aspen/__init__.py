@@ -21,7 +21,8 @@ import sys as _sys
 # traceback). The package therefore lets its models share the machine's cores: it raises the budget
 # (ASPEN_CORES, unless the user set it) and gives every model an explicit thread count, the CPUs this
 # process may run on split over the model's devices (Options.setThreads overrides it). Models called one
-# at a time run at full speed; models called from several Python threads at once oversubscribe the cores.
+# at a time run at full speed (an idle model's OpenMP workers are freed: NOTE [idle pools] in
+# core/thread_team.cc); models called from several Python threads at once oversubscribe the cores.
 CPUS = len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity") else (_os.cpu_count() or 1)
 _os.environ.setdefault("ASPEN_CORES", str(min(CPUS * 256, 4096)))  # core/thread_team.cc ignores more than 4096
 
