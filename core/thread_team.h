@@ -70,6 +70,7 @@ class ThreadTeam {
  private:
   ThreadTeam(std::string name, int size, CoreBudget& budget);
   void loop();
+  void wake();  // an idle leader looks again whether to free its pool (NOTE [idle pools])
 
   std::string name_;
   int size_;
@@ -78,6 +79,7 @@ class ThreadTeam {
   std::condition_variable cv_;
   std::deque<std::packaged_task<void()>> tasks_;
   bool stopping_ = false;
+  bool recheck_ = false;
   std::thread leader_;
 };
 
