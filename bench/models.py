@@ -6,7 +6,8 @@
 
 Each row is a model passed to aspen as it is (aspen.inferenceModel / aspen.trainingModel of the torch
 module) and the same model in PyTorch eager (and, with --compile, torch.compile), on the same inputs:
-a call of each in turn per round (interleaved, so a noisy minute slows both), the median of the rounds.
+a call of each in turn per round (interleaved, so a noisy minute slows both; each after a 30 ms pause, so the
+previous one's spinning OpenMP workers are asleep), the median of the rounds.
 Printed: milliseconds per call of each and ratio_vs_eager = eager / aspen (above 1: aspen faster), per row,
 inference and one training step (SGD; batch norms frozen, as when fine-tuning; --batch-norm adds resnet18 at
 64x64 training its batch norms, the running statistics updated as torch's train mode does).
@@ -93,6 +94,9 @@ class WithLoss(torch.nn.Module):
 
 
 def timed(f):
+    # Each call starts after a pause: libgomp's idle workers spin for milliseconds after a parallel region
+    # (aspen's and torch's each have their own), and the previous candidate's would take this one's cores.
+    time.sleep(0.03)
     s = time.perf_counter()
     f()
     return time.perf_counter() - s
