@@ -72,7 +72,7 @@ TEST(ThreadTeam, IdlePoolsFreedWhenCrowdedStillRunTheirTeamSize) {
     const auto [na, sa] = region(**a);
     EXPECT_EQ(na, cpus + 1);
     EXPECT_EQ(sa, long(cpus) * (cpus + 1) / 2);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // both idle past the release time
+    std::this_thread::sleep_for(std::chrono::milliseconds(80));  // both idle past the release time
     const auto [nb, sb] = region(**b);
     EXPECT_EQ(nb, 2);
     EXPECT_EQ(sb, 1);
