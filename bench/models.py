@@ -6,8 +6,9 @@
 
 Each row is a model passed to aspen as it is (aspen.inferenceModel / aspen.trainingModel of the torch
 module) and the same model in PyTorch eager (and, with --compile, torch.compile), on the same inputs:
-a call of each in turn per round (interleaved, so a noisy minute slows both; each after a 30 ms pause, so the
-previous one's spinning OpenMP workers are asleep), the median of the rounds.
+two calls of each in turn per round, the second timed (interleaved, so a noisy minute slows both; the first
+call lets the other candidate's spinning OpenMP workers go idle, as in a user's loop), the median of the
+rounds.
 Printed: milliseconds per call of each and ratio_vs_eager = eager / aspen (above 1: aspen faster), per row,
 inference and one training step (SGD; batch norms frozen, as when fine-tuning; --batch-norm adds resnet18 at
 64x64 training its batch norms, the running statistics updated as torch's train mode does).
@@ -94,12 +95,17 @@ class WithLoss(torch.nn.Module):
 
 
 def timed(f):
-    # Each call starts after a pause: libgomp's idle workers spin for milliseconds after a parallel region
-    # (aspen's and torch's each have their own), and the previous candidate's would take this one's cores.
-    time.sleep(0.03)
     s = time.perf_counter()
     f()
     return time.perf_counter() - s
+
+
+def steady(f):
+    """One timed call after an untimed one of the same candidate: libgomp's idle workers spin for
+    milliseconds after a parallel region (aspen's and torch's each have their own), so a call right after
+    the other candidate's would share its cores with them; after its own, it runs as in a user's loop."""
+    f()
+    return timed(f)
 
 
 def main():
@@ -137,9 +143,9 @@ def main():
         times = {k: [] for k in ["aspen", *peers]}
         with torch.no_grad():
             for _ in range(rounds):
-                times["aspen"].append(timed(lambda: inf(x)))
+                times["aspen"].append(steady(lambda: inf(x)))
                 for k, m in peers.items():
-                    times[k].append(timed(lambda: m(x)))
+                    times[k].append(steady(lambda: m(x)))
         report(a, name, "inference", times, first, first_compile)
         training_row(a, name, make, norms, x, y, opts, rounds)
 
@@ -171,9 +177,9 @@ def training_row(a, name, make, norms, x, y, opts, rounds):
     eager_step()
     times = {k: [] for k in ["aspen", *steps]}
     for _ in range(rounds):
-        times["aspen"].append(timed(lambda: tr(x, y)))
+        times["aspen"].append(steady(lambda: tr(x, y)))
         for k, f in steps.items():
-            times[k].append(timed(f))
+            times[k].append(steady(f))
     report(a, name, "training", times, first, first_compile)
 
 
