@@ -199,11 +199,12 @@ class KerasSource(Source):
         Concat(B__wb [D, 4H], zeros): a Constant node, not an initializer (initializers train)."""
         from onnx import helper, numpy_helper
         inits = {init.name: k for k, init in enumerate(proto.graph.initializer)}
-        added = []
+        added, done = [], set()
         for node in proto.graph.node:
-            if node.op_type != "LSTM" or len(node.input) < 4 or node.input[3] not in inits:
+            if node.op_type != "LSTM" or len(node.input) < 4 or node.input[3] not in inits or node.input[3] in done:
                 continue
             name = node.input[3]
+            done.add(name)  # a B two LSTMs share is split once
             b = numpy_helper.to_array(proto.graph.initializer[inits[name]])
             if b.ndim != 2 or b.shape[1] % 2 or np.any(b[:, b.shape[1] // 2:]):
                 continue
