@@ -50,8 +50,7 @@ kernels::ConvShape shape_of(const Layer& l) {
   s.N = l.N, s.C = l.C, s.M = l.M;
   s.D = {1, l.H, l.W}, s.K = {1, l.K, l.K}, s.S = {1, l.stride, l.stride};
   s.PadBegin = {0, l.pad, l.pad}, s.PadEnd = {0, l.pad, l.pad};
-  for (size_t i = 0; i < 3; ++i)
-    s.O[i] = kernels::ConvShape::out_extent(s.D[i], s.K[i], s.S[i], s.Dil[i], s.PadBegin[i], s.PadEnd[i]);
+  s.set_outputs();
   return s;
 }
 

@@ -62,12 +62,11 @@ bool Shape::operator==(const Shape& o) const {
   return true;
 }
 
-std::string Shape::to_string() const {
+std::string Shape::to_string() const { return dims_string({begin(), end()}); }
+
+std::string dims_string(std::span<const int64_t> dims) {
   std::string s = "[";
-  for (int i = 0; i < rank_; ++i) {
-    if (i) s += ", ";
-    s += std::to_string(dims_[i]);
-  }
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
   return s + "]";
 }
 

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 
 #include "core/status.h"
@@ -40,5 +41,8 @@ class Shape {
   std::array<int64_t, kMaxRank> dims_{};
   int rank_ = 0;
 };
+
+// "[2, 3, 5]": a list of extents (or axes, strides, pads) as shapes print, for messages.
+std::string dims_string(std::span<const int64_t> dims);
 
 }  // namespace aspen

@@ -10,7 +10,6 @@
 // differentiated again.
 // Fast kernels: f32, and bf16 / f16 through widened copies (the outputs rounded once).
 #include <cmath>
-#include <vector>
 
 #include "graph/builder.h"
 #include "graph/op_sample.h"
@@ -18,6 +17,7 @@
 #include "graph/ops_registry.h"
 #include "kernels/batchnorm.h"
 #include "kernels/convert.h"
+#include "kernels/scratch.h"
 
 namespace aspen::graph {
 
@@ -83,23 +83,11 @@ Status eval_batch_norm_grad(const Node& n, Ins in, Outs out) {
   return Status();
 }
 
-// bf16 and f16 run the f32 kernels on widened copies (per-thread scratch), rounding the outputs once.
-float* scratch(int which, int64_t n) {
-  thread_local std::vector<float> buf[6];
-  std::vector<float>& b = buf[which];
-  if (int64_t(b.size()) < n) b.resize(size_t(n));
-  return b.data();
-}
-
-Status widen(DType t, const void* src, float* dst, int64_t n) {
-  if (t == DType::bf16) return kernels::convert_bf16_to_f32({static_cast<const bf16*>(src), size_t(n)}, {dst, size_t(n)}, n);
-  return kernels::convert_f16_to_f32({static_cast<const f16*>(src), size_t(n)}, {dst, size_t(n)}, n);
-}
-
-Status narrow(DType t, const float* src, void* dst, int64_t n) {
-  if (t == DType::bf16) return kernels::convert_f32_to_bf16({src, size_t(n)}, {static_cast<bf16*>(dst), size_t(n)}, n);
-  return kernels::convert_f32_to_f16({src, size_t(n)}, {static_cast<f16*>(dst), size_t(n)}, n);
-}
+// bf16 and f16 run the f32 kernels on widened copies (kernels/scratch.h), rounding the outputs once.
+using kernels::narrow_from_f32;
+using kernels::op_scratch_of;
+using kernels::widen_to_f32;
+Status no_scratch() { return Status::error(Code::kOutOfRange, "batch norm scratch", "memory", "none left"); }
 
 Prepared prepare_batch_norm(const Node& n, Types in, Types) {
   const TensorType& x = n.op == OpKind::batch_norm ? in[0] : in[1];
@@ -114,13 +102,15 @@ Prepared prepare_batch_norm(const Node& n, Types in, Types) {
       if (!wide)
         return kernels::batchnorm_forward(s, f32_in(i, 0), f32_in(i, 1), f32_in(i, 2), static_cast<float*>(o[0]),
                                           static_cast<float*>(o[1]), static_cast<float*>(o[2]), eps);
-      float *xw = scratch(0, N), *gw = scratch(1, C), *bw = scratch(2, C), *yw = scratch(3, N);
-      ASPEN_RETURN_IF_ERROR(widen(t, i[0], xw, N));
-      ASPEN_RETURN_IF_ERROR(widen(t, i[1], gw, C));
-      ASPEN_RETURN_IF_ERROR(widen(t, i[2], bw, C));
+      float *xw = op_scratch_of<float>(0, N), *gw = op_scratch_of<float>(1, C), *bw = op_scratch_of<float>(2, C),
+            *yw = op_scratch_of<float>(3, N);
+      if (!xw || !gw || !bw || !yw) return no_scratch();
+      ASPEN_RETURN_IF_ERROR(widen_to_f32(t, i[0], xw, N));
+      ASPEN_RETURN_IF_ERROR(widen_to_f32(t, i[1], gw, C));
+      ASPEN_RETURN_IF_ERROR(widen_to_f32(t, i[2], bw, C));
       ASPEN_RETURN_IF_ERROR(kernels::batchnorm_forward(s, xw, gw, bw, yw, static_cast<float*>(o[1]),
                                                        static_cast<float*>(o[2]), eps));
-      return narrow(t, yw, o[0], N);
+      return narrow_from_f32(t, yw, o[0], N);
     });
   }
   return make_kernel([s, t, N, C, wide](In i, Out o) {
@@ -128,16 +118,17 @@ Prepared prepare_batch_norm(const Node& n, Types in, Types) {
       return kernels::batchnorm_backward(s, f32_in(i, 0), f32_in(i, 1), f32_in(i, 2), f32_in(i, 3), f32_in(i, 4),
                                          static_cast<float*>(o[0]), static_cast<float*>(o[1]),
                                          static_cast<float*>(o[2]));
-    float *dyw = scratch(0, N), *xw = scratch(1, N), *gw = scratch(2, C), *dxw = scratch(3, N);
-    float *dgw = scratch(4, C), *dbw = scratch(5, C);
-    ASPEN_RETURN_IF_ERROR(widen(t, i[0], dyw, N));
-    ASPEN_RETURN_IF_ERROR(widen(t, i[1], xw, N));
-    ASPEN_RETURN_IF_ERROR(widen(t, i[2], gw, C));
+    float *dyw = op_scratch_of<float>(0, N), *xw = op_scratch_of<float>(1, N), *gw = op_scratch_of<float>(2, C),
+          *dxw = op_scratch_of<float>(3, N), *dgw = op_scratch_of<float>(4, C), *dbw = op_scratch_of<float>(5, C);
+    if (!dyw || !xw || !gw || !dxw || !dgw || !dbw) return no_scratch();
+    ASPEN_RETURN_IF_ERROR(widen_to_f32(t, i[0], dyw, N));
+    ASPEN_RETURN_IF_ERROR(widen_to_f32(t, i[1], xw, N));
+    ASPEN_RETURN_IF_ERROR(widen_to_f32(t, i[2], gw, C));
     ASPEN_RETURN_IF_ERROR(
         kernels::batchnorm_backward(s, dyw, xw, gw, f32_in(i, 3), f32_in(i, 4), dxw, dgw, dbw));
-    ASPEN_RETURN_IF_ERROR(narrow(t, dxw, o[0], N));
-    ASPEN_RETURN_IF_ERROR(narrow(t, dgw, o[1], C));
-    return narrow(t, dbw, o[2], C);
+    ASPEN_RETURN_IF_ERROR(narrow_from_f32(t, dxw, o[0], N));
+    ASPEN_RETURN_IF_ERROR(narrow_from_f32(t, dgw, o[1], C));
+    return narrow_from_f32(t, dbw, o[2], C);
   });
 }
 

@@ -25,48 +25,37 @@ namespace {
 using namespace nnutil;
 using kernels::ConvShape;
 
-std::string list(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
 // The convolution of x [N, C, D...] by w [M, C / groups, K...] under the node's attributes, checked.
 Result<ConvShape> geometry(const Node& n, const std::vector<int64_t>& x, const std::vector<int64_t>& w) {
   const int r = int(x.size());
-  if (r < 3 || r > 5) return rule_error(n, "x", "[N, C, D...] with 1 to 3 spatial axes", list(x));
-  if (int(w.size()) != r) return rule_error(n, "w", "[M, C / groups, K...] of x's rank " + str(r), list(w));
+  if (r < 3 || r > 5) return rule_error(n, "x", "[N, C, D...] with 1 to 3 spatial axes", dims_string(x));
+  if (int(w.size()) != r) return rule_error(n, "w", "[M, C / groups, K...] of x's rank " + str(r), dims_string(w));
   const size_t k = size_t(r - 2);
   ConvShape s;
   s.spatial = int(k);
   s.N = x[0], s.C = x[1], s.M = w[0], s.groups = n.attrs.i("groups");
   if (s.groups < 1 || s.C % s.groups != 0 || s.M % s.groups != 0 || w[1] != s.C / s.groups)
     return rule_error(n, "x and w", "groups (" + str(s.groups) + ") dividing C and M, and w [M, C / groups, K...]",
-                      list(x) + " and " + list(w));
+                      dims_string(x) + " and " + dims_string(w));
   const std::vector<int64_t>&st = n.attrs.ints("strides"), &dil = n.attrs.ints("dilations"),
                             &pb = n.attrs.ints("pads_begin"), &pe = n.attrs.ints("pads_end");
   if (st.size() != k || dil.size() != k || pb.size() != k || pe.size() != k)
     return rule_error(n, "strides, dilations, pads_begin, pads_end", str(int64_t(k)) + " values each",
-                      list(st) + ", " + list(dil) + ", " + list(pb) + ", " + list(pe));
+                      dims_string(st) + ", " + dims_string(dil) + ", " + dims_string(pb) + ", " + dims_string(pe));
   for (size_t i = 0; i < k; ++i) {
     const size_t a = 3 - k + i;
     s.D[a] = x[2 + i], s.K[a] = w[2 + i], s.S[a] = st[i], s.Dil[a] = dil[i], s.PadBegin[a] = pb[i], s.PadEnd[a] = pe[i];
     if (s.K[a] < 1 || s.S[a] < 1 || s.Dil[a] < 1 || s.PadBegin[a] < 0 || s.PadEnd[a] < 0)
       return rule_error(n, "kernel, strides, dilations, pads", "kernel, strides, dilations >= 1 and pads >= 0",
-                        list(w) + ", " + list(st) + ", " + list(dil) + ", " + list(pb) + ", " + list(pe));
+                        dims_string(w) + ", " + dims_string(st) + ", " + dims_string(dil) + ", " + dims_string(pb) + ", " + dims_string(pe));
     const int64_t room = s.D[a] + s.PadBegin[a] + s.PadEnd[a] - ((s.K[a] - 1) * s.Dil[a] + 1);
     if (room < 0)
-      return rule_error(n, "x", "spatial extents at least the dilated kernel " + list(w) + " after padding", list(x));
+      return rule_error(n, "x", "spatial extents at least the dilated kernel " + dims_string(w) + " after padding", dims_string(x));
     s.O[a] = room / s.S[a] + 1;
   }
   return s;
 }
 
-std::vector<int64_t> out_dims(const ConvShape& s) {
-  std::vector<int64_t> d = {s.N, s.M};
-  for (int i = 3 - s.spatial; i < 3; ++i) d.push_back(s.O[size_t(i)]);
-  return d;
-}
 std::vector<int64_t> spatial_of(const std::vector<int64_t>& d) { return {d.begin() + 2, d.end()}; }
 
 Status same_float(const Node& n, std::span<const TensorType> in) {
@@ -84,7 +73,7 @@ Result<ConvShape> shape_of(const Node& n, std::span<const TensorType> in) {
   ASPEN_RETURN_IF_ERROR(same_float(n, in));
   const std::vector<int64_t> a = dims(in[0].shape), b = dims(in[1].shape);
   if (n.op == OpKind::conv) return geometry(n, a, b);
-  if (a.size() < 3 || b.size() < 2) return rule_error(n, "inputs", "[N, channels, extents...] each", list(a) + ", " + list(b));
+  if (a.size() < 3 || b.size() < 2) return rule_error(n, "inputs", "[N, channels, extents...] each", dims_string(a) + ", " + dims_string(b));
   std::vector<int64_t> x, w;
   const std::vector<int64_t>* dy;
   if (n.op == OpKind::conv_grad_input) {
@@ -97,31 +86,21 @@ Result<ConvShape> shape_of(const Node& n, std::span<const TensorType> in) {
     x = a, dy = &b;
   }
   ASPEN_ASSIGN_OR_RETURN(const ConvShape s, geometry(n, x, w));
-  if (out_dims(s) != *dy)
+  if (s.y_dims() != *dy)
     return rule_error(n, n.op == OpKind::conv_grad_input ? "dy" : "dy (input 1)",
-                      list(out_dims(s)) + " (the convolution's output)", list(*dy));
+                      dims_string(s.y_dims()) + " (the convolution's output)", dims_string(*dy));
   return s;
-}
-
-std::vector<int64_t> x_dims(const ConvShape& s) {
-  std::vector<int64_t> d = {s.N, s.C};
-  for (int i = 3 - s.spatial; i < 3; ++i) d.push_back(s.D[size_t(i)]);
-  return d;
-}
-std::vector<int64_t> w_dims(const ConvShape& s) {
-  std::vector<int64_t> d = {s.M, s.C / s.groups};
-  for (int i = 3 - s.spatial; i < 3; ++i) d.push_back(s.K[size_t(i)]);
-  return d;
 }
 
 Status infer_conv(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
   ASPEN_ASSIGN_OR_RETURN(const ConvShape s, shape_of(n, in));
   if (n.op == OpKind::conv && in.size() > 2 && in[2].shape != Shape{s.M})
     return rule_error(n, "bias", TensorType{in[0].dtype, Shape{s.M}}.to_string(), in[2].to_string());
-  const std::vector<int64_t> d = n.op == OpKind::conv             ? out_dims(s)
-                                 : n.op == OpKind::conv_grad_input ? x_dims(s)
-                                                                   : w_dims(s);
-  out = {TensorType{in[0].dtype, sample_shape(d)}};
+  const std::vector<int64_t> d = n.op == OpKind::conv             ? s.y_dims()
+                                 : n.op == OpKind::conv_grad_input ? s.x_dims()
+                                                                   : s.w_dims();
+  ASPEN_ASSIGN_OR_RETURN(const Shape shape, Shape::make(d.data(), int(d.size())));
+  out = {TensorType{in[0].dtype, shape}};
   return Status();
 }
 
@@ -214,7 +193,7 @@ void conv_samples(SampleList& s, OpKind op) {
       probe.op = OpKind::conv;
       probe.attrs = {{"strides", c.st}, {"dilations", c.dil}, {"pads_begin", c.pb}, {"pads_end", c.pe},
                      {"groups", c.groups}};
-      const std::vector<int64_t> y = out_dims(*geometry(probe, c.x, c.w));
+      const std::vector<int64_t> y = geometry(probe, c.x, c.w)->y_dims();
       const std::string name = std::string(dtype_name(t)) + " " + c.label;
       const double tol = t == DType::f32 ? 1e-5 : t == DType::bf16 ? 1e-2 : 2e-3;
       if (op == OpKind::conv) {

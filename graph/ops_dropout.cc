@@ -27,10 +27,15 @@ namespace aspen::graph {
 namespace {
 using namespace nnutil;
 
+// The run-time seed input both ops take.
+Status expect_seed(const Node& n, const TensorType& seed) {
+  if (seed.dtype == DType::i64 && seed.shape.numel() == 1 && seed.shape.rank() <= 1) return Status();
+  return rule_error(n, "seed", "an i64 [1] or [] (the run-time seed)", seed.to_string());
+}
+
 Status infer_dropout(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
   ASPEN_RETURN_IF_ERROR(expect_float(n, "x", in[0]));
-  if (in[1].dtype != DType::i64 || in[1].shape.numel() != 1 || in[1].shape.rank() > 1)
-    return rule_error(n, "seed", "an i64 [1] or [] (the run-time seed)", in[1].to_string());
+  ASPEN_RETURN_IF_ERROR(expect_seed(n, in[1]));
   const double ratio = n.attrs.f("ratio");
   if (!(ratio >= 0.0 && ratio < 1.0)) return rule_error(n, "attribute 'ratio'", "in [0, 1)", std::to_string(ratio));
   if (n.attrs.i_or("stream", 0) < 0) return rule_error(n, "attribute 'stream'", ">= 0", str(n.attrs.i_or("stream", 0)));
@@ -78,8 +83,7 @@ void samples_dropout(SampleList& s) {
 
 Status infer_random_uniform(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
   ASPEN_RETURN_IF_ERROR(expect_float(n, "like", in[0]));
-  if (in[1].dtype != DType::i64 || in[1].shape.numel() != 1 || in[1].shape.rank() > 1)
-    return rule_error(n, "seed", "an i64 [1] or [] (the run-time seed)", in[1].to_string());
+  ASPEN_RETURN_IF_ERROR(expect_seed(n, in[1]));
   const double lo = n.attrs.f("low"), hi = n.attrs.f("high");
   if (!(std::isfinite(lo) && std::isfinite(hi) && lo <= hi))
     return rule_error(n, "attributes 'low' and 'high'", "finite, low <= high", std::to_string(lo) + ", " + std::to_string(hi));

@@ -46,6 +46,7 @@
 #include "kernels/convert.h"
 #include "kernels/gemv.h"
 #include "kernels/matmul.h"
+#include "kernels/scratch.h"
 #include "kernels/norm.h"
 #include "kernels/rotary.h"
 #include "kernels/softmax.h"
@@ -506,10 +507,9 @@ Grads grad_rotary(Builder& b, const Node& n, OutGrads g) {
 // Scratch is per leader thread and grows once (the first run), so steady
 // state allocates nothing. A bias in a narrow out_dtype falls back.
 float* matmul_scratch(int which, int64_t n) {
-  thread_local std::vector<float> buffers[3];
-  std::vector<float>& b = buffers[which];
-  if (int64_t(b.size()) < n) b.resize(size_t(n));
-  return b.data();
+  float* p = kernels::op_scratch_of<float>(which, n);
+  ASPEN_CHECK(p != nullptr) << "matmul: out of memory for " << n << " floats of scratch";
+  return p;
 }
 
 // NOTE [gemv route]: a decode step's matmuls (f32 activations, a few rows, one weight matrix shared by

@@ -46,12 +46,6 @@ using namespace opsutil;
 using Grads = Result<std::vector<std::optional<ValueId>>>;
 using OutGrads = std::span<const std::optional<ValueId>>;
 
-std::string list_string(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
 // ---------------------------------------------------------------------------
 // reshape
 
@@ -88,7 +82,7 @@ Status infer_transpose(const Node& n, std::span<const TensorType> in, std::vecto
   }
   if (!ok)
     return rule_error(n, "perm", "a permutation of [0, " + std::to_string(s.rank()) + ") (the input's rank)",
-                      list_string(perm));
+                      dims_string(perm));
   std::vector<int64_t> d;
   for (int64_t p : perm) d.push_back(s[int(p)]);
   out = {TensorType{in[0].dtype, *Shape::make(d.data(), int(d.size()))}};
@@ -282,7 +276,7 @@ std::string id_at(const Shape& s, int64_t flat, double value) {
   std::string v = std::isfinite(value) && value == std::trunc(value) && std::fabs(value) < 9.0e18
                       ? std::to_string(int64_t(value))
                       : std::to_string(value);
-  return "ids" + (s.rank() == 0 ? std::string() : list_string(coord)) + " = " + v;
+  return "ids" + (s.rank() == 0 ? std::string() : dims_string(coord)) + " = " + v;
 }
 
 // Checks every id against [0, vocab) and converts them to the kernels' int32.

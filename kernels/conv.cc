@@ -3,12 +3,13 @@
 
 #include <dnnl.hpp>
 
-#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 #include <vector>
 
+#include "core/tensor.h"
 #include "kernels/convert.h"
+#include "kernels/scratch.h"
 
 namespace aspen::kernels {
 
@@ -101,32 +102,11 @@ dnnl::engine& engine() {
   return e;
 }
 
-// Per-thread scratch: the blocked copies and widened copies of one run, reused by every plan of the thread.
-struct Scratch {
-  struct Block {
-    void* p = nullptr;
-    size_t bytes = 0;
-    ~Block() { std::free(p); }
-    void* get(size_t n) {
-      if (n > bytes) {
-        std::free(p);
-        bytes = (n + 63) / 64 * 64;
-        p = std::aligned_alloc(64, bytes);
-        if (!p) bytes = 0;
-      }
-      return p;
-    }
-  };
-  Block block[7];  // blocked a, b, out; widened a, b, bias; widened out
-};
-// A plan's own copy of fixed weights in the primitive's layout.
-using Kept = Scratch::Block;
+// The run's scratch slots (kernels/scratch.h): the blocked copies of a, b and out, the widened copies of a,
+// b and the bias, and the f32 out before it is narrowed.
+enum Slot { kBlockedA, kBlockedB, kBlockedOut, kWideA, kWideB, kWideBias, kWideOut };
 
-Scratch& scratch() {
-  thread_local Scratch s;
-  return s;
-}
-
+// The used spatial axes of v (minus `minus`: oneDNN counts dilations from 0).
 dnnl::memory::dims tail(const std::array<int64_t, 3>& v, int k, int64_t minus = 0) {
   dnnl::memory::dims d;
   for (int i = 3 - k; i < 3; ++i) d.push_back(v[size_t(i)] - minus);
@@ -137,7 +117,6 @@ dnnl::memory::dims tail(const std::array<int64_t, 3>& v, int k, int64_t minus = 
 
 struct ConvPlan::Impl {
   ConvShape s;
-  ConvPass pass = ConvPass::forward;
   DType dtype = DType::f32;
   bool bias = false;
   dnnl::stream stream;
@@ -150,10 +129,10 @@ struct ConvPlan::Impl {
   dnnl::reorder reorder[3];  // plain to chosen for a and b, chosen to plain for out, where they differ
   bool b_fixed = false, b_ready = false;
   bool through[3] = {};  // the operand goes through a buffer in the chosen layout (reordered or kept)
-  Kept b_kept;
+  Tensor b_kept;         // b in the primitive's layout, f32 (b_fixed)
   // Memory objects made once; each run points them at its buffers (set_data_handle).
   dnnl::memory user_mem[3], chosen_mem[3], bias_mem;
-  std::unordered_map<int, dnnl::memory> args;  // b in the primitive's layout, f32 (b_fixed)
+  std::unordered_map<int, dnnl::memory> args;
 };
 
 ConvPlan::ConvPlan(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -174,11 +153,9 @@ Result<ConvPlan> ConvPlan::make(const ConvShape& s, ConvPass pass, DType dtype, 
   using dims = dnnl::memory::dims;
   const int k = s.spatial;
   const int64_t G = s.groups;
-  dims x_dims = {s.N, s.C}, y_dims = {s.N, s.M}, w_dims;
-  for (int64_t v : tail(s.D, k)) x_dims.push_back(v);
-  for (int64_t v : tail(s.O, k)) y_dims.push_back(v);
-  w_dims = G == 1 ? dims{s.M, s.C} : dims{G, s.M / G, s.C / G};
-  for (int64_t v : tail(s.K, k)) w_dims.push_back(v);
+  const dims x_dims = s.x_dims(), y_dims = s.y_dims();
+  dims w_dims = s.w_dims();  // grouped: [G, M / G, C / G, K...]
+  if (G > 1) w_dims.insert(w_dims.begin(), G), w_dims[1] /= G;
   const tag act = k == 1 ? tag::ncw : k == 2 ? tag::nchw : tag::ncdhw;
   const tag wt = G == 1 ? (k == 1 ? tag::oiw : k == 2 ? tag::oihw : tag::oidhw)
                         : (k == 1 ? tag::goiw : k == 2 ? tag::goihw : tag::goidhw);
@@ -191,7 +168,6 @@ Result<ConvPlan> ConvPlan::make(const ConvShape& s, ConvPass pass, DType dtype, 
 
   auto impl = std::make_unique<Impl>();
   impl->s = s;
-  impl->pass = pass;
   impl->dtype = dtype;
   impl->bias = bias && pass == ConvPass::forward;
   impl->bias_md = b_md;
@@ -265,29 +241,28 @@ Result<ConvPlan> ConvPlan::make(const ConvShape& s, ConvPass pass, DType dtype, 
 
 Status ConvPlan::run(const void* a, const void* b, const void* bias, void* out) {
   Impl& p = *impl_;
-  Scratch& sc = scratch();
   const void* src[2] = {a, b};
+  auto no_memory = [] { return Status::error(Code::kOutOfRange, "convolution scratch", "memory", "none left"); };
   // Widened copies of bf16 / f16 operands (the f32 primitive runs them).
   auto widen = [&](const void* v, int64_t n, int slot) -> Result<const float*> {
     if (p.dtype == DType::f32) return static_cast<const float*>(v);
-    float* w = static_cast<float*>(sc.block[slot].get(size_t(n) * sizeof(float)));
-    if (!w) return Status::error(Code::kOutOfRange, "convolution scratch", "memory", "none left");
-    if (p.dtype == DType::bf16) {
-      ASPEN_RETURN_IF_ERROR(convert_bf16_to_f32({static_cast<const bf16*>(v), size_t(n)}, {w, size_t(n)}, n));
-    } else {
-      ASPEN_RETURN_IF_ERROR(convert_f16_to_f32({static_cast<const f16*>(v), size_t(n)}, {w, size_t(n)}, n));
-    }
+    float* w = op_scratch_of<float>(slot, n);
+    if (!w) return no_memory();
+    ASPEN_RETURN_IF_ERROR(widen_to_f32(p.dtype, v, w, n));
     return static_cast<const float*>(w);
   };
-  auto no_memory = [] { return Status::error(Code::kOutOfRange, "convolution scratch", "memory", "none left"); };
   try {
     for (int i = 0; i < 2; ++i) {
       const bool keep = i == 1 && p.through[1] && p.b_fixed;
       if (keep && p.b_ready) continue;  // chosen_mem[1] points at the kept copy
-      ASPEN_ASSIGN_OR_RETURN(const float* f, widen(src[i], p.numel[i], 3 + i));
+      ASPEN_ASSIGN_OR_RETURN(const float* f, widen(src[i], p.numel[i], i == 0 ? kWideA : kWideB));
       p.user_mem[i].set_data_handle(const_cast<float*>(f));
       if (!p.through[i]) continue;
-      void* buf = keep ? p.b_kept.get(p.chosen[i].get_size()) : sc.block[i].get(p.chosen[i].get_size());
+      const size_t bytes = p.chosen[i].get_size();
+      if (keep && (p.b_kept.raw() == nullptr || p.b_kept.nbytes() < bytes)) {
+        ASPEN_ASSIGN_OR_RETURN(p.b_kept, Tensor::make(DType::f32, Shape{int64_t((bytes + 3) / 4)}));
+      }
+      void* buf = keep ? p.b_kept.raw() : op_scratch(i == 0 ? kBlockedA : kBlockedB, bytes);
       if (!buf) return no_memory();
       p.chosen_mem[i].set_data_handle(buf);
       if (p.chosen[i] == p.user[i]) {
@@ -298,26 +273,21 @@ Status ConvPlan::run(const void* a, const void* b, const void* bias, void* out) 
       p.b_ready = p.b_ready || keep;
     }
     if (p.bias) {
-      ASPEN_ASSIGN_OR_RETURN(const float* f, widen(bias, p.s.M, 5));
+      ASPEN_ASSIGN_OR_RETURN(const float* f, widen(bias, p.s.M, kWideBias));
       p.bias_mem.set_data_handle(const_cast<float*>(f));
     }
-    void* out32 = p.dtype == DType::f32 ? out : sc.block[6].get(size_t(p.numel[2]) * sizeof(float));
+    void* out32 = p.dtype == DType::f32 ? out : op_scratch_of<float>(kWideOut, p.numel[2]);
     if (!out32) return no_memory();
     p.user_mem[2].set_data_handle(out32);
     if (p.through[2]) {
-      void* buf = sc.block[2].get(p.chosen[2].get_size());
+      void* buf = op_scratch(kBlockedOut, p.chosen[2].get_size());
       if (!buf) return no_memory();
       p.chosen_mem[2].set_data_handle(buf);
     }
     p.prim.execute(p.stream, p.args);
     if (p.through[2]) p.reorder[2].execute(p.stream, p.chosen_mem[2], p.user_mem[2]);
     p.stream.wait();
-    const int64_t n = p.numel[2];
-    if (p.dtype == DType::bf16)
-      return convert_f32_to_bf16({static_cast<const float*>(out32), size_t(n)}, {static_cast<bf16*>(out), size_t(n)},
-                                 n);
-    if (p.dtype == DType::f16)
-      return convert_f32_to_f16({static_cast<const float*>(out32), size_t(n)}, {static_cast<f16*>(out), size_t(n)}, n);
+    if (p.dtype != DType::f32) return narrow_from_f32(p.dtype, static_cast<const float*>(out32), out, p.numel[2]);
   } catch (const dnnl::error& e) {
     return Status::error(Code::kInternal, p.s.to_string(), "oneDNN to run it", std::string("it failed: ") + e.what());
   }

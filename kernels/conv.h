@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/status.h"
@@ -33,11 +34,24 @@ struct ConvShape {
   int64_t x_numel() const { return N * C * D[0] * D[1] * D[2]; }
   int64_t w_numel() const { return M * (C / groups) * K[0] * K[1] * K[2]; }
   int64_t y_numel() const { return N * M * O[0] * O[1] * O[2]; }
-  // The output extent of axis i for D, K, S, Dil and pads: floor((D + pads - span) / S) + 1.
-  static int64_t out_extent(int64_t d, int64_t k, int64_t s, int64_t dil, int64_t pb, int64_t pe) {
-    return (d + pb + pe - ((k - 1) * dil + 1)) / s + 1;
+  // The tensors' dimensions, channels first, with the `spatial` axes used: x [N, C, D...], w [M, C / groups,
+  // K...], y [N, M, O...].
+  std::vector<int64_t> x_dims() const { return with_axes(N, C, D); }
+  std::vector<int64_t> w_dims() const { return with_axes(M, C / groups, K); }
+  std::vector<int64_t> y_dims() const { return with_axes(N, M, O); }
+  // Sets O from D, K, S, Dil and the pads: floor((D + pads - ((K - 1) Dil + 1)) / S) + 1 per axis (the
+  // caller has checked that every window fits).
+  void set_outputs() {
+    for (size_t i = 0; i < 3; ++i) O[i] = (D[i] + PadBegin[i] + PadEnd[i] - ((K[i] - 1) * Dil[i] + 1)) / S[i] + 1;
   }
   std::string to_string() const;
+
+ private:
+  std::vector<int64_t> with_axes(int64_t a, int64_t b, const std::array<int64_t, 3>& e) const {
+    std::vector<int64_t> d = {a, b};
+    d.insert(d.end(), e.end() - spatial, e.end());
+    return d;
+  }
 };
 
 enum class ConvPass { forward, backward_data, backward_weights };

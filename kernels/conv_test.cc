@@ -24,7 +24,7 @@ ConvShape shape_of(const Case& c) {
   s.N = c.N, s.C = c.C, s.M = c.M, s.groups = c.groups;
   s.D = {1, c.H, c.W}, s.K = {1, c.K, c.K}, s.S = {1, c.stride, c.stride};
   s.PadBegin = {0, c.pad, c.pad}, s.PadEnd = {0, c.pad, c.pad};
-  for (size_t i = 0; i < 3; ++i) s.O[i] = ConvShape::out_extent(s.D[i], s.K[i], s.S[i], s.Dil[i], s.PadBegin[i], s.PadEnd[i]);
+  s.set_outputs();
   return s;
 }
 

@@ -316,6 +316,20 @@ Status convert_f32_to_f16(std::span<const float> x, std::span<f16> y, int64_t N)
   return Status();
 }
 
+Status widen_to_f32(DType from, const void* x, float* y, int64_t N) {
+  const size_t n = size_t(std::max<int64_t>(N, 0));
+  if (from == DType::bf16) return convert_bf16_to_f32({static_cast<const bf16*>(x), n}, {y, n}, N);
+  if (from == DType::f16) return convert_f16_to_f32({static_cast<const f16*>(x), n}, {y, n}, N);
+  return Status::invalid_argument("widen_to_f32: from", "bf16 or f16", std::string(dtype_name(from)));
+}
+
+Status narrow_from_f32(DType to, const float* x, void* y, int64_t N) {
+  const size_t n = size_t(std::max<int64_t>(N, 0));
+  if (to == DType::bf16) return convert_f32_to_bf16({x, n}, {static_cast<bf16*>(y), n}, N);
+  if (to == DType::f16) return convert_f32_to_f16({x, n}, {static_cast<f16*>(y), n}, N);
+  return Status::invalid_argument("narrow_from_f32: to", "bf16 or f16", std::string(dtype_name(to)));
+}
+
 Status convert_f16_to_f32(std::span<const f16> x, std::span<float> y, int64_t N) {
   ASPEN_RETURN_IF_ERROR(check_convert("convert_f16_to_f32", x, y, N));
   if (reference_mode()) {

@@ -62,6 +62,11 @@ inline bf16 f32_to_bf16_stochastic(float x, uint32_t r) {
 [[nodiscard]] Status convert_f32_to_bf16_stochastic(std::span<const float> x, std::span<bf16> y, int64_t N,
                                                     uint64_t seed, uint64_t stream, uint64_t offset);
 
+// The two above chosen by dtype, for ops that compute in f32 on bf16 or f16 tensors (convolution, batch
+// norm): y = x widened from `from`, or narrowed to `to` (each bf16 or f16; anything else is an error).
+[[nodiscard]] Status widen_to_f32(DType from, const void* x, float* y, int64_t N);
+[[nodiscard]] Status narrow_from_f32(DType to, const float* x, void* y, int64_t N);
+
 namespace ref {
 // Plain loops over the scalar definitions; no checks, no threads.
 void convert_f32_to_bf16(const float* x, bf16* y, int64_t N);

@@ -220,6 +220,21 @@ TEST(Convert, StochasticSameForOneAndTwoThreadsAndSplitCalls) {
   EXPECT_EQ(bad_ref, 0);
 }
 
+// widen_to_f32 / narrow_from_f32 are the bf16 and f16 conversions chosen by dtype, and refuse the others.
+TEST(Convert, WidenAndNarrowByDtype) {
+  const std::vector<float> x = {1.5f, -2.25f, 3.0f, 0.125f, -0.0f};
+  for (DType t : {DType::bf16, DType::f16}) {
+    std::vector<uint16_t> narrow(x.size());
+    std::vector<float> back(x.size());
+    ASSERT_TRUE(narrow_from_f32(t, x.data(), narrow.data(), int64_t(x.size())).is_ok());
+    ASSERT_TRUE(widen_to_f32(t, narrow.data(), back.data(), int64_t(x.size())).is_ok());
+    EXPECT_EQ(back, x) << dtype_name(t);  // exact in both
+  }
+  float f = 0;
+  EXPECT_EQ(widen_to_f32(DType::i32, &f, &f, 1).message(), "widen_to_f32: from: expected bf16 or f16, found i32");
+  EXPECT_EQ(narrow_from_f32(DType::f32, &f, &f, 1).message(), "narrow_from_f32: to: expected bf16 or f16, found f32");
+}
+
 TEST(Convert, BadArguments) {
   std::vector<float> x(5);
   std::vector<bf16> y(4);
