@@ -124,6 +124,7 @@ Shape shape_of(const std::vector<int64_t>& d);
 Value to_shape(Ctx& c, const Value& v, const Shape& to);                  // broadcast (when it differs)
 Value reshaped(Ctx& c, const Value& v, const std::vector<int64_t>& d);    // reshape (when it differs)
 Value filled(Ctx& c, double v, DType dtype, const Shape& shape);          // a scalar of dtype, broadcast
+graph::ValueId abs_of(Ctx& c, graph::ValueId x);                           // |x| as max(x, -x)
 // f32 of shape s holding each element's index along `axis` (class ids, positions: exact below 2^24, which
 // an axis past refuses by name).
 Result<graph::ValueId> positions(Ctx& c, const Shape& s, int axis);

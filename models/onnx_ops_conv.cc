@@ -40,12 +40,6 @@ int64_t product(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t(1), std::multiplies<int64_t>());
 }
 
-std::string list(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
 // A window op's geometry over the k spatial axes of x [N, C, D...].
 struct Window {
   int64_t N = 0, C = 0;
@@ -66,7 +60,7 @@ Result<Window> window_of(Ctx& c, const TensorType& x, std::vector<int64_t> kerne
     ASPEN_ASSIGN_OR_RETURN(kernel, c.attr_ints("kernel_shape"));
   }
   if (kernel.size() != k)
-    return c.error("attribute 'kernel_shape'", std::to_string(k) + " extents (the input's spatial axes)", list(kernel));
+    return c.error("attribute 'kernel_shape'", std::to_string(k) + " extents (the input's spatial axes)", dims_string(kernel));
   w.K = kernel;
   ASPEN_ASSIGN_OR_RETURN(w.S, c.attr_ints("strides", std::vector<int64_t>(k, 1)));
   ASPEN_ASSIGN_OR_RETURN(w.Dil, c.attr_ints("dilations", std::vector<int64_t>(k, 1)));
@@ -76,14 +70,14 @@ Result<Window> window_of(Ctx& c, const TensorType& x, std::vector<int64_t> kerne
   if (ceil_allowed) {
     ASPEN_ASSIGN_OR_RETURN(ceil_mode, c.attr_i("ceil_mode", 0));
   }
-  if (w.S.size() != k) return c.error("attribute 'strides'", std::to_string(k) + " values", list(w.S));
-  if (w.Dil.size() != k) return c.error("attribute 'dilations'", std::to_string(k) + " values", list(w.Dil));
-  if (pads.size() != 2 * k) return c.error("attribute 'pads'", std::to_string(2 * k) + " values", list(pads));
+  if (w.S.size() != k) return c.error("attribute 'strides'", std::to_string(k) + " values", dims_string(w.S));
+  if (w.Dil.size() != k) return c.error("attribute 'dilations'", std::to_string(k) + " values", dims_string(w.Dil));
+  if (pads.size() != 2 * k) return c.error("attribute 'pads'", std::to_string(2 * k) + " values", dims_string(pads));
   for (size_t i = 0; i < k; ++i) {
     if (w.K[i] < 1 || w.S[i] < 1 || w.Dil[i] < 1)
       return c.error("kernel_shape, strides and dilations", "values >= 1",
-                     list(w.K) + ", " + list(w.S) + ", " + list(w.Dil));
-    if (pads[i] < 0 || pads[i + k] < 0) return c.unsupported("attribute 'pads'", "values >= 0", list(pads));
+                     dims_string(w.K) + ", " + dims_string(w.S) + ", " + dims_string(w.Dil));
+    if (pads[i] < 0 || pads[i + k] < 0) return c.unsupported("attribute 'pads'", "values >= 0", dims_string(pads));
   }
   if (auto_pad != "NOTSET" && auto_pad != "VALID" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER")
     return c.error("attribute 'auto_pad'", "NOTSET, VALID, SAME_UPPER or SAME_LOWER", "'" + auto_pad + "'");
@@ -99,7 +93,7 @@ Result<Window> window_of(Ctx& c, const TensorType& x, std::vector<int64_t> kerne
     } else {
       const int64_t room = w.D[i] + pb + pe - span;
       if (room < 0)
-        return c.error("input 'X'", "spatial extents at least the window's " + list(w.K) + " (dilated, after padding)",
+        return c.error("input 'X'", "spatial extents at least the window's " + dims_string(w.K) + " (dilated, after padding)",
                        x.to_string());
       o = (ceil_mode ? (room + w.S[i] - 1) / w.S[i] : room / w.S[i]) + 1;
       if (ceil_mode && (o - 1) * w.S[i] >= w.D[i] + pb) --o;  // a last window starting in the end padding is left out
@@ -117,7 +111,7 @@ Status check_gather_size(Ctx& c, const Window& w, const TensorType& x) {
   return c.unsupported("input 'X'",
                        "at most 2^28 window positions (N x outputs x kernel) for the gathered patches "
                        "(NOTE [convolution as a gather])",
-                       x.to_string() + " with kernel " + list(w.K));
+                       x.to_string() + " with kernel " + dims_string(w.K));
 }
 
 // The IR's conv family's attributes for a window (graph/ops_conv.cc).
@@ -267,13 +261,13 @@ Status convert_conv_transpose(Ctx& c, std::vector<Value>& in, std::vector<Value>
   ASPEN_ASSIGN_OR_RETURN(const std::string auto_pad, c.attr_s("auto_pad", std::string("NOTSET")));
   if (c.has("kernel_shape")) {
     ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> ks, c.attr_ints("kernel_shape"));
-    if (ks != w.K) return c.error("attribute 'kernel_shape'", list(w.K) + " (W's)", list(ks));
+    if (ks != w.K) return c.error("attribute 'kernel_shape'", dims_string(w.K) + " (W's)", dims_string(ks));
   }
   if (w.S.size() != k || w.Dil.size() != k || pads.size() != 2 * k || opad.size() != k ||
       (!oshape.empty() && oshape.size() != k && oshape.size() != k + 2))
     return c.error("strides, dilations, pads, output_padding, output_shape",
-                   std::to_string(k) + " values per spatial axis (pads 2)", list(w.S) + ", " + list(w.Dil) + ", " +
-                   list(pads) + ", " + list(opad) + ", " + list(oshape));
+                   std::to_string(k) + " values per spatial axis (pads 2)", dims_string(w.S) + ", " + dims_string(w.Dil) + ", " +
+                   dims_string(pads) + ", " + dims_string(opad) + ", " + dims_string(oshape));
   for (size_t i = 0; i < k; ++i) {
     const int64_t span = (w.K[i] - 1) * w.Dil[i] + 1;
     const int64_t full = w.S[i] * (w.D[i] - 1) + opad[i] + span;  // before padding
@@ -288,7 +282,7 @@ Status convert_conv_transpose(Ctx& c, std::vector<Value>& in, std::vector<Value>
     } else {
       o = full - pb - pe;
     }
-    if (o < 0) return c.error("attribute 'pads'", "an output of at least 0", list(pads));
+    if (o < 0) return c.error("attribute 'pads'", "an output of at least 0", dims_string(pads));
     w.PadBegin.push_back(pb);
     w.PadEnd.push_back(pe);
     w.O.push_back(o);
@@ -403,7 +397,7 @@ Status convert_average_pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& 
 // (Σ |x|^p)^(1/p) over each window (pads count as zeros) or over all spatial positions; p an integer >= 1
 // (|x|^p as products, the root as sqrt for 2, else exp(log(s) / p)).
 ValueId lp_power(Ctx& c, ValueId x, int64_t p) {
-  const ValueId a = c.b.op1(OpKind::max, {x, c.b.neg(x)});
+  const ValueId a = abs_of(c, x);
   ValueId y = a;
   for (int64_t k = 1; k < p; ++k) y = c.b.mul(y, a);
   return y;

@@ -17,6 +17,8 @@ using graph::OpKind;
 using graph::TensorType;
 using graph::ValueId;
 
+graph::ValueId abs_of(Ctx& c, graph::ValueId x) { return c.b.op1(OpKind::max, {x, c.b.neg(x)}); }
+
 namespace {
 
 // ---- elementwise conversions --------------------------------------------------------------------------
@@ -32,7 +34,6 @@ Status convert_reciprocal(Ctx& c, std::vector<Value>& in, std::vector<Value>& ou
   return c.b.status();
 }
 
-ValueId abs_of(Ctx& c, ValueId x) { return c.b.op1(OpKind::max, {x, c.b.neg(x)}); }
 
 Status convert_abs(Ctx& c, std::vector<Value>& in, std::vector<Value>& out) {
   out = {c.wrap(abs_of(c, c.id(in[0])))};

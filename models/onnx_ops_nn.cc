@@ -430,39 +430,19 @@ Status convert_batch_norm_training(Ctx& c, std::vector<Value>& in, std::vector<V
   ASPEN_ASSIGN_OR_RETURN(const float momentum, c.attr_f("momentum", 0.9f));
   ASPEN_ASSIGN_OR_RETURN(const int64_t unbiased, c.attr_i("aspen_unbiased_running_var", 0));
   const DType dt = in[0].type.dtype;
-  const std::vector<int64_t> d = dims(s);
-  std::vector<int64_t> axes = {0};
   int64_t count = s[0];
-  for (int i = 2; i < s.rank(); ++i) axes.push_back(i), count *= s[i];
+  for (int i = 2; i < s.rank(); ++i) count *= s[i];
   if (count < 1 || (unbiased && count < 2))
     return c.error("input 'X'", "at least " + std::string(unbiased ? "2" : "1") + " values per channel", in[0].type.to_string());
-  // The IR's batch_norm (one kernel each way) where its shape rule holds, with the variance back from rstd:
-  // var = 1 / rstd^2 - eps.
-  const ValueId x = c.id(in[0]);
+  // The IR's batch_norm (one kernel each way), the variance back from rstd: var = 1 / rstd^2 - eps.
+  const std::vector<ValueId> f =
+      c.b.op(OpKind::batch_norm, {c.id(in[0]), c.id(in[1]), c.id(in[2])}, {{"eps", double(eps)}});
+  if (f.size() != 3) return c.b.status();
   const Shape cs{s[1]};
-  ValueId y, batch_mean, batch_var;
-  if (in[1].type.dtype == dt && in[2].type.dtype == dt && s.numel() > 0) {
-    const std::vector<ValueId> f = c.b.op(OpKind::batch_norm, {x, c.id(in[1]), c.id(in[2])}, {{"eps", double(eps)}});
-    if (f.size() != 3) return c.b.status();
-    y = f[0];
-    const ValueId rstd = f[2];
-    batch_var = c.b.sub(c.b.div(c.id(filled(c, 1.0, DType::f32, cs)), c.b.mul(rstd, rstd)),
-                        c.id(filled(c, eps, DType::f32, cs)));
-    batch_mean = f[1];
-    if (dt != DType::f32) batch_mean = c.b.cast(batch_mean, dt), batch_var = c.b.cast(batch_var, dt);
-  } else {
-    std::vector<int64_t> kept(d.size(), 1);
-    kept[1] = s[1];
-    const ValueId mean = c.b.scale(c.b.reduce_sum(x, axes, true), 1.0 / double(count));  // [1, C, 1...]
-    const ValueId centred = c.b.sub(x, c.b.broadcast(mean, d));
-    const ValueId var = c.b.scale(c.b.reduce_sum(c.b.mul(centred, centred), axes, true), 1.0 / double(count));
-    const ValueId rstd = c.b.div(c.id(filled(c, 1.0, dt, shape_of(kept))),
-                                 c.b.sqrt(c.b.add(var, c.id(filled(c, eps, dt, shape_of(kept))))));
-    y = c.b.add(c.b.mul(c.b.mul(centred, c.b.broadcast(rstd, d)), per_channel(c, in[1], s)),
-                per_channel(c, in[2], s));
-    batch_mean = c.b.reshape(mean, {s[1]});
-    batch_var = c.b.reshape(var, {s[1]});
-  }
+  ValueId batch_mean = f[1], batch_var = c.b.sub(c.b.div(c.id(filled(c, 1.0, DType::f32, cs)), c.b.mul(f[2], f[2])),
+                                                 c.id(filled(c, eps, DType::f32, cs)));
+  if (dt != DType::f32) batch_mean = c.b.cast(batch_mean, dt), batch_var = c.b.cast(batch_var, dt);
+  const ValueId y = f[0];
   if (unbiased) batch_var = c.b.scale(batch_var, double(count) / double(count - 1));
   auto blend = [&](const Value& running, ValueId batch) {
     return c.b.add(c.b.scale(c.id(running), momentum), c.b.scale(batch, 1.0 - double(momentum)));

@@ -634,6 +634,24 @@ Status convert_gather_elements(Ctx& c, std::vector<Value>& in, std::vector<Value
   return Status();
 }
 
+// GatherND's and ScatterND's index tuples (k values each, negatives from the end) as rows of data's axes
+// [first, first + k) flattened, each checked against its axis.
+Result<std::vector<int64_t>> tuple_rows(const Ctx& c, const std::vector<int64_t>& idx, const std::vector<int64_t>& d,
+                                        int64_t first, int64_t k) {
+  std::vector<int64_t> rows;
+  for (size_t t = 0; t + size_t(k) <= idx.size(); t += size_t(k)) {
+    int64_t row = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t v = idx[t + size_t(j)], n = d[size_t(first + j)];
+      if (v < -n || v >= n)
+        return c.error("input 'indices'", "indices in [-d, d) of each indexed axis", std::to_string(v));
+      row = row * n + (v < 0 ? v + n : v);
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
 // GatherND(data, indices) {batch_dims = b} with known indices [B..., ..., k] (B the first b axes of both):
 // each index tuple names a row of its batch's data seen as [d(b) ... d(b+k-1), rest]; with the batches
 // numbered in front, Gather picks every tuple's row from data flattened to [ΠB · Πd, rest].
@@ -652,19 +670,9 @@ Status convert_gather_nd(Ctx& c, std::vector<Value>& in, std::vector<Value>& out
   int64_t batches = 1, rows = 1;
   for (int64_t i = 0; i < b; ++i) batches *= d[size_t(i)];
   for (int64_t i = b; i < b + k; ++i) rows *= d[size_t(i)];
-  const size_t per_batch = batches == 0 ? 0 : idx.size() / size_t(batches);
-  std::vector<int64_t> flat;
-  for (size_t t = 0; t + size_t(k) <= idx.size(); t += size_t(k)) {
-    int64_t row = 0;
-    for (int64_t j = 0; j < k; ++j) {
-      int64_t v = idx[t + size_t(j)];
-      const int64_t dim = d[size_t(b + j)];
-      if (v < -dim || v >= dim)
-        return c.error("input 'indices'", "indices in [-d, d) of each indexed axis", std::to_string(v));
-      row = row * dim + (v < 0 ? v + dim : v);
-    }
-    flat.push_back(int64_t(t / per_batch) * rows + row);
-  }
+  ASPEN_ASSIGN_OR_RETURN(std::vector<int64_t> flat, tuple_rows(c, idx, d, b, k));
+  const size_t per_batch = std::max<size_t>(1, batches == 0 ? 1 : flat.size() / size_t(batches));
+  for (size_t t = 0; t < flat.size(); ++t) flat[t] += int64_t(t / per_batch) * rows;
   std::vector<int64_t> data_rows = {batches * rows};
   data_rows.insert(data_rows.end(), d.begin() + b + k, d.end());
   Value table = reshaped(c, in[0], data_rows);
@@ -772,16 +780,7 @@ Status convert_scatter_nd(Ctx& c, std::vector<Value>& in, std::vector<Value>& ou
   ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> idx, c.ints(in[1], "input 'indices'"));
   int64_t rows = 1, R = 1;
   for (int64_t i = 0; i < int64_t(d.size()); ++i) (i < k ? rows : R) *= d[size_t(i)];
-  std::vector<int64_t> target;
-  for (size_t t = 0; t + size_t(k) <= idx.size(); t += size_t(k)) {
-    int64_t row = 0;
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t v = idx[t + size_t(j)], n = d[size_t(j)];
-      if (v < -n || v >= n) return c.error("input 'indices'", "indices in [-d, d) of each indexed axis", std::to_string(v));
-      row = row * n + (v < 0 ? v + n : v);
-    }
-    target.push_back(row);
-  }
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int64_t> target, tuple_rows(c, idx, d, 0, k));
   return scatter_rows(c, in[0], in[2], target, rows, R, reduction, out);
 }
 
