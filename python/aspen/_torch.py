@@ -37,7 +37,7 @@ class TorchSource(Source):
         self._static = {}  # forward's non-array arguments, as given
         self._half = False  # the exported module's parameters were f16 (NOTE [half modules])
         self._state_files = set()  # initializers the program updates (a training batch norm's statistics)
-        self._buffer_name = {}  # module buffer -> its initializer, for those
+        self._state_buffers = set()  # module buffers among those (named as their initializers)
         self._exported = False
         self._file_name = {}  # module parameter name -> its initializer's name in the exported file
 
@@ -222,8 +222,8 @@ class TorchSource(Source):
             if found:
                 self._file_name[name] = found[0]
         # Buffers the program updates (a training batch norm's running statistics), by their file names.
-        self._buffer_name = {name: name for name, _ in self.module.named_buffers()
-                             if name in initializers and name in self._state_files}
+        self._state_buffers = {name for name, _ in self.module.named_buffers()
+                               if name in initializers and name in self._state_files}
 
     def loss_output(self):
         return "loss"
@@ -271,8 +271,8 @@ class TorchSource(Source):
         out = {self._file_name[n]: p.detach().float().contiguous().numpy() for n, p in self.module.named_parameters()
                if n in self._file_name}
         for n, b in self.module.named_buffers():
-            if n in self._buffer_name:
-                out[self._buffer_name[n]] = b.detach().float().contiguous().numpy()
+            if n in self._state_buffers:
+                out[n] = b.detach().float().contiguous().numpy()
         return out
 
     def copy_to_host(self, weights):
@@ -283,7 +283,7 @@ class TorchSource(Source):
                     continue  # not a parameter of the program (unused by forward, or folded away)
                 p.copy_(torch.from_numpy(w).reshape(p.shape))
             for name, b in self.module.named_buffers():  # running statistics the program updated
-                w = weights.get(self._buffer_name.get(name, ""))
+                w = weights.get(name) if name in self._state_buffers else None
                 if w is not None:
                     b.copy_(torch.from_numpy(w).reshape(b.shape))
 
