@@ -63,12 +63,13 @@ thread_local bool t_leader = false;  // the calling thread is some team's leader
 // a model that is only alive, idle, then slowed the one training (resnet18 64x64 on 2 cores: 48 ms a step
 // alone, 62-80 ms beside an idle inference model). So while the live teams' threads outnumber the CPUs, a
 // leader idle for kIdlePoolRelease frees its own pool; its next task starts the workers again (tens of
-// microseconds). Not sooner: freeing takes milliseconds, and a call arriving meanwhile waits for it (a
-// 5 ms threshold made an MNIST CNN called every 10 ms take 7 ms a call instead of 1). A process whose teams fit its CPUs (the `aspen` command, a budget kept) never does. A team
-// created later wakes the idle ones to look again: the bench that made an inference model before the
-// training one measured the training step at 81 ms without that, 49 ms with it.
-// A team created later makes the process crowded for the idle ones too: their leaders, waiting without a
-// deadline, are woken to look again (the registry of live teams).
+// microseconds). Not sooner: freeing takes milliseconds, and a call arriving meanwhile waits for it (a 5 ms
+// threshold made an MNIST CNN called every 10 ms take 7 ms a call instead of 1). A process whose teams fit
+// its CPUs (the `aspen` command, a budget kept) never frees a pool. A team created later makes the process
+// crowded for the idle ones too: the registry of live teams wakes their leaders, waiting without a deadline,
+// to look again (the bench that made an inference model before the training one measured 81 ms a training
+// step without that, 49 ms with it). The thread count is an atomic beside the registry, not a sum over it:
+// a leader reads it holding its own lock, which the registry's holder takes to wake it.
 std::atomic<int> g_team_threads{0};
 constexpr std::chrono::milliseconds kIdlePoolRelease{50};
 std::mutex g_teams_mu;
