@@ -331,6 +331,7 @@ const std::map<std::string, OpConverter>& converters() {
     add_elementwise_converters(t);
     add_shape_converters(t);
     add_resample_converters(t);
+    add_index_converters(t);
     add_nn_converters(t);
     add_conv_converters(t);
     add_rnn_converters(t);

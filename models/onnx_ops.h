@@ -108,6 +108,7 @@ inline void add_converter(ConverterTable& t, const char* name, Converter f, int 
 void add_elementwise_converters(ConverterTable& t);  // onnx_ops_elementwise.cc
 void add_shape_converters(ConverterTable& t);        // onnx_ops_shape.cc
 void add_resample_converters(ConverterTable& t);     // onnx_ops_resample.cc
+void add_index_converters(ConverterTable& t);        // onnx_ops_index.cc
 void add_nn_converters(ConverterTable& t);           // onnx_ops_nn.cc
 void add_conv_converters(ConverterTable& t);         // onnx_ops_conv.cc
 void add_rnn_converters(ConverterTable& t);          // onnx_ops_rnn.cc
@@ -125,6 +126,9 @@ Value to_shape(Ctx& c, const Value& v, const Shape& to);                  // bro
 Value reshaped(Ctx& c, const Value& v, const std::vector<int64_t>& d);    // reshape (when it differs)
 Value filled(Ctx& c, double v, DType dtype, const Shape& shape);          // a scalar of dtype, broadcast
 graph::ValueId abs_of(Ctx& c, graph::ValueId x);                           // |x| as max(x, -x)
+Tensor i64_tensor(const std::vector<int64_t>& v, bool scalar = false);    // [n] (or [] with scalar)
+// Gather of in = {data, indices} on a checked axis (onnx_ops_index.cc; strided Slice gathers too).
+Status gather_on(Ctx& c, std::vector<Value>& in, int axis, std::vector<Value>& out);
 // f32 of shape s holding each element's index along `axis` (class ids, positions: exact below 2^24, which
 // an axis past refuses by name).
 Result<graph::ValueId> positions(Ctx& c, const Shape& s, int axis);
