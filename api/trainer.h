@@ -79,6 +79,7 @@
 #include <string>
 #include <vector>
 
+#include "api/run_directory.h"
 #include "api/training_model.h"
 #include "core/file.h"
 #include "core/status.h"
@@ -137,10 +138,6 @@ struct TrainResult {
   // attention pairs (query, earlier key) the block-diagonal mask keeps; 0 without packing.
   double documents_per_row = 0, kept_attention_pairs = 0;
 };
-
-// Takes the lock of a run directory (creating it): FailedPrecondition naming
-// the directory and the pid of the job that holds it.
-Result<std::shared_ptr<DirectoryLock>> lock_run_directory(const std::string& dir);
 
 class Trainer {
  public:
