@@ -2,6 +2,7 @@
 """Models as users hold them, against PyTorch on this machine (W3.2's speed table).
 
     python3 bench/models.py [--quick] [--json] [--threads 2] [--rounds 5] [--compile] [--batch-norm]
+                            [--rows lstm,vit]
     aspen bench models [the same options]
 
 Each row is a model passed to aspen as it is (aspen.inferenceModel / aspen.trainingModel of the torch
@@ -116,12 +117,20 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--compile", action="store_true", help="also torch.compile (slow first call)")
     ap.add_argument("--batch-norm", action="store_true", help="also resnet18 training its batch norms")
+    ap.add_argument("--rows", default="", help="comma-separated row names to run (default: all)")
     a = ap.parse_args()
+    wanted = set(filter(None, a.rows.split(",")))
     warnings.simplefilter("ignore")
     torch.set_num_threads(a.threads)
     rounds = 1 if a.quick else a.rounds
     opts = aspen.Options().setThreads(a.threads)
-    for name, make, shape, train_norms in rows(a.quick, a.batch_norm):
+    table = rows(a.quick, a.batch_norm)
+    unknown = wanted - {r[0] for r in table}
+    if unknown:
+        raise SystemExit(f"--rows: unknown row(s) {sorted(unknown)}; expected some of {[r[0] for r in table]}")
+    for name, make, shape, train_norms in table:
+        if wanted and name not in wanted:
+            continue
         torch.manual_seed(0)
         x = torch.randn(*shape)
         y = torch.randint(0, 10, (shape[0],))

@@ -105,7 +105,9 @@ TEST(OpTable, NumbersAreTheSerializedOnes) {
                                    "conv_grad_weight",
                                    "random_uniform",
                                    "batch_norm",
-                                   "batch_norm_grad"};
+                                   "batch_norm_grad",
+                                   "lstm",
+                                   "lstm_grad"};
   ASSERT_EQ(std::size(by_number), size_t(kNumOps));
   for (int i = 0; i < kNumOps; ++i) EXPECT_STREQ(op_name(OpKind(i)), by_number[i]) << "op #" << i;
 }

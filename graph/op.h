@@ -64,8 +64,10 @@
   /* convolution and its two backward passes (ops_conv.cc) */                                             \
   X(conv, 73) X(conv_grad_input, 74) X(conv_grad_weight, 75)                                             \
   /* batch normalization in training, by the batch's statistics (ops_batchnorm.cc) */                     \
-  X(batch_norm, 77) X(batch_norm_grad, 78)
-// The next free op number: 79.
+  X(batch_norm, 77) X(batch_norm_grad, 78)                                                                \
+  /* the LSTM recurrence over a sequence (ops_lstm.cc) */                                                 \
+  X(lstm, 79) X(lstm_grad, 80)
+// The next free op number: 81.
 // clang-format on
 
 namespace aspen::graph {

@@ -32,5 +32,6 @@ void register_vocab_ops(OpTable& t);
 void register_dropout_ops(OpTable& t);
 void register_conv_ops(OpTable& t);
 void register_batchnorm_ops(OpTable& t);
+void register_lstm_ops(OpTable& t);
 
 }  // namespace aspen::graph

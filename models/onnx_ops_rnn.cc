@@ -115,6 +115,13 @@ Status convert_recurrent(Ctx& c, std::vector<Value>& in, std::vector<Value>& out
   const ValueId h0 = state(5), c0 = cell == Cell::lstm ? state(6) : h0;
   const bool has_bias = in.size() > 3 && in[3].present();
   const bool peep = cell == Cell::lstm && in.size() > 7 && in[7].present();
+  // NOTE [one op per LSTM]: an LSTM with ONNX's default activations, no peepholes and no clip (what torch and
+  // Keras export) runs its steps as one `lstm` op per direction (graph/ops_lstm.cc, kernels/lstm.h), not
+  // ~10 ops per step: 2 bidirectional layers of 32 steps were ~7,000 ops a training step, most of its time.
+  // The input's product stays a matmul; everything else (other activations, peepholes, clip, GRU, RNN) is
+  // unrolled as below.
+  bool fused = cell == Cell::lstm && !peep && !(clip > 0.0f) && T >= 1;
+  for (size_t k = 0; k < acts.size(); ++k) fused = fused && acts[k] == (k % 3 == 0 ? "Sigmoid" : "Tanh");
   std::vector<ValueId> ys, hs, cs;  // per direction: Y [T, B, H], final h, final c
   for (int d = 0; d < dirs; ++d) {
     const bool rev = direction == "reverse" || d == 1;
@@ -139,6 +146,15 @@ Status convert_recurrent(Ctx& c, std::vector<Value>& in, std::vector<Value>& out
     const std::string* f = &acts[size_t(d) * (cell == Cell::lstm ? 3 : cell == Cell::gru ? 2 : 1)];
     ValueId h = c.b.reshape(c.b.slice(h0, 0, d, d + 1), {B, H});
     ValueId cc = c.b.reshape(c.b.slice(c0, 0, d, d + 1), {B, H});
+    if (fused) {  // NOTE [one op per LSTM]
+      const std::vector<ValueId> lo = c.b.op(OpKind::lstm, {xw, r, h, cc}, {{"reverse", int64_t(rev)}});
+      if (lo.size() != 3) return c.b.status();
+      const int64_t last = rev ? 0 : T - 1;
+      ys.push_back(lo[0]);
+      hs.push_back(c.b.slice(lo[0], 0, last, last + 1));
+      cs.push_back(c.b.slice(lo[1], 0, last, last + 1));
+      continue;
+    }
     std::vector<std::optional<ValueId>> p(3);
     if (peep) {
       const ValueId pd = c.b.reshape(c.b.slice(c.id(in[7]), 0, d, d + 1), {3 * H});
