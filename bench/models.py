@@ -184,19 +184,33 @@ def training_row(a, name, make, norms, x, y, opts, rounds):
         first_compile = timed(compiled_step)
         steps["compiled"] = compiled_step
     eager_step()
+    flops = step_flops(eager_step)
     times = {k: [] for k in ["aspen", *steps]}
     for _ in range(rounds):
         times["aspen"].append(steady(lambda: tr(x, y)))
         for k, f in steps.items():
             times[k].append(steady(f))
-    report(a, name, "training", times, first, first_compile)
+    report(a, name, "training", times, first, first_compile, flops)
 
 
-def report(a, name, what, times, first, first_compile):
+def step_flops(step):
+    """The FLOPs of one call as torch counts them (products and convolutions, forward and backward): beside
+    the times, the GFLOP/s each candidate reaches, to hold against the machine's peak (aspen bench gemm)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    return counter.get_total_flops()
+
+
+def report(a, name, what, times, first, first_compile, flops=None):
     med = {k: statistics.median(v) for k, v in times.items()}
     row = {"bench": "models", "case": name, "what": what, "aspen_ms": med["aspen"] * 1e3,
            "eager_ms": med["eager"] * 1e3, "ratio_vs_eager": med["eager"] / med["aspen"],
            "first_call_s": first}
+    if flops:
+        row.update(gflop_per_call=flops / 1e9, aspen_gflops=flops / 1e9 / med["aspen"],
+                   eager_gflops=flops / 1e9 / med["eager"])
     if "compiled" in med:
         row.update(compiled_ms=med["compiled"] * 1e3, ratio_vs_compiled=med["compiled"] / med["aspen"],
                    compile_first_call_s=first_compile)
@@ -205,8 +219,11 @@ def report(a, name, what, times, first, first_compile):
     else:
         extra = (f", torch.compile {row['compiled_ms']:.1f} ms (x{row['ratio_vs_compiled']:.2f}, first call "
                  f"{first_compile:.1f} s)" if "compiled" in med else "")
+        rate = (f"; {row['gflop_per_call']:.2f} GFLOP a step: aspen {row['aspen_gflops']:.0f} GFLOP/s, eager "
+                f"{row['eager_gflops']:.0f}" if flops else "")
         print(f"{name:14s} {what:9s} aspen {row['aspen_ms']:8.1f} ms, eager {row['eager_ms']:8.1f} ms "
-              f"(ratio_vs_eager {row['ratio_vs_eager']:.2f}){extra}; aspen's first call {first:.2f} s", flush=True)
+              f"(ratio_vs_eager {row['ratio_vs_eager']:.2f}){extra}; aspen's first call {first:.2f} s{rate}",
+              flush=True)
 
 
 if __name__ == "__main__":
