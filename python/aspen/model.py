@@ -10,14 +10,24 @@ micro-batches merged on its first dimension.
 
 import os
 import sys
+import weakref
 
 import numpy as np
 
 from . import _aspen, _check
 from ._source import Source
+from .optim import Optimizer
 from .options import Options
 
 __all__ = ["inferenceModel", "trainingModel", "InferenceModel", "TrainingModel"]
+
+# NOTE [implicit weight sync]: as PopTorch keeps them, the host module's weights follow its training model
+# without copyWeightsToHost: a training model registers itself under its torch module; an inference model
+# of that module (or of one inside it, or around it) copies the trainer's newer weights to the host and onto
+# its own device before it runs (each trainer's call count tells it there are newer ones), and state_dict()
+# of the module or of any module inside it copies them to the host first (a state-dict pre-hook).
+# Parameters read directly (model.fc.weight) are not followed: copyWeightsToHost() first, or detachFromDevice().
+_TRAINERS = weakref.WeakKeyDictionary()  # torch module -> weakref to its latest TrainingModel
 
 _LOSS_KINDS = ("cross_entropy", "mse")
 _LOSS_KEYS = ("kind", "output", "targets", "ignore_index")
@@ -347,10 +357,30 @@ class InferenceModel(_Model):
 
     def __call__(self, *args, **kwargs):
         arrays, framework = self._bind(args, kwargs)
+        if _TRAINERS:
+            self._follow_trainers()
         if self._program is None:
             self._compile(arrays)
         out = self._program.run(self._source.feeds(arrays))
         return self._source.outputs(out, framework)
+
+    def _follow_trainers(self):
+        """NOTE [implicit weight sync]: newer weights of a training model of the same module, here first."""
+        mine = getattr(self._source, "module", None)
+        if mine is None:
+            return
+        seen = self.__dict__.setdefault("_trainer_versions", {})
+        for module, ref in list(_TRAINERS.items()):
+            trainer = ref()
+            if trainer is None or trainer._calls == 0 or seen.get(id(trainer)) == trainer._calls:
+                continue
+            if not (module is mine or any(m is mine for m in module.modules())
+                    or any(m is module for m in mine.modules())):
+                continue
+            trainer._sync_host()
+            if self._program is not None:
+                self.copyWeightsToDevice()
+            seen[id(trainer)] = trainer._calls
 
     def compile(self, *args, **kwargs):
         """Compiles for these inputs' shapes without running."""
@@ -379,7 +409,8 @@ class TrainingModel(_Model):
         from . import optim
         if optimizer is None:
             optimizer = optim.AdamW(None, lr=1e-3)
-        _check_optimizer("optimizer", optimizer)
+        self._user_optimizer = optimizer
+        optimizer = _check_optimizer("optimizer", optimizer)
         self._source.check_parameters(optimizer.params)
         self._optimizer = optimizer
         self._settings = optimizer._settings()
@@ -395,6 +426,24 @@ class TrainingModel(_Model):
                 raise ValueError("loss: expected none for a Hugging Face directory (the model's own loss over "
                                  f"targets), found {loss!r}")
             self._input_names.append("targets")
+        self._calls = 0  # training calls made; _host_calls: how many the host's weights have seen
+        self._host_calls = 0
+        module = getattr(self._source, "module", None)
+        if module is not None:
+            _TRAINERS[module] = weakref.ref(self)
+            me = weakref.ref(self)
+
+            def sync_before_state_dict(*_):
+                t = me()
+                if t is not None:
+                    t._sync_host()
+            for m in module.modules():
+                m.register_state_dict_pre_hook(sync_before_state_dict)
+
+    def _sync_host(self):
+        """The device's weights into the host module, when it has trained since they were last copied."""
+        if self._program is not None and self._host_calls != self._calls:
+            self.copyWeightsToHost()
 
     def _loss_of(self, loss):
         if loss is None:
@@ -439,6 +488,9 @@ class TrainingModel(_Model):
         if self._program is None:
             self._compile(arrays)
         out = self._program.run(self._source.feeds(arrays))["loss"]
+        self._calls += 1
+        if hasattr(self._user_optimizer, "param_groups") and not isinstance(self._user_optimizer, Optimizer):
+            self._user_optimizer._opt_called = True  # a torch optimizer stepped (on the device): its schedulers know
         if framework == "torch":
             import torch
             return torch.from_numpy(out)
@@ -483,7 +535,8 @@ class TrainingModel(_Model):
     def setOptimizer(self, optimizer):
         """A new learning rate (optimizer.param_groups[0]["lr"]) without recompiling. Other settings
         belong to the compiled program: changing them is an error."""
-        _check_optimizer("setOptimizer: optimizer", optimizer)
+        user = optimizer
+        optimizer = _check_optimizer("setOptimizer: optimizer", optimizer)
         settings = optimizer._settings()
         for k, v in settings.items():
             if k != "lr" and self._settings.get(k) != v:
@@ -491,6 +544,7 @@ class TrainingModel(_Model):
                                  f"changes without recompiling), found {v!r}")
         self._settings = settings
         self._optimizer = optimizer
+        self._user_optimizer = user
         if self._program is not None:
             self._program.set_learning_rate(settings["lr"])
 
@@ -499,6 +553,7 @@ class TrainingModel(_Model):
         variables (an ONNX file is left as it is: see exportOnnx)."""
         if self._program is not None:
             self._source.copy_to_host(self._program.weights())
+            self._host_calls = self._calls
 
     def weights(self):
         """The device's weights by name, as numpy arrays."""
@@ -518,10 +573,16 @@ class TrainingModel(_Model):
 
 
 def _check_optimizer(name, optimizer):
+    """The aspen optimizer for `optimizer`: itself, or a torch.optim optimizer's (optim.from_torch)."""
     from . import optim
-    if not isinstance(optimizer, optim.Optimizer):
-        kind = "None" if optimizer is None else f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
-        raise ValueError(f"{name}: expected an aspen.optim optimizer (SGD, AdamW, LAMB), found {kind}")
+    if isinstance(optimizer, optim.Optimizer):
+        return optimizer
+    torch = _module_if_loaded("torch")
+    if torch is not None and isinstance(optimizer, torch.optim.Optimizer):
+        return optim.from_torch(optimizer)
+    kind = "None" if optimizer is None else f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+    raise ValueError(f"{name}: expected an aspen.optim optimizer (SGD, AdamW, LAMB) or a torch.optim one (SGD, "
+                     f"Adam, AdamW), found {kind}")
 
 
 def inferenceModel(model, options=None):

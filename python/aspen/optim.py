@@ -8,14 +8,15 @@
 
 `params` is what torch.optim takes (a module's parameters; parameters left out are not trained), or, for
 an ONNX file, initializer names (None: every float initializer). One parameter group: settings per group
-are not supported (an error says so). The update rules are torch.optim's: AdamW with decoupled weight
+are not supported (an error says so). A torch.optim optimizer (SGD, Adam, AdamW; aspen.poptorch.optim's,
+which are torch's with PopTorch's arguments) is taken too: `from_torch` reads its one group's settings. The update rules are torch.optim's: AdamW with decoupled weight
 decay and bias correction, SGD with momentum, Nesterov and L2 weight decay; LAMB is You et al.'s (what
 poptorch.optim.LAMB runs). `loss_scaling`: a static loss scale for f16 compute, or "dynamic".
 """
 
 from . import _check
 
-__all__ = ["SGD", "AdamW", "LAMB", "Optimizer"]
+__all__ = ["SGD", "AdamW", "LAMB", "Optimizer", "from_torch"]
 
 
 def _number(name, v, low=0.0):
@@ -47,7 +48,7 @@ def _params(params, group=False):
 class Optimizer:
     kind = ""
 
-    def __init__(self, params, lr, loss_scaling):
+    def __init__(self, params, lr, loss_scaling, max_grad_norm=None):
         groups = _params(params)
         if groups and isinstance(groups[0], dict):
             if len(groups) != 1:
@@ -64,6 +65,12 @@ class Optimizer:
             loss_scaling = _check.real("loss_scaling", loss_scaling, 0, low_open=True,
                                        expected="a finite number > 0, 'dynamic' or None")
         self.loss_scaling = loss_scaling
+        if max_grad_norm is not None and max_grad_norm != float("inf"):
+            max_grad_norm = _check.real("max_grad_norm", max_grad_norm, 0, low_open=True,
+                                        expected="a finite number > 0, inf or None (no clipping)")
+        else:
+            max_grad_norm = None
+        self.max_grad_norm = max_grad_norm  # clip the global gradient norm to it (PopTorch's max_grad_norm)
 
     @property
     def lr(self):
@@ -80,6 +87,8 @@ class Optimizer:
             s["dynamic_loss_scaling"] = True
         elif self.loss_scaling is not None:
             s["loss_scaling"] = float(self.loss_scaling)
+        if self.max_grad_norm is not None:
+            s["clip_grad_norm"] = float(self.max_grad_norm)
         return s
 
     def _rule(self):
@@ -94,8 +103,8 @@ class SGD(Optimizer):
     kind = "sgd"
 
     def __init__(self, params, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-                 loss_scaling=None):
-        super().__init__(params, lr, loss_scaling)
+                 loss_scaling=None, max_grad_norm=None):
+        super().__init__(params, lr, loss_scaling, max_grad_norm)
         if _number("dampening", dampening) != 0:
             raise NotImplementedError(f"aspen.optim.SGD: dampening {dampening!r} is not supported (0 only)")
         self.momentum = _fraction("momentum", momentum)
@@ -112,8 +121,8 @@ class AdamW(Optimizer):
     kind = "adamw"
 
     def __init__(self, params, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01, amsgrad=False,
-                 loss_scaling=None):
-        super().__init__(params, lr, loss_scaling)
+                 loss_scaling=None, max_grad_norm=None):
+        super().__init__(params, lr, loss_scaling, max_grad_norm)
         if _check.boolean("amsgrad", amsgrad):
             raise NotImplementedError("aspen.optim.AdamW: amsgrad is not supported")
         if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
@@ -129,5 +138,46 @@ class AdamW(Optimizer):
 class LAMB(AdamW):
     kind = "lamb"
 
-    def __init__(self, params, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01, loss_scaling=None):
-        super().__init__(params, lr, betas, eps, weight_decay, False, loss_scaling)
+    def __init__(self, params, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01, loss_scaling=None,
+                 max_grad_norm=None):
+        super().__init__(params, lr, betas, eps, weight_decay, False, loss_scaling, max_grad_norm)
+
+
+def from_torch(opt):
+    """The aspen optimizer that runs torch.optim optimizer `opt`'s update (PopTorch takes torch.optim's SGD,
+    Adam, AdamW and its own; aspen.poptorch.optim's add PopTorch's arguments). Its one parameter group's
+    settings are read now: after a learning-rate scheduler steps, setOptimizer(opt) reads them again. What
+    aspen's update rules cannot follow is refused by name (never run differently)."""
+    import torch
+    kind = f"{type(opt).__module__}.{type(opt).__qualname__}"
+    groups = opt.param_groups
+    if len(groups) != 1:
+        raise NotImplementedError(f"{kind}: expected one parameter group, found {len(groups)} (settings per group "
+                                  "are not supported yet)")
+    g = groups[0]
+    if g.get("maximize"):
+        raise NotImplementedError(f"{kind}: maximize=True is not supported (aspen minimizes the loss)")
+    extra = {"loss_scaling": getattr(opt, "loss_scaling", None), "max_grad_norm": getattr(opt, "max_grad_norm", None)}
+    if extra["loss_scaling"] == 1.0:
+        extra["loss_scaling"] = None  # PopTorch's default: no scaling
+    params = list(g["params"])
+    if isinstance(opt, torch.optim.SGD):
+        return SGD(params, lr=g["lr"], momentum=g.get("momentum", 0.0), dampening=g.get("dampening", 0.0),
+                   weight_decay=g.get("weight_decay", 0.0), nesterov=g.get("nesterov", False), **extra)
+    if isinstance(opt, torch.optim.AdamW) or (isinstance(opt, torch.optim.Adam) and not g.get("weight_decay")):
+        if g.get("amsgrad"):
+            raise NotImplementedError(f"{kind}: amsgrad=True is not supported")
+        wd = g.get("weight_decay", 0.0) if isinstance(opt, torch.optim.AdamW) else 0.0
+        if getattr(opt, "bias_correction", True) is False:
+            raise NotImplementedError(f"{kind}: bias_correction=False is not supported (aspen's AdamW corrects)")
+        return AdamW(params, lr=g["lr"], betas=g["betas"], eps=g["eps"], weight_decay=wd, **extra)
+    if isinstance(opt, torch.optim.Adam):
+        raise NotImplementedError(f"{kind}: weight_decay {g['weight_decay']} (Adam's L2 penalty added to the "
+                                  "gradient) is not supported; AdamW's decoupled decay is, or Adam with weight_decay 0")
+    if type(opt).__name__ == "LAMB" and hasattr(opt, "max_weight_norm"):
+        if opt.max_weight_norm not in (None, 65500.0):
+            raise NotImplementedError(f"{kind}: max_weight_norm {opt.max_weight_norm} is not supported (aspen's "
+                                      "LAMB does not clip the weight norm; PopTorch's default 65500 is accepted)")
+        return LAMB(params, lr=g["lr"], betas=g["betas"], eps=g["eps"], weight_decay=g["weight_decay"], **extra)
+    raise NotImplementedError(f"optimizer {kind}: expected torch.optim's SGD, Adam or AdamW, or an aspen.optim "
+                              "optimizer (SGD, AdamW, LAMB); RMSprop and the others have no update rule in aspen yet")

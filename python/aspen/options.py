@@ -11,8 +11,10 @@ does not support), never silently ignored. Values are checked when set (ValueErr
 other, when the model compiles.
 """
 
+import copy
 import enum
 import os
+import warnings
 
 from . import _check
 
@@ -38,12 +40,21 @@ class ReductionType(enum.Enum):
 
 # PopTorch options that aspen does not have: asking for one says so by name.
 _POPTORCH_ONLY = {
-    "useIpuModel", "useIpuId", "useOfflineIpuTarget", "setExecutionStrategy", "setAvailableMemoryProportion",
-    "TensorLocations", "Jit", "autoRoundNumIPUs", "enableSyntheticData", "logDir", "connectionType",
-    "syncPattern", "enableStableNorm", "setAutomaticLoadBalancing", "relaxOptimizerAttributesChecks",
-    "showCompilationProgressBar", "lazyCompilation", "anchorTensor", "logCycleCount", "modelName",
-    "sendOnlyUsedParameters", "updatableNamedBuffers", "ipuTarget", "bufferingDepth",
+    "useOfflineIpuTarget", "setExecutionStrategy", "enableSyntheticData", "setAutomaticLoadBalancing",
+    "relaxOptimizerAttributesChecks", "lazyCompilation", "anchorTensor", "sendOnlyUsedParameters",
+    "updatableNamedBuffers",
 }
+
+# IPU settings a PopTorch program sets that mean nothing on a CPU: accepted, and reported once each
+# (warnings.warn) as having no effect, so that the program runs unchanged and its user knows.
+_REPORTED = set()
+
+
+def _no_effect(owner, name, what):
+    if name not in _REPORTED:
+        _REPORTED.add(name)
+        warnings.warn(f"aspen.Options.{name}: {what}; it has no effect on a CPU", stacklevel=3)
+    return owner
 
 
 def _positive(name, n):
@@ -125,6 +136,38 @@ class _Precision(_Section):
         return self._owner
 
 
+class _TensorLocations(_Section):
+    _section = "TensorLocations"
+
+    def setActivationLocation(self, location):
+        return _no_effect(self._owner, "TensorLocations.setActivationLocation", "where an IPU keeps activations")
+
+    def setWeightLocation(self, location):
+        return _no_effect(self._owner, "TensorLocations.setWeightLocation", "where an IPU keeps weights")
+
+    def setAccumulatorLocation(self, location):
+        return _no_effect(self._owner, "TensorLocations.setAccumulatorLocation", "where an IPU keeps accumulators")
+
+    def setOptimizerLocation(self, location):
+        return _no_effect(self._owner, "TensorLocations.setOptimizerLocation",
+                          "where an IPU keeps optimizer state (all of it is in this machine's memory)")
+
+
+class _Popart(_Section):
+    _section = "_Popart"
+
+    def set(self, key, value):
+        return _no_effect(self._owner, f"_Popart.set({key!r})", "a PopART session option")
+
+
+class _Jit(_Section):
+    _section = "Jit"
+
+    def traceModel(self, trace_model):
+        return _no_effect(self._owner, "Jit.traceModel", "how PopTorch captured the model (aspen exports it "
+                          "with torch.onnx)")
+
+
 class _Distributed(_Section):
     _section = "Distributed"
 
@@ -156,6 +199,54 @@ class Options:
         object.__setattr__(self, "Training", _Training(self))
         object.__setattr__(self, "Precision", _Precision(self))
         object.__setattr__(self, "Distributed", _Distributed(self))
+        object.__setattr__(self, "TensorLocations", _TensorLocations(self))
+        object.__setattr__(self, "_Popart", _Popart(self))
+        object.__setattr__(self, "Jit", _Jit(self))
+
+    def clone(self):
+        """An independent copy (PopTorch's: after a model has taken these options, change a copy)."""
+        return copy.deepcopy(self)
+
+    # --- IPU settings: accepted, no effect on a CPU (reported once each) ---
+    def useIpuModel(self, use_model=True):
+        _check.boolean("useIpuModel", use_model)
+        return _no_effect(self, "useIpuModel", "the IPU Model is a simulated IPU")
+
+    def useIpuId(self, ipu_id):
+        _check.integer("useIpuId", ipu_id, 0, _check.INT32_MAX)
+        return _no_effect(self, "useIpuId", "which IPU runs the model")
+
+    def autoRoundNumIPUs(self, auto_round=True):
+        _check.boolean("autoRoundNumIPUs", auto_round)
+        return _no_effect(self, "autoRoundNumIPUs", "IPUs come in powers of two")
+
+    def setAvailableMemoryProportion(self, proportions):
+        return _no_effect(self, "setAvailableMemoryProportion", "the share of an IPU tile's memory for temporaries")
+
+    def connectionType(self, connection_type):
+        return _no_effect(self, "connectionType", "when the host attaches to an IPU")
+
+    def syncPattern(self, sync_pattern):
+        return _no_effect(self, "syncPattern", "how IPUs synchronise with the host")
+
+    def logCycleCount(self, log_cycle_count=True):
+        _check.boolean("logCycleCount", log_cycle_count)
+        return _no_effect(self, "logCycleCount", "IPU cycle counts (aspen's timings: enableProfiling)")
+
+    def showCompilationProgressBar(self, show=True):
+        return _no_effect(self, "showCompilationProgressBar", "Poplar's compile progress")
+
+    def enableStableNorm(self, enabled=True):
+        return _no_effect(self, "enableStableNorm", "aspen's norms are computed about the mean already")
+
+    def logDir(self, path):
+        return _no_effect(self, "logDir", "where PopART writes its logs")
+
+    def modelName(self, name):
+        return _no_effect(self, "modelName", "the name in PopVision reports")
+
+    def bufferingDepth(self, depth):
+        return _no_effect(self, "bufferingDepth", "IPU host-transfer buffers")
 
     def deviceIterations(self, n):
         """Steps run per call without returning to Python; inputs carry n times the batch."""

@@ -142,8 +142,12 @@ def test_options_are_poptorch_shaped_and_refuse_what_aspen_lacks():
     assert (opts.device_iterations, opts.replication_factor, opts.gradient_accumulation) == (2, 2, 4)
     with pytest.raises(AttributeError, match="setExecutionStrategy: a PopTorch option aspen does not support"):
         opts.setExecutionStrategy(None)
-    with pytest.raises(AttributeError, match="useIpuModel"):
-        opts.useIpuModel(True)
+    with pytest.raises(AttributeError, match="anchorTensor: a PopTorch option aspen does not support"):
+        opts.anchorTensor("a", "b")
+    with pytest.warns(UserWarning, match="useIpuModel: the IPU Model is a simulated IPU; it has no effect on a CPU"):
+        from aspen import options
+        options._REPORTED.discard("useIpuModel")
+        assert opts.useIpuModel(True) is opts  # an IPU setting: accepted, reported once
     with pytest.raises(AttributeError, match="Training has no option 'setMeanAccumulation'"):
         opts.Training.setMeanAccumulation(True)
     with pytest.raises(ValueError, match=r"deviceIterations: expected an integer in \[1, 2\*\*63 - 1\], found 0"):
@@ -260,7 +264,7 @@ def test_inputs_and_losses_are_refused_by_name(testdata):
         aspen.trainingModel(path, optimizer=aspen.optim.SGD(["fc1.bias", "fc1.wieght"], lr=0.1), loss="mse")
     training = aspen.trainingModel(path, optimizer=aspen.optim.AdamW(None), loss="mse")
     with pytest.raises(ValueError, match=r"^setOptimizer: optimizer: expected an aspen.optim optimizer \(SGD, AdamW, "
-                                         r"LAMB\), found None$"):
+                                         r"LAMB\) or a torch.optim one \(SGD, Adam, AdamW\), found None$"):
         training.setOptimizer(None)
     optimizer = aspen.optim.AdamW(None)
     optimizer.param_groups[0]["lr"] = float("inf")

@@ -282,8 +282,8 @@ def test_a_named_loss_over_a_module_that_returns_logits():
 
 def test_torch_errors():
     model = make("mlp")
-    with pytest.raises(ValueError, match="expected an aspen.optim optimizer"):
-        aspen.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="expected an aspen.optim optimizer .* or a torch.optim one .*found builtins.str"):
+        aspen.trainingModel(model, optimizer="sgd")
     with pytest.raises(NotImplementedError, match="amsgrad"):
         aspen.optim.AdamW(model.parameters(), amsgrad=True)
     with pytest.raises(NotImplementedError, match="one parameter group"):

@@ -1,0 +1,221 @@
+"""aspen.poptorch: PopTorch's API as PopTorch programs use it (W3.3), checked against eager PyTorch.
+
+Graphcore's tutorials are the acceptance suite; these are the project's own tests of what they use."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import aspen.poptorch as poptorch
+
+
+class _Classifier(torch.nn.Module):
+    """The tutorials' pattern: forward(x, labels=None), the loss when labels are given."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, labels=None):
+        out = self.net(x)
+        if labels is None:
+            return out
+        return self.loss(out, labels)
+
+
+def _batches(n, rows=8, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(rows, 12, generator=g), torch.randint(0, 4, (rows,), generator=g)) for _ in range(n)]
+
+
+def _torch_losses(model, opt, batches, sched=None):
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        losses.append(loss.item())
+    return losses
+
+
+# --- the data loader -------------------------------------------------------------------------------------
+
+class _Numbers(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)]), i
+
+
+@pytest.mark.parametrize("mode", [poptorch.DataLoaderMode.Sync, poptorch.DataLoaderMode.Async,
+                                  poptorch.DataLoaderMode.AsyncRebatched])
+def test_data_loader_yields_combined_batches_each_sample_once(mode):
+    opts = poptorch.Options().deviceIterations(3)
+    opts.Training.gradientAccumulation(2)
+    loader = poptorch.DataLoader(opts, _Numbers(100), batch_size=4, shuffle=True, mode=mode,
+                                 rebatched_worker_size=5 if mode is poptorch.DataLoaderMode.AsyncRebatched else None)
+    assert loader.combinedBatchSize == 24
+    assert len(loader) == 4  # drop_last by default: 100 // 24
+    for _epoch in range(2):
+        seen = []
+        for x, i in loader:
+            assert x.shape == (24, 1) and i.shape == (24,)
+            torch.testing.assert_close(x[:, 0], i.float())
+            seen += i.tolist()
+        assert len(seen) == 96 and len(set(seen)) == 96  # each sample at most once, a whole combined batch each
+    assert loader.samples_seen == 2 * 96
+    loader.terminate()
+
+
+def test_data_loader_keeps_a_short_last_batch_when_asked_and_names_bad_arguments():
+    loader = poptorch.DataLoader(poptorch.Options().deviceIterations(2), _Numbers(10), batch_size=3,
+                                 drop_last=False)
+    assert [len(i) for _, i in loader] == [6, 4]
+    rebatched = poptorch.DataLoader(poptorch.Options().deviceIterations(2), _Numbers(10), batch_size=3,
+                                    drop_last=False, mode=poptorch.DataLoaderMode.AsyncRebatched,
+                                    rebatched_worker_size=2)
+    assert len(rebatched) == 2 and sorted(sum((i.tolist() for _, i in rebatched), [])) == list(range(10))
+    with pytest.raises(ValueError, match="async_options: expected keys among .* found bogus"):
+        poptorch.DataLoader(poptorch.Options(), _Numbers(4), async_options={"bogus": 1})
+    with pytest.raises(ValueError, match="rebatched_worker_size: expected at most the combined batch 3, found 4"):
+        poptorch.DataLoader(poptorch.Options(), _Numbers(4), batch_size=3,
+                            mode=poptorch.DataLoaderMode.AsyncRebatched, rebatched_worker_size=4)
+
+
+def test_async_loader_raises_the_dataset_error_where_the_loop_reads():
+    class Broken(_Numbers):
+        def __getitem__(self, i):
+            if i == 7:
+                raise KeyError("sample 7 is corrupt")
+            return super().__getitem__(i)
+
+    loader = poptorch.DataLoader(poptorch.Options(), Broken(10), batch_size=2, mode=poptorch.DataLoaderMode.Async)
+    with pytest.raises(KeyError, match="sample 7 is corrupt"):
+        for _ in loader:
+            pass
+
+
+# --- options ---------------------------------------------------------------------------------------------
+
+def test_ipu_settings_are_accepted_and_reported_once():
+    from aspen import options
+    options._REPORTED.clear()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        opts = poptorch.Options().deviceIterations(20).replicationFactor(1).randomSeed(123).useIpuModel(True)
+        opts.useIpuModel(True)
+        opts.TensorLocations.setOptimizerLocation(None)
+        opts._Popart.set("defaultPrefetchBufferingDepth", 3)
+    texts = [str(x.message) for x in w]
+    assert texts.count("aspen.Options.useIpuModel: the IPU Model is a simulated IPU; it has no effect on a CPU") == 1
+    assert any("TensorLocations.setOptimizerLocation" in t for t in texts)
+    assert opts.device_iterations == 20
+    with pytest.raises(AttributeError, match="setExecutionStrategy: a PopTorch option aspen does not support"):
+        opts.setExecutionStrategy(None)
+
+
+def test_cloned_options_are_independent():
+    opts = poptorch.Options().deviceIterations(4)
+    opts.Training.gradientAccumulation(3)
+    copy = opts.clone()
+    copy.Training.gradientAccumulation(1)
+    copy.deviceIterations(12)
+    assert (opts.gradient_accumulation, opts.device_iterations) == (3, 4)
+    assert (copy.gradient_accumulation, copy.device_iterations) == (1, 12)
+    with pytest.raises(ValueError, match="expected Training.gradientAccumulation 1"):
+        poptorch.inferenceModel(_Classifier(), opts)
+
+
+# --- optimizers ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["torch_sgd", "torch_adam", "poptorch_adamw", "default"])
+def test_optimizers_train_as_torch_optim(kind):
+    batches = _batches(6)
+
+    def make(model):
+        params = model.parameters()
+        return {"torch_sgd": lambda: torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-3),
+                "torch_adam": lambda: torch.optim.Adam(params, lr=0.01),
+                "poptorch_adamw": lambda: poptorch.optim.AdamW(params, lr=0.01, weight_decay=0.05,
+                                                               accum_type=torch.float32, loss_scaling=None),
+                "default": lambda: torch.optim.SGD(params, lr=0.01)}[kind]()
+
+    ref = _Classifier()
+    want = _torch_losses(ref, make(ref), batches)
+    model = _Classifier()
+    training = poptorch.trainingModel(model, poptorch.Options(), None if kind == "default" else make(model))
+    got = [float(training(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_a_scheduler_drives_the_learning_rate_through_set_optimizer():
+    batches = _batches(6)
+    ref = _Classifier()
+    ref_opt = poptorch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.5)
+    want = _torch_losses(ref, ref_opt, batches, torch.optim.lr_scheduler.StepLR(ref_opt, step_size=2, gamma=0.3))
+    model = _Classifier()
+    opt = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.3)
+    training = poptorch.trainingModel(model, optimizer=opt)
+    got = []
+    for x, y in batches:
+        got.append(float(training(x, y)))
+        sched.step()
+        training.setOptimizer(opt)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_optimizers_aspen_cannot_follow_are_refused_by_name():
+    m = _Classifier()
+    with pytest.raises(NotImplementedError, match="RMSprop and the others have no update rule"):
+        poptorch.trainingModel(m, optimizer=poptorch.optim.RMSprop(m.parameters(), lr=0.01))
+    with pytest.raises(NotImplementedError, match="Adam's L2 penalty"):
+        poptorch.trainingModel(m, optimizer=torch.optim.Adam(m.parameters(), lr=0.01, weight_decay=0.1))
+    with pytest.raises(NotImplementedError, match="accum_type=torch.float16: aspen keeps optimizer state in float32"):
+        poptorch.optim.AdamW(m.parameters(), lr=0.01, accum_type=torch.float16)
+    groups = [{"params": m.net[0].parameters()}, {"params": m.net[2].parameters(), "lr": 0.1}]
+    with pytest.raises(NotImplementedError, match="expected one parameter group, found 2"):
+        poptorch.trainingModel(m, optimizer=torch.optim.SGD(groups, lr=0.01))
+
+
+# --- weights kept in sync --------------------------------------------------------------------------------
+
+def test_host_weights_follow_the_training_model_without_copy_weights_to_host():
+    batches = _batches(5)
+    ref = _Classifier()
+    _torch_losses(ref, torch.optim.SGD(ref.parameters(), lr=0.1), batches)
+    model = _Classifier()
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    inference = poptorch.inferenceModel(model.net)  # the inner module, as the MNIST tutorial does
+    x = batches[0][0]
+    before = inference(x)  # compiled on the initial weights
+    for xb, yb in batches:
+        training(xb, yb)
+    with torch.no_grad():
+        want = ref.net(x)
+    torch.testing.assert_close(torch.as_tensor(inference(x)), want, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(torch.as_tensor(before), want)
+    state = model.state_dict()  # the trained weights, no copyWeightsToHost
+    torch.testing.assert_close(state["net.0.weight"], ref.net[0].weight, rtol=1e-5, atol=1e-6)
+    training(*batches[0])  # one more step: state_dict follows it
+    assert not torch.allclose(model.state_dict()["net.0.weight"], ref.net[0].weight)
+
+
+def test_identity_loss_reduces_as_poptorch():
+    x = torch.tensor([1.0, 2.0, 3.0])
+    assert float(poptorch.identity_loss(x, "sum")) == 6.0
+    assert float(poptorch.identity_loss(x, "mean")) == 2.0
+    assert poptorch.identity_loss(x, "none") is x
+    with pytest.raises(ValueError, match="expected 'sum', 'mean' or 'none', found 'max'"):
+        poptorch.identity_loss(x, "max")
