@@ -125,7 +125,9 @@ TrainingModel::~TrainingModel() = default;
 
 Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::string, const Tensor*>& inputs) {
   ASPEN_ASSIGN_OR_RETURN(const std::vector<float> losses, runner_->run(inputs));
-  return losses_by_mode(options_, losses);
+  ASPEN_ASSIGN_OR_RETURN(auto out, losses_by_mode(options_, losses));
+  for (const auto& [name, t] : runner_->last_outputs()) out[name] = t.clone();
+  return out;
 }
 
 const TrainingOptions& TrainingModel::training_options() const { return runner_->training_options(); }

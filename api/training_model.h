@@ -21,7 +21,9 @@
 // two dimensions merged, PopTorch's combined batch). The micro-batches of one
 // step are consecutive. Output "loss" is each step's loss (the mean of its
 // micro-batches' losses) by the output mode: all → [device_iterations],
-// final → the last step's, sum → their sum.
+// final → the last step's, sum → their sum. TrainingOptions::outputs come
+// beside it, each [micro-batches, ...] with every micro-batch this process
+// ran, in the inputs' order (the output mode is the caller's to apply).
 //
 // What runs is train/program.h's fused or split step. The host decides, per
 // step, the learning rate (the schedule at the step about to be made), the

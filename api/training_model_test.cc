@@ -816,3 +816,62 @@ TEST(Plan, TheModelsPlanIsItsLayout) {
 
 }  // namespace
 }  // namespace aspen::api
+
+namespace aspen::api {
+namespace {
+
+// TrainingOptions::outputs: the forward's other outputs of every micro-batch beside the loss, in the inputs'
+// order, for the fused step, accumulation and replicas. With lr 0 the weights stay, so micro-batch k's output
+// is its rows of x times w.
+TEST(TrainingModel, ReturnsEveryMicroBatchsOutputsBesideTheLoss) {
+  graph::Graph g;
+  {
+    graph::Builder b(g);
+    const graph::ValueId x = b.input("x", DType::f32, {2, 3});
+    const graph::ValueId w = b.parameter("w", DType::f32, {3, 4});
+    const graph::ValueId y = b.matmul(x, w);
+    b.output("y", y);
+    b.output("loss", b.reduce_sum(b.mul(y, y), {0, 1}));
+    ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  }
+  Tensor w(DType::f32, {3, 4});
+  for (int64_t i = 0; i < 12; ++i) w.data<float>()[i] = 0.1f * float(i) - 0.5f;
+  struct Layout {
+    int64_t iters, acc, replicas;
+  };
+  for (const Layout& l : {Layout{3, 1, 1}, Layout{2, 2, 1}, Layout{2, 1, 2}}) {
+    SCOPED_TRACE("iterations " + std::to_string(l.iters) + ", accumulation " + std::to_string(l.acc) +
+                 ", replicas " + std::to_string(l.replicas));
+    Options o;
+    o.threads(1).device_iterations(l.iters).gradient_accumulation(l.acc).replication_factor(l.replicas);
+    TrainingOptions t;
+    t.optimizer.kind = train::OptimizerKind::sgd;
+    t.schedule.lr = 0.0;
+    t.outputs = {"y"};
+    auto m = TrainingModel::create(g, o, t);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    ASSERT_TRUE((*m)->copy_weights_to_device({{"w", &w}}).is_ok());
+    const int64_t n = l.iters * l.acc * l.replicas;
+    Tensor x(DType::f32, {n * 2, 3});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::sin(float(i));
+    auto out = (*m)->run({{"x", &x}});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    ASSERT_TRUE(out->count("y") && out->count("loss"));
+    const Tensor& y = out->at("y");
+    ASSERT_EQ(y.shape(), (Shape{n, 2, 4}));
+    for (int64_t r = 0; r < n * 2; ++r)
+      for (int64_t c = 0; c < 4; ++c) {
+        float want = 0;
+        for (int64_t k = 0; k < 3; ++k) want += x.data<float>()[r * 3 + k] * w.data<float>()[k * 4 + c];
+        EXPECT_NEAR(y.data<float>()[r * 4 + c], want, 1e-5) << "row " << r << " column " << c;
+      }
+  }
+  TrainingOptions bad;
+  bad.outputs = {"z"};
+  auto m = TrainingModel::create(g, Options().threads(1), bad);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_EQ(m.status().subject(), "training output 'z'") << m.status().to_string();
+}
+
+}  // namespace
+}  // namespace aspen::api

@@ -267,6 +267,8 @@ api::TrainingOptions training_from(const nb::dict& d) {
       }
     } else if (key == "dynamic_loss_scaling") {
       if (nb::cast<bool>(v)) t.loss_scaling.mode = train::LossScaling::dynamic;
+    } else if (key == "outputs") {
+      t.outputs = nb::cast<std::vector<std::string>>(v);
     } else if (key == "reduction") {
       const std::string s = nb::cast<std::string>(v);
       if (s == "mean") t.reduction = api::Reduction::mean;

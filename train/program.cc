@@ -23,6 +23,18 @@ Graph loss_only(const Graph& forward, const std::string& loss) {
   return g;
 }
 
+Result<Graph> loss_and(const Graph& forward, const std::string& loss, const std::vector<std::string>& outputs) {
+  for (const std::string& o : outputs)
+    if (o == loss || !forward.find_output(o))
+      return Status::invalid_argument("training output '" + o + "'",
+                                      "an output of the forward graph other than the loss '" + loss + "'",
+                                      o == loss ? std::string("the loss") : std::string("no output of that name"));
+  Graph g = forward;
+  for (const auto& [name, v] : forward.outputs())
+    if (name != loss && std::find(outputs.begin(), outputs.end(), name) == outputs.end()) g.remove_output(name);
+  return g;
+}
+
 namespace {
 
 // Not trained: state by name, and a parameter the forward graph updates itself (a batch norm's running
@@ -39,7 +51,8 @@ struct Differentiated {
 };
 
 Result<Differentiated> differentiate(const Graph& forward, const ProgramOptions& o) {
-  Differentiated d{loss_only(forward, o.loss), {}, {}};
+  ASPEN_ASSIGN_OR_RETURN(Graph kept, loss_and(forward, o.loss, o.outputs));
+  Differentiated d{std::move(kept), {}, {}};
   const std::optional<ValueId> loss = forward.find_output(o.loss);
   if (!loss)
     return Status::invalid_argument("training graph: output '" + o.loss + "'", "the scalar loss to minimise",

@@ -30,8 +30,9 @@
 // Every program that differentiates multiplies the loss by the input
 // "train.loss_scale" f32[] first when loss scaling is on; the optimizer's
 // input "optimizer.grad_scale" then carries 1 / (loss_scale · accumulation)
-// times the clipping factor. The forward graph's other outputs are dropped;
-// "loss" (unscaled) is each differentiating program's output.
+// times the clipping factor. The forward graph's other outputs are dropped
+// but ProgramOptions::outputs; "loss" (unscaled) and those are each
+// differentiating program's outputs.
 //
 // Parameters named "state.*" (program state such as KV caches) and non-f32
 // parameters are not trained.
@@ -60,6 +61,9 @@ bool is_state_name(std::string_view name);
 // `forward` with output `loss` its only output (the others dropped; dead-code
 // elimination removes what only they needed).
 graph::Graph loss_only(const graph::Graph& forward, const std::string& loss);
+// The same, keeping `outputs` too (each must be an output of `forward`: an error names a missing one).
+Result<graph::Graph> loss_and(const graph::Graph& forward, const std::string& loss,
+                              const std::vector<std::string>& outputs);
 
 struct ProgramOptions {
   OptimizerOptions optimizer;
@@ -68,6 +72,7 @@ struct ProgramOptions {
   bool dynamic_loss_scale = false;  // the host skips overflowing steps (needs the norm program)
   bool loss_scale_input = false;    // record "train.loss_scale" (static or dynamic loss scaling)
   std::string loss = "loss";        // the forward graph's output to minimise
+  std::vector<std::string> outputs;  // forward outputs the differentiating programs output too
   bool split = false;               // the split step even when the fused one would do (data parallel)
   // The split step's norm and step programs in this many shards: contiguous
   // groups of the parameters (graph order) of about equal size, so that

@@ -47,6 +47,13 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
   po.dynamic_loss_scale = training.loss_scaling.mode == train::LossScaling::dynamic;
   po.loss_scale_input = training.loss_scaling.mode != train::LossScaling::none;
   po.loss = training.loss;
+  po.outputs = training.outputs;
+  if (!training.outputs.empty() &&
+      (training.pipeline.stages > 1 || options.tensor_parallel > 1 || options.model_across_processes))
+    return Status::error(Code::kUnimplemented,
+                         "training outputs beside the loss ('" + training.outputs.front() + "', ...)",
+                         "one device per replica (no pipeline stages, tensor shards or model across processes)",
+                         "a layout that splits the model");
   const int local = int(options.replication_factor);
   const bool data_parallel = local > 1 || options.mpi;
   const int tp = int(options.tensor_parallel);
@@ -570,7 +577,10 @@ Result<std::vector<float>> Runner::run(const std::map<std::string, const Tensor*
                          "a step failed earlier and aborted its groups (data, tensor or pipe)",
                          "create the model again (and reload a checkpoint)");
   last_.clear();
+  last_outputs_.clear();
+  output_pieces_.clear();
   Result<std::vector<float>> out = pipe_ || programs_.split() ? run_steps(inputs) : run_fused(inputs);
+  if (out.is_ok()) ASPEN_RETURN_IF_ERROR(join_outputs());
   if (trace_) ASPEN_RETURN_IF_ERROR(profile::write_chrome_trace(trace_->events(), options_.profile));
   return out;
 }

@@ -123,6 +123,9 @@ class Runner {
   // device_iterations steps; each step's loss.
   Result<std::vector<float>> run(const std::map<std::string, const Tensor*>& inputs);
   const std::vector<StepStats>& last_steps() const { return last_; }
+  // The last run()'s TrainingOptions::outputs: each [micro-batches, ...] with this process's micro-batches in
+  // the order the inputs hold them ((step · accumulation + micro) · local replicas + replica).
+  const std::map<std::string, Tensor>& last_outputs() const { return last_outputs_; }
   const PipelineStats& last_pipeline_stats() const { return pipe_stats_; }
   int pipeline_stages() const { return pipe_ ? int(pipe_->stages.size()) : 1; }
   // The stage of each forward-graph node (-1: inputs, parameters, constants): where the cut fell.
@@ -163,6 +166,8 @@ class Runner {
     // parameters' transport, whose endpoints are the stages. None without stages.
     std::map<int, std::unique_ptr<parallel::Transport>> transports;
     std::vector<std::vector<float>> losses;  // by device: each micro-batch's loss where the device computes it
+    // By device, by micro-batch: TrainingOptions::outputs of its pass.
+    std::vector<std::vector<std::map<std::string, Tensor>>> outputs;
     std::vector<std::vector<float>> sq;      // by device: Σg² by parameter of the reduced gradients it holds
     std::vector<double> busy_s;              // by device: seconds in its passes
   };
@@ -251,6 +256,17 @@ class Runner {
   train::LossScaler scaler_;
   int64_t steps_done_ = 0;
   std::vector<StepStats> last_;
+  std::map<std::string, Tensor> last_outputs_;
+  // The run's outputs as they come, by name: tensors of whole micro-batches of shape `per`, joined into
+  // last_outputs_ at the end of run().
+  struct OutputPieces {
+    Shape per;
+    int64_t count = 0;  // micro-batches in `parts`
+    std::vector<Tensor> parts;
+  };
+  std::map<std::string, OutputPieces> output_pieces_;
+  void add_output(const std::string& name, Tensor t, const Shape& per);
+  Status join_outputs();
   std::vector<std::string> input_names_;  // the forward graph's inputs
   int eval_program_ = -1;
   std::unique_ptr<parallel::DataParallelGroup> dp_;  // null: one replica, no MPI

@@ -125,6 +125,14 @@ Result<std::vector<float>> Runner::run_fused(const std::map<std::string, const T
     ran = session_->run(feeds, r, prog);
   }
   ASPEN_ASSIGN_OR_RETURN(auto out, std::move(ran));
+  for (const std::string& name : training_.outputs) {  // each [iters, ...per] (output mode all)
+    auto o = out.find(name);
+    const auto b = std::find_if(exe.outputs.begin(), exe.outputs.end(),
+                                [&](const compiler::Binding& x) { return x.name == name; });
+    if (o == out.end() || b == exe.outputs.end())
+      return Status::error(Code::kInternal, "the fused training step", "an output " + name, "none");
+    add_output(name, std::move(o->second), b->type.shape);
+  }
   const Tensor& loss = out.at(training_.loss);
   std::vector<float> losses(loss.span<float>().begin(), loss.span<float>().end());
   for (int64_t i = 0; i < iters; ++i) {
@@ -137,6 +145,28 @@ Result<std::vector<float>> Runner::run_fused(const std::map<std::string, const T
     if (!std::isfinite(s.loss)) return check_finite_weights(s.step, s.loss);
   }
   return losses;
+}
+
+void Runner::add_output(const std::string& name, Tensor t, const Shape& per) {
+  OutputPieces& p = output_pieces_[name];
+  p.per = per;
+  p.count += per.numel() == 0 ? 1 : t.numel() / per.numel();
+  p.parts.push_back(std::move(t));
+}
+
+Status Runner::join_outputs() {
+  for (auto& [name, p] : output_pieces_) {
+    if (p.parts.empty()) continue;
+    ASPEN_ASSIGN_OR_RETURN(Tensor all, Tensor::make_uninitialized(p.parts.front().dtype(), util::prepend(p.count, p.per)));
+    char* at = static_cast<char*>(all.raw());
+    for (const Tensor& t : p.parts) {
+      if (t.nbytes()) std::memcpy(at, t.raw(), t.nbytes());
+      at += t.nbytes();
+    }
+    last_outputs_[name] = std::move(all);
+  }
+  output_pieces_.clear();
+  return Status();
 }
 
 Result<float> Runner::step_loss(const std::vector<float>& local) {
@@ -246,6 +276,8 @@ Result<std::vector<float>> Runner::run_steps(const std::map<std::string, const T
     step.per = &per;
     step.loss_scale = scalar_f32(float(s.loss_scale));
     step.losses.resize(size_t(D));
+    step.outputs.resize(size_t(D));
+    for (auto& by_micro : step.outputs) by_micro.resize(size_t(acc));
     step.sq.resize(size_t(D));
     step.busy_s.assign(size_t(D), 0.0);
     ASPEN_RETURN_IF_ERROR(open_transports(step));
@@ -265,6 +297,12 @@ Result<std::vector<float>> Runner::run_steps(const std::map<std::string, const T
     for (int64_t a = 0; a < acc; ++a)
       for (int l = 0; l < Ld; ++l) local_losses.push_back(step.losses[size_t(loss_device[size_t(l)])][size_t(a)]);
     ASPEN_ASSIGN_OR_RETURN(s.loss, step_loss(local_losses));
+    for (int64_t a = 0; a < acc; ++a)  // the outputs in the inputs' order: micro-batch, then local replica
+      for (int l = 0; l < Ld; ++l)
+        for (auto& [name, t] : step.outputs[size_t(loss_device[size_t(l)])][size_t(a)]) {
+          const Shape shape = t.shape();
+          add_output(name, std::move(t), shape);
+        }
     ASPEN_ASSIGN_OR_RETURN(const double sq, step_norm(step));
     // After the decision each device runs the rest of its plan.
     auto apply = [&](const Tensor& lr, const Tensor& gs) -> Status {

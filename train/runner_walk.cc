@@ -187,6 +187,12 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         ASPEN_ASSIGN_OR_RETURN(out, std::move(ran));
         step.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
         if (!pipe_) losses[size_t(m)] = out.at(training_.loss).data<float>()[0];  // the micro program's
+        for (const std::string& name : training_.outputs) {  // beside the loss (one device per replica)
+          auto o = out.find(name);
+          if (o == out.end())
+            return Status::error(Code::kInternal, where(), "the pass to output " + name, "no such output");
+          step.outputs[size_t(d)][size_t(m)][name] = std::move(o->second);
+        }
         stash.erase(m);
         grads.erase(m);
         break;

@@ -30,6 +30,9 @@ struct TrainingOptions {
   double clip_grad_norm = 0.0;      // > 0: clip the global gradient norm to this (torch.nn.utils.clip_grad_norm_)
   LossScaleOptions loss_scaling;
   std::string loss = "loss";        // the forward graph's output to minimise
+  // Forward-graph outputs returned beside the loss, every micro-batch's (Runner::last_outputs; PopTorch's
+  // `output, loss = model(x, y)`). Not with pipeline stages, tensor shards or a model across processes.
+  std::vector<std::string> outputs;
   Reduction reduction = Reduction::mean;
   // Pipeline parallel: the forward graph cut into `stages` stages, one device
   // each (train/pipeline.h: from the model's stage tags, or balanced); the

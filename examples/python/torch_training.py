@@ -40,7 +40,8 @@ training = aspen.trainingModel(model, opts, optimizer=optimizer)
 
 for call in range(25):
     x, y = batch(4 * 2 * 32, g)               # the combined batch: 4 x 2 micro-batches of 32
-    loss = training(x, y)                     # the last step's loss (OutputMode.Final)
+    logits, loss = training(x, y)             # what forward returns: the last micro-batch's logits, the
+                                              # last step's loss (OutputMode.Final)
     if call % 5 == 0:
         print(f"call {call:2d}: loss {float(loss):.4f}")
 training.copyWeightsToHost()

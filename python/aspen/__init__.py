@@ -5,7 +5,7 @@
     opts.Training.gradientAccumulation(2)
     training = aspen.trainingModel(model, opts, optimizer=aspen.optim.AdamW(model.parameters(), lr=1e-3))
     for x, y in loader:
-        loss = training(x, y)
+        out, loss = training(x, y)   # what forward returns, (output, loss)
     training.copyWeightsToHost()
 
 See docs/python.md. The C++ engine does the work (the extension module aspen._aspen); this package adapts

@@ -17,7 +17,7 @@ import numpy as np
 from . import _aspen, _check
 from ._source import Source
 from .optim import Optimizer
-from .options import Options
+from .options import Options, OutputMode
 
 __all__ = ["inferenceModel", "trainingModel", "InferenceModel", "TrainingModel"]
 
@@ -487,10 +487,15 @@ class TrainingModel(_Model):
         arrays, framework = self._bind(args, kwargs)
         if self._program is None:
             self._compile(arrays)
-        out = self._program.run(self._source.feeds(arrays))["loss"]
+        ran = self._program.run(self._source.feeds(arrays))
+        out = ran["loss"]
         self._calls += 1
         if hasattr(self._user_optimizer, "param_groups") and not isinstance(self._user_optimizer, Optimizer):
             self._user_optimizer._opt_called = True  # a torch optimizer stepped (on the device): its schedulers know
+        if self._outputs:  # NOTE [training outputs]: what forward returns, (output, loss) as PopTorch returns it
+            values = {n: self._by_mode(ran[n]) for n in self._outputs}
+            values[self._loss["output"]] = out
+            return self._source.outputs(values, framework)
         if framework == "torch":
             import torch
             return torch.from_numpy(out)
@@ -499,6 +504,34 @@ class TrainingModel(_Model):
     def compile(self, *args, **kwargs):
         arrays, _ = self._bind(args, kwargs)
         self._compile(arrays)
+
+    # NOTE [training outputs]: a torch module's training call returns what its forward returns, as PopTorch's
+    # does (`output, loss = model(x, y)`): the program outputs each of forward's other outputs for every
+    # micro-batch (train::TrainingOptions::outputs), and the output mode picks from them as it picks the
+    # losses: All every micro-batch's (merged on the first dimension, in the inputs' order), Final the last
+    # micro-batch of each replica, Sum their sum over the steps' micro-batches (per replica), EveryN the last
+    # micro-batch of every N-th step. An ONNX file, a Keras model and a loss aspen adds (loss="mse") return
+    # the loss alone. Not with pipeline stages or tensor shards yet (refused by name).
+    _outputs = ()
+
+    def _by_mode(self, a):
+        o = self._options
+        R, iters, acc = o.replication_factor, o.device_iterations, o.gradient_accumulation
+        mode = o.output_mode
+        per = tuple(a.shape[1:])
+        if mode in (OutputMode.All,):
+            sel = a
+        elif mode in (OutputMode.Final, OutputMode.Default):
+            sel = a[-R:]
+        elif mode is OutputMode.Sum:
+            sel = a.reshape((iters * acc, R) + per).sum(0)
+        else:  # EveryN
+            n = o._values["output_every_n"]
+            sel = a.reshape((iters, acc, R) + per)[n - 1::n, -1].reshape((-1,) + per)
+        k = sel.shape[0]
+        if per:
+            return sel.reshape((k * per[0],) + per[1:])
+        return sel[0] if k == 1 else sel
 
     def _compile(self, arrays):
         training = dict(self._settings)
@@ -510,6 +543,10 @@ class TrainingModel(_Model):
         model_inputs = {n: a for n, a in arrays.items() if n != self._loss.get("targets")}
         example = self._example(model_inputs, shapes)
         path = self._source.export(example, training=True, loss_kind=self._loss.get("kind"))
+        if "output" in self._loss and getattr(self._source, "module", None) is not None:
+            self._outputs = tuple(n for n in self._source.output_names if n != self._loss["output"])
+            if self._outputs:
+                training["outputs"] = list(self._outputs)
         trained = self._source.parameter_names(self._optimizer.params)
         with self._source.naming_errors(path):
             self._program = _aspen.OnnxProgram(path, {n: shapes[n] for n in model_inputs},

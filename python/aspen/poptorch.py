@@ -7,8 +7,9 @@ default optimizer, SGD at lr 0.01; torch.optim's optimizers and poptorch.optim's
 settings accepted and reported once as having no effect), OutputMode, ReductionType, DataLoader and
 DataLoaderMode (torch.utils.data underneath, PopTorch's combined batch, asynchronous prefetch),
 identity_loss, and the host weights kept in sync with the training model (NOTE [implicit weight sync],
-model.py). Not yet: a training call returning the model's outputs beside the loss, Block / BeginBlock and
-the execution strategies, anchored tensors, stochastic rounding; each is refused by name, never ignored.
+model.py); a training call returns what forward returns (NOTE [training outputs], model.py). Not yet:
+Block / BeginBlock and the execution strategies, anchored tensors, stochastic rounding, synthetic data; each
+is refused by name, never ignored.
 """
 
 import enum

@@ -93,7 +93,12 @@ def aspen_sgd_losses(model, batches, lr):
     """The same steps through aspen.trainingModel: the training model and its losses."""
     import aspen
     training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=lr))
-    return training, [float(_call(training, b)) for b in batches]
+    return training, [loss_value(_call(training, b)) for b in batches]
+
+
+def loss_value(out):
+    """The loss of a training call, which returns what forward returns (NOTE [training outputs])."""
+    return float(_loss_of(out))
 
 
 def assert_same_parameters(model, ref, rtol=1e-4, atol=1e-6):

@@ -39,14 +39,14 @@ opts.Distributed.configureProcessId(rank, size)
 model = make()
 training = aspen.trainingModel(model, opts, optimizer=aspen.optim.AdamW(model.parameters(), lr=1e-2))
 # Each process feeds its replica's micro-batch of every step (rows rank*4 .. rank*4+3).
-losses = [float(training(x[rank * 4:(rank + 1) * 4], y[rank * 4:(rank + 1) * 4])) for x, y in steps]
+losses = [float(training(x[rank * 4:(rank + 1) * 4], y[rank * 4:(rank + 1) * 4])[1]) for x, y in steps]
 training.copyWeightsToHost()
 
 ref_model = make()
 ref_opts = aspen.Options()
 ref_opts.Training.gradientAccumulation(size)
 ref = aspen.trainingModel(ref_model, ref_opts, optimizer=aspen.optim.AdamW(ref_model.parameters(), lr=1e-2))
-want = [float(ref(x, y)) for x, y in steps]
+want = [float(ref(x, y)[1]) for x, y in steps]
 ref.copyWeightsToHost()
 
 np.testing.assert_allclose(losses, want, rtol=1e-6)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import aspen
-from conftest import aspen_sgd_losses, sgd_losses
+from conftest import aspen_sgd_losses, loss_value, sgd_losses
 
 import torchvision  # required: scripts/install-deps.sh installs it (with torch), as it does transformers
 import transformers
@@ -104,7 +104,7 @@ def test_bert_classifier_trains_with_dropout():
         model = transformers.BertForSequenceClassification(config(0.1))
         training = aspen.trainingModel(model, aspen.Options().randomSeed(seed),
                                        optimizer=aspen.optim.SGD(model.parameters(), lr=0.05))
-        return [float(training(**b)) for b in batches]
+        return [loss_value(training(**b)) for b in batches]
 
     a, b = dropped(5), dropped(5)
     assert a == b
@@ -198,7 +198,7 @@ def test_mobilenet_v3_small_trains_with_its_bernoulli_dropout():
         model = WithLoss(0.2)
         training = aspen.trainingModel(model, aspen.Options().randomSeed(seed),
                                        optimizer=aspen.optim.SGD(model.parameters(), lr=0.01))
-        return [float(training(**b)) for b in batches]
+        return [loss_value(training(**b)) for b in batches]
 
     a, b = dropped(5), dropped(5)
     assert a == b and np.all(np.isfinite(a))

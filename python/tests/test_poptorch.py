@@ -219,3 +219,66 @@ def test_identity_loss_reduces_as_poptorch():
     assert poptorch.identity_loss(x, "none") is x
     with pytest.raises(ValueError, match="expected 'sum', 'mean' or 'none', found 'max'"):
         poptorch.identity_loss(x, "max")
+
+
+class _Tutorial(torch.nn.Module):
+    """The tutorials' model: (output, loss) in training, the output alone in inference."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4)
+        self.net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4),
+                                       torch.nn.LogSoftmax(dim=1))
+        self.loss = torch.nn.NLLLoss()
+
+    def forward(self, x, labels=None):
+        out = self.net(x)
+        if self.training:
+            return out, self.loss(out, labels)
+        return out
+
+
+@pytest.mark.parametrize("mode", ["Default", "All"])
+def test_output_and_loss_come_back_as_forward_returns_them(mode):
+    """`output, loss = model(data, labels)` with deviceIterations 2 x gradientAccumulation 2: the output of
+    the micro-batches the mode picks (Final: the last), each computed before its step's update."""
+    batches = _batches(8, rows=4)
+    ref = _Tutorial()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    want_out, want_loss = [], []
+    for step in range(4):
+        opt.zero_grad()
+        losses = []
+        for x, y in batches[2 * step:2 * step + 2]:
+            out, loss = ref(x, y)
+            (loss / 2).backward()
+            want_out.append(out.detach())
+            losses.append(loss.item())
+        opt.step()
+        want_loss.append(sum(losses) / 2)
+    opts = poptorch.Options().deviceIterations(2)
+    opts.Training.gradientAccumulation(2)
+    if mode == "All":
+        opts.outputMode(poptorch.OutputMode.All)
+    model = _Tutorial()
+    training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    loader = poptorch.DataLoader(opts, torch.utils.data.TensorDataset(torch.cat([b[0] for b in batches]),
+                                                                      torch.cat([b[1] for b in batches])),
+                                 batch_size=4)
+    got_out, got_loss = [], []
+    for x, y in loader:
+        out, loss = training(x, y)
+        got_out.append(out)
+        got_loss.append(loss)
+    if mode == "All":
+        torch.testing.assert_close(torch.cat(got_out), torch.cat(want_out), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(torch.cat(got_loss).numpy(), want_loss, rtol=1e-5)
+    else:
+        torch.testing.assert_close(torch.stack(got_out), torch.stack([want_out[3], want_out[7]]), rtol=1e-5,
+                                   atol=1e-6)
+        np.testing.assert_allclose([float(v) for v in got_loss], [want_loss[1], want_loss[3]], rtol=1e-5)
+    model.eval()  # the tutorials' evaluation: the same module, inference, no copyWeightsToHost
+    x = batches[0][0]
+    with torch.no_grad():
+        ref.eval()
+        torch.testing.assert_close(poptorch.inferenceModel(model)(x), ref(x), rtol=1e-5, atol=1e-6)

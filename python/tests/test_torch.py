@@ -11,7 +11,7 @@ import torch  # required: scripts/install-deps.sh installs it
 import torch.nn.functional as F
 
 import aspen
-from conftest import aspen_sgd_losses, assert_same_parameters, sgd_losses, assert_close
+from conftest import aspen_sgd_losses, assert_same_parameters, sgd_losses, assert_close, loss_value
 
 
 class Mlp(torch.nn.Module):
@@ -112,15 +112,17 @@ def test_torch_tensors_cross_without_copies():
     torch.testing.assert_close(logits2, logits, rtol=0, atol=0)
 
 
-def torch_steps(model, batches, lr=1e-3, weight_decay=0.01):
+def torch_steps(model, batches, lr=1e-3, weight_decay=0.01, outputs=None):
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     losses = []
     for x, y in batches:
         opt.zero_grad()
-        _, loss = model(x, y)
+        out, loss = model(x, y)
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        if outputs is not None:
+            outputs.append(out.detach())
     return losses
 
 
@@ -132,7 +134,7 @@ def test_ten_adamw_steps_equal_torch(kind):
     model = make(kind)
     training = aspen.trainingModel(model, optimizer=aspen.optim.AdamW(model.parameters(), lr=1e-3,
                                                                       weight_decay=0.01))
-    got = [float(training(x, y)) for x, y in batches]
+    got = [loss_value(training(x, y)) for x, y in batches]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
     # Before copyWeightsToHost the module still holds its initial weights; after, aspen's.
     first = make(kind)
@@ -158,7 +160,7 @@ def test_replicas_equal_gradient_accumulation_bit_for_bit():
         model = make("mlp")
         training = aspen.trainingModel(model, opts, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1,
                                                                               momentum=0.9))
-        losses = [training(x, y).numpy().copy() for x, y in combined]
+        losses = [training(x, y)[1].numpy().copy() for x, y in combined]
         training.copyWeightsToHost()
         return losses, [p.detach().clone() for p in model.parameters()]
 
@@ -174,9 +176,12 @@ def test_replicas_equal_gradient_accumulation_bit_for_bit():
 
 @pytest.mark.parametrize("mode", ["All", "Final", "Sum", "EveryN"])
 def test_device_iterations_in_training_by_output_mode(mode):
+    """A call returns what forward returns, (output, loss), each by the output mode (NOTE [training
+    outputs]): the outputs of the steps the mode picks, as forward computed them before each update."""
     batches = data("mlp", 4)
     ref = make("mlp")
-    want = torch_steps(ref, batches)
+    outs = []
+    want = torch_steps(ref, batches, outputs=outs)
     opts = aspen.Options().deviceIterations(4)
     if mode == "EveryN":
         opts.outputMode(aspen.OutputMode.EveryN, 2)
@@ -186,15 +191,21 @@ def test_device_iterations_in_training_by_output_mode(mode):
     training = aspen.trainingModel(model, opts, optimizer=aspen.optim.AdamW(model.parameters(), lr=1e-3))
     x = torch.cat([b[0] for b in batches])
     y = torch.cat([b[1] for b in batches])
-    got = training(x, y).numpy()
+    out, loss = training(x, y)
+    got = loss.numpy()
     if mode == "All":
         np.testing.assert_allclose(got, want, rtol=1e-4)
+        want_out = torch.cat(outs)
     elif mode == "Final":
         np.testing.assert_allclose(got, want[-1], rtol=1e-4)
+        want_out = outs[-1]
     elif mode == "EveryN":
         np.testing.assert_allclose(got, [want[1], want[3]], rtol=1e-4)
+        want_out = torch.cat([outs[1], outs[3]])
     else:
         np.testing.assert_allclose(got, sum(want), rtol=1e-4)
+        want_out = sum(outs)
+    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-5)
     assert [s["step"] for s in training.lastSteps()] == [1, 2, 3, 4]
 
 
@@ -219,7 +230,7 @@ def test_set_optimizer_changes_the_learning_rate_without_recompiling():
         if i == 2:
             optimizer.param_groups[0]["lr"] = 0.01
             training.setOptimizer(optimizer)
-        got.append(float(training(x, y)))
+        got.append(loss_value(training(x, y)))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     with pytest.raises(ValueError, match="momentum"):
         training.setOptimizer(aspen.optim.SGD(model.parameters(), lr=0.1, momentum=0.5))
@@ -231,10 +242,10 @@ def test_detach_and_come_back_goes_on_as_if_it_had_stayed():
     want = torch_steps(ref, batches)
     model = make("mlp")
     training = aspen.trainingModel(model, optimizer=aspen.optim.AdamW(model.parameters(), lr=1e-3))
-    got = [float(training(x, y)) for x, y in batches[:3]]
+    got = [loss_value(training(x, y)) for x, y in batches[:3]]
     training.detachFromDevice()
     assert not training.isCompiled()
-    got += [float(training(x, y)) for x, y in batches[3:]]
+    got += [loss_value(training(x, y)) for x, y in batches[3:]]
     np.testing.assert_allclose(got, want, rtol=1e-4)
     training.copyWeightsToHost()
     for (n, p), (_, pr) in zip(model.named_parameters(), ref.named_parameters()):
@@ -276,7 +287,7 @@ def test_a_named_loss_over_a_module_that_returns_logits():
         opt.step()
         want.append(loss.item())
     training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1), loss="cross_entropy")
-    got = [float(training(x, targets=y)) for x, y in batches]
+    got = [loss_value(training(x, targets=y)) for x, y in batches]
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
@@ -389,7 +400,7 @@ def test_loss_scaling_leaves_f32_training_unchanged(scaling):
         model = make("mlp")
         training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1,
                                                                         loss_scaling=loss_scaling))
-        return [float(training(x, y)) for x, y in batches], training.lastSteps()
+        return [loss_value(training(x, y)) for x, y in batches], training.lastSteps()
 
     plain, _ = run(None)
     scaled, steps = run(scaling)
@@ -403,7 +414,7 @@ def test_lamb_trains():
     batches = data("mlp", 1) * 8
     model = make("mlp")
     training = aspen.trainingModel(model, optimizer=aspen.optim.LAMB(model.parameters(), lr=1e-2))
-    losses = [float(training(x, y)) for x, y in batches]
+    losses = [loss_value(training(x, y)) for x, y in batches]
     assert losses[-1] < 0.8 * losses[0]
 
 
@@ -458,7 +469,7 @@ def test_open_ended_slices_in_a_training_loss_equal_torch():
     got_out, got_loss = aspen.inferenceModel(copy.deepcopy(ref))(x, labels)
     np.testing.assert_allclose(float(got_loss), float(want_loss.detach()), rtol=1e-5)
     training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.01))
-    np.testing.assert_allclose(float(training(x, labels)), float(want_loss.detach()), rtol=1e-5)
+    np.testing.assert_allclose(loss_value(training(x, labels)), float(want_loss.detach()), rtol=1e-5)
     # One SGD step of torch's own gives the weights aspen's step gave.
     opt = torch.optim.SGD(ref.parameters(), lr=0.01)
     opt.zero_grad()
@@ -493,7 +504,7 @@ def test_dropout_trains_with_one_mask_forward_and_backward():
         out = []
         for _ in range(calls):
             before = model.w.detach().clone()
-            loss = float(training(x))
+            loss = loss_value(training(x))
             training.copyWeightsToHost()
             out.append((loss, (before - model.w.detach()) / lr, before))
         return out

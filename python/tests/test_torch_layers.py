@@ -9,7 +9,7 @@ import pytest
 import torch  # required: scripts/install-deps.sh installs it
 
 import aspen
-from conftest import aspen_sgd_losses, assert_same_parameters, sgd_losses
+from conftest import aspen_sgd_losses, assert_same_parameters, loss_value, sgd_losses
 
 
 class _Classifier(torch.nn.Module):
@@ -199,7 +199,7 @@ def test_a_half_module_trains_with_f32_master_weights():
     want = sgd_losses(ref, batches, lr=0.1)
     model = WithLoss().half()
     training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.1, loss_scaling=128.0))
-    got = [float(training(x.half(), y)) for x, y in batches]
+    got = [loss_value(training(x.half(), y)) for x, y in batches]
     np.testing.assert_allclose(got, want, rtol=2e-3)
     training.copyWeightsToHost()
     assert model.net[0].weight.dtype == torch.float16
@@ -228,7 +228,7 @@ def test_a_half_cnn_trains_with_f32_master_weights():
     want = sgd_losses(WithLoss(), batches, lr=0.05)
     model = WithLoss().half()
     training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(model.parameters(), lr=0.05, loss_scaling=128.0))
-    got = [float(training(x.half(), y)) for x, y in batches]
+    got = [loss_value(training(x.half(), y)) for x, y in batches]
     np.testing.assert_allclose(got, want, rtol=5e-3)
 
 
