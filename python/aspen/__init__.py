@@ -30,6 +30,36 @@ _os.environ.setdefault("ASPEN_CORES", str(min(CPUS * 256, 4096)))  # core/thread
 # before aspen, loads its own copy of protobuf's C++ symbols into the global scope, and the dynamic linker
 # would bind libprotobuf's own references to that copy: a crash on the first ONNX file. Loaded with
 # RTLD_DEEPBIND, the module and the libraries it brings resolve their symbols among themselves first.
+# NOTE [tensorflow and torch]: torch imports triton (a GPU compiler its wheels bring) the first time anything
+# touches torch._dynamo (torch.optim's constructors do, and torch.onnx's exporter); triton and TensorFlow
+# each link their own LLVM, and whichever loads second aborts the interpreter ("LLVM ERROR: inconsistency in
+# registered CommandLine options"). A script that loads data with TensorFlow and trains a torch module (the
+# founding document's example) would die. So, from the package's import on: once TensorFlow is loaded (before
+# aspen, or later: a finder watches for its import), triton is marked absent (sys.modules["triton"] = None,
+# which torch reads as "not installed", as in its CPU wheels; nothing on a CPU needs it); and importing
+# TensorFlow after triton was already loaded is an ImportError saying so, not an abort.
+
+
+class _TritonBesideTensorFlow:
+    """A meta-path finder that finds nothing: it only acts when TensorFlow is imported."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "tensorflow":
+            if _sys.modules.get("triton") is not None:
+                raise ImportError("tensorflow: triton (torch's GPU compiler, loaded by torch.compile, torch.optim "
+                                  "or torch.onnx) is already in this process, and TensorFlow's LLVM beside "
+                                  "triton's aborts the interpreter; import tensorflow before using torch "
+                                  "(NOTE [tensorflow and torch], python/aspen/__init__.py)")
+            _sys.modules.setdefault("triton", None)
+        return None
+
+
+if "tensorflow" in _sys.modules:
+    _sys.modules.setdefault("triton", None)
+elif not any(isinstance(f, _TritonBesideTensorFlow) for f in _sys.meta_path):
+    _sys.meta_path.insert(0, _TritonBesideTensorFlow())
+
 _flags = _sys.getdlopenflags()
 if hasattr(_os, "RTLD_DEEPBIND"):
     _sys.setdlopenflags(_os.RTLD_NOW | _os.RTLD_DEEPBIND)

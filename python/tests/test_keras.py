@@ -153,3 +153,64 @@ def test_keras_errors():
     x, y = batches("mlp", 1)[0]
     with pytest.raises(ValueError, match="trainable variables of the model"):
         training(x, y)
+
+
+def test_tensorflow_data_feeds_a_torch_model_in_one_process():
+    """The founding document's script: tf.data batches a torch module trains on, TensorFlow imported first.
+    torch's exporter would load triton's LLVM beside TensorFlow's and abort the interpreter (NOTE [tensorflow
+    and torch] in python/aspen/_torch.py); the run equals torch's own steps."""
+    import torch
+    import aspen.poptorch as poptorch
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(2)
+            self.fc = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+        def forward(self, x, labels=None):
+            out = self.fc(x)
+            return out if labels is None else (out, torch.nn.functional.cross_entropy(out, labels))
+
+    rng = np.random.default_rng(0)
+    data = tf.data.Dataset.from_tensor_slices((rng.normal(size=(40, 6)).astype(np.float32),
+                                               rng.integers(0, 3, 40).astype(np.int64))).batch(8)
+    batches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in data.as_numpy_iterator()]
+    ref = Classifier()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.2)
+    want = []
+    for x, y in batches:
+        opt.zero_grad()
+        _, loss = ref(x, y)
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    model = Classifier()
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.2))
+    got = [float(training(x, y)[1]) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_tensorflow_imported_after_aspen_and_torch_still_runs_and_never_aborts():
+    """The other import order, in a fresh interpreter: aspen and torch first, TensorFlow after; then torch's
+    optimizer and exporter (both reach for triton) in the same process. And TensorFlow imported after triton
+    was loaded: an ImportError that says why, not an abort."""
+    import subprocess
+    import sys
+    later = ("import aspen, aspen.poptorch as poptorch, torch\n"
+             "import tensorflow as tf\n"
+             "m = torch.nn.Linear(3, 2)\n"
+             "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+             "x = tf.constant([[1.0, 2.0, 3.0]]).numpy()\n"
+             "print(poptorch.inferenceModel(m)(torch.from_numpy(x)).shape)\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    r = subprocess.run([sys.executable, "-c", later], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "torch.Size([1, 2])" in r.stdout
+    import importlib.util
+    if importlib.util.find_spec("triton") is None:
+        return  # a CPU-only torch without triton: the abort this guards against cannot happen
+    first = "import triton\nimport aspen\ntry:\n    import tensorflow\nexcept ImportError as e:\n    print(e)\n"
+    r = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "tensorflow: triton (torch's GPU compiler" in r.stdout
