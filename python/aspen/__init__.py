@@ -40,18 +40,43 @@ _os.environ.setdefault("ASPEN_CORES", str(min(CPUS * 256, 4096)))  # core/thread
 # TensorFlow after triton was already loaded is an ImportError saying so, not an abort.
 
 
-class _TritonBesideTensorFlow:
-    """A meta-path finder that finds nothing: it only acts when TensorFlow is imported."""
+class _TensorFlowLoader:
+    """TensorFlow's own loader, which first keeps triton out (or refuses, when triton is already loaded)."""
 
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name == "tensorflow":
-            if _sys.modules.get("triton") is not None:
-                raise ImportError("tensorflow: triton (torch's GPU compiler, loaded by torch.compile, torch.optim "
-                                  "or torch.onnx) is already in this process, and TensorFlow's LLVM beside "
-                                  "triton's aborts the interpreter; import tensorflow before using torch "
-                                  "(NOTE [tensorflow and torch], python/aspen/__init__.py)")
-            _sys.modules.setdefault("triton", None)
+    def __init__(self, real):
+        self._real = real
+
+    def create_module(self, spec):
+        if _sys.modules.get("triton") is not None:
+            raise ImportError("tensorflow: triton (torch's GPU compiler, loaded by torch.compile, torch.optim or "
+                              "torch.onnx) is already in this process, and TensorFlow's LLVM beside triton's "
+                              "aborts the interpreter; import tensorflow before using torch (NOTE [tensorflow and "
+                              "torch], python/aspen/__init__.py)")
+        _sys.modules.setdefault("triton", None)
+        return self._real.create_module(spec)
+
+    def exec_module(self, module):
+        return self._real.exec_module(module)
+
+    def __getattr__(self, name):  # everything else is TensorFlow's loader's
+        return getattr(self._real, name)
+
+
+class _TritonBesideTensorFlow:
+    """A meta-path finder for TensorFlow alone: the spec the other finders give, its loader wrapped. A probe
+    (importlib.util.find_spec) changes nothing; only the import does."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        for finder in _sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and not isinstance(spec.loader, _TensorFlowLoader):
+                    spec.loader = _TensorFlowLoader(spec.loader)
+                return spec
         return None
 
 

@@ -394,7 +394,7 @@ class InferenceModel(_Model):
         shapes = self._micro_shapes(arrays)
         path = self._source.export(self._example(arrays, shapes), training=False, loss_kind=None)
         with self._source.naming_errors(path):
-            self._program = _aspen.OnnxProgram(path, shapes, self._source.resolve_options(self._options._resolved(False)))
+            self._program = _aspen.OnnxProgram(path, shapes, Options.check_partials(self._source.resolve_options(self._options._resolved(False))))
 
 
 class TrainingModel(_Model):
@@ -550,7 +550,7 @@ class TrainingModel(_Model):
         trained = self._source.parameter_names(self._optimizer.params)
         with self._source.naming_errors(path):
             self._program = _aspen.OnnxProgram(path, {n: shapes[n] for n in model_inputs},
-                                               self._source.resolve_options(self._options._resolved(True)),
+                                               Options.check_partials(self._source.resolve_options(self._options._resolved(True))),
                                                training, self._loss, trained)
         self._restore_state()
 

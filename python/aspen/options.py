@@ -324,14 +324,25 @@ class Options:
         if self._output_mode is OutputMode.EveryN and self.device_iterations % v["output_every_n"]:
             raise ValueError(f"outputMode(EveryN) period: expected a divisor of deviceIterations "
                              f"({self.device_iterations}), found {v['output_every_n']}")
+        # Half partials need half compute: set by setComputeType, or by a half module (model.half(), NOTE
+        # [half modules]), which is known only at export; then check_partials runs again at compile.
         compute = v.get("precision", "f32")
-        if v.get("partials", "f32") not in ("f32", compute):
+        if "precision" in v and v.get("partials", "f32") not in ("f32", compute):
             raise ValueError(f"Precision.setPartialsType: expected float32 or the compute type "
                              f"(Precision.setComputeType: {_DTYPE_TEXT[compute]}), found {_DTYPE_TEXT[v['partials']]}")
         cores = core_budget()
         if v.get("threads", 0) * self.replication_factor > cores:
             raise ValueError(f"setThreads x replicationFactor: expected at most aspen's core budget {cores} "
                              f"(ASPEN_CORES) in all, found {v['threads']} x {self.replication_factor}")
+
+    @staticmethod
+    def check_partials(resolved):
+        """A resolved options dict (the model's compute type known): half partials with half compute only."""
+        compute = resolved.get("precision", "f32")
+        if resolved.get("partials", "f32") not in ("f32", compute):
+            raise ValueError(f"Precision.setPartialsType: expected float32 or the compute type ({_DTYPE_TEXT[compute]}: "
+                             f"Precision.setComputeType, or a half module), found {_DTYPE_TEXT[resolved['partials']]}")
+        return resolved
 
     def _resolved(self, training, check=True):
         """The dict the C++ side takes (python/module.cc options_from)."""

@@ -219,9 +219,10 @@ def test_option_values_are_refused_by_the_setter_that_took_them(testdata, tmp_pa
     with pytest.raises(ValueError, match=r"^outputMode\(EveryN\) period: expected a divisor of deviceIterations "
                                          r"\(1\), found 5$"):
         aspen.inferenceModel(path, aspen.Options().outputMode(aspen.OutputMode.EveryN, 5))
+    half_partials = aspen.inferenceModel(path, aspen.Options().Precision.setPartialsType("f16"))
     with pytest.raises(ValueError, match=r"^Precision.setPartialsType: expected float32 or the compute type "
-                                         r"\(Precision.setComputeType: float32\), found float16$"):
-        aspen.inferenceModel(path, aspen.Options().Precision.setPartialsType("f16"))
+                                         r"\(float32: Precision.setComputeType, or a half module\), found float16$"):
+        half_partials(read_onnx_tensor(testdata / "onnx" / "mlp_ts" / "input_0.pb"))  # checked at compile
     from aspen.options import core_budget
     with pytest.raises(ValueError, match=rf"^setThreads x replicationFactor: expected at most aspen's core budget "
                                          rf"{core_budget()} \(ASPEN_CORES\) in all, found {core_budget()} x 2$"):

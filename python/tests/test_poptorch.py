@@ -282,3 +282,27 @@ def test_output_and_loss_come_back_as_forward_returns_them(mode):
     with torch.no_grad():
         ref.eval()
         torch.testing.assert_close(poptorch.inferenceModel(model)(x), ref(x), rtol=1e-5, atol=1e-6)
+
+
+def test_the_mixed_precision_tutorials_settings():
+    """model.half() with Precision.setPartialsType(torch.half) or torch.float and poptorch.optim.AdamW's
+    accum_type float32 train; half partials with a float model are refused by name at compile (the compute
+    type of a half module is known only then)."""
+    batches = _batches(3, rows=6)
+    for partials in (torch.float, torch.half):
+        model = _Tutorial().half()
+        opts = poptorch.Options()
+        opts.Precision.setPartialsType(partials)
+        training = poptorch.trainingModel(model, options=opts, optimizer=poptorch.optim.AdamW(
+            params=model.parameters(), lr=1e-3, accum_type=torch.float32, loss_scaling=None))
+        for x, y in batches:
+            out, loss = training(x.half(), y)
+            assert out.dtype == torch.float16 and np.isfinite(float(loss))
+    opts = poptorch.Options()
+    opts.Precision.setPartialsType(torch.half)
+    model = _Tutorial()
+    training = poptorch.trainingModel(model, options=opts)
+    with pytest.raises(ValueError, match=r"setPartialsType: expected float32 or the compute type \(float32"):
+        training(*batches[0])
+    with pytest.raises(AttributeError, match="enableStochasticRounding"):
+        opts.Precision.enableStochasticRounding(True)
