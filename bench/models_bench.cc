@@ -9,10 +9,11 @@
 namespace aspen::bench {
 
 Status run_models_bench(const ModelsBenchOptions& o, std::ostream& out) {
-  const std::string script = std::string(ASPEN_SOURCE_DIR) + "/bench/models.py";
+  const std::string script = std::string(ASPEN_SOURCE_DIR) + "/bench/" + o.script;
+  const std::string what = "aspen bench " + o.script.substr(0, o.script.find('.'));
   struct stat st;
   if (::stat(script.c_str(), &st) != 0)
-    return Status::error(Code::kNotFound, "bench/models.py", "the script beside aspen's sources", script + " is missing");
+    return Status::error(Code::kNotFound, "bench/" + o.script, "the script beside aspen's sources", script + " is missing");
   std::string env;
   const std::string package = ASPEN_PYTHON_DIR;  // the build tree's package; an installed one is found anyway
   if (!package.empty() && ::stat((package + "/aspen").c_str(), &st) == 0) {
@@ -26,12 +27,12 @@ Status run_models_bench(const ModelsBenchOptions& o, std::ostream& out) {
   if (o.compile) cmd += " --compile";
   if (o.batch_norm) cmd += " --batch-norm";
   std::unique_ptr<FILE, int (*)(FILE*)> p(::popen((cmd + " 2>&1").c_str(), "r"), ::pclose);
-  if (!p) return Status::error(Code::kIoError, "aspen bench models", "to start " + o.python, "popen failed");
+  if (!p) return Status::error(Code::kIoError, what, "to start " + o.python, "popen failed");
   char line[4096];
   while (std::fgets(line, sizeof line, p.get())) out << line << std::flush;
   const int rc = ::pclose(p.release());
   if (rc != 0)
-    return Status::error(Code::kFailedPrecondition, "aspen bench models", o.python + " " + script + " to exit 0",
+    return Status::error(Code::kFailedPrecondition, what, o.python + " " + script + " to exit 0",
                          "exit status " + std::to_string(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1) +
                              " (its output is above; --python names an interpreter with torch, torchvision and "
                              "transformers)");

@@ -253,6 +253,19 @@ int main(int argc, char** argv) {
   models_cmd->add_flag("--compile", mb.compile, "also torch.compile (first calls take minutes)");
   models_cmd->add_flag("--batch-norm", mb.batch_norm, "also resnet18 training its batch norms");
 
+  aspen::bench::ModelsBenchOptions pb;
+  pb.script = "poptorch.py";
+  pb.rounds = 3;
+  CLI::App* poptorch_cmd =
+      bench->add_subcommand("poptorch", "PopTorch tutorials' loops via aspen.poptorch vs eager / torch.compile");
+  poptorch_cmd->footer("Example: aspen bench poptorch --compile");
+  poptorch_cmd->add_flag("--json", pb.json, "one JSON object per line");
+  poptorch_cmd->add_option("--threads", pb.threads, "threads (aspen and torch)");
+  poptorch_cmd->add_option("--rounds", pb.rounds, "interleaved rounds (the median counts)");
+  poptorch_cmd->add_option("--python", pb.python, "interpreter with torch");
+  poptorch_cmd->add_flag("--quick", pb.quick, "one short round (a smoke test)");
+  poptorch_cmd->add_flag("--compile", pb.compile, "also torch.compile");
+
   aspen::bench::CompileBenchOptions cb;
   CLI::App* comp_cmd = bench->add_subcommand("compile", "build and compile GPT-J-6B-shaped graphs; cache hits");
   comp_cmd->footer("Example: aspen bench compile --json");
@@ -457,6 +470,7 @@ int main(int argc, char** argv) {
   if (kern_cmd->parsed()) return report(aspen::bench::run_kernels_bench(kb, std::cout));
   if (conv_cmd->parsed()) return report(aspen::bench::run_conv_bench(cvb, std::cout));
   if (models_cmd->parsed()) return report(aspen::bench::run_models_bench(mb, std::cout));
+  if (poptorch_cmd->parsed()) return report(aspen::bench::run_models_bench(pb, std::cout));
   if (comp_cmd->parsed()) return report(aspen::bench::run_compile_bench(cb, std::cout));
   if (gen_cmd->parsed()) return report(aspen::bench::run_generate_bench(gb, std::cout));
   if (onnx_cmd->parsed()) return report(aspen::bench::run_onnx_bench(ob, std::cout));

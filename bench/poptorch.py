@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""PopTorch programs end to end, on aspen.poptorch and on PyTorch (W3.3's speed table).
+
+    python3 bench/poptorch.py [--quick] [--json] [--threads 2] [--rounds 3] [--compile]
+    aspen bench poptorch [the same options]
+
+Each row is a training loop shaped like one of Graphcore's PopTorch tutorials (our own code of the same
+model, batch and options; the tutorials themselves are not in this repository): its data loader included,
+samples per second through `import aspen.poptorch as poptorch` (poptorch.DataLoader, trainingModel with a
+torch optimizer, `output, loss = model(x, y)`) against the same model and loop in PyTorch eager (a
+torch.utils.data.DataLoader of the micro-batch, one optimizer step per micro-batch) and, with --compile,
+torch.compile. The rounds interleave aspen, eager and compiled over the same samples; printed: the median
+samples/s of each and ratio_vs_eager, ratio_vs_compiled (above 1: aspen faster).
+
+Rows:
+- mnist: simple_applications/pytorch/mnist's network (two conv blocks, a dropout, softmax then cross-entropy),
+  batch 8, deviceIterations 50, SGD;
+- basics: tutorials/pytorch/basics' classifier (convolutions, max-pooling, group norm, log-softmax and NLL
+  loss), batch 16, deviceIterations 1, SGD with momentum (one call per micro-batch: Python's cost shows).
+--quick: one round of few samples, to check that the bench runs.
+"""
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+
+import torch
+
+import aspen.poptorch as poptorch
+
+
+class MnistNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 32, 3), torch.nn.MaxPool2d(2), torch.nn.ReLU(),
+            torch.nn.Conv2d(32, 64, 3), torch.nn.MaxPool2d(2), torch.nn.ReLU())
+        self.head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(1600, 128), torch.nn.ReLU(),
+                                        torch.nn.Dropout(0.5), torch.nn.Linear(128, 10), torch.nn.Softmax(1))
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, labels=None):
+        out = self.head(self.features(x))
+        return out if labels is None else (out, self.loss(out, labels))
+
+
+class BasicsNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 5, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2, 2), torch.nn.Conv2d(5, 12, 5),
+            torch.nn.ReLU(), torch.nn.GroupNorm(3, 12), torch.nn.Flatten(), torch.nn.Linear(972, 100),
+            torch.nn.ReLU(), torch.nn.Linear(100, 10), torch.nn.LogSoftmax(dim=1))
+        self.loss = torch.nn.NLLLoss()
+
+    def forward(self, x, labels=None):
+        out = self.body(x)
+        if self.training:
+            return out, self.loss(out, labels)
+        return out
+
+
+ROWS = {  # name: (model, batch, device iterations, optimizer)
+    "mnist": (MnistNet, 8, 50, lambda p: torch.optim.SGD(p, lr=0.05)),
+    "basics": (BasicsNet, 16, 1, lambda p: torch.optim.SGD(p, lr=0.001, momentum=0.9)),
+}
+
+
+def dataset(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.utils.data.TensorDataset(torch.randn(n, 1, 28, 28, generator=g),
+                                          torch.randint(0, 10, (n,), generator=g))
+
+
+def aspen_epoch(make, batch, iters, optim, data):
+    torch.manual_seed(0)
+    model = make()
+    opts = poptorch.Options().deviceIterations(iters)
+    loader = poptorch.DataLoader(opts, data, batch_size=batch, shuffle=True)
+    training = poptorch.trainingModel(model, opts, optim(model.parameters()))
+    x, y = next(iter(loader))
+    training.compile(x, y)  # compile outside the timing (the tutorials' first call; printed apart)
+
+    def run():
+        n = 0
+        for x, y in loader:
+            _, loss = training(x, y)
+            n += x.shape[0]
+        float(loss)
+        return n
+    return run
+
+
+def torch_epoch(make, batch, optim, data, compiled):
+    torch.manual_seed(0)
+    model = make()
+    step_model = torch.compile(model) if compiled else model
+    opt = optim(model.parameters())
+    loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
+
+    def step(x, y):
+        opt.zero_grad()
+        _, loss = step_model(x, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    x, y = next(iter(loader))
+    step(x, y)  # torch.compile's compile outside the timing, as aspen's
+
+    def run():
+        n = 0
+        for x, y in loader:
+            loss = step(x, y)
+            n += x.shape[0]
+        float(loss)
+        return n
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--compile", action="store_true", help="also torch.compile")
+    a = ap.parse_args()
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(a.threads)
+    rounds = 1 if a.quick else a.rounds
+    for name, (make, batch, iters, optim) in ROWS.items():
+        per_call = batch * iters
+        samples = per_call * (2 if a.quick else max(1, 4000 // per_call))
+        data = dataset(samples)
+        first = time.perf_counter()
+        candidates = {"aspen": aspen_epoch(make, batch, iters, optim, data)}
+        first = time.perf_counter() - first
+        candidates["eager"] = torch_epoch(make, batch, optim, data, False)
+        if a.compile:
+            candidates["compiled"] = torch_epoch(make, batch, optim, data, True)
+        rates = {k: [] for k in candidates}
+        for _ in range(rounds):
+            for k, run in candidates.items():
+                s = time.perf_counter()
+                n = run()
+                rates[k].append(n / (time.perf_counter() - s))
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        row = {"bench": "poptorch", "case": name, "batch": batch, "device_iterations": iters, "samples": samples,
+               "aspen_samples_per_s": med["aspen"], "eager_samples_per_s": med["eager"],
+               "ratio_vs_eager": med["aspen"] / med["eager"], "aspen_first_call_s": first}
+        if "compiled" in med:
+            row.update(compiled_samples_per_s=med["compiled"], ratio_vs_compiled=med["aspen"] / med["compiled"])
+        if a.json:
+            print(json.dumps(row, sort_keys=True), flush=True)
+        else:
+            extra = (f", torch.compile {med['compiled']:8.0f} (x{row['ratio_vs_compiled']:.2f})"
+                     if "compiled" in med else "")
+            print(f"{name:8s} batch {batch:3d} x {iters:2d} iterations: aspen {med['aspen']:8.0f} samples/s, eager "
+                  f"{med['eager']:8.0f} (ratio_vs_eager {row['ratio_vs_eager']:.2f}){extra}; aspen's compile "
+                  f"{first:.2f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
