@@ -40,7 +40,7 @@ class ReductionType(enum.Enum):
 
 # PopTorch options that aspen does not have: asking for one says so by name.
 _POPTORCH_ONLY = {
-    "useOfflineIpuTarget", "setExecutionStrategy", "enableSyntheticData", "setAutomaticLoadBalancing",
+    "useOfflineIpuTarget", "setExecutionStrategy", "setAutomaticLoadBalancing",
     "relaxOptimizerAttributesChecks", "lazyCompilation", "anchorTensor", "sendOnlyUsedParameters",
     "updatableNamedBuffers",
 }
@@ -295,6 +295,12 @@ class Options:
                                                  f"aspen's core budget is {cores}, ASPEN_CORES")
         return self
 
+    def enableSyntheticData(self, enabled=True):
+        """PopTorch's synthetic data: no host data reaches the device; every call runs on zeros of the first
+        call's input shapes and types (a measure of the device alone; the outputs mean nothing)."""
+        self._values["synthetic_data"] = _check.boolean("enableSyntheticData", enabled)
+        return self
+
     def recomputation(self, enabled=True):
         """aspen's own: recompute activations in the backward pass (training)."""
         self._values["recompute"] = _check.boolean("recomputation", enabled)
@@ -349,6 +355,7 @@ class Options:
         if check:
             self._validate()
         v = dict(self._values)
+        v.pop("synthetic_data", None)  # the package's (model.py), not the engine's
         if not training:  # training settings, as PopTorch ignores them for an inference model
             v.pop("gradient_accumulation", None)
             v.pop("recompute", None)

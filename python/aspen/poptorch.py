@@ -8,8 +8,8 @@ settings accepted and reported once as having no effect), OutputMode, ReductionT
 DataLoaderMode (torch.utils.data underneath, PopTorch's combined batch, asynchronous prefetch),
 identity_loss, and the host weights kept in sync with the training model (NOTE [implicit weight sync],
 model.py); a training call returns what forward returns (NOTE [training outputs], model.py). Not yet:
-Block / BeginBlock and the execution strategies, anchored tensors, stochastic rounding, synthetic data; each
-is refused by name, never ignored.
+Block / BeginBlock and the execution strategies, anchored tensors, stochastic rounding; each is refused by
+name, never ignored.
 """
 
 import enum
@@ -26,7 +26,8 @@ from .options import Options, OutputMode, ReductionType
 sys.modules[__name__ + ".optim"] = optim  # import aspen.poptorch.optim, as poptorch.optim
 
 __all__ = ["trainingModel", "inferenceModel", "Options", "OutputMode", "ReductionType", "DataLoader",
-           "DataLoaderMode", "identity_loss", "optim", "setLogLevel", "ipu_print_tensor", "set_available_memory"]
+           "DataLoaderMode", "AsynchronousDataAccessor", "identity_loss", "optim", "setLogLevel",
+           "ipu_print_tensor", "set_available_memory"]
 
 
 def trainingModel(model, options=None, optimizer=None):
@@ -110,6 +111,14 @@ class DataLoader(torch.utils.data.DataLoader):
             raise ValueError(f"DataLoader: async_options['buffer_size']: expected >= 1, found {self._buffer}")
         per_call = options.device_iterations * options.replication_factor * options.gradient_accumulation
         self._combined = None if batch_size is None else batch_size * per_call
+        if _is_tf_dataset(dataset):
+            if shuffle:
+                raise ValueError("DataLoader: shuffle: expected False with a tf.data.Dataset (shuffle it in "
+                                 "TensorFlow: dataset.shuffle(n)), found True")
+            if num_workers:
+                raise ValueError(f"DataLoader: num_workers: expected 0 with a tf.data.Dataset (TensorFlow runs its "
+                                 f"own pipeline; each worker would read all of it), found {num_workers}")
+            dataset = _TfDataset(dataset)
         if options._values.get("mpi") and auto_distributed_partitioning:
             dataset = _share_of(dataset)
         self._rebatched_drop_last = drop_last
@@ -160,6 +169,73 @@ class DataLoader(torch.utils.data.DataLoader):
         if self._stop is not None:
             self._stop.set()
             self._stop = None
+
+
+class AsynchronousDataAccessor:
+    """PopTorch's AsynchronousDataAccessor: iterates `dataset` (a DataLoader, or any iterable of batches) with
+    the batches made ahead by a background thread into a queue of buffer_size."""
+
+    def __init__(self, dataset, buffer_size=3, miss_sleep_time_in_ms=0.1, load_indefinitely=True,
+                 early_preload=False, sharing_strategy=None, rebatched_size=None):
+        if isinstance(dataset, DataLoader) and dataset._mode is not DataLoaderMode.Sync:
+            raise ValueError("AsynchronousDataAccessor: dataset: expected a DataLoader in mode Sync (this one "
+                             "already makes its batches ahead), found mode " + dataset._mode.name)
+        if int(buffer_size) < 1:
+            raise ValueError(f"AsynchronousDataAccessor: buffer_size: expected >= 1, found {buffer_size}")
+        self._dataset = dataset
+        self._buffer = int(buffer_size)
+        self._rebatched = rebatched_size
+        self._stop = None
+
+    def __len__(self):
+        return len(self._dataset)
+
+    def __iter__(self):
+        self.terminate()
+        self._stop = threading.Event()
+        batches = iter(self._dataset)
+        if self._rebatched:
+            batches = _rebatched(batches, int(self._rebatched), True)
+        return _prefetched(batches, self._buffer, self._stop)
+
+    def terminate(self):
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+
+    def __del__(self):
+        self.terminate()
+
+
+def _is_tf_dataset(d):
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(d, tf.data.Dataset)
+
+
+class _TfDataset(torch.utils.data.IterableDataset):
+    """A tf.data.Dataset's elements as torch tensors (its numpy values, shared, not copied)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+        n = int(dataset.cardinality())
+        self._len = n if n >= 0 else None  # infinite (-1) or unknown (-2): no length
+
+    def __len__(self):
+        if self._len is None:
+            raise TypeError("DataLoader: a tf.data.Dataset of infinite or unknown length has no len()")
+        return self._len
+
+    def __iter__(self):
+        def tensor(v):
+            import numpy as np
+            return torch.from_numpy(v) if isinstance(v, np.ndarray) else torch.as_tensor(np.asarray(v))
+        for element in self.dataset.as_numpy_iterator():
+            if isinstance(element, dict):
+                yield {k: tensor(v) for k, v in element.items()}
+            elif isinstance(element, (tuple, list)):
+                yield type(element)(tensor(v) for v in element)
+            else:
+                yield tensor(element)
 
 
 def _batch_rows(batch):

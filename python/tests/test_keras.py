@@ -214,3 +214,20 @@ def test_tensorflow_imported_after_aspen_and_torch_still_runs_and_never_aborts()
     r = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "tensorflow: triton (torch's GPU compiler" in r.stdout
+
+
+def test_a_tf_data_dataset_feeds_poptorchs_data_loader():
+    import torch
+    import aspen.poptorch as poptorch
+    data = tf.data.Dataset.from_tensor_slices((np.arange(30, dtype=np.float32).reshape(30, 1),
+                                               np.arange(30, dtype=np.int64)))
+    opts = poptorch.Options().deviceIterations(2)
+    loader = poptorch.DataLoader(opts, data, batch_size=4)
+    assert loader.combinedBatchSize == 8 and len(loader) == 3
+    got = [(x, i) for x, i in loader]
+    assert [tuple(x.shape) for x, _ in got] == [(8, 1)] * 3
+    assert torch.cat([i for _, i in got]).tolist() == list(range(24))
+    with pytest.raises(ValueError, match="shuffle: expected False with a tf.data.Dataset"):
+        poptorch.DataLoader(opts, data, batch_size=4, shuffle=True)
+    with pytest.raises(ValueError, match="num_workers: expected 0 with a tf.data.Dataset"):
+        poptorch.DataLoader(opts, data, batch_size=4, num_workers=2)

@@ -306,3 +306,29 @@ def test_the_mixed_precision_tutorials_settings():
         training(*batches[0])
     with pytest.raises(AttributeError, match="enableStochasticRounding"):
         opts.Precision.enableStochasticRounding(True)
+
+
+def test_synthetic_data_runs_every_call_on_zeros_of_the_first_shapes():
+    opts = poptorch.Options().enableSyntheticData(True)
+    model = _Tutorial()
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.0))
+    batches = _batches(3, rows=4)
+    losses = [float(training(x, y)[1]) for x, y in batches]
+    ref = _Tutorial()
+    _, want = ref(torch.zeros(4, 12), torch.zeros(4, dtype=torch.long))
+    np.testing.assert_allclose(losses, [want.item()] * 3, rtol=1e-5)  # the data never reached the model
+    with pytest.raises(ValueError, match=r"input 'x': expected shape \(4, 12\) \(enableSyntheticData"):
+        training(torch.randn(8, 12), torch.zeros(8, dtype=torch.long))
+
+
+def test_asynchronous_data_accessor_yields_each_batch_ahead_once():
+    loader = poptorch.DataLoader(poptorch.Options().deviceIterations(2), _Numbers(50), batch_size=5, shuffle=True)
+    accessor = poptorch.AsynchronousDataAccessor(loader, buffer_size=2)
+    assert len(accessor) == len(loader) == 5
+    for _ in range(2):
+        seen = sum((i.tolist() for _, i in accessor), [])
+        assert sorted(seen) == list(range(50))
+    accessor.terminate()
+    with pytest.raises(ValueError, match="expected a DataLoader in mode Sync"):
+        poptorch.AsynchronousDataAccessor(poptorch.DataLoader(poptorch.Options(), _Numbers(4),
+                                                              mode=poptorch.DataLoaderMode.Async))
