@@ -73,6 +73,31 @@ def setLogLevel(level):
     """PopTorch's log level; aspen's messages are errors and warnings, always shown."""
 
 
+def _not_yet(name):
+    def refuse(*args, **kwargs):
+        raise NotImplementedError(
+            f"aspen.poptorch.{name}: splitting a model over devices from Python (blocks, stages, execution "
+            "strategies) is not supported yet; run the model without it on one device (replicationFactor and "
+            "gradientAccumulation work), or use `aspen train --stages N` for the built-in model families")
+    refuse.__name__ = name
+    return refuse
+
+
+# Model parallelism from Python: refused by name until blocks become the plan's stages (W3.3).
+Block = _not_yet("Block")
+BeginBlock = _not_yet("BeginBlock")
+BlockFunction = _not_yet("BlockFunction")
+Stage = _not_yet("Stage")
+PipelinedExecution = _not_yet("PipelinedExecution")
+ShardedExecution = _not_yet("ShardedExecution")
+SerialPhasedExecution = _not_yet("SerialPhasedExecution")
+
+
+class AutoStage(enum.Enum):
+    SameAsIpu = 0
+    AutoIncrement = 1
+
+
 class DataLoaderMode(enum.Enum):
     Sync = 0
     Async = 1

@@ -332,3 +332,9 @@ def test_asynchronous_data_accessor_yields_each_batch_ahead_once():
     with pytest.raises(ValueError, match="expected a DataLoader in mode Sync"):
         poptorch.AsynchronousDataAccessor(poptorch.DataLoader(poptorch.Options(), _Numbers(4),
                                                               mode=poptorch.DataLoaderMode.Async))
+
+
+def test_model_parallelism_from_python_is_refused_by_name():
+    for name in ("Block", "BeginBlock", "Stage", "PipelinedExecution", "ShardedExecution"):
+        with pytest.raises(NotImplementedError, match=f"aspen.poptorch.{name}: splitting a model over devices"):
+            getattr(poptorch, name)("B1")
