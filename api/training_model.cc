@@ -143,6 +143,9 @@ bool TrainingModel::model_across_processes() const { return runner_->model_acros
 Status TrainingModel::copy_weights_to_device(const std::map<std::string, const Tensor*>& weights) {
   return runner_->copy_weights_to_device(weights);
 }
+Result<std::map<std::string, Tensor>> TrainingModel::copy_gradients_to_host() const {
+  return runner_->copy_gradients_to_host();
+}
 Result<std::map<std::string, Tensor>> TrainingModel::copy_weights_to_host() const {
   return runner_->copy_weights_to_host();
 }

@@ -118,6 +118,8 @@ class TrainingModel {
   // Model weights by name (f32 master weights; not "optimizer.*", "train.*" or "state.*").
   Status copy_weights_to_device(const std::map<std::string, const Tensor*>& weights);
   Result<std::map<std::string, Tensor>> copy_weights_to_host() const;
+  // With TrainingOptions::keep_gradients: the last step's gradients by parameter (train/runner.h).
+  Result<std::map<std::string, Tensor>> copy_gradients_to_host() const;
   // The optimizer state ("optimizer.*": moments, momentum buffers, the step
   // count). With ZeRO-1 across processes (DataParallelOptions::
   // shard_optimizer_state) each process keeps its shards only: copying to the

@@ -866,6 +866,39 @@ TEST(TrainingModel, ReturnsEveryMicroBatchsOutputsBesideTheLoss) {
         EXPECT_NEAR(y.data<float>()[r * 4 + c], want, 1e-5) << "row " << r << " column " << c;
       }
   }
+  // keep_gradients: the last step's gradient, the mean over its micro-batches and replicas of 2 x_kᵀ x_k w.
+  for (const Layout& l : {Layout{1, 1, 1}, Layout{2, 2, 1}, Layout{1, 2, 2}}) {
+    SCOPED_TRACE("gradients: iterations " + std::to_string(l.iters) + ", accumulation " + std::to_string(l.acc) +
+                 ", replicas " + std::to_string(l.replicas));
+    Options o;
+    o.threads(1).device_iterations(l.iters).gradient_accumulation(l.acc).replication_factor(l.replicas);
+    TrainingOptions t;
+    t.optimizer.kind = train::OptimizerKind::sgd;
+    t.schedule.lr = 0.0;
+    t.keep_gradients = true;
+    auto m = TrainingModel::create(g, o, t);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    ASSERT_TRUE((*m)->copy_weights_to_device({{"w", &w}}).is_ok());
+    EXPECT_FALSE((*m)->copy_gradients_to_host().is_ok());  // no step yet
+    const int64_t n = l.iters * l.acc * l.replicas, last = (l.iters - 1) * l.acc * l.replicas;
+    Tensor x(DType::f32, {n * 2, 3});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::cos(0.7f * float(i));
+    ASSERT_TRUE((*m)->run({{"x", &x}}).is_ok());
+    auto grads = (*m)->copy_gradients_to_host();
+    ASSERT_TRUE(grads.is_ok()) << grads.status().to_string();
+    const Tensor& gw = grads->at("w");
+    for (int64_t k = 0; k < 3; ++k)
+      for (int64_t c = 0; c < 4; ++c) {
+        double want = 0;
+        for (int64_t r = last * 2; r < n * 2; ++r) {  // the last step's rows
+          double y = 0;
+          for (int64_t j = 0; j < 3; ++j) y += x.data<float>()[r * 3 + j] * w.data<float>()[j * 4 + c];
+          want += 2.0 * x.data<float>()[r * 3 + k] * y;
+        }
+        want /= double(l.acc * l.replicas);
+        EXPECT_NEAR(gw.data<float>()[k * 4 + c], want, 1e-4) << k << ", " << c;
+      }
+  }
   TrainingOptions bad;
   bad.outputs = {"z"};
   auto m = TrainingModel::create(g, Options().threads(1), bad);

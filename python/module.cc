@@ -267,6 +267,8 @@ api::TrainingOptions training_from(const nb::dict& d) {
       }
     } else if (key == "dynamic_loss_scaling") {
       if (nb::cast<bool>(v)) t.loss_scaling.mode = train::LossScaling::dynamic;
+    } else if (key == "keep_gradients") {
+      t.keep_gradients = nb::cast<bool>(v);
     } else if (key == "outputs") {
       t.outputs = nb::cast<std::vector<std::string>>(v);
     } else if (key == "reduction") {
@@ -534,6 +536,17 @@ class OnnxProgram {
     return numpy_dict(std::move(w));
   }
 
+  // The last step's gradients by parameter (a training model made with keep_gradients).
+  nb::dict gradients() const {
+    if (!training_) bad_argument("gradients", "a training model", "an inference model");
+    std::map<std::string, Tensor> g;
+    {
+      nb::gil_scoped_release unlocked;
+      g = take(training_model_->copy_gradients_to_host());
+    }
+    return numpy_dict(std::move(g));
+  }
+
   void set_weights(const std::map<std::string, InArray>& arrays) {
     const std::map<std::string, Tensor> ts = tensors_of(arrays, "weight");
     const std::map<std::string, const Tensor*> ptrs = pointers(ts);
@@ -681,6 +694,7 @@ NB_MODULE(_aspen, m) {
       .def("run", &OnnxProgram::run, "inputs"_a)
       .def("time_run", &OnnxProgram::time_run, "inputs"_a, "calls"_a)
       .def("weights", &OnnxProgram::weights)
+      .def("gradients", &OnnxProgram::gradients)
       .def("set_weights", &OnnxProgram::set_weights, "weights"_a)
       .def("set_learning_rate", &OnnxProgram::set_learning_rate, "lr"_a)
       .def("optimizer_state", &OnnxProgram::optimizer_state)

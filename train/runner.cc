@@ -48,6 +48,11 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
   po.loss_scale_input = training.loss_scaling.mode != train::LossScaling::none;
   po.loss = training.loss;
   po.outputs = training.outputs;
+  if (training.keep_gradients && (training.pipeline.stages > 1 || options.tensor_parallel > 1 || options.mpi ||
+                                  options.model_across_processes))
+    return Status::error(Code::kUnimplemented, "training: keep_gradients",
+                         "one process, one device per replica (no pipeline stages or tensor shards)",
+                         "a layout that splits the model or spans processes");
   if (!training.outputs.empty() &&
       (training.pipeline.stages > 1 || options.tensor_parallel > 1 || options.model_across_processes))
     return Status::error(Code::kUnimplemented,
@@ -59,7 +64,8 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
   const int tp = int(options.tensor_parallel);
   const int stages = training.pipeline.stages;
   if (stages < 1) return Status::invalid_argument("training: pipeline stages", ">= 1", std::to_string(stages));
-  po.split = data_parallel || tp > 1;  // replicated weights' gradients are summed over the shards first
+  po.split = data_parallel || tp > 1 || training.keep_gradients;  // replicated weights' gradients are summed
+                                                                   // over the shards first
   po.shards = tp > 1 ? 1 : local;      // tensor shards (and their replicas) each step all their own weights
   if (options.mpi) {
     parallel::CommOptions jo = training.data_parallel.comm;

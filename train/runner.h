@@ -113,6 +113,9 @@ class Runner {
   // api/training_model.h says so.
   Status copy_weights_to_device(const std::map<std::string, const Tensor*>& weights);
   Result<std::map<std::string, Tensor>> copy_weights_to_host() const;
+  // TrainingOptions::keep_gradients: the last step's gradient of each trained parameter, as the optimizer
+  // took it before clipping (the mean over micro-batches and replicas, or their sum; loss scale removed).
+  Result<std::map<std::string, Tensor>> copy_gradients_to_host() const;
   Status copy_optimizer_state_to_device(const std::map<std::string, const Tensor*>& state);
   Result<std::map<std::string, Tensor>> copy_optimizer_state_to_host() const;
   std::map<std::string, std::pair<DType, Shape>> weight_types() const;

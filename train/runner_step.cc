@@ -147,6 +147,28 @@ Result<std::vector<float>> Runner::run_fused(const std::map<std::string, const T
   return losses;
 }
 
+Result<std::map<std::string, Tensor>> Runner::copy_gradients_to_host() const {
+  if (!training_.keep_gradients)
+    return Status::invalid_argument("gradients", "a model made with TrainingOptions::keep_gradients",
+                                    "one made without");
+  if (last_.empty())
+    return Status::error(Code::kFailedPrecondition, "gradients", "a training step run", "none yet");
+  const double denom = last_.back().loss_scale * (training_.reduction == Reduction::mean
+                                                      ? double(options_.gradient_accumulation) * double(replicas())
+                                                      : 1.0);
+  std::map<std::string, Tensor> out;
+  for (size_t i = 0; i < programs_.params.size(); ++i) {
+    const Tensor* g = session_->parameter_of(holder(i, 0), grad_accumulator_name(programs_.params[i]));
+    if (!g)
+      return Status::error(Code::kInternal, "gradient of '" + programs_.params[i] + "'", "its accumulator",
+                           "none on the device that holds it");
+    Tensor t = g->clone();
+    for (float& x : t.span<float>()) x = float(double(x) / denom);
+    out.emplace(programs_.params[i], std::move(t));
+  }
+  return out;
+}
+
 void Runner::add_output(const std::string& name, Tensor t, const Shape& per) {
   OutputPieces& p = output_pieces_[name];
   p.per = per;

@@ -33,6 +33,10 @@ struct TrainingOptions {
   // Forward-graph outputs returned beside the loss, every micro-batch's (Runner::last_outputs; PopTorch's
   // `output, loss = model(x, y)`). Not with pipeline stages, tensor shards or a model across processes.
   std::vector<std::string> outputs;
+  // Keep each trained parameter's gradient readable after a step (Runner::copy_gradients_to_host; PopTorch's
+  // anchored "Gradient___" tensors): the split step, whose accumulators hold them. One device per replica,
+  // one process.
+  bool keep_gradients = false;
   Reduction reduction = Reduction::mean;
   // Pipeline parallel: the forward graph cut into `stages` stages, one device
   // each (train/pipeline.h: from the model's stage tags, or balanced); the

@@ -562,6 +562,8 @@ class TrainingModel(_Model):
         model_inputs = {n: a for n, a in arrays.items() if n != self._loss.get("targets")}
         example = self._example(model_inputs, shapes)
         path = self._source.export(example, training=True, loss_kind=self._loss.get("kind"))
+        if any(v.startswith("Gradient___") for v in self._options._anchors.values()):
+            training["keep_gradients"] = True  # anchored gradients: the split step keeps them
         if "output" in self._loss and getattr(self._source, "module", None) is not None:
             self._outputs = tuple(n for n in self._source.output_names if n != self._loss["output"])
             if self._outputs:
@@ -610,6 +612,44 @@ class TrainingModel(_Model):
         if self._program is not None:
             self._source.copy_to_host(self._program.weights())
             self._host_calls = self._calls
+
+    def _trained_names(self):
+        """The trained parameters: the user's name (a torch module's) -> the name in the program."""
+        files = self._source.parameter_names(self._optimizer.params)
+        by_file = {f: m for m, f in getattr(self._source, "_file_name", {}).items()}
+        return {by_file.get(f, f): f for f in files}
+
+    def getTensorNames(self):
+        """The tensors options.anchorTensor can name: "Gradient___<parameter>" (with a Gradient___ anchor) and
+        "UpdatedVar___<parameter>" for each trained parameter (PopTorch's names)."""
+        if self._program is None:
+            raise RuntimeError("getTensorNames: the model has not been compiled (call it, or compile(), first)")
+        names = list(self._trained_names())
+        grads = any(v.startswith("Gradient___") for v in self._options._anchors.values())
+        return ([f"Gradient___{n}" for n in names] if grads else []) + [f"UpdatedVar___{n}" for n in names]
+
+    def getAnchoredTensor(self, short_name):
+        """An anchored tensor's value after the last call (options.anchorTensor(short_name, long_name))."""
+        anchors = self._options._anchors
+        if short_name not in anchors:
+            raise ValueError(f"getAnchoredTensor: expected an anchored name ({', '.join(anchors) or 'none anchored'}: "
+                             f"Options.anchorTensor), found {short_name!r}")
+        if self._program is None or self._calls == 0:
+            raise RuntimeError("getAnchoredTensor: the model has not run a step yet")
+        long_name = anchors[short_name]
+        kind, param = long_name.split("___", 1)
+        names = self._trained_names()
+        if param not in names:
+            raise ValueError(f"getAnchoredTensor({short_name!r}): {long_name!r}: expected a trained parameter "
+                             f"({', '.join(names)}), found {param!r}")
+        values = self._program.gradients() if kind == "Gradient" else self._program.weights()
+        value = values[names[param]]
+        module = getattr(self._source, "module", None)
+        if module is None:
+            return value
+        import torch
+        p = dict(module.named_parameters())[param]
+        return torch.from_numpy(np.ascontiguousarray(value)).reshape(p.shape)
 
     def weights(self):
         """The device's weights by name, as numpy arrays."""

@@ -41,7 +41,7 @@ class ReductionType(enum.Enum):
 # PopTorch options that aspen does not have: asking for one says so by name.
 _POPTORCH_ONLY = {
     "useOfflineIpuTarget", "setExecutionStrategy", "setAutomaticLoadBalancing",
-    "relaxOptimizerAttributesChecks", "lazyCompilation", "anchorTensor", "sendOnlyUsedParameters",
+    "relaxOptimizerAttributesChecks", "lazyCompilation", "sendOnlyUsedParameters",
     "updatableNamedBuffers",
 }
 
@@ -202,6 +202,21 @@ class Options:
         object.__setattr__(self, "TensorLocations", _TensorLocations(self))
         object.__setattr__(self, "_Popart", _Popart(self))
         object.__setattr__(self, "Jit", _Jit(self))
+        object.__setattr__(self, "_anchors", {})
+
+    def anchorTensor(self, short_name, long_name, output_mode=None, output_return_period=1):
+        """PopTorch's anchored tensors of a training model: long_name "Gradient___<parameter>" (the last step's
+        gradient, as the optimizer took it) or "UpdatedVar___<parameter>" (the parameter after the last step),
+        read with getAnchoredTensor(short_name) after a call. The last step's value only (OutputMode.Final)."""
+        _check.string("anchorTensor: short_name", short_name)
+        _check.string("anchorTensor: long_name", long_name)
+        if not long_name.startswith(("Gradient___", "UpdatedVar___")):
+            raise NotImplementedError(f"anchorTensor: long_name: expected 'Gradient___<parameter>' or "
+                                      f"'UpdatedVar___<parameter>' (the tensors aspen can anchor), found {long_name!r}")
+        if output_mode not in (None, OutputMode.Final, OutputMode.Default):
+            raise NotImplementedError(f"anchorTensor: output_mode: expected None or OutputMode.Final (the last "
+                                      f"step's value), found {output_mode}")
+        self._anchors[short_name] = long_name
 
     def clone(self):
         """An independent copy (PopTorch's: after a model has taken these options, change a copy)."""

@@ -8,8 +8,9 @@ settings accepted and reported once as having no effect), OutputMode, ReductionT
 DataLoaderMode (torch.utils.data underneath, PopTorch's combined batch, asynchronous prefetch),
 identity_loss, and the host weights kept in sync with the training model (NOTE [implicit weight sync],
 model.py); a training call returns what forward returns (NOTE [training outputs], model.py). Not yet:
-Block / BeginBlock and the execution strategies, anchored tensors, stochastic rounding; each is refused by
-name, never ignored.
+Block / BeginBlock and the execution strategies, stochastic rounding; each is refused by name, never ignored.
+Anchored tensors: Options.anchorTensor with "Gradient___<parameter>" / "UpdatedVar___<parameter>",
+getTensorNames, getAnchoredTensor (the last step's values).
 """
 
 import enum

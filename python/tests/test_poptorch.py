@@ -338,3 +338,34 @@ def test_model_parallelism_from_python_is_refused_by_name():
     for name in ("Block", "BeginBlock", "Stage", "PipelinedExecution", "ShardedExecution"):
         with pytest.raises(NotImplementedError, match=f"aspen.poptorch.{name}: splitting a model over devices"):
             getattr(poptorch, name)("B1")
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_anchored_gradients_and_updated_weights_equal_torchs(accumulation):
+    """The observing-tensors tutorial's anchors: the last step's gradient (the mean over its micro-batches,
+    as torch's .grad of the mean loss) and the weight after it."""
+    batches = _batches(2 * accumulation, rows=6)
+    ref = _Classifier()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(2):
+        opt.zero_grad()
+        for x, y in batches[step * accumulation:(step + 1) * accumulation]:
+            (ref(x, y) / accumulation).backward()
+        grads = {n: p.grad.clone() for n, p in ref.named_parameters()}
+        opt.step()
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(accumulation)
+    opts.anchorTensor("g0", "Gradient___net.0.weight")
+    opts.anchorTensor("w2", "UpdatedVar___net.2.bias")
+    model = _Classifier()
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    for step in range(2):
+        part = batches[step * accumulation:(step + 1) * accumulation]
+        training(torch.cat([b[0] for b in part]), torch.cat([b[1] for b in part]))
+    assert {"Gradient___net.0.weight", "UpdatedVar___net.2.bias"} <= set(training.getTensorNames())
+    torch.testing.assert_close(training.getAnchoredTensor("g0"), grads["net.0.weight"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(training.getAnchoredTensor("w2"), ref.net[2].bias, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="getAnchoredTensor: expected an anchored name"):
+        training.getAnchoredTensor("g1")
+    with pytest.raises(NotImplementedError, match="expected 'Gradient___<parameter>' or 'UpdatedVar___"):
+        opts.anchorTensor("a", "Activation___net.0")
