@@ -203,6 +203,7 @@ class AsynchronousDataAccessor:
 
     def __init__(self, dataset, buffer_size=3, miss_sleep_time_in_ms=0.1, load_indefinitely=True,
                  early_preload=False, sharing_strategy=None, rebatched_size=None):
+        self._stop = None
         if isinstance(dataset, DataLoader) and dataset._mode is not DataLoaderMode.Sync:
             raise ValueError("AsynchronousDataAccessor: dataset: expected a DataLoader in mode Sync (this one "
                              "already makes its batches ahead), found mode " + dataset._mode.name)
@@ -211,7 +212,6 @@ class AsynchronousDataAccessor:
         self._dataset = dataset
         self._buffer = int(buffer_size)
         self._rebatched = rebatched_size
-        self._stop = None
 
     def __len__(self):
         return len(self._dataset)
