@@ -126,7 +126,7 @@ TrainingModel::~TrainingModel() = default;
 Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::string, const Tensor*>& inputs) {
   ASPEN_ASSIGN_OR_RETURN(const std::vector<float> losses, runner_->run(inputs));
   ASPEN_ASSIGN_OR_RETURN(auto out, losses_by_mode(options_, losses));
-  for (const auto& [name, t] : runner_->last_outputs()) out[name] = t.clone();
+  for (auto& [name, t] : runner_->take_last_outputs()) out[name] = std::move(t);
   return out;
 }
 

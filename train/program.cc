@@ -16,12 +16,17 @@ bool is_state_name(std::string_view name) {
   return name.starts_with("state.") || name.starts_with(kOptimizerPrefix) || name.starts_with(kTrainPrefix);
 }
 
-Graph loss_only(const Graph& forward, const std::string& loss) {
+namespace {
+// `forward` with the loss and `keep` its only outputs.
+Graph only_outputs(const Graph& forward, const std::string& loss, const std::vector<std::string>& keep) {
   Graph g = forward;
   for (const auto& [name, v] : forward.outputs())
-    if (name != loss) g.remove_output(name);
+    if (name != loss && std::find(keep.begin(), keep.end(), name) == keep.end()) g.remove_output(name);
   return g;
 }
+}  // namespace
+
+Graph loss_only(const Graph& forward, const std::string& loss) { return only_outputs(forward, loss, {}); }
 
 Result<Graph> loss_and(const Graph& forward, const std::string& loss, const std::vector<std::string>& outputs) {
   for (const std::string& o : outputs)
@@ -29,10 +34,7 @@ Result<Graph> loss_and(const Graph& forward, const std::string& loss, const std:
       return Status::invalid_argument("training output '" + o + "'",
                                       "an output of the forward graph other than the loss '" + loss + "'",
                                       o == loss ? std::string("the loss") : std::string("no output of that name"));
-  Graph g = forward;
-  for (const auto& [name, v] : forward.outputs())
-    if (name != loss && std::find(outputs.begin(), outputs.end(), name) == outputs.end()) g.remove_output(name);
-  return g;
+  return only_outputs(forward, loss, outputs);
 }
 
 namespace {

@@ -48,13 +48,14 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
   po.loss_scale_input = training.loss_scaling.mode != train::LossScaling::none;
   po.loss = training.loss;
   po.outputs = training.outputs;
-  if (training.keep_gradients && (training.pipeline.stages > 1 || options.tensor_parallel > 1 || options.mpi ||
-                                  options.model_across_processes))
+  // Outputs beside the loss and kept gradients are read from one device per replica.
+  const bool splits_model =
+      training.pipeline.stages > 1 || options.tensor_parallel > 1 || options.model_across_processes;
+  if (training.keep_gradients && (splits_model || options.mpi))
     return Status::error(Code::kUnimplemented, "training: keep_gradients",
                          "one process, one device per replica (no pipeline stages or tensor shards)",
                          "a layout that splits the model or spans processes");
-  if (!training.outputs.empty() &&
-      (training.pipeline.stages > 1 || options.tensor_parallel > 1 || options.model_across_processes))
+  if (!training.outputs.empty() && splits_model)
     return Status::error(Code::kUnimplemented,
                          "training outputs beside the loss ('" + training.outputs.front() + "', ...)",
                          "one device per replica (no pipeline stages, tensor shards or model across processes)",

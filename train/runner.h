@@ -34,6 +34,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compiler/pass.h"
@@ -126,9 +127,10 @@ class Runner {
   // device_iterations steps; each step's loss.
   Result<std::vector<float>> run(const std::map<std::string, const Tensor*>& inputs);
   const std::vector<StepStats>& last_steps() const { return last_; }
-  // The last run()'s TrainingOptions::outputs: each [micro-batches, ...] with this process's micro-batches in
-  // the order the inputs hold them ((step · accumulation + micro) · local replicas + replica).
-  const std::map<std::string, Tensor>& last_outputs() const { return last_outputs_; }
+  // The last run()'s TrainingOptions::outputs, handed over (a second call gets none): each [micro-batches,
+  // ...] with this process's micro-batches in the order the inputs hold them ((step · accumulation + micro) ·
+  // local replicas + replica).
+  std::map<std::string, Tensor> take_last_outputs() { return std::exchange(last_outputs_, {}); }
   const PipelineStats& last_pipeline_stats() const { return pipe_stats_; }
   int pipeline_stages() const { return pipe_ ? int(pipe_->stages.size()) : 1; }
   // The stage of each forward-graph node (-1: inputs, parameters, constants): where the cut fell.

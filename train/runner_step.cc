@@ -179,7 +179,12 @@ void Runner::add_output(const std::string& name, Tensor t, const Shape& per) {
 Status Runner::join_outputs() {
   for (auto& [name, p] : output_pieces_) {
     if (p.parts.empty()) continue;
-    ASPEN_ASSIGN_OR_RETURN(Tensor all, Tensor::make_uninitialized(p.parts.front().dtype(), util::prepend(p.count, p.per)));
+    const Shape joined = util::prepend(p.count, p.per);
+    if (p.parts.size() == 1 && p.parts.front().shape() == joined) {  // the fused step's, already whole
+      last_outputs_[name] = std::move(p.parts.front());
+      continue;
+    }
+    ASPEN_ASSIGN_OR_RETURN(Tensor all, Tensor::make_uninitialized(p.parts.front().dtype(), joined));
     char* at = static_cast<char*>(all.raw());
     for (const Tensor& t : p.parts) {
       if (t.nbytes()) std::memcpy(at, t.raw(), t.nbytes());
