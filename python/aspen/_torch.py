@@ -6,7 +6,6 @@ import io
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import warnings
 
@@ -133,16 +132,8 @@ class TorchSource(Source):
                                       "whose node aspen could not find in torch.onnx's export")
         onnx.save(model, path)
 
-    # NOTE [tensorflow and torch] (python/aspen/__init__.py): the export imports torch._dynamo, and with it
-    # triton unless it is marked absent; again here, for a TensorFlow loaded without the package's finder.
-    @staticmethod
-    def _keep_triton_out():
-        if "tensorflow" in sys.modules and "triton" not in sys.modules:
-            sys.modules["triton"] = None
-
     def export(self, example, training, loss_kind):
         """Exports forward for one micro-batch of these inputs; returns the .onnx path."""
-        self._keep_triton_out()
         args = {n: torch.from_numpy(a) if isinstance(a, np.ndarray) else a for n, a in example.items()}
         module = self.module
         self._half = any(p.dtype == torch.float16 for p in module.parameters())

@@ -538,7 +538,7 @@ class TrainingModel(_Model):
         R, iters, acc = o.replication_factor, o.device_iterations, o.gradient_accumulation
         mode = o.output_mode
         per = tuple(a.shape[1:])
-        if mode in (OutputMode.All,):
+        if mode is OutputMode.All:
             sel = a
         elif mode in (OutputMode.Final, OutputMode.Default):
             sel = a[-R:]
@@ -562,7 +562,7 @@ class TrainingModel(_Model):
         model_inputs = {n: a for n, a in arrays.items() if n != self._loss.get("targets")}
         example = self._example(model_inputs, shapes)
         path = self._source.export(example, training=True, loss_kind=self._loss.get("kind"))
-        if any(v.startswith("Gradient___") for v in self._options._anchors.values()):
+        if self._options._anchors_gradients():
             training["keep_gradients"] = True  # anchored gradients: the split step keeps them
         if "output" in self._loss and getattr(self._source, "module", None) is not None:
             self._outputs = tuple(n for n in self._source.output_names if n != self._loss["output"])
@@ -625,8 +625,7 @@ class TrainingModel(_Model):
         if self._program is None:
             raise RuntimeError("getTensorNames: the model has not been compiled (call it, or compile(), first)")
         names = list(self._trained_names())
-        grads = any(v.startswith("Gradient___") for v in self._options._anchors.values())
-        return ([f"Gradient___{n}" for n in names] if grads else []) + [f"UpdatedVar___{n}" for n in names]
+        return ([f"Gradient___{n}" for n in names] if self._options._anchors_gradients() else []) + [f"UpdatedVar___{n}" for n in names]
 
     def getAnchoredTensor(self, short_name):
         """An anchored tensor's value after the last call (options.anchorTensor(short_name, long_name))."""

@@ -218,6 +218,10 @@ class Options:
                                       f"step's value), found {output_mode}")
         self._anchors[short_name] = long_name
 
+    def _anchors_gradients(self):
+        """Some anchor names a gradient (the training step must keep them)."""
+        return any(v.startswith("Gradient___") for v in self._anchors.values())
+
     def clone(self):
         """An independent copy (PopTorch's: after a model has taken these options, change a copy)."""
         return copy.deepcopy(self)

@@ -108,7 +108,24 @@ class DataLoaderMode(enum.Enum):
 _ASYNC_KEYS = {"buffer_size", "miss_sleep_time_in_ms", "load_indefinitely", "early_preload", "sharing_strategy"}
 
 
-class DataLoader(torch.utils.data.DataLoader):
+class _Prefetching:
+    """Batches made ahead by one background thread at a time (_prefetched), stopped by terminate()."""
+
+    _stop = None
+
+    def _ahead(self, batches, depth):
+        self.terminate()
+        self._stop = threading.Event()
+        return _prefetched(batches, depth, self._stop)
+
+    def terminate(self):
+        """Stops the background thread (PopTorch's terminate)."""
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+
+
+class DataLoader(_Prefetching, torch.utils.data.DataLoader):
     """PopTorch's DataLoader: torch's, yielding combined batches of batch_size x deviceIterations x
     replicationFactor x gradientAccumulation samples (what one call of a model with these options takes),
     drop_last True by default (a call needs a whole combined batch). In an MPI job each process reads its own
@@ -160,7 +177,6 @@ class DataLoader(torch.utils.data.DataLoader):
         if persistent_workers is None:
             persistent_workers = num_workers > 0
         self.samples_seen = 0
-        self._stop = None
         super().__init__(dataset, batch_size=torch_batch, shuffle=shuffle, num_workers=num_workers,
                          drop_last=drop_last, persistent_workers=persistent_workers, **kwargs)
 
@@ -183,27 +199,18 @@ class DataLoader(torch.utils.data.DataLoader):
         if self._mode is DataLoaderMode.AsyncRebatched:
             batches = _rebatched(batches, self._combined, self._rebatched_drop_last)
         if self._mode is not DataLoaderMode.Sync:
-            self.terminate()
-            self._stop = threading.Event()
-            batches = _prefetched(batches, self._buffer, self._stop)
+            batches = self._ahead(batches, self._buffer)
         for b in batches:
             self.samples_seen += _batch_rows(b)
             yield b
 
-    def terminate(self):
-        """Stops the background thread of an asynchronous loader (PopTorch's terminate)."""
-        if self._stop is not None:
-            self._stop.set()
-            self._stop = None
 
-
-class AsynchronousDataAccessor:
+class AsynchronousDataAccessor(_Prefetching):
     """PopTorch's AsynchronousDataAccessor: iterates `dataset` (a DataLoader, or any iterable of batches) with
     the batches made ahead by a background thread into a queue of buffer_size."""
 
     def __init__(self, dataset, buffer_size=3, miss_sleep_time_in_ms=0.1, load_indefinitely=True,
                  early_preload=False, sharing_strategy=None, rebatched_size=None):
-        self._stop = None
         if isinstance(dataset, DataLoader) and dataset._mode is not DataLoaderMode.Sync:
             raise ValueError("AsynchronousDataAccessor: dataset: expected a DataLoader in mode Sync (this one "
                              "already makes its batches ahead), found mode " + dataset._mode.name)
@@ -217,17 +224,10 @@ class AsynchronousDataAccessor:
         return len(self._dataset)
 
     def __iter__(self):
-        self.terminate()
-        self._stop = threading.Event()
         batches = iter(self._dataset)
         if self._rebatched:
             batches = _rebatched(batches, int(self._rebatched), True)
-        return _prefetched(batches, self._buffer, self._stop)
-
-    def terminate(self):
-        if self._stop is not None:
-            self._stop.set()
-            self._stop = None
+        return self._ahead(batches, self._buffer)
 
     def __del__(self):
         self.terminate()

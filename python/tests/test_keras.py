@@ -158,7 +158,7 @@ def test_keras_errors():
 def test_tensorflow_data_feeds_a_torch_model_in_one_process():
     """The founding document's script: tf.data batches a torch module trains on, TensorFlow imported first.
     torch's exporter would load triton's LLVM beside TensorFlow's and abort the interpreter (NOTE [tensorflow
-    and torch] in python/aspen/_torch.py); the run equals torch's own steps."""
+    and torch] in python/aspen/__init__.py); the run equals torch's own steps."""
     import torch
     import aspen.poptorch as poptorch
 
