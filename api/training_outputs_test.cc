@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -117,6 +118,56 @@ TEST(TrainingOutputs, KeptGradientsAreTheLastStepsMean) {
         want /= double(l.acc * l.replicas);
         EXPECT_NEAR(gw.data<float>()[k * 4 + c], want, 1e-4) << k << ", " << c;
       }
+  }
+}
+
+// Two stages (tagged): y = x w on stage 0, z = tanh(y) v on stage 1, loss = Σ z². Each output comes from the
+// stage that computes it, in the inputs' order, equal to the same layout on one device per replica.
+TEST(TrainingOutputs, PipelinedOutputsComeFromTheirStages) {
+  graph::Graph g;
+  graph::Builder b(g);
+  b.set_stage(0);
+  const graph::ValueId y = b.matmul(b.input("x", DType::f32, {2, 3}), b.parameter("w", DType::f32, {3, 4}));
+  b.output("y", y);
+  b.set_stage(1);
+  const graph::ValueId z = b.matmul(b.tanh(y), b.parameter("v", DType::f32, {4, 2}));
+  b.output("z", z);
+  b.output("loss", b.reduce_sum(b.mul(z, z), {0, 1}));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  const Tensor w = weights();
+  Tensor v(DType::f32, {4, 2});
+  for (int64_t i = 0; i < 8; ++i) v.data<float>()[i] = 0.2f * float(i) - 0.7f;
+  for (const Layout& l : {Layout{2, 1, 1}, Layout{2, 3, 1}, Layout{1, 2, 2}}) {
+    SCOPED_TRACE(l.name());
+    const int64_t n = l.iters * l.acc * l.replicas;
+    const Tensor x = inputs(n, 0.9f);
+    std::map<std::string, Tensor> got[2];
+    for (int stages : {1, 2}) {
+      Options o;
+      o.threads(1).device_iterations(l.iters).gradient_accumulation(l.acc).replication_factor(l.replicas);
+      TrainingOptions t;
+      t.outputs = {"y", "z"};
+      t.optimizer.kind = train::OptimizerKind::sgd;
+      t.schedule.lr = 0.05;  // the weights move: later steps' outputs see the updates
+      t.pipeline.stages = stages;
+      auto m = TrainingModel::create(g, o, t);
+      ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+      ASSERT_TRUE((*m)->copy_weights_to_device({{"w", &w}, {"v", &v}}).is_ok());
+      auto out = (*m)->run({{"x", &x}});
+      ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+      got[stages - 1] = std::move(out).value();
+    }
+    for (const char* name : {"y", "z", "loss"}) {
+      SCOPED_TRACE(name);
+      ASSERT_TRUE(got[1].count(name));
+      const Tensor& one = got[0].at(name);
+      const Tensor& two = got[1].at(name);
+      ASSERT_EQ(one.shape(), two.shape());
+      for (int64_t i = 0; i < one.numel(); ++i)
+        EXPECT_NEAR(two.data<float>()[i], one.data<float>()[i], 1e-6 * (1.0 + std::abs(one.data<float>()[i])))
+            << "element " << i;
+    }
+    EXPECT_EQ(got[1].at("z").shape(), (Shape{n, 2, 2}));
   }
 }
 

@@ -128,6 +128,40 @@ Result<bool> fold(const io::OnnxNode& node, size_t index, int64_t opset, const o
   return true;
 }
 
+
+// Each node's pipeline stage (-1: untagged): by the prefixes' beginnings, or by its "aspen.stage" metadata
+// (OnnxImportOptions::stage_begins).
+Result<std::vector<int>> node_stages(const io::OnnxModel& m, const std::vector<std::string>& begins) {
+  const std::vector<io::OnnxNode>& nodes = m.graph.nodes;
+  std::vector<int> stage(nodes.size(), -1);
+  if (!begins.empty()) {
+    size_t from = 0;
+    for (size_t s = 0; s < begins.size(); ++s) {
+      size_t k = from + 1;  // a stage has at least its first node
+      while (k < nodes.size() && nodes[k].name.rfind(begins[s], 0) != 0) ++k;
+      if (k == nodes.size())
+        return Status::invalid_argument(
+            m.path + ": stage " + std::to_string(s + 1) + "'s beginning " + quoted(begins[s]),
+            "a prefix of a node's name after " + (s == 0 ? std::string("the first node") : "stage " + std::to_string(s) + "'s beginning"),
+            "no such node");
+      for (size_t j = from; j < k; ++j) stage[j] = int(s);
+      from = k;
+    }
+    for (size_t j = from; j < nodes.size(); ++j) stage[j] = int(begins.size());
+    return stage;
+  }
+  for (size_t k = 0; k < nodes.size(); ++k)
+    for (const auto& [key, value] : nodes[k].metadata) {
+      if (key != "aspen.stage") continue;
+      char* end = nullptr;
+      const long v = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || v < 0 || v > 4096)
+        return Status::invalid_argument(m.path + ": " + nodes[k].label(k) + " metadata aspen.stage",
+                                        "a stage number from 0 to 4096", quoted(value));
+      stage[k] = int(v);
+    }
+  return stage;
+}
 }  // namespace
 
 Result<Tensor> tensor_from_onnx(const io::OnnxTensor& t, const std::string& what) {
@@ -314,9 +348,11 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
   }
   ASPEN_RETURN_IF_ERROR(b.status());
 
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<int> stages, node_stages(m, options.stage_begins));
   for (size_t k = 0; k < m.graph.nodes.size(); ++k) {
     const io::OnnxNode& node = m.graph.nodes[k];
     const onnx::OpConverter& conv = *onnx::find_converter(node.domain, node.op_type);  // check_ops found it
+    b.set_stage(stages[k]);  // every IR node this one becomes
     // The reader writes ai.onnx as "".
     const int64_t node_opset = node.domain.empty() ? opset : std::max<int64_t>(1, m.opset(node.domain));
     Ctx c(b, node, k, node_opset);
@@ -358,6 +394,7 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
       values[node.outputs[o]] = results[o];
     }
   }
+  b.set_stage(-1);
   // A training Dropout's seed (NOTE [training dropout]) is an input the file did not declare.
   if (out.graph.find_input(kDropoutSeedInput) &&
       std::find(out.inputs.begin(), out.inputs.end(), kDropoutSeedInput) == out.inputs.end())

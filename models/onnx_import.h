@@ -56,6 +56,13 @@ struct OnnxImportOptions {
   std::vector<std::string> frozen;
   // One-element float initializers trained all the same, by name pattern (a learnt temperature).
   std::vector<std::string> trainable;
+  // Pipeline stages by node-name prefix: stage k >= 1 begins at the first node (in the file's order, after
+  // stage k - 1's beginning) whose name starts with stage_begins[k - 1]; the nodes before the first such
+  // node are stage 0. A prefix no later node matches is an InvalidArgument naming it. Empty: a node's
+  // metadata "aspen.stage" (a stage number: aspen.poptorch's blocks write it) tags it, and untagged nodes
+  // take the latest stage of their inputs (train/pipeline.h). The tags matter only to a pipelined
+  // training model; inference ignores them.
+  std::vector<std::string> stage_begins;
 };
 
 struct OnnxImport {

@@ -326,6 +326,44 @@ TEST(OnnxImport, ConcatOfEmptyPieces) {
   EXPECT_EQ(imp->graph.type(*imp->graph.find_output("y")).shape, (Shape{0, 8}));
 }
 
+// Pipeline stage tags: by node-name prefixes (OnnxImportOptions::stage_begins), or by each node's
+// "aspen.stage" metadata; every IR node an ONNX node becomes carries its stage, and bad tags are named.
+TEST(OnnxImport, StagesFromNamePrefixesOrMetadata) {
+  HandModel h = HandModel("staged.onnx").input("x", {2, 3});
+  h.node("enc/relu", "Relu", {"x"}, "a").node("enc/neg", "Neg", {"a"}, "b").node("dec/exp", "Exp", {"b"}, "c");
+  h.node("dec/sig", "Sigmoid", {"c"}, "d").output("d");
+  auto stage_of = [](const OnnxImport& imp, graph::OpKind op) {
+    for (const graph::Node& n : imp.graph.nodes())
+      if (n.op == op) return n.stage;
+    return -2;
+  };
+  OnnxImportOptions prefixes;
+  prefixes.stage_begins = {"enc/neg", "dec/"};
+  auto by_prefix = import_onnx(h.m, prefixes);
+  ASSERT_TRUE(by_prefix.is_ok()) << by_prefix.status().to_string();
+  EXPECT_EQ(stage_of(*by_prefix, graph::OpKind::relu), 0);
+  EXPECT_EQ(stage_of(*by_prefix, graph::OpKind::neg), 1);
+  EXPECT_EQ(stage_of(*by_prefix, graph::OpKind::exp), 2);
+  EXPECT_EQ(stage_of(*by_prefix, graph::OpKind::sigmoid), 2);
+  prefixes.stage_begins = {"dec/", "enc/"};  // enc/ is before dec/: no later node
+  auto missing = import_onnx(h.m, prefixes);
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().subject(), "staged.onnx: stage 2's beginning 'enc/'") << missing.status().to_string();
+
+  h.m.graph.nodes[0].metadata = {{"aspen.stage", "0"}};
+  h.m.graph.nodes[2].metadata = {{"pkg.torch.onnx.name_scopes", "['', 'dec']"}, {"aspen.stage", "1"}};
+  auto by_metadata = import_onnx(h.m);
+  ASSERT_TRUE(by_metadata.is_ok()) << by_metadata.status().to_string();
+  EXPECT_EQ(stage_of(*by_metadata, graph::OpKind::relu), 0);
+  EXPECT_EQ(stage_of(*by_metadata, graph::OpKind::neg), -1);  // untagged: the pipeline takes its inputs' stage
+  EXPECT_EQ(stage_of(*by_metadata, graph::OpKind::exp), 1);
+  h.m.graph.nodes[3].metadata = {{"aspen.stage", "two"}};
+  auto bad = import_onnx(h.m);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("metadata aspen.stage"), std::string::npos) << bad.status().to_string();
+  EXPECT_NE(bad.status().to_string().find("'two'"), std::string::npos) << bad.status().to_string();
+}
+
 // Slice's bounds as exporters write them, against ONNX's definition of Slice: every
 // start and end of the families below crossed with steps of both signs, as int64 and int32, given as
 // initializers and computed at import (an Add of zero, folded through the reference interpreter: where

@@ -42,6 +42,7 @@
 #include "models/onnx_import.h"
 #include "models/weights.h"
 #include "parallel/job.h"
+#include "train/pipeline.h"
 
 using namespace nb::literals;
 
@@ -271,6 +272,13 @@ api::TrainingOptions training_from(const nb::dict& d) {
       t.keep_gradients = nb::cast<bool>(v);
     } else if (key == "outputs") {
       t.outputs = nb::cast<std::vector<std::string>>(v);
+    } else if (key == "pipeline_stages") {
+      t.pipeline.stages = nb::cast<int>(v);
+    } else if (key == "pipeline_schedule") {
+      const std::string s = nb::cast<std::string>(v);
+      auto parsed = train::parse_pipeline_schedule(s);
+      if (!parsed.is_ok()) bad_argument("pipeline_schedule", "gpipe or 1f1b", "'" + s + "'");
+      t.pipeline.schedule = *parsed;
     } else if (key == "reduction") {
       const std::string s = nb::cast<std::string>(v);
       if (s == "mean") t.reduction = api::Reduction::mean;
@@ -576,6 +584,7 @@ class OnnxProgram {
   }
 
   int64_t steps_done() const { return training_ ? training_model_->steps_done() : 0; }
+  int pipeline_stages() const { return training_ ? training_model_->pipeline_stages() : 1; }
 
   void set_learning_rate(double lr) {
     if (!training_) bad_argument("set_learning_rate", "a training model", "an inference model");
@@ -700,6 +709,7 @@ NB_MODULE(_aspen, m) {
       .def("optimizer_state", &OnnxProgram::optimizer_state)
       .def("set_optimizer_state", &OnnxProgram::set_optimizer_state, "state"_a, "steps_done"_a)
       .def_prop_ro("steps_done", &OnnxProgram::steps_done)
+      .def_prop_ro("pipeline_stages", &OnnxProgram::pipeline_stages)
       .def("last_steps", &OnnxProgram::last_steps)
       .def("export_onnx", &OnnxProgram::export_onnx, "path"_a);
 

@@ -280,6 +280,17 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
     split.stages[size_t(edge.from)].forward.add_output(edge.name, mapped[size_t(edge.from)].at(key.first));
   }
   split.stages.back().forward.add_output(loss, mapped.back().at(loss_v->index));
+  // The forward graph's other outputs (TrainingOptions::outputs) come from the stage that computes them.
+  for (const auto& [name, v] : fwd.outputs()) {
+    if (name == loss) continue;
+    const int32_t p = fwd.value(v).producer;
+    const int s = stage_of[size_t(p)];
+    if (s < 0)
+      return Status::error(Code::kUnimplemented, "pipeline: output '" + name + "'",
+                           "an output computed by a stage", "an input, parameter or constant of the graph");
+    split.stages[size_t(s)].forward.add_output(name, mapped[size_t(s)].at(v.index));
+    split.output_stage.emplace(name, s);
+  }
   return split;
 }
 
@@ -351,8 +362,8 @@ Result<Graph> stage_backward(const PipelineSplit& split, int s, const std::vecto
     }
     b.update(acc, value);
   }
-  for (const auto& [name, v] : st.forward.outputs())
-    if (!(last && name == o.loss)) g.remove_output(name);
+  for (const auto& [name, v] : st.forward.outputs())  // the edges go (the forward pass sent them)
+    if (!(last && name == o.loss) && !split.output_stage.count(name)) g.remove_output(name);
   for (size_t k = 0; k < wrt_edges.size(); ++k)
     b.output(kPipeGradPrefix + std::to_string(wrt_edges[k]), grads[wrt_params.size() + k]);
   ASPEN_RETURN_IF_ERROR(b.status());
@@ -371,7 +382,7 @@ Result<PipelinePrograms> build_pipeline_programs(const Graph& forward, int stage
                          "statistics so: train it in one stage)",
                          std::to_string(forward.updates().size()) + " update(s)");
   PipelinePrograms out;
-  const Graph fwd = loss_only(forward, o.loss);
+  ASPEN_ASSIGN_OR_RETURN(const Graph fwd, loss_and(forward, o.loss, o.outputs));
   if (!cut.node_costs.empty() && cut.node_costs.size() != forward.nodes().size())
     return Status::invalid_argument("pipeline: node costs", std::to_string(forward.nodes().size()) + " (one per node)",
                                     std::to_string(cut.node_costs.size()));

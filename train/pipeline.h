@@ -36,6 +36,7 @@
 #pragma once
 
 #include <array>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -77,6 +78,9 @@ struct PipelineSplit {
   std::vector<PipelineStage> stages;
   std::vector<PipelineEdge> edges;
   std::vector<int> stage_of;  // by forward-graph node: its stage (-1: inputs, parameters, constants)
+  // The forward graph's outputs other than the loss, by the stage that computes them: that stage's
+  // forward and backward programs output them (TrainingOptions::outputs).
+  std::map<std::string, int> output_stage;
 };
 
 // How an untagged graph is cut. `node_costs` (by forward-graph node index;

@@ -55,11 +55,12 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
     return Status::error(Code::kUnimplemented, "training: keep_gradients",
                          "one process, one device per replica (no pipeline stages or tensor shards)",
                          "a layout that splits the model or spans processes");
-  if (!training.outputs.empty() && splits_model)
+  if (!training.outputs.empty() && (options.tensor_parallel > 1 || options.model_across_processes))
     return Status::error(Code::kUnimplemented,
                          "training outputs beside the loss ('" + training.outputs.front() + "', ...)",
-                         "one device per replica (no pipeline stages, tensor shards or model across processes)",
-                         "a layout that splits the model");
+                         "whole layers on each device of a process (replicas, pipeline stages; no tensor shards "
+                         "or model across processes)",
+                         "a layout that splits the model so");
   const int local = int(options.replication_factor);
   const bool data_parallel = local > 1 || options.mpi;
   const int tp = int(options.tensor_parallel);

@@ -326,9 +326,13 @@ Result<std::vector<float>> Runner::run_steps(const std::map<std::string, const T
     ASPEN_ASSIGN_OR_RETURN(s.loss, step_loss(local_losses));
     for (int64_t a = 0; a < acc; ++a)  // the outputs in the inputs' order: micro-batch, then local replica
       for (int l = 0; l < Ld; ++l)
-        for (auto& [name, t] : step.outputs[size_t(loss_device[size_t(l)])][size_t(a)]) {
-          const Shape shape = t.shape();
-          add_output(name, std::move(t), shape);
+        for (int p = 0; p < (training_.outputs.empty() ? 0 : pipeline_stages()); ++p) {  // each from its stage
+          const int d = p + 1 == pipeline_stages() ? loss_device[size_t(l)]
+                                                   : device_at({.data = coord_of(0).data + l, .pipe = p, .tensor = 0});
+          for (auto& [name, t] : step.outputs[size_t(d)][size_t(a)]) {
+            const Shape shape = t.shape();
+            add_output(name, std::move(t), shape);
+          }
         }
     ASPEN_ASSIGN_OR_RETURN(const double sq, step_norm(step));
     // After the decision each device runs the rest of its plan.

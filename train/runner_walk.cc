@@ -187,7 +187,8 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         ASPEN_ASSIGN_OR_RETURN(out, std::move(ran));
         step.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
         if (!pipe_) losses[size_t(m)] = out.at(training_.loss).data<float>()[0];  // the micro program's
-        for (const std::string& name : training_.outputs) {  // beside the loss (one device per replica)
+        for (const std::string& name : training_.outputs) {  // beside the loss (by the stage computing each)
+          if (pipe_ && pipe_->split.output_stage.at(name) != st) continue;
           auto o = out.find(name);
           if (o == out.end())
             return Status::error(Code::kInternal, where(), "the pass to output " + name, "no such output");

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from . import _blocks
 from ._source import Source
 
 
@@ -40,6 +41,7 @@ class TorchSource(Source):
         self._state_buffers = set()  # module buffers among those (named as their initializers)
         self._exported = False
         self._file_name = {}  # module parameter name -> its initializer's name in the exported file
+        self.stages = 1  # pipeline stages the module's blocks make (NOTE [blocks in the export])
 
     def optional_inputs(self):
         return self._optional
@@ -132,8 +134,10 @@ class TorchSource(Source):
                                       "whose node aspen could not find in torch.onnx's export")
         onnx.save(model, path)
 
-    def export(self, example, training, loss_kind):
-        """Exports forward for one micro-batch of these inputs; returns the .onnx path."""
+    def export(self, example, training, loss_kind, strategy=None):
+        """Exports forward for one micro-batch of these inputs; returns the .onnx path. A training model whose
+        forward enters blocks has its nodes tagged with their stages (NOTE [blocks in the export]; `strategy`:
+        an aspen.poptorch execution strategy or None), and self.stages says how many."""
         args = {n: torch.from_numpy(a) if isinstance(a, np.ndarray) else a for n, a in example.items()}
         module = self.module
         self._half = any(p.dtype == torch.float16 for p in module.parameters())
@@ -157,8 +161,10 @@ class TorchSource(Source):
         if not training:
             module.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _blocks.recording() as blocks:
                 out = module(**given, **statics)
+            self.stages = 1
+            stage_of_block = _blocks.stages_of(blocks.blocks, strategy) if training and blocks.blocks else None
             leaves, self._spec = pytree.tree_flatten(out)
             for i, leaf in enumerate(leaves):
                 if not isinstance(leaf, torch.Tensor):
@@ -189,7 +195,12 @@ class TorchSource(Source):
             try:
                 with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
                     warnings.simplefilter("ignore")
-                    torch.onnx.export(module, (), path, kwargs={**given, **statics}, input_names=names,
+                    traced = module
+                    if stage_of_block:  # NOTE [blocks in the export]
+                        with _blocks.tracing():
+                            traced = torch.export.export(module, (), kwargs={**given, **statics}, strict=False)
+                        _blocks.scope_nodes(traced)
+                    torch.onnx.export(traced, (), path, kwargs={**given, **statics}, input_names=names,
                                       output_names=self.output_names, dynamo=True, external_data=False,
                                       verbose=False, optimize=not training)
             except Exception as e:
@@ -197,6 +208,9 @@ class TorchSource(Source):
                                    f"{chatter.getvalue()}") from e
             finally:
                 onnx_log.setLevel(level)
+            if stage_of_block:
+                _blocks.stage_file(path, stage_of_block)
+                self.stages = len(set(stage_of_block.values()))
             if norms:
                 with torch.no_grad():
                     for n, b in module.named_buffers():

@@ -530,7 +530,7 @@ class TrainingModel(_Model):
     # losses: All every micro-batch's (merged on the first dimension, in the inputs' order), Final the last
     # micro-batch of each replica, Sum their sum over the steps' micro-batches (per replica), EveryN the last
     # micro-batch of every N-th step. An ONNX file, a Keras model and a loss aspen adds (loss="mse") return
-    # the loss alone. Not with pipeline stages or tensor shards yet (refused by name).
+    # the loss alone. With pipeline stages each output comes from its stage; not with tensor shards (refused by name).
     _outputs = ()
 
     def _by_mode(self, a):
@@ -561,7 +561,20 @@ class TrainingModel(_Model):
         shapes = self._micro_shapes(arrays)
         model_inputs = {n: a for n, a in arrays.items() if n != self._loss.get("targets")}
         example = self._example(model_inputs, shapes)
-        path = self._source.export(example, training=True, loss_kind=self._loss.get("kind"))
+        strategy = self._options._strategy
+        if strategy is not None and not hasattr(self._source, "stages"):
+            raise NotImplementedError(f"setExecutionStrategy: blocks of a torch module's forward make the stages; "
+                                      f"{self._source.describe()} has none")
+        path = self._source.export(example, training=True, loss_kind=self._loss.get("kind"), **(
+            {"strategy": strategy} if hasattr(self._source, "stages") else {}))
+        options = self._source.resolve_options(self._options._resolved(True))
+        stages = getattr(self._source, "stages", 1)
+        if stages > 1:  # NOTE [blocks in the export]: a device per stage
+            training["pipeline_stages"] = stages
+            training["pipeline_schedule"] = (strategy.schedule if strategy is not None else "1f1b")
+            if not self._options._values.get("threads"):  # NOTE [python cores]: the cores shared by the stages
+                from . import CPUS
+                options["threads"] = max(1, CPUS // (self._options.replication_factor * stages))
         if self._options._anchors_gradients():
             training["keep_gradients"] = True  # anchored gradients: the split step keeps them
         if "output" in self._loss and getattr(self._source, "module", None) is not None:
@@ -571,8 +584,7 @@ class TrainingModel(_Model):
         trained = self._source.parameter_names(self._optimizer.params)
         with self._source.naming_errors(path):
             self._program = _aspen.OnnxProgram(path, {n: shapes[n] for n in model_inputs},
-                                               Options.check_partials(self._source.resolve_options(self._options._resolved(True))),
-                                               training, self._loss, trained)
+                                               Options.check_partials(options), training, self._loss, trained)
         self._restore_state()
 
     def _check_detachable(self):

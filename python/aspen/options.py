@@ -40,7 +40,7 @@ class ReductionType(enum.Enum):
 
 # PopTorch options that aspen does not have: asking for one says so by name.
 _POPTORCH_ONLY = {
-    "useOfflineIpuTarget", "setExecutionStrategy", "setAutomaticLoadBalancing",
+    "useOfflineIpuTarget", "setAutomaticLoadBalancing",
     "relaxOptimizerAttributesChecks", "lazyCompilation", "sendOnlyUsedParameters",
     "updatableNamedBuffers",
 }
@@ -203,6 +203,7 @@ class Options:
         object.__setattr__(self, "_Popart", _Popart(self))
         object.__setattr__(self, "Jit", _Jit(self))
         object.__setattr__(self, "_anchors", {})
+        object.__setattr__(self, "_strategy", None)
 
     def anchorTensor(self, short_name, long_name, output_mode=None, output_return_period=1):
         """PopTorch's anchored tensors of a training model: long_name "Gradient___<parameter>" (the last step's
@@ -217,6 +218,19 @@ class Options:
             raise NotImplementedError(f"anchorTensor: output_mode: expected None or OutputMode.Final (the last "
                                       f"step's value), found {output_mode}")
         self._anchors[short_name] = long_name
+
+    def setExecutionStrategy(self, strategy):
+        """PopTorch's: how the blocks of a training model's forward (aspen.poptorch.Block, BeginBlock) become
+        pipeline stages, each on a device of its own: PipelinedExecution, ShardedExecution or
+        SerialPhasedExecution, with Stage(...).ipu(n) arguments or an AutoStage. A model with blocks and no
+        strategy runs pipelined, a stage per block. Inference runs the whole model on every core (a CPU's
+        devices share its memory: nothing to gain from stages there)."""
+        from . import _blocks
+        if not isinstance(strategy, _blocks._Strategy):
+            raise TypeError(f"setExecutionStrategy: expected aspen.poptorch.PipelinedExecution, ShardedExecution or "
+                            f"SerialPhasedExecution, found {type(strategy).__name__}")
+        object.__setattr__(self, "_strategy", strategy)
+        return self
 
     def _anchors_gradients(self):
         """Some anchor names a gradient (the training step must keep them)."""

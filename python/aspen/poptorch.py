@@ -7,8 +7,9 @@ default optimizer, SGD at lr 0.01; torch.optim's optimizers and poptorch.optim's
 settings accepted and reported once as having no effect), OutputMode, ReductionType, DataLoader and
 DataLoaderMode (torch.utils.data underneath, PopTorch's combined batch, asynchronous prefetch),
 identity_loss, and the host weights kept in sync with the training model (NOTE [implicit weight sync],
-model.py); a training call returns what forward returns (NOTE [training outputs], model.py). Not yet:
-Block / BeginBlock and the execution strategies, stochastic rounding; each is refused by name, never ignored.
+model.py); a training call returns what forward returns (NOTE [training outputs], model.py); Block,
+BeginBlock, BlockFunction and the execution strategies split a training model into pipeline stages (NOTE
+[blocks in the export], _blocks.py). Not yet: stochastic rounding, refused by name, never ignored.
 Anchored tensors: Options.anchorTensor with "Gradient___<parameter>" / "UpdatedVar___<parameter>",
 getTensorNames, getAnchoredTensor (the last step's values).
 """
@@ -28,7 +29,8 @@ sys.modules[__name__ + ".optim"] = optim  # import aspen.poptorch.optim, as popt
 
 __all__ = ["trainingModel", "inferenceModel", "Options", "OutputMode", "ReductionType", "DataLoader",
            "DataLoaderMode", "AsynchronousDataAccessor", "identity_loss", "optim", "setLogLevel",
-           "ipu_print_tensor", "set_available_memory"]
+           "ipu_print_tensor", "set_available_memory", "Block", "BeginBlock", "BlockFunction", "Stage", "Phase",
+           "AutoStage", "PipelinedExecution", "ShardedExecution", "SerialPhasedExecution"]
 
 
 def trainingModel(model, options=None, optimizer=None):
@@ -74,29 +76,9 @@ def setLogLevel(level):
     """PopTorch's log level; aspen's messages are errors and warnings, always shown."""
 
 
-def _not_yet(name):
-    def refuse(*args, **kwargs):
-        raise NotImplementedError(
-            f"aspen.poptorch.{name}: splitting a model over devices from Python (blocks, stages, execution "
-            "strategies) is not supported yet; run the model without it on one device (replicationFactor and "
-            "gradientAccumulation work), or use `aspen train --stages N` for the built-in model families")
-    refuse.__name__ = name
-    return refuse
-
-
-# Model parallelism from Python: refused by name until blocks become the plan's stages (W3.3).
-Block = _not_yet("Block")
-BeginBlock = _not_yet("BeginBlock")
-BlockFunction = _not_yet("BlockFunction")
-Stage = _not_yet("Stage")
-PipelinedExecution = _not_yet("PipelinedExecution")
-ShardedExecution = _not_yet("ShardedExecution")
-SerialPhasedExecution = _not_yet("SerialPhasedExecution")
-
-
-class AutoStage(enum.Enum):
-    SameAsIpu = 0
-    AutoIncrement = 1
+# Model parallelism: blocks of forward become pipeline stages (NOTE [blocks in the export], _blocks.py).
+from ._blocks import (AutoStage, BeginBlock, Block, BlockFunction, Phase, PipelinedExecution,  # noqa: E402
+                      SerialPhasedExecution, ShardedExecution, Stage)
 
 
 class DataLoaderMode(enum.Enum):

@@ -140,8 +140,6 @@ def test_options_are_poptorch_shaped_and_refuse_what_aspen_lacks():
     opts.Training.gradientAccumulation(4)
     opts.Precision.setPartialsType("float32")
     assert (opts.device_iterations, opts.replication_factor, opts.gradient_accumulation) == (2, 2, 4)
-    with pytest.raises(AttributeError, match="setExecutionStrategy: a PopTorch option aspen does not support"):
-        opts.setExecutionStrategy(None)
     with pytest.raises(AttributeError, match="setAutomaticLoadBalancing: a PopTorch option aspen does not support"):
         opts.setAutomaticLoadBalancing(True)
     with pytest.warns(UserWarning, match="useIpuModel: the IPU Model is a simulated IPU; it has no effect on a CPU"):

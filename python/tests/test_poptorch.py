@@ -121,8 +121,8 @@ def test_ipu_settings_are_accepted_and_reported_once():
     assert texts.count("aspen.Options.useIpuModel: the IPU Model is a simulated IPU; it has no effect on a CPU") == 1
     assert any("TensorLocations.setOptimizerLocation" in t for t in texts)
     assert opts.device_iterations == 20
-    with pytest.raises(AttributeError, match="setExecutionStrategy: a PopTorch option aspen does not support"):
-        opts.setExecutionStrategy(None)
+    with pytest.raises(AttributeError, match="setAutomaticLoadBalancing: a PopTorch option aspen does not support"):
+        opts.setAutomaticLoadBalancing(True)
 
 
 def test_cloned_options_are_independent():
@@ -332,12 +332,6 @@ def test_asynchronous_data_accessor_yields_each_batch_ahead_once():
     with pytest.raises(ValueError, match="expected a DataLoader in mode Sync"):
         poptorch.AsynchronousDataAccessor(poptorch.DataLoader(poptorch.Options(), _Numbers(4),
                                                               mode=poptorch.DataLoaderMode.Async))
-
-
-def test_model_parallelism_from_python_is_refused_by_name():
-    for name in ("Block", "BeginBlock", "Stage", "PipelinedExecution", "ShardedExecution"):
-        with pytest.raises(NotImplementedError, match=f"aspen.poptorch.{name}: splitting a model over devices"):
-            getattr(poptorch, name)("B1")
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
