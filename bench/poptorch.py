@@ -16,7 +16,11 @@ Rows:
 - mnist: simple_applications/pytorch/mnist's network (two conv blocks, a dropout, softmax then cross-entropy),
   batch 8, deviceIterations 50, SGD;
 - basics: tutorials/pytorch/basics' classifier (convolutions, max-pooling, group norm, log-softmax and NLL
-  loss), batch 16, deviceIterations 1, SGD with momentum (one call per micro-batch: Python's cost shows).
+  loss), batch 16, deviceIterations 1, SGD with momentum (one call per micro-batch: Python's cost shows);
+- pipelining: tutorials/pytorch/pipelining's network in four blocks, batch 40, deviceIterations 10,
+  gradientAccumulation 10, AdamW, run as two pipeline stages (PipelinedExecution: blocks 1-2 and 3-4, a
+  device each) and as one device (one stage of all four blocks): ratio_2_devices_vs_1 is the pipeline's
+  gain on this machine's cores. The eager loop accumulates the same 10 micro-batches per step.
 --quick: one round of few samples, to check that the bench runs.
 """
 
@@ -62,9 +66,44 @@ class BasicsNet(torch.nn.Module):
         return out
 
 
-ROWS = {  # name: (model, batch, device iterations, optimizer)
-    "mnist": (MnistNet, 8, 50, lambda p: torch.optim.SGD(p, lr=0.05)),
-    "basics": (BasicsNet, 16, 1, lambda p: torch.optim.SGD(p, lr=0.001, momentum=0.9)),
+class PipelinedNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer1 = torch.nn.Sequential(torch.nn.Conv2d(1, 10, 5), torch.nn.MaxPool2d(2), torch.nn.ReLU())
+        self.layer2 = torch.nn.Sequential(torch.nn.Conv2d(10, 20, 5), torch.nn.MaxPool2d(2), torch.nn.ReLU())
+        self.layer3 = torch.nn.Linear(320, 256)
+        self.layer4 = torch.nn.Linear(256, 10)
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, labels=None):
+        with poptorch.Block("B1"):
+            x = self.layer1(x)
+        with poptorch.Block("B2"):
+            x = self.layer2(x)
+        with poptorch.Block("B3"):
+            x = torch.relu(self.layer3(x.view(-1, 320)))
+        with poptorch.Block("B4"):
+            x = self.layer4(x)
+            return x if labels is None else (x, self.loss(x, labels))
+
+
+def _stages(*groups):
+    return poptorch.PipelinedExecution(*(poptorch.Stage(*g) for g in groups))
+
+
+class Row:
+    def __init__(self, make, batch, iters, optim, acc=1, strategies=None):
+        self.make, self.batch, self.iters, self.optim, self.acc = make, batch, iters, optim, acc
+        self.strategies = strategies or {"aspen": None}  # candidate name -> execution strategy
+
+
+ROWS = {
+    "mnist": Row(MnistNet, 8, 50, lambda p: torch.optim.SGD(p, lr=0.05)),
+    "basics": Row(BasicsNet, 16, 1, lambda p: torch.optim.SGD(p, lr=0.001, momentum=0.9)),
+    "pipelining": Row(PipelinedNet, 40, 10, lambda p: torch.optim.AdamW(p, lr=0.001), acc=10, strategies={
+        "aspen": lambda: _stages(("B1",), ("B2", "B3", "B4")),
+        "aspen_4_stages": lambda: _stages(("B1",), ("B2",), ("B3",), ("B4",)),
+        "aspen_1_device": lambda: _stages(("B1", "B2", "B3", "B4"))}),
 }
 
 
@@ -74,12 +113,15 @@ def dataset(n, seed=0):
                                           torch.randint(0, 10, (n,), generator=g))
 
 
-def aspen_epoch(make, batch, iters, optim, data):
+def aspen_epoch(row, strategy, data):
     torch.manual_seed(0)
-    model = make()
-    opts = poptorch.Options().deviceIterations(iters)
-    loader = poptorch.DataLoader(opts, data, batch_size=batch, shuffle=True)
-    training = poptorch.trainingModel(model, opts, optim(model.parameters()))
+    model = row.make()
+    opts = poptorch.Options().deviceIterations(row.iters)
+    opts.Training.gradientAccumulation(row.acc)
+    if strategy is not None:
+        opts.setExecutionStrategy(strategy())
+    loader = poptorch.DataLoader(opts, data, batch_size=row.batch, shuffle=True)
+    training = poptorch.trainingModel(model, opts, row.optim(model.parameters()))
     x, y = next(iter(loader))
     training.compile(x, y)  # compile outside the timing (the tutorials' first call; printed apart)
 
@@ -93,27 +135,30 @@ def aspen_epoch(make, batch, iters, optim, data):
     return run
 
 
-def torch_epoch(make, batch, optim, data, compiled):
+def torch_epoch(row, data, compiled):
     torch.manual_seed(0)
-    model = make()
+    model = row.make()
     step_model = torch.compile(model) if compiled else model
-    opt = optim(model.parameters())
-    loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
+    opt = row.optim(model.parameters())
+    loader = torch.utils.data.DataLoader(data, batch_size=row.batch, shuffle=True, drop_last=True)
 
-    def step(x, y):
-        opt.zero_grad()
+    def micro(x, y, k):
+        if k == 0:
+            opt.zero_grad()
         _, loss = step_model(x, y)
-        loss.backward()
-        opt.step()
+        (loss / row.acc if row.acc > 1 else loss).backward()
+        if k + 1 == row.acc:
+            opt.step()
         return loss
 
     x, y = next(iter(loader))
-    step(x, y)  # torch.compile's compile outside the timing, as aspen's
+    for k in range(row.acc):
+        micro(x, y, k)  # torch.compile's compile outside the timing, as aspen's
 
     def run():
         n = 0
-        for x, y in loader:
-            loss = step(x, y)
+        for i, (x, y) in enumerate(loader):
+            loss = micro(x, y, i % row.acc)
             n += x.shape[0]
         float(loss)
         return n
@@ -131,16 +176,18 @@ def main():
     warnings.simplefilter("ignore")
     torch.set_num_threads(a.threads)
     rounds = 1 if a.quick else a.rounds
-    for name, (make, batch, iters, optim) in ROWS.items():
-        per_call = batch * iters
-        samples = per_call * (2 if a.quick else max(1, 4000 // per_call))
+    for name, row in ROWS.items():
+        per_call = row.batch * row.iters * row.acc
+        samples = per_call * (1 if a.quick else max(1, 4000 // per_call))
         data = dataset(samples)
-        first = time.perf_counter()
-        candidates = {"aspen": aspen_epoch(make, batch, iters, optim, data)}
-        first = time.perf_counter() - first
-        candidates["eager"] = torch_epoch(make, batch, optim, data, False)
+        candidates, first = {}, {}
+        for k, strategy in row.strategies.items():
+            t = time.perf_counter()
+            candidates[k] = aspen_epoch(row, strategy, data)
+            first[k] = time.perf_counter() - t
+        candidates["eager"] = torch_epoch(row, data, False)
         if a.compile:
-            candidates["compiled"] = torch_epoch(make, batch, optim, data, True)
+            candidates["compiled"] = torch_epoch(row, data, True)
         rates = {k: [] for k in candidates}
         for _ in range(rounds):
             for k, run in candidates.items():
@@ -148,19 +195,25 @@ def main():
                 n = run()
                 rates[k].append(n / (time.perf_counter() - s))
         med = {k: statistics.median(v) for k, v in rates.items()}
-        row = {"bench": "poptorch", "case": name, "batch": batch, "device_iterations": iters, "samples": samples,
-               "aspen_samples_per_s": med["aspen"], "eager_samples_per_s": med["eager"],
-               "ratio_vs_eager": med["aspen"] / med["eager"], "aspen_first_call_s": first}
+        out = {"bench": "poptorch", "case": name, "batch": row.batch, "device_iterations": row.iters,
+               "gradient_accumulation": row.acc, "samples": samples, "aspen_samples_per_s": med["aspen"],
+               "eager_samples_per_s": med["eager"], "ratio_vs_eager": med["aspen"] / med["eager"],
+               "aspen_first_call_s": first["aspen"]}
         if "compiled" in med:
-            row.update(compiled_samples_per_s=med["compiled"], ratio_vs_compiled=med["aspen"] / med["compiled"])
+            out.update(compiled_samples_per_s=med["compiled"], ratio_vs_compiled=med["aspen"] / med["compiled"])
+        if "aspen_1_device" in med:
+            out.update(aspen_1_device_samples_per_s=med["aspen_1_device"],
+                       ratio_2_devices_vs_1=med["aspen"] / med["aspen_1_device"])
         if a.json:
-            print(json.dumps(row, sort_keys=True), flush=True)
+            print(json.dumps(out, sort_keys=True), flush=True)
         else:
-            extra = (f", torch.compile {med['compiled']:8.0f} (x{row['ratio_vs_compiled']:.2f})"
+            extra = (f", torch.compile {med['compiled']:8.0f} (x{out['ratio_vs_compiled']:.2f})"
                      if "compiled" in med else "")
-            print(f"{name:8s} batch {batch:3d} x {iters:2d} iterations: aspen {med['aspen']:8.0f} samples/s, eager "
-                  f"{med['eager']:8.0f} (ratio_vs_eager {row['ratio_vs_eager']:.2f}){extra}; aspen's compile "
-                  f"{first:.2f} s", flush=True)
+            if "aspen_1_device" in med:
+                extra += f"; 2 stages vs 1 device x{out['ratio_2_devices_vs_1']:.2f}"
+            print(f"{name:10s} batch {row.batch:3d} x {row.iters:2d} x {row.acc:2d}: aspen {med['aspen']:8.0f} samples/s, "
+                  f"eager {med['eager']:8.0f} (ratio_vs_eager {out['ratio_vs_eager']:.2f}){extra}; aspen's compile "
+                  f"{first['aspen']:.2f} s", flush=True)
 
 
 if __name__ == "__main__":
