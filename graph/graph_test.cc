@@ -107,7 +107,9 @@ TEST(OpTable, NumbersAreTheSerializedOnes) {
                                    "batch_norm",
                                    "batch_norm_grad",
                                    "lstm",
-                                   "lstm_grad"};
+                                   "lstm_grad",
+                                   "max_pool",
+                                   "max_pool_grad"};
   ASSERT_EQ(std::size(by_number), size_t(kNumOps));
   for (int i = 0; i < kNumOps; ++i) EXPECT_STREQ(op_name(OpKind(i)), by_number[i]) << "op #" << i;
 }

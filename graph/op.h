@@ -66,8 +66,10 @@
   /* batch normalization in training, by the batch's statistics (ops_batchnorm.cc) */                     \
   X(batch_norm, 77) X(batch_norm_grad, 78)                                                                \
   /* the LSTM recurrence over a sequence (ops_lstm.cc) */                                                 \
-  X(lstm, 79) X(lstm_grad, 80)
-// The next free op number: 81.
+  X(lstm, 79) X(lstm_grad, 80)                                                                            \
+  /* 2-D max pooling and its backward pass (ops_pool.cc) */                                               \
+  X(max_pool, 81) X(max_pool_grad, 82)
+// The next free op number: 83.
 // clang-format on
 
 namespace aspen::graph {

@@ -33,5 +33,6 @@ void register_dropout_ops(OpTable& t);
 void register_conv_ops(OpTable& t);
 void register_batchnorm_ops(OpTable& t);
 void register_lstm_ops(OpTable& t);
+void register_pool_ops(OpTable& t);
 
 }  // namespace aspen::graph

@@ -17,7 +17,9 @@
 //   MaxPool: reduce_max over the window; AveragePool: reduce_sum over it / the count ONNX divides by.
 // The backward pass comes from autodiff: the gather's gradient is the ordered scatter-add of the patches'
 // gradients (col2im), reduce_max's goes to the window's maximum. Correct by construction and bit-stable, but
-// the index tensor and the patch matrix cost memory ΠK times the input (kMaxWindowIndices bounds it).
+// the index tensor and the patch matrix cost memory ΠK times the input (kMaxWindowIndices bounds it). A 2-D
+// MaxPool without Indices is one op instead (NOTE [max pool as one op]).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -329,6 +331,20 @@ Status pool(Ctx& c, std::vector<Value>& in, std::vector<Value>& out, bool max) {
   if (order != 0 && order != 1) return c.error("attribute 'storage_order'", "0 or 1", std::to_string(order));
   if (!c.has("kernel_shape")) return c.error("attribute 'kernel_shape'", "present", "none");
   ASPEN_ASSIGN_OR_RETURN(const Window w, window_of(c, xt, {}, true));
+  if (max && !indices && w.D.size() == 2) {
+    // NOTE [max pool as one op]: a 2-D max pool without Indices is the IR's max_pool (graph/ops_pool.cc), whose
+    // gradient goes to each window's first maximum as torch's does; pads_end is set so that the floor of the
+    // op's extent formula gives w.O (a ceil-mode end is more padding, which never wins).
+    std::vector<int64_t> pads_end(2);
+    for (size_t i = 0; i < 2; ++i) {
+      const int64_t base = (w.O[i] - 1) * w.S[i] + (w.K[i] - 1) * w.Dil[i] + 1 - w.D[i] - w.PadBegin[i];
+      pads_end[i] = std::max<int64_t>(base, 0);  // base > -stride: the floor still gives w.O
+    }
+    out = {c.wrap(c.b.op1(OpKind::max_pool, {c.id(in[0])},
+                          {{"kernel", w.K}, {"strides", w.S}, {"dilations", w.Dil}, {"pads_begin", w.PadBegin},
+                           {"pads_end", pads_end}}))};
+    return c.b.status();
+  }
   ASPEN_RETURN_IF_ERROR(check_gather_size(c, w, xt));
   const int64_t P = w.N * product(w.O), pK = product(w.K), pad_row = w.N * product(w.D);
   ValueId y;

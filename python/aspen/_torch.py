@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 
 from . import _blocks
 from ._source import Source
+from .options import HalfFloatCastingBehavior
 
 
 class TorchSource(Source):
@@ -37,6 +38,7 @@ class TorchSource(Source):
         self._dir = None
         self._static = {}  # forward's non-array arguments, as given
         self._half = False  # the exported module's parameters were f16 (NOTE [half modules])
+        self._output_types = None  # forward's output types under _DowncastMixed (NOTE [half float casting])
         self._state_files = set()  # initializers the program updates (a training batch norm's statistics)
         self._state_buffers = set()  # module buffers among those (named as their initializers)
         self._exported = False
@@ -71,6 +73,23 @@ class TorchSource(Source):
 
     def describe(self):
         return f"{type(self.module).__name__} (exported by torch.onnx)"
+
+    # NOTE [half float casting]: PopTorch 2.x's Precision.halfFloatCasting. Under FloatDowncastToHalf (its
+    # default) an op whose floating operands mix float32 and float16 computes in float16, the float32 ones
+    # cast down; under HalfUpcastToFloat torch's promotion holds (float32). When a call's floating inputs mix
+    # the two (the module not half: NOTE [half modules]), the eager pass and the export run forward under
+    # _DowncastMixed, a torch function mode that casts the float32 tensor arguments of each mixed call, and
+    # torch.export records the casts: the program takes each input in its own type and returns what forward
+    # returns under the mode (x + y of a float32 x and a half y: half); outputs come back in the types forward
+    # returned (torch.onnx writes some ops of half operands, mse_loss, with a float32 result).
+    # Calls that change a tensor in place (x.add_(h), x[i] = h, x += h, batch_norm's running statistics) or
+    # take a type from a tensor (h.type_as(x), h.to(x)) keep torch's meaning. The exporter's optimizer is off
+    # then: it folds a parameter's cast into a new initializer, and the parameter would lose its name
+    # (copyWeightsToDevice, NOTE [implicit weight sync]). Other calls run without the mode, as before.
+    def _downcasts(self, inputs, half_casting):
+        """Whether forward runs under _DowncastMixed for these inputs (NOTE [half float casting])."""
+        return (half_casting is HalfFloatCastingBehavior.FloatDowncastToHalf and not self._half
+                and _mixes_floats(inputs))
 
     def static_argument(self, name, value):
         """A Python setting (use_cache=False, return_dict=True, a float scale) goes to forward as it is, at the
@@ -134,10 +153,12 @@ class TorchSource(Source):
                                       "whose node aspen could not find in torch.onnx's export")
         onnx.save(model, path)
 
-    def export(self, example, training, loss_kind, strategy=None):
+    def export(self, example, training, loss_kind, strategy=None,
+               half_casting=HalfFloatCastingBehavior.Default):
         """Exports forward for one micro-batch of these inputs; returns the .onnx path. A training model whose
         forward enters blocks has its nodes tagged with their stages (NOTE [blocks in the export]; `strategy`:
-        an aspen.poptorch execution strategy or None), and self.stages says how many."""
+        an aspen.poptorch execution strategy or None), and self.stages says how many. `half_casting`: the
+        type of an op mixing float32 and float16 (NOTE [half float casting])."""
         args = {n: torch.from_numpy(a) if isinstance(a, np.ndarray) else a for n, a in example.items()}
         module = self.module
         self._half = any(p.dtype == torch.float16 for p in module.parameters())
@@ -152,6 +173,8 @@ class TorchSource(Source):
         if "use_cache" in self.input_names and "use_cache" not in self._static:
             self._static["use_cache"] = False
         statics = dict(self._static)
+        downcast = self._downcasts(given.values(), half_casting)
+        casting = _DowncastMixed() if downcast else contextlib.nullcontext()
         was_training = module.training
         norms = self._training_batch_norms() if training else {}
         self._state_files = set()
@@ -161,7 +184,7 @@ class TorchSource(Source):
         if not training:
             module.eval()
         try:
-            with torch.no_grad(), _blocks.recording() as blocks:
+            with torch.no_grad(), _blocks.recording() as blocks, casting:
                 out = module(**given, **statics)
             self.stages = 1
             stage_of_block = _blocks.stages_of(blocks.blocks, strategy) if training and blocks.blocks else None
@@ -171,6 +194,7 @@ class TorchSource(Source):
                     raise ValueError(f"{type(self.module).__name__}.forward: output {i}: expected tensors, found "
                                      f"{type(leaf).__name__}")
             self.output_names = [f"output{i}" for i in range(len(leaves))]
+            self._output_types = [leaf.dtype for leaf in leaves] if downcast else None
             if training and loss_kind is None:
                 # PopTorch's convention, the loss last; a Hugging Face output names it ("loss", with labels=).
                 at = len(leaves) - 1
@@ -193,7 +217,7 @@ class TorchSource(Source):
             level = onnx_log.level
             onnx_log.setLevel(logging.ERROR)
             try:
-                with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
+                with warnings.catch_warnings(), contextlib.redirect_stdout(chatter), casting:
                     warnings.simplefilter("ignore")
                     traced = module
                     if stage_of_block:  # NOTE [blocks in the export]
@@ -202,7 +226,7 @@ class TorchSource(Source):
                         _blocks.scope_nodes(traced)
                     torch.onnx.export(traced, (), path, kwargs={**given, **statics}, input_names=names,
                                       output_names=self.output_names, dynamo=True, external_data=False,
-                                      verbose=False, optimize=not training)
+                                      verbose=False, optimize=not training and not downcast)
             except Exception as e:
                 raise RuntimeError(f"torch.onnx.export of {type(self.module).__name__} failed: {e}\n"
                                    f"{chatter.getvalue()}") from e
@@ -277,6 +301,9 @@ class TorchSource(Source):
         leaves = [values[n] for n in self.output_names]
         if self._half:  # NOTE [half modules]: a half module's outputs are half
             leaves = [v.astype(np.float16) if v.dtype == np.float32 else v for v in leaves]
+        if self._output_types is not None:  # NOTE [half float casting]: the types forward returned
+            leaves = [v.astype(_NUMPY_FLOATS[t]) if t in _NUMPY_FLOATS and v.dtype in _NUMPY_FLOATS.values() else v
+                      for v, t in zip(leaves, self._output_types)]
         if framework == "torch":
             leaves = [torch.from_numpy(v) for v in leaves]
         return pytree.tree_unflatten(leaves, self._spec)
@@ -305,3 +332,34 @@ class TorchSource(Source):
         if self._dir is not None:
             _rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+
+# Calls that keep their float32 arguments, besides in-place ones named with a trailing _ (NOTE [half float
+# casting]); torch runs batch_norm's half input with float32 running statistics, which it updates in place.
+_KEEPS_TYPES = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                "__ipow__", "__imatmul__", "to", "type", "type_as", "batch_norm", "instance_norm"}
+_NUMPY_FLOATS = {torch.float32: np.float32, torch.float16: np.float16}
+
+
+def _mixes_floats(values):
+    """Whether the tensors among `values` include both float32 and float16 ones."""
+    dtypes = {v.dtype for v in values if isinstance(v, torch.Tensor)}
+    return torch.float32 in dtypes and torch.float16 in dtypes
+
+
+def _half_of_float(t):
+    return t.half() if t.dtype == torch.float32 else t
+
+
+class _DowncastMixed(torch.overrides.TorchFunctionMode):
+    """NOTE [half float casting]: each call whose tensor arguments (in lists and tuples too) mix float32 and
+    float16 gets its float32 ones as float16. Inside the handler the mode is off: the casts and the call's
+    own inner calls are torch's."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _mixes_floats(pytree.tree_leaves((args, kwargs))) and "out" not in kwargs:
+            name = getattr(func, "__name__", "")
+            if name not in _KEEPS_TYPES and not (name.endswith("_") and not name.startswith("__")):
+                args, kwargs = pytree.tree_map_only(torch.Tensor, _half_of_float, (args, kwargs))
+        return func(*args, **kwargs)

@@ -334,6 +334,15 @@ class _Model:
         """One micro-batch of each input (what a framework's exporter traces)."""
         return {name: a[: shapes[name][0]] if shapes[name] and len(a.shape) else a for name, a in arrays.items()}
 
+    def _export(self, example, training, loss_kind):
+        """The source's ONNX file for one micro-batch; a torch module's export also follows the execution
+        strategy (training) and Precision.halfFloatCasting (NOTE [half float casting], _torch.py)."""
+        if not hasattr(self._source, "stages"):  # not a torch module
+            return self._source.export(example, training=training, loss_kind=loss_kind)
+        return self._source.export(example, training=training, loss_kind=loss_kind,
+                                   strategy=self._options._strategy if training else None,
+                                   half_casting=self._options._half_casting)
+
     def _compile(self, arrays):
         raise NotImplementedError
 
@@ -410,7 +419,7 @@ class InferenceModel(_Model):
             self._program = self._source.compile(arrays, self._per_call(), self._options._resolved(False), None)
             return
         shapes = self._micro_shapes(arrays)
-        path = self._source.export(self._example(arrays, shapes), training=False, loss_kind=None)
+        path = self._export(self._example(arrays, shapes), training=False, loss_kind=None)
         with self._source.naming_errors(path):
             self._program = _aspen.OnnxProgram(path, shapes, Options.check_partials(self._source.resolve_options(self._options._resolved(False))))
 
@@ -565,8 +574,7 @@ class TrainingModel(_Model):
         if strategy is not None and not hasattr(self._source, "stages"):
             raise NotImplementedError(f"setExecutionStrategy: blocks of a torch module's forward make the stages; "
                                       f"{self._source.describe()} has none")
-        path = self._source.export(example, training=True, loss_kind=self._loss.get("kind"), **(
-            {"strategy": strategy} if hasattr(self._source, "stages") else {}))
+        path = self._export(example, training=True, loss_kind=self._loss.get("kind"))
         options = self._source.resolve_options(self._options._resolved(True))
         stages = getattr(self._source, "stages", 1)
         if stages > 1:  # NOTE [blocks in the export]: a device per stage

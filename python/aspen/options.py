@@ -18,7 +18,7 @@ import warnings
 
 from . import _check
 
-__all__ = ["Options", "OutputMode", "ReductionType"]
+__all__ = ["Options", "OutputMode", "ReductionType", "HalfFloatCastingBehavior"]
 
 
 class OutputMode(enum.Enum):
@@ -29,6 +29,15 @@ class OutputMode(enum.Enum):
     Sum = "sum"  # the sum over the steps
     EveryN = "every_n"  # every N-th step's (outputMode(OutputMode.EveryN, N))
     Default = "default"  # All for inference, Final for training (PopTorch's defaults)
+
+
+class HalfFloatCastingBehavior(enum.IntEnum):
+    """The type of an op whose floating operands mix float32 and float16 (poptorch.HalfFloatCastingBehavior,
+    PopTorch 2.x's values): Precision.halfFloatCasting."""
+
+    FloatDowncastToHalf = 0  # float16: the float32 operands are cast down (PopTorch's default)
+    HalfUpcastToFloat = 1  # float32: torch's own type promotion
+    Default = FloatDowncastToHalf
 
 
 class ReductionType(enum.Enum):
@@ -135,6 +144,19 @@ class _Precision(_Section):
         self._owner._values["precision"] = _dtype_name("Precision.setComputeType", dtype)
         return self._owner
 
+    def halfFloatCasting(self, behavior):
+        """PopTorch 2.x's: the type of an op whose floating operands mix float32 and float16, a
+        HalfFloatCastingBehavior. FloatDowncastToHalf (the default, HalfFloatCastingBehavior.Default):
+        float16, the float32 operands cast down, so forward(x, y) = x + y of a float32 x and a float16 y
+        returns float16; HalfUpcastToFloat: torch's own promotion, float32. It applies to a torch module
+        whose call mixes float32 and float16 inputs (NOTE [half float casting], _torch.py); other calls
+        compute as torch does."""
+        if not isinstance(behavior, HalfFloatCastingBehavior):
+            raise TypeError(f"Precision.halfFloatCasting: expected an aspen.poptorch.HalfFloatCastingBehavior "
+                            f"(FloatDowncastToHalf or HalfUpcastToFloat), found {_check.found(behavior)}")
+        object.__setattr__(self._owner, "_half_casting", behavior)
+        return self._owner
+
 
 class _TensorLocations(_Section):
     _section = "TensorLocations"
@@ -204,6 +226,7 @@ class Options:
         object.__setattr__(self, "Jit", _Jit(self))
         object.__setattr__(self, "_anchors", {})
         object.__setattr__(self, "_strategy", None)
+        object.__setattr__(self, "_half_casting", HalfFloatCastingBehavior.Default)  # the package's, not the engine's
 
     def anchorTensor(self, short_name, long_name, output_mode=None, output_return_period=1):
         """PopTorch's anchored tensors of a training model: long_name "Gradient___<parameter>" (the last step's

@@ -9,7 +9,8 @@ DataLoaderMode (torch.utils.data underneath, PopTorch's combined batch, asynchro
 identity_loss, and the host weights kept in sync with the training model (NOTE [implicit weight sync],
 model.py); a training call returns what forward returns (NOTE [training outputs], model.py); Block,
 BeginBlock, BlockFunction and the execution strategies split a training model into pipeline stages (NOTE
-[blocks in the export], _blocks.py). Not yet: stochastic rounding, refused by name, never ignored.
+[blocks in the export], _blocks.py); Precision.halfFloatCasting and HalfFloatCastingBehavior (NOTE [half float
+casting], _torch.py). Not yet: stochastic rounding, refused by name, never ignored.
 Anchored tensors: Options.anchorTensor with "Gradient___<parameter>" / "UpdatedVar___<parameter>",
 getTensorNames, getAnchoredTensor (the last step's values).
 """
@@ -23,12 +24,12 @@ import torch
 
 from . import _poptorch_optim as optim
 from .model import InferenceModel, TrainingModel
-from .options import Options, OutputMode, ReductionType
+from .options import HalfFloatCastingBehavior, Options, OutputMode, ReductionType
 
 sys.modules[__name__ + ".optim"] = optim  # import aspen.poptorch.optim, as poptorch.optim
 
-__all__ = ["trainingModel", "inferenceModel", "Options", "OutputMode", "ReductionType", "DataLoader",
-           "DataLoaderMode", "AsynchronousDataAccessor", "identity_loss", "optim", "setLogLevel",
+__all__ = ["trainingModel", "inferenceModel", "Options", "OutputMode", "ReductionType", "HalfFloatCastingBehavior",
+           "DataLoader", "DataLoaderMode", "AsynchronousDataAccessor", "identity_loss", "optim", "setLogLevel",
            "ipu_print_tensor", "set_available_memory", "Block", "BeginBlock", "BlockFunction", "Stage", "Phase",
            "AutoStage", "PipelinedExecution", "ShardedExecution", "SerialPhasedExecution"]
 

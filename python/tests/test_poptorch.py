@@ -2,6 +2,7 @@
 
 Graphcore's tutorials are the acceptance suite; these are the project's own tests of what they use."""
 
+import copy
 import warnings
 
 import numpy as np
@@ -306,6 +307,105 @@ def test_the_mixed_precision_tutorials_settings():
         training(*batches[0])
     with pytest.raises(AttributeError, match="enableStochasticRounding"):
         opts.Precision.enableStochasticRounding(True)
+
+
+class _Sum(torch.nn.Module):
+    def forward(self, x, y):
+        return x + y
+
+
+class _MixedLinear(torch.nn.Module):
+    """A float32 Linear fed the sum of the inputs; with labels, (output, MSE loss) as PopTorch trains."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.lin = torch.nn.Linear(8, 3)
+
+    def forward(self, x, y, labels=None):
+        out = self.lin(x + y)
+        if labels is None:
+            return out
+        return out, torch.nn.functional.mse_loss(out, labels)
+
+
+def _mixed_inputs(rows=6):
+    """A float32 x and a half y; x[0, 0] + y[0, 0] rounds apart in half and in float32 (a tie of x's rounding
+    to half goes to even, 1.0, then 1.0 + 2^-12 rounds to 1.0; in float32 the sum rounds to 1 + 2^-10)."""
+    g = torch.Generator().manual_seed(11)
+    x, y = torch.randn(rows, 8, generator=g), torch.randn(rows, 8, generator=g).half()
+    x[0, 0], y[0, 0] = 1.0 + 2.0 ** -11, 2.0 ** -12
+    return x, y
+
+
+def _refused_mode(*_):
+    raise AssertionError("forward ran under the half float casting mode")
+
+
+def test_half_float_casting_computes_mixed_operands_in_half_by_default():
+    """PopTorch 2.x's default, FloatDowncastToHalf: an op mixing float32 and half computes in half, the float32
+    operands cast down, in inference and in training (the weights cast for each op, their gradients float32)."""
+    assert poptorch.HalfFloatCastingBehavior.Default is poptorch.HalfFloatCastingBehavior.FloatDowncastToHalf
+    assert "HalfFloatCastingBehavior" in poptorch.__all__
+    x, y = _mixed_inputs()
+    for opts in (None, poptorch.Options().Precision.halfFloatCasting(
+            poptorch.HalfFloatCastingBehavior.FloatDowncastToHalf)):
+        out = poptorch.inferenceModel(_Sum(), opts)(x, y)
+        assert out.dtype == torch.float16
+        assert torch.equal(out, x.half() + y) and not torch.equal(out, (x + y.float()).half())
+    assert poptorch.inferenceModel(_Sum())(x.numpy(), y.numpy()).dtype == np.float16
+    model = _MixedLinear()
+    inference = poptorch.inferenceModel(model)
+    out = inference(x, y)
+    half = copy.deepcopy(model).half()
+    with torch.no_grad():
+        assert out.dtype == torch.float16
+        torch.testing.assert_close(out, half(x.half(), y), rtol=2e-3, atol=2e-3)
+    with pytest.raises(ValueError, match="input 'y': expected f16 elements, found f32"):
+        inference(x, y.float())  # the program takes each input in its own type
+
+    ref = copy.deepcopy(model)
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.1)
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(12)
+    for _ in range(3):
+        labels = torch.randn(6, 3, generator=g)
+        out, loss = training(x, y, labels)
+        sgd.zero_grad()
+        want_out = torch.nn.functional.linear(x.half() + y, ref.lin.weight.half(), ref.lin.bias.half())
+        want = torch.nn.functional.mse_loss(want_out, labels.half())
+        want.backward()
+        sgd.step()
+        assert out.dtype == torch.float16 and loss.dtype == torch.float16
+        torch.testing.assert_close(out, want_out.detach(), rtol=5e-3, atol=5e-3)
+        torch.testing.assert_close(loss, want.detach(), rtol=5e-3, atol=5e-3)
+    training.copyWeightsToHost()
+    assert model.lin.weight.dtype == torch.float32
+    torch.testing.assert_close(model.lin.weight, ref.lin.weight, rtol=0, atol=1e-3)
+
+
+def test_half_float_casting_upcast_follows_torch_and_float_models_are_unchanged(monkeypatch):
+    """HalfUpcastToFloat: torch's promotion, float32. A call whose floating inputs do not mix never runs under
+    the casting mode; a behaviour other than a HalfFloatCastingBehavior is refused by the setter's name."""
+    import aspen._torch
+    monkeypatch.setattr(aspen._torch._DowncastMixed, "__init__", _refused_mode)
+    x, y = _mixed_inputs()
+    opts = poptorch.Options().Precision.halfFloatCasting(poptorch.HalfFloatCastingBehavior.HalfUpcastToFloat)
+    out = poptorch.inferenceModel(_Sum(), opts)(x, y)
+    assert out.dtype == torch.float32 and torch.equal(out, x + y)
+    model = _MixedLinear()
+    out = poptorch.inferenceModel(model, opts)(x, y)
+    with torch.no_grad():
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, model(x, y), rtol=1e-5, atol=1e-6)
+        out = poptorch.inferenceModel(model)(x, y.float())  # float32 inputs, the default behaviour
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, model(x, y.float()), rtol=1e-5, atol=1e-6)
+    for wrong in (0, "FloatDowncastToHalf", poptorch.OutputMode.All):
+        with pytest.raises(TypeError, match=r"^Precision.halfFloatCasting: expected an "
+                           r"aspen.poptorch.HalfFloatCastingBehavior \(FloatDowncastToHalf or HalfUpcastToFloat\), "
+                           r"found (0|'FloatDowncastToHalf'|an OutputMode)$"):
+            poptorch.Options().Precision.halfFloatCasting(wrong)
 
 
 def test_synthetic_data_runs_every_call_on_zeros_of_the_first_shapes():
