@@ -57,6 +57,9 @@ struct Options {
   DType precision_ = DType::f32;
   DType partials_type_ = DType::f32;
   bool recompute_ = false;  // recomputation checkpoints (poptorch recomputationCheckpoint)
+  // Training with a narrow precision: master weights' compute copies rounded stochastically
+  // (compiler::CompileOptions::stochastic_rounding; PopTorch's Precision.enableStochasticRounding).
+  bool stochastic_rounding_ = false;
   // On-disk executable cache directory; empty: off (poptorch enableExecutableCaching).
   std::string executable_cache_;
   uint64_t random_seed_ = 0;

@@ -70,6 +70,7 @@ train::RunnerOptions runner_options(const Options& o) {
   r.compile.opt_level = o.opt_level_;
   r.compile.compute = o.precision_;
   r.compile.partials = o.partials_type_;
+  r.compile.stochastic_rounding = o.stochastic_rounding_;
   r.compile.recompute = o.recompute_;
   r.threads = o.threads_;
   return r;

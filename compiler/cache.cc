@@ -30,6 +30,7 @@ std::string encode_options(const CompileOptions& o) {
   s += char(o.recompute ? 1 : 0);
   s += char(o.compute);
   s += char(o.partials);
+  s += char(o.stochastic_rounding ? 1 : 0);
   s.append(reinterpret_cast<const char*>(&o.max_folded_elements), sizeof(o.max_folded_elements));
   return s;
 }

@@ -39,6 +39,11 @@ struct CompileOptions {
   // the compute type itself (each matmul's result is rounded to it, then read
   // back as f32: half the bytes between matmul and cast, f32 accuracy lost).
   DType partials = DType::f32;
+  // With a narrow compute type: the casts of f32 parameters (master weights) round stochastically (NOTE
+  // [stochastic cast] in graph/ops_elementwise.cc) from the graph's run-time seed input
+  // compiler::kRandomSeedInput, each parameter on a stream of its own (PopTorch's
+  // Precision.enableStochasticRounding). The graph must have that input.
+  bool stochastic_rounding = false;
   // Weight-only values (compiler/memory_plan.h) are computed once and kept
   // until a parameter they read changes, not on every run: for programs whose
   // weights change between runs only through the session (inference,
@@ -46,6 +51,10 @@ struct CompileOptions {
   // executable cache's key, is the same either way.
   bool hoist_weights = false;
 };
+
+// The run-time seed input (i64 [1], one per micro-batch; negative: no randomness) that training dropout and
+// stochastic rounding draw from (models::kDropoutSeedInput is this name).
+inline constexpr const char* kRandomSeedInput = "dropout_seed";
 
 struct CompileContext {
   CompileOptions options;

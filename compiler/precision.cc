@@ -15,7 +15,13 @@
 // With partials = the compute type, each converted matmul writes its result
 // in that type (out_dtype = bf16/f16; a bias is cast too) and a cast back to
 // f32 stands for the old output: the rest of the graph is unchanged.
+//
+// With stochastic_rounding, a parameter's cast (a master weight's compute copy, made once per program run:
+// per micro-batch in training) rounds stochastically from the graph's run-time seed (NOTE [stochastic cast]):
+// unbiased, so small updates of the f32 masters reach the narrow copy on average, and reproducible from the
+// seed. Activations keep round-to-nearest.
 #include <map>
+#include <optional>
 
 #include "compiler/pass.h"
 #include "compiler/rewrite.h"
@@ -44,6 +50,13 @@ bool bf16_attention(const Node& n, const Graph& g, DType compute) {
   return q.dtype == DType::f32 && q.shape[2] > kernels::kAttentionDecodeRows;
 }
 
+// A parameter's stochastic-rounding stream: FNV-1a of its name (63 bits), the same on every build.
+uint64_t name_stream(const std::string& name) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ULL;
+  return h & 0x7fffffffffffffffULL;
+}
+
 class Precision : public Pass {
  public:
   const char* name() const override { return "precision"; }
@@ -60,10 +73,22 @@ class Precision : public Pass {
                                       "f32 or the compute type (" + std::string(dtype_name(compute)) + ")",
                                       std::string(dtype_name(partials)));
 
+    std::optional<ValueId> seed_in;  // the graph's run-time seed, for stochastic rounding
+    if (ctx.options.stochastic_rounding) {
+      seed_in = g.find_input(kRandomSeedInput);
+      if (!seed_in || g.type(*seed_in) != graph::TensorType{DType::i64, Shape{1}})
+        return Status::invalid_argument("compile options: stochastic_rounding",
+                                        std::string("a graph with the run-time seed input '") + kRandomSeedInput +
+                                            "' (i64[1])",
+                                        seed_in ? g.type(*seed_in).to_string() : std::string("no such input"));
+    }
     Rewrite rw(g);
     Graph& out = rw.out();
+    const int32_t seed_node = seed_in ? g.value(*seed_in).producer : -1;
+    if (seed_in) rw.copy(seed_node);  // first: a cast before the node that declares it may read it
     std::map<int32_t, ValueId> cast_of;  // new value -> its cast to `compute`
-    // The shared cast of new value v, made before node `user` on first request.
+    // The shared cast of new value v, made before node `user` on first request. A parameter's rounds
+    // stochastically under stochastic_rounding (NOTE [stochastic cast]), on a stream named by the parameter.
     auto cast = [&](ValueId v, const Node& user) -> Result<ValueId> {
       auto it = cast_of.find(v.index);
       if (it != cast_of.end()) return it->second;
@@ -71,6 +96,11 @@ class Precision : public Pass {
       c.op = OpKind::cast;
       c.inputs = {v};
       c.attrs.set("dtype", int64_t(compute));
+      const Node& from = out.producer(v);
+      if (seed_in && from.op == OpKind::parameter && out.type(v).dtype == DType::f32) {
+        c.inputs.push_back(rw.map(*seed_in));
+        c.attrs.set("stream", int64_t(name_stream(from.name)));
+      }
       c.stage = user.stage;
       c.backward = user.backward;
       ASPEN_ASSIGN_OR_RETURN(auto types, graph::check_node(out, c));
@@ -80,6 +110,7 @@ class Precision : public Pass {
     };
 
     for (int32_t i = 0; i < int32_t(g.nodes().size()); ++i) {
+      if (i == seed_node) continue;
       Node n = g.node(i);
       for (ValueId& in : n.inputs) in = rw.map(in);
       std::vector<graph::TensorType> types;

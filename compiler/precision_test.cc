@@ -223,6 +223,45 @@ TEST(Precision, PassRewritesOnlyF32Matmuls) {
             "compile options: compute: expected f32, bf16 or f16, found i32");
 }
 
+// Stochastic rounding: the casts of parameters (w, v) take the graph's seed input and a stream per parameter;
+// the input's and the activation's cast round to nearest; without the seed input the pass says so.
+TEST(Precision, StochasticRoundingCastsParametersFromTheSeed) {
+  for (bool with_seed : {true, false}) {
+    Graph g;
+    Builder b(g);
+    ValueId x = b.input("x", DType::f32, {4, 6});
+    ValueId y = b.op1(OpKind::matmul, {x, b.parameter("w", DType::f32, {6, 5})});
+    b.output("y", b.op1(OpKind::matmul, {b.exp(y), b.parameter("v", DType::f32, {5, 3})}));
+    if (with_seed) b.input(kRandomSeedInput, DType::i64, {1});  // declared after its users: the pass moves it
+    ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+    CompileContext ctx;
+    ctx.options.compute = DType::f16;
+    ctx.options.stochastic_rounding = true;
+    Status st = make_precision()->run(g, ctx);
+    if (!with_seed) {
+      EXPECT_EQ(st.message(), "compile options: stochastic_rounding: expected a graph with the run-time seed input "
+                              "'dropout_seed' (i64[1]), found no such input");
+      continue;
+    }
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    ASSERT_TRUE(graph::verify(g).is_ok()) << graph::verify(g).to_string();
+    std::set<int64_t> streams;
+    int nearest = 0;
+    for (const auto& n : g.nodes()) {
+      if (n.op != OpKind::cast) continue;
+      if (n.inputs.size() == 2) {
+        EXPECT_EQ(g.producer(n.inputs[1]).name, kRandomSeedInput);
+        EXPECT_EQ(g.producer(n.inputs[0]).op, OpKind::parameter);
+        streams.insert(n.attrs.i("stream"));
+      } else {
+        ++nearest;
+      }
+    }
+    EXPECT_EQ(streams.size(), 2u);  // w and v, each its own
+    EXPECT_EQ(nearest, 2);          // x and exp(y)
+  }
+}
+
 TEST(Precision, OutDtypeBadInputs) {
   Graph g;
   Builder b(g);

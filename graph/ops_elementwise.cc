@@ -14,13 +14,15 @@
 //   floor, ceil, round: no gradient (zero almost everywhere, as in PyTorch)
 //   max:   da = where(a < b, 0, g), db = where(a < b, g, 0)   (a tie goes to a)
 //   min:   da = where(a > b, 0, g), db = where(a > b, g, 0)
-//   cast:  dx = cast(g, x's dtype) between float types; none from or to integers
+//   cast:  dx = cast(g, x's dtype) between float types (a stochastic cast too; none for its seed); none from or
+//          to integers
 // neg, max and min take integers too (the reference runs them: imported graphs' shape arithmetic).
 // Fast kernels (all in kernels/: activation.h, convert.h): every op on f32 (add also on i32; where's
 // condition bool or u8); cast f32 <-> bf16, f32 <-> f16, f32 -> f32 and u8/bool -> f32 (masks).
 #include <cmath>
 #include <cstring>
 
+#include "core/philox.h"
 #include "graph/builder.h"
 #include "graph/op_sample.h"
 #include "graph/ops_registry.h"
@@ -164,10 +166,12 @@ Grads grad_max_min(Builder& b, const Node& n, OutGrads g) {
   const ValueId zero = zeros_like(b, *g[0]);
   return std::vector<std::optional<ValueId>>{b.where(other_wins, zero, *g[0]), b.where(other_wins, *g[0], zero)};
 }
+// A stochastic cast's gradient passes straight through, as a rounding's does; none for its seed.
 Grads grad_cast(Builder& b, const Node& n, OutGrads g) {
   const DType from = b.type(n.inputs[0]).dtype;
-  if (!is_float(from) || !is_float(b.type(n.outputs[0]).dtype)) return std::vector<std::optional<ValueId>>{std::nullopt};
-  return std::vector<std::optional<ValueId>>{b.cast(*g[0], from)};
+  std::vector<std::optional<ValueId>> out(n.inputs.size());
+  if (is_float(from) && is_float(b.type(n.outputs[0]).dtype)) out[0] = b.cast(*g[0], from);
+  return out;
 }
 
 Status infer_where(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
@@ -183,8 +187,25 @@ Status infer_where(const Node& n, std::span<const TensorType> in, std::vector<Te
 Status infer_cast(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
   const int64_t dt = n.attrs.i("dtype");
   if (dt < 0 || dt >= kNumDTypes) return rule_error(n, "dtype", "a dtype id in [0, 7)", std::to_string(dt));
+  if (in.size() > 1) {  // NOTE [stochastic cast]
+    if (in[0].dtype != DType::f32 || (DType(dt) != DType::bf16 && DType(dt) != DType::f16))
+      return rule_error(n, "x and dtype", "f32 to bf16 or f16 with a seed (stochastic rounding)",
+                        in[0].to_string() + " to " + std::string(dtype_name(DType(dt))));
+    if (in[1] != TensorType{DType::i64, Shape{1}}) return rule_error(n, "seed", "i64[1]", in[1].to_string());
+  }
   out = {TensorType{DType(dt), in[0].shape}};
   return Status();
+}
+
+// NOTE [stochastic cast]: cast(x f32, seed i64[1]) {dtype bf16 or f16, stream} rounds stochastically
+// (kernels/convert.h: element i with philox_bits(seed, stream, i)), unbiased and reproducible from the seed;
+// a negative seed (validation, inference) rounds to nearest. The precision pass casts master weights so under
+// Precision.enableStochasticRounding (compiler/precision.cc), with the micro-batch's run-time seed.
+double stochastic_round(DType to, double x, int64_t seed, uint64_t stream, uint64_t i) {
+  if (seed < 0) return round_to(to, x);
+  const uint32_t r = philox_bits(uint64_t(seed), stream, i);
+  return to == DType::bf16 ? double(bf16_to_f32(kernels::f32_to_bf16_stochastic(float(x), r)))
+                           : double(f16_to_f32(kernels::f32_to_f16_stochastic(float(x), r)));
 }
 
 // Fast kernels (f32; other dtypes fall back to the reference for now).
@@ -282,9 +303,21 @@ Prepared prepare_silu(const Node& node, std::span<const TensorType> in, std::spa
 }
 
 // cast: f32 <-> bf16 through kernels/convert.h, f32 -> f32 a copy; other pairs use the reference.
-Prepared prepare_cast(const Node&, std::span<const TensorType> in, std::span<const TensorType> out) {
+Prepared prepare_cast(const Node& node, std::span<const TensorType> in, std::span<const TensorType> out) {
   const DType from = in[0].dtype, to = out[0].dtype;
   const int64_t n = out[0].shape.numel();
+  if (in.size() > 1) {  // NOTE [stochastic cast]
+    const uint64_t stream = uint64_t(node.attrs.i_or("stream", 0));
+    return make_kernel([n, to, stream](In i, Out o) {
+      const int64_t seed = *static_cast<const int64_t*>(i[1]);
+      const auto x = in_span<float>(i, 0, n);
+      if (to == DType::bf16)
+        return seed < 0 ? kernels::convert_f32_to_bf16(x, out_span<bf16>(o, 0, n), n)
+                        : kernels::convert_f32_to_bf16_stochastic(x, out_span<bf16>(o, 0, n), n, uint64_t(seed), stream, 0);
+      return seed < 0 ? kernels::convert_f32_to_f16(x, out_span<f16>(o, 0, n), n)
+                      : kernels::convert_f32_to_f16_stochastic(x, out_span<f16>(o, 0, n), n, uint64_t(seed), stream, 0);
+    });
+  }
   if (from == DType::f32 && to == DType::bf16)
     return make_kernel([n](In i, Out o) {
       return kernels::convert_f32_to_bf16(in_span<float>(i, 0, n), out_span<bf16>(o, 0, n), n);
@@ -406,6 +439,15 @@ void samples_cast(SampleList& s) {
     for (const Shape& shape : {kOdd, kLarge})
       s.add(std::string(dtype_name(from)) + " to " + std::string(dtype_name(to)) + " " + shape.to_string(),
             [&](Builder& b) { b.cast(b.input("x", from, shape), to); }, {.lo = -300.0, .hi = 300.0, .int_hi = 3});
+  // Stochastic rounding (NOTE [stochastic cast]): the fast kernels draw the reference's bits; -1 rounds to nearest.
+  for (DType to : {DType::bf16, DType::f16})
+    for (double seed : {987654321.0, -1.0})
+      s.add("f32 to " + std::string(dtype_name(to)) + " stochastic, seed " + std::to_string(int64_t(seed)),
+            [&](Builder& b) {
+              b.op1(OpKind::cast, {b.input("x", DType::f32, kLarge), b.input("seed", DType::i64, Shape{1})},
+                    {{"dtype", int64_t(to)}, {"stream", int64_t(77)}});
+            },
+            {.lo = -300.0, .hi = 300.0, .values = {{"seed", {seed}}}});
   s.add("i32 to f32", [](Builder& b) { b.cast(b.input("x", DType::i32, kOdd), DType::f32); }).fast = false;
   s.add("bf16 to f16", [](Builder& b) { b.cast(b.input("x", DType::bf16, kOdd), DType::f16); }).fast = false;
 }
@@ -534,12 +576,20 @@ void register_elementwise_ops(OpTable& t) {
                            .prepare = prepare_where,
                            .samples = samples_where});
   t.define(OpKind::cast, {.min_inputs = 1,
-                          .max_inputs = 1,
-                          .attrs = {{"dtype", AttrKind::i64, true}},
+                          .max_inputs = 2,
+                          .attrs = {{"dtype", AttrKind::i64, true}, {"stream", AttrKind::i64, false}},
                           .infer = infer_cast,
                           .grad = grad_cast,
                           .eval =
-                              [](const Node&, auto in, auto out) {
+                              [](const Node& n, auto in, auto out) {
+                                if (in.size() > 1) {  // NOTE [stochastic cast]
+                                  const int64_t seed = int64_t(in[1]->data[0]);
+                                  const uint64_t stream = uint64_t(n.attrs.i_or("stream", 0));
+                                  for (size_t i = 0; i < out[0].data.size(); ++i)
+                                    out[0].data[i] =
+                                        stochastic_round(out[0].type.dtype, in[0]->data[i], seed, stream, i);
+                                  return Status();
+                                }
                                 for (size_t i = 0; i < out[0].data.size(); ++i)
                                   out[0].data[i] = round_to(out[0].type.dtype, in[0]->data[i]);
                                 return Status();

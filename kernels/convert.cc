@@ -42,6 +42,10 @@ void convert_f32_to_bf16_stochastic(const float* x, bf16* y, int64_t N, uint64_t
                                     uint64_t offset) {
   for (int64_t i = 0; i < N; ++i) y[i] = f32_to_bf16_stochastic(x[i], philox_bits(seed, stream, offset + uint64_t(i)));
 }
+void convert_f32_to_f16_stochastic(const float* x, f16* y, int64_t N, uint64_t seed, uint64_t stream,
+                                   uint64_t offset) {
+  for (int64_t i = 0; i < N; ++i) y[i] = f32_to_f16_stochastic(x[i], philox_bits(seed, stream, offset + uint64_t(i)));
+}
 }  // namespace ref
 
 namespace {
@@ -362,6 +366,23 @@ Status convert_f32_to_bf16_stochastic(std::span<const float> x, std::span<bf16> 
     ref::convert_f32_to_bf16_stochastic(x.data(), y.data(), N, seed, stream, offset);
   else
     sr_fast(x.data(), y.data(), N, seed, stream, offset);
+  return Status();
+}
+
+// The scalar definition in chunks on the team (a weight's copy per micro-batch; any split gives the same
+// values: element i's bits depend on offset + i alone).
+Status convert_f32_to_f16_stochastic(std::span<const float> x, std::span<f16> y, int64_t N, uint64_t seed,
+                                     uint64_t stream, uint64_t offset) {
+  const char* kernel = "convert_f32_to_f16_stochastic";
+  ASPEN_RETURN_IF_ERROR(check_convert(kernel, x, y, N));
+  if (N > 0 && offset > std::numeric_limits<uint64_t>::max() - uint64_t(N - 1))
+    return Status::invalid_argument(std::string(kernel) + ": argument 'offset'", "offset + N <= 2^64",
+                                    "offset = " + std::to_string(offset) + ", N = " + std::to_string(N));
+  const int64_t chunks = (N + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (N >= kParallelMin && !reference_mode())
+  for (int64_t c = 0; c < chunks; ++c)
+    ref::convert_f32_to_f16_stochastic(x.data() + c * kChunk, y.data() + c * kChunk, std::min(kChunk, N - c * kChunk),
+                                       seed, stream, offset + uint64_t(c * kChunk));
   return Status();
 }
 

@@ -1,5 +1,5 @@
 // kernels/convert.h: vectorized f32 <-> bf16 / f16 conversions, and f32 -> bf16
-// with stochastic rounding.
+// and f16 with stochastic rounding.
 //
 // The scalar conversions in core/dtype.h are the definition (they are what
 // ref:: runs): round to nearest even, infinities stay, NaN stays NaN (quiet):
@@ -19,6 +19,10 @@
 // the result is always one of the two bf16 values around x, and x itself when
 // x is a bf16 value. Above the largest finite bf16 (0x7f7f), the upper
 // neighbour is infinity: such x round to ±inf with that same probability.
+// f32 -> f16 stochastically: of the two f16 values around x (lo toward zero, hi away from it), hi with
+// probability (|x| - |lo|) / (|hi| - |lo|) (r / 2^32 below it), computed exactly in double: unbiased the same
+// way, x itself when x is an f16 value, ±inf past the largest finite f16 with that same probability, NaN as
+// round-to-nearest.
 // Element i uses r = philox_bits(seed, stream, offset + i) (core/philox.h):
 // the result depends only on (seed, stream, offset + i), never on the thread
 // count or on how a tensor is split into calls.
@@ -30,6 +34,7 @@
 // Thread-safety: pure functions of their arguments.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -47,6 +52,20 @@ inline bf16 f32_to_bf16_stochastic(float x, uint32_t r) {
   return bf16{uint16_t((u + (r >> 16)) >> 16)};
 }
 
+// One stochastically rounded f16 (see above).
+inline f16 f32_to_f16_stochastic(float x, uint32_t r) {
+  if (x != x) return f32_to_f16(x);
+  f16 lo = f32_to_f16(x);  // nearest; step it toward zero when it lies beyond x
+  const double ax = std::abs(double(x));
+  if (std::abs(double(f16_to_f32(lo))) > ax) lo.bits = uint16_t(lo.bits - 1);  // magnitude bits - 1
+  const double alo = std::abs(double(f16_to_f32(lo)));
+  if (alo == ax) return lo;
+  const f16 hi{uint16_t(lo.bits + 1)};  // the next magnitude (0x7c00: infinity)
+  const double ahi = std::abs(double(f16_to_f32(hi)));
+  const double p = std::isinf(ahi) ? (ax - alo) / (65536.0 - alo) : (ax - alo) / (ahi - alo);
+  return double(r) < p * 4294967296.0 ? hi : lo;
+}
+
 // y[i] = f32_to_bf16(x[i]) for i in [0, N).
 [[nodiscard]] Status convert_f32_to_bf16(std::span<const float> x, std::span<bf16> y, int64_t N);
 // y[i] = bf16_to_f32(x[i]).
@@ -62,6 +81,10 @@ inline bf16 f32_to_bf16_stochastic(float x, uint32_t r) {
 [[nodiscard]] Status convert_f32_to_bf16_stochastic(std::span<const float> x, std::span<bf16> y, int64_t N,
                                                     uint64_t seed, uint64_t stream, uint64_t offset);
 
+// y[i] = f32_to_f16_stochastic(x[i], philox_bits(seed, stream, offset + i)); offset + N must not pass 2^64.
+[[nodiscard]] Status convert_f32_to_f16_stochastic(std::span<const float> x, std::span<f16> y, int64_t N,
+                                                   uint64_t seed, uint64_t stream, uint64_t offset);
+
 // The two above chosen by dtype, for ops that compute in f32 on bf16 or f16 tensors (convolution, batch
 // norm): y = x widened from `from`, or narrowed to `to` (each bf16 or f16; anything else is an error).
 [[nodiscard]] Status widen_to_f32(DType from, const void* x, float* y, int64_t N);
@@ -76,6 +99,8 @@ void convert_f16_to_f32(const f16* x, float* y, int64_t N);
 void convert_u8_to_f32(const uint8_t* x, float* y, int64_t N);
 void convert_f32_to_bf16_stochastic(const float* x, bf16* y, int64_t N, uint64_t seed, uint64_t stream,
                                     uint64_t offset);
+void convert_f32_to_f16_stochastic(const float* x, f16* y, int64_t N, uint64_t seed, uint64_t stream,
+                                   uint64_t offset);
 }  // namespace ref
 
 }  // namespace aspen::kernels

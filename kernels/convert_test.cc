@@ -220,6 +220,78 @@ TEST(Convert, StochasticSameForOneAndTwoThreadsAndSplitCalls) {
   EXPECT_EQ(bad_ref, 0);
 }
 
+// f16 stochastic rounding: a neighbour of x (x itself when x is an f16; NaN stays NaN), unbiased (the mean of
+// K copies within 5 standard deviations of x, subnormal and overflowing x included), the same for one and two
+// threads and split calls, and equal to the reference.
+TEST(Convert, F16StochasticGivesAnUnbiasedNeighbour) {
+  const std::vector<float> x = test_floats();
+  std::vector<f16> y(x.size());
+  ASSERT_TRUE(convert_f32_to_f16_stochastic(x, y, int64_t(x.size()), 1, 2, 3).is_ok());
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i])) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(y[i]))) << x[i];
+      continue;
+    }
+    const f16 nearest = f32_to_f16(x[i]);
+    if (double(f16_to_f32(nearest)) == double(x[i])) {
+      EXPECT_EQ(y[i].bits, nearest.bits) << x[i];
+      continue;
+    }
+    const double got = f16_to_f32(y[i]);
+    // Between the neighbours: no f16 strictly between x and the result.
+    const f16 back{uint16_t(y[i].bits + (std::abs(got) > std::abs(double(x[i])) ? -1 : 1))};
+    const double other = f16_to_f32(back);
+    EXPECT_TRUE((got - double(x[i])) * (other - double(x[i])) <= 0) << x[i] << " -> " << got;
+  }
+  const int64_t K = 1 << 16;
+  const float values[] = {1.0f + 0.3f / 1024.0f, -3.7f, 0.1f, 3e-6f, 65510.0f};
+  uint64_t offset = 0;
+  for (float v : values) {
+    SCOPED_TRACE(v);
+    const std::vector<float> xs(K, v);
+    std::vector<f16> ys(K);
+    ASSERT_TRUE(convert_f32_to_f16_stochastic(xs, ys, K, 99, 0, offset).is_ok());
+    offset += K;
+    f16 lo = f32_to_f16(v);
+    if (std::abs(double(f16_to_f32(lo))) > std::abs(double(v))) lo.bits = uint16_t(lo.bits - 1);
+    const double lower = f16_to_f32(lo);
+    const double upper = std::abs(v) > 65504.0f ? std::copysign(65536.0, double(v)) : double(f16_to_f32(f16{uint16_t(lo.bits + 1)}));
+    const double ulp = upper - lower, p = (double(v) - lower) / ulp;
+    double sum = 0;
+    int64_t highs = 0;
+    for (const f16& h : ys) {
+      const double value = f16_to_f32(h);
+      highs += h.bits != lo.bits;
+      sum += std::isinf(value) ? upper : value;  // beyond the largest finite f16: its step to 65536
+    }
+    const double mean = sum / double(K), sigma = std::abs(ulp) * std::sqrt(p * (1 - p) / double(K));
+    EXPECT_GT(p, 0.0);
+    EXPECT_LT(p, 1.0);
+    EXPECT_LE(std::abs(mean - double(v)), 5 * sigma) << "mean " << mean << " p " << p << " highs " << highs;
+  }
+  const int64_t n = 100003;
+  const std::vector<float> r = testing::random_vector(n, 8, -100.0f, 100.0f);
+  std::vector<f16> one(n), two(n), split(n), want(n);
+  {
+    ScopedOmpThreads t(1);
+    ASSERT_TRUE(convert_f32_to_f16_stochastic(r, one, n, 5, 6, 11).is_ok());
+  }
+  {
+    ScopedOmpThreads t(2);
+    ASSERT_TRUE(convert_f32_to_f16_stochastic(r, two, n, 5, 6, 11).is_ok());
+  }
+  const int64_t k = 777;
+  ASSERT_TRUE(convert_f32_to_f16_stochastic(r, split, k, 5, 6, 11).is_ok());
+  ASSERT_TRUE(convert_f32_to_f16_stochastic(std::span<const float>(r).subspan(k), std::span<f16>(split).subspan(k),
+                                            n - k, 5, 6, 11 + k)
+                  .is_ok());
+  ref::convert_f32_to_f16_stochastic(r.data(), want.data(), n, 5, 6, 11);
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad += (one[i].bits != two[i].bits) + (one[i].bits != split[i].bits) +
+                                         (one[i].bits != want[i].bits);
+  EXPECT_EQ(bad, 0);
+}
+
 // widen_to_f32 / narrow_from_f32 are the bf16 and f16 conversions chosen by dtype, and refuse the others.
 TEST(Convert, WidenAndNarrowByDtype) {
   const std::vector<float> x = {1.5f, -2.25f, 3.0f, 0.125f, -0.0f};

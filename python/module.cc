@@ -35,6 +35,7 @@
 #include "api/training_model.h"
 #include "core/dtype.h"
 #include "core/philox.h"
+#include "graph/builder.h"
 #include "io/onnx.h"
 #include "kernels/convert.h"
 #include "models/bert.h"
@@ -236,6 +237,7 @@ api::Options options_from(const nb::dict& d) {
     else if (key == "threads") o.threads(nb::cast<int>(v));
     else if (key == "mpi") o.mpi(nb::cast<bool>(v));
     else if (key == "recompute") o.recompute(nb::cast<bool>(v));
+    else if (key == "stochastic_rounding") o.stochastic_rounding_ = nb::cast<bool>(v);
     else bad_argument("options key '" + key + "'", "an option aspen knows", "an unknown key");
   }
   return o;
@@ -272,6 +274,24 @@ api::TrainingOptions training_from(const nb::dict& d) {
       t.keep_gradients = nb::cast<bool>(v);
     } else if (key == "outputs") {
       t.outputs = nb::cast<std::vector<std::string>>(v);
+    } else if (key == "groups") {  // parameter groups beyond the first (python/aspen/optim.py)
+      for (nb::handle h : nb::cast<nb::list>(v)) {
+        const nb::dict gd = nb::cast<nb::dict>(h);
+        train::ParamGroup grp;
+        for (auto [gk, gv] : gd) {
+          const std::string name = nb::cast<std::string>(gk);
+          if (name == "params") grp.params = nb::cast<std::vector<std::string>>(gv);
+          else if (name == "lr_scale") grp.lr_scale = nb::cast<double>(gv);
+          else if (name == "weight_decay") grp.weight_decay = nb::cast<double>(gv);
+          else if (name == "beta1") grp.beta1 = nb::cast<double>(gv);
+          else if (name == "beta2") grp.beta2 = nb::cast<double>(gv);
+          else if (name == "eps") grp.eps = nb::cast<double>(gv);
+          else if (name == "momentum") grp.momentum = nb::cast<double>(gv);
+          else bad_argument("parameter group key '" + name + "'", "params, lr_scale, weight_decay, beta1, beta2, "
+                            "eps or momentum", "an unknown key");
+        }
+        t.optimizer.groups.push_back(std::move(grp));
+      }
     } else if (key == "pipeline_stages") {
       t.pipeline.stages = nb::cast<int>(v);
     } else if (key == "pipeline_schedule") {
@@ -406,6 +426,14 @@ class OnnxProgram {
                        "none of that name");
         }
         t.loss = output;
+      }
+      // Stochastic rounding draws from the micro-batch's run-time seed (NOTE [stochastic cast]): the input a
+      // training Dropout takes, declared here when the model has none (fed as for dropout, below).
+      if (options_.stochastic_rounding_ && !imp_.graph.find_input(models::kDropoutSeedInput)) {
+        graph::Builder b(imp_.graph);
+        b.input(models::kDropoutSeedInput, DType::i64, Shape{1});
+        check(b.status());
+        imp_.inputs.push_back(models::kDropoutSeedInput);
       }
       nb::gil_scoped_release unlocked;
       training_model_ = take(api::TrainingModel::create(imp_.graph, options_, t));

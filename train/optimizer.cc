@@ -1,5 +1,8 @@
 #include "train/optimizer.h"
 
+#include <cmath>
+#include <map>
+
 namespace aspen::train {
 
 using graph::OpKind;
@@ -39,6 +42,20 @@ Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const Value
   const ValueId step_state = b.parameter(kStepName, DType::f32, Shape{});
   out.step = b.add(step_state, b.scalar(1.0f));
   if (options.update_step) b.update(step_state, out.step);
+  // Each parameter's group (-1: none) and each group's learning rate (made at its first parameter).
+  std::map<std::string, int> group_of;
+  for (size_t k = 0; k < options.groups.size(); ++k) {
+    const ParamGroup& grp = options.groups[k];
+    if (!(grp.lr_scale >= 0.0) || !std::isfinite(grp.lr_scale))
+      return Status::invalid_argument(fn + ": parameter group " + std::to_string(k + 1) + " lr_scale",
+                                      "a finite number >= 0", std::to_string(grp.lr_scale));
+    for (const std::string& p : grp.params)
+      if (!group_of.emplace(p, int(k)).second)
+        return Status::invalid_argument(fn + ": parameter '" + p + "'", "in one parameter group",
+                                        "in groups " + std::to_string(group_of[p] + 1) + " and " +
+                                            std::to_string(k + 1));
+  }
+  std::vector<ValueId> group_lr(options.groups.size());
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].valid() || params[i].index >= g.num_values() || g.producer(params[i]).op != OpKind::parameter)
       return Status::invalid_argument(fn + ": params[" + std::to_string(i) + "]", "a parameter value",
@@ -55,19 +72,30 @@ Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const Value
     double decay = options.weight_decay;
     for (const std::string& pattern : options.no_decay)
       if (name.find(pattern) != std::string::npos) decay = 0.0;
+    double beta1 = options.beta1, beta2 = options.beta2, eps = options.eps, momentum = options.momentum;
+    ValueId lr = out.lr;
+    if (auto it = group_of.find(name); it != group_of.end()) {
+      const ParamGroup& grp = options.groups[size_t(it->second)];
+      decay = grp.weight_decay.value_or(decay);
+      beta1 = grp.beta1.value_or(beta1), beta2 = grp.beta2.value_or(beta2), eps = grp.eps.value_or(eps);
+      momentum = grp.momentum.value_or(momentum);
+      ValueId& glr = group_lr[size_t(it->second)];
+      if (!glr.valid()) glr = grp.lr_scale == 1.0 ? out.lr : b.mul(out.lr, b.scalar(float(grp.lr_scale)));
+      lr = glr;
+    }
     std::vector<ValueId> scale;
     if (out.grad_scale.valid()) scale.push_back(out.grad_scale);
     if (options.kind == OptimizerKind::sgd) {
       std::vector<ValueId> in = {params[i], grads[i]};
       ValueId buf;
-      if (options.momentum != 0.0) {
+      if (momentum != 0.0) {
         buf = b.parameter(momentum_buffer_name(name), type.dtype, type.shape);
         in.push_back(buf);
       }
-      in.push_back(out.lr);
+      in.push_back(lr);
       in.insert(in.end(), scale.begin(), scale.end());
       std::vector<ValueId> r = b.op(OpKind::sgd, std::move(in),
-                                    {{"momentum", options.momentum},
+                                    {{"momentum", momentum},
                                      {"weight_decay", decay},
                                      {"nesterov", int64_t(options.nesterov)}});
       ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context(fn + ": parameter '" + name + "'"));
@@ -77,12 +105,12 @@ Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const Value
     }
     const ValueId m = b.parameter(exp_avg_name(name), type.dtype, type.shape);
     const ValueId v = b.parameter(exp_avg_sq_name(name), type.dtype, type.shape);
-    std::vector<ValueId> in = {params[i], grads[i], m, v, out.lr, out.step};
+    std::vector<ValueId> in = {params[i], grads[i], m, v, lr, out.step};
     in.insert(in.end(), scale.begin(), scale.end());
     std::vector<ValueId> r = b.op(options.kind == OptimizerKind::lamb ? OpKind::lamb : OpKind::adamw, std::move(in),
-                                  {{"beta1", options.beta1},
-                                   {"beta2", options.beta2},
-                                   {"eps", options.eps},
+                                  {{"beta1", beta1},
+                                   {"beta2", beta2},
+                                   {"eps", eps},
                                    {"weight_decay", decay}});
     ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context(fn + ": parameter '" + name + "'"));
     b.update(params[i], r[0]);

@@ -19,6 +19,7 @@
 // Thread-safety: records into one Builder; no shared state.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -41,6 +42,16 @@ enum class OptimizerKind { adamw, sgd, lamb };
 const char* optimizer_kind_name(OptimizerKind k);
 Result<OptimizerKind> parse_optimizer_kind(std::string_view name);
 
+// A parameter group beyond the first (torch.optim's param_groups[k], k >= 1): its parameters by name and the
+// settings it has of its own (unset: the optimizer's). Its learning rate is the step's rate times lr_scale:
+// schedules and PopTorch's setOptimizer move every group's rate in proportion (the host refuses another
+// change: python/aspen/optim.py).
+struct ParamGroup {
+  std::vector<std::string> params;
+  double lr_scale = 1.0;
+  std::optional<double> weight_decay, beta1, beta2, eps, momentum;
+};
+
 // Every optimizer's hyper-parameters (each kind reads its own).
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::adamw;
@@ -49,6 +60,10 @@ struct OptimizerOptions {
   double momentum = 0.0;                           // SGD
   bool nesterov = false;                           // SGD (needs momentum)
   std::vector<std::string> no_decay = {};          // name patterns without weight decay
+  // Parameter groups with settings of their own (a parameter in none takes the settings above); a group's
+  // weight_decay is applied as it is (no_decay does not apply to it). A parameter in two groups is an
+  // InvalidArgument; names of parameters this update does not step (another shard's) are ignored.
+  std::vector<ParamGroup> groups = {};
   // Record the input "optimizer.grad_scale" f32[] that multiplies every
   // gradient first (1/loss_scale times the clipping factor); else 1.
   bool grad_scale_input = false;

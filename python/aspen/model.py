@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _aspen, _check
 from ._source import Source
-from .optim import Optimizer
+from .optim import Optimizer, same_groups
 from .options import Options, OutputMode
 
 __all__ = ["inferenceModel", "trainingModel", "InferenceModel", "TrainingModel"]
@@ -564,6 +564,9 @@ class TrainingModel(_Model):
     def _compile(self, arrays):
         training = dict(self._settings)
         training["reduction"] = self._options._reduction
+        if "groups" in training and isinstance(self._source, _HfDirectory):
+            raise NotImplementedError("parameter groups of a Hugging Face directory's training model: not supported "
+                                      "(one group: its parameters all step alike)")
         if isinstance(self._source, _HfDirectory):
             self._program = self._source.compile(arrays, self._per_call(), self._options._resolved(True), training)
             return
@@ -590,6 +593,9 @@ class TrainingModel(_Model):
             if self._outputs:
                 training["outputs"] = list(self._outputs)
         trained = self._source.parameter_names(self._optimizer.params)
+        if "groups" in training:  # NOTE [parameter groups]: each group's parameters by their names in the file
+            training["groups"] = [dict(g, params=self._source.parameter_names(ps)) for g, ps in
+                                  zip(training["groups"], self._optimizer.group_params[1:])]
         with self._source.naming_errors(path):
             self._program = _aspen.OnnxProgram(path, {n: shapes[n] for n in model_inputs},
                                                Options.check_partials(options), training, self._loss, trained)
@@ -617,9 +623,14 @@ class TrainingModel(_Model):
         optimizer = _check_optimizer("setOptimizer: optimizer", optimizer)
         settings = optimizer._settings()
         for k, v in settings.items():
-            if k != "lr" and self._settings.get(k) != v:
+            if k not in ("lr", "groups") and self._settings.get(k) != v:
                 raise ValueError(f"setOptimizer: {k}: expected {self._settings.get(k)!r} (only the learning rate "
                                  f"changes without recompiling), found {v!r}")
+        if not same_groups(self._settings.get("groups"), settings.get("groups")):  # NOTE [parameter groups]
+            raise NotImplementedError(
+                f"setOptimizer: parameter groups: expected {self._settings.get('groups')!r} (their settings and "
+                f"learning-rate ratios to the first group's, fixed at compile; rates change in proportion), found "
+                f"{settings.get('groups')!r}")
         self._settings = settings
         self._optimizer = optimizer
         self._user_optimizer = user

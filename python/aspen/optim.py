@@ -6,10 +6,15 @@
     optimizer.param_groups[0]["lr"] = 5e-4
     training.setOptimizer(optimizer)      # a new learning rate, no recompilation
 
-`params` is what torch.optim takes (a module's parameters; parameters left out are not trained), or, for
-an ONNX file, initializer names (None: every float initializer). One parameter group: settings per group
-are not supported (an error says so). A torch.optim optimizer (SGD, Adam, AdamW; aspen.poptorch.optim's,
-which are torch's with PopTorch's arguments) is taken too: `from_torch` reads its one group's settings. The update rules are torch.optim's: AdamW with decoupled weight
+`params` is what torch.optim takes (a module's parameters; parameters left out are not trained; or
+parameter groups, dicts with "params" and settings of their own: "lr", "weight_decay", "betas", "eps",
+"momentum"), or, for an ONNX file, initializer names (None: every float initializer). NOTE [parameter
+groups]: the first group's settings are the optimizer's, every other group's parameters step with theirs
+(train::ParamGroup), and a group's learning rate is the first group's times a ratio fixed at compile:
+setOptimizer and torch's schedulers move the rates in proportion (LambdaLR with one lambda, StepLR,
+CosineAnnealingLR to 0, ...); a change of ratio is refused by name, never run differently. A torch.optim
+optimizer (SGD, Adam, AdamW; aspen.poptorch.optim's, which are torch's with PopTorch's arguments) is taken
+too: `from_torch` reads its groups' settings. The update rules are torch.optim's: AdamW with decoupled weight
 decay and bias correction, SGD with momentum, Nesterov and L2 weight decay; LAMB is You et al.'s (what
 poptorch.optim.LAMB runs). `loss_scaling`: a static loss scale for f16 compute, or "dynamic".
 """
@@ -47,20 +52,22 @@ def _params(params, group=False):
 
 class Optimizer:
     kind = ""
+    _group_keys = ()  # the settings a parameter group may have of its own, besides "params" and "lr"
 
     def __init__(self, params, lr, loss_scaling, max_grad_norm=None):
         groups = _params(params)
+        self._groups = None  # the parameter groups' own settings (NOTE [parameter groups]), or None
+        lrs = [_number("lr", lr)]
         if groups and isinstance(groups[0], dict):
-            if len(groups) != 1:
-                raise NotImplementedError(f"aspen.optim.{type(self).__name__}: expected one parameter group, found "
-                                          f"{len(groups)} (settings per group are not supported)")
-            extra = set(groups[0]) - {"params"}
-            if extra:
-                raise NotImplementedError(f"aspen.optim.{type(self).__name__}: a parameter group's own settings "
-                                          f"({', '.join(sorted(extra))}) are not supported")
-            groups = _params(groups[0]["params"], group=True)
+            if not all(isinstance(g, dict) and "params" in g for g in groups):
+                raise ValueError(f"aspen.optim.{type(self).__name__}: params: expected parameter groups, each a dict "
+                                 f"with 'params', found {_check.found(groups)}")
+            self._groups = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+            self.group_params = [_params(g["params"], group=True) for g in groups]
+            lrs = [_number(f"param_groups[{k}]['lr']", g.get("lr", lr)) for k, g in enumerate(self._groups)]
+            groups = [p for ps in self.group_params for p in ps]
         self.params = groups
-        self.param_groups = [{"lr": _number("lr", lr)}]
+        self.param_groups = [{"lr": v} for v in lrs]
         if loss_scaling is not None and not (isinstance(loss_scaling, str) and loss_scaling == "dynamic"):
             loss_scaling = _check.real("loss_scaling", loss_scaling, 0, low_open=True,
                                        expected="a finite number > 0, 'dynamic' or None")
@@ -72,17 +79,44 @@ class Optimizer:
             max_grad_norm = None
         self.max_grad_norm = max_grad_norm  # clip the global gradient norm to it (PopTorch's max_grad_norm)
 
+    def _group_rules(self):
+        """Each parameter group's update settings (the optimizer's, overridden by the group's own)."""
+        rules = []
+        for k, own in enumerate(self._groups or [{}]):
+            extra = set(own) - {"lr"} - set(self._group_keys)
+            if extra:
+                raise NotImplementedError(f"aspen.optim.{type(self).__name__}: param_groups[{k}]: settings "
+                                          f"{', '.join(sorted(extra))}: expected only lr, "
+                                          f"{', '.join(self._group_keys)}")
+            rules.append(self._rule(own))
+        return rules
+
     @property
     def lr(self):
         return self.param_groups[0]["lr"]
 
     def _settings(self):
-        """The dict the C++ side takes (python/module.cc training_from); lr apart."""
-        if len(self.param_groups) != 1 or set(self.param_groups[0]) != {"lr"}:
-            raise ValueError(f"param_groups: expected one group with 'lr' alone (the other settings are the "
+        """The dict the C++ side takes (python/module.cc training_from): the first group's settings, and
+        "groups": the others' as train::ParamGroup fields (their "params" added by the model, which names
+        them)."""
+        n = len(self._groups or [{}])
+        if len(self.param_groups) != n or any(set(g) != {"lr"} for g in self.param_groups):
+            raise ValueError(f"param_groups: expected {n} group(s) with 'lr' alone (the other settings are the "
                              f"optimizer's arguments), found {_check.found(self.param_groups)}")
-        s = {"optimizer": self.kind, "lr": _number("param_groups[0]['lr']", self.param_groups[0]["lr"])}
-        s.update(self._rule())
+        lrs = [_number(f"param_groups[{k}]['lr']", g["lr"]) for k, g in enumerate(self.param_groups)]
+        rules = self._group_rules()
+        s = {"optimizer": self.kind, "lr": lrs[0]}
+        s.update(rules[0])
+        if n > 1:
+            groups = []
+            for k in range(1, n):
+                if lrs[0] == 0 and lrs[k] != 0:
+                    raise NotImplementedError(f"param_groups[{k}]['lr'] {lrs[k]} with param_groups[0]['lr'] 0: a "
+                                              "group's rate is the first group's times a ratio (NOTE [parameter "
+                                              "groups]); give the first group a rate > 0")
+                own = {key: v for key, v in rules[k].items() if key != "nesterov"}  # the optimizer's alone
+                groups.append(dict(own, lr_scale=lrs[k] / lrs[0] if lrs[0] else 1.0))
+            s["groups"] = groups
         if self.loss_scaling == "dynamic":
             s["dynamic_loss_scaling"] = True
         elif self.loss_scaling is not None:
@@ -91,12 +125,25 @@ class Optimizer:
             s["clip_grad_norm"] = float(self.max_grad_norm)
         return s
 
-    def _rule(self):
+    def _rule(self, own=None):
         raise NotImplementedError
 
     def __repr__(self):
         rule = "".join(f", {k}={v!r}" for k, v in self._rule().items())
         return f"aspen.optim.{type(self).__name__}(lr={self.lr!r}{rule}, loss_scaling={self.loss_scaling!r})"
+
+
+def same_groups(compiled, given):
+    """Whether setOptimizer's groups keep the compiled ones: equal settings and learning-rate ratios (up to the
+    rounding a scheduler's arithmetic leaves)."""
+    if len(compiled or []) != len(given or []):
+        return False
+    for a, b in zip(compiled or [], given or []):
+        if set(a) != set(b) or any(a[k] != b[k] for k in a if k != "lr_scale"):
+            return False
+        if abs(a["lr_scale"] - b["lr_scale"]) > 1e-9 * max(1.0, abs(a["lr_scale"])):
+            return False
+    return True
 
 
 class SGD(Optimizer):
@@ -112,9 +159,17 @@ class SGD(Optimizer):
         self.nesterov = _check.boolean("nesterov", nesterov)
         if self.nesterov and not self.momentum:
             raise ValueError("aspen.optim.SGD: nesterov: expected a momentum > 0 with it, found momentum 0")
+        self._group_rules()
 
-    def _rule(self):
-        return {"momentum": self.momentum, "weight_decay": self.weight_decay, "nesterov": self.nesterov}
+    _group_keys = ("momentum", "weight_decay")
+
+    def _rule(self, own=None):
+        own = own or {}
+        r = {"momentum": _fraction("momentum", own.get("momentum", self.momentum)),
+             "weight_decay": _number("weight_decay", own.get("weight_decay", self.weight_decay))}
+        if self.nesterov and not r["momentum"]:
+            raise ValueError("aspen.optim.SGD: nesterov: expected a momentum > 0 in every group, found momentum 0")
+        return dict(r, nesterov=self.nesterov)
 
 
 class AdamW(Optimizer):
@@ -130,9 +185,18 @@ class AdamW(Optimizer):
         self.betas = (_fraction("betas[0]", betas[0]), _fraction("betas[1]", betas[1]))
         self.eps = _number("eps", eps)
         self.weight_decay = _number("weight_decay", weight_decay)
+        self._group_rules()
 
-    def _rule(self):
-        return {"beta1": self.betas[0], "beta2": self.betas[1], "eps": self.eps, "weight_decay": self.weight_decay}
+    _group_keys = ("betas", "eps", "weight_decay")
+
+    def _rule(self, own=None):
+        own = own or {}
+        betas = own.get("betas", self.betas)
+        if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
+            raise ValueError(f"betas: expected a pair (beta1, beta2), found {_check.found(betas)}")
+        return {"beta1": _fraction("betas[0]", betas[0]), "beta2": _fraction("betas[1]", betas[1]),
+                "eps": _number("eps", own.get("eps", self.eps)),
+                "weight_decay": _number("weight_decay", own.get("weight_decay", self.weight_decay))}
 
 
 class LAMB(AdamW):
@@ -145,39 +209,56 @@ class LAMB(AdamW):
 
 def from_torch(opt):
     """The aspen optimizer that runs torch.optim optimizer `opt`'s update (PopTorch takes torch.optim's SGD,
-    Adam, AdamW and its own; aspen.poptorch.optim's add PopTorch's arguments). Its one parameter group's
-    settings are read now: after a learning-rate scheduler steps, setOptimizer(opt) reads them again. What
-    aspen's update rules cannot follow is refused by name (never run differently)."""
+    Adam, AdamW and its own; aspen.poptorch.optim's add PopTorch's arguments). Its parameter groups' settings
+    are read now (NOTE [parameter groups]): after a learning-rate scheduler steps, setOptimizer(opt) reads them
+    again. What aspen's update rules cannot follow is refused by name (never run differently)."""
     import torch
     kind = f"{type(opt).__module__}.{type(opt).__qualname__}"
     groups = opt.param_groups
-    if len(groups) != 1:
-        raise NotImplementedError(f"{kind}: expected one parameter group, found {len(groups)} (settings per group "
-                                  "are not supported yet)")
+    for k, g in enumerate(groups):
+        if g.get("maximize"):
+            raise NotImplementedError(f"{kind}: param_groups[{k}]: maximize=True is not supported (aspen minimizes "
+                                      "the loss)")
+        if g.get("amsgrad"):
+            raise NotImplementedError(f"{kind}: param_groups[{k}]: amsgrad=True is not supported")
     g = groups[0]
-    if g.get("maximize"):
-        raise NotImplementedError(f"{kind}: maximize=True is not supported (aspen minimizes the loss)")
     extra = {"loss_scaling": getattr(opt, "loss_scaling", None), "max_grad_norm": getattr(opt, "max_grad_norm", None)}
     if extra["loss_scaling"] == 1.0:
         extra["loss_scaling"] = None  # PopTorch's default: no scaling
-    params = list(g["params"])
+
+    def own(keys):
+        return [dict({k: grp[k] for k in keys if k in grp}, params=list(grp["params"]), lr=grp["lr"])
+                for grp in groups]
     if isinstance(opt, torch.optim.SGD):
-        return SGD(params, lr=g["lr"], momentum=g.get("momentum", 0.0), dampening=g.get("dampening", 0.0),
+        for k, grp in enumerate(groups):
+            if grp.get("dampening", 0.0):
+                raise NotImplementedError(f"{kind}: param_groups[{k}]: dampening {grp['dampening']} is not "
+                                          "supported (0 only)")
+            if grp.get("nesterov", False) != g.get("nesterov", False):
+                raise NotImplementedError(f"{kind}: param_groups[{k}]: nesterov {grp.get('nesterov')}: expected "
+                                          f"the first group's ({g.get('nesterov', False)}): one rule for all groups")
+        return SGD(own(("momentum", "weight_decay")), lr=g["lr"], momentum=g.get("momentum", 0.0),
                    weight_decay=g.get("weight_decay", 0.0), nesterov=g.get("nesterov", False), **extra)
-    if isinstance(opt, torch.optim.AdamW) or (isinstance(opt, torch.optim.Adam) and not g.get("weight_decay")):
-        if g.get("amsgrad"):
-            raise NotImplementedError(f"{kind}: amsgrad=True is not supported")
-        wd = g.get("weight_decay", 0.0) if isinstance(opt, torch.optim.AdamW) else 0.0
+    if isinstance(opt, torch.optim.AdamW) or (isinstance(opt, torch.optim.Adam) and
+                                              not any(grp.get("weight_decay") for grp in groups)):
         if getattr(opt, "bias_correction", True) is False:
             raise NotImplementedError(f"{kind}: bias_correction=False is not supported (aspen's AdamW corrects)")
-        return AdamW(params, lr=g["lr"], betas=g["betas"], eps=g["eps"], weight_decay=wd, **extra)
+        adamw = isinstance(opt, torch.optim.AdamW)
+        params = own(("betas", "eps", "weight_decay") if adamw else ("betas", "eps"))
+        if not adamw:
+            for p in params:
+                p["weight_decay"] = 0.0
+        return AdamW(params, lr=g["lr"], betas=g["betas"], eps=g["eps"],
+                     weight_decay=g.get("weight_decay", 0.0) if adamw else 0.0, **extra)
     if isinstance(opt, torch.optim.Adam):
-        raise NotImplementedError(f"{kind}: weight_decay {g['weight_decay']} (Adam's L2 penalty added to the "
+        wd = next(grp["weight_decay"] for grp in groups if grp.get("weight_decay"))
+        raise NotImplementedError(f"{kind}: weight_decay {wd} (Adam's L2 penalty added to the "
                                   "gradient) is not supported; AdamW's decoupled decay is, or Adam with weight_decay 0")
     if type(opt).__name__ == "LAMB" and hasattr(opt, "max_weight_norm"):
         if opt.max_weight_norm not in (None, 65500.0):
             raise NotImplementedError(f"{kind}: max_weight_norm {opt.max_weight_norm} is not supported (aspen's "
                                       "LAMB does not clip the weight norm; PopTorch's default 65500 is accepted)")
-        return LAMB(params, lr=g["lr"], betas=g["betas"], eps=g["eps"], weight_decay=g["weight_decay"], **extra)
+        return LAMB(own(("betas", "eps", "weight_decay")), lr=g["lr"], betas=g["betas"], eps=g["eps"],
+                    weight_decay=g["weight_decay"], **extra)
     raise NotImplementedError(f"optimizer {kind}: expected torch.optim's SGD, Adam or AdamW, or an aspen.optim "
                               "optimizer (SGD, AdamW, LAMB); RMSprop and the others have no update rule in aspen yet")

@@ -144,6 +144,18 @@ class _Precision(_Section):
         self._owner._values["precision"] = _dtype_name("Precision.setComputeType", dtype)
         return self._owner
 
+    def enableStochasticRounding(self, enabled=True):
+        """PopTorch's: with float16 or bfloat16 compute, the master weights' narrow copies are rounded
+        stochastically in training (each micro-batch from its own seed, each parameter on its own stream:
+        unbiased, so updates smaller than a half ulp still move the copy on average; reproducible with
+        Options.randomSeed). NOTE [stochastic cast] in graph/ops_elementwise.cc. Inference and validation round
+        to nearest; with float32 compute nothing is rounded. Not with pipeline stages (refused by name)."""
+        if _check.boolean("Precision.enableStochasticRounding", enabled):
+            self._owner._values["stochastic_rounding"] = True
+        else:
+            self._owner._values.pop("stochastic_rounding", None)
+        return self._owner
+
     def halfFloatCasting(self, behavior):
         """PopTorch 2.x's: the type of an op whose floating operands mix float32 and float16, a
         HalfFloatCastingBehavior. FloatDowncastToHalf (the default, HalfFloatCastingBehavior.Default):
@@ -415,6 +427,7 @@ class Options:
         if not training:  # training settings, as PopTorch ignores them for an inference model
             v.pop("gradient_accumulation", None)
             v.pop("recompute", None)
+            v.pop("stochastic_rounding", None)
         if "threads" not in v or v["threads"] == 0:  # NOTE [python cores]
             from . import CPUS
             v["threads"] = max(1, CPUS // v.get("replication_factor", 1))

@@ -185,9 +185,50 @@ def test_optimizers_aspen_cannot_follow_are_refused_by_name():
         poptorch.trainingModel(m, optimizer=torch.optim.Adam(m.parameters(), lr=0.01, weight_decay=0.1))
     with pytest.raises(NotImplementedError, match="accum_type=torch.float16: aspen keeps optimizer state in float32"):
         poptorch.optim.AdamW(m.parameters(), lr=0.01, accum_type=torch.float16)
-    groups = [{"params": m.net[0].parameters()}, {"params": m.net[2].parameters(), "lr": 0.1}]
-    with pytest.raises(NotImplementedError, match="expected one parameter group, found 2"):
+    groups = [{"params": m.net[0].parameters()}, {"params": m.net[2].parameters(), "lr": 0.1, "dampening": 0.5}]
+    with pytest.raises(NotImplementedError, match=r"param_groups\[1\]: dampening 0.5 is not supported"):
         poptorch.trainingModel(m, optimizer=torch.optim.SGD(groups, lr=0.01))
+
+
+@pytest.mark.parametrize("kind", ["torch_adamw", "torch_sgd", "poptorch_adam"])
+def test_parameter_groups_train_as_torch_optim_under_a_scheduler(kind):
+    """Each group with its own learning rate and settings (NOTE [parameter groups]), a scheduler moving the
+    rates in proportion through setOptimizer; against torch.optim with the same groups."""
+    batches = _batches(6)
+
+    def make(model):
+        first, second = model.net[0], model.net[2]
+        if kind == "torch_adamw":
+            return torch.optim.AdamW([{"params": first.parameters()},
+                                      {"params": [second.weight], "lr": 0.002, "weight_decay": 0.0,
+                                       "betas": (0.8, 0.99)},
+                                      {"params": [second.bias], "eps": 1e-4}], lr=0.01, weight_decay=0.1)
+        if kind == "torch_sgd":
+            return torch.optim.SGD([{"params": first.parameters(), "momentum": 0.0},
+                                    {"params": second.parameters(), "lr": 0.2, "weight_decay": 0.01}],
+                                   lr=0.05, momentum=0.9)
+        return poptorch.optim.Adam([{"params": first.parameters()}, {"params": second.parameters(), "lr": 0.03}],
+                                   lr=0.01, loss_scaling=None)
+
+    ref = _Classifier()
+    ref_opt = make(ref)
+    want = _torch_losses(ref, ref_opt, batches, torch.optim.lr_scheduler.StepLR(ref_opt, step_size=2, gamma=0.5))
+    model = _Classifier()
+    opt = make(model)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    training = poptorch.trainingModel(model, optimizer=opt)
+    got = []
+    for x, y in batches:
+        got.append(float(training(x, y)))
+        sched.step()
+        training.setOptimizer(opt)
+    np.testing.assert_allclose(got, want, rtol=2e-5)
+    want_state = ref.state_dict()
+    for name, p in model.state_dict().items():
+        torch.testing.assert_close(p, want_state[name], rtol=2e-5, atol=2e-6, msg=name)
+    opt.param_groups[1]["lr"] *= 3  # one group's rate alone: a ratio the program does not have
+    with pytest.raises(NotImplementedError, match="setOptimizer: parameter groups: expected"):
+        training.setOptimizer(opt)
 
 
 # --- weights kept in sync --------------------------------------------------------------------------------
@@ -305,8 +346,43 @@ def test_the_mixed_precision_tutorials_settings():
     training = poptorch.trainingModel(model, options=opts)
     with pytest.raises(ValueError, match=r"setPartialsType: expected float32 or the compute type \(float32"):
         training(*batches[0])
-    with pytest.raises(AttributeError, match="enableStochasticRounding"):
-        opts.Precision.enableStochasticRounding(True)
+
+
+def test_stochastic_rounding_is_seeded_and_changes_only_the_half_copies():
+    """Precision.enableStochasticRounding with float16 compute (NOTE [stochastic cast]): the same seed gives the
+    same losses bit for bit, another seed or round-to-nearest others (the half weight copies differ), every
+    one close to torch's float32 training; a half module (the mixed-precision tutorial's) trains with it."""
+    batches = _batches(4, rows=6)
+
+    def run(seed, stochastic):
+        model = _Tutorial()
+        opts = poptorch.Options().randomSeed(seed)
+        opts.Precision.setComputeType(torch.half)
+        if stochastic:
+            opts.Precision.enableStochasticRounding(True)
+        training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+        return [float(training(x, y)[1]) for x, y in batches]
+
+    a, again, other, nearest = run(5, True), run(5, True), run(6, True), run(5, False)
+    assert a == again
+    assert a != other and a != nearest
+    ref = _Tutorial()
+    want = []
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for x, y in batches:
+        opt.zero_grad()
+        _, loss = ref(x, y)
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    np.testing.assert_allclose(a, want, rtol=2e-2)
+    half = _Tutorial().half()
+    opts = poptorch.Options()
+    opts.Precision.enableStochasticRounding(True)
+    training = poptorch.trainingModel(half, opts, torch.optim.SGD(half.parameters(), lr=0.1))
+    assert all(np.isfinite(float(training(x.half(), y)[1])) for x, y in batches)
+    with pytest.raises(ValueError, match="Precision.enableStochasticRounding: expected a bool"):
+        poptorch.Options().Precision.enableStochasticRounding("yes")
 
 
 class _Sum(torch.nn.Module):

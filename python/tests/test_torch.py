@@ -297,8 +297,8 @@ def test_torch_errors():
         aspen.trainingModel(model, optimizer="sgd")
     with pytest.raises(NotImplementedError, match="amsgrad"):
         aspen.optim.AdamW(model.parameters(), amsgrad=True)
-    with pytest.raises(NotImplementedError, match="one parameter group"):
-        aspen.optim.SGD([{"params": [model.fc1.weight]}, {"params": [model.fc2.weight]}], lr=0.1)
+    with pytest.raises(NotImplementedError, match=r"param_groups\[1\]: settings nesterov: expected only lr"):
+        aspen.optim.SGD([{"params": [model.fc1.weight]}, {"params": [model.fc2.weight], "nesterov": True}], lr=0.1)
     with pytest.raises(ValueError, match="not one"):
         other = torch.nn.Linear(3, 3)
         training = aspen.trainingModel(model, optimizer=aspen.optim.SGD(other.parameters(), lr=0.1))
