@@ -1,8 +1,10 @@
 #include "kernels/pool.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu.h"
 
@@ -40,28 +42,98 @@ int64_t argmax(const MaxPoolShape& s, const T* plane, int64_t oh, int64_t ow) {
   return best;
 }
 
-template <class T>
-void forward_plane(const MaxPoolShape& s, int64_t p, const T* x, T* y) {
-  const T* in = x + p * s.H * s.W;
-  T* out = y + p * s.OH * s.OW;
-  for (int64_t oh = 0; oh < s.OH; ++oh)
-    for (int64_t ow = 0; ow < s.OW; ++ow) {
-      const int64_t at = argmax(s, in, oh, ow);
-      out[oh * s.OW + ow] = at < 0 ? -std::numeric_limits<T>::infinity() : in[at];
+// The outputs whose windows lie wholly inside the input along one axis: [lo, hi).
+struct Inside {
+  int64_t lo, hi;
+};
+Inside inside(int64_t O, int64_t S, int64_t P, int64_t K, int64_t D, int64_t extent) {
+  const int64_t lo = std::min(O, (P + S - 1) / S);            // o S - P >= 0
+  const int64_t last = extent - 1 - (K - 1) * D + P;           // o S <= last
+  const int64_t hi = last < 0 ? lo : std::clamp(last / S + 1, lo, O);
+  return {lo, hi};
+}
+
+// Output row oh's windows ow in [ow0, ow1), all inside the input: their maxima into m and (when `at` is given)
+// each first maximum's offset from its window's first position. The windows are scanned together, one kernel
+// position at a time, branch-free, so the loop runs across outputs (vectorizes; random data would mispredict a
+// branch per comparison): a later position takes over when greater or NaN, as argmax's scan does.
+template <class T, int64_t kSW>  // kSW: the column stride when 1 or 2 (a constant: the loads vectorize), else 0
+void row_max_at(const MaxPoolShape& s, const T* in, int64_t oh, int64_t ow0, int64_t ow1, T* m, int64_t* at) {
+  const T* base = in + (oh * s.SH - s.PH) * s.W + (ow0 * s.SW - s.PW);
+  const int64_t n = ow1 - ow0, SW = kSW ? kSW : s.SW;
+  for (int64_t j = 0; j < n; ++j) m[j] = base[j * SW];
+  if (at)
+    for (int64_t j = 0; j < n; ++j) at[j] = 0;
+  for (int64_t kh = 0; kh < s.KH; ++kh)
+    for (int64_t kw = 0; kw < s.KW; ++kw) {
+      if (kh == 0 && kw == 0) continue;
+      const int64_t off = kh * s.DH * s.W + kw * s.DW;
+      const T* q = base + off;
+      if (at) {
+        for (int64_t j = 0; j < n; ++j) {
+          const T v = q[j * SW];
+          const bool take = (v > m[j]) | (v != v);
+          m[j] = take ? v : m[j];
+          at[j] = take ? off : at[j];
+        }
+      } else {
+        for (int64_t j = 0; j < n; ++j) {
+          const T v = q[j * SW];
+          m[j] = ((v > m[j]) | (v != v)) ? v : m[j];
+        }
+      }
     }
 }
 
 template <class T>
+void row_max(const MaxPoolShape& s, const T* in, int64_t oh, int64_t ow0, int64_t ow1, T* m, int64_t* at) {
+  if (s.SW == 1) return row_max_at<T, 1>(s, in, oh, ow0, ow1, m, at);
+  if (s.SW == 2) return row_max_at<T, 2>(s, in, oh, ow0, ow1, m, at);
+  row_max_at<T, 0>(s, in, oh, ow0, ow1, m, at);
+}
+
+// kFast: the windows inside the input go through row_max; the reference scans every window with argmax.
+template <class T, bool kFast>
+void forward_plane(const MaxPoolShape& s, int64_t p, const T* x, T* y) {
+  const T* in = x + p * s.H * s.W;
+  T* out = y + p * s.OH * s.OW;
+  const Inside rows = inside(s.OH, s.SH, s.PH, s.KH, s.DH, s.H), cols = inside(s.OW, s.SW, s.PW, s.KW, s.DW, s.W);
+  for (int64_t oh = 0; oh < s.OH; ++oh) {
+    const bool fast = kFast && oh >= rows.lo && oh < rows.hi && cols.lo < cols.hi;
+    if (fast) row_max<T>(s, in, oh, cols.lo, cols.hi, out + oh * s.OW + cols.lo, nullptr);
+    for (int64_t ow = 0; ow < s.OW; ++ow) {
+      if (fast && ow == cols.lo) ow = cols.hi;
+      if (ow >= s.OW) break;
+      const int64_t at = argmax(s, in, oh, ow);
+      out[oh * s.OW + ow] = at < 0 ? -std::numeric_limits<T>::infinity() : in[at];
+    }
+  }
+}
+
+template <class T, bool kFast>
 void backward_plane(const MaxPoolShape& s, int64_t p, const T* x, const T* dy, T* dx) {
   const T* in = x + p * s.H * s.W;
   const T* g = dy + p * s.OH * s.OW;
   T* d = dx + p * s.H * s.W;
   for (int64_t i = 0; i < s.H * s.W; ++i) d[i] = T(0);
-  for (int64_t oh = 0; oh < s.OH; ++oh)
-    for (int64_t ow = 0; ow < s.OW; ++ow) {
-      const int64_t at = argmax(s, in, oh, ow);
-      if (at >= 0) d[at] += g[oh * s.OW + ow];
+  const Inside rows = inside(s.OH, s.SH, s.PH, s.KH, s.DH, s.H), cols = inside(s.OW, s.SW, s.PW, s.KW, s.DW, s.W);
+  std::vector<T> m(kFast ? size_t(s.OW) : 0);
+  std::vector<int64_t> at(kFast ? size_t(s.OW) : 0);
+  for (int64_t oh = 0; oh < s.OH; ++oh) {
+    const bool fast = kFast && oh >= rows.lo && oh < rows.hi && cols.lo < cols.hi;
+    if (fast) {
+      row_max<T>(s, in, oh, cols.lo, cols.hi, m.data(), at.data());
+      const int64_t base = (oh * s.SH - s.PH) * s.W - s.PW;
+      for (int64_t ow = cols.lo; ow < cols.hi; ++ow)  // in order: windows that share a maximum add in turn
+        d[base + ow * s.SW + at[size_t(ow - cols.lo)]] += g[oh * s.OW + ow];
     }
+    for (int64_t ow = 0; ow < s.OW; ++ow) {
+      if (fast && ow == cols.lo) ow = cols.hi;
+      if (ow >= s.OW) break;
+      const int64_t a = argmax(s, in, oh, ow);
+      if (a >= 0) d[a] += g[oh * s.OW + ow];
+    }
+  }
 }
 
 // Each plane is one thread's; small pools stay on the calling thread.
@@ -72,11 +144,11 @@ bool parallel(const MaxPoolShape& s) { return s.N * s.C > 1 && s.N * s.C * s.H *
 namespace ref {
 template <class T>
 void max_pool_forward(const MaxPoolShape& s, const T* x, T* y) {
-  for (int64_t p = 0; p < s.N * s.C; ++p) forward_plane(s, p, x, y);
+  for (int64_t p = 0; p < s.N * s.C; ++p) forward_plane<T, false>(s, p, x, y);
 }
 template <class T>
 void max_pool_backward(const MaxPoolShape& s, const T* x, const T* dy, T* dx) {
-  for (int64_t p = 0; p < s.N * s.C; ++p) backward_plane(s, p, x, dy, dx);
+  for (int64_t p = 0; p < s.N * s.C; ++p) backward_plane<T, false>(s, p, x, dy, dx);
 }
 template void max_pool_forward<float>(const MaxPoolShape&, const float*, float*);
 template void max_pool_forward<double>(const MaxPoolShape&, const double*, double*);
@@ -87,14 +159,14 @@ template void max_pool_backward<double>(const MaxPoolShape&, const double*, cons
 Status max_pool_forward(const MaxPoolShape& s, const float* x, float* y) {
   ASPEN_RETURN_IF_ERROR(check(s, "max_pool_forward"));
 #pragma omp parallel for schedule(static) if (parallel(s))
-  for (int64_t p = 0; p < s.N * s.C; ++p) forward_plane(s, p, x, y);
+  for (int64_t p = 0; p < s.N * s.C; ++p) forward_plane<float, true>(s, p, x, y);
   return Status();
 }
 
 Status max_pool_backward(const MaxPoolShape& s, const float* x, const float* dy, float* dx) {
   ASPEN_RETURN_IF_ERROR(check(s, "max_pool_backward"));
 #pragma omp parallel for schedule(static) if (parallel(s))
-  for (int64_t p = 0; p < s.N * s.C; ++p) backward_plane(s, p, x, dy, dx);
+  for (int64_t p = 0; p < s.N * s.C; ++p) backward_plane<float, true>(s, p, x, dy, dx);
   return Status();
 }
 
