@@ -101,8 +101,10 @@ class Optimizer:
         them)."""
         n = len(self._groups or [{}])
         if len(self.param_groups) != n or any(set(g) != {"lr"} for g in self.param_groups):
-            raise ValueError(f"param_groups: expected {n} group(s) with 'lr' alone (the other settings are the "
-                             f"optimizer's arguments), found {_check.found(self.param_groups)}")
+            groups = "one group" if n == 1 else f"{n} groups"
+            raise ValueError(f"param_groups: expected {groups} with 'lr' alone (the other settings are the "
+                             f"optimizer's arguments or the groups' own, fixed when it was made), found "
+                             f"{_check.found(self.param_groups)}")
         lrs = [_number(f"param_groups[{k}]['lr']", g["lr"]) for k, g in enumerate(self.param_groups)]
         rules = self._group_rules()
         s = {"optimizer": self.kind, "lr": lrs[0]}

@@ -185,3 +185,15 @@ def test_blocks_by_ipu_share_a_stage():
         opt.step()
         np.testing.assert_allclose(float(loss), want.item(), rtol=1e-5)
     assert training._program.pipeline_stages == 2
+
+
+def test_stochastic_rounding_with_stages_is_refused_by_name():
+    x, y = _data(4)
+    opts = poptorch.Options().setExecutionStrategy(poptorch.PipelinedExecution("one", "two", "three"))
+    opts.Precision.setComputeType(torch.half)
+    opts.Precision.enableStochasticRounding(True)
+    model = _Staged("block")
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(NotImplementedError, match="training: stochastic rounding: expected whole layers on each "
+                                                  "device"):
+        training(x, y)
