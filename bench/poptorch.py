@@ -203,14 +203,21 @@ def main():
             out.update(compiled_samples_per_s=med["compiled"], ratio_vs_compiled=med["aspen"] / med["compiled"])
         if "aspen_1_device" in med:
             out.update(aspen_1_device_samples_per_s=med["aspen_1_device"],
-                       ratio_2_devices_vs_1=med["aspen"] / med["aspen_1_device"])
+                       ratio_2_devices_vs_1=med["aspen"] / med["aspen_1_device"],
+                       ratio_1_device_vs_eager=med["aspen_1_device"] / med["eager"])
+        if "aspen_4_stages" in med:
+            out.update(aspen_4_stages_samples_per_s=med["aspen_4_stages"],
+                       ratio_4_stages_vs_eager=med["aspen_4_stages"] / med["eager"])
         if a.json:
             print(json.dumps(out, sort_keys=True), flush=True)
         else:
             extra = (f", torch.compile {med['compiled']:8.0f} (x{out['ratio_vs_compiled']:.2f})"
                      if "compiled" in med else "")
             if "aspen_1_device" in med:
-                extra += f"; 2 stages vs 1 device x{out['ratio_2_devices_vs_1']:.2f}"
+                extra += (f"; 2 stages vs 1 device x{out['ratio_2_devices_vs_1']:.2f}; 1 device vs eager "
+                          f"x{out['ratio_1_device_vs_eager']:.2f}")
+            if "aspen_4_stages" in med:
+                extra += f"; the tutorial's 4 stages vs eager x{out['ratio_4_stages_vs_eager']:.2f}"
             print(f"{name:10s} batch {row.batch:3d} x {row.iters:2d} x {row.acc:2d}: aspen {med['aspen']:8.0f} samples/s, "
                   f"eager {med['eager']:8.0f} (ratio_vs_eager {out['ratio_vs_eager']:.2f}){extra}; aspen's compile "
                   f"{first['aspen']:.2f} s", flush=True)
