@@ -253,7 +253,8 @@ api::TrainingOptions training_from(const nb::dict& d) {
       if (s == "adamw") t.optimizer.kind = train::OptimizerKind::adamw;
       else if (s == "sgd") t.optimizer.kind = train::OptimizerKind::sgd;
       else if (s == "lamb") t.optimizer.kind = train::OptimizerKind::lamb;
-      else bad_argument("optimizer", "adamw, sgd or lamb", "'" + s + "'");
+      else if (s == "rmsprop") t.optimizer.kind = train::OptimizerKind::rmsprop;
+      else bad_argument("optimizer", "adamw, sgd, lamb or rmsprop", "'" + s + "'");
     } else if (key == "lr") t.schedule.lr = nb::cast<double>(v);
     else if (key == "beta1") t.optimizer.beta1 = nb::cast<double>(v);
     else if (key == "beta2") t.optimizer.beta2 = nb::cast<double>(v);
@@ -261,6 +262,8 @@ api::TrainingOptions training_from(const nb::dict& d) {
     else if (key == "weight_decay") t.optimizer.weight_decay = nb::cast<double>(v);
     else if (key == "momentum") t.optimizer.momentum = nb::cast<double>(v);
     else if (key == "nesterov") t.optimizer.nesterov = nb::cast<bool>(v);
+    else if (key == "alpha") t.optimizer.alpha = nb::cast<double>(v);
+    else if (key == "centered") t.optimizer.centered = nb::cast<bool>(v);
     else if (key == "clip_grad_norm") t.clip_grad_norm = nb::cast<double>(v);
     else if (key == "loss_scaling") {
       const double s = nb::cast<double>(v);
@@ -287,8 +290,9 @@ api::TrainingOptions training_from(const nb::dict& d) {
           else if (name == "beta2") grp.beta2 = nb::cast<double>(gv);
           else if (name == "eps") grp.eps = nb::cast<double>(gv);
           else if (name == "momentum") grp.momentum = nb::cast<double>(gv);
+          else if (name == "alpha") grp.alpha = nb::cast<double>(gv);
           else bad_argument("parameter group key '" + name + "'", "params, lr_scale, weight_decay, beta1, beta2, "
-                            "eps or momentum", "an unknown key");
+                            "eps, momentum or alpha", "an unknown key");
         }
         t.optimizer.groups.push_back(std::move(grp));
       }

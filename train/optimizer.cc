@@ -17,15 +17,67 @@ const char* optimizer_kind_name(OptimizerKind k) {
     case OptimizerKind::adamw: return "adamw";
     case OptimizerKind::sgd: return "sgd";
     case OptimizerKind::lamb: return "lamb";
+    case OptimizerKind::rmsprop: return "rmsprop";
   }
   return "?";
 }
 
 Result<OptimizerKind> parse_optimizer_kind(std::string_view name) {
-  for (OptimizerKind k : {OptimizerKind::adamw, OptimizerKind::sgd, OptimizerKind::lamb})
+  for (OptimizerKind k : {OptimizerKind::adamw, OptimizerKind::sgd, OptimizerKind::lamb, OptimizerKind::rmsprop})
     if (name == optimizer_kind_name(k)) return k;
-  return Status::invalid_argument("optimizer", "adamw, sgd or lamb", "'" + std::string(name) + "'");
+  return Status::invalid_argument("optimizer", "adamw, sgd, lamb or rmsprop", "'" + std::string(name) + "'");
 }
+
+namespace {
+
+struct RmspropSettings {
+  double alpha, eps, weight_decay, momentum;
+  bool centered;
+};
+
+// torch.optim.RMSprop's step of one parameter, as elementwise ops (lr and grad_scale scalars broadcast):
+//   g = grad · grad_scale + weight_decay · p;  v = alpha v + (1 - alpha) g²
+//   avg = sqrt(v - m²) + eps with m = alpha m + (1 - alpha) g (centered), else sqrt(v) + eps
+//   momentum > 0: buf = momentum buf + g / avg, p -= lr buf;  else p -= lr g / avg
+Status append_rmsprop_step(graph::Builder& b, ValueId p, ValueId grad, const std::string& name, ValueId lr,
+                           ValueId grad_scale, const RmspropSettings& s) {
+  for (double v : {s.alpha, s.momentum})
+    if (!(v >= 0.0 && v < 1.0))
+      return Status::invalid_argument("append_rmsprop: parameter '" + name + "' alpha and momentum",
+                                      "in [0, 1)", std::to_string(s.alpha) + ", " + std::to_string(s.momentum));
+  if (!(s.eps >= 0.0) || !(s.weight_decay >= 0.0))
+    return Status::invalid_argument("append_rmsprop: parameter '" + name + "' eps and weight_decay", ">= 0",
+                                    std::to_string(s.eps) + ", " + std::to_string(s.weight_decay));
+  const graph::TensorType type = b.type(p);
+  const std::vector<int64_t> dims(type.shape.begin(), type.shape.end());
+  auto wide = [&](ValueId scalar) { return dims.empty() ? scalar : b.broadcast(scalar, dims); };
+  ValueId g = grad;
+  if (grad_scale.valid()) g = b.mul(g, wide(grad_scale));
+  if (s.weight_decay != 0.0) g = b.add(g, b.scale(p, s.weight_decay));
+  const ValueId v = b.parameter("optimizer.square_avg." + name, type.dtype, type.shape);
+  const ValueId v2 = b.add(b.scale(v, s.alpha), b.scale(b.mul(g, g), 1.0 - s.alpha));
+  b.update(v, v2);
+  ValueId avg;
+  if (s.centered) {
+    const ValueId m = b.parameter("optimizer.grad_avg." + name, type.dtype, type.shape);
+    const ValueId m2 = b.add(b.scale(m, s.alpha), b.scale(g, 1.0 - s.alpha));
+    b.update(m, m2);
+    avg = b.sqrt(b.sub(v2, b.mul(m2, m2)));
+  } else {
+    avg = b.sqrt(v2);
+  }
+  avg = b.add(avg, wide(b.scalar(float(s.eps))));
+  ValueId step = b.div(g, avg);
+  if (s.momentum != 0.0) {
+    const ValueId buf = b.parameter(momentum_buffer_name(name), type.dtype, type.shape);
+    step = b.add(b.scale(buf, s.momentum), step);
+    b.update(buf, step);
+  }
+  b.update(p, b.sub(p, b.mul(wide(lr), step)));
+  return b.status();
+}
+
+}  // namespace
 
 Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const ValueId> params,
                                         std::span<const ValueId> grads, const OptimizerOptions& options) {
@@ -73,18 +125,25 @@ Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const Value
     for (const std::string& pattern : options.no_decay)
       if (name.find(pattern) != std::string::npos) decay = 0.0;
     double beta1 = options.beta1, beta2 = options.beta2, eps = options.eps, momentum = options.momentum;
+    double alpha = options.alpha;
     ValueId lr = out.lr;
     if (auto it = group_of.find(name); it != group_of.end()) {
       const ParamGroup& grp = options.groups[size_t(it->second)];
       decay = grp.weight_decay.value_or(decay);
       beta1 = grp.beta1.value_or(beta1), beta2 = grp.beta2.value_or(beta2), eps = grp.eps.value_or(eps);
-      momentum = grp.momentum.value_or(momentum);
+      momentum = grp.momentum.value_or(momentum), alpha = grp.alpha.value_or(alpha);
       ValueId& glr = group_lr[size_t(it->second)];
       if (!glr.valid()) glr = grp.lr_scale == 1.0 ? out.lr : b.mul(out.lr, b.scalar(float(grp.lr_scale)));
       lr = glr;
     }
     std::vector<ValueId> scale;
     if (out.grad_scale.valid()) scale.push_back(out.grad_scale);
+    if (options.kind == OptimizerKind::rmsprop) {
+      ASPEN_RETURN_IF_ERROR(append_rmsprop_step(b, params[i], grads[i], name, lr, out.grad_scale,
+                                                {alpha, eps, decay, momentum, options.centered}));
+      ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context(fn + ": parameter '" + name + "'"));
+      continue;
+    }
     if (options.kind == OptimizerKind::sgd) {
       std::vector<ValueId> in = {params[i], grads[i]};
       ValueId buf;

@@ -37,8 +37,11 @@ struct AdamWOptions {
   std::vector<std::string> no_decay = {};
 };
 
-enum class OptimizerKind { adamw, sgd, lamb };
-// "adamw", "sgd", "lamb"; parse_optimizer_kind is the inverse (InvalidArgument listing them).
+// RMSprop is torch.optim.RMSprop's rule (alpha, eps outside the root, L2 weight decay in the gradient,
+// momentum, centered), recorded as elementwise ops; state "optimizer.square_avg.<param>", and
+// "optimizer.grad_avg.<param>" (centered) and "optimizer.momentum_buffer.<param>" (momentum).
+enum class OptimizerKind { adamw, sgd, lamb, rmsprop };
+// "adamw", "sgd", "lamb", "rmsprop"; parse_optimizer_kind is the inverse (InvalidArgument listing them).
 const char* optimizer_kind_name(OptimizerKind k);
 Result<OptimizerKind> parse_optimizer_kind(std::string_view name);
 
@@ -49,7 +52,7 @@ Result<OptimizerKind> parse_optimizer_kind(std::string_view name);
 struct ParamGroup {
   std::vector<std::string> params;
   double lr_scale = 1.0;
-  std::optional<double> weight_decay, beta1, beta2, eps, momentum;
+  std::optional<double> weight_decay, beta1, beta2, eps, momentum, alpha;
 };
 
 // Every optimizer's hyper-parameters (each kind reads its own).
@@ -59,6 +62,8 @@ struct OptimizerOptions {
   double weight_decay = 1e-2;                      // decoupled (AdamW, LAMB); L2 in the gradient (SGD)
   double momentum = 0.0;                           // SGD
   bool nesterov = false;                           // SGD (needs momentum)
+  double alpha = 0.99;                             // RMSprop's smoothing of the squared gradient
+  bool centered = false;                           // RMSprop: by the gradient's variance
   std::vector<std::string> no_decay = {};          // name patterns without weight decay
   // Parameter groups with settings of their own (a parameter in none takes the settings above); a group's
   // weight_decay is applied as it is (no_decay does not apply to it). A parameter in two groups is an

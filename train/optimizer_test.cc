@@ -240,7 +240,7 @@ TEST(AdamW, ParameterGroupsStepWithTheirOwnSettings) {
   OptimizerOptions o;
   o.weight_decay = 0.1;
   o.groups = {ParamGroup{.params = {"q"}, .lr_scale = 0.25, .weight_decay = 0.0, .beta1 = 0.8, .beta2 = 0.99,
-                         .eps = 1e-6, .momentum = std::nullopt}};
+                         .eps = 1e-6, .momentum = std::nullopt, .alpha = std::nullopt}};
   ASSERT_TRUE(append_optimizer(b, std::vector<ValueId>{p, q}, std::vector<ValueId>{gp, gq}, o).is_ok());
   auto exe = compiler::compile(g);
   ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();

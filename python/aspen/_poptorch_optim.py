@@ -11,8 +11,7 @@ PopTorch's arguments:
 - velocity_scaling, use_combined_accum: how an IPU keeps its fp16 velocity in range and where it
   accumulates; with f32 state they change nothing (accepted);
 - LAMB's max_weight_norm: PopTorch's default (65500) only.
-Arguments given as None take torch's defaults, as in PopTorch. RMSprop is here for the name: a training
-model refuses it (aspen has no RMSprop update rule yet).
+Arguments given as None take torch's defaults, as in PopTorch.
 """
 
 import torch

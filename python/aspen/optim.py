@@ -15,13 +15,14 @@ setOptimizer and torch's schedulers move the rates in proportion (LambdaLR with 
 CosineAnnealingLR to 0, ...); a change of ratio is refused by name, never run differently. A torch.optim
 optimizer (SGD, Adam, AdamW; aspen.poptorch.optim's, which are torch's with PopTorch's arguments) is taken
 too: `from_torch` reads its groups' settings. The update rules are torch.optim's: AdamW with decoupled weight
-decay and bias correction, SGD with momentum, Nesterov and L2 weight decay; LAMB is You et al.'s (what
+decay and bias correction, SGD with momentum, Nesterov and L2 weight decay, RMSprop (alpha, momentum,
+centered, L2 weight decay); LAMB is You et al.'s (what
 poptorch.optim.LAMB runs). `loss_scaling`: a static loss scale for f16 compute, or "dynamic".
 """
 
 from . import _check
 
-__all__ = ["SGD", "AdamW", "LAMB", "Optimizer", "from_torch"]
+__all__ = ["SGD", "AdamW", "LAMB", "RMSprop", "Optimizer", "from_torch"]
 
 
 def _number(name, v, low=0.0):
@@ -116,7 +117,7 @@ class Optimizer:
                     raise NotImplementedError(f"param_groups[{k}]['lr'] {lrs[k]} with param_groups[0]['lr'] 0: a "
                                               "group's rate is the first group's times a ratio (NOTE [parameter "
                                               "groups]); give the first group a rate > 0")
-                own = {key: v for key, v in rules[k].items() if key != "nesterov"}  # the optimizer's alone
+                own = {key: v for key, v in rules[k].items() if key not in ("nesterov", "centered")}  # one rule
                 groups.append(dict(own, lr_scale=lrs[k] / lrs[0] if lrs[0] else 1.0))
             s["groups"] = groups
         if self.loss_scaling == "dynamic":
@@ -201,6 +202,32 @@ class AdamW(Optimizer):
                 "weight_decay": _number("weight_decay", own.get("weight_decay", self.weight_decay))}
 
 
+class RMSprop(Optimizer):
+    """torch.optim.RMSprop's rule (train::OptimizerKind::rmsprop): alpha, eps outside the root, L2 weight decay
+    added to the gradient, momentum, centered."""
+    kind = "rmsprop"
+
+    def __init__(self, params, lr=0.01, alpha=0.99, eps=1e-08, weight_decay=0.0, momentum=0.0, centered=False,
+                 loss_scaling=None, max_grad_norm=None):
+        super().__init__(params, lr, loss_scaling, max_grad_norm)
+        self.alpha = _fraction("alpha", alpha)
+        self.eps = _number("eps", eps)
+        self.weight_decay = _number("weight_decay", weight_decay)
+        self.momentum = _fraction("momentum", momentum)
+        self.centered = _check.boolean("centered", centered)
+        self._group_rules()
+
+    _group_keys = ("alpha", "eps", "weight_decay", "momentum")
+
+    def _rule(self, own=None):
+        own = own or {}
+        return {"alpha": _fraction("alpha", own.get("alpha", self.alpha)),
+                "eps": _number("eps", own.get("eps", self.eps)),
+                "weight_decay": _number("weight_decay", own.get("weight_decay", self.weight_decay)),
+                "momentum": _fraction("momentum", own.get("momentum", self.momentum)),
+                "centered": self.centered}
+
+
 class LAMB(AdamW):
     kind = "lamb"
 
@@ -256,11 +283,18 @@ def from_torch(opt):
         wd = next(grp["weight_decay"] for grp in groups if grp.get("weight_decay"))
         raise NotImplementedError(f"{kind}: weight_decay {wd} (Adam's L2 penalty added to the "
                                   "gradient) is not supported; AdamW's decoupled decay is, or Adam with weight_decay 0")
+    if isinstance(opt, torch.optim.RMSprop):
+        for k, grp in enumerate(groups):
+            if grp.get("centered", False) != g.get("centered", False):
+                raise NotImplementedError(f"{kind}: param_groups[{k}]: centered {grp.get('centered')}: expected "
+                                          f"the first group's ({g.get('centered', False)}): one rule for all groups")
+        return RMSprop(own(("alpha", "eps", "weight_decay", "momentum")), lr=g["lr"], alpha=g["alpha"], eps=g["eps"],
+                       weight_decay=g["weight_decay"], momentum=g["momentum"], centered=g["centered"], **extra)
     if type(opt).__name__ == "LAMB" and hasattr(opt, "max_weight_norm"):
         if opt.max_weight_norm not in (None, 65500.0):
             raise NotImplementedError(f"{kind}: max_weight_norm {opt.max_weight_norm} is not supported (aspen's "
                                       "LAMB does not clip the weight norm; PopTorch's default 65500 is accepted)")
         return LAMB(own(("betas", "eps", "weight_decay")), lr=g["lr"], betas=g["betas"], eps=g["eps"],
                     weight_decay=g["weight_decay"], **extra)
-    raise NotImplementedError(f"optimizer {kind}: expected torch.optim's SGD, Adam or AdamW, or an aspen.optim "
-                              "optimizer (SGD, AdamW, LAMB); RMSprop and the others have no update rule in aspen yet")
+    raise NotImplementedError(f"optimizer {kind}: expected torch.optim's SGD, Adam, AdamW or RMSprop, or an aspen.optim "
+                              "optimizer (SGD, AdamW, LAMB, RMSprop); the others have no update rule in aspen yet")

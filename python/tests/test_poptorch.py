@@ -140,7 +140,8 @@ def test_cloned_options_are_independent():
 
 # --- optimizers ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["torch_sgd", "torch_adam", "poptorch_adamw", "default"])
+@pytest.mark.parametrize("kind", ["torch_sgd", "torch_adam", "poptorch_adamw", "default", "torch_rmsprop",
+                                  "poptorch_rmsprop_centered"])
 def test_optimizers_train_as_torch_optim(kind):
     batches = _batches(6)
 
@@ -150,7 +151,10 @@ def test_optimizers_train_as_torch_optim(kind):
                 "torch_adam": lambda: torch.optim.Adam(params, lr=0.01),
                 "poptorch_adamw": lambda: poptorch.optim.AdamW(params, lr=0.01, weight_decay=0.05,
                                                                accum_type=torch.float32, loss_scaling=None),
-                "default": lambda: torch.optim.SGD(params, lr=0.01)}[kind]()
+                "default": lambda: torch.optim.SGD(params, lr=0.01),
+                "torch_rmsprop": lambda: torch.optim.RMSprop(params, lr=0.01, alpha=0.9, weight_decay=1e-3),
+                "poptorch_rmsprop_centered": lambda: poptorch.optim.RMSprop(params, lr=0.01, momentum=0.5,
+                                                                             centered=True, eps=1e-6)}[kind]()
 
     ref = _Classifier()
     want = _torch_losses(ref, make(ref), batches)
@@ -179,8 +183,8 @@ def test_a_scheduler_drives_the_learning_rate_through_set_optimizer():
 
 def test_optimizers_aspen_cannot_follow_are_refused_by_name():
     m = _Classifier()
-    with pytest.raises(NotImplementedError, match="RMSprop and the others have no update rule"):
-        poptorch.trainingModel(m, optimizer=poptorch.optim.RMSprop(m.parameters(), lr=0.01))
+    with pytest.raises(NotImplementedError, match="the others have no update rule"):
+        poptorch.trainingModel(m, optimizer=torch.optim.Adagrad(m.parameters(), lr=0.01))
     with pytest.raises(NotImplementedError, match="Adam's L2 penalty"):
         poptorch.trainingModel(m, optimizer=torch.optim.Adam(m.parameters(), lr=0.01, weight_decay=0.1))
     with pytest.raises(NotImplementedError, match="accum_type=torch.float16: aspen keeps optimizer state in float32"):
@@ -190,7 +194,7 @@ def test_optimizers_aspen_cannot_follow_are_refused_by_name():
         poptorch.trainingModel(m, optimizer=torch.optim.SGD(groups, lr=0.01))
 
 
-@pytest.mark.parametrize("kind", ["torch_adamw", "torch_sgd", "poptorch_adam"])
+@pytest.mark.parametrize("kind", ["torch_adamw", "torch_sgd", "poptorch_adam", "torch_rmsprop"])
 def test_parameter_groups_train_as_torch_optim_under_a_scheduler(kind):
     """Each group with its own learning rate and settings (NOTE [parameter groups]), a scheduler moving the
     rates in proportion through setOptimizer; against torch.optim with the same groups."""
@@ -207,6 +211,9 @@ def test_parameter_groups_train_as_torch_optim_under_a_scheduler(kind):
             return torch.optim.SGD([{"params": first.parameters(), "momentum": 0.0},
                                     {"params": second.parameters(), "lr": 0.2, "weight_decay": 0.01}],
                                    lr=0.05, momentum=0.9)
+        if kind == "torch_rmsprop":
+            return torch.optim.RMSprop([{"params": first.parameters(), "momentum": 0.3},
+                                        {"params": second.parameters(), "lr": 0.002, "alpha": 0.9}], lr=0.01)
         return poptorch.optim.Adam([{"params": first.parameters()}, {"params": second.parameters(), "lr": 0.03}],
                                    lr=0.01, loss_scaling=None)
 
