@@ -264,6 +264,7 @@ api::TrainingOptions training_from(const nb::dict& d) {
     else if (key == "nesterov") t.optimizer.nesterov = nb::cast<bool>(v);
     else if (key == "alpha") t.optimizer.alpha = nb::cast<double>(v);
     else if (key == "centered") t.optimizer.centered = nb::cast<bool>(v);
+    else if (key == "l2_weight_decay") t.optimizer.l2_weight_decay = nb::cast<bool>(v);
     else if (key == "clip_grad_norm") t.clip_grad_norm = nb::cast<double>(v);
     else if (key == "loss_scaling") {
       const double s = nb::cast<double>(v);

@@ -164,7 +164,18 @@ Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const Value
     }
     const ValueId m = b.parameter(exp_avg_name(name), type.dtype, type.shape);
     const ValueId v = b.parameter(exp_avg_sq_name(name), type.dtype, type.shape);
-    std::vector<ValueId> in = {params[i], grads[i], m, v, lr, out.step};
+    ValueId grad = grads[i];
+    if (options.kind == OptimizerKind::adamw && options.l2_weight_decay && decay != 0.0) {
+      // torch.optim.Adam's weight decay: added to the (unscaled) gradient before the moments, not decoupled.
+      if (out.grad_scale.valid()) {
+        const std::vector<int64_t> dims(type.shape.begin(), type.shape.end());
+        grad = b.mul(grad, dims.empty() ? out.grad_scale : b.broadcast(out.grad_scale, dims));
+        scale.clear();
+      }
+      grad = b.add(grad, b.scale(params[i], decay));
+      decay = 0.0;
+    }
+    std::vector<ValueId> in = {params[i], grad, m, v, lr, out.step};
     in.insert(in.end(), scale.begin(), scale.end());
     std::vector<ValueId> r = b.op(options.kind == OptimizerKind::lamb ? OpKind::lamb : OpKind::adamw, std::move(in),
                                   {{"beta1", beta1},

@@ -62,6 +62,9 @@ struct OptimizerOptions {
   double weight_decay = 1e-2;                      // decoupled (AdamW, LAMB); L2 in the gradient (SGD)
   double momentum = 0.0;                           // SGD
   bool nesterov = false;                           // SGD (needs momentum)
+  // AdamW's weight decay as torch.optim.Adam's: an L2 term added to the gradient before the moments
+  // (weight_decay · p), instead of decoupled from them.
+  bool l2_weight_decay = false;
   double alpha = 0.99;                             // RMSprop's smoothing of the squared gradient
   bool centered = false;                           // RMSprop: by the gradient's variance
   std::vector<std::string> no_decay = {};          // name patterns without weight decay

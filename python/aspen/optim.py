@@ -22,7 +22,7 @@ poptorch.optim.LAMB runs). `loss_scaling`: a static loss scale for f16 compute, 
 
 from . import _check
 
-__all__ = ["SGD", "AdamW", "LAMB", "RMSprop", "Optimizer", "from_torch"]
+__all__ = ["SGD", "Adam", "AdamW", "LAMB", "RMSprop", "Optimizer", "from_torch"]
 
 
 def _number(name, v, low=0.0):
@@ -117,7 +117,8 @@ class Optimizer:
                     raise NotImplementedError(f"param_groups[{k}]['lr'] {lrs[k]} with param_groups[0]['lr'] 0: a "
                                               "group's rate is the first group's times a ratio (NOTE [parameter "
                                               "groups]); give the first group a rate > 0")
-                own = {key: v for key, v in rules[k].items() if key not in ("nesterov", "centered")}  # one rule
+                own = {key: v for key, v in rules[k].items()
+                       if key not in ("nesterov", "centered", "l2_weight_decay")}  # one rule for all groups
                 groups.append(dict(own, lr_scale=lrs[k] / lrs[0] if lrs[0] else 1.0))
             s["groups"] = groups
         if self.loss_scaling == "dynamic":
@@ -202,6 +203,18 @@ class AdamW(Optimizer):
                 "weight_decay": _number("weight_decay", own.get("weight_decay", self.weight_decay))}
 
 
+class Adam(AdamW):
+    """torch.optim.Adam's rule: AdamW's, with the weight decay an L2 term added to the gradient before the
+    moments (train::OptimizerOptions::l2_weight_decay) instead of decoupled."""
+
+    def __init__(self, params, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0, amsgrad=False,
+                 loss_scaling=None, max_grad_norm=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, loss_scaling, max_grad_norm)
+
+    def _rule(self, own=None):
+        return dict(super()._rule(own), l2_weight_decay=True)
+
+
 class RMSprop(Optimizer):
     """torch.optim.RMSprop's rule (train::OptimizerKind::rmsprop): alpha, eps outside the root, L2 weight decay
     added to the gradient, momentum, centered."""
@@ -268,21 +281,13 @@ def from_torch(opt):
                                           f"the first group's ({g.get('nesterov', False)}): one rule for all groups")
         return SGD(own(("momentum", "weight_decay")), lr=g["lr"], momentum=g.get("momentum", 0.0),
                    weight_decay=g.get("weight_decay", 0.0), nesterov=g.get("nesterov", False), **extra)
-    if isinstance(opt, torch.optim.AdamW) or (isinstance(opt, torch.optim.Adam) and
-                                              not any(grp.get("weight_decay") for grp in groups)):
+    if isinstance(opt, torch.optim.Adam):  # torch's AdamW is an Adam with decoupled weight decay
         if getattr(opt, "bias_correction", True) is False:
             raise NotImplementedError(f"{kind}: bias_correction=False is not supported (aspen's AdamW corrects)")
-        adamw = isinstance(opt, torch.optim.AdamW)
-        params = own(("betas", "eps", "weight_decay") if adamw else ("betas", "eps"))
-        if not adamw:
-            for p in params:
-                p["weight_decay"] = 0.0
-        return AdamW(params, lr=g["lr"], betas=g["betas"], eps=g["eps"],
-                     weight_decay=g.get("weight_decay", 0.0) if adamw else 0.0, **extra)
-    if isinstance(opt, torch.optim.Adam):
-        wd = next(grp["weight_decay"] for grp in groups if grp.get("weight_decay"))
-        raise NotImplementedError(f"{kind}: weight_decay {wd} (Adam's L2 penalty added to the "
-                                  "gradient) is not supported; AdamW's decoupled decay is, or Adam with weight_decay 0")
+        decoupled = isinstance(opt, torch.optim.AdamW) or g.get("decoupled_weight_decay", False)
+        cls = AdamW if decoupled else Adam
+        return cls(own(("betas", "eps", "weight_decay")), lr=g["lr"], betas=g["betas"], eps=g["eps"],
+                   weight_decay=g.get("weight_decay", 0.0), **extra)
     if isinstance(opt, torch.optim.RMSprop):
         for k, grp in enumerate(groups):
             if grp.get("centered", False) != g.get("centered", False):

@@ -141,7 +141,7 @@ def test_cloned_options_are_independent():
 # --- optimizers ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["torch_sgd", "torch_adam", "poptorch_adamw", "default", "torch_rmsprop",
-                                  "poptorch_rmsprop_centered"])
+                                  "poptorch_rmsprop_centered", "torch_adam_l2"])
 def test_optimizers_train_as_torch_optim(kind):
     batches = _batches(6)
 
@@ -153,6 +153,7 @@ def test_optimizers_train_as_torch_optim(kind):
                                                                accum_type=torch.float32, loss_scaling=None),
                 "default": lambda: torch.optim.SGD(params, lr=0.01),
                 "torch_rmsprop": lambda: torch.optim.RMSprop(params, lr=0.01, alpha=0.9, weight_decay=1e-3),
+                "torch_adam_l2": lambda: torch.optim.Adam(params, lr=0.01, weight_decay=0.05),
                 "poptorch_rmsprop_centered": lambda: poptorch.optim.RMSprop(params, lr=0.01, momentum=0.5,
                                                                              centered=True, eps=1e-6)}[kind]()
 
@@ -185,8 +186,6 @@ def test_optimizers_aspen_cannot_follow_are_refused_by_name():
     m = _Classifier()
     with pytest.raises(NotImplementedError, match="the others have no update rule"):
         poptorch.trainingModel(m, optimizer=torch.optim.Adagrad(m.parameters(), lr=0.01))
-    with pytest.raises(NotImplementedError, match="Adam's L2 penalty"):
-        poptorch.trainingModel(m, optimizer=torch.optim.Adam(m.parameters(), lr=0.01, weight_decay=0.1))
     with pytest.raises(NotImplementedError, match="accum_type=torch.float16: aspen keeps optimizer state in float32"):
         poptorch.optim.AdamW(m.parameters(), lr=0.01, accum_type=torch.float16)
     groups = [{"params": m.net[0].parameters()}, {"params": m.net[2].parameters(), "lr": 0.1, "dampening": 0.5}]
