@@ -73,14 +73,16 @@ class Precision : public Pass {
                                       "f32 or the compute type (" + std::string(dtype_name(compute)) + ")",
                                       std::string(dtype_name(partials)));
 
-    std::optional<ValueId> seed_in;  // the graph's run-time seed, for stochastic rounding
-    if (ctx.options.stochastic_rounding) {
+    // The graph's run-time seed, for stochastic rounding: needed only where a parameter is cast (a training
+    // step's norm and optimizer programs cast none, and have no seed).
+    std::optional<ValueId> seed_in;
+    const bool stochastic = ctx.options.stochastic_rounding;
+    if (stochastic) {
       seed_in = g.find_input(kRandomSeedInput);
-      if (!seed_in || g.type(*seed_in) != graph::TensorType{DType::i64, Shape{1}})
-        return Status::invalid_argument("compile options: stochastic_rounding",
-                                        std::string("a graph with the run-time seed input '") + kRandomSeedInput +
-                                            "' (i64[1])",
-                                        seed_in ? g.type(*seed_in).to_string() : std::string("no such input"));
+      if (seed_in && g.type(*seed_in) != graph::TensorType{DType::i64, Shape{1}})
+        return Status::invalid_argument("compile options: stochastic_rounding: the seed input '" +
+                                            std::string(kRandomSeedInput) + "'",
+                                        "i64[1]", g.type(*seed_in).to_string());
     }
     Rewrite rw(g);
     Graph& out = rw.out();
@@ -97,7 +99,13 @@ class Precision : public Pass {
       c.inputs = {v};
       c.attrs.set("dtype", int64_t(compute));
       const Node& from = out.producer(v);
-      if (seed_in && from.op == OpKind::parameter && out.type(v).dtype == DType::f32) {
+      if (stochastic && from.op == OpKind::parameter && out.type(v).dtype == DType::f32) {
+        if (!seed_in)
+          return Status::invalid_argument("compile options: stochastic_rounding (casting parameter '" + from.name +
+                                              "')",
+                                          std::string("a graph with the run-time seed input '") + kRandomSeedInput +
+                                              "' (i64[1])",
+                                          "no such input");
         c.inputs.push_back(rw.map(*seed_in));
         c.attrs.set("stream", int64_t(name_stream(from.name)));
       }

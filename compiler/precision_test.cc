@@ -224,7 +224,8 @@ TEST(Precision, PassRewritesOnlyF32Matmuls) {
 }
 
 // Stochastic rounding: the casts of parameters (w, v) take the graph's seed input and a stream per parameter;
-// the input's and the activation's cast round to nearest; without the seed input the pass says so.
+// the input's and the activation's cast round to nearest; without the seed input the pass says so where it casts
+// a parameter, and a graph that casts none (an optimizer step) needs no seed.
 TEST(Precision, StochasticRoundingCastsParametersFromTheSeed) {
   for (bool with_seed : {true, false}) {
     Graph g;
@@ -239,8 +240,8 @@ TEST(Precision, StochasticRoundingCastsParametersFromTheSeed) {
     ctx.options.stochastic_rounding = true;
     Status st = make_precision()->run(g, ctx);
     if (!with_seed) {
-      EXPECT_EQ(st.message(), "compile options: stochastic_rounding: expected a graph with the run-time seed input "
-                              "'dropout_seed' (i64[1]), found no such input");
+      EXPECT_EQ(st.message(), "compile options: stochastic_rounding (casting parameter 'w'): expected a graph with "
+                              "the run-time seed input 'dropout_seed' (i64[1]), found no such input");
       continue;
     }
     ASSERT_TRUE(st.is_ok()) << st.to_string();
@@ -260,6 +261,13 @@ TEST(Precision, StochasticRoundingCastsParametersFromTheSeed) {
     EXPECT_EQ(streams.size(), 2u);  // w and v, each its own
     EXPECT_EQ(nearest, 2);          // x and exp(y)
   }
+  Graph step;
+  Builder b(step);
+  b.output("y", b.mul(b.parameter("w", DType::f32, {4}), b.input("g", DType::f32, {4})));
+  CompileContext ctx;
+  ctx.options.compute = DType::bf16;
+  ctx.options.stochastic_rounding = true;
+  EXPECT_TRUE(make_precision()->run(step, ctx).is_ok());
 }
 
 TEST(Precision, OutDtypeBadInputs) {

@@ -201,6 +201,13 @@ Status infer_cast(const Node& n, std::span<const TensorType> in, std::vector<Ten
 // (kernels/convert.h: element i with philox_bits(seed, stream, i)), unbiased and reproducible from the seed;
 // a negative seed (validation, inference) rounds to nearest. The precision pass casts master weights so under
 // Precision.enableStochasticRounding (compiler/precision.cc), with the micro-batch's run-time seed.
+// Seeds are integers below 2^53 in magnitude (the interpreter holds them as doubles, as dropout's).
+Status check_seed(double seed) {
+  if (!(std::abs(seed) < 9007199254740992.0))
+    return Status::invalid_argument("cast: seed", "an integer below 2^53 in magnitude", std::to_string(seed));
+  return Status();
+}
+
 double stochastic_round(DType to, double x, int64_t seed, uint64_t stream, uint64_t i) {
   if (seed < 0) return round_to(to, x);
   const uint32_t r = philox_bits(uint64_t(seed), stream, i);
@@ -310,6 +317,7 @@ Prepared prepare_cast(const Node& node, std::span<const TensorType> in, std::spa
     const uint64_t stream = uint64_t(node.attrs.i_or("stream", 0));
     return make_kernel([n, to, stream](In i, Out o) {
       const int64_t seed = *static_cast<const int64_t*>(i[1]);
+      ASPEN_RETURN_IF_ERROR(check_seed(double(seed)));
       const auto x = in_span<float>(i, 0, n);
       if (to == DType::bf16)
         return seed < 0 ? kernels::convert_f32_to_bf16(x, out_span<bf16>(o, 0, n), n)
@@ -583,6 +591,7 @@ void register_elementwise_ops(OpTable& t) {
                           .eval =
                               [](const Node& n, auto in, auto out) {
                                 if (in.size() > 1) {  // NOTE [stochastic cast]
+                                  ASPEN_RETURN_IF_ERROR(check_seed(in[1]->data[0]));
                                   const int64_t seed = int64_t(in[1]->data[0]);
                                   const uint64_t stream = uint64_t(n.attrs.i_or("stream", 0));
                                   for (size_t i = 0; i < out[0].data.size(); ++i)

@@ -139,7 +139,7 @@ Result<std::vector<int>> node_stages(const io::OnnxModel& m, const std::vector<s
     for (size_t s = 0; s < begins.size(); ++s) {
       size_t k = from + 1;  // a stage has at least its first node
       while (k < nodes.size() && nodes[k].name.rfind(begins[s], 0) != 0) ++k;
-      if (k == nodes.size())
+      if (k >= nodes.size())
         return Status::invalid_argument(
             m.path + ": stage " + std::to_string(s + 1) + "'s beginning " + quoted(begins[s]),
             "a prefix of a node's name after " + (s == 0 ? std::string("the first node") : "stage " + std::to_string(s) + "'s beginning"),

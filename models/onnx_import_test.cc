@@ -350,6 +350,16 @@ TEST(OnnxImport, StagesFromNamePrefixesOrMetadata) {
   ASSERT_FALSE(missing.is_ok());
   EXPECT_EQ(missing.status().subject(), "staged.onnx: stage 2's beginning 'enc/'") << missing.status().to_string();
 
+  HandModel empty = HandModel("empty.onnx").input("x", {1});
+  empty.output("x");
+  {
+    OnnxImportOptions o;
+    o.stage_begins = {"a"};
+    auto none = import_onnx(empty.m, o);  // no node to begin a stage at
+    ASSERT_FALSE(none.is_ok());
+    EXPECT_EQ(none.status().subject(), "empty.onnx: stage 1's beginning 'a'") << none.status().to_string();
+  }
+
   h.m.graph.nodes[0].metadata = {{"aspen.stage", "0"}};
   h.m.graph.nodes[2].metadata = {{"pkg.torch.onnx.name_scopes", "['', 'dec']"}, {"aspen.stage", "1"}};
   auto by_metadata = import_onnx(h.m);

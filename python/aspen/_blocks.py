@@ -24,7 +24,9 @@ class _State:
     recording = None  # the blocks entered in order, while aspen runs forward to export it (else None)
     tracing = False   # torch.export is tracing: blocks annotate the nodes
     current = None    # the block whose ops run now
-    auto = 0          # blocks made without a user_id
+    auto = 0          # Blocks made without a user_id in this run of forward (each run counts from 0, so the
+    #                   eager run and the trace name a forward's unnamed blocks alike)
+    auto_begin = 0    # BeginBlocks made without a user_id (once, with the model)
 
 
 class AutoStage(enum.Enum):
@@ -52,8 +54,11 @@ def _set(block):
 class _BlockId:
     """A block: its name and the IPU it asked for (None: by the strategy or its order)."""
 
-    def __init__(self, user_id, ipu_id):
-        if user_id is None:
+    def __init__(self, user_id, ipu_id, begin=False):
+        if user_id is None and begin:
+            _State.auto_begin += 1
+            user_id = f"begin_block{_State.auto_begin}"
+        elif user_id is None:
             _State.auto += 1
             user_id = f"block{_State.auto}"
         if not isinstance(user_id, str):
@@ -100,7 +105,7 @@ def BeginBlock(layer_to_call, user_id=None, ipu_id=None):
     import torch
     if not isinstance(layer_to_call, torch.nn.Module):
         raise TypeError(f"BeginBlock: layer_to_call: expected a torch.nn.Module, found {type(layer_to_call).__name__}")
-    block = _BlockId(user_id, ipu_id)
+    block = _BlockId(user_id, ipu_id, begin=True)
     old = getattr(layer_to_call, "_aspen_begin_block", None)
     if old is not None:
         old[1].remove()  # a second BeginBlock on one module replaces the first, as PopTorch's does
@@ -194,6 +199,9 @@ def stages_of(blocks, strategy):
     """Block name -> stage number for the blocks forward entered (in order), by the strategy's stages, or
     (none given) by their IPUs (AutoStage.SameAsIpu, where every block names one) or their order."""
     names = [b.name for b in blocks]
+    if strategy is not None and strategy.stages and not names:
+        raise ValueError(f"{type(strategy).__name__}: expected a forward that enters the blocks its stages name "
+                         f"({', '.join(n for st in strategy.stages for n in st.blocks)}), found no block")
     if strategy is not None and strategy.stages:
         stage = {}
         for k, st in enumerate(strategy.stages):
@@ -223,6 +231,7 @@ class recording:
     def __enter__(self):
         _State.recording = []
         _State.current = None
+        _State.auto = 0
         return self
 
     def __exit__(self, *exc):
@@ -242,14 +251,19 @@ class tracing:
                                       "metadata (2.6 or later), found one without")
         self._preserve = fxt.preserve_node_meta()
         self._preserve.__enter__()
+        self._had_custom = "custom" in _meta()
         _State.tracing = True
         _State.current = None
+        _State.auto = 0
         return self
 
     def __exit__(self, *exc):
         _State.tracing = False
         _State.current = None
-        _meta().get("custom", {}).pop(_KEY, None)
+        meta = _meta()
+        meta.get("custom", {}).pop(_KEY, None)
+        if not self._had_custom and not meta.get("custom", True):
+            meta.pop("custom", None)  # as it was (an empty dict left behind would annotate every later trace)
         self._preserve.__exit__(*exc)
         return False
 
@@ -288,6 +302,10 @@ def stage_file(path, stage_of_block):
                 parts = [s for s in p.value.split("/") if not s.startswith(_SCOPE)]
                 p.value = "/".join(parts)
         if block is not None:
+            if block not in stage_of_block:
+                raise ValueError(f"aspen.poptorch blocks: block '{block}' ran in the export's trace but not in the "
+                                 f"eager run before it ({', '.join(stage_of_block)}): a forward must enter the same "
+                                 "blocks on every call")
             stage = stage_of_block[block]
         used.add(stage)
         n.metadata_props.add(key="aspen.stage", value=str(stage))

@@ -187,7 +187,8 @@ class TorchSource(Source):
             with torch.no_grad(), _blocks.recording() as blocks, casting:
                 out = module(**given, **statics)
             self.stages = 1
-            stage_of_block = _blocks.stages_of(blocks.blocks, strategy) if training and blocks.blocks else None
+            stage_of_block = (_blocks.stages_of(blocks.blocks, strategy)
+                              if training and (blocks.blocks or strategy is not None) else None)
             leaves, self._spec = pytree.tree_flatten(out)
             for i, leaf in enumerate(leaves):
                 if not isinstance(leaf, torch.Tensor):

@@ -601,6 +601,11 @@ class TrainingModel(_Model):
                                                Options.check_partials(options), training, self._loss, trained)
         self._restore_state()
 
+    def _group_names(self, optimizer):
+        """Each parameter group's parameters beyond the first, by name (or by identity before an export)."""
+        return [sorted(p if isinstance(p, str) else str(id(p)) for p in ps)
+                for ps in getattr(optimizer, "group_params", [[]])[1:]]
+
     def _check_detachable(self):
         if isinstance(self._source, _HfDirectory):
             raise NotImplementedError("detachFromDevice of a Hugging Face directory's training model: its "
@@ -626,7 +631,12 @@ class TrainingModel(_Model):
             if k not in ("lr", "groups") and self._settings.get(k) != v:
                 raise ValueError(f"setOptimizer: {k}: expected {self._settings.get(k)!r} (only the learning rate "
                                  f"changes without recompiling), found {v!r}")
-        if not same_groups(self._settings.get("groups"), settings.get("groups")):  # NOTE [parameter groups]
+        names = self._group_names(optimizer)
+        if names != self._group_names(self._optimizer):  # which parameters each group holds: fixed at compile
+            raise NotImplementedError("setOptimizer: parameter groups: expected each group to hold the parameters "
+                                      "it held when the program was compiled, found other parameters in a group")
+        if not same_groups(self._settings.get("groups"), settings.get("groups"),
+                           rates_zero=settings["lr"] == 0):  # NOTE [parameter groups]
             raise NotImplementedError(
                 f"setOptimizer: parameter groups: expected {self._settings.get('groups')!r} (their settings and "
                 f"learning-rate ratios to the first group's, fixed at compile; rates change in proportion), found "

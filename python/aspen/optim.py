@@ -8,13 +8,13 @@
 
 `params` is what torch.optim takes (a module's parameters; parameters left out are not trained; or
 parameter groups, dicts with "params" and settings of their own: "lr", "weight_decay", "betas", "eps",
-"momentum"), or, for an ONNX file, initializer names (None: every float initializer). NOTE [parameter
+"momentum", "alpha"), or, for an ONNX file, initializer names (None: every float initializer). NOTE [parameter
 groups]: the first group's settings are the optimizer's, every other group's parameters step with theirs
 (train::ParamGroup), and a group's learning rate is the first group's times a ratio fixed at compile:
 setOptimizer and torch's schedulers move the rates in proportion (LambdaLR with one lambda, StepLR,
 CosineAnnealingLR to 0, ...); a change of ratio is refused by name, never run differently. A torch.optim
-optimizer (SGD, Adam, AdamW; aspen.poptorch.optim's, which are torch's with PopTorch's arguments) is taken
-too: `from_torch` reads its groups' settings. The update rules are torch.optim's: AdamW with decoupled weight
+optimizer (SGD, Adam, AdamW, RMSprop; aspen.poptorch.optim's, which are torch's with PopTorch's arguments) is
+taken too: `from_torch` reads its groups' settings. The update rules are torch.optim's: AdamW with decoupled weight
 decay and bias correction, SGD with momentum, Nesterov and L2 weight decay, RMSprop (alpha, momentum,
 centered, L2 weight decay); LAMB is You et al.'s (what
 poptorch.optim.LAMB runs). `loss_scaling`: a static loss scale for f16 compute, or "dynamic".
@@ -65,6 +65,14 @@ class Optimizer:
                                  f"with 'params', found {_check.found(groups)}")
             self._groups = [{k: v for k, v in g.items() if k != "params"} for g in groups]
             self.group_params = [_params(g["params"], group=True) for g in groups]
+            seen = {}
+            for k, ps in enumerate(self.group_params):
+                for p in ps:
+                    key = p if isinstance(p, str) else id(p)
+                    if key in seen:
+                        raise ValueError(f"aspen.optim.{type(self).__name__}: params: expected each parameter in one "
+                                         f"group, found one in groups {seen[key]} and {k}")
+                    seen[key] = k
             lrs = [_number(f"param_groups[{k}]['lr']", g.get("lr", lr)) for k, g in enumerate(self._groups)]
             groups = [p for ps in self.group_params for p in ps]
         self.params = groups
@@ -84,12 +92,12 @@ class Optimizer:
         """Each parameter group's update settings (the optimizer's, overridden by the group's own)."""
         rules = []
         for k, own in enumerate(self._groups or [{}]):
-            extra = set(own) - {"lr"} - set(self._group_keys)
+            extra = set(own) - {"lr", "initial_lr"} - set(self._group_keys)
             if extra:
                 raise NotImplementedError(f"aspen.optim.{type(self).__name__}: param_groups[{k}]: settings "
                                           f"{', '.join(sorted(extra))}: expected only lr, "
                                           f"{', '.join(self._group_keys)}")
-            rules.append(self._rule(own))
+            rules.append(self._rule({k: v for k, v in own.items() if k != "initial_lr"}))
         return rules
 
     @property
@@ -107,6 +115,10 @@ class Optimizer:
                              f"optimizer's arguments or the groups' own, fixed when it was made), found "
                              f"{_check.found(self.param_groups)}")
         lrs = [_number(f"param_groups[{k}]['lr']", g["lr"]) for k, g in enumerate(self.param_groups)]
+        base = lrs  # what the ratios are taken from: the rates, or (all 0: a scheduler at 0) the initial ones
+        initial = [g.get("initial_lr") for g in (self._groups or [{}])]
+        if lrs[0] == 0 and all(isinstance(v, (int, float)) and v > 0 for v in initial):
+            base = [float(v) for v in initial]
         rules = self._group_rules()
         s = {"optimizer": self.kind, "lr": lrs[0]}
         s.update(rules[0])
@@ -119,7 +131,7 @@ class Optimizer:
                                               "groups]); give the first group a rate > 0")
                 own = {key: v for key, v in rules[k].items()
                        if key not in ("nesterov", "centered", "l2_weight_decay")}  # one rule for all groups
-                groups.append(dict(own, lr_scale=lrs[k] / lrs[0] if lrs[0] else 1.0))
+                groups.append(dict(own, lr_scale=base[k] / base[0] if base[0] else 1.0))
             s["groups"] = groups
         if self.loss_scaling == "dynamic":
             s["dynamic_loss_scaling"] = True
@@ -137,15 +149,15 @@ class Optimizer:
         return f"aspen.optim.{type(self).__name__}(lr={self.lr!r}{rule}, loss_scaling={self.loss_scaling!r})"
 
 
-def same_groups(compiled, given):
+def same_groups(compiled, given, rates_zero=False):
     """Whether setOptimizer's groups keep the compiled ones: equal settings and learning-rate ratios (up to the
-    rounding a scheduler's arithmetic leaves)."""
+    rounding a scheduler's arithmetic leaves; any ratio when every rate is 0)."""
     if len(compiled or []) != len(given or []):
         return False
     for a, b in zip(compiled or [], given or []):
         if set(a) != set(b) or any(a[k] != b[k] for k in a if k != "lr_scale"):
             return False
-        if abs(a["lr_scale"] - b["lr_scale"]) > 1e-9 * max(1.0, abs(a["lr_scale"])):
+        if not rates_zero and abs(a["lr_scale"] - b["lr_scale"]) > 1e-9 * max(1.0, abs(a["lr_scale"])):
             return False
     return True
 
@@ -269,7 +281,7 @@ def from_torch(opt):
         extra["loss_scaling"] = None  # PopTorch's default: no scaling
 
     def own(keys):
-        return [dict({k: grp[k] for k in keys if k in grp}, params=list(grp["params"]), lr=grp["lr"])
+        return [dict({k: grp[k] for k in keys + ("initial_lr",) if k in grp}, params=list(grp["params"]), lr=grp["lr"])
                 for grp in groups]
     if isinstance(opt, torch.optim.SGD):
         for k, grp in enumerate(groups):

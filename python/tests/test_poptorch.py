@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import aspen.poptorch as poptorch
+import aspen.optim as aspen_optim
 
 
 class _Classifier(torch.nn.Module):
@@ -235,6 +236,56 @@ def test_parameter_groups_train_as_torch_optim_under_a_scheduler(kind):
     opt.param_groups[1]["lr"] *= 3  # one group's rate alone: a ratio the program does not have
     with pytest.raises(NotImplementedError, match="setOptimizer: parameter groups: expected"):
         training.setOptimizer(opt)
+
+
+def test_parameter_groups_follow_a_warm_up_from_zero_and_refuse_what_would_run_differently():
+    """A LambdaLR warm-up from 0 (the ratios from the groups' initial rates), against torch; groups swapped
+    after compiling, and a parameter in two groups, refused by name."""
+    batches = _batches(5)
+
+    def make(model):
+        opt = torch.optim.SGD([{"params": model.net[0].parameters()}, {"params": model.net[2].parameters(),
+                                                                       "lr": 0.02}], lr=0.1)
+        return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, step / 2))
+
+    ref = _Classifier()
+    ref_opt, ref_sched = make(ref)
+    want = _torch_losses(ref, ref_opt, batches, ref_sched)
+    model = _Classifier()
+    opt, sched = make(model)
+    training = poptorch.trainingModel(model, optimizer=opt)
+    got = []
+    for x, y in batches:
+        got.append(float(training(x, y)))
+        sched.step()
+        training.setOptimizer(opt)
+    np.testing.assert_allclose(got, want, rtol=2e-5)
+    swapped = torch.optim.SGD([{"params": model.net[2].parameters()}, {"params": model.net[0].parameters(),
+                                                                       "lr": 0.02}], lr=0.1)
+    with pytest.raises(NotImplementedError, match="each group to hold the parameters it held"):
+        training.setOptimizer(swapped)
+    with pytest.raises(ValueError, match="expected each parameter in one group, found one in groups 0 and 1"):
+        aspen_optim.SGD([{"params": [model.net[0].weight]}, {"params": [model.net[0].weight], "lr": 0.1}], lr=0.1)
+
+
+def test_stochastic_rounding_with_accumulation_replicas_and_dynamic_loss_scaling():
+    """The split step's norm and optimizer programs cast no parameter: stochastic rounding compiles and trains
+    with them (NOTE [stochastic cast]), the same seed giving the same losses."""
+    batches = _batches(4, rows=8)
+
+    def run():
+        model = _Tutorial()
+        opts = poptorch.Options().randomSeed(3).replicationFactor(2)
+        opts.Training.gradientAccumulation(2)
+        opts.Precision.setComputeType(torch.half)
+        opts.Precision.enableStochasticRounding(True)
+        training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1,
+                                                                          loss_scaling="dynamic"))
+        x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])  # 2 replicas x 2 x 8 rows
+        return [float(training(x, y)[1]) for _ in range(3)]
+
+    a, b = run(), run()
+    assert a == b and all(np.isfinite(a))
 
 
 # --- weights kept in sync --------------------------------------------------------------------------------

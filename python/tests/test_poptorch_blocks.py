@@ -197,3 +197,53 @@ def test_stochastic_rounding_with_stages_is_refused_by_name():
     with pytest.raises(NotImplementedError, match="training: stochastic rounding: expected whole layers on each "
                                                   "device"):
         training(x, y)
+
+
+def test_unnamed_blocks_and_a_strategy_without_blocks():
+    """Blocks without a user_id (a new Block or BlockFunction() on every call) name alike in the eager run and
+    the trace, a stage each; a strategy naming stages of a forward without blocks is refused by name."""
+
+    class Unnamed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(5)
+            self.a, self.b = torch.nn.Linear(6, 6), torch.nn.Linear(6, 3)
+
+        @poptorch.BlockFunction(ipu_id=1)
+        def head(self, x, labels):
+            return torch.nn.functional.cross_entropy(self.b(x), labels)
+
+        def forward(self, x, labels):
+            with poptorch.Block(ipu_id=0):
+                x = self.a(x).relu()
+            return self.head(x, labels)
+
+    g = torch.Generator().manual_seed(8)
+    x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+    model, ref = Unnamed(), Unnamed()
+    training = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(2):
+        loss = float(training(x, y))
+        opt.zero_grad()
+        want = ref(x, y)
+        want.backward()
+        opt.step()
+        np.testing.assert_allclose(loss, want.item(), rtol=1e-5)
+    assert training._program.pipeline_stages == 2
+
+    plain = torch.nn.Sequential(torch.nn.Linear(6, 3))
+
+    class NoBlocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = plain
+
+        def forward(self, x, labels):
+            return torch.nn.functional.cross_entropy(self.net(x), labels)
+
+    m = NoBlocks()
+    opts = poptorch.Options().setExecutionStrategy(poptorch.PipelinedExecution("one", "two"))
+    with pytest.raises(ValueError, match=r"PipelinedExecution: expected a forward that enters the blocks its stages "
+                                         r"name \(one, two\), found no block"):
+        poptorch.trainingModel(m, opts, torch.optim.SGD(m.parameters(), lr=0.1))(x, y)
