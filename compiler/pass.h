@@ -53,7 +53,7 @@ struct CompileOptions {
 };
 
 // The run-time seed input (i64 [1], one per micro-batch; negative: no randomness) that training dropout and
-// stochastic rounding draw from (models::kDropoutSeedInput is this name).
+// stochastic rounding draw from (the ONNX importer's models::kDropoutSeedInput).
 inline constexpr const char* kRandomSeedInput = "dropout_seed";
 
 struct CompileContext {

@@ -275,6 +275,16 @@ Status check_convert(const char* kernel, std::span<const In> x, std::span<Out> y
   return Status();
 }
 
+// A stochastic conversion's arguments: the buffers, and element indices offset + i that stay below 2^64.
+template <class Out>
+Status check_stochastic(const char* kernel, std::span<const float> x, std::span<Out> y, int64_t N, uint64_t offset) {
+  ASPEN_RETURN_IF_ERROR(check_convert(kernel, x, y, N));
+  if (N > 0 && offset > std::numeric_limits<uint64_t>::max() - uint64_t(N - 1))
+    return Status::invalid_argument(std::string(kernel) + ": argument 'offset'", "offset + N <= 2^64",
+                                    "offset = " + std::to_string(offset) + ", N = " + std::to_string(N));
+  return Status();
+}
+
 }  // namespace
 
 Status convert_f32_to_bf16(std::span<const float> x, std::span<bf16> y, int64_t N) {
@@ -357,11 +367,7 @@ Status convert_u8_to_f32(std::span<const uint8_t> x, std::span<float> y, int64_t
 
 Status convert_f32_to_bf16_stochastic(std::span<const float> x, std::span<bf16> y, int64_t N, uint64_t seed,
                                       uint64_t stream, uint64_t offset) {
-  const char* kernel = "convert_f32_to_bf16_stochastic";
-  ASPEN_RETURN_IF_ERROR(check_convert(kernel, x, y, N));
-  if (N > 0 && offset > std::numeric_limits<uint64_t>::max() - uint64_t(N - 1))
-    return Status::invalid_argument(std::string(kernel) + ": argument 'offset'", "offset + N <= 2^64",
-                                    "offset = " + std::to_string(offset) + ", N = " + std::to_string(N));
+  ASPEN_RETURN_IF_ERROR(check_stochastic("convert_f32_to_bf16_stochastic", x, y, N, offset));
   if (reference_mode())
     ref::convert_f32_to_bf16_stochastic(x.data(), y.data(), N, seed, stream, offset);
   else
@@ -373,11 +379,7 @@ Status convert_f32_to_bf16_stochastic(std::span<const float> x, std::span<bf16> 
 // values: element i's bits depend on offset + i alone).
 Status convert_f32_to_f16_stochastic(std::span<const float> x, std::span<f16> y, int64_t N, uint64_t seed,
                                      uint64_t stream, uint64_t offset) {
-  const char* kernel = "convert_f32_to_f16_stochastic";
-  ASPEN_RETURN_IF_ERROR(check_convert(kernel, x, y, N));
-  if (N > 0 && offset > std::numeric_limits<uint64_t>::max() - uint64_t(N - 1))
-    return Status::invalid_argument(std::string(kernel) + ": argument 'offset'", "offset + N <= 2^64",
-                                    "offset = " + std::to_string(offset) + ", N = " + std::to_string(N));
+  ASPEN_RETURN_IF_ERROR(check_stochastic("convert_f32_to_f16_stochastic", x, y, N, offset));
   const int64_t chunks = (N + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (N >= kParallelMin && !reference_mode())
   for (int64_t c = 0; c < chunks; ++c)

@@ -110,19 +110,18 @@ void forward_plane(const MaxPoolShape& s, int64_t p, const T* x, T* y) {
   }
 }
 
+// kFast: m and at hold OW values each (the row scratch); the reference passes none.
 template <class T, bool kFast>
-void backward_plane(const MaxPoolShape& s, int64_t p, const T* x, const T* dy, T* dx) {
+void backward_plane(const MaxPoolShape& s, int64_t p, const T* x, const T* dy, T* dx, T* m, int64_t* at) {
   const T* in = x + p * s.H * s.W;
   const T* g = dy + p * s.OH * s.OW;
   T* d = dx + p * s.H * s.W;
   for (int64_t i = 0; i < s.H * s.W; ++i) d[i] = T(0);
   const Inside rows = inside(s.OH, s.SH, s.PH, s.KH, s.DH, s.H), cols = inside(s.OW, s.SW, s.PW, s.KW, s.DW, s.W);
-  std::vector<T> m(kFast ? size_t(s.OW) : 0);
-  std::vector<int64_t> at(kFast ? size_t(s.OW) : 0);
   for (int64_t oh = 0; oh < s.OH; ++oh) {
     const bool fast = kFast && oh >= rows.lo && oh < rows.hi && cols.lo < cols.hi;
     if (fast) {
-      row_max<T>(s, in, oh, cols.lo, cols.hi, m.data(), at.data());
+      row_max<T>(s, in, oh, cols.lo, cols.hi, m, at);
       const int64_t base = (oh * s.SH - s.PH) * s.W - s.PW;
       for (int64_t ow = cols.lo; ow < cols.hi; ++ow)  // in order: windows that share a maximum add in turn
         d[base + ow * s.SW + at[size_t(ow - cols.lo)]] += g[oh * s.OW + ow];
@@ -148,7 +147,7 @@ void max_pool_forward(const MaxPoolShape& s, const T* x, T* y) {
 }
 template <class T>
 void max_pool_backward(const MaxPoolShape& s, const T* x, const T* dy, T* dx) {
-  for (int64_t p = 0; p < s.N * s.C; ++p) backward_plane<T, false>(s, p, x, dy, dx);
+  for (int64_t p = 0; p < s.N * s.C; ++p) backward_plane<T, false>(s, p, x, dy, dx, nullptr, nullptr);
 }
 template void max_pool_forward<float>(const MaxPoolShape&, const float*, float*);
 template void max_pool_forward<double>(const MaxPoolShape&, const double*, double*);
@@ -165,8 +164,13 @@ Status max_pool_forward(const MaxPoolShape& s, const float* x, float* y) {
 
 Status max_pool_backward(const MaxPoolShape& s, const float* x, const float* dy, float* dx) {
   ASPEN_RETURN_IF_ERROR(check(s, "max_pool_backward"));
-#pragma omp parallel for schedule(static) if (parallel(s))
-  for (int64_t p = 0; p < s.N * s.C; ++p) backward_plane<float, true>(s, p, x, dy, dx);
+#pragma omp parallel if (parallel(s))
+  {
+    std::vector<float> m(size_t(s.OW));
+    std::vector<int64_t> at(size_t(s.OW));
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < s.N * s.C; ++p) backward_plane<float, true>(s, p, x, dy, dx, m.data(), at.data());
+  }
   return Status();
 }
 

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "compiler/pass.h"
 #include "core/tensor.h"
 #include "graph/graph.h"
 #include "io/onnx.h"
@@ -114,7 +115,7 @@ Result<Tensor> tensor_from_onnx(const io::OnnxTensor& t, const std::string& what
 // The run-time input a training Dropout draws its mask from (i64 [1]; NOTE [training dropout] in
 // onnx_ops_nn.cc): the importer adds it (and lists it in OnnxImport::inputs) once for all of a file's
 // training Dropouts; the trainer and the Python package feed it per micro-batch (-1: no dropout).
-inline constexpr const char* kDropoutSeedInput = "dropout_seed";
+inline constexpr const char* kDropoutSeedInput = compiler::kRandomSeedInput;
 
 // The op types (in the default domain) the importer converts, sorted.
 std::vector<std::string> onnx_supported_ops();

@@ -30,6 +30,20 @@ Result<OptimizerKind> parse_optimizer_kind(std::string_view name) {
 
 namespace {
 
+// A scalar (lr, grad_scale) as a value of the parameter's shape.
+ValueId like_param(graph::Builder& b, ValueId scalar, const graph::TensorType& param) {
+  const std::vector<int64_t> dims(param.shape.begin(), param.shape.end());
+  return dims.empty() ? scalar : b.broadcast(scalar, dims);
+}
+
+// grad · grad_scale + weight_decay · p: the gradient an L2 weight decay steps on (torch's RMSprop and Adam).
+ValueId l2_gradient(graph::Builder& b, ValueId p, ValueId grad, ValueId grad_scale, double weight_decay) {
+  const graph::TensorType type = b.type(p);
+  ValueId g = grad;
+  if (grad_scale.valid()) g = b.mul(g, like_param(b, grad_scale, type));
+  return weight_decay != 0.0 ? b.add(g, b.scale(p, weight_decay)) : g;
+}
+
 struct RmspropSettings {
   double alpha, eps, weight_decay, momentum;
   bool centered;
@@ -49,11 +63,8 @@ Status append_rmsprop_step(graph::Builder& b, ValueId p, ValueId grad, const std
     return Status::invalid_argument("append_rmsprop: parameter '" + name + "' eps and weight_decay", ">= 0",
                                     std::to_string(s.eps) + ", " + std::to_string(s.weight_decay));
   const graph::TensorType type = b.type(p);
-  const std::vector<int64_t> dims(type.shape.begin(), type.shape.end());
-  auto wide = [&](ValueId scalar) { return dims.empty() ? scalar : b.broadcast(scalar, dims); };
-  ValueId g = grad;
-  if (grad_scale.valid()) g = b.mul(g, wide(grad_scale));
-  if (s.weight_decay != 0.0) g = b.add(g, b.scale(p, s.weight_decay));
+  auto wide = [&](ValueId scalar) { return like_param(b, scalar, type); };
+  const ValueId g = l2_gradient(b, p, grad, grad_scale, s.weight_decay);
   const ValueId v = b.parameter("optimizer.square_avg." + name, type.dtype, type.shape);
   const ValueId v2 = b.add(b.scale(v, s.alpha), b.scale(b.mul(g, g), 1.0 - s.alpha));
   b.update(v, v2);
@@ -167,12 +178,8 @@ Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const Value
     ValueId grad = grads[i];
     if (options.kind == OptimizerKind::adamw && options.l2_weight_decay && decay != 0.0) {
       // torch.optim.Adam's weight decay: added to the (unscaled) gradient before the moments, not decoupled.
-      if (out.grad_scale.valid()) {
-        const std::vector<int64_t> dims(type.shape.begin(), type.shape.end());
-        grad = b.mul(grad, dims.empty() ? out.grad_scale : b.broadcast(out.grad_scale, dims));
-        scale.clear();
-      }
-      grad = b.add(grad, b.scale(params[i], decay));
+      grad = l2_gradient(b, params[i], grad, out.grad_scale, decay);
+      scale.clear();
       decay = 0.0;
     }
     std::vector<ValueId> in = {params[i], grad, m, v, lr, out.step};

@@ -327,8 +327,7 @@ Result<std::vector<float>> Runner::run_steps(const std::map<std::string, const T
     for (int64_t a = 0; a < acc; ++a)  // the outputs in the inputs' order: micro-batch, then local replica
       for (int l = 0; l < Ld; ++l)
         for (int p = 0; p < (training_.outputs.empty() ? 0 : pipeline_stages()); ++p) {  // each from its stage
-          const int d = p + 1 == pipeline_stages() ? loss_device[size_t(l)]
-                                                   : device_at({.data = coord_of(0).data + l, .pipe = p, .tensor = 0});
+          const int d = device_at({.data = coord_of(0).data + l, .pipe = p, .tensor = 0});  // one process's
           for (auto& [name, t] : step.outputs[size_t(d)][size_t(a)]) {
             const Shape shape = t.shape();
             add_output(name, std::move(t), shape);

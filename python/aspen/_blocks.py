@@ -185,9 +185,6 @@ class ShardedExecution(_Strategy):
 class SerialPhasedExecution(ShardedExecution):
     """PopTorch's phased execution (IPU memory phases): run as sharded, every phase's stages in order."""
 
-    def __init__(self, *phases):
-        super().__init__(*phases)
-
     def setTensorsLiveness(self, liveness):
         return self
 
@@ -279,18 +276,20 @@ def scope_nodes(exported):
         node.meta["nn_module_stack"] = stack
 
 
-def stage_file(path, stage_of_block):
-    """The blocks' scopes in the ONNX file become "aspen.stage" metadata (the others the stage before them);
-    returns how many stages the nodes use."""
-    import onnx
-    model = onnx.load(path)
-    stage, used = 0, set()
+def name_scopes(value):
+    """torch.onnx's "pkg.torch.onnx.name_scopes" metadata ("['', 'net', 'net.bn1', 'op']") as a list."""
+    return [s.strip(" '\"") for s in value.strip("[]").split(",")]
+
+
+def tag_stages(model, stage_of_block):
+    """In a loaded ONNX model, the blocks' scopes become "aspen.stage" metadata (the other nodes take the
+    stage before them)."""
+    stage = 0
     for n in model.graph.node:
-        props = list(n.metadata_props)
         block = None
-        for p in props:
+        for p in n.metadata_props:
             if p.key == "pkg.torch.onnx.name_scopes":
-                scopes = [s.strip(" '\"") for s in p.value.strip("[]").split(",")]
+                scopes = name_scopes(p.value)
                 mine = [s for s in scopes if s.startswith(_SCOPE)]
                 if mine:
                     block = mine[-1][len(_SCOPE):]
@@ -307,7 +306,4 @@ def stage_file(path, stage_of_block):
                                  f"eager run before it ({', '.join(stage_of_block)}): a forward must enter the same "
                                  "blocks on every call")
             stage = stage_of_block[block]
-        used.add(stage)
         n.metadata_props.add(key="aspen.stage", value=str(stage))
-    onnx.save(model, path)
-    return used

@@ -116,13 +116,12 @@ class TorchSource(Source):
                 found[name] = m
         return found
 
-    def _mark_training_batch_norms(self, path, norms, saved):
+    def _mark_training_batch_norms(self, model, norms, saved):
         """NOTE [batch norm in training] (models/onnx_ops_nn.cc): torch.onnx writes a batch norm of a module in
-        training mode as inference's node; its nodes are marked training_mode 1 (with torch's momentum and
-        unbiased running variance), found by the layer path torch.onnx records in each node's metadata."""
-        import onnx
+        training mode as inference's node; its nodes (in the loaded ONNX `model`) are marked training_mode 1
+        (with torch's momentum and unbiased running variance), found by the layer path torch.onnx records in
+        each node's metadata."""
         from onnx import helper, numpy_helper
-        model = onnx.load(path)
         for init in model.graph.initializer:  # the statistics as they were before the export ran forward
             if init.name in saved:
                 init.CopyFrom(numpy_helper.from_array(saved[init.name].float().numpy().reshape(tuple(init.dims)),
@@ -132,7 +131,7 @@ class TorchSource(Source):
         for n in nodes:
             meta = {p.key: p.value for p in n.metadata_props}
             # Each scope is an enclosing module's full path ('', 'net', 'net.bn1'), then the op.
-            scopes = [s.strip(" '\"") for s in meta.get("pkg.torch.onnx.name_scopes", "").strip("[]").split(",")]
+            scopes = _blocks.name_scopes(meta.get("pkg.torch.onnx.name_scopes", ""))
             layer = scopes[-2] if len(scopes) >= 2 else ""
             if layer not in norms:
                 if len(norms) == sum(1 for _ in nodes) and not meta:
@@ -151,7 +150,6 @@ class TorchSource(Source):
         if missing:
             raise NotImplementedError(f"{type(self.module).__name__}.{missing[0]}: a batch norm in training mode "
                                       "whose node aspen could not find in torch.onnx's export")
-        onnx.save(model, path)
 
     def export(self, example, training, loss_kind, strategy=None,
                half_casting=HalfFloatCastingBehavior.Default):
@@ -233,14 +231,18 @@ class TorchSource(Source):
                                    f"{chatter.getvalue()}") from e
             finally:
                 onnx_log.setLevel(level)
-            if stage_of_block:
-                _blocks.stage_file(path, stage_of_block)
-                self.stages = len(set(stage_of_block.values()))
-            if norms:
-                with torch.no_grad():
-                    for n, b in module.named_buffers():
-                        b.copy_(saved[n])
-                self._mark_training_batch_norms(path, norms, saved)
+            if stage_of_block or norms:  # the file rewritten once: stages first (their scopes out of the way)
+                import onnx
+                model = onnx.load(path)
+                if stage_of_block:
+                    _blocks.tag_stages(model, stage_of_block)
+                    self.stages = len(set(stage_of_block.values()))
+                if norms:
+                    with torch.no_grad():
+                        for n, b in module.named_buffers():
+                            b.copy_(saved[n])
+                    self._mark_training_batch_norms(model, norms, saved)
+                onnx.save(model, path)
             self._names_in_file(path)
             self._exported = True
         finally:
