@@ -265,6 +265,9 @@ api::TrainingOptions training_from(const nb::dict& d) {
     else if (key == "alpha") t.optimizer.alpha = nb::cast<double>(v);
     else if (key == "centered") t.optimizer.centered = nb::cast<bool>(v);
     else if (key == "l2_weight_decay") t.optimizer.l2_weight_decay = nb::cast<bool>(v);
+    else if (key == "gradient_dtype") t.optimizer.gradient_dtype = parse_dtype(nb::cast<std::string>(v), key);
+    else if (key == "first_order_dtype") t.optimizer.first_order_dtype = parse_dtype(nb::cast<std::string>(v), key);
+    else if (key == "second_order_dtype") t.optimizer.second_order_dtype = parse_dtype(nb::cast<std::string>(v), key);
     else if (key == "clip_grad_norm") t.clip_grad_norm = nb::cast<double>(v);
     else if (key == "loss_scaling") {
       const double s = nb::cast<double>(v);

@@ -36,6 +36,22 @@ ValueId like_param(graph::Builder& b, ValueId scalar, const graph::TensorType& p
   return dims.empty() ? scalar : b.broadcast(scalar, dims);
 }
 
+// A piece of optimizer state kept in `dtype`: the parameter, and its value widened to f32 for the update.
+struct State {
+  ValueId stored, value;
+};
+
+State state(graph::Builder& b, const std::string& name, const graph::TensorType& like, DType dtype) {
+  const ValueId stored = b.parameter(name, dtype, like.shape);
+  return {stored, dtype == DType::f32 ? stored : b.cast(stored, DType::f32)};
+}
+
+// The state's new value (f32), kept rounded to its dtype.
+void keep(graph::Builder& b, const State& s, ValueId next) {
+  const DType dtype = b.type(s.stored).dtype;
+  b.update(s.stored, dtype == DType::f32 ? next : b.cast(next, dtype));
+}
+
 // grad · grad_scale + weight_decay · p: the gradient an L2 weight decay steps on (torch's RMSprop and Adam).
 ValueId l2_gradient(graph::Builder& b, ValueId p, ValueId grad, ValueId grad_scale, double weight_decay) {
   const graph::TensorType type = b.type(p);
@@ -47,6 +63,7 @@ ValueId l2_gradient(graph::Builder& b, ValueId p, ValueId grad, ValueId grad_sca
 struct RmspropSettings {
   double alpha, eps, weight_decay, momentum;
   bool centered;
+  DType first_order, second_order;
 };
 
 // torch.optim.RMSprop's step of one parameter, as elementwise ops (lr and grad_scale scalars broadcast):
@@ -65,14 +82,14 @@ Status append_rmsprop_step(graph::Builder& b, ValueId p, ValueId grad, const std
   const graph::TensorType type = b.type(p);
   auto wide = [&](ValueId scalar) { return like_param(b, scalar, type); };
   const ValueId g = l2_gradient(b, p, grad, grad_scale, s.weight_decay);
-  const ValueId v = b.parameter("optimizer.square_avg." + name, type.dtype, type.shape);
-  const ValueId v2 = b.add(b.scale(v, s.alpha), b.scale(b.mul(g, g), 1.0 - s.alpha));
-  b.update(v, v2);
+  const State v = state(b, "optimizer.square_avg." + name, type, s.second_order);
+  const ValueId v2 = b.add(b.scale(v.value, s.alpha), b.scale(b.mul(g, g), 1.0 - s.alpha));
+  keep(b, v, v2);
   ValueId avg;
   if (s.centered) {
-    const ValueId m = b.parameter("optimizer.grad_avg." + name, type.dtype, type.shape);
-    const ValueId m2 = b.add(b.scale(m, s.alpha), b.scale(g, 1.0 - s.alpha));
-    b.update(m, m2);
+    const State m = state(b, "optimizer.grad_avg." + name, type, s.first_order);
+    const ValueId m2 = b.add(b.scale(m.value, s.alpha), b.scale(g, 1.0 - s.alpha));
+    keep(b, m, m2);
     avg = b.sqrt(b.sub(v2, b.mul(m2, m2)));
   } else {
     avg = b.sqrt(v2);
@@ -80,15 +97,19 @@ Status append_rmsprop_step(graph::Builder& b, ValueId p, ValueId grad, const std
   avg = b.add(avg, wide(b.scalar(float(s.eps))));
   ValueId step = b.div(g, avg);
   if (s.momentum != 0.0) {
-    const ValueId buf = b.parameter(momentum_buffer_name(name), type.dtype, type.shape);
-    step = b.add(b.scale(buf, s.momentum), step);
-    b.update(buf, step);
+    const State buf = state(b, momentum_buffer_name(name), type, s.first_order);
+    step = b.add(b.scale(buf.value, s.momentum), step);
+    keep(b, buf, step);
   }
   b.update(p, b.sub(p, b.mul(wide(lr), step)));
   return b.status();
 }
 
 }  // namespace
+
+ValueId round_to(graph::Builder& b, ValueId x, DType dtype) {
+  return dtype == DType::f32 ? x : b.cast(b.cast(x, dtype), DType::f32);
+}
 
 Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const ValueId> params,
                                         std::span<const ValueId> grads, const OptimizerOptions& options) {
@@ -98,6 +119,11 @@ Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const Value
   if (params.size() != grads.size())
     return Status::invalid_argument(fn + ": grads", std::to_string(params.size()) + " (one per parameter)",
                                     std::to_string(grads.size()));
+  for (const auto& [what, dtype] : {std::pair{"gradient_dtype", options.gradient_dtype},
+                                    {"first_order_dtype", options.first_order_dtype},
+                                    {"second_order_dtype", options.second_order_dtype}})
+    if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16)
+      return Status::invalid_argument(fn + ": " + what, "f32, f16 or bf16", std::string(dtype_name(dtype)));
   const graph::Graph& g = b.graph();
   OptimizerGraph out;
   out.lr = b.input(kLrName, DType::f32, Shape{});
@@ -151,16 +177,17 @@ Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const Value
     if (out.grad_scale.valid()) scale.push_back(out.grad_scale);
     if (options.kind == OptimizerKind::rmsprop) {
       ASPEN_RETURN_IF_ERROR(append_rmsprop_step(b, params[i], grads[i], name, lr, out.grad_scale,
-                                                {alpha, eps, decay, momentum, options.centered}));
+                                                {alpha, eps, decay, momentum, options.centered,
+                                                 options.first_order_dtype, options.second_order_dtype}));
       ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context(fn + ": parameter '" + name + "'"));
       continue;
     }
     if (options.kind == OptimizerKind::sgd) {
       std::vector<ValueId> in = {params[i], grads[i]};
-      ValueId buf;
+      State buf;
       if (momentum != 0.0) {
-        buf = b.parameter(momentum_buffer_name(name), type.dtype, type.shape);
-        in.push_back(buf);
+        buf = state(b, momentum_buffer_name(name), type, options.first_order_dtype);
+        in.push_back(buf.value);
       }
       in.push_back(lr);
       in.insert(in.end(), scale.begin(), scale.end());
@@ -170,11 +197,11 @@ Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const Value
                                      {"nesterov", int64_t(options.nesterov)}});
       ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context(fn + ": parameter '" + name + "'"));
       b.update(params[i], r[0]);
-      if (buf.valid()) b.update(buf, r[1]);
+      if (buf.stored.valid()) keep(b, buf, r[1]);
       continue;
     }
-    const ValueId m = b.parameter(exp_avg_name(name), type.dtype, type.shape);
-    const ValueId v = b.parameter(exp_avg_sq_name(name), type.dtype, type.shape);
+    const State m = state(b, exp_avg_name(name), type, options.first_order_dtype);
+    const State v = state(b, exp_avg_sq_name(name), type, options.second_order_dtype);
     ValueId grad = grads[i];
     if (options.kind == OptimizerKind::adamw && options.l2_weight_decay && decay != 0.0) {
       // torch.optim.Adam's weight decay: added to the (unscaled) gradient before the moments, not decoupled.
@@ -182,7 +209,7 @@ Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const Value
       scale.clear();
       decay = 0.0;
     }
-    std::vector<ValueId> in = {params[i], grad, m, v, lr, out.step};
+    std::vector<ValueId> in = {params[i], grad, m.value, v.value, lr, out.step};
     in.insert(in.end(), scale.begin(), scale.end());
     std::vector<ValueId> r = b.op(options.kind == OptimizerKind::lamb ? OpKind::lamb : OpKind::adamw, std::move(in),
                                   {{"beta1", beta1},
@@ -191,8 +218,8 @@ Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const Value
                                    {"weight_decay", decay}});
     ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context(fn + ": parameter '" + name + "'"));
     b.update(params[i], r[0]);
-    b.update(m, r[1]);
-    b.update(v, r[2]);
+    keep(b, m, r[1]);
+    keep(b, v, r[2]);
   }
   ASPEN_RETURN_IF_ERROR(b.status());
   return out;

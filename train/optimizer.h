@@ -13,6 +13,7 @@
 //   "optimizer.exp_avg.<param>"      like the parameter (m), zeros at the start (AdamW, LAMB)
 //   "optimizer.exp_avg_sq.<param>"   like the parameter (v), zeros at the start (AdamW, LAMB)
 //   "optimizer.momentum_buffer.<param>"  SGD with momentum > 0 (PyTorch's name)
+// (f32, or the f16 / bf16 of OptimizerOptions::first_order_dtype and second_order_dtype)
 // and the learning rate is an input, "optimizer.lr" f32[], so a schedule is a
 // stream of values (one per device iteration), never a recompile.
 //
@@ -72,6 +73,16 @@ struct OptimizerOptions {
   // weight_decay is applied as it is (no_decay does not apply to it). A parameter in two groups is an
   // InvalidArgument; names of parameters this update does not step (another shard's) are ignored.
   std::vector<ParamGroup> groups = {};
+  // PopTorch's accum_type: the dtype gradients are rounded to (nearest even) as each micro-batch makes them, and
+  // their sum over micro-batches after every addition (train/program.h): f32 (no rounding), f16 or bf16. The
+  // accumulators stay f32 buffers holding values of that dtype: the numbers of a half-precision accumulation,
+  // not its memory.
+  DType gradient_dtype = DType::f32;
+  // PopTorch's first_order_momentum_accum_type (SGD: velocity_accum_type) and second_order_momentum_accum_type:
+  // the dtype the first-order state (exp_avg; SGD's and RMSprop's momentum_buffer, RMSprop's grad_avg) and the
+  // second-order state (exp_avg_sq, RMSprop's square_avg) are kept in: f32, or f16 / bf16 in half the memory.
+  // The update reads the state widened to f32 and keeps its new value rounded to nearest even.
+  DType first_order_dtype = DType::f32, second_order_dtype = DType::f32;
   // Record the input "optimizer.grad_scale" f32[] that multiplies every
   // gradient first (1/loss_scale times the clipping factor); else 1.
   bool grad_scale_input = false;
@@ -98,6 +109,9 @@ Result<OptimizerGraph> append_optimizer(graph::Builder& b, std::span<const graph
 // non-parameter, or bad hyper-parameters: a Status naming it.
 Result<OptimizerGraph> append_adamw(graph::Builder& b, std::span<const graph::ValueId> params,
                                     std::span<const graph::ValueId> grads, const AdamWOptions& options);
+
+// `x` rounded to `dtype` (nearest even) and widened back to f32: x itself for f32 (gradient_dtype's rounding).
+graph::ValueId round_to(graph::Builder& b, graph::ValueId x, DType dtype);
 
 // The names of the optimizer state of parameter `name`.
 std::string exp_avg_name(const std::string& name);

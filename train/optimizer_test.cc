@@ -10,6 +10,7 @@
 #include "graph/interpreter.h"
 #include "graph/verify.h"
 #include "kernels/adamw.h"
+#include "kernels/optimizers.h"
 #include "runtime/session.h"
 
 namespace aspen::train {
@@ -228,6 +229,71 @@ TEST(AdamW, OneStepMatchesTheKernel) {
   const Tensor got = std::move((*session)->get_parameter("p")).value();
   for (int i = 0; i < 11; ++i) EXPECT_EQ(got.span<float>()[i], param[size_t(i)]) << i;
   EXPECT_EQ((*session)->get_parameter(kStepName)->span<float>()[0], 2.0f);
+}
+
+// Optimizer state in half precision (PopTorch's first_order_momentum_accum_type / second_order_..., velocity_
+// accum_type): kept in its dtype, and each step equals the f32 kernel's on the widened state with the new state
+// rounded to nearest even, bitwise. Gradient rounding (gradient_dtype) is round_to: f32 -> dtype -> f32.
+TEST(Optimizers, HalfPrecisionStateIsKeptRoundedToItsType) {
+  auto round = [](std::vector<float>& x, DType t) {
+    for (float& e : x) e = t == DType::f16 ? f16_to_f32(f32_to_f16(e)) : bf16_to_f32(f32_to_bf16(e));
+  };
+  for (OptimizerKind kind : {OptimizerKind::adamw, OptimizerKind::sgd}) {
+    SCOPED_TRACE(optimizer_kind_name(kind));
+    Graph g;
+    Builder b(g);
+    ValueId p = b.parameter("p", DType::f32, {13});
+    ValueId grad = b.input("g", DType::f32, {13});
+    OptimizerOptions o;
+    o.kind = kind;
+    o.momentum = 0.9;
+    o.first_order_dtype = DType::f16, o.second_order_dtype = DType::bf16;
+    ASSERT_TRUE(append_optimizer(b, std::vector<ValueId>{p}, std::vector<ValueId>{grad}, o).is_ok());
+    auto exe = compiler::compile(g);
+    ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+    auto session = runtime::Session::create(std::move(exe).value(), {.threads = 1});
+    ASSERT_TRUE(session.is_ok());
+    Tensor p0 = random_tensor({13}, 7);
+    ASSERT_TRUE((*session)->set_parameter("p", p0).is_ok());
+    Tensor lr(DType::f32, Shape{});
+    lr.span<float>()[0] = 1e-2f;
+    std::vector<float> param(p0.span<float>().begin(), p0.span<float>().end()), m(13), v(13);
+    for (int step = 1; step <= 3; ++step) {
+      Tensor g0 = random_tensor({13}, 8 + uint64_t(step), -1e-3f, 1e-3f);
+      ASSERT_TRUE((*session)->run({{"g", &g0}, {kLrName, &lr}}).is_ok());
+      if (kind == OptimizerKind::adamw) {
+        kernels::AdamWConfig c;
+        c.lr = double(1e-2f), c.step = step;
+        ASSERT_TRUE(kernels::adamw_step(param, g0.span<float>(), m, v, 13, c).is_ok());
+        round(v, DType::bf16);
+      } else {
+        kernels::SgdConfig c;
+        c.lr = double(1e-2f), c.momentum = 0.9, c.weight_decay = 1e-2;
+        ASSERT_TRUE(kernels::sgd_step(param, g0.span<float>(), m, 13, c).is_ok());
+      }
+      round(m, DType::f16);
+    }
+    const Tensor got = std::move((*session)->get_parameter("p")).value();
+    for (int i = 0; i < 13; ++i) EXPECT_EQ(got.span<float>()[i], param[size_t(i)]) << i;
+    const std::string first = kind == OptimizerKind::adamw ? exp_avg_name("p") : momentum_buffer_name("p");
+    const Tensor mt = std::move((*session)->get_parameter(first)).value();
+    ASSERT_EQ(mt.dtype(), DType::f16);
+    for (int i = 0; i < 13; ++i) EXPECT_EQ(f16_to_f32(mt.span<f16>()[i]), m[size_t(i)]) << i;
+    if (kind == OptimizerKind::adamw) {
+      const Tensor vt = std::move((*session)->get_parameter(exp_avg_sq_name("p"))).value();
+      ASSERT_EQ(vt.dtype(), DType::bf16);
+      for (int i = 0; i < 13; ++i) EXPECT_EQ(bf16_to_f32(vt.span<bf16>()[i]), v[size_t(i)]) << i;
+    }
+  }
+  // Another dtype is named.
+  Graph g;
+  Builder b(g);
+  ValueId p = b.parameter("p", DType::f32, {4});
+  OptimizerOptions o;
+  o.first_order_dtype = DType::i32;
+  auto r = append_optimizer(b, std::vector<ValueId>{p}, std::vector<ValueId>{b.input("g", DType::f32, {4})}, o);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().subject(), "append_adamw: first_order_dtype") << r.status().to_string();
 }
 
 // Parameter groups: each group's parameters step with its own settings and its share of the learning rate,

@@ -346,6 +346,7 @@ Result<Graph> stage_backward(const PipelineSplit& split, int s, const std::vecto
       wrt_edges.push_back(e);
     }
   ASPEN_ASSIGN_OR_RETURN(std::vector<ValueId> grads, graph::append_gradients(g, objective, wrt));
+  ASPEN_RETURN_IF_ERROR(round_gradients(g, std::span(grads).first(wrt_params.size()), o.optimizer.gradient_dtype));
   Tensor zero_index(DType::i32, Shape{});
   zero_index.data<int32_t>()[0] = 0;
   const ValueId zero = b.constant(std::move(zero_index));
@@ -354,7 +355,7 @@ Result<Graph> stage_backward(const PipelineSplit& split, int s, const std::vecto
     const ValueId acc = b.parameter(stage_accumulator(wrt_params[i], s, owner.at(wrt_params[i])), t.dtype, t.shape);
     ValueId value;
     if (!first) {
-      value = b.add(acc, grads[i]);
+      value = round_to(b, b.add(acc, grads[i]), o.optimizer.gradient_dtype);
     } else if (t.shape.rank() == 0) {
       value = grads[i];
     } else {

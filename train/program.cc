@@ -52,6 +52,17 @@ struct Differentiated {
   std::vector<ValueId> params, grads;
 };
 
+}  // namespace
+
+Status round_gradients(Graph& g, std::span<ValueId> grads, DType dtype) {
+  if (dtype == DType::f32) return Status();
+  Builder b(g);
+  for (ValueId& v : grads) v = round_to(b, v, dtype);
+  return b.status();
+}
+
+namespace {
+
 Result<Differentiated> differentiate(const Graph& forward, const ProgramOptions& o) {
   ASPEN_ASSIGN_OR_RETURN(Graph kept, loss_and(forward, o.loss, o.outputs));
   Differentiated d{std::move(kept), {}, {}};
@@ -76,6 +87,7 @@ Result<Differentiated> differentiate(const Graph& forward, const ProgramOptions&
     ASPEN_RETURN_IF_ERROR(b.status());
   }
   ASPEN_ASSIGN_OR_RETURN(d.grads, graph::append_gradients(d.g, objective, d.params));
+  ASPEN_RETURN_IF_ERROR(round_gradients(d.g, d.grads, o.optimizer.gradient_dtype));
   return d;
 }
 
@@ -86,7 +98,7 @@ std::vector<std::string> names_of(const Graph& g, const std::vector<ValueId>& pa
 }
 
 // Adds the accumulators and their updates: acc = g (first) or acc + g.
-Status accumulate(Differentiated& d, bool first) {
+Status accumulate(Differentiated& d, bool first, const ProgramOptions& o) {
   Builder b(d.g);
   Tensor zero_index(DType::i32, Shape{});
   zero_index.data<int32_t>()[0] = 0;
@@ -97,7 +109,7 @@ Status accumulate(Differentiated& d, bool first) {
     const ValueId acc = b.parameter(grad_accumulator_name(name), t.dtype, t.shape);
     ValueId value;
     if (!first) {
-      value = b.add(acc, d.grads[i]);
+      value = round_to(b, b.add(acc, d.grads[i]), o.optimizer.gradient_dtype);
     } else if (t.shape.rank() == 0) {  // write_slice needs an axis; a scalar is copied in
       value = d.grads[i];
     } else {
@@ -155,14 +167,14 @@ Result<TrainingPrograms> build_training_programs(const Graph& forward, const Pro
   }
   {
     ASPEN_ASSIGN_OR_RETURN(Differentiated d, differentiate(forward, o));
-    ASPEN_RETURN_IF_ERROR(accumulate(d, /*first=*/true));
+    ASPEN_RETURN_IF_ERROR(accumulate(d, /*first=*/true, o));
     out.params = names_of(d.g, d.params);
     out.micro_first = int(out.graphs.size());
     out.graphs.push_back(std::move(d.g));
   }
   if (o.gradient_accumulation > 1) {
     ASPEN_ASSIGN_OR_RETURN(Differentiated d, differentiate(forward, o));
-    ASPEN_RETURN_IF_ERROR(accumulate(d, /*first=*/false));
+    ASPEN_RETURN_IF_ERROR(accumulate(d, /*first=*/false, o));
     out.micro_next = int(out.graphs.size());
     out.graphs.push_back(std::move(d.g));
   }

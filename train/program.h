@@ -40,6 +40,7 @@
 // Thread-safety: pure function of its arguments.
 #pragma once
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -79,6 +80,10 @@ struct ProgramOptions {
   // data-parallel replicas each update one (ZeRO-1's division of the work).
   int shards = 1;
 };
+
+// Each of `grads` (values of `g`) replaced by itself rounded to `dtype` (OptimizerOptions::gradient_dtype,
+// PopTorch's accum_type; f32: left as they are).
+Status round_gradients(graph::Graph& g, std::span<graph::ValueId> grads, DType dtype);
 
 struct TrainingPrograms {
   std::vector<graph::Graph> graphs;  // the programs, in the order the indices below name

@@ -472,14 +472,11 @@ Result<Tensor> Runner::get_full(const std::string& name) const {
   if (spread()) {
     const Tensor* mine = session_->parameter_of(0, name);
     if (!mine) return not_a_parameter(name);
-    if (mine->dtype() != DType::f32)
-      return Status::invalid_argument("parameter '" + name + "'", "f32 (gathered over the tensor shards)",
-                                      std::string(dtype_name(mine->dtype())));
-    std::vector<float> all(size_t(mine->numel() * T));
-    ASPEN_RETURN_IF_ERROR(tensor_comms_[0]->all_gather(mine->raw(), all.data(), mine->numel(), DType::f32));
+    std::vector<char> all(mine->nbytes() * size_t(T));
+    ASPEN_RETURN_IF_ERROR(tensor_comms_[0]->all_gather(mine->raw(), all.data(), mine->numel(), mine->dtype()));
     for (int r = 0; r < T; ++r) {
-      Tensor part(DType::f32, mine->shape());
-      std::copy_n(all.data() + size_t(r) * size_t(mine->numel()), mine->numel(), part.data<float>());
+      Tensor part(mine->dtype(), mine->shape());
+      if (part.nbytes()) std::memcpy(part.raw(), all.data() + size_t(r) * part.nbytes(), part.nbytes());
       gathered.push_back(std::move(part));
     }
     for (const Tensor& t : gathered) parts.push_back(&t);
@@ -504,13 +501,39 @@ std::pair<DType, Shape> Runner::full_type(const std::string& name, const std::pa
   return {shard.first, s};
 }
 
+namespace {
+
+// A float tensor (f32, f16, bf16) in another of those dtypes, rounded to nearest even.
+Tensor converted(const Tensor& t, DType to) {
+  Tensor out(to, t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float x = t.dtype() == DType::f32 ? t.data<float>()[i]
+                    : t.dtype() == DType::f16 ? f16_to_f32(t.data<f16>()[i])
+                                              : bf16_to_f32(t.data<bf16>()[i]);
+    if (to == DType::f32) out.data<float>()[i] = x;
+    else if (to == DType::f16) out.data<f16>()[i] = f32_to_f16(x);
+    else out.data<bf16>()[i] = f32_to_bf16(x);
+  }
+  return out;
+}
+
+}  // namespace
+
 Status Runner::copy_optimizer_state_to_device(const std::map<std::string, const Tensor*>& state) {
+  const std::map<std::string, std::pair<DType, Shape>> types = optimizer_state_types();
   for (const auto& [name, t] : state) {
     if (!t) return Status::invalid_argument("optimizer state '" + name + "'", "a tensor", "a null pointer");
     if (!has_prefix(name, train::kOptimizerPrefix))
       return Status::invalid_argument("optimizer state '" + name + "'", "a name starting 'optimizer.'", "another name");
     // ZeRO-1: another process's shard is not kept here.
     if (zero_ && state_types_.count(name) && !session_->parameter_of(0, name)) continue;
+    // State saved in another float type (a checkpoint of f32 state into f16 state, or the f32 a bf16 array
+    // reaches Python in) is converted to the type this model keeps it in, rounded to nearest even.
+    if (auto it = types.find(name); it != types.end() && it->second.first != t->dtype() &&
+                                    is_float(it->second.first) && is_float(t->dtype())) {
+      ASPEN_RETURN_IF_ERROR(set_full(name, converted(*t, it->second.first)));
+      continue;
+    }
     ASPEN_RETURN_IF_ERROR(set_full(name, *t));
   }
   return Status();
@@ -527,6 +550,7 @@ Result<std::map<std::string, Tensor>> Runner::copy_weights_to_host() const {
   return out;
 }
 
+
 Result<std::map<std::string, Tensor>> Runner::copy_optimizer_state_to_host() const {
   if (spread() && pipe_) return gather_spread_pipeline(/*weights=*/false);
   std::map<std::string, Tensor> out;
@@ -538,11 +562,13 @@ Result<std::map<std::string, Tensor>> Runner::copy_optimizer_state_to_host() con
   if (!zero_) return out;
   // ZeRO-1: every shard's state from the process that keeps it (a collective:
   // every process calls this, in the same order).
+  // State kept in half precision (OptimizerOptions::first_order_dtype) goes through f32 copies: widening is exact.
   const int L = session_->replicas();
   for (size_t k = 0; k < shard_state_.size(); ++k) {
     const int root = int(k) / L;
     std::vector<float*> ptrs;
     std::vector<int64_t> counts;
+    std::map<std::string, Tensor> wide;
     for (const std::string& name : shard_state_[k]) {
       auto it = out.find(name);
       if (it == out.end()) {
@@ -550,10 +576,15 @@ Result<std::map<std::string, Tensor>> Runner::copy_optimizer_state_to_host() con
         ASPEN_ASSIGN_OR_RETURN(Tensor t, Tensor::make(dtype, shape));
         it = out.emplace(name, std::move(t)).first;
       }
-      ptrs.push_back(it->second.data<float>());
-      counts.push_back(it->second.numel());
+      Tensor* t = &it->second;
+      if (t->dtype() != DType::f32) {
+        t = &wide.insert_or_assign(name, converted(*t, DType::f32)).first->second;
+      }
+      ptrs.push_back(t->data<float>());
+      counts.push_back(t->numel());
     }
     ASPEN_RETURN_IF_ERROR(dp_->broadcast_from(int(k) % L, ptrs, counts, root));
+    for (auto& [name, w] : wide) out.insert_or_assign(name, converted(w, out.at(name).dtype()));
   }
   return out;
 }

@@ -34,9 +34,6 @@ int Runner::holding_stage(const std::string& name) const {
 Result<std::map<std::string, Tensor>> Runner::gather_spread_pipeline(bool weights) const {
   std::map<std::string, Tensor> out;
   for (const auto& [name, type] : weights ? weight_types() : optimizer_state_types()) {
-    if (type.first != DType::f32)
-      return Status::invalid_argument("'" + name + "' (gathered from its pipeline stage)", "f32",
-                                      std::string(dtype_name(type.first)));
     Tensor t(type.first, type.second);
     const int root = holding_stage(name);
     if (coord_of(0).pipe == root) {  // (tensor shards: gathered from the stage's shards first)
@@ -44,7 +41,7 @@ Result<std::map<std::string, Tensor>> Runner::gather_spread_pipeline(bool weight
       ASPEN_CHECK(whole.nbytes() == t.nbytes());
       if (t.nbytes()) std::memcpy(t.raw(), whole.raw(), t.nbytes());
     }
-    ASPEN_RETURN_IF_ERROR(pipe_group_->broadcast(t.raw(), t.numel(), DType::f32, root));
+    ASPEN_RETURN_IF_ERROR(pipe_group_->broadcast(t.raw(), t.numel(), t.dtype(), root));
     out.emplace(name, std::move(t));
   }
   return out;

@@ -5,11 +5,11 @@ rate without recompiling); a training model runs their update with aspen's rules
 PopTorch's arguments:
 - loss_scaling: a static loss scale (1.0 or None: none);
 - max_grad_norm: clip the global gradient norm (inf or None: no clipping);
-- accum_type, velocity_accum_type, first_order_momentum_accum_type, second_order_momentum_accum_type:
-  float32 (aspen keeps optimizer state in f32); float16 state, which would round differently, is refused by
-  name;
+- accum_type (the type gradients are rounded to and accumulated in), velocity_accum_type /
+  first_order_momentum_accum_type and second_order_momentum_accum_type (the types the optimizer state is kept
+  in): torch.float32, torch.float16 or torch.bfloat16, as aspen.optim takes them;
 - velocity_scaling, use_combined_accum: how an IPU keeps its fp16 velocity in range and where it
-  accumulates; with f32 state they change nothing (accepted);
+  accumulates; with an f32 velocity they change nothing (accepted); a scaled half velocity is refused;
 - LAMB's max_weight_norm: PopTorch's default (65500) only.
 Arguments given as None take torch's defaults, as in PopTorch.
 """
@@ -20,12 +20,10 @@ __all__ = ["SGD", "Adam", "AdamW", "RMSprop", "LAMB"]
 
 
 def _state_type(name, dtype):
-    if dtype is None or dtype in (torch.float32, torch.float):
-        return
-    if dtype in (torch.float16, torch.half, torch.bfloat16):
-        raise NotImplementedError(f"aspen.poptorch.optim: {name}={dtype}: aspen keeps optimizer state in float32 "
-                                  "(half state would round the updates differently); pass torch.float32 or None")
-    raise ValueError(f"aspen.poptorch.optim: {name}: expected torch.float32 or torch.float16, found {dtype!r}")
+    if dtype is None or dtype in (torch.float32, torch.float16, torch.bfloat16):
+        return dtype
+    raise ValueError(f"aspen.poptorch.optim: {name}: expected torch.float32, torch.float16 or torch.bfloat16, "
+                     f"found {dtype!r}")
 
 
 def _given(**kw):
@@ -34,8 +32,7 @@ def _given(**kw):
 
 class _PopTorchArgs:
     def _poptorch(self, loss_scaling, max_grad_norm, **types):
-        for k, v in types.items():
-            _state_type(k, v)
+        self.accum_types = {k: _state_type(k, v) for k, v in types.items() if v is not None}
         self.loss_scaling = loss_scaling
         self.max_grad_norm = max_grad_norm
 
@@ -48,6 +45,10 @@ class SGD(torch.optim.SGD, _PopTorchArgs):
                                                  nesterov=nesterov, maximize=maximize, foreach=foreach,
                                                  differentiable=differentiable))
         self._poptorch(loss_scaling, max_grad_norm, accum_type=accum_type, velocity_accum_type=velocity_accum_type)
+        if velocity_scaling not in (None, 1.0) and velocity_accum_type in (torch.float16, torch.bfloat16):
+            raise NotImplementedError(f"aspen.poptorch.optim.SGD: velocity_scaling {velocity_scaling} with a "
+                                      f"{velocity_accum_type} velocity is not supported (aspen keeps the velocity "
+                                      "unscaled, which rounds it differently); leave velocity_scaling at 1.0")
         self.velocity_scaling = velocity_scaling
         self.use_combined_accum = use_combined_accum
 

@@ -346,6 +346,28 @@ class _Model:
     def _compile(self, arrays):
         raise NotImplementedError
 
+    def _compile_for(self, arrays):
+        """Compiles for these inputs (kept for attachToDevice, which compiles for their shapes again)."""
+        self._compile(arrays)
+        self._attach_example = dict(arrays)
+
+    def isAttachedToDevice(self):
+        """Whether the model holds its compiled program (False after detachFromDevice until it is attached or
+        called again)."""
+        return self._program is not None
+
+    def attachToDevice(self):
+        """After detachFromDevice: compiles again now, for the shapes it last ran with, with the weights and
+        optimizer state it had (the next call would do it otherwise)."""
+        if self._program is not None:
+            raise RuntimeError("attachToDevice: expected a model detached from its device (detachFromDevice), "
+                               "found it attached")
+        example = getattr(self, "_attach_example", None)
+        if example is None:
+            raise RuntimeError("attachToDevice: expected a model compiled before, found one never compiled (call "
+                               "it, or compile(), first)")
+        self._compile_for(example)
+
     def isCompiled(self):
         return self._program is not None
 
@@ -387,7 +409,7 @@ class InferenceModel(_Model):
         if _TRAINERS:
             self._follow_trainers()
         if self._program is None:
-            self._compile(arrays)
+            self._compile_for(arrays)
         out = self._program.run(self._source.feeds(arrays))
         return self._source.outputs(out, framework)
 
@@ -412,7 +434,7 @@ class InferenceModel(_Model):
     def compile(self, *args, **kwargs):
         """Compiles for these inputs' shapes without running."""
         arrays, _ = self._bind(args, kwargs)
-        self._compile(arrays)
+        self._compile_for(arrays)
 
     def _compile(self, arrays):
         if isinstance(self._source, _HfDirectory):
@@ -514,7 +536,7 @@ class TrainingModel(_Model):
         arrays, framework = self._bind(args, kwargs)
         arrays = self._synthetic(arrays)
         if self._program is None:
-            self._compile(arrays)
+            self._compile_for(arrays)
         ran = self._program.run(self._source.feeds(arrays))
         out = ran["loss"]
         self._calls += 1
@@ -531,7 +553,7 @@ class TrainingModel(_Model):
 
     def compile(self, *args, **kwargs):
         arrays, _ = self._bind(args, kwargs)
-        self._compile(arrays)
+        self._compile_for(arrays)
 
     # NOTE [training outputs]: a torch module's training call returns what its forward returns, as PopTorch's
     # does (`output, loss = model(x, y)`): the program outputs each of forward's other outputs for every

@@ -18,6 +18,12 @@ taken too: `from_torch` reads its groups' settings. The update rules are torch.o
 decay and bias correction, SGD with momentum, Nesterov and L2 weight decay, RMSprop (alpha, momentum,
 centered, L2 weight decay); LAMB is You et al.'s (what
 poptorch.optim.LAMB runs). `loss_scaling`: a static loss scale for f16 compute, or "dynamic".
+
+PopTorch's types (torch.float32 or None, torch.float16, torch.bfloat16): `accum_type`, the type gradients are
+rounded to and summed in over micro-batches (train::OptimizerOptions::gradient_dtype: the rounding of a half
+precision accumulation, in f32 buffers); `first_order_momentum_accum_type` (SGD: `velocity_accum_type`) and
+`second_order_momentum_accum_type`, the types the optimizer state is kept in (half the memory; the update
+widens it to f32 and rounds its new value to nearest even). The state's names and types are in the checkpoint.
 """
 
 from . import _check
@@ -33,6 +39,20 @@ def _number(name, v, low=0.0):
 def _fraction(name, v):
     """A number in [0, 1): a beta, a momentum (what the update rules take, graph/ops_optim.cc)."""
     return _check.real(name, v, 0, 1, high_open=True)
+
+
+def _state_type(name, dtype):
+    """A PopTorch accumulation type (torch.float32 / float16 / bfloat16, their names, or None: float32) as the
+    C++ side's "f32" / "f16" / "bf16"."""
+    if dtype is None:
+        return "f32"
+    key = str(dtype).rsplit(".", 1)[-1]
+    key = {"float": "float32", "half": "float16"}.get(key, key)
+    known = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+    if key not in known:
+        raise ValueError(f"{name}: expected torch.float32, torch.float16, torch.bfloat16 or None, found "
+                         f"{_check.found(dtype)}")
+    return known[key]
 
 
 def _params(params, group=False):
@@ -55,7 +75,13 @@ class Optimizer:
     kind = ""
     _group_keys = ()  # the settings a parameter group may have of its own, besides "params" and "lr"
 
-    def __init__(self, params, lr, loss_scaling, max_grad_norm=None):
+    def __init__(self, params, lr, loss_scaling, max_grad_norm=None, accum_type=None,
+                 first_order_momentum_accum_type=None, second_order_momentum_accum_type=None):
+        self.accum_type = _state_type("accum_type", accum_type)
+        self.first_order_momentum_accum_type = _state_type("first_order_momentum_accum_type",
+                                                           first_order_momentum_accum_type)
+        self.second_order_momentum_accum_type = _state_type("second_order_momentum_accum_type",
+                                                            second_order_momentum_accum_type)
         groups = _params(params)
         self._groups = None  # the parameter groups' own settings (NOTE [parameter groups]), or None
         lrs = [_number("lr", lr)]
@@ -139,6 +165,10 @@ class Optimizer:
             s["loss_scaling"] = float(self.loss_scaling)
         if self.max_grad_norm is not None:
             s["clip_grad_norm"] = float(self.max_grad_norm)
+        for key, t in (("gradient_dtype", self.accum_type), ("first_order_dtype", self.first_order_momentum_accum_type),
+                       ("second_order_dtype", self.second_order_momentum_accum_type)):
+            if t != "f32":
+                s[key] = t
         return s
 
     def _rule(self, own=None):
@@ -166,8 +196,8 @@ class SGD(Optimizer):
     kind = "sgd"
 
     def __init__(self, params, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-                 loss_scaling=None, max_grad_norm=None):
-        super().__init__(params, lr, loss_scaling, max_grad_norm)
+                 loss_scaling=None, max_grad_norm=None, accum_type=None, velocity_accum_type=None):
+        super().__init__(params, lr, loss_scaling, max_grad_norm, accum_type, velocity_accum_type)
         if _number("dampening", dampening) != 0:
             raise NotImplementedError(f"aspen.optim.SGD: dampening {dampening!r} is not supported (0 only)")
         self.momentum = _fraction("momentum", momentum)
@@ -192,8 +222,10 @@ class AdamW(Optimizer):
     kind = "adamw"
 
     def __init__(self, params, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01, amsgrad=False,
-                 loss_scaling=None, max_grad_norm=None):
-        super().__init__(params, lr, loss_scaling, max_grad_norm)
+                 loss_scaling=None, max_grad_norm=None, accum_type=None, first_order_momentum_accum_type=None,
+                 second_order_momentum_accum_type=None):
+        super().__init__(params, lr, loss_scaling, max_grad_norm, accum_type, first_order_momentum_accum_type,
+                         second_order_momentum_accum_type)
         if _check.boolean("amsgrad", amsgrad):
             raise NotImplementedError("aspen.optim.AdamW: amsgrad is not supported")
         if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
@@ -220,8 +252,10 @@ class Adam(AdamW):
     moments (train::OptimizerOptions::l2_weight_decay) instead of decoupled."""
 
     def __init__(self, params, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0, amsgrad=False,
-                 loss_scaling=None, max_grad_norm=None):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, loss_scaling, max_grad_norm)
+                 loss_scaling=None, max_grad_norm=None, accum_type=None, first_order_momentum_accum_type=None,
+                 second_order_momentum_accum_type=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, loss_scaling, max_grad_norm, accum_type,
+                         first_order_momentum_accum_type, second_order_momentum_accum_type)
 
     def _rule(self, own=None):
         return dict(super()._rule(own), l2_weight_decay=True)
@@ -233,8 +267,10 @@ class RMSprop(Optimizer):
     kind = "rmsprop"
 
     def __init__(self, params, lr=0.01, alpha=0.99, eps=1e-08, weight_decay=0.0, momentum=0.0, centered=False,
-                 loss_scaling=None, max_grad_norm=None):
-        super().__init__(params, lr, loss_scaling, max_grad_norm)
+                 loss_scaling=None, max_grad_norm=None, accum_type=None, first_order_momentum_accum_type=None,
+                 second_order_momentum_accum_type=None):
+        super().__init__(params, lr, loss_scaling, max_grad_norm, accum_type, first_order_momentum_accum_type,
+                         second_order_momentum_accum_type)
         self.alpha = _fraction("alpha", alpha)
         self.eps = _number("eps", eps)
         self.weight_decay = _number("weight_decay", weight_decay)
@@ -257,8 +293,10 @@ class LAMB(AdamW):
     kind = "lamb"
 
     def __init__(self, params, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01, loss_scaling=None,
-                 max_grad_norm=None):
-        super().__init__(params, lr, betas, eps, weight_decay, False, loss_scaling, max_grad_norm)
+                 max_grad_norm=None, accum_type=None, first_order_momentum_accum_type=None,
+                 second_order_momentum_accum_type=None):
+        super().__init__(params, lr, betas, eps, weight_decay, False, loss_scaling, max_grad_norm, accum_type,
+                         first_order_momentum_accum_type, second_order_momentum_accum_type)
 
 
 def from_torch(opt):
@@ -279,6 +317,10 @@ def from_torch(opt):
     extra = {"loss_scaling": getattr(opt, "loss_scaling", None), "max_grad_norm": getattr(opt, "max_grad_norm", None)}
     if extra["loss_scaling"] == 1.0:
         extra["loss_scaling"] = None  # PopTorch's default: no scaling
+    types = getattr(opt, "accum_types", {})  # aspen.poptorch.optim's (PopTorch's accum_type, ...)
+    extra["accum_type"] = types.get("accum_type")
+    first = types.get("first_order_momentum_accum_type", types.get("velocity_accum_type"))
+    second = types.get("second_order_momentum_accum_type")
 
     def own(keys):
         return [dict({k: grp[k] for k in keys + ("initial_lr",) if k in grp}, params=list(grp["params"]), lr=grp["lr"])
@@ -292,7 +334,9 @@ def from_torch(opt):
                 raise NotImplementedError(f"{kind}: param_groups[{k}]: nesterov {grp.get('nesterov')}: expected "
                                           f"the first group's ({g.get('nesterov', False)}): one rule for all groups")
         return SGD(own(("momentum", "weight_decay")), lr=g["lr"], momentum=g.get("momentum", 0.0),
-                   weight_decay=g.get("weight_decay", 0.0), nesterov=g.get("nesterov", False), **extra)
+                   weight_decay=g.get("weight_decay", 0.0), nesterov=g.get("nesterov", False),
+                   velocity_accum_type=first, **extra)
+    extra.update(first_order_momentum_accum_type=first, second_order_momentum_accum_type=second)
     if isinstance(opt, torch.optim.Adam):  # torch's AdamW is an Adam with decoupled weight decay
         if getattr(opt, "bias_correction", True) is False:
             raise NotImplementedError(f"{kind}: bias_correction=False is not supported (aspen's AdamW corrects)")

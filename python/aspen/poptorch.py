@@ -10,8 +10,8 @@ identity_loss, and the host weights kept in sync with the training model (NOTE [
 model.py); a training call returns what forward returns (NOTE [training outputs], model.py); Block,
 BeginBlock, BlockFunction and the execution strategies split a training model into pipeline stages (NOTE
 [blocks in the export], _blocks.py); Precision.halfFloatCasting and HalfFloatCastingBehavior (NOTE [half float
-casting], _torch.py); Precision.enableStochasticRounding; parameter groups. Not yet: float16 optimizer state
-(accum_type=torch.float16), refused by name, never ignored.
+casting], _torch.py); Precision.enableStochasticRounding; parameter groups; PopTorch's accumulation and state
+types (accum_type, first/second_order_momentum_accum_type, velocity_accum_type: aspen.optim).
 Anchored tensors: Options.anchorTensor with "Gradient___<parameter>" / "UpdatedVar___<parameter>",
 getTensorNames, getAnchoredTensor (the last step's values).
 """

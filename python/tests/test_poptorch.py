@@ -183,12 +183,112 @@ def test_a_scheduler_drives_the_learning_rate_through_set_optimizer():
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+def _rounded_adam_losses(model, batches, accumulation, lr, grad_t, first_t, second_t, wd=0.01, b1=0.9, b2=0.999,
+                         eps=1e-8):
+    """torch.optim.AdamW's rule by hand, with PopTorch's types: each micro-batch's gradient rounded to grad_t and
+    their sum rounded after every addition; the moments kept in first_t and second_t."""
+    params = list(model.parameters())
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    losses = []
+    for step in range(1, len(batches) // accumulation + 1):
+        acc = [None] * len(params)
+        for x, y in batches[(step - 1) * accumulation:step * accumulation]:
+            model.zero_grad()
+            loss = model(x, y)
+            loss.backward()
+            losses.append(loss.item())
+            for i, p in enumerate(params):
+                g = p.grad.to(grad_t).float()
+                acc[i] = g if acc[i] is None else (acc[i] + g).to(grad_t).float()
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                g = acc[i] / accumulation
+                m[i] = (b1 * m[i] + (1 - b1) * g).to(first_t).float()
+                v[i] = (b2 * v[i] + (1 - b2) * g * g).to(second_t).float()
+                p.mul_(1 - lr * wd)
+                denom = (v[i] / (1 - b2 ** step)).sqrt() + eps
+                p.sub_(lr / (1 - b1 ** step) * m[i] / denom)
+    return losses
+
+
+@pytest.mark.parametrize("accumulation", [1, 3])
+def test_half_accumulation_and_state_types_train_as_rounded_torch(accumulation):
+    """PopTorch's accum_type (gradients rounded and summed in float16), first_order_momentum_accum_type float16
+    and second_order_momentum_accum_type bfloat16: against AdamW by hand with the same rounding; the state is
+    kept in its types (half the memory), and the rounding is not a no-op (float32 types train differently)."""
+    batches = _batches(6)
+    ref = _Classifier()
+    want = _rounded_adam_losses(ref, batches, accumulation, 0.01, torch.float16, torch.float16, torch.bfloat16)
+    plain = _rounded_adam_losses(_Classifier(), batches, accumulation, 0.01, torch.float32, torch.float32,
+                                 torch.float32)
+    model = _Classifier()
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(accumulation)
+    opt = poptorch.optim.AdamW(model.parameters(), lr=0.01, accum_type=torch.float16,
+                               first_order_momentum_accum_type=torch.float16,
+                               second_order_momentum_accum_type=torch.bfloat16)
+    training = poptorch.trainingModel(model, opts, opt)
+    got = []
+    for k in range(0, len(batches), accumulation):
+        if k == len(batches) // 2:  # the state leaves the device and comes back in its types
+            state = training._program.optimizer_state()
+            assert {str(a.dtype) for n, a in state.items() if "exp_avg." in n} == {"float16"}
+            second = [a for n, a in state.items() if "exp_avg_sq." in n]  # bf16 reaches numpy as float32
+            assert second and all((a.view(np.uint32) & 0xFFFF == 0).all() for a in second)
+            training.detachFromDevice()
+            training.attachToDevice()
+        chunk = batches[k:k + accumulation]
+        out = training(torch.cat([x for x, _ in chunk]), torch.cat([y for _, y in chunk]))
+        got.append(float(out))  # the step's loss: the mean over its micro-batches
+    want = np.asarray(want).reshape(-1, accumulation).mean(axis=1)
+    np.testing.assert_allclose(got, want, rtol=2e-5)
+    assert max(abs(a - b) for a, b in zip(want, plain)) > 1e-6  # the rounding shows
+
+
+@pytest.mark.parametrize("accumulation", [1, 3])
+def test_half_accumulation_rounds_each_gradient_and_each_sum(accumulation):
+    """accum_type float16 with plain SGD (lr 1: the weights move by the gradient itself): one step equals the
+    float16 sum by hand; an f32 sum, or rounding only at the end, moves most weights differently. Up to rare
+    ties of the float16 rounding that f32 ordering differences flip (an element in a thousand)."""
+    batches = _batches(accumulation)
+
+    def reference(grad_t, round_each=True):
+        ref = _Classifier()
+        acc = None
+        for x, y in batches:
+            ref.zero_grad()
+            ref(x, y).backward()
+            g = [p.grad.to(grad_t).float() for p in ref.parameters()]
+            acc = g if acc is None else [(a + b).to(grad_t).float() if round_each else a + b for a, b in zip(acc, g)]
+        with torch.no_grad():
+            return torch.cat([(p - a.to(grad_t).float() / accumulation).flatten()
+                              for p, a in zip(ref.parameters(), acc)])
+
+    model = _Classifier()
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(accumulation)
+    training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=1.0,
+                                                                       accum_type=torch.float16))
+    training(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))
+    training.copyWeightsToHost()
+    got = torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    def differing(want):
+        return float(((got - want).abs() > 1e-7 * (1 + want.abs())).float().mean())
+
+    assert differing(reference(torch.float16)) < 2e-3
+    assert differing(reference(torch.float32)) > 0.3
+    if accumulation > 1:
+        assert differing(reference(torch.float16, round_each=False)) > 0.02
+
+
 def test_optimizers_aspen_cannot_follow_are_refused_by_name():
     m = _Classifier()
     with pytest.raises(NotImplementedError, match="the others have no update rule"):
         poptorch.trainingModel(m, optimizer=torch.optim.Adagrad(m.parameters(), lr=0.01))
-    with pytest.raises(NotImplementedError, match="accum_type=torch.float16: aspen keeps optimizer state in float32"):
-        poptorch.optim.AdamW(m.parameters(), lr=0.01, accum_type=torch.float16)
+    with pytest.raises(ValueError, match="accum_type: expected torch.float32, torch.float16 or torch.bfloat16"):
+        poptorch.optim.AdamW(m.parameters(), lr=0.01, accum_type=torch.int32)
     groups = [{"params": m.net[0].parameters()}, {"params": m.net[2].parameters(), "lr": 0.1, "dampening": 0.5}]
     with pytest.raises(NotImplementedError, match=r"param_groups\[1\]: dampening 0.5 is not supported"):
         poptorch.trainingModel(m, optimizer=torch.optim.SGD(groups, lr=0.01))
