@@ -188,32 +188,43 @@ TEST(DataParallelMpi, Bf16CompressionKeepsRanksIdentical) {
 // ZeRO-1 across processes: the same bits as keeping the whole state everywhere
 // (each tensor's update is the same op on the same reduced gradient, then
 // copied), the whole state gathered for a checkpoint, and each process keeping
-// only its shards' state.
+// only its shards' state; also with the state kept in f16 and bf16 (PopTorch's
+// first/second_order_momentum_accum_type), gathered in its types.
 TEST(DataParallelMpi, ShardedOptimizerStateEqualsTheWholeState) {
   const int P = parallel::mpi_world_size();
-  std::map<std::string, Tensor> w[2], state[2];
-  size_t kept[2] = {0, 0};
-  for (int zero = 0; zero < 2; ++zero) {
-    TrainingOptions t = clipped_adamw();
-    t.data_parallel.shard_optimizer_state = zero == 1;
-    t.data_parallel.bucket_bytes = 8192;
-    Options dp;
-    dp.threads(1).replication_factor(local_replicas()).mpi(true);
-    std::unique_ptr<TrainingModel> model;
-    w[zero] = train_weights(dp, t, kReplicas, 3, nullptr, P, &model);
-    ASSERT_TRUE(model);
-    EXPECT_EQ(model->optimizer_state_sharded(), zero == 1);
-    auto st = model->copy_optimizer_state_to_host();  // collective with ZeRO-1
-    ASSERT_TRUE(st.is_ok()) << st.status().to_string();
-    state[zero] = std::move(st).value();
-    for (const compiler::Binding& b : model->session().parameters()) kept[zero] += b.name.starts_with("optimizer.");
-    EXPECT_EQ(model->optimizer_state_types().size(), state[zero].size());
+  for (bool half : {false, true}) {
+    SCOPED_TRACE(half ? "f16 / bf16 state" : "f32 state");
+    std::map<std::string, Tensor> w[2], state[2];
+    size_t kept[2] = {0, 0};
+    for (int zero = 0; zero < 2; ++zero) {
+      TrainingOptions t = clipped_adamw();
+      t.data_parallel.shard_optimizer_state = zero == 1;
+      t.data_parallel.bucket_bytes = 8192;
+      if (half) t.optimizer.first_order_dtype = DType::f16, t.optimizer.second_order_dtype = DType::bf16;
+      Options dp;
+      dp.threads(1).replication_factor(local_replicas()).mpi(true);
+      std::unique_ptr<TrainingModel> model;
+      w[zero] = train_weights(dp, t, kReplicas, 3, nullptr, P, &model);
+      ASSERT_TRUE(model);
+      EXPECT_EQ(model->optimizer_state_sharded(), zero == 1);
+      auto st = model->copy_optimizer_state_to_host();  // collective with ZeRO-1
+      ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+      state[zero] = std::move(st).value();
+      for (const compiler::Binding& b : model->session().parameters()) kept[zero] += b.name.starts_with("optimizer.");
+      EXPECT_EQ(model->optimizer_state_types().size(), state[zero].size());
+      for (const auto& [name, st_t] : state[zero]) {
+        const DType want = !half || name == train::kStepName ? DType::f32
+                           : name.starts_with("optimizer.exp_avg_sq.") ? DType::bf16
+                                                                        : DType::f16;
+        EXPECT_EQ(st_t.dtype(), want) << name;
+      }
+    }
+    ASSERT_FALSE(w[0].empty() || w[1].empty());
+    EXPECT_TRUE(bitwise_equal(w[1], w[0]));
+    EXPECT_TRUE(bitwise_equal(state[1], state[0]));
+    EXPECT_LT(kept[1], kept[0]);  // this process keeps its shards only
+    expect_same_on_every_rank(w[1]);
   }
-  ASSERT_FALSE(w[0].empty() || w[1].empty());
-  EXPECT_TRUE(bitwise_equal(w[1], w[0]));
-  EXPECT_TRUE(bitwise_equal(state[1], state[0]));
-  EXPECT_LT(kept[1], kept[0]);  // this process keeps its shards only
-  expect_same_on_every_rank(w[1]);
 }
 
 // Top-k with error feedback: sending every entry (ratio 1) is the plain sum up

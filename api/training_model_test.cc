@@ -498,6 +498,64 @@ TEST(Pipeline, StagesEqualOneDeviceWithAccumulation) {
 }
 
 
+// PopTorch's state types (moments in f16 and bf16) in the layouts of one process: pipeline stages and
+// replicas keep the state in its types and train as one device does (replicas: the same bits; stages: up to the
+// f32 order of additions that the half rounding then shows, an ulp of f16 in a moment); the state leaves a pipeline in its types and loads into
+// one device. (Half gradients, accum_type, are not compared across layouts: where the rounding happens decides
+// which of this model's tiny gradients underflow, which Adam's normalisation turns into 1e-2 of a weight;
+// python/tests/test_poptorch.py checks them on one device.)
+TEST(Pipeline, HalfPrecisionStateInEveryLayout) {
+  ASSERT_TRUE(kCores);
+  TrainingOptions base = dp_adamw();
+  base.optimizer.first_order_dtype = DType::f16, base.optimizer.second_order_dtype = DType::bf16;
+  Options one;
+  one.threads(1).gradient_accumulation(4);
+  std::unique_ptr<TrainingModel> m1;
+  const auto w1 = train_weights(one, base, 4, 5, nullptr, 1, &m1);
+  const auto f32_weights = train_weights(one, dp_adamw(), 4, 5);
+  ASSERT_TRUE(m1);
+  EXPECT_GT(max_rel_diff(w1, f32_weights), 1e-6);  // the types are not a no-op
+  TrainingOptions piped = base;
+  piped.pipeline = {2, train::PipelineSchedule::one_f_one_b};
+  std::unique_ptr<TrainingModel> mp;
+  const auto wp = train_weights(one, piped, 4, 5, nullptr, 1, &mp);
+  ASSERT_FALSE(w1.empty() || wp.empty());
+  ASSERT_TRUE(mp);
+  EXPECT_LT(max_rel_diff(wp, w1), 1e-4);
+  // Two replicas reduce what one device accumulating two micro-batches adds, in the same order: the same bits.
+  Options one2, dp2;
+  one2.threads(1).gradient_accumulation(2);
+  dp2.threads(1).replication_factor(2);
+  const auto w2 = train_weights(one2, base, 4, 5), wd = train_weights(dp2, base, 4, 5);
+  ASSERT_FALSE(w2.empty() || wd.empty());
+  EXPECT_TRUE(bitwise_equal(wd, w2)) << max_rel_diff(wd, w2);
+  auto state = mp->copy_optimizer_state_to_host();
+  ASSERT_TRUE(state.is_ok()) << state.status().to_string();
+  for (const auto& [name, t] : *state)
+    EXPECT_EQ(t.dtype(), name == train::kStepName ? DType::f32
+                         : name.starts_with("optimizer.exp_avg_sq.") ? DType::bf16
+                                                                      : DType::f16)
+        << name;
+  std::map<std::string, const Tensor*> in;
+  for (const auto& [name, t] : *state) in[name] = &t;
+  EXPECT_TRUE(m1->copy_optimizer_state_to_device(in).is_ok());
+  // f32 state (a checkpoint of another run) loads converted to the half types.
+  auto wide = std::move(m1->copy_optimizer_state_to_host()).value();
+  std::map<std::string, Tensor> f32_state;
+  for (const auto& [name, t] : wide) {
+    Tensor w(DType::f32, t.shape());
+    for (int64_t i = 0; i < t.numel(); ++i)
+      w.data<float>()[i] = t.dtype() == DType::f32 ? t.data<float>()[i]
+                           : t.dtype() == DType::f16 ? f16_to_f32(t.data<f16>()[i])
+                                                     : bf16_to_f32(t.data<bf16>()[i]);
+    f32_state.emplace(name, std::move(w));
+  }
+  in.clear();
+  for (const auto& [name, t] : f32_state) in[name] = &t;
+  ASSERT_TRUE(m1->copy_optimizer_state_to_device(in).is_ok());
+  EXPECT_TRUE(bitwise_equal(std::move(m1->copy_optimizer_state_to_host()).value(), wide));
+}
+
 // Data parallel x pipeline: 2 replicas of 2 stages (4 devices) with 2
 // micro-batches each take the micro-batches one device accumulating 4 takes.
 TEST(Pipeline, ReplicasOfAPipelineEqualOneDevice) {
