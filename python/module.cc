@@ -302,6 +302,8 @@ api::TrainingOptions training_from(const nb::dict& d) {
       }
     } else if (key == "pipeline_stages") {
       t.pipeline.stages = nb::cast<int>(v);
+    } else if (key == "stage_begins") {
+      // the import's (OnnxProgram: models::OnnxImportOptions::stage_begins)
     } else if (key == "pipeline_schedule") {
       const std::string s = nb::cast<std::string>(v);
       auto parsed = train::parse_pipeline_schedule(s);
@@ -351,6 +353,8 @@ class OnnxProgram {
       }
       o.input_shapes[name] = shape;
     }
+    if (training && training->contains("stage_begins"))  // Options.setPipelineStages of an ONNX file
+      o.stage_begins = nb::cast<std::vector<std::string>>((*training)["stage_begins"]);
     if (trained) {
       const std::set<std::string> keep(trained->begin(), trained->end());
       std::set<std::string> have;

@@ -51,6 +51,21 @@ class KerasSource(Source):
     def describe(self):
         return f"Keras model '{self.model.name}' (converted by tf2onnx)"
 
+    def cut(self, begins):
+        """Options.setPipelineStages by layer names (NOTE [keras stages])."""
+        index = {layer.name: i for i, layer in enumerate(self.model.layers)}
+        at = []
+        for k, b in enumerate(begins):
+            if b not in index:
+                raise ValueError(f"setPipelineStages: begins[{k}]: expected a layer of Keras model "
+                                 f"{self.model.name} ({', '.join(index)}), found '{b}'")
+            if at and index[b] <= at[-1]:
+                raise ValueError(f"setPipelineStages: begins[{k}]: expected a layer after '{begins[k - 1]}' "
+                                 f"(stages in the model's order), found '{b}'")
+            at.append(index[b])
+        self._cut = list(begins)
+        return {}
+
     @staticmethod
     def _input_name(t, i):
         name = getattr(t, "name", None) or f"input_{i}"
@@ -86,6 +101,8 @@ class KerasSource(Source):
                 for v, o in zip(variables, originals):
                     v.assign(o)
         self.output_names = [o.name for o in proto.graph.output]
+        if training and getattr(self, "_cut", None):
+            self._tag_stages(proto)
         if training:
             self._split_lstm_biases(proto)  # NOTE [keras lstm weights]
             by_bytes = {}
@@ -118,6 +135,35 @@ class KerasSource(Source):
         with open(path, "wb") as f:
             f.write(proto.SerializeToString())
         return path
+
+    def _tag_stages(self, proto):
+        """NOTE [keras stages] tf2onnx names each node by the name scopes it was traced in, among them its
+        layer's ("functional_1/dense_2_1/MatMul": Keras 3 adds a suffix to each layer's scope). A node takes the
+        stage of the last layer its name shows, by model.layers' order and the cut's first layers; a node
+        showing none (a cast at an input) takes the stage before it. The stages reach the importer as each
+        node's "aspen.stage" metadata, as aspen.poptorch's blocks do (train/pipeline.h)."""
+        index = {layer.name: i for i, layer in enumerate(self.model.layers)}
+        begin_at = [index[b] for b in self._cut]
+        parts = [n.name.split("/") for n in proto.graph.node]
+
+        def layers_of(components, suffix):
+            return [c[:len(c) - len(suffix)] for c in components
+                    if c.endswith(suffix) and c[:len(c) - len(suffix)] in index]
+        # The exporter's suffix: the one under which the most nodes show a layer.
+        suffix = max(("", "_1", "_2"), key=lambda suf: sum(bool(layers_of(p, suf)) for p in parts))
+        stage, used = 0, set()
+        for node, components in zip(proto.graph.node, parts):
+            mine = layers_of(components, suffix)
+            if mine:
+                stage = sum(1 for b in begin_at if b <= index[mine[-1]])
+            used.add(stage)
+            node.metadata_props.add(key="aspen.stage", value=str(stage))
+        for k in range(len(self._cut) + 1):
+            if k not in used:
+                where = "before '" + self._cut[0] + "'" if k == 0 else "from '" + self._cut[k - 1] + "'"
+                raise ValueError(f"setPipelineStages: stage {k} ({where}) of Keras model {self.model.name}: "
+                                 "expected layers that compute something, found no node of the converted model "
+                                 "in it")
 
     def compiled_loss(self):
         """The model's compiled loss as aspen's kind: cross_entropy or mse (None otherwise)."""

@@ -46,6 +46,13 @@ class Source:
         """The program's options (the dict Options._resolved gives) as this source needs them."""
         return options
 
+    def cut(self, begins):
+        """Options.setPipelineStages: the training dict's additions (python/module.cc training_from) that cut the
+        program into stages beginning at `begins`; a source that cannot be cut so raises, naming itself."""
+        raise NotImplementedError(f"setPipelineStages: {self.describe() or 'this model'} cannot be cut by names "
+                                  "(an ONNX file by node-name prefixes, a Keras model by layer names; a torch "
+                                  "module by aspen.poptorch's Block / BeginBlock)")
+
     def feeds(self, arrays):
         """The program's inputs from the call's arrays."""
         return arrays

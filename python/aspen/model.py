@@ -114,6 +114,9 @@ class _OnnxFile(Source):
     def loss_output(self):
         return "loss" if "loss" in self.output_names else None
 
+    def cut(self, begins):
+        return {"stage_begins": list(begins)}  # the importer finds them (an unmatched prefix is named there)
+
 
 
 def _int32(name, a):
@@ -599,12 +602,19 @@ class TrainingModel(_Model):
         if strategy is not None and not hasattr(self._source, "stages"):
             raise NotImplementedError(f"setExecutionStrategy: blocks of a torch module's forward make the stages; "
                                       f"{self._source.describe()} has none")
+        cut = self._options._pipeline
+        if cut is not None and hasattr(self._source, "stages"):
+            raise NotImplementedError("setPipelineStages: a torch module's stages are its blocks: use "
+                                      "aspen.poptorch.Block / BeginBlock and setExecutionStrategy")
+        if cut is not None:
+            training.update(self._source.cut(cut[0]))
         path = self._export(example, training=True, loss_kind=self._loss.get("kind"))
         options = self._source.resolve_options(self._options._resolved(True))
-        stages = getattr(self._source, "stages", 1)
+        stages = getattr(self._source, "stages", 1) if cut is None else len(cut[0]) + 1
         if stages > 1:  # NOTE [blocks in the export]: a device per stage
             training["pipeline_stages"] = stages
-            training["pipeline_schedule"] = (strategy.schedule if strategy is not None else "1f1b")
+            training["pipeline_schedule"] = (strategy.schedule if strategy is not None else
+                                             cut[1] if cut is not None else "1f1b")
             if not self._options._values.get("threads"):  # NOTE [python cores]: the cores shared by the stages
                 from . import CPUS
                 options["threads"] = max(1, CPUS // (self._options.replication_factor * stages))

@@ -238,6 +238,7 @@ class Options:
         object.__setattr__(self, "Jit", _Jit(self))
         object.__setattr__(self, "_anchors", {})
         object.__setattr__(self, "_strategy", None)
+        object.__setattr__(self, "_pipeline", None)  # setPipelineStages: (begins, schedule)
         object.__setattr__(self, "_half_casting", HalfFloatCastingBehavior.Default)  # the package's, not the engine's
 
     def anchorTensor(self, short_name, long_name, output_mode=None, output_return_period=1):
@@ -265,6 +266,23 @@ class Options:
             raise TypeError(f"setExecutionStrategy: expected aspen.poptorch.PipelinedExecution, ShardedExecution or "
                             f"SerialPhasedExecution, found {type(strategy).__name__}")
         object.__setattr__(self, "_strategy", strategy)
+        return self
+
+    def setPipelineStages(self, begins, schedule="1f1b"):
+        """A training model of an ONNX file or a Keras model cut into pipeline stages, each on a device of its
+        own (a torch module's are its Blocks: setExecutionStrategy). Stage k >= 1 begins at begins[k - 1]: for an
+        ONNX file, the first node (after the stage before) whose name starts with it
+        (models::OnnxImportOptions::stage_begins); for a Keras model, the layer of that name (model.layers'
+        order: every later layer is in the stage too, or a later one). `schedule`: "1f1b" (PopTorch's
+        PipelinedExecution) or "gpipe" (its ShardedExecution's numbers). The micro-batches of gradient
+        accumulation flow through the stages; inference runs the whole model."""
+        begins = _check.strings("setPipelineStages: begins", begins)
+        if not begins:
+            raise ValueError("setPipelineStages: begins: expected at least one name (where stage 1 begins), found "
+                             "none")
+        if schedule not in ("1f1b", "gpipe"):
+            raise ValueError(f"setPipelineStages: schedule: expected '1f1b' or 'gpipe', found {_check.found(schedule)}")
+        object.__setattr__(self, "_pipeline", (tuple(begins), schedule))
         return self
 
     def _anchors_gradients(self):

@@ -89,6 +89,42 @@ def test_training_equals_train_on_batch(kind):
         assert_close(v.numpy(), r.numpy(), atol=2e-5, rtol=1e-4, what=v.path)
 
 
+def test_layer_ranges_become_pipeline_stages():
+    """Options.setPipelineStages by Keras layer names (NOTE [keras stages]): the encoder cut before its first
+    Dense layer trains as one device accumulating the same micro-batches, and its variables come back to the
+    Keras model; a name that is no layer, and stages out of order, are named."""
+    data = batches("encoder", 4, batch=8)
+
+    def run(begins=None):
+        model = encoder()
+        opts = aspen.Options()
+        opts.Training.gradientAccumulation(4)
+        if begins:
+            opts.setPipelineStages(begins(model))
+        training = aspen.trainingModel(model, opts, optimizer=aspen.optim.SGD(model.trainable_variables, lr=0.05,
+                                                                              momentum=0.9), loss="cross_entropy")
+        losses = [float(training(x, y)) for x, y in data]
+        training.copyWeightsToHost()
+        return losses, [v.numpy() for v in model.trainable_variables], training._program.pipeline_stages
+
+    def first_dense(model):
+        return [next(layer.name for layer in model.layers if isinstance(layer, keras.layers.Dense))]
+    want, w_want, one = run()
+    got, w_got, stages = run(first_dense)
+    assert (one, stages) == (1, 2)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    for a, b in zip(w_got, w_want):
+        assert_close(a, b, atol=1e-5, rtol=1e-5)
+    model = encoder()
+    with pytest.raises(ValueError, match=r"begins\[0\]: expected a layer of Keras model .*found 'nope'"):
+        aspen.trainingModel(model, aspen.Options().setPipelineStages(["nope"]),
+                            optimizer=aspen.optim.SGD(None, lr=0.1), loss="cross_entropy")(*data[0])
+    names = [layer.name for layer in model.layers]
+    with pytest.raises(ValueError, match=r"begins\[1\]: expected a layer after"):
+        aspen.trainingModel(model, aspen.Options().setPipelineStages([names[3], names[2]]),
+                            optimizer=aspen.optim.SGD(None, lr=0.1), loss="cross_entropy")(*data[0])
+
+
 def test_a_variable_tf2onnx_computes_from_is_refused_by_name():
     """tf2onnx folds a BatchNormalization after a Conv2D into the convolution's weights at conversion: a
     tensor computed from the variables, which aspen cannot train through, and says which (NOTE [keras

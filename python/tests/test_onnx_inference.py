@@ -185,6 +185,40 @@ def test_detach_keeps_the_training_of_an_onnx_file(testdata):
         np.testing.assert_array_equal(got_weights[name], want_weights[name], err_msg=name)
 
 
+def test_an_onnx_file_cut_by_node_names_trains_as_one_device(testdata):
+    """Options.setPipelineStages of an ONNX file (models::OnnxImportOptions::stage_begins): stages beginning at
+    node-name prefixes, the micro-batches of gradient accumulation flowing through them, train as one device
+    accumulating them; a prefix no node has is named."""
+    rng = np.random.default_rng(1)
+    batches = [(rng.standard_normal((8, 12)).astype(np.float32), rng.standard_normal((8, 5)).astype(np.float32))
+               for _ in range(4)]
+    path = str(testdata / "onnx" / "mlp_ts" / "model.onnx")
+
+    def run(begins=None, schedule="1f1b"):
+        opts = aspen.Options()
+        opts.Training.gradientAccumulation(4)
+        if begins:
+            opts.setPipelineStages(begins, schedule=schedule)
+        training = aspen.trainingModel(path, opts, optimizer=aspen.optim.SGD(None, lr=0.05, momentum=0.9), loss="mse")
+        losses = [float(training(x, y)) for x, y in batches]
+        return losses, training.weights(), training._program.pipeline_stages
+
+    want, w_want, one = run()
+    assert one == 1
+    for begins, schedule in ((["/norm"], "1f1b"), (["/Add", "/fc2"], "gpipe")):
+        got, w_got, stages = run(begins, schedule)
+        assert stages == len(begins) + 1
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        for name in w_want:
+            np.testing.assert_allclose(w_got[name], w_want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    with pytest.raises(ValueError, match="/fc3"):
+        run(["/fc3"])
+    with pytest.raises(ValueError, match="setPipelineStages: schedule: expected '1f1b' or 'gpipe'"):
+        aspen.Options().setPipelineStages(["/norm"], schedule="interleaved")
+    with pytest.raises(ValueError, match="setPipelineStages: begins: expected a list of str"):
+        aspen.Options().setPipelineStages("/norm")
+
+
 def test_option_values_are_refused_by_the_setter_that_took_them(testdata, tmp_path):
     """Values once taken and failing later (std::bad_cast at the first call, bool("false") taken as True,
     C++ option names in the message, a thread team's core count): each is now refused by the setter, or at
