@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 
+#include "compiler/pass.h"
 #include "graph/autodiff.h"
 #include "graph/builder.h"
 
@@ -269,6 +270,17 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
     const int32_t k = g.add_node(std::move(copy), types);
     for (size_t o = 0; o < old_out.size(); ++o) mapped[size_t(s)][old_out[o].index] = g.node(k).outputs[o];
   }
+  // The run-time seed (dropout's, and stochastic rounding's of each stage's parameter casts: NOTE [stochastic
+  // cast]) reaches every stage: the same micro-batch's seed everywhere, so a stage's backward program, which
+  // recomputes its forward, draws what its forward drew.
+  if (auto seed = fwd.find_input(compiler::kRandomSeedInput))
+    for (PipelineStage& st : split.stages)
+      if (std::find(st.inputs.begin(), st.inputs.end(), compiler::kRandomSeedInput) == st.inputs.end()) {
+        Builder b(st.forward);
+        b.input(compiler::kRandomSeedInput, fwd.type(*seed).dtype, fwd.type(*seed).shape);
+        ASPEN_RETURN_IF_ERROR(b.status());
+        st.inputs.push_back(compiler::kRandomSeedInput);
+      }
   // Each edge is an output of its producing stage.
   for (size_t e = 0; e < split.edges.size(); ++e) {
     const PipelineEdge& edge = split.edges[e];

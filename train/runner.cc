@@ -61,11 +61,10 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
                          "whole layers on each device of a process (replicas, pipeline stages; no tensor shards "
                          "or model across processes)",
                          "a layout that splits the model so");
-  if (options.compile.stochastic_rounding && (training.pipeline.stages > 1 || options.tensor_parallel > 1))
+  if (options.compile.stochastic_rounding && options.tensor_parallel > 1)
     return Status::error(Code::kUnimplemented, "training: stochastic rounding",
-                         "whole layers on each device (replicas; no pipeline stages or tensor shards)",
-                         std::to_string(training.pipeline.stages) + " stages, " +
-                             std::to_string(options.tensor_parallel) + " tensor shards");
+                         "whole layers on each device (replicas, pipeline stages; no tensor shards)",
+                         std::to_string(options.tensor_parallel) + " tensor shards");
   const int local = int(options.replication_factor);
   const bool data_parallel = local > 1 || options.mpi;
   const int tp = int(options.tensor_parallel);

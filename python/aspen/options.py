@@ -149,7 +149,8 @@ class _Precision(_Section):
         stochastically in training (each micro-batch from its own seed, each parameter on its own stream:
         unbiased, so updates smaller than a half ulp still move the copy on average; reproducible with
         Options.randomSeed). NOTE [stochastic cast] in graph/ops_elementwise.cc. Inference and validation round
-        to nearest; with float32 compute nothing is rounded. Not with pipeline stages (refused by name)."""
+        to nearest; with float32 compute nothing is rounded. Pipeline stages each take the micro-batch's seed
+        (the same rounding as one device); not with tensor shards (refused by name)."""
         if _check.boolean("Precision.enableStochasticRounding", enabled):
             self._owner._values["stochastic_rounding"] = True
         else:

@@ -187,16 +187,30 @@ def test_blocks_by_ipu_share_a_stage():
     assert training._program.pipeline_stages == 2
 
 
-def test_stochastic_rounding_with_stages_is_refused_by_name():
-    x, y = _data(4)
-    opts = poptorch.Options().setExecutionStrategy(poptorch.PipelinedExecution("one", "two", "three"))
-    opts.Precision.setComputeType(torch.half)
-    opts.Precision.enableStochasticRounding(True)
-    model = _Staged("block")
-    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
-    with pytest.raises(NotImplementedError, match="training: stochastic rounding: expected whole layers on each "
-                                                  "device"):
-        training(x, y)
+def test_stochastic_rounding_through_pipeline_stages_equals_one_device():
+    """Precision.enableStochasticRounding with stages: every stage takes the micro-batch's seed (its backward's
+    recomputed forward draws what its forward drew), so three stages round as one stage does; off, the losses
+    differ."""
+    x, y = _data(16)
+
+    def run(stages, stochastic=True):
+        opts = poptorch.Options().randomSeed(5)
+        opts.Training.gradientAccumulation(4)
+        strategy = (poptorch.PipelinedExecution("one", "two", "three") if stages == 3 else
+                    poptorch.PipelinedExecution(poptorch.Stage("one", "two", "three")))
+        opts.setExecutionStrategy(strategy)
+        opts.Precision.setComputeType(torch.half)
+        opts.Precision.enableStochasticRounding(stochastic)
+        model = _Staged("block")
+        training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+        losses = [float(training(x, y)[1]) for _ in range(4)]
+        assert training._program.pipeline_stages == stages
+        return losses
+
+    one, three = run(1), run(3)
+    np.testing.assert_allclose(three, one, rtol=1e-6)  # another seed moves them by 1e-5
+    nearest = run(3, stochastic=False)
+    assert max(abs(a - b) for a, b in zip(nearest, three)) > 1e-5
 
 
 def test_unnamed_blocks_and_a_strategy_without_blocks():
