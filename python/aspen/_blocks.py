@@ -217,7 +217,9 @@ def stages_of(blocks, strategy):
         return stage
     auto = strategy.auto if strategy is not None else AutoStage.SameAsIpu
     if auto is AutoStage.SameAsIpu and blocks and all(b.ipu is not None for b in blocks):
-        ipus = sorted({b.ipu for b in blocks})
+        # The ops before the first block run on IPU 0, as PopTorch places them: its stage (tag_stages drops
+        # a stage no op runs on).
+        ipus = sorted({0} | {b.ipu for b in blocks})
         return {b.name: ipus.index(b.ipu) for b in blocks}
     return {name: k for k, name in enumerate(names)}
 
@@ -283,8 +285,10 @@ def name_scopes(value):
 
 def tag_stages(model, stage_of_block):
     """In a loaded ONNX model, the blocks' scopes become "aspen.stage" metadata (the other nodes take the
-    stage before them)."""
+    stage before them; the ops before the first block stage 0). Stages no node runs on are dropped, the others
+    numbered from 0 in order; returns how many there are."""
     stage = 0
+    tags = []
     for n in model.graph.node:
         block = None
         for p in n.metadata_props:
@@ -306,4 +310,8 @@ def tag_stages(model, stage_of_block):
                                  f"eager run before it ({', '.join(stage_of_block)}): a forward must enter the same "
                                  "blocks on every call")
             stage = stage_of_block[block]
-        n.metadata_props.add(key="aspen.stage", value=str(stage))
+        tags.append(n.metadata_props.add(key="aspen.stage", value=str(stage)))
+    used = sorted({int(t.value) for t in tags})
+    for t in tags:
+        t.value = str(used.index(int(t.value)))
+    return len(used)

@@ -235,8 +235,7 @@ class TorchSource(Source):
                 import onnx
                 model = onnx.load(path)
                 if stage_of_block:
-                    _blocks.tag_stages(model, stage_of_block)
-                    self.stages = len(set(stage_of_block.values()))
+                    self.stages = _blocks.tag_stages(model, stage_of_block)
                 if norms:
                     with torch.no_grad():
                         for n, b in module.named_buffers():

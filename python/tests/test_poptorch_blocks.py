@@ -261,3 +261,35 @@ def test_unnamed_blocks_and_a_strategy_without_blocks():
     with pytest.raises(ValueError, match=r"PipelinedExecution: expected a forward that enters the blocks its stages "
                                          r"name \(one, two\), found no block"):
         poptorch.trainingModel(m, opts, torch.optim.SGD(m.parameters(), lr=0.1))(x, y)
+
+
+def test_ops_before_the_first_block_run_on_ipu_0():
+    """PopTorch places the layers before the first BeginBlock on IPU 0: with the only block on IPU 1 they make
+    stage 0 of two, which trains as one device accumulating the same micro-batches."""
+    class Tail(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(4)
+            self.fc1 = torch.nn.Linear(12, 16)
+            self.fc2 = poptorch.BeginBlock(torch.nn.Linear(16, 5), "tail", ipu_id=1)
+
+        def forward(self, x, labels):
+            out = self.fc2(self.fc1(x).relu())
+            return out, torch.nn.functional.cross_entropy(out, labels)
+
+    g = torch.Generator().manual_seed(9)
+    x, y = torch.randn(16, 12, generator=g), torch.randint(0, 5, (16,), generator=g)
+
+    def run(strategy):
+        opts = poptorch.Options()
+        opts.Training.gradientAccumulation(4)
+        if strategy is not None:
+            opts.setExecutionStrategy(strategy)
+        model = Tail()
+        training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+        return [float(training(x, y)[1]) for _ in range(3)], training._program.pipeline_stages
+
+    piped, stages = run(None)
+    one, single = run(poptorch.PipelinedExecution(poptorch.Stage("tail")))
+    assert (stages, single) == (2, 1)
+    np.testing.assert_allclose(piped, one, rtol=1e-6)
