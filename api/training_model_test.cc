@@ -556,6 +556,28 @@ TEST(Pipeline, HalfPrecisionStateInEveryLayout) {
   EXPECT_TRUE(bitwise_equal(std::move(m1->copy_optimizer_state_to_host()).value(), wide));
 }
 
+// NOTE [stashed activations]: each stage's backward takes the values its forward pass kept ("pipe.saved.*")
+// instead of recomputing them: the same bits as recomputing (TrainingOptions::pipeline.recompute), under both
+// schedules (train/pipeline_test.cc checks the programs).
+TEST(Pipeline, StashedActivationsEqualRecomputingBitwise) {
+  ASSERT_TRUE(kCores);
+  Options one;
+  one.threads(1).gradient_accumulation(4);
+  for (train::PipelineSchedule schedule : {train::PipelineSchedule::gpipe, train::PipelineSchedule::one_f_one_b}) {
+    SCOPED_TRACE(train::pipeline_schedule_name(schedule));
+    TrainingOptions t = dp_adamw();
+    t.pipeline = {3, schedule};
+    std::vector<StepStats> s_stash, s_recompute;
+    const auto stashed = train_weights(one, t, 4, 5, &s_stash);
+    t.pipeline.recompute = true;
+    const auto recomputed = train_weights(one, t, 4, 5, &s_recompute);
+    ASSERT_FALSE(stashed.empty() || recomputed.empty());
+    EXPECT_TRUE(bitwise_equal(stashed, recomputed)) << max_rel_diff(stashed, recomputed);
+    ASSERT_EQ(s_stash.size(), s_recompute.size());
+    for (size_t i = 0; i < s_stash.size(); ++i) EXPECT_EQ(s_stash[i].loss, s_recompute[i].loss) << i;
+  }
+}
+
 // Data parallel x pipeline: 2 replicas of 2 stages (4 devices) with 2
 // micro-batches each take the micro-batches one device accumulating 4 takes.
 TEST(Pipeline, ReplicasOfAPipelineEqualOneDevice) {

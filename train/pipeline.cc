@@ -376,10 +376,77 @@ Result<Graph> stage_backward(const PipelineSplit& split, int s, const std::vecto
     b.update(acc, value);
   }
   for (const auto& [name, v] : st.forward.outputs())  // the edges go (the forward pass sent them)
-    if (!(last && name == o.loss) && !split.output_stage.count(name)) g.remove_output(name);
+    if (o.recompute_stages ? !(last && name == o.loss) && !split.output_stage.count(name) : true)
+      g.remove_output(name);  // (stashed: the forward pass output the loss and the training outputs)
   for (size_t k = 0; k < wrt_edges.size(); ++k)
     b.output(kPipeGradPrefix + std::to_string(wrt_edges[k]), grads[wrt_params.size() + k]);
   ASPEN_RETURN_IF_ERROR(b.status());
+  return g;
+}
+
+// NOTE [stashed activations] A stage's backward program is built from a copy of its forward graph with the
+// gradient nodes appended after it (stage_backward). Unless ProgramOptions::recompute_stages, the forward part
+// is not run again: the values of it that the live gradient nodes read (not the sources: inputs, parameters and
+// constants, which the backward has anyway) become outputs "pipe.saved.<value>" of the stage's forward program,
+// which the runner keeps with the micro-batch's in-edges until its backward, and inputs of the same names in
+// the backward programs, whose forward part then has no use and is dropped at compile. The same numbers as
+// recomputing (the same ops on the same values, random draws included: a dropout's mask is one of the saved
+// values, or its seed is), one forward pass less per micro-batch, and each in-flight micro-batch's saved
+// values held: at most `stages` per stage under 1F1B, every micro-batch under GPipe.
+
+// The forward part's values (nodes below `forward_nodes`, not sources) that the live nodes after it read.
+std::vector<int32_t> saved_values(const Graph& bwd, size_t forward_nodes) {
+  std::vector<char> live_value(size_t(bwd.num_values()), 0);
+  for (ValueId v : bwd.roots()) live_value[size_t(v.index)] = 1;
+  std::vector<char> saved(size_t(bwd.num_values()), 0);
+  for (size_t i = bwd.nodes().size(); i-- > forward_nodes;) {
+    const graph::Node& n = bwd.nodes()[i];
+    bool live = graph::op_has(n.op, graph::kKeep);
+    for (ValueId v : n.outputs) live = live || live_value[size_t(v.index)];
+    if (!live) continue;
+    for (ValueId v : n.inputs) {
+      live_value[size_t(v.index)] = 1;
+      const int32_t p = bwd.value(v).producer;
+      if (size_t(p) < forward_nodes && !is_source(bwd.node(p).op)) saved[size_t(v.index)] = 1;
+    }
+  }
+  std::vector<int32_t> out;
+  for (int32_t v = 0; v < bwd.num_values(); ++v)
+    if (saved[size_t(v)]) out.push_back(v);
+  return out;
+}
+
+std::string saved_name(int32_t value) { return kPipeSavedPrefix + std::to_string(value); }
+
+// `bwd` with the nodes after `forward_nodes` reading each saved value from an input of its name instead (the
+// inputs first: the graph stays in topological order).
+Result<Graph> read_saved(const Graph& bwd, size_t forward_nodes, const std::vector<int32_t>& saved) {
+  Graph g;
+  std::map<int32_t, ValueId> input_of;
+  {
+    Builder b(g);
+    for (int32_t v : saved) {
+      const graph::TensorType t = bwd.type(ValueId{v});
+      input_of.emplace(v, b.input(saved_name(v), t.dtype, t.shape));
+    }
+    ASPEN_RETURN_IF_ERROR(b.status());
+  }
+  std::vector<ValueId> to(size_t(bwd.num_values()));
+  for (size_t i = 0; i < bwd.nodes().size(); ++i) {
+    graph::Node n = bwd.nodes()[i];
+    for (ValueId& v : n.inputs) {
+      auto it = input_of.find(v.index);
+      v = i >= forward_nodes && it != input_of.end() ? it->second : to[size_t(v.index)];
+    }
+    std::vector<graph::TensorType> types;
+    for (ValueId v : n.outputs) types.push_back(bwd.type(v));
+    const std::vector<ValueId> old = n.outputs;
+    n.outputs.clear();
+    const int32_t k = g.add_node(std::move(n), types);
+    for (size_t o = 0; o < old.size(); ++o) to[size_t(old[o].index)] = g.node(k).outputs[o];
+  }
+  for (const auto& [name, v] : bwd.outputs()) g.add_output(name, to[size_t(v.index)]);
+  for (const auto& [name, v] : bwd.updates()) g.add_update(name, to[size_t(v.index)]);
   return g;
 }
 
@@ -429,13 +496,29 @@ Result<PipelinePrograms> build_pipeline_programs(const Graph& forward, int stage
   out.stages.resize(size_t(stages));
   for (int s = 0; s < stages; ++s) {
     PipelinePrograms::Stage& st = out.stages[size_t(s)];
-    st.forward = int(out.graphs.size());
-    out.graphs.push_back(out.split.stages[size_t(s)].forward);
+    Graph forward_program = out.split.stages[size_t(s)].forward;
+    const size_t forward_nodes = forward_program.nodes().size();
     ASPEN_ASSIGN_OR_RETURN(Graph first, stage_backward(out.split, s, out.params, owner, o, true));
+    Graph next;
+    if (o.gradient_accumulation > 1) {
+      ASPEN_ASSIGN_OR_RETURN(next, stage_backward(out.split, s, out.params, owner, o, false));
+    }
+    if (!o.recompute_stages) {  // NOTE [stashed activations]
+      const std::vector<int32_t> saved = saved_values(first, forward_nodes);
+      if (o.gradient_accumulation > 1 && saved_values(next, forward_nodes) != saved)
+        return Status::error(Code::kInternal, "pipeline: stage " + std::to_string(s) + "'s saved values",
+                             "the same for both backward programs", "different ones");
+      for (int32_t v : saved) forward_program.add_output(saved_name(v), ValueId{v});
+      ASPEN_ASSIGN_OR_RETURN(first, read_saved(first, forward_nodes, saved));
+      if (o.gradient_accumulation > 1) {
+        ASPEN_ASSIGN_OR_RETURN(next, read_saved(next, forward_nodes, saved));
+      }
+    }
+    st.forward = int(out.graphs.size());
+    out.graphs.push_back(std::move(forward_program));
     st.backward_first = int(out.graphs.size());
     out.graphs.push_back(std::move(first));
     if (o.gradient_accumulation > 1) {
-      ASPEN_ASSIGN_OR_RETURN(Graph next, stage_backward(out.split, s, out.params, owner, o, false));
       st.backward_next = int(out.graphs.size());
       out.graphs.push_back(std::move(next));
     }

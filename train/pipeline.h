@@ -13,13 +13,15 @@
 // stage t's backward program takes. Inputs, parameters and constants are
 // copied into every stage that uses them. Each stage has
 //   forward          its part of the forward pass (the last stage's outputs
-//                    the loss; running it keeps the stages' work equal, since
-//                    every backward recomputes its stage's forward)
-//   backward_first   recomputes its forward from the inputs it was given
-//   backward_next    (activation recomputation per stage), then accumulates
-//                    its parameters' gradients as train/program.h's micro
-//                    programs do (= g, then += g) and outputs the gradients
-//                    of its input edges; the last stage also outputs the loss
+//                    the loss, each stage its training outputs) and the values
+//                    its backward reads ("pipe.saved.<v>": NOTE [stashed
+//                    activations] in pipeline.cc)
+//   backward_first   takes those values (or, with ProgramOptions::
+//   backward_next    recompute_stages, recomputes its forward from the inputs
+//                    it was given and also outputs the loss and the training
+//                    outputs), then accumulates its parameters' gradients as
+//                    train/program.h's micro programs do (= g, then += g) and
+//                    outputs the gradients of its input edges
 //   norm, step       over the parameters the stage owns (the first stage that
 //                    uses each), like train/program.h's shards
 // A parameter several stages use (GPT-2's tied wte: the embedding and the
@@ -105,6 +107,9 @@ Result<PipelineSplit> split_pipeline(const graph::Graph& forward, int stages, co
                                      const PipelineCut& cut = {});
 
 inline constexpr const char* kPipeGradPrefix = "pipe.grad.";
+// A stage's forward value its backward reads (NOTE [stashed activations] in pipeline.cc): "pipe.saved.<value>",
+// an output of the stage's forward program and an input of its backward programs.
+inline constexpr const char* kPipeSavedPrefix = "pipe.saved.";
 
 struct PipelinePrograms {
   std::vector<graph::Graph> graphs;

@@ -6,7 +6,8 @@
 // kernel runs here. measure_pipeline_costs() times the real programs instead:
 // the forward graph is cut at every narrow point (the finest cut the stages
 // can take), and each piece's forward and backward programs (the backward
-// recomputes the forward, as a stage's does) are compiled with the training
+// as a stage's runs: taking the forward's saved values, or recomputing them
+// with ProgramOptions::recompute_stages) are compiled with the training
 // model's options and run `repeats` times after a warm-up on `threads`
 // threads; a piece's median time is spread over its nodes in proportion to
 // their estimated costs (a cut only falls between pieces, so only the

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "graph/builder.h"
+
 namespace aspen::train {
 namespace {
 
@@ -97,6 +99,46 @@ TEST(PipelineSchedule, EveryPassOnceNoDeadlockAndTheIdealBubble) {
         else
           EXPECT_EQ(in_flight[0], m);  // GPipe keeps every micro-batch's activations
       }
+}
+
+
+// NOTE [stashed activations]: a stage's forward program outputs the values its backward reads, the backward
+// programs take them as inputs ("pipe.saved.<v>") and read nothing else of the forward part; with
+// recompute_stages neither has them.
+TEST(PipelinePrograms, BackwardsTakeTheForwardsSavedValues) {
+  graph::Graph g;
+  graph::Builder b(g);
+  const graph::ValueId x = b.input("x", DType::f32, {4, 6});
+  const graph::ValueId y = b.input("y", DType::f32, {4, 3});
+  const graph::ValueId w1 = b.parameter("w1", DType::f32, {6, 5}), w2 = b.parameter("w2", DType::f32, {5, 3});
+  const graph::ValueId h = b.tanh(b.matmul(x, w1));
+  b.set_stage(1);
+  const graph::ValueId d = b.sub(b.matmul(h, w2), y);
+  b.output("loss", b.reduce_sum(b.mul(d, d), {0, 1}));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recompute" : "stash");
+    ProgramOptions o;
+    o.gradient_accumulation = 2;
+    o.recompute_stages = recompute;
+    auto p = build_pipeline_programs(g, 2, o);
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    for (const PipelinePrograms::Stage& st : p->stages) {
+      size_t outs = 0;
+      for (const auto& [name, v] : p->graphs[size_t(st.forward)].outputs()) outs += name.starts_with(kPipeSavedPrefix);
+      for (int prog : {st.backward_first, st.backward_next}) {
+        size_t ins = 0;
+        for (int32_t n : p->graphs[size_t(prog)].input_nodes())
+          ins += p->graphs[size_t(prog)].node(n).name.starts_with(kPipeSavedPrefix);
+        EXPECT_EQ(ins, outs);
+        // No output of the backward comes from the forward part (the loss and the edges left with it).
+        for (const auto& [name, v] : p->graphs[size_t(prog)].outputs())
+          EXPECT_TRUE(name.starts_with(kPipeGradPrefix) || (recompute && name == "loss")) << name;
+      }
+      if (recompute) EXPECT_EQ(outs, 0u);
+      else EXPECT_GT(outs, 0u);  // tanh's output (stage 0), the difference d (stage 1)
+    }
+  }
 }
 
 }  // namespace

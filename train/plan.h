@@ -18,7 +18,7 @@
 //
 //   fused              forward, backward and optimizer in one program (one device)
 //   forward m          a pipeline stage's forward of micro-batch m
-//   backward m         a stage's backward of m (it recomputes the stage's forward); or, without
+//   backward m         a stage's backward of m (from what its forward kept); or, without
 //                      stages, forward and backward of micro-batch m (train/program.h's micro
 //                      programs); `next` marks the accumulating program (+= rather than =)
 //   send / recv        an edge's activation (or, `grad`, its gradient) of micro-batch m to or

@@ -79,6 +79,9 @@ struct ProgramOptions {
   // groups of the parameters (graph order) of about equal size, so that
   // data-parallel replicas each update one (ZeRO-1's division of the work).
   int shards = 1;
+  // Pipeline stages (train/pipeline.h): each stage's backward recomputes its forward instead of taking the
+  // values its forward pass kept (NOTE [stashed activations]): less memory, one more forward per micro-batch.
+  bool recompute_stages = false;
 };
 
 // Each of `grads` (values of `g`) replaced by itself rounded to `dtype` (OptimizerOptions::gradient_dtype,

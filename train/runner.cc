@@ -44,6 +44,7 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
   po.optimizer = training.optimizer;
   po.gradient_accumulation = options.gradient_accumulation;
   po.clip = training.clip_grad_norm > 0.0;
+  po.recompute_stages = training.pipeline.recompute;
   po.dynamic_loss_scale = training.loss_scaling.mode == train::LossScaling::dynamic;
   po.loss_scale_input = training.loss_scaling.mode != train::LossScaling::none;
   po.loss = training.loss;

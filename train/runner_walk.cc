@@ -155,6 +155,17 @@ Status Runner::walk_to_decision(int d, StepState& step) {
           ASPEN_ASSIGN_OR_RETURN(out, session_->run_replica(d, feeds, prog->forward));
           step.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
           if (last) losses[size_t(m)] = out.at(training_.loss).data<float>()[0];
+          // The values the stage's backward reads wait with the micro-batch's in-edges (NOTE [stashed
+          // activations] in train/pipeline.cc); so do the training outputs, which the backward then lacks.
+          for (auto it = out.begin(); it != out.end();) {
+            const bool saved = util::has_prefix(it->first, kPipeSavedPrefix);
+            const bool output = !training_.pipeline.recompute &&
+                                std::find(training_.outputs.begin(), training_.outputs.end(), it->first) !=
+                                    training_.outputs.end();
+            if (saved) stash[m].insert_or_assign(it->first, std::move(it->second));
+            if (output) step.outputs[size_t(d)][size_t(m)][it->first] = std::move(it->second);
+            it = saved || output ? out.erase(it) : std::next(it);
+          }
           break;
         }
         for (const auto& [name, t] : grads[m]) feeds.emplace(name, &t);
@@ -188,7 +199,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         step.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
         if (!pipe_) losses[size_t(m)] = out.at(training_.loss).data<float>()[0];  // the micro program's
         for (const std::string& name : training_.outputs) {  // beside the loss (by the stage computing each)
-          if (pipe_ && pipe_->split.output_stage.at(name) != st) continue;
+          if (pipe_ && (!training_.pipeline.recompute || pipe_->split.output_stage.at(name) != st)) continue;
           auto o = out.find(name);
           if (o == out.end())
             return Status::error(Code::kInternal, where(), "the pass to output " + name, "no such output");

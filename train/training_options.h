@@ -55,6 +55,9 @@ struct TrainingOptions {
     int stages = 1;
     PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
     Balance balance = Balance::estimated;
+    // Each stage's backward recomputes its forward instead of keeping what it reads from the forward pass
+    // (NOTE [stashed activations] in train/pipeline.cc): less memory, one more forward per micro-batch.
+    bool recompute = false;
   };
   Pipeline pipeline = {};
   // Data parallel: buckets and compression of the cross-process all-reduce,
