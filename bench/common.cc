@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -49,6 +50,57 @@ std::vector<double> best_seconds_interleaved(const std::vector<std::function<voi
     if (r > 1000) break;
   }
   return best;
+}
+
+double RowTimes::drift() const {
+  const double hi = ceiling();
+  return hi > 0.0 ? std::abs(ceiling_after - ceiling_before) / hi : 0.0;
+}
+
+RowTimes guarded_rounds(const std::vector<std::function<void()>>& fns, const std::function<double()>& ceiling,
+                        int rounds, double min_seconds, double tolerance, int retries) {
+  rounds = std::max(rounds, 1);
+  for (const auto& f : fns) f();  // warm-up
+  RowTimes t;
+  for (int attempt = 0;; ++attempt) {
+    t.attempts = attempt + 1;
+    t.ceiling_before = ceiling ? ceiling() : 0.0;
+    std::vector<std::vector<double>> per(fns.size());
+    const double slice = min_seconds / rounds;
+    for (int r = 0; r < rounds; ++r)
+      for (size_t i = 0; i < fns.size(); ++i) {
+        double best = 1e30;
+        const double start = now();
+        for (int k = 0; k == 0 || (now() - start < slice && k < 1000); ++k) {
+          const double t0 = now();
+          fns[i]();
+          best = std::min(best, now() - t0);
+        }
+        per[i].push_back(best);
+      }
+    t.ceiling_after = ceiling ? ceiling() : 0.0;
+    t.min.assign(fns.size(), 0.0), t.median.assign(fns.size(), 0.0), t.max.assign(fns.size(), 0.0);
+    for (size_t i = 0; i < fns.size(); ++i) {
+      std::vector<double>& v = per[i];
+      std::sort(v.begin(), v.end());
+      t.min[i] = v.front(), t.max[i] = v.back();
+      t.median[i] = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    }
+    t.disturbed = ceiling && t.drift() > tolerance;
+    if (!t.disturbed || attempt >= retries) return t;
+  }
+}
+
+nlohmann::ordered_json spread_json(const RowTimes& t, size_t i) {
+  return {{"min", t.min.at(i)}, {"median", t.median.at(i)}, {"max", t.max.at(i)}};
+}
+
+void add_guard_fields(nlohmann::ordered_json& row, const RowTimes& t) {
+  row["ceiling_before"] = t.ceiling_before;
+  row["ceiling_after"] = t.ceiling_after;
+  row["ceiling_drift"] = t.drift();
+  row["attempts"] = t.attempts;
+  row["disturbed"] = t.disturbed;
 }
 
 std::pair<double, double> best_seconds_interleaved(const std::function<void()>& a, const std::function<void()>& b,

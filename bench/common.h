@@ -27,6 +27,28 @@ std::pair<double, double> best_seconds_interleaved(const std::function<void()>& 
 std::vector<double> best_seconds_interleaved(const std::vector<std::function<void()>>& fns, int rounds = 5,
                                              double min_seconds = 0.3);
 
+// NOTE [guarded rows] A row's candidates (aspen and its peers) run in `rounds` interleaved rounds: in each,
+// every candidate in turn runs until min_seconds / rounds have passed (at least once), and its round time is
+// its fastest run there. The row's ceiling (`ceiling`: the FMA peak, the read bandwidth; larger is faster) is
+// measured before and after the rounds: when it moved by more than `tolerance` of its larger value, the host
+// was disturbed during the row, which is measured again, up to `retries` more times; a row still moving is
+// marked disturbed (its figures are kept, flagged). A claim that a goal is out of reach quotes undisturbed rows
+// only. Without a ceiling (nullptr) nothing is flagged.
+struct RowTimes {
+  std::vector<double> min, median, max;   // seconds per run over the rounds, by candidate
+  double ceiling_before = 0.0, ceiling_after = 0.0;
+  int attempts = 1;                       // 1 + the re-measurements a moving ceiling caused
+  bool disturbed = false;
+  double ceiling() const { return ceiling_before > ceiling_after ? ceiling_before : ceiling_after; }
+  double drift() const;                   // |after - before| / max(before, after); 0 without a ceiling
+};
+RowTimes guarded_rounds(const std::vector<std::function<void()>>& fns, const std::function<double()>& ceiling,
+                        int rounds = 5, double min_seconds = 0.3, double tolerance = 0.05, int retries = 1);
+// The spread of candidate i as JSON: {"min": s, "median": s, "max": s} (seconds per run).
+nlohmann::ordered_json spread_json(const RowTimes& t, size_t i);
+// "ceiling_before", "ceiling_after", "ceiling_drift", "attempts", "disturbed" added to a row.
+void add_guard_fields(nlohmann::ordered_json& row, const RowTimes& t);
+
 // Peak arithmetic rates in GFLOP/s, measured on `threads` threads (OpenMP).
 double measure_f32_fma_peak(int threads);   // FMA on the widest vectors this CPU runs
 // bf16 products: AMX tiles where the CPU and kernel allow them, else

@@ -142,29 +142,36 @@ Status run_conv_bench(const ConvBenchOptions& opt, std::ostream& out) {
       philox_fill_uniform(std::span<float>(b), 2, 0, 0, -1.0f, 1.0f);
       DirectConv direct(s, p.pass, p.inference);
       Status st;
-      const std::vector<double> t = best_seconds_interleaved(
+      // NOTE [guarded rows]: the FMA peak beside each row (not in --quick).
+      std::function<double()> ceiling;
+      if (!opt.quick) ceiling = [&] { return measure_f32_fma_peak(opt.threads); };
+      const RowTimes times = guarded_rounds(
           {[&] {
              if (st.is_ok()) st = plan.run(a.data(), b.data(), nullptr, o.data());
            },
            [&] { direct.run(); }},
-          rounds, min_s);
+          ceiling, rounds, min_s);
+      const std::vector<double>& t = times.min;
       ASPEN_RETURN_IF_ERROR(st);
       const double ratio = t[1] / t[0];
       sum_aspen += t[0];
       sum_onednn += t[1];
       const std::string shape = fmt::format("N{} C{} M{} {}x{} k{} s{}", l.N, l.C, l.M, l.H, l.W, l.K, l.stride);
       if (opt.json) {
-        out << nlohmann::json{{"bench", "conv"},          {"model", l.model},         {"shape", shape},
-                              {"pass", p.name},           {"threads", opt.threads},   {"aspen_ms", t[0] * 1e3},
-                              {"onednn_ms", t[1] * 1e3},  {"aspen_gflops", flops / t[0] * 1e-9},
-                              {"onednn_gflops", flops / t[1] * 1e-9}, {"ratio_vs_onednn", ratio}}
-                   .dump()
-            << "\n";
+        nlohmann::ordered_json row{{"bench", "conv"},          {"model", l.model},         {"shape", shape},
+                                   {"pass", p.name},           {"threads", opt.threads},   {"aspen_ms", t[0] * 1e3},
+                                   {"onednn_ms", t[1] * 1e3},  {"aspen_gflops", flops / t[0] * 1e-9},
+                                   {"onednn_gflops", flops / t[1] * 1e-9}, {"ratio_vs_onednn", ratio}};
+        row["aspen_s"] = spread_json(times, 0);
+        row["onednn_s"] = spread_json(times, 1);
+        add_guard_fields(row, times);
+        out << row.dump() << "\n";
       } else {
         out << fmt::format("{:20s} {:28s} {:16s} aspen {:7.3f} ms {:6.1f} GFLOP/s, oneDNN {:7.3f} ms {:6.1f} GFLOP/s, "
-                           "ratio_vs_onednn {:.2f}\n",
+                           "ratio_vs_onednn {:.2f}{}\n",
                            l.model, shape, p.name, t[0] * 1e3, flops / t[0] * 1e-9, t[1] * 1e3, flops / t[1] * 1e-9,
-                           ratio);
+                           ratio, times.disturbed ? fmt::format("  (disturbed: the peak moved {:.0f}%)", 100 * times.drift())
+                                                  : std::string());
       }
     }
   }

@@ -115,14 +115,6 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
       for (DType dt : {DType::f32, DType::bf16}) {
         if ((dt == DType::f32 && !opt.f32) || (dt == DType::bf16 && !opt.bf16)) continue;
         const bool is_bf16 = dt == DType::bf16;
-        if (!opt.quick) {
-          if (is_bf16) {
-            const BfPeak again = measure_bf16_peak(threads);
-            if (again.gflops > bf_peak.gflops) bf_peak = again;
-          } else {
-            f32_peak = std::max(f32_peak, measure_f32_fma_peak(threads));
-          }
-        }
         Tensor ab(DType::bf16, a.shape()), bb(DType::bf16, b.shape());
         if (is_bf16) {
           for (int64_t i = 0; i < a.numel(); ++i) ab.data<bf16>()[i] = f32_to_bf16(a.data<float>()[i]);
@@ -163,8 +155,15 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
                         b.data<float>(), int(c.trans_b ? c.k : c.n), 0.0f, y.data<float>(), int(c.n));
             omp_set_num_threads(threads);  // OpenBLAS's OpenMP build set the team's size; keep it ours
           });
-        const std::vector<double> t = best_seconds_interleaved(runs, rounds, min_s);
+        // NOTE [guarded rows]: the peak measured before and after the row (not in --quick).
+        std::function<double()> ceiling;
+        if (!opt.quick)
+          ceiling = [&] { return is_bf16 ? measure_bf16_peak(threads).gflops : measure_f32_fma_peak(threads); };
+        const RowTimes times = guarded_rounds(runs, ceiling, rounds, min_s);
+        const std::vector<double>& t = times.min;
         ASPEN_RETURN_IF_ERROR(st);
+        if (is_bf16) bf_peak.gflops = std::max(bf_peak.gflops, times.ceiling());
+        else f32_peak = std::max(f32_peak, times.ceiling());
         const double g = flops / t[0] / 1e9, gk = flops / t[1] / 1e9;
         const double gd = direct ? flops / t[2] / 1e9 : 0;
         const double gb = !is_bf16 ? flops / t.back() / 1e9 : 0;
@@ -187,16 +186,24 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
                                 {"peak_fraction", or_null(frac)}, {"peak_gflops", or_null(peak)},
                                 {"peak_kind", is_bf16 ? bf_peak.kind : "f32_fma"},
                                 {"ratio_vs_f32", or_null(vs_f32)}, {"measurement_fault", fault}};
+          row["aspen_s"] = spread_json(times, 0);
+          row["kernels_s"] = spread_json(times, 1);
+          if (direct) row["onednn_s"] = spread_json(times, 2);
+          if (!is_bf16) row["openblas_s"] = spread_json(times, runs.size() - 1);
+          add_guard_fields(row, times);
           out << row.dump() << "\n";
         } else {
           const char* op = c.trans_a && c.trans_b ? "aTbT" : c.trans_a ? "a^T" : c.trans_b ? "b^T" : "-";
-          out << fmt::format("{:>5} {:>6} {:>5} {:>4} {:>5} {:>3} | {:>8.1f} {:>8} | {:>8.1f} {:>8} {:>8} | {:>7} {:>7} {:>5.0f}% {:>8}{}\n",
+          out << fmt::format("{:>5} {:>6} {:>5} {:>4} {:>5} {:>3} | {:>8.1f} {:>8} | {:>8.1f} {:>8} {:>8} | {:>7} {:>7} {:>5.0f}% {:>8}{}",
                              c.m, c.n, c.k, op, dtype_name(dt), threads, g, backend, gk,
                              gd > 0 ? fmt::format("{:.1f}", gd) : "-", gb > 0 ? fmt::format("{:.1f}", gb) : "-",
                              gd > 0 ? fmt::format("{:.3f}x", g / gd) : "-",
                              best_lib > 0 ? fmt::format("{:.3f}x", g / best_lib) : "-", 100 * frac,
                              vs_f32 > 0 ? fmt::format("{:.2f}x", vs_f32) : "-",
-                             fault ? "  (measurement fault: above the measured peak)" : "");
+                             fault ? "  (measurement fault: above the measured peak)" : "")
+              << (times.disturbed ? fmt::format("  (disturbed: the peak moved {:.0f}% during the row)\n",
+                                                100 * times.drift())
+                                  : std::string("\n"));
         }
         out.flush();
       }
