@@ -1,0 +1,122 @@
+#include "kernels/quant.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu.h"
+
+namespace aspen::kernels {
+
+namespace {
+
+float f16_value(uint16_t bits) { return f16_to_f32(f16{bits}); }
+
+// Block b of row-quantized x against block b of a weight row: the exact integer sum of their products.
+int32_t block_dot(const BlockQ8_0& w, const BlockQ8_0& x) {
+  int32_t s = 0;
+  for (int j = 0; j < 32; ++j) s += int32_t(w.qs[j]) * int32_t(x.qs[j]);
+  return s;
+}
+
+// One output: the blocks in order (the file comment's accumulation).
+float row_dot(const BlockQ8_0* w, const BlockQ8_0* x, int64_t blocks) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float scale = f16_value(w[b].d) * f16_value(x[b].d);
+    acc = std::fma(float(block_dot(w[b], x[b])), scale, acc);
+  }
+  return acc;
+}
+
+// Eight rows of W at once, lanes = rows, each lane the scalar row_dot's sequence of operations: the block's
+// integer sums (maddubs on |w| and x signed by w: x is ours, in [-127, 127], so any int8 weight, -128
+// included, is exact, and two products of at most 128 · 127 fit an int16), reduced to one int32 per row, then
+// the same f32 multiply and fma as the reference.
+ASPEN_TARGET_AVX2 void rows8_avx2(const BlockQ8_0* w, int64_t row_blocks, const BlockQ8_0* x, int64_t blocks,
+                                  float* y) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    __m256i v[8];
+    alignas(16) uint16_t d[8];
+    for (int r = 0; r < 8; ++r) {
+      const BlockQ8_0& blk = w[r * row_blocks + b];
+      const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
+      v[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wq), _mm256_sign_epi8(xq, wq)), ones);
+      d[r] = blk.d;
+    }
+    // 8 vectors of 8 partial sums -> one vector of the 8 rows' sums (exact: integers).
+    const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
+    const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                                          _mm256_permute2x128_si256(h0123, h4567, 0x31));
+    const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d)));
+    const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(f16_value(x[b].d)));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc);
+  }
+  _mm256_storeu_ps(y, acc);
+}
+
+}  // namespace
+
+void quantize_row_q8_0(const float* x, int64_t K, BlockQ8_0* out) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float* v = x + b * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = f32_to_f16(d).bits;
+    for (int j = 0; j < 32; ++j) out[b].qs[j] = int8_t(std::roundf(v[j] * id));
+  }
+}
+
+namespace ref {
+void gemv_q8_0(const float* x, const BlockQ8_0* w, float* y, int64_t M, int64_t N, int64_t K) {
+  const int64_t blocks = K / 32;
+  std::vector<BlockQ8_0> xq(static_cast<size_t>(blocks));
+  for (int64_t m = 0; m < M; ++m) {
+    quantize_row_q8_0(x + m * K, K, xq.data());
+    for (int64_t n = 0; n < N; ++n) y[m * N + n] = row_dot(w + n * blocks, xq.data(), blocks);
+  }
+}
+}  // namespace ref
+
+Status gemv_q8_0(std::span<const float> x, std::span<const BlockQ8_0> w, std::span<float> y, int64_t M, int64_t N,
+                 int64_t K) {
+  if (M < 1 || N < 1 || K < 32 || K % 32 != 0)
+    return Status::invalid_argument("gemv_q8_0: shape", "M, N >= 1 and K a positive multiple of 32 (Q8_0 blocks)",
+                                    std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
+  const int64_t blocks = K / 32;
+  if (int64_t(x.size()) < M * K || int64_t(w.size()) < N * blocks || int64_t(y.size()) < M * N)
+    return Status::invalid_argument("gemv_q8_0: buffers",
+                                    "x of " + std::to_string(M * K) + " values, w of " + std::to_string(N * blocks) +
+                                        " blocks, y of " + std::to_string(M * N),
+                                    std::to_string(x.size()) + ", " + std::to_string(w.size()) + ", " +
+                                        std::to_string(y.size()));
+  if (reference_mode() || active_isa() < Isa::avx2) {
+    ref::gemv_q8_0(x.data(), w.data(), y.data(), M, N, K);
+    return Status();
+  }
+  std::vector<BlockQ8_0> xq(static_cast<size_t>(M * blocks));
+  for (int64_t m = 0; m < M; ++m) quantize_row_q8_0(x.data() + m * K, K, xq.data() + m * blocks);
+  const int64_t groups = N / 8;
+  // Each group of 8 rows is one thread's (static), so no output depends on the thread count.
+#pragma omp parallel for schedule(static) if (groups > 1 && N * K >= (1 << 16))
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t m = 0; m < M; ++m)
+      rows8_avx2(w.data() + g * 8 * blocks, blocks, xq.data() + m * blocks, blocks, y.data() + m * N + g * 8);
+  for (int64_t n = groups * 8; n < N; ++n)  // the last rows: the reference's sequence, one row at a time
+    for (int64_t m = 0; m < M; ++m) y[size_t(m * N + n)] = row_dot(w.data() + n * blocks, xq.data() + m * blocks, blocks);
+  return Status();
+}
+
+}  // namespace aspen::kernels

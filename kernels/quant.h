@@ -1,0 +1,43 @@
+// kernels/quant.h: products with weights in ggml's Q8_0 blocks (llama.cpp's 8-bit format; io/gguf.h reads
+// them from GGUF files), on int8 dot products: decode against quantized weights.
+//
+// A Q8_0 block is 32 values: an f16 scale d and 32 int8 q, value = d · q (34 bytes). For
+//   y[m, n] = Σ_k x[m, k] · W[n, k]        W [N, K] in Q8_0 blocks, row n = K / 32 blocks, K % 32 == 0
+// each row of x is first quantized to Q8_0 as ggml's reference does (quantize_row_q8_0: d = max|x| / 127,
+// q = roundf(x · (1 / d)), d stored as f16), then, block by block in order,
+//   acc = fma(float(Σ_j qw[j] · qx[j]), f32(dw) · f32(dx), acc)
+// with the block's integer sum exact (int32) and the scale product and the accumulation rounded in f32 in
+// that fixed order. So every ISA (the scalar reference, AVX2) gives the same bits, and so does every thread
+// count (threads split the rows n). llama.cpp's own order of the float additions differs by ISA; its values
+// differ from these by the f32 rounding of the sums only.
+//
+// Thread-safety: gemv_q8_0 runs on the calling thread's OpenMP team and touches only its arguments.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/status.h"
+
+namespace aspen::kernels {
+
+struct BlockQ8_0 {
+  uint16_t d;      // f16 bits
+  int8_t qs[32];
+};
+static_assert(sizeof(BlockQ8_0) == 34, "ggml's Q8_0 block is 34 bytes");
+
+// x [K] (K % 32 == 0) as K / 32 Q8_0 blocks, as ggml's quantize_row_q8_0_ref makes them.
+void quantize_row_q8_0(const float* x, int64_t K, BlockQ8_0* out);
+
+// y [M, N] (overwritten) = x [M, K] times W^T, W [N, K] in Q8_0 blocks. InvalidArgument naming the shape or
+// buffer that does not fit (K % 32, spans too short).
+[[nodiscard]] Status gemv_q8_0(std::span<const float> x, std::span<const BlockQ8_0> w, std::span<float> y, int64_t M,
+                               int64_t N, int64_t K);
+
+namespace ref {
+// The scalar product of the file comment, row by row.
+void gemv_q8_0(const float* x, const BlockQ8_0* w, float* y, int64_t M, int64_t N, int64_t K);
+}  // namespace ref
+
+}  // namespace aspen::kernels

@@ -1,0 +1,94 @@
+// kernels/quant_test.cc: Q8_0 products against the scalar reference over odd shapes, bitwise (one result on
+// every ISA and thread count), against f32 products within the quantization's error, and ggml's
+// quantize_row_q8_0 rule.
+#include "kernels/quant.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/philox.h"
+#include "kernels/cpu.h"
+
+namespace aspen::kernels {
+namespace {
+
+std::vector<BlockQ8_0> random_blocks(int64_t n, uint64_t seed) {
+  std::vector<float> v(static_cast<size_t>(n) * 3);
+  philox_fill_uniform(std::span<float>(v), seed, 0, 0, 0.0f, 1.0f);
+  std::vector<BlockQ8_0> out(static_cast<size_t>(n));
+  for (int64_t b = 0; b < n; ++b) {
+    out[size_t(b)].d = f32_to_f16(0.001f + 0.02f * v[size_t(3 * b)]).bits;
+    for (int j = 0; j < 32; ++j)  // every int8, -128 included
+      out[size_t(b)].qs[j] = int8_t(int((v[size_t(3 * b + 1)] * 977 + float(j) * 61.3f)) % 256 - 128);
+  }
+  return out;
+}
+
+TEST(Q8_0, QuantizeRowAsGgml) {
+  std::vector<float> x(64);
+  philox_fill_uniform(std::span<float>(x), 3, 0, 0, -2.0f, 2.0f);
+  x[5] = 0.0f;
+  std::vector<BlockQ8_0> q(2);
+  quantize_row_q8_0(x.data(), 64, q.data());
+  for (int b = 0; b < 2; ++b) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[size_t(b * 32 + j)]));
+    const float d = amax / 127.0f, id = 1.0f / d;
+    EXPECT_EQ(q[size_t(b)].d, f32_to_f16(d).bits);
+    for (int j = 0; j < 32; ++j) EXPECT_EQ(q[size_t(b)].qs[j], int8_t(std::roundf(x[size_t(b * 32 + j)] * id)));
+  }
+  std::vector<float> zeros(32, 0.0f);
+  quantize_row_q8_0(zeros.data(), 32, q.data());
+  EXPECT_EQ(q[0].d, 0);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(q[0].qs[j], 0);
+}
+
+TEST(Q8_0, GemvEqualsTheReferenceBitwiseOnOddShapes) {
+  for (auto [M, N, K] : {std::tuple{1, 1, 32}, std::tuple{1, 7, 64}, std::tuple{1, 8, 32}, std::tuple{1, 37, 96},
+                         std::tuple{3, 19, 160}, std::tuple{1, 768, 768}, std::tuple{2, 1027, 3072}}) {
+    SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
+    const std::vector<BlockQ8_0> w = random_blocks(int64_t(N) * K / 32, uint64_t(N + K));
+    std::vector<float> x(size_t(M) * K);
+    philox_fill_uniform(std::span<float>(x), 9, 0, 0, -3.0f, 3.0f);
+    std::vector<float> want(size_t(M) * N), got(size_t(M) * N);
+    ref::gemv_q8_0(x.data(), w.data(), want.data(), M, N, K);
+    ASSERT_TRUE(gemv_q8_0(x, w, got, M, N, K).is_ok());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
+    {
+      ScopedReferenceMode reference(true);
+      std::vector<float> again(got.size());
+      ASSERT_TRUE(gemv_q8_0(x, w, again, M, N, K).is_ok());
+      EXPECT_EQ(std::memcmp(again.data(), want.data(), got.size() * 4), 0);
+    }
+    // Against the f32 product of the dequantized weights: within x's quantization error.
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double exact = 0, scale = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const BlockQ8_0& blk = w[size_t(n * (K / 32) + k / 32)];
+          const double wv = double(f16_to_f32(f16{blk.d})) * blk.qs[k % 32];
+          exact += wv * x[size_t(m * K + k)];
+          scale += std::fabs(wv) * 3.0 / 127.0;
+        }
+        EXPECT_NEAR(got[size_t(m * N + n)], exact, 0.5 * scale + 1e-6) << m << ", " << n;
+      }
+  }
+}
+
+TEST(Q8_0, BadShapesAreNamed) {
+  std::vector<float> x(40), y(4);
+  std::vector<BlockQ8_0> w(4);
+  auto r = gemv_q8_0(x, w, y, 1, 1, 40);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.to_string().find("multiple of 32"), std::string::npos);
+  r = gemv_q8_0(std::span<const float>(x).first(31), w, y, 1, 2, 32);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.to_string().find("gemv_q8_0: buffers"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace aspen::kernels
