@@ -15,6 +15,7 @@
 #include "core/thread_team.h"
 #include "kernels/gemv.h"
 #include "kernels/matmul.h"
+#include "kernels/quant.h"
 
 namespace aspen::bench {
 
@@ -68,6 +69,72 @@ class OneDnnPeer {
   dnnl::memory w_;
   std::unordered_map<int, dnnl::memory> args_;
 };
+
+// Q8_0 rows: aspen's gemv_q8_0 over replicas of the layer's blocks ([N, K]), interleaved with a read sweep of
+// the same bytes and aspen's bf16 [N, K] product over bf16 replicas of the layer (the figure Q8_0 must beat).
+// The pool's bytes read as blocks whose scales are normal f16 (0x3Fxx) and quants any int8.
+Status run_q8_0_rows(const DecodeBenchOptions& opt, int threads, const char* pool, size_t pool_bytes, int rounds,
+                     std::ostream& out) {
+  for (int64_t M : opt.rows)
+    for (const Layer& l : kLayers) {
+      if (!opt.layers.empty() && std::find(opt.layers.begin(), opt.layers.end(), l.name) == opt.layers.end())
+        continue;
+      const int64_t bytes = l.n * l.k / 32 * int64_t(sizeof(kernels::BlockQ8_0));
+      const kernels::GemvShape bf{.M = M, .N = l.n, .K = l.k, .trans_b = true, .weight = DType::bf16};
+      const int64_t stride = (std::max(bytes, bf.weight_bytes()) + 4095) / 4096 * 4096;
+      const int64_t slots = std::max<int64_t>(1, int64_t(pool_bytes) / stride);
+      if (stride > int64_t(pool_bytes)) continue;
+      std::vector<float> x(static_cast<size_t>(M * l.k)), y(static_cast<size_t>(M * l.n));
+      philox_fill_uniform(x, 1, 0, 0, -1, 1);
+      auto slot = [&](int64_t s) { return pool + s * stride; };
+      Status st;
+      auto pass_q8 = [&] {
+        for (int64_t s = 0; s < slots && st.is_ok(); ++s)
+          st = kernels::gemv_q8_0(x, {reinterpret_cast<const kernels::BlockQ8_0*>(slot(s)), size_t(l.n * l.k / 32)},
+                                  y, M, l.n, l.k);
+      };
+      auto pass_bf16 = [&] {
+        for (int64_t s = 0; s < slots; ++s) kernels::gemv_run(bf, x.data(), slot(s), nullptr, y.data());
+      };
+      auto pass_sweep = [&] {
+        for (int64_t s = 0; s < slots; ++s) read_sweep_seconds(slot(s), size_t(bytes), false);
+      };
+      pass_q8();
+      pass_bf16();
+      ASPEN_RETURN_IF_ERROR(st);
+      double best[3] = {1e30, 1e30, 1e30};
+      for (int r = 0; r < rounds; ++r) {
+        const double t0 = now();
+        pass_sweep();
+        const double t1 = now();
+        pass_q8();
+        const double t2 = now();
+        pass_bf16();
+        const double t3 = now();
+        best[0] = std::min(best[0], t1 - t0), best[1] = std::min(best[1], t2 - t1), best[2] = std::min(best[2], t3 - t2);
+      }
+      ASPEN_RETURN_IF_ERROR(st);
+      const double total = double(slots) * double(bytes) / 1e9;
+      const double sweep = total / best[0], aspen = total / best[1], vs_bf16 = best[2] / best[1];
+      if (opt.json) {
+        out << nlohmann::ordered_json{{"bench", "decode"}, {"layer", l.name}, {"m", M}, {"n", l.n}, {"k", l.k},
+                                      {"layout", "NK"}, {"weight", "q8_0"}, {"threads", threads},
+                                      {"weight_bytes", bytes}, {"replicas", slots}, {"sweep_gbs", sweep},
+                                      {"aspen_gbs", aspen}, {"ratio_vs_sweep", aspen / sweep},
+                                      {"bf16_s", best[2] / double(slots)}, {"q8_0_s", best[1] / double(slots)},
+                                      {"ratio_vs_bf16", vs_bf16}}
+                   .dump()
+            << "\n";
+      } else {
+        out << fmt::format("{:<12} {:>2} {:>6} {:>5} {:>5} {:>5} {:>3} | {:>7.1f} {:>7} {:>7.1f} {:>7} | {:>6.0f}%  "
+                           "q8_0 vs aspen's bf16 {:.2f}x\n",
+                           l.name, M, l.n, l.k, "[N,K]", "q8_0", threads, sweep, "-", aspen, "-", 100 * aspen / sweep,
+                           vs_bf16);
+      }
+      out.flush();
+    }
+  return Status();
+}
 
 }  // namespace
 
@@ -172,6 +239,7 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
           out.flush();
         }
       }
+    if (opt.q8_0) ASPEN_RETURN_IF_ERROR(run_q8_0_rows(opt, threads, pool.get(), pool_bytes, rounds, out));
   }
   return Status();
 }
