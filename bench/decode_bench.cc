@@ -70,7 +70,8 @@ class OneDnnPeer {
   std::unordered_map<int, dnnl::memory> args_;
 };
 
-// Q8_0 rows: aspen's gemv_q8_0 over replicas of the layer's blocks ([N, K]), interleaved with a read sweep of
+// Q8_0 rows: aspen's gemv_q8_0_rows8 over replicas of the layer's blocks ([N, K], packed 8 rows a stream as a
+// loader packs them: the pool's bytes are blocks in any order), interleaved with a read sweep of
 // the same bytes and aspen's bf16 [N, K] product over bf16 replicas of the layer (the figure Q8_0 must beat).
 // The pool's bytes read as blocks whose scales are normal f16 (0x3Fxx) and quants any int8.
 Status run_q8_0_rows(const DecodeBenchOptions& opt, int threads, const char* pool, size_t pool_bytes, int rounds,
@@ -90,8 +91,8 @@ Status run_q8_0_rows(const DecodeBenchOptions& opt, int threads, const char* poo
       Status st;
       auto pass_q8 = [&] {
         for (int64_t s = 0; s < slots && st.is_ok(); ++s)
-          st = kernels::gemv_q8_0(x, {reinterpret_cast<const kernels::BlockQ8_0*>(slot(s)), size_t(l.n * l.k / 32)},
-                                  y, M, l.n, l.k);
+          st = kernels::gemv_q8_0_rows8(
+              x, {reinterpret_cast<const kernels::BlockQ8_0*>(slot(s)), size_t(l.n * l.k / 32)}, y, M, l.n, l.k);
       };
       auto pass_bf16 = [&] {
         for (int64_t s = 0; s < slots; ++s) kernels::gemv_run(bf, x.data(), slot(s), nullptr, y.data());

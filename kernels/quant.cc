@@ -38,28 +38,33 @@ float row_dot(const BlockQ8_0* w, const BlockQ8_0* x, int64_t blocks) {
 // integer sums (maddubs on |w| and x signed by w: x is ours, in [-127, 127], so any int8 weight, -128
 // included, is exact, and two products of at most 128 · 127 fit an int16), reduced to one int32 per row, then
 // the same f32 multiply and fma as the reference.
-ASPEN_TARGET_AVX2 void rows8_avx2(const BlockQ8_0* w, int64_t row_blocks, const BlockQ8_0* x, int64_t blocks,
-                                  float* y) {
+// `xd`: x's block scales as f32 (widened once, not per row group). The weights' 8 scales are inserted into a
+// vector one by one (stored to memory and loaded as a vector, they stalled on store forwarding every block).
+// Row r's block b is w[r * row_step + b * block_step]: (blocks, 1) for W as stored, (1, 8) packed.
+ASPEN_TARGET_AVX2 void rows8_avx2(const BlockQ8_0* w, int64_t row_step, int64_t block_step, const BlockQ8_0* x,
+                                  const float* xd, int64_t blocks, float* y) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
     __m256i v[8];
-    alignas(16) uint16_t d[8];
     for (int r = 0; r < 8; ++r) {
-      const BlockQ8_0& blk = w[r * row_blocks + b];
+      const BlockQ8_0& blk = w[r * row_step + b * block_step];
       const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
       v[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wq), _mm256_sign_epi8(xq, wq)), ones);
-      d[r] = blk.d;
     }
+    const BlockQ8_0* c = w + b * block_step;
+    const __m128i d = _mm_setr_epi16(short(c[0].d), short(c[row_step].d), short(c[2 * row_step].d),
+                                     short(c[3 * row_step].d), short(c[4 * row_step].d), short(c[5 * row_step].d),
+                                     short(c[6 * row_step].d), short(c[7 * row_step].d));
     // 8 vectors of 8 partial sums -> one vector of the 8 rows' sums (exact: integers).
     const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
     const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
     const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
     const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
                                           _mm256_permute2x128_si256(h0123, h4567, 0x31));
-    const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d)));
-    const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(f16_value(x[b].d)));
+    const __m256 dw = _mm256_cvtph_ps(d);
+    const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[b]));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc);
   }
   _mm256_storeu_ps(y, acc);
@@ -90,32 +95,74 @@ void gemv_q8_0(const float* x, const BlockQ8_0* w, float* y, int64_t M, int64_t 
 }
 }  // namespace ref
 
-Status gemv_q8_0(std::span<const float> x, std::span<const BlockQ8_0> w, std::span<float> y, int64_t M, int64_t N,
-                 int64_t K) {
+namespace {
+
+Status check_q8_0(const char* fn, std::span<const float> x, std::span<const BlockQ8_0> w, std::span<float> y,
+                  int64_t M, int64_t N, int64_t K) {
   if (M < 1 || N < 1 || K < 32 || K % 32 != 0)
-    return Status::invalid_argument("gemv_q8_0: shape", "M, N >= 1 and K a positive multiple of 32 (Q8_0 blocks)",
+    return Status::invalid_argument(std::string(fn) + ": shape",
+                                    "M, N >= 1 and K a positive multiple of 32 (Q8_0 blocks)",
                                     std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
-  const int64_t blocks = K / 32;
-  if (int64_t(x.size()) < M * K || int64_t(w.size()) < N * blocks || int64_t(y.size()) < M * N)
-    return Status::invalid_argument("gemv_q8_0: buffers",
-                                    "x of " + std::to_string(M * K) + " values, w of " + std::to_string(N * blocks) +
-                                        " blocks, y of " + std::to_string(M * N),
+  if (int64_t(x.size()) < M * K || int64_t(w.size()) < N * (K / 32) || int64_t(y.size()) < M * N)
+    return Status::invalid_argument(std::string(fn) + ": buffers",
+                                    "x of " + std::to_string(M * K) + " values, w of " +
+                                        std::to_string(N * (K / 32)) + " blocks, y of " + std::to_string(M * N),
                                     std::to_string(x.size()) + ", " + std::to_string(w.size()) + ", " +
                                         std::to_string(y.size()));
-  if (reference_mode() || active_isa() < Isa::avx2) {
+  return Status();
+}
+
+// Both layouts: `packed` says where row n's block b is (pack_q8_0_rows8's order, or W's).
+void gemv_q8_0_fast(const float* x, const BlockQ8_0* w, float* y, int64_t M, int64_t N, int64_t K, bool packed) {
+  const int64_t blocks = K / 32, groups = N / 8;
+  std::vector<BlockQ8_0> xq(static_cast<size_t>(M * blocks));
+  for (int64_t m = 0; m < M; ++m) quantize_row_q8_0(x + m * K, K, xq.data() + m * blocks);
+  std::vector<float> xd(xq.size());
+  for (size_t i = 0; i < xq.size(); ++i) xd[i] = f16_value(xq[i].d);
+  // Each group of 8 rows is one thread's (static), so no output depends on the thread count.
+#pragma omp parallel for schedule(static) if (groups > 1 && N * K >= (1 << 16))
+  for (int64_t g = 0; g < groups; ++g) {
+    const BlockQ8_0* wg = w + g * 8 * blocks;  // the group's first block, in either layout
+    for (int64_t m = 0; m < M; ++m)
+      rows8_avx2(wg, packed ? 1 : blocks, packed ? 8 : 1, xq.data() + m * blocks, xd.data() + m * blocks, blocks,
+                 y + m * N + g * 8);
+  }
+  for (int64_t n = groups * 8; n < N; ++n)  // the last rows (row by row in both layouts): the reference's sequence
+    for (int64_t m = 0; m < M; ++m) y[m * N + n] = row_dot(w + n * blocks, xq.data() + m * blocks, blocks);
+}
+
+}  // namespace
+
+Status gemv_q8_0(std::span<const float> x, std::span<const BlockQ8_0> w, std::span<float> y, int64_t M, int64_t N,
+                 int64_t K) {
+  ASPEN_RETURN_IF_ERROR(check_q8_0("gemv_q8_0", x, w, y, M, N, K));
+  if (reference_mode() || active_isa() < Isa::avx2) ref::gemv_q8_0(x.data(), w.data(), y.data(), M, N, K);
+  else gemv_q8_0_fast(x.data(), w.data(), y.data(), M, N, K, /*packed=*/false);
+  return Status();
+}
+
+void pack_q8_0_rows8(std::span<const BlockQ8_0> w, int64_t N, int64_t K, std::span<BlockQ8_0> out) {
+  const int64_t blocks = K / 32, groups = N / 8;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t r = 0; r < 8; ++r) out[size_t((g * blocks + b) * 8 + r)] = w[size_t((g * 8 + r) * blocks + b)];
+  std::copy(w.begin() + groups * 8 * blocks, w.begin() + N * blocks, out.begin() + groups * 8 * blocks);
+}
+
+Status gemv_q8_0_rows8(std::span<const float> x, std::span<const BlockQ8_0> packed, std::span<float> y, int64_t M,
+                       int64_t N, int64_t K) {
+  ASPEN_RETURN_IF_ERROR(check_q8_0("gemv_q8_0_rows8", x, packed, y, M, N, K));
+  if (reference_mode() || active_isa() < Isa::avx2) {  // the reference on W unpacked
+    const int64_t blocks = K / 32, groups = N / 8;
+    std::vector<BlockQ8_0> w(static_cast<size_t>(N * blocks));
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t r = 0; r < 8; ++r) w[size_t((g * 8 + r) * blocks + b)] = packed[size_t((g * blocks + b) * 8 + r)];
+    std::copy(packed.begin() + groups * 8 * blocks, packed.begin() + N * blocks, w.begin() + groups * 8 * blocks);
     ref::gemv_q8_0(x.data(), w.data(), y.data(), M, N, K);
     return Status();
   }
-  std::vector<BlockQ8_0> xq(static_cast<size_t>(M * blocks));
-  for (int64_t m = 0; m < M; ++m) quantize_row_q8_0(x.data() + m * K, K, xq.data() + m * blocks);
-  const int64_t groups = N / 8;
-  // Each group of 8 rows is one thread's (static), so no output depends on the thread count.
-#pragma omp parallel for schedule(static) if (groups > 1 && N * K >= (1 << 16))
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t m = 0; m < M; ++m)
-      rows8_avx2(w.data() + g * 8 * blocks, blocks, xq.data() + m * blocks, blocks, y.data() + m * N + g * 8);
-  for (int64_t n = groups * 8; n < N; ++n)  // the last rows: the reference's sequence, one row at a time
-    for (int64_t m = 0; m < M; ++m) y[size_t(m * N + n)] = row_dot(w.data() + n * blocks, xq.data() + m * blocks, blocks);
+  gemv_q8_0_fast(x.data(), packed.data(), y.data(), M, N, K, /*packed=*/true);
   return Status();
 }
 

@@ -58,6 +58,17 @@ TEST(Q8_0, GemvEqualsTheReferenceBitwiseOnOddShapes) {
     ref::gemv_q8_0(x.data(), w.data(), want.data(), M, N, K);
     ASSERT_TRUE(gemv_q8_0(x, w, got, M, N, K).is_ok());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
+    // The packed layout (8 rows a stream): the same bits.
+    std::vector<BlockQ8_0> packed(w.size());
+    pack_q8_0_rows8(w, N, K, packed);
+    std::vector<float> from_packed(got.size());
+    ASSERT_TRUE(gemv_q8_0_rows8(x, packed, from_packed, M, N, K).is_ok());
+    EXPECT_EQ(std::memcmp(from_packed.data(), want.data(), got.size() * 4), 0);
+    {
+      ScopedReferenceMode reference(true);
+      ASSERT_TRUE(gemv_q8_0_rows8(x, packed, from_packed, M, N, K).is_ok());
+      EXPECT_EQ(std::memcmp(from_packed.data(), want.data(), got.size() * 4), 0);
+    }
     {
       ScopedReferenceMode reference(true);
       std::vector<float> again(got.size());
