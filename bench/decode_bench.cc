@@ -8,6 +8,7 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <memory>
+#include <type_traits>
 #include <nlohmann/json.hpp>
 
 #include "bench/common.h"
@@ -70,17 +71,20 @@ class OneDnnPeer {
   std::unordered_map<int, dnnl::memory> args_;
 };
 
-// Q8_0 rows: aspen's gemv_q8_0_rows8 over replicas of the layer's blocks ([N, K], packed 8 rows a stream as a
+// Q8_0 (and Q4_0) rows: aspen's gemv_q8_0_rows8 (gemv_q4_0_rows8) over replicas of the layer's blocks ([N, K], packed 8 rows a stream as a
 // loader packs them: the pool's bytes are blocks in any order), interleaved with a read sweep of
 // the same bytes and aspen's bf16 [N, K] product over bf16 replicas of the layer (the figure Q8_0 must beat).
 // The pool's bytes read as blocks whose scales are normal f16 (0x3Fxx) and quants any int8.
+template <class Block>
 Status run_q8_0_rows(const DecodeBenchOptions& opt, int threads, const char* pool, size_t pool_bytes, int rounds,
                      std::ostream& out) {
+  constexpr bool q4 = std::is_same_v<Block, kernels::BlockQ4_0>;
+  const char* kind = q4 ? "q4_0" : "q8_0";
   for (int64_t M : opt.rows)
     for (const Layer& l : kLayers) {
       if (!opt.layers.empty() && std::find(opt.layers.begin(), opt.layers.end(), l.name) == opt.layers.end())
         continue;
-      const int64_t bytes = l.n * l.k / 32 * int64_t(sizeof(kernels::BlockQ8_0));
+      const int64_t bytes = l.n * l.k / 32 * int64_t(sizeof(Block));
       const kernels::GemvShape bf{.M = M, .N = l.n, .K = l.k, .trans_b = true, .weight = DType::bf16};
       const int64_t stride = (std::max(bytes, bf.weight_bytes()) + 4095) / 4096 * 4096;
       const int64_t slots = std::max<int64_t>(1, int64_t(pool_bytes) / stride);
@@ -91,8 +95,11 @@ Status run_q8_0_rows(const DecodeBenchOptions& opt, int threads, const char* poo
       Status st;
       auto pass_q8 = [&] {
         for (int64_t s = 0; s < slots && st.is_ok(); ++s)
-          st = kernels::gemv_q8_0_rows8(
-              x, {reinterpret_cast<const kernels::BlockQ8_0*>(slot(s)), size_t(l.n * l.k / 32)}, y, M, l.n, l.k);
+        {
+          const std::span<const Block> blocks(reinterpret_cast<const Block*>(slot(s)), size_t(l.n * l.k / 32));
+          if constexpr (q4) st = kernels::gemv_q4_0_rows8(x, blocks, y, M, l.n, l.k);
+          else st = kernels::gemv_q8_0_rows8(x, blocks, y, M, l.n, l.k);
+        }
       };
       auto pass_bf16 = [&] {
         for (int64_t s = 0; s < slots; ++s) kernels::gemv_run(bf, x.data(), slot(s), nullptr, y.data());
@@ -119,18 +126,18 @@ Status run_q8_0_rows(const DecodeBenchOptions& opt, int threads, const char* poo
       const double sweep = total / best[0], aspen = total / best[1], vs_bf16 = best[2] / best[1];
       if (opt.json) {
         out << nlohmann::ordered_json{{"bench", "decode"}, {"layer", l.name}, {"m", M}, {"n", l.n}, {"k", l.k},
-                                      {"layout", "NK"}, {"weight", "q8_0"}, {"threads", threads},
+                                      {"layout", "NK"}, {"weight", kind}, {"threads", threads},
                                       {"weight_bytes", bytes}, {"replicas", slots}, {"sweep_gbs", sweep},
                                       {"aspen_gbs", aspen}, {"ratio_vs_sweep", aspen / sweep},
-                                      {"bf16_s", best[2] / double(slots)}, {"q8_0_s", best[1] / double(slots)},
+                                      {"bf16_s", best[2] / double(slots)}, {"quantized_s", best[1] / double(slots)},
                                       {"ratio_vs_bf16", vs_bf16}}
                    .dump()
             << "\n";
       } else {
         out << fmt::format("{:<12} {:>2} {:>6} {:>5} {:>5} {:>5} {:>3} | {:>7.1f} {:>7} {:>7.1f} {:>7} | {:>6.0f}%  "
-                           "q8_0 vs aspen's bf16 {:.2f}x\n",
-                           l.name, M, l.n, l.k, "[N,K]", "q8_0", threads, sweep, "-", aspen, "-", 100 * aspen / sweep,
-                           vs_bf16);
+                           "{} vs aspen's bf16 {:.2f}x\n",
+                           l.name, M, l.n, l.k, "[N,K]", kind, threads, sweep, "-", aspen, "-", 100 * aspen / sweep,
+                           kind, vs_bf16);
       }
       out.flush();
     }
@@ -240,7 +247,10 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
           out.flush();
         }
       }
-    if (opt.q8_0) ASPEN_RETURN_IF_ERROR(run_q8_0_rows(opt, threads, pool.get(), pool_bytes, rounds, out));
+    if (opt.q8_0)
+      ASPEN_RETURN_IF_ERROR(run_q8_0_rows<kernels::BlockQ8_0>(opt, threads, pool.get(), pool_bytes, rounds, out));
+    if (opt.q4_0)
+      ASPEN_RETURN_IF_ERROR(run_q8_0_rows<kernels::BlockQ4_0>(opt, threads, pool.get(), pool_bytes, rounds, out));
   }
   return Status();
 }

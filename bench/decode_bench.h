@@ -31,6 +31,7 @@ struct DecodeBenchOptions {
   // Q8_0 weights (llama.cpp's 8-bit blocks, [N, K] whatever the layer's layout: GGUF stores them so), with
   // aspen's bf16 product on the same layer beside them ("ratio_vs_bf16": W3.4's goal is 1.9x).
   bool q8_0 = true;
+  bool q4_0 = true;  // Q4_0 weights likewise (goal: 3x bf16)
   bool json = false;
   bool quick = false;  // small pool, one round (a smoke test)
   int64_t pool_mib = 1024;  // replicas' pool; a small one (e.g. 8) measures in-cache speed instead

@@ -17,21 +17,40 @@ namespace {
 
 float f16_value(uint16_t bits) { return f16_to_f32(f16{bits}); }
 
+// A weight block's 32 values as int8, j = 0..31: Q8_0's as stored, Q4_0's nibbles less 8 (low nibbles are
+// values 0..15, high nibbles 16..31, as ggml orders them).
+int8_t weight_q(const BlockQ8_0& w, int j) { return w.qs[j]; }
+int8_t weight_q(const BlockQ4_0& w, int j) {
+  return int8_t(int(j < 16 ? w.qs[j] & 0xF : w.qs[j - 16] >> 4) - 8);
+}
+
 // Block b of row-quantized x against block b of a weight row: the exact integer sum of their products.
-int32_t block_dot(const BlockQ8_0& w, const BlockQ8_0& x) {
+template <class W>
+int32_t block_dot(const W& w, const BlockQ8_0& x) {
   int32_t s = 0;
-  for (int j = 0; j < 32; ++j) s += int32_t(w.qs[j]) * int32_t(x.qs[j]);
+  for (int j = 0; j < 32; ++j) s += int32_t(weight_q(w, j)) * int32_t(x.qs[j]);
   return s;
 }
 
 // One output: the blocks in order (the file comment's accumulation).
-float row_dot(const BlockQ8_0* w, const BlockQ8_0* x, int64_t blocks) {
+template <class W>
+float row_dot(const W* w, const BlockQ8_0* x, int64_t blocks) {
   float acc = 0.0f;
   for (int64_t b = 0; b < blocks; ++b) {
     const float scale = f16_value(w[b].d) * f16_value(x[b].d);
     acc = std::fma(float(block_dot(w[b], x[b])), scale, acc);
   }
   return acc;
+}
+
+ASPEN_TARGET_AVX2 __m256i load_q(const BlockQ8_0& w) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs));
+}
+ASPEN_TARGET_AVX2 __m256i load_q(const BlockQ4_0& w) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs));
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+  return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
 }
 
 // Eight rows of W at once, lanes = rows, each lane the scalar row_dot's sequence of operations: the block's
@@ -41,7 +60,8 @@ float row_dot(const BlockQ8_0* w, const BlockQ8_0* x, int64_t blocks) {
 // `xd`: x's block scales as f32 (widened once, not per row group). The weights' 8 scales are inserted into a
 // vector one by one (stored to memory and loaded as a vector, they stalled on store forwarding every block).
 // Row r's block b is w[r * row_step + b * block_step]: (blocks, 1) for W as stored, (1, 8) packed.
-ASPEN_TARGET_AVX2 void rows8_avx2(const BlockQ8_0* w, int64_t row_step, int64_t block_step, const BlockQ8_0* x,
+template <class W>
+ASPEN_TARGET_AVX2 void rows8_avx2(const W* w, int64_t row_step, int64_t block_step, const BlockQ8_0* x,
                                   const float* xd, int64_t blocks, float* y) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc = _mm256_setzero_ps();
@@ -49,11 +69,10 @@ ASPEN_TARGET_AVX2 void rows8_avx2(const BlockQ8_0* w, int64_t row_step, int64_t 
     const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
     __m256i v[8];
     for (int r = 0; r < 8; ++r) {
-      const BlockQ8_0& blk = w[r * row_step + b * block_step];
-      const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
+      const __m256i wq = load_q(w[r * row_step + b * block_step]);
       v[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wq), _mm256_sign_epi8(xq, wq)), ones);
     }
-    const BlockQ8_0* c = w + b * block_step;
+    const W* c = w + b * block_step;
     const __m128i d = _mm_setr_epi16(short(c[0].d), short(c[row_step].d), short(c[2 * row_step].d),
                                      short(c[3 * row_step].d), short(c[4 * row_step].d), short(c[5 * row_step].d),
                                      short(c[6 * row_step].d), short(c[7 * row_step].d));
@@ -85,7 +104,9 @@ void quantize_row_q8_0(const float* x, int64_t K, BlockQ8_0* out) {
 }
 
 namespace ref {
-void gemv_q8_0(const float* x, const BlockQ8_0* w, float* y, int64_t M, int64_t N, int64_t K) {
+namespace {
+template <class W>
+void gemv_blocks(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K) {
   const int64_t blocks = K / 32;
   std::vector<BlockQ8_0> xq(static_cast<size_t>(blocks));
   for (int64_t m = 0; m < M; ++m) {
@@ -93,15 +114,23 @@ void gemv_q8_0(const float* x, const BlockQ8_0* w, float* y, int64_t M, int64_t 
     for (int64_t n = 0; n < N; ++n) y[m * N + n] = row_dot(w + n * blocks, xq.data(), blocks);
   }
 }
+}  // namespace
+void gemv_q8_0(const float* x, const BlockQ8_0* w, float* y, int64_t M, int64_t N, int64_t K) {
+  gemv_blocks(x, w, y, M, N, K);
+}
+void gemv_q4_0(const float* x, const BlockQ4_0* w, float* y, int64_t M, int64_t N, int64_t K) {
+  gemv_blocks(x, w, y, M, N, K);
+}
 }  // namespace ref
 
 namespace {
 
-Status check_q8_0(const char* fn, std::span<const float> x, std::span<const BlockQ8_0> w, std::span<float> y,
-                  int64_t M, int64_t N, int64_t K) {
+template <class W>
+Status check_blocks(const char* fn, std::span<const float> x, std::span<const W> w, std::span<float> y, int64_t M,
+                    int64_t N, int64_t K) {
   if (M < 1 || N < 1 || K < 32 || K % 32 != 0)
     return Status::invalid_argument(std::string(fn) + ": shape",
-                                    "M, N >= 1 and K a positive multiple of 32 (Q8_0 blocks)",
+                                    "M, N >= 1 and K a positive multiple of 32 (32-value blocks)",
                                     std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
   if (int64_t(x.size()) < M * K || int64_t(w.size()) < N * (K / 32) || int64_t(y.size()) < M * N)
     return Status::invalid_argument(std::string(fn) + ": buffers",
@@ -112,8 +141,9 @@ Status check_q8_0(const char* fn, std::span<const float> x, std::span<const Bloc
   return Status();
 }
 
-// Both layouts: `packed` says where row n's block b is (pack_q8_0_rows8's order, or W's).
-void gemv_q8_0_fast(const float* x, const BlockQ8_0* w, float* y, int64_t M, int64_t N, int64_t K, bool packed) {
+// Both layouts: `packed` says where row n's block b is (pack_rows8's order, or W's).
+template <class W>
+void gemv_fast(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, bool packed) {
   const int64_t blocks = K / 32, groups = N / 8;
   std::vector<BlockQ8_0> xq(static_cast<size_t>(M * blocks));
   for (int64_t m = 0; m < M; ++m) quantize_row_q8_0(x + m * K, K, xq.data() + m * blocks);
@@ -122,7 +152,7 @@ void gemv_q8_0_fast(const float* x, const BlockQ8_0* w, float* y, int64_t M, int
   // Each group of 8 rows is one thread's (static), so no output depends on the thread count.
 #pragma omp parallel for schedule(static) if (groups > 1 && N * K >= (1 << 16))
   for (int64_t g = 0; g < groups; ++g) {
-    const BlockQ8_0* wg = w + g * 8 * blocks;  // the group's first block, in either layout
+    const W* wg = w + g * 8 * blocks;  // the group's first block, in either layout
     for (int64_t m = 0; m < M; ++m)
       rows8_avx2(wg, packed ? 1 : blocks, packed ? 8 : 1, xq.data() + m * blocks, xd.data() + m * blocks, blocks,
                  y + m * N + g * 8);
@@ -131,17 +161,8 @@ void gemv_q8_0_fast(const float* x, const BlockQ8_0* w, float* y, int64_t M, int
     for (int64_t m = 0; m < M; ++m) y[m * N + n] = row_dot(w + n * blocks, xq.data() + m * blocks, blocks);
 }
 
-}  // namespace
-
-Status gemv_q8_0(std::span<const float> x, std::span<const BlockQ8_0> w, std::span<float> y, int64_t M, int64_t N,
-                 int64_t K) {
-  ASPEN_RETURN_IF_ERROR(check_q8_0("gemv_q8_0", x, w, y, M, N, K));
-  if (reference_mode() || active_isa() < Isa::avx2) ref::gemv_q8_0(x.data(), w.data(), y.data(), M, N, K);
-  else gemv_q8_0_fast(x.data(), w.data(), y.data(), M, N, K, /*packed=*/false);
-  return Status();
-}
-
-void pack_q8_0_rows8(std::span<const BlockQ8_0> w, int64_t N, int64_t K, std::span<BlockQ8_0> out) {
+template <class W>
+void pack_rows8(std::span<const W> w, int64_t N, int64_t K, std::span<W> out) {
   const int64_t blocks = K / 32, groups = N / 8;
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t b = 0; b < blocks; ++b)
@@ -149,21 +170,52 @@ void pack_q8_0_rows8(std::span<const BlockQ8_0> w, int64_t N, int64_t K, std::sp
   std::copy(w.begin() + groups * 8 * blocks, w.begin() + N * blocks, out.begin() + groups * 8 * blocks);
 }
 
-Status gemv_q8_0_rows8(std::span<const float> x, std::span<const BlockQ8_0> packed, std::span<float> y, int64_t M,
-                       int64_t N, int64_t K) {
-  ASPEN_RETURN_IF_ERROR(check_q8_0("gemv_q8_0_rows8", x, packed, y, M, N, K));
-  if (reference_mode() || active_isa() < Isa::avx2) {  // the reference on W unpacked
-    const int64_t blocks = K / 32, groups = N / 8;
-    std::vector<BlockQ8_0> w(static_cast<size_t>(N * blocks));
-    for (int64_t g = 0; g < groups; ++g)
-      for (int64_t b = 0; b < blocks; ++b)
-        for (int64_t r = 0; r < 8; ++r) w[size_t((g * 8 + r) * blocks + b)] = packed[size_t((g * blocks + b) * 8 + r)];
-    std::copy(packed.begin() + groups * 8 * blocks, packed.begin() + N * blocks, w.begin() + groups * 8 * blocks);
-    ref::gemv_q8_0(x.data(), w.data(), y.data(), M, N, K);
+template <class W>
+Status gemv_checked(const char* fn, std::span<const float> x, std::span<const W> w, std::span<float> y, int64_t M,
+                    int64_t N, int64_t K, bool packed) {
+  ASPEN_RETURN_IF_ERROR(check_blocks(fn, x, w, y, M, N, K));
+  if (!reference_mode() && active_isa() >= Isa::avx2) {
+    gemv_fast(x.data(), w.data(), y.data(), M, N, K, packed);
     return Status();
   }
-  gemv_q8_0_fast(x.data(), packed.data(), y.data(), M, N, K, /*packed=*/true);
+  std::vector<W> unpacked;
+  const W* rows = w.data();
+  if (packed) {  // the reference on W unpacked
+    const int64_t blocks = K / 32, groups = N / 8;
+    unpacked.resize(static_cast<size_t>(N * blocks));
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t r = 0; r < 8; ++r) unpacked[size_t((g * 8 + r) * blocks + b)] = w[size_t((g * blocks + b) * 8 + r)];
+    std::copy(w.begin() + groups * 8 * blocks, w.begin() + N * blocks, unpacked.begin() + groups * 8 * blocks);
+    rows = unpacked.data();
+  }
+  ref::gemv_blocks(x.data(), rows, y.data(), M, N, K);
   return Status();
+}
+
+}  // namespace
+
+Status gemv_q8_0(std::span<const float> x, std::span<const BlockQ8_0> w, std::span<float> y, int64_t M, int64_t N,
+                 int64_t K) {
+  return gemv_checked("gemv_q8_0", x, w, y, M, N, K, false);
+}
+Status gemv_q8_0_rows8(std::span<const float> x, std::span<const BlockQ8_0> packed, std::span<float> y, int64_t M,
+                       int64_t N, int64_t K) {
+  return gemv_checked("gemv_q8_0_rows8", x, packed, y, M, N, K, true);
+}
+void pack_q8_0_rows8(std::span<const BlockQ8_0> w, int64_t N, int64_t K, std::span<BlockQ8_0> out) {
+  pack_rows8(w, N, K, out);
+}
+Status gemv_q4_0(std::span<const float> x, std::span<const BlockQ4_0> w, std::span<float> y, int64_t M, int64_t N,
+                 int64_t K) {
+  return gemv_checked("gemv_q4_0", x, w, y, M, N, K, false);
+}
+Status gemv_q4_0_rows8(std::span<const float> x, std::span<const BlockQ4_0> packed, std::span<float> y, int64_t M,
+                       int64_t N, int64_t K) {
+  return gemv_checked("gemv_q4_0_rows8", x, packed, y, M, N, K, true);
+}
+void pack_q4_0_rows8(std::span<const BlockQ4_0> w, int64_t N, int64_t K, std::span<BlockQ4_0> out) {
+  pack_rows8(w, N, K, out);
 }
 
 }  // namespace aspen::kernels

@@ -1,5 +1,5 @@
-// kernels/quant.h: products with weights in ggml's Q8_0 blocks (llama.cpp's 8-bit format; io/gguf.h reads
-// them from GGUF files), on int8 dot products: decode against quantized weights.
+// kernels/quant.h: products with weights in ggml's Q8_0 and Q4_0 blocks (llama.cpp's 8- and 4-bit formats;
+// io/gguf.h reads them from GGUF files), on int8 dot products: decode against quantized weights.
 //
 // A Q8_0 block is 32 values: an f16 scale d and 32 int8 q, value = d · q (34 bytes). For
 //   y[m, n] = Σ_k x[m, k] · W[n, k]        W [N, K] in Q8_0 blocks, row n = K / 32 blocks, K % 32 == 0
@@ -27,6 +27,13 @@ struct BlockQ8_0 {
 };
 static_assert(sizeof(BlockQ8_0) == 34, "ggml's Q8_0 block is 34 bytes");
 
+// ggml's Q4_0 block: 32 values d · (q - 8), q the low nibbles of qs (values 0..15) then the high ones (16..31).
+struct BlockQ4_0 {
+  uint16_t d;      // f16 bits
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ4_0) == 18, "ggml's Q4_0 block is 18 bytes");
+
 // x [K] (K % 32 == 0) as K / 32 Q8_0 blocks, as ggml's quantize_row_q8_0_ref makes them.
 void quantize_row_q8_0(const float* x, int64_t K, BlockQ8_0* out);
 
@@ -44,9 +51,17 @@ void pack_q8_0_rows8(std::span<const BlockQ8_0> w, int64_t N, int64_t K, std::sp
 [[nodiscard]] Status gemv_q8_0_rows8(std::span<const float> x, std::span<const BlockQ8_0> packed, std::span<float> y,
                                      int64_t M, int64_t N, int64_t K);
 
+// The same products with Q4_0 weights (the activations still Q8_0; the nibbles less 8 are the int8 weights).
+[[nodiscard]] Status gemv_q4_0(std::span<const float> x, std::span<const BlockQ4_0> w, std::span<float> y, int64_t M,
+                               int64_t N, int64_t K);
+void pack_q4_0_rows8(std::span<const BlockQ4_0> w, int64_t N, int64_t K, std::span<BlockQ4_0> out);
+[[nodiscard]] Status gemv_q4_0_rows8(std::span<const float> x, std::span<const BlockQ4_0> packed, std::span<float> y,
+                                     int64_t M, int64_t N, int64_t K);
+
 namespace ref {
 // The scalar product of the file comment, row by row.
 void gemv_q8_0(const float* x, const BlockQ8_0* w, float* y, int64_t M, int64_t N, int64_t K);
+void gemv_q4_0(const float* x, const BlockQ4_0* w, float* y, int64_t M, int64_t N, int64_t K);
 }  // namespace ref
 
 }  // namespace aspen::kernels

@@ -90,6 +90,46 @@ TEST(Q8_0, GemvEqualsTheReferenceBitwiseOnOddShapes) {
   }
 }
 
+// Q4_0 weights: the same products (activations in Q8_0), bitwise against the reference in both layouts and
+// within x's quantization error of the f32 product of ggml's dequantized values, d · (q - 8).
+TEST(Q4_0, GemvEqualsTheReferenceBitwiseOnOddShapes) {
+  for (auto [M, N, K] : {std::tuple{1, 1, 32}, std::tuple{1, 9, 64}, std::tuple{2, 37, 96}, std::tuple{1, 768, 3072},
+                         std::tuple{3, 1029, 768}}) {
+    SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
+    const int64_t nb = int64_t(N) * K / 32;
+    std::vector<float> v(static_cast<size_t>(nb) * 17);
+    philox_fill_uniform(std::span<float>(v), uint64_t(N * 7 + K), 0, 0, 0.0f, 1.0f);
+    std::vector<BlockQ4_0> w(static_cast<size_t>(nb));
+    for (int64_t b = 0; b < nb; ++b) {
+      w[size_t(b)].d = f32_to_f16(0.001f + 0.02f * v[size_t(17 * b)]).bits;
+      for (int j = 0; j < 16; ++j) w[size_t(b)].qs[j] = uint8_t(v[size_t(17 * b + 1 + j)] * 255.99f);
+    }
+    std::vector<float> x(size_t(M) * K);
+    philox_fill_uniform(std::span<float>(x), 4, 0, 0, -2.0f, 2.0f);
+    std::vector<float> want(size_t(M) * N), got(want.size()), packed_got(want.size());
+    ref::gemv_q4_0(x.data(), w.data(), want.data(), M, N, K);
+    ASSERT_TRUE(gemv_q4_0(x, w, got, M, N, K).is_ok());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
+    std::vector<BlockQ4_0> packed(w.size());
+    pack_q4_0_rows8(w, N, K, packed);
+    ASSERT_TRUE(gemv_q4_0_rows8(x, packed, packed_got, M, N, K).is_ok());
+    EXPECT_EQ(std::memcmp(packed_got.data(), want.data(), got.size() * 4), 0);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double exact = 0, scale = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const BlockQ4_0& blk = w[size_t(n * (K / 32) + k / 32)];
+          const int j = int(k % 32);
+          const int q = j < 16 ? blk.qs[j] & 0xF : blk.qs[j - 16] >> 4;
+          const double wv = double(f16_to_f32(f16{blk.d})) * (q - 8);
+          exact += wv * x[size_t(m * K + k)];
+          scale += std::fabs(wv) * 2.0 / 127.0;
+        }
+        EXPECT_NEAR(got[size_t(m * N + n)], exact, 0.5 * scale + 1e-6) << m << ", " << n;
+      }
+  }
+}
+
 TEST(Q8_0, BadShapesAreNamed) {
   std::vector<float> x(40), y(4);
   std::vector<BlockQ8_0> w(4);
