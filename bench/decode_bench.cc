@@ -201,27 +201,21 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
           };
           pass_aspen();  // warm up: first touches, oneDNN's lazy setup
           pass_dnnl();
-          double best[4] = {1e30, 1e30, 1e30, 1e30};
-          for (int r = 0; r < rounds; ++r) {
-            // The whole region in one pass: the plain ceiling (one stream per thread, or 8
-            // interleaved, alternating rounds).
-            const bool pf = r % 2 == 1;
-            best[3] = std::min(best[3], read_sweep_seconds(pool.get(), size_t(slots * stride), pf));
-            double t0 = now();
-            pass_sweep(pf);
-            double t1 = now();
-            pass_aspen();
-            double t2 = now();
-            pass_dnnl();
-            double t3 = now();
-            best[0] = std::min(best[0], t1 - t0);
-            best[1] = std::min(best[1], t2 - t1);
-            best[2] = std::min(best[2], t3 - t2);
-          }
+          // NOTE [guarded rows]: per round, the replicas swept (one stream per thread, then 8 interleaved),
+          // aspen and oneDNN; the ceiling, the whole region swept both ways (the better), before and after.
+          const double region_gb = double(slots * stride) / 1e9;
+          const std::function<double()> ceiling = [&] {
+            return region_gb / std::min(read_sweep_seconds(pool.get(), size_t(slots * stride), false),
+                                        read_sweep_seconds(pool.get(), size_t(slots * stride), true));
+          };
+          const RowTimes times = guarded_rounds({[&] { pass_sweep(false); }, [&] { pass_sweep(true); }, pass_aspen,
+                                                 pass_dnnl},
+                                                ceiling, rounds, 0.0);
+          const double best[3] = {std::min(times.min[0], times.min[1]), times.min[2], times.min[3]};
           const double total = double(slots) * double(bytes) / 1e9;
           // The ceiling is the better of the two sweeps: on a loaded host one long parallel region
           // suffers more from a descheduled thread than many short ones do.
-          const double sweep_whole = double(slots * stride) / 1e9 / best[3], sweep_each = total / best[0];
+          const double sweep_whole = times.ceiling(), sweep_each = total / best[0];
           const double sweep = std::max(sweep_whole, sweep_each);
           const double aspen = total / best[1], dnnl = dnnl_peer ? total / best[2] : 0.0;
           const auto or_null = [](double v) { return v > 0 ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr); };
@@ -238,11 +232,16 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
                                           {"ratio_vs_onednn", or_null(dnnl > 0 ? aspen / dnnl : 0)},
                                           {"onednn_vs_sweep", or_null(dnnl / sweep)},
                                           {"ratio_vs_sweep_per_matrix", aspen / sweep_each}};
+            row["aspen_s"] = spread_json(times, 2);
+            if (dnnl_peer) row["onednn_s"] = spread_json(times, 3);
+            add_guard_fields(row, times);
             out << row.dump() << "\n";
           } else {
-            out << fmt::format("{:<12} {:>2} {:>6} {:>5} {:>5} {:>5} {:>3} | {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} | {:>6.0f}% {:>6.2f}x\n",
+            out << fmt::format("{:<12} {:>2} {:>6} {:>5} {:>5} {:>5} {:>3} | {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} | {:>6.0f}% {:>6.2f}x{}\n",
                                l.name, M, l.n, l.k, l.trans_b ? "[N,K]" : "[K,N]", dtype_name(wt), threads, sweep_whole,
-                               sweep_each, aspen, dnnl, 100 * aspen / sweep, dnnl > 0 ? aspen / dnnl : 0.0);
+                               sweep_each, aspen, dnnl, 100 * aspen / sweep, dnnl > 0 ? aspen / dnnl : 0.0,
+                               times.disturbed ? fmt::format("  (disturbed: the sweep moved {:.0f}%)", 100 * times.drift())
+                                               : std::string());
           }
           out.flush();
         }
