@@ -71,20 +71,21 @@ class OneDnnPeer {
   std::unordered_map<int, dnnl::memory> args_;
 };
 
-// Q8_0 (and Q4_0) rows: aspen's gemv_q8_0_rows8 (gemv_q4_0_rows8) over replicas of the layer's blocks ([N, K], packed 8 rows a stream as a
+// Q8_0 (Q4_0, Q4_K) rows: aspen's gemv_q8_0_rows8 (gemv_q4_0_rows8, gemv_q4_k_rows8) over replicas of the layer's blocks ([N, K], packed 8 rows a stream as a
 // loader packs them: the pool's bytes are blocks in any order), interleaved with a read sweep of
 // the same bytes and aspen's bf16 [N, K] product over bf16 replicas of the layer (the figure Q8_0 must beat).
 // The pool's bytes read as blocks whose scales are normal f16 (0x3Fxx) and quants any int8.
 template <class Block>
 Status run_q8_0_rows(const DecodeBenchOptions& opt, int threads, const char* pool, size_t pool_bytes, int rounds,
                      std::ostream& out) {
-  constexpr bool q4 = std::is_same_v<Block, kernels::BlockQ4_0>;
-  const char* kind = q4 ? "q4_0" : "q8_0";
+  constexpr bool q4 = std::is_same_v<Block, kernels::BlockQ4_0>, q4k = std::is_same_v<Block, kernels::BlockQ4_K>;
+  const char* kind = q4k ? "q4_k" : q4 ? "q4_0" : "q8_0";
+  constexpr int64_t per = q4k ? 256 : 32;  // values per block
   for (int64_t M : opt.rows)
     for (const Layer& l : kLayers) {
       if (!opt.layers.empty() && std::find(opt.layers.begin(), opt.layers.end(), l.name) == opt.layers.end())
         continue;
-      const int64_t bytes = l.n * l.k / 32 * int64_t(sizeof(Block));
+      const int64_t bytes = l.n * l.k / per * int64_t(sizeof(Block));
       const kernels::GemvShape bf{.M = M, .N = l.n, .K = l.k, .trans_b = true, .weight = DType::bf16};
       const int64_t stride = (std::max(bytes, bf.weight_bytes()) + 4095) / 4096 * 4096;
       const int64_t slots = std::max<int64_t>(1, int64_t(pool_bytes) / stride);
@@ -96,8 +97,9 @@ Status run_q8_0_rows(const DecodeBenchOptions& opt, int threads, const char* poo
       auto pass_q8 = [&] {
         for (int64_t s = 0; s < slots && st.is_ok(); ++s)
         {
-          const std::span<const Block> blocks(reinterpret_cast<const Block*>(slot(s)), size_t(l.n * l.k / 32));
-          if constexpr (q4) st = kernels::gemv_q4_0_rows8(x, blocks, y, M, l.n, l.k);
+          const std::span<const Block> blocks(reinterpret_cast<const Block*>(slot(s)), size_t(l.n * l.k / per));
+          if constexpr (q4k) st = kernels::gemv_q4_k_rows8(x, blocks, y, M, l.n, l.k);
+          else if constexpr (q4) st = kernels::gemv_q4_0_rows8(x, blocks, y, M, l.n, l.k);
           else st = kernels::gemv_q8_0_rows8(x, blocks, y, M, l.n, l.k);
         }
       };
@@ -250,6 +252,8 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
       ASPEN_RETURN_IF_ERROR(run_q8_0_rows<kernels::BlockQ8_0>(opt, threads, pool.get(), pool_bytes, rounds, out));
     if (opt.q4_0)
       ASPEN_RETURN_IF_ERROR(run_q8_0_rows<kernels::BlockQ4_0>(opt, threads, pool.get(), pool_bytes, rounds, out));
+    if (opt.q4_k)
+      ASPEN_RETURN_IF_ERROR(run_q8_0_rows<kernels::BlockQ4_K>(opt, threads, pool.get(), pool_bytes, rounds, out));
   }
   return Status();
 }

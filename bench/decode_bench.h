@@ -32,6 +32,7 @@ struct DecodeBenchOptions {
   // aspen's bf16 product on the same layer beside them ("ratio_vs_bf16": W3.4's goal is 1.9x).
   bool q8_0 = true;
   bool q4_0 = true;  // Q4_0 weights likewise (goal: 3x bf16)
+  bool q4_k = true;  // Q4_K weights likewise (goal: 3x bf16)
   bool json = false;
   bool quick = false;  // small pool, one round (a smoke test)
   int64_t pool_mib = 1024;  // replicas' pool; a small one (e.g. 8) measures in-cache speed instead

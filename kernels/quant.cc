@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -163,7 +164,7 @@ void gemv_fast(const float* x, const W* w, float* y, int64_t M, int64_t N, int64
 
 template <class W>
 void pack_rows8(std::span<const W> w, int64_t N, int64_t K, std::span<W> out) {
-  const int64_t blocks = K / 32, groups = N / 8;
+  const int64_t blocks = K / (std::is_same_v<W, BlockQ4_K> ? 256 : 32), groups = N / 8;
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t b = 0; b < blocks; ++b)
       for (int64_t r = 0; r < 8; ++r) out[size_t((g * blocks + b) * 8 + r)] = w[size_t((g * 8 + r) * blocks + b)];
@@ -215,6 +216,175 @@ Status gemv_q4_0_rows8(std::span<const float> x, std::span<const BlockQ4_0> pack
   return gemv_checked("gemv_q4_0_rows8", x, packed, y, M, N, K, true);
 }
 void pack_q4_0_rows8(std::span<const BlockQ4_0> w, int64_t N, int64_t K, std::span<BlockQ4_0> out) {
+  pack_rows8(w, N, K, out);
+}
+
+// ---- Q4_K --------------------------------------------------------------------------------------------------
+
+namespace {
+
+// ggml's get_scale_min_k4: sub-block j's 6-bit scale and min.
+void q4k_scale_min(const uint8_t* q, int j, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63, *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// x's Q8_0 blocks, their scales as f32 and the sums of their quants (the min terms' factor).
+struct XQ {
+  std::vector<BlockQ8_0> q;
+  std::vector<float> d;
+  std::vector<int32_t> sum;
+};
+XQ quantize_x(const float* x, int64_t M, int64_t K) {
+  XQ o;
+  const int64_t blocks = K / 32;
+  o.q.resize(static_cast<size_t>(M * blocks));
+  for (int64_t m = 0; m < M; ++m) quantize_row_q8_0(x + m * K, K, o.q.data() + m * blocks);
+  o.d.resize(o.q.size());
+  o.sum.resize(o.q.size());
+  for (size_t i = 0; i < o.q.size(); ++i) {
+    o.d[i] = f16_value(o.q[i].d);
+    int32_t t = 0;
+    for (int j = 0; j < 32; ++j) t += o.q[i].qs[j];
+    o.sum[i] = t;
+  }
+  return o;
+}
+
+// One output (the header's order). `xq`, `xd`, `xs`: the row's x blocks, scales and sums.
+float q4k_row_dot(const BlockQ4_K* w, const BlockQ8_0* xq, const float* xd, const int32_t* xs, int64_t supers) {
+  float acc = 0.0f;
+  for (int64_t B = 0; B < supers; ++B) {
+    const BlockQ4_K& b = w[B];
+    const float d = f16_value(b.d), dmin = f16_value(b.dmin);
+    for (int s = 0; s < 8; ++s) {
+      int sc, m;
+      q4k_scale_min(b.scales, s, &sc, &m);
+      const uint8_t* q = b.qs + 32 * (s / 2);
+      const BlockQ8_0& x = xq[B * 8 + s];
+      int32_t isum = 0;
+      for (int j = 0; j < 32; ++j) isum += int32_t(s % 2 ? q[j] >> 4 : q[j] & 0xF) * int32_t(x.qs[j]);
+      const float dx = xd[B * 8 + s];
+      acc = std::fma(float(isum), (d * float(sc)) * dx, acc);
+      acc = std::fma(float(-xs[B * 8 + s]), (dmin * float(m)) * dx, acc);
+    }
+  }
+  return acc;
+}
+
+// Eight rows at once (lanes = rows), the reference's sequence in each lane: the sub-block's integer sums by
+// maddubs (nibbles, unsigned, against x's int8: at most 2 · 15 · 127 per int16) and madd, reduced per row.
+ASPEN_TARGET_AVX2 void q4k_rows8_avx2(const BlockQ4_K* w, int64_t row_step, int64_t block_step,
+                                      const BlockQ8_0* xq, const float* xd, const int32_t* xs, int64_t supers,
+                                      float* y) {
+  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t B = 0; B < supers; ++B) {
+    alignas(32) float dsc[8][8], dmn[8][8];  // [sub-block][row]
+    for (int r = 0; r < 8; ++r) {
+      const BlockQ4_K& b = w[r * row_step + B * block_step];
+      const float d = f16_value(b.d), dmin = f16_value(b.dmin);
+      for (int s = 0; s < 8; ++s) {
+        int sc, m;
+        q4k_scale_min(b.scales, s, &sc, &m);
+        dsc[s][r] = d * float(sc), dmn[s][r] = dmin * float(m);
+      }
+    }
+    for (int g = 0; g < 4; ++g) {
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[B * 8 + 2 * g].qs));
+      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[B * 8 + 2 * g + 1].qs));
+      __m256i v0[8], v1[8];
+      for (int r = 0; r < 8; ++r) {
+        const __m256i q = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(w[r * row_step + B * block_step].qs + 32 * g));
+        v0[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, low), x0), ones);
+        v1[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), x1), ones);
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256i* v = h ? v1 : v0;
+        const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
+        const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
+        const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
+        const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                                              _mm256_permute2x128_si256(h0123, h4567, 0x31));
+        const int s = 2 * g + h;
+        const __m256 dx = _mm256_set1_ps(xd[B * 8 + s]);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(_mm256_load_ps(dsc[s]), dx), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(float(-xs[B * 8 + s])), _mm256_mul_ps(_mm256_load_ps(dmn[s]), dx), acc);
+      }
+    }
+  }
+  _mm256_storeu_ps(y, acc);
+}
+
+Status gemv_q4k_checked(const char* fn, std::span<const float> x, std::span<const BlockQ4_K> w, std::span<float> y,
+                        int64_t M, int64_t N, int64_t K, bool packed) {
+  if (M < 1 || N < 1 || K < 256 || K % 256 != 0)
+    return Status::invalid_argument(std::string(fn) + ": shape",
+                                    "M, N >= 1 and K a positive multiple of 256 (Q4_K super-blocks)",
+                                    std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
+  const int64_t supers = K / 256, groups = N / 8;
+  if (int64_t(x.size()) < M * K || int64_t(w.size()) < N * supers || int64_t(y.size()) < M * N)
+    return Status::invalid_argument(std::string(fn) + ": buffers",
+                                    "x of " + std::to_string(M * K) + " values, w of " + std::to_string(N * supers) +
+                                        " super-blocks, y of " + std::to_string(M * N),
+                                    std::to_string(x.size()) + ", " + std::to_string(w.size()) + ", " +
+                                        std::to_string(y.size()));
+  const XQ xq = quantize_x(x.data(), M, K);
+  const int64_t xb = K / 32;
+  auto row = [&](int64_t n, int64_t m) {  // a row past the last whole group: stored row by row in either layout
+    return q4k_row_dot(w.data() + n * supers, xq.q.data() + m * xb, xq.d.data() + m * xb, xq.sum.data() + m * xb,
+                       supers);
+  };
+  if (reference_mode() || active_isa() < Isa::avx2) {
+    if (packed) {  // the reference on W unpacked
+      std::vector<BlockQ4_K> unpacked(static_cast<size_t>(N * supers));
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t b = 0; b < supers; ++b)
+          for (int64_t r = 0; r < 8; ++r)
+            unpacked[size_t((g * 8 + r) * supers + b)] = w[size_t((g * supers + b) * 8 + r)];
+      std::copy(w.begin() + groups * 8 * supers, w.begin() + N * supers, unpacked.begin() + groups * 8 * supers);
+      ref::gemv_q4_k(x.data(), unpacked.data(), y.data(), M, N, K);
+      return Status();
+    }
+    ref::gemv_q4_k(x.data(), w.data(), y.data(), M, N, K);
+    return Status();
+  }
+#pragma omp parallel for schedule(static) if (groups > 1 && N * K >= (1 << 16))
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t m = 0; m < M; ++m)
+      q4k_rows8_avx2(w.data() + g * 8 * supers, packed ? 1 : supers, packed ? 8 : 1, xq.q.data() + m * xb,
+                     xq.d.data() + m * xb, xq.sum.data() + m * xb, supers, y.data() + m * N + g * 8);
+  for (int64_t n = groups * 8; n < N; ++n)
+    for (int64_t m = 0; m < M; ++m) y[size_t(m * N + n)] = row(n, m);
+  return Status();
+}
+
+}  // namespace
+
+namespace ref {
+void gemv_q4_k(const float* x, const BlockQ4_K* w, float* y, int64_t M, int64_t N, int64_t K) {
+  const XQ xq = quantize_x(x, M, K);
+  const int64_t xb = K / 32, supers = K / 256;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n)
+      y[m * N + n] = q4k_row_dot(w + n * supers, xq.q.data() + m * xb, xq.d.data() + m * xb, xq.sum.data() + m * xb,
+                                 supers);
+}
+}  // namespace ref
+
+Status gemv_q4_k(std::span<const float> x, std::span<const BlockQ4_K> w, std::span<float> y, int64_t M, int64_t N,
+                 int64_t K) {
+  return gemv_q4k_checked("gemv_q4_k", x, w, y, M, N, K, false);
+}
+Status gemv_q4_k_rows8(std::span<const float> x, std::span<const BlockQ4_K> packed, std::span<float> y, int64_t M,
+                       int64_t N, int64_t K) {
+  return gemv_q4k_checked("gemv_q4_k_rows8", x, packed, y, M, N, K, true);
+}
+void pack_q4_k_rows8(std::span<const BlockQ4_K> w, int64_t N, int64_t K, std::span<BlockQ4_K> out) {
   pack_rows8(w, N, K, out);
 }
 

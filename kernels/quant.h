@@ -34,6 +34,16 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18, "ggml's Q4_0 block is 18 bytes");
 
+// ggml's Q4_K super-block: 256 values in 8 sub-blocks of 32, sub-block s's value (d · sc_s) · q - (dmin · m_s)
+// with 6-bit sc_s, m_s packed in `scales` (ggml's get_scale_min_k4) and q the nibbles of qs (sub-blocks 2g and
+// 2g + 1: the low and high nibbles of qs[32g .. 32g + 31]).
+struct BlockQ4_K {
+  uint16_t d, dmin;  // f16 bits
+  uint8_t scales[12];
+  uint8_t qs[128];
+};
+static_assert(sizeof(BlockQ4_K) == 144, "ggml's Q4_K block is 144 bytes");
+
 // x [K] (K % 32 == 0) as K / 32 Q8_0 blocks, as ggml's quantize_row_q8_0_ref makes them.
 void quantize_row_q8_0(const float* x, int64_t K, BlockQ8_0* out);
 
@@ -58,10 +68,20 @@ void pack_q4_0_rows8(std::span<const BlockQ4_0> w, int64_t N, int64_t K, std::sp
 [[nodiscard]] Status gemv_q4_0_rows8(std::span<const float> x, std::span<const BlockQ4_0> packed, std::span<float> y,
                                      int64_t M, int64_t N, int64_t K);
 
+// Q4_K weights (K % 256 == 0), activations in Q8_0 (x's block 8B + s is sub-block s of super-block B): per
+// sub-block, in order, acc = fma(float(Σ q · qx), (d · sc) · dx, acc), then acc = fma(float(-Σ qx), (dmin · m) · dx,
+// acc), every product and sum as written, so the AVX2 path equals the reference bitwise.
+[[nodiscard]] Status gemv_q4_k(std::span<const float> x, std::span<const BlockQ4_K> w, std::span<float> y, int64_t M,
+                               int64_t N, int64_t K);
+void pack_q4_k_rows8(std::span<const BlockQ4_K> w, int64_t N, int64_t K, std::span<BlockQ4_K> out);
+[[nodiscard]] Status gemv_q4_k_rows8(std::span<const float> x, std::span<const BlockQ4_K> packed, std::span<float> y,
+                                     int64_t M, int64_t N, int64_t K);
+
 namespace ref {
 // The scalar product of the file comment, row by row.
 void gemv_q8_0(const float* x, const BlockQ8_0* w, float* y, int64_t M, int64_t N, int64_t K);
 void gemv_q4_0(const float* x, const BlockQ4_0* w, float* y, int64_t M, int64_t N, int64_t K);
+void gemv_q4_k(const float* x, const BlockQ4_K* w, float* y, int64_t M, int64_t N, int64_t K);
 }  // namespace ref
 
 }  // namespace aspen::kernels

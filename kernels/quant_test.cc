@@ -130,6 +130,61 @@ TEST(Q4_0, GemvEqualsTheReferenceBitwiseOnOddShapes) {
   }
 }
 
+// Q4_K weights: bitwise against the reference in both layouts; within x's quantization error of the f32
+// product of ggml's dequantized values, (d · sc) · q - dmin · m.
+TEST(Q4_K, GemvEqualsTheReferenceBitwiseOnOddShapes) {
+  for (auto [M, N, K] : {std::tuple{1, 1, 256}, std::tuple{1, 11, 512}, std::tuple{2, 37, 768},
+                         std::tuple{1, 771, 3072}}) {
+    SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
+    const int64_t nb = int64_t(N) * K / 256;
+    std::vector<float> v(static_cast<size_t>(nb) * 144);
+    philox_fill_uniform(std::span<float>(v), uint64_t(N * 5 + K), 0, 0, 0.0f, 1.0f);
+    std::vector<BlockQ4_K> w(static_cast<size_t>(nb));
+    for (int64_t b = 0; b < nb; ++b) {
+      BlockQ4_K& blk = w[size_t(b)];
+      blk.d = f32_to_f16(0.0005f + 0.002f * v[size_t(144 * b)]).bits;
+      blk.dmin = f32_to_f16(0.0005f + 0.002f * v[size_t(144 * b + 1)]).bits;
+      for (int j = 0; j < 12; ++j) blk.scales[j] = uint8_t(v[size_t(144 * b + 2 + j)] * 255.99f);
+      for (int j = 0; j < 128; ++j) blk.qs[j] = uint8_t(v[size_t(144 * b + 14 + j % 130)] * 255.99f);
+    }
+    std::vector<float> x(size_t(M) * K);
+    philox_fill_uniform(std::span<float>(x), 6, 0, 0, -2.0f, 2.0f);
+    std::vector<float> want(size_t(M) * N), got(want.size()), packed_got(want.size());
+    ref::gemv_q4_k(x.data(), w.data(), want.data(), M, N, K);
+    ASSERT_TRUE(gemv_q4_k(x, w, got, M, N, K).is_ok());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
+    std::vector<BlockQ4_K> packed(w.size());
+    pack_q4_k_rows8(w, N, K, packed);
+    ASSERT_TRUE(gemv_q4_k_rows8(x, packed, packed_got, M, N, K).is_ok());
+    EXPECT_EQ(std::memcmp(packed_got.data(), want.data(), got.size() * 4), 0);
+    {
+      ScopedReferenceMode reference(true);
+      ASSERT_TRUE(gemv_q4_k_rows8(x, packed, packed_got, M, N, K).is_ok());
+      EXPECT_EQ(std::memcmp(packed_got.data(), want.data(), got.size() * 4), 0);
+    }
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double exact = 0, scale = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const BlockQ4_K& blk = w[size_t(n * (K / 256) + k / 256)];
+          const int s = int(k % 256 / 32), j = int(k % 32);
+          const uint8_t* sc = blk.scales;
+          const int scv = s < 4 ? sc[s] & 63 : (sc[s + 4] & 0xF) | ((sc[s - 4] >> 6) << 4);
+          const int mv = s < 4 ? sc[s + 4] & 63 : (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+          const uint8_t qb = blk.qs[32 * (s / 2) + j];
+          const int q = s % 2 ? qb >> 4 : qb & 0xF;
+          const double wv = double(f16_to_f32(f16{blk.d})) * scv * q - double(f16_to_f32(f16{blk.dmin})) * mv;
+          exact += wv * x[size_t(m * K + k)];
+          scale += std::fabs(wv) * 2.0 / 127.0;
+        }
+        EXPECT_NEAR(got[size_t(m * N + n)], exact, 0.5 * scale + 1e-5) << m << ", " << n;
+      }
+  }
+  std::vector<float> x(128), y(1);
+  std::vector<BlockQ4_K> w(1);
+  EXPECT_FALSE(gemv_q4_k(x, w, y, 1, 1, 128).is_ok());  // K not a multiple of 256
+}
+
 TEST(Q8_0, BadShapesAreNamed) {
   std::vector<float> x(40), y(4);
   std::vector<BlockQ8_0> w(4);

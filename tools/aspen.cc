@@ -192,8 +192,8 @@ int main(int argc, char** argv) {
   dec_cmd->add_flag("--json", dec.json, "one JSON object per line");
   dec_cmd->add_option("--threads", dec.threads, "thread counts to run")->delimiter(',');
   dec_cmd->add_option("--rows", dec.rows, "activation rows M to run")->delimiter(',')->check(CLI::Range(1, 64));
-  dec_cmd->add_option("--dtype", dec_dtype, "weights: f32, bf16, q8_0, q4_0 or all")
-      ->check(CLI::IsMember({"f32", "bf16", "q8_0", "q4_0", "all"}));
+  dec_cmd->add_option("--dtype", dec_dtype, "weights: f32, bf16, q8_0, q4_0, q4_k or all")
+      ->check(CLI::IsMember({"f32", "bf16", "q8_0", "q4_0", "q4_k", "all"}));
   dec_cmd->add_option("--layers", dec.layers, "layers to run, e.g. lm_head,mlp.c_proj (default: all)")
       ->delimiter(',')
       ->check(CLI::IsMember({"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head"}));
@@ -467,6 +467,7 @@ int main(int argc, char** argv) {
     dec.bf16 = dec_dtype == "bf16" || dec_dtype == "all";
     dec.q8_0 = dec_dtype == "q8_0" || dec_dtype == "all";
     dec.q4_0 = dec_dtype == "q4_0" || dec_dtype == "all";
+    dec.q4_k = dec_dtype == "q4_k" || dec_dtype == "all";
     return report(aspen::bench::run_decode_bench(dec, std::cout));
   }
   if (attn_cmd->parsed()) return report(aspen::bench::run_attention_bench(attn, std::cout));
