@@ -47,52 +47,69 @@ TEST(Q8_0, QuantizeRowAsGgml) {
   for (int j = 0; j < 32; ++j) EXPECT_EQ(q[0].qs[j], 0);
 }
 
+// One format's four entry points.
+template <class W>
+struct Format {
+  void (*reference)(const float*, const W*, float*, int64_t, int64_t, int64_t);
+  Status (*gemv)(std::span<const float>, std::span<const W>, std::span<float>, int64_t, int64_t, int64_t);
+  void (*pack)(std::span<const W>, int64_t, int64_t, std::span<W>);
+  Status (*gemv_rows8)(std::span<const float>, std::span<const W>, std::span<float>, int64_t, int64_t, int64_t);
+};
+
+// Every path (W as stored and packed, fast and in reference mode) gives the reference's bits; then the fast
+// result is within x's quantization error of the f32 product of the dequantized weights (`value(n, k)`): each
+// x quantized to Q8_0 moves by at most half a step, max|x| / 127 / 2 <= x_max / 254.
+template <class W, class Value>
+void expect_products(const Format<W>& f, const std::vector<W>& w, const std::vector<float>& x, float x_max, int64_t M,
+                     int64_t N, int64_t K, Value value) {
+  std::vector<float> want(size_t(M * N)), got(want.size()), other(want.size());
+  f.reference(x.data(), w.data(), want.data(), M, N, K);
+  std::vector<W> packed(w.size());
+  f.pack(w, N, K, packed);
+  for (bool reference : {false, true}) {
+    SCOPED_TRACE(reference ? "reference mode" : "fast");
+    ScopedReferenceMode mode(reference);
+    ASSERT_TRUE(f.gemv(x, w, reference ? other : got, M, N, K).is_ok());
+    EXPECT_EQ(std::memcmp((reference ? other : got).data(), want.data(), want.size() * 4), 0);
+    ASSERT_TRUE(f.gemv_rows8(x, packed, other, M, N, K).is_ok());
+    EXPECT_EQ(std::memcmp(other.data(), want.data(), want.size() * 4), 0);
+  }
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double exact = 0, scale = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double wv = value(n, k);
+        exact += wv * x[size_t(m * K + k)];
+        scale += std::fabs(wv) * x_max / 127.0;
+      }
+      EXPECT_NEAR(got[size_t(m * N + n)], exact, 0.5 * scale + 1e-6) << m << ", " << n;
+    }
+}
+
+std::vector<float> random_x(int64_t n, uint64_t seed, float x_max) {
+  std::vector<float> x(static_cast<size_t>(n));
+  philox_fill_uniform(std::span<float>(x), seed, 0, 0, -x_max, x_max);
+  return x;
+}
+
+double f16_value(uint16_t bits) { return double(f16_to_f32(f16{bits})); }
+
 TEST(Q8_0, GemvEqualsTheReferenceBitwiseOnOddShapes) {
+  const Format<BlockQ8_0> f{ref::gemv_q8_0, gemv_q8_0, pack_q8_0_rows8, gemv_q8_0_rows8};
   for (auto [M, N, K] : {std::tuple{1, 1, 32}, std::tuple{1, 7, 64}, std::tuple{1, 8, 32}, std::tuple{1, 37, 96},
                          std::tuple{3, 19, 160}, std::tuple{1, 768, 768}, std::tuple{2, 1027, 3072}}) {
     SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
     const std::vector<BlockQ8_0> w = random_blocks(int64_t(N) * K / 32, uint64_t(N + K));
-    std::vector<float> x(size_t(M) * K);
-    philox_fill_uniform(std::span<float>(x), 9, 0, 0, -3.0f, 3.0f);
-    std::vector<float> want(size_t(M) * N), got(size_t(M) * N);
-    ref::gemv_q8_0(x.data(), w.data(), want.data(), M, N, K);
-    ASSERT_TRUE(gemv_q8_0(x, w, got, M, N, K).is_ok());
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
-    // The packed layout (8 rows a stream): the same bits.
-    std::vector<BlockQ8_0> packed(w.size());
-    pack_q8_0_rows8(w, N, K, packed);
-    std::vector<float> from_packed(got.size());
-    ASSERT_TRUE(gemv_q8_0_rows8(x, packed, from_packed, M, N, K).is_ok());
-    EXPECT_EQ(std::memcmp(from_packed.data(), want.data(), got.size() * 4), 0);
-    {
-      ScopedReferenceMode reference(true);
-      ASSERT_TRUE(gemv_q8_0_rows8(x, packed, from_packed, M, N, K).is_ok());
-      EXPECT_EQ(std::memcmp(from_packed.data(), want.data(), got.size() * 4), 0);
-    }
-    {
-      ScopedReferenceMode reference(true);
-      std::vector<float> again(got.size());
-      ASSERT_TRUE(gemv_q8_0(x, w, again, M, N, K).is_ok());
-      EXPECT_EQ(std::memcmp(again.data(), want.data(), got.size() * 4), 0);
-    }
-    // Against the f32 product of the dequantized weights: within x's quantization error.
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) {
-        double exact = 0, scale = 0;
-        for (int64_t k = 0; k < K; ++k) {
-          const BlockQ8_0& blk = w[size_t(n * (K / 32) + k / 32)];
-          const double wv = double(f16_to_f32(f16{blk.d})) * blk.qs[k % 32];
-          exact += wv * x[size_t(m * K + k)];
-          scale += std::fabs(wv) * 3.0 / 127.0;
-        }
-        EXPECT_NEAR(got[size_t(m * N + n)], exact, 0.5 * scale + 1e-6) << m << ", " << n;
-      }
+    expect_products(f, w, random_x(int64_t(M) * K, 9, 3.0f), 3.0f, M, N, K, [&](int64_t n, int64_t k) {
+      const BlockQ8_0& blk = w[size_t(n * (K / 32) + k / 32)];
+      return f16_value(blk.d) * blk.qs[k % 32];
+    });
   }
 }
 
-// Q4_0 weights: the same products (activations in Q8_0), bitwise against the reference in both layouts and
-// within x's quantization error of the f32 product of ggml's dequantized values, d · (q - 8).
+// Q4_0 weights: the same products (activations in Q8_0) against ggml's dequantized values, d · (q - 8).
 TEST(Q4_0, GemvEqualsTheReferenceBitwiseOnOddShapes) {
+  const Format<BlockQ4_0> f{ref::gemv_q4_0, gemv_q4_0, pack_q4_0_rows8, gemv_q4_0_rows8};
   for (auto [M, N, K] : {std::tuple{1, 1, 32}, std::tuple{1, 9, 64}, std::tuple{2, 37, 96}, std::tuple{1, 768, 3072},
                          std::tuple{3, 1029, 768}}) {
     SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
@@ -104,35 +121,17 @@ TEST(Q4_0, GemvEqualsTheReferenceBitwiseOnOddShapes) {
       w[size_t(b)].d = f32_to_f16(0.001f + 0.02f * v[size_t(17 * b)]).bits;
       for (int j = 0; j < 16; ++j) w[size_t(b)].qs[j] = uint8_t(v[size_t(17 * b + 1 + j)] * 255.99f);
     }
-    std::vector<float> x(size_t(M) * K);
-    philox_fill_uniform(std::span<float>(x), 4, 0, 0, -2.0f, 2.0f);
-    std::vector<float> want(size_t(M) * N), got(want.size()), packed_got(want.size());
-    ref::gemv_q4_0(x.data(), w.data(), want.data(), M, N, K);
-    ASSERT_TRUE(gemv_q4_0(x, w, got, M, N, K).is_ok());
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
-    std::vector<BlockQ4_0> packed(w.size());
-    pack_q4_0_rows8(w, N, K, packed);
-    ASSERT_TRUE(gemv_q4_0_rows8(x, packed, packed_got, M, N, K).is_ok());
-    EXPECT_EQ(std::memcmp(packed_got.data(), want.data(), got.size() * 4), 0);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) {
-        double exact = 0, scale = 0;
-        for (int64_t k = 0; k < K; ++k) {
-          const BlockQ4_0& blk = w[size_t(n * (K / 32) + k / 32)];
-          const int j = int(k % 32);
-          const int q = j < 16 ? blk.qs[j] & 0xF : blk.qs[j - 16] >> 4;
-          const double wv = double(f16_to_f32(f16{blk.d})) * (q - 8);
-          exact += wv * x[size_t(m * K + k)];
-          scale += std::fabs(wv) * 2.0 / 127.0;
-        }
-        EXPECT_NEAR(got[size_t(m * N + n)], exact, 0.5 * scale + 1e-6) << m << ", " << n;
-      }
+    expect_products(f, w, random_x(int64_t(M) * K, 4, 2.0f), 2.0f, M, N, K, [&](int64_t n, int64_t k) {
+      const BlockQ4_0& blk = w[size_t(n * (K / 32) + k / 32)];
+      const int j = int(k % 32);
+      return f16_value(blk.d) * ((j < 16 ? blk.qs[j] & 0xF : blk.qs[j - 16] >> 4) - 8);
+    });
   }
 }
 
-// Q4_K weights: bitwise against the reference in both layouts; within x's quantization error of the f32
-// product of ggml's dequantized values, (d · sc) · q - dmin · m.
+// Q4_K weights against ggml's dequantized values, (d · sc) · q - dmin · m.
 TEST(Q4_K, GemvEqualsTheReferenceBitwiseOnOddShapes) {
+  const Format<BlockQ4_K> f{ref::gemv_q4_k, gemv_q4_k, pack_q4_k_rows8, gemv_q4_k_rows8};
   for (auto [M, N, K] : {std::tuple{1, 1, 256}, std::tuple{1, 11, 512}, std::tuple{2, 37, 768},
                          std::tuple{1, 771, 3072}}) {
     SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
@@ -147,38 +146,15 @@ TEST(Q4_K, GemvEqualsTheReferenceBitwiseOnOddShapes) {
       for (int j = 0; j < 12; ++j) blk.scales[j] = uint8_t(v[size_t(144 * b + 2 + j)] * 255.99f);
       for (int j = 0; j < 128; ++j) blk.qs[j] = uint8_t(v[size_t(144 * b + 14 + j % 130)] * 255.99f);
     }
-    std::vector<float> x(size_t(M) * K);
-    philox_fill_uniform(std::span<float>(x), 6, 0, 0, -2.0f, 2.0f);
-    std::vector<float> want(size_t(M) * N), got(want.size()), packed_got(want.size());
-    ref::gemv_q4_k(x.data(), w.data(), want.data(), M, N, K);
-    ASSERT_TRUE(gemv_q4_k(x, w, got, M, N, K).is_ok());
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
-    std::vector<BlockQ4_K> packed(w.size());
-    pack_q4_k_rows8(w, N, K, packed);
-    ASSERT_TRUE(gemv_q4_k_rows8(x, packed, packed_got, M, N, K).is_ok());
-    EXPECT_EQ(std::memcmp(packed_got.data(), want.data(), got.size() * 4), 0);
-    {
-      ScopedReferenceMode reference(true);
-      ASSERT_TRUE(gemv_q4_k_rows8(x, packed, packed_got, M, N, K).is_ok());
-      EXPECT_EQ(std::memcmp(packed_got.data(), want.data(), got.size() * 4), 0);
-    }
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) {
-        double exact = 0, scale = 0;
-        for (int64_t k = 0; k < K; ++k) {
-          const BlockQ4_K& blk = w[size_t(n * (K / 256) + k / 256)];
-          const int s = int(k % 256 / 32), j = int(k % 32);
-          const uint8_t* sc = blk.scales;
-          const int scv = s < 4 ? sc[s] & 63 : (sc[s + 4] & 0xF) | ((sc[s - 4] >> 6) << 4);
-          const int mv = s < 4 ? sc[s + 4] & 63 : (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
-          const uint8_t qb = blk.qs[32 * (s / 2) + j];
-          const int q = s % 2 ? qb >> 4 : qb & 0xF;
-          const double wv = double(f16_to_f32(f16{blk.d})) * scv * q - double(f16_to_f32(f16{blk.dmin})) * mv;
-          exact += wv * x[size_t(m * K + k)];
-          scale += std::fabs(wv) * 2.0 / 127.0;
-        }
-        EXPECT_NEAR(got[size_t(m * N + n)], exact, 0.5 * scale + 1e-5) << m << ", " << n;
-      }
+    expect_products(f, w, random_x(int64_t(M) * K, 6, 2.0f), 2.0f, M, N, K, [&](int64_t n, int64_t k) {
+      const BlockQ4_K& blk = w[size_t(n * (K / 256) + k / 256)];
+      const int s = int(k % 256 / 32), j = int(k % 32);
+      const uint8_t* sc = blk.scales;
+      const int scv = s < 4 ? sc[s] & 63 : (sc[s + 4] & 0xF) | ((sc[s - 4] >> 6) << 4);
+      const int mv = s < 4 ? sc[s + 4] & 63 : (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+      const uint8_t qb = blk.qs[32 * (s / 2) + j];
+      return f16_value(blk.d) * scv * (s % 2 ? qb >> 4 : qb & 0xF) - f16_value(blk.dmin) * mv;
+    });
   }
   std::vector<float> x(128), y(1);
   std::vector<BlockQ4_K> w(1);
