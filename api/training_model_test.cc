@@ -20,6 +20,7 @@
 #include "train/plan.h"
 #include "train/program.h"
 #include "api/training_testing.h"
+#include "kernels/convert.h"
 
 namespace aspen::api {
 namespace {
@@ -544,10 +545,8 @@ TEST(Pipeline, HalfPrecisionStateInEveryLayout) {
   std::map<std::string, Tensor> f32_state;
   for (const auto& [name, t] : wide) {
     Tensor w(DType::f32, t.shape());
-    for (int64_t i = 0; i < t.numel(); ++i)
-      w.data<float>()[i] = t.dtype() == DType::f32 ? t.data<float>()[i]
-                           : t.dtype() == DType::f16 ? f16_to_f32(t.data<f16>()[i])
-                                                     : bf16_to_f32(t.data<bf16>()[i]);
+    if (t.dtype() == DType::f32) std::memcpy(w.raw(), t.raw(), t.nbytes());
+    else ASSERT_TRUE(kernels::widen_to_f32(t.dtype(), t.raw(), w.data<float>(), t.numel()).is_ok());
     f32_state.emplace(name, std::move(w));
   }
   in.clear();

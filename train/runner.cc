@@ -11,6 +11,7 @@
 #include "train/runner_util.h"
 #include "compiler/cache.h"
 #include "core/check.h"
+#include "kernels/convert.h"
 #include "kernels/matmul_choice.h"
 #include "parallel/mesh.h"
 #include "parallel/job.h"
@@ -503,17 +504,19 @@ std::pair<DType, Shape> Runner::full_type(const std::string& name, const std::pa
 
 namespace {
 
-// A float tensor (f32, f16, bf16) in another of those dtypes, rounded to nearest even.
-Tensor converted(const Tensor& t, DType to) {
-  Tensor out(to, t.shape());
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const float x = t.dtype() == DType::f32 ? t.data<float>()[i]
-                    : t.dtype() == DType::f16 ? f16_to_f32(t.data<f16>()[i])
-                                              : bf16_to_f32(t.data<bf16>()[i]);
-    if (to == DType::f32) out.data<float>()[i] = x;
-    else if (to == DType::f16) out.data<f16>()[i] = f32_to_f16(x);
-    else out.data<bf16>()[i] = f32_to_bf16(x);
+// A float tensor (f32, f16, bf16) in another of those dtypes, rounded to nearest even (through f32: widening
+// is exact).
+Result<Tensor> converted(const Tensor& t, DType to) {
+  Tensor wide;
+  const float* f32 = t.dtype() == DType::f32 ? t.data<float>() : nullptr;
+  if (!f32) {
+    wide = Tensor(DType::f32, t.shape());
+    ASPEN_RETURN_IF_ERROR(kernels::widen_to_f32(t.dtype(), t.raw(), wide.data<float>(), t.numel()));
+    if (to == DType::f32) return wide;
+    f32 = wide.data<float>();
   }
+  Tensor out(to, t.shape());
+  ASPEN_RETURN_IF_ERROR(kernels::narrow_from_f32(to, f32, out.raw(), t.numel()));
   return out;
 }
 
@@ -531,7 +534,8 @@ Status Runner::copy_optimizer_state_to_device(const std::map<std::string, const 
     // reaches Python in) is converted to the type this model keeps it in, rounded to nearest even.
     if (auto it = types.find(name); it != types.end() && it->second.first != t->dtype() &&
                                     is_float(it->second.first) && is_float(t->dtype())) {
-      ASPEN_RETURN_IF_ERROR(set_full(name, converted(*t, it->second.first)));
+      ASPEN_ASSIGN_OR_RETURN(const Tensor c, converted(*t, it->second.first));
+      ASPEN_RETURN_IF_ERROR(set_full(name, c));
       continue;
     }
     ASPEN_RETURN_IF_ERROR(set_full(name, *t));
@@ -549,7 +553,6 @@ Result<std::map<std::string, Tensor>> Runner::copy_weights_to_host() const {
   }
   return out;
 }
-
 
 Result<std::map<std::string, Tensor>> Runner::copy_optimizer_state_to_host() const {
   if (spread() && pipe_) return gather_spread_pipeline(/*weights=*/false);
@@ -578,13 +581,17 @@ Result<std::map<std::string, Tensor>> Runner::copy_optimizer_state_to_host() con
       }
       Tensor* t = &it->second;
       if (t->dtype() != DType::f32) {
-        t = &wide.insert_or_assign(name, converted(*t, DType::f32)).first->second;
+        ASPEN_ASSIGN_OR_RETURN(Tensor w, converted(*t, DType::f32));
+        t = &wide.insert_or_assign(name, std::move(w)).first->second;
       }
       ptrs.push_back(t->data<float>());
       counts.push_back(t->numel());
     }
     ASPEN_RETURN_IF_ERROR(dp_->broadcast_from(int(k) % L, ptrs, counts, root));
-    for (auto& [name, w] : wide) out.insert_or_assign(name, converted(w, out.at(name).dtype()));
+    for (auto& [name, w] : wide) {
+      ASPEN_ASSIGN_OR_RETURN(Tensor narrow, converted(w, out.at(name).dtype()));
+      out.insert_or_assign(name, std::move(narrow));
+    }
   }
   return out;
 }
