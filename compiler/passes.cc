@@ -53,17 +53,7 @@ class DeadCodeElimination : public Pass {
  public:
   const char* name() const override { return "dead-code-elimination"; }
   Status run(Graph& g, const CompileContext&) override {
-    std::vector<char> live_value(size_t(g.num_values()), 0), keep(g.nodes().size(), 0);
-    for (ValueId v : g.roots()) live_value[size_t(v.index)] = 1;
-    for (size_t i = g.nodes().size(); i-- > 0;) {
-      const Node& n = g.nodes()[i];
-      bool live = graph::op_has(n.op, graph::kKeep);
-      for (ValueId v : n.outputs) live = live || live_value[size_t(v.index)];
-      if (!live) continue;
-      keep[i] = 1;
-      for (ValueId v : n.inputs) live_value[size_t(v.index)] = 1;
-    }
-    g = rebuild(g, keep, identity_alias(g));
+    g = rebuild(g, g.live_nodes(), identity_alias(g));
     return Status();
   }
 };

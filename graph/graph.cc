@@ -108,6 +108,20 @@ std::vector<ValueId> Graph::roots() const {
   return r;
 }
 
+std::vector<char> Graph::live_nodes() const {
+  std::vector<char> live_value(values_.size(), 0), live(nodes_.size(), 0);
+  for (ValueId v : roots()) live_value[size_t(v.index)] = 1;
+  for (size_t i = nodes_.size(); i-- > 0;) {
+    const Node& n = nodes_[i];
+    bool keep = op_has(n.op, kKeep);
+    for (ValueId v : n.outputs) keep = keep || live_value[size_t(v.index)];
+    if (!keep) continue;
+    live[i] = 1;
+    for (ValueId v : n.inputs) live_value[size_t(v.index)] = 1;
+  }
+  return live;
+}
+
 std::vector<int32_t> Graph::input_nodes() const {
   std::vector<int32_t> r;
   for (size_t i = 0; i < nodes_.size(); ++i)

@@ -104,6 +104,9 @@ class Graph {
   std::optional<ValueId> find_update(std::string_view name) const;
   // Values that must survive to the end of a step: outputs, then updates.
   std::vector<ValueId> roots() const;
+  // By node index: whether a root depends on the node or its op must run anyway (kKeep). Dead-code
+  // elimination keeps these.
+  std::vector<char> live_nodes() const;
 
   // Node indices of inputs and parameters, in creation order.
   std::vector<int32_t> input_nodes() const;

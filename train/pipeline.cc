@@ -272,7 +272,8 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
   }
   // The run-time seed (dropout's, and stochastic rounding's of each stage's parameter casts: NOTE [stochastic
   // cast]) reaches every stage: the same micro-batch's seed everywhere, so a stage's backward program, which
-  // recomputes its forward, draws what its forward drew.
+  // casts its parameters again (and, with ProgramOptions::recompute_stages, recomputes its forward), draws what
+  // its forward drew.
   if (auto seed = fwd.find_input(compiler::kRandomSeedInput))
     for (PipelineStage& st : split.stages)
       if (std::find(st.inputs.begin(), st.inputs.end(), compiler::kRandomSeedInput) == st.inputs.end()) {
@@ -375,9 +376,10 @@ Result<Graph> stage_backward(const PipelineSplit& split, int s, const std::vecto
     }
     b.update(acc, value);
   }
-  for (const auto& [name, v] : st.forward.outputs())  // the edges go (the forward pass sent them)
-    if (o.recompute_stages ? !(last && name == o.loss) && !split.output_stage.count(name) : true)
-      g.remove_output(name);  // (stashed: the forward pass output the loss and the training outputs)
+  // The edges go (the forward pass sent them); so do the loss and the training outputs unless recomputed (the
+  // forward pass output them: NOTE [stashed activations]).
+  for (const auto& [name, v] : st.forward.outputs())
+    if (!o.recompute_stages || (!(last && name == o.loss) && !split.output_stage.count(name))) g.remove_output(name);
   for (size_t k = 0; k < wrt_edges.size(); ++k)
     b.output(kPipeGradPrefix + std::to_string(wrt_edges[k]), grads[wrt_params.size() + k]);
   ASPEN_RETURN_IF_ERROR(b.status());
@@ -396,20 +398,14 @@ Result<Graph> stage_backward(const PipelineSplit& split, int s, const std::vecto
 
 // The forward part's values (nodes below `forward_nodes`, not sources) that the live nodes after it read.
 std::vector<int32_t> saved_values(const Graph& bwd, size_t forward_nodes) {
-  std::vector<char> live_value(size_t(bwd.num_values()), 0);
-  for (ValueId v : bwd.roots()) live_value[size_t(v.index)] = 1;
+  const std::vector<char> live = bwd.live_nodes();
   std::vector<char> saved(size_t(bwd.num_values()), 0);
-  for (size_t i = bwd.nodes().size(); i-- > forward_nodes;) {
-    const graph::Node& n = bwd.nodes()[i];
-    bool live = graph::op_has(n.op, graph::kKeep);
-    for (ValueId v : n.outputs) live = live || live_value[size_t(v.index)];
-    if (!live) continue;
-    for (ValueId v : n.inputs) {
-      live_value[size_t(v.index)] = 1;
-      const int32_t p = bwd.value(v).producer;
-      if (size_t(p) < forward_nodes && !is_source(bwd.node(p).op)) saved[size_t(v.index)] = 1;
-    }
-  }
+  for (size_t i = forward_nodes; i < bwd.nodes().size(); ++i)
+    if (live[i])
+      for (ValueId v : bwd.nodes()[i].inputs) {
+        const int32_t p = bwd.value(v).producer;
+        if (size_t(p) < forward_nodes && !is_source(bwd.node(p).op)) saved[size_t(v.index)] = 1;
+      }
   std::vector<int32_t> out;
   for (int32_t v = 0; v < bwd.num_values(); ++v)
     if (saved[size_t(v)]) out.push_back(v);
