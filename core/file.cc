@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -63,6 +64,61 @@ Result<InputFile> InputFile::open(const std::string& path, uint64_t max_bytes) {
                          std::to_string(f.size_) + " bytes");
   const int flags = ::fcntl(f.fd_, F_GETFL);
   if (flags >= 0) (void)::fcntl(f.fd_, F_SETFL, flags & ~O_NONBLOCK);
+  return f;
+}
+
+FileBytes::FileBytes(FileBytes&& o) noexcept { *this = std::move(o); }
+
+FileBytes& FileBytes::operator=(FileBytes&& o) noexcept {
+  if (this != &o) {
+    release();
+    map_ = std::exchange(o.map_, nullptr);
+    map_size_ = std::exchange(o.map_size_, 0);
+    owned_ = std::move(o.owned_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+FileBytes::~FileBytes() { release(); }
+
+void FileBytes::release() {
+  if (map_) munmap(map_, map_size_);
+  map_ = nullptr;
+  map_size_ = 0;
+  owned_.reset();
+  data_ = nullptr;
+  size_ = 0;
+}
+
+FileBytes FileBytes::copy(std::span<const std::byte> bytes) {
+  FileBytes f;
+  f.owned_ = std::make_unique_for_overwrite<std::byte[]>(bytes.size() + 1);
+  if (!bytes.empty()) std::memcpy(f.owned_.get(), bytes.data(), bytes.size());
+  f.data_ = f.owned_.get();
+  f.size_ = bytes.size();
+  return f;
+}
+
+Result<FileBytes> FileBytes::open(const std::string& path, uint64_t max_bytes) {
+  ASPEN_ASSIGN_OR_RETURN(const InputFile in, InputFile::open(path, max_bytes));
+  FileBytes f;
+  if (in.size() < 4096) {
+    f.owned_ = std::make_unique_for_overwrite<std::byte[]>(size_t(in.size()) + 1);
+    ASPEN_RETURN_IF_ERROR(in.pread_exact(0, f.owned_.get(), in.size()));
+    f.data_ = f.owned_.get();
+    f.size_ = in.size();
+    return f;
+  }
+  void* m = mmap(nullptr, size_t(in.size()), PROT_READ, MAP_PRIVATE, in.fd(), 0);
+  const int err = errno;
+  if (m == MAP_FAILED)
+    return Status::error(Code::kIoError, path, "a file that can be memory-mapped", std::strerror(err));
+  f.map_ = m;
+  f.map_size_ = size_t(in.size());
+  f.data_ = static_cast<const std::byte*>(m);
+  f.size_ = in.size();
   return f;
 }
 

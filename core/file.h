@@ -15,7 +15,10 @@
 // Thread-safety: free functions and a move-only owner of one descriptor.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -48,6 +51,33 @@ class InputFile {
   int fd_ = -1;
   uint64_t size_ = 0;
   std::string path_;
+};
+
+// The bytes of an input file (InputFile's checks), memory-mapped read-only, or read when under 4 KiB (mmap
+// refuses an empty file); or a copy of bytes in memory. Move-only; moving keeps the bytes where they are, so
+// pointers into them stay valid. data() is never null (a byte past the end is allocated for the copies).
+class FileBytes {
+ public:
+  static Result<FileBytes> open(const std::string& path, uint64_t max_bytes);
+  static FileBytes copy(std::span<const std::byte> bytes);
+  FileBytes() = default;
+  FileBytes(FileBytes&& o) noexcept;
+  FileBytes& operator=(FileBytes&& o) noexcept;
+  FileBytes(const FileBytes&) = delete;
+  FileBytes& operator=(const FileBytes&) = delete;
+  ~FileBytes();
+
+  const std::byte* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  std::span<const std::byte> bytes() const { return {data_, size_t(size_)}; }
+
+ private:
+  void release();
+  void* map_ = nullptr;  // the mapping, or null
+  size_t map_size_ = 0;
+  std::unique_ptr<std::byte[]> owned_;  // the copy, or null
+  const std::byte* data_ = nullptr;
+  uint64_t size_ = 0;
 };
 
 // An exclusive claim on a directory for the life of a job (a training run

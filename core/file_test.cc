@@ -32,6 +32,38 @@ TEST(InputFile, ReadsRegularFiles) {
   EXPECT_EQ(std::string(two, 2), std::string("\0c", 2));
 }
 
+// FileBytes: a large file mapped, a small one and an empty one read, bytes copied; moving keeps the bytes
+// where they are; InputFile's checks apply.
+TEST(FileBytes, MapsReadsAndCopiesAndMovesWithoutMovingTheBytes) {
+  TempDir dir;
+  std::string big(10000, 'x');
+  big[9999] = 'z';
+  write(dir.path + "/big", big);
+  write(dir.path + "/small", "abc");
+  write(dir.path + "/empty", "");
+  for (const auto& [name, want] : {std::pair{"big", big}, std::pair{"small", std::string("abc")},
+                                   std::pair{"empty", std::string()}}) {
+    SCOPED_TRACE(name);
+    auto f = FileBytes::open(dir.path + "/" + name, 1 << 20);
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    ASSERT_EQ(f->size(), want.size());
+    ASSERT_NE(f->data(), nullptr);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(f->data()), f->size()), want);
+    const std::byte* at = f->data();
+    FileBytes moved = std::move(*f);
+    EXPECT_EQ(moved.data(), at);
+    EXPECT_EQ(f->data(), nullptr);
+  }
+  const std::string text = "copy me";
+  FileBytes c = FileBytes::copy(std::as_bytes(std::span(text.data(), text.size())));
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(c.data()), c.size()), text);
+  EXPECT_NE(reinterpret_cast<const char*>(c.data()), text.data());
+  auto too_big = FileBytes::open(dir.path + "/big", 100);
+  ASSERT_FALSE(too_big.is_ok());
+  EXPECT_EQ(too_big.status().code(), Code::kCorrupt);
+  EXPECT_EQ(FileBytes::open(dir.path + "/missing", 100).status().code(), Code::kNotFound);
+}
+
 // A FIFO would block open() and read() forever; /dev/zero would read until memory runs out.
 TEST(InputFile, RefusesSpecialFilesWithoutBlocking) {
   TempDir dir;

@@ -1,11 +1,7 @@
 #include "io/gguf.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
-#include <limits>
 
 #include "core/dtype.h"
 #include "core/file.h"
@@ -237,69 +233,25 @@ int64_t GgufTensor::numel() const {
   return n;
 }
 
-GgufFile::GgufFile(GgufFile&& o) noexcept { *this = std::move(o); }
-
-GgufFile& GgufFile::operator=(GgufFile&& o) noexcept {
-  if (this != &o) {
-    unmap();
-    path_ = std::move(o.path_);
-    map_ = std::exchange(o.map_, nullptr);
-    map_size_ = std::exchange(o.map_size_, 0);
-    owned_ = std::move(o.owned_);
-    base_ = std::exchange(o.base_, nullptr);
-    size_ = std::exchange(o.size_, 0);
-    data_start_ = o.data_start_;
-    version_ = o.version_;
-    metadata_ = std::move(o.metadata_);
-    tensors_ = std::move(o.tensors_);
-    index_ = std::move(o.index_);
-  }
-  return *this;
-}
-
-GgufFile::~GgufFile() { unmap(); }
-
-void GgufFile::unmap() {
-  if (map_) munmap(map_, map_size_);
-  map_ = nullptr;
-  map_size_ = 0;
-  owned_.reset();
-  base_ = nullptr;
-  size_ = 0;
-}
-
 Result<GgufFile> GgufFile::open(const std::string& path) {
-  ASPEN_ASSIGN_OR_RETURN(const InputFile in, InputFile::open(path, kMaxBinaryFileBytes));
   GgufFile f;
   f.path_ = path;
-  if (in.size() < 4096) {  // small (mmap refuses an empty file): read
-    f.owned_ = std::make_unique_for_overwrite<std::byte[]>(size_t(in.size()) + 1);
-    ASPEN_RETURN_IF_ERROR(in.pread_exact(0, f.owned_.get(), in.size()));
-    ASPEN_RETURN_IF_ERROR(f.parse(reinterpret_cast<const unsigned char*>(f.owned_.get()), in.size()));
-    return f;
-  }
-  void* m = mmap(nullptr, size_t(in.size()), PROT_READ, MAP_PRIVATE, in.fd(), 0);
-  const int err = errno;
-  if (m == MAP_FAILED)
-    return Status::error(Code::kIoError, path, "a file that can be memory-mapped", std::strerror(err));
-  f.map_ = m;
-  f.map_size_ = size_t(in.size());
-  ASPEN_RETURN_IF_ERROR(f.parse(static_cast<const unsigned char*>(m), in.size()));
+  ASPEN_ASSIGN_OR_RETURN(f.file_, FileBytes::open(path, kMaxBinaryFileBytes));
+  ASPEN_RETURN_IF_ERROR(f.parse());
   return f;
 }
 
 Result<GgufFile> GgufFile::from_bytes(std::span<const std::byte> bytes, const std::string& name) {
   GgufFile f;
   f.path_ = name;
-  f.owned_ = std::make_unique_for_overwrite<std::byte[]>(bytes.size() + 1);
-  if (!bytes.empty()) std::memcpy(f.owned_.get(), bytes.data(), bytes.size());
-  ASPEN_RETURN_IF_ERROR(f.parse(reinterpret_cast<const unsigned char*>(f.owned_.get()), bytes.size()));
+  f.file_ = FileBytes::copy(bytes);
+  ASPEN_RETURN_IF_ERROR(f.parse());
   return f;
 }
 
-Status GgufFile::parse(const unsigned char* base, uint64_t size) {
-  base_ = reinterpret_cast<const std::byte*>(base);
-  size_ = size;
+Status GgufFile::parse() {
+  const auto* base = reinterpret_cast<const unsigned char*>(file_.data());
+  const uint64_t size = file_.size();
   Reader r{base, size, 0, path_};
   ASPEN_ASSIGN_OR_RETURN(const uint32_t magic, r.get<uint32_t>("the magic"));
   if (magic != kMagic) {
@@ -397,7 +349,7 @@ const GgufTensor* GgufFile::find(const std::string& name) const {
 }
 
 std::span<const std::byte> GgufFile::data(const GgufTensor& t) const {
-  return {base_ + data_start_ + t.offset, size_t(t.bytes)};
+  return file_.bytes().subspan(size_t(data_start_ + t.offset), size_t(t.bytes));
 }
 
 Result<Tensor> GgufFile::read_f32(const std::string& name) const {

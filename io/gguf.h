@@ -26,11 +26,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "core/file.h"
 #include "core/shape.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -73,11 +73,8 @@ class GgufFile {
   // The same validation over a copy of `bytes`; `name` stands in for the path in errors.
   static Result<GgufFile> from_bytes(std::span<const std::byte> bytes, const std::string& name = "<memory>");
 
-  GgufFile(GgufFile&& other) noexcept;
-  GgufFile& operator=(GgufFile&& other) noexcept;
-  GgufFile(const GgufFile&) = delete;
-  GgufFile& operator=(const GgufFile&) = delete;
-  ~GgufFile();
+  GgufFile(GgufFile&&) noexcept = default;  // the bytes stay where they are (FileBytes)
+  GgufFile& operator=(GgufFile&&) noexcept = default;
 
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
@@ -92,15 +89,10 @@ class GgufFile {
 
  private:
   GgufFile() = default;
-  void unmap();
-  Status parse(const unsigned char* base, uint64_t size);
+  Status parse();  // validates file_ and fills the rest
 
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_size_ = 0;
-  std::unique_ptr<std::byte[]> owned_;
-  const std::byte* base_ = nullptr;
-  uint64_t size_ = 0;
+  FileBytes file_;  // open(): the mapping; from_bytes(): the copy
   uint64_t data_start_ = 0;
   uint32_t version_ = 0;
   std::map<std::string, GgufValue> metadata_;

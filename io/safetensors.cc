@@ -1,7 +1,6 @@
 #include "io/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,10 +24,6 @@ constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;  // 100 MiB, as Huggin
 constexpr const char* kMetadataKey = "__metadata__";
 
 std::string sq(const std::string& s) { return "'" + s + "'"; }
-
-Status io_error(const std::string& subject, const std::string& expected, int err) {
-  return Status::error(Code::kIoError, subject, expected, std::strerror(err));
-}
 
 Status corrupt(const std::string& subject, const std::string& expected, const std::string& found) {
   return Status::error(Code::kCorrupt, subject, expected, found);
@@ -162,80 +157,28 @@ std::string dirname_of(const std::string& path) {
 
 // ---------------------------------------------------------------- SafetensorsFile
 
-SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
-    : path_(std::move(o.path_)),
-      map_(std::exchange(o.map_, nullptr)),
-      map_size_(std::exchange(o.map_size_, 0)),
-      owned_(std::move(o.owned_)),
-      base_(std::exchange(o.base_, nullptr)),
-      file_size_(std::exchange(o.file_size_, 0)),
-      data_(std::exchange(o.data_, nullptr)),
-      data_size_(std::exchange(o.data_size_, 0)),
-      tensors_(std::move(o.tensors_)),
-      metadata_(std::move(o.metadata_)) {}
-
-SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
-  if (this != &o) {
-    unmap();
-    path_ = std::move(o.path_);
-    map_ = std::exchange(o.map_, nullptr);
-    map_size_ = std::exchange(o.map_size_, 0);
-    owned_ = std::move(o.owned_);
-    base_ = std::exchange(o.base_, nullptr);
-    file_size_ = std::exchange(o.file_size_, 0);
-    data_ = std::exchange(o.data_, nullptr);
-    data_size_ = std::exchange(o.data_size_, 0);
-    tensors_ = std::move(o.tensors_);
-    metadata_ = std::move(o.metadata_);
-  }
-  return *this;
-}
-
-SafetensorsFile::~SafetensorsFile() { unmap(); }
-
-void SafetensorsFile::unmap() {
-  if (map_) munmap(map_, map_size_);
-  map_ = nullptr;
-  map_size_ = 0;
-  owned_.reset();
-  base_ = nullptr;
-  file_size_ = 0;
-  data_ = nullptr;
-  data_size_ = 0;
-}
-
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  ASPEN_ASSIGN_OR_RETURN(const InputFile in, InputFile::open(path, kMaxBinaryFileBytes));
-  const uint64_t file_size = in.size();
   SafetensorsFile f;
   f.path_ = path;
-  if (file_size < 8) return f.parse(nullptr, file_size);  // too short to map (mmap rejects 0 bytes): parse() says so
-  void* m = mmap(nullptr, size_t(file_size), PROT_READ, MAP_PRIVATE, in.fd(), 0);
-  const int map_err = errno;
-  if (m == MAP_FAILED) return io_error(path, "a file that can be memory-mapped", map_err);
-  f.map_ = m;
-  f.map_size_ = size_t(file_size);
-  ASPEN_RETURN_IF_ERROR(f.parse(static_cast<const unsigned char*>(m), file_size));
+  ASPEN_ASSIGN_OR_RETURN(f.file_, FileBytes::open(path, kMaxBinaryFileBytes));
+  ASPEN_RETURN_IF_ERROR(f.parse());
   return f;
 }
 
 Result<SafetensorsFile> SafetensorsFile::from_bytes(std::span<const std::byte> bytes, const std::string& name) {
   SafetensorsFile f;
   f.path_ = name;
-  if (bytes.size() >= 8) {  // smaller inputs fail in parse() before any access
-    f.owned_ = std::make_unique_for_overwrite<std::byte[]>(bytes.size());
-    std::memcpy(f.owned_.get(), bytes.data(), bytes.size());
-  }
-  ASPEN_RETURN_IF_ERROR(f.parse(reinterpret_cast<const unsigned char*>(f.owned_.get()), bytes.size()));
+  f.file_ = FileBytes::copy(bytes);
+  ASPEN_RETURN_IF_ERROR(f.parse());
   return f;
 }
 
-Status SafetensorsFile::parse(const unsigned char* base, uint64_t file_size) {
+Status SafetensorsFile::parse() {
   const std::string& path = path_;
+  const auto* base = reinterpret_cast<const unsigned char*>(file_.data());
+  const uint64_t file_size = file_.size();
   if (file_size < 8)
     return corrupt(path, "at least 8 bytes (the header length)", std::to_string(file_size) + " bytes");
-  base_ = reinterpret_cast<const std::byte*>(base);
-  file_size_ = size_t(file_size);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | base[i];
   if (n > kMaxHeaderBytes)

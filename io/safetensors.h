@@ -32,6 +32,7 @@
 
 #include "core/checksum.h"
 #include "core/dtype.h"
+#include "core/file.h"
 #include "core/shape.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -54,11 +55,8 @@ class SafetensorsFile {
   // `name` stands in for the path in errors and path().
   static Result<SafetensorsFile> from_bytes(std::span<const std::byte> bytes, const std::string& name = "<memory>");
 
-  SafetensorsFile(SafetensorsFile&& other) noexcept;
-  SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
-  SafetensorsFile(const SafetensorsFile&) = delete;
-  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
-  ~SafetensorsFile();
+  SafetensorsFile(SafetensorsFile&&) noexcept = default;  // the bytes stay where they are (FileBytes)
+  SafetensorsFile& operator=(SafetensorsFile&&) noexcept = default;
 
   const std::string& path() const { return path_; }
   // Tensor names, sorted.
@@ -72,21 +70,16 @@ class SafetensorsFile {
   Result<Tensor> read(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // The whole file as mapped (or as from_bytes copied it): a checksum over exactly the bytes read.
-  std::span<const std::byte> file_bytes() const { return {base_, file_size_}; }
+  std::span<const std::byte> file_bytes() const { return file_.bytes(); }
 
  private:
   SafetensorsFile() = default;
-  void unmap();
-  // Validates the whole file [base, base + size) and fills data_, tensors_ and
-  // metadata_; shared by open() and from_bytes(). The bytes must outlive *this.
-  Status parse(const unsigned char* base, uint64_t size);
+  // Validates the whole file (file_) and fills data_, tensors_ and metadata_; shared by open() and
+  // from_bytes().
+  Status parse();
 
   std::string path_;
-  void* map_ = nullptr;  // open(): the mapping
-  size_t map_size_ = 0;
-  std::unique_ptr<std::byte[]> owned_;  // from_bytes(): the copy
-  const std::byte* base_ = nullptr;  // the file's first byte
-  size_t file_size_ = 0;
+  FileBytes file_;  // open(): the mapping; from_bytes(): the copy
   const std::byte* data_ = nullptr;  // first byte after the header
   size_t data_size_ = 0;
   std::map<std::string, TensorInfo> tensors_;
