@@ -36,22 +36,6 @@ double best_seconds(const std::function<void()>& fn, int min_reps, double min_se
   return best;
 }
 
-std::vector<double> best_seconds_interleaved(const std::vector<std::function<void()>>& fns, int rounds,
-                                             double min_seconds) {
-  for (const auto& f : fns) f();
-  std::vector<double> best(fns.size(), 1e30);
-  const double start = now();
-  for (int r = 0; r < rounds || now() - start < min_seconds; ++r) {
-    for (size_t i = 0; i < fns.size(); ++i) {
-      const double t0 = now();
-      fns[i]();
-      best[i] = std::min(best[i], now() - t0);
-    }
-    if (r > 1000) break;
-  }
-  return best;
-}
-
 double RowTimes::drift() const {
   const double hi = ceiling();
   return hi > 0.0 ? std::abs(ceiling_after - ceiling_before) / hi : 0.0;
@@ -101,12 +85,6 @@ void add_guard_fields(nlohmann::ordered_json& row, const RowTimes& t) {
   row["ceiling_drift"] = t.drift();
   row["attempts"] = t.attempts;
   row["disturbed"] = t.disturbed;
-}
-
-std::pair<double, double> best_seconds_interleaved(const std::function<void()>& a, const std::function<void()>& b,
-                                                   int rounds, double min_seconds) {
-  const std::vector<double> t = best_seconds_interleaved({a, b}, rounds, min_seconds);
-  return {t[0], t[1]};
 }
 
 namespace {

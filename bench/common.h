@@ -19,14 +19,6 @@ namespace aspen::bench {
 double best_seconds(const std::function<void()>& fn, int min_reps = 3, double min_seconds = 0.2,
                     bool warm_up = true);
 
-// Interleaves two candidates (a, b, a, b, ...) so drift in the machine's speed
-// hits both alike; returns the best time of each.
-std::pair<double, double> best_seconds_interleaved(const std::function<void()>& a, const std::function<void()>& b,
-                                                   int rounds = 5, double min_seconds = 0.3);
-// The same for any number of candidates (each warmed up once first).
-std::vector<double> best_seconds_interleaved(const std::vector<std::function<void()>>& fns, int rounds = 5,
-                                             double min_seconds = 0.3);
-
 // NOTE [guarded rows] A row's candidates (aspen and its peers) run in `rounds` interleaved rounds: in each,
 // every candidate in turn runs until min_seconds / rounds have passed (at least once), and its round time is
 // its fastest run there. The row's ceiling (`ceiling`: the FMA peak, the read bandwidth; larger is faster) is

@@ -4,7 +4,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <dnnl.hpp>
 #include <memory>
@@ -33,8 +32,6 @@ const Layer kLayers[] = {
     {"attn.c_attn", 768, 2304, false}, {"attn.c_proj", 768, 768, false}, {"mlp.c_fc", 768, 3072, false},
     {"mlp.c_proj", 3072, 768, false},  {"lm_head", 768, 50257, true},
 };
-
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 struct PoolDeleter {
   void operator()(char* p) const { ::operator delete(p, std::align_val_t(4096)); }
@@ -71,13 +68,22 @@ class OneDnnPeer {
   std::unordered_map<int, dnnl::memory> args_;
 };
 
-// Q8_0 (Q4_0, Q4_K) rows: aspen's gemv_q8_0_rows8 (gemv_q4_0_rows8, gemv_q4_k_rows8) over replicas of the layer's blocks ([N, K], packed 8 rows a stream as a
-// loader packs them: the pool's bytes are blocks in any order), interleaved with a read sweep of
-// the same bytes and aspen's bf16 [N, K] product over bf16 replicas of the layer (the figure Q8_0 must beat).
-// The pool's bytes read as blocks whose scales are normal f16 (0x3Fxx) and quants any int8.
+// NOTE [guarded rows]: a row's ceiling, the read sweep of the replicas' whole region, one stream per thread and
+// 8 interleaved (the better), in GB/s.
+std::function<double()> region_sweep(const char* pool, int64_t bytes) {
+  return [pool, bytes] {
+    return double(bytes) / 1e9 / std::min(read_sweep_seconds(pool, size_t(bytes), false),
+                                          read_sweep_seconds(pool, size_t(bytes), true));
+  };
+}
+
+// Quantized rows (Q8_0, Q4_0, Q4_K): aspen's product over replicas of the layer's blocks ([N, K], packed 8 rows
+// a stream as a loader packs them: the pool's bytes are blocks in any order), interleaved with a read sweep of
+// the same bytes and aspen's bf16 [N, K] product over bf16 replicas of the layer (the figure to beat), guarded
+// by the region's sweep. The pool's bytes read as blocks whose scales are normal f16 (0x3Fxx).
 template <class Block>
-Status run_q8_0_rows(const DecodeBenchOptions& opt, int threads, const char* pool, size_t pool_bytes, int rounds,
-                     std::ostream& out) {
+Status run_quantized_rows(const DecodeBenchOptions& opt, int threads, const char* pool, size_t pool_bytes,
+                          int rounds, std::ostream& out) {
   constexpr bool q4 = std::is_same_v<Block, kernels::BlockQ4_0>, q4k = std::is_same_v<Block, kernels::BlockQ4_K>;
   const char* kind = q4k ? "q4_k" : q4 ? "q4_0" : "q8_0";
   constexpr int64_t per = q4k ? 256 : 32;  // values per block
@@ -94,9 +100,8 @@ Status run_q8_0_rows(const DecodeBenchOptions& opt, int threads, const char* poo
       philox_fill_uniform(x, 1, 0, 0, -1, 1);
       auto slot = [&](int64_t s) { return pool + s * stride; };
       Status st;
-      auto pass_q8 = [&] {
-        for (int64_t s = 0; s < slots && st.is_ok(); ++s)
-        {
+      auto pass_quantized = [&] {
+        for (int64_t s = 0; s < slots && st.is_ok(); ++s) {
           const std::span<const Block> blocks(reinterpret_cast<const Block*>(slot(s)), size_t(l.n * l.k / per));
           if constexpr (q4k) st = kernels::gemv_q4_k_rows8(x, blocks, y, M, l.n, l.k);
           else if constexpr (q4) st = kernels::gemv_q4_0_rows8(x, blocks, y, M, l.n, l.k);
@@ -109,37 +114,29 @@ Status run_q8_0_rows(const DecodeBenchOptions& opt, int threads, const char* poo
       auto pass_sweep = [&] {
         for (int64_t s = 0; s < slots; ++s) read_sweep_seconds(slot(s), size_t(bytes), false);
       };
-      pass_q8();
-      pass_bf16();
+      const RowTimes times = guarded_rounds({pass_sweep, pass_quantized, pass_bf16},
+                                            region_sweep(pool, slots * stride), rounds, 0.0);
       ASPEN_RETURN_IF_ERROR(st);
-      double best[3] = {1e30, 1e30, 1e30};
-      for (int r = 0; r < rounds; ++r) {
-        const double t0 = now();
-        pass_sweep();
-        const double t1 = now();
-        pass_q8();
-        const double t2 = now();
-        pass_bf16();
-        const double t3 = now();
-        best[0] = std::min(best[0], t1 - t0), best[1] = std::min(best[1], t2 - t1), best[2] = std::min(best[2], t3 - t2);
-      }
-      ASPEN_RETURN_IF_ERROR(st);
+      const double* best = times.min.data();
       const double total = double(slots) * double(bytes) / 1e9;
       const double sweep = total / best[0], aspen = total / best[1], vs_bf16 = best[2] / best[1];
       if (opt.json) {
-        out << nlohmann::ordered_json{{"bench", "decode"}, {"layer", l.name}, {"m", M}, {"n", l.n}, {"k", l.k},
+        nlohmann::ordered_json row{{"bench", "decode"}, {"layer", l.name}, {"m", M}, {"n", l.n}, {"k", l.k},
                                       {"layout", "NK"}, {"weight", kind}, {"threads", threads},
                                       {"weight_bytes", bytes}, {"replicas", slots}, {"sweep_gbs", sweep},
                                       {"aspen_gbs", aspen}, {"ratio_vs_sweep", aspen / sweep},
                                       {"bf16_s", best[2] / double(slots)}, {"quantized_s", best[1] / double(slots)},
-                                      {"ratio_vs_bf16", vs_bf16}}
-                   .dump()
-            << "\n";
+                                      {"ratio_vs_bf16", vs_bf16}};
+        row["aspen_s"] = spread_json(times, 1);
+        add_guard_fields(row, times);
+        out << row.dump() << "\n";
       } else {
         out << fmt::format("{:<12} {:>2} {:>6} {:>5} {:>5} {:>5} {:>3} | {:>7.1f} {:>7} {:>7.1f} {:>7} | {:>6.0f}%  "
-                           "{} vs aspen's bf16 {:.2f}x\n",
+                           "{} vs aspen's bf16 {:.2f}x{}\n",
                            l.name, M, l.n, l.k, "[N,K]", kind, threads, sweep, "-", aspen, "-", 100 * aspen / sweep,
-                           kind, vs_bf16);
+                           kind, vs_bf16,
+                           times.disturbed ? fmt::format("  (disturbed: the sweep moved {:.0f}%)", 100 * times.drift())
+                                           : std::string());
       }
       out.flush();
     }
@@ -201,18 +198,11 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
           auto pass_sweep = [&](bool interleaved) {
             for (int64_t s = 0; s < slots; ++s) read_sweep_seconds(slot(s), size_t(bytes), interleaved);
           };
-          pass_aspen();  // warm up: first touches, oneDNN's lazy setup
-          pass_dnnl();
-          // NOTE [guarded rows]: per round, the replicas swept (one stream per thread, then 8 interleaved),
-          // aspen and oneDNN; the ceiling, the whole region swept both ways (the better), before and after.
-          const double region_gb = double(slots * stride) / 1e9;
-          const std::function<double()> ceiling = [&] {
-            return region_gb / std::min(read_sweep_seconds(pool.get(), size_t(slots * stride), false),
-                                        read_sweep_seconds(pool.get(), size_t(slots * stride), true));
-          };
+          // NOTE [guarded rows]: per round (after a warm-up of each: first touches, oneDNN's lazy setup), the
+          // replicas swept (one stream per thread, then 8 interleaved), aspen and oneDNN.
           const RowTimes times = guarded_rounds({[&] { pass_sweep(false); }, [&] { pass_sweep(true); }, pass_aspen,
                                                  pass_dnnl},
-                                                ceiling, rounds, 0.0);
+                                                region_sweep(pool.get(), slots * stride), rounds, 0.0);
           const double best[3] = {std::min(times.min[0], times.min[1]), times.min[2], times.min[3]};
           const double total = double(slots) * double(bytes) / 1e9;
           // The ceiling is the better of the two sweeps: on a loaded host one long parallel region
@@ -249,11 +239,11 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
         }
       }
     if (opt.q8_0)
-      ASPEN_RETURN_IF_ERROR(run_q8_0_rows<kernels::BlockQ8_0>(opt, threads, pool.get(), pool_bytes, rounds, out));
+      ASPEN_RETURN_IF_ERROR(run_quantized_rows<kernels::BlockQ8_0>(opt, threads, pool.get(), pool_bytes, rounds, out));
     if (opt.q4_0)
-      ASPEN_RETURN_IF_ERROR(run_q8_0_rows<kernels::BlockQ4_0>(opt, threads, pool.get(), pool_bytes, rounds, out));
+      ASPEN_RETURN_IF_ERROR(run_quantized_rows<kernels::BlockQ4_0>(opt, threads, pool.get(), pool_bytes, rounds, out));
     if (opt.q4_k)
-      ASPEN_RETURN_IF_ERROR(run_q8_0_rows<kernels::BlockQ4_K>(opt, threads, pool.get(), pool_bytes, rounds, out));
+      ASPEN_RETURN_IF_ERROR(run_quantized_rows<kernels::BlockQ4_K>(opt, threads, pool.get(), pool_bytes, rounds, out));
   }
   return Status();
 }
