@@ -64,6 +64,7 @@ class KerasSource(Source):
                                  f"(stages in the model's order), found '{b}'")
             at.append(index[b])
         self._cut = list(begins)
+        self._cut_at = at  # the first layers' places in model.layers
         return {}
 
     @staticmethod
@@ -143,7 +144,6 @@ class KerasSource(Source):
         showing none (a cast at an input) takes the stage before it. The stages reach the importer as each
         node's "aspen.stage" metadata, as aspen.poptorch's blocks do (train/pipeline.h)."""
         index = {layer.name: i for i, layer in enumerate(self.model.layers)}
-        begin_at = [index[b] for b in self._cut]
         parts = [n.name.split("/") for n in proto.graph.node]
 
         def layers_of(components, suffix):
@@ -155,7 +155,7 @@ class KerasSource(Source):
         for node, components in zip(proto.graph.node, parts):
             mine = layers_of(components, suffix)
             if mine:
-                stage = sum(1 for b in begin_at if b <= index[mine[-1]])
+                stage = sum(1 for b in self._cut_at if b <= index[mine[-1]])
             used.add(stage)
             node.metadata_props.add(key="aspen.stage", value=str(stage))
         for k in range(len(self._cut) + 1):

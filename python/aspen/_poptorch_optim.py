@@ -16,14 +16,9 @@ Arguments given as None take torch's defaults, as in PopTorch.
 
 import torch
 
+from .optim import _state_type
+
 __all__ = ["SGD", "Adam", "AdamW", "RMSprop", "LAMB"]
-
-
-def _state_type(name, dtype):
-    if dtype is None or dtype in (torch.float32, torch.float16, torch.bfloat16):
-        return dtype
-    raise ValueError(f"aspen.poptorch.optim: {name}: expected torch.float32, torch.float16 or torch.bfloat16, "
-                     f"found {dtype!r}")
 
 
 def _given(**kw):
@@ -32,7 +27,9 @@ def _given(**kw):
 
 class _PopTorchArgs:
     def _poptorch(self, loss_scaling, max_grad_norm, **types):
-        self.accum_types = {k: _state_type(k, v) for k, v in types.items() if v is not None}
+        for k, v in types.items():
+            _state_type(k, v)  # refused now, as PopTorch's constructor refuses it
+        self.accum_types = {k: v for k, v in types.items() if v is not None}
         self.loss_scaling = loss_scaling
         self.max_grad_norm = max_grad_norm
 

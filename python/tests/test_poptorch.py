@@ -47,6 +47,16 @@ def _torch_losses(model, opt, batches, sched=None):
     return losses
 
 
+def _aspen_losses(training, opt, batches, sched):
+    """A training model's losses with torch's scheduler stepping the optimizer and setOptimizer passing it on."""
+    losses = []
+    for x, y in batches:
+        losses.append(float(training(x, y)))
+        sched.step()
+        training.setOptimizer(opt)
+    return losses
+
+
 # --- the data loader -------------------------------------------------------------------------------------
 
 class _Numbers(torch.utils.data.Dataset):
@@ -175,11 +185,7 @@ def test_a_scheduler_drives_the_learning_rate_through_set_optimizer():
     opt = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.3)
     training = poptorch.trainingModel(model, optimizer=opt)
-    got = []
-    for x, y in batches:
-        got.append(float(training(x, y)))
-        sched.step()
-        training.setOptimizer(opt)
+    got = _aspen_losses(training, opt, batches, sched)
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
@@ -287,7 +293,7 @@ def test_optimizers_aspen_cannot_follow_are_refused_by_name():
     m = _Classifier()
     with pytest.raises(NotImplementedError, match="the others have no update rule"):
         poptorch.trainingModel(m, optimizer=torch.optim.Adagrad(m.parameters(), lr=0.01))
-    with pytest.raises(ValueError, match="accum_type: expected torch.float32, torch.float16 or torch.bfloat16"):
+    with pytest.raises(ValueError, match="accum_type: expected torch.float32, torch.float16, torch.bfloat16 or None"):
         poptorch.optim.AdamW(m.parameters(), lr=0.01, accum_type=torch.int32)
     groups = [{"params": m.net[0].parameters()}, {"params": m.net[2].parameters(), "lr": 0.1, "dampening": 0.5}]
     with pytest.raises(NotImplementedError, match=r"param_groups\[1\]: dampening 0.5 is not supported"):
@@ -324,11 +330,7 @@ def test_parameter_groups_train_as_torch_optim_under_a_scheduler(kind):
     opt = make(model)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     training = poptorch.trainingModel(model, optimizer=opt)
-    got = []
-    for x, y in batches:
-        got.append(float(training(x, y)))
-        sched.step()
-        training.setOptimizer(opt)
+    got = _aspen_losses(training, opt, batches, sched)
     np.testing.assert_allclose(got, want, rtol=2e-5)
     want_state = ref.state_dict()
     for name, p in model.state_dict().items():
@@ -354,11 +356,7 @@ def test_parameter_groups_follow_a_warm_up_from_zero_and_refuse_what_would_run_d
     model = _Classifier()
     opt, sched = make(model)
     training = poptorch.trainingModel(model, optimizer=opt)
-    got = []
-    for x, y in batches:
-        got.append(float(training(x, y)))
-        sched.step()
-        training.setOptimizer(opt)
+    got = _aspen_losses(training, opt, batches, sched)
     np.testing.assert_allclose(got, want, rtol=2e-5)
     swapped = torch.optim.SGD([{"params": model.net[2].parameters()}, {"params": model.net[0].parameters(),
                                                                        "lr": 0.02}], lr=0.1)
