@@ -204,15 +204,10 @@ Status dequantize_ggml(uint32_t type, std::span<const std::byte> blocks, int64_t
           const float d1 = d * float(sc), m1 = dmin * float(m);
           scale_min_k4(j + 1, scales, &sc, &m);
           const float d2 = d * float(sc), m2 = dmin * float(m);
-          // Products and differences rounded one at a time, as ggml's reference (no fused multiply-add).
-          for (int l = 0; l < 32; ++l) {
-            volatile float prod = d1 * float(q[l] & 0xF);
-            *out++ = prod - m1;
-          }
-          for (int l = 0; l < 32; ++l) {
-            volatile float prod = d2 * float(q[l] >> 4);
-            *out++ = prod - m2;
-          }
+          // Products and differences rounded one at a time, as ggml's reference: io/CMakeLists.txt compiles this
+          // file with -ffp-contract=off, so no build fuses them into one multiply-add.
+          for (int l = 0; l < 32; ++l) *out++ = d1 * float(q[l] & 0xF) - m1;
+          for (int l = 0; l < 32; ++l) *out++ = d2 * float(q[l] >> 4) - m2;
         }
       }
       return Status();
