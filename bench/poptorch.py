@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PopTorch programs end to end, on aspen.poptorch and on PyTorch (W3.3's speed table).
 
-    python3 bench/poptorch.py [--quick] [--json] [--threads 2] [--rounds 3] [--compile]
+    python3 bench/poptorch.py [--quick] [--json] [--threads 2] [--rounds 3] [--compile] [--case NAME]...
     aspen bench poptorch [the same options]
 
 Each row is a training loop shaped like one of Graphcore's PopTorch tutorials (our own code of the same
@@ -172,11 +172,14 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="also torch.compile")
+    ap.add_argument("--case", choices=sorted(ROWS), action="append", help="only these rows (default: all)")
     a = ap.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(a.threads)
     rounds = 1 if a.quick else a.rounds
     for name, row in ROWS.items():
+        if a.case and name not in a.case:
+            continue
         per_call = row.batch * row.iters * row.acc
         samples = per_call * (1 if a.quick else max(1, 4000 // per_call))
         data = dataset(samples)

@@ -69,8 +69,9 @@ class Tensor {
   static Result<Tensor> allocate(DType dtype, Shape shape, bool zero);
   struct Free {
     constexpr Free() noexcept : owned(true) {}
-    explicit constexpr Free(bool own) noexcept : owned(own) {}
-    bool owned;  // false: a view's
+    explicit constexpr Free(bool own, size_t n = 0) noexcept : owned(own), bytes(n) {}
+    bool owned;        // false: a view's
+    size_t bytes = 0;  // the block's size, rounded (owned: it may go back to the block cache)
     void operator()(void* p) const;
   };
   DType dtype_ = DType::f32;

@@ -1,7 +1,7 @@
 // Tests of kernels/conv.h's plans against the references, at the sizes the graph samples do not reach: layers
 // large enough that oneDNN picks blocked layouts (the reorders in and out), ResNet's stem and its strided 1x1
-// shortcut, depthwise, and a channel count one past a vector width. Outputs between guard bytes; the same plan
-// run twice (the per-thread scratch reused).
+// shortcut, depthwise, a channel count one past a vector width, and 10 channels (NOTE [channels-last
+// backward]). Outputs between guard bytes; the same plan run twice (the per-thread scratch reused).
 #include <gtest/gtest.h>
 
 #include "kernels/conv.h"
@@ -63,6 +63,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvPlans,
                                            Case{"1x1 stride 2", 3, 64, 128, 1, 8, 8, 1, 2, 0},
                                            Case{"depthwise", 2, 48, 48, 48, 11, 7, 3, 2, 1},
                                            Case{"odd channels", 1, 17, 33, 1, 6, 5, 3, 1, 1},
+                                           Case{"pipelining tutorial", 4, 10, 20, 1, 12, 12, 5, 1, 0},
                                            Case{"groups", 2, 32, 64, 4, 7, 7, 3, 1, 1}),
                          [](const auto& p) {
                            std::string s = p.param.label;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu.h"
 #include "kernels/testing.h"
 
 namespace aspen::kernels {
@@ -80,6 +81,44 @@ TEST(MaxPool, FastMatchesReferenceOverOddShapes) {
     ref::max_pool_backward<double>(s, xd.data(), dyd.data(), dxr.data());
     for (size_t i = 0; i < Y; ++i) ASSERT_EQ(double(y[i]), yr[i]) << "y " << i;
     for (size_t i = 0; i < X; ++i) ASSERT_NEAR(double(dx[i]), dxr[i], 1e-6) << "dx " << i;
+  }
+}
+
+// NOTE [2x2 pools]' own kernels, on every ISA, against the float reference bit for bit: odd extents (the last
+// row or column in no window, so dx 0 there), ties, NaNs (a later NaN wins the window), -0.0 gradients (the
+// reference adds them to +0.0), and the tutorials' planes.
+TEST(MaxPool, TwoByTwoWindowsMatchTheReferenceOnEveryIsa) {
+  const std::vector<MaxPoolShape> shapes = {
+      {.N = 2, .C = 3, .H = 9, .W = 11, .OH = 4, .OW = 5, .KH = 2, .KW = 2, .SH = 2, .SW = 2},
+      {.N = 1, .C = 1, .H = 2, .W = 2, .OH = 1, .OW = 1, .KH = 2, .KW = 2, .SH = 2, .SW = 2},
+      {.N = 2, .C = 2, .H = 6, .W = 17, .OH = 3, .OW = 8, .KH = 2, .KW = 2, .SH = 2, .SW = 2},
+      {.N = 1, .C = 2, .H = 4, .W = 64, .OH = 2, .OW = 32, .KH = 2, .KW = 2, .SH = 2, .SW = 2},
+      {.N = 4, .C = 10, .H = 24, .W = 24, .OH = 12, .OW = 12, .KH = 2, .KW = 2, .SH = 2, .SW = 2},
+      {.N = 3, .C = 20, .H = 8, .W = 37, .OH = 4, .OW = 18, .KH = 2, .KW = 2, .SH = 2, .SW = 2}};
+  for (Isa isa : testing::available_isas(Isa::avx512)) {
+    ScopedIsaCap cap(isa);
+    for (const MaxPoolShape& s : shapes) {
+      SCOPED_TRACE(std::string(isa_name(isa)) + " N " + std::to_string(s.N) + " C " + std::to_string(s.C) + " " +
+                   std::to_string(s.H) + "x" + std::to_string(s.W));
+      const size_t X = size_t(s.N * s.C * s.H * s.W), Y = size_t(s.N * s.C * s.OH * s.OW);
+      std::vector<float> x = random_vector(X, 5, -2.0f, 2.0f);
+      for (size_t i = 0; i < X; ++i) {
+        x[i] = std::round(x[i] * 2.0f) / 2.0f;                                  // ties
+        if (i % 37 == 5) x[i] = std::numeric_limits<float>::quiet_NaN();        // NaNs, some windows two
+      }
+      std::vector<float> dy = random_vector(Y, 6, -1.0f, 1.0f);
+      for (size_t i = 0; i < Y; i += 7) dy[i] = -0.0f;
+      std::vector<float> y(Y), dx(X, 42.0f), yr(Y), dxr(X);
+      ASSERT_TRUE(max_pool_forward(s, x.data(), y.data()).is_ok());
+      ASSERT_TRUE(max_pool_backward(s, x.data(), dy.data(), dx.data()).is_ok());
+      ref::max_pool_forward<float>(s, x.data(), yr.data());
+      ref::max_pool_backward<float>(s, x.data(), dy.data(), dxr.data());
+      for (size_t i = 0; i < Y; ++i)
+        ASSERT_TRUE(std::isnan(yr[i]) ? std::isnan(y[i]) : y[i] == yr[i]) << "y " << i << ": " << y[i] << " vs " << yr[i];
+      for (size_t i = 0; i < X; ++i)
+        ASSERT_EQ(std::signbit(dx[i]), std::signbit(dxr[i])) << "dx " << i;
+      for (size_t i = 0; i < X; ++i) ASSERT_EQ(dx[i], dxr[i]) << "dx " << i;
+    }
   }
 }
 
