@@ -90,6 +90,37 @@ def test_data_loader_yields_combined_batches_each_sample_once(mode):
     loader.terminate()
 
 
+@pytest.mark.parametrize("mode", [poptorch.DataLoaderMode.Sync, poptorch.DataLoaderMode.AsyncRebatched])
+def test_a_tensor_dataset_is_gathered_into_the_batches_torch_collates(mode):
+    g = torch.Generator().manual_seed(3)
+    data = torch.utils.data.TensorDataset(torch.randn(50, 2, 3, generator=g), torch.arange(50),
+                                          torch.randn(50, generator=g).double())
+    opts = poptorch.Options().deviceIterations(2)
+    kw = dict(batch_size=4, shuffle=True, drop_last=False)
+    loader = poptorch.DataLoader(opts, data, mode=mode, rebatched_worker_size=3 if mode.value == 2 else None,
+                                 generator=torch.Generator().manual_seed(7), **kw)
+    reference = torch.utils.data.DataLoader(data, batch_size=8 if mode.value == 0 else 3, shuffle=True,
+                                            drop_last=False, generator=torch.Generator().manual_seed(7))
+    got, want = list(loader), list(reference)
+    assert type(loader.dataset).__getitems__ is not None and isinstance(loader.dataset,
+                                                                         torch.utils.data.TensorDataset)
+    if mode.value == 2:  # rebatched: the same rows, joined into combined batches
+        cat = [torch.cat([b[k] for b in want]) for k in range(3)]
+        want = [[c[i:i + 8] for c in cat] for i in range(0, 50, 8)]
+    assert len(got) == len(want) == 7
+    for a, b in zip(got, want):
+        assert isinstance(a, list) and len(a) == 3
+        for x, y in zip(a, b):
+            assert x.dtype == y.dtype and x.is_contiguous()
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+    class Squares(torch.utils.data.TensorDataset):  # its own rows: read one by one, as torch does
+        def __getitem__(self, i):
+            return self.tensors[0][i] ** 2,
+    plain = poptorch.DataLoader(opts, Squares(torch.arange(6.0)), batch_size=3)
+    assert [b[0].tolist() for b in plain] == [[0.0, 1.0, 4.0, 9.0, 16.0, 25.0]]
+
+
 def test_data_loader_keeps_a_short_last_batch_when_asked_and_names_bad_arguments():
     loader = poptorch.DataLoader(poptorch.Options().deviceIterations(2), _Numbers(10), batch_size=3,
                                  drop_last=False)
