@@ -119,6 +119,8 @@ def test_a_tensor_dataset_is_gathered_into_the_batches_torch_collates(mode):
             return self.tensors[0][i] ** 2,
     plain = poptorch.DataLoader(opts, Squares(torch.arange(6.0)), batch_size=3)
     assert [b[0].tolist() for b in plain] == [[0.0, 1.0, 4.0, 9.0, 16.0, 25.0]]
+    halves = torch.utils.data.TensorDataset(torch.arange(6.0).bfloat16())  # numpy has no bf16: read as torch does
+    assert [b[0].tolist() for b in poptorch.DataLoader(opts, halves, batch_size=3)] == [[0, 1, 2, 3, 4, 5]]
 
 
 def test_data_loader_keeps_a_short_last_batch_when_asked_and_names_bad_arguments():
