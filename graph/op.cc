@@ -30,6 +30,7 @@ std::array<OpInfo, kNumOps> build_table() {
   register_batchnorm_ops(t);
   register_lstm_ops(t);
   register_pool_ops(t);
+  register_quant_ops(t);
   // Every op of ASPEN_OPS must have an entry: a missing one is a bug found at start-up.
   for (int i = 0; i < kNumOps; ++i) {
     ASPEN_CHECK(table[i].name != nullptr && table[i].infer != nullptr && table[i].eval != nullptr)

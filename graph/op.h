@@ -68,8 +68,10 @@
   /* the LSTM recurrence over a sequence (ops_lstm.cc) */                                                 \
   X(lstm, 79) X(lstm_grad, 80)                                                                            \
   /* 2-D max pooling and its backward pass (ops_pool.cc) */                                               \
-  X(max_pool, 81) X(max_pool_grad, 82)
-// The next free op number: 83.
+  X(max_pool, 81) X(max_pool_grad, 82)                                                                    \
+  /* products with weights in llama.cpp's quantized blocks (ops_quant.cc; inference only) */              \
+  X(matmul_q, 83)
+// The next free op number: 84.
 // clang-format on
 
 namespace aspen::graph {

@@ -34,5 +34,6 @@ void register_conv_ops(OpTable& t);
 void register_batchnorm_ops(OpTable& t);
 void register_lstm_ops(OpTable& t);
 void register_pool_ops(OpTable& t);
+void register_quant_ops(OpTable& t);
 
 }  // namespace aspen::graph
