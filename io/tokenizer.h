@@ -93,4 +93,10 @@ Result<std::unique_ptr<Tokenizer>> load_bpe_files(const std::string& vocab_json_
                                                   const std::string& merges_txt_path);
 Result<std::unique_ptr<Tokenizer>> load_wordpiece_vocab(const std::string& vocab_txt_path);
 
+class GgufFile;
+// The tokenizer llama.cpp's converter wrote into a GGUF file (tokenizer.ggml.*; NOTE [GGUF tokenizers] in
+// tokenizer_load.cc): GPT-2's byte-level BPE. NotFound / Corrupt name the file and the key; Unimplemented
+// names a tokenizer model or split not read yet.
+Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const GgufFile& file);
+
 }  // namespace aspen::io

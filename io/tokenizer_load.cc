@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "core/file.h"
+#include "io/gguf.h"
 #include "io/json_brief.h"
 #include "io/tokenizer.h"
 #include "io/tokenizer_pipeline.h"
@@ -499,6 +500,15 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer_json_from_string(std::string_v
   return finish(path, std::move(cfg));
 }
 
+// GPT-2's byte-level BPE around cfg's vocabulary and merges: ByteLevel without a prefix space, its decoder.
+void gpt2_byte_level(Config* cfg) {
+  cfg->model = ModelKind::kBpe;
+  PreTokenizerStep byte_level;
+  byte_level.add_prefix_space = false;
+  cfg->pre_tokenizers = {byte_level};
+  cfg->decoders = {DecoderStep{}};
+}
+
 Result<std::unique_ptr<Tokenizer>> load_bpe_files(const std::string& vocab_json_path,
                                                   const std::string& merges_txt_path) {
   ASPEN_ASSIGN_OR_RETURN(std::string vtext, read_regular_file(vocab_json_path));
@@ -521,12 +531,8 @@ Result<std::unique_ptr<Tokenizer>> load_bpe_files(const std::string& vocab_json_
       return corrupt(where, "two tokens separated by one space", sq(line));
     ASPEN_RETURN_IF_ERROR(add_merge(where, line.substr(0, sp), line.substr(sp + 1), rank++, &cfg));
   }
-  // GPT-2's setup: ByteLevel without a prefix space; <|endoftext|> is special.
-  cfg.model = ModelKind::kBpe;
-  PreTokenizerStep byte_level;
-  byte_level.add_prefix_space = false;
-  cfg.pre_tokenizers = {byte_level};
-  cfg.decoders = {DecoderStep{}};
+  // GPT-2's setup; <|endoftext|> is special.
+  gpt2_byte_level(&cfg);
   if (auto it = cfg.vocab.find("<|endoftext|>"); it != cfg.vocab.end()) {
     AddedToken a;
     a.content = it->first;
@@ -583,6 +589,79 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir) 
   if (file_exists(dir + "vocab.txt")) return load_wordpiece_vocab(dir + "vocab.txt");
   return Status::error(Code::kNotFound, model_dir, "tokenizer.json, vocab.json + merges.txt, or vocab.txt",
                        "none of them", "a Hugging Face model directory has one of these");
+}
+
+// NOTE [GGUF tokenizers]: llama.cpp's converter writes a Hugging Face tokenizer into the GGUF file as lists:
+// tokenizer.ggml.tokens (id = position), token_type (1 normal, 3 control, 4 user-defined, ...), merges ("a b",
+// rank = position) and `pre`, the name of the pre-tokenizer's split that llama.cpp recognised. For GPT-2's
+// (model "gpt2", pre "gpt-2") that is the whole of the tokenizer vocab.json + merges.txt describe, so it is
+// rebuilt as load_bpe_files builds that one, control and user-defined tokens added (control ones special):
+// the ids are Hugging Face's (tested against the directory the file was converted from). Other models and
+// splits are refused by name.
+Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const GgufFile& file) {
+  const std::string& path = file.path();
+  auto list = [&](const std::string& key, bool required) -> Result<const std::vector<GgufValue>*> {
+    const GgufValue* v = file.find_metadata(key);
+    if (!v) {
+      if (!required) return static_cast<const std::vector<GgufValue>*>(nullptr);
+      return Status::error(Code::kNotFound, path + ": " + key, "the tokenizer's list", "no such key");
+    }
+    if (v->kind != GgufValue::Kind::array) return corrupt(path + ": " + key, "an array", "another value type");
+    return &v->items;
+  };
+  auto text = [&](const std::string& key) -> Result<std::optional<std::string>> {
+    const GgufValue* v = file.find_metadata(key);
+    if (!v) return std::optional<std::string>();
+    if (v->kind != GgufValue::Kind::string) return corrupt(path + ": " + key, "a string", "another value type");
+    return std::optional<std::string>(v->s);
+  };
+  ASPEN_ASSIGN_OR_RETURN(std::optional<std::string> model, text("tokenizer.ggml.model"));
+  if (!model)
+    return Status::error(Code::kNotFound, path + ": tokenizer.ggml.model", "the tokenizer's kind", "no such key");
+  if (*model != "gpt2")
+    return Status::unimplemented(path + ": tokenizer.ggml.model", "\"gpt2\" (byte-level BPE); found " + sq(*model));
+  ASPEN_ASSIGN_OR_RETURN(std::optional<std::string> pre, text("tokenizer.ggml.pre"));
+  if (pre && *pre != "gpt-2" && *pre != "default")
+    return Status::unimplemented(path + ": tokenizer.ggml.pre", "GPT-2's split (\"gpt-2\"); found " + sq(*pre));
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<GgufValue>* tokens, list("tokenizer.ggml.tokens", true));
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<GgufValue>* merges, list("tokenizer.ggml.merges", true));
+  ASPEN_ASSIGN_OR_RETURN(const std::vector<GgufValue>* types, list("tokenizer.ggml.token_type", false));
+  if (types && types->size() != tokens->size())
+    return corrupt(path + ": tokenizer.ggml.token_type", std::to_string(tokens->size()) + " entries (one a token)",
+                   std::to_string(types->size()));
+  if (tokens->size() > (size_t(1) << 30))
+    return corrupt(path + ": tokenizer.ggml.tokens", "at most 2^30 tokens", std::to_string(tokens->size()));
+  Config cfg;
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    if ((*tokens)[i].kind != GgufValue::Kind::string)
+      return corrupt(path + ": tokenizer.ggml.tokens[" + std::to_string(i) + "]", "a string", "another value type");
+    cfg.vocab[(*tokens)[i].s] = TokenId(i);
+  }
+  for (size_t i = 0; i < merges->size(); ++i) {
+    const std::string where = path + ": tokenizer.ggml.merges[" + std::to_string(i) + "]";
+    const GgufValue& m = (*merges)[i];
+    const size_t sp = m.kind == GgufValue::Kind::string ? m.s.find(' ') : std::string::npos;
+    if (sp == std::string::npos || sp == 0 || sp + 1 == m.s.size() || m.s.find(' ', sp + 1) != std::string::npos)
+      return corrupt(where, "two tokens separated by one space",
+                     m.kind == GgufValue::Kind::string ? sq(m.s) : "another value type");
+    ASPEN_RETURN_IF_ERROR(add_merge(where, m.s.substr(0, sp), m.s.substr(sp + 1), int32_t(i), &cfg));
+  }
+  gpt2_byte_level(&cfg);
+  for (size_t i = 0; types && i < types->size(); ++i) {
+    const GgufValue& t = (*types)[i];
+    const int64_t type = t.kind == GgufValue::Kind::integer ? t.i : t.kind == GgufValue::Kind::unsigned_integer ? int64_t(t.u) : -1;
+    if (type < 0)
+      return corrupt(path + ": tokenizer.ggml.token_type[" + std::to_string(i) + "]", "an integer",
+                     "another value type");
+    if (type != 3 && type != 4) continue;  // llama.cpp's CONTROL and USER_DEFINED
+    AddedToken a;
+    a.content = (*tokens)[i].s;
+    a.text = uni::decode_utf8_lossy(a.content);
+    a.id = TokenId(i);
+    a.special = type == 3;
+    cfg.added.push_back(std::move(a));
+  }
+  return finish(path, std::move(cfg));
 }
 
 }  // namespace aspen::io

@@ -1,0 +1,89 @@
+// The tokenizer llama.cpp's converter writes into a GGUF file, rebuilt by load_gguf_tokenizer, against the
+// Hugging Face files it was converted from (models/testdata/gpt2-tiny; the file comes from
+// scripts/golden/make_gguf_tokenizer_testdata.py): the same ids and text over hard cases and Shakespeare, the
+// same special tokens; and the errors naming the key.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "io/gguf.h"
+#include "io/test_files.h"
+#include "io/tokenizer.h"
+
+namespace aspen::io {
+namespace {
+
+const std::string kGguf = std::string(ASPEN_IO_TESTDATA) + "/gguf/gpt2-tiny-vocab.gguf";
+const std::string kHfDir = std::string(ASPEN_IO_TESTDATA) + "/../../models/testdata/gpt2-tiny";
+
+std::vector<std::string> texts() {
+  std::vector<std::string> out = {"", "Hello world", " leading space", "<|endoftext|>The end<|endoftext|>",
+                                  "numbers 12345 and   spaces\n\nnew lines\t tabs", "naïve café — ünïcödé 🙂",
+                                  "It's, don't; we'll: they're!"};
+  std::ifstream hard(std::string(ASPEN_IO_TESTDATA) + "/tokenizer_hard_cases.txt");
+  for (std::string line; std::getline(hard, line);) out.push_back(line);
+  const std::string shakespeare =
+      test_files::read_bytes(std::string(ASPEN_SHARED_DIR_DEFAULT) + "/data/tinyshakespeare.txt");
+  for (size_t k = 0; k < 12 && (k + 1) * 90000 <= shakespeare.size(); ++k)
+    out.push_back(shakespeare.substr(k * 90000, 3000));
+  return out;
+}
+
+TEST(GgufTokenizer, Gpt2IdsAreTheHuggingFaceOnes) {
+  auto file = GgufFile::open(kGguf);
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  auto tok = load_gguf_tokenizer(*file);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  auto hf = load_tokenizer(kHfDir);
+  ASSERT_TRUE(hf.is_ok()) << hf.status().to_string();
+  EXPECT_EQ((*tok)->vocab_size(), (*hf)->vocab_size());
+  EXPECT_EQ((*tok)->special_ids().eos, (*hf)->special_ids().eos);
+  EXPECT_EQ((*tok)->special_ids().bos, (*hf)->special_ids().bos);
+  size_t tokens = 0;
+  for (const std::string& t : texts()) {
+    const std::vector<TokenId> got = (*tok)->encode(t), want = (*hf)->encode(t);
+    ASSERT_EQ(got, want) << "text: " << t.substr(0, 80);
+    EXPECT_EQ((*tok)->decode(got), (*hf)->decode(want));
+    EXPECT_EQ((*tok)->decode(got, /*skip_special_tokens=*/true), (*hf)->decode(want, true));
+    tokens += got.size();
+  }
+  EXPECT_GT(tokens, 5000u);  // the texts were read
+}
+
+// The file with the first `from` after `after` replaced in place (same length, so the file stays valid).
+Result<GgufFile> with_value(const std::string& from, const std::string& to, const std::string& after = "") {
+  std::string bytes = test_files::read_bytes(kGguf);
+  const size_t at = bytes.find(from, after.empty() ? 0 : bytes.find(after));
+  EXPECT_NE(at, std::string::npos) << from;
+  bytes.replace(at, from.size(), to);
+  return GgufFile::from_bytes(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())), "edited.gguf");
+}
+
+TEST(GgufTokenizer, OtherTokenizersAndMissingKeysAreNamed) {
+  {
+    auto file = with_value("tokenizer.ggml.model", "tokenizer.ggml.modem");  // the key gone
+    ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+    EXPECT_EQ(load_gguf_tokenizer(*file).status().to_string(),
+              "NotFound: edited.gguf: tokenizer.ggml.model: expected the tokenizer's kind, found no such key");
+  }
+  {
+    auto file = with_value("gpt2", "bert", "tokenizer.ggml.model");  // the value after the key
+    ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+    EXPECT_NE(load_gguf_tokenizer(*file).status().to_string().find("tokenizer.ggml.model"), std::string::npos);
+    EXPECT_NE(load_gguf_tokenizer(*file).status().to_string().find("'bert'"), std::string::npos)
+        << load_gguf_tokenizer(*file).status().to_string();
+  }
+  {
+    auto file = with_value("gpt-2", "qwen2", "tokenizer.ggml.pre");
+    ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+    const std::string e = load_gguf_tokenizer(*file).status().to_string();
+    EXPECT_NE(e.find("tokenizer.ggml.pre"), std::string::npos) << e;
+    EXPECT_NE(e.find("'qwen2'"), std::string::npos) << e;
+  }
+}
+
+}  // namespace
+}  // namespace aspen::io
