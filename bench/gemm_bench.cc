@@ -1,9 +1,11 @@
 #include "bench/gemm_bench.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <dnnl.hpp>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -84,6 +86,49 @@ class DirectOneDnn {
   std::unordered_map<int, dnnl::memory> args_;
 };
 
+// BLIS (Debian's libblis4, its zen3 / skx kernels picked at run time), a peer for the f32 rows: opened with
+// dlopen, RTLD_LOCAL, because its BLAS symbols (sgemm_, cblas_sgemm) would otherwise interpose on OpenBLAS's.
+// Called through its typed API with general strides (a transposed operand is its strides swapped), on its own
+// OpenMP threading set to the row's thread count. Absent when the library is not installed (the rows say so).
+class Blis {
+ public:
+  static const Blis* get() {
+    static const Blis* blis = [] {
+      auto* b = new Blis;
+      b->handle_ = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+      if (!b->handle_) return static_cast<Blis*>(nullptr);
+      b->sgemm_ = reinterpret_cast<Sgemm>(dlsym(b->handle_, "bli_sgemm"));
+      b->threads_ = reinterpret_cast<SetThreads>(dlsym(b->handle_, "bli_thread_set_num_threads"));
+      auto version = reinterpret_cast<const char* (*)()>(dlsym(b->handle_, "bli_info_get_version_str"));
+      if (!b->sgemm_ || !b->threads_) return static_cast<Blis*>(nullptr);
+      b->version_ = version ? version() : "?";
+      return b;
+    }();
+    return blis;
+  }
+  const std::string& version() const { return version_; }
+  // y [M, N] = op(a) op(b), row-major, as the case stores them.
+  void sgemm(const GemmCase& c, int threads, const float* a, const float* b, float* y) const {
+    threads_(threads);
+    float one = 1.0f, zero = 0.0f;
+    const int64_t rsa = c.trans_a ? 1 : c.k, csa = c.trans_a ? c.m : 1;
+    const int64_t rsb = c.trans_b ? 1 : c.n, csb = c.trans_b ? c.k : 1;
+    sgemm_(0, 0, c.m, c.n, c.k, &one, const_cast<float*>(a), rsa, csa, const_cast<float*>(b), rsb, csb, &zero, y,
+           c.n, 1);
+    omp_set_num_threads(threads);  // keep the team's size ours
+  }
+
+ private:
+  // bli_sgemm(transa, transb, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc); trans_t 0: none.
+  using Sgemm = void (*)(int, int, int64_t, int64_t, int64_t, float*, float*, int64_t, int64_t, float*, int64_t,
+                         int64_t, float*, float*, int64_t, int64_t);
+  using SetThreads = void (*)(int64_t);
+  void* handle_ = nullptr;
+  Sgemm sgemm_ = nullptr;
+  SetThreads threads_ = nullptr;
+  std::string version_;
+};
+
 }  // namespace
 
 Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
@@ -91,9 +136,12 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
   const int rounds = opt.quick ? 1 : 5;
   const double min_s = opt.quick ? 0.0 : 0.3;
   if (!opt.json)
-    out << fmt::format("{:>5} {:>6} {:>5} {:>4} {:>5} {:>3} | {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>7} {:>7} {:>6} {:>8}\n",
-                       "M", "N", "K", "op", "dtype", "thr", "aspen", "backend", "kernels", "oneDNN", "OpenBLAS",
-                       "vs dnnl", "vs best", "peak", "bf16/f32");
+    out << fmt::format("{:>5} {:>6} {:>5} {:>4} {:>5} {:>3} | {:>8} {:>8} | {:>8} {:>8} {:>11} | {:>7} {:>7} {:>6} {:>8}\n",
+                       "M", "N", "K", "op", "dtype", "thr", "aspen", "backend", "kernels", "oneDNN", "OBLAS/BLIS",
+                       "vs dnnl", "vs best", "peak", "bf16/f32")
+        << fmt::format("# BLIS: {}\n", Blis::get() ? "libblis " + Blis::get()->version() + " (its column after OpenBLAS)"
+                                                    : std::string("not installed (libblis4-openmp): no BLIS column"));
+  const Blis* blis = Blis::get();
   for (int threads : opt.threads) {
     ScopedOmpThreads team(threads);
     // The ceilings drift with the host's load: each is measured again beside every case and the
@@ -147,6 +195,7 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
         // Debian's OpenBLAS has no bf16 GEMM (sbgemm); the f32 one is the peer, called as a user
         // would: one call on OpenBLAS's own threading (its OpenMP build: this team's size). Aspen's
         // plans set its count back to 1 when they next run (NOTE [openblas tiles]).
+        const size_t openblas_at = runs.size();
         if (!is_bf16)
           runs.push_back([&] {
             openblas_set_num_threads(threads);
@@ -155,6 +204,9 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
                         b.data<float>(), int(c.trans_b ? c.k : c.n), 0.0f, y.data<float>(), int(c.n));
             omp_set_num_threads(threads);  // OpenBLAS's OpenMP build set the team's size; keep it ours
           });
+        const size_t blis_at = runs.size();
+        if (!is_bf16 && blis)
+          runs.push_back([&] { blis->sgemm(c, threads, a.data<float>(), b.data<float>(), y.data<float>()); });
         // NOTE [guarded rows]: the peak measured before and after the row (not in --quick).
         std::function<double()> ceiling;
         if (!opt.quick)
@@ -166,8 +218,9 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
         else f32_peak = std::max(f32_peak, times.ceiling());
         const double g = flops / t[0] / 1e9, gk = flops / t[1] / 1e9;
         const double gd = direct ? flops / t[2] / 1e9 : 0;
-        const double gb = !is_bf16 ? flops / t.back() / 1e9 : 0;
-        const double best_lib = std::max(gd, gb);
+        const double gb = !is_bf16 ? flops / t[openblas_at] / 1e9 : 0;
+        const double gl = !is_bf16 && blis ? flops / t[blis_at] / 1e9 : 0;
+        const double best_lib = std::max({gd, gb, gl});
         const auto or_null = [](double v) { return v > 0 ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr); };
         const double peak = is_bf16 ? bf_peak.gflops : f32_peak;
         const double frac = peak > 0 ? g / peak : 0;
@@ -180,6 +233,7 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
                                 {"dtype", std::string(dtype_name(dt))}, {"threads", threads},
                                 {"gflops", g}, {"backend", backend}, {"kernels_gflops", gk},
                                 {"onednn_gflops", or_null(gd)}, {"openblas_gflops", or_null(gb)},
+                                {"blis_gflops", or_null(gl)},
                                 {"ratio_vs_onednn", or_null(gd > 0 ? g / gd : 0)},
                                 {"ratio_vs_best_library", or_null(best_lib > 0 ? g / best_lib : 0)},
                                 {"kernels_ratio_vs_best_library", or_null(best_lib > 0 ? gk / best_lib : 0)},
@@ -189,14 +243,16 @@ Status run_gemm_bench(const GemmBenchOptions& opt, std::ostream& out) {
           row["aspen_s"] = spread_json(times, 0);
           row["kernels_s"] = spread_json(times, 1);
           if (direct) row["onednn_s"] = spread_json(times, 2);
-          if (!is_bf16) row["openblas_s"] = spread_json(times, runs.size() - 1);
+          if (!is_bf16) row["openblas_s"] = spread_json(times, openblas_at);
+          if (gl > 0) row["blis_s"] = spread_json(times, blis_at);
           add_guard_fields(row, times);
           out << row.dump() << "\n";
         } else {
           const char* op = c.trans_a && c.trans_b ? "aTbT" : c.trans_a ? "a^T" : c.trans_b ? "b^T" : "-";
-          out << fmt::format("{:>5} {:>6} {:>5} {:>4} {:>5} {:>3} | {:>8.1f} {:>8} | {:>8.1f} {:>8} {:>8} | {:>7} {:>7} {:>5.0f}% {:>8}{}",
+          out << fmt::format("{:>5} {:>6} {:>5} {:>4} {:>5} {:>3} | {:>8.1f} {:>8} | {:>8.1f} {:>8} {:>11} | {:>7} {:>7} {:>5.0f}% {:>8}{}",
                              c.m, c.n, c.k, op, dtype_name(dt), threads, g, backend, gk,
-                             gd > 0 ? fmt::format("{:.1f}", gd) : "-", gb > 0 ? fmt::format("{:.1f}", gb) : "-",
+                             gd > 0 ? fmt::format("{:.1f}", gd) : "-",
+                             gb > 0 ? fmt::format("{:.1f}", gb) + (gl > 0 ? fmt::format("/{:.1f}", gl) : "") : "-",
                              gd > 0 ? fmt::format("{:.3f}x", g / gd) : "-",
                              best_lib > 0 ? fmt::format("{:.3f}x", g / best_lib) : "-", 100 * frac,
                              vs_f32 > 0 ? fmt::format("{:.2f}x", vs_f32) : "-",

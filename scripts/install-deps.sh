@@ -8,6 +8,7 @@ packages=(
   libdnnl-dev        # oneDNN: matrix products
   ocl-icd-opencl-dev # Debian's dnnl-config.cmake calls find_package(OpenCL); libdnnl-dev only recommends it
   libopenblas-openmp-dev  # OpenBLAS, its OpenMP build: large f32 matrix products (docs/decisions.md)
+  libblis4-openmp    # BLIS: a peer of `aspen bench gemm` (dlopen'd by the bench only; not linked)
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
   libprotobuf-dev libonnx-dev  # io/onnx.cc: ONNX models, through Debian's onnx.proto bindings
