@@ -11,6 +11,7 @@
 #include "core/file.h"
 #include "core/log.h"
 #include "kernels/convert.h"
+#include "models/gguf_checkpoint.h"
 
 namespace aspen::models {
 
@@ -65,6 +66,7 @@ bool ignorable(const std::string& model_type, const std::string& tensor, const g
 }  // namespace
 
 Result<Checkpoint> Checkpoint::open(const std::string& dir) {
+  if (ends_with(dir, ".gguf")) return open_gguf(dir);
   Checkpoint c;
   c.dir_ = dir;
   ASPEN_ASSIGN_OR_RETURN(c.config_, load_config((fs::path(dir) / "config.json").string()));
@@ -116,9 +118,18 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   return c;
 }
 
-std::vector<std::string> Checkpoint::tensor_names() const { return file_ ? file_->names() : index_->names(); }
+std::vector<std::string> Checkpoint::tensor_names() const {
+  if (gguf_) {
+    std::vector<std::string> names;
+    for (const io::GgufTensor& t : gguf_->tensors()) names.push_back(t.name);
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+  return file_ ? file_->names() : index_->names();
+}
 
 std::pair<const io::SafetensorsFile*, const io::TensorInfo*> Checkpoint::find(const std::string& name) const {
+  if (gguf_) return {nullptr, nullptr};  // its tensors: gguf_binding()
   if (index_) return index_->find(name);
   const io::TensorInfo* info = file_->find(name);
   return {info ? file_.get() : nullptr, info};
@@ -133,6 +144,12 @@ Result<WeightPlan> plan_weights(const graph::Graph& g, const Checkpoint& ckpt) {
     const graph::Node& n = g.node(i);
     if (n.name.rfind(kStatePrefix, 0) == 0) continue;  // a program's state (KV cache), not a weight
     WeightBinding w{.parameter = n.name, .tensor = {}, .type = g.type(n.outputs[0])};
+    if (ckpt.gguf()) {  // NOTE [GGUF models]
+      ASPEN_ASSIGN_OR_RETURN(w, gguf_binding(ckpt, std::move(w)));
+      used.insert(w.tensor);
+      plan.bindings.push_back(std::move(w));
+      continue;
+    }
     const std::vector<std::string> names = candidates(type, n.name);
     for (const std::string& c : names) {
       std::tie(w.file, w.info) = ckpt.find(c);
@@ -172,6 +189,7 @@ Result<WeightPlan> plan_weights(const graph::Graph& g, const Checkpoint& ckpt) {
 }
 
 Result<Tensor> read_weight(const WeightBinding& w) {
+  if (w.gguf_tensor) return read_gguf_weight(w);
   ASPEN_CHECK(w.file != nullptr && w.info != nullptr) << "an unbound WeightBinding for " << w.parameter;
   const std::span<const std::byte> bytes = w.file->data(*w.info);
   const DType from = w.info->dtype, to = w.type.dtype;

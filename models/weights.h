@@ -46,15 +46,23 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "graph/graph.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
+#include "io/tokenizer.h"
 #include "models/config.h"
 
 namespace aspen::models {
 
 class Checkpoint {
  public:
-  // Reads <dir>/config.json and opens the weights; errors name the file.
+  // Reads <dir>/config.json and opens the weights; errors name the file. A path ending in ".gguf" is a
+  // llama.cpp GGUF file instead (open_gguf).
   static Result<Checkpoint> open(const std::string& dir);
+  // NOTE [GGUF models] (models/gguf_checkpoint.cc): the config from the file's metadata, the weights from its
+  // tensors under llama.cpp's names, dequantized when read. GPT-2 for now; other architectures are refused by
+  // name.
+  static Result<Checkpoint> open_gguf(const std::string& path);
+  const io::GgufFile* gguf() const { return gguf_.get(); }
 
   const ModelConfig& config() const { return config_; }
   const std::string& dir() const { return dir_; }
@@ -70,7 +78,13 @@ class Checkpoint {
   ModelConfig config_;
   std::unique_ptr<io::SafetensorsFile> file_;    // one file, or
   std::unique_ptr<io::SafetensorsIndex> index_;  // a sharded checkpoint
+  std::unique_ptr<io::GgufFile> gguf_;           // or a GGUF file
 };
+
+// A model given as a directory (config.json, tokenizer files) or a GGUF file (its metadata): its config and its
+// tokenizer, as `aspen generate --model` takes either.
+Result<ModelConfig> load_model_config(const std::string& model);
+Result<std::unique_ptr<io::Tokenizer>> load_model_tokenizer(const std::string& model);
 
 // One parameter bound to the checkpoint tensor that fills it.
 struct WeightBinding {
@@ -79,6 +93,10 @@ struct WeightBinding {
   graph::TensorType type;  // the parameter's dtype and shape
   const io::SafetensorsFile* file = nullptr;
   const io::TensorInfo* info = nullptr;
+  // A GGUF checkpoint's tensor instead (file and info null); transposed: stored [N, K] for a [K, N] parameter.
+  const io::GgufFile* gguf = nullptr;
+  const io::GgufTensor* gguf_tensor = nullptr;
+  bool transpose = false;
 };
 
 struct WeightPlan {

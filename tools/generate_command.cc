@@ -1,6 +1,6 @@
 // tools/generate_command.cc: `aspen generate`, text in, streamed text out.
 //
-//   aspen generate --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
+//   aspen generate --model DIR|FILE.gguf --prompt TEXT [--max-new-tokens N] [--temperature T]
 //                  [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]
 //                  [--max-length L] [--threads N] [--tensor-parallel N [--vocab-parallel]] [--echo]
 //                  [--dtype f32|bf16] [--show-special]
@@ -24,6 +24,7 @@
 #include "io/tokenizer.h"
 #include "models/config.h"
 #include "models/generate.h"
+#include "models/weights.h"
 #include "tools/commands.h"
 
 namespace aspen::tools {
@@ -73,9 +74,9 @@ int run_generate(const GenerateArgs& a) {
     report(s);
     return kExitUsage;
   }
-  auto config = models::load_config(a.model + "/config.json");
+  auto config = models::load_model_config(a.model);  // a directory, or a GGUF file
   if (!config.is_ok()) return report(config.status());
-  auto tokenizer = io::load_tokenizer(a.model);
+  auto tokenizer = models::load_model_tokenizer(a.model);
   if (!tokenizer.is_ok()) return report(tokenizer.status());
   // With the post-processor's special tokens, as transformers' tokenizer(prompt) gives them: Llama's BOS
   // (GPT-2's post-processor adds nothing).
@@ -152,7 +153,9 @@ Command add_generate_command(CLI::App& app) {
       "Example: aspen generate --model models/testdata/gptj-tiny --prompt \"ROMEO:\" --max-new-tokens 32 "
       "--temperature 0\n(--temperature 0 is greedy; otherwise top-k, top-p and the seed apply; the same seed gives "
       "the same text)");
-  cmd->add_option("--model", args->model, "model directory: config.json, weights, tokenizer")->required();
+  cmd->add_option("--model", args->model,
+                  "model directory (config.json, weights, tokenizer), or a llama.cpp GGUF file (GPT-2)")
+      ->required();
   cmd->add_option("--prompt", args->prompt, "the text to continue")->required();
   cmd->add_option("--max-new-tokens", args->max_new_tokens, "new tokens at most (default 32)")->check(at_least(1));
   cmd->add_option("--temperature", args->temperature, "0: greedy; default 1");

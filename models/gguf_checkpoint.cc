@@ -1,0 +1,192 @@
+// models/gguf_checkpoint.cc: a llama.cpp GGUF file as a Checkpoint (models/weights.h).
+//
+// NOTE [GGUF models]: llama.cpp's converter (convert_hf_to_gguf.py) writes a Hugging Face model into one file:
+// the config as `<architecture>.*` metadata, the tokenizer as `tokenizer.ggml.*` (io::load_gguf_tokenizer), and
+// the weights under its own names, 2-D ones as [out, in] rows (GPT-2's Conv1D [in, out] matrices transposed),
+// quantized or not. open_gguf rebuilds the config.json the model came from (parse_config checks it as it
+// checks any), and each parameter of aspen's graph is bound to its tensor by llama.cpp's name, transposed back
+// where aspen keeps the Hugging Face layout, dequantized when read (io::GgufFile::read_f32: ggml's values
+// exactly). So a GGUF model runs through the same graphs as its Hugging Face directory; multiplying by the
+// quantized blocks themselves (the graph's matmul_q) is the next step. GPT-2 for now; other architectures are
+// refused by name.
+#include "models/gguf_checkpoint.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "kernels/convert.h"
+#include "models/config.h"
+
+namespace aspen::models {
+
+namespace {
+
+std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+// An integer or real metadata value.
+std::optional<double> number(const io::GgufValue& v) {
+  switch (v.kind) {
+    case io::GgufValue::Kind::integer: return double(v.i);
+    case io::GgufValue::Kind::unsigned_integer: return double(v.u);
+    case io::GgufValue::Kind::real: return v.f;
+    default: return std::nullopt;
+  }
+}
+
+Result<double> required_number(const io::GgufFile& f, const std::string& key) {
+  const io::GgufValue* v = f.find_metadata(key);
+  if (!v) return Status::error(Code::kNotFound, f.path() + ": " + key, "a number (the model's config)", "no such key");
+  const std::optional<double> x = number(*v);
+  if (!x) return Status::error(Code::kCorrupt, f.path() + ": " + key, "a number", "another value type");
+  return *x;
+}
+
+// GPT-2's config.json from gpt2.* metadata.
+Result<std::string> gpt2_config_json(const io::GgufFile& f) {
+  nlohmann::ordered_json j;
+  j["model_type"] = "gpt2";
+  j["architectures"] = {"GPT2LMHeadModel"};
+  const std::pair<const char*, const char*> keys[] = {{"n_positions", "gpt2.context_length"},
+                                                      {"n_embd", "gpt2.embedding_length"},
+                                                      {"n_inner", "gpt2.feed_forward_length"},
+                                                      {"n_layer", "gpt2.block_count"},
+                                                      {"n_head", "gpt2.attention.head_count"}};
+  for (const auto& [hf, key] : keys) {
+    ASPEN_ASSIGN_OR_RETURN(double v, required_number(f, key));
+    j[hf] = int64_t(v);
+  }
+  ASPEN_ASSIGN_OR_RETURN(const double eps, required_number(f, "gpt2.attention.layer_norm_epsilon"));
+  j["layer_norm_epsilon"] = eps;
+  const io::GgufTensor* wte = f.find("token_embd.weight");
+  if (!wte || wte->extents.size() != 2)
+    return Status::error(Code::kNotFound, f.path() + ": tensor 'token_embd.weight'", "the token embedding [vocab, n_embd]",
+                         wte ? "rank " + std::to_string(wte->extents.size()) : "none");
+  j["vocab_size"] = wte->extents[1];
+  j["activation_function"] = "gelu_new";
+  // The converter writes GPT-2's tied head as its own tensor `output.weight`: llama.cpp multiplies by that one.
+  j["tie_word_embeddings"] = f.find("output.weight") == nullptr;
+  for (const auto& [hf, key] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
+                                std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"}})
+    if (const io::GgufValue* v = f.find_metadata(key); v && number(*v)) j[hf] = int64_t(*number(*v));
+  return j.dump();
+}
+
+// llama.cpp's name for aspen's GPT-2 parameter, and whether the stored matrix is the parameter transposed.
+std::optional<std::pair<std::string, bool>> gpt2_tensor(const std::string& p) {
+  static const std::pair<const char*, const char*> whole[] = {{"transformer.wte.weight", "token_embd.weight"},
+                                                              {"transformer.wpe.weight", "position_embd.weight"},
+                                                              {"transformer.ln_f.weight", "output_norm.weight"},
+                                                              {"transformer.ln_f.bias", "output_norm.bias"},
+                                                              {"lm_head.weight", "output.weight"}};
+  for (const auto& [hf, gg] : whole)
+    if (p == hf) return std::pair{std::string(gg), false};
+  const std::string prefix = "transformer.h.";
+  if (p.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const size_t dot = p.find('.', prefix.size());
+  if (dot == std::string::npos) return std::nullopt;
+  const std::string layer = p.substr(prefix.size(), dot - prefix.size()), rest = p.substr(dot + 1);
+  static const std::pair<const char*, const char*> parts[] = {
+      {"ln_1", "attn_norm"},          {"ln_2", "ffn_norm"},     {"attn.c_attn", "attn_qkv"},
+      {"attn.c_proj", "attn_output"}, {"mlp.c_fc", "ffn_up"}, {"mlp.c_proj", "ffn_down"}};
+  for (const auto& [hf, gg] : parts)
+    for (const char* leaf : {".weight", ".bias"})
+      if (rest == std::string(hf) + leaf) {
+        const bool conv1d = std::string(hf).find("c_") != std::string::npos && std::string(leaf) == ".weight";
+        return std::pair{"blk." + layer + "." + gg + leaf, conv1d};
+      }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<Checkpoint> Checkpoint::open_gguf(const std::string& path) {
+  ASPEN_ASSIGN_OR_RETURN(io::GgufFile file, io::GgufFile::open(path));
+  const io::GgufValue* arch = file.find_metadata("general.architecture");
+  const std::string name = arch && arch->kind == io::GgufValue::Kind::string ? arch->s : "";
+  if (name != "gpt2")
+    return Status::error(Code::kUnimplemented, path + ": general.architecture",
+                         "gpt2 (GGUF models of other families are not read yet)",
+                         name.empty() ? std::string("none") : quoted(name));
+  ASPEN_ASSIGN_OR_RETURN(std::string json, gpt2_config_json(file));
+  Checkpoint c;
+  c.dir_ = std::filesystem::path(path).parent_path().string();
+  c.weights_path_ = path;
+  ASPEN_ASSIGN_OR_RETURN(c.config_, parse_config(json, path));
+  c.gguf_ = std::make_unique<io::GgufFile>(std::move(file));
+  return c;
+}
+
+bool is_gguf_path(const std::string& model) {
+  return model.size() >= 5 && model.compare(model.size() - 5, 5, ".gguf") == 0;
+}
+
+Result<ModelConfig> load_model_config(const std::string& model) {
+  if (!is_gguf_path(model)) return load_config((std::filesystem::path(model) / "config.json").string());
+  ASPEN_ASSIGN_OR_RETURN(Checkpoint c, Checkpoint::open_gguf(model));
+  return c.config();
+}
+
+Result<std::unique_ptr<io::Tokenizer>> load_model_tokenizer(const std::string& model) {
+  if (!is_gguf_path(model)) return io::load_tokenizer(model);
+  ASPEN_ASSIGN_OR_RETURN(io::GgufFile file, io::GgufFile::open(model));
+  return io::load_gguf_tokenizer(file);
+}
+
+Result<WeightBinding> gguf_binding(const Checkpoint& ckpt, WeightBinding w) {
+  const io::GgufFile& f = *ckpt.gguf();
+  const std::optional<std::pair<std::string, bool>> at = gpt2_tensor(w.parameter);
+  if (!at)
+    return Status::error(Code::kNotFound, f.path() + ": parameter '" + w.parameter + "'",
+                         "one llama.cpp names (a GPT-2 graph's)", "a name it has none for");
+  const io::GgufTensor* t = f.find(at->first);
+  if (!t)
+    return Status::error(Code::kNotFound, f.path() + ": tensor '" + at->first + "'",
+                         "present (the graph's parameter '" + w.parameter + "', " + w.type.to_string() + ")", "none");
+  Shape want = w.type.shape;
+  if (at->second) {
+    if (want.rank() != 2)
+      return Status::error(Code::kInternal, "parameter '" + w.parameter + "'", "a matrix", want.to_string());
+    want = Shape{want[1], want[0]};
+  }
+  if (t->shape() != want)
+    return Status::invalid_argument(f.path() + ": tensor '" + t->name + "'",
+                                    "shape " + want.to_string() + " (the graph's parameter '" + w.parameter + "'" +
+                                        (at->second ? ", stored transposed" : "") + ")",
+                                    t->shape().to_string());
+  w.tensor = t->name;
+  w.gguf = &f;
+  w.gguf_tensor = t;
+  w.transpose = at->second;
+  return w;
+}
+
+Result<Tensor> read_gguf_weight(const WeightBinding& w) {
+  ASPEN_ASSIGN_OR_RETURN(Tensor values, w.gguf->read_f32(w.gguf_tensor->name));
+  Tensor f32;
+  if (w.transpose) {  // stored [N, K] rows, the parameter [K, N]
+    const int64_t N = values.shape()[0], K = values.shape()[1];
+    ASPEN_ASSIGN_OR_RETURN(f32, Tensor::make_uninitialized(DType::f32, Shape{K, N}));
+    const float* src = values.data<float>();
+    float* dst = f32.data<float>();
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) dst[k * N + n] = src[n * K + k];
+  } else {
+    f32 = std::move(values);
+  }
+  const DType to = w.type.dtype;
+  if (to == DType::f32) return f32;
+  ASPEN_ASSIGN_OR_RETURN(Tensor out, Tensor::make(to, w.type.shape));
+  const int64_t n = f32.numel();
+  if (to == DType::bf16) {
+    ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_bf16(f32.span<float>(), out.span<bf16>(), n));
+  } else if (to == DType::f16) {
+    ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_f16(f32.span<float>(), out.span<f16>(), n));
+  } else {
+    return Status::invalid_argument("parameter '" + w.parameter + "'", "f32, bf16 or f16", std::string(dtype_name(to)));
+  }
+  return out;
+}
+
+}  // namespace aspen::models

@@ -1,0 +1,17 @@
+// models/gguf_checkpoint.h: the GGUF side of models/weights.h (NOTE [GGUF models] in gguf_checkpoint.cc),
+// for weights.cc.
+#pragma once
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "models/weights.h"
+
+namespace aspen::models {
+
+// `w` (its parameter and type set) bound to the GGUF tensor llama.cpp names for it; NotFound / InvalidArgument
+// naming the file, the tensor and the parameter.
+Result<WeightBinding> gguf_binding(const Checkpoint& ckpt, WeightBinding w);
+// The bound GGUF tensor's values (dequantized, transposed when bound so), in the parameter's dtype.
+Result<Tensor> read_gguf_weight(const WeightBinding& w);
+
+}  // namespace aspen::models
