@@ -10,6 +10,7 @@
 #include "io/tokenizer.h"
 #include "models/embedder.h"
 #include "models/generate.h"
+#include "models/weights.h"
 #include "python/binding.h"
 
 using namespace nb::literals;
@@ -22,7 +23,7 @@ class PyTokenizer {
   explicit PyTokenizer(std::unique_ptr<io::Tokenizer> t) : t_(std::move(t)) {}
   static PyTokenizer from_file(const std::string& path) {
     const bool json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
-    return PyTokenizer(take(json ? io::load_tokenizer_json(path) : io::load_tokenizer(path)));
+    return PyTokenizer(take(json ? io::load_tokenizer_json(path) : models::load_model_tokenizer(path)));
   }
   std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const {
     return t_->encode(text, add_special_tokens);
@@ -58,7 +59,7 @@ class PyGenerator {
     else if (weights != "f32") bad_argument("dtype", "f32 or bf16", "'" + weights + "'");
     nb::gil_scoped_release unlocked;
     g_ = take(models::Generator::open(dir, o));
-    tok_ = PyTokenizer(take(io::load_tokenizer(dir)));
+    tok_ = PyTokenizer(take(models::load_model_tokenizer(dir)));  // a directory, or a GGUF file
   }
 
   const PyTokenizer& tokenizer() const { return tok_; }

@@ -47,7 +47,8 @@ class Tokenizer:
 
     @staticmethod
     def from_file(path):
-        """tokenizer.json, or a model directory (tokenizer.json, vocab.json + merges.txt, vocab.txt)."""
+        """tokenizer.json, a model directory (tokenizer.json, vocab.json + merges.txt, vocab.txt), or a llama.cpp
+        GGUF file (its GPT-2 tokenizer)."""
         return Tokenizer(_aspen.Tokenizer.from_file(_check.path("path", path)))
 
     def encode(self, text, add_special_tokens=True):
@@ -220,7 +221,8 @@ def _stable(text):
 def generate(model_dir, prompt, max_new_tokens=32, temperature=1.0, top_k=0, top_p=1.0, seed=0, stream=True,
              repetition_penalty=1.0, stop_at_eos=True, skip_special_tokens=True, max_length=0, threads=0,
              dtype="f32"):
-    """Text generated from `prompt` by a GPT-2 or GPT-J directory: with stream=True an iterator of text
+    """Text generated from `prompt` by a causal LM directory (GPT-2, GPT-J, Llama, Mistral, Qwen2) or a llama.cpp
+    GGUF file (GPT-2; its weights dequantized when loaded): with stream=True an iterator of text
     pieces as tokens are drawn (their concatenation is the decoded continuation), else the text. Sampling is
     Hugging Face's (temperature 0: greedy; top_k 0 and top_p 1: off); the same seed gives the same text."""
     if not isinstance(prompt, str):

@@ -98,6 +98,18 @@ def test_generate_greedy_matches_hugging_face(model):
     assert ids == [golden["new_ids"]]
 
 
+def test_generate_reads_a_llama_cpp_gguf_file():
+    f = TESTDATA / "gguf" / "gpt2-64-q8_0.gguf"
+    golden = json.loads((TESTDATA / "gguf" / "gpt2-64.golden.json").read_text())
+    g = aspen.generator(f)
+    assert g.tokenizer.encode(golden["prompt"], True) == golden["input_ids"]
+    assert aspen.Tokenizer.from_file(f).encode(golden["prompt"]).ids == golden["input_ids"]
+    ids = g.generate([golden["input_ids"]], 4, 0.0, 0, 1.0, 1.0, 0, False)
+    assert len(ids[0]) == 4 and ids[0][0] == golden["greedy"][0]  # the first step: the logits the C++ test checks
+    text = aspen.generate(f, golden["prompt"], max_new_tokens=4, temperature=0, stream=False)
+    assert text == g.tokenizer.decode(ids[0], True)
+
+
 def test_generate_sampling_is_seeded_and_stops_early():
     d = TESTDATA / "gptj-tiny"
     a = "".join(aspen.generate(d, "ROMEO:", max_new_tokens=12, temperature=0.8, top_k=40, top_p=0.9, seed=7))
