@@ -62,9 +62,10 @@ Result<QuantDims> quant_dims(const Node& n, std::span<const TensorType> in) {
     return rule_error(n, "a", "f32 [..., " + std::to_string(K) + "]", a.to_string());
   const int64_t row_bytes = K / l->block_values * l->block_bytes;
   if (w.dtype != DType::u8 || w.shape.rank() != 2 || w.shape[1] != row_bytes)
-    return rule_error(n, "w", "u8 [N, " + std::to_string(row_bytes) + "] (" + std::to_string(K) + " values of " + name +
-                                  " blocks a row)",
-                      w.to_string());
+    return rule_error(
+        n, "w",
+        "u8 [N, " + std::to_string(row_bytes) + "] (" + std::to_string(K) + " values of " + name + " blocks a row)",
+        w.to_string());
   const int64_t N = w.shape[0];
   const bool bias = in.size() > 2;
   if (bias && (in[2].dtype != DType::f32 || in[2].shape != Shape{N}))
@@ -139,7 +140,8 @@ Status eval_matmul_q(const Node& n, Ins in, Outs out) {
 // w's rows packed 8 to a stream (pack_*_rows8), made on the first run after w was (re)bound.
 class Packed {
  public:
-  explicit Packed(const QuantDims& d) : d_(d), bytes_(size_t(d.N * (d.K / d.layout.block_values) * d.layout.block_bytes)) {}
+  explicit Packed(const QuantDims& d)
+      : d_(d), bytes_(size_t(d.N * (d.K / d.layout.block_values) * d.layout.block_bytes)) {}
   const uint8_t* of(const uint8_t* w) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!ready_) {
@@ -254,20 +256,20 @@ void samples_matmul_q(SampleList& s) {
     int64_t N;
     bool bias;
   };
-  for (const Case& c : {Case{"q8_0", {1, 64}, 13, false}, Case{"q8_0", {2, 3, 96}, 17, true},
-                        Case{"q4_0", {1, 32}, 8, false}, Case{"q4_0", {9, 64}, 11, true},
-                        Case{"q4_k", {1, 256}, 9, false}, Case{"q4_k", {3, 512}, 16, true}}) {
+  for (const Case& c :
+       {Case{"q8_0", {1, 64}, 13, false}, Case{"q8_0", {2, 3, 96}, 17, true}, Case{"q4_0", {1, 32}, 8, false},
+        Case{"q4_0", {9, 64}, 11, true}, Case{"q4_k", {1, 256}, 9, false}, Case{"q4_k", {3, 512}, 16, true}}) {
     const Layout l = *layout_of(c.format);
     const int64_t K = c.a.back();
-    OpSample& o = s.add(std::string(c.format) + " a " + sample_shape(c.a).to_string() + " N " + std::to_string(c.N) +
-                            (c.bias ? " bias" : ""),
-                        [&](Builder& b) {
-                          std::vector<ValueId> ins = {
-                              b.input("a", DType::f32, sample_shape(c.a)),
-                              b.input("w", DType::u8, Shape{c.N, K / l.block_values * l.block_bytes})};
-                          if (c.bias) ins.push_back(b.input("bias", DType::f32, Shape{c.N}));
-                          b.op1(OpKind::matmul_q, ins, {{"format", std::string(c.format)}, {"k", K}});
-                        });
+    OpSample& o =
+        s.add(std::string(c.format) + " a " + sample_shape(c.a).to_string() + " N " + std::to_string(c.N) +
+                  (c.bias ? " bias" : ""),
+              [&](Builder& b) {
+                std::vector<ValueId> ins = {b.input("a", DType::f32, sample_shape(c.a)),
+                                            b.input("w", DType::u8, Shape{c.N, K / l.block_values * l.block_bytes})};
+                if (c.bias) ins.push_back(b.input("bias", DType::f32, Shape{c.N}));
+                b.op1(OpKind::matmul_q, ins, {{"format", std::string(c.format)}, {"k", K}});
+              });
     o.feeds.values["w"] = random_blocks(l, c.N, K, uint64_t(c.N * 31 + K));
     o.tol = 0.0;  // the fast kernels are the reference's bits
   }

@@ -30,10 +30,10 @@ TEST(QuantOps, TypesAndErrors) {
   {
     Graph g;
     Builder b(g);
-    const ValueId y = b.op1(OpKind::matmul_q,
-                            {b.input("a", DType::f32, {2, 3, 256}), b.input("w", DType::u8, {5, 144}),
-                             b.input("bias", DType::f32, {5})},
-                            q("q4_k", 256));
+    const ValueId y = b.op1(
+        OpKind::matmul_q,
+        {b.input("a", DType::f32, {2, 3, 256}), b.input("w", DType::u8, {5, 144}), b.input("bias", DType::f32, {5})},
+        q("q4_k", 256));
     ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
     EXPECT_EQ(g.type(y), (TensorType{DType::f32, Shape{2, 3, 5}}));
   }
@@ -80,8 +80,7 @@ TEST(QuantOps, FixedWeightsArePackedUntilChanged) {
   const int64_t M = 2, N = 19, K = 96;  // N % 8 != 0: rows past the last group of 8
   Graph g;
   Builder b(g);
-  b.op1(OpKind::matmul_q, {b.input("a", DType::f32, {M, K}), b.input("w", DType::u8, {N, K / 32 * 34})},
-        q("q8_0", K));
+  b.op1(OpKind::matmul_q, {b.input("a", DType::f32, {M, K}), b.input("w", DType::u8, {N, K / 32 * 34})}, q("q8_0", K));
   ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
   const Node& node = g.nodes().back();
   const std::vector<TensorType> in = {g.type(node.inputs[0]), g.type(node.inputs[1])};
@@ -109,8 +108,8 @@ TEST(QuantOps, FixedWeightsArePackedUntilChanged) {
   };
   EXPECT_EQ(run(), want(w));
   const std::vector<uint8_t> first = w;
-  w = w2;                           // the buffer's values change...
-  EXPECT_EQ(run(), want(first));    // ...and the packed copy is kept, as the contract says
+  w = w2;                         // the buffer's values change...
+  EXPECT_EQ(run(), want(first));  // ...and the packed copy is kept, as the contract says
   kernel.fixed_inputs_changed();
   EXPECT_EQ(run(), want(w2));
 }

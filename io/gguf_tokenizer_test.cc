@@ -20,8 +20,12 @@ const std::string kGguf = std::string(ASPEN_IO_TESTDATA) + "/gguf/gpt2-tiny-voca
 const std::string kHfDir = std::string(ASPEN_IO_TESTDATA) + "/../../models/testdata/gpt2-tiny";
 
 std::vector<std::string> texts() {
-  std::vector<std::string> out = {"", "Hello world", " leading space", "<|endoftext|>The end<|endoftext|>",
-                                  "numbers 12345 and   spaces\n\nnew lines\t tabs", "naïve café — ünïcödé 🙂",
+  std::vector<std::string> out = {"",
+                                  "Hello world",
+                                  " leading space",
+                                  "<|endoftext|>The end<|endoftext|>",
+                                  "numbers 12345 and   spaces\n\nnew lines\t tabs",
+                                  "naïve café — ünïcödé 🙂",
                                   "It's, don't; we'll: they're!"};
   std::ifstream hard(std::string(ASPEN_IO_TESTDATA) + "/tokenizer_hard_cases.txt");
   for (std::string line; std::getline(hard, line);) out.push_back(line);

@@ -12,8 +12,23 @@ using graph::Builder;
 using graph::OpKind;
 using graph::ValueId;
 
+int64_t quantized_row_bytes(const std::string& format, int64_t in) {
+  const auto [values, bytes] = format == "q8_0"   ? std::pair<int64_t, int64_t>{32, 34}
+                               : format == "q4_0" ? std::pair<int64_t, int64_t>{32, 18}
+                               : format == "q4_k" ? std::pair<int64_t, int64_t>{256, 144}
+                                                  : std::pair<int64_t, int64_t>{0, 0};
+  return values == 0 || in % values != 0 ? 0 : in / values * bytes;
+}
+
 ValueId linear(Builder& b, ValueId x, const std::string& name, int64_t in, int64_t out, bool bias, DType dtype,
-               WeightLayout layout) {
+               WeightLayout layout, const QuantizedWeights* quantized) {
+  if (const std::string* format = quantized ? quantized->find(name + ".weight") : nullptr) {
+    // NOTE [quantized linears]: rows of blocks, [out, in] whatever the layout
+    ValueId w = b.parameter(name + ".weight", DType::u8, Shape{out, quantized_row_bytes(*format, in)});
+    std::vector<ValueId> args{x, w};
+    if (bias) args.push_back(b.parameter(name + ".bias", b.type(x).dtype, Shape{out}));
+    return b.op1(OpKind::matmul_q, std::move(args), {{"format", *format}, {"k", in}});
+  }
   const bool out_in = layout == WeightLayout::out_in;
   ValueId w = b.parameter(name + ".weight", dtype, out_in ? Shape{out, in} : Shape{in, out});
   std::vector<ValueId> args{x, w};
@@ -52,9 +67,9 @@ ValueId rms_norm(Builder& b, ValueId x, const std::string& name, int64_t C, doub
 ValueId mlp(Builder& b, ValueId x, const MlpSpec& s) {
   if (!b.status().is_ok()) return ValueId{};
   const DType dtype = s.weight_dtype.value_or(b.type(x).dtype);
-  ValueId h = linear(b, x, s.fc_in, s.d_model, s.d_ff, s.bias, dtype, s.layout);
+  ValueId h = linear(b, x, s.fc_in, s.d_model, s.d_ff, s.bias, dtype, s.layout, s.quantized);
   h = b.gelu(h, /*tanh_form=*/s.activation == Activation::gelu_tanh);
-  return linear(b, h, s.fc_out, s.d_ff, s.d_model, s.bias, dtype, s.layout);
+  return linear(b, h, s.fc_out, s.d_ff, s.d_model, s.bias, dtype, s.layout, s.quantized);
 }
 
 ValueId attention_core(Builder& b, ValueId q, ValueId k, ValueId v, const AttentionSpec& s,

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -29,11 +30,26 @@ enum class WeightLayout {
   in_out,  // [in, out]: GPT-2's Conv1D
 };
 
+// NOTE [quantized linears]: weights kept in llama.cpp's blocks (a GGUF file's Q8_0 / Q4_0 / Q4_K matrices): by
+// parameter name ("<name>.weight"), the format (the graph's matmul_q: "q8_0", "q4_0", "q4_k"). Such a weight
+// is a u8 parameter [out, in / block · block bytes], rows of blocks as GGUF stores them, whatever the family's
+// float layout; linear() multiplies by it with matmul_q (f32 activations; inference only).
+struct QuantizedWeights {
+  std::map<std::string, std::string> format;
+  const std::string* find(const std::string& weight) const {
+    auto it = format.find(weight);
+    return it == format.end() ? nullptr : &it->second;
+  }
+};
+// Bytes per row of `in` values in `format` (0 for an unknown format or an in that is not whole blocks).
+int64_t quantized_row_bytes(const std::string& format, int64_t in);
+
 // y = x W (+ bias) over x's last axis: x [..., in] -> [..., out]. Parameters
 // "<name>.weight" (in `dtype`) and, with bias, "<name>.bias" [out] (in x's
 // dtype: bf16 weights under f32 activations keep f32 biases).
 graph::ValueId linear(graph::Builder& b, graph::ValueId x, const std::string& name, int64_t in, int64_t out, bool bias,
-                      DType dtype, WeightLayout layout = WeightLayout::out_in);
+                      DType dtype, WeightLayout layout = WeightLayout::out_in,
+                      const QuantizedWeights* quantized = nullptr);
 
 // LayerNorm over the last axis (C) with "<name>.weight" and "<name>.bias" [C].
 // Returns y (the saved statistics stay in the graph for the backward pass).
@@ -62,6 +78,7 @@ struct MlpSpec {
   bool bias = true;
   WeightLayout layout = WeightLayout::out_in;
   std::optional<DType> weight_dtype = {};  // the matrices' dtype; unset: x's
+  const QuantizedWeights* quantized = nullptr;  // NOTE [quantized linears]
 };
 // fc_out(act(fc_in(x))): x [..., d_model] -> [..., d_model].
 graph::ValueId mlp(graph::Builder& b, graph::ValueId x, const MlpSpec& spec);
@@ -180,6 +197,8 @@ struct CausalLmOptions {
   // activations (half the bytes a decode step streams; norms and biases stay
   // f32; NOTE [mixed matmul] in graph/ops_nn.cc).
   std::optional<DType> weight_dtype = {};
+  // Matrices kept in llama.cpp's blocks (NOTE [quantized linears]; GPT-2 from a GGUF file), not owned.
+  const QuantizedWeights* quantized = nullptr;
   // > 1: the graph of one shard of a Megatron tensor-parallel layout over this
   // many devices (models/tensor_parallel.h): attention heads and the MLP's
   // hidden units split, all-reduces over group "tensor" after the row-parallel

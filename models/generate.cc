@@ -88,6 +88,11 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
     const int64_t covered = (o.max_length + sparse->block - 1) / sparse->block * sparse->block;
     ASPEN_ASSIGN_OR_RETURN(layout, model_layout(gen->config_, covered, "generator"));
   }
+  // NOTE [quantized linears]: a GGUF file's Q8_0 / Q4_0 / Q4_K matrices stay in their blocks.
+  ASPEN_ASSIGN_OR_RETURN(const QuantizedWeights quantized, gguf_quantized_weights(ckpt));
+  if (!quantized.format.empty() && T > 1)
+    return Status::unimplemented("generator: tensor_parallel " + std::to_string(T),
+                                 "tensor shards of quantized (GGUF) weights");
   std::vector<std::unique_ptr<compiler::Executable>> programs;
   graph::Graph prefill;
   for (int64_t seq : {o.max_prompt, int64_t(1)}) {
@@ -96,6 +101,7 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
                        .kv_cache_len = o.max_length, .last_logits_only = true,
                        .tensor_parallel = T, .vocab_parallel = o.vocab_parallel};
     if (o.weights != DType::f32) lm.weight_dtype = o.weights;
+    if (!quantized.format.empty()) lm.quantized = &quantized;
     ASPEN_RETURN_IF_ERROR(build_step(g, gen->config_, lm));
     compiler::CompileOptions co = o.compile;
     co.hoist_weights = true;  // weights change only through the session: their casts are made once

@@ -11,12 +11,14 @@
 // refused by name.
 #include "models/gguf_checkpoint.h"
 
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
 #include "kernels/convert.h"
+#include "models/blocks.h"
 #include "models/config.h"
 
 namespace aspen::models {
@@ -28,10 +30,14 @@ std::string quoted(const std::string& s) { return "'" + s + "'"; }
 // An integer or real metadata value.
 std::optional<double> number(const io::GgufValue& v) {
   switch (v.kind) {
-    case io::GgufValue::Kind::integer: return double(v.i);
-    case io::GgufValue::Kind::unsigned_integer: return double(v.u);
-    case io::GgufValue::Kind::real: return v.f;
-    default: return std::nullopt;
+    case io::GgufValue::Kind::integer:
+      return double(v.i);
+    case io::GgufValue::Kind::unsigned_integer:
+      return double(v.u);
+    case io::GgufValue::Kind::real:
+      return v.f;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -61,7 +67,8 @@ Result<std::string> gpt2_config_json(const io::GgufFile& f) {
   j["layer_norm_epsilon"] = eps;
   const io::GgufTensor* wte = f.find("token_embd.weight");
   if (!wte || wte->extents.size() != 2)
-    return Status::error(Code::kNotFound, f.path() + ": tensor 'token_embd.weight'", "the token embedding [vocab, n_embd]",
+    return Status::error(Code::kNotFound, f.path() + ": tensor 'token_embd.weight'",
+                         "the token embedding [vocab, n_embd]",
                          wte ? "rank " + std::to_string(wte->extents.size()) : "none");
   j["vocab_size"] = wte->extents[1];
   j["activation_function"] = "gelu_new";
@@ -88,7 +95,7 @@ std::optional<std::pair<std::string, bool>> gpt2_tensor(const std::string& p) {
   if (dot == std::string::npos) return std::nullopt;
   const std::string layer = p.substr(prefix.size(), dot - prefix.size()), rest = p.substr(dot + 1);
   static const std::pair<const char*, const char*> parts[] = {
-      {"ln_1", "attn_norm"},          {"ln_2", "ffn_norm"},     {"attn.c_attn", "attn_qkv"},
+      {"ln_1", "attn_norm"},          {"ln_2", "ffn_norm"},   {"attn.c_attn", "attn_qkv"},
       {"attn.c_proj", "attn_output"}, {"mlp.c_fc", "ffn_up"}, {"mlp.c_proj", "ffn_down"}};
   for (const auto& [hf, gg] : parts)
     for (const char* leaf : {".weight", ".bias"})
@@ -134,9 +141,53 @@ Result<std::unique_ptr<io::Tokenizer>> load_model_tokenizer(const std::string& m
   return io::load_gguf_tokenizer(file);
 }
 
+namespace {
+
+// The graph's format name of a ggml block type matmul_q multiplies by ("" for the others).
+std::string block_format(uint32_t type) {
+  switch (io::GgmlType(type)) {
+    case io::GgmlType::q8_0:
+      return "q8_0";
+    case io::GgmlType::q4_0:
+      return "q4_0";
+    case io::GgmlType::q4_k:
+      return "q4_k";
+    default:
+      return "";
+  }
+}
+
+// The GGUF tensor of a GPT-2 parameter (the head: output.weight, else the tied token embedding).
+std::optional<std::pair<std::string, bool>> tensor_of(const io::GgufFile& f, const std::string& parameter) {
+  std::optional<std::pair<std::string, bool>> at = gpt2_tensor(parameter);
+  if (at && parameter == "lm_head.weight" && !f.find(at->first)) at->first = "token_embd.weight";
+  return at;
+}
+
+}  // namespace
+
+Result<QuantizedWeights> gguf_quantized_weights(const Checkpoint& ckpt) {
+  QuantizedWeights q;
+  const io::GgufFile* f = ckpt.gguf();
+  const Gpt2Config* c = ckpt.config().gpt2();
+  if (!f || !c) return q;
+  std::vector<std::string> names = {"lm_head.weight"};
+  for (int64_t i = 0; i < c->n_layer; ++i)
+    for (const char* part : {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"})
+      names.push_back("transformer.h." + std::to_string(i) + "." + part + ".weight");
+  for (const std::string& name : names) {
+    const std::optional<std::pair<std::string, bool>> at = tensor_of(*f, name);
+    const io::GgufTensor* t = at ? f->find(at->first) : nullptr;
+    if (!t || t->extents.size() != 2) continue;  // plan_weights names what is missing
+    const std::string format = block_format(t->type);
+    if (!format.empty() && quantized_row_bytes(format, t->extents[0]) > 0) q.format[name] = format;
+  }
+  return q;
+}
+
 Result<WeightBinding> gguf_binding(const Checkpoint& ckpt, WeightBinding w) {
   const io::GgufFile& f = *ckpt.gguf();
-  const std::optional<std::pair<std::string, bool>> at = gpt2_tensor(w.parameter);
+  const std::optional<std::pair<std::string, bool>> at = tensor_of(f, w.parameter);
   if (!at)
     return Status::error(Code::kNotFound, f.path() + ": parameter '" + w.parameter + "'",
                          "one llama.cpp names (a GPT-2 graph's)", "a name it has none for");
@@ -144,6 +195,19 @@ Result<WeightBinding> gguf_binding(const Checkpoint& ckpt, WeightBinding w) {
   if (!t)
     return Status::error(Code::kNotFound, f.path() + ": tensor '" + at->first + "'",
                          "present (the graph's parameter '" + w.parameter + "', " + w.type.to_string() + ")", "none");
+  if (w.type.dtype == DType::u8) {  // NOTE [quantized linears]: the blocks as stored, rows [out, in]
+    const std::string format = block_format(t->type);
+    const int64_t K = t->extents[0], N = t->extents.size() == 2 ? t->extents[1] : 0;
+    if (format.empty() || N != w.type.shape[0] || quantized_row_bytes(format, K) != w.type.shape[1])
+      return Status::invalid_argument(
+          f.path() + ": tensor '" + t->name + "'",
+          "blocks for the graph's parameter '" + w.parameter + "' (u8 " + w.type.shape.to_string() + ")",
+          io::ggml_type_name(t->type) + " " + t->shape().to_string());
+    w.tensor = t->name;
+    w.gguf = &f;
+    w.gguf_tensor = t;
+    return w;
+  }
   Shape want = w.type.shape;
   if (at->second) {
     if (want.rank() != 2)
@@ -163,6 +227,15 @@ Result<WeightBinding> gguf_binding(const Checkpoint& ckpt, WeightBinding w) {
 }
 
 Result<Tensor> read_gguf_weight(const WeightBinding& w) {
+  if (w.type.dtype == DType::u8) {  // the blocks, byte for byte
+    const std::span<const std::byte> bytes = w.gguf->data(*w.gguf_tensor);
+    ASPEN_ASSIGN_OR_RETURN(Tensor out, Tensor::make_uninitialized(DType::u8, w.type.shape));
+    if (bytes.size() != out.nbytes())
+      return Status::error(Code::kInternal, "parameter '" + w.parameter + "'", std::to_string(out.nbytes()) + " bytes",
+                           std::to_string(bytes.size()));
+    std::memcpy(out.raw(), bytes.data(), bytes.size());
+    return out;
+  }
   ASPEN_ASSIGN_OR_RETURN(Tensor values, w.gguf->read_f32(w.gguf_tensor->name));
   Tensor f32;
   if (w.transpose) {  // stored [N, K] rows, the parameter [K, N]

@@ -75,14 +75,15 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
     const std::string p = "transformer.h." + std::to_string(i) + ".";
     ValueId h = layer_norm(b, x, p + "ln_1", C, c.layer_norm_eps, dt);
     // [B, T, 3C/T]: this shard's heads of q | k | v (column parallel)
-    ValueId qkv = linear(b, h, p + "attn.c_attn", C, 3 * Cl, /*bias=*/true, wdt, conv1d);
+    ValueId qkv = linear(b, h, p + "attn.c_attn", C, 3 * Cl, /*bias=*/true, wdt, conv1d, o.quantized);
     ValueId q = b.slice(qkv, -1, 0, Cl), k = b.slice(qkv, -1, Cl, 2 * Cl), v = b.slice(qkv, -1, 2 * Cl, 3 * Cl);
     const KvCacheSpec cache = layer_cache(in.kv, o, i);
     const ValueId heads = attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), std::nullopt,
                                          in.key_valid, o.kv_cache_len ? &cache : nullptr, in.segments, in.layout,
                                          in.dropout_seed,
                                          in.dropout_shard ? &*in.dropout_shard : nullptr);
-    ValueId a = T > 1 ? row_parallel(heads, p + "attn.c_proj", Cl) : linear(b, heads, p + "attn.c_proj", C, C, true, wdt, conv1d);
+    ValueId a = T > 1 ? row_parallel(heads, p + "attn.c_proj", Cl)
+                      : linear(b, heads, p + "attn.c_proj", C, C, true, wdt, conv1d, o.quantized);
     x = b.add(a, x);  // HF: attn_output + residual
     h = layer_norm(b, x, p + "ln_2", C, c.layer_norm_eps, dt);
     if (T > 1) {  // c_fc column parallel, c_proj row parallel
@@ -97,16 +98,20 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
                      .d_ff = c.ff_dim(),
                      .activation = Activation::gelu_tanh,
                      .layout = conv1d,
-                     .weight_dtype = wdt});
+                     .weight_dtype = wdt,
+                     .quantized = o.quantized});
     x = b.add(x, f);  // HF: residual + feed_forward_hidden_states
   }
   x = layer_norm(b, x, "transformer.ln_f", C, c.layer_norm_eps, dt);
   if (o.last_hidden_state) b.output("last_hidden_state", x);
   x = logits_input(b, x, o);
-  if (c.tie_word_embeddings)
+  // A quantized head is its own parameter even when tied (the embedding is read as floats: NOTE [quantized
+  // linears]); llama.cpp multiplies by the token embedding's blocks there too.
+  const bool quantized_head = o.quantized && o.quantized->find("lm_head.weight");
+  if (c.tie_word_embeddings && !quantized_head)
     m.logits = b.op1(OpKind::matmul, {x, wte}, {{"trans_b", int64_t(1)}});  // [B, T, V]: ln_f(x) wte^T
   else
-    m.logits = linear(b, x, "lm_head", C, c.vocab, /*bias=*/false, wdt);
+    m.logits = linear(b, x, "lm_head", C, c.vocab, /*bias=*/false, wdt, WeightLayout::out_in, o.quantized);
   // Vocab parallel: the loss from this shard's columns; the whole logits only
   // as an output (training programs drop it, and the gather with it).
   b.output("logits", vp ? vocab_parallel_gather_logits(b, m.logits, T) : m.logits);

@@ -84,6 +84,10 @@ class Checkpoint {
 // A model given as a directory (config.json, tokenizer files) or a GGUF file (its metadata): its config and its
 // tokenizer, as `aspen generate --model` takes either.
 Result<ModelConfig> load_model_config(const std::string& model);
+// A GGUF checkpoint's matrices kept in their blocks (NOTE [quantized linears] in models/blocks.h): those whose
+// type the graph's matmul_q takes (Q8_0, Q4_0, Q4_K); the others load dequantized. Empty for other checkpoints.
+struct QuantizedWeights;
+Result<QuantizedWeights> gguf_quantized_weights(const Checkpoint& ckpt);
 Result<std::unique_ptr<io::Tokenizer>> load_model_tokenizer(const std::string& model);
 
 // One parameter bound to the checkpoint tensor that fills it.
