@@ -65,6 +65,28 @@ TEST(Tensor, ViewBorrowsWithoutCopyOrFree) {
   EXPECT_EQ(owner[0], 1.0f);
 }
 
+// NOTE [tensor block cache]: a large tensor's block, freed, comes back for the next tensor of its size (not
+// under a sanitizer), and make() zeroes it again; other sizes and small tensors go to malloc.
+TEST(Tensor, LargeBlocksAreReusedAndMadeZeroAgain) {
+  const Shape big{1 << 18};  // 1 MiB of f32
+  void* first = nullptr;
+  {
+    Tensor t(DType::f32, big);
+    first = t.raw();
+    for (float& v : t.span<float>()) v = 7.0f;
+  }
+  Tensor again(DType::f32, big);
+  for (float v : again.span<float>()) ASSERT_EQ(v, 0.0f);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  EXPECT_EQ(again.raw(), first);
+#endif
+  Tensor other(DType::f32, Shape{(1 << 18) + 16});  // another size: not that block
+  EXPECT_NE(other.raw(), again.raw());
+  auto raw = Tensor::make_uninitialized(DType::u8, Shape{int64_t(1) << 20});
+  ASSERT_TRUE(raw.is_ok());
+  EXPECT_NE(raw->raw(), nullptr);
+}
+
 TEST(Tensor, MakeReportsOverflow) {
   int64_t dims[] = {int64_t(1) << 31, int64_t(1) << 30};
   Result<Tensor> r = Tensor::make(DType::i64, *Shape::make(dims, 2));

@@ -61,7 +61,14 @@ class BlockCache {
   size_t held_ = 0;
 };
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)  // GCC's
+#define ASPEN_SANITIZED 1
+#elif defined(__has_feature)  // clang's (the fuzz preset)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define ASPEN_SANITIZED 1
+#endif
+#endif
+#ifdef ASPEN_SANITIZED
 constexpr bool kCacheBlocks = false;
 #else
 constexpr bool kCacheBlocks = true;
