@@ -27,6 +27,10 @@ namespace {
 
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
 
+bool is_gguf_path(const std::string& model) {
+  return model.size() >= 5 && model.compare(model.size() - 5, 5, ".gguf") == 0;
+}
+
 // An integer or real metadata value.
 std::optional<double> number(const io::GgufValue& v) {
   switch (v.kind) {
@@ -123,10 +127,6 @@ Result<Checkpoint> Checkpoint::open_gguf(const std::string& path) {
   ASPEN_ASSIGN_OR_RETURN(c.config_, parse_config(json, path));
   c.gguf_ = std::make_unique<io::GgufFile>(std::move(file));
   return c;
-}
-
-bool is_gguf_path(const std::string& model) {
-  return model.size() >= 5 && model.compare(model.size() - 5, 5, ".gguf") == 0;
 }
 
 Result<ModelConfig> load_model_config(const std::string& model) {
