@@ -28,30 +28,16 @@ namespace aspen::graph {
 namespace {
 using namespace nnutil;
 
-enum class Format { q8_0, q4_0, q4_k };
-
-struct Layout {
-  Format format;
-  int64_t block_values, block_bytes;
-};
-
-std::optional<Layout> layout_of(const std::string& name) {
-  if (name == "q8_0") return Layout{Format::q8_0, 32, int64_t(sizeof(kernels::BlockQ8_0))};
-  if (name == "q4_0") return Layout{Format::q4_0, 32, int64_t(sizeof(kernels::BlockQ4_0))};
-  if (name == "q4_k") return Layout{Format::q4_k, 256, int64_t(sizeof(kernels::BlockQ4_K))};
-  return std::nullopt;
-}
-
 // The product's sizes: rows M of a, N of w, and k.
 struct QuantDims {
-  Layout layout;
+  const kernels::QuantFormat* format;
   int64_t M, N, K;
   bool bias;
 };
 
 Result<QuantDims> quant_dims(const Node& n, std::span<const TensorType> in) {
   const std::string& name = n.attrs.s("format");
-  const std::optional<Layout> l = layout_of(name);
+  const kernels::QuantFormat* l = kernels::quant_format(name);
   if (!l) return rule_error(n, "format", "q8_0, q4_0 or q4_k", "'" + name + "'");
   const int64_t K = n.attrs.i("k");
   if (K < l->block_values || K % l->block_values != 0)
@@ -60,7 +46,7 @@ Result<QuantDims> quant_dims(const Node& n, std::span<const TensorType> in) {
   const TensorType &a = in[0], &w = in[1];
   if (a.dtype != DType::f32 || a.shape.rank() < 1 || a.shape[a.shape.rank() - 1] != K)
     return rule_error(n, "a", "f32 [..., " + std::to_string(K) + "]", a.to_string());
-  const int64_t row_bytes = K / l->block_values * l->block_bytes;
+  const int64_t row_bytes = l->row_bytes(K);
   if (w.dtype != DType::u8 || w.shape.rank() != 2 || w.shape[1] != row_bytes)
     return rule_error(
         n, "w",
@@ -70,7 +56,7 @@ Result<QuantDims> quant_dims(const Node& n, std::span<const TensorType> in) {
   const bool bias = in.size() > 2;
   if (bias && (in[2].dtype != DType::f32 || in[2].shape != Shape{N}))
     return rule_error(n, "bias", "f32 [" + std::to_string(N) + "]", in[2].to_string());
-  return QuantDims{*l, a.shape.numel() / K, N, K, bias};
+  return QuantDims{l, a.shape.numel() / K, N, K, bias};
 }
 
 Status infer_matmul_q(const Node& n, std::span<const TensorType> in, std::vector<TensorType>& out) {
@@ -79,38 +65,6 @@ Status infer_matmul_q(const Node& n, std::span<const TensorType> in, std::vector
   y.back() = d.N;
   ASPEN_ASSIGN_OR_RETURN(Shape shape, to_shape(n, "y", y));
   out = {TensorType{DType::f32, shape}};
-  return Status();
-}
-
-// The product on the blocks as they are (ref: the scalar loop, else the fast unpacked kernels).
-Status product(const QuantDims& d, const float* a, const uint8_t* w, float* y, bool reference) {
-  const size_t na = size_t(d.M * d.K), ny = size_t(d.M * d.N);
-  switch (d.layout.format) {
-    case Format::q8_0: {
-      const auto* b = reinterpret_cast<const kernels::BlockQ8_0*>(w);
-      if (reference) {
-        kernels::ref::gemv_q8_0(a, b, y, d.M, d.N, d.K);
-        return Status();
-      }
-      return kernels::gemv_q8_0({a, na}, {b, size_t(d.N * d.K / 32)}, {y, ny}, d.M, d.N, d.K);
-    }
-    case Format::q4_0: {
-      const auto* b = reinterpret_cast<const kernels::BlockQ4_0*>(w);
-      if (reference) {
-        kernels::ref::gemv_q4_0(a, b, y, d.M, d.N, d.K);
-        return Status();
-      }
-      return kernels::gemv_q4_0({a, na}, {b, size_t(d.N * d.K / 32)}, {y, ny}, d.M, d.N, d.K);
-    }
-    case Format::q4_k: {
-      const auto* b = reinterpret_cast<const kernels::BlockQ4_K*>(w);
-      if (reference) {
-        kernels::ref::gemv_q4_k(a, b, y, d.M, d.N, d.K);
-        return Status();
-      }
-      return kernels::gemv_q4_k({a, na}, {b, size_t(d.N * d.K / 256)}, {y, ny}, d.M, d.N, d.K);
-    }
-  }
   return Status();
 }
 
@@ -128,7 +82,7 @@ Status eval_matmul_q(const Node& n, Ins in, Outs out) {
   std::vector<uint8_t> w(in[1]->data.size());
   for (size_t i = 0; i < w.size(); ++i) w[i] = uint8_t(in[1]->data[i]);
   std::vector<float> y(size_t(d.M * d.N));
-  ASPEN_RETURN_IF_ERROR(product(d, a.data(), w.data(), y.data(), /*reference=*/true));
+  d.format->reference(a.data(), w.data(), y.data(), d.M, d.N, d.K);
   if (d.bias) {
     const std::vector<float> bias(in[2]->data.begin(), in[2]->data.end());
     add_bias(d, bias.data(), y.data());
@@ -137,26 +91,15 @@ Status eval_matmul_q(const Node& n, Ins in, Outs out) {
   return Status();
 }
 
-// w's rows packed 8 to a stream (pack_*_rows8), made on the first run after w was (re)bound.
+// w's rows packed 8 to a stream (QuantFormat::pack_rows8), made on the first run after w was (re)bound.
 class Packed {
  public:
-  explicit Packed(const QuantDims& d)
-      : d_(d), bytes_(size_t(d.N * (d.K / d.layout.block_values) * d.layout.block_bytes)) {}
+  explicit Packed(const QuantDims& d) : d_(d) {}
   const uint8_t* of(const uint8_t* w) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!ready_) {
-      packed_.resize(bytes_);
-      switch (d_.layout.format) {
-        case Format::q8_0:
-          kernels::pack_q8_0_rows8(blocks<kernels::BlockQ8_0>(w), d_.N, d_.K, out<kernels::BlockQ8_0>());
-          break;
-        case Format::q4_0:
-          kernels::pack_q4_0_rows8(blocks<kernels::BlockQ4_0>(w), d_.N, d_.K, out<kernels::BlockQ4_0>());
-          break;
-        case Format::q4_k:
-          kernels::pack_q4_k_rows8(blocks<kernels::BlockQ4_K>(w), d_.N, d_.K, out<kernels::BlockQ4_K>());
-          break;
-      }
+      packed_.resize(size_t(d_.N * d_.format->row_bytes(d_.K)));
+      d_.format->pack_rows8(w, d_.N, d_.K, packed_.data());
       ready_ = true;
     }
     return packed_.data();
@@ -167,36 +110,11 @@ class Packed {
   }
 
  private:
-  template <class B>
-  std::span<const B> blocks(const uint8_t* w) const {
-    return {reinterpret_cast<const B*>(w), bytes_ / sizeof(B)};
-  }
-  template <class B>
-  std::span<B> out() {
-    return {reinterpret_cast<B*>(packed_.data()), bytes_ / sizeof(B)};
-  }
   QuantDims d_;
-  size_t bytes_;
   std::mutex mu_;
   bool ready_ = false;
   std::vector<uint8_t> packed_;
 };
-
-Status packed_product(const QuantDims& d, const float* a, const uint8_t* p, float* y) {
-  const size_t na = size_t(d.M * d.K), ny = size_t(d.M * d.N);
-  switch (d.layout.format) {
-    case Format::q8_0:
-      return kernels::gemv_q8_0_rows8({a, na}, {reinterpret_cast<const kernels::BlockQ8_0*>(p), size_t(d.N * d.K / 32)},
-                                      {y, ny}, d.M, d.N, d.K);
-    case Format::q4_0:
-      return kernels::gemv_q4_0_rows8({a, na}, {reinterpret_cast<const kernels::BlockQ4_0*>(p), size_t(d.N * d.K / 32)},
-                                      {y, ny}, d.M, d.N, d.K);
-    case Format::q4_k:
-      return kernels::gemv_q4_k_rows8(
-          {a, na}, {reinterpret_cast<const kernels::BlockQ4_K*>(p), size_t(d.N * d.K / 256)}, {y, ny}, d.M, d.N, d.K);
-  }
-  return Status();
-}
 
 Prepared prepare_matmul_q_impl(const Node& n, Types in, bool w_fixed) {
   ASPEN_ASSIGN_OR_RETURN(const QuantDims d, quant_dims(n, in));
@@ -204,7 +122,7 @@ Prepared prepare_matmul_q_impl(const Node& n, Types in, bool w_fixed) {
   if (!w_fixed)
     return make_kernel([d](In i, Out o) {
       float* y = static_cast<float*>(o[0]);
-      ASPEN_RETURN_IF_ERROR(product(d, f32_in(i, 0), static_cast<const uint8_t*>(i[1]), y, false));
+      ASPEN_RETURN_IF_ERROR(d.format->gemv(f32_in(i, 0), static_cast<const uint8_t*>(i[1]), y, d.M, d.N, d.K));
       if (d.bias) add_bias(d, f32_in(i, 2), y);
       return Status();
     });
@@ -212,7 +130,8 @@ Prepared prepare_matmul_q_impl(const Node& n, Types in, bool w_fixed) {
   return make_kernel(
       [d, packed](In i, Out o) {
         float* y = static_cast<float*>(o[0]);
-        ASPEN_RETURN_IF_ERROR(packed_product(d, f32_in(i, 0), packed->of(static_cast<const uint8_t*>(i[1])), y));
+        const uint8_t* p = packed->of(static_cast<const uint8_t*>(i[1]));
+        ASPEN_RETURN_IF_ERROR(d.format->gemv_rows8(f32_in(i, 0), p, y, d.M, d.N, d.K));
         if (d.bias) add_bias(d, f32_in(i, 2), y);
         return Status();
       },
@@ -226,7 +145,7 @@ Prepared prepare_matmul_q_fixed(const Node& n, Types in, Types, std::span<const 
 
 // Valid blocks of `format` for N rows of K values: random bytes (the quants, Q4_K's 6-bit scales) with each
 // block's f16 scales set to moderate values (random bytes there would be infinities and NaNs).
-std::vector<double> random_blocks(const Layout& l, int64_t N, int64_t K, uint64_t seed) {
+std::vector<double> random_blocks(const kernels::QuantFormat& l, int64_t N, int64_t K, uint64_t seed) {
   const int64_t blocks = N * (K / l.block_values);
   std::vector<double> out(size_t(blocks * l.block_bytes));
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
@@ -237,7 +156,7 @@ std::vector<double> random_blocks(const Layout& l, int64_t N, int64_t K, uint64_
   for (int64_t b = 0; b < blocks; ++b) {
     double* p = out.data() + b * l.block_bytes;
     for (int64_t j = 0; j < l.block_bytes; ++j) p[j] = double(next() & 0xff);
-    const int scales = l.format == Format::q4_k ? 2 : 1;  // d (and Q4_K's dmin)
+    const int scales = l.block_values == 256 ? 2 : 1;  // d (and Q4_K's dmin)
     for (int k = 0; k < scales; ++k) {
       const uint16_t h = f32_to_f16(float(0.002 + 0.01 * double(next() % 1000) / 1000.0)).bits;
       p[2 * k] = double(h & 0xff);
@@ -259,14 +178,14 @@ void samples_matmul_q(SampleList& s) {
   for (const Case& c :
        {Case{"q8_0", {1, 64}, 13, false}, Case{"q8_0", {2, 3, 96}, 17, true}, Case{"q4_0", {1, 32}, 8, false},
         Case{"q4_0", {9, 64}, 11, true}, Case{"q4_k", {1, 256}, 9, false}, Case{"q4_k", {3, 512}, 16, true}}) {
-    const Layout l = *layout_of(c.format);
+    const kernels::QuantFormat& l = *kernels::quant_format(c.format);
     const int64_t K = c.a.back();
     OpSample& o =
         s.add(std::string(c.format) + " a " + sample_shape(c.a).to_string() + " N " + std::to_string(c.N) +
                   (c.bias ? " bias" : ""),
               [&](Builder& b) {
                 std::vector<ValueId> ins = {b.input("a", DType::f32, sample_shape(c.a)),
-                                            b.input("w", DType::u8, Shape{c.N, K / l.block_values * l.block_bytes})};
+                                            b.input("w", DType::u8, Shape{c.N, l.row_bytes(K)})};
                 if (c.bias) ins.push_back(b.input("bias", DType::f32, Shape{c.N}));
                 b.op1(OpKind::matmul_q, ins, {{"format", std::string(c.format)}, {"k", K}});
               });

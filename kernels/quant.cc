@@ -310,4 +310,50 @@ void pack_q4_k_rows8(std::span<const BlockQ4_K> w, int64_t N, int64_t K, std::sp
   regroup_rows8(w, N, K, out, /*to_packed=*/true);
 }
 
+namespace {
+
+// The typed products on raw bytes (QuantFormat), spans sized from the shape: the callers' buffers hold it.
+template <class W>
+const W* as_blocks(const uint8_t* w) {
+  return reinterpret_cast<const W*>(w);
+}
+template <class W>
+constexpr const char* kGemvName = std::is_same_v<W, BlockQ8_0>   ? "gemv_q8_0"
+                                  : std::is_same_v<W, BlockQ4_0> ? "gemv_q4_0"
+                                                                 : "gemv_q4_k";
+template <class W>
+Status bytes_gemv(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, bool packed) {
+  const size_t blocks = size_t(N * (K / kValues<W>));
+  return gemv_checked<W>(kGemvName<W>, {x, size_t(M * K)}, {as_blocks<W>(w), blocks}, {y, size_t(M * N)}, M, N, K,
+                         packed);
+}
+template <class W>
+constexpr QuantFormat format_of(const char* name) {
+  return QuantFormat{
+      .name = name,
+      .block_values = kValues<W>,
+      .block_bytes = int64_t(sizeof(W)),
+      .gemv = [](const float* x, const uint8_t* w, float* y, int64_t M, int64_t N,
+                 int64_t K) { return bytes_gemv<W>(x, w, y, M, N, K, false); },
+      .gemv_rows8 = [](const float* x, const uint8_t* w, float* y, int64_t M, int64_t N,
+                       int64_t K) { return bytes_gemv<W>(x, w, y, M, N, K, true); },
+      .pack_rows8 =
+          [](const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
+            const size_t blocks = size_t(N * (K / kValues<W>));
+            regroup_rows8<W>({as_blocks<W>(w), blocks}, N, K, {reinterpret_cast<W*>(out), blocks}, /*to_packed=*/true);
+          },
+      .reference = [](const float* x, const uint8_t* w, float* y, int64_t M, int64_t N,
+                      int64_t K) { gemv_reference(x, as_blocks<W>(w), y, M, N, K); }};
+}
+constexpr QuantFormat kFormats[] = {format_of<BlockQ8_0>("q8_0"), format_of<BlockQ4_0>("q4_0"),
+                                    format_of<BlockQ4_K>("q4_k")};
+
+}  // namespace
+
+const QuantFormat* quant_format(std::string_view name) {
+  for (const QuantFormat& f : kFormats)
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
 }  // namespace aspen::kernels

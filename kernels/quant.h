@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "core/status.h"
 
@@ -76,6 +77,21 @@ void pack_q4_0_rows8(std::span<const BlockQ4_0> w, int64_t N, int64_t K, std::sp
 void pack_q4_k_rows8(std::span<const BlockQ4_K> w, int64_t N, int64_t K, std::span<BlockQ4_K> out);
 [[nodiscard]] Status gemv_q4_k_rows8(std::span<const float> x, std::span<const BlockQ4_K> packed, std::span<float> y,
                                      int64_t M, int64_t N, int64_t K);
+
+// One block format by its name ("q8_0", "q4_0", "q4_k": the graph's matmul_q attribute), with the products
+// above on raw bytes (row n's blocks at w + n · row_bytes(K), or packed by pack_rows8): the table the graph and
+// the model builders read instead of a switch over the formats each.
+struct QuantFormat {
+  const char* name;
+  int64_t block_values, block_bytes;
+  int64_t row_bytes(int64_t K) const { return K / block_values * block_bytes; }
+  Status (*gemv)(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K);
+  Status (*gemv_rows8)(const float* x, const uint8_t* packed, float* y, int64_t M, int64_t N, int64_t K);
+  void (*pack_rows8)(const uint8_t* w, int64_t N, int64_t K, uint8_t* out);
+  void (*reference)(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K);
+};
+// nullptr for another name.
+const QuantFormat* quant_format(std::string_view name);
 
 namespace ref {
 // The scalar product of the file comment, row by row.

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "kernels/attention_layout.h"
+#include "kernels/quant.h"
 
 namespace aspen::models {
 
@@ -13,11 +14,8 @@ using graph::OpKind;
 using graph::ValueId;
 
 int64_t quantized_row_bytes(const std::string& format, int64_t in) {
-  const auto [values, bytes] = format == "q8_0"   ? std::pair<int64_t, int64_t>{32, 34}
-                               : format == "q4_0" ? std::pair<int64_t, int64_t>{32, 18}
-                               : format == "q4_k" ? std::pair<int64_t, int64_t>{256, 144}
-                                                  : std::pair<int64_t, int64_t>{0, 0};
-  return values == 0 || in % values != 0 ? 0 : in / values * bytes;
+  const kernels::QuantFormat* f = kernels::quant_format(format);
+  return !f || in % f->block_values != 0 ? 0 : f->row_bytes(in);
 }
 
 ValueId linear(Builder& b, ValueId x, const std::string& name, int64_t in, int64_t out, bool bias, DType dtype,
