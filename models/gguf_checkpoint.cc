@@ -17,7 +17,6 @@
 #include <optional>
 #include <string>
 
-#include "kernels/convert.h"
 #include "models/blocks.h"
 #include "models/config.h"
 
@@ -248,17 +247,9 @@ Result<Tensor> read_gguf_weight(const WeightBinding& w) {
   } else {
     f32 = std::move(values);
   }
-  const DType to = w.type.dtype;
-  if (to == DType::f32) return f32;
-  ASPEN_ASSIGN_OR_RETURN(Tensor out, Tensor::make(to, w.type.shape));
-  const int64_t n = f32.numel();
-  if (to == DType::bf16) {
-    ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_bf16(f32.span<float>(), out.span<bf16>(), n));
-  } else if (to == DType::f16) {
-    ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_f16(f32.span<float>(), out.span<f16>(), n));
-  } else {
-    return Status::invalid_argument("parameter '" + w.parameter + "'", "f32, bf16 or f16", std::string(dtype_name(to)));
-  }
+  if (w.type.dtype == DType::f32) return f32;
+  ASPEN_ASSIGN_OR_RETURN(Tensor out, Tensor::make_uninitialized(w.type.dtype, w.type.shape));
+  ASPEN_RETURN_IF_ERROR(narrow_into(f32.span<float>(), out));
   return out;
 }
 

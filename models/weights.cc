@@ -222,14 +222,18 @@ Result<Tensor> read_weight(const WeightBinding& w) {
     if (to == DType::f32) return wide;
     f32_src = wide.span<float>();
   }
-  if (to == DType::bf16) {
-    ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_bf16(f32_src, out.span<bf16>(), n));
-  } else if (to == DType::f16) {
-    ASPEN_RETURN_IF_ERROR(kernels::convert_f32_to_f16(f32_src, out.span<f16>(), n));
-  } else {
-    std::memcpy(out.raw(), f32_src.data(), out.nbytes());
-  }
+  ASPEN_RETURN_IF_ERROR(narrow_into(f32_src, out));
   return out;
+}
+
+Status narrow_into(std::span<const float> values, Tensor& out) {
+  const int64_t n = out.numel();
+  if (out.dtype() == DType::bf16) return kernels::convert_f32_to_bf16(values, out.span<bf16>(), n);
+  if (out.dtype() == DType::f16) return kernels::convert_f32_to_f16(values, out.span<f16>(), n);
+  if (out.dtype() != DType::f32)
+    return Status::invalid_argument("weight conversion", "f32, bf16 or f16", std::string(dtype_name(out.dtype())));
+  std::memcpy(out.raw(), values.data(), out.nbytes());
+  return Status();
 }
 
 Status load_weights(const WeightPlan& plan, const std::function<Status(const std::string&, const Tensor&)>& sink) {
