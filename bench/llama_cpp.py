@@ -173,6 +173,39 @@ def model_key(model: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def stage_model(model: Path, stage: Path) -> dict:
+    """`model`'s files linked into `stage`, with the config the converter reads; returns that config."""
+    for p in model.iterdir():
+        if p.is_file() and p.name != "config.json":
+            (stage / p.name).symlink_to(p.resolve())
+    config = json.loads((model / "config.json").read_text())
+    # The converter reads GPT-2's context length from n_ctx, which newer configs spell n_positions.
+    if "n_ctx" not in config and "n_positions" in config:
+        config["n_ctx"] = config["n_positions"]
+    (stage / "config.json").write_text(json.dumps(config))
+    return config
+
+
+def converter(llama: Path, stage: Path, out: Path, *args) -> list:
+    """The command that runs llama.cpp's convert_hf_to_gguf.py on `stage` into `out` with `args`. A vocabulary
+    whose pre-tokenizer hash the converter does not know (our random ones) is taken as GPT-2's split."""
+    worker = (
+        "import sys\n"
+        f"sys.path[:0] = [{str(llama)!r}, {str(llama / 'gguf-py')!r}]\n"
+        "import conversion.base as base\n"
+        "known = base.TextModel.get_vocab_base_pre\n"
+        "def pre(self, tokenizer):\n"
+        "    try:\n"
+        "        return known(self, tokenizer)\n"
+        "    except NotImplementedError:\n"
+        "        return 'gpt-2'\n"
+        "base.TextModel.get_vocab_base_pre = pre\n"
+        "import convert_hf_to_gguf as c\n"
+        f"sys.argv = ['convert_hf_to_gguf.py', {str(stage)!r}, *{list(args)!r}, '--outfile', {str(out)!r}]\n"
+        "c.main()\n")
+    return [sys.executable, "-c", worker]
+
+
 def convert(gguf_dir: Path, llama: Path, model: Path, dtype: str) -> Path:
     out = gguf_dir / f"{model_key(model)}-{dtype}.gguf"
     if out.exists():
@@ -182,37 +215,15 @@ def convert(gguf_dir: Path, llama: Path, model: Path, dtype: str) -> Path:
     except ImportError:
         missing("the GGUF converter needs torch (pip install torch), which is not installed")
     out.parent.mkdir(parents=True, exist_ok=True)
-    config = json.loads((model / "config.json").read_text())
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         stage = Path(tmp)
-        for p in model.iterdir():
-            if p.is_file() and p.name != "config.json":
-                (stage / p.name).symlink_to(p.resolve())
-        # The converter reads GPT-2's context length from n_ctx, which newer configs spell n_positions.
-        if "n_ctx" not in config and "n_positions" in config:
-            config["n_ctx"] = config["n_positions"]
-        (stage / "config.json").write_text(json.dumps(config))
+        config = stage_model(model, stage)
         if not any((stage / n).exists() for n in ("tokenizer.json", "vocab.json", "tokenizer.model")):
             write_tokenizer(stage, int(config["vocab_size"]))
         partial = out.with_suffix(".partial")
-        worker = (
-            "import sys\n"
-            f"sys.path[:0] = [{str(llama)!r}, {str(llama / 'gguf-py')!r}]\n"
-            "import conversion.base as base\n"
-            "known = base.TextModel.get_vocab_base_pre\n"
-            "def pre(self, tokenizer):\n"
-            "    try:\n"
-            "        return known(self, tokenizer)\n"
-            "    except NotImplementedError:\n"
-            "        return 'gpt-2'\n"
-            "base.TextModel.get_vocab_base_pre = pre\n"
-            "import convert_hf_to_gguf as c\n"
-            f"sys.argv = ['convert_hf_to_gguf.py', {str(stage)!r}, '--outtype', {dtype!r}, '--outfile', "
-            f"{str(partial)!r}]\n"
-            "c.main()\n")
         log(f"converting {model} to GGUF ({dtype})")
-        r = subprocess.run([sys.executable, "-c", worker], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           text=True)
+        r = subprocess.run(converter(llama, stage, partial, "--outtype", dtype), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
         if r.returncode != 0 or not partial.exists():
             sys.exit(f"llama_cpp.py: converting {model} to GGUF ({dtype}) failed:\n{r.stderr[-2000:]}")
         partial.rename(out)

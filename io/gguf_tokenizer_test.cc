@@ -1,6 +1,6 @@
 // The tokenizer llama.cpp's converter writes into a GGUF file, rebuilt by load_gguf_tokenizer, against the
 // Hugging Face files it was converted from (models/testdata/gpt2-tiny; the file comes from
-// scripts/golden/make_gguf_tokenizer_testdata.py): the same ids and text over hard cases and Shakespeare, the
+// scripts/golden/make_gguf_gpt2_testdata.py): the same ids and text over hard cases and Shakespeare, the
 // same special tokens; and the errors naming the key.
 #include <gtest/gtest.h>
 

@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""Writes models/testdata/gguf/gpt2-64-q8_0.gguf and gpt2-64.golden.json for models/gguf_test.cc: a tiny random
+"""Writes, with llama.cpp's own converter (convert_hf_to_gguf.py from the llama-cpp-python source distribution
+bench/llama_cpp.py fetches):
+- io/testdata/gguf/gpt2-tiny-vocab.gguf for io/gguf_tokenizer_test.cc: models/testdata/gpt2-tiny's tokenizer (and
+  config) as the converter writes it (--vocab-only); aspen's tokenizer rebuilt from it must give the ids the
+  Hugging Face files give;
+- models/testdata/gguf/gpt2-64-q8_0.gguf and gpt2-64.golden.json for models/gguf_test.cc: a tiny random
 GPT-2 (n_embd 64, so every matrix is whole Q8_0 blocks; the tokenizer of models/testdata/gpt2-tiny), converted to
-GGUF Q8_0 by llama.cpp's own converter (convert_hf_to_gguf.py from the llama-cpp-python source distribution
-bench/llama_cpp.py fetches), and the logits transformers computes with the original f32 weights for a prompt, with
+GGUF Q8_0, and the logits transformers computes with the original f32 weights for a prompt, with
 its greedy continuation. aspen's logits from the Q8_0 file must stay within the quantization's error of these: a
 name or a transpose read wrong would be far outside it.
 
@@ -22,7 +26,7 @@ import transformers
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-import llama_cpp  # noqa: E402  (bench/llama_cpp.py: source_tree, VERSION)
+import llama_cpp  # noqa: E402  (bench/llama_cpp.py: source_tree, stage_model, converter, VERSION)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--sdist", help="a llama_cpp_python-*.tar.gz to use instead of downloading one")
@@ -33,6 +37,16 @@ llama = llama_cpp.source_tree(cache, llama_cpp.VERSION, a.sdist)
 tok_dir = ROOT / "models" / "testdata" / "gpt2-tiny"
 out_dir = ROOT / "models" / "testdata" / "gguf"
 out_dir.mkdir(parents=True, exist_ok=True)
+
+# The stages are named: the converter writes the folder's name as general.name (a temporary one would make each
+# run's file differ).
+with tempfile.TemporaryDirectory() as tmp:  # the tokenizer alone
+    stage = Path(tmp) / "gpt2-tiny"
+    stage.mkdir()
+    llama_cpp.stage_model(tok_dir, stage)
+    vocab = ROOT / "io" / "testdata" / "gguf" / "gpt2-tiny-vocab.gguf"
+    subprocess.run(llama_cpp.converter(llama, stage, vocab, "--vocab-only"), check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 torch.manual_seed(20261206)
 config = transformers.GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=2,
@@ -49,30 +63,17 @@ with torch.no_grad():
     greedy = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
                             pad_token_id=999)[0, len(ids):].tolist()
 
+gguf_file = out_dir / "gpt2-64-q8_0.gguf"
 with tempfile.TemporaryDirectory() as tmp:
-    stage = Path(tmp)
-    model.save_pretrained(stage)
+    hf = Path(tmp) / "hf"
+    model.save_pretrained(hf)
     for f in ("tokenizer.json", "vocab.json", "merges.txt"):
-        shutil.copy(tok_dir / f, stage / f)
-    cfg = json.loads((stage / "config.json").read_text())
-    cfg.setdefault("n_ctx", cfg["n_positions"])  # the converter's name for GPT-2's context length
-    (stage / "config.json").write_text(json.dumps(cfg))
-    gguf_file = out_dir / "gpt2-64-q8_0.gguf"
-    worker = (
-        "import sys\n"
-        f"sys.path[:0] = [{str(llama)!r}, {str(llama / 'gguf-py')!r}]\n"
-        "import conversion.base as base\n"
-        "known = base.TextModel.get_vocab_base_pre\n"
-        "def pre(self, tokenizer):\n"  # the tiny vocabulary has no known hash: it is GPT-2's split
-        "    try:\n"
-        "        return known(self, tokenizer)\n"
-        "    except NotImplementedError:\n"
-        "        return 'gpt-2'\n"
-        "base.TextModel.get_vocab_base_pre = pre\n"
-        "import convert_hf_to_gguf as c\n"
-        f"sys.argv = ['convert_hf_to_gguf.py', {str(stage)!r}, '--outtype', 'q8_0', '--outfile', {str(gguf_file)!r}]\n"
-        "c.main()\n")
-    subprocess.run([sys.executable, "-c", worker], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.copy(tok_dir / f, hf / f)
+    stage = Path(tmp) / "gpt2-64"
+    stage.mkdir()
+    llama_cpp.stage_model(hf, stage)
+    subprocess.run(llama_cpp.converter(llama, stage, gguf_file, "--outtype", "q8_0"), check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 # transformers again with the file's weights as ggml dequantizes them (the gguf package, which aspen's reader
 # equals value for value): the logits aspen must give from the file up to f32 rounding. llama.cpp's names mapped
