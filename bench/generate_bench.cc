@@ -17,6 +17,7 @@
 #include "core/philox.h"
 #include "core/thread_team.h"
 #include "core/tensor.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "graph/builder.h"
 #include "models/causal_lm.h"
@@ -135,6 +136,22 @@ Result<int64_t> describe_model(const std::string& dir, Shape124M* s) {
   return elements * 4;
 }
 
+// The bytes one decode step's products stream from a GGUF file, as stored (blocks or floats): every matrix
+// but the position table, and the token embedding only when it is the (tied) head.
+Result<int64_t> gguf_step_bytes(const std::string& path) {
+  ASPEN_ASSIGN_OR_RETURN(io::GgufFile f, io::GgufFile::open(path));
+  const bool tied = f.find("output.weight") == nullptr;
+  int64_t bytes = 0;
+  for (const io::GgufTensor& t : f.tensors()) {
+    if (t.extents.size() != 2 || t.name == "position_embd.weight") continue;
+    if (t.name == "token_embd.weight" && !tied) continue;
+    bytes += int64_t(f.data(t).size());
+  }
+  return bytes;
+}
+
+bool quantized_dtype(const std::string& d) { return d == "q8_0" || d == "q4_0" || d == "q4_k"; }
+
 double seconds(const std::function<Status()>& fn, Status& status) {
   const auto t0 = std::chrono::steady_clock::now();
   status = fn();
@@ -170,8 +187,9 @@ Row* row_for(std::vector<Row>& rows, const nlohmann::json& j) {
 
 Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
   for (const std::string& d : opt.dtypes)
-    if (d != "f32" && d != "bf16")
-      return Status::invalid_argument("bench generate: dtype", "f32 or bf16 (the weights' type)", d);
+    if (d != "f32" && d != "bf16" && !quantized_dtype(d))
+      return Status::invalid_argument("bench generate: dtype", "f32, bf16, q8_0, q4_0 or q4_k (the weights' type)",
+                                      d);
   Shape124M s;
   if (opt.quick) {
     s.layers = 2;
@@ -223,6 +241,31 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
                        s.layers, threads, read_bw / 1e9,
                        double(weight_bytes) / 1e6, new_tokens);
 
+  // The quantized rows run on GGUF files that bench/llama_cpp.py makes with llama.cpp's own converter and
+  // llama-quantize from the same directory: the very files llama.cpp's rows are timed on.
+  std::map<std::string, std::pair<std::string, int64_t>> gguf;  // dtype -> (file, bytes a step streams)
+  std::string quantized;
+  for (const std::string& d : opt.dtypes)
+    if (quantized_dtype(d)) quantized += (quantized.empty() ? "" : ",") + d;
+  if (!quantized.empty()) {
+    const std::string cmd = (opt.python.empty() || opt.python == "none" ? std::string("python3") : opt.python) + " " +
+                            std::string(ASPEN_SOURCE_DIR) + "/bench/llama_cpp.py --gguf-only --model " + dir +
+                            " --dtypes " + quantized + (own ? std::string() : " --gguf-dir " + dir + "_gguf");
+    const bool ok = read_json_lines(cmd, [&](const nlohmann::json& j) {
+      gguf[j.value("dtype", "")] = {j.value("gguf", ""), 0};
+    });
+    for (const std::string& d : opt.dtypes) {
+      if (!quantized_dtype(d)) continue;
+      auto it = gguf.find(d);
+      if (!ok || it == gguf.end() || it->second.first.empty())
+        return Status::error(Code::kFailedPrecondition, "bench generate: dtype " + d,
+                             "a GGUF file made by bench/llama_cpp.py --gguf-only (llama.cpp's converter and "
+                             "llama-quantize)",
+                             "none (its message is above)");
+      ASPEN_ASSIGN_OR_RETURN(it->second.second, gguf_step_bytes(it->second.first));
+    }
+  }
+
   std::vector<Row> rows;
   // One round of aspen's rows; a later round keeps the better figure of each row.
   auto keep = [&rows](const Row& r) {
@@ -236,14 +279,17 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
   auto run_aspen = [&]() -> Status {
     const std::vector<int32_t> prompt8 = {464, 2068, 7586, 21831, 18045, 625, 262, 16931};
     for (const std::string& dtype : opt.dtypes) {
+      // A quantized row opens the GGUF file: its matrices multiply in their blocks, the rest in f32.
       const DType weights = dtype == "bf16" ? DType::bf16 : DType::f32;
-      const int64_t step_bytes = weights == DType::bf16 ? weight_bytes / 2 : weight_bytes;
+      const bool q = quantized_dtype(dtype);
+      const std::string model = q ? gguf.at(dtype).first : dir;
+      const int64_t step_bytes = q ? gguf.at(dtype).second : weights == DType::bf16 ? weight_bytes / 2 : weight_bytes;
       for (int64_t B : opt.batches) {
         models::GeneratorOptions go{
             .max_batch = B, .max_length = 8 + new_tokens, .max_prompt = 8, .threads = threads, .weights = weights};
         profile::TraceRecorder trace;
         if (opt.profile) go.trace = &trace;
-        ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(dir, go));
+        ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(model, go));
         std::vector<int32_t> prompt = prompt8;
         for (int32_t& id : prompt) id %= int32_t(s.vocab);
         const std::vector<std::vector<int32_t>> prompts(size_t(B), prompt);
@@ -282,7 +328,7 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
                                     .max_prompt = prefill_T_max,
                                     .threads = threads,
                                     .weights = weights};
-        ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(dir, go));
+        ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(model, go));
         std::vector<int32_t> prompt(static_cast<size_t>(prefill_T_max));
         for (int64_t i = 0; i < prefill_T_max; ++i) prompt[size_t(i)] = int32_t((i * 7919) % s.vocab);
         Status st;

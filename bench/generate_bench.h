@@ -40,7 +40,10 @@ struct GenerateBenchOptions {
   int64_t new_tokens = 32;     // decode steps timed per row (+1 for the prefill)
   int64_t prefill_tokens = 256;
   std::vector<int64_t> batches = {1, 8};
-  std::vector<std::string> dtypes = {"f32", "bf16"};  // the weights' type
+  // The weights' type. q8_0, q4_0, q4_k: the model converted by llama.cpp's converter (and llama-quantize
+  // --pure) into a GGUF file, which aspen runs on its blocks and llama.cpp's rows time too (needs python3 with
+  // torch, and llama.cpp built once by bench/llama_cpp.py).
+  std::vector<std::string> dtypes = {"f32", "bf16"};
   std::string python = "python3";  // runs bench/torch_generate.py; "" or "none": no peer
   bool llama_cpp = true;       // run bench/llama_cpp.py with `python` (builds llama-bench on first use)
   bool quick = false;          // a 2-layer model and few tokens (smoke tests)

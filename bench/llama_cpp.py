@@ -15,16 +15,18 @@ What it does, each step cached under --cache (default $ASPEN_CACHE_DIR/llama.cpp
   1. the source: llama.cpp as vendored by the PyPI source distribution of llama-cpp-python (--version,
      default the one measured here); `pip download --no-binary :all:` fetches it unless --sdist names the
      tarball;
-  2. the build: `llama-bench` and `llama-batched-bench` only, Release, -DGGML_NATIVE=ON (tuned for this CPU: the build folder's name
+  2. the build: `llama-bench`, `llama-batched-bench` and `llama-quantize` only, Release, -DGGML_NATIVE=ON (tuned for this CPU: the build folder's name
      carries a digest of the CPU's model name and flags, so a different machine builds its own), static,
      no networking; about 10 minutes on 2 cores; the log is kept in the build folder;
-  3. the model: the directory is converted to GGUF (f32, bf16) by the converter that ships beside it
+  3. the model: the directory is converted to GGUF (f32, bf16, f16, q8_0) by the converter that ships beside it
      (`convert_hf_to_gguf.py`, which needs torch and the vendored gguf-py). aspen's bench writes config.json
      and model.safetensors only; for a directory without a tokenizer this script writes a byte-level BPE
      tokenizer of the model's vocabulary size (256 bytes, merges of byte pairs, <|endoftext|>) into a
      staging copy, and a pre-tokenizer that the converter does not recognise is taken as GPT-2's. llama-bench
      feeds random token ids and never tokenizes text, so neither changes what is timed. The GGUF files are
-     keyed by the directory's path, size and modification times.
+     keyed by the directory's path, size and modification times. q4_0 and q4_k: `llama-quantize --pure` of the
+     f32 file (every matrix in that block type). `--gguf-only` prints {"dtype": D, "gguf": PATH} per dtype and
+     runs nothing: aspen's bench runs its own rows on the very files llama.cpp is timed on.
   4. the runs: batch 1, `llama-bench -m FILE -t T -p P -n N -r R -o jsonl` (defaults otherwise: flash
      attention auto, repacking on): tokens/s is llama-bench's mean over its R repetitions; batch B > 1
      (--batches), `llama-batched-bench -npp 8 -ntg N -npl B` (B sequences, each its own 8-token prompt, as
@@ -98,7 +100,12 @@ def source_tree(cache: Path, version: str, sdist: str | None) -> Path:
     return vendored
 
 
-TARGETS = ("llama-bench", "llama-batched-bench")
+TARGETS = ("llama-bench", "llama-batched-bench", "llama-quantize")
+# The weight types: the converter writes the float ones and Q8_0 itself; llama-quantize makes the 4-bit ones
+# from the f32 file, `--pure` (every matrix in that one type, no k-quant mixture: Q4_K_M would put some in Q6_K),
+# so that aspen and llama.cpp are compared on one format per row.
+CONVERTED = ("f32", "bf16", "f16", "q8_0")
+QUANTIZED = {"q4_0": "Q4_0", "q4_k": "Q4_K"}
 
 
 def build(cache: Path, version: str, llama: Path) -> Path:
@@ -206,9 +213,19 @@ def converter(llama: Path, stage: Path, out: Path, *args) -> list:
     return [sys.executable, "-c", worker]
 
 
-def convert(gguf_dir: Path, llama: Path, model: Path, dtype: str) -> Path:
+def convert(gguf_dir: Path, llama: Path, model: Path, dtype: str, bin: Path | None) -> Path:
     out = gguf_dir / f"{model_key(model)}-{dtype}.gguf"
     if out.exists():
+        return out
+    if dtype in QUANTIZED:
+        source = convert(gguf_dir, llama, model, "f32", bin)
+        partial = out.with_suffix(".partial")
+        log(f"quantizing {source.name} to {dtype} (llama-quantize --pure)")
+        r = subprocess.run([str(bin / "llama-quantize"), "--pure", str(source), str(partial), QUANTIZED[dtype]],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0 or not partial.exists():
+            sys.exit(f"llama_cpp.py: llama-quantize to {dtype} failed:\n{r.stderr[-2000:]}")
+        partial.rename(out)
         return out
     try:
         import torch  # noqa: F401  (the converter imports it)
@@ -288,6 +305,8 @@ def main():
     ap.add_argument("--gguf-dir", help="where the converted models go (default CACHE/gguf; a model that is "
                     "deleted after the run, such as aspen's random bench model, should not fill the cache)")
     ap.add_argument("--build-only", action="store_true", help="fetch and build llama-bench, then stop")
+    ap.add_argument("--gguf-only", action="store_true",
+                    help="make the GGUF file of each dtype, print {\"dtype\", \"gguf\"} per line, run nothing")
     ap.add_argument("--json", action="store_true", help="one JSON object per line (otherwise a table)")
     a = ap.parse_args()
 
@@ -299,8 +318,9 @@ def main():
         sys.exit(f"llama_cpp.py: --model {model}: expected a Hugging Face directory with config.json")
     dtypes = [d for d in a.dtypes.split(",") if d]
     for d in dtypes:
-        if d not in ("f32", "bf16", "f16"):
-            sys.exit(f"llama_cpp.py: --dtypes: expected f32, bf16 or f16, found '{d}'")
+        if d not in CONVERTED and d not in QUANTIZED:
+            sys.exit(f"llama_cpp.py: --dtypes: expected some of {', '.join(CONVERTED + tuple(QUANTIZED))}, "
+                     f"found '{d}'")
 
     try:
         batches = sorted({int(b) for b in a.batches.split(",") if b})
@@ -308,7 +328,9 @@ def main():
         sys.exit(f"llama_cpp.py: --batches: expected numbers separated by commas, found '{a.batches}'")
 
     llama = source_tree(cache, a.version, a.sdist)
-    bin = build(cache, a.version, llama)
+    # The converter alone makes the float and Q8_0 files: --gguf-only builds llama.cpp only for llama-quantize.
+    needs_build = not a.gguf_only or any(d in QUANTIZED for d in dtypes)
+    bin = build(cache, a.version, llama) if needs_build else None
     if a.build_only:
         print(bin)
         return
@@ -321,8 +343,13 @@ def main():
         else:
             print(f"{phase:<8} {batch:>5} {d:>5} {test:>12} {tokens_per_s:10.1f} tokens/s", flush=True)
 
+    gguf_dir = Path(a.gguf_dir) if a.gguf_dir else cache / "gguf"
+    if a.gguf_only:
+        for d in dtypes:
+            print(json.dumps({"dtype": d, "gguf": str(convert(gguf_dir, llama, model, d, bin))}), flush=True)
+        return
     for d in dtypes:
-        gguf = convert(Path(a.gguf_dir) if a.gguf_dir else cache / "gguf", llama, model, d)
+        gguf = convert(gguf_dir, llama, model, d, bin)
         for phase, test, tps in batch1(bin, gguf, a):
             if phase == "prefill" or 1 in batches:
                 emit(phase, 1, d, test, tps)

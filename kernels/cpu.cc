@@ -26,6 +26,7 @@ CpuFeatures detect() {
   f.avx512vl = __builtin_cpu_supports("avx512vl");
   f.avx512dq = __builtin_cpu_supports("avx512dq");
   f.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
+  f.avx512_vnni = __builtin_cpu_supports("avx512vnni");
   f.amx_bf16 = __builtin_cpu_supports("amx-bf16");
   unsigned eax, ebx, ecx, edx;
   __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
@@ -68,6 +69,7 @@ std::string CpuFeatures::to_string() const {
   add(avx512vl, "avx512vl");
   add(avx512dq, "avx512dq");
   add(avx512_bf16, "avx512_bf16");
+  add(avx512_vnni, "avx512_vnni");
   add(amx_bf16, "amx_bf16");
   if (amx_bf16 && !amx_granted) s += " (amx tile state refused by the OS)";
   return s + " (best: " + isa_name(best) + ")";

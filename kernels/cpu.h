@@ -30,6 +30,9 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_bf16 = false, amx_bf16 = false;
+  // Int8 dot products (VPDPBUSD) on AVX-512 registers and, with avx512vl, on 256-bit ones: the quantized
+  // products' (kernels/quant.h) only use, on Isa::avx512 and above.
+  bool avx512_vnni = false;
   bool amx_granted = false;  // the OS gave this process the tile state
   Isa best = Isa::scalar;
   std::string to_string() const;  // "avx2 fma avx512f ... (best: avx512_bf16)"

@@ -38,18 +38,27 @@ struct XQ {
     return {q.data() + at, d.data() + at, sum.data() + at};
   }
 };
-XQ quantize_x(const float* x, int64_t M, int64_t K) {
-  XQ o;
+// x's rows in Q8_0, in this thread's buffers (reused: a decode step quantizes ~50 rows of x, and three fresh
+// vectors each time were a measurable part of its small products). Rows in parallel when there are many
+// (prefill): each row is one thread's, so the values do not depend on the count.
+const XQ& quantize_x(const float* x, int64_t M, int64_t K) {
+  thread_local XQ o;
   const int64_t blocks = K / 32;
   o.q.resize(static_cast<size_t>(M * blocks));
-  for (int64_t m = 0; m < M; ++m) quantize_row_q8_0(x + m * K, K, o.q.data() + m * blocks);
   o.d.resize(o.q.size());
   o.sum.resize(o.q.size());
-  for (size_t i = 0; i < o.q.size(); ++i) {
-    o.d[i] = f16_value(o.q[i].d);
-    int32_t t = 0;
-    for (int j = 0; j < 32; ++j) t += o.q[i].qs[j];
-    o.sum[i] = t;
+  BlockQ8_0* q = o.q.data();
+  float* d = o.d.data();
+  int32_t* sum = o.sum.data();
+#pragma omp parallel for schedule(static) if (M >= 8 && M * K >= (1 << 16))
+  for (int64_t m = 0; m < M; ++m) {
+    quantize_row_q8_0(x + m * K, K, q + m * blocks);
+    for (int64_t i = m * blocks; i < (m + 1) * blocks; ++i) {
+      d[i] = f16_value(q[i].d);
+      int32_t t = 0;
+      for (int j = 0; j < 32; ++j) t += q[i].qs[j];
+      sum[i] = t;
+    }
   }
   return o;
 }
@@ -102,111 +111,89 @@ float row_dot(const BlockQ4_K* w, const XRow& x, int64_t supers) {
   return acc;
 }
 
-ASPEN_TARGET_AVX2 __m256i load_q(const BlockQ8_0& w) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs));
-}
-ASPEN_TARGET_AVX2 __m256i load_q(const BlockQ4_0& w) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs));
-  const __m128i low = _mm_set1_epi8(0x0F);
-  const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
-  return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-}
-
-// Eight vectors of eight int32 partial sums, one vector per row -> one vector of the eight rows' sums (exact:
-// integers, in any order).
-ASPEN_TARGET_AVX2 __m256i row_sums(const __m256i v[8]) {
-  const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
-  const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
-  const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
-  return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
-                          _mm256_permute2x128_si256(h0123, h4567, 0x31));
-}
-
-// Eight rows of W at once, lanes = rows, each lane row_dot's sequence of operations: the block's integer sums
-// (maddubs on |w| and x signed by w: x is ours, in [-127, 127], so any int8 weight, -128 included, is exact,
-// and two products of at most 128 · 127 fit an int16), reduced to one int32 per row, then the same f32
-// multiply and fma. The weights' 8 scales are inserted into a vector one by one (stored to memory and loaded
-// as a vector, they stalled on store forwarding every block). Row r's block b is
-// w[r * row_step + b * block_step]: (blocks, 1) for W as stored, (1, 8) packed.
+// NOTE [interleaved rows8]: the fast products read W packed (pack_rows8, once when weights are loaded): each
+// whole group of 8 rows is one stream of chunks, one chunk per block column b holding the 8 rows' block b
+// (8 · sizeof(W) bytes, the same size), laid out for 256-bit int8 dot products:
+//   Q8_0  [ d: 8 f16 | quants: for j4 = 0..7, for row r: bytes 4 j4 .. 4 j4 + 3 of row r's block, each ^ 0x80 ]
+//   Q4_0  [ d: 8 f16 | quants: for j4 = 0..3, for row r: bytes 4 j4 .. 4 j4 + 3 of row r's qs ]
+//   Q4_K  [ d: 8 f16 | dmin: 8 f16 | scales: 8 rows x 12 bytes | qs: for j4 = 0..31, for row r: 4 bytes ]
+// So one 32-byte load holds four quants of each of the 8 rows, lane r = row r, and x's four matching bytes
+// broadcast to every lane make each int32 lane row r's partial sum: the block's 8 integer sums come out in one
+// vector, no horizontal reduction (the first layout, 8 rows' blocks one after another, spent a third of its
+// time in the hadd tree). Q8_0's quants are stored + 128 (^ 0x80, unsigned) so that VPDPBUSD (unsigned by
+// signed) takes them as they are, and Σ (w + 128) x less 128 Σ x is Σ w x exactly; Q4's nibbles are unsigned
+// already (Q4_0 subtracts 8 Σ x). Every integer sum is exact, so the packed products give the reference's bits
+// on every ISA. Rows past the last whole group follow as stored, row by row.
 template <class W>
-ASPEN_TARGET_AVX2 void rows8_avx2(const W* w, int64_t row_step, int64_t block_step, const XRow& x, int64_t blocks,
-                                  float* y) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[b].qs));
-    __m256i v[8];
-    for (int r = 0; r < 8; ++r) {
-      const __m256i wq = load_q(w[r * row_step + b * block_step]);
-      v[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wq), _mm256_sign_epi8(xq, wq)), ones);
-    }
-    const W* c = w + b * block_step;
-    const __m128i d = _mm_setr_epi16(short(c[0].d), short(c[row_step].d), short(c[2 * row_step].d),
-                                     short(c[3 * row_step].d), short(c[4 * row_step].d), short(c[5 * row_step].d),
-                                     short(c[6 * row_step].d), short(c[7 * row_step].d));
-    const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(d), _mm256_set1_ps(x.d[b]));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums(v)), scale, acc);
-  }
-  _mm256_storeu_ps(y, acc);
-}
+constexpr int64_t kChunk = 8 * int64_t(sizeof(W));
 
-// Q4_K: the sub-block's integer sums by maddubs (nibbles, unsigned, against x's int8: at most 2 · 15 · 127 per
-// int16) and madd, reduced per row; then row_dot's two products per sub-block in each lane.
-template <>
-ASPEN_TARGET_AVX2 void rows8_avx2(const BlockQ4_K* w, int64_t row_step, int64_t block_step, const XRow& x,
-                                  int64_t supers, float* y) {
-  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t B = 0; B < supers; ++B) {
-    alignas(32) float dsc[8][8], dmn[8][8];  // [sub-block][row]
-    for (int r = 0; r < 8; ++r) {
-      const BlockQ4_K& b = w[r * row_step + B * block_step];
-      const float d = f16_value(b.d), dmin = f16_value(b.dmin);
-      for (int s = 0; s < 8; ++s) {
-        int sc, m;
-        q4k_scale_min(b.scales, s, &sc, &m);
-        dsc[s][r] = d * float(sc), dmn[s][r] = dmin * float(m);
-      }
-    }
-    for (int g = 0; g < 4; ++g) {
-      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[B * 8 + 2 * g].qs));
-      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[B * 8 + 2 * g + 1].qs));
-      __m256i v0[8], v1[8];
-      for (int r = 0; r < 8; ++r) {
-        const __m256i q = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(w[r * row_step + B * block_step].qs + 32 * g));
-        v0[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, low), x0), ones);
-        v1[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), x1), ones);
-      }
-      for (int h = 0; h < 2; ++h) {
-        const int s = 2 * g + h;
-        const __m256 dx = _mm256_set1_ps(x.d[B * 8 + s]);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums(h ? v1 : v0)), _mm256_mul_ps(_mm256_load_ps(dsc[s]), dx),
-                              acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(float(-x.sum[B * 8 + s])), _mm256_mul_ps(_mm256_load_ps(dmn[s]), dx),
-                              acc);
-      }
-    }
-  }
-  _mm256_storeu_ps(y, acc);
-}
-
-// pack_rows8's permutation (`to_packed`) or its inverse: whole groups of 8 rows regrouped, the rest row by row.
+// Where byte o of row r's block goes in its chunk, and whether it is stored ^ 0x80.
 template <class W>
-void regroup_rows8(std::span<const W> from, int64_t N, int64_t K, std::span<W> to, bool to_packed) {
-  const int64_t blocks = K / kValues<W>, groups = N / 8;
+constexpr int64_t chunk_offset(int64_t r, int64_t o) {
+  constexpr int64_t scale_bytes = std::is_same_v<W, BlockQ4_K> ? 4 : 2, quants = std::is_same_v<W, BlockQ4_K> ? 128 : 16;
+  if (o < 2) return 2 * r + o;                             // d
+  if (o < scale_bytes) return 16 + 2 * r + (o - 2);        // Q4_K's dmin
+  if (std::is_same_v<W, BlockQ4_K> && o < 16) return 32 + 12 * r + (o - 4);  // Q4_K's scales
+  const int64_t j = o - (std::is_same_v<W, BlockQ4_K> ? 16 : 2);
+  return quants + (j / 4) * 32 + r * 4 + j % 4;
+}
+template <class W>
+constexpr uint8_t chunk_flip(int64_t o) {
+  return std::is_same_v<W, BlockQ8_0> && o >= 2 ? 0x80 : 0;
+}
+
+// pack_rows8 (`to_packed`) or its inverse, on W's bytes.
+template <class W>
+void regroup_rows8(const uint8_t* from, int64_t N, int64_t K, uint8_t* to, bool to_packed) {
+  const int64_t blocks = K / kValues<W>, groups = N / 8, bytes = int64_t(sizeof(W));
   for (int64_t g = 0; g < groups; ++g)
-    for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t chunk = (g * blocks + b) * kChunk<W>;
       for (int64_t r = 0; r < 8; ++r) {
-        const size_t rows = size_t((g * 8 + r) * blocks + b), packed = size_t((g * blocks + b) * 8 + r);
-        to[to_packed ? packed : rows] = from[to_packed ? rows : packed];
+        const int64_t row = ((g * 8 + r) * blocks + b) * bytes;
+        for (int64_t o = 0; o < bytes; ++o) {
+          const int64_t at = chunk + chunk_offset<W>(r, o);
+          if (to_packed)
+            to[at] = from[row + o] ^ chunk_flip<W>(o);
+          else
+            to[row + o] = from[at] ^ chunk_flip<W>(o);
+        }
       }
-  std::copy(from.begin() + groups * 8 * blocks, from.begin() + N * blocks, to.begin() + groups * 8 * blocks);
+    }
+  const int64_t whole = groups * 8 * blocks * bytes;
+  std::memcpy(to + whole, from + whole, size_t(N * blocks * bytes - whole));
 }
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace isa_avx2 {
+constexpr int kS8Offset = 0;
+// Unsigned |w| by x signed as w: two products of at most 128 · 127 fit maddubs' int16 (w = -128 included).
+inline __m256i dot_s8(__m256i acc, __m256i packed, __m256i x) {
+  const __m256i w = _mm256_xor_si256(packed, _mm256_set1_epi8(char(0x80)));
+  return _mm256_add_epi32(
+      acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1)));
+}
+inline __m256i dot_u4(__m256i acc, __m256i q, __m256i x) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
+}
+#include "kernels/quant_isa.inc"
+}  // namespace isa_avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
+namespace isa_vnni {
+constexpr int kS8Offset = 128;
+inline __m256i dot_s8(__m256i acc, __m256i packed, __m256i x) { return _mm256_dpbusd_epi32(acc, packed, x); }
+inline __m256i dot_u4(__m256i acc, __m256i q, __m256i x) { return _mm256_dpbusd_epi32(acc, q, x); }
+#include "kernels/quant_isa.inc"
+}  // namespace isa_vnni
+#pragma GCC pop_options
 
 template <class W>
 void gemv_reference(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K) {
-  const XQ xq = quantize_x(x, M, K);
+  const XQ& xq = quantize_x(x, M, K);
   const int64_t blocks = K / kValues<W>;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) y[m * N + n] = row_dot(w + n * blocks, xq.row(m, K), blocks);
@@ -232,22 +219,49 @@ Status gemv_checked(const char* fn, std::span<const float> x, std::span<const W>
     std::vector<W> unpacked;
     if (packed) {
       unpacked.resize(static_cast<size_t>(N * blocks));
-      regroup_rows8<W>(w, N, K, unpacked, /*to_packed=*/false);
+      regroup_rows8<W>(reinterpret_cast<const uint8_t*>(w.data()), N, K, reinterpret_cast<uint8_t*>(unpacked.data()),
+                       /*to_packed=*/false);
     }
     gemv_reference(x.data(), packed ? unpacked.data() : w.data(), y.data(), M, N, K);
     return Status();
   }
-  const XQ xq = quantize_x(x.data(), M, K);
-  // Each group of 8 rows is one thread's (static), so no output depends on the thread count.
-#pragma omp parallel for schedule(static) if (groups > 1 && N * K >= (1 << 16))
-  for (int64_t g = 0; g < groups; ++g) {
-    const W* wg = w.data() + g * 8 * blocks;  // the group's first block, in either layout
-    for (int64_t m = 0; m < M; ++m)
-      rows8_avx2(wg, packed ? 1 : blocks, packed ? 8 : 1, xq.row(m, K), blocks, y.data() + m * N + g * 8);
+  const bool vnni = active_isa() >= Isa::avx512 && cpu_features().avx512_vnni;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(w.data());
+  std::vector<uint8_t> repacked;  // W as stored: packed for this call (weights fixed are packed once, outside)
+  if (!packed && groups > 0) {
+    repacked.resize(size_t(N * blocks) * sizeof(W));
+    regroup_rows8<W>(bytes, N, K, repacked.data(), /*to_packed=*/true);
+    bytes = repacked.data();
+  }
+  const XQ& xq = quantize_x(x.data(), M, K);
+  // Each group of 8 rows is one thread's (static), so no output depends on the thread count; a group's rows of
+  // x run 4 at a time against it (prefill), in a chunk of x rows small enough to stay in cache.
+  constexpr int64_t kRowChunk = 64;
+  std::vector<XRow> rows(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m) rows[size_t(m)] = xq.row(m, K);
+  for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
+    const int64_t mc = std::min(kRowChunk, M - m0);
+#pragma omp parallel for schedule(static) if (groups > 1 && mc * N * K >= (1 << 16))
+    for (int64_t g = 0; g < groups; ++g) {
+      float* y_rows[kRowChunk];
+      for (int64_t m = 0; m < mc; ++m) y_rows[m] = y.data() + (m0 + m) * N + g * 8;
+      const uint8_t* chunk = bytes + g * blocks * kChunk<W>;
+      if (vnni)
+        isa_vnni::group_rows<W>(chunk, blocks, rows.data() + m0, y_rows, mc);
+      else
+        isa_avx2::group_rows<W>(chunk, blocks, rows.data() + m0, y_rows, mc);
+    }
   }
   for (int64_t n = groups * 8; n < N; ++n)  // the last rows (row by row in both layouts): the reference's sequence
-    for (int64_t m = 0; m < M; ++m) y[size_t(m * N + n)] = row_dot(w.data() + n * blocks, xq.row(m, K), blocks);
+    for (int64_t m = 0; m < M; ++m)
+      y[size_t(m * N + n)] = row_dot(w.data() + n * blocks, xq.row(m, K), blocks);
   return Status();
+}
+
+template <class W>
+void pack_bytes(std::span<const W> w, int64_t N, int64_t K, std::span<W> out) {
+  regroup_rows8<W>(reinterpret_cast<const uint8_t*>(w.data()), N, K, reinterpret_cast<uint8_t*>(out.data()),
+                   /*to_packed=*/true);
 }
 
 }  // namespace
@@ -285,7 +299,7 @@ Status gemv_q8_0_rows8(std::span<const float> x, std::span<const BlockQ8_0> pack
   return gemv_checked("gemv_q8_0_rows8", x, packed, y, M, N, K, true);
 }
 void pack_q8_0_rows8(std::span<const BlockQ8_0> w, int64_t N, int64_t K, std::span<BlockQ8_0> out) {
-  regroup_rows8(w, N, K, out, /*to_packed=*/true);
+  pack_bytes(w, N, K, out);
 }
 Status gemv_q4_0(std::span<const float> x, std::span<const BlockQ4_0> w, std::span<float> y, int64_t M, int64_t N,
                  int64_t K) {
@@ -296,7 +310,7 @@ Status gemv_q4_0_rows8(std::span<const float> x, std::span<const BlockQ4_0> pack
   return gemv_checked("gemv_q4_0_rows8", x, packed, y, M, N, K, true);
 }
 void pack_q4_0_rows8(std::span<const BlockQ4_0> w, int64_t N, int64_t K, std::span<BlockQ4_0> out) {
-  regroup_rows8(w, N, K, out, /*to_packed=*/true);
+  pack_bytes(w, N, K, out);
 }
 Status gemv_q4_k(std::span<const float> x, std::span<const BlockQ4_K> w, std::span<float> y, int64_t M, int64_t N,
                  int64_t K) {
@@ -307,7 +321,7 @@ Status gemv_q4_k_rows8(std::span<const float> x, std::span<const BlockQ4_K> pack
   return gemv_checked("gemv_q4_k_rows8", x, packed, y, M, N, K, true);
 }
 void pack_q4_k_rows8(std::span<const BlockQ4_K> w, int64_t N, int64_t K, std::span<BlockQ4_K> out) {
-  regroup_rows8(w, N, K, out, /*to_packed=*/true);
+  pack_bytes(w, N, K, out);
 }
 
 namespace {
@@ -339,8 +353,7 @@ constexpr QuantFormat format_of(const char* name) {
                        int64_t K) { return bytes_gemv<W>(x, w, y, M, N, K, true); },
       .pack_rows8 =
           [](const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
-            const size_t blocks = size_t(N * (K / kValues<W>));
-            regroup_rows8<W>({as_blocks<W>(w), blocks}, N, K, {reinterpret_cast<W*>(out), blocks}, /*to_packed=*/true);
+            regroup_rows8<W>(w, N, K, out, /*to_packed=*/true);
           },
       .reference = [](const float* x, const uint8_t* w, float* y, int64_t M, int64_t N,
                       int64_t K) { gemv_reference(x, as_blocks<W>(w), y, M, N, K); }};

@@ -1,5 +1,5 @@
 // kernels/quant_test.cc: Q8_0 products against the scalar reference over odd shapes, bitwise (one result on
-// every ISA and thread count), against f32 products within the quantization's error, and ggml's
+// every ISA, AVX2 and AVX512-VNNI, and thread count; 1 to 70 rows of x: prefill's 4-row kernels and their rest), against f32 products within the quantization's error, and ggml's
 // quantize_row_q8_0 rule.
 #include "kernels/quant.h"
 
@@ -66,11 +66,15 @@ void expect_products(const Format<W>& f, const std::vector<W>& w, const std::vec
   f.reference(x.data(), w.data(), want.data(), M, N, K);
   std::vector<W> packed(w.size());
   f.pack(w, N, K, packed);
-  for (bool reference : {false, true}) {
-    SCOPED_TRACE(reference ? "reference mode" : "fast");
-    ScopedReferenceMode mode(reference);
-    ASSERT_TRUE(f.gemv(x, w, reference ? other : got, M, N, K).is_ok());
-    EXPECT_EQ(std::memcmp((reference ? other : got).data(), want.data(), want.size() * 4), 0);
+  // The reference mode, then each ISA's fast path this CPU has (AVX2; AVX512-VNNI's on Isa::avx512 and up).
+  for (Isa cap : {Isa::scalar, Isa::avx2, Isa::amx}) {
+    if (cap == Isa::avx2 && cpu_features().best < Isa::avx2) continue;
+    SCOPED_TRACE(cap == Isa::scalar ? "reference mode" : std::string("fast, cap ") + isa_name(cap));
+    ScopedReferenceMode mode(cap == Isa::scalar);
+    ScopedIsaCap isa(cap == Isa::scalar ? Isa::amx : cap);
+    std::vector<float>& out = cap == Isa::amx ? got : other;
+    ASSERT_TRUE(f.gemv(x, w, out, M, N, K).is_ok());
+    EXPECT_EQ(std::memcmp(out.data(), want.data(), want.size() * 4), 0);
     ASSERT_TRUE(f.gemv_rows8(x, packed, other, M, N, K).is_ok());
     EXPECT_EQ(std::memcmp(other.data(), want.data(), want.size() * 4), 0);
   }
@@ -97,7 +101,8 @@ double f16_value(uint16_t bits) { return double(f16_to_f32(f16{bits})); }
 TEST(Q8_0, GemvEqualsTheReferenceBitwiseOnOddShapes) {
   const Format<BlockQ8_0> f{ref::gemv_q8_0, gemv_q8_0, pack_q8_0_rows8, gemv_q8_0_rows8};
   for (auto [M, N, K] : {std::tuple{1, 1, 32}, std::tuple{1, 7, 64}, std::tuple{1, 8, 32}, std::tuple{1, 37, 96},
-                         std::tuple{3, 19, 160}, std::tuple{1, 768, 768}, std::tuple{2, 1027, 3072}}) {
+                         std::tuple{3, 19, 160}, std::tuple{1, 768, 768}, std::tuple{2, 1027, 3072},
+                         std::tuple{7, 24, 96}, std::tuple{70, 40, 64}}) {
     SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
     const std::vector<BlockQ8_0> w = random_blocks(int64_t(N) * K / 32, uint64_t(N + K));
     expect_products(f, w, random_x(int64_t(M) * K, 9, 3.0f), 3.0f, M, N, K, [&](int64_t n, int64_t k) {
@@ -111,7 +116,7 @@ TEST(Q8_0, GemvEqualsTheReferenceBitwiseOnOddShapes) {
 TEST(Q4_0, GemvEqualsTheReferenceBitwiseOnOddShapes) {
   const Format<BlockQ4_0> f{ref::gemv_q4_0, gemv_q4_0, pack_q4_0_rows8, gemv_q4_0_rows8};
   for (auto [M, N, K] : {std::tuple{1, 1, 32}, std::tuple{1, 9, 64}, std::tuple{2, 37, 96}, std::tuple{1, 768, 3072},
-                         std::tuple{3, 1029, 768}}) {
+                         std::tuple{3, 1029, 768}, std::tuple{6, 17, 64}, std::tuple{69, 16, 32}}) {
     SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
     const int64_t nb = int64_t(N) * K / 32;
     std::vector<float> v(static_cast<size_t>(nb) * 17);
@@ -133,7 +138,7 @@ TEST(Q4_0, GemvEqualsTheReferenceBitwiseOnOddShapes) {
 TEST(Q4_K, GemvEqualsTheReferenceBitwiseOnOddShapes) {
   const Format<BlockQ4_K> f{ref::gemv_q4_k, gemv_q4_k, pack_q4_k_rows8, gemv_q4_k_rows8};
   for (auto [M, N, K] : {std::tuple{1, 1, 256}, std::tuple{1, 11, 512}, std::tuple{2, 37, 768},
-                         std::tuple{1, 771, 3072}}) {
+                         std::tuple{1, 771, 3072}, std::tuple{5, 16, 256}, std::tuple{67, 9, 512}}) {
     SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K));
     const int64_t nb = int64_t(N) * K / 256;
     std::vector<float> v(static_cast<size_t>(nb) * 144);
