@@ -116,7 +116,7 @@ float row_dot(const BlockQ4_K* w, const XRow& x, int64_t supers) {
 // (8 · sizeof(W) bytes, the same size), laid out for 256-bit int8 dot products:
 //   Q8_0  [ d: 8 f16 | quants: for j4 = 0..7, for row r: bytes 4 j4 .. 4 j4 + 3 of row r's block, each ^ 0x80 ]
 //   Q4_0  [ d: 8 f16 | quants: for j4 = 0..3, for row r: bytes 4 j4 .. 4 j4 + 3 of row r's qs ]
-//   Q4_K  [ d: 8 f16 | dmin: 8 f16 | scales: 8 rows x 12 bytes | qs: for j4 = 0..31, for row r: 4 bytes ]
+//   Q4_K  [ d: 8 f16 | dmin: 8 f16 | scales: for byte k = 0..11, the 8 rows' | qs: for j4 = 0..31, for row r: 4 bytes ]
 // So one 32-byte load holds four quants of each of the 8 rows, lane r = row r, and x's four matching bytes
 // broadcast to every lane make each int32 lane row r's partial sum: the block's 8 integer sums come out in one
 // vector, no horizontal reduction (the first layout, 8 rows' blocks one after another, spent a third of its
@@ -133,7 +133,7 @@ constexpr int64_t chunk_offset(int64_t r, int64_t o) {
   constexpr int64_t scale_bytes = std::is_same_v<W, BlockQ4_K> ? 4 : 2, quants = std::is_same_v<W, BlockQ4_K> ? 128 : 16;
   if (o < 2) return 2 * r + o;                             // d
   if (o < scale_bytes) return 16 + 2 * r + (o - 2);        // Q4_K's dmin
-  if (std::is_same_v<W, BlockQ4_K> && o < 16) return 32 + 12 * r + (o - 4);  // Q4_K's scales
+  if (std::is_same_v<W, BlockQ4_K> && o < 16) return 32 + 8 * (o - 4) + r;  // Q4_K's scales, byte k of each row
   const int64_t j = o - (std::is_same_v<W, BlockQ4_K> ? 16 : 2);
   return quants + (j / 4) * 32 + r * 4 + j % 4;
 }
