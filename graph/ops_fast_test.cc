@@ -217,6 +217,46 @@ TEST(FastKernels, MixedMatmulRules) {
   EXPECT_NE(b2.status().message().find("a's"), std::string::npos) << b2.status().message();
 }
 
+// NOTE [packed gemv]: a decode row against a fixed bf16 [N, K] weight (the tied head) runs on a copy regrouped
+// once: the bits of the same product on w as stored (prepared without fixed inputs), the old values until
+// fixed_inputs_changed(), the new ones after.
+TEST(FastKernels, FixedBf16RowProductIsPackedUntilChanged) {
+  const int64_t N = 21, K = 70;  // rows past the last group of 8, a short last chunk of k
+  Graph g;
+  Builder b(g);
+  b.matmul(b.input("x", DType::f32, Shape{1, K}), b.input("w", DType::bf16, Shape{N, K}), false, true);
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  const Node& node = g.nodes().back();
+  const std::vector<TensorType> in = {g.type(node.inputs[0]), g.type(node.inputs[1])};
+  const std::vector<TensorType> out = {g.type(node.outputs[0])};
+  const char fixed[] = {0, 1};
+  auto packed = op_info(OpKind::matmul).prepare_fixed(node, in, out, std::span<const char>(fixed, 2));
+  auto plain = op_info(OpKind::matmul).prepare(node, in, out);
+  ASSERT_TRUE(packed.is_ok() && plain.is_ok());
+  ASSERT_TRUE(*packed && *plain);
+  std::vector<float> x(static_cast<size_t>(K)), wf(static_cast<size_t>(N * K)), wf2(wf.size());
+  philox_fill_uniform(std::span<float>(x), 1, 0, 0, -1.0f, 1.0f);
+  philox_fill_uniform(std::span<float>(wf), 2, 0, 0, -1.0f, 1.0f);
+  philox_fill_uniform(std::span<float>(wf2), 3, 0, 0, -1.0f, 1.0f);
+  std::vector<bf16> w(wf.size()), w2(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) w[i] = f32_to_bf16(wf[i]), w2[i] = f32_to_bf16(wf2[i]);
+  auto run = [&](PreparedKernel& k, const std::vector<bf16>& weights) {
+    std::vector<float> y(static_cast<size_t>(N), -1.0f);
+    const void* ins[] = {x.data(), weights.data()};
+    void* outs[] = {y.data()};
+    EXPECT_TRUE(k.run(ins, outs).is_ok());
+    return y;
+  };
+  std::vector<bf16> bound = w;  // the fixed input's buffer
+  const std::vector<float> want = run(**plain, w), want2 = run(**plain, w2);
+  EXPECT_EQ(run(**packed, bound), want);
+  bound = w2;  // its values change...
+  EXPECT_EQ(run(**packed, bound), want);  // ...and the packed copy is kept, as the contract says
+  (**packed).fixed_inputs_changed();
+  EXPECT_EQ(run(**packed, bound), want2);
+  EXPECT_NE(want, want2);
+}
+
 TEST(FastKernels, CrossEntropyTargetOutOfRangeIsAnError) {
   Graph g;
   Builder b(g);

@@ -37,6 +37,9 @@
 //   *_grad ops:    not differentiated again.
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "graph/builder.h"
 #include "graph/op_sample.h"
@@ -529,8 +532,36 @@ constexpr int64_t kGemvMaxRows = 8;
 // CompileOptions::hoist_weights) the plan is made for a fixed B (aspen's
 // kernels pack it once: kernels/matmul_aspen.cc, NOTE [fixed b]; the backend
 // choice measures that), and fixed_inputs_changed() tells the plan to pack it
-// again. The GEMV route streams B as it is and keeps nothing.
+// again. The GEMV route streams B as it is, except a bf16 [N, K] B for one row (NOTE [packed gemv]: regrouped
+// once into 8-row streams, again after fixed_inputs_changed()).
 Prepared prepare_matmul_impl(const Node& n, Types in, Types out, bool b_fixed);
+
+// A fixed weight in another layout, made on the first run after it was (re)bound (fixed_inputs_changed).
+class PackedWeights {
+ public:
+  explicit PackedWeights(size_t bytes) : bytes_(bytes) {}
+  template <class Pack>
+  const void* of(const void* w, Pack pack) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ready_) {
+      packed_.resize(bytes_);
+      pack(w, packed_.data());
+      ready_ = true;
+    }
+    return packed_.data();
+  }
+  void changed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_ = false;
+  }
+
+ private:
+  size_t bytes_;
+  std::mutex mu_;
+  bool ready_ = false;
+  std::vector<std::byte> packed_;
+};
+
 Prepared prepare_matmul(const Node& n, Types in, Types out) { return prepare_matmul_impl(n, in, out, false); }
 Prepared prepare_matmul_fixed(const Node& n, Types in, Types out, std::span<const char> fixed) {
   return prepare_matmul_impl(n, in, out, fixed.size() > 1 && fixed[1]);
@@ -552,14 +583,27 @@ Prepared prepare_matmul_impl(const Node& n, Types in, Types out, bool b_fixed) {
                                .has_bias = s.has_bias, .weight = d.b_dtype};
     ASPEN_RETURN_IF_ERROR(kernels::gemv_validate(g));
     const int64_t na = g.M * g.K;
-    return make_kernel([g, mixed, na](In i, Out o) {
-      const float* a = f32_in(i, 0);
-      if (mixed) {  // NOTE [mixed matmul]: a rounded to bf16 (a few rows: cheap beside the weights' stream)
-        float* ra = matmul_scratch(0, na);
-        for (int64_t j = 0; j < na; ++j) ra[j] = bf16_to_f32(f32_to_bf16(a[j]));
-        a = ra;
-      }
-      kernels::gemv_run(g, a, i[1], g.has_bias ? f32_in(i, 2) : nullptr, static_cast<float*>(o[0]));
+    auto round_a = [mixed, na](const float* a) {
+      if (!mixed) return a;
+      // NOTE [mixed matmul]: a rounded to bf16 (a few rows: cheap beside the weights' stream)
+      float* ra = matmul_scratch(0, na);
+      for (int64_t j = 0; j < na; ++j) ra[j] = bf16_to_f32(f32_to_bf16(a[j]));
+      return static_cast<const float*>(ra);
+    };
+    if (b_fixed && kernels::gemv_packable(g)) {  // NOTE [packed gemv]: a fixed bf16 [N, K] regrouped once
+      auto packed = std::make_shared<PackedWeights>(size_t(g.weight_bytes()));
+      return make_kernel(
+          [g, round_a, packed](In i, Out o) {
+            const void* p = packed->of(i[1], [&g](const void* w, void* to) { kernels::gemv_pack(g, w, to); });
+            kernels::gemv_run_packed(g, round_a(f32_in(i, 0)), p, g.has_bias ? f32_in(i, 2) : nullptr,
+                                     static_cast<float*>(o[0]));
+            return Status();
+          },
+          [packed] { packed->changed(); });
+    }
+    return make_kernel([g, round_a](In i, Out o) {
+      kernels::gemv_run(g, round_a(f32_in(i, 0)), i[1], g.has_bias ? f32_in(i, 2) : nullptr,
+                        static_cast<float*>(o[0]));
       return Status();
     });
   }

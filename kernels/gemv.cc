@@ -56,7 +56,22 @@ struct Job {
   // rounded up to a chunk, zero-padded (NOTE [bf16 pairs]).
   const float* xp = nullptr;
   int64_t Kp = 0;
+  // bf16 [N, K] in gemv_pack's layout (NOTE [packed gemv]): whole groups of 8 rows interleaved per 32 k.
+  bool packed = false;
 };
+
+// NOTE [packed gemv]: with M = 1 a bf16 [N, K] product (the tied LM head: the largest matrix of a decode
+// step) read 8 rows at a time as 8 strided streams reached ~65 % of the read sweep, where the quantized
+// products, reading one stream per thread (NOTE [interleaved rows8] in quant.cc), reach the sweep. gemv_pack
+// regroups each whole group of 8 rows into one stream: for each chunk of 32 k (the last one shorter: Kc), the
+// 8 rows' Kc values in turn; rows past the last whole group stay as stored. The group starts where its first
+// row did (n · K), so row r's values k .. of a group at w + n K are at
+//   w + n K + c · 8 + r · Kc + (k - c)      c = k rounded down to 32, Kc = min(32, K - c).
+// The kernels compute each row exactly as unpacked (same loads' values, same FMAs, same sums): same bits.
+inline const bf16* packed_row(const bf16* group, int64_t K, int r, int64_t k) {
+  const int64_t c = k / 32 * 32;
+  return group + c * 8 + r * std::min<int64_t>(32, K - c) + (k - c);
+}
 using RangeFn = void (*)(const Job&, int64_t n0, int64_t n1);
 
 // The [K, N] kernels accumulate into y in panels of columns: all M rows of a
@@ -173,8 +188,9 @@ using NkTile = void (*)(const Job&, int64_t, int64_t);
 // low half gives the odd ones. Against x split the same way (Job::xp) that is
 // one load and two single-cycle ops per two FMAs, instead of two loads, two
 // widening shuffles and two shifts (the f32 path's conversion of 16 at a time).
-template <int MB, int R>
+template <int MB, int R, bool Packed = false>
 ASPEN_TARGET_AVX512 void nk_tile_bf16_avx512(const Job& j, int64_t m0, int64_t n) {
+  static_assert(!Packed || R == 8, "packed groups are 8 rows");
   const int64_t K = j.K, Kp = j.Kp;
   const bf16* w = static_cast<const bf16*>(j.w) + n * K;
   const float* x = j.xp + m0 * Kp;
@@ -186,8 +202,8 @@ ASPEN_TARGET_AVX512 void nk_tile_bf16_avx512(const Job& j, int64_t m0, int64_t n
     const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : __mmask32((1u << (K - k)) - 1);
     __m512 lo[R], hi[R];
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
-      const __m512i v = _mm512_maskz_loadu_epi16(mask, w + r * K + k);
+      if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
+      const __m512i v = _mm512_maskz_loadu_epi16(mask, Packed ? packed_row(w, K, r, k) : w + r * K + k);
       lo[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
       hi[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
     }
@@ -210,6 +226,8 @@ ASPEN_TARGET_AVX512 void nk_rows_bf16_avx512(const Job& j, int64_t n) {
 
 ASPEN_TARGET_AVX512 void nk_bf16_avx512(const Job& j, int64_t n0, int64_t n1) {
   int64_t n = n0;
+  if (j.packed)  // M = 1, n0 on a group's first row
+    for (; n + 8 <= std::min(n1, j.N / 8 * 8); n += 8) nk_tile_bf16_avx512<1, 8, true>(j, 0, n);
   if (j.M == 1)
     for (; n + 8 <= n1; n += 8) nk_rows_bf16_avx512<8>(j, n);
   for (; n + 4 <= n1; n += 4) nk_rows_bf16_avx512<4>(j, n);
@@ -430,8 +448,9 @@ ASPEN_TARGET_AVX2 inline __m256 bf16_odd(__m256i v, __m256i high) {
 
 // [N, K] bf16 against x split into 16-element chunks of 8 even then 8 odd
 // elements (Job::xp, rows of Kp = K rounded up to 16).
-template <int MB, int R>
+template <int MB, int R, bool Packed = false>
 ASPEN_TARGET_AVX2 void nk_tile_bf16_avx2(const Job& j, int64_t m0, int64_t n) {
+  static_assert(!Packed || R == 8, "packed groups are 8 rows");
   const int64_t K = j.K, Kp = j.Kp;
   const bf16* w = static_cast<const bf16*>(j.w) + n * K;
   const float* x = j.xp + m0 * Kp;
@@ -446,8 +465,8 @@ ASPEN_TARGET_AVX2 void nk_tile_bf16_avx2(const Job& j, int64_t m0, int64_t n) {
       xo[m] = _mm256_loadu_ps(x + m * Kp + k + 8);
     }
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
-      const __m256i v = ld16_bf16(w + r * K + k, K - k);
+      if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
+      const __m256i v = ld16_bf16(Packed ? packed_row(w, K, r, k) : w + r * K + k, K - k);
       const __m256 lo = bf16_even(v), hi = bf16_odd(v, high);
       for (int m = 0; m < MB; ++m) acc[m][r] = _mm256_fmadd_ps(xo[m], hi, _mm256_fmadd_ps(xe[m], lo, acc[m][r]));
     }
@@ -467,6 +486,8 @@ ASPEN_TARGET_AVX2 void nk_rows_bf16_avx2(const Job& j, int64_t n) {
 
 ASPEN_TARGET_AVX2 void nk_bf16_avx2(const Job& j, int64_t n0, int64_t n1) {
   int64_t n = n0;
+  if (j.packed)  // M = 1, n0 on a group's first row
+    for (; n + 8 <= std::min(n1, j.N / 8 * 8); n += 8) nk_tile_bf16_avx2<1, 8, true>(j, 0, n);
   if (j.M == 1)  // 8 weight rows in flight, as at AVX-512
     for (; n + 8 <= n1; n += 8) nk_rows_bf16_avx2<8>(j, n);
   for (; n + 4 <= n1; n += 4) nk_rows_bf16_avx2<4>(j, n);
@@ -655,7 +676,7 @@ void run_split(const GemvShape& s, const Job& job) {
   const RangeFn fn = pick(s);
   const bool big = s.weight_bytes() >= kParallelMinBytes;
   const int64_t slices = !s.trans_b && big && s.K >= 2 * 8 ? kKnSlices : 1;
-  const int64_t align = s.trans_b ? 4 : 16;
+  const int64_t align = job.packed ? 8 : s.trans_b ? 4 : 16;  // packed: whole groups
   const int64_t pieces = (s.N + align - 1) / align;
   const int64_t threads = big ? std::min<int64_t>(omp_get_max_threads(), slices * pieces) : 1;
   thread_local std::vector<float> partial;  // per calling thread, grown once
@@ -714,8 +735,10 @@ Status checked_gemv(std::span<const float> x, std::span<const Wt> w, std::span<c
 
 }  // namespace
 
-void gemv_run(const GemvShape& s, const float* x, const void* w, const float* bias, float* y) {
+namespace {
+void run(const GemvShape& s, const float* x, const void* w, const float* bias, float* y, bool packed) {
   Job job{x, w, s.has_bias ? bias : nullptr, y, s.M, s.N, s.K, s.K};
+  job.packed = packed;
   if (s.trans_b && s.weight == DType::bf16 && active_isa() >= Isa::avx2) {
     // NOTE [bf16 pairs]: chunks of two vectors. Per calling thread, grown once: steady state allocates nothing.
     thread_local std::vector<float> xp;
@@ -730,6 +753,47 @@ void gemv_run(const GemvShape& s, const float* x, const void* w, const float* bi
     job.xp = xp.data();
   }
   run_split(s, job);
+}
+}  // namespace
+
+void gemv_run(const GemvShape& s, const float* x, const void* w, const float* bias, float* y) {
+  run(s, x, w, bias, y, false);
+}
+
+bool gemv_packable(const GemvShape& s) { return s.trans_b && s.weight == DType::bf16 && s.M == 1 && s.N >= 8; }
+
+void gemv_pack(const GemvShape& s, const void* w, void* out) {
+  const bf16* from = static_cast<const bf16*>(w);
+  bf16* to = static_cast<bf16*>(out);
+  const int64_t K = s.K, whole = s.N / 8 * 8;
+  for (int64_t n = 0; n < whole; n += 8)
+    for (int64_t c = 0; c < K; c += 32) {
+      const int64_t kc = std::min<int64_t>(32, K - c);
+      for (int r = 0; r < 8; ++r)
+        std::memcpy(to + n * K + c * 8 + r * kc, from + (n + r) * K + c, size_t(kc) * sizeof(bf16));
+    }
+  std::memcpy(to + whole * K, from + whole * K, size_t((s.N - whole) * K) * sizeof(bf16));
+}
+
+void gemv_run_packed(const GemvShape& s, const float* x, const void* packed, const float* bias, float* y) {
+  const bool fast = active_isa() >= Isa::avx2 && !reference_mode();
+  if (fast) return run(s, x, packed, bias, y, true);
+  // Elsewhere the rows as stored: unpacked into this thread's buffer (the portable kernels read rows).
+  thread_local std::vector<bf16> rows;
+  rows.resize(size_t(s.N * s.K));
+  const bf16* from = static_cast<const bf16*>(packed);
+  const int64_t K = s.K, whole = s.N / 8 * 8;
+  for (int64_t n = 0; n < whole; n += 8)
+    for (int64_t c = 0; c < K; c += 32) {
+      const int64_t kc = std::min<int64_t>(32, K - c);
+      for (int r = 0; r < 8; ++r)
+        std::memcpy(rows.data() + (n + r) * K + c, from + n * K + c * 8 + r * kc, size_t(kc) * sizeof(bf16));
+    }
+  std::memcpy(rows.data() + whole * K, from + whole * K, size_t((s.N - whole) * K) * sizeof(bf16));
+  if (reference_mode())
+    ref::gemv<float, bf16>(x, rows.data(), s.has_bias ? bias : nullptr, y, s);
+  else
+    run(s, x, rows.data(), bias, y, false);
 }
 
 Status gemv(std::span<const float> x, std::span<const float> w, std::span<const float> bias, std::span<float> y,

@@ -68,6 +68,13 @@ struct GemvShape {
 // buffers are trusted to match it; w points to shape.weight elements.
 void gemv_run(const GemvShape& shape, const float* x, const void* w, const float* bias, float* y);
 
+// NOTE [packed gemv] (gemv.cc): one row of x against bf16 [N, K] weights regrouped once (a fixed weight, the
+// tied LM head) so that each group of 8 rows is one stream: same bits as gemv_run on w, read faster.
+// gemv_packable: trans_b, bf16, M == 1, N >= 8. gemv_pack writes shape.weight_bytes() bytes to `out`.
+bool gemv_packable(const GemvShape& shape);
+void gemv_pack(const GemvShape& shape, const void* w, void* out);
+void gemv_run_packed(const GemvShape& shape, const float* x, const void* packed, const float* bias, float* y);
+
 namespace ref {
 // The definition: y = bias + x · W in T (float or double), W read from Wt
 // (T or bf16) and widened; k summed in order.

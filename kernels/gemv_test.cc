@@ -115,6 +115,39 @@ TEST(Gemv, SameBitsOnOneAndTwoThreads) {
       }
 }
 
+// NOTE [packed gemv]: a bf16 [N, K] row product on gemv_pack's layout gives gemv's bits on w as stored, on
+// every ISA and team size (odd K: a short last chunk; odd N: rows past the last group), and the reference's
+// in reference mode.
+TEST(Gemv, PackedBf16RowsGiveTheSameBits) {
+  uint64_t seed = 3000;
+  for (auto [N, K] : {std::pair{8, 32}, std::pair{13, 45}, std::pair{2304 + 5, 768 + 3}, std::pair{50257, 96}}) {
+    const GemvShape s{.M = 1, .N = N, .K = K, .trans_b = true, .has_bias = N % 2 == 1, .weight = DType::bf16};
+    SCOPED_TRACE(s.to_string());
+    ASSERT_TRUE(gemv_packable(s));
+    const Inputs in = make_inputs(s, seed++);
+    std::vector<bf16> packed(in.wb.size());
+    gemv_pack(s, in.wb.data(), packed.data());
+    const float* bias = s.has_bias ? in.bias.data() : nullptr;
+    for (Isa isa : testing::available_isas())
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(std::string(isa_name(isa)) + ", threads " + std::to_string(threads));
+        ScopedIsaCap cap(isa);
+        ScopedOmpThreads t(threads);
+        const std::vector<float> want = run_fast(s, in);
+        std::vector<float> got(want.size(), std::numeric_limits<float>::quiet_NaN());
+        gemv_run_packed(s, in.x.data(), packed.data(), bias, got.data());
+        EXPECT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float)));
+      }
+    ScopedReferenceMode reference(true);
+    std::vector<float> want(static_cast<size_t>(N)), got(static_cast<size_t>(N));
+    ref::gemv<float, bf16>(in.x.data(), in.wb.data(), bias, want.data(), s);
+    gemv_run_packed(s, in.x.data(), packed.data(), bias, got.data());
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float)));
+  }
+  EXPECT_FALSE(gemv_packable(GemvShape{.M = 2, .N = 16, .K = 32, .trans_b = true, .weight = DType::bf16}));
+  EXPECT_FALSE(gemv_packable(GemvShape{.M = 1, .N = 16, .K = 32, .trans_b = false, .weight = DType::bf16}));
+}
+
 TEST(Gemv, ReferenceModeRunsTheReference) {
   const GemvShape s{.M = 2, .N = 5, .K = 7, .trans_b = true, .weight = DType::bf16};
   const Inputs in = make_inputs(s, 7);
