@@ -15,9 +15,9 @@ What it does, each step cached under --cache (default $ASPEN_CACHE_DIR/llama.cpp
   1. the source: llama.cpp as vendored by the PyPI source distribution of llama-cpp-python (--version,
      default the one measured here); `pip download --no-binary :all:` fetches it unless --sdist names the
      tarball;
-  2. the build: `llama-bench`, `llama-batched-bench` and `llama-quantize` only, Release, -DGGML_NATIVE=ON (tuned for this CPU: the build folder's name
-     carries a digest of the CPU's model name and flags, so a different machine builds its own), static,
-     no networking; about 10 minutes on 2 cores; the log is kept in the build folder;
+  2. the build: `llama-bench`, `llama-batched-bench` and `llama-quantize` only, Release, -DGGML_NATIVE=ON
+     (tuned for this CPU: the build folder's name carries a digest of the CPU's model name and flags, so a
+     different machine builds its own), static, no networking; about 10 minutes on 2 cores; the log is kept in the build folder;
   3. the model: the directory is converted to GGUF (f32, bf16, f16, q8_0) by the converter that ships beside it
      (`convert_hf_to_gguf.py`, which needs torch and the vendored gguf-py). aspen's bench writes config.json
      and model.safetensors only; for a directory without a tokenizer this script writes a byte-level BPE

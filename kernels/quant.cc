@@ -130,11 +130,12 @@ constexpr int64_t kChunk = 8 * int64_t(sizeof(W));
 // Where byte o of row r's block goes in its chunk, and whether it is stored ^ 0x80.
 template <class W>
 constexpr int64_t chunk_offset(int64_t r, int64_t o) {
-  constexpr int64_t scale_bytes = std::is_same_v<W, BlockQ4_K> ? 4 : 2, quants = std::is_same_v<W, BlockQ4_K> ? 128 : 16;
-  if (o < 2) return 2 * r + o;                             // d
-  if (o < scale_bytes) return 16 + 2 * r + (o - 2);        // Q4_K's dmin
-  if (std::is_same_v<W, BlockQ4_K> && o < 16) return 32 + 8 * (o - 4) + r;  // Q4_K's scales, byte k of each row
-  const int64_t j = o - (std::is_same_v<W, BlockQ4_K> ? 16 : 2);
+  constexpr bool q4k = std::is_same_v<W, BlockQ4_K>;
+  constexpr int64_t scale_bytes = q4k ? 4 : 2, quants = q4k ? 128 : 16;
+  if (o < 2) return 2 * r + o;                       // d
+  if (o < scale_bytes) return 16 + 2 * r + (o - 2);  // Q4_K's dmin
+  if (q4k && o < 16) return 32 + 8 * (o - 4) + r;    // Q4_K's scales, byte o - 4 of each row
+  const int64_t j = o - (q4k ? 16 : 2);
   return quants + (j / 4) * 32 + r * 4 + j % 4;
 }
 template <class W>

@@ -1,5 +1,6 @@
 // kernels/quant_test.cc: Q8_0 products against the scalar reference over odd shapes, bitwise (one result on
-// every ISA, AVX2 and AVX512-VNNI, and thread count; 1 to 70 rows of x: prefill's 4-row kernels and their rest), against f32 products within the quantization's error, and ggml's
+// every ISA, AVX2 and AVX512-VNNI, and thread count; 1 to 70 rows of x: prefill's 4-row kernels and their
+// rest), against f32 products within the quantization's error, and ggml's
 // quantize_row_q8_0 rule.
 #include "kernels/quant.h"
 

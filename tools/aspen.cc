@@ -297,8 +297,10 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--threads", gb.threads, "threads (0: the free cores)");
   gen_cmd->add_option("--new-tokens", gb.new_tokens, "decode steps per timed run (default 32)");
   gen_cmd->add_option("--python", gb.python, "interpreter with torch for the PyTorch peer (\"none\": skip)");
-  gen_cmd->add_option("--dtype", gb.dtypes,
-                      "weights: f32, bf16 (default both); q8_0, q4_0, q4_k: GGUF files llama.cpp makes of the model")->delimiter(',');
+  gen_cmd
+      ->add_option("--dtype", gb.dtypes,
+                   "weights: f32, bf16 (default both); q8_0, q4_0, q4_k: GGUF files llama.cpp makes of the model")
+      ->delimiter(',');
   gen_cmd->add_flag("--quick", gb.quick, "a 2-layer model, few tokens, no peer (a smoke test)");
   gen_cmd->add_option("--family", gb.family, "without --model: gpt2 (GPT-2-124M) or llama (a Llama-shaped 124M)")
       ->check(CLI::IsMember({"gpt2", "llama"}));
