@@ -392,6 +392,7 @@ int main(int argc, char** argv) {
   // Commands in their own files (tools/commands.h).
   std::vector<aspen::tools::Command> commands;
   commands.push_back(aspen::tools::add_generate_command(app));
+  commands.push_back(aspen::tools::add_perplexity_command(app));
   commands.push_back(aspen::tools::add_embed_command(app));
   commands.push_back(aspen::tools::add_prepare_data_command(app));
   commands.push_back(aspen::tools::add_train_command(app));

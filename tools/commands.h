@@ -49,6 +49,7 @@ inline CLI::Validator at_least(int64_t lo) {
 // The commands, one file each (tools/<name>_command.cc).
 Command add_embed_command(CLI::App& app);         // aspen embed: sentence embeddings of stdin lines
 Command add_generate_command(CLI::App& app);      // aspen generate: streamed text from a causal LM
+Command add_perplexity_command(CLI::App& app);    // aspen perplexity: a causal LM on a text file
 Command add_onnx_command(CLI::App& app);          // aspen onnx inspect|run: a user's own ONNX model
 Command add_prepare_data_command(CLI::App& app);  // aspen prepare-data: token shards for training
 Command add_train_command(CLI::App& app);         // aspen train: the training job

@@ -14,6 +14,7 @@ name or a transpose read wrong would be far outside it.
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -100,10 +101,23 @@ for t in gguf.GGUFReader(gguf_file).tensors:
 model.load_state_dict(state)
 with torch.no_grad():
     dequantized = model(torch.tensor([ids])).logits[0, -1].tolist()
+    # Perplexity by llama.cpp's method (models/perplexity.h: windows of ctx tokens, each window's second half
+    # scored, log-softmax in f64) on a text the test reads back from this file.
+    text = (ROOT.parent / "shared" / "data" / "tinyshakespeare.txt").read_text()[:1200]
+    text_ids = tokenizer(text)["input_ids"]
+    ctx, nll, scored = 32, 0.0, 0
+    for w in range(len(text_ids) // ctx):
+        window = text_ids[w * ctx:(w + 1) * ctx]
+        lp = torch.log_softmax(model(torch.tensor([window])).logits[0].double(), dim=-1)
+        for j in range(ctx // 2, ctx - 1):
+            nll -= lp[j, window[j + 1]].item()
+            scored += 1
+    perplexity = {"text": text, "ctx": ctx, "scored": scored, "dequantized": math.exp(nll / scored)}
 worst = max(abs(x - y) for x, y in zip(logits, dequantized))
 assert worst < 0.1 * max(abs(x) for x in logits), worst  # Q8_0's error, not a mapping's
 
 (out_dir / "gpt2-64.golden.json").write_text(json.dumps(
     {"prompt": prompt, "input_ids": ids, "last_logits": [round(x, 6) for x in logits],
-     "dequantized_last_logits": [round(x, 6) for x in dequantized], "greedy": greedy}) + "\n")
+     "dequantized_last_logits": [round(x, 6) for x in dequantized], "greedy": greedy,
+     "perplexity": perplexity}) + "\n")
 print(gguf_file, gguf_file.stat().st_size, "bytes")
