@@ -27,6 +27,29 @@ sys.path.insert(0, str(HERE))
 import llama_cpp  # noqa: E402
 
 
+def llama_perplexity(bin: Path, gguf: Path, a):
+    """llama-perplexity's final estimate and its number of windows. Its log is written by a thread that does not
+    always flush the last lines before the process exits: the running estimate after the last window (the
+    same number) is taken when the final line is missing, and the run is repeated when both are."""
+    cmd = [str(bin / "llama-perplexity"), "-m", str(gguf), "-f", a.text, "-c", str(a.ctx), "-b", str(a.ctx),
+           "-t", str(a.threads)]
+    out = ""
+    for _ in range(3):
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out = r.stdout
+        if r.returncode != 0:
+            break
+        chunks = re.search(r"calculating perplexity over (\d+) chunks", out)
+        windows = int(chunks.group(1)) if chunks else None
+        final = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
+        if final:
+            return float(final.group(1)), windows
+        running = re.findall(r"\[(\d+)\]([0-9.]+)", out)
+        if running and windows and int(running[-1][0]) == windows:
+            return float(running[-1][1]), windows
+    sys.exit(f"quant_perplexity.py: llama-perplexity on {gguf} failed:\n{out[-2000:]}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
@@ -55,15 +78,9 @@ def main():
         if r.returncode != 0:
             sys.exit(f"quant_perplexity.py: aspen perplexity on {gguf} failed:\n{r.stderr[-2000:]}")
         ours = json.loads(r.stdout.strip().splitlines()[-1])
-        r = subprocess.run([str(bin / "llama-perplexity"), "-m", str(gguf), "-f", a.text, "-c", str(a.ctx),
-                            "-b", str(a.ctx), "-t", str(a.threads)], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-        m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout)
-        if r.returncode != 0 or not m:
-            sys.exit(f"quant_perplexity.py: llama-perplexity on {gguf} failed:\n{r.stdout[-2000:]}")
-        chunks = re.search(r"calculating perplexity over (\d+) chunks", r.stdout)
+        ppl, windows = llama_perplexity(bin, gguf, a)
         rows.append({"dtype": d, "gguf": str(gguf), "aspen": ours["perplexity"], "aspen_scored": ours["scored"],
-                     "llama_cpp": float(m.group(1)), "llama_cpp_windows": int(chunks.group(1)) if chunks else None,
+                     "llama_cpp": ppl, "llama_cpp_windows": windows,
                      "aspen_windows": ours["windows"]})
     base = rows[0]
     for row in rows:
