@@ -536,32 +536,6 @@ constexpr int64_t kGemvMaxRows = 8;
 // once into 8-row streams, again after fixed_inputs_changed()).
 Prepared prepare_matmul_impl(const Node& n, Types in, Types out, bool b_fixed);
 
-// A fixed weight in another layout, made on the first run after it was (re)bound (fixed_inputs_changed).
-class PackedWeights {
- public:
-  explicit PackedWeights(size_t bytes) : bytes_(bytes) {}
-  template <class Pack>
-  const void* of(const void* w, Pack pack) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!ready_) {
-      packed_.resize(bytes_);
-      pack(w, packed_.data());
-      ready_ = true;
-    }
-    return packed_.data();
-  }
-  void changed() {
-    std::lock_guard<std::mutex> lock(mu_);
-    ready_ = false;
-  }
-
- private:
-  size_t bytes_;
-  std::mutex mu_;
-  bool ready_ = false;
-  std::vector<std::byte> packed_;
-};
-
 Prepared prepare_matmul(const Node& n, Types in, Types out) { return prepare_matmul_impl(n, in, out, false); }
 Prepared prepare_matmul_fixed(const Node& n, Types in, Types out, std::span<const char> fixed) {
   return prepare_matmul_impl(n, in, out, fixed.size() > 1 && fixed[1]);

@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <cstddef>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -92,5 +94,32 @@ inline bool floats_are_f32(Types in, Types out) {
 }
 
 inline const float* f32_in(In i, size_t k) { return static_cast<const float*>(i[k]); }
+
+// A fixed weight in a kernel's own layout (the quantized products' and the bf16 decode row's packing), made by
+// `pack(w, out)` on the first run after it was (re)bound and again after changed() (fixed_inputs_changed).
+class PackedWeights {
+ public:
+  explicit PackedWeights(size_t bytes) : bytes_(bytes) {}
+  template <class Pack>
+  const void* of(const void* w, Pack pack) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ready_) {
+      packed_.resize(bytes_);
+      pack(w, packed_.data());
+      ready_ = true;
+    }
+    return packed_.data();
+  }
+  void changed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_ = false;
+  }
+
+ private:
+  size_t bytes_;
+  std::mutex mu_;
+  bool ready_ = false;
+  std::vector<std::byte> packed_;
+};
 
 }  // namespace aspen::graph::nnutil

@@ -91,31 +91,6 @@ Status eval_matmul_q(const Node& n, Ins in, Outs out) {
   return Status();
 }
 
-// w's rows packed 8 to a stream (QuantFormat::pack_rows8), made on the first run after w was (re)bound.
-class Packed {
- public:
-  explicit Packed(const QuantDims& d) : d_(d) {}
-  const uint8_t* of(const uint8_t* w) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!ready_) {
-      packed_.resize(size_t(d_.N * d_.format->row_bytes(d_.K)));
-      d_.format->pack_rows8(w, d_.N, d_.K, packed_.data());
-      ready_ = true;
-    }
-    return packed_.data();
-  }
-  void changed() {
-    std::lock_guard<std::mutex> lock(mu_);
-    ready_ = false;
-  }
-
- private:
-  QuantDims d_;
-  std::mutex mu_;
-  bool ready_ = false;
-  std::vector<uint8_t> packed_;
-};
-
 Prepared prepare_matmul_q_impl(const Node& n, Types in, bool w_fixed) {
   ASPEN_ASSIGN_OR_RETURN(const QuantDims d, quant_dims(n, in));
   if (d.M < 1 || d.N < 1) return no_fast_kernel();
@@ -126,11 +101,14 @@ Prepared prepare_matmul_q_impl(const Node& n, Types in, bool w_fixed) {
       if (d.bias) add_bias(d, f32_in(i, 2), y);
       return Status();
     });
-  auto packed = std::make_shared<Packed>(d);
+  // w's rows packed 8 to a stream (QuantFormat::pack_rows8).
+  auto packed = std::make_shared<PackedWeights>(size_t(d.N * d.format->row_bytes(d.K)));
   return make_kernel(
       [d, packed](In i, Out o) {
         float* y = static_cast<float*>(o[0]);
-        const uint8_t* p = packed->of(static_cast<const uint8_t*>(i[1]));
+        const auto* p = static_cast<const uint8_t*>(packed->of(i[1], [&d](const void* w, void* to) {
+          d.format->pack_rows8(static_cast<const uint8_t*>(w), d.N, d.K, static_cast<uint8_t*>(to));
+        }));
         ASPEN_RETURN_IF_ERROR(d.format->gemv_rows8(f32_in(i, 0), p, y, d.M, d.N, d.K));
         if (d.bias) add_bias(d, f32_in(i, 2), y);
         return Status();
