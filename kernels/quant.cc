@@ -178,6 +178,11 @@ inline __m256i dot_s8(__m256i acc, __m256i packed, __m256i x) {
 inline __m256i dot_u4(__m256i acc, __m256i q, __m256i x) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
 }
+// Two nibble products per int16 lane of each maddubs are at most 2 · 15 · 127 = 3810: two of them add exactly.
+inline __m256i dot_u4x2(__m256i acc, __m256i q, __m256i x, __m256i p, __m256i z) {
+  const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(q, x), _mm256_maddubs_epi16(p, z));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(sum16, _mm256_set1_epi16(1)));
+}
 #include "kernels/quant_isa.inc"
 }  // namespace isa_avx2
 #pragma GCC pop_options
@@ -188,6 +193,9 @@ namespace isa_vnni {
 constexpr int kS8Offset = 128;
 inline __m256i dot_s8(__m256i acc, __m256i packed, __m256i x) { return _mm256_dpbusd_epi32(acc, packed, x); }
 inline __m256i dot_u4(__m256i acc, __m256i q, __m256i x) { return _mm256_dpbusd_epi32(acc, q, x); }
+inline __m256i dot_u4x2(__m256i acc, __m256i q, __m256i x, __m256i p, __m256i z) {
+  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, q, x), p, z);
+}
 #include "kernels/quant_isa.inc"
 }  // namespace isa_vnni
 #pragma GCC pop_options
