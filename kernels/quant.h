@@ -7,8 +7,8 @@
 // q = roundf(x · (1 / d)), d stored as f16), then, block by block in order,
 //   acc = fma(float(Σ_j qw[j] · qx[j]), f32(dw) · f32(dx), acc)
 // with the block's integer sum exact (int32) and the scale product and the accumulation rounded in f32 in
-// that fixed order. So every ISA (the scalar reference, AVX2) gives the same bits, and so does every thread
-// count (threads split the rows n). llama.cpp's own order of the float additions differs by ISA; its values
+// that fixed order. So every ISA (the scalar reference, AVX2, AVX512-VNNI) gives the same bits, and so does
+// every thread count (threads split the rows n). llama.cpp's own order of the float additions differs by ISA; its values
 // differ from these by the f32 rounding of the sums only.
 //
 // Thread-safety: gemv_q8_0 runs on the calling thread's OpenMP team and touches only its arguments.
@@ -53,10 +53,11 @@ void quantize_row_q8_0(const float* x, int64_t K, BlockQ8_0* out);
 [[nodiscard]] Status gemv_q8_0(std::span<const float> x, std::span<const BlockQ8_0> w, std::span<float> y, int64_t M,
                                int64_t N, int64_t K);
 
-// Weights for gemv_q8_0_rows8: W's blocks regrouped so each group of 8 rows is one contiguous stream (for
-// each block column b, the 8 rows' block b in turn; rows past the last whole group follow, row by row, as in
-// W). A permutation of whole blocks, made once when weights are loaded: the product then reads memory in one
-// stream per thread instead of 8 (on this project's hosts the 8 strided streams read at half the bandwidth).
+// Weights for gemv_q8_0_rows8: W's blocks regrouped so each group of 8 rows is one contiguous stream, for each
+// block column b one chunk of the 8 rows' block b with their quants interleaved four bytes per row (NOTE
+// [interleaved rows8] in quant.cc; rows past the last whole group follow as stored). The same bytes, made once
+// when weights are loaded: the product then reads one stream per thread instead of 8 (8 strided streams read
+// at half the bandwidth here) and sums 8 rows in the lanes of one vector.
 void pack_q8_0_rows8(std::span<const BlockQ8_0> w, int64_t N, int64_t K, std::span<BlockQ8_0> out);
 // gemv_q8_0 on packed weights: the same bits as gemv_q8_0 on W.
 [[nodiscard]] Status gemv_q8_0_rows8(std::span<const float> x, std::span<const BlockQ8_0> packed, std::span<float> y,
