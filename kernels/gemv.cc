@@ -762,17 +762,24 @@ void gemv_run(const GemvShape& s, const float* x, const void* w, const float* bi
 
 bool gemv_packable(const GemvShape& s) { return s.trans_b && s.weight == DType::bf16 && s.M == 1 && s.N >= 8; }
 
-void gemv_pack(const GemvShape& s, const void* w, void* out) {
-  const bf16* from = static_cast<const bf16*>(w);
-  bf16* to = static_cast<bf16*>(out);
+namespace {
+// gemv_pack's regrouping (`to_packed`) or its inverse.
+void regroup(const GemvShape& s, const bf16* from, bf16* to, bool to_packed) {
   const int64_t K = s.K, whole = s.N / 8 * 8;
   for (int64_t n = 0; n < whole; n += 8)
     for (int64_t c = 0; c < K; c += 32) {
       const int64_t kc = std::min<int64_t>(32, K - c);
-      for (int r = 0; r < 8; ++r)
-        std::memcpy(to + n * K + c * 8 + r * kc, from + (n + r) * K + c, size_t(kc) * sizeof(bf16));
+      for (int r = 0; r < 8; ++r) {
+        const int64_t rows = (n + r) * K + c, packed = n * K + c * 8 + r * kc;
+        std::memcpy(to + (to_packed ? packed : rows), from + (to_packed ? rows : packed), size_t(kc) * sizeof(bf16));
+      }
     }
   std::memcpy(to + whole * K, from + whole * K, size_t((s.N - whole) * K) * sizeof(bf16));
+}
+}  // namespace
+
+void gemv_pack(const GemvShape& s, const void* w, void* out) {
+  regroup(s, static_cast<const bf16*>(w), static_cast<bf16*>(out), /*to_packed=*/true);
 }
 
 void gemv_run_packed(const GemvShape& s, const float* x, const void* packed, const float* bias, float* y) {
@@ -781,15 +788,7 @@ void gemv_run_packed(const GemvShape& s, const float* x, const void* packed, con
   // Elsewhere the rows as stored: unpacked into this thread's buffer (the portable kernels read rows).
   thread_local std::vector<bf16> rows;
   rows.resize(size_t(s.N * s.K));
-  const bf16* from = static_cast<const bf16*>(packed);
-  const int64_t K = s.K, whole = s.N / 8 * 8;
-  for (int64_t n = 0; n < whole; n += 8)
-    for (int64_t c = 0; c < K; c += 32) {
-      const int64_t kc = std::min<int64_t>(32, K - c);
-      for (int r = 0; r < 8; ++r)
-        std::memcpy(rows.data() + (n + r) * K + c, from + n * K + c * 8 + r * kc, size_t(kc) * sizeof(bf16));
-    }
-  std::memcpy(rows.data() + whole * K, from + whole * K, size_t((s.N - whole) * K) * sizeof(bf16));
+  regroup(s, static_cast<const bf16*>(packed), rows.data(), /*to_packed=*/false);
   if (reference_mode())
     ref::gemv<float, bf16>(x, rows.data(), s.has_bias ? bias : nullptr, y, s);
   else
