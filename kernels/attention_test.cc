@@ -918,6 +918,51 @@ TEST(Attention, DropoutMatchesReference) {
 
 // Empty problems (no query row, no key, no batch row, no head): both dtypes leave zero gradients and, with keys but
 // no allowed one, out 0; nothing is read or written out of bounds.
+// NOTE [attention decode rows]: a decode row over a KV cache reads keys only up to its batch row's last valid
+// one: the bits of the same call on a cache just that long (left padding and a gap inside stay masked), on every
+// ISA, with the long cache split into chunks (split-KV) or not.
+TEST(Attention, DecodeStopsAtTheLastValidKey) {
+  const int64_t B = 2, H = 4, Hk = 2, T = 1, D = 64, used = 300;
+  const float scale = 0.125f;
+  for (int64_t S : {int64_t(320), int64_t(4096)}) {
+    SCOPED_TRACE("cache " + std::to_string(S));
+    const std::vector<float> q = random_vector(size_t(B * H * T * D), 11, -2.0f, 2.0f);
+    const std::vector<float> k = random_vector(size_t(B * Hk * S * D), 12, -2.0f, 2.0f);
+    const std::vector<float> v = random_vector(size_t(B * Hk * S * D), 13, -2.0f, 2.0f);
+    std::vector<uint8_t> valid(size_t(B * S), 0);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < used - 40 * b; ++j) valid[size_t(b * S + j)] = j >= 3 * b && j != 100;  // pad, gap
+    // The same keys in a cache of `used` slots.
+    std::vector<float> ks(size_t(B * Hk * used * D)), vs(ks.size());
+    std::vector<uint8_t> valid_s(size_t(B * used));
+    for (int64_t bh = 0; bh < B * Hk; ++bh) {
+      std::copy_n(k.begin() + bh * S * D, used * D, ks.begin() + bh * used * D);
+      std::copy_n(v.begin() + bh * S * D, used * D, vs.begin() + bh * used * D);
+    }
+    for (int64_t b = 0; b < B; ++b) std::copy_n(valid.begin() + b * S, used, valid_s.begin() + b * used);
+    for (Isa isa : testing::available_isas()) {
+      SCOPED_TRACE(isa_name(isa));
+      ScopedIsaCap cap(isa);
+      AttentionMask long_mask, short_mask;
+      long_mask.key_valid = valid;
+      short_mask.key_valid = valid_s;
+      std::vector<float> a(q.size()), a_lse(size_t(B * H * T)), p(q.size()), p_lse(a_lse.size());
+      ASSERT_TRUE(attention_forward(q, k, v, std::span<float>(a), std::span<float>(a_lse), B, H, Hk, T, S, D, scale,
+                                    long_mask)
+                      .is_ok());
+      ASSERT_TRUE(attention_forward(q, ks, vs, std::span<float>(p), std::span<float>(p_lse), B, H, Hk, T, used, D,
+                                    scale, short_mask)
+                      .is_ok());
+      if (S <= 320) {  // one chunk either way: the same bits
+        EXPECT_EQ(a, p);
+        EXPECT_EQ(a_lse, p_lse);
+      } else {  // the long cache's split-KV chunks combine in another order: the same values to rounding
+        for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], p[i], 1e-5f) << i;
+      }
+    }
+  }
+}
+
 TEST(Attention, EmptyProblemsGiveZeros) {
   for (const Case& c : {Case{1, 2, 0, 5, 8, 0, 0}, Case{2, 2, 3, 0, 8, 0, 0}, Case{0, 2, 3, 5, 8, 0, 0},
                         Case{1, 0, 3, 5, 8, 0, 0}}) {
