@@ -68,6 +68,11 @@ struct Job {
 // row did (n · K), so row r's values k .. of a group at w + n K are at
 //   w + n K + c · 8 + r · Kc + (k - c)      c = k rounded down to 32, Kc = min(32, K - c).
 // The kernels compute each row exactly as unpacked (same loads' values, same FMAs, same sums): same bits.
+// A bf16 [K, N] weight (GPT-2's Conv1D) is read by the M = 1 kernel 8 rows at a time across each 32-column
+// chunk: 8 streams again. Packed (AVX-512 only: that kernel's layout), each block of 8 rows holds, chunk by
+// chunk (c = 0, 32, ...; width Cw = min(32, N - c)), the 8 rows' Cw values in turn: row k0 + i's column n of the
+// block at w + k0 N is at w + k0 N + c · 8 + i · Cw + (n - c); rows past the last whole block stay as stored.
+// The K slices and column cuts fall on whole blocks and chunks, so each thread reads one sequential stream.
 inline const bf16* packed_row(const bf16* group, int64_t K, int r, int64_t k) {
   const int64_t c = k / 32 * 32;
   return group + c * 8 + r * std::min<int64_t>(32, K - c) + (k - c);
@@ -296,8 +301,9 @@ using KnBlock = void (*)(const Job&, int64_t, int64_t, int64_t, int64_t);
 // accumulators (per 32 columns: 16 even, then 16 odd) and put back in order
 // at the end. Each column still starts from its bias and adds its k terms in
 // order, as every [K, N] path does.
-template <int KB>
+template <int KB, bool Packed = false>
 ASPEN_TARGET_AVX512 void kn_bf16_block_avx512(const Job& j, int64_t k, int64_t p0, int64_t p1, float* acc) {
+  static_assert(!Packed || KB == 8, "packed blocks are 8 rows");
   const int64_t N = j.N;
   const bf16* w = static_cast<const bf16*>(j.w) + k * N;
   const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
@@ -306,9 +312,10 @@ ASPEN_TARGET_AVX512 void kn_bf16_block_avx512(const Job& j, int64_t k, int64_t p
   for (int64_t c = p0; c < p1; c += 32, acc += 32) {
     const __mmask32 mask = p1 - c >= 32 ? ~__mmask32(0) : __mmask32((1u << (p1 - c)) - 1);
     __m512 e = _mm512_load_ps(acc), o = _mm512_load_ps(acc + 16);
+    const int64_t cw = std::min<int64_t>(32, N - c);  // packed: the chunk's width in the block
     for (int i = 0; i < KB; ++i) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
-      const __m512i v = _mm512_maskz_loadu_epi16(mask, w + i * N + c);
+      if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
+      const __m512i v = _mm512_maskz_loadu_epi16(mask, Packed ? w + c * 8 + i * cw : w + i * N + c);
       e = _mm512_fmadd_ps(xb[i], _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), e);
       o = _mm512_fmadd_ps(xb[i], _mm512_castsi512_ps(_mm512_and_si512(v, high)), o);
     }
@@ -327,6 +334,8 @@ ASPEN_TARGET_AVX512 void kn_bf16_row_avx512(const Job& j, int64_t n0, int64_t n1
     std::fill(acc + (p1 - p0 - 1) / 32 * 32, acc + (p1 - p0 + 31) / 32 * 32, 0.0f);  // the last chunk's spare lanes
     for (int64_t c = p0; c < p1; ++c) acc[slot(c - p0)] = j.bias ? j.bias[c] : 0.0f;
     int64_t k = 0;
+    if (j.packed)
+      for (; k + 8 <= j.K; k += 8) kn_bf16_block_avx512<8, true>(j, k, p0, p1, acc);
     for (; k + 8 <= j.K; k += 8) kn_bf16_block_avx512<8>(j, k, p0, p1, acc);
     for (; k < j.K; ++k) kn_bf16_block_avx512<1>(j, k, p0, p1, acc);
     for (int64_t c = p0; c < p1; ++c) j.y[c] = acc[slot(c - p0)];
@@ -676,7 +685,7 @@ void run_split(const GemvShape& s, const Job& job) {
   const RangeFn fn = pick(s);
   const bool big = s.weight_bytes() >= kParallelMinBytes;
   const int64_t slices = !s.trans_b && big && s.K >= 2 * 8 ? kKnSlices : 1;
-  const int64_t align = job.packed ? 8 : s.trans_b ? 4 : 16;  // packed: whole groups
+  const int64_t align = job.packed ? (s.trans_b ? 8 : 32) : s.trans_b ? 4 : 16;  // packed: whole groups, chunks
   const int64_t pieces = (s.N + align - 1) / align;
   const int64_t threads = big ? std::min<int64_t>(omp_get_max_threads(), slices * pieces) : 1;
   thread_local std::vector<float> partial;  // per calling thread, grown once
@@ -760,11 +769,27 @@ void gemv_run(const GemvShape& s, const float* x, const void* w, const float* bi
   run(s, x, w, bias, y, false);
 }
 
-bool gemv_packable(const GemvShape& s) { return s.trans_b && s.weight == DType::bf16 && s.M == 1 && s.N >= 8; }
+bool gemv_packable(const GemvShape& s) {
+  if (s.weight != DType::bf16 || s.M != 1) return false;
+  return s.trans_b ? s.N >= 8 : s.K >= 8 && active_isa() >= Isa::avx512;
+}
 
 namespace {
 // gemv_pack's regrouping (`to_packed`) or its inverse.
 void regroup(const GemvShape& s, const bf16* from, bf16* to, bool to_packed) {
+  if (!s.trans_b) {  // [K, N]: blocks of 8 rows, each chunk of 32 columns the 8 rows' values in turn
+    const int64_t N = s.N, whole = s.K / 8 * 8;
+    for (int64_t k = 0; k < whole; k += 8)
+      for (int64_t c = 0; c < N; c += 32) {
+        const int64_t cw = std::min<int64_t>(32, N - c);
+        for (int i = 0; i < 8; ++i) {
+          const int64_t rows = (k + i) * N + c, packed = k * N + c * 8 + i * cw;
+          std::memcpy(to + (to_packed ? packed : rows), from + (to_packed ? rows : packed), size_t(cw) * sizeof(bf16));
+        }
+      }
+    std::memcpy(to + whole * N, from + whole * N, size_t((s.K - whole) * N) * sizeof(bf16));
+    return;
+  }
   const int64_t K = s.K, whole = s.N / 8 * 8;
   for (int64_t n = 0; n < whole; n += 8)
     for (int64_t c = 0; c < K; c += 32) {
@@ -783,7 +808,7 @@ void gemv_pack(const GemvShape& s, const void* w, void* out) {
 }
 
 void gemv_run_packed(const GemvShape& s, const float* x, const void* packed, const float* bias, float* y) {
-  const bool fast = active_isa() >= Isa::avx2 && !reference_mode();
+  const bool fast = active_isa() >= (s.trans_b ? Isa::avx2 : Isa::avx512) && !reference_mode();
   if (fast) return run(s, x, packed, bias, y, true);
   // Elsewhere the rows as stored: unpacked into this thread's buffer (the portable kernels read rows).
   thread_local std::vector<bf16> rows;
