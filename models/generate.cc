@@ -50,10 +50,12 @@ Tensor filled(DType dtype, Shape s, T value) {
 Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const GeneratorOptions& options) {
   ASPEN_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
   ASPEN_RETURN_IF_ERROR(check_fits_memory(ckpt.config().path, min_parameter_count(ckpt.config()),
-                                          // bf16 weights widen to an f32 copy where the CPU has no bf16 kernels
+                                          // bf16 weights widen to an f32 copy where the CPU has no bf16 kernels,
+                                          // and the decode step keeps a packed copy of its matrices (NOTE
+                                          // [packed gemv] in kernels/gemv.cc)
                                           options.weights != DType::bf16     ? 4.0
-                                          : kernels::bf16_matmul_widens() ? 6.0
-                                                                          : 2.0,
+                                          : kernels::bf16_matmul_widens() ? 8.0
+                                                                          : 4.0,
                                           "its weights"));
   std::unique_ptr<Generator> gen(new Generator());
   gen->config_ = ckpt.config();
