@@ -775,31 +775,19 @@ bool gemv_packable(const GemvShape& s) {
 }
 
 namespace {
-// gemv_pack's regrouping (`to_packed`) or its inverse.
+// gemv_pack's regrouping (`to_packed`) or its inverse. Both layouts are groups of 8 rows (of w as stored: N
+// rows of K for [N, K], K rows of N for [K, N]) whose chunks of 32 along the row hold the 8 rows' values in turn.
 void regroup(const GemvShape& s, const bf16* from, bf16* to, bool to_packed) {
-  if (!s.trans_b) {  // [K, N]: blocks of 8 rows, each chunk of 32 columns the 8 rows' values in turn
-    const int64_t N = s.N, whole = s.K / 8 * 8;
-    for (int64_t k = 0; k < whole; k += 8)
-      for (int64_t c = 0; c < N; c += 32) {
-        const int64_t cw = std::min<int64_t>(32, N - c);
-        for (int i = 0; i < 8; ++i) {
-          const int64_t rows = (k + i) * N + c, packed = k * N + c * 8 + i * cw;
-          std::memcpy(to + (to_packed ? packed : rows), from + (to_packed ? rows : packed), size_t(cw) * sizeof(bf16));
-        }
-      }
-    std::memcpy(to + whole * N, from + whole * N, size_t((s.K - whole) * N) * sizeof(bf16));
-    return;
-  }
-  const int64_t K = s.K, whole = s.N / 8 * 8;
+  const int64_t rows = s.trans_b ? s.N : s.K, L = s.trans_b ? s.K : s.N, whole = rows / 8 * 8;
   for (int64_t n = 0; n < whole; n += 8)
-    for (int64_t c = 0; c < K; c += 32) {
-      const int64_t kc = std::min<int64_t>(32, K - c);
+    for (int64_t c = 0; c < L; c += 32) {
+      const int64_t cw = std::min<int64_t>(32, L - c);
       for (int r = 0; r < 8; ++r) {
-        const int64_t rows = (n + r) * K + c, packed = n * K + c * 8 + r * kc;
-        std::memcpy(to + (to_packed ? packed : rows), from + (to_packed ? rows : packed), size_t(kc) * sizeof(bf16));
+        const int64_t plain = (n + r) * L + c, packed = n * L + c * 8 + r * cw;
+        std::memcpy(to + (to_packed ? packed : plain), from + (to_packed ? plain : packed), size_t(cw) * sizeof(bf16));
       }
     }
-  std::memcpy(to + whole * K, from + whole * K, size_t((s.N - whole) * K) * sizeof(bf16));
+  std::memcpy(to + whole * L, from + whole * L, size_t((rows - whole) * L) * sizeof(bf16));
 }
 }  // namespace
 
