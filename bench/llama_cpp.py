@@ -73,6 +73,14 @@ def cpu_digest():
     return hashlib.sha256((name + "|" + flags).encode()).hexdigest()[:12]
 
 
+def cache_dir(given: str | None) -> Path:
+    """--cache, else $ASPEN_CACHE_DIR/llama.cpp, else ~/.cache/aspen/llama.cpp; made if missing."""
+    root = Path(os.environ.get("ASPEN_CACHE_DIR") or Path.home() / ".cache/aspen")
+    cache = Path(given) if given else root / "llama.cpp"
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
+
+
 def source_tree(cache: Path, version: str, sdist: str | None) -> Path:
     src = cache / f"llama-cpp-python-{version}"
     vendored = src / "vendor" / "llama.cpp"
@@ -311,9 +319,7 @@ def main():
     ap.add_argument("--json", action="store_true", help="one JSON object per line (otherwise a table)")
     a = ap.parse_args()
 
-    root = Path(a.cache) if a.cache else Path(os.environ.get("ASPEN_CACHE_DIR") or Path.home() / ".cache/aspen")
-    cache = root if a.cache else root / "llama.cpp"
-    cache.mkdir(parents=True, exist_ok=True)
+    cache = cache_dir(a.cache)
     model = Path(a.model)
     if not a.build_only and not (model / "config.json").exists():
         sys.exit(f"llama_cpp.py: --model {model}: expected a Hugging Face directory with config.json")

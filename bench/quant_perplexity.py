@@ -16,7 +16,6 @@ llama.cpp's own change).
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -65,8 +64,7 @@ def main():
     if "f32" not in dtypes:
         dtypes.insert(0, "f32")
 
-    root = Path(a.cache) if a.cache else Path(os.environ.get("ASPEN_CACHE_DIR") or Path.home() / ".cache/aspen")
-    cache = root if a.cache else root / "llama.cpp"
+    cache = llama_cpp.cache_dir(a.cache)
     llama = llama_cpp.source_tree(cache, llama_cpp.VERSION, None)
     bin = llama_cpp.build(cache, llama_cpp.VERSION, llama)
     rows = []

@@ -38,8 +38,6 @@
 #include <cmath>
 #include <limits>
 #include <memory>
-#include <mutex>
-#include <vector>
 
 #include "graph/builder.h"
 #include "graph/op_sample.h"
@@ -535,7 +533,6 @@ constexpr int64_t kGemvMaxRows = 8;
 // again. The GEMV route streams B as it is, except a bf16 [N, K] B for one row (NOTE [packed gemv]: regrouped
 // once into 8-row streams, again after fixed_inputs_changed()).
 Prepared prepare_matmul_impl(const Node& n, Types in, Types out, bool b_fixed);
-
 Prepared prepare_matmul(const Node& n, Types in, Types out) { return prepare_matmul_impl(n, in, out, false); }
 Prepared prepare_matmul_fixed(const Node& n, Types in, Types out, std::span<const char> fixed) {
   return prepare_matmul_impl(n, in, out, fixed.size() > 1 && fixed[1]);

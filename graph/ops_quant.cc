@@ -13,7 +13,6 @@
 // 8 to a stream once (pack_*_rows8; again after fixed_inputs_changed), else w is read as it is.
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 

@@ -56,7 +56,7 @@ struct Job {
   // rounded up to a chunk, zero-padded (NOTE [bf16 pairs]).
   const float* xp = nullptr;
   int64_t Kp = 0;
-  // bf16 [N, K] in gemv_pack's layout (NOTE [packed gemv]): whole groups of 8 rows interleaved per 32 k.
+  // bf16 w in gemv_pack's layout (NOTE [packed gemv]): whole groups of 8 rows interleaved per 32 along the row.
   bool packed = false;
 };
 
@@ -73,9 +73,10 @@ struct Job {
 // chunk (c = 0, 32, ...; width Cw = min(32, N - c)), the 8 rows' Cw values in turn: row k0 + i's column n of the
 // block at w + k0 N is at w + k0 N + c · 8 + i · Cw + (n - c); rows past the last whole block stay as stored.
 // The K slices and column cuts fall on whole blocks and chunks, so each thread reads one sequential stream.
-inline const bf16* packed_row(const bf16* group, int64_t K, int r, int64_t k) {
+// Row r's element k of the packed group at `group` (rows of L elements as stored: K for [N, K], N for [K, N]).
+inline const bf16* packed_row(const bf16* group, int64_t L, int r, int64_t k) {
   const int64_t c = k / 32 * 32;
-  return group + c * 8 + r * std::min<int64_t>(32, K - c) + (k - c);
+  return group + c * 8 + r * std::min<int64_t>(32, L - c) + (k - c);
 }
 using RangeFn = void (*)(const Job&, int64_t n0, int64_t n1);
 
@@ -312,10 +313,9 @@ ASPEN_TARGET_AVX512 void kn_bf16_block_avx512(const Job& j, int64_t k, int64_t p
   for (int64_t c = p0; c < p1; c += 32, acc += 32) {
     const __mmask32 mask = p1 - c >= 32 ? ~__mmask32(0) : __mmask32((1u << (p1 - c)) - 1);
     __m512 e = _mm512_load_ps(acc), o = _mm512_load_ps(acc + 16);
-    const int64_t cw = std::min<int64_t>(32, N - c);  // packed: the chunk's width in the block
     for (int i = 0; i < KB; ++i) {
       if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
-      const __m512i v = _mm512_maskz_loadu_epi16(mask, Packed ? w + c * 8 + i * cw : w + i * N + c);
+      const __m512i v = _mm512_maskz_loadu_epi16(mask, Packed ? packed_row(w, N, i, c) : w + i * N + c);
       e = _mm512_fmadd_ps(xb[i], _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), e);
       o = _mm512_fmadd_ps(xb[i], _mm512_castsi512_ps(_mm512_and_si512(v, high)), o);
     }

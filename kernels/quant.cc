@@ -33,10 +33,7 @@ struct XQ {
   std::vector<BlockQ8_0> q;
   std::vector<float> d;
   std::vector<int32_t> sum;
-  XRow row(int64_t m, int64_t K) const {
-    const int64_t at = m * (K / 32);
-    return {q.data() + at, d.data() + at, sum.data() + at};
-  }
+  std::vector<XRow> rows;  // row m's views of the three
 };
 // x's rows in Q8_0, in this thread's buffers (reused: a decode step quantizes ~50 rows of x, and three fresh
 // vectors each time were a measurable part of its small products). Rows in parallel when there are many
@@ -47,6 +44,11 @@ const XQ& quantize_x(const float* x, int64_t M, int64_t K) {
   o.q.resize(static_cast<size_t>(M * blocks));
   o.d.resize(o.q.size());
   o.sum.resize(o.q.size());
+  o.rows.resize(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t at = m * blocks;
+    o.rows[size_t(m)] = {o.q.data() + at, o.d.data() + at, o.sum.data() + at};
+  }
   BlockQ8_0* q = o.q.data();
   float* d = o.d.data();
   int32_t* sum = o.sum.data();
@@ -126,21 +128,23 @@ float row_dot(const BlockQ4_K* w, const XRow& x, int64_t supers) {
 // on every ISA. Rows past the last whole group follow as stored, row by row.
 template <class W>
 constexpr int64_t kChunk = 8 * int64_t(sizeof(W));
+// Where a block's quants start (after d; Q4_K: after d, dmin and the 12 scale bytes).
+template <class W>
+constexpr int64_t kQuantsAt = std::is_same_v<W, BlockQ4_K> ? 16 : 2;
 
 // Where byte o of row r's block goes in its chunk, and whether it is stored ^ 0x80.
 template <class W>
 constexpr int64_t chunk_offset(int64_t r, int64_t o) {
   constexpr bool q4k = std::is_same_v<W, BlockQ4_K>;
-  constexpr int64_t scale_bytes = q4k ? 4 : 2, quants = q4k ? 128 : 16;
-  if (o < 2) return 2 * r + o;                       // d
-  if (o < scale_bytes) return 16 + 2 * r + (o - 2);  // Q4_K's dmin
-  if (q4k && o < 16) return 32 + 8 * (o - 4) + r;    // Q4_K's scales, byte o - 4 of each row
-  const int64_t j = o - (q4k ? 16 : 2);
-  return quants + (j / 4) * 32 + r * 4 + j % 4;
+  if (o < 2) return 2 * r + o;                     // d
+  if (q4k && o < 4) return 16 + 2 * r + (o - 2);   // Q4_K's dmin
+  if (q4k && o < 16) return 32 + 8 * (o - 4) + r;  // Q4_K's scales, byte o - 4 of each row
+  const int64_t j = o - kQuantsAt<W>;
+  return 8 * kQuantsAt<W> + (j / 4) * 32 + r * 4 + j % 4;
 }
 template <class W>
 constexpr uint8_t chunk_flip(int64_t o) {
-  return std::is_same_v<W, BlockQ8_0> && o >= 2 ? 0x80 : 0;
+  return std::is_same_v<W, BlockQ8_0> && o >= kQuantsAt<W> ? 0x80 : 0;
 }
 
 // pack_rows8 (`to_packed`) or its inverse, on W's bytes.
@@ -149,7 +153,6 @@ constexpr uint8_t chunk_flip(int64_t o) {
 template <class W>
 void regroup_rows8(const uint8_t* from, int64_t N, int64_t K, uint8_t* to, bool to_packed) {
   const int64_t blocks = K / kValues<W>, groups = N / 8, bytes = int64_t(sizeof(W));
-  constexpr int64_t quants_from = std::is_same_v<W, BlockQ4_K> ? 16 : 2;
 #pragma omp parallel for schedule(static) if (groups * blocks >= 4096)
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t b = 0; b < blocks; ++b) {
@@ -160,7 +163,7 @@ void regroup_rows8(const uint8_t* from, int64_t N, int64_t K, uint8_t* to, bool 
           const int64_t at = chunk + chunk_offset<W>(r, o);
           uint8_t* dst = to_packed ? to + at : to + row + o;
           const uint8_t* src = to_packed ? from + row + o : from + at;
-          if (o >= quants_from) {
+          if (o >= kQuantsAt<W>) {
             uint32_t v;
             std::memcpy(&v, src, 4);
             if (chunk_flip<W>(o)) v ^= 0x80808080u;
@@ -217,7 +220,7 @@ void gemv_reference(const float* x, const W* w, float* y, int64_t M, int64_t N, 
   const XQ& xq = quantize_x(x, M, K);
   const int64_t blocks = K / kValues<W>;
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) y[m * N + n] = row_dot(w + n * blocks, xq.row(m, K), blocks);
+    for (int64_t n = 0; n < N; ++n) y[m * N + n] = row_dot(w + n * blocks, xq.rows[size_t(m)], blocks);
 }
 
 // Every product's entry point: the checks, then the fast path or the reference (on W unpacked). `packed`:
@@ -258,8 +261,7 @@ Status gemv_checked(const char* fn, std::span<const float> x, std::span<const W>
   // Each group of 8 rows is one thread's (static), so no output depends on the thread count; a group's rows of
   // x run 4 at a time against it (prefill), in a chunk of x rows small enough to stay in cache.
   constexpr int64_t kRowChunk = 64;
-  std::vector<XRow> rows(static_cast<size_t>(M));
-  for (int64_t m = 0; m < M; ++m) rows[size_t(m)] = xq.row(m, K);
+  const XRow* rows = xq.rows.data();
   for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
     const int64_t mc = std::min(kRowChunk, M - m0);
 #pragma omp parallel for schedule(static) if (groups > 1 && mc * N * K >= (1 << 16))
@@ -268,14 +270,14 @@ Status gemv_checked(const char* fn, std::span<const float> x, std::span<const W>
       for (int64_t m = 0; m < mc; ++m) y_rows[m] = y.data() + (m0 + m) * N + g * 8;
       const uint8_t* chunk = bytes + g * blocks * kChunk<W>;
       if (vnni)
-        isa_vnni::group_rows<W>(chunk, blocks, rows.data() + m0, y_rows, mc);
+        isa_vnni::group_rows<W>(chunk, blocks, rows + m0, y_rows, mc);
       else
-        isa_avx2::group_rows<W>(chunk, blocks, rows.data() + m0, y_rows, mc);
+        isa_avx2::group_rows<W>(chunk, blocks, rows + m0, y_rows, mc);
     }
   }
   for (int64_t n = groups * 8; n < N; ++n)  // the last rows (row by row in both layouts): the reference's sequence
     for (int64_t m = 0; m < M; ++m)
-      y[size_t(m * N + n)] = row_dot(w.data() + n * blocks, xq.row(m, K), blocks);
+      y[size_t(m * N + n)] = row_dot(w.data() + n * blocks, rows[m], blocks);
   return Status();
 }
 

@@ -47,16 +47,17 @@ Tensor filled(DType dtype, Shape s, T value) {
 
 }  // namespace
 
+double inference_bytes_per_parameter(DType weights) {
+  // bf16 weights widen to an f32 copy where the CPU has no bf16 kernels, and the programs keep packed copies of
+  // their fixed matrices (NOTE [packed gemv] in kernels/gemv.cc, NOTE [fixed b] in kernels/matmul_aspen.cc).
+  if (weights != DType::bf16) return 4.0;
+  return kernels::bf16_matmul_widens() ? 8.0 : 4.0;
+}
+
 Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const GeneratorOptions& options) {
   ASPEN_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
   ASPEN_RETURN_IF_ERROR(check_fits_memory(ckpt.config().path, min_parameter_count(ckpt.config()),
-                                          // bf16 weights widen to an f32 copy where the CPU has no bf16 kernels,
-                                          // and the decode step keeps a packed copy of its matrices (NOTE
-                                          // [packed gemv] in kernels/gemv.cc)
-                                          options.weights != DType::bf16     ? 4.0
-                                          : kernels::bf16_matmul_widens() ? 8.0
-                                                                          : 4.0,
-                                          "its weights"));
+                                          inference_bytes_per_parameter(options.weights), "its weights"));
   std::unique_ptr<Generator> gen(new Generator());
   gen->config_ = ckpt.config();
   if (!gen->config_.causal_lm())

@@ -42,6 +42,10 @@
 
 namespace aspen::models {
 
+// What a causal LM's inference programs (generation, models/perplexity.h) hold per parameter with matrices in
+// `weights` (f32 or bf16): the bound for check_fits_memory.
+double inference_bytes_per_parameter(DType weights);
+
 struct GeneratorOptions {
   int64_t max_batch = 1;   // prompts per generate() call
   int64_t max_length = 0;  // cache positions: prompt + new tokens; 0: the model's n_positions

@@ -7,6 +7,7 @@
 #include "compiler/executable.h"
 #include "graph/builder.h"
 #include "models/causal_lm.h"
+#include "models/generate.h"
 #include "models/weights.h"
 #include "runtime/session.h"
 
@@ -15,11 +16,9 @@ namespace aspen::models {
 Result<PerplexityResult> perplexity(const std::string& model, std::span<const int32_t> tokens,
                                     const PerplexityOptions& options) {
   ASPEN_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(model));
-  const ModelConfig& config = ckpt.config();
-  if (!config.causal_lm())
-    return Status::invalid_argument(config.path + ": model_type",
-                                    "a causal language model (gpt2, gptj, llama, mistral, qwen2)",
-                                    "'" + config.model_type + "'");
+  const ModelConfig& config = ckpt.config();  // not a causal LM: build_causal_lm names its model_type
+  ASPEN_RETURN_IF_ERROR(check_fits_memory(config.path, min_parameter_count(config),
+                                          inference_bytes_per_parameter(options.weights), "its weights"));
   const int64_t vocab = config.vocab(), positions = config.n_positions();
   const int64_t ctx = options.ctx > 0 ? options.ctx : std::min<int64_t>(positions, 512);
   if (ctx < 4 || ctx > positions)

@@ -15,7 +15,6 @@ name or a transpose read wrong would be far outside it.
 import argparse
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -27,14 +26,12 @@ import transformers
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-import llama_cpp  # noqa: E402  (bench/llama_cpp.py: source_tree, stage_model, converter, VERSION)
+import llama_cpp  # noqa: E402  (bench/llama_cpp.py: cache_dir, source_tree, stage_model, converter, VERSION)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--sdist", help="a llama_cpp_python-*.tar.gz to use instead of downloading one")
 a = ap.parse_args()
-cache = Path(os.environ.get("ASPEN_CACHE_DIR", Path.home() / ".cache" / "aspen")) / "llama.cpp"
-cache.mkdir(parents=True, exist_ok=True)
-llama = llama_cpp.source_tree(cache, llama_cpp.VERSION, a.sdist)
+llama = llama_cpp.source_tree(llama_cpp.cache_dir(None), llama_cpp.VERSION, a.sdist)
 tok_dir = ROOT / "models" / "testdata" / "gpt2-tiny"
 out_dir = ROOT / "models" / "testdata" / "gguf"
 out_dir.mkdir(parents=True, exist_ok=True)
