@@ -1,6 +1,6 @@
 // kernels/attention.cc: the attention drivers (FlashAttention-2 forward and backward, decode rows), the
-// portable and AVX2 block operations, the argument checks and the entry points. The AVX-512 operations are
-// in attention_avx512.cc, what the files share in attention_internal.h.
+// portable block operations, the argument checks and the entry points. The AVX2 and AVX-512 operations are
+// in attention_avx2.cc and attention_avx512.cc, what the files share in attention_internal.h.
 #include "kernels/attention.h"
 
 #include <omp.h>
@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/attention_avx2.h"
 #include "kernels/attention_avx512.h"
 #include "kernels/attention_internal.h"
 #include "kernels/check_args.h"
@@ -76,81 +77,6 @@ struct Portable {
   }
   static void grad_tile(float* s, float* dp, int64_t rows, int64_t cols, const int* lo, const int* hi,
                         const float* kv, const float* lse2, const float* di, float cs) {
-    grad_tile_impl(s, dp, rows, cols, lo, hi, kv, lse2, di, cs);
-  }
-};
-
-// AVX2 + FMA (CPUs without AVX-512: Zen 2 and 3, Haswell to Comet Lake). The
-// block product keeps MR rows x 16 columns of C (two vectors per row, at most
-// 12 accumulators of the 16 ymm registers) over k; ragged columns go through
-// masked loads and stores. The softmax steps are the shared loops above,
-// compiled here for AVX2 (8 lanes). Before this variant such CPUs ran the
-// portable one at the baseline ISA (SSE2, no FMA): attention was 18 % of a
-// GPT-2 124M training step on a Zen 3, at about 25 GFLOP/s.
-ASPEN_TARGET_AVX2 inline __m256i tail_mask8(int64_t left) {
-  const int n = int(std::clamp<int64_t>(left, 0, 8));
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-template <int MR>
-ASPEN_TARGET_AVX2 void gemm_tile_256(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, float* c,
-                                     int64_t ldc, int64_t kk, const __m256i* mk, bool accumulate) {
-  __m256 acc[MR][2];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-    for (int v = 0; v < 2; ++v)
-      acc[r][v] = accumulate ? _mm256_maskload_ps(c + r * ldc + 8 * v, mk[v]) : _mm256_setzero_ps();
-  for (int64_t k = 0; k < kk; ++k) {
-    const float* bk = b + k * ldb;
-    const __m256 b0 = _mm256_maskload_ps(bk, mk[0]), b1 = _mm256_maskload_ps(bk + 8, mk[1]);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m256 ar = _mm256_set1_ps(a[r * ars + k * aks]);
-      acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
-    for (int v = 0; v < 2; ++v) _mm256_maskstore_ps(c + r * ldc + 8 * v, mk[v], acc[r][v]);
-}
-
-using GemmTile256 = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t,
-                             const __m256i*, bool);
-constexpr GemmTile256 kGemmTiles256[6] = {gemm_tile_256<1>, gemm_tile_256<2>, gemm_tile_256<3>,
-                                          gemm_tile_256<4>, gemm_tile_256<5>, gemm_tile_256<6>};
-
-struct Avx2 {
-  static bool fused_tile(const float*, const float*, const float*, int64_t, int64_t, int64_t, const int*, const int*,
-                         const float*, float*, float*, float*) {
-    return false;  // NOTE [attention fused strips]: AVX-512 only
-  }
-  ASPEN_TARGET_AVX2 static void gemm(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, float* c,
-                                     int64_t ldc, int64_t m, int64_t n, int64_t kk, bool accumulate) {
-    for (int64_t j = 0; j < n; j += 16) {  // a 16-column panel of B stays in L1 across the rows
-      const __m256i mk[2] = {tail_mask8(n - j), tail_mask8(n - j - 8)};
-      for (int64_t i = 0; i < m; i += 6)
-        kGemmTiles256[std::min<int64_t>(6, m - i) - 1](a + i * ars, ars, aks, b + j, ldb, c + i * ldc + j, ldc, kk,
-                                                       mk, accumulate);
-    }
-  }
-  ASPEN_TARGET_AVX2 static void transpose(const float* src, int64_t cols, int64_t D, float* dst) {
-    transpose_impl(src, cols, D, dst);
-  }
-  ASPEN_TARGET_AVX2 static void softmax_tile(float* s, int64_t rows, int64_t cols, const int* lo, const int* hi,
-                                             const float* kv, float* m, float* l, float* o, int64_t D,
-                                             bool /*partial*/) {
-    softmax_tile_impl(s, rows, cols, lo, hi, kv, m, l, o, D);
-  }
-  ASPEN_TARGET_AVX2 static void decode_row(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
-                                      const uint8_t* valid, int64_t D, float cs, float* out, float* lse) {
-    decode_row_impl(q, kh, vh, lo, hi, valid, D, cs, out, lse);
-  }
-  ASPEN_TARGET_AVX2 static void grad_tile(float* s, float* dp, int64_t rows, int64_t cols, const int* lo,
-                                          const int* hi, const float* kv, const float* lse2, const float* di,
-                                          float cs) {
     grad_tile_impl(s, dp, rows, cols, lo, hi, kv, lse2, di, cs);
   }
 };
