@@ -102,6 +102,7 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
   ASPEN_RETURN_IF_ERROR(check_option("--d", opt.d));
   ASPEN_RETURN_IF_ERROR(check_option("--threads", opt.threads));
   ASPEN_RETURN_IF_ERROR(check_option("--repeats", opt.repeats));
+  ASPEN_RETURN_IF_ERROR(check_option("--rounds", opt.rounds));
   ASPEN_RETURN_IF_ERROR(check_option("--window", opt.window));
   ASPEN_RETURN_IF_ERROR(check_option("--documents", opt.documents));
   for (const std::string& m : opt.masks)
@@ -125,7 +126,6 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
 
   const int64_t B = 1, H = opt.heads, D = opt.d;
   const float scale = 1.0f / std::sqrt(float(D));
-  std::map<Key, double> mine;
   struct Row {
     std::string mask, dtype, pass;
     int64_t T;
@@ -134,7 +134,8 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
     double density = 0;  // layout rows: the share of blocks on
   };
   std::vector<Row> rows;
-  {
+  // Every row of aspen's, timed once more: `mine` gets the times; the first round also records the rows.
+  const auto measure_aspen = [&](std::map<Key, double>& mine, bool first) -> Status {
     ScopedOmpThreads team(opt.threads);
     for (const int64_t T : opt.t) {
       const size_t n = size_t(B * H * T * D);
@@ -155,7 +156,7 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
           ASPEN_ASSIGN_OR_RETURN(layout, layout_of(kind, opt, T));
           // The kernel's tile states (one byte per head and 64 x 64 tile) and the layout itself.
           layout_bytes = int64_t(layout->bits.size()) + H * ((T + 63) / 64) * ((T + 63) / 64);
-          if (T <= opt.peer_layout_max_t) {
+          if (first && T <= opt.peer_layout_max_t) {
             Tensor t(DType::u8, Shape{layout->heads, layout->blocks, layout->blocks});
             std::copy(layout->bits.begin(), layout->bits.end(), t.data<uint8_t>());
             ASPEN_RETURN_IF_ERROR(io::write_npy(fmt::format("{}/{}_{}.npy", layouts, kind, T), t));
@@ -195,7 +196,7 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
                          bwd ? kernels::attention_backward_scratch_bytes(B, H, H, T, T, D, opt.threads, dt) : 0) +
                     seg_bytes,
                 layout ? layout->density() : 0.0};
-          if (kind == "causal" && !bwd && !half && T <= 2048) {  // the definition, as a check of the fast path's output
+          if (first && kind == "causal" && !bwd && !half && T <= 2048) {  // the definition, as a check of the fast path's output
             std::vector<float> ro(n), rl(size_t(B * H * T));
             r.naive = best_seconds(
                 [&] {
@@ -211,15 +212,64 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
                                    "a max difference of " + std::to_string(worst));
           }
           mine[{kind, T, dtype, pass}] = s;
-          rows.push_back(r);
+          if (first) rows.push_back(r);
         }
       }
     }
-  }
-  std::map<Key, double> peer, flex;
+    return Status();
+  };
+
+  // NOTE [guarded rows], with the peer in its own process (torch): whole rounds interleave, each aspen's rows
+  // then the peer's, between two measurements of the FMA peak. A round whose peak moved by more than 5 % was
+  // disturbed; a row's figures come from the undisturbed rounds (all rounds, flagged, when none was).
+  struct Round {
+    std::map<Key, double> mine, peer, flex;
+    double before = 0, after = 0;
+    bool disturbed() const { return std::abs(after - before) > 0.05 * std::max(after, before); }
+  };
   const bool run_peer_too = !opt.python.empty() && opt.python != "none";
-  const std::string note =
-      run_peer_too ? run_peer(opt, layouts, peer, flex) : "PyTorch peer: not run (--python none)";
+  std::vector<Round> rounds(size_t(opt.rounds));
+  std::string note = run_peer_too ? "" : "PyTorch peer: not run (--python none)";
+  for (size_t i = 0; i < rounds.size(); ++i) {
+    Round& r = rounds[i];
+    r.before = measure_f32_fma_peak(opt.threads);
+    ASPEN_RETURN_IF_ERROR(measure_aspen(r.mine, i == 0));
+    if (run_peer_too) {
+      const std::string why = run_peer(opt, layouts, r.peer, r.flex);
+      if (!why.empty()) note = why;
+    }
+    r.after = measure_f32_fma_peak(opt.threads);
+  }
+  std::vector<const Round*> clean;
+  for (const Round& r : rounds)
+    if (!r.disturbed()) clean.push_back(&r);
+  const bool disturbed = clean.empty();
+  if (disturbed)
+    for (const Round& r : rounds) clean.push_back(&r);
+  // The spread of one figure over the rounds used: {min, median, max}; empty when no round has it.
+  using Spread = std::vector<double>;
+  const auto spread = [&](std::map<Key, double> Round::*which, const Key& key) {
+    Spread v;
+    for (const Round* r : clean)
+      if (const auto it = (r->*which).find(key); it != (r->*which).end() && it->second > 0) v.push_back(it->second);
+    std::sort(v.begin(), v.end());
+    if (v.empty()) return v;
+    const double median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    return Spread{v.front(), median, v.back()};
+  };
+  const auto spread_json = [](const Spread& v) {
+    return nlohmann::ordered_json{{"min", v[0]}, {"median", v[1]}, {"max", v[2]}};
+  };
+  std::map<Key, double> mine, peer, flex;  // the best of the rounds used
+  for (const Row& r : rows) {
+    const Key key{r.mask, r.T, r.dtype, r.pass};
+    if (const Spread v = spread(&Round::mine, key); !v.empty()) mine[key] = v[0];
+    if (const Spread v = spread(&Round::peer, key); !v.empty()) peer[key] = v[0];
+    if (const Spread v = spread(&Round::flex, key); !v.empty()) flex[key] = v[0];
+  }
+  double peak_lo = 1e30, peak_hi = 0;
+  for (const Round& r : rounds)
+    peak_lo = std::min({peak_lo, r.before, r.after}), peak_hi = std::max({peak_hi, r.before, r.after});
 
   if (!opt.json)
     out << fmt::format("# self-attention, B=1 H={} D={}, {} thread(s); torch = scaled_dot_product_attention "
@@ -228,8 +278,14 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
                        "{:>10} {:>6} {:>5} {:>8} | {:>10} {:>10} {:>7} | {:>8} | {:>10}{}\n",
                        H, D, opt.threads, "mask", "T", "dtype", "pass", "aspen ms", "torch ms", "ratio", "vs dense",
                        "peak", opt.flex ? fmt::format(" | {:>10} {:>8}", "flex ms", "vs flex") : "");
-  for (const Row& r : rows) {
-    const auto p = peer.find({r.mask, r.T, r.dtype, r.pass});
+  if (!opt.json)
+    out << fmt::format("# best of {} of {} rounds (aspen's rows, then the peer's); FMA peak {:.0f}-{:.0f} GFLOP/s{}\n",
+                       clean.size(), rounds.size(), peak_lo, peak_hi,
+                       disturbed ? ": DISTURBED, every round's peak moved by more than 5 %" : "");
+  for (Row r : rows) {
+    const Key key{r.mask, r.T, r.dtype, r.pass};
+    r.seconds = mine.at(key);  // the best of the rounds used
+    const auto p = peer.find(key);
     const auto dense = mine.find({"causal", r.T, r.dtype, r.pass});
     const double ratio = p != peer.end() && p->second > 0 ? p->second / r.seconds : 0.0;
     // decode is another problem (one row per head), not a sparser causal one: no speedup over dense
@@ -253,6 +309,13 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
         j["ratio_vs_flex"] = fx / r.seconds;
       }
       if (r.density > 0) j["block_density"] = r.density;
+      j["seconds_spread"] = spread_json(spread(&Round::mine, key));
+      if (ratio > 0) j["pytorch_seconds_spread"] = spread_json(spread(&Round::peer, key));
+      j["rounds_used"] = clean.size();
+      j["rounds"] = rounds.size();
+      j["peak_gflops_min"] = peak_lo;
+      j["peak_gflops_max"] = peak_hi;
+      if (disturbed) j["disturbed"] = true;
       out << j.dump() << "\n";
     } else {
       out << fmt::format("{:>10} {:>6} {:>5} {:>8} | {:>10.3f} {:>10} {:>7} | {:>8} | {:>6.1f} KiB{}\n", r.mask,

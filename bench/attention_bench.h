@@ -13,7 +13,10 @@
 // PyTorch takes the masked rows as a dense boolean attn_mask (its CPU kernel
 // cannot skip the blocks a mask removes). Passes: fwd, and fwd_bwd (forward,
 // then backward of the same call). Dtypes: f32, and bf16 (aspen's bf16 kernels, out and gradients f32;
-// PyTorch's SDPA on bf16 tensors). Reports the best time of each, the peak
+// PyTorch's SDPA on bf16 tensors). aspen's rows and the peer's run in `rounds` interleaved rounds, the
+// machine's FMA peak measured before and after each (NOTE [guarded rows]): a round whose peak moved by more
+// than 5 % is left out (all kept and the rows flagged "disturbed" when every round moved). Reports the best
+// time of each over the rounds used, with its spread, the peak
 // scratch bytes aspen allocates, ratio_vs_pytorch (PyTorch's time / aspen's)
 // and, on masked rows, speedup_vs_dense (aspen's causal time / this row's).
 // Causal forward rows up to T = 2048 also time the naive definition
@@ -46,6 +49,7 @@ struct AttentionBenchOptions {
   int threads = 2;
   bool json = false;
   int repeats = 3;
+  int rounds = 3;  // NOTE [guarded rows]: aspen's rows then the peer's, between two FMA peaks, this many times
   std::string python = "python3";  // runs bench/torch_attention.py; "" or "none": no peer
   bool flex = false;  // the peer also times FlexAttention on the fwd rows (compiles per row: minutes)
 };
@@ -53,7 +57,9 @@ struct AttentionBenchOptions {
 // One line per (T, mask, dtype, pass) (a table, or with json one object per line:
 // {"bench":"attention","mask":..,"T":..,"dtype":"f32"|"bf16","pass":"fwd"|"fwd_bwd","seconds":..,
 //  "peak_bytes":..,"heads":..,"d":..,"threads":..[,"pytorch_seconds":..,"ratio_vs_pytorch":..]
-//  [,"speedup_vs_dense":..][,"naive_seconds":..][,"flex_seconds":..,"ratio_vs_flex":..]}).
+//  [,"speedup_vs_dense":..][,"naive_seconds":..][,"flex_seconds":..,"ratio_vs_flex":..],
+//  "seconds_spread":{"min","median","max"}[,"pytorch_seconds_spread":{..}],"rounds_used":..,"rounds":..,
+//  "peak_gflops_min":..,"peak_gflops_max":..[,"disturbed":true]}).
 Status run_attention_bench(const AttentionBenchOptions& options, std::ostream& out);
 
 }  // namespace aspen::bench

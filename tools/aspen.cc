@@ -224,6 +224,8 @@ int main(int argc, char** argv) {
   attn_cmd->add_option("--window", attn.window, "local: keys per query (default 256)");
   attn_cmd->add_option("--documents", attn.documents, "blockdiag: documents per row (default 8)");
   attn_cmd->add_option("--repeats", attn.repeats, "timed runs per row, the best counts (default 3)");
+  attn_cmd->add_option("--rounds", attn.rounds,
+                       "rounds of aspen's rows then the peer's, each between two FMA peaks (default 3)");
   attn_cmd->add_option("--threads", attn.threads, "threads");
   attn_cmd->add_option("--python", attn.python, "interpreter with torch for the PyTorch peer (\"none\": skip)");
   attn_cmd->add_flag("--flex", attn.flex,
