@@ -168,8 +168,14 @@ struct Row {
   double llama_cpp = 0;  // llama.cpp's tokens/s (llama-bench, llama-batched-bench), 0: none
   std::string llama_cpp_test = {};
 
+  // NOTE [guarded rows]: the read sweeps taken beside the decode runs this figure came from (bytes/s); moved by
+  // more than 5 % between them: the row was disturbed.
+  double sweep_lo = 0, sweep_hi = 0;
+
   // Above its bound, the ceiling was measured in a slow moment: the fraction is not a measurement.
   bool measurement_fault() const { return bound > 0 && tokens_per_s > bound; }
+  double sweep_drift() const { return sweep_hi > 0 ? (sweep_hi - sweep_lo) / sweep_hi : 0.0; }
+  bool disturbed() const { return sweep_drift() > 0.05; }
 };
 
 // The row a peer's JSON line is about (same phase, batch and dtype), or null.
@@ -271,7 +277,10 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
   auto keep = [&rows](const Row& r) {
     for (Row& have : rows)
       if (have.phase == r.phase && have.batch == r.batch && have.dtype == r.dtype) {
-        have.tokens_per_s = std::max(have.tokens_per_s, r.tokens_per_s);
+        if (r.tokens_per_s > have.tokens_per_s) {
+          have.tokens_per_s = r.tokens_per_s;
+          have.sweep_lo = r.sweep_lo, have.sweep_hi = r.sweep_hi;
+        }
         return;
       }
     rows.push_back(r);
@@ -299,7 +308,7 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
         };
         seconds(run(2), st);  // warm-up
         ASPEN_RETURN_IF_ERROR(st);
-        double t1 = 1e30, tn = 1e30;
+        double t1 = 1e30, tn = 1e30, sweep_lo = 1e30, sweep_hi = 0;
         for (int rep = 0; rep < 3; ++rep) {
           t1 = std::min(t1, seconds(run(1), st));
           ASPEN_RETURN_IF_ERROR(st);
@@ -308,12 +317,14 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
           // The ceiling is measured again beside the work it bounds; the best counts (a shared host's
           // bandwidth drifts: one sweep taken in a slow moment made a row read 1.33 of its bound).
           ScopedOmpThreads scope(threads);
-          read_bw = std::max(read_bw, measure_read_bandwidth(size_t(weight_bytes)));
+          const double bw = measure_read_bandwidth(size_t(weight_bytes));
+          read_bw = std::max(read_bw, bw);
+          sweep_lo = std::min(sweep_lo, bw), sweep_hi = std::max(sweep_hi, bw);
         }
         if (opt.profile && !opt.json)
           out << "# decode, batch " << B << ": every instruction of the runs above\n"
               << profile::summary(trace.events());
-        Row r{.phase = "decode", .dtype = dtype, .batch = B};
+        Row r{.phase = "decode", .dtype = dtype, .batch = B, .sweep_lo = sweep_lo, .sweep_hi = sweep_hi};
         r.tokens_per_s = double(B * (new_tokens - 1)) / std::max(tn - t1, 1e-9);
         // Bytes per step: the weights once, plus the cache the attention reads
         // (keys and values of every layer, all max_length positions: the
@@ -416,6 +427,10 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
         j["fraction_of_bound"] = r.tokens_per_s / r.bound;
         j["measurement_fault"] = r.measurement_fault();
       }
+      if (r.sweep_hi > 0) {
+        j["sweep_drift"] = r.sweep_drift();
+        if (r.disturbed()) j["disturbed"] = true;
+      }
       if (r.peer > 0) {
         j["pytorch_tokens_per_s"] = r.peer;
         j["ratio_vs_pytorch"] = r.tokens_per_s / r.peer;
@@ -434,8 +449,8 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
     } else {
       out << fmt::format("{:<8} {:>5} {:>5} | {:>10.1f} {:>10} {:>9} | {:>10} {:>8} | {:>10} {:>8}\n", r.phase,
                          r.batch, r.dtype, r.tokens_per_s, r.bound > 0 ? fmt::format("{:.1f}", r.bound) : "-",
-                         r.bound > 0 ? fmt::format("{:.2f}{}", r.tokens_per_s / r.bound,
-                                                   r.measurement_fault() ? "!" : "")
+                         r.bound > 0 ? fmt::format("{:.2f}{}{}", r.tokens_per_s / r.bound,
+                                                   r.measurement_fault() ? "!" : "", r.disturbed() ? "~" : "")
                                      : "-",
                          r.peer > 0 ? fmt::format("{:.1f}", r.peer) : "-",
                          r.peer > 0 ? fmt::format("{:.2f}", r.tokens_per_s / r.peer) : "-",
@@ -445,6 +460,8 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
   }
   if (!opt.json && std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.measurement_fault(); }))
     out << "# !: above the bound: the read sweep was measured in a slow moment (a measurement fault, not a figure)\n";
+  if (!opt.json && std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.disturbed(); }))
+    out << "# ~: disturbed: the read sweeps beside the row's runs moved by more than 5 % (quote undisturbed rows)\n";
   if (!peer_note.empty() && !opt.json) out << "# " << peer_note << "\n";
   if (!llama_note.empty() && !opt.json) out << "# " << llama_note << "\n";
   return Status();
