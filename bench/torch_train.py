@@ -25,6 +25,9 @@ training path PyTorch has on a CPU), targets -100 but at a random 15 % of the po
   f32   eager f32
   bf16  the f32 model and optimizer under torch.autocast("cpu", dtype=torch.bfloat16) for forward and loss
         (backward runs in the types autocast chose; AdamW on the f32 master weights)
+--compile: each dtype also runs with torch.compile (inductor) of the model ("f32-compile",
+"bf16-autocast-compile"), two warm-up steps (the first compiles), in its own worker after the eager one; one
+JSON line per mode (aspen's bench keeps the faster: PyTorch's best mode).
 Each dtype runs in its own worker process (this script re-invoked with --worker), so its peak RSS is its own:
 one warm-up step, then --steps timed steps; tokens_per_s = batch * seq / the median step time.
 """
@@ -110,10 +113,13 @@ def worker(args):
         targets[torch.rand(targets.shape, generator=g) >= 0.15] = -100
     autocast = dtype == "bf16"
 
+    # --compile: torch.compile (inductor) of the model's forward; backward through AOTAutograd's compiled graph.
+    forward = torch.compile(model) if args.compile else model
+
     def step():
         t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logits = model(ids).logits
+            logits = forward(ids).logits
             loss = F.cross_entropy(logits.flatten(0, 1), targets)
         loss.backward()
         opt.step()
@@ -123,8 +129,9 @@ def worker(args):
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, {dtype}, threads "
         f"{torch.get_num_threads()}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
         f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, batch {args.batch} x seq {args.seq}")
-    dt, loss = step()  # warm-up
-    log(f"  warm-up {dt:.3f} s, loss {loss:.3f}")
+    for _ in range(2 if args.compile else 1):  # warm-up (compiled: the first compiles, the second may recompile)
+        dt, loss = step()
+        log(f"  warm-up {dt:.3f} s, loss {loss:.3f}")
     times = []
     for i in range(args.steps):
         dt, loss = step()
@@ -132,7 +139,8 @@ def worker(args):
         log(f"  step {i + 1}: {dt:.3f} s, loss {loss:.3f}")
     tokens = args.batch * args.seq
     med = statistics.median(times)
-    print(json.dumps({"bench": "train_torch", "dtype": dtype, "mode": "bf16-autocast" if autocast else "f32-eager",
+    mode = ("bf16-autocast" if autocast else "f32") + ("-compile" if args.compile else ("" if autocast else "-eager"))
+    print(json.dumps({"bench": "train_torch", "dtype": dtype, "mode": mode,
                       "tokens_per_s": round(tokens / med, 3), "tokens_per_s_best": round(tokens / min(times), 3),
                       "step_s": med, "peak_rss_bytes": peak_rss_bytes(), "loss": loss,
                       "threads": torch.get_num_threads(), "batch": args.batch, "seq": args.seq}), flush=True)
@@ -155,6 +163,8 @@ def main():
     ap.add_argument("--family", choices=["gpt2", "llama", "bert"], default="gpt2")
     ap.add_argument("--kv-heads", type=int, default=4, help="llama: key/value heads")
     ap.add_argument("--d-ff", type=int, default=2048, help="llama: SwiGLU width; bert: intermediate_size")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time torch.compile (inductor) of the model, in its own worker after eager's")
     ap.add_argument("--worker", choices=["f32", "bf16"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -164,23 +174,25 @@ def main():
     for dtype in args.dtypes.split(","):
         if dtype not in ("f32", "bf16"):
             ap.error(f"unknown dtype {dtype}")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", dtype] + [
-            f"--{k}={v}" for k, v in (("threads", args.threads), ("steps", args.steps), ("batch", args.batch),
-                                      ("seq", args.seq), ("vocab", args.vocab), ("n-positions", args.n_positions),
-                                      ("d-model", args.d_model), ("layers", args.layers), ("heads", args.heads),
-                                      ("model", args.model), ("family", args.family), ("kv-heads", args.kv_heads),
-                                      ("d-ff", args.d_ff))]
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-        if p.returncode != 0:
-            sys.exit(p.returncode)
-        row = next(json.loads(l) for l in p.stdout.splitlines() if l.startswith("{"))
-        rows.append(row)
-        if args.json:
-            print(json.dumps(row), flush=True)
+        for compiled in ([False, True] if args.compile else [False]):
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", dtype] + (["--compile"] if compiled else [])
+            cmd += [f"--{k}={v}" for k, v in (("threads", args.threads), ("steps", args.steps), ("batch", args.batch),
+                                               ("seq", args.seq), ("vocab", args.vocab),
+                                               ("n-positions", args.n_positions), ("d-model", args.d_model),
+                                               ("layers", args.layers), ("heads", args.heads), ("model", args.model),
+                                               ("family", args.family), ("kv-heads", args.kv_heads),
+                                               ("d-ff", args.d_ff))]
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+            if p.returncode != 0:
+                sys.exit(p.returncode)
+            row = next(json.loads(l) for l in p.stdout.splitlines() if l.startswith("{"))
+            rows.append(row)
+            if args.json:
+                print(json.dumps(row), flush=True)
     out = sys.stderr if args.json else sys.stdout
-    print(f"\n{'dtype':5s} {'mode':14s} {'tokens/s':>9s} {'best':>9s} {'peak RSS':>10s}", file=out)
+    print(f"\n{'dtype':5s} {'mode':22s} {'tokens/s':>9s} {'best':>9s} {'peak RSS':>10s}", file=out)
     for r in rows:
-        print(f"{r['dtype']:5s} {r['mode']:14s} {r['tokens_per_s']:9.1f} {r['tokens_per_s_best']:9.1f} "
+        print(f"{r['dtype']:5s} {r['mode']:22s} {r['tokens_per_s']:9.1f} {r['tokens_per_s_best']:9.1f} "
               f"{r['peak_rss_bytes'] / 2**30:8.2f} GiB", file=out)
 
 

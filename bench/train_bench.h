@@ -28,8 +28,8 @@
 //
 // The PyTorch peer (bench/torch_train.py: transformers' GPT2LMHeadModel,
 // dropout 0, torch.optim.AdamW, 2 threads, the OpenMP wait policy aspen runs with; f32 eager
-// and bf16 autocast, each in its own process) runs only when `python` names an
-// interpreter; it runs right after aspen's row of the same dtype, and the table
+// and bf16 autocast, each in its own process; with `compile` also torch.compile'd, and the faster mode counts)
+// runs only when `python` names an interpreter; it runs right after aspen's row of the same dtype, and the table
 // prints aspen / PyTorch beside the goals of issue W1.4.
 //
 // --replicas R: one device (the fused step, `threads` threads) against R
@@ -55,6 +55,7 @@ struct TrainBenchOptions {
   int64_t steps = 5;                                  // timed steps per dtype, after one warm-up step
   std::vector<std::string> dtypes = {"f32", "bf16"};  // matmul compute type
   std::string python;    // interpreter with torch and transformers; empty or "none": no peer
+  bool compile = false;  // the peer also runs torch.compile'd; its faster mode counts (PyTorch's best)
   bool quick = false;    // a tiny GPT-2 (2 layers, d_model 64, vocab 512), batch 2 x 32, 1 timed step
   bool profile = false;  // print the per-op summary of the timed steps
   // A Hugging Face GPT-2 directory to fine-tune instead of the random 124M:

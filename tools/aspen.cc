@@ -330,6 +330,8 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--dtype", train_dtype, "matmul compute type: f32, bf16 or both")
       ->check(CLI::IsMember({"f32", "bf16", "both"}));
   train_cmd->add_option("--python", tb.python, "interpreter with torch and transformers: runs the PyTorch peer");
+  train_cmd->add_flag("--compile", tb.compile,
+                      "the PyTorch peer also runs torch.compile'd (compiles first: minutes); its faster mode counts");
   train_cmd->add_flag("--quick", tb.quick, "a tiny model, one timed step (a smoke test, not a measurement)");
   train_cmd->add_option("--family", tb.family,
                         "gpt2 (GPT-2 124M), llama (a Llama-shaped 124M) or bert (MiniLM's shape, masked LM, seq 4096)")
