@@ -701,7 +701,15 @@ Status check_backward(std::span<const E> q, std::span<const E> k, std::span<cons
   return check_buffers(kName, {{"dbias", dbias, nb}});
 }
 
-// The f32 copies of q, k and v the bf16 entry points make below AMX.
+// NOTE [attention bf16 dot]: bf16 q, k and v go to the bf16 kernel (attention_amx.cc) where the CPU multiplies
+// bf16 pairs: AMX tiles, or AVX512-BF16 dot products (decoding rows excepted: their split-KV f32 path reads the
+// cache once, where the tiles would pad one row to 32); elsewhere the f32 kernel runs on the widened values.
+bool bf16_kernel(int64_t T) {
+  if (reference_mode()) return false;
+  return active_isa() >= Isa::amx || (active_isa() >= Isa::avx512_bf16 && T > kDecodeRows);
+}
+
+// The f32 copies of q, k and v the bf16 entry points make without the bf16 kernel.
 int64_t widened_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D) {
   return (B * H * T + 2 * B * Hk * S) * D * int64_t(sizeof(float));
 }
@@ -766,7 +774,7 @@ std::vector<float> alibi_slopes(int64_t heads, double bias_max) {
 int64_t attention_forward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
                                         int threads, DType dtype) {
   if (dtype == DType::bf16) {
-    if (active_isa() >= Isa::amx && !reference_mode()) return forward_amx_scratch_bytes(B, Hk, S, D, threads);
+    if (bf16_kernel(T)) return forward_bf16_scratch_bytes(B, Hk, S, D, threads);
     return widened_bytes(B, H, Hk, T, S, D) + attention_forward_scratch_bytes(B, H, Hk, T, S, D, threads);
   }
   if (T <= kDecodeRows) {  // NOTE [attention split-KV decoding]
@@ -780,7 +788,7 @@ int64_t attention_forward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_
 int64_t attention_backward_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D,
                                          int threads, DType dtype) {
   if (dtype == DType::bf16) {
-    if (active_isa() >= Isa::amx && !reference_mode()) return backward_amx_scratch_bytes(B, H, Hk, T, S, D, threads);
+    if (bf16_kernel(T)) return backward_bf16_scratch_bytes(B, H, Hk, T, S, D, threads);
     return widened_bytes(B, H, Hk, T, S, D) + attention_backward_scratch_bytes(B, H, Hk, T, S, D, threads);
   }
   return (backward_scratch_floats(D) * int64_t(std::max(threads, 1)) + B * H * T) * int64_t(sizeof(float));
@@ -822,7 +830,7 @@ Status attention_forward(std::span<const bf16> q, std::span<const bf16> k, std::
   int64_t nq, nk, nl;
   ASPEN_RETURN_IF_ERROR(check_forward(q, k, v, out, lse, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
   if (nl == 0) return Status();
-  if (reference_mode() || active_isa() < Isa::amx) {  // the f32 kernel on the widened values
+  if (!bf16_kernel(T)) {  // the f32 kernel on the widened values
     Widened w;
     ASPEN_RETURN_IF_ERROR(w.of(q, k, v, nq, nk));
     return attention_forward(std::span<const float>(w.q), w.k, w.v, out, lse, B, H, Hk, T, S, D, scale, mask);
@@ -830,7 +838,7 @@ Status attention_forward(std::span<const bf16> q, std::span<const bf16> k, std::
   std::vector<int32_t> seg;
   std::vector<uint8_t> tiles;
   const Problem pb = make_problem(nullptr, nullptr, nullptr, B, H, Hk, T, S, D, scale, mask, seg, tiles);
-  forward_amx(pb, q.data(), k.data(), v.data(), out.data(), lse.data());
+  forward_bf16(pb, q.data(), k.data(), v.data(), out.data(), lse.data(), active_isa() >= Isa::amx);
   return Status();
 }
 
@@ -868,7 +876,7 @@ Status attention_backward(std::span<const bf16> q, std::span<const bf16> k, std:
   int64_t nq, nk, nl;
   ASPEN_RETURN_IF_ERROR(
       check_backward(q, k, v, out, lse, dout, dq, dk, dv, dbias, B, H, Hk, T, S, D, scale, mask, &nq, &nk, &nl));
-  if (reference_mode() || active_isa() < Isa::amx) {  // the f32 kernel on the widened values
+  if (!bf16_kernel(T)) {  // the f32 kernel on the widened values
     Widened w;
     ASPEN_RETURN_IF_ERROR(w.of(q, k, v, nq, nk));
     return attention_backward(std::span<const float>(w.q), w.k, w.v, out, lse, dout, dq, dk, dv, B, H, Hk, T, S, D,
@@ -877,8 +885,8 @@ Status attention_backward(std::span<const bf16> q, std::span<const bf16> k, std:
   std::vector<int32_t> seg;
   std::vector<uint8_t> tiles;
   const Problem pb = make_problem(nullptr, nullptr, nullptr, B, H, Hk, T, S, D, scale, mask, seg, tiles);
-  backward_amx(pb, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data(),
-               dbias.empty() ? nullptr : dbias.data());
+  backward_bf16(pb, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(), dk.data(),
+                dv.data(), dbias.empty() ? nullptr : dbias.data(), active_isa() >= Isa::amx);
   return Status();
 }
 

@@ -105,7 +105,7 @@ void pack_values(const uint16_t* v, int64_t cols, int64_t D, int64_t nd, uint16_
 }
 
 // s [32, kBk] (unscaled q.k) = q [32, Dp] (bf16, rows Dp apart) times the packed key block kp.
-void block_scores(const uint16_t* q, int64_t Dp, const uint16_t* kp, float* s) {
+void block_scores_amx(const uint16_t* q, int64_t Dp, const uint16_t* kp, float* s) {
   const int64_t q_stride = Dp * 2, s_stride = kBk * 4;
   for (int64_t cb = 0; cb < kBk / 32; ++cb) {  // keys 32 cb .. 32 cb + 31: key tiles 2 cb and 2 cb + 1
     _tile_zero(0);
@@ -132,8 +132,8 @@ void block_scores(const uint16_t* q, int64_t Dp, const uint16_t* kp, float* s) {
 
 // o [32, Do] (f32, rows Do apart) += p [32, 32 chunks] (bf16, rows ldp apart) times the packed value blocks
 // from vp on (blocks vblock apart), over `chunks` 32-key chunks.
-void block_values(const uint16_t* p, int64_t ldp, const uint16_t* vp, int64_t vblock, int64_t nd, int64_t chunks,
-                  float* o, int64_t Do) {
+void block_values_amx(const uint16_t* p, int64_t ldp, const uint16_t* vp, int64_t vblock, int64_t nd,
+                      int64_t chunks, float* o, int64_t Do) {
   const int64_t o_stride = Do * 4;
   for (int64_t n0 = 0; n0 < nd; n0 += 2) {
     const bool two = n0 + 1 < nd;
@@ -164,6 +164,108 @@ void block_values(const uint16_t* p, int64_t ldp, const uint16_t* vp, int64_t vb
       _tile_stored(3, oc + 16 * Do + 16, o_stride);
     }
   }
+}
+
+// NOTE [attention bf16 dot]: without AMX (Zen 4, Cooper Lake), the same three block products run as
+// AVX512-BF16 dot products (VDPBF16PS) on the very operands packed for the tiles: a B tile's row p holds, for 16
+// columns, the pair of values at K = 2 p, 2 p + 1 (of its 32-deep chunk), which is what VDPBF16PS takes against
+// a broadcast pair of A's row. MR rows x 4 column tiles in 4 MR accumulators (MR = 6: 24 of the 32 zmm); per
+// pair: 4 loads of B, MR broadcasts, 4 MR dot products (32 multiply-adds each, twice a 16-lane FMA's). The
+// sums run over K in order as the tiles' do; the bits may differ from AMX's (each is exact per pair, rounded
+// per accumulation); p and ds rounded to bf16 as with tiles.
+//
+// C [rows, 16 nt] (f32, rows ldc apart) (+)= A [rows, 32 chunks] (bf16, rows lda apart) times the tiles:
+// column tile n of chunk c at chunk(c) + n kTileElems. Rows MR at a time, column tiles 4 at a time.
+template <int MR, int NT>
+void dot_strip(const uint16_t* a, int64_t lda, const uint16_t* const* chunk, int64_t chunks, int64_t n0, float* c,
+               int64_t ldc, bool accumulate) {
+  __m512 acc[MR][NT];
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int n = 0; n < NT; ++n)
+      acc[r][n] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * (n0 + n)) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < chunks; ++k) {
+    const uint16_t* bk = chunk[k] + n0 * kTileElems;
+    const uint16_t* ak = a + 32 * k;
+    for (int p = 0; p < 16; ++p) {
+      __m512bh bv[NT];
+#pragma GCC unroll 4
+      for (int n = 0; n < NT; ++n) bv[n] = __m512bh(_mm512_loadu_si512(bk + n * kTileElems + 32 * p));
+#pragma GCC unroll 6
+      for (int r = 0; r < MR; ++r) {
+        uint32_t pair;
+        std::memcpy(&pair, ak + r * lda + 2 * p, sizeof pair);
+        const __m512bh av = __m512bh(_mm512_set1_epi32(int(pair)));
+#pragma GCC unroll 4
+        for (int n = 0; n < NT; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], av, bv[n]);
+      }
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int n = 0; n < NT; ++n) _mm512_storeu_ps(c + r * ldc + 16 * (n0 + n), acc[r][n]);
+}
+
+template <int MR>
+void dot_rows(const uint16_t* a, int64_t lda, const uint16_t* const* chunk, int64_t chunks, int64_t nt, float* c,
+              int64_t ldc, bool accumulate) {
+  for (int64_t n0 = 0; n0 < nt; n0 += 4) {
+    switch (std::min<int64_t>(4, nt - n0)) {
+      case 4: dot_strip<MR, 4>(a, lda, chunk, chunks, n0, c, ldc, accumulate); break;
+      case 3: dot_strip<MR, 3>(a, lda, chunk, chunks, n0, c, ldc, accumulate); break;
+      case 2: dot_strip<MR, 2>(a, lda, chunk, chunks, n0, c, ldc, accumulate); break;
+      default: dot_strip<MR, 1>(a, lda, chunk, chunks, n0, c, ldc, accumulate); break;
+    }
+  }
+}
+
+using DotRows = void (*)(const uint16_t*, int64_t, const uint16_t* const*, int64_t, int64_t, float*, int64_t, bool);
+constexpr DotRows kDotRows[6] = {dot_rows<1>, dot_rows<2>, dot_rows<3>, dot_rows<4>, dot_rows<5>, dot_rows<6>};
+
+// C (+)= A times the tiles, chunk_at(c) giving chunk c's first column tile; K in groups of kMaxChunks chunks
+// (C through memory between groups: the same sums, in the same order).
+constexpr int64_t kMaxChunks = 8;
+template <class ChunkAt>
+void dot_product(const uint16_t* a, int64_t lda, int64_t rows, ChunkAt chunk_at, int64_t chunks, int64_t nt, float* c,
+                 int64_t ldc, bool accumulate) {
+  for (int64_t c0 = 0; c0 < chunks; c0 += kMaxChunks) {
+    const uint16_t* chunk[kMaxChunks];
+    const int64_t cn = std::min(kMaxChunks, chunks - c0);
+    for (int64_t k = 0; k < cn; ++k) chunk[k] = chunk_at(c0 + k);
+    for (int64_t i = 0; i < rows; i += 6)
+      kDotRows[std::min<int64_t>(6, rows - i) - 1](a + i * lda + 32 * c0, lda, chunk, cn, nt, c + i * ldc, ldc,
+                                                   accumulate || c0 > 0);
+  }
+}
+
+// block_scores_amx's product as dot products.
+void block_scores_dot(const uint16_t* q, int64_t Dp, const uint16_t* kp, float* s) {
+  dot_product(q, Dp, kRows, [kp](int64_t c) { return kp + 4 * c * kTileElems; }, Dp / 32, kBk / 16, s, kBk, false);
+}
+
+// block_values_amx's product as dot products.
+void block_values_dot(const uint16_t* p, int64_t ldp, const uint16_t* vp, int64_t vblock, int64_t nd, int64_t chunks,
+                      float* o, int64_t Do) {
+  dot_product(p, ldp, kRows, [=](int64_t c) { return vp + (c / 2) * vblock + (c % 2) * nd * kTileElems; }, chunks, nd, o,
+              Do, true);
+}
+
+// One call's choice: AMX tiles, or NOTE [attention bf16 dot].
+void block_scores(bool tiles, const uint16_t* q, int64_t Dp, const uint16_t* kp, float* s) {
+  if (tiles)
+    block_scores_amx(q, Dp, kp, s);
+  else
+    block_scores_dot(q, Dp, kp, s);
+}
+
+void block_values(bool tiles, const uint16_t* p, int64_t ldp, const uint16_t* vp, int64_t vblock, int64_t nd,
+                  int64_t chunks, float* o, int64_t Do) {
+  if (tiles)
+    block_values_amx(p, ldp, vp, vblock, nd, chunks, o, Do);
+  else
+    block_values_dot(p, ldp, vp, vblock, nd, chunks, o, Do);
 }
 
 // A tile's raw scores s (q.k) into the exp2 domain (times cs), then what they take beyond q.k as the f32
@@ -266,7 +368,8 @@ void softmax_exp(const float* s, const RowsStep& st, float cs, float* m, float* 
 
 }  // namespace
 
-void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16* v16, float* out, float* lse) {
+void forward_bf16(const Problem& pb, const bf16* q16, const bf16* k16, const bf16* v16, float* out, float* lse,
+                  bool tiles) {
   const auto* q = reinterpret_cast<const uint16_t*>(q16);
   const auto* k = reinterpret_cast<const uint16_t*>(k16);
   const auto* v = reinterpret_cast<const uint16_t*>(v16);
@@ -306,7 +409,7 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
     bool any_valid[kGroup], all_valid[kGroup];
     __mmask16 allow[kRows * 4];
     int lo[kRows], hi[kRows];
-    _tile_loadconfig(&amx_tiles_16x64());
+    if (tiles) _tile_loadconfig(&amx_tiles_16x64());
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
       // NOTE [attention query spans]: the spans that visit the most key blocks (causal: the last) go first.
@@ -334,7 +437,7 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
           int64_t pending = 0, pending_first = 0;  // key blocks whose p waits in p, from block pending_first
           const auto flush = [&] {
             if (pending > 0)
-              block_values(p, kGroup * kBk, vpack.data() + (kvh * nkb + pending_first) * vblock, vblock, nd,
+              block_values(tiles, p, kGroup * kBk, vpack.data() + (kvh * nkb + pending_first) * vblock, vblock, nd,
                            2 * pending, o + at * Do, Do);
             pending = 0;
           };
@@ -345,7 +448,7 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
               flush();  // the pending blocks are consecutive
               continue;
             }
-            block_scores(qs + at * Dp, Dp, kpack.data() + (kvh * nkb + j0 / kBk) * kblock, s);
+            block_scores(tiles, qs + at * Dp, Dp, kpack.data() + (kvh * nkb + j0 / kBk) * kblock, s);
             const bool inside = ranges.inside(j0, cols, all_valid[x]);
             if (!inside) {
               tile_ranges(pb, b, i0, rows, j0, cols, lo, hi);
@@ -386,11 +489,11 @@ void forward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16
       }
       finish_rows(o, Do, m, l, n, D, out + (bh * T + i_begin) * D, lse + bh * T + i_begin);
     }
-    _tile_release();
+    if (tiles) _tile_release();
   }
 }
 
-int64_t forward_amx_scratch_bytes(int64_t B, int64_t Hk, int64_t S, int64_t D, int threads) {
+int64_t forward_bf16_scratch_bytes(int64_t B, int64_t Hk, int64_t S, int64_t D, int threads) {
   const int64_t Dp = round_up(D, 32), Do = round_up(D, 16), nkb = (S + kBk - 1) / kBk;
   const int64_t per =
       kQuerySpan * Dp * 2 + kQuerySpan * Do * 4 + 2 * kQuerySpan * 4 + kRows * kBk * 4 + kRows * kGroup * kBk * 2;
@@ -442,7 +545,8 @@ void store_transposed(const float* acc, int64_t cols, int64_t D, float mult, flo
 
 // acc [Do, kBk] (f32, rows kBk apart) += a [Do, 32 chunks] (bf16, rows lda apart) times b: per 32-row chunk c
 // (of `chunks`), 4 key tiles of pairs of rows (tile n of chunk c at b + (4 c + n) * kTileElems).
-void block_transposed(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunks, int64_t nd, float* acc) {
+void block_transposed_amx(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunks, int64_t nd,
+                          float* acc) {
   const int64_t stride = kBk * 4;
   for (int64_t a0 = 0; a0 < nd; a0 += 2) {
     const bool two = a0 + 1 < nd;
@@ -476,9 +580,24 @@ void block_transposed(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t
   }
 }
 
+// block_transposed_amx's product as dot products (NOTE [attention bf16 dot]).
+void block_transposed_dot(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunks, int64_t nd,
+                          float* acc) {
+  dot_product(a, lda, 16 * nd, [b](int64_t c) { return b + 4 * c * kTileElems; }, chunks, kBk / 16, acc, kBk, true);
+}
+
+void block_transposed(bool tiles, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunks, int64_t nd,
+                      float* acc) {
+  if (tiles)
+    block_transposed_amx(a, lda, b, chunks, nd, acc);
+  else
+    block_transposed_dot(a, lda, b, chunks, nd, acc);
+}
+
 // What one backward call shares: the operands in the tiles' layouts and the rows' constants.
 struct Backward {
   const Problem& pb;
+  bool tiles;  // AMX, else NOTE [attention bf16 dot]
   int64_t D, Dp, Do, nd, T, Tp, S, nkb, kblock, vblock;
   float cs;
   Scratch<uint16_t> q, g;    // q and dout [B H, Tp, Dp] bf16, rows padded
@@ -515,8 +634,8 @@ bool backward_step(const Backward& bw, BackwardScratch& w, int64_t bh, int64_t i
   const uint8_t state = pb.tile_state(bh, i0, j0);
   if (!ranges.meets(j0, cols) || state == kSkipTile) return false;
   const int64_t blk = kvh * bw.nkb + j0 / kBk;
-  block_scores(bw.q.data() + (bh * bw.Tp + i0) * bw.Dp, bw.Dp, bw.kt.data() + blk * bw.kblock, w.s);
-  block_scores(bw.g.data() + (bh * bw.Tp + i0) * bw.Dp, bw.Dp, bw.vt.data() + blk * bw.kblock, w.dp);
+  block_scores(bw.tiles, bw.q.data() + (bh * bw.Tp + i0) * bw.Dp, bw.Dp, bw.kt.data() + blk * bw.kblock, w.s);
+  block_scores(bw.tiles, bw.g.data() + (bh * bw.Tp + i0) * bw.Dp, bw.Dp, bw.vt.data() + blk * bw.kblock, w.dp);
   const bool inside = ranges.inside(j0, cols, all_valid);
   if (!inside) {
     tile_ranges(pb, b, i0, rows, j0, cols, w.lo, w.hi);
@@ -595,13 +714,14 @@ bool backward_step(const Backward& bw, BackwardScratch& w, int64_t bh, int64_t i
 // The schedules are the f32 kernel's (NOTE [attention backward per head]): one pass per kv head when there
 // are enough of them, else pass 1 over key blocks (dk, dv, dbias) and pass 2 over query blocks (dq), both
 // walking the same steps, so the bits are the same either way and do not depend on the thread count.
-void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf16* v16, const float* out,
-                  const float* lse, const float* dout, float* dq, float* dk, float* dv, float* dbias) {
+void backward_bf16(const Problem& pb, const bf16* q16, const bf16* k16, const bf16* v16, const float* out,
+                   const float* lse, const float* dout, float* dq, float* dk, float* dv, float* dbias, bool tiles) {
   const auto* qx = reinterpret_cast<const uint16_t*>(q16);
   const auto* kx = reinterpret_cast<const uint16_t*>(k16);
   const auto* vx = reinterpret_cast<const uint16_t*>(v16);
   const int64_t D = pb.D, T = pb.T, S = pb.S, BH = pb.B * pb.H;
   Backward bw{pb,
+              tiles,
               D,
               round_up(D, 32),
               round_up(D, 16),
@@ -707,9 +827,9 @@ void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf1
       const auto flush = [&](int64_t x) {
         if (pending[x] > 0) {
           float* dkt = acc_t + x * 2 * bw.Do * kBk;
-          block_transposed(bw.gt.data() + bh * bw.Do * bw.Tp + pending_first[x], bw.Tp, w.p_pairs[x], pending[x], bw.nd,
+          block_transposed(bw.tiles, bw.gt.data() + bh * bw.Do * bw.Tp + pending_first[x], bw.Tp, w.p_pairs[x], pending[x], bw.nd,
                            dkt + bw.Do * kBk);
-          block_transposed(bw.qt.data() + bh * bw.Do * bw.Tp + pending_first[x], bw.Tp, w.ds_pairs[x], pending[x],
+          block_transposed(bw.tiles, bw.qt.data() + bh * bw.Do * bw.Tp + pending_first[x], bw.Tp, w.ds_pairs[x], pending[x],
                            bw.nd, dkt);
         }
         pending[x] = 0;
@@ -736,7 +856,7 @@ void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf1
           if (++pending[x] == kBwdGroup) flush(x);
         }
         if (with_dq && top >= 0)  // the visited blocks' keys (zeros for a skipped one between them)
-          block_values(w.ds + bottom * kBk, kBwdKeys * kBk, bw.kp.data() + (blk0 + bottom) * bw.vblock, bw.vblock,
+          block_values(bw.tiles, w.ds + bottom * kBk, kBwdKeys * kBk, bw.kp.data() + (blk0 + bottom) * bw.vblock, bw.vblock,
                        bw.nd, 2 * (top - bottom + 1), dq_acc + (bh * bw.Tp + i0) * bw.Do, bw.Do);
       }
       for (int64_t x = 0; x < nb; ++x) flush(x);
@@ -751,7 +871,7 @@ void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf1
   const bool one_pass = units >= nt && (units % nt == 0 || units >= 4 * int64_t(nt));
 #pragma omp parallel num_threads(nt)
   {
-    _tile_loadconfig(&amx_tiles_16x64());
+    if (tiles) _tile_loadconfig(&amx_tiles_16x64());
     if (one_pass) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t kvh = 0; kvh < units; ++kvh)
@@ -773,12 +893,12 @@ void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf1
           const bool all_valid =
               pb.key_valid == nullptr || std::all_of(w.kv[0], w.kv[0] + cols, [](float y) { return y != 0.0f; });
           if (!backward_step(bw, w, bh, i0, j0, 0, all_valid, 0, false)) continue;
-          block_values(w.ds, kBwdKeys * kBk, bw.kp.data() + (kvh * bw.nkb + j0 / kBk) * bw.vblock, bw.vblock, bw.nd, 2,
+          block_values(bw.tiles, w.ds, kBwdKeys * kBk, bw.kp.data() + (kvh * bw.nkb + j0 / kBk) * bw.vblock, bw.vblock, bw.nd, 2,
                        dq_acc + (bh * bw.Tp + i0) * bw.Do, bw.Do);
         }
       }
     }
-    _tile_release();
+    if (tiles) _tile_release();
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < BH * T; ++row) {
       const float* a = dq_acc + ((row / T) * bw.Tp + row % T) * bw.Do;
@@ -787,7 +907,7 @@ void backward_amx(const Problem& pb, const bf16* q16, const bf16* k16, const bf1
   }
 }
 
-int64_t backward_amx_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D, int threads) {
+int64_t backward_bf16_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D, int threads) {
   const int64_t Dp = round_up(D, 32), Do = round_up(D, 16), Tp = round_up(T, kRows), nkb = (S + kBk - 1) / kBk;
   const int64_t rows = B * H * (Tp * (2 * Dp + 2 * Do) * 2 + Tp * Do * 4 + T * 8);  // q, g, qt, gt, dq, lse2, di
   const int64_t keys = B * Hk * nkb * kBk * (2 * Dp + Do) * 2;                      // kt, vt, kp

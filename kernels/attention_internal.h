@@ -449,14 +449,15 @@ inline int64_t query_span_blocks(int64_t heads, int64_t nqb, int threads) {
   return blocks;
 }
 
-// NOTE [attention amx] (attention_amx.cc): the forward on bf16 q, k and v in AMX tiles, for any mask of
-// pb (whose q, k and v are unused). Only when active_isa() >= Isa::amx.
-void forward_amx(const Problem& pb, const bf16* q, const bf16* k, const bf16* v, float* out, float* lse);
-// NOTE [attention amx backward]: the backward on bf16 q, k and v in AMX tiles (dbias may be null).
-void backward_amx(const Problem& pb, const bf16* q, const bf16* k, const bf16* v, const float* out, const float* lse,
-                  const float* dout, float* dq, float* dk, float* dv, float* dbias);
-int64_t backward_amx_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D, int threads);
-// forward_amx's scratch for one call on `threads` threads: K and V packed, per-thread span buffers.
-int64_t forward_amx_scratch_bytes(int64_t B, int64_t Hk, int64_t S, int64_t D, int threads);
+// NOTE [attention amx] (attention_amx.cc): the forward on bf16 q, k and v, for any mask of pb (whose q, k and v
+// are unused): its block products in AMX tiles (`tiles`: only when active_isa() >= Isa::amx) or as AVX512-BF16
+// dot products on the same packed operands (NOTE [attention bf16 dot]: active_isa() >= Isa::avx512_bf16).
+void forward_bf16(const Problem& pb, const bf16* q, const bf16* k, const bf16* v, float* out, float* lse, bool tiles);
+// NOTE [attention amx backward]: the backward on bf16 q, k and v, likewise (dbias may be null).
+void backward_bf16(const Problem& pb, const bf16* q, const bf16* k, const bf16* v, const float* out, const float* lse,
+                   const float* dout, float* dq, float* dk, float* dv, float* dbias, bool tiles);
+int64_t backward_bf16_scratch_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, int64_t D, int threads);
+// forward_bf16's scratch for one call on `threads` threads: K and V packed, per-thread span buffers.
+int64_t forward_bf16_scratch_bytes(int64_t B, int64_t Hk, int64_t S, int64_t D, int threads);
 
 }  // namespace aspen::kernels::attn
