@@ -112,6 +112,34 @@ std::vector<ValueId> Builder::op(OpKind kind, std::vector<ValueId> inputs, Attrs
   return g_.nodes()[size_t(g_.add_node(std::move(n), *types))].outputs;
 }
 
+// NOTE [unit-axis transposes]: a permutation that keeps the axes of extent > 1 in their order moves no element:
+// every offset stays, so the transpose is a reshape to the permuted extents, which the memory plan makes a view
+// of its input (no copy, no instruction). A decoding step's heads, [B, 1, H, D] <-> [B, H, 1, D] for q, k, v
+// and the attention's output, were four copies per layer. Anything else (an invalid value or permutation)
+// goes to the transpose op, whose checks name it.
+ValueId Builder::transpose(ValueId x, std::vector<int64_t> perm) {
+  if (status_.is_ok() && x.valid()) {
+    const Shape& s = type(x).shape;
+    bool unit_moves = int64_t(perm.size()) == s.rank();
+    std::vector<char> seen(perm.size(), 0);
+    int64_t last = -1;  // the last axis of extent > 1 placed
+    std::vector<int64_t> dims;
+    for (int64_t a : perm) {
+      if (!unit_moves || a < 0 || a >= s.rank() || seen[size_t(a)]) {
+        unit_moves = false;
+        break;
+      }
+      seen[size_t(a)] = 1;
+      dims.push_back(s[int(a)]);
+      if (s[int(a)] == 1) continue;
+      if (a < last) unit_moves = false;
+      last = a;
+    }
+    if (unit_moves) return reshape(x, std::move(dims));
+  }
+  return op1(OpKind::transpose, {x}, {{"perm", perm}});
+}
+
 ValueId Builder::op1(OpKind kind, std::vector<ValueId> inputs, Attrs attrs) {
   std::vector<ValueId> out = op(kind, std::move(inputs), std::move(attrs));
   return out.empty() ? ValueId{} : out[0];

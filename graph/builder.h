@@ -73,7 +73,8 @@ class Builder {
 
   // Shape.
   ValueId reshape(ValueId x, std::vector<int64_t> shape) { return op1(OpKind::reshape, {x}, {{"shape", shape}}); }
-  ValueId transpose(ValueId x, std::vector<int64_t> perm) { return op1(OpKind::transpose, {x}, {{"perm", perm}}); }
+  // NOTE [unit-axis transposes]: a permutation that moves only axes of extent 1 is made a reshape.
+  ValueId transpose(ValueId x, std::vector<int64_t> perm);
   ValueId slice(ValueId x, int64_t axis, int64_t begin, int64_t end) {
     return op1(OpKind::slice, {x}, {{"axis", axis}, {"begin", begin}, {"end", end}});
   }

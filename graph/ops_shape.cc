@@ -636,18 +636,29 @@ void samples_reshape(SampleList& s) {
 }
 
 void samples_transpose(SampleList& s) {
+  // The op itself, whatever the permutation (Builder::transpose makes unit-axis moves reshapes: NOTE
+  // [unit-axis transposes]).
+  static const auto transpose = [](Builder& b, ValueId x, std::vector<int64_t> perm) {
+    return b.op1(OpKind::transpose, {x}, {{"perm", std::move(perm)}});
+  };
   for (const std::vector<int64_t>& perm : {std::vector<int64_t>{2, 0, 1}, {0, 2, 1}, {1, 0, 2}, {2, 1, 0}, {0, 1, 2}})
     s.add("f32 [2, 3, 5] perm " + std::to_string(perm[0]) + std::to_string(perm[1]) + std::to_string(perm[2]),
           [&](Builder& b) {
-            b.transpose(b.input("x", DType::f32, Shape{2, 3, 5}), perm);
+            transpose(b, b.input("x", DType::f32, Shape{2, 3, 5}), perm);
           });
-  s.add("f32 rank 4", [](Builder& b) { b.transpose(b.input("x", DType::f32, Shape{2, 3, 5, 7}), {0, 2, 1, 3}); });
-  s.add("f32 large", [](Builder& b) { b.transpose(b.input("x", DType::f32, Shape{2, 130, 131}), {0, 2, 1}); });
+  s.add("f32 rank 4", [](Builder& b) { transpose(b, b.input("x", DType::f32, Shape{2, 3, 5, 7}), {0, 2, 1, 3}); });
+  s.add("f32 large", [](Builder& b) { transpose(b, b.input("x", DType::f32, Shape{2, 130, 131}), {0, 2, 1}); });
   // The tiled path: channels first <-> last with odd extents (tiles cut at the edges), and a 1 axis.
-  s.add("f32 NCHW to NHWC", [](Builder& b) { b.transpose(b.input("x", DType::f32, Shape{3, 37, 5, 9}), {0, 2, 3, 1}); });
-  s.add("f32 NHWC to NCHW", [](Builder& b) { b.transpose(b.input("x", DType::f32, Shape{2, 7, 11, 45}), {0, 3, 1, 2}); });
-  s.add("f32 with a 1 axis", [](Builder& b) { b.transpose(b.input("x", DType::f32, Shape{1, 40, 1, 33}), {3, 2, 0, 1}); });
-  s.add("bf16", [](Builder& b) { b.transpose(b.input("x", DType::bf16, Shape{2, 3}), {1, 0}); }).fast = false;
+  s.add("f32 NCHW to NHWC", [](Builder& b) {
+    transpose(b, b.input("x", DType::f32, Shape{3, 37, 5, 9}), {0, 2, 3, 1});
+  });
+  s.add("f32 NHWC to NCHW", [](Builder& b) {
+    transpose(b, b.input("x", DType::f32, Shape{2, 7, 11, 45}), {0, 3, 1, 2});
+  });
+  s.add("f32 with a 1 axis", [](Builder& b) {
+    transpose(b, b.input("x", DType::f32, Shape{1, 40, 1, 33}), {3, 2, 0, 1});
+  });
+  s.add("bf16", [](Builder& b) { transpose(b, b.input("x", DType::bf16, Shape{2, 3}), {1, 0}); }).fast = false;
 }
 
 void samples_slice(SampleList& s) {

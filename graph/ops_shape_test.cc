@@ -133,6 +133,32 @@ TEST(ShapeOps, TransposeValues) {
   }
 }
 
+// NOTE [unit-axis transposes]: the builder makes a transpose that moves only axes of extent 1 a reshape (the
+// same values: the transpose op itself, forced through op1, is the reference); any other stays a transpose.
+TEST(ShapeOps, UnitAxisTransposesAreReshapes) {
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> perm;
+    bool reshape;
+  };
+  for (const Case& c : {Case{{2, 1, 3, 1}, {1, 0, 3, 2}, true}, Case{{1, 4, 1, 8}, {0, 2, 1, 3}, true},
+                        Case{{3, 1}, {1, 0}, true}, Case{{2, 3, 1}, {1, 0, 2}, false},
+                        Case{{1, 2, 1, 3}, {3, 2, 1, 0}, false}}) {
+    SCOPED_TRACE(c.shape.to_string());
+    std::map<std::string, HostArray> feeds = {{"x", host(DType::f32, c.shape, iota(c.shape.numel()))}};
+    Graph g, ref;
+    Builder b(g), r(ref);
+    const ValueId y = b.transpose(b.input("x", DType::f32, c.shape), c.perm);
+    b.output("y", y);
+    r.output("y", r.op1(OpKind::transpose, {r.input("x", DType::f32, c.shape)}, {{"perm", c.perm}}));
+    ASSERT_TRUE(b.status().is_ok() && r.status().is_ok());
+    EXPECT_EQ(g.node(g.value(y).producer).op, c.reshape ? OpKind::reshape : OpKind::transpose);
+    const HostArray got = eval_y(g, feeds), want = eval_y(ref, feeds);
+    EXPECT_EQ(got.type, want.type);
+    EXPECT_EQ(got.data, want.data);
+  }
+}
+
 TEST(ShapeOps, TransposeGradient) {
   for (std::vector<int64_t> perm : {std::vector<int64_t>{2, 0, 1}, std::vector<int64_t>{1, 2, 0}}) {
     Graph g;

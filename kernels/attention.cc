@@ -717,8 +717,7 @@ int64_t widened_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, in
 // q, k and v widened to f32 (the bf16 entry points below AMX).
 struct Widened {
   std::vector<float> q, k, v;
-  Status of(std::span<const bf16> q16, std::span<const bf16> k16, std::span<const bf16> v16, int64_t nq,
-            int64_t nk) {
+  Status of(std::span<const bf16> q16, std::span<const bf16> k16, std::span<const bf16> v16, int64_t nq, int64_t nk) {
     q.resize(size_t(nq));
     k.resize(size_t(nk));
     v.resize(size_t(nk));

@@ -213,10 +213,18 @@ void dot_rows(const uint16_t* a, int64_t lda, const uint16_t* const* chunk, int6
               int64_t ldc, bool accumulate) {
   for (int64_t n0 = 0; n0 < nt; n0 += 4) {
     switch (std::min<int64_t>(4, nt - n0)) {
-      case 4: dot_strip<MR, 4>(a, lda, chunk, chunks, n0, c, ldc, accumulate); break;
-      case 3: dot_strip<MR, 3>(a, lda, chunk, chunks, n0, c, ldc, accumulate); break;
-      case 2: dot_strip<MR, 2>(a, lda, chunk, chunks, n0, c, ldc, accumulate); break;
-      default: dot_strip<MR, 1>(a, lda, chunk, chunks, n0, c, ldc, accumulate); break;
+      case 4:
+        dot_strip<MR, 4>(a, lda, chunk, chunks, n0, c, ldc, accumulate);
+        break;
+      case 3:
+        dot_strip<MR, 3>(a, lda, chunk, chunks, n0, c, ldc, accumulate);
+        break;
+      case 2:
+        dot_strip<MR, 2>(a, lda, chunk, chunks, n0, c, ldc, accumulate);
+        break;
+      default:
+        dot_strip<MR, 1>(a, lda, chunk, chunks, n0, c, ldc, accumulate);
+        break;
     }
   }
 }
@@ -242,14 +250,16 @@ void dot_product(const uint16_t* a, int64_t lda, int64_t rows, ChunkAt chunk_at,
 
 // block_scores_amx's product as dot products.
 void block_scores_dot(const uint16_t* q, int64_t Dp, const uint16_t* kp, float* s) {
-  dot_product(q, Dp, kRows, [kp](int64_t c) { return kp + 4 * c * kTileElems; }, Dp / 32, kBk / 16, s, kBk, false);
+  dot_product(
+      q, Dp, kRows, [kp](int64_t c) { return kp + 4 * c * kTileElems; }, Dp / 32, kBk / 16, s, kBk, false);
 }
 
 // block_values_amx's product as dot products.
 void block_values_dot(const uint16_t* p, int64_t ldp, const uint16_t* vp, int64_t vblock, int64_t nd, int64_t chunks,
                       float* o, int64_t Do) {
-  dot_product(p, ldp, kRows, [=](int64_t c) { return vp + (c / 2) * vblock + (c % 2) * nd * kTileElems; }, chunks, nd, o,
-              Do, true);
+  dot_product(
+      p, ldp, kRows, [=](int64_t c) { return vp + (c / 2) * vblock + (c % 2) * nd * kTileElems; }, chunks, nd, o, Do,
+      true);
 }
 
 // One call's choice: AMX tiles, or NOTE [attention bf16 dot].
@@ -581,9 +591,9 @@ void block_transposed_amx(const uint16_t* a, int64_t lda, const uint16_t* b, int
 }
 
 // block_transposed_amx's product as dot products (NOTE [attention bf16 dot]).
-void block_transposed_dot(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunks, int64_t nd,
-                          float* acc) {
-  dot_product(a, lda, 16 * nd, [b](int64_t c) { return b + 4 * c * kTileElems; }, chunks, kBk / 16, acc, kBk, true);
+void block_transposed_dot(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunks, int64_t nd, float* acc) {
+  dot_product(
+      a, lda, 16 * nd, [b](int64_t c) { return b + 4 * c * kTileElems; }, chunks, kBk / 16, acc, kBk, true);
 }
 
 void block_transposed(bool tiles, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t chunks, int64_t nd,
@@ -827,10 +837,10 @@ void backward_bf16(const Problem& pb, const bf16* q16, const bf16* k16, const bf
       const auto flush = [&](int64_t x) {
         if (pending[x] > 0) {
           float* dkt = acc_t + x * 2 * bw.Do * kBk;
-          block_transposed(bw.tiles, bw.gt.data() + bh * bw.Do * bw.Tp + pending_first[x], bw.Tp, w.p_pairs[x], pending[x], bw.nd,
-                           dkt + bw.Do * kBk);
-          block_transposed(bw.tiles, bw.qt.data() + bh * bw.Do * bw.Tp + pending_first[x], bw.Tp, w.ds_pairs[x], pending[x],
-                           bw.nd, dkt);
+          block_transposed(bw.tiles, bw.gt.data() + bh * bw.Do * bw.Tp + pending_first[x], bw.Tp, w.p_pairs[x],
+                           pending[x], bw.nd, dkt + bw.Do * kBk);
+          block_transposed(bw.tiles, bw.qt.data() + bh * bw.Do * bw.Tp + pending_first[x], bw.Tp, w.ds_pairs[x],
+                           pending[x], bw.nd, dkt);
         }
         pending[x] = 0;
       };
@@ -856,8 +866,8 @@ void backward_bf16(const Problem& pb, const bf16* q16, const bf16* k16, const bf
           if (++pending[x] == kBwdGroup) flush(x);
         }
         if (with_dq && top >= 0)  // the visited blocks' keys (zeros for a skipped one between them)
-          block_values(bw.tiles, w.ds + bottom * kBk, kBwdKeys * kBk, bw.kp.data() + (blk0 + bottom) * bw.vblock, bw.vblock,
-                       bw.nd, 2 * (top - bottom + 1), dq_acc + (bh * bw.Tp + i0) * bw.Do, bw.Do);
+          block_values(bw.tiles, w.ds + bottom * kBk, kBwdKeys * kBk, bw.kp.data() + (blk0 + bottom) * bw.vblock,
+                       bw.vblock, bw.nd, 2 * (top - bottom + 1), dq_acc + (bh * bw.Tp + i0) * bw.Do, bw.Do);
       }
       for (int64_t x = 0; x < nb; ++x) flush(x);
     }
@@ -893,8 +903,8 @@ void backward_bf16(const Problem& pb, const bf16* q16, const bf16* k16, const bf
           const bool all_valid =
               pb.key_valid == nullptr || std::all_of(w.kv[0], w.kv[0] + cols, [](float y) { return y != 0.0f; });
           if (!backward_step(bw, w, bh, i0, j0, 0, all_valid, 0, false)) continue;
-          block_values(bw.tiles, w.ds, kBwdKeys * kBk, bw.kp.data() + (kvh * bw.nkb + j0 / kBk) * bw.vblock, bw.vblock, bw.nd, 2,
-                       dq_acc + (bh * bw.Tp + i0) * bw.Do, bw.Do);
+          block_values(bw.tiles, w.ds, kBwdKeys * kBk, bw.kp.data() + (kvh * bw.nkb + j0 / kBk) * bw.vblock, bw.vblock,
+                       bw.nd, 2, dq_acc + (bh * bw.Tp + i0) * bw.Do, bw.Do);
         }
       }
     }

@@ -36,7 +36,8 @@ ASPEN_TARGET_AVX2 void gemm_tile_256(const float* a, int64_t ars, int64_t aks, c
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 2
-    for (int v = 0; v < 2; ++v) acc[r][v] = accumulate ? load_panel256<kWhole>(c + r * ldc + 8 * v, mk, v) : _mm256_setzero_ps();
+    for (int v = 0; v < 2; ++v)
+      acc[r][v] = accumulate ? load_panel256<kWhole>(c + r * ldc + 8 * v, mk, v) : _mm256_setzero_ps();
   for (int64_t k = 0; k < kk; ++k) {
     const float* bk = b + k * ldb;
     const __m256 b0 = load_panel256<kWhole>(bk, mk, 0), b1 = load_panel256<kWhole>(bk + 8, mk, 1);

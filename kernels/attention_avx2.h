@@ -24,9 +24,8 @@ struct Avx2 {
                                              const float* kv, float* m, float* l, float* o, int64_t D, bool partial);
   ASPEN_TARGET_AVX2 static void decode_row(const float* q, const float* kh, const float* vh, int64_t lo, int64_t hi,
                                            const uint8_t* valid, int64_t D, float cs, float* out, float* lse);
-  ASPEN_TARGET_AVX2 static void grad_tile(float* s, float* dp, int64_t rows, int64_t cols, const int* lo,
-                                          const int* hi, const float* kv, const float* lse2, const float* di,
-                                          float cs);
+  ASPEN_TARGET_AVX2 static void grad_tile(float* s, float* dp, int64_t rows, int64_t cols, const int* lo, const int* hi,
+                                          const float* kv, const float* lse2, const float* di, float cs);
 };
 
 }  // namespace aspen::kernels::attn
