@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/philox.h"
 #include "kernels/cpu.h"
+#include "kernels/testing.h"
 
 namespace aspen::kernels {
 namespace {
@@ -30,22 +31,32 @@ std::vector<BlockQ8_0> random_blocks(int64_t n, uint64_t seed) {
 }
 
 TEST(Q8_0, QuantizeRowAsGgml) {
-  std::vector<float> x(64);
-  philox_fill_uniform(std::span<float>(x), 3, 0, 0, -2.0f, 2.0f);
-  x[5] = 0.0f;
-  std::vector<BlockQ8_0> q(2);
-  quantize_row_q8_0(x.data(), 64, q.data());
-  for (int b = 0; b < 2; ++b) {
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[size_t(b * 32 + j)]));
-    const float d = amax / 127.0f, id = 1.0f / d;
-    EXPECT_EQ(q[size_t(b)].d, f32_to_f16(d).bits);
-    for (int j = 0; j < 32; ++j) EXPECT_EQ(q[size_t(b)].qs[j], int8_t(std::roundf(x[size_t(b * 32 + j)] * id)));
+  for (Isa isa : testing::available_isas(Isa::avx2)) {  // the AVX2 quantizer gives the scalar loop's bits
+    SCOPED_TRACE(isa_name(isa));
+    ScopedIsaCap cap(isa);
+    std::vector<float> x(64);
+    philox_fill_uniform(std::span<float>(x), 3, 0, 0, -2.0f, 2.0f);
+    x[5] = 0.0f;
+    std::vector<BlockQ8_0> q(2);
+    quantize_row_q8_0(x.data(), 64, q.data());
+    for (int b = 0; b < 2; ++b) {
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[size_t(b * 32 + j)]));
+      const float d = amax / 127.0f, id = 1.0f / d;
+      EXPECT_EQ(q[size_t(b)].d, f32_to_f16(d).bits);
+      for (int j = 0; j < 32; ++j) EXPECT_EQ(q[size_t(b)].qs[j], int8_t(std::roundf(x[size_t(b * 32 + j)] * id)));
+    }
+    // Halves round away from zero, as roundf (amax 127: the scale is 1, x * id = x exactly).
+    std::vector<float> halves = {127.0f,  2.5f,       -2.5f,       0.5f, -0.5f, 126.5f,
+                                 -126.5f, 1.4999999f, -1.4999999f, 0.0f, -0.0f};
+    halves.resize(32, 3.5f);
+    quantize_row_q8_0(halves.data(), 32, q.data());
+    for (int j = 0; j < 32; ++j) EXPECT_EQ(q[0].qs[j], int8_t(std::roundf(halves[size_t(j)]))) << halves[size_t(j)];
+    std::vector<float> zeros(32, 0.0f);
+    quantize_row_q8_0(zeros.data(), 32, q.data());
+    EXPECT_EQ(q[0].d, 0);
+    for (int j = 0; j < 32; ++j) EXPECT_EQ(q[0].qs[j], 0);
   }
-  std::vector<float> zeros(32, 0.0f);
-  quantize_row_q8_0(zeros.data(), 32, q.data());
-  EXPECT_EQ(q[0].d, 0);
-  for (int j = 0; j < 32; ++j) EXPECT_EQ(q[0].qs[j], 0);
 }
 
 // One format's four entry points.
