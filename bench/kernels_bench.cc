@@ -78,18 +78,25 @@ Status run_kernels_bench(const KernelsBenchOptions& opt, std::ostream& out) {
   if (!opt.json)
     out << fmt::format("# {} thread(s), {} MiB per array, STREAM-style copy: {:.1f} GB/s (isa {})\n", opt.threads,
                        N * 4 >> 20, copy_bw / 1e9, kernels::isa_name(kernels::active_isa()));
+  // NOTE [guarded rows]: the copy's bandwidth is the row's ceiling, measured before and after it.
+  const auto ceiling = [&] { return measure_copy_bandwidth(size_t(N) * 4); };
   for (const Case& c : cases) {
     Status st;
-    double t = best_seconds([&] { st = c.run(); }, opt.quick ? 1 : 5, opt.quick ? 0.0 : 0.3);
+    const RowTimes times = guarded_rounds({[&] { st = c.run(); }}, opt.quick ? std::function<double()>() : ceiling,
+                                          opt.quick ? 1 : 5, opt.quick ? 0.0 : 0.3);
     ASPEN_RETURN_IF_ERROR(std::move(st).with_context("bench kernels: " + c.name));
-    const double bw = c.bytes / t;
+    const double bw = c.bytes / times.min[0], row_copy = times.ceiling() > 0 ? times.ceiling() : copy_bw;
     if (opt.json) {
       nlohmann::ordered_json row = {{"bench", "kernels"},     {"kernel", c.name},   {"elements", N},
-                                    {"threads", opt.threads}, {"bytes_per_s", bw}, {"copy_bytes_per_s", copy_bw},
-                                    {"fraction_of_copy", bw / copy_bw}};
+                                    {"threads", opt.threads}, {"bytes_per_s", bw}, {"copy_bytes_per_s", row_copy},
+                                    {"fraction_of_copy", bw / row_copy}};
+      row["seconds"] = spread_json(times, 0);
+      add_guard_fields(row, times);
       out << row.dump() << "\n";
     } else {
-      out << fmt::format("{:<20} {:>8.1f} GB/s  {:>5.0f}% of copy\n", c.name, bw / 1e9, 100 * bw / copy_bw);
+      out << fmt::format("{:<20} {:>8.1f} GB/s  {:>5.0f}% of copy{}\n", c.name, bw / 1e9, 100 * bw / row_copy,
+                         times.disturbed ? fmt::format("  (disturbed: the copy moved {:.0f}%)", 100 * times.drift())
+                                         : "");
     }
     out.flush();
   }

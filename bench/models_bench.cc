@@ -3,8 +3,14 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <fmt/format.h>
+
+#include <cmath>
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
+
+#include "bench/common.h"
 
 namespace aspen::bench {
 
@@ -26,6 +32,9 @@ Status run_models_bench(const ModelsBenchOptions& o, std::ostream& out) {
   if (o.quick) cmd += " --quick";
   if (o.compile) cmd += " --compile";
   if (o.batch_norm) cmd += " --batch-norm";
+  // NOTE [guarded rows]: the script interleaves aspen and PyTorch per row itself; the FMA peak before and after
+  // the whole run says whether the host moved under it.
+  const double before = o.quick ? 0.0 : measure_f32_fma_peak(o.threads);
   std::unique_ptr<FILE, int (*)(FILE*)> p(::popen((cmd + " 2>&1").c_str(), "r"), ::pclose);
   if (!p) return Status::error(Code::kIoError, what, "to start " + o.python, "popen failed");
   char line[4096];
@@ -36,6 +45,19 @@ Status run_models_bench(const ModelsBenchOptions& o, std::ostream& out) {
                          "exit status " + std::to_string(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1) +
                              " (its output is above; --python names an interpreter with torch, torchvision and "
                              "transformers)");
+  if (o.quick) return Status();
+  const double after = measure_f32_fma_peak(o.threads);
+  const bool moved = std::abs(after - before) > 0.05 * std::max(after, before);
+  if (o.json)
+    out << nlohmann::ordered_json({{"bench", o.script.substr(0, o.script.find('.')) + "_guard"},
+                                   {"peak_gflops_before", before},
+                                   {"peak_gflops_after", after},
+                                   {"disturbed", moved}})
+               .dump()
+        << "\n";
+  else
+    out << fmt::format("# FMA peak {:.0f} GFLOP/s before the run, {:.0f} after{}\n", before, after,
+                       moved ? ": DISTURBED (moved by more than 5 %: run again for figures to quote)" : "");
   return Status();
 }
 
