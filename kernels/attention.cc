@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/tensor.h"
 #include "kernels/attention_avx2.h"
 #include "kernels/attention_avx512.h"
 #include "kernels/attention_internal.h"
@@ -83,6 +84,9 @@ struct Portable {
 
 // ---------------------------------------------------------------------------
 // Drivers, shared by the ISAs.
+
+// n floats, zeroed, as a tensor: its block comes from the tensor block cache when one of the size was freed.
+Tensor scratch_tensor(int64_t n) { return Tensor(DType::f32, Shape{std::max<int64_t>(n, 1)}); }
 
 int64_t forward_scratch_floats(int64_t D) { return 2 * kQuerySpan * D + D * kBk + 2 * kBq * kBk + 2 * kQuerySpan + kBk; }
 
@@ -163,7 +167,10 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
   const int64_t D = pb.D, T = pb.T, S = pb.S;
   const int nt = omp_get_max_threads();
   const int64_t per = forward_scratch_floats(D);
-  std::vector<float> scratch(size_t(per * nt));
+  // Buffers as zeroed tensors: from the tensor block cache on the next call of the same size (NOTE [tensor
+  // block cache]; a vector faulted its pages in again every call).
+  Tensor scratch_t = scratch_tensor(per * nt);
+  float* const scratch = scratch_t.data<float>();
   const int64_t nqb = (T + kBq - 1) / kBq;
   const int64_t span_blocks = query_span_blocks(pb.B * pb.H, nqb, nt);  // NOTE [attention query spans]
   const int64_t nspan = (nqb + span_blocks - 1) / span_blocks, tasks = pb.B * pb.H * nspan;
@@ -174,17 +181,18 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
   // strides rows by S floats, which alias in L1 when S is a multiple of 1024). The size of k, rounded up.
   const bool once = nqb > 1;
   const int64_t nkb = (S + kBk - 1) / kBk;
-  std::vector<float> k_t(once ? size_t(pb.B * pb.Hk * nkb * D * kBk) : 0);
+  Tensor k_t_t = scratch_tensor(once ? pb.B * pb.Hk * nkb * D * kBk : 0);
+  float* const k_t = k_t_t.data<float>();
   if (once) {
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t u = 0; u < pb.B * pb.Hk * nkb; ++u) {
       const int64_t kvh = u / nkb, j0 = (u % nkb) * kBk;
-      Ops::transpose(pb.k + (kvh * S + j0) * D, std::min(kBk, S - j0), D, k_t.data() + u * D * kBk);
+      Ops::transpose(pb.k + (kvh * S + j0) * D, std::min(kBk, S - j0), D, k_t + u * D * kBk);
     }
   }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
   for (int64_t t = 0; t < tasks; ++t) {
-    float* qs = scratch.data() + per * omp_get_thread_num();
+    float* qs = scratch + per * omp_get_thread_num();
     float* o = qs + kQuerySpan * D;
     float* kt = o + kQuerySpan * D;
     float* s = kt + D * kBk;
@@ -218,7 +226,7 @@ void forward_fast(const Problem& pb, float* out, float* lse) {
       const bool all_valid = pb.key_valid == nullptr || std::all_of(kv, kv + cols, [](float x) { return x != 0.0f; });
       const float* ktile = kt;
       if (once)
-        ktile = k_t.data() + (pb.kv_head(bh) * nkb + j0 / kBk) * D * kBk;
+        ktile = k_t + (pb.kv_head(bh) * nkb + j0 / kBk) * D * kBk;
       else
         Ops::transpose(kh + j0 * D, cols, D, kt);
       for (int64_t u = 0; u < nsub; ++u) {  // each 64-row block of the span on this key block
@@ -265,7 +273,8 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
   const int64_t D = pb.D, T = pb.T, S = pb.S, BH = pb.B * pb.H;
   const int nt = omp_get_max_threads();
   const int64_t per = backward_scratch_floats(D);
-  std::vector<float> scratch(size_t(per * nt));
+  Tensor scratch_t = scratch_tensor(per * nt);  // as the forward's
+  float* const scratch = scratch_t.data<float>();
   const float cs = pb.scale * kLog2e;
 
   if (dbias) {  // elements of skipped tiles (masked) stay 0
@@ -286,7 +295,7 @@ void backward_fast(const Problem& pb, const float* out, const float* lse, const 
     int lo[kBq], hi[kBq];
   };
   auto carve = [&](Tile& w) {
-    w.kt = scratch.data() + per * omp_get_thread_num();
+    w.kt = scratch + per * omp_get_thread_num();
     w.vt = w.kt + D * kBk;
     w.s = w.vt + D * kBk;
     w.dp = w.s + kBq * kBk;
@@ -715,15 +724,18 @@ int64_t widened_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, in
 }
 
 // q, k and v widened to f32 (the bf16 entry points below AMX).
+// Tensors, not vectors: uninitialized (a vector zeroed megabytes first) and from the tensor block cache (NOTE
+// [tensor block cache]: a training step widens the same sizes every layer and step, and fresh vectors faulted
+// their pages in each time: a bf16 causal forward at 4k on AVX2 took 9 ms more than the f32 one).
 struct Widened {
-  std::vector<float> q, k, v;
+  Tensor q, k, v;
   Status of(std::span<const bf16> q16, std::span<const bf16> k16, std::span<const bf16> v16, int64_t nq, int64_t nk) {
-    q.resize(size_t(nq));
-    k.resize(size_t(nk));
-    v.resize(size_t(nk));
-    ASPEN_RETURN_IF_ERROR(convert_bf16_to_f32(q16, q, nq));
-    ASPEN_RETURN_IF_ERROR(convert_bf16_to_f32(k16, k, nk));
-    return convert_bf16_to_f32(v16, v, nk);
+    ASPEN_ASSIGN_OR_RETURN(q, Tensor::make_uninitialized(DType::f32, Shape{nq}));
+    ASPEN_ASSIGN_OR_RETURN(k, Tensor::make_uninitialized(DType::f32, Shape{nk}));
+    ASPEN_ASSIGN_OR_RETURN(v, Tensor::make_uninitialized(DType::f32, Shape{nk}));
+    ASPEN_RETURN_IF_ERROR(convert_bf16_to_f32(q16, q.span<float>(), nq));
+    ASPEN_RETURN_IF_ERROR(convert_bf16_to_f32(k16, k.span<float>(), nk));
+    return convert_bf16_to_f32(v16, v.span<float>(), nk);
   }
 };
 
@@ -832,7 +844,8 @@ Status attention_forward(std::span<const bf16> q, std::span<const bf16> k, std::
   if (!bf16_kernel(T)) {  // the f32 kernel on the widened values
     Widened w;
     ASPEN_RETURN_IF_ERROR(w.of(q, k, v, nq, nk));
-    return attention_forward(std::span<const float>(w.q), w.k, w.v, out, lse, B, H, Hk, T, S, D, scale, mask);
+    return attention_forward(std::span<const float>(w.q.span<float>()), std::span<const float>(w.k.span<float>()),
+                             std::span<const float>(w.v.span<float>()), out, lse, B, H, Hk, T, S, D, scale, mask);
   }
   std::vector<int32_t> seg;
   std::vector<uint8_t> tiles;
@@ -878,14 +891,15 @@ Status attention_backward(std::span<const bf16> q, std::span<const bf16> k, std:
   if (!bf16_kernel(T)) {  // the f32 kernel on the widened values
     Widened w;
     ASPEN_RETURN_IF_ERROR(w.of(q, k, v, nq, nk));
-    return attention_backward(std::span<const float>(w.q), w.k, w.v, out, lse, dout, dq, dk, dv, B, H, Hk, T, S, D,
+    return attention_backward(std::span<const float>(w.q.span<float>()), std::span<const float>(w.k.span<float>()),
+                              std::span<const float>(w.v.span<float>()), out, lse, dout, dq, dk, dv, B, H, Hk, T, S, D,
                               scale, mask, dbias);
   }
   std::vector<int32_t> seg;
   std::vector<uint8_t> tiles;
   const Problem pb = make_problem(nullptr, nullptr, nullptr, B, H, Hk, T, S, D, scale, mask, seg, tiles);
-  backward_bf16(pb, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(), dk.data(),
-                dv.data(), dbias.empty() ? nullptr : dbias.data(), active_isa() >= Isa::amx);
+  backward_bf16(pb, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data(),
+                dbias.empty() ? nullptr : dbias.data(), active_isa() >= Isa::amx);
   return Status();
 }
 
