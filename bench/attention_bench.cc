@@ -225,7 +225,7 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
   struct Round {
     std::map<Key, double> mine, peer, flex;
     double before = 0, after = 0;
-    bool disturbed() const { return std::abs(after - before) > 0.05 * std::max(after, before); }
+    bool disturbed() const { return ceiling_moved(before, after); }
   };
   const bool run_peer_too = !opt.python.empty() && opt.python != "none";
   std::vector<Round> rounds(size_t(opt.rounds));
@@ -246,26 +246,19 @@ Status run_attention_bench(const AttentionBenchOptions& opt, std::ostream& out) 
   const bool disturbed = clean.empty();
   if (disturbed)
     for (const Round& r : rounds) clean.push_back(&r);
-  // The spread of one figure over the rounds used: {min, median, max}; empty when no round has it.
-  using Spread = std::vector<double>;
+  // The spread of one figure over the rounds used (all 0 when no round has it).
   const auto spread = [&](std::map<Key, double> Round::*which, const Key& key) {
-    Spread v;
+    std::vector<double> v;
     for (const Round* r : clean)
       if (const auto it = (r->*which).find(key); it != (r->*which).end() && it->second > 0) v.push_back(it->second);
-    std::sort(v.begin(), v.end());
-    if (v.empty()) return v;
-    const double median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-    return Spread{v.front(), median, v.back()};
-  };
-  const auto spread_json = [](const Spread& v) {
-    return nlohmann::ordered_json{{"min", v[0]}, {"median", v[1]}, {"max", v[2]}};
+    return spread_of(std::move(v));
   };
   std::map<Key, double> mine, peer, flex;  // the best of the rounds used
   for (const Row& r : rows) {
     const Key key{r.mask, r.T, r.dtype, r.pass};
-    if (const Spread v = spread(&Round::mine, key); !v.empty()) mine[key] = v[0];
-    if (const Spread v = spread(&Round::peer, key); !v.empty()) peer[key] = v[0];
-    if (const Spread v = spread(&Round::flex, key); !v.empty()) flex[key] = v[0];
+    if (const Spread s = spread(&Round::mine, key); s.min > 0) mine[key] = s.min;
+    if (const Spread s = spread(&Round::peer, key); s.min > 0) peer[key] = s.min;
+    if (const Spread s = spread(&Round::flex, key); s.min > 0) flex[key] = s.min;
   }
   double peak_lo = 1e30, peak_hi = 0;
   for (const Round& r : rounds)

@@ -36,9 +36,22 @@ double best_seconds(const std::function<void()>& fn, int min_reps, double min_se
   return best;
 }
 
-double RowTimes::drift() const {
-  const double hi = ceiling();
-  return hi > 0.0 ? std::abs(ceiling_after - ceiling_before) / hi : 0.0;
+double ceiling_drift(double before, double after) {
+  const double hi = std::max(before, after);
+  return hi > 0.0 ? std::abs(after - before) / hi : 0.0;
+}
+
+double RowTimes::drift() const { return ceiling_drift(ceiling_before, ceiling_after); }
+
+Spread spread_of(std::vector<double> v) {
+  if (v.empty()) return {};
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return {v.front(), n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.back()};
+}
+
+nlohmann::ordered_json spread_json(const Spread& s) {
+  return {{"min", s.min}, {"median", s.median}, {"max", s.max}};
 }
 
 RowTimes guarded_rounds(const std::vector<std::function<void()>>& fns, const std::function<double()>& ceiling,
@@ -65,10 +78,8 @@ RowTimes guarded_rounds(const std::vector<std::function<void()>>& fns, const std
     t.ceiling_after = ceiling ? ceiling() : 0.0;
     t.min.assign(fns.size(), 0.0), t.median.assign(fns.size(), 0.0), t.max.assign(fns.size(), 0.0);
     for (size_t i = 0; i < fns.size(); ++i) {
-      std::vector<double>& v = per[i];
-      std::sort(v.begin(), v.end());
-      t.min[i] = v.front(), t.max[i] = v.back();
-      t.median[i] = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+      const Spread s = spread_of(std::move(per[i]));
+      t.min[i] = s.min, t.median[i] = s.median, t.max[i] = s.max;
     }
     t.disturbed = ceiling && t.drift() > tolerance;
     if (!t.disturbed || attempt >= retries) return t;

@@ -34,6 +34,18 @@ struct RowTimes {
   double ceiling() const { return ceiling_before > ceiling_after ? ceiling_before : ceiling_after; }
   double drift() const;                   // |after - before| / max(before, after); 0 without a ceiling
 };
+// How far a ceiling moved between two measurements: |after - before| / max(before, after); 0 when both are 0.
+// Over kMovedTolerance (5 %), the host was disturbed between them (NOTE [guarded rows]).
+constexpr double kMovedTolerance = 0.05;
+double ceiling_drift(double before, double after);
+inline bool ceiling_moved(double before, double after) { return ceiling_drift(before, after) > kMovedTolerance; }
+// The min, median and max of some seconds (all 0 when there are none).
+struct Spread {
+  double min = 0, median = 0, max = 0;
+};
+Spread spread_of(std::vector<double> seconds);
+nlohmann::ordered_json spread_json(const Spread& s);  // {"min": s, "median": s, "max": s}
+
 RowTimes guarded_rounds(const std::vector<std::function<void()>>& fns, const std::function<double()>& ceiling,
                         int rounds = 5, double min_seconds = 0.3, double tolerance = 0.05, int retries = 1);
 // The spread of candidate i as JSON: {"min": s, "median": s, "max": s} (seconds per run).

@@ -33,6 +33,21 @@ TEST(GuardedRounds, SpreadAndSteadyCeiling) {
   EXPECT_EQ(spread_json(t, 1)["median"].get<double>(), t.median[1]);
 }
 
+TEST(GuardedRounds, DriftAndSpreadHelpers) {
+  EXPECT_DOUBLE_EQ(ceiling_drift(100, 95), 0.05);
+  EXPECT_DOUBLE_EQ(ceiling_drift(95, 100), 0.05);
+  EXPECT_EQ(ceiling_drift(0, 0), 0.0);
+  EXPECT_FALSE(ceiling_moved(100, 95));  // exactly 5 %: not over it
+  EXPECT_TRUE(ceiling_moved(100, 94));
+  const Spread odd = spread_of({3, 1, 2}), even = spread_of({4, 1, 2, 3}), none = spread_of({});
+  EXPECT_EQ(odd.min, 1);
+  EXPECT_EQ(odd.median, 2);
+  EXPECT_EQ(odd.max, 3);
+  EXPECT_EQ(even.median, 2.5);
+  EXPECT_EQ(none.min, 0);
+  EXPECT_EQ(spread_json(odd)["max"].get<double>(), 3);
+}
+
 TEST(GuardedRounds, AMovingCeilingIsMeasuredAgainThenFlagged) {
   // Moves by 20 % on the first attempt only: measured again, then clean.
   std::vector<double> once = {100, 80, 100, 100};

@@ -174,8 +174,8 @@ struct Row {
 
   // Above its bound, the ceiling was measured in a slow moment: the fraction is not a measurement.
   bool measurement_fault() const { return bound > 0 && tokens_per_s > bound; }
-  double sweep_drift() const { return sweep_hi > 0 ? (sweep_hi - sweep_lo) / sweep_hi : 0.0; }
-  bool disturbed() const { return sweep_drift() > 0.05; }
+  double sweep_drift() const { return ceiling_drift(sweep_lo, sweep_hi); }
+  bool disturbed() const { return ceiling_moved(sweep_lo, sweep_hi); }
 };
 
 // The row a peer's JSON line is about (same phase, batch and dtype), or null.

@@ -5,7 +5,6 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -47,7 +46,7 @@ Status run_models_bench(const ModelsBenchOptions& o, std::ostream& out) {
                              "transformers)");
   if (o.quick) return Status();
   const double after = measure_f32_fma_peak(o.threads);
-  const bool moved = std::abs(after - before) > 0.05 * std::max(after, before);
+  const bool moved = ceiling_moved(before, after);
   if (o.json)
     out << nlohmann::ordered_json({{"bench", o.script.substr(0, o.script.find('.')) + "_guard"},
                                    {"peak_gflops_before", before},

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -159,7 +158,7 @@ Status run_onnx_bench(const OnnxBenchOptions& opt, std::ostream& out) {
       }
       if (peer) time_peer(name, ort_ms);
       const double after = measure_f32_fma_peak(threads);
-      const bool moved = std::abs(after - before) > 0.05 * std::max(after, before);
+      const bool moved = ceiling_moved(before, after);
       for (size_t k = first; k < rows.size(); ++k) {
         rows[k].ort_ms = ort_ms;
         rows[k].peak_before = before, rows[k].peak_after = after;

@@ -127,7 +127,7 @@ struct Row {
   // NOTE [guarded rows]: that peak before and after the timed steps; moved by more than 5 %: disturbed
   double peak_before = 0, peak_after = 0;
   int attempts = 1;
-  bool disturbed() const { return std::abs(peak_after - peak_before) > 0.05 * std::max(peak_after, peak_before); }
+  bool disturbed() const { return ceiling_moved(peak_before, peak_after); }
   double compile_s = 0, loss = 0;
   int64_t planned_peak_bytes = 0, arena_bytes = 0, state_bytes = 0, peak_rss_bytes = 0;
   int64_t instructions = 0, reference_instructions = 0;
