@@ -723,7 +723,7 @@ int64_t widened_bytes(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t S, in
   return (B * H * T + 2 * B * Hk * S) * D * int64_t(sizeof(float));
 }
 
-// q, k and v widened to f32 (the bf16 entry points below AMX).
+// q, k and v widened to f32 (the bf16 entry points without the bf16 kernel: bf16_kernel).
 // Tensors, not vectors: uninitialized (a vector zeroed megabytes first) and from the tensor block cache (NOTE
 // [tensor block cache]: a training step widens the same sizes every layer and step, and fresh vectors faulted
 // their pages in each time: a bf16 causal forward at 4k on AVX2 took 9 ms more than the f32 one).
