@@ -115,6 +115,33 @@ TEST(Gemv, SameBitsOnOneAndTwoThreads) {
       }
 }
 
+// A row's result does not depend on the rows beside it (NOTE [gemv row blocks]): each row of an M-row product
+// has the bits of that row alone, on every ISA, so a batch of decodes gives each sequence what it gets alone.
+TEST(Gemv, EachRowHasItsSingleRowBits) {
+  uint64_t seed = 2500;
+  for (DType wt : {DType::f32, DType::bf16})
+    for (bool tb : {false, true})
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{2304 + 7, 768 + 3}, {101, 45}, {47, 9}})
+        for (int64_t m : {2, 5, 8, 11}) {
+          const GemvShape s{.M = m, .N = n, .K = k, .trans_b = tb, .has_bias = m % 2 == 1, .weight = wt};
+          SCOPED_TRACE(s.to_string());
+          const Inputs in = make_inputs(s, seed++);
+          GemvShape one = s;
+          one.M = 1;
+          for (Isa isa : testing::available_isas()) {
+            SCOPED_TRACE(isa_name(isa));
+            ScopedIsaCap cap(isa);
+            const std::vector<float> all = run_fast(s, in);
+            for (int64_t r = 0; r < m; ++r) {
+              Inputs row = in;
+              row.x.assign(in.x.begin() + r * k, in.x.begin() + (r + 1) * k);
+              const std::vector<float> alone = run_fast(one, row);
+              EXPECT_EQ(0, std::memcmp(alone.data(), all.data() + r * n, size_t(n) * sizeof(float))) << "row " << r;
+            }
+          }
+        }
+}
+
 // NOTE [packed gemv]: a bf16 row product on gemv_pack's layout gives gemv's bits on w as stored, on every ISA
 // and team size, [N, K] (odd K: a short last chunk; odd N: rows past the last group) and [K, N] (odd K: rows
 // past the last block; odd N: a short last chunk; K slices with 2 threads; N over one 4096-column panel), and
