@@ -159,30 +159,40 @@ ASPEN_TARGET_AVX512 void nk_tile_avx512(const Job& j, int64_t m0, int64_t n) {
   const W* w = static_cast<const W*>(j.w) + n * K;
   const float* x = j.x + m0 * K;
   __m512 acc[MB][R];
+#pragma GCC unroll 8
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     __m512 wv[R];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
       wv[r] = ld16(w + r * K + k);
     }
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       const __m512 xv = _mm512_loadu_ps(x + m * K + k);
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
     }
   }
   if (k < K) {
     const __mmask16 mask = __mmask16((1u << (K - k)) - 1);
     __m512 wv[R];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) wv[r] = ld16(w + r * K + k, mask);
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
     }
   }
+#pragma GCC unroll 8
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
       j.y[(m0 + m) * j.N + n + r] = hsum16(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
 }
@@ -202,23 +212,30 @@ ASPEN_TARGET_AVX512 void nk_tile_bf16_avx512(const Job& j, int64_t m0, int64_t n
   const float* x = j.xp + m0 * Kp;
   const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
   __m512 acc[MB][R];
+#pragma GCC unroll 8
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 32) {
     const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : __mmask32((1u << (K - k)) - 1);
     __m512 lo[R], hi[R];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
       const __m512i v = _mm512_maskz_loadu_epi16(mask, Packed ? packed_row(w, K, r, k) : w + r * K + k);
       lo[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
       hi[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
     }
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       const __m512 xe = _mm512_loadu_ps(x + m * Kp + k), xo = _mm512_loadu_ps(x + m * Kp + k + 16);
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xo, hi[r], _mm512_fmadd_ps(xe, lo[r], acc[m][r]));
     }
   }
+#pragma GCC unroll 8
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
       j.y[(m0 + m) * j.N + n + r] = hsum16(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
 }
@@ -230,10 +247,24 @@ ASPEN_TARGET_AVX512 void nk_rows_bf16_avx512(const Job& j, int64_t n) {
   for (int64_t m0 = 0; m0 < j.M; m0 += 4) tiles[std::min<int64_t>(4, j.M - m0) - 1](j, m0, n);
 }
 
+// M > 1: up to 8 rows of x against R weight rows, so each weight vector is loaded (and widened) once for all of
+// them (NOTE [gemv row blocks]); an output's sum is the same whatever the tile, so are its bits.
+template <NkTile... Tiles>
+ASPEN_TARGET_AVX512 void nk_rows8_avx512(const Job& j, int64_t n) {
+  static constexpr NkTile tiles[8] = {Tiles...};
+  for (int64_t m0 = 0; m0 < j.M; m0 += 8) tiles[std::min<int64_t>(8, j.M - m0) - 1](j, m0, n);
+}
+
 ASPEN_TARGET_AVX512 void nk_bf16_avx512(const Job& j, int64_t n0, int64_t n1) {
   int64_t n = n0;
   if (j.packed)  // M = 1, n0 on a group's first row
     for (; n + 8 <= std::min(n1, j.N / 8 * 8); n += 8) nk_tile_bf16_avx512<1, 8, true>(j, 0, n);
+  if (j.M > 1) {
+    for (; n + 2 <= n1; n += 2)
+      nk_rows8_avx512<nk_tile_bf16_avx512<1, 2>, nk_tile_bf16_avx512<2, 2>, nk_tile_bf16_avx512<3, 2>,
+                      nk_tile_bf16_avx512<4, 2>, nk_tile_bf16_avx512<5, 2>, nk_tile_bf16_avx512<6, 2>,
+                      nk_tile_bf16_avx512<7, 2>, nk_tile_bf16_avx512<8, 2>>(j, n);
+  }
   if (j.M == 1)
     for (; n + 8 <= n1; n += 8) nk_rows_bf16_avx512<8>(j, n);
   for (; n + 4 <= n1; n += 4) nk_rows_bf16_avx512<4>(j, n);
@@ -252,6 +283,11 @@ ASPEN_TARGET_AVX512 void nk_rows_avx512(const Job& j, int64_t n) {
 template <class W>
 ASPEN_TARGET_AVX512 void nk_avx512(const Job& j, int64_t n0, int64_t n1) {
   int64_t n = n0;
+  if (j.M > 1)
+    for (; n + 3 <= n1; n += 3)
+      nk_rows8_avx512<nk_tile_avx512<W, 1, 3>, nk_tile_avx512<W, 2, 3>, nk_tile_avx512<W, 3, 3>,
+                      nk_tile_avx512<W, 4, 3>, nk_tile_avx512<W, 5, 3>, nk_tile_avx512<W, 6, 3>,
+                      nk_tile_avx512<W, 7, 3>, nk_tile_avx512<W, 8, 3>>(j, n);
   if (j.M == 1)  // 8 weight rows in flight: more streams keep more lines in flight (bench/common.h's sweep)
     for (; n + 8 <= n1; n += 8) nk_rows_avx512<W, 8>(j, n);
   for (; n + 4 <= n1; n += 4) nk_rows_avx512<W, 4>(j, n);
@@ -267,18 +303,23 @@ ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t m0, int64_t k, in
   const int64_t N = j.N;
   const W* w = static_cast<const W*>(j.w) + k * N;
   __m512 xb[MB][KB];
+#pragma GCC unroll 8
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) xb[m][i] = _mm512_set1_ps(j.x[(m0 + m) * j.ldx + k + i]);
   float* y = j.y + m0 * N;
   int64_t c = p0;
   for (; c + 16 <= p1; c += 16) {
     __m512 wv[KB];
+#pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) {
       _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
       wv[i] = ld16(w + i * N + c);
     }
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       __m512 a = _mm512_loadu_ps(y + m * N + c);
+#pragma GCC unroll 8
       for (int i = 0; i < KB; ++i) a = _mm512_fmadd_ps(xb[m][i], wv[i], a);
       _mm512_storeu_ps(y + m * N + c, a);
     }
@@ -286,9 +327,12 @@ ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t m0, int64_t k, in
   if (c < p1) {
     const __mmask16 mask = __mmask16((1u << (p1 - c)) - 1);
     __m512 wv[KB];
+#pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) wv[i] = ld16(w + i * N + c, mask);
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       __m512 a = _mm512_maskz_loadu_ps(mask, y + m * N + c);
+#pragma GCC unroll 8
       for (int i = 0; i < KB; ++i) a = _mm512_fmadd_ps(xb[m][i], wv[i], a);
       _mm512_mask_storeu_ps(y + m * N + c, mask, a);
     }
@@ -381,10 +425,12 @@ ASPEN_TARGET_AVX512 void kn_bf16_block_avx512(const Job& j, int64_t k, int64_t p
   const bf16* w = static_cast<const bf16*>(j.w) + k * N;
   const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
   __m512 xb[KB];
+#pragma GCC unroll 8
   for (int i = 0; i < KB; ++i) xb[i] = _mm512_set1_ps(j.x[k + i]);
   for (int64_t c = p0; c < p1; c += 32, acc += 32) {
     const __mmask32 mask = p1 - c >= 32 ? ~__mmask32(0) : __mmask32((1u << (p1 - c)) - 1);
     __m512 e = _mm512_load_ps(acc), o = _mm512_load_ps(acc + 16);
+#pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) {
       if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
       const __m512i v = _mm512_maskz_loadu_epi16(mask, Packed ? packed_row(w, N, i, c) : w + i * N + c);
@@ -478,29 +524,39 @@ ASPEN_TARGET_AVX2 void nk_tile_avx2(const Job& j, int64_t m0, int64_t n) {
   const float* w = static_cast<const float*>(j.w) + n * K;
   const float* x = j.x + m0 * K;
   __m256 acc[MB][R];
+#pragma GCC unroll 8
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
     __m256 wv[R];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
       wv[r] = ld8(w + r * K + k);
     }
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       const __m256 xv = _mm256_loadu_ps(x + m * K + k);
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) acc[m][r] = _mm256_fmadd_ps(xv, wv[r], acc[m][r]);
     }
   }
   if (k < K) {
     __m256 wv[R];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) wv[r] = ld8(w + r * K + k, K - k);
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       const __m256 xv = ld8(x + m * K + k, K - k);
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) acc[m][r] = _mm256_fmadd_ps(xv, wv[r], acc[m][r]);
     }
   }
+#pragma GCC unroll 8
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
       j.y[(m0 + m) * j.N + n + r] = hsum8(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
 }
@@ -541,22 +597,29 @@ ASPEN_TARGET_AVX2 void nk_tile_bf16_avx2(const Job& j, int64_t m0, int64_t n) {
   const float* x = j.xp + m0 * Kp;
   const __m256i high = _mm256_set1_epi32(int32_t(0xffff0000u));
   __m256 acc[MB][R];
+#pragma GCC unroll 8
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += 16) {
     __m256 xe[MB], xo[MB];
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       xe[m] = _mm256_loadu_ps(x + m * Kp + k);
       xo[m] = _mm256_loadu_ps(x + m * Kp + k + 8);
     }
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
       const __m256i v = ld16_bf16(Packed ? packed_row(w, K, r, k) : w + r * K + k, K - k);
       const __m256 lo = bf16_even(v), hi = bf16_odd(v, high);
+#pragma GCC unroll 8
       for (int m = 0; m < MB; ++m) acc[m][r] = _mm256_fmadd_ps(xo[m], hi, _mm256_fmadd_ps(xe[m], lo, acc[m][r]));
     }
   }
+#pragma GCC unroll 8
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
       j.y[(m0 + m) * j.N + n + r] = hsum8(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
 }
@@ -588,25 +651,32 @@ ASPEN_TARGET_AVX2 void kn_block_avx2(const Job& j, int64_t m0, int64_t k, int64_
   const int64_t N = j.N;
   const float* w = static_cast<const float*>(j.w) + k * N;
   __m256 xb[MB][KB];
+#pragma GCC unroll 8
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) xb[m][i] = _mm256_set1_ps(j.x[(m0 + m) * j.ldx + k + i]);
   float* y = j.y + m0 * N;
   int64_t c = p0;
   for (; c + 8 <= p1; c += 8) {
     __m256 wv[KB];
+#pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) {
       _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
       wv[i] = ld8(w + i * N + c);
     }
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       __m256 a = _mm256_loadu_ps(y + m * N + c);
+#pragma GCC unroll 8
       for (int i = 0; i < KB; ++i) a = _mm256_fmadd_ps(xb[m][i], wv[i], a);
       _mm256_storeu_ps(y + m * N + c, a);
     }
   }
   for (; c < p1; ++c)  // scalar tail: fmaf keeps the vector lanes' rounding
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       float a = y[m * N + c];
+#pragma GCC unroll 8
       for (int i = 0; i < KB; ++i) a = __builtin_fmaf(j.x[(m0 + m) * j.ldx + k + i], w[i * N + c], a);
       y[m * N + c] = a;
     }
@@ -642,24 +712,30 @@ ASPEN_TARGET_AVX2 void kn_bf16_block_avx2(const Job& j, int64_t m0, int64_t k, i
   const bf16* w = static_cast<const bf16*>(j.w) + k * N;
   const __m256i high = _mm256_set1_epi32(int32_t(0xffff0000u));
   __m256 xb[MB][KB];
+#pragma GCC unroll 8
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) xb[m][i] = _mm256_set1_ps(j.x[(m0 + m) * j.ldx + k + i]);
   acc += m0 * stride;
   for (int64_t c = p0; c < p1; c += 16, acc += 16) {
     __m256 e[MB], o[MB];
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       e[m] = _mm256_loadu_ps(acc + m * stride);
       o[m] = _mm256_loadu_ps(acc + m * stride + 8);
     }
+#pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) {
       _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
       const __m256i v = ld16_bf16(w + i * N + c, p1 - c);
       const __m256 lo = bf16_even(v), hi = bf16_odd(v, high);
+#pragma GCC unroll 8
       for (int m = 0; m < MB; ++m) {
         e[m] = _mm256_fmadd_ps(xb[m][i], lo, e[m]);
         o[m] = _mm256_fmadd_ps(xb[m][i], hi, o[m]);
       }
     }
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       _mm256_storeu_ps(acc + m * stride, e[m]);
       _mm256_storeu_ps(acc + m * stride + 8, o[m]);
