@@ -344,7 +344,10 @@ ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t m0, int64_t k, in
 // on a Zen 4: ~95 GFLOP/s f32 and 40-85 bf16, oneDNN ~200). Here a strip of up to 48 columns of MB <= 8 rows stays
 // in MB x 3 registers across a block of kKnBlockRows weight rows (the M = 1 kernels' 8 streams), loaded from and
 // stored to y once per block; each weight vector is loaded (bf16: widened) once for the MB rows and x's values
-// are broadcast. y[m, n] still starts from its bias and adds its k terms in order: the bits of kn_block.
+// are broadcast. y[m, n] still starts from its bias and adds its k terms in order: the bits of kn_block. The
+// next block's rows are prefetched at the strip's columns into L2 (T1), not L1: they are used a whole row later,
+// and with rows 12 KiB apart (c_fc's N = 3072) every row of a block falls in one L1 set (2 threads, Zen 4, M = 8:
+// T1 over T0 +5-15 % on GPT-2's [K, N] matrices).
 inline constexpr int64_t kKnBlockRows = 8;
 
 // One block of weight rows [k0, k1) for MB rows of x from m0, over the columns [n0, n1): strips of 48, the last
@@ -364,7 +367,7 @@ ASPEN_TARGET_AVX512 inline void kn_strip_avx512(const Job& j, const float* x, fl
     __m512 wv[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr + kKnBlockRows * N + 16 * v), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wr + kKnBlockRows * N + 16 * v), _MM_HINT_T1);
       wv[v] = ld16(wr + 16 * v, v == NV - 1 ? last : __mmask16(0xffff));
     }
 #pragma GCC unroll 8
@@ -410,8 +413,6 @@ ASPEN_TARGET_AVX512 void kn_rows_avx512(const Job& j, int64_t n0, int64_t n1) {
     for (int64_t m0 = 0; m0 < j.M; m0 += 8) strips[std::min<int64_t>(8, j.M - m0) - 1](j, m0, k0, k1, n0, n1);
   }
 }
-
-using KnBlock = void (*)(const Job&, int64_t, int64_t, int64_t, int64_t);
 
 // One row of x against bf16 [K, N] (NOTE [bf16 pairs]): 32 columns per load,
 // the even columns' sums and the odd columns' kept apart in a panel of
@@ -462,41 +463,16 @@ ASPEN_TARGET_AVX512 void kn_bf16_row_avx512(const Job& j, int64_t n0, int64_t n1
 
 template <class W>
 ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
-  if constexpr (std::is_same_v<W, bf16>) {
-    if (j.M == 1) {
-      kn_bf16_row_avx512(j, n0, n1);
-      return;
-    }
-  }
-  if (j.M > 1) {
-    kn_rows_avx512<W>(j, n0, n1);
-    return;
-  }
-  // One row of x: 8 weight rows at once; up to 4: 4; 5..8 rows: 2 (at most 16 broadcasts).
-  static constexpr KnBlock by4[4] = {kn_block_avx512<W, 1, 4>, kn_block_avx512<W, 2, 4>, kn_block_avx512<W, 3, 4>,
-                                     kn_block_avx512<W, 4, 4>};
-  static constexpr KnBlock by2[8] = {kn_block_avx512<W, 1, 2>, kn_block_avx512<W, 2, 2>, kn_block_avx512<W, 3, 2>,
-                                     kn_block_avx512<W, 4, 2>, kn_block_avx512<W, 5, 2>, kn_block_avx512<W, 6, 2>,
-                                     kn_block_avx512<W, 7, 2>, kn_block_avx512<W, 8, 2>};
-  static constexpr KnBlock by1[8] = {kn_block_avx512<W, 1, 1>, kn_block_avx512<W, 2, 1>, kn_block_avx512<W, 3, 1>,
-                                     kn_block_avx512<W, 4, 1>, kn_block_avx512<W, 5, 1>, kn_block_avx512<W, 6, 1>,
-                                     kn_block_avx512<W, 7, 1>, kn_block_avx512<W, 8, 1>};
-  const int64_t M = j.M, K = j.K, P = kn_panel(M);
-  const int64_t kb = M == 1 ? 8 : M <= 4 ? 4 : 2;
+  if (j.M > 1) return kn_rows_avx512<W>(j, n0, n1);
+  if constexpr (std::is_same_v<W, bf16>) return kn_bf16_row_avx512(j, n0, n1);
+  // One row of x: 8 weight rows at once, y's panel in L1.
+  const int64_t K = j.K, P = kn_panel(1);
   for (int64_t p0 = n0; p0 < n1; p0 += P) {
     const int64_t p1 = std::min(n1, p0 + P);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = p0; n < p1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
+    for (int64_t n = p0; n < p1; ++n) j.y[n] = j.bias ? j.bias[n] : 0.0f;
     int64_t k = 0;
-    for (; k + kb <= K; k += kb)
-      for (int64_t m0 = 0; m0 < M; m0 += 8) {
-        const int64_t mb = std::min<int64_t>(8, M - m0);
-        if (kb == 8) kn_block_avx512<W, 1, 8>(j, m0, k, p0, p1);
-        else if (kb == 4) by4[mb - 1](j, m0, k, p0, p1);
-        else by2[mb - 1](j, m0, k, p0, p1);
-      }
-    for (; k < K; ++k)
-      for (int64_t m0 = 0; m0 < M; m0 += 8) by1[std::min<int64_t>(8, M - m0) - 1](j, m0, k, p0, p1);
+    for (; k + 8 <= K; k += 8) kn_block_avx512<W, 1, 8>(j, 0, k, p0, p1);
+    for (; k < K; ++k) kn_block_avx512<W, 1, 1>(j, 0, k, p0, p1);
   }
 }
 
@@ -682,23 +658,83 @@ ASPEN_TARGET_AVX2 void kn_block_avx2(const Job& j, int64_t m0, int64_t k, int64_
     }
 }
 
-ASPEN_TARGET_AVX2 void kn_avx2(const Job& j, int64_t n0, int64_t n1) {
-  const int64_t M = j.M, K = j.K, P = kn_panel(M);
+// NOTE [gemv row blocks] at AVX2: a strip of up to 24 columns of MB <= 4 rows in registers (12 of the 16) across a
+// block of kKnBlockRows weight rows; bf16 widened 8 at a time (a zero-extend and a shift). The columns past the
+// last whole 8 take fmaf, which rounds as the vector FMA does: every path adds y[m, n]'s k terms in order.
+ASPEN_TARGET_AVX2 inline __m256 ld8w(const float* p) { return _mm256_loadu_ps(p); }
+ASPEN_TARGET_AVX2 inline __m256 ld8w(const bf16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <class W, int MB, int NV>
+ASPEN_TARGET_AVX2 inline void kn_strip_avx2(const Job& j, const float* x, float* y, const W* w, int64_t k0,
+                                            int64_t k1) {
+  const int64_t N = j.N, ldx = j.ldx;
+  __m256 acc[MB][NV];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_loadu_ps(y + m * N + 8 * v);
+  for (int64_t k = k0; k < k1; ++k) {
+    const W* wr = w + k * N;
+    __m256 wv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr + kKnBlockRows * N + 8 * v), _MM_HINT_T1);
+      wv[v] = ld8w(wr + 8 * v);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m256 xb = _mm256_broadcast_ss(x + m * ldx + k);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_fmadd_ps(xb, wv[v], acc[m][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(y + m * N + 8 * v, acc[m][v]);
+}
+
+template <class W, int MB>
+ASPEN_TARGET_AVX2 void kn_strips_avx2(const Job& j, int64_t m0, int64_t k0, int64_t k1, int64_t n0, int64_t n1) {
+  const float* x = j.x + m0 * j.ldx;
+  float* y = j.y + m0 * j.N;
+  const W* w = static_cast<const W*>(j.w);
+  int64_t c = n0;
+  for (; c + 24 <= n1; c += 24) kn_strip_avx2<W, MB, 3>(j, x, y + c, w + c, k0, k1);
+  if (c + 16 <= n1) kn_strip_avx2<W, MB, 2>(j, x, y + c, w + c, k0, k1), c += 16;
+  if (c + 8 <= n1) kn_strip_avx2<W, MB, 1>(j, x, y + c, w + c, k0, k1), c += 8;
+  for (; c < n1; ++c)
+    for (int m = 0; m < MB; ++m) {
+      float a = y[m * j.N + c];
+      for (int64_t k = k0; k < k1; ++k) a = __builtin_fmaf(x[m * j.ldx + k], widen(w[k * j.N + c]), a);
+      y[m * j.N + c] = a;
+    }
+}
+
+template <class W>
+ASPEN_TARGET_AVX2 void kn_rows_avx2(const Job& j, int64_t n0, int64_t n1) {
+  using Strips = void (*)(const Job&, int64_t, int64_t, int64_t, int64_t, int64_t);
+  static constexpr Strips strips[4] = {kn_strips_avx2<W, 1>, kn_strips_avx2<W, 2>, kn_strips_avx2<W, 3>,
+                                       kn_strips_avx2<W, 4>};
+  for (int64_t m = 0; m < j.M; ++m)
+    for (int64_t n = n0; n < n1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
+  for (int64_t k0 = 0; k0 < j.K; k0 += kKnBlockRows) {
+    const int64_t k1 = std::min(j.K, k0 + kKnBlockRows);
+    for (int64_t m0 = 0; m0 < j.M; m0 += 4) strips[std::min<int64_t>(4, j.M - m0) - 1](j, m0, k0, k1, n0, n1);
+  }
+}
+
+ASPEN_TARGET_AVX2 void kn_avx2(const Job& j, int64_t n0, int64_t n1) {  // one row of x (M > 1: kn_rows_avx2)
+  const int64_t K = j.K, P = kn_panel(1);
   for (int64_t p0 = n0; p0 < n1; p0 += P) {
     const int64_t p1 = std::min(n1, p0 + P);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = p0; n < p1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
+    for (int64_t n = p0; n < p1; ++n) j.y[n] = j.bias ? j.bias[n] : 0.0f;
     int64_t k = 0;
-    for (; k + 4 <= K; k += 4) {
-      int64_t m = 0;
-      for (; m + 2 <= M; m += 2) kn_block_avx2<2, 4>(j, m, k, p0, p1);
-      for (; m < M; ++m) kn_block_avx2<1, 4>(j, m, k, p0, p1);
-    }
-    for (; k < K; ++k) {
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) kn_block_avx2<4, 1>(j, m, k, p0, p1);
-      for (; m < M; ++m) kn_block_avx2<1, 1>(j, m, k, p0, p1);
-    }
+    for (; k + 4 <= K; k += 4) kn_block_avx2<1, 4>(j, 0, k, p0, p1);
+    for (; k < K; ++k) kn_block_avx2<1, 1>(j, 0, k, p0, p1);
   }
 }
 
@@ -759,7 +795,7 @@ ASPEN_TARGET_AVX2 inline void from_pairs(const float* src, float* dst) {
   _mm256_storeu_ps(dst + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
 }
 
-ASPEN_TARGET_AVX2 void kn_bf16_avx2(const Job& j, int64_t n0, int64_t n1) {
+ASPEN_TARGET_AVX2 void kn_bf16_avx2(const Job& j, int64_t n0, int64_t n1) {  // M = 1 (M > 1: kn_rows_avx2)
   const int64_t M = j.M, K = j.K, P = kn_panel(M);
   const int64_t stride = (P + 15) / 16 * 16;
   thread_local std::vector<float> panel;  // per thread, grown once
@@ -775,15 +811,7 @@ ASPEN_TARGET_AVX2 void kn_bf16_avx2(const Job& j, int64_t n0, int64_t n1) {
       for (int64_t m = 0; m < M; ++m) to_pairs(b, acc + m * stride + (c - p0));
     }
     int64_t k = 0;
-    if (M == 1) {
-      for (; k + 8 <= K; k += 8) kn_bf16_block_avx2<1, 8>(j, 0, k, p0, p1, acc, stride);
-    } else {
-      for (; k + 4 <= K; k += 4) {
-        int64_t m = 0;
-        for (; m + 2 <= M; m += 2) kn_bf16_block_avx2<2, 4>(j, m, k, p0, p1, acc, stride);
-        for (; m < M; ++m) kn_bf16_block_avx2<1, 4>(j, m, k, p0, p1, acc, stride);
-      }
-    }
+    for (; k + 8 <= K; k += 8) kn_bf16_block_avx2<1, 8>(j, 0, k, p0, p1, acc, stride);
     for (; k < K; ++k)
       for (int64_t m = 0; m < M; ++m) kn_bf16_block_avx2<1, 1>(j, m, k, p0, p1, acc, stride);
     for (int64_t m = 0; m < M; ++m)
@@ -811,6 +839,7 @@ RangeFn pick(const GemvShape& s) {
   }
   if (isa == Isa::avx2) {
     if (s.trans_b) return b16 ? nk_bf16_avx2 : nk_avx2;
+    if (s.M > 1) return b16 ? kn_rows_avx2<bf16> : kn_rows_avx2<float>;
     return b16 ? kn_bf16_avx2 : kn_avx2;
   }
   if (s.trans_b) return b16 ? nk_portable<bf16> : nk_portable<float>;
