@@ -1,0 +1,367 @@
+// kernels/gemv_avx512.cc: the AVX-512 GEMV kernels (f32 and bf16 weights, both layouts).
+// See gemv.h for the contract and docs/kernels.md ("GEMV") for the design and measurements.
+// GCC 12 reports -Wmaybe-uninitialized inside AVX-512 intrinsics built on
+// _mm512_undefined_*() (GCC bug 105593; see kernels/convert.cc).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cpu.h"
+#include "kernels/gemv_internal.h"
+
+namespace aspen::kernels::gemv_detail {
+namespace {
+
+// ---- AVX-512 -------------------------------------------------------------------------------------
+
+ASPEN_TARGET_AVX512 inline __m512 ld16(const float* p) { return _mm512_loadu_ps(p); }
+ASPEN_TARGET_AVX512 inline __m512 ld16(const bf16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+ASPEN_TARGET_AVX512 inline __m512 ld16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+ASPEN_TARGET_AVX512 inline __m512 ld16(const bf16* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+// Horizontal sum in a fixed order (not _mm512_reduce_add_ps: GCC 12 warns on it).
+ASPEN_TARGET_AVX512 inline float hsum16(__m512 v) {
+  __m512 s = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, _MM_SHUFFLE(2, 3, 0, 1)));
+  __m128 b = _mm512_castps512_ps128(s);
+  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_add_ss(b, _mm_movehdup_ps(b));
+  return _mm_cvtss_f32(b);
+}
+
+
+// [N, K]: R rows of w (from n) against MB rows of x (from m0); one vector
+// accumulator per (row of x, row of w), each summing 16-lane partials over k
+// in order, then a fixed horizontal sum. Each w row is its own stream.
+template <class W, int MB, int R>
+ASPEN_TARGET_AVX512 void nk_tile_avx512(const Job& j, int64_t m0, int64_t n) {
+  const int64_t K = j.K;
+  const W* w = static_cast<const W*>(j.w) + n * K;
+  const float* x = j.x + m0 * K;
+  __m512 acc[MB][R];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
+      wv[r] = ld16(w + r * K + k);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xv = _mm512_loadu_ps(x + m * K + k);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 mask = __mmask16((1u << (K - k)) - 1);
+    __m512 wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = ld16(w + r * K + k, mask);
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      j.y[(m0 + m) * j.N + n + r] = hsum16(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
+}
+
+// NOTE [bf16 pairs]: a 64-byte load holds 32 bf16 weights; shifting each
+// 32-bit lane left by 16 gives the even elements as exact f32, masking off the
+// low half gives the odd ones. Against x split the same way (Job::xp) that is
+// one load and two single-cycle ops per two FMAs, instead of two loads, two
+// widening shuffles and two shifts (the f32 path's conversion of 16 at a time).
+template <int MB, int R, bool Packed = false>
+ASPEN_TARGET_AVX512 void nk_tile_bf16_avx512(const Job& j, int64_t m0, int64_t n) {
+  static_assert(!Packed || R == 8, "packed groups are 8 rows");
+  const int64_t K = j.K, Kp = j.Kp;
+  const bf16* w = static_cast<const bf16*>(j.w) + n * K;
+  const float* x = j.xp + m0 * Kp;
+  const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
+  __m512 acc[MB][R];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : __mmask32((1u << (K - k)) - 1);
+    __m512 lo[R], hi[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
+      const __m512i v = _mm512_maskz_loadu_epi16(mask, Packed ? packed_row(w, K, r, k) : w + r * K + k);
+      lo[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      hi[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xe = _mm512_loadu_ps(x + m * Kp + k), xo = _mm512_loadu_ps(x + m * Kp + k + 16);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xo, hi[r], _mm512_fmadd_ps(xe, lo[r], acc[m][r]));
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      j.y[(m0 + m) * j.N + n + r] = hsum16(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
+}
+
+template <int R>
+ASPEN_TARGET_AVX512 void nk_rows_bf16_avx512(const Job& j, int64_t n) {
+  static constexpr NkTile tiles[4] = {nk_tile_bf16_avx512<1, R>, nk_tile_bf16_avx512<2, R>,
+                                      nk_tile_bf16_avx512<3, R>, nk_tile_bf16_avx512<4, R>};
+  for (int64_t m0 = 0; m0 < j.M; m0 += 4) tiles[std::min<int64_t>(4, j.M - m0) - 1](j, m0, n);
+}
+
+// M > 1: up to 8 rows of x against R weight rows, so each weight vector is loaded (and widened) once for all of
+// them (NOTE [gemv row blocks]); an output's sum is the same whatever the tile, so are its bits.
+template <NkTile... Tiles>
+ASPEN_TARGET_AVX512 void nk_rows8_avx512(const Job& j, int64_t n) {
+  static constexpr NkTile tiles[8] = {Tiles...};
+  for (int64_t m0 = 0; m0 < j.M; m0 += 8) tiles[std::min<int64_t>(8, j.M - m0) - 1](j, m0, n);
+}
+
+ASPEN_TARGET_AVX512 void nk_bf16_avx512_impl(const Job& j, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  if (j.packed)  // M = 1, n0 on a group's first row
+    for (; n + 8 <= std::min(n1, j.N / 8 * 8); n += 8) nk_tile_bf16_avx512<1, 8, true>(j, 0, n);
+  if (j.M > 1) {
+    for (; n + 2 <= n1; n += 2)
+      nk_rows8_avx512<nk_tile_bf16_avx512<1, 2>, nk_tile_bf16_avx512<2, 2>, nk_tile_bf16_avx512<3, 2>,
+                      nk_tile_bf16_avx512<4, 2>, nk_tile_bf16_avx512<5, 2>, nk_tile_bf16_avx512<6, 2>,
+                      nk_tile_bf16_avx512<7, 2>, nk_tile_bf16_avx512<8, 2>>(j, n);
+  }
+  if (j.M == 1)
+    for (; n + 8 <= n1; n += 8) nk_rows_bf16_avx512<8>(j, n);
+  for (; n + 4 <= n1; n += 4) nk_rows_bf16_avx512<4>(j, n);
+  for (; n < n1; ++n) nk_rows_bf16_avx512<1>(j, n);
+}
+
+// Rows of x are taken 4 at a time (16 accumulators); the first block streams
+// the R weight rows from memory, the next blocks find them in L1/L2.
+template <class W, int R>
+ASPEN_TARGET_AVX512 void nk_rows_avx512(const Job& j, int64_t n) {
+  static constexpr NkTile tiles[4] = {nk_tile_avx512<W, 1, R>, nk_tile_avx512<W, 2, R>, nk_tile_avx512<W, 3, R>,
+                                      nk_tile_avx512<W, 4, R>};
+  for (int64_t m0 = 0; m0 < j.M; m0 += 4) tiles[std::min<int64_t>(4, j.M - m0) - 1](j, m0, n);
+}
+
+template <class W>
+ASPEN_TARGET_AVX512 void nk_avx512(const Job& j, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  if (j.M > 1)
+    for (; n + 3 <= n1; n += 3)
+      nk_rows8_avx512<nk_tile_avx512<W, 1, 3>, nk_tile_avx512<W, 2, 3>, nk_tile_avx512<W, 3, 3>,
+                      nk_tile_avx512<W, 4, 3>, nk_tile_avx512<W, 5, 3>, nk_tile_avx512<W, 6, 3>,
+                      nk_tile_avx512<W, 7, 3>, nk_tile_avx512<W, 8, 3>>(j, n);
+  if (j.M == 1)  // 8 weight rows in flight: more streams keep more lines in flight (bench/common.h's sweep)
+    for (; n + 8 <= n1; n += 8) nk_rows_avx512<W, 8>(j, n);
+  for (; n + 4 <= n1; n += 4) nk_rows_avx512<W, 4>(j, n);
+  for (; n < n1; ++n) nk_rows_avx512<W, 1>(j, n);
+}
+
+// [K, N]: y[m, p0:p1) accumulates KB weight rows at a time; each weight vector
+// is loaded once and applied to all MB rows of x (broadcasts hoisted out of the
+// column loop). y[m, n] gets its k terms in order whatever KB and MB are, so
+// the blocking changes speed, not results.
+template <class W, int MB, int KB>
+ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t m0, int64_t k, int64_t p0, int64_t p1) {
+  const int64_t N = j.N;
+  const W* w = static_cast<const W*>(j.w) + k * N;
+  __m512 xb[MB][KB];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int i = 0; i < KB; ++i) xb[m][i] = _mm512_set1_ps(j.x[(m0 + m) * j.ldx + k + i]);
+  float* y = j.y + m0 * N;
+  int64_t c = p0;
+  for (; c + 16 <= p1; c += 16) {
+    __m512 wv[KB];
+#pragma GCC unroll 8
+    for (int i = 0; i < KB; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
+      wv[i] = ld16(w + i * N + c);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      __m512 a = _mm512_loadu_ps(y + m * N + c);
+#pragma GCC unroll 8
+      for (int i = 0; i < KB; ++i) a = _mm512_fmadd_ps(xb[m][i], wv[i], a);
+      _mm512_storeu_ps(y + m * N + c, a);
+    }
+  }
+  if (c < p1) {
+    const __mmask16 mask = __mmask16((1u << (p1 - c)) - 1);
+    __m512 wv[KB];
+#pragma GCC unroll 8
+    for (int i = 0; i < KB; ++i) wv[i] = ld16(w + i * N + c, mask);
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      __m512 a = _mm512_maskz_loadu_ps(mask, y + m * N + c);
+#pragma GCC unroll 8
+      for (int i = 0; i < KB; ++i) a = _mm512_fmadd_ps(xb[m][i], wv[i], a);
+      _mm512_mask_storeu_ps(y + m * N + c, mask, a);
+    }
+  }
+}
+
+
+// One block of weight rows [k0, k1) for MB rows of x from m0, over the columns [n0, n1): strips of 48, the last
+// one masked (NV vectors of 16 with mask `last` on its last).
+template <class W, int MB, int NV>
+ASPEN_TARGET_AVX512 inline void kn_strip_avx512(const Job& j, const float* x, float* y, const W* w, int64_t k0,
+                                                int64_t k1, __mmask16 last) {
+  const int64_t N = j.N, ldx = j.ldx;
+  __m512 acc[MB][NV];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      acc[m][v] = _mm512_maskz_loadu_ps(v == NV - 1 ? last : __mmask16(0xffff), y + m * N + 16 * v);
+  for (int64_t k = k0; k < k1; ++k) {
+    const W* wr = w + k * N;
+    __m512 wv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr + kKnBlockRows * N + 16 * v), _MM_HINT_T1);
+      wv[v] = ld16(wr + 16 * v, v == NV - 1 ? last : __mmask16(0xffff));
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xb = _mm512_set1_ps(x[m * ldx + k]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_fmadd_ps(xb, wv[v], acc[m][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      _mm512_mask_storeu_ps(y + m * N + 16 * v, v == NV - 1 ? last : __mmask16(0xffff), acc[m][v]);
+}
+
+template <class W, int MB>
+ASPEN_TARGET_AVX512 void kn_strips_avx512(const Job& j, int64_t m0, int64_t k0, int64_t k1, int64_t n0, int64_t n1) {
+  const float* x = j.x + m0 * j.ldx;
+  float* y = j.y + m0 * j.N;
+  const W* w = static_cast<const W*>(j.w);
+  int64_t c = n0;
+  for (; c + 48 <= n1; c += 48) kn_strip_avx512<W, MB, 3>(j, x, y + c, w + c, k0, k1, 0xffff);
+  if (c == n1) return;
+  const int64_t width = n1 - c, nv = (width + 15) / 16;
+  const __mmask16 last = __mmask16((1u << (width - 16 * (nv - 1))) - 1);
+  if (nv == 1) kn_strip_avx512<W, MB, 1>(j, x, y + c, w + c, k0, k1, last);
+  else if (nv == 2) kn_strip_avx512<W, MB, 2>(j, x, y + c, w + c, k0, k1, last);
+  else kn_strip_avx512<W, MB, 3>(j, x, y + c, w + c, k0, k1, last);
+}
+
+using KnStrips = void (*)(const Job&, int64_t, int64_t, int64_t, int64_t, int64_t);
+
+template <class W>
+ASPEN_TARGET_AVX512 void kn_rows_avx512(const Job& j, int64_t n0, int64_t n1) {
+  static constexpr KnStrips strips[8] = {kn_strips_avx512<W, 1>, kn_strips_avx512<W, 2>, kn_strips_avx512<W, 3>,
+                                         kn_strips_avx512<W, 4>, kn_strips_avx512<W, 5>, kn_strips_avx512<W, 6>,
+                                         kn_strips_avx512<W, 7>, kn_strips_avx512<W, 8>};
+  for (int64_t m = 0; m < j.M; ++m)
+    for (int64_t n = n0; n < n1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
+  for (int64_t k0 = 0; k0 < j.K; k0 += kKnBlockRows) {
+    const int64_t k1 = std::min(j.K, k0 + kKnBlockRows);
+    for (int64_t m0 = 0; m0 < j.M; m0 += 8) strips[std::min<int64_t>(8, j.M - m0) - 1](j, m0, k0, k1, n0, n1);
+  }
+}
+
+// One row of x against bf16 [K, N] (NOTE [bf16 pairs]): 32 columns per load,
+// the even columns' sums and the odd columns' kept apart in a panel of
+// accumulators (per 32 columns: 16 even, then 16 odd) and put back in order
+// at the end. Each column still starts from its bias and adds its k terms in
+// order, as every [K, N] path does.
+template <int KB, bool Packed = false>
+ASPEN_TARGET_AVX512 void kn_bf16_block_avx512(const Job& j, int64_t k, int64_t p0, int64_t p1, float* acc) {
+  static_assert(!Packed || KB == 8, "packed blocks are 8 rows");
+  const int64_t N = j.N;
+  const bf16* w = static_cast<const bf16*>(j.w) + k * N;
+  const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
+  __m512 xb[KB];
+#pragma GCC unroll 8
+  for (int i = 0; i < KB; ++i) xb[i] = _mm512_set1_ps(j.x[k + i]);
+  for (int64_t c = p0; c < p1; c += 32, acc += 32) {
+    const __mmask32 mask = p1 - c >= 32 ? ~__mmask32(0) : __mmask32((1u << (p1 - c)) - 1);
+    __m512 e = _mm512_load_ps(acc), o = _mm512_load_ps(acc + 16);
+#pragma GCC unroll 8
+    for (int i = 0; i < KB; ++i) {
+      if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
+      const __m512i v = _mm512_maskz_loadu_epi16(mask, Packed ? packed_row(w, N, i, c) : w + i * N + c);
+      e = _mm512_fmadd_ps(xb[i], _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), e);
+      o = _mm512_fmadd_ps(xb[i], _mm512_castsi512_ps(_mm512_and_si512(v, high)), o);
+    }
+    _mm512_store_ps(acc, e);
+    _mm512_store_ps(acc + 16, o);
+  }
+}
+
+ASPEN_TARGET_AVX512 void kn_bf16_row_avx512(const Job& j, int64_t n0, int64_t n1) {
+  constexpr int64_t P = 4096;  // kn_panel(1)
+  alignas(64) float acc[P];
+  // Column c of the panel sits at slot(c - p0).
+  auto slot = [](int64_t off) { return off / 32 * 32 + (off % 2) * 16 + off % 32 / 2; };
+  for (int64_t p0 = n0; p0 < n1; p0 += P) {
+    const int64_t p1 = std::min(n1, p0 + P);
+    std::fill(acc + (p1 - p0 - 1) / 32 * 32, acc + (p1 - p0 + 31) / 32 * 32, 0.0f);  // the last chunk's spare lanes
+    for (int64_t c = p0; c < p1; ++c) acc[slot(c - p0)] = j.bias ? j.bias[c] : 0.0f;
+    int64_t k = 0;
+    if (j.packed)
+      for (; k + 8 <= j.K; k += 8) kn_bf16_block_avx512<8, true>(j, k, p0, p1, acc);
+    for (; k + 8 <= j.K; k += 8) kn_bf16_block_avx512<8>(j, k, p0, p1, acc);
+    for (; k < j.K; ++k) kn_bf16_block_avx512<1>(j, k, p0, p1, acc);
+    for (int64_t c = p0; c < p1; ++c) j.y[c] = acc[slot(c - p0)];
+  }
+}
+
+template <class W>
+ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
+  if (j.M > 1) return kn_rows_avx512<W>(j, n0, n1);
+  if constexpr (std::is_same_v<W, bf16>) return kn_bf16_row_avx512(j, n0, n1);
+  // One row of x: 8 weight rows at once, y's panel in L1.
+  const int64_t K = j.K, P = kn_panel(1);
+  for (int64_t p0 = n0; p0 < n1; p0 += P) {
+    const int64_t p1 = std::min(n1, p0 + P);
+    for (int64_t n = p0; n < p1; ++n) j.y[n] = j.bias ? j.bias[n] : 0.0f;
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) kn_block_avx512<W, 1, 8>(j, 0, k, p0, p1);
+    for (; k < K; ++k) kn_block_avx512<W, 1, 1>(j, 0, k, p0, p1);
+  }
+}
+
+
+}  // namespace
+
+void nk_f32_avx512(const Job& j, int64_t n0, int64_t n1) { nk_avx512<float>(j, n0, n1); }
+void nk_bf16_avx512(const Job& j, int64_t n0, int64_t n1) { nk_bf16_avx512_impl(j, n0, n1); }
+void kn_f32_avx512(const Job& j, int64_t n0, int64_t n1) { kn_avx512<float>(j, n0, n1); }
+void kn_bf16_avx512(const Job& j, int64_t n0, int64_t n1) { kn_avx512<bf16>(j, n0, n1); }
+
+}  // namespace aspen::kernels::gemv_detail

@@ -1,0 +1,92 @@
+// kernels/gemv_internal.h: what gemv.cc's dispatch and the per-ISA kernel files (gemv_avx512.cc,
+// gemv_avx2.cc) share: one thread's job, the packed layout's address, the blocking constants, and the
+// kernels' entry points. Not part of the kernels' interface (gemv.h is).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace aspen::kernels::gemv_detail {
+
+// ---- shared pieces --------------------------------------------------------------------------------
+
+// Everything one thread needs: it computes y[:, n0:n1).
+struct Job {
+  const float* x;
+  const void* w;
+  const float* bias;
+  float* y;
+  int64_t M, N, K;
+  int64_t ldx = 0;  // x's row stride: K, or the whole K when this job is one slice of it ([K, N])
+  // bf16 [N, K] at AVX2 and AVX-512: x with each chunk of two vectors (16 or
+  // 32 elements) split into its even then its odd elements, rows of Kp = K
+  // rounded up to a chunk, zero-padded (NOTE [bf16 pairs]).
+  const float* xp = nullptr;
+  int64_t Kp = 0;
+  // bf16 w in gemv_pack's layout (NOTE [packed gemv]): whole groups of 8 rows interleaved per 32 along the row.
+  bool packed = false;
+};
+
+// NOTE [packed gemv]: with M = 1 a bf16 [N, K] product (the tied LM head: the largest matrix of a decode
+// step) read 8 rows at a time as 8 strided streams reached ~65 % of the read sweep, where the quantized
+// products, reading one stream per thread (NOTE [interleaved rows8] in quant.cc), reach the sweep. gemv_pack
+// regroups each whole group of 8 rows into one stream: for each chunk of 32 k (the last one shorter: Kc), the
+// 8 rows' Kc values in turn; rows past the last whole group stay as stored. The group starts where its first
+// row did (n · K), so row r's values k .. of a group at w + n K are at
+//   w + n K + c · 8 + r · Kc + (k - c)      c = k rounded down to 32, Kc = min(32, K - c).
+// The kernels compute each row exactly as unpacked (same loads' values, same FMAs, same sums): same bits.
+// A bf16 [K, N] weight (GPT-2's Conv1D) is read by the M = 1 kernel 8 rows at a time across each 32-column
+// chunk: 8 streams again. Packed (AVX-512 only: that kernel's layout), each block of 8 rows holds, chunk by
+// chunk (c = 0, 32, ...; width Cw = min(32, N - c)), the 8 rows' Cw values in turn: row k0 + i's column n of the
+// block at w + k0 N is at w + k0 N + c · 8 + i · Cw + (n - c); rows past the last whole block stay as stored.
+// The K slices and column cuts fall on whole blocks and chunks, so each thread reads one sequential stream.
+// Row r's element k of the packed group at `group` (rows of L elements as stored: K for [N, K], N for [K, N]).
+inline const bf16* packed_row(const bf16* group, int64_t L, int r, int64_t k) {
+  const int64_t c = k / 32 * 32;
+  return group + c * 8 + r * std::min<int64_t>(32, L - c) + (k - c);
+}
+using RangeFn = void (*)(const Job&, int64_t n0, int64_t n1);
+using NkTile = void (*)(const Job&, int64_t m0, int64_t n);  // an [N, K] tile: rows of x from m0, of w from n
+
+// The [K, N] kernels accumulate into y in panels of columns: all M rows of a
+// panel (M·P floats) stay in L1 while K rows of weights stream past. Wider
+// panels make longer contiguous weight runs; 16 KiB of accumulators leaves
+// most of L1 for the streams.
+inline int64_t kn_panel(int64_t M) { return std::clamp<int64_t>((4096 / M) / 16 * 16, 64, 4096); }
+
+inline float widen(float v) { return v; }
+inline double widen(double v) { return v; }
+inline float widen(bf16 v) { return bf16_to_f32(v); }
+
+// [N, K] tiles prefetch the next tile's rows (R rows on) at the same k: a
+// row is only 1.5-6 KiB, so a fixed distance along the row would mostly
+// fetch the row after, which is already being read.
+// [K, N] panels prefetch the same columns this many rows ahead: a thread's
+// share of a row is a short run (N / threads columns), too short for the
+// hardware's stream detection, and the rows it needs next are known.
+inline constexpr int64_t kKnPrefetchRows = 8;
+
+// NOTE [gemv row blocks]: more than one row of x against [K, N]. kn_block keeps y in L1 and loads and stores
+// it for every 2-4 weight rows: at M = 8 one store per 2 FMAs, and the stores set the pace (in cache, 2 threads
+// on a Zen 4: ~95 GFLOP/s f32 and 40-85 bf16, oneDNN ~200). Here a strip of up to 48 columns of MB <= 8 rows stays
+// in MB x 3 registers across a block of kKnBlockRows weight rows (the M = 1 kernels' 8 streams), loaded from and
+// stored to y once per block; each weight vector is loaded (bf16: widened) once for the MB rows and x's values
+// are broadcast. y[m, n] still starts from its bias and adds its k terms in order: the bits of kn_block. The
+// next block's rows are prefetched at the strip's columns into L2 (T1), not L1: they are used a whole row later,
+// and with rows 12 KiB apart (c_fc's N = 3072) every row of a block falls in one L1 set (2 threads, Zen 4, M = 8:
+// T1 over T0 +5-15 % on GPT-2's [K, N] matrices).
+inline constexpr int64_t kKnBlockRows = 8;
+
+// Each computes y[:, n0:n1) of its job; the ISA's kernels for each weight layout and type.
+void nk_f32_avx512(const Job& j, int64_t n0, int64_t n1);
+void nk_bf16_avx512(const Job& j, int64_t n0, int64_t n1);
+void kn_f32_avx512(const Job& j, int64_t n0, int64_t n1);
+void kn_bf16_avx512(const Job& j, int64_t n0, int64_t n1);
+void nk_f32_avx2(const Job& j, int64_t n0, int64_t n1);
+void nk_bf16_avx2(const Job& j, int64_t n0, int64_t n1);
+void kn_f32_avx2(const Job& j, int64_t n0, int64_t n1);
+void kn_bf16_avx2(const Job& j, int64_t n0, int64_t n1);
+
+}  // namespace aspen::kernels::gemv_detail
