@@ -172,7 +172,8 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
         for (const Layer& l : kLayers) {
           if (!opt.layers.empty() && std::find(opt.layers.begin(), opt.layers.end(), l.name) == opt.layers.end())
             continue;
-          const kernels::GemvShape shape{.M = M, .N = l.n, .K = l.k, .trans_b = l.trans_b, .weight = wt};
+          // bf16 weights: x as the decode step gives it, rounded to bf16 (NOTE [mixed matmul]).
+          const kernels::GemvShape shape{.M = M, .N = l.n, .K = l.k, .trans_b = l.trans_b, .weight = wt, .x_bf16 = b16};
           const int64_t bytes = shape.weight_bytes();
           const int64_t stride = (bytes + 4095) / 4096 * 4096;
           const int64_t slots = std::max<int64_t>(1, int64_t(pool_bytes) / stride);
@@ -180,7 +181,10 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
           std::vector<float> x(static_cast<size_t>(M * l.k)), y(static_cast<size_t>(M * l.n));
           philox_fill_uniform(x, 1, 0, 0, -1, 1);
           std::vector<bf16> xb(x.size());
-          for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+          for (size_t i = 0; i < x.size(); ++i) {
+            xb[i] = f32_to_bf16(x[i]);
+            if (b16) x[i] = bf16_to_f32(xb[i]);
+          }
           // oneDNN has no bf16 kernels without AVX-512: that row has no peer (null in the JSON).
           std::unique_ptr<OneDnnPeer> dnnl_peer;
           if (!b16 || !kernels::bf16_matmul_widens())

@@ -551,7 +551,7 @@ Prepared prepare_matmul_impl(const Node& n, Types in, Types out, bool b_fixed) {
   if (s.has_bias && out_t != DType::f32) return no_fast_kernel();
   if ((plain || mixed) && !s.trans_a && s.broadcast_b && s.batch * s.M <= kGemvMaxRows) {
     const kernels::GemvShape g{.M = s.batch * s.M, .N = s.N, .K = s.K, .trans_b = s.trans_b,
-                               .has_bias = s.has_bias, .weight = d.b_dtype};
+                               .has_bias = s.has_bias, .weight = d.b_dtype, .x_bf16 = mixed};
     ASPEN_RETURN_IF_ERROR(kernels::gemv_validate(g));
     const int64_t na = g.M * g.K;
     auto round_a = [mixed, na](const float* a) {

@@ -20,6 +20,7 @@ std::string GemvShape::to_string() const {
   std::string s = "gemv " + std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N);
   s.append(" w:").append(dtype_name(weight)).append(trans_b ? " [N,K]" : " [K,N]");
   if (has_bias) s += " +bias";
+  if (x_bf16) s += " x:bf16";
   return s;
 }
 
@@ -71,10 +72,16 @@ void kn_portable(const Job& j, int64_t n0, int64_t n1) {
 
 // ---- dispatch ------------------------------------------------------------------------------------
 
+// NOTE [gemv bf16 dot]: the VDPBF16PS kernels take bf16 weights against more than one row of bf16 values.
+bool bf16_dot(const GemvShape& s) {
+  return s.weight == DType::bf16 && s.x_bf16 && s.M > 1 && active_isa() >= Isa::avx512_bf16;
+}
+
 RangeFn pick(const GemvShape& s) {
   namespace d = gemv_detail;
   const Isa isa = active_isa();
   const bool b16 = s.weight == DType::bf16;
+  if (bf16_dot(s)) return s.trans_b ? d::nk_bf16_dot : d::kn_bf16_dot;
   if (isa >= Isa::avx512) {
     if (s.trans_b) return b16 ? d::nk_bf16_avx512 : d::nk_f32_avx512;
     return b16 ? d::kn_bf16_avx512 : d::kn_f32_avx512;
@@ -124,6 +131,7 @@ void run_split(const GemvShape& s, const Job& job) {
       j.x = job.x + k0;
       j.w = static_cast<const char*>(job.w) + size_t(k0) * row_bytes;
       j.K = k1 - k0;
+      if (j.xd) j.xd = job.xd + k0 / 2;  // k0: a multiple of 8
       if (i > 0) {
         j.bias = nullptr;
         j.y = partial.data() + (i - 1) * s.M * s.N;
@@ -170,7 +178,24 @@ namespace {
 void run(const GemvShape& s, const float* x, const void* w, const float* bias, float* y, bool packed) {
   Job job{x, w, s.has_bias ? bias : nullptr, y, s.M, s.N, s.K, s.K};
   job.packed = packed;
-  if (s.trans_b && s.weight == DType::bf16 && active_isa() >= Isa::avx2) {
+  if (bf16_dot(s)) {  // NOTE [gemv bf16 dot]: x as pairs of bf16. Per calling thread, grown once.
+    thread_local std::vector<uint32_t> xd;
+    thread_local std::vector<bf16> xs;
+    auto b = [x, &s](int64_t m, int64_t k) { return uint32_t(k < s.K ? f32_to_bf16(x[m * s.K + k]).bits : 0); };
+    if (s.trans_b) {
+      job.Kp = (s.K + 31) / 32 * 32;
+      xs.resize(size_t(s.M * job.Kp));
+      for (int64_t m = 0; m < s.M; ++m)
+        for (int64_t k = 0; k < job.Kp; ++k) xs[size_t(m * job.Kp + k)].bits = uint16_t(b(m, k ^ 1));
+      job.xs = xs.data();
+    } else {
+      job.ldxd = (s.K + 1) / 2;
+      xd.resize(size_t(s.M * job.ldxd));
+      for (int64_t m = 0; m < s.M; ++m)
+        for (int64_t p = 0; p < job.ldxd; ++p) xd[size_t(m * job.ldxd + p)] = b(m, 2 * p + 1) | b(m, 2 * p) << 16;
+      job.xd = xd.data();
+    }
+  } else if (s.trans_b && s.weight == DType::bf16 && active_isa() >= Isa::avx2) {
     // NOTE [bf16 pairs]: chunks of two vectors. Per calling thread, grown once: steady state allocates nothing.
     thread_local std::vector<float> xp;
     const int64_t chunk = active_isa() >= Isa::avx512 ? 32 : 16;

@@ -357,11 +357,147 @@ ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
 }
 
 
+// NOTE [gemv bf16 dot]: with bf16 weights, M > 1 rows of x and f32 FMAs the products are bound by the FMAs (16
+// flops per 2 weight bytes at M = 8: above what a 2-core Zen 4 does at its read rate). VDPBF16PS does two
+// multiply-adds per lane: acc += a[2i+1]·b[2i+1], then acc += a[2i]·b[2i], each rounded to f32, with exact
+// products of bf16 values. Fed so that the odd slot holds k and the even one k + 1, it adds each output's k terms
+// in the order the FMA kernels do, so with x's values already bf16 (x_bf16: the mixed matmul rounds them) the
+// result has the FMA kernels' bits (the instruction flushes denormals: there alone they may differ).
+//   [K, N]: rows k and k + 1 of a 32-column strip interleaved by one VPERMT2W per 16 columns (shared by the
+//   MB rows of x), x's pair broadcast as one dword; blocks and strips as NOTE [gemv row blocks]; an odd last
+//   row of a block by a widened FMA.
+//   [N, K]: 32 k of a weight row as loaded, each dword's halves swapped (one VPROLD, shared by the MB rows),
+//   against x's rows stored swapped; lane i sums the pairs (2i, 2i + 1) of each 32-chunk in order, as the
+//   pairs kernel's lane does (NOTE [bf16 pairs]), then the same horizontal sum.
+template <int MB, int NV>
+ASPEN_TARGET_AVX512_BF16 inline void kn_dot_strip(const Job& j, int64_t m0, float* y, const bf16* w, int64_t k0,
+                                                  int64_t k1, __mmask32 cols, __m512i idx_lo, __m512i idx_hi) {
+  const int64_t N = j.N;
+  const __mmask16 mv[2] = {__mmask16(cols), __mmask16(cols >> 16)};
+  __m512 acc[MB][NV];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_maskz_loadu_ps(mv[v], y + m * N + 16 * v);
+  const uint32_t* xd = j.xd + m0 * j.ldxd;
+  int64_t k = k0;
+  for (; k + 2 <= k1; k += 2) {
+    const bf16* wr = w + k * N;
+    _mm_prefetch(reinterpret_cast<const char*>(wr + kKnBlockRows * N), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(wr + (kKnBlockRows + 1) * N), _MM_HINT_T1);
+    const __m512i a = _mm512_maskz_loadu_epi16(cols, wr), b = _mm512_maskz_loadu_epi16(cols, wr + N);
+    __m512bh p[NV];
+    p[0] = (__m512bh)_mm512_permutex2var_epi16(a, idx_lo, b);
+    if constexpr (NV == 2) p[1] = (__m512bh)_mm512_permutex2var_epi16(a, idx_hi, b);
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(int32_t(xd[m * j.ldxd + k / 2]));
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], p[v], xb);
+    }
+  }
+  if (k < k1) {  // an odd last row
+    __m512 wv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) wv[v] = ld16(w + k * N + 16 * v, mv[v]);
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xb = _mm512_set1_ps(j.x[(m0 + m) * j.ldx + k]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_fmadd_ps(xb, wv[v], acc[m][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(y + m * N + 16 * v, mv[v], acc[m][v]);
+}
+
+template <int MB>
+ASPEN_TARGET_AVX512_BF16 void kn_dot_strips(const Job& j, int64_t m0, int64_t k0, int64_t k1, int64_t n0,
+                                            int64_t n1) {
+  // Word t of a pair vector: row k + 1's column (t / 2) in the even words, row k's in the odd ones.
+  alignas(64) int16_t lo[32], hi[32];
+  for (int t = 0; t < 32; ++t) {
+    lo[t] = int16_t(t % 2 ? t / 2 : 32 + t / 2);
+    hi[t] = int16_t(lo[t] + 16);
+  }
+  const __m512i idx_lo = _mm512_load_si512(lo), idx_hi = _mm512_load_si512(hi);
+  float* y = j.y + m0 * j.N;
+  const bf16* w = static_cast<const bf16*>(j.w);
+  int64_t c = n0;
+  for (; c + 32 <= n1; c += 32) kn_dot_strip<MB, 2>(j, m0, y + c, w + c, k0, k1, ~__mmask32(0), idx_lo, idx_hi);
+  if (c == n1) return;
+  const __mmask32 cols = __mmask32((uint64_t(1) << (n1 - c)) - 1);
+  if (n1 - c <= 16) kn_dot_strip<MB, 1>(j, m0, y + c, w + c, k0, k1, cols, idx_lo, idx_hi);
+  else kn_dot_strip<MB, 2>(j, m0, y + c, w + c, k0, k1, cols, idx_lo, idx_hi);
+}
+
+ASPEN_TARGET_AVX512_BF16 void kn_dot(const Job& j, int64_t n0, int64_t n1) {
+  using Strips = void (*)(const Job&, int64_t, int64_t, int64_t, int64_t, int64_t);
+  static constexpr Strips strips[8] = {kn_dot_strips<1>, kn_dot_strips<2>, kn_dot_strips<3>, kn_dot_strips<4>,
+                                       kn_dot_strips<5>, kn_dot_strips<6>, kn_dot_strips<7>, kn_dot_strips<8>};
+  for (int64_t m = 0; m < j.M; ++m)
+    for (int64_t n = n0; n < n1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
+  for (int64_t k0 = 0; k0 < j.K; k0 += kKnBlockRows) {
+    const int64_t k1 = std::min(j.K, k0 + kKnBlockRows);
+    for (int64_t m0 = 0; m0 < j.M; m0 += 8) strips[std::min<int64_t>(8, j.M - m0) - 1](j, m0, k0, k1, n0, n1);
+  }
+}
+
+template <int MB, int R>
+ASPEN_TARGET_AVX512_BF16 void nk_dot_tile(const Job& j, int64_t m0, int64_t n) {
+  const int64_t K = j.K, Kp = j.Kp;
+  const bf16* w = static_cast<const bf16*>(j.w) + n * K;
+  const bf16* x = j.xs + m0 * Kp;
+  __m512 acc[MB][R];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : __mmask32((1u << (K - k)) - 1);
+    __m512bh wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
+      wv[r] = (__m512bh)_mm512_rol_epi32(_mm512_maskz_loadu_epi16(mask, w + r * K + k), 16);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * Kp + k);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], wv[r], xv);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      j.y[(m0 + m) * j.N + n + r] = hsum16(acc[m][r]) + (j.bias ? j.bias[n + r] : 0.0f);
+}
+
+// 8 weight rows in flight (each its own stream: fewer left the head at ~0.35 of the read sweep), against 2 rows of x
+// at a time (16 accumulators; the rows are read again from L1 for the next 2).
+ASPEN_TARGET_AVX512_BF16 void nk_dot(const Job& j, int64_t n0, int64_t n1) {
+  static constexpr NkTile by8[2] = {nk_dot_tile<1, 8>, nk_dot_tile<2, 8>};
+  static constexpr NkTile by1[8] = {nk_dot_tile<1, 1>, nk_dot_tile<2, 1>, nk_dot_tile<3, 1>, nk_dot_tile<4, 1>,
+                                    nk_dot_tile<5, 1>, nk_dot_tile<6, 1>, nk_dot_tile<7, 1>, nk_dot_tile<8, 1>};
+  int64_t n = n0;
+  for (; n + 8 <= n1; n += 8)
+    for (int64_t m0 = 0; m0 < j.M; m0 += 2) by8[std::min<int64_t>(2, j.M - m0) - 1](j, m0, n);
+  for (; n < n1; ++n)
+    for (int64_t m0 = 0; m0 < j.M; m0 += 8) by1[std::min<int64_t>(8, j.M - m0) - 1](j, m0, n);
+}
+
 }  // namespace
 
 void nk_f32_avx512(const Job& j, int64_t n0, int64_t n1) { nk_avx512<float>(j, n0, n1); }
 void nk_bf16_avx512(const Job& j, int64_t n0, int64_t n1) { nk_bf16_avx512_impl(j, n0, n1); }
 void kn_f32_avx512(const Job& j, int64_t n0, int64_t n1) { kn_avx512<float>(j, n0, n1); }
 void kn_bf16_avx512(const Job& j, int64_t n0, int64_t n1) { kn_avx512<bf16>(j, n0, n1); }
+
+void nk_bf16_dot(const Job& j, int64_t n0, int64_t n1) { nk_dot(j, n0, n1); }
+void kn_bf16_dot(const Job& j, int64_t n0, int64_t n1) { kn_dot(j, n0, n1); }
 
 }  // namespace aspen::kernels::gemv_detail

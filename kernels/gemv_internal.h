@@ -27,6 +27,12 @@ struct Job {
   int64_t Kp = 0;
   // bf16 w in gemv_pack's layout (NOTE [packed gemv]): whole groups of 8 rows interleaved per 32 along the row.
   bool packed = false;
+  // NOTE [gemv bf16 dot] (x_bf16, M > 1, AVX512-BF16): [K, N]: x's rows as dwords of two bf16, one per pair of
+  // k (k + 1 in the low half, k in the high half), rows of ldxd = ceil(K / 2) dwords; [N, K]: x's rows in bf16
+  // with each pair's halves swapped the same way, rows of Kp (K rounded up to 32) zero-padded.
+  const uint32_t* xd = nullptr;
+  int64_t ldxd = 0;
+  const bf16* xs = nullptr;
 };
 
 // NOTE [packed gemv]: with M = 1 a bf16 [N, K] product (the tied LM head: the largest matrix of a decode
@@ -88,5 +94,8 @@ void nk_f32_avx2(const Job& j, int64_t n0, int64_t n1);
 void nk_bf16_avx2(const Job& j, int64_t n0, int64_t n1);
 void kn_f32_avx2(const Job& j, int64_t n0, int64_t n1);
 void kn_bf16_avx2(const Job& j, int64_t n0, int64_t n1);
+// bf16 weights, x_bf16, M > 1, on AVX512-BF16 (NOTE [gemv bf16 dot]).
+void nk_bf16_dot(const Job& j, int64_t n0, int64_t n1);
+void kn_bf16_dot(const Job& j, int64_t n0, int64_t n1);
 
 }  // namespace aspen::kernels::gemv_detail

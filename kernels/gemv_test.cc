@@ -19,6 +19,8 @@ struct Inputs {
 Inputs make_inputs(const GemvShape& s, uint64_t seed) {
   Inputs in{testing::random_vector(size_t(s.x_elements()), seed), testing::random_vector(size_t(s.w_elements()), seed + 1),
             testing::random_vector(size_t(s.N), seed + 2), {}};
+  if (s.x_bf16)  // the caller's promise: x holds bf16 values
+    for (float& v : in.x) v = bf16_to_f32(f32_to_bf16(v));
   if (s.weight == DType::bf16) {
     in.wb.resize(in.w.size());
     for (size_t i = 0; i < in.w.size(); ++i) {
@@ -67,25 +69,28 @@ void check_case(const GemvShape& s, uint64_t seed) {
   }
 }
 
+// x_bf16 (bf16 weights): NOTE [gemv bf16 dot]'s kernels where the CPU has VDPBF16PS.
 TEST(Gemv, MatchesReferenceOverOddShapes) {
   uint64_t seed = 1;
-  for (DType wt : {DType::f32, DType::bf16})
+  for (auto [wt, xb] : {std::pair{DType::f32, false}, {DType::bf16, false}, {DType::bf16, true}})
     for (bool tb : {false, true})
-      for (int64_t m : {1, 2, 3, 5, 8})
+      for (int64_t m : {1, 2, 3, 5, 8, 11})
         for (int64_t n : testing::kOddSizes)
           for (int64_t k : testing::kOddSizes)
             for (bool bias : {false, true})
-              check_case({.M = m, .N = n, .K = k, .trans_b = tb, .has_bias = bias, .weight = wt}, seed++);
+              check_case({.M = m, .N = n, .K = k, .trans_b = tb, .has_bias = bias, .weight = wt, .x_bf16 = xb},
+                         seed++);
 }
 
 TEST(Gemv, MatchesReferenceOnModelShapes) {
   uint64_t seed = 1000;
   const std::vector<std::pair<int64_t, int64_t>> nk = {{768, 2304}, {2304, 768}, {768, 17}, {129, 768}, {3, 2304}};
-  for (DType wt : {DType::f32, DType::bf16})
+  for (auto [wt, xb] : {std::pair{DType::f32, false}, {DType::bf16, false}, {DType::bf16, true}})
     for (bool tb : {false, true})
       for (int64_t m : {1, 3, 8, 16})
         for (auto [n, k] : nk)
-          check_case({.M = m, .N = n, .K = k, .trans_b = tb, .has_bias = (seed % 2) == 0, .weight = wt}, seed++);
+          check_case({.M = m, .N = n, .K = k, .trans_b = tb, .has_bias = (seed % 2) == 0, .weight = wt, .x_bf16 = xb},
+                     seed++);
 }
 
 // NOTE [gemv split]: the team size moves the cuts in N, never an output's arithmetic.
@@ -116,14 +121,15 @@ TEST(Gemv, SameBitsOnOneAndTwoThreads) {
 }
 
 // A row's result does not depend on the rows beside it (NOTE [gemv row blocks]): each row of an M-row product
-// has the bits of that row alone, on every ISA, so a batch of decodes gives each sequence what it gets alone.
+// has the bits of that row alone, on every ISA, so a batch of decodes gives each sequence what it gets alone;
+// with x_bf16 too, where M > 1 takes VDPBF16PS and one row the FMA kernels (NOTE [gemv bf16 dot]).
 TEST(Gemv, EachRowHasItsSingleRowBits) {
   uint64_t seed = 2500;
-  for (DType wt : {DType::f32, DType::bf16})
+  for (auto [wt, xb] : {std::pair{DType::f32, false}, {DType::bf16, false}, {DType::bf16, true}})
     for (bool tb : {false, true})
       for (auto [n, k] : {std::pair<int64_t, int64_t>{2304 + 7, 768 + 3}, {101, 45}, {47, 9}})
         for (int64_t m : {2, 5, 8, 11}) {
-          const GemvShape s{.M = m, .N = n, .K = k, .trans_b = tb, .has_bias = m % 2 == 1, .weight = wt};
+          const GemvShape s{.M = m, .N = n, .K = k, .trans_b = tb, .has_bias = m % 2 == 1, .weight = wt, .x_bf16 = xb};
           SCOPED_TRACE(s.to_string());
           const Inputs in = make_inputs(s, seed++);
           GemvShape one = s;
