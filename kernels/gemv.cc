@@ -186,7 +186,7 @@ void run(const GemvShape& s, const float* x, const void* w, const float* bias, f
       job.Kp = (s.K + 31) / 32 * 32;
       xs.resize(size_t(s.M * job.Kp));
       for (int64_t m = 0; m < s.M; ++m)
-        for (int64_t k = 0; k < job.Kp; ++k) xs[size_t(m * job.Kp + k)].bits = uint16_t(b(m, k ^ 1));
+        for (int64_t k = 0; k < job.Kp; ++k) xs[size_t(m * job.Kp + k)].bits = uint16_t(b(m, k));
       job.xs = xs.data();
     } else {
       job.ldxd = (s.K + 1) / 2;
@@ -217,8 +217,8 @@ void gemv_run(const GemvShape& s, const float* x, const void* w, const float* bi
 }
 
 bool gemv_packable(const GemvShape& s) {
-  if (s.weight != DType::bf16 || s.M != 1) return false;
-  return s.trans_b ? s.N >= 8 : s.K >= 8 && active_isa() >= Isa::avx512;
+  if (s.weight != DType::bf16) return false;
+  return s.trans_b ? s.N >= 8 : s.M == 1 && s.K >= 8 && active_isa() >= Isa::avx512;
 }
 
 namespace {

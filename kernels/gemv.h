@@ -73,9 +73,9 @@ struct GemvShape {
 // buffers are trusted to match it; w points to shape.weight elements.
 void gemv_run(const GemvShape& shape, const float* x, const void* w, const float* bias, float* y);
 
-// NOTE [packed gemv] (gemv.cc): one row of x against bf16 weights regrouped once (a fixed weight: the tied LM
-// head [N, K], GPT-2's Conv1D [K, N]) so that each thread reads one stream: same bits as gemv_run on w, read
-// faster. gemv_packable: bf16, M == 1, and [N, K] with N >= 8, or [K, N] with K >= 8 on an AVX-512 ISA (other
+// NOTE [packed gemv] (gemv_internal.h): bf16 weights regrouped once (a fixed weight: the tied LM head [N, K],
+// GPT-2's Conv1D [K, N]) so that each thread reads one stream: same bits as gemv_run on w, read faster.
+// gemv_packable: bf16, and [N, K] with N >= 8 (any M), or [K, N] with M == 1 and K >= 8 on an AVX-512 ISA (other
 // ISAs run a packed [K, N] correctly but slowly: unpacked per call). gemv_pack writes shape.weight_bytes() bytes.
 bool gemv_packable(const GemvShape& shape);
 void gemv_pack(const GemvShape& shape, const void* w, void* out);

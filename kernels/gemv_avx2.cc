@@ -133,7 +133,7 @@ ASPEN_TARGET_AVX2 void nk_tile_bf16_avx2(const Job& j, int64_t m0, int64_t n) {
       const __m256i v = ld16_bf16(Packed ? packed_row(w, K, r, k) : w + r * K + k, K - k);
       const __m256 lo = bf16_even(v), hi = bf16_odd(v, high);
 #pragma GCC unroll 8
-      for (int m = 0; m < MB; ++m) acc[m][r] = _mm256_fmadd_ps(xo[m], hi, _mm256_fmadd_ps(xe[m], lo, acc[m][r]));
+      for (int m = 0; m < MB; ++m) acc[m][r] = _mm256_fmadd_ps(xe[m], lo, _mm256_fmadd_ps(xo[m], hi, acc[m][r]));
     }
   }
 #pragma GCC unroll 8
@@ -153,8 +153,9 @@ ASPEN_TARGET_AVX2 void nk_rows_bf16_avx2(const Job& j, int64_t n) {
 
 ASPEN_TARGET_AVX2 void nk_bf16_avx2_impl(const Job& j, int64_t n0, int64_t n1) {
   int64_t n = n0;
-  if (j.packed)  // M = 1, n0 on a group's first row
-    for (; n + 8 <= std::min(n1, j.N / 8 * 8); n += 8) nk_tile_bf16_avx2<1, 8, true>(j, 0, n);
+  if (j.packed)  // n0 on a group's first row; each row of x reads the group again (from L1)
+    for (; n + 8 <= std::min(n1, j.N / 8 * 8); n += 8)
+      for (int64_t m0 = 0; m0 < j.M; ++m0) nk_tile_bf16_avx2<1, 8, true>(j, m0, n);
   if (j.M == 1)  // 8 weight rows in flight, as at AVX-512
     for (; n + 8 <= n1; n += 8) nk_rows_bf16_avx2<8>(j, n);
   for (; n + 4 <= n1; n += 4) nk_rows_bf16_avx2<4>(j, n);

@@ -94,6 +94,8 @@ ASPEN_TARGET_AVX512 void nk_tile_avx512(const Job& j, int64_t m0, int64_t n) {
 // low half gives the odd ones. Against x split the same way (Job::xp) that is
 // one load and two single-cycle ops per two FMAs, instead of two loads, two
 // widening shuffles and two shifts (the f32 path's conversion of 16 at a time).
+// Lane i adds each pair's odd element before its even one: VDPBF16PS's order
+// (NOTE [gemv bf16 dot]), so its kernels give these bits.
 template <int MB, int R, bool Packed = false>
 ASPEN_TARGET_AVX512 void nk_tile_bf16_avx512(const Job& j, int64_t m0, int64_t n) {
   static_assert(!Packed || R == 8, "packed groups are 8 rows");
@@ -120,7 +122,7 @@ ASPEN_TARGET_AVX512 void nk_tile_bf16_avx512(const Job& j, int64_t m0, int64_t n
     for (int m = 0; m < MB; ++m) {
       const __m512 xe = _mm512_loadu_ps(x + m * Kp + k), xo = _mm512_loadu_ps(x + m * Kp + k + 16);
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xo, hi[r], _mm512_fmadd_ps(xe, lo[r], acc[m][r]));
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(xe, lo[r], _mm512_fmadd_ps(xo, hi[r], acc[m][r]));
     }
   }
 #pragma GCC unroll 8
@@ -147,8 +149,10 @@ ASPEN_TARGET_AVX512 void nk_rows8_avx512(const Job& j, int64_t n) {
 
 ASPEN_TARGET_AVX512 void nk_bf16_avx512_impl(const Job& j, int64_t n0, int64_t n1) {
   int64_t n = n0;
-  if (j.packed)  // M = 1, n0 on a group's first row
-    for (; n + 8 <= std::min(n1, j.N / 8 * 8); n += 8) nk_tile_bf16_avx512<1, 8, true>(j, 0, n);
+  if (j.packed)  // n0 on a group's first row; 2 rows of x at a time (16 accumulators)
+    for (; n + 8 <= std::min(n1, j.N / 8 * 8); n += 8)
+      for (int64_t m0 = 0; m0 < j.M; m0 += 2)
+        (j.M - m0 >= 2 ? nk_tile_bf16_avx512<2, 8, true> : nk_tile_bf16_avx512<1, 8, true>)(j, m0, n);
   if (j.M > 1) {
     for (; n + 2 <= n1; n += 2)
       nk_rows8_avx512<nk_tile_bf16_avx512<1, 2>, nk_tile_bf16_avx512<2, 2>, nk_tile_bf16_avx512<3, 2>,
@@ -360,15 +364,21 @@ ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
 // NOTE [gemv bf16 dot]: with bf16 weights, M > 1 rows of x and f32 FMAs the products are bound by the FMAs (16
 // flops per 2 weight bytes at M = 8: above what a 2-core Zen 4 does at its read rate). VDPBF16PS does two
 // multiply-adds per lane: acc += a[2i+1]·b[2i+1], then acc += a[2i]·b[2i], each rounded to f32, with exact
-// products of bf16 values. Fed so that the odd slot holds k and the even one k + 1, it adds each output's k terms
-// in the order the FMA kernels do, so with x's values already bf16 (x_bf16: the mixed matmul rounds them) the
-// result has the FMA kernels' bits (the instruction flushes denormals: there alone they may differ).
+// products of bf16 values. Fed so that it adds each output's k terms in the order the FMA kernels do, with x's
+// values already bf16 (x_bf16: the mixed matmul rounds them) the result has the FMA kernels' bits (the
+// instruction flushes denormals: there alone they may differ).
 //   [K, N]: rows k and k + 1 of a 32-column strip interleaved by one VPERMT2W per 16 columns (shared by the
 //   MB rows of x), x's pair broadcast as one dword; blocks and strips as NOTE [gemv row blocks]; an odd last
 //   row of a block by a widened FMA.
-//   [N, K]: 32 k of a weight row as loaded, each dword's halves swapped (one VPROLD, shared by the MB rows),
-//   against x's rows stored swapped; lane i sums the pairs (2i, 2i + 1) of each 32-chunk in order, as the
-//   pairs kernel's lane does (NOTE [bf16 pairs]), then the same horizontal sum.
+//   [N, K]: 32 k of a weight row as loaded against x's rows in bf16; lane i sums the pairs (2i + 1, then 2i)
+//   of each 32-chunk in order, as the pairs kernel's lane does (NOTE [bf16 pairs]), then the same horizontal
+//   sum. (Swapping each pair's halves instead, to keep the pairs kernel's first order, cost a VPROLD per
+//   weight vector per 2 rows of x: the head at M = 8 ran at half the speed.)
+// Twice the FMA kernels' block (kKnBlockRows): a strip's 4 row pairs left its loads and stores of y and the
+// call around them a third of the time in cache (2 threads, Zen 4, M = 8: 18.7 -> 35 GB/s in cache, the same
+// or better from memory).
+inline constexpr int64_t kDotBlockRows = 16;
+
 template <int MB, int NV>
 ASPEN_TARGET_AVX512_BF16 inline void kn_dot_strip(const Job& j, int64_t m0, float* y, const bf16* w, int64_t k0,
                                                   int64_t k1, __mmask32 cols, __m512i idx_lo, __m512i idx_hi) {
@@ -383,8 +393,8 @@ ASPEN_TARGET_AVX512_BF16 inline void kn_dot_strip(const Job& j, int64_t m0, floa
   int64_t k = k0;
   for (; k + 2 <= k1; k += 2) {
     const bf16* wr = w + k * N;
-    _mm_prefetch(reinterpret_cast<const char*>(wr + kKnBlockRows * N), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(wr + (kKnBlockRows + 1) * N), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(wr + kDotBlockRows * N), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(wr + (kDotBlockRows + 1) * N), _MM_HINT_T1);
     const __m512i a = _mm512_maskz_loadu_epi16(cols, wr), b = _mm512_maskz_loadu_epi16(cols, wr + N);
     __m512bh p[NV];
     p[0] = (__m512bh)_mm512_permutex2var_epi16(a, idx_lo, b);
@@ -439,14 +449,15 @@ ASPEN_TARGET_AVX512_BF16 void kn_dot(const Job& j, int64_t n0, int64_t n1) {
                                        kn_dot_strips<5>, kn_dot_strips<6>, kn_dot_strips<7>, kn_dot_strips<8>};
   for (int64_t m = 0; m < j.M; ++m)
     for (int64_t n = n0; n < n1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
-  for (int64_t k0 = 0; k0 < j.K; k0 += kKnBlockRows) {
-    const int64_t k1 = std::min(j.K, k0 + kKnBlockRows);
+  for (int64_t k0 = 0; k0 < j.K; k0 += kDotBlockRows) {
+    const int64_t k1 = std::min(j.K, k0 + kDotBlockRows);
     for (int64_t m0 = 0; m0 < j.M; m0 += 8) strips[std::min<int64_t>(8, j.M - m0) - 1](j, m0, k0, k1, n0, n1);
   }
 }
 
-template <int MB, int R>
+template <int MB, int R, bool Packed = false>
 ASPEN_TARGET_AVX512_BF16 void nk_dot_tile(const Job& j, int64_t m0, int64_t n) {
+  static_assert(!Packed || R == 8, "packed groups are 8 rows");
   const int64_t K = j.K, Kp = j.Kp;
   const bf16* w = static_cast<const bf16*>(j.w) + n * K;
   const bf16* x = j.xs + m0 * Kp;
@@ -460,8 +471,8 @@ ASPEN_TARGET_AVX512_BF16 void nk_dot_tile(const Job& j, int64_t m0, int64_t n) {
     __m512bh wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
-      wv[r] = (__m512bh)_mm512_rol_epi32(_mm512_maskz_loadu_epi16(mask, w + r * K + k), 16);
+      if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
+      wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, Packed ? packed_row(w, K, r, k) : w + r * K + k);
     }
 #pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
@@ -483,7 +494,11 @@ ASPEN_TARGET_AVX512_BF16 void nk_dot(const Job& j, int64_t n0, int64_t n1) {
   static constexpr NkTile by8[2] = {nk_dot_tile<1, 8>, nk_dot_tile<2, 8>};
   static constexpr NkTile by1[8] = {nk_dot_tile<1, 1>, nk_dot_tile<2, 1>, nk_dot_tile<3, 1>, nk_dot_tile<4, 1>,
                                     nk_dot_tile<5, 1>, nk_dot_tile<6, 1>, nk_dot_tile<7, 1>, nk_dot_tile<8, 1>};
+  static constexpr NkTile packed8[2] = {nk_dot_tile<1, 8, true>, nk_dot_tile<2, 8, true>};
   int64_t n = n0;
+  if (j.packed)  // n0 on a group's first row
+    for (; n + 8 <= std::min(n1, j.N / 8 * 8); n += 8)
+      for (int64_t m0 = 0; m0 < j.M; m0 += 2) packed8[std::min<int64_t>(2, j.M - m0) - 1](j, m0, n);
   for (; n + 8 <= n1; n += 8)
     for (int64_t m0 = 0; m0 < j.M; m0 += 2) by8[std::min<int64_t>(2, j.M - m0) - 1](j, m0, n);
   for (; n < n1; ++n)

@@ -28,8 +28,8 @@ struct Job {
   // bf16 w in gemv_pack's layout (NOTE [packed gemv]): whole groups of 8 rows interleaved per 32 along the row.
   bool packed = false;
   // NOTE [gemv bf16 dot] (x_bf16, M > 1, AVX512-BF16): [K, N]: x's rows as dwords of two bf16, one per pair of
-  // k (k + 1 in the low half, k in the high half), rows of ldxd = ceil(K / 2) dwords; [N, K]: x's rows in bf16
-  // with each pair's halves swapped the same way, rows of Kp (K rounded up to 32) zero-padded.
+  // k (k + 1 in the low half, k in the high half), rows of ldxd = ceil(K / 2) dwords; [N, K]: x's rows in bf16,
+  // rows of Kp (K rounded up to 32) zero-padded.
   const uint32_t* xd = nullptr;
   int64_t ldxd = 0;
   const bf16* xs = nullptr;

@@ -154,10 +154,15 @@ TEST(Gemv, EachRowHasItsSingleRowBits) {
 // the reference's in reference mode.
 TEST(Gemv, PackedBf16RowsGiveTheSameBits) {
   uint64_t seed = 3000;
-  for (auto [N, K, tb] : {std::tuple{8, 32, true}, std::tuple{13, 45, true}, std::tuple{2304 + 5, 768 + 3, true},
-                          std::tuple{50257, 96, true}, std::tuple{33, 8, false}, std::tuple{70, 45, false},
-                          std::tuple{2304 + 5, 768 + 3, false}, std::tuple{4096 + 40, 64, false}}) {
-    const GemvShape s{.M = 1, .N = N, .K = K, .trans_b = tb, .has_bias = N % 2 == 1, .weight = DType::bf16};
+  using Case = std::tuple<int64_t, int64_t, int64_t, bool, bool>;  // M, N, K, trans_b, x_bf16
+  for (auto [M, N, K, tb, xb] :
+       {Case{1, 8, 32, true, false}, Case{1, 13, 45, true, false}, Case{1, 2304 + 5, 768 + 3, true, false},
+        Case{1, 50257, 96, true, false}, Case{1, 33, 8, false, false}, Case{1, 70, 45, false, false},
+        Case{1, 2304 + 5, 768 + 3, false, false}, Case{1, 4096 + 40, 64, false, false},
+        Case{3, 2304 + 5, 768 + 3, true, false}, Case{3, 2304 + 5, 768 + 3, true, true},
+        Case{8, 13, 45, true, true}, Case{8, 1000 + 3, 96, true, false}, Case{8, 1000 + 3, 96, true, true}}) {
+    const GemvShape s{.M = M, .N = N, .K = K, .trans_b = tb, .has_bias = N % 2 == 1, .weight = DType::bf16,
+                      .x_bf16 = xb};
     SCOPED_TRACE(s.to_string());
     if (!tb && cpu_features().best < Isa::avx512) {
       EXPECT_FALSE(gemv_packable(s));  // [K, N] is packed for the AVX-512 kernel only
@@ -179,12 +184,12 @@ TEST(Gemv, PackedBf16RowsGiveTheSameBits) {
         EXPECT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float)));
       }
     ScopedReferenceMode reference(true);
-    std::vector<float> want(static_cast<size_t>(N)), got(static_cast<size_t>(N));
+    std::vector<float> want(static_cast<size_t>(M * N)), got(static_cast<size_t>(M * N));
     ref::gemv<float, bf16>(in.x.data(), in.wb.data(), bias, want.data(), s);
     gemv_run_packed(s, in.x.data(), packed.data(), bias, got.data());
     EXPECT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float)));
   }
-  EXPECT_FALSE(gemv_packable(GemvShape{.M = 2, .N = 16, .K = 32, .trans_b = true, .weight = DType::bf16}));
+  EXPECT_FALSE(gemv_packable(GemvShape{.M = 2, .N = 16, .K = 32, .trans_b = false, .weight = DType::bf16}));
   EXPECT_FALSE(gemv_packable(GemvShape{.M = 1, .N = 16, .K = 32, .trans_b = true, .weight = DType::f32}));
 }
 
