@@ -252,6 +252,7 @@ ASPEN_TARGET_AVX512 inline void kn_strip_avx512(const Job& j, const float* x, fl
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
       _mm_prefetch(reinterpret_cast<const char*>(wr + kKnBlockRows * N + 16 * v), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(wr + kKnAhead + 16 * v), _MM_HINT_T0);
       wv[v] = ld16(wr + 16 * v, v == NV - 1 ? last : __mmask16(0xffff));
     }
 #pragma GCC unroll 8
@@ -395,6 +396,8 @@ ASPEN_TARGET_AVX512_BF16 inline void kn_dot_strip(const Job& j, int64_t m0, floa
     const bf16* wr = w + k * N;
     _mm_prefetch(reinterpret_cast<const char*>(wr + kDotBlockRows * N), _MM_HINT_T1);
     _mm_prefetch(reinterpret_cast<const char*>(wr + (kDotBlockRows + 1) * N), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(wr + kKnAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wr + N + kKnAhead), _MM_HINT_T0);
     const __m512i a = _mm512_maskz_loadu_epi16(cols, wr), b = _mm512_maskz_loadu_epi16(cols, wr + N);
     __m512bh p[NV];
     p[0] = (__m512bh)_mm512_permutex2var_epi16(a, idx_lo, b);

@@ -84,6 +84,11 @@ inline constexpr int64_t kKnPrefetchRows = 8;
 // and with rows 12 KiB apart (c_fc's N = 3072) every row of a block falls in one L1 set (2 threads, Zen 4, M = 8:
 // T1 over T0 +5-15 % on GPT-2's [K, N] matrices).
 inline constexpr int64_t kKnBlockRows = 8;
+// The AVX-512 M > 1 strips also prefetch their own rows this many elements ahead, into L1: at M = 8 the products take
+// about as long as the reads and the hardware's prefetch alone let them take turns (GPT-2's [K, N] matrices at
+// M = 8, 2 threads on a Zen 4, interleaved runs: f32 c_fc 19.4-20.2 -> 23.2-24.3 GB/s, bf16 ~21 -> ~24; the AVX2 strips, bound by their
+// FMAs there, gained nothing).
+inline constexpr int64_t kKnAhead = 128;
 
 // Each computes y[:, n0:n1) of its job; the ISA's kernels for each weight layout and type.
 void nk_f32_avx512(const Job& j, int64_t n0, int64_t n1);
