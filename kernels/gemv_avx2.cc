@@ -52,7 +52,7 @@ ASPEN_TARGET_AVX2 void nk_tile_avx2(const Job& j, int64_t m0, int64_t n) {
     __m256 wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T1);
       wv[r] = ld8(w + r * K + k);
     }
 #pragma GCC unroll 8
@@ -129,7 +129,7 @@ ASPEN_TARGET_AVX2 void nk_tile_bf16_avx2(const Job& j, int64_t m0, int64_t n) {
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
+      if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T1);
       const __m256i v = ld16_bf16(Packed ? packed_row(w, K, r, k) : w + r * K + k, K - k);
       const __m256 lo = bf16_even(v), hi = bf16_odd(v, high);
 #pragma GCC unroll 8
@@ -181,7 +181,7 @@ ASPEN_TARGET_AVX2 void kn_block_avx2(const Job& j, int64_t m0, int64_t k, int64_
     __m256 wv[KB];
 #pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T1);
       wv[i] = ld8(w + i * N + c);
     }
 #pragma GCC unroll 8
@@ -306,7 +306,7 @@ ASPEN_TARGET_AVX2 void kn_bf16_block_avx2(const Job& j, int64_t m0, int64_t k, i
     }
 #pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T1);
       const __m256i v = ld16_bf16(w + i * N + c, p1 - c);
       const __m256 lo = bf16_even(v), hi = bf16_odd(v, high);
 #pragma GCC unroll 8

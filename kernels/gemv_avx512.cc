@@ -60,7 +60,7 @@ ASPEN_TARGET_AVX512 void nk_tile_avx512(const Job& j, int64_t m0, int64_t n) {
     __m512 wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T1);
       wv[r] = ld16(w + r * K + k);
     }
 #pragma GCC unroll 8
@@ -113,7 +113,7 @@ ASPEN_TARGET_AVX512 void nk_tile_bf16_avx512(const Job& j, int64_t m0, int64_t n
     __m512 lo[R], hi[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T0);
+      if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k), _MM_HINT_T1);
       const __m512i v = _mm512_maskz_loadu_epi16(mask, Packed ? packed_row(w, K, r, k) : w + r * K + k);
       lo[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
       hi[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
@@ -207,7 +207,7 @@ ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t m0, int64_t k, in
     __m512 wv[KB];
 #pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T1);
       wv[i] = ld16(w + i * N + c);
     }
 #pragma GCC unroll 8
@@ -318,7 +318,7 @@ ASPEN_TARGET_AVX512 void kn_bf16_block_avx512(const Job& j, int64_t k, int64_t p
     __m512 e = _mm512_load_ps(acc), o = _mm512_load_ps(acc + 16);
 #pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) {
-      if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T0);
+      if (!Packed) _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T1);
       const __m512i v = _mm512_maskz_loadu_epi16(mask, Packed ? packed_row(w, N, i, c) : w + i * N + c);
       e = _mm512_fmadd_ps(xb[i], _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), e);
       o = _mm512_fmadd_ps(xb[i], _mm512_castsi512_ps(_mm512_and_si512(v, high)), o);
