@@ -211,8 +211,46 @@ Status dequantize_ggml(uint32_t type, std::span<const std::byte> blocks, int64_t
         }
       }
       return Status();
+    case GgmlType::q5_k:  // ggml's dequantize_row_q5_K: {d, dmin, scales[12], qh[32], qs[128]}
+      for (int64_t b = 0; b < n / 256; ++b, p += 176) {
+        const float d = f16_bits_to_f32(p), dmin = f16_bits_to_f32(p + 2);
+        const auto* scales = reinterpret_cast<const uint8_t*>(p + 4);
+        const auto* qh = reinterpret_cast<const uint8_t*>(p + 16);
+        const auto* q = reinterpret_cast<const uint8_t*>(p + 48);
+        uint8_t u1 = 1, u2 = 2;
+        for (int j = 0; j < 8; j += 2, q += 32, u1 = uint8_t(u1 << 2), u2 = uint8_t(u2 << 2)) {
+          uint8_t sc, m;
+          scale_min_k4(j, scales, &sc, &m);
+          const float d1 = d * float(sc), m1 = dmin * float(m);
+          scale_min_k4(j + 1, scales, &sc, &m);
+          const float d2 = d * float(sc), m2 = dmin * float(m);
+          for (int l = 0; l < 32; ++l) *out++ = d1 * float((q[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+          for (int l = 0; l < 32; ++l) *out++ = d2 * float((q[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+        }
+      }
+      return Status();
+    case GgmlType::q6_k:  // ggml's dequantize_row_q6_K: {ql[128], qh[64], scales[16] (int8), d}
+      for (int64_t b = 0; b < n / 256; ++b, p += 210) {
+        const float d = f16_bits_to_f32(p + 208);
+        const auto* ql = reinterpret_cast<const uint8_t*>(p);
+        const auto* qh = reinterpret_cast<const uint8_t*>(p + 128);
+        const auto* sc = reinterpret_cast<const int8_t*>(p + 192);
+        for (int half = 0; half < 2; ++half, ql += 64, qh += 32, sc += 8, out += 128)
+          for (int l = 0; l < 32; ++l) {
+            const int is = l / 16;
+            const int q1 = ((ql[l] & 0xF) | ((qh[l] >> 0 & 3) << 4)) - 32;
+            const int q2 = ((ql[l + 32] & 0xF) | ((qh[l] >> 2 & 3) << 4)) - 32;
+            const int q3 = ((ql[l] >> 4) | ((qh[l] >> 4 & 3) << 4)) - 32;
+            const int q4 = ((ql[l + 32] >> 4) | ((qh[l] >> 6 & 3) << 4)) - 32;
+            out[l] = d * float(sc[is]) * float(q1);
+            out[l + 32] = d * float(sc[is + 2]) * float(q2);
+            out[l + 64] = d * float(sc[is + 4]) * float(q3);
+            out[l + 96] = d * float(sc[is + 6]) * float(q4);
+          }
+      }
+      return Status();
     default:
-      return Status::error(Code::kUnimplemented, "dequantize_ggml", "F32, F16, BF16, Q8_0, Q4_0 or Q4_K",
+      return Status::error(Code::kUnimplemented, "dequantize_ggml", "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K or Q6_K",
                            ggml_type_name(type));
   }
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes io/testdata/gguf/tiny.gguf and tiny.expected.npz for io/gguf_test.cc: a small GGUF file with metadata of
-every value type and tensors in F32, F16, BF16, Q8_0, Q4_0 and Q4_K, written by llama.cpp's own Python package
+every value type and tensors in F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K, written by llama.cpp's own Python package
 (`gguf`, PyPI), and each tensor's values as that package dequantizes them (the oracle aspen's reader must equal,
-value for value). Q4_K has no quantizer in the package: its blocks are random bytes with sane scales.
+value for value). The K-quants have no quantizer in the package: their blocks are random bytes with sane scales.
 
     python3 scripts/golden/make_gguf_testdata.py [OUT_DIR]
 """
@@ -54,9 +54,22 @@ quantized("blocks.q4_0", (2, 96), T.Q4_0)
 raw = rng.integers(0, 256, size=(2, 2, 144), dtype=np.uint8)
 raw[..., 0:2] = np.array(rng.uniform(0.001, 0.05, size=(2, 2)), np.float16).view(np.uint8).reshape(2, 2, 2)
 raw[..., 2:4] = np.array(rng.uniform(0.001, 0.05, size=(2, 2)), np.float16).view(np.uint8).reshape(2, 2, 2)
-raw = raw.reshape(2, 288)
-w.add_tensor("blocks.q4_k", raw, raw_shape=raw.shape, raw_dtype=T.Q4_K)
-expected["blocks.q4_k"] = quants.dequantize(raw, T.Q4_K)
+q4k = raw.reshape(2, 288)
+# Q6_K (d last) and Q5_K (d, dmin first): the K-quants of llama.cpp's mixed files (Q4_K_M keeps some matrices
+# in Q6_K), random bytes under small f16 scales likewise; written before Q4_K, whose bytes end the file
+# (io/gguf_test.cc damages that tensor's header and cuts the file short anywhere).
+raw = rng.integers(0, 256, size=(3, 1, 210), dtype=np.uint8)
+raw[..., 208:210] = np.array(rng.uniform(0.001, 0.05, size=(3, 1)), np.float16).view(np.uint8).reshape(3, 1, 2)
+raw = raw.reshape(3, 210)
+w.add_tensor("blocks.q6_k", raw, raw_shape=raw.shape, raw_dtype=T.Q6_K)
+expected["blocks.q6_k"] = quants.dequantize(raw, T.Q6_K)
+raw = rng.integers(0, 256, size=(2, 2, 176), dtype=np.uint8)
+raw[..., 0:4] = np.array(rng.uniform(0.001, 0.05, size=(2, 2, 2)), np.float16).view(np.uint8).reshape(2, 2, 4)
+raw = raw.reshape(2, 352)
+w.add_tensor("blocks.q5_k", raw, raw_shape=raw.shape, raw_dtype=T.Q5_K)
+expected["blocks.q5_k"] = quants.dequantize(raw, T.Q5_K)
+w.add_tensor("blocks.q4_k", q4k, raw_shape=q4k.shape, raw_dtype=T.Q4_K)
+expected["blocks.q4_k"] = quants.dequantize(q4k, T.Q4_K)
 
 w.write_header_to_file()
 w.write_kv_data_to_file()
