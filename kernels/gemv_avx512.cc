@@ -375,10 +375,6 @@ ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
 //   of each 32-chunk in order, as the pairs kernel's lane does (NOTE [bf16 pairs]), then the same horizontal
 //   sum. (Swapping each pair's halves instead, to keep the pairs kernel's first order, cost a VPROLD per
 //   weight vector per 2 rows of x: the head at M = 8 ran at half the speed.)
-// Twice the FMA kernels' block (kKnBlockRows): a strip's 4 row pairs left its loads and stores of y and the
-// call around them a third of the time in cache (2 threads, Zen 4, M = 8: 18.7 -> 35 GB/s in cache, the same
-// or better from memory).
-inline constexpr int64_t kDotBlockRows = 16;
 
 template <int MB, int NV>
 ASPEN_TARGET_AVX512_BF16 inline void kn_dot_strip(const Job& j, int64_t m0, float* y, const bf16* w, int64_t k0,
@@ -394,8 +390,8 @@ ASPEN_TARGET_AVX512_BF16 inline void kn_dot_strip(const Job& j, int64_t m0, floa
   int64_t k = k0;
   for (; k + 2 <= k1; k += 2) {
     const bf16* wr = w + k * N;
-    _mm_prefetch(reinterpret_cast<const char*>(wr + kDotBlockRows * N), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(wr + (kDotBlockRows + 1) * N), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(wr + kKnBlockRows * N), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(wr + (kKnBlockRows + 1) * N), _MM_HINT_T1);
     _mm_prefetch(reinterpret_cast<const char*>(wr + kKnAhead), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(wr + N + kKnAhead), _MM_HINT_T0);
     const __m512i a = _mm512_maskz_loadu_epi16(cols, wr), b = _mm512_maskz_loadu_epi16(cols, wr + N);
@@ -452,8 +448,8 @@ ASPEN_TARGET_AVX512_BF16 void kn_dot(const Job& j, int64_t n0, int64_t n1) {
                                        kn_dot_strips<5>, kn_dot_strips<6>, kn_dot_strips<7>, kn_dot_strips<8>};
   for (int64_t m = 0; m < j.M; ++m)
     for (int64_t n = n0; n < n1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
-  for (int64_t k0 = 0; k0 < j.K; k0 += kDotBlockRows) {
-    const int64_t k1 = std::min(j.K, k0 + kDotBlockRows);
+  for (int64_t k0 = 0; k0 < j.K; k0 += kKnBlockRows) {
+    const int64_t k1 = std::min(j.K, k0 + kKnBlockRows);
     for (int64_t m0 = 0; m0 < j.M; m0 += 8) strips[std::min<int64_t>(8, j.M - m0) - 1](j, m0, k0, k1, n0, n1);
   }
 }

@@ -81,17 +81,19 @@ inline constexpr int64_t kKnPrefetchRows = 8;
 // NOTE [gemv row blocks]: more than one row of x against [K, N]. kn_block keeps y in L1 and loads and stores
 // it for every 2-4 weight rows: at M = 8 one store per 2 FMAs, and the stores set the pace (in cache, 2 threads
 // on a Zen 4: ~95 GFLOP/s f32 and 40-85 bf16, oneDNN ~200). Here a strip of up to 48 columns of MB <= 8 rows stays
-// in MB x 3 registers across a block of kKnBlockRows weight rows (the M = 1 kernels' 8 streams), loaded from and
-// stored to y once per block; each weight vector is loaded (bf16: widened) once for the MB rows and x's values
-// are broadcast. y[m, n] still starts from its bias and adds its k terms in order: the bits of kn_block. The
-// next block's rows are prefetched at the strip's columns into L2 (T1), not L1: they are used a whole row later,
-// and with rows 12 KiB apart (c_fc's N = 3072) every row of a block falls in one L1 set (2 threads, Zen 4, M = 8:
-// T1 over T0 +5-15 % on GPT-2's [K, N] matrices).
-inline constexpr int64_t kKnBlockRows = 8;
-// The AVX-512 M > 1 strips also prefetch their own rows this many elements ahead, into L1: at M = 8 the products take
-// about as long as the reads and the hardware's prefetch alone let them take turns (GPT-2's [K, N] matrices at
-// M = 8, 2 threads on a Zen 4, interleaved runs: f32 c_fc 19.4-20.2 -> 23.2-24.3 GB/s, bf16 ~21 -> ~24; the AVX2 strips, bound by their
-// FMAs there, gained nothing).
+// in MB x 3 registers across a block of kKnBlockRows weight rows, loaded from and stored to y once per block;
+// each weight vector is loaded (bf16: widened) once for the MB rows and x's values are broadcast. y[m, n] still
+// starts from its bias and adds its k terms in order: the bits of kn_block. The next block's rows are
+// prefetched at the strip's columns into L2 (T1), not L1: they are used a whole row later, and with rows 12 KiB
+// apart (c_fc's N = 3072) every row of a block falls in one L1 set (2 threads, Zen 4, M = 8: T1 over T0 +5-15 %
+// on GPT-2's [K, N] matrices). Blocks of 16 rows over 8 (the M = 1 kernels' streams): f32 +5-10 % from memory on
+// both ISAs, once the prefetches went to L2; the VDPBF16PS strips 18.7 -> 35 GB/s in cache (8 rows are 4 pairs:
+// the loads and stores of y and the call around them took a third of the time).
+inline constexpr int64_t kKnBlockRows = 16;
+// The AVX-512 M > 1 strips also prefetch their own rows this many elements ahead, into L1: at M = 8 the products
+// take about as long as the reads and the hardware's prefetch alone let them take turns (GPT-2's [K, N] matrices
+// at M = 8, 2 threads on a Zen 4, interleaved runs: f32 c_fc 19.4-20.2 -> 23.2-24.3 GB/s, bf16 ~21 -> ~24; the
+// AVX2 strips, bound by their FMAs there, gained nothing).
 inline constexpr int64_t kKnAhead = 128;
 
 // Each computes y[:, n0:n1) of its job; the ISA's kernels for each weight layout and type.
