@@ -11,6 +11,9 @@
 #include <thread>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
+#include "bench/common.h"
 #include "parallel/threads/threads_communicator.h"
 
 #if ASPEN_HAVE_MPI
@@ -31,6 +34,12 @@ struct Row {
   int devices = 0;
   int64_t bytes = 0;
   double seconds = 0;  // best time of one all-reduce
+  Spread spread;       // its time per call over the rounds
+  // NOTE [guarded rows]: the ceiling of an all-reduce within one host is its memory's copy bandwidth (every
+  // byte is read and written a few times): measured before and after each team size's rows, in GB/s.
+  double ceiling_before = 0, ceiling_after = 0;
+  int attempts = 1;
+  bool disturbed = false;
 };
 
 double algbw(const Row& r) { return double(r.bytes) / r.seconds / 1e9; }
@@ -41,15 +50,15 @@ int reps_for(int64_t bytes, bool quick) {
   return int(std::clamp<int64_t>((int64_t(256) << 20) / bytes, 4, 64));
 }
 
-// Best per-call time of `reps` back-to-back all-reduces on n threads, over a few rounds.
-Result<double> time_threads(int n, int64_t bytes, bool quick) {
+// Per-call times of `reps` back-to-back all-reduces on n threads, one per round (the best is the row's).
+Result<std::vector<double>> time_threads(int n, int64_t bytes, bool quick) {
   ASPEN_ASSIGN_OR_RETURN(auto comms, parallel::make_threads_group(n));
   const int64_t count = bytes / 4;
   const int reps = reps_for(bytes, quick), rounds = quick ? 1 : 3;
   std::vector<std::vector<float>> bufs(static_cast<size_t>(n), std::vector<float>(static_cast<size_t>(count), 0.0f));
   std::barrier sync(n);
   std::vector<Status> st(static_cast<size_t>(n));
-  double best = 1e30;
+  std::vector<double> times;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
@@ -58,13 +67,12 @@ Result<double> time_threads(int n, int64_t bytes, bool quick) {
         const auto t0 = Clock::now();
         for (int i = 0; i < reps && st[r].is_ok(); ++i) st[r] = comms[r]->all_reduce(bufs[r], ReduceOp::sum);
         sync.arrive_and_wait();
-        if (r == 0 && round > 0)
-          best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / reps);
+        if (r == 0 && round > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / reps);
       }
     });
   for (auto& t : threads) t.join();
   for (const Status& s : st) ASPEN_RETURN_IF_ERROR(s);
-  return best;
+  return times;
 }
 
 void print_row(std::ostream& out, const Row& r, bool json, const std::map<std::tuple<int, int64_t>, double>& ref) {
@@ -81,16 +89,23 @@ void print_row(std::ostream& out, const Row& r, bool json, const std::map<std::t
       std::snprintf(line, sizeof(line), ",\"ratio_vs_mpi_reference\":%.3g", ratio);
       out << line;
     }
-    out << "}\n";
+    nlohmann::ordered_json guard = {{"seconds", spread_json(r.spread)},
+                                    {"ceiling_before", r.ceiling_before},
+                                    {"ceiling_after", r.ceiling_after},
+                                    {"ceiling_drift", ceiling_drift(r.ceiling_before, r.ceiling_after)},
+                                    {"attempts", r.attempts},
+                                    {"disturbed", r.disturbed}};
+    const std::string fields = guard.dump();
+    out << "," << fields.substr(1, fields.size() - 2) << "}\n";
   } else {
     std::snprintf(line, sizeof(line), "%-14s %7d %8lld %10.2f %10.2f", r.backend.c_str(), r.devices,
                   static_cast<long long>(r.bytes >> 20), algbw(r), busbw(r));
     out << line;
-    if (ratio > 0) {
-      std::snprintf(line, sizeof(line), " %9.2fx", ratio);
-      out << line;
-    }
-    out << "\n";
+    if (ratio > 0) std::snprintf(line, sizeof(line), " %9.2fx", ratio);
+    else std::snprintf(line, sizeof(line), " %10s", "");
+    out << line;
+    std::snprintf(line, sizeof(line), "        %.3g-%.3g ms%s", r.spread.min * 1e3, r.spread.max * 1e3, r.disturbed ? " ~" : "");
+    out << line << "\n";
   }
   out.flush();
 }
@@ -107,7 +122,7 @@ Result<std::vector<Row>> time_mpi_job(const CollectivesBenchOptions& o) {
     const int64_t bytes = mib << 20, count = bytes / 4;
     std::vector<float> buf(static_cast<size_t>(count), 0.0f);
     const int reps = reps_for(bytes, o.quick), rounds = o.quick ? 1 : 3;
-    double best_ours = 1e30, best_ref = 1e30;
+    std::vector<double> ours, theirs;
     for (int round = 0; round <= rounds; ++round) {
       for (int which = 0; which < 2; ++which) {
         MPI_Barrier(MPI_COMM_WORLD);
@@ -121,11 +136,12 @@ Result<std::vector<Row>> time_mpi_job(const CollectivesBenchOptions& o) {
         }
         MPI_Barrier(MPI_COMM_WORLD);
         const double t = std::chrono::duration<double>(Clock::now() - t0).count() / reps;
-        if (round > 0) (which == 0 ? best_ours : best_ref) = std::min(which == 0 ? best_ours : best_ref, t);
+        if (round > 0) (which == 0 ? ours : theirs).push_back(t);
       }
     }
-    rows.push_back({"mpi", n, bytes, best_ours});
-    rows.push_back({"mpi_reference", n, bytes, best_ref});
+    const Spread a = spread_of(ours), b = spread_of(theirs);
+    rows.push_back({.backend = "mpi", .devices = n, .bytes = bytes, .seconds = a.min, .spread = a});
+    rows.push_back({.backend = "mpi_reference", .devices = n, .bytes = bytes, .seconds = b.min, .spread = b});
   }
   comm.reset();
   return rows;
@@ -152,9 +168,9 @@ Result<std::vector<Row>> relaunch_mpi(const CollectivesBenchOptions& o, int n) {
     char backend[64] = {};
     int devices = 0;
     long long bytes = 0;
-    double seconds = 0;
-    if (std::sscanf(line, "ROW %63s %d %lld %lf", backend, &devices, &bytes, &seconds) == 4)
-      rows.push_back({backend, devices, bytes, seconds});
+    Spread t;
+    if (std::sscanf(line, "ROW %63s %d %lld %lf %lf %lf", backend, &devices, &bytes, &t.min, &t.median, &t.max) == 6)
+      rows.push_back({.backend = backend, .devices = devices, .bytes = bytes, .seconds = t.min, .spread = t});
   }
   const int rc = pclose(p);
   if (rc != 0 || rows.empty())
@@ -177,7 +193,9 @@ Status run_collectives_bench(const CollectivesBenchOptions& options, std::ostrea
   if (o.mpi_child) {
     ASPEN_ASSIGN_OR_RETURN(auto rows, time_mpi_job(o));
     if (parallel::mpi_world_rank() == 0)
-      for (const Row& r : rows) out << "ROW " << r.backend << " " << r.devices << " " << r.bytes << " " << r.seconds << "\n";
+      for (const Row& r : rows)
+        out << "ROW " << r.backend << " " << r.devices << " " << r.bytes << " " << r.spread.min << " " << r.spread.median
+            << " " << r.spread.max << "\n";
     out.flush();
     parallel::mpi_finalize();
     return Status();
@@ -202,24 +220,51 @@ Status run_collectives_bench(const CollectivesBenchOptions& options, std::ostrea
         return Status();
       }
       o.devices = {parallel::mpi_world_size()};
-    } else {
-      for (int n : o.devices) {
-        ASPEN_ASSIGN_OR_RETURN(auto part, relaunch_mpi(o, n));
-        rows.insert(rows.end(), part.begin(), part.end());
-      }
     }
   }
 #endif
-  for (const Row& r : rows)
-    if (r.backend == "mpi_reference") ref[{r.devices, r.bytes}] = r.seconds;
-  if (!o.json) out << "backend        devices      MiB  algbw GB/s busbw GB/s  vs MPI_Allreduce\n";
-  for (int n : o.devices)
-    for (int64_t mib : o.mib) {
-      ASPEN_ASSIGN_OR_RETURN(double t, time_threads(n, mib << 20, o.quick));
-      print_row(out, {"threads", n, mib << 20, t}, o.json, ref);
+  // NOTE [guarded rows]: per team size, the copy bandwidth before and after its rows (the MPI job's and the
+  // threads'); a moved ceiling measures them once more, then marks them. Under an outer mpirun the MPI rows were
+  // measured above, unguarded (ceilings 0).
+  const size_t ceiling_bytes = size_t(o.quick ? 16 : 64) << 20;
+  auto ceiling = [&] { return measure_copy_bandwidth(ceiling_bytes) / 1e9; };
+  for (int n : o.devices) {
+    std::vector<Row> group;
+    for (int attempt = 1; attempt <= 2; ++attempt) {
+      group.clear();
+      const double before = under_mpirun ? 0.0 : ceiling();
+#if ASPEN_HAVE_MPI
+      if (o.mpi && !under_mpirun) {
+        ASPEN_ASSIGN_OR_RETURN(group, relaunch_mpi(o, n));
+      }
+#endif
       for (const Row& r : rows)
-        if (r.devices == n && r.bytes == (mib << 20)) print_row(out, r, o.json, ref);
+        if (r.devices == n) group.push_back(r);
+      for (int64_t mib : o.mib) {
+        ASPEN_ASSIGN_OR_RETURN(std::vector<double> t, time_threads(n, mib << 20, o.quick));
+        const Spread sp = spread_of(t);
+        group.push_back({.backend = "threads", .devices = n, .bytes = mib << 20, .seconds = sp.min, .spread = sp});
+      }
+      const double after = under_mpirun ? 0.0 : ceiling();
+      for (Row& r : group) {
+        r.ceiling_before = before;
+        r.ceiling_after = after;
+        r.attempts = attempt;
+        r.disturbed = ceiling_moved(before, after);
+      }
+      if (!ceiling_moved(before, after) || o.quick) break;
     }
+    for (const Row& r : group)
+      if (r.backend == "mpi_reference") ref[{r.devices, r.bytes}] = r.seconds;
+    if (!o.json && n == o.devices.front())
+      out << "backend        devices      MiB  algbw GB/s busbw GB/s  vs MPI_Allreduce  per call (rounds)\n";
+    for (int64_t mib : o.mib)
+      for (const char* backend : {"threads", "mpi", "mpi_reference"})
+        for (const Row& r : group)
+          if (r.bytes == (mib << 20) && r.backend == backend) print_row(out, r, o.json, ref);
+  }
+  if (!o.json)
+    out << "# ~: disturbed: the copy bandwidth before and after the team size's rows moved by more than 5 %\n";
 #if ASPEN_HAVE_MPI
   if (under_mpirun && o.mpi) parallel::mpi_finalize();
 #endif

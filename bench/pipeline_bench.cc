@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "api/training_model.h"
+#include "bench/common.h"
 #include "core/philox.h"
 #include "core/thread_team.h"
 #include "graph/builder.h"
@@ -49,6 +50,7 @@ Status random_weights(api::TrainingModel& model, double fan_in) {
 
 struct Measured {
   double bubble = 0, step_s = 0;
+  Spread step;  // over the timed steps
 };
 
 Result<Measured> measure(int stages, int micro, train::PipelineSchedule schedule, const PipelineBenchOptions& o) {
@@ -72,8 +74,8 @@ Result<Measured> measure(int stages, int micro, train::PipelineSchedule schedule
     walls.push_back(model->last_pipeline_stats().wall_s);
   }
   std::sort(bubbles.begin(), bubbles.end());
-  std::sort(walls.begin(), walls.end());
-  return Measured{bubbles[bubbles.size() / 2], walls[walls.size() / 2]};
+  const Spread step = spread_of(walls);
+  return Measured{bubbles[bubbles.size() / 2], step.median, step};
 }
 
 // `attention_blocks` blocks h = h + attention(p, p, p), p = h · P (causal,
@@ -108,6 +110,7 @@ struct Balanced {
   std::vector<double> busy_s;
   double step_s = 0, imbalance = 0;
   int stage0_nodes = 0;
+  Spread step;
 };
 
 Result<Balanced> measure_balance(api::TrainingOptions::Balance balance, const PipelineBenchOptions& o) {
@@ -139,6 +142,7 @@ Result<Balanced> measure_balance(api::TrainingOptions::Balance balance, const Pi
   Balanced r;
   r.busy_s = busy[med];
   r.step_s = walls[med];
+  r.step = spread_of(walls);
   double mx = 0, sum = 0;
   for (double v : r.busy_s) mx = std::max(mx, v), sum += v;
   r.imbalance = sum > 0 ? mx / (sum / double(r.busy_s.size())) : 0;
@@ -167,20 +171,35 @@ Status run_pipeline_bench(const PipelineBenchOptions& opt, std::ostream& out) {
     out << fmt::format("{:>6} {:>6} {:>9} | {:>8} {:>8} {:>7} | {:>8}\n", "stages", "micro", "schedule", "bubble",
                        "theory", "diff", "step ms");
   }
+  // The ceiling: the FMA peak of as many threads as stages (the stages' matmuls are compute-bound).
+  auto peak = [&](int threads) { return o.quick ? 0.0 : measure_f32_fma_peak(std::min(threads, cores)); };
   for (int p : o.stages)
     for (int m : o.micro)
       for (train::PipelineSchedule sch : {train::PipelineSchedule::gpipe, train::PipelineSchedule::one_f_one_b}) {
-        ASPEN_ASSIGN_OR_RETURN(Measured r, measure(p, m, sch, o));
+        // NOTE [guarded rows]: the stages' FMA peak (one thread per stage) before and after the row; a moved
+        // ceiling measures the row once more, then marks it.
+        Measured r;
+        double before = 0, after = 0;
+        int attempts = 0;
+        do {
+          before = peak(p);
+          ASPEN_ASSIGN_OR_RETURN(r, measure(p, m, sch, o));
+          after = peak(p);
+        } while (++attempts < 2 && ceiling_moved(before, after) && !o.quick);
+        const bool disturbed = ceiling_moved(before, after);
         const double theory = train::pipeline_bubble_theory(p, m);
         if (o.json) {
           nlohmann::ordered_json j = {{"bench", "pipeline"}, {"stages", p},        {"microbatches", m},
                                       {"schedule", train::pipeline_schedule_name(sch)}, {"bubble", r.bubble},
-                                      {"theory", theory},   {"step_s", r.step_s}, {"cores", cores}};
+                                      {"theory", theory},   {"step_s", r.step_s}, {"cores", cores},
+                                      {"step", spread_json(r.step)}, {"ceiling_before", before},
+                                      {"ceiling_after", after}, {"ceiling_drift", ceiling_drift(before, after)},
+                                      {"attempts", attempts}, {"disturbed", disturbed}};
           out << j.dump() << "\n";
         } else {
-          out << fmt::format("{:>6} {:>6} {:>9} | {:>8.3f} {:>8.3f} {:>+7.3f} | {:>8.1f}{}\n", p, m,
+          out << fmt::format("{:>6} {:>6} {:>9} | {:>8.3f} {:>8.3f} {:>+7.3f} | {:>8.1f}{}{}\n", p, m,
                              train::pipeline_schedule_name(sch), r.bubble, theory, r.bubble - theory, 1e3 * r.step_s,
-                             p > cores ? "  (more stages than cores: they share them)" : "");
+                             disturbed ? " ~" : "", p > cores ? "  (more stages than cores: they share them)" : "");
         }
         out.flush();
       }
@@ -192,28 +211,43 @@ Status run_pipeline_bench(const PipelineBenchOptions& opt, std::ostream& out) {
         "{:>9} | {:>8} | {:>11}\n",
         o.attention_blocks, o.seq, o.heads, o.head_dim, o.attention_blocks, o.seq, o.heads * o.head_dim, "cut",
         "stage 0 s", "stage 1 s", "max/mean", "step ms", "stage 0 ops");
-  double estimated_step = 0;
-  for (api::TrainingOptions::Balance bal : {api::TrainingOptions::Balance::estimated,
-                                            api::TrainingOptions::Balance::measured}) {
-    const char* name = bal == api::TrainingOptions::Balance::measured ? "measured" : "estimated";
-    ASPEN_ASSIGN_OR_RETURN(Balanced r, measure_balance(bal, o));
-    if (bal == api::TrainingOptions::Balance::estimated) estimated_step = r.step_s;
+  // The two cuts' rows are one comparison: guarded together (the peak before the first, after the second).
+  Balanced cuts[2];
+  double before = 0, after = 0;
+  int attempts = 0;
+  do {
+    before = peak(2);
+    ASPEN_ASSIGN_OR_RETURN(cuts[0], measure_balance(api::TrainingOptions::Balance::estimated, o));
+    ASPEN_ASSIGN_OR_RETURN(cuts[1], measure_balance(api::TrainingOptions::Balance::measured, o));
+    after = peak(2);
+  } while (++attempts < 2 && ceiling_moved(before, after) && !o.quick);
+  const bool disturbed = ceiling_moved(before, after);
+  for (int i = 0; i < 2; ++i) {
+    const Balanced& r = cuts[i];
+    const char* name = i == 1 ? "measured" : "estimated";
     if (o.json) {
       nlohmann::ordered_json j = {{"bench", "pipeline_balance"}, {"balance", name},
                                   {"stages", 2},                 {"busy_s", r.busy_s},
                                   {"max_over_mean", r.imbalance}, {"step_s", r.step_s},
                                   {"stage0_nodes", r.stage0_nodes}};
-      if (bal == api::TrainingOptions::Balance::measured) j["speedup_vs_estimated"] = estimated_step / r.step_s;
+      if (i == 1) j["speedup_vs_estimated"] = cuts[0].step_s / r.step_s;
+      j["step"] = spread_json(r.step);
+      j["ceiling_before"] = before;
+      j["ceiling_after"] = after;
+      j["ceiling_drift"] = ceiling_drift(before, after);
+      j["attempts"] = attempts;
+      j["disturbed"] = disturbed;
       out << j.dump() << "\n";
     } else {
-      out << fmt::format("{:>10} | {:>10.4f} {:>10.4f} | {:>9.2f} | {:>8.1f} | {:>11}{}\n", name, r.busy_s[0],
+      out << fmt::format("{:>10} | {:>10.4f} {:>10.4f} | {:>9.2f} | {:>8.1f} | {:>11}{}{}\n", name, r.busy_s[0],
                          r.busy_s[1], r.imbalance, 1e3 * r.step_s, r.stage0_nodes,
-                         bal == api::TrainingOptions::Balance::measured
-                             ? fmt::format("   ({:.2f}x the estimated cut's speed)", estimated_step / r.step_s)
-                             : std::string());
+                         i == 1 ? fmt::format("   ({:.2f}x the estimated cut's speed)", cuts[0].step_s / r.step_s)
+                                : std::string(),
+                         disturbed ? " ~" : "");
     }
     out.flush();
   }
+  if (!o.json) out << "# ~: disturbed: the FMA peak before and after the row moved by more than 5 %\n";
   return Status();
 }
 
