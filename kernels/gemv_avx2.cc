@@ -162,44 +162,31 @@ ASPEN_TARGET_AVX2 void nk_bf16_avx2_impl(const Job& j, int64_t n0, int64_t n1) {
   for (; n < n1; ++n) nk_rows_bf16_avx2<1>(j, n);
 }
 
-// [K, N] f32: MB rows of x against KB weight rows; each weight vector is
-// loaded once for the MB rows, the broadcasts hoisted out of the column loop
-// (MB * KB + KB + 1 of the 16 registers). y[m, n] gets its k terms in order
-// whatever KB and MB are.
-template <int MB, int KB>
-ASPEN_TARGET_AVX2 void kn_block_avx2(const Job& j, int64_t m0, int64_t k, int64_t p0, int64_t p1) {
+// [K, N] f32, one row of x: KB weight rows at a time, the broadcasts of x hoisted out of the column loop.
+// y[n] gets its k terms in order whatever KB is.
+template <int KB>
+ASPEN_TARGET_AVX2 void kn_block_avx2(const Job& j, int64_t k, int64_t p0, int64_t p1) {
   const int64_t N = j.N;
   const float* w = static_cast<const float*>(j.w) + k * N;
-  __m256 xb[MB][KB];
+  __m256 xb[KB];
 #pragma GCC unroll 8
-  for (int m = 0; m < MB; ++m)
-#pragma GCC unroll 8
-    for (int i = 0; i < KB; ++i) xb[m][i] = _mm256_set1_ps(j.x[(m0 + m) * j.ldx + k + i]);
-  float* y = j.y + m0 * N;
+  for (int i = 0; i < KB; ++i) xb[i] = _mm256_set1_ps(j.x[k + i]);
+  float* y = j.y;
   int64_t c = p0;
   for (; c + 8 <= p1; c += 8) {
-    __m256 wv[KB];
+    __m256 a = _mm256_loadu_ps(y + c);
 #pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) {
       _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T1);
-      wv[i] = ld8(w + i * N + c);
+      a = _mm256_fmadd_ps(xb[i], ld8(w + i * N + c), a);
     }
-#pragma GCC unroll 8
-    for (int m = 0; m < MB; ++m) {
-      __m256 a = _mm256_loadu_ps(y + m * N + c);
-#pragma GCC unroll 8
-      for (int i = 0; i < KB; ++i) a = _mm256_fmadd_ps(xb[m][i], wv[i], a);
-      _mm256_storeu_ps(y + m * N + c, a);
-    }
+    _mm256_storeu_ps(y + c, a);
   }
-  for (; c < p1; ++c)  // scalar tail: fmaf keeps the vector lanes' rounding
-#pragma GCC unroll 8
-    for (int m = 0; m < MB; ++m) {
-      float a = y[m * N + c];
-#pragma GCC unroll 8
-      for (int i = 0; i < KB; ++i) a = __builtin_fmaf(j.x[(m0 + m) * j.ldx + k + i], w[i * N + c], a);
-      y[m * N + c] = a;
-    }
+  for (; c < p1; ++c) {  // scalar tail: fmaf keeps the vector lanes' rounding
+    float a = y[c];
+    for (int i = 0; i < KB; ++i) a = __builtin_fmaf(j.x[k + i], w[i * N + c], a);
+    y[c] = a;
+  }
 }
 
 // NOTE [gemv row blocks] at AVX2: a strip of up to 24 columns of MB <= 4 rows in registers (12 of the 16) across a
@@ -277,8 +264,8 @@ ASPEN_TARGET_AVX2 void kn_avx2(const Job& j, int64_t n0, int64_t n1) {  // one r
     const int64_t p1 = std::min(n1, p0 + P);
     for (int64_t n = p0; n < p1; ++n) j.y[n] = j.bias ? j.bias[n] : 0.0f;
     int64_t k = 0;
-    for (; k + 4 <= K; k += 4) kn_block_avx2<1, 4>(j, 0, k, p0, p1);
-    for (; k < K; ++k) kn_block_avx2<1, 1>(j, 0, k, p0, p1);
+    for (; k + 4 <= K; k += 4) kn_block_avx2<4>(j, k, p0, p1);
+    for (; k < K; ++k) kn_block_avx2<1>(j, k, p0, p1);
   }
 }
 

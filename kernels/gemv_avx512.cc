@@ -188,48 +188,32 @@ ASPEN_TARGET_AVX512 void nk_avx512(const Job& j, int64_t n0, int64_t n1) {
   for (; n < n1; ++n) nk_rows_avx512<W, 1>(j, n);
 }
 
-// [K, N]: y[m, p0:p1) accumulates KB weight rows at a time; each weight vector
-// is loaded once and applied to all MB rows of x (broadcasts hoisted out of the
-// column loop). y[m, n] gets its k terms in order whatever KB and MB are, so
-// the blocking changes speed, not results.
-template <class W, int MB, int KB>
-ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t m0, int64_t k, int64_t p0, int64_t p1) {
+// [K, N], one row of x: y[p0:p1) accumulates KB weight rows at a time (the broadcasts of x hoisted out of the
+// column loop). y[n] gets its k terms in order whatever KB is, so the blocking changes speed, not results.
+template <class W, int KB>
+ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t k, int64_t p0, int64_t p1) {
   const int64_t N = j.N;
   const W* w = static_cast<const W*>(j.w) + k * N;
-  __m512 xb[MB][KB];
+  __m512 xb[KB];
 #pragma GCC unroll 8
-  for (int m = 0; m < MB; ++m)
-#pragma GCC unroll 8
-    for (int i = 0; i < KB; ++i) xb[m][i] = _mm512_set1_ps(j.x[(m0 + m) * j.ldx + k + i]);
-  float* y = j.y + m0 * N;
+  for (int i = 0; i < KB; ++i) xb[i] = _mm512_set1_ps(j.x[k + i]);
+  float* y = j.y;
   int64_t c = p0;
   for (; c + 16 <= p1; c += 16) {
-    __m512 wv[KB];
+    __m512 a = _mm512_loadu_ps(y + c);
 #pragma GCC unroll 8
     for (int i = 0; i < KB; ++i) {
       _mm_prefetch(reinterpret_cast<const char*>(w + (i + kKnPrefetchRows) * N + c), _MM_HINT_T1);
-      wv[i] = ld16(w + i * N + c);
+      a = _mm512_fmadd_ps(xb[i], ld16(w + i * N + c), a);
     }
-#pragma GCC unroll 8
-    for (int m = 0; m < MB; ++m) {
-      __m512 a = _mm512_loadu_ps(y + m * N + c);
-#pragma GCC unroll 8
-      for (int i = 0; i < KB; ++i) a = _mm512_fmadd_ps(xb[m][i], wv[i], a);
-      _mm512_storeu_ps(y + m * N + c, a);
-    }
+    _mm512_storeu_ps(y + c, a);
   }
   if (c < p1) {
     const __mmask16 mask = __mmask16((1u << (p1 - c)) - 1);
-    __m512 wv[KB];
+    __m512 a = _mm512_maskz_loadu_ps(mask, y + c);
 #pragma GCC unroll 8
-    for (int i = 0; i < KB; ++i) wv[i] = ld16(w + i * N + c, mask);
-#pragma GCC unroll 8
-    for (int m = 0; m < MB; ++m) {
-      __m512 a = _mm512_maskz_loadu_ps(mask, y + m * N + c);
-#pragma GCC unroll 8
-      for (int i = 0; i < KB; ++i) a = _mm512_fmadd_ps(xb[m][i], wv[i], a);
-      _mm512_mask_storeu_ps(y + m * N + c, mask, a);
-    }
+    for (int i = 0; i < KB; ++i) a = _mm512_fmadd_ps(xb[i], ld16(w + i * N + c, mask), a);
+    _mm512_mask_storeu_ps(y + c, mask, a);
   }
 }
 
@@ -356,8 +340,8 @@ ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
     const int64_t p1 = std::min(n1, p0 + P);
     for (int64_t n = p0; n < p1; ++n) j.y[n] = j.bias ? j.bias[n] : 0.0f;
     int64_t k = 0;
-    for (; k + 8 <= K; k += 8) kn_block_avx512<W, 1, 8>(j, 0, k, p0, p1);
-    for (; k < K; ++k) kn_block_avx512<W, 1, 1>(j, 0, k, p0, p1);
+    for (; k + 8 <= K; k += 8) kn_block_avx512<W, 8>(j, k, p0, p1);
+    for (; k < K; ++k) kn_block_avx512<W, 1>(j, k, p0, p1);
   }
 }
 
