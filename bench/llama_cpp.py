@@ -202,9 +202,10 @@ def stage_model(model: Path, stage: Path) -> dict:
     return config
 
 
-def converter(llama: Path, stage: Path, out: Path, *args) -> list:
+def converter(llama: Path, stage: Path, out: Path, *args, pre: str = "gpt-2") -> list:
     """The command that runs llama.cpp's convert_hf_to_gguf.py on `stage` into `out` with `args`. A vocabulary
-    whose pre-tokenizer hash the converter does not know (our random ones) is taken as GPT-2's split."""
+    whose pre-tokenizer hash the converter does not know (our random ones) is taken as `pre`'s split (GPT-2's
+    unless told: "llama-bpe" for a tokenizer with Llama 3's split)."""
     worker = (
         "import sys\n"
         f"sys.path[:0] = [{str(llama)!r}, {str(llama / 'gguf-py')!r}]\n"
@@ -214,7 +215,7 @@ def converter(llama: Path, stage: Path, out: Path, *args) -> list:
         "    try:\n"
         "        return known(self, tokenizer)\n"
         "    except NotImplementedError:\n"
-        "        return 'gpt-2'\n"
+        f"        return {pre!r}\n"
         "base.TextModel.get_vocab_base_pre = pre\n"
         "import convert_hf_to_gguf as c\n"
         f"sys.argv = ['convert_hf_to_gguf.py', {str(stage)!r}, *{list(args)!r}, '--outfile', {str(out)!r}]\n"

@@ -1,6 +1,6 @@
 // The tokenizer llama.cpp's converter writes into a GGUF file, rebuilt by load_gguf_tokenizer, against the
-// Hugging Face files it was converted from (models/testdata/gpt2-tiny; the file comes from
-// scripts/golden/make_gguf_gpt2_testdata.py): the same ids and text over hard cases and Shakespeare, the
+// Hugging Face files it was converted from (models/testdata/gpt2-tiny, llama-tiny, qwen2-tiny; the files come
+// from scripts/golden/make_gguf_gpt2_testdata.py and make_gguf_llama_testdata.py): the same ids and text over hard cases and Shakespeare, the
 // same special tokens; and the errors naming the key.
 #include <gtest/gtest.h>
 
@@ -17,7 +17,6 @@ namespace aspen::io {
 namespace {
 
 const std::string kGguf = std::string(ASPEN_IO_TESTDATA) + "/gguf/gpt2-tiny-vocab.gguf";
-const std::string kHfDir = std::string(ASPEN_IO_TESTDATA) + "/../../models/testdata/gpt2-tiny";
 
 std::vector<std::string> texts() {
   std::vector<std::string> out = {"",
@@ -36,25 +35,30 @@ std::vector<std::string> texts() {
   return out;
 }
 
-TEST(GgufTokenizer, Gpt2IdsAreTheHuggingFaceOnes) {
-  auto file = GgufFile::open(kGguf);
-  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
-  auto tok = load_gguf_tokenizer(*file);
-  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
-  auto hf = load_tokenizer(kHfDir);
-  ASSERT_TRUE(hf.is_ok()) << hf.status().to_string();
-  EXPECT_EQ((*tok)->vocab_size(), (*hf)->vocab_size());
-  EXPECT_EQ((*tok)->special_ids().eos, (*hf)->special_ids().eos);
-  EXPECT_EQ((*tok)->special_ids().bos, (*hf)->special_ids().bos);
-  size_t tokens = 0;
-  for (const std::string& t : texts()) {
-    const std::vector<TokenId> got = (*tok)->encode(t), want = (*hf)->encode(t);
-    ASSERT_EQ(got, want) << "text: " << t.substr(0, 80);
-    EXPECT_EQ((*tok)->decode(got), (*hf)->decode(want));
-    EXPECT_EQ((*tok)->decode(got, /*skip_special_tokens=*/true), (*hf)->decode(want, true));
-    tokens += got.size();
+// GPT-2's split, and Llama 3's ("llama-bpe": its regex before the byte level, BOS first) and Qwen2's ("qwen2"),
+// from scripts/golden/make_gguf_llama_testdata.py.
+TEST(GgufTokenizer, IdsAreTheHuggingFaceOnes) {
+  for (const char* name : {"gpt2-tiny", "llama-tiny", "qwen2-tiny"}) {
+    SCOPED_TRACE(name);
+    auto file = GgufFile::open(std::string(ASPEN_IO_TESTDATA) + "/gguf/" + name + "-vocab.gguf");
+    ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+    auto tok = load_gguf_tokenizer(*file);
+    ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+    auto hf = load_tokenizer(std::string(ASPEN_IO_TESTDATA) + "/../../models/testdata/" + name);
+    ASSERT_TRUE(hf.is_ok()) << hf.status().to_string();
+    EXPECT_EQ((*tok)->vocab_size(), (*hf)->vocab_size());
+    EXPECT_EQ((*tok)->special_ids().eos, (*hf)->special_ids().eos);
+    EXPECT_EQ((*tok)->special_ids().bos, (*hf)->special_ids().bos);
+    size_t tokens = 0;
+    for (const std::string& t : texts()) {
+      const std::vector<TokenId> got = (*tok)->encode(t), want = (*hf)->encode(t);
+      ASSERT_EQ(got, want) << "text: " << t.substr(0, 80);
+      EXPECT_EQ((*tok)->decode(got), (*hf)->decode(want));
+      EXPECT_EQ((*tok)->decode(got, /*skip_special_tokens=*/true), (*hf)->decode(want, true));
+      tokens += got.size();
+    }
+    EXPECT_GT(tokens, 5000u);  // the texts were read
   }
-  EXPECT_GT(tokens, 5000u);  // the texts were read
 }
 
 // The file with the first `from` after `after` replaced in place (same length, so the file stays valid).
@@ -81,11 +85,11 @@ TEST(GgufTokenizer, OtherTokenizersAndMissingKeysAreNamed) {
         << load_gguf_tokenizer(*file).status().to_string();
   }
   {
-    auto file = with_value("gpt-2", "qwen2", "tokenizer.ggml.pre");
+    auto file = with_value("gpt-2", "xyz-9", "tokenizer.ggml.pre");  // a split aspen does not have
     ASSERT_TRUE(file.is_ok()) << file.status().to_string();
     const std::string e = load_gguf_tokenizer(*file).status().to_string();
     EXPECT_NE(e.find("tokenizer.ggml.pre"), std::string::npos) << e;
-    EXPECT_NE(e.find("'qwen2'"), std::string::npos) << e;
+    EXPECT_NE(e.find("'xyz-9'"), std::string::npos) << e;
   }
 }
 

@@ -596,8 +596,9 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir) 
 // rank = position) and `pre`, the name of the pre-tokenizer's split that llama.cpp recognised. For GPT-2's
 // (model "gpt2", pre "gpt-2") that is the whole of the tokenizer vocab.json + merges.txt describe, so it is
 // rebuilt as load_bpe_files builds that one, control and user-defined tokens added (control ones special):
-// the ids are Hugging Face's (tested against the directory the file was converted from). Other models and
-// splits are refused by name.
+// the ids are Hugging Face's (tested against the directory the file was converted from). Llama 3's and Qwen2's
+// splits ("llama-bpe", "qwen2") run their regex before the byte level, as their tokenizer.json Sequence does, and
+// add_bos_token puts the BOS token first. Other models (SentencePiece's "llama") and splits are refused by name.
 Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const GgufFile& file) {
   const std::string& path = file.path();
   auto list = [&](const std::string& key, bool required) -> Result<const std::vector<GgufValue>*> {
@@ -621,8 +622,13 @@ Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const GgufFile& file) {
   if (*model != "gpt2")
     return Status::unimplemented(path + ": tokenizer.ggml.model", "\"gpt2\" (byte-level BPE); found " + sq(*model));
   ASPEN_ASSIGN_OR_RETURN(std::optional<std::string> pre, text("tokenizer.ggml.pre"));
-  if (pre && *pre != "gpt-2" && *pre != "default")
-    return Status::unimplemented(path + ": tokenizer.ggml.pre", "GPT-2's split (\"gpt-2\"); found " + sq(*pre));
+  // The splits llama.cpp names that aspen's pre-tokenizers have (io/tokenizer_pipeline.h's SplitRegex).
+  std::optional<SplitRegex> split;
+  if (pre && *pre == "llama-bpe") split = SplitRegex::kLlama3;
+  else if (pre && *pre == "qwen2") split = SplitRegex::kQwen2;
+  else if (pre && *pre != "gpt-2" && *pre != "default")
+    return Status::unimplemented(path + ": tokenizer.ggml.pre",
+                                 "a split aspen has (\"gpt-2\", \"llama-bpe\", \"qwen2\"); found " + sq(*pre));
   ASPEN_ASSIGN_OR_RETURN(const std::vector<GgufValue>* tokens, list("tokenizer.ggml.tokens", true));
   ASPEN_ASSIGN_OR_RETURN(const std::vector<GgufValue>* merges, list("tokenizer.ggml.merges", true));
   ASPEN_ASSIGN_OR_RETURN(const std::vector<GgufValue>* types, list("tokenizer.ggml.token_type", false));
@@ -647,6 +653,32 @@ Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const GgufFile& file) {
     ASPEN_RETURN_IF_ERROR(add_merge(where, m.s.substr(0, sp), m.s.substr(sp + 1), int32_t(i), &cfg));
   }
   gpt2_byte_level(&cfg);
+  if (split) {  // the named split first, then bytes to characters without GPT-2's regex (Hugging Face's Sequence)
+    PreTokenizerStep regex;
+    regex.kind = PreTokenizerStep::Kind::kSplit;
+    regex.regex = *split;
+    cfg.pre_tokenizers.front().use_regex = false;
+    cfg.pre_tokenizers.insert(cfg.pre_tokenizers.begin(), regex);
+  }
+  // Qwen2's tokenizer.json composes its text (NFC) first; the file does not say so, its split's name does.
+  // (llama.cpp's own tokenizer skips this: a decomposed accent tokenizes differently there, not here.)
+  if (split == SplitRegex::kQwen2) {
+    NormalizerStep nfc;
+    nfc.kind = NormalizerStep::Kind::kNfc;
+    cfg.normalizers = {nfc};
+  }
+  // llama.cpp adds the BOS token before the text when the file says so (Llama 3's template).
+  if (const GgufValue* add = file.find_metadata("tokenizer.ggml.add_bos_token");
+      add && add->kind == GgufValue::Kind::boolean && add->b) {
+    const GgufValue* bos = file.find_metadata("tokenizer.ggml.bos_token_id");
+    const int64_t id = !bos ? -1 : bos->kind == GgufValue::Kind::unsigned_integer ? int64_t(bos->u)
+                                 : bos->kind == GgufValue::Kind::integer          ? bos->i
+                                                                                 : -1;
+    if (id < 0 || size_t(id) >= tokens->size())
+      return corrupt(path + ": tokenizer.ggml.bos_token_id", "a token id below " + std::to_string(tokens->size()) +
+                     " (add_bos_token is set)", bos ? std::to_string(id) : std::string("none"));
+    cfg.post_prefix = {TokenId(id)};
+  }
   for (size_t i = 0; types && i < types->size(); ++i) {
     const GgufValue& t = (*types)[i];
     const int64_t type = t.kind == GgufValue::Kind::integer ? t.i : t.kind == GgufValue::Kind::unsigned_integer ? int64_t(t.u) : -1;

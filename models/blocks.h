@@ -197,7 +197,7 @@ struct CausalLmOptions {
   // activations (half the bytes a decode step streams; norms and biases stay
   // f32; NOTE [mixed matmul] in graph/ops_nn.cc).
   std::optional<DType> weight_dtype = {};
-  // Matrices kept in llama.cpp's blocks (NOTE [quantized linears]; GPT-2 from a GGUF file), not owned.
+  // Matrices kept in llama.cpp's blocks (NOTE [quantized linears]; GPT-2 or Llama from a GGUF file), not owned.
   const QuantizedWeights* quantized = nullptr;
   // > 1: the graph of one shard of a Megatron tensor-parallel layout over this
   // many devices (models/tensor_parallel.h): attention heads and the MLP's

@@ -6,9 +6,12 @@
 // quantized or not. open_gguf rebuilds the config.json the model came from (parse_config checks it as it
 // checks any), and each parameter of aspen's graph is bound to its tensor by llama.cpp's name, transposed back
 // where aspen keeps the Hugging Face layout, dequantized when read (io::GgufFile::read_f32: ggml's values
-// exactly). So a GGUF model runs through the same graphs as its Hugging Face directory; multiplying by the
-// quantized blocks themselves (the graph's matmul_q) is the next step. GPT-2 for now; other architectures are
-// refused by name.
+// exactly). So a GGUF model runs through the same graphs as its Hugging Face directory, its Q8_0 / Q4_0 / Q4_K
+// matrices multiplied in their blocks (NOTE [quantized linears]). GPT-2 and the Llama architecture ("llama":
+// Llama, Mistral-shaped files without a sliding window): for Llama the converter reorders q_proj's and k_proj's
+// rows (per head, row (half, i) moved to (i, half): llama.cpp's rotary pairs neighbours, Hugging Face's the two
+// halves), which reading puts back (WeightBinding::gguf_rope_heads), rows of blocks as rows of values; Llama 3's
+// rope scaling (a rope_freqs tensor) is refused by name. Other architectures are refused by name.
 #include "models/gguf_checkpoint.h"
 
 #include <cstring>
@@ -19,6 +22,7 @@
 
 #include "models/blocks.h"
 #include "models/config.h"
+#include "models/llama.h"
 
 namespace aspen::models {
 
@@ -83,6 +87,89 @@ Result<std::string> gpt2_config_json(const io::GgufFile& f) {
   return j.dump();
 }
 
+// Llama's config.json (transformers 5's keys) from llama.* metadata.
+Result<std::string> llama_config_json(const io::GgufFile& f) {
+  nlohmann::ordered_json j;
+  j["model_type"] = "llama";
+  j["architectures"] = {"LlamaForCausalLM"};
+  const std::pair<const char*, const char*> keys[] = {{"max_position_embeddings", "llama.context_length"},
+                                                      {"hidden_size", "llama.embedding_length"},
+                                                      {"intermediate_size", "llama.feed_forward_length"},
+                                                      {"num_hidden_layers", "llama.block_count"},
+                                                      {"num_attention_heads", "llama.attention.head_count"}};
+  for (const auto& [hf, key] : keys) {
+    ASPEN_ASSIGN_OR_RETURN(double v, required_number(f, key));
+    j[hf] = int64_t(v);
+  }
+  auto optional = [&](const char* key) -> std::optional<double> {
+    const io::GgufValue* v = f.find_metadata(key);
+    return v ? number(*v) : std::nullopt;
+  };
+  j["num_key_value_heads"] = int64_t(optional("llama.attention.head_count_kv").value_or(j["num_attention_heads"]));
+  if (const std::optional<double> d = optional("llama.attention.key_length")) j["head_dim"] = int64_t(*d);
+  ASPEN_ASSIGN_OR_RETURN(const double eps, required_number(f, "llama.attention.layer_norm_rms_epsilon"));
+  j["rms_norm_eps"] = eps;
+  if (f.find("rope_freqs.weight"))
+    return Status::error(Code::kUnimplemented, f.path() + ": tensor 'rope_freqs.weight'",
+                         "a Llama without per-frequency rope factors (Llama 3's scaling is not read yet)",
+                         "the tensor");
+  if (const io::GgufValue* v = f.find_metadata("llama.rope.scaling.type");
+      v && v->kind == io::GgufValue::Kind::string && v->s != "none")
+    return Status::error(Code::kUnimplemented, f.path() + ": llama.rope.scaling.type", "none (not read yet)",
+                         quoted(v->s));
+  j["rope_parameters"] = {{"rope_type", "default"},
+                          {"rope_theta", optional("llama.rope.freq_base").value_or(10000.0)}};
+  const io::GgufTensor* embd = f.find("token_embd.weight");
+  if (!embd || embd->extents.size() != 2)
+    return Status::error(Code::kNotFound, f.path() + ": tensor 'token_embd.weight'",
+                         "the token embedding [vocab, hidden]",
+                         embd ? "rank " + std::to_string(embd->extents.size()) : "none");
+  j["vocab_size"] = embd->extents[1];
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = f.find("output.weight") == nullptr;
+  for (const auto& [hf, key] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
+                                std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"}})
+    if (const io::GgufValue* v = f.find_metadata(key); v && number(*v)) j[hf] = int64_t(*number(*v));
+  return j.dump();
+}
+
+// Where a parameter lives in the file: llama.cpp's name, whether the stored matrix is the parameter transposed,
+// and over how many heads its rows are in the converter's rotary order (0: as Hugging Face's).
+struct TensorAt {
+  std::string name;
+  bool transpose = false;
+  int64_t rope_heads = 0;
+};
+
+// llama.cpp's name for aspen's Llama parameter (Hugging Face's names; no transposes).
+std::optional<TensorAt> llama_tensor(const std::string& p, const LlamaConfig& c) {
+  static const std::pair<const char*, const char*> whole[] = {{"model.embed_tokens.weight", "token_embd.weight"},
+                                                              {"model.norm.weight", "output_norm.weight"},
+                                                              {"lm_head.weight", "output.weight"}};
+  for (const auto& [hf, gg] : whole)
+    if (p == hf) return TensorAt{gg};
+  const std::string prefix = "model.layers.";
+  if (p.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const size_t dot = p.find('.', prefix.size());
+  if (dot == std::string::npos) return std::nullopt;
+  const std::string layer = p.substr(prefix.size(), dot - prefix.size()), rest = p.substr(dot + 1);
+  static const std::pair<const char*, const char*> parts[] = {
+      {"input_layernorm", "attn_norm"},     {"post_attention_layernorm", "ffn_norm"},
+      {"self_attn.q_proj", "attn_q"},       {"self_attn.k_proj", "attn_k"},
+      {"self_attn.v_proj", "attn_v"},       {"self_attn.o_proj", "attn_output"},
+      {"mlp.gate_proj", "ffn_gate"},        {"mlp.up_proj", "ffn_up"},
+      {"mlp.down_proj", "ffn_down"}};
+  for (const auto& [hf, gg] : parts)
+    for (const char* leaf : {".weight", ".bias"})
+      if (rest == std::string(hf) + leaf) {
+        int64_t heads = 0;  // the converter permutes q_proj's and k_proj's weights (and biases) alike
+        if (std::string(hf) == "self_attn.q_proj") heads = c.n_head;
+        if (std::string(hf) == "self_attn.k_proj") heads = c.kv_heads();
+        return TensorAt{"blk." + layer + "." + gg + leaf, false, heads};
+      }
+  return std::nullopt;
+}
+
 // llama.cpp's name for aspen's GPT-2 parameter, and whether the stored matrix is the parameter transposed.
 std::optional<std::pair<std::string, bool>> gpt2_tensor(const std::string& p) {
   static const std::pair<const char*, const char*> whole[] = {{"transformer.wte.weight", "token_embd.weight"},
@@ -115,11 +202,11 @@ Result<Checkpoint> Checkpoint::open_gguf(const std::string& path) {
   ASPEN_ASSIGN_OR_RETURN(io::GgufFile file, io::GgufFile::open(path));
   const io::GgufValue* arch = file.find_metadata("general.architecture");
   const std::string name = arch && arch->kind == io::GgufValue::Kind::string ? arch->s : "";
-  if (name != "gpt2")
+  if (name != "gpt2" && name != "llama")
     return Status::error(Code::kUnimplemented, path + ": general.architecture",
-                         "gpt2 (GGUF models of other families are not read yet)",
+                         "gpt2 or llama (GGUF models of other families are not read yet)",
                          name.empty() ? std::string("none") : quoted(name));
-  ASPEN_ASSIGN_OR_RETURN(std::string json, gpt2_config_json(file));
+  ASPEN_ASSIGN_OR_RETURN(std::string json, name == "gpt2" ? gpt2_config_json(file) : llama_config_json(file));
   Checkpoint c;
   c.dir_ = std::filesystem::path(path).parent_path().string();
   c.weights_path_ = path;
@@ -156,11 +243,31 @@ std::string block_format(uint32_t type) {
   }
 }
 
-// The GGUF tensor of a GPT-2 parameter (the head: output.weight, else the tied token embedding).
-std::optional<std::pair<std::string, bool>> tensor_of(const io::GgufFile& f, const std::string& parameter) {
-  std::optional<std::pair<std::string, bool>> at = gpt2_tensor(parameter);
-  if (at && parameter == "lm_head.weight" && !f.find(at->first)) at->first = "token_embd.weight";
+// The GGUF tensor of a GPT-2 or Llama parameter (the head: output.weight, else the tied token embedding).
+std::optional<TensorAt> tensor_of(const io::GgufFile& f, const ModelConfig& config, const std::string& parameter) {
+  std::optional<TensorAt> at;
+  if (const LlamaConfig* c = config.llama()) {
+    at = llama_tensor(parameter, *c);
+  } else if (std::optional<std::pair<std::string, bool>> g = gpt2_tensor(parameter)) {
+    at = TensorAt{g->first, g->second};
+  }
+  if (at && parameter == "lm_head.weight" && !f.find(at->name)) at->name = "token_embd.weight";
   return at;
+}
+
+// The converter's rotary row order put back: per head of d rows, stored row 2i + t is Hugging Face's row
+// t (d / 2) + i (t = 0, 1). `rows` rows of `row_bytes` bytes each (values or blocks).
+void unpermute_rope_rows(std::byte* data, int64_t rows, size_t row_bytes, int64_t heads) {
+  const int64_t d = rows / heads;
+  std::vector<std::byte> head(size_t(d) * row_bytes);
+  for (int64_t h = 0; h < heads; ++h) {
+    std::byte* base = data + size_t(h * d) * row_bytes;
+    std::memcpy(head.data(), base, head.size());
+    for (int64_t i = 0; i < d / 2; ++i)
+      for (int64_t t = 0; t < 2; ++t)
+        std::memcpy(base + size_t(t * (d / 2) + i) * row_bytes, head.data() + size_t(2 * i + t) * row_bytes,
+                    row_bytes);
+  }
 }
 
 }  // namespace
@@ -168,15 +275,23 @@ std::optional<std::pair<std::string, bool>> tensor_of(const io::GgufFile& f, con
 Result<QuantizedWeights> gguf_quantized_weights(const Checkpoint& ckpt) {
   QuantizedWeights q;
   const io::GgufFile* f = ckpt.gguf();
-  const Gpt2Config* c = ckpt.config().gpt2();
-  if (!f || !c) return q;
+  if (!f) return q;
   std::vector<std::string> names = {"lm_head.weight"};
-  for (int64_t i = 0; i < c->n_layer; ++i)
-    for (const char* part : {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"})
-      names.push_back("transformer.h." + std::to_string(i) + "." + part + ".weight");
+  if (const Gpt2Config* g = ckpt.config().gpt2()) {
+    for (int64_t i = 0; i < g->n_layer; ++i)
+      for (const char* part : {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"})
+        names.push_back("transformer.h." + std::to_string(i) + "." + part + ".weight");
+  } else if (const LlamaConfig* c = ckpt.config().llama()) {
+    for (int64_t i = 0; i < c->n_layer; ++i)
+      for (const char* part : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+        names.push_back("model.layers." + std::to_string(i) + "." + part + ".weight");
+  } else {
+    return q;
+  }
   for (const std::string& name : names) {
-    const std::optional<std::pair<std::string, bool>> at = tensor_of(*f, name);
-    const io::GgufTensor* t = at ? f->find(at->first) : nullptr;
+    const std::optional<TensorAt> at = tensor_of(*f, ckpt.config(), name);
+    const io::GgufTensor* t = at ? f->find(at->name) : nullptr;
     if (!t || t->extents.size() != 2) continue;  // plan_weights names what is missing
     const std::string format = block_format(t->type);
     if (!format.empty() && quantized_row_bytes(format, t->extents[0]) > 0) q.format[name] = format;
@@ -186,13 +301,13 @@ Result<QuantizedWeights> gguf_quantized_weights(const Checkpoint& ckpt) {
 
 Result<WeightBinding> gguf_binding(const Checkpoint& ckpt, WeightBinding w) {
   const io::GgufFile& f = *ckpt.gguf();
-  const std::optional<std::pair<std::string, bool>> at = tensor_of(f, w.parameter);
+  const std::optional<TensorAt> at = tensor_of(f, ckpt.config(), w.parameter);
   if (!at)
     return Status::error(Code::kNotFound, f.path() + ": parameter '" + w.parameter + "'",
-                         "one llama.cpp names (a GPT-2 graph's)", "a name it has none for");
-  const io::GgufTensor* t = f.find(at->first);
+                         "one llama.cpp names (a GPT-2 or Llama graph's)", "a name it has none for");
+  const io::GgufTensor* t = f.find(at->name);
   if (!t)
-    return Status::error(Code::kNotFound, f.path() + ": tensor '" + at->first + "'",
+    return Status::error(Code::kNotFound, f.path() + ": tensor '" + at->name + "'",
                          "present (the graph's parameter '" + w.parameter + "', " + w.type.to_string() + ")", "none");
   if (w.type.dtype == DType::u8) {  // NOTE [quantized linears]: the blocks as stored, rows [out, in]
     const std::string format = block_format(t->type);
@@ -205,10 +320,11 @@ Result<WeightBinding> gguf_binding(const Checkpoint& ckpt, WeightBinding w) {
     w.tensor = t->name;
     w.gguf = &f;
     w.gguf_tensor = t;
+    w.gguf_rope_heads = at->rope_heads;
     return w;
   }
   Shape want = w.type.shape;
-  if (at->second) {
+  if (at->transpose) {
     if (want.rank() != 2)
       return Status::error(Code::kInternal, "parameter '" + w.parameter + "'", "a matrix", want.to_string());
     want = Shape{want[1], want[0]};
@@ -216,12 +332,17 @@ Result<WeightBinding> gguf_binding(const Checkpoint& ckpt, WeightBinding w) {
   if (t->shape() != want)
     return Status::invalid_argument(f.path() + ": tensor '" + t->name + "'",
                                     "shape " + want.to_string() + " (the graph's parameter '" + w.parameter + "'" +
-                                        (at->second ? ", stored transposed" : "") + ")",
+                                        (at->transpose ? ", stored transposed" : "") + ")",
+                                    t->shape().to_string());
+  if (at->rope_heads > 0 && (want[0] % (2 * at->rope_heads) != 0))
+    return Status::invalid_argument(f.path() + ": tensor '" + t->name + "'",
+                                    "rows in whole heads of " + std::to_string(at->rope_heads) + " (even each)",
                                     t->shape().to_string());
   w.tensor = t->name;
   w.gguf = &f;
   w.gguf_tensor = t;
-  w.transpose = at->second;
+  w.transpose = at->transpose;
+  w.gguf_rope_heads = at->rope_heads;
   return w;
 }
 
@@ -233,9 +354,17 @@ Result<Tensor> read_gguf_weight(const WeightBinding& w) {
       return Status::error(Code::kInternal, "parameter '" + w.parameter + "'", std::to_string(out.nbytes()) + " bytes",
                            std::to_string(bytes.size()));
     std::memcpy(out.raw(), bytes.data(), bytes.size());
+    if (w.gguf_rope_heads > 0)
+      unpermute_rope_rows(static_cast<std::byte*>(out.raw()), w.type.shape[0], size_t(w.type.shape[1]),
+                          w.gguf_rope_heads);
     return out;
   }
   ASPEN_ASSIGN_OR_RETURN(Tensor values, w.gguf->read_f32(w.gguf_tensor->name));
+  if (w.gguf_rope_heads > 0) {
+    const int64_t rows = values.shape()[0];
+    unpermute_rope_rows(static_cast<std::byte*>(values.raw()), rows, size_t(values.numel() / rows) * sizeof(float),
+                        w.gguf_rope_heads);
+  }
   Tensor f32;
   if (w.transpose) {  // stored [N, K] rows, the parameter [K, N]
     const int64_t N = values.shape()[0], K = values.shape()[1];

@@ -2,7 +2,8 @@
 // read as a Checkpoint (NOTE [GGUF models]): its tokenizer gives transformers' ids for the prompt, and its
 // logits stay within Q8_0's error of transformers' logits with the original f32 weights (a name or a transpose
 // read wrong is far outside it); greedy generation through the file runs; other architectures and damaged
-// metadata are refused by name.
+// metadata are refused by name. The same for a Llama (scripts/golden/make_gguf_llama_testdata.py: grouped
+// heads, the converter's Q/K row order put back, Llama 3's split and BOS in its tokenizer).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -96,6 +97,72 @@ TEST(GgufModels, Gpt2LogitsWithinQ8_0OfTransformers) {
   }
 }
 
+TEST(GgufModels, LlamaLogitsWithinQ8_0OfTransformers) {
+  const std::string file = kDir + "/llama-64-q8_0.gguf";
+  std::ifstream gin(kDir + "/llama-64.golden.json");
+  const nlohmann::json gold = nlohmann::json::parse(gin);
+  auto tok = load_model_tokenizer(file);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  const std::vector<int32_t> ids = (*tok)->encode(gold["prompt"].get<std::string>());
+  ASSERT_EQ(ids, gold["input_ids"].get<std::vector<int32_t>>());  // Llama 3's split, BOS first
+
+  auto ckpt = Checkpoint::open(file);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  const ModelConfig& c = ckpt->config();
+  ASSERT_NE(c.llama(), nullptr);
+  EXPECT_EQ(c.llama()->d_model, 64);
+  EXPECT_EQ(c.llama()->n_head, 4);
+  EXPECT_EQ(c.llama()->kv_heads(), 2);
+  EXPECT_EQ(c.llama()->head_size(), 16);
+  EXPECT_FALSE(c.llama()->tie_word_embeddings);
+  const int64_t T = int64_t(ids.size());
+  auto quantized = gguf_quantized_weights(*ckpt);
+  ASSERT_TRUE(quantized.is_ok()) << quantized.status().to_string();
+  EXPECT_EQ(quantized->format.size(), size_t(7 * 2 + 1));  // every layer's seven matrices and the head
+  for (const bool on_blocks : {false, true}) {
+    SCOPED_TRACE(on_blocks ? "matmul_q" : "dequantized");
+    graph::Graph g;
+    graph::Builder b(g);
+    ASSERT_TRUE(build_causal_lm(b, c, {.batch = 1, .seq = T, .quantized = on_blocks ? &*quantized : nullptr}).is_ok());
+    int64_t products = 0;
+    for (const graph::Node& n : g.nodes()) products += n.op == graph::OpKind::matmul_q;
+    EXPECT_EQ(products, on_blocks ? 15 : 0);
+    auto exe = compiler::compile(g, {});
+    ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+    auto session = runtime::Session::create(std::move(exe).value(), {.threads = 1});
+    ASSERT_TRUE(session.is_ok()) << session.status().to_string();
+    auto plan = plan_weights(g, *ckpt);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    EXPECT_TRUE(plan->unused.empty());
+    ASSERT_TRUE(load_weights(*plan, [&](const std::string& name, const Tensor& t) {
+                  return (*session)->set_parameter(name, t);
+                }).is_ok());
+    Tensor in(DType::i32, Shape{1, T}), pos(DType::i32, Shape{1, T});
+    for (int64_t t = 0; t < T; ++t) in.data<int32_t>()[t] = ids[size_t(t)], pos.data<int32_t>()[t] = int32_t(t);
+    auto res = (*session)->run({{"input_ids", &in}, {"positions", &pos}});
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    const float* got = res->at("logits").data<float>() + (T - 1) * c.vocab();
+    for (const auto& [key, tolerance] :
+         {std::pair{"dequantized_last_logits", on_blocks ? 0.03 : 1e-4}, std::pair{"last_logits", 0.05}}) {
+      const std::vector<double> want = gold[key].get<std::vector<double>>();
+      ASSERT_EQ(want.size(), size_t(c.vocab()));
+      double worst = 0, scale = 0;
+      for (size_t v = 0; v < want.size(); ++v) {
+        worst = std::max(worst, std::abs(double(got[v]) - want[v]));
+        scale = std::max(scale, std::abs(want[v]));
+      }
+      EXPECT_LT(worst, tolerance * scale) << key << ": worst " << worst << " of scale " << scale;
+      EXPECT_GT(scale, 1.0);
+    }
+  }
+  // Generation through the file runs (tokenizer, config, blocks).
+  auto gen = Generator::open(file, {.max_batch = 1, .max_length = 40, .max_prompt = 24, .threads = 1});
+  ASSERT_TRUE(gen.is_ok()) << gen.status().to_string();
+  auto out = (*gen)->generate({ids}, {.max_new_tokens = 4, .temperature = 0.0f});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ((*out)[0].size(), 4u);
+}
+
 TEST(GgufModels, GreedyGenerationThroughTheFile) {
   const nlohmann::json gold = golden();
   auto gen = Generator::open(kFile, {.max_batch = 1, .max_length = 40, .max_prompt = 24, .threads = 1});
@@ -123,8 +190,8 @@ TEST(GgufModels, OtherArchitecturesAndDamagedMetadataAreNamed) {
   };
   EXPECT_EQ(Checkpoint::open(edited("gpt2", "bert", "general.architecture")).status().to_string(),
             "Unimplemented: " + ::testing::TempDir() +
-                "/edited.gguf: general.architecture: expected gpt2 (GGUF models of other families are not read "
-                "yet), found 'bert'");
+                "/edited.gguf: general.architecture: expected gpt2 or llama (GGUF models of other families are not "
+                "read yet), found 'bert'");
   EXPECT_EQ(Checkpoint::open(edited("gpt2.block_count", "gpt2.block_cound", "gpt2.block_count")).status().to_string(),
             "NotFound: " + ::testing::TempDir() +
                 "/edited.gguf: gpt2.block_count: expected a number (the model's config), found no such key");

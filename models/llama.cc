@@ -84,7 +84,7 @@ Result<LlamaGraph> build_llama(Builder& b, const LlamaConfig& c, const CausalLmO
   const int64_t V = vp ? c.vocab / T : c.vocab;
   // Row parallel: this shard's partial product summed over the shards, then the bias once.
   auto row_parallel = [&](ValueId x, const std::string& name, int64_t in, bool bias) {
-    ValueId y = linear(b, x, name, in, C, /*bias=*/false, wdt);
+    ValueId y = linear(b, x, name, in, C, /*bias=*/false, wdt, WeightLayout::out_in, o.quantized);
     if (T > 1)
       y = b.op1(OpKind::all_reduce, {y},
                 {{"group", std::string("tensor")}, {"group_size", T}, {"reduce", std::string("sum")}});
@@ -115,9 +115,9 @@ Result<LlamaGraph> build_llama(Builder& b, const LlamaConfig& c, const CausalLmO
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     ValueId h = rms_norm(b, x, p + "input_layernorm", C, c.rms_norm_eps, dt);
-    ValueId q = linear(b, h, p + "self_attn.q_proj", C, H * D, c.qkv_bias, wdt);
-    ValueId k = linear(b, h, p + "self_attn.k_proj", C, Hk * D, c.qkv_bias, wdt);
-    ValueId v = linear(b, h, p + "self_attn.v_proj", C, Hk * D, c.qkv_bias, wdt);
+    ValueId q = linear(b, h, p + "self_attn.q_proj", C, H * D, c.qkv_bias, wdt, WeightLayout::out_in, o.quantized);
+    ValueId k = linear(b, h, p + "self_attn.k_proj", C, Hk * D, c.qkv_bias, wdt, WeightLayout::out_in, o.quantized);
+    ValueId v = linear(b, h, p + "self_attn.v_proj", C, Hk * D, c.qkv_bias, wdt, WeightLayout::out_in, o.quantized);
     const KvCacheSpec cache = layer_cache(in.kv, o, i);
     const ValueId heads = attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), m.positions,
                                          in.key_valid, o.kv_cache_len ? &cache : nullptr, in.segments, in.layout,
@@ -125,15 +125,19 @@ Result<LlamaGraph> build_llama(Builder& b, const LlamaConfig& c, const CausalLmO
                                          in.dropout_shard ? &*in.dropout_shard : nullptr);
     x = b.add(x, row_parallel(heads, p + "self_attn.o_proj", H * D, c.o_bias));
     h = rms_norm(b, x, p + "post_attention_layernorm", C, c.rms_norm_eps, dt);
-    const ValueId gate = linear(b, h, p + "mlp.gate_proj", C, F, c.mlp_bias, wdt);
-    const ValueId up = linear(b, h, p + "mlp.up_proj", C, F, c.mlp_bias, wdt);
+    const ValueId gate = linear(b, h, p + "mlp.gate_proj", C, F, c.mlp_bias, wdt, WeightLayout::out_in, o.quantized);
+    const ValueId up = linear(b, h, p + "mlp.up_proj", C, F, c.mlp_bias, wdt, WeightLayout::out_in, o.quantized);
     x = b.add(x, row_parallel(b.mul(b.silu(gate), up), p + "mlp.down_proj", F, c.mlp_bias));
   }
   x = rms_norm(b, x, "model.norm", C, c.rms_norm_eps, dt);
   if (o.last_hidden_state) b.output("last_hidden_state", x);
   x = logits_input(b, x, o);
-  m.logits = c.tie_word_embeddings ? b.op1(OpKind::matmul, {x, embed_tokens}, {{"trans_b", int64_t(1)}})
-                                   : linear(b, x, "lm_head", C, V, /*bias=*/false, wdt);  // [B, T, V] (the shard's)
+  // A quantized head is its own parameter even when tied (the embedding is read as floats: NOTE [quantized
+  // linears]).
+  const bool quantized_head = o.quantized && o.quantized->find("lm_head.weight");
+  m.logits = c.tie_word_embeddings && !quantized_head
+                 ? b.op1(OpKind::matmul, {x, embed_tokens}, {{"trans_b", int64_t(1)}})
+                 : linear(b, x, "lm_head", C, V, /*bias=*/false, wdt, WeightLayout::out_in, o.quantized);  // [B, T, V]
   b.output("logits", vp ? vocab_parallel_gather_logits(b, m.logits, T) : m.logits);
   if (o.with_loss) {
     m.loss = vp ? vocab_parallel_loss(b, m.logits, m.targets, offset, T) : lm_loss(b, m.logits, m.targets);

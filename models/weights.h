@@ -59,8 +59,8 @@ class Checkpoint {
   // llama.cpp GGUF file instead (open_gguf).
   static Result<Checkpoint> open(const std::string& dir);
   // NOTE [GGUF models] (models/gguf_checkpoint.cc): the config from the file's metadata, the weights from its
-  // tensors under llama.cpp's names, dequantized when read. GPT-2 for now; other architectures are refused by
-  // name.
+  // tensors under llama.cpp's names, dequantized when read. GPT-2 and Llama; other architectures are refused
+  // by name.
   static Result<Checkpoint> open_gguf(const std::string& path);
   const io::GgufFile* gguf() const { return gguf_.get(); }
 
@@ -101,6 +101,9 @@ struct WeightBinding {
   const io::GgufFile* gguf = nullptr;
   const io::GgufTensor* gguf_tensor = nullptr;
   bool transpose = false;
+  // llama.cpp's converter reorders a Llama q_proj's or k_proj's rows for its rotary layout (per head, the two
+  // halves interleaved); > 0: put them back, over this many heads (NOTE [GGUF models]).
+  int64_t gguf_rope_heads = 0;
 };
 
 struct WeightPlan {

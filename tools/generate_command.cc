@@ -154,7 +154,7 @@ Command add_generate_command(CLI::App& app) {
       "--temperature 0\n(--temperature 0 is greedy; otherwise top-k, top-p and the seed apply; the same seed gives "
       "the same text)");
   cmd->add_option("--model", args->model,
-                  "model directory (config.json, weights, tokenizer), or a llama.cpp GGUF file (GPT-2)")
+                  "model directory (config.json, weights, tokenizer), or a llama.cpp GGUF file (GPT-2, Llama)")
       ->required();
   cmd->add_option("--prompt", args->prompt, "the text to continue")->required();
   cmd->add_option("--max-new-tokens", args->max_new_tokens, "new tokens at most (default 32)")->check(at_least(1));
