@@ -33,6 +33,54 @@ nlohmann::json golden() {
   return nlohmann::json::parse(in);
 }
 
+// The last position's logits of `ckpt` for `ids`, dequantized (f32 matrices) and on the blocks themselves
+// (matmul_q: `products` of them, activations quantized to Q8_0 as llama.cpp quantizes them: a little more
+// error), against transformers with the file's weights as ggml dequantizes them (the same numbers up to f32
+// rounding) and with the original f32 weights (Q8_0's error: 3.4 % of the logits' scale at worst in these
+// 2-layer models, whose weights were scaled up so the logits spread).
+void expect_logits_of_golden(const Checkpoint& ckpt, const QuantizedWeights& quantized,
+                             const std::vector<int32_t>& ids, const nlohmann::json& gold, int64_t products) {
+  const ModelConfig& c = ckpt.config();
+  const int64_t T = int64_t(ids.size());
+  for (const bool on_blocks : {false, true}) {
+    SCOPED_TRACE(on_blocks ? "matmul_q" : "dequantized");
+    graph::Graph g;
+    graph::Builder b(g);
+    ASSERT_TRUE(build_causal_lm(b, c, {.batch = 1, .seq = T, .quantized = on_blocks ? &quantized : nullptr}).is_ok());
+    int64_t found = 0;
+    for (const graph::Node& n : g.nodes()) found += n.op == graph::OpKind::matmul_q;
+    EXPECT_EQ(found, on_blocks ? products : 0);
+    auto exe = compiler::compile(g, {});
+    ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+    auto session = runtime::Session::create(std::move(exe).value(), {.threads = 1});
+    ASSERT_TRUE(session.is_ok()) << session.status().to_string();
+    auto plan = plan_weights(g, ckpt);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    EXPECT_TRUE(plan->unused.empty());
+    ASSERT_TRUE(load_weights(*plan, [&](const std::string& name, const Tensor& t) {
+                  return (*session)->set_parameter(name, t);
+                }).is_ok());
+    Tensor in(DType::i32, Shape{1, T}), pos(DType::i32, Shape{1, T});
+    for (int64_t t = 0; t < T; ++t) in.data<int32_t>()[t] = ids[size_t(t)], pos.data<int32_t>()[t] = int32_t(t);
+    auto res = (*session)->run({{"input_ids", &in}, {"positions", &pos}});
+    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    const float* got = res->at("logits").data<float>() + (T - 1) * c.vocab();
+    for (const auto& [key, tolerance] :
+         {std::pair{"dequantized_last_logits", on_blocks ? 0.03 : 1e-4}, std::pair{"last_logits", 0.05}}) {
+      const std::vector<double> want = gold[key].get<std::vector<double>>();
+      ASSERT_EQ(want.size(), size_t(c.vocab()));
+      double worst = 0, scale = 0;
+      for (size_t v = 0; v < want.size(); ++v) {
+        worst = std::max(worst, std::abs(double(got[v]) - want[v]));
+        scale = std::max(scale, std::abs(want[v]));
+      }
+      EXPECT_LT(worst, tolerance * scale) << key << ": worst " << worst << " of scale " << scale;
+      EXPECT_GT(scale, 1.0);
+      if (on_blocks) std::printf("matmul_q vs %s: worst %.4f of scale %.3f\n", key, worst, scale);
+    }
+  }
+}
+
 TEST(GgufModels, Gpt2LogitsWithinQ8_0OfTransformers) {
   const nlohmann::json gold = golden();
   auto tok = load_model_tokenizer(kFile);
@@ -48,53 +96,11 @@ TEST(GgufModels, Gpt2LogitsWithinQ8_0OfTransformers) {
   EXPECT_EQ(c.gpt2()->n_layer, 2);
   EXPECT_EQ(c.vocab(), 1000);
   EXPECT_TRUE(c.gpt2()->tie_word_embeddings);  // no output.weight in the file: the head is token_embd
-  const int64_t T = int64_t(ids.size());
   auto quantized = gguf_quantized_weights(*ckpt);
   ASSERT_TRUE(quantized.is_ok()) << quantized.status().to_string();
   EXPECT_EQ(quantized->format.size(), size_t(4 * 2 + 1));  // every layer's four matrices and the head
   for (const auto& [name, format] : quantized->format) EXPECT_EQ(format, "q8_0") << name;
-  // Dequantized (f32 matrices), then on the blocks themselves (matmul_q, activations quantized to Q8_0 as
-  // llama.cpp quantizes them: a little more error).
-  for (const bool on_blocks : {false, true}) {
-    SCOPED_TRACE(on_blocks ? "matmul_q" : "dequantized");
-    graph::Graph g;
-    graph::Builder b(g);
-    ASSERT_TRUE(build_causal_lm(b, c, {.batch = 1, .seq = T, .quantized = on_blocks ? &*quantized : nullptr}).is_ok());
-    int64_t products = 0;
-    for (const graph::Node& n : g.nodes()) products += n.op == graph::OpKind::matmul_q;
-    EXPECT_EQ(products, on_blocks ? 9 : 0);
-    auto exe = compiler::compile(g, {});
-    ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
-    auto session = runtime::Session::create(std::move(exe).value(), {.threads = 1});
-    ASSERT_TRUE(session.is_ok()) << session.status().to_string();
-    auto plan = plan_weights(g, *ckpt);
-    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
-    EXPECT_TRUE(plan->unused.empty());
-    ASSERT_TRUE(load_weights(*plan, [&](const std::string& name, const Tensor& t) {
-                  return (*session)->set_parameter(name, t);
-                }).is_ok());
-    Tensor in(DType::i32, Shape{1, T}), pos(DType::i32, Shape{1, T});
-    for (int64_t t = 0; t < T; ++t) in.data<int32_t>()[t] = ids[size_t(t)], pos.data<int32_t>()[t] = int32_t(t);
-    auto res = (*session)->run({{"input_ids", &in}, {"positions", &pos}});
-    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
-    const float* got = res->at("logits").data<float>() + (T - 1) * c.vocab();
-    // transformers with the file's weights as ggml dequantizes them: the same numbers up to f32 rounding; with
-    // the original f32 weights: Q8_0's error (3.4 % of the logits' scale at worst in this 2-layer model, whose
-    // weights were scaled up so the logits spread).
-    for (const auto& [key, tolerance] :
-         {std::pair{"dequantized_last_logits", on_blocks ? 0.03 : 1e-4}, std::pair{"last_logits", 0.05}}) {
-      const std::vector<double> want = gold[key].get<std::vector<double>>();
-      ASSERT_EQ(want.size(), size_t(c.vocab()));
-      double worst = 0, scale = 0;
-      for (size_t v = 0; v < want.size(); ++v) {
-        worst = std::max(worst, std::abs(double(got[v]) - want[v]));
-        scale = std::max(scale, std::abs(want[v]));
-      }
-      EXPECT_LT(worst, tolerance * scale) << key << ": worst " << worst << " of scale " << scale;
-      EXPECT_GT(scale, 1.0);
-      if (on_blocks) std::printf("matmul_q vs %s: worst %.4f of scale %.3f\n", key, worst, scale);
-    }
-  }
+  expect_logits_of_golden(*ckpt, *quantized, ids, gold, 9);
 }
 
 TEST(GgufModels, LlamaLogitsWithinQ8_0OfTransformers) {
@@ -115,46 +121,10 @@ TEST(GgufModels, LlamaLogitsWithinQ8_0OfTransformers) {
   EXPECT_EQ(c.llama()->kv_heads(), 2);
   EXPECT_EQ(c.llama()->head_size(), 16);
   EXPECT_FALSE(c.llama()->tie_word_embeddings);
-  const int64_t T = int64_t(ids.size());
   auto quantized = gguf_quantized_weights(*ckpt);
   ASSERT_TRUE(quantized.is_ok()) << quantized.status().to_string();
   EXPECT_EQ(quantized->format.size(), size_t(7 * 2 + 1));  // every layer's seven matrices and the head
-  for (const bool on_blocks : {false, true}) {
-    SCOPED_TRACE(on_blocks ? "matmul_q" : "dequantized");
-    graph::Graph g;
-    graph::Builder b(g);
-    ASSERT_TRUE(build_causal_lm(b, c, {.batch = 1, .seq = T, .quantized = on_blocks ? &*quantized : nullptr}).is_ok());
-    int64_t products = 0;
-    for (const graph::Node& n : g.nodes()) products += n.op == graph::OpKind::matmul_q;
-    EXPECT_EQ(products, on_blocks ? 15 : 0);
-    auto exe = compiler::compile(g, {});
-    ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
-    auto session = runtime::Session::create(std::move(exe).value(), {.threads = 1});
-    ASSERT_TRUE(session.is_ok()) << session.status().to_string();
-    auto plan = plan_weights(g, *ckpt);
-    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
-    EXPECT_TRUE(plan->unused.empty());
-    ASSERT_TRUE(load_weights(*plan, [&](const std::string& name, const Tensor& t) {
-                  return (*session)->set_parameter(name, t);
-                }).is_ok());
-    Tensor in(DType::i32, Shape{1, T}), pos(DType::i32, Shape{1, T});
-    for (int64_t t = 0; t < T; ++t) in.data<int32_t>()[t] = ids[size_t(t)], pos.data<int32_t>()[t] = int32_t(t);
-    auto res = (*session)->run({{"input_ids", &in}, {"positions", &pos}});
-    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
-    const float* got = res->at("logits").data<float>() + (T - 1) * c.vocab();
-    for (const auto& [key, tolerance] :
-         {std::pair{"dequantized_last_logits", on_blocks ? 0.03 : 1e-4}, std::pair{"last_logits", 0.05}}) {
-      const std::vector<double> want = gold[key].get<std::vector<double>>();
-      ASSERT_EQ(want.size(), size_t(c.vocab()));
-      double worst = 0, scale = 0;
-      for (size_t v = 0; v < want.size(); ++v) {
-        worst = std::max(worst, std::abs(double(got[v]) - want[v]));
-        scale = std::max(scale, std::abs(want[v]));
-      }
-      EXPECT_LT(worst, tolerance * scale) << key << ": worst " << worst << " of scale " << scale;
-      EXPECT_GT(scale, 1.0);
-    }
-  }
+  expect_logits_of_golden(*ckpt, *quantized, ids, gold, 15);
   // Generation through the file runs (tokenizer, config, blocks).
   auto gen = Generator::open(file, {.max_batch = 1, .max_length = 40, .max_prompt = 24, .threads = 1});
   ASSERT_TRUE(gen.is_ok()) << gen.status().to_string();
