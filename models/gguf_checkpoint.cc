@@ -113,6 +113,9 @@ Result<std::string> llama_config_json(const io::GgufFile& f) {
     return Status::error(Code::kUnimplemented, f.path() + ": tensor 'rope_freqs.weight'",
                          "a Llama without per-frequency rope factors (Llama 3's scaling is not read yet)",
                          "the tensor");
+  if (const std::optional<double> w = optional("llama.attention.sliding_window"); w && *w > 0)
+    return Status::error(Code::kUnimplemented, f.path() + ": llama.attention.sliding_window",
+                         "0 (a sliding window is not read from GGUF yet)", std::to_string(int64_t(*w)));
   if (const io::GgufValue* v = f.find_metadata("llama.rope.scaling.type");
       v && v->kind == io::GgufValue::Kind::string && v->s != "none")
     return Status::error(Code::kUnimplemented, f.path() + ": llama.rope.scaling.type", "none (not read yet)",

@@ -165,6 +165,18 @@ TEST(GgufModels, OtherArchitecturesAndDamagedMetadataAreNamed) {
   EXPECT_EQ(Checkpoint::open(edited("gpt2.block_count", "gpt2.block_cound", "gpt2.block_count")).status().to_string(),
             "NotFound: " + ::testing::TempDir() +
                 "/edited.gguf: gpt2.block_count: expected a number (the model's config), found no such key");
+  {  // a Llama's metadata
+    std::ifstream lf(kDir + "/llama-64-q8_0.gguf", std::ios::binary);
+    std::stringstream ls;
+    ls << lf.rdbuf();
+    std::string b = ls.str();
+    const std::string key = "llama.attention.layer_norm_rms_epsilon";
+    b.replace(b.find(key), key.size(), "llama.attention.layer_norm_rms_epsilom");
+    const std::string path = ::testing::TempDir() + "/edited-llama.gguf";
+    std::ofstream(path, std::ios::binary) << b;
+    EXPECT_EQ(Checkpoint::open(path).status().to_string(),
+              "NotFound: " + path + ": " + key + ": expected a number (the model's config), found no such key");
+  }
   const std::string no_qkv = edited("blk.1.attn_qkv.weight", "blk.1.attn_qkv.weighz", "blk.1.attn_qkv.weight");
   auto ckpt = Checkpoint::open(no_qkv);
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
