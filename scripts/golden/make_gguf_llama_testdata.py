@@ -12,6 +12,9 @@ order). aspen reading the file must give the second up to f32 rounding (dequanti
 error of the first (in blocks).
 
     python3 scripts/golden/make_gguf_llama_testdata.py [--sdist llama_cpp_python-X.tar.gz]
+
+Needs torch, transformers and sentencepiece (PyPI; the converter imports it before it looks for a
+tokenizer.model). Regenerating writes the same bytes (fixed seeds and names).
 """
 import argparse
 import json
