@@ -406,16 +406,25 @@ ASPEN_TARGET_AVX512_BF16 inline void kn_dot_strip(const Job& j, int64_t m0, floa
     for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(y + m * N + 16 * v, mv[v], acc[m][v]);
 }
 
+// VPERMT2W's indices for a strip's pair vectors: word t holds row k + 1's column t / 2 in the even words (index
+// 32 + : the second operand), row k's in the odd ones; `hi` the same for columns 16-31. Made once.
+struct PairIndex {
+  alignas(64) int16_t lo[32], hi[32];
+};
+constexpr PairIndex make_pair_index() {
+  PairIndex p{};
+  for (int t = 0; t < 32; ++t) {
+    p.lo[t] = int16_t(t % 2 ? t / 2 : 32 + t / 2);
+    p.hi[t] = int16_t(p.lo[t] + 16);
+  }
+  return p;
+}
+constexpr PairIndex kPairIndex = make_pair_index();
+
 template <int MB>
 ASPEN_TARGET_AVX512_BF16 void kn_dot_strips(const Job& j, int64_t m0, int64_t k0, int64_t k1, int64_t n0,
                                             int64_t n1) {
-  // Word t of a pair vector: row k + 1's column (t / 2) in the even words, row k's in the odd ones.
-  alignas(64) int16_t lo[32], hi[32];
-  for (int t = 0; t < 32; ++t) {
-    lo[t] = int16_t(t % 2 ? t / 2 : 32 + t / 2);
-    hi[t] = int16_t(lo[t] + 16);
-  }
-  const __m512i idx_lo = _mm512_load_si512(lo), idx_hi = _mm512_load_si512(hi);
+  const __m512i idx_lo = _mm512_load_si512(kPairIndex.lo), idx_hi = _mm512_load_si512(kPairIndex.hi);
   float* y = j.y + m0 * j.N;
   const bf16* w = static_cast<const bf16*>(j.w);
   int64_t c = n0;
