@@ -6,6 +6,7 @@
 #include <barrier>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -37,9 +38,7 @@ struct Row {
   Spread spread;       // its time per call over the rounds
   // NOTE [guarded rows]: the ceiling of an all-reduce within one host is its memory's copy bandwidth (every
   // byte is read and written a few times): measured before and after each team size's rows, in GB/s.
-  double ceiling_before = 0, ceiling_after = 0;
-  int attempts = 1;
-  bool disturbed = false;
+  Guard guard;
 };
 
 double algbw(const Row& r) { return double(r.bytes) / r.seconds / 1e9; }
@@ -78,33 +77,22 @@ Result<std::vector<double>> time_threads(int n, int64_t bytes, bool quick) {
 void print_row(std::ostream& out, const Row& r, bool json, const std::map<std::tuple<int, int64_t>, double>& ref) {
   auto it = ref.find({r.devices, r.bytes});
   const double ratio = it != ref.end() && r.backend != "mpi_reference" ? it->second / r.seconds : 0;
-  char line[512];
   if (json) {
-    std::snprintf(line, sizeof(line),
-                  "{\"bench\":\"allreduce\",\"backend\":\"%s\",\"devices\":%d,\"bytes\":%lld,\"algbw_gbs\":%.4g,"
-                  "\"busbw_gbs\":%.4g",
-                  r.backend.c_str(), r.devices, static_cast<long long>(r.bytes), algbw(r), busbw(r));
-    out << line;
-    if (ratio > 0) {
-      std::snprintf(line, sizeof(line), ",\"ratio_vs_mpi_reference\":%.3g", ratio);
-      out << line;
-    }
-    nlohmann::ordered_json guard = {{"seconds", spread_json(r.spread)},
-                                    {"ceiling_before", r.ceiling_before},
-                                    {"ceiling_after", r.ceiling_after},
-                                    {"ceiling_drift", ceiling_drift(r.ceiling_before, r.ceiling_after)},
-                                    {"attempts", r.attempts},
-                                    {"disturbed", r.disturbed}};
-    const std::string fields = guard.dump();
-    out << "," << fields.substr(1, fields.size() - 2) << "}\n";
+    nlohmann::ordered_json j = {{"bench", "allreduce"}, {"backend", r.backend}, {"devices", r.devices},
+                                {"bytes", r.bytes},     {"algbw_gbs", algbw(r)}, {"busbw_gbs", busbw(r)}};
+    if (ratio > 0) j["ratio_vs_mpi_reference"] = ratio;
+    j["seconds"] = spread_json(r.spread);
+    add_guard_fields(j, r.guard);
+    out << j.dump() << "\n";
   } else {
+    char line[512];
     std::snprintf(line, sizeof(line), "%-14s %7d %8lld %10.2f %10.2f", r.backend.c_str(), r.devices,
                   static_cast<long long>(r.bytes >> 20), algbw(r), busbw(r));
     out << line;
     if (ratio > 0) std::snprintf(line, sizeof(line), " %9.2fx", ratio);
     else std::snprintf(line, sizeof(line), " %10s", "");
     out << line;
-    std::snprintf(line, sizeof(line), "        %.3g-%.3g ms%s", r.spread.min * 1e3, r.spread.max * 1e3, r.disturbed ? " ~" : "");
+    std::snprintf(line, sizeof(line), "        %.3g-%.3g ms%s", r.spread.min * 1e3, r.spread.max * 1e3, r.guard.disturbed() ? " ~" : "");
     out << line << "\n";
   }
   out.flush();
@@ -140,8 +128,8 @@ Result<std::vector<Row>> time_mpi_job(const CollectivesBenchOptions& o) {
       }
     }
     const Spread a = spread_of(ours), b = spread_of(theirs);
-    rows.push_back({.backend = "mpi", .devices = n, .bytes = bytes, .seconds = a.min, .spread = a});
-    rows.push_back({.backend = "mpi_reference", .devices = n, .bytes = bytes, .seconds = b.min, .spread = b});
+    rows.push_back({.backend = "mpi", .devices = n, .bytes = bytes, .seconds = a.min, .spread = a, .guard = {}});
+    rows.push_back({.backend = "mpi_reference", .devices = n, .bytes = bytes, .seconds = b.min, .spread = b, .guard = {}});
   }
   comm.reset();
   return rows;
@@ -170,7 +158,7 @@ Result<std::vector<Row>> relaunch_mpi(const CollectivesBenchOptions& o, int n) {
     long long bytes = 0;
     Spread t;
     if (std::sscanf(line, "ROW %63s %d %lld %lf %lf %lf", backend, &devices, &bytes, &t.min, &t.median, &t.max) == 6)
-      rows.push_back({.backend = backend, .devices = devices, .bytes = bytes, .seconds = t.min, .spread = t});
+      rows.push_back({.backend = backend, .devices = devices, .bytes = bytes, .seconds = t.min, .spread = t, .guard = {}});
   }
   const int rc = pclose(p);
   if (rc != 0 || rows.empty())
@@ -225,35 +213,31 @@ Status run_collectives_bench(const CollectivesBenchOptions& options, std::ostrea
 #endif
   // NOTE [guarded rows]: per team size, the copy bandwidth before and after its rows (the MPI job's and the
   // threads'); a moved ceiling measures them once more, then marks them. Under an outer mpirun the MPI rows were
-  // measured above, unguarded (ceilings 0).
-  const size_t ceiling_bytes = size_t(o.quick ? 16 : 64) << 20;
-  auto ceiling = [&] { return measure_copy_bandwidth(ceiling_bytes) / 1e9; };
+  // measured above, unguarded; --quick measures no ceiling.
+  std::function<double()> ceiling;
+  if (!under_mpirun && !o.quick) ceiling = [] { return measure_copy_bandwidth(size_t(64) << 20) / 1e9; };
   for (int n : o.devices) {
     std::vector<Row> group;
-    for (int attempt = 1; attempt <= 2; ++attempt) {
-      group.clear();
-      const double before = under_mpirun ? 0.0 : ceiling();
+    Guard guard;
+    ASPEN_RETURN_IF_ERROR(guarded(
+        [&]() -> Status {
+          group.clear();
 #if ASPEN_HAVE_MPI
-      if (o.mpi && !under_mpirun) {
-        ASPEN_ASSIGN_OR_RETURN(group, relaunch_mpi(o, n));
-      }
+          if (o.mpi && !under_mpirun) {
+            ASPEN_ASSIGN_OR_RETURN(group, relaunch_mpi(o, n));
+          }
 #endif
-      for (const Row& r : rows)
-        if (r.devices == n) group.push_back(r);
-      for (int64_t mib : o.mib) {
-        ASPEN_ASSIGN_OR_RETURN(std::vector<double> t, time_threads(n, mib << 20, o.quick));
-        const Spread sp = spread_of(t);
-        group.push_back({.backend = "threads", .devices = n, .bytes = mib << 20, .seconds = sp.min, .spread = sp});
-      }
-      const double after = under_mpirun ? 0.0 : ceiling();
-      for (Row& r : group) {
-        r.ceiling_before = before;
-        r.ceiling_after = after;
-        r.attempts = attempt;
-        r.disturbed = ceiling_moved(before, after);
-      }
-      if (!ceiling_moved(before, after) || o.quick) break;
-    }
+          for (const Row& r : rows)
+            if (r.devices == n) group.push_back(r);
+          for (int64_t mib : o.mib) {
+            ASPEN_ASSIGN_OR_RETURN(std::vector<double> t, time_threads(n, mib << 20, o.quick));
+            const Spread sp = spread_of(t);
+            group.push_back({.backend = "threads", .devices = n, .bytes = mib << 20, .seconds = sp.min, .spread = sp, .guard = {}});
+          }
+          return Status();
+        },
+        ceiling, &guard));
+    for (Row& r : group) r.guard = guard;
     for (const Row& r : group)
       if (r.backend == "mpi_reference") ref[{r.devices, r.bytes}] = r.seconds;
     if (!o.json && n == o.devices.front())

@@ -90,12 +90,33 @@ nlohmann::ordered_json spread_json(const RowTimes& t, size_t i) {
   return {{"min", t.min.at(i)}, {"median", t.median.at(i)}, {"max", t.max.at(i)}};
 }
 
+namespace {
+void put_guard_fields(nlohmann::ordered_json& row, double before, double after, int attempts, bool disturbed) {
+  row["ceiling_before"] = before;
+  row["ceiling_after"] = after;
+  row["ceiling_drift"] = ceiling_drift(before, after);
+  row["attempts"] = attempts;
+  row["disturbed"] = disturbed;
+}
+}  // namespace
+
 void add_guard_fields(nlohmann::ordered_json& row, const RowTimes& t) {
-  row["ceiling_before"] = t.ceiling_before;
-  row["ceiling_after"] = t.ceiling_after;
-  row["ceiling_drift"] = t.drift();
-  row["attempts"] = t.attempts;
-  row["disturbed"] = t.disturbed;
+  put_guard_fields(row, t.ceiling_before, t.ceiling_after, t.attempts, t.disturbed);
+}
+
+void add_guard_fields(nlohmann::ordered_json& row, const Guard& g) {
+  put_guard_fields(row, g.before, g.after, g.attempts, g.disturbed());
+}
+
+Status guarded(const std::function<Status()>& measure, const std::function<double()>& ceiling, Guard* guard,
+               int retries) {
+  *guard = Guard{};
+  do {
+    guard->before = ceiling ? ceiling() : 0.0;
+    ASPEN_RETURN_IF_ERROR(measure());
+    guard->after = ceiling ? ceiling() : 0.0;
+  } while (++guard->attempts <= retries && guard->disturbed());
+  return Status();
 }
 
 namespace {

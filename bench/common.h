@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
+
 namespace aspen::bench {
 
 // Runs fn once to warm up (unless warm_up is false), then repeats it until
@@ -52,6 +54,18 @@ RowTimes guarded_rounds(const std::vector<std::function<void()>>& fns, const std
 nlohmann::ordered_json spread_json(const RowTimes& t, size_t i);
 // "ceiling_before", "ceiling_after", "ceiling_drift", "attempts", "disturbed" added to a row.
 void add_guard_fields(nlohmann::ordered_json& row, const RowTimes& t);
+
+// NOTE [guarded rows] for a measurement that is not candidates in rounds (an MPI job, a training run): `measure`
+// runs between two readings of `ceiling`, and again (up to `retries` more times) while the ceiling moved more
+// than kMovedTolerance. Without a ceiling (nullptr) it runs once, unguarded (all 0). The first error stops it.
+struct Guard {
+  double before = 0, after = 0;
+  int attempts = 0;
+  bool disturbed() const { return ceiling_moved(before, after); }
+};
+Status guarded(const std::function<Status()>& measure, const std::function<double()>& ceiling, Guard* guard,
+               int retries = 1);
+void add_guard_fields(nlohmann::ordered_json& row, const Guard& g);  // the same fields as above
 
 // Peak arithmetic rates in GFLOP/s, measured on `threads` threads (OpenMP).
 double measure_f32_fma_peak(int threads);   // FMA on the widest vectors this CPU runs

@@ -48,6 +48,34 @@ TEST(GuardedRounds, DriftAndSpreadHelpers) {
   EXPECT_EQ(spread_json(odd)["max"].get<double>(), 3);
 }
 
+TEST(GuardedRounds, AGuardedMeasurementIsRunAgainWhileItsCeilingMoves) {
+  std::vector<double> readings = {100, 80, 100, 100};  // moved on the first attempt only
+  size_t next = 0;
+  int runs = 0;
+  Guard g;
+  ASSERT_TRUE(guarded([&] { return ++runs, Status(); }, [&] { return readings[next++]; }, &g).is_ok());
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(g.attempts, 2);
+  EXPECT_FALSE(g.disturbed());
+  readings = {100, 80, 100, 70};  // moved both times: flagged after one retry
+  next = 0, runs = 0;
+  ASSERT_TRUE(guarded([&] { return ++runs, Status(); }, [&] { return readings[next++]; }, &g).is_ok());
+  EXPECT_EQ(runs, 2);
+  EXPECT_TRUE(g.disturbed());
+  nlohmann::ordered_json row;
+  add_guard_fields(row, g);
+  EXPECT_EQ(row["ceiling_before"].get<double>(), 100);
+  EXPECT_EQ(row["ceiling_after"].get<double>(), 70);
+  EXPECT_TRUE(row["disturbed"].get<bool>());
+  runs = 0;  // no ceiling: once, unguarded; an error stops it
+  ASSERT_TRUE(guarded([&] { return ++runs, Status(); }, nullptr, &g).is_ok());
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(g.before, 0);
+  EXPECT_FALSE(g.disturbed());
+  EXPECT_EQ(guarded([] { return Status::invalid_argument("m", "x", "y"); }, nullptr, &g).code(),
+            Code::kInvalidArgument);
+}
+
 TEST(GuardedRounds, AMovingCeilingIsMeasuredAgainThenFlagged) {
   // Moves by 20 % on the first attempt only: measured again, then clean.
   std::vector<double> once = {100, 80, 100, 100};

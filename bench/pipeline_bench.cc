@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -171,35 +172,38 @@ Status run_pipeline_bench(const PipelineBenchOptions& opt, std::ostream& out) {
     out << fmt::format("{:>6} {:>6} {:>9} | {:>8} {:>8} {:>7} | {:>8}\n", "stages", "micro", "schedule", "bubble",
                        "theory", "diff", "step ms");
   }
-  // The ceiling: the FMA peak of as many threads as stages (the stages' matmuls are compute-bound).
-  auto peak = [&](int threads) { return o.quick ? 0.0 : measure_f32_fma_peak(std::min(threads, cores)); };
+  // The ceiling: the FMA peak of as many threads as stages (the stages' matmuls are compute-bound); --quick
+  // measures none.
+  auto peak = [&](int threads) -> std::function<double()> {
+    if (o.quick) return nullptr;
+    return [threads, cores] { return measure_f32_fma_peak(std::min(threads, cores)); };
+  };
   for (int p : o.stages)
     for (int m : o.micro)
       for (train::PipelineSchedule sch : {train::PipelineSchedule::gpipe, train::PipelineSchedule::one_f_one_b}) {
         // NOTE [guarded rows]: the stages' FMA peak (one thread per stage) before and after the row; a moved
         // ceiling measures the row once more, then marks it.
         Measured r;
-        double before = 0, after = 0;
-        int attempts = 0;
-        do {
-          before = peak(p);
-          ASPEN_ASSIGN_OR_RETURN(r, measure(p, m, sch, o));
-          after = peak(p);
-        } while (++attempts < 2 && ceiling_moved(before, after) && !o.quick);
-        const bool disturbed = ceiling_moved(before, after);
+        Guard guard;
+        ASPEN_RETURN_IF_ERROR(guarded(
+            [&]() -> Status {
+              ASPEN_ASSIGN_OR_RETURN(r, measure(p, m, sch, o));
+              return Status();
+            },
+            peak(p), &guard));
         const double theory = train::pipeline_bubble_theory(p, m);
         if (o.json) {
           nlohmann::ordered_json j = {{"bench", "pipeline"}, {"stages", p},        {"microbatches", m},
                                       {"schedule", train::pipeline_schedule_name(sch)}, {"bubble", r.bubble},
                                       {"theory", theory},   {"step_s", r.step_s}, {"cores", cores},
-                                      {"step", spread_json(r.step)}, {"ceiling_before", before},
-                                      {"ceiling_after", after}, {"ceiling_drift", ceiling_drift(before, after)},
-                                      {"attempts", attempts}, {"disturbed", disturbed}};
+                                      {"step", spread_json(r.step)}};
+          add_guard_fields(j, guard);
           out << j.dump() << "\n";
         } else {
           out << fmt::format("{:>6} {:>6} {:>9} | {:>8.3f} {:>8.3f} {:>+7.3f} | {:>8.1f}{}{}\n", p, m,
                              train::pipeline_schedule_name(sch), r.bubble, theory, r.bubble - theory, 1e3 * r.step_s,
-                             disturbed ? " ~" : "", p > cores ? "  (more stages than cores: they share them)" : "");
+                             guard.disturbed() ? " ~" : "",
+                             p > cores ? "  (more stages than cores: they share them)" : "");
         }
         out.flush();
       }
@@ -213,15 +217,14 @@ Status run_pipeline_bench(const PipelineBenchOptions& opt, std::ostream& out) {
         "stage 0 s", "stage 1 s", "max/mean", "step ms", "stage 0 ops");
   // The two cuts' rows are one comparison: guarded together (the peak before the first, after the second).
   Balanced cuts[2];
-  double before = 0, after = 0;
-  int attempts = 0;
-  do {
-    before = peak(2);
-    ASPEN_ASSIGN_OR_RETURN(cuts[0], measure_balance(api::TrainingOptions::Balance::estimated, o));
-    ASPEN_ASSIGN_OR_RETURN(cuts[1], measure_balance(api::TrainingOptions::Balance::measured, o));
-    after = peak(2);
-  } while (++attempts < 2 && ceiling_moved(before, after) && !o.quick);
-  const bool disturbed = ceiling_moved(before, after);
+  Guard guard;
+  ASPEN_RETURN_IF_ERROR(guarded(
+      [&]() -> Status {
+        ASPEN_ASSIGN_OR_RETURN(cuts[0], measure_balance(api::TrainingOptions::Balance::estimated, o));
+        ASPEN_ASSIGN_OR_RETURN(cuts[1], measure_balance(api::TrainingOptions::Balance::measured, o));
+        return Status();
+      },
+      peak(2), &guard));
   for (int i = 0; i < 2; ++i) {
     const Balanced& r = cuts[i];
     const char* name = i == 1 ? "measured" : "estimated";
@@ -232,18 +235,14 @@ Status run_pipeline_bench(const PipelineBenchOptions& opt, std::ostream& out) {
                                   {"stage0_nodes", r.stage0_nodes}};
       if (i == 1) j["speedup_vs_estimated"] = cuts[0].step_s / r.step_s;
       j["step"] = spread_json(r.step);
-      j["ceiling_before"] = before;
-      j["ceiling_after"] = after;
-      j["ceiling_drift"] = ceiling_drift(before, after);
-      j["attempts"] = attempts;
-      j["disturbed"] = disturbed;
+      add_guard_fields(j, guard);
       out << j.dump() << "\n";
     } else {
       out << fmt::format("{:>10} | {:>10.4f} {:>10.4f} | {:>9.2f} | {:>8.1f} | {:>11}{}{}\n", name, r.busy_s[0],
                          r.busy_s[1], r.imbalance, 1e3 * r.step_s, r.stage0_nodes,
                          i == 1 ? fmt::format("   ({:.2f}x the estimated cut's speed)", cuts[0].step_s / r.step_s)
                                 : std::string(),
-                         disturbed ? " ~" : "");
+                         guard.disturbed() ? " ~" : "");
     }
     out.flush();
   }
