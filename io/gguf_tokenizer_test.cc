@@ -85,6 +85,18 @@ TEST(GgufTokenizer, OtherTokenizersAndMissingKeysAreNamed) {
         << load_gguf_tokenizer(*file).status().to_string();
   }
   {
+    // add_bos_token set without a BOS id (the key renamed): named, not a tokenizer without its BOS.
+    std::string bytes =
+        test_files::read_bytes(std::string(ASPEN_IO_TESTDATA) + "/gguf/llama-tiny-vocab.gguf");
+    const std::string key = "tokenizer.ggml.bos_token_id";
+    bytes.replace(bytes.find(key), key.size(), "tokenizer.ggml.bos_token_ix");
+    auto file = GgufFile::from_bytes(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())), "edited.gguf");
+    ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+    EXPECT_EQ(load_gguf_tokenizer(*file).status().to_string(),
+              "Corrupt: edited.gguf: tokenizer.ggml.bos_token_id: expected a token id below 1000 (add_bos_token is "
+              "set), found none");
+  }
+  {
     auto file = with_value("gpt-2", "xyz-9", "tokenizer.ggml.pre");  // a split aspen does not have
     ASSERT_TRUE(file.is_ok()) << file.status().to_string();
     const std::string e = load_gguf_tokenizer(*file).status().to_string();

@@ -616,6 +616,10 @@ Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const GgufFile& file) {
     if (v->kind != GgufValue::Kind::string) return corrupt(path + ": " + key, "a string", "another value type");
     return std::optional<std::string>(v->s);
   };
+  // A metadata integer, -1 for another value type (ids and token types are never negative).
+  auto integer = [](const GgufValue& v) -> int64_t {
+    return v.kind == GgufValue::Kind::integer ? v.i : v.kind == GgufValue::Kind::unsigned_integer ? int64_t(v.u) : -1;
+  };
   ASPEN_ASSIGN_OR_RETURN(std::optional<std::string> model, text("tokenizer.ggml.model"));
   if (!model)
     return Status::error(Code::kNotFound, path + ": tokenizer.ggml.model", "the tokenizer's kind", "no such key");
@@ -671,9 +675,7 @@ Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const GgufFile& file) {
   if (const GgufValue* add = file.find_metadata("tokenizer.ggml.add_bos_token");
       add && add->kind == GgufValue::Kind::boolean && add->b) {
     const GgufValue* bos = file.find_metadata("tokenizer.ggml.bos_token_id");
-    const int64_t id = !bos ? -1 : bos->kind == GgufValue::Kind::unsigned_integer ? int64_t(bos->u)
-                                 : bos->kind == GgufValue::Kind::integer          ? bos->i
-                                                                                 : -1;
+    const int64_t id = bos ? integer(*bos) : -1;
     if (id < 0 || size_t(id) >= tokens->size())
       return corrupt(path + ": tokenizer.ggml.bos_token_id", "a token id below " + std::to_string(tokens->size()) +
                      " (add_bos_token is set)", bos ? std::to_string(id) : std::string("none"));
@@ -681,7 +683,7 @@ Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const GgufFile& file) {
   }
   for (size_t i = 0; types && i < types->size(); ++i) {
     const GgufValue& t = (*types)[i];
-    const int64_t type = t.kind == GgufValue::Kind::integer ? t.i : t.kind == GgufValue::Kind::unsigned_integer ? int64_t(t.u) : -1;
+    const int64_t type = integer(t);
     if (type < 0)
       return corrupt(path + ": tokenizer.ggml.token_type[" + std::to_string(i) + "]", "an integer",
                      "another value type");
