@@ -99,8 +99,6 @@ def unpermute(w, heads):  # the converter's permute undone: rows (head, half, i)
 
 state = model.state_dict()
 for t in gguf.GGUFReader(gguf_file).tensors:
-    if t.name in ("rope_freqs.weight",):
-        continue
     values = torch.tensor(quants.dequantize(t.data, t.tensor_type)).float()
     if t.name in names:
         key = names[t.name]
@@ -108,7 +106,7 @@ for t in gguf.GGUFReader(gguf_file).tensors:
         _, layer, part, leaf = t.name.split(".")
         key = f"model.layers.{layer}.{parts[part]}.{leaf}"
     values = values.reshape(state[key].shape)
-    if part_q := t.name.endswith("attn_q.weight"):
+    if t.name.endswith("attn_q.weight"):
         values = unpermute(values, config.num_attention_heads)
     elif t.name.endswith("attn_k.weight"):
         values = unpermute(values, config.num_key_value_heads)
