@@ -247,15 +247,9 @@ ASPEN_TARGET_AVX2 void kn_strips_avx2(const Job& j, int64_t m0, int64_t k0, int6
 
 template <class W>
 ASPEN_TARGET_AVX2 void kn_rows_avx2(const Job& j, int64_t n0, int64_t n1) {
-  using Strips = void (*)(const Job&, int64_t, int64_t, int64_t, int64_t, int64_t);
-  static constexpr Strips strips[4] = {kn_strips_avx2<W, 1>, kn_strips_avx2<W, 2>, kn_strips_avx2<W, 3>,
-                                       kn_strips_avx2<W, 4>};
-  for (int64_t m = 0; m < j.M; ++m)
-    for (int64_t n = n0; n < n1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
-  for (int64_t k0 = 0; k0 < j.K; k0 += kKnBlockRows) {
-    const int64_t k1 = std::min(j.K, k0 + kKnBlockRows);
-    for (int64_t m0 = 0; m0 < j.M; m0 += 4) strips[std::min<int64_t>(4, j.M - m0) - 1](j, m0, k0, k1, n0, n1);
-  }
+  static constexpr KnStrips strips[4] = {kn_strips_avx2<W, 1>, kn_strips_avx2<W, 2>, kn_strips_avx2<W, 3>,
+                                         kn_strips_avx2<W, 4>};
+  kn_row_blocks(j, n0, n1, strips, 4);
 }
 
 ASPEN_TARGET_AVX2 void kn_avx2(const Job& j, int64_t n0, int64_t n1) {  // one row of x (M > 1: kn_rows_avx2)

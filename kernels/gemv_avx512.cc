@@ -217,7 +217,6 @@ ASPEN_TARGET_AVX512 void kn_block_avx512(const Job& j, int64_t k, int64_t p0, in
   }
 }
 
-
 // One block of weight rows [k0, k1) for MB rows of x from m0, over the columns [n0, n1): strips of 48, the last
 // one masked (NV vectors of 16 with mask `last` on its last).
 template <class W, int MB, int NV>
@@ -268,19 +267,12 @@ ASPEN_TARGET_AVX512 void kn_strips_avx512(const Job& j, int64_t m0, int64_t k0, 
   else kn_strip_avx512<W, MB, 3>(j, x, y + c, w + c, k0, k1, last);
 }
 
-using KnStrips = void (*)(const Job&, int64_t, int64_t, int64_t, int64_t, int64_t);
-
 template <class W>
 ASPEN_TARGET_AVX512 void kn_rows_avx512(const Job& j, int64_t n0, int64_t n1) {
   static constexpr KnStrips strips[8] = {kn_strips_avx512<W, 1>, kn_strips_avx512<W, 2>, kn_strips_avx512<W, 3>,
                                          kn_strips_avx512<W, 4>, kn_strips_avx512<W, 5>, kn_strips_avx512<W, 6>,
                                          kn_strips_avx512<W, 7>, kn_strips_avx512<W, 8>};
-  for (int64_t m = 0; m < j.M; ++m)
-    for (int64_t n = n0; n < n1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
-  for (int64_t k0 = 0; k0 < j.K; k0 += kKnBlockRows) {
-    const int64_t k1 = std::min(j.K, k0 + kKnBlockRows);
-    for (int64_t m0 = 0; m0 < j.M; m0 += 8) strips[std::min<int64_t>(8, j.M - m0) - 1](j, m0, k0, k1, n0, n1);
-  }
+  kn_row_blocks(j, n0, n1, strips, 8);
 }
 
 // One row of x against bf16 [K, N] (NOTE [bf16 pairs]): 32 columns per load,
@@ -344,7 +336,6 @@ ASPEN_TARGET_AVX512 void kn_avx512(const Job& j, int64_t n0, int64_t n1) {
     for (; k < K; ++k) kn_block_avx512<W, 1>(j, k, p0, p1);
   }
 }
-
 
 // NOTE [gemv bf16 dot]: with bf16 weights, M > 1 rows of x and f32 FMAs the products are bound by the FMAs (16
 // flops per 2 weight bytes at M = 8: above what a 2-core Zen 4 does at its read rate). VDPBF16PS does two
@@ -436,15 +427,9 @@ ASPEN_TARGET_AVX512_BF16 void kn_dot_strips(const Job& j, int64_t m0, int64_t k0
 }
 
 ASPEN_TARGET_AVX512_BF16 void kn_dot(const Job& j, int64_t n0, int64_t n1) {
-  using Strips = void (*)(const Job&, int64_t, int64_t, int64_t, int64_t, int64_t);
-  static constexpr Strips strips[8] = {kn_dot_strips<1>, kn_dot_strips<2>, kn_dot_strips<3>, kn_dot_strips<4>,
-                                       kn_dot_strips<5>, kn_dot_strips<6>, kn_dot_strips<7>, kn_dot_strips<8>};
-  for (int64_t m = 0; m < j.M; ++m)
-    for (int64_t n = n0; n < n1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
-  for (int64_t k0 = 0; k0 < j.K; k0 += kKnBlockRows) {
-    const int64_t k1 = std::min(j.K, k0 + kKnBlockRows);
-    for (int64_t m0 = 0; m0 < j.M; m0 += 8) strips[std::min<int64_t>(8, j.M - m0) - 1](j, m0, k0, k1, n0, n1);
-  }
+  static constexpr KnStrips strips[8] = {kn_dot_strips<1>, kn_dot_strips<2>, kn_dot_strips<3>, kn_dot_strips<4>,
+                                         kn_dot_strips<5>, kn_dot_strips<6>, kn_dot_strips<7>, kn_dot_strips<8>};
+  kn_row_blocks(j, n0, n1, strips, 8);
 }
 
 // out[i] = hsum16(a[i]) for 16 vectors at once, bit for bit: hsum16 adds lanes at distance 8, then 4, 2 and 1;

@@ -96,6 +96,18 @@ inline constexpr int64_t kKnBlockRows = 16;
 // AVX2 strips, bound by their FMAs there, gained nothing).
 inline constexpr int64_t kKnAhead = 128;
 
+// The M > 1 [K, N] drivers' loop (NOTE [gemv row blocks]): y[:, n0:n1) starts from the bias, then each block of
+// kKnBlockRows weight rows is applied to chunks of up to `rows` rows of x, a chunk of c rows by strips[c - 1].
+using KnStrips = void (*)(const Job&, int64_t m0, int64_t k0, int64_t k1, int64_t n0, int64_t n1);
+inline void kn_row_blocks(const Job& j, int64_t n0, int64_t n1, const KnStrips* strips, int64_t rows) {
+  for (int64_t m = 0; m < j.M; ++m)
+    for (int64_t n = n0; n < n1; ++n) j.y[m * j.N + n] = j.bias ? j.bias[n] : 0.0f;
+  for (int64_t k0 = 0; k0 < j.K; k0 += kKnBlockRows) {
+    const int64_t k1 = std::min(j.K, k0 + kKnBlockRows);
+    for (int64_t m0 = 0; m0 < j.M; m0 += rows) strips[std::min(rows, j.M - m0) - 1](j, m0, k0, k1, n0, n1);
+  }
+}
+
 // Each computes y[:, n0:n1) of its job; the ISA's kernels for each weight layout and type.
 void nk_f32_avx512(const Job& j, int64_t n0, int64_t n1);
 void nk_bf16_avx512(const Job& j, int64_t n0, int64_t n1);
