@@ -353,7 +353,6 @@ ASPEN_TARGET_AVX2 void kn_bf16_avx2_impl(const Job& j, int64_t n0, int64_t n1) {
   }
 }
 
-
 }  // namespace
 
 void nk_f32_avx2(const Job& j, int64_t n0, int64_t n1) { nk_avx2(j, n0, n1); }

@@ -41,7 +41,6 @@ ASPEN_TARGET_AVX512 inline float hsum16(__m512 v) {
   return _mm_cvtss_f32(b);
 }
 
-
 // [N, K]: R rows of w (from n) against MB rows of x (from m0); one vector
 // accumulator per (row of x, row of w), each summing 16-lane partials over k
 // in order, then a fixed horizontal sum. Each w row is its own stream.
