@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "models/blocks.h"
@@ -56,6 +57,28 @@ Result<double> required_number(const io::GgufFile& f, const std::string& key) {
   return *x;
 }
 
+// What both families' configs take alike: the required integers (`keys`: config key, metadata key), the
+// vocabulary from the token embedding's rows, an untied head where the file has `output.weight` (the converter
+// writes GPT-2's tied head as its own tensor: llama.cpp multiplies by that one), and the special token ids.
+Status add_common_config(const io::GgufFile& f, std::span<const std::pair<const char*, const char*>> keys,
+                         nlohmann::ordered_json& j) {
+  for (const auto& [hf, key] : keys) {
+    ASPEN_ASSIGN_OR_RETURN(double v, required_number(f, key));
+    j[hf] = int64_t(v);
+  }
+  const io::GgufTensor* embd = f.find("token_embd.weight");
+  if (!embd || embd->extents.size() != 2)
+    return Status::error(Code::kNotFound, f.path() + ": tensor 'token_embd.weight'",
+                         "the token embedding [vocab, hidden]",
+                         embd ? "rank " + std::to_string(embd->extents.size()) : "none");
+  j["vocab_size"] = embd->extents[1];
+  j["tie_word_embeddings"] = f.find("output.weight") == nullptr;
+  for (const auto& [hf, key] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
+                                std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"}})
+    if (const io::GgufValue* v = f.find_metadata(key); v && number(*v)) j[hf] = int64_t(*number(*v));
+  return Status();
+}
+
 // GPT-2's config.json from gpt2.* metadata.
 Result<std::string> gpt2_config_json(const io::GgufFile& f) {
   nlohmann::ordered_json j;
@@ -66,24 +89,10 @@ Result<std::string> gpt2_config_json(const io::GgufFile& f) {
                                                       {"n_inner", "gpt2.feed_forward_length"},
                                                       {"n_layer", "gpt2.block_count"},
                                                       {"n_head", "gpt2.attention.head_count"}};
-  for (const auto& [hf, key] : keys) {
-    ASPEN_ASSIGN_OR_RETURN(double v, required_number(f, key));
-    j[hf] = int64_t(v);
-  }
+  ASPEN_RETURN_IF_ERROR(add_common_config(f, keys, j));
   ASPEN_ASSIGN_OR_RETURN(const double eps, required_number(f, "gpt2.attention.layer_norm_epsilon"));
   j["layer_norm_epsilon"] = eps;
-  const io::GgufTensor* wte = f.find("token_embd.weight");
-  if (!wte || wte->extents.size() != 2)
-    return Status::error(Code::kNotFound, f.path() + ": tensor 'token_embd.weight'",
-                         "the token embedding [vocab, n_embd]",
-                         wte ? "rank " + std::to_string(wte->extents.size()) : "none");
-  j["vocab_size"] = wte->extents[1];
   j["activation_function"] = "gelu_new";
-  // The converter writes GPT-2's tied head as its own tensor `output.weight`: llama.cpp multiplies by that one.
-  j["tie_word_embeddings"] = f.find("output.weight") == nullptr;
-  for (const auto& [hf, key] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
-                                std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"}})
-    if (const io::GgufValue* v = f.find_metadata(key); v && number(*v)) j[hf] = int64_t(*number(*v));
   return j.dump();
 }
 
@@ -97,10 +106,7 @@ Result<std::string> llama_config_json(const io::GgufFile& f) {
                                                       {"intermediate_size", "llama.feed_forward_length"},
                                                       {"num_hidden_layers", "llama.block_count"},
                                                       {"num_attention_heads", "llama.attention.head_count"}};
-  for (const auto& [hf, key] : keys) {
-    ASPEN_ASSIGN_OR_RETURN(double v, required_number(f, key));
-    j[hf] = int64_t(v);
-  }
+  ASPEN_RETURN_IF_ERROR(add_common_config(f, keys, j));
   auto optional = [&](const char* key) -> std::optional<double> {
     const io::GgufValue* v = f.find_metadata(key);
     return v ? number(*v) : std::nullopt;
@@ -122,17 +128,7 @@ Result<std::string> llama_config_json(const io::GgufFile& f) {
                          quoted(v->s));
   j["rope_parameters"] = {{"rope_type", "default"},
                           {"rope_theta", optional("llama.rope.freq_base").value_or(10000.0)}};
-  const io::GgufTensor* embd = f.find("token_embd.weight");
-  if (!embd || embd->extents.size() != 2)
-    return Status::error(Code::kNotFound, f.path() + ": tensor 'token_embd.weight'",
-                         "the token embedding [vocab, hidden]",
-                         embd ? "rank " + std::to_string(embd->extents.size()) : "none");
-  j["vocab_size"] = embd->extents[1];
   j["hidden_act"] = "silu";
-  j["tie_word_embeddings"] = f.find("output.weight") == nullptr;
-  for (const auto& [hf, key] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
-                                std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"}})
-    if (const io::GgufValue* v = f.find_metadata(key); v && number(*v)) j[hf] = int64_t(*number(*v));
   return j.dump();
 }
 
@@ -144,59 +140,64 @@ struct TensorAt {
   int64_t rope_heads = 0;
 };
 
-// llama.cpp's name for aspen's Llama parameter (Hugging Face's names; no transposes).
+// A layer's parameter "<prefix><layer>.<rest>" as llama.cpp names it, "blk.<layer>.<part><leaf>": `parts` maps
+// the family's names of rest without ".weight" / ".bias" to llama.cpp's; null when p is none of them.
+const std::pair<const char*, const char*>* layer_part(const std::string& p, const std::string& prefix,
+                                                     std::span<const std::pair<const char*, const char*>> parts,
+                                                     std::string* name, std::string* leaf) {
+  if (p.compare(0, prefix.size(), prefix) != 0) return nullptr;
+  const size_t dot = p.find('.', prefix.size());
+  if (dot == std::string::npos) return nullptr;
+  const std::string layer = p.substr(prefix.size(), dot - prefix.size()), rest = p.substr(dot + 1);
+  for (const auto& part : parts)
+    for (const char* l : {".weight", ".bias"})
+      if (rest == std::string(part.first) + l) {
+        *name = "blk." + layer + "." + part.second + l;
+        *leaf = l;
+        return &part;
+      }
+  return nullptr;
+}
+
+// llama.cpp's name for aspen's Llama parameter (Hugging Face's names; no transposes). The converter reorders
+// q_proj's and k_proj's rows (weights and biases alike) for its rotary layout.
 std::optional<TensorAt> llama_tensor(const std::string& p, const LlamaConfig& c) {
   static const std::pair<const char*, const char*> whole[] = {{"model.embed_tokens.weight", "token_embd.weight"},
                                                               {"model.norm.weight", "output_norm.weight"},
                                                               {"lm_head.weight", "output.weight"}};
   for (const auto& [hf, gg] : whole)
     if (p == hf) return TensorAt{gg};
-  const std::string prefix = "model.layers.";
-  if (p.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
-  const size_t dot = p.find('.', prefix.size());
-  if (dot == std::string::npos) return std::nullopt;
-  const std::string layer = p.substr(prefix.size(), dot - prefix.size()), rest = p.substr(dot + 1);
   static const std::pair<const char*, const char*> parts[] = {
       {"input_layernorm", "attn_norm"},     {"post_attention_layernorm", "ffn_norm"},
       {"self_attn.q_proj", "attn_q"},       {"self_attn.k_proj", "attn_k"},
       {"self_attn.v_proj", "attn_v"},       {"self_attn.o_proj", "attn_output"},
       {"mlp.gate_proj", "ffn_gate"},        {"mlp.up_proj", "ffn_up"},
       {"mlp.down_proj", "ffn_down"}};
-  for (const auto& [hf, gg] : parts)
-    for (const char* leaf : {".weight", ".bias"})
-      if (rest == std::string(hf) + leaf) {
-        int64_t heads = 0;  // the converter permutes q_proj's and k_proj's weights (and biases) alike
-        if (std::string(hf) == "self_attn.q_proj") heads = c.n_head;
-        if (std::string(hf) == "self_attn.k_proj") heads = c.kv_heads();
-        return TensorAt{"blk." + layer + "." + gg + leaf, false, heads};
-      }
-  return std::nullopt;
+  std::string name, leaf;
+  const auto* part = layer_part(p, "model.layers.", parts, &name, &leaf);
+  if (!part) return std::nullopt;
+  const std::string hf = part->first;
+  const int64_t heads = hf == "self_attn.q_proj" ? c.n_head : hf == "self_attn.k_proj" ? c.kv_heads() : 0;
+  return TensorAt{name, false, heads};
 }
 
-// llama.cpp's name for aspen's GPT-2 parameter, and whether the stored matrix is the parameter transposed.
-std::optional<std::pair<std::string, bool>> gpt2_tensor(const std::string& p) {
+// llama.cpp's name for aspen's GPT-2 parameter; its Conv1D matrices are stored transposed.
+std::optional<TensorAt> gpt2_tensor(const std::string& p) {
   static const std::pair<const char*, const char*> whole[] = {{"transformer.wte.weight", "token_embd.weight"},
                                                               {"transformer.wpe.weight", "position_embd.weight"},
                                                               {"transformer.ln_f.weight", "output_norm.weight"},
                                                               {"transformer.ln_f.bias", "output_norm.bias"},
                                                               {"lm_head.weight", "output.weight"}};
   for (const auto& [hf, gg] : whole)
-    if (p == hf) return std::pair{std::string(gg), false};
-  const std::string prefix = "transformer.h.";
-  if (p.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
-  const size_t dot = p.find('.', prefix.size());
-  if (dot == std::string::npos) return std::nullopt;
-  const std::string layer = p.substr(prefix.size(), dot - prefix.size()), rest = p.substr(dot + 1);
+    if (p == hf) return TensorAt{gg};
   static const std::pair<const char*, const char*> parts[] = {
       {"ln_1", "attn_norm"},          {"ln_2", "ffn_norm"},   {"attn.c_attn", "attn_qkv"},
       {"attn.c_proj", "attn_output"}, {"mlp.c_fc", "ffn_up"}, {"mlp.c_proj", "ffn_down"}};
-  for (const auto& [hf, gg] : parts)
-    for (const char* leaf : {".weight", ".bias"})
-      if (rest == std::string(hf) + leaf) {
-        const bool conv1d = std::string(hf).find("c_") != std::string::npos && std::string(leaf) == ".weight";
-        return std::pair{"blk." + layer + "." + gg + leaf, conv1d};
-      }
-  return std::nullopt;
+  std::string name, leaf;
+  const auto* part = layer_part(p, "transformer.h.", parts, &name, &leaf);
+  if (!part) return std::nullopt;
+  const bool conv1d = std::string(part->first).find("c_") != std::string::npos && leaf == ".weight";
+  return TensorAt{name, conv1d};
 }
 
 }  // namespace
@@ -249,11 +250,8 @@ std::string block_format(uint32_t type) {
 // The GGUF tensor of a GPT-2 or Llama parameter (the head: output.weight, else the tied token embedding).
 std::optional<TensorAt> tensor_of(const io::GgufFile& f, const ModelConfig& config, const std::string& parameter) {
   std::optional<TensorAt> at;
-  if (const LlamaConfig* c = config.llama()) {
-    at = llama_tensor(parameter, *c);
-  } else if (std::optional<std::pair<std::string, bool>> g = gpt2_tensor(parameter)) {
-    at = TensorAt{g->first, g->second};
-  }
+  if (const LlamaConfig* c = config.llama()) at = llama_tensor(parameter, *c);
+  else at = gpt2_tensor(parameter);
   if (at && parameter == "lm_head.weight" && !f.find(at->name)) at->name = "token_embd.weight";
   return at;
 }
