@@ -15,7 +15,8 @@ What it does, each step cached under --cache (default $ASPEN_CACHE_DIR/llama.cpp
   1. the source: llama.cpp as vendored by the PyPI source distribution of llama-cpp-python (--version,
      default the one measured here); `pip download --no-binary :all:` fetches it unless --sdist names the
      tarball;
-  2. the build: `llama-bench`, `llama-batched-bench`, `llama-quantize` and `llama-perplexity` only, Release,
+  2. the build: `llama-bench`, `llama-batched-bench`, `llama-quantize`, `llama-perplexity` and `llama-tokenize`
+     (the golden scripts' oracle) only, Release,
      -DGGML_NATIVE=ON (tuned for this CPU: the build folder's name carries a digest of the CPU's model name and
      flags, so a different machine builds its own), static, no networking; about 10 minutes on 2 cores; the log
      is kept in the build folder;
@@ -109,7 +110,7 @@ def source_tree(cache: Path, version: str, sdist: str | None) -> Path:
     return vendored
 
 
-TARGETS = ("llama-bench", "llama-batched-bench", "llama-quantize", "llama-perplexity")
+TARGETS = ("llama-bench", "llama-batched-bench", "llama-quantize", "llama-perplexity", "llama-tokenize")
 # The weight types: the converter writes the float ones and Q8_0 itself; llama-quantize makes the 4-bit ones
 # from the f32 file, `--pure` (every matrix in that one type, no k-quant mixture: Q4_K_M would put some in Q6_K),
 # so that aspen and llama.cpp are compared on one format per row.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -58,6 +59,69 @@ TEST(GgufTokenizer, IdsAreTheHuggingFaceOnes) {
       tokens += got.size();
     }
     EXPECT_GT(tokens, 5000u);  // the texts were read
+  }
+}
+
+// A SentencePiece file (model "llama": pieces and scores, no merges; the converter's output for the
+// tokenizer.model behind io/testdata/spm_legacy, from scripts/golden/make_gguf_llama_testdata.py): the ids and
+// text of that Hugging Face conversion (BOS first), and llama.cpp's own ids (llama-tokenize on the same file).
+const std::string kSpmGguf = std::string(ASPEN_IO_TESTDATA) + "/gguf/spm-tiny-vocab.gguf";
+
+TEST(GgufTokenizer, SentencePieceIdsAreHuggingFacesAndLlamaCpps) {
+  auto file = GgufFile::open(kSpmGguf);
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  auto tok = load_gguf_tokenizer(*file);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  auto hf = load_tokenizer(std::string(ASPEN_IO_TESTDATA) + "/spm_legacy");
+  ASSERT_TRUE(hf.is_ok()) << hf.status().to_string();
+  EXPECT_EQ((*tok)->vocab_size(), (*hf)->vocab_size());
+  EXPECT_EQ((*tok)->special_ids().bos, (*hf)->special_ids().bos);
+  EXPECT_EQ((*tok)->special_ids().eos, (*hf)->special_ids().eos);
+  EXPECT_EQ((*tok)->special_ids().unk, (*hf)->special_ids().unk);
+  size_t tokens = 0, bytes = 0;
+  for (const std::string& t : texts()) {
+    const std::vector<TokenId> got = (*tok)->encode(t), want = (*hf)->encode(t);
+    ASSERT_EQ(got, want) << "text: " << t.substr(0, 80);
+    ASSERT_EQ((*tok)->encode(t, false), (*hf)->encode(t, false)) << "text: " << t.substr(0, 80);
+    EXPECT_EQ((*tok)->decode(got), (*hf)->decode(want));
+    EXPECT_EQ((*tok)->decode(got, /*skip_special_tokens=*/true), (*hf)->decode(want, true));
+    tokens += got.size();
+    for (TokenId id : got) bytes += (*tok)->id_to_token(id).value_or("").rfind("<0x", 0) == 0;
+  }
+  EXPECT_GT(tokens, 5000u);  // the texts were read
+  EXPECT_GT(bytes, 10u);     // and some characters fell back to bytes
+
+  const nlohmann::json cases =
+      nlohmann::json::parse(test_files::read_bytes(std::string(ASPEN_IO_TESTDATA) + "/gguf/spm-tiny.llama-cpp.json"));
+  ASSERT_GT(cases["cases"].size(), 20u);
+  for (const auto& c : cases["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    EXPECT_EQ((*tok)->encode(text), c["ids"].get<std::vector<TokenId>>()) << "text: " << text.substr(0, 80);
+  }
+}
+
+TEST(GgufTokenizer, SentencePieceSettingsAndDamageAreNamed) {
+  const std::string bytes = test_files::read_bytes(kSpmGguf);
+  auto edited = [&](const std::string& from, const std::string& to) {
+    std::string b = bytes;
+    const size_t at = b.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    b.replace(at, from.size(), to);
+    return GgufFile::from_bytes(std::as_bytes(std::span<const char>(b.data(), b.size())), "edited.gguf");
+  };
+  {
+    auto file = edited("tokenizer.ggml.scores", "tokenizer.ggml.scorez");  // the scores gone
+    ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+    EXPECT_EQ(load_gguf_tokenizer(*file).status().to_string(),
+              "NotFound: edited.gguf: tokenizer.ggml.scores: expected the tokenizer's list, found no such key");
+  }
+  {
+    // No add_bos_token key: llama.cpp's default for SentencePiece adds BOS.
+    auto file = edited("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_bos_tokex");
+    ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+    auto tok = load_gguf_tokenizer(*file);
+    ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+    EXPECT_EQ((*tok)->encode("Hi").front(), 1);
   }
 }
 

@@ -6,7 +6,6 @@
 #include <unordered_set>
 
 #include "core/file.h"
-#include "io/gguf.h"
 #include "io/json_brief.h"
 #include "io/tokenizer.h"
 #include "io/tokenizer_pipeline.h"
@@ -14,17 +13,65 @@
 
 namespace aspen::io {
 
-namespace {
-
-using json = nlohmann::json;
-namespace uni = unicode;
-using namespace tok;
+namespace tok {
 
 std::string sq(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 Status corrupt(const std::string& subject, const std::string& expected, const std::string& found) {
   return Status::error(Code::kCorrupt, subject, expected, found);
 }
+
+// One merge "left right" (rank = its position) into cfg->merges.
+Status add_merge(const std::string& where, const std::string& left, const std::string& right, int32_t rank,
+                 Config* cfg) {
+  auto l = cfg->vocab.find(left), r = cfg->vocab.find(right), m = cfg->vocab.find(left + right);
+  for (auto [it, tok] : {std::pair{l, &left}, std::pair{r, &right}})
+    if (it == cfg->vocab.end())
+      return corrupt(where, "a merge of two vocabulary tokens", "token " + sq(*tok) + " not in the vocabulary");
+  if (m == cfg->vocab.end())
+    return corrupt(where, "the merged token in the vocabulary", "token " + sq(left + right) + " not in it");
+  cfg->merges.emplace(pair_key(l->second, r->second), std::pair{rank, m->second});
+  return Status::ok();
+}
+
+// Ids index a table, so a huge id in a small vocabulary would allocate without bound.
+Result<std::unique_ptr<Tokenizer>> finish(const std::string& path, Config cfg) {
+  int64_t max_id = -1;
+  for (const auto& [tok, id] : cfg.vocab) max_id = std::max<int64_t>(max_id, id);
+  for (const AddedToken& a : cfg.added) max_id = std::max<int64_t>(max_id, a.id);
+  const int64_t count = int64_t(cfg.vocab.size() + cfg.added.size());
+  if (max_id >= 2 * count + 1024)
+    return corrupt(path, "token ids below 2 * (number of tokens) + 1024 = " + std::to_string(2 * count + 1024),
+                   "id " + std::to_string(max_id));
+  // encode() emits the post-processor's ids as they are; one outside the
+  // vocabulary would index past a model's embedding table.
+  std::unordered_set<int64_t> known;
+  for (const auto& [tok, id] : cfg.vocab) known.insert(id);
+  for (const AddedToken& a : cfg.added) known.insert(a.id);
+  for (const auto* ids : {&cfg.post_prefix, &cfg.post_suffix})
+    for (int64_t id : *ids)
+      if (!known.count(id))
+        return corrupt(path + ": post_processor", "ids of vocabulary tokens", "id " + std::to_string(id));
+  if (cfg.bpe_unk && !cfg.vocab.count(*cfg.bpe_unk))
+    return corrupt(path + ": model.unk_token", "a token of the vocabulary", sq(*cfg.bpe_unk));
+  return make_tokenizer(std::move(cfg));
+}
+
+void gpt2_byte_level(Config* cfg) {
+  cfg->model = ModelKind::kBpe;
+  PreTokenizerStep byte_level;
+  byte_level.add_prefix_space = false;
+  cfg->pre_tokenizers = {byte_level};
+  cfg->decoders = {DecoderStep{}};
+}
+
+}  // namespace tok
+
+namespace {
+
+using json = nlohmann::json;
+namespace uni = unicode;
+using namespace tok;
 
 bool file_exists(const std::string& path) {
   struct stat st {};
@@ -81,18 +128,6 @@ Status read_vocab(const JsonAt& at, const json& v, const std::string& key, Confi
   return Status::ok();
 }
 
-// One merge "left right" (rank = its position) into cfg->merges.
-Status add_merge(const std::string& where, const std::string& left, const std::string& right, int32_t rank,
-                 Config* cfg) {
-  auto l = cfg->vocab.find(left), r = cfg->vocab.find(right), m = cfg->vocab.find(left + right);
-  for (auto [it, tok] : {std::pair{l, &left}, std::pair{r, &right}})
-    if (it == cfg->vocab.end())
-      return corrupt(where, "a merge of two vocabulary tokens", "token " + sq(*tok) + " not in the vocabulary");
-  if (m == cfg->vocab.end())
-    return corrupt(where, "the merged token in the vocabulary", "token " + sq(left + right) + " not in it");
-  cfg->merges.emplace(pair_key(l->second, r->second), std::pair{rank, m->second});
-  return Status::ok();
-}
 
 Status read_merges(const JsonAt& at, const json& merges, Config* cfg) {
   if (!merges.is_array()) return at.wrong("model.merges", "an array", merges);
@@ -411,28 +446,6 @@ Status read_post_processor(const JsonAt& at, const json& root, Config* cfg) {
   return read_processor(at, root["post_processor"], 0, cfg);
 }
 
-// Ids index a table, so a huge id in a small vocabulary would allocate without bound.
-Result<std::unique_ptr<Tokenizer>> finish(const std::string& path, Config cfg) {
-  int64_t max_id = -1;
-  for (const auto& [tok, id] : cfg.vocab) max_id = std::max<int64_t>(max_id, id);
-  for (const AddedToken& a : cfg.added) max_id = std::max<int64_t>(max_id, a.id);
-  const int64_t count = int64_t(cfg.vocab.size() + cfg.added.size());
-  if (max_id >= 2 * count + 1024)
-    return corrupt(path, "token ids below 2 * (number of tokens) + 1024 = " + std::to_string(2 * count + 1024),
-                   "id " + std::to_string(max_id));
-  // encode() emits the post-processor's ids as they are; one outside the
-  // vocabulary would index past a model's embedding table.
-  std::unordered_set<int64_t> known;
-  for (const auto& [tok, id] : cfg.vocab) known.insert(id);
-  for (const AddedToken& a : cfg.added) known.insert(a.id);
-  for (const auto* ids : {&cfg.post_prefix, &cfg.post_suffix})
-    for (int64_t id : *ids)
-      if (!known.count(id))
-        return corrupt(path + ": post_processor", "ids of vocabulary tokens", "id " + std::to_string(id));
-  if (cfg.bpe_unk && !cfg.vocab.count(*cfg.bpe_unk))
-    return corrupt(path + ": model.unk_token", "a token of the vocabulary", sq(*cfg.bpe_unk));
-  return make_tokenizer(std::move(cfg));
-}
 
 }  // namespace
 
@@ -500,14 +513,6 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer_json_from_string(std::string_v
   return finish(path, std::move(cfg));
 }
 
-// GPT-2's byte-level BPE around cfg's vocabulary and merges: ByteLevel without a prefix space, its decoder.
-void gpt2_byte_level(Config* cfg) {
-  cfg->model = ModelKind::kBpe;
-  PreTokenizerStep byte_level;
-  byte_level.add_prefix_space = false;
-  cfg->pre_tokenizers = {byte_level};
-  cfg->decoders = {DecoderStep{}};
-}
 
 Result<std::unique_ptr<Tokenizer>> load_bpe_files(const std::string& vocab_json_path,
                                                   const std::string& merges_txt_path) {
@@ -589,113 +594,6 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& model_dir) 
   if (file_exists(dir + "vocab.txt")) return load_wordpiece_vocab(dir + "vocab.txt");
   return Status::error(Code::kNotFound, model_dir, "tokenizer.json, vocab.json + merges.txt, or vocab.txt",
                        "none of them", "a Hugging Face model directory has one of these");
-}
-
-// NOTE [GGUF tokenizers]: llama.cpp's converter writes a Hugging Face tokenizer into the GGUF file as lists:
-// tokenizer.ggml.tokens (id = position), token_type (1 normal, 3 control, 4 user-defined, ...), merges ("a b",
-// rank = position) and `pre`, the name of the pre-tokenizer's split that llama.cpp recognised. For GPT-2's
-// (model "gpt2", pre "gpt-2") that is the whole of the tokenizer vocab.json + merges.txt describe, so it is
-// rebuilt as load_bpe_files builds that one, control and user-defined tokens added (control ones special):
-// the ids are Hugging Face's (tested against the directory the file was converted from). Llama 3's and Qwen2's
-// splits ("llama-bpe", "qwen2") run their regex before the byte level, as their tokenizer.json Sequence does, and
-// add_bos_token puts the BOS token first. Other models (SentencePiece's "llama") and splits are refused by name.
-Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const GgufFile& file) {
-  const std::string& path = file.path();
-  auto list = [&](const std::string& key, bool required) -> Result<const std::vector<GgufValue>*> {
-    const GgufValue* v = file.find_metadata(key);
-    if (!v) {
-      if (!required) return static_cast<const std::vector<GgufValue>*>(nullptr);
-      return Status::error(Code::kNotFound, path + ": " + key, "the tokenizer's list", "no such key");
-    }
-    if (v->kind != GgufValue::Kind::array) return corrupt(path + ": " + key, "an array", "another value type");
-    return &v->items;
-  };
-  auto text = [&](const std::string& key) -> Result<std::optional<std::string>> {
-    const GgufValue* v = file.find_metadata(key);
-    if (!v) return std::optional<std::string>();
-    if (v->kind != GgufValue::Kind::string) return corrupt(path + ": " + key, "a string", "another value type");
-    return std::optional<std::string>(v->s);
-  };
-  // A metadata integer, -1 for another value type (ids and token types are never negative).
-  auto integer = [](const GgufValue& v) -> int64_t {
-    return v.kind == GgufValue::Kind::integer ? v.i : v.kind == GgufValue::Kind::unsigned_integer ? int64_t(v.u) : -1;
-  };
-  ASPEN_ASSIGN_OR_RETURN(std::optional<std::string> model, text("tokenizer.ggml.model"));
-  if (!model)
-    return Status::error(Code::kNotFound, path + ": tokenizer.ggml.model", "the tokenizer's kind", "no such key");
-  if (*model != "gpt2")
-    return Status::unimplemented(path + ": tokenizer.ggml.model", "\"gpt2\" (byte-level BPE); found " + sq(*model));
-  ASPEN_ASSIGN_OR_RETURN(std::optional<std::string> pre, text("tokenizer.ggml.pre"));
-  // The splits llama.cpp names that aspen's pre-tokenizers have (io/tokenizer_pipeline.h's SplitRegex).
-  std::optional<SplitRegex> split;
-  if (pre && *pre == "llama-bpe") split = SplitRegex::kLlama3;
-  else if (pre && *pre == "qwen2") split = SplitRegex::kQwen2;
-  else if (pre && *pre != "gpt-2" && *pre != "default")
-    return Status::unimplemented(path + ": tokenizer.ggml.pre",
-                                 "a split aspen has (\"gpt-2\", \"llama-bpe\", \"qwen2\"); found " + sq(*pre));
-  ASPEN_ASSIGN_OR_RETURN(const std::vector<GgufValue>* tokens, list("tokenizer.ggml.tokens", true));
-  ASPEN_ASSIGN_OR_RETURN(const std::vector<GgufValue>* merges, list("tokenizer.ggml.merges", true));
-  ASPEN_ASSIGN_OR_RETURN(const std::vector<GgufValue>* types, list("tokenizer.ggml.token_type", false));
-  if (types && types->size() != tokens->size())
-    return corrupt(path + ": tokenizer.ggml.token_type", std::to_string(tokens->size()) + " entries (one a token)",
-                   std::to_string(types->size()));
-  if (tokens->size() > (size_t(1) << 30))
-    return corrupt(path + ": tokenizer.ggml.tokens", "at most 2^30 tokens", std::to_string(tokens->size()));
-  Config cfg;
-  for (size_t i = 0; i < tokens->size(); ++i) {
-    if ((*tokens)[i].kind != GgufValue::Kind::string)
-      return corrupt(path + ": tokenizer.ggml.tokens[" + std::to_string(i) + "]", "a string", "another value type");
-    cfg.vocab[(*tokens)[i].s] = TokenId(i);
-  }
-  for (size_t i = 0; i < merges->size(); ++i) {
-    const std::string where = path + ": tokenizer.ggml.merges[" + std::to_string(i) + "]";
-    const GgufValue& m = (*merges)[i];
-    const size_t sp = m.kind == GgufValue::Kind::string ? m.s.find(' ') : std::string::npos;
-    if (sp == std::string::npos || sp == 0 || sp + 1 == m.s.size() || m.s.find(' ', sp + 1) != std::string::npos)
-      return corrupt(where, "two tokens separated by one space",
-                     m.kind == GgufValue::Kind::string ? sq(m.s) : "another value type");
-    ASPEN_RETURN_IF_ERROR(add_merge(where, m.s.substr(0, sp), m.s.substr(sp + 1), int32_t(i), &cfg));
-  }
-  gpt2_byte_level(&cfg);
-  if (split) {  // the named split first, then bytes to characters without GPT-2's regex (Hugging Face's Sequence)
-    PreTokenizerStep regex;
-    regex.kind = PreTokenizerStep::Kind::kSplit;
-    regex.regex = *split;
-    cfg.pre_tokenizers.front().use_regex = false;
-    cfg.pre_tokenizers.insert(cfg.pre_tokenizers.begin(), regex);
-  }
-  // Qwen2's tokenizer.json composes its text (NFC) first; the file does not say so, its split's name does.
-  // (llama.cpp's own tokenizer skips this: a decomposed accent tokenizes differently there, not here.)
-  if (split == SplitRegex::kQwen2) {
-    NormalizerStep nfc;
-    nfc.kind = NormalizerStep::Kind::kNfc;
-    cfg.normalizers = {nfc};
-  }
-  // llama.cpp adds the BOS token before the text when the file says so (Llama 3's template).
-  if (const GgufValue* add = file.find_metadata("tokenizer.ggml.add_bos_token");
-      add && add->kind == GgufValue::Kind::boolean && add->b) {
-    const GgufValue* bos = file.find_metadata("tokenizer.ggml.bos_token_id");
-    const int64_t id = bos ? integer(*bos) : -1;
-    if (id < 0 || size_t(id) >= tokens->size())
-      return corrupt(path + ": tokenizer.ggml.bos_token_id", "a token id below " + std::to_string(tokens->size()) +
-                     " (add_bos_token is set)", bos ? std::to_string(id) : std::string("none"));
-    cfg.post_prefix = {TokenId(id)};
-  }
-  for (size_t i = 0; types && i < types->size(); ++i) {
-    const GgufValue& t = (*types)[i];
-    const int64_t type = integer(t);
-    if (type < 0)
-      return corrupt(path + ": tokenizer.ggml.token_type[" + std::to_string(i) + "]", "an integer",
-                     "another value type");
-    if (type != 3 && type != 4) continue;  // llama.cpp's CONTROL and USER_DEFINED
-    AddedToken a;
-    a.content = (*tokens)[i].s;
-    a.text = uni::decode_utf8_lossy(a.content);
-    a.id = TokenId(i);
-    a.special = type == 3;
-    cfg.added.push_back(std::move(a));
-  }
-  return finish(path, std::move(cfg));
 }
 
 }  // namespace aspen::io

@@ -127,4 +127,15 @@ std::string decode_tokens(std::vector<std::string> tokens, const std::vector<Dec
 // The tokenizer that runs `cfg` (io/tokenizer.cc); the loaders (tokenizer_load.cc) check cfg first.
 std::unique_ptr<Tokenizer> make_tokenizer(Config cfg);
 
+// What the loaders share (tokenizer_load.cc; gguf_tokenizer.cc reads GGUF files with them).
+std::string sq(std::string_view s);  // 's', quoted for an error
+Status corrupt(const std::string& subject, const std::string& expected, const std::string& found);
+// One merge "left right" with `rank` into cfg->merges; the three tokens must be in cfg->vocab.
+Status add_merge(const std::string& where, const std::string& left, const std::string& right, int32_t rank,
+                 Config* cfg);
+// GPT-2's byte-level BPE around cfg's vocabulary and merges: ByteLevel without a prefix space, its decoder.
+void gpt2_byte_level(Config* cfg);
+// cfg checked (ids bounded, the post-processor's and unk tokens in the vocabulary), then make_tokenizer.
+Result<std::unique_ptr<Tokenizer>> finish(const std::string& path, Config cfg);
+
 }  // namespace aspen::io::tok

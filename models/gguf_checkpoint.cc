@@ -11,15 +11,19 @@
 // Llama, Mistral-shaped files without a sliding window): for Llama the converter reorders q_proj's and k_proj's
 // rows (per head, row (half, i) moved to (i, half): llama.cpp's rotary pairs neighbours, Hugging Face's the two
 // halves), which reading puts back (WeightBinding::gguf_rope_heads), rows of blocks as rows of values; Llama 3's
-// rope scaling (a rope_freqs tensor) is refused by name. Other architectures are refused by name.
+// rope scaling (a rope_freqs tensor) is read back into its parameters (NOTE [GGUF rope factors]), linear scaling
+// from its metadata. Other scalings and architectures are refused by name.
 #include "models/gguf_checkpoint.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "models/blocks.h"
 #include "models/config.h"
@@ -96,6 +100,70 @@ Result<std::string> gpt2_config_json(const io::GgufFile& f) {
   return j.dump();
 }
 
+// NOTE [GGUF rope factors]: for Llama 3's rope scaling llama.cpp's converter does not write the scaling's
+// parameters; it writes their effect, a tensor `rope_freqs` of one factor per frequency (llama.cpp divides each
+// inverse frequency by it). transformers' "llama3" rule: with x = 1/wavelength = inv_freq / 2π,
+// s = clamp((original_max_position_embeddings * x - low_freq_factor) / (high_freq_factor - low_freq_factor), 0, 1)
+// and the factor is 1 / ((1 - s) / factor + s): 1 at high frequencies, `factor` at low ones, and between them s is
+// a line in x. So factor is the largest factor, and two factors between 1 and it give the line (slope a, offset
+// b); the line fixes the parameters up to one scale, taken as low_freq_factor = 1 (Llama 3's): high = 1 - 1/b,
+// original = -a/b, rounded to the integer it is. The parameters are then checked by recomputing every factor of
+// the tensor from them (within the float32 rounding the file stored them in); a tensor that is not of this rule
+// (too few factors between the ends, or one that does not agree) is refused by name, never run approximately.
+Result<nlohmann::ordered_json> llama3_rope(const io::GgufFile& f, double theta, int64_t rotary) {
+  const std::string what = f.path() + ": tensor 'rope_freqs.weight'";
+  ASPEN_ASSIGN_OR_RETURN(Tensor t, f.read_f32("rope_freqs.weight"));
+  if (rotary < 2 || rotary % 2 || t.numel() != rotary / 2)
+    return Status::error(Code::kCorrupt, what, std::to_string(rotary / 2) + " factors (one per rotary frequency)",
+                         std::to_string(t.numel()));
+  const float* ff = t.data<float>();
+  const int64_t n = rotary / 2;
+  const double two_pi = 2.0 * 3.14159265358979323846;
+  auto x_of = [&](int64_t i) { return std::pow(theta, -2.0 * double(i) / double(rotary)) / two_pi; };
+  double factor = 1.0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(ff[i] >= 1.0f && std::isfinite(ff[i])))
+      return Status::error(Code::kUnimplemented, what, "factors >= 1 (Llama 3's rope scaling)",
+                           "factor " + std::to_string(ff[i]) + " at frequency " + std::to_string(i));
+    factor = std::max(factor, double(ff[i]));
+  }
+  const double tol = 1e-4;
+  std::vector<int64_t> mid;  // the frequencies strictly between the ends
+  for (int64_t i = 0; i < n; ++i)
+    if (ff[i] > 1.0 + tol && ff[i] < factor * (1.0 - tol)) mid.push_back(i);
+  nlohmann::ordered_json rope = {{"rope_type", "llama3"}, {"rope_theta", theta}, {"factor", factor}};
+  if (factor == 1.0) return nlohmann::ordered_json{{"rope_type", "default"}, {"rope_theta", theta}};
+  if (mid.size() < 2)
+    return Status::error(Code::kUnimplemented, what,
+                         "Llama 3's rope scaling with at least two factors between 1 and the largest (to recover its "
+                         "parameters)",
+                         std::to_string(mid.size()));
+  auto smooth = [&](int64_t i) { return (1.0 / ff[i] - 1.0 / factor) / (1.0 - 1.0 / factor); };
+  const int64_t i1 = mid.front(), i2 = mid.back();
+  const double a = (smooth(i2) - smooth(i1)) / (x_of(i2) - x_of(i1)), b = smooth(i1) - a * x_of(i1);
+  double high = 1.0 - 1.0 / b;
+  const double original = std::round(-a / b);
+  if (const double r = std::round(high * 1000.0) / 1000.0; std::abs(r - high) < 1e-5 * high) high = r;  // 4, not 3.9999998
+  if (!(b < 0 && a > 0 && high > 1.0 && original >= 1.0 && std::isfinite(high)))
+    return Status::error(Code::kUnimplemented, what, "factors rising from 1 to the largest as Llama 3's rule does",
+                         "factors falling");
+  for (int64_t i = 0; i < n; ++i) {
+    const double s = std::clamp((original * x_of(i) - 1.0) / (high - 1.0), 0.0, 1.0);
+    const double want = 1.0 / ((1.0 - s) / factor + s);
+    if (std::abs(want - double(ff[i])) > tol * want)
+      return Status::error(Code::kUnimplemented, what,
+                           "the factors of Llama 3's rope scaling (factor " + std::to_string(factor) +
+                               ", high_freq_factor " + std::to_string(high) + ", original_max_position_embeddings " +
+                               std::to_string(int64_t(original)) + " fit the others)",
+                           "factor " + std::to_string(ff[i]) + " at frequency " + std::to_string(i) + ", not " +
+                               std::to_string(want));
+  }
+  rope["low_freq_factor"] = 1.0;
+  rope["high_freq_factor"] = high;
+  rope["original_max_position_embeddings"] = int64_t(original);
+  return rope;
+}
+
 // Llama's config.json (transformers 5's keys) from llama.* metadata.
 Result<std::string> llama_config_json(const io::GgufFile& f) {
   nlohmann::ordered_json j;
@@ -115,19 +183,25 @@ Result<std::string> llama_config_json(const io::GgufFile& f) {
   if (const std::optional<double> d = optional("llama.attention.key_length")) j["head_dim"] = int64_t(*d);
   ASPEN_ASSIGN_OR_RETURN(const double eps, required_number(f, "llama.attention.layer_norm_rms_epsilon"));
   j["rms_norm_eps"] = eps;
-  if (f.find("rope_freqs.weight"))
-    return Status::error(Code::kUnimplemented, f.path() + ": tensor 'rope_freqs.weight'",
-                         "a Llama without per-frequency rope factors (Llama 3's scaling is not read yet)",
-                         "the tensor");
   if (const std::optional<double> w = optional("llama.attention.sliding_window"); w && *w > 0)
     return Status::error(Code::kUnimplemented, f.path() + ": llama.attention.sliding_window",
                          "0 (a sliding window is not read from GGUF yet)", std::to_string(int64_t(*w)));
+  const double theta = optional("llama.rope.freq_base").value_or(10000.0);
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", theta}};
   if (const io::GgufValue* v = f.find_metadata("llama.rope.scaling.type");
-      v && v->kind == io::GgufValue::Kind::string && v->s != "none")
-    return Status::error(Code::kUnimplemented, f.path() + ": llama.rope.scaling.type", "none (not read yet)",
-                         quoted(v->s));
-  j["rope_parameters"] = {{"rope_type", "default"},
-                          {"rope_theta", optional("llama.rope.freq_base").value_or(10000.0)}};
+      v && v->kind == io::GgufValue::Kind::string && v->s != "none") {
+    if (v->s != "linear")
+      return Status::error(Code::kUnimplemented, f.path() + ": llama.rope.scaling.type",
+                           "none or linear (others are not read yet)", quoted(v->s));
+    ASPEN_ASSIGN_OR_RETURN(const double factor, required_number(f, "llama.rope.scaling.factor"));
+    j["rope_parameters"] = {{"rope_type", "linear"}, {"rope_theta", theta}, {"factor", factor}};
+  }
+  if (f.find("rope_freqs.weight")) {
+    const int64_t head_dim = j.contains("head_dim") ? j["head_dim"].get<int64_t>()
+                                                    : j["hidden_size"].get<int64_t>() / j["num_attention_heads"].get<int64_t>();
+    const int64_t rotary = int64_t(optional("llama.rope.dimension_count").value_or(double(head_dim)));
+    ASPEN_ASSIGN_OR_RETURN(j["rope_parameters"], llama3_rope(f, theta, rotary));
+  }
   j["hidden_act"] = "silu";
   return j.dump();
 }

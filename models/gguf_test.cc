@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -143,6 +144,40 @@ TEST(GgufModels, GreedyGenerationThroughTheFile) {
   ASSERT_EQ(out->size(), 1u);
   EXPECT_EQ((*out)[0].size(), 8u);
   EXPECT_EQ((*out)[0][0], gold["greedy"][0].get<int32_t>());  // the first step: the logits above
+}
+
+// Llama 3's rope scaling, which the converter writes as one factor per frequency (rope_freqs), read back into
+// transformers' parameters (scripts/golden/make_gguf_llama_testdata.py's: factor 8, low 1, high 8, original 256;
+// the logits test above runs with them); factors of another rule are refused by name.
+TEST(GgufModels, Llama3RopeScalingIsReadFromItsFactors) {
+  const std::string path = kDir + "/llama-64-q8_0.gguf";
+  auto ckpt = Checkpoint::open(path);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  const LlamaConfig* l = ckpt->config().llama();
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(l->rope.scaling, "llama3");
+  EXPECT_EQ(l->rope.theta, 100.0);
+  EXPECT_EQ(l->rope.factor, 8.0);
+  EXPECT_EQ(l->rope.low_freq_factor, 1.0);
+  EXPECT_EQ(l->rope.high_freq_factor, 8.0);
+  EXPECT_EQ(l->rope.original_max_positions, 256);
+
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string bytes = ss.str();
+  auto file = io::GgufFile::open(path);
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  const std::span<const std::byte> factors = file->data(*file->find("rope_freqs.weight"));
+  ASSERT_EQ(factors.size(), 8 * sizeof(float));
+  const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(factors.data()), factors.size()));
+  ASSERT_NE(at, std::string::npos);
+  const float bent = 2.5f;  // frequency 4's factor (between 1 and 8), off the rule
+  std::memcpy(bytes.data() + at + 4 * sizeof(float), &bent, sizeof(float));
+  const std::string edited = ::testing::TempDir() + "/edited-rope.gguf";
+  std::ofstream(edited, std::ios::binary) << bytes;
+  const std::string e = Checkpoint::open(edited).status().to_string();
+  EXPECT_EQ(e.rfind("Unimplemented: " + edited + ": tensor 'rope_freqs.weight': expected ", 0), 0u) << e;
 }
 
 TEST(GgufModels, OtherArchitecturesAndDamagedMetadataAreNamed) {

@@ -48,8 +48,9 @@ bool ignorable(const std::string& model_type, const std::string& tensor, const g
   if (model_type == "gpt2" || model_type == "gptj")
     return ends_with(tensor, ".attn.bias") || ends_with(tensor, ".attn.masked_bias") ||
            (tensor == "lm_head.weight" && !g.find_parameter("lm_head.weight"));
-  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2")  // old checkpoints keep inv_freq
-    return ends_with(tensor, ".rotary_emb.inv_freq") ||
+  // Old checkpoints keep inv_freq; a GGUF file's rope_freqs was read into the config (NOTE [GGUF rope factors]).
+  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2")
+    return ends_with(tensor, ".rotary_emb.inv_freq") || tensor == "rope_freqs.weight" ||
            (tensor == "lm_head.weight" && !g.find_parameter("lm_head.weight"));
   if (model_type == "bert")  // BertForMaskedLM's head when the graph has none; its tied decoder always;
                              // BertForPreTraining's next-sentence head

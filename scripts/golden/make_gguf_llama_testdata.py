@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Writes io/testdata/gguf/llama-tiny-vocab.gguf and qwen2-tiny-vocab.gguf (the tokenizers alone) for
-io/gguf_tokenizer_test.cc, and models/testdata/gguf/llama-64-q8_0.gguf and llama-64.golden.json for
+"""Writes io/testdata/gguf/llama-tiny-vocab.gguf, qwen2-tiny-vocab.gguf and spm-tiny-vocab.gguf (the
+tokenizers alone; the last a SentencePiece one, with llama.cpp's ids for some texts in spm-tiny.llama-cpp.json)
+for io/gguf_tokenizer_test.cc, and models/testdata/gguf/llama-64-q8_0.gguf and llama-64.golden.json for
 models/gguf_test.cc, with
 llama.cpp's own converter (convert_hf_to_gguf.py from the llama-cpp-python source distribution bench/llama_cpp.py
 fetches): a tiny random Llama (hidden 64, 4 heads of 16 over 2 key/value heads, so the converter's Q/K row
 permutation is exercised on grouped heads; every matrix whole Q8_0 blocks; untied head; the tokenizer of
-models/testdata/llama-tiny, Llama 3's split, which the converter is told: "llama-bpe"), converted to GGUF Q8_0,
+models/testdata/llama-tiny, Llama 3's split, which the converter is told: "llama-bpe"; Llama 3's rope scaling,
+which the converter writes as per-frequency factors), converted to GGUF Q8_0,
 the logits transformers computes with the original f32 weights for a prompt, and with the file's weights as ggml
 dequantizes them (the gguf package; llama.cpp's names mapped back and its Q/K rows put back in Hugging Face's
 order). aspen reading the file must give the second up to f32 rounding (dequantized) and stay within Q8_0's
@@ -53,10 +55,53 @@ for name, pre in (("llama-tiny", "llama-bpe"), ("qwen2-tiny", "qwen2")):
         subprocess.run(llama_cpp.converter(llama, stage, vocab, "--vocab-only", pre=pre), check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
+# A SentencePiece tokenizer (Llama 2's kind: model "llama", pieces and scores, no merges) for
+# io/gguf_tokenizer_test.cc: the converter reads the tokenizer.model of
+# make_llama_tokenizer_golden.py (the same training, the same bytes), and aspen rebuilding it must give the ids of
+# that script's Hugging Face conversion (io/testdata/spm_legacy) and of llama.cpp itself (llama-tokenize on the
+# file, recorded in spm-tiny.llama-cpp.json with the texts).
+sys.path.insert(0, str(ROOT / "scripts" / "golden"))
+import make_llama_tokenizer_golden as llama_tok  # noqa: E402  (spm_model, LLAMA_CASES)
+
+bin_dir = llama_cpp.build(llama_cpp.cache_dir(None), llama_cpp.VERSION, llama)
+spm_gguf = ROOT / "io" / "testdata" / "gguf" / "spm-tiny-vocab.gguf"
+with tempfile.TemporaryDirectory() as tmp:
+    stage = Path(tmp) / "spm-tiny"
+    stage.mkdir()
+    shutil.copy(llama_tok.spm_model(tmp), stage / "tokenizer.model")
+    (stage / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2}))
+    (stage / "tokenizer_config.json").write_text(json.dumps({  # Llama 2's: <s> first, no </s>
+        "tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False, "legacy": True,
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    subprocess.run(llama_cpp.converter(llama, stage, spm_gguf, "--vocab-only"), check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shakespeare = llama_tok.CORPUS.read_text(encoding="utf-8")
+    texts = ["", "Hello world", " leading space", "<s>The end</s>", "numbers 12345 and   spaces\n\nnew lines\t tabs",
+             "naïve café — ünïcödé 🙂", "It's, don't; we'll: they're!", "  ", "\n", "▁already▁escaped ▁"]
+    texts += llama_tok.LLAMA_CASES + [shakespeare[k * 200000:k * 200000 + 1500] for k in range(5)]
+    cases = []
+    for i, text in enumerate(texts):
+        f = Path(tmp) / f"{i}.txt"
+        f.write_bytes(text.encode("utf-8"))
+        out = subprocess.run([str(bin_dir / "llama-tokenize"), "-m", str(spm_gguf), "-f", str(f), "--ids",
+                              "--no-escape", "--log-disable"], check=True, capture_output=True, text=True).stdout
+        cases.append({"text": text, "ids": json.loads(out.strip().splitlines()[-1])})
+    (ROOT / "io" / "testdata" / "gguf" / "spm-tiny.llama-cpp.json").write_text(
+        json.dumps({"file": spm_gguf.name, "tool": "llama-tokenize --ids --no-escape (BOS added, special tokens "
+                    "parsed)", "cases": cases}, ensure_ascii=False, indent=0) + "\n")
+
 torch.manual_seed(20261207)
 config = transformers.LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                  max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                  max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                  # Llama 3's scaling, which the converter writes as a rope_freqs tensor: 4 of the 8
+                                  # frequencies between the ends, and angles the scaling changes within the prompt
+                                  rope_parameters={"rope_type": "llama3", "rope_theta": 100.0, "factor": 8.0,
+                                                   "low_freq_factor": 1.0, "high_freq_factor": 8.0,
+                                                   "original_max_position_embeddings": 256},
                                   bos_token_id=997, eos_token_id=998, pad_token_id=999)  # the tokenizer's
 model = transformers.LlamaForCausalLM(config).eval()
 with torch.no_grad():  # larger than the init's 0.02, so the logits spread and quantization shows
@@ -98,7 +143,11 @@ def unpermute(w, heads):  # the converter's permute undone: rows (head, half, i)
 
 
 state = model.state_dict()
-for t in gguf.GGUFReader(gguf_file).tensors:
+tensors = gguf.GGUFReader(gguf_file).tensors
+assert any(t.name == "rope_freqs.weight" for t in tensors)  # the scaling, as factors
+for t in tensors:
+    if t.name == "rope_freqs.weight":
+        continue
     values = torch.tensor(quants.dequantize(t.data, t.tensor_type)).float()
     if t.name in names:
         key = names[t.name]
