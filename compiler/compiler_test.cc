@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "compiler/executable.h"
 #include "compiler/memory_plan.h"
@@ -177,6 +178,94 @@ TEST(Passes, FusionKeepsTheMeaning) {
   ASSERT_TRUE(want.is_ok() && got.is_ok());
   for (const auto& [name, w] : *want)
     for (size_t i = 0; i < w.data.size(); ++i) ASSERT_NEAR(got->at(name).data[i], w.data[i], 1e-12) << name;
+}
+
+// NOTE [matmul groups]: q, k and v of a decode step (one a, [N, K] weights, at most 8 rows) become one
+// matmul_group that means what they meant; a prefill's (16 rows) stay apart; a weight made after the first
+// product (a cast) moves the group to the last one's place; a product read before the last one's place and a
+// weight made after the first: no group.
+TEST(Passes, DecodeProductsOfOneInputGroup) {
+  auto build = [](int64_t rows, bool cast_k, bool read_q_early, bool bias) {
+    Graph g;
+    Builder b(g);
+    ValueId h = b.input("h", DType::f32, {rows, 6});
+    auto linear = [&](const std::string& name, int64_t n, bool cast) {
+      ValueId w = b.parameter(name + ".weight", cast ? DType::f32 : DType::bf16, {n, 6});
+      if (cast) w = b.cast(w, DType::bf16);
+      std::vector<ValueId> in = {h, w};
+      if (bias) in.push_back(b.parameter(name + ".bias", DType::f32, {n}));
+      return b.op1(OpKind::matmul, in, {{"trans_b", int64_t(1)}});
+    };
+    ValueId q = linear("q", 8, false);
+    ValueId early = read_q_early ? b.exp(q) : q;
+    ValueId k = linear("k", 4, cast_k);
+    ValueId v = linear("v", 4, false);
+    b.output("q", early);
+    b.output("kv", b.add(k, v));
+    EXPECT_TRUE(b.status().is_ok()) << b.status().to_string();
+    return g;
+  };
+  CompileContext o2{{.opt_level = OptLevel::O2, .verify_each_pass = true}};
+  for (auto [rows, cast_k, early, bias, groups] :
+       {std::tuple{1, false, false, false, 1}, std::tuple{8, false, false, true, 1},
+        std::tuple{16, false, false, false, 0}, std::tuple{3, true, false, false, 1},
+        std::tuple{3, false, true, false, 1}, std::tuple{3, true, true, true, 0}}) {
+    SCOPED_TRACE("rows " + std::to_string(rows) + (cast_k ? ", k cast" : "") + (early ? ", q read early" : "") +
+                 (bias ? ", biases" : ""));
+    const Graph g = build(rows, cast_k, early, bias);
+    Graph grouped = g;
+    ASSERT_TRUE(run_passes(grouped, default_pipeline(o2.options), o2).is_ok());
+    EXPECT_EQ(count(grouped, OpKind::matmul_group), groups);
+    EXPECT_EQ(count(grouped, OpKind::matmul), groups ? 0 : 3);
+    std::map<std::string, graph::HostArray> feeds;
+    uint64_t seed = 1;
+    for (const auto& node : g.nodes()) {
+      if (node.op != OpKind::input && node.op != OpKind::parameter) continue;
+      graph::HostArray a(g.type(node.outputs[0]));
+      for (size_t i = 0; i < a.data.size(); ++i) a.data[i] = std::sin(double(++seed) * 0.37);
+      feeds[node.name] = a;
+    }
+    auto want = graph::interpret(g, feeds);
+    auto got = graph::interpret(grouped, feeds);
+    ASSERT_TRUE(want.is_ok() && got.is_ok());
+    for (const auto& [name, w] : *want)
+      for (size_t i = 0; i < w.data.size(); ++i) ASSERT_EQ(got->at(name).data[i], w.data[i]) << name;
+  }
+}
+
+// Quantized decode products of one input (matmul_q, one block format) group too; another format stays apart.
+TEST(Passes, QuantizedDecodeProductsGroupByFormat) {
+  Graph g;
+  Builder b(g);
+  ValueId h = b.input("h", DType::f32, {2, 64});
+  auto linear = [&](const std::string& name, int64_t n, const std::string& format) {
+    const int64_t row_bytes = format == "q8_0" ? 68 : 36;  // 2 blocks of 34 (Q8_0) or 18 (Q4_0) bytes
+    return b.op1(OpKind::matmul_q, {h, b.parameter(name, DType::u8, {n, row_bytes})},
+                 {{"format", format}, {"k", int64_t(64)}});
+  };
+  b.output("q", linear("q", 8, "q8_0"));
+  b.output("k", linear("k", 4, "q8_0"));
+  b.output("v", linear("v", 4, "q8_0"));
+  b.output("o", linear("o", 8, "q4_0"));
+  ASSERT_TRUE(b.status().is_ok()) << b.status().to_string();
+  Graph grouped = g;
+  CompileContext o2{{.opt_level = OptLevel::O2, .verify_each_pass = true}};
+  ASSERT_TRUE(run_passes(grouped, default_pipeline(o2.options), o2).is_ok());
+  EXPECT_EQ(count(grouped, OpKind::matmul_group), 1);
+  EXPECT_EQ(count(grouped, OpKind::matmul_q), 1);  // the Q4_0 one
+  std::map<std::string, graph::HostArray> feeds;
+  for (const auto& node : g.nodes()) {
+    if (node.op != OpKind::input && node.op != OpKind::parameter) continue;
+    graph::HostArray a(g.type(node.outputs[0]));
+    for (size_t i = 0; i < a.data.size(); ++i)  // bytes 16 (f16 scales near 5e-4, quants 16); h in [-1, 1]
+      a.data[i] = node.op == OpKind::parameter ? 16.0 : std::sin(double(i) * 0.37);
+    feeds[node.name] = a;
+  }
+  auto want = graph::interpret(g, feeds);
+  auto got = graph::interpret(grouped, feeds);
+  ASSERT_TRUE(want.is_ok() && got.is_ok());
+  for (const auto& [name, w] : *want)
+    for (size_t i = 0; i < w.data.size(); ++i) ASSERT_EQ(got->at(name).data[i], w.data[i]) << name;
 }
 
 // GELU as exporters write it, in pieces and in several orders, becomes one

@@ -23,6 +23,12 @@
 // its backward recomputes the probabilities instead of keeping them: GPT-2
 // small exported from torch trains 5 % faster. It applies only when the
 // scores, the probabilities and the guard have no other users.
+// NOTE [matmul groups]: after those, matmuls of one a by [N, K] weights (trans_b, no trans_a, the same
+// weight type, K and bias or none), whose a has at most 8 rows (decode products: a layer's q, k and v; its
+// gate and up), become one matmul_group (graph/ops_fused.cc), which runs them in one parallel region (NOTE
+// [gemv groups]); so do such matmul_q products (quantized weights) of one block format; at most 16 a group. The group takes the first member's place when every weight and bias
+// exists there (parameters made later move up with it), else the last's when no member's result is read
+// before it; else the matmuls stay apart.
 // Only the last node of a GELU is replaced: the pieces die with dead-code
 // elimination unless something else reads them.
 // A pattern applies only when the nodes it removes have no other users (the
@@ -30,8 +36,11 @@
 // sum comes before the layernorm (the fused node takes the layernorm's place).
 // The fused node takes the place of the last node of its pattern, where all
 // its inputs already exist.
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <string>
+#include <tuple>
 #include <optional>
 #include <string>
 #include <vector>
@@ -361,6 +370,8 @@ Status simplify_exported_patterns(Graph& g) {
 
 namespace {
 
+Status group_matmuls(Graph& g);  // NOTE [matmul groups]
+
 class Fusion : public Pass {
  public:
   const char* name() const override { return "fusion"; }
@@ -444,7 +455,7 @@ class Fusion : public Pass {
         emit[i] = Emit{std::move(fused), {sum, node.outputs[0], node.outputs[1], node.outputs[2]}};
       }
     }
-    if (emit.empty()) return Status();
+    if (emit.empty()) return group_matmuls(g);
 
     Rewrite rw(g);
     for (int32_t i = 0; i < n; ++i) {
@@ -458,9 +469,105 @@ class Fusion : public Pass {
       rw.emit(std::move(node), *types, old_outputs);
     }
     g = std::move(rw).finish();
-    return Status();
+    return group_matmuls(g);
   }
 };
+
+}  // namespace
+
+namespace {
+
+// NOTE [matmul groups].
+Status group_matmuls(Graph& g) {
+  constexpr int64_t kMaxRows = 8;  // graph/ops_nn.cc's kGemvMaxRows: the products the GEMV takes
+  constexpr size_t kMaxGroup = 16;
+  const int32_t n = int32_t(g.nodes().size());
+  std::vector<int32_t> first_use(size_t(g.num_values()), n);
+  for (int32_t i = n - 1; i >= 0; --i)
+    for (ValueId v : g.node(i).inputs) first_use[size_t(v.index)] = i;
+  for (ValueId v : g.roots()) first_use[size_t(v.index)] = std::min(first_use[size_t(v.index)], n);
+  // (a, bias or not, op, weight type or block format, K, stage) -> the products in graph order
+  std::map<std::tuple<int32_t, size_t, int, std::string, int64_t, int32_t>, std::vector<int32_t>> candidates;
+  for (int32_t i = 0; i < n; ++i) {
+    const Node& m = g.node(i);
+    if ((m.op != OpKind::matmul && m.op != OpKind::matmul_q) || m.inputs.size() < 2) continue;
+    const graph::TensorType &a = g.type(m.inputs[0]), &b = g.type(m.inputs[1]);
+    if (a.dtype != DType::f32 || a.shape.rank() < 1 || a.shape[-1] < 1 || a.shape.numel() / a.shape[-1] > kMaxRows ||
+        b.shape.rank() != 2 || g.type(m.outputs[0]).dtype != DType::f32)
+      continue;
+    std::string weights;
+    if (m.op == OpKind::matmul) {
+      if (m.attrs.i_or("trans_a", 0) != 0 || m.attrs.i_or("trans_b", 0) != 1 || m.attrs.has("out_dtype") ||
+          b.shape[1] != a.shape[-1])
+        continue;
+      weights = dtype_name(b.dtype);
+    } else {  // matmul_q: its checks passed when it was built; the format and k must match
+      weights = m.attrs.s("format");
+    }
+    candidates[{m.inputs[0].index, m.inputs.size(), int(m.op), weights, a.shape[-1], m.stage}].push_back(i);
+  }
+  std::vector<std::vector<int32_t>> groups;
+  for (const auto& [key, members] : candidates)
+    for (size_t c = 0; c + 1 < members.size(); c += kMaxGroup)
+      groups.emplace_back(members.begin() + long(c), members.begin() + long(std::min(members.size(), c + kMaxGroup)));
+  std::vector<int32_t> place(size_t(n), -1);  // the group emitted at node i
+  std::vector<char> skip(size_t(n), 0);
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const std::vector<int32_t>& members = groups[k];
+    if (members.size() < 2) continue;
+    const int32_t first = members.front(), last = members.back();
+    bool at_first = true, at_last = true;
+    for (int32_t i : members) {
+      for (size_t j = 1; j < g.node(i).inputs.size(); ++j) {
+        const int32_t p = g.value(g.node(i).inputs[j]).producer;
+        at_first = at_first && (p < first || graph::op_has(g.node(p).op, graph::kSource));  // sources move up
+      }
+      at_last = at_last && first_use[size_t(g.node(i).outputs[0].index)] > last;
+    }
+    if (!at_first && !at_last) continue;
+    for (int32_t i : members) skip[size_t(i)] = 1;
+    place[size_t(at_first ? first : last)] = int32_t(k);
+  }
+  if (std::all_of(place.begin(), place.end(), [](int32_t p) { return p < 0; })) return Status();
+
+  Rewrite rw(g);
+  for (int32_t i = 0; i < n; ++i) {
+    if (place[size_t(i)] >= 0) {
+      const std::vector<int32_t>& members = groups[size_t(place[size_t(i)])];
+      const Node& m0 = g.node(members[0]);
+      Node group;
+      group.op = OpKind::matmul_group;
+      group.stage = m0.stage;
+      group.attrs.set("op", int64_t(m0.op));
+      group.attrs.set("bias", int64_t(m0.inputs.size() == 3));
+      if (m0.op == OpKind::matmul_q) {
+        group.attrs.set("format", m0.attrs.s("format"));
+        group.attrs.set("k", m0.attrs.i("k"));
+      } else {
+        group.attrs.set("trans_b", int64_t(1));
+      }
+      group.inputs = {rw.map(m0.inputs[0])};
+      std::vector<ValueId> old_outputs;
+      for (int32_t mi : members) {
+        for (size_t j = 1; j < g.node(mi).inputs.size(); ++j) {
+          const int32_t p = g.value(g.node(mi).inputs[j]).producer;
+          if (p > i && !skip[size_t(p)]) {  // a source (a parameter) made later: made here instead
+            rw.copy(p);
+            skip[size_t(p)] = 1;
+          }
+          group.inputs.push_back(rw.map(g.node(mi).inputs[j]));
+        }
+        old_outputs.push_back(g.node(mi).outputs[0]);
+      }
+      auto types = graph::check_node(rw.out(), group);
+      if (!types.is_ok()) return types.status().with_context("grouping the matmuls at node " + std::to_string(i));
+      rw.emit(std::move(group), *types, old_outputs);
+    }
+    if (!skip[size_t(i)]) rw.copy(i);
+  }
+  g = std::move(rw).finish();
+  return Status();
+}
 
 }  // namespace
 

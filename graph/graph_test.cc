@@ -110,7 +110,8 @@ TEST(OpTable, NumbersAreTheSerializedOnes) {
                                    "lstm_grad",
                                    "max_pool",
                                    "max_pool_grad",
-                                   "matmul_q"};
+                                   "matmul_q",
+                                   "matmul_group"};
   ASSERT_EQ(std::size(by_number), size_t(kNumOps));
   for (int i = 0; i < kNumOps; ++i) EXPECT_STREQ(op_name(OpKind(i)), by_number[i]) << "op #" << i;
 }

@@ -52,7 +52,7 @@
   /* the vocab-parallel cross-entropy's pieces (ops_vocab.cc; tensor-parallel models) */                  \
   X(vocab_ce_stats, 52) X(vocab_ce_loss, 53) X(vocab_ce_grad, 54)                                         \
   /* fused: made by the compiler's fusion pass after autodiff (not differentiated) */                     \
-  X(bias_gelu, 41) X(add_layernorm, 42)                                                                   \
+  X(bias_gelu, 41) X(add_layernorm, 42) X(matmul_group, 84)                                               \
   /* optimizer steps (ops_optim.cc): outputs feed Builder::update, not differentiated */                  \
   X(adamw, 43) X(sgd, 49) X(lamb, 50)                                                                     \
   /* state writes at run-time positions (ops_state.cc): KV caches, generation state */                    \
@@ -71,7 +71,7 @@
   X(max_pool, 81) X(max_pool_grad, 82)                                                                    \
   /* products with weights in llama.cpp's quantized blocks (ops_quant.cc; inference only) */              \
   X(matmul_q, 83)
-// The next free op number: 84.
+// The next free op number: 85.
 // clang-format on
 
 namespace aspen::graph {

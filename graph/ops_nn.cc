@@ -538,6 +538,36 @@ Prepared prepare_matmul_fixed(const Node& n, Types in, Types out, std::span<cons
   return prepare_matmul_impl(n, in, out, fixed.size() > 1 && fixed[1]);
 }
 
+}  // namespace
+
+std::optional<kernels::GemvShape> matmul_gemv_route(const Node& n, std::span<const TensorType> in,
+                                                    std::span<const TensorType> out) {
+  const DType in_t = in[0].dtype, out_t = out[0].dtype;
+  const bool plain = floats_are_f32(in, out);
+  const bool mixed = in_t == DType::f32 && in[1].dtype == DType::bf16 && out_t == DType::f32;
+  if (!plain && !mixed) return std::nullopt;
+  const Result<MatmulDims> d = matmul_dims(n, in);
+  if (!d.is_ok()) return std::nullopt;
+  const kernels::MatmulShape& s = d->shape;
+  if (s.batch < 1 || s.M < 1 || s.N < 1 || s.K < 1 || s.trans_a || !s.broadcast_b || s.batch * s.M > kGemvMaxRows)
+    return std::nullopt;
+  const kernels::GemvShape g{.M = s.batch * s.M, .N = s.N, .K = s.K, .trans_b = s.trans_b,
+                             .has_bias = s.has_bias, .weight = d->b_dtype, .x_bf16 = mixed};
+  if (!kernels::gemv_validate(g).is_ok()) return std::nullopt;
+  return g;
+}
+
+const float* gemv_rows_of(const kernels::GemvShape& g, const float* a) {
+  if (!g.x_bf16) return a;
+  // NOTE [mixed matmul]: a rounded to bf16 (a few rows: cheap beside the weights' stream)
+  const int64_t na = g.M * g.K;
+  float* ra = matmul_scratch(0, na);
+  for (int64_t j = 0; j < na; ++j) ra[j] = bf16_to_f32(f32_to_bf16(a[j]));
+  return ra;
+}
+
+namespace {
+
 Prepared prepare_matmul_impl(const Node& n, Types in, Types out, bool b_fixed) {
   const DType in_t = in[0].dtype, out_t = out[0].dtype;
   const bool plain = floats_are_f32(in, out);
@@ -549,18 +579,9 @@ Prepared prepare_matmul_impl(const Node& n, Types in, Types out, bool b_fixed) {
   kernels::MatmulShape s = d.shape;
   if (s.batch < 1 || s.M < 1 || s.N < 1 || s.K < 1) return no_fast_kernel();
   if (s.has_bias && out_t != DType::f32) return no_fast_kernel();
-  if ((plain || mixed) && !s.trans_a && s.broadcast_b && s.batch * s.M <= kGemvMaxRows) {
-    const kernels::GemvShape g{.M = s.batch * s.M, .N = s.N, .K = s.K, .trans_b = s.trans_b,
-                               .has_bias = s.has_bias, .weight = d.b_dtype, .x_bf16 = mixed};
-    ASPEN_RETURN_IF_ERROR(kernels::gemv_validate(g));
-    const int64_t na = g.M * g.K;
-    auto round_a = [mixed, na](const float* a) {
-      if (!mixed) return a;
-      // NOTE [mixed matmul]: a rounded to bf16 (a few rows: cheap beside the weights' stream)
-      float* ra = matmul_scratch(0, na);
-      for (int64_t j = 0; j < na; ++j) ra[j] = bf16_to_f32(f32_to_bf16(a[j]));
-      return static_cast<const float*>(ra);
-    };
+  if (const std::optional<kernels::GemvShape> route = matmul_gemv_route(n, in, out)) {
+    const kernels::GemvShape g = *route;
+    auto round_a = [g](const float* a) { return gemv_rows_of(g, a); };
     if (b_fixed && kernels::gemv_packable(g)) {  // NOTE [packed gemv]: a fixed bf16 [N, K] regrouped once
       auto packed = std::make_shared<PackedWeights>(size_t(g.weight_bytes()));
       return make_kernel(

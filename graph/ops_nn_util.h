@@ -13,6 +13,11 @@
 #include <vector>
 
 #include "graph/ops_util.h"
+#include "kernels/gemv.h"
+
+namespace aspen::kernels {
+struct QuantFormat;
+}
 
 namespace aspen::graph::nnutil {
 
@@ -123,3 +128,17 @@ class PackedWeights {
 };
 
 }  // namespace aspen::graph::nnutil
+
+namespace aspen::graph {
+// NOTE [gemv route] (ops_nn.cc): the kernels/gemv.h product a matmul node with these types runs as, if it
+// goes there (f32 out, a few rows of a, a weight shared by the batch).
+std::optional<kernels::GemvShape> matmul_gemv_route(const Node& n, std::span<const TensorType> in,
+                                                    std::span<const TensorType> out);
+// a as that product reads it: a itself, or rounded to bf16 into the matmul's scratch (g.x_bf16: NOTE [mixed
+// matmul]), valid until the calling thread's next matmul.
+const float* gemv_rows_of(const kernels::GemvShape& g, const float* a);
+// Valid blocks of `format` for N rows of K values (ops_quant.cc; the samples of the ops that take them): random
+// bytes (the quants, Q4_K's 6-bit scales) with each block's f16 scales set to moderate values (random bytes
+// there would be infinities and NaNs).
+std::vector<double> random_quant_blocks(const kernels::QuantFormat& format, int64_t N, int64_t K, uint64_t seed);
+}  // namespace aspen::graph

@@ -120,9 +120,9 @@ Prepared prepare_matmul_q_fixed(const Node& n, Types in, Types, std::span<const 
   return prepare_matmul_q_impl(n, in, fixed.size() > 1 && fixed[1]);
 }
 
-// Valid blocks of `format` for N rows of K values: random bytes (the quants, Q4_K's 6-bit scales) with each
-// block's f16 scales set to moderate values (random bytes there would be infinities and NaNs).
-std::vector<double> random_blocks(const kernels::QuantFormat& l, int64_t N, int64_t K, uint64_t seed) {
+}  // namespace
+
+std::vector<double> random_quant_blocks(const kernels::QuantFormat& l, int64_t N, int64_t K, uint64_t seed) {
   const int64_t blocks = N * (K / l.block_values);
   std::vector<double> out(size_t(blocks * l.block_bytes));
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
@@ -142,6 +142,8 @@ std::vector<double> random_blocks(const kernels::QuantFormat& l, int64_t N, int6
   }
   return out;
 }
+
+namespace {
 
 // Every format, a batch of rows beside the decode's one, the largest batch the packed GEMV takes and one
 // past it, a bias, and rows past the last group of 8 (N % 8).
@@ -166,7 +168,7 @@ void samples_matmul_q(SampleList& s) {
                 if (c.bias) ins.push_back(b.input("bias", DType::f32, Shape{c.N}));
                 b.op1(OpKind::matmul_q, ins, {{"format", std::string(c.format)}, {"k", K}});
               });
-    o.feeds.values["w"] = random_blocks(l, c.N, K, uint64_t(c.N * 31 + K));
+    o.feeds.values["w"] = random_quant_blocks(l, c.N, K, uint64_t(c.N * 31 + K));
     o.tol = 0.0;  // the fast kernels are the reference's bits
   }
 }

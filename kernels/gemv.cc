@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/check.h"
 #include "kernels/check_args.h"
 #include "kernels/cpu.h"
 #include "kernels/gemv_internal.h"
@@ -175,7 +176,9 @@ Status checked_gemv(std::span<const float> x, std::span<const Wt> w, std::span<c
 }  // namespace
 
 namespace {
-void run(const GemvShape& s, const float* x, const void* w, const float* bias, float* y, bool packed) {
+// The job of one product, x converted for its kernel where that kernel reads x in another form (into buffers of
+// the calling thread: valid until its next product).
+Job make_job(const GemvShape& s, const float* x, const void* w, const float* bias, float* y, bool packed) {
   Job job{x, w, s.has_bias ? bias : nullptr, y, s.M, s.N, s.K, s.K};
   job.packed = packed;
   if (bf16_dot(s)) {  // NOTE [gemv bf16 dot]: x as pairs of bf16. Per calling thread, grown once.
@@ -208,9 +211,67 @@ void run(const GemvShape& s, const float* x, const void* w, const float* bias, f
       }
     job.xp = xp.data();
   }
-  run_split(s, job);
+  return job;
+}
+
+void run(const GemvShape& s, const float* x, const void* w, const float* bias, float* y, bool packed) {
+  run_split(s, make_job(s, x, w, bias, y, packed));
 }
 }  // namespace
+
+// NOTE [gemv groups]: the products of one x by several [N, K] weights in one parallel region. Their rows are
+// one list of pieces (4 rows, or 8 where packed: whole groups), cut into one contiguous run of pieces per
+// thread; a thread calls each product's kernel on the rows of its run that belong to it. A row's arithmetic
+// does not depend on which rows share its call (NOTE [gemv split]), so each output has gemv_run's bits.
+void gemv_run_group(const float* x, std::span<const GemvCall> calls) {
+  if (calls.empty()) return;
+  const GemvShape& s0 = calls[0].shape;
+  for (const GemvCall& c : calls)
+    ASPEN_CHECK(c.shape.trans_b && c.shape.M == s0.M && c.shape.K == s0.K && c.shape.weight == s0.weight &&
+                c.shape.x_bf16 == s0.x_bf16)
+        << "gemv_run_group: products of one x by [N, K] weights of one type; got " << c.shape.to_string()
+        << " beside " << s0.to_string();
+  // The packed kernels need AVX2 (NOTE [packed gemv]); the reference mode runs each product on its own.
+  if (reference_mode() || active_isa() < Isa::avx2) {
+    for (const GemvCall& c : calls)
+      (c.packed ? gemv_run_packed : gemv_run)(c.shape, x, c.w, c.shape.has_bias ? c.bias : nullptr, c.y);
+    return;
+  }
+  constexpr size_t kMaxCalls = 16;
+  ASPEN_CHECK(calls.size() <= kMaxCalls) << "gemv_run_group: at most " << kMaxCalls << " products";
+  Job jobs[kMaxCalls];
+  RangeFn fns[kMaxCalls];
+  int64_t align[kMaxCalls], first[kMaxCalls + 1];  // first[c]: the index of product c's first piece
+  const Job base = make_job(s0, x, calls[0].w, calls[0].bias, calls[0].y, calls[0].packed);  // x's forms, once
+  int64_t bytes = 0;
+  first[0] = 0;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const GemvShape& s = calls[c].shape;
+    jobs[c] = base;
+    jobs[c].w = calls[c].w;
+    jobs[c].bias = s.has_bias ? calls[c].bias : nullptr;
+    jobs[c].y = calls[c].y;
+    jobs[c].N = s.N;
+    jobs[c].packed = calls[c].packed;
+    fns[c] = pick(s);
+    align[c] = calls[c].packed ? 8 : 4;
+    first[c + 1] = first[c] + (s.N + align[c] - 1) / align[c];
+    bytes += s.weight_bytes();
+  }
+  const int64_t pieces = first[calls.size()];
+  const int64_t threads = bytes >= kParallelMinBytes ? std::min<int64_t>(omp_get_max_threads(), pieces) : 1;
+  const int64_t n_calls = int64_t(calls.size());
+#pragma omp parallel for schedule(static) num_threads(int(threads)) if (threads > 1)
+  for (int64_t t = 0; t < threads; ++t) {
+    const int64_t p0 = pieces * t / threads, p1 = pieces * (t + 1) / threads;
+    for (int64_t c = 0; c < n_calls; ++c) {
+      const int64_t q0 = std::max(p0, first[c]), q1 = std::min(p1, first[c + 1]);
+      if (q0 >= q1) continue;
+      const int64_t N = jobs[c].N;
+      fns[c](jobs[c], std::min(N, (q0 - first[c]) * align[c]), std::min(N, (q1 - first[c]) * align[c]));
+    }
+  }
+}
 
 void gemv_run(const GemvShape& s, const float* x, const void* w, const float* bias, float* y) {
   run(s, x, w, bias, y, false);

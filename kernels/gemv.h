@@ -81,6 +81,21 @@ bool gemv_packable(const GemvShape& shape);
 void gemv_pack(const GemvShape& shape, const void* w, void* out);
 void gemv_run_packed(const GemvShape& shape, const float* x, const void* packed, const float* bias, float* y);
 
+// One product of a group: its shape and buffers; `packed`: w in gemv_pack's layout (gemv_packable(shape)).
+struct GemvCall {
+  GemvShape shape;
+  const void* w = nullptr;
+  bool packed = false;
+  const float* bias = nullptr;
+  float* y = nullptr;
+};
+
+// NOTE [gemv groups] (gemv.cc): several products of one x (a layer's q, k and v; its gate and up) in one
+// parallel region, their rows cut among the team as one list: one fork/join where there was one per product,
+// and no thread idles at the end of a small one. Each output has the bits gemv_run (or gemv_run_packed) gives.
+// Every call: [N, K] (trans_b), the same M, K, weight type and x_bf16; at most 16 calls. Trusted as gemv_run.
+void gemv_run_group(const float* x, std::span<const GemvCall> calls);
+
 namespace ref {
 // The definition: y = bias + x · W in T (float or double), W read from Wt
 // (T or bf16) and widened; k summed in order.

@@ -193,6 +193,57 @@ TEST(Gemv, PackedBf16RowsGiveTheSameBits) {
   EXPECT_FALSE(gemv_packable(GemvShape{.M = 1, .N = 16, .K = 32, .trans_b = true, .weight = DType::f32}));
 }
 
+// NOTE [gemv groups]: products of one x run as one group give, each, the bits of the product run alone
+// (gemv_run, or gemv_run_packed where packed), on every ISA and team size: sizes that cut a product's rows
+// anywhere among the threads (odd N, a product smaller than a thread's share, packed and not side by side),
+// f32 and bf16, one row and several, x_bf16 (VDPBF16PS), biases on some.
+TEST(Gemv, GroupGivesEachProductItsOwnBits) {
+  uint64_t seed = 3500;
+  for (auto [wt, xb] : {std::pair{DType::f32, false}, {DType::bf16, false}, {DType::bf16, true}})
+    for (int64_t m : {1, 3, 8})
+      for (const std::vector<int64_t>& ns :
+           {std::vector<int64_t>{768 + 5, 256 + 3, 256}, std::vector<int64_t>{2048 + 16, 2048 + 16},
+            std::vector<int64_t>{5, 1300, 17, 9}}) {
+        const int64_t K = 768 + 3;
+        std::vector<GemvShape> shapes;
+        std::vector<Inputs> ins;
+        std::vector<std::vector<bf16>> packed(ns.size());
+        const Inputs xs = make_inputs(GemvShape{.M = m, .N = 1, .K = K, .x_bf16 = xb}, seed++);
+        for (size_t c = 0; c < ns.size(); ++c) {
+          shapes.push_back(GemvShape{.M = m, .N = ns[c], .K = K, .trans_b = true, .has_bias = c % 2 == 1,
+                                     .weight = wt, .x_bf16 = xb});
+          ins.push_back(make_inputs(shapes.back(), seed++));
+          ins.back().x = xs.x;  // one x for all
+          if (wt == DType::bf16 && c % 2 == 0 && gemv_packable(shapes.back())) {
+            packed[c].resize(ins.back().wb.size());
+            gemv_pack(shapes.back(), ins.back().wb.data(), packed[c].data());
+          }
+        }
+        SCOPED_TRACE(shapes[0].to_string() + ", " + std::to_string(ns.size()) + " products");
+        for (Isa isa : testing::available_isas())
+          for (int threads : {1, 2}) {
+            SCOPED_TRACE(std::string(isa_name(isa)) + ", threads " + std::to_string(threads));
+            ScopedIsaCap cap(isa);
+            ScopedOmpThreads t(threads);
+            std::vector<std::vector<float>> got(ns.size());
+            std::vector<GemvCall> calls;
+            for (size_t c = 0; c < ns.size(); ++c) {
+              got[c].assign(size_t(m * ns[c]), std::numeric_limits<float>::quiet_NaN());
+              const bool pk = !packed[c].empty();
+              const void* w = pk ? static_cast<const void*>(packed[c].data())
+                                 : wt == DType::bf16 ? static_cast<const void*>(ins[c].wb.data())
+                                                     : static_cast<const void*>(ins[c].w.data());
+              calls.push_back(GemvCall{shapes[c], w, pk, ins[c].bias.data(), got[c].data()});
+            }
+            gemv_run_group(xs.x.data(), calls);
+            for (size_t c = 0; c < ns.size(); ++c) {
+              const std::vector<float> want = run_fast(shapes[c], ins[c]);
+              EXPECT_EQ(0, std::memcmp(want.data(), got[c].data(), want.size() * sizeof(float))) << "product " << c;
+            }
+          }
+      }
+}
+
 TEST(Gemv, ReferenceModeRunsTheReference) {
   const GemvShape s{.M = 2, .N = 5, .K = 7, .trans_b = true, .weight = DType::bf16};
   const Inputs in = make_inputs(s, 7);

@@ -410,6 +410,58 @@ Status bytes_gemv(const float* x, const uint8_t* w, float* y, int64_t M, int64_t
   return gemv_checked<W>(kGemvName<W>, {x, size_t(M * K)}, {as_blocks<W>(w), blocks}, {y, size_t(M * N)}, M, N, K,
                          packed);
 }
+// NOTE [gemv groups] for the block formats: gemv_checked's loop over one product's groups of 8 rows, run over
+// the groups of all the products as one list (x quantized once), then each product's last rows. A group's
+// arithmetic does not depend on its thread, so each y has the bits of its product alone.
+template <class W>
+Status group_rows8(const float* x, const QuantGroupCall* calls, size_t count, int64_t M, int64_t K) {
+  constexpr size_t kMaxCalls = 16;
+  const int64_t per = kValues<W>, blocks = K / per;
+  if (M < 1 || K < per || K % per != 0 || count > kMaxCalls)
+    return Status::invalid_argument(std::string(kGemvName<W>) + " group: shape",
+                                    "M >= 1, K a positive multiple of " + std::to_string(per) + ", at most " +
+                                        std::to_string(kMaxCalls) + " products",
+                                    std::to_string(M) + "x" + std::to_string(K) + ", " + std::to_string(count));
+  int64_t first[kMaxCalls + 1] = {0}, values = 0;
+  for (size_t c = 0; c < count; ++c) {
+    if (calls[c].N < 1)
+      return Status::invalid_argument(std::string(kGemvName<W>) + " group: N", ">= 1", std::to_string(calls[c].N));
+    first[c + 1] = first[c] + calls[c].N / 8;
+    values += calls[c].N * K;
+  }
+  if (reference_mode() || active_isa() < Isa::avx2) {
+    for (size_t c = 0; c < count; ++c)
+      ASPEN_RETURN_IF_ERROR(bytes_gemv<W>(x, calls[c].w, calls[c].y, M, calls[c].N, K, true));
+    return Status();
+  }
+  const bool vnni = active_isa() >= Isa::avx512 && cpu_features().avx512_vnni;
+  const XQ& xq = quantize_x(x, M, K);
+  const XRow* rows = xq.rows.data();
+  const int64_t groups = first[count];
+  constexpr int64_t kRowChunk = 64;  // gemv_checked's
+  for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
+    const int64_t mc = std::min(kRowChunk, M - m0);
+#pragma omp parallel for schedule(static) if (groups > 1 && mc * values >= (1 << 16))
+    for (int64_t g = 0; g < groups; ++g) {
+      size_t c = 0;
+      while (g >= first[c + 1]) ++c;
+      const int64_t lg = g - first[c], N = calls[c].N;
+      float* y_rows[kRowChunk];
+      for (int64_t m = 0; m < mc; ++m) y_rows[m] = calls[c].y + (m0 + m) * N + lg * 8;
+      const uint8_t* chunk = calls[c].w + lg * blocks * kChunk<W>;
+      if (vnni)
+        isa_vnni::group_rows<W>(chunk, blocks, rows + m0, y_rows, mc);
+      else
+        isa_avx2::group_rows<W>(chunk, blocks, rows + m0, y_rows, mc);
+    }
+  }
+  for (size_t c = 0; c < count; ++c)  // each product's last rows, as gemv_checked
+    for (int64_t n = calls[c].N / 8 * 8; n < calls[c].N; ++n)
+      for (int64_t m = 0; m < M; ++m)
+        calls[c].y[m * calls[c].N + n] = row_dot(as_blocks<W>(calls[c].w) + n * blocks, rows[m], blocks);
+  return Status();
+}
+
 template <class W>
 constexpr QuantFormat format_of(const char* name) {
   return QuantFormat{
@@ -424,6 +476,7 @@ constexpr QuantFormat format_of(const char* name) {
           [](const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
             regroup_rows8<W>(w, N, K, out, /*to_packed=*/true);
           },
+      .gemv_rows8_group = group_rows8<W>,
       .reference = [](const float* x, const uint8_t* w, float* y, int64_t M, int64_t N,
                       int64_t K) { gemv_reference(x, as_blocks<W>(w), y, M, N, K); }};
 }

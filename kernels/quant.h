@@ -79,6 +79,14 @@ void pack_q4_k_rows8(std::span<const BlockQ4_K> w, int64_t N, int64_t K, std::sp
 [[nodiscard]] Status gemv_q4_k_rows8(std::span<const float> x, std::span<const BlockQ4_K> packed, std::span<float> y,
                                      int64_t M, int64_t N, int64_t K);
 
+// One product of a group on packed weights (QuantFormat::gemv_rows8_group): w packed by pack_rows8 (N rows),
+// y [M, N] overwritten.
+struct QuantGroupCall {
+  const uint8_t* w;
+  float* y;
+  int64_t N;
+};
+
 // One block format by its name ("q8_0", "q4_0", "q4_k": the graph's matmul_q attribute), with the products
 // above on raw bytes (row n's blocks at w + n · row_bytes(K), or packed by pack_rows8): the table the graph and
 // the model builders read instead of a switch over the formats each.
@@ -89,6 +97,10 @@ struct QuantFormat {
   Status (*gemv)(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K);
   Status (*gemv_rows8)(const float* x, const uint8_t* packed, float* y, int64_t M, int64_t N, int64_t K);
   void (*pack_rows8)(const uint8_t* w, int64_t N, int64_t K, uint8_t* out);
+  // Several products of one x on packed weights (a layer's q, k and v; NOTE [gemv groups]): x quantized once,
+  // the groups of 8 rows of all of them cut among the team as one list; each y has gemv_rows8's bits. At most
+  // 16 calls; InvalidArgument as gemv_rows8.
+  Status (*gemv_rows8_group)(const float* x, const QuantGroupCall* calls, size_t count, int64_t M, int64_t K);
   void (*reference)(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K);
 };
 // nullptr for another name.

@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "core/philox.h"
+#include "core/thread_team.h"
 #include "kernels/cpu.h"
 #include "kernels/testing.h"
 
@@ -176,6 +177,46 @@ TEST(Q4_K, GemvEqualsTheReferenceBitwiseOnOddShapes) {
   std::vector<float> x(128), y(1);
   std::vector<BlockQ4_K> w(1);
   EXPECT_FALSE(gemv_q4_k(x, w, y, 1, 1, 128).is_ok());  // K not a multiple of 256
+}
+
+// NOTE [gemv groups]: products of one x on packed weights as one group (q, k and v of a decode step; odd N:
+// rows past the last group of 8; a product of fewer than 8 rows) give, each, gemv_q8_0_rows8's bits on its
+// own, on every ISA and with 1 and 2 threads; a bad shape is named.
+TEST(Q8_0, GroupGivesEachProductItsOwnBits) {
+  const QuantFormat& f = *quant_format("q8_0");
+  for (int64_t M : {1, 3, 8})
+    for (const std::vector<int64_t>& ns : {std::vector<int64_t>{768, 256, 256}, std::vector<int64_t>{37, 5, 1030}}) {
+      const int64_t K = 768;
+      const std::vector<float> x = random_x(M * K, uint64_t(M), 3.0f);
+      std::vector<std::vector<BlockQ8_0>> packed;
+      for (size_t c = 0; c < ns.size(); ++c) {
+        const std::vector<BlockQ8_0> w = random_blocks(ns[c] * K / 32, uint64_t(c + 11 * M));
+        packed.emplace_back(w.size());
+        pack_q8_0_rows8(w, ns[c], K, packed.back());
+      }
+      for (Isa isa : testing::available_isas())
+        for (int threads : {1, 2}) {
+          SCOPED_TRACE(std::string(isa_name(isa)) + ", threads " + std::to_string(threads) + ", M " +
+                       std::to_string(M) + ", N " + std::to_string(ns[1]));
+          ScopedIsaCap cap(isa);
+          ScopedOmpThreads t(threads);
+          std::vector<std::vector<float>> got(ns.size());
+          std::vector<QuantGroupCall> calls;
+          for (size_t c = 0; c < ns.size(); ++c) {
+            got[c].assign(size_t(M * ns[c]), std::nanf(""));
+            calls.push_back({reinterpret_cast<const uint8_t*>(packed[c].data()), got[c].data(), ns[c]});
+          }
+          ASSERT_TRUE(f.gemv_rows8_group(x.data(), calls.data(), calls.size(), M, K).is_ok());
+          for (size_t c = 0; c < ns.size(); ++c) {
+            std::vector<float> want(got[c].size());
+            ASSERT_TRUE(gemv_q8_0_rows8(x, packed[c], want, M, ns[c], K).is_ok());
+            EXPECT_EQ(0, std::memcmp(want.data(), got[c].data(), want.size() * sizeof(float))) << "product " << c;
+          }
+        }
+    }
+  std::vector<float> x(40), y(8);
+  const QuantGroupCall bad{nullptr, y.data(), 8};
+  EXPECT_EQ(quant_format("q8_0")->gemv_rows8_group(x.data(), &bad, 1, 1, 40).code(), Code::kInvalidArgument);
 }
 
 TEST(Q8_0, BadShapesAreNamed) {

@@ -298,7 +298,8 @@ int main(int argc, char** argv) {
   gen_cmd->add_flag("--json", gb.json, "one JSON object per line");
   gen_cmd->add_option("--threads", gb.threads, "threads (0: the free cores)");
   gen_cmd->add_option("--new-tokens", gb.new_tokens, "decode steps per timed run (default 32)");
-  gen_cmd->add_option("--python", gb.python, "interpreter with torch for the PyTorch peer (\"none\": skip)");
+  gen_cmd->add_option("--python", gb.python,
+                      "interpreter for the peers: PyTorch, and llama.cpp through bench/llama_cpp.py (\"none\": no peer)");
   gen_cmd
       ->add_option("--dtype", gb.dtypes,
                    "weights: f32, bf16 (default both); q8_0, q4_0, q4_k: GGUF files llama.cpp makes of the model")
