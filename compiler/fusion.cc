@@ -26,9 +26,9 @@
 // NOTE [matmul groups]: after those, matmuls of one a by [N, K] weights (trans_b, no trans_a, the same
 // weight type, K and bias or none), whose a has at most 8 rows (decode products: a layer's q, k and v; its
 // gate and up), become one matmul_group (graph/ops_fused.cc), which runs them in one parallel region (NOTE
-// [gemv groups]); so do such matmul_q products (quantized weights) of one block format; at most 16 a group. The group takes the first member's place when every weight and bias
-// exists there (parameters made later move up with it), else the last's when no member's result is read
-// before it; else the matmuls stay apart.
+// [gemv groups]); so do such matmul_q products (quantized weights) of one block format; at most 16 a group.
+// The group takes the first member's place when every weight and bias exists there (parameters made later
+// move up with it), else the last's when no member's result is read before it; else the matmuls stay apart.
 // Only the last node of a GELU is replaced: the pieces die with dead-code
 // elimination unless something else reads them.
 // A pattern applies only when the nodes it removes have no other users (the
@@ -39,10 +39,9 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <string>
-#include <tuple>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "compiler/pass.h"
@@ -485,7 +484,6 @@ Status group_matmuls(Graph& g) {
   std::vector<int32_t> first_use(size_t(g.num_values()), n);
   for (int32_t i = n - 1; i >= 0; --i)
     for (ValueId v : g.node(i).inputs) first_use[size_t(v.index)] = i;
-  for (ValueId v : g.roots()) first_use[size_t(v.index)] = std::min(first_use[size_t(v.index)], n);
   // (a, bias or not, op, weight type or block format, K, stage) -> the products in graph order
   std::map<std::tuple<int32_t, size_t, int, std::string, int64_t, int32_t>, std::vector<int32_t>> candidates;
   for (int32_t i = 0; i < n; ++i) {

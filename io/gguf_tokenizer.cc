@@ -2,8 +2,8 @@
 // the Hugging Face tokenizer it came from.
 #include <algorithm>
 #include <optional>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "io/gguf.h"
@@ -119,8 +119,8 @@ void add_special_tokens(const TokenLists& lists, bool unknown, Config* cfg) {
 Status add_bos_eos(const Metadata& md, size_t count, bool bos_default, Config* cfg) {
   ASPEN_ASSIGN_OR_RETURN(bool add_bos, md.flag("tokenizer.ggml.add_bos_token", bos_default));
   ASPEN_ASSIGN_OR_RETURN(bool add_eos, md.flag("tokenizer.ggml.add_eos_token", false));
-  for (auto [add, key, where] : {std::tuple{add_bos, "bos", &cfg->post_prefix},
-                                 std::tuple{add_eos, "eos", &cfg->post_suffix}}) {
+  for (auto [add, key, where] :
+       {std::tuple{add_bos, "bos", &cfg->post_prefix}, std::tuple{add_eos, "eos", &cfg->post_suffix}}) {
     if (!add) continue;
     const std::string id_key = std::string("tokenizer.ggml.") + key + "_token_id";
     ASPEN_ASSIGN_OR_RETURN(std::optional<TokenId> id, md.token_id(id_key, count));
@@ -146,8 +146,10 @@ Result<std::unique_ptr<Tokenizer>> byte_level_bpe(const Metadata& md) {
   ASPEN_ASSIGN_OR_RETURN(std::optional<std::string> pre, md.text("tokenizer.ggml.pre"));
   // The splits llama.cpp names that aspen's pre-tokenizers have (io/tokenizer_pipeline.h's SplitRegex).
   std::optional<SplitRegex> split;
-  if (pre && *pre == "llama-bpe") split = SplitRegex::kLlama3;
-  else if (pre && *pre == "qwen2") split = SplitRegex::kQwen2;
+  if (pre && *pre == "llama-bpe")
+    split = SplitRegex::kLlama3;
+  else if (pre && *pre == "qwen2")
+    split = SplitRegex::kQwen2;
   else if (pre && *pre != "gpt-2" && *pre != "default")
     return Status::unimplemented(path + ": tokenizer.ggml.pre",
                                  "a split aspen has (\"gpt-2\", \"llama-bpe\", \"qwen2\"); found " + sq(*pre));
@@ -207,10 +209,14 @@ Result<std::unique_ptr<Tokenizer>> sentencepiece_bpe(const Metadata& md) {
   std::vector<double> score(n);
   for (size_t i = 0; i < n; ++i) {
     const GgufValue& s = (*scores)[i];
-    if (s.kind == GgufValue::Kind::real) score[i] = s.f;
-    else if (s.kind == GgufValue::Kind::integer) score[i] = double(s.i);
-    else if (s.kind == GgufValue::Kind::unsigned_integer) score[i] = double(s.u);
-    else return corrupt(path + ": tokenizer.ggml.scores[" + std::to_string(i) + "]", "a number", "another value type");
+    if (s.kind == GgufValue::Kind::real)
+      score[i] = s.f;
+    else if (s.kind == GgufValue::Kind::integer)
+      score[i] = double(s.i);
+    else if (s.kind == GgufValue::Kind::unsigned_integer)
+      score[i] = double(s.u);
+    else
+      return corrupt(path + ": tokenizer.ggml.scores[" + std::to_string(i) + "]", "a number", "another value type");
   }
   // Every split of a piece into two pieces (of whole characters), ranked as generate_merges ranks them.
   struct Merge {
@@ -227,9 +233,8 @@ Result<std::unique_ptr<Tokenizer>> sentencepiece_bpe(const Metadata& md) {
       if (l != cfg.vocab.end() && r != cfg.vocab.end())
         merges.push_back({TokenId(i), l->second, r->second, k, piece.size() - k});
     }
-    std::sort(merges.begin() + first, merges.end(), [](const Merge& a, const Merge& b) {
-      return a.left != b.left ? a.left < b.left : a.right < b.right;
-    });
+    std::sort(merges.begin() + first, merges.end(),
+              [](const Merge& a, const Merge& b) { return a.left != b.left ? a.left < b.left : a.right < b.right; });
   }
   std::stable_sort(merges.begin(), merges.end(), [&](const Merge& a, const Merge& b) {
     if (score[a.merged] != score[b.merged]) return score[a.merged] > score[b.merged];
@@ -276,8 +281,7 @@ Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const GgufFile& file) {
   const Metadata md(file);
   ASPEN_ASSIGN_OR_RETURN(std::optional<std::string> model, md.text("tokenizer.ggml.model"));
   if (!model)
-    return Status::error(Code::kNotFound, md.path() + ": tokenizer.ggml.model", "the tokenizer's kind",
-                         "no such key");
+    return Status::error(Code::kNotFound, md.path() + ": tokenizer.ggml.model", "the tokenizer's kind", "no such key");
   if (*model == "gpt2") return byte_level_bpe(md);
   if (*model == "llama") return sentencepiece_bpe(md);
   return Status::unimplemented(md.path() + ": tokenizer.ggml.model",

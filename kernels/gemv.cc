@@ -229,8 +229,8 @@ void gemv_run_group(const float* x, std::span<const GemvCall> calls) {
   for (const GemvCall& c : calls)
     ASPEN_CHECK(c.shape.trans_b && c.shape.M == s0.M && c.shape.K == s0.K && c.shape.weight == s0.weight &&
                 c.shape.x_bf16 == s0.x_bf16)
-        << "gemv_run_group: products of one x by [N, K] weights of one type; got " << c.shape.to_string()
-        << " beside " << s0.to_string();
+        << "gemv_run_group: products of one x by [N, K] weights of one type; got " << c.shape.to_string() << " beside "
+        << s0.to_string();
   // The packed kernels need AVX2 (NOTE [packed gemv]); the reference mode runs each product on its own.
   if (reference_mode() || active_isa() < Isa::avx2) {
     for (const GemvCall& c : calls)
