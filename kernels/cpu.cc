@@ -150,4 +150,20 @@ alignas(64) const AmxTileConfig kTiles16x64 = make_tiles_16x64();
 
 const AmxTileConfig& amx_tiles_16x64() { return kTiles16x64; }
 
+const std::string& cpu_model_name() {
+  static const std::string name = [] {
+    std::ifstream in("/proc/cpuinfo");
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("model name", 0) == 0) {
+        const size_t colon = line.find(':');
+        if (colon != std::string::npos) {
+          const size_t start = line.find_first_not_of(" \t", colon + 1);
+          if (start != std::string::npos) return line.substr(start);
+        }
+      }
+    return std::string("unknown");
+  }();
+  return name;
+}
+
 }  // namespace aspen::kernels

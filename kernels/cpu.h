@@ -38,6 +38,8 @@ struct CpuFeatures {
   std::string to_string() const;  // "avx2 fma avx512f ... (best: avx512_bf16)"
 };
 const CpuFeatures& cpu_features();
+// The CPU's name as Linux reports it (/proc/cpuinfo's first "model name"), or "unknown".
+const std::string& cpu_model_name();
 
 // The data caches one core sees, in bytes: its own L1d and L2 and the L3 it
 // shares. From /sys/devices/system/cpu/cpu0/cache (what the kernel read from

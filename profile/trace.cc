@@ -237,20 +237,6 @@ Status write_chrome_trace(const std::vector<TraceEvent>& events, const std::stri
 
 namespace {
 
-struct OpStats {
-  std::string category, name;
-  int64_t count = 0;
-  int64_t total_ns = 0;
-  int64_t bytes = 0;
-  int64_t bytes_ns = 0;  // time of the events that report bytes
-};
-
-struct DeviceStats {
-  std::string name;
-  std::vector<std::pair<int64_t, int64_t>> intervals;
-  std::map<std::pair<std::string, std::string>, OpStats> ops;  // by (category, name)
-};
-
 // Control characters (a newline in an op name) would break the table.
 std::string printable(const std::string& s, size_t width) {
   std::string out;
@@ -292,16 +278,25 @@ void appendf(std::string& out, const char* fmt, ...) {
 
 }  // namespace
 
-std::string summary(const std::vector<TraceEvent>& events, int top_n) {
-  std::vector<DeviceStats> devices;
+std::vector<DeviceTotals> device_totals(const std::vector<TraceEvent>& events) {
+  struct Building {
+    std::vector<std::pair<int64_t, int64_t>> intervals;
+    std::map<std::pair<std::string, std::string>, OpTotals> ops;  // by (category, name)
+  };
+  std::vector<DeviceTotals> devices;
+  std::vector<Building> building;
   std::unordered_map<std::string, size_t> index;
   for (const TraceEvent& e : events) {
     auto [it, added] = index.emplace(e.device, devices.size());
-    if (added) devices.push_back(DeviceStats{e.device, {}, {}});
-    DeviceStats& d = devices[it->second];
+    if (added) {
+      devices.emplace_back();
+      devices.back().device = e.device;
+      building.emplace_back();
+    }
+    Building& b = building[it->second];
     const int64_t dur = std::max<int64_t>(0, e.end_ns - e.start_ns);
-    d.intervals.emplace_back(e.start_ns, e.end_ns);
-    OpStats& op = d.ops[{e.category, e.name}];
+    b.intervals.emplace_back(e.start_ns, e.end_ns);
+    OpTotals& op = b.ops[{e.category, e.name}];
     if (op.count == 0) {
       op.category = e.category;
       op.name = e.name;
@@ -313,38 +308,48 @@ std::string summary(const std::vector<TraceEvent>& events, int top_n) {
       op.bytes_ns += dur;
     }
   }
+  for (size_t i = 0; i < devices.size(); ++i) {
+    Building& b = building[i];
+    DeviceTotals& d = devices[i];
+    int64_t first = INT64_MAX, last = INT64_MIN;
+    for (const auto& [s, e] : b.intervals) {
+      first = std::min(first, s);
+      last = std::max(last, e);
+    }
+    d.span_ns = std::max<int64_t>(0, last - first);
+    d.events = int64_t(b.intervals.size());
+    d.busy_ns = union_ns(b.intervals);
+    for (auto& [key, op] : b.ops) d.ops.push_back(std::move(op));
+    std::stable_sort(d.ops.begin(), d.ops.end(),
+                     [](const OpTotals& x, const OpTotals& y) { return x.total_ns > y.total_ns; });
+  }
+  return devices;
+}
+
+std::string summary(const std::vector<TraceEvent>& events, int top_n) {
+  const std::vector<DeviceTotals> devices = device_totals(events);
   if (devices.empty()) return "no trace events\n";
 
   constexpr size_t kMaxName = 40;
   std::string out;
-  for (DeviceStats& d : devices) {
-    int64_t first = INT64_MAX, last = INT64_MIN;
-    for (const auto& [s, e] : d.intervals) {
-      first = std::min(first, s);
-      last = std::max(last, e);
-    }
-    const int64_t span = std::max<int64_t>(0, last - first);
-    const int64_t busy = union_ns(d.intervals);
-    appendf(out, "device %s: busy %.3f ms of %.3f ms (%.1f%%), %zu events\n", printable(d.name, kMaxName).c_str(),
-            busy / 1e6, span / 1e6, span > 0 ? 100.0 * busy / span : 0.0, d.intervals.size());
-
-    std::vector<const OpStats*> ops;
-    ops.reserve(d.ops.size());
-    for (const auto& [key, op] : d.ops) ops.push_back(&op);
-    std::stable_sort(ops.begin(), ops.end(),
-                     [](const OpStats* a, const OpStats* b) { return a->total_ns > b->total_ns; });
+  for (const DeviceTotals& d : devices) {
+    const int64_t span = d.span_ns, busy = d.busy_ns;
+    appendf(out, "device %s: busy %.3f ms of %.3f ms (%.1f%%), %" PRId64 " events\n",
+            printable(d.device, kMaxName).c_str(), busy / 1e6, span / 1e6, span > 0 ? 100.0 * busy / span : 0.0,
+            d.events);
+    const std::vector<OpTotals>& ops = d.ops;
     const size_t shown = top_n <= 0 ? ops.size() : std::min(ops.size(), static_cast<size_t>(top_n));
 
     size_t name_w = 2, cat_w = 8;
     for (size_t i = 0; i < shown; ++i) {
-      name_w = std::max(name_w, printable(ops[i]->name, kMaxName).size());
-      cat_w = std::max(cat_w, printable(ops[i]->category, kMaxName).size());
+      name_w = std::max(name_w, printable(ops[i].name, kMaxName).size());
+      cat_w = std::max(cat_w, printable(ops[i].category, kMaxName).size());
     }
     const int nw = static_cast<int>(name_w), cw = static_cast<int>(cat_w);
     appendf(out, "  %-*s  %-*s  %8s  %10s  %10s  %6s  %8s\n", nw, "op", cw, "category", "count", "total ms", "mean us",
             "share", "GB/s");
     for (size_t i = 0; i < shown; ++i) {
-      const OpStats& op = *ops[i];
+      const OpTotals& op = ops[i];
       appendf(out, "  %-*s  %-*s  %8" PRId64 "  %10.3f  %10.1f  %5.1f%%  ", nw, printable(op.name, kMaxName).c_str(),
               cw, printable(op.category, kMaxName).c_str(), op.count, op.total_ns / 1e6,
               op.total_ns / 1e3 / static_cast<double>(op.count), busy > 0 ? 100.0 * op.total_ns / busy : 0.0);
@@ -358,8 +363,8 @@ std::string summary(const std::vector<TraceEvent>& events, int top_n) {
     if (shown < ops.size()) {
       int64_t rest_ns = 0, rest_count = 0;
       for (size_t i = shown; i < ops.size(); ++i) {
-        rest_ns += ops[i]->total_ns;
-        rest_count += ops[i]->count;
+        rest_ns += ops[i].total_ns;
+        rest_count += ops[i].count;
       }
       appendf(out, "  (%zu more ops, %" PRId64 " events, %.3f ms)\n", ops.size() - shown, rest_count, rest_ns / 1e6);
     }

@@ -151,6 +151,22 @@ Status write_chrome_trace(const std::vector<TraceEvent>& events, const std::stri
 // The JSON text write_chrome_trace writes.
 std::string chrome_trace_json(const std::vector<TraceEvent>& events);
 
+// The totals of `events` per device, in order of first appearance: busy time (the union of its events'
+// intervals), span (first start to last end), event count, and its ops grouped by (category, name), the
+// costliest first, with count, total time, and bytes over the time of the events that report them.
+// What summary() prints and profile.json holds (profile/profile_dir.h).
+struct OpTotals {
+  std::string category, name;
+  int64_t count = 0, total_ns = 0;
+  int64_t bytes = 0, bytes_ns = 0;  // bytes / bytes_ns = GB/s over the events that report bytes
+};
+struct DeviceTotals {
+  std::string device;
+  int64_t busy_ns = 0, span_ns = 0, events = 0;
+  std::vector<OpTotals> ops;
+};
+std::vector<DeviceTotals> device_totals(const std::vector<TraceEvent>& events);
+
 // A text table per device (in order of first appearance): busy time (the
 // union of its events' intervals), span and event count, then its `top_n` ops
 // (grouped by category and name) by total time with count, total ms, mean

@@ -3,7 +3,7 @@
 //   aspen generate --model DIR|FILE.gguf --prompt TEXT [--max-new-tokens N] [--temperature T]
 //                  [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S]
 //                  [--max-length L] [--threads N] [--tensor-parallel N [--vocab-parallel]] [--echo]
-//                  [--dtype f32|bf16] [--show-special]
+//                  [--dtype f32|bf16] [--show-special] [--profile DIR]
 //
 // DIR holds config.json, the weights and the tokenizer (tokenizer.json, or
 // vocab.json + merges.txt). The new text goes to stdout as it is drawn: each
@@ -13,7 +13,11 @@
 // continuation. Stops at the config's eos ids or after --max-new-tokens.
 // Special tokens (an eos, <|endoftext|>) are left out of the text unless
 // --show-special. Every sampling flag is checked before the model loads; a
-// timings line goes to stderr at the end, as llama.cpp prints one.
+// timings line goes to stderr at the end, as llama.cpp prints one. --profile DIR (or ASPEN_PROFILE=DIR)
+// records every instruction of the prefill and the decode steps and writes DIR/trace.json (Perfetto) and
+// DIR/profile.json (docs/profile.md) at the end.
+#include <omp.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -22,9 +26,11 @@
 #include <string>
 
 #include "io/tokenizer.h"
+#include "kernels/cpu.h"
 #include "models/config.h"
 #include "models/generate.h"
 #include "models/weights.h"
+#include "profile/profile_dir.h"
 #include "tools/commands.h"
 
 namespace aspen::tools {
@@ -42,6 +48,7 @@ struct GenerateArgs {
   bool vocab_parallel = false;
   bool echo = false, show_special = false;
   std::string dtype = "f32";
+  std::string profile;
 };
 
 // Every flag the sampler reads, before anything loads.
@@ -88,7 +95,12 @@ int run_generate(const GenerateArgs& a) {
         "--prompt", "a prompt shorter than the context, to leave room for new tokens",
         "your prompt is " + std::to_string(prompt.size()) + " tokens; this model's context is " +
             std::to_string(context) + (a.max_length > 0 ? " (--max-length)" : "")));
+  const std::string profile_dir = profile::profile_dir_choice(a.profile);
+  if (!profile_dir.empty())
+    if (Status s = profile::make_profile_dir(profile_dir); !s.is_ok()) return report(s);
+  profile::TraceRecorder trace;
   models::GeneratorOptions go;
+  if (!profile_dir.empty()) go.trace = &trace;
   go.weights = a.dtype == "bf16" ? DType::bf16 : DType::f32;
   go.max_length = a.max_length;
   go.threads = a.threads;
@@ -141,6 +153,19 @@ int run_generate(const GenerateArgs& a) {
                 prompt.size(), prefill, prefill > 0 ? double(prompt.size()) / prefill : 0.0, generated.size(),
                 prefill + decode, generated.size() > 1 && decode > 0 ? double(generated.size() - 1) / decode : 0.0);
   if (!generated.empty()) std::cerr << line << "\n";
+  if (!profile_dir.empty()) {
+    const profile::RunFacts run{"generate",
+                                {{"model", a.model},
+                                 {"cpu", kernels::cpu_model_name()},
+                                 {"isa", kernels::isa_name(kernels::active_isa())},
+                                 {"threads", std::to_string(a.threads > 0 ? a.threads : omp_get_max_threads())},
+                                 {"dtype", a.dtype},
+                                 {"prompt_tokens", std::to_string(prompt.size())},
+                                 {"new_tokens", std::to_string(generated.size())}}};
+    if (Status st = profile::write_profile_dir(profile_dir, trace.events(), run); !st.is_ok()) return report(st);
+    std::cerr << "profile: " << profile_dir << "/trace.json (opens in ui.perfetto.dev), " << profile_dir
+              << "/profile.json (docs/profile.md)\n";
+  }
   return 0;
 }
 
@@ -176,6 +201,9 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_flag("--vocab-parallel", args->vocab_parallel,
                 "with --tensor-parallel: the vocabulary split over the shards too (it must divide)");
   cmd->add_flag("--echo", args->echo, "print the prompt before the continuation");
+  cmd->add_option("--profile", args->profile,
+                  "write DIR/trace.json (Perfetto) and DIR/profile.json: every instruction of the run "
+                  "(default: $ASPEN_PROFILE; unset: no profile)");
   return Command{cmd, [args] { return run_generate(*args); }};
 }
 

@@ -1,0 +1,102 @@
+// profile/profile_dir.h: profile.json's totals against hand-counted events, the directory's two files, the
+// flag-or-environment choice, and an unwritable directory named.
+#include "profile/profile_dir.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace aspen::profile {
+namespace {
+
+TraceEvent event(std::string device, std::string name, int64_t start, int64_t end, int64_t bytes = 0) {
+  TraceEvent e;
+  e.device = std::move(device);
+  e.name = std::move(name);
+  e.category = category::kKernel;
+  e.start_ns = start;
+  e.end_ns = end;
+  e.bytes = bytes;
+  return e;
+}
+
+std::string read(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// cpu:0 runs matmul twice (100 ns and 300 ns, 800 bytes over the second) and an add inside the first matmul
+// (busy is the union: 400 ns); cpu:1 one add. Shares are of the device's busy time.
+std::vector<TraceEvent> events() {
+  return {event("cpu:0", "matmul", 0, 100), event("cpu:0", "add", 20, 60), event("cpu:0", "matmul", 200, 500, 800),
+          event("cpu:1", "add", 50, 1050)};
+}
+
+TEST(ProfileDir, TotalsAreTheEventsCounted) {
+  const nlohmann::json j =
+      nlohmann::json::parse(profile_json(events(), RunFacts{"generate", {{"cpu", "test cpu"}, {"threads", "2"}}}));
+  EXPECT_EQ(j["schema"], "aspen.profile/1");
+  EXPECT_EQ(j["command"], "generate");
+  EXPECT_EQ(j["facts"]["cpu"], "test cpu");
+  EXPECT_EQ(j["facts"]["threads"], "2");
+  EXPECT_EQ(j["wall_ns"], 1050);
+  ASSERT_EQ(j["devices"].size(), 2u);
+  const nlohmann::json& d0 = j["devices"][0];
+  EXPECT_EQ(d0["device"], "cpu:0");
+  EXPECT_EQ(d0["busy_ns"], 400);
+  EXPECT_EQ(d0["span_ns"], 500);
+  EXPECT_EQ(d0["events"], 3);
+  ASSERT_EQ(d0["ops"].size(), 2u);
+  const nlohmann::json& mm = d0["ops"][0];  // the costliest first
+  EXPECT_EQ(mm["name"], "matmul");
+  EXPECT_EQ(mm["category"], "kernel");
+  EXPECT_EQ(mm["count"], 2);
+  EXPECT_EQ(mm["total_ns"], 400);
+  EXPECT_EQ(mm["mean_ns"], 200);
+  EXPECT_DOUBLE_EQ(mm["share"].get<double>(), 1.0);
+  EXPECT_EQ(mm["bytes"], 800);
+  EXPECT_DOUBLE_EQ(mm["gb_per_s"].get<double>(), 800.0 / 300.0);  // over the event that reports bytes
+  EXPECT_TRUE(d0["ops"][1]["gb_per_s"].is_null());
+  EXPECT_DOUBLE_EQ(d0["ops"][1]["share"].get<double>(), 0.1);
+  EXPECT_EQ(j["devices"][1]["busy_ns"], 1000);
+  // No events: a valid profile with no devices.
+  const nlohmann::json empty = nlohmann::json::parse(profile_json({}, RunFacts{"x", {}}));
+  EXPECT_EQ(empty["devices"].size(), 0u);
+  EXPECT_EQ(empty["wall_ns"], 0);
+}
+
+TEST(ProfileDir, WritesTraceAndProfileAndNamesAnUnwritableDirectory) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "aspen_profile_dir_test" / "run";
+  std::filesystem::remove_all(dir.parent_path());
+  ASSERT_TRUE(write_profile_dir(dir.string(), events(), RunFacts{"generate", {}}).is_ok());
+  const nlohmann::json trace = nlohmann::json::parse(read(dir / "trace.json"));
+  int complete = 0;
+  for (const auto& e : trace["traceEvents"]) complete += e["ph"] == "X";
+  EXPECT_EQ(complete, 4);
+  EXPECT_EQ(nlohmann::json::parse(read(dir / "profile.json"))["devices"].size(), 2u);
+  // A file where the directory should be: named, not a crash.
+  const std::filesystem::path file = dir / "trace.json";
+  const Status s = write_profile_dir(file.string(), events(), RunFacts{"generate", {}});
+  EXPECT_EQ(s.code(), Code::kIoError);
+  EXPECT_NE(s.to_string().find(file.string()), std::string::npos) << s.to_string();
+  std::filesystem::remove_all(dir.parent_path());
+}
+
+TEST(ProfileDir, TheFlagWinsOverTheEnvironment) {
+  unsetenv("ASPEN_PROFILE");
+  EXPECT_EQ(profile_dir_choice(""), "");
+  EXPECT_EQ(profile_dir_choice("a"), "a");
+  setenv("ASPEN_PROFILE", "from-env", 1);
+  EXPECT_EQ(profile_dir_choice(""), "from-env");
+  EXPECT_EQ(profile_dir_choice("a"), "a");
+  unsetenv("ASPEN_PROFILE");
+}
+
+}  // namespace
+}  // namespace aspen::profile
