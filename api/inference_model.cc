@@ -93,5 +93,8 @@ Result<std::map<std::string, Tensor>> InferenceModel::run(const std::map<std::st
 }
 
 std::string InferenceModel::profile_summary() const { return trace_ ? profile::summary(trace_->events()) : ""; }
+std::vector<profile::TraceEvent> InferenceModel::trace_events() const {
+  return trace_ ? trace_->events() : std::vector<profile::TraceEvent>{};
+}
 
 }  // namespace aspen::api

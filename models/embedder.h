@@ -56,6 +56,7 @@
 
 #include "core/status.h"
 #include "io/tokenizer.h"
+#include "profile/trace.h"
 #include "models/bert.h"
 
 namespace aspen::runtime {
@@ -68,6 +69,7 @@ struct EmbedderOptions {
   int64_t max_batch = 32;  // rows per run: the compiled batch
   int64_t max_length = 0;  // tokens per row, [CLS]/[SEP] included; 0: NOTE [embedder max length]
   int threads = 0;         // the session's threads; 0: the free cores
+  profile::TraceRecorder* trace = nullptr;  // when set, every instruction of every run is recorded
 };
 
 class Embedder {

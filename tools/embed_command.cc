@@ -14,6 +14,8 @@
 // tokenized as the tokenizer does (lossily decoded) and written as U+FFFD.
 // Floats are written in the shortest form that reads back to the same f32
 // (at most 9 significant digits).
+#include <omp.h>
+
 #include <fmt/format.h>
 
 #include <iostream>
@@ -23,7 +25,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu.h"
 #include "models/embedder.h"
+#include "profile/profile_dir.h"
 #include "tools/commands.h"
 
 namespace aspen::tools {
@@ -34,6 +38,7 @@ constexpr int64_t kBatchesPerChunk = 16;
 struct EmbedArgs {
   std::string model;
   models::EmbedderOptions options;
+  std::string profile;
 };
 
 // One output line.
@@ -50,7 +55,13 @@ std::string json_line(const std::string& text, const std::vector<float>& v) {
 }
 
 Status run_embed(const EmbedArgs& args) {
-  ASPEN_ASSIGN_OR_RETURN(std::unique_ptr<models::Embedder> e, models::Embedder::open(args.model, args.options));
+  const std::string profile_dir = profile::profile_dir_choice(args.profile);
+  if (!profile_dir.empty()) ASPEN_RETURN_IF_ERROR(profile::make_profile_dir(profile_dir));
+  profile::TraceRecorder trace;
+  models::EmbedderOptions options = args.options;
+  if (!profile_dir.empty()) options.trace = &trace;
+  ASPEN_ASSIGN_OR_RETURN(std::unique_ptr<models::Embedder> e, models::Embedder::open(args.model, options));
+  int64_t texts = 0;
   std::vector<std::string> lines;
   std::string line;
   bool done = false;
@@ -67,9 +78,20 @@ Status run_embed(const EmbedArgs& args) {
     if (std::cin.bad()) return Status::error(Code::kIoError, "stdin", "readable", "a read error");
     if (lines.empty()) break;
     ASPEN_ASSIGN_OR_RETURN(auto vectors, e->embed(lines));
+    texts += int64_t(lines.size());
     for (size_t i = 0; i < lines.size(); ++i) std::cout << json_line(lines[i], vectors[i]);
     std::cout.flush();
     if (!std::cout) return Status::error(Code::kIoError, "stdout", "writable", "a write error");
+  }
+  if (!profile_dir.empty()) {
+    const profile::RunFacts run{"embed", {{"model", args.model}, {"cpu", kernels::cpu_model_name()},
+                                          {"isa", kernels::isa_name(kernels::active_isa())},
+                                          {"threads", std::to_string(args.options.threads > 0 ? args.options.threads
+                                                                                              : omp_get_max_threads())},
+                                          {"texts", std::to_string(texts)}}};
+    ASPEN_RETURN_IF_ERROR(profile::write_profile_dir(profile_dir, trace.events(), run));
+    std::cerr << "profile: " << profile_dir << "/trace.json (opens in ui.perfetto.dev), " << profile_dir
+              << "/profile.json (docs/profile.md)\n";
   }
   return Status::ok();
 }
@@ -94,6 +116,9 @@ Command add_embed_command(CLI::App& app) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   cmd->add_option("--threads", args->options.threads, "threads (default: the free cores)")
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--profile", args->profile,
+                  "write DIR/trace.json (Perfetto) and DIR/profile.json: every instruction of the run "
+                  "(default: $ASPEN_PROFILE; unset: no profile)");
   return Command{cmd, [args] { return report(run_embed(*args)); }};
 }
 

@@ -11,6 +11,7 @@
 // name, shape and dtype, then the compile time and whether the cache hit (--graph FILE also writes the
 // imported and compiled graphs, the program and its memory plan there, for the curious). Exit 0 on success, 1 with a
 // message naming the node on a model aspen does not import (or another failure), 2 on a usage error.
+#include <omp.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -25,7 +26,9 @@
 #include "core/atomic_file.h"
 #include "io/npy.h"
 #include "io/onnx.h"
+#include "kernels/cpu.h"
 #include "models/onnx_import.h"
+#include "profile/profile_dir.h"
 #include "tools/commands.h"
 
 namespace aspen::tools {
@@ -80,7 +83,7 @@ int run_inspect(const std::string& path) {
 }
 
 struct RunArgs {
-  std::string model, output_dir = ".", dtype = "f32", cache, graph_file;
+  std::string model, output_dir = ".", dtype = "f32", cache, graph_file, profile;
   std::vector<std::string> inputs, dims;
   int threads = 0;
 };
@@ -152,8 +155,12 @@ int run_run(const RunArgs& a) {
     std::cout << "input '" << escape_for_terminal(name) << "' bound at compile time (its values are part of the program)\n";
     inputs.erase(name);
   }
+  const std::string profile_dir = profile::profile_dir_choice(a.profile);
+  if (!profile_dir.empty())
+    if (Status s = profile::make_profile_dir(profile_dir); !s.is_ok()) return report(s);
   api::Options options;
   options.threads(a.threads);
+  if (!profile_dir.empty()) options.profile(profile_dir + "/trace.json");
   if (a.dtype == "bf16") options.precision(DType::bf16);
   if (!a.cache.empty()) options.executable_cache(a.cache);
   auto model = api::InferenceModel::create(imp->graph, options);
@@ -177,6 +184,17 @@ int run_run(const RunArgs& a) {
     if (Status s = io::write_npy(path, t); !s.is_ok()) return report(s);
     std::cout << escape_for_terminal(name) << " " << dtype_name(t.dtype()) << t.shape().to_string() << " -> "
               << escape_for_terminal(path) << "\n";
+  }
+  if (!profile_dir.empty()) {
+    const profile::RunFacts run{"onnx run", {{"model", a.model}, {"cpu", kernels::cpu_model_name()},
+                                             {"isa", kernels::isa_name(kernels::active_isa())},
+                                             {"threads", std::to_string(a.threads > 0 ? a.threads
+                                                                                      : omp_get_max_threads())},
+                                             {"dtype", a.dtype}}};
+    if (Status s = profile::write_profile_dir(profile_dir, (*model)->trace_events(), run); !s.is_ok())
+      return report(s);
+    std::cout << "profile: " << profile_dir << "/trace.json (opens in ui.perfetto.dev), " << profile_dir
+              << "/profile.json (docs/profile.md)\n";
   }
   std::cout << "compile: " << compile_s << " s (executable cache: "
             << (a.cache.empty()         ? "off"
@@ -206,6 +224,9 @@ Command add_onnx_command(CLI::App& app) {
   run->add_option("--dtype", args->dtype, "compute precision: f32 (default) or bf16");
   run->add_option("--cache", args->cache, "executable cache directory (default: off)");
   run->add_option("--threads", args->threads, "threads (default: the free cores)")->check(at_least(0));
+  run->add_option("--profile", args->profile,
+                  "write DIR/trace.json (Perfetto) and DIR/profile.json: every instruction of the run "
+                  "(default: $ASPEN_PROFILE; unset: no profile)");
   run->add_option("--graph", args->graph_file,
                   "write the imported graph, the compiled graph, the program and its memory plan to this file");
   run->footer("Example: aspen onnx run model.onnx --input input_ids=ids.npy --output-dir out");
