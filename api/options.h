@@ -65,6 +65,7 @@ struct Options {
   uint64_t random_seed_ = 0;
   // Chrome trace written here after each call; empty: off (poptorch enableProfiling).
   std::string profile_;
+  profile::TraceRecorder* trace_recorder_ = nullptr;
   compiler::OptLevel opt_level_ = compiler::OptLevel::O2;
   int threads_ = 0;  // 0: every free core
 
@@ -80,6 +81,9 @@ struct Options {
   Options& executable_cache(std::string dir) { executable_cache_ = std::move(dir); return *this; }
   Options& random_seed(uint64_t s) { random_seed_ = s; return *this; }
   Options& profile(std::string path) { profile_ = std::move(path); return *this; }
+  // Instead of profile(): every instruction recorded into `recorder` while it is enabled, written by the
+  // caller (the trainer's --profile DIR). Not owned; it must outlive the model.
+  Options& trace_recorder(profile::TraceRecorder* recorder) { trace_recorder_ = recorder; return *this; }
   Options& opt_level(compiler::OptLevel l) { opt_level_ = l; return *this; }
   Options& threads(int n) { threads_ = n; return *this; }
 

@@ -1,5 +1,7 @@
 #include "api/trainer.h"
 
+#include <omp.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include "core/checksum.h"
 #include "core/thread_team.h"
 #include "io/tokenizer.h"
+#include "kernels/cpu.h"
 #include "kernels/matmul_choice.h"
 #include "models/blocks.h"
 #include "models/causal_lm.h"
@@ -25,6 +28,7 @@
 #include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "profile/profile_dir.h"
 #include "parallel/job.h"
 #include "train/checkpoint.h"
 #include "train/report.h"
@@ -493,6 +497,14 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     }
     t->resume_ = std::move(ck);
   }
+  if (!options.profile.empty()) {
+    if (options.profile_steps < 1)
+      return Status::invalid_argument("profile_steps", "1 or more steps to record",
+                                      std::to_string(options.profile_steps));
+    ASPEN_RETURN_IF_ERROR(profile::make_profile_dir(options.profile));
+    t->trace_ = std::make_unique<profile::TraceRecorder>(/*enabled=*/false);  // on for the recorded steps
+    o.trace_recorder(t->trace_.get());
+  }
   kernels::clear_matmul_choices_used();  // from here, the run's own
   const auto compile_start = std::chrono::steady_clock::now();
   ASPEN_ASSIGN_OR_RETURN(t->model_, TrainingModel::create(forward, o, to));
@@ -795,6 +807,7 @@ Result<TrainResult> Trainer::run() {
     if (!stop_status_.is_ok()) return stopped(std::move(stop_status_)); \
   } while (0)
   auto last_save = std::chrono::steady_clock::now();
+  int64_t calls = 0;  // of the program, in this invocation
   bool save_now = false;  // checkpoint.minutes have passed: a checkpoint after this step
   while (model_->steps_done() < stop) {
     Result<Agreed> agreed = stop_agreed(last_save);
@@ -810,6 +823,9 @@ Result<TrainResult> Trainer::run() {
     ASPEN_OR_STOP(next.status());
     std::map<std::string, const Tensor*> inputs;
     for (const auto& [name, t] : **next) inputs.emplace(name, &t);
+    if (trace_)  // options_.profile: profile_steps steps, from this invocation's second call
+      trace_->set_enabled(calls >= 1 && calls <= (options_.profile_steps + iters - 1) / iters);
+    ++calls;
     const auto t0 = std::chrono::steady_clock::now();
     auto run = model_->run(inputs);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -862,6 +878,22 @@ Result<TrainResult> Trainer::run() {
   progress.finish();
   result.steps = model_->steps_done();
   result.tokens_per_s = seconds > 0 ? tokens_per_call * double(result.steps - start) / double(iters) / seconds : 0.0;
+  if (trace_ && writer_) {  // NOTE: under MPI each process records its own devices; process 0 writes its own
+    trace_->set_enabled(false);
+    const int64_t recorded = std::min<int64_t>(std::max<int64_t>(calls - 1, 0) * iters, options_.profile_steps);
+    const profile::RunFacts run{
+        "train",
+        {{"config", c.name},
+         {"cpu", kernels::cpu_model_name()},
+         {"isa", kernels::isa_name(kernels::active_isa())},
+         {"threads", std::to_string(c.train.threads > 0 ? c.train.threads : omp_get_max_threads())},
+         {"steps_recorded", std::to_string(recorded)},
+         {"first_step_recorded", std::to_string(recorded > 0 ? start + iters + 1 : 0)},
+         {"tokens_per_s", std::to_string(result.tokens_per_s)}}};
+    ASPEN_RETURN_IF_ERROR(profile::write_profile_dir(options_.profile, trace_->events(), run));
+    out() << "profile: " << options_.profile << "/trace.json (opens in ui.perfetto.dev), " << options_.profile
+          << "/profile.json (docs/profile.md)\n";
+  }
   if (const TrainFeed::MaskedStats& m = feed_->masked_stats(); m.dropped > 0)
     out() << "masked LM: " << m.dropped << " of " << m.predicted
           << " chosen tokens went untrained (rows that chose more than data.max_predictions)\n";

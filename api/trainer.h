@@ -124,6 +124,11 @@ struct TrainerOptions {
   // The run directory's lock when the caller took it already (the demo does,
   // before writing its corpus there); else create() takes it.
   std::shared_ptr<DirectoryLock> run_lock = {};
+  // A directory for the run's profile (docs/profile.md: trace.json, profile.json), written when train()
+  // returns; empty: none. Every instruction of `profile_steps` steps is recorded, from the second step of this
+  // invocation (the first pays first touches and lazy setup), so a long run's profile stays small.
+  std::string profile = {};
+  int64_t profile_steps = 10;
 };
 
 struct TrainResult {
@@ -204,6 +209,7 @@ class Trainer {
   std::string replace_;  // with overwrite: the earlier run's files, deleted once create() has succeeded
   std::unique_ptr<parallel::Communicator> world_;  // under MPI: the job's processes (start-up agreement, stop)
   bool across_ = false;  // the model spans processes (Options::model_across_processes)
+  std::unique_ptr<profile::TraceRecorder> trace_;  // options.profile: the recorded steps
   std::unique_ptr<TrainingModel> model_;
   int64_t batch_ = 0, seq_ = 0, final_step_ = 0;
   double compile_seconds_ = 0;

@@ -66,6 +66,7 @@ train::RunnerOptions runner_options(const Options& o) {
   r.model_across_processes = o.model_across_processes_;
   r.random_seed = o.random_seed_;
   r.profile = o.profile_;
+  r.trace = o.trace_recorder_;
   r.executable_cache = o.executable_cache_;
   r.compile.opt_level = o.opt_level_;
   r.compile.compute = o.precision_;

@@ -40,6 +40,7 @@
 #include "parallel/mesh.h"
 #include "parallel/job.h"
 #include "models/generate.h"
+#include "profile/profile_dir.h"
 #include "tools/commands.h"
 #include "train/config.h"
 #include "train/demo.h"
@@ -60,6 +61,8 @@ struct TrainArgs {
   int64_t stages = 0, tensor_parallel = 0;  // 0: the config's
   std::string run_dir;
   std::vector<std::string> overrides;
+  std::string profile;  // "": $ASPEN_PROFILE, else none
+  int64_t profile_steps = 10;
 };
 
 // The demo's config: a 4-layer GPT-2 (about 0.8M parameters plus embeddings)
@@ -291,6 +294,8 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   to.overwrite = to.overwrite || a.overwrite;
   to.mpi = mpi;
   to.stop_requested = &g_stop;
+  to.profile = profile::profile_dir_choice(a.profile);
+  to.profile_steps = a.profile_steps;
   auto trainer = api::Trainer::create(c, to);
   if (!trainer.is_ok()) return report(trainer.status());
   std::string layout;
@@ -419,6 +424,11 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--threads", args->threads, "threads (overrides train.threads; 0: the free cores)")
       ->check(at_least(0));
   cmd->add_option("--run-dir", args->run_dir, "the run directory (overrides log.run_dir)");
+  cmd->add_option("--profile", args->profile,
+                  "write DIR/trace.json (Perfetto) and DIR/profile.json: every instruction of --profile-steps "
+                  "steps from this run's second (default: $ASPEN_PROFILE; unset: no profile)");
+  cmd->add_option("--profile-steps", args->profile_steps, "steps the profile records (default 10)")
+      ->check(at_least(1));
   cmd->add_option("--replicas", args->replicas,
                   "data-parallel replicas (overrides batch.replicas; the demo keeps its global batch of 16)")
       ->check(at_least(1));

@@ -279,9 +279,10 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
     ASPEN_RETURN_IF_ERROR(parallel::check_same_fields(*m->job_, fields, "training model"));
   }
   if (!options.profile.empty()) m->trace_ = std::make_unique<profile::TraceRecorder>();
+  m->recording_ = m->trace_ ? m->trace_.get() : options.trace;
   runtime::SessionOptions sopts;
   sopts.threads = options.threads;
-  sopts.trace = m->trace_.get();
+  sopts.trace = m->recording_;
   // Devices: this process's part of the mesh, device d at mesh rank first_rank_ + d.
   sopts.replicas = m->placement_.process_devices();
   if (data_parallel) sopts.replica_local = {train::grad_accumulator_name("")};

@@ -63,6 +63,9 @@ struct RunnerOptions {
   bool model_across_processes = false;  // one device per process: a stage or shard each
   uint64_t random_seed = 0;
   std::string profile;                // Chrome trace written after each run(); empty: off
+  // With `profile` empty: every instruction recorded into this recorder (while it is enabled), which the caller
+  // writes out (the trainer's --profile DIR); null: off.
+  profile::TraceRecorder* trace = nullptr;
   std::string executable_cache;       // empty: off
   compiler::CompileOptions compile;   // opt level, precision, partials, recompute
   int threads = 0;                    // 0: every free core
@@ -148,7 +151,7 @@ class Runner {
   const train::LossScaler& loss_scaler() const { return scaler_; }
   train::LossScaler& loss_scaler() { return scaler_; }
 
-  std::string profile_summary() const { return trace_ ? profile::summary(trace_->events()) : ""; }
+  std::string profile_summary() const { return recording_ ? profile::summary(recording_->events()) : ""; }
 
   // One optimizer step of this model's layout as per-device instruction lists (train/plan.h):
   // what `aspen train --print-plan` shows, and what a pipelined step's devices run.
@@ -256,7 +259,8 @@ class Runner {
   const TensorSharding* sharding_ = nullptr;  // with tensor shards
   train::TrainingPrograms programs_;
   bool cache_hit_ = false, cache_stored_ = false;
-  std::unique_ptr<profile::TraceRecorder> trace_;
+  std::unique_ptr<profile::TraceRecorder> trace_;  // options.profile's (written after each run)
+  profile::TraceRecorder* recording_ = nullptr;    // trace_, or options.trace
   std::unique_ptr<runtime::Session> session_;
   train::LossScaler scaler_;
   int64_t steps_done_ = 0;
