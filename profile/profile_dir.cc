@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "core/atomic_file.h"
+#include "profile/report.h"
 
 namespace aspen::profile {
 
@@ -63,7 +64,9 @@ Status write_profile_dir(const std::string& dir, const std::vector<TraceEvent>& 
   ASPEN_RETURN_IF_ERROR(make_profile_dir(dir));
   const std::string base = (std::filesystem::path(dir) / "").string();
   ASPEN_RETURN_IF_ERROR(write_chrome_trace(events, base + "trace.json"));
-  return write_file_atomic(base + "profile.json", profile_json(events, run));
+  const std::string json = profile_json(events, run);
+  ASPEN_RETURN_IF_ERROR(write_file_atomic(base + "profile.json", json));
+  return write_file_atomic(base + "report.html", report_html(json));
 }
 
 std::string profile_dir_choice(const std::string& flag) {

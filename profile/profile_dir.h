@@ -4,6 +4,7 @@
 //                     chrome://tracing open: one track per device
 //   DIR/profile.json  the totals per device and per op (profile::device_totals), with what ran and where, in
 //                     the schema "aspen.profile/1" (docs/profile.md), for scripts
+//   DIR/report.html   the same drawn for a person: one self-contained page (profile/report.h)
 //
 // `aspen generate --profile DIR` writes one; so does any command run with the environment variable
 // ASPEN_PROFILE=DIR (profile_dir_choice), for programs that cannot pass a flag.
@@ -34,7 +35,7 @@ std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& 
 // cannot write is named before the work, not after. kIoError naming `dir`.
 [[nodiscard]] Status make_profile_dir(const std::string& dir);
 
-// Creates `dir` (and its parents) if needed and writes trace.json and profile.json there, each replaced
+// Creates `dir` (and its parents) if needed and writes trace.json, profile.json and report.html there, each replaced
 // atomically. kIoError naming the path that could not be made or written.
 [[nodiscard]] Status write_profile_dir(const std::string& dir, const std::vector<TraceEvent>& events,
                                        const RunFacts& run);

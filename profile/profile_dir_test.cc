@@ -1,6 +1,7 @@
 // profile/profile_dir.h: profile.json's totals against hand-counted events, the directory's two files, the
 // flag-or-environment choice, and an unwritable directory named.
 #include "profile/profile_dir.h"
+#include "profile/report.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -86,6 +87,29 @@ TEST(ProfileDir, WritesTraceAndProfileAndNamesAnUnwritableDirectory) {
   EXPECT_EQ(s.code(), Code::kIoError);
   EXPECT_NE(s.to_string().find(file.string()), std::string::npos) << s.to_string();
   std::filesystem::remove_all(dir.parent_path());
+}
+
+// report.html holds profile.json's text whole (a "</script>" in a name cannot end its element) and needs
+// nothing from a network.
+TEST(ProfileDir, ReportIsOnePageHoldingTheProfile) {
+  std::vector<TraceEvent> ev = events();
+  ev.push_back(event("cpu:0", "</script><b>x", 600, 700));
+  const std::string json = profile_json(ev, RunFacts{"generate", {}});
+  const std::string html = report_html(json);
+  const size_t open = html.find("<script type=\"application/json\" id=\"profile-data\">");
+  ASSERT_NE(open, std::string::npos);
+  const size_t start = html.find('>', open) + 1, end = html.find("</script>", start);
+  ASSERT_NE(end, std::string::npos);
+  const nlohmann::json back = nlohmann::json::parse(html.substr(start, end - start));  // "<\/" is JSON's "</"
+  EXPECT_EQ(back, nlohmann::json::parse(json));
+  EXPECT_EQ(html.find("http://"), std::string::npos);
+  EXPECT_EQ(html.find("https://"), std::string::npos);
+  EXPECT_EQ(html.find(" src="), std::string::npos);
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "aspen_profile_report_test";
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(write_profile_dir(dir.string(), ev, RunFacts{"generate", {}}).is_ok());
+  EXPECT_EQ(read(dir / "report.html"), html);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ProfileDir, TheFlagWinsOverTheEnvironment) {

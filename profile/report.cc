@@ -1,0 +1,127 @@
+#include "profile/report.h"
+
+namespace aspen::profile {
+
+namespace {
+
+// The page around the data: style, the two views, and the script that draws them from #profile-data.
+constexpr const char* kHead = R"HTML(<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>aspen profile</title>
+<style>
+body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; } h3 { font-size: 1em; }
+table { border-collapse: collapse; margin: 0.5em 0; }
+th, td { padding: 2px 10px; border-bottom: 1px solid #ddd; text-align: right; }
+th { cursor: pointer; background: #f4f4f4; } td.name, th.name { text-align: left; }
+.bar { display: inline-block; height: 10px; background: #4a7fb5; vertical-align: middle; }
+#status { color: #888; font-size: 0.85em; }
+</style>
+</head>
+<body>
+<h1>aspen profile</h1>
+<p id="status">not drawn (the page's script did not run)</p>
+<section id="summary"><h2>Summary</h2></section>
+<section id="operations"><h2>Operations</h2></section>
+<script type="application/json" id="profile-data">)HTML";
+
+constexpr const char* kTail = R"HTML(</script>
+<script>
+"use strict";
+const status = document.getElementById("status");
+window.addEventListener("error", e => { status.textContent = "error: " + e.message; });
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+function ms(ns) { return (ns / 1e6).toFixed(3); }
+function table(head, rows, names) {
+  const t = el("table"), hr = el("tr");
+  head.forEach((h, i) => {
+    const th = el("th", h, names.includes(i) ? "name" : "");
+    th.addEventListener("click", () => {  // sort by this column; again: the other way
+      const body = Array.from(t.querySelectorAll("tr")).slice(1);
+      const dir = th.dataset.dir === "desc" ? 1 : -1;
+      th.dataset.dir = dir === 1 ? "asc" : "desc";
+      body.sort((a, b) => {
+        const x = a.children[i].dataset.v, y = b.children[i].dataset.v;
+        return (isNaN(x) || isNaN(y) ? String(x).localeCompare(y) : x - y) * dir;
+      });
+      body.forEach(r => t.appendChild(r));
+    });
+    hr.appendChild(th);
+  });
+  t.appendChild(hr);
+  rows.forEach(r => {
+    const tr = el("tr");
+    r.forEach((c, i) => {
+      const td = c instanceof Node ? el("td") : el("td", c.text !== undefined ? c.text : c, names.includes(i) ? "name" : "");
+      if (c instanceof Node) td.appendChild(c);
+      td.dataset.v = c.v !== undefined ? c.v : (c instanceof Node ? 0 : c);
+      tr.appendChild(td);
+    });
+    t.appendChild(tr);
+  });
+  return t;
+}
+function draw(p) {
+  if (p.schema !== "aspen.profile/1") throw new Error("unknown schema " + p.schema);
+  const sum = document.getElementById("summary");
+  const facts = [["command", p.command]].concat(Object.entries(p.facts || {}));
+  facts.push(["wall time (ms)", ms(p.wall_ns)]);
+  sum.appendChild(table(["fact", "value"], facts.map(([k, v]) => [k, v]), [0, 1]));
+  sum.appendChild(table(["device", "busy ms", "span ms", "busy share", "events"],
+      p.devices.map(d => [d.device, {text: ms(d.busy_ns), v: d.busy_ns}, {text: ms(d.span_ns), v: d.span_ns},
+                          {text: (d.span_ns > 0 ? 100 * d.busy_ns / d.span_ns : 0).toFixed(1) + " %",
+                           v: d.span_ns > 0 ? d.busy_ns / d.span_ns : 0}, d.events]), [0]));
+  const ops = document.getElementById("operations");
+  for (const d of p.devices) {
+    ops.appendChild(el("h3", d.device + ": " + d.ops.length + " ops, busy " + ms(d.busy_ns) + " ms"));
+    ops.appendChild(table(["op", "category", "count", "total ms", "share", "mean us", "GB/s"],
+        d.ops.map(o => {
+          const bar = el("span");
+          const share = el("span", " " + (100 * o.share).toFixed(1) + " %");
+          const b = el("span", undefined, "bar");
+          b.style.width = Math.round(120 * Math.min(1, o.share)) + "px";
+          bar.appendChild(b); bar.appendChild(share);
+          bar.v = o.share;
+          return [o.name, o.category, o.count, {text: ms(o.total_ns), v: o.total_ns}, bar,
+                  {text: (o.mean_ns / 1e3).toFixed(1), v: o.mean_ns},
+                  o.gb_per_s === null ? {text: "-", v: -1} : {text: o.gb_per_s.toFixed(2), v: o.gb_per_s}];
+        }), [0, 1]));
+  }
+}
+try {
+  draw(JSON.parse(document.getElementById("profile-data").textContent));
+  status.textContent = "drawn";
+} catch (e) {
+  status.textContent = "error: " + e.message;
+}
+</script>
+</body>
+</html>
+)HTML";
+
+}  // namespace
+
+std::string report_html(const std::string& profile_json) {
+  std::string out = kHead;
+  // Inside <script>, "</" would end the element early: JSON allows "<\/" for it.
+  out.reserve(out.size() + profile_json.size() + 8192);
+  for (size_t i = 0; i < profile_json.size(); ++i) {
+    if (profile_json[i] == '<' && i + 1 < profile_json.size() && profile_json[i + 1] == '/') {
+      out += "<\\/";
+      ++i;
+    } else {
+      out += profile_json[i];
+    }
+  }
+  out += kTail;
+  return out;
+}
+
+}  // namespace aspen::profile

@@ -1,0 +1,36 @@
+# The profile report in a real browser: `aspen generate --profile WORK/profile` on MODEL, then headless
+# Chromium loads WORK/profile/report.html from disk and must find it drawn (#status "drawn", no script
+# error) with its views: the Summary's facts and an Operations row for matmul. A screenshot is kept beside it
+# (WORK/profile/report.png) as the test's artifact. Fails with the reason, or how to install Chromium.
+if(NOT CHROMIUM)
+  message(FATAL_ERROR "chromium not found: install Debian's chromium (scripts/install-deps.sh) and re-run cmake")
+endif()
+set(dir "${WORK}/profile")
+file(REMOVE_RECURSE "${WORK}")
+execute_process(COMMAND "${ASPEN}" generate --model "${MODEL}" --prompt "Hello" --max-new-tokens 4 --temperature 0
+                        --profile "${dir}"
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT EXISTS "${dir}/report.html")
+  message(FATAL_ERROR "aspen generate --profile failed (${rc}) or wrote no report.html: ${err}")
+endif()
+set(flags --headless --disable-gpu --no-sandbox --no-first-run --disable-extensions --user-data-dir=${WORK}/chromium)
+execute_process(COMMAND "${CHROMIUM}" ${flags} --dump-dom "file://${dir}/report.html"
+                OUTPUT_VARIABLE dom ERROR_VARIABLE cerr RESULT_VARIABLE crc TIMEOUT 120)
+if(NOT crc EQUAL 0)
+  message(FATAL_ERROR "chromium failed (${crc}): ${cerr}")
+endif()
+string(REGEX MATCH "id=\"status\">[^<]*" status "${dom}")
+if(NOT status STREQUAL "id=\"status\">drawn")
+  message(FATAL_ERROR "report.html was not drawn: ${status}")
+endif()
+foreach(expected "data-v=\"command\">command</td>" "data-v=\"generate\">generate</td>" "data-v=\"matmul\">matmul</td>"
+                 "<h3>cpu0: ")
+  string(FIND "${dom}" "${expected}" at)
+  if(at LESS 0)
+    message(FATAL_ERROR "report.html drawn without '${expected}'")
+  endif()
+endforeach()
+execute_process(COMMAND "${CHROMIUM}" ${flags} --window-size=1200,1400 "--screenshot=${dir}/report.png"
+                        "file://${dir}/report.html"
+                OUTPUT_QUIET ERROR_QUIET TIMEOUT 120)
+message(STATUS "report.html drawn in Chromium; screenshot ${dir}/report.png")
