@@ -1,11 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <tuple>
 
 #include "compiler/executable.h"
 #include "compiler/memory_plan.h"
+#include "compiler/memory_profile.h"
 #include "compiler/pass.h"
 #include "graph/autodiff.h"
 #include "graph/builder.h"
@@ -141,6 +143,39 @@ Graph fusable_graph() {
   b.output("h2", b.add(h, y));  // a later user of the residual stream
   EXPECT_TRUE(b.status().is_ok()) << b.status().to_string();
   return g;
+}
+
+// The memory view's curve (compiler/memory_profile.h): a point per node (small programs), never above the
+// arena (values live together sit at distinct offsets), rising to the plan's peak region; long programs are
+// cut to at most 1000 points, each the largest of its nodes.
+TEST(MemoryProfile, CurveStaysWithinTheArena) {
+  auto exe = compile(fusable_graph(), {});
+  ASSERT_TRUE(exe.is_ok()) << exe.status().to_string();
+  const profile::ProgramMemory m = program_memory(**exe, "step");
+  EXPECT_EQ(m.name, "step");
+  EXPECT_EQ(m.nodes, int64_t((*exe)->graph.nodes().size()));
+  EXPECT_EQ(m.stride, 1);
+  ASSERT_EQ(int64_t(m.live_bytes.size()), m.nodes);
+  EXPECT_EQ(m.arena_bytes, (*exe)->plan.arena_bytes);
+  const int64_t top = *std::max_element(m.live_bytes.begin(), m.live_bytes.end());
+  EXPECT_GT(top, 0);
+  EXPECT_LE(top, m.arena_bytes);
+  EXPECT_GT(m.parameter_bytes, 0);
+  ASSERT_FALSE(m.at_peak.empty());
+  for (size_t i = 1; i < m.at_peak.size(); ++i) EXPECT_GE(m.at_peak[i - 1].bytes, m.at_peak[i].bytes);
+
+  Graph long_chain;  // 2500 nodes
+  Builder b(long_chain);
+  ValueId x = b.input("x", DType::f32, {64});
+  for (int i = 0; i < 2500; ++i) x = b.add(b.exp(x), x);
+  b.output("y", x);
+  auto chain = compile(long_chain, {.opt_level = OptLevel::O1});
+  ASSERT_TRUE(chain.is_ok()) << chain.status().to_string();
+  const profile::ProgramMemory c = program_memory(**chain, "chain");
+  EXPECT_GT(c.stride, 1);
+  EXPECT_LE(int64_t(c.live_bytes.size()), profile::ProgramMemory::kMaxPoints);
+  EXPECT_EQ(int64_t(c.live_bytes.size()), (c.nodes + c.stride - 1) / c.stride);
+  for (int64_t v : c.live_bytes) EXPECT_LE(v, c.arena_bytes);
 }
 
 TEST(Passes, FusionAtO2Only) {

@@ -47,6 +47,22 @@ std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& 
     }
     j["devices"].push_back(std::move(dev));
   }
+  j["programs"] = json::array();
+  for (const ProgramMemory& pm : run.programs) {
+    json m;
+    m["name"] = pm.name;
+    m["nodes"] = pm.nodes;
+    m["arena_bytes"] = pm.arena_bytes;
+    m["naive_bytes"] = pm.naive_bytes;
+    m["parameter_bytes"] = pm.parameter_bytes;
+    m["derived_bytes"] = pm.derived_bytes;
+    m["peak_node"] = pm.peak_node;
+    m["stride"] = pm.stride;
+    m["live_bytes"] = pm.live_bytes;
+    m["at_peak"] = json::array();
+    for (const ProgramMemory::Value& v : pm.at_peak) m["at_peak"].push_back({{"op", v.op}, {"type", v.type}, {"bytes", v.bytes}});
+    j["programs"].push_back(std::move(m));
+  }
   // Invalid UTF-8 in a name becomes U+FFFD, as in trace.json.
   return j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }

@@ -19,16 +19,37 @@
 
 namespace aspen::profile {
 
-// What the profile says about the run besides its events: the command, and facts about the machine and the
-// program (name -> value, in order: "cpu", "isa", "threads", ...).
+// A compiled program's memory over its instruction order, as its memory plan made it (the memory view;
+// compiler::program_memory fills it): the arena (the planned peak of transient values), the naive sum
+// (every transient in its own buffer), parameters and weight-only values kept beside, the bytes of transient
+// values live at each node, and the values live at the peak.
+struct ProgramMemory {
+  struct Value {
+    std::string op;    // the node that makes it
+    std::string type;  // its dtype and shape
+    int64_t bytes = 0;
+  };
+  std::string name;  // "prefill", "decode", "run", ...
+  int64_t nodes = 0, arena_bytes = 0, naive_bytes = 0, parameter_bytes = 0, derived_bytes = 0;
+  int64_t peak_node = -1;
+  // Live bytes over program order: at most kMaxPoints points, each the largest of `stride` consecutive nodes.
+  static constexpr int64_t kMaxPoints = 1000;
+  int64_t stride = 1;
+  std::vector<int64_t> live_bytes;
+  std::vector<Value> at_peak;  // the largest first, at most 20
+};
+
+// What the profile says about the run besides its events: the command, facts about the machine and the
+// program (name -> value, in order: "cpu", "isa", "threads", ...), and its programs' memory.
 struct RunFacts {
   std::string command;
   std::vector<std::pair<std::string, std::string>> facts;
+  std::vector<ProgramMemory> programs = {};
 };
 
 // profile.json's text: schema, command, facts, wall_ns (first start to last end over all devices), and per
 // device its busy_ns, span_ns, events and ops (category, name, count, total_ns, mean_ns, share of the
-// device's busy time, bytes, gb_per_s or null).
+// device's busy time, bytes, gb_per_s or null), and programs (ProgramMemory's fields).
 std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& run);
 
 // Creates `dir` (and its parents) if needed: a command calls it before it runs, so that a directory it

@@ -25,6 +25,7 @@ th { cursor: pointer; background: #f4f4f4; } td.name, th.name { text-align: left
 <p id="status">not drawn (the page's script did not run)</p>
 <section id="summary"><h2>Summary</h2></section>
 <section id="operations"><h2>Operations</h2></section>
+<section id="memory"><h2>Memory</h2></section>
 <script type="application/json" id="profile-data">)HTML";
 
 constexpr const char* kTail = R"HTML(</script>
@@ -95,8 +96,46 @@ function draw(p) {
         }), [0, 1]));
   }
 }
+function kib(b) { return (b / 1024).toFixed(1); }
+// A program's transient bytes over its order, the arena (the planned peak) dashed above, the peak node marked
+// (SVG markup: the HTML parser puts it in SVG's namespace).
+function curve(m) {
+  const W = 640, H = 160;
+  const top = Math.max(1, m.arena_bytes, ...m.live_bytes), n = Math.max(1, m.live_bytes.length - 1);
+  const y = b => (H - H * b / top).toFixed(1), x = i => (W * i / n).toFixed(1);
+  const points = m.live_bytes.map((b, i) => x(i) + "," + y(b)).join(" ");
+  const px = m.peak_node >= 0 ? x(Math.floor(m.peak_node / m.stride)) : -1;
+  const note = "program order: " + m.nodes + " nodes" +
+               (m.stride > 1 ? " (each point the largest of " + m.stride + ")" : "") +
+               "; dashed: the arena, " + kib(m.arena_bytes) + " KiB";
+  const box = el("div", undefined, "curve");
+  box.innerHTML = '<svg width="' + W + '" height="' + (H + 20) + '">' +
+      (px >= 0 ? '<line x1="' + px + '" x2="' + px + '" y1="0" y2="' + H + '" stroke="#999"/>' : "") +
+      '<line x1="0" x2="' + W + '" y1="' + y(m.arena_bytes) + '" y2="' + y(m.arena_bytes) +
+      '" stroke="#b55" stroke-dasharray="4 3"/>' +
+      '<polyline fill="none" stroke="#4a7fb5" points="' + points + '"/>' +
+      '<text x="2" y="' + (H + 15) + '" font-size="11"></text></svg>';
+  box.querySelector("text").textContent = note;
+  return box;
+}
+function draw_memory(p) {
+  const mem = document.getElementById("memory");
+  if (!p.programs || p.programs.length === 0) { mem.appendChild(el("p", "no compiled program in this profile")); return; }
+  mem.appendChild(table(["program", "nodes", "arena KiB", "naive KiB", "parameters KiB", "weight-only KiB", "peak node"],
+      p.programs.map(m => [m.name, m.nodes, {text: kib(m.arena_bytes), v: m.arena_bytes}, {text: kib(m.naive_bytes), v: m.naive_bytes},
+                           {text: kib(m.parameter_bytes), v: m.parameter_bytes}, {text: kib(m.derived_bytes), v: m.derived_bytes},
+                           m.peak_node]), [0]));
+  for (const m of p.programs) {
+    mem.appendChild(el("h3", m.name + ": transient bytes live at each node"));
+    mem.appendChild(curve(m));
+    mem.appendChild(table(["live at the peak: made by", "type", "KiB"],
+        m.at_peak.map(v => [v.op, v.type, {text: kib(v.bytes), v: v.bytes}]), [0, 1]));
+  }
+}
 try {
-  draw(JSON.parse(document.getElementById("profile-data").textContent));
+  const data = JSON.parse(document.getElementById("profile-data").textContent);
+  draw(data);
+  draw_memory(data);
   status.textContent = "drawn";
 } catch (e) {
   status.textContent = "error: " + e.message;

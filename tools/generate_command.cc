@@ -25,6 +25,7 @@
 #include <memory>
 #include <string>
 
+#include "compiler/memory_profile.h"
 #include "io/tokenizer.h"
 #include "kernels/cpu.h"
 #include "models/config.h"
@@ -162,7 +163,13 @@ int run_generate(const GenerateArgs& a) {
                                  {"dtype", a.dtype},
                                  {"prompt_tokens", std::to_string(prompt.size())},
                                  {"new_tokens", std::to_string(generated.size())}}};
-    if (Status st = profile::write_profile_dir(profile_dir, trace.events(), run); !st.is_ok()) return report(st);
+    profile::RunFacts with_memory = run;
+    const runtime::Session& session = (*gen)->session();
+    for (int p = 0; p < session.programs(); ++p)  // models::Generator compiles the prefill, then one decode step
+      with_memory.programs.push_back(compiler::program_memory(
+          session.executable(p), session.programs() == 2 ? (p == 0 ? "prefill" : "decode") : "program " + std::to_string(p)));
+    if (Status st = profile::write_profile_dir(profile_dir, trace.events(), with_memory); !st.is_ok())
+      return report(st);
     std::cerr << "profile: " << profile_dir << "/trace.json (opens in ui.perfetto.dev), " << profile_dir
               << "/profile.json (docs/profile.md)\n";
   }

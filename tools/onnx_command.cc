@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "api/inference_model.h"
+#include "compiler/memory_profile.h"
 #include "core/atomic_file.h"
 #include "io/npy.h"
 #include "io/onnx.h"
@@ -191,7 +192,9 @@ int run_run(const RunArgs& a) {
                                              {"threads", std::to_string(a.threads > 0 ? a.threads
                                                                                       : omp_get_max_threads())},
                                              {"dtype", a.dtype}}};
-    if (Status s = profile::write_profile_dir(profile_dir, (*model)->trace_events(), run); !s.is_ok())
+    profile::RunFacts with_memory = run;
+    with_memory.programs.push_back(compiler::program_memory((*model)->executable(), "run"));
+    if (Status s = profile::write_profile_dir(profile_dir, (*model)->trace_events(), with_memory); !s.is_ok())
       return report(s);
     std::cout << "profile: " << profile_dir << "/trace.json (opens in ui.perfetto.dev), " << profile_dir
               << "/profile.json (docs/profile.md)\n";
