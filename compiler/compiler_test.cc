@@ -288,6 +288,13 @@ TEST(Passes, QuantizedDecodeProductsGroupByFormat) {
   ASSERT_TRUE(run_passes(grouped, default_pipeline(o2.options), o2).is_ok());
   EXPECT_EQ(count(grouped, OpKind::matmul_group), 1);
   EXPECT_EQ(count(grouped, OpKind::matmul_q), 1);  // the Q4_0 one
+  {  // a group of matmul_q without its format: named, not a crash
+    Graph bad;
+    Builder bb(bad);
+    bb.op(OpKind::matmul_group, {bb.input("a", DType::f32, {1, 64}), bb.input("w", DType::u8, {8, 68})},
+          {{"op", int64_t(OpKind::matmul_q)}, {"k", int64_t(64)}});
+    EXPECT_NE(bb.status().to_string().find("format"), std::string::npos) << bb.status().to_string();
+  }
   std::map<std::string, graph::HostArray> feeds;
   for (const auto& node : g.nodes()) {
     if (node.op != OpKind::input && node.op != OpKind::parameter) continue;

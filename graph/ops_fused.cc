@@ -125,7 +125,7 @@ void samples_add_layernorm(SampleList& s) {
 
 // ---- matmul_group -------------------------------------------------------------------------------
 
-// The matmul node product i of a group is, and its input types (a, b_i[, bias_i]).
+// The node (a matmul or a matmul_q) that product i of a group is, and its input types (a, b_i[, bias_i]).
 struct GroupPart {
   Node node;
   std::vector<TensorType> in;
@@ -138,6 +138,8 @@ Result<int64_t> group_size(const Node& n, size_t inputs) {
   if (group_member(n) != OpKind::matmul && group_member(n) != OpKind::matmul_q)
     return rule_error(n, "op", "matmul or matmul_q (" + str(int64_t(OpKind::matmul)) + " or " +
                                    str(int64_t(OpKind::matmul_q)) + ")", str(n.attrs.i_or("op", 0)));
+  if (group_member(n) == OpKind::matmul_q && (!n.attrs.has("format") || !n.attrs.has("k")))
+    return rule_error(n, "format, k", "matmul_q's attributes (op is matmul_q)", "missing");
   ASPEN_ASSIGN_OR_RETURN(const bool bias, flag(n, "bias"));
   const size_t per = bias ? 2 : 1;
   if (inputs < 1 + per || (inputs - 1) % per)
