@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <tuple>
 
@@ -215,6 +216,24 @@ TEST(Passes, FusionKeepsTheMeaning) {
     for (size_t i = 0; i < w.data.size(); ++i) ASSERT_NEAR(got->at(name).data[i], w.data[i], 1e-12) << name;
 }
 
+// The reference interpreter gives `rewritten` exactly `g`'s outputs, every input and parameter filled by
+// value(its node, element index).
+void expect_same_outputs(const Graph& g, const Graph& rewritten,
+                         const std::function<double(const graph::Node&, size_t)>& value) {
+  std::map<std::string, graph::HostArray> feeds;
+  for (const auto& node : g.nodes()) {
+    if (node.op != OpKind::input && node.op != OpKind::parameter) continue;
+    graph::HostArray a(g.type(node.outputs[0]));
+    for (size_t i = 0; i < a.data.size(); ++i) a.data[i] = value(node, i);
+    feeds[node.name] = a;
+  }
+  auto want = graph::interpret(g, feeds);
+  auto got = graph::interpret(rewritten, feeds);
+  ASSERT_TRUE(want.is_ok() && got.is_ok());
+  for (const auto& [name, w] : *want)
+    for (size_t i = 0; i < w.data.size(); ++i) ASSERT_EQ(got->at(name).data[i], w.data[i]) << name;
+}
+
 // NOTE [matmul groups]: q, k and v of a decode step (one a, [N, K] weights, at most 8 rows) become one
 // matmul_group that means what they meant; a prefill's (16 rows) stay apart; a weight made after the first
 // product (a cast) moves the group to the last one's place; a product read before the last one's place and a
@@ -252,19 +271,8 @@ TEST(Passes, DecodeProductsOfOneInputGroup) {
     ASSERT_TRUE(run_passes(grouped, default_pipeline(o2.options), o2).is_ok());
     EXPECT_EQ(count(grouped, OpKind::matmul_group), groups);
     EXPECT_EQ(count(grouped, OpKind::matmul), groups ? 0 : 3);
-    std::map<std::string, graph::HostArray> feeds;
     uint64_t seed = 1;
-    for (const auto& node : g.nodes()) {
-      if (node.op != OpKind::input && node.op != OpKind::parameter) continue;
-      graph::HostArray a(g.type(node.outputs[0]));
-      for (size_t i = 0; i < a.data.size(); ++i) a.data[i] = std::sin(double(++seed) * 0.37);
-      feeds[node.name] = a;
-    }
-    auto want = graph::interpret(g, feeds);
-    auto got = graph::interpret(grouped, feeds);
-    ASSERT_TRUE(want.is_ok() && got.is_ok());
-    for (const auto& [name, w] : *want)
-      for (size_t i = 0; i < w.data.size(); ++i) ASSERT_EQ(got->at(name).data[i], w.data[i]) << name;
+    expect_same_outputs(g, grouped, [&](const graph::Node&, size_t) { return std::sin(double(++seed) * 0.37); });
   }
 }
 
@@ -295,19 +303,10 @@ TEST(Passes, QuantizedDecodeProductsGroupByFormat) {
           {{"op", int64_t(OpKind::matmul_q)}, {"k", int64_t(64)}});
     EXPECT_NE(bb.status().to_string().find("format"), std::string::npos) << bb.status().to_string();
   }
-  std::map<std::string, graph::HostArray> feeds;
-  for (const auto& node : g.nodes()) {
-    if (node.op != OpKind::input && node.op != OpKind::parameter) continue;
-    graph::HostArray a(g.type(node.outputs[0]));
-    for (size_t i = 0; i < a.data.size(); ++i)  // bytes 16 (f16 scales near 5e-4, quants 16); h in [-1, 1]
-      a.data[i] = node.op == OpKind::parameter ? 16.0 : std::sin(double(i) * 0.37);
-    feeds[node.name] = a;
-  }
-  auto want = graph::interpret(g, feeds);
-  auto got = graph::interpret(grouped, feeds);
-  ASSERT_TRUE(want.is_ok() && got.is_ok());
-  for (const auto& [name, w] : *want)
-    for (size_t i = 0; i < w.data.size(); ++i) ASSERT_EQ(got->at(name).data[i], w.data[i]) << name;
+  // Weight bytes 16 (f16 scales near 5e-4, quants 16); h in [-1, 1].
+  expect_same_outputs(g, grouped, [](const graph::Node& node, size_t i) {
+    return node.op == OpKind::parameter ? 16.0 : std::sin(double(i) * 0.37);
+  });
 }
 
 // GELU as exporters write it, in pieces and in several orders, becomes one

@@ -1,18 +1,37 @@
-# Runs CMD (a ;-list; stdin from INPUT when given) with ASPEN_PROFILE=DIR and fails unless it exits 0 and DIR
-# holds trace.json with events and profile.json (docs/profile.md) of schema aspen.profile/1 for command NAME,
-# with at least one device whose ops include OP.
+# Runs CMD (a ;-list; stdin from INPUT when given) with ASPEN_PROFILE=DIR (with FLAG set: `--profile DIR`
+# appended instead) and fails unless it exits 0 and DIR holds trace.json with events and profile.json
+# (docs/profile.md) of schema aspen.profile/1 for command NAME, with at least one device whose ops include OP
+# and whose op times add up to at least its busy time (the union of its events). With GOLDEN (a
+# generate_text.json), CMD gets its prompt (greedy, its token count) and stdout must be exactly its text:
+# profiling changes nothing.
 file(REMOVE_RECURSE "${DIR}")
-if(INPUT)
-  execute_process(COMMAND ${CMAKE_COMMAND} -E env "ASPEN_PROFILE=${DIR}" ${CMD} INPUT_FILE "${INPUT}"
-                  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+set(cmd ${CMD})
+if(GOLDEN)  # the golden's prompt, greedily, its number of tokens
+  file(READ "${GOLDEN}" golden)
+  string(JSON prompt GET "${golden}" prompt)
+  string(JSON tokens GET "${golden}" max_new_tokens)
+  list(APPEND cmd --prompt "${prompt}" --max-new-tokens ${tokens} --temperature 0)
+endif()
+if(FLAG)
+  set(run ${cmd} --profile "${DIR}")
 else()
-  execute_process(COMMAND ${CMAKE_COMMAND} -E env "ASPEN_PROFILE=${DIR}" ${CMD}
-                  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  set(run ${CMAKE_COMMAND} -E env "ASPEN_PROFILE=${DIR}" ${cmd})
+endif()
+if(INPUT)
+  execute_process(COMMAND ${run} INPUT_FILE "${INPUT}" OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+else()
+  execute_process(COMMAND ${run} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 endif()
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the command failed (${rc}): ${err}${out}")
 endif()
-foreach(f trace.json profile.json)
+if(GOLDEN)
+  string(JSON text GET "${golden}" text)
+  if(NOT out STREQUAL "${text}\n")
+    message(FATAL_ERROR "printed\n[${out}]\nexpected\n[${text}\n]")
+  endif()
+endif()
+foreach(f trace.json profile.json report.html)
   if(NOT EXISTS "${DIR}/${f}")
     message(FATAL_ERROR "${DIR}/${f} was not written (stderr: ${err})")
   endif()
@@ -28,12 +47,19 @@ if(n_events LESS 2 OR NOT schema STREQUAL "aspen.profile/1" OR NOT command STREQ
                       "${n_devices} devices")
 endif()
 string(JSON n_ops LENGTH "${profile}" devices 0 ops)
+string(JSON busy GET "${profile}" devices 0 busy_ns)
+set(found FALSE)
+set(total 0)
 math(EXPR last "${n_ops} - 1")
 foreach(i RANGE ${last})
   string(JSON name GET "${profile}" devices 0 ops ${i} name)
+  string(JSON op_ns GET "${profile}" devices 0 ops ${i} total_ns)
+  math(EXPR total "${total} + ${op_ns}")
   if(name STREQUAL "${OP}")
-    message(STATUS "${NAME} wrote its profile (${n_events} events; ${OP} among ${n_ops} ops)")
-    return()
+    set(found TRUE)
   endif()
 endforeach()
-message(FATAL_ERROR "profile.json: no op '${OP}' among the ${n_ops} ops of ${DIR}")
+if(NOT found OR busy LESS 1 OR total LESS busy)
+  message(FATAL_ERROR "profile.json: op '${OP}' listed: ${found}; busy ${busy} ns, ops ${total} ns")
+endif()
+message(STATUS "${NAME} wrote its profile (${n_events} events; ${OP} among ${n_ops} ops)")
