@@ -123,7 +123,8 @@ Result<std::unique_ptr<Embedder>> Embedder::open(const std::string& dir, const E
                            compiler::compile(g, {.opt_level = compiler::OptLevel::O2, .hoist_weights = true}));
     programs.push_back(std::move(exe));
   }
-  ASPEN_ASSIGN_OR_RETURN(e->session_, runtime::Session::create(std::move(programs), {.threads = options.threads, .trace = options.trace}));
+  ASPEN_ASSIGN_OR_RETURN(e->session_,
+                         runtime::Session::create(std::move(programs), {.threads = options.threads, .trace = options.trace}));
   runtime::Session& s = *e->session_;
   ASPEN_RETURN_IF_ERROR(
       load_weights(*plan, [&s](const std::string& name, const Tensor& t) { return s.set_parameter(name, t); }));

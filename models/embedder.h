@@ -92,6 +92,8 @@ class Embedder {
   // The compiled sequence lengths, ascending (the last is max_length()).
   const std::vector<int64_t>& compiled_lengths() const { return lengths_; }
   const io::Tokenizer& tokenizer() const { return *tokenizer_; }
+  // The programs, one per compiled length (program i runs compiled_lengths()[i]).
+  const runtime::Session& session() const { return *session_; }
 
  private:
   Embedder() = default;

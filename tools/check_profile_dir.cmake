@@ -3,7 +3,7 @@
 # (docs/profile.md) of schema aspen.profile/1 for command NAME, with at least one device whose ops include OP
 # and whose op times add up to at least its busy time (the union of its events). With GOLDEN (a
 # generate_text.json), CMD gets its prompt (greedy, its token count) and stdout must be exactly its text:
-# profiling changes nothing.
+# profiling changes nothing. With PROGRAMS, the memory view must hold at least that many programs.
 file(REMOVE_RECURSE "${DIR}")
 set(cmd ${CMD})
 if(GOLDEN)  # the golden's prompt, greedily, its number of tokens
@@ -61,5 +61,20 @@ foreach(i RANGE ${last})
 endforeach()
 if(NOT found OR busy LESS 1 OR total LESS busy)
   message(FATAL_ERROR "profile.json: op '${OP}' listed: ${found}; busy ${busy} ns, ops ${total} ns")
+endif()
+# PROGRAMS: at least this many compiled programs in the memory view, each with its curve.
+if(PROGRAMS)
+  string(JSON n_programs LENGTH "${profile}" programs)
+  if(n_programs LESS PROGRAMS)
+    message(FATAL_ERROR "profile.json: ${n_programs} programs in the memory view; expected ${PROGRAMS} or more")
+  endif()
+  math(EXPR last "${n_programs} - 1")
+  foreach(i RANGE ${last})
+    string(JSON points LENGTH "${profile}" programs ${i} live_bytes)
+    string(JSON arena GET "${profile}" programs ${i} arena_bytes)
+    if(points LESS 1 OR arena LESS 1)
+      message(FATAL_ERROR "profile.json: program ${i}: ${points} curve points, arena ${arena} bytes")
+    endif()
+  endforeach()
 endif()
 message(STATUS "${NAME} wrote its profile (${n_events} events; ${OP} among ${n_ops} ops)")

@@ -25,9 +25,11 @@
 #include <string>
 #include <vector>
 
+#include "compiler/memory_profile.h"
 #include "kernels/cpu.h"
 #include "models/embedder.h"
 #include "profile/profile_dir.h"
+#include "runtime/session.h"
 #include "tools/commands.h"
 
 namespace aspen::tools {
@@ -89,7 +91,11 @@ Status run_embed(const EmbedArgs& args) {
                                           {"threads", std::to_string(args.options.threads > 0 ? args.options.threads
                                                                                               : omp_get_max_threads())},
                                           {"texts", std::to_string(texts)}}};
-    ASPEN_RETURN_IF_ERROR(profile::write_profile_dir(profile_dir, trace.events(), run));
+    profile::RunFacts with_memory = run;
+    for (int p = 0; p < e->session().programs(); ++p)  // one program per compiled length
+      with_memory.programs.push_back(compiler::program_memory(
+          e->session().executable(p), "length " + std::to_string(e->compiled_lengths()[size_t(p)])));
+    ASPEN_RETURN_IF_ERROR(profile::write_profile_dir(profile_dir, trace.events(), with_memory));
     std::cerr << "profile: " << profile_dir << "/trace.json (opens in ui.perfetto.dev), " << profile_dir
               << "/profile.json (docs/profile.md)\n";
   }
