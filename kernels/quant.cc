@@ -223,6 +223,46 @@ void gemv_reference(const float* x, const W* w, float* y, int64_t M, int64_t N, 
     for (int64_t n = 0; n < N; ++n) y[m * N + n] = row_dot(w + n * blocks, xq.rows[size_t(m)], blocks);
 }
 
+// The fast products of x (quantized: xq) by packed weights (pack_rows8's order), one or several (NOTE [gemv
+// groups]): the groups of 8 rows of all of them are one list, each group one thread's (static), so no output
+// depends on the thread count or on the products beside it; a group's rows of x run 4 at a time against it
+// (prefill), in a chunk of x rows small enough to stay in cache. Then each product's last rows (row by row in
+// both layouts): the reference's sequence.
+template <class W>
+void packed_products(const XQ& xq, int64_t M, int64_t K, const QuantGroupCall* calls, size_t count) {
+  constexpr size_t kMaxCalls = 16;
+  const int64_t blocks = K / kValues<W>;
+  int64_t first[kMaxCalls + 1] = {0}, values = 0;  // first[c]: product c's first group in the list
+  for (size_t c = 0; c < count; ++c) {
+    first[c + 1] = first[c] + calls[c].N / 8;
+    values += calls[c].N * K;
+  }
+  const bool vnni = active_isa() >= Isa::avx512 && cpu_features().avx512_vnni;
+  const int64_t groups = first[count];
+  constexpr int64_t kRowChunk = 64;
+  const XRow* rows = xq.rows.data();
+  for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
+    const int64_t mc = std::min(kRowChunk, M - m0);
+#pragma omp parallel for schedule(static) if (groups > 1 && mc * values >= (1 << 16))
+    for (int64_t g = 0; g < groups; ++g) {
+      size_t c = 0;
+      while (g >= first[c + 1]) ++c;
+      const int64_t lg = g - first[c], N = calls[c].N;
+      float* y_rows[kRowChunk];
+      for (int64_t m = 0; m < mc; ++m) y_rows[m] = calls[c].y + (m0 + m) * N + lg * 8;
+      const uint8_t* chunk = calls[c].w + lg * blocks * kChunk<W>;
+      if (vnni)
+        isa_vnni::group_rows<W>(chunk, blocks, rows + m0, y_rows, mc);
+      else
+        isa_avx2::group_rows<W>(chunk, blocks, rows + m0, y_rows, mc);
+    }
+  }
+  for (size_t c = 0; c < count; ++c)
+    for (int64_t n = calls[c].N / 8 * 8; n < calls[c].N; ++n)
+      for (int64_t m = 0; m < M; ++m)
+        calls[c].y[m * calls[c].N + n] = row_dot(reinterpret_cast<const W*>(calls[c].w) + n * blocks, rows[m], blocks);
+}
+
 // Every product's entry point: the checks, then the fast path or the reference (on W unpacked). `packed`:
 // W in pack_rows8's order.
 template <class W>
@@ -249,7 +289,6 @@ Status gemv_checked(const char* fn, std::span<const float> x, std::span<const W>
     gemv_reference(x.data(), packed ? unpacked.data() : w.data(), y.data(), M, N, K);
     return Status();
   }
-  const bool vnni = active_isa() >= Isa::avx512 && cpu_features().avx512_vnni;
   const auto* bytes = reinterpret_cast<const uint8_t*>(w.data());
   std::vector<uint8_t> repacked;  // W as stored: packed for this call (weights fixed are packed once, outside)
   if (!packed && groups > 0) {
@@ -257,27 +296,8 @@ Status gemv_checked(const char* fn, std::span<const float> x, std::span<const W>
     regroup_rows8<W>(bytes, N, K, repacked.data(), /*to_packed=*/true);
     bytes = repacked.data();
   }
-  const XQ& xq = quantize_x(x.data(), M, K);
-  // Each group of 8 rows is one thread's (static), so no output depends on the thread count; a group's rows of
-  // x run 4 at a time against it (prefill), in a chunk of x rows small enough to stay in cache.
-  constexpr int64_t kRowChunk = 64;
-  const XRow* rows = xq.rows.data();
-  for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
-    const int64_t mc = std::min(kRowChunk, M - m0);
-#pragma omp parallel for schedule(static) if (groups > 1 && mc * N * K >= (1 << 16))
-    for (int64_t g = 0; g < groups; ++g) {
-      float* y_rows[kRowChunk];
-      for (int64_t m = 0; m < mc; ++m) y_rows[m] = y.data() + (m0 + m) * N + g * 8;
-      const uint8_t* chunk = bytes + g * blocks * kChunk<W>;
-      if (vnni)
-        isa_vnni::group_rows<W>(chunk, blocks, rows + m0, y_rows, mc);
-      else
-        isa_avx2::group_rows<W>(chunk, blocks, rows + m0, y_rows, mc);
-    }
-  }
-  for (int64_t n = groups * 8; n < N; ++n)  // the last rows (row by row in both layouts): the reference's sequence
-    for (int64_t m = 0; m < M; ++m)
-      y[size_t(m * N + n)] = row_dot(w.data() + n * blocks, rows[m], blocks);
+  const QuantGroupCall call{bytes, y.data(), N};
+  packed_products<W>(quantize_x(x.data(), M, K), M, K, &call, 1);
   return Status();
 }
 
@@ -410,55 +430,25 @@ Status bytes_gemv(const float* x, const uint8_t* w, float* y, int64_t M, int64_t
   return gemv_checked<W>(kGemvName<W>, {x, size_t(M * K)}, {as_blocks<W>(w), blocks}, {y, size_t(M * N)}, M, N, K,
                          packed);
 }
-// NOTE [gemv groups] for the block formats: gemv_checked's loop over one product's groups of 8 rows, run over
-// the groups of all the products as one list (x quantized once), then each product's last rows. A group's
-// arithmetic does not depend on its thread, so each y has the bits of its product alone.
+// NOTE [gemv groups] for the block formats: packed_products over all the products, x quantized once.
 template <class W>
 Status group_rows8(const float* x, const QuantGroupCall* calls, size_t count, int64_t M, int64_t K) {
-  constexpr size_t kMaxCalls = 16;
-  const int64_t per = kValues<W>, blocks = K / per;
+  constexpr size_t kMaxCalls = 16;  // packed_products'
+  const int64_t per = kValues<W>;
   if (M < 1 || K < per || K % per != 0 || count > kMaxCalls)
     return Status::invalid_argument(std::string(kGemvName<W>) + " group: shape",
                                     "M >= 1, K a positive multiple of " + std::to_string(per) + ", at most " +
                                         std::to_string(kMaxCalls) + " products",
                                     std::to_string(M) + "x" + std::to_string(K) + ", " + std::to_string(count));
-  int64_t first[kMaxCalls + 1] = {0}, values = 0;
-  for (size_t c = 0; c < count; ++c) {
+  for (size_t c = 0; c < count; ++c)
     if (calls[c].N < 1)
       return Status::invalid_argument(std::string(kGemvName<W>) + " group: N", ">= 1", std::to_string(calls[c].N));
-    first[c + 1] = first[c] + calls[c].N / 8;
-    values += calls[c].N * K;
-  }
   if (reference_mode() || active_isa() < Isa::avx2) {
     for (size_t c = 0; c < count; ++c)
       ASPEN_RETURN_IF_ERROR(bytes_gemv<W>(x, calls[c].w, calls[c].y, M, calls[c].N, K, true));
     return Status();
   }
-  const bool vnni = active_isa() >= Isa::avx512 && cpu_features().avx512_vnni;
-  const XQ& xq = quantize_x(x, M, K);
-  const XRow* rows = xq.rows.data();
-  const int64_t groups = first[count];
-  constexpr int64_t kRowChunk = 64;  // gemv_checked's
-  for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
-    const int64_t mc = std::min(kRowChunk, M - m0);
-#pragma omp parallel for schedule(static) if (groups > 1 && mc * values >= (1 << 16))
-    for (int64_t g = 0; g < groups; ++g) {
-      size_t c = 0;
-      while (g >= first[c + 1]) ++c;
-      const int64_t lg = g - first[c], N = calls[c].N;
-      float* y_rows[kRowChunk];
-      for (int64_t m = 0; m < mc; ++m) y_rows[m] = calls[c].y + (m0 + m) * N + lg * 8;
-      const uint8_t* chunk = calls[c].w + lg * blocks * kChunk<W>;
-      if (vnni)
-        isa_vnni::group_rows<W>(chunk, blocks, rows + m0, y_rows, mc);
-      else
-        isa_avx2::group_rows<W>(chunk, blocks, rows + m0, y_rows, mc);
-    }
-  }
-  for (size_t c = 0; c < count; ++c)  // each product's last rows, as gemv_checked
-    for (int64_t n = calls[c].N / 8 * 8; n < calls[c].N; ++n)
-      for (int64_t m = 0; m < M; ++m)
-        calls[c].y[m * calls[c].N + n] = row_dot(as_blocks<W>(calls[c].w) + n * blocks, rows[m], blocks);
+  packed_products<W>(quantize_x(x, M, K), M, K, calls, count);
   return Status();
 }
 
