@@ -60,7 +60,7 @@ Result<std::unique_ptr<InferenceModel>> InferenceModel::create(const graph::Grap
   runtime::SessionOptions sopts;
   sopts.threads = options.threads_;
   sopts.replicas = int(options.replication_factor_);
-  sopts.trace = m->trace_.get();
+  sopts.trace = m->trace_ ? m->trace_.get() : options.trace_recorder_;
   ASPEN_ASSIGN_OR_RETURN(m->session_, runtime::Session::create(std::move(exe), sopts));
   return m;
 }
@@ -93,8 +93,5 @@ Result<std::map<std::string, Tensor>> InferenceModel::run(const std::map<std::st
 }
 
 std::string InferenceModel::profile_summary() const { return trace_ ? profile::summary(trace_->events()) : ""; }
-std::vector<profile::TraceEvent> InferenceModel::trace_events() const {
-  return trace_ ? trace_->events() : std::vector<profile::TraceEvent>{};
-}
 
 }  // namespace aspen::api

@@ -40,8 +40,6 @@ class InferenceModel {
 
   // The per-op summary of everything traced so far (empty without a profile path).
   std::string profile_summary() const;
-  // Every event recorded so far (Options::profile set; else none).
-  std::vector<profile::TraceEvent> trace_events() const;
 
  private:
   InferenceModel() = default;

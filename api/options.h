@@ -82,7 +82,7 @@ struct Options {
   Options& random_seed(uint64_t s) { random_seed_ = s; return *this; }
   Options& profile(std::string path) { profile_ = std::move(path); return *this; }
   // Instead of profile(): every instruction recorded into `recorder` while it is enabled, written by the
-  // caller (the trainer's --profile DIR). Not owned; it must outlive the model.
+  // caller (the commands' --profile DIR). Not owned; it must outlive the model.
   Options& trace_recorder(profile::TraceRecorder* recorder) { trace_recorder_ = recorder; return *this; }
   Options& opt_level(compiler::OptLevel l) { opt_level_ = l; return *this; }
   Options& threads(int n) { threads_ = n; return *this; }

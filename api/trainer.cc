@@ -1,7 +1,5 @@
 #include "api/trainer.h"
 
-#include <omp.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,12 +10,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "api/run_profile.h"
 #include "api/trainer_feed.h"
 #include "core/atomic_file.h"
 #include "core/checksum.h"
 #include "core/thread_team.h"
 #include "io/tokenizer.h"
-#include "kernels/cpu.h"
 #include "kernels/matmul_choice.h"
 #include "models/blocks.h"
 #include "models/causal_lm.h"
@@ -28,7 +26,6 @@
 #include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
-#include "profile/profile_dir.h"
 #include "parallel/job.h"
 #include "train/checkpoint.h"
 #include "train/report.h"
@@ -881,18 +878,13 @@ Result<TrainResult> Trainer::run() {
   if (trace_ && writer_) {  // NOTE: under MPI each process records its own devices; process 0 writes its own
     trace_->set_enabled(false);
     const int64_t recorded = std::min<int64_t>(std::max<int64_t>(calls - 1, 0) * iters, options_.profile_steps);
-    const profile::RunFacts run{
-        "train",
-        {{"config", c.name},
-         {"cpu", kernels::cpu_model_name()},
-         {"isa", kernels::isa_name(kernels::active_isa())},
-         {"threads", std::to_string(c.train.threads > 0 ? c.train.threads : omp_get_max_threads())},
-         {"steps_recorded", std::to_string(recorded)},
-         {"first_step_recorded", std::to_string(recorded > 0 ? start + iters + 1 : 0)},
-         {"tokens_per_s", std::to_string(result.tokens_per_s)}}};
-    ASPEN_RETURN_IF_ERROR(profile::write_profile_dir(options_.profile, trace_->events(), run));
-    out() << "profile: " << options_.profile << "/trace.json (opens in ui.perfetto.dev), " << options_.profile
-          << "/profile.json (docs/profile.md)\n";
+    const profile::RunFacts run =
+        run_facts("train", c.train.threads,
+                  {{"config", c.name},
+                   {"steps_recorded", std::to_string(recorded)},
+                   {"first_step_recorded", std::to_string(recorded > 0 ? start + iters + 1 : 0)},
+                   {"tokens_per_s", std::to_string(result.tokens_per_s)}});
+    ASPEN_RETURN_IF_ERROR(write_run_profile(options_.profile, trace_->events(), run, out()));
   }
   if (const TrainFeed::MaskedStats& m = feed_->masked_stats(); m.dropped > 0)
     out() << "masked LM: " << m.dropped << " of " << m.predicted

@@ -14,8 +14,6 @@
 // tokenized as the tokenizer does (lossily decoded) and written as U+FFFD.
 // Floats are written in the shortest form that reads back to the same f32
 // (at most 9 significant digits).
-#include <omp.h>
-
 #include <fmt/format.h>
 
 #include <iostream>
@@ -25,8 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "api/run_profile.h"
 #include "compiler/memory_profile.h"
-#include "kernels/cpu.h"
 #include "models/embedder.h"
 #include "profile/profile_dir.h"
 #include "runtime/session.h"
@@ -86,18 +84,12 @@ Status run_embed(const EmbedArgs& args) {
     if (!std::cout) return Status::error(Code::kIoError, "stdout", "writable", "a write error");
   }
   if (!profile_dir.empty()) {
-    const profile::RunFacts run{"embed", {{"model", args.model}, {"cpu", kernels::cpu_model_name()},
-                                          {"isa", kernels::isa_name(kernels::active_isa())},
-                                          {"threads", std::to_string(args.options.threads > 0 ? args.options.threads
-                                                                                              : omp_get_max_threads())},
-                                          {"texts", std::to_string(texts)}}};
-    profile::RunFacts with_memory = run;
+    profile::RunFacts run =
+        api::run_facts("embed", args.options.threads, {{"model", args.model}, {"texts", std::to_string(texts)}});
     for (int p = 0; p < e->session().programs(); ++p)  // one program per compiled length
-      with_memory.programs.push_back(compiler::program_memory(
+      run.programs.push_back(compiler::program_memory(
           e->session().executable(p), "length " + std::to_string(e->compiled_lengths()[size_t(p)])));
-    ASPEN_RETURN_IF_ERROR(profile::write_profile_dir(profile_dir, trace.events(), with_memory));
-    std::cerr << "profile: " << profile_dir << "/trace.json (opens in ui.perfetto.dev), " << profile_dir
-              << "/profile.json (docs/profile.md)\n";
+    ASPEN_RETURN_IF_ERROR(api::write_run_profile(profile_dir, trace.events(), run, std::cerr));
   }
   return Status::ok();
 }
@@ -122,9 +114,7 @@ Command add_embed_command(CLI::App& app) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   cmd->add_option("--threads", args->options.threads, "threads (default: the free cores)")
       ->check(CLI::Range(0, 1024));
-  cmd->add_option("--profile", args->profile,
-                  "write DIR/trace.json (Perfetto) and DIR/profile.json: every instruction of the run "
-                  "(default: $ASPEN_PROFILE; unset: no profile)");
+  cmd->add_option("--profile", args->profile, api::kProfileHelp);
   return Command{cmd, [args] { return report(run_embed(*args)); }};
 }
 

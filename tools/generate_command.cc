@@ -14,10 +14,8 @@
 // Special tokens (an eos, <|endoftext|>) are left out of the text unless
 // --show-special. Every sampling flag is checked before the model loads; a
 // timings line goes to stderr at the end, as llama.cpp prints one. --profile DIR (or ASPEN_PROFILE=DIR)
-// records every instruction of the prefill and the decode steps and writes DIR/trace.json (Perfetto) and
-// DIR/profile.json (docs/profile.md) at the end.
-#include <omp.h>
-
+// records every instruction of the prefill and the decode steps and writes the profile there at the end
+// (docs/profile.md).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,9 +23,9 @@
 #include <memory>
 #include <string>
 
+#include "api/run_profile.h"
 #include "compiler/memory_profile.h"
 #include "io/tokenizer.h"
-#include "kernels/cpu.h"
 #include "models/config.h"
 #include "models/generate.h"
 #include "models/weights.h"
@@ -155,23 +153,18 @@ int run_generate(const GenerateArgs& a) {
                 prefill + decode, generated.size() > 1 && decode > 0 ? double(generated.size() - 1) / decode : 0.0);
   if (!generated.empty()) std::cerr << line << "\n";
   if (!profile_dir.empty()) {
-    const profile::RunFacts run{"generate",
-                                {{"model", a.model},
-                                 {"cpu", kernels::cpu_model_name()},
-                                 {"isa", kernels::isa_name(kernels::active_isa())},
-                                 {"threads", std::to_string(a.threads > 0 ? a.threads : omp_get_max_threads())},
-                                 {"dtype", a.dtype},
-                                 {"prompt_tokens", std::to_string(prompt.size())},
-                                 {"new_tokens", std::to_string(generated.size())}}};
-    profile::RunFacts with_memory = run;
+    profile::RunFacts run = api::run_facts("generate", a.threads,
+                                           {{"model", a.model},
+                                            {"dtype", a.dtype},
+                                            {"prompt_tokens", std::to_string(prompt.size())},
+                                            {"new_tokens", std::to_string(generated.size())}});
     const runtime::Session& session = (*gen)->session();
     for (int p = 0; p < session.programs(); ++p)  // models::Generator compiles the prefill, then one decode step
-      with_memory.programs.push_back(compiler::program_memory(
-          session.executable(p), session.programs() == 2 ? (p == 0 ? "prefill" : "decode") : "program " + std::to_string(p)));
-    if (Status st = profile::write_profile_dir(profile_dir, trace.events(), with_memory); !st.is_ok())
+      run.programs.push_back(compiler::program_memory(
+          session.executable(p),
+          session.programs() == 2 ? (p == 0 ? "prefill" : "decode") : "program " + std::to_string(p)));
+    if (Status st = api::write_run_profile(profile_dir, trace.events(), run, std::cerr); !st.is_ok())
       return report(st);
-    std::cerr << "profile: " << profile_dir << "/trace.json (opens in ui.perfetto.dev), " << profile_dir
-              << "/profile.json (docs/profile.md)\n";
   }
   return 0;
 }
@@ -208,9 +201,7 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_flag("--vocab-parallel", args->vocab_parallel,
                 "with --tensor-parallel: the vocabulary split over the shards too (it must divide)");
   cmd->add_flag("--echo", args->echo, "print the prompt before the continuation");
-  cmd->add_option("--profile", args->profile,
-                  "write DIR/trace.json (Perfetto) and DIR/profile.json: every instruction of the run "
-                  "(default: $ASPEN_PROFILE; unset: no profile)");
+  cmd->add_option("--profile", args->profile, api::kProfileHelp);
   return Command{cmd, [args] { return run_generate(*args); }};
 }
 

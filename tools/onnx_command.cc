@@ -11,7 +11,6 @@
 // name, shape and dtype, then the compile time and whether the cache hit (--graph FILE also writes the
 // imported and compiled graphs, the program and its memory plan there, for the curious). Exit 0 on success, 1 with a
 // message naming the node on a model aspen does not import (or another failure), 2 on a usage error.
-#include <omp.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -23,11 +22,11 @@
 #include <vector>
 
 #include "api/inference_model.h"
+#include "api/run_profile.h"
 #include "compiler/memory_profile.h"
 #include "core/atomic_file.h"
 #include "io/npy.h"
 #include "io/onnx.h"
-#include "kernels/cpu.h"
 #include "models/onnx_import.h"
 #include "profile/profile_dir.h"
 #include "tools/commands.h"
@@ -161,7 +160,8 @@ int run_run(const RunArgs& a) {
     if (Status s = profile::make_profile_dir(profile_dir); !s.is_ok()) return report(s);
   api::Options options;
   options.threads(a.threads);
-  if (!profile_dir.empty()) options.profile(profile_dir + "/trace.json");
+  profile::TraceRecorder trace;
+  if (!profile_dir.empty()) options.trace_recorder(&trace);
   if (a.dtype == "bf16") options.precision(DType::bf16);
   if (!a.cache.empty()) options.executable_cache(a.cache);
   auto model = api::InferenceModel::create(imp->graph, options);
@@ -187,17 +187,9 @@ int run_run(const RunArgs& a) {
               << escape_for_terminal(path) << "\n";
   }
   if (!profile_dir.empty()) {
-    const profile::RunFacts run{"onnx run", {{"model", a.model}, {"cpu", kernels::cpu_model_name()},
-                                             {"isa", kernels::isa_name(kernels::active_isa())},
-                                             {"threads", std::to_string(a.threads > 0 ? a.threads
-                                                                                      : omp_get_max_threads())},
-                                             {"dtype", a.dtype}}};
-    profile::RunFacts with_memory = run;
-    with_memory.programs.push_back(compiler::program_memory((*model)->executable(), "run"));
-    if (Status s = profile::write_profile_dir(profile_dir, (*model)->trace_events(), with_memory); !s.is_ok())
-      return report(s);
-    std::cout << "profile: " << profile_dir << "/trace.json (opens in ui.perfetto.dev), " << profile_dir
-              << "/profile.json (docs/profile.md)\n";
+    profile::RunFacts run = api::run_facts("onnx run", a.threads, {{"model", a.model}, {"dtype", a.dtype}});
+    run.programs.push_back(compiler::program_memory((*model)->executable(), "run"));
+    if (Status s = api::write_run_profile(profile_dir, trace.events(), run, std::cout); !s.is_ok()) return report(s);
   }
   std::cout << "compile: " << compile_s << " s (executable cache: "
             << (a.cache.empty()         ? "off"
@@ -227,9 +219,7 @@ Command add_onnx_command(CLI::App& app) {
   run->add_option("--dtype", args->dtype, "compute precision: f32 (default) or bf16");
   run->add_option("--cache", args->cache, "executable cache directory (default: off)");
   run->add_option("--threads", args->threads, "threads (default: the free cores)")->check(at_least(0));
-  run->add_option("--profile", args->profile,
-                  "write DIR/trace.json (Perfetto) and DIR/profile.json: every instruction of the run "
-                  "(default: $ASPEN_PROFILE; unset: no profile)");
+  run->add_option("--profile", args->profile, api::kProfileHelp);
   run->add_option("--graph", args->graph_file,
                   "write the imported graph, the compiled graph, the program and its memory plan to this file");
   run->footer("Example: aspen onnx run model.onnx --input input_ids=ids.npy --output-dir out");

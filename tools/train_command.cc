@@ -40,6 +40,7 @@
 #include "parallel/mesh.h"
 #include "parallel/job.h"
 #include "models/generate.h"
+#include "api/run_profile.h"
 #include "profile/profile_dir.h"
 #include "tools/commands.h"
 #include "train/config.h"
@@ -425,8 +426,7 @@ Command add_train_command(CLI::App& app) {
       ->check(at_least(0));
   cmd->add_option("--run-dir", args->run_dir, "the run directory (overrides log.run_dir)");
   cmd->add_option("--profile", args->profile,
-                  "write DIR/trace.json (Perfetto) and DIR/profile.json: every instruction of --profile-steps "
-                  "steps from this run's second (default: $ASPEN_PROFILE; unset: no profile)");
+                  std::string(api::kProfileHelp) + ": every instruction of --profile-steps steps from the run's second");
   cmd->add_option("--profile-steps", args->profile_steps, "steps the profile records (default 10)")
       ->check(at_least(1));
   cmd->add_option("--replicas", args->replicas,
