@@ -12,9 +12,9 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "compiler/executable.h"
+#include "io/test_files.h"
 #include "graph/builder.h"
 #include "models/blocks.h"
 #include "models/causal_lm.h"
@@ -162,10 +162,7 @@ TEST(GgufModels, Llama3RopeScalingIsReadFromItsFactors) {
   EXPECT_EQ(l->rope.high_freq_factor, 8.0);
   EXPECT_EQ(l->rope.original_max_positions, 256);
 
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string bytes = ss.str();
+  std::string bytes = io::test_files::read_bytes(path);
   auto file = io::GgufFile::open(path);
   ASSERT_TRUE(file.is_ok()) << file.status().to_string();
   const std::span<const std::byte> factors = file->data(*file->find("rope_freqs.weight"));
@@ -175,22 +172,19 @@ TEST(GgufModels, Llama3RopeScalingIsReadFromItsFactors) {
   const float bent = 2.5f;  // frequency 4's factor (between 1 and 8), off the rule
   std::memcpy(bytes.data() + at + 4 * sizeof(float), &bent, sizeof(float));
   const std::string edited = ::testing::TempDir() + "/edited-rope.gguf";
-  std::ofstream(edited, std::ios::binary) << bytes;
+  io::test_files::write_bytes(edited, bytes);
   const std::string e = Checkpoint::open(edited).status().to_string();
   EXPECT_EQ(e.rfind("Unimplemented: " + edited + ": tensor 'rope_freqs.weight': expected ", 0), 0u) << e;
 }
 
 TEST(GgufModels, OtherArchitecturesAndDamagedMetadataAreNamed) {
-  std::ifstream f(kFile, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string bytes = ss.str();
+  const std::string bytes = io::test_files::read_bytes(kFile);
   auto edited = [&](const std::string& from, const std::string& to, const std::string& after) {
     std::string b = bytes;
     const size_t at = b.find(from, b.find(after));
     b.replace(at, from.size(), to);
     const std::string path = ::testing::TempDir() + "/edited.gguf";
-    std::ofstream(path, std::ios::binary) << b;
+    io::test_files::write_bytes(path, b);
     return path;
   };
   EXPECT_EQ(Checkpoint::open(edited("gpt2", "bert", "general.architecture")).status().to_string(),
@@ -201,14 +195,11 @@ TEST(GgufModels, OtherArchitecturesAndDamagedMetadataAreNamed) {
             "NotFound: " + ::testing::TempDir() +
                 "/edited.gguf: gpt2.block_count: expected a number (the model's config), found no such key");
   {  // a Llama's metadata
-    std::ifstream lf(kDir + "/llama-64-q8_0.gguf", std::ios::binary);
-    std::stringstream ls;
-    ls << lf.rdbuf();
-    std::string b = ls.str();
+    std::string b = io::test_files::read_bytes(kDir + "/llama-64-q8_0.gguf");
     const std::string key = "llama.attention.layer_norm_rms_epsilon";
     b.replace(b.find(key), key.size(), "llama.attention.layer_norm_rms_epsilom");
     const std::string path = ::testing::TempDir() + "/edited-llama.gguf";
-    std::ofstream(path, std::ios::binary) << b;
+    io::test_files::write_bytes(path, b);
     EXPECT_EQ(Checkpoint::open(path).status().to_string(),
               "NotFound: " + path + ": " + key + ": expected a number (the model's config), found no such key");
   }
