@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/rotary.h"
 #include "models/blocks.h"
 #include "models/config.h"
 #include "models/llama.h"
@@ -108,8 +109,9 @@ Result<std::string> gpt2_config_json(const io::GgufFile& f) {
 // a line in x. So factor is the largest factor, and two factors between 1 and it give the line (slope a, offset
 // b); the line fixes the parameters up to one scale, taken as low_freq_factor = 1 (Llama 3's): high = 1 - 1/b,
 // original = -a/b, rounded to the integer it is. The parameters are then checked by recomputing every factor of
-// the tensor from them (within the float32 rounding the file stored them in); a tensor that is not of this rule
-// (too few factors between the ends, or one that does not agree) is refused by name, never run approximately.
+// the tensor from them as the rotary kernel applies them (within the float32 rounding the file stored them in);
+// a tensor that is not of this rule (too few factors between the ends, or one that does not agree) is refused
+// by name, never run approximately.
 Result<nlohmann::ordered_json> llama3_rope(const io::GgufFile& f, double theta, int64_t rotary) {
   const std::string what = f.path() + ": tensor 'rope_freqs.weight'";
   ASPEN_ASSIGN_OR_RETURN(Tensor t, f.read_f32("rope_freqs.weight"));
@@ -131,7 +133,6 @@ Result<nlohmann::ordered_json> llama3_rope(const io::GgufFile& f, double theta, 
   std::vector<int64_t> mid;  // the frequencies strictly between the ends
   for (int64_t i = 0; i < n; ++i)
     if (ff[i] > 1.0 + tol && ff[i] < factor * (1.0 - tol)) mid.push_back(i);
-  nlohmann::ordered_json rope = {{"rope_type", "llama3"}, {"rope_theta", theta}, {"factor", factor}};
   if (factor == 1.0) return nlohmann::ordered_json{{"rope_type", "default"}, {"rope_theta", theta}};
   if (mid.size() < 2)
     return Status::error(Code::kUnimplemented, what,
@@ -147,9 +148,17 @@ Result<nlohmann::ordered_json> llama3_rope(const io::GgufFile& f, double theta, 
   if (!(b < 0 && a > 0 && high > 1.0 && original >= 1.0 && std::isfinite(high)))
     return Status::error(Code::kUnimplemented, what, "factors rising from 1 to the largest as Llama 3's rule does",
                          "factors falling");
+  // Every factor as the rotary kernel will apply it (kernels::rotary_inv_freq, the frequencies the model runs
+  // with) against the file's.
+  kernels::RotaryFrequencies unscaled{float(theta)}, scaled{float(theta)};
+  scaled.scaling = kernels::RotaryFrequencies::Scaling::llama3;
+  scaled.factor = factor;
+  scaled.low_freq_factor = 1.0;
+  scaled.high_freq_factor = high;
+  scaled.original_max_positions = int64_t(original);
   for (int64_t i = 0; i < n; ++i) {
-    const double s = std::clamp((original * x_of(i) - 1.0) / (high - 1.0), 0.0, 1.0);
-    const double want = 1.0 / ((1.0 - s) / factor + s);
+    const double want =
+        double(kernels::rotary_inv_freq(i, rotary, unscaled)) / double(kernels::rotary_inv_freq(i, rotary, scaled));
     if (std::abs(want - double(ff[i])) > tol * want)
       return Status::error(Code::kUnimplemented, what,
                            "the factors of Llama 3's rope scaling (factor " + std::to_string(factor) +
@@ -158,10 +167,9 @@ Result<nlohmann::ordered_json> llama3_rope(const io::GgufFile& f, double theta, 
                            "factor " + std::to_string(ff[i]) + " at frequency " + std::to_string(i) + ", not " +
                                std::to_string(want));
   }
-  rope["low_freq_factor"] = 1.0;
-  rope["high_freq_factor"] = high;
-  rope["original_max_position_embeddings"] = int64_t(original);
-  return rope;
+  return nlohmann::ordered_json{{"rope_type", "llama3"},   {"rope_theta", theta},
+                                {"factor", factor},        {"low_freq_factor", 1.0},
+                                {"high_freq_factor", high}, {"original_max_position_embeddings", int64_t(original)}};
 }
 
 // Llama's config.json (transformers 5's keys) from llama.* metadata.
