@@ -66,7 +66,7 @@ class Builder {
   ValueId where(ValueId cond, ValueId a, ValueId b) { return op1(OpKind::where, {cond, a, b}); }
   ValueId cast(ValueId x, DType to) { return op1(OpKind::cast, {x}, {{"dtype", int64_t(to)}}); }
 
-  // a [..., M, K] x b [K, N] (transposes by flag; graph/ops_nn.cc's matmul).
+  // a [..., M, K] x b [K, N] (transposes by flag; graph/ops_matmul.cc).
   ValueId matmul(ValueId a, ValueId b, bool trans_a = false, bool trans_b = false) {
     return op1(OpKind::matmul, {a, b}, {{"trans_a", int64_t(trans_a)}, {"trans_b", int64_t(trans_b)}});
   }

@@ -18,6 +18,7 @@ std::array<OpInfo, kNumOps> build_table() {
   register_shape_ops(t);
   register_reduce_ops(t);
   register_nn_ops(t);
+  register_matmul_ops(t);
   register_attention_ops(t);
   register_collective_ops(t);
   register_fused_ops(t);

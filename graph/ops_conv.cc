@@ -149,7 +149,7 @@ Status eval_conv(const Node& n, Ins in, Outs out) {
   return Status();
 }
 
-// NOTE [fixed weights] (ops_nn.cc): with the weights fixed, forward and backward_data keep them in oneDNN's
+// NOTE [fixed weights] (ops_matmul.cc): with the weights fixed, forward and backward_data keep them in oneDNN's
 // layout, reordered once and again after fixed_inputs_changed().
 Prepared prepare_conv_impl(const Node& n, Types in, bool w_fixed);
 Prepared prepare_conv(const Node& n, Types in, Types) { return prepare_conv_impl(n, in, false); }

@@ -1,5 +1,5 @@
 // graph/ops_nn_util.h: helpers shared by the neural-network op groups
-// (ops_nn.cc, ops_attention.cc, ops_fused.cc); private to graph/.
+// (ops_nn.cc, ops_matmul.cc, ops_attention.cc, ops_fused.cc); private to graph/.
 #pragma once
 
 #include <cmath>
@@ -130,7 +130,7 @@ class PackedWeights {
 }  // namespace aspen::graph::nnutil
 
 namespace aspen::graph {
-// NOTE [gemv route] (ops_nn.cc): the kernels/gemv.h product a matmul node with these types runs as, if it
+// NOTE [gemv route] (ops_matmul.cc): the kernels/gemv.h product a matmul node with these types runs as, if it
 // goes there (f32 out, a few rows of a, a weight shared by the batch).
 std::optional<kernels::GemvShape> matmul_gemv_route(const Node& n, std::span<const TensorType> in,
                                                     std::span<const TensorType> out);

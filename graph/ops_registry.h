@@ -22,6 +22,7 @@ void register_logic_ops(OpTable& t);
 void register_shape_ops(OpTable& t);
 void register_reduce_ops(OpTable& t);
 void register_nn_ops(OpTable& t);
+void register_matmul_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
 void register_collective_ops(OpTable& t);
 void register_fused_ops(OpTable& t);

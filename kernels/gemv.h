@@ -45,7 +45,7 @@ struct GemvShape {
   bool trans_b = false;         // w is [N, K] (else [K, N])
   bool has_bias = false;
   DType weight = DType::f32;    // f32 or bf16
-  // x's values are bf16 values (a mixed matmul rounded them: NOTE [mixed matmul] in graph/ops_nn.cc). With bf16
+  // x's values are bf16 values (a mixed matmul rounded them: NOTE [mixed matmul] in graph/ops_matmul.cc). With bf16
   // weights and M > 1 the kernels may then multiply bf16 pairs (VDPBF16PS where the CPU has it: NOTE [gemv
   // bf16 dot]); the products are exact either way and each output keeps its k order: the same bits as without
   // the flag, except where a denormal enters (the instruction flushes them). Set it only for such x.

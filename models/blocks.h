@@ -195,7 +195,7 @@ struct CausalLmOptions {
   // The dtype of the matrices (projections, embedding tables, the LM head);
   // unset: the config's. bf16 under an f32 config: bf16 weights read by f32
   // activations (half the bytes a decode step streams; norms and biases stay
-  // f32; NOTE [mixed matmul] in graph/ops_nn.cc).
+  // f32; NOTE [mixed matmul] in graph/ops_matmul.cc).
   std::optional<DType> weight_dtype = {};
   // Matrices kept in llama.cpp's blocks (NOTE [quantized linears]; GPT-2 or Llama from a GGUF file), not owned.
   const QuantizedWeights* quantized = nullptr;
