@@ -92,12 +92,13 @@ Status run_quantized_rows(const DecodeBenchOptions& opt, int threads, const char
       if (!opt.layers.empty() && std::find(opt.layers.begin(), opt.layers.end(), l.name) == opt.layers.end())
         continue;
       const int64_t bytes = l.n * l.k / per * int64_t(sizeof(Block));
-      const kernels::GemvShape bf{.M = M, .N = l.n, .K = l.k, .trans_b = true, .weight = DType::bf16};
+      const kernels::GemvShape bf{.M = M, .N = l.n, .K = l.k, .trans_b = true, .weight = DType::bf16, .x_bf16 = true};
       const int64_t stride = (std::max(bytes, bf.weight_bytes()) + 4095) / 4096 * 4096;
       const int64_t slots = std::max<int64_t>(1, int64_t(pool_bytes) / stride);
       if (stride > int64_t(pool_bytes)) continue;
       std::vector<float> x(static_cast<size_t>(M * l.k)), y(static_cast<size_t>(M * l.n));
       philox_fill_uniform(x, 1, 0, 0, -1, 1);
+      for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));  // as the bf16 product's x is (NOTE [mixed matmul])
       auto slot = [&](int64_t s) { return pool + s * stride; };
       Status st;
       auto pass_quantized = [&] {
@@ -109,7 +110,10 @@ Status run_quantized_rows(const DecodeBenchOptions& opt, int threads, const char
         }
       };
       auto pass_bf16 = [&] {
-        for (int64_t s = 0; s < slots; ++s) kernels::gemv_run(bf, x.data(), slot(s), nullptr, y.data());
+        // packed, as a loaded bf16 weight is (NOTE [packed gemv]); the replicas' bytes read in that layout
+        for (int64_t s = 0; s < slots; ++s)
+          if (kernels::gemv_packable(bf)) kernels::gemv_run_packed(bf, x.data(), slot(s), nullptr, y.data());
+          else kernels::gemv_run(bf, x.data(), slot(s), nullptr, y.data());
       };
       auto pass_sweep = [&] {
         for (int64_t s = 0; s < slots; ++s) read_sweep_seconds(slot(s), size_t(bytes), false);
@@ -194,6 +198,13 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
           auto pass_aspen = [&] {
             for (int64_t s = 0; s < slots; ++s) kernels::gemv_run(shape, x.data(), slot(s), nullptr, y.data());
           };
+          // A fixed bf16 weight is packed when loaded (NOTE [packed gemv]): the decode step runs that kernel. The
+          // replicas' bytes read as packed groups (any order of normal bf16 values: the same reads and products).
+          const bool packable = kernels::gemv_packable(shape);
+          auto pass_packed = [&] {
+            if (packable)
+              for (int64_t s = 0; s < slots; ++s) kernels::gemv_run_packed(shape, x.data(), slot(s), nullptr, y.data());
+          };
           auto pass_dnnl = [&] {
             if (dnnl_peer)
               for (int64_t s = 0; s < slots; ++s) dnnl_peer->run(slot(s));
@@ -205,7 +216,7 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
           // NOTE [guarded rows]: per round (after a warm-up of each: first touches, oneDNN's lazy setup), the
           // replicas swept (one stream per thread, then 8 interleaved), aspen and oneDNN.
           const RowTimes times = guarded_rounds({[&] { pass_sweep(false); }, [&] { pass_sweep(true); }, pass_aspen,
-                                                 pass_dnnl},
+                                                 pass_dnnl, pass_packed},
                                                 region_sweep(pool.get(), slots * stride), rounds, 0.0);
           const double best[3] = {std::min(times.min[0], times.min[1]), times.min[2], times.min[3]};
           const double total = double(slots) * double(bytes) / 1e9;
@@ -213,7 +224,8 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
           // suffers more from a descheduled thread than many short ones do.
           const double sweep_whole = times.ceiling(), sweep_each = total / best[0];
           const double sweep = std::max(sweep_whole, sweep_each);
-          const double aspen = total / best[1], dnnl = dnnl_peer ? total / best[2] : 0.0;
+          const double unpacked = total / best[1], dnnl = dnnl_peer ? total / best[2] : 0.0;
+          const double aspen = packable ? total / times.min[4] : unpacked;
           const auto or_null = [](double v) { return v > 0 ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr); };
           if (opt.json) {
             nlohmann::ordered_json row = {{"bench", "decode"},        {"layer", l.name},
@@ -224,18 +236,21 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
                                           {"sweep_gbs", sweep},       {"sweep_whole_gbs", sweep_whole},
                                           {"sweep_per_matrix_gbs", sweep_each},
                                           {"aspen_gbs", aspen},
+                                          {"packed", packable},
+                                          {"aspen_unpacked_gbs", unpacked},
                                           {"onednn_gbs", or_null(dnnl)}, {"ratio_vs_sweep", aspen / sweep},
                                           {"ratio_vs_onednn", or_null(dnnl > 0 ? aspen / dnnl : 0)},
                                           {"onednn_vs_sweep", or_null(dnnl / sweep)},
                                           {"ratio_vs_sweep_per_matrix", aspen / sweep_each}};
-            row["aspen_s"] = spread_json(times, 2);
+            row["aspen_s"] = spread_json(times, packable ? 4 : 2);
             if (dnnl_peer) row["onednn_s"] = spread_json(times, 3);
             add_guard_fields(row, times);
             out << row.dump() << "\n";
           } else {
-            out << fmt::format("{:<12} {:>2} {:>6} {:>5} {:>5} {:>5} {:>3} | {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} | {:>6.0f}% {:>6.2f}x{}\n",
+            out << fmt::format("{:<12} {:>2} {:>6} {:>5} {:>5} {:>5} {:>3} | {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} | {:>6.0f}% {:>6.2f}x{}{}\n",
                                l.name, M, l.n, l.k, l.trans_b ? "[N,K]" : "[K,N]", dtype_name(wt), threads, sweep_whole,
                                sweep_each, aspen, dnnl, 100 * aspen / sweep, dnnl > 0 ? aspen / dnnl : 0.0,
+                               packable ? fmt::format("  packed (unpacked {:.1f})", unpacked) : std::string(),
                                times.disturbed ? fmt::format("  (disturbed: the sweep moved {:.0f}%)", 100 * times.drift())
                                                : std::string());
           }
