@@ -13,7 +13,8 @@
 namespace aspen::api {
 
 // RunFacts for `command`: the CPU's name, the ISA the kernels use and the threads (0: the team's default),
-// then the command's own facts, in order.
+// then the command's own facts, in order; and the machine's peaks, measured now on those threads (about a
+// second: call it after the run, when the profile is written).
 profile::RunFacts run_facts(std::string command, int threads,
                             std::vector<std::pair<std::string, std::string>> own = {});
 

@@ -646,3 +646,57 @@ TEST(Plan, TheModelsPlanIsItsLayout) {
 
 }  // namespace
 }  // namespace aspen::api
+
+namespace aspen::api {
+namespace {
+
+// NOTE [node FLOPs]: one training step's instructions, traced, add up to the model FLOPs the train bench's MFU
+// divides by: 6 · (parameters multiplied) · tokens + attention's 12 · layers · seq · width per token; and
+// every instruction of a block names its layer (NOTE [name scopes]), forward and backward.
+TEST(TrainingProfile, StepFlopsAreTheModelFlopsByLayer) {
+  const int64_t V = 38, C = 32, L = 2, F = 40, B = 2, S = 6;
+  graph::Graph g;
+  graph::Builder b(g);
+  const models::CausalLmOptions co{.batch = B, .seq = S, .with_loss = true};
+  ASSERT_TRUE(models::build_gpt2(b, {.vocab = V, .n_positions = 16, .d_model = C, .n_layer = L, .n_head = 4, .d_ff = F},
+                                 co).is_ok());
+  std::map<std::string, Tensor> w;
+  uint64_t stream = 0;
+  for (int32_t i : g.parameter_nodes()) {
+    Tensor x(DType::f32, g.type(g.node(i).outputs[0]).shape);
+    philox_fill_normal(x.span<float>(), 3, stream++, 0, 0.0f, 0.2f);
+    w.emplace(g.node(i).name, std::move(x));
+  }
+  profile::TraceRecorder rec;
+  Options o;
+  o.threads(1).trace_recorder(&rec);
+  auto m = TrainingModel::create(g, o, golden_adamw());
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  ASSERT_TRUE((*m)->copy_weights_to_device(ptrs(w)).is_ok());
+  Tensor ids(DType::i32, {B, S}), pos(DType::i32, {B, S}), tgt(DType::i32, {B * S});
+  for (int64_t i = 0; i < B * S; ++i) {
+    ids.data<int32_t>()[i] = int32_t((7 * i + 1) % V);
+    pos.data<int32_t>()[i] = int32_t(i % S);
+    tgt.data<int32_t>()[i] = int32_t((5 * i + 2) % V);
+  }
+  rec.clear();
+  ASSERT_TRUE((*m)->run({{"input_ids", &ids}, {"positions", &pos}, {"targets", &tgt}}).is_ok());
+  double flops = 0;
+  int64_t fc_forward = 0, fc_backward = 0;
+  for (const profile::TraceEvent& e : rec.events()) {
+    flops += double(e.flops);
+    std::string layer, pass;
+    for (const auto& [k, v] : e.args) {
+      if (k == "layer") layer = v;
+      if (k == "pass") pass = v;
+    }
+    if (layer == "transformer.h.1.mlp.c_fc") ++(pass == "backward" ? fc_backward : fc_forward);
+  }
+  const double P = double(L * (C * 3 * C + C * C + C * F + F * C) + V * C);  // the tied head counted once
+  EXPECT_DOUBLE_EQ(flops, double(B * S) * (6.0 * P + 12.0 * double(L * S * C)));
+  EXPECT_GE(fc_forward, 1);
+  EXPECT_GE(fc_backward, 2);  // its input's gradient and its weight's
+}
+
+}  // namespace
+}  // namespace aspen::api

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/peaks.h"
 
 namespace aspen::bench {
 
@@ -67,33 +68,16 @@ Status guarded(const std::function<Status()>& measure, const std::function<doubl
                int retries = 1);
 void add_guard_fields(nlohmann::ordered_json& row, const Guard& g);  // the same fields as above
 
-// Peak arithmetic rates in GFLOP/s, measured on `threads` threads (OpenMP).
-double measure_f32_fma_peak(int threads);   // FMA on the widest vectors this CPU runs
-// bf16 products: AMX tiles where the CPU and kernel allow them, else
-// AVX512-BF16 dot products; {0, "none"} without either.
-struct BfPeak {
-  double gflops;
-  const char* kind;
-};
-BfPeak measure_bf16_peak(int threads);
+// The ceilings, measured in this process (kernels/peaks.h).
+using kernels::BfPeak;
+using kernels::measure_bf16_peak;
+using kernels::measure_f32_fma_peak;
+using kernels::measure_read_bandwidth;
+using kernels::read_sweep_seconds;
 
 // Memory bandwidth in bytes/s of a STREAM-style copy (read n + write n floats)
 // over `bytes` per array, on the calling thread's OpenMP team.
 double measure_copy_bandwidth(size_t bytes);
-// Read bandwidth in bytes/s: the best of several read_sweep_seconds passes
-// (both kinds) over a buffer of `bytes`, on the calling thread's OpenMP team.
-// The ceiling of a decode step, which streams its weights.
-double measure_read_bandwidth(size_t bytes);
-
-// One read-only pass over [data, data + bytes) on the calling thread's OpenMP
-// team: each thread sweeps a contiguous share with vector loads (AVX-512 where
-// the CPU has it) and nothing is written. Returns the seconds it took. This is
-// the ceiling of anything that streams weights (decode): best of several
-// passes over a buffer larger than the last-level cache. With `interleaved`,
-// each thread reads its share as 8 streams in lockstep (take the better of
-// both: which wins depends on the host).
-double read_sweep_seconds(const void* data, size_t bytes, bool interleaved = false);
-
 // Runs a peer's shell command and hands `take` every line of its stdout that is a JSON object (other
 // lines are ignored). False when the command could not start or exited non-zero.
 bool read_json_lines(const std::string& cmd, const std::function<void(const nlohmann::json&)>& take);

@@ -27,8 +27,9 @@
 
 namespace aspen::compiler {
 
-inline constexpr uint32_t kExecutableFormatVersion = 4;  // 2: graph updates; 3: checksum over key, request hash;
-                                                         // 4: send/recv gone (ops 39, 40 renumbered)
+inline constexpr uint32_t kExecutableFormatVersion = 5;  // 2: graph updates; 3: checksum over key, request hash;
+                                                         // 4: send/recv gone (ops 39, 40 renumbered);
+                                                         // 5: node scopes
 
 // $ASPEN_CACHE_DIR if set, else $XDG_CACHE_HOME/aspen, else ~/.cache/aspen.
 std::string default_cache_dir();

@@ -25,7 +25,9 @@ Graph sample_graph() {
   ValueId x = b.input("x", DType::f32, {3, 4});
   ValueId w = b.parameter("layer.0.weight", DType::f32, {4});
   b.set_stage(1);
+  b.set_scope("layer.0");
   ValueId h = b.mul(x, b.broadcast(w, {3, 4}));
+  b.set_scope({});
   b.checkpoint(h);
   ValueId s = b.reduce_sum(b.gelu(h, false), {0, 1}, false);
   b.output("loss", b.add(s, b.scalar(0.25f)));
@@ -49,6 +51,8 @@ TEST(Serialize, RoundTripsEveryField) {
   EXPECT_EQ(encode_graph(*back), encode_graph(g));
   EXPECT_EQ(back->node(3).stage, 1);
   EXPECT_TRUE(back->node(3).checkpoint);
+  EXPECT_EQ(back->node(3).scope, "layer.0");  // NOTE [name scopes]
+  EXPECT_EQ(back->node(4).scope, "");
   ASSERT_EQ(back->updates().size(), 1u);
   EXPECT_EQ(back->updates()[0].first, "layer.0.weight");
 }

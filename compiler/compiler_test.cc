@@ -244,6 +244,7 @@ TEST(Passes, DecodeProductsOfOneInputGroup) {
     Builder b(g);
     ValueId h = b.input("h", DType::f32, {rows, 6});
     auto linear = [&](const std::string& name, int64_t n, bool cast) {
+      const auto scope = Builder::Scope::at(b, "h.3.attn." + name);  // NOTE [name scopes]
       ValueId w = b.parameter(name + ".weight", cast ? DType::f32 : DType::bf16, {n, 6});
       if (cast) w = b.cast(w, DType::bf16);
       std::vector<ValueId> in = {h, w};
@@ -271,6 +272,14 @@ TEST(Passes, DecodeProductsOfOneInputGroup) {
     ASSERT_TRUE(run_passes(grouped, default_pipeline(o2.options), o2).is_ok());
     EXPECT_EQ(count(grouped, OpKind::matmul_group), groups);
     EXPECT_EQ(count(grouped, OpKind::matmul), groups ? 0 : 3);
+    for (const graph::Node& n : grouped.nodes()) {  // the members' common scope; a product alone keeps its own
+      if (n.op == OpKind::matmul_group) {
+        EXPECT_EQ(n.scope, "h.3.attn");
+      }
+      if (n.op == OpKind::matmul) {
+        EXPECT_EQ(n.scope.rfind("h.3.attn.", 0), 0u) << n.scope;
+      }
+    }
     uint64_t seed = 1;
     expect_same_outputs(g, grouped, [&](const graph::Node&, size_t) { return std::sin(double(++seed) * 0.37); });
   }

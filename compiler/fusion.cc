@@ -46,6 +46,7 @@
 
 #include "compiler/pass.h"
 #include "compiler/rewrite.h"
+#include "graph/builder.h"
 #include "graph/verify.h"
 
 namespace aspen::compiler {
@@ -313,6 +314,7 @@ Status simplify_exported_patterns(Graph& g) {
         t.inputs = {k};
         t.attrs.set("perm", std::vector<int64_t>{0, 1, 3, 2});
         t.stage = node.stage;
+        t.scope = node.scope;
         const Shape& kt = g.type(m->k).shape;
         k = rw.emit(std::move(t), {graph::TensorType{DType::f32, Shape{kt[0], kt[1], kt[3], kt[2]}}}, {}).outputs[0];
       }
@@ -322,6 +324,7 @@ Status simplify_exported_patterns(Graph& g) {
       a.attrs.set("scale", m->scale);
       a.attrs.set("mask", m->mask);
       a.stage = node.stage;
+      a.scope = node.scope;
       const Shape& os = g.type(node.outputs[0]).shape;
       rw.emit(std::move(a), {g.type(node.outputs[0]), graph::TensorType{DType::f32, Shape{os[0], os[1], os[2]}}},
               node.outputs);
@@ -356,6 +359,7 @@ Status simplify_exported_patterns(Graph& g) {
     }
     Node n = with ? *with : node;
     n.stage = node.stage;
+    n.scope = node.scope;
     n.backward = node.backward;
     for (ValueId& v : n.inputs) v = rw.map(v);
     std::vector<graph::TensorType> types;
@@ -429,6 +433,7 @@ class Fusion : public Pass {
           Node fused;
           fused.op = OpKind::bias_gelu;
           fused.stage = node.stage;
+          fused.scope = node.scope;
           fused.inputs = {a.inputs[size_t(side)], bias};
           fused.attrs.set("tanh", node.attrs.i_or("tanh", 1));
           skip[size_t(ai)] = 1;
@@ -447,6 +452,7 @@ class Fusion : public Pass {
         Node fused;
         fused.op = OpKind::add_layernorm;
         fused.stage = node.stage;
+        fused.scope = node.scope;
         fused.inputs = {a.inputs[0], a.inputs[1], node.inputs[1], node.inputs[2]};
         fused.attrs.set("eps", node.attrs.f("eps"));
         skip[size_t(ai)] = 1;
@@ -536,6 +542,8 @@ Status group_matmuls(Graph& g) {
       Node group;
       group.op = OpKind::matmul_group;
       group.stage = m0.stage;
+      group.scope = m0.scope;  // the members' common scope ("h.3.attn" of q_proj, k_proj and v_proj)
+      for (int32_t mi : members) group.scope = graph::common_scope(group.scope, g.node(mi).scope);
       group.attrs.set("op", int64_t(m0.op));
       group.attrs.set("bias", int64_t(m0.inputs.size() == 3));
       if (m0.op == OpKind::matmul_q) {

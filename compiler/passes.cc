@@ -131,6 +131,7 @@ class ConstantFolding : public Pass {
         Node c;
         c.op = OpKind::constant;
         c.stage = n.stage;
+        c.scope = n.scope;
         c.constant = std::make_shared<const Tensor>(results[k].to_tensor());
         rw.emit(std::move(c), {types[k]}, {original.outputs[k]});
       }

@@ -110,6 +110,7 @@ class Precision : public Pass {
         c.attrs.set("stream", int64_t(name_stream(from.name)));
       }
       c.stage = user.stage;
+      c.scope = user.scope;
       c.backward = user.backward;
       ASPEN_ASSIGN_OR_RETURN(auto types, graph::check_node(out, c));
       const Node& added = out.node(out.add_node(std::move(c), types));
@@ -140,6 +141,7 @@ class Precision : public Pass {
           back.inputs = {narrow_out};
           back.attrs.set("dtype", int64_t(DType::f32));
           back.stage = n.stage;
+          back.scope = n.scope;
           back.backward = n.backward;
           rw.emit(std::move(back), types, g.node(i).outputs);
           continue;

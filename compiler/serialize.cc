@@ -112,7 +112,8 @@ std::string encode_graph(const Graph& g) {
     w.pod<uint16_t>(uint16_t(n.op));
     w.str(n.name);
     w.pod<int32_t>(n.stage);
-    w.pod<uint8_t>(uint8_t((n.checkpoint ? 1 : 0) | (n.backward ? 2 : 0)));  // flags
+    w.pod<uint8_t>(uint8_t((n.checkpoint ? 1 : 0) | (n.backward ? 2 : 0) | (n.scope.empty() ? 0 : 4)));  // flags
+    if (!n.scope.empty()) w.str(n.scope);
     w.pod<uint64_t>(n.inputs.size());
     for (ValueId v : n.inputs) w.pod<int32_t>(v.index);
     w.pod<uint64_t>(n.outputs.size());
@@ -163,9 +164,10 @@ Result<Graph> decode_graph(std::string_view bytes) {
     ASPEN_RETURN_IF_ERROR(r.pod(n.stage));
     uint8_t ck = 0;
     ASPEN_RETURN_IF_ERROR(r.pod(ck));
-    if (ck > 3) return r.fail("node flags 0..3, not " + std::to_string(ck));
+    if (ck > 7) return r.fail("node flags 0..7, not " + std::to_string(ck));
     n.checkpoint = (ck & 1) != 0;
     n.backward = (ck & 2) != 0;
+    if (ck & 4) ASPEN_RETURN_IF_ERROR(r.str(n.scope));
     uint64_t k = 0;
     ASPEN_RETURN_IF_ERROR(r.count(k, 4));
     for (uint64_t i = 0; i < k; ++i) {

@@ -49,6 +49,7 @@ Result<std::vector<ValueId>> append_gradients(Graph& g, ValueId loss, std::span<
     if (!info.grad)
       return Status::error(Code::kUnimplemented, where, "a gradient rule", "none, and an input needs a gradient");
     b.set_stage(node.stage);
+    b.set_scope(node.scope);
     auto in_grads = info.grad(b, node, out_grads);
     if (!in_grads.is_ok()) return in_grads.status().with_context(where);
     ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context(where));
@@ -68,6 +69,7 @@ Result<std::vector<ValueId>> append_gradients(Graph& g, ValueId loss, std::span<
     ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context(where));
   }
   b.set_stage(-1);
+  b.set_scope({});
   std::vector<ValueId> result;
   for (ValueId w : wrt) {
     const std::optional<ValueId>& gw = grad[size_t(w.index)];

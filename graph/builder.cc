@@ -4,6 +4,16 @@
 
 namespace aspen::graph {
 
+std::string common_scope(std::string_view a, std::string_view b) {
+  size_t end = 0;
+  for (size_t i = 0;; ++i) {
+    const bool a_ends = i == a.size() || a[i] == '.', b_ends = i == b.size() || b[i] == '.';
+    if (a_ends && b_ends) end = i;
+    if (i == a.size() || i == b.size() || a[i] != b[i]) break;
+  }
+  return std::string(a.substr(0, end));
+}
+
 ValueId Builder::source(OpKind kind, std::string name, TensorType type, std::shared_ptr<const Tensor> data) {
   if (!status_.is_ok()) return {};
   Node n;
@@ -11,6 +21,7 @@ ValueId Builder::source(OpKind kind, std::string name, TensorType type, std::sha
   n.name = std::move(name);
   n.constant = std::move(data);
   n.stage = stage_;
+  n.scope = scope_;
   n.backward = backward_;
   Attrs attrs;
   if (kind != OpKind::constant) {
@@ -103,6 +114,7 @@ std::vector<ValueId> Builder::op(OpKind kind, std::vector<ValueId> inputs, Attrs
   n.inputs = std::move(inputs);
   n.attrs = std::move(attrs);
   n.stage = stage_;
+  n.scope = scope_;
   n.backward = backward_;
   auto types = check_node(g_, n);
   if (!types.is_ok()) {

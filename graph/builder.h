@@ -21,11 +21,15 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "graph/graph.h"
 
 namespace aspen::graph {
+
+// The scope path a and b share, in whole '.'-separated parts ("h.3.attn.q" and "h.3.attn.k": "h.3.attn").
+std::string common_scope(std::string_view a, std::string_view b);
 
 class Builder {
  public:
@@ -91,6 +95,31 @@ class Builder {
   ValueId gather(ValueId table, ValueId ids) { return op1(OpKind::gather, {table, ids}); }
 
   // Annotations.
+  // NOTE [name scopes]: nodes recorded while a Scope lives carry its path (Node::scope, "h.3.attn": scopes
+  // nest, joined by '.'), so that profiles can group time and FLOPs by model layer. Compiler passes and
+  // autodiff hand a node's scope to what they make of it (a gradient: its forward node's).
+  // Models name scopes after their parameters' module paths, so that a layer's time and its weights share a
+  // name (`Scope::at`: the whole path, whatever the scope around it).
+  //   { Builder::Scope layer(b, "h." + std::to_string(i)); ... }
+  //   { auto fc = Builder::Scope::at(b, "transformer.h.3.mlp.c_fc"); ... }
+  class Scope {
+   public:
+    Scope(Builder& b, std::string_view name) : b_(b), saved_(b.scope_) {
+      if (!b.scope_.empty() && !name.empty()) b.scope_ += '.';
+      b.scope_ += name;
+    }
+    static Scope at(Builder& b, std::string_view path) { return Scope(b, path, 0); }
+    ~Scope() { b_.scope_ = std::move(saved_); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Scope(Builder& b, std::string_view path, int) : b_(b), saved_(b.scope_) { b.scope_ = path; }
+    Builder& b_;
+    std::string saved_;
+  };
+  const std::string& scope() const { return scope_; }
+  void set_scope(std::string scope) { scope_ = std::move(scope); }
   void set_stage(int32_t stage) { stage_ = stage; }
   // Nodes recorded while set mark themselves as backward (autodiff sets it).
   void set_backward(bool on) { backward_ = on; }
@@ -105,6 +134,7 @@ class Builder {
   Status status_;
   int32_t stage_ = -1;
   bool backward_ = false;
+  std::string scope_;
 };
 
 }  // namespace aspen::graph

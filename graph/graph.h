@@ -68,6 +68,7 @@ struct Node {
   std::string name;                         // inputs and parameters: their public name
   std::shared_ptr<const Tensor> constant;   // constant nodes only
   int32_t stage = -1;                       // pipeline stage tag (W1.5); -1: untagged
+  std::string scope;                        // the model layer that made it ("h.3.attn"; Builder::Scope), or empty
   bool checkpoint = false;                  // its outputs are kept for backward, not recomputed
   bool backward = false;                    // made by autodiff (graph/autodiff.h)
 };

@@ -88,23 +88,27 @@ Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions&
   }
 
   // Embeddings: (word + token_type) + position, then LayerNorm (HF's order of additions).
+  b.set_scope("embeddings");  // NOTE [name scopes]
   const ValueId word = b.parameter("embeddings.word_embeddings.weight", dt, Shape{c.vocab, C});
   ValueId x = b.add(b.gather(word, m.input_ids),
                     b.gather(b.parameter("embeddings.token_type_embeddings.weight", dt, Shape{c.type_vocab, C}),
                              m.token_type_ids));
   ValueId pos = b.slice(b.parameter("embeddings.position_embeddings.weight", dt, Shape{c.max_positions, C}), 0, 0, T);
   x = layer_norm(b, b.add(x, b.broadcast(pos, {B, T, C})), "embeddings.LayerNorm", C, eps, dt);
+  b.set_scope({});
 
   const AttentionSpec attn{.n_head = c.n_head, .head_dim = c.head_dim(), .mask = "none"};
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "encoder.layer." + std::to_string(i) + ".";
+    const auto layer = graph::Builder::Scope::at(b, p.substr(0, p.size() - 1));  // NOTE [name scopes]
     ValueId q = linear(b, x, p + "attention.self.query", C, C, /*bias=*/true, dt);
     ValueId k = linear(b, x, p + "attention.self.key", C, C, true, dt);
     ValueId v = linear(b, x, p + "attention.self.value", C, C, true, dt);
-    ValueId a = linear(b,
-                       attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), std::nullopt,
-                                      m.attention_mask, nullptr, std::nullopt, layout, seed),
-                       p + "attention.output.dense", C, C, true, dt);
+    const ValueId heads = in_scope(b, p + "attention.self", [&] {
+      return attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), std::nullopt, m.attention_mask,
+                            nullptr, std::nullopt, layout, seed);
+    });
+    ValueId a = linear(b, heads, p + "attention.output.dense", C, C, true, dt);
     x = layer_norm(b, b.add(a, x), p + "attention.output.LayerNorm", C, eps, dt);
     ValueId f = mlp(b, x,
                     {.fc_in = p + "intermediate.dense",
@@ -124,6 +128,7 @@ Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions&
   }
   if (o.sentence_embedding) {
     // sentence-transformers: mean over the tokens the mask keeps, then x / ||x||_2.
+    const auto pooling = graph::Builder::Scope::at(b, "pooling");
     ValueId mask = b.cast(m.attention_mask, dt);                                   // [B, T]
     ValueId kept = b.mul(x, b.broadcast(b.reshape(mask, {B, T, 1}), {B, T, C}));  // [B, T, C]
     ValueId count = b.broadcast(b.reduce_sum(mask, {1}, /*keepdims=*/true), {B, C});
@@ -134,6 +139,7 @@ Result<BertGraph> build_bert(Builder& b, const BertConfig& c, const BertOptions&
   }
   if (o.mlm_head) {  // BertOnlyMLMHead: transform, then the decoder tied to the word embeddings
     const int64_t rows = K > 0 ? K : T;  // the head's rows per example
+    const auto head = graph::Builder::Scope::at(b, "cls.predictions");
     ValueId in = b.reshape(x, {B * T, C});
     if (K > 0) in = b.gather(in, m.mlm_positions);  // [B * K, C]: the predicted tokens only
     ValueId h = linear(b, in, "cls.predictions.transform.dense", C, C, true, dt);

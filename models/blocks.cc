@@ -20,6 +20,7 @@ int64_t quantized_row_bytes(const std::string& format, int64_t in) {
 
 ValueId linear(Builder& b, ValueId x, const std::string& name, int64_t in, int64_t out, bool bias, DType dtype,
                WeightLayout layout, const QuantizedWeights* quantized) {
+  const auto scope = Builder::Scope::at(b, name);  // NOTE [name scopes]: the module's path
   if (const std::string* format = quantized ? quantized->find(name + ".weight") : nullptr) {
     // NOTE [quantized linears]: rows of blocks, [out, in] whatever the layout
     ValueId w = b.parameter(name + ".weight", DType::u8, Shape{out, quantized_row_bytes(*format, in)});
@@ -37,6 +38,7 @@ ValueId linear(Builder& b, ValueId x, const std::string& name, int64_t in, int64
 }
 
 ValueId layer_norm(Builder& b, ValueId x, const std::string& name, int64_t C, double eps, DType dtype) {
+  const auto scope = Builder::Scope::at(b, name);
   ValueId gamma = b.parameter(name + ".weight", dtype, Shape{C});
   ValueId beta = b.parameter(name + ".bias", dtype, Shape{C});
   std::vector<ValueId> outs = b.op(OpKind::layernorm, {x, gamma, beta}, {{"eps", eps}});
@@ -57,6 +59,7 @@ Result<ValueId> t5_relative_bias(Builder& b, ValueId table, int64_t T, int64_t S
 }
 
 ValueId rms_norm(Builder& b, ValueId x, const std::string& name, int64_t C, double eps, DType dtype) {
+  const auto scope = Builder::Scope::at(b, name);
   ValueId gamma = b.parameter(name + ".weight", dtype, Shape{C});
   std::vector<ValueId> outs = b.op(OpKind::rmsnorm, {x, gamma}, {{"eps", eps}});
   return outs.empty() ? ValueId{} : outs[0];
@@ -64,6 +67,7 @@ ValueId rms_norm(Builder& b, ValueId x, const std::string& name, int64_t C, doub
 
 ValueId mlp(Builder& b, ValueId x, const MlpSpec& s) {
   if (!b.status().is_ok()) return ValueId{};
+  const auto scope = Builder::Scope::at(b, graph::common_scope(s.fc_in, s.fc_out));  // "h.3.mlp"
   const DType dtype = s.weight_dtype.value_or(b.type(x).dtype);
   ValueId h = linear(b, x, s.fc_in, s.d_model, s.d_ff, s.bias, dtype, s.layout, s.quantized);
   h = b.gelu(h, /*tanh_form=*/s.activation == Activation::gelu_tanh);

@@ -148,6 +148,13 @@ struct DropoutShard {
   graph::ValueId index;
   int64_t heads = 0;
 };
+// f() with the nodes it records in scope `path` (NOTE [name scopes]; models: the HF module path).
+template <class F>
+auto in_scope(graph::Builder& b, std::string_view path, F&& f) {
+  const auto scope = graph::Builder::Scope::at(b, path);
+  return f();
+}
+
 graph::ValueId attention_core(graph::Builder& b, graph::ValueId q, graph::ValueId k, graph::ValueId v,
                               const AttentionSpec& spec, std::optional<graph::ValueId> positions = std::nullopt,
                               std::optional<graph::ValueId> key_valid = std::nullopt,

@@ -68,20 +68,25 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
   const ValueId wte = b.parameter("transformer.wte.weight", wdt, Shape{vp ? c.vocab / T : c.vocab, C});
   const ValueId wpe = b.parameter("transformer.wpe.weight", wdt, Shape{c.n_positions, C});
   const ValueId offset = vp ? b.parameter(kVocabOffsetName, DType::i32, Shape{}) : ValueId{};
-  const ValueId tokens = vp ? vocab_parallel_embed(b, wte, m.input_ids, offset, dt, T) : embed(b, wte, m.input_ids, dt);
-  ValueId x = b.add(tokens, embed(b, wpe, m.positions, dt));  // [B, T, C]
+  ValueId x = in_scope(b, "transformer.wte", [&] {
+    const ValueId tokens =
+        vp ? vocab_parallel_embed(b, wte, m.input_ids, offset, dt, T) : embed(b, wte, m.input_ids, dt);
+    return b.add(tokens, embed(b, wpe, m.positions, dt));  // [B, T, C]
+  });
   const AttentionSpec attn{.n_head = c.n_head / T, .head_dim = c.head_dim(), .mask = "causal"};
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "transformer.h." + std::to_string(i) + ".";
+    const auto layer = graph::Builder::Scope::at(b, p.substr(0, p.size() - 1));  // NOTE [name scopes]
     ValueId h = layer_norm(b, x, p + "ln_1", C, c.layer_norm_eps, dt);
     // [B, T, 3C/T]: this shard's heads of q | k | v (column parallel)
     ValueId qkv = linear(b, h, p + "attn.c_attn", C, 3 * Cl, /*bias=*/true, wdt, conv1d, o.quantized);
     ValueId q = b.slice(qkv, -1, 0, Cl), k = b.slice(qkv, -1, Cl, 2 * Cl), v = b.slice(qkv, -1, 2 * Cl, 3 * Cl);
     const KvCacheSpec cache = layer_cache(in.kv, o, i);
-    const ValueId heads = attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), std::nullopt,
-                                         in.key_valid, o.kv_cache_len ? &cache : nullptr, in.segments, in.layout,
-                                         in.dropout_seed,
-                                         in.dropout_shard ? &*in.dropout_shard : nullptr);
+    const ValueId heads = in_scope(b, p + "attn", [&] {
+      return attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), std::nullopt, in.key_valid,
+                            o.kv_cache_len ? &cache : nullptr, in.segments, in.layout, in.dropout_seed,
+                            in.dropout_shard ? &*in.dropout_shard : nullptr);
+    });
     ValueId a = T > 1 ? row_parallel(heads, p + "attn.c_proj", Cl)
                       : linear(b, heads, p + "attn.c_proj", C, C, true, wdt, conv1d, o.quantized);
     x = b.add(a, x);  // HF: attn_output + residual
@@ -109,14 +114,18 @@ Result<Gpt2Graph> build_gpt2(Builder& b, const Gpt2Config& c, const CausalLmOpti
   // linears]); llama.cpp multiplies by the token embedding's blocks there too.
   const bool quantized_head = o.quantized && o.quantized->find("lm_head.weight");
   if (c.tie_word_embeddings && !quantized_head)
-    m.logits = b.op1(OpKind::matmul, {x, wte}, {{"trans_b", int64_t(1)}});  // [B, T, V]: ln_f(x) wte^T
+    m.logits = in_scope(b, "lm_head", [&] {  // [B, T, V]: ln_f(x) wte^T
+      return b.op1(OpKind::matmul, {x, wte}, {{"trans_b", int64_t(1)}});
+    });
   else
     m.logits = linear(b, x, "lm_head", C, c.vocab, /*bias=*/false, wdt, WeightLayout::out_in, o.quantized);
   // Vocab parallel: the loss from this shard's columns; the whole logits only
   // as an output (training programs drop it, and the gather with it).
   b.output("logits", vp ? vocab_parallel_gather_logits(b, m.logits, T) : m.logits);
   if (o.with_loss) {
-    m.loss = vp ? vocab_parallel_loss(b, m.logits, m.targets, offset, T) : lm_loss(b, m.logits, m.targets);
+    m.loss = in_scope(b, "loss", [&] {
+      return vp ? vocab_parallel_loss(b, m.logits, m.targets, offset, T) : lm_loss(b, m.logits, m.targets);
+    });
     b.output("loss", m.loss);
   }
   ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context("gpt2"));

@@ -66,7 +66,9 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   const DType wdt = o.weight_dtype.value_or(dt);
   const ValueId wte = b.parameter("transformer.wte.weight", wdt, Shape{Vl, C});
   const ValueId offset = vp ? b.parameter(kVocabOffsetName, DType::i32, Shape{}) : ValueId{};
-  ValueId x = vp ? vocab_parallel_embed(b, wte, m.input_ids, offset, dt, T) : embed(b, wte, m.input_ids, dt);  // [B, T, C]
+  ValueId x = in_scope(b, "transformer.wte", [&] {  // [B, T, C]
+    return vp ? vocab_parallel_embed(b, wte, m.input_ids, offset, dt, T) : embed(b, wte, m.input_ids, dt);
+  });
   const AttentionSpec attn{.n_head = c.n_head / T,
                            .head_dim = c.head_dim(),
                            .mask = "causal",
@@ -74,16 +76,18 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
                            .rotary_layout = "interleaved"};
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "transformer.h." + std::to_string(i) + ".";
+    const auto layer = graph::Builder::Scope::at(b, p.substr(0, p.size() - 1));  // NOTE [name scopes]
     ValueId h = layer_norm(b, x, p + "ln_1", C, c.layer_norm_eps, dt);
     ValueId q = linear(b, h, p + "attn.q_proj", C, Cl, /*bias=*/false, wdt);
     ValueId k = linear(b, h, p + "attn.k_proj", C, Cl, false, wdt);
     ValueId v = linear(b, h, p + "attn.v_proj", C, Cl, false, wdt);
     const KvCacheSpec cache = layer_cache(in.kv, o, i);
-    ValueId a = linear(b,
-                       attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), m.positions, in.key_valid,
-                                      o.kv_cache_len ? &cache : nullptr, in.segments, in.layout, in.dropout_seed,
-                                         in.dropout_shard ? &*in.dropout_shard : nullptr),
-                       p + "attn.out_proj", Cl, C, false, wdt);
+    const ValueId heads = in_scope(b, p + "attn", [&] {
+      return attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), m.positions, in.key_valid,
+                            o.kv_cache_len ? &cache : nullptr, in.segments, in.layout, in.dropout_seed,
+                            in.dropout_shard ? &*in.dropout_shard : nullptr);
+    });
+    ValueId a = linear(b, heads, p + "attn.out_proj", Cl, C, false, wdt);
     if (T > 1) {  // both row-parallel products summed by one all-reduce, then fc_out's bias once
       ValueId u = b.gelu(linear(b, h, p + "mlp.fc_in", C, Fl, /*bias=*/true, wdt), /*tanh_form=*/true);
       ValueId y = b.add(a, linear(b, u, p + "mlp.fc_out", Fl, C, /*bias=*/false, wdt));
@@ -104,7 +108,9 @@ Result<GptjGraph> build_gptj(Builder& b, const GptjConfig& c, const CausalLmOpti
   m.logits = linear(b, x, "lm_head", C, Vl, /*bias=*/true, wdt);  // [B, T, V] (vocab parallel: the shard's V/T)
   b.output("logits", vp ? vocab_parallel_gather_logits(b, m.logits, T) : m.logits);
   if (o.with_loss) {
-    m.loss = vp ? vocab_parallel_loss(b, m.logits, m.targets, offset, T) : lm_loss(b, m.logits, m.targets);
+    m.loss = in_scope(b, "loss", [&] {
+      return vp ? vocab_parallel_loss(b, m.logits, m.targets, offset, T) : lm_loss(b, m.logits, m.targets);
+    });
     b.output("loss", m.loss);
   }
   ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context("gptj"));

@@ -102,8 +102,10 @@ Result<LlamaGraph> build_llama(Builder& b, const LlamaConfig& c, const CausalLmO
 
   const ValueId embed_tokens = b.parameter("model.embed_tokens.weight", wdt, Shape{V, C});
   const ValueId offset = vp ? b.parameter(kVocabOffsetName, DType::i32, Shape{}) : ValueId{};
-  ValueId x = vp ? vocab_parallel_embed(b, embed_tokens, m.input_ids, offset, dt, T)
-                 : embed(b, embed_tokens, m.input_ids, dt);  // [B, T, C]
+  ValueId x = in_scope(b, "model.embed_tokens", [&] {
+    return vp ? vocab_parallel_embed(b, embed_tokens, m.input_ids, offset, dt, T)
+              : embed(b, embed_tokens, m.input_ids, dt);  // [B, T, C]
+  });
   const AttentionSpec attn{.n_head = H,
                            .head_dim = D,
                            .n_kv_head = Hk,
@@ -114,15 +116,17 @@ Result<LlamaGraph> build_llama(Builder& b, const LlamaConfig& c, const CausalLmO
                            .rope = c.rope};
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
+    const auto layer = graph::Builder::Scope::at(b, p.substr(0, p.size() - 1));  // NOTE [name scopes]
     ValueId h = rms_norm(b, x, p + "input_layernorm", C, c.rms_norm_eps, dt);
     ValueId q = linear(b, h, p + "self_attn.q_proj", C, H * D, c.qkv_bias, wdt, WeightLayout::out_in, o.quantized);
     ValueId k = linear(b, h, p + "self_attn.k_proj", C, Hk * D, c.qkv_bias, wdt, WeightLayout::out_in, o.quantized);
     ValueId v = linear(b, h, p + "self_attn.v_proj", C, Hk * D, c.qkv_bias, wdt, WeightLayout::out_in, o.quantized);
     const KvCacheSpec cache = layer_cache(in.kv, o, i);
-    const ValueId heads = attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), m.positions,
-                                         in.key_valid, o.kv_cache_len ? &cache : nullptr, in.segments, in.layout,
-                                         in.dropout_seed,
-                                         in.dropout_shard ? &*in.dropout_shard : nullptr);
+    const ValueId heads = in_scope(b, p + "self_attn", [&] {
+      return attention_core(b, q, k, v, attn.with_dropout(o.attention_dropout, i), m.positions, in.key_valid,
+                            o.kv_cache_len ? &cache : nullptr, in.segments, in.layout, in.dropout_seed,
+                            in.dropout_shard ? &*in.dropout_shard : nullptr);
+    });
     x = b.add(x, row_parallel(heads, p + "self_attn.o_proj", H * D, c.o_bias));
     h = rms_norm(b, x, p + "post_attention_layernorm", C, c.rms_norm_eps, dt);
     const ValueId gate = linear(b, h, p + "mlp.gate_proj", C, F, c.mlp_bias, wdt, WeightLayout::out_in, o.quantized);
@@ -140,7 +144,9 @@ Result<LlamaGraph> build_llama(Builder& b, const LlamaConfig& c, const CausalLmO
                  : linear(b, x, "lm_head", C, V, /*bias=*/false, wdt, WeightLayout::out_in, o.quantized);  // [B, T, V]
   b.output("logits", vp ? vocab_parallel_gather_logits(b, m.logits, T) : m.logits);
   if (o.with_loss) {
-    m.loss = vp ? vocab_parallel_loss(b, m.logits, m.targets, offset, T) : lm_loss(b, m.logits, m.targets);
+    m.loss = in_scope(b, "loss", [&] {
+      return vp ? vocab_parallel_loss(b, m.logits, m.targets, offset, T) : lm_loss(b, m.logits, m.targets);
+    });
     b.output("loss", m.loss);
   }
   ASPEN_RETURN_IF_ERROR(Status(b.status()).with_context("llama"));

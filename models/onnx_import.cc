@@ -131,6 +131,24 @@ Result<bool> fold(const io::OnnxNode& node, size_t index, int64_t opset, const o
 
 // Each node's pipeline stage (-1: untagged): by the prefixes' beginnings, or by its "aspen.stage" metadata
 // (OnnxImportOptions::stage_begins).
+// NOTE [name scopes] for an imported file: the module path its exporter wrote into the node's name
+// ("/transformer/h.0/attn/MatMul" from torch.onnx, "model/dense/MatMul" from tf2onnx: all but the last part,
+// joined by '.'); a name without a path (or none) gives no scope.
+std::string onnx_scope(const std::string& name) {
+  const size_t last = name.rfind('/');
+  if (last == std::string::npos) return {};
+  std::string scope;
+  for (char ch : std::string_view(name).substr(0, last)) {
+    if (ch == '/') {
+      if (!scope.empty() && scope.back() != '.') scope += '.';
+    } else {
+      scope += ch;
+    }
+  }
+  while (!scope.empty() && scope.back() == '.') scope.pop_back();
+  return scope;
+}
+
 Result<std::vector<int>> node_stages(const io::OnnxModel& m, const std::vector<std::string>& begins) {
   const std::vector<io::OnnxNode>& nodes = m.graph.nodes;
   std::vector<int> stage(nodes.size(), -1);
@@ -353,6 +371,7 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
     const io::OnnxNode& node = m.graph.nodes[k];
     const onnx::OpConverter& conv = *onnx::find_converter(node.domain, node.op_type);  // check_ops found it
     b.set_stage(stages[k]);  // every IR node this one becomes
+    b.set_scope(onnx_scope(node.name));
     // The reader writes ai.onnx as "".
     const int64_t node_opset = node.domain.empty() ? opset : std::max<int64_t>(1, m.opset(node.domain));
     Ctx c(b, node, k, node_opset);
@@ -395,6 +414,7 @@ Result<OnnxImport> import_onnx(const io::OnnxModel& m, const OnnxImportOptions& 
     }
   }
   b.set_stage(-1);
+  b.set_scope({});
   // A training Dropout's seed (NOTE [training dropout]) is an input the file did not declare.
   if (out.graph.find_input(kDropoutSeedInput) &&
       std::find(out.inputs.begin(), out.inputs.end(), kDropoutSeedInput) == out.inputs.end())

@@ -374,6 +374,25 @@ TEST(OnnxImport, StagesFromNamePrefixesOrMetadata) {
   EXPECT_NE(bad.status().to_string().find("'two'"), std::string::npos) << bad.status().to_string();
 }
 
+// NOTE [name scopes]: an imported node's scope is the module path its exporter wrote into its name
+// (torch.onnx "/transformer/h.0/attn/MatMul", tf2onnx "model/dense/MatMul"); a bare name gives none.
+TEST(OnnxImport, ScopesFromTheExportersNodeNames) {
+  HandModel h = HandModel("scoped.onnx").input("x", {2, 3});
+  h.node("/transformer/h.0/attn/Relu", "Relu", {"x"}, "a").node("model/dense/Neg", "Neg", {"a"}, "b");
+  h.node("Exp_7", "Exp", {"b"}, "c").node("//odd//Sigmoid", "Sigmoid", {"c"}, "d").output("d");
+  auto imp = import_onnx(h.m);
+  ASSERT_TRUE(imp.is_ok()) << imp.status().to_string();
+  auto scope_of = [&](graph::OpKind op) {
+    for (const graph::Node& n : imp->graph.nodes())
+      if (n.op == op) return n.scope;
+    return std::string("(none)");
+  };
+  EXPECT_EQ(scope_of(graph::OpKind::relu), "transformer.h.0.attn");
+  EXPECT_EQ(scope_of(graph::OpKind::neg), "model.dense");
+  EXPECT_EQ(scope_of(graph::OpKind::exp), "");
+  EXPECT_EQ(scope_of(graph::OpKind::sigmoid), "odd");
+}
+
 // Slice's bounds as exporters write them, against ONNX's definition of Slice: every
 // start and end of the families below crossed with steps of both signs, as int64 and int32, given as
 // initializers and computed at import (an Add of zero, folded through the reference interpreter: where

@@ -19,14 +19,28 @@ std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& 
   json facts = json::object();
   for (const auto& [k, v] : run.facts) facts[k] = v;
   j["facts"] = facts;
+  const auto positive = [](double v) { return v > 0 ? json(v) : json(nullptr); };
+  j["peaks"] = {{"fma_gflops", positive(run.peaks.fma_gflops)},
+                {"bf16_gflops", positive(run.peaks.bf16_gflops)},
+                {"read_gb_per_s", positive(run.peaks.read_gb_per_s)}};
   int64_t first = 0, last = 0;
   for (size_t i = 0; i < events.size(); ++i) {
     first = i ? std::min(first, events[i].start_ns) : events[i].start_ns;
     last = i ? std::max(last, events[i].end_ns) : events[i].end_ns;
   }
-  j["wall_ns"] = std::max<int64_t>(0, last - first);
+  const int64_t wall = std::max<int64_t>(0, last - first);
+  j["wall_ns"] = wall;
+  const std::vector<DeviceTotals> devices = device_totals(events);
+  int64_t flops = 0;
+  for (const DeviceTotals& d : devices)
+    for (const OpTotals& op : d.ops) flops += op.flops;
+  // The products' FLOPs of every device over the wall time, and that over the FMA peak: the run's MFU.
+  const double achieved = wall > 0 ? double(flops) / double(wall) : 0.0;
+  j["flops"] = flops;
+  j["gflops_per_s"] = positive(achieved);
+  j["mfu"] = run.peaks.fma_gflops > 0 && achieved > 0 ? json(achieved / run.peaks.fma_gflops) : json(nullptr);
   j["devices"] = json::array();
-  for (const DeviceTotals& d : device_totals(events)) {
+  for (const DeviceTotals& d : devices) {
     json dev;
     dev["device"] = d.device;
     dev["busy_ns"] = d.busy_ns;
@@ -42,9 +56,25 @@ std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& 
       o["mean_ns"] = op.count ? op.total_ns / op.count : 0;
       o["share"] = d.busy_ns > 0 ? double(op.total_ns) / double(d.busy_ns) : 0.0;
       o["bytes"] = op.bytes;
-      o["gb_per_s"] = op.bytes > 0 && op.bytes_ns > 0 ? json(double(op.bytes) / double(op.bytes_ns)) : json(nullptr);
+      const double gbps = op.bytes > 0 && op.bytes_ns > 0 ? double(op.bytes) / double(op.bytes_ns) : 0.0;
+      const double gflops = op.flops > 0 && op.flops_ns > 0 ? double(op.flops) / double(op.flops_ns) : 0.0;
+      o["gb_per_s"] = positive(gbps);
+      o["flops"] = op.flops;
+      o["gflops_per_s"] = positive(gflops);
+      // NOTE [roofline]: each rate over its ceiling; the larger says which one bounds the op and how near.
+      o["of_fma_peak"] = run.peaks.fma_gflops > 0 && gflops > 0 ? json(gflops / run.peaks.fma_gflops) : json(nullptr);
+      o["of_read_peak"] =
+          run.peaks.read_gb_per_s > 0 && gbps > 0 ? json(gbps / run.peaks.read_gb_per_s) : json(nullptr);
       dev["ops"].push_back(std::move(o));
     }
+    dev["layers"] = json::array();
+    for (const LayerTotals& l : d.layers)
+      dev["layers"].push_back({{"layer", l.layer},
+                               {"count", l.count},
+                               {"forward_ns", l.forward_ns},
+                               {"backward_ns", l.backward_ns},
+                               {"flops", l.flops},
+                               {"bytes", l.bytes}});
     j["devices"].push_back(std::move(dev));
   }
   j["programs"] = json::array();

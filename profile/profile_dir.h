@@ -41,15 +41,24 @@ struct ProgramMemory {
 
 // What the profile says about the run besides its events: the command, facts about the machine and the
 // program (name -> value, in order: "cpu", "isa", "threads", ...), and its programs' memory.
+// The machine's ceilings, measured in the run's process (kernels/peaks.h; 0: not measured): what the
+// roofline divides each op's rates by.
+struct Peaks {
+  double fma_gflops = 0;    // f32 FMA on the widest vectors, the run's threads
+  double bf16_gflops = 0;   // bf16 products (AMX or AVX512-BF16; 0 without either)
+  double read_gb_per_s = 0;  // the read sweep, beyond the last-level cache
+};
 struct RunFacts {
   std::string command;
   std::vector<std::pair<std::string, std::string>> facts;
   std::vector<ProgramMemory> programs = {};
+  Peaks peaks = {};
 };
 
-// profile.json's text: schema, command, facts, wall_ns (first start to last end over all devices), and per
-// device its busy_ns, span_ns, events and ops (category, name, count, total_ns, mean_ns, share of the
-// device's busy time, bytes, gb_per_s or null), and programs (ProgramMemory's fields).
+// profile.json's text (docs/profile.md): schema, command, facts, peaks, wall_ns (first start to last end over
+// all devices), per device its busy_ns, span_ns, events, ops (category, name, count, total_ns, mean_ns, share
+// of the device's busy time, bytes, gb_per_s, flops, gflops_per_s, the roofline fractions) and layers, and
+// programs (ProgramMemory's fields).
 std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& run);
 
 // Creates `dir` (and its parents) if needed: a command calls it before it runs, so that a directory it

@@ -72,6 +72,58 @@ TEST(ProfileDir, TotalsAreTheEventsCounted) {
   EXPECT_EQ(empty["wall_ns"], 0);
 }
 
+// FLOPs and layers: matmuls of 1000 and 3000 FLOPs over 100 and 300 ns in layer "h.0" (the second one
+// backward), an add of layer "h.1", an event with no layer; peaks 5 GFLOP/s and 4 GB/s.
+TEST(ProfileDir, FlopsLayersAndTheRoofline) {
+  auto with = [](TraceEvent e, int64_t flops, std::string layer, bool backward) {
+    e.flops = flops;
+    if (!layer.empty()) e.args.emplace_back("layer", std::move(layer));
+    if (backward) e.args.emplace_back("pass", "backward");
+    return e;
+  };
+  const std::vector<TraceEvent> ev = {with(event("cpu:0", "matmul", 0, 100, 200), 1000, "h.0", false),
+                                      with(event("cpu:0", "matmul", 200, 500), 3000, "h.0", true),
+                                      with(event("cpu:0", "add", 500, 600, 40), 0, "h.1", false),
+                                      event("cpu:0", "host_write x", 600, 1000)};
+  RunFacts run{"train", {}};
+  run.peaks = {.fma_gflops = 5.0, .bf16_gflops = 0.0, .read_gb_per_s = 4.0};
+  const nlohmann::json j = nlohmann::json::parse(profile_json(ev, run));
+  EXPECT_DOUBLE_EQ(j["peaks"]["fma_gflops"].get<double>(), 5.0);
+  EXPECT_TRUE(j["peaks"]["bf16_gflops"].is_null());  // not measured (no bf16 products here)
+  EXPECT_EQ(j["flops"], 4000);
+  EXPECT_DOUBLE_EQ(j["gflops_per_s"].get<double>(), 4.0);  // 4000 FLOPs over the 1000 ns of wall time
+  EXPECT_DOUBLE_EQ(j["mfu"].get<double>(), 0.8);
+  nlohmann::json mm;
+  for (const auto& op : j["devices"][0]["ops"])
+    if (op["name"] == "matmul") mm = op;
+  ASSERT_FALSE(mm.is_null());
+  EXPECT_EQ(mm["flops"], 4000);
+  EXPECT_DOUBLE_EQ(mm["gflops_per_s"].get<double>(), 10.0);
+  EXPECT_DOUBLE_EQ(mm["of_fma_peak"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(mm["of_read_peak"].get<double>(), 0.5);  // 200 bytes over the 100 ns that report them: 2 GB/s
+  const nlohmann::json& layers = j["devices"][0]["layers"];
+  ASSERT_EQ(layers.size(), 2u);  // in order of first appearance; the event with no layer is in none
+  EXPECT_EQ(layers[0]["layer"], "h.0");
+  EXPECT_EQ(layers[0]["count"], 2);
+  EXPECT_EQ(layers[0]["forward_ns"], 100);
+  EXPECT_EQ(layers[0]["backward_ns"], 300);
+  EXPECT_EQ(layers[0]["flops"], 4000);
+  EXPECT_EQ(layers[0]["bytes"], 200);
+  EXPECT_EQ(layers[1]["layer"], "h.1");
+  EXPECT_EQ(layers[1]["forward_ns"], 100);
+  EXPECT_EQ(layers[1]["flops"], 0);
+  // Without peaks: no roofline, no MFU.
+  const nlohmann::json bare = nlohmann::json::parse(profile_json(ev, RunFacts{"train", {}}));
+  EXPECT_TRUE(bare["mfu"].is_null());
+  for (const auto& op : bare["devices"][0]["ops"]) EXPECT_TRUE(op["of_fma_peak"].is_null());
+  // The trace carries the FLOPs as an argument.
+  const nlohmann::json trace = nlohmann::json::parse(chrome_trace_json(ev));
+  bool seen = false;
+  for (const auto& e : trace["traceEvents"])
+    if (e.contains("args") && e["args"].contains("flops")) seen = seen || e["args"]["flops"] == 3000;
+  EXPECT_TRUE(seen);
+}
+
 TEST(ProfileDir, WritesTraceAndProfileAndNamesAnUnwritableDirectory) {
   const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "aspen_profile_dir_test" / "run";
   std::filesystem::remove_all(dir.parent_path());

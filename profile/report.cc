@@ -18,6 +18,7 @@ th, td { padding: 2px 10px; border-bottom: 1px solid #ddd; text-align: right; }
 th { cursor: pointer; background: #f4f4f4; } td.name, th.name { text-align: left; }
 .bar { display: inline-block; height: 10px; background: #4a7fb5; vertical-align: middle; }
 #status { color: #888; font-size: 0.85em; }
+button { margin-right: 4px; } button.on { font-weight: bold; }
 </style>
 </head>
 <body>
@@ -25,6 +26,7 @@ th { cursor: pointer; background: #f4f4f4; } td.name, th.name { text-align: left
 <p id="status">not drawn (the page's script did not run)</p>
 <section id="summary"><h2>Summary</h2></section>
 <section id="operations"><h2>Operations</h2></section>
+<section id="layers"><h2>Layers</h2></section>
 <section id="memory"><h2>Memory</h2></section>
 <script type="application/json" id="profile-data">)HTML";
 
@@ -74,6 +76,14 @@ function draw(p) {
   const sum = document.getElementById("summary");
   const facts = [["command", p.command]].concat(Object.entries(p.facts || {}));
   facts.push(["wall time (ms)", ms(p.wall_ns)]);
+  const pk = p.peaks || {};
+  const rate = (v, unit) => v === null || v === undefined ? "not measured" : v.toFixed(1) + " " + unit;
+  facts.push(["peak f32 FMA (measured in the run)", rate(pk.fma_gflops, "GFLOP/s")]);
+  facts.push(["peak bf16 products", rate(pk.bf16_gflops, "GFLOP/s")]);
+  facts.push(["peak read (sweep beyond the LLC)", rate(pk.read_gb_per_s, "GB/s")]);
+  facts.push(["products' FLOPs", (p.flops / 1e9).toFixed(3) + " GFLOP"]);
+  facts.push(["achieved", rate(p.gflops_per_s, "GFLOP/s") +
+              (p.mfu === null || p.mfu === undefined ? "" : " (MFU " + (100 * p.mfu).toFixed(1) + " % of the FMA peak)")]);
   sum.appendChild(table(["fact", "value"], facts.map(([k, v]) => [k, v]), [0, 1]));
   sum.appendChild(table(["device", "busy ms", "span ms", "busy share", "events"],
       p.devices.map(d => [d.device, {text: ms(d.busy_ns), v: d.busy_ns}, {text: ms(d.span_ns), v: d.span_ns},
@@ -82,7 +92,7 @@ function draw(p) {
   const ops = document.getElementById("operations");
   for (const d of p.devices) {
     ops.appendChild(el("h3", d.device + ": " + d.ops.length + " ops, busy " + ms(d.busy_ns) + " ms"));
-    ops.appendChild(table(["op", "category", "count", "total ms", "share", "mean us", "GB/s"],
+    ops.appendChild(table(["op", "category", "count", "total ms", "share", "mean us", "GB/s", "GFLOP/s", "roofline"],
         d.ops.map(o => {
           const bar = el("span");
           const share = el("span", " " + (100 * o.share).toFixed(1) + " %");
@@ -92,9 +102,82 @@ function draw(p) {
           bar.v = o.share;
           return [o.name, o.category, o.count, {text: ms(o.total_ns), v: o.total_ns}, bar,
                   {text: (o.mean_ns / 1e3).toFixed(1), v: o.mean_ns},
-                  o.gb_per_s === null ? {text: "-", v: -1} : {text: o.gb_per_s.toFixed(2), v: o.gb_per_s}];
+                  o.gb_per_s === null ? {text: "-", v: -1} : {text: o.gb_per_s.toFixed(2), v: o.gb_per_s},
+                  o.gflops_per_s === null ? {text: "-", v: -1} : {text: o.gflops_per_s.toFixed(1), v: o.gflops_per_s},
+                  roof(o)];
         }), [0, 1]));
   }
+}
+// The nearer ceiling of an op (NOTE [roofline]): its FLOP rate over the FMA peak or its bytes over the read
+// peak, whichever is the larger fraction.
+function roof(o) {
+  const f = o.of_fma_peak, r = o.of_read_peak;
+  if ((f === null || f === undefined) && (r === null || r === undefined)) return {text: "-", v: -1};
+  const byFlops = f !== null && f !== undefined && (r === null || r === undefined || f >= r);
+  const v = byFlops ? f : r;
+  return {text: (100 * v).toFixed(0) + " % of " + (byFlops ? "FMA" : "read"), v: v};
+}
+// Per device, time and FLOPs by model layer (the instructions' scopes, NOTE [name scopes]) cut at a depth of
+// the '.'-separated path ("transformer.h.3" at 3), forward and backward apart.
+function draw_layers(p) {
+  const sec = document.getElementById("layers");
+  const any = p.devices.some(d => d.layers && d.layers.length > 0);
+  if (!any) { sec.appendChild(el("p", "no instruction in this profile names its layer")); return; }
+  let deepest = 1;
+  for (const d of p.devices) for (const l of d.layers) deepest = Math.max(deepest, l.layer.split(".").length);
+  const groups = depth => {
+    const set = new Set();
+    for (const d of p.devices) for (const l of d.layers) set.add(l.layer.split(".").slice(0, depth).join("."));
+    return set.size;
+  };
+  // The first depth that names a numbered block ("transformer.h.3", "model.layers.0"), else the first with at
+  // least 4 groups.
+  let depth = 0;
+  for (const d of p.devices)
+    for (const l of d.layers) {
+      const k = l.layer.split(".").findIndex(part => /^[0-9]+$/.test(part)) + 1;
+      if (k > 0 && (depth === 0 || k < depth)) depth = k;
+    }
+  for (let k = 1; k <= deepest && depth === 0; ++k) if (groups(k) >= 4) depth = k;
+  if (depth === 0) depth = deepest;
+  const bar = el("p", "depth: ");
+  const body = el("div");
+  const render = () => {
+    body.textContent = "";
+    bar.querySelectorAll("button").forEach(b => b.className = Number(b.dataset.depth) === depth ? "on" : "");
+    for (const d of p.devices) {
+      const by = new Map();
+      for (const l of d.layers) {
+        const key = l.layer === "" ? "(no layer)" : l.layer.split(".").slice(0, depth).join(".");
+        const a = by.get(key) || {count: 0, forward_ns: 0, backward_ns: 0, flops: 0};
+        a.count += l.count; a.forward_ns += l.forward_ns; a.backward_ns += l.backward_ns; a.flops += l.flops;
+        by.set(key, a);
+      }
+      let total = 0;
+      by.forEach(a => total += a.forward_ns + a.backward_ns);
+      body.appendChild(el("h3", d.device + ": " + by.size + " layers at depth " + depth));
+      body.appendChild(table(["layer", "instructions", "forward ms", "backward ms", "total ms", "share", "GFLOP", "GFLOP/s"],
+          Array.from(by.entries()).map(([k, a]) => {
+            const t = a.forward_ns + a.backward_ns, share = total > 0 ? t / total : 0;
+            const cell = el("span"), b = el("span", undefined, "bar");
+            b.style.width = Math.round(120 * share) + "px";
+            cell.appendChild(b); cell.appendChild(el("span", " " + (100 * share).toFixed(1) + " %"));
+            cell.v = share;
+            return [k, a.count, {text: ms(a.forward_ns), v: a.forward_ns}, {text: ms(a.backward_ns), v: a.backward_ns},
+                    {text: ms(t), v: t}, cell, {text: (a.flops / 1e9).toFixed(3), v: a.flops},
+                    t > 0 && a.flops > 0 ? {text: (a.flops / t).toFixed(1), v: a.flops / t} : {text: "-", v: -1}];
+          }), [0]));
+    }
+  };
+  for (let k = 1; k <= deepest; ++k) {
+    const b = el("button", k);
+    b.dataset.depth = k;
+    b.addEventListener("click", () => { depth = k; render(); });
+    bar.appendChild(b);
+  }
+  sec.appendChild(bar);
+  sec.appendChild(body);
+  render();
 }
 function kib(b) { return (b / 1024).toFixed(1); }
 // A program's transient bytes over its order, the arena (the planned peak) dashed above, the peak node marked
@@ -135,6 +218,7 @@ function draw_memory(p) {
 try {
   const data = JSON.parse(document.getElementById("profile-data").textContent);
   draw(data);
+  draw_layers(data);
   draw_memory(data);
   status.textContent = "drawn";
 } catch (e) {

@@ -179,7 +179,7 @@ std::string chrome_trace_json(const std::vector<TraceEvent>& events) {
   // Keys of one event's args, with the value's JSON text; a later duplicate
   // key replaces an earlier one.
   std::vector<std::pair<const std::string*, std::string>> args;
-  const std::string bytes_key = "bytes";
+  const std::string bytes_key = "bytes", flops_key = "flops";
   bool first = true;
   for (const TraceEvent& e : events) {
     if (!first) out += ",\n";
@@ -197,6 +197,7 @@ std::string chrome_trace_json(const std::vector<TraceEvent>& events) {
 
     args.clear();
     if (e.bytes > 0) args.emplace_back(&bytes_key, std::to_string(e.bytes));
+    if (e.flops > 0) args.emplace_back(&flops_key, std::to_string(e.flops));
     for (const auto& [key, value] : e.args) {
       std::string text;
       append_json_string(text, value);
@@ -282,6 +283,7 @@ std::vector<DeviceTotals> device_totals(const std::vector<TraceEvent>& events) {
   struct Building {
     std::vector<std::pair<int64_t, int64_t>> intervals;
     std::map<std::pair<std::string, std::string>, OpTotals> ops;  // by (category, name)
+    std::unordered_map<std::string, size_t> layer_index;
   };
   std::vector<DeviceTotals> devices;
   std::vector<Building> building;
@@ -306,6 +308,26 @@ std::vector<DeviceTotals> device_totals(const std::vector<TraceEvent>& events) {
     if (e.bytes > 0) {
       op.bytes += e.bytes;
       op.bytes_ns += dur;
+    }
+    if (e.flops > 0) {
+      op.flops += e.flops;
+      op.flops_ns += dur;
+    }
+    const std::string* layer = nullptr;
+    bool backward = false;
+    for (const auto& [key, value] : e.args) {
+      if (key == "layer") layer = &value;
+      if (key == "pass") backward = value == "backward";
+    }
+    if (layer != nullptr) {
+      DeviceTotals& d = devices[it->second];
+      auto [at, first] = b.layer_index.emplace(*layer, d.layers.size());
+      if (first) d.layers.push_back({.layer = *layer});
+      LayerTotals& l = d.layers[at->second];
+      ++l.count;
+      (backward ? l.backward_ns : l.forward_ns) += dur;
+      l.flops += e.flops;
+      l.bytes += e.bytes;
     }
   }
   for (size_t i = 0; i < devices.size(); ++i) {

@@ -58,6 +58,7 @@ struct TraceEvent {
   int64_t start_ns = 0;  // steady clock, relative to the recorder's creation
   int64_t end_ns = 0;
   int64_t bytes = 0;                                      // bytes moved or touched; 0 = unknown
+  int64_t flops = 0;  // the products' floating-point operations (NOTE [node FLOPs], graph/cost.h); 0 = none
   std::vector<std::pair<std::string, std::string>> args;  // a few extras: node index, shapes
 
   int64_t duration_ns() const { return end_ns - start_ns; }
@@ -126,6 +127,9 @@ class TraceScope {
   void set_bytes(int64_t bytes) {
     if (recorder_ != nullptr) event_.bytes = bytes;
   }
+  void set_flops(int64_t flops) {
+    if (recorder_ != nullptr) event_.flops = flops;
+  }
   void add_arg(std::string key, std::string value) {
     if (recorder_ != nullptr) event_.args.emplace_back(std::move(key), std::move(value));
   }
@@ -152,18 +156,27 @@ Status write_chrome_trace(const std::vector<TraceEvent>& events, const std::stri
 std::string chrome_trace_json(const std::vector<TraceEvent>& events);
 
 // The totals of `events` per device, in order of first appearance: busy time (the union of its events'
-// intervals), span (first start to last end), event count, and its ops grouped by (category, name), the
-// costliest first, with count, total time, and bytes over the time of the events that report them.
+// intervals), span (first start to last end), event count, its ops grouped by (category, name), the
+// costliest first, with count, total time, bytes and FLOPs over the time of the events that report them, and
+// its layers (LayerTotals).
 // What summary() prints and profile.json holds (profile/profile_dir.h).
 struct OpTotals {
   std::string category, name;
   int64_t count = 0, total_ns = 0;
   int64_t bytes = 0, bytes_ns = 0;  // bytes / bytes_ns = GB/s over the events that report bytes
+  int64_t flops = 0, flops_ns = 0;  // flops / flops_ns = GFLOP/s over the events that report FLOPs
+};
+// The instructions of one model layer (the event's "layer" argument: its node's scope, NOTE [name scopes];
+// "" for instructions of no layer), forward and backward (argument "pass": "backward").
+struct LayerTotals {
+  std::string layer;
+  int64_t count = 0, forward_ns = 0, backward_ns = 0, flops = 0, bytes = 0;
 };
 struct DeviceTotals {
   std::string device;
   int64_t busy_ns = 0, span_ns = 0, events = 0;
   std::vector<OpTotals> ops;
+  std::vector<LayerTotals> layers;  // the events with a "layer" argument, by layer in order of first appearance
 };
 std::vector<DeviceTotals> device_totals(const std::vector<TraceEvent>& events);
 

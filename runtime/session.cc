@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/weight_copies.h"
+#include "graph/cost.h"
 
 namespace aspen::runtime {
 
@@ -121,6 +122,7 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
       for (int32_t v : ins.inputs) bytes += exe.plan.slots[size_t(v)].bytes;
       for (int32_t v : ins.outputs) bytes += exe.plan.slots[size_t(v)].bytes;
       info.instruction_bytes.push_back(bytes);
+      info.instruction_flops.push_back(ins.node >= 0 ? int64_t(graph::node_flops(exe.graph, exe.graph.node(ins.node))) : 0);
       std::string types;  // what the kernel runs on, for per-shape profiles
       if (ins.node >= 0)
         for (graph::ValueId v : exe.graph.node(ins.node).inputs)
@@ -399,8 +401,12 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
     profile::TraceScope scope(trace_, device, label, trace_category(ins.kind), instruction_bytes[k]);
     if (scope.active()) {
       if (ins.node >= 0) {
+        const graph::Node& node = exe.graph.node(ins.node);
         scope.add_arg("node", std::to_string(ins.node));
         scope.add_arg("inputs", info.instruction_inputs[k]);
+        scope.add_arg("layer", node.scope);  // NOTE [name scopes]
+        if (node.backward) scope.add_arg("pass", "backward");
+        scope.set_flops(info.instruction_flops[k]);
       }
       if (ins.reference) scope.add_arg("kernel", "reference");
       if (ins.derived) scope.add_arg("derived", "remade");

@@ -170,6 +170,7 @@ class Session {
   int replica_index(const Replica& r) const;
   struct ProgramInfo {
     std::vector<int64_t> instruction_bytes;  // bytes each instruction touches, for traces
+    std::vector<int64_t> instruction_flops;  // its products' FLOPs (graph/cost.h), for traces
     std::vector<size_t> parameter_index;     // the program's parameter k -> parameters_ index
     std::string updates_shared;              // a shared parameter the program updates ("": none)
     std::vector<std::vector<int>> ready_after;  // by instruction: the updates final after it

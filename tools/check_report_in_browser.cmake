@@ -1,7 +1,8 @@
 # The profile report in a real browser: `aspen generate --profile WORK/profile` on MODEL, then headless
 # Chromium loads WORK/profile/report.html from disk and must find it drawn (#status "drawn", no script
-# error) with its views: the Summary's facts, an Operations row for matmul, and the Memory curves of the
-# prefill and decode programs. A screenshot is kept beside it
+# error) with its views: the Summary's facts and measured peaks, an Operations row for matmul with its
+# roofline, the Layers view cut at the blocks (depth 3: transformer.h.1) with the head, and the Memory curves of
+# the prefill and decode programs. A screenshot is kept beside it
 # (WORK/profile/report.png) as the test's artifact. Fails with the reason, or how to install Chromium.
 if(NOT CHROMIUM)
   message(FATAL_ERROR "chromium not found: install Debian's chromium (scripts/install-deps.sh) and re-run cmake")
@@ -25,7 +26,9 @@ if(NOT status STREQUAL "id=\"status\">drawn")
   message(FATAL_ERROR "report.html was not drawn: ${status}")
 endif()
 foreach(expected "data-v=\"command\">command</td>" "data-v=\"generate\">generate</td>" "data-v=\"matmul\">matmul</td>"
-                 "<h3>cpu0: " "<h3>prefill: transient bytes" "<h3>decode: transient bytes" "<polyline")
+                 "<h3>cpu0: " "<h3>prefill: transient bytes" "<h3>decode: transient bytes" "<polyline"
+                 "layers at depth 3</h3>" "data-v=\"transformer.h.1\">transformer.h.1</td>"
+                 "data-v=\"lm_head\">lm_head</td>" "% of read</td>" "peak f32 FMA (measured in the run)")
   string(FIND "${dom}" "${expected}" at)
   if(at LESS 0)
     message(FATAL_ERROR "report.html drawn without '${expected}'")
