@@ -10,10 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "api/run_profile.h"
 #include "bench/common.h"
+#include "compiler/memory_profile.h"
 #include "core/philox.h"
 #include "core/thread_team.h"
 #include "core/tensor.h"
@@ -297,7 +300,7 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
         models::GeneratorOptions go{
             .max_batch = B, .max_length = 8 + new_tokens, .max_prompt = 8, .threads = threads, .weights = weights};
         profile::TraceRecorder trace;
-        if (opt.profile) go.trace = &trace;
+        if (opt.profile || !opt.profile_dir.empty()) go.trace = &trace;
         ASPEN_ASSIGN_OR_RETURN(auto gen, models::Generator::open(model, go));
         std::vector<int32_t> prompt = prompt8;
         for (int32_t& id : prompt) id %= int32_t(s.vocab);
@@ -324,6 +327,17 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
         if (opt.profile && !opt.json)
           out << "# decode, batch " << B << ": every instruction of the runs above\n"
               << profile::summary(trace.events());
+        if (!opt.profile_dir.empty()) {  // docs/profile.md: one directory per row
+          profile::RunFacts facts = api::run_facts(
+              "bench generate", threads,
+              {{"model", model}, {"dtype", dtype}, {"batch", std::to_string(B)}, {"new_tokens", std::to_string(new_tokens)}});
+          const runtime::Session& session = gen->session();
+          for (int p = 0; p < session.programs(); ++p)
+            facts.programs.push_back(compiler::program_memory(
+                session.executable(p), session.programs() == 2 ? (p == 0 ? "prefill" : "decode") : "program " + std::to_string(p)));
+          const std::string row_dir = opt.profile_dir + "/decode-b" + std::to_string(B) + "-" + dtype;
+          ASPEN_RETURN_IF_ERROR(api::write_run_profile(row_dir, trace.events(), facts, opt.json ? std::cerr : out));
+        }
         Row r{.phase = "decode", .dtype = dtype, .batch = B, .sweep_lo = sweep_lo, .sweep_hi = sweep_hi};
         r.tokens_per_s = double(B * (new_tokens - 1)) / std::max(tn - t1, 1e-9);
         // Bytes per step: the weights once, plus the cache the attention reads

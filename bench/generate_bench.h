@@ -48,6 +48,7 @@ struct GenerateBenchOptions {
   bool llama_cpp = true;       // run bench/llama_cpp.py with `python` (builds llama-bench on first use)
   bool quick = false;          // a 2-layer model and few tokens (smoke tests)
   bool profile = false;        // print the per-op summary of the decode rows' instructions
+  std::string profile_dir;     // and write each decode row's profile into profile_dir/decode-b<B>-<dtype>
   int rounds = 2;              // aspen's rows and each peer in turn, this many times; the best of each kept
   // A Hugging Face directory (config.json, safetensors) to run instead of the
   // random GPT-2-124M; its weights are used as they are, and the PyTorch peer

@@ -10,12 +10,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "api/inference_model.h"
+#include "api/run_profile.h"
 #include "bench/common.h"
 #include "compiler/cache.h"
+#include "compiler/memory_profile.h"
 #include "core/thread_team.h"
 #include "io/onnx.h"
 #include "models/onnx_import.h"
@@ -55,7 +58,7 @@ struct Row {
 
 // aspen on one case: import, compile, warm up, best of reps.
 Result<Row> run_case(const std::string& dir, const std::string& name, const std::string& dtype, int threads, int reps,
-                     bool profile, const std::string& trace_dir) {
+                     bool profile, const std::string& trace_dir, const std::string& profile_dir, std::ostream& said) {
   ASPEN_ASSIGN_OR_RETURN(io::OnnxModel m, io::read_onnx_model(dir + "/model.onnx"));
   std::map<std::string, Tensor> inputs;
   models::OnnxImportOptions o;
@@ -72,7 +75,12 @@ Result<Row> run_case(const std::string& dir, const std::string& name, const std:
   if (dtype == "bf16") opts.precision(DType::bf16);
   const std::string trace = !trace_dir.empty() ? trace_dir + "/" + name + "_" + dtype + ".json"
                                                : "/tmp/aspen_bench_onnx_" + std::to_string(::getpid()) + ".json";
-  if (profile || !trace_dir.empty()) opts.profile(trace);
+  profile::TraceRecorder recorder;  // --profile DIR: every instruction of the case's runs
+  if (!profile_dir.empty()) {
+    opts.trace_recorder(&recorder);
+  } else if (profile || !trace_dir.empty()) {
+    opts.profile(trace);
+  }
   ASPEN_ASSIGN_OR_RETURN(auto model, api::InferenceModel::create(imp.graph, opts));
   Row r{.name = name, .dtype = dtype};
   r.compile_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -87,7 +95,14 @@ Result<Row> run_case(const std::string& dir, const std::string& name, const std:
     best = std::min(best, std::chrono::duration<double>(Clock::now() - s).count());
   }
   r.ms = best * 1e3;
-  if (profile) {
+  if (!profile_dir.empty()) {  // docs/profile.md: one directory per row
+    if (profile) r.profile = profile::summary(recorder.events());
+    if (!trace_dir.empty()) ASPEN_RETURN_IF_ERROR(profile::write_chrome_trace(recorder.events(), trace));
+    profile::RunFacts run =
+        api::run_facts("bench onnx", threads, {{"model", dir}, {"dtype", dtype}, {"reps", std::to_string(reps)}});
+    run.programs.push_back(compiler::program_memory(model->executable(), "run"));
+    ASPEN_RETURN_IF_ERROR(api::write_run_profile(profile_dir + "/" + name + "-" + dtype, recorder.events(), run, said));
+  } else if (profile) {
     r.profile = model->profile_summary();
     if (trace_dir.empty()) std::remove(trace.c_str());
   }
@@ -153,7 +168,8 @@ Status run_onnx_bench(const OnnxBenchOptions& opt, std::ostream& out) {
       if (peer) time_peer(name, ort_ms);
       for (const std::string& dtype : opt.dtypes) {
         ASPEN_ASSIGN_OR_RETURN(Row r,
-                               run_case(dir + "/" + name, name, dtype, threads, opt.reps, opt.profile, opt.trace_dir));
+                               run_case(dir + "/" + name, name, dtype, threads, opt.reps, opt.profile, opt.trace_dir,
+                                        opt.profile_dir, opt.json ? std::cerr : out));
         rows.push_back(r);
       }
       if (peer) time_peer(name, ort_ms);

@@ -27,6 +27,7 @@ struct OnnxBenchOptions {
   std::string model;                                  // one case directory instead
   bool quick = false;                                 // 2-layer models (a smoke test, not a measurement)
   bool profile = false;                               // print where each row's time goes (per op)
+  std::string profile_dir;                            // and write each row's profile into profile_dir/<case>-<dtype>
   std::string trace_dir = {};  // when set, each row's Chrome trace is kept there as <case>_<dtype>.json
 };
 

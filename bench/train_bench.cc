@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -19,9 +20,11 @@
 #include <variant>
 #include <vector>
 
+#include "api/run_profile.h"
 #include "api/training_model.h"
 #include "bench/common.h"
 #include "compiler/executable.h"
+#include "compiler/memory_profile.h"
 #include "core/philox.h"
 #include "core/tensor.h"
 #include "core/thread_team.h"
@@ -353,7 +356,7 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
   profile::TraceRecorder trace(/*enabled=*/false);
   runtime::SessionOptions sopt;
   sopt.threads = opt.threads;
-  if (opt.profile) sopt.trace = &trace;
+  if (opt.profile || !opt.profile_dir.empty()) sopt.trace = &trace;
   ASPEN_ASSIGN_OR_RETURN(auto session, runtime::Session::create(std::move(exe), sopt));
 
   // --model: the directory's weights; else N(0, 0.02), LayerNorms 1 and 0, biases 0. Optimizer state stays zero.
@@ -411,6 +414,19 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
   if (!std::isfinite(r.loss))
     return Status::error(Code::kInternal, "bench train: " + dtype + " loss", "a finite number", std::to_string(r.loss));
   if (opt.profile) r.profile = profile::summary(trace.events(), 15) + matmul_summary(trace.events(), *session);
+  if (!opt.profile_dir.empty()) {  // docs/profile.md: the timed steps, one directory per row
+    trace.set_enabled(false);
+    profile::RunFacts run = api::run_facts("bench train", opt.threads,
+                                           {{"family", s.model.bert() ? "bert" : s.model.llama() ? "llama" : "gpt2"},
+                                            {"dtype", dtype},
+                                            {"batch", std::to_string(s.batch)},
+                                            {"seq", std::to_string(s.seq)},
+                                            {"steps_recorded", std::to_string(opt.steps)},
+                                            {"tokens_per_s", std::to_string(r.tokens_per_s)}});
+    run.programs.push_back(compiler::program_memory(session->executable(), "train step"));
+    const std::string row = dtype + (s.documents > 0 ? "-packed" : "") + (s.density < 1.0 ? "-sparse" : "");
+    ASPEN_RETURN_IF_ERROR(api::write_run_profile(opt.profile_dir + "/" + row, trace.events(), run, std::cerr));
+  }
   r.peak_rss_bytes = peak_rss_bytes();
   measure_peak();
   return r;

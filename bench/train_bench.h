@@ -58,6 +58,7 @@ struct TrainBenchOptions {
   bool compile = false;  // the peer also runs torch.compile'd; its faster mode counts (PyTorch's best)
   bool quick = false;    // a tiny GPT-2 (2 layers, d_model 64, vocab 512), batch 2 x 32, 1 timed step
   bool profile = false;  // print the per-op summary of the timed steps
+  std::string profile_dir;  // and write each row's profile into profile_dir/<dtype>[-<layout>] (docs/profile.md)
   // A Hugging Face GPT-2 directory to fine-tune instead of the random 124M:
   // its shape and weights (the sequence is min(256, n_positions)); the
   // PyTorch peer loads the same directory.

@@ -145,6 +145,21 @@ int parse_failure(CLI::App& app, const CLI::ParseError& e) {
   return aspen::tools::kExitUsage;
 }
 
+// A bench's `--profile [DIR]`: the per-op table printed; with DIR, each row's profile directory written too
+// (DIR/<row>: trace.json, profile.json, report.html; docs/profile.md).
+void add_bench_profile(CLI::App* cmd, bool& print, std::string& dir, const std::string& what, const std::string& rows) {
+  cmd->add_option_function<std::string>(
+         "--profile",
+         [&print, &dir](const std::string& v) {
+           print = true;
+           if (v != "-") dir = v;
+         },
+         what + "; with DIR, also each row's profile in DIR/" + rows + " (report.html, trace.json, profile.json)")
+      ->expected(0, 1)
+      ->default_str("-")
+      ->type_name("[DIR]");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -289,7 +304,7 @@ int main(int argc, char** argv) {
   onnx_cmd->add_option("--dir", ob.dir, "where the exported cases live (default: the cache directory)");
   onnx_cmd->add_option("--model", ob.model, "one case directory (model.onnx, input_<k>.pb) to run, without the peer");
   onnx_cmd->add_flag("--quick", ob.quick, "2-layer models (a smoke test, not a measurement)");
-  onnx_cmd->add_flag("--profile", ob.profile, "print where each row's time goes (per op)");
+  add_bench_profile(onnx_cmd, ob.profile, ob.profile_dir, "print where each row's time goes (per op)", "<case>-<dtype>");
   onnx_cmd->add_option("--trace", ob.trace_dir, "keep each row's Chrome trace in this directory (<case>_<dtype>.json)");
 
   CLI::App* gen_cmd = bench->add_subcommand(
@@ -309,7 +324,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"gpt2", "llama"}));
   gen_cmd->add_option("--model", gb.model, "a Hugging Face directory (GPT-2, GPT-J) to run instead of the random 124M")
       ->check(CLI::ExistingDirectory);
-  gen_cmd->add_flag("--profile", gb.profile, "print where decode time goes (per op)");
+  add_bench_profile(gen_cmd, gb.profile, gb.profile_dir, "print where decode time goes (per op)", "decode-b<batch>-<dtype>");
   gen_cmd
       ->add_option("--rounds", gb.rounds,
                    "aspen's rows and each peer in turn, this many times, the best of each kept (default 2)")
@@ -349,7 +364,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   train_cmd->add_option("--batch", tb.batch, "micro-batch (default 4)")->check(CLI::Range(int64_t(1), int64_t(4096)));
   train_cmd->add_option("--seq", tb.seq, "sequence (default 256)")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  train_cmd->add_flag("--profile", tb.profile, "print where the timed steps' time goes (per op)");
+  add_bench_profile(train_cmd, tb.profile, tb.profile_dir, "print where the timed steps' time goes (per op)",
+                    "<dtype>[-packed|-sparse]");
   train_cmd->add_option("--model", tb.model, "a Hugging Face GPT-2 directory to fine-tune instead of the random 124M")
       ->check(CLI::ExistingDirectory);
   train_cmd->add_option("--replicas", tb.replicas,

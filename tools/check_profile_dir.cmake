@@ -3,7 +3,9 @@
 # (docs/profile.md) of schema aspen.profile/1 for command NAME, with at least one device whose ops include OP
 # and whose op times add up to at least its busy time (the union of its events). With GOLDEN (a
 # generate_text.json), CMD gets its prompt (greedy, its token count) and stdout must be exactly its text:
-# profiling changes nothing. With PROGRAMS, the memory view must hold at least that many programs.
+# profiling changes nothing. With PROGRAMS, the memory view must hold at least that many programs. With ROW
+# (a bench: one directory per row), the files are those of DIR/ROW. With LAYER, that layer (a node scope, NOTE
+# [name scopes]) must be among the device's layers, with FLOPs (and, with BACKWARD, backward time).
 file(REMOVE_RECURSE "${DIR}")
 set(cmd ${CMD})
 if(GOLDEN)  # the golden's prompt, greedily, its number of tokens
@@ -30,6 +32,10 @@ if(GOLDEN)
   if(NOT out STREQUAL "${text}\n")
     message(FATAL_ERROR "printed\n[${out}]\nexpected\n[${text}\n]")
   endif()
+endif()
+set(top "${DIR}")
+if(ROW)
+  set(DIR "${DIR}/${ROW}")
 endif()
 foreach(f trace.json profile.json report.html)
   if(NOT EXISTS "${DIR}/${f}")
@@ -76,5 +82,25 @@ if(PROGRAMS)
       message(FATAL_ERROR "profile.json: program ${i}: ${points} curve points, arena ${arena} bytes")
     endif()
   endforeach()
+endif()
+if(LAYER)
+  string(JSON n_layers LENGTH "${profile}" devices 0 layers)
+  set(found FALSE)
+  math(EXPR last "${n_layers} - 1")
+  foreach(i RANGE ${last})
+    string(JSON name GET "${profile}" devices 0 layers ${i} layer)
+    if(name STREQUAL "${LAYER}")
+      string(JSON flops GET "${profile}" devices 0 layers ${i} flops)
+      string(JSON backward GET "${profile}" devices 0 layers ${i} backward_ns)
+      if(flops LESS 1 OR (BACKWARD AND backward LESS 1))
+        message(FATAL_ERROR "profile.json: layer ${LAYER}: ${flops} FLOPs, backward ${backward} ns")
+      endif()
+      set(found TRUE)
+    endif()
+  endforeach()
+  string(JSON mfu GET "${profile}" mfu)
+  if(NOT found OR mfu STREQUAL "null")
+    message(FATAL_ERROR "profile.json: layer ${LAYER} among the ${n_layers} layers: ${found}; mfu ${mfu}")
+  endif()
 endif()
 message(STATUS "${NAME} wrote its profile (${n_events} events; ${OP} among ${n_ops} ops)")
