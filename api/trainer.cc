@@ -12,6 +12,7 @@
 
 #include "api/run_profile.h"
 #include "api/trainer_feed.h"
+#include "compiler/memory_profile.h"
 #include "core/atomic_file.h"
 #include "core/checksum.h"
 #include "core/thread_team.h"
@@ -878,12 +879,16 @@ Result<TrainResult> Trainer::run() {
   if (trace_ && writer_) {  // NOTE: under MPI each process records its own devices; process 0 writes its own
     trace_->set_enabled(false);
     const int64_t recorded = std::min<int64_t>(std::max<int64_t>(calls - 1, 0) * iters, options_.profile_steps);
-    const profile::RunFacts run =
+    profile::RunFacts run =
         run_facts("train", c.train.threads,
                   {{"config", c.name},
                    {"steps_recorded", std::to_string(recorded)},
                    {"first_step_recorded", std::to_string(recorded > 0 ? start + iters + 1 : 0)},
                    {"tokens_per_s", std::to_string(result.tokens_per_s)}});
+    const std::vector<std::string>& names = model_->program_names();
+    for (int p = 0; p < model_->session().programs(); ++p)  // the memory view: every program this process runs
+      if (size_t(p) < names.size() && !names[size_t(p)].empty())
+        run.programs.push_back(compiler::program_memory(model_->session().executable(p), names[size_t(p)]));
     ASPEN_RETURN_IF_ERROR(write_run_profile(options_.profile, trace_->events(), run, out()));
   }
   if (const TrainFeed::MaskedStats& m = feed_->masked_stats(); m.dropped > 0)

@@ -100,6 +100,8 @@ class TrainingModel {
   const TrainingOptions& training_options() const;
   const train::TrainingPrograms& programs() const;
   const runtime::Session& session() const;
+  // By session program: its name ("step", "stage 1 backward", "evaluation"; "" for a placeholder never run).
+  const std::vector<std::string>& program_names() const;
   bool cache_hit() const;
   bool cache_stored() const;  // every program executable_cache missed was written to it
   // Data-parallel replicas in the whole job (local × processes), and this

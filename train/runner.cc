@@ -249,6 +249,34 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
         if (st != m->coord_of(0).pipe && prog >= 0) graphs[size_t(prog)] = &placeholder;
     graphs[size_t(m->eval_program_)] = &placeholder;
   }
+  m->program_names_.assign(graphs.size(), "");
+  auto name_program = [&](int index, std::string name) {
+    if (index >= 0 && graphs[size_t(index)] != &placeholder) m->program_names_[size_t(index)] = std::move(name);
+  };
+  if (m->pipe_) {
+    for (int st = 0; st < stages; ++st) {
+      const train::PipelinePrograms::Stage& s = m->pipe_->stages[size_t(st)];
+      const std::string p = "stage " + std::to_string(st) + " ";
+      name_program(s.forward, p + "forward");
+      name_program(s.backward_first, p + (s.backward_next >= 0 ? "backward (first micro-batch)" : "backward"));
+      name_program(s.backward_next, p + "backward");
+      name_program(s.norm, p + "gradient norm");
+      name_program(s.step, p + "optimizer step");
+    }
+  } else {
+    const train::TrainingPrograms& pr = m->programs_;
+    name_program(pr.fused, "step");
+    name_program(pr.micro_first, pr.micro_next >= 0 ? "micro-batch (first)" : "micro-batch");
+    name_program(pr.micro_next, "micro-batch");
+    name_program(pr.norm, "gradient norm");
+    name_program(pr.step, "optimizer step");
+    for (size_t k = 0; k < pr.shards.size(); ++k) {
+      const std::string shard = pr.shards.size() > 1 ? " (shard " + std::to_string(k) + ")" : "";
+      name_program(pr.shards[k].norm, "gradient norm" + shard);
+      name_program(pr.shards[k].step, "optimizer step" + shard);
+    }
+  }
+  name_program(m->eval_program_, "evaluation");
 
   std::vector<std::unique_ptr<compiler::Executable>> exes;
   const auto compile_all = [&]() -> Status {

@@ -99,6 +99,9 @@ class Runner {
   const TrainingOptions& training_options() const { return training_; }
   const train::TrainingPrograms& programs() const { return programs_; }
   const runtime::Session& session() const { return *session_; }
+  // By session program: its name for profiles ("step", "stage 1 backward", "evaluation", ...; "" for a
+  // placeholder this process compiles in another's place and never runs).
+  const std::vector<std::string>& program_names() const { return program_names_; }
   bool cache_hit() const { return cache_hit_; }
   bool cache_stored() const { return cache_stored_; }  // every program the cache missed was written to it
   // Data-parallel replicas in the whole job (local × processes), and this
@@ -278,6 +281,7 @@ class Runner {
   Status join_outputs();
   std::vector<std::string> input_names_;  // the forward graph's inputs
   int eval_program_ = -1;
+  std::vector<std::string> program_names_;
   std::unique_ptr<parallel::DataParallelGroup> dp_;  // null: one replica, no MPI
   // By trained parameter: the pipeline stage that steps it, or (without stages) the local replica whose
   // optimizer shard does.
