@@ -885,6 +885,10 @@ Result<TrainResult> Trainer::run() {
                    {"steps_recorded", std::to_string(recorded)},
                    {"first_step_recorded", std::to_string(recorded > 0 ? start + iters + 1 : 0)},
                    {"tokens_per_s", std::to_string(result.tokens_per_s)}});
+    if (c.parallel.pipeline_stages > 1) {  // the report's bubble: (p - 1) / (m + p - 1)
+      run.facts.emplace_back("pipeline_stages", std::to_string(c.parallel.pipeline_stages));
+      run.facts.emplace_back("micro_batches", std::to_string(c.batch.accumulation));
+    }
     const std::vector<std::string>& names = model_->program_names();
     for (int p = 0; p < model_->session().programs(); ++p)  // the memory view: every program this process runs
       if (size_t(p) < names.size() && !names[size_t(p)].empty())

@@ -46,6 +46,10 @@ std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& 
     dev["busy_ns"] = d.busy_ns;
     dev["span_ns"] = d.span_ns;
     dev["events"] = d.events;
+    dev["split"] = {{"compute_ns", d.split.compute_ns}, {"copy_ns", d.split.copy_ns},
+                    {"collective_ns", d.split.collective_ns}, {"wait_ns", d.split.wait_ns},
+                    {"host_ns", d.split.host_ns}, {"runtime_ns", d.split.runtime_ns},
+                    {"other_ns", d.split.other_ns}, {"idle_ns", d.split.idle_ns}};
     dev["ops"] = json::array();
     for (const OpTotals& op : d.ops) {
       json o;
@@ -61,10 +65,13 @@ std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& 
       o["gb_per_s"] = positive(gbps);
       o["flops"] = op.flops;
       o["gflops_per_s"] = positive(gflops);
-      // NOTE [roofline]: each rate over its ceiling; the larger says which one bounds the op and how near.
-      o["of_fma_peak"] = run.peaks.fma_gflops > 0 && gflops > 0 ? json(gflops / run.peaks.fma_gflops) : json(nullptr);
+      // NOTE [roofline]: a kernel's rates over their ceilings; the larger says which one bounds it and how near.
+      // (Host reads and writes move bytes by reference as often as by copy: no roofline.)
+      const bool kernel = op.category == category::kKernel;
+      o["of_fma_peak"] =
+          kernel && run.peaks.fma_gflops > 0 && gflops > 0 ? json(gflops / run.peaks.fma_gflops) : json(nullptr);
       o["of_read_peak"] =
-          run.peaks.read_gb_per_s > 0 && gbps > 0 ? json(gbps / run.peaks.read_gb_per_s) : json(nullptr);
+          kernel && run.peaks.read_gb_per_s > 0 && gbps > 0 ? json(gbps / run.peaks.read_gb_per_s) : json(nullptr);
       dev["ops"].push_back(std::move(o));
     }
     dev["layers"] = json::array();

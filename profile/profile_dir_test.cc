@@ -124,6 +124,40 @@ TEST(ProfileDir, FlopsLayersAndTheRoofline) {
   EXPECT_TRUE(seen);
 }
 
+// NOTE [execution split]: each instant of the wall (0..1000 over both devices) goes to the innermost event on
+// the device then: cpu:0 has a plan instruction 0..400 around a kernel 100..300 (in which a copy runs
+// 150..200), a wait 500..700 and a collective 650..800 overlapping it (the later start owns 650..800), then
+// nothing; cpu:1 a host write 900..1000.
+TEST(ProfileDir, ExecutionSplitSumsToTheWall) {
+  auto ev = [](std::string device, const char* cat, int64_t s, int64_t e) {
+    TraceEvent x = event(std::move(device), cat, s, e);
+    x.category = cat;
+    return x;
+  };
+  const std::vector<TraceEvent> events = {
+      ev("cpu:0", category::kPlan, 0, 400),    ev("cpu:0", category::kKernel, 100, 300),
+      ev("cpu:0", category::kCopy, 150, 200),  ev("cpu:0", category::kWait, 500, 700),
+      ev("cpu:0", category::kCollective, 650, 800), ev("cpu:1", category::kHost, 900, 1000)};
+  const std::vector<DeviceTotals> d = device_totals(events);
+  ASSERT_EQ(d.size(), 2u);
+  const ExecutionSplit& a = d[0].split;
+  EXPECT_EQ(a.runtime_ns, 200);     // 0..100 and 300..400
+  EXPECT_EQ(a.compute_ns, 150);     // 100..150 and 200..300
+  EXPECT_EQ(a.copy_ns, 50);
+  EXPECT_EQ(a.wait_ns, 150);        // 500..650
+  EXPECT_EQ(a.collective_ns, 150);  // 650..800: started last
+  EXPECT_EQ(a.idle_ns, 100 + 200);  // 400..500 and 800..1000
+  EXPECT_EQ(a.total(), 1000);
+  const ExecutionSplit& b = d[1].split;
+  EXPECT_EQ(b.host_ns, 100);
+  EXPECT_EQ(b.idle_ns, 900);
+  EXPECT_EQ(b.total(), 1000);
+  const nlohmann::json j = nlohmann::json::parse(profile_json(events, RunFacts{"train", {}}));
+  int64_t sum = 0;
+  for (const auto& [k, v] : j["devices"][1]["split"].items()) sum += v.get<int64_t>();
+  EXPECT_EQ(sum, j["wall_ns"].get<int64_t>());
+}
+
 TEST(ProfileDir, WritesTraceAndProfileAndNamesAnUnwritableDirectory) {
   const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "aspen_profile_dir_test" / "run";
   std::filesystem::remove_all(dir.parent_path());

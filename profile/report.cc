@@ -27,6 +27,7 @@ button { margin-right: 4px; } button.on { font-weight: bold; }
 <section id="summary"><h2>Summary</h2></section>
 <section id="operations"><h2>Operations</h2></section>
 <section id="layers"><h2>Layers</h2></section>
+<section id="execution"><h2>Execution</h2></section>
 <section id="memory"><h2>Memory</h2></section>
 <script type="application/json" id="profile-data">)HTML";
 
@@ -55,6 +56,7 @@ function table(head, rows, names) {
         return (isNaN(x) || isNaN(y) ? String(x).localeCompare(y) : x - y) * dir;
       });
       body.forEach(r => t.appendChild(r));
+      limit_rows(t);
     });
     hr.appendChild(th);
   });
@@ -92,7 +94,7 @@ function draw(p) {
   const ops = document.getElementById("operations");
   for (const d of p.devices) {
     ops.appendChild(el("h3", d.device + ": " + d.ops.length + " ops, busy " + ms(d.busy_ns) + " ms"));
-    ops.appendChild(table(["op", "category", "count", "total ms", "share", "mean us", "GB/s", "GFLOP/s", "roofline"],
+    ops.appendChild(collapsed(table(["op", "category", "count", "total ms", "share", "mean us", "GB/s", "GFLOP/s", "roofline"],
         d.ops.map(o => {
           const bar = el("span");
           const share = el("span", " " + (100 * o.share).toFixed(1) + " %");
@@ -105,8 +107,24 @@ function draw(p) {
                   o.gb_per_s === null ? {text: "-", v: -1} : {text: o.gb_per_s.toFixed(2), v: o.gb_per_s},
                   o.gflops_per_s === null ? {text: "-", v: -1} : {text: o.gflops_per_s.toFixed(1), v: o.gflops_per_s},
                   roof(o)];
-        }), [0, 1]));
+        }), [0, 1]), 25));
   }
+}
+// A long table shows its first `n` rows, and a button that shows the rest.
+function limit_rows(t) {
+  const n = Number(t.dataset.limit || 0);
+  Array.from(t.querySelectorAll("tr")).slice(1).forEach((r, i) => r.style.display = n > 0 && i >= n ? "none" : "");
+}
+function collapsed(t, n) {
+  const rows = t.querySelectorAll("tr").length - 1;
+  if (rows <= n) return t;
+  const box = el("div");
+  t.dataset.limit = n;
+  limit_rows(t);
+  const more = el("button", "show all " + rows + " rows");
+  more.addEventListener("click", () => { t.dataset.limit = 0; limit_rows(t); more.remove(); });
+  box.appendChild(t); box.appendChild(more);
+  return box;
 }
 // The nearer ceiling of an op (NOTE [roofline]): its FLOP rate over the FMA peak or its bytes over the read
 // peak, whichever is the larger fraction.
@@ -179,6 +197,49 @@ function draw_layers(p) {
   sec.appendChild(body);
   render();
 }
+// NOTE [execution split]: per device, the wall time by what ran (the innermost event), parts summing to it;
+// for a pipeline the bubble measured (waiting and idle) against (p - 1) / (m + p - 1).
+const kParts = [["compute", "#4a7fb5"], ["copy", "#8bb174"], ["collective", "#d9a441"], ["wait", "#c0504d"],
+                ["host", "#8a6fb0"], ["runtime", "#5bb0b5"], ["other", "#999"], ["idle", "#ddd"]];
+function draw_execution(p) {
+  const sec = document.getElementById("execution");
+  if (p.devices.length === 0) { sec.appendChild(el("p", "no events")); return; }
+  const wall = Math.max(1, p.wall_ns);
+  const legend = el("p");
+  for (const [name, color] of kParts) {
+    const sw = el("span", undefined, "bar");
+    sw.style.width = "10px"; sw.style.background = color;
+    legend.appendChild(sw); legend.appendChild(el("span", " " + name + "  "));
+  }
+  sec.appendChild(legend);
+  const rows = [];
+  for (const d of p.devices) {
+    const s = d.split || {};
+    const stack = el("span");
+    for (const [name, color] of kParts) {
+      const b = el("span", undefined, "bar");
+      b.style.width = (360 * (s[name + "_ns"] || 0) / wall).toFixed(1) + "px";
+      b.style.background = color;
+      b.title = name + " " + ms(s[name + "_ns"] || 0) + " ms";
+      stack.appendChild(b);
+    }
+    stack.v = (s.compute_ns || 0) / wall;
+    rows.push([d.device, stack].concat(kParts.map(([name]) => {
+      const v = s[name + "_ns"] || 0;
+      return {text: (100 * v / wall).toFixed(1) + " %", v: v};
+    })));
+  }
+  sec.appendChild(table(["device", "wall " + ms(wall) + " ms"].concat(kParts.map(([n]) => n)), rows, [0]));
+  const stages = Number((p.facts || {}).pipeline_stages || 0), micro = Number((p.facts || {}).micro_batches || 0);
+  if (stages > 1 && micro > 0) {
+    let waiting = 0;
+    for (const d of p.devices) waiting += ((d.split.wait_ns || 0) + (d.split.idle_ns || 0)) / wall;
+    const expected = (stages - 1) / (micro + stages - 1);
+    sec.appendChild(el("p", "pipeline bubble: " + (100 * waiting / p.devices.length).toFixed(1) +
+        " % of the wall waiting or idle per device (mean), against " + (100 * expected).toFixed(1) +
+        " % for " + stages + " stages and " + micro + " micro-batches ((p - 1) / (m + p - 1))"));
+  }
+}
 function kib(b) { return (b / 1024).toFixed(1); }
 // A program's transient bytes over its order, the arena (the planned peak) dashed above, the peak node marked
 // (SVG markup: the HTML parser puts it in SVG's namespace).
@@ -219,6 +280,7 @@ try {
   const data = JSON.parse(document.getElementById("profile-data").textContent);
   draw(data);
   draw_layers(data);
+  draw_execution(data);
   draw_memory(data);
   status.textContent = "drawn";
 } catch (e) {

@@ -12,6 +12,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <unordered_map>
@@ -277,6 +278,52 @@ void appendf(std::string& out, const char* fmt, ...) {
   if (n > 0) out.append(buf, std::min<size_t>(static_cast<size_t>(n), sizeof buf - 1));
 }
 
+// NOTE [execution split]: a sweep over the device's event boundaries; between two boundaries the innermost
+// running event (the latest start; at equal starts the later in `events`' order: events() puts the enclosing
+// one first) owns the time.
+ExecutionSplit execution_split(const std::vector<TraceEvent>& events, const std::vector<size_t>& mine, int64_t first,
+                               int64_t last) {
+  ExecutionSplit s;
+  if (last <= first) return s;
+  struct Edge {
+    int64_t t;
+    bool start;
+    size_t k;
+  };
+  std::vector<Edge> edges;
+  edges.reserve(2 * mine.size());
+  for (size_t k : mine) {
+    edges.push_back({events[k].start_ns, true, k});
+    edges.push_back({std::max(events[k].start_ns, events[k].end_ns), false, k});
+  }
+  std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) {
+    return a.t != b.t ? a.t < b.t : a.start != b.start ? !a.start : a.k < b.k;  // ends first at a tie
+  });
+  auto bucket = [&s](const std::string& cat) -> int64_t& {
+    if (cat == category::kKernel) return s.compute_ns;
+    if (cat == category::kCopy) return s.copy_ns;
+    if (cat == category::kCollective) return s.collective_ns;
+    if (cat == category::kWait) return s.wait_ns;
+    if (cat == category::kHost) return s.host_ns;
+    if (cat == category::kPlan) return s.runtime_ns;
+    return s.other_ns;
+  };
+  std::set<std::pair<int64_t, size_t>> active;  // (start, index): the innermost is the largest
+  int64_t at = first;
+  for (const Edge& e : edges) {
+    const int64_t t = std::clamp(e.t, first, last);
+    if (t > at) {
+      if (active.empty()) s.idle_ns += t - at;
+      else bucket(events[active.rbegin()->second].category) += t - at;
+      at = t;
+    }
+    if (e.start) active.insert({events[e.k].start_ns, e.k});
+    else active.erase({events[e.k].start_ns, e.k});
+  }
+  s.idle_ns += last - at;
+  return s;
+}
+
 }  // namespace
 
 std::vector<DeviceTotals> device_totals(const std::vector<TraceEvent>& events) {
@@ -330,6 +377,14 @@ std::vector<DeviceTotals> device_totals(const std::vector<TraceEvent>& events) {
       l.bytes += e.bytes;
     }
   }
+  int64_t wall_first = INT64_MAX, wall_last = INT64_MIN;
+  for (const TraceEvent& e : events) {
+    wall_first = std::min(wall_first, e.start_ns);
+    wall_last = std::max(wall_last, e.end_ns);
+  }
+  std::vector<std::vector<size_t>> by_device(devices.size());
+  for (size_t k = 0; k < events.size(); ++k) by_device[index.at(events[k].device)].push_back(k);
+  for (size_t i = 0; i < devices.size(); ++i) devices[i].split = execution_split(events, by_device[i], wall_first, wall_last);
   for (size_t i = 0; i < devices.size(); ++i) {
     Building& b = building[i];
     DeviceTotals& d = devices[i];

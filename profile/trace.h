@@ -49,6 +49,7 @@ inline constexpr const char* kCopy = "copy";
 inline constexpr const char* kCollective = "collective";
 inline constexpr const char* kHost = "host";
 inline constexpr const char* kPlan = "plan";  // a training plan's instruction (train/plan.h), around what it runs
+inline constexpr const char* kWait = "wait";  // waiting for a peer: a pipeline receive until its value arrives
 }  // namespace category
 
 struct TraceEvent {
@@ -172,11 +173,24 @@ struct LayerTotals {
   std::string layer;
   int64_t count = 0, forward_ns = 0, backward_ns = 0, flops = 0, bytes = 0;
 };
+// NOTE [execution split]: where a device's wall time went. The wall is every device's first start to last end
+// (the same for all devices); each instant of it is the innermost event running on the device then (the one
+// that started last), by category: kernel -> compute, copy, collective, wait, host, plan -> runtime (a training
+// plan's own work between the instructions it runs), any other -> other; no event -> idle. The parts sum to
+// the wall exactly.
+struct ExecutionSplit {
+  int64_t compute_ns = 0, copy_ns = 0, collective_ns = 0, wait_ns = 0, host_ns = 0, runtime_ns = 0, other_ns = 0,
+          idle_ns = 0;
+  int64_t total() const {
+    return compute_ns + copy_ns + collective_ns + wait_ns + host_ns + runtime_ns + other_ns + idle_ns;
+  }
+};
 struct DeviceTotals {
   std::string device;
   int64_t busy_ns = 0, span_ns = 0, events = 0;
   std::vector<OpTotals> ops;
   std::vector<LayerTotals> layers;  // the events with a "layer" argument, by layer in order of first appearance
+  ExecutionSplit split;
 };
 std::vector<DeviceTotals> device_totals(const std::vector<TraceEvent>& events);
 

@@ -1,4 +1,5 @@
-# The profile report in a real browser: `aspen generate --profile WORK/profile` on MODEL, then headless
+# The profile report in a real browser: `aspen generate --profile WORK/profile` on MODEL (or CMD, a list, with
+# `--profile WORK/profile` appended, and EXPECT, the strings its drawn page must hold), then headless
 # Chromium loads WORK/profile/report.html from disk and must find it drawn (#status "drawn", no script
 # error) with its views: the Summary's facts and measured peaks, an Operations row for matmul with its
 # roofline, the Layers view cut at the blocks (depth 3: transformer.h.1) with the head, and the Memory curves of
@@ -9,11 +10,12 @@ if(NOT CHROMIUM)
 endif()
 set(dir "${WORK}/profile")
 file(REMOVE_RECURSE "${WORK}")
-execute_process(COMMAND "${ASPEN}" generate --model "${MODEL}" --prompt "Hello" --max-new-tokens 4 --temperature 0
-                        --profile "${dir}"
-                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT CMD)  # the default run: generate on MODEL
+  set(CMD "${ASPEN}" generate --model "${MODEL}" --prompt "Hello" --max-new-tokens 4 --temperature 0)
+endif()
+execute_process(COMMAND ${CMD} --profile "${dir}" OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0 OR NOT EXISTS "${dir}/report.html")
-  message(FATAL_ERROR "aspen generate --profile failed (${rc}) or wrote no report.html: ${err}")
+  message(FATAL_ERROR "${CMD} --profile failed (${rc}) or wrote no report.html: ${err}")
 endif()
 set(flags --headless --disable-gpu --no-sandbox --no-first-run --disable-extensions --user-data-dir=${WORK}/chromium)
 execute_process(COMMAND "${CHROMIUM}" ${flags} --dump-dom "file://${dir}/report.html"
@@ -25,10 +27,13 @@ string(REGEX MATCH "id=\"status\">[^<]*" status "${dom}")
 if(NOT status STREQUAL "id=\"status\">drawn")
   message(FATAL_ERROR "report.html was not drawn: ${status}")
 endif()
-foreach(expected "data-v=\"command\">command</td>" "data-v=\"generate\">generate</td>" "data-v=\"matmul\">matmul</td>"
-                 "<h3>cpu0: " "<h3>prefill: transient bytes" "<h3>decode: transient bytes" "<polyline"
-                 "layers at depth 3</h3>" "data-v=\"transformer.h.1\">transformer.h.1</td>"
-                 "data-v=\"lm_head\">lm_head</td>" "% of read</td>" "peak f32 FMA (measured in the run)")
+if(NOT EXPECT)
+  set(EXPECT "data-v=\"generate\">generate</td>" "data-v=\"matmul\">matmul</td>" "<h3>prefill: transient bytes"
+             "<h3>decode: transient bytes" "layers at depth 3</h3>" "data-v=\"transformer.h.1\">transformer.h.1</td>"
+             "data-v=\"lm_head\">lm_head</td>" "% of read</td>")
+endif()
+foreach(expected "data-v=\"command\">command</td>" "<h3>cpu0: " "<polyline" "peak f32 FMA (measured in the run)"
+                 "<th>compute</th>" ${EXPECT})
   string(FIND "${dom}" "${expected}" at)
   if(at LESS 0)
     message(FATAL_ERROR "report.html drawn without '${expected}'")

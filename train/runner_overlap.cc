@@ -53,7 +53,7 @@ Result<std::map<std::string, Tensor>> Runner::run_overlapped(
       owners.push_back(p.owner);
       bytes += 4 * p.count;
       if (bytes < bucket && taken < expected) continue;
-      profile::TraceScope scope(trace_.get(), session_->device(device).name(), "reduce gradients",
+      profile::TraceScope scope(recording_, session_->device(device).name(), "reduce gradients",
                                 profile::category::kCollective, bytes);
       exchanged = exchange(tensors, counts, owners);
       if (!exchanged.is_ok()) {

@@ -119,7 +119,7 @@ Result<std::vector<float>> Runner::run_fused(const std::map<std::string, const T
                          instrs.empty() ? std::string("no instructions") : instr_text(instrs[0]));
   Result<std::map<std::string, Tensor>> ran = Status();
   {
-    profile::TraceScope traced(trace_.get(), session_->device(0).name(), instr_kind_name(InstrKind::fused),
+    profile::TraceScope traced(recording_, session_->device(0).name(), instr_kind_name(InstrKind::fused),
                                profile::category::kPlan);
     if (traced.active()) traced.add_arg("instruction", instr_text(instrs[0]));
     ran = session_->run(feeds, r, prog);

@@ -98,7 +98,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
   for (size_t k = 0; k < instrs.size() && instrs[k].kind != InstrKind::decide; ++k) {
     const Instr& in = instrs[k];
     const int m = in.micro;
-    profile::TraceScope traced(trace_.get(), session_->device(d).name(), instr_kind_name(in.kind),
+    profile::TraceScope traced(recording_, session_->device(d).name(), instr_kind_name(in.kind),
                                profile::category::kPlan);
     if (traced.active()) traced.add_arg("instruction", instr_text(in));
     const bool transfer = in.kind == InstrKind::send || in.kind == InstrKind::recv;
@@ -115,8 +115,8 @@ Status Runner::walk_to_decision(int d, StepState& step) {
       case InstrKind::recv: {
         const PipelineEdge& e = pipe_->split.edges[size_t(in.edge)];
         const bool grad = in.payload == Payload::gradient;
-        profile::TraceScope wait(trace_.get(), session_->device(d).name(), (grad ? "recv grad " : "recv ") + e.name,
-                                 profile::category::kCollective, e.type.bytes());
+        profile::TraceScope wait(recording_, session_->device(d).name(), (grad ? "recv grad " : "recv ") + e.name,
+                                 profile::category::kWait, e.type.bytes());
         ASPEN_ASSIGN_OR_RETURN(Tensor t, transport->take({.edge = in.edge, .micro = m, .grad = grad}, peer_stage(in),
                                                          e.type.dtype, e.type.shape,
                                                          where() + ": waiting for " + (grad ? "the gradient of " : "") +
@@ -210,7 +210,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         break;
       }
       case InstrKind::tensor_sum: {  // a whole weight's gradient: each shard has its part
-        profile::TraceScope scope(trace_.get(), session_->device(d).name(), "sum gradients over tensor shards",
+        profile::TraceScope scope(recording_, session_->device(d).name(), "sum gradients over tensor shards",
                                   profile::category::kCollective);
         int64_t bytes = 0;
         for (Tensor* t : accumulators(d, in.params)) {
@@ -231,7 +231,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
           counts.push_back(t->numel());
           bytes += int64_t(t->nbytes());
         }
-        profile::TraceScope scope(trace_.get(), session_->device(d).name(), "reduce gradients",
+        profile::TraceScope scope(recording_, session_->device(d).name(), "reduce gradients",
                                   profile::category::kCollective, bytes);
         // Over the data group: into the owners' copies (in.owners), or (tensor shards: each device steps its
         // own weights) into every copy.
@@ -267,7 +267,7 @@ Status Runner::walk_after_decision(int d, StepState& step, const Tensor& lr, con
   const int st = coord_of(d).pipe;
   Transport* transport = transport_of(step, d);
   for (const Instr& in : after_decision(plan_.devices[size_t(mesh_rank(d))])) {
-    profile::TraceScope traced(trace_.get(), session_->device(d).name(), instr_kind_name(in.kind),
+    profile::TraceScope traced(recording_, session_->device(d).name(), instr_kind_name(in.kind),
                                profile::category::kPlan);
     if (traced.active()) traced.add_arg("instruction", instr_text(in));
     switch (in.kind) {
