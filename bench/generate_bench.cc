@@ -194,6 +194,13 @@ Row* row_for(std::vector<Row>& rows, const nlohmann::json& j) {
 
 }  // namespace
 
+Result<int64_t> write_random_gpt2(const std::string& dir, int64_t layers, int64_t vocab) {
+  Shape124M s;
+  s.layers = layers;
+  s.vocab = vocab;
+  return write_model(dir, s);
+}
+
 Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
   for (const std::string& d : opt.dtypes)
     if (d != "f32" && d != "bf16" && !quantized_dtype(d))

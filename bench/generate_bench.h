@@ -61,4 +61,8 @@ struct GenerateBenchOptions {
 
 Status run_generate_bench(const GenerateBenchOptions& options, std::ostream& out);
 
+// A random GPT-2 of `layers` layers (GPT-2-124M's shape otherwise; vocab 50257) as a Hugging Face directory:
+// what `bench generate` runs without --model. Returns its weights' bytes.
+Result<int64_t> write_random_gpt2(const std::string& dir, int64_t layers, int64_t vocab);
+
 }  // namespace aspen::bench

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +16,7 @@
 #include "graph/builder.h"
 #include "models/causal_lm.h"
 #include "models/weights.h"
+#include "profile/diff.h"
 #include "runtime/session.h"
 
 namespace aspen::models {
@@ -208,6 +211,64 @@ TEST(Generate, BadInputIsNamed) {
                         "qwen2), found 'bert'");
   EXPECT_EQ(Generator::open(kTestdata + "/gpt2-tiny", {.max_length = 65}).status().message(),
             "generator: max_length: expected a number in [2, n_positions = 64], found 65");
+}
+
+}  // namespace
+}  // namespace aspen::models
+
+namespace aspen::models {
+namespace {
+
+// NOTE [profile diff] on real runs: two profiled decodes of gpt2-tiny, the second with the decode program's
+// longest instruction slowed 3x (NOTE [slowed instruction]): the diff names it, first; two plain runs: the
+// hook unset, nothing named slower by 3x. (The 5 % trials are `aspen bench profile`: a noisy host's runs
+// differ by several percent per instruction, and the diff says how much it can tell.)
+TEST(ProfileDiff, NamesTheInstructionSlowedInARealDecode) {
+  auto decode = [](profile::TraceRecorder* trace) {
+    GeneratorOptions o{.max_batch = 1, .max_length = 60, .max_prompt = 4, .threads = 1};
+    o.trace = trace;
+    auto gen = Generator::open(kTestdata + "/gpt2-tiny", o);
+    ASSERT_TRUE(gen.is_ok()) << gen.status().to_string();
+    ASSERT_TRUE((*gen)->generate({{5, 7}}, {.max_new_tokens = 40, .temperature = 0.0f}).is_ok());
+  };
+  profile::TraceRecorder a;
+  decode(&a);
+  std::map<std::string, std::vector<double>> runs;  // decode-program instructions' times
+  for (const profile::TraceEvent& e : a.events()) {
+    std::string program, node;
+    for (const auto& [k, v] : e.args) {
+      if (k == "program") program = v;
+      if (k == "node") node = v;
+    }
+    if (program == "1" && !node.empty() && e.category == profile::category::kKernel)
+      runs[node].push_back(double(e.duration_ns()));
+  }
+  ASSERT_FALSE(runs.empty());
+  std::string slowed;  // the longest by its median run (a total can be one preempted run)
+  double longest = -1;
+  for (auto& [node, v] : runs) {
+    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+    if (v[v.size() / 2] > longest) longest = v[v.size() / 2], slowed = node;
+  }
+  profile::TraceRecorder b, c;
+  ::setenv("ASPEN_TEST_SLOW_INSTRUCTION", ("1:" + slowed + ":2").c_str(), 1);
+  decode(&b);
+  ::unsetenv("ASPEN_TEST_SLOW_INSTRUCTION");
+  decode(&c);
+  const profile::ProfileDiff d = profile::diff_profiles(a.events(), b.events());
+  ASSERT_FALSE(d.slower.empty()) << "detectable " << d.detectable << ", run factor " << d.run_factor << ", spread "
+                                 << d.spread << ", compared " << d.compared << ", slowed node " << slowed;
+  EXPECT_EQ(d.slower[0].program, "1");
+  EXPECT_EQ(d.slower[0].node, slowed);
+  EXPECT_GT(d.slower[0].ratio, 2.0);
+  for (const profile::InstructionDiff& x : profile::diff_profiles(a.events(), c.events()).slower)
+    EXPECT_LT(x.ratio, 3.0) << x.name << " " << x.node;
+  // A hook value that does not parse is named when the session is made.
+  ::setenv("ASPEN_TEST_SLOW_INSTRUCTION", "1:x", 1);
+  auto bad = Generator::open(kTestdata + "/gpt2-tiny", {.max_batch = 1, .max_length = 16, .max_prompt = 4});
+  ::unsetenv("ASPEN_TEST_SLOW_INSTRUCTION");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("ASPEN_TEST_SLOW_INSTRUCTION"), std::string::npos) << bad.status().to_string();
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 #include "runtime/session.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <map>
@@ -86,6 +89,14 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
   int threads = options.threads;
   if (threads == 0) threads = std::max(1, CoreBudget::global().available() / options.replicas);
   std::unique_ptr<Session> s(new Session());
+  if (const char* slow = std::getenv("ASPEN_TEST_SLOW_INSTRUCTION")) {  // NOTE [slowed instruction]
+    Session::Slowed w;
+    if (std::sscanf(slow, "%d:%d:%lf", &w.program, &w.node, &w.fraction) != 3 || w.program < 0 || w.node < 0 ||
+        !(w.fraction > 0 && w.fraction < 100))
+      return Status::invalid_argument("ASPEN_TEST_SLOW_INSTRUCTION", "<program>:<node>:<fraction in (0, 100)>",
+                                      std::string("'") + slow + "'");
+    s->slowed_ = w;
+  }
   std::map<std::string, size_t> by_name;
   int64_t arena = 64;
   auto is_local = [&](const std::string& name) {
@@ -402,6 +413,7 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
     if (scope.active()) {
       if (ins.node >= 0) {
         const graph::Node& node = exe.graph.node(ins.node);
+        scope.add_arg("program", std::to_string(program));
         scope.add_arg("node", std::to_string(ins.node));
         scope.add_arg("inputs", info.instruction_inputs[k]);
         scope.add_arg("layer", node.scope);  // NOTE [name scopes]
@@ -412,6 +424,8 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
       if (ins.derived) scope.add_arg("derived", "remade");
     }
     Status status;
+    const bool slowed = ins.node >= 0 && ins.node == slowed_.node && program == slowed_.program;
+    const auto began = slowed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     switch (ins.kind) {
       case InstrKind::kernel: status = ins.kernel->run(in, out); break;
       case InstrKind::collective:
@@ -440,6 +454,12 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
           std::memcpy(dst, in[0], size_t(b.type.bytes()));
         }
         break;
+      }
+    }
+    if (slowed) {  // NOTE [slowed instruction]
+      const auto took = std::chrono::steady_clock::now() - began;
+      const auto until = began + std::chrono::duration_cast<std::chrono::steady_clock::duration>(took * (1.0 + slowed_.fraction));
+      while (std::chrono::steady_clock::now() < until) {
       }
     }
     if (!status.is_ok()) {

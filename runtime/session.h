@@ -196,6 +196,13 @@ class Session {
 
   std::vector<Replica> replicas_;
   profile::TraceRecorder* trace_ = nullptr;
+  // NOTE [slowed instruction]: a test hook (the profile diff's detection trials): the environment's
+  // ASPEN_TEST_SLOW_INSTRUCTION="<program>:<node>:<fraction>" makes that instruction take (1 + fraction) times
+  // its time, by spinning after it. Read once when the session is made; unset: never consulted.
+  struct Slowed {
+    int program = -1, node = -1;
+    double fraction = 0;
+  } slowed_;
   std::vector<ProgramInfo> programs_;
   Result<std::map<std::string, Tensor>> make_outputs(const compiler::Executable& exe, const std::vector<int64_t>& lead,
                                                      bool zero) const;

@@ -35,6 +35,7 @@
 #include "bench/collectives_bench.h"
 #include "bench/compile_bench.h"
 #include "bench/decode_bench.h"
+#include "bench/profile_bench.h"
 #include "bench/gemm_bench.h"
 #include "bench/generate_bench.h"
 #include "bench/conv_bench.h"
@@ -202,6 +203,20 @@ int main(int argc, char** argv) {
 
   aspen::bench::DecodeBenchOptions dec;
   std::string dec_dtype = "all";
+  aspen::bench::ProfileBenchOptions profb;
+  CLI::App* prof_cmd = bench->add_subcommand(
+      "profile", "what tracing every instruction costs, and how often `aspen profile diff` finds a slowed one");
+  prof_cmd->add_flag("--json", profb.json, "one JSON object per line");
+  prof_cmd->add_option("--threads", profb.threads, "threads (0: the free cores)");
+  prof_cmd->add_option("--layers", profb.layers, "GPT-2-124M's shape with this many layers (default 12)")
+      ->check(CLI::Range(int64_t(1), int64_t(48)));
+  prof_cmd->add_option("--new-tokens", profb.new_tokens, "decode steps per run (default 64)")
+      ->check(CLI::Range(int64_t(4), int64_t(1000)));
+  prof_cmd->add_option("--rounds", profb.rounds, "overhead: traced and untraced runs, alternated (default 7)")
+      ->check(CLI::Range(1, 100));
+  prof_cmd->add_option("--trials", profb.trials, "detection trials (default 20)")->check(CLI::Range(1, 1000));
+  prof_cmd->add_option("--slowdown", profb.slowdown, "the injected slowdown (default 0.05)")->check(CLI::Range(0.001, 10.0));
+  prof_cmd->add_flag("--quick", profb.quick, "2 layers, few tokens, 3 rounds, 2 trials (a smoke test, not a measurement)");
   CLI::App* dec_cmd = bench->add_subcommand("decode", "GPT-2 decode GEMV: weight GB/s vs oneDNN and a read sweep");
   dec_cmd->footer("Example: aspen bench decode --threads 2 --rows 1");
   dec_cmd->add_flag("--json", dec.json, "one JSON object per line");
@@ -418,6 +433,7 @@ int main(int argc, char** argv) {
   commands.push_back(aspen::tools::add_prepare_data_command(app));
   commands.push_back(aspen::tools::add_train_command(app));
   commands.push_back(aspen::tools::add_onnx_command(app));
+  commands.push_back(aspen::tools::add_profile_command(app));
 
   try {
     app.parse(argc, argv);
@@ -496,6 +512,7 @@ int main(int argc, char** argv) {
     return report(aspen::bench::run_decode_bench(dec, std::cout));
   }
   if (attn_cmd->parsed()) return report(aspen::bench::run_attention_bench(attn, std::cout));
+  if (prof_cmd->parsed()) return report(aspen::bench::run_profile_bench(profb, std::cout));
   if (kern_cmd->parsed()) return report(aspen::bench::run_kernels_bench(kb, std::cout));
   if (conv_cmd->parsed()) return report(aspen::bench::run_conv_bench(cvb, std::cout));
   if (models_cmd->parsed()) return report(aspen::bench::run_models_bench(mb, std::cout));

@@ -52,6 +52,7 @@ Command add_generate_command(CLI::App& app);      // aspen generate: streamed te
 Command add_perplexity_command(CLI::App& app);    // aspen perplexity: a causal LM on a text file
 Command add_onnx_command(CLI::App& app);          // aspen onnx inspect|run: a user's own ONNX model
 Command add_prepare_data_command(CLI::App& app);  // aspen prepare-data: token shards for training
+Command add_profile_command(CLI::App& app);       // aspen profile diff: two profiles compared
 Command add_train_command(CLI::App& app);         // aspen train: the training job
 
 }  // namespace aspen::tools
