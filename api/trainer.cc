@@ -876,7 +876,22 @@ Result<TrainResult> Trainer::run() {
   progress.finish();
   result.steps = model_->steps_done();
   result.tokens_per_s = seconds > 0 ? tokens_per_call * double(result.steps - start) / double(iters) / seconds : 0.0;
-  if (trace_ && writer_) {  // NOTE: under MPI each process records its own devices; process 0 writes its own
+  // NOTE [profiles across processes]: under MPI every process's devices go into process 0's profile. Whether
+  // any process records decides the gather, which every process then joins (with no events, if it records none).
+  parallel::Communicator* job = model_->job();
+  bool profiled = trace_ != nullptr;
+  if (job && job->size() > 1) {
+    float any = profiled ? 1.0f : 0.0f;
+    ASPEN_RETURN_IF_ERROR(job->all_reduce(&any, 1, DType::f32, parallel::ReduceOp::sum));
+    profiled = any > 0;
+  }
+  std::vector<profile::TraceEvent> events;
+  if (profiled) {
+    if (trace_) trace_->set_enabled(false);
+    ASPEN_ASSIGN_OR_RETURN(events, gather_process_events(job, trace_ ? trace_->events() : std::vector<profile::TraceEvent>{},
+                                                         trace_.get()));
+  }
+  if (trace_ && writer_) {
     trace_->set_enabled(false);
     const int64_t recorded = std::min<int64_t>(std::max<int64_t>(calls - 1, 0) * iters, options_.profile_steps);
     profile::RunFacts run =
@@ -885,6 +900,7 @@ Result<TrainResult> Trainer::run() {
                    {"steps_recorded", std::to_string(recorded)},
                    {"first_step_recorded", std::to_string(recorded > 0 ? start + iters + 1 : 0)},
                    {"tokens_per_s", std::to_string(result.tokens_per_s)}});
+    if (job && job->size() > 1) run.facts.emplace_back("processes", std::to_string(job->size()));
     if (c.parallel.pipeline_stages > 1) {  // the report's bubble: (p - 1) / (m + p - 1)
       run.facts.emplace_back("pipeline_stages", std::to_string(c.parallel.pipeline_stages));
       run.facts.emplace_back("micro_batches", std::to_string(c.batch.accumulation));
@@ -893,7 +909,7 @@ Result<TrainResult> Trainer::run() {
     for (int p = 0; p < model_->session().programs(); ++p)  // the memory view: every program this process runs
       if (size_t(p) < names.size() && !names[size_t(p)].empty())
         run.programs.push_back(compiler::program_memory(model_->session().executable(p), names[size_t(p)]));
-    ASPEN_RETURN_IF_ERROR(write_run_profile(options_.profile, trace_->events(), run, out()));
+    ASPEN_RETURN_IF_ERROR(write_run_profile(options_.profile, events, run, out()));
   }
   if (const TrainFeed::MaskedStats& m = feed_->masked_stats(); m.dropped > 0)
     out() << "masked LM: " << m.dropped << " of " << m.predicted

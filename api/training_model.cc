@@ -136,6 +136,7 @@ const TrainingOptions& TrainingModel::training_options() const { return runner_-
 const train::TrainingPrograms& TrainingModel::programs() const { return runner_->programs(); }
 const runtime::Session& TrainingModel::session() const { return runner_->session(); }
 const std::vector<std::string>& TrainingModel::program_names() const { return runner_->program_names(); }
+parallel::Communicator* TrainingModel::job() const { return runner_->job(); }
 bool TrainingModel::cache_hit() const { return runner_->cache_hit(); }
 bool TrainingModel::cache_stored() const { return runner_->cache_stored(); }
 int TrainingModel::replicas() const { return runner_->replicas(); }

@@ -102,6 +102,8 @@ class TrainingModel {
   const runtime::Session& session() const;
   // By session program: its name ("step", "stage 1 backward", "evaluation"; "" for a placeholder never run).
   const std::vector<std::string>& program_names() const;
+  // Every process of the job (Options::mpi), for what the processes do together; null in one process.
+  parallel::Communicator* job() const;
   bool cache_hit() const;
   bool cache_stored() const;  // every program executable_cache missed was written to it
   // Data-parallel replicas in the whole job (local × processes), and this

@@ -84,7 +84,11 @@ Result<std::vector<TraceEvent>> read_chrome_trace(const std::string& path) {
   if (!in) return Status::error(Code::kIoError, path, "a readable trace.json", "cannot open it");
   std::stringstream text;
   text << in.rdbuf();
-  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(text.str(), nullptr, false);
+  return parse_chrome_trace(text.str(), path);
+}
+
+Result<std::vector<TraceEvent>> parse_chrome_trace(const std::string& text, const std::string& path) {
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("traceEvents") || !j["traceEvents"].is_array())
     return Status::error(Code::kCorrupt, path, "Chrome trace JSON with a traceEvents array (aspen's trace.json)",
                          j.is_discarded() ? "text that is not JSON" : "JSON without one");

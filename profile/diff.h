@@ -25,6 +25,8 @@ namespace aspen::profile {
 // The events of a trace.json write_chrome_trace wrote (its complete events, devices by thread name).
 // kIoError / kCorrupt naming `path`.
 Result<std::vector<TraceEvent>> read_chrome_trace(const std::string& path);
+// The same from the text itself (chrome_trace_json's); errors name `what`.
+Result<std::vector<TraceEvent>> parse_chrome_trace(const std::string& text, const std::string& what);
 
 struct DiffOptions {
   double threshold = 0.02;   // relative change (after the run's factor) an instruction must pass

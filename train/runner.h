@@ -102,6 +102,8 @@ class Runner {
   // By session program: its name for profiles ("step", "stage 1 backward", "evaluation", ...; "" for a
   // placeholder this process compiles in another's place and never runs).
   const std::vector<std::string>& program_names() const { return program_names_; }
+  // The job's communicator over every process (null in one process).
+  parallel::Communicator* job() const { return job_.get(); }
   bool cache_hit() const { return cache_hit_; }
   bool cache_stored() const { return cache_stored_; }  // every program the cache missed was written to it
   // Data-parallel replicas in the whole job (local × processes), and this
