@@ -33,6 +33,7 @@ class InferenceModel {
   bool cache_hit() const { return cache_hit_; }
   bool cache_stored() const { return cache_stored_; }  // a miss whose entry was written
   const compiler::Executable& executable() const { return session_->executable(); }
+  const runtime::Session& session() const { return *session_; }
 
   Status copy_weights_to_device(const std::map<std::string, const Tensor*>& weights);
   Result<std::map<std::string, Tensor>> copy_weights_to_host() const;

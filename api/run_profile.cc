@@ -1,6 +1,10 @@
 #include "api/run_profile.h"
 
 #include <omp.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include <algorithm>
 #include <cstring>
@@ -12,12 +16,31 @@
 
 namespace aspen::api {
 
+namespace {
+
+int64_t resident_bytes() {  // this process's resident set now (/proc/self/statm's second field, in pages)
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%lld %lld", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? int64_t(resident) * int64_t(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// The process before any model: read when the program is loaded (this file's static initialization).
+const int64_t kStartRss = resident_bytes();
+
+}  // namespace
+
 profile::RunFacts run_facts(std::string command, int threads, std::vector<std::pair<std::string, std::string>> own) {
   profile::RunFacts run{std::move(command),
                         {{"cpu", kernels::cpu_model_name()},
                          {"isa", kernels::isa_name(kernels::active_isa())},
                          {"threads", std::to_string(threads > 0 ? threads : omp_get_max_threads())}}};
   for (auto& fact : own) run.facts.push_back(std::move(fact));
+  rusage usage{};
+  if (::getrusage(RUSAGE_SELF, &usage) == 0) run.memory.peak_rss = int64_t(usage.ru_maxrss) * 1024;  // KiB
+  run.memory.start_rss = kStartRss;
   // The roofline's ceilings, on the run's threads (about a second: only when a profile is written).
   ScopedOmpThreads team(threads > 0 ? threads : omp_get_max_threads());
   const int t = omp_get_max_threads();
@@ -86,6 +109,14 @@ Result<std::vector<profile::TraceEvent>> gather_process_events(parallel::Communi
     return x.start_ns != y.start_ns ? x.start_ns < y.start_ns : x.end_ns > y.end_ns;
   });
   return all;
+}
+
+void add_planned_memory(profile::RunFacts& run, const runtime::Session& session) {
+  const runtime::Session::Footprint f = session.footprint();
+  run.memory.parameters += f.parameters;
+  run.memory.replica_copies += f.replica_copies;
+  run.memory.arenas += f.arenas;
+  run.memory.weight_only += f.weight_only;
 }
 
 Status write_run_profile(const std::string& dir, const std::vector<profile::TraceEvent>& events,

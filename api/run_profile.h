@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "parallel/communicator.h"
+#include "runtime/session.h"
 #include "profile/profile_dir.h"
 
 namespace aspen::api {
@@ -31,6 +32,10 @@ profile::RunFacts run_facts(std::string command, int threads,
 Result<std::vector<profile::TraceEvent>> gather_process_events(parallel::Communicator* job,
                                                                const std::vector<profile::TraceEvent>& mine,
                                                                const profile::TraceRecorder* clock);
+
+// NOTE [planned and measured memory]: `session`'s Footprint as the run's planned memory, beside the peak RSS
+// and the RSS at start (run_facts measures those).
+void add_planned_memory(profile::RunFacts& run, const runtime::Session& session);
 
 // The help of the commands' --profile option.
 inline constexpr const char* kProfileHelp =

@@ -909,6 +909,7 @@ Result<TrainResult> Trainer::run() {
     for (int p = 0; p < model_->session().programs(); ++p)  // the memory view: every program this process runs
       if (size_t(p) < names.size() && !names[size_t(p)].empty())
         run.programs.push_back(compiler::program_memory(model_->session().executable(p), names[size_t(p)]));
+    add_planned_memory(run, model_->session());
     ASPEN_RETURN_IF_ERROR(write_run_profile(options_.profile, events, run, out()));
   }
   if (const TrainFeed::MaskedStats& m = feed_->masked_stats(); m.dropped > 0)

@@ -101,6 +101,7 @@ Result<Row> run_case(const std::string& dir, const std::string& name, const std:
     profile::RunFacts run =
         api::run_facts("bench onnx", threads, {{"model", dir}, {"dtype", dtype}, {"reps", std::to_string(reps)}});
     run.programs.push_back(compiler::program_memory(model->executable(), "run"));
+    api::add_planned_memory(run, model->session());
     ASPEN_RETURN_IF_ERROR(api::write_run_profile(profile_dir + "/" + name + "-" + dtype, recorder.events(), run, said));
   } else if (profile) {
     r.profile = model->profile_summary();

@@ -84,6 +84,16 @@ std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& 
                                {"bytes", l.bytes}});
     j["devices"].push_back(std::move(dev));
   }
+  const RunMemory& rm = run.memory;
+  const auto known = [](int64_t v) { return v > 0 ? json(v) : json(nullptr); };
+  j["memory"] = {{"peak_rss_bytes", known(rm.peak_rss)},
+                 {"start_rss_bytes", known(rm.start_rss)},
+                 {"planned_bytes", rm.planned()},
+                 {"parameter_bytes", rm.parameters},
+                 {"replica_copy_bytes", rm.replica_copies},
+                 {"arena_bytes", rm.arenas},
+                 {"weight_only_bytes", rm.weight_only},
+                 {"unplanned_bytes", rm.peak_rss > 0 ? json(rm.peak_rss - rm.start_rss - rm.planned()) : json(nullptr)}};
   j["programs"] = json::array();
   for (const ProgramMemory& pm : run.programs) {
     json m;

@@ -48,11 +48,21 @@ struct Peaks {
   double bf16_gflops = 0;   // bf16 products (AMX or AVX512-BF16; 0 without either)
   double read_gb_per_s = 0;  // the read sweep, beyond the last-level cache
 };
+// NOTE [planned and measured memory]: the process's peak resident set (measured: getrusage) beside what the
+// run's plan holds (planned: its session's Footprint) and what the process held before any model (at start:
+// code, libraries); the rest is named as it is: kernels' private copies of weights, the checkpoint's pages
+// read, the tokenizer, allocator slack. 0: not known.
+struct RunMemory {
+  int64_t peak_rss = 0, start_rss = 0;
+  int64_t parameters = 0, replica_copies = 0, arenas = 0, weight_only = 0;  // planned
+  int64_t planned() const { return parameters + replica_copies + arenas + weight_only; }
+};
 struct RunFacts {
   std::string command;
   std::vector<std::pair<std::string, std::string>> facts;
   std::vector<ProgramMemory> programs = {};
   Peaks peaks = {};
+  RunMemory memory = {};
 };
 
 // profile.json's text (docs/profile.md): schema, command, facts, peaks, wall_ns (first start to last end over

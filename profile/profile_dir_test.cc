@@ -112,6 +112,15 @@ TEST(ProfileDir, FlopsLayersAndTheRoofline) {
   EXPECT_EQ(layers[1]["layer"], "h.1");
   EXPECT_EQ(layers[1]["forward_ns"], 100);
   EXPECT_EQ(layers[1]["flops"], 0);
+  // NOTE [planned and measured memory]: what is not planned is the peak less the start and the plan.
+  RunFacts with_memory{"train", {}};
+  with_memory.memory = {.peak_rss = 1000, .start_rss = 300, .parameters = 200, .replica_copies = 50, .arenas = 100,
+                        .weight_only = 25};
+  const nlohmann::json mem = nlohmann::json::parse(profile_json(ev, with_memory))["memory"];
+  EXPECT_EQ(mem["planned_bytes"], 375);
+  EXPECT_EQ(mem["unplanned_bytes"], 325);
+  EXPECT_EQ(mem["arena_bytes"], 100);
+  EXPECT_TRUE(j["memory"]["peak_rss_bytes"].is_null());  // not measured
   // Without peaks: no roofline, no MFU.
   const nlohmann::json bare = nlohmann::json::parse(profile_json(ev, RunFacts{"train", {}}));
   EXPECT_TRUE(bare["mfu"].is_null());

@@ -264,6 +264,20 @@ function curve(m) {
 }
 function draw_memory(p) {
   const mem = document.getElementById("memory");
+  const m = p.memory;  // NOTE [planned and measured memory]
+  if (m && m.peak_rss_bytes) {
+    const mib = b => (b / 1048576).toFixed(1);
+    const share = b => (100 * b / m.peak_rss_bytes).toFixed(1) + " %";
+    mem.appendChild(table(["process memory", "MiB", "of the peak RSS"], [
+        ["measured peak RSS", {text: mib(m.peak_rss_bytes), v: m.peak_rss_bytes}, "100 %"],
+        ["at start (code, libraries)", {text: mib(m.start_rss_bytes || 0), v: m.start_rss_bytes || 0}, share(m.start_rss_bytes || 0)],
+        ["planned: parameters", {text: mib(m.parameter_bytes), v: m.parameter_bytes}, share(m.parameter_bytes)],
+        ["planned: replicas' own copies", {text: mib(m.replica_copy_bytes), v: m.replica_copy_bytes}, share(m.replica_copy_bytes)],
+        ["planned: arenas", {text: mib(m.arena_bytes), v: m.arena_bytes}, share(m.arena_bytes)],
+        ["planned: weight-only values", {text: mib(m.weight_only_bytes), v: m.weight_only_bytes}, share(m.weight_only_bytes)],
+        ["not planned (kernels' own weight copies, checkpoint pages read, tokenizer, allocator)",
+         {text: mib(m.unplanned_bytes), v: m.unplanned_bytes}, share(m.unplanned_bytes)]], [0]));
+  }
   if (!p.programs || p.programs.length === 0) { mem.appendChild(el("p", "no compiled program in this profile")); return; }
   mem.appendChild(table(["program", "nodes", "arena KiB", "naive KiB", "parameters KiB", "weight-only KiB", "peak node"],
       p.programs.map(m => [m.name, m.nodes, {text: kib(m.arena_bytes), v: m.arena_bytes}, {text: kib(m.naive_bytes), v: m.naive_bytes},

@@ -474,6 +474,18 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
   return Status();
 }
 
+Session::Footprint Session::footprint() const {
+  Footprint f;
+  for (const Tensor& t : parameters_) f.parameters += int64_t(t.nbytes());
+  for (const Replica& r : replicas_) {
+    for (const Tensor& t : r.own) f.replica_copies += int64_t(t.nbytes());
+    f.arenas += r.device->arena_bytes();
+    for (size_t p = 0; p < r.exes.size(); ++p)
+      if (r.derived[p].bytes) f.weight_only += r.exes[p]->plan.derived_bytes;
+  }
+  return f;
+}
+
 Status Session::check_inputs(const compiler::Executable& exe, const std::map<std::string, const Tensor*>& inputs,
                              int64_t steps, int64_t R) const {
   for (const auto& [name, t] : inputs)

@@ -96,6 +96,15 @@ class Session {
   static Result<std::unique_ptr<Session>> create(std::vector<std::unique_ptr<compiler::Executable>> programs,
                                                  const SessionOptions& options = {});
   int programs() const { return int(programs_.size()); }
+  // What the session holds, as planned (the profile's planned memory beside the measured RSS): parameters
+  // shared by the replicas, the replicas' own copies of replica-local ones, each replica's arena (the largest
+  // program's plan) and weight-only values (casts and layouts of weights made once). Kernels' private copies
+  // (oneDNN's reordered weights, packed GEMV weights) are not in it.
+  struct Footprint {
+    int64_t parameters = 0, replica_copies = 0, arenas = 0, weight_only = 0;
+    int64_t total() const { return parameters + replica_copies + arenas + weight_only; }
+  };
+  Footprint footprint() const;
   const compiler::Executable& executable(int program = 0) const {
     return *replicas_.front().exes.at(size_t(program));
   }

@@ -33,6 +33,7 @@ if(NOT EXPECT)
              "data-v=\"lm_head\">lm_head</td>" "% of read</td>")
 endif()
 foreach(expected "data-v=\"command\">command</td>" "<h3>cpu0: " "<polyline" "peak f32 FMA (measured in the run)"
+                 ">measured peak RSS</td>" ">planned: arenas</td>"
                  "<th>compute</th>" ${EXPECT})
   string(FIND "${dom}" "${expected}" at)
   if(at LESS 0)

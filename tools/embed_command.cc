@@ -89,6 +89,7 @@ Status run_embed(const EmbedArgs& args) {
     for (int p = 0; p < e->session().programs(); ++p)  // one program per compiled length
       run.programs.push_back(compiler::program_memory(
           e->session().executable(p), "length " + std::to_string(e->compiled_lengths()[size_t(p)])));
+    api::add_planned_memory(run, e->session());
     ASPEN_RETURN_IF_ERROR(api::write_run_profile(profile_dir, trace.events(), run, std::cerr));
   }
   return Status::ok();

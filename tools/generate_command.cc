@@ -163,6 +163,7 @@ int run_generate(const GenerateArgs& a) {
       run.programs.push_back(compiler::program_memory(
           session.executable(p),
           session.programs() == 2 ? (p == 0 ? "prefill" : "decode") : "program " + std::to_string(p)));
+    api::add_planned_memory(run, session);
     if (Status st = api::write_run_profile(profile_dir, trace.events(), run, std::cerr); !st.is_ok())
       return report(st);
   }
