@@ -5,8 +5,8 @@
 // per instruction its typical duration in A and B (the mean of its runs less the fastest and slowest 20 %),
 // and their ratio. Two runs of the same program on a shared
 // host differ in two ways besides a real change: the whole run slower or faster (the run's factor: the
-// median of the ratios weighted by A's time, divided out of each), and each instruction a little on its own
-// (the run-to-run spread: 1.4826 · the weighted MAD of the log ratios over the instructions). An instruction
+// median of the ratios weighted by the square root of A's time, divided out of each), and each instruction a
+// little on its own (the run-to-run spread: 1.4826 · the weighted MAD of the log ratios). An instruction
 // is named slower (or faster) when its ratio passes the threshold and 4 spreads (the smallest change the two
 // runs can tell: `detectable`), its difference stands out of its own samples (z above 4: the difference over
 // the standard error of the two trimmed means, at least 0.5 % of them and 100 ns: the clock's and the

@@ -28,6 +28,7 @@ button { margin-right: 4px; } button.on { font-weight: bold; }
 <section id="operations"><h2>Operations</h2></section>
 <section id="layers"><h2>Layers</h2></section>
 <section id="execution"><h2>Execution</h2></section>
+<section id="compare"></section>
 <section id="memory"><h2>Memory</h2></section>
 <script type="application/json" id="profile-data">)HTML";
 
@@ -240,6 +241,25 @@ function draw_execution(p) {
         " % for " + stages + " stages and " + micro + " micro-batches ((p - 1) / (m + p - 1))"));
   }
 }
+// `aspen profile diff A B --report`: this profile (B) against A, instruction by instruction (NOTE [profile diff]).
+function draw_compare(p) {
+  const c = p.compare;
+  if (!c) return;
+  const sec = document.getElementById("compare");
+  sec.appendChild(el("h2", "Compare"));
+  sec.appendChild(el("p", "this run (B: " + c.b + ") against A (" + c.a + "): " + c.compared +
+      " instructions compared (only in A: " + c.only_a + ", only in B: " + c.only_b + "); the whole run at " +
+      c.run_factor.toFixed(3) + "x A; the instructions' run-to-run spread " + (100 * c.spread).toFixed(1) +
+      " %, the smallest change named " + (100 * c.detectable).toFixed(1) + " %"));
+  const rows = list => list.map(x => [x.device, x.op, x.layer || "-", x.node ? x.program + ":" + x.node : "-", x.runs_b,
+      {text: (x.median_a_ns / 1e3).toFixed(2), v: x.median_a_ns}, {text: (x.median_b_ns / 1e3).toFixed(2), v: x.median_b_ns},
+      {text: x.ratio.toFixed(3), v: x.ratio}, {text: x.z.toFixed(1), v: x.z}, {text: (x.impact_ns / 1e6).toFixed(3), v: x.impact_ns}]);
+  const head = ["device", "op", "layer", "program:node", "runs", "A us", "B us", "ratio", "z", "cost in B ms"];
+  for (const [title, list] of [["slower in B", c.slower], ["faster in B", c.faster]]) {
+    sec.appendChild(el("h3", title + ": " + list.length));
+    if (list.length > 0) sec.appendChild(collapsed(table(head, rows(list), [0, 1, 2, 3]), 25));
+  }
+}
 function kib(b) { return (b / 1024).toFixed(1); }
 // A program's transient bytes over its order, the arena (the planned peak) dashed above, the peak node marked
 // (SVG markup: the HTML parser puts it in SVG's namespace).
@@ -295,6 +315,7 @@ try {
   draw(data);
   draw_layers(data);
   draw_execution(data);
+  draw_compare(data);
   draw_memory(data);
   status.textContent = "drawn";
 } catch (e) {

@@ -22,6 +22,23 @@ string(JSON only_a GET "${json}" only_a)
 if(NOT rc EQUAL 0 OR compared LESS 10 OR NOT only_a EQUAL 0)
   message(FATAL_ERROR "aspen profile diff --json (${rc}): ${json}")
 endif()
+# --report: B's report.html with the Compare view, drawn by headless Chromium.
+execute_process(COMMAND "${ASPEN}" profile diff "${WORK}/a" "${WORK}/b" --report "${WORK}/compare.html"
+                OUTPUT_QUIET ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT EXISTS "${WORK}/compare.html")
+  message(FATAL_ERROR "aspen profile diff --report (${rc}): ${err}")
+endif()
+if(NOT CHROMIUM)
+  message(FATAL_ERROR "chromium not found: install Debian's chromium (scripts/install-deps.sh) and re-run cmake")
+endif()
+execute_process(COMMAND "${CHROMIUM}" --headless --disable-gpu --no-sandbox --no-first-run --disable-extensions
+                        --user-data-dir=${WORK}/chromium --dump-dom "file://${WORK}/compare.html"
+                OUTPUT_VARIABLE dom ERROR_QUIET RESULT_VARIABLE crc TIMEOUT 120)
+string(REGEX MATCH "id=\"status\">[^<]*" status "${dom}")
+if(NOT crc EQUAL 0 OR NOT status STREQUAL "id=\"status\">drawn" OR NOT dom MATCHES "<h2>Compare</h2>"
+   OR NOT dom MATCHES "instructions compared" OR NOT dom MATCHES "<h3>slower in B: [0-9]+</h3>")
+  message(FATAL_ERROR "compare.html in Chromium (${crc}): ${status}")
+endif()
 file(MAKE_DIRECTORY "${WORK}/empty")
 execute_process(COMMAND "${ASPEN}" profile diff "${WORK}/a" "${WORK}/empty" OUTPUT_VARIABLE out ERROR_VARIABLE err
                 RESULT_VARIABLE rc)

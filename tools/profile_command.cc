@@ -3,17 +3,20 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "profile/diff.h"
+#include "profile/report.h"
 #include "tools/commands.h"
 
 namespace aspen::tools {
 namespace {
 
 struct DiffArgs {
-  std::string a, b;
+  std::string a, b, report;
   profile::DiffOptions options;
   int top = 20;
   bool json = false;
@@ -55,8 +58,7 @@ int run_diff(const DiffArgs& a) {
   auto eb = read_profile(a.b);
   if (!eb.is_ok()) return report(eb.status());
   const profile::ProfileDiff d = profile::diff_profiles(*ea, *eb, a.options);
-  if (a.json) {
-    nlohmann::ordered_json j = {{"a", a.a},
+  nlohmann::ordered_json j = {{"a", a.a},
                                 {"b", a.b},
                                 {"run_factor", d.run_factor},
                                 {"spread", d.spread},
@@ -66,8 +68,20 @@ int run_diff(const DiffArgs& a) {
                                 {"only_b", d.only_b},
                                 {"slower", nlohmann::ordered_json::array()},
                                 {"faster", nlohmann::ordered_json::array()}};
-    for (const auto& x : d.slower) j["slower"].push_back(to_json(x));
-    for (const auto& x : d.faster) j["faster"].push_back(to_json(x));
+  for (const auto& x : d.slower) j["slower"].push_back(to_json(x));
+  for (const auto& x : d.faster) j["faster"].push_back(to_json(x));
+  if (!a.report.empty()) {  // B's report with the Compare view (docs/profile.md)
+    const std::filesystem::path b_json = std::filesystem::path(a.b) / "profile.json";
+    std::ifstream in(b_json);
+    nlohmann::ordered_json b = in ? nlohmann::ordered_json::parse(in, nullptr, false) : nlohmann::ordered_json();
+    if (!b.is_object())
+      return report(Status::error(Code::kInvalidArgument, "--report: " + b_json.string(),
+                                  "B's profile.json (B a --profile directory)", in ? "not a JSON object" : "none"));
+    b["compare"] = j;
+    if (Status s = write_file_atomic(a.report, profile::report_html(b.dump(1))); !s.is_ok()) return report(s);
+    std::cerr << "report: " << escape_for_terminal(a.report) << " (B's profile, with the Compare view)\n";
+  }
+  if (a.json) {
     std::cout << j.dump() << "\n";
     return 0;
   }
@@ -115,6 +129,7 @@ Command add_profile_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 10.0));
   diff->add_option("--top", args->top, "rows per list (default 20)")->check(CLI::Range(1, 1 << 20));
   diff->add_flag("--json", args->json, "one JSON object");
+  diff->add_option("--report", args->report, "also write B's report.html with the Compare view to this file");
   return Command{cmd, [args] { return run_diff(*args); }};
 }
 
