@@ -833,9 +833,16 @@ Result<TrainResult> Trainer::run() {
     }
     seconds += dt;
     const double rate = tokens_per_call / dt;
+    // NOTE [device load]: each of this process's devices' share of the last step's wall time in its passes
+    // (`aspen monitor` reads them; the devices waiting on a slow one show low shares, the slow one a high one).
+    std::vector<std::pair<std::string, double>> load;
+    if (const PipelineStats& ps = model_->last_pipeline_stats(); ps.busy_s.size() > 1 && ps.wall_s > 0)
+      for (size_t d = 0; d < ps.busy_s.size(); ++d)
+        load.emplace_back("busy." + model_->session().device(int(d)).name(), ps.busy_s[d] / ps.wall_s);
     for (const StepStats& s : model_->last_steps()) {
       std::vector<std::pair<std::string, double>> nums = {
           {"loss", s.loss}, {"lr", s.lr}, {"loss_scale", s.loss_scale}, {tokens ? "tokens_per_s" : "examples_per_s", rate}};
+      if (&s == &model_->last_steps().back()) nums.insert(nums.end(), load.begin(), load.end());
       if (s.grad_norm >= 0) nums.emplace_back("grad_norm", s.grad_norm);
       if (s.skipped) nums.emplace_back("skipped", 1.0);
       if (metrics) ASPEN_OR_STOP(metrics->append(s.step, nums));

@@ -113,6 +113,7 @@ class Session {
   // written in place] in session.cc), by name: for tests and reports.
   std::vector<std::string> direct_outputs(int program = 0) const;
   CpuDevice& device(int replica = 0) { return *replicas_.at(size_t(replica)).device; }
+  const CpuDevice& device(int replica = 0) const { return *replicas_.at(size_t(replica)).device; }
 
   Status set_parameter(const std::string& name, const Tensor& value);
   Result<Tensor> get_parameter(const std::string& name) const;

@@ -434,6 +434,7 @@ int main(int argc, char** argv) {
   commands.push_back(aspen::tools::add_train_command(app));
   commands.push_back(aspen::tools::add_onnx_command(app));
   commands.push_back(aspen::tools::add_profile_command(app));
+  commands.push_back(aspen::tools::add_monitor_command(app));
 
   try {
     app.parse(argc, argv);

@@ -53,6 +53,7 @@ Command add_perplexity_command(CLI::App& app);    // aspen perplexity: a causal 
 Command add_onnx_command(CLI::App& app);          // aspen onnx inspect|run: a user's own ONNX model
 Command add_prepare_data_command(CLI::App& app);  // aspen prepare-data: token shards for training
 Command add_profile_command(CLI::App& app);       // aspen profile diff: two profiles compared
+Command add_monitor_command(CLI::App& app);       // aspen monitor: devices' load while a run trains
 Command add_train_command(CLI::App& app);         // aspen train: the training job
 
 }  // namespace aspen::tools

@@ -1,6 +1,8 @@
 #include "train/runner.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <charconv>
@@ -84,6 +86,12 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
     ASPEN_RETURN_IF_ERROR(parallel::check_same_fields(*m->job_, layout_fields(options, training), "training layout"));
   }
   // The job's mesh (parallel/mesh.h) and where it lives: every device's coordinates and groups come from it.
+  if (const char* slow = std::getenv("ASPEN_TEST_SLOW_DEVICE")) {  // NOTE [slowed device]
+    if (std::sscanf(slow, "%d:%lf", &m->slow_device_, &m->slow_fraction_) != 2 || m->slow_device_ < 0 ||
+        !(m->slow_fraction_ > 0 && m->slow_fraction_ < 100))
+      return Status::invalid_argument("ASPEN_TEST_SLOW_DEVICE", "<device>:<fraction in (0, 100)>",
+                                      std::string("'") + slow + "'");
+  }
   const int P = m->job_ ? m->job_->size() : 1;
   parallel::MeshShape shape{.data = local * P, .pipe = stages, .tensor = tp};
   if (options.model_across_processes) {

@@ -27,6 +27,7 @@
 // Thread-safety: one call at a time.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -334,6 +335,12 @@ class Runner {
   std::map<std::string, std::pair<DType, Shape>> state_types_;  // the whole optimizer state (every shard)
   std::vector<std::vector<std::string>> shard_state_;           // by shard: its state's names (not the step count)
   PipelineStats pipe_stats_;
+  // NOTE [slowed device]: a test hook (live monitoring's trials): ASPEN_TEST_SLOW_DEVICE="<device>:<fraction>"
+  // makes every pass of that device of this process take (1 + fraction) times its time (spinning after it, as
+  // a slow core would). Read when the model is made; unset: never consulted.
+  int slow_device_ = -1;
+  double slow_fraction_ = 0;
+  void slow_down(int d, std::chrono::steady_clock::time_point began) const;
   // Options::mpi: every process of the job (the start-up checks).
   std::unique_ptr<parallel::Communicator> job_;
   // A model across processes (train/runner_spread.cc; its one device's coordinates are coord_of(0)), and

@@ -310,10 +310,9 @@ Result<std::vector<float>> Runner::run_steps(const std::map<std::string, const T
     ASPEN_RETURN_IF_ERROR(open_transports(step));
     const auto t0 = std::chrono::steady_clock::now();
     ASPEN_RETURN_IF_ERROR(on_devices(step, [&](int d) { return walk_to_decision(d, step); }));
-    if (pipe_) {  // where a pipelined step's time went (PipelineStats)
-      pipe_stats_.busy_s = step.busy_s;
-      pipe_stats_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
+    // Where the step's time went, per device (PipelineStats; live monitoring's busy shares).
+    pipe_stats_.busy_s = step.busy_s;
+    pipe_stats_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // The loss: the mean over every micro-batch of the step (step_loss), each local replica's from its last
     // stage's first shard (a replica's shards agree on it).
     std::vector<int> loss_device;  // by local replica

@@ -19,6 +19,14 @@
 
 namespace aspen::train {
 
+void Runner::slow_down(int d, std::chrono::steady_clock::time_point began) const {  // NOTE [slowed device]
+  if (d != slow_device_) return;
+  const auto took = std::chrono::steady_clock::now() - began;
+  const auto until = began + std::chrono::duration_cast<std::chrono::steady_clock::duration>(took * (1.0 + slow_fraction_));
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
 double PipelineStats::bubble() const {
   if (busy_s.empty() || wall_s <= 0.0) return 0.0;
   double sum = 0.0;
@@ -153,6 +161,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         const auto b0 = Clock::now();
         if (in.kind == InstrKind::forward) {  // a pipeline stage's
           ASPEN_ASSIGN_OR_RETURN(out, session_->run_replica(d, feeds, prog->forward));
+          slow_down(d, b0);
           step.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
           if (last) losses[size_t(m)] = out.at(training_.loss).data<float>()[0];
           // The values the stage's backward reads wait with the micro-batch's in-edges (NOTE [stashed
@@ -196,6 +205,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
           ran = session_->run_replica(d, feeds, program);
         }
         ASPEN_ASSIGN_OR_RETURN(out, std::move(ran));
+        slow_down(d, b0);
         step.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
         if (!pipe_) losses[size_t(m)] = out.at(training_.loss).data<float>()[0];  // the micro program's
         for (const std::string& name : training_.outputs) {  // beside the loss (by the stage computing each)

@@ -71,9 +71,9 @@ struct TrainingOptions {
   }
 };
 
-// Where the time of the last pipelined step went: each stage's seconds in
-// its programs, and the step's wall time (micro-batches only, not the
-// optimizer). The bubble is 1 - mean(busy) / wall.
+// Where the time of the last step went: each device's seconds in its passes (a pipeline stage's programs, a
+// replica's micro-batches), and the step's wall time (micro-batches only, not the optimizer); for a pipeline
+// the bubble is 1 - mean(busy) / wall. Empty for a fused one-program step.
 struct PipelineStats {
   std::vector<double> busy_s;
   double wall_s = 0.0;
