@@ -129,8 +129,6 @@ Result<bool> fold(const io::OnnxNode& node, size_t index, int64_t opset, const o
 }
 
 
-// Each node's pipeline stage (-1: untagged): by the prefixes' beginnings, or by its "aspen.stage" metadata
-// (OnnxImportOptions::stage_begins).
 // NOTE [name scopes] for an imported file: the module path its exporter wrote into the node's name
 // ("/transformer/h.0/attn/MatMul" from torch.onnx, "model/dense/MatMul" from tf2onnx: all but the last part,
 // joined by '.'); a name without a path (or none) gives no scope.
@@ -149,6 +147,8 @@ std::string onnx_scope(const std::string& name) {
   return scope;
 }
 
+// Each node's pipeline stage (-1: untagged): by the prefixes' beginnings, or by its "aspen.stage" metadata
+// (OnnxImportOptions::stage_begins).
 Result<std::vector<int>> node_stages(const io::OnnxModel& m, const std::vector<std::string>& begins) {
   const std::vector<io::OnnxNode>& nodes = m.graph.nodes;
   std::vector<int> stage(nodes.size(), -1);

@@ -34,11 +34,17 @@ std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& 
   int64_t flops = 0;
   for (const DeviceTotals& d : devices)
     for (const OpTotals& op : d.ops) flops += op.flops;
-  // The products' FLOPs of every device over the wall time, and that over the FMA peak: the run's MFU.
+  // The products' FLOPs of every device over the wall time, and that over the FMA peak: the run's MFU. Under
+  // MPI (fact "processes": every process's devices here) over every process's peak (each measures its own
+  // threads; process 0's stands for all).
+  int64_t processes = 1;
+  for (const auto& [k, v] : run.facts)
+    if (k == "processes") processes = std::max<int64_t>(1, std::atoll(v.c_str()));
   const double achieved = wall > 0 ? double(flops) / double(wall) : 0.0;
   j["flops"] = flops;
   j["gflops_per_s"] = positive(achieved);
-  j["mfu"] = run.peaks.fma_gflops > 0 && achieved > 0 ? json(achieved / run.peaks.fma_gflops) : json(nullptr);
+  j["mfu"] = run.peaks.fma_gflops > 0 && achieved > 0 ? json(achieved / (run.peaks.fma_gflops * double(processes)))
+                                                      : json(nullptr);
   j["devices"] = json::array();
   for (const DeviceTotals& d : devices) {
     json dev;
@@ -93,7 +99,9 @@ std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& 
                  {"replica_copy_bytes", rm.replica_copies},
                  {"arena_bytes", rm.arenas},
                  {"weight_only_bytes", rm.weight_only},
-                 {"unplanned_bytes", rm.peak_rss > 0 ? json(rm.peak_rss - rm.start_rss - rm.planned()) : json(nullptr)}};
+                 {"measurement_bytes", rm.measurement},
+                 {"unplanned_bytes", rm.peak_rss > 0 ? json(rm.peak_rss - rm.start_rss - rm.planned() - rm.measurement)
+                                                     : json(nullptr)}};
   j["programs"] = json::array();
   for (const ProgramMemory& pm : run.programs) {
     json m;

@@ -54,6 +54,7 @@ struct Peaks {
 // read, the tokenizer, allocator slack. 0: not known.
 struct RunMemory {
   int64_t peak_rss = 0, start_rss = 0;
+  int64_t measurement = 0;  // the peaks' read buffer, when an earlier profile of this process measured them
   int64_t parameters = 0, replica_copies = 0, arenas = 0, weight_only = 0;  // planned
   int64_t planned() const { return parameters + replica_copies + arenas + weight_only; }
 };

@@ -145,7 +145,8 @@ TEST(ProfileDir, ExecutionSplitSumsToTheWall) {
   };
   const std::vector<TraceEvent> events = {
       ev("cpu:0", category::kPlan, 0, 400),    ev("cpu:0", category::kKernel, 100, 300),
-      ev("cpu:0", category::kCopy, 150, 200),  ev("cpu:0", category::kWait, 500, 700),
+      ev("cpu:0", category::kCopy, 150, 200),  ev("cpu:0", category::kKernel, 350, 350),  // no time: none owned
+      ev("cpu:0", category::kWait, 500, 700),
       ev("cpu:0", category::kCollective, 650, 800), ev("cpu:1", category::kHost, 900, 1000)};
   const std::vector<DeviceTotals> d = device_totals(events);
   ASSERT_EQ(d.size(), 2u);

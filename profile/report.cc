@@ -234,7 +234,7 @@ function draw_execution(p) {
   const stages = Number((p.facts || {}).pipeline_stages || 0), micro = Number((p.facts || {}).micro_batches || 0);
   if (stages > 1 && micro > 0) {
     let waiting = 0;
-    for (const d of p.devices) waiting += ((d.split.wait_ns || 0) + (d.split.idle_ns || 0)) / wall;
+    for (const d of p.devices) waiting += (((d.split || {}).wait_ns || 0) + ((d.split || {}).idle_ns || 0)) / wall;
     const expected = (stages - 1) / (micro + stages - 1);
     sec.appendChild(el("p", "pipeline bubble: " + (100 * waiting / p.devices.length).toFixed(1) +
         " % of the wall waiting or idle per device (mean), against " + (100 * expected).toFixed(1) +
@@ -295,6 +295,8 @@ function draw_memory(p) {
         ["planned: replicas' own copies", {text: mib(m.replica_copy_bytes), v: m.replica_copy_bytes}, share(m.replica_copy_bytes)],
         ["planned: arenas", {text: mib(m.arena_bytes), v: m.arena_bytes}, share(m.arena_bytes)],
         ["planned: weight-only values", {text: mib(m.weight_only_bytes), v: m.weight_only_bytes}, share(m.weight_only_bytes)],
+        ["the peaks' read buffer (measured earlier in this process)", {text: mib(m.measurement_bytes || 0), v: m.measurement_bytes || 0},
+         share(m.measurement_bytes || 0)],
         ["not planned (kernels' own weight copies, checkpoint pages read, tokenizer, allocator)",
          {text: mib(m.unplanned_bytes), v: m.unplanned_bytes}, share(m.unplanned_bytes)]], [0]));
   }

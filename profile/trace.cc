@@ -293,8 +293,9 @@ ExecutionSplit execution_split(const std::vector<TraceEvent>& events, const std:
   std::vector<Edge> edges;
   edges.reserve(2 * mine.size());
   for (size_t k : mine) {
+    if (events[k].end_ns <= events[k].start_ns) continue;  // owns no time (and would end before it starts)
     edges.push_back({events[k].start_ns, true, k});
-    edges.push_back({std::max(events[k].start_ns, events[k].end_ns), false, k});
+    edges.push_back({events[k].end_ns, false, k});
   }
   std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) {
     return a.t != b.t ? a.t < b.t : a.start != b.start ? !a.start : a.k < b.k;  // ends first at a tie

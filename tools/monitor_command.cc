@@ -1,6 +1,7 @@
 // tools/monitor_command.cc: `aspen monitor RUN_DIR`: each device's load while a run trains, read from the run
 // directory's metrics.jsonl (NOTE [device load] in api/trainer.cc), and the device slower than its peers named.
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -92,10 +93,19 @@ int run_monitor(const MonitorArgs& a) {
   Load load;
   std::ifstream in;
   std::string partial;
+  ino_t inode = 0;
   for (;;) {
+    // A run that starts (or resumes) writes a new file in the old one's place: read that one from its start.
+    struct stat st {};
+    if (in.is_open() && ::stat(path.c_str(), &st) == 0 && st.st_ino != inode) {
+      in.close();
+      load = Load{};
+      partial.clear();
+    }
     if (!in.is_open()) {
+      if (::stat(path.c_str(), &st) == 0) inode = st.st_ino;
       in.open(path);
-      if (!in.is_open() && a.once)
+      if (!in.is_open() && (a.once || a.json))
         return report(Status::error(Code::kNotFound, path, "a run directory's metrics (aspen train --run-dir)",
                                     "no such file"));
     }
@@ -113,7 +123,7 @@ int run_monitor(const MonitorArgs& a) {
       }
       in.clear();
     }
-    if (a.once) break;
+    if (a.once || a.json) break;
     std::cout << "\033[H\033[2J" << render(load, a) << std::flush;  // clear the terminal, then the table
     std::this_thread::sleep_for(std::chrono::duration<double>(a.interval));
   }
@@ -147,7 +157,7 @@ Command add_monitor_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--interval", args->interval, "seconds between refreshes (default 1)")->check(CLI::Range(0.05, 3600.0));
   cmd->add_flag("--once", args->once, "read what is there, print once and exit (scripts, tests)");
-  cmd->add_flag("--json", args->json, "with --once: one JSON object");
+  cmd->add_flag("--json", args->json, "read what is there and print one JSON object (implies --once)");
   return Command{cmd, [args] { return run_monitor(*args); }};
 }
 

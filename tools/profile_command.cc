@@ -120,7 +120,7 @@ Command add_profile_command(CLI::App& app) {
       "diff", "compare two profiles of the same program instruction by instruction: what got slower or faster in B");
   diff->footer(
       "Example: aspen profile diff before/ after/\n"
-      "Each instruction's median time in A and B; the whole run's factor (a host slower all along scales\n"
+      "Each instruction's typical time in A and B (a 20 % trimmed mean); the whole run's factor (a host slower all along scales\n"
       "everything); an instruction is named when B over A, beyond that factor, passes --threshold and stands\n"
       "out of its own spread (z > 4).");
   diff->add_option("A", args->a, "the profile before: a --profile directory or its trace.json")->required();
