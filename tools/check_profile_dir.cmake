@@ -68,12 +68,13 @@ endforeach()
 if(NOT found OR busy LESS 1 OR total LESS busy)
   message(FATAL_ERROR "profile.json: op '${OP}' listed: ${found}; busy ${busy} ns, ops ${total} ns")
 endif()
-# NOTE [planned and measured memory]: the peak RSS measured, at least the plan and the process at start.
+# NOTE [planned and measured memory]: the peak RSS and the RSS at start measured, the plan known. (The peak is
+# not always above start + plan: pages allocated zeroed and never touched are not resident, and a bench row's
+# forked child counts only what it touches.)
 string(JSON peak_rss GET "${profile}" memory peak_rss_bytes)
 string(JSON start_rss GET "${profile}" memory start_rss_bytes)
 string(JSON planned GET "${profile}" memory planned_bytes)
-math(EXPR accounted "${start_rss} + ${planned}")
-if(planned LESS 1 OR start_rss LESS 1 OR peak_rss LESS accounted)
+if(planned LESS 1 OR start_rss LESS 1 OR peak_rss LESS start_rss)
   message(FATAL_ERROR "profile.json: memory: peak RSS ${peak_rss}, at start ${start_rss}, planned ${planned}")
 endif()
 # PROGRAMS: at least this many compiled programs in the memory view, each with its curve.
