@@ -898,8 +898,7 @@ Result<TrainResult> Trainer::run() {
     ASPEN_ASSIGN_OR_RETURN(events, gather_process_events(job, trace_ ? trace_->events() : std::vector<profile::TraceEvent>{},
                                                          trace_.get()));
   }
-  if (trace_ && writer_) {
-    trace_->set_enabled(false);
+  if (trace_ && writer_) {  // (disabled above)
     const int64_t recorded = std::min<int64_t>(std::max<int64_t>(calls - 1, 0) * iters, options_.profile_steps);
     profile::RunFacts run =
         run_facts("train", c.train.threads,

@@ -456,12 +456,7 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
         break;
       }
     }
-    if (slowed) {  // NOTE [slowed instruction]
-      const auto took = std::chrono::steady_clock::now() - began;
-      const auto until = began + std::chrono::duration_cast<std::chrono::steady_clock::duration>(took * (1.0 + slowed_.fraction));
-      while (std::chrono::steady_clock::now() < until) {
-      }
-    }
+    if (slowed) spin_extra(began, slowed_.fraction);  // NOTE [slowed instruction]
     if (!status.is_ok()) {
       if (remake) derived.made = false;  // made again next run
       if (ins.node >= 0)
@@ -472,6 +467,13 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
       for (int u : programs_[size_t(program)].ready_after[k]) (*io.on_ready)(u);
   }
   return Status();
+}
+
+void spin_extra(std::chrono::steady_clock::time_point began, double fraction) {
+  const auto took = std::chrono::steady_clock::now() - began;
+  const auto until = began + std::chrono::duration_cast<std::chrono::steady_clock::duration>(took * (1.0 + fraction));
+  while (std::chrono::steady_clock::now() < until) {
+  }
 }
 
 Session::Footprint Session::footprint() const {

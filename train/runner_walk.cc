@@ -20,11 +20,7 @@
 namespace aspen::train {
 
 void Runner::slow_down(int d, std::chrono::steady_clock::time_point began) const {  // NOTE [slowed device]
-  if (d != slow_device_) return;
-  const auto took = std::chrono::steady_clock::now() - began;
-  const auto until = began + std::chrono::duration_cast<std::chrono::steady_clock::duration>(took * (1.0 + slow_fraction_));
-  while (std::chrono::steady_clock::now() < until) {
-  }
+  if (d == slow_device_) runtime::spin_extra(began, slow_fraction_);
 }
 
 double PipelineStats::bubble() const {
