@@ -74,7 +74,11 @@ TEST(Pipeline, HalfPrecisionStateInEveryLayout) {
   const auto wp = train_weights(one, piped, 4, 5, nullptr, 1, &mp);
   ASSERT_FALSE(w1.empty() || wp.empty());
   ASSERT_TRUE(mp);
-  EXPECT_LT(max_rel_diff(wp, w1), 1e-4);
+  // The bound: in each of the 5 steps a moment may land one ulp of its type away (f16 m: 2^-10 of it; bf16 v:
+  // 2^-7, 2^-8 through the square root), which moves that step's update by as much of lr. The CI's AVX2 machine
+  // measured 1.01e-4, this bound is 2.4e-4; f32 state stays within 1e-4 above.
+  const double lr = base.schedule.lr, steps = 5;
+  EXPECT_LT(max_rel_diff(wp, w1), steps * lr * (std::ldexp(1.0, -10) + std::ldexp(1.0, -8)));
   // Two replicas reduce what one device accumulating two micro-batches adds, in the same order: the same bits.
   Options one2, dp2;
   one2.threads(1).gradient_accumulation(2);
