@@ -3,6 +3,7 @@
 // recomputed activations), and where the cut falls (blocks, measured costs, stage tags).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -241,6 +242,94 @@ TEST(Pipeline, CutBalancesGivenAndMeasuredCosts) {
   ASSERT_FALSE(wp.empty());
   EXPECT_LT(max_rel_diff(wp, w1), 1e-5);
   EXPECT_EQ(int(m->pipeline_stage_of().size()), nodes);
+}
+
+// Where the cut falls changes no arithmetic (what lets stages be rebalanced while training, NOTE [moving
+// stages]): every cut of gpt2-tiny into 2 and 3 stages that keeps the tied wte's two uses (the embedding, the
+// lm_head) on different stages trains to the same bits, losses, norms and weights. (A cut with both on the
+// first stage adds their gradients per micro-batch instead of per step: PipelineCut::keep_grouping rules it
+// out, below.)
+TEST(Pipeline, EveryCutComputesTheSameBits) {
+  ASSERT_TRUE(kCores);
+  const Golden gold = read_golden("gpt2-tiny");
+  Forward f = forward("gpt2-tiny", 1, gold.T - 1);
+  auto finest = train::split_pipeline(f.g, 0, "loss", {.node_costs = {}, .every_narrow_point = true});
+  ASSERT_TRUE(finest.is_ok()) << finest.status().to_string();
+  const int pieces = int(finest->stages.size());
+  ASSERT_GE(pieces, 4);
+  int lm_head_piece = -1;
+  for (size_t i = 0; i < f.g.nodes().size(); ++i)
+    if (f.g.node(int32_t(i)).scope == "lm_head" && lm_head_piece < 0) lm_head_piece = finest->stage_of[i];
+  ASSERT_GT(lm_head_piece, 1);
+  // The cut's constraint: with the last stage a thousand times slower, the cut would leave it only the loss
+  // (the lm_head on stage 0, beside the embedding); keeping the estimated cut's grouping, the lm_head stays off
+  // stage 0 (and the speeds move every block there).
+  auto estimated = train::split_pipeline(f.g, 2, "loss");
+  ASSERT_TRUE(estimated.is_ok()) << estimated.status().to_string();
+  auto stage_of_lm_head = [&](const train::PipelineSplit& split) {
+    for (size_t i = 0; i < f.g.nodes().size(); ++i)
+      if (f.g.node(int32_t(i)).scope == "lm_head") return split.stage_of[i];
+    return -1;
+  };
+  EXPECT_EQ(stage_of_lm_head(*estimated), 1);
+  auto free_cut = train::split_pipeline(f.g, 2, "loss", {.node_costs = {}, .stage_speed = {1.0, 1e3}});
+  ASSERT_TRUE(free_cut.is_ok()) << free_cut.status().to_string();
+  EXPECT_EQ(stage_of_lm_head(*free_cut), 0);
+  auto kept = train::split_pipeline(f.g, 2, "loss",
+                                    {.node_costs = {}, .stage_speed = {1.0, 1e3}, .keep_grouping = estimated->stage_of});
+  ASSERT_TRUE(kept.is_ok()) << kept.status().to_string();
+  EXPECT_EQ(stage_of_lm_head(*kept), 1);
+  for (size_t i = 0; i < f.g.nodes().size(); ++i)
+    if (finest->stage_of[i] >= 0 && finest->stage_of[i] < lm_head_piece) {
+      EXPECT_EQ(kept->stage_of[i], 0) << i;
+    }
+  // A fast last stage takes more than the estimated cut gave it.
+  auto fast_last = train::split_pipeline(f.g, 2, "loss", {.node_costs = {}, .stage_speed = {1.0, 0.25}});
+  ASSERT_TRUE(fast_last.is_ok());
+  auto on_last = [](const train::PipelineSplit& s) { return std::count(s.stage_of.begin(), s.stage_of.end(), 1); };
+  EXPECT_GT(on_last(*fast_last), on_last(*estimated));
+  EXPECT_EQ(train::split_pipeline(f.g, 2, "loss", {.node_costs = {}, .stage_speed = {1.0}}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(train::split_pipeline(f.g, 2, "loss", {.node_costs = {}, .stage_speed = {1.0, 0.0}}).status().code(),
+            Code::kInvalidArgument);
+  Options one;
+  one.threads(1).gradient_accumulation(4);
+  for (const TrainingOptions& base : {sgd_momentum(), dp_adamw()})
+    for (int stages : {2, 3}) {
+      std::vector<std::vector<int>> cuts;  // the first piece of each stage after the first
+      for (int a = 1; a < lm_head_piece + 1; ++a)
+        for (int b = a + 1; b <= (stages == 3 ? pieces - 1 : a + 1); ++b)
+          cuts.push_back(stages == 3 ? std::vector<int>{a, b} : std::vector<int>{a});
+      std::vector<StepStats> s0;
+      std::map<std::string, Tensor> w0;
+      for (const std::vector<int>& cut : cuts) {
+        SCOPED_TRACE(std::to_string(stages) + " stages, cut before piece " + std::to_string(cut[0]) +
+                     (stages == 3 ? " and " + std::to_string(cut[1]) : ""));
+        TrainingOptions t = base;
+        t.pipeline = {stages, train::PipelineSchedule::one_f_one_b};
+        std::vector<StepStats> s;
+        auto w = train_weights(one, t, 4, 4, &s, 1, nullptr, [&](graph::Graph& g) {
+          for (size_t i = 0; i < finest->stage_of.size(); ++i) {
+            const int piece = finest->stage_of[i];
+            if (piece < 0) continue;
+            int stage = 0;
+            for (int c : cut) stage += piece >= c;
+            g.mutable_node(int32_t(i)).stage = stage;
+          }
+        });
+        ASSERT_FALSE(w.empty());
+        if (w0.empty()) {
+          w0 = std::move(w), s0 = s;
+          continue;
+        }
+        EXPECT_TRUE(bitwise_equal(w, w0)) << max_rel_diff(w, w0);
+        ASSERT_EQ(s.size(), s0.size());
+        for (size_t k = 0; k < s.size(); ++k) {
+          EXPECT_EQ(s[k].loss, s0[k].loss) << "step " << k + 1;
+          EXPECT_EQ(s[k].grad_norm, s0[k].grad_norm) << "step " << k + 1;
+        }
+      }
+    }
 }
 
 // A model with stage tags is cut where the tags say; a tag that sends a value

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -134,12 +135,14 @@ inline bool key_bias_entry(const std::string& name, int64_t i, int64_t d_model) 
 inline std::map<std::string, Tensor> train_weights(const Options& options, const TrainingOptions& t, int64_t batch,
                                                    int64_t steps, std::vector<StepStats>* stats = nullptr,
                                                    int processes = 1,
-                                                   std::unique_ptr<TrainingModel>* keep = nullptr) {
+                                                   std::unique_ptr<TrainingModel>* keep = nullptr,
+                                                   const std::function<void(graph::Graph&)>& edit = {}) {
   const Golden gold = read_golden("gpt2-tiny");
   const Batches all = shifted(gold, gold.steps);
   const int64_t acc = options.gradient_accumulation_, L = options.replication_factor_, R = L * processes;
   const int64_t micro = batch / (acc * R);
   Forward f = forward("gpt2-tiny", micro, gold.T - 1, options.tensor_parallel_);
+  if (edit) edit(f.g);
   auto m = TrainingModel::create(f.g, options, t);
   EXPECT_TRUE(m.is_ok()) << m.status().to_string();
   if (!m.is_ok()) return {};

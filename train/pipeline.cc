@@ -82,6 +82,16 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
   if (!cut.node_costs.empty() && cut.node_costs.size() != fwd.nodes().size())
     return Status::invalid_argument("pipeline: node costs", std::to_string(fwd.nodes().size()) + " (one per node)",
                                     std::to_string(cut.node_costs.size()));
+  if (!cut.stage_speed.empty() && int(cut.stage_speed.size()) != stages)
+    return Status::invalid_argument("pipeline: stage speeds", std::to_string(stages) + " (one per stage)",
+                                    std::to_string(cut.stage_speed.size()));
+  for (double v : cut.stage_speed)
+    if (!(v > 0.0) || !std::isfinite(v))
+      return Status::invalid_argument("pipeline: a stage speed", "a finite number > 0", std::to_string(v));
+  if (!cut.keep_grouping.empty() && cut.keep_grouping.size() != fwd.nodes().size())
+    return Status::invalid_argument("pipeline: the cut to keep the grouping of",
+                                    std::to_string(fwd.nodes().size()) + " stages (one per node)",
+                                    std::to_string(cut.keep_grouping.size()));
   const std::optional<ValueId> loss_v = fwd.find_output(loss);
   if (!loss_v)
     return Status::invalid_argument("pipeline: output '" + loss + "'", "the scalar loss", "no output of that name");
@@ -153,9 +163,45 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
       // The cuts among the narrow points that minimise the dearest stage
       // (then the sum of squared stage costs, so the others balance too): a
       // linear partition by dynamic programming over the candidates.
+      // NOTE [moving stages]: two cuts compute the same bits when every parameter several nodes use has its uses
+      // grouped alike: a tied weight used on two stages has an accumulator on each, added once per step
+      // (PipelinePrograms::shared), while uses on one stage add their gradients within each micro-batch. (Every
+      // other value a pass reads crosses a narrow cut whole: its gradient is the same sum wherever the cut falls;
+      // Pipeline.EveryCutComputesTheSameBits.) keep_grouping turns that into constraints on the cut positions:
+      // between consecutive uses at positions a < b, a cut after some c in [a, b) is required (they were apart)
+      // or forbidden (together).
+      std::vector<char> forbidden(size_t(n), 0);
+      std::vector<std::pair<int, int>> required;  // [a, b): a cut after one of these positions
+      if (!cut.keep_grouping.empty()) {
+        std::map<int32_t, std::vector<int>> uses;  // parameter node -> the positions of its consumers
+        for (int k = 0; k < n; ++k)
+          for (ValueId v : fwd.node(compute[size_t(k)]).inputs) {
+            const int32_t p = fwd.value(v).producer;
+            if (fwd.node(p).op != OpKind::parameter) continue;
+            std::vector<int>& u = uses[p];
+            if (u.empty() || u.back() != k) u.push_back(k);
+          }
+        for (const auto& [p, u] : uses)
+          for (size_t j = 0; j + 1 < u.size(); ++j) {
+            const int a = u[j], b = u[j + 1];
+            if (cut.keep_grouping[size_t(compute[size_t(a)])] != cut.keep_grouping[size_t(compute[size_t(b)])]) {
+              required.emplace_back(a, b);
+            } else {
+              for (int c = a; c < b; ++c) forbidden[size_t(c)] = 1;
+            }
+          }
+      }
+      // A stage of positions (lo, hi] (lo: the cut before it, -1 for the first; hi: its own, n - 1 for the last)
+      // leaves a required interval without a cut when it holds the interval whole.
+      auto valid = [&](int lo, int hi) {
+        for (const auto& [a, b] : required)
+          if (lo < a && b - 1 < hi) return false;
+        return true;
+      };
+      auto speed = [&](int stage) { return cut.stage_speed.empty() ? 1.0 : cut.stage_speed[size_t(stage)]; };
       std::vector<int> cand;
       for (int c = 0; c + 1 < n; ++c)
-        if (crossing[size_t(c)] == fewest) cand.push_back(c);
+        if (crossing[size_t(c)] == fewest && !forbidden[size_t(c)]) cand.push_back(c);
       const int P = int(cand.size()), K = stages - 1;
       if (P < K)
         return Status::invalid_argument("pipeline: stages", "at most as many as the graph has narrow cut points (" +
@@ -173,12 +219,17 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
       auto upto = [&](int j) { return prefix[size_t(cand[size_t(j)]) + 1]; };  // cost before the cut after cand j
       // f[k][j]: the first k + 1 stages, the (k+1)-th cut after candidate j.
       std::vector<std::vector<Best>> f(static_cast<size_t>(K), std::vector<Best>(static_cast<size_t>(P)));
-      for (int j = 0; j < P; ++j) f[0][size_t(j)] = {upto(j), upto(j) * upto(j), -1};
+      for (int j = 0; j < P; ++j)
+        if (valid(-1, cand[size_t(j)])) {
+          const double seg = upto(j) * speed(0);
+          f[0][size_t(j)] = {seg, seg * seg, -1};
+        }
       for (int k = 1; k < K; ++k)
         for (int j = k; j < P; ++j)
           for (int i = k - 1; i < j; ++i) {
             const Best& prev = f[size_t(k - 1)][size_t(i)];
-            const double seg = upto(j) - upto(i);
+            if (!std::isfinite(prev.max) || !valid(cand[size_t(i)], cand[size_t(j)])) continue;
+            const double seg = (upto(j) - upto(i)) * speed(k);
             const double m1 = std::max(prev.max, seg), q1 = prev.sq + seg * seg;
             if (better(m1, q1, f[size_t(k)][size_t(j)])) f[size_t(k)][size_t(j)] = {m1, q1, i};
           }
@@ -186,10 +237,16 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
       int last = -1;
       for (int j = K - 1; j < P; ++j) {
         const Best& prev = f[size_t(K - 1)][size_t(j)];
-        const double seg = prefix[size_t(n)] - upto(j);
+        if (!std::isfinite(prev.max) || !valid(cand[size_t(j)], n - 1)) continue;
+        const double seg = (prefix[size_t(n)] - upto(j)) * speed(K);
         const double m1 = std::max(prev.max, seg), q1 = prev.sq + seg * seg;
         if (better(m1, q1, end)) end = {m1, q1, j}, last = j;
       }
+      if (last < 0)
+        return Status::invalid_argument("pipeline: a cut into " + std::to_string(stages) + " stages",
+                                        "one that keeps each shared parameter's uses together or apart as the "
+                                        "previous cut had them",
+                                        "none among the narrow points");
       cuts.assign(size_t(K), 0);
       for (int k = K - 1, j = last; k >= 0; j = f[size_t(k)][size_t(j)].from, --k) cuts[size_t(k)] = cand[size_t(j)];
     }

@@ -90,9 +90,18 @@ struct PipelineSplit {
 // (train/pipeline_balance.h) or the estimate. `every_narrow_point` cuts at
 // every narrow point instead (the finest automatic cut: the pieces whose
 // times a measurement takes); `stages` is then ignored.
+//
+// Moving stages (NOTE [moving stages] in pipeline.cc): `stage_speed` (one per
+// stage; empty: all 1) scales each stage's cost (its device's time per unit of
+// cost: a slower core's is higher), so the cut balances times rather than
+// costs; `keep_grouping` (a previous cut's stage_of; empty: none) keeps what
+// makes two cuts compute the same bits: every parameter several nodes use
+// keeps its uses together on one stage, or apart, as that cut had them.
 struct PipelineCut {
   std::vector<double> node_costs;
   bool every_narrow_point = false;
+  std::vector<double> stage_speed = {};
+  std::vector<int> keep_grouping = {};
 };
 
 // A rough cost of a node: multiply-adds for products, elements otherwise.
@@ -102,7 +111,9 @@ double estimated_node_cost(const graph::Graph& g, const graph::Node& n);
 // (InvalidArgument naming the numbers): fewer compute nodes than stages, a
 // tagged stage outside [0, stages), a value flowing from a later stage to an
 // earlier one, a stage left empty, a loss not on the last stage, node_costs
-// of another length than the graph's nodes.
+// of another length than the graph's nodes, stage_speed of another length than
+// the stages or not > 0, keep_grouping of another length than the graph's
+// nodes or that no cut into `stages` can keep.
 Result<PipelineSplit> split_pipeline(const graph::Graph& forward, int stages, const std::string& loss,
                                      const PipelineCut& cut = {});
 
