@@ -1,0 +1,135 @@
+#include "train/rebalance.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "train/pipeline.h"
+
+namespace aspen::train {
+
+namespace {
+
+double slowest(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
+
+}  // namespace
+
+double StageMove::predicted_gain() const {
+  const double b = slowest(before_s);
+  return b > 0 ? 1.0 - slowest(predicted_s) / b : 0.0;
+}
+
+double StageMove::measured_gain() const {
+  const double b = slowest(before_s);
+  return measured_s.empty() || b <= 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 - slowest(measured_s) / b;
+}
+
+Result<StageBalancer> StageBalancer::create(graph::Graph forward, std::string loss, std::vector<int> stage_of,
+                                            std::vector<double> node_costs, const RebalanceOptions& options) {
+  if (options.window < 1)
+    return Status::invalid_argument("rebalance: window", ">= 1 step", std::to_string(options.window));
+  if (options.cooldown < options.window)
+    return Status::invalid_argument("rebalance: cooldown", ">= the window (" + std::to_string(options.window) + ")",
+                                    std::to_string(options.cooldown));
+  if (!(options.min_gain >= 0.0 && options.min_gain < 1.0))
+    return Status::invalid_argument("rebalance: min_gain", "in [0, 1)", std::to_string(options.min_gain));
+  if (stage_of.size() != forward.nodes().size())
+    return Status::invalid_argument("rebalance: the starting cut", std::to_string(forward.nodes().size()) + " stages",
+                                    std::to_string(stage_of.size()));
+  StageBalancer b;
+  b.stages_ = 1 + *std::max_element(stage_of.begin(), stage_of.end());
+  if (node_costs.empty()) {
+    node_costs.assign(forward.nodes().size(), 0.0);
+    for (size_t i = 0; i < node_costs.size(); ++i)
+      if (stage_of[i] >= 0) node_costs[i] = estimated_node_cost(forward, forward.node(int32_t(i)));
+  }
+  if (node_costs.size() != forward.nodes().size())
+    return Status::invalid_argument("rebalance: node costs", std::to_string(forward.nodes().size()),
+                                    std::to_string(node_costs.size()));
+  b.forward_ = std::move(forward);
+  b.loss_ = std::move(loss);
+  b.first_ = stage_of;
+  b.stage_of_ = std::move(stage_of);
+  b.costs_ = std::move(node_costs);
+  b.options_ = options;
+  return b;
+}
+
+std::vector<double> StageBalancer::stage_costs(const std::vector<int>& stage_of) const {
+  std::vector<double> c(static_cast<size_t>(stages_), 0.0);
+  for (size_t i = 0; i < stage_of.size(); ++i)
+    if (stage_of[i] >= 0) c[size_t(stage_of[i])] += costs_[i];
+  return c;
+}
+
+std::vector<int> StageBalancer::stage_nodes(const std::vector<int>& stage_of) const {
+  std::vector<int> c(static_cast<size_t>(stages_), 0);
+  for (int s : stage_of)
+    if (s >= 0) ++c[size_t(s)];
+  return c;
+}
+
+Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std::span<const double> stage_busy_s) {
+  just_measured_ = -1;
+  if (int(stage_busy_s.size()) != stages_)
+    return Status::invalid_argument("rebalance: a step's busy times", std::to_string(stages_) + " (one per stage)",
+                                    std::to_string(stage_busy_s.size()));
+  // The first step at a cut warms its new programs up (buffers touched, primitives made): not a measurement.
+  if (++since_move_ == 1) return std::optional<std::vector<int>>();
+  window_.emplace_back(stage_busy_s.begin(), stage_busy_s.end());
+  if (int(window_.size()) > options_.window) window_.pop_front();
+  if (int(window_.size()) < options_.window) return std::optional<std::vector<int>>();
+  std::vector<double> median(static_cast<size_t>(stages_));
+  for (int s = 0; s < stages_; ++s) {
+    std::vector<double> v;
+    for (const auto& w : window_) v.push_back(w[size_t(s)]);
+    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+    median[size_t(s)] = v[v.size() / 2];
+  }
+  const double now = slowest(median);
+  tried_[stage_of_] = {now, step};
+  if (!moves_.empty() && moves_.back().measured_s.empty()) {
+    moves_.back().measured_s = median;
+    just_measured_ = int(moves_.size()) - 1;
+  }
+  if (!moves_.empty() && since_move_ < options_.cooldown) return std::optional<std::vector<int>>();
+  // Each stage's speed at the current cut, and the cut those speeds balance.
+  const std::vector<double> cost = stage_costs(stage_of_);
+  std::vector<double> speed(static_cast<size_t>(stages_));
+  for (int s = 0; s < stages_; ++s) {
+    if (!(cost[size_t(s)] > 0) || !(median[size_t(s)] > 0)) return std::optional<std::vector<int>>();
+    speed[size_t(s)] = median[size_t(s)] / cost[size_t(s)];
+  }
+  ASPEN_ASSIGN_OR_RETURN(
+      const PipelineSplit split,
+      split_pipeline(forward_, stages_, loss_,
+                     {.node_costs = costs_, .every_narrow_point = false, .stage_speed = speed, .keep_grouping = first_}));
+  if (split.stage_of == stage_of_) return std::optional<std::vector<int>>();
+  const std::vector<double> next = stage_costs(split.stage_of);
+  StageMove m;
+  m.step = step;
+  m.nodes_before = stage_nodes(stage_of_);
+  m.nodes_after = stage_nodes(split.stage_of);
+  m.before_s = median;
+  for (int s = 0; s < stages_; ++s) m.predicted_s.push_back(speed[size_t(s)] * next[size_t(s)]);
+  if (m.predicted_gain() < options_.min_gain) return std::optional<std::vector<int>>();
+  // A cut tried lately that measured no faster than this one by min_gain: its prediction was wrong before.
+  if (auto t = tried_.find(split.stage_of);
+      t != tried_.end() && step - t->second.step <= options_.memory && t->second.slowest_s > now * (1 - options_.min_gain))
+    return std::optional<std::vector<int>>();
+  proposed_ = std::move(m);
+  proposed_cut_ = split.stage_of;
+  return std::optional<std::vector<int>>(split.stage_of);
+}
+
+void StageBalancer::moved(double seconds) {
+  if (!proposed_) return;
+  proposed_->seconds = seconds;
+  moves_.push_back(std::move(*proposed_));
+  stage_of_ = std::move(proposed_cut_);
+  proposed_.reset();
+  window_.clear();
+  since_move_ = 0;
+}
+
+}  // namespace aspen::train

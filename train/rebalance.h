@@ -1,0 +1,104 @@
+// train/rebalance.h: pipeline stages rebalanced while training
+// (TrainingOptions::Balance::dynamic; docs/parallel.md, "Stages rebalanced
+// while training").
+//
+// The cut made before step 1 balances estimated (or measured) costs; while
+// training a stage can still fall behind: a slower or shared core, a longer
+// sequence, an estimate that misjudged an op. A StageBalancer reads each
+// step's busy seconds per stage and, when the stages drift apart, proposes a
+// new cut at a step boundary, which api::TrainingModel applies (the state
+// moves through the host, the stages are compiled again).
+//
+// The model: stage s's device takes speed_s seconds per unit of cost, so a
+// stage's time is speed_s · Σ cost over its nodes. The speeds are read from
+// the median of the last `window` steps (speed_s = busy_s / cost_s at the
+// current cut) and the cut that minimises the slowest stage's predicted time
+// is train/pipeline.h's (PipelineCut::stage_speed). Moving is worth it only
+// when that prediction beats the slowest stage's measured time by `min_gain`;
+// after a move nothing more moves for `cooldown` steps, and a cut that was
+// already tried and measured no faster than the current one is not proposed
+// again for `memory` steps: noise cannot make it oscillate, and a wrong
+// prediction is corrected by what the next window measures.
+//
+// Every cut keeps the first cut's grouping (PipelineCut::keep_grouping), so
+// a rebalanced run computes the same bits as one that never moved (NOTE
+// [moving stages] in pipeline.cc).
+//
+// Thread-safety: one call at a time.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "graph/graph.h"
+
+namespace aspen::train {
+
+struct RebalanceOptions {
+  int window = 5;           // steps whose median busy time per stage a decision reads
+  double min_gain = 0.05;   // a move must be predicted to shorten the slowest stage by this fraction
+  int cooldown = 10;        // steps after a move before another may be decided (>= window)
+  int memory = 200;         // steps a tried cut that measured no faster is not proposed again
+};
+
+// One move: where and why, and what it gained.
+struct StageMove {
+  int64_t step = 0;                        // decided after this optimizer step; made before the next
+  std::vector<int> nodes_before, nodes_after;  // compute nodes on each stage
+  std::vector<double> before_s;            // each stage's median busy seconds per step at the old cut
+  std::vector<double> predicted_s;         // ... at the new cut, predicted
+  std::vector<double> measured_s;          // ... at the new cut, measured (empty until a window has run)
+  double seconds = 0;                      // what making the move took (compiling, moving the state)
+  double predicted_gain() const;           // 1 - max(predicted) / max(before)
+  double measured_gain() const;            // 1 - max(measured) / max(before); NaN until measured
+};
+
+class StageBalancer {
+ public:
+  // `stage_of`: the cut the run starts with (by forward node, -1 for sources); `node_costs`: by forward node
+  // (empty: train/pipeline.h's estimate). Errors: options out of range, a cut of another length.
+  static Result<StageBalancer> create(graph::Graph forward, std::string loss, std::vector<int> stage_of,
+                                      std::vector<double> node_costs, const RebalanceOptions& options);
+
+  // One optimizer step's busy seconds by stage. Returns the cut to move to (stage by forward node) when the
+  // stages have drifted apart; the caller makes it and calls moved().
+  Result<std::optional<std::vector<int>>> observe(int64_t step, std::span<const double> stage_busy_s);
+  // The proposed cut was made, taking `seconds`.
+  void moved(double seconds);
+
+  const std::vector<StageMove>& moves() const { return moves_; }
+  const std::vector<int>& stage_of() const { return stage_of_; }
+  int stages() const { return stages_; }
+  // A move's gain became known at the last observe() (its measured_s filled in): its index, or -1.
+  int just_measured() const { return just_measured_; }
+
+ private:
+  StageBalancer() = default;
+  std::vector<double> stage_costs(const std::vector<int>& stage_of) const;
+  std::vector<int> stage_nodes(const std::vector<int>& stage_of) const;
+  graph::Graph forward_;
+  std::string loss_;
+  int stages_ = 0;
+  std::vector<int> first_, stage_of_;
+  std::vector<double> costs_;
+  std::vector<StageMove> moves_;
+  RebalanceOptions options_;
+  std::deque<std::vector<double>> window_;  // the last steps' busy seconds at the current cut
+  int64_t since_move_ = 0;                  // steps observed at the current cut
+  std::optional<StageMove> proposed_;  // observe()'s, until moved()
+  std::vector<int> proposed_cut_;
+  int just_measured_ = -1;
+  struct Tried {
+    double slowest_s = 0;  // the slowest stage's median measured at that cut
+    int64_t step = 0;
+  };
+  std::map<std::vector<int>, Tried> tried_;
+};
+
+}  // namespace aspen::train

@@ -1,0 +1,166 @@
+// The stage balancer against a simulated pipeline: each stage's time is its device's speed times the true
+// cost of its nodes, with noise; the balancer sees only those times.
+#include "train/rebalance.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "graph/builder.h"
+#include "train/pipeline.h"
+
+namespace aspen::train {
+namespace {
+
+// A chain of `blocks` blocks (a [16, 16] product and a tanh each) and a sum-of-squares loss.
+graph::Graph chain(int blocks) {
+  graph::Graph g;
+  graph::Builder b(g);
+  graph::ValueId h = b.input("x", DType::f32, {4, 16});
+  for (int k = 0; k < blocks; ++k)
+    h = b.tanh(b.op1(graph::OpKind::matmul, {h, b.parameter("w" + std::to_string(k), DType::f32, {16, 16})}));
+  b.output("loss", b.reduce_sum(b.mul(h, h), {0, 1}));
+  EXPECT_TRUE(b.status().is_ok()) << b.status().to_string();
+  return g;
+}
+
+struct Sim {
+  graph::Graph g;
+  std::vector<double> truth;  // by node: seconds on a speed-1 device
+  std::vector<double> speed;  // by stage
+  double noise = 0.0;         // relative, uniform
+  std::mt19937 rng{7};
+  std::vector<double> times(const std::vector<int>& stage_of) {
+    std::vector<double> t(speed.size(), 0.0);
+    for (size_t i = 0; i < stage_of.size(); ++i)
+      if (stage_of[i] >= 0) t[size_t(stage_of[i])] += truth[i];
+    std::uniform_real_distribution<double> u(-noise, noise);
+    for (size_t s = 0; s < t.size(); ++s) t[s] *= speed[s] * (1.0 + u(rng));
+    return t;
+  }
+  // The best slowest stage any cut reaches (the truth known): train/pipeline.h's cut on the true costs.
+  double best(int stages) {
+    std::vector<double> unit(truth.size());
+    for (size_t i = 0; i < truth.size(); ++i) unit[i] = truth[i];
+    auto split = split_pipeline(g, stages, "loss", {.node_costs = unit, .every_narrow_point = false, .stage_speed = speed});
+    EXPECT_TRUE(split.is_ok()) << split.status().to_string();
+    noise = 0.0;
+    const std::vector<double> t = times(split->stage_of);
+    return *std::max_element(t.begin(), t.end());
+  }
+};
+
+Sim make_sim(int blocks, int stages) {
+  Sim s;
+  s.g = chain(blocks);
+  for (const graph::Node& n : s.g.nodes())
+    s.truth.push_back(graph::op_has(n.op, graph::kSource) ? 0.0 : 1e-6 * estimated_node_cost(s.g, n));
+  s.speed.assign(size_t(stages), 1.0);
+  return s;
+}
+
+// Runs `steps` steps from the estimated cut; the balancer's moves are made at once. Returns the last step's
+// slowest stage (noise-free).
+double run(Sim& sim, StageBalancer& b, int64_t from, int64_t steps, const std::function<void(int64_t)>& at = {}) {
+  for (int64_t step = from; step < from + steps; ++step) {
+    if (at) at(step);
+    auto next = b.observe(step, sim.times(b.stage_of()));
+    EXPECT_TRUE(next.is_ok()) << next.status().to_string();
+    if (next.is_ok() && next->has_value()) b.moved(0.0);
+  }
+  const double keep = sim.noise;
+  sim.noise = 0.0;
+  const std::vector<double> t = sim.times(b.stage_of());
+  sim.noise = keep;
+  return *std::max_element(t.begin(), t.end());
+}
+
+StageBalancer balancer(const Sim& sim, int stages, RebalanceOptions o = {}) {
+  auto first = split_pipeline(sim.g, stages, "loss");
+  EXPECT_TRUE(first.is_ok()) << first.status().to_string();
+  auto b = StageBalancer::create(sim.g, "loss", first->stage_of, {}, o);
+  EXPECT_TRUE(b.is_ok()) << b.status().to_string();
+  return std::move(b).value();
+}
+
+// Balanced stages under ±10 % noise: 500 steps, not one move.
+TEST(StageBalancer, NoiseAloneNeverMoves) {
+  for (int stages : {2, 3, 4}) {
+    Sim sim = make_sim(12, stages);
+    sim.noise = 0.10;
+    StageBalancer b = balancer(sim, stages);
+    run(sim, b, 1, 500);
+    EXPECT_EQ(b.moves().size(), 0u) << stages << " stages";
+  }
+}
+
+// One device turns 2x slower at step 50: the balancer moves within 20 steps, reaches the best cut there is
+// within 5 %, then stays (500 steps of ±5 % noise: no oscillation).
+TEST(StageBalancer, ASlowDeviceGivesWorkAway) {
+  for (int stages : {2, 3}) {
+    SCOPED_TRACE(std::to_string(stages) + " stages");
+    Sim sim = make_sim(16, stages);
+    sim.noise = 0.05;
+    StageBalancer b = balancer(sim, stages);
+    const double balanced = run(sim, b, 1, 50);
+    EXPECT_EQ(b.moves().size(), 0u);
+    sim.speed.back() = 2.0;
+    const double slowed = run(sim, b, 51, 20);
+    ASSERT_GE(b.moves().size(), 1u);
+    EXPECT_LE(b.moves()[0].step, 51 + 10);
+    const double best = sim.best(stages);
+    sim.noise = 0.05;
+    const double settled = run(sim, b, 71, 500);
+    EXPECT_LT(slowed, 1.05 * best);
+    EXPECT_LT(settled, 1.05 * best);
+    EXPECT_GT(2.0 * balanced, 1.2 * best);  // the slowdown was worth moving for
+    EXPECT_LE(b.moves().size(), 3u);
+    const StageMove& m = b.moves()[0];
+    EXPECT_GT(m.predicted_gain(), 0.05);
+    EXPECT_FALSE(std::isnan(m.measured_gain()));
+    EXPECT_NEAR(m.measured_gain(), m.predicted_gain(), 0.1);  // the speed model holds for a slow device
+    EXPECT_EQ(m.nodes_before.size(), size_t(stages));
+    int moved = 0;
+    for (int s = 0; s < stages; ++s) moved += std::abs(m.nodes_after[size_t(s)] - m.nodes_before[size_t(s)]);
+    EXPECT_GT(moved, 0);
+    // The slowdown goes away: the work comes back.
+    sim.speed.back() = 1.0;
+    const double recovered = run(sim, b, 571, 60);
+    EXPECT_LT(recovered, 1.05 * sim.best(stages));
+  }
+}
+
+// The estimate misjudges the later blocks (1.6x dearer than it thinks): speeds absorb the error, moves
+// converge to within 10 % of the best cut, and do not oscillate.
+TEST(StageBalancer, AMisjudgedEstimateConverges) {
+  Sim sim = make_sim(16, 2);
+  for (size_t i = sim.truth.size() / 2; i < sim.truth.size(); ++i) sim.truth[i] *= 1.6;
+  sim.noise = 0.05;
+  StageBalancer b = balancer(sim, 2);
+  const double settled = run(sim, b, 1, 500);
+  EXPECT_LT(settled, 1.10 * sim.best(2));
+  EXPECT_GE(b.moves().size(), 1u);
+  EXPECT_LE(b.moves().size(), 4u);
+}
+
+TEST(StageBalancer, RefusesWhatItCannotUse) {
+  Sim sim = make_sim(4, 2);
+  auto first = split_pipeline(sim.g, 2, "loss");
+  ASSERT_TRUE(first.is_ok());
+  EXPECT_EQ(StageBalancer::create(sim.g, "loss", first->stage_of, {}, {.window = 0}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(StageBalancer::create(sim.g, "loss", first->stage_of, {}, {.window = 5, .min_gain = 0.05, .cooldown = 2})
+                .status()
+                .code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(StageBalancer::create(sim.g, "loss", {0, 1}, {}, {}).status().code(), Code::kInvalidArgument);
+  auto b = StageBalancer::create(sim.g, "loss", first->stage_of, {}, {});
+  ASSERT_TRUE(b.is_ok());
+  const double three[] = {1.0, 1.0, 1.0};
+  EXPECT_EQ(b->observe(1, three).status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace aspen::train
