@@ -215,6 +215,48 @@ std::string weights_digest(const std::map<std::string, Tensor>& weights) {
   return crc32c_hex(crc);
 }
 
+std::string per_stage(const std::vector<int>& nodes) {
+  std::string s;
+  for (int n : nodes) s += (s.empty() ? "" : "/") + std::to_string(n);
+  return s;
+}
+
+// parallel.balance: dynamic: each move the last call made (at its start) and a move whose gain it measured, as a
+// line of the log and of metrics.jsonl ("stage_move": the nodes per stage before and after, the predicted gain of
+// the slowest stage, what the move took; "stage_move_measured": the gain measured after it).
+Status log_stage_moves(const TrainingModel& model, size_t& logged, train::MetricsLog* metrics,
+                       train::Progress& progress) {
+  const std::vector<train::StageMove>& moves = model.stage_moves();
+  const int64_t step = model.last_steps().empty() ? model.steps_done() : model.last_steps().front().step;
+  for (; logged < moves.size(); ++logged) {
+    const train::StageMove& m = moves[logged];
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "step %lld: pipeline stages rebalanced (compute nodes per stage %s -> %s; slowest stage predicted "
+                  "%.1f %% faster; the move took %.0f ms)",
+                  static_cast<long long>(step), per_stage(m.nodes_before).c_str(), per_stage(m.nodes_after).c_str(),
+                  100.0 * m.predicted_gain(), 1e3 * m.seconds);
+    progress.message(buf);
+    if (metrics)
+      ASPEN_RETURN_IF_ERROR(metrics->append(step, {{"predicted_gain", m.predicted_gain()}, {"move_s", m.seconds}},
+                                            {{"stage_move", per_stage(m.nodes_before) + " -> " +
+                                                                per_stage(m.nodes_after)}}));
+  }
+  if (const int k = model.stage_move_just_measured(); k >= 0) {
+    const train::StageMove& m = moves[size_t(k)];
+    const int64_t at = model.last_steps().back().step;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "step %lld: the move of step %lld measured: slowest stage %.1f %% faster "
+                  "(predicted %.1f %%)", static_cast<long long>(at), static_cast<long long>(m.step + 1),
+                  100.0 * m.measured_gain(), 100.0 * m.predicted_gain());
+    progress.message(buf);
+    if (metrics)
+      ASPEN_RETURN_IF_ERROR(metrics->append(at, {{"measured_gain", m.measured_gain()}},
+                                            {{"stage_move_measured", std::to_string(m.step + 1)}}));
+  }
+  return Status();
+}
+
 }  // namespace
 
 Status Trainer::claim_directories() {
@@ -806,6 +848,7 @@ Result<TrainResult> Trainer::run() {
   } while (0)
   auto last_save = std::chrono::steady_clock::now();
   int64_t calls = 0;  // of the program, in this invocation
+  size_t moves_logged = 0;  // of model_->stage_moves()
   bool save_now = false;  // checkpoint.minutes have passed: a checkpoint after this step
   while (model_->steps_done() < stop) {
     Result<Agreed> agreed = stop_agreed(last_save);
@@ -851,6 +894,7 @@ Result<TrainResult> Trainer::run() {
       result.last_loss = s.loss;
       result.skipped_steps += s.skipped;
     }
+    ASPEN_OR_STOP(log_stage_moves(*model_, moves_logged, metrics ? &*metrics : nullptr, progress));
     const StepStats& last = model_->last_steps().back();
     const int64_t step = last.step;
     if (step % c.log.interval == 0 || step == stop || step - iters < start + 1)

@@ -4,6 +4,9 @@
 // losses by output mode.
 #include "api/training_model.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "models/tensor_parallel.h"
 #include "train/runner.h"
 
@@ -120,13 +123,87 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
   }
   ASPEN_ASSIGN_OR_RETURN(m->runner_,
                          train::Runner::create(forward, runner_options(options), training, m->sharding_.get()));
+  if (training.pipeline.balance == TrainingOptions::Balance::dynamic && m->runner_->pipeline_stages() > 1) {
+    const char* what = "training: parallel.balance: dynamic (stages rebalanced while training)";
+    if (options.mpi_ || options.model_across_processes_)
+      return Status::error(Code::kUnimplemented, what, "pipeline stages in one process",
+                           "an MPI job (its processes would have to move their stages' state between them: not in "
+                           "this build; use balance: measured)");
+    if (std::any_of(forward.nodes().begin(), forward.nodes().end(), [](const graph::Node& n) { return n.stage >= 0; }))
+      return Status::invalid_argument(what, "a model without stage tags", "stage tags (they decide the cut)");
+    ASPEN_ASSIGN_OR_RETURN(train::StageBalancer b,
+                           train::StageBalancer::create(forward, training.loss, m->runner_->pipeline_stage_of(), {},
+                                                        training.pipeline.rebalance));
+    m->balancer_ = std::make_unique<train::StageBalancer>(std::move(b));
+  }
   return m;
 }
+
+// NOTE [moving stages] (train/pipeline.cc): the new cut keeps the first one's grouping, so the runner made for it
+// computes what the old one would have: only where each layer runs changes.
+Status TrainingModel::move_stages(const std::vector<int>& stage_of) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ASPEN_ASSIGN_OR_RETURN(const auto weights, runner_->copy_weights_to_host());
+  ASPEN_ASSIGN_OR_RETURN(const auto state, runner_->copy_optimizer_state_to_host());
+  const TrainingOptions training = runner_->training_options();
+  const int64_t steps = runner_->steps_done();
+  const train::LossScaler scaler = runner_->loss_scaler();
+  // A runner for `cut` holding the state: the old runner goes first (its devices hold the cores the new one's
+  // take); when the new cut cannot be made, the old one is made again, so nothing is lost.
+  auto make = [&](const std::vector<int>& cut) -> Result<std::unique_ptr<train::Runner>> {
+    graph::Graph tagged = balancer_->forward();
+    for (size_t i = 0; i < cut.size(); ++i)
+      if (cut[i] >= 0) tagged.mutable_node(int32_t(i)).stage = cut[i];
+    ASPEN_ASSIGN_OR_RETURN(std::unique_ptr<train::Runner> r,
+                           train::Runner::create(tagged, runner_options(options_), training, sharding_.get()));
+    std::map<std::string, const Tensor*> w, st;
+    for (const auto& [name, t] : weights) w.emplace(name, &t);
+    for (const auto& [name, t] : state) st.emplace(name, &t);
+    ASPEN_RETURN_IF_ERROR(r->copy_weights_to_device(w));
+    ASPEN_RETURN_IF_ERROR(r->copy_optimizer_state_to_device(st));
+    r->set_steps_done(steps);
+    r->loss_scaler() = scaler;
+    if (r->pipeline_stage_of() != cut)
+      return Status::error(Code::kInternal, "training: moving pipeline stages", "the cut the balancer chose",
+                           "another cut from the stage tags");
+    return r;
+  };
+  runner_.reset();
+  Result<std::unique_ptr<train::Runner>> next = make(stage_of);
+  if (!next.is_ok()) {
+    Result<std::unique_ptr<train::Runner>> back = make(balancer_->stage_of());
+    if (!back.is_ok())
+      return Status(next.status()).with_context("moving pipeline stages; the old cut could not be made again either (" +
+                                                back.status().to_string() + "): the model must be reloaded");
+    runner_ = std::move(back).value();
+    return Status(next.status()).with_context("moving pipeline stages (the model stays at its old cut)");
+  }
+  runner_ = std::move(next).value();
+  balancer_->moved(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return Status();
+}
+
+const std::vector<train::StageMove>& TrainingModel::stage_moves() const {
+  static const std::vector<train::StageMove> none;
+  return balancer_ ? balancer_->moves() : none;
+}
+int TrainingModel::stage_move_just_measured() const { return just_measured_; }
 
 TrainingModel::~TrainingModel() = default;
 
 Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::string, const Tensor*>& inputs) {
+  if (next_cut_) {
+    ASPEN_RETURN_IF_ERROR(move_stages(*next_cut_));
+    next_cut_.reset();
+  }
   ASPEN_ASSIGN_OR_RETURN(const std::vector<float> losses, runner_->run(inputs));
+  just_measured_ = -1;
+  if (balancer_)
+    for (const StepStats& s : runner_->last_steps()) {
+      ASPEN_ASSIGN_OR_RETURN(std::optional<std::vector<int>> cut, balancer_->observe(s.step, s.stage_busy_s));
+      if (cut) next_cut_ = std::move(cut);
+      if (balancer_->just_measured() >= 0) just_measured_ = balancer_->just_measured();
+    }
   ASPEN_ASSIGN_OR_RETURN(auto out, losses_by_mode(options_, losses));
   for (auto& [name, t] : runner_->take_last_outputs()) out[name] = std::move(t);
   return out;

@@ -66,11 +66,13 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "api/options.h"
 #include "graph/graph.h"
+#include "train/rebalance.h"
 #include "train/training_options.h"
 
 namespace aspen::runtime {
@@ -163,8 +165,20 @@ class TrainingModel {
   // what `aspen train --print-plan` shows, and what every device runs.
   const train::Plan& plan() const;
 
+  // TrainingOptions::Balance::dynamic (train/rebalance.h): the moves of layers between pipeline stages made
+  // so far, in order (each made at the start of the run() after the step that decided it), and the index of
+  // the move whose measured gain the last run() learnt (-1: none).
+  const std::vector<train::StageMove>& stage_moves() const;
+  int stage_move_just_measured() const;
+
  private:
   TrainingModel() = default;
+  // Moves the stages to `stage_of` (by forward node): the weights, optimizer state, step count and loss scaler
+  // through the host into a runner compiled for the new cut. On failure the old runner stays.
+  Status move_stages(const std::vector<int>& stage_of);
+  std::unique_ptr<train::StageBalancer> balancer_;  // Balance::dynamic with stages
+  std::optional<std::vector<int>> next_cut_;        // decided after the last run(), made before the next
+  int just_measured_ = -1;
   Options options_;
   bool vocab_parallel_ = false;
   std::unique_ptr<train::TensorSharding> sharding_;  // with tensor shards: the model family's rule

@@ -332,6 +332,46 @@ TEST(Pipeline, EveryCutComputesTheSameBits) {
     }
 }
 
+// Balance::dynamic with stage 1's device made 3x slower (NOTE [slowed device]): layers move to stage 0 while
+// training, and the losses, gradient norms and weights are those of a run that never moved, bit for bit.
+TEST(Pipeline, RebalancedWhileTrainingGivesTheSameBits) {
+  ASSERT_TRUE(kCores);
+  Options one;
+  one.threads(1).gradient_accumulation(4);
+  TrainingOptions t = dp_adamw();
+  t.pipeline = {2, train::PipelineSchedule::one_f_one_b};
+  const int64_t steps = 24;
+  std::vector<StepStats> s0;
+  const auto w0 = train_weights(one, t, 4, steps, &s0);
+  t.pipeline.balance = TrainingOptions::Balance::dynamic;
+  t.pipeline.rebalance = {.window = 3, .min_gain = 0.05, .cooldown = 4, .memory = 200};
+  ::setenv("ASPEN_TEST_SLOW_DEVICE", "1:2.0", 1);
+  std::vector<StepStats> s1;
+  std::unique_ptr<TrainingModel> m;
+  const auto w1 = train_weights(one, t, 4, steps, &s1, 1, &m);
+  ::unsetenv("ASPEN_TEST_SLOW_DEVICE");
+  ASSERT_TRUE(m);
+  ASSERT_FALSE(w0.empty() || w1.empty());
+  ASSERT_GE(m->stage_moves().size(), 1u);
+  const train::StageMove& move = m->stage_moves()[0];
+  EXPECT_GT(move.nodes_after[0], move.nodes_before[0]);  // work left the slow stage
+  EXPECT_GT(move.predicted_gain(), 0.05);
+  EXPECT_GT(move.seconds, 0.0);
+  const std::vector<int> cut = m->pipeline_stage_of();
+  EXPECT_GT(std::count(cut.begin(), cut.end(), 0), std::count(cut.begin(), cut.end(), 1));
+  EXPECT_TRUE(bitwise_equal(w1, w0)) << max_rel_diff(w1, w0);
+  ASSERT_EQ(s1.size(), s0.size());
+  for (size_t k = 0; k < s1.size(); ++k) {
+    EXPECT_EQ(s1[k].loss, s0[k].loss) << "step " << k + 1;
+    EXPECT_EQ(s1[k].grad_norm, s0[k].grad_norm) << "step " << k + 1;
+    EXPECT_EQ(s1[k].stage_busy_s.size(), 2u);
+  }
+  // Refused where it cannot move: a tagged model, an MPI job.
+  Forward f = forward("gpt2-tiny", 1, 8);
+  f.g.mutable_node(f.g.input_nodes()[0] + 3).stage = 0;
+  EXPECT_EQ(TrainingModel::create(f.g, one, t).status().code(), Code::kInvalidArgument);
+}
+
 // A model with stage tags is cut where the tags say; a tag that sends a value
 // back to an earlier stage is refused, naming the nodes.
 TEST(Pipeline, StageTagsDecideTheCut) {

@@ -1,7 +1,8 @@
 // tools/train_command.cc: `aspen train`, the training job (api/trainer.h).
 //
 //   aspen train CONFIG.yaml [--resume | --resume-from CHECKPOINT | --overwrite] [--replicas N] [--stages N]
-//                           [--tensor-parallel N] [--steps N] [--seed S] [--set KEY=VALUE]...
+//                           [--balance estimated|measured|dynamic] [--tensor-parallel N] [--steps N] [--seed S]
+//                           [--set KEY=VALUE]...
 //   aspen train --demo [--steps N] [--run-dir DIR] [--threads N] [--replicas N] [--stages N]
 //                      [--tensor-parallel N] [--set KEY=VALUE]...
 //   mpirun -np P aspen train ...   (data parallel over P processes)
@@ -60,6 +61,7 @@ struct TrainArgs {
   int threads = -1;   // -1: the config's; 0: the free cores
   int64_t replicas = 0;  // 0: the config's (the demo: one per process)
   int64_t stages = 0, tensor_parallel = 0;  // 0: the config's
+  std::string balance;  // "": the config's parallel.balance
   std::string run_dir;
   std::vector<std::string> overrides;
   std::string profile;  // "": $ASPEN_PROFILE, else none
@@ -204,6 +206,7 @@ std::string resume_command(const TrainArgs& a) {
   if (a.replicas > 0) cmd += " --replicas " + std::to_string(a.replicas);
   if (a.stages > 0) cmd += " --stages " + std::to_string(a.stages);
   if (a.tensor_parallel > 0) cmd += " --tensor-parallel " + std::to_string(a.tensor_parallel);
+  if (!a.balance.empty()) cmd += " --balance " + a.balance;
   for (const std::string& o : a.overrides) cmd += " --set " + quoted(o);
   return cmd + " --resume";
 }
@@ -270,6 +273,7 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   if (a.seed >= 0) c.train.seed = uint64_t(a.seed);
   if (a.replicas > 0 && !a.demo) c.batch.replicas = a.replicas;
   if (a.stages > 0) c.parallel.pipeline_stages = a.stages;
+  if (!a.balance.empty()) c.parallel.balance = a.balance;
   if (a.tensor_parallel > 0) c.parallel.tensor_parallel = a.tensor_parallel;
   for (const std::string& o : a.overrides)
     if (Status s = train::apply_override(c, o); !s.is_ok()) return report(s);
@@ -434,6 +438,10 @@ Command add_train_command(CLI::App& app) {
       ->check(at_least(1));
   cmd->add_option("--stages", args->stages, "pipeline stages (overrides parallel.pipeline_stages)")
       ->check(at_least(1));
+  cmd->add_option("--balance", args->balance,
+                  "how the pipeline cut balances its stages (overrides parallel.balance): estimated, measured, or "
+                  "dynamic (layers move between stages while training when their times drift apart)")
+      ->check(CLI::IsMember({"estimated", "measured", "dynamic"}));
   cmd->add_option("--tensor-parallel", args->tensor_parallel,
                   "tensor shards (overrides parallel.tensor_parallel; gpt2: n_head must divide by it)")
       ->check(at_least(1));

@@ -113,7 +113,7 @@ void for_each_key(Config& c, Visit&& v) {
   v("parallel", "overlap", c.parallel.overlap, any());
   v("parallel", "pipeline_stages", c.parallel.pipeline_stages, at_least(1));
   v("parallel", "schedule", c.parallel.schedule, one_of({"1f1b", "gpipe"}));
-  v("parallel", "balance", c.parallel.balance, one_of({"estimated", "measured"}));
+  v("parallel", "balance", c.parallel.balance, one_of({"estimated", "measured", "dynamic"}));
   v("parallel", "recompute", c.parallel.recompute, any());
   v("parallel", "vocab_parallel", c.parallel.vocab_parallel, one_of({"auto", "on", "off"}));
   v("parallel", "tensor_parallel", c.parallel.tensor_parallel, at_least(1));
@@ -960,8 +960,9 @@ Result<TrainingOptions> training_options(const TrainConfig& c) {
   to.data_parallel.overlap = c.parallel.overlap;
   to.pipeline.stages = int(c.parallel.pipeline_stages);
   ASPEN_ASSIGN_OR_RETURN(to.pipeline.schedule, parse_pipeline_schedule(c.parallel.schedule));
-  to.pipeline.balance =
-      c.parallel.balance == "measured" ? TrainingOptions::Balance::measured : TrainingOptions::Balance::estimated;
+  to.pipeline.balance = c.parallel.balance == "measured" ? TrainingOptions::Balance::measured
+                        : c.parallel.balance == "dynamic" ? TrainingOptions::Balance::dynamic
+                                                          : TrainingOptions::Balance::estimated;
   to.pipeline.recompute = c.parallel.recompute;
   return to;
 }

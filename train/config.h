@@ -147,7 +147,7 @@ struct ParallelSection {
   int64_t pipeline_stages = 1;        // > 1: the model cut into this many stages (train/pipeline.h)
   int64_t tensor_parallel = 1;        // > 1: Megatron tensor shards over this many devices (gpt2)
   std::string schedule = "1f1b";      // 1f1b | gpipe: the pipeline's order of micro-batches
-  std::string balance = "estimated";  // estimated | measured: what the automatic cut balances
+  std::string balance = "estimated";  // estimated | measured | dynamic: what the automatic cut balances
   bool recompute = false;             // each stage's backward recomputes its forward (less memory) instead of
                                       // taking what the forward kept (NOTE [stashed activations])
   std::string vocab_parallel = "auto";  // auto | on | off: tensor shards split the vocabulary (auto: when it divides)

@@ -37,15 +37,9 @@
 
 #include "core/status.h"
 #include "graph/graph.h"
+#include "train/training_options.h"  // RebalanceOptions
 
 namespace aspen::train {
-
-struct RebalanceOptions {
-  int window = 5;           // steps whose median busy time per stage a decision reads
-  double min_gain = 0.05;   // a move must be predicted to shorten the slowest stage by this fraction
-  int cooldown = 10;        // steps after a move before another may be decided (>= window)
-  int memory = 200;         // steps a tried cut that measured no faster is not proposed again
-};
 
 // One move: where and why, and what it gained.
 struct StageMove {
@@ -77,6 +71,7 @@ class StageBalancer {
   int stages() const { return stages_; }
   // A move's gain became known at the last observe() (its measured_s filled in): its index, or -1.
   int just_measured() const { return just_measured_; }
+  const graph::Graph& forward() const { return forward_; }
 
  private:
   StageBalancer() = default;

@@ -313,6 +313,15 @@ Result<std::vector<float>> Runner::run_steps(const std::map<std::string, const T
     // Where the step's time went, per device (PipelineStats; live monitoring's busy shares).
     pipe_stats_.busy_s = step.busy_s;
     pipe_stats_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (pipe_ && !spread()) {  // by stage: the mean over its devices here
+      s.stage_busy_s.assign(size_t(pipeline_stages()), 0.0);
+      std::vector<int> n(size_t(pipeline_stages()), 0);
+      for (int d = 0; d < D; ++d) {
+        s.stage_busy_s[size_t(coord_of(d).pipe)] += step.busy_s[size_t(d)];
+        ++n[size_t(coord_of(d).pipe)];
+      }
+      for (size_t k = 0; k < n.size(); ++k) s.stage_busy_s[k] /= std::max(1, n[k]);
+    }
     // The loss: the mean over every micro-batch of the step (step_loss), each local replica's from its last
     // stage's first shard (a replica's shards agree on it).
     std::vector<int> loss_device;  // by local replica

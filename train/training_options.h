@@ -24,6 +24,14 @@ namespace aspen::train {
 // batch) or their sum.
 enum class Reduction { mean, sum };
 
+// Balance::dynamic: when the stages move (train/rebalance.h).
+struct RebalanceOptions {
+  int window = 5;          // steps whose median busy time per stage a decision reads
+  double min_gain = 0.05;  // a move must be predicted to shorten the slowest stage by this fraction
+  int cooldown = 10;       // steps after a move before another may be decided (>= window)
+  int memory = 200;        // steps a tried cut that measured no faster is not proposed again
+};
+
 struct TrainingOptions {
   OptimizerOptions optimizer;
   LrSchedule schedule;              // its lr is the base learning rate
@@ -50,7 +58,10 @@ struct TrainingOptions {
   // (multiply-adds and elements, train/pipeline.h) or `measured` (each piece
   // of the finest cut compiled and timed on this machine first,
   // train/pipeline_balance.h; under MPI process 0's measurement is used).
-  enum class Balance { estimated, measured };
+  // `dynamic` starts from the estimate and moves layers between the stages while training, at step boundaries,
+  // when their measured times drift apart (train/rebalance.h; one process; the losses and weights stay those
+  // of a run that never moved: NOTE [moving stages] in train/pipeline.cc).
+  enum class Balance { estimated, measured, dynamic };
   struct Pipeline {
     int stages = 1;
     PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
@@ -58,6 +69,7 @@ struct TrainingOptions {
     // Each stage's backward recomputes its forward instead of keeping what it reads from the forward pass
     // (NOTE [stashed activations] in train/pipeline.cc): less memory, one more forward per micro-batch.
     bool recompute = false;
+    RebalanceOptions rebalance = {};  // Balance::dynamic's
   };
   Pipeline pipeline = {};
   // Data parallel: buckets and compression of the cross-process all-reduce,
@@ -88,6 +100,9 @@ struct StepStats {
   double grad_norm = -1.0;  // the global norm of the (unscaled, averaged) gradient; -1: not measured (fused step)
   double loss_scale = 1.0;
   bool skipped = false;     // an overflow under dynamic loss scaling
+  // With pipeline stages: each stage's seconds in its passes (the mean over this process's replicas and shards
+  // of it); what TrainingOptions::Balance::dynamic reads. Empty without stages or across processes.
+  std::vector<double> stage_busy_s;
 };
 
 }  // namespace aspen::train
