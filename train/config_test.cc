@@ -265,7 +265,7 @@ TEST(TrainConfigErrors, OutOfRangeAndUnknownChoices) {
       {"log:\n  progress: tqdm\n",
        "cfg.yaml:2: log.progress: expected one of 'auto', 'bar', 'lines', 'off', found 'tqdm'"},
       {"parallel:\n  balance: timed\n",
-       "cfg.yaml:2: parallel.balance: expected one of 'estimated', 'measured', found 'timed'"},
+       "cfg.yaml:2: parallel.balance: expected one of 'estimated', 'measured', 'dynamic', found 'timed'"},
   };
   for (const Case& c : cases) {
     Status s = parse_error(c.yaml);
@@ -577,6 +577,8 @@ TEST(TrainConfig, TrainingOptionsBindEveryStepKey) {
   EXPECT_EQ(t->pipeline.stages, 2);
   EXPECT_EQ(t->pipeline.schedule, PipelineSchedule::gpipe);
   EXPECT_EQ(t->pipeline.balance, TrainingOptions::Balance::measured);
+  ASSERT_TRUE(apply_override(c, "parallel.balance=dynamic").is_ok());
+  EXPECT_EQ(training_options(c)->pipeline.balance, TrainingOptions::Balance::dynamic);
 }
 
 }  // namespace
