@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <limits>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -13,6 +15,7 @@
 #include "core/philox.h"
 #include "core/thread_team.h"
 #include "graph/builder.h"
+#include "train/pipeline.h"
 
 namespace aspen::bench {
 
@@ -151,6 +154,174 @@ Result<Balanced> measure_balance(api::TrainingOptions::Balance balance, const Pi
   return r;
 }
 
+// NOTE [rebalance rows]: the mixed model on 2 stages (1F1B, 4 micro-batches), SGD. The run (recovery()):
+// parallel.balance: dynamic from the estimated cut on even devices for `steps` steps (it settles), then stage
+// 1's device slowed by `slow` (NOTE [slowed device]: each of its passes spins (1 + slow) times its time, as a
+// core shared with another job would) for `steps` more. Beside it, measured alone with the same slowdown: the
+// cut it had settled on, kept (what a static cut loses), and the cuts near the one it moved to (within two
+// narrow points: the best any cut there reaches). Each row: the median step wall of its last `tail` steps.
+struct Rebalanced {
+  double step_s = 0, imbalance = 0;
+  Spread step;
+  std::vector<double> busy_s;
+  std::vector<int> stage_of;
+  int moves = 0;
+  double move_s = 0;        // the moves' mean
+  int first_move_step = 0;  // counted from the row's first step
+};
+
+struct Rows {
+  std::vector<double> walls;
+  std::vector<std::vector<double>> busy;
+};
+
+// `steps` steps of `model`; the last `tail` of them make the row (moves: those made after step `from`).
+Status collect(api::TrainingModel& model, const Tensor& x, int64_t steps, int64_t tail, int64_t from, Rebalanced& r) {
+  Rows rows;
+  for (int64_t i = 0; i < steps; ++i) {
+    ASPEN_RETURN_IF_ERROR(model.run({{"x", &x}}).status());
+    if (i + tail < steps) continue;
+    rows.walls.push_back(model.last_pipeline_stats().wall_s);
+    rows.busy.push_back(model.last_pipeline_stats().busy_s);
+  }
+  r.stage_of = model.pipeline_stage_of();
+  for (const train::StageMove& m : model.stage_moves()) {
+    if (m.step < from) continue;
+    if (r.moves++ == 0) r.first_move_step = int(m.step - from) + 1;
+    r.move_s += m.seconds;
+  }
+  if (r.moves) r.move_s /= double(r.moves);
+  std::vector<size_t> order(rows.walls.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t c) { return rows.walls[a] < rows.walls[c]; });
+  const size_t med = order[order.size() / 2];
+  r.busy_s = rows.busy[med];
+  r.step_s = rows.walls[med];
+  r.step = spread_of(rows.walls);
+  double mx = 0, sum = 0;
+  for (double v : r.busy_s) mx = std::max(mx, v), sum += v;
+  r.imbalance = sum > 0 ? mx / (sum / double(r.busy_s.size())) : 0;
+  return Status();
+}
+
+struct SlowHook {  // NOTE [slowed device] on stage 1 while it lives
+  explicit SlowHook(double slow) {
+    if (slow > 0) setenv("ASPEN_TEST_SLOW_DEVICE", fmt::format("1:{}", slow).c_str(), 1);
+  }
+  ~SlowHook() { unsetenv("ASPEN_TEST_SLOW_DEVICE"); }
+};
+
+Result<std::unique_ptr<api::TrainingModel>> balance_model(api::TrainingOptions::Balance balance,
+                                                          const std::vector<int>* cut, const PipelineBenchOptions& o) {
+  ASPEN_ASSIGN_OR_RETURN(graph::Graph g, mixed_model(o));
+  if (cut)
+    for (size_t i = 0; i < cut->size(); ++i)
+      if ((*cut)[i] >= 0) g.mutable_node(int32_t(i)).stage = (*cut)[i];
+  api::Options opts;
+  opts.threads(1).gradient_accumulation(4);
+  api::TrainingOptions t;
+  t.optimizer.kind = train::OptimizerKind::sgd;
+  t.optimizer.weight_decay = 0.0;
+  t.schedule.lr = 1e-4;
+  t.pipeline = {2, train::PipelineSchedule::one_f_one_b, balance};
+  ASPEN_ASSIGN_OR_RETURN(auto model, api::TrainingModel::create(g, opts, t));
+  ASPEN_RETURN_IF_ERROR(random_weights(*model, double(o.heads * o.head_dim)));
+  return model;
+}
+
+Tensor balance_input(const PipelineBenchOptions& o) {
+  Tensor x(DType::f32, {4 * o.seq, o.heads * o.head_dim});
+  philox_fill_normal(x.span<float>(), 7, 0, 0, 0.0f, 1.0f);
+  return x;
+}
+
+// The run: `even` its settled rows on even devices, `slowed` the rows after the slowdown.
+Status recovery(int64_t steps, int64_t tail, double slow, const PipelineBenchOptions& o, Rebalanced& even,
+                Rebalanced& slowed) {
+  ASPEN_ASSIGN_OR_RETURN(auto model, balance_model(api::TrainingOptions::Balance::dynamic, nullptr, o));
+  const Tensor x = balance_input(o);
+  ASPEN_RETURN_IF_ERROR(collect(*model, x, steps, tail, 0, even));
+  SlowHook hook(slow);
+  return collect(*model, x, steps, tail, steps, slowed);
+}
+
+// A static cut with the slowdown, measured alone.
+Result<Rebalanced> kept_cut(const std::vector<int>& cut, int64_t tail, double slow, const PipelineBenchOptions& o) {
+  SlowHook hook(slow);
+  ASPEN_ASSIGN_OR_RETURN(auto model, balance_model(api::TrainingOptions::Balance::estimated, &cut, o));
+  Rebalanced r;
+  ASPEN_RETURN_IF_ERROR(collect(*model, balance_input(o), tail + 1, tail, 0, r));
+  return r;
+}
+
+Status rebalance_rows(const PipelineBenchOptions& o, std::ostream& out) {
+  const int64_t steps = o.quick ? 12 : o.rebalance_steps, tail = o.quick ? 3 : 10, near = o.quick ? 1 : 2;
+  const double slow = o.slow_stage;
+  if (!o.json)
+    out << fmt::format(
+        "\n# rebalance (parallel.balance: dynamic): the balance model from the estimated cut, {} steps on even "
+        "devices, then {} with stage 1's device slowed by {:.0f} % (a test hook that spins, as a shared core); "
+        "beside it, alone: the settled cut kept, and the best cut near the one it moved to; step = median wall "
+        "of a row's last {} steps\n{:>22} | {:>9} | {:>8} | {:>11} | {:>5} | {}\n",
+        steps, steps, 100 * slow, tail, "row", "max/mean", "step ms", "stage 0 ops", "moves", "move cost");
+  auto row = [&](const std::string& name, const Rebalanced& r, const nlohmann::ordered_json& extra) {
+    int stage0 = 0;
+    for (int st : r.stage_of) stage0 += st == 0;
+    if (o.json) {
+      nlohmann::ordered_json j = {{"bench", "pipeline_rebalance"}, {"row", name},      {"slow", slow},
+                                  {"busy_s", r.busy_s},            {"max_over_mean", r.imbalance},
+                                  {"step_s", r.step_s},            {"stage0_nodes", stage0},
+                                  {"moves", r.moves},              {"move_s", r.move_s},
+                                  {"first_move_step", r.first_move_step}, {"step", spread_json(r.step)}};
+      if (extra.is_object()) j.update(extra);
+      out << j.dump() << "\n";
+    } else {
+      out << fmt::format("{:>22} | {:>9.2f} | {:>8.1f} | {:>11} | {:>5} | {}{}\n", name, r.imbalance, 1e3 * r.step_s,
+                         stage0, r.moves,
+                         r.moves ? fmt::format("{:.0f} ms = {:.2f} steps (first at step {})", 1e3 * r.move_s,
+                                               r.move_s / r.step_s, r.first_move_step)
+                                 : std::string("-"),
+                         !extra.is_object() || !extra.contains("recovered") ? std::string()
+                         : extra["recovered"].is_null()
+                             ? std::string("   (no cut near beats the kept one: nothing to win back)")
+                             : fmt::format("   recovered {:.0f} % of the throughput the slowdown took that a cut "
+                                           "can win back",
+                                           100 * extra["recovered"].get<double>()));
+    }
+    out.flush();
+  };
+  Rebalanced even, dyn;
+  ASPEN_RETURN_IF_ERROR(recovery(steps, tail, slow, o, even, dyn));
+  row("dynamic, even devices", even, {});
+  ASPEN_ASSIGN_OR_RETURN(const Rebalanced kept, kept_cut(even.stage_of, tail, slow, o));
+  // The cuts near the one the run moved to: its boundary moved by up to `near` narrow points either way.
+  ASPEN_ASSIGN_OR_RETURN(const graph::Graph g, mixed_model(o));
+  ASPEN_ASSIGN_OR_RETURN(const train::PipelineSplit finest,
+                         train::split_pipeline(g, 0, "loss", {.node_costs = {}, .every_narrow_point = true}));
+  int boundary = 0;  // the first piece on stage 1
+  for (size_t i = 0; i < dyn.stage_of.size(); ++i)
+    if (dyn.stage_of[i] == 0) boundary = std::max(boundary, finest.stage_of[i] + 1);
+  const int pieces = int(finest.stages.size());
+  Rebalanced best = kept;
+  for (int b = std::max(1, boundary - int(near)); b <= std::min(pieces - 1, boundary + int(near)); ++b) {
+    std::vector<int> cut(finest.stage_of.size(), -1);
+    for (size_t i = 0; i < cut.size(); ++i)
+      if (finest.stage_of[i] >= 0) cut[i] = finest.stage_of[i] >= b ? 1 : 0;
+    Result<Rebalanced> r = kept_cut(cut, tail, slow, o);
+    if (r.is_ok() && r->step_s < best.step_s) best = *r;  // (a cut the model cannot take is skipped)
+  }
+  const double lost = 1.0 / best.step_s - 1.0 / kept.step_s;
+  // NaN (null in JSON): no cut near beats the kept one, nothing to win back.
+  const double recovered =
+      lost > 0 ? (1.0 / dyn.step_s - 1.0 / kept.step_s) / lost : std::numeric_limits<double>::quiet_NaN();
+  row("settled cut, slowed", kept, {});
+  nlohmann::ordered_json extra = {{"recovered", nullptr}, {"best_step_s", best.step_s}};
+  if (std::isfinite(recovered)) extra["recovered"] = recovered;
+  row("dynamic, slowed", dyn, extra);
+  row("best cut near, slowed", best, {});
+  return Status();
+}
+
 }  // namespace
 
 Status run_pipeline_bench(const PipelineBenchOptions& opt, std::ostream& out) {
@@ -247,7 +418,8 @@ Status run_pipeline_bench(const PipelineBenchOptions& opt, std::ostream& out) {
     out.flush();
   }
   if (!o.json) out << "# ~: disturbed: the FMA peak before and after the row moved by more than 5 %\n";
-  return Status();
+  if (!o.rebalance) return Status();
+  return rebalance_rows(o, out);
 }
 
 }  // namespace aspen::bench

@@ -21,6 +21,12 @@
 // costs (TrainingOptions::pipeline.balance). Each row: the stages' busy
 // seconds, their max / mean (1 is balanced), and the step's wall time; the
 // ratio of the two walls is the measured cut's speed-up.
+//
+// Rebalance (`--no-rebalance` skips it): the same model with parallel.balance:
+// dynamic, on even devices and with stage 1's device slowed; the share of
+// the lost throughput the moves won back within `rebalance_steps` steps,
+// against the best cut near the one they reached, and what a move costs in
+// steps.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +46,12 @@ struct PipelineBenchOptions {
   bool quick = false;  // width 64, rows 8, 1 block, 1 step: a smoke test
   bool balance = true;  // also the estimated-against-measured cut (see above)
   int64_t seq = 1024, heads = 4, head_dim = 64, attention_blocks = 4;
+  // Rebalance (`--rebalance`, on with --balance): parallel.balance: dynamic on the balance model, on even
+  // devices and with stage 1's device slowed by `slow_stage` (a test hook that spins), against the estimated
+  // cut and the best cut near the one it reached (NOTE [rebalance rows] in pipeline_bench.cc).
+  bool rebalance = true;
+  double slow_stage = 0.5;
+  int64_t rebalance_steps = 50;
 };
 
 Status run_pipeline_bench(const PipelineBenchOptions& options, std::ostream& out);

@@ -9,7 +9,7 @@
 //   aspen bench compile [--json] [--cache-dir DIR] [--seq N] [--batch N]
 //   aspen bench generate [--json] [--threads N] [--new-tokens N] [--python PATH] [--model DIR]
 //   aspen bench pipeline [--json] [--stages 2,4] [--micro 4,8] [--width N] [--steps N] [--quick]
-//                        [--no-balance] [--seq N]
+//                        [--no-balance] [--no-rebalance] [--slow F] [--rebalance-steps N] [--seq N]
 //   aspen bench collectives [--json] [--devices 2,4] [--mib 1,16,64] [--no-mpi] [--mpirun PATH] [--quick]
 //   aspen bench train [--json] [--threads N] [--steps N] [--dtype f32|bf16|both] [--python PATH] [--quick]
 //                     [--model DIR]
@@ -401,6 +401,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(1), int64_t(1000)));
   pipe_cmd->add_flag("--quick", pbo.quick, "tiny blocks, one step (a smoke test, not a measurement)");
   pipe_cmd->add_flag("!--no-balance", pbo.balance, "skip the estimated-against-measured cut");
+  pipe_cmd->add_flag("!--no-rebalance", pbo.rebalance, "skip the rows of stages rebalanced while training");
+  pipe_cmd->add_option("--slow", pbo.slow_stage, "the rebalance rows' slowdown of stage 1 (default 0.5: 50 %)")
+      ->check(CLI::Range(0.0, 10.0));
+  pipe_cmd->add_option("--rebalance-steps", pbo.rebalance_steps, "the rebalance rows' steps (default 50)")
+      ->check(CLI::Range(int64_t(12), int64_t(100000)));
   pipe_cmd->add_option("--seq", pbo.seq, "the balance model's sequence length (default 1024)")
       ->check(CLI::Range(int64_t(8), int64_t(16384)));
 

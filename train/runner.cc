@@ -86,12 +86,7 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
     ASPEN_RETURN_IF_ERROR(parallel::check_same_fields(*m->job_, layout_fields(options, training), "training layout"));
   }
   // The job's mesh (parallel/mesh.h) and where it lives: every device's coordinates and groups come from it.
-  if (const char* slow = std::getenv("ASPEN_TEST_SLOW_DEVICE")) {  // NOTE [slowed device]
-    if (std::sscanf(slow, "%d:%lf", &m->slow_device_, &m->slow_fraction_) != 2 || m->slow_device_ < 0 ||
-        !(m->slow_fraction_ > 0 && m->slow_fraction_ < 100))
-      return Status::invalid_argument("ASPEN_TEST_SLOW_DEVICE", "<device>:<fraction in (0, 100)>",
-                                      std::string("'") + slow + "'");
-  }
+  ASPEN_RETURN_IF_ERROR(m->read_slow_hook());
   const int P = m->job_ ? m->job_->size() : 1;
   parallel::MeshShape shape{.data = local * P, .pipe = stages, .tensor = tp};
   if (options.model_across_processes) {
@@ -653,7 +648,19 @@ std::map<std::string, std::pair<DType, Shape>> Runner::optimizer_state_types() c
   return full_types(false);
 }
 
+Status Runner::read_slow_hook() {  // NOTE [slowed device]
+  slow_device_ = -1, slow_fraction_ = 0;
+  if (const char* slow = std::getenv("ASPEN_TEST_SLOW_DEVICE")) {
+    if (std::sscanf(slow, "%d:%lf", &slow_device_, &slow_fraction_) != 2 || slow_device_ < 0 ||
+        !(slow_fraction_ > 0 && slow_fraction_ < 100))
+      return Status::invalid_argument("ASPEN_TEST_SLOW_DEVICE", "<device>:<fraction in (0, 100)>",
+                                      std::string("'") + slow + "'");
+  }
+  return Status();
+}
+
 Result<std::vector<float>> Runner::run(const std::map<std::string, const Tensor*>& inputs) {
+  ASPEN_RETURN_IF_ERROR(read_slow_hook());
   for (const auto& [name, t] : inputs) {
     if (std::find(input_names_.begin(), input_names_.end(), name) == input_names_.end())
       return Status::invalid_argument("training input '" + name + "'", "an input of the forward graph",

@@ -337,9 +337,10 @@ class Runner {
   PipelineStats pipe_stats_;
   // NOTE [slowed device]: a test hook (live monitoring's trials): ASPEN_TEST_SLOW_DEVICE="<device>:<fraction>"
   // makes every pass of that device of this process take (1 + fraction) times its time (spinning after it, as
-  // a slow core would). Read when the model is made; unset: never consulted.
+  // a slow core would). Read when the model is made and at each run() (a bench turns it on mid-run); unset: off.
   int slow_device_ = -1;
   double slow_fraction_ = 0;
+  Status read_slow_hook();
   void slow_down(int d, std::chrono::steady_clock::time_point began) const;
   // Options::mpi: every process of the job (the start-up checks).
   std::unique_ptr<parallel::Communicator> job_;
