@@ -344,7 +344,7 @@ TEST(Pipeline, RebalancedWhileTrainingGivesTheSameBits) {
   std::vector<StepStats> s0;
   const auto w0 = train_weights(one, t, 4, steps, &s0);
   t.pipeline.balance = TrainingOptions::Balance::dynamic;
-  t.pipeline.rebalance = {.window = 3, .min_gain = 0.05, .cooldown = 4, .memory = 200};
+  t.pipeline.rebalance = {.window = 3, .min_gain = 0.05, .cooldown = 4};
   ::setenv("ASPEN_TEST_SLOW_DEVICE", "1:2.0", 1);
   std::vector<StepStats> s1;
   std::unique_ptr<TrainingModel> m;

@@ -87,12 +87,41 @@ Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std
     median[size_t(s)] = v[v.size() / 2];
   }
   const double now = slowest(median);
-  tried_[stage_of_] = {now, step};
+  if (baseline_s_ <= 0) {
+    baseline_s_ = now;
+  } else if (std::abs(now - baseline_s_) > 2 * options_.min_gain * baseline_s_) {
+    if (++drifted_ >= options_.window) {  // the conditions changed: what other cuts measured no longer holds
+      tried_.clear();
+      baseline_s_ = now;
+      drifted_ = 0;
+    }
+  } else {
+    drifted_ = 0;
+  }
+  tried_[stage_of_] = median;
   if (!moves_.empty() && moves_.back().measured_s.empty()) {
     moves_.back().measured_s = median;
     just_measured_ = int(moves_.size()) - 1;
   }
   if (!moves_.empty() && since_move_ < options_.cooldown) return std::optional<std::vector<int>>();
+  auto propose = [&](const std::vector<int>& cut, std::vector<double> predicted) {
+    StageMove m;
+    m.step = step;
+    m.nodes_before = stage_nodes(stage_of_);
+    m.nodes_after = stage_nodes(cut);
+    m.before_s = median;
+    m.predicted_s = std::move(predicted);
+    proposed_ = std::move(m);
+    proposed_cut_ = cut;
+    return std::optional<std::vector<int>>(cut);
+  };
+  // A cut that measured faster under these conditions (the last move's prediction was wrong): back to it, its
+  // measurement as the prediction.
+  const std::vector<int>* back = nullptr;
+  for (const auto& [cut, m] : tried_)
+    if (cut != stage_of_ && slowest(m) < now * (1 - options_.min_gain) && (!back || slowest(m) < slowest(tried_[*back])))
+      back = &cut;
+  if (back) return propose(*back, tried_[*back]);
   // Each stage's speed at the current cut, and the cut those speeds balance.
   const std::vector<double> cost = stage_costs(stage_of_);
   std::vector<double> speed(static_cast<size_t>(stages_));
@@ -106,20 +135,13 @@ Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std
                      {.node_costs = costs_, .every_narrow_point = false, .stage_speed = speed, .keep_grouping = first_}));
   if (split.stage_of == stage_of_) return std::optional<std::vector<int>>();
   const std::vector<double> next = stage_costs(split.stage_of);
-  StageMove m;
-  m.step = step;
-  m.nodes_before = stage_nodes(stage_of_);
-  m.nodes_after = stage_nodes(split.stage_of);
-  m.before_s = median;
-  for (int s = 0; s < stages_; ++s) m.predicted_s.push_back(speed[size_t(s)] * next[size_t(s)]);
-  if (m.predicted_gain() < options_.min_gain) return std::optional<std::vector<int>>();
-  // A cut tried lately that measured no faster than this one by min_gain: its prediction was wrong before.
-  if (auto t = tried_.find(split.stage_of);
-      t != tried_.end() && step - t->second.step <= options_.memory && t->second.slowest_s > now * (1 - options_.min_gain))
-    return std::optional<std::vector<int>>();
-  proposed_ = std::move(m);
-  proposed_cut_ = split.stage_of;
-  return std::optional<std::vector<int>>(split.stage_of);
+  std::vector<double> predicted;
+  for (int s = 0; s < stages_; ++s) predicted.push_back(speed[size_t(s)] * next[size_t(s)]);
+  if (1.0 - slowest(predicted) / now < options_.min_gain) return std::optional<std::vector<int>>();
+  // A cut tried under these conditions that measured no faster than this one by min_gain: the prediction is
+  // wrong there.
+  if (tried_.count(split.stage_of)) return std::optional<std::vector<int>>();
+  return propose(split.stage_of, std::move(predicted));
 }
 
 void StageBalancer::moved(double seconds) {
@@ -130,6 +152,8 @@ void StageBalancer::moved(double seconds) {
   proposed_.reset();
   window_.clear();
   since_move_ = 0;
+  baseline_s_ = 0;
+  drifted_ = 0;
 }
 
 }  // namespace aspen::train

@@ -15,10 +15,17 @@
 // current cut) and the cut that minimises the slowest stage's predicted time
 // is train/pipeline.h's (PipelineCut::stage_speed). Moving is worth it only
 // when that prediction beats the slowest stage's measured time by `min_gain`;
-// after a move nothing more moves for `cooldown` steps, and a cut that was
-// already tried and measured no faster than the current one is not proposed
-// again for `memory` steps: noise cannot make it oscillate, and a wrong
-// prediction is corrected by what the next window measures.
+// after a move nothing more moves for `cooldown` steps. Every cut tried is
+// remembered with its stages' measured times: the model's proposal is never
+// a cut already tried (its measurement stands), and when a tried cut
+// measured faster than the current one by `min_gain` (the last prediction
+// was wrong) the run goes back to it. So when no cut the pieces allow
+// balances the stages, the run may try the other side once, but it does not
+// swing between them. The memory holds while the
+// conditions do: when the current cut's own time drifts by more than
+// 2 · min_gain from what it first measured there, for a whole window (a core
+// slowed or freed, longer sequences), everything remembered is forgotten. A
+// wrong prediction is corrected by what the next window measures.
 //
 // Every cut keeps the first cut's grouping (PipelineCut::keep_grouping), so
 // a rebalanced run computes the same bits as one that never moved (NOTE
@@ -89,11 +96,10 @@ class StageBalancer {
   std::optional<StageMove> proposed_;  // observe()'s, until moved()
   std::vector<int> proposed_cut_;
   int just_measured_ = -1;
-  struct Tried {
-    double slowest_s = 0;  // the slowest stage's median measured at that cut
-    int64_t step = 0;
-  };
-  std::map<std::vector<int>, Tried> tried_;
+  // By cut tried (under the present conditions): each stage's median, as last measured there.
+  std::map<std::vector<int>, std::vector<double>> tried_;
+  double baseline_s_ = 0;  // the current cut's slowest stage at its first full window (or the last change)
+  int drifted_ = 0;        // consecutive windows whose slowest stage drifted from baseline_s_
 };
 
 }  // namespace aspen::train

@@ -29,7 +29,6 @@ struct RebalanceOptions {
   int window = 5;          // steps whose median busy time per stage a decision reads
   double min_gain = 0.05;  // a move must be predicted to shorten the slowest stage by this fraction
   int cooldown = 10;       // steps after a move before another may be decided (>= window)
-  int memory = 200;        // steps a tried cut that measured no faster is not proposed again
 };
 
 struct TrainingOptions {
