@@ -133,6 +133,7 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
       return Status::invalid_argument(what, "a model without stage tags", "stage tags (they decide the cut)");
     ASPEN_ASSIGN_OR_RETURN(train::StageBalancer b,
                            train::StageBalancer::create(forward, training.loss, m->runner_->pipeline_stage_of(), {},
+                                                        int(options.gradient_accumulation_),
                                                         training.pipeline.rebalance));
     m->balancer_ = std::make_unique<train::StageBalancer>(std::move(b));
   }

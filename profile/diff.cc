@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -29,13 +30,78 @@ struct Samples {
   std::vector<double> ns;
 };
 
+double duration(const TraceEvent& e) { return double(std::max<int64_t>(0, e.end_ns - e.start_ns)); }
+
+// The value at half the total weight of (value, weight) pairs (sorted here); 1 for none.
+double weighted_median(std::vector<std::pair<double, double>> v, double total) {
+  std::sort(v.begin(), v.end());
+  double acc = 0;
+  for (const auto& [x, w] : v) {
+    acc += w;
+    if (acc >= 0.5 * total) return x;
+  }
+  return v.empty() ? 1.0 : v.back().first;
+}
+
+// NOTE [run of a program]: a shared host slows a whole stretch of time, every instruction in it alike (a
+// neighbour's burst, a frequency change): within one profile that is most of an instruction's spread from
+// one run of its program to the next, and between two profiles it does not average out over a few dozen
+// runs. Each run of a program (on a device: its instructions in time order, a new run where a node comes
+// again) gets its factor, the weighted median over its instructions of their time over their median time
+// in the profile (weights: the square root of that median, as the run's factor of a diff), and its
+// instructions' times are divided by it. One instruction slower in every run moves no run's median: what
+// the diff looks for stays. Runs of fewer than 8 instructions are left as they are.
 std::map<std::string, Samples> by_instruction(const std::vector<TraceEvent>& events) {
   std::map<std::string, Samples> m;
-  for (const TraceEvent& e : events) {
-    Samples& s = m[key_of(e)];
-    if (!s.first) s.first = &e;
-    s.ns.push_back(double(std::max<int64_t>(0, e.end_ns - e.start_ns)));
+  std::vector<std::string> keys(events.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    keys[i] = key_of(events[i]);
+    Samples& s = m[keys[i]];
+    if (!s.first) s.first = &events[i];
+    s.ns.push_back(duration(events[i]));
   }
+  std::map<std::string, double> median;
+  for (auto& [key, s] : m) {
+    std::vector<double> v = s.ns;
+    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+    median[key] = v[v.size() / 2];
+  }
+  // The runs: by (device, program), in time order.
+  std::map<std::pair<std::string, std::string>, std::vector<size_t>> streams;
+  for (size_t i = 0; i < events.size(); ++i)
+    if (const std::string program = arg(events[i], "program"); !program.empty())
+      streams[{events[i].device, program}].push_back(i);
+  std::vector<double> factor(events.size(), 1.0);
+  for (auto& [stream, idx] : streams) {
+    std::stable_sort(idx.begin(), idx.end(),
+                     [&](size_t x, size_t y) { return events[x].start_ns < events[y].start_ns; });
+    std::vector<size_t> run;
+    std::set<std::string> seen;
+    auto close = [&] {
+      if (run.size() >= 8) {
+        std::vector<std::pair<double, double>> r;
+        double total = 0;
+        for (size_t i : run)
+          if (const double med = median[keys[i]]; med > 0) {
+            r.emplace_back(duration(events[i]) / med, std::sqrt(med));
+            total += std::sqrt(med);
+          }
+        const double f = total > 0 ? weighted_median(r, total) : 1.0;
+        if (f > 0)
+          for (size_t i : run) factor[i] = f;
+      }
+      run.clear();
+      seen.clear();
+    };
+    for (size_t i : idx) {
+      if (!seen.insert(arg(events[i], "node") + '\x1f' + arg(events[i], "instruction")).second) close();
+      if (seen.empty()) seen.insert(arg(events[i], "node") + '\x1f' + arg(events[i], "instruction"));
+      run.push_back(i);
+    }
+    close();
+  }
+  for (auto& [key, s] : m) s.ns.clear();
+  for (size_t i = 0; i < events.size(); ++i) m[keys[i]].ns.push_back(duration(events[i]) / factor[i]);
   return m;
 }
 
@@ -64,17 +130,6 @@ Typical trimmed(std::vector<double> v) {
   var /= double(std::max<size_t>(1, n - 1));
   t.error = std::sqrt(var) / ((1.0 - 2.0 * double(g) / double(n)) * std::sqrt(double(n)));
   return t;
-}
-
-// The value at half the total weight of (value, weight) pairs (sorted here); 1 for none.
-double weighted_median(std::vector<std::pair<double, double>> v, double total) {
-  std::sort(v.begin(), v.end());
-  double acc = 0;
-  for (const auto& [x, w] : v) {
-    acc += w;
-    if (acc >= 0.5 * total) return x;
-  }
-  return v.empty() ? 1.0 : v.back().first;
 }
 
 }  // namespace

@@ -247,8 +247,73 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
                                         "one that keeps each shared parameter's uses together or apart as the "
                                         "previous cut had them",
                                         "none among the narrow points");
+      std::vector<int> at(static_cast<size_t>(K), 0);  // the cuts as candidate indices
+      for (int k = K - 1, j = last; k >= 0; j = f[size_t(k)][size_t(j)].from, --k) at[size_t(k)] = j;
+      if (cut.micro_batches > 0) {
+        // The step's time rather than the dearest stage's: with m micro-batches through stages of times t_s
+        // (per micro-batch), Σ t_s + (m - 1) · max t_s (the ideal bubble's formula when they are equal). With
+        // unequal speeds Σ t_s depends on the cut: a cut that leaves the fast stage a little dearer than the
+        // slow one can shorten the step. Exact: for each bound M on the stages (every stage time some cut
+        // makes, from the min-max cut's up, while (m - 1) · M plus the least sum can still win), the least sum
+        // of stage times with every stage <= M, by the same dynamic programming.
+        const double m = double(cut.micro_batches);
+        auto seg = [&](int k, int i, int j) {  // stage k from after candidate i (-1: the start) to candidate j (P: the end)
+          return ((j == P ? prefix[size_t(n)] : upto(j)) - (i < 0 ? 0.0 : upto(i))) * speed(k);
+        };
+        auto ok = [&](int i, int j) { return valid(i < 0 ? -1 : cand[size_t(i)], j == P ? n - 1 : cand[size_t(j)]); };
+        const double inf = std::numeric_limits<double>::infinity();
+        auto min_sum = [&](double bound, std::vector<int>* out) {
+          // g[k][j]: the least sum of stages 0..k with stage k ending at candidate j; from[k][j] its previous cut.
+          std::vector<std::vector<double>> g(static_cast<size_t>(K), std::vector<double>(static_cast<size_t>(P), inf));
+          std::vector<std::vector<int>> from(static_cast<size_t>(K), std::vector<int>(static_cast<size_t>(P), -1));
+          for (int j = 0; j < P; ++j)
+            if (ok(-1, j) && seg(0, -1, j) <= bound) g[0][size_t(j)] = seg(0, -1, j);
+          for (int k = 1; k < K; ++k)
+            for (int j = k; j < P; ++j)
+              for (int i = k - 1; i < j; ++i) {
+                const double v = g[size_t(k - 1)][size_t(i)] + seg(k, i, j);
+                if (std::isfinite(v) && ok(i, j) && seg(k, i, j) <= bound && v < g[size_t(k)][size_t(j)])
+                  g[size_t(k)][size_t(j)] = v, from[size_t(k)][size_t(j)] = i;
+              }
+          double best = inf;
+          int end_at = -1;
+          for (int j = K - 1; j < P; ++j) {
+            const double v = g[size_t(K - 1)][size_t(j)] + seg(K, j, P);
+            if (std::isfinite(v) && ok(j, P) && seg(K, j, P) <= bound && v < best) best = v, end_at = j;
+          }
+          if (out && end_at >= 0) {
+            out->assign(size_t(K), 0);
+            for (int k = K - 1, j = end_at; k >= 0; j = from[size_t(k)][size_t(j)], --k) (*out)[size_t(k)] = j;
+          }
+          return best;
+        };
+        auto step = [&](const std::vector<int>& c) {
+          double sum = 0, mx = 0;
+          for (int k = 0; k <= K; ++k) {
+            const double t = seg(k, k == 0 ? -1 : c[size_t(k - 1)], k == K ? P : c[size_t(k)]);
+            sum += t, mx = std::max(mx, t);
+          }
+          return sum + (m - 1) * mx;
+        };
+        double best = step(at);
+        const double least = min_sum(inf, nullptr);
+        std::vector<double> bounds;
+        for (int k = 0; k <= K; ++k)
+          for (int i = (k == 0 ? -1 : k - 1); i < (k == 0 ? 0 : P); ++i)
+            for (int j = std::max(i + 1, k); j <= (k == K ? P : P - 1); ++j)
+              if (j == P ? k == K : k < K)
+                if (const double v = seg(k, i, j); v >= end.max * (1 - 1e-12)) bounds.push_back(v);
+        std::sort(bounds.begin(), bounds.end());
+        bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+        for (double bound : bounds) {
+          if ((m - 1) * bound + least >= best * (1 - 1e-12)) break;
+          std::vector<int> c;
+          const double sum = min_sum(bound, &c);
+          if (std::isfinite(sum) && step(c) < best * (1 - 1e-12)) best = step(c), at = c;
+        }
+      }
       cuts.assign(size_t(K), 0);
-      for (int k = K - 1, j = last; k >= 0; j = f[size_t(k)][size_t(j)].from, --k) cuts[size_t(k)] = cand[size_t(j)];
+      for (int k = 0; k < K; ++k) cuts[size_t(k)] = cand[size_t(at[size_t(k)])];
     }
     int s = 0;
     for (int k = 0; k < n; ++k) {

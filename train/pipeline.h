@@ -97,11 +97,15 @@ struct PipelineSplit {
 // costs; `keep_grouping` (a previous cut's stage_of; empty: none) keeps what
 // makes two cuts compute the same bits: every parameter several nodes use
 // keeps its uses together on one stage, or apart, as that cut had them.
+// `micro_batches` (> 0) makes the cut minimise the step's time, Σ t_s + (m - 1)
+// · max t_s for stage times t_s (costs times speeds) and m micro-batches,
+// rather than the dearest stage (0, the default: then the sum of squares).
 struct PipelineCut {
   std::vector<double> node_costs;
   bool every_narrow_point = false;
   std::vector<double> stage_speed = {};
   std::vector<int> keep_grouping = {};
+  int micro_batches = 0;
 };
 
 // A rough cost of a node: multiply-adds for products, elements otherwise.

@@ -12,20 +12,33 @@ namespace {
 
 double slowest(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
 
+// The step's time from its stages' (NOTE in rebalance.h): Σ t + (m - 1) · max t, by m; the slowest alone for m 0.
+double step_time(const std::vector<double>& t, int m) {
+  if (m <= 0) return slowest(t);
+  double sum = 0;
+  for (double v : t) sum += v;
+  return (sum + double(m - 1) * slowest(t)) / double(m);
+}
+
 }  // namespace
 
+double StageMove::step_s(const std::vector<double>& stage_s) const { return step_time(stage_s, micro_batches); }
+
 double StageMove::predicted_gain() const {
-  const double b = slowest(before_s);
-  return b > 0 ? 1.0 - slowest(predicted_s) / b : 0.0;
+  const double b = step_s(before_s);
+  return b > 0 ? 1.0 - step_s(predicted_s) / b : 0.0;
 }
 
 double StageMove::measured_gain() const {
-  const double b = slowest(before_s);
-  return measured_s.empty() || b <= 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 - slowest(measured_s) / b;
+  const double b = step_s(before_s);
+  return measured_s.empty() || b <= 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 - step_s(measured_s) / b;
 }
 
 Result<StageBalancer> StageBalancer::create(graph::Graph forward, std::string loss, std::vector<int> stage_of,
-                                            std::vector<double> node_costs, const RebalanceOptions& options) {
+                                            std::vector<double> node_costs, int micro_batches,
+                                            const RebalanceOptions& options) {
+  if (micro_batches < 0)
+    return Status::invalid_argument("rebalance: micro-batches", ">= 0", std::to_string(micro_batches));
   if (options.window < 1)
     return Status::invalid_argument("rebalance: window", ">= 1 step", std::to_string(options.window));
   if (options.cooldown < options.window)
@@ -52,6 +65,7 @@ Result<StageBalancer> StageBalancer::create(graph::Graph forward, std::string lo
   b.stage_of_ = std::move(stage_of);
   b.costs_ = std::move(node_costs);
   b.options_ = options;
+  b.micro_batches_ = micro_batches;
   return b;
 }
 
@@ -86,7 +100,7 @@ Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std
     std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
     median[size_t(s)] = v[v.size() / 2];
   }
-  const double now = slowest(median);
+  const double now = step_time(median, micro_batches_);
   if (baseline_s_ <= 0) {
     baseline_s_ = now;
   } else if (std::abs(now - baseline_s_) > 2 * options_.min_gain * baseline_s_) {
@@ -111,6 +125,7 @@ Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std
     m.nodes_after = stage_nodes(cut);
     m.before_s = median;
     m.predicted_s = std::move(predicted);
+    m.micro_batches = micro_batches_;
     proposed_ = std::move(m);
     proposed_cut_ = cut;
     return std::optional<std::vector<int>>(cut);
@@ -119,7 +134,8 @@ Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std
   // measurement as the prediction.
   const std::vector<int>* back = nullptr;
   for (const auto& [cut, m] : tried_)
-    if (cut != stage_of_ && slowest(m) < now * (1 - options_.min_gain) && (!back || slowest(m) < slowest(tried_[*back])))
+    if (cut != stage_of_ && step_time(m, micro_batches_) < now * (1 - options_.min_gain) &&
+        (!back || step_time(m, micro_batches_) < step_time(tried_[*back], micro_batches_)))
       back = &cut;
   if (back) return propose(*back, tried_[*back]);
   // Each stage's speed at the current cut, and the cut those speeds balance.
@@ -132,12 +148,16 @@ Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std
   ASPEN_ASSIGN_OR_RETURN(
       const PipelineSplit split,
       split_pipeline(forward_, stages_, loss_,
-                     {.node_costs = costs_, .every_narrow_point = false, .stage_speed = speed, .keep_grouping = first_}));
+                     {.node_costs = costs_,
+                      .every_narrow_point = false,
+                      .stage_speed = speed,
+                      .keep_grouping = first_,
+                      .micro_batches = micro_batches_}));
   if (split.stage_of == stage_of_) return std::optional<std::vector<int>>();
   const std::vector<double> next = stage_costs(split.stage_of);
   std::vector<double> predicted;
   for (int s = 0; s < stages_; ++s) predicted.push_back(speed[size_t(s)] * next[size_t(s)]);
-  if (1.0 - slowest(predicted) / now < options_.min_gain) return std::optional<std::vector<int>>();
+  if (1.0 - step_time(predicted, micro_batches_) / now < options_.min_gain) return std::optional<std::vector<int>>();
   // A cut tried under these conditions that measured no faster than this one by min_gain: the prediction is
   // wrong there.
   if (tried_.count(split.stage_of)) return std::optional<std::vector<int>>();

@@ -12,9 +12,11 @@
 // The model: stage s's device takes speed_s seconds per unit of cost, so a
 // stage's time is speed_s · Σ cost over its nodes. The speeds are read from
 // the median of the last `window` steps (speed_s = busy_s / cost_s at the
-// current cut) and the cut that minimises the slowest stage's predicted time
-// is train/pipeline.h's (PipelineCut::stage_speed). Moving is worth it only
-// when that prediction beats the slowest stage's measured time by `min_gain`;
+// current cut) and the cut that minimises the step's predicted time (with m
+// micro-batches Σ t_s + (m - 1) · max t_s: the slowest stage sets the pace,
+// and the others' time is the pipeline's fill and drain) is train/pipeline.h's
+// (PipelineCut::stage_speed, micro_batches). Moving is worth it only when
+// that prediction beats the step's time as measured by `min_gain`;
 // after a move nothing more moves for `cooldown` steps. Every cut tried is
 // remembered with its stages' measured times: the model's proposal is never
 // a cut already tried (its measurement stands), and when a tried cut
@@ -56,16 +58,22 @@ struct StageMove {
   std::vector<double> predicted_s;         // ... at the new cut, predicted
   std::vector<double> measured_s;          // ... at the new cut, measured (empty until a window has run)
   double seconds = 0;                      // what making the move took (compiling, moving the state)
-  double predicted_gain() const;           // 1 - max(predicted) / max(before)
-  double measured_gain() const;            // 1 - max(measured) / max(before); NaN until measured
+  int micro_batches = 0;                   // the balancer's (what the step's time is made of)
+  // The step's time: Σ t + (m - 1) · max t over the stages' times t, by m (0: max t alone).
+  double step_s(const std::vector<double>& stage_s) const;
+  double predicted_gain() const;           // 1 - step(predicted) / step(before)
+  double measured_gain() const;            // 1 - step(measured) / step(before); NaN until measured
 };
 
 class StageBalancer {
  public:
   // `stage_of`: the cut the run starts with (by forward node, -1 for sources); `node_costs`: by forward node
   // (empty: train/pipeline.h's estimate). Errors: options out of range, a cut of another length.
+  // `micro_batches`: the step's, whose time the cut shortens (PipelineCut::micro_batches; 0: the dearest
+  // stage alone).
   static Result<StageBalancer> create(graph::Graph forward, std::string loss, std::vector<int> stage_of,
-                                      std::vector<double> node_costs, const RebalanceOptions& options);
+                                      std::vector<double> node_costs, int micro_batches,
+                                      const RebalanceOptions& options);
 
   // One optimizer step's busy seconds by stage. Returns the cut to move to (stage by forward node) when the
   // stages have drifted apart; the caller makes it and calls moved().
@@ -86,7 +94,7 @@ class StageBalancer {
   std::vector<int> stage_nodes(const std::vector<int>& stage_of) const;
   graph::Graph forward_;
   std::string loss_;
-  int stages_ = 0;
+  int stages_ = 0, micro_batches_ = 0;
   std::vector<int> first_, stage_of_;
   std::vector<double> costs_;
   std::vector<StageMove> moves_;

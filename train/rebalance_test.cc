@@ -34,6 +34,12 @@ struct Sim {
   std::vector<double> speed;  // by stage
   std::vector<double> overhead;  // by stage: seconds each step whatever its nodes (empty: none)
   double noise = 0.0;         // relative, uniform
+  int micro = 0;              // the step's micro-batches (0: its time is the slowest stage's)
+  double step(const std::vector<double>& t) const {
+    double sum = 0, mx = 0;
+    for (double v : t) sum += v, mx = std::max(mx, v);
+    return micro <= 0 ? mx : (sum + (micro - 1) * mx) / micro;
+  }
   std::mt19937 rng{7};
   std::vector<double> times(const std::vector<int>& stage_of) {
     std::vector<double> t(speed.size(), 0.0);
@@ -47,11 +53,11 @@ struct Sim {
   double best(int stages) {
     std::vector<double> unit(truth.size());
     for (size_t i = 0; i < truth.size(); ++i) unit[i] = truth[i];
-    auto split = split_pipeline(g, stages, "loss", {.node_costs = unit, .every_narrow_point = false, .stage_speed = speed});
+    auto split = split_pipeline(g, stages, "loss",
+                                {.node_costs = unit, .every_narrow_point = false, .stage_speed = speed, .micro_batches = micro});
     EXPECT_TRUE(split.is_ok()) << split.status().to_string();
     noise = 0.0;
-    const std::vector<double> t = times(split->stage_of);
-    return *std::max_element(t.begin(), t.end());
+    return step(times(split->stage_of));
   }
 };
 
@@ -77,13 +83,13 @@ double run(Sim& sim, StageBalancer& b, int64_t from, int64_t steps, const std::f
   sim.noise = 0.0;
   const std::vector<double> t = sim.times(b.stage_of());
   sim.noise = keep;
-  return *std::max_element(t.begin(), t.end());
+  return sim.step(t);
 }
 
 StageBalancer balancer(const Sim& sim, int stages, RebalanceOptions o = {}) {
   auto first = split_pipeline(sim.g, stages, "loss");
   EXPECT_TRUE(first.is_ok()) << first.status().to_string();
-  auto b = StageBalancer::create(sim.g, "loss", first->stage_of, {}, o);
+  auto b = StageBalancer::create(sim.g, "loss", first->stage_of, {}, sim.micro, o);
   EXPECT_TRUE(b.is_ok()) << b.status().to_string();
   return std::move(b).value();
 }
@@ -102,9 +108,11 @@ TEST(StageBalancer, NoiseAloneNeverMoves) {
 // One device turns 2x slower at step 50: the balancer moves within 20 steps, reaches the best cut there is
 // within 5 %, then stays (500 steps of ±5 % noise: no oscillation).
 TEST(StageBalancer, ASlowDeviceGivesWorkAway) {
+  for (int micro : {0, 4})
   for (int stages : {2, 3}) {
-    SCOPED_TRACE(std::to_string(stages) + " stages");
+    SCOPED_TRACE(std::to_string(stages) + " stages, " + std::to_string(micro) + " micro-batches");
     Sim sim = make_sim(16, stages);
+    sim.micro = micro;
     sim.noise = 0.05;
     StageBalancer b = balancer(sim, stages);
     const double balanced = run(sim, b, 1, 50);
@@ -188,18 +196,60 @@ TEST(StageBalancer, CoarsePiecesAndMisjudgedCostsDoNotSwing) {
   EXPECT_GT(b.moves().size(), settled);
 }
 
+// PipelineCut::micro_batches: with a stage 3x slower, the dearest stage is least when the fast stage takes
+// 3/4 of the work; with 2 micro-batches the step (Σ t + (m - 1) max t) is shorter with more on the fast one,
+// and the cut finds the least step among all cuts (checked by trying every one).
+TEST(PipelineCut, MicroBatchesMinimiseTheStep) {
+  const graph::Graph g = chain(20);
+  auto finest = split_pipeline(g, 0, "loss", {.node_costs = {}, .every_narrow_point = true});
+  ASSERT_TRUE(finest.is_ok());
+  std::vector<double> cost(g.nodes().size(), 0.0);
+  for (size_t i = 0; i < cost.size(); ++i)
+    if (finest->stage_of[i] >= 0) cost[i] = estimated_node_cost(g, g.node(int32_t(i)));
+  const std::vector<double> speed = {1.0, 3.0};
+  auto times = [&](const std::vector<int>& stage_of) {
+    std::vector<double> t(2, 0.0);
+    for (size_t i = 0; i < cost.size(); ++i)
+      if (stage_of[i] >= 0) t[size_t(stage_of[i])] += cost[i] * speed[size_t(stage_of[i])];
+    return t;
+  };
+  for (int m : {1, 2, 4}) {
+    SCOPED_TRACE(m);
+    auto step = [&](const std::vector<int>& stage_of) {
+      const std::vector<double> t = times(stage_of);
+      return t[0] + t[1] + (m - 1) * std::max(t[0], t[1]);
+    };
+    auto minmax = split_pipeline(g, 2, "loss", {.node_costs = cost, .every_narrow_point = false, .stage_speed = speed});
+    auto by_step = split_pipeline(
+        g, 2, "loss", {.node_costs = cost, .every_narrow_point = false, .stage_speed = speed, .micro_batches = m});
+    ASSERT_TRUE(minmax.is_ok() && by_step.is_ok());
+    double best = std::numeric_limits<double>::infinity();
+    for (int c = 1; c < int(finest->stages.size()); ++c) {
+      std::vector<int> cut(cost.size(), -1);
+      for (size_t i = 0; i < cut.size(); ++i)
+        if (finest->stage_of[i] >= 0) cut[i] = finest->stage_of[i] >= c ? 1 : 0;
+      best = std::min(best, step(cut));
+    }
+    EXPECT_NEAR(step(by_step->stage_of), best, 1e-9 * best);
+    EXPECT_LE(step(by_step->stage_of), step(minmax->stage_of));
+    if (m == 2) {
+      EXPECT_LT(step(by_step->stage_of), step(minmax->stage_of));
+    }
+  }
+}
+
 TEST(StageBalancer, RefusesWhatItCannotUse) {
   Sim sim = make_sim(4, 2);
   auto first = split_pipeline(sim.g, 2, "loss");
   ASSERT_TRUE(first.is_ok());
-  EXPECT_EQ(StageBalancer::create(sim.g, "loss", first->stage_of, {}, {.window = 0}).status().code(),
+  EXPECT_EQ(StageBalancer::create(sim.g, "loss", first->stage_of, {}, 0, {.window = 0}).status().code(),
             Code::kInvalidArgument);
-  EXPECT_EQ(StageBalancer::create(sim.g, "loss", first->stage_of, {}, {.window = 5, .min_gain = 0.05, .cooldown = 2})
+  EXPECT_EQ(StageBalancer::create(sim.g, "loss", first->stage_of, {}, 0, {.window = 5, .min_gain = 0.05, .cooldown = 2})
                 .status()
                 .code(),
             Code::kInvalidArgument);
-  EXPECT_EQ(StageBalancer::create(sim.g, "loss", {0, 1}, {}, {}).status().code(), Code::kInvalidArgument);
-  auto b = StageBalancer::create(sim.g, "loss", first->stage_of, {}, {});
+  EXPECT_EQ(StageBalancer::create(sim.g, "loss", {0, 1}, {}, 0, {}).status().code(), Code::kInvalidArgument);
+  auto b = StageBalancer::create(sim.g, "loss", first->stage_of, {}, 0, {});
   ASSERT_TRUE(b.is_ok());
   const double three[] = {1.0, 1.0, 1.0};
   EXPECT_EQ(b->observe(1, three).status().code(), Code::kInvalidArgument);
