@@ -132,7 +132,8 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     if (std::any_of(forward.nodes().begin(), forward.nodes().end(), [](const graph::Node& n) { return n.stage >= 0; }))
       return Status::invalid_argument(what, "a model without stage tags", "stage tags (they decide the cut)");
     ASPEN_ASSIGN_OR_RETURN(train::StageBalancer b,
-                           train::StageBalancer::create(forward, training.loss, m->runner_->pipeline_stage_of(), {},
+                           train::StageBalancer::create(forward, training.loss, m->runner_->pipeline_stage_of(),
+                                                        m->runner_->pipeline_node_costs(),
                                                         int(options.gradient_accumulation_),
                                                         training.pipeline.rebalance));
     m->balancer_ = std::make_unique<train::StageBalancer>(std::move(b));

@@ -6,9 +6,10 @@
 // and their ratio. Two runs of the same program on a shared
 // host differ in two ways besides a real change: the whole run slower or faster (the run's factor: the
 // median of the ratios weighted by the square root of A's time, divided out of each), and each instruction a
-// little on its own (the run-to-run spread: 1.4826 · the weighted MAD of the log ratios). An instruction
+// little on its own (the run-to-run spread: 1.4826 · the MAD of the log ratios of the instructions of about
+// its size, NOTE [spread by size] in diff.cc). An instruction
 // is named slower (or faster) when its ratio passes the threshold and 4 spreads (the smallest change the two
-// runs can tell: `detectable`), its difference stands out of its own samples (z above 4: the difference over
+// runs can tell for it: `detectable`), its difference stands out of its own samples (z above 4: the difference over
 // the standard error of the two trimmed means, at least 0.5 % of them and 100 ns: the clock's and the
 // recorder's own jitter), and it cost B at least
 // 0.1 % of the compared time. Instructions only one profile has are counted, not compared.
@@ -43,12 +44,13 @@ struct InstructionDiff {
   double ratio = 0;      // median_b / median_a / the run's factor
   double z = 0;          // (median_b - factor · median_a) over their standard error
   double impact_ns = 0;  // (median_b - factor · median_a) · runs_b: what it cost B in all
+  double detectable = 0;  // the smallest change named for this instruction (its size's spread: NOTE [spread by size])
 };
 
 struct ProfileDiff {
   double run_factor = 1;  // B's instructions over A's, the whole run's (NOTE [profile diff])
-  double spread = 0;      // the instructions' run-to-run spread (of log ratios)
-  double detectable = 0;  // the smallest relative change named: max(threshold, e^(spreads · spread) - 1)
+  double spread = 0;      // the run-to-run spread (of log ratios) of the instructions that carry the time
+  double detectable = 0;  // the smallest relative change named there: max(threshold, e^(spreads · spread) - 1)
   int64_t compared = 0, only_a = 0, only_b = 0;  // instructions compared, and those in one profile only
   std::vector<InstructionDiff> slower, faster;   // named ones, the largest z first
 };

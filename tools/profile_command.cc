@@ -34,7 +34,8 @@ nlohmann::ordered_json to_json(const profile::InstructionDiff& x) {
           {"node", x.node},               {"runs_a", x.runs_a},
           {"runs_b", x.runs_b},           {"median_a_ns", x.median_a_ns},
           {"median_b_ns", x.median_b_ns}, {"ratio", x.ratio},
-          {"z", x.z},                     {"impact_ns", x.impact_ns}};
+          {"z", x.z},                     {"impact_ns", x.impact_ns},
+          {"detectable", x.detectable}};
 }
 
 std::string table(const std::vector<profile::InstructionDiff>& rows, int top) {
@@ -92,11 +93,13 @@ int run_diff(const DiffArgs& a) {
   if (d.only_a + d.only_b > 0)
     std::cout << "  (instructions in one profile only: the two runs did not run the same programs throughout)\n";
   std::cout << fmt::format(
-      "run-to-run spread of the instructions: {:.1f} %; the smallest change named: {:.1f} %{}\n", 100 * d.spread,
+      "run-to-run spread of the instructions that carry the time: {:.1f} %; the smallest change named there: "
+      "{:.1f} % (smaller instructions vary more){}\n", 100 * d.spread,
       100 * d.detectable,
       d.detectable > a.options.threshold ? " (above --threshold: these two runs cannot tell smaller ones from noise)" : "");
-  const std::string beyond = fmt::format("beyond the run's {:.3f}x by more than {:.1f} %, z > {:.0f}", d.run_factor,
-                                         100 * d.detectable, a.options.min_z);
+  const std::string beyond =
+      fmt::format("beyond the run's {:.3f}x by more than its size's smallest change ({:.1f} % for the largest), z > {:.0f}",
+                  d.run_factor, 100 * d.detectable, a.options.min_z);
   if (d.slower.empty()) {
     std::cout << "slower in B: none (" << beyond << ")\n";
   } else {

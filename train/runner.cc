@@ -166,7 +166,11 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
     train::PipelineCut cut;
     const bool tagged = std::any_of(forward.nodes().begin(), forward.nodes().end(),
                                     [](const graph::Node& n) { return n.stage >= 0; });
-    if (training.pipeline.balance == TrainingOptions::Balance::measured && !tagged) {
+    // Balance::dynamic starts from the measured cut too: its balancer's speeds are then the devices' (and the
+    // run's drift), not the estimate's errors (train/rebalance.h).
+    if ((training.pipeline.balance == TrainingOptions::Balance::measured ||
+         training.pipeline.balance == TrainingOptions::Balance::dynamic) &&
+        !tagged) {
       // Process 0 measures (the others wait in the broadcast): one cut for the whole job.
       // A failure on process 0 is broadcast too (costs of NaN), so the others stop at once.
       std::vector<float> costs(forward.nodes().size(), 0.0f);
@@ -186,6 +190,7 @@ Result<std::unique_ptr<Runner>> Runner::create(const graph::Graph& forward, cons
         return Status::error(Code::kAborted, "training: the pipeline's measured costs", "process 0's measurement",
                              "a failure there (its error says why)");
       cut.node_costs.assign(costs.begin(), costs.end());
+      m->node_costs_ = cut.node_costs;
     }
     ASPEN_ASSIGN_OR_RETURN(train::PipelinePrograms pp, train::build_pipeline_programs(forward, stages, po, cut));
     m->pipe_ = std::make_unique<train::PipelinePrograms>(std::move(pp));

@@ -144,6 +144,9 @@ class Runner {
   int pipeline_stages() const { return pipe_ ? int(pipe_->stages.size()) : 1; }
   // The stage of each forward-graph node (-1: inputs, parameters, constants): where the cut fell.
   std::vector<int> pipeline_stage_of() const { return pipe_ ? pipe_->split.stage_of : std::vector<int>{}; }
+  // The node costs the cut balanced (by forward node): measured ones (Balance::measured, dynamic), or empty
+  // (the estimate, or stage tags).
+  const std::vector<double>& pipeline_node_costs() const { return node_costs_; }
   // The loss of one micro-batch (inputs in the forward graph's own shapes)
   // with the current weights, changing nothing: validation (on the first
   // replica, inputs of one micro-batch). A program of the
@@ -300,6 +303,7 @@ class Runner {
   std::vector<Tensor*> accumulators(int device, std::span<const int> params) const;
   bool broken_ = false;                     // a data-parallel step failed: the group is aborted
   std::unique_ptr<train::PipelinePrograms> pipe_;  // pipeline stages (null: none)
+  std::vector<double> node_costs_;                 // pipeline_node_costs()
   bool zero_ = false;  // ZeRO-1 across processes (DataParallelOptions::shard_optimizer_state)
   // Tensor parallel: the shards' communicators (group "tensor") and, by
   // trained parameter, whether it is replicated (its gradient is summed over

@@ -57,7 +57,7 @@ struct TrainingOptions {
   // (multiply-adds and elements, train/pipeline.h) or `measured` (each piece
   // of the finest cut compiled and timed on this machine first,
   // train/pipeline_balance.h; under MPI process 0's measurement is used).
-  // `dynamic` starts from the estimate and moves layers between the stages while training, at step boundaries,
+  // `dynamic` starts from the measured cut and moves layers between the stages while training, at step boundaries,
   // when their measured times drift apart (train/rebalance.h; one process; the losses and weights stay those
   // of a run that never moved: NOTE [moving stages] in train/pipeline.cc).
   enum class Balance { estimated, measured, dynamic };
