@@ -215,6 +215,46 @@ std::string weights_digest(const std::map<std::string, Tensor>& weights) {
   return crc32c_hex(crc);
 }
 
+// NOTE [device load]: each device's shares of the last step's wall time (up to the host's decision): in its
+// passes (`busy.<device>`), waiting for a pipeline peer's values (`wait.`), in gradient exchanges outside its
+// passes (`comm.`), and the exchanges' achieved GB/s (`gbps.`, overlapped ones included). `aspen monitor`
+// reads them: the devices waiting on a slow one show low busy shares, the slow one a high one. Under MPI
+// every process's devices ("p<k>/<device>", one all-gather per call: every process calls this); process 0
+// writes them. Nothing for a single device.
+Result<std::vector<std::pair<std::string, double>>> device_load(const TrainingModel& model) {
+  const PipelineStats& ps = model.last_pipeline_stats();
+  parallel::Communicator* job = model.job();
+  const int P = job ? job->size() : 1;
+  const size_t D = ps.busy_s.size();
+  std::vector<std::pair<std::string, double>> load;
+  if (D == 0 || D * size_t(P) < 2) return load;
+  constexpr size_t kFields = 4;  // busy, wait, comm shares; GB/s
+  std::vector<float> all(D * kFields * size_t(P), 0.0f), mine(D * kFields, 0.0f);
+  for (size_t d = 0; d < D && ps.wall_s > 0; ++d) {
+    mine[d * kFields + 0] = float(ps.busy_s[d] / ps.wall_s);
+    mine[d * kFields + 1] = float(d < ps.wait_s.size() ? ps.wait_s[d] / ps.wall_s : 0.0);
+    mine[d * kFields + 2] = float(d < ps.comm_s.size() ? ps.comm_s[d] / ps.wall_s : 0.0);
+    if (d < ps.exchange_s.size() && ps.exchange_s[d] > 0)
+      mine[d * kFields + 3] = float(double(ps.exchange_bytes[d]) / ps.exchange_s[d] / 1e9);
+  }
+  if (P > 1) {
+    ASPEN_RETURN_IF_ERROR(job->all_gather(mine.data(), all.data(), int64_t(mine.size()), DType::f32));
+  } else {
+    all = mine;
+  }
+  for (const char* field : {"busy.", "wait.", "comm.", "gbps."})
+    for (int p = 0; p < P; ++p)
+      for (size_t d = 0; d < D; ++d) {
+        const size_t f = std::string_view(field) == "busy." ? 0 : std::string_view(field) == "wait." ? 1
+                         : std::string_view(field) == "comm." ? 2 : 3;
+        const float v = all[(size_t(p) * D + d) * kFields + f];
+        if (f == 3 && v <= 0) continue;
+        const std::string device = model.session().device(int(d)).name();
+        load.emplace_back(field + (P > 1 ? "p" + std::to_string(p) + "/" + device : device), double(v));
+      }
+  return load;
+}
+
 std::string per_stage(const std::vector<int>& nodes) {
   std::string s;
   for (int n : nodes) s += (s.empty() ? "" : "/") + std::to_string(n);
@@ -876,16 +916,12 @@ Result<TrainResult> Trainer::run() {
     }
     seconds += dt;
     const double rate = tokens_per_call / dt;
-    // NOTE [device load]: each of this process's devices' share of the last step's wall time in its passes
-    // (`aspen monitor` reads them; the devices waiting on a slow one show low shares, the slow one a high one).
-    std::vector<std::pair<std::string, double>> load;
-    if (const PipelineStats& ps = model_->last_pipeline_stats(); ps.busy_s.size() > 1 && ps.wall_s > 0)
-      for (size_t d = 0; d < ps.busy_s.size(); ++d)
-        load.emplace_back("busy." + model_->session().device(int(d)).name(), ps.busy_s[d] / ps.wall_s);
+    Result<std::vector<std::pair<std::string, double>>> load = device_load(*model_);
+    ASPEN_OR_STOP(load.status());
     for (const StepStats& s : model_->last_steps()) {
       std::vector<std::pair<std::string, double>> nums = {
           {"loss", s.loss}, {"lr", s.lr}, {"loss_scale", s.loss_scale}, {tokens ? "tokens_per_s" : "examples_per_s", rate}};
-      if (&s == &model_->last_steps().back()) nums.insert(nums.end(), load.begin(), load.end());
+      if (&s == &model_->last_steps().back()) nums.insert(nums.end(), load->begin(), load->end());
       if (s.grad_norm >= 0) nums.emplace_back("grad_norm", s.grad_norm);
       if (s.skipped) nums.emplace_back("skipped", 1.0);
       if (metrics) ASPEN_OR_STOP(metrics->append(s.step, nums));

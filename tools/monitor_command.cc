@@ -32,19 +32,34 @@ struct MonitorArgs {
 // NOTE [slow device]: the slow device is the one busy longest, not the ones that wait for it: in a pipeline
 // (or any layout whose devices meet every step) a slow device's peers finish their passes and wait, so their
 // busy shares fall while its own rises; wall-clock tools that time each device's step blame every device alike.
+// A step's shares of one device (NOTE [device load] in api/trainer.cc); GB/s of its gradient exchanges.
+struct Share {
+  double busy = 0, wait = 0, comm = 0, gbps = 0;
+};
+
 struct Load {
-  std::deque<std::map<std::string, double>> steps;  // the last `window` steps' busy shares by device
+  std::deque<std::map<std::string, Share>> steps;  // the last `window` steps' shares by device
   std::map<std::string, int> above;                 // by device: steps in a row above the others by margin
   int64_t last_step = 0;
 };
 
 void take(Load& load, const nlohmann::json& j, const MonitorArgs& a) {
+  std::map<std::string, Share> shares;
   std::map<std::string, double> busy;
-  for (const auto& [k, v] : j.items())
-    if (k.rfind("busy.", 0) == 0 && v.is_number()) busy[k.substr(5)] = v.get<double>();
+  for (const auto& [k, v] : j.items()) {
+    if (!v.is_number()) continue;
+    const size_t dot = k.find('.');
+    if (dot == std::string::npos) continue;
+    const std::string field = k.substr(0, dot), device = k.substr(dot + 1);
+    if (field == "busy") busy[device] = shares[device].busy = v.get<double>();
+    if (field == "wait") shares[device].wait = v.get<double>();
+    if (field == "comm") shares[device].comm = v.get<double>();
+    if (field == "gbps") shares[device].gbps = v.get<double>();
+  }
+  std::erase_if(shares, [&](const auto& kv) { return !busy.count(kv.first); });
   if (busy.size() < 2) return;
   load.last_step = j.value("step", int64_t(0));
-  load.steps.push_back(busy);
+  load.steps.push_back(shares);
   while (int(load.steps.size()) > a.window) load.steps.pop_front();
   for (const auto& [device, share] : busy) {
     std::vector<double> others;
@@ -65,21 +80,41 @@ std::string slow_device(const Load& load, const MonitorArgs& a) {
   return worst;
 }
 
-std::string render(const Load& load, const MonitorArgs& a) {
-  std::map<std::string, double> mean;
+// Each device's shares over the window (GB/s over the steps that exchanged).
+std::map<std::string, Share> means(const Load& load) {
+  std::map<std::string, Share> mean;
+  std::map<std::string, int> exchanging;
   for (const auto& s : load.steps)
-    for (const auto& [d, v] : s) mean[d] += v / double(load.steps.size());
+    for (const auto& [d, v] : s) {
+      Share& m = mean[d];
+      const double n = double(load.steps.size());
+      m.busy += v.busy / n, m.wait += v.wait / n, m.comm += v.comm / n;
+      if (v.gbps > 0) m.gbps += v.gbps, ++exchanging[d];
+    }
+  for (auto& [d, m] : mean)
+    if (exchanging[d]) m.gbps /= exchanging[d];
+  return mean;
+}
+
+std::string render(const Load& load, const MonitorArgs& a) {
+  const std::map<std::string, Share> mean = means(load);
   std::string out = fmt::format("{} at step {}: the last {} steps\n", escape_for_terminal(a.run_dir), load.last_step,
                                 load.steps.size());
-  out += fmt::format("  {:<16} {:>8} {:>16} {:>14}\n", "device", "busy", "waiting or idle", "steps above");
+  out += fmt::format("  {:<16} {:>8} {:>10} {:>10} {:>8} {:>9} {:>12}\n", "device", "busy", "peer wait", "exchange",
+                     "idle", "GB/s", "steps above");
   for (const auto& [d, v] : mean)
-    out += fmt::format("  {:<16} {:>7.1f}% {:>15.1f}% {:>14}\n", escape_for_terminal(d), 100 * v, 100 * (1 - v),
+    out += fmt::format("  {:<16} {:>7.1f}% {:>9.1f}% {:>9.1f}% {:>7.1f}% {:>9} {:>12}\n", escape_for_terminal(d),
+                       100 * v.busy, 100 * v.wait, 100 * v.comm, 100 * std::max(0.0, 1 - v.busy - v.wait - v.comm),
+                       v.gbps > 0 ? fmt::format("{:.2f}", v.gbps) : std::string("-"),
                        load.above.count(d) ? load.above.at(d) : 0);
   const std::string slow = slow_device(load, a);
   if (!slow.empty()) {
+    const Share& s = mean.at(slow);
     out += fmt::format("slow device: {} (busy {:.1f}% of each step, {} steps in a row more than {:.0f}% above the "
-                       "others' median): the other devices wait for it\n",
-                       escape_for_terminal(slow), 100 * mean[slow], load.above.at(slow), 100 * a.margin);
+                       "others' median; it waits {:.1f}% on pipeline peers, {:.1f}% in gradient exchanges): the "
+                       "other devices wait for it\n",
+                       escape_for_terminal(slow), 100 * s.busy, load.above.at(slow), 100 * a.margin, 100 * s.wait,
+                       100 * s.comm);
   } else if (!load.steps.empty()) {
     out += "no device slower than its peers\n";
   } else {
@@ -129,10 +164,9 @@ int run_monitor(const MonitorArgs& a) {
   }
   if (a.json) {
     nlohmann::ordered_json j = {{"step", load.last_step}, {"slow_device", slow_device(load, a)}, {"devices", {}}};
-    std::map<std::string, double> mean;
-    for (const auto& s : load.steps)
-      for (const auto& [d, v] : s) mean[d] += v / double(load.steps.size());
-    for (const auto& [d, v] : mean) j["devices"][d] = {{"busy", v}, {"steps_above", load.above[d]}};
+    for (const auto& [d, v] : means(load))
+      j["devices"][d] = {{"busy", v.busy}, {"wait", v.wait}, {"comm", v.comm}, {"gbps", v.gbps},
+                         {"steps_above", load.above[d]}};
     std::cout << j.dump() << "\n";
     return 0;
   }

@@ -656,10 +656,14 @@ std::map<std::string, std::pair<DType, Shape>> Runner::optimizer_state_types() c
 Status Runner::read_slow_hook() {  // NOTE [slowed device]
   slow_device_ = -1, slow_fraction_ = 0;
   if (const char* slow = std::getenv("ASPEN_TEST_SLOW_DEVICE")) {
-    if (std::sscanf(slow, "%d:%lf", &slow_device_, &slow_fraction_) != 2 || slow_device_ < 0 ||
-        !(slow_fraction_ > 0 && slow_fraction_ < 100))
-      return Status::invalid_argument("ASPEN_TEST_SLOW_DEVICE", "<device>:<fraction in (0, 100)>",
+    int process = -1, device = -1;
+    double fraction = 0;
+    const bool ok = slow[0] == 'p' ? std::sscanf(slow, "p%d/%d:%lf", &process, &device, &fraction) == 3 && process >= 0
+                                   : std::sscanf(slow, "%d:%lf", &device, &fraction) == 2;
+    if (!ok || device < 0 || !(fraction > 0 && fraction < 100))
+      return Status::invalid_argument("ASPEN_TEST_SLOW_DEVICE", "[p<process>/]<device>:<fraction in (0, 100)>",
                                       std::string("'") + slow + "'");
+    if (process < 0 || process == (job_ ? job_->rank() : 0)) slow_device_ = device, slow_fraction_ = fraction;
   }
   return Status();
 }

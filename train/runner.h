@@ -187,6 +187,8 @@ class Runner {
     std::vector<std::vector<std::map<std::string, Tensor>>> outputs;
     std::vector<std::vector<float>> sq;      // by device: Σg² by parameter of the reduced gradients it holds
     std::vector<double> busy_s;              // by device: seconds in its passes
+    std::vector<double> wait_s, comm_s, exchange_s;  // PipelineStats's, by device
+    std::vector<int64_t> exchange_bytes;
   };
   // The data inputs' per-micro-batch shapes, each input checked against them.
   Result<std::map<std::string, Shape>> data_inputs(const std::map<std::string, const Tensor*>& inputs) const;
@@ -234,10 +236,14 @@ class Runner {
   };
   using ExchangeFn =
       std::function<Status(std::span<float* const>, std::span<const int64_t>, std::span<const int>)>;
+  // `exchanged_s`, `exchanged_bytes`: the exchanges' seconds and bytes, added to; `exposed_s`: the seconds the
+  // device waited for them after its program had finished, added to.
   Result<std::map<std::string, Tensor>> run_overlapped(int device, const std::map<std::string, const Tensor*>& feeds,
                                                        int program, const std::vector<ExchangePiece>& pieces,
                                                        size_t expected, const ExchangeFn& exchange,
-                                                       const std::function<void(const std::string&)>& abort);
+                                                       const std::function<void(const std::string&)>& abort,
+                                                       double& exchanged_s, int64_t& exchanged_bytes,
+                                                       double& exposed_s);
   // What every process of a job must agree on, by name: the layout (checked before any group is made) and
   // what decides each step's result beside the programs (checked after compiling).
   static std::vector<std::pair<std::string, std::string>> layout_fields(const RunnerOptions& o,
@@ -341,11 +347,16 @@ class Runner {
   PipelineStats pipe_stats_;
   // NOTE [slowed device]: a test hook (live monitoring's trials): ASPEN_TEST_SLOW_DEVICE="<device>:<fraction>"
   // makes every pass of that device of this process take (1 + fraction) times its time (spinning after it, as
-  // a slow core would). Read when the model is made and at each run() (a bench turns it on mid-run); unset: off.
+  // a slow core would: before each pass, runner_walk.cc); "p<process>/<device>:<fraction>" only that
+  // process's (under MPI). Read when the model is made and at each run() (a bench turns it on mid-run); unset: off.
   int slow_device_ = -1;
   double slow_fraction_ = 0;
   Status read_slow_hook();
-  void slow_down(int d, std::chrono::steady_clock::time_point began) const;
+  bool slow_before(int d, int program) const;  // spun
+  void slow_after(int d, int program, std::chrono::steady_clock::time_point began, double excluded_s,
+                  bool spun) const;
+  // By device (only the slowed one's used), by program: its last pass's seconds. Sized by run_steps().
+  mutable std::vector<std::map<int, double>> pass_s_;
   // Options::mpi: every process of the job (the start-up checks).
   std::unique_ptr<parallel::Communicator> job_;
   // A model across processes (train/runner_spread.cc; its one device's coordinates are coord_of(0)), and

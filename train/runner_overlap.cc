@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <chrono>
 #include <thread>
 
 #include "train/runner.h"
@@ -24,7 +25,8 @@ namespace aspen::train {
 Result<std::map<std::string, Tensor>> Runner::run_overlapped(
     int device, const std::map<std::string, const Tensor*>& feeds, int program,
     const std::vector<ExchangePiece>& pieces, size_t expected, const ExchangeFn& exchange,
-    const std::function<void(const std::string&)>& abort) {
+    const std::function<void(const std::string&)>& abort, double& exchanged_s, int64_t& exchanged_bytes,
+    double& exposed_s) {
   struct Queue {
     std::mutex mu;
     std::condition_variable cv;
@@ -32,6 +34,8 @@ Result<std::map<std::string, Tensor>> Runner::run_overlapped(
     bool stop = false;       // the program failed: no more will come
   } q;
   Status exchanged;
+  double helper_s = 0;  // the helper's alone until joined
+  int64_t helper_bytes = 0;
   std::thread helper([&] {
     const int64_t bucket = dp_->options().bucket_bytes;
     std::vector<float*> tensors;
@@ -55,7 +59,10 @@ Result<std::map<std::string, Tensor>> Runner::run_overlapped(
       if (bytes < bucket && taken < expected) continue;
       profile::TraceScope scope(recording_, session_->device(device).name(), "reduce gradients",
                                 profile::category::kCollective, bytes);
+      const auto t0 = std::chrono::steady_clock::now();
       exchanged = exchange(tensors, counts, owners);
+      helper_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      helper_bytes += bytes;
       if (!exchanged.is_ok()) {
         abort(exchanged.message());
         return;
@@ -88,7 +95,11 @@ Result<std::map<std::string, Tensor>> Runner::run_overlapped(
                           std::to_string(handed));
     abort(out.status().message());  // a helper inside a collective returns at once
   }
+  const auto program_done = std::chrono::steady_clock::now();
   helper.join();
+  exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - program_done).count();
+  exchanged_s += helper_s;
+  exchanged_bytes += helper_bytes;
   if (!out.is_ok()) return out;
   ASPEN_RETURN_IF_ERROR(exchanged);
   return out;

@@ -292,6 +292,7 @@ Result<std::vector<float>> Runner::run_steps(const std::map<std::string, const T
   using Shapes = std::map<std::string, Shape>;
   ASPEN_ASSIGN_OR_RETURN(const Shapes per, data_inputs(inputs));
   std::vector<float> losses;
+  if (pass_s_.size() != size_t(D)) pass_s_.assign(size_t(D), {});  // NOTE [slowed device]
   for (int64_t it = 0; it < iters; ++it) {
     StepStats s;
     s.step = steps_done_ + 1;
@@ -307,11 +308,19 @@ Result<std::vector<float>> Runner::run_steps(const std::map<std::string, const T
     for (auto& by_micro : step.outputs) by_micro.resize(size_t(acc));
     step.sq.resize(size_t(D));
     step.busy_s.assign(size_t(D), 0.0);
+    step.wait_s.assign(size_t(D), 0.0);
+    step.comm_s.assign(size_t(D), 0.0);
+    step.exchange_s.assign(size_t(D), 0.0);
+    step.exchange_bytes.assign(size_t(D), 0);
     ASPEN_RETURN_IF_ERROR(open_transports(step));
     const auto t0 = std::chrono::steady_clock::now();
     ASPEN_RETURN_IF_ERROR(on_devices(step, [&](int d) { return walk_to_decision(d, step); }));
     // Where the step's time went, per device (PipelineStats; live monitoring's busy shares).
     pipe_stats_.busy_s = step.busy_s;
+    pipe_stats_.wait_s = step.wait_s;
+    pipe_stats_.comm_s = step.comm_s;
+    pipe_stats_.exchange_s = step.exchange_s;
+    pipe_stats_.exchange_bytes = step.exchange_bytes;
     pipe_stats_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (pipe_ && !spread()) {  // by stage: the mean over its devices here
       s.stage_busy_s.assign(size_t(pipeline_stages()), 0.0);

@@ -19,8 +19,28 @@
 
 namespace aspen::train {
 
-void Runner::slow_down(int d, std::chrono::steady_clock::time_point began) const {  // NOTE [slowed device]
-  if (d == slow_device_) runtime::spin_extra(began, slow_fraction_);
+// NOTE [slowed device]: the slowed device spins before each pass for `fraction` of that program's last pass on
+// it, so that whatever waits for its results (a peer stage, an exchange overlapped with the pass) waits as it
+// would for a slower core; a program's first pass spins after itself.
+bool Runner::slow_before(int d, int program) const {
+  if (d != slow_device_ || size_t(d) >= pass_s_.size()) return false;
+  auto it = pass_s_[size_t(d)].find(program);
+  if (it == pass_s_[size_t(d)].end()) return false;
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(it->second * slow_fraction_));
+  while (std::chrono::steady_clock::now() < until) {
+  }
+  return true;
+}
+
+void Runner::slow_after(int d, int program, std::chrono::steady_clock::time_point began, double excluded_s,
+                        bool spun) const {
+  if (d != slow_device_ || size_t(d) >= pass_s_.size()) return;
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() - std::max(0.0, excluded_s);
+  pass_s_[size_t(d)][program] = took;
+  if (!spun) slow_before(d, program);
 }
 
 double PipelineStats::bubble() const {
@@ -121,10 +141,12 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         const bool grad = in.payload == Payload::gradient;
         profile::TraceScope wait(recording_, session_->device(d).name(), (grad ? "recv grad " : "recv ") + e.name,
                                  profile::category::kWait, e.type.bytes());
+        const auto w0 = Clock::now();
         ASPEN_ASSIGN_OR_RETURN(Tensor t, transport->take({.edge = in.edge, .micro = m, .grad = grad}, peer_stage(in),
                                                          e.type.dtype, e.type.shape,
                                                          where() + ": waiting for " + (grad ? "the gradient of " : "") +
                                                              e.name + " from stage " + std::to_string(peer_stage(in))));
+        step.wait_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - w0).count();
         if (grad) {
           grads[m].emplace(kPipeGradPrefix + std::to_string(in.edge), std::move(t));
         } else {
@@ -156,8 +178,10 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         for (const auto& [name, t] : stash[m]) feeds.emplace(name, &t);
         const auto b0 = Clock::now();
         if (in.kind == InstrKind::forward) {  // a pipeline stage's
+          const bool spun = slow_before(d, prog->forward);
+          const auto p0 = Clock::now();
           ASPEN_ASSIGN_OR_RETURN(out, session_->run_replica(d, feeds, prog->forward));
-          slow_down(d, b0);
+          slow_after(d, prog->forward, p0, 0.0, spun);
           step.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
           if (last) losses[size_t(m)] = out.at(training_.loss).data<float>()[0];
           // The values the stage's backward reads wait with the micro-batch's in-edges (NOTE [stashed
@@ -178,6 +202,9 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         const int program = prog ? (in.next && prog->backward_next >= 0 ? prog->backward_next : prog->backward_first)
                                  : (in.next ? programs_.micro_next : programs_.micro_first);
         Result<std::map<std::string, Tensor>> ran = Status();
+        double exposed = 0;  // an overlapped exchange's wait after the pass
+        const bool spun = slow_before(d, program);
+        const auto p0 = Clock::now();
         if (k + 1 < instrs.size() && instrs[k + 1].kind == InstrKind::reduce && instrs[k + 1].overlapped) {
           // Each accumulator the reduce takes, reduced over the data group as soon as this pass finishes it.
           const Instr& reduce = instrs[k + 1];
@@ -196,13 +223,16 @@ Status Runner::walk_to_decision(int d, StepState& step) {
               [&](std::span<float* const> t, std::span<const int64_t> c, std::span<const int> o) {
                 return group->reduce_to_owners(r, t, c, o);
               },
-              [&](const std::string& why) { group->abort(r, why); });
+              [&](const std::string& why) { group->abort(r, why); }, step.exchange_s[size_t(d)],
+              step.exchange_bytes[size_t(d)], exposed);
         } else {
           ran = session_->run_replica(d, feeds, program);
         }
         ASPEN_ASSIGN_OR_RETURN(out, std::move(ran));
-        slow_down(d, b0);
-        step.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
+        slow_after(d, program, p0, exposed, spun);
+        // The wait for an overlapped exchange after the pass is the exchange's, not the pass's.
+        step.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count() - exposed;
+        step.comm_s[size_t(d)] += exposed;
         if (!pipe_) losses[size_t(m)] = out.at(training_.loss).data<float>()[0];  // the micro program's
         for (const std::string& name : training_.outputs) {  // beside the loss (by the stage computing each)
           if (pipe_ && (!training_.pipeline.recompute || pipe_->split.output_stage.at(name) != st)) continue;
@@ -218,6 +248,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
       case InstrKind::tensor_sum: {  // a whole weight's gradient: each shard has its part
         profile::TraceScope scope(recording_, session_->device(d).name(), "sum gradients over tensor shards",
                                   profile::category::kCollective);
+        const auto c0 = Clock::now();
         int64_t bytes = 0;
         for (Tensor* t : accumulators(d, in.params)) {
           bytes += int64_t(t->nbytes());
@@ -225,6 +256,8 @@ Status Runner::walk_to_decision(int d, StepState& step) {
               std::span<float>(t->data<float>(), size_t(t->numel()))));
         }
         if (scope.active()) scope.set_bytes(bytes);
+        const double c = std::chrono::duration<double>(Clock::now() - c0).count();
+        step.comm_s[size_t(d)] += c, step.exchange_s[size_t(d)] += c, step.exchange_bytes[size_t(d)] += bytes;
         break;
       }
       case InstrKind::reduce: {
@@ -241,8 +274,11 @@ Status Runner::walk_to_decision(int d, StepState& step) {
                                   profile::category::kCollective, bytes);
         // Over the data group: into the owners' copies (in.owners), or (tensor shards: each device steps its
         // own weights) into every copy.
+        const auto c0 = Clock::now();
         ASPEN_RETURN_IF_ERROR(in.to_owners ? data_group(d)->reduce_to_owners(r, tensors, counts, in.owners)
                                            : data_group(d)->all_reduce(r, tensors, counts));
+        const double c = std::chrono::duration<double>(Clock::now() - c0).count();
+        step.comm_s[size_t(d)] += c, step.exchange_s[size_t(d)] += c, step.exchange_bytes[size_t(d)] += bytes;
         break;
       }
       case InstrKind::loss:  // across processes: the last stage's micro-batch losses to the others
