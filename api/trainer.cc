@@ -261,10 +261,11 @@ std::string per_stage(const std::vector<int>& nodes) {
   return s;
 }
 
-// parallel.balance: dynamic: each move the last call made (at its start) and a move whose gain it measured, as a
-// line of the log and of metrics.jsonl ("stage_move": the nodes per stage before and after, the predicted gain of
-// the slowest stage, what the move took; "stage_move_measured": the gain measured after it).
-Status log_stage_moves(const TrainingModel& model, size_t& logged, train::MetricsLog* metrics,
+// parallel.balance: dynamic: each move the last call made (at its start), a move that could not be made, and a
+// move whose gain it measured, as a line of the log and of metrics.jsonl ("stage_move": the nodes per stage
+// before and after, the step's predicted gain, what the move took; "stage_move_measured": the gain measured
+// after it).
+Status log_stage_moves(const TrainingModel& model, size_t& logged, size_t& failures, train::MetricsLog* metrics,
                        train::Progress& progress) {
   const std::vector<train::StageMove>& moves = model.stage_moves();
   const int64_t step = model.last_steps().empty() ? model.steps_done() : model.last_steps().front().step;
@@ -272,7 +273,7 @@ Status log_stage_moves(const TrainingModel& model, size_t& logged, train::Metric
     const train::StageMove& m = moves[logged];
     char buf[256];
     std::snprintf(buf, sizeof buf,
-                  "step %lld: pipeline stages rebalanced (compute nodes per stage %s -> %s; slowest stage predicted "
+                  "step %lld: pipeline stages rebalanced (compute nodes per stage %s -> %s; the step predicted "
                   "%.1f %% faster; the move took %.0f ms)",
                   static_cast<long long>(step), per_stage(m.nodes_before).c_str(), per_stage(m.nodes_after).c_str(),
                   100.0 * m.predicted_gain(), 1e3 * m.seconds);
@@ -282,11 +283,14 @@ Status log_stage_moves(const TrainingModel& model, size_t& logged, train::Metric
                                             {{"stage_move", per_stage(m.nodes_before) + " -> " +
                                                                 per_stage(m.nodes_after)}}));
   }
+  for (; failures < model.stage_move_failures().size(); ++failures)
+    progress.message("step " + std::to_string(step) + ": pipeline stages not moved, training goes on at the old cut: " +
+                     model.stage_move_failures()[failures]);
   if (const int k = model.stage_move_just_measured(); k >= 0) {
     const train::StageMove& m = moves[size_t(k)];
     const int64_t at = model.last_steps().back().step;
     char buf[160];
-    std::snprintf(buf, sizeof buf, "step %lld: the move of step %lld measured: slowest stage %.1f %% faster "
+    std::snprintf(buf, sizeof buf, "step %lld: the move of step %lld measured: the step %.1f %% faster "
                   "(predicted %.1f %%)", static_cast<long long>(at), static_cast<long long>(m.step + 1),
                   100.0 * m.measured_gain(), 100.0 * m.predicted_gain());
     progress.message(buf);
@@ -888,7 +892,7 @@ Result<TrainResult> Trainer::run() {
   } while (0)
   auto last_save = std::chrono::steady_clock::now();
   int64_t calls = 0;  // of the program, in this invocation
-  size_t moves_logged = 0;  // of model_->stage_moves()
+  size_t moves_logged = 0, move_failures_logged = 0;  // of model_->stage_moves(), stage_move_failures()
   bool save_now = false;  // checkpoint.minutes have passed: a checkpoint after this step
   while (model_->steps_done() < stop) {
     Result<Agreed> agreed = stop_agreed(last_save);
@@ -930,7 +934,7 @@ Result<TrainResult> Trainer::run() {
       result.last_loss = s.loss;
       result.skipped_steps += s.skipped;
     }
-    ASPEN_OR_STOP(log_stage_moves(*model_, moves_logged, metrics ? &*metrics : nullptr, progress));
+    ASPEN_OR_STOP(log_stage_moves(*model_, moves_logged, move_failures_logged, metrics ? &*metrics : nullptr, progress));
     const StepStats& last = model_->last_steps().back();
     const int64_t step = last.step;
     if (step % c.log.interval == 0 || step == stop || step - iters < start + 1)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "models/tensor_parallel.h"
 #include "train/runner.h"
@@ -121,9 +122,8 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
     m->vocab_parallel_ = models::is_vocab_parallel(forward);
     m->sharding_ = std::make_unique<ModelSharding>(m->vocab_parallel_);
   }
-  ASPEN_ASSIGN_OR_RETURN(m->runner_,
-                         train::Runner::create(forward, runner_options(options), training, m->sharding_.get()));
-  if (training.pipeline.balance == TrainingOptions::Balance::dynamic && m->runner_->pipeline_stages() > 1) {
+  const bool dynamic = training.pipeline.balance == TrainingOptions::Balance::dynamic && training.pipeline.stages > 1;
+  if (dynamic) {  // refused before anything is compiled or measured
     const char* what = "training: parallel.balance: dynamic (stages rebalanced while training)";
     if (options.mpi_ || options.model_across_processes_)
       return Status::error(Code::kUnimplemented, what, "pipeline stages in one process",
@@ -131,6 +131,10 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
                            "this build; use balance: measured)");
     if (std::any_of(forward.nodes().begin(), forward.nodes().end(), [](const graph::Node& n) { return n.stage >= 0; }))
       return Status::invalid_argument(what, "a model without stage tags", "stage tags (they decide the cut)");
+  }
+  ASPEN_ASSIGN_OR_RETURN(m->runner_,
+                         train::Runner::create(forward, runner_options(options), training, m->sharding_.get()));
+  if (dynamic) {
     ASPEN_ASSIGN_OR_RETURN(train::StageBalancer b,
                            train::StageBalancer::create(forward, training.loss, m->runner_->pipeline_stage_of(),
                                                         m->runner_->pipeline_node_costs(),
@@ -145,8 +149,8 @@ Result<std::unique_ptr<TrainingModel>> TrainingModel::create(const graph::Graph&
 // computes what the old one would have: only where each layer runs changes.
 Status TrainingModel::move_stages(const std::vector<int>& stage_of) {
   const auto t0 = std::chrono::steady_clock::now();
-  ASPEN_ASSIGN_OR_RETURN(const auto weights, runner_->copy_weights_to_host());
-  ASPEN_ASSIGN_OR_RETURN(const auto state, runner_->copy_optimizer_state_to_host());
+  ASPEN_ASSIGN_OR_RETURN(auto weights, runner_->copy_weights_to_host());
+  ASPEN_ASSIGN_OR_RETURN(auto state, runner_->copy_optimizer_state_to_host());
   const TrainingOptions training = runner_->training_options();
   const int64_t steps = runner_->steps_done();
   const train::LossScaler scaler = runner_->loss_scaler();
@@ -174,15 +178,38 @@ Status TrainingModel::move_stages(const std::vector<int>& stage_of) {
   Result<std::unique_ptr<train::Runner>> next = make(stage_of);
   if (!next.is_ok()) {
     Result<std::unique_ptr<train::Runner>> back = make(balancer_->stage_of());
-    if (!back.is_ok())
-      return Status(next.status()).with_context("moving pipeline stages; the old cut could not be made again either (" +
-                                                back.status().to_string() + "): the model must be reloaded");
+    if (!back.is_ok()) {  // the state stays readable on the host (copy_*_to_host), the model must be made again
+      stranded_ = std::make_unique<Stranded>(Stranded{std::move(weights), std::move(state), steps});
+      return Status(next.status()).with_context(
+          "moving pipeline stages; the old cut could not be made again either (" + back.status().to_string() +
+          "): the weights and optimizer state of step " + std::to_string(steps) +
+          " can still be copied to the host, then the model must be made again");
+    }
+    // Training goes on at the old cut; the balancer does not propose this one again.
     runner_ = std::move(back).value();
-    return Status(next.status()).with_context("moving pipeline stages (the model stays at its old cut)");
+    balancer_->abandoned();
+    move_failures_.push_back(next.status().to_string());
+    return Status();
   }
   runner_ = std::move(next).value();
   balancer_->moved(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return Status();
+}
+
+Status TrainingModel::stranded_error() const {
+  return Status::error(Code::kFailedPrecondition, "training model", "a model on its devices",
+                       "one whose move between pipeline cuts failed (its weights and optimizer state can be copied to "
+                       "the host; make the model again)");
+}
+
+std::map<std::string, Tensor> TrainingModel::copy_of(const std::map<std::string, Tensor>& m) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, t] : m) {
+    Tensor c(t.dtype(), t.shape());
+    std::memcpy(c.raw(), t.raw(), t.nbytes());
+    out.emplace(name, std::move(c));
+  }
+  return out;
 }
 
 const std::vector<train::StageMove>& TrainingModel::stage_moves() const {
@@ -195,9 +222,11 @@ TrainingModel::~TrainingModel() = default;
 
 Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::string, const Tensor*>& inputs) {
   if (next_cut_) {
-    ASPEN_RETURN_IF_ERROR(move_stages(*next_cut_));
+    const std::vector<int> cut = std::move(*next_cut_);
     next_cut_.reset();
+    ASPEN_RETURN_IF_ERROR(move_stages(cut));
   }
+  if (!runner_) return stranded_error();
   ASPEN_ASSIGN_OR_RETURN(const std::vector<float> losses, runner_->run(inputs));
   just_measured_ = -1;
   if (balancer_)
@@ -230,12 +259,16 @@ Result<std::map<std::string, Tensor>> TrainingModel::copy_gradients_to_host() co
   return runner_->copy_gradients_to_host();
 }
 Result<std::map<std::string, Tensor>> TrainingModel::copy_weights_to_host() const {
+  if (!runner_ && stranded_) return copy_of(stranded_->weights);
+  if (!runner_) return stranded_error();
   return runner_->copy_weights_to_host();
 }
 Status TrainingModel::copy_optimizer_state_to_device(const std::map<std::string, const Tensor*>& state) {
   return runner_->copy_optimizer_state_to_device(state);
 }
 Result<std::map<std::string, Tensor>> TrainingModel::copy_optimizer_state_to_host() const {
+  if (!runner_ && stranded_) return copy_of(stranded_->state);
+  if (!runner_) return stranded_error();
   return runner_->copy_optimizer_state_to_host();
 }
 std::map<std::string, std::pair<DType, Shape>> TrainingModel::weight_types() const { return runner_->weight_types(); }
@@ -250,7 +283,7 @@ std::vector<int> TrainingModel::pipeline_stage_of() const { return runner_->pipe
 Result<float> TrainingModel::evaluate(const std::map<std::string, const Tensor*>& inputs) {
   return runner_->evaluate(inputs);
 }
-int64_t TrainingModel::steps_done() const { return runner_->steps_done(); }
+int64_t TrainingModel::steps_done() const { return runner_ ? runner_->steps_done() : stranded_ ? stranded_->steps : 0; }
 void TrainingModel::set_steps_done(int64_t n) { runner_->set_steps_done(n); }
 const train::LossScaler& TrainingModel::loss_scaler() const { return runner_->loss_scaler(); }
 train::LossScaler& TrainingModel::loss_scaler() { return runner_->loss_scaler(); }

@@ -170,6 +170,11 @@ class TrainingModel {
   // the move whose measured gain the last run() learnt (-1: none).
   const std::vector<train::StageMove>& stage_moves() const;
   int stage_move_just_measured() const;
+  // Moves that could not be made (the error of each; training went on at the old cut, which is not proposed
+  // again). When the old cut could not be made again either, run() fails and the model holds its weights and
+  // optimizer state on the host only: copy_weights_to_host() and copy_optimizer_state_to_host() still give
+  // them, every other call but steps_done() is then undefined.
+  const std::vector<std::string>& stage_move_failures() const { return move_failures_; }
 
  private:
   TrainingModel() = default;
@@ -179,6 +184,14 @@ class TrainingModel {
   std::unique_ptr<train::StageBalancer> balancer_;  // Balance::dynamic with stages
   std::optional<std::vector<int>> next_cut_;        // decided after the last run(), made before the next
   int just_measured_ = -1;
+  std::vector<std::string> move_failures_;
+  struct Stranded {  // a move that left no runner: the state it had
+    std::map<std::string, Tensor> weights, state;
+    int64_t steps = 0;
+  };
+  std::unique_ptr<Stranded> stranded_;
+  Status stranded_error() const;
+  static std::map<std::string, Tensor> copy_of(const std::map<std::string, Tensor>& m);
   Options options_;
   bool vocab_parallel_ = false;
   std::unique_ptr<train::TensorSharding> sharding_;  // with tensor shards: the model family's rule

@@ -155,7 +155,7 @@ Result<Balanced> measure_balance(api::TrainingOptions::Balance balance, const Pi
 }
 
 // NOTE [rebalance rows]: the mixed model on 2 stages (1F1B, 4 micro-batches), SGD. The run (recovery()):
-// parallel.balance: dynamic from the estimated cut on even devices for `steps` steps (it settles), then stage
+// parallel.balance: dynamic (from the measured cut) on even devices for `steps` steps (it settles), then stage
 // 1's device slowed by `slow` (NOTE [slowed device]: each of its passes spins (1 + slow) times its time, as a
 // core shared with another job would) for `steps` more. Beside it, measured alone with the same slowdown: the
 // cut it had settled on, kept (what a static cut loses), and the cuts near the one it moved to (within two
@@ -259,7 +259,7 @@ Status rebalance_rows(const PipelineBenchOptions& o, std::ostream& out) {
   const double slow = o.slow_stage;
   if (!o.json)
     out << fmt::format(
-        "\n# rebalance (parallel.balance: dynamic): the balance model from the estimated cut, {} steps on even "
+        "\n# rebalance (parallel.balance: dynamic): the balance model from the measured cut, {} steps on even "
         "devices, then {} with stage 1's device slowed by {:.0f} % (a test hook that spins, as a shared core); "
         "beside it, alone: the settled cut kept, and the best cut near the one it moved to; step = median wall "
         "of a row's last {} steps\n{:>22} | {:>9} | {:>8} | {:>11} | {:>5} | {}\n",

@@ -46,7 +46,7 @@ struct PipelineBenchOptions {
   bool quick = false;  // width 64, rows 8, 1 block, 1 step: a smoke test
   bool balance = true;  // also the estimated-against-measured cut (see above)
   int64_t seq = 1024, heads = 4, head_dim = 64, attention_blocks = 4;
-  // Rebalance (`--rebalance`, on with --balance): parallel.balance: dynamic on the balance model, on even
+  // Rebalance (on with the balance rows; `--no-rebalance` skips it): parallel.balance: dynamic on the balance model, on even
   // devices and with stage 1's device slowed by `slow_stage` (a test hook that spins), against the estimated
   // cut and the best cut near the one it reached (NOTE [rebalance rows] in pipeline_bench.cc).
   bool rebalance = true;

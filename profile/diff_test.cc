@@ -103,6 +103,49 @@ TEST(ProfileDiff, RunsOfAProgramAreTakenAtTheirOwnSpeed) {
   EXPECT_TRUE(same.slower.empty() && same.faster.empty());
 }
 
+// NOTE [spread by size]: 30 small instructions that vary by ±6 % from one profile to the next (each run alike:
+// not noise of their own samples) and 30 large ones that vary by ±1 %: a 5 % change of a large one is named
+// (its size's spread allows it), the same change of a small one is not (its size's spread is larger), and no
+// other instruction is named.
+TEST(ProfileDiff, EachInstructionIsJudgedByTheSpreadOfItsSize) {
+  auto profile = [](uint64_t seed, int slowed) {  // `slowed` 5 % slower
+    std::vector<TraceEvent> ev;
+    int64_t t = 0;
+    uint64_t state = seed;
+    auto uniform = [&] {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      return double(state >> 11) / double(1ull << 53) - 0.5;
+    };
+    std::vector<double> offset(60);  // this profile's own, per instruction
+    for (int node = 0; node < 60; ++node) offset[size_t(node)] = 1.0 + (node < 30 ? 0.12 : 0.02) * uniform();
+    for (int r = 0; r < 50; ++r)
+      for (int node = 0; node < 60; ++node) {
+        const double base = node < 30 ? 2000.0 : 300000.0;
+        const int64_t dur = std::llround(base * offset[size_t(node)] * (1.0 + 0.002 * uniform()) *
+                                         (node == slowed ? 1.05 : 1.0));
+        TraceEvent e;
+        e.device = "cpu0";
+        e.name = node < 30 ? "copy" : "matmul";
+        e.category = category::kKernel;
+        e.start_ns = t;
+        e.end_ns = t + dur;
+        e.args = {{"program", "1"}, {"node", std::to_string(node)}};
+        ev.push_back(std::move(e));
+        t += dur + 100;
+      }
+    return ev;
+  };
+  const DiffOptions all_costs{.threshold = 0.02, .spreads = 4.0, .min_z = 4.0, .min_share = 0.0};
+  const ProfileDiff d = diff_profiles(profile(21, -1), profile(22, 45), all_costs);
+  EXPECT_LT(d.detectable, 0.05);  // the large ones' (the time is theirs)
+  ASSERT_EQ(d.slower.size(), 1u);
+  EXPECT_EQ(d.slower[0].node, "45");
+  EXPECT_LT(d.slower[0].detectable, 0.05);
+  EXPECT_TRUE(d.faster.empty());
+  const ProfileDiff small = diff_profiles(profile(21, -1), profile(22, 7), all_costs);
+  EXPECT_TRUE(small.slower.empty() && small.faster.empty());
+}
+
 TEST(ProfileDiff, ReadsTraceJsonBackAndNamesAFileThatIsNot) {
   const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "aspen_diff_test";
   std::filesystem::create_directories(dir);

@@ -90,7 +90,7 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
       return Status::invalid_argument("pipeline: a stage speed", "a finite number > 0", std::to_string(v));
   if (!cut.keep_grouping.empty() && cut.keep_grouping.size() != fwd.nodes().size())
     return Status::invalid_argument("pipeline: the cut to keep the grouping of",
-                                    std::to_string(fwd.nodes().size()) + " stages (one per node)",
+                                    std::to_string(fwd.nodes().size()) + " entries (one stage per node)",
                                     std::to_string(cut.keep_grouping.size()));
   const std::optional<ValueId> loss_v = fwd.find_output(loss);
   if (!loss_v)
@@ -204,8 +204,10 @@ Result<PipelineSplit> split_pipeline(const Graph& fwd, int stages, const std::st
         if (crossing[size_t(c)] == fewest && !forbidden[size_t(c)]) cand.push_back(c);
       const int P = int(cand.size()), K = stages - 1;
       if (P < K)
-        return Status::invalid_argument("pipeline: stages", "at most as many as the graph has narrow cut points (" +
-                                                                std::to_string(P + 1) + ")",
+        return Status::invalid_argument("pipeline: stages",
+                                        "at most as many as the graph has narrow cut points (" + std::to_string(P + 1) +
+                                            (cut.keep_grouping.empty() ? "" : ", keeping the previous cut's grouping") +
+                                            ")",
                                         std::to_string(stages), "tag the stages in the model (Builder::set_stage)");
       struct Best {
         double max = std::numeric_limits<double>::infinity(), sq = 0;

@@ -46,8 +46,9 @@ Result<StageBalancer> StageBalancer::create(graph::Graph forward, std::string lo
                                     std::to_string(options.cooldown));
   if (!(options.min_gain >= 0.0 && options.min_gain < 1.0))
     return Status::invalid_argument("rebalance: min_gain", "in [0, 1)", std::to_string(options.min_gain));
-  if (stage_of.size() != forward.nodes().size())
-    return Status::invalid_argument("rebalance: the starting cut", std::to_string(forward.nodes().size()) + " stages",
+  if (stage_of.size() != forward.nodes().size() || stage_of.empty())
+    return Status::invalid_argument("rebalance: the starting cut",
+                                    std::to_string(forward.nodes().size()) + " entries (one stage per node)",
                                     std::to_string(stage_of.size()));
   StageBalancer b;
   b.stages_ = 1 + *std::max_element(stage_of.begin(), stage_of.end());
@@ -118,6 +119,9 @@ Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std
     just_measured_ = int(moves_.size()) - 1;
   }
   if (!moves_.empty() && since_move_ < options_.cooldown) return std::optional<std::vector<int>>();
+  // A decision every `window` steps (a new window's worth of measurement), not every step: the cut's dynamic
+  // programming stays off most steps' path.
+  if (since_move_ % options_.window != 0) return std::optional<std::vector<int>>();
   auto propose = [&](const std::vector<int>& cut, std::vector<double> predicted) {
     StageMove m;
     m.step = step;
@@ -162,6 +166,14 @@ Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std
   // wrong there.
   if (tried_.count(split.stage_of)) return std::optional<std::vector<int>>();
   return propose(split.stage_of, std::move(predicted));
+}
+
+void StageBalancer::abandoned() {
+  if (!proposed_) return;
+  tried_[proposed_cut_] = std::vector<double>(size_t(stages_), std::numeric_limits<double>::infinity());
+  proposed_.reset();
+  window_.clear();
+  since_move_ = 0;  // the current cut was made again: its first step warms up
 }
 
 void StageBalancer::moved(double seconds) {

@@ -80,6 +80,9 @@ class StageBalancer {
   Result<std::optional<std::vector<int>>> observe(int64_t step, std::span<const double> stage_busy_s);
   // The proposed cut was made, taking `seconds`.
   void moved(double seconds);
+  // The proposed cut could not be made (the run stays at the current one, made again): it is not proposed again
+  // while the conditions hold.
+  void abandoned();
 
   const std::vector<StageMove>& moves() const { return moves_; }
   const std::vector<int>& stage_of() const { return stage_of_; }
@@ -106,8 +109,8 @@ class StageBalancer {
   int just_measured_ = -1;
   // By cut tried (under the present conditions): each stage's median, as last measured there.
   std::map<std::vector<int>, std::vector<double>> tried_;
-  double baseline_s_ = 0;  // the current cut's slowest stage at its first full window (or the last change)
-  int drifted_ = 0;        // consecutive windows whose slowest stage drifted from baseline_s_
+  double baseline_s_ = 0;  // the current cut's step time at its first full window (or the last change)
+  int drifted_ = 0;        // consecutive steps whose window's step time drifted from baseline_s_
 };
 
 }  // namespace aspen::train

@@ -27,7 +27,7 @@ enum class Reduction { mean, sum };
 // Balance::dynamic: when the stages move (train/rebalance.h).
 struct RebalanceOptions {
   int window = 5;          // steps whose median busy time per stage a decision reads
-  double min_gain = 0.05;  // a move must be predicted to shorten the slowest stage by this fraction
+  double min_gain = 0.05;  // a move must be predicted to shorten the step by this fraction
   int cooldown = 10;       // steps after a move before another may be decided (>= window)
 };
 
