@@ -110,50 +110,6 @@ Result<graph::Graph> mixed_model(const PipelineBenchOptions& o) {
   return g;
 }
 
-struct Balanced {
-  std::vector<double> busy_s;
-  double step_s = 0, imbalance = 0;
-  int stage0_nodes = 0;
-  Spread step;
-};
-
-Result<Balanced> measure_balance(api::TrainingOptions::Balance balance, const PipelineBenchOptions& o) {
-  ASPEN_ASSIGN_OR_RETURN(const graph::Graph g, mixed_model(o));
-  const int micro = 4;
-  api::Options opts;
-  opts.threads(1).gradient_accumulation(micro);
-  api::TrainingOptions t;
-  t.optimizer.kind = train::OptimizerKind::sgd;
-  t.optimizer.weight_decay = 0.0;
-  t.schedule.lr = 1e-4;
-  t.pipeline = {2, train::PipelineSchedule::one_f_one_b, balance};
-  ASPEN_ASSIGN_OR_RETURN(auto model, api::TrainingModel::create(g, opts, t));
-  ASPEN_RETURN_IF_ERROR(random_weights(*model, double(o.heads * o.head_dim)));
-  Tensor x(DType::f32, {int64_t(micro) * o.seq, o.heads * o.head_dim});
-  philox_fill_normal(x.span<float>(), 7, 0, 0, 0.0f, 1.0f);
-  std::vector<double> walls;
-  std::vector<std::vector<double>> busy;
-  for (int64_t i = 0; i <= o.steps; ++i) {
-    ASPEN_RETURN_IF_ERROR(model->run({{"x", &x}}).status());
-    if (i == 0) continue;
-    walls.push_back(model->last_pipeline_stats().wall_s);
-    busy.push_back(model->last_pipeline_stats().busy_s);
-  }
-  std::vector<size_t> order(walls.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t c) { return walls[a] < walls[c]; });
-  const size_t med = order[order.size() / 2];
-  Balanced r;
-  r.busy_s = busy[med];
-  r.step_s = walls[med];
-  r.step = spread_of(walls);
-  double mx = 0, sum = 0;
-  for (double v : r.busy_s) mx = std::max(mx, v), sum += v;
-  r.imbalance = sum > 0 ? mx / (sum / double(r.busy_s.size())) : 0;
-  for (int st : model->pipeline_stage_of()) r.stage0_nodes += st == 0;
-  return r;
-}
-
 // NOTE [rebalance rows]: the mixed model on 2 stages (1F1B, 4 micro-batches), SGD. The run (recovery()):
 // parallel.balance: dynamic (from the measured cut) on even devices for `steps` steps (it settles), then stage
 // 1's device slowed by `slow` (NOTE [slowed device]: each of its passes spins (1 + slow) times its time, as a
@@ -233,6 +189,26 @@ Tensor balance_input(const PipelineBenchOptions& o) {
   Tensor x(DType::f32, {4 * o.seq, o.heads * o.head_dim});
   philox_fill_normal(x.span<float>(), 7, 0, 0, 0.0f, 1.0f);
   return x;
+}
+
+struct Balanced {
+  std::vector<double> busy_s;
+  double step_s = 0, imbalance = 0;
+  int stage0_nodes = 0;
+  Spread step;
+};
+
+Result<Balanced> measure_balance(api::TrainingOptions::Balance balance, const PipelineBenchOptions& o) {
+  ASPEN_ASSIGN_OR_RETURN(auto model, balance_model(balance, nullptr, o));
+  Rebalanced m;  // the median of o.steps steps after a warm-up
+  ASPEN_RETURN_IF_ERROR(collect(*model, balance_input(o), o.steps + 1, o.steps, 0, m));
+  Balanced r;
+  r.busy_s = m.busy_s;
+  r.step_s = m.step_s;
+  r.step = m.step;
+  r.imbalance = m.imbalance;
+  for (int st : m.stage_of) r.stage0_nodes += st == 0;
+  return r;
 }
 
 // The run: `even` its settled rows on even devices, `slowed` the rows after the slowdown.

@@ -11,6 +11,27 @@
 namespace aspen::profile {
 namespace {
 
+// Uniform in [-0.5, 0.5): a fixed sequence per seed.
+struct Uniform {
+  uint64_t state;
+  double operator()() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return double(state >> 11) / double(1ull << 53) - 0.5;
+  }
+};
+
+// One instruction's event: program 1 (or `program`), node `node`, on cpu0.
+TraceEvent instruction(int node, const char* op, int64_t start, int64_t dur, const char* program = "1") {
+  TraceEvent e;
+  e.device = "cpu0";
+  e.name = op;
+  e.category = category::kKernel;
+  e.start_ns = start;
+  e.end_ns = start + dur;
+  e.args = {{"program", program}, {"node", std::to_string(node)}};
+  return e;
+}
+
 // `runs` runs of 6 instructions (program 0, nodes 10..15; node 12 is 4x the others), each duration
 // multiplied by `host` and by 1 ± 4 % of noise (a fixed sequence per seed); node `slowed` by (1 + extra) too.
 std::vector<TraceEvent> run(int runs, double host, int slowed, double extra, uint64_t seed) {
@@ -69,24 +90,13 @@ TEST(ProfileDiff, RunsOfAProgramAreTakenAtTheirOwnSpeed) {
   auto runs = [](int slowed, double extra, uint64_t seed) {
     std::vector<TraceEvent> ev;
     int64_t t = 0;
-    uint64_t state = seed;
-    auto uniform = [&] {
-      state = state * 6364136223846793005ull + 1442695040888963407ull;
-      return double(state >> 11) / double(1ull << 53) - 0.5;
-    };
+    Uniform uniform{seed};
     for (int r = 0; r < 100; ++r) {
       const double host = 1.0 + 0.4 * uniform();
       for (int node = 0; node < 10; ++node) {
         const double own = 1.0 + 0.02 * uniform();
         const int64_t dur = std::llround(20000.0 * (1 + node % 3) * host * own * (node == slowed ? 1.0 + extra : 1.0));
-        TraceEvent e;
-        e.device = "cpu0";
-        e.name = "matmul";
-        e.category = category::kKernel;
-        e.start_ns = t;
-        e.end_ns = t + dur;
-        e.args = {{"program", "1"}, {"node", std::to_string(node)}};
-        ev.push_back(std::move(e));
+        ev.push_back(instruction(node, "matmul", t, dur));
         t += dur + 100;
       }
     }
@@ -111,11 +121,7 @@ TEST(ProfileDiff, EachInstructionIsJudgedByTheSpreadOfItsSize) {
   auto profile = [](uint64_t seed, int slowed) {  // `slowed` 5 % slower
     std::vector<TraceEvent> ev;
     int64_t t = 0;
-    uint64_t state = seed;
-    auto uniform = [&] {
-      state = state * 6364136223846793005ull + 1442695040888963407ull;
-      return double(state >> 11) / double(1ull << 53) - 0.5;
-    };
+    Uniform uniform{seed};
     std::vector<double> offset(60);  // this profile's own, per instruction
     for (int node = 0; node < 60; ++node) offset[size_t(node)] = 1.0 + (node < 30 ? 0.12 : 0.02) * uniform();
     for (int r = 0; r < 50; ++r)
@@ -123,14 +129,7 @@ TEST(ProfileDiff, EachInstructionIsJudgedByTheSpreadOfItsSize) {
         const double base = node < 30 ? 2000.0 : 300000.0;
         const int64_t dur = std::llround(base * offset[size_t(node)] * (1.0 + 0.002 * uniform()) *
                                          (node == slowed ? 1.05 : 1.0));
-        TraceEvent e;
-        e.device = "cpu0";
-        e.name = node < 30 ? "copy" : "matmul";
-        e.category = category::kKernel;
-        e.start_ns = t;
-        e.end_ns = t + dur;
-        e.args = {{"program", "1"}, {"node", std::to_string(node)}};
-        ev.push_back(std::move(e));
+        ev.push_back(instruction(node, node < 30 ? "copy" : "matmul", t, dur));
         t += dur + 100;
       }
     return ev;
