@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "models/tensor_parallel.h"
 #include "train/runner.h"
@@ -204,11 +203,7 @@ Status TrainingModel::stranded_error() const {
 
 std::map<std::string, Tensor> TrainingModel::copy_of(const std::map<std::string, Tensor>& m) {
   std::map<std::string, Tensor> out;
-  for (const auto& [name, t] : m) {
-    Tensor c(t.dtype(), t.shape());
-    std::memcpy(c.raw(), t.raw(), t.nbytes());
-    out.emplace(name, std::move(c));
-  }
+  for (const auto& [name, t] : m) out.emplace(name, t.clone());
   return out;
 }
 

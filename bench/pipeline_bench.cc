@@ -126,19 +126,15 @@ struct Rebalanced {
   int first_move_step = 0;  // counted from the row's first step
 };
 
-struct Rows {
-  std::vector<double> walls;
-  std::vector<std::vector<double>> busy;
-};
-
 // `steps` steps of `model`; the last `tail` of them make the row (moves: those made after step `from`).
 Status collect(api::TrainingModel& model, const Tensor& x, int64_t steps, int64_t tail, int64_t from, Rebalanced& r) {
-  Rows rows;
+  std::vector<double> walls;
+  std::vector<std::vector<double>> busy;
   for (int64_t i = 0; i < steps; ++i) {
     ASPEN_RETURN_IF_ERROR(model.run({{"x", &x}}).status());
     if (i + tail < steps) continue;
-    rows.walls.push_back(model.last_pipeline_stats().wall_s);
-    rows.busy.push_back(model.last_pipeline_stats().busy_s);
+    walls.push_back(model.last_pipeline_stats().wall_s);
+    busy.push_back(model.last_pipeline_stats().busy_s);
   }
   r.stage_of = model.pipeline_stage_of();
   for (const train::StageMove& m : model.stage_moves()) {
@@ -147,13 +143,13 @@ Status collect(api::TrainingModel& model, const Tensor& x, int64_t steps, int64_
     r.move_s += m.seconds;
   }
   if (r.moves) r.move_s /= double(r.moves);
-  std::vector<size_t> order(rows.walls.size());
+  std::vector<size_t> order(walls.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t c) { return rows.walls[a] < rows.walls[c]; });
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t c) { return walls[a] < walls[c]; });
   const size_t med = order[order.size() / 2];
-  r.busy_s = rows.busy[med];
-  r.step_s = rows.walls[med];
-  r.step = spread_of(rows.walls);
+  r.busy_s = busy[med];
+  r.step_s = walls[med];
+  r.step = spread_of(walls);
   double mx = 0, sum = 0;
   for (double v : r.busy_s) mx = std::max(mx, v), sum += v;
   r.imbalance = sum > 0 ? mx / (sum / double(r.busy_s.size())) : 0;
@@ -191,23 +187,13 @@ Tensor balance_input(const PipelineBenchOptions& o) {
   return x;
 }
 
-struct Balanced {
-  std::vector<double> busy_s;
-  double step_s = 0, imbalance = 0;
-  int stage0_nodes = 0;
-  Spread step;
-};
+int stage0_nodes(const Rebalanced& r) { return int(std::count(r.stage_of.begin(), r.stage_of.end(), 0)); }
 
-Result<Balanced> measure_balance(api::TrainingOptions::Balance balance, const PipelineBenchOptions& o) {
+// The balance rows' cut (estimated or measured): the median of o.steps steps after a warm-up.
+Result<Rebalanced> measure_balance(api::TrainingOptions::Balance balance, const PipelineBenchOptions& o) {
   ASPEN_ASSIGN_OR_RETURN(auto model, balance_model(balance, nullptr, o));
-  Rebalanced m;  // the median of o.steps steps after a warm-up
-  ASPEN_RETURN_IF_ERROR(collect(*model, balance_input(o), o.steps + 1, o.steps, 0, m));
-  Balanced r;
-  r.busy_s = m.busy_s;
-  r.step_s = m.step_s;
-  r.step = m.step;
-  r.imbalance = m.imbalance;
-  for (int st : m.stage_of) r.stage0_nodes += st == 0;
+  Rebalanced r;
+  ASPEN_RETURN_IF_ERROR(collect(*model, balance_input(o), o.steps + 1, o.steps, 0, r));
   return r;
 }
 
@@ -241,8 +227,7 @@ Status rebalance_rows(const PipelineBenchOptions& o, std::ostream& out) {
         "of a row's last {} steps\n{:>22} | {:>9} | {:>8} | {:>11} | {:>5} | {}\n",
         steps, steps, 100 * slow, tail, "row", "max/mean", "step ms", "stage 0 ops", "moves", "move cost");
   auto row = [&](const std::string& name, const Rebalanced& r, const nlohmann::ordered_json& extra) {
-    int stage0 = 0;
-    for (int st : r.stage_of) stage0 += st == 0;
+    const int stage0 = stage0_nodes(r);
     if (o.json) {
       nlohmann::ordered_json j = {{"bench", "pipeline_rebalance"}, {"row", name},      {"slow", slow},
                                   {"busy_s", r.busy_s},            {"max_over_mean", r.imbalance},
@@ -363,7 +348,7 @@ Status run_pipeline_bench(const PipelineBenchOptions& opt, std::ostream& out) {
         o.attention_blocks, o.seq, o.heads, o.head_dim, o.attention_blocks, o.seq, o.heads * o.head_dim, "cut",
         "stage 0 s", "stage 1 s", "max/mean", "step ms", "stage 0 ops");
   // The two cuts' rows are one comparison: guarded together (the peak before the first, after the second).
-  Balanced cuts[2];
+  Rebalanced cuts[2];
   Guard guard;
   ASPEN_RETURN_IF_ERROR(guarded(
       [&]() -> Status {
@@ -373,20 +358,20 @@ Status run_pipeline_bench(const PipelineBenchOptions& opt, std::ostream& out) {
       },
       peak(2), &guard));
   for (int i = 0; i < 2; ++i) {
-    const Balanced& r = cuts[i];
+    const Rebalanced& r = cuts[i];
     const char* name = i == 1 ? "measured" : "estimated";
     if (o.json) {
       nlohmann::ordered_json j = {{"bench", "pipeline_balance"}, {"balance", name},
                                   {"stages", 2},                 {"busy_s", r.busy_s},
                                   {"max_over_mean", r.imbalance}, {"step_s", r.step_s},
-                                  {"stage0_nodes", r.stage0_nodes}};
+                                  {"stage0_nodes", stage0_nodes(r)}};
       if (i == 1) j["speedup_vs_estimated"] = cuts[0].step_s / r.step_s;
       j["step"] = spread_json(r.step);
       add_guard_fields(j, guard);
       out << j.dump() << "\n";
     } else {
       out << fmt::format("{:>10} | {:>10.4f} {:>10.4f} | {:>9.2f} | {:>8.1f} | {:>11}{}{}\n", name, r.busy_s[0],
-                         r.busy_s[1], r.imbalance, 1e3 * r.step_s, r.stage0_nodes,
+                         r.busy_s[1], r.imbalance, 1e3 * r.step_s, stage0_nodes(r),
                          i == 1 ? fmt::format("   ({:.2f}x the estimated cut's speed)", cuts[0].step_s / r.step_s)
                                 : std::string(),
                          guard.disturbed() ? " ~" : "");

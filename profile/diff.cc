@@ -28,6 +28,7 @@ std::string key_of(const TraceEvent& e) {
 struct Samples {
   const TraceEvent* first = nullptr;
   std::vector<double> ns;
+  double median = 0;  // of the raw times (NOTE [run of a program])
 };
 
 double duration(const TraceEvent& e) { return double(std::max<int64_t>(0, e.end_ns - e.start_ns)); }
@@ -53,18 +54,17 @@ double weighted_median(std::vector<std::pair<double, double>> v, double total) {
 // the diff looks for stays. Runs of fewer than 8 instructions are left as they are.
 std::map<std::string, Samples> by_instruction(const std::vector<TraceEvent>& events) {
   std::map<std::string, Samples> m;
-  std::vector<std::string> keys(events.size());
+  std::vector<Samples*> of(events.size());  // each event's instruction
   for (size_t i = 0; i < events.size(); ++i) {
-    keys[i] = key_of(events[i]);
-    Samples& s = m[keys[i]];
+    Samples& s = m[key_of(events[i])];
     if (!s.first) s.first = &events[i];
     s.ns.push_back(duration(events[i]));
+    of[i] = &s;
   }
-  std::map<std::string, double> median;
   for (auto& [key, s] : m) {
     std::vector<double> v = s.ns;
     std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
-    median[key] = v[v.size() / 2];
+    s.median = v[v.size() / 2];
   }
   // The runs: by (device, program), in time order.
   std::map<std::pair<std::string, std::string>, std::vector<size_t>> streams;
@@ -76,13 +76,13 @@ std::map<std::string, Samples> by_instruction(const std::vector<TraceEvent>& eve
     std::stable_sort(idx.begin(), idx.end(),
                      [&](size_t x, size_t y) { return events[x].start_ns < events[y].start_ns; });
     std::vector<size_t> run;
-    std::set<std::string> seen;
+    std::set<const Samples*> seen;
     auto close = [&] {
       if (run.size() >= 8) {
         std::vector<std::pair<double, double>> r;
         double total = 0;
         for (size_t i : run)
-          if (const double med = median[keys[i]]; med > 0) {
+          if (const double med = of[i]->median; med > 0) {
             r.emplace_back(duration(events[i]) / med, std::sqrt(med));
             total += std::sqrt(med);
           }
@@ -94,14 +94,14 @@ std::map<std::string, Samples> by_instruction(const std::vector<TraceEvent>& eve
       seen.clear();
     };
     for (size_t i : idx) {
-      if (!seen.insert(arg(events[i], "node") + '\x1f' + arg(events[i], "instruction")).second) close();
-      if (seen.empty()) seen.insert(arg(events[i], "node") + '\x1f' + arg(events[i], "instruction"));
+      if (seen.count(of[i])) close();  // the instruction again: a new run
+      seen.insert(of[i]);
       run.push_back(i);
     }
     close();
   }
   for (auto& [key, s] : m) s.ns.clear();
-  for (size_t i = 0; i < events.size(); ++i) m[keys[i]].ns.push_back(duration(events[i]) / factor[i]);
+  for (size_t i = 0; i < events.size(); ++i) of[i]->ns.push_back(duration(events[i]) / factor[i]);
   return m;
 }
 

@@ -469,11 +469,15 @@ Status Session::execute_program(Replica& r, int program, const StepIO& io) {
   return Status();
 }
 
-void spin_extra(std::chrono::steady_clock::time_point began, double fraction) {
-  const auto took = std::chrono::steady_clock::now() - began;
-  const auto until = began + std::chrono::duration_cast<std::chrono::steady_clock::duration>(took * (1.0 + fraction));
+void spin_for(double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                            std::chrono::duration<double>(seconds));
   while (std::chrono::steady_clock::now() < until) {
   }
+}
+
+void spin_extra(std::chrono::steady_clock::time_point began, double fraction) {
+  spin_for(std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() * fraction);
 }
 
 Session::Footprint Session::footprint() const {

@@ -90,8 +90,9 @@ struct RunOptions {
 // The leading dimension an output gets for these options (0: none, as one step).
 int64_t returned_steps(const RunOptions& options);
 
-// The test hooks' slow work (NOTE [slowed instruction], NOTE [slowed device] in train/runner.h): spins until
-// `fraction` more of the time since `began` has passed, as slower hardware would take.
+// The test hooks' slow work (NOTE [slowed instruction], NOTE [slowed device] in train/runner.h): spins for
+// `seconds`, or until `fraction` more of the time since `began` has passed, as slower hardware would take.
+void spin_for(double seconds);
 void spin_extra(std::chrono::steady_clock::time_point began, double fraction);
 
 class Session {

@@ -1,5 +1,5 @@
 // tools/monitor_command.cc: `aspen monitor RUN_DIR`: each device's load while a run trains, read from the run
-// directory's metrics.jsonl (NOTE [device load] in api/trainer.cc), and the device slower than its peers named.
+// directory's metrics.jsonl (NOTE [device load] in api/trainer_live.cc), and the device slower than its peers named.
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -29,14 +29,14 @@ struct MonitorArgs {
   double interval = 1.0;
 };
 
+// A step's shares of one device (NOTE [device load] in api/trainer_live.cc); GB/s of its gradient exchanges.
+struct Share {
+  double busy = -1, wait = 0, comm = 0, gbps = 0;  // busy -1: the step's line has none for the device
+};
+
 // NOTE [slow device]: the slow device is the one busy longest, not the ones that wait for it: in a pipeline
 // (or any layout whose devices meet every step) a slow device's peers finish their passes and wait, so their
 // busy shares fall while its own rises; wall-clock tools that time each device's step blame every device alike.
-// A step's shares of one device (NOTE [device load] in api/trainer.cc); GB/s of its gradient exchanges.
-struct Share {
-  double busy = 0, wait = 0, comm = 0, gbps = 0;
-};
-
 struct Load {
   std::deque<std::map<std::string, Share>> steps;  // the last `window` steps' shares by device
   std::map<std::string, int> above;                 // by device: steps in a row above the others by margin
@@ -45,30 +45,29 @@ struct Load {
 
 void take(Load& load, const nlohmann::json& j, const MonitorArgs& a) {
   std::map<std::string, Share> shares;
-  std::map<std::string, double> busy;
   for (const auto& [k, v] : j.items()) {
     if (!v.is_number()) continue;
     const size_t dot = k.find('.');
     if (dot == std::string::npos) continue;
     const std::string field = k.substr(0, dot), device = k.substr(dot + 1);
-    if (field == "busy") busy[device] = shares[device].busy = v.get<double>();
+    if (field == "busy") shares[device].busy = v.get<double>();
     if (field == "wait") shares[device].wait = v.get<double>();
     if (field == "comm") shares[device].comm = v.get<double>();
     if (field == "gbps") shares[device].gbps = v.get<double>();
   }
-  std::erase_if(shares, [&](const auto& kv) { return !busy.count(kv.first); });
-  if (busy.size() < 2) return;
+  std::erase_if(shares, [](const auto& kv) { return kv.second.busy < 0; });
+  if (shares.size() < 2) return;
   load.last_step = j.value("step", int64_t(0));
   load.steps.push_back(shares);
   while (int(load.steps.size()) > a.window) load.steps.pop_front();
-  for (const auto& [device, share] : busy) {
+  for (const auto& [device, share] : shares) {
     std::vector<double> others;
-    for (const auto& [d, s] : busy)
-      if (d != device) others.push_back(s);
+    for (const auto& [d, s] : shares)
+      if (d != device) others.push_back(s.busy);
     std::nth_element(others.begin(), others.begin() + long(others.size() / 2), others.end());
     const double median = others[others.size() / 2];
     int& run = load.above[device];
-    run = share > median * (1 + a.margin) ? run + 1 : 0;
+    run = share.busy > median * (1 + a.margin) ? run + 1 : 0;
   }
 }
 

@@ -162,8 +162,8 @@ Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std
   std::vector<double> predicted;
   for (int s = 0; s < stages_; ++s) predicted.push_back(speed[size_t(s)] * next[size_t(s)]);
   if (1.0 - step_time(predicted, micro_batches_) / now < options_.min_gain) return std::optional<std::vector<int>>();
-  // A cut tried under these conditions that measured no faster than this one by min_gain: the prediction is
-  // wrong there.
+  // A cut tried under these conditions: its measurement stands over the prediction (had it measured faster by
+  // min_gain, the run would have gone back to it above).
   if (tried_.count(split.stage_of)) return std::optional<std::vector<int>>();
   return propose(split.stage_of, std::move(predicted));
 }

@@ -186,9 +186,7 @@ class Runner {
     // By device, by micro-batch: TrainingOptions::outputs of its pass.
     std::vector<std::vector<std::map<std::string, Tensor>>> outputs;
     std::vector<std::vector<float>> sq;      // by device: Σg² by parameter of the reduced gradients it holds
-    std::vector<double> busy_s;              // by device: seconds in its passes
-    std::vector<double> wait_s, comm_s, exchange_s;  // PipelineStats's, by device
-    std::vector<int64_t> exchange_bytes;
+    PipelineStats stats;                     // by device: its passes', waits' and exchanges' times
   };
   // The data inputs' per-micro-batch shapes, each input checked against them.
   Result<std::map<std::string, Shape>> data_inputs(const std::map<std::string, const Tensor*>& inputs) const;
@@ -346,9 +344,9 @@ class Runner {
   std::vector<std::vector<std::string>> shard_state_;           // by shard: its state's names (not the step count)
   PipelineStats pipe_stats_;
   // NOTE [slowed device]: a test hook (live monitoring's trials): ASPEN_TEST_SLOW_DEVICE="<device>:<fraction>"
-  // makes every pass of that device of this process take (1 + fraction) times its time (spinning after it, as
-  // a slow core would: before each pass, runner_walk.cc); "p<process>/<device>:<fraction>" only that
-  // process's (under MPI). Read when the model is made and at each run() (a bench turns it on mid-run); unset: off.
+  // makes every pass of that device of this process take (1 + fraction) times its time (spinning, as a slow
+  // core would: before each pass, runner_walk.cc); "p<process>/<device>:<fraction>" only that process's (under
+  // MPI). Read when the model is made and at each run() (a bench turns it on mid-run); unset: off.
   int slow_device_ = -1;
   double slow_fraction_ = 0;
   Status read_slow_hook();

@@ -307,26 +307,18 @@ Result<std::vector<float>> Runner::run_steps(const std::map<std::string, const T
     step.outputs.resize(size_t(D));
     for (auto& by_micro : step.outputs) by_micro.resize(size_t(acc));
     step.sq.resize(size_t(D));
-    step.busy_s.assign(size_t(D), 0.0);
-    step.wait_s.assign(size_t(D), 0.0);
-    step.comm_s.assign(size_t(D), 0.0);
-    step.exchange_s.assign(size_t(D), 0.0);
-    step.exchange_bytes.assign(size_t(D), 0);
+    step.stats.reset(D);
     ASPEN_RETURN_IF_ERROR(open_transports(step));
     const auto t0 = std::chrono::steady_clock::now();
     ASPEN_RETURN_IF_ERROR(on_devices(step, [&](int d) { return walk_to_decision(d, step); }));
     // Where the step's time went, per device (PipelineStats; live monitoring's busy shares).
-    pipe_stats_.busy_s = step.busy_s;
-    pipe_stats_.wait_s = step.wait_s;
-    pipe_stats_.comm_s = step.comm_s;
-    pipe_stats_.exchange_s = step.exchange_s;
-    pipe_stats_.exchange_bytes = step.exchange_bytes;
-    pipe_stats_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step.stats.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    pipe_stats_ = step.stats;
     if (pipe_ && !spread()) {  // by stage: the mean over its devices here
       s.stage_busy_s.assign(size_t(pipeline_stages()), 0.0);
       std::vector<int> n(size_t(pipeline_stages()), 0);
       for (int d = 0; d < D; ++d) {
-        s.stage_busy_s[size_t(coord_of(d).pipe)] += step.busy_s[size_t(d)];
+        s.stage_busy_s[size_t(coord_of(d).pipe)] += step.stats.busy_s[size_t(d)];
         ++n[size_t(coord_of(d).pipe)];
       }
       for (size_t k = 0; k < n.size(); ++k) s.stage_busy_s[k] /= std::max(1, n[k]);

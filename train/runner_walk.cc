@@ -26,11 +26,7 @@ bool Runner::slow_before(int d, int program) const {
   if (d != slow_device_ || size_t(d) >= pass_s_.size()) return false;
   auto it = pass_s_[size_t(d)].find(program);
   if (it == pass_s_[size_t(d)].end()) return false;
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double>(it->second * slow_fraction_));
-  while (std::chrono::steady_clock::now() < until) {
-  }
+  runtime::spin_for(it->second * slow_fraction_);
   return true;
 }
 
@@ -41,6 +37,13 @@ void Runner::slow_after(int d, int program, std::chrono::steady_clock::time_poin
       std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() - std::max(0.0, excluded_s);
   pass_s_[size_t(d)][program] = took;
   if (!spun) slow_before(d, program);
+}
+
+void PipelineStats::reset(int devices) {
+  const size_t n = size_t(std::max(0, devices));
+  busy_s.assign(n, 0.0), wait_s.assign(n, 0.0), comm_s.assign(n, 0.0), exchange_s.assign(n, 0.0);
+  exchange_bytes.assign(n, 0);
+  wall_s = 0.0;
 }
 
 double PipelineStats::bubble() const {
@@ -119,6 +122,11 @@ Status Runner::walk_to_decision(int d, StepState& step) {
   std::map<int, std::map<std::string, Tensor>> grads;  // micro-batch -> its out-edges' gradients
   std::map<std::string, Tensor> out;                   // the last pass's outputs (its sends follow it)
   Transport* transport = transport_of(step, d);        // this device's pipe group's (none without stages)
+  PipelineStats& stats = step.stats;                   // this device's entries only
+  auto exchanged = [&](Clock::time_point began, int64_t bytes) {  // an exchange outside the passes
+    const double c = std::chrono::duration<double>(Clock::now() - began).count();
+    stats.comm_s[size_t(d)] += c, stats.exchange_s[size_t(d)] += c, stats.exchange_bytes[size_t(d)] += bytes;
+  };
   for (size_t k = 0; k < instrs.size() && instrs[k].kind != InstrKind::decide; ++k) {
     const Instr& in = instrs[k];
     const int m = in.micro;
@@ -146,7 +154,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
                                                          e.type.dtype, e.type.shape,
                                                          where() + ": waiting for " + (grad ? "the gradient of " : "") +
                                                              e.name + " from stage " + std::to_string(peer_stage(in))));
-        step.wait_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - w0).count();
+        stats.wait_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - w0).count();
         if (grad) {
           grads[m].emplace(kPipeGradPrefix + std::to_string(in.edge), std::move(t));
         } else {
@@ -182,7 +190,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
           const auto p0 = Clock::now();
           ASPEN_ASSIGN_OR_RETURN(out, session_->run_replica(d, feeds, prog->forward));
           slow_after(d, prog->forward, p0, 0.0, spun);
-          step.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
+          stats.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count();
           if (last) losses[size_t(m)] = out.at(training_.loss).data<float>()[0];
           // The values the stage's backward reads wait with the micro-batch's in-edges (NOTE [stashed
           // activations] in train/pipeline.cc); so do the training outputs, which the backward then lacks.
@@ -223,16 +231,16 @@ Status Runner::walk_to_decision(int d, StepState& step) {
               [&](std::span<float* const> t, std::span<const int64_t> c, std::span<const int> o) {
                 return group->reduce_to_owners(r, t, c, o);
               },
-              [&](const std::string& why) { group->abort(r, why); }, step.exchange_s[size_t(d)],
-              step.exchange_bytes[size_t(d)], exposed);
+              [&](const std::string& why) { group->abort(r, why); }, stats.exchange_s[size_t(d)],
+              stats.exchange_bytes[size_t(d)], exposed);
         } else {
           ran = session_->run_replica(d, feeds, program);
         }
         ASPEN_ASSIGN_OR_RETURN(out, std::move(ran));
         slow_after(d, program, p0, exposed, spun);
         // The wait for an overlapped exchange after the pass is the exchange's, not the pass's.
-        step.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count() - exposed;
-        step.comm_s[size_t(d)] += exposed;
+        stats.busy_s[size_t(d)] += std::chrono::duration<double>(Clock::now() - b0).count() - exposed;
+        stats.comm_s[size_t(d)] += exposed;
         if (!pipe_) losses[size_t(m)] = out.at(training_.loss).data<float>()[0];  // the micro program's
         for (const std::string& name : training_.outputs) {  // beside the loss (by the stage computing each)
           if (pipe_ && (!training_.pipeline.recompute || pipe_->split.output_stage.at(name) != st)) continue;
@@ -256,8 +264,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
               std::span<float>(t->data<float>(), size_t(t->numel()))));
         }
         if (scope.active()) scope.set_bytes(bytes);
-        const double c = std::chrono::duration<double>(Clock::now() - c0).count();
-        step.comm_s[size_t(d)] += c, step.exchange_s[size_t(d)] += c, step.exchange_bytes[size_t(d)] += bytes;
+        exchanged(c0, bytes);
         break;
       }
       case InstrKind::reduce: {
@@ -277,8 +284,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         const auto c0 = Clock::now();
         ASPEN_RETURN_IF_ERROR(in.to_owners ? data_group(d)->reduce_to_owners(r, tensors, counts, in.owners)
                                            : data_group(d)->all_reduce(r, tensors, counts));
-        const double c = std::chrono::duration<double>(Clock::now() - c0).count();
-        step.comm_s[size_t(d)] += c, step.exchange_s[size_t(d)] += c, step.exchange_bytes[size_t(d)] += bytes;
+        exchanged(c0, bytes);
         break;
       }
       case InstrKind::loss:  // across processes: the last stage's micro-batch losses to the others

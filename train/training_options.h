@@ -87,13 +87,14 @@ struct TrainingOptions {
 // the bubble is 1 - mean(busy) / wall. Empty for a fused one-program step.
 struct PipelineStats {
   // By device of this process, over the last step's passes (up to the host's decision): seconds in its passes,
-  // waiting for a pipeline peer's values, and in gradient exchanges outside its passes (an exchange overlapped
-  // with the backward pass is inside it); `exchange_s` and `exchange_bytes` count every exchange, overlapped or
-  // not (its achieved bandwidth).
+  // waiting for a pipeline peer's values, and in gradient exchanges outside its passes (for an exchange
+  // overlapped with the backward pass, the wait for it after the pass); `exchange_s` and `exchange_bytes` count
+  // every exchange whole, overlapped or not (its achieved bandwidth).
   std::vector<double> busy_s, wait_s, comm_s, exchange_s;
   std::vector<int64_t> exchange_bytes;
   double wall_s = 0.0;
   double bubble() const;
+  void reset(int devices);  // every device's times zero
 };
 
 // What the last run() did, step by step.

@@ -1,0 +1,27 @@
+// api/trainer_live.h: what a training run reports about itself while it trains, beside its losses
+// (api/trainer.cc writes them into metrics.jsonl and the log; `aspen monitor` reads them): each device's load
+// (NOTE [device load]) and the moves of layers between pipeline stages (parallel.balance: dynamic).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "api/training_model.h"
+#include "core/status.h"
+#include "train/report.h"
+
+namespace aspen::api {
+
+// The last run()'s per-device shares ("busy.<device>", "wait.", "comm.", "gbps."; under MPI every process's
+// devices as "p<k>/<device>"). Collective under MPI: every process calls it after each run(). Empty for one
+// device.
+Result<std::vector<std::pair<std::string, double>>> device_load(const TrainingModel& model);
+
+// The stage moves, failed moves and measured gains the last run() brought (from `logged` and `failures` on,
+// which it advances), as log lines through `progress` and lines of `metrics` (null: none).
+Status log_stage_moves(const TrainingModel& model, size_t& logged, size_t& failures, train::MetricsLog* metrics,
+                       train::Progress& progress);
+
+}  // namespace aspen::api
