@@ -136,7 +136,8 @@ void add_planned_memory(profile::RunFacts& run, const runtime::Session& session)
 Status write_run_profile(const std::string& dir, const std::vector<profile::TraceEvent>& events,
                          const profile::RunFacts& run, std::ostream& out) {
   ASPEN_RETURN_IF_ERROR(profile::write_profile_dir(dir, events, run));
-  out << "profile: " << dir << "/report.html (open it in a browser), trace.json (ui.perfetto.dev), profile.json\n";
+  out << "profile: " << dir << "/report.html (open it in a browser), trace.pftrace (ui.perfetto.dev)"
+      << (events.size() <= profile::kJsonTraceEvents ? ", trace.json" : "") << ", profile.json\n";
   return Status();
 }
 

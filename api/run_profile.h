@@ -39,7 +39,7 @@ void add_planned_memory(profile::RunFacts& run, const runtime::Session& session)
 
 // The help of the commands' --profile option.
 inline constexpr const char* kProfileHelp =
-    "write DIR/trace.json (Perfetto), DIR/profile.json and DIR/report.html (docs/profile.md) "
+    "write DIR/report.html, DIR/trace.pftrace (Perfetto; and trace.json), DIR/profile.json (docs/profile.md) "
     "(default: $ASPEN_PROFILE; unset: no profile)";
 
 }  // namespace aspen::api

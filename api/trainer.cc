@@ -500,6 +500,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     if (options.profile_steps < 1)
       return Status::invalid_argument("profile_steps", "1 or more steps to record",
                                       std::to_string(options.profile_steps));
+    if (options.profile_every < 1)
+      return Status::invalid_argument("profile_every", "1 or more (record every N-th step)",
+                                      std::to_string(options.profile_every));
     ASPEN_RETURN_IF_ERROR(profile::make_profile_dir(options.profile));
     t->trace_ = std::make_unique<profile::TraceRecorder>(/*enabled=*/false);  // on for the recorded steps
     o.trace_recorder(t->trace_.get());
@@ -807,6 +810,8 @@ Result<TrainResult> Trainer::run() {
   } while (0)
   auto last_save = std::chrono::steady_clock::now();
   int64_t calls = 0;  // of the program, in this invocation
+  const int64_t profile_calls = (options_.profile_steps + iters - 1) / iters;           // calls recorded
+  const int64_t profile_every_calls = (options_.profile_every + iters - 1) / iters;     // one recorded in so many
   size_t moves_logged = 0, move_failures_logged = 0;  // of model_->stage_moves(), stage_move_failures()
   bool save_now = false;  // checkpoint.minutes have passed: a checkpoint after this step
   while (model_->steps_done() < stop) {
@@ -823,8 +828,9 @@ Result<TrainResult> Trainer::run() {
     ASPEN_OR_STOP(next.status());
     std::map<std::string, const Tensor*> inputs;
     for (const auto& [name, t] : **next) inputs.emplace(name, &t);
-    if (trace_)  // options_.profile: profile_steps steps, from this invocation's second call
-      trace_->set_enabled(calls >= 1 && calls <= (options_.profile_steps + iters - 1) / iters);
+    if (trace_)  // options_.profile: profile_steps steps, every profile_every-th, from this invocation's second call
+      trace_->set_enabled(calls >= 1 && (calls - 1) % profile_every_calls == 0 &&
+                          (calls - 1) / profile_every_calls < profile_calls);
     ++calls;
     const auto t0 = std::chrono::steady_clock::now();
     auto run = model_->run(inputs);
@@ -898,12 +904,14 @@ Result<TrainResult> Trainer::run() {
                                                          trace_.get()));
   }
   if (trace_ && writer_) {  // (disabled above)
-    const int64_t recorded = std::min<int64_t>(std::max<int64_t>(calls - 1, 0) * iters, options_.profile_steps);
+    const int64_t recorded_calls = calls >= 2 ? std::min(profile_calls, (calls - 2) / profile_every_calls + 1) : 0;
+    const int64_t recorded = std::min<int64_t>(recorded_calls * iters, options_.profile_steps);
     profile::RunFacts run =
         run_facts("train", c.train.threads,
                   {{"config", c.name},
                    {"steps_recorded", std::to_string(recorded)},
                    {"first_step_recorded", std::to_string(recorded > 0 ? start + iters + 1 : 0)},
+                   {"profile_every", std::to_string(profile_every_calls * iters)},
                    {"tokens_per_s", std::to_string(result.tokens_per_s)}});
     if (job && job->size() > 1) run.facts.emplace_back("processes", std::to_string(job->size()));
     if (c.parallel.pipeline_stages > 1) {  // the report's bubble: (p - 1) / (m + p - 1)
@@ -913,7 +921,7 @@ Result<TrainResult> Trainer::run() {
     const std::vector<std::string>& names = model_->program_names();
     for (int p = 0; p < model_->session().programs(); ++p)  // the memory view: every program this process runs
       if (size_t(p) < names.size() && !names[size_t(p)].empty())
-        run.programs.push_back(compiler::program_memory(model_->session().executable(p), names[size_t(p)]));
+        run.programs.push_back(compiler::program_memory(model_->session().executable(p), names[size_t(p)], p));
     add_planned_memory(run, model_->session());
     ASPEN_RETURN_IF_ERROR(write_run_profile(options_.profile, events, run, out()));
   }

@@ -126,9 +126,12 @@ struct TrainerOptions {
   std::shared_ptr<DirectoryLock> run_lock = {};
   // A directory for the run's profile (docs/profile.md: trace.json, profile.json), written when train()
   // returns; empty: none. Every instruction of `profile_steps` steps is recorded, from the second step of this
-  // invocation (the first pays first touches and lazy setup), so a long run's profile stays small.
+  // invocation (the first pays first touches and lazy setup), so a long run's profile stays small; with
+  // `profile_every` N > 1, every N-th step from there (each recorded step whole: a sample of a long run).
+  // Under device iterations, whole calls: N and the steps round up to multiples of the call's steps.
   std::string profile = {};
   int64_t profile_steps = 10;
+  int64_t profile_every = 1;
 };
 
 struct TrainResult {

@@ -341,7 +341,7 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
           const runtime::Session& session = gen->session();
           for (int p = 0; p < session.programs(); ++p)
             facts.programs.push_back(compiler::program_memory(
-                session.executable(p), session.programs() == 2 ? (p == 0 ? "prefill" : "decode") : "program " + std::to_string(p)));
+                session.executable(p), session.programs() == 2 ? (p == 0 ? "prefill" : "decode") : "program " + std::to_string(p), p));
           api::add_planned_memory(facts, session);
           const std::string row_dir = opt.profile_dir + "/decode-b" + std::to_string(B) + "-" + dtype;
           ASPEN_RETURN_IF_ERROR(api::write_run_profile(row_dir, trace.events(), facts, opt.json ? std::cerr : out));

@@ -100,7 +100,7 @@ Result<Row> run_case(const std::string& dir, const std::string& name, const std:
     if (!trace_dir.empty()) ASPEN_RETURN_IF_ERROR(profile::write_chrome_trace(recorder.events(), trace));
     profile::RunFacts run =
         api::run_facts("bench onnx", threads, {{"model", dir}, {"dtype", dtype}, {"reps", std::to_string(reps)}});
-    run.programs.push_back(compiler::program_memory(model->executable(), "run"));
+    run.programs.push_back(compiler::program_memory(model->executable(), "run", 0));
     api::add_planned_memory(run, model->session());
     ASPEN_RETURN_IF_ERROR(api::write_run_profile(profile_dir + "/" + name + "-" + dtype, recorder.events(), run, said));
   } else if (profile) {

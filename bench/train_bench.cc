@@ -423,7 +423,7 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
                                             {"seq", std::to_string(s.seq)},
                                             {"steps_recorded", std::to_string(opt.steps)},
                                             {"tokens_per_s", std::to_string(r.tokens_per_s)}});
-    run.programs.push_back(compiler::program_memory(session->executable(), "train step"));
+    run.programs.push_back(compiler::program_memory(session->executable(), "train step", 0));
     api::add_planned_memory(run, *session);
     const std::string row = dtype + (s.documents > 0 ? "-packed" : "") + (s.density < 1.0 ? "-sparse" : "");
     ASPEN_RETURN_IF_ERROR(api::write_run_profile(opt.profile_dir + "/" + row, trace.events(), run, std::cerr));

@@ -4,11 +4,12 @@
 
 namespace aspen::compiler {
 
-profile::ProgramMemory program_memory(const Executable& exe, const std::string& name) {
+profile::ProgramMemory program_memory(const Executable& exe, const std::string& name, int64_t program) {
   const graph::Graph& g = exe.graph;
   const MemoryPlan& p = exe.plan;
   profile::ProgramMemory m;
   m.name = name;
+  m.program = program;
   const int32_t n = int32_t(g.nodes().size());
   m.nodes = n;
   m.arena_bytes = p.arena_bytes;

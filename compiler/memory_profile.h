@@ -14,6 +14,7 @@ namespace aspen::compiler {
 // long as it is read; an output written over an input that dies at its node replaces it there, not beside
 // it), so the curve's maximum is at most the arena (the plan's peak: fragmentation is the difference). Also
 // the plan's totals and the values live at its peak node, the largest first.
-profile::ProgramMemory program_memory(const Executable& exe, const std::string& name);
+// `program`: its index in its session (ProgramMemory::program; -1: not known).
+profile::ProgramMemory program_memory(const Executable& exe, const std::string& name, int64_t program = -1);
 
 }  // namespace aspen::compiler

@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "core/atomic_file.h"
+#include "profile/perfetto.h"
 #include "profile/report.h"
 
 namespace aspen::profile {
@@ -134,7 +135,14 @@ Status make_profile_dir(const std::string& dir) {
 Status write_profile_dir(const std::string& dir, const std::vector<TraceEvent>& events, const RunFacts& run) {
   ASPEN_RETURN_IF_ERROR(make_profile_dir(dir));
   const std::string base = (std::filesystem::path(dir) / "").string();
-  ASPEN_RETURN_IF_ERROR(write_chrome_trace(events, base + "trace.json"));
+  ASPEN_RETURN_IF_ERROR(write_perfetto_trace(events, run.programs, base + "trace.pftrace"));
+  if (events.size() <= kJsonTraceEvents) {
+    ASPEN_RETURN_IF_ERROR(write_chrome_trace(events, base + "trace.json"));
+  } else {  // too large for the JSON viewers; an earlier run's must not pass for this one's
+    std::error_code ec;
+    std::filesystem::remove(base + "trace.json", ec);
+    if (ec) return Status::error(Code::kIoError, base + "trace.json", "removed (this run's trace has no JSON copy)", ec.message());
+  }
   const std::string json = profile_json(events, run);
   ASPEN_RETURN_IF_ERROR(write_file_atomic(base + "profile.json", json));
   return write_file_atomic(base + "report.html", report_html(json));

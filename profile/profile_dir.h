@@ -1,7 +1,10 @@
 // profile/profile_dir.h: a run's profile as a directory a person or a script opens (docs/profile.md):
 //
-//   DIR/trace.json    every recorded event, in the Chrome trace JSON that Perfetto (ui.perfetto.dev) and
-//                     chrome://tracing open: one track per device
+//   DIR/trace.pftrace every recorded event as a Perfetto trace (profile/perfetto.h): a track per device,
+//                     counters of planned memory and bytes in flight, an arrow for every transfer; a few
+//                     bytes an event, so 10 million events open in ui.perfetto.dev
+//   DIR/trace.json    the same events in the Chrome trace JSON (chrome://tracing, Perfetto, `aspen profile
+//                     diff`), for runs of at most kJsonTraceEvents events
 //   DIR/profile.json  the totals per device and per op (profile::device_totals), with what ran and where, in
 //                     the schema "aspen.profile/1" (docs/profile.md), for scripts
 //   DIR/report.html   the same drawn for a person: one self-contained page (profile/report.h)
@@ -30,6 +33,7 @@ struct ProgramMemory {
     int64_t bytes = 0;
   };
   std::string name;  // "prefill", "decode", "run", ...
+  int64_t program = -1;  // its index in the session (the events' "program" argument); -1: not known
   int64_t nodes = 0, arena_bytes = 0, naive_bytes = 0, parameter_bytes = 0, derived_bytes = 0;
   int64_t peak_node = -1;
   // Live bytes over program order: at most kMaxPoints points, each the largest of `stride` consecutive nodes.
@@ -76,8 +80,12 @@ std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& 
 // cannot write is named before the work, not after. kIoError naming `dir`.
 [[nodiscard]] Status make_profile_dir(const std::string& dir);
 
-// Creates `dir` (and its parents) if needed and writes trace.json, profile.json and report.html there, each replaced
-// atomically. kIoError naming the path that could not be made or written.
+// The most events trace.json is written for (about 200 MB of JSON): beyond, only trace.pftrace (and an
+// earlier trace.json in `dir` is removed).
+inline constexpr size_t kJsonTraceEvents = 1'000'000;
+
+// Creates `dir` (and its parents) if needed and writes trace.pftrace, trace.json (up to kJsonTraceEvents
+// events), profile.json and report.html there, each replaced atomically. kIoError naming the path that could not be made or written.
 [[nodiscard]] Status write_profile_dir(const std::string& dir, const std::vector<TraceEvent>& events,
                                        const RunFacts& run);
 

@@ -162,7 +162,7 @@ int run_generate(const GenerateArgs& a) {
     for (int p = 0; p < session.programs(); ++p)  // models::Generator compiles the prefill, then one decode step
       run.programs.push_back(compiler::program_memory(
           session.executable(p),
-          session.programs() == 2 ? (p == 0 ? "prefill" : "decode") : "program " + std::to_string(p)));
+          session.programs() == 2 ? (p == 0 ? "prefill" : "decode") : "program " + std::to_string(p), p));
     api::add_planned_memory(run, session);
     if (Status st = api::write_run_profile(profile_dir, trace.events(), run, std::cerr); !st.is_ok())
       return report(st);

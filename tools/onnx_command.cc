@@ -188,7 +188,7 @@ int run_run(const RunArgs& a) {
   }
   if (!profile_dir.empty()) {
     profile::RunFacts run = api::run_facts("onnx run", a.threads, {{"model", a.model}, {"dtype", a.dtype}});
-    run.programs.push_back(compiler::program_memory((*model)->executable(), "run"));
+    run.programs.push_back(compiler::program_memory((*model)->executable(), "run", 0));
     api::add_planned_memory(run, (*model)->session());
     if (Status s = api::write_run_profile(profile_dir, trace.events(), run, std::cout); !s.is_ok()) return report(s);
   }

@@ -9,6 +9,7 @@
 
 #include "core/atomic_file.h"
 #include "profile/diff.h"
+#include "profile/profile_dir.h"
 #include "profile/report.h"
 #include "tools/commands.h"
 
@@ -25,7 +26,14 @@ struct DiffArgs {
 // A profile directory (its trace.json) or a trace.json itself.
 Result<std::vector<profile::TraceEvent>> read_profile(const std::string& path) {
   const bool dir = std::filesystem::is_directory(path);
-  return profile::read_chrome_trace(dir ? (std::filesystem::path(path) / "trace.json").string() : path);
+  const std::filesystem::path json = std::filesystem::path(path) / "trace.json";
+  if (dir && !std::filesystem::exists(json) && std::filesystem::exists(std::filesystem::path(path) / "trace.pftrace"))
+    return Status::error(Code::kInvalidArgument, json.string(),
+                         "the run's events as JSON (written for runs of at most " +
+                             std::to_string(profile::kJsonTraceEvents) + " events)",
+                         "only trace.pftrace: the run recorded more; record fewer steps (--profile-steps, or "
+                         "--profile-every to spread them) to compare two runs");
+  return profile::read_chrome_trace(dir ? json.string() : path);
 }
 
 nlohmann::ordered_json to_json(const profile::InstructionDiff& x) {

@@ -66,6 +66,7 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   std::string profile;  // "": $ASPEN_PROFILE, else none
   int64_t profile_steps = 10;
+  int64_t profile_every = 1;
 };
 
 // The demo's config: a 4-layer GPT-2 (about 0.8M parameters plus embeddings)
@@ -301,6 +302,7 @@ int train_job(const TrainArgs& a, bool mpi, int processes, bool writer) {
   to.stop_requested = &g_stop;
   to.profile = profile::profile_dir_choice(a.profile);
   to.profile_steps = a.profile_steps;
+  to.profile_every = a.profile_every;
   auto trainer = api::Trainer::create(c, to);
   if (!trainer.is_ok()) return report(trainer.status());
   std::string layout;
@@ -432,6 +434,10 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--profile", args->profile,
                   std::string(api::kProfileHelp) + ": every instruction of --profile-steps steps from the run's second");
   cmd->add_option("--profile-steps", args->profile_steps, "steps the profile records (default 10)")
+      ->check(at_least(1));
+  cmd->add_option("--profile-every", args->profile_every,
+                  "record every N-th step from the second, each whole, until --profile-steps are recorded "
+                  "(default 1: consecutive steps)")
       ->check(at_least(1));
   cmd->add_option("--replicas", args->replicas,
                   "data-parallel replicas (overrides batch.replicas; the demo keeps its global batch of 16)")

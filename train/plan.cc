@@ -423,6 +423,12 @@ std::span<const Instr> after_decision(const DevicePlan& device) {
   return {decided + 1, device.instrs.end()};
 }
 
+std::string transfer_key(const Instr& i, int self) {
+  const bool send = i.kind == InstrKind::send;
+  return std::string(payload_name(i.payload)) + " e" + num(i.edge) + (i.micro >= 0 ? " m" + num(i.micro) : "") + " " +
+         num(send ? self : i.peer) + "->" + num(send ? i.peer : self);
+}
+
 std::string instr_text(const Instr& i) {
   std::string out = instr_kind_name(i.kind);
   switch (i.kind) {

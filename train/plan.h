@@ -166,5 +166,8 @@ std::span<const Instr> after_decision(const DevicePlan& device);
 // one per line (golden files, `aspen train --print-plan`).
 std::string plan_text(const Plan& plan);
 std::string instr_text(const Instr& instr);
+// The transfer a send or a receive of the device with mesh rank `self` takes part in, the same text at both
+// ends ("activation e3 m1 0->1"): the profile draws an arrow from the one to the other (profile/perfetto.h).
+std::string transfer_key(const Instr& instr, int self);
 
 }  // namespace aspen::train

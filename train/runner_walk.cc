@@ -132,8 +132,12 @@ Status Runner::walk_to_decision(int d, StepState& step) {
     const int m = in.micro;
     profile::TraceScope traced(recording_, session_->device(d).name(), instr_kind_name(in.kind),
                                profile::category::kPlan);
-    if (traced.active()) traced.add_arg("instruction", instr_text(in));
     const bool transfer = in.kind == InstrKind::send || in.kind == InstrKind::recv;
+    if (traced.active()) {
+      traced.add_arg("instruction", instr_text(in));
+      if (transfer)  // an arrow from the send to its receive (profile/perfetto.h)
+        traced.add_arg(in.kind == InstrKind::send ? "flow_out" : "flow_in", transfer_key(in, mesh_rank(d)));
+    }
     if (transfer && (in.payload == Payload::tied_gradient || in.payload == Payload::tied_weight)) {
       // A tied parameter's gradient on a later stage, added into its owner's (in stage order).
       ASPEN_RETURN_IF_ERROR(tied_transfer(d, in, *transport));
@@ -168,6 +172,7 @@ Status Runner::walk_to_decision(int d, StepState& step) {
         auto t = out.find(name);
         if (t == out.end())
           return Status::error(Code::kInternal, where(), "the pass before it to output " + name, "no such output");
+        traced.set_bytes(int64_t(t->second.nbytes()));
         ASPEN_RETURN_IF_ERROR(transport->put({.edge = in.edge, .micro = m, .grad = grad}, peer_stage(in),
                                              std::move(t->second)));
         break;
