@@ -14,6 +14,7 @@
 #include "core/thread_team.h"
 #include "models/generate.h"
 #include "profile/diff.h"
+#include "profile/perfetto.h"
 #include "profile/trace.h"
 
 namespace aspen::bench {
@@ -47,6 +48,40 @@ struct SlowedInstruction {
   }
   ~SlowedInstruction() { ::unsetenv("ASPEN_TEST_SLOW_INSTRUCTION"); }
 };
+
+// The trace-size row: `run` repeated to `n` events, written to `path`.
+Status trace_size(const std::vector<profile::TraceEvent>& run, int64_t n, const std::string& path, bool json,
+                  std::ostream& out) {
+  if (run.empty()) return Status::error(Code::kInternal, "bench profile", "traced events", "none");
+  const double json_per_event = double(profile::chrome_trace_json(run).size()) / double(run.size());
+  std::vector<profile::TraceEvent> events;
+  events.reserve(size_t(n));
+  const int64_t span = run.back().end_ns - run.front().start_ns + 1000;
+  for (int64_t k = 0; int64_t(events.size()) < n; ++k)
+    for (size_t i = 0; i < run.size() && int64_t(events.size()) < n; ++i) {
+      events.push_back(run[i]);
+      events.back().start_ns += k * span;
+      events.back().end_ns += k * span;
+    }
+  const auto t0 = std::chrono::steady_clock::now();
+  ASPEN_RETURN_IF_ERROR(profile::write_perfetto_trace(events, {}, path));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double bytes = double(std::filesystem::file_size(path));
+  std::filesystem::remove(path);
+  if (json) {
+    out << nlohmann::ordered_json{{"bench", "profile_trace_size"}, {"events", n}, {"run_events", run.size()},
+                                  {"pftrace_bytes", bytes}, {"pftrace_bytes_per_event", bytes / double(n)},
+                                  {"json_bytes_per_event", json_per_event}, {"write_s", seconds}}.dump()
+        << "\n";
+  } else {
+    out << fmt::format("trace of {} events (a decode's {} repeated): trace.pftrace {:.1f} MB, {:.1f} bytes an event, "
+                       "written in {:.1f} s; trace.json would take {:.0f} bytes an event ({:.0f} MB)\n",
+                       n, run.size(), bytes / 1e6, bytes / double(n), seconds, json_per_event,
+                       json_per_event * double(n) / 1e6);
+  }
+  out.flush();
+  return Status();
+}
 
 }  // namespace
 
@@ -96,6 +131,8 @@ Status run_profile_bench(const ProfileBenchOptions& opt, std::ostream& out) {
   // Detection: the candidates are the decode program's instructions of >= 1 % of its time.
   profile::TraceRecorder first;
   ASPEN_RETURN_IF_ERROR(decode_seconds(dir, threads, tokens, &first).status());
+  if (const int64_t n = opt.quick ? std::min<int64_t>(opt.trace_events, 100'000) : opt.trace_events; n > 0)
+    ASPEN_RETURN_IF_ERROR(trace_size(first.events(), n, dir + "/trace.pftrace", opt.json, out));
   std::map<int, double> node_ns;
   double program_ns = 0;
   for (const profile::TraceEvent& e : first.events()) {

@@ -6,6 +6,10 @@
 //              decode, the second with one instruction (chosen among those taking >= 1 % of the decode
 //              program's time, a different one per trial) slowed by `slowdown` (NOTE [slowed instruction]);
 //              found when the diff names it slower; false names counted (W3.5's goal: found in >= 95 %).
+//   trace size a real decode's events repeated (each run's times after the last) to `trace_events` events,
+//              written as trace.pftrace (profile/perfetto.h): bytes an event, the file, the seconds to write
+//              it, against trace.json's bytes an event on the same events (W3.5's goal: 10 million events
+//              under 300 MB). Holds the events in memory: about 0.5 GB a million.
 #pragma once
 
 #include <ostream>
@@ -21,8 +25,9 @@ struct ProfileBenchOptions {
   int rounds = 7;             // overhead: traced and untraced runs, alternated
   int trials = 20;            // detection trials
   double slowdown = 0.05;     // the injected slowdown
+  int64_t trace_events = 10'000'000;  // trace size: events written (0: no trace-size row)
   bool json = false;
-  bool quick = false;         // 2 layers, vocab 2048, few tokens, 3 rounds, 2 trials (a smoke test)
+  bool quick = false;         // 2 layers, vocab 2048, few tokens, 3 rounds, 2 trials, 100,000 events (a smoke test)
 };
 
 Status run_profile_bench(const ProfileBenchOptions& options, std::ostream& out);

@@ -52,6 +52,13 @@ else
     python3 -m pip install -q --break-system-packages numpy onnxruntime
 fi
 
+# profile/perfetto_schema_test.py reads trace.pftrace with Perfetto's own schema (its PyPI package: pure Python).
+if python3 -c "import perfetto.protos.perfetto.trace.perfetto_trace_pb2" 2>/dev/null; then
+  echo "install-deps: perfetto present"
+else
+  python3 -m pip install -q perfetto || python3 -m pip install -q --break-system-packages perfetto
+fi
+
 # python/: the aspen Python package. nanobind (the binding; Debian 12 has none) and scikit-build-core (what
 # `pip install .` builds with) and pytest (its tests, which ctest runs).
 if python3 -c "import nanobind, scikit_build_core, pytest" 2>/dev/null; then

@@ -216,7 +216,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100));
   prof_cmd->add_option("--trials", profb.trials, "detection trials (default 20)")->check(CLI::Range(1, 1000));
   prof_cmd->add_option("--slowdown", profb.slowdown, "the injected slowdown (default 0.05)")->check(CLI::Range(0.001, 10.0));
-  prof_cmd->add_flag("--quick", profb.quick, "2 layers, few tokens, 3 rounds, 2 trials (a smoke test, not a measurement)");
+  prof_cmd->add_option("--trace-events", profb.trace_events,
+                       "trace size: a decode's events repeated to this many, written as trace.pftrace (default "
+                       "10000000, about 5 GB of memory; 0: no trace-size row)")
+      ->check(CLI::Range(int64_t(0), int64_t(100'000'000)));
+  prof_cmd->add_flag("--quick", profb.quick,
+                     "2 layers, few tokens, 3 rounds, 2 trials, 100000 events (a smoke test, not a measurement)");
   CLI::App* dec_cmd = bench->add_subcommand("decode", "GPT-2 decode GEMV: weight GB/s vs oneDNN and a read sweep");
   dec_cmd->footer("Example: aspen bench decode --threads 2 --rows 1");
   dec_cmd->add_flag("--json", dec.json, "one JSON object per line");
