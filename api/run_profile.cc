@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/tensor.h"
 #include "core/thread_team.h"
 #include "kernels/cpu.h"
 #include "kernels/peaks.h"
@@ -20,17 +21,21 @@ namespace aspen::api {
 
 namespace {
 
-int64_t resident_bytes() {  // this process's resident set now (/proc/self/statm's second field, in pages)
+struct Resident {
+  int64_t all = 0, file = 0;  // bytes; file: file-backed (and shared) pages
+};
+Resident resident() {  // this process's resident set now (/proc/self/statm's second and third fields, in pages)
   std::FILE* f = std::fopen("/proc/self/statm", "r");
-  if (!f) return 0;
-  long long size = 0, resident = 0;
-  const int n = std::fscanf(f, "%lld %lld", &size, &resident);
+  if (!f) return {};
+  long long size = 0, all = 0, file = 0;
+  const int n = std::fscanf(f, "%lld %lld %lld", &size, &all, &file);
   std::fclose(f);
-  return n == 2 ? int64_t(resident) * int64_t(::sysconf(_SC_PAGESIZE)) : 0;
+  const int64_t page = int64_t(::sysconf(_SC_PAGESIZE));
+  return n == 3 ? Resident{int64_t(all) * page, int64_t(file) * page} : Resident{};
 }
 
 // The process before any model: read when the program is loaded (this file's static initialization).
-const int64_t kStartRss = resident_bytes();
+const Resident kStart = resident();
 // The read peak's buffer: beyond the last-level caches of these machines (32 MiB at most).
 constexpr size_t kPeakBuffer = size_t(128) << 20;
 
@@ -50,7 +55,9 @@ profile::RunFacts run_facts(std::string command, int threads, std::vector<std::p
   std::lock_guard<std::mutex> lock(mu);
   rusage usage{};
   run.memory.peak_rss = ::getrusage(RUSAGE_SELF, &usage) == 0 ? int64_t(usage.ru_maxrss) * 1024 : 0;  // KiB
-  run.memory.start_rss = kStartRss;
+  run.memory.start_rss = kStart.all;
+  run.memory.libraries_paged = std::max<int64_t>(0, resident().file - kStart.file);
+  run.memory.block_cache = int64_t(tensor_block_cache_bytes());
   run.memory.measurement = measured.empty() ? 0 : int64_t(kPeakBuffer);
   ScopedOmpThreads team(threads > 0 ? threads : omp_get_max_threads());
   const int t = omp_get_max_threads();

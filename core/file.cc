@@ -122,6 +122,18 @@ Result<FileBytes> FileBytes::open(const std::string& path, uint64_t max_bytes) {
   return f;
 }
 
+void FileBytes::release(std::span<const std::byte> range) const {
+  if (map_ == nullptr || range.empty()) return;
+  static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(range.data()), end = begin + range.size();
+  const uintptr_t lo = (begin + page - 1) / page * page, hi = end / page * page;  // whole pages only
+  const auto map_lo = reinterpret_cast<uintptr_t>(map_), map_hi = map_lo + map_size_;
+  if (lo >= hi || lo < map_lo || hi > map_hi) return;
+  // A private read-only mapping's pages were never written: dropped, they read the file again. A failure
+  // (none is expected) only leaves them resident.
+  (void)madvise(reinterpret_cast<void*>(lo), size_t(hi - lo), MADV_DONTNEED);
+}
+
 Status InputFile::pread_exact(uint64_t offset, void* out, uint64_t bytes) const {
   auto* p = static_cast<char*>(out);
   uint64_t done = 0;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -65,6 +66,44 @@ TEST(FileBytes, MapsReadsAndCopiesAndMovesWithoutMovingTheBytes) {
 }
 
 // A FIFO would block open() and read() forever; /dev/zero would read until memory runs out.
+// The file-backed pages of this process now (/proc/self/statm's third field).
+int64_t file_pages_resident() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, all = 0, file = 0;
+  statm >> size >> all >> file;
+  return file * int64_t(::sysconf(_SC_PAGESIZE));
+}
+
+// NOTE [pages read once]: released pages leave the process's resident set, and read again they hold the same
+// bytes; a range that covers no whole page, or bytes of a copy, are no-ops.
+TEST(FileBytes, ReleasedPagesLeaveTheResidentSetAndReadTheSame) {
+  TempDir dir;
+  const size_t n = size_t(48) << 20;
+  std::string bytes(n, '\0');
+  for (size_t i = 0; i < n; ++i) bytes[i] = char((i * 2654435761u) >> 13);
+  write(dir.path + "/big", bytes);
+  auto f = FileBytes::open(dir.path + "/big", n);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  auto sum = [&] {
+    uint64_t s = 0;
+    for (size_t i = 0; i < n; i += 512) s += uint64_t(uint8_t(f->data()[i])) * i;
+    return s;
+  };
+  uint64_t want = 0;
+  for (size_t i = 0; i < n; i += 512) want += uint64_t(uint8_t(bytes[i])) * i;
+  EXPECT_EQ(sum(), want);  // every page touched
+  const int64_t touched = file_pages_resident();
+  f->release(f->bytes().subspan(0, 100));  // no whole page: nothing
+  f->release(f->bytes().subspan(1, n - 2));  // all but the first and last pages
+  const int64_t released = file_pages_resident();
+  EXPECT_GT(touched - released, int64_t(n) - (int64_t(4) << 20)) << touched << " -> " << released;
+  EXPECT_EQ(sum(), want);  // read from the file again
+  EXPECT_EQ(std::memcmp(f->data(), bytes.data(), n), 0);
+  FileBytes c = FileBytes::copy(std::as_bytes(std::span(bytes.data(), 100)));
+  c.release(c.bytes());
+  EXPECT_EQ(std::memcmp(c.data(), bytes.data(), 100), 0);
+}
+
 TEST(InputFile, RefusesSpecialFilesWithoutBlocking) {
   TempDir dir;
   const std::string fifo = dir.path + "/pipe";

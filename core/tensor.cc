@@ -29,6 +29,10 @@ class BlockCache {
  public:
   static constexpr size_t kMin = size_t(64) << 10;
 
+  size_t held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_;
+  }
   void* take(size_t rounded) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = free_.find(rounded);
@@ -94,6 +98,8 @@ void* aligned_alloc_rounded(size_t bytes, bool zero) {
 void* aligned_alloc_zeroed(size_t bytes) { return aligned_alloc_rounded(bytes, true); }
 
 void aligned_free(void* p) { std::free(p); }
+
+size_t tensor_block_cache_bytes() { return kCacheBlocks ? block_cache().held() : 0; }
 
 void Tensor::Free::operator()(void* p) const {
   if (!owned || !p) return;

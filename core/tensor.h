@@ -83,5 +83,8 @@ class Tensor {
 // failure. Release with aligned_free.
 void* aligned_alloc_zeroed(size_t bytes);
 void aligned_free(void* p);
+// The bytes of freed tensors' blocks held for reuse (NOTE [tensor block cache], core/tensor.cc): resident
+// memory no plan holds (the profile names it).
+size_t tensor_block_cache_bytes();
 
 }  // namespace aspen

@@ -83,6 +83,8 @@ class GgufFile {
   const std::vector<GgufTensor>& tensors() const { return tensors_; }  // in the file's order
   const GgufTensor* find(const std::string& name) const;
   std::span<const std::byte> data(const GgufTensor& t) const;
+  // Its pages dropped from resident memory once copied elsewhere (NOTE [pages read once], core/file.h).
+  void release(const GgufTensor& t) const { file_.release(data(t)); }
   // The tensor's values as f32 (see the file comment); NotFound naming the tensor, Unimplemented naming a
   // type aspen does not dequantize.
   Result<Tensor> read_f32(const std::string& name) const;

@@ -274,7 +274,9 @@ Result<Tensor> SafetensorsFile::read(const std::string& name) const {
   if (!info)
     return Status::error(Code::kNotFound, path_ + ": tensor " + sq(name), "a tensor of that name",
                          "none among " + std::to_string(tensors_.size()) + " tensors");
-  return copy_tensor(path_ + ": tensor " + sq(name), *info, data(*info));
+  Result<Tensor> t = copy_tensor(path_ + ": tensor " + sq(name), *info, data(*info));
+  release(*info);
+  return t;
 }
 
 // ---------------------------------------------------------------- SafetensorsIndex

@@ -66,8 +66,13 @@ class SafetensorsFile {
   const TensorInfo* find(const std::string& name) const;
   // The tensor's bytes inside the mapping (valid while this object lives).
   std::span<const std::byte> data(const TensorInfo& info) const;
-  // A copy of the tensor; NotFound naming the tensor and the file.
+  // A copy of the tensor (its pages then dropped from resident memory: NOTE [pages read once],
+  // core/file.h); NotFound naming the tensor and the file.
   Result<Tensor> read(const std::string& name) const;
+  // The tensor's pages, or the whole file's, dropped from resident memory once read (NOTE [pages read once]).
+  void release(const TensorInfo& info) const { file_.release(data(info)); }
+  void release(std::span<const std::byte> part_of_data) const { file_.release(part_of_data); }
+  void release_all() const { file_.release(file_.bytes()); }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // The whole file as mapped (or as from_bytes copied it): a checksum over exactly the bytes read.
   std::span<const std::byte> file_bytes() const { return file_.bytes(); }

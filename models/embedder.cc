@@ -127,7 +127,8 @@ Result<std::unique_ptr<Embedder>> Embedder::open(const std::string& dir, const E
                          runtime::Session::create(std::move(programs), {.threads = options.threads, .trace = options.trace}));
   runtime::Session& s = *e->session_;
   ASPEN_RETURN_IF_ERROR(
-      load_weights(*plan, [&s](const std::string& name, const Tensor& t) { return s.set_parameter(name, t); }));
+      load_weights(*plan, [&s](const std::string& name, const Tensor& t) { return s.set_parameter(name, t); },
+                   [&s](const std::string& name) { return s.replicas() == 1 ? s.parameter_of(0, name) : nullptr; }));
   return e;
 }
 

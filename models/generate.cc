@@ -143,7 +143,7 @@ Result<std::unique_ptr<Generator>> Generator::open(const std::string& dir, const
       if (part.nbytes()) std::memcpy(dst->raw(), part.raw(), part.nbytes());
     }
     return Status();
-  }));
+  }, [&s, T](const std::string& name) { return T == 1 ? s.parameter_of(0, name) : nullptr; }));
   if (vp)  // each shard's first row of the vocabulary
     for (int r = 0; r < T; ++r) {
       Tensor* off = s.parameter_of(r, kVocabOffsetName);

@@ -52,9 +52,9 @@ Result<PerplexityResult> perplexity(const std::string& model, std::span<const in
   so.threads = options.threads;
   ASPEN_ASSIGN_OR_RETURN(auto session, runtime::Session::create(std::move(exe), so));
   ASPEN_ASSIGN_OR_RETURN(WeightPlan plan, plan_weights(g, ckpt));
-  ASPEN_RETURN_IF_ERROR(load_weights(plan, [&](const std::string& name, const Tensor& t) {
-    return session->set_parameter(name, t);
-  }));
+  ASPEN_RETURN_IF_ERROR(load_weights(
+      plan, [&](const std::string& name, const Tensor& t) { return session->set_parameter(name, t); },
+      [&](const std::string& name) { return session->replicas() == 1 ? session->parameter_of(0, name) : nullptr; }));
 
   Tensor ids(DType::i32, Shape{1, ctx}), pos(DType::i32, Shape{1, ctx});
   for (int64_t t = 0; t < ctx; ++t) pos.data<int32_t>()[t] = int32_t(t);

@@ -189,8 +189,9 @@ Result<WeightPlan> plan_weights(const graph::Graph& g, const Checkpoint& ckpt) {
   return plan;
 }
 
-Result<Tensor> read_weight(const WeightBinding& w) {
-  if (w.gguf_tensor) return read_gguf_weight(w);
+namespace {
+
+Result<Tensor> read_safetensors_weight(const WeightBinding& w) {
   ASPEN_CHECK(w.file != nullptr && w.info != nullptr) << "an unbound WeightBinding for " << w.parameter;
   const std::span<const std::byte> bytes = w.file->data(*w.info);
   const DType from = w.info->dtype, to = w.type.dtype;
@@ -227,6 +228,17 @@ Result<Tensor> read_weight(const WeightBinding& w) {
   return out;
 }
 
+}  // namespace
+
+Result<Tensor> read_weight(const WeightBinding& w) {
+  Result<Tensor> t = w.gguf_tensor ? read_gguf_weight(w) : read_safetensors_weight(w);
+  // NOTE [pages read once] (core/file.h): the copy is what the program keeps; the mapping's pages of it would
+  // otherwise stay resident beside it (a model's load peaking at twice its size).
+  if (w.gguf_tensor) w.gguf->release(*w.gguf_tensor);
+  else w.file->release(*w.info);
+  return t;
+}
+
 Status narrow_into(std::span<const float> values, Tensor& out) {
   const int64_t n = out.numel();
   if (out.dtype() == DType::bf16) return kernels::convert_f32_to_bf16(values, out.span<bf16>(), n);
@@ -237,8 +249,32 @@ Status narrow_into(std::span<const float> values, Tensor& out) {
   return Status();
 }
 
-Status load_weights(const WeightPlan& plan, const std::function<Status(const std::string&, const Tensor&)>& sink) {
+Status load_weights(const WeightPlan& plan, const std::function<Status(const std::string&, const Tensor&)>& sink,
+                    const WeightDestination& into) {
+  constexpr size_t kPart = size_t(16) << 20;
   for (const WeightBinding& w : plan.bindings) {
+    // A weight stored as the parameter wants it goes to the sink as a view of the mapping: no copy beside the
+    // one the sink makes (the copies were the load's peak, and their blocks stayed in the tensor block cache,
+    // NOTE [tensor block cache]), its pages then dropped (NOTE [pages read once]).
+    if (!w.gguf_tensor && w.info->dtype == w.type.dtype) {
+      const std::span<const std::byte> bytes = w.file->data(*w.info);
+      if (reinterpret_cast<uintptr_t>(bytes.data()) % dtype_size(w.type.dtype) == 0 &&
+          bytes.size() == size_t(w.type.shape.numel()) * dtype_size(w.type.dtype)) {
+        if (Tensor* dst = into ? into(w.parameter) : nullptr;
+            dst && dst->dtype() == w.type.dtype && dst->shape() == w.type.shape) {
+          for (size_t at = 0; at < bytes.size(); at += kPart) {
+            const size_t n = std::min(kPart, bytes.size() - at);
+            std::memcpy(static_cast<std::byte*>(dst->raw()) + at, bytes.data() + at, n);
+            w.file->release(bytes.first(at + n));  // from the start: a part's last page is whole only later
+          }
+          continue;
+        }
+        const Tensor view = Tensor::view(w.type.dtype, w.type.shape, const_cast<std::byte*>(bytes.data()));
+        ASPEN_RETURN_IF_ERROR(sink(w.parameter, view));
+        w.file->release(*w.info);
+        continue;
+      }
+    }
     ASPEN_ASSIGN_OR_RETURN(Tensor t, read_weight(w));
     ASPEN_RETURN_IF_ERROR(sink(w.parameter, t));
   }

@@ -31,7 +31,8 @@
 //
 // Reading converts straight from the memory-mapped file into the tensor
 // handed on: load_weights streams one tensor at a time, so loading never holds
-// a second copy of the model.
+// a second copy of the model (not even the file's pages: each tensor's are
+// dropped from resident memory once copied, NOTE [pages read once] in core/file.h).
 //
 // Thread-safety: a Checkpoint is immutable once opened; a WeightPlan points
 // into it and is valid while it lives.
@@ -114,11 +115,17 @@ struct WeightPlan {
 // Binds every parameter of `g` (see the header comment for names, shapes and dtypes).
 Result<WeightPlan> plan_weights(const graph::Graph& g, const Checkpoint& ckpt);
 
-// The bound tensor, converted to the parameter's dtype.
+// The bound tensor, converted to the parameter's dtype (the file's pages of it then dropped from resident memory).
 Result<Tensor> read_weight(const WeightBinding& w);
 
-// Reads each bound tensor in turn and hands it to `sink` (then frees it).
-Status load_weights(const WeightPlan& plan, const std::function<Status(const std::string&, const Tensor&)>& sink);
+// Reads each bound tensor in turn and hands it to `sink` (then frees it). A tensor stored in the parameter's
+// dtype reaches `sink` as a view of the file's mapping (valid during the call; copy it): no copy is made
+// for it before the sink's own. With `into`, such a tensor is copied straight into the tensor `into` gives for
+// its parameter (when not null and of the parameter's type) instead, a few MiB at a time, each part's pages
+// dropped once copied: loading then holds the parameters and a few MiB of the file, never a whole tensor twice.
+using WeightDestination = std::function<Tensor*(const std::string& parameter)>;
+Status load_weights(const WeightPlan& plan, const std::function<Status(const std::string&, const Tensor&)>& sink,
+                    const WeightDestination& into = {});
 
 // Every parameter's tensor by name (holds the whole model: for tests and small models).
 Result<std::map<std::string, Tensor>> read_weights(const graph::Graph& g, const Checkpoint& ckpt);

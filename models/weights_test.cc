@@ -377,6 +377,48 @@ TEST_F(WeightsTest, ExportHfModelErrors) {
 // NOTE [stored head]: a Llama-family config.json saying tie_word_embeddings beside a file that stores
 // lm_head.weight is read as transformers 5 reads it: the stored head, untied (aspen tied it, and its logits
 // differed from transformers' by 12).
+// load_weights with a destination: weights stored as the parameters want them are copied straight into the
+// destination (a 21 MB embedding over several 16 MiB parts), bit for bit; the others (a destination of
+// another type, or none) reach the sink; and what the sink gets is the checkpoint's values too.
+TEST_F(WeightsTest, LoadWeightsIntoDestinationsInPartsAndTheRestThroughTheSink) {
+  write_config(R"({"model_type": "gpt2", "vocab_size": 5200, "n_positions": 6, "n_embd": 1024,
+    "n_layer": 1, "n_head": 2, "n_inner": 5})");
+  auto cfg = load_config(dir() + "/config.json");
+  ASSERT_TRUE(cfg.is_ok());
+  graph::Graph g;
+  {
+    graph::Builder b(g);
+    ASSERT_TRUE(build_gpt2(b, *cfg->gpt2(), {.batch = 1, .seq = 3}).is_ok());
+  }
+  const std::map<std::string, Tensor> ckpt = random_checkpoint(g, [](const std::string& n) { return n; });
+  write_weights(ckpt);
+  auto c = Checkpoint::open(dir());
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  auto plan = plan_weights(g, *c);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  std::map<std::string, Tensor> into, sunk;
+  for (const auto& [name, t] : ckpt)
+    if (name != "transformer.h.0.ln_1.weight") into.emplace(name, Tensor(t.dtype(), t.shape()));
+  into.at("transformer.wpe.weight") = Tensor(DType::bf16, ckpt.at("transformer.wpe.weight").shape());  // another type
+  ASSERT_GT(ckpt.at("transformer.wte.weight").nbytes(), size_t(20) << 20);
+  const Status s = load_weights(
+      *plan, [&](const std::string& name, const Tensor& t) { sunk.emplace(name, t.clone()); return Status(); },
+      [&](const std::string& name) -> Tensor* {
+        auto it = into.find(name);
+        return it == into.end() ? nullptr : &it->second;
+      });
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(sunk.size(), 2u);
+  ASSERT_TRUE(sunk.count("transformer.h.0.ln_1.weight") && sunk.count("transformer.wpe.weight"));
+  for (const auto& [name, want] : ckpt) {
+    SCOPED_TRACE(name);
+    const Tensor& got = sunk.count(name) ? sunk.at(name) : into.at(name);
+    ASSERT_EQ(got.shape(), want.shape());
+    ASSERT_EQ(got.dtype(), DType::f32);
+    EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0);
+  }
+}
+
 TEST_F(WeightsTest, AStoredHeadIsUsedWhateverTieWordEmbeddingsSays) {
   const fs::path src = fs::path(ASPEN_MODELS_TESTDATA) / "llama-tiny";
   for (const auto& e : fs::directory_iterator(src)) fs::copy_file(e.path(), dir_ / e.path().filename());

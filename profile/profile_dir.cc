@@ -101,7 +101,10 @@ std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& 
                  {"arena_bytes", rm.arenas},
                  {"weight_only_bytes", rm.weight_only},
                  {"measurement_bytes", rm.measurement},
-                 {"unplanned_bytes", rm.peak_rss > 0 ? json(rm.peak_rss - rm.start_rss - rm.planned() - rm.measurement)
+                 {"libraries_paged_bytes", rm.libraries_paged},
+                 {"block_cache_bytes", rm.block_cache},
+                 {"unplanned_bytes", rm.peak_rss > 0 ? json(rm.peak_rss - rm.start_rss - rm.planned() - rm.measurement -
+                                                            rm.libraries_paged - rm.block_cache)
                                                      : json(nullptr)}};
   j["programs"] = json::array();
   for (const ProgramMemory& pm : run.programs) {

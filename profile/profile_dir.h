@@ -59,6 +59,10 @@ struct Peaks {
 struct RunMemory {
   int64_t peak_rss = 0, start_rss = 0;
   int64_t measurement = 0;  // the peaks' read buffer, when an earlier profile of this process measured them
+  // Measured when the profile is written: the file-backed pages resident then beyond those at start (the
+  // code of the libraries and kernels used, paged in as first run; a checkpoint's pages are dropped once
+  // read, NOTE [pages read once]), and the freed tensor blocks held for reuse (NOTE [tensor block cache]).
+  int64_t libraries_paged = 0, block_cache = 0;
   int64_t parameters = 0, replica_copies = 0, arenas = 0, weight_only = 0;  // planned
   int64_t planned() const { return parameters + replica_copies + arenas + weight_only; }
 };

@@ -297,7 +297,11 @@ function draw_memory(p) {
         ["planned: weight-only values", {text: mib(m.weight_only_bytes), v: m.weight_only_bytes}, share(m.weight_only_bytes)],
         ["the peaks' read buffer (measured earlier in this process)", {text: mib(m.measurement_bytes || 0), v: m.measurement_bytes || 0},
          share(m.measurement_bytes || 0)],
-        ["not planned (kernels' own weight copies, checkpoint pages read, tokenizer, allocator)",
+        ["libraries' code paged in since start", {text: mib(m.libraries_paged_bytes || 0), v: m.libraries_paged_bytes || 0},
+         share(m.libraries_paged_bytes || 0)],
+        ["freed tensor blocks kept for reuse", {text: mib(m.block_cache_bytes || 0), v: m.block_cache_bytes || 0},
+         share(m.block_cache_bytes || 0)],
+        ["the rest (kernels' own weight copies, tokenizer, heap, thread stacks)",
          {text: mib(m.unplanned_bytes), v: m.unplanned_bytes}, share(m.unplanned_bytes)]], [0]));
   }
   if (!p.programs || p.programs.length === 0) { mem.appendChild(el("p", "no compiled program in this profile")); return; }

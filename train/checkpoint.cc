@@ -344,6 +344,7 @@ Status read_tensors(const std::string& path, int64_t step, const std::optional<F
   if (want) {
     const std::span<const std::byte> bytes = f.file_bytes();
     const uint32_t crc = crc32c({reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+    f.release_all();  // read again tensor by tensor below (NOTE [pages read once])
     if (crc != want->crc32c)
       return corrupt(path, "CRC-32C \"" + crc32c_hex(want->crc32c) + "\" (per trainer.json)",
                      "\"" + crc32c_hex(crc) + "\" (the file is damaged)");
