@@ -1,5 +1,6 @@
 #include "api/run_profile.h"
 
+#include <malloc.h>
 #include <omp.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -11,10 +12,13 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/memory_phases.h"
 #include "core/tensor.h"
+#include "core/weight_copies.h"
 #include "core/thread_team.h"
 #include "kernels/cpu.h"
 #include "kernels/peaks.h"
+#include "kernels/scratch.h"
 #include "profile/diff.h"
 
 namespace aspen::api {
@@ -53,11 +57,17 @@ profile::RunFacts run_facts(std::string command, int threads, std::vector<std::p
   static std::mutex mu;
   static std::map<int, profile::Peaks> measured;
   std::lock_guard<std::mutex> lock(mu);
-  rusage usage{};
-  run.memory.peak_rss = ::getrusage(RUSAGE_SELF, &usage) == 0 ? int64_t(usage.ru_maxrss) * 1024 : 0;  // KiB
+  // VmHWM, not getrusage's ru_maxrss: that one is kept across exec, so a command started by a large process (a
+  // Python script with torch loaded) reported its parent's peak.
+  run.memory.peak_rss = memory_now("").high_water;
   run.memory.start_rss = kStart.all;
   run.memory.libraries_paged = std::max<int64_t>(0, resident().file - kStart.file);
   run.memory.block_cache = int64_t(tensor_block_cache_bytes());
+  run.memory.kernel_copies = kernel_copy_bytes();
+  run.memory.heap_free = int64_t(mallinfo2().fordblks);
+  run.memory.kernel_scratch = kernels::op_scratch_bytes();
+  run.memory.phases = memory_phases();
+  run.memory.phases.push_back(memory_now("profile written"));
   run.memory.measurement = measured.empty() ? 0 : int64_t(kPeakBuffer);
   ScopedOmpThreads team(threads > 0 ? threads : omp_get_max_threads());
   const int t = omp_get_max_threads();

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "compiler/executable.h"
+#include "core/memory_phases.h"
 #include "graph/interpreter.h"
 #include "graph/verify.h"
 
@@ -246,6 +247,7 @@ Result<std::unique_ptr<Executable>> compile(const Graph& graph_in, const Compile
   ASPEN_RETURN_IF_ERROR(run_passes(exe->graph, default_pipeline(options), ctx));
   ASPEN_ASSIGN_OR_RETURN(exe->plan, plan_memory(exe->graph, options.hoist_weights));
   ASPEN_RETURN_IF_ERROR(lower(*exe));
+  note_memory_phase("compiled");  // NOTE [memory phases]
   return exe;
 }
 
@@ -255,6 +257,7 @@ Result<std::unique_ptr<Executable>> lower_optimized(Graph optimized, const Compi
   exe->graph = std::move(optimized);
   ASPEN_ASSIGN_OR_RETURN(exe->plan, plan_memory(exe->graph, options.hoist_weights));
   ASPEN_RETURN_IF_ERROR(lower(*exe));
+  note_memory_phase("compiled");  // NOTE [memory phases]
   return exe;
 }
 

@@ -8,7 +8,11 @@ namespace aspen {
 
 namespace {
 std::atomic<int64_t> g_taken{0};
+std::atomic<int64_t> g_kernel_copies{0};
 }  // namespace
+
+void count_kernel_copy_bytes(int64_t delta) { g_kernel_copies.fetch_add(delta, std::memory_order_relaxed); }
+int64_t kernel_copy_bytes() { return g_kernel_copies.load(std::memory_order_relaxed); }
 
 int64_t weight_copy_budget() {
   static const int64_t budget = [] {

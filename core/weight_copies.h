@@ -21,4 +21,11 @@ void give_weight_copy_bytes(int64_t bytes);
 int64_t weight_copy_budget();  // a quarter of physical memory
 int64_t weight_copy_bytes();   // reserved now
 
+// The bytes kernels hold now in their own layouts of fixed weights (a matmul plan's packed b, a GEMV's or a
+// quantized product's packed rows): resident memory beside the parameters that no memory plan holds (the
+// profile names it, NOTE [planned and measured memory]). Each kernel adds what it allocates and takes it
+// off when it frees it.
+void count_kernel_copy_bytes(int64_t delta);
+int64_t kernel_copy_bytes();
+
 }  // namespace aspen

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/weight_copies.h"
 #include "graph/ops_util.h"
 #include "kernels/gemv.h"
 
@@ -105,10 +106,14 @@ inline const float* f32_in(In i, size_t k) { return static_cast<const float*>(i[
 class PackedWeights {
  public:
   explicit PackedWeights(size_t bytes) : bytes_(bytes) {}
+  ~PackedWeights() { count_kernel_copy_bytes(-int64_t(packed_.size())); }
+  PackedWeights(const PackedWeights&) = delete;
+  PackedWeights& operator=(const PackedWeights&) = delete;
   template <class Pack>
   const void* of(const void* w, Pack pack) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!ready_) {
+      if (packed_.size() != bytes_) count_kernel_copy_bytes(int64_t(bytes_) - int64_t(packed_.size()));
       packed_.resize(bytes_);
       pack(w, packed_.data());
       ready_ = true;

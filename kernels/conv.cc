@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/weight_copies.h"
 #include "kernels/convert.h"
 #include "kernels/cpu.h"
 #include "kernels/scratch.h"
@@ -141,7 +142,8 @@ struct ConvPlan::Impl {
   dnnl::reorder reorder[3];  // plain to chosen for a and b, chosen to plain for out, where they differ
   bool b_fixed = false, b_ready = false;
   bool through[3] = {};  // the operand goes through a buffer in the chosen layout (reordered or kept)
-  Tensor b_kept;         // b in the primitive's layout, f32 (b_fixed)
+  Tensor b_kept;         // b in the primitive's layout, f32 (b_fixed); counted (count_kernel_copy_bytes)
+  ~Impl() { count_kernel_copy_bytes(-int64_t(b_kept.nbytes())); }
   // Memory objects made once; each run points them at its buffers (set_data_handle).
   dnnl::memory user_mem[3], chosen_mem[3], bias_mem;
   dnnl::memory::desc scratch_md;  // the primitive's scratchpad (NOTE [oneDNN scratchpads])
@@ -292,7 +294,9 @@ Status ConvPlan::run(const void* a, const void* b, const void* bias, void* out) 
       if (!p.through[i]) continue;
       const size_t bytes = p.chosen[i].get_size();
       if (keep && (p.b_kept.raw() == nullptr || p.b_kept.nbytes() < bytes)) {
+        const int64_t had = int64_t(p.b_kept.nbytes());
         ASPEN_ASSIGN_OR_RETURN(p.b_kept, Tensor::make(DType::f32, Shape{int64_t((bytes + 3) / 4)}));
+        count_kernel_copy_bytes(int64_t(p.b_kept.nbytes()) - had);
       }
       void* buf = keep ? p.b_kept.raw() : op_scratch(i == 0 ? kBlockedA : kBlockedB, bytes);
       if (!buf) return no_memory();

@@ -252,6 +252,7 @@ class AspenPlan final : public MatmulPlan::Impl {
   ~AspenPlan() override {
     std::free(packed_);
     give_weight_copy_bytes(int64_t(packed_bytes_));
+    count_kernel_copy_bytes(-int64_t(packed_bytes_));
   }
 
   void b_changed() override { packed_from_ = nullptr; }
@@ -320,6 +321,7 @@ class AspenPlan final : public MatmulPlan::Impl {
       if (!take_weight_copy_bytes(int64_t(want))) return false;
       std::free(packed_);
       give_weight_copy_bytes(int64_t(packed_bytes_));
+      count_kernel_copy_bytes(int64_t(want) - int64_t(packed_bytes_));
       packed_bytes_ = want;
       packed_ = static_cast<char*>(std::aligned_alloc(64, packed_bytes_));
       ASPEN_CHECK(packed_ != nullptr) << "matmul: out of memory for " << packed_bytes_ << " bytes of packed b";

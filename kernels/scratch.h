@@ -17,6 +17,8 @@ inline constexpr int kScratchSlots = 8;
 
 // nullptr when the memory cannot be had.
 void* op_scratch(int slot, size_t bytes);
+// The bytes every thread's slots hold now (the profile's memory view names them).
+int64_t op_scratch_bytes();
 template <class T>
 T* op_scratch_of(int slot, int64_t n) {
   return static_cast<T*>(op_scratch(slot, size_t(n) * sizeof(T)));

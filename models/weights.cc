@@ -1,5 +1,7 @@
 #include "models/weights.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cerrno>
@@ -10,6 +12,7 @@
 #include "core/atomic_file.h"
 #include "core/file.h"
 #include "core/log.h"
+#include "core/memory_phases.h"
 #include "kernels/convert.h"
 #include "models/gguf_checkpoint.h"
 
@@ -116,6 +119,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
                                                                                 "and n_inner") +
                                         " (config.json's names) against the weights");
   }
+  note_memory_phase("checkpoint opened");  // NOTE [memory phases]
   return c;
 }
 
@@ -251,7 +255,7 @@ Status narrow_into(std::span<const float> values, Tensor& out) {
 
 Status load_weights(const WeightPlan& plan, const std::function<Status(const std::string&, const Tensor&)>& sink,
                     const WeightDestination& into) {
-  constexpr size_t kPart = size_t(16) << 20;
+  constexpr size_t kPart = size_t(2) << 20;  // the file's pages resident at once while copying
   for (const WeightBinding& w : plan.bindings) {
     // A weight stored as the parameter wants it goes to the sink as a view of the mapping: no copy beside the
     // one the sink makes (the copies were the load's peak, and their blocks stayed in the tensor block cache,
@@ -262,10 +266,17 @@ Status load_weights(const WeightPlan& plan, const std::function<Status(const std
           bytes.size() == size_t(w.type.shape.numel()) * dtype_size(w.type.dtype)) {
         if (Tensor* dst = into ? into(w.parameter) : nullptr;
             dst && dst->dtype() == w.type.dtype && dst->shape() == w.type.shape) {
+          static const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+          size_t released = 0;  // bytes before it were released as far as whole pages go
           for (size_t at = 0; at < bytes.size(); at += kPart) {
             const size_t n = std::min(kPart, bytes.size() - at);
             std::memcpy(static_cast<std::byte*>(dst->raw()) + at, bytes.data() + at, n);
-            w.file->release(bytes.first(at + n));  // from the start: a part's last page is whole only later
+            // Up to the last page boundary copied (all of it at the end): the next part releases from there.
+            const uintptr_t end = reinterpret_cast<uintptr_t>(bytes.data() + at + n);
+            const size_t upto = at + n == bytes.size() ? bytes.size()
+                                                       : size_t(end / page * page - reinterpret_cast<uintptr_t>(bytes.data()));
+            if (upto > released) w.file->release(bytes.subspan(released, upto - released));
+            released = std::max(released, upto);
           }
           continue;
         }
@@ -278,6 +289,7 @@ Status load_weights(const WeightPlan& plan, const std::function<Status(const std
     ASPEN_ASSIGN_OR_RETURN(Tensor t, read_weight(w));
     ASPEN_RETURN_IF_ERROR(sink(w.parameter, t));
   }
+  note_memory_phase("weights loaded");  // NOTE [memory phases]
   return Status();
 }
 

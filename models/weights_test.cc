@@ -378,7 +378,7 @@ TEST_F(WeightsTest, ExportHfModelErrors) {
 // lm_head.weight is read as transformers 5 reads it: the stored head, untied (aspen tied it, and its logits
 // differed from transformers' by 12).
 // load_weights with a destination: weights stored as the parameters want them are copied straight into the
-// destination (a 21 MB embedding over several 16 MiB parts), bit for bit; the others (a destination of
+// destination (a 21 MB embedding over several 2 MiB parts), bit for bit; the others (a destination of
 // another type, or none) reach the sink; and what the sink gets is the checkpoint's values too.
 TEST_F(WeightsTest, LoadWeightsIntoDestinationsInPartsAndTheRestThroughTheSink) {
   write_config(R"({"model_type": "gpt2", "vocab_size": 5200, "n_positions": 6, "n_embd": 1024,

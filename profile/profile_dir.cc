@@ -103,9 +103,24 @@ std::string profile_json(const std::vector<TraceEvent>& events, const RunFacts& 
                  {"measurement_bytes", rm.measurement},
                  {"libraries_paged_bytes", rm.libraries_paged},
                  {"block_cache_bytes", rm.block_cache},
+                 {"kernel_copy_bytes", rm.kernel_copies},
+                 {"heap_free_bytes", rm.heap_free},
+                 {"kernel_scratch_bytes", rm.kernel_scratch},
                  {"unplanned_bytes", rm.peak_rss > 0 ? json(rm.peak_rss - rm.start_rss - rm.planned() - rm.measurement -
-                                                            rm.libraries_paged - rm.block_cache)
+                                                            rm.libraries_paged - rm.block_cache - rm.kernel_copies -
+                                                            rm.heap_free - rm.kernel_scratch)
                                                      : json(nullptr)}};
+  // NOTE [memory phases]: the step after which the high-water mark first came within 1 % of the peak, and what
+  // the process held at the peak but no longer when the profile was written (that step's working memory).
+  j["memory"]["phases"] = json::array();
+  const MemoryPhase* peak_phase = nullptr;
+  for (const MemoryPhase& m : rm.phases) {
+    j["memory"]["phases"].push_back({{"name", m.name}, {"rss_bytes", m.rss}, {"high_water_bytes", m.high_water}});
+    if (!peak_phase && rm.peak_rss > 0 && double(m.high_water) >= 0.99 * double(rm.peak_rss)) peak_phase = &m;
+  }
+  j["memory"]["peak_phase"] = peak_phase ? json(peak_phase->name) : json(nullptr);
+  j["memory"]["transient_bytes"] =
+      rm.phases.empty() || rm.peak_rss <= 0 ? json(nullptr) : json(std::max<int64_t>(0, rm.peak_rss - rm.phases.back().rss));
   j["programs"] = json::array();
   for (const ProgramMemory& pm : run.programs) {
     json m;

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/memory_phases.h"
 #include "core/status.h"
 #include "profile/trace.h"
 
@@ -52,7 +53,7 @@ struct Peaks {
   double bf16_gflops = 0;   // bf16 products (AMX or AVX512-BF16; 0 without either)
   double read_gb_per_s = 0;  // the read sweep, beyond the last-level cache
 };
-// NOTE [planned and measured memory]: the process's peak resident set (measured: getrusage) beside what the
+// NOTE [planned and measured memory]: the process's peak resident set (measured: VmHWM) beside what the
 // run's plan holds (planned: its session's Footprint) and what the process held before any model (at start:
 // code, libraries); the rest is named as it is: kernels' private copies of weights, the checkpoint's pages
 // read, the tokenizer, allocator slack. 0: not known.
@@ -63,6 +64,12 @@ struct RunMemory {
   // code of the libraries and kernels used, paged in as first run; a checkpoint's pages are dropped once
   // read, NOTE [pages read once]), and the freed tensor blocks held for reuse (NOTE [tensor block cache]).
   int64_t libraries_paged = 0, block_cache = 0;
+  int64_t kernel_copies = 0;  // kernels' own layouts of fixed weights then (count_kernel_copy_bytes)
+  int64_t heap_free = 0;      // free heap malloc keeps then (mallinfo2's fordblks: freed, not returned)
+  int64_t kernel_scratch = 0;  // the threads' kernel scratch then (kernels/scratch.h: widened operands, layouts)
+  // NOTE [memory phases] (core/memory_phases.h): the resident set and its high-water mark after each step of
+  // the work, the last one when the profile was written.
+  std::vector<MemoryPhase> phases = {};
   int64_t parameters = 0, replica_copies = 0, arenas = 0, weight_only = 0;  // planned
   int64_t planned() const { return parameters + replica_copies + arenas + weight_only; }
 };

@@ -301,8 +301,19 @@ function draw_memory(p) {
          share(m.libraries_paged_bytes || 0)],
         ["freed tensor blocks kept for reuse", {text: mib(m.block_cache_bytes || 0), v: m.block_cache_bytes || 0},
          share(m.block_cache_bytes || 0)],
-        ["the rest (kernels' own weight copies, tokenizer, heap, thread stacks)",
+        ["kernels' own copies of weights (packed, reordered)", {text: mib(m.kernel_copy_bytes || 0), v: m.kernel_copy_bytes || 0},
+         share(m.kernel_copy_bytes || 0)],
+        ["free heap malloc keeps", {text: mib(m.heap_free_bytes || 0), v: m.heap_free_bytes || 0}, share(m.heap_free_bytes || 0)],
+        ["kernels' scratch (widened operands, other layouts)", {text: mib(m.kernel_scratch_bytes || 0), v: m.kernel_scratch_bytes || 0},
+         share(m.kernel_scratch_bytes || 0)],
+        ["not planned" + (m.peak_phase ? ", of which " + mib(m.transient_bytes || 0) + " MiB held only while the peak's step ran (" +
+                          m.peak_phase + ")" : "") + "; the rest: the tokenizer, graphs, thread stacks",
          {text: mib(m.unplanned_bytes), v: m.unplanned_bytes}, share(m.unplanned_bytes)]], [0]));
+    if (m.phases && m.phases.length) {  // NOTE [memory phases]
+      mem.appendChild(el("p", "the resident set after each step of the work (the peak: during " + (m.peak_phase || "?") + ")"));
+      mem.appendChild(table(["step", "resident after (MiB)", "high-water mark after (MiB)"],
+          m.phases.map(x => [x.name, {text: mib(x.rss_bytes), v: x.rss_bytes}, {text: mib(x.high_water_bytes), v: x.high_water_bytes}]), [0]));
+    }
   }
   if (!p.programs || p.programs.length === 0) { mem.appendChild(el("p", "no compiled program in this profile")); return; }
   mem.appendChild(table(["program", "nodes", "arena KiB", "naive KiB", "parameters KiB", "weight-only KiB", "peak node"],

@@ -8,6 +8,7 @@
 #include <future>
 #include <map>
 
+#include "core/memory_phases.h"
 #include "core/weight_copies.h"
 #include "graph/cost.h"
 
@@ -221,6 +222,7 @@ Result<std::unique_ptr<Session>> Session::create(std::vector<std::unique_ptr<com
   s->changes_.reset(new std::atomic<uint64_t>[s->parameters_.size()]);
   for (size_t i = 0; i < s->parameters_.size(); ++i) s->changes_[i] = 0;
   s->trace_ = options.trace;
+  note_memory_phase("session created");  // NOTE [memory phases]
   return s;
 }
 
