@@ -813,6 +813,7 @@ Result<TrainResult> Trainer::run() {
   const int64_t profile_calls = (options_.profile_steps + iters - 1) / iters;           // calls recorded
   const int64_t profile_every_calls = (options_.profile_every + iters - 1) / iters;     // one recorded in so many
   size_t moves_logged = 0, move_failures_logged = 0;  // of model_->stage_moves(), stage_move_failures()
+  bool duplicates_warned = false;
   bool save_now = false;  // checkpoint.minutes have passed: a checkpoint after this step
   while (model_->steps_done() < stop) {
     Result<Agreed> agreed = stop_agreed(last_save);
@@ -843,6 +844,16 @@ Result<TrainResult> Trainer::run() {
     const double rate = tokens_per_call / dt;
     Result<std::vector<std::pair<std::string, double>>> load = device_load(*model_);
     ASPEN_OR_STOP(load.status());
+    Result<std::vector<std::pair<std::string, double>>> data = data_consumed(*feed_, model_->job());
+    ASPEN_OR_STOP(data.status());
+    if (!data->empty() && data->back().second > 0 && !duplicates_warned) {  // NOTE [data per replica]
+      duplicates_warned = true;
+      progress.message("aspen: warning: data: " + std::to_string(int64_t(data->back().second)) + " examples of step " +
+                       std::to_string(model_->steps_done()) +
+                       " were drawn by more than one replica (the data are sharded wrong); see data.* in " +
+                       metrics_path);
+    }
+    load->insert(load->end(), data->begin(), data->end());
     for (const StepStats& s : model_->last_steps()) {
       std::vector<std::pair<std::string, double>> nums = {
           {"loss", s.loss}, {"lr", s.lr}, {"loss_scale", s.loss_scale}, {tokens ? "tokens_per_s" : "examples_per_s", rate}};

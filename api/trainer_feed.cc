@@ -399,16 +399,27 @@ Result<const std::map<std::string, Tensor>*> TrainFeed::next_call(int64_t micro)
     ASPEN_CHECK(restore(at).is_ok());
     return s;
   };
+  std::vector<int64_t> drawn_by(L, 0), last_call;  // NOTE [data per replica]: kept when the call succeeds
   for (int64_t m = 0; m < micro; ++m)
     for (size_t l = 0; l < L; ++l) {
       const train::Position drawn = tokens() ? token_loaders_[l]->position() : array_loaders_[l]->position();
       Result<train::Columns> batch = next_of(l, drawn);
       if (!batch.is_ok()) return back(batch.status());
+      const train::ExampleOrder& order = tokens() ? token_loaders_[l]->order() : array_loaders_[l]->order();
+      drawn_by[l] += int64_t(order.last().size());
+      for (int64_t e : order.last()) last_call.push_back(order.last_epoch() * order.train_examples() + e);
       if (dropout_)
         batch->insert_or_assign("dropout_seed",
                                 seed_column(int64_t(batch_hash(dropout_seed_, 0, uint64_t(replicas_[l]), drawn))));
       if (Status s = put(*batch, m * int64_t(L) + int64_t(l), call_); !s.is_ok()) return back(std::move(s));
     }
+  DataStats& ds = data_stats_;
+  if (ds.examples.size() != L) ds.replicas = replicas_, ds.examples.assign(L, 0);
+  for (size_t l = 0; l < L; ++l) ds.examples[l] += drawn_by[l];
+  ds.last_call = std::move(last_call);
+  std::vector<int64_t> sorted = ds.last_call;
+  std::sort(sorted.begin(), sorted.end());
+  ds.duplicates = int64_t(sorted.size()) - int64_t(std::unique(sorted.begin(), sorted.end()) - sorted.begin());
   return &call_;
 }
 

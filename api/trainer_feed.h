@@ -114,6 +114,17 @@ class TrainFeed {
   int64_t val_steps() const;
   Result<std::map<std::string, Tensor>> val_batch(int64_t i);
 
+  // NOTE [data per replica]: what each local replica drew for training in this invocation (examples) and,
+  // over the last call, the (epoch, example) pairs drawn by more than one replica of this process (0 when the
+  // sharding is right: replicas take disjoint slices of each global batch).
+  struct DataStats {
+    std::vector<int64_t> replicas;  // the global replica of each local loader
+    std::vector<int64_t> examples;  // examples drawn per local loader
+    int64_t duplicates = 0;
+    std::vector<int64_t> last_call;  // epoch * train_examples + example, each drawn in the last call
+  };
+  const DataStats& data_stats() const { return data_stats_; }
+
   train::Position position() const;
   [[nodiscard]] Status restore(const train::Position& p);
   // What a micro-batch counts for the rate: B·T tokens, or B examples of arrays.
@@ -144,6 +155,7 @@ class TrainFeed {
   bool dropout_ = false;
   uint64_t dropout_seed_ = 0;
   std::vector<int64_t> replicas_;  // the global replica of each local loader
+  DataStats data_stats_;
   PackingStats packing_stats_;
   std::optional<MaskedLm> mlm_;
   MaskedStats masked_stats_;

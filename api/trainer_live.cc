@@ -1,6 +1,8 @@
 #include "api/trainer_live.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "parallel/communicator.h"
 #include "runtime/session.h"
@@ -44,6 +46,50 @@ Result<std::vector<std::pair<std::string, double>>> device_load(const TrainingMo
         load.emplace_back(kNames[f] + (P > 1 ? "p" + std::to_string(p) + "/" + device : device), double(v));
       }
   return load;
+}
+
+namespace {
+
+// An all-gather of 64-bit integers: the communicators gather float types only, and a gather is a copy, so each
+// integer travels as the bits of two f32 values.
+Status all_gather_i64(parallel::Communicator* job, const int64_t* send, int64_t* recv, int64_t count) {
+  static_assert(sizeof(int64_t) == 2 * sizeof(float));
+  return job->all_gather(send, recv, 2 * count, DType::f32);
+}
+
+}  // namespace
+
+Result<std::vector<std::pair<std::string, double>>> data_consumed(const TrainFeed& feed, parallel::Communicator* job) {
+  const TrainFeed::DataStats& ds = feed.data_stats();
+  const int P = job ? job->size() : 1;
+  std::vector<int64_t> replicas = ds.replicas, examples = ds.examples, drawn = ds.last_call;
+  if (P > 1) {  // sizes first (processes may hold different numbers of replicas), then each process's lists
+    const int64_t mine[2] = {int64_t(replicas.size()), int64_t(drawn.size())};
+    std::vector<int64_t> sizes(size_t(2 * P));
+    ASPEN_RETURN_IF_ERROR(all_gather_i64(job, mine, sizes.data(), 2));
+    int64_t L = 0, N = 0;
+    for (int p = 0; p < P; ++p) L = std::max(L, sizes[size_t(2 * p)]), N = std::max(N, sizes[size_t(2 * p + 1)]);
+    const size_t block = size_t(2 * L + N);
+    std::vector<int64_t> send(block, -1), all(block * size_t(P));
+    std::copy(replicas.begin(), replicas.end(), send.begin());
+    std::copy(examples.begin(), examples.end(), send.begin() + L);
+    std::copy(drawn.begin(), drawn.end(), send.begin() + 2 * L);
+    ASPEN_RETURN_IF_ERROR(all_gather_i64(job, send.data(), all.data(), int64_t(block)));
+    replicas.clear(), examples.clear(), drawn.clear();
+    for (int p = 0; p < P; ++p) {
+      const int64_t* b = all.data() + size_t(p) * block;
+      for (int64_t l = 0; l < sizes[size_t(2 * p)]; ++l) replicas.push_back(b[l]), examples.push_back(b[L + l]);
+      drawn.insert(drawn.end(), b + 2 * L, b + 2 * L + sizes[size_t(2 * p + 1)]);
+    }
+  }
+  std::vector<std::pair<std::string, double>> out;
+  if (replicas.size() < 2) return out;
+  std::map<int64_t, int64_t> by_replica;  // a replica fed twice (sharded wrong) is one entry, its sum
+  for (size_t l = 0; l < replicas.size(); ++l) by_replica[replicas[l]] += examples[l];
+  for (const auto& [r, n] : by_replica) out.emplace_back("data.r" + std::to_string(r), double(n));
+  std::sort(drawn.begin(), drawn.end());
+  out.emplace_back("data.duplicates", double(drawn.size() - size_t(std::unique(drawn.begin(), drawn.end()) - drawn.begin())));
+  return out;
 }
 
 namespace {

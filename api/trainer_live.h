@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "api/trainer_feed.h"
 #include "api/training_model.h"
 #include "core/status.h"
 #include "train/report.h"
@@ -18,6 +19,12 @@ namespace aspen::api {
 // devices as "p<k>/<device>"). Collective under MPI: every process calls it after each run(). Empty for one
 // device.
 Result<std::vector<std::pair<std::string, double>>> device_load(const TrainingModel& model);
+
+// NOTE [data per replica]: what each replica of the job drew for training in this invocation ("data.r<k>",
+// examples) and how many (epoch, example) pairs of the last call more than one replica drew ("data.duplicates":
+// 0 unless the data were sharded wrong). Collective under MPI (two all-gathers: every process calls it after
+// each call); one process: `feed`'s own. Empty with one replica.
+Result<std::vector<std::pair<std::string, double>>> data_consumed(const TrainFeed& feed, parallel::Communicator* job);
 
 // The stage moves, failed moves and measured gains the last run() brought (from `logged` and `failures` on,
 // which it advances), as log lines through `progress` and lines of `metrics` (null: none).

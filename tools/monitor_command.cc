@@ -41,6 +41,9 @@ struct Load {
   std::deque<std::map<std::string, Share>> steps;  // the last `window` steps' shares by device
   std::map<std::string, int> above;                 // by device: steps in a row above the others by margin
   int64_t last_step = 0;
+  // NOTE [data per replica]: examples each replica drew (the last line's), duplicates over every line read.
+  std::map<std::string, int64_t> data;
+  int64_t duplicates = 0;
 };
 
 void take(Load& load, const nlohmann::json& j, const MonitorArgs& a) {
@@ -54,6 +57,10 @@ void take(Load& load, const nlohmann::json& j, const MonitorArgs& a) {
     if (field == "wait") shares[device].wait = v.get<double>();
     if (field == "comm") shares[device].comm = v.get<double>();
     if (field == "gbps") shares[device].gbps = v.get<double>();
+    if (field == "data") {
+      if (device == "duplicates") load.duplicates += int64_t(v.get<double>());
+      else load.data[device] = int64_t(v.get<double>());
+    }
   }
   std::erase_if(shares, [](const auto& kv) { return kv.second.busy < 0; });
   if (shares.size() < 2) return;
@@ -85,7 +92,9 @@ std::map<std::string, Share> means(const Load& load) {
   std::map<std::string, int> exchanging;
   for (const auto& s : load.steps)
     for (const auto& [d, v] : s) {
-      Share& m = mean[d];
+      auto [it, added] = mean.try_emplace(d);
+      Share& m = it->second;
+      if (added) m.busy = 0;  // (a Share's busy starts at -1: "no line for the device")
       const double n = double(load.steps.size());
       m.busy += v.busy / n, m.wait += v.wait / n, m.comm += v.comm / n;
       if (v.gbps > 0) m.gbps += v.gbps, ++exchanging[d];
@@ -118,6 +127,13 @@ std::string render(const Load& load, const MonitorArgs& a) {
     out += "no device slower than its peers\n";
   } else {
     out += "no per-device load yet (one device, or no step logged)\n";
+  }
+  if (!load.data.empty()) {
+    out += "examples drawn per replica this run:";
+    for (const auto& [r, n] : load.data) out += fmt::format(" {} {}", escape_for_terminal(r), n);
+    out += load.duplicates > 0 ? fmt::format("; {} drawn by more than one replica: the data are sharded wrong\n",
+                                             load.duplicates)
+                               : std::string("; none drawn twice\n");
   }
   return out;
 }
@@ -162,7 +178,8 @@ int run_monitor(const MonitorArgs& a) {
     std::this_thread::sleep_for(std::chrono::duration<double>(a.interval));
   }
   if (a.json) {
-    nlohmann::ordered_json j = {{"step", load.last_step}, {"slow_device", slow_device(load, a)}, {"devices", {}}};
+    nlohmann::ordered_json j = {{"step", load.last_step}, {"slow_device", slow_device(load, a)}, {"devices", {}},
+                                {"data", load.data}, {"duplicates", load.duplicates}};
     for (const auto& [d, v] : means(load))
       j["devices"][d] = {{"busy", v.busy}, {"wait", v.wait}, {"comm", v.comm}, {"gbps", v.gbps},
                          {"steps_above", load.above[d]}};

@@ -494,6 +494,8 @@ std::vector<int64_t> ExampleOrder::next() {
   if (position_.step_in_epoch >= steps_per_epoch_) position_ = {position_.epoch + 1, 0};
   std::vector<int64_t> examples = batch_examples(position_.epoch, position_.step_in_epoch);
   ++position_.step_in_epoch;
+  last_ = examples;
+  last_epoch_ = position_.epoch;
   return examples;
 }
 

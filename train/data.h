@@ -244,6 +244,9 @@ class ExampleOrder {
   // (and its permutation) when this one is done.
   std::vector<int64_t> next();
   Position position() const { return position_; }
+  // The examples and epoch of the last next() (none before the first): what the replica consumed.
+  const std::vector<int64_t>& last() const { return last_; }
+  int64_t last_epoch() const { return last_epoch_; }
   // OutOfRange for a negative epoch or a step outside [0, steps_per_epoch].
   Status restore(const Position& p);
 
@@ -265,6 +268,8 @@ class ExampleOrder {
   Position position_ = {};
   int64_t order_epoch_ = -1;
   std::vector<int64_t> order_;  // the permutation of [0, train_examples) for order_epoch_
+  std::vector<int64_t> last_;
+  int64_t last_epoch_ = -1;
 };
 
 class DataLoader {
@@ -284,6 +289,7 @@ class DataLoader {
   // This replica's next training micro-batch; after an error the position is where it was.
   Result<Batch> next();
   Position position() const { return order_.position(); }
+  const ExampleOrder& order() const { return order_; }  // last(): the examples of the last next()
   Status restore(const Position& p) { return order_.restore(p); }
 
   const std::vector<int64_t>& epoch_order(int64_t epoch) { return order_.epoch_order(epoch); }
