@@ -399,7 +399,8 @@ Result<const std::map<std::string, Tensor>*> TrainFeed::next_call(int64_t micro)
     ASPEN_CHECK(restore(at).is_ok());
     return s;
   };
-  std::vector<int64_t> drawn_by(L, 0), last_call;  // NOTE [data per replica]: kept when the call succeeds
+  std::vector<int64_t> drawn_by(L, 0);  // NOTE [data per replica]: kept when the call succeeds
+  std::vector<std::pair<int64_t, int64_t>> last_call;
   for (int64_t m = 0; m < micro; ++m)
     for (size_t l = 0; l < L; ++l) {
       const train::Position drawn = tokens() ? token_loaders_[l]->position() : array_loaders_[l]->position();
@@ -407,7 +408,7 @@ Result<const std::map<std::string, Tensor>*> TrainFeed::next_call(int64_t micro)
       if (!batch.is_ok()) return back(batch.status());
       const train::ExampleOrder& order = tokens() ? token_loaders_[l]->order() : array_loaders_[l]->order();
       drawn_by[l] += int64_t(order.last().size());
-      for (int64_t e : order.last()) last_call.push_back(order.last_epoch() * order.train_examples() + e);
+      for (int64_t e : order.last()) last_call.emplace_back(order.last_epoch() * order.train_examples() + e, replicas_[l]);
       if (dropout_)
         batch->insert_or_assign("dropout_seed",
                                 seed_column(int64_t(batch_hash(dropout_seed_, 0, uint64_t(replicas_[l]), drawn))));
@@ -417,9 +418,6 @@ Result<const std::map<std::string, Tensor>*> TrainFeed::next_call(int64_t micro)
   if (ds.examples.size() != L) ds.replicas = replicas_, ds.examples.assign(L, 0);
   for (size_t l = 0; l < L; ++l) ds.examples[l] += drawn_by[l];
   ds.last_call = std::move(last_call);
-  std::vector<int64_t> sorted = ds.last_call;
-  std::sort(sorted.begin(), sorted.end());
-  ds.duplicates = int64_t(sorted.size()) - int64_t(std::unique(sorted.begin(), sorted.end()) - sorted.begin());
   return &call_;
 }
 

@@ -114,14 +114,12 @@ class TrainFeed {
   int64_t val_steps() const;
   Result<std::map<std::string, Tensor>> val_batch(int64_t i);
 
-  // NOTE [data per replica]: what each local replica drew for training in this invocation (examples) and,
-  // over the last call, the (epoch, example) pairs drawn by more than one replica of this process (0 when the
-  // sharding is right: replicas take disjoint slices of each global batch).
+  // NOTE [data per replica]: what each local replica drew for training in this invocation, and in the last
+  // call (api/trainer_live.h data_consumed reads them).
   struct DataStats {
     std::vector<int64_t> replicas;  // the global replica of each local loader
     std::vector<int64_t> examples;  // examples drawn per local loader
-    int64_t duplicates = 0;
-    std::vector<int64_t> last_call;  // epoch * train_examples + example, each drawn in the last call
+    std::vector<std::pair<int64_t, int64_t>> last_call;  // (epoch * train_examples + example, global replica)
   };
   const DataStats& data_stats() const { return data_stats_; }
 

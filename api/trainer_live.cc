@@ -59,37 +59,47 @@ Status all_gather_i64(parallel::Communicator* job, const int64_t* send, int64_t*
 
 }  // namespace
 
+std::vector<std::pair<std::string, double>> data_line(const std::vector<int64_t>& replicas,
+                                                      const std::vector<int64_t>& examples,
+                                                      std::vector<std::pair<int64_t, int64_t>> drawn) {
+  std::vector<std::pair<std::string, double>> out;
+  std::map<int64_t, int64_t> by_replica;  // a replica fed in several processes: its copies, counted once
+  for (size_t l = 0; l < replicas.size(); ++l) by_replica[replicas[l]] = std::max(by_replica[replicas[l]], examples[l]);
+  if (by_replica.size() < 2) return out;
+  for (const auto& [r, n] : by_replica) out.emplace_back("data.r" + std::to_string(r), double(n));
+  std::sort(drawn.begin(), drawn.end());
+  drawn.erase(std::unique(drawn.begin(), drawn.end()), drawn.end());  // a replica's copies
+  int64_t duplicates = 0;  // draws of an example beyond the first replica's
+  for (size_t i = 1; i < drawn.size(); ++i) duplicates += drawn[i].first == drawn[i - 1].first;
+  out.emplace_back("data.duplicates", double(duplicates));
+  return out;
+}
+
 Result<std::vector<std::pair<std::string, double>>> data_consumed(const TrainFeed& feed, parallel::Communicator* job) {
   const TrainFeed::DataStats& ds = feed.data_stats();
   const int P = job ? job->size() : 1;
-  std::vector<int64_t> replicas = ds.replicas, examples = ds.examples, drawn = ds.last_call;
-  if (P > 1) {  // sizes first (processes may hold different numbers of replicas), then each process's lists
-    const int64_t mine[2] = {int64_t(replicas.size()), int64_t(drawn.size())};
-    std::vector<int64_t> sizes(size_t(2 * P));
-    ASPEN_RETURN_IF_ERROR(all_gather_i64(job, mine, sizes.data(), 2));
-    int64_t L = 0, N = 0;
-    for (int p = 0; p < P; ++p) L = std::max(L, sizes[size_t(2 * p)]), N = std::max(N, sizes[size_t(2 * p + 1)]);
-    const size_t block = size_t(2 * L + N);
-    std::vector<int64_t> send(block, -1), all(block * size_t(P));
-    std::copy(replicas.begin(), replicas.end(), send.begin());
-    std::copy(examples.begin(), examples.end(), send.begin() + L);
-    std::copy(drawn.begin(), drawn.end(), send.begin() + 2 * L);
-    ASPEN_RETURN_IF_ERROR(all_gather_i64(job, send.data(), all.data(), int64_t(block)));
-    replicas.clear(), examples.clear(), drawn.clear();
-    for (int p = 0; p < P; ++p) {
-      const int64_t* b = all.data() + size_t(p) * block;
-      for (int64_t l = 0; l < sizes[size_t(2 * p)]; ++l) replicas.push_back(b[l]), examples.push_back(b[L + l]);
-      drawn.insert(drawn.end(), b + 2 * L, b + 2 * L + sizes[size_t(2 * p + 1)]);
-    }
+  if (P == 1) return data_line(ds.replicas, ds.examples, ds.last_call);
+  // Sizes first (processes may hold different numbers of replicas), then each process's lists.
+  const int64_t mine[2] = {int64_t(ds.replicas.size()), int64_t(ds.last_call.size())};
+  std::vector<int64_t> sizes(size_t(2 * P));
+  ASPEN_RETURN_IF_ERROR(all_gather_i64(job, mine, sizes.data(), 2));
+  int64_t L = 0, N = 0;
+  for (int p = 0; p < P; ++p) L = std::max(L, sizes[size_t(2 * p)]), N = std::max(N, sizes[size_t(2 * p + 1)]);
+  const size_t block = size_t(2 * L + 2 * N);
+  std::vector<int64_t> send(block, -1), all(block * size_t(P));
+  std::copy(ds.replicas.begin(), ds.replicas.end(), send.begin());
+  std::copy(ds.examples.begin(), ds.examples.end(), send.begin() + L);
+  for (size_t i = 0; i < ds.last_call.size(); ++i)
+    send[size_t(2 * L) + 2 * i] = ds.last_call[i].first, send[size_t(2 * L) + 2 * i + 1] = ds.last_call[i].second;
+  ASPEN_RETURN_IF_ERROR(all_gather_i64(job, send.data(), all.data(), int64_t(block)));
+  std::vector<int64_t> replicas, examples;
+  std::vector<std::pair<int64_t, int64_t>> drawn;
+  for (int p = 0; p < P; ++p) {
+    const int64_t* b = all.data() + size_t(p) * block;
+    for (int64_t l = 0; l < sizes[size_t(2 * p)]; ++l) replicas.push_back(b[l]), examples.push_back(b[L + l]);
+    for (int64_t i = 0; i < sizes[size_t(2 * p + 1)]; ++i) drawn.emplace_back(b[2 * L + 2 * i], b[2 * L + 2 * i + 1]);
   }
-  std::vector<std::pair<std::string, double>> out;
-  if (replicas.size() < 2) return out;
-  std::map<int64_t, int64_t> by_replica;  // a replica fed twice (sharded wrong) is one entry, its sum
-  for (size_t l = 0; l < replicas.size(); ++l) by_replica[replicas[l]] += examples[l];
-  for (const auto& [r, n] : by_replica) out.emplace_back("data.r" + std::to_string(r), double(n));
-  std::sort(drawn.begin(), drawn.end());
-  out.emplace_back("data.duplicates", double(drawn.size() - size_t(std::unique(drawn.begin(), drawn.end()) - drawn.begin())));
-  return out;
+  return data_line(replicas, examples, std::move(drawn));
 }
 
 namespace {

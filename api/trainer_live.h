@@ -21,10 +21,16 @@ namespace aspen::api {
 Result<std::vector<std::pair<std::string, double>>> device_load(const TrainingModel& model);
 
 // NOTE [data per replica]: what each replica of the job drew for training in this invocation ("data.r<k>",
-// examples) and how many (epoch, example) pairs of the last call more than one replica drew ("data.duplicates":
-// 0 unless the data were sharded wrong). Collective under MPI (two all-gathers: every process calls it after
-// each call); one process: `feed`'s own. Empty with one replica.
+// examples) and how many draws of the last call gave a replica an (epoch, example) another replica also drew
+// ("data.duplicates": 0 unless the data were sharded wrong). A replica fed in several processes (pipeline
+// stages or tensor shards there) draws the same examples in each: those are one replica's copies, counted once.
+// Collective under MPI (two all-gathers: every process calls it after each call); one process: `feed`'s own.
+// Empty with one replica.
 Result<std::vector<std::pair<std::string, double>>> data_consumed(const TrainFeed& feed, parallel::Communicator* job);
+// The same from every process's lists (`drawn`: (example key, global replica) pairs).
+std::vector<std::pair<std::string, double>> data_line(const std::vector<int64_t>& replicas,
+                                                      const std::vector<int64_t>& examples,
+                                                      std::vector<std::pair<int64_t, int64_t>> drawn);
 
 // The stage moves, failed moves and measured gains the last run() brought (from `logged` and `failures` on,
 // which it advances), as log lines through `progress` and lines of `metrics` (null: none).
