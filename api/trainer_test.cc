@@ -174,6 +174,19 @@ TEST(Trainer, ResumeIsBitwiseIdenticalToNotStopping) {
 }
 
 // data.packing: the feed restarts positions after each eos, numbers the
+// A 1-layer GPT-2 of width 16 over `vocab` for a feed's micro-batches of 4 x 16 tokens, with its loss (and the
+// packed documents' segments).
+graph::Graph feed_model(int64_t vocab, bool segments) {
+  models::ModelConfig mc;
+  mc.model_type = "gpt2";
+  mc.family = models::Gpt2Config{.vocab = vocab, .n_positions = 32, .d_model = 16, .n_layer = 1, .n_head = 2};
+  graph::Graph g;
+  graph::Builder b(g);
+  const Status s = models::build_causal_lm(b, mc, {.batch = 4, .seq = 16, .with_loss = true, .segments = segments});
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  return g;
+}
+
 // NOTE [data per replica]: each replica's examples counted and the replicas' slices of a call disjoint (a
 // real feed of two replicas); the line's rules: two replicas drawing the same example is a duplicate, one
 // replica's copies in two processes (pipeline stages there) are not, and counted once.
@@ -181,13 +194,7 @@ TEST(Trainer, DataEachReplicaDrewIsCountedAndDuplicatesAreFound) {
   const train::DataLoaderOptions lo{.seq = 16, .micro_batch = 4, .replicas = 2};
   auto feed = TrainFeed::open(corpus() + "/data", lo, {0, 1}, false);
   ASSERT_TRUE(feed.is_ok()) << feed.status().to_string();
-  models::ModelConfig mc;
-  mc.model_type = "gpt2";
-  mc.family = models::Gpt2Config{.vocab = feed->token_index().vocab_size, .n_positions = 32, .d_model = 16,
-                                 .n_layer = 1, .n_head = 2};
-  graph::Graph g;
-  graph::Builder b(g);
-  ASSERT_TRUE(models::build_causal_lm(b, mc, {.batch = 4, .seq = 16, .with_loss = true}).is_ok());
+  const graph::Graph g = feed_model(feed->token_index().vocab_size, false);
   ASSERT_TRUE(feed->bind(g, {{"input_ids", "tokens"}}, "test").is_ok());
   for (int call = 0; call < 3; ++call) ASSERT_TRUE(feed->next_call(2).is_ok());
   const TrainFeed::DataStats& ds = feed->data_stats();
@@ -214,13 +221,7 @@ TEST(Trainer, PackingKeepsDocumentsApart) {
   ASSERT_TRUE(feed.is_ok()) << feed.status().to_string();
   const int32_t eos = feed->token_index().eos_id;
   feed->set_packing(eos);
-  models::ModelConfig mc;
-  mc.model_type = "gpt2";
-  mc.family = models::Gpt2Config{.vocab = feed->token_index().vocab_size, .n_positions = 32, .d_model = 16,
-                                 .n_layer = 1, .n_head = 2};
-  graph::Graph g;
-  graph::Builder b(g);
-  ASSERT_TRUE(models::build_causal_lm(b, mc, {.batch = 4, .seq = 16, .with_loss = true, .segments = true}).is_ok());
+  const graph::Graph g = feed_model(feed->token_index().vocab_size, true);
   ASSERT_TRUE(feed->bind(g, {{"input_ids", "tokens"}}, "test").is_ok());
   auto call = feed->next_call(1);
   ASSERT_TRUE(call.is_ok()) << call.status().to_string();

@@ -4,6 +4,7 @@
 // processes, counters and flows; and a size of a few bytes an event. The official schema is checked by
 // profile/perfetto_schema_test.py (the `perfetto` package's descriptors).
 #include "profile/perfetto.h"
+#include "profile/trace_testing.h"
 
 #include <gtest/gtest.h>
 #include <zlib.h>
@@ -226,15 +227,7 @@ Decoded decode(const std::string& trace) {
 
 TraceEvent ev(std::string device, std::string name, int64_t start, int64_t end, std::string cat = category::kKernel,
               std::vector<std::pair<std::string, std::string>> args = {}, int64_t bytes = 0) {
-  TraceEvent e;
-  e.device = std::move(device);
-  e.name = std::move(name);
-  e.category = std::move(cat);
-  e.start_ns = start;
-  e.end_ns = end;
-  e.bytes = bytes;
-  e.args = std::move(args);
-  return e;
+  return test_event(std::move(device), std::move(name), start, end, bytes, std::move(cat), std::move(args));
 }
 
 const Slice* find(const Decoded& d, std::string_view track, std::string_view name, int64_t start) {

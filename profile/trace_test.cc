@@ -1,4 +1,5 @@
 #include "profile/trace.h"
+#include "profile/trace_testing.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -23,14 +24,7 @@ constexpr double kSlowdown = 1;
 
 TraceEvent make_event(std::string device, std::string name, int64_t start, int64_t end, int64_t bytes = 0,
                       std::string cat = category::kKernel) {
-  TraceEvent e;
-  e.device = std::move(device);
-  e.name = std::move(name);
-  e.category = std::move(cat);
-  e.start_ns = start;
-  e.end_ns = end;
-  e.bytes = bytes;
-  return e;
+  return test_event(std::move(device), std::move(name), start, end, bytes, std::move(cat));
 }
 
 // A fresh directory under the test temp dir, removed at the end.
