@@ -22,6 +22,29 @@ graph::Graph linear_graph() {
   return g;
 }
 
+// Options::profile with a path not ending in .json: a profile directory (report.html, trace.pftrace,
+// trace.json, profile.json with the run's devices and its program's memory), rewritten after each call.
+TEST(InferenceModel, ProfileDirectory) {
+  const auto dir = std::filesystem::temp_directory_path() / ("aspen_api_prof_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  Options opts;
+  opts.profile((dir / "prof").string()).threads(1);
+  auto model = InferenceModel::create(linear_graph(), opts);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  Tensor w(DType::f32, Shape{4, 3}), bias(DType::f32, Shape{4}), x(DType::f32, Shape{2, 3});
+  ASSERT_TRUE((*model)->copy_weights_to_device({{"fc.weight", &w}, {"fc.bias", &bias}}).is_ok());
+  ASSERT_TRUE((*model)->run({{"x", &x}}).is_ok());
+  for (const char* f : {"report.html", "trace.pftrace", "trace.json", "profile.json"})
+    EXPECT_TRUE(std::filesystem::exists(dir / "prof" / f)) << f;
+  std::ifstream in(dir / "prof" / "profile.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["command"], "InferenceModel");
+  EXPECT_FALSE(j["devices"].empty());
+  ASSERT_EQ(j["programs"].size(), 1u);
+  EXPECT_GT(j["memory"]["planned_bytes"].get<int64_t>(), 0);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(InferenceModel, RunsWithIterationsCacheAndProfile) {
   const auto dir = std::filesystem::temp_directory_path() / ("aspen_api_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);

@@ -80,6 +80,8 @@ struct Options {
   Options& recompute(bool on) { recompute_ = on; return *this; }
   Options& executable_cache(std::string dir) { executable_cache_ = std::move(dir); return *this; }
   Options& random_seed(uint64_t s) { random_seed_ = s; return *this; }
+  // Every call's instructions, written after each call: a path ending in ".json" is one Chrome trace file, any
+  // other a profile directory (report.html, trace.pftrace, trace.json, profile.json; docs/profile.md).
   Options& profile(std::string path) { profile_ = std::move(path); return *this; }
   // Instead of profile(): every instruction recorded into `recorder` while it is enabled, written by the
   // caller (the commands' --profile DIR). Not owned; it must outlive the model.

@@ -475,6 +475,30 @@ TEST(DataParallel, AFailingReplicaStopsTheGroupWithItsError) {
 // scheduler, so this test does not time it: runtime_test checks that
 // on_ready fires mid-program, and `aspen bench train` measures the gain);
 // after the pass, one per device.
+// Options::profile with a path not ending in .json: a profile directory, as the commands' --profile writes.
+TEST(TrainingModel, ProfileDirectory) {
+  const Golden gold = read_golden("gpt2-tiny");
+  const Batches all = shifted(gold, 1);
+  const std::string dir = ::testing::TempDir() + "aspen_train_profile_dir_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  Forward f = forward("gpt2-tiny", gold.B, gold.T - 1);
+  Options o;
+  o.threads(1).profile(dir);
+  auto m = TrainingModel::create(f.g, o, sgd_momentum());
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  ASSERT_TRUE((*m)->copy_weights_to_device(ptrs(f.weights)).is_ok());
+  ASSERT_TRUE((*m)->run({{"input_ids", &all.input_ids}, {"positions", &all.positions}, {"targets", &all.targets}})
+                  .is_ok());
+  for (const char* file : {"report.html", "trace.pftrace", "trace.json", "profile.json"})
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + file)) << file;
+  std::ifstream in(dir + "/profile.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["command"], "TrainingModel");
+  EXPECT_FALSE(j["devices"].empty());
+  EXPECT_FALSE(j["programs"].empty());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DataParallel, OverlappedExchangeEqualsTheExchangeAfterThePass) {
   ASSERT_TRUE(kCores);
   std::map<std::string, Tensor> w[2];

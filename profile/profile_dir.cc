@@ -166,6 +166,11 @@ Status write_profile_dir(const std::string& dir, const std::vector<TraceEvent>& 
   return write_file_atomic(base + "report.html", report_html(json));
 }
 
+Status write_profile_path(const std::string& path, const std::vector<TraceEvent>& events, const RunFacts& run) {
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) return write_chrome_trace(events, path);
+  return write_profile_dir(path, events, run);
+}
+
 std::string profile_dir_choice(const std::string& flag) {
   if (!flag.empty()) return flag;
   const char* env = std::getenv("ASPEN_PROFILE");

@@ -100,6 +100,11 @@ inline constexpr size_t kJsonTraceEvents = 1'000'000;
 [[nodiscard]] Status write_profile_dir(const std::string& dir, const std::vector<TraceEvent>& events,
                                        const RunFacts& run);
 
+// Options::profile(PATH) of the C++ API and enableProfiling(PATH) of the Python package: a PATH ending in
+// ".json" is one Chrome trace file (write_chrome_trace), any other a profile directory (write_profile_dir).
+[[nodiscard]] Status write_profile_path(const std::string& path, const std::vector<TraceEvent>& events,
+                                        const RunFacts& run);
+
 // The profile directory of a command: `flag` when not empty, else the environment's ASPEN_PROFILE, else ""
 // (no profile).
 std::string profile_dir_choice(const std::string& flag);

@@ -371,7 +371,8 @@ class Options:
         return self
 
     def enableProfiling(self, path):
-        """aspen's own: a Chrome/Perfetto trace of every call's instructions, rewritten after each call."""
+        """aspen's own: every call's instructions, rewritten after each call: a path ending in .json is one
+        Chrome trace file; any other a profile directory (report.html, trace.pftrace, profile.json; docs/profile.md)."""
         self._values["profile"] = _check.path("enableProfiling: path", path)
         return self
 
