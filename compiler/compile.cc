@@ -240,15 +240,10 @@ std::string Executable::listing() const {
 
 Result<std::unique_ptr<Executable>> compile(const Graph& graph_in, const CompileOptions& options) {
   ASPEN_RETURN_IF_ERROR(Status(graph::verify(graph_in)).with_context("compile"));
-  auto exe = std::make_unique<Executable>();
-  exe->options = options;
-  exe->graph = graph_in;
+  Graph g = graph_in;
   CompileContext ctx{options};
-  ASPEN_RETURN_IF_ERROR(run_passes(exe->graph, default_pipeline(options), ctx));
-  ASPEN_ASSIGN_OR_RETURN(exe->plan, plan_memory(exe->graph, options.hoist_weights));
-  ASPEN_RETURN_IF_ERROR(lower(*exe));
-  note_memory_phase("compiled");  // NOTE [memory phases]
-  return exe;
+  ASPEN_RETURN_IF_ERROR(run_passes(g, default_pipeline(options), ctx));
+  return lower_optimized(std::move(g), options);
 }
 
 Result<std::unique_ptr<Executable>> lower_optimized(Graph optimized, const CompileOptions& options) {

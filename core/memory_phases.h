@@ -1,6 +1,6 @@
 // core/memory_phases.h: the process's resident memory at the steps of its work, to say which step made the peak.
 //
-// NOTE [memory phases]: a profile's measured peak RSS (getrusage) says how high memory went, not when. The
+// NOTE [memory phases]: a profile's measured peak RSS (VmHWM) says how high memory went, not when. The
 // library notes the resident set and its high-water mark as each costly step ends (a checkpoint opened,
 // programs compiled, a session's buffers made, weights loaded); the step after which the high-water mark
 // first reaches the peak is where the peak was, and the resident set after it against the peak is what that

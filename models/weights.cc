@@ -1,7 +1,5 @@
 #include "models/weights.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cerrno>
@@ -266,18 +264,12 @@ Status load_weights(const WeightPlan& plan, const std::function<Status(const std
           bytes.size() == size_t(w.type.shape.numel()) * dtype_size(w.type.dtype)) {
         if (Tensor* dst = into ? into(w.parameter) : nullptr;
             dst && dst->dtype() == w.type.dtype && dst->shape() == w.type.shape) {
-          static const size_t page = size_t(::sysconf(_SC_PAGESIZE));
-          size_t released = 0;  // bytes before it were released as far as whole pages go
           for (size_t at = 0; at < bytes.size(); at += kPart) {
             const size_t n = std::min(kPart, bytes.size() - at);
             std::memcpy(static_cast<std::byte*>(dst->raw()) + at, bytes.data() + at, n);
-            // Up to the last page boundary copied (all of it at the end): the next part releases from there.
-            const uintptr_t end = reinterpret_cast<uintptr_t>(bytes.data() + at + n);
-            const size_t upto = at + n == bytes.size() ? bytes.size()
-                                                       : size_t(end / page * page - reinterpret_cast<uintptr_t>(bytes.data()));
-            if (upto > released) w.file->release(bytes.subspan(released, upto - released));
-            released = std::max(released, upto);
+            w.file->release(bytes.subspan(at, n));  // its whole pages; the page two parts share waits for the end
           }
+          w.file->release(*w.info);
           continue;
         }
         const Tensor view = Tensor::view(w.type.dtype, w.type.shape, const_cast<std::byte*>(bytes.data()));
