@@ -7,6 +7,7 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <memory>
+#include <span>
 #include <type_traits>
 #include <nlohmann/json.hpp>
 
@@ -28,10 +29,21 @@ struct Layer {
 };
 
 // GPT-2-124M, d_model 768, vocab 50257.
-const Layer kLayers[] = {
+const Layer kGpt2Layers[] = {
     {"attn.c_attn", 768, 2304, false}, {"attn.c_proj", 768, 768, false}, {"mlp.c_fc", 768, 3072, false},
     {"mlp.c_proj", 3072, 768, false},  {"lm_head", 768, 50257, true},
 };
+// The Llama-shaped 124M of `bench generate --family llama` (12 heads over 4 kv heads, SwiGLU 2048, vocab 32000):
+// every matrix [N, K], as nn.Linear stores it.
+const Layer kLlamaLayers[] = {
+    {"q_proj", 768, 768, true},    {"k_proj", 768, 256, true}, {"v_proj", 768, 256, true},
+    {"o_proj", 768, 768, true},    {"gate_proj", 768, 2048, true}, {"up_proj", 768, 2048, true},
+    {"down_proj", 2048, 768, true}, {"lm_head", 768, 32000, true},
+};
+std::span<const Layer> layers_of(const DecodeBenchOptions& opt) {
+  if (opt.family == "llama") return kLlamaLayers;
+  return kGpt2Layers;
+}
 
 struct PoolDeleter {
   void operator()(char* p) const { ::operator delete(p, std::align_val_t(4096)); }
@@ -88,7 +100,7 @@ Status run_quantized_rows(const DecodeBenchOptions& opt, int threads, const char
   const char* kind = q4k ? "q4_k" : q4 ? "q4_0" : "q8_0";
   constexpr int64_t per = q4k ? 256 : 32;  // values per block
   for (int64_t M : opt.rows)
-    for (const Layer& l : kLayers) {
+    for (const Layer& l : layers_of(opt)) {
       if (!opt.layers.empty() && std::find(opt.layers.begin(), opt.layers.end(), l.name) == opt.layers.end())
         continue;
       const int64_t bytes = l.n * l.k / per * int64_t(sizeof(Block));
@@ -150,6 +162,12 @@ Status run_quantized_rows(const DecodeBenchOptions& opt, int threads, const char
 }  // namespace
 
 Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
+  if (opt.family != "gpt2" && opt.family != "llama")
+    return Status::invalid_argument("bench decode: family", "gpt2 or llama", opt.family);
+  for (const std::string& name : opt.layers)
+    if (std::none_of(layers_of(opt).begin(), layers_of(opt).end(), [&](const Layer& l) { return l.name == name; }))
+      return Status::invalid_argument("bench decode: --layers", "a layer of the " + opt.family + " family",
+                                      name);
   const size_t pool_bytes = size_t(opt.quick ? 256 : std::max<int64_t>(1, opt.pool_mib)) << 20;
   const int rounds = opt.quick ? 1 : 8;
   // Every 16-bit half is a normal bf16 (0x3Fxx: 0.5..1), so the pool reads as
@@ -173,7 +191,7 @@ Status run_decode_bench(const DecodeBenchOptions& opt, std::ostream& out) {
       for (DType wt : {DType::f32, DType::bf16}) {
         if ((wt == DType::f32 && !opt.f32) || (wt == DType::bf16 && !opt.bf16)) continue;
         const bool b16 = wt == DType::bf16;
-        for (const Layer& l : kLayers) {
+        for (const Layer& l : layers_of(opt)) {
           if (!opt.layers.empty() && std::find(opt.layers.begin(), opt.layers.end(), l.name) == opt.layers.end())
             continue;
           // bf16 weights: x as the decode step gives it, rounded to bf16 (NOTE [mixed matmul]).

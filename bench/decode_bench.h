@@ -27,6 +27,7 @@ struct DecodeBenchOptions {
   std::vector<int> threads = {1, 2};
   std::vector<int64_t> rows = {1, 8};  // M
   std::vector<std::string> layers;     // names to run (empty: all)
+  std::string family = "gpt2";         // the layers: GPT-2-124M's, or "llama": the Llama-shaped 124M's ([N, K])
   bool f32 = true, bf16 = true;
   // Q8_0 weights (llama.cpp's 8-bit blocks, [N, K] whatever the layer's layout: GGUF stores them so), with
   // aspen's bf16 product on the same layer beside them ("ratio_vs_bf16": W3.4's goal is 1.9x).

@@ -222,16 +222,20 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(0), int64_t(100'000'000)));
   prof_cmd->add_flag("--quick", profb.quick,
                      "2 layers, few tokens, 3 rounds, 2 trials, 100000 events (a smoke test, not a measurement)");
-  CLI::App* dec_cmd = bench->add_subcommand("decode", "GPT-2 decode GEMV: weight GB/s vs oneDNN and a read sweep");
+  CLI::App* dec_cmd = bench->add_subcommand("decode", "decode GEMV (GPT-2 or Llama shapes): weight GB/s vs oneDNN and a read sweep");
   dec_cmd->footer("Example: aspen bench decode --threads 2 --rows 1");
   dec_cmd->add_flag("--json", dec.json, "one JSON object per line");
   dec_cmd->add_option("--threads", dec.threads, "thread counts to run")->delimiter(',');
   dec_cmd->add_option("--rows", dec.rows, "activation rows M to run")->delimiter(',')->check(CLI::Range(1, 64));
   dec_cmd->add_option("--dtype", dec_dtype, "weights: f32, bf16, q8_0, q4_0, q4_k or all")
       ->check(CLI::IsMember({"f32", "bf16", "q8_0", "q4_0", "q4_k", "all"}));
+  dec_cmd->add_option("--family", dec.family, "layer shapes: gpt2 (GPT-2-124M) or llama (the Llama-shaped 124M of bench "
+                      "generate --family llama, every matrix [N, K])")
+      ->check(CLI::IsMember({"gpt2", "llama"}));
   dec_cmd->add_option("--layers", dec.layers, "layers to run, e.g. lm_head,mlp.c_proj (default: all)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head"}));
+      ->check(CLI::IsMember({"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head", "q_proj", "k_proj",
+                             "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
   dec_cmd->add_option("--pool-mib", dec.pool_mib, "MiB of weight replicas (default 1024, beyond the LLC; 8: in-cache speed)")
       ->check(CLI::Range(1, 16384));
   dec_cmd->add_flag("--quick", dec.quick, "a 256 MiB pool, one round (a smoke test, not a measurement)");
