@@ -122,17 +122,18 @@ Status log_stage_moves(const TrainingModel& model, size_t& logged, size_t& failu
   const int64_t step = model.last_steps().empty() ? model.steps_done() : model.last_steps().front().step;
   for (; logged < moves.size(); ++logged) {
     const train::StageMove& m = moves[logged];
-    char buf[256];
+    char buf[320];
     std::snprintf(buf, sizeof buf,
-                  "step %lld: pipeline stages rebalanced (compute nodes per stage %s -> %s; the step predicted "
-                  "%.1f %% faster; the move took %.0f ms)",
-                  static_cast<long long>(step), per_stage(m.nodes_before).c_str(), per_stage(m.nodes_after).c_str(),
-                  100.0 * m.predicted_gain(), 1e3 * m.seconds);
+                  "step %lld: pipeline stages %s (compute nodes per stage %s -> %s; the step predicted "
+                  "%.1f %% faster%s; the move took %.0f ms)",
+                  static_cast<long long>(step), m.probe ? "moved to the next cut over, a probe" : "rebalanced",
+                  per_stage(m.nodes_before).c_str(), per_stage(m.nodes_after).c_str(), 100.0 * m.predicted_gain(),
+                  m.probe ? ", kept only if it measures faster" : "", 1e3 * m.seconds);
     progress.message(buf);
     if (metrics)
-      ASPEN_RETURN_IF_ERROR(metrics->append(step, {{"predicted_gain", m.predicted_gain()}, {"move_s", m.seconds}},
-                                            {{"stage_move", per_stage(m.nodes_before) + " -> " +
-                                                                per_stage(m.nodes_after)}}));
+      ASPEN_RETURN_IF_ERROR(metrics->append(
+          step, {{"predicted_gain", m.predicted_gain()}, {"move_s", m.seconds}, {"probe", m.probe ? 1.0 : 0.0}},
+          {{"stage_move", per_stage(m.nodes_before) + " -> " + per_stage(m.nodes_after)}}));
   }
   for (; failures < model.stage_move_failures().size(); ++failures)
     progress.message("step " + std::to_string(step) + ": pipeline stages not moved, training goes on at the old cut: " +

@@ -226,7 +226,7 @@ Result<std::map<std::string, Tensor>> TrainingModel::run(const std::map<std::str
   just_measured_ = -1;
   if (balancer_)
     for (const StepStats& s : runner_->last_steps()) {
-      ASPEN_ASSIGN_OR_RETURN(std::optional<std::vector<int>> cut, balancer_->observe(s.step, s.stage_busy_s));
+      ASPEN_ASSIGN_OR_RETURN(std::optional<std::vector<int>> cut, balancer_->observe(s.step, s.stage_busy_s, s.wall_s));
       if (cut) next_cut_ = std::move(cut);
       if (balancer_->just_measured() >= 0) just_measured_ = balancer_->just_measured();
     }

@@ -124,6 +124,7 @@ struct Rebalanced {
   int moves = 0;
   double move_s = 0;        // the moves' mean
   int first_move_step = 0;  // counted from the row's first step
+  std::string path;         // the moves: "21 @6, probe 28 @17" (stage 0's compute nodes after, at the row's step)
 };
 
 // `steps` steps of `model`; the last `tail` of them make the row (moves: those made after step `from`).
@@ -141,6 +142,8 @@ Status collect(api::TrainingModel& model, const Tensor& x, int64_t steps, int64_
     if (m.step < from) continue;
     if (r.moves++ == 0) r.first_move_step = int(m.step - from) + 1;
     r.move_s += m.seconds;
+    r.path += fmt::format("{}{}{} @{}", r.path.empty() ? "" : ", ", m.probe ? "probe " : "", m.nodes_after.at(0),
+                          m.step - from + 1);
   }
   if (r.moves) r.move_s /= double(r.moves);
   std::vector<size_t> order(walls.size());
@@ -233,14 +236,15 @@ Status rebalance_rows(const PipelineBenchOptions& o, std::ostream& out) {
                                   {"busy_s", r.busy_s},            {"max_over_mean", r.imbalance},
                                   {"step_s", r.step_s},            {"stage0_nodes", stage0},
                                   {"moves", r.moves},              {"move_s", r.move_s},
-                                  {"first_move_step", r.first_move_step}, {"step", spread_json(r.step)}};
+                                  {"first_move_step", r.first_move_step}, {"path", r.path},
+                                  {"step", spread_json(r.step)}};
       if (extra.is_object()) j.update(extra);
       out << j.dump() << "\n";
     } else {
       out << fmt::format("{:>22} | {:>9.2f} | {:>8.1f} | {:>11} | {:>5} | {}{}\n", name, r.imbalance, 1e3 * r.step_s,
                          stage0, r.moves,
-                         r.moves ? fmt::format("{:.0f} ms = {:.2f} steps (first at step {})", 1e3 * r.move_s,
-                                               r.move_s / r.step_s, r.first_move_step)
+                         r.moves ? fmt::format("{:.0f} ms = {:.2f} steps (stage 0 ops {})", 1e3 * r.move_s,
+                                               r.move_s / r.step_s, r.path)
                                  : std::string("-"),
                          !extra.is_object() || !extra.contains("recovered") ? std::string()
                          : extra["recovered"].is_null()

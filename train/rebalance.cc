@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "train/pipeline.h"
 
@@ -30,8 +31,8 @@ double StageMove::predicted_gain() const {
 }
 
 double StageMove::measured_gain() const {
-  const double b = step_s(before_s);
-  return measured_s.empty() || b <= 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 - step_s(measured_s) / b;
+  return measured_step_s <= 0 || before_step_s <= 0 ? std::numeric_limits<double>::quiet_NaN()
+                                                    : 1.0 - measured_step_s / before_step_s;
 }
 
 Result<StageBalancer> StageBalancer::create(graph::Graph forward, std::string loss, std::vector<int> stage_of,
@@ -46,6 +47,8 @@ Result<StageBalancer> StageBalancer::create(graph::Graph forward, std::string lo
                                     std::to_string(options.cooldown));
   if (!(options.min_gain >= 0.0 && options.min_gain < 1.0))
     return Status::invalid_argument("rebalance: min_gain", "in [0, 1)", std::to_string(options.min_gain));
+  if (!(options.probe_apart >= 0.0))
+    return Status::invalid_argument("rebalance: probe_apart", ">= 0", std::to_string(options.probe_apart));
   if (stage_of.size() != forward.nodes().size() || stage_of.empty())
     return Status::invalid_argument("rebalance: the starting cut",
                                     std::to_string(forward.nodes().size()) + " entries (one stage per node)",
@@ -84,38 +87,50 @@ std::vector<int> StageBalancer::stage_nodes(const std::vector<int>& stage_of) co
   return c;
 }
 
-Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std::span<const double> stage_busy_s) {
+Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std::span<const double> stage_busy_s,
+                                                               double wall_s) {
   just_measured_ = -1;
   if (int(stage_busy_s.size()) != stages_)
     return Status::invalid_argument("rebalance: a step's busy times", std::to_string(stages_) + " (one per stage)",
                                     std::to_string(stage_busy_s.size()));
   // The first step at a cut warms its new programs up (buffers touched, primitives made): not a measurement.
   if (++since_move_ == 1) return std::optional<std::vector<int>>();
-  window_.emplace_back(stage_busy_s.begin(), stage_busy_s.end());
+  Seen seen{std::vector<double>(stage_busy_s.begin(), stage_busy_s.end()), wall_s};
+  if (!(seen.step_s > 0)) seen.step_s = step_time(seen.busy_s, micro_batches_);
+  window_.push_back(std::move(seen));
   if (int(window_.size()) > options_.window) window_.pop_front();
   if (int(window_.size()) < options_.window) return std::optional<std::vector<int>>();
-  std::vector<double> median(static_cast<size_t>(stages_));
+  auto median_of = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<double> median(static_cast<size_t>(stages_)), steps;
   for (int s = 0; s < stages_; ++s) {
     std::vector<double> v;
-    for (const auto& w : window_) v.push_back(w[size_t(s)]);
-    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
-    median[size_t(s)] = v[v.size() / 2];
+    for (const Seen& w : window_) v.push_back(w.busy_s[size_t(s)]);
+    median[size_t(s)] = median_of(std::move(v));
   }
-  const double now = step_time(median, micro_batches_);
+  for (const Seen& w : window_) steps.push_back(w.step_s);
+  // `now`: the step as measured here (what measured cuts are compared by); `modelled`: as the speed model
+  // computes it from the busy times (what its predictions are compared with).
+  const double now = median_of(std::move(steps)), modelled = step_time(median, micro_batches_);
   if (baseline_s_ <= 0) {
     baseline_s_ = now;
   } else if (std::abs(now - baseline_s_) > 2 * options_.min_gain * baseline_s_) {
     if (++drifted_ >= options_.window) {  // the conditions changed: what other cuts measured no longer holds
       tried_.clear();
+      probe_from_.clear();
+      may_probe_ = false;
       baseline_s_ = now;
       drifted_ = 0;
     }
   } else {
     drifted_ = 0;
   }
-  tried_[stage_of_] = median;
+  tried_[stage_of_] = Seen{median, now};
   if (!moves_.empty() && moves_.back().measured_s.empty()) {
     moves_.back().measured_s = median;
+    moves_.back().measured_step_s = now;
     just_measured_ = int(moves_.size()) - 1;
   }
   if (!moves_.empty() && since_move_ < options_.cooldown) return std::optional<std::vector<int>>();
@@ -128,20 +143,32 @@ Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std
     m.nodes_before = stage_nodes(stage_of_);
     m.nodes_after = stage_nodes(cut);
     m.before_s = median;
+    m.before_step_s = now;
     m.predicted_s = std::move(predicted);
     m.micro_batches = micro_batches_;
     proposed_ = std::move(m);
     proposed_cut_ = cut;
     return std::optional<std::vector<int>>(cut);
   };
+  // A probe that measured slower than the cut it left (by anything: two measurements, no prediction): back.
+  if (!moves_.empty() && moves_.back().probe && !probe_from_.empty()) {
+    const std::vector<int> from = std::move(probe_from_);
+    probe_from_.clear();
+    if (const auto it = tried_.find(from); it != tried_.end() && it->second.step_s < now) {
+      may_probe_ = false;
+      return propose(from, it->second.busy_s);
+    }
+  }
   // A cut that measured faster under these conditions (the last move's prediction was wrong): back to it, its
   // measurement as the prediction.
   const std::vector<int>* back = nullptr;
   for (const auto& [cut, m] : tried_)
-    if (cut != stage_of_ && step_time(m, micro_batches_) < now * (1 - options_.min_gain) &&
-        (!back || step_time(m, micro_batches_) < step_time(tried_[*back], micro_batches_)))
+    if (cut != stage_of_ && m.step_s < now * (1 - options_.min_gain) && (!back || m.step_s < tried_[*back].step_s))
       back = &cut;
-  if (back) return propose(*back, tried_[*back]);
+  if (back) {
+    may_probe_ = true;  // the model mispredicted here: once measured, one probe may look beside this cut
+    return propose(*back, tried_[*back].busy_s);
+  }
   // Each stage's speed at the current cut, and the cut those speeds balance.
   const std::vector<double> cost = stage_costs(stage_of_);
   std::vector<double> speed(static_cast<size_t>(stages_));
@@ -157,20 +184,60 @@ Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std
                       .stage_speed = speed,
                       .keep_grouping = first_,
                       .micro_batches = micro_batches_}));
-  if (split.stage_of == stage_of_) return std::optional<std::vector<int>>();
-  const std::vector<double> next = stage_costs(split.stage_of);
-  std::vector<double> predicted;
-  for (int s = 0; s < stages_; ++s) predicted.push_back(speed[size_t(s)] * next[size_t(s)]);
-  if (1.0 - step_time(predicted, micro_batches_) / now < options_.min_gain) return std::optional<std::vector<int>>();
+  auto predict = [&](const std::vector<int>& cut) {
+    const std::vector<double> next = stage_costs(cut);
+    std::vector<double> predicted;
+    for (int s = 0; s < stages_; ++s) predicted.push_back(speed[size_t(s)] * next[size_t(s)]);
+    return predicted;
+  };
   // A cut tried under these conditions: its measurement stands over the prediction (had it measured faster by
   // min_gain, the run would have gone back to it above).
-  if (tried_.count(split.stage_of)) return std::optional<std::vector<int>>();
-  return propose(split.stage_of, std::move(predicted));
+  const bool untried = split.stage_of != stage_of_ && !tried_.count(split.stage_of);
+  if (untried) {
+    std::vector<double> predicted = predict(split.stage_of);
+    if (1.0 - step_time(predicted, micro_batches_) / modelled >= options_.min_gain) {
+      may_probe_ = true;  // once this move is measured, one probe may refine it
+      return propose(split.stage_of, std::move(predicted));
+    }
+  }
+  // NOTE [probe]: the model has nothing worth a move, yet the stages stay apart: the next cut over, measured.
+  const double mean = std::accumulate(median.begin(), median.end(), 0.0) / double(stages_);
+  if (!may_probe_ || !(slowest(median) > (1 + options_.probe_apart) * mean) || options_.probe_apart <= 0)
+    return std::optional<std::vector<int>>();
+  auto probe = [&](const std::vector<int>& cut) {
+    std::optional<std::vector<int>> to = propose(cut, predict(cut));
+    proposed_->probe = true;
+    probe_from_ = stage_of_;
+    may_probe_ = false;
+    return to;
+  };
+  // The model's own best, predicted to gain less than a move must: measured.
+  if (untried && step_time(predict(split.stage_of), micro_batches_) < modelled) return probe(split.stage_of);
+  // Else the first cut that takes a piece more off the dearest stage.
+  const int dearest = int(std::max_element(median.begin(), median.end()) - median.begin());
+  std::vector<double> slower = speed;
+  for (double f = 1.02; f < 4.0; f *= 1.02) {
+    slower[size_t(dearest)] = speed[size_t(dearest)] * f;
+    ASPEN_ASSIGN_OR_RETURN(
+        const PipelineSplit next,
+        split_pipeline(forward_, stages_, loss_,
+                       {.node_costs = costs_,
+                        .every_narrow_point = false,
+                        .stage_speed = slower,
+                        .keep_grouping = first_,
+                        .micro_batches = micro_batches_}));
+    if (next.stage_of == stage_of_) continue;
+    if (tried_.count(next.stage_of)) return std::optional<std::vector<int>>();  // the nearest was tried: stay
+    return probe(next.stage_of);
+  }
+  return std::optional<std::vector<int>>();
 }
 
 void StageBalancer::abandoned() {
   if (!proposed_) return;
-  tried_[proposed_cut_] = std::vector<double>(size_t(stages_), std::numeric_limits<double>::infinity());
+  tried_[proposed_cut_] = Seen{std::vector<double>(size_t(stages_), std::numeric_limits<double>::infinity()),
+                               std::numeric_limits<double>::infinity()};
+  if (proposed_->probe) probe_from_.clear();
   proposed_.reset();
   window_.clear();
   since_move_ = 0;  // the current cut was made again: its first step warms up

@@ -29,6 +29,15 @@
 // slowed or freed, longer sequences), everything remembered is forgotten. A
 // wrong prediction is corrected by what the next window measures.
 //
+// The costs are estimates or pieces timed alone, so the model's best cut can
+// be a piece or two from the measured best. After a move the model made, when
+// it proposes nothing more worth a move while the dearest stage is still more
+// than `probe_apart` above the stages' mean, the next untried cut over (a
+// piece off the dearest stage) is tried once, as a probe: kept if it measures
+// faster than the cut it left (by any margin: two measurements, no
+// prediction), left again otherwise. One probe per move of the model's, so
+// noise cannot walk the cut; none on stages that never moved.
+//
 // Every cut keeps the first cut's grouping (PipelineCut::keep_grouping), so
 // a rebalanced run computes the same bits as one that never moved (NOTE
 // [moving stages] in pipeline.cc).
@@ -57,12 +66,18 @@ struct StageMove {
   std::vector<double> before_s;            // each stage's median busy seconds per step at the old cut
   std::vector<double> predicted_s;         // ... at the new cut, predicted
   std::vector<double> measured_s;          // ... at the new cut, measured (empty until a window has run)
+  // The step's seconds as measured (the window's median wall, or, where no wall is given, step_s of the busy
+  // medians) at the old cut and at the new one (0 until measured).
+  double before_step_s = 0, measured_step_s = 0;
   double seconds = 0;                      // what making the move took (compiling, moving the state)
   int micro_batches = 0;                   // the balancer's (what the step's time is made of)
+  // A probe (NOTE [probe] in rebalance.cc): the model predicted no gain worth a move, the stages stayed apart;
+  // the next cut over, to be measured and left again if it measures slower than the cut it came from.
+  bool probe = false;
   // The step's time: Σ t + (m - 1) · max t over the stages' times t, by m (0: max t alone).
   double step_s(const std::vector<double>& stage_s) const;
   double predicted_gain() const;           // 1 - step(predicted) / step(before)
-  double measured_gain() const;            // 1 - step(measured) / step(before); NaN until measured
+  double measured_gain() const;            // 1 - measured_step_s / before_step_s; NaN until measured
 };
 
 class StageBalancer {
@@ -75,9 +90,12 @@ class StageBalancer {
                                       std::vector<double> node_costs, int micro_batches,
                                       const RebalanceOptions& options);
 
-  // One optimizer step's busy seconds by stage. Returns the cut to move to (stage by forward node) when the
-  // stages have drifted apart; the caller makes it and calls moved().
-  Result<std::optional<std::vector<int>>> observe(int64_t step, std::span<const double> stage_busy_s);
+  // One optimizer step's busy seconds by stage, and its wall seconds (0: not measured; the step's time is then
+  // modelled from the busy times). Returns the cut to move to (stage by forward node) when the stages have
+  // drifted apart; the caller makes it and calls moved(). Predictions come from the busy times; measured cuts
+  // are compared by their measured step (the wall: the model's fill and drain are an approximation).
+  Result<std::optional<std::vector<int>>> observe(int64_t step, std::span<const double> stage_busy_s,
+                                                  double wall_s = 0.0);
   // The proposed cut was made, taking `seconds`.
   void moved(double seconds);
   // The proposed cut could not be made (the run stays at the current one, made again): it is not proposed again
@@ -102,13 +120,19 @@ class StageBalancer {
   std::vector<double> costs_;
   std::vector<StageMove> moves_;
   RebalanceOptions options_;
-  std::deque<std::vector<double>> window_;  // the last steps' busy seconds at the current cut
+  struct Seen {
+    std::vector<double> busy_s;  // by stage
+    double step_s = 0;           // measured: the wall (or the busy times' modelled step)
+  };
+  std::deque<Seen> window_;  // the last steps at the current cut
   int64_t since_move_ = 0;                  // steps observed at the current cut
   std::optional<StageMove> proposed_;  // observe()'s, until moved()
   std::vector<int> proposed_cut_;
   int just_measured_ = -1;
   // By cut tried (under the present conditions): each stage's median, as last measured there.
-  std::map<std::vector<int>, std::vector<double>> tried_;
+  std::map<std::vector<int>, Seen> tried_;  // medians
+  std::vector<int> probe_from_;  // the cut the last move probed from, until the probe is measured
+  bool may_probe_ = false;       // the last move was the model's own (not a probe, not a return): one probe may follow
   double baseline_s_ = 0;  // the current cut's step time at its first full window (or the last change)
   int drifted_ = 0;        // consecutive steps whose window's step time drifted from baseline_s_
 };

@@ -35,9 +35,14 @@ struct Sim {
   std::vector<double> overhead;  // by stage: seconds each step whatever its nodes (empty: none)
   double noise = 0.0;         // relative, uniform
   int micro = 0;              // the step's micro-batches (0: its time is the slowest stage's)
+  // The wall passed to the balancer: none (it models the step from the busy times), or one its model only
+  // approximates (the slowest stage plus the others' share of one micro-batch: the fill and drain are shorter
+  // than the model's when the stages are unequal).
+  bool wall = false;
   double step(const std::vector<double>& t) const {
     double sum = 0, mx = 0;
     for (double v : t) sum += v, mx = std::max(mx, v);
+    if (wall) return micro <= 0 ? mx : mx + (sum - mx) / micro;
     return micro <= 0 ? mx : (sum + (micro - 1) * mx) / micro;
   }
   std::mt19937 rng{7};
@@ -75,7 +80,8 @@ Sim make_sim(int blocks, int stages) {
 double run(Sim& sim, StageBalancer& b, int64_t from, int64_t steps, const std::function<void(int64_t)>& at = {}) {
   for (int64_t step = from; step < from + steps; ++step) {
     if (at) at(step);
-    auto next = b.observe(step, sim.times(b.stage_of()));
+    const std::vector<double> t = sim.times(b.stage_of());
+    auto next = b.observe(step, t, sim.wall ? sim.step(t) : 0.0);
     EXPECT_TRUE(next.is_ok()) << next.status().to_string();
     if (next.is_ok() && next->has_value()) b.moved(0.0);
   }
@@ -236,6 +242,83 @@ TEST(PipelineCut, MicroBatchesMinimiseTheStep) {
       EXPECT_LT(step(by_step->stage_of), step(minmax->stage_of));
     }
   }
+}
+
+// The step's time at the best 2-stage cut of the finest pieces, by trying every one (the truth known).
+double best_of_every_cut(Sim& sim) {
+  auto finest = split_pipeline(sim.g, 0, "loss", {.node_costs = {}, .every_narrow_point = true});
+  EXPECT_TRUE(finest.is_ok());
+  double best = std::numeric_limits<double>::infinity();
+  const double keep = sim.noise;
+  sim.noise = 0.0;
+  for (int c = 1; c < int(finest->stages.size()); ++c) {
+    std::vector<int> cut(finest->stage_of.size(), -1);
+    for (size_t i = 0; i < cut.size(); ++i)
+      if (finest->stage_of[i] >= 0) cut[i] = finest->stage_of[i] >= c ? 1 : 0;
+    best = std::min(best, sim.step(sim.times(cut)));
+  }
+  sim.noise = keep;
+  return best;
+}
+
+// NOTE [probe] in rebalance.cc. The estimate misjudges the later blocks (0.7x or 1.3x) and stage 0 pays a
+// fixed time per step whatever it holds (the micro-batches' inputs, the loss), which the speed model reads as
+// a slower device; then stage 1's device slows 2x. Without probes such runs stop 1-7 % short of the best cut
+// (the model's next proposal predicted under min_gain, or measured and left); with them every run that moved
+// ends at the best cut (within 1 %), never worse than without, with a few moves more and none late (no
+// swing), and a probe that measured slower than the cut it left is left at the next decision, one faster kept.
+TEST(StageBalancer, AProbeTakesTheCutAPieceOver) {
+  int helped = 0;
+  for (bool wall : {false, true})
+  for (int blocks : {6, 8, 12})
+  for (int micro : {0, 4})
+  for (double overhead : {0.0, 0.2, 0.4})
+  for (double mis : {0.7, 1.0, 1.3}) {
+    SCOPED_TRACE(std::to_string(blocks) + " blocks, " + std::to_string(micro) + " micro-batches, overhead " +
+                 std::to_string(overhead) + ", misjudged " + std::to_string(mis) + (wall ? ", walls" : ""));
+    double settled[2] = {0, 0}, best = 0;
+    for (int probing = 0; probing < 2; ++probing) {
+      Sim sim = make_sim(blocks, 2);
+      for (size_t i = sim.truth.size() / 2; i < sim.truth.size(); ++i) sim.truth[i] *= mis;
+      sim.micro = micro;
+      sim.wall = wall;
+      sim.noise = 0.02;
+      sim.overhead = {0.0, 0.0};
+      sim.overhead[0] = overhead * sim.times(split_pipeline(sim.g, 2, "loss")->stage_of)[0];
+      StageBalancer b = balancer(sim, 2, {.probe_apart = probing ? 0.05 : 0.0});
+      run(sim, b, 1, 50);
+      const size_t before = b.moves().size();
+      sim.speed.back() = 2.0;
+      run(sim, b, 51, 200);
+      const size_t by250 = b.moves().size();
+      settled[probing] = run(sim, b, 251, 300);
+      EXPECT_EQ(b.moves().size(), by250) << "moves late: a swing";
+      if (!probing) continue;
+      best = best_of_every_cut(sim);
+      EXPECT_LE(b.moves().size() - before, 6u);
+      int probes = 0;
+      for (size_t i = 0; i < b.moves().size(); ++i) {
+        const StageMove& m = b.moves()[i];
+        if (!m.probe) continue;
+        ++probes;
+        ASSERT_FALSE(m.measured_s.empty());
+        // measured_step_s is the first window's median, the decision a cooldown later reads a later one: equal
+        // within the noise.
+        const double ratio = m.measured_step_s / m.before_step_s;
+        const bool left = i + 1 < b.moves().size() && b.moves()[i + 1].nodes_after == m.nodes_before &&
+                          b.moves()[i + 1].step == m.step + 10;  // the next decision: a cooldown later
+        if (ratio > 1.03 || ratio < 0.97) {
+          EXPECT_EQ(left, ratio > 1.0) << "probe " << i << " measured " << ratio;
+        }
+      }
+      if (b.moves().size() > before) {
+        EXPECT_LE(settled[1], 1.01 * best);
+      }
+      if (settled[0] > 1.01 * best && settled[1] <= 1.01 * best) ++helped;
+    }
+    EXPECT_LE(settled[1], 1.01 * settled[0]);
+  }
+  EXPECT_GE(helped, 5);
 }
 
 TEST(StageBalancer, RefusesWhatItCannotUse) {

@@ -322,6 +322,7 @@ Result<std::vector<float>> Runner::run_steps(const std::map<std::string, const T
         ++n[size_t(coord_of(d).pipe)];
       }
       for (size_t k = 0; k < n.size(); ++k) s.stage_busy_s[k] /= std::max(1, n[k]);
+      s.wall_s = step.stats.wall_s;
     }
     // The loss: the mean over every micro-batch of the step (step_loss), each local replica's from its last
     // stage's first shard (a replica's shards agree on it).

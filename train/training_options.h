@@ -29,6 +29,9 @@ struct RebalanceOptions {
   int window = 5;          // steps whose median busy time per stage a decision reads
   double min_gain = 0.05;  // a move must be predicted to shorten the step by this fraction
   int cooldown = 10;       // steps after a move before another may be decided (>= window)
+  // The model proposing nothing worth a move, the dearest stage's median still this fraction above the stages'
+  // mean: the next cut over is measured (a probe; 0: never).
+  double probe_apart = 0.05;
 };
 
 struct TrainingOptions {
@@ -108,6 +111,7 @@ struct StepStats {
   // With pipeline stages: each stage's seconds in its passes (the mean over this process's replicas and shards
   // of it); what TrainingOptions::Balance::dynamic reads. Empty without stages or across processes.
   std::vector<double> stage_busy_s;
+  double wall_s = 0.0;  // with pipeline stages: the step's wall seconds on its devices (the walk, not the update)
 };
 
 }  // namespace aspen::train
