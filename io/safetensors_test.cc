@@ -7,18 +7,22 @@
 
 #include <cstring>
 #include <fstream>
+#include <filesystem>
 #include <sstream>
 
 namespace aspen::io {
 namespace {
 
+// The tests' scratch directory, removed when the binary exits.
+struct TestDir {
+  std::string path = ::testing::TempDir() + "aspen_io_test_" + std::to_string(::getpid()) + "/";
+  TestDir() { ::mkdir(path.c_str(), 0755); }
+  ~TestDir() { std::filesystem::remove_all(path); }
+};
+
 std::string test_dir() {
-  static const std::string dir = [] {
-    std::string d = ::testing::TempDir() + "aspen_io_test_" + std::to_string(::getpid()) + "/";
-    ::mkdir(d.c_str(), 0755);
-    return d;
-  }();
-  return dir;
+  static const TestDir dir;
+  return dir.path;
 }
 
 using test_files::read_bytes;

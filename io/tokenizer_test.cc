@@ -3,11 +3,13 @@
 #include "io/tokenizer.h"
 
 #include <gtest/gtest.h>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -30,9 +32,18 @@ using tokenizer_test::fnv1a;
 using tokenizer_test::split_lines;
 
 
+// The tests' scratch directories, removed when the binary exits.
+struct TempDirs {
+  std::vector<std::string> made;
+  ~TempDirs() {
+    for (const std::string& d : made) std::filesystem::remove_all(d);
+  }
+};
+
 std::string temp_dir(const std::string& name) {
+  static TempDirs dirs;
   std::string d = ::testing::TempDir() + "aspen_tok_" + std::to_string(::getpid()) + "_" + name + "/";
-  ::mkdir(d.c_str(), 0755);
+  if (::mkdir(d.c_str(), 0755) == 0) dirs.made.push_back(d);
   return d;
 }
 
