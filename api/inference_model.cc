@@ -1,9 +1,8 @@
 #include "api/inference_model.h"
 
 #include "api/run_profile.h"
+#include "runtime/run_facts.h"
 #include "compiler/cache.h"
-#include "compiler/memory_profile.h"
-#include "kernels/cpu.h"
 
 namespace aspen::api {
 
@@ -92,12 +91,11 @@ Result<std::map<std::string, Tensor>> InferenceModel::run(const std::map<std::st
   r.every_n = options_.output_every_n_;
   ASPEN_ASSIGN_OR_RETURN(auto out, session_->run(inputs, r));
   if (trace_) {  // Options::profile: a Chrome trace file, or a profile directory (profile::write_profile_path)
-    profile::RunFacts run{"InferenceModel",
-                          {{"cpu", kernels::cpu_model_name()}, {"isa", kernels::isa_name(kernels::active_isa())}}};
-    for (int p = 0; p < session_->programs(); ++p)
-      run.programs.push_back(compiler::program_memory(session_->executable(p), "program " + std::to_string(p), p));
-    add_planned_memory(run, *session_);
-    ASPEN_RETURN_IF_ERROR(profile::write_profile_path(options_.profile_, trace_->events(), run));
+    ASPEN_RETURN_IF_ERROR(profile::write_profile_path(options_.profile_, trace_->events(), [&] {
+      profile::RunFacts run = runtime::run_facts("InferenceModel", options_.threads_);
+      runtime::add_session(run, *session_);
+      return run;
+    }));
   }
   return out;
 }

@@ -42,6 +42,14 @@ TEST(InferenceModel, ProfileDirectory) {
   EXPECT_FALSE(j["devices"].empty());
   ASSERT_EQ(j["programs"].size(), 1u);
   EXPECT_GT(j["memory"]["planned_bytes"].get<int64_t>(), 0);
+  // The facts every command's profile has (runtime/run_facts.h): the machine, the threads, the peaks measured
+  // in this process, the process's memory with its parts named.
+  const nlohmann::json facts = j["facts"];
+  EXPECT_TRUE(facts.dump().find("\"threads\"") != std::string::npos) << facts.dump();
+  EXPECT_GT(j["peaks"]["fma_gflops"].get<double>(), 0.0);
+  EXPECT_GT(j["memory"]["peak_rss_bytes"].get<int64_t>(), 0);
+  EXPECT_TRUE(j["memory"]["unplanned_bytes"].is_number());
+  EXPECT_FALSE(j["memory"]["phases"].empty());
   std::filesystem::remove_all(dir);
 }
 

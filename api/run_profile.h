@@ -9,16 +9,15 @@
 
 #include "core/status.h"
 #include "parallel/communicator.h"
+#include "runtime/run_facts.h"
 #include "runtime/session.h"
 #include "profile/profile_dir.h"
 
 namespace aspen::api {
 
-// RunFacts for `command`: the CPU's name, the ISA the kernels use and the threads (0: the team's default),
-// then the command's own facts, in order; and the machine's peaks, measured now on those threads (about a
-// second: call it after the run, when the profile is written).
-profile::RunFacts run_facts(std::string command, int threads,
-                            std::vector<std::pair<std::string, std::string>> own = {});
+// The facts of a profile (runtime/run_facts.h), under the names the commands use.
+using runtime::add_planned_memory;
+using runtime::run_facts;
 
 // profile::write_profile_dir, then a line on `out` naming the files written.
 [[nodiscard]] Status write_run_profile(const std::string& dir, const std::vector<profile::TraceEvent>& events,
@@ -32,10 +31,6 @@ profile::RunFacts run_facts(std::string command, int threads,
 Result<std::vector<profile::TraceEvent>> gather_process_events(parallel::Communicator* job,
                                                                const std::vector<profile::TraceEvent>& mine,
                                                                const profile::TraceRecorder* clock);
-
-// NOTE [planned and measured memory]: `session`'s Footprint as the run's planned memory, beside the peak RSS
-// and the RSS at start (run_facts measures those).
-void add_planned_memory(profile::RunFacts& run, const runtime::Session& session);
 
 // The help of the commands' --profile option.
 inline constexpr const char* kProfileHelp =

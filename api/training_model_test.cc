@@ -496,6 +496,12 @@ TEST(TrainingModel, ProfileDirectory) {
   EXPECT_EQ(j["command"], "TrainingModel");
   EXPECT_FALSE(j["devices"].empty());
   EXPECT_FALSE(j["programs"].empty());
+  // The facts every command's profile has (runtime/run_facts.h): peaks, planned and measured memory by part.
+  EXPECT_GT(j["peaks"]["fma_gflops"].get<double>(), 0.0);
+  EXPECT_GT(j["memory"]["planned_bytes"].get<int64_t>(), 0);
+  EXPECT_GT(j["memory"]["peak_rss_bytes"].get<int64_t>(), 0);
+  EXPECT_TRUE(j["memory"]["unplanned_bytes"].is_number());
+  EXPECT_TRUE(j["mfu"].is_number());  // the step's FLOPs against the peak measured beside it
   std::filesystem::remove_all(dir);
 }
 

@@ -166,9 +166,10 @@ Status write_profile_dir(const std::string& dir, const std::vector<TraceEvent>& 
   return write_file_atomic(base + "report.html", report_html(json));
 }
 
-Status write_profile_path(const std::string& path, const std::vector<TraceEvent>& events, const RunFacts& run) {
+Status write_profile_path(const std::string& path, const std::vector<TraceEvent>& events,
+                          const std::function<RunFacts()>& facts) {
   if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) return write_chrome_trace(events, path);
-  return write_profile_dir(path, events, run);
+  return write_profile_dir(path, events, facts());
 }
 
 std::string profile_dir_choice(const std::string& flag) {

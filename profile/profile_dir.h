@@ -13,6 +13,7 @@
 // ASPEN_PROFILE=DIR (profile_dir_choice), for programs that cannot pass a flag.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -101,9 +102,10 @@ inline constexpr size_t kJsonTraceEvents = 1'000'000;
                                        const RunFacts& run);
 
 // Options::profile(PATH) of the C++ API and enableProfiling(PATH) of the Python package: a PATH ending in
-// ".json" is one Chrome trace file (write_chrome_trace), any other a profile directory (write_profile_dir).
+// ".json" is one Chrome trace file (write_chrome_trace), any other a profile directory (write_profile_dir)
+// with the facts `facts` makes (called only then: measuring the machine's peaks takes about a second).
 [[nodiscard]] Status write_profile_path(const std::string& path, const std::vector<TraceEvent>& events,
-                                        const RunFacts& run);
+                                        const std::function<RunFacts()>& facts);
 
 // The profile directory of a command: `flag` when not empty, else the environment's ASPEN_PROFILE, else ""
 // (no profile).

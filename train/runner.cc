@@ -12,13 +12,12 @@
 #include "train/pipeline_balance.h"
 #include "train/runner_util.h"
 #include "compiler/cache.h"
-#include "compiler/memory_profile.h"
 #include "core/check.h"
 #include "kernels/convert.h"
-#include "kernels/cpu.h"
 #include "kernels/matmul_choice.h"
 #include "parallel/mesh.h"
 #include "parallel/job.h"
+#include "runtime/run_facts.h"
 
 namespace aspen::train {
 
@@ -688,14 +687,11 @@ Result<std::vector<float>> Runner::run(const std::map<std::string, const Tensor*
   Result<std::vector<float>> out = pipe_ || programs_.split() ? run_steps(inputs) : run_fused(inputs);
   if (out.is_ok()) ASPEN_RETURN_IF_ERROR(join_outputs());
   if (trace_) {  // Options::profile: a Chrome trace file, or a profile directory (profile::write_profile_path)
-    profile::RunFacts run{"TrainingModel",
-                          {{"cpu", kernels::cpu_model_name()}, {"isa", kernels::isa_name(kernels::active_isa())}}};
-    for (int p = 0; p < session_->programs(); ++p)
-      run.programs.push_back(compiler::program_memory(session_->executable(p), "program " + std::to_string(p), p));
-    const runtime::Session::Footprint f = session_->footprint();
-    run.memory.parameters = f.parameters, run.memory.replica_copies = f.replica_copies, run.memory.arenas = f.arenas,
-    run.memory.weight_only = f.weight_only;
-    ASPEN_RETURN_IF_ERROR(profile::write_profile_path(options_.profile, trace_->events(), run));
+    ASPEN_RETURN_IF_ERROR(profile::write_profile_path(options_.profile, trace_->events(), [&] {
+      profile::RunFacts run = runtime::run_facts("TrainingModel", options_.threads);
+      runtime::add_session(run, *session_);
+      return run;
+    }));
   }
   return out;
 }
