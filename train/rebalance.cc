@@ -179,14 +179,16 @@ Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std
     if (!(cost[size_t(s)] > 0) || !(median[size_t(s)] > 0)) return std::optional<std::vector<int>>();
     speed[size_t(s)] = median[size_t(s)] / cost[size_t(s)];
   }
-  ASPEN_ASSIGN_OR_RETURN(
-      const PipelineSplit split,
-      split_pipeline(forward_, stages_, loss_,
-                     {.node_costs = costs_,
-                      .every_narrow_point = false,
-                      .stage_speed = speed,
-                      .keep_grouping = first_,
-                      .micro_batches = micro_batches_}));
+  // The cut the speeds `v` balance (every later cut keeps the first cut's grouping: NOTE [moving stages]).
+  auto cut_for = [&](const std::vector<double>& v) {
+    return split_pipeline(forward_, stages_, loss_,
+                          {.node_costs = costs_,
+                           .every_narrow_point = false,
+                           .stage_speed = v,
+                           .keep_grouping = first_,
+                           .micro_batches = micro_batches_});
+  };
+  ASPEN_ASSIGN_OR_RETURN(const PipelineSplit split, cut_for(speed));
   auto predict = [&](const std::vector<int>& cut) {
     const std::vector<double> next = stage_costs(cut);
     std::vector<double> predicted;
@@ -223,14 +225,7 @@ Result<std::optional<std::vector<int>>> StageBalancer::observe(int64_t step, std
   std::vector<double> slower = speed;
   for (double f = 1.02; f < 4.0; f *= 1.02) {
     slower[size_t(dearest)] = speed[size_t(dearest)] * f;
-    ASPEN_ASSIGN_OR_RETURN(
-        const PipelineSplit next,
-        split_pipeline(forward_, stages_, loss_,
-                       {.node_costs = costs_,
-                        .every_narrow_point = false,
-                        .stage_speed = slower,
-                        .keep_grouping = first_,
-                        .micro_batches = micro_batches_}));
+    ASPEN_ASSIGN_OR_RETURN(const PipelineSplit next, cut_for(slower));
     if (next.stage_of == stage_of_) continue;
     // The nearest was tried, or is predicted slower by more than a move must gain (the step's objective is not
     // convex over cuts: the first cut that changes can be far from this one): stay.
