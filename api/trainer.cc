@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "api/run_profile.h"
@@ -341,6 +342,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   // The model: a user's ONNX file, a Hugging Face directory, or a fresh one.
   graph::Graph forward;
   std::map<std::string, Tensor> weights;
+  // NOTE [fine-tuning loads in place]: a causal LM from model.from is bound here and read after the model is
+  // made, each tensor straight into its parameter (models::load_weights), never the whole model on the host
+  // beside the training state.
+  std::optional<models::Checkpoint> from;
+  std::optional<models::WeightPlan> plan;
   std::map<std::string, std::string> columns = {
       {"input_ids", "tokens"}, {"positions", "positions"}, {"targets", "targets"}};  // the built-in families' inputs
   if (c.model.is_onnx()) {
@@ -354,7 +360,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
     forward = std::move(m.graph);
     weights = std::move(m.weights);
   } else if (!c.model.from.empty()) {
-    ASPEN_ASSIGN_OR_RETURN(models::Checkpoint ckpt, models::Checkpoint::open(c.model.from));
+    ASPEN_ASSIGN_OR_RETURN(from, models::Checkpoint::open(c.model.from));
+    const models::Checkpoint& ckpt = *from;
     t->model_config_ = ckpt.config();
     // Token ids the model has no embedding for would fail inside a kernel at step 1.
     if (const int64_t vocab = t->model_config_.vocab(); vocab > 0 && index.vocab_size > vocab)
@@ -376,7 +383,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
         return config_error("model.max_positions", "0 for a causal LM (it grows a BERT's learned positions)",
                             std::to_string(c.model.max_positions));
       ASPEN_RETURN_IF_ERROR(build_forward(forward, t->model_config_, c));
-      ASPEN_ASSIGN_OR_RETURN(weights, models::read_weights(forward, ckpt));
+      ASPEN_ASSIGN_OR_RETURN(plan, models::plan_weights(forward, ckpt));  // every parameter bound, or an error now
     }
   } else {
     const int64_t vocab = c.model.vocab > 0 ? c.model.vocab : index.vocab_size;
@@ -516,11 +523,24 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   t->kernel_choices_ = kernels::matmul_choice() == kernels::MatmulChoice::rule
                            ? "the fixed rule (--kernel-choice rule)"
                            : kernels::matmul_choices_used_summary();
-  if (t->world_)  // every process starts from the same bits (the same seed, or the same model.from files)
-    ASPEN_RETURN_IF_ERROR(parallel::check_same_fields(*t->world_, {{"crc32c", weights_digest(weights)}}, "initial weights"));
-  std::map<std::string, const Tensor*> w;
-  for (const auto& [name, tensor] : weights) w.emplace(name, &tensor);
-  ASPEN_RETURN_IF_ERROR(t->model_->copy_weights_to_device(w));
+  std::string digest;  // of the initial weights: every process starts from the same bits
+  if (plan) {  // NOTE [fine-tuning loads in place]
+    uint32_t crc = 0;
+    ASPEN_RETURN_IF_ERROR(models::load_weights(*plan, [&](const std::string& name, const Tensor& tensor) {
+      crc = crc32c(name, crc);
+      crc = crc32c(std::string_view(static_cast<const char*>(tensor.raw()), tensor.nbytes()), crc);
+      return t->model_->copy_weights_to_device({{name, &tensor}});
+    }));
+    digest = crc32c_hex(crc);
+  } else {
+    digest = weights_digest(weights);
+    std::map<std::string, const Tensor*> w;
+    for (const auto& [name, tensor] : weights) w.emplace(name, &tensor);
+    ASPEN_RETURN_IF_ERROR(t->model_->copy_weights_to_device(w));
+    weights.clear();
+  }
+  if (t->world_)  // the same seed, or the same model.from files
+    ASPEN_RETURN_IF_ERROR(parallel::check_same_fields(*t->world_, {{"crc32c", digest}}, "initial weights"));
 
   if (t->writer_ && !t->replace_.empty()) {
     t->out() << "replacing the earlier run in " << t->run_dir_ << " (" << t->replace_ << ")\n";

@@ -16,6 +16,7 @@
 
 #include "api/trainer_feed.h"
 #include "api/trainer_live.h"
+#include "graph/builder.h"
 #include "io/test_files.h"
 #include "models/causal_lm.h"
 #include "models/generate.h"
@@ -442,6 +443,33 @@ TEST(Trainer, FineTunesAHuggingFaceDirectory) {
   EXPECT_EQ(m->config().gpt2()->vocab, 1000);
   EXPECT_TRUE(fs::exists(run.path + "/loss.svg"));
   EXPECT_TRUE(fs::exists(run.path + "/config.yaml"));
+}
+
+// NOTE [fine-tuning loads in place]: before its first step a fine-tuning job holds the checkpoint's weights, bit
+// for bit (each read from the file straight into its parameter after the model is made).
+TEST(Trainer, FineTuningStartsFromTheCheckpointsWeights) {
+  TempDir run("finetune_start");
+  train::TrainConfig c = tiny_config(run.path);
+  c.model.from = kTestdata + "/gpt2-tiny";
+  std::ostringstream log;
+  auto tr = Trainer::create(c, {.out = &log});
+  ASSERT_TRUE(tr.is_ok()) << tr.status().to_string();
+  auto held = (*tr)->model()->copy_weights_to_host();
+  ASSERT_TRUE(held.is_ok()) << held.status().to_string();
+  auto ckpt = models::Checkpoint::open(c.model.from);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  graph::Graph g;
+  graph::Builder b(g);
+  ASSERT_TRUE(models::build_causal_lm(b, ckpt->config(), {.batch = 1, .seq = 1}).is_ok());
+  auto file = models::read_weights(g, *ckpt);
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  ASSERT_EQ(held->size(), file->size());
+  for (const auto& [name, t] : *file) {
+    auto it = held->find(name);
+    ASSERT_NE(it, held->end()) << name;
+    ASSERT_EQ(it->second.nbytes(), t.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(it->second.raw(), t.raw(), t.nbytes()), 0) << name;
+  }
 }
 
 // ---- nothing a user had is lost ----------------------------------------------------------------
