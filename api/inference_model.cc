@@ -1,8 +1,7 @@
 #include "api/inference_model.h"
 
-#include "api/run_profile.h"
-#include "runtime/run_facts.h"
 #include "compiler/cache.h"
+#include "runtime/run_facts.h"
 
 namespace aspen::api {
 

@@ -1,5 +1,6 @@
-// api/run_profile.h: what every command that writes a profile directory (docs/profile.md) shares: the facts
-// each profile starts with, and writing it with a line that says where.
+// api/run_profile.h: what every command that writes a profile directory (docs/profile.md) shares beside the
+// facts each profile starts with (runtime/run_facts.h): gathering the processes' events, and writing the
+// directory with a line that says where.
 #pragma once
 
 #include <ostream>
@@ -9,15 +10,9 @@
 
 #include "core/status.h"
 #include "parallel/communicator.h"
-#include "runtime/run_facts.h"
-#include "runtime/session.h"
 #include "profile/profile_dir.h"
 
 namespace aspen::api {
-
-// The facts of a profile (runtime/run_facts.h), under the names the commands use.
-using runtime::add_planned_memory;
-using runtime::run_facts;
 
 // profile::write_profile_dir, then a line on `out` naming the files written.
 [[nodiscard]] Status write_run_profile(const std::string& dir, const std::vector<profile::TraceEvent>& events,

@@ -30,6 +30,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/job.h"
+#include "runtime/run_facts.h"
 #include "train/checkpoint.h"
 #include "train/report.h"
 
@@ -208,12 +209,16 @@ Trainer::~Trainer() = default;
 
 namespace {
 
+// The digest of weights so far (`crc`) with one more, by its name and bytes: what processes compare to be sure
+// they start from the same bits.
+uint32_t digest_add(uint32_t crc, const std::string& name, const Tensor& t) {
+  crc = crc32c(name, crc);
+  return crc32c(std::string_view(static_cast<const char*>(t.raw()), t.nbytes()), crc);
+}
+
 std::string weights_digest(const std::map<std::string, Tensor>& weights) {
   uint32_t crc = 0;
-  for (const auto& [name, t] : weights) {
-    crc = crc32c(name, crc);
-    crc = crc32c(std::string_view(static_cast<const char*>(t.raw()), t.nbytes()), crc);
-  }
+  for (const auto& [name, t] : weights) crc = digest_add(crc, name, t);
   return crc32c_hex(crc);
 }
 
@@ -527,8 +532,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const train::TrainConfig& confi
   if (plan) {  // NOTE [fine-tuning loads in place]
     uint32_t crc = 0;
     ASPEN_RETURN_IF_ERROR(models::load_weights(*plan, [&](const std::string& name, const Tensor& tensor) {
-      crc = crc32c(name, crc);
-      crc = crc32c(std::string_view(static_cast<const char*>(tensor.raw()), tensor.nbytes()), crc);
+      crc = digest_add(crc, name, tensor);
       return t->model_->copy_weights_to_device({{name, &tensor}});
     }));
     digest = crc32c_hex(crc);
@@ -938,7 +942,7 @@ Result<TrainResult> Trainer::run() {
     const int64_t recorded_calls = calls >= 2 ? std::min(profile_calls, (calls - 2) / profile_every_calls + 1) : 0;
     const int64_t recorded = std::min<int64_t>(recorded_calls * iters, options_.profile_steps);
     profile::RunFacts run =
-        run_facts("train", c.train.threads,
+        runtime::run_facts("train", c.train.threads,
                   {{"config", c.name},
                    {"steps_recorded", std::to_string(recorded)},
                    {"first_step_recorded", std::to_string(recorded > 0 ? start + iters + 1 : 0)},
@@ -953,7 +957,7 @@ Result<TrainResult> Trainer::run() {
     for (int p = 0; p < model_->session().programs(); ++p)  // the memory view: every program this process runs
       if (size_t(p) < names.size() && !names[size_t(p)].empty())
         run.programs.push_back(compiler::program_memory(model_->session().executable(p), names[size_t(p)], p));
-    add_planned_memory(run, model_->session());
+    runtime::add_planned_memory(run, model_->session());
     ASPEN_RETURN_IF_ERROR(write_run_profile(options_.profile, events, run, out()));
   }
   if (const TrainFeed::MaskedStats& m = feed_->masked_stats(); m.dropped > 0)

@@ -28,6 +28,7 @@
 #include "models/generate.h"
 #include "models/init.h"
 #include "models/weights.h"
+#include "runtime/run_facts.h"
 
 namespace aspen::bench {
 
@@ -335,14 +336,14 @@ Status run_generate_bench(const GenerateBenchOptions& opt, std::ostream& out) {
           out << "# decode, batch " << B << ": every instruction of the runs above\n"
               << profile::summary(trace.events());
         if (!opt.profile_dir.empty()) {  // docs/profile.md: one directory per row
-          profile::RunFacts facts = api::run_facts(
+          profile::RunFacts facts = runtime::run_facts(
               "bench generate", threads,
               {{"model", model}, {"dtype", dtype}, {"batch", std::to_string(B)}, {"new_tokens", std::to_string(new_tokens)}});
           const runtime::Session& session = gen->session();
           for (int p = 0; p < session.programs(); ++p)
             facts.programs.push_back(compiler::program_memory(
                 session.executable(p), session.programs() == 2 ? (p == 0 ? "prefill" : "decode") : "program " + std::to_string(p), p));
-          api::add_planned_memory(facts, session);
+          runtime::add_planned_memory(facts, session);
           const std::string row_dir = opt.profile_dir + "/decode-b" + std::to_string(B) + "-" + dtype;
           ASPEN_RETURN_IF_ERROR(api::write_run_profile(row_dir, trace.events(), facts, opt.json ? std::cerr : out));
         }

@@ -22,6 +22,7 @@
 #include "core/thread_team.h"
 #include "io/onnx.h"
 #include "models/onnx_import.h"
+#include "runtime/run_facts.h"
 
 namespace aspen::bench {
 
@@ -99,9 +100,9 @@ Result<Row> run_case(const std::string& dir, const std::string& name, const std:
     if (profile) r.profile = profile::summary(recorder.events());
     if (!trace_dir.empty()) ASPEN_RETURN_IF_ERROR(profile::write_chrome_trace(recorder.events(), trace));
     profile::RunFacts run =
-        api::run_facts("bench onnx", threads, {{"model", dir}, {"dtype", dtype}, {"reps", std::to_string(reps)}});
+        runtime::run_facts("bench onnx", threads, {{"model", dir}, {"dtype", dtype}, {"reps", std::to_string(reps)}});
     run.programs.push_back(compiler::program_memory(model->executable(), "run", 0));
-    api::add_planned_memory(run, model->session());
+    runtime::add_planned_memory(run, model->session());
     ASPEN_RETURN_IF_ERROR(api::write_run_profile(profile_dir + "/" + name + "-" + dtype, recorder.events(), run, said));
   } else if (profile) {
     r.profile = model->profile_summary();

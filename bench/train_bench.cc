@@ -36,6 +36,7 @@
 #include "models/weights.h"
 #include "models/init.h"
 #include "profile/trace.h"
+#include "runtime/run_facts.h"
 #include "runtime/session.h"
 #include "train/optimizer.h"
 
@@ -416,7 +417,7 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
   if (opt.profile) r.profile = profile::summary(trace.events(), 15) + matmul_summary(trace.events(), *session);
   if (!opt.profile_dir.empty()) {  // docs/profile.md: the timed steps, one directory per row
     trace.set_enabled(false);
-    profile::RunFacts run = api::run_facts("bench train", opt.threads,
+    profile::RunFacts run = runtime::run_facts("bench train", opt.threads,
                                            {{"family", s.model.bert() ? "bert" : s.model.llama() ? "llama" : "gpt2"},
                                             {"dtype", dtype},
                                             {"batch", std::to_string(s.batch)},
@@ -424,7 +425,7 @@ Result<Row> measure(const TrainShape& s, const std::string& dtype, const TrainBe
                                             {"steps_recorded", std::to_string(opt.steps)},
                                             {"tokens_per_s", std::to_string(r.tokens_per_s)}});
     run.programs.push_back(compiler::program_memory(session->executable(), "train step", 0));
-    api::add_planned_memory(run, *session);
+    runtime::add_planned_memory(run, *session);
     const std::string row = dtype + (s.documents > 0 ? "-packed" : "") + (s.density < 1.0 ? "-sparse" : "");
     ASPEN_RETURN_IF_ERROR(api::write_run_profile(opt.profile_dir + "/" + row, trace.events(), run, std::cerr));
   }

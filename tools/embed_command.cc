@@ -27,6 +27,7 @@
 #include "compiler/memory_profile.h"
 #include "models/embedder.h"
 #include "profile/profile_dir.h"
+#include "runtime/run_facts.h"
 #include "runtime/session.h"
 #include "tools/commands.h"
 
@@ -85,11 +86,11 @@ Status run_embed(const EmbedArgs& args) {
   }
   if (!profile_dir.empty()) {
     profile::RunFacts run =
-        api::run_facts("embed", args.options.threads, {{"model", args.model}, {"texts", std::to_string(texts)}});
+        runtime::run_facts("embed", args.options.threads, {{"model", args.model}, {"texts", std::to_string(texts)}});
     for (int p = 0; p < e->session().programs(); ++p)  // one program per compiled length
       run.programs.push_back(compiler::program_memory(
           e->session().executable(p), "length " + std::to_string(e->compiled_lengths()[size_t(p)]), p));
-    api::add_planned_memory(run, e->session());
+    runtime::add_planned_memory(run, e->session());
     ASPEN_RETURN_IF_ERROR(api::write_run_profile(profile_dir, trace.events(), run, std::cerr));
   }
   return Status::ok();

@@ -30,6 +30,7 @@
 #include "models/generate.h"
 #include "models/weights.h"
 #include "profile/profile_dir.h"
+#include "runtime/run_facts.h"
 #include "tools/commands.h"
 
 namespace aspen::tools {
@@ -153,7 +154,7 @@ int run_generate(const GenerateArgs& a) {
                 prefill + decode, generated.size() > 1 && decode > 0 ? double(generated.size() - 1) / decode : 0.0);
   if (!generated.empty()) std::cerr << line << "\n";
   if (!profile_dir.empty()) {
-    profile::RunFacts run = api::run_facts("generate", a.threads,
+    profile::RunFacts run = runtime::run_facts("generate", a.threads,
                                            {{"model", a.model},
                                             {"dtype", a.dtype},
                                             {"prompt_tokens", std::to_string(prompt.size())},
@@ -163,7 +164,7 @@ int run_generate(const GenerateArgs& a) {
       run.programs.push_back(compiler::program_memory(
           session.executable(p),
           session.programs() == 2 ? (p == 0 ? "prefill" : "decode") : "program " + std::to_string(p), p));
-    api::add_planned_memory(run, session);
+    runtime::add_planned_memory(run, session);
     if (Status st = api::write_run_profile(profile_dir, trace.events(), run, std::cerr); !st.is_ok())
       return report(st);
   }

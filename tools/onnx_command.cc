@@ -29,6 +29,7 @@
 #include "io/onnx.h"
 #include "models/onnx_import.h"
 #include "profile/profile_dir.h"
+#include "runtime/run_facts.h"
 #include "tools/commands.h"
 
 namespace aspen::tools {
@@ -187,9 +188,9 @@ int run_run(const RunArgs& a) {
               << escape_for_terminal(path) << "\n";
   }
   if (!profile_dir.empty()) {
-    profile::RunFacts run = api::run_facts("onnx run", a.threads, {{"model", a.model}, {"dtype", a.dtype}});
+    profile::RunFacts run = runtime::run_facts("onnx run", a.threads, {{"model", a.model}, {"dtype", a.dtype}});
     run.programs.push_back(compiler::program_memory((*model)->executable(), "run", 0));
-    api::add_planned_memory(run, (*model)->session());
+    runtime::add_planned_memory(run, (*model)->session());
     if (Status s = api::write_run_profile(profile_dir, trace.events(), run, std::cout); !s.is_ok()) return report(s);
   }
   std::cout << "compile: " << compile_s << " s (executable cache: "

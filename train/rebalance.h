@@ -30,13 +30,17 @@
 // wrong prediction is corrected by what the next window measures.
 //
 // The costs are estimates or pieces timed alone, so the model's best cut can
-// be a piece or two from the measured best. After a move the model made, when
-// it proposes nothing more worth a move while the dearest stage is still more
-// than `probe_apart` above the stages' mean, the next untried cut over (a
-// piece off the dearest stage) is tried once, as a probe: kept if it measures
-// faster than the cut it left (by any margin: two measurements, no
-// prediction), left again otherwise. One probe per move of the model's, so
-// noise cannot walk the cut; none on stages that never moved.
+// be a piece or two from the measured best. After a move the model made (or a
+// return to a cut that measured faster), within the three decisions after it,
+// when the model proposes nothing more worth a move while the dearest stage
+// is still more than `probe_apart` above the stages' mean, one untried cut
+// beside it is tried as a probe: the model's own best if it is predicted
+// faster at all, else the first cut that takes a piece off the dearest stage
+// (unless that is predicted slower by more than min_gain). Kept if it
+// measures faster than the cut it left (by any margin: two measurements, no
+// prediction), left again otherwise. One probe per such move, so noise cannot
+// walk the cut; none on stages that never moved (NOTE [probe] in
+// rebalance.cc).
 //
 // Every cut keeps the first cut's grouping (PipelineCut::keep_grouping), so
 // a rebalanced run computes the same bits as one that never moved (NOTE
@@ -72,7 +76,7 @@ struct StageMove {
   double seconds = 0;                      // what making the move took (compiling, moving the state)
   int micro_batches = 0;                   // the balancer's (what the step's time is made of)
   // A probe (NOTE [probe] in rebalance.cc): the model predicted no gain worth a move, the stages stayed apart;
-  // the next cut over, to be measured and left again if it measures slower than the cut it came from.
+  // a cut beside the current one, to be measured and left again if it measures slower than the cut it left.
   bool probe = false;
   // The step's time: Σ t + (m - 1) · max t over the stages' times t, by m (0: max t alone).
   double step_s(const std::vector<double>& stage_s) const;
@@ -125,14 +129,14 @@ class StageBalancer {
     double step_s = 0;           // measured: the wall (or the busy times' modelled step)
   };
   std::deque<Seen> window_;  // the last steps at the current cut
-  int64_t since_move_ = 0;                  // steps observed at the current cut
+  int64_t since_move_ = 0;   // steps observed at the current cut
   std::optional<StageMove> proposed_;  // observe()'s, until moved()
   std::vector<int> proposed_cut_;
   int just_measured_ = -1;
   // By cut tried (under the present conditions): each stage's median, as last measured there.
   std::map<std::vector<int>, Seen> tried_;  // medians
   std::vector<int> probe_from_;  // the cut the last move probed from, until the probe is measured
-  bool may_probe_ = false;       // the last move was the model's own (not a probe, not a return): one probe may follow
+  bool may_probe_ = false;       // the last move was the model's or a return to a faster cut: one probe may follow
   double baseline_s_ = 0;  // the current cut's step time at its first full window (or the last change)
   int drifted_ = 0;        // consecutive steps whose window's step time drifted from baseline_s_
 };
