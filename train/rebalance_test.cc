@@ -332,6 +332,8 @@ TEST(StageBalancer, RefusesWhatItCannotUse) {
                 .code(),
             Code::kInvalidArgument);
   EXPECT_EQ(StageBalancer::create(sim.g, "loss", {0, 1}, {}, 0, {}).status().code(), Code::kInvalidArgument);
+  const Status negative = StageBalancer::create(sim.g, "loss", first->stage_of, {}, 0, {.probe_apart = -0.1}).status();
+  EXPECT_EQ(negative.message(), "rebalance: probe_apart: expected >= 0, found -0.100000");
   auto b = StageBalancer::create(sim.g, "loss", first->stage_of, {}, 0, {});
   ASSERT_TRUE(b.is_ok());
   const double three[] = {1.0, 1.0, 1.0};
